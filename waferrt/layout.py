@@ -1,0 +1,117 @@
+"""DSM layouts: how a logical tensor is cut into per-core blocks over a region of the mesh.
+
+Contract: a :class:`Layout` says, for each axis of a tensor, whether it is split over the region's
+columns ("x"), its rows ("y"), or kept whole in every core (None: replicated along any mesh axis that no
+tensor axis is split over). Splits are contiguous, as even as possible (the first chunks one granule
+larger), and never cut a granule (e.g. RoPE's adjacent pairs: granule 2). Everything is pure index
+arithmetic: which global indices a core holds, which core owns a global index, how many bytes the largest
+block takes. Values are frozen and hashable.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from .mesh import Coord, Region
+
+AXES = ("x", "y", None)
+
+
+def chunk_bounds(n: int, parts: int, granule: int = 1) -> np.ndarray:
+    """Bounds (parts+1,) of splitting range(n) into `parts` contiguous chunks of whole granules."""
+    if n % granule:
+        raise ValueError(f"an axis of length {n} cannot be cut into whole granules of {granule}")
+    units = n // granule
+    if parts > units:
+        raise ValueError(
+            f"cannot split an axis of {units} granule(s) of {granule} over {parts} cores: "
+            f"use at most {units} cores along that mesh axis"
+        )
+    base, extra = divmod(units, parts)
+    sizes = np.full(parts, base, dtype=np.int64)
+    sizes[:extra] += 1
+    return np.concatenate([[0], np.cumsum(sizes)]) * granule
+
+
+@dataclass(frozen=True)
+class Layout:
+    """Tensor of `shape` over `region`; `split[i]` in {"x", "y", None} for axis i."""
+
+    shape: tuple[int, ...]
+    region: Region
+    split: tuple[str | None, ...]
+    granule: tuple[int, ...] = ()
+    dtype: str = "float32"
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "shape", tuple(int(s) for s in self.shape))
+        object.__setattr__(self, "split", tuple(self.split))
+        if not self.granule:
+            object.__setattr__(self, "granule", (1,) * len(self.shape))
+        if len(self.split) != len(self.shape) or len(self.granule) != len(self.shape):
+            raise ValueError(f"layout of a {len(self.shape)}-d tensor needs one split entry per axis, got {self.split}")
+        for s in self.split:
+            if s not in AXES:
+                raise ValueError(f"split entries are 'x', 'y' or None, got {s!r}")
+        for mesh_axis in ("x", "y"):
+            if self.split.count(mesh_axis) > 1:
+                raise ValueError(f"at most one tensor axis may be split over mesh axis {mesh_axis!r}: {self.split}")
+        for i, s in enumerate(self.split):
+            if s is not None:
+                chunk_bounds(self.shape[i], self._parts(s), self.granule[i])  # validates
+
+    def _parts(self, mesh_axis: str) -> int:
+        return self.region.w if mesh_axis == "x" else self.region.h
+
+    @property
+    def itemsize(self) -> int:
+        return np.dtype(self.dtype).itemsize
+
+    def bounds(self, axis: int) -> np.ndarray:
+        """Chunk bounds of tensor axis `axis` over the cores of its mesh axis ([0, n] if not split)."""
+        s = self.split[axis]
+        if s is None:
+            return np.array([0, self.shape[axis]])
+        return chunk_bounds(self.shape[axis], self._parts(s), self.granule[axis])
+
+    def block_slices(self, row: int, col: int) -> tuple[slice, ...]:
+        """Global index ranges held by the core at (row, col) of the region."""
+        out = []
+        for i, s in enumerate(self.split):
+            b = self.bounds(i)
+            k = 0 if s is None else (col if s == "x" else row)
+            out.append(slice(int(b[k]), int(b[k + 1])))
+        return tuple(out)
+
+    def block_shape(self, row: int = 0, col: int = 0) -> tuple[int, ...]:
+        return tuple(sl.stop - sl.start for sl in self.block_slices(row, col))
+
+    def max_block_shape(self) -> tuple[int, ...]:
+        """Shape of the largest block (the first core's: chunks are largest first)."""
+        return self.block_shape(0, 0)
+
+    def max_block_bytes(self) -> int:
+        return int(np.prod(self.max_block_shape(), dtype=np.int64)) * self.itemsize
+
+    def owners(self, index: tuple[int, ...]) -> list[Coord]:
+        """Every core that holds element `index` (several when the tensor is replicated)."""
+        if len(index) != len(self.shape):
+            raise IndexError(f"index {index} has {len(index)} entries; the tensor has shape {self.shape}")
+        col = row = None
+        for i, (s, v) in enumerate(zip(self.split, index)):
+            if not 0 <= v < self.shape[i]:
+                raise IndexError(f"index {index} is outside the tensor's shape {self.shape}")
+            if s is not None:
+                k = int(np.searchsorted(self.bounds(i), v, side="right")) - 1
+                if s == "x":
+                    col = k
+                else:
+                    row = k
+        cols = [col] if col is not None else range(self.region.w)
+        rows = [row] if row is not None else range(self.region.h)
+        return [Coord(self.region.x0 + c, self.region.y0 + r) for r in rows for c in cols]
+
+    def with_region(self, region: Region) -> Layout:
+        return Layout(self.shape, region, self.split, self.granule, self.dtype)

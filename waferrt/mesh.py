@@ -1,0 +1,203 @@
+"""Mesh geometry: cores, directions, rectangles of cores, and the cutting of a mesh into tiles.
+
+Contract: :class:`Coord`, :class:`Region`, :class:`TileId` and :class:`MeshSpec` are frozen, hashable
+values (usable as dict keys, comparable, picklable). x grows to the East, y to the South; core (0, 0) is
+the North-West corner. A mesh of W x H cores is cut into tiles of tw x th cores (the last column/row of
+tiles is narrower/shorter when tw/th do not divide W/H). Pure: no numpy arrays of data, no Ray.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+
+
+class Dir(enum.Enum):
+    """The four links of a core. ``value`` is the (dx, dy) of one hop."""
+
+    N = (0, -1)
+    E = (1, 0)
+    S = (0, 1)
+    W = (-1, 0)
+
+    @property
+    def opposite(self) -> Dir:
+        return _OPPOSITE[self]
+
+    @classmethod
+    def of_step(cls, dx: int, dy: int) -> Dir:
+        for d in cls:
+            if d.value == (dx, dy):
+                return d
+        raise ValueError(f"({dx}, {dy}) is not one hop: only N/E/S/W neighbour hops exist")
+
+
+_OPPOSITE = {Dir.N: Dir.S, Dir.S: Dir.N, Dir.E: Dir.W, Dir.W: Dir.E}
+
+
+@dataclass(frozen=True, order=True)
+class Coord:
+    x: int
+    y: int
+
+    def step(self, d: Dir) -> Coord:
+        return Coord(self.x + d.value[0], self.y + d.value[1])
+
+    def hops_to(self, other: Coord) -> int:
+        """Manhattan distance: the number of hops a message needs on the mesh."""
+        return abs(self.x - other.x) + abs(self.y - other.y)
+
+    def __str__(self) -> str:
+        return f"({self.x},{self.y})"
+
+
+@dataclass(frozen=True, order=True)
+class Region:
+    """A rectangle of cores: x in [x0, x0+w), y in [y0, y0+h)."""
+
+    x0: int
+    y0: int
+    w: int
+    h: int
+
+    def __post_init__(self) -> None:
+        if self.w < 1 or self.h < 1:
+            raise ValueError(f"a region needs at least 1x1 cores, got {self.w}x{self.h}")
+        if self.x0 < 0 or self.y0 < 0:
+            raise ValueError(f"a region starts at a core with x, y >= 0, got ({self.x0},{self.y0})")
+
+    @property
+    def x1(self) -> int:
+        return self.x0 + self.w
+
+    @property
+    def y1(self) -> int:
+        return self.y0 + self.h
+
+    @property
+    def size(self) -> int:
+        return self.w * self.h
+
+    @property
+    def shape(self) -> tuple[int, int]:
+        """(rows, cols) = (h, w): the order of the core axes of arrays over this region."""
+        return (self.h, self.w)
+
+    def contains(self, c: Coord) -> bool:
+        return self.x0 <= c.x < self.x1 and self.y0 <= c.y < self.y1
+
+    def covers(self, other: Region) -> bool:
+        return self.x0 <= other.x0 and self.y0 <= other.y0 and other.x1 <= self.x1 and other.y1 <= self.y1
+
+    def intersect(self, other: Region) -> Region | None:
+        x0, y0 = max(self.x0, other.x0), max(self.y0, other.y0)
+        x1, y1 = min(self.x1, other.x1), min(self.y1, other.y1)
+        if x1 <= x0 or y1 <= y0:
+            return None
+        return Region(x0, y0, x1 - x0, y1 - y0)
+
+    def cores(self) -> Iterator[Coord]:
+        for y in range(self.y0, self.y1):
+            for x in range(self.x0, self.x1):
+                yield Coord(x, y)
+
+    def touches(self, other: Region) -> bool:
+        """True when some core of self is one hop from some core of other (and they do not overlap)."""
+        if self.intersect(other) is not None:
+            return False
+        x_overlap = self.x0 < other.x1 and other.x0 < self.x1
+        y_overlap = self.y0 < other.y1 and other.y0 < self.y1
+        return (x_overlap and (self.y1 == other.y0 or other.y1 == self.y0)) or (
+            y_overlap and (self.x1 == other.x0 or other.x1 == self.x0)
+        )
+
+    def local(self, c: Coord) -> tuple[int, int]:
+        """(row, col) of core c inside this region."""
+        return (c.y - self.y0, c.x - self.x0)
+
+    def __str__(self) -> str:
+        return f"[{self.x0}:{self.x1})x[{self.y0}:{self.y1})"
+
+
+@dataclass(frozen=True, order=True)
+class TileId:
+    """Tile column tx, tile row ty in the grid of tiles."""
+
+    tx: int
+    ty: int
+
+    def __str__(self) -> str:
+        return f"tile({self.tx},{self.ty})"
+
+
+@dataclass(frozen=True)
+class MeshSpec:
+    """The emulated mesh: W x H cores cut into tiles of tw x th cores, some cores possibly dead."""
+
+    width: int
+    height: int
+    tile_w: int
+    tile_h: int
+    dead: frozenset[Coord] = field(default_factory=frozenset)
+
+    def __post_init__(self) -> None:
+        if self.width < 1 or self.height < 1:
+            raise ValueError(f"a mesh needs at least 1x1 cores, got {self.width}x{self.height}")
+        if self.tile_w < 1 or self.tile_h < 1:
+            raise ValueError(f"a tile needs at least 1x1 cores, got {self.tile_w}x{self.tile_h}")
+        if self.tile_w > self.width or self.tile_h > self.height:
+            raise ValueError(
+                f"tile {self.tile_w}x{self.tile_h} is larger than the mesh {self.width}x{self.height}; "
+                "pick a tile no larger than the mesh"
+            )
+        object.__setattr__(self, "dead", frozenset(self.dead))
+        for c in self.dead:
+            if not self.region.contains(c):
+                raise ValueError(f"dead core {c} is outside the {self.width}x{self.height} mesh")
+
+    @property
+    def region(self) -> Region:
+        return Region(0, 0, self.width, self.height)
+
+    @property
+    def tiles_x(self) -> int:
+        return -(-self.width // self.tile_w)
+
+    @property
+    def tiles_y(self) -> int:
+        return -(-self.height // self.tile_h)
+
+    def tiles(self) -> list[TileId]:
+        return [TileId(tx, ty) for ty in range(self.tiles_y) for tx in range(self.tiles_x)]
+
+    def tile_region(self, t: TileId) -> Region:
+        if not (0 <= t.tx < self.tiles_x and 0 <= t.ty < self.tiles_y):
+            raise ValueError(f"{t} is outside the {self.tiles_x}x{self.tiles_y} grid of tiles")
+        x0, y0 = t.tx * self.tile_w, t.ty * self.tile_h
+        return Region(x0, y0, min(self.tile_w, self.width - x0), min(self.tile_h, self.height - y0))
+
+    def tile_of(self, c: Coord) -> TileId:
+        if not self.region.contains(c):
+            raise ValueError(f"core {c} is outside the {self.width}x{self.height} mesh")
+        return TileId(c.x // self.tile_w, c.y // self.tile_h)
+
+    def tile_neighbour(self, t: TileId, d: Dir) -> TileId | None:
+        tx, ty = t.tx + d.value[0], t.ty + d.value[1]
+        if 0 <= tx < self.tiles_x and 0 <= ty < self.tiles_y:
+            return TileId(tx, ty)
+        return None
+
+    def tiles_of(self, r: Region) -> list[TileId]:
+        """The tiles that hold at least one core of region r."""
+        return [t for t in self.tiles() if self.tile_region(t).intersect(r) is not None]
+
+    def with_dead(self, cores) -> MeshSpec:
+        return MeshSpec(self.width, self.height, self.tile_w, self.tile_h, self.dead | frozenset(cores))
+
+    def live_cores(self, r: Region) -> int:
+        return r.size - sum(1 for c in self.dead if r.contains(c))
+
+    def __str__(self) -> str:
+        dead = f", {len(self.dead)} dead" if self.dead else ""
+        return f"{self.width}x{self.height} cores in {self.tiles_x}x{self.tiles_y} tiles of {self.tile_w}x{self.tile_h}{dead}"
