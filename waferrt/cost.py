@@ -1,0 +1,189 @@
+"""The cost model: what a piece of work would cost on the modelled wafer, in hops, stages and cycles.
+
+Contract: :class:`Cost` is an immutable record of one piece of work on the critical path:
+``hops`` (link traversals a message makes, summed along the critical path), ``stages`` (routing
+stages on the critical path: a core that receives, combines and re-sends), ``link_bytes`` (bytes over
+all links, summed), ``messages``, ``flops`` (of the busiest core) and ``cycles`` (modelled time).
+``a + b`` is "a then b". The closed forms below are what the emulated primitives must count (the tests
+check that they do); the scheduler uses them to predict a decode step without running it.
+
+Timing (PLMR): a message of b bytes that passes h hops and s routing stages takes
+``h*alpha + s*(beta + b/link_bytes_per_cycle)`` cycles (wormhole routing: only the stages pay the
+serialisation); ``f`` flops on one core take ``f/flops_per_cycle``.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, fields
+
+from .mesh import Region
+from .model.config import LlamaConfig
+from .spec import HardwareSpec
+
+ALLREDUCE_ALGOS = ("ktree", "ring", "pipeline")
+
+
+@dataclass(frozen=True)
+class Cost:
+    hops: int = 0
+    stages: int = 0
+    link_bytes: int = 0
+    messages: int = 0
+    flops: int = 0
+    cycles: float = 0.0
+
+    def __add__(self, other: Cost) -> Cost:
+        return Cost(*(getattr(self, f.name) + getattr(other, f.name) for f in fields(self)))
+
+    def scaled(self, k: int) -> Cost:
+        """k repetitions in sequence."""
+        return Cost(*(getattr(self, f.name) * k for f in fields(self)))
+
+    def as_dict(self) -> dict:
+        return {f.name: getattr(self, f.name) for f in fields(self)}
+
+    def seconds(self, spec: HardwareSpec) -> float:
+        return self.cycles / spec.clock_hz
+
+
+def message_cycles(spec: HardwareSpec, hops: int, stages: int, nbytes: float) -> float:
+    return hops * spec.alpha_cycles + stages * (spec.beta_cycles + nbytes / spec.link_bytes_per_cycle)
+
+
+def compute_cost(spec: HardwareSpec, flops: int) -> Cost:
+    return Cost(flops=int(flops), cycles=flops / spec.flops_per_cycle)
+
+
+def ktree_groups(n: int, k: int) -> int:
+    """Group size g of a K-level tree over n cores: the smallest g with g**k >= n."""
+    if n < 1 or k < 1:
+        raise ValueError(f"a K-tree needs n >= 1 cores and K >= 1 levels, got n={n}, K={k}")
+    g = max(2, math.ceil(n ** (1.0 / k)))
+    while g ** k < n:
+        g += 1
+    while g > 2 and (g - 1) ** k >= n:
+        g -= 1
+    return g
+
+
+def ktree_levels(n: int, k: int) -> list[tuple[int, int]]:
+    """(stride, chain length) of each level of the reduce phase: at level l the members are the cores
+    at multiples of stride = g**l, in groups of g; each group's chain has up to g-1 steps of stride hops."""
+    g = ktree_groups(n, k)
+    levels, stride = [], 1
+    while stride < n:
+        members = -(-n // stride)
+        levels.append((stride, min(g, members) - 1))
+        stride *= g
+    return levels
+
+
+def allreduce_cost(spec: HardwareSpec, algo: str, n: int, nbytes: int, k: int = 2) -> Cost:
+    """Allreduce of nbytes per core along a line of n cores.
+
+    ktree:    K reduce levels, chains toward each group's first core (stride hops per step), then the
+              root multicasts the sum back down the line (one stage, n-1 hops).
+    ring:     reduce-scatter + allgather on the folded ring (logical neighbours at most 2 hops apart):
+              2(n-1) steps of nbytes/n.
+    pipeline: the vector cut in n segments streams down a chain to core 0 ((n-1) + (n-1) stages of
+              nbytes/n), then a multicast back (one stage, n-1 hops).
+    """
+    if n == 1:
+        return Cost()
+    if algo == "ktree":
+        hops = stages = 0
+        for stride, chain in ktree_levels(n, k):
+            hops += chain * stride
+            stages += chain
+        cyc = message_cycles(spec, hops, stages, nbytes) + message_cycles(spec, n - 1, 1, nbytes)
+        return Cost(hops=hops + n - 1, stages=stages + 1, link_bytes=2 * (n - 1) * nbytes,
+                    messages=2 * (n - 1), cycles=cyc)
+    if algo == "ring":
+        hop_len = 2 if n > 2 else 1
+        steps = 2 * (n - 1)
+        seg = nbytes / n
+        return Cost(hops=steps * hop_len, stages=steps, link_bytes=int(steps * n * seg * hop_len),
+                    messages=steps * n, cycles=message_cycles(spec, steps * hop_len, steps, seg))
+    if algo == "pipeline":
+        seg = nbytes / n
+        stages = 2 * (n - 1)
+        cyc = message_cycles(spec, n - 1, stages, seg) + message_cycles(spec, n - 1, 1, nbytes)
+        return Cost(hops=2 * (n - 1), stages=stages + 1, link_bytes=2 * (n - 1) * nbytes,
+                    messages=(n - 1) * n + (n - 1), cycles=cyc)
+    raise ValueError(f"unknown allreduce algorithm {algo!r}; choose one of {ALLREDUCE_ALGOS}")
+
+
+def broadcast_cost(spec: HardwareSpec, n: int, nbytes: int) -> Cost:
+    """One core multicasts nbytes to the n-1 others of its line (router multicast: one stage)."""
+    if n == 1:
+        return Cost()
+    return Cost(hops=n - 1, stages=1, link_bytes=(n - 1) * nbytes, messages=n - 1,
+                cycles=message_cycles(spec, n - 1, 1, nbytes))
+
+
+def shift_cost(spec: HardwareSpec, n: int, nbytes: int, wrap: bool) -> Cost:
+    """Every core of a line of n sends nbytes to its next core (and, with wrap, the last to the first)."""
+    if n == 1:
+        return Cost()
+    hops = n - 1 if wrap else 1
+    msgs = n if wrap else n - 1
+    link = (2 * (n - 1) if wrap else n - 1) * nbytes
+    return Cost(hops=hops, stages=1, link_bytes=link, messages=msgs,
+                cycles=message_cycles(spec, hops, 1, nbytes))
+
+
+def _div(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+def gemv_cost(spec: HardwareSpec, out_block: int, in_block: int, n_reduce: int, algo: str = "ktree",
+              k: int = 2) -> Cost:
+    """MeshGEMV: a local (out_block x in_block) GEMV on every core, then an allreduce of the out_block
+    partial sums along the n_reduce cores that share the output block."""
+    return compute_cost(spec, 2 * out_block * in_block) + allreduce_cost(spec, algo, n_reduce, 4 * out_block, k)
+
+
+def layer_decode_cost(spec: HardwareSpec, cfg: LlamaConfig, region: Region, tokens: int) -> Cost:
+    """One decode step of one layer for one request with `tokens` cached positions, in its region."""
+    rows, cols = region.h, region.w
+    dim_c, hid_r = _div(cfg.dim, cols), _div(cfg.hidden_dim, rows)
+    hd_r = 2 * _div(cfg.head_dim // 2, rows)
+    pos_c = _div(max(tokens, 1), cols)
+    norm = compute_cost(spec, 2 * dim_c) + allreduce_cost(spec, "ktree", cols, 4)
+    qkv = gemv_cost(spec, (cfg.n_heads + 2 * cfg.n_kv_heads) * hd_r, dim_c, cols)
+    kv_in = shift_cost(spec, cols, 2 * cfg.n_kv_heads * hd_r * 4, wrap=False)
+    scores = compute_cost(spec, 2 * cfg.n_heads * hd_r * pos_c) + allreduce_cost(
+        spec, "ktree", rows, 4 * cfg.n_heads * pos_c)
+    softmax = allreduce_cost(spec, "ktree", cols, 4 * cfg.n_heads).scaled(2) + compute_cost(
+        spec, 3 * cfg.n_heads * pos_c)
+    attn_v = compute_cost(spec, 2 * cfg.n_heads * hd_r * pos_c) + allreduce_cost(
+        spec, "ktree", cols, 4 * cfg.n_heads * hd_r)
+    wo = gemv_cost(spec, dim_c, cfg.n_heads * hd_r, rows)
+    ffn_in = gemv_cost(spec, 2 * hid_r, dim_c, cols)
+    down = gemv_cost(spec, dim_c, hid_r, rows)
+    return norm.scaled(2) + qkv + kv_in + scores + softmax + attn_v + wo + ffn_in + down
+
+
+def embed_decode_cost(spec: HardwareSpec, cfg: LlamaConfig, region: Region) -> Cost:
+    """Final norm + the tied output head (vocab x dim) as a MeshGEMV over the embedding region."""
+    rows, cols = region.h, region.w
+    dim_c, voc_r = _div(cfg.dim, cols), _div(cfg.vocab_size, rows)
+    norm = compute_cost(spec, 2 * dim_c) + allreduce_cost(spec, "ktree", cols, 4)
+    return norm + gemv_cost(spec, voc_r, dim_c, cols)
+
+
+def region_distance(a: Region, b: Region) -> int:
+    """Hops between the nearest cores of two regions (1 when they touch, 0 when they overlap)."""
+    dx = max(0, a.x0 - (b.x1 - 1), b.x0 - (a.x1 - 1))
+    dy = max(0, a.y0 - (b.y1 - 1), b.y0 - (a.y1 - 1))
+    return dx + dy
+
+
+def handover_cost(spec: HardwareSpec, src: Region, dst: Region, nbytes: int) -> Cost:
+    """Activations of nbytes leave src at its border nearest dst, cross the gap, and are multicast over
+    dst's rows (the residual stream is replicated down a region's rows)."""
+    hops = region_distance(src, dst)
+    move = Cost(hops=hops, stages=1, link_bytes=hops * nbytes, messages=1,
+                cycles=message_cycles(spec, hops, 1, nbytes))
+    return move + broadcast_cost(spec, dst.h, _div(nbytes, dst.w))

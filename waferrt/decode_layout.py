@@ -1,0 +1,99 @@
+"""Where a Llama decoder's tensors sit inside a region of cores, for decode (MeshGEMV layout).
+
+Contract: pure functions from (LlamaConfig, Region, dtype) to :class:`~waferrt.layout.Layout` values.
+Both the scheduler (SRAM planning) and the wafer decode (placing and running) use exactly these, so
+what is planned is what runs.
+
+The scheme (WaferLLM's MeshGEMV with alternating axes): the residual stream x (dim,) is split over the
+region's columns and replicated down its rows. A matrix whose input is split over columns has its output
+split over rows (allreduce along rows), and the next matrix takes that row-split input back to a
+column-split output (allreduce along columns), so no transpose is ever needed:
+
+    x (dim: x)  --wq/wk/wv (heads, head_dim: y, dim: x)-->  q, k, v (head_dim split over rows)
+    attn (head_dim: y) --wo (dim: x, heads, head_dim: y)--> x (dim: x)
+    x (dim: x)  --w_gate/w_up (hidden: y, dim: x)-->        h (hidden: y)
+    h (hidden: y) --w_down (dim: x, hidden: y)-->           x (dim: x)
+
+head_dim is cut in whole RoPE pairs (granule 2), so RoPE is local. The KV cache of one request holds
+(n_kv_heads, head_dim: y, positions: x): head_dim over rows like q, sequence positions over columns,
+balanced by shifting. The tied embedding/head table (vocab: y, dim: x) lives in its own region.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from .layout import Layout
+from .mesh import Region
+from .model.config import LlamaConfig
+
+LAYER_WEIGHTS = ("attn_norm", "wq", "wk", "wv", "wo", "ffn_norm", "w_gate", "w_up", "w_down")
+
+
+def layer_layouts(cfg: LlamaConfig, region: Region, dtype: str = "float32") -> dict[str, Layout]:
+    """Layouts of one decoder layer's weights over `region` (names as in LAYER_WEIGHTS)."""
+    hd, nh, nkv = cfg.head_dim, cfg.n_heads, cfg.n_kv_heads
+    return {
+        "attn_norm": Layout((cfg.dim,), region, ("x",), dtype=dtype),
+        "wq": Layout((nh, hd, cfg.dim), region, (None, "y", "x"), (1, 2, 1), dtype),
+        "wk": Layout((nkv, hd, cfg.dim), region, (None, "y", "x"), (1, 2, 1), dtype),
+        "wv": Layout((nkv, hd, cfg.dim), region, (None, "y", "x"), (1, 2, 1), dtype),
+        "wo": Layout((cfg.dim, nh, hd), region, ("x", None, "y"), (1, 1, 2), dtype),
+        "ffn_norm": Layout((cfg.dim,), region, ("x",), dtype=dtype),
+        "w_gate": Layout((cfg.hidden_dim, cfg.dim), region, ("y", "x"), dtype=dtype),
+        "w_up": Layout((cfg.hidden_dim, cfg.dim), region, ("y", "x"), dtype=dtype),
+        "w_down": Layout((cfg.dim, cfg.hidden_dim), region, ("x", "y"), dtype=dtype),
+    }
+
+
+def kv_layout(cfg: LlamaConfig, region: Region, tokens: int, dtype: str = "float32") -> Layout:
+    """One request's K (or V) cache of `tokens` positions in one layer's region."""
+    return Layout((cfg.n_kv_heads, cfg.head_dim, tokens), region, (None, "y", "x"), (1, 2, 1), dtype)
+
+
+def embed_layout(cfg: LlamaConfig, region: Region, dtype: str = "float32") -> Layout:
+    """The tied embedding / output head table (vocab rows over region rows, dim over columns)."""
+    return Layout((cfg.vocab_size, cfg.dim), region, ("y", "x"), dtype=dtype)
+
+
+def final_norm_layout(cfg: LlamaConfig, region: Region, dtype: str = "float32") -> Layout:
+    return Layout((cfg.dim,), region, ("x",), dtype=dtype)
+
+
+def activation_bytes(cfg: LlamaConfig, region: Region, tokens: int) -> int:
+    """Upper bound of one core's float32 scratch for one decode step of one request in a layer region:
+    x, norm(x), q/k/v, attention output, the MLP hidden pair, per-position scores, and a same-size receive
+    buffer for each in-flight allreduce (the fabric buffers)."""
+    cols, rows = region.w, region.h
+    dim_c = -(-cfg.dim // cols)
+    hd_r = 2 * -(-(cfg.head_dim // 2) // rows)
+    hid_r = -(-cfg.hidden_dim // rows)
+    pos_c = -(-tokens // cols)
+    words = 2 * dim_c + (cfg.n_heads + 2 * cfg.n_kv_heads) * hd_r + cfg.n_heads * hd_r + 2 * hid_r
+    words += cfg.n_heads * pos_c
+    return 2 * words * 4  # x2: receive buffers of the reductions
+
+
+def layer_core_bytes(cfg: LlamaConfig, region: Region, kv_tokens: int, requests: int,
+                     dtype: str = "float32") -> int:
+    """Bytes the most loaded core of a layer region needs: weights + KV reserve + scratch."""
+    weights = sum(lay.max_block_bytes() for lay in layer_layouts(cfg, region, dtype).values())
+    kv = 2 * requests * kv_layout(cfg, region, kv_tokens, dtype).max_block_bytes()
+    return weights + kv + activation_bytes(cfg, region, kv_tokens)
+
+
+def embed_core_bytes(cfg: LlamaConfig, region: Region, dtype: str = "float32") -> int:
+    """Bytes the most loaded core of the embedding/head region needs (table block, final norm, logits)."""
+    table = embed_layout(cfg, region, dtype).max_block_bytes()
+    norm = final_norm_layout(cfg, region, dtype).max_block_bytes()
+    rows = -(-cfg.vocab_size // region.h)
+    return table + norm + 2 * rows * 4 + 2 * -(-cfg.dim // region.w) * 4
+
+
+def max_layer_rows(cfg: LlamaConfig) -> int:
+    """A layer region may have at most this many rows: head_dim is cut in whole RoPE pairs."""
+    return cfg.head_dim // 2
+
+
+def dtype_itemsize(dtype: str) -> int:
+    return np.dtype(dtype).itemsize
