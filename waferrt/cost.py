@@ -83,34 +83,35 @@ def allreduce_cost(spec: HardwareSpec, algo: str, n: int, nbytes: int, k: int = 
     """Allreduce of nbytes per core along a line of n cores.
 
     ktree:    K reduce levels, chains toward each group's first core (stride hops per step), then the
-              root multicasts the sum back down the line (one stage, n-1 hops).
+              root multicasts the sum back down the line (one stage, n-1 hops): ~K*n^(1/K) stages.
     ring:     reduce-scatter + allgather on the folded ring (logical neighbours at most 2 hops apart):
-              2(n-1) steps of nbytes/n.
-    pipeline: the vector cut in n segments streams down a chain to core 0 ((n-1) + (n-1) stages of
+              2(n-1) steps of nbytes/n, ~4n hops.
+    pipeline: the vector cut in n segments streams down a chain to core 0 (2(n-1) one-hop stages of
               nbytes/n), then a multicast back (one stage, n-1 hops).
     """
     if n == 1:
         return Cost()
     if algo == "ktree":
-        hops = stages = 0
+        g = ktree_groups(n, k)
+        hops = stages = link = senders = 0
         for stride, chain in ktree_levels(n, k):
-            hops += chain * stride
-            stages += chain
+            members = -(-n // stride)
+            sent = members - -(-members // g)
+            hops, stages, senders = hops + chain * stride, stages + chain, senders + sent
+            link += sent * stride * nbytes
         cyc = message_cycles(spec, hops, stages, nbytes) + message_cycles(spec, n - 1, 1, nbytes)
-        return Cost(hops=hops + n - 1, stages=stages + 1, link_bytes=2 * (n - 1) * nbytes,
-                    messages=2 * (n - 1), cycles=cyc)
+        return Cost(hops=hops + n - 1, stages=stages + 1, link_bytes=link + (n - 1) * nbytes,
+                    messages=senders + n - 1, cycles=cyc)
+    seg = 4 * -(-nbytes // (4 * n))  # the vector is cut in n equal (padded) float32 segments
+    steps = 2 * (n - 1)
     if algo == "ring":
         hop_len = 2 if n > 2 else 1
-        steps = 2 * (n - 1)
-        seg = nbytes / n
-        return Cost(hops=steps * hop_len, stages=steps, link_bytes=int(steps * n * seg * hop_len),
-                    messages=steps * n, cycles=message_cycles(spec, steps * hop_len, steps, seg))
+        return Cost(hops=steps * hop_len, stages=steps, link_bytes=steps * (2 * n - 2) * seg,
+                    messages=steps * n, cycles=steps * message_cycles(spec, hop_len, 1, seg))
     if algo == "pipeline":
-        seg = nbytes / n
-        stages = 2 * (n - 1)
-        cyc = message_cycles(spec, n - 1, stages, seg) + message_cycles(spec, n - 1, 1, nbytes)
-        return Cost(hops=2 * (n - 1), stages=stages + 1, link_bytes=2 * (n - 1) * nbytes,
-                    messages=(n - 1) * n + (n - 1), cycles=cyc)
+        cyc = message_cycles(spec, steps, steps, seg) + message_cycles(spec, n - 1, 1, nbytes)
+        return Cost(hops=steps + n - 1, stages=steps + 1, link_bytes=n * (n - 1) * seg + (n - 1) * nbytes,
+                    messages=n * (n - 1) + n - 1, cycles=cyc)
     raise ValueError(f"unknown allreduce algorithm {algo!r}; choose one of {ALLREDUCE_ALGOS}")
 
 

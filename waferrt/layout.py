@@ -115,3 +115,71 @@ class Layout:
 
     def with_region(self, region: Region) -> Layout:
         return Layout(self.shape, region, self.split, self.granule, self.dtype)
+
+
+def _axis_gather(layout: Layout, axis: int) -> tuple[np.ndarray, np.ndarray]:
+    """(index (parts, max_chunk), valid (parts, max_chunk)) gathering axis `axis` into padded chunks."""
+    b = layout.bounds(axis)
+    sizes = np.diff(b)
+    width = int(sizes.max())
+    offs = np.arange(width)
+    valid = offs[None, :] < sizes[:, None]
+    index = np.where(valid, b[:-1, None] + offs[None, :], 0)
+    return index, valid
+
+
+def to_blocks(array: np.ndarray, layout: Layout) -> np.ndarray:
+    """The tensor cut into per-core blocks: (rows, cols, *max_block_shape), zero-padded where a core's
+    chunk is shorter than the first one. Replicated axes are copied to every core."""
+    array = np.asarray(array)
+    if array.shape != layout.shape:
+        raise ValueError(f"array of shape {array.shape} does not match the layout's shape {layout.shape}")
+    out = array.astype(layout.dtype, copy=False)
+    row_axis = col_axis = None
+    pos = 0  # current position of tensor axis i in `out` (split axes become two axes)
+    for i, s in enumerate(layout.split):
+        if s is None:
+            pos += 1
+            continue
+        index, valid = _axis_gather(layout, i)
+        out = np.take(out, index, axis=pos)  # axis pos -> (parts, width)
+        mask_shape = [1] * out.ndim
+        mask_shape[pos], mask_shape[pos + 1] = valid.shape
+        out = np.where(valid.reshape(mask_shape), out, out.dtype.type(0))
+        if s == "x":
+            col_axis = pos
+        else:
+            row_axis = pos
+        pos += 2
+    # move the parts axes to the front as (rows, cols); missing ones become broadcast axes of size h/w
+    if row_axis is None:
+        out = np.expand_dims(out, 0)
+        row_axis = 0
+        col_axis = col_axis + 1 if col_axis is not None else None
+    else:
+        out = np.moveaxis(out, row_axis, 0)
+        if col_axis is not None and col_axis < row_axis:
+            col_axis += 1
+    if col_axis is None:
+        out = np.expand_dims(out, 1)
+    else:
+        out = np.moveaxis(out, col_axis, 1)
+    h, w = layout.region.h, layout.region.w
+    return np.ascontiguousarray(np.broadcast_to(out, (h, w) + out.shape[2:]))
+
+
+def from_blocks(blocks: np.ndarray, layout: Layout) -> np.ndarray:
+    """Inverse of to_blocks: reassemble the tensor from (rows, cols, *max_block) blocks; replicated
+    copies are read from the first row/column that holds them."""
+    out = np.empty(layout.shape, dtype=blocks.dtype)
+    for r in _distinct(layout, "y"):
+        for c in _distinct(layout, "x"):
+            sl = layout.block_slices(r, c)
+            out[sl] = blocks[(r, c) + tuple(slice(0, s.stop - s.start) for s in sl)]
+    return out
+
+
+def _distinct(layout: Layout, mesh_axis: str) -> range:
+    """The rows (or columns) that hold distinct data: all of them if some axis is split there, else 0."""
+    n = layout.region.w if mesh_axis == "x" else layout.region.h
+    return range(n) if mesh_axis in layout.split else range(1)

@@ -1,0 +1,253 @@
+"""Collectives along one mesh axis of a region, built only from routed neighbour hops.
+
+Contract: a :class:`LineComm` is one tile's view of the lines of a region along mesh axis "x" (rows of
+cores, messages go E/W) or "y" (columns, messages go N/S). Arrays carry the line position on
+``array_axis`` (this tile's cores only, in region order); all other array axes are data. The region may
+span several tiles: the part of a message that leaves this tile goes to the neighbour tile over
+``links`` (the fabric), which forwards it further when it is not the destination. Every tile that holds a
+part of the region must call the same collectives in the same order (SPMD); message tags are checked.
+
+Primitives: ``transfer`` (chosen cores send to the core ``dist`` hops along the line, forwarded hop by
+hop), ``broadcast`` (multicast from a root), ``shift`` (with or without wrap), ``allreduce`` with the
+"ktree" (K-level tree, chains toward each group's first core, then a multicast), "ring" (reduce-scatter +
+allgather on the folded ring, logical neighbours at most 2 hops apart) and "pipeline" (segments streamed
+down a chain, then a multicast) algorithms. Costs go to the :class:`~waferrt.ledger.Ledger`.
+"""
+
+from __future__ import annotations
+
+from typing import Protocol
+
+import numpy as np
+
+from .cost import ALLREDUCE_ALGOS, ktree_levels
+from .ledger import Ledger
+from .mesh import Dir, Region
+
+REDUCE_OPS = {"sum": np.add, "max": np.maximum}
+
+
+class Links(Protocol):
+    """A tile's links to its neighbour tiles (the fabric)."""
+
+    def send(self, d: Dir, tag: str, arrays: list[np.ndarray]) -> None: ...
+
+    def recv(self, d: Dir, tag: str) -> list[np.ndarray]: ...
+
+
+class LineComm:
+    def __init__(self, axis: str, region: Region, local: Region, links: Links | None, ledger: Ledger,
+                 tag_prefix: str = ""):
+        if axis not in ("x", "y"):
+            raise ValueError(f"a line runs along mesh axis 'x' or 'y', got {axis!r}")
+        self.axis, self.region, self.local, self.links, self.ledger = axis, region, local, links, ledger
+        if axis == "x":
+            self.n, self.lo, self.m, self.lines = region.w, local.x0 - region.x0, local.w, local.h
+            self.fwd = Dir.E
+        else:
+            self.n, self.lo, self.m, self.lines = region.h, local.y0 - region.y0, local.h, local.w
+            self.fwd = Dir.S
+        self._tag_prefix = tag_prefix
+        self._seq = 0
+
+    # -- plumbing -------------------------------------------------------------------------------------
+    def _tag(self) -> str:
+        self._seq += 1
+        return f"{self._tag_prefix}{self.axis}{self._seq}"
+
+    def _has_tile(self, d: Dir) -> bool:
+        """Does the region continue into the neighbour tile in direction d (along this line)?"""
+        return self.lo > 0 if d == self.fwd.opposite else self.lo + self.m < self.n
+
+    def _msg_bytes(self, values_per_pos: int, itemsize: int, replicated: bool) -> float:
+        per_line = values_per_pos if replicated else values_per_pos / max(self.lines, 1)
+        return per_line * itemsize
+
+    def transfer(self, buf: np.ndarray, src, dist: int, array_axis: int = 0, replicated: bool = False
+                 ) -> tuple[np.ndarray, np.ndarray]:
+        """The cores at line positions `src` (region coordinates) each send their slice of `buf` to the
+        core `dist` hops along the line. Returns (local destination positions, received values stacked
+        on array_axis). Books one routing stage of |dist| hops."""
+        src = np.asarray(src, dtype=np.int64).reshape(-1)
+        dst = src + dist
+        if dist == 0 or (len(src) and (dst.min() < 0 or dst.max() >= self.n)):
+            raise ValueError(f"transfer of {dist} hops from positions {src.tolist()} leaves the line of "
+                             f"{self.n} cores")
+        mine = (src >= self.lo) & (src < self.lo + self.m)
+        stays = mine & (dst >= self.lo) & (dst < self.lo + self.m)
+        leaves = mine & ~stays
+        got_pos = [dst[stays] - self.lo]
+        got_val = [np.take(buf, src[stays] - self.lo, axis=array_axis)]
+        out_pos, out_val = dst[leaves], np.take(buf, src[leaves] - self.lo, axis=array_axis)
+        d = self.fwd if dist > 0 else self.fwd.opposite
+        tag = self._tag()
+        if self._has_tile(d.opposite):
+            pos, val = self.links.recv(d.opposite, tag)
+            here = (pos >= self.lo) & (pos < self.lo + self.m)
+            got_pos.append(pos[here] - self.lo)
+            got_val.append(np.compress(here, val, axis=array_axis))
+            out_pos = np.concatenate([pos[~here], out_pos])
+            out_val = np.concatenate([np.compress(~here, val, axis=array_axis), out_val], axis=array_axis)
+        if self._has_tile(d):
+            self.links.send(d, tag, [out_pos, np.ascontiguousarray(out_val)])
+        elif len(out_pos):
+            raise RuntimeError(f"transfer lost {len(out_pos)} message(s) at the edge of the region")
+        vals_per_pos = int(np.prod(buf.shape)) // max(buf.shape[array_axis], 1)
+        nbytes = self._msg_bytes(vals_per_pos, buf.itemsize, replicated)
+        self.ledger.message(abs(dist), nbytes, int(mine.sum()) * self.lines)
+        return np.concatenate(got_pos), np.concatenate(got_val, axis=array_axis)
+
+    # -- primitives -----------------------------------------------------------------------------------
+    def broadcast(self, buf: np.ndarray, root: int = 0, array_axis: int = 0, replicated: bool = False
+                  ) -> np.ndarray:
+        """Every core of the line gets the root core's slice (router multicast: one stage)."""
+        if not 0 <= root < self.n:
+            raise ValueError(f"broadcast root {root} is outside the line of {self.n} cores")
+        with self.ledger.op("broadcast"):
+            return self._multicast(buf, root, array_axis, replicated)
+
+    def _multicast(self, buf: np.ndarray, root: int, array_axis: int, replicated: bool) -> np.ndarray:
+        tag = self._tag()
+        if self.lo <= root < self.lo + self.m:
+            val = np.take(buf, [root - self.lo], axis=array_axis)
+            for d in (self.fwd, self.fwd.opposite):
+                if self._has_tile(d):
+                    self.links.send(d, tag, [np.ascontiguousarray(val)])
+        else:
+            toward_root = self.fwd.opposite if root < self.lo else self.fwd
+            (val,) = self.links.recv(toward_root, tag)
+            if self._has_tile(toward_root.opposite):
+                self.links.send(toward_root.opposite, tag, [val])
+        reps = [1] * buf.ndim
+        reps[array_axis] = self.m
+        vals_per_pos = int(np.prod(buf.shape)) // max(buf.shape[array_axis], 1)
+        if self.n > 1:
+            nbytes = self._msg_bytes(vals_per_pos, buf.itemsize, replicated)
+            msgs = (self.n - 1) * self.lines if self.lo == 0 else 0
+            self.ledger.message(max(root, self.n - 1 - root), nbytes, msgs, link_bytes=msgs * nbytes)
+        return np.tile(val, reps)
+
+    def shift(self, buf: np.ndarray, dist: int = 1, wrap: bool = False, array_axis: int = 0,
+              replicated: bool = False) -> np.ndarray:
+        """Every core sends its slice one hop along the line (dist=+1: E or S; -1: W or N). Without wrap
+        the first core receives zeros; with wrap the last core's slice travels back to the first."""
+        if dist not in (1, -1):
+            raise ValueError(f"shift moves one hop (dist=+1 or -1), got {dist}; use transfer() for more")
+        out = np.zeros_like(buf)
+        if self.n == 1:
+            if wrap:
+                out[...] = buf
+            return out
+        inner = np.arange(self.n - 1) + (0 if dist > 0 else 1)
+        with self.ledger.op("shift"), self.ledger.concurrent():
+            moved = [self.transfer(buf, inner, dist, array_axis, replicated)]
+            if wrap:
+                end = self.n - 1 if dist > 0 else 0
+                moved.append(self.transfer(buf, [end], -dist * (self.n - 1), array_axis, replicated))
+        for pos, val in moved:
+            _put(out, pos, val, array_axis)
+        return out
+
+    def allreduce(self, buf: np.ndarray, algo: str = "ktree", k: int = 2, op: str = "sum",
+                  array_axis: int = 0, replicated: bool = False) -> np.ndarray:
+        """Every core of the line ends with the reduction (sum or max) of all the line's slices."""
+        if op not in REDUCE_OPS:
+            raise ValueError(f"allreduce op is one of {sorted(REDUCE_OPS)}, got {op!r}")
+        if algo not in ALLREDUCE_ALGOS:
+            raise ValueError(f"unknown allreduce algorithm {algo!r}; choose one of {ALLREDUCE_ALGOS}")
+        if self.n == 1:
+            return buf.copy()
+        ufunc = REDUCE_OPS[op]
+        with self.ledger.op(f"allreduce.{algo}"):
+            if algo == "ktree":
+                return self._ktree(buf, k, ufunc, array_axis, replicated)
+            acc = np.moveaxis(buf, array_axis, 0)
+            flat = acc.reshape(self.m, -1)
+            if algo == "ring":
+                out = self._ring(flat, ufunc, replicated)
+            else:
+                out = self._pipeline(flat, ufunc, replicated)
+            return np.moveaxis(out.reshape(acc.shape), 0, array_axis)
+
+    # -- algorithms -----------------------------------------------------------------------------------
+    def _ktree(self, buf, k, ufunc, array_axis, replicated):
+        acc = buf.copy()
+        for stride, chain in ktree_levels(self.n, k):
+            span = stride * (chain + 1)
+            for t in range(chain, 0, -1):  # member t hands its partial sum to member t-1
+                src = np.arange(t * stride, self.n, span)
+                pos, val = self.transfer(acc, src, -stride, array_axis, replicated)
+                _combine(acc, pos, val, array_axis, ufunc)
+        return self._multicast(acc, 0, array_axis, replicated)
+
+    def _chunk_steps(self, chunks, steps, ufunc, replicated):
+        """chunks: (m, n_chunks, c). Each step is a list of (src positions, chunk index per src, dist);
+        every src sends that chunk `dist` hops, all at once; the receiver combines (or, ufunc None,
+        overwrites) its same chunk."""
+        for step in steps:
+            received = []
+            with self.ledger.concurrent():
+                for src, idx, dist in step:
+                    send = np.zeros((self.m, chunks.shape[2]), chunks.dtype)
+                    local = (src >= self.lo) & (src < self.lo + self.m)
+                    send[src[local] - self.lo] = chunks[src[local] - self.lo, idx[local]]
+                    pos, val = self.transfer(send, src, dist, 0, replicated)
+                    received.append((pos, (idx[np.searchsorted(src, pos + self.lo - dist)]), val))
+            for pos, idx, val in received:
+                cur = chunks[pos, idx]
+                chunks[pos, idx] = val if ufunc is None else ufunc(cur, val)
+
+    def _ring(self, flat, ufunc, replicated):
+        n = self.n
+        # folded ring: evens going out, odds coming back, so ring neighbours are at most 2 hops apart
+        order = list(range(0, n, 2)) + list(range(n - 1 if n % 2 == 0 else n - 2, 0, -2))
+        ring_index = np.empty(n, np.int64)
+        ring_index[order] = np.arange(n)
+        succ = np.array(order[1:] + order[:1])[ring_index]  # successor position of each position
+        chunks = _split_chunks(flat, n)
+        pos_all = np.arange(n)
+
+        def step(shift):
+            by_dist: dict[int, list[int]] = {}
+            for p in pos_all:
+                by_dist.setdefault(int(succ[p] - p), []).append(int(p))
+            return [(np.array(ps), (ring_index[ps] - shift) % n, dist) for dist, ps in sorted(by_dist.items())]
+
+        self._chunk_steps(chunks, [step(s) for s in range(n - 1)], ufunc, replicated)
+        self._chunk_steps(chunks, [step(s - 1) for s in range(n - 1)], None, replicated)
+        return chunks.reshape(self.m, -1)[:, : flat.shape[1]]
+
+    def _pipeline(self, flat, ufunc, replicated):
+        n = self.n
+        chunks = _split_chunks(flat, n)
+        steps = []
+        for tau in range(2 * (n - 1)):
+            p = np.arange(1, n)
+            seg = tau - (n - 1 - p)
+            ok = (seg >= 0) & (seg < n)
+            if ok.any():
+                steps.append([(p[ok], seg[ok], -1)])
+        self._chunk_steps(chunks, steps, ufunc, replicated)
+        acc = chunks.reshape(self.m, -1)[:, : flat.shape[1]]
+        return self._multicast(acc, 0, 0, replicated)
+
+
+def _split_chunks(flat: np.ndarray, n: int) -> np.ndarray:
+    """(m, V) -> (m, n, ceil(V/n)) zero-padded chunks (a copy)."""
+    m, v = flat.shape
+    c = -(-v // n) if v else 0
+    out = np.zeros((m, n * c), flat.dtype)
+    out[:, :v] = flat
+    return out.reshape(m, n, c)
+
+
+def _put(out: np.ndarray, pos: np.ndarray, val: np.ndarray, axis: int) -> None:
+    idx = [slice(None)] * out.ndim
+    idx[axis] = pos
+    out[tuple(idx)] = val
+
+
+def _combine(acc: np.ndarray, pos: np.ndarray, val: np.ndarray, axis: int, ufunc) -> None:
+    idx = [slice(None)] * acc.ndim
+    idx[axis] = pos
+    acc[tuple(idx)] = ufunc(acc[tuple(idx)], val)

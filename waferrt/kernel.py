@@ -1,0 +1,147 @@
+"""The kernel context: one tile's share of the cores of a region, as seen by an SPMD mesh kernel.
+
+Contract: a kernel is a plain function ``kernel(ctx, **args)``. Every tile that holds cores of the
+kernel's region runs it once, with a :class:`Cores` context for its part. Data are numpy arrays whose
+first two axes are this tile's cores of the region, (rows, cols) in region order, followed by each
+core's block. A core only touches its own block; data move between cores only through the context's
+primitives, which go one hop at a time (forwarded through the cores in between) and book their cost:
+
+- ``ctx.send(buf, dx, dy)``: every core sends its block to its neighbour (one hop: N/E/S/W only).
+- ``ctx.shift(buf, "x"|"y", dist=±1, wrap=False)``, ``ctx.broadcast(buf, axis, root)``,
+  ``ctx.allreduce(buf, axis, algo="ktree"|"ring"|"pipeline", k=2, op="sum"|"max")``.
+- ``ctx.gemv(w, x, axis)``: MeshGEMV, local block GEMV then an allreduce along `axis`.
+- ``ctx.load(name)`` / ``ctx.store(name, blocks)``: this tile's blocks of a DSM tensor.
+- ``ctx.compute(flops)``: book local compute that is not part of a primitive.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from .comm import LineComm, Links
+from .ledger import Ledger
+from .mesh import Coord, Dir, Region
+
+
+class NotNeighbourError(ValueError):
+    """A core asked to send to a core that is not one hop away."""
+
+
+class Cores:
+    def __init__(self, region: Region, local: Region, links: Links | None, ledger: Ledger, store: dict,
+                 tag: str = ""):
+        self.region, self.local, self.ledger, self._store = region, local, ledger, store
+        self.x = LineComm("x", region, local, links, ledger, f"{tag}:")
+        self.y = LineComm("y", region, local, links, ledger, f"{tag}:")
+        self.spec = ledger.spec
+
+    # -- where am I ---------------------------------------------------------------------------------
+    @property
+    def shape(self) -> tuple[int, int]:
+        """(rows, cols) of this tile's cores of the region."""
+        return self.local.shape
+
+    def coords(self) -> tuple[np.ndarray, np.ndarray]:
+        """(xs, ys): the global coordinates of this tile's cores, each (rows, cols)."""
+        ys, xs = np.mgrid[self.local.y0:self.local.y1, self.local.x0:self.local.x1]
+        return xs, ys
+
+    def positions(self) -> tuple[np.ndarray, np.ndarray]:
+        """(cols, rows): positions of this tile's cores inside the region, each (rows, cols)."""
+        xs, ys = self.coords()
+        return xs - self.region.x0, ys - self.region.y0
+
+    def _comm(self, axis: str) -> tuple[LineComm, int]:
+        if axis == "x":
+            return self.x, 1
+        if axis == "y":
+            return self.y, 0
+        raise ValueError(f"mesh axis is 'x' (along rows, E/W) or 'y' (along columns, N/S), got {axis!r}")
+
+    def _check(self, buf: np.ndarray) -> None:
+        if buf.shape[:2] != self.shape:
+            raise ValueError(f"kernel arrays start with this tile's core axes {self.shape}, got {buf.shape}")
+
+    # -- primitives -----------------------------------------------------------------------------------
+    def send(self, buf: np.ndarray, dx: int, dy: int) -> np.ndarray:
+        """Every core sends its block to the core at (x+dx, y+dy), which must be a neighbour; returns what
+        each core received (zeros where no core of the region sent to it)."""
+        if abs(dx) + abs(dy) != 1:
+            a = Coord(self.local.x0, self.local.y0)
+            b = Coord(a.x + dx, a.y + dy)
+            raise NotNeighbourError(
+                f"core {a} cannot send to core {b}: they are {a.hops_to(b)} hops apart and a core has links "
+                "only to its N/E/S/W neighbours. Move data one hop at a time (ctx.send with |dx|+|dy| = 1), "
+                "or use ctx.shift / ctx.broadcast / ctx.allreduce, which forward hop by hop."
+            )
+        self._check(buf)
+        axis, dist = ("x", dx) if dx else ("y", dy)
+        with self.ledger.op("send"):
+            comm, ax = self._comm(axis)
+            out = np.zeros_like(buf)
+            src = np.arange(comm.n - 1) + (0 if dist > 0 else 1)
+            pos, val = comm.transfer(buf, src, dist, ax)
+            idx = [slice(None)] * buf.ndim
+            idx[ax] = pos
+            out[tuple(idx)] = val
+            return out
+
+    def shift(self, buf: np.ndarray, axis: str, dist: int = 1, wrap: bool = False) -> np.ndarray:
+        self._check(buf)
+        comm, ax = self._comm(axis)
+        return comm.shift(buf, dist, wrap, ax)
+
+    def broadcast(self, buf: np.ndarray, axis: str, root: int = 0) -> np.ndarray:
+        self._check(buf)
+        comm, ax = self._comm(axis)
+        return comm.broadcast(buf, root, ax)
+
+    def allreduce(self, buf: np.ndarray, axis: str, algo: str = "ktree", k: int = 2, op: str = "sum"
+                  ) -> np.ndarray:
+        self._check(buf)
+        comm, ax = self._comm(axis)
+        return comm.allreduce(buf, algo, k, op, ax)
+
+    def gemv(self, w: np.ndarray, x: np.ndarray, axis: str, algo: str = "ktree", k: int = 2) -> np.ndarray:
+        """MeshGEMV. w: (rows, cols, out_b, in_b) blocks; x: (rows, cols, in_b), the input split along
+        `axis` (and replicated along the other). Each core computes w @ x on its block, then the partial
+        sums are allreduced along `axis`: the output (rows, cols, out_b) is split along the other axis."""
+        self._check(w)
+        self._check(x)
+        with self.ledger.op("gemv"):
+            y = np.matmul(w, x[..., None])[..., 0]
+            self.ledger.compute(2 * w.shape[-1] * w.shape[-2])
+            comm, ax = self._comm(axis)
+            return comm.allreduce(y, algo, k, "sum", ax)
+
+    def compute(self, flops: int) -> None:
+        with self.ledger.op("compute"):
+            self.ledger.compute(flops)
+
+    # -- DSM ------------------------------------------------------------------------------------------
+    def load(self, name: str) -> np.ndarray:
+        """This tile's blocks of DSM tensor `name` that lie in the kernel's region: (rows, cols, *block)."""
+        layout, blocks = self._dsm(name)
+        return blocks[self._window(layout.region)]
+
+    def store(self, name: str, value: np.ndarray) -> None:
+        layout, blocks = self._dsm(name)
+        win = self._window(layout.region)
+        if value.shape != blocks[win].shape:
+            raise ValueError(f"storing {value.shape} into {name!r}, whose blocks here are {blocks[win].shape}")
+        blocks[win] = value
+
+    def _dsm(self, name: str):
+        try:
+            return self._store[name]
+        except KeyError:
+            raise KeyError(f"no DSM tensor {name!r} on this tile; allocate it with wafer.dsm.alloc") from None
+
+    def _window(self, tensor_region: Region) -> tuple[slice, slice]:
+        """The kernel's local cores as a window into a tensor's local blocks (tensor region ⊇ kernel region
+        on this tile)."""
+        t_local = tensor_region.intersect(self.local)
+        if t_local is None or not t_local.covers(self.local):
+            raise ValueError(f"the kernel's region {self.region} is not inside the tensor's region {tensor_region}")
+        r0, c0 = self.local.y0 - t_local.y0, self.local.x0 - t_local.x0
+        return slice(r0, r0 + self.local.h), slice(c0, c0 + self.local.w)

@@ -1,0 +1,108 @@
+"""An in-process fabric: tiles as threads, links as queues. For running SPMD tile programs without Ray.
+
+Contract: :class:`LoopFabric` gives every tile of a :class:`~waferrt.mesh.MeshSpec` a ``Links`` object
+(``send(dir, tag, arrays)`` / ``recv(dir, tag)``) whose messages go to the neighbour tile in that
+direction through a ``queue.Queue``; arrays are copied on send (no shared buffers, as over a socket),
+tags are checked, and a receive that waits longer than ``timeout`` raises :class:`FabricTimeout`
+naming the link. ``run_spmd(fn)`` runs ``fn(tile_id, links)`` on every tile in its own thread and returns
+the results, re-raising the first error. The real fabric (pyzmq between Ray actors) has the same
+interface: waferrt.actors.fabric.
+"""
+
+from __future__ import annotations
+
+import queue
+import threading
+
+import numpy as np
+
+from .mesh import Dir, MeshSpec, TileId
+
+
+class FabricTimeout(TimeoutError):
+    pass
+
+
+class FabricProtocolError(RuntimeError):
+    pass
+
+
+class LoopLinks:
+    def __init__(self, fabric: LoopFabric, tile: TileId):
+        self.fabric, self.tile = fabric, tile
+
+    def send(self, d: Dir, tag: str, arrays: list[np.ndarray]) -> None:
+        peer = self.fabric.mesh.tile_neighbour(self.tile, d)
+        if peer is None:
+            raise FabricProtocolError(f"{self.tile} has no neighbour tile to the {d.name}")
+        self.fabric.queues[(peer, d.opposite)].put((tag, [np.array(a, copy=True) for a in arrays]))
+
+    def recv(self, d: Dir, tag: str) -> list[np.ndarray]:
+        try:
+            got_tag, arrays = self.fabric.queues[(self.tile, d)].get(timeout=self.fabric.timeout)
+        except queue.Empty:
+            peer = self.fabric.mesh.tile_neighbour(self.tile, d)
+            raise FabricTimeout(f"{self.tile} waited {self.fabric.timeout}s for message {tag!r} from {peer} "
+                                f"({d.name} link) and got nothing") from None
+        if got_tag != tag:
+            raise FabricProtocolError(f"{self.tile} expected message {tag!r} on its {d.name} link, got "
+                                      f"{got_tag!r}: the tiles ran different programs")
+        return arrays
+
+
+class LoopFabric:
+    def __init__(self, mesh: MeshSpec, timeout: float = 10.0):
+        self.mesh, self.timeout = mesh, timeout
+        self.queues = {(t, d): queue.Queue() for t in mesh.tiles() for d in Dir}
+
+    def links(self, tile: TileId) -> LoopLinks:
+        return LoopLinks(self, tile)
+
+    def run_spmd(self, fn, tiles: list[TileId] | None = None) -> dict[TileId, object]:
+        tiles = self.mesh.tiles() if tiles is None else tiles
+        results: dict[TileId, object] = {}
+        errors: list[BaseException] = []
+
+        def body(t: TileId) -> None:
+            try:
+                results[t] = fn(t, self.links(t))
+            except BaseException as e:  # noqa: BLE001 - re-raised in the caller's thread
+                errors.append(e)
+
+        threads = [threading.Thread(target=body, args=(t,), name=str(t)) for t in tiles]
+        for th in threads:
+            th.start()
+        for th in threads:
+            th.join()
+        if errors:
+            raise errors[0]
+        return results
+
+
+def simulate(mesh: MeshSpec, spec, region, kernel, timeout: float = 10.0, **arrays):
+    """Run ``kernel(ctx, **arrays)`` SPMD over `region` without Ray: one thread per tile, queues as links.
+
+    Every array is given for the whole region, (h, w, *block); each tile's kernel gets its own cores'
+    part. Returns (output for the whole region, merged cost per primitive). The kernel returns one array
+    over its local cores."""
+    from .kernel import Cores
+    from .ledger import Ledger, merge_snapshots
+
+    fabric = LoopFabric(mesh, timeout)
+    tiles = mesh.tiles_of(region)
+
+    def body(t: TileId, links):
+        local = mesh.tile_region(t).intersect(region)
+        ledger = Ledger(spec)
+        ctx = Cores(region, local, links, ledger, store={}, tag="sim")
+        r0, c0 = local.y0 - region.y0, local.x0 - region.x0
+        part = {k: v[r0:r0 + local.h, c0:c0 + local.w] for k, v in arrays.items()}
+        return local, kernel(ctx, **part), ledger.snapshot()
+
+    results = fabric.run_spmd(body, tiles)
+    first = next(iter(results.values()))[1]
+    out = np.zeros(region.shape + first.shape[2:], first.dtype)
+    for local, value, _ in results.values():
+        r0, c0 = local.y0 - region.y0, local.x0 - region.x0
+        out[r0:r0 + local.h, c0:c0 + local.w] = value
+    return out, merge_snapshots([s for _, _, s in results.values()])
