@@ -183,3 +183,17 @@ def _distinct(layout: Layout, mesh_axis: str) -> range:
     """The rows (or columns) that hold distinct data: all of them if some axis is split there, else 0."""
     n = layout.region.w if mesh_axis == "x" else layout.region.h
     return range(n) if mesh_axis in layout.split else range(1)
+
+
+def core_bytes(layout: Layout) -> np.ndarray:
+    """(rows, cols) bytes each core of the region holds for this tensor (its real, unpadded block)."""
+    h, w = layout.region.h, layout.region.w
+    out = np.full((h, w), layout.itemsize, dtype=np.int64)
+    for i, s in enumerate(layout.split):
+        if s is None:
+            out *= layout.shape[i]
+        elif s == "x":
+            out *= np.diff(layout.bounds(i))[None, :]
+        else:
+            out *= np.diff(layout.bounds(i))[:, None]
+    return out

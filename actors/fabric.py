@@ -1,0 +1,105 @@
+"""The fabric between tile actors: pyzmq sockets to the four neighbour tiles, nothing pickled.
+
+Contract: a :class:`ZmqLinks` belongs to one tile. ``bind(ipc_dir)`` opens the tile's single PULL socket
+on an ipc:// path (neighbours on the same Ray node) and on tcp:// (neighbours on other nodes) and
+returns both addresses; ``connect({dir: address})`` opens one PUSH socket per neighbour tile.
+``send(dir, tag, arrays)`` writes one message: a msgpack header (link, sequence number, tag, dtype and
+shape of every array) followed by each array's raw buffer, sent without copying. ``recv(dir, tag)``
+returns the next message from that neighbour (messages from other neighbours that arrive first are kept
+in order for later); it checks the per-link sequence number and the tag, and raises
+:class:`~waferrt.loopfabric.FabricTimeout` naming the link when nothing arrives within the deadline
+instead of hanging. ``close()`` closes the sockets and removes the ipc socket file.
+"""
+
+from __future__ import annotations
+
+import collections
+import os
+import socket
+import time
+
+import msgpack
+import numpy as np
+import zmq
+
+from waferrt.loopfabric import FabricProtocolError, FabricTimeout
+from waferrt.mesh import Dir, TileId
+
+
+class ZmqLinks:
+    def __init__(self, tile: TileId, timeout: float = 30.0):
+        self.tile, self.timeout = tile, timeout
+        self.ctx = zmq.Context.instance()
+        self.pull = self.ctx.socket(zmq.PULL)
+        self.pull.setsockopt(zmq.LINGER, 0)
+        self.pull.setsockopt(zmq.RCVHWM, 0)
+        self.push: dict[Dir, zmq.Socket] = {}
+        self.sent = collections.Counter()
+        self.received = collections.Counter()
+        self.pending: dict[Dir, collections.deque] = {d: collections.deque() for d in Dir}
+        self.ipc_path: str | None = None
+        self.bytes_sent = 0
+
+    def bind(self, ipc_dir: str) -> dict:
+        os.makedirs(ipc_dir, exist_ok=True)
+        self.ipc_path = os.path.join(ipc_dir, f"t{self.tile.tx}_{self.tile.ty}")
+        self.pull.bind(f"ipc://{self.ipc_path}")
+        host = socket.gethostbyname(socket.gethostname())
+        port = self.pull.bind_to_random_port("tcp://*")
+        return {"ipc": f"ipc://{self.ipc_path}", "tcp": f"tcp://{host}:{port}"}
+
+    def connect(self, peers: dict[Dir, str]) -> None:
+        for d, address in peers.items():
+            s = self.ctx.socket(zmq.PUSH)
+            s.setsockopt(zmq.LINGER, 0)
+            s.setsockopt(zmq.SNDHWM, 0)
+            s.connect(address)
+            self.push[d] = s
+
+    def send(self, d: Dir, tag: str, arrays: list[np.ndarray]) -> None:
+        sock = self.push.get(d)
+        if sock is None:
+            raise FabricProtocolError(f"{self.tile} has no link to a neighbour tile to the {d.name}")
+        arrays = [np.ascontiguousarray(a) for a in arrays]
+        self.sent[d] += 1
+        header = msgpack.packb({"from": d.opposite.name, "seq": self.sent[d], "tag": tag,
+                                "arrays": [(a.dtype.str, a.shape) for a in arrays]})
+        sock.send_multipart([header, *arrays], copy=False)
+        self.bytes_sent += sum(a.nbytes for a in arrays)
+
+    def recv(self, d: Dir, tag: str) -> list[np.ndarray]:
+        deadline = time.monotonic() + self.timeout
+        while not self.pending[d]:
+            left = deadline - time.monotonic()
+            if left <= 0 or not self.pull.poll(int(left * 1000) + 1):
+                if self.pending[d]:
+                    break
+                raise FabricTimeout(
+                    f"{self.tile} waited {self.timeout:.0f}s for message {tag!r} on its {d.name} link and got "
+                    "nothing: the neighbour tile is dead, stuck, or ran a different program")
+            self._pull_one()
+        got_tag, arrays = self.pending[d].popleft()
+        if got_tag != tag:
+            raise FabricProtocolError(f"{self.tile} expected message {tag!r} on its {d.name} link, got "
+                                      f"{got_tag!r}: the tiles ran different programs")
+        return arrays
+
+    def _pull_one(self) -> None:
+        frames = self.pull.recv_multipart(copy=False)
+        head = msgpack.unpackb(frames[0].bytes)
+        src = Dir[head["from"]]
+        self.received[src] += 1
+        if head["seq"] != self.received[src]:
+            raise FabricProtocolError(f"{self.tile}: message {head['seq']} on the {src.name} link arrived when "
+                                      f"{self.received[src]} was due: a message was lost or duplicated")
+        arrays = [np.frombuffer(f.buffer, dtype=np.dtype(dt)).reshape(shape)
+                  for f, (dt, shape) in zip(frames[1:], head["arrays"], strict=True)]
+        self.pending[src].append((head["tag"], arrays))
+
+    def close(self) -> None:
+        for s in self.push.values():
+            s.close(0)
+        self.push.clear()
+        self.pull.close(0)
+        if self.ipc_path and os.path.exists(self.ipc_path):
+            os.unlink(self.ipc_path)

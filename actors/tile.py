@@ -1,0 +1,97 @@
+"""A tile: the cores of one rectangle of the mesh, their SRAM, their DSM blocks, and its fabric links.
+
+Contract: :class:`Tile` is a plain class (unit tests construct it directly; ``waferrt.actors.remote``
+makes it a Ray actor). It owns the SRAM book of its cores and the local blocks of every DSM tensor
+that touches it, and runs SPMD kernels over the part of a region it holds, exchanging with neighbour
+tiles only through its links. Every method returns plain data (numpy arrays, dicts).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from waferrt.kernel import Cores
+from waferrt.layout import Layout, core_bytes
+from waferrt.ledger import Ledger
+from waferrt.mesh import Dir, MeshSpec, Region, TileId
+from waferrt.spec import HardwareSpec
+from waferrt.sram import SramBook
+
+
+class Tile:
+    def __init__(self, mesh: MeshSpec, spec: HardwareSpec, tile: TileId, timeout: float = 30.0):
+        self.mesh, self.spec, self.tile, self.timeout = mesh, spec, tile, timeout
+        self.region = mesh.tile_region(tile)
+        self.sram = SramBook(self.region, spec.sram_bytes)
+        self.store: dict[str, tuple[Layout, np.ndarray]] = {}
+        self.links = None
+        self._runs = 0
+
+    # -- fabric -----------------------------------------------------------------------------------------
+    def bind(self, ipc_dir: str) -> dict:
+        from .fabric import ZmqLinks
+
+        self.links = ZmqLinks(self.tile, self.timeout)
+        return self.links.bind(ipc_dir)
+
+    def connect(self, peers: dict[str, str]) -> None:
+        self.links.connect({Dir[d]: a for d, a in peers.items()})
+
+    def use_links(self, links) -> None:
+        """Give the tile an in-process fabric (tests without Ray)."""
+        self.links = links
+
+    # -- DSM --------------------------------------------------------------------------------------------
+    def _local(self, layout: Layout) -> tuple[Region, tuple[slice, slice]]:
+        local = layout.region.intersect(self.region)
+        r0, c0 = local.y0 - layout.region.y0, local.x0 - layout.region.x0
+        return local, (slice(r0, r0 + local.h), slice(c0, c0 + local.w))
+
+    def alloc(self, name: str, layout: Layout) -> None:
+        local, window = self._local(layout)
+        self.sram.reserve(name, local, core_bytes(layout)[window])
+        self.store[name] = (layout, np.zeros(local.shape + layout.max_block_shape(), layout.dtype))
+
+    def free(self, name: str) -> None:
+        self.sram.release(name)
+        del self.store[name]
+
+    def put(self, name: str, blocks: np.ndarray) -> None:
+        layout, cur = self.store[name]
+        if blocks.shape != cur.shape:
+            raise ValueError(f"blocks for {name!r} on {self.tile} must be {cur.shape}, got {blocks.shape}")
+        cur[...] = blocks
+
+    def get(self, name: str) -> np.ndarray:
+        return self.store[name][1]
+
+    def read(self, name: str, row: int, col: int) -> np.ndarray:
+        """The block of the core at (row, col) of the tensor's region."""
+        layout, blocks = self.store[name]
+        local, _ = self._local(layout)
+        return blocks[row - (local.y0 - layout.region.y0), col - (local.x0 - layout.region.x0)]
+
+    # -- kernels ----------------------------------------------------------------------------------------
+    def run(self, kernel, region: Region, args: dict) -> dict:
+        local = region.intersect(self.region)
+        ledger = Ledger(self.spec)
+        self._runs += 1
+        ctx = Cores(region, local, self.links, ledger, self.store, tag=f"k{self._runs}")
+        kernel(ctx, **args)
+        return ledger.snapshot()
+
+    def names(self) -> list[str]:
+        return sorted(self.store)
+
+    def sram_stats(self) -> dict:
+        return {"tile": str(self.tile), **self.sram.stats()}
+
+    def pid(self) -> int:
+        import os
+
+        return os.getpid()
+
+    def close(self) -> None:
+        if self.links is not None and hasattr(self.links, "close"):
+            self.links.close()
+        self.links = None

@@ -1,0 +1,240 @@
+"""The public Wafer: an emulated mesh of cores as Ray tile actors, its DSM, kernels and costs.
+
+Contract: ``Wafer(spec, mesh, tile, address)`` is a context manager. Entering starts (``address=None``)
+or joins (``address="auto"`` or a Ray address) Ray, starts one actor per tile (``tile(x,y)``) and wires
+the neighbour fabric; leaving -- also on an exception or Ctrl-C -- kills the actors, removes the fabric's
+socket files and, if this Wafer started Ray, stops it. ``wafer.dsm`` holds named distributed tensors;
+``wafer.run(kernel, region, **args)`` runs an SPMD kernel (one command per tile; the tiles exchange
+with each other directly) and returns its cost; ``wafer.cost()`` sums every run so far.
+"""
+
+from __future__ import annotations
+
+import atexit
+import logging
+import shutil
+import tempfile
+import uuid
+from dataclasses import dataclass
+
+import numpy as np
+
+from .cost import Cost
+from .layout import Layout, from_blocks, to_blocks
+from .ledger import merge_snapshots
+from .mesh import Coord, MeshSpec, Region, TileId
+from .spec import HardwareSpec, spec_by_name
+
+
+def ray_init(address: str | None) -> bool:
+    """Start or join Ray quietly; True when this call started it (and so must stop it)."""
+    import ray
+
+    if ray.is_initialized():
+        return False
+    ray.init(address=address, log_to_driver=False, logging_level=logging.ERROR,
+             include_dashboard=False, configure_logging=True)
+    return True
+
+
+@dataclass(frozen=True)
+class CostReport:
+    """What the runs so far would cost on the modelled wafer."""
+
+    spec: HardwareSpec
+    by_op: dict
+    steps: int
+
+    @property
+    def total(self) -> Cost:
+        out = Cost()
+        for c in self.by_op.values():
+            out = out + c
+        return out
+
+    def __str__(self) -> str:
+        lines = [f"{'primitive':<18}{'hops':>8}{'stages':>8}{'link bytes':>12}{'flops/core':>12}{'cycles':>12}"]
+        for name, c in sorted(self.by_op.items()):
+            lines.append(f"{name:<18}{c.hops:>8}{c.stages:>8}{c.link_bytes:>12}{c.flops:>12}{c.cycles:>12.0f}")
+        t = self.total
+        lines.append(f"{'total':<18}{t.hops:>8}{t.stages:>8}{t.link_bytes:>12}{t.flops:>12}{t.cycles:>12.0f}")
+        lines.append(f"{self.steps} step(s); modelled time {t.seconds(self.spec) * 1e6:.2f} us on {self.spec.name} "
+                     f"at {self.spec.clock_hz / 1e9:.2f} GHz")
+        return "\n".join(lines)
+
+
+class DSM:
+    """Named distributed tensors: each a Layout over a region, its blocks in the tiles' core memory."""
+
+    def __init__(self, wafer: Wafer):
+        self._w = wafer
+        self.layouts: dict[str, Layout] = {}
+
+    def alloc(self, name: str, shape, region: Region | None = None, split=None, granule=(),
+              dtype: str = "float32") -> Layout:
+        """Allocate `name` of `shape` over `region` (default: the whole mesh). `split` gives each axis's mesh
+        axis ("x", "y" or None for replicated); by default the last axis is split over x and the one before
+        over y."""
+        if name in self.layouts:
+            raise ValueError(f"DSM tensor {name!r} exists; free it first or pick another name")
+        region = region or self._w.mesh.region
+        if not self._w.mesh.region.covers(region):
+            raise ValueError(f"region {region} is outside the {self._w.mesh.width}x{self._w.mesh.height} mesh")
+        shape = tuple(shape)
+        if split is None:
+            split = (None,) * max(len(shape) - 2, 0) + ("y", "x")[-len(shape):]
+        layout = Layout(shape, region, tuple(split), tuple(granule), dtype)
+        import ray
+
+        tiles = self._w.mesh.tiles_of(region)
+        try:
+            ray.get([self._w.tiles[t].alloc.remote(name, layout) for t in tiles])
+        except Exception:
+            ray.get([self._w.tiles[t].free.remote(name) for t in tiles if self._holds(t, name)])
+            raise
+        self.layouts[name] = layout
+        return layout
+
+    def _holds(self, t: TileId, name: str) -> bool:
+        import ray
+
+        return ray.get(self._w.tiles[t].sram_stats.remote())["tensors"] > 0 and name in ray.get(
+            self._w.tiles[t].names.remote())
+
+    def put(self, name: str, array: np.ndarray) -> None:
+        """Host -> cores: each core receives its block (through the wafer edge)."""
+        import ray
+
+        layout = self._layout(name)
+        blocks = to_blocks(np.asarray(array), layout)
+        refs = []
+        for t in self._w.mesh.tiles_of(layout.region):
+            loc = self._w.mesh.tile_region(t).intersect(layout.region)
+            r0, c0 = loc.y0 - layout.region.y0, loc.x0 - layout.region.x0
+            refs.append(self._w.tiles[t].put.remote(name, blocks[r0:r0 + loc.h, c0:c0 + loc.w]))
+        ray.get(refs)
+
+    def get(self, name: str) -> np.ndarray:
+        """Cores -> host: the whole tensor."""
+        import ray
+
+        layout = self._layout(name)
+        tiles = self._w.mesh.tiles_of(layout.region)
+        parts = ray.get([self._w.tiles[t].get.remote(name) for t in tiles])
+        blocks = np.zeros(layout.region.shape + layout.max_block_shape(), layout.dtype)
+        for t, part in zip(tiles, parts, strict=True):
+            loc = self._w.mesh.tile_region(t).intersect(layout.region)
+            r0, c0 = loc.y0 - layout.region.y0, loc.x0 - layout.region.x0
+            blocks[r0:r0 + loc.h, c0:c0 + loc.w] = part
+        return from_blocks(blocks, layout)
+
+    def owners(self, name: str, index: tuple[int, ...]) -> list[Coord]:
+        """The cores that hold element `index` of `name`."""
+        return self._layout(name).owners(tuple(index))
+
+    def read(self, name: str, index: tuple[int, ...]):
+        """One element, read from (the first of) the core(s) that own it."""
+        import ray
+
+        layout = self._layout(name)
+        core = layout.owners(tuple(index))[0]
+        row, col = layout.region.local(core)
+        block = ray.get(self._w.tiles[self._w.mesh.tile_of(core)].read.remote(name, row, col))
+        local = tuple(i - sl.start for i, sl in zip(index, layout.block_slices(row, col), strict=True))
+        return block[local]
+
+    def free(self, name: str) -> None:
+        import ray
+
+        layout = self._layout(name)
+        ray.get([self._w.tiles[t].free.remote(name) for t in self._w.mesh.tiles_of(layout.region)])
+        del self.layouts[name]
+
+    def _layout(self, name: str) -> Layout:
+        try:
+            return self.layouts[name]
+        except KeyError:
+            raise KeyError(f"no DSM tensor {name!r}; allocated: {sorted(self.layouts) or 'none'}") from None
+
+
+class Wafer:
+    def __init__(self, spec: str | HardwareSpec = "tiny", mesh: tuple[int, int] | MeshSpec = (16, 16),
+                 tile: tuple[int, int] = (8, 8), address: str | None = None, timeout: float = 30.0):
+        self.spec = spec_by_name(spec)
+        self.mesh = mesh if isinstance(mesh, MeshSpec) else MeshSpec(mesh[0], mesh[1], tile[0], tile[1])
+        self.address, self.timeout = address, timeout
+        self.tiles: dict[TileId, object] = {}
+        self.dsm = DSM(self)
+        self._costs: list[dict] = []
+        self._started_ray = False
+        self._ipc_dir: str | None = None
+        self._open = False
+
+    def __enter__(self) -> Wafer:
+        self.open()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def open(self, progress=None, node_ids: dict[TileId, str] | None = None) -> Wafer:
+        from waferrt.actors.remote import start_tiles
+
+        self._started_ray = ray_init(self.address)
+        self._open = True
+        atexit.register(self.close)
+        self._ipc_dir = tempfile.mkdtemp(prefix="waferrt-")
+        namespace = f"waferrt-{uuid.uuid4().hex[:8]}"
+        try:
+            self.tiles = start_tiles(self.mesh, self.spec, namespace, self._ipc_dir, node_ids or {},
+                                     self.timeout, progress)
+        except BaseException:
+            self.close()
+            raise
+        return self
+
+    def run(self, kernel, region: Region | None = None, **args) -> dict[str, Cost]:
+        """Run ``kernel(ctx, **args)`` on every core of `region` (default: the whole mesh): one command per
+        tile; tiles exchange with their neighbours by themselves. Returns the cost per primitive."""
+        import ray
+
+        region = region or self.mesh.region
+        if not self.mesh.region.covers(region):
+            raise ValueError(f"region {region} is outside the {self.mesh.width}x{self.mesh.height} mesh")
+        tiles = self.mesh.tiles_of(region)
+        snaps = ray.get([self.tiles[t].run.remote(kernel, region, args) for t in tiles])
+        self._costs.append(merge_snapshots(snaps))
+        return self._costs[-1]
+
+    def cost(self) -> CostReport:
+        by_op: dict[str, Cost] = {}
+        for step in self._costs:
+            for name, c in step.items():
+                by_op[name] = by_op.get(name, Cost()) + c
+        return CostReport(self.spec, by_op, len(self._costs))
+
+    def sram(self) -> list[dict]:
+        import ray
+
+        return ray.get([h.sram_stats.remote() for h in self.tiles.values()])
+
+    def close(self) -> None:
+        if not self._open:
+            return
+        self._open = False
+        atexit.unregister(self.close)
+        try:
+            if self.tiles:
+                from waferrt.actors.remote import stop_tiles
+
+                stop_tiles(self.tiles)
+        finally:
+            self.tiles = {}
+            if self._ipc_dir:
+                shutil.rmtree(self._ipc_dir, ignore_errors=True)
+                self._ipc_dir = None
+            if self._started_ray:
+                import ray
+
+                ray.shutdown()
+                self._started_ray = False
