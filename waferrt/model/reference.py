@@ -1,0 +1,286 @@
+"""The single-process numpy reference decoder for a Llama model: the ground truth for the wafer.
+
+Contract:
+- float32 in, float32 out, float32 in between: weights, activations, K/V cache and logits. Scalars that meet
+  arrays are np.float32, so numpy's promotion never widens anything to float64.
+- Linear layers are y = W @ x with W stored (out, in) (for a batch of rows: x @ W.T).
+- RoPE rotates ADJACENT pairs (x[2i], x[2i+1]) of each head, the layout of Q/K weights in a GGUF.
+- Grouped-query attention: query head h reads K/V head h // n_rep, n_rep = n_heads // n_kv_heads.
+- `ReferenceModel.step(token, pos, cache)` runs one token; `prefill(ids, cache)` runs many at once with
+  batched matmuls and a causal mask, and agrees with repeated `step` to float32 rounding.
+The per-layer pieces are module-level functions so other implementations can reuse and compare them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+
+import numpy as np
+
+from waferrt.model.config import LlamaConfig
+from waferrt.model.sampling import Sampler
+from waferrt.model.weights import LayerWeights, LlamaWeights
+
+
+def linear(x: np.ndarray, w: np.ndarray) -> np.ndarray:
+    """y = W @ x for x (in,), or for every row of x (..., in). W is (out, in)."""
+    return x @ w.T
+
+
+def rmsnorm(x: np.ndarray, w: np.ndarray, eps: float) -> np.ndarray:
+    """x / sqrt(mean(x^2) + eps) * w over the last axis. x (..., dim), w (dim,)."""
+    ms = np.mean(x * x, axis=-1, keepdims=True)  # (..., 1)
+    return x * (np.float32(1.0) / np.sqrt(ms + np.float32(eps))) * w
+
+
+def rope_cos_sin(pos: int | np.ndarray, head_dim: int, theta: float) -> tuple[np.ndarray, np.ndarray]:
+    """cos and sin of the RoPE angles pos * theta^(-2i/head_dim), i < head_dim/2.
+
+    Angles are computed in float64 and rounded once to float32. pos may be an int, giving (head_dim//2,)
+    each, or an array of positions (seq,), giving (seq, head_dim//2) each.
+    """
+    inv_freq = float(theta) ** (-np.arange(0, head_dim, 2, dtype=np.float64) / head_dim)  # (head_dim//2,)
+    angles = np.multiply.outer(np.asarray(pos, dtype=np.float64), inv_freq)  # (*pos.shape, head_dim//2)
+    return np.cos(angles).astype(np.float32), np.sin(angles).astype(np.float32)
+
+
+def apply_rope(x: np.ndarray, cos: np.ndarray, sin: np.ndarray) -> np.ndarray:
+    """Rotate adjacent pairs (x[2i], x[2i+1]) by the angle whose cos/sin are cos[i]/sin[i].
+
+    x (..., head_dim); cos, sin (head_dim//2,) or any shape that broadcasts against (..., head_dim//2).
+    """
+    pairs = x.reshape(*x.shape[:-1], x.shape[-1] // 2, 2)  # (..., head_dim//2, 2)
+    x0, x1 = pairs[..., 0], pairs[..., 1]
+    out = np.empty_like(pairs)
+    out[..., 0] = x0 * cos - x1 * sin
+    out[..., 1] = x0 * sin + x1 * cos
+    return out.reshape(x.shape)
+
+
+def rope(x: np.ndarray, pos: int, theta: float) -> np.ndarray:
+    """RoPE for the heads of one position: x (heads, head_dim) -> (heads, head_dim)."""
+    cos, sin = rope_cos_sin(pos, x.shape[-1], theta)
+    return apply_rope(x, cos, sin)
+
+
+def softmax(x: np.ndarray) -> np.ndarray:
+    """Numerically stable softmax over the last axis (-inf entries get probability 0)."""
+    e = np.exp(x - np.max(x, axis=-1, keepdims=True))
+    return e / np.sum(e, axis=-1, keepdims=True)
+
+
+def attention(q: np.ndarray, k_cache: np.ndarray, v_cache: np.ndarray, n_rep: int) -> np.ndarray:
+    """Grouped-query attention of one query position over every cached position.
+
+    q (n_heads, head_dim); k_cache, v_cache (n_kv_heads, seq, head_dim) -> (n_heads, head_dim).
+    """
+    n_kv, _, head_dim = k_cache.shape
+    qg = q.reshape(n_kv, n_rep, head_dim)  # (n_kv, n_rep, head_dim)
+    scores = qg @ k_cache.transpose(0, 2, 1)  # (n_kv, n_rep, seq)
+    p = softmax(scores * np.float32(1.0 / np.sqrt(head_dim)))  # (n_kv, n_rep, seq)
+    return (p @ v_cache).reshape(n_kv * n_rep, head_dim)  # (n_heads, head_dim)
+
+
+def causal_attention(
+    q: np.ndarray, k_cache: np.ndarray, v_cache: np.ndarray, n_rep: int, start: int
+) -> np.ndarray:
+    """Grouped-query attention of query positions start..start+seq-1, each over cached positions <= its own.
+
+    q (seq, n_heads, head_dim); k_cache, v_cache (n_kv_heads, start+seq, head_dim)
+    -> (seq, n_heads, head_dim).
+    """
+    seq, n_heads, head_dim = q.shape
+    n_kv, total, _ = k_cache.shape
+    qg = q.reshape(seq, n_kv, n_rep, head_dim).transpose(1, 2, 0, 3)  # (n_kv, n_rep, seq, head_dim)
+    scores = qg @ k_cache[:, None].transpose(0, 1, 3, 2)  # (n_kv, n_rep, seq, total)
+    future = np.arange(total)[None, :] > (start + np.arange(seq))[:, None]  # (seq, total)
+    scores = np.where(future, np.float32(-np.inf), scores * np.float32(1.0 / np.sqrt(head_dim)))
+    out = softmax(scores) @ v_cache[:, None]  # (n_kv, n_rep, seq, head_dim)
+    return out.transpose(2, 0, 1, 3).reshape(seq, n_heads, head_dim)
+
+
+def silu(x: np.ndarray) -> np.ndarray:
+    """x * sigmoid(x), written with tanh so large |x| never overflows exp."""
+    half = np.float32(0.5)
+    return x * (half + half * np.tanh(half * x))
+
+
+def swiglu(x: np.ndarray, w_gate: np.ndarray, w_up: np.ndarray, w_down: np.ndarray) -> np.ndarray:
+    """The Llama MLP: W_down @ (silu(W_gate @ x) * (W_up @ x)). x (..., dim) -> (..., dim)."""
+    return linear(silu(linear(x, w_gate)) * linear(x, w_up), w_down)  # hidden (..., hidden_dim)
+
+
+def qkv_rope(
+    h: np.ndarray, lw: LayerWeights, config: LlamaConfig, cos: np.ndarray, sin: np.ndarray
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Project a normed hidden state to per-head q, k, v and rotate q, k.
+
+    h (..., dim); cos, sin broadcastable to (..., 1, head_dim//2)
+    -> q (..., n_heads, head_dim), k and v (..., n_kv_heads, head_dim).
+    """
+    lead, hd = h.shape[:-1], config.head_dim
+    q = linear(h, lw.wq).reshape(*lead, config.n_heads, hd)
+    k = linear(h, lw.wk).reshape(*lead, config.n_kv_heads, hd)
+    v = linear(h, lw.wv).reshape(*lead, config.n_kv_heads, hd)
+    return apply_rope(q, cos, sin), apply_rope(k, cos, sin), v
+
+
+def layer_forward(
+    x: np.ndarray,
+    lw: LayerWeights,
+    config: LlamaConfig,
+    k_cache: np.ndarray,
+    v_cache: np.ndarray,
+    pos: int,
+    cos: np.ndarray,
+    sin: np.ndarray,
+) -> np.ndarray:
+    """One decoder layer for one token at `pos`: x (dim,) -> (dim,).
+
+    Writes this token's k, v into k_cache/v_cache (n_kv_heads, capacity, head_dim) at `pos` and attends over
+    positions 0..pos. cos, sin (head_dim//2,) are rope_cos_sin(pos, ...).
+    """
+    h = rmsnorm(x, lw.attn_norm, config.norm_eps)  # (dim,)
+    q, k, v = qkv_rope(h, lw, config, cos, sin)  # (n_heads, hd), (n_kv, hd), (n_kv, hd)
+    k_cache[:, pos] = k
+    v_cache[:, pos] = v
+    n_rep = config.n_heads // config.n_kv_heads
+    a = attention(q, k_cache[:, : pos + 1], v_cache[:, : pos + 1], n_rep)  # (n_heads, hd)
+    x = x + linear(a.reshape(-1), lw.wo)  # (dim,)
+    return x + swiglu(rmsnorm(x, lw.ffn_norm, config.norm_eps), lw.w_gate, lw.w_up, lw.w_down)
+
+
+def layer_prefill(
+    x: np.ndarray,
+    lw: LayerWeights,
+    config: LlamaConfig,
+    k_cache: np.ndarray,
+    v_cache: np.ndarray,
+    start: int,
+    cos: np.ndarray,
+    sin: np.ndarray,
+) -> np.ndarray:
+    """One decoder layer for tokens at positions start..start+seq-1: x (seq, dim) -> (seq, dim).
+
+    The batched twin of layer_forward; cos, sin (seq, head_dim//2) are rope_cos_sin(positions, ...).
+    """
+    seq = x.shape[0]
+    end = start + seq
+    h = rmsnorm(x, lw.attn_norm, config.norm_eps)  # (seq, dim)
+    q, k, v = qkv_rope(h, lw, config, cos[:, None], sin[:, None])  # (seq, n_heads|n_kv, hd)
+    k_cache[:, start:end] = k.transpose(1, 0, 2)
+    v_cache[:, start:end] = v.transpose(1, 0, 2)
+    n_rep = config.n_heads // config.n_kv_heads
+    a = causal_attention(q, k_cache[:, :end], v_cache[:, :end], n_rep, start)  # (seq, n_heads, hd)
+    x = x + linear(a.reshape(seq, -1), lw.wo)  # (seq, dim)
+    return x + swiglu(rmsnorm(x, lw.ffn_norm, config.norm_eps), lw.w_gate, lw.w_up, lw.w_down)
+
+
+class KVCache:
+    """Per-layer K and V of one request: k[layer], v[layer] are (n_kv_heads, capacity, head_dim) float32.
+
+    Positions 0..length-1 are valid. Capacity grows by doubling, up to config.max_seq_len.
+    """
+
+    def __init__(self, config: LlamaConfig, capacity: int = 256) -> None:
+        self.config = config
+        self.length = 0
+        capacity = min(capacity, config.max_seq_len)
+        shape = (config.n_kv_heads, capacity, config.head_dim)
+        self.k = [np.zeros(shape, dtype=np.float32) for _ in range(config.n_layers)]
+        self.v = [np.zeros(shape, dtype=np.float32) for _ in range(config.n_layers)]
+
+    @property
+    def capacity(self) -> int:
+        return self.k[0].shape[1]
+
+    def reserve(self, n: int) -> None:
+        """Make room for positions 0..n-1."""
+        if n > self.config.max_seq_len:
+            raise ValueError(
+                f"position {n - 1} is beyond the model's context of {self.config.max_seq_len} tokens; "
+                "start a new request or shorten the prompt"
+            )
+        if n <= self.capacity:
+            return
+        new_cap = min(max(n, 2 * self.capacity), self.config.max_seq_len)
+        for caches in (self.k, self.v):
+            for i, old in enumerate(caches):
+                grown = np.zeros((old.shape[0], new_cap, old.shape[2]), dtype=np.float32)
+                grown[:, : self.length] = old[:, : self.length]
+                caches[i] = grown
+
+    def check_start(self, pos: int) -> None:
+        """New tokens may extend the cache or rewrite it from `pos` on, but never leave a gap."""
+        if not 0 <= pos <= self.length:
+            raise ValueError(
+                f"position {pos} would leave a gap: the cache holds positions 0..{self.length - 1}; "
+                f"decode the next token at pos={self.length} (or a smaller pos to rewind)"
+            )
+
+
+class ReferenceModel:
+    """A Llama decoder in plain numpy, one process, float32. `step` and `prefill` return logits (vocab,)."""
+
+    def __init__(self, config: LlamaConfig, weights: LlamaWeights) -> None:
+        weights.check(config)
+        self.config = config
+        self.weights = weights
+
+    def new_cache(self, capacity: int = 256) -> KVCache:
+        return KVCache(self.config, capacity)
+
+    def _check_token(self, token_id: int) -> None:
+        if not 0 <= token_id < self.config.vocab_size:
+            raise ValueError(f"token id {token_id} is outside the vocabulary 0..{self.config.vocab_size - 1}")
+
+    def _logits(self, x: np.ndarray) -> np.ndarray:
+        """Final norm and LM head: x (dim,) -> logits (vocab,)."""
+        return linear(rmsnorm(x, self.weights.final_norm, self.config.norm_eps), self.weights.head)
+
+    def step(self, token_id: int, pos: int, cache: KVCache) -> np.ndarray:
+        """Run token `token_id` at position `pos`; returns the next-token logits (vocab,) float32."""
+        self._check_token(token_id)
+        cache.check_start(pos)
+        cache.reserve(pos + 1)
+        cfg = self.config
+        cos, sin = rope_cos_sin(pos, cfg.head_dim, cfg.rope_theta)  # (hd//2,) each
+        x = self.weights.embed[token_id]  # (dim,)
+        for i, lw in enumerate(self.weights.layers):
+            x = layer_forward(x, lw, cfg, cache.k[i], cache.v[i], pos, cos, sin)
+        cache.length = pos + 1
+        return self._logits(x)
+
+    def prefill(self, ids: Sequence[int], cache: KVCache) -> np.ndarray:
+        """Run `ids` at positions cache.length.. in one batch; returns the logits (vocab,) after the last."""
+        if len(ids) == 0:
+            raise ValueError("prefill needs at least one token id")
+        for t in ids:
+            self._check_token(t)
+        cfg, start = self.config, cache.length
+        cache.reserve(start + len(ids))
+        cos, sin = rope_cos_sin(np.arange(start, start + len(ids)), cfg.head_dim, cfg.rope_theta)
+        x = self.weights.embed[np.asarray(ids)]  # (seq, dim)
+        for i, lw in enumerate(self.weights.layers):
+            x = layer_prefill(x, lw, cfg, cache.k[i], cache.v[i], start, cos, sin)
+        cache.length = start + len(ids)
+        return self._logits(x[-1])
+
+    def generate(
+        self,
+        prompt_ids: Sequence[int],
+        max_new_tokens: int,
+        sampler: Sampler | None = None,
+        stop_ids: Sequence[int] = (),
+    ) -> Iterator[int]:
+        """Prefill the prompt, then yield up to max_new_tokens sampled ids, stopping after a stop id."""
+        sampler = sampler or Sampler()
+        rng = sampler.rng()
+        cache = self.new_cache(capacity=len(prompt_ids) + max_new_tokens)
+        logits = self.prefill(prompt_ids, cache)
+        for _ in range(max_new_tokens):
+            token = sampler.sample(logits, rng)
+            yield token
+            if token in stop_ids or cache.length >= self.config.max_seq_len:
+                return
+            logits = self.step(token, cache.length, cache)

@@ -1,0 +1,141 @@
+"""LlamaWeights: the parameters of a Llama decoder as plain float32 numpy arrays.
+
+Contract: every matrix is stored (out_features, in_features), C-contiguous float32, so a linear layer is
+y = W @ x (for a batch of rows: x @ W.T). That is the GGUF's own numpy layout after dequantisation (the
+GGUF lists ggml `ne` dims innermost-first, so `ne = [in, out]` reads as numpy shape (out, in)).
+Q and K rows are in the GGUF (llama.cpp) order: RoPE rotates ADJACENT pairs (x[2i], x[2i+1]) of each
+head. With tied embeddings, `head is embed` (one array, not a copy).
+
+`synthetic_llama(config, seed)` builds seeded random weights whose activations stay O(1), and
+`tiny_config()` is a model small enough for millisecond unit tests.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, fields
+
+import numpy as np
+
+from waferrt.model.config import LlamaConfig
+
+
+@dataclass(frozen=True, eq=False)
+class LayerWeights:
+    attn_norm: np.ndarray  # (dim,)
+    wq: np.ndarray  # (n_heads * head_dim, dim)
+    wk: np.ndarray  # (kv_dim, dim)
+    wv: np.ndarray  # (kv_dim, dim)
+    wo: np.ndarray  # (dim, dim)
+    ffn_norm: np.ndarray  # (dim,)
+    w_gate: np.ndarray  # (hidden_dim, dim)
+    w_up: np.ndarray  # (hidden_dim, dim)
+    w_down: np.ndarray  # (dim, hidden_dim)
+
+    @staticmethod
+    def shapes(config: LlamaConfig) -> dict[str, tuple[int, ...]]:
+        """The shape every field must have for `config`."""
+        d, kv, h = config.dim, config.kv_dim, config.hidden_dim
+        return {
+            "attn_norm": (d,),
+            "wq": (config.n_heads * config.head_dim, d),
+            "wk": (kv, d),
+            "wv": (kv, d),
+            "wo": (d, d),
+            "ffn_norm": (d,),
+            "w_gate": (h, d),
+            "w_up": (h, d),
+            "w_down": (d, h),
+        }
+
+
+@dataclass(frozen=True, eq=False)
+class LlamaWeights:
+    embed: np.ndarray  # (vocab, dim)
+    layers: tuple[LayerWeights, ...]
+    final_norm: np.ndarray  # (dim,)
+    head: np.ndarray  # (vocab, dim); the same object as `embed` when tied
+
+    @property
+    def tied(self) -> bool:
+        return self.head is self.embed
+
+    def check(self, config: LlamaConfig) -> None:
+        """Raise ValueError naming the first array whose shape, dtype or layout does not fit `config`."""
+        if len(self.layers) != config.n_layers:
+            raise ValueError(f"weights have {len(self.layers)} layers but the config says {config.n_layers}")
+        if self.tied != config.tie_embeddings:
+            raise ValueError(
+                f"config.tie_embeddings={config.tie_embeddings} but the weights are "
+                f"{'tied' if self.tied else 'untied'} (head {'is' if self.tied else 'is not'} embed)"
+            )
+        top = {"embed": (config.vocab_size, config.dim), "final_norm": (config.dim,)}
+        top["head"] = top["embed"]
+        for name, shape in top.items():
+            _check_array(name, getattr(self, name), shape)
+        for i, layer in enumerate(self.layers):
+            for name, shape in LayerWeights.shapes(config).items():
+                _check_array(f"layers[{i}].{name}", getattr(layer, name), shape)
+
+    def nbytes(self) -> int:
+        """Bytes of all distinct arrays (a tied head counts once)."""
+        arrays = {id(a): a for a in (self.embed, self.final_norm, self.head)}
+        for layer in self.layers:
+            arrays.update((id(a), a) for a in (getattr(layer, f.name) for f in fields(layer)))
+        return sum(a.nbytes for a in arrays.values())
+
+
+def _check_array(name: str, a: np.ndarray, shape: tuple[int, ...]) -> None:
+    if a.shape != shape:
+        raise ValueError(f"weight {name} has shape {a.shape}, expected {shape} (matrices are (out, in))")
+    if a.dtype != np.float32:
+        raise ValueError(f"weight {name} has dtype {a.dtype}; the reference model keeps float32 everywhere")
+    if not a.flags.c_contiguous:
+        raise ValueError(f"weight {name} is not C-contiguous; use np.ascontiguousarray(...) for fast GEMVs")
+
+
+def tiny_config() -> LlamaConfig:
+    """A Llama small enough that a decode step takes microseconds: for unit tests."""
+    return LlamaConfig(
+        vocab_size=256,
+        dim=64,
+        n_layers=3,
+        n_heads=4,
+        n_kv_heads=2,
+        hidden_dim=128,
+        rope_theta=10000.0,
+        norm_eps=1e-5,
+        max_seq_len=128,
+        tie_embeddings=True,
+    )
+
+
+def synthetic_llama(config: LlamaConfig, seed: int = 0) -> LlamaWeights:
+    """Seeded random weights with O(1) activations.
+
+    Matrices are N(0, 1/in_features), so y = W @ x keeps the RMS of x; the embedding is N(0, 1/dim), so
+    tied logits of a unit-RMS hidden state are O(1); norm weights are 1 + N(0, 0.1).
+    """
+    rng = np.random.default_rng(seed)
+
+    def matrix(out_dim: int, in_dim: int) -> np.ndarray:
+        w = rng.standard_normal((out_dim, in_dim), dtype=np.float32)
+        return w * np.float32(1.0 / np.sqrt(in_dim))
+
+    def norm(n: int) -> np.ndarray:
+        return np.float32(1.0) + np.float32(0.1) * rng.standard_normal(n, dtype=np.float32)
+
+    def layer() -> LayerWeights:
+        return LayerWeights(
+            **{
+                name: norm(shape[0]) if len(shape) == 1 else matrix(*shape)
+                for name, shape in LayerWeights.shapes(config).items()
+            }
+        )
+
+    embed = matrix(config.vocab_size, config.dim)
+    layers = tuple(layer() for _ in range(config.n_layers))
+    final_norm = norm(config.dim)
+    head = embed if config.tie_embeddings else matrix(config.vocab_size, config.dim)
+    weights = LlamaWeights(embed=embed, layers=layers, final_norm=final_norm, head=head)
+    weights.check(config)
+    return weights
