@@ -106,7 +106,8 @@ class LineComm:
         with self.ledger.op("broadcast"):
             return self._multicast(buf, root, array_axis, replicated)
 
-    def _multicast(self, buf: np.ndarray, root: int, array_axis: int, replicated: bool) -> np.ndarray:
+    def _multicast(self, buf: np.ndarray, root: int, array_axis: int, replicated: bool,
+                   spread: bool = True) -> np.ndarray:
         tag = self._tag()
         if self.lo <= root < self.lo + self.m:
             val = np.take(buf, [root - self.lo], axis=array_axis)
@@ -118,14 +119,12 @@ class LineComm:
             (val,) = self.links.recv(toward_root, tag)
             if self._has_tile(toward_root.opposite):
                 self.links.send(toward_root.opposite, tag, [val])
-        reps = [1] * buf.ndim
-        reps[array_axis] = self.m
         vals_per_pos = int(np.prod(buf.shape)) // max(buf.shape[array_axis], 1)
         if self.n > 1:
             nbytes = self._msg_bytes(vals_per_pos, buf.itemsize, replicated)
             msgs = (self.n - 1) * self.lines if self.lo == 0 else 0
             self.ledger.message(max(root, self.n - 1 - root), nbytes, msgs, link_bytes=msgs * nbytes)
-        return np.tile(val, reps)
+        return _spread(val, self.m, array_axis) if spread else val
 
     def shift(self, buf: np.ndarray, dist: int = 1, wrap: bool = False, array_axis: int = 0,
               replicated: bool = False) -> np.ndarray:
@@ -149,36 +148,49 @@ class LineComm:
         return out
 
     def allreduce(self, buf: np.ndarray, algo: str = "ktree", k: int = 2, op: str = "sum",
-                  array_axis: int = 0, replicated: bool = False) -> np.ndarray:
-        """Every core of the line ends with the reduction (sum or max) of all the line's slices."""
+                  array_axis: int = 0, replicated: bool = False, collapse: bool = False) -> np.ndarray:
+        """Every core of the line ends with the reduction (sum or max) of all the line's slices.
+        With collapse=True the result is returned once, without the line axis (every core of the line
+        holds the same value; the emulator keeps one copy)."""
         if op not in REDUCE_OPS:
             raise ValueError(f"allreduce op is one of {sorted(REDUCE_OPS)}, got {op!r}")
         if algo not in ALLREDUCE_ALGOS:
             raise ValueError(f"unknown allreduce algorithm {algo!r}; choose one of {ALLREDUCE_ALGOS}")
         if self.n == 1:
-            return buf.copy()
+            return np.take(buf, 0, axis=array_axis) if collapse else buf.copy()
         ufunc = REDUCE_OPS[op]
         with self.ledger.op(f"allreduce.{algo}"):
             if algo == "ktree":
-                return self._ktree(buf, k, ufunc, array_axis, replicated)
-            acc = np.moveaxis(buf, array_axis, 0)
-            flat = acc.reshape(self.m, -1)
-            if algo == "ring":
-                out = self._ring(flat, ufunc, replicated)
+                out = self._ktree(buf, k, ufunc, array_axis, replicated)
             else:
-                out = self._pipeline(flat, ufunc, replicated)
-            return np.moveaxis(out.reshape(acc.shape), 0, array_axis)
+                acc = np.moveaxis(buf, array_axis, 0)
+                flat = acc.reshape(self.m, -1)
+                red = self._ring(flat, ufunc, replicated) if algo == "ring" else self._pipeline(
+                    flat, ufunc, replicated)
+                out = np.moveaxis(red.reshape((1,) + acc.shape[1:]), 0, array_axis)
+        return np.take(out, 0, axis=array_axis) if collapse else _spread(out, self.m, array_axis)
 
     # -- algorithms -----------------------------------------------------------------------------------
     def _ktree(self, buf, k, ufunc, array_axis, replicated):
+        """Returns the sum with a line axis of length 1 (to be spread over the line's cores)."""
         acc = buf.copy()
+        whole = self.m == self.n  # the whole line is in this tile: strided in-memory steps
+        a = acc.swapaxes(0, array_axis) if whole else None
+        vals_per_pos = int(np.prod(buf.shape)) // max(buf.shape[array_axis], 1)
+        nbytes = self._msg_bytes(vals_per_pos, buf.itemsize, replicated)
         for stride, chain in ktree_levels(self.n, k):
             span = stride * (chain + 1)
             for t in range(chain, 0, -1):  # member t hands its partial sum to member t-1
-                src = np.arange(t * stride, self.n, span)
-                pos, val = self.transfer(acc, src, -stride, array_axis, replicated)
-                _combine(acc, pos, val, array_axis, ufunc)
-        return self._multicast(acc, 0, array_axis, replicated)
+                if whole:
+                    src = a[t * stride::span]
+                    dst = a[(t - 1) * stride::span][: len(src)]
+                    ufunc(dst, src, out=dst)
+                    self.ledger.message(stride, nbytes, len(src) * self.lines)
+                else:
+                    src = np.arange(t * stride, self.n, span)
+                    pos, val = self.transfer(acc, src, -stride, array_axis, replicated)
+                    _combine(acc, pos, val, array_axis, ufunc)
+        return self._multicast(acc, 0, array_axis, replicated, spread=False)
 
     def _chunk_steps(self, chunks, steps, ufunc, replicated):
         """chunks: (m, n_chunks, c). Each step is a list of (src positions, chunk index per src, dist);
@@ -215,7 +227,7 @@ class LineComm:
 
         self._chunk_steps(chunks, [step(s) for s in range(n - 1)], ufunc, replicated)
         self._chunk_steps(chunks, [step(s - 1) for s in range(n - 1)], None, replicated)
-        return chunks.reshape(self.m, -1)[:, : flat.shape[1]]
+        return chunks.reshape(self.m, -1)[:1, : flat.shape[1]]
 
     def _pipeline(self, flat, ufunc, replicated):
         n = self.n
@@ -229,7 +241,7 @@ class LineComm:
                 steps.append([(p[ok], seg[ok], -1)])
         self._chunk_steps(chunks, steps, ufunc, replicated)
         acc = chunks.reshape(self.m, -1)[:, : flat.shape[1]]
-        return self._multicast(acc, 0, 0, replicated)
+        return self._multicast(acc, 0, 0, replicated, spread=False)
 
 
 def _split_chunks(flat: np.ndarray, n: int) -> np.ndarray:
@@ -239,6 +251,13 @@ def _split_chunks(flat: np.ndarray, n: int) -> np.ndarray:
     out = np.zeros((m, n * c), flat.dtype)
     out[:, :v] = flat
     return out.reshape(m, n, c)
+
+
+def _spread(val: np.ndarray, m: int, axis: int) -> np.ndarray:
+    """A value with a line axis of length 1, copied to the m cores of the line."""
+    reps = [1] * val.ndim
+    reps[axis] = m
+    return np.tile(val, reps)
 
 
 def _put(out: np.ndarray, pos: np.ndarray, val: np.ndarray, axis: int) -> None:

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, fields
+from functools import lru_cache
 
 from .mesh import Region
 from .model.config import LlamaConfig
@@ -55,6 +56,7 @@ def compute_cost(spec: HardwareSpec, flops: int) -> Cost:
     return Cost(flops=int(flops), cycles=flops / spec.flops_per_cycle)
 
 
+@lru_cache(maxsize=256)
 def ktree_groups(n: int, k: int) -> int:
     """Group size g of a K-level tree over n cores: the smallest g with g**k >= n."""
     if n < 1 or k < 1:
@@ -67,7 +69,8 @@ def ktree_groups(n: int, k: int) -> int:
     return g
 
 
-def ktree_levels(n: int, k: int) -> list[tuple[int, int]]:
+@lru_cache(maxsize=256)
+def ktree_levels(n: int, k: int) -> tuple[tuple[int, int], ...]:
     """(stride, chain length) of each level of the reduce phase: at level l the members are the cores
     at multiples of stride = g**l, in groups of g; each group's chain has up to g-1 steps of stride hops."""
     g = ktree_groups(n, k)
@@ -76,7 +79,7 @@ def ktree_levels(n: int, k: int) -> list[tuple[int, int]]:
         members = -(-n // stride)
         levels.append((stride, min(g, members) - 1))
         stride *= g
-    return levels
+    return tuple(levels)
 
 
 def allreduce_cost(spec: HardwareSpec, algo: str, n: int, nbytes: int, k: int = 2) -> Cost:

@@ -6,56 +6,56 @@ opens ``with ledger.op("allreduce.ktree"):``; every routed message inside books 
 folds several messages that travel at once into one stage. Only the outermost op is booked under its name,
 so a MeshGEMV's allreduce counts as part of the GEMV. Ledgers of several tiles that ran the same SPMD
 program merge with :func:`merge_parallel`: critical-path figures take the max, traffic adds up.
+Internally the figures are plain lists (hops, stages, link_bytes, messages, flops, cycles): booking is on
+the decode's hot path.
 """
 
 from __future__ import annotations
 
 from contextlib import contextmanager
-from dataclasses import replace
 
-from .cost import Cost, message_cycles
+from .cost import Cost
 from .spec import HardwareSpec
+
+HOPS, STAGES, LINK, MSGS, FLOPS, CYCLES = range(6)
 
 
 class Ledger:
     def __init__(self, spec: HardwareSpec):
         self.spec = spec
-        self.by_op: dict[str, Cost] = {}
+        self._alpha, self._beta = spec.alpha_cycles, spec.beta_cycles
+        self._bw, self._fpc = spec.link_bytes_per_cycle, spec.flops_per_cycle
+        self._by_op: dict[str, list] = {}
         self.calls: dict[str, int] = {}
-        self._stack: list[tuple[str, Cost]] = []
-        self._group: list[Cost] | None = None
+        self._stack: list[list] = []
+        self._group: list[list] | None = None
 
     @contextmanager
     def op(self, name: str):
-        self._stack.append((name, Cost()))
+        acc = [0, 0, 0.0, 0, 0, 0.0]
+        self._stack.append(acc)
         try:
             yield
         finally:
-            name, cost = self._stack.pop()
+            self._stack.pop()
             if self._stack:
-                outer_name, outer = self._stack[-1]
-                self._stack[-1] = (outer_name, outer + cost)
+                _add(self._stack[-1], acc)
             else:
-                self.by_op[name] = self.by_op.get(name, Cost()) + cost
+                _add(self._by_op.setdefault(name, [0, 0, 0.0, 0, 0, 0.0]), acc)
                 self.calls[name] = self.calls.get(name, 0) + 1
-
-    def _book(self, cost: Cost) -> None:
-        if not self._stack:
-            raise RuntimeError("a message was booked outside a primitive; wrap it in ledger.op(name)")
-        name, acc = self._stack[-1]
-        self._stack[-1] = (name, acc + cost)
 
     def message(self, hops: int, nbytes: float, messages: int, link_bytes: float | None = None) -> None:
         """One routing stage: `messages` messages of `nbytes` each travel `hops` hops (a multicast passes
         each link once: give its `link_bytes`)."""
         if link_bytes is None:
             link_bytes = messages * nbytes * hops
-        cost = Cost(hops=hops, stages=1, link_bytes=int(round(link_bytes)), messages=messages,
-                    cycles=message_cycles(self.spec, hops, 1, nbytes))
+        rec = [hops, 1, link_bytes, messages, 0, hops * self._alpha + self._beta + nbytes / self._bw]
         if self._group is not None:
-            self._group.append(cost)
+            self._group.append(rec)
+        elif self._stack:
+            _add(self._stack[-1], rec)
         else:
-            self._book(cost)
+            raise RuntimeError("a message was booked outside a primitive; wrap it in ledger.op(name)")
 
     @contextmanager
     def concurrent(self):
@@ -66,17 +66,21 @@ class Ledger:
         finally:
             group, self._group = self._group, outer
             if group:
-                longest = max(group, key=lambda c: c.cycles)
-                merged = replace(longest, link_bytes=sum(c.link_bytes for c in group),
-                                 messages=sum(c.messages for c in group))
+                merged = list(max(group, key=lambda r: r[CYCLES]))
+                merged[LINK] = sum(r[LINK] for r in group)
+                merged[MSGS] = sum(r[MSGS] for r in group)
                 if self._group is not None:
                     self._group.append(merged)
                 else:
-                    self._book(merged)
+                    _add(self._stack[-1], merged)
 
     def compute(self, flops: int) -> None:
         """`flops` on the busiest core of the primitive."""
-        self._book(Cost(flops=int(flops), cycles=flops / self.spec.flops_per_cycle))
+        _add(self._stack[-1], [0, 0, 0.0, 0, flops, flops / self._fpc])
+
+    @property
+    def by_op(self) -> dict[str, Cost]:
+        return {k: _cost(v) for k, v in self._by_op.items()}
 
     def total(self) -> Cost:
         out = Cost()
@@ -84,12 +88,25 @@ class Ledger:
             out = out + c
         return out
 
+    def cycles(self) -> float:
+        return sum(v[CYCLES] for v in self._by_op.values())
+
     def snapshot(self) -> dict:
         return {"ops": {k: v.as_dict() for k, v in self.by_op.items()}, "calls": dict(self.calls)}
 
     def clear(self) -> None:
-        self.by_op.clear()
+        self._by_op.clear()
         self.calls.clear()
+
+
+def _add(acc: list, rec: list) -> None:
+    for i in range(6):
+        acc[i] += rec[i]
+
+
+def _cost(v: list) -> Cost:
+    return Cost(hops=int(v[HOPS]), stages=int(v[STAGES]), link_bytes=int(round(v[LINK])), messages=int(v[MSGS]),
+                flops=int(v[FLOPS]), cycles=float(v[CYCLES]))
 
 
 def merge_parallel(costs: list[Cost]) -> Cost:

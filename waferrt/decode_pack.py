@@ -1,0 +1,99 @@
+"""Packing a Llama's weights into the per-core blocks of the wafer decode, ready to compute on.
+
+Contract: pure functions from full float32 weights (y = W @ x, W (out, in)) and a region to the
+arrays a tile keeps for that region. The block contents are exactly the MeshGEMV blocks of
+waferrt.decode_layout (each core (r, c) owns W[out chunk, in chunk]); the arrays group the blocks so a
+tile can run every core's local GEMV as one batched matmul:
+
+- input split over columns (wqkv, w13): (cols, in_block, rows * out_block): the cores of one column
+  share that column's input chunk, so their blocks stack along the output axis (stored transposed:
+  x (cols, 1, in) @ w is one batched row-times-matrix, the fastest form for numpy here).
+- input split over rows (wo, w_down): (rows, in_block, cols * out_block).
+Vectors split over columns (x, norm weights) are (cols, chunk), zero-padded where chunks are uneven.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from .decode_layout import embed_layout, final_norm_layout, layer_layouts
+from .layout import Layout, _axis_gather, core_bytes, to_blocks
+from .mesh import Region
+from .model.config import LlamaConfig
+
+
+class Chunks:
+    """Split a vector (n,) over `parts` cores (padded (parts, width)) and join it back."""
+
+    def __init__(self, n: int, parts: int, granule: int = 1):
+        lay = Layout((n,), Region(0, 0, parts, 1), ("x",), (granule,))
+        self.index, self.valid = _axis_gather(lay, 0)
+        self.n = n
+
+    def split(self, v: np.ndarray) -> np.ndarray:
+        return np.where(self.valid, v[self.index], v.dtype.type(0))
+
+    def join(self, a: np.ndarray) -> np.ndarray:
+        out = np.empty(self.n, a.dtype)
+        out[self.index[self.valid]] = a[self.valid]
+        return out
+
+
+def _cols_first(blocks: np.ndarray) -> np.ndarray:
+    """(rows, cols, *out, in) -> (cols, in, rows * prod(out)): x (cols, 1, in) @ this is every core's GEMV."""
+    c = blocks.shape[1]
+    stacked = blocks.swapaxes(0, 1).reshape(c, -1, blocks.shape[-1])  # (cols, rows*out, in)
+    return np.ascontiguousarray(stacked.swapaxes(1, 2))
+
+
+def _rows_first(blocks: np.ndarray) -> np.ndarray:
+    """(rows, cols, *out, in) -> (rows, in, cols * prod(out))."""
+    r = blocks.shape[0]
+    return np.ascontiguousarray(blocks.reshape(r, -1, blocks.shape[-1]).swapaxes(1, 2))
+
+
+def pack_layer(cfg: LlamaConfig, lw, region: Region, dtype: str = "float32") -> dict[str, np.ndarray]:
+    """One layer's weights as the arrays of its region (see the module docstring)."""
+    lay = layer_layouts(cfg, region, dtype)
+    hd, nh, nkv = cfg.head_dim, cfg.n_heads, cfg.n_kv_heads
+    q = to_blocks(lw.wq.reshape(nh, hd, cfg.dim), lay["wq"])  # (R, C, nh, hd_r, dim_c)
+    k = to_blocks(lw.wk.reshape(nkv, hd, cfg.dim), lay["wk"])  # (R, C, nkv, hd_r, dim_c)
+    v = to_blocks(lw.wv.reshape(nkv, hd, cfg.dim), lay["wv"])
+    o = to_blocks(lw.wo.reshape(cfg.dim, nh, hd), lay["wo"])  # (R, C, dim_c, nh, hd_r)
+    gate = to_blocks(lw.w_gate, lay["w_gate"])  # (R, C, hid_r, dim_c)
+    up = to_blocks(lw.w_up, lay["w_up"])
+    down = to_blocks(lw.w_down, lay["w_down"])  # (R, C, dim_c, hid_r)
+    return {
+        "wqkv": _cols_first(np.concatenate([q, k, v], axis=2)),  # (C, dim_c, R*(nh+2nkv)*hd_r)
+        "wo": _rows_first(o.reshape(o.shape[:3] + (-1,))),  # (R, nh*hd_r, C*dim_c)
+        "w13": _cols_first(np.stack([gate, up], axis=2)),  # (C, dim_c, R*2*hid_r)
+        "w2": _rows_first(down),  # (R, hid_r, C*dim_c)
+        "attn_norm": to_blocks(lw.attn_norm, lay["attn_norm"])[0],  # (C, dim_c)
+        "ffn_norm": to_blocks(lw.ffn_norm, lay["ffn_norm"])[0],
+    }
+
+
+def pack_embed(cfg: LlamaConfig, embed: np.ndarray, final_norm: np.ndarray, region: Region,
+               dtype: str = "float32") -> dict[str, np.ndarray]:
+    """The tied embedding/head table as (cols, dim_c, rows * vocab_block) and the final norm (cols, dim_c)."""
+    table = to_blocks(embed, embed_layout(cfg, region, dtype))  # (R, C, voc_r, dim_c)
+    return {"table": _cols_first(table),
+            "final_norm": to_blocks(final_norm, final_norm_layout(cfg, region, dtype))[0]}
+
+
+def layer_weight_bytes(cfg: LlamaConfig, region: Region, dtype: str = "float32") -> np.ndarray:
+    """(rows, cols) bytes of weights each core of a layer region holds."""
+    return sum(core_bytes(lay) for lay in layer_layouts(cfg, region, dtype).values())
+
+
+def embed_weight_bytes(cfg: LlamaConfig, region: Region, dtype: str = "float32") -> np.ndarray:
+    return core_bytes(embed_layout(cfg, region, dtype)) + core_bytes(final_norm_layout(cfg, region, dtype))
+
+
+def rope_tables(cfg: LlamaConfig, rows: int) -> tuple[np.ndarray, np.ndarray]:
+    """(inverse frequencies (rows, pairs_r) float64, valid (rows, pairs_r)): the RoPE pairs of head_dim
+    each row of a layer region holds (head_dim is split over rows in whole pairs)."""
+    half = cfg.head_dim // 2
+    inv = float(cfg.rope_theta) ** (-np.arange(0, cfg.head_dim, 2, dtype=np.float64) / cfg.head_dim)
+    ch = Chunks(half, rows)
+    return np.where(ch.valid, inv[ch.index], 0.0), ch.valid

@@ -1,0 +1,158 @@
+"""The decode pipeline as every tile runs it: stages, routes between tiles, and one step of work.
+
+Contract: a decode step carries a list of items ``(slot, token, pos, want_logits)``. Every item passes
+the stages embed -> layer 0 -> ... -> layer L-1 -> head; each stage runs in its region's tile. Every tile
+runs the same :meth:`TileProgram.step` on the same items and does its own part: the stages it hosts, and
+the forwarding of activations that cross it on their way (dimension-order routes over neighbour tiles,
+never a jump). Each tile takes its tasks in (stage, item) order: a global order in which every task's
+inputs come from smaller tasks, so the pipeline cannot deadlock, and while one tile works on item i at a
+late stage, the tile before it already works on item i+1 -- the requests in flight are pipelined. The
+driver sends one command per step; the tiles exchange the activations themselves.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+import numpy as np
+
+from .cost import region_distance
+from .decode_pack import Chunks
+from .ledger import Ledger
+from .mesh import Dir, MeshSpec, Region, TileId
+from .model.config import LlamaConfig
+from .wafer_decode import EmbedShard, LayerShard
+
+
+class PlacementError(ValueError):
+    pass
+
+
+@dataclass(frozen=True)
+class DecodeSetup:
+    """What every tile must know to run the decode: model shape, regions, KV reserve, algorithm."""
+
+    config: LlamaConfig
+    mesh: MeshSpec
+    layers: tuple[Region, ...]
+    embed: Region
+    kv_tokens: int  # per request, per layer
+    slots: int  # requests in flight at most
+    algo: str = "ktree"
+    k: int = 2
+
+    def stages(self) -> tuple[tuple[str, int, Region], ...]:
+        """(kind, layer index or -1, region) in the order an item passes them."""
+        mid = tuple(("layer", i, r) for i, r in enumerate(self.layers))
+        return (("embed", -1, self.embed),) + mid + (("head", -1, self.embed),)
+
+    def stage_tiles(self) -> tuple[TileId, ...]:
+        out = []
+        for kind, i, region in self.stages():
+            tiles = self.mesh.tiles_of(region)
+            if len(tiles) != 1:
+                what = f"layer {i}" if kind == "layer" else "the embedding/head"
+                raise PlacementError(
+                    f"{what} has region {region}, which spans {len(tiles)} tiles of {self.mesh.tile_w}x"
+                    f"{self.mesh.tile_h} cores; the decode runs every region inside one tile. Choose a tile "
+                    "size that the scheduler can fill with whole regions (e.g. a multiple of the layer region)")
+            out.append(tiles[0])
+        return tuple(out)
+
+
+def route(mesh: MeshSpec, a: TileId, b: TileId) -> list[TileId]:
+    """Tiles from a to b, x first then y, one neighbour at a time (both ends included)."""
+    path, cur = [a], a
+    while cur != b:
+        if cur.tx != b.tx:
+            cur = TileId(cur.tx + (1 if b.tx > cur.tx else -1), cur.ty)
+        else:
+            cur = TileId(cur.tx, cur.ty + (1 if b.ty > cur.ty else -1))
+        path.append(cur)
+    return path
+
+
+def _dir(a: TileId, b: TileId) -> Dir:
+    return Dir.of_step(b.tx - a.tx, b.ty - a.ty)
+
+
+class TileProgram:
+    def __init__(self, setup: DecodeSetup, tile: TileId, links, ledger: Ledger):
+        self.setup, self.tile, self.links, self.ledger = setup, tile, links, ledger
+        self.stages = setup.stages()
+        self.tiles = setup.stage_tiles()
+        self.routes = [route(setup.mesh, self.tiles[s - 1], self.tiles[s]) if s else [self.tiles[0]]
+                       for s in range(len(self.stages))]
+        self.chunks = [Chunks(setup.config.dim, r.w) for _, _, r in self.stages]
+        self.layers: dict[int, LayerShard] = {}
+        self.embed: EmbedShard | None = None
+
+    def hosts(self, s: int) -> bool:
+        return self.tiles[s] == self.tile
+
+    def load(self, s: int, arrays: dict) -> None:
+        kind, layer, region = self.stages[s]
+        st = self.setup
+        if kind == "layer":
+            self.layers[s] = LayerShard(st.config, region, arrays, st.slots, st.kv_tokens, self.ledger,
+                                        st.algo, st.k)
+        else:
+            self.embed = EmbedShard(st.config, region, arrays, self.ledger, st.algo, st.k)
+
+    def reset(self, slot: int) -> None:
+        for shard in self.layers.values():
+            shard.reset(slot)
+
+    def step(self, tag: str, items: list[tuple[int, int, int, bool]]) -> dict:
+        """Run every item through the stages this tile hosts. Returns the logits of the items that want
+        them (from the head's tile), the modelled cycles of each stage here, and the wall time."""
+        x: dict[int, np.ndarray] = {}
+        logits, cycles = {}, {}
+        t0 = time.perf_counter()
+        for s, (kind, _, region) in enumerate(self.stages):
+            path = self.routes[s]
+            for i, (slot, token, pos, want) in enumerate(items):
+                if s and self.tile in path[1:]:  # the activation comes over the fabric (to us or through us)
+                    x[i] = self._pass_on(f"{tag}.{s}.{i}", path, x.get(i), s)
+                elif s and self.hosts(s):  # the previous stage ran here too
+                    x[i] = self._arrive(x[i], s)
+                if not self.hosts(s):
+                    continue
+                before = self.ledger.cycles()
+                if kind == "embed":
+                    x[i] = self.embed.lookup(token)
+                elif kind == "layer":
+                    x[i] = self.layers[s].forward(x[i], slot, pos)
+                elif want:
+                    logits[i] = self.embed.logits(x[i])
+                cycles[(s, i)] = self.ledger.cycles() - before
+                nxt = s + 1
+                if nxt < len(self.stages) and not self.hosts(nxt):
+                    vec = self.chunks[s].join(x[i])  # (dim,): the activation leaves its region's border
+                    self.links.send(_dir(path[-1], self.routes[nxt][1]), f"{tag}.{nxt}.{i}", [vec])
+        return {"logits": logits, "cycles": cycles, "wall": time.perf_counter() - t0}
+
+    def _pass_on(self, tag: str, path: list[TileId], xi, s: int):
+        k = path.index(self.tile)
+        (vec,) = self.links.recv(_dir(path[k], path[k - 1]), tag)
+        if k + 1 < len(path):
+            self.links.send(_dir(path[k], path[k + 1]), tag, [vec])
+            return xi
+        return self._arrive(np.asarray(vec), s)
+
+    def _arrive(self, xi: np.ndarray, s: int) -> np.ndarray:
+        """The activation of stage s-1 enters stage s's region: it crosses the gap between the regions and
+        is multicast down the rows. xi is the previous region's (cols, chunk), or the (dim,) vector that
+        came over the fabric."""
+        src, dst = self.stages[s - 1][2], self.stages[s][2]
+        with self.ledger.op("handover"):
+            nbytes = 4 * self.setup.config.dim
+            self.ledger.message(max(region_distance(src, dst), 1), nbytes, 1)
+            if dst.h > 1:
+                self.ledger.message(dst.h - 1, nbytes / dst.w, (dst.h - 1) * dst.w,
+                                    link_bytes=(dst.h - 1) * nbytes)
+        if xi.ndim == 2 and src.w == dst.w:
+            return xi
+        vec = xi if xi.ndim == 1 else self.chunks[s - 1].join(xi)
+        return self.chunks[s].split(vec)
