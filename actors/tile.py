@@ -80,6 +80,28 @@ class Tile:
         kernel(ctx, **args)
         return ledger.snapshot()
 
+    # -- LLM decode -------------------------------------------------------------------------------------
+    def decode_setup(self, setup) -> list[int]:
+        """Book SRAM for the decode stages this tile hosts and get ready to load them; returns their
+        stage indices."""
+        from waferrt.ledger import Ledger
+        from waferrt.pipeline import TileProgram, stage_sram
+
+        self.decoder = TileProgram(setup, self.tile, self.links, Ledger(self.spec))
+        hosted = [s for s in range(len(self.decoder.stages)) if self.decoder.hosts(s)]
+        for s in hosted:
+            for name, (region, nbytes) in stage_sram(setup, s).items():
+                self.sram.reserve(name, region, nbytes)
+        return hosted
+
+    def decode_load(self, s: int, arrays: dict) -> None:
+        self.decoder.load(s, arrays)
+
+    def decode_step(self, tag: str, items: list, resets: list[int] = ()) -> dict:
+        for slot in resets:
+            self.decoder.reset(slot)
+        return self.decoder.step(tag, items)
+
     def names(self) -> list[str]:
         return sorted(self.store)
 

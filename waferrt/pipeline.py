@@ -18,7 +18,9 @@ from dataclasses import dataclass
 import numpy as np
 
 from .cost import region_distance
-from .decode_pack import Chunks
+from .decode_layout import activation_bytes, embed_core_bytes, kv_layout
+from .decode_pack import Chunks, embed_weight_bytes, layer_weight_bytes
+from .layout import core_bytes
 from .ledger import Ledger
 from .mesh import Dir, MeshSpec, Region, TileId
 from .model.config import LlamaConfig
@@ -59,6 +61,23 @@ class DecodeSetup:
                     "size that the scheduler can fill with whole regions (e.g. a multiple of the layer region)")
             out.append(tiles[0])
         return tuple(out)
+
+
+def stage_sram(setup: DecodeSetup, s: int) -> dict[str, tuple[Region, np.ndarray]]:
+    """What stage s keeps in its cores' SRAM: name -> (region, bytes per core (rows, cols))."""
+    kind, layer, region = setup.stages()[s]
+    cfg = setup.config
+    if kind == "layer":
+        kv = 2 * setup.slots * core_bytes(kv_layout(cfg, region, setup.kv_tokens))
+        return {f"layer{layer}.weights": (region, layer_weight_bytes(cfg, region)),
+                f"layer{layer}.kv": (region, kv),
+                f"layer{layer}.scratch": (region, np.full(region.shape, activation_bytes(cfg, region,
+                                                                                       setup.kv_tokens)))}
+    if kind == "embed":
+        scratch = embed_core_bytes(cfg, region) - int(embed_weight_bytes(cfg, region).max())
+        return {"embed.table": (region, embed_weight_bytes(cfg, region)),
+                "embed.scratch": (region, np.full(region.shape, scratch))}
+    return {}  # the head uses the embedding's table and scratch
 
 
 def route(mesh: MeshSpec, a: TileId, b: TileId) -> list[TileId]:
@@ -113,13 +132,13 @@ class TileProgram:
         for s, (kind, _, region) in enumerate(self.stages):
             path = self.routes[s]
             for i, (slot, token, pos, want) in enumerate(items):
+                before = self.ledger.cycles()
                 if s and self.tile in path[1:]:  # the activation comes over the fabric (to us or through us)
                     x[i] = self._pass_on(f"{tag}.{s}.{i}", path, x.get(i), s)
                 elif s and self.hosts(s):  # the previous stage ran here too
                     x[i] = self._arrive(x[i], s)
                 if not self.hosts(s):
                     continue
-                before = self.ledger.cycles()
                 if kind == "embed":
                     x[i] = self.embed.lookup(token)
                 elif kind == "layer":

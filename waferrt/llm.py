@@ -1,0 +1,236 @@
+"""LLM generation on the emulated wafer (and the same loop on the numpy reference).
+
+Contract: :class:`WaferLLM` places a Llama model (the scheduler's Placement), starts the tile actors,
+loads every region's weight blocks into its tile and generates: requests enter by continuous batching
+(``waferrt.scheduler.admission``: a request that the KV capacity cannot hold is refused with the reason
+before it starts), each decode step is one command to every tile (a prompt enters the pipeline whole,
+token after token, through the decode path), logits leave at the head's tile, and the host samples.
+:func:`generate_reference` runs the same requests on :class:`~waferrt.model.ReferenceModel`. Both sample
+request i with ``numpy.random.default_rng([seed, i])``, so both give the same tokens.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from .model import ReferenceModel, Sampler
+from .model.config import LlamaConfig
+from .pipeline import DecodeSetup
+
+OnToken = Callable[[int, int], None]  # (request index, token id)
+
+
+@dataclass(frozen=True)
+class GenRequest:
+    prompt_ids: tuple[int, ...]
+    max_new_tokens: int
+    stop_ids: tuple[int, ...] = ()
+
+
+@dataclass
+class Completion:
+    prompt_ids: tuple[int, ...]
+    tokens: list[int] = field(default_factory=list)
+    finish: str = ""  # "stop" (a stop token), "length" (max_new_tokens) or "refused: <reason>"
+
+
+@dataclass
+class GenStats:
+    wall_s: float = 0.0
+    modelled_s: float = 0.0  # what the steps would take on the modelled wafer
+    steps: int = 0
+    tokens: int = 0  # generated tokens
+    token_latency_s: list[float] = field(default_factory=list)  # wall time of each decode-only step
+
+    @property
+    def wall_tokens_per_s(self) -> float:
+        return self.tokens / self.wall_s if self.wall_s else 0.0
+
+    @property
+    def wafer_tokens_per_s(self) -> float:
+        return self.tokens / self.modelled_s if self.modelled_s else 0.0
+
+
+def _rng(sampler: Sampler, i: int) -> np.random.Generator:
+    return np.random.default_rng([sampler.seed, i])
+
+
+def _finished(req: GenRequest, done: Completion, token: int) -> str:
+    if token in req.stop_ids:
+        return "stop"
+    return "length" if len(done.tokens) >= req.max_new_tokens else ""
+
+
+def generate_reference(config: LlamaConfig, weights, requests: list[GenRequest], sampler: Sampler,
+                       on_token: OnToken | None = None) -> tuple[list[Completion], GenStats]:
+    """The single-process numpy reference: each request prefilled with the decode step, then decoded."""
+    model, stats = ReferenceModel(config, weights), GenStats()
+    out = []
+    t0 = time.perf_counter()
+    for i, req in enumerate(requests):
+        done, rng = Completion(req.prompt_ids), _rng(sampler, i)
+        cache = model.new_cache(capacity=len(req.prompt_ids) + req.max_new_tokens)
+        for pos, tok in enumerate(req.prompt_ids):
+            logits = model.step(tok, pos, cache)
+        while not done.finish:
+            t1 = time.perf_counter()
+            token = sampler.sample(logits, rng)
+            done.tokens.append(token)
+            if on_token:
+                on_token(i, token)
+            done.finish = _finished(req, done, token)
+            if not done.finish:
+                logits = model.step(token, cache.length, cache)
+                stats.token_latency_s.append(time.perf_counter() - t1)
+        stats.tokens += len(done.tokens)
+        out.append(done)
+    stats.wall_s = time.perf_counter() - t0
+    return out, stats
+
+
+def pipeline_seconds(cycles: dict, n_stages: int, n_items: int, clock_hz: float) -> float:
+    """Modelled time of one step: every stage region is its own hardware and takes the items in order, so
+    item i leaves stage s at max(it left stage s-1, item i-1 left stage s) + its cycles at s."""
+    done_prev = np.zeros(n_items)
+    for s in range(n_stages):
+        t = 0.0
+        for i in range(n_items):
+            t = max(t, done_prev[i]) + cycles.get((s, i), 0.0)
+            done_prev[i] = t
+    return float(done_prev.max(initial=0.0)) / clock_hz
+
+
+@dataclass
+class _Live:
+    index: int
+    req: GenRequest
+    slot: int
+    rng: np.random.Generator
+    done: Completion
+    pos: int = 0
+    feed: tuple[int, ...] = ()  # tokens to push through the pipeline next step
+
+
+class WaferLLM:
+    def __init__(self, config: LlamaConfig, weights, placement, address: str | None = None,
+                 algo: str = "ktree", k: int = 2, timeout: float = 120.0):
+        from .runtime import Wafer
+
+        self.config, self.weights, self.placement = config, weights, placement
+        self.setup = DecodeSetup(config, placement.mesh, placement.layers, placement.embed,
+                                 placement.kv_tokens, placement.kv.requests, algo, k)
+        self.setup.stage_tiles()  # a placement the decode cannot run fails here, before Ray starts
+        self.wafer = Wafer(placement.spec, placement.mesh, address=address, timeout=timeout)
+        self._steps = 0
+
+    def __enter__(self) -> WaferLLM:
+        return self.open()
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def open(self, progress: Callable[[str], None] | None = None) -> WaferLLM:
+        import ray
+
+        say = progress or (lambda msg: None)
+        mesh = self.placement.mesh
+        say(f"starting {len(mesh.tiles())} tile actors for {mesh}")
+        self.wafer.open(progress=lambda i, n: say(f"tile actors up: {i}/{n}"), node_ids=self._node_ids())
+        try:
+            tiles = self.wafer.tiles
+            ray.get([tiles[t].decode_setup.remote(self.setup) for t in tiles])
+            self._load_weights(say)
+        except BaseException:
+            self.close()
+            raise
+        return self
+
+    def _node_ids(self) -> dict:
+        names = {name for _, name in self.placement.tile_nodes}
+        return {} if len(names) <= 1 else dict(self.placement.tile_nodes)
+
+    def _load_weights(self, say) -> None:
+        import ray
+
+        from .decode_pack import pack_embed, pack_layer
+
+        stages, tiles = self.setup.stages(), self.setup.stage_tiles()
+        refs = []
+        for s, (kind, layer, region) in enumerate(stages):
+            if kind == "head":
+                continue
+            if kind == "layer":
+                arrays = pack_layer(self.config, self.weights.layers[layer], region)
+            else:
+                arrays = pack_embed(self.config, self.weights.embed, self.weights.final_norm, region)
+            refs.append(self.wafer.tiles[tiles[s]].decode_load.remote(s, arrays))
+            say(f"weights into core SRAM: {s + 1}/{len(stages) - 1} regions")
+        ray.get(refs)
+
+    def close(self) -> None:
+        self.wafer.close()
+
+    def _step(self, items: list, resets: list[int]) -> tuple[dict, float]:
+        import ray
+
+        self._steps += 1
+        tag = f"t{self._steps}"
+        results = ray.get([h.decode_step.remote(tag, items, resets) for h in self.wafer.tiles.values()])
+        logits, cycles = {}, {}
+        for r in results:
+            logits.update(r["logits"])
+            cycles.update(r["cycles"])
+        secs = pipeline_seconds(cycles, len(self.setup.stages()), len(items), self.placement.spec.clock_hz)
+        return logits, secs
+
+    def generate(self, requests: list[GenRequest], sampler: Sampler,
+                 on_token: OnToken | None = None) -> tuple[list[Completion], GenStats]:
+        from .scheduler.admission import Admission, Request
+
+        adm = Admission(self.placement.kv_tokens, self.placement.kv.requests)
+        out = [Completion(r.prompt_ids) for r in requests]
+        for i, r in enumerate(requests):
+            refusal = adm.submit(Request(i, len(r.prompt_ids), r.max_new_tokens, frozenset(r.stop_ids)))
+            if refusal:
+                out[i].finish = f"refused: {refusal.reason}"
+        free, live, resets, stats = list(range(self.placement.kv.requests)), {}, [], GenStats()
+        t0 = time.perf_counter()
+        while True:
+            for a in adm.admit():
+                live[a.rid] = _Live(a.rid, requests[a.rid], free.pop(0), _rng(sampler, a.rid), out[a.rid],
+                                    feed=requests[a.rid].prompt_ids)
+            if not live:
+                break
+            items, owners = [], []
+            for lv in live.values():
+                for j, tok in enumerate(lv.feed):
+                    items.append((lv.slot, tok, lv.pos + j, j == len(lv.feed) - 1))
+                    owners.append(lv if j == len(lv.feed) - 1 else None)
+            t1 = time.perf_counter()
+            logits, secs = self._step(items, resets)
+            resets = []
+            stats.steps, stats.modelled_s = stats.steps + 1, stats.modelled_s + secs
+            if all(len(lv.feed) == 1 for lv in live.values()):
+                stats.token_latency_s.append(time.perf_counter() - t1)
+            for i, lv in enumerate(owners):
+                if lv is None:
+                    continue
+                lv.pos += len(lv.feed)
+                token = sampler.sample(logits[i], lv.rng)
+                lv.done.tokens.append(token)
+                if on_token:
+                    on_token(lv.index, token)
+                lv.feed = (token,)
+                lv.done.finish = _finished(lv.req, lv.done, token)
+                if lv.done.finish:
+                    adm.finish(lv.index)
+                    free.append(lv.slot)
+                    resets.append(lv.slot)
+                    del live[lv.index]
+        stats.wall_s = time.perf_counter() - t0
+        stats.tokens = sum(len(c.tokens) for c in out)
+        return out, stats
