@@ -23,7 +23,7 @@ from .model.config import LlamaConfig
 
 
 class Chunks:
-    """Split a vector (n,) over `parts` cores (padded (parts, width)) and join it back."""
+    """Split vectors (..., n) over `parts` cores (padded (..., parts, width)) and join them back."""
 
     def __init__(self, n: int, parts: int, granule: int = 1):
         lay = Layout((n,), Region(0, 0, parts, 1), ("x",), (granule,))
@@ -31,11 +31,11 @@ class Chunks:
         self.n = n
 
     def split(self, v: np.ndarray) -> np.ndarray:
-        return np.where(self.valid, v[self.index], v.dtype.type(0))
+        return np.where(self.valid, v[..., self.index], v.dtype.type(0))
 
     def join(self, a: np.ndarray) -> np.ndarray:
-        out = np.empty(self.n, a.dtype)
-        out[self.index[self.valid]] = a[self.valid]
+        out = np.empty(a.shape[:-2] + (self.n,), a.dtype)
+        out[..., self.index[self.valid]] = a[..., self.valid]
         return out
 
 

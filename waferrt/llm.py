@@ -93,8 +93,9 @@ def generate_reference(config: LlamaConfig, weights, requests: list[GenRequest],
 
 
 def pipeline_seconds(cycles: dict, n_stages: int, n_items: int, clock_hz: float) -> float:
-    """Modelled time of one step: every stage region is its own hardware and takes the items in order, so
-    item i leaves stage s at max(it left stage s-1, item i-1 left stage s) + its cycles at s."""
+    """Modelled time of one step: every stage region is its own hardware and takes the (micro-batches of)
+    items in order, so item i leaves stage s at max(it left stage s-1, item i-1 left stage s) + its
+    cycles at s."""
     done_prev = np.zeros(n_items)
     for s in range(n_stages):
         t = 0.0
@@ -148,20 +149,20 @@ class LocalDecoder:
             return self.programs[t].step(f"t{self._steps}", items)
 
         results = self.fabric.run_spmd(body)
-        return _merge_results(list(results.values()), self.setup, len(items), self.placement.spec.clock_hz)
+        return _merge_results(list(results.values()), self.setup, self.placement.spec.clock_hz)
 
     def generate(self, requests: list[GenRequest], sampler: Sampler,
                  on_token: OnToken | None = None) -> tuple[list[Completion], GenStats]:
         return continuous_batching(self._step, self.placement, requests, sampler, on_token)
 
 
-def _merge_results(results: list[dict], setup: DecodeSetup, n_items: int, clock_hz: float
-                   ) -> tuple[dict, float]:
+def _merge_results(results: list[dict], setup: DecodeSetup, clock_hz: float) -> tuple[dict, float]:
     logits, cycles = {}, {}
     for r in results:
         logits.update(r["logits"])
         cycles.update(r["cycles"])
-    return logits, pipeline_seconds(cycles, len(setup.stages()), n_items, clock_hz)
+    parts = max(r["parts"] for r in results)
+    return logits, pipeline_seconds(cycles, len(setup.stages()), parts, clock_hz)
 
 
 class WaferLLM:
@@ -229,7 +230,7 @@ class WaferLLM:
         self._steps += 1
         tag = f"t{self._steps}"
         results = ray.get([h.decode_step.remote(tag, items, resets) for h in self.wafer.tiles.values()])
-        return _merge_results(results, self.setup, len(items), self.placement.spec.clock_hz)
+        return _merge_results(results, self.setup, self.placement.spec.clock_hz)
 
     def generate(self, requests: list[GenRequest], sampler: Sampler,
                  on_token: OnToken | None = None) -> tuple[list[Completion], GenStats]:

@@ -80,6 +80,16 @@ def stage_sram(setup: DecodeSetup, s: int) -> dict[str, tuple[Region, np.ndarray
     return {}  # the head uses the embedding's table and scratch
 
 
+MICRO_BATCH = 8
+
+
+def micro_batches(n: int) -> list[np.ndarray]:
+    """Item indices cut into consecutive micro-batches: at least two when there are two items or more (so
+    consecutive tiles overlap), at most MICRO_BATCH items each (a long prompt goes in several)."""
+    parts = 1 if n < 2 else max(2, -(-n // MICRO_BATCH))
+    return [a for a in np.array_split(np.arange(n), parts) if len(a)]
+
+
 def route(mesh: MeshSpec, a: TileId, b: TileId) -> list[TileId]:
     """Tiles from a to b, x first then y, one neighbour at a time (both ends included)."""
     path, cur = [a], a
@@ -134,67 +144,78 @@ class TileProgram:
         return out
 
     def step(self, tag: str, items: list[tuple[int, int, int, bool]]) -> dict:
-        """Run every item through the stages this tile hosts. Returns the logits of the items that want
-        them (from the head's tile), the modelled cycles of each (stage, item) here, and the wall time.
+        """Run every item through the stages this tile hosts, in micro-batches (see micro_batches).
+        Returns the logits of the items that want them (from the head's tile), the modelled cycles of
+        each (stage, micro-batch) here, and the wall and busy (not waiting for neighbours) time.
 
-        Tasks go in (segment, item, stage) order: every task's input comes from a smaller task, so no
-        tile waits in a cycle, and a tile hands item i on as soon as its run of stages is done with it."""
+        Tasks go in (segment, micro-batch, stage) order: every task's input comes from a smaller task, so
+        no tile waits in a cycle, and a tile hands a micro-batch on as soon as its run of stages is done
+        with it, then starts the next one while the following tile works on the first."""
+        arr = np.array(items, dtype=np.int64).reshape(-1, 4)
+        batches = micro_batches(len(items))
         x: dict[int, np.ndarray] = {}
         logits, cycles = {}, {}
-        t0 = time.perf_counter()
+        t0, self._waited = time.perf_counter(), 0.0
         segs = self.segments()
         for g, (tile, stages) in enumerate(segs):
             path = self.routes[stages[0]]
             if tile != self.tile and self.tile not in path[1:-1]:
                 continue
-            for i, (slot, token, pos, want) in enumerate(items):
+            for m, idx in enumerate(batches):
                 before = self.ledger.cycles()
-                if g and self.tile in path[1:]:  # the activation comes over the fabric (to us or through us)
-                    x[i] = self._pass_on(f"{tag}.{stages[0]}.{i}", path, x.get(i), stages[0])
+                if g and self.tile in path[1:]:  # the activations come over the fabric (to us or through us)
+                    x[m] = self._pass_on(f"{tag}.{stages[0]}.{m}", path, x.get(m), stages[0])
                 if tile != self.tile:
                     continue
                 for s in stages:
                     if s != stages[0]:
-                        x[i] = self._arrive(x[i], s)
-                    x[i] = self._run(s, x.get(i), slot, token, pos, want, logits, i)
-                    cycles[(s, i)] = self.ledger.cycles() - before
+                        x[m] = self._arrive(x[m], s)
+                    x[m] = self._run(s, x.get(m), arr[idx], idx, logits)
+                    cycles[(s, m)] = self.ledger.cycles() - before
                     before = self.ledger.cycles()
                 if g + 1 < len(segs):
                     nxt = segs[g + 1][1][0]
-                    vec = self.chunks[stages[-1]].join(x[i])  # (dim,): the activation leaves its region
-                    self.links.send(_dir(self.tile, self.routes[nxt][1]), f"{tag}.{nxt}.{i}", [vec])
-        return {"logits": logits, "cycles": cycles, "wall": time.perf_counter() - t0}
+                    vec = self.chunks[stages[-1]].join(x[m])  # (B, dim): the activations leave the region
+                    self.links.send(_dir(self.tile, self.routes[nxt][1]), f"{tag}.{nxt}.{m}", [vec])
+        wall = time.perf_counter() - t0
+        return {"logits": logits, "cycles": cycles, "parts": len(batches), "wall": wall,
+                "busy": wall - self._waited}
 
-    def _run(self, s: int, xi, slot: int, token: int, pos: int, want: bool, logits: dict, i: int):
+    def _run(self, s: int, xb, batch: np.ndarray, idx: np.ndarray, logits: dict):
+        """Stage s on a micro-batch: batch rows are (slot, token, pos, want), idx their item numbers."""
         kind = self.stages[s][0]
         if kind == "embed":
-            return self.embed.lookup(token)
+            return self.embed.lookup(batch[:, 1])
         if kind == "layer":
-            return self.layers[s].forward(xi, slot, pos)
-        if want:
-            logits[i] = self.embed.logits(xi)
-        return xi
+            return self.layers[s].forward(xb, batch[:, 0], batch[:, 2])
+        want = batch[:, 3].astype(bool)
+        if want.any():
+            for i, row in zip(idx[want], self.embed.logits(xb[want]), strict=True):
+                logits[int(i)] = row
+        return xb
 
     def _pass_on(self, tag: str, path: list[TileId], xi, s: int):
         k = path.index(self.tile)
+        t0 = time.perf_counter()
         (vec,) = self.links.recv(_dir(path[k], path[k - 1]), tag)
+        self._waited += time.perf_counter() - t0
         if k + 1 < len(path):
             self.links.send(_dir(path[k], path[k + 1]), tag, [vec])
             return xi
         return self._arrive(np.asarray(vec), s)
 
-    def _arrive(self, xi: np.ndarray, s: int) -> np.ndarray:
-        """The activation of stage s-1 enters stage s's region: it crosses the gap between the regions and
-        is multicast down the rows. xi is the previous region's (cols, chunk), or the (dim,) vector that
-        came over the fabric."""
+    def _arrive(self, xb: np.ndarray, s: int) -> np.ndarray:
+        """The activations of stage s-1 enter stage s's region: they cross the gap between the regions and
+        are multicast down the rows. xb is the previous region's (B, cols, chunk), or the (B, dim) vectors
+        that came over the fabric."""
         src, dst = self.stages[s - 1][2], self.stages[s][2]
         with self.ledger.op("handover"):
-            nbytes = 4 * self.setup.config.dim
+            nbytes = 4 * self.setup.config.dim * xb.shape[0]
             self.ledger.message(max(region_distance(src, dst), 1), nbytes, 1)
             if dst.h > 1:
                 self.ledger.message(dst.h - 1, nbytes / dst.w, (dst.h - 1) * dst.w,
                                     link_bytes=(dst.h - 1) * nbytes)
-        if xi.ndim == 2 and src.w == dst.w:
-            return xi
-        vec = xi if xi.ndim == 1 else self.chunks[s - 1].join(xi)
+        if xb.ndim == 3 and src.w == dst.w:
+            return xb
+        vec = xb if xb.ndim == 2 else self.chunks[s - 1].join(xb)
         return self.chunks[s].split(vec)

@@ -36,10 +36,11 @@ def _silu(x: np.ndarray) -> np.ndarray:
 
 def mesh_rmsnorm(comm: LineComm, x: np.ndarray, w: np.ndarray, cfg: LlamaConfig, algo: str, k: int
                  ) -> np.ndarray:
-    """RMSNorm of x (C, dim_c), split over the columns of `comm`'s line: the sum of squares is a row
+    """RMSNorm of x (B, C, dim_c), split over the columns of `comm`'s line: the sum of squares is a row
     allreduce (every row does the same one: one copy is kept)."""
-    ss = comm.allreduce((x * x).sum(axis=1), algo, k, array_axis=0, replicated=True, collapse=True)
-    return x * (np.float32(1.0) / np.sqrt(ss / np.float32(cfg.dim) + np.float32(cfg.norm_eps))) * w
+    ss = comm.allreduce((x * x).sum(axis=2), algo, k, array_axis=1, replicated=True, collapse=True)  # (B,)
+    scale = np.float32(1.0) / np.sqrt(ss / np.float32(cfg.dim) + np.float32(cfg.norm_eps))
+    return x * scale[:, None, None] * w
 
 
 def _rope(x: np.ndarray, cos: np.ndarray, sin: np.ndarray) -> np.ndarray:
@@ -69,17 +70,19 @@ class LayerShard:
         self.pos = np.full((slots, C, self.cap), -1, np.int64)  # token position held in each slot
         self.scale = np.float32(1.0 / np.sqrt(cfg.head_dim))
 
-    # -- pieces -----------------------------------------------------------------------------------------
+    # -- pieces: every array carries the batch axis B first -------------------------------------------------
     def _gemv_cols(self, w: np.ndarray, x: np.ndarray) -> np.ndarray:
-        """Input split over columns: w (C, i, R*o), x (C, i) -> (R, o), split over rows."""
-        part = np.matmul(x[:, None, :], w)[:, 0].reshape(self.cols, self.rows, -1)  # (C, R, o)
-        self.ledger.compute(2 * w.shape[1] * w.shape[2] // self.rows)
+        """Input split over columns: w (C, i, R*o), x (B, C, i) -> (B, R, o), split over rows."""
+        part = np.matmul(x.transpose(1, 0, 2), w)  # (C, B, R*o): every core's block GEMV, all items
+        self.ledger.compute(2 * x.shape[0] * w.shape[1] * w.shape[2] // self.rows)
+        part = part.reshape(self.cols, x.shape[0], self.rows, -1)
         return self.cx.allreduce(part, self.algo, self.k, array_axis=0, collapse=True)
 
     def _gemv_rows(self, w: np.ndarray, h: np.ndarray) -> np.ndarray:
-        """Input split over rows: w (R, i, C*o), h (R, i) -> (C, o), split over columns."""
-        part = np.matmul(h[:, None, :], w)[:, 0].reshape(self.rows, self.cols, -1)  # (R, C, o)
-        self.ledger.compute(2 * w.shape[1] * w.shape[2] // self.cols)
+        """Input split over rows: w (R, i, C*o), h (B, R, i) -> (B, C, o), split over columns."""
+        part = np.matmul(h.transpose(1, 0, 2), w)  # (R, B, C*o)
+        self.ledger.compute(2 * h.shape[0] * w.shape[1] * w.shape[2] // self.cols)
+        part = part.reshape(self.rows, h.shape[0], self.cols, -1)
         return self.cy.allreduce(part, self.algo, self.k, array_axis=0, collapse=True)
 
     def _kv_insert(self, s: int, k_new: np.ndarray, v_new: np.ndarray, pos: int) -> None:
@@ -115,43 +118,48 @@ class LayerShard:
         self.v_cache[s, :, targets, :, slot, :] = v_in
         self.pos[s, targets, slot] = p_in
 
-    def _attention(self, s: int, q: np.ndarray) -> np.ndarray:
-        """q (R, nh, hd_r) -> (R, nh, hd_r): scores and the weighted V sum reduce over the cores."""
-        nkv, rep = self.cfg.n_kv_heads, self.cfg.n_heads // self.cfg.n_kv_heads
-        qg = q.reshape(self.rows, 1, nkv, rep, self.hd_r)
-        part = np.matmul(qg, self.k_cache[s])  # (R, C, nkv, rep, cap): dot over this row's dims
-        self.ledger.compute(2 * nkv * rep * self.hd_r * self.cap)
-        scores = self.cy.allreduce(part, self.algo, self.k, array_axis=0, collapse=True)  # (C, nkv, rep, cap)
-        valid = (self.pos[s] >= 0)[:, None, None, :]  # (C, 1, 1, cap)
+    def _attention(self, slots: np.ndarray, poss: np.ndarray, q: np.ndarray) -> np.ndarray:
+        """q (B, R, nh, hd_r) -> (B, R, nh * hd_r). Item b attends to the positions <= poss[b] of its
+        request's cache; scores, the softmax max and sum, and the weighted V sum reduce over the cores."""
+        B, nkv = len(slots), self.cfg.n_kv_heads
+        rep = self.cfg.n_heads // nkv
+        whole = B == len(self.pos) and np.array_equal(slots, np.arange(B))
+        kc, vc = (self.k_cache, self.v_cache) if whole else (self.k_cache[slots], self.v_cache[slots])
+        part = np.matmul(q.reshape(B, self.rows, 1, nkv, rep, self.hd_r), kc)  # (B, R, C, nkv, rep, cap)
+        self.ledger.compute(2 * B * nkv * rep * self.hd_r * self.cap)
+        scores = self.cy.allreduce(part, self.algo, self.k, array_axis=1, collapse=True)  # (B, C, nkv, rep, cap)
+        held = self.pos[slots]  # (B, C, cap)
+        valid = ((held >= 0) & (held <= poss[:, None, None]))[:, :, None, None, :]
         scores = np.where(valid, scores * self.scale, np.float32(-np.inf))
-        m = self.cx.allreduce(scores.max(axis=3), self.algo, self.k, op="max", array_axis=0, replicated=True,
-                              collapse=True)  # (nkv, rep)
-        e = np.where(valid, np.exp(scores - m[None, :, :, None]), np.float32(0))  # (C, nkv, rep, cap)
-        total = self.cx.allreduce(e.sum(axis=3), self.algo, self.k, array_axis=0, replicated=True,
-                                  collapse=True)  # (nkv, rep)
-        p = e / total[None, :, :, None]
-        out = np.matmul(p[None], self.v_cache[s])  # (R, C, nkv, rep, hd_r)
-        self.ledger.compute(2 * nkv * rep * self.hd_r * self.cap)
-        a = self.cx.allreduce(out, self.algo, self.k, array_axis=1, collapse=True)  # (R, nkv, rep, hd_r)
-        return a.reshape(self.rows, -1)  # (R, nh * hd_r)
+        m = self.cx.allreduce(scores.max(axis=4), self.algo, self.k, op="max", array_axis=1, replicated=True,
+                              collapse=True)  # (B, nkv, rep)
+        e = np.where(valid, np.exp(scores - m[:, None, :, :, None]), np.float32(0))
+        total = self.cx.allreduce(e.sum(axis=4), self.algo, self.k, array_axis=1, replicated=True,
+                                  collapse=True)  # (B, nkv, rep)
+        p = e / total[:, None, :, :, None]  # (B, C, nkv, rep, cap)
+        out = np.matmul(p[:, None], vc)  # (B, R, C, nkv, rep, hd_r)
+        self.ledger.compute(2 * B * nkv * rep * self.hd_r * self.cap)
+        a = self.cx.allreduce(out, self.algo, self.k, array_axis=2, collapse=True)  # (B, R, nkv, rep, hd_r)
+        return a.reshape(B, self.rows, -1)
 
-    # -- one token --------------------------------------------------------------------------------------
-    def forward(self, x: np.ndarray, slot: int, pos: int) -> np.ndarray:
-        """x (C, dim_c) -> (C, dim_c) for the request in `slot` at position `pos`."""
-        cfg = self.cfg
+    # -- a batch of tokens ------------------------------------------------------------------------------
+    def forward(self, x: np.ndarray, slots: np.ndarray, poss: np.ndarray) -> np.ndarray:
+        """x (B, C, dim_c) -> (B, C, dim_c): item b is the token at position poss[b] of the request in
+        slots[b] (items of one request in position order: a prompt goes through all at once)."""
+        cfg, nh, nkv = self.cfg, self.cfg.n_heads, self.cfg.n_kv_heads
         with self.ledger.op("layer"):
             h = mesh_rmsnorm(self.cx, x, self.w["attn_norm"], cfg, self.algo, self.k)
-            qkv = self._gemv_cols(self.w["wqkv"], h).reshape(self.rows, -1, self.hd_r)  # (R, nh+2nkv, hd_r)
-            ang = pos * self.inv_freq  # (R, hd_r/2), float64 like the reference
-            cos, sin = np.cos(ang).astype(np.float32)[:, None], np.sin(ang).astype(np.float32)[:, None]
-            q = _rope(qkv[:, : cfg.n_heads], cos, sin)
-            k = _rope(qkv[:, cfg.n_heads: cfg.n_heads + cfg.n_kv_heads], cos, sin)
-            v = qkv[:, cfg.n_heads + cfg.n_kv_heads:]
-            self._kv_insert(slot, k, v, pos)
-            x = x + self._gemv_rows(self.w["wo"], self._attention(slot, q))
+            qkv = self._gemv_cols(self.w["wqkv"], h).reshape(len(slots), self.rows, -1, self.hd_r)
+            ang = poss[:, None, None] * self.inv_freq[None]  # (B, R, hd_r/2), float64 like the reference
+            cos, sin = np.cos(ang).astype(np.float32)[:, :, None], np.sin(ang).astype(np.float32)[:, :, None]
+            q = _rope(qkv[:, :, :nh], cos, sin)  # (B, R, nh, hd_r)
+            k = _rope(qkv[:, :, nh: nh + nkv], cos, sin)
+            for b in range(len(slots)):
+                self._kv_insert(int(slots[b]), k[b], qkv[b, :, nh + nkv:], int(poss[b]))
+            x = x + self._gemv_rows(self.w["wo"], self._attention(slots, poss, q))
             h = mesh_rmsnorm(self.cx, x, self.w["ffn_norm"], cfg, self.algo, self.k)
-            gu = self._gemv_cols(self.w["w13"], h).reshape(self.rows, 2, -1)  # (R, 2, hid_r)
-            return x + self._gemv_rows(self.w["w2"], _silu(gu[:, 0]) * gu[:, 1])
+            gu = self._gemv_cols(self.w["w13"], h).reshape(len(slots), self.rows, 2, -1)  # (B, R, 2, hid_r)
+            return x + self._gemv_rows(self.w["w2"], _silu(gu[:, :, 0]) * gu[:, :, 1])
 
     def reset(self, slot: int) -> None:
         """Forget the request in `slot` (its cache positions become free)."""
@@ -172,16 +180,18 @@ class EmbedShard:
         self.voc_r = self.table.shape[2] // region.h
         self.cx = LineComm("x", region, region, None, ledger)
 
-    def lookup(self, token: int) -> np.ndarray:
-        """The embedding row of `token`, as (C, dim_c) in the core row that holds it."""
-        row = int(np.searchsorted(self.vocab.index[:, 0], token, side="right")) - 1
-        return self.table[:, :, row * self.voc_r + token - int(self.vocab.index[row, 0])].copy()
+    def lookup(self, tokens: np.ndarray) -> np.ndarray:
+        """The embedding rows of `tokens` (B,), each as (C, dim_c) in the core row that holds it."""
+        rows = np.searchsorted(self.vocab.index[:, 0], tokens, side="right") - 1
+        col = rows * self.voc_r + tokens - self.vocab.index[rows, 0]
+        return np.ascontiguousarray(self.table[:, :, col].transpose(2, 0, 1))  # (B, C, dim_c)
 
     def logits(self, x: np.ndarray) -> np.ndarray:
-        """Final RMSNorm and the tied head as a MeshGEMV: x (C, dim_c) -> logits (vocab,)."""
+        """Final RMSNorm and the tied head as a MeshGEMV: x (B, C, dim_c) -> logits (B, vocab)."""
         with self.ledger.op("head"):
             h = mesh_rmsnorm(self.cx, x, self.norm, self.cfg, self.algo, self.k)
-            part = np.matmul(h[:, None, :], self.table)[:, 0].reshape(self.cols, self.rows, -1)
-            self.ledger.compute(2 * self.voc_r * self.table.shape[1])
-            out = self.cx.allreduce(part, self.algo, self.k, collapse=True)  # (R, voc_r)
-        return self.vocab.join(out)
+            part = np.matmul(h.transpose(1, 0, 2), self.table)  # (C, B, R*voc_r)
+            self.ledger.compute(2 * x.shape[0] * self.voc_r * self.table.shape[1])
+            part = part.reshape(self.cols, x.shape[0], self.rows, -1)
+            out = self.cx.allreduce(part, self.algo, self.k, collapse=True)  # (B, R, voc_r)
+        return np.stack([self.vocab.join(o) for o in out])

@@ -29,12 +29,12 @@ def test_layers_on_cores_equal_the_reference(rows, cols, algo):
     cache = ref.new_cache()
     for pos, tok in enumerate([5, 17, 100, 3, 9, 200, 7, 8]):
         want = ref.step(tok, pos, cache)
-        x = embed.lookup(tok)
-        np.testing.assert_array_equal(chunks.join(x), W.embed[tok])
+        x = embed.lookup(np.array([tok]))
+        np.testing.assert_array_equal(chunks.join(x)[0], W.embed[tok])
         for shard in shards:
-            x = shard.forward(x, 1, pos)
+            x = shard.forward(x, np.array([1]), np.array([pos]))
             assert x.dtype == np.float32
-        got = embed.logits(x)
+        got = embed.logits(x)[0]
         assert got.dtype == np.float32
         np.testing.assert_allclose(got, want, atol=1e-4, rtol=1e-4)
     assert ledger.by_op["layer"].flops > 0 and (ledger.by_op["layer"].hops > 0) == (region.size > 1)
@@ -43,16 +43,16 @@ def test_layers_on_cores_equal_the_reference(rows, cols, algo):
 def test_kv_cache_stays_balanced_by_shifting():
     region = Region(0, 0, 5, 2)
     shard = LayerShard(CFG, region, pack_layer(CFG, W.layers[0], region), 1, 23, Ledger(TINY))
-    x = np.zeros((5, shard.w["attn_norm"].shape[1]), np.float32)
+    x = np.zeros((1, 5, shard.w["attn_norm"].shape[1]), np.float32)
     for pos in range(23):
-        shard.forward(x, 0, pos)
+        shard.forward(x, np.array([0]), np.array([pos]))
         held = shard.held(0)
         assert held.sum() == pos + 1
         assert held.max() - held.min() <= 1 and np.all(np.diff(held) <= 0)
     assert sorted(shard.pos[0][shard.pos[0] >= 0].tolist()) == list(range(23))
     with pytest.raises(KVCapacityError, match="full"):
         for pos in range(23, 30):
-            shard.forward(x, 0, pos)
+            shard.forward(x, np.array([0]), np.array([pos]))
 
 
 MESHES = {
@@ -84,6 +84,18 @@ def test_request_beyond_kv_capacity_is_refused_before_it_starts():
     out, _ = LocalDecoder(CFG, W, placement).generate(requests, Sampler())
     assert out[0].finish.startswith("refused") and "KV positions" in out[0].finish and not out[0].tokens
     assert out[1].finish == "length" and len(out[1].tokens) == 5
+
+
+def test_a_batch_of_prompt_tokens_equals_one_token_at_a_time():
+    """Prefill: several positions of one request (and other requests) in one batch, causal attention."""
+    region = Region(0, 0, 3, 2)
+    shards = [LayerShard(CFG, region, pack_layer(CFG, W.layers[0], region), 3, 16, Ledger(TINY)) for _ in "ab"]
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal((5, 3, shards[0].w["attn_norm"].shape[1])).astype(np.float32)
+    slots, poss = np.array([0, 0, 0, 2, 2]), np.array([0, 1, 2, 0, 1])
+    together = shards[0].forward(x, slots, poss)
+    one_by_one = np.concatenate([shards[1].forward(x[b:b + 1], slots[b:b + 1], poss[b:b + 1]) for b in range(5)])
+    np.testing.assert_allclose(together, one_by_one, atol=1e-5)
 
 
 def test_region_across_tiles_is_refused_with_advice():

@@ -1,0 +1,237 @@
+"""`waferrt plan`: show where a model sits on the emulated wafer, and how it re-plans around dead cores.
+
+Contract: ``add_parser(subparsers)`` registers the ``plan`` subcommand (``set_defaults(func=run)``);
+``run(args) -> int`` prints the placement (text, or ``--json``), draws it with ``--png``, and with
+``--dead N`` kills N random live cores, re-plans and prints both. Exit status: 0 done, 1 the re-plan
+failed (the reason is printed), 2 the model does not fit or an argument is wrong (the message says what
+would work). ``--model smollm2`` uses the built-in SmolLM2-135M config; ``--model PATH`` reads only a
+GGUF's metadata (``config_from_gguf_metadata``), never its weights.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import random
+import sys
+from pathlib import Path
+
+import numpy as np
+
+from waferrt.mesh import Coord, MeshSpec, Region
+from waferrt.model.config import SMOLLM2_135M, LlamaConfig
+from waferrt.scheduler import (
+    KVReserve,
+    NodeInfo,
+    Placement,
+    PlanError,
+    Replan,
+    default_mesh,
+    draw_png,
+    plan,
+    replan,
+)
+from waferrt.spec import PRESETS, spec_by_name
+
+EPILOG = """examples:
+  waferrt plan                          SmolLM2-135M on the default mesh (wse2, KV 512 tokens x 8 requests)
+  waferrt plan --mesh 256x192 --tile 64x64 --nodes 2
+  waferrt plan --dead 10 --png plan.png  kill 10 random cores, re-plan, draw both (+ plan-replan.png)
+  waferrt plan --model path/to/model.gguf --spec wse3 --json > plan.json
+  waferrt plan --kv-tokens 2048 --requests 2 --dtype float16
+
+Without --mesh the default mesh is used: the smallest 2x2 tiles that hold every region inside one tile
+with spare layer slots for repair. Regions are rectangles of cores; [x0:x1)x[y0:y1) are core columns
+and rows. Hops count the links a hand-over crosses between the nearest cores of two regions.
+"""
+
+
+def _pair(text: str) -> tuple[int, int]:
+    try:
+        w, h = (int(v) for v in text.lower().split("x"))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected WIDTHxHEIGHT in cores, like 128x96: {text!r}") from None
+    if w < 1 or h < 1:
+        raise argparse.ArgumentTypeError(f"both sides must be at least 1 core, got {text!r}")
+    return w, h
+
+
+def add_parser(subparsers) -> argparse.ArgumentParser:
+    p = subparsers.add_parser(
+        "plan", help="place a model on the emulated wafer and print (or draw) the placement",
+        description="Place a Llama model on the emulated wafer: layer -> region of cores, SRAM per core, "
+                    "hops between consecutive layers, KV capacity, tile borders crossing Ray nodes, and "
+                    "the modelled decode speed.",
+        epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--model", default="smollm2",
+                   help="'smollm2' (SmolLM2-135M, built in) or the path of a llama GGUF (metadata only)")
+    p.add_argument("--mesh", type=_pair, metavar="WxH", help="mesh size in cores (default: the default mesh)")
+    p.add_argument("--tile", type=_pair, metavar="TWxTH",
+                   help="cores per tile (one Ray actor each); needs --mesh; default: 2x2 tiles")
+    p.add_argument("--nodes", type=int, default=1, help="Ray nodes to spread the tiles over (default 1)")
+    p.add_argument("--cpus", type=int, default=2, help="CPUs per Ray node (default 2)")
+    p.add_argument("--spec", default="wse2", choices=sorted(PRESETS), help="hardware preset (default wse2)")
+    p.add_argument("--kv-tokens", type=int, default=512, help="KV positions to reserve per request (512)")
+    p.add_argument("--requests", type=int, default=8, help="requests in flight to reserve KV for (8)")
+    p.add_argument("--dtype", default="float32", help="storage dtype of weights and KV (float32)")
+    p.add_argument("--dead", type=int, default=0, metavar="N", help="kill N random live cores and re-plan")
+    p.add_argument("--seed", type=int, default=0, help="seed of the random dead cores (0)")
+    p.add_argument("--png", metavar="PATH", help="draw the placement (and the re-plan) as PNG")
+    p.add_argument("--json", action="store_true", help="print the placement and report as JSON")
+    p.set_defaults(func=run)
+    return p
+
+
+def config_from_gguf_metadata(path: str | Path) -> LlamaConfig:
+    """A LlamaConfig from a llama GGUF's metadata (tensors are not read)."""
+    import gguf
+
+    reader = gguf.GGUFReader(path)
+
+    def get(key: str, default=None):
+        field = reader.get_field(key)
+        if field is None and default is None:
+            raise ValueError(f"{path} lacks the GGUF metadata key {key!r}; is it a complete llama GGUF?")
+        return default if field is None else field.contents()
+
+    if get("general.architecture") != "llama":
+        arch = get("general.architecture")
+        raise ValueError(f"{path} is a {arch!r} model; only llama GGUFs can be planned")
+    heads = int(get("llama.attention.head_count"))
+    return LlamaConfig(
+        vocab_size=len(reader.get_field("tokenizer.ggml.tokens").data) if reader.get_field(
+            "tokenizer.ggml.tokens") else int(get("llama.vocab_size")),
+        dim=int(get("llama.embedding_length")), n_layers=int(get("llama.block_count")), n_heads=heads,
+        n_kv_heads=int(get("llama.attention.head_count_kv", heads)),
+        hidden_dim=int(get("llama.feed_forward_length")),
+        rope_theta=_f32(get("llama.rope.freq_base", 10000.0)),
+        norm_eps=_f32(get("llama.attention.layer_norm_rms_epsilon", 1e-5)),
+        max_seq_len=int(get("llama.context_length", 2048)),
+        tie_embeddings=all(t.name != "output.weight" for t in reader.tensors),
+    )
+
+
+def _f32(value) -> float:
+    """A float32 metadata value as the shortest decimal of the same float32 (1e-5, not 9.9999997e-06)."""
+    return float(str(np.float32(value)))
+
+
+def _model(name: str) -> tuple[LlamaConfig, str]:
+    if name == "smollm2":
+        return SMOLLM2_135M, "SmolLM2-135M"
+    if not Path(name).is_file():
+        raise ValueError(f"--model {name!r} is neither 'smollm2' nor an existing GGUF file")
+    return config_from_gguf_metadata(name), Path(name).name
+
+
+def _mesh(args, cfg: LlamaConfig, spec, kv: KVReserve) -> MeshSpec:
+    if args.mesh is None:
+        if args.tile is not None:
+            raise ValueError("--tile needs --mesh (without --mesh the default mesh picks its own tiles)")
+        return default_mesh(cfg, spec, kv, dtype=args.dtype)
+    w, h = args.mesh
+    tw, th = args.tile or (-(-w // 2), -(-h // 2))
+    return MeshSpec(w, h, tw, th)
+
+
+def _kill(p: Placement, n: int, seed: int) -> frozenset[Coord]:
+    m = p.mesh
+    if n > m.width * m.height - len(m.dead):
+        raise ValueError(f"--dead {n} is more than the {m.width * m.height - len(m.dead)} live cores")
+    rng = random.Random(seed)
+    live = (i for i in rng.sample(range(m.width * m.height), m.width * m.height)
+            if Coord(i % m.width, i // m.width) not in m.dead)
+    return frozenset(Coord(i % m.width, i // m.width) for _, i in zip(range(n), live, strict=False))
+
+
+def _where(p: Placement, r: Region) -> tuple[str, str]:
+    tiles = p.mesh.tiles_of(r)
+    if len(tiles) == 1:
+        return str(tiles[0]), p.node_of(tiles[0])
+    return f"{len(tiles)} tiles from {tiles[0]}", ",".join(sorted({p.node_of(t) for t in tiles}))
+
+
+def _table(p: Placement) -> str:
+    rep = p.report()
+    rows = [f"{'region':9} {'cores':19} {'tile':14} {'node':8} {'KB/core':>8} {'hops->next':>10}"]
+    names = p.regions()
+    for k, (name, r) in enumerate(names):
+        tile, node = _where(p, r)
+        kb = (rep.embed_core_bytes if name == "embed" else rep.layer_core_bytes[k - 1]) / 1024
+        hop = rep.embed_hops[0] if k == 0 else (rep.hops[k - 1] if k < len(names) - 1 else rep.embed_hops[1])
+        rows.append(f"{name:9} {str(r):19} {tile:14} {node:8} {kb:8.1f} {hop:10}")
+    return "\n".join(rows)
+
+
+def _describe(p: Placement, model: str) -> str:
+    c, s = p.config, p.spec
+    nodes = ", ".join(f"{n.name} ({n.cpus} CPUs, {sum(1 for _, o in p.tile_nodes if o == n.name)} tiles)"
+                      for n in p.nodes)
+    return "\n".join([
+        f"{model}: {c.n_layers} layers, dim {c.dim}, heads {c.n_heads}/{c.n_kv_heads}, hidden "
+        f"{c.hidden_dim}, vocab {c.vocab_size}; spec {s.name} ({s.sram_bytes // 1024} KB/core), {p.dtype}",
+        f"mesh {p.mesh}; Ray nodes: {nodes}", p.report().text(), "", _table(p)])
+
+
+def _replan_text(rp: Replan, dead: frozenset[Coord]) -> str:
+    lines = [f"re-plan around {len(dead)} dead cores: {rp.mode}; broken: {', '.join(rp.broken) or 'nothing'};"
+             f" moved: {', '.join(rp.moved) or 'nothing'}"]
+    by_region: dict[str, list] = {}
+    for m in rp.moves:
+        by_region.setdefault("embed" if m.layer is None else f"layer {m.layer}", []).append(m)
+    for name, ms in by_region.items():
+        kv = sum(m.nbytes for m in ms if m.tensor == "kv")
+        lines.append(f"  {name:9} {ms[0].src} -> {ms[0].dst}: {sum(m.nbytes for m in ms) - kv:,} weight bytes"
+                     + (f" + {kv:,} KV bytes" if kv else ""))
+    return "\n".join(lines + [rp.placement.report().text()])
+
+
+def _replan_json(dead: frozenset[Coord], rp: Replan | None, why: str) -> dict:
+    out: dict = {"dead": [[c.x, c.y] for c in sorted(dead)]}
+    if rp is None:
+        return {**out, "error": why}
+    moves = [{"tensor": m.tensor, "layer": m.layer, "src": [m.src.x0, m.src.y0, m.src.w, m.src.h],
+              "dst": [m.dst.x0, m.dst.y0, m.dst.w, m.dst.h], "nbytes": m.nbytes} for m in rp.moves]
+    return {**out, "mode": rp.mode, "broken": list(rp.broken), "moves": moves,
+            "placement": rp.placement.to_json(), "report": rp.placement.report().to_json()}
+
+
+def _setup(args) -> tuple[Placement, str, frozenset[Coord]]:
+    cfg, model = _model(args.model)
+    spec = spec_by_name(args.spec)
+    kv = KVReserve(args.kv_tokens, args.requests)
+    names = [f"node{i}" for i in range(args.nodes)] if args.nodes > 1 else ["local"]
+    nodes = tuple(NodeInfo(name, args.cpus) for name in names)
+    p = plan(cfg, spec, _mesh(args, cfg, spec, kv), kv=kv, nodes=nodes, dtype=args.dtype)
+    return p, model, _kill(p, args.dead, args.seed) if args.dead else frozenset()
+
+
+def run(args) -> int:
+    try:
+        p, model, dead = _setup(args)
+    except ValueError as e:  # PlanError included
+        print(f"waferrt plan: {e}", file=sys.stderr)
+        return 2
+    rp, why = None, ""
+    if dead:
+        try:
+            rp = replan(p, dead)
+        except PlanError as e:
+            why = str(e)
+    if args.json:
+        doc = {"placement": p.to_json(), "report": p.report().to_json()}
+        if dead:
+            doc["replan"] = _replan_json(dead, rp, why)
+        print(json.dumps(doc, indent=1))
+    else:
+        print(_describe(p, model))
+        if dead:
+            print("\n" + (_replan_text(rp, dead) if rp else f"re-plan around {len(dead)} dead cores FAILED: "
+                          f"{why}"))
+    if args.png:
+        paths = [draw_png(p, args.png)]
+        if rp is not None:
+            png = Path(args.png)
+            paths.append(draw_png(rp.placement, png.with_name(png.stem + "-replan" + png.suffix), rp.moves))
+        print("drew " + ", ".join(map(str, paths)), file=sys.stderr if args.json else sys.stdout)
+    return 1 if why else 0
