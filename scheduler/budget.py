@@ -1,0 +1,161 @@
+"""SRAM budgets for planning: which layer region shapes fit, what each core holds, how many KV tokens fit.
+
+Contract: pure functions over (LlamaConfig, per-core SRAM, KV reserve, dtype). Sizes come only from
+:mod:`waferrt.decode_layout` (what is planned is what the decode places); a region shape whose layouts
+cannot be split (``Layout`` raises ``ValueError``) counts as "does not fit".
+
+- ``layer_shapes``: for every legal row count, the narrowest layer region that fits, best first
+  (fewest cores, then wide rather than tall).
+- ``layer_core_grid`` / ``embed_core_grid``: bytes on every core of a region, as a (rows, cols) array
+  whose maximum equals ``layer_core_bytes`` / ``embed_core_bytes``.
+- ``kv_capacity``: the most KV positions per request a layer region holds (at least the reserve).
+- ``embed_rows_needed`` / ``embed_cols_needed``: the smallest embedding region side for the other one.
+"""
+
+from __future__ import annotations
+
+from functools import lru_cache
+
+import numpy as np
+
+from waferrt import decode_layout as dl
+from waferrt.layout import Layout
+from waferrt.mesh import Region
+from waferrt.model.config import LlamaConfig
+
+
+def layer_bytes(cfg: LlamaConfig, w: int, h: int, tokens: int, requests: int, dtype: str) -> int | None:
+    """Bytes of the most loaded core of a w x h layer region, or None when the shape cannot be split."""
+    try:
+        return dl.layer_core_bytes(cfg, Region(0, 0, w, h), tokens, requests, dtype)
+    except ValueError:
+        return None
+
+
+def embed_bytes(cfg: LlamaConfig, w: int, h: int, dtype: str) -> int | None:
+    """Bytes of the most loaded core of a w x h embedding region, or None when it cannot be split."""
+    try:
+        return dl.embed_core_bytes(cfg, Region(0, 0, w, h), dtype)
+    except ValueError:
+        return None
+
+
+def _fits(nbytes: int | None, sram: int) -> bool:
+    return nbytes is not None and nbytes <= sram
+
+
+def _first_true(lo: int, hi: int, pred) -> int | None:
+    """Smallest v in [lo, hi] with pred(v), for a pred that is monotone (False...False True...True)."""
+    if lo > hi or not pred(hi):
+        return None
+    while lo < hi:
+        mid = (lo + hi) // 2
+        if pred(mid):
+            hi = mid
+        else:
+            lo = mid + 1
+    return lo
+
+
+@lru_cache(maxsize=256)
+def layer_shapes(cfg: LlamaConfig, sram: int, tokens: int, requests: int, dtype: str,
+                 max_w: int, max_h: int) -> tuple[tuple[int, int], ...]:
+    """(w, h) of the narrowest fitting layer region for each row count h, best first.
+
+    Columns are at most dim and at most `tokens` (KV positions are split over columns); rows at most
+    ``max_layer_rows(cfg)``. More columns only lower the per-core bytes, so the narrowest is the one
+    that packs best.
+    """
+    shapes = []
+    for h in range(1, min(dl.max_layer_rows(cfg), max_h) + 1):
+        w = _first_true(1, min(cfg.dim, tokens, max_w),
+                        lambda w, h=h: _fits(layer_bytes(cfg, w, h, tokens, requests, dtype), sram))
+        if w is not None:
+            shapes.append((w, h))
+    return tuple(sorted(shapes, key=lambda s: (s[0] * s[1], s[0] < s[1], s[1])))
+
+
+def smallest_layer_bytes(cfg: LlamaConfig, tokens: int, requests: int, dtype: str) -> tuple[int, Region]:
+    """The least per-core bytes any legal layer region reaches (the widest, tallest one), and that region.
+    That region is always splittable: its rows are at most head_dim/2 <= hidden_dim and its columns at
+    most dim and tokens."""
+    region = Region(0, 0, min(cfg.dim, tokens), dl.max_layer_rows(cfg))
+    return dl.layer_core_bytes(cfg, region, tokens, requests, dtype), region
+
+
+@lru_cache(maxsize=4096)
+def embed_rows_needed(cfg: LlamaConfig, sram: int, w: int, dtype: str) -> int | None:
+    """Fewest rows of a w-column embedding region that fit in SRAM (None: not even one row per token)."""
+    return _first_true(1, cfg.vocab_size, lambda h: _fits(embed_bytes(cfg, w, h, dtype), sram))
+
+
+@lru_cache(maxsize=4096)
+def embed_cols_needed(cfg: LlamaConfig, sram: int, h: int, dtype: str) -> int | None:
+    """Fewest columns of an h-row embedding region that fit in SRAM (None: not even one per dim)."""
+    return _first_true(1, cfg.dim, lambda w: _fits(embed_bytes(cfg, w, h, dtype), sram))
+
+
+def embed_min_cores(cfg: LlamaConfig, sram: int, dtype: str) -> int:
+    """A lower bound of the cores any embedding region needs: its table spread over full cores."""
+    return -(-cfg.vocab_size * cfg.dim * dl.dtype_itemsize(dtype) // sram)
+
+
+def _grid(lay: Layout) -> np.ndarray:
+    """Bytes of `lay`'s block on every core of its region, as a (rows, cols) array."""
+    rows, cols = lay.region.h, lay.region.w
+    per_col, per_row, rest = np.ones(cols, np.int64), np.ones(rows, np.int64), 1
+    for axis, split in enumerate(lay.split):
+        sizes = np.diff(lay.bounds(axis))
+        if split == "x":
+            per_col = per_col * sizes
+        elif split == "y":
+            per_row = per_row * sizes
+        else:
+            rest *= int(sizes[0])
+    return np.outer(per_row, per_col) * rest * lay.itemsize
+
+
+def layer_core_grid(cfg: LlamaConfig, region: Region, tokens: int, requests: int, dtype: str) -> np.ndarray:
+    """Bytes on every core of a layer region: its weight blocks, the KV reserve and the scratch bound."""
+    grid = sum(_grid(lay) for lay in dl.layer_layouts(cfg, region, dtype).values())
+    grid = grid + 2 * requests * _grid(dl.kv_layout(cfg, region, tokens, dtype))
+    return grid + dl.activation_bytes(cfg, region, tokens)
+
+
+def embed_core_grid(cfg: LlamaConfig, region: Region, dtype: str) -> np.ndarray:
+    """Bytes on every core of the embedding region: table block, final norm, logits and receive buffers."""
+    table, norm = dl.embed_layout(cfg, region, dtype), dl.final_norm_layout(cfg, region, dtype)
+    grid = _grid(table) + _grid(norm)
+    scratch = dl.embed_core_bytes(cfg, region, dtype) - table.max_block_bytes() - norm.max_block_bytes()
+    return grid + scratch
+
+
+def kv_capacity(cfg: LlamaConfig, region: Region, sram: int, tokens: int, requests: int, dtype: str) -> int:
+    """Most KV positions per request (>= tokens, <= max(tokens, max_seq_len)) the layer region holds."""
+    top = max(tokens, cfg.max_seq_len)
+    best = _first_true(tokens, top, lambda t: not _fits(
+        layer_bytes(cfg, region.w, region.h, t, requests, dtype), sram))
+    return top if best is None else max(tokens, best - 1)
+
+
+def tensor_bytes(cfg: LlamaConfig, dtype: str) -> dict[str, int]:
+    """Whole-tensor bytes of one layer's weights (by LAYER_WEIGHTS name), plus 'embed' and 'final_norm'."""
+    unit = Region(0, 0, 1, 1)
+    layouts = dl.layer_layouts(cfg, unit, dtype)
+    out = {name: int(np.prod(lay.shape)) * lay.itemsize for name, lay in layouts.items()}
+    out["embed"] = cfg.vocab_size * cfg.dim * dl.dtype_itemsize(dtype)
+    out["final_norm"] = cfg.dim * dl.dtype_itemsize(dtype)
+    return out
+
+
+def kv_bytes(cfg: LlamaConfig, tokens: int, requests: int, dtype: str) -> int:
+    """K and V of one layer for `requests` requests of `tokens` positions."""
+    return 2 * requests * cfg.kv_dim * tokens * dl.dtype_itemsize(dtype)
+
+
+def model_bytes(cfg: LlamaConfig, tokens: int, requests: int, dtype: str) -> tuple[int, int]:
+    """(weight bytes, KV reserve bytes) of the whole model: the least SRAM a placement needs."""
+    tb = tensor_bytes(cfg, dtype)
+    layer = sum(v for k, v in tb.items() if k not in ("embed", "final_norm"))
+    weights = cfg.n_layers * layer + tb["embed"] + tb["final_norm"]
+    return weights, cfg.n_layers * kv_bytes(cfg, tokens, requests, dtype)

@@ -1,0 +1,231 @@
+"""Planar geometry of a plan: free rectangles, serpentine packing of equal regions, chain order, Ray nodes.
+
+Contract: pure functions over mesh coordinates (no model knowledge, no Ray).
+
+- :class:`Obstacles`: cores a new region may not use (dead or taken) and dead links; ``free_map(w, h)``
+  says, for every top-left corner, whether a w x h rectangle there avoids them all (a region may not
+  contain a dead core, nor both ends of a dead link).
+- ``blocks``: the mesh cut into packing blocks (a tile, or the fewest tiles that hold one region),
+  listed in a serpentine so that consecutive blocks share a border.
+- ``pack``: regions of one shape laid greedily in shelves inside a block (sliding past blocked cores),
+  the shelves walked as a serpentine (8 patterns: shelves as rows or columns, taken from either end of
+  the block, the first walked either way), so that consecutive regions touch.
+- ``chain``: picks one pattern per block (dynamic programming over blocks) so that the chain of regions
+  is as long as possible and its hand-overs (from a start region and back to it) cross the fewest hops.
+- ``assign_nodes``: contiguous runs of tiles per Ray node, proportional to CPUs.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Sequence
+from itertools import pairwise
+
+import numpy as np
+
+from waferrt.cost import region_distance
+from waferrt.mesh import Coord, MeshSpec, Region, TileId
+
+Link = tuple[Coord, Coord]
+PATTERNS = tuple((orient, from_start, forward) for orient in ("rows", "cols")
+                 for from_start in (True, False) for forward in (True, False))
+
+
+def check_links(mesh: MeshSpec, links: Iterable[Link]) -> None:
+    """Raise ValueError unless every dead link joins two neighbouring cores of the mesh."""
+    for a, b in links:
+        if not (mesh.region.contains(a) and mesh.region.contains(b)) or a.hops_to(b) != 1:
+            raise ValueError(
+                f"dead link {a}-{b} is not a link of the {mesh.width}x{mesh.height} mesh: a link joins two "
+                "cores inside the mesh that are one hop apart (N/E/S/W neighbours)"
+            )
+
+
+def link_inside(region: Region, link: Link) -> bool:
+    return region.contains(link[0]) and region.contains(link[1])
+
+
+def cores_in(cores: frozenset[Coord], regions: list[Region]) -> frozenset[Coord]:
+    """The cores that lie in some region (vectorised: spare sets hold thousands of cores)."""
+    if not cores:
+        return frozenset()
+    listed = list(cores)
+    xs, ys = np.array([c.x for c in listed]), np.array([c.y for c in listed])
+    inside = np.zeros(len(listed), bool)
+    for r in regions:
+        inside |= (xs >= r.x0) & (xs < r.x1) & (ys >= r.y0) & (ys < r.y1)
+    return frozenset(c for c, hit in zip(listed, inside.tolist(), strict=True) if hit)
+
+
+def _window_sums(a: np.ndarray, h: int, w: int, out_shape: tuple[int, int]) -> np.ndarray:
+    """Sum of every h x w window of `a` whose top-left corner is in range(out_shape)."""
+    n, m = out_shape
+    p = np.zeros((a.shape[0] + 1, a.shape[1] + 1), np.int64)
+    p[1:, 1:] = a.cumsum(0).cumsum(1)
+    return p[h:h + n, w:w + m] - p[:n, w:w + m] - p[h:h + n, :m] + p[:n, :m]
+
+
+class Obstacles:
+    """Blocked cores and dead links of a mesh, with whole-mesh rectangle queries."""
+
+    def __init__(self, width: int, height: int, cores: Iterable[Coord] = (), links: Iterable[Link] = ()):
+        self.width, self.height = width, height
+        self.blocked = np.zeros((height, width), bool)
+        for c in cores:
+            self.blocked[c.y, c.x] = True
+        self.links = tuple(links)
+        self._h = np.zeros((height, width - 1), np.int64)  # link (x,y)-(x+1,y) at [y, x]
+        self._v = np.zeros((height - 1, width), np.int64)  # link (x,y)-(x,y+1) at [y, x]
+        for a, b in self.links:
+            if a.y == b.y:
+                self._h[a.y, min(a.x, b.x)] = 1
+            else:
+                self._v[min(a.y, b.y), a.x] = 1
+
+    def with_regions(self, regions: Iterable[Region]) -> Obstacles:
+        """A copy in which the cores of `regions` are blocked too."""
+        out = Obstacles.__new__(Obstacles)
+        out.width, out.height, out.links = self.width, self.height, self.links
+        out._h, out._v = self._h, self._v
+        out.blocked = self.blocked.copy()
+        for r in regions:
+            out.blocked[r.y0:r.y1, r.x0:r.x1] = True
+        return out
+
+    def free_map(self, w: int, h: int) -> np.ndarray:
+        """bool[y, x]: the w x h rectangle with top-left core (x, y) holds no blocked core nor dead link."""
+        shape = (self.height - h + 1, self.width - w + 1)
+        if shape[0] < 1 or shape[1] < 1:
+            return np.zeros((0, 0), bool)
+        bad = _window_sums(self.blocked.astype(np.int64), h, w, shape)
+        bad = bad + _window_sums(self._h, h, w - 1, shape) + _window_sums(self._v, h - 1, w, shape)
+        return bad == 0
+
+
+def tiles_spanned(mesh: MeshSpec, r: Region) -> int:
+    cols = (r.x1 - 1) // mesh.tile_w - r.x0 // mesh.tile_w + 1
+    return cols * ((r.y1 - 1) // mesh.tile_h - r.y0 // mesh.tile_h + 1)
+
+
+def serpentine(nx: int, ny: int, by_rows: bool) -> list[tuple[int, int]]:
+    """Cells of an nx x ny grid in boustrophedon order (row by row, or column by column)."""
+    if by_rows:
+        return [(i if j % 2 == 0 else nx - 1 - i, j) for j in range(ny) for i in range(nx)]
+    return [(i, j if i % 2 == 0 else ny - 1 - j) for i in range(nx) for j in range(ny)]
+
+
+def blocks(mesh: MeshSpec, w: int, h: int, by_rows: bool) -> list[Region]:
+    """Packing blocks for w x h regions in serpentine order: single tiles when a region fits in a tile,
+    else the fewest tiles (bx x by) that hold one."""
+    bx, by = -(-w // mesh.tile_w), -(-h // mesh.tile_h)
+    nx, ny = -(-mesh.tiles_x // bx), -(-mesh.tiles_y // by)
+    out = []
+    for i, j in serpentine(nx, ny, by_rows):
+        x0, y0 = i * bx * mesh.tile_w, j * by * mesh.tile_h
+        w, h = min(bx * mesh.tile_w, mesh.width - x0), min(by * mesh.tile_h, mesh.height - y0)
+        out.append(Region(x0, y0, w, h))
+    return out
+
+
+def _take(cands: np.ndarray, length: int, forward: bool) -> list[int]:
+    """Greedy non-overlapping starts from sorted candidate starts; a backward shelf walks the same
+    starts in reverse, so that consecutive shelves line up and their ends touch."""
+    out: list[int] = []
+    nxt = -1
+    for c in cands.tolist():
+        if c >= nxt:
+            out.append(c)
+            nxt = c + length
+    return out if forward else out[::-1]
+
+
+def pack(free: np.ndarray, block: Region, w: int, h: int, pattern: tuple[str, bool, bool]) -> list[Region]:
+    """w x h regions at free positions inside `block`, in shelves walked as a serpentine (see PATTERNS)."""
+    orient, from_start, forward = pattern
+    if orient == "rows":
+        (l0, l1, step), (p0, p1, length), fmap = (block.y0, block.y1, h), (block.x0, block.x1, w), free
+    else:
+        (l0, l1, step), (p0, p1, length), fmap = (block.x0, block.x1, w), (block.y0, block.y1, h), free.T
+    n = (l1 - l0) // step
+    if n == 0 or p1 - p0 < length:
+        return []
+    starts = [l0 + k * step for k in range(n)] if from_start else [l1 - (k + 1) * step for k in range(n)]
+    out = []
+    for s in starts:
+        placed = _take(np.flatnonzero(fmap[s, p0:p1 - length + 1]) + p0, length, forward)
+        if placed:
+            out += [Region(p, s, w, h) if orient == "rows" else Region(s, p, w, h) for p in placed]
+            forward = not forward
+    return out
+
+
+def path_hops(regions: Sequence[Region]) -> int:
+    return sum(region_distance(a, b) for a, b in pairwise(regions))
+
+
+def chain(blocks_: Sequence[Region], packer: Callable[[Region], list[list[Region]]], start: Region | None,
+          need: int) -> tuple[list[Region], list[Region]]:
+    """Choose one packing per block: packer(block) lists the candidate sequences of a block.
+
+    Each block keeps only its longest sequences; blocks are used in order until `need` regions are
+    chained; among those, a dynamic program picks the sequences whose hand-overs (from `start`, between
+    consecutive regions, and from the last back to `start`: the head) cross the fewest hops.
+    Returns (chain[:need], up to `need` free slots that follow it)."""
+    kept: list[tuple[int, list[list[Region]]]] = []  # (regions this block adds, its longest sequences)
+    total, b = 0, 0
+    while b < len(blocks_) and total < need:
+        opts = packer(blocks_[b])
+        best = max((len(s) for s in opts), default=0)
+        if best:
+            longest = {tuple(s): s for s in opts if len(s) == best}
+            kept.append((min(best, need - total), list(longest.values())))
+            total += best
+        b += 1
+    prev: list[tuple[int, list[int], Region]] = []  # per sequence of the last block: (hops, choice path, end)
+    for k, (room, seqs) in enumerate(kept):
+        cur = []
+        for i, seq in enumerate(seqs):
+            part = seq[:room]
+            if prev:
+                hops, path = min((c + region_distance(end, part[0]), p) for c, p, end in prev)
+            else:
+                hops, path = _link(start, part[0]), []
+            closing = _link(start, part[-1]) if k == len(kept) - 1 else 0
+            cur.append((hops + path_hops(part) + closing, path + [i], part[-1]))
+        prev = cur
+    path = min(prev, key=lambda t: (t[0], t[1]))[1] if prev else []
+    full = [r for (_, seqs), i in zip(kept, path, strict=True) for r in seqs[i]]
+    spare = full[need:]
+    while b < len(blocks_) and len(spare) < need:
+        spare += max(packer(blocks_[b]), key=len, default=[])
+        b += 1
+    return full[:need], spare[:need]
+
+
+def _link(a: Region | None, b: Region) -> int:
+    return 0 if a is None else region_distance(a, b)
+
+
+def assign_nodes(mesh: MeshSpec, names: Sequence[str], cpus: Sequence[int]) -> tuple[tuple[TileId, str], ...]:
+    """Tiles to Ray nodes: the tile serpentine (by rows or by columns, whichever cuts fewer tile borders)
+    cut into contiguous runs, one per node, of sizes proportional to the nodes' CPUs."""
+    n = len(mesh.tiles())
+    quotas = [n * c / sum(cpus) for c in cpus]
+    sizes = [int(q) for q in quotas]
+    for i in sorted(range(len(cpus)), key=lambda i: (sizes[i] - quotas[i], i))[:n - sum(sizes)]:
+        sizes[i] += 1
+    owners = [name for name, k in zip(names, sizes, strict=True) for _ in range(k)]
+    best = None
+    for by_rows in (True, False):
+        order = serpentine(mesh.tiles_x, mesh.tiles_y, by_rows)
+        cand = tuple(sorted((TileId(i, j), owner) for (i, j), owner in zip(order, owners, strict=True)))
+        key = node_borders(mesh, cand)
+        if best is None or key < best[0]:
+            best = (key, cand)
+    return best[1]
+
+
+def node_borders(mesh: MeshSpec, tile_nodes: Iterable[tuple[TileId, str]]) -> int:
+    """How many borders between neighbouring tiles separate two different Ray nodes."""
+    node = dict(tile_nodes)
+    return sum(1 for t in node for nb in (TileId(t.tx + 1, t.ty), TileId(t.tx, t.ty + 1))
+               if nb in node and node[nb] != node[t])

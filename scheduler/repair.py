@@ -1,0 +1,198 @@
+"""Re-planning around newly dead cores and links, moving as little as possible.
+
+Contract: ``replan(placement, dead_cores, dead_links) -> Replan`` is pure. Regions that the failure does
+not touch stay where they are. A broken layer moves to a free rectangle of its (unchanged) shape, the
+free spare slots first, preferring one inside a tile and next to its neighbours in the chain. A broken
+embedding moves to a free rectangle of any shape that fits, or, when there is none, to the one that
+displaces the fewest layers (which then move to free space too). Only when that fails is the model
+planned afresh on the damaged mesh (``Replan.mode == "fresh"``), and only when that fails too does
+``replan`` raise :class:`PlanError`, saying why. ``Replan.moves`` lists exactly what moves: every weight
+tensor of a moved layer and its KV shards (tensor "kv"), or the "embed" table and "final_norm".
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+
+import numpy as np
+
+from waferrt import decode_layout as dl
+from waferrt.mesh import Coord, MeshSpec, Region
+
+from . import budget
+from .geometry import Obstacles, check_links, cores_in, link_inside
+from .placement import Placement, PlanError, plan
+
+
+@dataclass(frozen=True)
+class Move:
+    tensor: str  # a decode_layout.LAYER_WEIGHTS name, "kv", "embed" or "final_norm"
+    layer: int | None  # None for the embedding/head tensors
+    src: Region
+    dst: Region
+    nbytes: int  # the whole tensor (for "kv": K and V of every request, at the old capacity)
+
+
+@dataclass(frozen=True)
+class Replan:
+    placement: Placement
+    moves: tuple[Move, ...]
+    broken: tuple[str, ...]  # regions the failure hit: "embed", "layer 3", ...
+    mode: str  # "unchanged" (nothing hit), "local" (only broken/displaced regions moved) or "fresh"
+
+    @property
+    def moved(self) -> tuple[str, ...]:
+        """The regions that move, as "embed" / "layer i"."""
+        names = ["embed" if m.layer is None else f"layer {m.layer}" for m in self.moves]
+        return tuple(dict.fromkeys(names))
+
+
+def _hit(r: Region, dead: frozenset[Coord], links) -> bool:
+    return any(r.contains(c) for c in dead) or any(link_inside(r, link) for link in links)
+
+
+def _embed_shapes(p: Placement, mesh: MeshSpec) -> list[tuple[int, int]]:
+    """Embedding shapes worth trying: the old one and, for a spread of widths, the fewest rows that fit."""
+    cfg, top = p.config, min(p.config.dim, mesh.width)
+    widths = {p.embed.w, *np.unique(np.geomspace(1, top, 48).round().astype(int)).tolist()}
+    widths |= set(range(p.layers[0].w, top + 1, p.layers[0].w))
+    out = []
+    for we in sorted(widths):
+        he = budget.embed_rows_needed(cfg, p.spec.sram_bytes, we, p.dtype)
+        if he is not None and he <= mesh.height:
+            out.append((we, he))
+    return out
+
+
+def _displaced(w: int, h: int, shape: tuple[int, int], layers: dict[int, Region]) -> np.ndarray:
+    """[y, x]: how many of `layers` a w x h rectangle at (x, y) overlaps (shape = positions grid)."""
+    diff = np.zeros((shape[0] + 1, shape[1] + 1), np.int64)
+    for r in layers.values():
+        x0, y0 = max(0, r.x0 - w + 1), max(0, r.y0 - h + 1)
+        x1, y1 = min(shape[1], r.x1), min(shape[0], r.y1)
+        if x0 < x1 and y0 < y1:
+            diff[y0, x0] += 1
+            diff[y0, x1] -= 1
+            diff[y1, x0] -= 1
+            diff[y1, x1] += 1
+    return diff.cumsum(0).cumsum(1)[:shape[0], :shape[1]]
+
+
+def _pick(mesh: MeshSpec, free: np.ndarray, w: int, h: int, near: list[Region], old: Region,
+          first: np.ndarray | None = None) -> tuple[tuple[int, int, int, int], Region] | None:
+    """Best position among free[y, x]: fewest `first` (e.g. layers displaced), inside one tile, fewest
+    hops to `near`, then nearest `old`. Returns (its key, region) or None."""
+    ys, xs = np.nonzero(free)
+    if not len(xs):
+        return None
+    span = (xs + w - 1) // mesh.tile_w - xs // mesh.tile_w + (ys + h - 1) // mesh.tile_h - ys // mesh.tile_h
+    hops = np.zeros(len(xs), np.int64)
+    for r in near:
+        hops += np.maximum(0, np.maximum(r.x0 - (xs + w - 1), xs - (r.x1 - 1)))
+        hops += np.maximum(0, np.maximum(r.y0 - (ys + h - 1), ys - (r.y1 - 1)))
+    dist = np.abs(xs - old.x0) + np.abs(ys - old.y0)
+    lead = first[ys, xs] if first is not None else np.zeros(len(xs), np.int64)
+    i = np.lexsort((dist, hops, span > 0, lead))[0]
+    key = (int(lead[i]), int(span[i] > 0), int(hops[i]), int(dist[i]))
+    return key, Region(int(xs[i]), int(ys[i]), w, h)
+
+
+def _neighbours(i: int, layers: dict[int, Region], embed: Region | None, n: int) -> list[Region]:
+    out = [layers.get(i - 1) if i > 0 else embed, layers.get(i + 1) if i < n - 1 else embed]
+    return [r for r in out if r is not None]
+
+
+def _embed_positions(p: Placement, mesh: MeshSpec, base: Obstacles,
+                     layers: dict[int, Region]) -> list[Region]:
+    """Free embedding positions, best first: the best of each shape, ranked by layers displaced, then
+    inside one tile, hops to the ends of the chain, and cores."""
+    found = []
+    for we, he in _embed_shapes(p, mesh):
+        free = base.free_map(we, he)
+        got = _pick(mesh, free, we, he, [p.layers[0], p.layers[-1]], p.embed,
+                    _displaced(we, he, free.shape, layers)) if free.size else None
+        if got:
+            found.append((got[0][:3], we * he, got[0][3], got[1]))
+    return [r for *_, r in sorted(found, key=lambda t: t[:3])]
+
+
+def _place_layers(p: Placement, mesh: MeshSpec, base: Obstacles, embed: Region, layers: dict[int, Region],
+                  todo: list[int]) -> dict[int, Region] | None:
+    """Free w x h rectangles for the layers in `todo` (spare slots first), or None when one has none."""
+    n, (w, h), layers = len(p.layers), (p.layers[0].w, p.layers[0].h), dict(layers)
+    spare = np.zeros((mesh.height, mesh.width), np.int64)
+    for c in p.spare - mesh.dead:
+        spare[c.y, c.x] = 1
+    for i in sorted(todo):
+        free = base.with_regions([embed, *layers.values()]).free_map(w, h)
+        if not free.size:
+            return None
+        outside = 1 - np.lib.stride_tricks.sliding_window_view(spare, (h, w)).min(axis=(2, 3))
+        got = _pick(mesh, free, w, h, _neighbours(i, layers, embed, n), p.layers[i], outside)
+        if got is None:
+            return None
+        layers[i] = got[1]
+    return layers
+
+
+def _repair(p: Placement, mesh: MeshSpec, links: frozenset,
+            broken: list[str]) -> tuple[Region, dict[int, Region]] | None:
+    """New embed region and layer regions, moving only broken (and displaced) regions; None: no room.
+    A broken embedding tries its new positions, best first, until the layers it displaces find room."""
+    healthy = {i: r for i, r in enumerate(p.layers) if f"layer {i}" not in broken}
+    todo = [i for i in range(len(p.layers)) if i not in healthy]
+    base = Obstacles(mesh.width, mesh.height, mesh.dead, links)
+    embeds = _embed_positions(p, mesh, base, healthy) if "embed" in broken else [p.embed]
+    for embed in embeds:
+        kept = {i: r for i, r in healthy.items() if r.intersect(embed) is None}
+        layers = _place_layers(p, mesh, base, embed, kept, todo + [i for i in healthy if i not in kept])
+        if layers is not None:
+            return embed, layers
+    return None
+
+
+def _moves(old: Placement, new: Placement) -> tuple[Move, ...]:
+    sizes = budget.tensor_bytes(old.config, old.dtype)
+    kv = budget.kv_bytes(old.config, old.kv_tokens, old.kv.requests, old.dtype)
+    out = []
+    if new.embed != old.embed:
+        out += [Move(t, None, old.embed, new.embed, sizes[t]) for t in ("embed", "final_norm")]
+    for i, (a, b) in enumerate(zip(old.layers, new.layers, strict=True)):
+        if a != b:
+            out += [Move(t, i, a, b, sizes[t]) for t in dl.LAYER_WEIGHTS] + [Move("kv", i, a, b, kv)]
+    return tuple(out)
+
+
+def replan(placement: Placement, dead_cores: frozenset[Coord] = frozenset(),
+           dead_links: frozenset[tuple[Coord, Coord]] = frozenset()) -> Replan:
+    """A placement that avoids the newly dead cores and links, and the moves that get there."""
+    p = placement
+    try:
+        mesh = p.mesh.with_dead(dead_cores)
+        links = p.dead_links | frozenset(dead_links)
+        check_links(mesh, links)
+    except ValueError as e:
+        raise PlanError(f"cannot re-plan: {e}") from None
+    broken = [name for name, r in p.regions() if _hit(r, mesh.dead, links)]
+    spare = frozenset(p.spare - mesh.dead)
+    if not broken:
+        new = dataclasses.replace(p, mesh=mesh, dead_links=links, spare=spare)
+        return Replan(new, (), (), "unchanged")
+    fixed = _repair(p, mesh, links, broken)
+    if fixed is not None:
+        embed, layers = fixed
+        regions = (embed, *layers.values())
+        spare = spare - cores_in(spare, list(regions))
+        new = dataclasses.replace(p, mesh=mesh, dead_links=links, embed=embed, spare=spare,
+                                  layers=tuple(layers[i] for i in range(len(p.layers))))
+        bad = new.violations()
+        if bad:
+            raise PlanError("the local repair broke a rule (a bug in waferrt.scheduler): " + "; ".join(bad))
+        return Replan(new, _moves(p, new), tuple(broken), "local")
+    try:
+        new = plan(p.config, p.spec, mesh, kv=p.kv, nodes=p.nodes, dtype=p.dtype, dead_links=links)
+    except PlanError as e:
+        raise PlanError(f"cannot re-plan: the failure breaks {', '.join(broken)}; there is no free room to "
+                        f"move them and no fresh plan fits the damaged mesh either: {e}") from None
+    return Replan(new, _moves(p, new), tuple(broken), "fresh")

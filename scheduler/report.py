@@ -1,0 +1,130 @@
+"""What a Placement achieves, as numbers: SRAM per core, hops, tile and node crossings, modelled speed.
+
+Contract: ``build_report(placement) -> PlanReport`` is pure. :class:`PlanReport` is frozen and holds
+only plain values. SRAM figures are per core over the cores that regions use, at the placement's KV
+capacity (``placement.kv_tokens`` positions for each of ``kv.requests`` requests). The modelled step
+is one token through the whole chain: embedding row -> layer 0 -> ... -> layer L-1 -> head, with the
+hand-overs between regions (``waferrt.cost``); throughput assumes ``kv.requests`` requests in flight in
+the pipeline, bounded by the slowest stage.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from itertools import pairwise
+from typing import TYPE_CHECKING
+
+from waferrt.cost import embed_decode_cost, handover_cost, layer_decode_cost, region_distance
+from waferrt.mesh import MeshSpec, Region
+
+from .budget import embed_core_grid, layer_core_grid
+from .geometry import node_borders, tiles_spanned
+
+if TYPE_CHECKING:
+    from .placement import Placement
+
+
+@dataclass(frozen=True)
+class PlanReport:
+    layer_shape: tuple[int, int]  # (cols, rows) of every layer region
+    embed_shape: tuple[int, int]  # (cols, rows) of the embedding/head region
+    used_cores: int
+    spare_cores: int
+    free_cores: int  # live cores in no region and not kept as spare
+    dead_cores: int
+    sram_bytes: int  # capacity of one core
+    sram_min: int  # bytes, over the used cores
+    sram_mean: float
+    sram_max: int
+    layer_core_bytes: tuple[int, ...]  # most loaded core of each layer region
+    embed_core_bytes: int
+    hops: tuple[int, ...]  # layer i -> layer i+1, nearest cores (1 when they touch)
+    embed_hops: tuple[int, int]  # embedding -> layer 0, layer L-1 -> head
+    tile_handovers: int  # hand-overs of the chain that cross a tile border
+    straddling: int  # regions that straddle a tile border
+    node_borders: int  # tile borders that separate two Ray nodes
+    kv_tokens: int  # positions per request per layer
+    kv_requests: int
+    step_cycles: float  # one token through the whole chain
+    tokens_per_s: float  # with kv_requests requests in flight
+    request_tokens_per_s: float  # one request alone
+
+    @property
+    def kv_capacity_tokens(self) -> int:
+        return self.kv_tokens * self.kv_requests
+
+    def to_json(self) -> dict:
+        out = dataclasses.asdict(self)
+        out["kv_capacity_tokens"] = self.kv_capacity_tokens
+        return out
+
+    def text(self) -> str:
+        kb = 1024
+        hop_note = "all touch" if set(self.hops) <= {1} else f"max {max(self.hops, default=0)}"
+        return "\n".join([
+            f"layer regions   {self.layer_shape[0]}x{self.layer_shape[1]} cores (cols x rows), "
+            f"embedding/head {self.embed_shape[0]}x{self.embed_shape[1]}",
+            f"cores           {self.used_cores} used, {self.spare_cores} spare, {self.free_cores} free, "
+            f"{self.dead_cores} dead",
+            f"SRAM per core   min {self.sram_min / kb:.1f} KB, mean {self.sram_mean / kb:.1f} KB, "
+            f"max {self.sram_max / kb:.1f} KB of {self.sram_bytes / kb:.0f} KB",
+            f"hops layer->layer {sum(self.hops)} over {len(self.hops)} hand-overs ({hop_note}); "
+            f"embedding->layer 0: {self.embed_hops[0]}, last layer->head: {self.embed_hops[1]}",
+            f"tile borders    {self.tile_handovers} hand-overs cross a tile border, {self.straddling} "
+            f"regions straddle one, {self.node_borders} tile borders cross Ray nodes",
+            f"KV capacity     {self.kv_tokens} tokens x {self.kv_requests} requests per layer "
+            f"({self.kv_capacity_tokens} tokens)",
+            f"modelled decode {self.step_cycles:,.0f} cycles per token through the chain; "
+            f"{self.tokens_per_s:,.0f} tokens/s with {self.kv_requests} requests in flight, "
+            f"{self.request_tokens_per_s:,.0f} tokens/s for one request",
+        ])
+
+
+def tile_box(mesh: MeshSpec, r: Region) -> tuple[int, int, int, int]:
+    """(first tile column, first tile row, last tile column, last tile row) that region r touches."""
+    return (r.x0 // mesh.tile_w, r.y0 // mesh.tile_h, (r.x1 - 1) // mesh.tile_w, (r.y1 - 1) // mesh.tile_h)
+
+
+def _sram(p: Placement) -> tuple[int, float, int, tuple[int, ...], int]:
+    cfg, dtype = p.config, p.dtype
+    layer = layer_core_grid(cfg, p.layers[0], p.kv_tokens, p.kv.requests, dtype)
+    embed = embed_core_grid(cfg, p.embed, dtype)
+    n = len(p.layers)
+    mean = (n * float(layer.sum()) + float(embed.sum())) / (n * layer.size + embed.size)
+    lo, hi = min(int(layer.min()), int(embed.min())), max(int(layer.max()), int(embed.max()))
+    return lo, mean, hi, (int(layer.max()),) * n, int(embed.max())
+
+
+def _speed(p: Placement) -> tuple[float, float, float]:
+    cfg, spec = p.config, p.spec
+    layers = [layer_decode_cost(spec, cfg, r, p.kv_tokens).cycles for r in p.layers]
+    head = embed_decode_cost(spec, cfg, p.embed).cycles
+    chain = (p.embed, *p.layers, p.embed)
+    hand = [handover_cost(spec, a, b, 4 * cfg.dim).cycles for a, b in pairwise(chain)]
+    step = sum(layers) + head + sum(hand)
+    stage = max([c + h for c, h in zip(layers, hand[1:], strict=True)] + [head + hand[0]])
+    return step, spec.clock_hz * min(p.kv.requests / step, 1.0 / stage), spec.clock_hz / step
+
+
+def build_report(p: Placement) -> PlanReport:
+    mesh = p.mesh
+    chain = (p.embed, *p.layers, p.embed)
+    used = sum(r.size for r in chain[:-1])
+    lo, mean, hi, per_layer, embed_bytes = _sram(p)
+    step, tps, rtps = _speed(p)
+    shape = p.layers[0]
+    return PlanReport(
+        layer_shape=(shape.w, shape.h), embed_shape=(p.embed.w, p.embed.h),
+        used_cores=used, spare_cores=len(p.spare), dead_cores=len(mesh.dead),
+        free_cores=mesh.width * mesh.height - len(mesh.dead) - used - len(p.spare),
+        sram_bytes=p.spec.sram_bytes, sram_min=lo, sram_mean=mean, sram_max=hi,
+        layer_core_bytes=per_layer, embed_core_bytes=embed_bytes,
+        hops=tuple(region_distance(a, b) for a, b in pairwise(p.layers)),
+        embed_hops=(region_distance(p.embed, p.layers[0]), region_distance(p.layers[-1], p.embed)),
+        tile_handovers=sum(tile_box(mesh, a) != tile_box(mesh, b) for a, b in pairwise(chain)),
+        straddling=sum(tiles_spanned(mesh, r) > 1 for r in chain[:-1]),
+        node_borders=node_borders(mesh, p.tile_nodes),
+        kv_tokens=p.kv_tokens, kv_requests=p.kv.requests,
+        step_cycles=step, tokens_per_s=tps, request_tokens_per_s=rtps,
+    )

@@ -1,0 +1,207 @@
+"""The planner's search: which layer shape, where the embedding goes, which packing; and mesh sizing.
+
+Contract: pure functions returning regions (no Placement). ``best_layout`` tries layer shapes best
+first (inside one tile, then fewest cores, then wide) and, for each, the embedding as a band across the
+first packing block (top or left, its side rounded up to whole layer slots) or, when it does not fit
+there, across the mesh; the layers are packed around it in both block serpentines, and the first shape
+that holds every layer wins with its best-scoring layout (fewest regions straddling tiles, then fewest
+hand-overs across tiles, then fewest hops, then most spare slots). ``smallest_mesh`` finds the
+fewest whole tiles that hold a model; ``tile_candidates`` proposes tile sizes for ``default_mesh``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass
+from itertools import pairwise
+
+import numpy as np
+
+from waferrt.mesh import Coord, MeshSpec, Region
+from waferrt.model.config import LlamaConfig
+from waferrt.spec import HardwareSpec
+
+from . import budget
+from .geometry import PATTERNS, Obstacles, blocks, chain, pack, path_hops, tiles_spanned
+from .report import tile_box
+
+UNBOUNDED = 1 << 30
+
+
+@dataclass(frozen=True)
+class Found:
+    """The layout of the best attempt: layers is None when the model does not fit (reason says why)."""
+
+    layers: tuple[Region, ...] | None
+    embed: Region | None
+    spare: tuple[Region, ...]
+    reason: str = ""
+
+
+def _round_up(v: int, step: int, cap: int) -> int:
+    r = -(-v // step) * step
+    return r if r <= cap else v
+
+
+def embed_bands(cfg: LlamaConfig, sram: int, dtype: str, area: Region, w: int,
+                h: int) -> list[tuple[int, int]]:
+    """(cols, rows) of embedding regions that fill `area`'s width (top band) or height (left band)."""
+    out = []
+    we = min(area.w, cfg.dim)
+    rows = budget.embed_rows_needed(cfg, sram, we, dtype)
+    if rows is not None and rows <= area.h:
+        out.append((we, _round_up(rows, h, area.h)))
+    he = min(area.h, cfg.vocab_size)
+    cols = budget.embed_cols_needed(cfg, sram, he, dtype)
+    if cols is not None and cols <= min(area.w, cfg.dim):
+        out.append((_round_up(cols, w, min(area.w, cfg.dim)), he))
+    return list(dict.fromkeys(out))
+
+
+def _embed_at(mesh: MeshSpec, obstacles: Obstacles, block: Region, we: int, he: int, w: int,
+              h: int) -> Region | None:
+    """The free we x he position nearest `block`'s north-west corner: inside one tile, inside the block
+    and aligned with the layer slots when possible."""
+    ys, xs = np.nonzero(obstacles.free_map(we, he))
+    if not len(xs):
+        return None
+    span = ((xs + we - 1) // mesh.tile_w - xs // mesh.tile_w + 1) * (
+        (ys + he - 1) // mesh.tile_h - ys // mesh.tile_h + 1)
+    outside = (xs < block.x0) | (ys < block.y0) | (xs + we > block.x1) | (ys + he > block.y1)
+    misaligned = ((xs - block.x0) % w != 0) | ((ys - block.y0) % h != 0)
+    dist = np.abs(xs - block.x0) + np.abs(ys - block.y0)
+    i = np.lexsort((dist, misaligned, outside, span))[0]
+    return Region(int(xs[i]), int(ys[i]), we, he)
+
+
+def _embed_options(cfg: LlamaConfig, sram: int, dtype: str, mesh: MeshSpec, obstacles: Obstacles,
+                   block: Region, w: int, h: int) -> list[Region]:
+    for area in (block, mesh.region):
+        found = [_embed_at(mesh, obstacles, block, we, he, w, h)
+                 for we, he in embed_bands(cfg, sram, dtype, area, w, h)]
+        found = [r for r in found if r is not None]
+        if found:
+            return list(dict.fromkeys(found))
+    return []
+
+
+def _quality(mesh: MeshSpec, embed: Region, layers: list[Region]) -> tuple[int, int, int]:
+    chain_ = (embed, *layers, embed)
+    straddle = sum(tiles_spanned(mesh, r) > 1 for r in chain_[:-1])
+    crossings = sum(tile_box(mesh, a) != tile_box(mesh, b) for a, b in pairwise(chain_))
+    return straddle, crossings, path_hops(chain_)
+
+
+def _try_shape(cfg: LlamaConfig, sram: int, dtype: str, mesh: MeshSpec, obstacles: Obstacles, w: int,
+               h: int) -> Found:
+    best, orders = None, {}
+    for by_rows in (True, False):
+        orders.setdefault(tuple(blocks(mesh, w, h, by_rows)), None)
+    for blks in orders:
+        for embed in _embed_options(cfg, sram, dtype, mesh, obstacles, blks[0], w, h):
+            free = obstacles.with_regions([embed]).free_map(w, h)
+            layers, slots = chain(blks, lambda b, free=free: [pack(free, b, w, h, pat) for pat in PATTERNS],
+                                  embed, cfg.n_layers)
+            score = (-len(layers), _quality(mesh, embed, layers), -len(slots))
+            if best is None or score < best[0]:
+                best = (score, Found(tuple(layers), embed, tuple(slots)))
+    return best[1] if best else Found((), None, ())
+
+
+def _shape_bound(mesh: MeshSpec, w: int, h: int) -> int:
+    """Most w x h regions the packing blocks could hold (no embedding, no dead cores)."""
+    return sum((b.w // w) * (b.h // h) for b in blocks(mesh, w, h, True))
+
+
+def _hopeless(cfg: LlamaConfig, spec: HardwareSpec, tokens: int, requests: int, dtype: str) -> str:
+    """Why no mesh of any size holds the model at this spec, or '' when some mesh may."""
+    sram = spec.sram_bytes
+    if not budget.layer_shapes(cfg, sram, tokens, requests, dtype, UNBOUNDED, UNBOUNDED):
+        nbytes, r = budget.smallest_layer_bytes(cfg, tokens, requests, dtype)
+        cols = " (KV positions are split over a region's columns, so it has at most kv-tokens columns)" \
+            if tokens < cfg.dim else ""
+        return (f"no mesh size helps: even the widest legal layer region ({r.h} rows x {r.w} cols{cols}) "
+                f"needs {nbytes} bytes on a core, more than the {sram} a core holds; lower the KV reserve "
+                "(tokens or requests), use a smaller dtype, or a spec with more SRAM per core.")
+    if budget.embed_rows_needed(cfg, sram, cfg.dim, dtype) is None:
+        return (f"no mesh size helps: the embedding table does not fit even spread one row per core row "
+                f"({cfg.vocab_size} rows x {cfg.dim} columns); use a spec with more SRAM per core.")
+    return ""
+
+
+def best_layout(cfg: LlamaConfig, spec: HardwareSpec, mesh: MeshSpec, tokens: int, requests: int, dtype: str,
+                links: frozenset[tuple[Coord, Coord]] = frozenset()) -> Found:
+    """The best layout of `cfg` on `mesh`, or a Found with layers=None and the reason it does not fit."""
+    reason = _hopeless(cfg, spec, tokens, requests, dtype)
+    if reason:
+        return Found(None, None, (), reason)
+    sram, n = spec.sram_bytes, cfg.n_layers
+    shapes = budget.layer_shapes(cfg, sram, tokens, requests, dtype, mesh.width, mesh.height)
+    shapes = sorted(shapes, key=lambda s: s[0] > mesh.tile_w or s[1] > mesh.tile_h)
+    live = mesh.width * mesh.height - len(mesh.dead)
+    emin = budget.embed_min_cores(cfg, sram, dtype)
+    obstacles = Obstacles(mesh.width, mesh.height, mesh.dead, links)
+    most, tried = 0, None
+    for w, h in shapes:
+        if n * w * h + emin > live or _shape_bound(mesh, w, h) < n:
+            continue
+        found = _try_shape(cfg, sram, dtype, mesh, obstacles, w, h)
+        if len(found.layers) == n:
+            return found
+        if tried is None or len(found.layers) > most:
+            most, tried = len(found.layers), (w, h)
+    if not shapes:
+        return Found(None, None, (), "The mesh is smaller than the smallest layer region that fits in SRAM.")
+    if tried is None:
+        w, h = min(shapes, key=lambda s: s[0] * s[1])
+        return Found(None, None, (), f"{n} layer regions of at least {w * h} cores ({w}x{h}) plus an "
+                     f"embedding region of at least {emin} cores need {n * w * h + emin} live cores; the "
+                     f"mesh has {live}.")
+    around = " and around the dead cores/links" if mesh.dead or links else ""
+    return Found(None, None, (), f"The best layer region, {tried[0]}x{tried[1]} cores (cols x rows), fits in "
+                 f"SRAM but only {most} of {n} such regions fit beside the embedding{around}.")
+
+
+def smallest_mesh(cfg: LlamaConfig, spec: HardwareSpec, tile: tuple[int, int], tokens: int, requests: int,
+                  dtype: str) -> MeshSpec | None:
+    """The healthy mesh of the fewest whole tiles (then the squarest) that holds the model, up to the
+    spec's full wafer; None when even that does not."""
+    if _hopeless(cfg, spec, tokens, requests, dtype):
+        return None
+    tw, th = tile
+    shapes = budget.layer_shapes(cfg, spec.sram_bytes, tokens, requests, dtype, UNBOUNDED, UNBOUNDED)
+    need = cfg.n_layers * min(w * h for w, h in shapes) + budget.embed_min_cores(cfg, spec.sram_bytes, dtype)
+    nxs, nys = -(-spec.full_mesh[0] // tw), -(-spec.full_mesh[1] // th)
+    grids = sorted((nx * ny, abs(nx - ny), nx, ny) for nx in range(1, nxs + 1) for ny in range(1, nys + 1)
+                   if nx * ny * tw * th >= need)
+    for _, _, nx, ny in grids:
+        mesh = MeshSpec(nx * tw, ny * th, tw, th)
+        if best_layout(cfg, spec, mesh, tokens, requests, dtype).layers is not None:
+            return mesh
+    return None
+
+
+def _embed_slots(cfg: LlamaConfig, sram: int, dtype: str, tile: Region, w: int, h: int) -> int | None:
+    """Layer slots of a tile (a grid of w x h slots) that the embedding band takes; None: it cannot fit."""
+    lost = [-(-we // w) * -(-he // h) for we, he in embed_bands(cfg, sram, dtype, tile, w, h)]
+    return min(lost, default=None)
+
+
+def tile_candidates(cfg: LlamaConfig, spec: HardwareSpec, tokens: int, requests: int, dtype: str,
+                    tiles: tuple[int, int], spare: int) -> Iterator[tuple[int, int]]:
+    """Tile sizes (whole numbers of layer slots) whose tiles[0] x tiles[1] mesh holds every layer, the
+    embedding inside one tile and `spare` free slots, fewest cores first (then squarest); tiles are
+    between 1:2 and 2:1 (width:height) so that the mesh stays compact."""
+    n, sram = tiles[0] * tiles[1], spec.sram_bytes
+    found = set()
+    for w, h in budget.layer_shapes(cfg, sram, tokens, requests, dtype, UNBOUNDED, UNBOUNDED):
+        for a in range(1, 33):
+            for b in range(1, 33):
+                if not 1 <= 2 * a * w / (b * h) <= 4:  # tiles from 1:2 to 2:1, wide rather than tall
+                    continue
+                lost = _embed_slots(cfg, sram, dtype, Region(0, 0, a * w, b * h), w, h)
+                if lost is not None and n * a * b - lost >= cfg.n_layers + spare:
+                    found.add((n * a * w * b * h, abs(a * w - b * h), a * w, b * h))
+                    break
+    for _, _, tw, th in sorted(found):
+        yield tw, th

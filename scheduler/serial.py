@@ -1,0 +1,70 @@
+"""JSON form of a Placement: plain dicts, lists, numbers and strings, and back.
+
+Contract: ``placement_fields(placement_to_json(p))`` gives the keyword arguments that rebuild a
+Placement equal to ``p``. Regions are [x0, y0, w, h], cores [x, y], links [[x, y], [x, y]], tiles
+[tx, ty]; the config, spec and nodes keep their field names.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import TYPE_CHECKING
+
+from waferrt.mesh import Coord, MeshSpec, Region, TileId
+from waferrt.model.config import LlamaConfig
+from waferrt.spec import HardwareSpec
+
+if TYPE_CHECKING:
+    from .placement import Placement
+
+
+def _region(r: Region) -> list[int]:
+    return [r.x0, r.y0, r.w, r.h]
+
+
+def _cores(cs) -> list[list[int]]:
+    return [[c.x, c.y] for c in sorted(cs)]
+
+
+def placement_to_json(p: Placement) -> dict:
+    m = p.mesh
+    return {
+        "config": dataclasses.asdict(p.config),
+        "spec": dataclasses.asdict(p.spec),
+        "mesh": {"width": m.width, "height": m.height, "tile_w": m.tile_w, "tile_h": m.tile_h,
+                 "dead": _cores(m.dead)},
+        "dtype": p.dtype,
+        "kv": dataclasses.asdict(p.kv),
+        "layers": [_region(r) for r in p.layers],
+        "embed": _region(p.embed),
+        "spare": _cores(p.spare),
+        "tile_nodes": [[t.tx, t.ty, name] for t, name in p.tile_nodes],
+        "nodes": [dataclasses.asdict(n) for n in p.nodes],
+        "dead_links": [[[a.x, a.y], [b.x, b.y]] for a, b in sorted(p.dead_links)],
+    }
+
+
+def placement_fields(d: dict) -> dict:
+    """Keyword arguments of Placement from its JSON form (raises ValueError naming a missing key)."""
+    from .placement import KVReserve, NodeInfo
+
+    try:
+        spec = dict(d["spec"], full_mesh=tuple(d["spec"]["full_mesh"]))
+        m = d["mesh"]
+        return {
+            "config": LlamaConfig(**d["config"]),
+            "spec": HardwareSpec(**spec),
+            "mesh": MeshSpec(m["width"], m["height"], m["tile_w"], m["tile_h"],
+                             frozenset(Coord(x, y) for x, y in m["dead"])),
+            "dtype": d["dtype"],
+            "kv": KVReserve(**d["kv"]),
+            "layers": tuple(Region(*r) for r in d["layers"]),
+            "embed": Region(*d["embed"]),
+            "spare": frozenset(Coord(x, y) for x, y in d["spare"]),
+            "tile_nodes": tuple((TileId(tx, ty), name) for tx, ty, name in d["tile_nodes"]),
+            "nodes": tuple(NodeInfo(**n) for n in d["nodes"]),
+            "dead_links": frozenset((Coord(*a), Coord(*b)) for a, b in d["dead_links"]),
+        }
+    except KeyError as e:
+        raise ValueError(f"not a Placement JSON: the key {e} is missing (make one with "
+                         "Placement.to_json)") from None

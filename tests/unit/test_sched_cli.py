@@ -1,0 +1,75 @@
+"""`waferrt plan`: text, JSON, PNG and the dead-core re-plan, through the argparse wiring."""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+import pytest
+from waferrt.scheduler import Placement
+
+from waferrt import cli_plan
+from waferrt.model.config import SMOLLM2_135M
+
+
+def _run(capsys, *argv: str) -> tuple[int, str, str]:
+    parser = argparse.ArgumentParser(prog="waferrt")
+    cli_plan.add_parser(parser.add_subparsers(dest="cmd", required=True))
+    args = parser.parse_args(["plan", *argv])
+    code = args.func(args)
+    out = capsys.readouterr()
+    return code, out.out, out.err
+
+
+def test_text_plan_on_the_default_mesh(capsys):
+    code, out, _ = _run(capsys)
+    assert code == 0
+    assert "SmolLM2-135M: 30 layers" in out and "174x128 cores in 2x2 tiles of 87x64" in out
+    for words in ("SRAM per core", "hops layer->layer", "KV capacity", "cross Ray nodes", "tokens/s",
+                  "layer 29"):
+        assert words in out
+
+
+def test_json_round_trips_and_png_and_replan_are_drawn(capsys, tmp_path):
+    png = tmp_path / "plan.png"
+    code, out, err = _run(capsys, "--json", "--dead", "10", "--seed", "3", "--png", str(png), "--nodes", "2")
+    assert code == 0
+    doc = json.loads(out)
+    p = Placement.from_json(doc["placement"])
+    assert p.config == SMOLLM2_135M and doc["report"]["straddling"] == 0
+    assert len(doc["replan"]["dead"]) == 10 and doc["replan"]["moves"]
+    assert Placement.from_json(doc["replan"]["placement"]).mesh.dead
+    assert png.stat().st_size > 10_000 and (tmp_path / "plan-replan.png").stat().st_size > 10_000
+    assert "drew" in err
+
+
+def test_replan_text_and_a_failing_replan_exit_1(capsys):
+    code, out, _ = _run(capsys, "--dead", "10", "--seed", "1")
+    assert code == 0 and "re-plan around 10 dead cores: local" in out
+    code, out, _ = _run(capsys, "--mesh", "150x128", "--tile", "75x64", "--dead", "400")
+    assert code == 1 and "re-plan around 400 dead cores FAILED: cannot re-plan" in out
+
+
+@pytest.mark.parametrize("argv, words", [
+    (["--mesh", "64x64"], "does not fit"),
+    (["--tile", "32x32"], "--tile needs --mesh"),
+    (["--model", "/no/such.gguf"], "neither 'smollm2' nor an existing GGUF"),
+])
+def test_bad_input_exits_2_with_a_reason(capsys, argv, words):
+    code, _, err = _run(capsys, *argv)
+    assert code == 2 and words in err
+
+
+def test_help_teaches_with_examples(capsys):
+    with pytest.raises(SystemExit):
+        _run(capsys, "--help")
+    assert "examples:" in capsys.readouterr().out
+
+
+def test_gguf_metadata_gives_the_same_config():
+    gguf_loader = pytest.importorskip("waferrt.model.gguf_loader")
+    try:
+        path = gguf_loader.smollm2_path()
+    except FileNotFoundError:
+        pytest.skip("SmolLM2 GGUF not installed")
+    assert cli_plan.config_from_gguf_metadata(path) == SMOLLM2_135M

@@ -1,0 +1,184 @@
+"""Placement rules of waferrt.scheduler.plan, property-based over random models, meshes and dead cores."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from waferrt.scheduler import KVReserve, NodeInfo, Placement, PlanError, default_mesh, plan
+from waferrt.scheduler.geometry import node_borders
+from waferrt.scheduler.report import tile_box
+from waferrt.scheduler.search import smallest_mesh
+
+from waferrt import decode_layout as dl
+from waferrt.cost import region_distance
+from waferrt.mesh import Coord, MeshSpec, Region
+from waferrt.model.config import SMOLLM2_135M, LlamaConfig
+from waferrt.spec import TINY, spec_by_name
+
+SPEC = TINY.replace(sram_bytes=4096, full_mesh=(40, 40))
+WSE2 = spec_by_name("wse2")
+FAST = settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+
+
+@st.composite
+def models(draw, big: bool = False) -> LlamaConfig:
+    heads = draw(st.sampled_from([2, 4] if big else [1, 2, 4]))
+    head_dim = draw(st.sampled_from([8, 16] if big else [4, 8, 16]))
+    dim = heads * head_dim
+    kv_heads = draw(st.sampled_from([k for k in (1, 2, 4) if heads % k == 0]))
+    return LlamaConfig(vocab_size=draw(st.integers(16, 200)), dim=dim, n_layers=draw(st.integers(1, 6)),
+                       n_heads=heads, n_kv_heads=kv_heads, hidden_dim=draw(st.sampled_from([dim, 2 * dim])),
+                       max_seq_len=64)
+
+
+@st.composite
+def meshes(draw, dead: bool = True) -> MeshSpec:
+    w, h = draw(st.integers(4, 40)), draw(st.integers(4, 40))
+    tw, th = draw(st.integers(2, w)), draw(st.integers(2, h))
+    cores = st.builds(Coord, st.integers(0, w - 1), st.integers(0, h - 1))
+    return MeshSpec(w, h, tw, th, draw(st.frozensets(cores, max_size=8)) if dead else frozenset())
+
+
+kvs = st.builds(KVReserve, st.integers(4, 24), st.integers(1, 3))
+
+
+def _plan_or_none(cfg, mesh, kv, **kw) -> Placement | None:
+    try:
+        return plan(cfg, SPEC, mesh, kv=kv, **kw)
+    except PlanError as e:
+        assert "needs at least" in str(e) or "no mesh size helps" in str(e)
+        return None
+
+
+@FAST
+@given(models(), meshes(), kvs)
+def test_every_rule_holds(cfg, mesh, kv):
+    p = _plan_or_none(cfg, mesh, kv)
+    if p is None:
+        return
+    assert p.violations() == ()
+    regions = [r for _, r in p.regions()]
+    for i, a in enumerate(regions):
+        assert mesh.region.covers(a)
+        assert not any(a.contains(c) for c in mesh.dead), "a region uses a dead core"
+        assert all(a.intersect(b) is None for b in regions[i + 1:]), "regions overlap"
+    assert len({r.shape for r in p.layers}) == 1
+    assert p.layers[0].h <= dl.max_layer_rows(cfg) and p.layers[0].w <= cfg.dim
+    for r in p.layers:
+        assert dl.layer_core_bytes(cfg, r, p.kv_tokens, kv.requests) <= SPEC.sram_bytes
+    assert dl.embed_core_bytes(cfg, p.embed) <= SPEC.sram_bytes
+    assert p.kv_tokens >= kv.tokens
+    rep = p.report()
+    assert rep.sram_min <= rep.sram_mean <= rep.sram_max <= SPEC.sram_bytes
+    assert rep.used_cores + rep.spare_cores + rep.free_cores + rep.dead_cores == mesh.width * mesh.height
+
+
+@FAST
+@given(models(), meshes(dead=False), kvs)
+def test_consecutive_layers_touch_inside_a_tile_and_cross_one_tile_border(cfg, mesh, kv):
+    p = _plan_or_none(cfg, mesh, kv)
+    if p is None or p.report().straddling:
+        return
+    embed_tiles = set(mesh.tiles_of(p.embed))
+    for a, b in zip(p.layers, p.layers[1:], strict=False):
+        ta, tb = tile_box(mesh, a), tile_box(mesh, b)
+        assert abs(ta[0] - tb[0]) + abs(ta[1] - tb[1]) <= 1, "a hand-over skips a tile"
+        if ta == tb and mesh.tiles_of(a)[0] not in embed_tiles:
+            assert region_distance(a, b) == 1, f"{a} and {b} share a tile but do not touch"
+
+
+@settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(models(big=True), st.integers(2, 8), st.integers(2, 8), kvs)
+def test_smallest_mesh_fits_and_no_fewer_tiles_do(cfg, tw, th, kv):
+    best = smallest_mesh(cfg, SPEC, (tw, th), kv.tokens, kv.requests, "float32")
+    if best is None:
+        return
+    plan(cfg, SPEC, best, kv=kv)  # fits
+    n = best.tiles_x * best.tiles_y
+    for nx in range(1, n):
+        for ny in range(1, (n - 1) // nx + 1):
+            with pytest.raises(PlanError, match=f"--mesh {best.width}x{best.height} --tile {tw}x{th}"):
+                plan(cfg, SPEC, MeshSpec(nx * tw, ny * th, tw, th), kv=kv)
+
+
+def test_too_small_mesh_says_bytes_needed_and_what_fits():
+    with pytest.raises(PlanError) as err:
+        plan(SMOLLM2_135M, WSE2, MeshSpec(64, 64, 32, 32), kv=KVReserve(512, 8))
+    msg = str(err.value)
+    assert "needs at least 726.8 MB" in msg and "the mesh holds 201.3 MB" in msg
+    suggested = msg.split("use --mesh ")[1].split()[0]
+    w, h = (int(v) for v in suggested.split("x"))
+    plan(SMOLLM2_135M, WSE2, MeshSpec(w, h, 32, 32), kv=KVReserve(512, 8))
+
+
+def test_hopeless_kv_reserve_says_no_mesh_helps():
+    with pytest.raises(PlanError, match="no mesh size helps.*lower the KV reserve"):
+        plan(SMOLLM2_135M, WSE2, MeshSpec(64, 64, 32, 32), kv=KVReserve(100_000, 8))
+
+
+def test_smollm2_default_mesh_every_region_in_one_tile_with_spares():
+    kv = KVReserve(512, 8)
+    mesh = default_mesh(SMOLLM2_135M, WSE2, kv)
+    assert (mesh.tiles_x, mesh.tiles_y) == (2, 2)
+    p = plan(SMOLLM2_135M, WSE2, mesh, kv=kv)
+    rep = p.report()
+    assert rep.straddling == 0 and rep.sram_max <= WSE2.sram_bytes
+    assert set(rep.hops) == {1} and rep.embed_hops == (1, 1)
+    assert rep.spare_cores >= 8 * p.layers[0].size
+    assert p.layers[0].w >= p.layers[0].h, "prefer wide layer regions"
+    assert p.kv_tokens >= 512 and rep.tokens_per_s > rep.request_tokens_per_s > 0
+    smaller = MeshSpec(mesh.width - 2, mesh.height - 2, mesh.tile_w - 1, mesh.tile_h - 1)
+    with pytest.raises(PlanError):
+        default_mesh(SMOLLM2_135M, WSE2, kv, spare_layers=10_000)
+    assert plan(SMOLLM2_135M, WSE2, smaller, kv=kv).report().spare_cores < rep.spare_cores
+
+
+def test_json_round_trip_and_hashable():
+    kv = KVReserve(512, 8)
+    p = plan(SMOLLM2_135M, WSE2, MeshSpec(174, 128, 87, 64, frozenset({Coord(3, 100)})), kv=kv,
+             nodes=(NodeInfo("a", 1), NodeInfo("b", 3)), dead_links=frozenset({(Coord(5, 5), Coord(5, 6))}))
+    again = Placement.from_json(json.loads(json.dumps(p.to_json())))
+    assert again == p and hash(again) == hash(p)
+    with pytest.raises(ValueError, match="key 'layers' is missing"):
+        Placement.from_json({k: v for k, v in p.to_json().items() if k != "layers"})
+
+
+def test_nodes_get_contiguous_tiles_in_proportion_to_cpus():
+    mesh = MeshSpec(160, 160, 40, 40)  # 4x4 tiles
+    p = plan(SMOLLM2_135M, WSE2, mesh, kv=KVReserve(256, 4), nodes=(NodeInfo("a", 1), NodeInfo("b", 3)))
+    counts = {n: sum(1 for _, o in p.tile_nodes if o == n) for n in "ab"}
+    assert counts == {"a": 4, "b": 12}
+    assert p.report().node_borders == node_borders(mesh, p.tile_nodes) == 4
+    assert p.node_of(mesh.tiles()[0]) in "ab"
+    with pytest.raises(PlanError, match="distinct name"):
+        plan(SMOLLM2_135M, WSE2, mesh, kv=KVReserve(256, 4), nodes=(NodeInfo("a", 1), NodeInfo("a", 1)))
+
+
+def test_dead_link_inside_a_region_is_avoided_and_bad_links_are_refused():
+    mesh = MeshSpec(174, 128, 87, 64)
+    kv = KVReserve(512, 8)
+    first = plan(SMOLLM2_135M, WSE2, mesh, kv=kv).layers[0]
+    link = (Coord(first.x0, first.y0), Coord(first.x0 + 1, first.y0))
+    p = plan(SMOLLM2_135M, WSE2, mesh, kv=kv, dead_links=frozenset({link}))
+    assert not any(r.contains(link[0]) and r.contains(link[1]) for _, r in p.regions())
+    with pytest.raises(PlanError, match="one hop apart"):
+        plan(SMOLLM2_135M, WSE2, mesh, kv=kv, dead_links=frozenset({(Coord(0, 0), Coord(2, 0))}))
+
+
+def test_layer_layouts_are_the_decode_layouts():
+    p = plan(SMOLLM2_135M, WSE2, MeshSpec(174, 128, 87, 64), kv=KVReserve(512, 8))
+    assert p.layer_layouts(3) == dl.layer_layouts(SMOLLM2_135M, p.layers[3])
+    assert p.kv_layout(3).region == p.layers[3] and p.kv_layout(3).shape[2] == p.kv_tokens
+    assert isinstance(p.layers[3], Region)
+
+
+def test_import_is_light():
+    code = ("import sys, waferrt.scheduler; "
+            "bad = [m for m in sys.modules if m.split('.')[0] in ('ray', 'zmq', 'matplotlib')]; print(bad)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "[]"
