@@ -70,9 +70,10 @@ def main() -> None:
           f"{many.wafer_tokens_per_s:,.0f} tok/s with {args.requests}")
     print("peak RSS per tile actor: " + ", ".join(f"{t} {b / 2**20:.0f} MB" for t, b in rss.items())
           + f"; total {sum(rss.values()) / 2**20:.0f} MB")
-    print("where the time goes, one decode step of all requests (per tile: busy computing / step wall):")
-    for t, (b, w) in busy.items():
-        print(f"  {t}: busy {b * 1e3:6.1f} ms of {w * 1e3:6.1f} ms")
+    print("where the time goes, one decode step of all requests (per tile: not waiting for a neighbour, "
+          "CPU time, step wall):")
+    for t, (b, c, w) in busy.items():
+        print(f"  {t}: busy {b * 1e3:6.1f} ms, cpu {c * 1e3:6.1f} ms of {w * 1e3:6.1f} ms")
 
 
 def _pids(llm) -> dict:
@@ -90,7 +91,7 @@ def _profile(llm, reqs) -> dict:
     t0 = time.perf_counter()
     res = ray.get([h.decode_step.remote("bench", items, resets) for h in llm.wafer.tiles.values()])
     wall = time.perf_counter() - t0
-    return {str(t): (r["busy"], wall) for t, r in zip(llm.wafer.tiles, res, strict=True)}
+    return {str(t): (r["busy"], r["cpu"], wall) for t, r in zip(llm.wafer.tiles, res, strict=True)}
 
 
 if __name__ == "__main__":

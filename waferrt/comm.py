@@ -148,10 +148,12 @@ class LineComm:
         return out
 
     def allreduce(self, buf: np.ndarray, algo: str = "ktree", k: int = 2, op: str = "sum",
-                  array_axis: int = 0, replicated: bool = False, collapse: bool = False) -> np.ndarray:
+                  array_axis: int = 0, replicated: bool = False, collapse: bool = False,
+                  overwrite: bool = False) -> np.ndarray:
         """Every core of the line ends with the reduction (sum or max) of all the line's slices.
         With collapse=True the result is returned once, without the line axis (every core of the line
-        holds the same value; the emulator keeps one copy)."""
+        holds the same value; the emulator keeps one copy). overwrite=True lets the K-tree reduce in
+        `buf` itself (a scratch buffer of the caller's)."""
         if op not in REDUCE_OPS:
             raise ValueError(f"allreduce op is one of {sorted(REDUCE_OPS)}, got {op!r}")
         if algo not in ALLREDUCE_ALGOS:
@@ -161,7 +163,7 @@ class LineComm:
         ufunc = REDUCE_OPS[op]
         with self.ledger.op(f"allreduce.{algo}"):
             if algo == "ktree":
-                out = self._ktree(buf, k, ufunc, array_axis, replicated)
+                out = self._ktree(buf, k, ufunc, array_axis, replicated, overwrite)
             else:
                 acc = np.moveaxis(buf, array_axis, 0)
                 flat = acc.reshape(self.m, -1)
@@ -171,9 +173,9 @@ class LineComm:
         return np.take(out, 0, axis=array_axis) if collapse else _spread(out, self.m, array_axis)
 
     # -- algorithms -----------------------------------------------------------------------------------
-    def _ktree(self, buf, k, ufunc, array_axis, replicated):
+    def _ktree(self, buf, k, ufunc, array_axis, replicated, overwrite=False):
         """Returns the sum with a line axis of length 1 (to be spread over the line's cores)."""
-        acc = buf.copy()
+        acc = buf if overwrite else buf.copy()
         whole = self.m == self.n  # the whole line is in this tile: strided in-memory steps
         a = acc.swapaxes(0, array_axis) if whole else None
         vals_per_pos = int(np.prod(buf.shape)) // max(buf.shape[array_axis], 1)

@@ -155,7 +155,7 @@ class TileProgram:
         batches = micro_batches(len(items))
         x: dict[int, np.ndarray] = {}
         logits, cycles = {}, {}
-        t0, self._waited = time.perf_counter(), 0.0
+        t0, cpu0, self._waited = time.perf_counter(), time.process_time(), 0.0
         segs = self.segments()
         for g, (tile, stages) in enumerate(segs):
             path = self.routes[stages[0]]
@@ -179,7 +179,7 @@ class TileProgram:
                     self.links.send(_dir(self.tile, self.routes[nxt][1]), f"{tag}.{nxt}.{m}", [vec])
         wall = time.perf_counter() - t0
         return {"logits": logits, "cycles": cycles, "parts": len(batches), "wall": wall,
-                "busy": wall - self._waited}
+                "busy": wall - self._waited, "cpu": time.process_time() - cpu0}
 
     def _run(self, s: int, xb, batch: np.ndarray, idx: np.ndarray, logits: dict):
         """Stage s on a micro-batch: batch rows are (slot, token, pos, want), idx their item numbers."""

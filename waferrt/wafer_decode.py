@@ -76,14 +76,14 @@ class LayerShard:
         part = np.matmul(x.transpose(1, 0, 2), w)  # (C, B, R*o): every core's block GEMV, all items
         self.ledger.compute(2 * x.shape[0] * w.shape[1] * w.shape[2] // self.rows)
         part = part.reshape(self.cols, x.shape[0], self.rows, -1)
-        return self.cx.allreduce(part, self.algo, self.k, array_axis=0, collapse=True)
+        return self.cx.allreduce(part, self.algo, self.k, array_axis=0, collapse=True, overwrite=True)
 
     def _gemv_rows(self, w: np.ndarray, h: np.ndarray) -> np.ndarray:
         """Input split over rows: w (R, i, C*o), h (B, R, i) -> (B, C, o), split over columns."""
         part = np.matmul(h.transpose(1, 0, 2), w)  # (R, B, C*o)
         self.ledger.compute(2 * h.shape[0] * w.shape[1] * w.shape[2] // self.cols)
         part = part.reshape(self.rows, h.shape[0], self.cols, -1)
-        return self.cy.allreduce(part, self.algo, self.k, array_axis=0, collapse=True)
+        return self.cy.allreduce(part, self.algo, self.k, array_axis=0, collapse=True, overwrite=True)
 
     def _kv_insert(self, s: int, k_new: np.ndarray, v_new: np.ndarray, pos: int) -> None:
         """Shift-based insertion of one position: k_new, v_new (R, nkv, hd_r)."""
@@ -123,11 +123,15 @@ class LayerShard:
         request's cache; scores, the softmax max and sum, and the weighted V sum reduce over the cores."""
         B, nkv = len(slots), self.cfg.n_kv_heads
         rep = self.cfg.n_heads // nkv
-        whole = B == len(self.pos) and np.array_equal(slots, np.arange(B))
-        kc, vc = (self.k_cache, self.v_cache) if whole else (self.k_cache[slots], self.v_cache[slots])
+        first = int(slots[0])
+        if np.array_equal(slots, np.arange(first, first + B)):  # consecutive slots: a view, no copy
+            kc, vc = self.k_cache[first:first + B], self.v_cache[first:first + B]
+        else:
+            kc, vc = self.k_cache[slots], self.v_cache[slots]
         part = np.matmul(q.reshape(B, self.rows, 1, nkv, rep, self.hd_r), kc)  # (B, R, C, nkv, rep, cap)
         self.ledger.compute(2 * B * nkv * rep * self.hd_r * self.cap)
-        scores = self.cy.allreduce(part, self.algo, self.k, array_axis=1, collapse=True)  # (B, C, nkv, rep, cap)
+        scores = self.cy.allreduce(part, self.algo, self.k, array_axis=1, collapse=True,
+                                   overwrite=True)  # (B, C, nkv, rep, cap)
         held = self.pos[slots]  # (B, C, cap)
         valid = ((held >= 0) & (held <= poss[:, None, None]))[:, :, None, None, :]
         scores = np.where(valid, scores * self.scale, np.float32(-np.inf))
@@ -139,7 +143,8 @@ class LayerShard:
         p = e / total[:, None, :, :, None]  # (B, C, nkv, rep, cap)
         out = np.matmul(p[:, None], vc)  # (B, R, C, nkv, rep, hd_r)
         self.ledger.compute(2 * B * nkv * rep * self.hd_r * self.cap)
-        a = self.cx.allreduce(out, self.algo, self.k, array_axis=2, collapse=True)  # (B, R, nkv, rep, hd_r)
+        a = self.cx.allreduce(out, self.algo, self.k, array_axis=2, collapse=True,
+                              overwrite=True)  # (B, R, nkv, rep, hd_r)
         return a.reshape(B, self.rows, -1)
 
     # -- a batch of tokens ------------------------------------------------------------------------------
