@@ -65,9 +65,13 @@ class LayerShard:
         self.inv_freq, _ = rope_tables(cfg, R)  # (R, hd_r/2)
         self.cap = -(-kv_tokens // C)
         nkv = cfg.n_kv_heads
-        self.k_cache = np.zeros((slots, R, C, nkv, self.hd_r, self.cap), np.float32)
-        self.v_cache = np.zeros((slots, R, C, nkv, self.cap, self.hd_r), np.float32)
-        self.pos = np.full((slots, C, self.cap), -1, np.int64)  # token position held in each slot
+        # K as (.., hd_r, C, cap): one core's dims against every cached position is a single matmul
+        self.k_cache = np.zeros((slots, R, nkv, self.hd_r, C, self.cap), np.float32)
+        # V as (C, nkv, cap, R, hd_r): a column's weights times its cached values is one matmul per head
+        self.v_cache = np.zeros((slots, C, nkv, self.cap, R, self.hd_r), np.float32)
+        self.pos = np.zeros((slots, C, self.cap), np.int64)  # token position held in each cache entry
+        self.head = np.zeros((slots, C), np.int64)  # each column's oldest entry
+        self.count = np.zeros((slots, C), np.int64)  # entries each column holds
         self.scale = np.float32(1.0 / np.sqrt(cfg.head_dim))
 
     # -- pieces: every array carries the batch axis B first -------------------------------------------------
@@ -85,38 +89,51 @@ class LayerShard:
         part = part.reshape(self.rows, h.shape[0], self.cols, -1)
         return self.cy.allreduce(part, self.algo, self.k, array_axis=0, collapse=True, overwrite=True)
 
-    def _kv_insert(self, s: int, k_new: np.ndarray, v_new: np.ndarray, pos: int) -> None:
-        """Shift-based insertion of one position: k_new, v_new (R, nkv, hd_r)."""
-        count = (self.pos[s] >= 0).sum(axis=1)  # (C,)
-        shorter = np.nonzero(count < count[0])[0]
-        if not len(shorter):  # all columns equal: the new entry simply lands in column 0
-            if count[0] >= self.cap:
-                raise KVCapacityError(f"the K/V cache of this layer is full ({self.cap * self.cols} positions)")
-            free = int(np.argmin(self.pos[s, 0] >= 0))
-            self.k_cache[s, :, 0, :, :, free] = k_new
-            self.v_cache[s, :, 0, :, free, :] = v_new
-            self.pos[s, 0, free] = pos
-            return
-        end = int(shorter[0])  # columns 0..end-1 pass their oldest entry one hop east
-        cols = np.arange(end)
-        oldest = np.argmin(np.where(self.pos[s, :end] >= 0, self.pos[s, :end], np.iinfo(np.int64).max), axis=1)
-        out_k = self.k_cache[s, :, cols, :, :, oldest]  # (end, R, nkv, hd_r)
-        out_v = self.v_cache[s, :, cols, :, oldest, :]
-        out_p = self.pos[s, cols, oldest].astype(np.float32)
-        send = np.zeros((self.cols, self.rows, 2, self.cfg.n_kv_heads, self.hd_r + 1), np.float32)
-        send[:end, :, 0, :, :-1], send[:end, :, 1, :, :-1] = out_k, out_v
-        send[:end, :, 0, 0, -1] = out_p[:, None]
-        with self.ledger.op("kv.shift"):
-            dst, got = self.cx.transfer(send, np.arange(end), 1, array_axis=0)
-        free = int(np.argmin(self.pos[s, end] >= 0))
-        slot = np.concatenate([oldest, [free]])
-        k_in = np.concatenate([k_new[None], got[:, :, 0, :, :-1]])  # (end+1, R, nkv, hd_r)
-        v_in = np.concatenate([v_new[None], got[:, :, 1, :, :-1]])
-        p_in = np.concatenate([[pos], got[:, 0, 0, 0, -1].astype(np.int64)])
-        targets = np.concatenate([[0], dst])
-        self.k_cache[s, :, targets, :, :, slot] = k_in
-        self.v_cache[s, :, targets, :, slot, :] = v_in
-        self.pos[s, targets, slot] = p_in
+    def _kv_insert(self, slots: np.ndarray, k_new: np.ndarray, v_new: np.ndarray, poss: np.ndarray) -> None:
+        """Shift-based insertion of one position for each item: k_new, v_new (B, R, nkv, hd_r). Each column
+        keeps a request's entries as a FIFO ring (head = oldest, count); column 0 takes the new entry and
+        columns 0..end-1 pass their oldest one hop east, end being the first column that holds fewer than
+        column 0. Items of different requests shift together; a request's own items go in turn."""
+        order = np.zeros(len(slots), np.int64)  # the how-many-th item of its request each item is
+        for i in range(1, len(slots)):
+            order[i] = np.count_nonzero(slots[:i] == slots[i])
+        for r in range(int(order.max()) + 1):
+            sel = np.flatnonzero(order == r)
+            self._kv_insert_distinct(slots[sel], k_new[sel], v_new[sel], poss[sel])
+
+    def _kv_insert_distinct(self, S: np.ndarray, k_new, v_new, poss) -> None:
+        count, head = self.count[S], self.head[S]  # (n, C) copies
+        less = count < count[:, :1]
+        end = np.where(less.any(axis=1), less.argmax(axis=1), 0)  # (n,)
+        full = (end == 0) & (count[:, 0] >= self.cap)
+        if full.any():
+            raise KVCapacityError(f"the K/V cache of this layer is full ({self.cap * self.cols} positions) for the "
+                                  f"request in slot {int(S[full][0])}; admission should have refused it")
+        cols = np.arange(self.cols)
+        moving = cols[None, :] < end[:, None]  # (n, C): these columns pass their oldest entry east
+        incoming = cols[None, :] <= end[:, None]  # (n, C): these columns take an entry
+        ki, vi = k_new[:, None], v_new[:, None]  # (n, 1, R, nkv, hd_r): what column 0 takes
+        pi = poss[:, None]
+        if moving.any():
+            b, c = np.nonzero(moving)
+            send = np.zeros((self.cols, len(S), self.rows, 2, self.cfg.n_kv_heads, self.hd_r + 1), np.float32)
+            send[c, b, :, 0, :, :-1] = self.k_cache[S[b], :, :, :, c, head[b, c]]
+            send[c, b, :, 1, :, :-1] = self.v_cache[S[b], c, :, head[b, c]].transpose(0, 2, 1, 3)
+            send[c, b, :, 0, 0, -1] = self.pos[S[b], c, head[b, c]][:, None]
+            with self.ledger.op("kv.shift"):
+                _, got = self.cx.transfer(send, np.arange(int(end.max())), 1, array_axis=0)
+            got = got.swapaxes(0, 1)  # (n, max_end, R, 2, nkv, hd_r + 1): what columns 1.. received
+            ki = np.concatenate([ki, got[:, :, :, 0, :, :-1]], axis=1)
+            vi = np.concatenate([vi, got[:, :, :, 1, :, :-1]], axis=1)
+            pi = np.concatenate([pi, got[:, :, 0, 0, 0, -1].astype(np.int64)], axis=1)
+            head = np.where(moving, (head + 1) % self.cap, head)  # the oldest left
+        b, c = np.nonzero(incoming)
+        tail = (head[b, c] + count[b, c] - moving[b, c]) % self.cap
+        self.k_cache[S[b], :, :, :, c, tail] = ki[b, c]
+        self.v_cache[S[b], c, :, tail] = vi[b, c].transpose(0, 2, 1, 3)
+        self.pos[S[b], c, tail] = pi[b, c]
+        self.head[S] = head
+        self.count[S, end] += 1
 
     def _attention(self, slots: np.ndarray, poss: np.ndarray, q: np.ndarray) -> np.ndarray:
         """q (B, R, nh, hd_r) -> (B, R, nh * hd_r). Item b attends to the positions <= poss[b] of its
@@ -128,24 +145,27 @@ class LayerShard:
             kc, vc = self.k_cache[first:first + B], self.v_cache[first:first + B]
         else:
             kc, vc = self.k_cache[slots], self.v_cache[slots]
-        part = np.matmul(q.reshape(B, self.rows, 1, nkv, rep, self.hd_r), kc)  # (B, R, C, nkv, rep, cap)
+        kc = kc.reshape(B, self.rows, nkv, self.hd_r, -1)  # (B, R, nkv, hd_r, C*cap)
+        part = np.matmul(q.reshape(B, self.rows, nkv, rep, self.hd_r), kc)  # (B, R, nkv, rep, C*cap)
         self.ledger.compute(2 * B * nkv * rep * self.hd_r * self.cap)
+        part = part.reshape(B, self.rows, nkv, rep, self.cols, self.cap)
         scores = self.cy.allreduce(part, self.algo, self.k, array_axis=1, collapse=True,
-                                   overwrite=True)  # (B, C, nkv, rep, cap)
-        held = self.pos[slots]  # (B, C, cap)
-        valid = ((held >= 0) & (held <= poss[:, None, None]))[:, :, None, None, :]
+                                   overwrite=True)  # (B, nkv, rep, C, cap)
+        ring = (np.arange(self.cap) - self.head[slots][:, :, None]) % self.cap  # (B, C, cap)
+        valid = ((ring < self.count[slots][:, :, None]) & (self.pos[slots] <= poss[:, None, None]))[:, None, None]
         scores = np.where(valid, scores * self.scale, np.float32(-np.inf))
-        m = self.cx.allreduce(scores.max(axis=4), self.algo, self.k, op="max", array_axis=1, replicated=True,
+        m = self.cx.allreduce(scores.max(axis=4), self.algo, self.k, op="max", array_axis=3, replicated=True,
                               collapse=True)  # (B, nkv, rep)
-        e = np.where(valid, np.exp(scores - m[:, None, :, :, None]), np.float32(0))
-        total = self.cx.allreduce(e.sum(axis=4), self.algo, self.k, array_axis=1, replicated=True,
+        e = np.where(valid, np.exp(scores - m[..., None, None]), np.float32(0))
+        total = self.cx.allreduce(e.sum(axis=4), self.algo, self.k, array_axis=3, replicated=True,
                                   collapse=True)  # (B, nkv, rep)
-        p = e / total[:, None, :, :, None]  # (B, C, nkv, rep, cap)
-        out = np.matmul(p[:, None], vc)  # (B, R, C, nkv, rep, hd_r)
+        p = (e / total[..., None, None]).transpose(0, 3, 1, 2, 4)  # (B, C, nkv, rep, cap)
+        out = np.matmul(p, vc.reshape(B, self.cols, nkv, self.cap, -1))  # (B, C, nkv, rep, R*hd_r)
         self.ledger.compute(2 * B * nkv * rep * self.hd_r * self.cap)
-        a = self.cx.allreduce(out, self.algo, self.k, array_axis=2, collapse=True,
-                              overwrite=True)  # (B, R, nkv, rep, hd_r)
-        return a.reshape(B, self.rows, -1)
+        out = out.reshape(B, self.cols, nkv, rep, self.rows, self.hd_r)
+        a = self.cx.allreduce(out, self.algo, self.k, array_axis=1, collapse=True,
+                              overwrite=True)  # (B, nkv, rep, R, hd_r)
+        return a.transpose(0, 3, 1, 2, 4).reshape(B, self.rows, -1)
 
     # -- a batch of tokens ------------------------------------------------------------------------------
     def forward(self, x: np.ndarray, slots: np.ndarray, poss: np.ndarray) -> np.ndarray:
@@ -159,8 +179,7 @@ class LayerShard:
             cos, sin = np.cos(ang).astype(np.float32)[:, :, None], np.sin(ang).astype(np.float32)[:, :, None]
             q = _rope(qkv[:, :, :nh], cos, sin)  # (B, R, nh, hd_r)
             k = _rope(qkv[:, :, nh: nh + nkv], cos, sin)
-            for b in range(len(slots)):
-                self._kv_insert(int(slots[b]), k[b], qkv[b, :, nh + nkv:], int(poss[b]))
+            self._kv_insert(slots, k, qkv[:, :, nh + nkv:], poss)
             x = x + self._gemv_rows(self.w["wo"], self._attention(slots, poss, q))
             h = mesh_rmsnorm(self.cx, x, self.w["ffn_norm"], cfg, self.algo, self.k)
             gu = self._gemv_cols(self.w["w13"], h).reshape(len(slots), self.rows, 2, -1)  # (B, R, 2, hid_r)
@@ -168,11 +187,17 @@ class LayerShard:
 
     def reset(self, slot: int) -> None:
         """Forget the request in `slot` (its cache positions become free)."""
-        self.pos[slot] = -1
+        self.count[slot] = 0
+        self.head[slot] = 0
 
     def held(self, slot: int) -> np.ndarray:
         """Positions per column of the request in `slot` (to check the balance)."""
-        return (self.pos[slot] >= 0).sum(axis=1)
+        return self.count[slot].copy()
+
+    def positions(self, slot: int) -> list[int]:
+        """The token positions the cache of `slot` holds, every column's ring in order."""
+        ring = (np.arange(self.cap) - self.head[slot][:, None]) % self.cap
+        return sorted(self.pos[slot][ring < self.count[slot][:, None]].tolist())
 
 
 class EmbedShard:
