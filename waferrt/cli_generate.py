@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 import sys
 import time
 
@@ -58,8 +59,17 @@ def add_parser(sub) -> argparse.ArgumentParser:
     return p
 
 
+_COUNTER = re.compile(r"(\d+)/(\d+)")
+
+
 def _say(msg: str) -> None:
-    print(f"[waferrt] {msg}", file=sys.stderr, flush=True)
+    """Progress on stderr; an 'i/n' counter rewrites its line on a terminal (elsewhere: only n/n shows)."""
+    m = _COUNTER.search(msg)
+    if m and m.group(1) != m.group(2):
+        if sys.stderr.isatty():
+            print(f"\r[waferrt] {msg}", end="", file=sys.stderr, flush=True)
+        return
+    print(f"{chr(13) if m and sys.stderr.isatty() else ''}[waferrt] {msg}", file=sys.stderr, flush=True)
 
 
 def _prompts(args) -> list[str]:

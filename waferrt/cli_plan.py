@@ -5,7 +5,7 @@ Contract: ``add_parser(subparsers)`` registers the ``plan`` subcommand (``set_de
 ``--dead N`` kills N random live cores, re-plans and prints both. Exit status: 0 done, 1 the re-plan
 failed (the reason is printed), 2 the model does not fit or an argument is wrong (the message says what
 would work). ``--model smollm2`` uses the built-in SmolLM2-135M config; ``--model PATH`` reads only a
-GGUF's metadata (``config_from_gguf_metadata``), never its weights.
+GGUF's metadata (``waferrt.model.gguf_loader.read_config``), never its weights.
 """
 
 from __future__ import annotations
@@ -16,10 +16,9 @@ import random
 import sys
 from pathlib import Path
 
-import numpy as np
-
 from waferrt.mesh import Coord, MeshSpec, Region
 from waferrt.model.config import SMOLLM2_135M, LlamaConfig
+from waferrt.model.gguf_loader import read_config
 from waferrt.scheduler import (
     KVReserve,
     NodeInfo,
@@ -82,46 +81,12 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     return p
 
 
-def config_from_gguf_metadata(path: str | Path) -> LlamaConfig:
-    """A LlamaConfig from a llama GGUF's metadata (tensors are not read)."""
-    import gguf
-
-    reader = gguf.GGUFReader(path)
-
-    def get(key: str, default=None):
-        field = reader.get_field(key)
-        if field is None and default is None:
-            raise ValueError(f"{path} lacks the GGUF metadata key {key!r}; is it a complete llama GGUF?")
-        return default if field is None else field.contents()
-
-    if get("general.architecture") != "llama":
-        arch = get("general.architecture")
-        raise ValueError(f"{path} is a {arch!r} model; only llama GGUFs can be planned")
-    heads = int(get("llama.attention.head_count"))
-    return LlamaConfig(
-        vocab_size=len(reader.get_field("tokenizer.ggml.tokens").data) if reader.get_field(
-            "tokenizer.ggml.tokens") else int(get("llama.vocab_size")),
-        dim=int(get("llama.embedding_length")), n_layers=int(get("llama.block_count")), n_heads=heads,
-        n_kv_heads=int(get("llama.attention.head_count_kv", heads)),
-        hidden_dim=int(get("llama.feed_forward_length")),
-        rope_theta=_f32(get("llama.rope.freq_base", 10000.0)),
-        norm_eps=_f32(get("llama.attention.layer_norm_rms_epsilon", 1e-5)),
-        max_seq_len=int(get("llama.context_length", 2048)),
-        tie_embeddings=all(t.name != "output.weight" for t in reader.tensors),
-    )
-
-
-def _f32(value) -> float:
-    """A float32 metadata value as the shortest decimal of the same float32 (1e-5, not 9.9999997e-06)."""
-    return float(str(np.float32(value)))
-
-
 def _model(name: str) -> tuple[LlamaConfig, str]:
     if name == "smollm2":
         return SMOLLM2_135M, "SmolLM2-135M"
     if not Path(name).is_file():
         raise ValueError(f"--model {name!r} is neither 'smollm2' nor an existing GGUF file")
-    return config_from_gguf_metadata(name), Path(name).name
+    return read_config(name), Path(name).name
 
 
 def _mesh(args, cfg: LlamaConfig, spec, kv: KVReserve) -> MeshSpec:

@@ -10,6 +10,7 @@ from waferrt.scheduler import Placement
 
 from waferrt import cli_plan
 from waferrt.model.config import SMOLLM2_135M
+from waferrt.model.gguf_loader import read_config
 
 
 def _run(capsys, *argv: str) -> tuple[int, str, str]:
@@ -72,4 +73,4 @@ def test_gguf_metadata_gives_the_same_config():
         path = gguf_loader.smollm2_path()
     except FileNotFoundError:
         pytest.skip("SmolLM2 GGUF not installed")
-    assert cli_plan.config_from_gguf_metadata(path) == SMOLLM2_135M
+    assert read_config(path) == SMOLLM2_135M

@@ -58,8 +58,8 @@ def smollm2_path() -> Path:
     return path
 
 
-def load_gguf(path: str | Path | None = None) -> tuple[LlamaConfig, LlamaWeights, TokenizerMetadata]:
-    """Read a llama GGUF (default: SmolLM2-135M-Instruct) into float32 weights, config and tokenizer data."""
+def _open(path: str | Path | None) -> tuple[Path, gguf.GGUFReader]:
+    """The GGUF at `path` (default: SmolLM2), checked to exist and to be a llama model."""
     path = smollm2_path() if path is None else Path(path)
     if not path.is_file():
         raise FileNotFoundError(
@@ -74,6 +74,20 @@ def load_gguf(path: str | Path | None = None) -> tuple[LlamaConfig, LlamaWeights
             f"{path} is a {arch!r} model; only the 'llama' architecture (Llama, SmolLM, TinyLlama, ...) "
             "is supported"
         )
+    return path, reader
+
+
+def read_config(path: str | Path | None = None) -> LlamaConfig:
+    """Only the model's shape, from the GGUF's metadata (no tensor is dequantised)."""
+    path, reader = _open(path)
+    tokens = reader.get_field("tokenizer.ggml.tokens")
+    vocab = len(tokens.data) if tokens is not None else int(_field(reader, path, "llama.vocab_size"))
+    return _config(reader, path, vocab, tied=all(t.name != "output.weight" for t in reader.tensors))
+
+
+def load_gguf(path: str | Path | None = None) -> tuple[LlamaConfig, LlamaWeights, TokenizerMetadata]:
+    """Read a llama GGUF (default: SmolLM2-135M-Instruct) into float32 weights, config and tokenizer data."""
+    path, reader = _open(path)
     tok_meta = _tokenizer_metadata(reader, path)
     tensors = {t.name: t for t in reader.tensors}
     config = _config(reader, path, vocab_size=len(tok_meta.tokens), tied="output.weight" not in tensors)
