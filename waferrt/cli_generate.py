@@ -130,14 +130,15 @@ def run(args) -> int:
         texts = [tok.chat_prompt(t, args.system) for t in texts]
     requests = [GenRequest(tuple(tok.encode(t)), args.max_new_tokens, tuple(tok.stop_ids)) for t in texts]
     streams = [StreamDecoder(tok, skip_special=True) for _ in requests]
+    started = []  # the prompt is echoed once, when the first token arrives (after the progress lines)
     live = len(requests) == 1 and not args.json
 
     def on_token(i: int, token: int) -> None:
         if live:
+            if not started:
+                print(texts[0] if not args.chat else "", end="", flush=True)
+                started.append(True)
             print(streams[i].push(token), end="", flush=True)
-
-    if live:
-        print(texts[0] if not args.chat else "", end="", flush=True)
     if args.reference:
         _say("decoding on the single-process numpy reference")
         out, stats = generate_reference(config, weights, requests, sampler, on_token)
