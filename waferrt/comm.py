@@ -195,14 +195,14 @@ class LineComm:
         return self._multicast(acc, 0, array_axis, replicated, spread=False)
 
     def _chunk_steps(self, chunks, steps, ufunc, replicated):
-        """chunks: (m, n_chunks, c). Each step is a list of (src positions, chunk index per src, dist);
+        """chunks: (m, n_chunks, lines, c). Each step is a list of (src positions, chunk index per src, dist);
         every src sends that chunk `dist` hops, all at once; the receiver combines (or, ufunc None,
         overwrites) its same chunk."""
         for step in steps:
             received = []
             with self.ledger.concurrent():
                 for src, idx, dist in step:
-                    send = np.zeros((self.m, chunks.shape[2]), chunks.dtype)
+                    send = np.zeros((self.m,) + chunks.shape[2:], chunks.dtype)
                     local = (src >= self.lo) & (src < self.lo + self.m)
                     send[src[local] - self.lo] = chunks[src[local] - self.lo, idx[local]]
                     pos, val = self.transfer(send, src, dist, 0, replicated)
@@ -211,6 +211,17 @@ class LineComm:
                 cur = chunks[pos, idx]
                 chunks[pos, idx] = val if ufunc is None else ufunc(cur, val)
 
+    def _split_chunks(self, flat: np.ndarray, replicated: bool) -> np.ndarray:
+        """(m, V) -> (m, n, lines, c): each line's block cut in n equal zero-padded segments (a copy); a
+        replicated buffer is one line's block."""
+        lines = 1 if replicated else max(self.lines, 1)
+        m, v = flat.shape
+        blk = v // lines
+        c = -(-blk // self.n) if blk else 0
+        out = np.zeros((m, lines, self.n * c), flat.dtype)
+        out[:, :, :blk] = flat.reshape(m, lines, blk)
+        return np.ascontiguousarray(out.reshape(m, lines, self.n, c).transpose(0, 2, 1, 3))
+
     def _ring(self, flat, ufunc, replicated):
         n = self.n
         # folded ring: evens going out, odds coming back, so ring neighbours are at most 2 hops apart
@@ -218,7 +229,7 @@ class LineComm:
         ring_index = np.empty(n, np.int64)
         ring_index[order] = np.arange(n)
         succ = np.array(order[1:] + order[:1])[ring_index]  # successor position of each position
-        chunks = _split_chunks(flat, n)
+        chunks = self._split_chunks(flat, replicated)
         pos_all = np.arange(n)
 
         def step(shift):
@@ -229,11 +240,11 @@ class LineComm:
 
         self._chunk_steps(chunks, [step(s) for s in range(n - 1)], ufunc, replicated)
         self._chunk_steps(chunks, [step(s - 1) for s in range(n - 1)], None, replicated)
-        return chunks.reshape(self.m, -1)[:1, : flat.shape[1]]
+        return _join_chunks(chunks, flat.shape[1])[:1]
 
     def _pipeline(self, flat, ufunc, replicated):
         n = self.n
-        chunks = _split_chunks(flat, n)
+        chunks = self._split_chunks(flat, replicated)
         steps = []
         for tau in range(2 * (n - 1)):
             p = np.arange(1, n)
@@ -242,17 +253,14 @@ class LineComm:
             if ok.any():
                 steps.append([(p[ok], seg[ok], -1)])
         self._chunk_steps(chunks, steps, ufunc, replicated)
-        acc = chunks.reshape(self.m, -1)[:, : flat.shape[1]]
+        acc = _join_chunks(chunks, flat.shape[1])
         return self._multicast(acc, 0, 0, replicated, spread=False)
 
 
-def _split_chunks(flat: np.ndarray, n: int) -> np.ndarray:
-    """(m, V) -> (m, n, ceil(V/n)) zero-padded chunks (a copy)."""
-    m, v = flat.shape
-    c = -(-v // n) if v else 0
-    out = np.zeros((m, n * c), flat.dtype)
-    out[:, :v] = flat
-    return out.reshape(m, n, c)
+def _join_chunks(chunks: np.ndarray, v: int) -> np.ndarray:
+    """(m, n, lines, c) -> (m, V): the inverse of LineComm._split_chunks."""
+    m, _, lines, _ = chunks.shape
+    return chunks.transpose(0, 2, 1, 3).reshape(m, lines, -1)[:, :, : v // lines].reshape(m, v)
 
 
 def _spread(val: np.ndarray, m: int, axis: int) -> np.ndarray:

@@ -131,3 +131,15 @@ def test_sub_region_spanning_tiles():
     x = _data(mesh)[1:7, 2:7]
     out, _ = simulate(mesh, TINY, region, lambda ctx, a: ctx.allreduce(a, "y", "ring"), a=x)
     np.testing.assert_allclose(out, np.broadcast_to(x.sum(0, keepdims=True), x.shape), rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("algo", ["ktree", "ring", "pipeline"])
+@pytest.mark.parametrize("shape", [(4, 4, 2, 2), (9, 3, 4, 2)], ids=["4x4/2x2", "9x3/4x2"])
+def test_many_lines_book_each_line_as_the_closed_form(algo, shape):
+    """Every row of cores is one line: same critical path, traffic times the number of rows."""
+    mesh = MeshSpec(*shape)
+    x = _data(mesh, 5)
+    _, cost = simulate(mesh, TINY, mesh.region, lambda ctx, a: ctx.allreduce(a, "x", algo), a=x)
+    got, want = cost[f"allreduce.{algo}"], allreduce_cost(TINY, algo, mesh.width, 4 * x.shape[2])
+    assert (got.hops, got.stages, got.cycles) == (want.hops, want.stages, want.cycles)
+    assert (got.link_bytes, got.messages) == (mesh.height * want.link_bytes, mesh.height * want.messages)
