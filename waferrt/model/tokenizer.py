@@ -58,6 +58,10 @@ class Tokenizer:
         bad = next((m for m in merges if len(m) != 2), None)
         if bad is not None:
             raise ValueError(f"merge {' '.join(bad)!r} is not two space-separated tokens")
+        unknown = next((m for m in merges if not {m[0], m[1], m[0] + m[1]} <= vocab.keys()), None)
+        if unknown is not None:
+            raise ValueError(f"merge {' '.join(unknown)!r} joins tokens into one the vocabulary lacks "
+                             f"({unknown[0] + unknown[1]!r}); the GGUF's tokenizer data is inconsistent")
         self._hf = HFTokenizer(models.BPE(vocab, merges, fuse_unk=False, byte_fallback=False))
         self._hf.pre_tokenizer = pre_tokenizers.Sequence(
             [

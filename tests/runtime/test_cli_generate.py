@@ -1,0 +1,54 @@
+"""`waferrt generate` end to end on a small GGUF written here: the wafer and --reference print the same
+tokens, text streams, several prompts are concurrent requests, and bad input is explained."""
+
+import dataclasses
+import json
+
+import pytest
+from ggufs import write_gguf
+
+from waferrt.cli import main
+from waferrt.model import synthetic_llama, tiny_config
+
+WAFER = ["--spec", "tiny", "--mesh", "16x16", "--tile", "8x8", "--kv-tokens", "48", "--requests", "2"]
+
+
+@pytest.fixture(scope="module")
+def tiny_gguf(tmp_path_factory):
+    path = tmp_path_factory.mktemp("model") / "tiny.gguf"
+    config = dataclasses.replace(tiny_config(), vocab_size=264)  # the 256 bytes, "Ġt", unused ones
+    write_gguf(path, config, synthetic_llama(config, seed=4), merges=("Ġ t",), extra_tokens=("Ġt",))
+    return str(path)
+
+
+def _json(capsys, argv):
+    assert main(argv) == 0
+    return json.loads(capsys.readouterr().out)
+
+
+def test_json_on_the_wafer_equals_the_reference(ray_session, tiny_gguf, capsys):
+    argv = ["generate", "hello world", "to be or", "abc", "--model", tiny_gguf, "--max-new-tokens", "12",
+            "--temperature", "0.7", "--seed", "3", "--json"]
+    wafer = _json(capsys, argv + WAFER)
+    ref = _json(capsys, argv + ["--reference"])
+    assert wafer["tokens"] == ref["tokens"] and wafer["text"] == ref["text"]
+    assert len(wafer["tokens"]) == 3 and all(0 < len(t) <= 12 for t in wafer["tokens"])
+    assert wafer["prompt_tokens"][0] == ref["prompt_tokens"][0] and wafer["prompt_tokens"][0]
+    assert wafer["wafer_tokens_per_s"] > 0 and wafer["wall_tokens_per_s"] > 0 and "16x16" in wafer["mesh"]
+
+
+def test_one_prompt_streams_its_text(ray_session, tiny_gguf, capsys):
+    assert main(["generate", "hello", "--model", tiny_gguf, "--max-new-tokens", "6"] + WAFER) == 0
+    out, err = capsys.readouterr()
+    assert out.startswith("hello") and "tok/s" in err and "modelled wafer" in err
+
+
+@pytest.mark.parametrize("argv,words", [
+    (["generate"], "give at least one prompt"),
+    (["generate", "x", "--tile", "8x8"], "--tile needs --mesh"),
+    (["generate", "x", "--max-new-tokens", "0"], "at least 1"),
+    (["generate", "x", "--file", "/nonexistent/prompts.txt"], "cannot read --file"),
+])
+def test_bad_input_is_explained(argv, words):
+    with pytest.raises(SystemExit, match=words):
+        main(argv)
