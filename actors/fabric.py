@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import collections
 import os
-import socket
 import time
 
 import msgpack
@@ -44,7 +43,9 @@ class ZmqLinks:
         os.makedirs(ipc_dir, exist_ok=True)
         self.ipc_path = os.path.join(ipc_dir, f"t{self.tile.tx}_{self.tile.ty}")
         self.pull.bind(f"ipc://{self.ipc_path}")
-        host = socket.gethostbyname(socket.gethostname())
+        from ray.util import get_node_ip_address  # the node's routable IP (the hostname may map to 127.0.0.1)
+
+        host = get_node_ip_address()
         port = self.pull.bind_to_random_port("tcp://*")
         return {"ipc": f"ipc://{self.ipc_path}", "tcp": f"tcp://{host}:{port}"}
 

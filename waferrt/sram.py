@@ -18,12 +18,15 @@ class SramOverflow(MemoryError):
     """Placing a tensor would exceed a core's SRAM."""
 
     def __init__(self, tensor: str, core: Coord, asked: int, free: int, capacity: int):
-        self.tensor, self.core, self.asked, self.free = tensor, core, asked, free
+        self.tensor, self.core, self.asked, self.free, self.capacity = tensor, core, asked, free, capacity
         super().__init__(
             f"SRAM overflow placing {tensor!r}: core {core} was asked for {asked} bytes but has only "
             f"{free} of {capacity} bytes free. Spread the tensor over more cores (a larger region), "
             "free another tensor first, or use a spec with more SRAM per core."
         )
+
+    def __reduce__(self):  # picklable, so it crosses Ray from a tile to the driver as itself
+        return type(self), (self.tensor, self.core, self.asked, self.free, self.capacity)
 
 
 class SramBook:
