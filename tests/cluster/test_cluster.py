@@ -1,0 +1,88 @@
+"""Two Ray nodes on one machine: tiles pinned to nodes, tcp links across the node border, results = numpy.
+
+``ray.cluster_utils.Cluster`` starts a head and a worker node (separate raylets) in a subprocess, with a
+private RAY_TMPDIR (the Cluster writes its address there; nothing else on the machine may pick it up), so it
+never meets the test session's Ray. The 4x2 mesh has two tiles of 2x2 cores: tile(0,0) on the head node,
+tile(1,0) on the worker node, through ``Wafer.open(node_ids=...)``. Inside the kernels, each tile checks that
+it runs on its node and that its link to the other tile is tcp to that node's IP; then collectives whose
+lines cross the node border must match numpy. Takes ~15 s.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+
+import pytest
+
+SCRIPT = r"""
+import json, logging
+import numpy as np, ray
+from ray.cluster_utils import Cluster
+from waferrt.mesh import MeshSpec, TileId
+from waferrt.runtime import Wafer
+
+cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 1, "include_dashboard": False})
+worker = cluster.add_node(num_cpus=1)
+report = {}
+try:
+    ray.init(address=cluster.address, log_to_driver=False, logging_level=logging.ERROR)
+    cluster.wait_for_nodes()
+    nodes = {n["NodeID"]: n["NodeManagerAddress"] for n in ray.nodes() if n["Alive"]}
+    place = {TileId(0, 0): cluster.head_node.node_id, TileId(1, 0): worker.node_id}
+    report["nodes"] = len(nodes)
+    mesh = MeshSpec(4, 2, 2, 2)
+    wafer = Wafer(spec="tiny", mesh=mesh).open(node_ids=place)
+    try:
+        x = np.random.default_rng(5).standard_normal((2, 4, 6)).astype(np.float32)
+        for name in ("x", "y"):
+            wafer.dsm.alloc(name, x.shape, split=("y", "x", None))
+        wafer.dsm.put("x", x)
+
+        def where(ctx, place, nodes):
+            import ray, zmq
+            tile = TileId(ctx.local.x0 // 2, 0)
+            here = ray.get_runtime_context().get_node_id()
+            assert here == place[tile], f"{tile} runs on node {here}, was pinned to {place[tile]}"
+            peer = place[TileId(1 - tile.tx, 0)]
+            (sock,) = ctx.x.links.push.values()
+            endpoint = sock.get(zmq.LAST_ENDPOINT).decode()
+            assert endpoint.startswith(f"tcp://{nodes[peer]}:"), f"{tile} links to {endpoint}"
+            ctx.store("y", np.full(ctx.shape + (1, 1, 6), tile.tx + 1, np.float32))  # blocks (1, 1, 6)
+
+        wafer.run(where, place=place, nodes=nodes)
+        report["where"] = wafer.dsm.get("y")[:, :, 0].tolist()
+        for algo in ("ktree", "ring", "pipeline"):
+            wafer.run(lambda ctx, algo: ctx.store("y", ctx.allreduce(ctx.load("x"), "x", algo)), algo=algo)
+            ok = np.allclose(wafer.dsm.get("y"), np.broadcast_to(x.sum(1, keepdims=True), x.shape), atol=1e-5)
+            report[algo] = bool(ok)
+        wafer.run(lambda ctx: ctx.store("y", ctx.shift(ctx.load("x"), "x", 1, wrap=True)))
+        report["shift"] = bool(np.array_equal(wafer.dsm.get("y"), np.roll(x, 1, axis=1)))
+    finally:
+        wafer.close()
+finally:
+    ray.shutdown()
+    cluster.shutdown()
+print(json.dumps(report))
+"""
+
+
+@pytest.mark.cluster
+def test_allreduce_across_two_ray_nodes_matches_numpy():
+    tmp = tempfile.mkdtemp(prefix="wrt-", dir="/tmp")  # short: Ray's socket paths must stay < 108 bytes
+    env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
+    env.update(TMPDIR=tmp, RAY_TMPDIR=tmp)
+    try:
+        proc = subprocess.run([sys.executable, "-c", SCRIPT], env=env, capture_output=True, text=True,
+                              timeout=180)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    report = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert report["nodes"] == 2
+    assert report["where"] == [[1, 1, 2, 2], [1, 1, 2, 2]]  # tile(0,0) on the head, tile(1,0) on the worker
+    assert report == {**report, "ktree": True, "ring": True, "pipeline": True, "shift": True}

@@ -1,0 +1,39 @@
+"""Shared test fixtures.
+
+Contract: ``ray_session`` (session scope) starts ONE local Ray for the whole test session the first time a
+test asks for it -- tests/unit never does, so the unit tier runs without Ray -- and shuts it down at the
+end. A ``Wafer`` opened while it runs joins that Ray and leaves it running when it closes. Tests that need
+their own Ray (tests/cluster) run it in a subprocess so they never meet this one.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+
+import pytest
+
+# Ray must not find (and join) some other cluster through the environment.
+os.environ.pop("RAY_ADDRESS", None)
+
+
+def pytest_configure(config):
+    config.addinivalue_line("markers", "cluster: several Ray nodes on this machine (a subprocess, ~15 s); "
+                                       "deselect with -m 'not cluster'")
+
+
+@pytest.fixture(scope="session")
+def ray_session():
+    import ray
+
+    if ray.is_initialized():  # someone else's Ray (e.g. a plugin): use it, leave it alone
+        yield ray
+        return
+    # num_cpus=2: tile actors take no CPU resource, so this only bounds plain tasks; the dashboard and
+    # driver log forwarding are off to keep start-up (~4 s) and the test output quiet.
+    ray.init(address="local", num_cpus=2, log_to_driver=False, logging_level=logging.ERROR,
+             include_dashboard=False, configure_logging=True)
+    try:
+        yield ray
+    finally:
+        ray.shutdown()

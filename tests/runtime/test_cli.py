@@ -1,0 +1,78 @@
+"""The ``waferrt`` command and the examples: help that teaches, argument errors that say what to type,
+subcommand modules loaded only when present, and ``demo`` / ``examples/allreduce.py`` running for real
+(joining the session's Ray)."""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import pathlib
+import re
+import subprocess
+import sys
+
+import pytest
+
+from waferrt import cli
+
+ROOT = pathlib.Path(__file__).resolve().parents[2]
+
+
+def test_help_describes_the_wafer_and_lists_every_subcommand():
+    proc = subprocess.run([sys.executable, "-m", "waferrt.cli", "--help"], capture_output=True, text=True,
+                          timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    assert "2D mesh of small cores" in proc.stdout and "examples:" in proc.stdout
+    for command, module in [("demo", None), *cli.SUBCOMMAND_MODULES.items()]:
+        if module is None or importlib.util.find_spec(module) is not None:
+            assert f"    {command} " in proc.stdout, f"{command} missing from --help"
+
+
+def test_wxh_parsing_teaches_the_format():
+    assert cli.parse_wxh("16x8") == (16, 8) and cli.parse_wxh("3X2") == (3, 2)
+    bad_inputs = (("8", "WIDTHxHEIGHT"), ("8x", "WIDTHxHEIGHT"), ("axb", "e.g. 8x8"), ("0x4", "at least 1"))
+    for bad, hint in bad_inputs:
+        with pytest.raises(argparse.ArgumentTypeError, match=hint):
+            cli.parse_wxh(bad)
+    proc = subprocess.run([sys.executable, "-m", "waferrt.cli", "demo", "--mesh", "8by8"],
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2 and "'8by8' is not WIDTHxHEIGHT" in proc.stderr
+
+
+def test_missing_subcommand_module_is_left_out_but_a_broken_one_is_not_hidden(monkeypatch, tmp_path):
+    monkeypatch.setattr(cli, "SUBCOMMAND_MODULES", {"later": "waferrt.cli_not_written_yet"})
+    assert "later" not in cli.build_parser().format_help()
+    (tmp_path / "wrt_broken_cmd.py").write_text("import a_dependency_that_is_not_installed_xyz\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.setattr(cli, "SUBCOMMAND_MODULES", {"broken": "wrt_broken_cmd"})
+    with pytest.raises(ModuleNotFoundError, match="a_dependency_that_is_not_installed_xyz"):
+        cli.build_parser()
+    # dispatching `demo` does not need (or import) the other subcommands' modules
+    assert cli.build_parser(["demo"]).parse_args(["demo", "--algo", "ring"]).algo == "ring"
+
+
+def test_demo_runs_and_checks_itself(ray_session, capsys):
+    assert cli.main(["demo", "--mesh", "6x4", "--tile", "3x2", "--algo", "ring"]) == 0
+    out = capsys.readouterr().out
+    assert "2x2 tiles of 3x2" in out and "matches numpy" in out and "allreduce.ring" in out
+
+
+def test_demo_rejects_a_tile_larger_than_the_mesh(capsys):
+    assert cli.main(["demo", "--mesh", "4x4", "--tile", "8x8"]) == 2
+    assert "tile 8x8 is larger than the mesh 4x4" in capsys.readouterr().err
+
+
+def test_allreduce_example_checks_both_algorithms(ray_session, capsys):
+    spec = importlib.util.spec_from_file_location("allreduce_example", ROOT / "examples" / "allreduce.py")
+    example = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(example)
+    assert example.main() == 0
+    out = capsys.readouterr().out
+    assert "ktree: matches numpy; modelled" in out and "ring: matches numpy; modelled" in out
+
+
+def test_readme_programming_model_example_runs(ray_session, capsys):
+    blocks = re.findall(r"```python\n(.*?)```", (ROOT / "README.md").read_text(), re.S)
+    assert blocks, "README.md lost its programming-model example"
+    exec(compile(blocks[0], "README.md", "exec"), {"__name__": "readme"})
+    assert "allreduce.ktree" in capsys.readouterr().out

@@ -1,0 +1,168 @@
+"""A Wafer cleans up after itself: on close, twice in a row, with its own Ray or a shared one, and on Ctrl-C.
+
+What a Wafer owns: its tile actors (named ``tile(x,y)`` in a fresh namespace) and their worker processes,
+their pyzmq sockets and ipc socket files (in a ``waferrt-*`` directory under the temp dir), and -- when it
+started Ray -- Ray itself. After close none of these may be left. The embedded-Ray and Ctrl-C tests run in
+a subprocess with private TMPDIR and RAY_TMPDIR, so that they neither meet the session's Ray nor see other
+programs' files. (Ray itself keeps a socket and its event-log files per init/shutdown cycle in the driver,
+whoever uses it; those are not counted as the Wafer's.)
+"""
+
+from __future__ import annotations
+
+import glob
+import json
+import os
+import select
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+
+import psutil
+import pytest
+
+from waferrt.runtime import Wafer
+
+
+def alive(pids) -> list[int]:
+    out = []
+    for pid in pids:
+        try:
+            if psutil.Process(pid).status() != psutil.STATUS_ZOMBIE:
+                out.append(pid)
+        except psutil.NoSuchProcess:
+            pass
+    return out
+
+
+def wait_gone(pids, timeout: float = 15.0) -> list[int]:
+    deadline = time.monotonic() + timeout
+    while (left := alive(pids)) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    return left
+
+
+def driver_fds() -> dict[int, str]:
+    out = {}
+    for fd in os.listdir("/proc/self/fd"):
+        try:
+            out[int(fd)] = os.readlink(f"/proc/self/fd/{fd}")
+        except OSError:
+            pass
+    return out
+
+
+def namespaces() -> set[str]:
+    """Namespaces that hold live named actors (a Wafer's tiles live in a fresh one)."""
+    import ray
+
+    return {a["namespace"] for a in ray.util.list_named_actors(all_namespaces=True)}
+
+
+def test_wafer_on_a_running_ray_joins_it_and_leaves_it_running(ray_session):
+    with Wafer(mesh=(2, 1), tile=(1, 1)) as w:
+        assert not w._started_ray
+    assert ray_session.is_initialized()
+    assert ray_session.get(ray_session.put(41)) == 41
+
+
+def test_open_close_twice_leaks_nothing(ray_session):
+    ray = ray_session
+    fds_after = []
+    for _ in range(2):
+        before = namespaces()
+        w = Wafer(mesh=(4, 2), tile=(2, 2)).open()
+        try:
+            pids = ray.get([h.pid.remote() for h in w.tiles.values()])
+            mine = namespaces() - before
+            ipc_dir = w._ipc_dir
+            assert len(pids) == 2 and os.path.isdir(ipc_dir) and len(mine) == 1
+        finally:
+            w.close()
+        assert wait_gone(pids) == [], "tile worker processes outlived the Wafer"
+        assert not os.path.exists(ipc_dir), f"{ipc_dir} (the fabric's socket files) outlived the Wafer"
+        left = [a for a in ray.util.list_named_actors(all_namespaces=True) if a["namespace"] in mine]
+        assert left == [], f"actors still alive after close: {left}"
+        fds = driver_fds()
+        assert not [t for t in fds.values() if "waferrt" in t]
+        fds_after.append(len(fds))
+    assert fds_after[1] == fds_after[0], f"driver fds grew from {fds_after[0]} to {fds_after[1]}"
+
+
+# -- in a subprocess: the Wafer starts and stops its own Ray -----------------------------------------------
+@pytest.fixture
+def private_tmp():
+    d = tempfile.mkdtemp(prefix="wrt-", dir="/tmp")  # short: Ray's socket paths must stay < 108 bytes
+    env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
+    env.update(TMPDIR=d, RAY_TMPDIR=d)
+    yield d, env
+    shutil.rmtree(d, ignore_errors=True)
+
+
+EMBEDDED = r"""
+import glob, json, os, sys, tempfile, time
+import psutil, ray
+from waferrt.runtime import Wafer
+me = psutil.Process()
+reports = []
+for _ in range(2):
+    with Wafer(mesh=(4, 2), tile=(2, 2)) as w:
+        w.dsm.alloc("x", (2, 4, 3), split=("y", "x", None))
+        w.run(lambda ctx: ctx.store("x", ctx.allreduce(ctx.load("x"), "x")))
+        started = w._started_ray
+        kids = [p.pid for p in me.children(recursive=True)]
+    reports.append({"started_ray": started, "kids": kids, "ray_up": ray.is_initialized(),
+                    "inet": len(me.net_connections("inet")), "zmq": "zmq" in sys.modules,
+                    "dirs": glob.glob(os.path.join(tempfile.gettempdir(), "waferrt-*"))})
+print(json.dumps(reports))
+"""
+
+
+def test_embedded_ray_opened_and_closed_twice_leaks_nothing(private_tmp):
+    tmp, env = private_tmp
+    proc = subprocess.run([sys.executable, "-c", EMBEDDED], env=env, capture_output=True, text=True,
+                          timeout=120)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    reports = json.loads(proc.stdout.strip().splitlines()[-1])
+    for r in reports:
+        assert r["started_ray"] and not r["ray_up"], "a Wafer with address=None starts Ray and stops it"
+        assert len(r["kids"]) >= 3  # Ray's own processes and the two tile workers
+        assert wait_gone(r["kids"]) == [], "Ray or tile processes outlived the Wafer"
+        assert r["inet"] == 0 and not r["zmq"] and r["dirs"] == []
+    assert glob.glob(os.path.join(tmp, "waferrt-*")) == []
+
+
+CTRL_C = r"""
+from waferrt.runtime import Wafer
+with Wafer(mesh=(4, 2), tile=(2, 2)) as w:
+    w.dsm.alloc("x", (2, 4, 64), split=("y", "x", None))
+    print("ready", w._ipc_dir, flush=True)
+    while True:
+        w.run(lambda ctx: ctx.store("x", ctx.allreduce(ctx.load("x"), "x", "ring")))
+"""
+
+
+def test_ctrl_c_during_a_run_shuts_everything_down(private_tmp):
+    tmp, env = private_tmp
+    proc = subprocess.Popen([sys.executable, "-c", CTRL_C], env=env, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+    try:
+        ready, _, _ = select.select([proc.stdout], [], [], 90)
+        line = proc.stdout.readline() if ready else ""
+        assert line.startswith("ready"), f"the wafer did not start: {line!r} {proc.poll()}"
+        ipc_dir = line.split()[1]
+        time.sleep(0.5)  # let it run a few kernels
+        kids = [p.pid for p in psutil.Process(proc.pid).children(recursive=True)]
+        proc.send_signal(signal.SIGINT)
+        _, err = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode != 0 and "KeyboardInterrupt" in err, err[-3000:]
+    assert len(kids) >= 3
+    assert wait_gone(kids) == [], "Ray or tile processes outlived Ctrl-C"
+    assert not os.path.exists(ipc_dir)
+    assert glob.glob(os.path.join(tmp, "waferrt-*")) == []
