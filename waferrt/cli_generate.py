@@ -48,6 +48,8 @@ def add_parser(sub) -> argparse.ArgumentParser:
     p.add_argument("--mesh", type=parse_wxh, metavar="WxH", help="mesh size in cores (default: fitted)")
     p.add_argument("--tile", type=parse_wxh, metavar="TWxTH", help="tile size in cores (with --mesh)")
     p.add_argument("--spec", default="wse2", help="hardware spec: tiny, wse2 (default), wse3")
+    p.add_argument("--dtype", default="float32", choices=("float32", "float16", "bfloat16"),
+                   help="how weights and K/V are stored in core SRAM (computed in float32); float32 default")
     p.add_argument("--kv-tokens", type=int, default=512, metavar="T", help="KV positions per request (512)")
     p.add_argument("--requests", type=int, default=8, metavar="R", help="requests in flight at most (8)")
     p.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default)")
@@ -110,9 +112,9 @@ def _placement(args, config):
     elif args.tile:
         raise SystemExit("waferrt generate: --tile needs --mesh (the default mesh picks its own tiles)")
     else:
-        mesh = default_mesh(config, spec, kv)
-    p = plan(config, spec, mesh, kv=kv)
-    _say(f"placed on {mesh} ({spec.name}): layer regions {p.layers[0].w}x{p.layers[0].h} cores, "
+        mesh = default_mesh(config, spec, kv, dtype=args.dtype)
+    p = plan(config, spec, mesh, kv=kv, dtype=args.dtype)
+    _say(f"placed on {mesh} ({spec.name}, {args.dtype} storage): layer regions {p.layers[0].w}x{p.layers[0].h} cores, "
          f"KV {p.kv_tokens} tokens x {kv.requests} requests")
     return p
 

@@ -21,9 +21,7 @@ balanced by shifting. The tied embedding/head table (vocab: y, dim: x) lives in 
 
 from __future__ import annotations
 
-import numpy as np
-
-from .layout import Layout
+from .layout import Layout, itemsize
 from .mesh import Region
 from .model.config import LlamaConfig
 
@@ -95,5 +93,9 @@ def max_layer_rows(cfg: LlamaConfig) -> int:
     return cfg.head_dim // 2
 
 
+STORAGE_DTYPES = ("float32", "float16", "bfloat16")
+
+
 def dtype_itemsize(dtype: str) -> int:
-    return np.dtype(dtype).itemsize
+    """Bytes per weight in a storage dtype (TypeError for a name numpy does not know, but bfloat16)."""
+    return itemsize(dtype)

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from .decode_layout import embed_layout, final_norm_layout, layer_layouts
+from .decode_layout import STORAGE_DTYPES, embed_layout, final_norm_layout, layer_layouts
 from .layout import Layout, _axis_gather, core_bytes, to_blocks
 from .mesh import Region
 from .model.config import LlamaConfig
@@ -39,6 +39,33 @@ class Chunks:
         return out
 
 
+def storage_dtype(dtype: str) -> np.dtype:
+    """The numpy dtype that holds a storage dtype (bfloat16 is kept as its upper 16 bits in a uint16)."""
+    if dtype not in STORAGE_DTYPES:
+        raise ValueError(f"storage dtype {dtype!r} is not one of {STORAGE_DTYPES}")
+    return np.dtype(np.uint16 if dtype == "bfloat16" else dtype)
+
+
+def to_storage(a: np.ndarray, dtype: str) -> np.ndarray:
+    """float32 -> storage (bfloat16 rounds to nearest even)."""
+    if dtype == "float32":
+        return np.ascontiguousarray(a, dtype=np.float32)
+    if dtype == "float16":
+        return a.astype(np.float16)
+    bits = np.ascontiguousarray(a, dtype=np.float32).view(np.uint32)
+    rounded = bits + np.uint32(0x7FFF) + ((bits >> np.uint32(16)) & np.uint32(1))
+    return (rounded >> np.uint32(16)).astype(np.uint16)
+
+
+def to_f32(a: np.ndarray, dtype: str) -> np.ndarray:
+    """storage -> float32 for computing (a no-op for float32)."""
+    if dtype == "float32":
+        return a
+    if dtype == "float16":
+        return a.astype(np.float32)
+    return (a.astype(np.uint32) << np.uint32(16)).view(np.float32)
+
+
 def _cols_first(blocks: np.ndarray) -> np.ndarray:
     """(rows, cols, *out, in) -> (cols, in, rows * prod(out)): x (cols, 1, in) @ this is every core's GEMV."""
     c = blocks.shape[1]
@@ -54,7 +81,7 @@ def _rows_first(blocks: np.ndarray) -> np.ndarray:
 
 def pack_layer(cfg: LlamaConfig, lw, region: Region, dtype: str = "float32") -> dict[str, np.ndarray]:
     """One layer's weights as the arrays of its region (see the module docstring)."""
-    lay = layer_layouts(cfg, region, dtype)
+    lay = layer_layouts(cfg, region)  # blocks cut in float32, stored in `dtype` below
     hd, nh, nkv = cfg.head_dim, cfg.n_heads, cfg.n_kv_heads
     q = to_blocks(lw.wq.reshape(nh, hd, cfg.dim), lay["wq"])  # (R, C, nh, hd_r, dim_c)
     k = to_blocks(lw.wk.reshape(nkv, hd, cfg.dim), lay["wk"])  # (R, C, nkv, hd_r, dim_c)
@@ -63,7 +90,7 @@ def pack_layer(cfg: LlamaConfig, lw, region: Region, dtype: str = "float32") -> 
     gate = to_blocks(lw.w_gate, lay["w_gate"])  # (R, C, hid_r, dim_c)
     up = to_blocks(lw.w_up, lay["w_up"])
     down = to_blocks(lw.w_down, lay["w_down"])  # (R, C, dim_c, hid_r)
-    return {
+    packed = {
         "wqkv": _cols_first(np.concatenate([q, k, v], axis=2)),  # (C, dim_c, R*(nh+2nkv)*hd_r)
         "wo": _rows_first(o.reshape(o.shape[:3] + (-1,))),  # (R, nh*hd_r, C*dim_c)
         "w13": _cols_first(np.stack([gate, up], axis=2)),  # (C, dim_c, R*2*hid_r)
@@ -71,14 +98,15 @@ def pack_layer(cfg: LlamaConfig, lw, region: Region, dtype: str = "float32") -> 
         "attn_norm": to_blocks(lw.attn_norm, lay["attn_norm"])[0],  # (C, dim_c)
         "ffn_norm": to_blocks(lw.ffn_norm, lay["ffn_norm"])[0],
     }
+    return {k: to_storage(v, dtype) for k, v in packed.items()}
 
 
 def pack_embed(cfg: LlamaConfig, embed: np.ndarray, final_norm: np.ndarray, region: Region,
                dtype: str = "float32") -> dict[str, np.ndarray]:
     """The tied embedding/head table as (cols, dim_c, rows * vocab_block) and the final norm (cols, dim_c)."""
-    table = to_blocks(embed, embed_layout(cfg, region, dtype))  # (R, C, voc_r, dim_c)
-    return {"table": _cols_first(table),
-            "final_norm": to_blocks(final_norm, final_norm_layout(cfg, region, dtype))[0]}
+    table = to_blocks(embed, embed_layout(cfg, region))  # (R, C, voc_r, dim_c)
+    return {"table": to_storage(_cols_first(table), dtype),
+            "final_norm": to_storage(to_blocks(final_norm, final_norm_layout(cfg, region))[0], dtype)}
 
 
 def layer_weight_bytes(cfg: LlamaConfig, region: Region, dtype: str = "float32") -> np.ndarray:

@@ -20,7 +20,7 @@ import numpy as np
 
 from .comm import LineComm, Links
 from .ledger import Ledger
-from .mesh import Coord, Dir, Region
+from .mesh import Coord, Region
 
 
 class NotNeighbourError(ValueError):

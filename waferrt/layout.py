@@ -19,6 +19,11 @@ from .mesh import Coord, Region
 AXES = ("x", "y", None)
 
 
+def itemsize(dtype: str) -> int:
+    """Bytes per element of a storage dtype: numpy's, plus "bfloat16" (2 bytes, kept as uint16 bits)."""
+    return 2 if dtype == "bfloat16" else np.dtype(dtype).itemsize
+
+
 def chunk_bounds(n: int, parts: int, granule: int = 1) -> np.ndarray:
     """Bounds (parts+1,) of splitting range(n) into `parts` contiguous chunks of whole granules."""
     if n % granule:
@@ -67,7 +72,7 @@ class Layout:
 
     @property
     def itemsize(self) -> int:
-        return np.dtype(self.dtype).itemsize
+        return itemsize(self.dtype)
 
     def bounds(self, axis: int) -> np.ndarray:
         """Chunk bounds of tensor axis `axis` over the cores of its mesh axis ([0, n] if not split)."""
@@ -134,7 +139,7 @@ def to_blocks(array: np.ndarray, layout: Layout) -> np.ndarray:
     array = np.asarray(array)
     if array.shape != layout.shape:
         raise ValueError(f"array of shape {array.shape} does not match the layout's shape {layout.shape}")
-    out = array.astype(layout.dtype, copy=False)
+    out = array.astype(np.float32 if layout.dtype == "bfloat16" else layout.dtype, copy=False)
     row_axis = col_axis = None
     pos = 0  # current position of tensor axis i in `out` (split axes become two axes)
     for i, s in enumerate(layout.split):

@@ -121,23 +121,18 @@ class LocalDecoder:
     For tests and for debugging a placement; WaferLLM is the real thing."""
 
     def __init__(self, config: LlamaConfig, weights, placement, algo: str = "ktree", k: int = 2):
-        from .decode_pack import pack_embed, pack_layer
         from .ledger import Ledger
         from .loopfabric import LoopFabric
         from .pipeline import TileProgram
 
         self.placement = placement
-        self.setup = DecodeSetup(config, placement.mesh, placement.layers, placement.embed,
-                                 placement.kv_tokens, placement.kv.requests, algo, k)
+        self.setup = decode_setup(config, placement, algo, k)
         self.fabric = LoopFabric(placement.mesh)
         tiles = self.setup.stage_tiles()
         self.programs = {t: TileProgram(self.setup, t, self.fabric.links(t), Ledger(placement.spec))
-                         for t in set(tiles) | set(placement.mesh.tiles())}
-        for s, (kind, layer, region) in enumerate(self.setup.stages()):
-            if kind == "layer":
-                self.programs[tiles[s]].load(s, pack_layer(config, weights.layers[layer], region))
-            elif kind == "embed":
-                self.programs[tiles[s]].load(s, pack_embed(config, weights.embed, weights.final_norm, region))
+                         for t in placement.mesh.tiles()}
+        for s, arrays in packed_stages(self.setup, weights):
+            self.programs[tiles[s]].load(s, arrays)
         self._steps = 0
 
     def _step(self, items: list, resets: list[int]) -> tuple[dict, float]:
@@ -156,6 +151,23 @@ class LocalDecoder:
         return continuous_batching(self._step, self.placement, requests, sampler, on_token)
 
 
+def decode_setup(config: LlamaConfig, placement, algo: str, k: int) -> DecodeSetup:
+    """What the tiles need to know of a Placement to run the decode."""
+    return DecodeSetup(config, placement.mesh, placement.layers, placement.embed, placement.kv_tokens,
+                       placement.kv.requests, algo, k, placement.dtype)
+
+
+def packed_stages(setup: DecodeSetup, weights):
+    """(stage index, its weight blocks in storage dtype) for every stage that holds weights."""
+    from .decode_pack import pack_embed, pack_layer
+
+    for s, (kind, layer, region) in enumerate(setup.stages()):
+        if kind == "layer":
+            yield s, pack_layer(setup.config, weights.layers[layer], region, setup.dtype)
+        elif kind == "embed":
+            yield s, pack_embed(setup.config, weights.embed, weights.final_norm, region, setup.dtype)
+
+
 def _merge_results(results: list[dict], setup: DecodeSetup, clock_hz: float) -> tuple[dict, float]:
     logits, cycles = {}, {}
     for r in results:
@@ -171,8 +183,7 @@ class WaferLLM:
         from .runtime import Wafer
 
         self.config, self.weights, self.placement = config, weights, placement
-        self.setup = DecodeSetup(config, placement.mesh, placement.layers, placement.embed,
-                                 placement.kv_tokens, placement.kv.requests, algo, k)
+        self.setup = decode_setup(config, placement, algo, k)
         self.setup.stage_tiles()  # a placement the decode cannot run fails here, before Ray starts
         self.wafer = Wafer(placement.spec, placement.mesh, address=address, timeout=timeout)
         self._steps = 0
@@ -206,19 +217,11 @@ class WaferLLM:
     def _load_weights(self, say) -> None:
         import ray
 
-        from .decode_pack import pack_embed, pack_layer
-
-        stages, tiles = self.setup.stages(), self.setup.stage_tiles()
-        refs = []
-        for s, (kind, layer, region) in enumerate(stages):
-            if kind == "head":
-                continue
-            if kind == "layer":
-                arrays = pack_layer(self.config, self.weights.layers[layer], region)
-            else:
-                arrays = pack_embed(self.config, self.weights.embed, self.weights.final_norm, region)
+        tiles, refs = self.setup.stage_tiles(), []
+        n = sum(1 for kind, _, _ in self.setup.stages() if kind != "head")
+        for i, (s, arrays) in enumerate(packed_stages(self.setup, self.weights)):
             refs.append(self.wafer.tiles[tiles[s]].decode_load.remote(s, arrays))
-            say(f"weights into core SRAM: {s + 1}/{len(stages) - 1} regions")
+            say(f"weights into core SRAM: {i + 1}/{n} regions")
         ray.get(refs)
 
     def close(self) -> None:

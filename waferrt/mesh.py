@@ -200,4 +200,5 @@ class MeshSpec:
 
     def __str__(self) -> str:
         dead = f", {len(self.dead)} dead" if self.dead else ""
-        return f"{self.width}x{self.height} cores in {self.tiles_x}x{self.tiles_y} tiles of {self.tile_w}x{self.tile_h}{dead}"
+        tiles = f"{self.tiles_x}x{self.tiles_y} tiles of {self.tile_w}x{self.tile_h}"
+        return f"{self.width}x{self.height} cores in {tiles}{dead}"

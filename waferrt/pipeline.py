@@ -43,6 +43,7 @@ class DecodeSetup:
     slots: int  # requests in flight at most
     algo: str = "ktree"
     k: int = 2
+    dtype: str = "float32"  # how weights and K/V are stored in the cores (computed in float32)
 
     def stages(self) -> tuple[tuple[str, int, Region], ...]:
         """(kind, layer index or -1, region) in the order an item passes them."""
@@ -57,8 +58,8 @@ class DecodeSetup:
                 what = f"layer {i}" if kind == "layer" else "the embedding/head"
                 raise PlacementError(
                     f"{what} has region {region}, which spans {len(tiles)} tiles of {self.mesh.tile_w}x"
-                    f"{self.mesh.tile_h} cores; the decode runs every region inside one tile. Choose a tile "
-                    "size that the scheduler can fill with whole regions (e.g. a multiple of the layer region)")
+                    f"{self.mesh.tile_h} cores; the decode runs every region inside one tile. Choose a "
+                    "tile size the scheduler can fill with whole regions (e.g. a multiple of the layer region)")
             out.append(tiles[0])
         return tuple(out)
 
@@ -68,14 +69,15 @@ def stage_sram(setup: DecodeSetup, s: int) -> dict[str, tuple[Region, np.ndarray
     kind, layer, region = setup.stages()[s]
     cfg = setup.config
     if kind == "layer":
-        kv = 2 * setup.slots * core_bytes(kv_layout(cfg, region, setup.kv_tokens))
-        return {f"layer{layer}.weights": (region, layer_weight_bytes(cfg, region)),
+        kv = 2 * setup.slots * core_bytes(kv_layout(cfg, region, setup.kv_tokens, setup.dtype))
+        return {f"layer{layer}.weights": (region, layer_weight_bytes(cfg, region, setup.dtype)),
                 f"layer{layer}.kv": (region, kv),
                 f"layer{layer}.scratch": (region, np.full(region.shape, activation_bytes(cfg, region,
                                                                                        setup.kv_tokens)))}
     if kind == "embed":
-        scratch = embed_core_bytes(cfg, region) - int(embed_weight_bytes(cfg, region).max())
-        return {"embed.table": (region, embed_weight_bytes(cfg, region)),
+        table = embed_weight_bytes(cfg, region, setup.dtype)
+        scratch = embed_core_bytes(cfg, region, setup.dtype) - int(table.max())
+        return {"embed.table": (region, table),
                 "embed.scratch": (region, np.full(region.shape, scratch))}
     return {}  # the head uses the embedding's table and scratch
 
@@ -125,9 +127,9 @@ class TileProgram:
         st = self.setup
         if kind == "layer":
             self.layers[s] = LayerShard(st.config, region, arrays, st.slots, st.kv_tokens, self.ledger,
-                                        st.algo, st.k)
+                                        st.algo, st.k, st.dtype)
         else:
-            self.embed = EmbedShard(st.config, region, arrays, self.ledger, st.algo, st.k)
+            self.embed = EmbedShard(st.config, region, arrays, self.ledger, st.algo, st.k, st.dtype)
 
     def reset(self, slot: int) -> None:
         for shard in self.layers.values():

@@ -19,7 +19,7 @@ from __future__ import annotations
 import numpy as np
 
 from .comm import LineComm
-from .decode_pack import Chunks, rope_tables
+from .decode_pack import Chunks, rope_tables, storage_dtype, to_f32, to_storage
 from .ledger import Ledger
 from .mesh import Region
 from .model.config import LlamaConfig
@@ -54,25 +54,29 @@ def _rope(x: np.ndarray, cos: np.ndarray, sin: np.ndarray) -> np.ndarray:
 
 class LayerShard:
     def __init__(self, cfg: LlamaConfig, region: Region, arrays: dict, slots: int, kv_tokens: int,
-                 ledger: Ledger, algo: str = "ktree", k: int = 2):
+                 ledger: Ledger, algo: str = "ktree", k: int = 2, dtype: str = "float32"):
         self.cfg, self.region, self.ledger, self.algo, self.k = cfg, region, ledger, algo, k
-        self.w = arrays
+        self.arrays, self.dtype = arrays, dtype  # weights and K/V are stored in `dtype`, computed in float32
         R, C = region.h, region.w
         self.rows, self.cols = R, C
         self.cx = LineComm("x", region, region, None, ledger)
         self.cy = LineComm("y", region, region, None, ledger)
         self.hd_r = arrays["wqkv"].shape[2] // (R * (cfg.n_heads + 2 * cfg.n_kv_heads))
+        store = storage_dtype(dtype)
         self.inv_freq, _ = rope_tables(cfg, R)  # (R, hd_r/2)
         self.cap = -(-kv_tokens // C)
         nkv = cfg.n_kv_heads
         # K as (.., hd_r, C, cap): one core's dims against every cached position is a single matmul
-        self.k_cache = np.zeros((slots, R, nkv, self.hd_r, C, self.cap), np.float32)
+        self.k_cache = np.zeros((slots, R, nkv, self.hd_r, C, self.cap), store)
         # V as (C, nkv, cap, R, hd_r): a column's weights times its cached values is one matmul per head
-        self.v_cache = np.zeros((slots, C, nkv, self.cap, R, self.hd_r), np.float32)
+        self.v_cache = np.zeros((slots, C, nkv, self.cap, R, self.hd_r), store)
         self.pos = np.zeros((slots, C, self.cap), np.int64)  # token position held in each cache entry
         self.head = np.zeros((slots, C), np.int64)  # each column's oldest entry
         self.count = np.zeros((slots, C), np.int64)  # entries each column holds
         self.scale = np.float32(1.0 / np.sqrt(cfg.head_dim))
+
+    def _w(self, name: str) -> np.ndarray:
+        return to_f32(self.arrays[name], self.dtype)
 
     # -- pieces: every array carries the batch axis B first -------------------------------------------------
     def _gemv_cols(self, w: np.ndarray, x: np.ndarray) -> np.ndarray:
@@ -107,8 +111,8 @@ class LayerShard:
         end = np.where(less.any(axis=1), less.argmax(axis=1), 0)  # (n,)
         full = (end == 0) & (count[:, 0] >= self.cap)
         if full.any():
-            raise KVCapacityError(f"the K/V cache of this layer is full ({self.cap * self.cols} positions) for the "
-                                  f"request in slot {int(S[full][0])}; admission should have refused it")
+            raise KVCapacityError(f"the K/V cache of this layer is full ({self.cap * self.cols} positions) "
+                                  f"for the request in slot {int(S[full][0])}; admission should have refused it")
         cols = np.arange(self.cols)
         moving = cols[None, :] < end[:, None]  # (n, C): these columns pass their oldest entry east
         incoming = cols[None, :] <= end[:, None]  # (n, C): these columns take an entry
@@ -117,8 +121,9 @@ class LayerShard:
         if moving.any():
             b, c = np.nonzero(moving)
             send = np.zeros((self.cols, len(S), self.rows, 2, self.cfg.n_kv_heads, self.hd_r + 1), np.float32)
-            send[c, b, :, 0, :, :-1] = self.k_cache[S[b], :, :, :, c, head[b, c]]
-            send[c, b, :, 1, :, :-1] = self.v_cache[S[b], c, :, head[b, c]].transpose(0, 2, 1, 3)
+            send[c, b, :, 0, :, :-1] = to_f32(self.k_cache[S[b], :, :, :, c, head[b, c]], self.dtype)
+            v_out = to_f32(self.v_cache[S[b], c, :, head[b, c]], self.dtype)  # (pairs, nkv, R, hd_r)
+            send[c, b, :, 1, :, :-1] = v_out.transpose(0, 2, 1, 3)
             send[c, b, :, 0, 0, -1] = self.pos[S[b], c, head[b, c]][:, None]
             with self.ledger.op("kv.shift"):
                 _, got = self.cx.transfer(send, np.arange(int(end.max())), 1, array_axis=0)
@@ -129,8 +134,8 @@ class LayerShard:
             head = np.where(moving, (head + 1) % self.cap, head)  # the oldest left
         b, c = np.nonzero(incoming)
         tail = (head[b, c] + count[b, c] - moving[b, c]) % self.cap
-        self.k_cache[S[b], :, :, :, c, tail] = ki[b, c]
-        self.v_cache[S[b], c, :, tail] = vi[b, c].transpose(0, 2, 1, 3)
+        self.k_cache[S[b], :, :, :, c, tail] = to_storage(ki[b, c], self.dtype)
+        self.v_cache[S[b], c, :, tail] = to_storage(vi[b, c].transpose(0, 2, 1, 3), self.dtype)
         self.pos[S[b], c, tail] = pi[b, c]
         self.head[S] = head
         self.count[S, end] += 1
@@ -145,14 +150,16 @@ class LayerShard:
             kc, vc = self.k_cache[first:first + B], self.v_cache[first:first + B]
         else:
             kc, vc = self.k_cache[slots], self.v_cache[slots]
-        kc = kc.reshape(B, self.rows, nkv, self.hd_r, -1)  # (B, R, nkv, hd_r, C*cap)
+        kc = to_f32(kc, self.dtype).reshape(B, self.rows, nkv, self.hd_r, -1)  # (B, R, nkv, hd_r, C*cap)
+        vc = to_f32(vc, self.dtype)
         part = np.matmul(q.reshape(B, self.rows, nkv, rep, self.hd_r), kc)  # (B, R, nkv, rep, C*cap)
         self.ledger.compute(2 * B * nkv * rep * self.hd_r * self.cap)
         part = part.reshape(B, self.rows, nkv, rep, self.cols, self.cap)
         scores = self.cy.allreduce(part, self.algo, self.k, array_axis=1, collapse=True,
                                    overwrite=True)  # (B, nkv, rep, C, cap)
         ring = (np.arange(self.cap) - self.head[slots][:, :, None]) % self.cap  # (B, C, cap)
-        valid = ((ring < self.count[slots][:, :, None]) & (self.pos[slots] <= poss[:, None, None]))[:, None, None]
+        causal = self.pos[slots] <= poss[:, None, None]  # (B, C, cap): no item sees a later position
+        valid = ((ring < self.count[slots][:, :, None]) & causal)[:, None, None]
         scores = np.where(valid, scores * self.scale, np.float32(-np.inf))
         m = self.cx.allreduce(scores.max(axis=4), self.algo, self.k, op="max", array_axis=3, replicated=True,
                               collapse=True)  # (B, nkv, rep)
@@ -173,17 +180,17 @@ class LayerShard:
         slots[b] (items of one request in position order: a prompt goes through all at once)."""
         cfg, nh, nkv = self.cfg, self.cfg.n_heads, self.cfg.n_kv_heads
         with self.ledger.op("layer"):
-            h = mesh_rmsnorm(self.cx, x, self.w["attn_norm"], cfg, self.algo, self.k)
-            qkv = self._gemv_cols(self.w["wqkv"], h).reshape(len(slots), self.rows, -1, self.hd_r)
+            h = mesh_rmsnorm(self.cx, x, self._w("attn_norm"), cfg, self.algo, self.k)
+            qkv = self._gemv_cols(self._w("wqkv"), h).reshape(len(slots), self.rows, -1, self.hd_r)
             ang = poss[:, None, None] * self.inv_freq[None]  # (B, R, hd_r/2), float64 like the reference
             cos, sin = np.cos(ang).astype(np.float32)[:, :, None], np.sin(ang).astype(np.float32)[:, :, None]
             q = _rope(qkv[:, :, :nh], cos, sin)  # (B, R, nh, hd_r)
             k = _rope(qkv[:, :, nh: nh + nkv], cos, sin)
             self._kv_insert(slots, k, qkv[:, :, nh + nkv:], poss)
-            x = x + self._gemv_rows(self.w["wo"], self._attention(slots, poss, q))
-            h = mesh_rmsnorm(self.cx, x, self.w["ffn_norm"], cfg, self.algo, self.k)
-            gu = self._gemv_cols(self.w["w13"], h).reshape(len(slots), self.rows, 2, -1)  # (B, R, 2, hid_r)
-            return x + self._gemv_rows(self.w["w2"], _silu(gu[:, :, 0]) * gu[:, :, 1])
+            x = x + self._gemv_rows(self._w("wo"), self._attention(slots, poss, q))
+            h = mesh_rmsnorm(self.cx, x, self._w("ffn_norm"), cfg, self.algo, self.k)
+            gu = self._gemv_cols(self._w("w13"), h).reshape(len(slots), self.rows, 2, -1)  # (B, R, 2, hid_r)
+            return x + self._gemv_rows(self._w("w2"), _silu(gu[:, :, 0]) * gu[:, :, 1])
 
     def reset(self, slot: int) -> None:
         """Forget the request in `slot` (its cache positions become free)."""
@@ -202,9 +209,10 @@ class LayerShard:
 
 class EmbedShard:
     def __init__(self, cfg: LlamaConfig, region: Region, arrays: dict, ledger: Ledger, algo: str = "ktree",
-                 k: int = 2):
+                 k: int = 2, dtype: str = "float32"):
         self.cfg, self.region, self.ledger, self.algo, self.k = cfg, region, ledger, algo, k
         self.table, self.norm = arrays["table"], arrays["final_norm"]  # (C, dim_c, R*voc_r), (C, dim_c)
+        self.dtype = dtype
         self.rows, self.cols = region.h, region.w
         self.vocab = Chunks(cfg.vocab_size, region.h)
         self.voc_r = self.table.shape[2] // region.h
@@ -214,13 +222,14 @@ class EmbedShard:
         """The embedding rows of `tokens` (B,), each as (C, dim_c) in the core row that holds it."""
         rows = np.searchsorted(self.vocab.index[:, 0], tokens, side="right") - 1
         col = rows * self.voc_r + tokens - self.vocab.index[rows, 0]
-        return np.ascontiguousarray(self.table[:, :, col].transpose(2, 0, 1))  # (B, C, dim_c)
+        rows_of_table = to_f32(self.table[:, :, col], self.dtype)  # (C, dim_c, B)
+        return np.ascontiguousarray(rows_of_table.transpose(2, 0, 1))  # (B, C, dim_c)
 
     def logits(self, x: np.ndarray) -> np.ndarray:
         """Final RMSNorm and the tied head as a MeshGEMV: x (B, C, dim_c) -> logits (B, vocab)."""
         with self.ledger.op("head"):
-            h = mesh_rmsnorm(self.cx, x, self.norm, self.cfg, self.algo, self.k)
-            part = np.matmul(h.transpose(1, 0, 2), self.table)  # (C, B, R*voc_r)
+            h = mesh_rmsnorm(self.cx, x, to_f32(self.norm, self.dtype), self.cfg, self.algo, self.k)
+            part = np.matmul(h.transpose(1, 0, 2), to_f32(self.table, self.dtype))  # (C, B, R*voc_r)
             self.ledger.compute(2 * x.shape[0] * self.voc_r * self.table.shape[1])
             part = part.reshape(self.cols, x.shape[0], self.rows, -1)
             out = self.cx.allreduce(part, self.algo, self.k, collapse=True)  # (B, R, voc_r)

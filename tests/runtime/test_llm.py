@@ -5,11 +5,11 @@ import importlib.util
 
 import numpy as np
 import pytest
+from waferrt.scheduler import KVReserve, default_mesh, plan
 
 from waferrt.llm import GenRequest, WaferLLM, generate_reference
 from waferrt.mesh import MeshSpec
 from waferrt.model import ReferenceModel, Sampler, synthetic_llama, tiny_config
-from waferrt.scheduler import KVReserve, default_mesh, plan
 from waferrt.spec import TINY, WSE2
 
 CFG = tiny_config()

@@ -26,7 +26,7 @@ def test_allreduce_matches_numpy(shape, algo, op):
     mesh = MeshSpec(*shape)
     x = _data(mesh)
     for axis, ax in AXES:
-        out, _ = simulate(mesh, TINY, mesh.region, lambda ctx, a: ctx.allreduce(a, axis, algo, 2, op), a=x)
+        out, _ = simulate(mesh, TINY, mesh.region, lambda ctx, a, axis=axis: ctx.allreduce(a, axis, algo, 2, op), a=x)
         ref = (np.sum if op == "sum" else np.max)(x, axis=ax, keepdims=True)
         np.testing.assert_allclose(out, np.broadcast_to(ref, x.shape), rtol=1e-5, atol=1e-5)
         assert out.dtype == np.float32
@@ -39,7 +39,7 @@ def test_shift_and_broadcast_match_numpy(shape, wrap):
     x = _data(mesh, 1)
     for axis, ax in AXES:
         for d in (1, -1):
-            out, _ = simulate(mesh, TINY, mesh.region, lambda ctx, a: ctx.shift(a, axis, d, wrap), a=x)
+            out, _ = simulate(mesh, TINY, mesh.region, lambda ctx, a, axis=axis, d=d: ctx.shift(a, axis, d, wrap), a=x)
             ref = np.roll(x, d, axis=ax)
             if not wrap:
                 idx = [slice(None)] * 3
@@ -47,7 +47,8 @@ def test_shift_and_broadcast_match_numpy(shape, wrap):
                 ref[tuple(idx)] = 0
             np.testing.assert_array_equal(out, ref)
         root = x.shape[ax] - 1
-        out, _ = simulate(mesh, TINY, mesh.region, lambda ctx, a: ctx.broadcast(a, axis, root), a=x)
+        kernel = lambda ctx, a, axis=axis, root=root: ctx.broadcast(a, axis, root)  # noqa: E731
+        out, _ = simulate(mesh, TINY, mesh.region, kernel, a=x)
         np.testing.assert_array_equal(out, np.broadcast_to(np.take(x, [root], axis=ax), x.shape))
 
 
@@ -81,7 +82,7 @@ def test_allreduce_counts_equal_closed_forms(algo, n, tile):
     mesh = MeshSpec(n, 1, tile, 1)
     x = _data(mesh, 3, block=64)
     for k in (2, 3):
-        _, cost = simulate(mesh, TINY, mesh.region, lambda ctx, a: ctx.allreduce(a, "x", algo, k), a=x)
+        _, cost = simulate(mesh, TINY, mesh.region, lambda ctx, a, k=k: ctx.allreduce(a, "x", algo, k), a=x)
         assert cost[f"allreduce.{algo}"] == allreduce_cost(TINY, algo, n, 64 * 4, k)
 
 
@@ -100,7 +101,7 @@ def test_shift_and_broadcast_costs():
     mesh = MeshSpec(12, 1, 5, 1)
     x = _data(mesh, 4, block=8)
     for wrap in (False, True):
-        _, cost = simulate(mesh, TINY, mesh.region, lambda ctx, a: ctx.shift(a, "x", 1, wrap), a=x)
+        _, cost = simulate(mesh, TINY, mesh.region, lambda ctx, a, wrap=wrap: ctx.shift(a, "x", 1, wrap), a=x)
         assert cost["shift"] == shift_cost(TINY, 12, 32, wrap)
     _, cost = simulate(mesh, TINY, mesh.region, lambda ctx, a: ctx.broadcast(a, "x", 0), a=x)
     assert cost["broadcast"] == broadcast_cost(TINY, 12, 32)

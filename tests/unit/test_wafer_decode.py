@@ -1,16 +1,18 @@
 """The wafer decode without Ray: layer shards against the reference, the shift-based KV cache, and the
 whole tile pipeline (in-process fabric) over meshes of 1x1, 1xN, 2x2 and 3x2 tiles and with dead cores."""
 
+import dataclasses
+
 import numpy as np
 import pytest
+from waferrt.scheduler import KVReserve, plan
 
-from waferrt.decode_pack import Chunks, pack_embed, pack_layer
+from waferrt.decode_pack import Chunks, pack_embed, pack_layer, to_f32, to_storage
 from waferrt.ledger import Ledger
 from waferrt.llm import GenRequest, LocalDecoder, generate_reference
 from waferrt.mesh import Coord, MeshSpec, Region
-from waferrt.model import ReferenceModel, Sampler, synthetic_llama, tiny_config
+from waferrt.model import LayerWeights, LlamaWeights, ReferenceModel, Sampler, synthetic_llama, tiny_config
 from waferrt.pipeline import DecodeSetup, PlacementError
-from waferrt.scheduler import KVReserve, plan
 from waferrt.spec import TINY
 from waferrt.wafer_decode import EmbedShard, KVCapacityError, LayerShard
 
@@ -43,7 +45,7 @@ def test_layers_on_cores_equal_the_reference(rows, cols, algo):
 def test_kv_cache_stays_balanced_by_shifting():
     region = Region(0, 0, 5, 2)
     shard = LayerShard(CFG, region, pack_layer(CFG, W.layers[0], region), 1, 23, Ledger(TINY))
-    x = np.zeros((1, 5, shard.w["attn_norm"].shape[1]), np.float32)
+    x = np.zeros((1, 5, shard.arrays["attn_norm"].shape[1]), np.float32)
     for pos in range(23):
         shard.forward(x, np.array([0]), np.array([pos]))
         held = shard.held(0)
@@ -91,7 +93,7 @@ def test_a_batch_of_prompt_tokens_equals_one_token_at_a_time():
     region = Region(0, 0, 3, 2)
     shards = [LayerShard(CFG, region, pack_layer(CFG, W.layers[0], region), 3, 16, Ledger(TINY)) for _ in "ab"]
     rng = np.random.default_rng(0)
-    x = rng.standard_normal((5, 3, shards[0].w["attn_norm"].shape[1])).astype(np.float32)
+    x = rng.standard_normal((5, 3, shards[0].arrays["attn_norm"].shape[1])).astype(np.float32)
     slots, poss = np.array([0, 0, 0, 2, 2]), np.array([0, 1, 2, 0, 1])
     together = shards[0].forward(x, slots, poss)
     one_by_one = np.concatenate([shards[1].forward(x[b:b + 1], slots[b:b + 1], poss[b:b + 1]) for b in range(5)])
@@ -103,3 +105,25 @@ def test_region_across_tiles_is_refused_with_advice():
     setup = DecodeSetup(CFG, mesh, (Region(6, 0, 4, 2),) * 3, Region(0, 8, 4, 4), 16, 1)
     with pytest.raises(PlacementError, match="spans 2 tiles.*inside one tile"):
         setup.stage_tiles()
+
+
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+def test_half_precision_storage_equals_the_reference_on_rounded_weights(dtype):
+    """Weights and K/V stored in 16 bits, computed in float32: the same tokens as the reference run on
+    weights rounded the same way, and the plan books 2 bytes per weight."""
+    embed = _round(W.embed, dtype)
+    rounded = LlamaWeights(embed, _round(W.layers, dtype), _round(W.final_norm, dtype), embed)
+    placement = plan(CFG, TINY, MESHES["2x2 tiles"], kv=KVReserve(32, 2), dtype=dtype)
+    requests = [GenRequest((5, 6, 7), 10), GenRequest((9,), 10)]
+    want, _ = generate_reference(CFG, rounded, requests, Sampler())
+    got, _ = LocalDecoder(CFG, W, placement).generate(requests, Sampler())
+    assert [c.tokens for c in got] == [c.tokens for c in want]
+    f32 = plan(CFG, TINY, MESHES["2x2 tiles"], kv=KVReserve(32, 2)).report()
+    assert placement.report().sram_max < f32.sram_max
+
+
+def _round(value, dtype):
+    if isinstance(value, tuple):
+        return tuple(LayerWeights(*(_round(getattr(lw, f.name), dtype) for f in dataclasses.fields(lw)))
+                     for lw in value)
+    return to_f32(to_storage(value, dtype), dtype)
