@@ -113,10 +113,26 @@ def _placement(args, config):
         raise SystemExit("waferrt generate: --tile needs --mesh (the default mesh picks its own tiles)")
     else:
         mesh = default_mesh(config, spec, kv, dtype=args.dtype)
-    p = plan(config, spec, mesh, kv=kv, dtype=args.dtype)
+    p = plan(config, spec, mesh, kv=kv, dtype=args.dtype, nodes=_ray_nodes(args.address))
     _say(f"placed on {mesh} ({spec.name}, {args.dtype} storage): layer regions {p.layers[0].w}x{p.layers[0].h} cores, "
          f"KV {p.kv_tokens} tokens x {kv.requests} requests")
     return p
+
+
+def _ray_nodes(address: str | None):
+    """The Ray nodes to spread the tiles over: this machine alone, or every live node of a joined cluster."""
+    from waferrt.scheduler import NodeInfo
+
+    if not address:
+        return (NodeInfo("local", 2),)
+    import ray
+
+    from waferrt.runtime import ray_init
+
+    ray_init(address)
+    nodes = tuple(NodeInfo(n["NodeID"], max(1, int(n["Resources"].get("CPU", 1)))) for n in ray.nodes() if n["Alive"])
+    _say(f"joined a Ray cluster of {len(nodes)} node(s) at {address}")
+    return nodes
 
 
 def run(args) -> int:
