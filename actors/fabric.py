@@ -38,6 +38,7 @@ class ZmqLinks:
         self.pending: dict[Dir, collections.deque] = {d: collections.deque() for d in Dir}
         self.ipc_path: str | None = None
         self.bytes_sent = 0
+        self.epoch = 0  # the command being run; messages of earlier commands are stale
 
     def bind(self, ipc_dir: str) -> dict:
         os.makedirs(ipc_dir, exist_ok=True)
@@ -63,23 +64,26 @@ class ZmqLinks:
             raise FabricProtocolError(f"{self.tile} has no link to a neighbour tile to the {d.name}")
         arrays = [np.ascontiguousarray(a) for a in arrays]
         self.sent[d] += 1
-        header = msgpack.packb({"from": d.opposite.name, "seq": self.sent[d], "tag": tag,
+        header = msgpack.packb({"from": d.opposite.name, "seq": self.sent[d], "tag": tag, "epoch": self.epoch,
                                 "arrays": [(a.dtype.str, a.shape) for a in arrays]})
         sock.send_multipart([header, *arrays], copy=False)
         self.bytes_sent += sum(a.nbytes for a in arrays)
 
     def recv(self, d: Dir, tag: str) -> list[np.ndarray]:
         deadline = time.monotonic() + self.timeout
-        while not self.pending[d]:
+        while True:
+            queue = self.pending[d]
+            while queue and queue[0][0] < self.epoch:  # left over from an earlier command that failed
+                queue.popleft()
+            if queue:
+                break
             left = deadline - time.monotonic()
             if left <= 0 or not self.pull.poll(int(left * 1000) + 1):
-                if self.pending[d]:
-                    break
                 raise FabricTimeout(
                     f"{self.tile} waited {self.timeout:.0f}s for message {tag!r} on its {d.name} link and got "
                     "nothing: the neighbour tile is dead, stuck, or ran a different program")
             self._pull_one()
-        got_tag, arrays = self.pending[d].popleft()
+        _, got_tag, arrays = queue.popleft()
         if got_tag != tag:
             raise FabricProtocolError(f"{self.tile} expected message {tag!r} on its {d.name} link, got "
                                       f"{got_tag!r}: the tiles ran different programs")
@@ -95,7 +99,7 @@ class ZmqLinks:
                                       f"{self.received[src]} was due: a message was lost or duplicated")
         arrays = [np.frombuffer(f.buffer, dtype=np.dtype(dt)).reshape(shape)
                   for f, (dt, shape) in zip(frames[1:], head["arrays"], strict=True)]
-        self.pending[src].append((head["tag"], arrays))
+        self.pending[src].append((head["epoch"], head["tag"], arrays))
 
     def close(self) -> None:
         for s in self.push.values():

@@ -25,7 +25,6 @@ class Tile:
         self.sram = SramBook(self.region, spec.sram_bytes)
         self.store: dict[str, tuple[Layout, np.ndarray]] = {}
         self.links = None
-        self._runs = 0
 
     # -- fabric -----------------------------------------------------------------------------------------
     def bind(self, ipc_dir: str) -> dict:
@@ -72,13 +71,19 @@ class Tile:
         return blocks[row - (local.y0 - layout.region.y0), col - (local.x0 - layout.region.x0)]
 
     # -- kernels ----------------------------------------------------------------------------------------
-    def run(self, kernel, region: Region, args: dict) -> dict:
+    def run(self, kernel, region: Region, args: dict, epoch: int) -> dict:
+        """Run a kernel on this tile's cores of `region`; `epoch` numbers the command (the same on every
+        tile), so messages left over from an earlier, failed command are recognised and dropped."""
         local = region.intersect(self.region)
         ledger = Ledger(self.spec)
-        self._runs += 1
-        ctx = Cores(region, local, self.links, ledger, self.store, tag=f"k{self._runs}")
+        self._new_epoch(epoch)
+        ctx = Cores(region, local, self.links, ledger, self.store, tag=f"k{epoch}")
         kernel(ctx, **args)
         return ledger.snapshot()
+
+    def _new_epoch(self, epoch: int) -> None:
+        if self.links is not None and hasattr(self.links, "epoch"):
+            self.links.epoch = epoch
 
     # -- LLM decode -------------------------------------------------------------------------------------
     def decode_setup(self, setup) -> list[int]:
@@ -97,7 +102,9 @@ class Tile:
     def decode_load(self, s: int, arrays: dict) -> None:
         self.decoder.load(s, arrays)
 
-    def decode_step(self, tag: str, items: list, resets: list[int] = ()) -> dict:
+    def decode_step(self, epoch: int, items: list, resets: list[int] = ()) -> dict:
+        self._new_epoch(epoch)
+        tag = f"t{epoch}"
         for slot in resets:
             self.decoder.reset(slot)
         return self.decoder.step(tag, items)

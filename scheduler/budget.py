@@ -58,21 +58,29 @@ def _first_true(lo: int, hi: int, pred) -> int | None:
 
 
 @lru_cache(maxsize=256)
+def _all_layer_shapes(cfg: LlamaConfig, sram: int, tokens: int, requests: int,
+                      dtype: str) -> tuple[tuple[int, int], ...]:
+    shapes = []
+    for h in range(1, dl.max_layer_rows(cfg) + 1):
+        w = _first_true(1, min(cfg.dim, tokens),
+                        lambda w, h=h: _fits(layer_bytes(cfg, w, h, tokens, requests, dtype), sram))
+        if w is not None:
+            shapes.append((w, h))
+    return tuple(sorted(shapes, key=lambda s: (s[0] * s[1], s[0] < s[1], s[1])))
+
+
 def layer_shapes(cfg: LlamaConfig, sram: int, tokens: int, requests: int, dtype: str,
                  max_w: int, max_h: int) -> tuple[tuple[int, int], ...]:
     """(w, h) of the narrowest fitting layer region for each row count h, best first.
 
     Columns are at most dim and at most `tokens` (KV positions are split over columns); rows at most
     ``max_layer_rows(cfg)``. More columns only lower the per-core bytes, so the narrowest is the one
-    that packs best.
+    that packs best, and the narrowest of at most `max_w` columns is the unbounded narrowest when that
+    is at most `max_w` wide (else none fits): the shapes are computed once per model and KV reserve
+    (cached) and only filtered by the mesh size, which the mesh search asks for many times.
     """
-    shapes = []
-    for h in range(1, min(dl.max_layer_rows(cfg), max_h) + 1):
-        w = _first_true(1, min(cfg.dim, tokens, max_w),
-                        lambda w, h=h: _fits(layer_bytes(cfg, w, h, tokens, requests, dtype), sram))
-        if w is not None:
-            shapes.append((w, h))
-    return tuple(sorted(shapes, key=lambda s: (s[0] * s[1], s[0] < s[1], s[1])))
+    return tuple(s for s in _all_layer_shapes(cfg, sram, tokens, requests, dtype)
+                 if s[0] <= max_w and s[1] <= max_h)
 
 
 def smallest_layer_bytes(cfg: LlamaConfig, tokens: int, requests: int, dtype: str) -> tuple[int, Region]:

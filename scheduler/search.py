@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from dataclasses import dataclass
+from functools import lru_cache
 from itertools import pairwise
 
 import numpy as np
@@ -113,6 +114,13 @@ def _shape_bound(mesh: MeshSpec, w: int, h: int) -> int:
     return sum((b.w // w) * (b.h // h) for b in blocks(mesh, w, h, True))
 
 
+def _room_for(mesh: MeshSpec, w: int, h: int, n: int, emin: int) -> bool:
+    """Whether n w x h layer regions and an embedding of at least emin cores may fit on `mesh`: enough
+    live cores, and enough w x h slots in the packing blocks (necessary, not sufficient)."""
+    live = mesh.width * mesh.height - len(mesh.dead)
+    return w <= mesh.width and h <= mesh.height and n * w * h + emin <= live and _shape_bound(mesh, w, h) >= n
+
+
 def _hopeless(cfg: LlamaConfig, spec: HardwareSpec, tokens: int, requests: int, dtype: str) -> str:
     """Why no mesh of any size holds the model at this spec, or '' when some mesh may."""
     sram = spec.sram_bytes
@@ -143,7 +151,7 @@ def best_layout(cfg: LlamaConfig, spec: HardwareSpec, mesh: MeshSpec, tokens: in
     obstacles = Obstacles(mesh.width, mesh.height, mesh.dead, links)
     most, tried = 0, None
     for w, h in shapes:
-        if n * w * h + emin > live or _shape_bound(mesh, w, h) < n:
+        if not _room_for(mesh, w, h, n, emin):
             continue
         found = _try_shape(cfg, sram, dtype, mesh, obstacles, w, h)
         if len(found.layers) == n:
@@ -162,20 +170,36 @@ def best_layout(cfg: LlamaConfig, spec: HardwareSpec, mesh: MeshSpec, tokens: in
                  f"SRAM but only {most} of {n} such regions fit beside the embedding{around}.")
 
 
+def wafer_grid(spec: HardwareSpec, tile: tuple[int, int]) -> tuple[int, int]:
+    """The most tiles across and down of a mesh on the spec's wafer: whole tiles that cover it (the last
+    column or row of tiles may overhang the wafer's edge by less than one tile)."""
+    return -(-spec.full_mesh[0] // tile[0]), -(-spec.full_mesh[1] // tile[1])
+
+
+@lru_cache(maxsize=256)
 def smallest_mesh(cfg: LlamaConfig, spec: HardwareSpec, tile: tuple[int, int], tokens: int, requests: int,
                   dtype: str) -> MeshSpec | None:
     """The healthy mesh of the fewest whole tiles (then the squarest) that holds the model, up to the
-    spec's full wafer; None when even that does not."""
+    spec's full wafer (at most ``wafer_grid`` tiles across and down); None when even that does not.
+
+    Every grid of tiles is tried in that order, so no grid of fewer tiles on the wafer holds the model
+    (fitting is not monotone in the grid: a greedy packing may fit on 3x4 tiles and not on 2x7). Grids
+    whose cores or layer slots cannot hold the layers and the embedding for any layer shape are
+    skipped without packing (``_room_for``); cached, since every failing ``plan`` asks for it."""
     if _hopeless(cfg, spec, tokens, requests, dtype):
         return None
     tw, th = tile
-    shapes = budget.layer_shapes(cfg, spec.sram_bytes, tokens, requests, dtype, UNBOUNDED, UNBOUNDED)
-    need = cfg.n_layers * min(w * h for w, h in shapes) + budget.embed_min_cores(cfg, spec.sram_bytes, dtype)
-    nxs, nys = -(-spec.full_mesh[0] // tw), -(-spec.full_mesh[1] // th)
+    n, sram = cfg.n_layers, spec.sram_bytes
+    shapes = budget.layer_shapes(cfg, sram, tokens, requests, dtype, UNBOUNDED, UNBOUNDED)
+    emin = budget.embed_min_cores(cfg, sram, dtype)
+    need = n * min(w * h for w, h in shapes) + emin
+    nxs, nys = wafer_grid(spec, tile)
     grids = sorted((nx * ny, abs(nx - ny), nx, ny) for nx in range(1, nxs + 1) for ny in range(1, nys + 1)
                    if nx * ny * tw * th >= need)
     for _, _, nx, ny in grids:
         mesh = MeshSpec(nx * tw, ny * th, tw, th)
+        if not any(_room_for(mesh, w, h, n, emin) for w, h in shapes):
+            continue
         if best_layout(cfg, spec, mesh, tokens, requests, dtype).layers is not None:
             return mesh
     return None

@@ -133,9 +133,10 @@ class LineComm:
         if dist not in (1, -1):
             raise ValueError(f"shift moves one hop (dist=+1 or -1), got {dist}; use transfer() for more")
         out = np.zeros_like(buf)
-        if self.n == 1:
-            if wrap:
-                out[...] = buf
+        if self.n == 1:  # a line of one core: nothing moves (booked, at zero cost)
+            with self.ledger.op("shift"):
+                if wrap:
+                    out[...] = buf
             return out
         inner = np.arange(self.n - 1) + (0 if dist > 0 else 1)
         with self.ledger.op("shift"), self.ledger.concurrent():
@@ -158,8 +159,9 @@ class LineComm:
             raise ValueError(f"allreduce op is one of {sorted(REDUCE_OPS)}, got {op!r}")
         if algo not in ALLREDUCE_ALGOS:
             raise ValueError(f"unknown allreduce algorithm {algo!r}; choose one of {ALLREDUCE_ALGOS}")
-        if self.n == 1:
-            return np.take(buf, 0, axis=array_axis) if collapse else buf.copy()
+        if self.n == 1:  # a line of one core: nothing moves (booked, at zero cost)
+            with self.ledger.op(f"allreduce.{algo}"):
+                return np.take(buf, 0, axis=array_axis) if collapse else buf.copy()
         ufunc = REDUCE_OPS[op]
         with self.ledger.op(f"allreduce.{algo}"):
             if algo == "ktree":

@@ -186,7 +186,6 @@ class WaferLLM:
         self.setup = decode_setup(config, placement, algo, k)
         self.setup.stage_tiles()  # a placement the decode cannot run fails here, before Ray starts
         self.wafer = Wafer(placement.spec, placement.mesh, address=address, timeout=timeout)
-        self._steps = 0
 
     def __enter__(self) -> WaferLLM:
         return self if self.wafer.tiles else self.open()
@@ -230,9 +229,8 @@ class WaferLLM:
     def _step(self, items: list, resets: list[int]) -> tuple[dict, float]:
         import ray
 
-        self._steps += 1
-        tag = f"t{self._steps}"
-        results = ray.get([h.decode_step.remote(tag, items, resets) for h in self.wafer.tiles.values()])
+        epoch = self.wafer.next_epoch()
+        results = ray.get([h.decode_step.remote(epoch, items, resets) for h in self.wafer.tiles.values()])
         return _merge_results(results, self.setup, self.placement.spec.clock_hz)
 
     def generate(self, requests: list[GenRequest], sampler: Sampler,

@@ -27,14 +27,37 @@ from .spec import HardwareSpec, spec_by_name
 
 
 def ray_init(address: str | None) -> bool:
-    """Start or join Ray quietly; True when this call started it (and so must stop it)."""
+    """Start (address None: a new embedded local Ray, never some cluster found on the machine) or join
+    Ray quietly; True when this call started it (and so must stop it)."""
     import ray
 
     if ray.is_initialized():
         return False
-    ray.init(address=address, log_to_driver=False, logging_level=logging.ERROR,
+    ray.init(address=address or "local", log_to_driver=False, logging_level=logging.ERROR,
              include_dashboard=False, configure_logging=True)
     return True
+
+
+def gather_in_order(refs: list) -> tuple[list[bool], BaseException | None]:
+    """Wait for every call (none is left running or unobserved); which succeeded, and the error of the
+    first one, in the given order, that failed."""
+    import ray
+
+    done, error = [], None
+    for ref in refs:
+        try:
+            ray.get(ref)
+            done.append(True)
+        except Exception as e:  # noqa: BLE001 - collected, the first is re-raised by the caller
+            done.append(False)
+            error = error or _cause(e)
+    return done, error
+
+
+def _cause(e: BaseException) -> BaseException:
+    """A tile's own exception (e.g. SramOverflow) rather than Ray's wrapper, when Ray kept it."""
+    cause = getattr(e, "cause", None)
+    return cause if isinstance(cause, BaseException) else e
 
 
 @dataclass(frozen=True)
@@ -87,19 +110,12 @@ class DSM:
         import ray
 
         tiles = self._w.mesh.tiles_of(region)
-        try:
-            ray.get([self._w.tiles[t].alloc.remote(name, layout) for t in tiles])
-        except Exception:
-            ray.get([self._w.tiles[t].free.remote(name) for t in tiles if self._holds(t, name)])
-            raise
+        done, error = gather_in_order([self._w.tiles[t].alloc.remote(name, layout) for t in tiles])
+        if error is not None:  # undo the tiles that booked it; report the first failing tile's error
+            ray.get([self._w.tiles[t].free.remote(name) for t, ok in zip(tiles, done, strict=True) if ok])
+            raise error
         self.layouts[name] = layout
         return layout
-
-    def _holds(self, t: TileId, name: str) -> bool:
-        import ray
-
-        return ray.get(self._w.tiles[t].sram_stats.remote())["tensors"] > 0 and name in ray.get(
-            self._w.tiles[t].names.remote())
 
     def put(self, name: str, array: np.ndarray) -> None:
         """Host -> cores: each core receives its block (through the wafer edge)."""
@@ -166,13 +182,13 @@ class Wafer:
         self.tiles: dict[TileId, object] = {}
         self.dsm = DSM(self)
         self._costs: list[dict] = []
+        self._epoch = 0
         self._started_ray = False
         self._ipc_dir: str | None = None
         self._open = False
 
     def __enter__(self) -> Wafer:
-        self.open()
-        return self
+        return self if self._open else self.open()
 
     def __exit__(self, *exc) -> None:
         self.close()
@@ -202,9 +218,19 @@ class Wafer:
         if not self.mesh.region.covers(region):
             raise ValueError(f"region {region} is outside the {self.mesh.width}x{self.mesh.height} mesh")
         tiles = self.mesh.tiles_of(region)
-        snaps = ray.get([self.tiles[t].run.remote(kernel, region, args) for t in tiles])
-        self._costs.append(merge_snapshots(snaps))
+        epoch = self.next_epoch()
+        refs = [self.tiles[t].run.remote(kernel, region, args, epoch) for t in tiles]
+        done, error = gather_in_order(refs)  # a failed tile's neighbours give up at their fabric deadline
+        if error is not None:
+            raise error
+        self._costs.append(merge_snapshots(ray.get(refs)))
         return self._costs[-1]
+
+    def next_epoch(self) -> int:
+        """A new number for the next command to the tiles: their messages are tagged with it, and a tile
+        drops what is left on its links from an earlier, failed command."""
+        self._epoch += 1
+        return self._epoch
 
     def cost(self) -> CostReport:
         by_op: dict[str, Cost] = {}
