@@ -48,6 +48,14 @@ class Cost:
         return self.cycles / spec.clock_hz
 
 
+def total(costs) -> Cost:
+    """Several costs one after the other."""
+    out = Cost()
+    for c in costs:
+        out = out + c
+    return out
+
+
 def message_cycles(spec: HardwareSpec, hops: int, stages: int, nbytes: float) -> float:
     return hops * spec.alpha_cycles + stages * (spec.beta_cycles + nbytes / spec.link_bytes_per_cycle)
 

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from contextlib import contextmanager
 
-from .cost import Cost
+from .cost import Cost, total
 from .spec import HardwareSpec
 
 HOPS, STAGES, LINK, MSGS, FLOPS, CYCLES = range(6)
@@ -83,10 +83,7 @@ class Ledger:
         return {k: _cost(v) for k, v in self._by_op.items()}
 
     def total(self) -> Cost:
-        out = Cost()
-        for c in self.by_op.values():
-            out = out + c
-        return out
+        return total(self.by_op.values())
 
     def cycles(self) -> float:
         return sum(v[CYCLES] for v in self._by_op.values())

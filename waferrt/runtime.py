@@ -19,7 +19,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .cost import Cost
+from .cost import Cost, total
 from .layout import Layout, from_blocks, to_blocks
 from .ledger import merge_snapshots
 from .mesh import Coord, MeshSpec, Region, TileId
@@ -70,10 +70,7 @@ class CostReport:
 
     @property
     def total(self) -> Cost:
-        out = Cost()
-        for c in self.by_op.values():
-            out = out + c
-        return out
+        return total(self.by_op.values())
 
     def __str__(self) -> str:
         lines = [f"{'primitive':<18}{'hops':>8}{'stages':>8}{'link bytes':>12}{'flops/core':>12}{'cycles':>12}"]
