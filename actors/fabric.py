@@ -24,6 +24,8 @@ import zmq
 from waferrt.loopfabric import FabricProtocolError, FabricTimeout
 from waferrt.mesh import Dir, TileId
 
+ZERO_COPY_BYTES = 65536  # pyzmq: below this, copying a buffer into the message beats tracking it
+
 
 class ZmqLinks:
     def __init__(self, tile: TileId, timeout: float = 30.0):
@@ -66,8 +68,9 @@ class ZmqLinks:
         self.sent[d] += 1
         header = msgpack.packb({"from": d.opposite.name, "seq": self.sent[d], "tag": tag, "epoch": self.epoch,
                                 "arrays": [(a.dtype.str, a.shape) for a in arrays]})
-        sock.send_multipart([header, *arrays], copy=False)
-        self.bytes_sent += sum(a.nbytes for a in arrays)
+        nbytes = sum(a.nbytes for a in arrays)
+        sock.send_multipart([header, *arrays], copy=nbytes < ZERO_COPY_BYTES)  # copying small ones is cheaper
+        self.bytes_sent += nbytes
 
     def recv(self, d: Dir, tag: str) -> list[np.ndarray]:
         deadline = time.monotonic() + self.timeout
@@ -77,6 +80,8 @@ class ZmqLinks:
                 queue.popleft()
             if queue:
                 break
+            if self._pull_one(zmq.NOBLOCK):  # something is already there: no poll
+                continue
             left = deadline - time.monotonic()
             if left <= 0 or not self.pull.poll(int(left * 1000) + 1):
                 raise FabricTimeout(
@@ -89,9 +94,13 @@ class ZmqLinks:
                                       f"{got_tag!r}: the tiles ran different programs")
         return arrays
 
-    def _pull_one(self) -> None:
-        frames = self.pull.recv_multipart(copy=False)
-        head = msgpack.unpackb(frames[0].bytes)
+    def _pull_one(self, flags: int = 0) -> bool:
+        """Take one message off the socket into its link's queue; False when none was waiting (NOBLOCK)."""
+        try:
+            frames = self.pull.recv_multipart(flags, copy=False)
+        except zmq.Again:
+            return False
+        head = msgpack.unpackb(frames[0].buffer)
         src = Dir[head["from"]]
         self.received[src] += 1
         if head["seq"] != self.received[src]:
@@ -100,6 +109,7 @@ class ZmqLinks:
         arrays = [np.frombuffer(f.buffer, dtype=np.dtype(dt)).reshape(shape)
                   for f, (dt, shape) in zip(frames[1:], head["arrays"], strict=True)]
         self.pending[src].append((head["epoch"], head["tag"], arrays))
+        return True
 
     def close(self) -> None:
         for s in self.push.values():

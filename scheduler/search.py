@@ -93,25 +93,58 @@ def _quality(mesh: MeshSpec, embed: Region, layers: list[Region]) -> tuple[int, 
     return straddle, crossings, path_hops(chain_)
 
 
+def _capacity(free: np.ndarray, blks: list[Region], w: int, h: int) -> int:
+    """How many w x h regions ``chain`` gets out of all of `blks` (the most ``pack`` lays in each block,
+    summed), without packing the blocks in which every position is free (there every pattern lays
+    (block w // w) x (block h // h) regions) or none is: only blocks at the edge of an obstacle (the
+    embedding, dead cores and links) are packed."""
+    corners = np.zeros((free.shape[0] + 1, free.shape[1] + 1), np.int64)
+    corners[1:, 1:] = (~free).cumsum(0).cumsum(1)  # blocked top-left corners, as a summed-area table
+    total = 0
+    for b in blks:
+        y1, x1 = b.y1 - h + 1, b.x1 - w + 1  # top-left corners of regions inside the block: [y0, y1) x [x0, x1)
+        if y1 <= b.y0 or x1 <= b.x0:
+            continue
+        blocked = corners[y1, x1] - corners[b.y0, x1] - corners[y1, b.x0] + corners[b.y0, b.x0]
+        if blocked == 0:
+            total += (b.w // w) * (b.h // h)
+        elif blocked < (y1 - b.y0) * (x1 - b.x0):  # some free position: pack it
+            total += max(len(pack(free, b, w, h, pat)) for pat in PATTERNS)
+    return total
+
+
 def _try_shape(cfg: LlamaConfig, sram: int, dtype: str, mesh: MeshSpec, obstacles: Obstacles, w: int,
-               h: int) -> Found:
-    best, orders = None, {}
+               h: int) -> tuple[Found | None, int]:
+    """The best layout of all cfg.n_layers w x h layers (None when there is none), and the most layers
+    any attempt chained. An attempt (block order and embedding position) whose blocks cannot hold every
+    layer is only counted (``_capacity``), not chained: that is what makes a failing shape cheap."""
+    n, best, most, orders = cfg.n_layers, None, 0, {}
     for by_rows in (True, False):
         orders.setdefault(tuple(blocks(mesh, w, h, by_rows)), None)
     for blks in orders:
         for embed in _embed_options(cfg, sram, dtype, mesh, obstacles, blks[0], w, h):
             free = obstacles.with_regions([embed]).free_map(w, h)
+            room = _capacity(free, list(blks), w, h)
+            if room < n:
+                most = max(most, room)
+                continue
             layers, slots = chain(blks, lambda b, free=free: [pack(free, b, w, h, pat) for pat in PATTERNS],
-                                  embed, cfg.n_layers)
-            score = (-len(layers), _quality(mesh, embed, layers), -len(slots))
-            if best is None or score < best[0]:
+                                  embed, n)
+            most = max(most, len(layers))
+            score = (_quality(mesh, embed, layers), -len(slots))
+            if len(layers) == n and (best is None or score < best[0]):
                 best = (score, Found(tuple(layers), embed, tuple(slots)))
-    return best[1] if best else Found((), None, ())
+    return (best[1] if best else None), most
 
 
 def _shape_bound(mesh: MeshSpec, w: int, h: int) -> int:
-    """Most w x h regions the packing blocks could hold (no embedding, no dead cores)."""
-    return sum((b.w // w) * (b.h // h) for b in blocks(mesh, w, h, True))
+    """Most w x h regions the packing blocks could hold (no embedding, no dead cores): the blocks form a
+    grid (the last column and row possibly narrower), so this is (sum of w-wide columns over the block
+    columns) x (sum of h-high rows over the block rows)."""
+    bw, bh = -(-w // mesh.tile_w) * mesh.tile_w, -(-h // mesh.tile_h) * mesh.tile_h
+    cols = (mesh.width // bw) * (bw // w) + (mesh.width % bw) // w
+    rows = (mesh.height // bh) * (bh // h) + (mesh.height % bh) // h
+    return cols * rows
 
 
 def _room_for(mesh: MeshSpec, w: int, h: int, n: int, emin: int) -> bool:
@@ -153,11 +186,11 @@ def best_layout(cfg: LlamaConfig, spec: HardwareSpec, mesh: MeshSpec, tokens: in
     for w, h in shapes:
         if not _room_for(mesh, w, h, n, emin):
             continue
-        found = _try_shape(cfg, sram, dtype, mesh, obstacles, w, h)
-        if len(found.layers) == n:
+        found, chained = _try_shape(cfg, sram, dtype, mesh, obstacles, w, h)
+        if found is not None:
             return found
-        if tried is None or len(found.layers) > most:
-            most, tried = len(found.layers), (w, h)
+        if tried is None or chained > most:
+            most, tried = chained, (w, h)
     if not shapes:
         return Found(None, None, (), "The mesh is smaller than the smallest layer region that fits in SRAM.")
     if tried is None:

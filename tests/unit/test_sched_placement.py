@@ -7,12 +7,12 @@ import subprocess
 import sys
 
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 from waferrt.scheduler import KVReserve, NodeInfo, Placement, PlanError, default_mesh, plan
 from waferrt.scheduler.geometry import node_borders
 from waferrt.scheduler.report import tile_box
-from waferrt.scheduler.search import smallest_mesh
+from waferrt.scheduler.search import smallest_mesh, wafer_grid
 
 from waferrt import decode_layout as dl
 from waferrt.cost import region_distance
@@ -23,6 +23,7 @@ from waferrt.spec import TINY, spec_by_name
 SPEC = TINY.replace(sram_bytes=4096, full_mesh=(40, 40))
 WSE2 = spec_by_name("wse2")
 FAST = settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+SEARCH = settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 
 
 @st.composite
@@ -92,16 +93,23 @@ def test_consecutive_layers_touch_inside_a_tile_and_cross_one_tile_border(cfg, m
             assert region_distance(a, b) == 1, f"{a} and {b} share a tile but do not touch"
 
 
-@settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@SEARCH
 @given(models(big=True), st.integers(2, 8), st.integers(2, 8), kvs)
+@example(  # 4x7 and 28x1 tiles of 2x7 hold it too, but are 49 and 56 cores long: off the 40x40 wafer
+    cfg=LlamaConfig(vocab_size=16, dim=64, n_layers=6, n_heads=4, n_kv_heads=2, hidden_dim=64,
+                    max_seq_len=64),
+    tw=2, th=7, kv=KVReserve(15, 2),
+)
 def test_smallest_mesh_fits_and_no_fewer_tiles_do(cfg, tw, th, kv):
     best = smallest_mesh(cfg, SPEC, (tw, th), kv.tokens, kv.requests, "float32")
     if best is None:
         return
     plan(cfg, SPEC, best, kv=kv)  # fits
+    nxs, nys = wafer_grid(SPEC, (tw, th))  # smallest_mesh searches the meshes on the wafer only
+    assert best.tiles_x <= nxs and best.tiles_y <= nys
     n = best.tiles_x * best.tiles_y
-    for nx in range(1, n):
-        for ny in range(1, (n - 1) // nx + 1):
+    for nx in range(1, min(n - 1, nxs) + 1):
+        for ny in range(1, min((n - 1) // nx, nys) + 1):
             with pytest.raises(PlanError, match=f"--mesh {best.width}x{best.height} --tile {tw}x{th}"):
                 plan(cfg, SPEC, MeshSpec(nx * tw, ny * th, tw, th), kv=kv)
 
