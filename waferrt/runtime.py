@@ -65,12 +65,19 @@ class CostReport:
     """What the runs so far would cost on the modelled wafer."""
 
     spec: HardwareSpec
-    by_op: dict
-    steps: int
+    by_op: dict  # primitive -> Cost, over every step
+    per_step: tuple  # one {primitive: Cost} per step (wafer.run), in order
+
+    @property
+    def steps(self) -> int:
+        return len(self.per_step)
 
     @property
     def total(self) -> Cost:
         return total(self.by_op.values())
+
+    def step_totals(self) -> list[Cost]:
+        return [total(step.values()) for step in self.per_step]
 
     def __str__(self) -> str:
         lines = [f"{'primitive':<18}{'hops':>8}{'stages':>8}{'link bytes':>12}{'flops/core':>12}{'cycles':>12}"]
@@ -78,8 +85,9 @@ class CostReport:
             lines.append(f"{name:<18}{c.hops:>8}{c.stages:>8}{c.link_bytes:>12}{c.flops:>12}{c.cycles:>12.0f}")
         t = self.total
         lines.append(f"{'total':<18}{t.hops:>8}{t.stages:>8}{t.link_bytes:>12}{t.flops:>12}{t.cycles:>12.0f}")
+        steps = ", ".join(f"{c.seconds(self.spec) * 1e6:.2f}" for c in self.step_totals()[-8:])
         lines.append(f"{self.steps} step(s); modelled time {t.seconds(self.spec) * 1e6:.2f} us on {self.spec.name} "
-                     f"at {self.spec.clock_hz / 1e9:.2f} GHz")
+                     f"at {self.spec.clock_hz / 1e9:.2f} GHz (last steps, us: {steps})")
         return "\n".join(lines)
 
 
@@ -234,7 +242,7 @@ class Wafer:
         for step in self._costs:
             for name, c in step.items():
                 by_op[name] = by_op.get(name, Cost()) + c
-        return CostReport(self.spec, by_op, len(self._costs))
+        return CostReport(self.spec, by_op, tuple(self._costs))
 
     def sram(self) -> list[dict]:
         import ray

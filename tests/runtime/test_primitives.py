@@ -146,3 +146,4 @@ def test_dsm_owners_read_and_cost_report(wafer):
     for name, c in step.items():
         assert after.by_op[name] == before.by_op.get(name, type(c)()) + c
     assert "total" in str(after) and f"{after.steps} step(s)" in str(after)
+    assert after.per_step[-1] == step and after.step_totals()[-1].cycles == sum(c.cycles for c in step.values())
