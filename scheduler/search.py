@@ -6,12 +6,13 @@ first packing block (top or left, its side rounded up to whole layer slots) or, 
 there, across the mesh; the layers are packed around it in both block serpentines, and the first shape
 that holds every layer wins with its best-scoring layout (fewest regions straddling tiles, then fewest
 hand-overs across tiles, then fewest hops, then most spare slots). ``smallest_mesh`` finds the
-fewest whole tiles that hold a model; ``tile_candidates`` proposes tile sizes for ``default_mesh``.
+fewest whole tiles on the spec's wafer that hold a model; ``tile_candidates`` proposes tile sizes for
+``default_mesh``.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from functools import lru_cache
 from itertools import pairwise
@@ -93,7 +94,7 @@ def _quality(mesh: MeshSpec, embed: Region, layers: list[Region]) -> tuple[int, 
     return straddle, crossings, path_hops(chain_)
 
 
-def _capacity(free: np.ndarray, blks: list[Region], w: int, h: int) -> int:
+def _capacity(free: np.ndarray, blks: Sequence[Region], w: int, h: int) -> int:
     """How many w x h regions ``chain`` gets out of all of `blks` (the most ``pack`` lays in each block,
     summed), without packing the blocks in which every position is free (there every pattern lays
     (block w // w) x (block h // h) regions) or none is: only blocks at the edge of an obstacle (the
@@ -124,7 +125,7 @@ def _try_shape(cfg: LlamaConfig, sram: int, dtype: str, mesh: MeshSpec, obstacle
     for blks in orders:
         for embed in _embed_options(cfg, sram, dtype, mesh, obstacles, blks[0], w, h):
             free = obstacles.with_regions([embed]).free_map(w, h)
-            room = _capacity(free, list(blks), w, h)
+            room = _capacity(free, blks, w, h)
             if room < n:
                 most = max(most, room)
                 continue
@@ -215,10 +216,13 @@ def smallest_mesh(cfg: LlamaConfig, spec: HardwareSpec, tile: tuple[int, int], t
     """The healthy mesh of the fewest whole tiles (then the squarest) that holds the model, up to the
     spec's full wafer (at most ``wafer_grid`` tiles across and down); None when even that does not.
 
-    Every grid of tiles is tried in that order, so no grid of fewer tiles on the wafer holds the model
-    (fitting is not monotone in the grid: a greedy packing may fit on 3x4 tiles and not on 2x7). Grids
-    whose cores or layer slots cannot hold the layers and the embedding for any layer shape are
-    skipped without packing (``_room_for``); cached, since every failing ``plan`` asks for it."""
+    Every grid of tiles on the wafer is tried in that order, so none of fewer tiles holds the model. A
+    bisection over tile counts would not be sound: "some grid of k tiles fits" is not monotone in k (a
+    prime k has only 1 x k and k x 1 grids, which may not be on the wafer). It is not needed either:
+    grids whose live cores or layer slots cannot hold the layers and the embedding for any layer shape
+    are skipped without packing (``_room_for``, O(1) per shape), and a grid that passes that bound but
+    fails is counted per block without being packed (``_capacity``). Cached: every ``plan`` that does
+    not fit asks for it, with the same arguments."""
     if _hopeless(cfg, spec, tokens, requests, dtype):
         return None
     tw, th = tile

@@ -7,12 +7,11 @@ import subprocess
 import sys
 
 import pytest
-from hypothesis import HealthCheck, example, given, settings
+from hypothesis import HealthCheck, assume, example, given, settings
 from hypothesis import strategies as st
-from waferrt.scheduler import KVReserve, NodeInfo, Placement, PlanError, default_mesh, plan
-from waferrt.scheduler.geometry import node_borders
+from waferrt.scheduler import KVReserve, NodeInfo, Placement, PlanError, default_mesh, plan, search
+from waferrt.scheduler.geometry import PATTERNS, Obstacles, blocks, chain, node_borders, pack
 from waferrt.scheduler.report import tile_box
-from waferrt.scheduler.search import smallest_mesh, wafer_grid
 
 from waferrt import decode_layout as dl
 from waferrt.cost import region_distance
@@ -104,17 +103,37 @@ def test_consecutive_layers_touch_inside_a_tile_and_cross_one_tile_border(cfg, m
     tw=2, th=7, kv=KVReserve(15, 2),
 )
 def test_smallest_mesh_fits_and_no_fewer_tiles_do(cfg, tw, th, kv):
-    best = smallest_mesh(cfg, SPEC, (tw, th), kv.tokens, kv.requests, "float32")
+    best = search.smallest_mesh(cfg, SPEC, (tw, th), kv.tokens, kv.requests, "float32")
     if best is None:
         return
     plan(cfg, SPEC, best, kv=kv)  # fits
-    nxs, nys = wafer_grid(SPEC, (tw, th))  # smallest_mesh searches the meshes on the wafer only
+    nxs, nys = search.wafer_grid(SPEC, (tw, th))  # smallest_mesh searches the meshes on the wafer only
     assert best.tiles_x <= nxs and best.tiles_y <= nys
     n = best.tiles_x * best.tiles_y
     for nx in range(1, min(n - 1, nxs) + 1):
         for ny in range(1, min((n - 1) // nx, nys) + 1):
             with pytest.raises(PlanError, match=f"--mesh {best.width}x{best.height} --tile {tw}x{th}"):
                 plan(cfg, SPEC, MeshSpec(nx * tw, ny * th, tw, th), kv=kv)
+
+
+@FAST
+@given(meshes(), st.integers(1, 8), st.integers(1, 8), st.data())
+def test_capacity_counts_what_chain_packs(mesh, w, h, data):
+    """The search counts the regions of a failing attempt without packing the blocks that no obstacle
+    touches; that count is what chain lays, and the slot bound is the sum over the packing blocks."""
+    assume(w <= mesh.width and h <= mesh.height)
+    x, y = data.draw(st.integers(0, mesh.width - 1)), data.draw(st.integers(0, mesh.height - 1))
+    embed = Region(x, y, data.draw(st.integers(1, mesh.width - x)), data.draw(st.integers(1, mesh.height - y)))
+    ends = data.draw(st.lists(st.tuples(st.integers(0, mesh.width - 2), st.integers(0, mesh.height - 2),
+                                        st.booleans()), max_size=2))
+    links = [(Coord(a, b), Coord(a + east, b + (not east))) for a, b, east in ends]
+    free = Obstacles(mesh.width, mesh.height, mesh.dead, links).with_regions([embed]).free_map(w, h)
+    for by_rows in (True, False):
+        blks = blocks(mesh, w, h, by_rows)
+        layers, _ = chain(blks, lambda b: [pack(free, b, w, h, pat) for pat in PATTERNS], embed, 10**6)
+        assert search._capacity(free, blks, w, h) == len(layers)
+    bound = sum((b.w // w) * (b.h // h) for b in blocks(mesh, w, h, True))
+    assert search._shape_bound(mesh, w, h) == bound
 
 
 def test_too_small_mesh_says_bytes_needed_and_what_fits():
