@@ -88,8 +88,9 @@ def _profile(llm, reqs) -> dict:
 
     items = [(i, r.prompt_ids[0], 0, True) for i, r in enumerate(reqs)]
     resets = list(range(len(reqs)))
+    epoch = llm.wafer.next_epoch()  # one number for the whole step, the same on every tile
     t0 = time.perf_counter()
-    res = ray.get([h.decode_step.remote(llm.wafer.next_epoch(), items, resets) for h in llm.wafer.tiles.values()])
+    res = ray.get([h.decode_step.remote(epoch, items, resets) for h in llm.wafer.tiles.values()])
     wall = time.perf_counter() - t0
     return {str(t): (r["busy"], r["cpu"], wall) for t, r in zip(llm.wafer.tiles, res, strict=True)}
 
