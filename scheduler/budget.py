@@ -10,6 +10,7 @@ cannot be split (``Layout`` raises ``ValueError``) counts as "does not fit".
   whose maximum equals ``layer_core_bytes`` / ``embed_core_bytes``.
 - ``kv_capacity``: the most KV positions per request a layer region holds (at least the reserve).
 - ``embed_rows_needed`` / ``embed_cols_needed``: the smallest embedding region side for the other one.
+- ``work_bytes``: weight bytes of the embedding/head region and of one layer region (decode work).
 """
 
 from __future__ import annotations
@@ -154,6 +155,13 @@ def tensor_bytes(cfg: LlamaConfig, dtype: str) -> dict[str, int]:
     out["embed"] = cfg.vocab_size * cfg.dim * dl.dtype_itemsize(dtype)
     out["final_norm"] = cfg.dim * dl.dtype_itemsize(dtype)
     return out
+
+
+def work_bytes(cfg: LlamaConfig, dtype: str) -> tuple[int, int]:
+    """(weight bytes of the embedding/head region: table + final norm, of one layer region): the decode
+    reads each once per step, so they measure the CPU work a region gives its tile."""
+    tb = tensor_bytes(cfg, dtype)
+    return tb["embed"] + tb["final_norm"], sum(v for k, v in tb.items() if k not in ("embed", "final_norm"))
 
 
 def kv_bytes(cfg: LlamaConfig, tokens: int, requests: int, dtype: str) -> int:

@@ -26,6 +26,7 @@ from waferrt.cost import region_distance
 from waferrt.mesh import Coord, MeshSpec, Region, TileId
 
 Link = tuple[Coord, Coord]
+SLACK = 3  # regions the chain's dynamic program may give back where hand-overs are shortest
 PATTERNS = tuple((orient, from_start, forward) for orient in ("rows", "cols")
                  for from_start in (True, False) for forward in (True, False))
 
@@ -162,42 +163,127 @@ def path_hops(regions: Sequence[Region]) -> int:
     return sum(region_distance(a, b) for a, b in pairwise(regions))
 
 
-def chain(blocks_: Sequence[Region], packer: Callable[[Region], list[list[Region]]], start: Region | None,
-          need: int) -> tuple[list[Region], list[Region]]:
-    """Choose one packing per block: packer(block) lists the candidate sequences of a block.
+def quotas(caps: Sequence[int], fixed: Sequence[int], unit: int, need: int) -> list[int]:
+    """The most regions each block may take so that `need` regions balance the work: block i holds at
+    most caps[i] regions of `unit` work each on top of its fixed work fixed[i] (e.g. the embedding's
+    bytes). Returns block i's count at the smallest bound T on any block's work for which the counts
+    hold `need` (exact: T is searched over every value a block's work can take); they add up to `need`
+    plus less than one region per block (the slack ``chain`` takes back where hops are fewest). When the
+    blocks hold `need` regions or fewer, that is every block's capacity."""
+    if sum(caps) <= need or unit <= 0:
+        return list(caps) if sum(caps) <= need else _fill(caps, need)
+    floor = max(fixed, default=0)
 
-    Each block keeps only its longest sequences; blocks are used in order until `need` regions are
-    chained; among those, a dynamic program picks the sequences whose hand-overs (from `start`, between
-    consecutive regions, and from the last back to `start`: the head) cross the fewest hops.
-    Returns (chain[:need], up to `need` free slots that follow it)."""
-    kept: list[tuple[int, list[list[Region]]]] = []  # (regions this block adds, its longest sequences)
-    total, b = 0, 0
-    while b < len(blocks_) and total < need:
-        opts = packer(blocks_[b])
-        best = max((len(s) for s in opts), default=0)
-        if best:
-            longest = {tuple(s): s for s in opts if len(s) == best}
-            kept.append((min(best, need - total), list(longest.values())))
-            total += best
-        b += 1
-    prev: list[tuple[int, list[int], Region]] = []  # per sequence of the last block: (hops, choice path, end)
-    for k, (room, seqs) in enumerate(kept):
-        cur = []
-        for i, seq in enumerate(seqs):
-            part = seq[:room]
-            if prev:
-                hops, path = min((c + region_distance(end, part[0]), p) for c, p, end in prev)
-            else:
-                hops, path = _link(start, part[0]), []
-            closing = _link(start, part[-1]) if k == len(kept) - 1 else 0
-            cur.append((hops + path_hops(part) + closing, path + [i], part[-1]))
-        prev = cur
-    path = min(prev, key=lambda t: (t[0], t[1]))[1] if prev else []
-    full = [r for (_, seqs), i in zip(kept, path, strict=True) for r in seqs[i]]
-    spare = full[need:]
-    while b < len(blocks_) and len(spare) < need:
-        spare += max(packer(blocks_[b]), key=len, default=[])
-        b += 1
+    def counts(t: int) -> list[int]:
+        return [min(c, (t - f) // unit) if t >= f else 0 for c, f in zip(caps, fixed, strict=True)]
+
+    targets = sorted({v for c, f in zip(caps, fixed, strict=True) for k in range(c + 1)
+                      if (v := f + k * unit) >= floor} | {floor})
+    lo, hi = 0, len(targets) - 1  # counts(targets[-1]) == caps, which hold `need`
+    while lo < hi:
+        mid = (lo + hi) // 2
+        if sum(counts(targets[mid])) >= need:
+            hi = mid
+        else:
+            lo = mid + 1
+    return counts(targets[lo])
+
+
+def _fill(caps: Sequence[int], need: int) -> list[int]:
+    """Blocks filled to capacity in order until `need` regions are placed."""
+    out, left = [], need
+    for c in caps:
+        out.append(min(c, left))
+        left -= out[-1]
+    return out
+
+
+def chain(blocks_: Sequence[Region], packer: Callable[[Region], list[list[Region]]], start: Region | None,
+          need: int, fixed: Sequence[int] | None = None, unit: int = 0,
+          caps: Sequence[int] | None = None) -> tuple[list[Region], list[Region]]:
+    """Choose one packing per block, and how many regions each block takes: packer(block) lists the
+    candidate sequences of a block, of which each block keeps only its longest.
+
+    Without `fixed`, blocks are filled in order until `need` regions are chained. With `fixed` (the
+    work each block already carries) and `unit` (the work of one region), every block is packed and may
+    take up to its balanced share (:func:`quotas`): the most loaded block then carries the least work
+    possible; the serpentine order of blocks stays, a block simply takes fewer regions and the chain
+    moves on earlier. The shares exceed `need` by some slack; all but ``SLACK`` regions of it are given
+    back by the last blocks of the chain, the rest where hand-overs are shortest.
+    `caps` (the most regions ``packer`` lays in each block, when the caller counted them) spares
+    packing the blocks that the chain and its spare slots do not reach.
+    A dynamic program over blocks (state: slack given back so far, the last region, whether the chain
+    has ended) picks the sequences and counts whose hand-overs (from `start`, between consecutive
+    regions, and from the last back to `start`: the head) cross the fewest hops, then whose block work
+    has the least sum of squares. A block that gives back its whole share ends the chain (so the chain
+    does not jump over a block it could use); blocks before the first region, and blocks whose share
+    is 0 (full, or their fixed work already at the bound), are passed over.
+    Returns (chain[:need], up to `need` free slots: the rest of every used block's sequence, then the
+    other blocks' longest ones, in chain order)."""
+    packed: dict[int, list[list[Region]]] = {}
+
+    def longest(b: int) -> list[list[Region]]:
+        if b not in packed:
+            seqs = packer(blocks_[b])
+            top = max((len(s) for s in seqs), default=0)
+            packed[b] = list({tuple(s): s for s in seqs if len(s) == top}.values()) if top else []
+        return packed[b]
+
+    if caps is None:
+        caps, total = [], 0
+        for b in range(len(blocks_)):
+            if fixed is None and total >= 2 * need:  # enough blocks for the chain and as many spare slots
+                break
+            caps.append(len(longest(b)[0]) if longest(b) else 0)
+            total += caps[-1]
+    caps = list(caps)
+    work = [0] * len(caps) if fixed is None else list(fixed)[:len(caps)]
+    most = _fill(caps, need) if fixed is None else quotas(caps, work, unit, need)
+    extra = sum(most) - need - SLACK
+    for b in reversed(range(len(most))):  # give back all but SLACK from the end of the chain
+        if extra <= 0:
+            break
+        back = min(most[b], extra)
+        most[b], extra = most[b] - back, extra - back
+    slack = max(0, sum(most) - need)
+    opts = {b: longest(b) for b, m in enumerate(most) if m}
+    hops = {b: [[0] + [path_hops(s[:n]) for n in range(1, len(s) + 1)] for s in seqs] for b, seqs in opts.items()}
+    # state (slack given back, last region or None before the first, ended) -> (cost, path as nested pairs)
+    states: dict[tuple, tuple[tuple[int, int], tuple]] = {(0, None, False): ((0, 0), ())}
+    for b, m in enumerate(most):
+        nxt: dict[tuple, tuple[tuple[int, int], tuple]] = {}
+
+        def put(key, got, nxt=nxt):
+            if key not in nxt or got < nxt[key]:
+                nxt[key] = got
+
+        for (d, end, ended), ((h, sq), path) in states.items():
+            for n in range(max(0, m - (slack - d)), m + 1):
+                sq_n = sq + (work[b] + n * unit) ** 2
+                if n == 0:  # a block that could take regions and gives them all back ends the chain
+                    put((d + m, end, ended or (end is not None and m > 0)), ((h, sq_n), path))
+                elif not ended:
+                    for j, seq in enumerate(opts[b]):
+                        link = _link(start, seq[0]) if end is None else region_distance(end, seq[0])
+                        put((d + m - n, seq[n - 1], False), ((h + link + hops[b][j][n], sq_n), ((b, j, n), path)))
+        states = nxt
+    done = [((h + (_link(start, end) if end is not None else 0), sq), path)
+            for (d, end, _), ((h, sq), path) in states.items() if d == slack]
+    path = min(done)[1] if done else ()
+    steps = []
+    while path:
+        steps.append(path[0])
+        path = path[1]
+    used = {b: (j, n) for b, j, n in steps}
+    full, spare = [], []
+    for b in range(len(caps)):
+        if b not in used and len(spare) >= need:
+            continue
+        seqs = longest(b) if caps[b] else []
+        j, n = used.get(b, (0, 0))
+        seq = seqs[j] if seqs else []
+        full += seq[:n]
+        spare += seq[n:]
     return full[:need], spare[:need]
 
 

@@ -9,8 +9,12 @@ Contract (pure: no Ray, returns immutable data):
   SRAM (sizes from ``waferrt.decode_layout``); the tied embedding + final norm + head get one more
   region. Regions are packed inside tiles when they fit in one, consecutive layers touch (a serpentine
   of shelves inside a tile, continued into the neighbouring tile), and tiles go to Ray nodes in
-  contiguous runs. A model that does not fit raises :class:`PlanError` with the bytes needed, the bytes
-  available and the smallest mesh (at this spec and tile size) that holds it.
+  contiguous runs. The layers are spread over the tiles so that the decode work of the busiest tile
+  (the weight bytes of its regions, ``budget.work_bytes``; one process per tile) is as small as it can
+  be: each tile takes its balanced share of the chain and the chain moves on to the next tile (spare
+  slots spread over the tiles); straddling regions still rank first. A model that does not fit raises
+  :class:`PlanError` with the bytes needed, the bytes available and the smallest mesh (at this spec and
+  tile size) that holds it.
 - :class:`Placement` is frozen and hashable; ``report()`` measures it, ``violations()`` lists broken
   rules (empty for anything ``plan`` returns), ``to_json()`` / ``Placement.from_json`` round-trip.
 - ``default_mesh(config, spec, kv)``: the smallest mesh of 2x2 tiles holding the model with every
@@ -182,11 +186,13 @@ def _check_inputs(config: LlamaConfig, mesh: MeshSpec, nodes, dtype: str, dead_l
 
 def plan(config: LlamaConfig, spec: HardwareSpec, mesh: MeshSpec, *, kv: KVReserve,
          nodes: tuple[NodeInfo, ...] = DEFAULT_NODES, dtype: str = "float32",
-         dead_links: frozenset[tuple[Coord, Coord]] = frozenset()) -> Placement:
-    """Place `config` on `mesh` (dead cores: ``mesh.dead``); see the module docstring for the rules."""
+         dead_links: frozenset[tuple[Coord, Coord]] = frozenset(), balance: bool = True) -> Placement:
+    """Place `config` on `mesh` (dead cores: ``mesh.dead``); see the module docstring for the rules.
+    `balance` (default) spreads the layers over the tiles so that the busiest tile holds the fewest
+    weight bytes; False fills every tile to capacity in chain order (the busiest tiles do the most)."""
     nodes, dead_links = tuple(nodes), frozenset(dead_links)
     _check_inputs(config, mesh, nodes, dtype, dead_links)
-    found = search.best_layout(config, spec, mesh, kv.tokens, kv.requests, dtype, dead_links)
+    found = search.best_layout(config, spec, mesh, kv.tokens, kv.requests, dtype, dead_links, balance)
     if found.layers is None:
         raise PlanError(_no_fit_message(config, spec, mesh, kv, dtype, found.reason))
     names, cpus = [n.name for n in nodes], [n.cpus for n in nodes]

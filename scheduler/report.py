@@ -5,12 +5,16 @@ only plain values. SRAM figures are per core over the cores that regions use, at
 capacity (``placement.kv_tokens`` positions for each of ``kv.requests`` requests). The modelled step
 is one token through the whole chain: embedding row -> layer 0 -> ... -> layer L-1 -> head, with the
 hand-overs between regions (``waferrt.cost``); throughput assumes ``kv.requests`` requests in flight in
-the pipeline, bounded by the slowest stage.
+the pipeline, bounded by the slowest stage. ``tile_work`` is the decode work of every tile (one process
+each): the weight bytes of the regions it hosts (the embedding table once for embedding and head; a
+region over several tiles counted in proportion to its cores in each), which the decode reads once per
+step, so the busiest tile bounds the emulator's throughput.
 """
 
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Sequence
 from dataclasses import dataclass
 from itertools import pairwise
 from typing import TYPE_CHECKING
@@ -18,11 +22,22 @@ from typing import TYPE_CHECKING
 from waferrt.cost import embed_decode_cost, handover_cost, layer_decode_cost, region_distance
 from waferrt.mesh import MeshSpec, Region
 
-from .budget import embed_core_grid, layer_core_grid
+from .budget import embed_core_grid, layer_core_grid, work_bytes
 from .geometry import node_borders, tiles_spanned
 
 if TYPE_CHECKING:
     from .placement import Placement
+
+
+@dataclass(frozen=True)
+class TileWork:
+    """One tile's share of the decode: the layer regions it holds (wholly or partly), whether it holds
+    (part of) the embedding/head, and the weight bytes of its regions."""
+
+    tile: tuple[int, int]  # (tx, ty)
+    layers: int
+    embed: bool
+    weight_bytes: int
 
 
 @dataclass(frozen=True)
@@ -49,6 +64,13 @@ class PlanReport:
     step_cycles: float  # one token through the whole chain
     tokens_per_s: float  # with kv_requests requests in flight
     request_tokens_per_s: float  # one request alone
+    tile_work: tuple[TileWork, ...] = ()  # every tile of the mesh, sorted by (ty, tx)
+
+    @property
+    def tile_imbalance(self) -> float:
+        """Busiest tile's weight bytes over the mean per tile (1.0: perfectly balanced)."""
+        total = sum(t.weight_bytes for t in self.tile_work)
+        return max(t.weight_bytes for t in self.tile_work) * len(self.tile_work) / total if total else 1.0
 
     @property
     def kv_capacity_tokens(self) -> int:
@@ -57,6 +79,7 @@ class PlanReport:
     def to_json(self) -> dict:
         out = dataclasses.asdict(self)
         out["kv_capacity_tokens"] = self.kv_capacity_tokens
+        out["tile_imbalance"] = self.tile_imbalance
         return out
 
     def text(self) -> str:
@@ -78,12 +101,50 @@ class PlanReport:
             f"modelled decode {self.step_cycles:,.0f} cycles per token through the chain; "
             f"{self.tokens_per_s:,.0f} tokens/s with {self.kv_requests} requests in flight, "
             f"{self.request_tokens_per_s:,.0f} tokens/s for one request",
+            f"tile work       weight bytes per tile (one process each), busiest "
+            f"{self.tile_imbalance:.2f}x the mean: " + ", ".join(
+                f"({t.tile[0]},{t.tile[1]}) {'embed+' if t.embed else ''}{t.layers} layers "
+                f"{t.weight_bytes / 1e6:,.1f} MB" for t in self.tile_work),
         ])
 
 
 def tile_box(mesh: MeshSpec, r: Region) -> tuple[int, int, int, int]:
     """(first tile column, first tile row, last tile column, last tile row) that region r touches."""
     return (r.x0 // mesh.tile_w, r.y0 // mesh.tile_h, (r.x1 - 1) // mesh.tile_w, (r.y1 - 1) // mesh.tile_h)
+
+
+def _shares(mesh: MeshSpec, r: Region) -> list[tuple[int, int, int]]:
+    """(tile column, tile row, cores of r in that tile) for every tile that r touches."""
+    tx0, ty0, tx1, ty1 = tile_box(mesh, r)
+    out = []
+    for ty in range(ty0, ty1 + 1):
+        for tx in range(tx0, tx1 + 1):
+            part = Region(tx * mesh.tile_w, ty * mesh.tile_h, mesh.tile_w, mesh.tile_h).intersect(r)
+            if part is not None:
+                out.append((tx, ty, part.size))
+    return out
+
+
+def tile_bytes(mesh: MeshSpec, embed: Region, layers: Sequence[Region], embed_bytes: int,
+               layer_bytes: int) -> list[int]:
+    """Weight bytes on every tile (row-major, as ``mesh.tiles()``): each region's bytes split over the
+    tiles it touches in proportion to its cores there."""
+    out = [0] * (mesh.tiles_x * mesh.tiles_y)
+    for r, nbytes in ((embed, embed_bytes), *((r, layer_bytes) for r in layers)):
+        for tx, ty, cores in _shares(mesh, r):
+            out[ty * mesh.tiles_x + tx] += nbytes * cores // r.size
+    return out
+
+
+def _tile_work(p: Placement) -> tuple[TileWork, ...]:
+    mesh = p.mesh
+    nbytes = tile_bytes(mesh, p.embed, p.layers, *work_bytes(p.config, p.dtype))
+    layers = [0] * len(nbytes)
+    for r in p.layers:
+        for tx, ty, _ in _shares(mesh, r):
+            layers[ty * mesh.tiles_x + tx] += 1
+    embed = {ty * mesh.tiles_x + tx for tx, ty, _ in _shares(mesh, p.embed)}
+    return tuple(TileWork((t.tx, t.ty), layers[i], i in embed, nbytes[i]) for i, t in enumerate(mesh.tiles()))
 
 
 def _sram(p: Placement) -> tuple[int, float, int, tuple[int, ...], int]:
@@ -126,5 +187,5 @@ def build_report(p: Placement) -> PlanReport:
         straddling=sum(tiles_spanned(mesh, r) > 1 for r in chain[:-1]),
         node_borders=node_borders(mesh, p.tile_nodes),
         kv_tokens=p.kv_tokens, kv_requests=p.kv.requests,
-        step_cycles=step, tokens_per_s=tps, request_tokens_per_s=rtps,
+        step_cycles=step, tokens_per_s=tps, request_tokens_per_s=rtps, tile_work=_tile_work(p),
     )

@@ -25,7 +25,7 @@ from waferrt.spec import HardwareSpec
 
 from . import budget
 from .geometry import PATTERNS, Obstacles, blocks, chain, pack, path_hops, tiles_spanned
-from .report import tile_box
+from .report import tile_box, tile_bytes
 
 UNBOUNDED = 1 << 30
 
@@ -87,52 +87,78 @@ def _embed_options(cfg: LlamaConfig, sram: int, dtype: str, mesh: MeshSpec, obst
     return []
 
 
-def _quality(mesh: MeshSpec, embed: Region, layers: list[Region]) -> tuple[int, int, int]:
+def _quality(mesh: MeshSpec, embed: Region, layers: list[Region], work: tuple[int, int] | None
+             ) -> tuple[int, int, int, int]:
+    """(regions straddling tiles, most weight bytes on one tile (0 when not balancing), hand-overs
+    across tiles, hops): lower is better, in that order."""
     chain_ = (embed, *layers, embed)
     straddle = sum(tiles_spanned(mesh, r) > 1 for r in chain_[:-1])
     crossings = sum(tile_box(mesh, a) != tile_box(mesh, b) for a, b in pairwise(chain_))
-    return straddle, crossings, path_hops(chain_)
+    busiest = max(tile_bytes(mesh, embed, layers, *work)) if work else 0
+    return straddle, busiest, crossings, path_hops(chain_)
 
 
-def _capacity(free: np.ndarray, blks: Sequence[Region], w: int, h: int) -> int:
-    """How many w x h regions ``chain`` gets out of all of `blks` (the most ``pack`` lays in each block,
-    summed), without packing the blocks in which every position is free (there every pattern lays
+def _block_work(embed: Region, blks: Sequence[Region], nbytes: int) -> list[int]:
+    """The embedding's bytes carried by each block, in proportion to its cores there."""
+    out = []
+    for b in blks:
+        r = b.intersect(embed)
+        out.append(0 if r is None else nbytes * r.size // embed.size)
+    return out
+
+
+def _block_caps(free: np.ndarray, blks: Sequence[Region], w: int, h: int) -> list[int]:
+    """How many w x h regions ``chain`` gets out of each of `blks` (the most ``pack`` lays in it),
+    without packing the blocks in which every position is free (there every pattern lays
     (block w // w) x (block h // h) regions) or none is: only blocks at the edge of an obstacle (the
     embedding, dead cores and links) are packed."""
     corners = np.zeros((free.shape[0] + 1, free.shape[1] + 1), np.int64)
     corners[1:, 1:] = (~free).cumsum(0).cumsum(1)  # blocked top-left corners, as a summed-area table
-    total = 0
+    out = []
     for b in blks:
         y1, x1 = b.y1 - h + 1, b.x1 - w + 1  # top-left corners of regions inside the block: [y0, y1) x [x0, x1)
         if y1 <= b.y0 or x1 <= b.x0:
+            out.append(0)
             continue
         blocked = corners[y1, x1] - corners[b.y0, x1] - corners[y1, b.x0] + corners[b.y0, b.x0]
         if blocked == 0:
-            total += (b.w // w) * (b.h // h)
+            out.append((b.w // w) * (b.h // h))
         elif blocked < (y1 - b.y0) * (x1 - b.x0):  # some free position: pack it
-            total += max(len(pack(free, b, w, h, pat)) for pat in PATTERNS)
-    return total
+            out.append(max(len(pack(free, b, w, h, pat)) for pat in PATTERNS))
+        else:
+            out.append(0)
+    return out
+
+
+def _capacity(free: np.ndarray, blks: Sequence[Region], w: int, h: int) -> int:
+    """How many w x h regions ``chain`` gets out of all of `blks` (``_block_caps``, summed)."""
+    return sum(_block_caps(free, blks, w, h))
 
 
 def _try_shape(cfg: LlamaConfig, sram: int, dtype: str, mesh: MeshSpec, obstacles: Obstacles, w: int,
-               h: int) -> tuple[Found | None, int]:
+               h: int, balance: bool = True) -> tuple[Found | None, int]:
     """The best layout of all cfg.n_layers w x h layers (None when there is none), and the most layers
     any attempt chained. An attempt (block order and embedding position) whose blocks cannot hold every
-    layer is only counted (``_capacity``), not chained: that is what makes a failing shape cheap."""
+    layer is only counted (``_capacity``), not chained: that is what makes a failing shape cheap. With
+    `balance`, every block takes a share of the layers that balances the weight bytes per block
+    (``geometry.quotas``) and the busiest tile's bytes rank right after straddling regions."""
     n, best, most, orders = cfg.n_layers, None, 0, {}
+    work = budget.work_bytes(cfg, dtype) if balance else None
     for by_rows in (True, False):
         orders.setdefault(tuple(blocks(mesh, w, h, by_rows)), None)
     for blks in orders:
         for embed in _embed_options(cfg, sram, dtype, mesh, obstacles, blks[0], w, h):
             free = obstacles.with_regions([embed]).free_map(w, h)
-            room = _capacity(free, blks, w, h)
+            caps = _block_caps(free, blks, w, h)
+            room = sum(caps)
             if room < n:
                 most = max(most, room)
                 continue
+            fixed = _block_work(embed, blks, work[0]) if work else None
             layers, slots = chain(blks, lambda b, free=free: [pack(free, b, w, h, pat) for pat in PATTERNS],
-                                  embed, n)
+                                  embed, n, fixed, work[1] if work else 0, caps if work else None)
             most = max(most, len(layers))
-            score = (_quality(mesh, embed, layers), -len(slots))
+            score = (_quality(mesh, embed, layers, work), -len(slots))
             if len(layers) == n and (best is None or score < best[0]):
                 best = (score, Found(tuple(layers), embed, tuple(slots)))
     return (best[1] if best else None), most
@@ -172,7 +198,7 @@ def _hopeless(cfg: LlamaConfig, spec: HardwareSpec, tokens: int, requests: int, 
 
 
 def best_layout(cfg: LlamaConfig, spec: HardwareSpec, mesh: MeshSpec, tokens: int, requests: int, dtype: str,
-                links: frozenset[tuple[Coord, Coord]] = frozenset()) -> Found:
+                links: frozenset[tuple[Coord, Coord]] = frozenset(), balance: bool = True) -> Found:
     """The best layout of `cfg` on `mesh`, or a Found with layers=None and the reason it does not fit."""
     reason = _hopeless(cfg, spec, tokens, requests, dtype)
     if reason:
@@ -187,7 +213,7 @@ def best_layout(cfg: LlamaConfig, spec: HardwareSpec, mesh: MeshSpec, tokens: in
     for w, h in shapes:
         if not _room_for(mesh, w, h, n, emin):
             continue
-        found, chained = _try_shape(cfg, sram, dtype, mesh, obstacles, w, h)
+        found, chained = _try_shape(cfg, sram, dtype, mesh, obstacles, w, h, balance)
         if found is not None:
             return found
         if tried is None or chained > most:
@@ -237,7 +263,7 @@ def smallest_mesh(cfg: LlamaConfig, spec: HardwareSpec, tile: tuple[int, int], t
         mesh = MeshSpec(nx * tw, ny * th, tw, th)
         if not any(_room_for(mesh, w, h, n, emin) for w, h in shapes):
             continue
-        if best_layout(cfg, spec, mesh, tokens, requests, dtype).layers is not None:
+        if best_layout(cfg, spec, mesh, tokens, requests, dtype, balance=False).layers is not None:  # fit only
             return mesh
     return None
 
