@@ -11,7 +11,9 @@ Contract: pure functions over mesh coordinates (no model knowledge, no Ray).
   the shelves walked as a serpentine (8 patterns: shelves as rows or columns, taken from either end of
   the block, the first walked either way), so that consecutive regions touch.
 - ``chain``: picks one pattern per block (dynamic programming over blocks) so that the chain of regions
-  is as long as possible and its hand-overs (from a start region and back to it) cross the fewest hops.
+  is as long as possible and its hand-overs (from a start region and back to it) cross the fewest hops;
+  given each block's fixed work and a region's work, it shares the regions out over the blocks so that
+  the busiest block carries the least work (``quotas``) instead of filling blocks to capacity.
 - ``assign_nodes``: contiguous runs of tiles per Ray node, proportional to CPUs.
 """
 

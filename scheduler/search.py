@@ -4,8 +4,10 @@ Contract: pure functions returning regions (no Placement). ``best_layout`` tries
 first (inside one tile, then fewest cores, then wide) and, for each, the embedding as a band across the
 first packing block (top or left, its side rounded up to whole layer slots) or, when it does not fit
 there, across the mesh; the layers are packed around it in both block serpentines, and the first shape
-that holds every layer wins with its best-scoring layout (fewest regions straddling tiles, then fewest
-hand-overs across tiles, then fewest hops, then most spare slots). ``smallest_mesh`` finds the
+that holds every layer wins with its best-scoring layout (fewest regions straddling tiles, then the
+least weight bytes on the busiest tile (when balancing, the default: the layers are shared out per
+block by ``geometry.quotas``), then fewest hand-overs across tiles, then fewest hops, then most spare
+slots). ``smallest_mesh`` finds the
 fewest whole tiles on the spec's wafer that hold a model; ``tile_candidates`` proposes tile sizes for
 ``default_mesh``.
 """
