@@ -88,6 +88,11 @@ def test_consecutive_layers_touch_inside_a_tile_and_cross_one_tile_border(cfg, m
     p = _plan_or_none(cfg, mesh, kv)
     if p is None or p.report().straddling:
         return
+    _assert_chain_hands_over_tile_by_tile(p, mesh)
+
+
+def _assert_chain_hands_over_tile_by_tile(p, mesh) -> None:
+    """Consecutive layers are in the same or a neighbouring tile, and touch when they share a tile."""
     embed_tiles = set(mesh.tiles_of(p.embed))
     for a, b in zip(p.layers, p.layers[1:], strict=False):
         ta, tb = tile_box(mesh, a), tile_box(mesh, b)
@@ -245,12 +250,7 @@ def test_balancing_keeps_every_rule_and_never_loads_the_busiest_tile_more(cfg, m
     rep, old = p.report(), packed.report()
     assert rep.straddling <= old.straddling
     if rep.straddling == 0:  # then every layer region lies in one tile: the hand-over rules of the chain
-        embed_tiles = set(mesh.tiles_of(p.embed))
-        for a, b in zip(p.layers, p.layers[1:], strict=False):
-            ta, tb = tile_box(mesh, a), tile_box(mesh, b)
-            assert abs(ta[0] - tb[0]) + abs(ta[1] - tb[1]) <= 1, "a hand-over skips a tile"
-            if ta == tb and mesh.tiles_of(a)[0] not in embed_tiles:
-                assert region_distance(a, b) == 1, f"{a} and {b} share a tile but do not touch"
+        _assert_chain_hands_over_tile_by_tile(p, mesh)
     if rep.straddling == old.straddling and p.layers[0].shape == packed.layers[0].shape:
         assert max(t.weight_bytes for t in rep.tile_work) <= max(t.weight_bytes for t in old.tile_work)
 
