@@ -22,11 +22,11 @@ from waferrt.spec import TINY, spec_by_name
 
 SPEC = TINY.replace(sram_bytes=4096, full_mesh=(40, 40))
 WSE2 = spec_by_name("wse2")
-# Bounded property tests: an example takes ~5-80 ms (a smallest_mesh search ~0.2 s at worst, cold); the
-# deadline (10x that worst case, so that a busy 2-core machine does not trip it) catches a search that
-# becomes slow again, and max_examples keeps each test to a few seconds.
-FAST = settings(max_examples=40, deadline=2000, suppress_health_check=[HealthCheck.too_slow])
-SEARCH = settings(max_examples=20, deadline=2000, suppress_health_check=[HealthCheck.too_slow])
+# Bounded property tests: an example takes ~5-80 ms (a smallest_mesh search ~0.2 s at worst, cold; packing
+# 1x1 regions on a large mesh ~2 s on a busy machine); max_examples keeps each test to seconds. No per-example
+# deadline: on a loaded 2-core CI machine it only made the suite flaky.
+FAST = settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+SEARCH = settings(max_examples=20, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 
 
 @st.composite
