@@ -21,6 +21,8 @@ class Dir(enum.Enum):
     S = (0, 1)
     W = (-1, 0)
 
+    __hash__ = object.__hash__  # members are singletons: identity hash, in C (dict keys on the fabric's hot path)
+
     @property
     def opposite(self) -> Dir:
         return _OPPOSITE[self]
