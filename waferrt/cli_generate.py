@@ -52,7 +52,8 @@ def add_parser(sub) -> argparse.ArgumentParser:
     p.add_argument("--json", action="store_true", help="print one JSON object instead of streaming text")
     p.add_argument("--mesh", type=parse_wxh, metavar="WxH", help="mesh size in cores (default: fitted)")
     p.add_argument("--tile", type=parse_wxh, metavar="TWxTH", help="tile size in cores (with --mesh)")
-    p.add_argument("--spec", default="wse2", help="hardware spec: tiny, wse2 (default), wse3")
+    p.add_argument("--spec", default="wse2", choices=("tiny", "wse2", "wse3"),
+                   help="hardware spec preset (wse2: 48 KB SRAM per core, the default)")
     p.add_argument("--dtype", default="float32", choices=("float32", "float16", "bfloat16"),
                    help="how weights and K/V are stored in core SRAM (computed in float32); float32 default")
     p.add_argument("--kv-tokens", type=int, default=512, metavar="T", help="KV positions per request (512)")
@@ -124,6 +125,19 @@ def _placement(args, config):
     return p
 
 
+def _wafer_or_exit(args, config, weights):
+    """The planned WaferLLM (not started yet), or a one-line reason why this model cannot run here."""
+    from waferrt.llm import WaferLLM
+    from waferrt.pipeline import PlacementError
+    from waferrt.scheduler import PlanError
+
+    try:
+        placement = _placement(args, config)
+        return placement, WaferLLM(config, weights, placement, address=args.address, algo=args.algo)
+    except (PlanError, PlacementError, ValueError) as e:  # does not fit, bad mesh/tile/spec
+        raise SystemExit(f"waferrt generate: {e}") from None
+
+
 def _ray_nodes(address: str | None):
     """The Ray nodes to spread the tiles over: this machine alone, or every live node of a joined cluster."""
     from waferrt.scheduler import NodeInfo
@@ -141,14 +155,17 @@ def _ray_nodes(address: str | None):
 
 
 def run(args) -> int:
-    from waferrt.llm import GenRequest, WaferLLM, generate_reference
+    from waferrt.llm import GenRequest, generate_reference
     from waferrt.model import Sampler, StreamDecoder
 
     if args.max_new_tokens < 1:
         raise SystemExit("waferrt generate: --max-new-tokens must be at least 1")
     texts = _prompts(args)
     sampler = Sampler(temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, seed=args.seed)
-    config, weights, tok = _load(args)
+    try:
+        config, weights, tok = _load(args)
+    except (FileNotFoundError, ValueError) as e:  # no such file, not a llama GGUF, unsupported tensor type
+        raise SystemExit(f"waferrt generate: cannot load --model {args.model!r}: {e}") from None
     if args.chat:
         texts = [tok.chat_prompt(t, args.system) for t in texts]
     requests = [GenRequest(tuple(tok.encode(t)), args.max_new_tokens, tuple(tok.stop_ids)) for t in texts]
@@ -167,8 +184,7 @@ def run(args) -> int:
         out, stats = generate_reference(config, weights, requests, sampler, on_token)
         mesh = "reference"
     else:
-        placement = _placement(args, config)
-        llm = WaferLLM(config, weights, placement, address=args.address, algo=args.algo)
+        placement, llm = _wafer_or_exit(args, config, weights)
         with llm.open(progress=_say):
             _say("decoding on the wafer")
             out, stats = llm.generate(requests, sampler, on_token)

@@ -52,3 +52,13 @@ def test_one_prompt_streams_its_text(ray_session, tiny_gguf, capsys):
 def test_bad_input_is_explained(argv, words):
     with pytest.raises(SystemExit, match=words):
         main(argv)
+
+
+def test_a_model_that_does_not_fit_is_one_line_with_the_fix(tiny_gguf, capsys):
+    with pytest.raises(SystemExit, match=r"does not fit.*smallest mesh.*--mesh"):
+        main(["generate", "x", "--model", tiny_gguf, "--spec", "tiny", "--mesh", "4x4"])
+
+
+def test_a_missing_model_file_says_where_it_was_looked_for():
+    with pytest.raises(SystemExit, match="cannot load --model '/nonexistent/m.gguf': no GGUF file"):
+        main(["generate", "x", "--model", "/nonexistent/m.gguf"])
