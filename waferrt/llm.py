@@ -258,32 +258,48 @@ def continuous_batching(step, placement, requests: list[GenRequest], sampler: Sa
                                 feed=requests[a.rid].prompt_ids)
         if not live:
             break
-        items, owners = [], []
-        for lv in live.values():
-            for j, tok in enumerate(lv.feed):
-                items.append((lv.slot, tok, lv.pos + j, j == len(lv.feed) - 1))
-                owners.append(lv if j == len(lv.feed) - 1 else None)
+        items, owners = _items(live.values())
         t1 = time.perf_counter()
         logits, secs = step(items, resets)
-        resets = []
         stats.steps, stats.modelled_s = stats.steps + 1, stats.modelled_s + secs
-        if all(len(lv.feed) == 1 for lv in live.values()):
+        if len(items) == len(live):  # a decode-only step: every request's next token
             stats.token_latency_s.append(time.perf_counter() - t1)
-        for i, lv in enumerate(owners):
-            if lv is None:
-                continue
-            lv.pos += len(lv.feed)
-            token = sampler.sample(logits[i], lv.rng)
-            lv.done.tokens.append(token)
-            if on_token:
-                on_token(lv.index, token)
-            lv.feed = (token,)
-            lv.done.finish = _finished(lv.req, lv.done, token)
-            if lv.done.finish:
-                adm.finish(lv.index)
-                free.append(lv.slot)
-                resets.append(lv.slot)
-                del live[lv.index]
+        resets = []
+        for lv in _sample(owners, logits, sampler, on_token):  # the requests that just finished
+            adm.finish(lv.index)
+            free.append(lv.slot)
+            resets.append(lv.slot)
+            del live[lv.index]
     stats.wall_s = time.perf_counter() - t0
     stats.tokens = sum(len(c.tokens) for c in out)
     return out, stats
+
+
+def _items(live) -> tuple[list, list]:
+    """The step's items (slot, token, pos, want_logits): each live request's tokens to feed; and, per item,
+    the request whose next token its logits give (None for the inner tokens of a prompt)."""
+    items, owners = [], []
+    for lv in live:
+        for j, tok in enumerate(lv.feed):
+            last = j == len(lv.feed) - 1
+            items.append((lv.slot, tok, lv.pos + j, last))
+            owners.append(lv if last else None)
+    return items, owners
+
+
+def _sample(owners, logits: dict, sampler: Sampler, on_token) -> list:
+    """Sample each request's next token from its logits; returns the requests that are done."""
+    done = []
+    for i, lv in enumerate(owners):
+        if lv is None:
+            continue
+        lv.pos += len(lv.feed)
+        token = sampler.sample(logits[i], lv.rng)
+        lv.done.tokens.append(token)
+        if on_token:
+            on_token(lv.index, token)
+        lv.feed = (token,)
+        lv.done.finish = _finished(lv.req, lv.done, token)
+        if lv.done.finish:
+            done.append(lv)
+    return done
