@@ -5,7 +5,8 @@ private RAY_TMPDIR (the Cluster writes its address there; nothing else on the ma
 never meets the test session's Ray. The 4x2 mesh has two tiles of 2x2 cores: tile(0,0) on the head node,
 tile(1,0) on the worker node, through ``Wafer.open(node_ids=...)``. Inside the kernels, each tile checks that
 it runs on its node and that its link to the other tile is tcp to that node's IP; then collectives whose
-lines cross the node border must match numpy. Takes ~15 s.
+lines cross the node border must match numpy, and a small LLM placed over both nodes (the scheduler's
+tile -> node map) decodes the reference's tokens. Takes ~20 s.
 """
 
 from __future__ import annotations
@@ -64,6 +65,23 @@ try:
         report["shift"] = bool(np.array_equal(wafer.dsm.get("y"), np.roll(x, 1, axis=1)))
     finally:
         wafer.close()
+
+    # LLM decode with its layers on both nodes: the activations cross the node border over tcp
+    from waferrt.llm import GenRequest, WaferLLM, generate_reference
+    from waferrt.model import Sampler, synthetic_llama, tiny_config
+    from waferrt.scheduler import KVReserve, NodeInfo, plan
+    from waferrt.spec import TINY
+
+    cfg = tiny_config()
+    weights = synthetic_llama(cfg, seed=2)
+    nodes = (NodeInfo(cluster.head_node.node_id, 1), NodeInfo(worker.node_id, 1))
+    placement = plan(cfg, TINY, MeshSpec(16, 8, 8, 8), kv=KVReserve(32, 2), nodes=nodes)
+    report["decode_nodes"] = len({name for _, name in placement.tile_nodes})
+    requests = [GenRequest((5, 6, 7), 10), GenRequest((9,), 12)]
+    want, _ = generate_reference(cfg, weights, requests, Sampler(temperature=0.8, seed=3))
+    with WaferLLM(cfg, weights, placement) as llm:
+        got, _ = llm.generate(requests, Sampler(temperature=0.8, seed=3))
+    report["decode"] = [c.tokens for c in got] == [c.tokens for c in want]
 finally:
     ray.shutdown()
     cluster.shutdown()
@@ -86,3 +104,4 @@ def test_allreduce_across_two_ray_nodes_matches_numpy():
     assert report["nodes"] == 2
     assert report["where"] == [[1, 1, 2, 2], [1, 1, 2, 2]]  # tile(0,0) on the head, tile(1,0) on the worker
     assert report == {**report, "ktree": True, "ring": True, "pipeline": True, "shift": True}
+    assert report["decode_nodes"] == 2 and report["decode"], "LLM decode across two nodes != the reference"
