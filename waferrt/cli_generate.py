@@ -173,12 +173,19 @@ def run(args) -> int:
     started = []  # the prompt is echoed once, when the first token arrives (after the progress lines)
     live = len(requests) == 1 and not args.json
 
-    def on_token(i: int, token: int) -> None:
-        if live:
+    got: list[list[int]] = [[] for _ in requests]
+
+    def on_token(i: int, token: int, finish: str) -> None:
+        got[i].append(token)
+        if live:  # one prompt: its text as it comes
             if not started:
                 print(texts[0] if not args.chat else "", end="", flush=True)
                 started.append(True)
             print(streams[i].push(token), end="", flush=True)
+        elif finish and not args.json:  # several: each request's text as soon as it is complete
+            prompt = texts[i] if not args.chat else ""
+            print(f"--- request {i}: {finish}\n{prompt}{tok.decode(got[i], skip_special=True)}", flush=True)
+
     if args.reference:
         _say("decoding on the single-process numpy reference")
         out, stats = generate_reference(config, weights, requests, sampler, on_token)
@@ -189,11 +196,11 @@ def run(args) -> int:
             _say("decoding on the wafer")
             out, stats = llm.generate(requests, sampler, on_token)
         mesh = str(placement.mesh)
-    _report(args, tok, texts, out, stats, mesh, live, streams)
+    _report(args, tok, out, stats, mesh, live, streams)
     return 0 if all(not c.finish.startswith("refused") for c in out) else 2
 
 
-def _report(args, tok, texts, out, stats, mesh, live, streams) -> None:
+def _report(args, tok, out, stats, mesh, live, streams) -> None:
     gen = [tok.decode(c.tokens, skip_special=True) for c in out]
     for c in out:
         if c.finish.startswith("refused"):
@@ -211,8 +218,5 @@ def _report(args, tok, texts, out, stats, mesh, live, streams) -> None:
         return
     if live:
         print(streams[0].flush(), flush=True)
-    else:
-        for i, (prompt, text) in enumerate(zip(texts, gen, strict=True)):
-            print(f"--- request {i}: {out[i].finish}\n{prompt if not args.chat else ''}{text}")
     wafer = "" if mesh == "reference" else f", modelled wafer {stats.wafer_tokens_per_s:,.0f} tok/s"
     _say(f"{stats.tokens} tokens in {stats.wall_s:.2f}s: wall {stats.wall_tokens_per_s:.1f} tok/s{wafer}")

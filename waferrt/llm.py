@@ -21,7 +21,7 @@ from .model import ReferenceModel, Sampler
 from .model.config import LlamaConfig
 from .pipeline import DecodeSetup
 
-OnToken = Callable[[int, int], None]  # (request index, token id)
+OnToken = Callable[[int, int, str], None]  # (request index, token id, finish reason: "" while it goes on)
 
 
 @dataclass(frozen=True)
@@ -80,9 +80,9 @@ def generate_reference(config: LlamaConfig, weights, requests: list[GenRequest],
             t1 = time.perf_counter()
             token = sampler.sample(logits, rng)
             done.tokens.append(token)
-            if on_token:
-                on_token(i, token)
             done.finish = _finished(req, done, token)
+            if on_token:
+                on_token(i, token, done.finish)
             if not done.finish:
                 logits = model.step(token, cache.length, cache)
                 stats.token_latency_s.append(time.perf_counter() - t1)
@@ -296,10 +296,10 @@ def _sample(owners, logits: dict, sampler: Sampler, on_token) -> list:
         lv.pos += len(lv.feed)
         token = sampler.sample(logits[i], lv.rng)
         lv.done.tokens.append(token)
-        if on_token:
-            on_token(lv.index, token)
         lv.feed = (token,)
         lv.done.finish = _finished(lv.req, lv.done, token)
+        if on_token:
+            on_token(lv.index, token, lv.done.finish)
         if lv.done.finish:
             done.append(lv)
     return done

@@ -43,6 +43,12 @@ def test_one_prompt_streams_its_text(ray_session, tiny_gguf, capsys):
     assert out.startswith("hello") and "tok/s" in err and "modelled wafer" in err
 
 
+def test_several_prompts_print_each_request_when_it_completes(ray_session, tiny_gguf, capsys):
+    assert main(["generate", "hello", "to be", "--model", tiny_gguf, "--max-new-tokens", "5"] + WAFER) == 0
+    out = capsys.readouterr().out
+    assert out.count("--- request ") == 2 and "\nhello" in out and "\nto be" in out
+
+
 @pytest.mark.parametrize("argv,words", [
     (["generate"], "give at least one prompt"),
     (["generate", "x", "--tile", "8x8"], "--tile needs --mesh"),
