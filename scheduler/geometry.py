@@ -231,14 +231,7 @@ def chain(blocks_: Sequence[Region], packer: Callable[[Region], list[list[Region
             packed[b] = list({tuple(s): s for s in seqs if len(s) == top}.values()) if top else []
         return packed[b]
 
-    if caps is None:
-        caps, total = [], 0
-        for b in range(len(blocks_)):
-            if fixed is None and total >= 2 * need:  # enough blocks for the chain and as many spare slots
-                break
-            caps.append(len(longest(b)[0]) if longest(b) else 0)
-            total += caps[-1]
-    caps = list(caps)
+    caps = _caps(len(blocks_), longest, need, fixed is None) if caps is None else list(caps)
     work = [0] * len(caps) if fixed is None else list(fixed)[:len(caps)]
     most = _fill(caps, need) if fixed is None else quotas(caps, work, unit, need)
     extra = sum(most) - need - SLACK
@@ -247,8 +240,35 @@ def chain(blocks_: Sequence[Region], packer: Callable[[Region], list[list[Region
             break
         back = min(most[b], extra)
         most[b], extra = most[b] - back, extra - back
-    slack = max(0, sum(most) - need)
     opts = {b: longest(b) for b, m in enumerate(most) if m}
+    used = _best_counts(opts, most, work, unit, start, max(0, sum(most) - need))
+    full, spare = [], []
+    for b in range(len(caps)):
+        if b not in used and len(spare) >= need:
+            continue
+        seqs = longest(b) if caps[b] else []
+        j, n = used.get(b, (0, 0))
+        seq = seqs[j] if seqs else []
+        full += seq[:n]
+        spare += seq[n:]
+    return full[:need], spare[:need]
+
+
+def _caps(n_blocks: int, longest, need: int, stop_early: bool) -> list[int]:
+    """The most regions each block can take (its longest packing); without balancing, only as many blocks
+    as the chain and as many spare slots need."""
+    caps, total = [], 0
+    for b in range(n_blocks):
+        if stop_early and total >= 2 * need:
+            break
+        caps.append(len(longest(b)[0]) if longest(b) else 0)
+        total += caps[-1]
+    return caps
+
+
+def _best_counts(opts: dict, most: list[int], work: list[int], unit: int, start: Region | None,
+                 slack: int) -> dict[int, tuple[int, int]]:
+    """The dynamic program of :func:`chain`: block -> (which sequence, how many regions of it)."""
     hops = {b: [[0] + [path_hops(s[:n]) for n in range(1, len(s) + 1)] for s in seqs] for b, seqs in opts.items()}
     # state (slack given back, last region or None before the first, ended) -> (cost, path as nested pairs)
     states: dict[tuple, tuple[tuple[int, int], tuple]] = {(0, None, False): ((0, 0), ())}
@@ -272,21 +292,12 @@ def chain(blocks_: Sequence[Region], packer: Callable[[Region], list[list[Region
     done = [((h + (_link(start, end) if end is not None else 0), sq), path)
             for (d, end, _), ((h, sq), path) in states.items() if d == slack]
     path = min(done)[1] if done else ()
-    steps = []
+    used = {}
     while path:
-        steps.append(path[0])
+        b, j, n = path[0]
+        used[b] = (j, n)
         path = path[1]
-    used = {b: (j, n) for b, j, n in steps}
-    full, spare = [], []
-    for b in range(len(caps)):
-        if b not in used and len(spare) >= need:
-            continue
-        seqs = longest(b) if caps[b] else []
-        j, n = used.get(b, (0, 0))
-        seq = seqs[j] if seqs else []
-        full += seq[:n]
-        spare += seq[n:]
-    return full[:need], spare[:need]
+    return used
 
 
 def _link(a: Region | None, b: Region) -> int:
