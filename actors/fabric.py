@@ -39,7 +39,6 @@ class ZmqLinks:
         self.received = collections.Counter()
         self.pending: dict[Dir, collections.deque] = {d: collections.deque() for d in Dir}
         self.ipc_path: str | None = None
-        self.bytes_sent = 0
         self.epoch = 0  # the command being run; messages of earlier commands are stale
 
     def bind(self, ipc_dir: str) -> dict:
@@ -70,7 +69,6 @@ class ZmqLinks:
                                 "arrays": [(a.dtype.str, a.shape) for a in arrays]})
         nbytes = sum(a.nbytes for a in arrays)
         sock.send_multipart([header, *arrays], copy=nbytes < ZERO_COPY_BYTES)  # copying small ones is cheaper
-        self.bytes_sent += nbytes
 
     def recv(self, d: Dir, tag: str) -> list[np.ndarray]:
         deadline = time.monotonic() + self.timeout

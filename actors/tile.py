@@ -36,10 +36,6 @@ class Tile:
     def connect(self, peers: dict[str, str]) -> None:
         self.links.connect({Dir[d]: a for d, a in peers.items()})
 
-    def use_links(self, links) -> None:
-        """Give the tile an in-process fabric (tests without Ray)."""
-        self.links = links
-
     # -- DSM --------------------------------------------------------------------------------------------
     def _local(self, layout: Layout) -> tuple[Region, tuple[slice, slice]]:
         local = layout.region.intersect(self.region)
@@ -82,8 +78,7 @@ class Tile:
         return ledger.snapshot()
 
     def _new_epoch(self, epoch: int) -> None:
-        if self.links is not None and hasattr(self.links, "epoch"):
-            self.links.epoch = epoch
+        self.links.epoch = epoch
 
     # -- LLM decode -------------------------------------------------------------------------------------
     def decode_setup(self, setup) -> list[int]:
@@ -121,6 +116,6 @@ class Tile:
         return os.getpid()
 
     def close(self) -> None:
-        if self.links is not None and hasattr(self.links, "close"):
+        if self.links is not None:
             self.links.close()
         self.links = None

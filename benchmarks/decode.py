@@ -77,20 +77,14 @@ def main() -> None:
 
 
 def _pids(llm) -> dict:
-    import ray
-
-    return dict(zip(llm.wafer.tiles, ray.get([h.pid.remote() for h in llm.wafer.tiles.values()]), strict=True))
+    return dict(zip(llm.wafer.tiles, llm.wafer.on_every_tile("pid"), strict=True))
 
 
 def _profile(llm, reqs) -> dict:
     """One step with every request's next token: each tile's compute time vs the step's wall time."""
-    import ray
-
     items = [(i, r.prompt_ids[0], 0, True) for i, r in enumerate(reqs)]
-    resets = list(range(len(reqs)))
-    epoch = llm.wafer.next_epoch()  # one number for the whole step, the same on every tile
     t0 = time.perf_counter()
-    res = ray.get([h.decode_step.remote(epoch, items, resets) for h in llm.wafer.tiles.values()])
+    res = llm.wafer.on_every_tile("decode_step", llm.wafer.next_epoch(), items, list(range(len(reqs))))
     wall = time.perf_counter() - t0
     return {str(t): (r["busy"], r["cpu"], wall) for t, r in zip(llm.wafer.tiles, res, strict=True)}
 

@@ -144,12 +144,9 @@ def _ray_nodes(address: str | None):
 
     if not address:
         return (NodeInfo("local", 2),)
-    import ray
+    from waferrt.runtime import cluster_nodes
 
-    from waferrt.runtime import ray_init
-
-    ray_init(address)
-    nodes = tuple(NodeInfo(n["NodeID"], max(1, int(n["Resources"].get("CPU", 1)))) for n in ray.nodes() if n["Alive"])
+    nodes = tuple(NodeInfo(node, cpus) for node, cpus in cluster_nodes(address))
     _say(f"joined a Ray cluster of {len(nodes)} node(s) at {address}")
     return nodes
 

@@ -118,9 +118,6 @@ class Layout:
         rows = [row] if row is not None else range(self.region.h)
         return [Coord(self.region.x0 + c, self.region.y0 + r) for r in rows for c in cols]
 
-    def with_region(self, region: Region) -> Layout:
-        return Layout(self.shape, region, self.split, self.granule, self.dtype)
-
 
 def _axis_gather(layout: Layout, axis: int) -> tuple[np.ndarray, np.ndarray]:
     """(index (parts, max_chunk), valid (parts, max_chunk)) gathering axis `axis` into padded chunks."""

@@ -194,15 +194,12 @@ class WaferLLM:
         self.close()
 
     def open(self, progress: Callable[[str], None] | None = None) -> WaferLLM:
-        import ray
-
         say = progress or (lambda msg: None)
         mesh = self.placement.mesh
         say(f"starting {len(mesh.tiles())} tile actors for {mesh}")
         self.wafer.open(progress=lambda i, n: say(f"tile actors up: {i}/{n}"), node_ids=self._node_ids())
         try:
-            tiles = self.wafer.tiles
-            ray.get([tiles[t].decode_setup.remote(self.setup) for t in tiles])
+            self.wafer.on_every_tile("decode_setup", self.setup)
             self._load_weights(say)
         except BaseException:
             self.close()
@@ -214,23 +211,17 @@ class WaferLLM:
         return {} if len(names) <= 1 else dict(self.placement.tile_nodes)
 
     def _load_weights(self, say) -> None:
-        import ray
-
-        tiles, refs = self.setup.stage_tiles(), []
+        tiles = self.setup.stage_tiles()
         n = sum(1 for kind, _, _ in self.setup.stages() if kind != "head")
         for i, (s, arrays) in enumerate(packed_stages(self.setup, self.weights)):
-            refs.append(self.wafer.tiles[tiles[s]].decode_load.remote(s, arrays))
+            self.wafer.call([(tiles[s], "decode_load", (s, arrays))])
             say(f"weights into core SRAM: {i + 1}/{n} regions")
-        ray.get(refs)
 
     def close(self) -> None:
         self.wafer.close()
 
     def _step(self, items: list, resets: list[int]) -> tuple[dict, float]:
-        import ray
-
-        epoch = self.wafer.next_epoch()
-        results = ray.get([h.decode_step.remote(epoch, items, resets) for h in self.wafer.tiles.values()])
+        results = self.wafer.on_every_tile("decode_step", self.wafer.next_epoch(), items, resets)
         return _merge_results(results, self.setup, self.placement.spec.clock_hz)
 
     def generate(self, requests: list[GenRequest], sampler: Sampler,

@@ -197,9 +197,6 @@ class MeshSpec:
     def with_dead(self, cores) -> MeshSpec:
         return MeshSpec(self.width, self.height, self.tile_w, self.tile_h, self.dead | frozenset(cores))
 
-    def live_cores(self, r: Region) -> int:
-        return r.size - sum(1 for c in self.dead if r.contains(c))
-
     def __str__(self) -> str:
         dead = f", {len(self.dead)} dead" if self.dead else ""
         tiles = f"{self.tiles_x}x{self.tiles_y} tiles of {self.tile_w}x{self.tile_h}"

@@ -104,6 +104,17 @@ def route(mesh: MeshSpec, a: TileId, b: TileId) -> list[TileId]:
     return path
 
 
+def _segments(tiles: tuple[TileId, ...]) -> list[tuple[TileId, list[int]]]:
+    """Maximal runs of consecutive stages on one tile, in the order an item passes them."""
+    out: list[tuple[TileId, list[int]]] = []
+    for s, t in enumerate(tiles):
+        if out and out[-1][0] == t:
+            out[-1][1].append(s)
+        else:
+            out.append((t, [s]))
+    return out
+
+
 def _dir(a: TileId, b: TileId) -> Dir:
     return Dir.of_step(b.tx - a.tx, b.ty - a.ty)
 
@@ -116,6 +127,7 @@ class TileProgram:
         self.routes = [route(setup.mesh, self.tiles[s - 1], self.tiles[s]) if s else [self.tiles[0]]
                        for s in range(len(self.stages))]
         self.chunks = [Chunks(setup.config.dim, r.w) for _, _, r in self.stages]
+        self.segments = _segments(self.tiles)
         self.layers: dict[int, LayerShard] = {}
         self.embed: EmbedShard | None = None
 
@@ -135,15 +147,6 @@ class TileProgram:
         for shard in self.layers.values():
             shard.reset(slot)
 
-    def segments(self) -> list[tuple[TileId, list[int]]]:
-        """Maximal runs of consecutive stages on one tile, in the order an item passes them."""
-        out: list[tuple[TileId, list[int]]] = []
-        for s, t in enumerate(self.tiles):
-            if out and out[-1][0] == t:
-                out[-1][1].append(s)
-            else:
-                out.append((t, [s]))
-        return out
 
     def step(self, tag: str, items: list[tuple[int, int, int, bool]]) -> dict:
         """Run every item through the stages this tile hosts, in micro-batches (see micro_batches).
@@ -158,7 +161,7 @@ class TileProgram:
         x: dict[int, np.ndarray] = {}
         logits, cycles = {}, {}
         t0, cpu0, self._waited = time.perf_counter(), time.process_time(), 0.0
-        segs = self.segments()
+        segs = self.segments
         for g, (tile, stages) in enumerate(segs):
             path = self.routes[stages[0]]
             if tile != self.tile and self.tile not in path[1:-1]:

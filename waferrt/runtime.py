@@ -38,20 +38,29 @@ def ray_init(address: str | None) -> bool:
     return True
 
 
-def gather_in_order(refs: list) -> tuple[list[bool], BaseException | None]:
-    """Wait for every call (none is left running or unobserved); which succeeded, and the error of the
-    first one, in the given order, that failed."""
+def gather_in_order(refs: list) -> tuple[list, list[bool], BaseException | None]:
+    """Wait for every call (none is left running or unobserved): their results (None where one failed),
+    which succeeded, and the error of the first one, in the given order, that failed."""
     import ray
 
-    done, error = [], None
+    results, ok, error = [], [], None
     for ref in refs:
         try:
-            ray.get(ref)
-            done.append(True)
+            results.append(ray.get(ref))
+            ok.append(True)
         except Exception as e:  # noqa: BLE001 - collected, the first is re-raised by the caller
-            done.append(False)
+            results.append(None)
+            ok.append(False)
             error = error or _cause(e)
-    return done, error
+    return results, ok, error
+
+
+def cluster_nodes(address: str) -> list[tuple[str, int]]:
+    """Join the Ray cluster at `address`; (node id, CPUs) of every live node."""
+    import ray
+
+    ray_init(address)
+    return [(n["NodeID"], max(1, int(n["Resources"].get("CPU", 1)))) for n in ray.nodes() if n["Alive"]]
 
 
 def _cause(e: BaseException) -> BaseException:
@@ -112,42 +121,36 @@ class DSM:
         if split is None:
             split = (None,) * max(len(shape) - 2, 0) + ("y", "x")[-len(shape):]
         layout = Layout(shape, region, tuple(split), tuple(granule), dtype)
-        import ray
-
         tiles = self._w.mesh.tiles_of(region)
-        done, error = gather_in_order([self._w.tiles[t].alloc.remote(name, layout) for t in tiles])
+        _, done, error = gather_in_order([self._w.tiles[t].alloc.remote(name, layout) for t in tiles])
         if error is not None:  # undo the tiles that booked it; report the first failing tile's error
-            ray.get([self._w.tiles[t].free.remote(name) for t, ok in zip(tiles, done, strict=True) if ok])
+            self._w.call([(t, "free", (name,)) for t, ok in zip(tiles, done, strict=True) if ok])
             raise error
         self.layouts[name] = layout
         return layout
 
     def put(self, name: str, array: np.ndarray) -> None:
         """Host -> cores: each core receives its block (through the wafer edge)."""
-        import ray
-
         layout = self._layout(name)
         blocks = to_blocks(np.asarray(array), layout)
-        refs = []
-        for t in self._w.mesh.tiles_of(layout.region):
-            loc = self._w.mesh.tile_region(t).intersect(layout.region)
-            r0, c0 = loc.y0 - layout.region.y0, loc.x0 - layout.region.x0
-            refs.append(self._w.tiles[t].put.remote(name, blocks[r0:r0 + loc.h, c0:c0 + loc.w]))
-        ray.get(refs)
+        tiles = self._w.mesh.tiles_of(layout.region)
+        self._w.call([(t, "put", (name, blocks[self._window(t, layout)])) for t in tiles])
 
     def get(self, name: str) -> np.ndarray:
         """Cores -> host: the whole tensor."""
-        import ray
-
         layout = self._layout(name)
         tiles = self._w.mesh.tiles_of(layout.region)
-        parts = ray.get([self._w.tiles[t].get.remote(name) for t in tiles])
+        parts = self._w.call([(t, "get", (name,)) for t in tiles])
         blocks = np.zeros(layout.region.shape + layout.max_block_shape(), layout.dtype)
         for t, part in zip(tiles, parts, strict=True):
-            loc = self._w.mesh.tile_region(t).intersect(layout.region)
-            r0, c0 = loc.y0 - layout.region.y0, loc.x0 - layout.region.x0
-            blocks[r0:r0 + loc.h, c0:c0 + loc.w] = part
+            blocks[self._window(t, layout)] = part
         return from_blocks(blocks, layout)
+
+    def _window(self, t: TileId, layout: Layout) -> tuple[slice, slice]:
+        """Tile t's cores as a window into the (rows, cols) of the tensor's region."""
+        loc = self._w.mesh.tile_region(t).intersect(layout.region)
+        r0, c0 = loc.y0 - layout.region.y0, loc.x0 - layout.region.x0
+        return slice(r0, r0 + loc.h), slice(c0, c0 + loc.w)
 
     def owners(self, name: str, index: tuple[int, ...]) -> list[Coord]:
         """The cores that hold element `index` of `name`."""
@@ -155,20 +158,16 @@ class DSM:
 
     def read(self, name: str, index: tuple[int, ...]):
         """One element, read from (the first of) the core(s) that own it."""
-        import ray
-
         layout = self._layout(name)
         core = layout.owners(tuple(index))[0]
         row, col = layout.region.local(core)
-        block = ray.get(self._w.tiles[self._w.mesh.tile_of(core)].read.remote(name, row, col))
+        (block,) = self._w.call([(self._w.mesh.tile_of(core), "read", (name, row, col))])
         local = tuple(i - sl.start for i, sl in zip(index, layout.block_slices(row, col), strict=True))
         return block[local]
 
     def free(self, name: str) -> None:
-        import ray
-
         layout = self._layout(name)
-        ray.get([self._w.tiles[t].free.remote(name) for t in self._w.mesh.tiles_of(layout.region)])
+        self._w.call([(t, "free", (name,)) for t in self._w.mesh.tiles_of(layout.region)])
         del self.layouts[name]
 
     def _layout(self, name: str) -> Layout:
@@ -217,19 +216,27 @@ class Wafer:
     def run(self, kernel, region: Region | None = None, **args) -> dict[str, Cost]:
         """Run ``kernel(ctx, **args)`` on every core of `region` (default: the whole mesh): one command per
         tile; tiles exchange with their neighbours by themselves. Returns the cost per primitive."""
-        import ray
-
         region = region or self.mesh.region
         if not self.mesh.region.covers(region):
             raise ValueError(f"region {region} is outside the {self.mesh.width}x{self.mesh.height} mesh")
         tiles = self.mesh.tiles_of(region)
         epoch = self.next_epoch()
-        refs = [self.tiles[t].run.remote(kernel, region, args, epoch) for t in tiles]
-        done, error = gather_in_order(refs)  # a failed tile's neighbours give up at their fabric deadline
+        self._costs.append(merge_snapshots(self.call([(t, "run", (kernel, region, args, epoch)) for t in tiles])))
+        return self._costs[-1]
+
+    def call(self, calls: list[tuple[TileId, str, tuple]]) -> list:
+        """Call tile methods side by side, one Ray call each: (tile, method, args) -> results, in order.
+        Every call is waited for (a failed tile's neighbours give up at their fabric deadline); the first
+        failure, in order, is raised as the tile's own exception."""
+        refs = [getattr(self.tiles[t], method).remote(*args) for t, method, args in calls]
+        results, _, error = gather_in_order(refs)
         if error is not None:
             raise error
-        self._costs.append(merge_snapshots(ray.get(refs)))
-        return self._costs[-1]
+        return results
+
+    def on_every_tile(self, method: str, *args) -> list:
+        """The same call on every tile (mesh order); their results."""
+        return self.call([(t, method, args) for t in self.tiles])
 
     def next_epoch(self) -> int:
         """A new number for the next command to the tiles: their messages are tagged with it, and a tile
@@ -245,9 +252,7 @@ class Wafer:
         return CostReport(self.spec, by_op, tuple(self._costs))
 
     def sram(self) -> list[dict]:
-        import ray
-
-        return ray.get([h.sram_stats.remote() for h in self.tiles.values()])
+        return self.on_every_tile("sram_stats")
 
     def close(self) -> None:
         if not self._open:

@@ -46,10 +46,6 @@ class HardwareSpec:
     def cores(self) -> int:
         return self.full_mesh[0] * self.full_mesh[1]
 
-    @property
-    def total_sram_bytes(self) -> int:
-        return self.cores * self.sram_bytes
-
     def replace(self, **changes) -> HardwareSpec:
         """A copy with some fields changed, e.g. ``spec.replace(sram_bytes=64 * 1024)``."""
         return dataclasses.replace(self, **changes)

@@ -65,6 +65,7 @@ class SramBook:
         return name in self._by_tensor
 
     def free_bytes(self) -> np.ndarray:
+        """(rows, cols) bytes still free on each core of the tile."""
         return self.capacity - self.used
 
     def stats(self) -> dict:

@@ -233,4 +233,4 @@ class EmbedShard:
             self.ledger.compute(2 * x.shape[0] * self.voc_r * self.table.shape[1])
             part = part.reshape(self.cols, x.shape[0], self.rows, -1)
             out = self.cx.allreduce(part, self.algo, self.k, collapse=True)  # (B, R, voc_r)
-        return np.stack([self.vocab.join(o) for o in out])
+        return self.vocab.join(out)  # (B, vocab)

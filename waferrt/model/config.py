@@ -48,10 +48,6 @@ class LlamaConfig:
         head = 0 if self.tie_embeddings else self.vocab_size * self.dim
         return self.vocab_size * self.dim + head + self.n_layers * self.layer_params() + self.dim
 
-    def kv_bytes_per_token(self, itemsize: int = 4) -> int:
-        """K and V of one token over all layers."""
-        return 2 * self.n_layers * self.kv_dim * itemsize
-
 
 SMOLLM2_135M = LlamaConfig(
     vocab_size=49152,
