@@ -1,13 +1,14 @@
 """The fabric between tile actors: pyzmq sockets to the four neighbour tiles, nothing pickled.
 
-Contract: a :class:`ZmqLinks` belongs to one tile. ``bind(ipc_dir)`` opens the tile's single PULL socket
-on an ipc:// path (neighbours on the same Ray node) and on tcp:// (neighbours on other nodes) and
-returns both addresses; ``connect({dir: address})`` opens one PUSH socket per neighbour tile.
-``send(dir, tag, arrays)`` writes one message: a msgpack header (link, sequence number, tag, dtype and
-shape of every array) followed by each array's raw buffer, sent without copying. ``recv(dir, tag)``
-returns the next message from that neighbour (messages from other neighbours that arrive first are kept
-in order for later); it checks the per-link sequence number and the tag, and raises
-:class:`~waferrt.loopfabric.FabricTimeout` naming the link when nothing arrives within the deadline
+Contract: a :class:`ZmqLinks` belongs to one tile and implements waferrt.fabric.links.Links.
+``bind(ipc_dir, tcp)`` opens the tile's single PULL socket on an ipc:// path (neighbours on the same Ray
+node) and, only when some neighbour is on another node, on tcp:// at the node's own address, and returns
+both addresses; ``connect({dir: address})`` opens one PUSH socket per neighbour tile. ``send(dir, tag,
+arrays)`` writes one message: a msgpack header (link, sequence number, tag, dtype and shape of every array)
+followed by each array's raw buffer, sent without copying. ``recv(dir, tag)`` returns the next message
+from that neighbour (messages from other neighbours that arrive first are kept in order for later); it
+checks the per-link sequence number and the tag, and raises
+:class:`~waferrt.fabric.links.FabricTimeout` naming the link when nothing arrives within the deadline
 instead of hanging. ``close()`` closes the sockets and removes the ipc socket file.
 """
 
@@ -21,8 +22,8 @@ import msgpack
 import numpy as np
 import zmq
 
-from waferrt.loopfabric import FabricProtocolError, FabricTimeout
-from waferrt.mesh import Dir, TileId
+from waferrt.core.mesh import Dir, TileId
+from waferrt.fabric.links import FabricProtocolError, FabricTimeout
 
 ZERO_COPY_BYTES = 65536  # pyzmq: below this, copying a buffer into the message beats tracking it
 
@@ -41,15 +42,19 @@ class ZmqLinks:
         self.ipc_path: str | None = None
         self.epoch = 0  # the command being run; messages of earlier commands are stale
 
-    def bind(self, ipc_dir: str) -> dict:
+    def bind(self, ipc_dir: str, tcp: bool = False) -> dict:
+        """Bind the receive socket on ipc:// (neighbours on this node) and, only when a neighbour tile is on
+        another node (`tcp`), on tcp:// at this node's routable address (never 0.0.0.0)."""
         os.makedirs(ipc_dir, exist_ok=True)
         self.ipc_path = os.path.join(ipc_dir, f"t{self.tile.tx}_{self.tile.ty}")
         self.pull.bind(f"ipc://{self.ipc_path}")
-        from ray.util import get_node_ip_address  # the node's routable IP (the hostname may map to 127.0.0.1)
+        out = {"ipc": f"ipc://{self.ipc_path}", "tcp": None}
+        if tcp:
+            from ray.util import get_node_ip_address  # the node's routable IP (the hostname may be 127.0.0.1)
 
-        host = get_node_ip_address()
-        port = self.pull.bind_to_random_port("tcp://*")
-        return {"ipc": f"ipc://{self.ipc_path}", "tcp": f"tcp://{host}:{port}"}
+            host = get_node_ip_address()
+            out["tcp"] = f"tcp://{host}:{self.pull.bind_to_random_port(f'tcp://{host}')}"
+        return out
 
     def connect(self, peers: dict[Dir, str]) -> None:
         for d, address in peers.items():

@@ -2,7 +2,8 @@
 
 Contract: :func:`start_tiles` starts one named Ray actor ``tile(x,y)`` per tile of the mesh (in the
 given namespace, pinned to the Ray node the placement chose, BLAS limited to one thread so that tiles
-do not fight over the machine's cores), wires their fabric (ipc on one node, tcp across nodes) and
+do not fight over the machine's cores), wires their fabric (ipc on one node; tcp, bound on the node's
+address, only for tiles with a neighbour on another node) and
 returns the handles. :func:`stop_tiles` closes their sockets and kills them.
 """
 
@@ -11,7 +12,7 @@ from __future__ import annotations
 import ray
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
-from waferrt.mesh import Dir, MeshSpec, TileId
+from waferrt.core.mesh import Dir, MeshSpec, TileId
 
 from .tile import Tile
 
@@ -31,7 +32,7 @@ def start_tiles(mesh: MeshSpec, spec, namespace: str, ipc_dir: str, node_ids: di
         handles[t] = tile_cls.options(**opts).remote(mesh, spec, t, timeout)
     addresses = {}
     for i, (t, h) in enumerate(handles.items()):
-        addresses[t] = ray.get(h.bind.remote(ipc_dir))
+        addresses[t] = ray.get(h.bind.remote(ipc_dir, _crosses_nodes(mesh, node_ids, t)))
         if progress:
             progress(i + 1, len(handles))
     calls = []
@@ -45,6 +46,12 @@ def start_tiles(mesh: MeshSpec, spec, namespace: str, ipc_dir: str, node_ids: di
         calls.append(h.connect.remote(peers))
     ray.get(calls)
     return handles
+
+
+def _crosses_nodes(mesh: MeshSpec, node_ids: dict[TileId, str], t: TileId) -> bool:
+    """Does tile t have a neighbour tile on another Ray node (so it needs a tcp socket)?"""
+    return any(n is not None and node_ids.get(n) != node_ids.get(t)
+               for n in (mesh.tile_neighbour(t, d) for d in Dir))
 
 
 def stop_tiles(handles: dict) -> None:

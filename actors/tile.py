@@ -10,12 +10,14 @@ from __future__ import annotations
 
 import numpy as np
 
-from waferrt.kernel import Cores
-from waferrt.layout import Layout, core_bytes
-from waferrt.ledger import Ledger
-from waferrt.mesh import Dir, MeshSpec, Region, TileId
-from waferrt.spec import HardwareSpec
-from waferrt.sram import SramBook
+from waferrt.core.layout import Layout, core_bytes
+from waferrt.core.ledger import Ledger
+from waferrt.core.mesh import Dir, MeshSpec, Region, TileId
+from waferrt.core.spec import HardwareSpec
+from waferrt.core.sram import SramBook
+from waferrt.decode.program import StepResult, TileProgram
+from waferrt.decode.setup import DecodeSetup, stage_sram
+from waferrt.fabric.kernel import Cores
 
 
 class Tile:
@@ -27,20 +29,21 @@ class Tile:
         self.links = None
 
     # -- fabric -----------------------------------------------------------------------------------------
-    def bind(self, ipc_dir: str) -> dict:
+    def bind(self, ipc_dir: str, tcp: bool = False) -> dict:
+        """Open this tile's receive socket (tcp too when a neighbour tile is on another node)."""
         from .fabric import ZmqLinks
 
         self.links = ZmqLinks(self.tile, self.timeout)
-        return self.links.bind(ipc_dir)
+        return self.links.bind(ipc_dir, tcp)
 
     def connect(self, peers: dict[str, str]) -> None:
         self.links.connect({Dir[d]: a for d, a in peers.items()})
 
     # -- DSM --------------------------------------------------------------------------------------------
     def _local(self, layout: Layout) -> tuple[Region, tuple[slice, slice]]:
+        """This tile's part of the tensor's region, and its window into the region's (rows, cols)."""
         local = layout.region.intersect(self.region)
-        r0, c0 = local.y0 - layout.region.y0, local.x0 - layout.region.x0
-        return local, (slice(r0, r0 + local.h), slice(c0, c0 + local.w))
+        return local, layout.region.window(local)
 
     def alloc(self, name: str, layout: Layout) -> None:
         local, window = self._local(layout)
@@ -63,17 +66,16 @@ class Tile:
     def read(self, name: str, row: int, col: int) -> np.ndarray:
         """The block of the core at (row, col) of the tensor's region."""
         layout, blocks = self.store[name]
-        local, _ = self._local(layout)
-        return blocks[row - (local.y0 - layout.region.y0), col - (local.x0 - layout.region.x0)]
+        rows, cols = self._local(layout)[1]
+        return blocks[row - rows.start, col - cols.start]
 
     # -- kernels ----------------------------------------------------------------------------------------
     def run(self, kernel, region: Region, args: dict, epoch: int) -> dict:
         """Run a kernel on this tile's cores of `region`; `epoch` numbers the command (the same on every
         tile), so messages left over from an earlier, failed command are recognised and dropped."""
-        local = region.intersect(self.region)
         ledger = Ledger(self.spec)
         self._new_epoch(epoch)
-        ctx = Cores(region, local, self.links, ledger, self.store, tag=f"k{epoch}")
+        ctx = Cores(region, self.region, self.links, ledger, self.store, tag=f"k{epoch}")
         kernel(ctx, **args)
         return ledger.snapshot()
 
@@ -81,12 +83,9 @@ class Tile:
         self.links.epoch = epoch
 
     # -- LLM decode -------------------------------------------------------------------------------------
-    def decode_setup(self, setup) -> list[int]:
+    def decode_setup(self, setup: DecodeSetup) -> list[int]:
         """Book SRAM for the decode stages this tile hosts and get ready to load them; returns their
         stage indices."""
-        from waferrt.ledger import Ledger
-        from waferrt.pipeline import TileProgram, stage_sram
-
         self.decoder = TileProgram(setup, self.tile, self.links, Ledger(self.spec))
         hosted = [s for s in range(len(self.decoder.stages)) if self.decoder.hosts(s)]
         for s in hosted:
@@ -97,7 +96,7 @@ class Tile:
     def decode_load(self, s: int, arrays: dict) -> None:
         self.decoder.load(s, arrays)
 
-    def decode_step(self, epoch: int, items: list, resets: list[int] = ()) -> dict:
+    def decode_step(self, epoch: int, items: list, resets: list[int] = ()) -> StepResult:
         self._new_epoch(epoch)
         tag = f"t{epoch}"
         for slot in resets:

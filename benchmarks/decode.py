@@ -20,9 +20,10 @@ import time  # noqa: E402
 import psutil  # noqa: E402
 from waferrt.scheduler import KVReserve, default_mesh, plan  # noqa: E402
 
-from waferrt.llm import GenRequest, WaferLLM, generate_reference  # noqa: E402
+from waferrt.core.spec import WSE2  # noqa: E402
+from waferrt.llm import WaferLLM
 from waferrt.model import Sampler, Tokenizer, load_gguf  # noqa: E402
-from waferrt.spec import WSE2  # noqa: E402
+from waferrt.serving import GenRequest, generate_reference  # noqa: E402
 
 PROMPTS = ["The capital of France is", "Once upon a time, in a small village,", "The three laws of robotics",
            "Photosynthesis is the process", "A wafer-scale processor is", "The best way to learn Python",

@@ -3,7 +3,7 @@
 Contract: ``python benchmarks/fabric.py [--quick]`` prints, from one run on this machine:
 
 1. the neighbour link between two Ray tile actors (their real ``ZmqLinks``, through
-   ``waferrt.actors.probe.ProbeTile``): 4 KB round-trip latency and 1 MB-buffer streaming throughput;
+   ``benchmarks/probe.py``'s ``ProbeTile``): 4 KB round-trip latency and 1 MB-buffer streaming throughput;
 2. the same two measurements with raw pyzmq (PUSH/PULL over ipc, zero-copy, no header) between two plain
    processes (multiprocessing, spawn);
 3. the ratios of the tile link's speed to raw pyzmq's (1.0: as fast; throughput goal: >= 0.7), of the
@@ -118,14 +118,16 @@ class RawPair:
 
 # -- the same between two tile actors -------------------------------------------------------------------
 def start_probe_pair():
+    import probe  # benchmarks/probe.py, next to this script
     import ray
-    from waferrt.actors.probe import ProbeTile
+    from ray import cloudpickle
     from waferrt.actors.remote import start_tiles
 
-    from waferrt.mesh import MeshSpec
-    from waferrt.spec import TINY
+    from waferrt.core.mesh import MeshSpec
+    from waferrt.core.spec import TINY
 
-    cls = ray.remote(num_cpus=0, max_restarts=0, max_concurrency=1)(ProbeTile)
+    cloudpickle.register_pickle_by_value(probe)  # the tile processes cannot import a module of benchmarks/
+    cls = ray.remote(num_cpus=0, max_restarts=0, max_concurrency=1)(probe.ProbeTile)
     ipc_dir = tempfile.mkdtemp(prefix="waferrt-")
     tiles = start_tiles(MeshSpec(2, 1, 1, 1), TINY, "waferrt-bench", ipc_dir, {}, 60.0, tile_cls=cls)
     a, b = tiles.values()
@@ -191,7 +193,7 @@ def measure_links(raw: RawPair, a, b, n_lat: int, n_thr: int, reps: int) -> dict
 
 
 def report(m: dict[str, list[float]], ar: dict[str, tuple[float, float]], reps: int) -> None:
-    from waferrt.spec import WSE2
+    from waferrt.core.spec import WSE2
 
     speed = {k: [1 / x for x in v] if k.endswith("lat") else v for k, v in m.items()}  # higher is better
     best = {k: max(v) for k, v in speed.items()}

@@ -1,19 +1,25 @@
 """waferrt.scheduler: pure planning of a model onto the emulated wafer (no Ray, immutable results).
 
 Contract: ``plan`` places a Llama model on a mesh (layer -> region, embedding/head region, spare cores,
-tile -> Ray node) and raises ``PlanError`` with what would fit when it cannot; ``replan`` moves only the
-regions that new dead cores or links broke and lists the moves; ``default_mesh`` sizes the default
-mesh; ``Admission`` admits requests into the KV capacity first come, first served; ``draw_png`` draws
-a placement. Importing this package imports neither Ray nor pyzmq (nor matplotlib).
+tile -> Ray node) and raises ``PlanError`` with what would fit when it cannot; ``violations`` lists the
+rules a placement breaks; ``plan_report`` measures it; ``replan`` moves only the regions that new dead
+cores or links broke and lists the moves; ``default_mesh`` sizes the default mesh; ``Admission`` admits
+requests into the KV capacity first come, first served; ``draw_png`` draws a placement;
+``placement_to_json`` / ``placement_from_json`` round-trip one. The value types live in
+``waferrt.scheduler.types``, which imports no algorithm. Importing this package imports neither Ray nor
+pyzmq (nor matplotlib).
 """
 
 from .admission import Admission, Refusal, Request
 from .draw import draw_png
-from .placement import KVReserve, NodeInfo, Placement, PlanError, default_mesh, plan
+from .placement import default_mesh, plan, violations
 from .repair import Move, Replan, replan
-from .report import PlanReport
+from .report import PlanReport, plan_report
+from .serial import placement_from_json, placement_to_json
+from .types import KVReserve, NodeInfo, Placement, PlanError
 
 __all__ = [
     "Admission", "KVReserve", "Move", "NodeInfo", "Placement", "PlanError", "PlanReport", "Refusal",
-    "Replan", "Request", "default_mesh", "draw_png", "plan", "replan",
+    "Replan", "Request", "default_mesh", "draw_png", "placement_from_json", "placement_to_json", "plan",
+    "plan_report", "replan", "violations",
 ]

@@ -14,10 +14,8 @@ from __future__ import annotations
 from collections import deque
 from collections.abc import Hashable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
-if TYPE_CHECKING:
-    from .placement import Placement
+from .types import Placement
 
 
 @dataclass(frozen=True)

@@ -1,13 +1,12 @@
 """SRAM budgets for planning: which layer region shapes fit, what each core holds, how many KV tokens fit.
 
 Contract: pure functions over (LlamaConfig, per-core SRAM, KV reserve, dtype). Sizes come only from
-:mod:`waferrt.decode_layout` (what is planned is what the decode places); a region shape whose layouts
-cannot be split (``Layout`` raises ``ValueError``) counts as "does not fit".
+:mod:`waferrt.decode.layout` (``layer_core_bytes`` / ``embed_core_bytes``: the maxima of what the tiles
+book, so what is planned is what the decode places); a region shape whose layouts cannot be split
+(``Layout`` raises ``ValueError``) counts as "does not fit".
 
 - ``layer_shapes``: for every legal row count, the narrowest layer region that fits, best first
   (fewest cores, then wide rather than tall).
-- ``layer_core_grid`` / ``embed_core_grid``: bytes on every core of a region, as a (rows, cols) array
-  whose maximum equals ``layer_core_bytes`` / ``embed_core_bytes``.
 - ``kv_capacity``: the most KV positions per request a layer region holds (at least the reserve).
 - ``embed_rows_needed`` / ``embed_cols_needed``: the smallest embedding region side for the other one.
 - ``work_bytes``: weight bytes of the embedding/head region and of one layer region (decode work).
@@ -19,9 +18,10 @@ from functools import lru_cache
 
 import numpy as np
 
-from waferrt import decode_layout as dl
-from waferrt.layout import Layout
-from waferrt.mesh import Region
+from waferrt.core.arith import cdiv
+from waferrt.core.dtypes import itemsize
+from waferrt.core.mesh import Region
+from waferrt.decode import layout as dl
 from waferrt.model.config import LlamaConfig
 
 
@@ -106,37 +106,7 @@ def embed_cols_needed(cfg: LlamaConfig, sram: int, h: int, dtype: str) -> int | 
 
 def embed_min_cores(cfg: LlamaConfig, sram: int, dtype: str) -> int:
     """A lower bound of the cores any embedding region needs: its table spread over full cores."""
-    return -(-cfg.vocab_size * cfg.dim * dl.dtype_itemsize(dtype) // sram)
-
-
-def _grid(lay: Layout) -> np.ndarray:
-    """Bytes of `lay`'s block on every core of its region, as a (rows, cols) array."""
-    rows, cols = lay.region.h, lay.region.w
-    per_col, per_row, rest = np.ones(cols, np.int64), np.ones(rows, np.int64), 1
-    for axis, split in enumerate(lay.split):
-        sizes = np.diff(lay.bounds(axis))
-        if split == "x":
-            per_col = per_col * sizes
-        elif split == "y":
-            per_row = per_row * sizes
-        else:
-            rest *= int(sizes[0])
-    return np.outer(per_row, per_col) * rest * lay.itemsize
-
-
-def layer_core_grid(cfg: LlamaConfig, region: Region, tokens: int, requests: int, dtype: str) -> np.ndarray:
-    """Bytes on every core of a layer region: its weight blocks, the KV reserve and the scratch bound."""
-    grid = sum(_grid(lay) for lay in dl.layer_layouts(cfg, region, dtype).values())
-    grid = grid + 2 * requests * _grid(dl.kv_layout(cfg, region, tokens, dtype))
-    return grid + dl.activation_bytes(cfg, region, tokens)
-
-
-def embed_core_grid(cfg: LlamaConfig, region: Region, dtype: str) -> np.ndarray:
-    """Bytes on every core of the embedding region: table block, final norm, logits and receive buffers."""
-    table, norm = dl.embed_layout(cfg, region, dtype), dl.final_norm_layout(cfg, region, dtype)
-    grid = _grid(table) + _grid(norm)
-    scratch = dl.embed_core_bytes(cfg, region, dtype) - table.max_block_bytes() - norm.max_block_bytes()
-    return grid + scratch
+    return cdiv(cfg.vocab_size * cfg.dim * itemsize(dtype), sram)
 
 
 def kv_capacity(cfg: LlamaConfig, region: Region, sram: int, tokens: int, requests: int, dtype: str) -> int:
@@ -152,8 +122,8 @@ def tensor_bytes(cfg: LlamaConfig, dtype: str) -> dict[str, int]:
     unit = Region(0, 0, 1, 1)
     layouts = dl.layer_layouts(cfg, unit, dtype)
     out = {name: int(np.prod(lay.shape)) * lay.itemsize for name, lay in layouts.items()}
-    out["embed"] = cfg.vocab_size * cfg.dim * dl.dtype_itemsize(dtype)
-    out["final_norm"] = cfg.dim * dl.dtype_itemsize(dtype)
+    out["embed"] = cfg.vocab_size * cfg.dim * itemsize(dtype)
+    out["final_norm"] = cfg.dim * itemsize(dtype)
     return out
 
 
@@ -166,7 +136,7 @@ def work_bytes(cfg: LlamaConfig, dtype: str) -> tuple[int, int]:
 
 def kv_bytes(cfg: LlamaConfig, tokens: int, requests: int, dtype: str) -> int:
     """K and V of one layer for `requests` requests of `tokens` positions."""
-    return 2 * requests * cfg.kv_dim * tokens * dl.dtype_itemsize(dtype)
+    return 2 * requests * cfg.kv_dim * tokens * itemsize(dtype)
 
 
 def model_bytes(cfg: LlamaConfig, tokens: int, requests: int, dtype: str) -> tuple[int, int]:

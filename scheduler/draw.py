@@ -9,15 +9,14 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 import numpy as np
 
-from waferrt.mesh import Region, TileId
+from waferrt.core.mesh import Region, TileId
 
-if TYPE_CHECKING:
-    from .placement import Placement
-    from .repair import Move
+from .repair import Move
+from .report import plan_report
+from .types import Placement
 
 FREE, SPARE, DEAD, EMBED = (0.93, 0.93, 0.93), (0.70, 0.88, 0.70), (0.0, 0.0, 0.0), (0.85, 0.35, 0.25)
 
@@ -107,7 +106,7 @@ def draw_png(p: Placement, path: str | Path, moves: Sequence[Move] = (), title: 
         handles.append(Line2D([], [], color="red", label="moved by re-plan"))
     ax.legend(handles=handles, loc="upper center", bbox_to_anchor=(0.5, -0.09), ncol=4, fontsize=8,
               frameon=False)
-    r = p.report()
+    r = plan_report(p)
     ax.set_title(title or (
         f"{m}: {len(p.layers)} layers of {r.layer_shape[0]}x{r.layer_shape[1]} cores\n"
         f"SRAM/core max {r.sram_max / 1024:.1f} KB of {r.sram_bytes / 1024:.0f} KB, "

@@ -15,6 +15,8 @@ Contract: pure functions over mesh coordinates (no model knowledge, no Ray).
   given each block's fixed work and a region's work, it shares the regions out over the blocks so that
   the busiest block carries the least work (``quotas``) instead of filling blocks to capacity.
 - ``assign_nodes``: contiguous runs of tiles per Ray node, proportional to CPUs.
+- ``tile_box`` / ``shares`` / ``tile_bytes``: which tiles a region touches, its cores in each, and the
+  weight bytes that lands on every tile.
 """
 
 from __future__ import annotations
@@ -24,8 +26,8 @@ from itertools import pairwise
 
 import numpy as np
 
-from waferrt.cost import region_distance
-from waferrt.mesh import Coord, MeshSpec, Region, TileId
+from waferrt.core.arith import cdiv
+from waferrt.core.mesh import Coord, MeshSpec, Region, TileId
 
 Link = tuple[Coord, Coord]
 SLACK = 3  # regions the chain's dynamic program may give back where hand-overs are shortest
@@ -119,8 +121,8 @@ def serpentine(nx: int, ny: int, by_rows: bool) -> list[tuple[int, int]]:
 def blocks(mesh: MeshSpec, w: int, h: int, by_rows: bool) -> list[Region]:
     """Packing blocks for w x h regions in serpentine order: single tiles when a region fits in a tile,
     else the fewest tiles (bx x by) that hold one."""
-    bx, by = -(-w // mesh.tile_w), -(-h // mesh.tile_h)
-    nx, ny = -(-mesh.tiles_x // bx), -(-mesh.tiles_y // by)
+    bx, by = cdiv(w, mesh.tile_w), cdiv(h, mesh.tile_h)
+    nx, ny = cdiv(mesh.tiles_x, bx), cdiv(mesh.tiles_y, by)
     out = []
     for i, j in serpentine(nx, ny, by_rows):
         x0, y0 = i * bx * mesh.tile_w, j * by * mesh.tile_h
@@ -162,7 +164,7 @@ def pack(free: np.ndarray, block: Region, w: int, h: int, pattern: tuple[str, bo
 
 
 def path_hops(regions: Sequence[Region]) -> int:
-    return sum(region_distance(a, b) for a, b in pairwise(regions))
+    return sum(a.hops_to(b) for a, b in pairwise(regions))
 
 
 def quotas(caps: Sequence[int], fixed: Sequence[int], unit: int, need: int) -> list[int]:
@@ -286,7 +288,7 @@ def _best_counts(opts: dict, most: list[int], work: list[int], unit: int, start:
                     put((d + m, end, ended or (end is not None and m > 0)), ((h, sq_n), path))
                 elif not ended:
                     for j, seq in enumerate(opts[b]):
-                        link = _link(start, seq[0]) if end is None else region_distance(end, seq[0])
+                        link = _link(start, seq[0]) if end is None else end.hops_to(seq[0])
                         put((d + m - n, seq[n - 1], False), ((h + link + hops[b][j][n], sq_n), ((b, j, n), path)))
         states = nxt
     done = [((h + (_link(start, end) if end is not None else 0), sq), path)
@@ -301,7 +303,7 @@ def _best_counts(opts: dict, most: list[int], work: list[int], unit: int, start:
 
 
 def _link(a: Region | None, b: Region) -> int:
-    return 0 if a is None else region_distance(a, b)
+    return 0 if a is None else a.hops_to(b)
 
 
 def assign_nodes(mesh: MeshSpec, names: Sequence[str], cpus: Sequence[int]) -> tuple[tuple[TileId, str], ...]:
@@ -328,3 +330,31 @@ def node_borders(mesh: MeshSpec, tile_nodes: Iterable[tuple[TileId, str]]) -> in
     node = dict(tile_nodes)
     return sum(1 for t in node for nb in (TileId(t.tx + 1, t.ty), TileId(t.tx, t.ty + 1))
                if nb in node and node[nb] != node[t])
+
+
+def tile_box(mesh: MeshSpec, r: Region) -> tuple[int, int, int, int]:
+    """(first tile column, first tile row, last tile column, last tile row) that region r touches."""
+    return (r.x0 // mesh.tile_w, r.y0 // mesh.tile_h, (r.x1 - 1) // mesh.tile_w, (r.y1 - 1) // mesh.tile_h)
+
+
+def shares(mesh: MeshSpec, r: Region) -> list[tuple[int, int, int]]:
+    """(tile column, tile row, cores of r in that tile) for every tile that r touches."""
+    tx0, ty0, tx1, ty1 = tile_box(mesh, r)
+    out = []
+    for ty in range(ty0, ty1 + 1):
+        for tx in range(tx0, tx1 + 1):
+            part = Region(tx * mesh.tile_w, ty * mesh.tile_h, mesh.tile_w, mesh.tile_h).intersect(r)
+            if part is not None:
+                out.append((tx, ty, part.size))
+    return out
+
+
+def tile_bytes(mesh: MeshSpec, embed: Region, layers: Sequence[Region], embed_bytes: int,
+               layer_bytes: int) -> list[int]:
+    """Weight bytes on every tile (row-major, as ``mesh.tiles()``): each region's bytes split over the
+    tiles it touches in proportion to its cores there."""
+    out = [0] * (mesh.tiles_x * mesh.tiles_y)
+    for r, nbytes in ((embed, embed_bytes), *((r, layer_bytes) for r in layers)):
+        for tx, ty, cores in shares(mesh, r):
+            out[ty * mesh.tiles_x + tx] += nbytes * cores // r.size
+    return out

@@ -17,17 +17,18 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from waferrt import decode_layout as dl
-from waferrt.mesh import Coord, MeshSpec, Region
+from waferrt.core.mesh import Coord, MeshSpec, Region
+from waferrt.decode import layout as dl
 
 from . import budget
 from .geometry import Obstacles, check_links, cores_in, link_inside
-from .placement import Placement, PlanError, plan
+from .placement import plan, violations
+from .types import Placement, PlanError
 
 
 @dataclass(frozen=True)
 class Move:
-    tensor: str  # a decode_layout.LAYER_WEIGHTS name, "kv", "embed" or "final_norm"
+    tensor: str  # a waferrt.decode.layout.LAYER_WEIGHTS name, "kv", "embed" or "final_norm"
     layer: int | None  # None for the embedding/head tensors
     src: Region
     dst: Region
@@ -186,7 +187,7 @@ def replan(placement: Placement, dead_cores: frozenset[Coord] = frozenset(),
         spare = spare - cores_in(spare, list(regions))
         new = dataclasses.replace(p, mesh=mesh, dead_links=links, embed=embed, spare=spare,
                                   layers=tuple(layers[i] for i in range(len(p.layers))))
-        bad = new.violations()
+        bad = violations(new)
         if bad:
             raise PlanError("the local repair broke a rule (a bug in waferrt.scheduler): " + "; ".join(bad))
         return Replan(new, _moves(p, new), tuple(broken), "local")

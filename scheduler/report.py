@@ -1,10 +1,10 @@
 """What a Placement achieves, as numbers: SRAM per core, hops, tile and node crossings, modelled speed.
 
-Contract: ``build_report(placement) -> PlanReport`` is pure. :class:`PlanReport` is frozen and holds
+Contract: ``plan_report(placement) -> PlanReport`` is pure. :class:`PlanReport` is frozen and holds
 only plain values. SRAM figures are per core over the cores that regions use, at the placement's KV
 capacity (``placement.kv_tokens`` positions for each of ``kv.requests`` requests). The modelled step
 is one token through the whole chain: embedding row -> layer 0 -> ... -> layer L-1 -> head, with the
-hand-overs between regions (``waferrt.cost``); throughput assumes ``kv.requests`` requests in flight in
+hand-overs between regions (``waferrt.decode.cost``); throughput assumes ``kv.requests`` requests in flight in
 the pipeline, bounded by the slowest stage. ``tile_work`` is the decode work of every tile (one process
 each): the weight bytes of the regions it hosts (the embedding table once for embedding and head; a
 region over several tiles counted in proportion to its cores in each), which the decode reads once per
@@ -14,19 +14,15 @@ step, so the busiest tile bounds the emulator's throughput.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Sequence
 from dataclasses import dataclass
 from itertools import pairwise
-from typing import TYPE_CHECKING
 
-from waferrt.cost import embed_decode_cost, handover_cost, layer_decode_cost, region_distance
-from waferrt.mesh import MeshSpec, Region
+from waferrt.decode.cost import embed_decode_cost, handover_cost, layer_decode_cost
+from waferrt.decode.layout import booked_bytes, embed_booking, layer_booking
 
-from .budget import embed_core_grid, layer_core_grid, work_bytes
-from .geometry import node_borders, tiles_spanned
-
-if TYPE_CHECKING:
-    from .placement import Placement
+from .budget import work_bytes
+from .geometry import node_borders, shares, tile_box, tile_bytes, tiles_spanned
+from .types import Placement
 
 
 @dataclass(frozen=True)
@@ -108,49 +104,21 @@ class PlanReport:
         ])
 
 
-def tile_box(mesh: MeshSpec, r: Region) -> tuple[int, int, int, int]:
-    """(first tile column, first tile row, last tile column, last tile row) that region r touches."""
-    return (r.x0 // mesh.tile_w, r.y0 // mesh.tile_h, (r.x1 - 1) // mesh.tile_w, (r.y1 - 1) // mesh.tile_h)
-
-
-def _shares(mesh: MeshSpec, r: Region) -> list[tuple[int, int, int]]:
-    """(tile column, tile row, cores of r in that tile) for every tile that r touches."""
-    tx0, ty0, tx1, ty1 = tile_box(mesh, r)
-    out = []
-    for ty in range(ty0, ty1 + 1):
-        for tx in range(tx0, tx1 + 1):
-            part = Region(tx * mesh.tile_w, ty * mesh.tile_h, mesh.tile_w, mesh.tile_h).intersect(r)
-            if part is not None:
-                out.append((tx, ty, part.size))
-    return out
-
-
-def tile_bytes(mesh: MeshSpec, embed: Region, layers: Sequence[Region], embed_bytes: int,
-               layer_bytes: int) -> list[int]:
-    """Weight bytes on every tile (row-major, as ``mesh.tiles()``): each region's bytes split over the
-    tiles it touches in proportion to its cores there."""
-    out = [0] * (mesh.tiles_x * mesh.tiles_y)
-    for r, nbytes in ((embed, embed_bytes), *((r, layer_bytes) for r in layers)):
-        for tx, ty, cores in _shares(mesh, r):
-            out[ty * mesh.tiles_x + tx] += nbytes * cores // r.size
-    return out
-
-
 def _tile_work(p: Placement) -> tuple[TileWork, ...]:
     mesh = p.mesh
     nbytes = tile_bytes(mesh, p.embed, p.layers, *work_bytes(p.config, p.dtype))
     layers = [0] * len(nbytes)
     for r in p.layers:
-        for tx, ty, _ in _shares(mesh, r):
+        for tx, ty, _ in shares(mesh, r):
             layers[ty * mesh.tiles_x + tx] += 1
-    embed = {ty * mesh.tiles_x + tx for tx, ty, _ in _shares(mesh, p.embed)}
+    embed = {ty * mesh.tiles_x + tx for tx, ty, _ in shares(mesh, p.embed)}
     return tuple(TileWork((t.tx, t.ty), layers[i], i in embed, nbytes[i]) for i, t in enumerate(mesh.tiles()))
 
 
 def _sram(p: Placement) -> tuple[int, float, int, tuple[int, ...], int]:
     cfg, dtype = p.config, p.dtype
-    layer = layer_core_grid(cfg, p.layers[0], p.kv_tokens, p.kv.requests, dtype)
-    embed = embed_core_grid(cfg, p.embed, dtype)
+    layer = sum(booked_bytes(layer_booking(cfg, p.layers[0], p.kv_tokens, p.kv.requests, dtype)).values())
+    embed = sum(booked_bytes(embed_booking(cfg, p.embed, dtype)).values())
     n = len(p.layers)
     mean = (n * float(layer.sum()) + float(embed.sum())) / (n * layer.size + embed.size)
     lo, hi = min(int(layer.min()), int(embed.min())), max(int(layer.max()), int(embed.max()))
@@ -168,7 +136,8 @@ def _speed(p: Placement) -> tuple[float, float, float]:
     return step, spec.clock_hz * min(p.kv.requests / step, 1.0 / stage), spec.clock_hz / step
 
 
-def build_report(p: Placement) -> PlanReport:
+def plan_report(p: Placement) -> PlanReport:
+    """What placement `p` achieves: SRAM per core, hops, tile and node crossings, modelled speed."""
     mesh = p.mesh
     chain = (p.embed, *p.layers, p.embed)
     used = sum(r.size for r in chain[:-1])
@@ -181,8 +150,8 @@ def build_report(p: Placement) -> PlanReport:
         free_cores=mesh.width * mesh.height - len(mesh.dead) - used - len(p.spare),
         sram_bytes=p.spec.sram_bytes, sram_min=lo, sram_mean=mean, sram_max=hi,
         layer_core_bytes=per_layer, embed_core_bytes=embed_bytes,
-        hops=tuple(region_distance(a, b) for a, b in pairwise(p.layers)),
-        embed_hops=(region_distance(p.embed, p.layers[0]), region_distance(p.layers[-1], p.embed)),
+        hops=tuple(a.hops_to(b) for a, b in pairwise(p.layers)),
+        embed_hops=(p.embed.hops_to(p.layers[0]), p.layers[-1].hops_to(p.embed)),
         tile_handovers=sum(tile_box(mesh, a) != tile_box(mesh, b) for a, b in pairwise(chain)),
         straddling=sum(tiles_spanned(mesh, r) > 1 for r in chain[:-1]),
         node_borders=node_borders(mesh, p.tile_nodes),

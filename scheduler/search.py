@@ -21,13 +21,13 @@ from itertools import pairwise
 
 import numpy as np
 
-from waferrt.mesh import Coord, MeshSpec, Region
+from waferrt.core.arith import cdiv
+from waferrt.core.mesh import Coord, MeshSpec, Region
+from waferrt.core.spec import HardwareSpec
 from waferrt.model.config import LlamaConfig
-from waferrt.spec import HardwareSpec
 
 from . import budget
-from .geometry import PATTERNS, Obstacles, blocks, chain, pack, path_hops, tiles_spanned
-from .report import tile_box, tile_bytes
+from .geometry import PATTERNS, Obstacles, blocks, chain, pack, path_hops, tile_box, tile_bytes, tiles_spanned
 
 UNBOUNDED = 1 << 30
 
@@ -43,7 +43,7 @@ class Found:
 
 
 def _round_up(v: int, step: int, cap: int) -> int:
-    r = -(-v // step) * step
+    r = cdiv(v, step) * step
     return r if r <= cap else v
 
 
@@ -170,7 +170,7 @@ def _shape_bound(mesh: MeshSpec, w: int, h: int) -> int:
     """Most w x h regions the packing blocks could hold (no embedding, no dead cores): the blocks form a
     grid (the last column and row possibly narrower), so this is (sum of w-wide columns over the block
     columns) x (sum of h-high rows over the block rows)."""
-    bw, bh = -(-w // mesh.tile_w) * mesh.tile_w, -(-h // mesh.tile_h) * mesh.tile_h
+    bw, bh = cdiv(w, mesh.tile_w) * mesh.tile_w, cdiv(h, mesh.tile_h) * mesh.tile_h
     cols = (mesh.width // bw) * (bw // w) + (mesh.width % bw) // w
     rows = (mesh.height // bh) * (bh // h) + (mesh.height % bh) // h
     return cols * rows
@@ -235,7 +235,7 @@ def best_layout(cfg: LlamaConfig, spec: HardwareSpec, mesh: MeshSpec, tokens: in
 def wafer_grid(spec: HardwareSpec, tile: tuple[int, int]) -> tuple[int, int]:
     """The most tiles across and down of a mesh on the spec's wafer: whole tiles that cover it (the last
     column or row of tiles may overhang the wafer's edge by less than one tile)."""
-    return -(-spec.full_mesh[0] // tile[0]), -(-spec.full_mesh[1] // tile[1])
+    return cdiv(spec.full_mesh[0], tile[0]), cdiv(spec.full_mesh[1], tile[1])
 
 
 @lru_cache(maxsize=256)
@@ -272,7 +272,7 @@ def smallest_mesh(cfg: LlamaConfig, spec: HardwareSpec, tile: tuple[int, int], t
 
 def _embed_slots(cfg: LlamaConfig, sram: int, dtype: str, tile: Region, w: int, h: int) -> int | None:
     """Layer slots of a tile (a grid of w x h slots) that the embedding band takes; None: it cannot fit."""
-    lost = [-(-we // w) * -(-he // h) for we, he in embed_bands(cfg, sram, dtype, tile, w, h)]
+    lost = [cdiv(we, w) * cdiv(he, h) for we, he in embed_bands(cfg, sram, dtype, tile, w, h)]
     return min(lost, default=None)
 
 

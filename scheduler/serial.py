@@ -1,21 +1,19 @@
 """JSON form of a Placement: plain dicts, lists, numbers and strings, and back.
 
-Contract: ``placement_fields(placement_to_json(p))`` gives the keyword arguments that rebuild a
-Placement equal to ``p``. Regions are [x0, y0, w, h], cores [x, y], links [[x, y], [x, y]], tiles
+Contract: ``placement_from_json(placement_to_json(p)) == p``; a dict that is not a Placement's JSON raises
+ValueError naming the missing key. Regions are [x0, y0, w, h], cores [x, y], links [[x, y], [x, y]], tiles
 [tx, ty]; the config, spec and nodes keep their field names.
 """
 
 from __future__ import annotations
 
 import dataclasses
-from typing import TYPE_CHECKING
 
-from waferrt.mesh import Coord, MeshSpec, Region, TileId
+from waferrt.core.mesh import Coord, MeshSpec, Region, TileId
+from waferrt.core.spec import HardwareSpec
 from waferrt.model.config import LlamaConfig
-from waferrt.spec import HardwareSpec
 
-if TYPE_CHECKING:
-    from .placement import Placement
+from .types import KVReserve, NodeInfo, Placement
 
 
 def _region(r: Region) -> list[int]:
@@ -39,32 +37,32 @@ def placement_to_json(p: Placement) -> dict:
         "embed": _region(p.embed),
         "spare": _cores(p.spare),
         "tile_nodes": [[t.tx, t.ty, name] for t, name in p.tile_nodes],
+        "kv_tokens": p.kv_tokens,
         "nodes": [dataclasses.asdict(n) for n in p.nodes],
         "dead_links": [[[a.x, a.y], [b.x, b.y]] for a, b in sorted(p.dead_links)],
     }
 
 
-def placement_fields(d: dict) -> dict:
-    """Keyword arguments of Placement from its JSON form (raises ValueError naming a missing key)."""
-    from .placement import KVReserve, NodeInfo
-
+def placement_from_json(d: dict) -> Placement:
+    """The Placement of its JSON form (raises ValueError naming a missing key)."""
     try:
         spec = dict(d["spec"], full_mesh=tuple(d["spec"]["full_mesh"]))
         m = d["mesh"]
-        return {
-            "config": LlamaConfig(**d["config"]),
-            "spec": HardwareSpec(**spec),
-            "mesh": MeshSpec(m["width"], m["height"], m["tile_w"], m["tile_h"],
-                             frozenset(Coord(x, y) for x, y in m["dead"])),
-            "dtype": d["dtype"],
-            "kv": KVReserve(**d["kv"]),
-            "layers": tuple(Region(*r) for r in d["layers"]),
-            "embed": Region(*d["embed"]),
-            "spare": frozenset(Coord(x, y) for x, y in d["spare"]),
-            "tile_nodes": tuple((TileId(tx, ty), name) for tx, ty, name in d["tile_nodes"]),
-            "nodes": tuple(NodeInfo(**n) for n in d["nodes"]),
-            "dead_links": frozenset((Coord(*a), Coord(*b)) for a, b in d["dead_links"]),
-        }
+        return Placement(
+            config=LlamaConfig(**d["config"]),
+            spec=HardwareSpec(**spec),
+            mesh=MeshSpec(m["width"], m["height"], m["tile_w"], m["tile_h"],
+                          frozenset(Coord(x, y) for x, y in m["dead"])),
+            dtype=d["dtype"],
+            kv=KVReserve(**d["kv"]),
+            layers=tuple(Region(*r) for r in d["layers"]),
+            embed=Region(*d["embed"]),
+            spare=frozenset(Coord(x, y) for x, y in d["spare"]),
+            tile_nodes=tuple((TileId(tx, ty), name) for tx, ty, name in d["tile_nodes"]),
+            nodes=tuple(NodeInfo(**n) for n in d["nodes"]),
+            kv_tokens=int(d["kv_tokens"]),
+            dead_links=frozenset((Coord(*a), Coord(*b)) for a, b in d["dead_links"]),
+        )
     except KeyError as e:
         raise ValueError(f"not a Placement JSON: the key {e} is missing (make one with "
-                         "Placement.to_json)") from None
+                         "waferrt.scheduler.placement_to_json)") from None

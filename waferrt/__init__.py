@@ -1,13 +1,19 @@
 """waferrt: an emulated wafer-scale processor (a 2D mesh of small cores) as a Ray runtime, running LLMs.
 
-``import waferrt`` is light: the Ray-backed ``Wafer`` is imported on first use, so the pure modules
-(waferrt.mesh, waferrt.model, waferrt.scheduler, ...) never pull in Ray or pyzmq.
+The floors, each a subpackage (docs/ARCHITECTURE.md is the map): ``waferrt.core`` (specs, mesh, layouts,
+SRAM, cost), ``waferrt.fabric`` (links, collectives, kernels), ``waferrt.model`` (the Llama math; its
+file readers behind it), ``waferrt.decode`` (the model on the mesh), ``waferrt.scheduler`` (planning),
+``waferrt.serving`` (requests and batching), ``waferrt.actors`` (the only Ray/pyzmq code), and the joins
+``waferrt.runtime`` (:class:`Wafer`), ``waferrt.llm`` (:class:`WaferLLM`) and ``waferrt.cli``.
+
+``import waferrt`` is light: ``Wafer`` and ``WaferLLM`` are imported on first use, so the pure floors
+never pull in Ray or pyzmq.
 """
 
-from .mesh import Coord, Dir, MeshSpec, Region, TileId
-from .spec import HardwareSpec, spec_by_name
+from .core.mesh import Coord, Dir, MeshSpec, Region, TileId
+from .core.spec import HardwareSpec, spec_by_name
 
-__all__ = ["Coord", "Dir", "HardwareSpec", "MeshSpec", "Region", "TileId", "Wafer", "spec_by_name"]
+__all__ = ["Coord", "Dir", "HardwareSpec", "MeshSpec", "Region", "TileId", "Wafer", "WaferLLM", "spec_by_name"]
 __version__ = "0.1.0"
 
 
@@ -16,4 +22,8 @@ def __getattr__(name: str):
         from .runtime import Wafer
 
         return Wafer
+    if name == "WaferLLM":
+        from .llm import WaferLLM
+
+        return WaferLLM
     raise AttributeError(f"module 'waferrt' has no attribute {name!r}")

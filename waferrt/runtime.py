@@ -15,15 +15,18 @@ import logging
 import shutil
 import tempfile
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
 
-from .cost import Cost, total
-from .layout import Layout, from_blocks, to_blocks
-from .ledger import merge_snapshots
-from .mesh import Coord, MeshSpec, Region, TileId
-from .spec import HardwareSpec, spec_by_name
+from waferrt.actors.tile import Tile
+
+from .core.cost import Cost, total
+from .core.layout import Layout, from_blocks, to_blocks
+from .core.ledger import merge_snapshots
+from .core.mesh import Coord, MeshSpec, Region, TileId
+from .core.spec import HardwareSpec, spec_by_name
 
 
 def ray_init(address: str | None) -> bool:
@@ -124,7 +127,7 @@ class DSM:
         tiles = self._w.mesh.tiles_of(region)
         _, done, error = gather_in_order([self._w.tiles[t].alloc.remote(name, layout) for t in tiles])
         if error is not None:  # undo the tiles that booked it; report the first failing tile's error
-            self._w.call([(t, "free", (name,)) for t, ok in zip(tiles, done, strict=True) if ok])
+            self._w.call([(t, Tile.free, (name,)) for t, ok in zip(tiles, done, strict=True) if ok])
             raise error
         self.layouts[name] = layout
         return layout
@@ -134,13 +137,13 @@ class DSM:
         layout = self._layout(name)
         blocks = to_blocks(np.asarray(array), layout)
         tiles = self._w.mesh.tiles_of(layout.region)
-        self._w.call([(t, "put", (name, blocks[self._window(t, layout)])) for t in tiles])
+        self._w.call([(t, Tile.put, (name, blocks[self._window(t, layout)])) for t in tiles])
 
     def get(self, name: str) -> np.ndarray:
         """Cores -> host: the whole tensor."""
         layout = self._layout(name)
         tiles = self._w.mesh.tiles_of(layout.region)
-        parts = self._w.call([(t, "get", (name,)) for t in tiles])
+        parts = self._w.call([(t, Tile.get, (name,)) for t in tiles])
         blocks = np.zeros(layout.region.shape + layout.max_block_shape(), layout.dtype)
         for t, part in zip(tiles, parts, strict=True):
             blocks[self._window(t, layout)] = part
@@ -148,9 +151,7 @@ class DSM:
 
     def _window(self, t: TileId, layout: Layout) -> tuple[slice, slice]:
         """Tile t's cores as a window into the (rows, cols) of the tensor's region."""
-        loc = self._w.mesh.tile_region(t).intersect(layout.region)
-        r0, c0 = loc.y0 - layout.region.y0, loc.x0 - layout.region.x0
-        return slice(r0, r0 + loc.h), slice(c0, c0 + loc.w)
+        return layout.region.window(self._w.mesh.tile_region(t).intersect(layout.region))
 
     def owners(self, name: str, index: tuple[int, ...]) -> list[Coord]:
         """The cores that hold element `index` of `name`."""
@@ -161,13 +162,13 @@ class DSM:
         layout = self._layout(name)
         core = layout.owners(tuple(index))[0]
         row, col = layout.region.local(core)
-        (block,) = self._w.call([(self._w.mesh.tile_of(core), "read", (name, row, col))])
+        (block,) = self._w.call([(self._w.mesh.tile_of(core), Tile.read, (name, row, col))])
         local = tuple(i - sl.start for i, sl in zip(index, layout.block_slices(row, col), strict=True))
         return block[local]
 
     def free(self, name: str) -> None:
         layout = self._layout(name)
-        self._w.call([(t, "free", (name,)) for t in self._w.mesh.tiles_of(layout.region)])
+        self._w.call([(t, Tile.free, (name,)) for t in self._w.mesh.tiles_of(layout.region)])
         del self.layouts[name]
 
     def _layout(self, name: str) -> Layout:
@@ -221,20 +222,21 @@ class Wafer:
             raise ValueError(f"region {region} is outside the {self.mesh.width}x{self.mesh.height} mesh")
         tiles = self.mesh.tiles_of(region)
         epoch = self.next_epoch()
-        self._costs.append(merge_snapshots(self.call([(t, "run", (kernel, region, args, epoch)) for t in tiles])))
+        self._costs.append(merge_snapshots(self.call([(t, Tile.run, (kernel, region, args, epoch)) for t in tiles])))
         return self._costs[-1]
 
-    def call(self, calls: list[tuple[TileId, str, tuple]]) -> list:
-        """Call tile methods side by side, one Ray call each: (tile, method, args) -> results, in order.
-        Every call is waited for (a failed tile's neighbours give up at their fabric deadline); the first
-        failure, in order, is raised as the tile's own exception."""
-        refs = [getattr(self.tiles[t], method).remote(*args) for t, method, args in calls]
+    def call(self, calls: list[tuple[TileId, Callable, tuple]]) -> list:
+        """Call tile methods side by side, one Ray call each: (tile, a :class:`Tile` method such as
+        ``Tile.decode_step``, args) -> results, in order. Every call is waited for (a failed tile's
+        neighbours give up at their fabric deadline); the first failure, in order, is raised as the tile's
+        own exception."""
+        refs = [getattr(self.tiles[t], method.__name__).remote(*args) for t, method, args in calls]
         results, _, error = gather_in_order(refs)
         if error is not None:
             raise error
         return results
 
-    def on_every_tile(self, method: str, *args) -> list:
+    def on_every_tile(self, method: Callable, *args) -> list:
         """The same call on every tile (mesh order); their results."""
         return self.call([(t, method, args) for t in self.tiles])
 
@@ -252,7 +254,7 @@ class Wafer:
         return CostReport(self.spec, by_op, tuple(self._costs))
 
     def sram(self) -> list[dict]:
-        return self.on_every_tile("sram_stats")
+        return self.on_every_tile(Tile.sram_stats)
 
     def close(self) -> None:
         if not self._open:

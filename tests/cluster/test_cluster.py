@@ -24,7 +24,7 @@ SCRIPT = r"""
 import json, logging
 import numpy as np, ray
 from ray.cluster_utils import Cluster
-from waferrt.mesh import MeshSpec, TileId
+from waferrt.core.mesh import MeshSpec, TileId
 from waferrt.runtime import Wafer
 
 cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 1, "include_dashboard": False})
@@ -67,10 +67,11 @@ try:
         wafer.close()
 
     # LLM decode with its layers on both nodes: the activations cross the node border over tcp
-    from waferrt.llm import GenRequest, WaferLLM, generate_reference
+    from waferrt.llm import WaferLLM
+    from waferrt.serving import GenRequest, generate_reference
     from waferrt.model import Sampler, synthetic_llama, tiny_config
     from waferrt.scheduler import KVReserve, NodeInfo, plan
-    from waferrt.spec import TINY
+    from waferrt.core.spec import TINY
 
     cfg = tiny_config()
     weights = synthetic_llama(cfg, seed=2)

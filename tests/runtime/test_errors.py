@@ -8,10 +8,10 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from waferrt.kernel import NotNeighbourError
-from waferrt.mesh import Coord, Region
+from waferrt.core.mesh import Coord, Region
+from waferrt.core.sram import SramOverflow
+from waferrt.fabric.kernel import NotNeighbourError
 from waferrt.runtime import Wafer
-from waferrt.sram import SramOverflow
 
 SRAM = 16 * 1024
 

@@ -7,10 +7,11 @@ import numpy as np
 import pytest
 from waferrt.scheduler import KVReserve, default_mesh, plan
 
-from waferrt.llm import GenRequest, WaferLLM, generate_reference
-from waferrt.mesh import MeshSpec
+from waferrt.core.mesh import MeshSpec
+from waferrt.core.spec import TINY, WSE2
+from waferrt.llm import WaferLLM
 from waferrt.model import ReferenceModel, Sampler, synthetic_llama, tiny_config
-from waferrt.spec import TINY, WSE2
+from waferrt.serving import GenRequest, generate_reference
 
 CFG = tiny_config()
 W = synthetic_llama(CFG, seed=0)

@@ -12,10 +12,10 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from waferrt.cost import allreduce_cost, broadcast_cost, shift_cost
-from waferrt.mesh import Coord, MeshSpec
+from waferrt.core.cost import allreduce_cost, broadcast_cost, shift_cost
+from waferrt.core.mesh import Coord, MeshSpec
+from waferrt.core.spec import TINY
 from waferrt.runtime import Wafer
-from waferrt.spec import TINY
 
 # (mesh w, h, tile w, h)
 MESHES = {"1x1": (1, 1, 1, 1), "row6/2": (6, 1, 2, 1), "col6/2": (1, 6, 1, 2), "4x4/2x2": (4, 4, 2, 2),

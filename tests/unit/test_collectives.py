@@ -1,13 +1,13 @@
-"""Mesh primitives against numpy, run SPMD over tiles without Ray (waferrt.loopfabric.simulate)."""
+"""Mesh primitives against numpy, run SPMD over tiles without Ray (waferrt.fabric.loop.simulate)."""
 
 import numpy as np
 import pytest
 
-from waferrt.cost import allreduce_cost, broadcast_cost, ktree_groups, shift_cost
-from waferrt.kernel import NotNeighbourError
-from waferrt.loopfabric import simulate
-from waferrt.mesh import MeshSpec, Region
-from waferrt.spec import TINY
+from waferrt.core.cost import allreduce_cost, broadcast_cost, ktree_groups, shift_cost
+from waferrt.core.mesh import MeshSpec, Region
+from waferrt.core.spec import TINY
+from waferrt.fabric.kernel import NotNeighbourError
+from waferrt.fabric.loop import simulate
 
 # (mesh w, h, tile w, h): 1x1, 1xN, Nx1, square with 2x2 tiles, non-square with 3x2 tiles, non-dividing
 MESHES = [(1, 1, 1, 1), (8, 1, 3, 1), (1, 8, 1, 3), (8, 8, 4, 4), (9, 6, 3, 3), (7, 5, 4, 3)]

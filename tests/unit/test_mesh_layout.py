@@ -13,9 +13,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from waferrt.layout import Layout, chunk_bounds, core_bytes, from_blocks, to_blocks
-from waferrt.mesh import Coord, Dir, MeshSpec, Region, TileId
-from waferrt.sram import SramBook, SramOverflow
+from waferrt.core.layout import Layout, chunk_bounds, core_bytes, from_blocks, to_blocks
+from waferrt.core.mesh import Coord, Dir, MeshSpec, Region, TileId
+from waferrt.core.sram import SramBook, SramOverflow
 
 # per test, not a global profile (other modules' hypothesis tests keep theirs); no example database files
 fast = settings(max_examples=60, deadline=None, database=None)

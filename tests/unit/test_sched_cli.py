@@ -6,9 +6,9 @@ import argparse
 import json
 
 import pytest
-from waferrt.scheduler import Placement
+from waferrt.scheduler import placement_from_json
 
-from waferrt import cli_plan
+from waferrt.cli import plan as cli_plan
 from waferrt.model.config import SMOLLM2_135M
 from waferrt.model.gguf_loader import read_config
 
@@ -17,7 +17,7 @@ def _run(capsys, *argv: str) -> tuple[int, str, str]:
     parser = argparse.ArgumentParser(prog="waferrt")
     cli_plan.add_parser(parser.add_subparsers(dest="cmd", required=True))
     args = parser.parse_args(["plan", *argv])
-    code = args.func(args)
+    code = args._run(args)
     out = capsys.readouterr()
     return code, out.out, out.err
 
@@ -36,10 +36,10 @@ def test_json_round_trips_and_png_and_replan_are_drawn(capsys, tmp_path):
     code, out, err = _run(capsys, "--json", "--dead", "10", "--seed", "3", "--png", str(png), "--nodes", "2")
     assert code == 0
     doc = json.loads(out)
-    p = Placement.from_json(doc["placement"])
+    p = placement_from_json(doc["placement"])
     assert p.config == SMOLLM2_135M and doc["report"]["straddling"] == 0
     assert len(doc["replan"]["dead"]) == 10 and doc["replan"]["moves"]
-    assert Placement.from_json(doc["replan"]["placement"]).mesh.dead
+    assert placement_from_json(doc["replan"]["placement"]).mesh.dead
     assert png.stat().st_size > 10_000 and (tmp_path / "plan-replan.png").stat().st_size > 10_000
     assert "drew" in err
 

@@ -10,15 +10,26 @@ from itertools import product
 import pytest
 from hypothesis import HealthCheck, assume, example, given, settings
 from hypothesis import strategies as st
-from waferrt.scheduler import KVReserve, NodeInfo, Placement, PlanError, budget, default_mesh, plan, search
-from waferrt.scheduler.geometry import PATTERNS, Obstacles, blocks, chain, node_borders, pack, quotas
-from waferrt.scheduler.report import tile_box
+from waferrt.scheduler import (
+    KVReserve,
+    NodeInfo,
+    Placement,
+    PlanError,
+    budget,
+    default_mesh,
+    placement_from_json,
+    placement_to_json,
+    plan,
+    plan_report,
+    search,
+    violations,
+)
+from waferrt.scheduler.geometry import PATTERNS, Obstacles, blocks, chain, node_borders, pack, quotas, tile_box
 
-from waferrt import decode_layout as dl
-from waferrt.cost import region_distance
-from waferrt.mesh import Coord, MeshSpec, Region
+from waferrt.core.mesh import Coord, MeshSpec, Region
+from waferrt.core.spec import TINY, spec_by_name
+from waferrt.decode import layout as dl
 from waferrt.model.config import SMOLLM2_135M, LlamaConfig
-from waferrt.spec import TINY, spec_by_name
 
 SPEC = TINY.replace(sram_bytes=4096, full_mesh=(40, 40))
 WSE2 = spec_by_name("wse2")
@@ -65,7 +76,7 @@ def test_every_rule_holds(cfg, mesh, kv):
     p = _plan_or_none(cfg, mesh, kv)
     if p is None:
         return
-    assert p.violations() == ()
+    assert violations(p) == ()
     regions = [r for _, r in p.regions()]
     for i, a in enumerate(regions):
         assert mesh.region.covers(a)
@@ -77,7 +88,7 @@ def test_every_rule_holds(cfg, mesh, kv):
         assert dl.layer_core_bytes(cfg, r, p.kv_tokens, kv.requests) <= SPEC.sram_bytes
     assert dl.embed_core_bytes(cfg, p.embed) <= SPEC.sram_bytes
     assert p.kv_tokens >= kv.tokens
-    rep = p.report()
+    rep = plan_report(p)
     assert rep.sram_min <= rep.sram_mean <= rep.sram_max <= SPEC.sram_bytes
     assert rep.used_cores + rep.spare_cores + rep.free_cores + rep.dead_cores == mesh.width * mesh.height
 
@@ -86,7 +97,7 @@ def test_every_rule_holds(cfg, mesh, kv):
 @given(models(), meshes(dead=False), kvs)
 def test_consecutive_layers_touch_inside_a_tile_and_cross_one_tile_border(cfg, mesh, kv):
     p = _plan_or_none(cfg, mesh, kv)
-    if p is None or p.report().straddling:
+    if p is None or plan_report(p).straddling:
         return
     _assert_chain_hands_over_tile_by_tile(p, mesh)
 
@@ -98,7 +109,7 @@ def _assert_chain_hands_over_tile_by_tile(p, mesh) -> None:
         ta, tb = tile_box(mesh, a), tile_box(mesh, b)
         assert abs(ta[0] - tb[0]) + abs(ta[1] - tb[1]) <= 1, "a hand-over skips a tile"
         if ta == tb and mesh.tiles_of(a)[0] not in embed_tiles:
-            assert region_distance(a, b) == 1, f"{a} and {b} share a tile but do not touch"
+            assert a.hops_to(b) == 1, f"{a} and {b} share a tile but do not touch"
 
 
 @SEARCH
@@ -162,7 +173,7 @@ def test_smollm2_default_mesh_every_region_in_one_tile_with_spares():
     mesh = default_mesh(SMOLLM2_135M, WSE2, kv)
     assert (mesh.tiles_x, mesh.tiles_y) == (2, 2)
     p = plan(SMOLLM2_135M, WSE2, mesh, kv=kv)
-    rep = p.report()
+    rep = plan_report(p)
     assert rep.straddling == 0 and rep.sram_max <= WSE2.sram_bytes
     assert set(rep.hops) == {1} and rep.embed_hops == (1, 1)
     assert rep.spare_cores >= 8 * p.layers[0].size
@@ -171,17 +182,17 @@ def test_smollm2_default_mesh_every_region_in_one_tile_with_spares():
     smaller = MeshSpec(mesh.width - 2, mesh.height - 2, mesh.tile_w - 1, mesh.tile_h - 1)
     with pytest.raises(PlanError):
         default_mesh(SMOLLM2_135M, WSE2, kv, spare_layers=10_000)
-    assert plan(SMOLLM2_135M, WSE2, smaller, kv=kv).report().spare_cores < rep.spare_cores
+    assert plan_report(plan(SMOLLM2_135M, WSE2, smaller, kv=kv)).spare_cores < rep.spare_cores
 
 
 def test_json_round_trip_and_hashable():
     kv = KVReserve(512, 8)
     p = plan(SMOLLM2_135M, WSE2, MeshSpec(174, 128, 87, 64, frozenset({Coord(3, 100)})), kv=kv,
              nodes=(NodeInfo("a", 1), NodeInfo("b", 3)), dead_links=frozenset({(Coord(5, 5), Coord(5, 6))}))
-    again = Placement.from_json(json.loads(json.dumps(p.to_json())))
+    again = placement_from_json(json.loads(json.dumps(placement_to_json(p))))
     assert again == p and hash(again) == hash(p)
     with pytest.raises(ValueError, match="key 'layers' is missing"):
-        Placement.from_json({k: v for k, v in p.to_json().items() if k != "layers"})
+        placement_from_json({k: v for k, v in placement_to_json(p).items() if k != "layers"})
 
 
 def test_nodes_get_contiguous_tiles_in_proportion_to_cpus():
@@ -189,7 +200,7 @@ def test_nodes_get_contiguous_tiles_in_proportion_to_cpus():
     p = plan(SMOLLM2_135M, WSE2, mesh, kv=KVReserve(256, 4), nodes=(NodeInfo("a", 1), NodeInfo("b", 3)))
     counts = {n: sum(1 for _, o in p.tile_nodes if o == n) for n in "ab"}
     assert counts == {"a": 4, "b": 12}
-    assert p.report().node_borders == node_borders(mesh, p.tile_nodes) == 4
+    assert plan_report(p).node_borders == node_borders(mesh, p.tile_nodes) == 4
     assert p.node_of(mesh.tiles()[0]) in "ab"
     with pytest.raises(PlanError, match="distinct name"):
         plan(SMOLLM2_135M, WSE2, mesh, kv=KVReserve(256, 4), nodes=(NodeInfo("a", 1), NodeInfo("a", 1)))
@@ -226,7 +237,7 @@ def test_smollm2_default_plan_balances_weight_bytes_per_tile():
     layers = 141.6 MB against a mean of 134.5 MB (1.05x; no integer split does better)."""
     kv = KVReserve(512, 8)
     p = plan(SMOLLM2_135M, WSE2, default_mesh(SMOLLM2_135M, WSE2, kv), kv=kv)
-    rep = p.report()
+    rep = plan_report(p)
     work = [t.weight_bytes for t in rep.tile_work]
     embed, layer = budget.work_bytes(SMOLLM2_135M, "float32")
     assert sum(work) == embed + 30 * layer and len(work) == 4
@@ -236,7 +247,7 @@ def test_smollm2_default_plan_balances_weight_bytes_per_tile():
     assert set(rep.hops) == {1} and rep.embed_hops == (1, 1) and rep.straddling == 0
     assert "busiest 1.05x the mean" in rep.text() and rep.to_json()["tile_work"][0]["weight_bytes"] > 0
     packed = plan(SMOLLM2_135M, WSE2, p.mesh, kv=kv, balance=False)
-    assert packed.report().tile_imbalance > 1.2 and len(p.spare) >= len(packed.spare) >= 8 * p.layers[0].size
+    assert plan_report(packed).tile_imbalance > 1.2 and len(p.spare) >= len(packed.spare) >= 8 * p.layers[0].size
 
 
 @FAST
@@ -246,8 +257,8 @@ def test_balancing_keeps_every_rule_and_never_loads_the_busiest_tile_more(cfg, m
     if p is None:
         return
     packed = plan(cfg, SPEC, mesh, kv=kv, balance=False)
-    assert p.violations() == ()
-    rep, old = p.report(), packed.report()
+    assert violations(p) == ()
+    rep, old = plan_report(p), plan_report(packed)
     assert rep.straddling <= old.straddling
     if rep.straddling == 0:  # then every layer region lies in one tile: the hand-over rules of the chain
         _assert_chain_hands_over_tile_by_tile(p, mesh)

@@ -8,18 +8,18 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 from test_sched_placement import FAST, SPEC, WSE2, _plan_or_none, kvs, meshes, models
-from waferrt.scheduler import KVReserve, PlanError, default_mesh, plan, replan
+from waferrt.scheduler import KVReserve, PlanError, default_mesh, plan, plan_report, replan, violations
 from waferrt.scheduler.budget import kv_bytes, tensor_bytes
 from waferrt.scheduler.search import smallest_mesh
 
-from waferrt import decode_layout as dl
-from waferrt.mesh import Coord, MeshSpec
+from waferrt.core.mesh import Coord, MeshSpec
+from waferrt.decode import layout as dl
 from waferrt.model.config import SMOLLM2_135M, LlamaConfig
 
 
 def _check(p, rp, dead=frozenset(), links=frozenset()):
     new = rp.placement
-    assert new.violations() == ()
+    assert violations(new) == ()
     assert new.mesh.dead == p.mesh.dead | dead and new.dead_links == p.dead_links | links
     hit = {name for name, r in p.regions()
            if any(r.contains(c) for c in dead) or any(r.contains(a) and r.contains(b) for a, b in links)}
@@ -92,7 +92,7 @@ def test_smollm2_default_mesh_survives_10_random_dead_cores(seed):
     rng = random.Random(seed)
     dead = frozenset(Coord(rng.randrange(p.mesh.width), rng.randrange(p.mesh.height)) for _ in range(10))
     rp = replan(p, dead)
-    assert rp.mode in ("local", "fresh") and rp.placement.report().sram_max <= WSE2.sram_bytes
+    assert rp.mode in ("local", "fresh") and plan_report(rp.placement).sram_max <= WSE2.sram_bytes
     _check(p, rp, dead)
     _check_moves(p, rp)
 

@@ -5,16 +5,18 @@ import dataclasses
 
 import numpy as np
 import pytest
-from waferrt.scheduler import KVReserve, plan
+from waferrt.scheduler import KVReserve, plan, plan_report
 
-from waferrt.decode_pack import Chunks, pack_embed, pack_layer, to_f32, to_storage
-from waferrt.ledger import Ledger
-from waferrt.llm import GenRequest, LocalDecoder, generate_reference
-from waferrt.mesh import Coord, MeshSpec, Region
+from waferrt.core.dtypes import to_f32, to_storage
+from waferrt.core.ledger import Ledger
+from waferrt.core.mesh import Coord, MeshSpec, Region
+from waferrt.core.spec import TINY
+from waferrt.decode.kvcache import KVCapacityError
+from waferrt.decode.pack import Chunks, pack_embed, pack_layer
+from waferrt.decode.setup import DecodeSetup, PlacementError
+from waferrt.decode.shards import EmbedShard, LayerShard
 from waferrt.model import LayerWeights, LlamaWeights, ReferenceModel, Sampler, synthetic_llama, tiny_config
-from waferrt.pipeline import DecodeSetup, PlacementError
-from waferrt.spec import TINY
-from waferrt.wafer_decode import EmbedShard, KVCapacityError, LayerShard
+from waferrt.serving import GenRequest, LocalDecoder, generate_reference
 
 CFG = tiny_config()
 W = synthetic_llama(CFG, seed=0)
@@ -48,10 +50,10 @@ def test_kv_cache_stays_balanced_by_shifting():
     x = np.zeros((1, 5, shard.arrays["attn_norm"].shape[1]), np.float32)
     for pos in range(23):
         shard.forward(x, np.array([0]), np.array([pos]))
-        held = shard.held(0)
+        held = shard.kv.held(0)
         assert held.sum() == pos + 1
         assert held.max() - held.min() <= 1 and np.all(np.diff(held) <= 0)
-    assert shard.positions(0) == list(range(23))
+    assert shard.kv.positions(0) == list(range(23))
     with pytest.raises(KVCapacityError, match="full"):
         for pos in range(23, 30):
             shard.forward(x, np.array([0]), np.array([pos]))
@@ -118,8 +120,8 @@ def test_half_precision_storage_equals_the_reference_on_rounded_weights(dtype):
     want, _ = generate_reference(CFG, rounded, requests, Sampler())
     got, _ = LocalDecoder(CFG, W, placement).generate(requests, Sampler())
     assert [c.tokens for c in got] == [c.tokens for c in want]
-    f32 = plan(CFG, TINY, MESHES["2x2 tiles"], kv=KVReserve(32, 2)).report()
-    assert placement.report().sram_max < f32.sram_max
+    f32 = plan_report(plan(CFG, TINY, MESHES["2x2 tiles"], kv=KVReserve(32, 2)))
+    assert plan_report(placement).sram_max < f32.sram_max
 
 
 def _round(value, dtype):

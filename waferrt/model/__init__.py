@@ -1,11 +1,16 @@
 """waferrt.model: the Llama model as math and data, with no mesh, no Ray and no sockets.
 
-config (LlamaConfig), weights (LlamaWeights, synthetic weights), gguf_loader (real weights from a GGUF),
-tokenizer (the GGUF's BPE vocabulary), reference (the single-process numpy decoder) and sampling.
+config (LlamaConfig), weights (LlamaWeights, synthetic weights), reference (the single-process numpy
+decoder) and sampling are the math, imported here. Behind them sit the model's file readers: gguf_loader
+(real weights from a GGUF, through the ``gguf`` package) and tokenizer (the GGUF's BPE vocabulary, through
+``tokenizers``). Those are imported only on first use of ``load_gguf``, ``read_config``, ``smollm2_path``,
+``Tokenizer``, ``TokenizerMetadata``, ``StreamDecoder`` or ``DEFAULT_SYSTEM_PROMPT``, so importing the
+model math, the scheduler or the cost model never imports ``gguf`` or ``tokenizers``.
 """
 
+import importlib
+
 from waferrt.model.config import SMOLLM2_135M, LlamaConfig
-from waferrt.model.gguf_loader import load_gguf, smollm2_path
 from waferrt.model.reference import (
     KVCache,
     ReferenceModel,
@@ -23,35 +28,22 @@ from waferrt.model.reference import (
     swiglu,
 )
 from waferrt.model.sampling import Sampler
-from waferrt.model.tokenizer import DEFAULT_SYSTEM_PROMPT, StreamDecoder, Tokenizer, TokenizerMetadata
 from waferrt.model.weights import LayerWeights, LlamaWeights, synthetic_llama, tiny_config
 
+_FILE_READERS = {  # name -> the module that defines it (imported on first use)
+    "load_gguf": "gguf_loader", "read_config": "gguf_loader", "smollm2_path": "gguf_loader",
+    "Tokenizer": "tokenizer", "TokenizerMetadata": "tokenizer", "StreamDecoder": "tokenizer",
+    "DEFAULT_SYSTEM_PROMPT": "tokenizer",
+}
+
 __all__ = [
-    "DEFAULT_SYSTEM_PROMPT",
-    "KVCache",
-    "LayerWeights",
-    "LlamaConfig",
-    "LlamaWeights",
-    "ReferenceModel",
-    "SMOLLM2_135M",
-    "Sampler",
-    "StreamDecoder",
-    "Tokenizer",
-    "TokenizerMetadata",
-    "apply_rope",
-    "attention",
-    "causal_attention",
-    "layer_forward",
-    "layer_prefill",
-    "linear",
-    "load_gguf",
-    "rmsnorm",
-    "rope",
-    "rope_cos_sin",
-    "silu",
-    "smollm2_path",
-    "softmax",
-    "swiglu",
-    "synthetic_llama",
-    "tiny_config",
+    "KVCache", "LayerWeights", "LlamaConfig", "LlamaWeights", "ReferenceModel", "SMOLLM2_135M", "Sampler",
+    "apply_rope", "attention", "causal_attention", "layer_forward", "layer_prefill", "linear", "rmsnorm",
+    "rope", "rope_cos_sin", "silu", "softmax", "swiglu", "synthetic_llama", "tiny_config", *_FILE_READERS,
 ]
+
+
+def __getattr__(name: str):
+    if name in _FILE_READERS:
+        return getattr(importlib.import_module(f"waferrt.model.{_FILE_READERS[name]}"), name)
+    raise AttributeError(f"module 'waferrt.model' has no attribute {name!r}")

@@ -11,9 +11,13 @@ from __future__ import annotations
 
 import argparse
 import json
-import re
-import sys
 import time
+
+from waferrt.core.cost import ALLREDUCE_ALGOS
+from waferrt.core.dtypes import STORAGE_DTYPES
+from waferrt.core.spec import PRESETS
+
+from .common import parse_wxh, say
 
 HELP = "generate text with an LLM decoded on the emulated wafer"
 DESCRIPTION = """\
@@ -38,8 +42,6 @@ request, when there are several prompts), finish, wall_tokens_per_s, wafer_token
 
 
 def add_parser(sub) -> argparse.ArgumentParser:
-    from waferrt.cli import parse_wxh
-
     p = sub.add_parser("generate", help=HELP, description=DESCRIPTION, epilog=EPILOG,
                        formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("prompts", nargs="*", metavar="PROMPT", help="prompt text; several = concurrent requests")
@@ -52,9 +54,9 @@ def add_parser(sub) -> argparse.ArgumentParser:
     p.add_argument("--json", action="store_true", help="print one JSON object instead of streaming text")
     p.add_argument("--mesh", type=parse_wxh, metavar="WxH", help="mesh size in cores (default: fitted)")
     p.add_argument("--tile", type=parse_wxh, metavar="TWxTH", help="tile size in cores (with --mesh)")
-    p.add_argument("--spec", default="wse2", choices=("tiny", "wse2", "wse3"),
+    p.add_argument("--spec", default="wse2", choices=sorted(PRESETS),
                    help="hardware spec preset (wse2: 48 KB SRAM per core, the default)")
-    p.add_argument("--dtype", default="float32", choices=("float32", "float16", "bfloat16"),
+    p.add_argument("--dtype", default="float32", choices=STORAGE_DTYPES,
                    help="how weights and K/V are stored in core SRAM (computed in float32); float32 default")
     p.add_argument("--kv-tokens", type=int, default=512, metavar="T", help="KV positions per request (512)")
     p.add_argument("--requests", type=int, default=8, metavar="R", help="requests in flight at most (8)")
@@ -62,22 +64,10 @@ def add_parser(sub) -> argparse.ArgumentParser:
     p.add_argument("--top-k", type=int, default=0, help="keep the k most likely tokens (0 = all)")
     p.add_argument("--top-p", type=float, default=1.0, help="nucleus sampling mass (1.0 = off)")
     p.add_argument("--seed", type=int, default=0, help="sampling seed")
-    p.add_argument("--algo", default="ktree", choices=("ktree", "ring", "pipeline"), help="allreduce (ktree)")
+    p.add_argument("--algo", default="ktree", choices=ALLREDUCE_ALGOS, help="allreduce (ktree)")
     p.add_argument("--address", help="Ray cluster to join ('auto' for a running local one); default: embedded")
+    p.set_defaults(_run=run)
     return p
-
-
-_COUNTER = re.compile(r"(\d+)/(\d+)")
-
-
-def _say(msg: str) -> None:
-    """Progress on stderr; an 'i/n' counter rewrites its line on a terminal (elsewhere: only n/n shows)."""
-    m = _COUNTER.search(msg)
-    if m and m.group(1) != m.group(2):
-        if sys.stderr.isatty():
-            print(f"\r[waferrt] {msg}", end="", file=sys.stderr, flush=True)
-        return
-    print(f"{chr(13) if m and sys.stderr.isatty() else ''}[waferrt] {msg}", file=sys.stderr, flush=True)
 
 
 def _prompts(args) -> list[str]:
@@ -98,17 +88,17 @@ def _load(args):
     from waferrt.model import Tokenizer, load_gguf
 
     t0 = time.perf_counter()
-    _say("loading the model (GGUF -> float32)...")
+    say("loading the model (GGUF -> float32)...")
     config, weights, meta = load_gguf(None if args.model == "smollm2" else args.model)
-    _say(f"model loaded in {time.perf_counter() - t0:.1f}s: {config.n_layers} layers, dim {config.dim}, "
+    say(f"model loaded in {time.perf_counter() - t0:.1f}s: {config.n_layers} layers, dim {config.dim}, "
          f"{config.params() / 1e6:.0f}M parameters")
     return config, weights, Tokenizer(meta)
 
 
 def _placement(args, config):
-    from waferrt.mesh import MeshSpec
+    from waferrt.core.mesh import MeshSpec
+    from waferrt.core.spec import spec_by_name
     from waferrt.scheduler import KVReserve, default_mesh, plan
-    from waferrt.spec import spec_by_name
 
     spec = spec_by_name(args.spec)
     kv = KVReserve(args.kv_tokens, args.requests)
@@ -120,15 +110,15 @@ def _placement(args, config):
     else:
         mesh = default_mesh(config, spec, kv, dtype=args.dtype)
     p = plan(config, spec, mesh, kv=kv, dtype=args.dtype, nodes=_ray_nodes(args.address))
-    _say(f"placed on {mesh} ({spec.name}, {args.dtype} storage): layer regions {p.layers[0].w}x{p.layers[0].h} cores, "
+    say(f"placed on {mesh} ({spec.name}, {args.dtype} storage): layer regions {p.layers[0].w}x{p.layers[0].h} cores, "
          f"KV {p.kv_tokens} tokens x {kv.requests} requests")
     return p
 
 
 def _wafer_or_exit(args, config, weights):
     """The planned WaferLLM (not started yet), or a one-line reason why this model cannot run here."""
+    from waferrt.decode.setup import PlacementError
     from waferrt.llm import WaferLLM
-    from waferrt.pipeline import PlacementError
     from waferrt.scheduler import PlanError
 
     try:
@@ -147,13 +137,13 @@ def _ray_nodes(address: str | None):
     from waferrt.runtime import cluster_nodes
 
     nodes = tuple(NodeInfo(node, cpus) for node, cpus in cluster_nodes(address))
-    _say(f"joined a Ray cluster of {len(nodes)} node(s) at {address}")
+    say(f"joined a Ray cluster of {len(nodes)} node(s) at {address}")
     return nodes
 
 
 def run(args) -> int:
-    from waferrt.llm import GenRequest, generate_reference
     from waferrt.model import Sampler, StreamDecoder
+    from waferrt.serving import GenRequest, generate_reference
 
     if args.max_new_tokens < 1:
         raise SystemExit("waferrt generate: --max-new-tokens must be at least 1")
@@ -184,13 +174,13 @@ def run(args) -> int:
             print(f"--- request {i}: {finish}\n{prompt}{tok.decode(got[i], skip_special=True)}", flush=True)
 
     if args.reference:
-        _say("decoding on the single-process numpy reference")
+        say("decoding on the single-process numpy reference")
         out, stats = generate_reference(config, weights, requests, sampler, on_token)
         mesh = "reference"
     else:
         placement, llm = _wafer_or_exit(args, config, weights)
-        with llm.open(progress=_say):
-            _say("decoding on the wafer")
+        with llm.open(progress=say):
+            say("decoding on the wafer")
             out, stats = llm.generate(requests, sampler, on_token)
         mesh = str(placement.mesh)
     _report(args, tok, out, stats, mesh, live, streams)
@@ -201,7 +191,7 @@ def _report(args, tok, out, stats, mesh, live, streams) -> None:
     gen = [tok.decode(c.tokens, skip_special=True) for c in out]
     for c in out:
         if c.finish.startswith("refused"):
-            _say(f"a request was {c.finish}")
+            say(f"a request was {c.finish}")
     if args.json:
         one = len(out) == 1
         pick = (lambda xs: xs[0]) if one else (lambda xs: xs)
@@ -216,4 +206,4 @@ def _report(args, tok, out, stats, mesh, live, streams) -> None:
     if live:
         print(streams[0].flush(), flush=True)
     wafer = "" if mesh == "reference" else f", modelled wafer {stats.wafer_tokens_per_s:,.0f} tok/s"
-    _say(f"{stats.tokens} tokens in {stats.wall_s:.2f}s: wall {stats.wall_tokens_per_s:.1f} tok/s{wafer}")
+    say(f"{stats.tokens} tokens in {stats.wall_s:.2f}s: wall {stats.wall_tokens_per_s:.1f} tok/s{wafer}")

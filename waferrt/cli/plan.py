@@ -1,11 +1,11 @@
-"""`waferrt plan`: show where a model sits on the emulated wafer, and how it re-plans around dead cores.
+"""``waferrt plan``: show where a model sits on the emulated wafer, and how it re-plans around dead cores.
 
-Contract: ``add_parser(subparsers)`` registers the ``plan`` subcommand (``set_defaults(func=run)``);
+Contract: ``add_parser(subparsers)`` registers the ``plan`` subcommand;
 ``run(args) -> int`` prints the placement (text, or ``--json``), draws it with ``--png``, and with
 ``--dead N`` kills N random live cores, re-plans and prints both. Exit status: 0 done, 1 the re-plan
 failed (the reason is printed), 2 the model does not fit or an argument is wrong (the message says what
 would work). ``--model smollm2`` uses the built-in SmolLM2-135M config; ``--model PATH`` reads only a
-GGUF's metadata (``waferrt.model.gguf_loader.read_config``), never its weights.
+GGUF's metadata (``waferrt.model.gguf_loader.read_config``, imported only then), never its weights.
 """
 
 from __future__ import annotations
@@ -16,9 +16,11 @@ import random
 import sys
 from pathlib import Path
 
-from waferrt.mesh import Coord, MeshSpec, Region
+from waferrt.core.arith import cdiv
+from waferrt.core.dtypes import STORAGE_DTYPES
+from waferrt.core.mesh import Coord, MeshSpec, Region
+from waferrt.core.spec import PRESETS, spec_by_name
 from waferrt.model.config import SMOLLM2_135M, LlamaConfig
-from waferrt.model.gguf_loader import read_config
 from waferrt.scheduler import (
     KVReserve,
     NodeInfo,
@@ -27,10 +29,13 @@ from waferrt.scheduler import (
     Replan,
     default_mesh,
     draw_png,
+    placement_to_json,
     plan,
+    plan_report,
     replan,
 )
-from waferrt.spec import PRESETS, spec_by_name
+
+from .common import parse_wxh
 
 EPILOG = """examples:
   waferrt plan                          SmolLM2-135M on the default mesh (wse2, KV 512 tokens x 8 requests)
@@ -45,16 +50,6 @@ and rows. Hops count the links a hand-over crosses between the nearest cores of 
 """
 
 
-def _pair(text: str) -> tuple[int, int]:
-    try:
-        w, h = (int(v) for v in text.lower().split("x"))
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected WIDTHxHEIGHT in cores, like 128x96: {text!r}") from None
-    if w < 1 or h < 1:
-        raise argparse.ArgumentTypeError(f"both sides must be at least 1 core, got {text!r}")
-    return w, h
-
-
 def add_parser(subparsers) -> argparse.ArgumentParser:
     p = subparsers.add_parser(
         "plan", help="place a model on the emulated wafer and print (or draw) the placement",
@@ -64,20 +59,21 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
         epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--model", default="smollm2",
                    help="'smollm2' (SmolLM2-135M, built in) or the path of a llama GGUF (metadata only)")
-    p.add_argument("--mesh", type=_pair, metavar="WxH", help="mesh size in cores (default: the default mesh)")
-    p.add_argument("--tile", type=_pair, metavar="TWxTH",
+    p.add_argument("--mesh", type=parse_wxh, metavar="WxH", help="mesh size in cores (default: the default mesh)")
+    p.add_argument("--tile", type=parse_wxh, metavar="TWxTH",
                    help="cores per tile (one Ray actor each); needs --mesh; default: 2x2 tiles")
     p.add_argument("--nodes", type=int, default=1, help="Ray nodes to spread the tiles over (default 1)")
     p.add_argument("--cpus", type=int, default=2, help="CPUs per Ray node (default 2)")
     p.add_argument("--spec", default="wse2", choices=sorted(PRESETS), help="hardware preset (default wse2)")
     p.add_argument("--kv-tokens", type=int, default=512, help="KV positions to reserve per request (512)")
     p.add_argument("--requests", type=int, default=8, help="requests in flight to reserve KV for (8)")
-    p.add_argument("--dtype", default="float32", help="storage dtype of weights and KV (float32)")
+    p.add_argument("--dtype", default="float32", choices=STORAGE_DTYPES,
+                   help="storage dtype of weights and KV (float32)")
     p.add_argument("--dead", type=int, default=0, metavar="N", help="kill N random live cores and re-plan")
     p.add_argument("--seed", type=int, default=0, help="seed of the random dead cores (0)")
     p.add_argument("--png", metavar="PATH", help="draw the placement (and the re-plan) as PNG")
     p.add_argument("--json", action="store_true", help="print the placement and report as JSON")
-    p.set_defaults(func=run)
+    p.set_defaults(_run=run)
     return p
 
 
@@ -86,6 +82,8 @@ def _model(name: str) -> tuple[LlamaConfig, str]:
         return SMOLLM2_135M, "SmolLM2-135M"
     if not Path(name).is_file():
         raise ValueError(f"--model {name!r} is neither 'smollm2' nor an existing GGUF file")
+    from waferrt.model.gguf_loader import read_config
+
     return read_config(name), Path(name).name
 
 
@@ -95,7 +93,7 @@ def _mesh(args, cfg: LlamaConfig, spec, kv: KVReserve) -> MeshSpec:
             raise ValueError("--tile needs --mesh (without --mesh the default mesh picks its own tiles)")
         return default_mesh(cfg, spec, kv, dtype=args.dtype)
     w, h = args.mesh
-    tw, th = args.tile or (-(-w // 2), -(-h // 2))
+    tw, th = args.tile or (cdiv(w, 2), cdiv(h, 2))
     return MeshSpec(w, h, tw, th)
 
 
@@ -117,7 +115,7 @@ def _where(p: Placement, r: Region) -> tuple[str, str]:
 
 
 def _table(p: Placement) -> str:
-    rep = p.report()
+    rep = plan_report(p)
     rows = [f"{'region':9} {'cores':19} {'tile':14} {'node':8} {'KB/core':>8} {'hops->next':>10}"]
     names = p.regions()
     for k, (name, r) in enumerate(names):
@@ -135,7 +133,7 @@ def _describe(p: Placement, model: str) -> str:
     return "\n".join([
         f"{model}: {c.n_layers} layers, dim {c.dim}, heads {c.n_heads}/{c.n_kv_heads}, hidden "
         f"{c.hidden_dim}, vocab {c.vocab_size}; spec {s.name} ({s.sram_bytes // 1024} KB/core), {p.dtype}",
-        f"mesh {p.mesh}; Ray nodes: {nodes}", p.report().text(), "", _table(p)])
+        f"mesh {p.mesh}; Ray nodes: {nodes}", plan_report(p).text(), "", _table(p)])
 
 
 def _replan_text(rp: Replan, dead: frozenset[Coord]) -> str:
@@ -148,7 +146,7 @@ def _replan_text(rp: Replan, dead: frozenset[Coord]) -> str:
         kv = sum(m.nbytes for m in ms if m.tensor == "kv")
         lines.append(f"  {name:9} {ms[0].src} -> {ms[0].dst}: {sum(m.nbytes for m in ms) - kv:,} weight bytes"
                      + (f" + {kv:,} KV bytes" if kv else ""))
-    return "\n".join(lines + [rp.placement.report().text()])
+    return "\n".join(lines + [plan_report(rp.placement).text()])
 
 
 def _replan_json(dead: frozenset[Coord], rp: Replan | None, why: str) -> dict:
@@ -158,7 +156,7 @@ def _replan_json(dead: frozenset[Coord], rp: Replan | None, why: str) -> dict:
     moves = [{"tensor": m.tensor, "layer": m.layer, "src": [m.src.x0, m.src.y0, m.src.w, m.src.h],
               "dst": [m.dst.x0, m.dst.y0, m.dst.w, m.dst.h], "nbytes": m.nbytes} for m in rp.moves]
     return {**out, "mode": rp.mode, "broken": list(rp.broken), "moves": moves,
-            "placement": rp.placement.to_json(), "report": rp.placement.report().to_json()}
+            "placement": placement_to_json(rp.placement), "report": plan_report(rp.placement).to_json()}
 
 
 def _setup(args) -> tuple[Placement, str, frozenset[Coord]]:
@@ -184,7 +182,7 @@ def run(args) -> int:
         except PlanError as e:
             why = str(e)
     if args.json:
-        doc = {"placement": p.to_json(), "report": p.report().to_json()}
+        doc = {"placement": placement_to_json(p), "report": plan_report(p).to_json()}
         if dead:
             doc["replan"] = _replan_json(dead, rp, why)
         print(json.dumps(doc, indent=1))

@@ -14,14 +14,10 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from .dtypes import itemsize
 from .mesh import Coord, Region
 
 AXES = ("x", "y", None)
-
-
-def itemsize(dtype: str) -> int:
-    """Bytes per element of a storage dtype: numpy's, plus "bfloat16" (2 bytes, kept as uint16 bits)."""
-    return 2 if dtype == "bfloat16" else np.dtype(dtype).itemsize
 
 
 def chunk_bounds(n: int, parts: int, granule: int = 1) -> np.ndarray:
@@ -98,6 +94,7 @@ class Layout:
         return self.block_shape(0, 0)
 
     def max_block_bytes(self) -> int:
+        """The most bytes any core holds: ``core_bytes(self).max()`` (core (0, 0)'s; chunks are largest first)."""
         return int(np.prod(self.max_block_shape(), dtype=np.int64)) * self.itemsize
 
     def owners(self, index: tuple[int, ...]) -> list[Coord]:
@@ -119,7 +116,7 @@ class Layout:
         return [Coord(self.region.x0 + c, self.region.y0 + r) for r in rows for c in cols]
 
 
-def _axis_gather(layout: Layout, axis: int) -> tuple[np.ndarray, np.ndarray]:
+def axis_gather(layout: Layout, axis: int) -> tuple[np.ndarray, np.ndarray]:
     """(index (parts, max_chunk), valid (parts, max_chunk)) gathering axis `axis` into padded chunks."""
     b = layout.bounds(axis)
     sizes = np.diff(b)
@@ -143,7 +140,7 @@ def to_blocks(array: np.ndarray, layout: Layout) -> np.ndarray:
         if s is None:
             pos += 1
             continue
-        index, valid = _axis_gather(layout, i)
+        index, valid = axis_gather(layout, i)
         out = np.take(out, index, axis=pos)  # axis pos -> (parts, width)
         mask_shape = [1] * out.ndim
         mask_shape[pos], mask_shape[pos + 1] = valid.shape
@@ -188,14 +185,18 @@ def _distinct(layout: Layout, mesh_axis: str) -> range:
 
 
 def core_bytes(layout: Layout) -> np.ndarray:
-    """(rows, cols) bytes each core of the region holds for this tensor (its real, unpadded block)."""
-    h, w = layout.region.h, layout.region.w
-    out = np.full((h, w), layout.itemsize, dtype=np.int64)
+    """(rows, cols) bytes each core of the region holds for this tensor (its real, unpadded block): the one
+    function that says what a layout puts on a core (SRAM booking and the planner's budgets both use it;
+    ``Layout.max_block_bytes`` is its maximum, core (0, 0)'s, as chunks are largest first)."""
+    per_row = np.ones(layout.region.h, np.int64)
+    per_col = np.ones(layout.region.w, np.int64)
+    rest = layout.itemsize
     for i, s in enumerate(layout.split):
-        if s is None:
-            out *= layout.shape[i]
-        elif s == "x":
-            out *= np.diff(layout.bounds(i))[None, :]
+        sizes = np.diff(layout.bounds(i))
+        if s == "x":
+            per_col = per_col * sizes
+        elif s == "y":
+            per_row = per_row * sizes
         else:
-            out *= np.diff(layout.bounds(i))[:, None]
-    return out
+            rest *= int(sizes[0])
+    return np.outer(per_row, per_col) * rest

@@ -36,16 +36,10 @@ class SramBook:
         self.used = np.zeros(tile.shape, dtype=np.int64)
         self._by_tensor: dict[str, tuple[Region, np.ndarray]] = {}
 
-    def _window(self, region: Region) -> tuple[slice, slice]:
-        if not self.tile.covers(region):
-            raise ValueError(f"region {region} is not inside this tile {self.tile}")
-        r0, c0 = self.tile.local(Coord(region.x0, region.y0))
-        return slice(r0, r0 + region.h), slice(c0, c0 + region.w)
-
     def reserve(self, name: str, region: Region, nbytes) -> None:
         if name in self._by_tensor:
             raise ValueError(f"tensor {name!r} already holds SRAM on this tile; free it first")
-        window = self._window(region)
+        window = self.tile.window(region)
         asked = np.broadcast_to(np.asarray(nbytes, dtype=np.int64), region.shape)
         after = self.used[window] + asked
         over = np.argwhere(after > self.capacity)
@@ -59,7 +53,7 @@ class SramBook:
 
     def release(self, name: str) -> None:
         region, asked = self._by_tensor.pop(name)
-        self.used[self._window(region)] -= asked
+        self.used[self.tile.window(region)] -= asked
 
     def holds(self, name: str) -> bool:
         return name in self._by_tensor

@@ -18,9 +18,11 @@ from __future__ import annotations
 
 import numpy as np
 
-from .comm import LineComm, Links
-from .ledger import Ledger
-from .mesh import Coord, Region
+from waferrt.core.ledger import Ledger
+from waferrt.core.mesh import Coord, Region
+
+from .comm import LineComm
+from .links import Links
 
 
 class NotNeighbourError(ValueError):
@@ -28,9 +30,15 @@ class NotNeighbourError(ValueError):
 
 
 class Cores:
-    def __init__(self, region: Region, local: Region, links: Links | None, ledger: Ledger, store: dict,
+    """This tile's cores of `region` (``tile`` is the tile's own rectangle of the mesh); ``store`` maps a DSM
+    tensor's name to (layout, this tile's blocks of it)."""
+
+    def __init__(self, region: Region, tile: Region, links: Links | None, ledger: Ledger, store: dict,
                  tag: str = ""):
-        self.region, self.local, self.ledger, self._store = region, local, ledger, store
+        local = region.intersect(tile)
+        if local is None:
+            raise ValueError(f"the kernel's region {region} has no core in the tile {tile}")
+        self.region, self.local, self.tile, self.ledger, self._store = region, local, tile, ledger, store
         self.x = LineComm("x", region, local, links, ledger, f"{tag}:")
         self.y = LineComm("y", region, local, links, ledger, f"{tag}:")
         self.spec = ledger.spec
@@ -138,10 +146,9 @@ class Cores:
             raise KeyError(f"no DSM tensor {name!r} on this tile; allocate it with wafer.dsm.alloc") from None
 
     def _window(self, tensor_region: Region) -> tuple[slice, slice]:
-        """The kernel's local cores as a window into a tensor's local blocks (tensor region ⊇ kernel region
-        on this tile)."""
-        t_local = tensor_region.intersect(self.local)
+        """The kernel's local cores as a window into the tensor's blocks on this tile (the tensor's region
+        must cover the kernel's cores here)."""
+        t_local = tensor_region.intersect(self.tile)
         if t_local is None or not t_local.covers(self.local):
             raise ValueError(f"the kernel's region {self.region} is not inside the tensor's region {tensor_region}")
-        r0, c0 = self.local.y0 - t_local.y0, self.local.x0 - t_local.x0
-        return slice(r0, r0 + self.local.h), slice(c0, c0 + self.local.w)
+        return t_local.window(self.local)

@@ -1,12 +1,12 @@
 """An in-process fabric: tiles as threads, links as queues. For running SPMD tile programs without Ray.
 
-Contract: :class:`LoopFabric` gives every tile of a :class:`~waferrt.mesh.MeshSpec` a ``Links`` object
+Contract: :class:`LoopFabric` gives every tile of a :class:`~waferrt.core.mesh.MeshSpec` a ``Links`` object
 (``send(dir, tag, arrays)`` / ``recv(dir, tag)``) whose messages go to the neighbour tile in that
 direction through a ``queue.Queue``; arrays are copied on send (no shared buffers, as over a socket),
 tags are checked, and a receive that waits longer than ``timeout`` raises :class:`FabricTimeout`
 naming the link. ``run_spmd(fn)`` runs ``fn(tile_id, links)`` on every tile in its own thread and returns
-the results, re-raising the first error. The real fabric (pyzmq between Ray actors) has the same
-interface: waferrt.actors.fabric.
+the results, re-raising the first error. It implements waferrt.fabric.links.Links, as the real fabric
+(pyzmq between Ray actors, waferrt.actors.fabric) does.
 """
 
 from __future__ import annotations
@@ -16,15 +16,11 @@ import threading
 
 import numpy as np
 
-from .mesh import Dir, MeshSpec, TileId
+from waferrt.core.ledger import Ledger, merge_snapshots
+from waferrt.core.mesh import Dir, MeshSpec, TileId
 
-
-class FabricTimeout(TimeoutError):
-    pass
-
-
-class FabricProtocolError(RuntimeError):
-    pass
+from .kernel import Cores
+from .links import FabricProtocolError, FabricTimeout
 
 
 class LoopLinks:
@@ -85,24 +81,19 @@ def simulate(mesh: MeshSpec, spec, region, kernel, timeout: float = 10.0, **arra
     Every array is given for the whole region, (h, w, *block); each tile's kernel gets its own cores'
     part. Returns (output for the whole region, merged cost per primitive). The kernel returns one array
     over its local cores."""
-    from .kernel import Cores
-    from .ledger import Ledger, merge_snapshots
-
     fabric = LoopFabric(mesh, timeout)
     tiles = mesh.tiles_of(region)
 
     def body(t: TileId, links):
         local = mesh.tile_region(t).intersect(region)
         ledger = Ledger(spec)
-        ctx = Cores(region, local, links, ledger, store={}, tag="sim")
-        r0, c0 = local.y0 - region.y0, local.x0 - region.x0
-        part = {k: v[r0:r0 + local.h, c0:c0 + local.w] for k, v in arrays.items()}
+        ctx = Cores(region, mesh.tile_region(t), links, ledger, store={}, tag="sim")
+        part = {k: v[region.window(local)] for k, v in arrays.items()}
         return local, kernel(ctx, **part), ledger.snapshot()
 
     results = fabric.run_spmd(body, tiles)
     first = next(iter(results.values()))[1]
     out = np.zeros(region.shape + first.shape[2:], first.dtype)
     for local, value, _ in results.values():
-        r0, c0 = local.y0 - region.y0, local.x0 - region.x0
-        out[r0:r0 + local.h, c0:c0 + local.w] = value
+        out[region.window(local)] = value
     return out, merge_snapshots([s for _, _, s in results.values()])

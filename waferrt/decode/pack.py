@@ -2,7 +2,7 @@
 
 Contract: pure functions from full float32 weights (y = W @ x, W (out, in)) and a region to the
 arrays a tile keeps for that region. The block contents are exactly the MeshGEMV blocks of
-waferrt.decode_layout (each core (r, c) owns W[out chunk, in chunk]); the arrays group the blocks so a
+waferrt.decode.layout (each core (r, c) owns W[out chunk, in chunk]); the arrays group the blocks so a
 tile can run every core's local GEMV as one batched matmul:
 
 - input split over columns (wqkv, w13): (cols, in_block, rows * out_block): the cores of one column
@@ -16,10 +16,12 @@ from __future__ import annotations
 
 import numpy as np
 
-from .decode_layout import STORAGE_DTYPES, embed_layout, final_norm_layout, layer_layouts
-from .layout import Layout, _axis_gather, core_bytes, to_blocks
-from .mesh import Region
-from .model.config import LlamaConfig
+from waferrt.core.dtypes import to_storage
+from waferrt.core.layout import Layout, axis_gather, to_blocks
+from waferrt.core.mesh import Region
+from waferrt.model.config import LlamaConfig
+
+from .layout import embed_layout, final_norm_layout, layer_layouts
 
 
 class Chunks:
@@ -27,7 +29,7 @@ class Chunks:
 
     def __init__(self, n: int, parts: int, granule: int = 1):
         lay = Layout((n,), Region(0, 0, parts, 1), ("x",), (granule,))
-        self.index, self.valid = _axis_gather(lay, 0)
+        self.index, self.valid = axis_gather(lay, 0)
         self.n = n
 
     def split(self, v: np.ndarray) -> np.ndarray:
@@ -37,33 +39,6 @@ class Chunks:
         out = np.empty(a.shape[:-2] + (self.n,), a.dtype)
         out[..., self.index[self.valid]] = a[..., self.valid]
         return out
-
-
-def storage_dtype(dtype: str) -> np.dtype:
-    """The numpy dtype that holds a storage dtype (bfloat16 is kept as its upper 16 bits in a uint16)."""
-    if dtype not in STORAGE_DTYPES:
-        raise ValueError(f"storage dtype {dtype!r} is not one of {STORAGE_DTYPES}")
-    return np.dtype(np.uint16 if dtype == "bfloat16" else dtype)
-
-
-def to_storage(a: np.ndarray, dtype: str) -> np.ndarray:
-    """float32 -> storage (bfloat16 rounds to nearest even)."""
-    if dtype == "float32":
-        return np.ascontiguousarray(a, dtype=np.float32)
-    if dtype == "float16":
-        return a.astype(np.float16)
-    bits = np.ascontiguousarray(a, dtype=np.float32).view(np.uint32)
-    rounded = bits + np.uint32(0x7FFF) + ((bits >> np.uint32(16)) & np.uint32(1))
-    return (rounded >> np.uint32(16)).astype(np.uint16)
-
-
-def to_f32(a: np.ndarray, dtype: str) -> np.ndarray:
-    """storage -> float32 for computing (a no-op for float32)."""
-    if dtype == "float32":
-        return a
-    if dtype == "float16":
-        return a.astype(np.float32)
-    return (a.astype(np.uint32) << np.uint32(16)).view(np.float32)
 
 
 def _cols_first(blocks: np.ndarray) -> np.ndarray:
@@ -107,15 +82,6 @@ def pack_embed(cfg: LlamaConfig, embed: np.ndarray, final_norm: np.ndarray, regi
     table = to_blocks(embed, embed_layout(cfg, region))  # (R, C, voc_r, dim_c)
     return {"table": to_storage(_cols_first(table), dtype),
             "final_norm": to_storage(to_blocks(final_norm, final_norm_layout(cfg, region))[0], dtype)}
-
-
-def layer_weight_bytes(cfg: LlamaConfig, region: Region, dtype: str = "float32") -> np.ndarray:
-    """(rows, cols) bytes of weights each core of a layer region holds."""
-    return sum(core_bytes(lay) for lay in layer_layouts(cfg, region, dtype).values())
-
-
-def embed_weight_bytes(cfg: LlamaConfig, region: Region, dtype: str = "float32") -> np.ndarray:
-    return core_bytes(embed_layout(cfg, region, dtype)) + core_bytes(final_norm_layout(cfg, region, dtype))
 
 
 def rope_tables(cfg: LlamaConfig, rows: int) -> tuple[np.ndarray, np.ndarray]:

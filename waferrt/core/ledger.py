@@ -1,11 +1,12 @@
 """The cost ledger: where the emulated primitives book what they would cost on the modelled wafer.
 
-Contract: a :class:`Ledger` collects :class:`~waferrt.cost.Cost` records by primitive name. A primitive
-opens ``with ledger.op("allreduce.ktree"):``; every routed message inside books one routing stage with
-``ledger.message(...)`` (critical-path hops, messages, link bytes, cycles), and ``with ledger.concurrent():``
-folds several messages that travel at once into one stage. Only the outermost op is booked under its name,
-so a MeshGEMV's allreduce counts as part of the GEMV. Ledgers of several tiles that ran the same SPMD
-program merge with :func:`merge_parallel`: critical-path figures take the max, traffic adds up.
+Contract: a :class:`Ledger` collects :class:`~waferrt.core.cost.Cost` records by primitive name. A
+primitive opens ``with ledger.op("allreduce.ktree"):``; every routed message inside books one routing stage
+with ``ledger.message(...)`` (critical-path hops, messages, link bytes, cycles), ``with
+ledger.concurrent():`` folds several messages that travel at once into one stage, and ``ledger.add(cost)``
+books a closed-form Cost. Only the outermost op is booked under its name, so a MeshGEMV's allreduce counts
+as part of the GEMV. Ledgers of several tiles that ran the same SPMD program merge with
+:func:`merge_parallel`: critical-path figures take the max, traffic adds up.
 Internally the figures are plain lists (hops, stages, link_bytes, messages, flops, cycles): booking is on
 the decode's hot path.
 """
@@ -73,6 +74,10 @@ class Ledger:
                     self._group.append(merged)
                 else:
                     _add(self._stack[-1], merged)
+
+    def add(self, cost: Cost) -> None:
+        """Book a piece of work whose cost a closed form gives (e.g. a hand-over between regions)."""
+        _add(self._stack[-1], [cost.hops, cost.stages, cost.link_bytes, cost.messages, cost.flops, cost.cycles])
 
     def compute(self, flops: int) -> None:
         """`flops` on the busiest core of the primitive."""

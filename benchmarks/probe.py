@@ -16,10 +16,9 @@ from __future__ import annotations
 import time
 
 import numpy as np
+from waferrt.actors.tile import Tile
 
-from waferrt.mesh import Dir
-
-from .tile import Tile
+from waferrt.core.mesh import Dir
 
 
 class ProbeTile(Tile):

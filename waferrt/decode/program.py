@@ -17,69 +17,26 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .cost import region_distance
-from .decode_layout import activation_bytes, embed_core_bytes, kv_layout
-from .decode_pack import Chunks, embed_weight_bytes, layer_weight_bytes
-from .layout import core_bytes
-from .ledger import Ledger
-from .mesh import Dir, MeshSpec, Region, TileId
-from .model.config import LlamaConfig
-from .wafer_decode import EmbedShard, LayerShard
+from waferrt.core.arith import cdiv
+from waferrt.core.ledger import Ledger
+from waferrt.core.mesh import Dir, MeshSpec, TileId
 
-
-class PlacementError(ValueError):
-    pass
+from .cost import handover_cost, pipeline_seconds
+from .pack import Chunks
+from .setup import DecodeSetup
+from .shards import EmbedShard, LayerShard
 
 
 @dataclass(frozen=True)
-class DecodeSetup:
-    """What every tile must know to run the decode: model shape, regions, KV reserve, algorithm."""
+class StepResult:
+    """What one tile reports of a decode step."""
 
-    config: LlamaConfig
-    mesh: MeshSpec
-    layers: tuple[Region, ...]
-    embed: Region
-    kv_tokens: int  # per request, per layer
-    slots: int  # requests in flight at most
-    algo: str = "ktree"
-    k: int = 2
-    dtype: str = "float32"  # how weights and K/V are stored in the cores (computed in float32)
-
-    def stages(self) -> tuple[tuple[str, int, Region], ...]:
-        """(kind, layer index or -1, region) in the order an item passes them."""
-        mid = tuple(("layer", i, r) for i, r in enumerate(self.layers))
-        return (("embed", -1, self.embed),) + mid + (("head", -1, self.embed),)
-
-    def stage_tiles(self) -> tuple[TileId, ...]:
-        out = []
-        for kind, i, region in self.stages():
-            tiles = self.mesh.tiles_of(region)
-            if len(tiles) != 1:
-                what = f"layer {i}" if kind == "layer" else "the embedding/head"
-                raise PlacementError(
-                    f"{what} has region {region}, which spans {len(tiles)} tiles of {self.mesh.tile_w}x"
-                    f"{self.mesh.tile_h} cores; the decode runs every region inside one tile. Choose a "
-                    "tile size the scheduler can fill with whole regions (e.g. a multiple of the layer region)")
-            out.append(tiles[0])
-        return tuple(out)
-
-
-def stage_sram(setup: DecodeSetup, s: int) -> dict[str, tuple[Region, np.ndarray]]:
-    """What stage s keeps in its cores' SRAM: name -> (region, bytes per core (rows, cols))."""
-    kind, layer, region = setup.stages()[s]
-    cfg = setup.config
-    if kind == "layer":
-        kv = 2 * setup.slots * core_bytes(kv_layout(cfg, region, setup.kv_tokens, setup.dtype))
-        return {f"layer{layer}.weights": (region, layer_weight_bytes(cfg, region, setup.dtype)),
-                f"layer{layer}.kv": (region, kv),
-                f"layer{layer}.scratch": (region, np.full(region.shape, activation_bytes(cfg, region,
-                                                                                       setup.kv_tokens)))}
-    if kind == "embed":
-        table = embed_weight_bytes(cfg, region, setup.dtype)
-        scratch = embed_core_bytes(cfg, region, setup.dtype) - int(table.max())
-        return {"embed.table": (region, table),
-                "embed.scratch": (region, np.full(region.shape, scratch))}
-    return {}  # the head uses the embedding's table and scratch
+    logits: dict[int, np.ndarray]  # item index -> logits (vocab,), from the head's tile only
+    cycles: dict[tuple[int, int], float]  # (stage, micro-batch) -> modelled cycles, for the stages run here
+    parts: int  # micro-batches the step was cut in
+    wall: float  # seconds of the step on this tile
+    busy: float  # of which not waiting for a neighbour
+    cpu: float  # CPU seconds of this tile's process
 
 
 MICRO_BATCH = 8
@@ -88,7 +45,7 @@ MICRO_BATCH = 8
 def micro_batches(n: int) -> list[np.ndarray]:
     """Item indices cut into consecutive micro-batches: at least two when there are two items or more (so
     consecutive tiles overlap), at most MICRO_BATCH items each (a long prompt goes in several)."""
-    parts = 1 if n < 2 else max(2, -(-n // MICRO_BATCH))
+    parts = 1 if n < 2 else max(2, cdiv(n, MICRO_BATCH))
     return [a for a in np.array_split(np.arange(n), parts) if len(a)]
 
 
@@ -144,11 +101,11 @@ class TileProgram:
             self.embed = EmbedShard(st.config, region, arrays, self.ledger, st.algo, st.k, st.dtype)
 
     def reset(self, slot: int) -> None:
+        """Forget the request in `slot` in every layer this tile hosts."""
         for shard in self.layers.values():
-            shard.reset(slot)
+            shard.kv.reset(slot)
 
-
-    def step(self, tag: str, items: list[tuple[int, int, int, bool]]) -> dict:
+    def step(self, tag: str, items: list[tuple[int, int, int, bool]]) -> StepResult:
         """Run every item through the stages this tile hosts, in micro-batches (see micro_batches).
         Returns the logits of the items that want them (from the head's tile), the modelled cycles of
         each (stage, micro-batch) here, and the wall and busy (not waiting for neighbours) time.
@@ -183,8 +140,7 @@ class TileProgram:
                     vec = self.chunks[stages[-1]].join(x[m])  # (B, dim): the activations leave the region
                     self.links.send(_dir(self.tile, self.routes[nxt][1]), f"{tag}.{nxt}.{m}", [vec])
         wall = time.perf_counter() - t0
-        return {"logits": logits, "cycles": cycles, "parts": len(batches), "wall": wall,
-                "busy": wall - self._waited, "cpu": time.process_time() - cpu0}
+        return StepResult(logits, cycles, len(batches), wall, wall - self._waited, time.process_time() - cpu0)
 
     def _run(self, s: int, xb, batch: np.ndarray, idx: np.ndarray, logits: dict):
         """Stage s on a micro-batch: batch rows are (slot, token, pos, want), idx their item numbers."""
@@ -215,12 +171,17 @@ class TileProgram:
         that came over the fabric."""
         src, dst = self.stages[s - 1][2], self.stages[s][2]
         with self.ledger.op("handover"):
-            nbytes = 4 * self.setup.config.dim * xb.shape[0]
-            self.ledger.message(max(region_distance(src, dst), 1), nbytes, 1)
-            if dst.h > 1:
-                self.ledger.message(dst.h - 1, nbytes / dst.w, (dst.h - 1) * dst.w,
-                                    link_bytes=(dst.h - 1) * nbytes)
+            self.ledger.add(handover_cost(self.ledger.spec, src, dst, 4 * self.setup.config.dim * xb.shape[0]))
         if xb.ndim == 3 and src.w == dst.w:
             return xb
         vec = xb if xb.ndim == 2 else self.chunks[s - 1].join(xb)
         return self.chunks[s].split(vec)
+
+
+def merge_steps(results: list[StepResult], n_stages: int, clock_hz: float) -> tuple[dict[int, np.ndarray], float]:
+    """Every tile's part of one step: the logits by item, and the step's modelled seconds (pipelined)."""
+    logits, cycles = {}, {}
+    for r in results:
+        logits.update(r.logits)
+        cycles.update(r.cycles)
+    return logits, pipeline_seconds(cycles, n_stages, max(r.parts for r in results), clock_hz)

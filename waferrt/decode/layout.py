@@ -1,8 +1,10 @@
 """Where a Llama decoder's tensors sit inside a region of cores, for decode (MeshGEMV layout).
 
-Contract: pure functions from (LlamaConfig, Region, dtype) to :class:`~waferrt.layout.Layout` values.
-Both the scheduler (SRAM planning) and the wafer decode (placing and running) use exactly these, so
-what is planned is what runs.
+Contract: pure functions from (LlamaConfig, Region, dtype) to :class:`~waferrt.core.layout.Layout`
+values, and from those to what a region keeps in its cores' SRAM (:func:`layer_booking`,
+:func:`embed_booking`: every booked name as layouts; :func:`booked_bytes` per core, :func:`most_bytes` on
+the most loaded core). Both the scheduler (SRAM budgets) and the
+tiles (SRAM booking) use exactly these, so what is planned is what runs.
 
 The scheme (WaferLLM's MeshGEMV with alternating axes): the residual stream x (dim,) is split over the
 region's columns and replicated down its rows. A matrix whose input is split over columns has its output
@@ -21,9 +23,12 @@ balanced by shifting. The tied embedding/head table (vocab: y, dim: x) lives in 
 
 from __future__ import annotations
 
-from .layout import Layout, itemsize
-from .mesh import Region
-from .model.config import LlamaConfig
+import numpy as np
+
+from waferrt.core.arith import cdiv
+from waferrt.core.layout import Layout, core_bytes
+from waferrt.core.mesh import Region
+from waferrt.model.config import LlamaConfig
 
 LAYER_WEIGHTS = ("attn_norm", "wq", "wk", "wv", "wo", "ffn_norm", "w_gate", "w_up", "w_down")
 
@@ -62,40 +67,63 @@ def activation_bytes(cfg: LlamaConfig, region: Region, tokens: int) -> int:
     """Upper bound of one core's float32 scratch for one decode step of one request in a layer region:
     x, norm(x), q/k/v, attention output, the MLP hidden pair, per-position scores, and a same-size receive
     buffer for each in-flight allreduce (the fabric buffers)."""
-    cols, rows = region.w, region.h
-    dim_c = -(-cfg.dim // cols)
-    hd_r = 2 * -(-(cfg.head_dim // 2) // rows)
-    hid_r = -(-cfg.hidden_dim // rows)
-    pos_c = -(-tokens // cols)
+    dim_c, hd_r = cdiv(cfg.dim, region.w), 2 * cdiv(cfg.head_dim // 2, region.h)
+    hid_r, pos_c = cdiv(cfg.hidden_dim, region.h), cdiv(tokens, region.w)
     words = 2 * dim_c + (cfg.n_heads + 2 * cfg.n_kv_heads) * hd_r + cfg.n_heads * hd_r + 2 * hid_r
     words += cfg.n_heads * pos_c
     return 2 * words * 4  # x2: receive buffers of the reductions
 
 
+def embed_scratch_bytes(cfg: LlamaConfig, region: Region) -> int:
+    """One core's float32 scratch in the embedding/head region: its logits block and its x chunk, each with a
+    receive buffer."""
+    return 2 * cdiv(cfg.vocab_size, region.h) * 4 + 2 * cdiv(cfg.dim, region.w) * 4
+
+
+def scratch_layout(region: Region, nbytes: int) -> Layout:
+    """A per-core scratch area of `nbytes` (rounded up to float32 words) on every core of `region`."""
+    return Layout((cdiv(nbytes, 4),), region, (None,))
+
+
+def layer_booking(cfg: LlamaConfig, region: Region, kv_tokens: int, requests: int,
+                  dtype: str = "float32") -> dict[str, tuple[Layout, ...]]:
+    """What a layer region keeps in its cores' SRAM, by booked name: "weights" (one layout per matrix and
+    norm), "kv" (K and V of `requests` requests of `kv_tokens` positions) and "scratch"."""
+    one = kv_layout(cfg, region, kv_tokens, dtype)  # K (or V) of one request; K and V of every request:
+    kv = Layout((2 * requests, *one.shape), region, (None, *one.split), (1, *one.granule), dtype)
+    return {"weights": tuple(layer_layouts(cfg, region, dtype).values()), "kv": (kv,),
+            "scratch": (scratch_layout(region, activation_bytes(cfg, region, kv_tokens)),)}
+
+
+def embed_booking(cfg: LlamaConfig, region: Region, dtype: str = "float32") -> dict[str, tuple[Layout, ...]]:
+    """What the embedding/head region keeps in its cores' SRAM: "table" (the tied table and the final
+    norm) and "scratch"."""
+    return {"table": (embed_layout(cfg, region, dtype), final_norm_layout(cfg, region, dtype)),
+            "scratch": (scratch_layout(region, embed_scratch_bytes(cfg, region)),)}
+
+
+def booked_bytes(booking: dict[str, tuple[Layout, ...]]) -> dict[str, np.ndarray]:
+    """Bytes per core (rows, cols) of every booked name: what a tile books in its SRAM."""
+    return {name: sum(core_bytes(lay) for lay in lays) for name, lays in booking.items()}
+
+
+def most_bytes(booking: dict[str, tuple[Layout, ...]]) -> int:
+    """The bytes of the most loaded core: core (0, 0), where every layout's chunks are largest (equal to
+    the maximum of the sum of :func:`booked_bytes`, without building the per-core arrays)."""
+    return sum(lay.max_block_bytes() for lays in booking.values() for lay in lays)
+
+
 def layer_core_bytes(cfg: LlamaConfig, region: Region, kv_tokens: int, requests: int,
                      dtype: str = "float32") -> int:
-    """Bytes the most loaded core of a layer region needs: weights + KV reserve + scratch."""
-    weights = sum(lay.max_block_bytes() for lay in layer_layouts(cfg, region, dtype).values())
-    kv = 2 * requests * kv_layout(cfg, region, kv_tokens, dtype).max_block_bytes()
-    return weights + kv + activation_bytes(cfg, region, kv_tokens)
+    """Bytes the most loaded core of a layer region needs: weights + K/V reserve + scratch."""
+    return most_bytes(layer_booking(cfg, region, kv_tokens, requests, dtype))
 
 
 def embed_core_bytes(cfg: LlamaConfig, region: Region, dtype: str = "float32") -> int:
-    """Bytes the most loaded core of the embedding/head region needs (table block, final norm, logits)."""
-    table = embed_layout(cfg, region, dtype).max_block_bytes()
-    norm = final_norm_layout(cfg, region, dtype).max_block_bytes()
-    rows = -(-cfg.vocab_size // region.h)
-    return table + norm + 2 * rows * 4 + 2 * -(-cfg.dim // region.w) * 4
+    """Bytes the most loaded core of the embedding/head region needs: table + final norm + scratch."""
+    return most_bytes(embed_booking(cfg, region, dtype))
 
 
 def max_layer_rows(cfg: LlamaConfig) -> int:
     """A layer region may have at most this many rows: head_dim is cut in whole RoPE pairs."""
     return cfg.head_dim // 2
-
-
-STORAGE_DTYPES = ("float32", "float16", "bfloat16")
-
-
-def dtype_itemsize(dtype: str) -> int:
-    """Bytes per weight in a storage dtype (TypeError for a name numpy does not know, but bfloat16)."""
-    return itemsize(dtype)

@@ -12,6 +12,8 @@ import enum
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 
+from .arith import cdiv
+
 
 class Dir(enum.Enum):
     """The four links of a core. ``value`` is the (dx, dy) of one hop."""
@@ -118,6 +120,20 @@ class Region:
         """(row, col) of core c inside this region."""
         return (c.y - self.y0, c.x - self.x0)
 
+    def window(self, inner: Region) -> tuple[slice, slice]:
+        """The cores of `inner` (which this region covers) as (row, col) slices into arrays over this
+        region's (rows, cols): the one place that cuts a sub-rectangle out of per-core arrays."""
+        if not self.covers(inner):
+            raise ValueError(f"region {inner} is not inside {self}")
+        r0, c0 = inner.y0 - self.y0, inner.x0 - self.x0
+        return slice(r0, r0 + inner.h), slice(c0, c0 + inner.w)
+
+    def hops_to(self, other: Region) -> int:
+        """Hops between the nearest cores of two regions (1 when they touch, 0 when they overlap)."""
+        dx = max(0, self.x0 - (other.x1 - 1), other.x0 - (self.x1 - 1))
+        dy = max(0, self.y0 - (other.y1 - 1), other.y0 - (self.y1 - 1))
+        return dx + dy
+
     def __str__(self) -> str:
         return f"[{self.x0}:{self.x1})x[{self.y0}:{self.y1})"
 
@@ -164,11 +180,11 @@ class MeshSpec:
 
     @property
     def tiles_x(self) -> int:
-        return -(-self.width // self.tile_w)
+        return cdiv(self.width, self.tile_w)
 
     @property
     def tiles_y(self) -> int:
-        return -(-self.height // self.tile_h)
+        return cdiv(self.height, self.tile_h)
 
     def tiles(self) -> list[TileId]:
         return [TileId(tx, ty) for ty in range(self.tiles_y) for tx in range(self.tiles_x)]

@@ -5,7 +5,8 @@ Contract: :class:`Cost` is an immutable record of one piece of work on the criti
 stages on the critical path: a core that receives, combines and re-sends), ``link_bytes`` (bytes over
 all links, summed), ``messages``, ``flops`` (of the busiest core) and ``cycles`` (modelled time).
 ``a + b`` is "a then b". The closed forms below are what the emulated primitives must count (the tests
-check that they do); the scheduler uses them to predict a decode step without running it.
+check that they do); waferrt.decode.cost builds a decode step's cost from them, which the scheduler uses to predict a
+decode step without running it.
 
 Timing (PLMR): a message of b bytes that passes h hops and s routing stages takes
 ``h*alpha + s*(beta + b/link_bytes_per_cycle)`` cycles (wormhole routing: only the stages pay the
@@ -18,8 +19,7 @@ import math
 from dataclasses import dataclass, fields
 from functools import lru_cache
 
-from .mesh import Region
-from .model.config import LlamaConfig
+from .arith import cdiv
 from .spec import HardwareSpec
 
 ALLREDUCE_ALGOS = ("ktree", "ring", "pipeline")
@@ -84,7 +84,7 @@ def ktree_levels(n: int, k: int) -> tuple[tuple[int, int], ...]:
     g = ktree_groups(n, k)
     levels, stride = [], 1
     while stride < n:
-        members = -(-n // stride)
+        members = cdiv(n, stride)
         levels.append((stride, min(g, members) - 1))
         stride *= g
     return tuple(levels)
@@ -106,14 +106,14 @@ def allreduce_cost(spec: HardwareSpec, algo: str, n: int, nbytes: int, k: int = 
         g = ktree_groups(n, k)
         hops = stages = link = senders = 0
         for stride, chain in ktree_levels(n, k):
-            members = -(-n // stride)
-            sent = members - -(-members // g)
+            members = cdiv(n, stride)
+            sent = members - cdiv(members, g)
             hops, stages, senders = hops + chain * stride, stages + chain, senders + sent
             link += sent * stride * nbytes
         cyc = message_cycles(spec, hops, stages, nbytes) + message_cycles(spec, n - 1, 1, nbytes)
         return Cost(hops=hops + n - 1, stages=stages + 1, link_bytes=link + (n - 1) * nbytes,
                     messages=senders + n - 1, cycles=cyc)
-    seg = 4 * -(-nbytes // (4 * n))  # the vector is cut in n equal (padded) float32 segments
+    seg = 4 * cdiv(nbytes, 4 * n)  # the vector is cut in n equal (padded) float32 segments
     steps = 2 * (n - 1)
     if algo == "ring":
         hop_len = 2 if n > 2 else 1
@@ -145,57 +145,8 @@ def shift_cost(spec: HardwareSpec, n: int, nbytes: int, wrap: bool) -> Cost:
                 cycles=message_cycles(spec, hops, 1, nbytes))
 
 
-def _div(a: int, b: int) -> int:
-    return -(-a // b)
-
-
 def gemv_cost(spec: HardwareSpec, out_block: int, in_block: int, n_reduce: int, algo: str = "ktree",
               k: int = 2) -> Cost:
     """MeshGEMV: a local (out_block x in_block) GEMV on every core, then an allreduce of the out_block
     partial sums along the n_reduce cores that share the output block."""
     return compute_cost(spec, 2 * out_block * in_block) + allreduce_cost(spec, algo, n_reduce, 4 * out_block, k)
-
-
-def layer_decode_cost(spec: HardwareSpec, cfg: LlamaConfig, region: Region, tokens: int) -> Cost:
-    """One decode step of one layer for one request with `tokens` cached positions, in its region."""
-    rows, cols = region.h, region.w
-    dim_c, hid_r = _div(cfg.dim, cols), _div(cfg.hidden_dim, rows)
-    hd_r = 2 * _div(cfg.head_dim // 2, rows)
-    pos_c = _div(max(tokens, 1), cols)
-    norm = compute_cost(spec, 2 * dim_c) + allreduce_cost(spec, "ktree", cols, 4)
-    qkv = gemv_cost(spec, (cfg.n_heads + 2 * cfg.n_kv_heads) * hd_r, dim_c, cols)
-    kv_in = shift_cost(spec, cols, 2 * cfg.n_kv_heads * hd_r * 4, wrap=False)
-    scores = compute_cost(spec, 2 * cfg.n_heads * hd_r * pos_c) + allreduce_cost(
-        spec, "ktree", rows, 4 * cfg.n_heads * pos_c)
-    softmax = allreduce_cost(spec, "ktree", cols, 4 * cfg.n_heads).scaled(2) + compute_cost(
-        spec, 3 * cfg.n_heads * pos_c)
-    attn_v = compute_cost(spec, 2 * cfg.n_heads * hd_r * pos_c) + allreduce_cost(
-        spec, "ktree", cols, 4 * cfg.n_heads * hd_r)
-    wo = gemv_cost(spec, dim_c, cfg.n_heads * hd_r, rows)
-    ffn_in = gemv_cost(spec, 2 * hid_r, dim_c, cols)
-    down = gemv_cost(spec, dim_c, hid_r, rows)
-    return norm.scaled(2) + qkv + kv_in + scores + softmax + attn_v + wo + ffn_in + down
-
-
-def embed_decode_cost(spec: HardwareSpec, cfg: LlamaConfig, region: Region) -> Cost:
-    """Final norm + the tied output head (vocab x dim) as a MeshGEMV over the embedding region."""
-    rows, cols = region.h, region.w
-    dim_c, voc_r = _div(cfg.dim, cols), _div(cfg.vocab_size, rows)
-    norm = compute_cost(spec, 2 * dim_c) + allreduce_cost(spec, "ktree", cols, 4)
-    return norm + gemv_cost(spec, voc_r, dim_c, cols)
-
-
-def region_distance(a: Region, b: Region) -> int:
-    """Hops between the nearest cores of two regions (1 when they touch, 0 when they overlap)."""
-    dx = max(0, a.x0 - (b.x1 - 1), b.x0 - (a.x1 - 1))
-    dy = max(0, a.y0 - (b.y1 - 1), b.y0 - (a.y1 - 1))
-    return dx + dy
-
-
-def handover_cost(spec: HardwareSpec, src: Region, dst: Region, nbytes: int) -> Cost:
-    """Activations of nbytes leave src at its border nearest dst, cross the gap, and are multicast over
-    dst's rows (the residual stream is replicated down a region's rows)."""
-    hops = region_distance(src, dst)
-    move = Cost(hops=hops, stages=1, link_bytes=hops * nbytes, messages=1,
-                cycles=message_cycles(spec, hops, 1, nbytes))
-    return move + broadcast_cost(spec, dst.h, _div(nbytes, dst.w))

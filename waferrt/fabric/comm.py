@@ -11,28 +11,21 @@ Primitives: ``transfer`` (chosen cores send to the core ``dist`` hops along the 
 hop), ``broadcast`` (multicast from a root), ``shift`` (with or without wrap), ``allreduce`` with the
 "ktree" (K-level tree, chains toward each group's first core, then a multicast), "ring" (reduce-scatter +
 allgather on the folded ring, logical neighbours at most 2 hops apart) and "pipeline" (segments streamed
-down a chain, then a multicast) algorithms. Costs go to the :class:`~waferrt.ledger.Ledger`.
+down a chain, then a multicast) algorithms. Costs go to the :class:`~waferrt.core.ledger.Ledger`.
 """
 
 from __future__ import annotations
 
-from typing import Protocol
-
 import numpy as np
 
-from .cost import ALLREDUCE_ALGOS, ktree_levels
-from .ledger import Ledger
-from .mesh import Dir, Region
+from waferrt.core.arith import cdiv
+from waferrt.core.cost import ALLREDUCE_ALGOS, ktree_levels
+from waferrt.core.ledger import Ledger
+from waferrt.core.mesh import Dir, Region
+
+from .links import Links
 
 REDUCE_OPS = {"sum": np.add, "max": np.maximum}
-
-
-class Links(Protocol):
-    """A tile's links to its neighbour tiles (the fabric)."""
-
-    def send(self, d: Dir, tag: str, arrays: list[np.ndarray]) -> None: ...
-
-    def recv(self, d: Dir, tag: str) -> list[np.ndarray]: ...
 
 
 class LineComm:
@@ -219,7 +212,7 @@ class LineComm:
         lines = 1 if replicated else max(self.lines, 1)
         m, v = flat.shape
         blk = v // lines
-        c = -(-blk // self.n) if blk else 0
+        c = cdiv(blk, self.n) if blk else 0
         out = np.zeros((m, lines, self.n * c), flat.dtype)
         out[:, :, :blk] = flat.reshape(m, lines, blk)
         return np.ascontiguousarray(out.reshape(m, lines, self.n, c).transpose(0, 2, 1, 3))

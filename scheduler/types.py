@@ -1,0 +1,86 @@
+"""The scheduler's value types: what a plan is made of, with no algorithm attached.
+
+Contract: frozen, hashable values that import nothing else of the scheduler (the algorithms -- placement,
+search, report, repair, serial -- import these, never the other way round). :class:`Placement` says
+where every tensor of a Llama model sits: layer i -> its region, the tied embedding/head region, spare
+cores kept for repair, tile -> Ray node, and ``kv_tokens``, the K/V positions per request that every
+layer region holds (computed by the planner and stored). :class:`KVReserve` is the K/V the planner must
+reserve, :class:`NodeInfo` a Ray node, :class:`PlanError` the planner's "does not fit" with what would.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from waferrt.core.layout import Layout
+from waferrt.core.mesh import Coord, MeshSpec, Region, TileId
+from waferrt.core.spec import HardwareSpec
+from waferrt.decode.layout import kv_layout, layer_layouts
+from waferrt.model.config import LlamaConfig
+
+
+class PlanError(ValueError):
+    """The model cannot be placed as asked; the message says why and what would work."""
+
+
+@dataclass(frozen=True)
+class NodeInfo:
+    """One Ray node that hosts tile actors."""
+
+    name: str
+    cpus: int
+
+    def __post_init__(self) -> None:
+        if not self.name or self.cpus < 1:
+            raise ValueError(f"a Ray node needs a name and at least 1 CPU, got {self.name!r} with "
+                             f"{self.cpus}")
+
+
+@dataclass(frozen=True)
+class KVReserve:
+    """KV cache to reserve in every layer region: `tokens` positions for each of `requests` requests."""
+
+    tokens: int
+    requests: int
+
+    def __post_init__(self) -> None:
+        if self.tokens < 1 or self.requests < 1:
+            raise ValueError(f"KV reserve needs tokens >= 1 and requests >= 1, got {self.tokens} tokens x "
+                             f"{self.requests} requests")
+
+
+DEFAULT_NODES = (NodeInfo("local", 2),)
+
+
+@dataclass(frozen=True)
+class Placement:
+    config: LlamaConfig
+    spec: HardwareSpec
+    mesh: MeshSpec
+    dtype: str
+    kv: KVReserve
+    layers: tuple[Region, ...]  # layer i -> its region
+    embed: Region  # tied embedding table + final norm + output head
+    spare: frozenset[Coord]  # whole free layer-shaped slots kept for repair (up to one per layer)
+    tile_nodes: tuple[tuple[TileId, str], ...]  # sorted by tile
+    kv_tokens: int  # K/V positions per request per layer every layer region holds (>= kv.tokens)
+    nodes: tuple[NodeInfo, ...] = DEFAULT_NODES
+    dead_links: frozenset[tuple[Coord, Coord]] = frozenset()
+
+    def node_of(self, tile: TileId) -> str:
+        for t, name in self.tile_nodes:
+            if t == tile:
+                return name
+        raise ValueError(f"{tile} is not a tile of this placement's mesh ({self.mesh})")
+
+    def layer_layouts(self, i: int) -> dict[str, Layout]:
+        """The decode layouts of layer i's weights over its region."""
+        return layer_layouts(self.config, self.layers[i], self.dtype)
+
+    def kv_layout(self, i: int) -> Layout:
+        """Layout of one request's K (or V) cache of layer i, at the full capacity ``kv_tokens``."""
+        return kv_layout(self.config, self.layers[i], self.kv_tokens, self.dtype)
+
+    def regions(self) -> tuple[tuple[str, Region], ...]:
+        """('embed', region) then ('layer i', region) for every layer."""
+        return (("embed", self.embed),) + tuple((f"layer {i}", r) for i, r in enumerate(self.layers))

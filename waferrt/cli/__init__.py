@@ -1,0 +1,73 @@
+"""The ``waferrt`` command: one module per subcommand (``waferrt generate``, ``plan``, ``demo``).
+
+Contract: :func:`main(argv) -> int` parses the command line and runs one subcommand. Each subcommand is
+a module of this package (:data:`COMMANDS`) with ``add_parser(subparsers)`` (registers its subparser and
+``set_defaults(_run=run)``) and ``run(args) -> int``. Only the module that parsing needs is imported
+(all of them for ``--help``), and importing them imports neither Ray nor pyzmq (``waferrt --help`` is
+instant).
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+
+# command name -> its module (add_parser(subparsers), run(args) -> int), in the order --help lists them
+COMMANDS = {"generate": "waferrt.cli.generate", "plan": "waferrt.cli.plan", "demo": "waferrt.cli.demo"}
+
+DESCRIPTION = """\
+waferrt runs an emulated wafer-scale processor: a 2D mesh of small cores, each with its own few tens of
+KB of SRAM and links only to its N/E/S/W neighbours, hosted as Ray actors that each own a tile of cores,
+and decodes real LLMs on it. Data move only by neighbour hops; every run reports what it would cost on
+the modelled wafer (hops, routing stages, link bytes, cycles) next to the wall time it took to emulate."""
+
+EPILOG = """\
+examples:
+  waferrt generate "The capital of France is"   SmolLM2-135M decoded on an emulated WSE-2 mesh
+  waferrt plan --png plan.png                   where every layer of it sits, SRAM per core
+  waferrt demo                                  allreduce on an 8x8 mesh in 2x2 tiles of 4x4 cores
+  waferrt demo --algo ring --spec wse2          same with the ring algorithm and WSE-2 timings
+  waferrt demo --mesh 16x4 --tile 8x2           a non-square mesh (W x H cores, tiles of TW x TH)
+  waferrt <command> --help                      options of one command
+
+The mesh is W x H cores (x to the East, y to the South); each tile of TW x TH cores is one Ray actor.
+Ray is started in-process unless --address names a running cluster (or "auto" to join the local one)."""
+
+
+def _modules(argv: list[str]) -> list:
+    """The subcommand modules that parsing `argv` needs: the named command's, or all (for --help)."""
+    command = next((a for a in argv if not a.startswith("-")), None)
+    names = [COMMANDS[command]] if command in COMMANDS else list(COMMANDS.values())
+    return [importlib.import_module(name) for name in names]
+
+
+def build_parser(argv: list[str] | None = None) -> argparse.ArgumentParser:
+    """The full parser; with `argv`, only the subcommand modules that parsing `argv` needs are imported."""
+    parser = argparse.ArgumentParser(prog="waferrt", description=DESCRIPTION, epilog=EPILOG,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    from waferrt import __version__
+
+    parser.add_argument("--version", action="version", version=f"waferrt {__version__}")
+    sub = parser.add_subparsers(dest="command", metavar="<command>")
+    for module in _modules([] if argv is None else argv):
+        module.add_parser(sub)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else list(argv)
+    parser = build_parser(argv)
+    args = parser.parse_args(argv)
+    if getattr(args, "_run", None) is None:
+        parser.print_help()
+        return 2
+    try:
+        return int(args._run(args) or 0)
+    except KeyboardInterrupt:
+        print("waferrt: interrupted; the wafer was shut down", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,15 @@
+"""waferrt.decode: a Llama decoder on the mesh -- where its tensors sit in a region (layout), the weight
+blocks (pack), the shift-based K/V cache (kvcache), a layer and the embedding/head run by their cores
+(shards), the tile program of a decode step (program, setup) and its modelled cost (cost).
+
+Contract: pure (no Ray, no sockets, no model files): it takes a LlamaConfig, float32 weights and regions,
+and moves data between cores only through waferrt.fabric.
+"""
+
+from .kvcache import KVCapacityError, MeshKVCache
+from .program import StepResult, TileProgram, merge_steps, micro_batches
+from .setup import DecodeSetup, PlacementError, pack_stages, stage_sram
+from .shards import EmbedShard, LayerShard
+
+__all__ = ["DecodeSetup", "EmbedShard", "KVCapacityError", "LayerShard", "MeshKVCache", "PlacementError",
+           "StepResult", "TileProgram", "merge_steps", "micro_batches", "pack_stages", "stage_sram"]

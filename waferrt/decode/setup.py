@@ -1,0 +1,85 @@
+"""What every tile must know to run the decode, what each stage books in SRAM, and the weights it loads.
+
+Contract: :class:`DecodeSetup` is a frozen value (model shape, mesh, the regions of the stages, K/V
+reserve, allreduce algorithm, storage dtype), made from a scheduler Placement by
+:meth:`DecodeSetup.from_placement`. Its stages are embed -> layer 0 -> ... -> layer L-1 -> head (the
+head shares the embedding's region and table); ``stage_tiles`` says which tile runs each stage and
+raises :class:`PlacementError` when a region spans several tiles. :func:`stage_sram` is what a stage
+books in its cores' SRAM (from waferrt.decode.layout, the same sizes the planner budgets), and
+:func:`pack_stages` yields every stage's weight blocks in the storage dtype.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from waferrt.core.mesh import MeshSpec, Region, TileId
+from waferrt.model.config import LlamaConfig
+
+from .layout import booked_bytes, embed_booking, layer_booking
+from .pack import pack_embed, pack_layer
+
+
+class PlacementError(ValueError):
+    """The decode cannot run this placement (a region spans several tiles)."""
+
+
+@dataclass(frozen=True)
+class DecodeSetup:
+    config: LlamaConfig
+    mesh: MeshSpec
+    layers: tuple[Region, ...]
+    embed: Region
+    kv_tokens: int  # per request, per layer
+    slots: int  # requests in flight at most
+    algo: str = "ktree"
+    k: int = 2
+    dtype: str = "float32"  # how weights and K/V are stored in the cores (computed in float32)
+
+    @classmethod
+    def from_placement(cls, placement, algo: str = "ktree", k: int = 2) -> DecodeSetup:
+        """What the tiles need to know of a scheduler Placement to run its decode."""
+        p = placement
+        return cls(p.config, p.mesh, p.layers, p.embed, p.kv_tokens, p.kv.requests, algo, k, p.dtype)
+
+    def stages(self) -> tuple[tuple[str, int, Region], ...]:
+        """(kind, layer index or -1, region) in the order an item passes them."""
+        mid = tuple(("layer", i, r) for i, r in enumerate(self.layers))
+        return (("embed", -1, self.embed),) + mid + (("head", -1, self.embed),)
+
+    def stage_tiles(self) -> tuple[TileId, ...]:
+        """The tile that runs each stage."""
+        out = []
+        for kind, i, region in self.stages():
+            tiles = self.mesh.tiles_of(region)
+            if len(tiles) != 1:
+                what = f"layer {i}" if kind == "layer" else "the embedding/head"
+                raise PlacementError(
+                    f"{what} has region {region}, which spans {len(tiles)} tiles of {self.mesh.tile_w}x"
+                    f"{self.mesh.tile_h} cores; the decode runs every region inside one tile. Choose a "
+                    "tile size the scheduler can fill with whole regions (e.g. a multiple of the layer region)")
+            out.append(tiles[0])
+        return tuple(out)
+
+
+def stage_sram(setup: DecodeSetup, s: int) -> dict[str, tuple[Region, np.ndarray]]:
+    """What stage s keeps in its cores' SRAM: tensor name -> (region, bytes per core (rows, cols))."""
+    kind, layer, region = setup.stages()[s]
+    if kind == "layer":
+        booked = booked_bytes(layer_booking(setup.config, region, setup.kv_tokens, setup.slots, setup.dtype))
+        return {f"layer{layer}.{name}": (region, nbytes) for name, nbytes in booked.items()}
+    if kind == "embed":
+        booked = booked_bytes(embed_booking(setup.config, region, setup.dtype))
+        return {f"embed.{name}": (region, nbytes) for name, nbytes in booked.items()}
+    return {}  # the head uses the embedding's table and scratch
+
+
+def pack_stages(setup: DecodeSetup, weights):
+    """(stage index, its weight blocks in the storage dtype) for every stage that holds weights."""
+    for s, (kind, layer, region) in enumerate(setup.stages()):
+        if kind == "layer":
+            yield s, pack_layer(setup.config, weights.layers[layer], region, setup.dtype)
+        elif kind == "embed":
+            yield s, pack_embed(setup.config, weights.embed, weights.final_norm, region, setup.dtype)

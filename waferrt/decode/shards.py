@@ -1,0 +1,139 @@
+"""One decoder layer and the embedding/head, run by the cores of their regions (MeshGEMV decode).
+
+Contract: a :class:`LayerShard` holds one layer's weight blocks (waferrt.decode.pack) and the K/V caches
+of its requests (:class:`~waferrt.decode.kvcache.MeshKVCache`) in the cores of its region, and runs a
+micro-batch of tokens through the layer with :meth:`LayerShard.forward`. Every data movement between
+cores is a collective of waferrt.fabric.comm (booked in the ledger); the math per core is local and uses
+the reference's ops (waferrt.model.reference: RoPE on adjacent pairs, SiLU). The residual stream enters
+and leaves as x (B, cols, dim_c): split over the region's columns, replicated down its rows (one copy
+kept). :class:`EmbedShard` holds the tied embedding table: it looks a token's row up and, with the final
+norm, computes the logits.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from waferrt.core.dtypes import to_f32
+from waferrt.core.ledger import Ledger
+from waferrt.core.mesh import Region
+from waferrt.fabric.comm import LineComm
+from waferrt.model.config import LlamaConfig
+from waferrt.model.reference import apply_rope, silu
+
+from .kvcache import MeshKVCache
+from .pack import Chunks, rope_tables
+
+
+def mesh_rmsnorm(comm: LineComm, x: np.ndarray, w: np.ndarray, cfg: LlamaConfig, algo: str, k: int
+                 ) -> np.ndarray:
+    """RMSNorm of x (B, C, dim_c), split over the columns of `comm`'s line: the sum of squares is a row
+    allreduce (every row does the same one: one copy is kept)."""
+    ss = comm.allreduce((x * x).sum(axis=2), algo, k, array_axis=1, replicated=True, collapse=True)  # (B,)
+    scale = np.float32(1.0) / np.sqrt(ss / np.float32(cfg.dim) + np.float32(cfg.norm_eps))
+    return x * scale[:, None, None] * w
+
+
+class LayerShard:
+    def __init__(self, cfg: LlamaConfig, region: Region, arrays: dict, slots: int, kv_tokens: int,
+                 ledger: Ledger, algo: str = "ktree", k: int = 2, dtype: str = "float32"):
+        self.cfg, self.region, self.ledger, self.algo, self.k = cfg, region, ledger, algo, k
+        self.arrays, self.dtype = arrays, dtype  # weights and K/V are stored in `dtype`, computed in float32
+        self.rows, self.cols = region.h, region.w
+        self.cx = LineComm("x", region, region, None, ledger)
+        self.cy = LineComm("y", region, region, None, ledger)
+        self.hd_r = arrays["wqkv"].shape[2] // (self.rows * (cfg.n_heads + 2 * cfg.n_kv_heads))
+        self.inv_freq, _ = rope_tables(cfg, self.rows)  # (R, hd_r/2)
+        self.kv = MeshKVCache(cfg, region, slots, kv_tokens, self.hd_r, dtype, self.cx)
+        self.scale = np.float32(1.0 / np.sqrt(cfg.head_dim))
+
+    def _w(self, name: str) -> np.ndarray:
+        return to_f32(self.arrays[name], self.dtype)
+
+    # -- pieces: every array carries the batch axis B first -------------------------------------------------
+    def _gemv_cols(self, w: np.ndarray, x: np.ndarray) -> np.ndarray:
+        """Input split over columns: w (C, i, R*o), x (B, C, i) -> (B, R, o), split over rows."""
+        part = np.matmul(x.transpose(1, 0, 2), w)  # (C, B, R*o): every core's block GEMV, all items
+        self.ledger.compute(2 * x.shape[0] * w.shape[1] * w.shape[2] // self.rows)
+        part = part.reshape(self.cols, x.shape[0], self.rows, -1)
+        return self.cx.allreduce(part, self.algo, self.k, array_axis=0, collapse=True, overwrite=True)
+
+    def _gemv_rows(self, w: np.ndarray, h: np.ndarray) -> np.ndarray:
+        """Input split over rows: w (R, i, C*o), h (B, R, i) -> (B, C, o), split over columns."""
+        part = np.matmul(h.transpose(1, 0, 2), w)  # (R, B, C*o)
+        self.ledger.compute(2 * h.shape[0] * w.shape[1] * w.shape[2] // self.cols)
+        part = part.reshape(self.rows, h.shape[0], self.cols, -1)
+        return self.cy.allreduce(part, self.algo, self.k, array_axis=0, collapse=True, overwrite=True)
+
+    def _attention(self, slots: np.ndarray, poss: np.ndarray, q: np.ndarray) -> np.ndarray:
+        """q (B, R, nh, hd_r) -> (B, R, nh * hd_r). Item b attends to the positions <= poss[b] of its
+        request's cache; scores, the softmax max and sum, and the weighted V sum reduce over the cores."""
+        B, nkv, cap = len(slots), self.cfg.n_kv_heads, self.kv.cap
+        rep = self.cfg.n_heads // nkv
+        kc, vc = self.kv.read(slots)  # (B, R, nkv, hd_r, C*cap), (B, C, nkv, cap, R*hd_r)
+        part = np.matmul(q.reshape(B, self.rows, nkv, rep, self.hd_r), kc)  # (B, R, nkv, rep, C*cap)
+        self.ledger.compute(2 * B * nkv * rep * self.hd_r * cap)
+        part = part.reshape(B, self.rows, nkv, rep, self.cols, cap)
+        scores = self.cy.allreduce(part, self.algo, self.k, array_axis=1, collapse=True,
+                                   overwrite=True)  # (B, nkv, rep, C, cap)
+        valid = self.kv.visible(slots, poss)[:, None, None]  # (B, 1, 1, C, cap)
+        scores = np.where(valid, scores * self.scale, np.float32(-np.inf))
+        m = self.cx.allreduce(scores.max(axis=4), self.algo, self.k, op="max", array_axis=3, replicated=True,
+                              collapse=True)  # (B, nkv, rep)
+        e = np.where(valid, np.exp(scores - m[..., None, None]), np.float32(0))
+        total = self.cx.allreduce(e.sum(axis=4), self.algo, self.k, array_axis=3, replicated=True,
+                                  collapse=True)  # (B, nkv, rep)
+        p = (e / total[..., None, None]).transpose(0, 3, 1, 2, 4)  # (B, C, nkv, rep, cap)
+        out = np.matmul(p, vc)  # (B, C, nkv, rep, R*hd_r)
+        self.ledger.compute(2 * B * nkv * rep * self.hd_r * cap)
+        out = out.reshape(B, self.cols, nkv, rep, self.rows, self.hd_r)
+        a = self.cx.allreduce(out, self.algo, self.k, array_axis=1, collapse=True,
+                              overwrite=True)  # (B, nkv, rep, R, hd_r)
+        return a.transpose(0, 3, 1, 2, 4).reshape(B, self.rows, -1)
+
+    # -- a batch of tokens ------------------------------------------------------------------------------
+    def forward(self, x: np.ndarray, slots: np.ndarray, poss: np.ndarray) -> np.ndarray:
+        """x (B, C, dim_c) -> (B, C, dim_c): item b is the token at position poss[b] of the request in
+        slots[b] (items of one request in position order: a prompt goes through all at once)."""
+        cfg, nh, nkv = self.cfg, self.cfg.n_heads, self.cfg.n_kv_heads
+        with self.ledger.op("layer"):
+            h = mesh_rmsnorm(self.cx, x, self._w("attn_norm"), cfg, self.algo, self.k)
+            qkv = self._gemv_cols(self._w("wqkv"), h).reshape(len(slots), self.rows, -1, self.hd_r)
+            ang = poss[:, None, None] * self.inv_freq[None]  # (B, R, hd_r/2), float64 like the reference
+            cos, sin = np.cos(ang).astype(np.float32)[:, :, None], np.sin(ang).astype(np.float32)[:, :, None]
+            q = apply_rope(qkv[:, :, :nh], cos, sin)  # (B, R, nh, hd_r)
+            k = apply_rope(qkv[:, :, nh: nh + nkv], cos, sin)
+            self.kv.insert(slots, k, qkv[:, :, nh + nkv:], poss)
+            x = x + self._gemv_rows(self._w("wo"), self._attention(slots, poss, q))
+            h = mesh_rmsnorm(self.cx, x, self._w("ffn_norm"), cfg, self.algo, self.k)
+            gu = self._gemv_cols(self._w("w13"), h).reshape(len(slots), self.rows, 2, -1)  # (B, R, 2, hid_r)
+            return x + self._gemv_rows(self._w("w2"), silu(gu[:, :, 0]) * gu[:, :, 1])
+
+
+class EmbedShard:
+    def __init__(self, cfg: LlamaConfig, region: Region, arrays: dict, ledger: Ledger, algo: str = "ktree",
+                 k: int = 2, dtype: str = "float32"):
+        self.cfg, self.region, self.ledger, self.algo, self.k = cfg, region, ledger, algo, k
+        self.table, self.norm = arrays["table"], arrays["final_norm"]  # (C, dim_c, R*voc_r), (C, dim_c)
+        self.dtype = dtype
+        self.rows, self.cols = region.h, region.w
+        self.vocab = Chunks(cfg.vocab_size, region.h)
+        self.voc_r = self.table.shape[2] // region.h
+        self.cx = LineComm("x", region, region, None, ledger)
+
+    def lookup(self, tokens: np.ndarray) -> np.ndarray:
+        """The embedding rows of `tokens` (B,), each as (C, dim_c) in the core row that holds it."""
+        rows = np.searchsorted(self.vocab.index[:, 0], tokens, side="right") - 1
+        col = rows * self.voc_r + tokens - self.vocab.index[rows, 0]
+        rows_of_table = to_f32(self.table[:, :, col], self.dtype)  # (C, dim_c, B)
+        return np.ascontiguousarray(rows_of_table.transpose(2, 0, 1))  # (B, C, dim_c)
+
+    def logits(self, x: np.ndarray) -> np.ndarray:
+        """Final RMSNorm and the tied head as a MeshGEMV: x (B, C, dim_c) -> logits (B, vocab)."""
+        with self.ledger.op("head"):
+            h = mesh_rmsnorm(self.cx, x, to_f32(self.norm, self.dtype), self.cfg, self.algo, self.k)
+            part = np.matmul(h.transpose(1, 0, 2), to_f32(self.table, self.dtype))  # (C, B, R*voc_r)
+            self.ledger.compute(2 * x.shape[0] * self.voc_r * self.table.shape[1])
+            part = part.reshape(self.cols, x.shape[0], self.rows, -1)
+            out = self.cx.allreduce(part, self.algo, self.k, collapse=True)  # (B, R, voc_r)
+        return self.vocab.join(out)  # (B, vocab)

@@ -1,0 +1,15 @@
+"""waferrt.fabric: how the cores of a region talk -- the Links protocol and its errors, the collectives
+along a line of cores (LineComm), the kernel context (Cores) and the in-process fabric (LoopFabric,
+``simulate``) that runs SPMD kernels without Ray.
+
+Contract: pure (no Ray, no sockets); the real fabric between Ray actors (waferrt.actors.fabric) implements
+the same Links protocol.
+"""
+
+from .comm import LineComm
+from .kernel import Cores, NotNeighbourError
+from .links import FabricError, FabricProtocolError, FabricTimeout, Links
+from .loop import LoopFabric, simulate
+
+__all__ = ["Cores", "FabricError", "FabricProtocolError", "FabricTimeout", "LineComm", "Links", "LoopFabric",
+           "NotNeighbourError", "simulate"]

@@ -1,0 +1,39 @@
+"""The Links protocol: what a tile's links to its neighbour tiles offer, and the errors they raise.
+
+Contract: a :class:`Links` belongs to one tile. ``send(d, tag, arrays)`` delivers a list of numpy arrays to
+the neighbour tile in direction ``d`` (N/E/S/W); ``recv(d, tag)`` returns the next message from that
+neighbour, in the order that neighbour sent them, and checks that its tag is ``tag`` (the tiles run the
+same SPMD program, so the tags agree). Failures are :class:`FabricError`\\ s that name the tile and the
+link: :class:`FabricTimeout` (nothing arrived within the deadline) and :class:`FabricProtocolError` (a
+mismatched tag, a lost or duplicated message, a send over a link that does not exist). Two fabrics
+implement it: the in-process one (waferrt.fabric.loop, threads and queues) and the real one between Ray
+actors (waferrt.actors.fabric, pyzmq); tests/unit/test_fabric_conformance.py holds both to it.
+"""
+
+from __future__ import annotations
+
+from typing import Protocol
+
+import numpy as np
+
+from waferrt.core.mesh import Dir
+
+
+class FabricError(RuntimeError):
+    """A link failed: the message names the tile and the link."""
+
+
+class FabricTimeout(FabricError, TimeoutError):
+    """Nothing arrived on a link within the deadline."""
+
+
+class FabricProtocolError(FabricError):
+    """Tiles disagree: a mismatched tag, a lost or duplicated message, or a link that does not exist."""
+
+
+class Links(Protocol):
+    """A tile's links to its neighbour tiles (the fabric)."""
+
+    def send(self, d: Dir, tag: str, arrays: list[np.ndarray]) -> None: ...
+
+    def recv(self, d: Dir, tag: str) -> list[np.ndarray]: ...

@@ -1,0 +1,43 @@
+"""The same requests on the single-process numpy reference: the ground truth the wafer's tokens must equal.
+
+Contract: :func:`generate_reference` runs each request in turn on :class:`~waferrt.model.ReferenceModel`
+(its prompt token by token, then sampled tokens), sampling request i with ``request_rng(sampler, i)``, and
+returns the completions and the run's stats (wall time, per-token latency).
+"""
+
+from __future__ import annotations
+
+import time
+
+from waferrt.model.config import LlamaConfig
+from waferrt.model.reference import ReferenceModel
+from waferrt.model.sampling import Sampler
+
+from .requests import Completion, GenRequest, GenStats, OnToken, finish_reason, request_rng
+
+
+def generate_reference(config: LlamaConfig, weights, requests: list[GenRequest], sampler: Sampler,
+                       on_token: OnToken | None = None) -> tuple[list[Completion], GenStats]:
+    """The single-process numpy reference: each request prefilled with the decode step, then decoded."""
+    model, stats = ReferenceModel(config, weights), GenStats()
+    out = []
+    t0 = time.perf_counter()
+    for i, req in enumerate(requests):
+        done, rng = Completion(req.prompt_ids), request_rng(sampler, i)
+        cache = model.new_cache(capacity=len(req.prompt_ids) + req.max_new_tokens)
+        for pos, tok in enumerate(req.prompt_ids):
+            logits = model.step(tok, pos, cache)
+        while not done.finish:
+            t1 = time.perf_counter()
+            token = sampler.sample(logits, rng)
+            done.tokens.append(token)
+            done.finish = finish_reason(req, done, token)
+            if on_token:
+                on_token(i, token, done.finish)
+            if not done.finish:
+                logits = model.step(token, cache.length, cache)
+                stats.token_latency_s.append(time.perf_counter() - t1)
+        stats.tokens += len(done.tokens)
+        out.append(done)
+    stats.wall_s = time.perf_counter() - t0
+    return out, stats

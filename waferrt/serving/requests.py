@@ -1,0 +1,61 @@
+"""Generation requests and what comes back: the values the serving loops (wafer, local, reference) share.
+
+Contract: :class:`GenRequest` is frozen (prompt ids, max new tokens, stop ids); :class:`Completion` is one
+request's outcome (tokens, finish reason); :class:`GenStats` the run's wall and modelled time. Request i
+samples with :func:`request_rng` (``numpy.random.default_rng([seed, i])``) in every loop, so the wafer and
+the reference give the same tokens; :func:`finish_reason` says when a request is done.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from waferrt.model.sampling import Sampler
+
+OnToken = Callable[[int, int, str], None]  # (request index, token id, finish reason: "" while it goes on)
+
+
+@dataclass(frozen=True)
+class GenRequest:
+    prompt_ids: tuple[int, ...]
+    max_new_tokens: int
+    stop_ids: tuple[int, ...] = ()
+
+
+@dataclass
+class Completion:
+    prompt_ids: tuple[int, ...]
+    tokens: list[int] = field(default_factory=list)
+    finish: str = ""  # "stop" (a stop token), "length" (max_new_tokens) or "refused: <reason>"
+
+
+@dataclass
+class GenStats:
+    wall_s: float = 0.0
+    modelled_s: float = 0.0  # what the steps would take on the modelled wafer
+    steps: int = 0
+    tokens: int = 0  # generated tokens
+    token_latency_s: list[float] = field(default_factory=list)  # wall time of each decode-only step
+
+    @property
+    def wall_tokens_per_s(self) -> float:
+        return self.tokens / self.wall_s if self.wall_s else 0.0
+
+    @property
+    def wafer_tokens_per_s(self) -> float:
+        return self.tokens / self.modelled_s if self.modelled_s else 0.0
+
+
+def request_rng(sampler: Sampler, i: int) -> np.random.Generator:
+    """The RNG of request i: the same in every serving loop, so seeded sampling gives the same tokens."""
+    return np.random.default_rng([sampler.seed, i])
+
+
+def finish_reason(req: GenRequest, done: Completion, token: int) -> str:
+    """Why the request is done after `token` ("stop", "length"), or "" while it goes on."""
+    if token in req.stop_ids:
+        return "stop"
+    return "length" if len(done.tokens) >= req.max_new_tokens else ""
