@@ -68,7 +68,7 @@ class ZmqLinks:
         sock = self.push.get(d)
         if sock is None:
             raise FabricProtocolError(f"{self.tile} has no link to a neighbour tile to the {d.name}")
-        arrays = [np.ascontiguousarray(a) for a in arrays]
+        arrays = [np.asarray(a, order="C") for a in arrays]  # (ascontiguousarray would make 0-d arrays 1-d)
         self.sent[d] += 1
         header = msgpack.packb({"from": d.opposite.name, "seq": self.sent[d], "tag": tag, "epoch": self.epoch,
                                 "arrays": [(a.dtype.str, a.shape) for a in arrays]})

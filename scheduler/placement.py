@@ -102,7 +102,17 @@ def plan(config: LlamaConfig, spec: HardwareSpec, mesh: MeshSpec, *, kv: KVReser
          dead_links: frozenset[tuple[Coord, Coord]] = frozenset(), balance: bool = True) -> Placement:
     """Place `config` on `mesh` (dead cores: ``mesh.dead``); see the module docstring for the rules.
     `balance` (default) spreads the layers over the tiles so that the busiest tile holds the fewest
-    weight bytes; False fills every tile to capacity in chain order (the busiest tiles do the most)."""
+    weight bytes; False fills every tile to capacity in chain order (the busiest tiles do the most).
+
+    >>> from waferrt.core.mesh import MeshSpec
+    >>> from waferrt.core.spec import TINY
+    >>> from waferrt.model import tiny_config
+    >>> p = plan(tiny_config(), TINY, MeshSpec(16, 16, 8, 8), kv=KVReserve(tokens=32, requests=2))
+    >>> len(p.layers), p.layers[0].shape, p.kv_tokens >= 32      # 3 layers, each on (rows, cols) cores
+    (3, (3, 4), True)
+    >>> violations(p)
+    ()
+    """
     nodes, dead_links = tuple(nodes), frozenset(dead_links)
     _check_inputs(config, mesh, nodes, dtype, dead_links)
     found = search.best_layout(config, spec, mesh, kv.tokens, kv.requests, dtype, dead_links, balance)

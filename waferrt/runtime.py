@@ -114,7 +114,15 @@ class DSM:
               dtype: str = "float32") -> Layout:
         """Allocate `name` of `shape` over `region` (default: the whole mesh). `split` gives each axis's mesh
         axis ("x", "y" or None for replicated); by default the last axis is split over x and the one before
-        over y."""
+        over y. Every core's block is booked in its SRAM (SramOverflow names the tensor, the core and the
+        bytes asked and free).
+
+        >>> import waferrt
+        >>> with waferrt.Wafer(spec="tiny", mesh=(8, 4), tile=(4, 4)) as wafer:
+        ...     layout = wafer.dsm.alloc("w", (4, 8, 16), split=("y", "x", None))  # 16 floats per core
+        ...     layout.block_shape(), wafer.dsm.owners("w", (3, 5, 0))
+        ((1, 1, 16), [Coord(x=5, y=3)])
+        """
         if name in self.layouts:
             raise ValueError(f"DSM tensor {name!r} exists; free it first or pick another name")
         region = region or self._w.mesh.region
@@ -179,6 +187,20 @@ class DSM:
 
 
 class Wafer:
+    """An emulated mesh of cores as Ray tile actors: its DSM (``wafer.dsm``), SPMD kernels (``wafer.run``)
+    and what they would cost on the modelled wafer (``wafer.cost()``).
+
+    >>> import numpy as np
+    >>> import waferrt
+    >>> with waferrt.Wafer(spec="tiny", mesh=(4, 2), tile=(2, 2)) as wafer:   # 4x2 cores, two tile actors
+    ...     _ = wafer.dsm.alloc("x", (2, 4))                                   # one value per core
+    ...     wafer.dsm.put("x", np.arange(8, dtype=np.float32).reshape(2, 4))
+    ...     cost = wafer.run(lambda ctx: ctx.store("x", ctx.allreduce(ctx.load("x"), "x")))
+    ...     wafer.dsm.get("x")
+    array([[ 6.,  6.,  6.,  6.],
+           [22., 22., 22., 22.]], dtype=float32)
+    """
+
     def __init__(self, spec: str | HardwareSpec = "tiny", mesh: tuple[int, int] | MeshSpec = (16, 16),
                  tile: tuple[int, int] = (8, 8), address: str | None = None, timeout: float = 30.0):
         self.spec = spec_by_name(spec)

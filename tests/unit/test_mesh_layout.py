@@ -159,6 +159,7 @@ def test_blocks_round_trip_and_hold_what_the_layout_says(layout, rnd):
         np.testing.assert_array_equal(blocks[(r, c) + real], a[sl])
         assert blocks[r, c].sum() == a[sl].sum()  # the padding is zeros
         assert nbytes[r, c] == a[sl].size * 4
+    assert layout.max_block_bytes() == nbytes.max() == nbytes[0, 0]  # chunks are largest first
     index = tuple(rnd.randrange(n) for n in layout.shape)
     for core in layout.owners(index):
         r, c = layout.region.local(core)

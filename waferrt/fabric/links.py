@@ -1,13 +1,15 @@
 """The Links protocol: what a tile's links to its neighbour tiles offer, and the errors they raise.
 
-Contract: a :class:`Links` belongs to one tile. ``send(d, tag, arrays)`` delivers a list of numpy arrays to
-the neighbour tile in direction ``d`` (N/E/S/W); ``recv(d, tag)`` returns the next message from that
-neighbour, in the order that neighbour sent them, and checks that its tag is ``tag`` (the tiles run the
-same SPMD program, so the tags agree). Failures are :class:`FabricError`\\ s that name the tile and the
-link: :class:`FabricTimeout` (nothing arrived within the deadline) and :class:`FabricProtocolError` (a
-mismatched tag, a lost or duplicated message, a send over a link that does not exist). Two fabrics
-implement it: the in-process one (waferrt.fabric.loop, threads and queues) and the real one between Ray
-actors (waferrt.actors.fabric, pyzmq); tests/unit/test_fabric_conformance.py holds both to it.
+Contract: a :class:`Links` belongs to one tile. ``send(d, tag, arrays)`` delivers a list of numpy arrays
+to the neighbour tile in direction ``d`` (N/E/S/W), dtypes and shapes kept (0-d and empty arrays too);
+the arrays are handed over (the real fabric sends large ones without copying): do not write to them
+after. ``recv(d, tag)`` returns the next message from that neighbour, in the order that neighbour sent
+them, and checks that its tag is ``tag`` (the tiles run the same SPMD program, so the tags agree).
+Failures are :class:`FabricError` s that name the tile and the link: :class:`FabricTimeout` (nothing
+arrived within the deadline) and :class:`FabricProtocolError` (a mismatched tag, a lost or duplicated
+message, a send over a link that does not exist). Two fabrics implement it: the in-process one
+(waferrt.fabric.loop, threads and queues) and the real one between Ray actors (waferrt.actors.fabric,
+pyzmq); tests/unit/test_fabric_conformance.py holds both to it.
 """
 
 from __future__ import annotations

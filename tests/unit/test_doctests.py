@@ -1,0 +1,14 @@
+"""The examples in the docstrings of the main pure APIs run, and print what they say (doctest)."""
+
+from __future__ import annotations
+
+import doctest
+import importlib
+
+import pytest
+
+
+@pytest.mark.parametrize("module", ["waferrt.fabric.kernel", "waferrt.scheduler.placement"])
+def test_docstring_examples(module):
+    result = doctest.testmod(importlib.import_module(module), optionflags=doctest.NORMALIZE_WHITESPACE)
+    assert result.attempted > 0 and result.failed == 0
