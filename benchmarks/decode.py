@@ -18,11 +18,12 @@ import argparse  # noqa: E402
 import time  # noqa: E402
 
 import psutil  # noqa: E402
-from waferrt.scheduler import KVReserve, default_mesh, plan  # noqa: E402
 
+from waferrt.actors.tile import Tile  # noqa: E402
 from waferrt.core.spec import WSE2  # noqa: E402
 from waferrt.llm import WaferLLM
 from waferrt.model import Sampler, Tokenizer, load_gguf  # noqa: E402
+from waferrt.scheduler import KVReserve, default_mesh, plan  # noqa: E402
 from waferrt.serving import GenRequest, generate_reference  # noqa: E402
 
 PROMPTS = ["The capital of France is", "Once upon a time, in a small village,", "The three laws of robotics",
@@ -78,16 +79,16 @@ def main() -> None:
 
 
 def _pids(llm) -> dict:
-    return dict(zip(llm.wafer.tiles, llm.wafer.on_every_tile("pid"), strict=True))
+    return dict(zip(llm.wafer.tiles, llm.wafer.on_every_tile(Tile.pid), strict=True))
 
 
 def _profile(llm, reqs) -> dict:
     """One step with every request's next token: each tile's compute time vs the step's wall time."""
     items = [(i, r.prompt_ids[0], 0, True) for i, r in enumerate(reqs)]
     t0 = time.perf_counter()
-    res = llm.wafer.on_every_tile("decode_step", llm.wafer.next_epoch(), items, list(range(len(reqs))))
+    res = llm.wafer.on_every_tile(Tile.decode_step, llm.wafer.next_epoch(), items, list(range(len(reqs))))
     wall = time.perf_counter() - t0
-    return {str(t): (r["busy"], r["cpu"], wall) for t, r in zip(llm.wafer.tiles, res, strict=True)}
+    return {str(t): (r.busy, r.cpu, wall) for t, r in zip(llm.wafer.tiles, res, strict=True)}
 
 
 if __name__ == "__main__":

@@ -121,8 +121,8 @@ def start_probe_pair():
     import probe  # benchmarks/probe.py, next to this script
     import ray
     from ray import cloudpickle
-    from waferrt.actors.remote import start_tiles
 
+    from waferrt.actors.remote import start_tiles
     from waferrt.core.mesh import MeshSpec
     from waferrt.core.spec import TINY
 
@@ -220,6 +220,7 @@ def main() -> int:
     n_lat, n_thr, reps = (300, 100, 3) if args.quick else (1000, 200, 11)
 
     import ray
+
     from waferrt.actors.remote import stop_tiles
 
     ray.init(address="local", log_to_driver=False, logging_level=logging.ERROR, include_dashboard=False)

@@ -16,8 +16,8 @@ from __future__ import annotations
 import time
 
 import numpy as np
-from waferrt.actors.tile import Tile
 
+from waferrt.actors.tile import Tile
 from waferrt.core.mesh import Dir
 
 

@@ -5,12 +5,12 @@ import importlib.util
 
 import numpy as np
 import pytest
-from waferrt.scheduler import KVReserve, default_mesh, plan
 
 from waferrt.core.mesh import MeshSpec
 from waferrt.core.spec import TINY, WSE2
 from waferrt.llm import WaferLLM
 from waferrt.model import ReferenceModel, Sampler, synthetic_llama, tiny_config
+from waferrt.scheduler import KVReserve, default_mesh, plan
 from waferrt.serving import GenRequest, generate_reference
 
 CFG = tiny_config()

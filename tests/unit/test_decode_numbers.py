@@ -14,7 +14,6 @@ from itertools import pairwise
 
 import numpy as np
 import pytest
-from waferrt.scheduler import KVReserve, budget, plan, plan_report
 
 from waferrt.core.cost import broadcast_cost, message_cycles
 from waferrt.core.dtypes import to_f32, to_storage
@@ -25,6 +24,7 @@ from waferrt.decode.program import micro_batches
 from waferrt.decode.setup import DecodeSetup, stage_sram
 from waferrt.model import synthetic_llama, tiny_config
 from waferrt.model.config import SMOLLM2_135M
+from waferrt.scheduler import KVReserve, budget, plan, plan_report
 from waferrt.serving import LocalDecoder
 
 CFG = tiny_config()

@@ -5,11 +5,11 @@ from __future__ import annotations
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from waferrt.scheduler import Admission, KVReserve, Request, plan
 
 from waferrt.core.mesh import MeshSpec
 from waferrt.core.spec import spec_by_name
 from waferrt.model.config import SMOLLM2_135M
+from waferrt.scheduler import Admission, KVReserve, Request, plan
 
 
 def test_refuses_what_a_slot_cannot_hold_and_says_why():

@@ -6,11 +6,11 @@ import argparse
 import json
 
 import pytest
-from waferrt.scheduler import placement_from_json
 
 from waferrt.cli import plan as cli_plan
 from waferrt.model.config import SMOLLM2_135M
 from waferrt.model.gguf_loader import read_config
+from waferrt.scheduler import placement_from_json
 
 
 def _run(capsys, *argv: str) -> tuple[int, str, str]:

@@ -10,6 +10,11 @@ from itertools import product
 import pytest
 from hypothesis import HealthCheck, assume, example, given, settings
 from hypothesis import strategies as st
+
+from waferrt.core.mesh import Coord, MeshSpec, Region
+from waferrt.core.spec import TINY, spec_by_name
+from waferrt.decode import layout as dl
+from waferrt.model.config import SMOLLM2_135M, LlamaConfig
 from waferrt.scheduler import (
     KVReserve,
     NodeInfo,
@@ -25,11 +30,6 @@ from waferrt.scheduler import (
     violations,
 )
 from waferrt.scheduler.geometry import PATTERNS, Obstacles, blocks, chain, node_borders, pack, quotas, tile_box
-
-from waferrt.core.mesh import Coord, MeshSpec, Region
-from waferrt.core.spec import TINY, spec_by_name
-from waferrt.decode import layout as dl
-from waferrt.model.config import SMOLLM2_135M, LlamaConfig
 
 SPEC = TINY.replace(sram_bytes=4096, full_mesh=(40, 40))
 WSE2 = spec_by_name("wse2")

@@ -8,13 +8,13 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 from test_sched_placement import FAST, SPEC, WSE2, _plan_or_none, kvs, meshes, models
-from waferrt.scheduler import KVReserve, PlanError, default_mesh, plan, plan_report, replan, violations
-from waferrt.scheduler.budget import kv_bytes, tensor_bytes
-from waferrt.scheduler.search import smallest_mesh
 
 from waferrt.core.mesh import Coord, MeshSpec
 from waferrt.decode import layout as dl
 from waferrt.model.config import SMOLLM2_135M, LlamaConfig
+from waferrt.scheduler import KVReserve, PlanError, default_mesh, plan, plan_report, replan, violations
+from waferrt.scheduler.budget import kv_bytes, tensor_bytes
+from waferrt.scheduler.search import smallest_mesh
 
 
 def _check(p, rp, dead=frozenset(), links=frozenset()):

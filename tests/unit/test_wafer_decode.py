@@ -5,7 +5,6 @@ import dataclasses
 
 import numpy as np
 import pytest
-from waferrt.scheduler import KVReserve, plan, plan_report
 
 from waferrt.core.dtypes import to_f32, to_storage
 from waferrt.core.ledger import Ledger
@@ -16,6 +15,7 @@ from waferrt.decode.pack import Chunks, pack_embed, pack_layer
 from waferrt.decode.setup import DecodeSetup, PlacementError
 from waferrt.decode.shards import EmbedShard, LayerShard
 from waferrt.model import LayerWeights, LlamaWeights, ReferenceModel, Sampler, synthetic_llama, tiny_config
+from waferrt.scheduler import KVReserve, plan, plan_report
 from waferrt.serving import GenRequest, LocalDecoder, generate_reference
 
 CFG = tiny_config()
