@@ -39,6 +39,7 @@ class ZmqLinks:
         self.sent = collections.Counter()
         self.received = collections.Counter()
         self.pending: dict[Dir, collections.deque] = {d: collections.deque() for d in Dir}
+        self.arrived = 0  # messages taken off the socket (numbers the pending ones in arrival order)
         self.ipc_path: str | None = None
         self.epoch = 0  # the command being run; messages of earlier commands are stale
 
@@ -77,25 +78,41 @@ class ZmqLinks:
 
     def recv(self, d: Dir, tag: str) -> list[np.ndarray]:
         deadline = time.monotonic() + self.timeout
-        while True:
-            queue = self.pending[d]
-            while queue and queue[0][0] < self.epoch:  # left over from an earlier command that failed
-                queue.popleft()
-            if queue:
-                break
-            if self._pull_one(zmq.NOBLOCK):  # something is already there: no poll
-                continue
-            left = deadline - time.monotonic()
-            if left <= 0 or not self.pull.poll(int(left * 1000) + 1):
+        while not self._waiting(d):
+            if not self._pull_until(deadline):
                 raise FabricTimeout(
                     f"{self.tile} waited {self.timeout:.0f}s for message {tag!r} on its {d.name} link and got "
                     "nothing: the neighbour tile is dead, stuck, or ran a different program")
-            self._pull_one()
-        _, got_tag, arrays = queue.popleft()
+        _, got_tag, arrays, _ = self.pending[d].popleft()
         if got_tag != tag:
             raise FabricProtocolError(f"{self.tile} expected message {tag!r} on its {d.name} link, got "
                                       f"{got_tag!r}: the tiles ran different programs")
         return arrays
+
+    def recv_any(self, timeout: float) -> tuple[Dir, str, list[np.ndarray]] | None:
+        """The message that arrived first from any neighbour, as (link, tag, arrays); None when nothing
+        arrives within `timeout` seconds (waiting for traffic is no error here)."""
+        deadline = time.monotonic() + timeout
+        while not (links := [d for d in Dir if self._waiting(d)]):
+            if not self._pull_until(deadline):
+                return None
+        d = min(links, key=lambda d: self.pending[d][0][3])
+        _, tag, arrays, _ = self.pending[d].popleft()
+        return d, tag, arrays
+
+    def _waiting(self, d: Dir) -> bool:
+        """Is a message of the current command waiting from link d? (Drops those of earlier commands.)"""
+        queue = self.pending[d]
+        while queue and queue[0][0] < self.epoch:  # left over from an earlier command that failed
+            queue.popleft()
+        return bool(queue)
+
+    def _pull_until(self, deadline: float) -> bool:
+        """Take one message off the socket, waiting until `deadline`; False when none came."""
+        if self._pull_one(zmq.NOBLOCK):  # something is already there: no poll
+            return True
+        left = deadline - time.monotonic()
+        return left > 0 and bool(self.pull.poll(int(left * 1000) + 1)) and self._pull_one(zmq.NOBLOCK)
 
     def _pull_one(self, flags: int = 0) -> bool:
         """Take one message off the socket into its link's queue; False when none was waiting (NOBLOCK)."""
@@ -111,7 +128,8 @@ class ZmqLinks:
                                       f"{self.received[src]} was due: a message was lost or duplicated")
         arrays = [np.frombuffer(f.buffer, dtype=np.dtype(dt)).reshape(shape)
                   for f, (dt, shape) in zip(frames[1:], head["arrays"], strict=True)]
-        self.pending[src].append((head["epoch"], head["tag"], arrays))
+        self.arrived += 1
+        self.pending[src].append((head["epoch"], head["tag"], arrays, self.arrived))
         return True
 
     def close(self) -> None:

@@ -123,3 +123,19 @@ def test_messages_of_an_earlier_command_are_dropped(zmq):
     zmq[A].epoch = zmq[B].epoch = 1
     zmq[A].send(Dir.E, "new", [np.ones(1)])
     assert zmq[B].recv(Dir.W, "new")[0][0] == 1
+
+
+def test_recv_any_takes_what_arrives_from_any_link_and_waits_without_error(links):
+    assert links[B].recv_any(0.05) is None  # nothing yet: no error, just nothing
+    links[A].send(Dir.E, "first", [np.array([1])])
+    d, tag, arrays = links[B].recv_any(TIMEOUT)
+    assert (d, tag, int(arrays[0][0])) == (Dir.W, "first", 1)
+    for i in range(3):
+        links[C].send(Dir.W, f"c{i}", [np.array([10 + i])])
+        links[A].send(Dir.E, f"a{i}", [np.array([i])])
+    got = [links[B].recv_any(TIMEOUT) for _ in range(6)]
+    for d, prefix in ((Dir.E, "c"), (Dir.W, "a")):  # every link in its own order
+        assert [tag for dd, tag, _ in got if dd == d] == [f"{prefix}{i}" for i in range(3)]
+    links[C].send(Dir.W, "mixed", [np.array([4])])  # recv and recv_any share the same queues
+    links[A].send(Dir.E, "mixed", [np.array([5])])
+    assert links[B].recv(Dir.W, "mixed")[0][0] == 5 and links[B].recv_any(TIMEOUT)[2][0][0] == 4

@@ -5,6 +5,8 @@ to the neighbour tile in direction ``d`` (N/E/S/W), dtypes and shapes kept (0-d 
 the arrays are handed over (the real fabric sends large ones without copying): do not write to them
 after. ``recv(d, tag)`` returns the next message from that neighbour, in the order that neighbour sent
 them, and checks that its tag is ``tag`` (the tiles run the same SPMD program, so the tags agree).
+``recv_any(timeout)`` returns the message that arrived first from any neighbour as (link, tag, arrays),
+or None when nothing arrives within `timeout` (for event-driven programs, which wait for traffic).
 Failures are :class:`FabricError` s that name the tile and the link: :class:`FabricTimeout` (nothing
 arrived within the deadline) and :class:`FabricProtocolError` (a mismatched tag, a lost or duplicated
 message, a send over a link that does not exist). Two fabrics implement it: the in-process one
@@ -39,3 +41,5 @@ class Links(Protocol):
     def send(self, d: Dir, tag: str, arrays: list[np.ndarray]) -> None: ...
 
     def recv(self, d: Dir, tag: str) -> list[np.ndarray]: ...
+
+    def recv_any(self, timeout: float) -> tuple[Dir, str, list[np.ndarray]] | None: ...

@@ -11,8 +11,10 @@ the results, re-raising the first error. It implements waferrt.fabric.links.Link
 
 from __future__ import annotations
 
+import collections
 import queue
 import threading
+import time
 
 import numpy as np
 
@@ -24,35 +26,64 @@ from .links import FabricProtocolError, FabricTimeout
 
 
 class LoopLinks:
+    """One tile's links: sends go into the neighbour's inbox; what arrives waits here per link, in order."""
+
     def __init__(self, fabric: LoopFabric, tile: TileId):
         self.fabric, self.tile = fabric, tile
+        self.inbox: queue.Queue = fabric.inboxes[tile]
+        self.pending: dict[Dir, collections.deque] = {d: collections.deque() for d in Dir}
+        self.arrived = 0
 
     def send(self, d: Dir, tag: str, arrays: list[np.ndarray]) -> None:
         peer = self.fabric.mesh.tile_neighbour(self.tile, d)
         if peer is None:
             raise FabricProtocolError(f"{self.tile} has no neighbour tile to the {d.name}")
-        self.fabric.queues[(peer, d.opposite)].put((tag, [np.array(a, copy=True) for a in arrays]))
+        self.fabric.inboxes[peer].put((d.opposite, tag, [np.array(a, copy=True) for a in arrays]))
 
     def recv(self, d: Dir, tag: str) -> list[np.ndarray]:
-        try:
-            got_tag, arrays = self.fabric.queues[(self.tile, d)].get(timeout=self.fabric.timeout)
-        except queue.Empty:
-            peer = self.fabric.mesh.tile_neighbour(self.tile, d)
-            raise FabricTimeout(f"{self.tile} waited {self.fabric.timeout}s for message {tag!r} from {peer} "
-                                f"({d.name} link) and got nothing") from None
+        deadline = time.monotonic() + self.fabric.timeout
+        while not self.pending[d]:
+            if not self._take(deadline):
+                peer = self.fabric.mesh.tile_neighbour(self.tile, d)
+                raise FabricTimeout(f"{self.tile} waited {self.fabric.timeout}s for message {tag!r} from {peer} "
+                                    f"({d.name} link) and got nothing")
+        got_tag, arrays, _ = self.pending[d].popleft()
         if got_tag != tag:
             raise FabricProtocolError(f"{self.tile} expected message {tag!r} on its {d.name} link, got "
                                       f"{got_tag!r}: the tiles ran different programs")
         return arrays
 
+    def recv_any(self, timeout: float) -> tuple[Dir, str, list[np.ndarray]] | None:
+        deadline = time.monotonic() + timeout
+        while not (links := [d for d in Dir if self.pending[d]]):
+            if not self._take(deadline):
+                return None
+        d = min(links, key=lambda d: self.pending[d][0][2])
+        tag, arrays, _ = self.pending[d].popleft()
+        return d, tag, arrays
+
+    def _take(self, deadline: float) -> bool:
+        """Move one message from the inbox to its link's queue, waiting until `deadline`."""
+        try:
+            d, tag, arrays = self.inbox.get(timeout=max(deadline - time.monotonic(), 0))
+        except queue.Empty:
+            return False
+        self.arrived += 1
+        self.pending[d].append((tag, arrays, self.arrived))
+        return True
+
 
 class LoopFabric:
     def __init__(self, mesh: MeshSpec, timeout: float = 10.0):
         self.mesh, self.timeout = mesh, timeout
-        self.queues = {(t, d): queue.Queue() for t in mesh.tiles() for d in Dir}
+        self.inboxes = {t: queue.Queue() for t in mesh.tiles()}
+        self._links: dict[TileId, LoopLinks] = {}
 
     def links(self, tile: TileId) -> LoopLinks:
-        return LoopLinks(self, tile)
+        """The links of `tile` (one object per tile: what arrived for it waits there)."""
+        if tile not in self._links:
+            self._links[tile] = LoopLinks(self, tile)
+        return self._links[tile]
 
     def run_spmd(self, fn, tiles: list[TileId] | None = None) -> dict[TileId, object]:
         tiles = self.mesh.tiles() if tiles is None else tiles
