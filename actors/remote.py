@@ -3,8 +3,8 @@
 Contract: :func:`start_tiles` starts one named Ray actor ``tile(x,y)`` per tile of the mesh (in the
 given namespace, pinned to the Ray node the placement chose, BLAS limited to one thread so that tiles
 do not fight over the machine's cores), wires their fabric (ipc on one node; tcp, bound on the node's
-address, only for tiles with a neighbour on another node) and
-returns the handles. :func:`stop_tiles` closes their sockets and kills them.
+address, only for tiles with a neighbour on another node), points their heartbeats at the host's inbox
+and returns the handles. :func:`stop_tiles` closes their sockets and kills them.
 """
 
 from __future__ import annotations
@@ -22,28 +22,33 @@ BLAS_ENV = {v: "1" for v in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM
 TileActor = ray.remote(num_cpus=0, max_restarts=0, max_concurrency=1)(Tile)
 
 
+def driver_node() -> str:
+    """The Ray node this driver runs on."""
+    return ray.get_runtime_context().get_node_id()
+
+
 def start_tiles(mesh: MeshSpec, spec, namespace: str, ipc_dir: str, node_ids: dict[TileId, str],
-                timeout: float, progress=None, tile_cls=TileActor) -> dict[TileId, object]:
+                timeout: float, host: dict, progress=None, tile_cls=TileActor) -> dict[TileId, object]:
+    """Start every tile pinned to its node in `node_ids` (every tile must have one), wire the fabric, and
+    point each tile's heartbeat and events at the host inbox (`host`: its "ipc" and "tcp" addresses)."""
     handles = {}
     for t in mesh.tiles():
-        opts = {"name": str(t), "namespace": namespace, "runtime_env": {"env_vars": BLAS_ENV}}
-        if node_ids.get(t):
-            opts["scheduling_strategy"] = NodeAffinitySchedulingStrategy(node_ids[t], soft=False)
+        opts = {"name": str(t), "namespace": namespace, "runtime_env": {"env_vars": BLAS_ENV},
+                "scheduling_strategy": NodeAffinitySchedulingStrategy(node_ids[t], soft=False)}
         handles[t] = tile_cls.options(**opts).remote(mesh, spec, t, timeout)
     addresses = {}
     for i, (t, h) in enumerate(handles.items()):
         addresses[t] = ray.get(h.bind.remote(ipc_dir, _crosses_nodes(mesh, node_ids, t)))
         if progress:
             progress(i + 1, len(handles))
-    calls = []
+    here, calls = driver_node(), []
     for t, h in handles.items():
         peers = {}
         for d in Dir:
             n = mesh.tile_neighbour(t, d)
             if n is not None:
-                same_node = node_ids.get(t) == node_ids.get(n)
-                peers[d.name] = addresses[n]["ipc" if same_node else "tcp"]
-        calls.append(h.connect.remote(peers))
+                peers[d.name] = addresses[n]["ipc" if node_ids[t] == node_ids[n] else "tcp"]
+        calls.append(h.connect.remote(peers, host["ipc" if node_ids[t] == here else "tcp"]))
     ray.get(calls)
     return handles
 

@@ -3,7 +3,11 @@
 Contract: :class:`Tile` is a plain class (unit tests construct it directly; ``waferrt.actors.remote``
 makes it a Ray actor). It owns the SRAM book of its cores and the local blocks of every DSM tensor
 that touches it, and runs SPMD kernels over the part of a region it holds, exchanging with neighbour
-tiles only through its links. Every method returns plain data (numpy arrays, dicts).
+tiles only through its links. Once connected it beats to the host's inbox (waferrt.actors.stream), so a
+frozen or dead tile is noticed within seconds. For LLM decode it books its stages' SRAM
+(``decode_setup``), takes their weights (``decode_load``) and runs the decode loop in a thread of its
+own (``decode_start`` / ``decode_submit`` / ``decode_stop``): no Ray call per token. Its methods are what
+the runtime calls (``Wafer.call(tile, Tile.method, args)``) and return plain data.
 """
 
 from __future__ import annotations
@@ -15,7 +19,7 @@ from waferrt.core.ledger import Ledger
 from waferrt.core.mesh import Dir, MeshSpec, Region, TileId
 from waferrt.core.spec import HardwareSpec
 from waferrt.core.sram import SramBook
-from waferrt.decode.program import StepResult, TileProgram
+from waferrt.decode.program import StageRun, TileProgram
 from waferrt.decode.setup import DecodeSetup, stage_sram
 from waferrt.fabric.kernel import Cores
 
@@ -27,6 +31,9 @@ class Tile:
         self.sram = SramBook(self.region, spec.sram_bytes)
         self.store: dict[str, tuple[Layout, np.ndarray]] = {}
         self.links = None
+        self.heartbeat = None  # beats to the host once watched
+        self.decoder: TileProgram | None = None
+        self.loop = None  # the decode loop's thread while it runs
 
     # -- fabric -----------------------------------------------------------------------------------------
     def bind(self, ipc_dir: str, tcp: bool = False) -> dict:
@@ -36,8 +43,13 @@ class Tile:
         self.links = ZmqLinks(self.tile, self.timeout)
         return self.links.bind(ipc_dir, tcp)
 
-    def connect(self, peers: dict[str, str]) -> None:
+    def connect(self, peers: dict[str, str], host: str) -> None:
+        """Link to the neighbour tiles' sockets and start beating to the host's inbox (`host`)."""
+        from .stream import Heartbeat
+
         self.links.connect({Dir[d]: a for d, a in peers.items()})
+        self.host = host
+        self.heartbeat = Heartbeat(host, str(self.tile))
 
     # -- DSM --------------------------------------------------------------------------------------------
     def _local(self, layout: Layout) -> tuple[Region, tuple[slice, slice]]:
@@ -73,6 +85,7 @@ class Tile:
     def run(self, kernel, region: Region, args: dict, epoch: int) -> dict:
         """Run a kernel on this tile's cores of `region`; `epoch` numbers the command (the same on every
         tile), so messages left over from an earlier, failed command are recognised and dropped."""
+        self._idle()
         ledger = Ledger(self.spec)
         self._new_epoch(epoch)
         ctx = Cores(region, self.region, self.links, ledger, self.store, tag=f"k{epoch}")
@@ -81,6 +94,10 @@ class Tile:
 
     def _new_epoch(self, epoch: int) -> None:
         self.links.epoch = epoch
+
+    def _idle(self) -> None:
+        if self.loop is not None:
+            raise RuntimeError(f"{self.tile} is decoding; stop the decode before running kernels on it")
 
     # -- LLM decode -------------------------------------------------------------------------------------
     def decode_setup(self, setup: DecodeSetup) -> list[int]:
@@ -96,12 +113,25 @@ class Tile:
     def decode_load(self, s: int, arrays: dict) -> None:
         self.decoder.load(s, arrays)
 
-    def decode_step(self, epoch: int, items: list, resets: list[int] = ()) -> StepResult:
+    def decode_start(self, epoch: int, lanes: int = 2, deadline: float = 60.0) -> None:
+        """Start this tile's decode loop (waferrt.serving.loop) in a thread of its own; returns at once."""
+        from .decoding import LoopThread
+
+        self._idle()
         self._new_epoch(epoch)
-        tag = f"t{epoch}"
-        for slot in resets:
-            self.decoder.reset(slot)
-        return self.decoder.step(tag, items)
+        self.loop = LoopThread(self.decoder, self.host, lanes, deadline)
+
+    def decode_submit(self, subs: list) -> None:
+        """Hand requests (waferrt.serving.Submission) to the decode loop of the head's tile."""
+        self.loop.submit(subs)
+
+    def decode_cancel(self, index: int) -> None:
+        self.loop.cancel(index)
+
+    def decode_stop(self) -> tuple[list[StageRun], dict]:
+        """End the decode loop: the stage runs it booked and, at the head, the micro-batches' parents."""
+        loop, self.loop = self.loop, None
+        return loop.stop() if loop is not None else ([], {})
 
     def names(self) -> list[str]:
         return sorted(self.store)
@@ -115,6 +145,10 @@ class Tile:
         return os.getpid()
 
     def close(self) -> None:
+        if self.loop is not None:
+            self.loop.stop_flag.set()
+        if self.heartbeat is not None:
+            self.heartbeat.stop()
         if self.links is not None:
             self.links.close()
-        self.links = None
+        self.links = self.heartbeat = None

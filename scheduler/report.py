@@ -58,6 +58,8 @@ class PlanReport:
     kv_tokens: int  # positions per request per layer
     kv_requests: int
     step_cycles: float  # one token through the whole chain
+    stage_cycles: float  # the slowest stage (a region and the hand-over into the next): one token enters
+    clock_hz: float
     tokens_per_s: float  # with kv_requests requests in flight
     request_tokens_per_s: float  # one request alone
     tile_work: tuple[TileWork, ...] = ()  # every tile of the mesh, sorted by (ty, tx)
@@ -67,6 +69,11 @@ class PlanReport:
         """Busiest tile's weight bytes over the mean per tile (1.0: perfectly balanced)."""
         total = sum(t.weight_bytes for t in self.tile_work)
         return max(t.weight_bytes for t in self.tile_work) * len(self.tile_work) / total if total else 1.0
+
+    def bound_tokens_per_s(self, in_flight: int) -> float:
+        """The modelled decode rate with `in_flight` requests: each advances one token per trip through the
+        chain, and no more than one token can enter per slowest-stage time."""
+        return self.clock_hz * min(in_flight / self.step_cycles, 1.0 / self.stage_cycles)
 
     @property
     def kv_capacity_tokens(self) -> int:
@@ -125,7 +132,7 @@ def _sram(p: Placement) -> tuple[int, float, int, tuple[int, ...], int]:
     return lo, mean, hi, (int(layer.max()),) * n, int(embed.max())
 
 
-def _speed(p: Placement) -> tuple[float, float, float]:
+def _speed(p: Placement) -> tuple[float, float]:
     cfg, spec = p.config, p.spec
     layers = [layer_decode_cost(spec, cfg, r, p.kv_tokens).cycles for r in p.layers]
     head = embed_decode_cost(spec, cfg, p.embed).cycles
@@ -133,7 +140,7 @@ def _speed(p: Placement) -> tuple[float, float, float]:
     hand = [handover_cost(spec, a, b, 4 * cfg.dim).cycles for a, b in pairwise(chain)]
     step = sum(layers) + head + sum(hand)
     stage = max([c + h for c, h in zip(layers, hand[1:], strict=True)] + [head + hand[0]])
-    return step, spec.clock_hz * min(p.kv.requests / step, 1.0 / stage), spec.clock_hz / step
+    return step, stage
 
 
 def plan_report(p: Placement) -> PlanReport:
@@ -142,7 +149,8 @@ def plan_report(p: Placement) -> PlanReport:
     chain = (p.embed, *p.layers, p.embed)
     used = sum(r.size for r in chain[:-1])
     lo, mean, hi, per_layer, embed_bytes = _sram(p)
-    step, tps, rtps = _speed(p)
+    step, stage = _speed(p)
+    clock = p.spec.clock_hz
     shape = p.layers[0]
     return PlanReport(
         layer_shape=(shape.w, shape.h), embed_shape=(p.embed.w, p.embed.h),
@@ -156,5 +164,7 @@ def plan_report(p: Placement) -> PlanReport:
         straddling=sum(tiles_spanned(mesh, r) > 1 for r in chain[:-1]),
         node_borders=node_borders(mesh, p.tile_nodes),
         kv_tokens=p.kv_tokens, kv_requests=p.kv.requests,
-        step_cycles=step, tokens_per_s=tps, request_tokens_per_s=rtps, tile_work=_tile_work(p),
+        step_cycles=step, stage_cycles=stage, clock_hz=clock,
+        tokens_per_s=clock * min(p.kv.requests / step, 1.0 / stage), request_tokens_per_s=clock / step,
+        tile_work=_tile_work(p),
     )

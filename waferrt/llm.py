@@ -2,23 +2,28 @@
 
 Contract: :class:`WaferLLM` takes a Llama model (config + float32 weights) and a scheduler Placement,
 starts the tile actors (``waferrt.Wafer``), books every stage's SRAM and loads its weight blocks into its
-tile, and generates with continuous batching (``waferrt.serving.continuous_batching``): each decode step
-is one command to every tile (a prompt enters the pipeline whole, token after token, through the decode
-path), the activations flow tile to tile over the fabric, logits leave at the head's tile, and the host
-samples (request i with ``numpy.random.default_rng([seed, i])``, as the reference does). It reaches the
-tiles only through ``Wafer.call`` with the :class:`~waferrt.actors.tile.Tile` methods themselves.
+tile. ``generate(requests, sampler, on_token)`` then runs the decode on the tiles by themselves: one Ray
+call per tile starts their decode loops, one hands the requests to the head's tile, and the tokens stream
+back to the host's inbox as they are sampled on the wafer (waferrt.serving.host.serve) -- no Ray call per
+token, no host in the loop. A tile that fails, dies or freezes ends ``generate`` within seconds with an
+error that names it (:class:`~waferrt.actors.watch.TileFailed`); the tokens already produced come with the
+error (``error.completions``). It reaches the tiles only through ``Wafer.call`` with the
+:class:`~waferrt.actors.tile.Tile` methods themselves.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
 
+import numpy as np
+
 from waferrt.actors.tile import Tile
-from waferrt.decode.program import merge_steps
 from waferrt.decode.setup import DecodeSetup, pack_stages
+from waferrt.fabric.comm import KTREE_FAST, Collectives
 from waferrt.model.config import LlamaConfig
 from waferrt.model.sampling import Sampler
-from waferrt.serving.batching import continuous_batching
+from waferrt.serving.engine import Submission, TokenEvent
+from waferrt.serving.host import serve
 from waferrt.serving.requests import Completion, GenRequest, GenStats, OnToken
 
 from .runtime import Wafer
@@ -26,11 +31,12 @@ from .runtime import Wafer
 
 class WaferLLM:
     def __init__(self, config: LlamaConfig, weights, placement, address: str | None = None,
-                 algo: str = "ktree", k: int = 2, timeout: float = 120.0):
-        self.config, self.weights, self.placement = config, weights, placement
-        self.setup = DecodeSetup.from_placement(placement, algo, k)
-        self.setup.stage_tiles()  # a placement the decode cannot run fails here, before Ray starts
+                 collectives: Collectives = KTREE_FAST, lanes: int = 2, timeout: float = 120.0):
+        self.config, self.weights, self.placement, self.lanes = config, weights, placement, lanes
+        self.setup = DecodeSetup.from_placement(placement, collectives)
+        self.head = self.setup.stage_tiles()[0]  # a placement the decode cannot run fails here, before Ray
         self.wafer = Wafer(placement.spec, placement.mesh, address=address, timeout=timeout)
+        self.ray_calls = 0  # Ray calls made to the tiles by generate (start, submit, stop)
 
     def __enter__(self) -> WaferLLM:
         return self if self.wafer.tiles else self.open()
@@ -65,10 +71,47 @@ class WaferLLM:
     def close(self) -> None:
         self.wafer.close()
 
-    def _step(self, items: list, resets: list[int]) -> tuple[dict, float]:
-        results = self.wafer.on_every_tile(Tile.decode_step, self.wafer.next_epoch(), items, resets)
-        return merge_steps(results, len(self.setup.stages()), self.placement.spec.clock_hz)
+    def generate(self, requests: list[GenRequest], sampler: Sampler, on_token: OnToken | None = None,
+                 keep_logits: bool = False) -> tuple[list[Completion], GenStats]:
+        return serve(_OnTiles(self), self.setup, self.placement.spec.clock_hz, requests, sampler, on_token,
+                     keep_logits)
 
-    def generate(self, requests: list[GenRequest], sampler: Sampler,
-                 on_token: OnToken | None = None) -> tuple[list[Completion], GenStats]:
-        return continuous_batching(self._step, self.placement, requests, sampler, on_token)
+
+class _OnTiles:
+    """One decode on the tile actors (the Decode protocol of waferrt.serving.host)."""
+
+    def __init__(self, llm: WaferLLM):
+        self.llm, self.wafer = llm, llm.wafer
+
+    def _call(self, calls: list) -> list:
+        self.llm.ray_calls += len(calls)
+        return self.wafer.call(calls)
+
+    def start(self) -> None:
+        epoch = self.wafer.next_epoch()
+        self._call([(t, Tile.decode_start, (epoch, self.llm.lanes)) for t in self.wafer.tiles])
+
+    def submit(self, subs: list[Submission]) -> None:
+        self._call([(self.llm.head, Tile.decode_submit, (subs,))])
+
+    def events(self, timeout: float) -> list[TokenEvent]:
+        from waferrt.actors.watch import TileFailed
+
+        out = []
+        for msg in self.wafer.listen(timeout):
+            if msg["k"] == "err":
+                self.wafer.failed = TileFailed(msg["tile"], f"failed in its decode loop: {msg['type']}: "
+                                                            f"{msg['msg']}")
+                raise self.wafer.failed
+            out += [TokenEvent(i, tok, fin, None if lg is None else np.frombuffer(lg, np.float32))
+                    for i, tok, fin, lg in msg["ev"]]
+        return out
+
+    def stop(self) -> tuple[list, dict]:
+        if self.wafer.failed is not None:  # the tiles cannot finish together; closing the wafer ends them
+            return [], {}
+        results = self._call([(t, Tile.decode_stop, ()) for t in self.wafer.tiles])
+        parents = {}
+        for _, p in results:
+            parents.update(p)
+        return [r for runs, _ in results for r in runs], parents

@@ -27,6 +27,9 @@ from .core.layout import Layout, from_blocks, to_blocks
 from .core.ledger import merge_snapshots
 from .core.mesh import Coord, MeshSpec, Region, TileId
 from .core.spec import HardwareSpec, spec_by_name
+from .fabric.links import FabricError, FabricTimeout
+
+STALL_S = 4.0  # a tile that sends no heartbeat for this long is dead or frozen (it beats every 0.25 s)
 
 
 def ray_init(address: str | None) -> bool:
@@ -41,23 +44,6 @@ def ray_init(address: str | None) -> bool:
     return True
 
 
-def gather_in_order(refs: list) -> tuple[list, list[bool], BaseException | None]:
-    """Wait for every call (none is left running or unobserved): their results (None where one failed),
-    which succeeded, and the error of the first one, in the given order, that failed."""
-    import ray
-
-    results, ok, error = [], [], None
-    for ref in refs:
-        try:
-            results.append(ray.get(ref))
-            ok.append(True)
-        except Exception as e:  # noqa: BLE001 - collected, the first is re-raised by the caller
-            results.append(None)
-            ok.append(False)
-            error = error or _cause(e)
-    return results, ok, error
-
-
 def cluster_nodes(address: str) -> list[tuple[str, int]]:
     """Join the Ray cluster at `address`; (node id, CPUs) of every live node."""
     import ray
@@ -66,10 +52,14 @@ def cluster_nodes(address: str) -> list[tuple[str, int]]:
     return [(n["NodeID"], max(1, int(n["Resources"].get("CPU", 1)))) for n in ray.nodes() if n["Alive"]]
 
 
-def _cause(e: BaseException) -> BaseException:
-    """A tile's own exception (e.g. SramOverflow) rather than Ray's wrapper, when Ray kept it."""
-    cause = getattr(e, "cause", None)
-    return cause if isinstance(cause, BaseException) else e
+def _root_cause(errors: dict[int, BaseException]) -> BaseException:
+    """Of the tiles' errors (by call index), the one that caused the others: a tile's own error before a
+    fabric error that a neighbour saw while waiting for it; a protocol error before a timeout."""
+    def rank(i: int) -> tuple[int, int]:
+        e = errors[i]
+        return (2 if isinstance(e, FabricTimeout) else 1 if isinstance(e, FabricError) else 0), i
+
+    return errors[min(errors, key=rank)]
 
 
 @dataclass(frozen=True)
@@ -133,10 +123,10 @@ class DSM:
             split = (None,) * max(len(shape) - 2, 0) + ("y", "x")[-len(shape):]
         layout = Layout(shape, region, tuple(split), tuple(granule), dtype)
         tiles = self._w.mesh.tiles_of(region)
-        _, done, error = gather_in_order([self._w.tiles[t].alloc.remote(name, layout) for t in tiles])
-        if error is not None:  # undo the tiles that booked it; report the first failing tile's error
-            self._w.call([(t, Tile.free, (name,)) for t, ok in zip(tiles, done, strict=True) if ok])
-            raise error
+        _, errors = self._w.gather([(t, Tile.alloc, (name, layout)) for t in tiles])
+        if errors:  # undo the tiles that booked it; report the first failing tile's error
+            self._w.call([(t, Tile.free, (name,)) for i, t in enumerate(tiles) if i not in errors])
+            raise errors[min(errors)]
         self.layouts[name] = layout
         return layout
 
@@ -213,6 +203,8 @@ class Wafer:
         self._started_ray = False
         self._ipc_dir: str | None = None
         self._open = False
+        self.watch = None  # the tiles' liveness and their line to the host (waferrt.actors.watch)
+        self.failed: Exception | None = None  # a tile died or froze: nothing more runs on this wafer
 
     def __enter__(self) -> Wafer:
         return self if self._open else self.open()
@@ -221,16 +213,25 @@ class Wafer:
         self.close()
 
     def open(self, progress=None, node_ids: dict[TileId, str] | None = None) -> Wafer:
-        from waferrt.actors.remote import start_tiles
+        """Start (or join) Ray and the tile actors: each tile on its node in `node_ids` (default: this
+        driver's node), the fabric wired, and every tile beating to this host's inbox."""
+        from waferrt.actors.remote import driver_node, start_tiles
+        from waferrt.actors.stream import HostInbox
+        from waferrt.actors.watch import Watch
 
         self._started_ray = ray_init(self.address)
-        self._open = True
+        self._open, self.failed = True, None
         atexit.register(self.close)
         self._ipc_dir = tempfile.mkdtemp(prefix="waferrt-")
         namespace = f"waferrt-{uuid.uuid4().hex[:8]}"
         try:
-            self.tiles = start_tiles(self.mesh, self.spec, namespace, self._ipc_dir, node_ids or {},
-                                     self.timeout, progress)
+            here = driver_node()
+            nodes = {t: (node_ids or {}).get(t) or here for t in self.mesh.tiles()}
+            inbox = HostInbox(self._ipc_dir, tcp=any(n != here for n in nodes.values()))
+            self.watch = Watch({}, inbox, STALL_S)  # so that close() closes the inbox if the tiles fail to start
+            self.tiles = start_tiles(self.mesh, self.spec, namespace, self._ipc_dir, nodes, self.timeout,
+                                     inbox.addresses, progress)
+            self.watch = Watch(self.tiles, inbox, STALL_S)
         except BaseException:
             self.close()
             raise
@@ -249,14 +250,41 @@ class Wafer:
 
     def call(self, calls: list[tuple[TileId, Callable, tuple]]) -> list:
         """Call tile methods side by side, one Ray call each: (tile, a :class:`Tile` method such as
-        ``Tile.decode_step``, args) -> results, in order. Every call is waited for (a failed tile's
-        neighbours give up at their fabric deadline); the first failure, in order, is raised as the tile's
-        own exception."""
-        refs = [getattr(self.tiles[t], method.__name__).remote(*args) for t, method, args in calls]
-        results, _, error = gather_in_order(refs)
-        if error is not None:
-            raise error
+        ``Tile.decode_start``, args) -> results, in order. Every call is waited for, with the tiles'
+        liveness checked all along (a dead tile raises TileDied, a frozen one TileStalled, within
+        seconds); when calls fail, the root cause is raised (a tile's own error, not the timeout of a
+        neighbour that waited for it)."""
+        results, errors = self.gather(calls)
+        if errors:
+            raise _root_cause(errors)
         return results
+
+    def gather(self, calls: list[tuple[TileId, Callable, tuple]]) -> tuple[list, dict[int, BaseException]]:
+        """Like :meth:`call`, but returns (results, {index: error}) instead of raising a tile's error."""
+        from waferrt.actors.watch import TileFailed
+
+        if self.failed is not None:
+            raise self.failed
+        refs = [getattr(self.tiles[t], method.__name__).remote(*args) for t, method, args in calls]
+        try:
+            return self.watch.gather(refs, [t for t, _, _ in calls])
+        except TileFailed as e:
+            self.failed = e
+            raise
+
+    def listen(self, timeout: float) -> list[dict]:
+        """What the tiles sent the host within `timeout` (events, errors), with their liveness checked."""
+        from waferrt.actors.watch import TileFailed
+
+        if self.failed is not None:
+            raise self.failed
+        try:
+            msgs = self.watch.listen(timeout)
+            self.watch.check()
+        except TileFailed as e:
+            self.failed = e
+            raise
+        return msgs
 
     def on_every_tile(self, method: Callable, *args) -> list:
         """The same call on every tile (mesh order); their results."""
@@ -290,6 +318,9 @@ class Wafer:
                 stop_tiles(self.tiles)
         finally:
             self.tiles = {}
+            if self.watch is not None:
+                self.watch.inbox.close()
+                self.watch = None
             if self._ipc_dir:
                 shutil.rmtree(self._ipc_dir, ignore_errors=True)
                 self._ipc_dir = None

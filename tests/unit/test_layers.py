@@ -28,7 +28,7 @@ FLOORS = {
     "waferrt.scheduler": {"waferrt.core", "waferrt.model", "waferrt.decode"},
     "waferrt.serving": {"waferrt.core", "waferrt.fabric", "waferrt.model", "waferrt.decode", "waferrt.scheduler"},
 }
-FLOORS["waferrt.actors"] = set(FLOORS) - {"waferrt.serving"}
+FLOORS["waferrt.actors"] = set(FLOORS)  # the tiles run the serving loop
 FLOORS["waferrt.runtime"] = set(FLOORS)
 FLOORS["waferrt.llm"] = set(FLOORS)  # the joins: the runtime (Wafer), then WaferLLM on top of it
 FLOORS["waferrt.cli"] = set(FLOORS)

@@ -14,6 +14,7 @@ from waferrt.decode.kvcache import KVCapacityError
 from waferrt.decode.pack import Chunks, pack_embed, pack_layer
 from waferrt.decode.setup import DecodeSetup, PlacementError
 from waferrt.decode.shards import EmbedShard, LayerShard
+from waferrt.fabric.comm import Collectives
 from waferrt.model import LayerWeights, LlamaWeights, ReferenceModel, Sampler, synthetic_llama, tiny_config
 from waferrt.scheduler import KVReserve, plan, plan_report
 from waferrt.serving import GenRequest, LocalDecoder, generate_reference
@@ -24,11 +25,12 @@ W = synthetic_llama(CFG, seed=0)
 
 @pytest.mark.parametrize("rows,cols", [(1, 1), (2, 3), (4, 5), (3, 7), (8, 16)])
 @pytest.mark.parametrize("algo", ["ktree", "ring", "pipeline"])
-def test_layers_on_cores_equal_the_reference(rows, cols, algo):
-    region = Region(0, 0, cols, rows)
+@pytest.mark.parametrize("fast", [True, False], ids=["fast", "checked"])
+def test_layers_on_cores_equal_the_reference(rows, cols, algo, fast):
+    region, coll = Region(0, 0, cols, rows), Collectives(algo, 2, fast)
     ledger = Ledger(TINY)
-    shards = [LayerShard(CFG, region, pack_layer(CFG, lw, region), 2, 24, ledger, algo) for lw in W.layers]
-    embed = EmbedShard(CFG, region, pack_embed(CFG, W.embed, W.final_norm, region), ledger, algo)
+    shards = [LayerShard(CFG, region, pack_layer(CFG, lw, region), (2, 24), ledger, coll) for lw in W.layers]
+    embed = EmbedShard(CFG, region, pack_embed(CFG, W.embed, W.final_norm, region), ledger, coll)
     ref, chunks = ReferenceModel(CFG, W), Chunks(CFG.dim, cols)
     cache = ref.new_cache()
     for pos, tok in enumerate([5, 17, 100, 3, 9, 200, 7, 8]):
@@ -46,7 +48,7 @@ def test_layers_on_cores_equal_the_reference(rows, cols, algo):
 
 def test_kv_cache_stays_balanced_by_shifting():
     region = Region(0, 0, 5, 2)
-    shard = LayerShard(CFG, region, pack_layer(CFG, W.layers[0], region), 1, 23, Ledger(TINY))
+    shard = LayerShard(CFG, region, pack_layer(CFG, W.layers[0], region), (1, 23), Ledger(TINY))
     x = np.zeros((1, 5, shard.arrays["attn_norm"].shape[1]), np.float32)
     for pos in range(23):
         shard.forward(x, np.array([0]), np.array([pos]))
@@ -93,7 +95,7 @@ def test_request_beyond_kv_capacity_is_refused_before_it_starts():
 def test_a_batch_of_prompt_tokens_equals_one_token_at_a_time():
     """Prefill: several positions of one request (and other requests) in one batch, causal attention."""
     region = Region(0, 0, 3, 2)
-    shards = [LayerShard(CFG, region, pack_layer(CFG, W.layers[0], region), 3, 16, Ledger(TINY)) for _ in "ab"]
+    shards = [LayerShard(CFG, region, pack_layer(CFG, W.layers[0], region), (3, 16), Ledger(TINY)) for _ in "ab"]
     rng = np.random.default_rng(0)
     x = rng.standard_normal((5, 3, shards[0].arrays["attn_norm"].shape[1])).astype(np.float32)
     slots, poss = np.array([0, 0, 0, 2, 2]), np.array([0, 1, 2, 0, 1])
@@ -104,7 +106,7 @@ def test_a_batch_of_prompt_tokens_equals_one_token_at_a_time():
 
 def test_region_across_tiles_is_refused_with_advice():
     mesh = MeshSpec(16, 16, 8, 8)
-    setup = DecodeSetup(CFG, mesh, (Region(6, 0, 4, 2),) * 3, Region(0, 8, 4, 4), 16, 1)
+    setup = DecodeSetup(CFG, mesh, (Region(6, 0, 4, 2),) * 3, Region(0, 8, 4, 4), 16, 1)  # layers straddle
     with pytest.raises(PlacementError, match="spans 2 tiles.*inside one tile"):
         setup.stage_tiles()
 

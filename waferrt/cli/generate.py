@@ -38,7 +38,13 @@ The wafer and --reference give the same tokens (greedy, or seeded sampling: requ
 seeded with [seed, i]). By default the model is planned on the smallest mesh of 2x2 tiles that holds it
 at the spec (WSE-2: 48 KB of SRAM per core) with a KV reserve of --kv-tokens x --requests; --mesh and
 --tile override it. --json prints one object: prompt_tokens, tokens, text (lists of those, one per
-request, when there are several prompts), finish, wall_tokens_per_s, wafer_tokens_per_s, steps, mesh."""
+request, when there are several prompts), finish, wall_tokens_per_s, wafer_tokens_per_s (the modelled
+wafer rate of what ran), wafer_bound_tokens_per_s (the placement's bound with as many requests in flight),
+steps (micro-batches), mesh.
+
+The tiles decode on their own: the head's tile samples each token and feeds it back into the pipeline;
+the host only hands the requests over and prints what streams back. If a tile dies or freezes, generate
+ends within seconds naming it, after printing what each request had produced."""
 
 
 def add_parser(sub) -> argparse.ArgumentParser:
@@ -118,12 +124,14 @@ def _placement(args, config):
 def _wafer_or_exit(args, config, weights):
     """The planned WaferLLM (not started yet), or a one-line reason why this model cannot run here."""
     from waferrt.decode.setup import PlacementError
+    from waferrt.fabric.comm import Collectives
     from waferrt.llm import WaferLLM
     from waferrt.scheduler import PlanError
 
     try:
         placement = _placement(args, config)
-        return placement, WaferLLM(config, weights, placement, address=args.address, algo=args.algo)
+        llm = WaferLLM(config, weights, placement, address=args.address, collectives=Collectives(args.algo))
+        return placement, llm
     except (PlanError, PlacementError, ValueError) as e:  # does not fit, bad mesh/tile/spec
         raise SystemExit(f"waferrt generate: {e}") from None
 
@@ -143,6 +151,7 @@ def _ray_nodes(address: str | None):
 
 def run(args) -> int:
     from waferrt.model import Sampler, StreamDecoder
+    from waferrt.scheduler import plan_report
     from waferrt.serving import GenRequest, generate_reference
 
     if args.max_new_tokens < 1:
@@ -176,18 +185,31 @@ def run(args) -> int:
     if args.reference:
         say("decoding on the single-process numpy reference")
         out, stats = generate_reference(config, weights, requests, sampler, on_token)
-        mesh = "reference"
+        mesh, bound = "reference", None
     else:
         placement, llm = _wafer_or_exit(args, config, weights)
-        with llm.open(progress=say):
-            say("decoding on the wafer")
-            out, stats = llm.generate(requests, sampler, on_token)
+        out, stats = _on_the_wafer(llm, requests, sampler, on_token, tok, live)
         mesh = str(placement.mesh)
-    _report(args, tok, out, stats, mesh, live, streams)
+        bound = plan_report(placement).bound_tokens_per_s(min(len(requests), placement.kv.requests))
+    _report(args, tok, out, stats, mesh, live, streams, bound)
     return 0 if all(not c.finish.startswith("refused") for c in out) else 2
 
 
-def _report(args, tok, out, stats, mesh, live, streams) -> None:
+def _on_the_wafer(llm, requests, sampler, on_token, tok, live):
+    """Decode on the wafer; when a tile fails, print what every request had produced, then one line."""
+    from waferrt.actors.watch import TileFailed
+
+    try:
+        with llm.open(progress=say):
+            say("decoding on the wafer")
+            return llm.generate(requests, sampler, on_token)
+    except TileFailed as e:
+        for i, c in enumerate(getattr(e, "completions", []) if not live else []):
+            print(f"--- request {i}: unfinished\n{tok.decode(c.tokens, skip_special=True)}", flush=True)
+        raise SystemExit(f"\nwaferrt generate: {e}") from None
+
+
+def _report(args, tok, out, stats, mesh, live, streams, bound) -> None:
     gen = [tok.decode(c.tokens, skip_special=True) for c in out]
     for c in out:
         if c.finish.startswith("refused"):
@@ -200,10 +222,12 @@ def _report(args, tok, out, stats, mesh, live, streams) -> None:
             "text": pick(gen), "finish": pick([c.finish for c in out]),
             "wall_tokens_per_s": round(stats.wall_tokens_per_s, 3),
             "wafer_tokens_per_s": round(stats.wafer_tokens_per_s, 1),
+            "wafer_bound_tokens_per_s": None if bound is None else round(bound, 1),
             "steps": stats.steps, "generated": stats.tokens, "wall_s": round(stats.wall_s, 3),
             "mesh": mesh}))
         return
     if live:
         print(streams[0].flush(), flush=True)
-    wafer = "" if mesh == "reference" else f", modelled wafer {stats.wafer_tokens_per_s:,.0f} tok/s"
+    wafer = "" if bound is None else (f"; modelled wafer: ran {stats.wafer_tokens_per_s:,.0f} tok/s, bound "
+                                      f"{bound:,.0f} tok/s")
     say(f"{stats.tokens} tokens in {stats.wall_s:.2f}s: wall {stats.wall_tokens_per_s:.1f} tok/s{wafer}")

@@ -7,9 +7,9 @@ and moves data between cores only through waferrt.fabric.
 """
 
 from .kvcache import KVCapacityError, MeshKVCache
-from .program import StepResult, TileProgram, merge_steps, micro_batches
+from .program import StageRun, TileProgram
 from .setup import DecodeSetup, PlacementError, pack_stages, stage_sram
 from .shards import EmbedShard, LayerShard
 
 __all__ = ["DecodeSetup", "EmbedShard", "KVCapacityError", "LayerShard", "MeshKVCache", "PlacementError",
-           "StepResult", "TileProgram", "merge_steps", "micro_batches", "pack_stages", "stage_sram"]
+           "StageRun", "TileProgram", "pack_stages", "stage_sram"]

@@ -3,13 +3,11 @@
 Contract: pure closed forms built from waferrt.core.cost's primitives. ``layer_decode_cost`` and
 ``embed_decode_cost`` give one token of one request through a layer region / the head; ``handover_cost``
 is what the tiles book when activations move from one stage's region to the next (the one formula for
-it); ``pipeline_seconds`` schedules the per-(stage, micro-batch) cycles that the tiles booked as the wafer
-would run them. The scheduler predicts a placement's speed with these; the tiles book with them.
+it); ``flow_seconds`` schedules the stage runs that the tiles booked as the wafer would run them. The
+scheduler predicts a placement's speed with these; the tiles book with them.
 """
 
 from __future__ import annotations
-
-import numpy as np
 
 from waferrt.core.arith import cdiv
 from waferrt.core.cost import (
@@ -69,14 +67,33 @@ def handover_cost(spec: HardwareSpec, src: Region, dst: Region, nbytes: int) -> 
                        messages=line.messages * dst.w, cycles=line.cycles)
 
 
-def pipeline_seconds(cycles: dict, n_stages: int, n_items: int, clock_hz: float) -> float:
-    """Modelled time of one step: every stage region is its own hardware and takes the (micro-batches of)
-    items in order, so item i leaves stage s at max(it left stage s-1, item i-1 left stage s) + its
-    cycles at s. `cycles` maps (stage, item) to cycles (missing: 0)."""
-    done_prev = np.zeros(n_items)
-    for s in range(n_stages):
-        t = 0.0
-        for i in range(n_items):
-            t = max(t, done_prev[i]) + cycles.get((s, i), 0.0)
-            done_prev[i] = t
-    return float(done_prev.max(initial=0.0)) / clock_hz
+def flow_seconds(runs, parents: dict[int, int | None], last_stage: int, clock_hz: float) -> float:
+    """Modelled time of the decode that ran: every region is its own hardware and runs its stage runs in
+    the order its tile ran them; a run of micro-batch m at stage s starts when m left stage s-1 and the
+    region is free; at the embedding (s = 0) it starts when its parent (the micro-batch whose sampled
+    tokens it carries, ``parents[m]``; None: none) left the head (`last_stage`). `runs` are StageRuns of
+    every tile (mb, stage, region, seq, cycles). Returns the time the last run ends, in seconds."""
+    queues: dict = {}
+    for r in sorted(runs, key=lambda r: r.seq):
+        queues.setdefault(r.region, []).append(r)
+    done: dict[tuple[int, int], float] = {}
+    free = dict.fromkeys(queues, 0.0)
+    heads = dict.fromkeys(queues, 0)
+    left = len(runs)
+    while left:
+        progressed = False
+        for region, queue in queues.items():
+            while heads[region] < len(queue):
+                r = queue[heads[region]]
+                dep = (r.mb, r.stage - 1) if r.stage else (
+                    None if parents.get(r.mb) is None else (parents[r.mb], last_stage))
+                if dep is not None and dep not in done:
+                    break
+                start = max(free[region], 0.0 if dep is None else done[dep])
+                done[(r.mb, r.stage)] = free[region] = start + r.cycles
+                heads[region] += 1
+                left -= 1
+                progressed = True
+        if not progressed:
+            raise ValueError("the stage runs do not form a pipeline: a micro-batch waits for one that never ran")
+    return max(done.values(), default=0.0) / clock_hz

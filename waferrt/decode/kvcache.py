@@ -44,7 +44,10 @@ class MeshKVCache:
     # -- writing ------------------------------------------------------------------------------------------
     def insert(self, slots: np.ndarray, k_new: np.ndarray, v_new: np.ndarray, poss: np.ndarray) -> None:
         """One new position for each item: k_new, v_new (B, R, nkv, hd_r). Items of different requests shift
-        together; a request's own items (a prompt) go in turn, in position order."""
+        together; a request's own items (a prompt) go in turn, in position order. An item at position 0
+        starts its request afresh: the slot's cache is emptied first (the slot may have held another)."""
+        for slot in np.unique(slots[poss == 0]):
+            self.reset(int(slot))
         order = np.zeros(len(slots), np.int64)  # the how-many-th item of its request each item is
         for i in range(1, len(slots)):
             order[i] = np.count_nonzero(slots[:i] == slots[i])

@@ -1,7 +1,7 @@
 """What every tile must know to run the decode, what each stage books in SRAM, and the weights it loads.
 
 Contract: :class:`DecodeSetup` is a frozen value (model shape, mesh, the regions of the stages, K/V
-reserve, allreduce algorithm, storage dtype), made from a scheduler Placement by
+reserve, how the collectives run, storage dtype), made from a scheduler Placement by
 :meth:`DecodeSetup.from_placement`. Its stages are embed -> layer 0 -> ... -> layer L-1 -> head (the
 head shares the embedding's region and table); ``stage_tiles`` says which tile runs each stage and
 raises :class:`PlacementError` when a region spans several tiles. :func:`stage_sram` is what a stage
@@ -16,6 +16,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from waferrt.core.mesh import MeshSpec, Region, TileId
+from waferrt.fabric.comm import KTREE_FAST, Collectives
 from waferrt.model.config import LlamaConfig
 
 from .layout import booked_bytes, embed_booking, layer_booking
@@ -34,15 +35,14 @@ class DecodeSetup:
     embed: Region
     kv_tokens: int  # per request, per layer
     slots: int  # requests in flight at most
-    algo: str = "ktree"
-    k: int = 2
+    collectives: Collectives = KTREE_FAST
     dtype: str = "float32"  # how weights and K/V are stored in the cores (computed in float32)
 
     @classmethod
-    def from_placement(cls, placement, algo: str = "ktree", k: int = 2) -> DecodeSetup:
+    def from_placement(cls, placement, collectives: Collectives = KTREE_FAST) -> DecodeSetup:
         """What the tiles need to know of a scheduler Placement to run its decode."""
         p = placement
-        return cls(p.config, p.mesh, p.layers, p.embed, p.kv_tokens, p.kv.requests, algo, k, p.dtype)
+        return cls(p.config, p.mesh, p.layers, p.embed, p.kv_tokens, p.kv.requests, collectives, p.dtype)
 
     def stages(self) -> tuple[tuple[str, int, Region], ...]:
         """(kind, layer index or -1, region) in the order an item passes them."""

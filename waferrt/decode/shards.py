@@ -17,7 +17,7 @@ import numpy as np
 from waferrt.core.dtypes import to_f32
 from waferrt.core.ledger import Ledger
 from waferrt.core.mesh import Region
-from waferrt.fabric.comm import LineComm
+from waferrt.fabric.comm import KTREE_FAST, Collectives, LineComm
 from waferrt.model.config import LlamaConfig
 from waferrt.model.reference import apply_rope, silu
 
@@ -25,45 +25,47 @@ from .kvcache import MeshKVCache
 from .pack import Chunks, rope_tables
 
 
-def mesh_rmsnorm(comm: LineComm, x: np.ndarray, w: np.ndarray, cfg: LlamaConfig, algo: str, k: int
-                 ) -> np.ndarray:
+def mesh_rmsnorm(comm: LineComm, x: np.ndarray, w: np.ndarray, cfg: LlamaConfig, coll: Collectives) -> np.ndarray:
     """RMSNorm of x (B, C, dim_c), split over the columns of `comm`'s line: the sum of squares is a row
     allreduce (every row does the same one: one copy is kept)."""
-    ss = comm.allreduce((x * x).sum(axis=2), algo, k, array_axis=1, replicated=True, collapse=True)  # (B,)
+    ss = comm.allreduce((x * x).sum(axis=2), coll.algo, coll.k, array_axis=1, replicated=True,
+                        collapse=True)  # (B,)
     scale = np.float32(1.0) / np.sqrt(ss / np.float32(cfg.dim) + np.float32(cfg.norm_eps))
     return x * scale[:, None, None] * w
 
 
+def mesh_gemv(comm: LineComm, coll: Collectives, w: np.ndarray, x: np.ndarray) -> np.ndarray:
+    """MeshGEMV: x (B, P, i) is split over the P cores of each of `comm`'s lines; w (P, i, Q*o) stacks every
+    core's block (Q = the lines, which the output is split over). Every core multiplies its block, then the
+    partial sums are allreduced along the line -> (B, Q, o). The fast path sums as one matmul over the joined
+    input (the same blocks, each read once) and books the allreduce's messages."""
+    B, P, i = x.shape
+    Q = comm.lines
+    comm.ledger.compute(2 * B * i * w.shape[2] // Q)  # the busiest core's block GEMV, for every item
+    if comm.fast:
+        with comm.ledger.op(f"allreduce.{coll.algo}"):
+            comm.book_allreduce(coll.algo, coll.k, B * w.shape[2])
+        return (x.reshape(B, P * i) @ w.reshape(P * i, -1)).reshape(B, Q, -1)
+    part = np.matmul(x.transpose(1, 0, 2), w).reshape(P, B, Q, -1)  # every core's block GEMV, all items
+    return comm.allreduce(part, coll.algo, coll.k, array_axis=0, collapse=True, overwrite=True)
+
+
 class LayerShard:
-    def __init__(self, cfg: LlamaConfig, region: Region, arrays: dict, slots: int, kv_tokens: int,
-                 ledger: Ledger, algo: str = "ktree", k: int = 2, dtype: str = "float32"):
-        self.cfg, self.region, self.ledger, self.algo, self.k = cfg, region, ledger, algo, k
+    def __init__(self, cfg: LlamaConfig, region: Region, arrays: dict, kv: tuple[int, int], ledger: Ledger,
+                 coll: Collectives = KTREE_FAST, dtype: str = "float32"):
+        """`arrays` from pack_layer; `kv` = (requests, positions per request) of the K/V caches."""
+        self.cfg, self.region, self.ledger, self.coll = cfg, region, ledger, coll
         self.arrays, self.dtype = arrays, dtype  # weights and K/V are stored in `dtype`, computed in float32
         self.rows, self.cols = region.h, region.w
-        self.cx = LineComm("x", region, region, None, ledger)
-        self.cy = LineComm("y", region, region, None, ledger)
+        self.cx = LineComm("x", region, region, None, ledger, fast=coll.fast)
+        self.cy = LineComm("y", region, region, None, ledger, fast=coll.fast)
         self.hd_r = arrays["wqkv"].shape[2] // (self.rows * (cfg.n_heads + 2 * cfg.n_kv_heads))
         self.inv_freq, _ = rope_tables(cfg, self.rows)  # (R, hd_r/2)
-        self.kv = MeshKVCache(cfg, region, slots, kv_tokens, self.hd_r, dtype, self.cx)
+        self.kv = MeshKVCache(cfg, region, kv[0], kv[1], self.hd_r, dtype, self.cx)
         self.scale = np.float32(1.0 / np.sqrt(cfg.head_dim))
 
     def _w(self, name: str) -> np.ndarray:
         return to_f32(self.arrays[name], self.dtype)
-
-    # -- pieces: every array carries the batch axis B first -------------------------------------------------
-    def _gemv_cols(self, w: np.ndarray, x: np.ndarray) -> np.ndarray:
-        """Input split over columns: w (C, i, R*o), x (B, C, i) -> (B, R, o), split over rows."""
-        part = np.matmul(x.transpose(1, 0, 2), w)  # (C, B, R*o): every core's block GEMV, all items
-        self.ledger.compute(2 * x.shape[0] * w.shape[1] * w.shape[2] // self.rows)
-        part = part.reshape(self.cols, x.shape[0], self.rows, -1)
-        return self.cx.allreduce(part, self.algo, self.k, array_axis=0, collapse=True, overwrite=True)
-
-    def _gemv_rows(self, w: np.ndarray, h: np.ndarray) -> np.ndarray:
-        """Input split over rows: w (R, i, C*o), h (B, R, i) -> (B, C, o), split over columns."""
-        part = np.matmul(h.transpose(1, 0, 2), w)  # (R, B, C*o)
-        self.ledger.compute(2 * h.shape[0] * w.shape[1] * w.shape[2] // self.cols)
-        part = part.reshape(self.rows, h.shape[0], self.cols, -1)
-        return self.cy.allreduce(part, self.algo, self.k, array_axis=0, collapse=True, overwrite=True)
 
     def _attention(self, slots: np.ndarray, poss: np.ndarray, q: np.ndarray) -> np.ndarray:
         """q (B, R, nh, hd_r) -> (B, R, nh * hd_r). Item b attends to the positions <= poss[b] of its
@@ -74,20 +76,20 @@ class LayerShard:
         part = np.matmul(q.reshape(B, self.rows, nkv, rep, self.hd_r), kc)  # (B, R, nkv, rep, C*cap)
         self.ledger.compute(2 * B * nkv * rep * self.hd_r * cap)
         part = part.reshape(B, self.rows, nkv, rep, self.cols, cap)
-        scores = self.cy.allreduce(part, self.algo, self.k, array_axis=1, collapse=True,
+        scores = self.cy.allreduce(part, self.coll.algo, self.coll.k, array_axis=1, collapse=True,
                                    overwrite=True)  # (B, nkv, rep, C, cap)
         valid = self.kv.visible(slots, poss)[:, None, None]  # (B, 1, 1, C, cap)
         scores = np.where(valid, scores * self.scale, np.float32(-np.inf))
-        m = self.cx.allreduce(scores.max(axis=4), self.algo, self.k, op="max", array_axis=3, replicated=True,
+        m = self.cx.allreduce(scores.max(axis=4), self.coll.algo, self.coll.k, op="max", array_axis=3, replicated=True,
                               collapse=True)  # (B, nkv, rep)
         e = np.where(valid, np.exp(scores - m[..., None, None]), np.float32(0))
-        total = self.cx.allreduce(e.sum(axis=4), self.algo, self.k, array_axis=3, replicated=True,
+        total = self.cx.allreduce(e.sum(axis=4), self.coll.algo, self.coll.k, array_axis=3, replicated=True,
                                   collapse=True)  # (B, nkv, rep)
         p = (e / total[..., None, None]).transpose(0, 3, 1, 2, 4)  # (B, C, nkv, rep, cap)
         out = np.matmul(p, vc)  # (B, C, nkv, rep, R*hd_r)
         self.ledger.compute(2 * B * nkv * rep * self.hd_r * cap)
         out = out.reshape(B, self.cols, nkv, rep, self.rows, self.hd_r)
-        a = self.cx.allreduce(out, self.algo, self.k, array_axis=1, collapse=True,
+        a = self.cx.allreduce(out, self.coll.algo, self.coll.k, array_axis=1, collapse=True,
                               overwrite=True)  # (B, nkv, rep, R, hd_r)
         return a.transpose(0, 3, 1, 2, 4).reshape(B, self.rows, -1)
 
@@ -95,31 +97,30 @@ class LayerShard:
     def forward(self, x: np.ndarray, slots: np.ndarray, poss: np.ndarray) -> np.ndarray:
         """x (B, C, dim_c) -> (B, C, dim_c): item b is the token at position poss[b] of the request in
         slots[b] (items of one request in position order: a prompt goes through all at once)."""
-        cfg, nh, nkv = self.cfg, self.cfg.n_heads, self.cfg.n_kv_heads
+        cfg, nh, nkv, B = self.cfg, self.cfg.n_heads, self.cfg.n_kv_heads, len(slots)
         with self.ledger.op("layer"):
-            h = mesh_rmsnorm(self.cx, x, self._w("attn_norm"), cfg, self.algo, self.k)
-            qkv = self._gemv_cols(self._w("wqkv"), h).reshape(len(slots), self.rows, -1, self.hd_r)
+            h = mesh_rmsnorm(self.cx, x, self._w("attn_norm"), cfg, self.coll)
+            qkv = mesh_gemv(self.cx, self.coll, self._w("wqkv"), h).reshape(B, self.rows, -1, self.hd_r)
             ang = poss[:, None, None] * self.inv_freq[None]  # (B, R, hd_r/2), float64 like the reference
             cos, sin = np.cos(ang).astype(np.float32)[:, :, None], np.sin(ang).astype(np.float32)[:, :, None]
             q = apply_rope(qkv[:, :, :nh], cos, sin)  # (B, R, nh, hd_r)
             k = apply_rope(qkv[:, :, nh: nh + nkv], cos, sin)
             self.kv.insert(slots, k, qkv[:, :, nh + nkv:], poss)
-            x = x + self._gemv_rows(self._w("wo"), self._attention(slots, poss, q))
-            h = mesh_rmsnorm(self.cx, x, self._w("ffn_norm"), cfg, self.algo, self.k)
-            gu = self._gemv_cols(self._w("w13"), h).reshape(len(slots), self.rows, 2, -1)  # (B, R, 2, hid_r)
-            return x + self._gemv_rows(self._w("w2"), silu(gu[:, :, 0]) * gu[:, :, 1])
+            x = x + mesh_gemv(self.cy, self.coll, self._w("wo"), self._attention(slots, poss, q))
+            h = mesh_rmsnorm(self.cx, x, self._w("ffn_norm"), cfg, self.coll)
+            gu = mesh_gemv(self.cx, self.coll, self._w("w13"), h).reshape(B, self.rows, 2, -1)  # (B, R, 2, hid_r)
+            return x + mesh_gemv(self.cy, self.coll, self._w("w2"), silu(gu[:, :, 0]) * gu[:, :, 1])
 
 
 class EmbedShard:
-    def __init__(self, cfg: LlamaConfig, region: Region, arrays: dict, ledger: Ledger, algo: str = "ktree",
-                 k: int = 2, dtype: str = "float32"):
-        self.cfg, self.region, self.ledger, self.algo, self.k = cfg, region, ledger, algo, k
+    def __init__(self, cfg: LlamaConfig, region: Region, arrays: dict, ledger: Ledger,
+                 coll: Collectives = KTREE_FAST, dtype: str = "float32"):
+        self.cfg, self.region, self.ledger, self.coll, self.dtype = cfg, region, ledger, coll, dtype
         self.table, self.norm = arrays["table"], arrays["final_norm"]  # (C, dim_c, R*voc_r), (C, dim_c)
-        self.dtype = dtype
         self.rows, self.cols = region.h, region.w
         self.vocab = Chunks(cfg.vocab_size, region.h)
         self.voc_r = self.table.shape[2] // region.h
-        self.cx = LineComm("x", region, region, None, ledger)
+        self.cx = LineComm("x", region, region, None, ledger, fast=coll.fast)
 
     def lookup(self, tokens: np.ndarray) -> np.ndarray:
         """The embedding rows of `tokens` (B,), each as (C, dim_c) in the core row that holds it."""
@@ -131,9 +132,6 @@ class EmbedShard:
     def logits(self, x: np.ndarray) -> np.ndarray:
         """Final RMSNorm and the tied head as a MeshGEMV: x (B, C, dim_c) -> logits (B, vocab)."""
         with self.ledger.op("head"):
-            h = mesh_rmsnorm(self.cx, x, to_f32(self.norm, self.dtype), self.cfg, self.algo, self.k)
-            part = np.matmul(h.transpose(1, 0, 2), to_f32(self.table, self.dtype))  # (C, B, R*voc_r)
-            self.ledger.compute(2 * x.shape[0] * self.voc_r * self.table.shape[1])
-            part = part.reshape(self.cols, x.shape[0], self.rows, -1)
-            out = self.cx.allreduce(part, self.algo, self.k, collapse=True)  # (B, R, voc_r)
+            h = mesh_rmsnorm(self.cx, x, to_f32(self.norm, self.dtype), self.cfg, self.coll)
+            out = mesh_gemv(self.cx, self.coll, to_f32(self.table, self.dtype), h)  # (B, R, voc_r)
         return self.vocab.join(out)  # (B, vocab)

@@ -12,14 +12,22 @@ hop), ``broadcast`` (multicast from a root), ``shift`` (with or without wrap), `
 "ktree" (K-level tree, chains toward each group's first core, then a multicast), "ring" (reduce-scatter +
 allgather on the folded ring, logical neighbours at most 2 hops apart) and "pipeline" (segments streamed
 down a chain, then a multicast) algorithms. Costs go to the :class:`~waferrt.core.ledger.Ledger`.
+
+Fast path (``fast=True``, for a region that lies wholly in this tile, as every decode region does): an
+allreduce of float32 data computes its result in one vectorised reduction and books exactly the messages
+the hop-by-hop algorithm sends (``book_allreduce``); tests/unit/test_fast_path.py holds the two modes to
+the same results and the same counts on every mesh of the test matrix. The hop-by-hop path is the
+checked mode.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import numpy as np
 
 from waferrt.core.arith import cdiv
-from waferrt.core.cost import ALLREDUCE_ALGOS, ktree_levels
+from waferrt.core.cost import ALLREDUCE_ALGOS, Cost, allreduce_cost, ktree_levels
 from waferrt.core.ledger import Ledger
 from waferrt.core.mesh import Dir, Region
 
@@ -28,12 +36,33 @@ from .links import Links
 REDUCE_OPS = {"sum": np.add, "max": np.maximum}
 
 
+@dataclass(frozen=True)
+class Collectives:
+    """How a program's collectives run: the allreduce algorithm ("ktree" with `k` levels, "ring",
+    "pipeline"), and whether a region that lies wholly in one tile takes the fast path (results computed
+    at once, every message of the algorithm booked) or moves every message hop by hop (the checked mode)."""
+
+    algo: str = "ktree"
+    k: int = 2
+    fast: bool = True
+
+    def __post_init__(self) -> None:
+        if self.algo not in ALLREDUCE_ALGOS:
+            raise ValueError(f"unknown allreduce algorithm {self.algo!r}; choose one of {ALLREDUCE_ALGOS}")
+        if self.k < 1:
+            raise ValueError(f"a K-tree needs K >= 1 levels, got {self.k}")
+
+
+KTREE_FAST = Collectives()  # the default: K-tree with K=2, fast path
+
+
 class LineComm:
     def __init__(self, axis: str, region: Region, local: Region, links: Links | None, ledger: Ledger,
-                 tag_prefix: str = ""):
+                 tag_prefix: str = "", fast: bool = False):
         if axis not in ("x", "y"):
             raise ValueError(f"a line runs along mesh axis 'x' or 'y', got {axis!r}")
         self.axis, self.region, self.local, self.links, self.ledger = axis, region, local, links, ledger
+        self.fast = fast and local == region  # the fast path needs every core of the region in this tile
         if axis == "x":
             self.n, self.lo, self.m, self.lines = region.w, local.x0 - region.x0, local.w, local.h
             self.fwd = Dir.E
@@ -85,7 +114,7 @@ class LineComm:
             self.links.send(d, tag, [out_pos, np.ascontiguousarray(out_val)])
         elif len(out_pos):
             raise RuntimeError(f"transfer lost {len(out_pos)} message(s) at the edge of the region")
-        vals_per_pos = int(np.prod(buf.shape)) // max(buf.shape[array_axis], 1)
+        vals_per_pos = _per_position(buf, array_axis)
         nbytes = self._msg_bytes(vals_per_pos, buf.itemsize, replicated)
         self.ledger.message(abs(dist), nbytes, int(mine.sum()) * self.lines)
         return np.concatenate(got_pos), np.concatenate(got_val, axis=array_axis)
@@ -112,7 +141,7 @@ class LineComm:
             (val,) = self.links.recv(toward_root, tag)
             if self._has_tile(toward_root.opposite):
                 self.links.send(toward_root.opposite, tag, [val])
-        vals_per_pos = int(np.prod(buf.shape)) // max(buf.shape[array_axis], 1)
+        vals_per_pos = _per_position(buf, array_axis)
         if self.n > 1:
             nbytes = self._msg_bytes(vals_per_pos, buf.itemsize, replicated)
             msgs = (self.n - 1) * self.lines if self.lo == 0 else 0
@@ -157,7 +186,10 @@ class LineComm:
                 return np.take(buf, 0, axis=array_axis) if collapse else buf.copy()
         ufunc = REDUCE_OPS[op]
         with self.ledger.op(f"allreduce.{algo}"):
-            if algo == "ktree":
+            if self.fast and buf.dtype == np.float32:  # the result at once, the algorithm's messages booked
+                out = ufunc.reduce(buf, axis=array_axis, keepdims=True)
+                self.book_allreduce(algo, k, _per_position(buf, array_axis), replicated)
+            elif algo == "ktree":
                 out = self._ktree(buf, k, ufunc, array_axis, replicated, overwrite)
             else:
                 acc = np.moveaxis(buf, array_axis, 0)
@@ -167,13 +199,21 @@ class LineComm:
                 out = np.moveaxis(red.reshape((1,) + acc.shape[1:]), 0, array_axis)
         return np.take(out, 0, axis=array_axis) if collapse else _spread(out, self.m, array_axis)
 
+    def book_allreduce(self, algo: str, k: int, values_per_position: int, replicated: bool = False) -> None:
+        """Book what the `algo` allreduce of float32 slices of `values_per_position` values moves along every
+        line, message for message as the hop-by-hop algorithm does (its closed form, times the lines),
+        without moving anything: for fast paths that compute the result another way (inside an op)."""
+        nbytes = self._msg_bytes(values_per_position, 4, replicated)
+        c = allreduce_cost(self.ledger.spec, algo, self.n, nbytes, k)
+        self.ledger.add(Cost(c.hops, c.stages, c.link_bytes * self.lines, c.messages * self.lines, 0, c.cycles))
+
     # -- algorithms -----------------------------------------------------------------------------------
     def _ktree(self, buf, k, ufunc, array_axis, replicated, overwrite=False):
         """Returns the sum with a line axis of length 1 (to be spread over the line's cores)."""
         acc = buf if overwrite else buf.copy()
         whole = self.m == self.n  # the whole line is in this tile: strided in-memory steps
         a = acc.swapaxes(0, array_axis) if whole else None
-        vals_per_pos = int(np.prod(buf.shape)) // max(buf.shape[array_axis], 1)
+        vals_per_pos = _per_position(buf, array_axis)
         nbytes = self._msg_bytes(vals_per_pos, buf.itemsize, replicated)
         for stride, chain in ktree_levels(self.n, k):
             span = stride * (chain + 1)
@@ -250,6 +290,11 @@ class LineComm:
         self._chunk_steps(chunks, steps, ufunc, replicated)
         acc = _join_chunks(chunks, flat.shape[1])
         return self._multicast(acc, 0, 0, replicated, spread=False)
+
+
+def _per_position(buf: np.ndarray, axis: int) -> int:
+    """Values each line position holds in `buf` (all axes but the line axis)."""
+    return int(np.prod(buf.shape)) // max(buf.shape[axis], 1)
 
 
 def _join_chunks(chunks: np.ndarray, v: int) -> np.ndarray:

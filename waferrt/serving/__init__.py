@@ -1,13 +1,16 @@
-"""waferrt.serving: requests in, tokens out -- continuous batching over any decode step, the in-process
-LocalDecoder, and the same requests on the numpy reference.
+"""waferrt.serving: requests in, tokens out -- the engine at the head of the pipeline (admission, lanes,
+sampling), the decode loop every tile runs, the host's side (``serve``), the in-process LocalDecoder, and
+the same requests on the numpy reference.
 
-Contract: pure (no Ray): the Ray-backed decode (waferrt.llm.WaferLLM) plugs its step into the same loop.
+Contract: pure (no Ray): the tile actors run the same loop (waferrt.actors), and the Ray-backed decode
+(waferrt.llm.WaferLLM) is one more ``serve`` Decode.
 """
 
-from .batching import continuous_batching
+from .engine import HeadEngine, Submission, TokenEvent
+from .host import serve
 from .local import LocalDecoder
 from .reference import generate_reference
 from .requests import Completion, GenRequest, GenStats, OnToken, finish_reason, request_rng
 
-__all__ = ["Completion", "GenRequest", "GenStats", "LocalDecoder", "OnToken", "continuous_batching",
-           "finish_reason", "generate_reference", "request_rng"]
+__all__ = ["Completion", "GenRequest", "GenStats", "HeadEngine", "LocalDecoder", "OnToken", "Submission",
+           "TokenEvent", "finish_reason", "generate_reference", "request_rng", "serve"]

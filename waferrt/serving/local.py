@@ -1,46 +1,88 @@
-"""LocalDecoder: the wafer's tile programs without Ray -- one thread per tile, queues as links.
+"""LocalDecoder: the wafer's decode without Ray -- one thread per tile, queues as links, the same loop.
 
-Contract: ``LocalDecoder(config, weights, placement, algo, k)`` builds every tile's
-:class:`~waferrt.decode.TileProgram` over a :class:`~waferrt.fabric.LoopFabric`, loads the packed weights,
-and ``generate(requests, sampler, on_token)`` runs continuous batching on it exactly as WaferLLM does over
-Ray. For the unit tier and for debugging a placement without actors.
+Contract: ``LocalDecoder(config, weights, placement, collectives, lanes)`` builds every tile's
+:class:`~waferrt.decode.TileProgram` over a :class:`~waferrt.fabric.LoopFabric` and loads the packed
+weights; ``generate(requests, sampler, on_token)`` runs every tile's decode loop
+(waferrt.serving.loop.run_tile) in its own thread, exactly as the tile actors do over Ray, and streams the
+tokens back through :func:`~waferrt.serving.host.serve`. A tile thread that fails ends ``generate`` with
+its error (re-raised, with the tile named in a note). For the unit tier and for debugging a placement.
 """
 
 from __future__ import annotations
 
+import queue
+import threading
+
 from waferrt.core.ledger import Ledger
-from waferrt.decode.program import TileProgram, merge_steps
+from waferrt.decode.program import TileProgram
 from waferrt.decode.setup import DecodeSetup, pack_stages
+from waferrt.fabric.comm import KTREE_FAST, Collectives
 from waferrt.fabric.loop import LoopFabric
 from waferrt.model.sampling import Sampler
 
-from .batching import continuous_batching
+from .engine import HeadEngine, Submission, TokenEvent
+from .host import serve
+from .loop import run_tile
 from .requests import Completion, GenRequest, GenStats, OnToken
 
 
 class LocalDecoder:
-    def __init__(self, config, weights, placement, algo: str = "ktree", k: int = 2):
-        self.placement = placement
-        self.setup = DecodeSetup.from_placement(placement, algo, k)
+    def __init__(self, config, weights, placement, collectives: Collectives = KTREE_FAST, lanes: int = 2):
+        self.placement, self.lanes = placement, lanes
+        self.setup = DecodeSetup.from_placement(placement, collectives)
         self.fabric = LoopFabric(placement.mesh)
-        tiles = self.setup.stage_tiles()
+        self.head = self.setup.stage_tiles()[0]
         self.programs = {t: TileProgram(self.setup, t, self.fabric.links(t), Ledger(placement.spec))
                          for t in placement.mesh.tiles()}
         for s, arrays in pack_stages(self.setup, weights):
-            self.programs[tiles[s]].load(s, arrays)
-        self._steps = 0
+            self.programs[self.setup.stage_tiles()[s]].load(s, arrays)
 
-    def _step(self, items: list, resets: list[int]) -> tuple[dict, float]:
-        self._steps += 1
+    def generate(self, requests: list[GenRequest], sampler: Sampler, on_token: OnToken | None = None,
+                 keep_logits: bool = False) -> tuple[list[Completion], GenStats]:
+        return serve(_Threads(self), self.setup, self.placement.spec.clock_hz, requests, sampler, on_token,
+                     keep_logits)
 
-        def body(t, links):
-            for slot in resets:
-                self.programs[t].reset(slot)
-            return self.programs[t].step(f"t{self._steps}", items)
 
-        results = self.fabric.run_spmd(body)
-        return merge_steps(list(results.values()), len(self.setup.stages()), self.placement.spec.clock_hz)
+class _Threads:
+    """One decode of a LocalDecoder: its tiles' loops as threads (the Decode protocol of serving.host)."""
 
-    def generate(self, requests: list[GenRequest], sampler: Sampler,
-                 on_token: OnToken | None = None) -> tuple[list[Completion], GenStats]:
-        return continuous_batching(self._step, self.placement, requests, sampler, on_token)
+    def __init__(self, dec: LocalDecoder):
+        self.dec = dec
+        self.engine = HeadEngine(dec.setup.kv_tokens, dec.setup.slots, dec.lanes)
+        self.control, self.out, self.stop_flag = queue.Queue(), queue.Queue(), threading.Event()
+        self.threads: list[threading.Thread] = []
+
+    def start(self) -> None:
+        for t, program in self.dec.programs.items():
+            program.records.clear()
+            engine = self.engine if t == self.dec.head else None
+            th = threading.Thread(target=self._run, args=(program, engine), name=str(t), daemon=True)
+            th.start()
+            self.threads.append(th)
+
+    def _run(self, program: TileProgram, engine: HeadEngine | None) -> None:
+        try:
+            run_tile(program, engine, self.control, self.out.put, self.stop_flag)
+        except BaseException as e:  # noqa: BLE001 - handed to the host's thread
+            e.add_note(f"(in the decode loop of {program.tile})")
+            self.out.put(e)
+
+    def submit(self, subs: list[Submission]) -> None:
+        for sub in subs:
+            self.control.put(("submit", sub))
+
+    def events(self, timeout: float) -> list[TokenEvent]:
+        try:
+            got = self.out.get(timeout=timeout)
+        except queue.Empty:
+            return []
+        if isinstance(got, BaseException):
+            raise got
+        return got
+
+    def stop(self) -> tuple[list, dict]:
+        self.stop_flag.set()
+        for th in self.threads:
+            th.join()
+        runs = [r for p in self.dec.programs.values() for r in p.records]
+        return runs, dict(self.engine.parents)

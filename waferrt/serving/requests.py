@@ -30,6 +30,7 @@ class Completion:
     prompt_ids: tuple[int, ...]
     tokens: list[int] = field(default_factory=list)
     finish: str = ""  # "stop" (a stop token), "length" (max_new_tokens) or "refused: <reason>"
+    logits: list = field(default_factory=list)  # what each token was sampled from, when kept
 
 
 @dataclass

@@ -1,0 +1,60 @@
+"""A tile actor's decode loop, in a thread of its own, so the tile decodes while its Ray methods stay free.
+
+Contract: :class:`LoopThread` starts waferrt.serving.loop.run_tile for one tile's TileProgram (with the
+HeadEngine when the tile hosts the embedding and the head) in a daemon thread; the events it emits and the
+error that ends it go to the host over an :class:`~waferrt.actors.stream.Outbox` at once (the host does
+not wait for ``stop`` to learn of a failure). ``submit`` / ``cancel`` hand commands to the loop (a
+queue; the loop takes them between micro-batches). ``stop()`` ends the loop and returns the stage runs it
+booked and, at the head, the micro-batches' parents -- or raises the loop's error.
+"""
+
+from __future__ import annotations
+
+import queue
+import threading
+
+from waferrt.decode.program import TileProgram
+from waferrt.serving.engine import HeadEngine, Submission
+from waferrt.serving.loop import run_tile
+
+from .stream import Outbox
+
+STOP_S = 30.0  # how long stop() waits for the loop to finish what it is doing
+
+
+class LoopThread:
+    def __init__(self, program: TileProgram, host: str, lanes: int, deadline: float):
+        self.program = program
+        setup = program.setup
+        self.engine = HeadEngine(setup.kv_tokens, setup.slots, lanes) if program.hosts(0) else None
+        self.control: queue.Queue = queue.Queue()
+        self.stop_flag = threading.Event()
+        self.error: BaseException | None = None
+        self.out = Outbox(host, str(program.tile))
+        program.records.clear()
+        self.thread = threading.Thread(target=self._run, args=(deadline,), daemon=True, name="decode")
+        self.thread.start()
+
+    def _run(self, deadline: float) -> None:
+        try:
+            run_tile(self.program, self.engine, self.control, self.out.events, self.stop_flag, deadline)
+        except BaseException as e:  # noqa: BLE001 - reported to the host now, raised again by stop()
+            self.error = e
+            self.out.send("err", type=type(e).__name__, msg=str(e))
+
+    def submit(self, subs: list[Submission]) -> None:
+        for sub in subs:
+            self.control.put(("submit", sub))
+
+    def cancel(self, index: int) -> None:
+        self.control.put(("cancel", index))
+
+    def stop(self) -> tuple[list, dict]:
+        self.stop_flag.set()
+        self.thread.join(STOP_S)
+        self.out.close()
+        if self.thread.is_alive():
+            raise TimeoutError(f"{self.program.tile}: the decode loop did not stop within {STOP_S:.0f}s")
+        if self.error is not None:
+            raise self.error
+        return list(self.program.records), dict(self.engine.parents) if self.engine else {}

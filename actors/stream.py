@@ -1,0 +1,103 @@
+"""The tiles' line to the host: tokens, errors and heartbeats, pushed by the tiles, never asked for.
+
+Contract: the host (the driver that opened the Wafer) binds one :class:`HostInbox` (a PULL socket: ipc://
+in the wafer's ipc directory; tcp:// on the driver's address too when tiles run on other nodes); every tile
+connects an :class:`Outbox` (a PUSH socket) to it. A message is one msgpack map: ``{"k": "ev", "tile",
+"ev": [[index, token, finish, float32 logits bytes or None], ...]}`` (the head's TokenEvents),
+``{"k": "err", "tile", "type", "msg"}`` (a tile's decode loop failed) or ``{"k": "beat", "tile", "n"}``
+(a tile is alive; n counts its beats).
+``HostInbox.get(timeout)`` returns what arrived (a list, [] when nothing came within `timeout`); a frame
+that is not such a map is dropped and counted. A tile's :class:`Heartbeat` thread sends a beat every
+``BEAT_S`` seconds from its own socket, so a frozen or killed tile falls silent while a busy one does not.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+
+import msgpack
+import zmq
+
+BEAT_S = 0.25  # seconds between a tile's heartbeats
+
+
+class HostInbox:
+    def __init__(self, ipc_dir: str, tcp: bool = False):
+        self.sock = zmq.Context.instance().socket(zmq.PULL)
+        self.sock.setsockopt(zmq.LINGER, 0)
+        self.path = os.path.join(ipc_dir, "host")
+        self.sock.bind(f"ipc://{self.path}")
+        self.addresses = {"ipc": f"ipc://{self.path}", "tcp": None}
+        if tcp:
+            from ray.util import get_node_ip_address
+
+            host = get_node_ip_address()
+            self.addresses["tcp"] = f"tcp://{host}:{self.sock.bind_to_random_port(f'tcp://{host}')}"
+        self.dropped = 0
+
+    def get(self, timeout: float) -> list[dict]:
+        """Every message that arrived within `timeout` seconds (at least one waited for)."""
+        out = []
+        if not self.sock.poll(int(timeout * 1000)):
+            return out
+        while True:
+            try:
+                frame = self.sock.recv(zmq.NOBLOCK)
+            except zmq.Again:
+                return out
+            try:
+                msg = msgpack.unpackb(frame)
+            except Exception:  # noqa: BLE001 - not ours: dropped, counted
+                msg = None
+            if isinstance(msg, dict) and msg.get("k") in ("ev", "err", "beat"):
+                out.append(msg)
+            else:
+                self.dropped += 1
+
+    def close(self) -> None:
+        self.sock.close(0)
+        if os.path.exists(self.path):
+            os.unlink(self.path)
+
+
+class Outbox:
+    """A tile's socket to the host inbox (one per thread that sends)."""
+
+    def __init__(self, address: str, tile: str):
+        self.tile = tile
+        self.sock = zmq.Context.instance().socket(zmq.PUSH)
+        self.sock.setsockopt(zmq.LINGER, 1000)  # a last error still leaves when the tile closes
+        self.sock.connect(address)
+
+    def send(self, kind: str, **fields) -> None:
+        self.sock.send(msgpack.packb({"k": kind, "tile": self.tile, **fields}))
+
+    def events(self, events) -> None:
+        self.send("ev", ev=[[e.index, e.token, e.finish, None if e.logits is None else e.logits.tobytes()]
+                            for e in events])
+
+    def close(self) -> None:
+        self.sock.close()
+
+
+class Heartbeat:
+    """A thread that beats every BEAT_S seconds to the host, from its own socket, until stopped."""
+
+    def __init__(self, address: str, tile: str):
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._beat, args=(address, tile), daemon=True, name="heartbeat")
+        self._thread.start()
+
+    def _beat(self, address: str, tile: str) -> None:
+        out, n = Outbox(address, tile), 0
+        try:
+            while not self._stop.wait(BEAT_S):
+                n += 1
+                out.send("beat", n=n)
+        finally:
+            out.close()
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join(timeout=2 * BEAT_S + 1)

@@ -1,0 +1,110 @@
+"""Waiting on tile actors with a deadline on every wait, and telling a dead tile from a frozen one.
+
+Contract: a :class:`Watch` holds the tile actors and the host inbox they beat to (waferrt.actors.stream).
+``gather(refs, tiles)`` waits for Ray calls in short slices; between slices it takes the inbox's messages
+and checks that every tile has beaten within ``stall_s`` seconds. A call whose actor died raises
+:class:`TileDied` at once, naming that tile; a tile that falls silent is asked for its pid: no answer and
+Ray says its process is gone -> :class:`TileDied`, no answer otherwise (SIGSTOP, a hung process) ->
+:class:`TileStalled`. ``listen(timeout)`` returns the inbox's messages other than beats (events, errors),
+``check()`` runs the liveness check alone. The errors are :class:`TileFailed` s; they name the tile and
+say what to do.
+"""
+
+from __future__ import annotations
+
+import time
+
+import ray
+
+from waferrt.core.mesh import TileId
+
+WAIT_S = 0.25  # one slice of waiting on Ray calls, between liveness checks
+PING_S = 2.0  # how long a silent tile has to answer a ping
+
+
+class TileFailed(RuntimeError):
+    """A tile stopped working; ``tile`` names it."""
+
+    def __init__(self, tile: TileId | str, what: str):
+        self.tile = tile
+        super().__init__(f"{tile} {what}")
+
+    def __reduce__(self):
+        return type(self), (self.tile, str(self).split(" ", 1)[1])
+
+
+class TileDied(TileFailed):
+    """The tile's process is gone (killed, crashed, its node lost)."""
+
+
+class TileStalled(TileFailed):
+    """The tile's process is alive but has said nothing for longer than the deadline (frozen, hung)."""
+
+
+class Watch:
+    def __init__(self, handles: dict[TileId, object], inbox, stall_s: float):
+        self.handles, self.inbox, self.stall_s = handles, inbox, stall_s
+        now = time.monotonic()
+        self.seen = {str(t): now for t in handles}  # tile -> when it last said something
+        self.names = {str(t): t for t in handles}
+
+    def listen(self, timeout: float) -> list[dict]:
+        """The inbox's messages that arrived within `timeout`, but the beats (which only mark the tile alive)."""
+        out = []
+        for msg in self.inbox.get(timeout):
+            self.seen[msg["tile"]] = time.monotonic()
+            if msg["k"] != "beat":
+                out.append(msg)
+        return out
+
+    def check(self) -> None:
+        """Raise TileDied / TileStalled for the first tile that has been silent for longer than stall_s."""
+        now = time.monotonic()
+        for name, last in self.seen.items():
+            if now - last > self.stall_s:
+                self._diagnose(self.names[name], now - last)
+
+    def _diagnose(self, tile: TileId, silent: float) -> None:
+        ping = self.handles[tile].pid.remote()
+        ready, _ = ray.wait([ping], timeout=PING_S)
+        if ready:
+            try:
+                ray.get(ready[0])
+            except ray.exceptions.RayActorError as e:
+                raise died(tile, e) from None
+            self.seen[str(tile)] = time.monotonic()  # it answered: slow, not silent
+            return
+        raise TileStalled(tile, f"has sent no heartbeat for {silent:.1f}s and does not answer (frozen or "
+                                "hung: SIGSTOP, a debugger, swapping); its neighbours wait for it. Close the "
+                                "wafer and open it again")
+
+    def gather(self, refs: list, tiles: list[TileId]) -> tuple[list, dict[int, BaseException]]:
+        """Wait for every call, checking liveness between slices: (results, {index: the call's error})."""
+        results, errors = [None] * len(refs), {}
+        index = {ref: i for i, ref in enumerate(refs)}
+        pending = list(refs)
+        while pending:
+            ready, pending = ray.wait(pending, num_returns=len(pending), timeout=WAIT_S)
+            for ref in ready:
+                i = index[ref]
+                try:
+                    results[i] = ray.get(ref)
+                except ray.exceptions.RayActorError as e:
+                    raise died(tiles[i], e) from None
+                except Exception as e:  # noqa: BLE001 - the tile's own error, returned to the caller
+                    errors[i] = _cause(e)
+            if pending:
+                self.listen(0)
+                self.check()
+        return results, errors
+
+
+def died(tile: TileId, e: BaseException) -> TileDied:
+    why = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+    return TileDied(tile, f"died: its Ray actor is gone ({why[:200]}). Close the wafer and open it again")
+
+
+def _cause(e: BaseException) -> BaseException:
+    """A tile's own exception (e.g. SramOverflow) rather than Ray's wrapper, when Ray kept it."""
+    cause = getattr(e, "cause", None)
+    return cause if isinstance(cause, BaseException) else e
