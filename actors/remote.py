@@ -36,11 +36,13 @@ def start_tiles(mesh: MeshSpec, spec, namespace: str, ipc_dir: str, node_ids: di
         opts = {"name": str(t), "namespace": namespace, "runtime_env": {"env_vars": BLAS_ENV},
                 "scheduling_strategy": NodeAffinitySchedulingStrategy(node_ids[t], soft=False)}
         handles[t] = tile_cls.options(**opts).remote(mesh, spec, t, timeout)
-    addresses = {}
-    for i, (t, h) in enumerate(handles.items()):
-        addresses[t] = ray.get(h.bind.remote(ipc_dir, _crosses_nodes(mesh, node_ids, t)))
+    binds = {h.bind.remote(ipc_dir, _crosses_nodes(mesh, node_ids, t)): t for t, h in handles.items()}
+    addresses, pending = {}, list(binds)
+    while pending:  # the tiles start side by side; count them as they come up
+        ready, pending = ray.wait(pending, num_returns=1)
+        addresses[binds[ready[0]]] = ray.get(ready[0])
         if progress:
-            progress(i + 1, len(handles))
+            progress(len(addresses), len(handles))
     here, calls = driver_node(), []
     for t, h in handles.items():
         peers = {}

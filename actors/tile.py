@@ -110,8 +110,9 @@ class Tile:
                 self.sram.reserve(name, region, nbytes)
         return hosted
 
-    def decode_load(self, s: int, arrays: dict) -> None:
-        self.decoder.load(s, arrays)
+    def decode_load(self, s: int, raw) -> None:
+        """Stage s's float32 weights (waferrt.decode.setup.stage_weights), cut into its cores' blocks here."""
+        self.decoder.load(s, raw)
 
     def decode_start(self, epoch: int, lanes: int = 2, deadline: float = 60.0) -> None:
         """Start this tile's decode loop (waferrt.serving.loop) in a thread of its own; returns at once."""

@@ -78,9 +78,10 @@ class Watch:
                                 "hung: SIGSTOP, a debugger, swapping); its neighbours wait for it. Close the "
                                 "wafer and open it again")
 
-    def gather(self, refs: list, tiles: list[TileId]) -> tuple[list, dict[int, BaseException]]:
-        """Wait for every call, checking liveness between slices: (results, {index: the call's error})."""
-        results, errors = [None] * len(refs), {}
+    def gather(self, refs: list, tiles: list[TileId], progress=None) -> tuple[list, dict[int, BaseException]]:
+        """Wait for every call, checking liveness between slices: (results, {index: the call's error});
+        ``progress(done, total)`` after every call that ends."""
+        results, errors, done = [None] * len(refs), {}, 0
         index = {ref: i for i, ref in enumerate(refs)}
         pending = list(refs)
         while pending:
@@ -93,6 +94,9 @@ class Watch:
                     raise died(tiles[i], e) from None
                 except Exception as e:  # noqa: BLE001 - the tile's own error, returned to the caller
                     errors[i] = _cause(e)
+                done += 1
+                if progress:
+                    progress(done, len(refs))
             if pending:
                 self.listen(0)
                 self.check()

@@ -1,13 +1,15 @@
 """LLM generation on the emulated wafer: the join of the scheduler's placement, the decode and the tile actors.
 
-Contract: :class:`WaferLLM` takes a Llama model (config + float32 weights) and a scheduler Placement,
-starts the tile actors (``waferrt.Wafer``), books every stage's SRAM and loads its weight blocks into its
-tile. ``generate(requests, sampler, on_token)`` then runs the decode on the tiles by themselves: one Ray
-call per tile starts their decode loops, one hands the requests to the head's tile, and the tokens stream
-back to the host's inbox as they are sampled on the wafer (waferrt.serving.host.serve) -- no Ray call per
-token, no host in the loop. A tile that fails, dies or freezes ends ``generate`` within seconds with an
-error that names it (:class:`~waferrt.actors.watch.TileFailed`); the tokens already produced come with the
-error (``error.completions``). It reaches the tiles only through ``Wafer.call`` with the
+Contract: :class:`WaferLLM` takes a Llama model (config + float32 weights) and a scheduler Placement;
+``open()`` starts the tile actors (``waferrt.Wafer``) and books every stage's SRAM, ``load(weights)``
+ships each stage's weights to its tile once (the tiles cut them into their cores' blocks, side by side);
+with weights given to the constructor, ``with WaferLLM(...) as llm`` does both. ``generate(requests,
+sampler, on_token)`` then runs the decode on the tiles by themselves: one Ray call per tile starts their
+decode loops, one hands the requests to the head's tile, and the tokens stream back to the host's inbox as
+they are sampled on the wafer (waferrt.serving.host.serve) -- no Ray call per token, no host in the loop.
+A tile that fails, dies or freezes ends ``generate`` within seconds with an error that names it
+(:class:`~waferrt.actors.watch.TileFailed`); the tokens already produced come with the error
+(``error.completions``). It reaches the tiles only through ``Wafer.call`` with the
 :class:`~waferrt.actors.tile.Tile` methods themselves.
 """
 
@@ -18,7 +20,7 @@ from collections.abc import Callable
 import numpy as np
 
 from waferrt.actors.tile import Tile
-from waferrt.decode.setup import DecodeSetup, pack_stages
+from waferrt.decode.setup import DecodeSetup, stage_weights
 from waferrt.fabric.comm import KTREE_FAST, Collectives
 from waferrt.model.config import LlamaConfig
 from waferrt.model.sampling import Sampler
@@ -39,7 +41,11 @@ class WaferLLM:
         self.ray_calls = 0  # Ray calls made to the tiles by generate (start, submit, stop)
 
     def __enter__(self) -> WaferLLM:
-        return self if self.wafer.tiles else self.open()
+        if not self.wafer.tiles:
+            self.open()
+            if self.weights is not None:
+                self.load(self.weights)
+        return self
 
     def __exit__(self, *exc) -> None:
         self.close()
@@ -51,7 +57,6 @@ class WaferLLM:
         self.wafer.open(progress=lambda i, n: say(f"tile actors up: {i}/{n}"), node_ids=self._node_ids())
         try:
             self.wafer.on_every_tile(Tile.decode_setup, self.setup)
-            self._load_weights(say)
         except BaseException:
             self.close()
             raise
@@ -61,12 +66,14 @@ class WaferLLM:
         names = {name for _, name in self.placement.tile_nodes}
         return {} if len(names) <= 1 else dict(self.placement.tile_nodes)
 
-    def _load_weights(self, say) -> None:
+    def load(self, weights, progress: Callable[[str], None] | None = None) -> None:
+        """Every stage's weights to its tile, all at once (each array goes through the host once); the
+        tiles cut them into their cores' blocks side by side."""
+        say = progress or (lambda msg: None)
         tiles = self.setup.stage_tiles()
-        n = sum(1 for kind, _, _ in self.setup.stages() if kind != "head")
-        for i, (s, arrays) in enumerate(pack_stages(self.setup, self.weights)):
-            self.wafer.call([(tiles[s], Tile.decode_load, (s, arrays))])
-            say(f"weights into core SRAM: {i + 1}/{n} regions")
+        calls = [(tiles[s], Tile.decode_load, (s, raw)) for s, raw in stage_weights(self.setup, weights)]
+        self.wafer.call(calls, progress=lambda i, n: say(f"weights into core SRAM: {i}/{n} regions"))
+        self.weights = weights
 
     def close(self) -> None:
         self.wafer.close()

@@ -39,8 +39,10 @@ def ray_init(address: str | None) -> bool:
 
     if ray.is_initialized():
         return False
+    from waferrt.actors.remote import BLAS_ENV  # every worker of this job: one BLAS thread (reusable workers)
+
     ray.init(address=address or "local", log_to_driver=False, logging_level=logging.ERROR,
-             include_dashboard=False, configure_logging=True)
+             include_dashboard=False, configure_logging=True, runtime_env={"env_vars": BLAS_ENV})
     return True
 
 
@@ -248,18 +250,19 @@ class Wafer:
         self._costs.append(merge_snapshots(self.call([(t, Tile.run, (kernel, region, args, epoch)) for t in tiles])))
         return self._costs[-1]
 
-    def call(self, calls: list[tuple[TileId, Callable, tuple]]) -> list:
+    def call(self, calls: list[tuple[TileId, Callable, tuple]], progress=None) -> list:
         """Call tile methods side by side, one Ray call each: (tile, a :class:`Tile` method such as
         ``Tile.decode_start``, args) -> results, in order. Every call is waited for, with the tiles'
         liveness checked all along (a dead tile raises TileDied, a frozen one TileStalled, within
         seconds); when calls fail, the root cause is raised (a tile's own error, not the timeout of a
-        neighbour that waited for it)."""
-        results, errors = self.gather(calls)
+        neighbour that waited for it). ``progress(done, total)`` after every call that ends."""
+        results, errors = self.gather(calls, progress)
         if errors:
             raise _root_cause(errors)
         return results
 
-    def gather(self, calls: list[tuple[TileId, Callable, tuple]]) -> tuple[list, dict[int, BaseException]]:
+    def gather(self, calls: list[tuple[TileId, Callable, tuple]], progress=None
+               ) -> tuple[list, dict[int, BaseException]]:
         """Like :meth:`call`, but returns (results, {index: error}) instead of raising a tile's error."""
         from waferrt.actors.watch import TileFailed
 
@@ -267,7 +270,7 @@ class Wafer:
             raise self.failed
         refs = [getattr(self.tiles[t], method.__name__).remote(*args) for t, method, args in calls]
         try:
-            return self.watch.gather(refs, [t for t, _, _ in calls])
+            return self.watch.gather(refs, [t for t, _, _ in calls], progress)
         except TileFailed as e:
             self.failed = e
             raise

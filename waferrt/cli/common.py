@@ -1,7 +1,8 @@
 """What the subcommands share: WxH arguments and progress lines on stderr.
 
 Contract: :func:`parse_wxh` is an argparse type for "WIDTHxHEIGHT" (two positive integers); :func:`say`
-prints a progress line to stderr ("i/n" counters rewrite their line on a terminal).
+prints a progress line to stderr, stamped with the seconds since the command started ("i/n" counters
+rewrite their line on a terminal).
 """
 
 from __future__ import annotations
@@ -9,6 +10,9 @@ from __future__ import annotations
 import argparse
 import re
 import sys
+import time
+
+_T0 = time.perf_counter()
 
 
 def parse_wxh(text: str) -> tuple[int, int]:
@@ -33,6 +37,11 @@ def say(msg: str) -> None:
     m = _COUNTER.search(msg)
     if m and m.group(1) != m.group(2):
         if sys.stderr.isatty():
-            print(f"\r[waferrt] {msg}", end="", file=sys.stderr, flush=True)
+            print(f"\r{_stamp()} {msg}", end="", file=sys.stderr, flush=True)
         return
-    print(f"{chr(13) if m and sys.stderr.isatty() else ''}[waferrt] {msg}", file=sys.stderr, flush=True)
+    print(f"{chr(13) if m and sys.stderr.isatty() else ''}{_stamp()} {msg}", file=sys.stderr, flush=True)
+
+
+def _stamp() -> str:
+    """[waferrt 12.3s]: seconds since the command started, so a user sees where the time goes."""
+    return f"[waferrt {time.perf_counter() - _T0:5.1f}s]"

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import time
 
 from waferrt.core.cost import ALLREDUCE_ALGOS
 from waferrt.core.dtypes import STORAGE_DTYPES
@@ -72,6 +71,9 @@ def add_parser(sub) -> argparse.ArgumentParser:
     p.add_argument("--seed", type=int, default=0, help="sampling seed")
     p.add_argument("--algo", default="ktree", choices=ALLREDUCE_ALGOS, help="allreduce (ktree)")
     p.add_argument("--address", help="Ray cluster to join ('auto' for a running local one); default: embedded")
+    p.add_argument("--no-cache", action="store_true",
+                   help="read the GGUF afresh instead of the dequantised weights cached from an earlier run "
+                        "($WAFERRT_CACHE, else ~/.cache/waferrt)")
     p.set_defaults(_run=run)
     return p
 
@@ -91,14 +93,25 @@ def _prompts(args) -> list[str]:
 
 
 def _load(args):
-    from waferrt.model import Tokenizer, load_gguf
+    from waferrt.cli.model import ModelLoad
 
-    t0 = time.perf_counter()
-    say("loading the model (GGUF -> float32)...")
-    config, weights, meta = load_gguf(None if args.model == "smollm2" else args.model)
-    say(f"model loaded in {time.perf_counter() - t0:.1f}s: {config.n_layers} layers, dim {config.dim}, "
-         f"{config.params() / 1e6:.0f}M parameters")
-    return config, weights, Tokenizer(meta)
+    try:
+        model = ModelLoad(args.model, cache=not args.no_cache)
+    except (FileNotFoundError, ValueError) as e:  # no such file, not a llama GGUF, unsupported tensor type
+        raise SystemExit(f"waferrt generate: cannot load --model {args.model!r}: {e}") from None
+    c = model.config
+    say(f"model {args.model}: {c.n_layers} layers, dim {c.dim}, {c.params() / 1e6:.0f}M parameters "
+        "(weights loading in the background)")
+    return model
+
+
+def _weights(args, model):
+    try:
+        weights = model.weights()
+    except (FileNotFoundError, ValueError) as e:
+        raise SystemExit(f"waferrt generate: cannot load --model {args.model!r}: {e}") from None
+    say(f"weights ready ({model.seconds:.1f}s{', cached' if model.seconds < 2 else ''})")
+    return weights
 
 
 def _placement(args, config):
@@ -121,16 +134,23 @@ def _placement(args, config):
     return p
 
 
-def _wafer_or_exit(args, config, weights):
-    """The planned WaferLLM (not started yet), or a one-line reason why this model cannot run here."""
+def _wafer_or_exit(args, config):
+    """The planned WaferLLM (not started yet), or a one-line reason why this model cannot run here. Ray
+    starts (or is joined) meanwhile: on this machine the planner works while Ray comes up."""
+    from concurrent.futures import ThreadPoolExecutor
+
     from waferrt.decode.setup import PlacementError
     from waferrt.fabric.comm import Collectives
     from waferrt.llm import WaferLLM
+    from waferrt.runtime import ray_init
     from waferrt.scheduler import PlanError
 
     try:
-        placement = _placement(args, config)
-        llm = WaferLLM(config, weights, placement, address=args.address, collectives=Collectives(args.algo))
+        with ThreadPoolExecutor(1) as pool:
+            planned = None if args.address else pool.submit(_placement, args, config)
+            ray_init(args.address)
+            placement = planned.result() if planned else _placement(args, config)
+        llm = WaferLLM(config, None, placement, address=args.address, collectives=Collectives(args.algo))
         return placement, llm
     except (PlanError, PlacementError, ValueError) as e:  # does not fit, bad mesh/tile/spec
         raise SystemExit(f"waferrt generate: {e}") from None
@@ -158,10 +178,8 @@ def run(args) -> int:
         raise SystemExit("waferrt generate: --max-new-tokens must be at least 1")
     texts = _prompts(args)
     sampler = Sampler(temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, seed=args.seed)
-    try:
-        config, weights, tok = _load(args)
-    except (FileNotFoundError, ValueError) as e:  # no such file, not a llama GGUF, unsupported tensor type
-        raise SystemExit(f"waferrt generate: cannot load --model {args.model!r}: {e}") from None
+    model = _load(args)
+    tok = model.tokenizer
     if args.chat:
         texts = [tok.chat_prompt(t, args.system) for t in texts]
     requests = [GenRequest(tuple(tok.encode(t)), args.max_new_tokens, tuple(tok.stop_ids)) for t in texts]
@@ -183,29 +201,33 @@ def run(args) -> int:
             print(f"--- request {i}: {finish}\n{prompt}{tok.decode(got[i], skip_special=True)}", flush=True)
 
     if args.reference:
+        weights = _weights(args, model)
         say("decoding on the single-process numpy reference")
-        out, stats = generate_reference(config, weights, requests, sampler, on_token)
+        out, stats = generate_reference(model.config, weights, requests, sampler, on_token)
         mesh, bound = "reference", None
     else:
-        placement, llm = _wafer_or_exit(args, config, weights)
-        out, stats = _on_the_wafer(llm, requests, sampler, on_token, tok, live)
+        placement, llm = _wafer_or_exit(args, model.config)
+        out, stats = _on_the_wafer(args, llm, model, requests, sampler, on_token, live)
         mesh = str(placement.mesh)
         bound = plan_report(placement).bound_tokens_per_s(min(len(requests), placement.kv.requests))
     _report(args, tok, out, stats, mesh, live, streams, bound)
     return 0 if all(not c.finish.startswith("refused") for c in out) else 2
 
 
-def _on_the_wafer(llm, requests, sampler, on_token, tok, live):
-    """Decode on the wafer; when a tile fails, print what every request had produced, then one line."""
+def _on_the_wafer(args, llm, model, requests, sampler, on_token, live):
+    """Start the tiles while the weights load, load them, decode; when a tile fails, print what every
+    request had produced, then one line."""
     from waferrt.actors.watch import TileFailed
 
     try:
         with llm.open(progress=say):
+            llm.load(_weights(args, model), progress=say)
             say("decoding on the wafer")
             return llm.generate(requests, sampler, on_token)
     except TileFailed as e:
         for i, c in enumerate(getattr(e, "completions", []) if not live else []):
-            print(f"--- request {i}: unfinished\n{tok.decode(c.tokens, skip_special=True)}", flush=True)
+            text = model.tokenizer.decode(c.tokens, skip_special=True)
+            print(f"--- request {i}: unfinished\n{text}", flush=True)
         raise SystemExit(f"\nwaferrt generate: {e}") from None
 
 

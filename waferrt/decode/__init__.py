@@ -8,8 +8,8 @@ and moves data between cores only through waferrt.fabric.
 
 from .kvcache import KVCapacityError, MeshKVCache
 from .program import StageRun, TileProgram
-from .setup import DecodeSetup, PlacementError, pack_stages, stage_sram
+from .setup import DecodeSetup, PlacementError, pack_stage, stage_sram, stage_weights
 from .shards import EmbedShard, LayerShard
 
 __all__ = ["DecodeSetup", "EmbedShard", "KVCapacityError", "LayerShard", "MeshKVCache", "PlacementError",
-           "StageRun", "TileProgram", "pack_stages", "stage_sram"]
+           "StageRun", "TileProgram", "pack_stage", "stage_sram", "stage_weights"]

@@ -26,7 +26,7 @@ from waferrt.core.mesh import Dir, MeshSpec, Region, TileId
 
 from .cost import handover_cost
 from .pack import Chunks
-from .setup import DecodeSetup
+from .setup import DecodeSetup, pack_stage
 from .shards import EmbedShard, LayerShard
 
 
@@ -94,9 +94,11 @@ class TileProgram:
     def hosts(self, s: int) -> bool:
         return self.tiles[s] == self.tile
 
-    def load(self, s: int, arrays: dict) -> None:
+    def load(self, s: int, raw) -> None:
+        """Stage s's float32 weights (waferrt.decode.setup.stage_weights) into its cores' blocks."""
         kind, _, region = self.stages[s]
         st = self.setup
+        arrays = pack_stage(st, s, raw)
         if kind == "layer":
             self.layers[s] = LayerShard(st.config, region, arrays, (st.slots, st.kv_tokens), self.ledger,
                                         st.collectives, st.dtype)

@@ -5,8 +5,9 @@ reserve, how the collectives run, storage dtype), made from a scheduler Placemen
 :meth:`DecodeSetup.from_placement`. Its stages are embed -> layer 0 -> ... -> layer L-1 -> head (the
 head shares the embedding's region and table); ``stage_tiles`` says which tile runs each stage and
 raises :class:`PlacementError` when a region spans several tiles. :func:`stage_sram` is what a stage
-books in its cores' SRAM (from waferrt.decode.layout, the same sizes the planner budgets), and
-:func:`pack_stages` yields every stage's weight blocks in the storage dtype.
+books in its cores' SRAM (from waferrt.decode.layout, the same sizes the planner budgets);
+:func:`stage_weights` yields the float32 weights each stage needs and :func:`pack_stage` cuts them into
+its cores' blocks in the storage dtype (on the tile that hosts the stage: the host ships each weight once).
 """
 
 from __future__ import annotations
@@ -76,10 +77,19 @@ def stage_sram(setup: DecodeSetup, s: int) -> dict[str, tuple[Region, np.ndarray
     return {}  # the head uses the embedding's table and scratch
 
 
-def pack_stages(setup: DecodeSetup, weights):
-    """(stage index, its weight blocks in the storage dtype) for every stage that holds weights."""
-    for s, (kind, layer, region) in enumerate(setup.stages()):
+def stage_weights(setup: DecodeSetup, weights):
+    """(stage index, the model's float32 weights of that stage) for every stage that holds weights: a
+    LayerWeights for a layer, (embedding table, final norm) for the embedding (the head shares them)."""
+    for s, (kind, layer, _) in enumerate(setup.stages()):
         if kind == "layer":
-            yield s, pack_layer(setup.config, weights.layers[layer], region, setup.dtype)
+            yield s, weights.layers[layer]
         elif kind == "embed":
-            yield s, pack_embed(setup.config, weights.embed, weights.final_norm, region, setup.dtype)
+            yield s, (weights.embed, weights.final_norm)
+
+
+def pack_stage(setup: DecodeSetup, s: int, raw) -> dict:
+    """Stage s's weight blocks in the storage dtype, from what stage_weights gave for it."""
+    kind, _, region = setup.stages()[s]
+    if kind == "layer":
+        return pack_layer(setup.config, raw, region, setup.dtype)
+    return pack_embed(setup.config, raw[0], raw[1], region, setup.dtype)

@@ -85,6 +85,14 @@ def read_config(path: str | Path | None = None) -> LlamaConfig:
     return _config(reader, path, vocab, tied=all(t.name != "output.weight" for t in reader.tensors))
 
 
+def read_meta(path: str | Path | None = None) -> tuple[LlamaConfig, TokenizerMetadata]:
+    """The model's shape and its tokenizer, from the GGUF's metadata (no tensor is dequantised)."""
+    path, reader = _open(path)
+    tok_meta = _tokenizer_metadata(reader, path)
+    tied = all(t.name != "output.weight" for t in reader.tensors)
+    return _config(reader, path, len(tok_meta.tokens), tied), tok_meta
+
+
 def load_gguf(path: str | Path | None = None) -> tuple[LlamaConfig, LlamaWeights, TokenizerMetadata]:
     """Read a llama GGUF (default: SmolLM2-135M-Instruct) into float32 weights, config and tokenizer data."""
     path, reader = _open(path)

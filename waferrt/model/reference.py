@@ -7,7 +7,8 @@ Contract:
 - RoPE rotates ADJACENT pairs (x[2i], x[2i+1]) of each head, the layout of Q/K weights in a GGUF.
 - Grouped-query attention: query head h reads K/V head h // n_rep, n_rep = n_heads // n_kv_heads.
 - `ReferenceModel.step(token, pos, cache)` runs one token; `prefill(ids, cache)` runs many at once with
-  batched matmuls and a causal mask, and agrees with repeated `step` to float32 rounding.
+  batched matmuls and a causal mask, and agrees with repeated `step` to float32 rounding; `step_batch`
+  runs one token of each of several requests at once (the weights read once for all of them).
 The per-layer pieces are module-level functions so other implementations can reuse and compare them.
 """
 
@@ -176,6 +177,22 @@ def layer_prefill(
     return x + swiglu(rmsnorm(x, lw.ffn_norm, config.norm_eps), lw.w_gate, lw.w_up, lw.w_down)
 
 
+def layer_batch(x: np.ndarray, lw: LayerWeights, config: LlamaConfig, caches: list, layer: int,
+                poss: np.ndarray, cos: np.ndarray, sin: np.ndarray) -> np.ndarray:
+    """One decoder layer for one token of each of B requests (each its own cache and position):
+    x (B, dim) -> (B, dim). The projections and the MLP run batched (the weights are read once for all B);
+    attention runs per request over its own cache. cos, sin (B, head_dim//2)."""
+    h = rmsnorm(x, lw.attn_norm, config.norm_eps)  # (B, dim)
+    q, k, v = qkv_rope(h, lw, config, cos[:, None], sin[:, None])  # (B, n_heads|n_kv, hd)
+    n_rep = config.n_heads // config.n_kv_heads
+    a = np.empty_like(q)  # (B, n_heads, hd)
+    for b, (cache, pos) in enumerate(zip(caches, poss.tolist(), strict=True)):
+        cache.k[layer][:, pos], cache.v[layer][:, pos] = k[b], v[b]
+        a[b] = attention(q[b], cache.k[layer][:, : pos + 1], cache.v[layer][:, : pos + 1], n_rep)
+    x = x + linear(a.reshape(len(x), -1), lw.wo)  # (B, dim)
+    return x + swiglu(rmsnorm(x, lw.ffn_norm, config.norm_eps), lw.w_gate, lw.w_up, lw.w_down)
+
+
 class KVCache:
     """Per-layer K and V of one request: k[layer], v[layer] are (n_kv_heads, capacity, head_dim) float32.
 
@@ -235,7 +252,7 @@ class ReferenceModel:
             raise ValueError(f"token id {token_id} is outside the vocabulary 0..{self.config.vocab_size - 1}")
 
     def _logits(self, x: np.ndarray) -> np.ndarray:
-        """Final norm and LM head: x (dim,) -> logits (vocab,)."""
+        """Final norm and LM head: x (..., dim) -> logits (..., vocab)."""
         return linear(rmsnorm(x, self.weights.final_norm, self.config.norm_eps), self.weights.head)
 
     def step(self, token_id: int, pos: int, cache: KVCache) -> np.ndarray:
@@ -249,6 +266,22 @@ class ReferenceModel:
         for i, lw in enumerate(self.weights.layers):
             x = layer_forward(x, lw, cfg, cache.k[i], cache.v[i], pos, cos, sin)
         cache.length = pos + 1
+        return self._logits(x)
+
+    def step_batch(self, tokens: Sequence[int], poss: Sequence[int], caches: list[KVCache]) -> np.ndarray:
+        """One token for each of B requests at once (request b: token tokens[b] at poss[b] in caches[b]);
+        returns the logits (B, vocab). Equal to B calls of ``step``, to float32 rounding."""
+        for t, pos, cache in zip(tokens, poss, caches, strict=True):
+            self._check_token(t)
+            cache.check_start(pos)
+            cache.reserve(pos + 1)
+        cfg, poss = self.config, np.asarray(poss)
+        cos, sin = rope_cos_sin(poss, cfg.head_dim, cfg.rope_theta)  # (B, hd//2) each
+        x = self.weights.embed[np.asarray(tokens)]  # (B, dim)
+        for i, lw in enumerate(self.weights.layers):
+            x = layer_batch(x, lw, cfg, caches, i, poss, cos, sin)
+        for pos, cache in zip(poss.tolist(), caches, strict=True):
+            cache.length = pos + 1
         return self._logits(x)
 
     def prefill(self, ids: Sequence[int], cache: KVCache) -> np.ndarray:

@@ -9,8 +9,8 @@ Contract: pure (no Ray): the tile actors run the same loop (waferrt.actors), and
 from .engine import HeadEngine, Submission, TokenEvent
 from .host import serve
 from .local import LocalDecoder
-from .reference import generate_reference
+from .reference import generate_batched, generate_reference
 from .requests import Completion, GenRequest, GenStats, OnToken, finish_reason, request_rng
 
 __all__ = ["Completion", "GenRequest", "GenStats", "HeadEngine", "LocalDecoder", "OnToken", "Submission",
-           "TokenEvent", "finish_reason", "generate_reference", "request_rng", "serve"]
+           "TokenEvent", "finish_reason", "generate_batched", "generate_reference", "request_rng", "serve"]

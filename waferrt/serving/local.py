@@ -15,7 +15,7 @@ import threading
 
 from waferrt.core.ledger import Ledger
 from waferrt.decode.program import TileProgram
-from waferrt.decode.setup import DecodeSetup, pack_stages
+from waferrt.decode.setup import DecodeSetup, stage_weights
 from waferrt.fabric.comm import KTREE_FAST, Collectives
 from waferrt.fabric.loop import LoopFabric
 from waferrt.model.sampling import Sampler
@@ -34,8 +34,8 @@ class LocalDecoder:
         self.head = self.setup.stage_tiles()[0]
         self.programs = {t: TileProgram(self.setup, t, self.fabric.links(t), Ledger(placement.spec))
                          for t in placement.mesh.tiles()}
-        for s, arrays in pack_stages(self.setup, weights):
-            self.programs[self.setup.stage_tiles()[s]].load(s, arrays)
+        for s, raw in stage_weights(self.setup, weights):
+            self.programs[self.setup.stage_tiles()[s]].load(s, raw)
 
     def generate(self, requests: list[GenRequest], sampler: Sampler, on_token: OnToken | None = None,
                  keep_logits: bool = False) -> tuple[list[Completion], GenStats]:

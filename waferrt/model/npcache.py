@@ -1,0 +1,129 @@
+"""The dequantised model on disk: a GGUF read once, then memory-mapped from .npy files on every later run.
+
+Contract: :func:`load_model(path, cache=True)` returns what ``gguf_loader.load_gguf`` returns (config,
+float32 weights, tokenizer metadata). The first time a GGUF is seen it is dequantised and written to
+``<cache>/<key>/`` (one .npy per tensor and ``meta.json`` with the config and the tokenizer metadata);
+later runs read ``meta.json`` and memory-map the .npy files (read-only float32 arrays: nothing is copied
+until it is used). ``<key>`` hashes the GGUF's size and its first and last MiBs, so an edited or replaced
+file gets a new entry; an entry is written into a temporary directory and renamed, so a crash never
+leaves half of one. :func:`load_meta` returns only (config, tokenizer metadata), from the cache when it
+holds the model, else from the GGUF's metadata (fast: no tensor is dequantised). ``<cache>`` is
+$WAFERRT_CACHE, else $XDG_CACHE_HOME/waferrt, else ~/.cache/waferrt; ``cache=False`` bypasses it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import os
+import shutil
+import tempfile
+from pathlib import Path
+
+import numpy as np
+
+from .config import LlamaConfig
+from .weights import LayerWeights, LlamaWeights
+
+EDGE = 1 << 20  # bytes hashed at each end of the file
+
+
+def cache_root() -> Path:
+    if os.environ.get("WAFERRT_CACHE"):
+        return Path(os.environ["WAFERRT_CACHE"])
+    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "waferrt"
+
+
+def _gguf(path) -> Path:
+    from .gguf_loader import smollm2_path
+
+    return smollm2_path() if path is None else Path(path)
+
+
+def _key(path: Path) -> str:
+    size = path.stat().st_size
+    h = hashlib.sha256(str(size).encode())
+    with open(path, "rb") as f:
+        h.update(f.read(EDGE))
+        f.seek(max(size - EDGE, 0))
+        h.update(f.read(EDGE))
+    return h.hexdigest()[:24]
+
+
+def _entry(path) -> Path | None:
+    """The cache entry of the GGUF at `path` (None when the file does not exist: the loader says why)."""
+    path = _gguf(path)
+    return cache_root() / _key(path) if path.is_file() else None
+
+
+def load_meta(path=None, cache: bool = True):
+    """(config, tokenizer metadata) of the model, without dequantising anything."""
+    entry = _entry(path) if cache else None
+    if entry is not None and (entry / "meta.json").is_file():
+        return _read_meta(entry)
+    from .gguf_loader import read_meta
+
+    return read_meta(path)
+
+
+def load_model(path=None, cache: bool = True):
+    """(config, float32 weights, tokenizer metadata): from the cache, or from the GGUF (then cached)."""
+    from .gguf_loader import load_gguf
+
+    entry = _entry(path) if cache else None
+    if entry is None:
+        return load_gguf(path)
+    if (entry / "meta.json").is_file():
+        config, tok = _read_meta(entry)
+        return config, _read_weights(entry, config), tok
+    config, weights, tok = load_gguf(path)
+    _write(entry, config, weights, tok)
+    return config, weights, tok
+
+
+def _arrays(weights: LlamaWeights) -> dict[str, np.ndarray]:
+    out = {"embed": weights.embed, "final_norm": weights.final_norm}
+    if not weights.tied:
+        out["head"] = weights.head
+    for i, lw in enumerate(weights.layers):
+        out.update({f"layers.{i}.{f.name}": getattr(lw, f.name) for f in dataclasses.fields(lw)})
+    return out
+
+
+def _write(entry: Path, config: LlamaConfig, weights: LlamaWeights, tok) -> None:
+    """Write the entry (best effort: a full disk or a read-only home only costs the next run the time; a
+    run that wrote the same entry first wins)."""
+    tmp = None
+    try:
+        entry.parent.mkdir(parents=True, exist_ok=True)
+        tmp = Path(tempfile.mkdtemp(prefix=".partial-", dir=entry.parent))
+        for name, a in _arrays(weights).items():
+            np.save(tmp / f"{name}.npy", a)
+        meta = {"config": dataclasses.asdict(config), "tokenizer": dataclasses.asdict(tok)}
+        (tmp / "meta.json").write_text(json.dumps(meta))
+        tmp.rename(entry)
+    except OSError:
+        if tmp is not None:
+            shutil.rmtree(tmp, ignore_errors=True)
+
+
+def _read_meta(entry: Path):
+    from .tokenizer import TokenizerMetadata
+
+    meta = json.loads((entry / "meta.json").read_text())
+    tok = meta["tokenizer"]
+    tok = TokenizerMetadata(**{k: tuple(v) if isinstance(v, list) else v for k, v in tok.items()})
+    return LlamaConfig(**meta["config"]), tok
+
+
+def _read_weights(entry: Path, config: LlamaConfig) -> LlamaWeights:
+    def load(name: str) -> np.ndarray:
+        return np.load(entry / f"{name}.npy", mmap_mode="r")
+
+    embed = load("embed")
+    layers = tuple(LayerWeights(**{f.name: load(f"layers.{i}.{f.name}") for f in dataclasses.fields(LayerWeights)})
+                   for i in range(config.n_layers))
+    weights = LlamaWeights(embed, layers, load("final_norm"), embed if config.tie_embeddings else load("head"))
+    weights.check(config)
+    return weights
