@@ -11,7 +11,7 @@
 # kernel lets it -- that user's own processes (others' fail with EPERM). Its GCS and agent ports are picked
 # free, and its RAY_TMPDIR is its own, so `--address auto` there finds this cluster and no other.
 # Needs root (apt-get, useradd, sshd) and `ray` + PyYAML in the python3 on PATH. Usage:
-#   bash examples/cluster/try_ray_up.sh          # PROMPT=... TOKENS=... to change the decode
+#   bash examples/cluster/try_ray_up.sh     # env: PROMPT, TOKENS; KEEP_LOGS=DIR keeps ray up/exec/down's logs
 set -euo pipefail
 
 REPO=$(cd "$(dirname "$0")/../.." && pwd)
@@ -152,6 +152,7 @@ cleanup() {
     if [[ -n $CONTROL_PARENT ]]; then
         rm -rf "${CONTROL_PARENT:?}/$CONTROL_HASH"; [[ -n $KEEP_PARENT ]] || rmdir "$CONTROL_PARENT" 2>/dev/null
     fi
+    [[ -z ${KEEP_LOGS:-} || -z $WORK ]] || { mkdir -p "$KEEP_LOGS" && cp "$WORK"/*.log "$WORK"/*.out "$KEEP_LOGS"; }
     [[ -z $WORK ]] || rm -rf "$WORK"
     local p gone=""; for p in $RAYLETS_BEFORE; do kill -0 "$p" 2>/dev/null || gone+="$p "; done
     log "other sessions' raylets from before: ${RAYLETS_BEFORE:-none}; ended meanwhile: ${gone:-none}"
