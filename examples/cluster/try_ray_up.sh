@@ -1,16 +1,14 @@
 #!/usr/bin/env bash
 # Proves `ray up cluster.yaml` (Ray's local provider) end to end on this one machine, over loopback only:
-#   node  = a throwaway Unix user with its own home, venv (Ray of the same version as yours) and Ray temp dir
-#   ssh   = a private sshd on 127.0.0.1:<free port>, a throwaway key; nothing in /etc/ssh is used or changed
-#   yaml  = a temp copy of the shipped cluster.yaml with head_ip / ssh_user / key / ports overridden
-# then `ray up -y`, `ray exec` of `waferrt generate --address auto --json` and of `--reference --json` (same
-# prompt, greedy): the tokens must be equal. `ray down -y`, and everything started here is removed again,
-# on success and on failure (trap).
-# Never touches a Ray it did not start: every Ray command on the node (including the `ray stop` in the
-# start commands and in `ray down`) runs as the throwaway user, and `ray stop` only signals what the
-# kernel lets it -- that user's own processes (others' fail with EPERM). Its GCS and agent ports are picked
-# free, and its RAY_TMPDIR is its own, so `--address auto` there finds this cluster and no other.
-# Needs root (apt-get, useradd, sshd) and `ray` + PyYAML in the python3 on PATH. Usage:
+#   node = a throwaway Unix user: its own home, venv (your Ray version), Ray temp dir and free Ray ports
+#   ssh  = our own sshd on 127.0.0.1:<free port> and a throwaway key (nothing in /etc/ssh is used or changed)
+#   yaml = a temp copy of the shipped cluster.yaml, head_ip / ssh_user / key / ports overridden
+# `ray up -y`; `ray exec` of `waferrt generate --address auto --json` and of `--reference --json` (same prompt,
+# greedy) must give equal tokens; `ray down -y`. All it started is removed on success and failure (trap).
+# It never touches a Ray it did not start: every Ray command on the node (the `ray stop` of the start
+# commands and of `ray down` too) runs as the throwaway user, and `ray stop` can only signal that user's
+# processes (others' fail with EPERM); the node's RAY_TMPDIR is its own, so `--address auto` finds this one.
+# Needs root (apt-get, useradd, sshd) and `ray` + PyYAML on PATH. Usage:
 #   bash examples/cluster/try_ray_up.sh     # env: PROMPT, TOKENS; KEEP_LOGS=DIR keeps ray up/exec/down's logs
 set -euo pipefail
 
@@ -20,9 +18,10 @@ TOKENS=${TOKENS:-8}
 NODE_USER=wrtup$$                 # one user per run: two runs never share a user, a Ray or a port
 CLUSTER=waferrt-tryup-$$          # ray up keeps per-cluster state (lock, ssh control socket) by name
 WORK="" SSHD_PID="" MADE_USER="" MADE_PRIVSEP="" MADE_POLICY="" CLUSTER_UP="" CONTROL_PARENT="" KEEP_PARENT=""
-RAYLETS_BEFORE=""
+RAYLETS_BEFORE="" CHILD=""
 
-log() { printf '[try_ray_up %(%T)T] %s\n' -1 "$*" >&2; }
+exec 3>&2   # the terminal's stderr for log(): a trap may run inside a command whose stderr goes to a file
+log() { printf '[try_ray_up %(%T)T] %s\n' -1 "$*" >&3; }
 die() { log "FAILED: $*"; exit 1; }
 
 wait_for() {  # wait_for SECONDS CMD...: poll CMD until it succeeds, at most SECONDS
@@ -34,20 +33,21 @@ wait_for() {  # wait_for SECONDS CMD...: poll CMD until it succeeds, at most SEC
 }
 
 free_port() {  # the first port >= $1 that nothing on this machine has bound (any address)
-    python3 -c 'import socket, sys
-p = int(sys.argv[1])
-while True:
-    try:
-        with socket.socket() as s:
-            s.bind(("", p)); print(p); break
-    except OSError:
-        p += 1' "$1"
+    local p=$1
+    until python3 -c 'import socket, sys; socket.socket().bind(("", int(sys.argv[1])))' "$p" 2>/dev/null; do
+        p=$((p + 1))
+    done
+    echo "$p"
 }
 
-as_node() { timeout "$1" su - "$NODE_USER" -c "$2"; }   # as_node SECONDS 'CMD': a login shell of the node user
-
+run() {  # run SECONDS CMD...: under a timeout, waited for in the background so Ctrl-C/TERM trap at once
+    timeout -k 10 "$1" "${@:2}" 3>&- & CHILD=$!   # timeout makes its own process group: cleanup can end all of it
+    local rc=0; wait "$CHILD" || rc=$?
+    CHILD=""; return "$rc"
+}
+as_node() { run "$1" su - "$NODE_USER" -c "$2"; }   # as_node SECONDS 'CMD': a login shell of the node user
 # `ray` on the laptop side: its state, config cache and logs go to our temp dir (TMPDIR), not /tmp/ray
-ray_cli() { local secs=$1; shift; TMPDIR="$WORK/tmp" RAY_USAGE_STATS_ENABLED=0 timeout "$secs" ray "$@"; }
+ray_cli() { run "$1" env TMPDIR="$WORK/tmp" RAY_USAGE_STATS_ENABLED=0 ray "${@:2}"; }
 
 install_packages() {  # ssh + rsync for `ray up`, nc to reach a non-22 ssh port, venv for the node's Python
     local missing=()
@@ -61,8 +61,8 @@ install_packages() {  # ssh + rsync for `ray up`, nc to reach a non-22 ssh port,
         printf '#!/bin/sh\nexit 101\n' >/usr/sbin/policy-rc.d && chmod 755 /usr/sbin/policy-rc.d && MADE_POLICY=1
     fi
     log "apt-get install ${missing[*]}"
-    timeout 600 apt-get update -qq
-    DEBIAN_FRONTEND=noninteractive timeout 900 apt-get install -y -qq "${missing[@]}" >/dev/null
+    run 600 apt-get update -qq
+    run 900 env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${missing[@]}" >/dev/null
     if [[ -n $MADE_POLICY ]]; then rm -f /usr/sbin/policy-rc.d; MADE_POLICY=""; fi
 }
 
@@ -99,7 +99,7 @@ UsePAM no
 X11Forwarding no
 EOF
     /usr/sbin/sshd -t -f "$WORK/sshd_config"
-    /usr/sbin/sshd -D -e -f "$WORK/sshd_config" 2>"$WORK/sshd.log" &
+    /usr/sbin/sshd -D -e -f "$WORK/sshd_config" 2>"$WORK/sshd.log" 3>&- &
     SSHD_PID=$!
     wait_for 20 nc -z 127.0.0.1 "$SSH_PORT" || die "sshd did not listen on 127.0.0.1:$SSH_PORT in 20 s"
 }
@@ -125,18 +125,23 @@ yaml.safe_dump(cfg, open(dst, "w"), sort_keys=False)
 EOF
 }
 
-decode() {  # decode NAME FLAGS...: `waferrt generate` on the head through `ray exec`; prints its JSON
+decode() {  # decode NAME FLAGS...: `waferrt generate` on the head through `ray exec`; its JSON -> NAME.json
     local name=$1 cmd; shift
     cmd="waferrt generate $(printf %q "$PROMPT") --max-new-tokens $TOKENS --json $*"
     ray_cli 900 exec "$WORK/cluster.yaml" "$cmd" --disable-usage-stats --log-style record \
         >"$WORK/$name.out" 2>&1 || { tail -30 "$WORK/$name.out" >&2; die "ray exec $cmd"; }
-    tr -d '\r' <"$WORK/$name.out" | grep '^{' | tail -1 || { tail -30 "$WORK/$name.out" >&2; die "no JSON from $cmd"; }
+    tr -d '\r' <"$WORK/$name.out" | grep '^{' | tail -1 >"$WORK/$name.json" || true
+    [[ -s $WORK/$name.json ]] || { tail -30 "$WORK/$name.out" >&2; die "no JSON from $cmd"; }
 }
 
 cleanup() {
     local rc=$?
     set +e
-    trap - EXIT INT TERM
+    trap - EXIT
+    trap '' INT TERM PIPE   # finish cleaning up even after a 2nd Ctrl-C, or with a `| tee` that Ctrl-C ended
+    if [[ -n $CHILD ]]; then  # interrupted: end the command under way (its whole process group) first
+        kill -TERM -- "-$CHILD" 2>/dev/null; wait_for 20 bash -c "! kill -0 $CHILD" || kill -KILL -- "-$CHILD"
+    fi
     if [[ -n $CLUSTER_UP ]]; then log "ray down"; ray_cli 180 down "$WORK/cluster.yaml" -y --log-style record >>"$WORK/down.log" 2>&1; fi
     if [[ -n $MADE_USER ]]; then
         # what is left of the node user (its Ray if `ray down` failed): ended by pid, that user's only
@@ -191,21 +196,21 @@ print(h(getpass.getuser()), h(sys.argv[1]))' "$CLUSTER")
         >"$WORK/up.log" 2>&1 || { tail -40 "$WORK/up.log" >&2; die "ray up"; }
     local t_up=$((SECONDS - t0)); t0=$SECONDS
     # the node's own $RAY_TMPDIR (expanded there): where --address auto looks first
-    local addr
     # shellcheck disable=SC2016
-    addr=$(ray_cli 120 exec "$WORK/cluster.yaml" 'cat "$RAY_TMPDIR/ray/ray_current_cluster"' \
-        --log-style record 2>/dev/null | tr -d '\r' | grep -E '^[0-9.]+:[0-9]+$' | tail -1) || true
+    ray_cli 120 exec "$WORK/cluster.yaml" 'cat "$RAY_TMPDIR/ray/ray_current_cluster"; echo' --log-style record \
+        >"$WORK/addr.out" 2>&1 || die "ray exec cat ray_current_cluster"
+    local addr; addr=$(tr -d '\r' <"$WORK/addr.out" | grep -E '^[0-9.]+:[0-9]+$' | tail -1) || true
     [[ $addr == "127.0.0.2:$GCS_PORT" ]] || die "--address auto on the head would join '$addr', not 127.0.0.2:$GCS_PORT"
     log "--address auto on the head = $addr (this cluster)"
     log "ray exec: waferrt generate --address auto (the wafer on the cluster)"
-    local wafer; wafer=$(decode wafer --address auto)
+    decode wafer --address auto
     local t_wafer=$((SECONDS - t0)); t0=$SECONDS
     log "ray exec: waferrt generate --reference"
-    local ref; ref=$(decode reference --reference)
+    decode reference --reference
     local t_ref=$((SECONDS - t0))
-    python3 - "$wafer" "$ref" <<'EOF' || die "wafer tokens != reference tokens"
+    python3 - "$WORK/wafer.json" "$WORK/reference.json" <<'EOF' || die "wafer tokens != reference tokens"
 import json, sys
-wafer, ref = (json.loads(s) for s in sys.argv[1:])
+wafer, ref = (json.load(open(path)) for path in sys.argv[1:])
 print(f"wafer:     {wafer['tokens']} {wafer['text']!r}\nreference: {ref['tokens']} {ref['text']!r}")
 sys.exit(0 if wafer["tokens"] == ref["tokens"] and len(ref["tokens"]) > 0 else 1)
 EOF
