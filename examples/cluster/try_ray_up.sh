@@ -174,10 +174,8 @@ main() {
     trap cleanup EXIT
     trap 'exit 130' INT TERM
     WORK=$(mktemp -d /tmp/try-ray-up.XXXXXX) && mkdir "$WORK/tmp"
-    read -r CONTROL_USER CONTROL_HASH < <(python3 -c 'import getpass, hashlib, sys
-h = lambda s: hashlib.sha256(s.encode()).hexdigest()[:10]
-print(h(getpass.getuser()), h(sys.argv[1]))' "$CLUSTER")
-    CONTROL_PARENT=/tmp/ray_ssh_$CONTROL_USER
+    CONTROL_PARENT=/tmp/ray_ssh_$(id -un | tr -d '\n' | sha256sum | cut -c1-10)   # as Ray's command_runner.py
+    CONTROL_HASH=$(printf %s "$CLUSTER" | sha256sum | cut -c1-10)
     [[ ! -e $CONTROL_PARENT ]] || KEEP_PARENT=1
     RAYLETS_BEFORE=$(pgrep -x raylet | tr '\n' ' ')
     log "raylets on this machine before (other sessions'): ${RAYLETS_BEFORE:-none}"
