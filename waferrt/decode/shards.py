@@ -21,6 +21,7 @@ from waferrt.fabric.comm import LineComm
 from waferrt.model.config import LlamaConfig
 from waferrt.model.reference import apply_rope, silu
 
+from .cost import ELEMENTWISE_FLOPS as EW
 from .kvcache import MeshKVCache
 from .pack import Chunks, rope_tables
 
@@ -30,6 +31,7 @@ def mesh_rmsnorm(comm: LineComm, x: np.ndarray, w: np.ndarray, cfg: LlamaConfig,
     """RMSNorm of x (B, C, dim_c), split over the columns of `comm`'s line: the sum of squares is a row
     allreduce (every row does the same one: one copy is kept)."""
     ss = comm.allreduce((x * x).sum(axis=2), algo, k, array_axis=1, replicated=True, collapse=True)  # (B,)
+    comm.ledger.compute(EW["rmsnorm"] * x.shape[0] * x.shape[2])
     scale = np.float32(1.0) / np.sqrt(ss / np.float32(cfg.dim) + np.float32(cfg.norm_eps))
     return x * scale[:, None, None] * w
 
@@ -84,6 +86,7 @@ class LayerShard:
         total = self.cx.allreduce(e.sum(axis=4), self.algo, self.k, array_axis=3, replicated=True,
                                   collapse=True)  # (B, nkv, rep)
         p = (e / total[..., None, None]).transpose(0, 3, 1, 2, 4)  # (B, C, nkv, rep, cap)
+        self.ledger.compute(EW["softmax"] * B * nkv * rep * cap)
         out = np.matmul(p, vc)  # (B, C, nkv, rep, R*hd_r)
         self.ledger.compute(2 * B * nkv * rep * self.hd_r * cap)
         out = out.reshape(B, self.cols, nkv, rep, self.rows, self.hd_r)
@@ -103,11 +106,16 @@ class LayerShard:
             cos, sin = np.cos(ang).astype(np.float32)[:, :, None], np.sin(ang).astype(np.float32)[:, :, None]
             q = apply_rope(qkv[:, :, :nh], cos, sin)  # (B, R, nh, hd_r)
             k = apply_rope(qkv[:, :, nh: nh + nkv], cos, sin)
+            self.ledger.compute(EW["rope"] * len(slots) * (nh + nkv) * self.hd_r)
             self.kv.insert(slots, k, qkv[:, :, nh + nkv:], poss)
             x = x + self._gemv_rows(self._w("wo"), self._attention(slots, poss, q))
+            self.ledger.compute(EW["residual"] * x.shape[0] * x.shape[2])
             h = mesh_rmsnorm(self.cx, x, self._w("ffn_norm"), cfg, self.algo, self.k)
             gu = self._gemv_cols(self._w("w13"), h).reshape(len(slots), self.rows, 2, -1)  # (B, R, 2, hid_r)
-            return x + self._gemv_rows(self._w("w2"), silu(gu[:, :, 0]) * gu[:, :, 1])
+            self.ledger.compute(EW["silu_mul"] * len(slots) * gu.shape[3])
+            x = x + self._gemv_rows(self._w("w2"), silu(gu[:, :, 0]) * gu[:, :, 1])
+            self.ledger.compute(EW["residual"] * x.shape[0] * x.shape[2])
+            return x
 
 
 class EmbedShard:
