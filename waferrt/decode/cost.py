@@ -83,7 +83,8 @@ def layer_decode_parts(spec: HardwareSpec, cfg: LlamaConfig, region: Region, kv_
     def y_reduce(nbytes: int, n: int = rows) -> Cost:  # along every column of cores (or a head group's rows)
         return on_lines(allreduce_cost(spec, algo, n, nbytes, k), cols * (rows // n))
 
-    norm = [("norm.reduce", "allreduce", x_reduce(4 * b)), ("norm", "elementwise", _flops(spec, ew["rmsnorm"] * b * dim_c))]
+    norm = [("norm.reduce", "allreduce", x_reduce(4 * b)),
+            ("norm", "elementwise", _flops(spec, ew["rmsnorm"] * b * dim_c))]
     qkv_out = (hq + 2 * hk) * hd_r
     parts = norm + [
         ("qkv", "gemv", _flops(spec, 2 * b * dim_c * qkv_out)), ("qkv.reduce", "allreduce", x_reduce(4 * b * qkv_out)),
@@ -132,7 +133,8 @@ def head_decode_parts(spec: HardwareSpec, cfg: LlamaConfig, region: Region, batc
 
     return [("norm.reduce", "allreduce", x_reduce(4 * b)),
             ("norm", "elementwise", _flops(spec, ELEMENTWISE_FLOPS["rmsnorm"] * b * dim_c)),
-            ("head", "gemv", _flops(spec, 2 * b * voc_r * dim_c)), ("head.reduce", "allreduce", x_reduce(4 * b * voc_r))]
+            ("head", "gemv", _flops(spec, 2 * b * voc_r * dim_c)),
+            ("head.reduce", "allreduce", x_reduce(4 * b * voc_r))]
 
 
 def head_decode_cost(spec: HardwareSpec, cfg: LlamaConfig, region: Region, batch: int = 1, **kw) -> Cost:
