@@ -24,6 +24,7 @@ layout exactly.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from functools import lru_cache
 
 import numpy as np
 
@@ -163,16 +164,24 @@ def step_cycles(spec: HardwareSpec, cfg: LlamaConfig, stages: Sequence[tuple[str
     books the hand-over of the micro-batch's activations from the previous stage's region. `kw` go to
     layer_decode_parts (moving, algo, k, head_groups)."""
     out: dict[tuple[int, int], float] = {}
-    head_kw = {key: v for key, v in kw.items() if key in ("algo", "k")}
+    opts = tuple(sorted(kw.items()))
     for s, (kind, region, layers) in enumerate(stages):
         for m, b in enumerate(batches):
             c = handover_cost(spec, stages[s - 1][1], region, 4 * cfg.dim * b).cycles if s else 0.0
-            if kind == "layer":
-                c += layers * layer_decode_cost(spec, cfg, region, kv_tokens, b, **kw).cycles
-            elif kind == "head":
-                c += head_decode_cost(spec, cfg, region, b, **head_kw).cycles
+            if kind != "embed":
+                c += layers * _work_cycles(spec, cfg, kind, region.w, region.h, kv_tokens, b, opts)
             out[(s, m)] = c
     return out
+
+
+@lru_cache(maxsize=4096)
+def _work_cycles(spec: HardwareSpec, cfg: LlamaConfig, kind: str, cols: int, rows: int, kv_tokens: int, b: int,
+                 opts: tuple) -> float:
+    """Cycles of one layer (or the head) on a cols x rows region: the same for every region of that shape."""
+    region, kw = Region(0, 0, cols, rows), dict(opts)
+    if kind == "layer":
+        return layer_decode_cost(spec, cfg, region, kv_tokens, b, **kw).cycles
+    return head_decode_cost(spec, cfg, region, b, **{key: v for key, v in kw.items() if key in ("algo", "k")}).cycles
 
 
 def pipeline_seconds(cycles: dict, n_stages: int, n_items: int, clock_hz: float) -> float:
