@@ -133,8 +133,10 @@ def _why(best_c: Candidate, others: list[Candidate], objective: str) -> str:
 
 
 def estimate(cfg: LlamaConfig, spec: HardwareSpec, mesh: tuple[int, int], kv: KVReserve, dtype: str = "float16",
-             strategy: Strategy | None = None, objective: str = "latency", label: str = "") -> Estimate:
-    """Plan `cfg` on a mesh of `mesh` = (width, height) cores of `spec` and estimate its decode (module doc)."""
+             strategy: Strategy | None = None, objective: str = "latency", label: str = "",
+             advise: bool = True) -> Estimate:
+    """Plan `cfg` on a mesh of `mesh` = (width, height) cores of `spec` and estimate its decode (module doc);
+    `advise` False skips the search for what would fit when nothing does (the sweep only needs "no")."""
     if objective not in OBJECTIVES:
         raise ValueError(f"objective is one of {OBJECTIVES}, got {objective!r}")
     if dtype not in STORAGE_DTYPES:
@@ -150,7 +152,7 @@ def estimate(cfg: LlamaConfig, spec: HardwareSpec, mesh: tuple[int, int], kv: KV
         from .advice import advice  # the search again, over smaller asks: only when nothing fits
 
         return Estimate(**base, strategy=tried[0] if strategy else None, fits=False,
-                        advice=advice(cfg, spec, mesh, kv, dtype, strategy))
+                        advice=advice(cfg, spec, mesh, kv, dtype, strategy) if advise else ())
     win = min(found, key=lambda c: c.score(objective))
     return _report(cfg, spec, win, base, _why(win, found, objective) if not strategy else
                    f"strategy {win.strategy.kind} as asked (--strategy)")
@@ -171,7 +173,16 @@ def _report(cfg: LlamaConfig, spec: HardwareSpec, c: Candidate, base: dict, why:
                     band=(floor.band_cols, floor.band_rows, floor.bands), cores_used=used, sram_used_bytes=sram,
                     layer_core_bytes=layer_bytes, kv_tokens_per_request=cap,
                     time_per_token_s=c.latency_s + host1, step_s=c.step_s + host_r,
-                    breakdown_s={**breakdown_seconds(parts, spec), "host": host1})
+                    breakdown_s={**breakdown_seconds(parts, spec), "host": host1},
+                    bounds_s=_bounds(parts, spec, host1))
+
+
+def _bounds(parts, spec: HardwareSpec, host: float) -> dict[str, float]:
+    """One request's token split by what the time is spent on: the cores computing (flops), the fabric
+    moving (every message and hand-over), the wafer's ingress (host I/O)."""
+    compute = sum(c.cycles for _, _, c in parts if c.flops) / spec.clock_hz
+    fabric = sum(c.cycles for _, _, c in parts if not c.flops) / spec.clock_hz
+    return {"compute": compute, "fabric": fabric, "ingress": host}
 
 
 def _one_token_parts(cfg: LlamaConfig, spec: HardwareSpec, stages, kv_tokens: int, groups: int) -> list:

@@ -56,6 +56,7 @@ class Estimate:
     time_per_token_s: float = math.inf  # one request alone, host I/O included
     step_s: float = math.inf  # one token for each of kv.requests requests in flight
     breakdown_s: dict = field(default_factory=dict)  # one request's token, seconds per category
+    bounds_s: dict = field(default_factory=dict)  # the same token: compute, fabric, ingress seconds
     streaming: object | None = None  # a streaming.Streaming when asked for
 
     @property
@@ -65,6 +66,12 @@ class Estimate:
     @property
     def request_tokens_per_s(self) -> float:
         return 1.0 / self.time_per_token_s if self.fits else 0.0
+
+    @property
+    def bound(self) -> str:
+        """What bounds the decode: "SRAM capacity" when it does not fit, else what one token's time goes to
+        most (compute, fabric, ingress)."""
+        return max(self.bounds_s, key=self.bounds_s.get) if self.fits else "SRAM capacity"
 
     @property
     def kv_capacity_tokens(self) -> int:
@@ -80,6 +87,7 @@ class Estimate:
                "step_s": self.step_s if self.fits else None, "cores_used": self.cores_used,
                "sram_used_bytes": self.sram_used_bytes, "kv_capacity_tokens": self.kv_capacity_tokens,
                "kv_tokens_per_request": self.kv_tokens_per_request, "breakdown_s": dict(self.breakdown_s),
+               "bounds_s": dict(self.bounds_s), "bound": self.bound,
                "why": self.why, "advice": list(self.advice)}
         if self.shape is not None:
             out["layer_region"] = {"cols": self.shape.cols, "rows": self.shape.rows,

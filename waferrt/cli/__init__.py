@@ -15,7 +15,7 @@ import sys
 
 # command name -> its module (add_parser(subparsers), run(args) -> int), in the order --help lists them
 COMMANDS = {"generate": "waferrt.cli.generate", "plan": "waferrt.cli.plan", "estimate": "waferrt.cli.estimate",
-            "demo": "waferrt.cli.demo"}
+            "sweep": "waferrt.cli.sweep", "demo": "waferrt.cli.demo"}
 
 DESCRIPTION = """\
 waferrt runs an emulated wafer-scale processor: a 2D mesh of small cores, each with its own few tens of
