@@ -51,11 +51,13 @@ class Streaming:
 
     def to_json(self) -> dict:
         keys = ("fits", "reason", "core_bytes", "kv_tokens_per_request", "weight_bytes", "step_s",
-                "time_per_token_s", "ingress_bound_tokens_per_s", "knee_requests", "max_requests", "resident_tokens_per_s")
+                "time_per_token_s", "ingress_bound_tokens_per_s", "knee_requests", "max_requests",
+                "resident_tokens_per_s")
         out = {k: getattr(self, k) for k in keys}
         out["tokens_per_s"] = self.tokens_per_s
         if self.shape is not None:
-            out["region"] = {"cols": self.shape.cols, "rows": self.shape.rows, "head_groups": self.shape.head_groups}
+            out["region"] = {"cols": self.shape.cols, "rows": self.shape.rows,
+                             "head_groups": self.shape.head_groups}
         return out
 
     def text(self) -> str:
@@ -72,9 +74,10 @@ class Streaming:
         return "\n".join([
             f"weight streaming: one {s.cols}x{s.rows} region (K/V and a double buffer of weight blocks, "
             f"{self.core_bytes / 1024:.1f} KB per core); {gb(self.weight_bytes)} of weights stream in per step",
-            f"  one request   {self.time_per_token_s * 1e3:.3f} ms per token = {1 / self.time_per_token_s:,.1f} tokens/s",
-            f"  {f'{r} in flight':13} {self.step_s * 1e3:.3f} ms per step = {self.tokens_per_s:,.1f} tokens/s ({bound}; the "
-            f"ingress allows {self.ingress_bound_tokens_per_s:,.1f})",
+            f"  one request   {self.time_per_token_s * 1e3:.3f} ms per token = "
+            f"{1 / self.time_per_token_s:,.1f} tokens/s",
+            f"  {f'{r} in flight':13} {self.step_s * 1e3:.3f} ms per step = {self.tokens_per_s:,.1f} tokens/s "
+            f"({bound}; the ingress allows {self.ingress_bound_tokens_per_s:,.1f})",
             f"  crossover     compute outlasts the stream from {self.knee_requests:,} requests in flight on; {room}",
             f"  vs resident   {resident}",
         ])
