@@ -24,10 +24,16 @@ def _fits(cfg, spec, mesh, kv: KVReserve, dtype: str, strategy: Strategy | None)
     return any(next(_floors(cfg, spec, mesh, kv, dtype, s), None) is not None for s in tried)
 
 
-def _most(lo: int, hi: int, ok) -> int:
-    """The largest v in [lo, hi] with ok(v) (ok monotone: True...True False...False), or 0."""
-    if not ok(lo):
+def _most(hi: int, ok) -> int:
+    """The largest v in [1, hi] with ok(v), or 0: halving from hi down to the first v that is ok, then a
+    bisection above it. (ok is not monotone at the bottom: a region has at most kv-tokens columns, so very
+    few K/V tokens can fail where more fit.)"""
+    lo = hi
+    while lo >= 1 and not ok(lo):
+        lo //= 2
+    if lo < 1:
         return 0
+    hi = min(hi, 2 * lo - 1)
     while lo < hi:
         mid = (lo + hi + 1) // 2
         lo, hi = (mid, hi) if ok(mid) else (lo, mid - 1)
@@ -47,12 +53,10 @@ def advice(cfg: LlamaConfig, spec: HardwareSpec, mesh: tuple[int, int], kv: KVRe
     have = mesh[0] * mesh[1] * spec.sram_bytes
     out = [f"it needs at least {gb(weights + kv_bytes)} (weights {gb(weights)} + K/V {gb(kv_bytes)}, before "
            f"scratch and the cores lost to region shapes); the {mesh[0]}x{mesh[1]} mesh holds {gb(have)}"]
-    tokens = _most(1, kv.tokens - 1, lambda t: _fits(cfg, spec, mesh, KVReserve(t, kv.requests), dtype, strategy)) \
-        if kv.tokens > 1 else 0
+    tokens = _most(kv.tokens - 1, lambda t: _fits(cfg, spec, mesh, KVReserve(t, kv.requests), dtype, strategy))
     if tokens:
         out.append(f"fewer K/V tokens: --kv-tokens {tokens} fits ({kv.requests} requests)")
-    reqs = _most(1, kv.requests - 1, lambda r: _fits(cfg, spec, mesh, KVReserve(kv.tokens, r), dtype, strategy)) \
-        if kv.requests > 1 else 0
+    reqs = _most(kv.requests - 1, lambda r: _fits(cfg, spec, mesh, KVReserve(kv.tokens, r), dtype, strategy))
     if reqs:
         out.append(f"fewer requests in flight: --requests {reqs} fits ({kv.tokens} K/V tokens each)")
     if itemsize(dtype) > 2 and _fits(cfg, spec, mesh, kv, "bfloat16", strategy):

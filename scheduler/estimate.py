@@ -32,7 +32,7 @@ from waferrt.model.config import LlamaConfig
 
 from . import wafer
 from .estimate_report import Estimate, breakdown_seconds
-from .types import KVReserve, Strategy
+from .types import KVReserve, Placement, Strategy
 
 OBJECTIVES = ("latency", "throughput")
 
@@ -61,17 +61,32 @@ def host_seconds(cfg: LlamaConfig, spec: HardwareSpec, requests: int) -> float:
     return requests * (4 + 4 * cfg.vocab_size) / spec.ingress_bytes_per_s
 
 
-def _time(cfg: LlamaConfig, spec: HardwareSpec, floor: wafer.Floor, strategy: Strategy, kv_tokens: int,
-          requests: int) -> tuple[float, float]:
-    """(latency seconds of one request, seconds of one step with `requests` in flight) on the wafer."""
-    kw = {"head_groups": floor.shape.head_groups}
-    stages = floor.stages(cfg.n_layers, strategy.group)
+def stage_seconds(cfg: LlamaConfig, spec: HardwareSpec, stages, kv_tokens: int, requests: int,
+                  head_groups: int = 1) -> tuple[float, float]:
+    """(seconds of one request's token, seconds of one step with `requests` in flight) through `stages`
+    ((kind, Region, layers), as decode.cost.step_cycles takes them) on the wafer: the closed forms the tiles
+    book, micro-batched and pipelined as the emulator runs a step."""
+    kw = {"head_groups": head_groups}
     one = sum(step_cycles(spec, cfg, stages, kv_tokens, [1], **kw).values()) / spec.clock_hz
     if requests == 1:
         return one, one
     batches = [len(m) for m in micro_batches(requests)]
     cycles = step_cycles(spec, cfg, stages, kv_tokens, batches, **kw)
     return one, pipeline_seconds(cycles, len(stages), len(batches), spec.clock_hz)
+
+
+def placement_seconds(p: Placement, requests: int | None = None) -> tuple[float, float]:
+    """stage_seconds of a planned Placement (its real regions, one layer each, the tied embedding/head
+    region): what the emulator's tiles book running it, for one request and for `requests` in flight
+    (default: the placement's K/V reserve)."""
+    stages = [("embed", p.embed, 0), *(("layer", r, 1) for r in p.layers), ("head", p.embed, 0)]
+    return stage_seconds(p.config, p.spec, stages, p.kv_tokens, requests or p.kv.requests)
+
+
+def _time(cfg: LlamaConfig, spec: HardwareSpec, floor: wafer.Floor, strategy: Strategy, kv_tokens: int,
+          requests: int) -> tuple[float, float]:
+    return stage_seconds(cfg, spec, floor.stages(cfg.n_layers, strategy.group), kv_tokens, requests,
+                         floor.shape.head_groups)
 
 
 def _floors(cfg: LlamaConfig, spec: HardwareSpec, mesh: tuple[int, int], kv: KVReserve, dtype: str,

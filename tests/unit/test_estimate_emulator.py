@@ -69,7 +69,7 @@ def _step(dec: LocalDecoder, tag: str, items: list) -> list:
 def _check_steps(dec: LocalDecoder, requests: int, positions=(0, 1, 2)) -> None:
     """Steps at positions 0, 1, ... of fresh requests: the caches hold `pos` entries, so pos % cols move."""
     p, cfg = dec.placement, dec.placement.config
-    stages = [(kind, r, 1) for kind, _, r in dec.setup.stages()]
+    stages = [(kind, r, int(kind == "layer")) for kind, _, r in dec.setup.stages()]
     batches = [len(m) for m in micro_batches(requests)]
     for pos in positions:
         results = _step(dec, f"s{pos}", [(slot, 5 + slot, pos, True) for slot in range(requests)])

@@ -160,16 +160,17 @@ def step_cycles(spec: HardwareSpec, cfg: LlamaConfig, stages: Sequence[tuple[str
                 batches: Sequence[int], **kw) -> dict[tuple[int, int], float]:
     """The cycles every (stage, micro-batch) of a decode step books, as the tiles book them: `stages` are
     (kind, region, layers) with kind "embed" (the row look-up: nothing booked), "layer" (`layers` layers
-    run back to back in one region, no hand-over between them) or "head"; every stage but the first also
-    books the hand-over of the micro-batch's activations from the previous stage's region. `kw` go to
-    layer_decode_parts (moving, algo, k, head_groups)."""
+    run back to back in one region, no hand-over between them) or "head" (`layers` ignored); every stage but
+    the first also books the hand-over of the micro-batch's activations from the previous stage's region.
+    `kw` go to layer_decode_parts (moving, algo, k, head_groups)."""
     out: dict[tuple[int, int], float] = {}
     opts = tuple(sorted(kw.items()))
     for s, (kind, region, layers) in enumerate(stages):
         for m, b in enumerate(batches):
             c = handover_cost(spec, stages[s - 1][1], region, 4 * cfg.dim * b).cycles if s else 0.0
             if kind != "embed":
-                c += layers * _work_cycles(spec, cfg, kind, region.w, region.h, kv_tokens, b, opts)
+                times = layers if kind == "layer" else 1
+                c += times * _work_cycles(spec, cfg, kind, region.w, region.h, kv_tokens, b, opts)
             out[(s, m)] = c
     return out
 
