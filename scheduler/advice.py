@@ -14,14 +14,14 @@ from waferrt.core.spec import HardwareSpec
 from waferrt.model.config import LlamaConfig
 
 from . import budget
-from .estimate import _floors, strategies
 from .estimate_report import gb
 from .types import KVReserve, Strategy
+from .wafer import floors, strategies
 
 
 def _fits(cfg, spec, mesh, kv: KVReserve, dtype: str, strategy: Strategy | None) -> bool:
     tried = [strategy] if strategy else strategies(cfg.n_layers)
-    return any(next(_floors(cfg, spec, mesh, kv, dtype, s), None) is not None for s in tried)
+    return any(next(floors(cfg, spec, mesh, kv, dtype, s), None) is not None for s in tried)
 
 
 def _most(hi: int, ok) -> int:

@@ -17,7 +17,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 from functools import lru_cache
 
-from waferrt.core.arith import cdiv
 from waferrt.core.dtypes import STORAGE_DTYPES
 from waferrt.core.spec import HardwareSpec
 from waferrt.decode.cost import (
@@ -31,6 +30,7 @@ from waferrt.decode.program import micro_batches
 from waferrt.model.config import LlamaConfig
 
 from . import wafer
+from .advice import advice
 from .estimate_report import Estimate, breakdown_seconds
 from .types import KVReserve, Placement, Strategy
 
@@ -89,42 +89,17 @@ def _time(cfg: LlamaConfig, spec: HardwareSpec, floor: wafer.Floor, strategy: St
                          floor.shape.head_groups)
 
 
-def _floors(cfg: LlamaConfig, spec: HardwareSpec, mesh: tuple[int, int], kv: KVReserve, dtype: str,
-            strategy: Strategy):
-    """Every floor plan worth timing for `strategy`: for each (rows, head groups), column counts from the
-    narrowest region that fits in SRAM to the widest whose regions all fit on the mesh."""
-    width, height = mesh
-    bands = 1 if cfg.tie_embeddings else 2
-    b = wafer.band(cfg, spec.sram_bytes, width, dtype)
-    if b is None or bands * b[1] >= height:
-        return
-    free = height - bands * b[1]
-    for rows, groups in wafer.row_options(cfg, free):
-        lo = wafer.min_cols(cfg, rows, groups, spec.sram_bytes, kv.tokens, kv.requests, dtype, strategy.group)
-        if lo is None:
-            continue
-        hi = min(width // cdiv(strategy.regions, free // rows), cfg.dim, kv.tokens)
-        for cols in wafer.col_options(lo, hi) if hi >= lo else ():
-            yield wafer.Floor(width, height, b[0], b[1], bands, wafer.Shape(cols, rows, groups))
-
-
 @lru_cache(maxsize=512)
 def best(cfg: LlamaConfig, spec: HardwareSpec, mesh: tuple[int, int], kv: KVReserve, dtype: str,
          strategy: Strategy, objective: str) -> Candidate | None:
     """The best floor plan of `strategy` for `objective`, or None when no region shape fits."""
     found = None
-    for floor in _floors(cfg, spec, mesh, kv, dtype, strategy):
+    for floor in wafer.floors(cfg, spec, mesh, kv, dtype, strategy):
         one, step = _time(cfg, spec, floor, strategy, kv.tokens, kv.requests)
         c = Candidate(strategy, floor, one, step, kv.requests)
         if found is None or c.score(objective) < found.score(objective):
             found = c
     return found
-
-
-def strategies(n_layers: int) -> list[Strategy]:
-    """Pipeline, tensor and the mixes in between worth trying (2, 4, 8, ... layers per region)."""
-    groups = {1, n_layers} | {g for g in (2, 4, 8, 16) if g < n_layers}
-    return [Strategy(g, n_layers) for g in sorted(groups)]
 
 
 def _why(best_c: Candidate, others: list[Candidate], objective: str) -> str:
@@ -159,13 +134,11 @@ def estimate(cfg: LlamaConfig, spec: HardwareSpec, mesh: tuple[int, int], kv: KV
     if not (1 <= mesh[0] <= spec.full_mesh[0] and 1 <= mesh[1] <= spec.full_mesh[1]):
         raise ValueError(f"mesh {mesh[0]}x{mesh[1]} is not inside the {spec.name} wafer "
                          f"({spec.full_mesh[0]}x{spec.full_mesh[1]} cores)")
-    tried = [strategy] if strategy else strategies(cfg.n_layers)
+    tried = [strategy] if strategy else wafer.strategies(cfg.n_layers)
     found = [c for c in (best(cfg, spec, mesh, kv, dtype, s, objective) for s in tried) if c is not None]
     base = {"label": label or f"{cfg.n_layers}-layer model", "config": cfg, "spec": spec, "mesh": mesh, "kv": kv,
             "dtype": dtype, "objective": objective}
     if not found:
-        from .advice import advice  # the search again, over smaller asks: only when nothing fits
-
         return Estimate(**base, strategy=tried[0] if strategy else None, fits=False,
                         advice=advice(cfg, spec, mesh, kv, dtype, strategy) if advise else ())
     win = min(found, key=lambda c: c.score(objective))

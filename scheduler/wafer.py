@@ -8,7 +8,8 @@ layouts the tiles book); ``min_cols`` the narrowest region of a given height tha
 ``Floor`` is the wafer's floor plan: the embedding (and, for an untied model, the output head) as
 full-width bands on top, layer regions in a grid of slots below them, taken in a serpentine so that
 consecutive regions touch; ``stages`` gives the decode's stages as (kind, Region, layers) for
-``waferrt.decode.cost.step_cycles``.
+``waferrt.decode.cost.step_cycles``. ``floors`` lists every floor plan worth timing for a strategy and
+``strategies`` the strategies worth trying (both used by the estimator and by its advice).
 """
 
 from __future__ import annotations
@@ -18,10 +19,12 @@ from dataclasses import dataclass
 from waferrt.core.arith import cdiv
 from waferrt.core.dtypes import itemsize
 from waferrt.core.mesh import Region
+from waferrt.core.spec import HardwareSpec
 from waferrt.decode.cost import layer_dims
 from waferrt.model.config import LlamaConfig
 
 from . import budget
+from .types import KVReserve, Strategy
 
 
 @dataclass(frozen=True)
@@ -161,3 +164,28 @@ def col_options(lo: int, hi: int, n: int = 8) -> list[int]:
         return [lo]
     ratio = (hi / lo) ** (1 / (n - 1))
     return sorted({lo, hi, *(min(hi, round(lo * ratio ** i)) for i in range(1, n - 1))})
+
+
+def strategies(n_layers: int) -> list[Strategy]:
+    """Pipeline, tensor and the mixes in between worth trying (2, 4, 8, ... layers per region)."""
+    groups = {1, n_layers} | {g for g in (2, 4, 8, 16) if g < n_layers}
+    return [Strategy(g, n_layers) for g in sorted(groups)]
+
+
+def floors(cfg: LlamaConfig, spec: HardwareSpec, mesh: tuple[int, int], kv: KVReserve, dtype: str,
+            strategy: Strategy):
+    """Every floor plan worth timing for `strategy`: for each (rows, head groups), column counts from the
+    narrowest region that fits in SRAM to the widest whose regions all fit on the mesh."""
+    width, height = mesh
+    bands = 1 if cfg.tie_embeddings else 2
+    b = band(cfg, spec.sram_bytes, width, dtype)
+    if b is None or bands * b[1] >= height:
+        return
+    free = height - bands * b[1]
+    for rows, groups in row_options(cfg, free):
+        lo = min_cols(cfg, rows, groups, spec.sram_bytes, kv.tokens, kv.requests, dtype, strategy.group)
+        if lo is None:
+            continue
+        hi = min(width // cdiv(strategy.regions, free // rows), cfg.dim, kv.tokens)
+        for cols in col_options(lo, hi) if hi >= lo else ():
+            yield Floor(width, height, b[0], b[1], bands, Shape(cols, rows, groups))

@@ -75,8 +75,8 @@ def test_closed_form_sram_is_what_the_tiles_book():
 
 def test_a_whole_wafer_is_answered_from_a_bounded_number_of_floor_plans():
     kv = KVReserve(4096, 8)
-    for s in est.strategies(LLAMA3.n_layers):
-        floors = list(est._floors(LLAMA3, WSE2, WSE2.full_mesh, kv, "float16", s))
+    for s in wafer.strategies(LLAMA3.n_layers):
+        floors = list(wafer.floors(LLAMA3, WSE2, WSE2.full_mesh, kv, "float16", s))
         assert len(floors) < 400  # closed-form shapes: never a search over the 745,500 cores
     e = est.estimate(LLAMA3, WSE2, WSE2.full_mesh, kv, "float16", label="Llama3-8B")
     assert e.fits and 0 < e.cores_used <= 750 * 994 and e.sram_used_bytes <= 750 * 994 * WSE2.sram_bytes
@@ -108,7 +108,7 @@ def test_the_planner_picks_the_best_strategy_for_the_objective():
     kv = KVReserve(2048, 16)
     for objective in est.OBJECTIVES:
         e = est.estimate(SMOLLM2_135M, WSE2, WSE2.full_mesh, kv, "float16", objective=objective)
-        cands = [c for s in est.strategies(SMOLLM2_135M.n_layers)
+        cands = [c for s in wafer.strategies(SMOLLM2_135M.n_layers)
                  if (c := est.best(SMOLLM2_135M, WSE2, WSE2.full_mesh, kv, "float16", s, objective))]
         assert len(cands) > 2 and objective in e.why
         if objective == "latency":
