@@ -4,7 +4,9 @@ Contract: a :class:`LayerShard` holds one layer's weight blocks (waferrt.decode.
 of its requests (:class:`~waferrt.decode.kvcache.MeshKVCache`) in the cores of its region, and runs a
 micro-batch of tokens through the layer with :meth:`LayerShard.forward`. Every data movement between
 cores is a collective of waferrt.fabric.comm (booked in the ledger); the math per core is local and uses
-the reference's ops (waferrt.model.reference: RoPE on adjacent pairs, SiLU). The residual stream enters
+the reference's ops (waferrt.model.reference: RoPE on adjacent pairs, SiLU), booked as flops: the block
+GEMVs and attention products by their multiply-adds, the element-wise work (RMSNorm, RoPE, softmax, SiLU,
+residual adds) at waferrt.decode.cost.ELEMENTWISE_FLOPS per element. The residual stream enters
 and leaves as x (B, cols, dim_c): split over the region's columns, replicated down its rows (one copy
 kept). :class:`EmbedShard` holds the tied embedding table: it looks a token's row up and, with the final
 norm, computes the logits.
