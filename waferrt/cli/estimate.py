@@ -46,37 +46,44 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
                     "tokens/s for one request and for --requests in flight, the breakdown in seconds, cores and "
                     "SRAM used, K/V capacity -- or why it does not fit and what would.",
         epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--model", default="llama3-8b", help="a named model (see below) or a llama GGUF path")
-    p.add_argument("--preset", default="wse2", choices=sorted(PRESETS), help="hardware preset (default wse2)")
+    add_workload_args(p)
     p.add_argument("--mesh", type=parse_wxh, metavar="WxH", help="cores to use (default: the whole wafer)")
-    p.add_argument("--strategy", choices=STRATEGIES, help="layers per region: pipeline, tensor or mixed "
-                                                          "(default: the planner picks)")
-    p.add_argument("--group", type=int, help="layers per region of --strategy mixed")
-    p.add_argument("--objective", default="latency", choices=OBJECTIVES, help="what the planner optimises")
-    p.add_argument("--kv-tokens", type=int, help="K/V positions per request (default 4096, at most the "
-                                                 "model's context)")
-    p.add_argument("--requests", type=int, default=8, help="requests in flight (default 8)")
-    p.add_argument("--dtype", default="float16", choices=STORAGE_DTYPES, help="storage dtype (default float16)")
     p.add_argument("--streaming", action="store_true", help="also estimate weight streaming from off-wafer memory")
     p.add_argument("--json", action="store_true", help="print the estimate as JSON")
     p.set_defaults(_run=run)
     return p
 
 
-def _inputs(args):
+def add_workload_args(p) -> None:
+    """What `estimate` and `sweep` both ask: model, base preset, strategy, objective, K/V reserve, dtype."""
+    p.add_argument("--model", default="llama3-8b", help="a named model (see below) or a llama GGUF path")
+    p.add_argument("--preset", default="wse2", choices=sorted(PRESETS), help="hardware preset (default wse2)")
+    p.add_argument("--strategy", choices=STRATEGIES, help="layers per region: pipeline, tensor or mixed "
+                                                          "(default: the planner picks)")
+    p.add_argument("--group", type=int, help="layers per region of --strategy mixed")
+    p.add_argument("--objective", default="latency", choices=OBJECTIVES,
+                   help="latency: one request's time per token; throughput: tokens/s with --requests in flight")
+    p.add_argument("--kv-tokens", type=int, help="K/V positions per request (default 4096, at most the "
+                                                 "model's context)")
+    p.add_argument("--requests", type=int, default=8, help="requests in flight (default 8)")
+    p.add_argument("--dtype", default="float16", choices=STORAGE_DTYPES, help="storage dtype (default float16)")
+
+
+def workload(args):
+    """(config, label, spec, strategy or None, KVReserve) from add_workload_args' arguments."""
     cfg, label = model_by_name(args.model)
     spec = spec_by_name(args.preset)
-    mesh = args.mesh or spec.full_mesh
     strategy = Strategy.named(args.strategy, cfg.n_layers, args.group) if args.strategy else None
     if args.group is not None and args.strategy != "mixed":
         raise ValueError("--group goes with --strategy mixed (layers per region)")
     kv = KVReserve(args.kv_tokens or min(4096, cfg.max_seq_len), args.requests)
-    return cfg, label, spec, mesh, strategy, kv
+    return cfg, label, spec, strategy, kv
 
 
 def run(args) -> int:
     try:
-        cfg, label, spec, mesh, strategy, kv = _inputs(args)
+        cfg, label, spec, strategy, kv = workload(args)
+        mesh = args.mesh or spec.full_mesh
         est = estimate(cfg, spec, mesh, kv, args.dtype, strategy, args.objective, label)
     except ValueError as e:
         print(f"waferrt estimate: {e}", file=sys.stderr)

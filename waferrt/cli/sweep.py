@@ -12,14 +12,10 @@ import argparse
 import json
 import sys
 
-from waferrt.core.dtypes import STORAGE_DTYPES
-from waferrt.core.spec import PRESETS, spec_by_name
-from waferrt.model.zoo import model_by_name
-from waferrt.scheduler.estimate import OBJECTIVES
 from waferrt.scheduler.sweep import AREA_BUDGET_MM2, DEFAULT_GRID, Grid, best_point, sweep, table
-from waferrt.scheduler.types import STRATEGIES, KVReserve, Strategy
 
 from .common import parse_wxh
+from .estimate import add_workload_args, workload
 
 EPILOG = f"""examples:
   waferrt sweep --model llama3-8b                       the default grid, sweep.png
@@ -55,15 +51,7 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
         "sweep", help="which wafer design (SRAM, mesh, links, clock) serves a model best, table and PNG",
         description="Estimate a model on a grid of wafer designs and mark the fastest within a fixed area budget.",
         epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--model", default="llama3-8b", help="a named model or a llama GGUF path (metadata only)")
-    p.add_argument("--preset", default="wse2", choices=sorted(PRESETS), help="the base spec (default wse2)")
-    p.add_argument("--strategy", choices=STRATEGIES, help="layers per region (default: the planner picks)")
-    p.add_argument("--group", type=int, help="layers per region of --strategy mixed")
-    p.add_argument("--objective", default="latency", choices=OBJECTIVES,
-                   help="latency: one request's tokens/s; throughput: tokens/s with --requests in flight")
-    p.add_argument("--kv-tokens", type=int, help="K/V positions per request (default 4096, at most the context)")
-    p.add_argument("--requests", type=int, default=8, help="requests in flight (default 8)")
-    p.add_argument("--dtype", default="float16", choices=STORAGE_DTYPES, help="storage dtype (default float16)")
+    add_workload_args(p)
     p.add_argument("--sram", type=_floats, help="SRAM per core, KB, comma-separated")
     p.add_argument("--mesh", type=_meshes, help="meshes WxH, comma-separated")
     p.add_argument("--link", type=_floats, help="link bandwidths, bytes per cycle, comma-separated")
@@ -84,10 +72,7 @@ def _grid(args) -> Grid:
 
 def run(args) -> int:
     try:
-        cfg, label = model_by_name(args.model)
-        base = spec_by_name(args.preset)
-        strategy = Strategy.named(args.strategy, cfg.n_layers, args.group) if args.strategy else None
-        kv = KVReserve(args.kv_tokens or min(4096, cfg.max_seq_len), args.requests)
+        cfg, label, base, strategy, kv = workload(args)
         points = sweep(cfg, base, _grid(args), kv, args.dtype, strategy, args.objective, label)
     except ValueError as e:
         print(f"waferrt sweep: {e}", file=sys.stderr)
