@@ -64,10 +64,10 @@ def draw_sweep(points: list[Point], best: Point | None, path, title: str) -> Pat
     handles += [Line2D([], [], ls="", marker="o", markerfacecolor="none", color="0.3", markersize=8,
                        label=f"over the area budget\n({AREA_BUDGET_MM2:,.0f} mm2)"),
                 Line2D([], [], ls="", marker="*", color="crimson", markersize=14, label="best within the budget")]
-    fig.legend(handles=handles, loc="center right", fontsize=8.5, frameon=False)
+    right = 1 - 3.0 / fig.get_figwidth()
+    fig.legend(handles=handles, loc="center left", bbox_to_anchor=(right + 0.01, 0.5), fontsize=8.5, frameon=False)
     fig.suptitle(title, fontsize=11)
-    fig.subplots_adjust(left=0.08 / len(panels) + 0.02, right=1 - 3.4 / fig.get_figwidth(), bottom=0.11,
-                        top=0.86, wspace=0.25)
+    fig.subplots_adjust(left=0.08 / len(panels) + 0.02, right=right, bottom=0.11, top=0.86, wspace=0.25)
     path = Path(path)
     fig.savefig(path, dpi=110)
     return path

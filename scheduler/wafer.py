@@ -158,12 +158,15 @@ def row_options(cfg: LlamaConfig, max_rows: int) -> list[tuple[int, int]]:
     return out
 
 
-def col_options(lo: int, hi: int, n: int = 8) -> list[int]:
-    """About n column counts from lo to hi, spaced geometrically (both ends included)."""
+COLS = tuple(sorted({1 << k for k in range(13)} | {3 << k for k in range(12)}))  # 1, 2, 3, 4, 6, 8, 12, ...
+
+
+def col_options(lo: int, hi: int) -> list[int]:
+    """Column counts from lo to hi: both ends and the fixed grid 1, 2, 3, 4, 6, 8, 12, ... between them (the
+    same grid whatever lo is, so more SRAM per core never loses a shape that less SRAM could time)."""
     if hi <= lo:
         return [lo]
-    ratio = (hi / lo) ** (1 / (n - 1))
-    return sorted({lo, hi, *(min(hi, round(lo * ratio ** i)) for i in range(1, n - 1))})
+    return sorted({lo, hi, *(c for c in COLS if lo < c < hi)})
 
 
 def strategies(n_layers: int) -> list[Strategy]:
@@ -173,19 +176,24 @@ def strategies(n_layers: int) -> list[Strategy]:
 
 
 def floors(cfg: LlamaConfig, spec: HardwareSpec, mesh: tuple[int, int], kv: KVReserve, dtype: str,
-            strategy: Strategy):
-    """Every floor plan worth timing for `strategy`: for each (rows, head groups), column counts from the
-    narrowest region that fits in SRAM to the widest whose regions all fit on the mesh."""
+           strategy: Strategy):
+    """Every floor plan worth timing for `strategy`: bands of the fewest rows that hold the table, and of
+    16, 32, 64 and 128 rows when taller (a taller band gives the output head more cores; a fixed grid, so
+    more SRAM per core never loses a floor plan that less SRAM could time); for each (rows, head groups),
+    column counts from the narrowest region that fits in SRAM to the widest whose regions all fit."""
     width, height = mesh
     bands = 1 if cfg.tie_embeddings else 2
     b = band(cfg, spec.sram_bytes, width, dtype)
-    if b is None or bands * b[1] >= height:
+    if b is None:
         return
-    free = height - bands * b[1]
-    for rows, groups in row_options(cfg, free):
-        lo = min_cols(cfg, rows, groups, spec.sram_bytes, kv.tokens, kv.requests, dtype, strategy.group)
-        if lo is None:
+    for band_rows in sorted({b[1], *(r for r in (16, 32, 64, 128) if b[1] < r <= cfg.vocab_size)}):
+        free = height - bands * band_rows
+        if free < 1 or (band_rows > b[1] and free < height // 2):  # a taller band only while layers have room
             continue
-        hi = min(width // cdiv(strategy.regions, free // rows), cfg.dim, kv.tokens)
-        for cols in col_options(lo, hi) if hi >= lo else ():
-            yield Floor(width, height, b[0], b[1], bands, Shape(cols, rows, groups))
+        for rows, groups in row_options(cfg, free):
+            lo = min_cols(cfg, rows, groups, spec.sram_bytes, kv.tokens, kv.requests, dtype, strategy.group)
+            if lo is None:
+                continue
+            hi = min(width // cdiv(strategy.regions, free // rows), cfg.dim, kv.tokens)
+            for cols in col_options(lo, hi) if hi >= lo else ():
+                yield Floor(width, height, b[0], band_rows, bands, Shape(cols, rows, groups))
