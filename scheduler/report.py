@@ -17,7 +17,7 @@ import dataclasses
 from dataclasses import dataclass
 from itertools import pairwise
 
-from waferrt.decode.cost import embed_decode_cost, handover_cost, layer_decode_cost
+from waferrt.decode.cost import handover_cost, head_decode_cost, layer_decode_cost
 from waferrt.decode.layout import booked_bytes, embed_booking, layer_booking
 
 from .budget import work_bytes
@@ -135,7 +135,7 @@ def _sram(p: Placement) -> tuple[int, float, int, tuple[int, ...], int]:
 def _speed(p: Placement) -> tuple[float, float]:
     cfg, spec = p.config, p.spec
     layers = [layer_decode_cost(spec, cfg, r, p.kv_tokens).cycles for r in p.layers]
-    head = embed_decode_cost(spec, cfg, p.embed).cycles
+    head = head_decode_cost(spec, cfg, p.embed).cycles
     chain = (p.embed, *p.layers, p.embed)
     hand = [handover_cost(spec, a, b, 4 * cfg.dim).cycles for a, b in pairwise(chain)]
     step = sum(layers) + head + sum(hand)

@@ -5,7 +5,8 @@ search, report, repair, serial -- import these, never the other way round). :cla
 where every tensor of a Llama model sits: layer i -> its region, the tied embedding/head region, spare
 cores kept for repair, tile -> Ray node, and ``kv_tokens``, the K/V positions per request that every
 layer region holds (computed by the planner and stored). :class:`KVReserve` is the K/V the planner must
-reserve, :class:`NodeInfo` a Ray node, :class:`PlanError` the planner's "does not fit" with what would.
+reserve, :class:`NodeInfo` a Ray node, :class:`PlanError` the planner's "does not fit" with what would,
+:class:`Strategy` how the layers share the wafer (layers per region).
 """
 
 from __future__ import annotations
@@ -47,6 +48,54 @@ class KVReserve:
         if self.tokens < 1 or self.requests < 1:
             raise ValueError(f"KV reserve needs tokens >= 1 and requests >= 1, got {self.tokens} tokens x "
                              f"{self.requests} requests")
+
+
+STRATEGIES = ("pipeline", "tensor", "mixed")
+
+
+@dataclass(frozen=True)
+class Strategy:
+    """How a model's layers share the wafer: every layer region runs `group` consecutive layers, its cores
+    holding the weight blocks (and K/V) of all of them; a token passes the regions in turn.
+
+    group 1 is layer-pipelined regions (each layer its own region: what ``plan`` places and the emulator
+    runs); group = n_layers is WaferLLM-style wafer-scale tensor parallelism (one large region runs every
+    layer, its GEMVs spread over all its cores); anything between is a mix (n_layers / group regions)."""
+
+    group: int
+    n_layers: int
+
+    def __post_init__(self) -> None:
+        if not 1 <= self.group <= self.n_layers:
+            raise ValueError(f"a strategy groups 1..{self.n_layers} layers per region, got {self.group}")
+
+    @classmethod
+    def named(cls, kind: str, n_layers: int, group: int | None = None) -> Strategy:
+        """'pipeline' (1 layer per region), 'tensor' (all in one) or 'mixed' (`group` layers per region)."""
+        if kind == "pipeline":
+            return cls(1, n_layers)
+        if kind == "tensor":
+            return cls(n_layers, n_layers)
+        if kind == "mixed" and group is not None and 1 < group < n_layers:
+            return cls(group, n_layers)
+        raise ValueError(f"strategy {kind!r} (group {group}): use 'pipeline', 'tensor', or 'mixed' with a group of "
+                         f"2..{n_layers - 1} layers per region")
+
+    @property
+    def kind(self) -> str:
+        return "pipeline" if self.group == 1 else "tensor" if self.group == self.n_layers else "mixed"
+
+    @property
+    def regions(self) -> int:
+        """Layer regions: n_layers / group, the last one holding the rest."""
+        return -(-self.n_layers // self.group)
+
+    def describe(self) -> str:
+        if self.kind == "pipeline":
+            return f"pipeline ({self.n_layers} layer regions, one layer each)"
+        if self.kind == "tensor":
+            return f"tensor (one region runs all {self.n_layers} layers)"
+        return f"mixed ({self.regions} regions of {self.group} layers)"
 
 
 DEFAULT_NODES = (NodeInfo("local", 2),)

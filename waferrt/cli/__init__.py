@@ -1,4 +1,4 @@
-"""The ``waferrt`` command: one module per subcommand (``waferrt generate``, ``plan``, ``demo``).
+"""The ``waferrt`` command: one module per subcommand (``generate``, ``plan``, ``estimate``, ``sweep``, ``demo``).
 
 Contract: :func:`main(argv) -> int` parses the command line and runs one subcommand. Each subcommand is
 a module of this package (:data:`COMMANDS`) with ``add_parser(subparsers)`` (registers its subparser and
@@ -14,7 +14,8 @@ import importlib
 import sys
 
 # command name -> its module (add_parser(subparsers), run(args) -> int), in the order --help lists them
-COMMANDS = {"generate": "waferrt.cli.generate", "plan": "waferrt.cli.plan", "demo": "waferrt.cli.demo"}
+COMMANDS = {"generate": "waferrt.cli.generate", "plan": "waferrt.cli.plan", "estimate": "waferrt.cli.estimate",
+            "sweep": "waferrt.cli.sweep", "demo": "waferrt.cli.demo"}
 
 DESCRIPTION = """\
 waferrt runs an emulated wafer-scale processor: a 2D mesh of small cores, each with its own few tens of
@@ -26,6 +27,8 @@ EPILOG = """\
 examples:
   waferrt generate "The capital of France is"   SmolLM2-135M decoded on an emulated WSE-2 mesh
   waferrt plan --png plan.png                   where every layer of it sits, SRAM per core
+  waferrt estimate --model llama3-8b            Llama3-8B on a whole WSE-2, on paper: tokens/s, breakdown
+  waferrt sweep --model llama3-8b --png s.png   which wafer design serves it best (SRAM, mesh, links, clock)
   waferrt demo                                  allreduce on an 8x8 mesh in 2x2 tiles of 4x4 cores
   waferrt demo --algo ring --spec wse2          same with the ring algorithm and WSE-2 timings
   waferrt demo --mesh 16x4 --tile 8x2           a non-square mesh (W x H cores, tiles of TW x TH)

@@ -2,7 +2,10 @@
 
 Contract: a :class:`HardwareSpec` is a frozen, hashable description of one wafer-scale chip:
 its full mesh size, SRAM bytes per core, per-hop latency (alpha), per-routing-stage cost (beta),
-link bandwidth, core compute and clock. Nothing here knows about Ray, sockets or numpy arrays.
+link bandwidth, core compute and clock, and the bandwidth into and out of the wafer (host I/O, and the
+weights streamed from off-wafer memory). Nothing here knows about Ray, sockets or numpy arrays.
+Every figure of a preset names its public source next to it; where none exists, the comment says what
+was assumed (docs/ESTIMATES.md lists those assumptions).
 ``spec_by_name("tiny" | "wse2" | "wse3")`` returns a preset; ``HardwareSpec.replace(...)`` derives one.
 """
 
@@ -31,12 +34,14 @@ class HardwareSpec:
     link_bytes_per_cycle: float  # per link, per direction
     flops_per_cycle: float  # per core, float32
     clock_hz: float
+    ingress_bytes_per_s: float = 150e9  # off-wafer I/O: host <-> wafer, and weights streamed in (MemoryX)
 
     def __post_init__(self) -> None:
         w, h = self.full_mesh
         if w < 1 or h < 1:
             raise ValueError(f"full_mesh must be at least 1x1 cores, got {w}x{h}")
-        for field in ("sram_bytes", "alpha_cycles", "link_bytes_per_cycle", "flops_per_cycle", "clock_hz"):
+        for field in ("sram_bytes", "alpha_cycles", "link_bytes_per_cycle", "flops_per_cycle", "clock_hz",
+                      "ingress_bytes_per_s"):
             if getattr(self, field) <= 0:
                 raise ValueError(f"HardwareSpec.{field} must be positive, got {getattr(self, field)!r}")
         if self.beta_cycles < 0:
@@ -52,7 +57,8 @@ class HardwareSpec:
 
 
 # Small and fast: what the unit tests and demos use. 16 KB per core keeps SRAM-overflow paths reachable
-# with small tensors; latency figures are the WSE-2 ones so that costs stay comparable.
+# with small tensors; latency figures are the WSE-2 ones so that costs stay comparable (a made-up chip:
+# no source, by design).
 TINY = HardwareSpec(
     name="tiny",
     full_mesh=(64, 64),
@@ -64,11 +70,23 @@ TINY = HardwareSpec(
     clock_hz=1.1e9,
 )
 
-# Cerebras WSE-2. Sources: Cerebras WSE-2 product brief (850,000 cores, 40 GB on-chip SRAM -> 48 KB per
-# core, 220 Pb/s fabric, 32-bit fabric words: one 4-byte wavelet per link per cycle); WaferLLM (He et al.,
-# OSDI'25, arXiv:2502.04563, sec. 2-3, PLMR model): a hop costs about one cycle, a software routing stage
-# (receive, combine, re-send on a core) tens of cycles, a 750x994 usable core grid, ~1.1 GHz clock.
-# flops_per_cycle: one fp32 FMA per core per cycle (fp16 SIMD would be 4x).
+# Cerebras WSE-2, figure by figure:
+# - full_mesh 750x994: the grid of cores a kernel may use on a CS-2 (Cerebras SDK documentation), the one
+#   WaferLLM runs on (He et al., "WaferLLM", OSDI'25, arXiv:2502.04563, sec. 2); 850,000 cores on the die
+#   (Cerebras WSE-2 announcement, April 2021; AnandTech "Cerebras Unveils WSE2", 2021).
+# - sram_bytes 48 KB: 40 GB of on-chip SRAM over 850,000 cores (same sources) = 47 KB; 48 KB per core is
+#   the figure WaferLLM and the Cerebras SDK documentation use.
+# - alpha_cycles 1: one fabric hop per cycle (WaferLLM sec. 2, PLMR "L": latency grows with the hops).
+# - beta_cycles 30: a software routing stage (a core receives, combines and re-sends) costs tens of cycles
+#   (WaferLLM sec. 2-3, PLMR "R"); 30 is an assumed point inside that range, not a published figure.
+# - link_bytes_per_cycle 4: one 32-bit wavelet per link per cycle (Cerebras SDK documentation: the fabric
+#   moves 32-bit wavelets); 220 Pb/s fabric bandwidth (WSE-2 announcement) = 850k cores x 4 links x ~8 B/s
+#   per Hz, consistent with that.
+# - flops_per_cycle 2: one fp32 fused multiply-add per core per cycle (the emulator computes in float32;
+#   the fp16 SIMD path is wider -- see docs/ESTIMATES.md).
+# - clock_hz 1.1 GHz: the clock WaferLLM's WSE-2 measurements assume (sec. 6); Cerebras publishes none.
+# - ingress_bytes_per_s 150 GB/s: the CS-2 system I/O, 1.2 Tb/s over 12x100 GbE (Cerebras CS-2 data sheet;
+#   ALCF "AI accelerators" SC24 tutorial, github.com/argonne-lcf/AIaccelerators-SC24-tutorial).
 WSE2 = HardwareSpec(
     name="wse2",
     full_mesh=(750, 994),
@@ -78,11 +96,16 @@ WSE2 = HardwareSpec(
     link_bytes_per_cycle=4.0,
     flops_per_cycle=2.0,
     clock_hz=1.1e9,
+    ingress_bytes_per_s=150e9,
 )
 
-# Cerebras WSE-3. Source: Cerebras WSE-3 announcement (March 2024): 900,000 cores, 44 GB on-chip SRAM
-# (-> 48 KB per core), 21 PB/s memory bandwidth, 214 Pb/s fabric. Same fabric word and latencies as WSE-2
-# (the public material gives no new per-hop figures); a 2x-wider core datapath than WSE-2.
+# Cerebras WSE-3 (announcement, March 2024; ALCF SC24 tutorial): 900,000 cores, 44 GB on-chip SRAM
+# (-> 48 KB per core), 21 PB/s memory bandwidth, 214 Pb/s fabric; the CS-3 keeps the CS-2's 1.2 Tb/s system
+# I/O (12x100 GbE). full_mesh 762x1176 (896,112 cores): Cerebras publishes the core count, not the grid;
+# this grid of ~900,000 cores is an assumption. No new per-hop or routing figures are public: alpha, beta
+# and the 32-bit wavelet as for WSE-2.
+# flops_per_cycle 4: Cerebras quotes twice the WSE-2's performance at the same clock and a similar core
+# count ("2x performance", WSE-3 announcement), read here as a 2x-wider core datapath.
 WSE3 = HardwareSpec(
     name="wse3",
     full_mesh=(762, 1176),
@@ -92,6 +115,7 @@ WSE3 = HardwareSpec(
     link_bytes_per_cycle=4.0,
     flops_per_cycle=4.0,
     clock_hz=1.1e9,
+    ingress_bytes_per_s=150e9,
 )
 
 PRESETS: dict[str, HardwareSpec] = {s.name: s for s in (TINY, WSE2, WSE3)}

@@ -4,7 +4,9 @@ Contract: a :class:`LayerShard` holds one layer's weight blocks (waferrt.decode.
 of its requests (:class:`~waferrt.decode.kvcache.MeshKVCache`) in the cores of its region, and runs a
 micro-batch of tokens through the layer with :meth:`LayerShard.forward`. Every data movement between
 cores is a collective of waferrt.fabric.comm (booked in the ledger); the math per core is local and uses
-the reference's ops (waferrt.model.reference: RoPE on adjacent pairs, SiLU). The residual stream enters
+the reference's ops (waferrt.model.reference: RoPE on adjacent pairs, SiLU), booked as flops: the block
+GEMVs and attention products by their multiply-adds, the element-wise work (RMSNorm, RoPE, softmax, SiLU,
+residual adds) at waferrt.decode.cost.ELEMENTWISE_FLOPS per element. The residual stream enters
 and leaves as x (B, cols, dim_c): split over the region's columns, replicated down its rows (one copy
 kept). :class:`EmbedShard` holds the tied embedding table: it looks a token's row up and, with the final
 norm, computes the logits.
@@ -21,6 +23,7 @@ from waferrt.fabric.comm import KTREE_FAST, Collectives, LineComm
 from waferrt.model.config import LlamaConfig
 from waferrt.model.reference import apply_rope, silu
 
+from .cost import ELEMENTWISE_FLOPS as EW
 from .kvcache import MeshKVCache
 from .pack import Chunks, rope_tables
 
@@ -30,6 +33,7 @@ def mesh_rmsnorm(comm: LineComm, x: np.ndarray, w: np.ndarray, cfg: LlamaConfig,
     allreduce (every row does the same one: one copy is kept)."""
     ss = comm.allreduce((x * x).sum(axis=2), coll.algo, coll.k, array_axis=1, replicated=True,
                         collapse=True)  # (B,)
+    comm.ledger.compute(EW["rmsnorm"] * x.shape[0] * x.shape[2])
     scale = np.float32(1.0) / np.sqrt(ss / np.float32(cfg.dim) + np.float32(cfg.norm_eps))
     return x * scale[:, None, None] * w
 
@@ -86,6 +90,7 @@ class LayerShard:
         total = self.cx.allreduce(e.sum(axis=4), self.coll.algo, self.coll.k, array_axis=3, replicated=True,
                                   collapse=True)  # (B, nkv, rep)
         p = (e / total[..., None, None]).transpose(0, 3, 1, 2, 4)  # (B, C, nkv, rep, cap)
+        self.ledger.compute(EW["softmax"] * B * nkv * rep * cap)
         out = np.matmul(p, vc)  # (B, C, nkv, rep, R*hd_r)
         self.ledger.compute(2 * B * nkv * rep * self.hd_r * cap)
         out = out.reshape(B, self.cols, nkv, rep, self.rows, self.hd_r)
@@ -105,11 +110,16 @@ class LayerShard:
             cos, sin = np.cos(ang).astype(np.float32)[:, :, None], np.sin(ang).astype(np.float32)[:, :, None]
             q = apply_rope(qkv[:, :, :nh], cos, sin)  # (B, R, nh, hd_r)
             k = apply_rope(qkv[:, :, nh: nh + nkv], cos, sin)
+            self.ledger.compute(EW["rope"] * len(slots) * (nh + nkv) * self.hd_r)
             self.kv.insert(slots, k, qkv[:, :, nh + nkv:], poss)
             x = x + mesh_gemv(self.cy, self.coll, self._w("wo"), self._attention(slots, poss, q))
+            self.ledger.compute(EW["residual"] * x.shape[0] * x.shape[2])
             h = mesh_rmsnorm(self.cx, x, self._w("ffn_norm"), cfg, self.coll)
             gu = mesh_gemv(self.cx, self.coll, self._w("w13"), h).reshape(B, self.rows, 2, -1)  # (B, R, 2, hid_r)
-            return x + mesh_gemv(self.cy, self.coll, self._w("w2"), silu(gu[:, :, 0]) * gu[:, :, 1])
+            self.ledger.compute(EW["silu_mul"] * B * gu.shape[3])
+            x = x + mesh_gemv(self.cy, self.coll, self._w("w2"), silu(gu[:, :, 0]) * gu[:, :, 1])
+            self.ledger.compute(EW["residual"] * x.shape[0] * x.shape[2])
+            return x
 
 
 class EmbedShard:

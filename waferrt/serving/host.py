@@ -52,7 +52,7 @@ def serve(decode: Decode, setup: DecodeSetup, clock_hz: float, requests: list[Ge
     runs, parents = decode.stop()
     stats.wall_s = time.perf_counter() - t0
     stats.tokens = sum(len(c.tokens) for c in out)
-    stats.steps = len(parents)
+    stats.steps, stats.runs, stats.parents = len(parents), runs, parents
     stats.modelled_s = flow_seconds(runs, parents, len(setup.stages()) - 1, clock_hz)
     return out, stats
 

@@ -1,0 +1,74 @@
+"""What would make a model fit, when the estimate finds no region shape that holds it.
+
+Contract (pure): ``advice(cfg, spec, mesh, kv, dtype, strategy)`` returns sentences, most useful first: the
+bytes needed against the SRAM there is, the most K/V tokens (or requests) that would fit, a smaller
+storage dtype, how many wafers' SRAM it needs, and weight streaming. Feasibility is the estimator's own
+test (some floor plan exists), so every number it names is one the estimator would accept.
+"""
+
+from __future__ import annotations
+
+from waferrt.core.arith import cdiv
+from waferrt.core.dtypes import itemsize
+from waferrt.core.spec import HardwareSpec
+from waferrt.model.config import LlamaConfig
+
+from . import budget
+from .estimate_report import gb
+from .types import KVReserve, Strategy
+from .wafer import floors, strategies
+
+
+def _fits(cfg, spec, mesh, kv: KVReserve, dtype: str, strategy: Strategy | None) -> bool:
+    tried = [strategy] if strategy else strategies(cfg.n_layers)
+    return any(next(floors(cfg, spec, mesh, kv, dtype, s), None) is not None for s in tried)
+
+
+def _most(hi: int, ok) -> int:
+    """The largest v in [1, hi] with ok(v), or 0: halving from hi down to the first v that is ok, then a
+    bisection above it. (ok is not monotone at the bottom: a region has at most kv-tokens columns, so very
+    few K/V tokens can fail where more fit.)"""
+    lo = hi
+    while lo >= 1 and not ok(lo):
+        lo //= 2
+    if lo < 1:
+        return 0
+    hi = min(hi, 2 * lo - 1)
+    while lo < hi:
+        mid = (lo + hi + 1) // 2
+        lo, hi = (mid, hi) if ok(mid) else (lo, mid - 1)
+    return lo
+
+
+def model_bytes(cfg: LlamaConfig, kv: KVReserve, dtype: str) -> tuple[int, int]:
+    """(weights, K/V) bytes of the whole model, the untied output head included."""
+    weights, kv_bytes = budget.model_bytes(cfg, kv.tokens, kv.requests, dtype)
+    head = 0 if cfg.tie_embeddings else cfg.vocab_size * cfg.dim * itemsize(dtype)
+    return weights + head, kv_bytes
+
+
+def advice(cfg: LlamaConfig, spec: HardwareSpec, mesh: tuple[int, int], kv: KVReserve, dtype: str,
+           strategy: Strategy | None) -> tuple[str, ...]:
+    weights, kv_bytes = model_bytes(cfg, kv, dtype)
+    have = mesh[0] * mesh[1] * spec.sram_bytes
+    out = [f"it needs at least {gb(weights + kv_bytes)} (weights {gb(weights)} + K/V {gb(kv_bytes)}, before "
+           f"scratch and the cores lost to region shapes); the {mesh[0]}x{mesh[1]} mesh holds {gb(have)}"]
+    tokens = _most(kv.tokens - 1, lambda t: _fits(cfg, spec, mesh, KVReserve(t, kv.requests), dtype, strategy))
+    if tokens:
+        out.append(f"fewer K/V tokens: --kv-tokens {tokens} fits ({kv.requests} requests)")
+    reqs = _most(kv.requests - 1, lambda r: _fits(cfg, spec, mesh, KVReserve(kv.tokens, r), dtype, strategy))
+    if reqs:
+        out.append(f"fewer requests in flight: --requests {reqs} fits ({kv.tokens} K/V tokens each)")
+    if itemsize(dtype) > 2 and _fits(cfg, spec, mesh, kv, "bfloat16", strategy):
+        out.append("a 16-bit dtype: --dtype float16 or bfloat16 fits")
+    full = spec.full_mesh[0] * spec.full_mesh[1] * spec.sram_bytes
+    if mesh != spec.full_mesh and _fits(cfg, spec, spec.full_mesh, kv, dtype, strategy):
+        out.append(f"more cores: the whole {spec.name} wafer ({spec.full_mesh[0]}x{spec.full_mesh[1]}) fits")
+    else:
+        out.append(f"more wafers: its weights and K/V alone fill {cdiv(weights + kv_bytes, full)} {spec.name} "
+                   "wafers' SRAM (this estimate covers one wafer; a split over wafers is not modelled)")
+    if strategy is not None and _fits(cfg, spec, mesh, kv, dtype, None):
+        out.append("another strategy: leave out --strategy and the planner picks one that fits")
+    out.append("weight streaming: --streaming keeps only K/V and activations on the wafer and streams the "
+               f"weights in over {spec.ingress_bytes_per_s / 1e9:,.0f} GB/s")
+    return tuple(out)

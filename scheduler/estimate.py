@@ -1,0 +1,186 @@
+"""The whole wafer on paper: plan a model at full-wafer scale analytically and estimate its decode speed.
+
+Contract (pure): ``estimate(cfg, spec, mesh, kv, dtype, strategy=None, objective="latency")`` returns an
+:class:`~waferrt.scheduler.estimate_report.Estimate`. For each strategy (``types.Strategy``: layers per
+region) it searches the layer-region shapes in closed form (``wafer.row_options`` x a few column counts
+between the narrowest that fits in SRAM and the widest whose regions all fit on the floor plan), times
+each with the emulator's own closed forms (``waferrt.decode.cost.step_cycles`` and ``pipeline_seconds``:
+micro-batches as the head's lanes cut them (``decode.cost.lane_batches``), stages pipelined, hand-overs between
+regions) and keeps the best for the objective: "latency" (time per token of one request) or "throughput"
+(tokens/s with ``kv.requests`` in flight). Without a strategy it tries pipeline, tensor and a few mixes and
+says why the winner won. When nothing fits it says so and what would (``advice``). The host exchange
+(token ids in, logits out over ``spec.ingress_bytes_per_s``) is added per step; the emulator books none.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from functools import lru_cache
+
+from waferrt.core.dtypes import STORAGE_DTYPES
+from waferrt.core.spec import HardwareSpec
+from waferrt.decode.cost import (
+    handover_cost,
+    head_decode_parts,
+    lane_batches,
+    lanes_round_seconds,
+    layer_decode_parts,
+    step_cycles,
+)
+from waferrt.model.config import LlamaConfig
+
+from . import wafer
+from .advice import advice
+from .estimate_report import Estimate, breakdown_seconds
+from .types import KVReserve, Placement, Strategy
+
+OBJECTIVES = ("latency", "throughput")
+
+
+@dataclass(frozen=True)
+class Candidate:
+    """One strategy on one floor plan, timed."""
+
+    strategy: Strategy
+    floor: wafer.Floor
+    latency_s: float  # one request's token through every stage (wafer only)
+    step_s: float  # one step of kv.requests requests in flight, micro-batched and pipelined (wafer only)
+    requests: int
+
+    @property
+    def tokens_per_s(self) -> float:
+        return self.requests / self.step_s
+
+    def score(self, objective: str) -> float:
+        """Lower is better."""
+        return self.latency_s if objective == "latency" else -self.tokens_per_s
+
+
+def host_seconds(cfg: LlamaConfig, spec: HardwareSpec, requests: int) -> float:
+    """The host's part of a step: every request's token id in, its float32 logits out, over the wafer's I/O."""
+    return requests * (4 + 4 * cfg.vocab_size) / spec.ingress_bytes_per_s
+
+
+def stage_seconds(cfg: LlamaConfig, spec: HardwareSpec, stages, kv_tokens: int, requests: int,
+                  head_groups: int = 1) -> tuple[float, float]:
+    """(seconds of one request's token, seconds of one step with `requests` in flight) through `stages`
+    ((kind, Region, layers), as decode.cost.step_cycles takes them) on the wafer: the closed forms the tiles
+    book; with several requests, a steady round of the head's lanes circulating as the emulator runs them."""
+    kw = {"head_groups": head_groups}
+    one = sum(step_cycles(spec, cfg, stages, kv_tokens, [1], **kw).values()) / spec.clock_hz
+    if requests == 1:
+        return one, one
+    cycles = step_cycles(spec, cfg, stages, kv_tokens, lane_batches(requests), **kw)
+    return one, lanes_round_seconds(cycles, [region for _, region, _ in stages], spec.clock_hz)
+
+
+def placement_seconds(p: Placement, requests: int | None = None) -> tuple[float, float]:
+    """stage_seconds of a planned Placement (its real regions, one layer each, the tied embedding/head
+    region): what the emulator's tiles book running it, for one request and for `requests` in flight
+    (default: the placement's K/V reserve)."""
+    stages = [("embed", p.embed, 0), *(("layer", r, 1) for r in p.layers), ("head", p.embed, 0)]
+    return stage_seconds(p.config, p.spec, stages, p.kv_tokens, requests or p.kv.requests)
+
+
+def _time(cfg: LlamaConfig, spec: HardwareSpec, floor: wafer.Floor, strategy: Strategy, kv_tokens: int,
+          requests: int) -> tuple[float, float]:
+    return stage_seconds(cfg, spec, floor.stages(cfg.n_layers, strategy.group), kv_tokens, requests,
+                         floor.shape.head_groups)
+
+
+@lru_cache(maxsize=512)
+def best(cfg: LlamaConfig, spec: HardwareSpec, mesh: tuple[int, int], kv: KVReserve, dtype: str,
+         strategy: Strategy, objective: str) -> Candidate | None:
+    """The best floor plan of `strategy` for `objective`, or None when no region shape fits."""
+    found = None
+    for floor in wafer.floors(cfg, spec, mesh, kv, dtype, strategy):
+        one, step = _time(cfg, spec, floor, strategy, kv.tokens, kv.requests)
+        c = Candidate(strategy, floor, one, step, kv.requests)
+        if found is None or c.score(objective) < found.score(objective):
+            found = c
+    return found
+
+
+def _why(best_c: Candidate, others: list[Candidate], objective: str) -> str:
+    metric = "time per token of one request" if objective == "latency" else \
+        f"tokens/s with {best_c.requests} requests in flight"
+
+    def show(c: Candidate) -> str:
+        v = f"{c.latency_s * 1e3:.3f} ms" if objective == "latency" else f"{c.tokens_per_s:,.0f} tokens/s"
+        return f"{c.strategy.describe()}: {v}"
+
+    rest = sorted((c for c in others if c is not best_c), key=lambda c: c.score(objective))
+    why = (f"objective {objective} ({metric}): best is {show(best_c)}"
+           + ("; then " + "; ".join(show(c) for c in rest[:3]) if rest else "; no other strategy fits"))
+    if objective == "latency" and best_c.strategy.group > 1:
+        why += (". Stacking layers in one region gives every GEMV more cores and drops the hand-overs between "
+                "layers; the cost is SRAM per core (every layer's blocks and K/V on the same cores)")
+    elif objective == "throughput" and best_c.strategy.group < best_c.strategy.n_layers:
+        why += (". Separate regions work on different micro-batches at the same time (a pipeline), so requests "
+                "in flight overlap; one region running every layer takes them one after another")
+    return why
+
+
+def estimate(cfg: LlamaConfig, spec: HardwareSpec, mesh: tuple[int, int], kv: KVReserve, dtype: str = "float16",
+             strategy: Strategy | None = None, objective: str = "latency", label: str = "",
+             advise: bool = True) -> Estimate:
+    """Plan `cfg` on a mesh of `mesh` = (width, height) cores of `spec` and estimate its decode (module doc);
+    `advise` False skips the search for what would fit when nothing does (the sweep only needs "no")."""
+    if objective not in OBJECTIVES:
+        raise ValueError(f"objective is one of {OBJECTIVES}, got {objective!r}")
+    if dtype not in STORAGE_DTYPES:
+        raise ValueError(f"unknown storage dtype {dtype!r}; use one of {', '.join(STORAGE_DTYPES)}")
+    if not (1 <= mesh[0] <= spec.full_mesh[0] and 1 <= mesh[1] <= spec.full_mesh[1]):
+        raise ValueError(f"mesh {mesh[0]}x{mesh[1]} is not inside the {spec.name} wafer "
+                         f"({spec.full_mesh[0]}x{spec.full_mesh[1]} cores)")
+    tried = [strategy] if strategy else wafer.strategies(cfg.n_layers)
+    found = [c for c in (best(cfg, spec, mesh, kv, dtype, s, objective) for s in tried) if c is not None]
+    base = {"label": label or f"{cfg.n_layers}-layer model", "config": cfg, "spec": spec, "mesh": mesh, "kv": kv,
+            "dtype": dtype, "objective": objective}
+    if not found:
+        return Estimate(**base, strategy=tried[0] if strategy else None, fits=False,
+                        advice=advice(cfg, spec, mesh, kv, dtype, strategy) if advise else ())
+    win = min(found, key=lambda c: c.score(objective))
+    return _report(cfg, spec, win, base, _why(win, found, objective) if not strategy else
+                   f"strategy {win.strategy.kind} as asked (--strategy)")
+
+
+def _report(cfg: LlamaConfig, spec: HardwareSpec, c: Candidate, base: dict, why: str) -> Estimate:
+    floor, kv, dtype = c.floor, base["kv"], base["dtype"]
+    stages = floor.stages(cfg.n_layers, c.strategy.group)
+    used = floor.bands * floor.band_cols * floor.band_rows + c.strategy.regions * floor.shape.cores
+    layer_bytes = wafer.layer_core_bytes(cfg, floor.shape, kv.tokens, kv.requests, dtype, c.strategy.group)
+    band_bytes = wafer.budget.embed_bytes(cfg, floor.band_cols, floor.band_rows, dtype)
+    sram = c.strategy.regions * floor.shape.cores * layer_bytes + floor.bands * floor.band_cols * floor.band_rows * \
+        band_bytes
+    cap = wafer.kv_capacity(cfg, floor.shape, spec.sram_bytes, kv.requests, dtype, c.strategy.group)
+    parts = _one_token_parts(cfg, spec, stages, kv.tokens, floor.shape.head_groups)
+    host1, host_r = host_seconds(cfg, spec, 1), host_seconds(cfg, spec, kv.requests)
+    return Estimate(**base, strategy=c.strategy, fits=True, why=why, shape=floor.shape,
+                    band=(floor.band_cols, floor.band_rows, floor.bands), cores_used=used, sram_used_bytes=sram,
+                    layer_core_bytes=layer_bytes, kv_tokens_per_request=cap,
+                    time_per_token_s=c.latency_s + host1, step_s=c.step_s + host_r,
+                    breakdown_s={**breakdown_seconds(parts, spec), "host": host1},
+                    bounds_s=_bounds(parts, spec, host1))
+
+
+def _bounds(parts, spec: HardwareSpec, host: float) -> dict[str, float]:
+    """One request's token split by what the time is spent on: the cores computing (flops), the fabric
+    moving (every message and hand-over), the wafer's ingress (host I/O)."""
+    compute = sum(c.cycles for _, _, c in parts if c.flops) / spec.clock_hz
+    fabric = sum(c.cycles for _, _, c in parts if not c.flops) / spec.clock_hz
+    return {"compute": compute, "fabric": fabric, "ingress": host}
+
+
+def _one_token_parts(cfg: LlamaConfig, spec: HardwareSpec, stages, kv_tokens: int, groups: int) -> list:
+    """(name, category, Cost) of one request's token through every stage: what the breakdown sums."""
+    out = []
+    for s, (kind, region, layers) in enumerate(stages):
+        if s:
+            out.append(("handover", "handover", handover_cost(spec, stages[s - 1][1], region, 4 * cfg.dim)))
+        if kind == "layer":
+            out += [(n, cat, c.scaled(layers)) for n, cat, c in layer_decode_parts(
+                spec, cfg, region, kv_tokens, 1, head_groups=groups)]
+        elif kind == "head":
+            out += head_decode_parts(spec, cfg, region, 1)
+    return out

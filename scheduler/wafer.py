@@ -1,0 +1,199 @@
+"""Region shapes at wafer scale, in closed form: what a core of a layer region holds, which shapes fit, where
+the regions go. Nothing is placed core by core, so a 750x994-core wafer answers in milliseconds.
+
+Contract (pure): a :class:`Shape` is a layer region's (cols, rows, head_groups). ``layer_core_bytes`` is the
+most loaded core of a region running `layers` layers (their weight blocks and K/V stacked, one scratch
+area), equal to ``waferrt.decode.layout.layer_core_bytes`` for one layer and one head group (tested: the
+layouts the tiles book); ``min_cols`` the narrowest region of a given height that fits in SRAM;
+``Floor`` is the wafer's floor plan: the embedding (and, for an untied model, the output head) as
+full-width bands on top, layer regions in a grid of slots below them, taken in a serpentine so that
+consecutive regions touch; ``stages`` gives the decode's stages as (kind, Region, layers) for
+``waferrt.decode.cost.step_cycles``. ``floors`` lists every floor plan worth timing for a strategy and
+``strategies`` the strategies worth trying (both used by the estimator and by its advice).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from waferrt.core.arith import cdiv
+from waferrt.core.dtypes import itemsize
+from waferrt.core.mesh import Region
+from waferrt.core.spec import HardwareSpec
+from waferrt.decode.cost import layer_dims
+from waferrt.model.config import LlamaConfig
+
+from . import budget
+from .types import KVReserve, Strategy
+
+
+@dataclass(frozen=True)
+class Shape:
+    """A layer region: cols x rows cores, its rows cut in head_groups groups (see decode.cost)."""
+
+    cols: int
+    rows: int
+    head_groups: int = 1
+
+    @property
+    def cores(self) -> int:
+        return self.cols * self.rows
+
+    def region(self, x0: int = 0, y0: int = 0) -> Region:
+        return Region(x0, y0, self.cols, self.rows)
+
+
+def legal(cfg: LlamaConfig, shape: Shape, kv_tokens: int) -> bool:
+    """Can a layer be cut over this shape? head_dim in whole RoPE pairs over a group's rows, K/V heads
+    shared out evenly, dim and the K/V positions over the columns, hidden_dim over the rows."""
+    g = shape.head_groups
+    return (g >= 1 and cfg.n_kv_heads % g == 0 and shape.rows % g == 0 and shape.rows // g <= cfg.head_dim // 2
+            and 1 <= shape.cols <= min(cfg.dim, kv_tokens) and shape.rows <= cfg.hidden_dim)
+
+
+def layer_core_bytes(cfg: LlamaConfig, shape: Shape, kv_tokens: int, requests: int, dtype: str,
+                     layers: int = 1, kv: bool = True, weights: bool = True) -> int:
+    """Bytes of the most loaded core of a region running `layers` layers: their weight blocks (unless
+    `weights` is False: streamed in, see streaming.py) and K/V (`requests` x `kv_tokens` positions each)
+    stacked, plus one float32 scratch area (activation_bytes of decode.layout, per head group)."""
+    d = layer_dims(cfg, shape.cols, shape.rows, shape.head_groups)
+    dim_c, hid_r, hd_r, hq, hk = d["dim_c"], d["hid_r"], d["hd_r"], d["hq"], d["hk"]
+    cap, isz = cdiv(kv_tokens, shape.cols), itemsize(dtype)
+    w = 2 * dim_c + (2 * hq + 2 * hk) * hd_r * dim_c + 3 * hid_r * dim_c  # norms, wq wo wk wv, gate up down
+    k_v = 2 * requests * hk * hd_r * cap
+    scratch = 2 * 4 * (2 * dim_c + (2 * hq + 2 * hk) * hd_r + 2 * hid_r + hq * cap)
+    return layers * ((w if weights else 0) + (k_v if kv else 0)) * isz + scratch
+
+
+def min_cols(cfg: LlamaConfig, rows: int, groups: int, sram: int, kv_tokens: int, requests: int, dtype: str,
+             layers: int = 1, weights: bool = True) -> int | None:
+    """The fewest columns of a `rows`-row region (rows in `groups` head groups) that holds its layers, or
+    None (more columns only lower the bytes per core: bisection)."""
+    top = min(cfg.dim, kv_tokens)
+
+    def fits(c: int) -> bool:
+        shape = Shape(c, rows, groups)
+        return legal(cfg, shape, kv_tokens) and layer_core_bytes(
+            cfg, shape, kv_tokens, requests, dtype, layers, weights=weights) <= sram
+
+    if not fits(top):
+        return None
+    lo, hi = 1, top
+    while lo < hi:
+        mid = (lo + hi) // 2
+        lo, hi = (lo, mid) if fits(mid) else (mid + 1, hi)
+    return lo
+
+
+def kv_capacity(cfg: LlamaConfig, shape: Shape, sram: int, requests: int, dtype: str, layers: int,
+                weights: bool = True, top: int | None = None) -> int:
+    """The most K/V positions per request (up to `top`, default the model's max_seq_len) the region holds
+    with `requests` requests (0: not even one)."""
+    top = top or cfg.max_seq_len
+
+    def fits(t: int) -> bool:
+        return legal(cfg, shape, max(t, shape.cols)) and layer_core_bytes(
+            cfg, shape, t, requests, dtype, layers, weights=weights) <= sram
+
+    if not fits(1):
+        return 0
+    lo, hi = 1, top
+    while lo < hi:
+        mid = (lo + hi + 1) // 2
+        lo, hi = (mid, hi) if fits(mid) else (lo, mid - 1)
+    return lo
+
+
+@dataclass(frozen=True)
+class Floor:
+    """The floor plan of a mesh: `bands` full-width bands of band_rows rows on top (the embedding; for an
+    untied model also the output head), then a grid of layer slots of `shape`."""
+
+    width: int
+    height: int
+    band_cols: int
+    band_rows: int
+    bands: int
+    shape: Shape
+
+    @property
+    def slots(self) -> int:
+        free = self.height - self.bands * self.band_rows
+        return (self.width // self.shape.cols) * max(free // self.shape.rows, 0)
+
+    def slot(self, i: int) -> Region:
+        """The i-th layer slot of the serpentine (rows of slots, alternating direction): consecutive ones touch."""
+        per_row = self.width // self.shape.cols
+        row, k = divmod(i, per_row)
+        col = k if row % 2 == 0 else per_row - 1 - k
+        return self.shape.region(col * self.shape.cols, self.bands * self.band_rows + row * self.shape.rows)
+
+    def band(self, i: int) -> Region:
+        return Region(0, i * self.band_rows, self.band_cols, self.band_rows)
+
+    def stages(self, n_layers: int, group: int) -> list[tuple[str, Region, int]]:
+        """The decode's stages: the embedding band, the layer regions in order (each `group` layers, the last
+        the rest), the head (the embedding band for a tied model, else the second band)."""
+        regions = cdiv(n_layers, group)
+        mid = [("layer", self.slot(i), min(group, n_layers - i * group)) for i in range(regions)]
+        return [("embed", self.band(0), 0), *mid, ("head", self.band(self.bands - 1), 0)]
+
+
+def band(cfg: LlamaConfig, sram: int, width: int, dtype: str) -> tuple[int, int] | None:
+    """(cols, rows) of the embedding (or output head) band across a mesh `width` cores wide, or None when the
+    table does not fit even one vocabulary row per core row."""
+    cols = min(width, cfg.dim)
+    rows = budget.embed_rows_needed(cfg, sram, cols, dtype)
+    return None if rows is None else (cols, rows)
+
+
+def row_options(cfg: LlamaConfig, max_rows: int) -> list[tuple[int, int]]:
+    """(rows, head_groups) to try: every divisor G of n_kv_heads with rows/G a few values up to head_dim/2,
+    within `max_rows`."""
+    half = cfg.head_dim // 2
+    per_group = sorted({r for r in (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64, half) if r <= half})
+    out = []
+    for g in (g for g in range(1, cfg.n_kv_heads + 1) if cfg.n_kv_heads % g == 0):
+        out += [(g * r, g) for r in per_group if g * r <= max_rows]
+    return out
+
+
+COLS = tuple(sorted({1 << k for k in range(13)} | {3 << k for k in range(12)}))  # 1, 2, 3, 4, 6, 8, 12, ...
+
+
+def col_options(lo: int, hi: int) -> list[int]:
+    """Column counts from lo to hi: both ends and the fixed grid 1, 2, 3, 4, 6, 8, 12, ... between them (the
+    same grid whatever lo is, so more SRAM per core never loses a shape that less SRAM could time)."""
+    if hi <= lo:
+        return [lo]
+    return sorted({lo, hi, *(c for c in COLS if lo < c < hi)})
+
+
+def strategies(n_layers: int) -> list[Strategy]:
+    """Pipeline, tensor and the mixes in between worth trying (2, 4, 8, ... layers per region)."""
+    groups = {1, n_layers} | {g for g in (2, 4, 8, 16) if g < n_layers}
+    return [Strategy(g, n_layers) for g in sorted(groups)]
+
+
+def floors(cfg: LlamaConfig, spec: HardwareSpec, mesh: tuple[int, int], kv: KVReserve, dtype: str,
+           strategy: Strategy):
+    """Every floor plan worth timing for `strategy`: bands of the fewest rows that hold the table, and of
+    16, 32, 64 and 128 rows when taller (a taller band gives the output head more cores; a fixed grid, so
+    more SRAM per core never loses a floor plan that less SRAM could time); for each (rows, head groups),
+    column counts from the narrowest region that fits in SRAM to the widest whose regions all fit."""
+    width, height = mesh
+    bands = 1 if cfg.tie_embeddings else 2
+    b = band(cfg, spec.sram_bytes, width, dtype)
+    if b is None:
+        return
+    for band_rows in sorted({b[1], *(r for r in (16, 32, 64, 128) if b[1] < r <= cfg.vocab_size)}):
+        free = height - bands * band_rows
+        if free < 1 or (band_rows > b[1] and free < height // 2):  # a taller band only while layers have room
+            continue
+        for rows, groups in row_options(cfg, free):
+            lo = min_cols(cfg, rows, groups, spec.sram_bytes, kv.tokens, kv.requests, dtype, strategy.group)
+            if lo is None:
+                continue
+            hi = min(width // cdiv(strategy.regions, free // rows), cfg.dim, kv.tokens)
+            for cols in col_options(lo, hi) if hi >= lo else ():
+                yield Floor(width, height, b[0], band_rows, bands, Shape(cols, rows, groups))

@@ -1,0 +1,154 @@
+"""The whole wafer on paper: the estimator against the emulator, its fit, its choices, streaming and the sweep.
+
+- the estimator's timing of a planned placement is what the emulator's tiles book running it (one request
+  and several in flight), on a tiny mesh and on SmolLM2's default wse2 mesh;
+- its closed-form SRAM per core is the tiles' booking (decode.layout) wherever the emulated layout applies;
+- a 750x994 wafer is answered by timing a bounded number of floor plans (never core by core);
+- a model that does not fit says so and what would, and what it names does fit;
+- the strategy it picks is the best of the candidates for the objective; streaming is ingress-bound;
+- the sweep's area model reproduces the WSE-2 die and its best design is within the budget.
+"""
+
+from __future__ import annotations
+
+import itertools
+
+import pytest
+
+from waferrt.core.mesh import MeshSpec, Region
+from waferrt.core.spec import TINY, WSE2
+from waferrt.decode import layout as dl
+from waferrt.decode.cost import round_seconds
+from waferrt.model import Sampler, synthetic_llama, tiny_config
+from waferrt.model.config import SMOLLM2_135M
+from waferrt.model.zoo import MODELS, model_by_name
+from waferrt.scheduler import KVReserve, default_mesh, plan, wafer
+from waferrt.scheduler import estimate as est
+from waferrt.scheduler import sweep as sw
+from waferrt.scheduler.streaming import streaming
+from waferrt.scheduler.types import Strategy
+from waferrt.serving import GenRequest, LocalDecoder
+
+CFG = tiny_config()
+LLAMA3 = MODELS["llama3-8b"].config
+QWEN72 = MODELS["qwen2-72b"].config
+
+
+def _emulated(p, requests: int) -> tuple[float, float]:
+    """Modelled seconds of a steady round the tiles book decoding one request, and `requests` together
+    (one-token prompts, four tokens each: the last round's caches are as full as the estimate assumes)."""
+    out = []
+    for n in (1, requests):
+        dec = LocalDecoder(p.config, synthetic_llama(p.config, seed=0), p)
+        _, stats = dec.generate([GenRequest((3 + i,), 4) for i in range(n)], Sampler())
+        out.append(round_seconds(stats.runs, stats.parents, len(dec.setup.stages()) - 1, p.spec.clock_hz))
+    return out[0], out[1]
+
+
+@pytest.mark.parametrize("cfg,spec,kv", [(CFG, TINY, KVReserve(32, 4)), (SMOLLM2_135M, WSE2, KVReserve(512, 8))])
+def test_the_estimate_of_a_placement_is_what_the_emulator_books(cfg, spec, kv):
+    mesh = MeshSpec(16, 16, 8, 8) if cfg is CFG else default_mesh(cfg, spec, kv)
+    p = plan(cfg, spec, mesh, kv=kv)
+    requests = 3
+    one, many = _emulated(p, requests)
+    want_one, want_many = est.placement_seconds(p, requests)
+    assert one == pytest.approx(want_one, rel=1e-9)  # the brief asks 1%; the closed forms are exact
+    assert many == pytest.approx(want_many, rel=1e-9)
+
+
+def test_closed_form_sram_is_what_the_tiles_book():
+    for cfg, (w, h), kv, r, dtype in itertools.product(
+            [CFG, SMOLLM2_135M, LLAMA3], [(1, 1), (3, 2), (7, 5), (64, 16), (300, 32)], [64, 700, 4096], [1, 3],
+            ["float32", "bfloat16"]):
+        shape = wafer.Shape(w, h)
+        if wafer.legal(cfg, shape, kv):
+            assert wafer.layer_core_bytes(cfg, shape, kv, r, dtype) == dl.layer_core_bytes(
+                cfg, Region(0, 0, w, h), kv, r, dtype), (cfg.dim, w, h, kv, r, dtype)
+    # g layers stack their weights and K/V on the same cores; the scratch is there once
+    shape, one = wafer.Shape(30, 12, 3), wafer.layer_core_bytes(SMOLLM2_135M, wafer.Shape(30, 12, 3), 512, 2, "float16")
+    scratch = wafer.layer_core_bytes(SMOLLM2_135M, shape, 512, 2, "float16", kv=False, weights=False)
+    assert wafer.layer_core_bytes(SMOLLM2_135M, shape, 512, 2, "float16", layers=4) == 4 * (one - scratch) + scratch
+
+
+def test_a_whole_wafer_is_answered_from_a_bounded_number_of_floor_plans():
+    kv = KVReserve(4096, 8)
+    for s in wafer.strategies(LLAMA3.n_layers):
+        floors = list(wafer.floors(LLAMA3, WSE2, WSE2.full_mesh, kv, "float16", s))
+        assert len(floors) < 400  # closed-form shapes: never a search over the 745,500 cores
+    e = est.estimate(LLAMA3, WSE2, WSE2.full_mesh, kv, "float16", label="Llama3-8B")
+    assert e.fits and 0 < e.cores_used <= 750 * 994 and e.sram_used_bytes <= 750 * 994 * WSE2.sram_bytes
+    assert e.layer_core_bytes <= WSE2.sram_bytes and e.kv_tokens_per_request >= 4096
+    assert e.time_per_token_s == pytest.approx(sum(e.breakdown_s.values()))
+    assert e.tokens_per_s > e.request_tokens_per_s  # 8 in flight overlap in the pipeline of regions
+    doc = e.to_json()
+    for key in ("tokens_per_s", "time_per_token_s", "cores_used", "sram_used_bytes", "kv_capacity_tokens",
+                "breakdown_s", "strategy", "why"):
+        assert key in doc
+    assert set(doc["breakdown_s"]) == {"gemv", "allreduce", "attention", "elementwise", "handover", "host"}
+
+
+def test_what_does_not_fit_says_so_and_what_would():
+    e = est.estimate(QWEN72, WSE2, WSE2.full_mesh, KVReserve(4096, 8), "float16")
+    assert not e.fits and e.tokens_per_s == 0 and "DOES NOT FIT" in e.text()
+    assert any("wafers" in a for a in e.advice) and any("--streaming" in a for a in e.advice)
+    small, kv = (140, 140), KVReserve(4096, 4)
+    e = est.estimate(SMOLLM2_135M, WSE2, small, kv, "float32")
+    assert not e.fits
+    tokens = next(int(a.split("--kv-tokens ")[1].split()[0]) for a in e.advice if "--kv-tokens" in a)
+    assert est.estimate(SMOLLM2_135M, WSE2, small, KVReserve(tokens, 4), "float32").fits  # what it names fits
+    assert not est.estimate(SMOLLM2_135M, WSE2, small, KVReserve(tokens + 1, 4), "float32").fits  # the most
+    assert any("--dtype float16" in a for a in e.advice) and any("--requests 1 fits" in a for a in e.advice)
+    assert est.estimate(SMOLLM2_135M, WSE2, small, kv, "bfloat16").fits
+
+
+def test_the_planner_picks_the_best_strategy_for_the_objective():
+    kv = KVReserve(2048, 16)
+    for objective in est.OBJECTIVES:
+        e = est.estimate(SMOLLM2_135M, WSE2, WSE2.full_mesh, kv, "float16", objective=objective)
+        cands = [c for s in wafer.strategies(SMOLLM2_135M.n_layers)
+                 if (c := est.best(SMOLLM2_135M, WSE2, WSE2.full_mesh, kv, "float16", s, objective))]
+        assert len(cands) > 2 and objective in e.why
+        if objective == "latency":
+            assert e.time_per_token_s - est.host_seconds(SMOLLM2_135M, WSE2, 1) == pytest.approx(
+                min(c.latency_s for c in cands))
+        else:
+            assert e.step_s - est.host_seconds(SMOLLM2_135M, WSE2, kv.requests) == pytest.approx(
+                min(c.step_s for c in cands))
+    asked = est.estimate(SMOLLM2_135M, WSE2, WSE2.full_mesh, kv, "float16", Strategy.named("tensor", 30))
+    assert asked.strategy.group == 30 and asked.shape is not None and "as asked" in asked.why
+
+
+def test_strategy_values_and_errors():
+    assert [Strategy.named(k, 32, 4).kind for k in ("pipeline", "tensor", "mixed")] == ["pipeline", "tensor", "mixed"]
+    assert Strategy(4, 30).regions == 8 and Strategy(1, 30).regions == 30
+    with pytest.raises(ValueError, match="mixed"):
+        Strategy.named("mixed", 32)
+    with pytest.raises(ValueError, match="1..32"):
+        Strategy(33, 32)
+    with pytest.raises(ValueError, match="not inside"):
+        est.estimate(LLAMA3, WSE2, (800, 100), KVReserve(64, 1))
+    with pytest.raises(ValueError, match="neither a named model"):
+        model_by_name("llama9-1t")
+
+
+def test_streaming_is_bounded_by_the_ingress():
+    s8 = streaming(QWEN72, WSE2, WSE2.full_mesh, KVReserve(4096, 8), "float16")
+    s4 = streaming(QWEN72, WSE2, WSE2.full_mesh, KVReserve(4096, 4), "float16")
+    assert s8.fits and s8.tokens_per_s <= s8.ingress_bound_tokens_per_s
+    assert s8.tokens_per_s == pytest.approx(2 * s4.tokens_per_s, rel=0.01)  # weights read once for all in flight
+    assert s8.weight_bytes == pytest.approx(QWEN72.params() * 2 - QWEN72.vocab_size * QWEN72.dim * 2, rel=0.01)
+    assert s8.knee_requests > s8.max_requests  # K/V room runs out before compute catches up with the stream
+    small = streaming(SMOLLM2_135M, WSE2, WSE2.full_mesh, KVReserve(512, 8), "float16", resident_tokens_per_s=1e4)
+    assert small.fits and small.tokens_per_s < 1e4 and "resident" in small.text()
+
+
+def test_the_sweeps_area_model_and_its_best_design():
+    assert sw.core_area_um2(48 * 1024) * sw.WSE2_CORES / 1e6 == pytest.approx(sw.WSE2_DIE_MM2)
+    assert sw.core_area_um2(96 * 1024) > sw.core_area_um2(48 * 1024)
+    grid = sw.Grid((32 * 1024, 64 * 1024), ((650, 862), (820, 1087)), (4.0,), (1.1e9,))
+    points = sw.sweep(SMOLLM2_135M, WSE2, grid, KVReserve(1024, 4), "float16", Strategy(1, 30), "latency")
+    best = sw.best_point(points)
+    assert len(points) == 4 and best is not None and best.within_budget
+    assert all(p.tokens_per_s <= best.tokens_per_s for p in points if p.within_budget)
+    assert not points[-1].within_budget  # 820x1087 cores of 64 KB exceed one WSE-2 die
+    assert "best within the area budget" in sw.table(points, best)

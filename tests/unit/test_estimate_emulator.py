@@ -1,0 +1,84 @@
+"""The decode's closed forms equal what the emulator books, exactly: every field of every Cost.
+
+- one layer region (``LayerShard.forward``) and the head (``EmbedShard.logits``) with a Ledger, over
+  region shapes, micro-batch sizes and K/V positions (the K/V shift moves ``pos % cols`` columns);
+- whole decodes of the tile programs (``LocalDecoder``, no Ray): the cycles of every stage run the tiles
+  book against ``step_cycles`` -- on tiny meshes and on SmolLM2's default wse2 mesh;
+- the planner's report (``plan_report``) gives the cycles per token the emulator books for one request.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from waferrt.core.cost import total
+from waferrt.core.ledger import Ledger
+from waferrt.core.mesh import MeshSpec, Region
+from waferrt.core.spec import TINY, WSE2
+from waferrt.decode.cost import head_decode_cost, layer_decode_cost, layer_decode_parts, step_cycles
+from waferrt.decode.pack import Chunks, pack_embed, pack_layer
+from waferrt.decode.shards import EmbedShard, LayerShard
+from waferrt.model import Sampler, synthetic_llama, tiny_config
+from waferrt.model.config import SMOLLM2_135M
+from waferrt.scheduler import KVReserve, default_mesh, plan, plan_report
+from waferrt.serving import GenRequest, LocalDecoder
+
+CFG = tiny_config()
+W = synthetic_llama(CFG, seed=0)
+
+
+@pytest.mark.parametrize("w,h,kv_tokens,batch", [(4, 3, 20, 1), (4, 3, 20, 3), (1, 1, 8, 1), (5, 2, 33, 2),
+                                                  (8, 8, 40, 4), (2, 5, 9, 1)])
+def test_a_layer_books_its_closed_form(w, h, kv_tokens, batch):
+    region, ledger = Region(0, 0, w, h), Ledger(TINY)
+    shard = LayerShard(CFG, region, pack_layer(CFG, W.layers[0], region, "float32"), (batch, kv_tokens), ledger)
+    chunks = Chunks(CFG.dim, w)
+    for pos in range(4):  # the K/V shift moves pos % w columns: none at pos 0, then 1, 2, ...
+        ledger.clear()
+        x = chunks.split(np.random.default_rng(pos).standard_normal((batch, CFG.dim)).astype(np.float32))
+        shard.forward(x, np.arange(batch), np.full(batch, pos))
+        assert ledger.by_op["layer"] == layer_decode_cost(TINY, CFG, region, kv_tokens, batch, moving=pos % w)
+    ledger.clear()
+    EmbedShard(CFG, region, pack_embed(CFG, W.embed, W.final_norm, region, "float32"), ledger).logits(x)
+    assert ledger.by_op["head"] == head_decode_cost(TINY, CFG, region, batch)
+
+
+def test_layer_parts_name_every_piece_and_sum_to_the_layer():
+    parts = layer_decode_parts(WSE2, SMOLLM2_135M, Region(0, 0, 30, 12), 512, 2)
+    assert {c for _, c, _ in parts} == {"gemv", "allreduce", "attention", "elementwise"}
+    assert total(c for _, _, c in parts) == layer_decode_cost(WSE2, SMOLLM2_135M, Region(0, 0, 30, 12), 512, 2)
+    by = {n: c for n, _, c in parts}
+    # the K/V shift is one hop, one routing stage of K and V (and the position word) of both requests
+    assert (by["kv.shift"].hops, by["kv.shift"].stages) == (1, 1)
+    assert by["kv.shift"].link_bytes == 29 * 12 * 2 * 2 * 3 * (2 * 3 + 1) * 4  # 29 columns x 12 rows move
+
+
+def _check_decode(dec: LocalDecoder, requests: int, tokens: int = 3) -> list:
+    """Fresh one-token prompts decoded `tokens` deep: a lane's k-th micro-batch is at position k (its caches
+    hold k entries, so k % cols columns move); every stage run books step_cycles' figure for its size."""
+    p, cfg = dec.placement, dec.placement.config
+    stages = [(kind, r, int(kind == "layer")) for kind, _, r in dec.setup.stages()]
+    _, stats = dec.generate([GenRequest((5 + i,), tokens) for i in range(requests)], Sampler())
+    depth: dict[int, int] = {}
+    for mb in sorted(stats.parents):
+        parent = stats.parents[mb]
+        depth[mb] = 0 if parent is None else depth[parent] + 1
+    for r in stats.runs:
+        want = step_cycles(p.spec, cfg, stages, p.kv_tokens, [r.items], moving=depth[r.mb] % p.layers[0].w)
+        assert r.cycles == pytest.approx(want[(r.stage, 0)], rel=1e-12), (r.mb, r.stage)
+    return stats.runs
+
+
+@pytest.mark.parametrize("mesh,requests", [(MeshSpec(16, 16, 8, 8), 1), (MeshSpec(16, 16, 8, 8), 4),
+                                           (MeshSpec(24, 16, 8, 8), 3)])
+def test_a_decode_books_the_closed_forms(mesh, requests):
+    _check_decode(LocalDecoder(CFG, W, plan(CFG, TINY, mesh, kv=KVReserve(32, 4))), requests)
+
+
+def test_smollm2_on_its_default_mesh_books_what_the_planner_reports():
+    kv = KVReserve(512, 8)
+    p = plan(SMOLLM2_135M, WSE2, default_mesh(SMOLLM2_135M, WSE2, kv), kv=kv)
+    runs = _check_decode(LocalDecoder(SMOLLM2_135M, synthetic_llama(SMOLLM2_135M, seed=0), p), 1, tokens=3)
+    third = sum(r.cycles for r in runs if r.mb == 3)  # one request's token at position 2
+    assert third == pytest.approx(plan_report(p).step_cycles, rel=1e-12)  # exactly what the planner reports

@@ -1,0 +1,101 @@
+"""``waferrt estimate``: a model on a whole wafer, on paper -- the plan, the decode speed and its breakdown.
+
+Contract: ``add_parser(subparsers)`` registers the subcommand; ``run(args) -> int`` prints the estimate
+(text, or ``--json``) made by ``waferrt.scheduler.estimate`` (closed forms, no emulation: seconds even for
+a 750x994-core wafer), with ``--streaming`` the weight-streaming estimate next to it. Exit status: 0 it
+fits (or streams), 1 it does not fit (the output says what would), 2 an argument is wrong.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+from waferrt.core.dtypes import STORAGE_DTYPES
+from waferrt.core.spec import PRESETS, spec_by_name
+from waferrt.model.zoo import MODELS, model_by_name
+from waferrt.scheduler.estimate import OBJECTIVES, estimate
+from waferrt.scheduler.streaming import streaming
+from waferrt.scheduler.types import STRATEGIES, KVReserve, Strategy
+
+from .common import parse_wxh
+
+EPILOG = f"""examples:
+  waferrt estimate --model llama3-8b                    Llama3-8B on a whole WSE-2 (float16, 4096 K/V tokens x 8)
+  waferrt estimate --model qwen2-72b --preset wse3      does not fit: says what would
+  waferrt estimate --model qwen2-72b --streaming        weights streamed in from off-wafer memory
+  waferrt estimate --model llama3-8b --objective throughput --requests 32
+  waferrt estimate --model llama3-8b --strategy tensor --requests 1
+  waferrt estimate --model codellama-34b --strategy mixed --group 8 --dtype bfloat16 --json
+  waferrt estimate --model path/to/model.gguf --mesh 200x200   any llama GGUF (metadata only)
+
+Named models: {", ".join(sorted(MODELS))}. Strategies: pipeline (every layer its own region, tokens
+flow region to region), tensor (one region runs every layer: WaferLLM's wafer-scale tensor parallelism),
+mixed (--group layers per region). Without --strategy the planner tries them all and picks by --objective
+(latency: time per token of one request; throughput: tokens/s with --requests in flight) and says why.
+Times are the emulator's own closed forms (tested equal to what its tiles book) plus the host's I/O;
+docs/ESTIMATES.md says what the model leaves out.
+"""
+
+
+def add_parser(subparsers) -> argparse.ArgumentParser:
+    p = subparsers.add_parser(
+        "estimate", help="a model on a whole wafer, on paper: plan, tokens/s, breakdown, fit",
+        description="Plan a Llama model on a whole wafer analytically and estimate its decode: time per token and "
+                    "tokens/s for one request and for --requests in flight, the breakdown in seconds, cores and "
+                    "SRAM used, K/V capacity -- or why it does not fit and what would.",
+        epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
+    add_workload_args(p)
+    p.add_argument("--mesh", type=parse_wxh, metavar="WxH", help="cores to use (default: the whole wafer)")
+    p.add_argument("--streaming", action="store_true", help="also estimate weight streaming from off-wafer memory")
+    p.add_argument("--json", action="store_true", help="print the estimate as JSON")
+    p.set_defaults(_run=run)
+    return p
+
+
+def add_workload_args(p) -> None:
+    """What `estimate` and `sweep` both ask: model, base preset, strategy, objective, K/V reserve, dtype."""
+    p.add_argument("--model", default="llama3-8b", help="a named model (see below) or a llama GGUF path")
+    p.add_argument("--preset", default="wse2", choices=sorted(PRESETS), help="hardware preset (default wse2)")
+    p.add_argument("--strategy", choices=STRATEGIES, help="layers per region: pipeline, tensor or mixed "
+                                                          "(default: the planner picks)")
+    p.add_argument("--group", type=int, help="layers per region of --strategy mixed")
+    p.add_argument("--objective", default="latency", choices=OBJECTIVES,
+                   help="latency: one request's time per token; throughput: tokens/s with --requests in flight")
+    p.add_argument("--kv-tokens", type=int, help="K/V positions per request (default 4096, at most the "
+                                                 "model's context)")
+    p.add_argument("--requests", type=int, default=8, help="requests in flight (default 8)")
+    p.add_argument("--dtype", default="float16", choices=STORAGE_DTYPES, help="storage dtype (default float16)")
+
+
+def workload(args):
+    """(config, label, spec, strategy or None, KVReserve) from add_workload_args' arguments."""
+    cfg, label = model_by_name(args.model)
+    spec = spec_by_name(args.preset)
+    strategy = Strategy.named(args.strategy, cfg.n_layers, args.group) if args.strategy else None
+    if args.group is not None and args.strategy != "mixed":
+        raise ValueError("--group goes with --strategy mixed (layers per region)")
+    kv = KVReserve(args.kv_tokens or min(4096, cfg.max_seq_len), args.requests)
+    return cfg, label, spec, strategy, kv
+
+
+def run(args) -> int:
+    try:
+        cfg, label, spec, strategy, kv = workload(args)
+        mesh = args.mesh or spec.full_mesh
+        est = estimate(cfg, spec, mesh, kv, args.dtype, strategy, args.objective, label)
+    except ValueError as e:
+        print(f"waferrt estimate: {e}", file=sys.stderr)
+        return 2
+    if args.streaming:
+        resident = est.tokens_per_s if est.fits else None
+        est = _with(est, streaming(cfg, spec, mesh, kv, args.dtype, resident))
+    print(json.dumps(est.to_json(), indent=1) if args.json else est.text())
+    return 0 if est.fits or (est.streaming is not None and est.streaming.fits) else 1
+
+
+def _with(est, stream):
+    import dataclasses
+
+    return dataclasses.replace(est, streaming=stream)
