@@ -19,7 +19,8 @@ from waferrt.core.ledger import Ledger
 from waferrt.core.mesh import Dir, MeshSpec, Region, TileId
 from waferrt.core.spec import HardwareSpec
 from waferrt.core.sram import SramBook
-from waferrt.decode.program import StageRun, TileProgram
+from waferrt.decode.cost import StageRun
+from waferrt.decode.program import TileProgram
 from waferrt.decode.setup import DecodeSetup, stage_sram
 from waferrt.fabric.kernel import Cores
 

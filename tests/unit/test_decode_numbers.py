@@ -18,8 +18,7 @@ from waferrt.core.cost import broadcast_cost, message_cycles
 from waferrt.core.dtypes import to_f32, to_storage
 from waferrt.core.mesh import MeshSpec, Region
 from waferrt.core.spec import TINY, WSE2
-from waferrt.decode.cost import flow_seconds, handover_cost
-from waferrt.decode.program import StageRun
+from waferrt.decode.cost import StageRun, flow_seconds, handover_cost
 from waferrt.decode.setup import DecodeSetup, stage_sram
 from waferrt.model import Sampler, synthetic_llama, tiny_config
 from waferrt.model.config import SMOLLM2_135M

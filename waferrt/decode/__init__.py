@@ -6,8 +6,9 @@ Contract: pure (no Ray, no sockets, no model files): it takes a LlamaConfig, flo
 and moves data between cores only through waferrt.fabric.
 """
 
+from .cost import StageRun
 from .kvcache import KVCapacityError, MeshKVCache
-from .program import StageRun, TileProgram
+from .program import TileProgram
 from .setup import DecodeSetup, PlacementError, pack_stage, stage_sram, stage_weights
 from .shards import EmbedShard, LayerShard
 

@@ -26,6 +26,7 @@ layout exactly.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 from functools import lru_cache
 
 import numpy as np
@@ -66,6 +67,19 @@ def layer_dims(cfg: LlamaConfig, cols: int, rows: int, head_groups: int = 1) -> 
     return {"dim_c": cdiv(cfg.dim, cols), "hid_r": cdiv(cfg.hidden_dim, rows),
             "hd_r": 2 * cdiv(cfg.head_dim // 2, r), "hq": cfg.n_heads // head_groups,
             "hk": cfg.n_kv_heads // head_groups, "group_rows": r}
+
+
+@dataclass(frozen=True)
+class StageRun:
+    """One stage run on one micro-batch, as this tile booked it."""
+
+    mb: int  # micro-batch number
+    stage: int
+    region: Region  # the hardware that ran it (the embedding and the head share one)
+    seq: int  # the order this tile ran it in
+    items: int  # tokens in the micro-batch
+    cycles: float  # modelled, the hand-over into the region included
+
 
 
 def layer_decode_parts(spec: HardwareSpec, cfg: LlamaConfig, region: Region, kv_tokens: int, batch: int = 1, *,
@@ -259,8 +273,6 @@ def lanes_round_seconds(cycles: dict[tuple[int, int], float], regions: Sequence,
     embedding's and the head's are one). Every region takes the micro-batches in the order they come:
     round by round, lane by lane; the embedding/head region takes a lane's head run, then its next embed.
     Returns round_seconds of `rounds` such rounds."""
-    from .program import StageRun
-
     lanes, last = 1 + max(lane for _, lane in cycles), len(regions) - 1
     mb = {(r, lane): r * lanes + lane + 1 for r in range(rounds) for lane in range(lanes)}
     parents = {m: (mb[(r - 1, lane)] if r else None) for (r, lane), m in mb.items()}

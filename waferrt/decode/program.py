@@ -17,29 +17,15 @@ wafer would run them. Links are any waferrt.fabric.links.Links (the loop fabric 
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import numpy as np
 
 from waferrt.core.ledger import Ledger
-from waferrt.core.mesh import Dir, MeshSpec, Region, TileId
+from waferrt.core.mesh import Dir, MeshSpec, TileId
 
-from .cost import handover_cost
+from .cost import StageRun, handover_cost
 from .pack import Chunks
 from .setup import DecodeSetup, pack_stage
 from .shards import EmbedShard, LayerShard
-
-
-@dataclass(frozen=True)
-class StageRun:
-    """One stage run on one micro-batch, as this tile booked it."""
-
-    mb: int  # micro-batch number
-    stage: int
-    region: Region  # the hardware that ran it (the embedding and the head share one)
-    seq: int  # the order this tile ran it in
-    items: int  # tokens in the micro-batch
-    cycles: float  # modelled, the hand-over into the region included
 
 
 def route(mesh: MeshSpec, a: TileId, b: TileId) -> list[TileId]:
