@@ -61,10 +61,11 @@ def _crosses_nodes(mesh: MeshSpec, node_ids: dict[TileId, str], t: TileId) -> bo
                for n in (mesh.tile_neighbour(t, d) for d in Dir))
 
 
-def stop_tiles(handles: dict) -> None:
+def stop_tiles(handles: dict, patience: float = 10.0) -> None:
+    """Ask every tile to close its sockets (for up to `patience` seconds), then kill them all."""
     refs = [h.close.remote() for h in handles.values()]
     try:
-        ray.get(refs, timeout=10)
+        ray.get(refs, timeout=patience)
     except Exception:  # noqa: BLE001 - a dead tile cannot close; it is killed below anyway
         pass
     for h in handles.values():

@@ -318,7 +318,7 @@ class Wafer:
             if self.tiles:
                 from waferrt.actors.remote import stop_tiles
 
-                stop_tiles(self.tiles)
+                stop_tiles(self.tiles, patience=2.0 if self.failed is not None else 10.0)
         finally:
             self.tiles = {}
             if self.watch is not None:
