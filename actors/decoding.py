@@ -5,7 +5,7 @@ HeadEngine when the tile hosts the embedding and the head) in a daemon thread; t
 error that ends it go to the host over an :class:`~waferrt.actors.stream.Outbox` at once (the host does
 not wait for ``stop`` to learn of a failure). ``submit`` / ``cancel`` hand commands to the loop (a
 queue; the loop takes them between micro-batches). ``stop()`` ends the loop and returns the stage runs it
-booked and, at the head, the micro-batches' parents -- or raises the loop's error.
+booked -- or raises the loop's error.
 """
 
 from __future__ import annotations
@@ -49,7 +49,7 @@ class LoopThread:
     def cancel(self, index: int) -> None:
         self.control.put(("cancel", index))
 
-    def stop(self) -> tuple[list, dict]:
+    def stop(self) -> list:
         self.stop_flag.set()
         self.thread.join(STOP_S)
         self.out.close()
@@ -57,4 +57,4 @@ class LoopThread:
             raise TimeoutError(f"{self.program.tile}: the decode loop did not stop within {STOP_S:.0f}s")
         if self.error is not None:
             raise self.error
-        return list(self.program.records), dict(self.engine.parents) if self.engine else {}
+        return list(self.program.records)

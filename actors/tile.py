@@ -19,8 +19,8 @@ from waferrt.core.ledger import Ledger
 from waferrt.core.mesh import Dir, MeshSpec, Region, TileId
 from waferrt.core.spec import HardwareSpec
 from waferrt.core.sram import SramBook
-from waferrt.decode.cost import StageRun
 from waferrt.decode.program import TileProgram
+from waferrt.decode.schedule import StageRun
 from waferrt.decode.setup import DecodeSetup, stage_sram
 from waferrt.fabric.kernel import Cores
 
@@ -130,10 +130,14 @@ class Tile:
     def decode_cancel(self, index: int) -> None:
         self.loop.cancel(index)
 
-    def decode_stop(self) -> tuple[list[StageRun], dict]:
-        """End the decode loop: the stage runs it booked and, at the head, the micro-batches' parents."""
+    def decode_stop(self) -> list[StageRun]:
+        """End the decode loop: the stage runs it booked."""
         loop, self.loop = self.loop, None
-        return loop.stop() if loop is not None else ([], {})
+        return loop.stop() if loop is not None else []
+
+    def decode_bytes(self) -> int:
+        """Bytes of the decode's weight blocks and K/V caches that this tile holds."""
+        return self.decoder.held_bytes() if self.decoder is not None else 0
 
     def names(self) -> list[str]:
         return sorted(self.store)

@@ -26,7 +26,7 @@ from waferrt.core.arith import cdiv
 from waferrt.core.cost import ALLREDUCE_ALGOS, allreduce_cost, gemv_cost
 from waferrt.core.mesh import MeshSpec
 from waferrt.core.spec import TINY, WSE2, WSE3
-from waferrt.decode.cost import round_seconds
+from waferrt.decode.schedule import round_seconds
 from waferrt.fabric.loop import simulate
 from waferrt.model import Sampler, synthetic_llama, tiny_config
 from waferrt.model.config import SMOLLM2_135M
@@ -116,7 +116,7 @@ def _emulate(p, requests: int) -> float:
     """Modelled seconds of a steady round of `requests` decoding on the tile programs (no Ray)."""
     dec = LocalDecoder(p.config, synthetic_llama(p.config, seed=0), p)
     _, stats = dec.generate([GenRequest((3 + i,), 4) for i in range(requests)], Sampler())
-    return round_seconds(stats.runs, stats.parents, len(dec.setup.stages()) - 1, p.spec.clock_hz)
+    return round_seconds(stats.runs, len(dec.setup.stages()) - 1, p.spec.clock_hz)
 
 
 def emulated_decode() -> list[str]:

@@ -5,7 +5,7 @@ Contract (pure): ``estimate(cfg, spec, mesh, kv, dtype, strategy=None, objective
 region) it searches the layer-region shapes in closed form (``wafer.row_options`` x a few column counts
 between the narrowest that fits in SRAM and the widest whose regions all fit on the floor plan), times
 each with the emulator's own closed forms (``waferrt.decode.cost.step_cycles`` and ``pipeline_seconds``:
-micro-batches as the head's lanes cut them (``decode.cost.lane_batches``), stages pipelined, hand-overs between
+every request at its own pace (``decode.schedule``), stages pipelined, hand-overs between
 regions) and keeps the best for the objective: "latency" (time per token of one request) or "throughput"
 (tokens/s with ``kv.requests`` in flight). Without a strategy it tries pipeline, tensor and a few mixes and
 says why the winner won. When nothing fits it says so and what would (``advice``). The host exchange
@@ -22,11 +22,10 @@ from waferrt.core.spec import HardwareSpec
 from waferrt.decode.cost import (
     handover_cost,
     head_decode_parts,
-    lane_batches,
-    lanes_round_seconds,
     layer_decode_parts,
     step_cycles,
 )
+from waferrt.decode.schedule import requests_round_seconds
 from waferrt.model.config import LlamaConfig
 
 from . import wafer
@@ -65,13 +64,14 @@ def stage_seconds(cfg: LlamaConfig, spec: HardwareSpec, stages, kv_tokens: int, 
                   head_groups: int = 1) -> tuple[float, float]:
     """(seconds of one request's token, seconds of one step with `requests` in flight) through `stages`
     ((kind, Region, layers), as decode.cost.step_cycles takes them) on the wafer: the closed forms the tiles
-    book; with several requests, a steady round of the head's lanes circulating as the emulator runs them."""
+    book; with several requests, a steady round of them decoding at their own pace, as the decode that ran
+    is scheduled (waferrt.decode.schedule)."""
     kw = {"head_groups": head_groups}
     one = sum(step_cycles(spec, cfg, stages, kv_tokens, [1], **kw).values()) / spec.clock_hz
     if requests == 1:
         return one, one
-    cycles = step_cycles(spec, cfg, stages, kv_tokens, lane_batches(requests), **kw)
-    return one, lanes_round_seconds(cycles, [region for _, region, _ in stages], spec.clock_hz)
+    alone = [c for (_, _), c in sorted(step_cycles(spec, cfg, stages, kv_tokens, [1], **kw).items())]
+    return one, requests_round_seconds(alone, [region for _, region, _ in stages], requests, spec.clock_hz)
 
 
 def placement_seconds(p: Placement, requests: int | None = None) -> tuple[float, float]:

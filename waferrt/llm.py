@@ -114,11 +114,7 @@ class _OnTiles:
                     for i, tok, fin, lg in msg["ev"]]
         return out
 
-    def stop(self) -> tuple[list, dict]:
+    def stop(self) -> list:
         if self.wafer.failed is not None:  # the tiles cannot finish together; closing the wafer ends them
-            return [], {}
-        results = self._call([(t, Tile.decode_stop, ()) for t in self.wafer.tiles])
-        parents = {}
-        for _, p in results:
-            parents.update(p)
-        return [r for runs, _ in results for r in runs], parents
+            return []
+        return [r for runs in self._call([(t, Tile.decode_stop, ()) for t in self.wafer.tiles]) for r in runs]

@@ -18,7 +18,7 @@ import pytest
 from waferrt.core.mesh import MeshSpec, Region
 from waferrt.core.spec import TINY, WSE2
 from waferrt.decode import layout as dl
-from waferrt.decode.cost import round_seconds
+from waferrt.decode.schedule import round_seconds
 from waferrt.model import Sampler, synthetic_llama, tiny_config
 from waferrt.model.config import SMOLLM2_135M
 from waferrt.model.zoo import MODELS, model_by_name
@@ -41,7 +41,7 @@ def _emulated(p, requests: int) -> tuple[float, float]:
     for n in (1, requests):
         dec = LocalDecoder(p.config, synthetic_llama(p.config, seed=0), p)
         _, stats = dec.generate([GenRequest((3 + i,), 4) for i in range(n)], Sampler())
-        out.append(round_seconds(stats.runs, stats.parents, len(dec.setup.stages()) - 1, p.spec.clock_hz))
+        out.append(round_seconds(stats.runs, len(dec.setup.stages()) - 1, p.spec.clock_hz))
     return out[0], out[1]
 
 

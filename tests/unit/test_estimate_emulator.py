@@ -3,7 +3,8 @@
 - one layer region (``LayerShard.forward``) and the head (``EmbedShard.logits``) with a Ledger, over
   region shapes, micro-batch sizes and K/V positions (the K/V shift moves ``pos % cols`` columns);
 - whole decodes of the tile programs (``LocalDecoder``, no Ray): the cycles of every stage run the tiles
-  book against ``step_cycles`` -- on tiny meshes and on SmolLM2's default wse2 mesh;
+  book, and what each token takes alone, against ``step_cycles`` -- on tiny meshes and on SmolLM2's
+  default wse2 mesh;
 - the planner's report (``plan_report``) gives the cycles per token the emulator books for one request.
 """
 
@@ -55,18 +56,19 @@ def test_layer_parts_name_every_piece_and_sum_to_the_layer():
 
 
 def _check_decode(dec: LocalDecoder, requests: int, tokens: int = 3) -> list:
-    """Fresh one-token prompts decoded `tokens` deep: a lane's k-th micro-batch is at position k (its caches
-    hold k entries, so k % cols columns move); every stage run books step_cycles' figure for its size."""
+    """Fresh one-token prompts decoded `tokens` deep: a micro-batch's tokens share a position k (the caches
+    hold k entries, so k % cols columns move); every stage run books step_cycles' figure for its size, and
+    every token's cycles alone are step_cycles' for a micro-batch of one."""
     p, cfg = dec.placement, dec.placement.config
     stages = [(kind, r, int(kind == "layer")) for kind, _, r in dec.setup.stages()]
     _, stats = dec.generate([GenRequest((5 + i,), tokens) for i in range(requests)], Sampler())
-    depth: dict[int, int] = {}
-    for mb in sorted(stats.parents):
-        parent = stats.parents[mb]
-        depth[mb] = 0 if parent is None else depth[parent] + 1
     for r in stats.runs:
-        want = step_cycles(p.spec, cfg, stages, p.kv_tokens, [r.items], moving=depth[r.mb] % p.layers[0].w)
+        (pos,) = {it.pos for it in r.items}
+        moving = pos % p.layers[0].w
+        want = step_cycles(p.spec, cfg, stages, p.kv_tokens, [len(r.items)], moving=moving)
         assert r.cycles == pytest.approx(want[(r.stage, 0)], rel=1e-12), (r.mb, r.stage)
+        alone = step_cycles(p.spec, cfg, stages, p.kv_tokens, [1], moving=moving)[(r.stage, 0)]
+        assert all(it.alone == pytest.approx(alone, rel=1e-12) for it in r.items), (r.mb, r.stage)
     return stats.runs
 
 
@@ -80,5 +82,5 @@ def test_smollm2_on_its_default_mesh_books_what_the_planner_reports():
     kv = KVReserve(512, 8)
     p = plan(SMOLLM2_135M, WSE2, default_mesh(SMOLLM2_135M, WSE2, kv), kv=kv)
     runs = _check_decode(LocalDecoder(SMOLLM2_135M, synthetic_llama(SMOLLM2_135M, seed=0), p), 1, tokens=3)
-    third = sum(r.cycles for r in runs if r.mb == 3)  # one request's token at position 2
+    third = sum(r.cycles for r in runs if r.items[0].pos == 2)  # one request's token at position 2
     assert third == pytest.approx(plan_report(p).step_cycles, rel=1e-12)  # exactly what the planner reports

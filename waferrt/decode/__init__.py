@@ -6,11 +6,11 @@ Contract: pure (no Ray, no sockets, no model files): it takes a LlamaConfig, flo
 and moves data between cores only through waferrt.fabric.
 """
 
-from .cost import StageRun
 from .kvcache import KVCapacityError, MeshKVCache
 from .program import TileProgram
+from .schedule import Item, StageRun
 from .setup import DecodeSetup, PlacementError, pack_stage, stage_sram, stage_weights
 from .shards import EmbedShard, LayerShard
 
-__all__ = ["DecodeSetup", "EmbedShard", "KVCapacityError", "LayerShard", "MeshKVCache", "PlacementError",
+__all__ = ["DecodeSetup", "Item", "EmbedShard", "KVCapacityError", "LayerShard", "MeshKVCache", "PlacementError",
            "StageRun", "TileProgram", "pack_stage", "stage_sram", "stage_weights"]

@@ -6,9 +6,9 @@ flops and cycles). ``layer_decode_parts`` / ``layer_decode_cost`` give one micro
 requests through one layer region (every booked piece, named, with its category), ``head_decode_cost``
 the final norm and output head, ``handover_cost`` what the tiles book when activations move from one
 stage's region to the next (the one formula for it), ``step_cycles`` the (stage, micro-batch) cycles a
-whole decode step books in lock step and ``pipeline_seconds`` schedules them as the wafer would run them
-(the estimator's step model); ``flow_seconds`` schedules the stage runs the tiles' decode loops booked
-(what ran: micro-batches at their own pace).
+whole decode step books in lock step and ``pipeline_seconds`` schedules them (the weight-streaming
+estimate's step model), ``alone_cycles`` what one token takes alone at a stage (waferrt.decode.schedule
+schedules the decode that ran with it: every request at its own pace).
 
 What the closed forms count, as the tiles do: the attention runs over every reserved K/V position of a
 core (``cdiv(kv_tokens, cols)``, masked where empty); the new K/V enter at column 0 and ``moving`` columns
@@ -26,7 +26,6 @@ layout exactly.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
 from functools import lru_cache
 
 import numpy as np
@@ -67,19 +66,6 @@ def layer_dims(cfg: LlamaConfig, cols: int, rows: int, head_groups: int = 1) -> 
     return {"dim_c": cdiv(cfg.dim, cols), "hid_r": cdiv(cfg.hidden_dim, rows),
             "hd_r": 2 * cdiv(cfg.head_dim // 2, r), "hq": cfg.n_heads // head_groups,
             "hk": cfg.n_kv_heads // head_groups, "group_rows": r}
-
-
-@dataclass(frozen=True)
-class StageRun:
-    """One stage run on one micro-batch, as this tile booked it."""
-
-    mb: int  # micro-batch number
-    stage: int
-    region: Region  # the hardware that ran it (the embedding and the head share one)
-    seq: int  # the order this tile ran it in
-    items: int  # tokens in the micro-batch
-    cycles: float  # modelled, the hand-over into the region included
-
 
 
 def layer_decode_parts(spec: HardwareSpec, cfg: LlamaConfig, region: Region, kv_tokens: int, batch: int = 1, *,
@@ -172,38 +158,6 @@ def handover_cost(spec: HardwareSpec, src: Region, dst: Region, nbytes: int) -> 
                        messages=line.messages * dst.w, cycles=line.cycles)
 
 
-def flow_seconds(runs, parents: dict[int, int | None], last_stage: int, clock_hz: float) -> float:
-    """Modelled time of the decode that ran: every region is its own hardware and runs its stage runs in
-    the order its tile ran them; a run of micro-batch m at stage s starts when m left stage s-1 and the
-    region is free; at the embedding (s = 0) it starts when its parent (the micro-batch whose sampled
-    tokens it carries, ``parents[m]``; None: none) left the head (`last_stage`). `runs` are StageRuns of
-    every tile (mb, stage, region, seq, cycles). Returns the time the last run ends, in seconds."""
-    queues: dict = {}
-    for r in sorted(runs, key=lambda r: r.seq):
-        queues.setdefault(r.region, []).append(r)
-    done: dict[tuple[int, int], float] = {}
-    free = dict.fromkeys(queues, 0.0)
-    heads = dict.fromkeys(queues, 0)
-    left = len(runs)
-    while left:
-        progressed = False
-        for region, queue in queues.items():
-            while heads[region] < len(queue):
-                r = queue[heads[region]]
-                dep = (r.mb, r.stage - 1) if r.stage else (
-                    None if parents.get(r.mb) is None else (parents[r.mb], last_stage))
-                if dep is not None and dep not in done:
-                    break
-                start = max(free[region], 0.0 if dep is None else done[dep])
-                done[(r.mb, r.stage)] = free[region] = start + r.cycles
-                heads[region] += 1
-                left -= 1
-                progressed = True
-        if not progressed:
-            raise ValueError("the stage runs do not form a pipeline: a micro-batch waits for one that never ran")
-    return max(done.values(), default=0.0) / clock_hz
-
-
 def step_cycles(spec: HardwareSpec, cfg: LlamaConfig, stages: Sequence[tuple[str, Region, int]], kv_tokens: int,
                 batches: Sequence[int], **kw) -> dict[tuple[int, int], float]:
     """The cycles every (stage, micro-batch) of a decode step books, as the tiles book them: `stages` are
@@ -221,6 +175,20 @@ def step_cycles(spec: HardwareSpec, cfg: LlamaConfig, stages: Sequence[tuple[str
                 c += times * _work_cycles(spec, cfg, kind, region.w, region.h, kv_tokens, b, opts)
             out[(s, m)] = c
     return out
+
+
+def alone_cycles(spec: HardwareSpec, cfg: LlamaConfig, prev: Region | None, region: Region, kind: str,
+                 kv_tokens: int, pos: int, want: bool, algo: str = "ktree", k: int = 2) -> float:
+    """The cycles one token at position `pos` takes alone at a stage of `kind` on `region` (coming from
+    `prev`, None at the embedding), the hand-over included: what the tiles book for a micro-batch of one.
+    The head computes logits only for a token that wants them."""
+    c = handover_cost(spec, prev, region, 4 * cfg.dim).cycles if prev is not None else 0.0
+    if kind == "layer":
+        c += _work_cycles(spec, cfg, kind, region.w, region.h, kv_tokens, 1,
+                          (("algo", algo), ("k", k), ("moving", pos % region.w)))
+    elif kind == "head" and want:
+        c += _work_cycles(spec, cfg, kind, region.w, region.h, kv_tokens, 1, (("algo", algo), ("k", k)))
+    return c
 
 
 @lru_cache(maxsize=4096)
@@ -250,38 +218,3 @@ def lane_batches(requests: int, lanes: int = 2) -> list[int]:
     """Micro-batch sizes of `requests` decoding in `lanes` lanes (slot mod lanes, as the head's engine
     assigns them): the micro-batches a steady decode step carries."""
     return [len(range(lane, requests, lanes)) for lane in range(min(lanes, requests))]
-
-
-def round_seconds(runs, parents: dict[int, int | None], last_stage: int, clock_hz: float) -> float:
-    """The modelled seconds of the last round of a decode that ran (a round: one more token for every lane):
-    flow_seconds of every run, less that of the runs before the last round (each micro-batch's round is how
-    many parents it has)."""
-    depth: dict[int, int] = {}
-    for mb in sorted(parents):
-        depth[mb] = 0 if parents[mb] is None else depth[parents[mb]] + 1
-    last = max(depth.values())
-    before = [r for r in runs if depth[r.mb] < last]
-    return (flow_seconds(runs, parents, last_stage, clock_hz)
-            - flow_seconds(before, {m: p for m, p in parents.items() if depth[m] < last}, last_stage, clock_hz))
-
-
-def lanes_round_seconds(cycles: dict[tuple[int, int], float], regions: Sequence, clock_hz: float,
-                        rounds: int = 4) -> float:
-    """The steady round of the lanes' micro-batches circulating through the stages, as the head's engine
-    runs them: lane l's micro-batch of round r+1 enters as soon as its round r left the head. `cycles`
-    maps (stage, lane) to the cycles a stage run books; `regions[s]` is stage s's hardware (the
-    embedding's and the head's are one). Every region takes the micro-batches in the order they come:
-    round by round, lane by lane; the embedding/head region takes a lane's head run, then its next embed.
-    Returns round_seconds of `rounds` such rounds."""
-    lanes, last = 1 + max(lane for _, lane in cycles), len(regions) - 1
-    mb = {(r, lane): r * lanes + lane + 1 for r in range(rounds) for lane in range(lanes)}
-    parents = {m: (mb[(r - 1, lane)] if r else None) for (r, lane), m in mb.items()}
-    order = {s: [(r, lane) for r in range(rounds) for lane in range(lanes)] for s in range(1, last)}
-    head = [(s, (0, lane)) for s in (0,) for lane in range(lanes)]
-    for r in range(rounds):
-        for lane in range(lanes):
-            head += [(last, (r, lane))] + ([(0, (r + 1, lane))] if r + 1 < rounds else [])
-    runs = [StageRun(mb[key], s, regions[s], i, 0, cycles[(s, key[1])]) for i, (s, key) in enumerate(head)]
-    runs += [StageRun(mb[key], s, regions[s], i, 0, cycles[(s, key[1])])
-             for s, keys in order.items() for i, key in enumerate(keys)]
-    return round_seconds(runs, parents, last, clock_hz)

@@ -2,7 +2,8 @@
 
 Contract: the stages are embed -> layer 0 -> ... -> layer L-1 -> head (waferrt.decode.setup); each runs
 in its region's tile, and a *segment* is a run of consecutive stages on one tile. A micro-batch is
-``meta`` (B, 4) int64 rows ``(slot, token, pos, want_logits)`` and, between stages, its activations.
+``meta`` (B, 5) int64 rows ``(slot, token, pos, want_logits, request)`` and, between stages, its
+activations.
 It enters at the embedding (:meth:`TileProgram.enter`, on the head's tile, which also hosts the
 embedding: the table is tied), runs the segment there, and goes over the fabric to the tile of the next
 segment (a dimension-order route over neighbour tiles; tiles in between pass it on), tagged
@@ -10,9 +11,10 @@ segment (a dimension-order route over neighbour tiles; tiles in between pass it 
 stage has run, the logits of the items that want them come back to the caller. A micro-batch of items at
 position 0 starts its requests afresh (each layer empties that slot's K/V cache first).
 
-Every stage run books its modelled cycles (hand-over into the region included) as a :class:`StageRun`
-in ``records``, in the order this tile ran them; waferrt.decode.cost.flow_seconds schedules them as the
-wafer would run them. Links are any waferrt.fabric.links.Links (the loop fabric or the real one).
+Every stage run books its modelled cycles (hand-over into the region included) as a
+:class:`~waferrt.decode.schedule.StageRun` in ``records``, in the order this tile ran them, with what each
+token would take alone; waferrt.decode.schedule.flow_seconds schedules them as the wafer would run them.
+Links are any waferrt.fabric.links.Links (the loop fabric or the real one).
 """
 
 from __future__ import annotations
@@ -22,8 +24,9 @@ import numpy as np
 from waferrt.core.ledger import Ledger
 from waferrt.core.mesh import Dir, MeshSpec, TileId
 
-from .cost import StageRun, handover_cost
+from .cost import alone_cycles, handover_cost
 from .pack import Chunks
+from .schedule import Item, StageRun
 from .setup import DecodeSetup, pack_stage
 from .shards import EmbedShard, LayerShard
 
@@ -91,6 +94,13 @@ class TileProgram:
         else:
             self.embed = EmbedShard(st.config, region, arrays, self.ledger, st.collectives, st.dtype)
 
+    def held_bytes(self) -> int:
+        """Bytes of the weight blocks and K/V caches of the stages this tile hosts."""
+        shards = [*self.layers.values(), *([self.embed] if self.embed else [])]
+        arrays = [a for sh in shards for a in sh.arrays.values()]
+        arrays += [a for sh in self.layers.values() for a in (sh.kv.k, sh.kv.v, sh.kv.pos)]
+        return sum(a.nbytes for a in arrays)
+
     # -- what happens to a micro-batch ---------------------------------------------------------------------
     def enter(self, mb: int, meta: np.ndarray) -> dict[int, np.ndarray] | None:
         """Micro-batch `mb` enters at the embedding (this tile hosts it): run this tile's first segment and
@@ -123,13 +133,22 @@ class TileProgram:
                 if st != s and self.stages[st - 1][2].w != self.stages[st][2].w:  # re-cut for this region
                     x = self.chunks[st].split(self.chunks[st - 1].join(x))
             x, logits = self._stage(st, meta, x)
-            self.records.append(StageRun(mb, st, self.stages[st][2], len(self.records), len(meta),
-                                         self.ledger.cycles() - before))
+            self.records.append(StageRun(mb, st, self.stages[st][2], len(self.records),
+                                         self.ledger.cycles() - before, self._items(st, meta)))
         nxt = segment[-1] + 1
         if nxt < len(self.stages):
             vec = self.chunks[segment[-1]].join(x)  # (B, dim): the activations leave the region
             self.links.send(_dir(self.tile, self.routes[nxt][1]), _tag(mb, nxt), [meta, vec])
         return logits
+
+    def _items(self, s: int, meta: np.ndarray) -> tuple[Item, ...]:
+        """The micro-batch's tokens at stage s, each with the cycles it would take there alone."""
+        st, kind, region = self.setup, self.stages[s][0], self.stages[s][2]
+        prev = self.stages[s - 1][2] if s else None
+        coll = st.collectives
+        return tuple(Item(int(req), int(pos), bool(want), alone_cycles(
+            self.ledger.spec, st.config, prev, region, kind, st.kv_tokens, int(pos), bool(want), coll.algo, coll.k))
+            for _, _, pos, want, req in meta.tolist())
 
     def _stage(self, s: int, meta: np.ndarray, x):
         """Stage s on a micro-batch -> (its activations out, the logits by item if it is the head)."""

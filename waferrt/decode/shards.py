@@ -126,6 +126,7 @@ class EmbedShard:
     def __init__(self, cfg: LlamaConfig, region: Region, arrays: dict, ledger: Ledger,
                  coll: Collectives = KTREE_FAST, dtype: str = "float32"):
         self.cfg, self.region, self.ledger, self.coll, self.dtype = cfg, region, ledger, coll, dtype
+        self.arrays = arrays
         self.table, self.norm = arrays["table"], arrays["final_norm"]  # (C, dim_c, R*voc_r), (C, dim_c)
         self.rows, self.cols = region.h, region.w
         self.vocab = Chunks(cfg.vocab_size, region.h)

@@ -10,8 +10,8 @@ each of its decoding requests and the next chunk of each new prompt (at most ``m
 ``returned(mb, logits)`` samples the next token of every request whose logits came back (request i with
 ``numpy.random.default_rng([seed, i])``, as the reference does), frees the slots of finished requests,
 and returns the :class:`TokenEvent` s -- so a request's next token enters as soon as its previous one
-left the head. ``parents[mb]`` is the lane's previous micro-batch (what mb waited for), for the modelled
-schedule. Pure: no Ray, no sockets.
+left the head. A micro-batch's rows are ``(slot, token, pos, want_logits, request number)``. Pure: no Ray,
+no sockets.
 """
 
 from __future__ import annotations
@@ -68,9 +68,7 @@ class HeadEngine:
         self.free = list(range(slots))
         self.live: dict[int, _Live] = {}  # request number -> its state
         self.busy: dict[int, int] = {}  # lane -> its micro-batch in flight
-        self.last: dict[int, int] = {}  # lane -> its last micro-batch that came back
         self.items: dict[int, list[int | None]] = {}  # mb -> per item, the request whose logits it gives
-        self.parents: dict[int, int | None] = {}
         self._subs: dict[int, Submission] = {}
         self._mb = 0
 
@@ -102,7 +100,7 @@ class HeadEngine:
 
     # -- entering ----------------------------------------------------------------------------------------
     def form(self) -> list[tuple[int, np.ndarray]]:
-        """The micro-batches that enter now, as (number, meta (B, 4) rows of slot, token, pos, want)."""
+        """The micro-batches that enter now, as (number, meta rows (slot, token, pos, want, request))."""
         for req in self.admission.admit():
             sub = self._subs.pop(req.rid)
             self.live[req.rid] = _Live(sub, self.free.pop(0), request_rng(sub.sampler, sub.index))
@@ -114,7 +112,6 @@ class HeadEngine:
             if rows:
                 self._mb += 1
                 self.busy[lane], self.items[self._mb] = self._mb, owners
-                self.parents[self._mb] = self.last.get(lane)
                 out.append((self._mb, np.array(rows, np.int64)))
         return out
 
@@ -125,14 +122,14 @@ class HeadEngine:
                 continue
             prompt = lv.sub.request.prompt_ids
             if lv.next is not None:  # its next token
-                rows.append((lv.slot, lv.next, lv.pos, 1))
+                rows.append((lv.slot, lv.next, lv.pos, 1, index))
                 owners.append(index)
                 lv.next = None
             elif lv.sent < len(prompt) and len(rows) < self.max_items:  # the next chunk of its prompt
                 take = min(len(prompt) - lv.sent, self.max_items - len(rows))
                 for j in range(lv.sent, lv.sent + take):
                     last = j == len(prompt) - 1
-                    rows.append((lv.slot, prompt[j], j, int(last)))
+                    rows.append((lv.slot, prompt[j], j, int(last), index))
                     owners.append(index if last else None)
                 lv.sent += take
         return rows, owners
@@ -145,7 +142,6 @@ class HeadEngine:
         """Micro-batch `mb` left the head with these logits (by item): sample, finish, free its lane."""
         lane = next(lane for lane, m in self.busy.items() if m == mb)
         del self.busy[lane]
-        self.last[lane] = mb
         events = []
         for i, index in enumerate(self.items.pop(mb)):
             lv = self.live.get(index) if index is not None else None

@@ -2,12 +2,12 @@
 
 Contract: :class:`Decode` is what the host needs of a running wafer decode (the in-process LocalDecoder or
 the Ray-backed WaferLLM): ``start()``, ``submit(subs)``, ``events(timeout)`` (the TokenEvents that came
-back, [] when none did within timeout; raises the error of a tile that failed), and ``stop() -> (stage
-runs of every tile, parents of every micro-batch)``. :func:`serve` runs one batch of requests through it:
+back, [] when none did within timeout; raises the error of a tile that failed), and ``stop() -> the stage
+runs of every tile``. :func:`serve` runs one batch of requests through it:
 submits them all (request i samples with ``default_rng([seed, i])``), streams each token to ``on_token``
 as it comes (with ``keep_logits``, every token's logits too, into ``Completion.logits``), returns the
 completions and the stats -- wall time, inter-token latency, and the modelled wafer time of what ran
-(waferrt.decode.cost.flow_seconds). The tiles stop when every request has ended,
+(waferrt.decode.schedule.flow_seconds: every request at its own pace). The tiles stop when every request has ended,
 also when a tile or the host fails or is interrupted: then the error is raised with the completions so
 far attached (``error.completions``: nothing already produced is lost).
 """
@@ -17,7 +17,7 @@ from __future__ import annotations
 import time
 from typing import Protocol
 
-from waferrt.decode.cost import flow_seconds
+from waferrt.decode.schedule import flow_seconds
 from waferrt.decode.setup import DecodeSetup
 from waferrt.model.sampling import Sampler
 
@@ -34,7 +34,7 @@ class Decode(Protocol):
 
     def events(self, timeout: float) -> list[TokenEvent]: ...
 
-    def stop(self) -> tuple[list, dict]: ...
+    def stop(self) -> list: ...
 
 
 def serve(decode: Decode, setup: DecodeSetup, clock_hz: float, requests: list[GenRequest], sampler: Sampler,
@@ -49,11 +49,11 @@ def serve(decode: Decode, setup: DecodeSetup, clock_hz: float, requests: list[Ge
         e.completions = out  # what was produced before the failure is not lost
         decode.stop()
         raise
-    runs, parents = decode.stop()
+    runs = decode.stop()
     stats.wall_s = time.perf_counter() - t0
     stats.tokens = sum(len(c.tokens) for c in out)
-    stats.steps, stats.runs, stats.parents = len(parents), runs, parents
-    stats.modelled_s = flow_seconds(runs, parents, len(setup.stages()) - 1, clock_hz)
+    stats.steps, stats.runs = len({r.mb for r in runs}), runs
+    stats.modelled_s = flow_seconds(runs, len(setup.stages()) - 1, clock_hz)
     return out, stats
 
 

@@ -80,9 +80,8 @@ class _Threads:
             raise got
         return got
 
-    def stop(self) -> tuple[list, dict]:
+    def stop(self) -> list:
         self.stop_flag.set()
         for th in self.threads:
             th.join()
-        runs = [r for p in self.dec.programs.values() for r in p.records]
-        return runs, dict(self.engine.parents)
+        return [r for p in self.dec.programs.values() for r in p.records]

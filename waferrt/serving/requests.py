@@ -40,8 +40,7 @@ class GenStats:
     steps: int = 0
     tokens: int = 0  # generated tokens
     token_latency_s: list[float] = field(default_factory=list)  # wall time of each decode-only step
-    runs: list = field(default_factory=list)  # every StageRun the tiles booked (waferrt.decode.program)
-    parents: dict = field(default_factory=dict)  # micro-batch -> the one whose tokens it carried
+    runs: list = field(default_factory=list)  # every StageRun the tiles booked (waferrt.decode.schedule)
 
     @property
     def wall_tokens_per_s(self) -> float:

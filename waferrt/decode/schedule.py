@@ -1,0 +1,120 @@
+"""The modelled time of a decode: the stage runs the tiles booked, scheduled as the wafer would run them.
+
+Contract: a :class:`StageRun` is one stage run on one micro-batch as a tile booked it: ``cycles``, the
+micro-batch's cost as it ran (the emulator computes a lane's tokens together: one pass over the weights),
+and per item an :class:`Item` with the cycles that token takes *alone* (waferrt.decode.cost.alone_cycles:
+the closed forms, equal to what the tiles book for a micro-batch of one). The wafer runs every request at
+its own pace, so :func:`flow_seconds` schedules tokens, not micro-batches: every region is its own
+hardware and serves the tokens in the order they reach it; token (request, pos) is ready for stage s when
+it left stage s-1, and for the embedding after its request's previous token entered and -- when that
+token's logits gave this one -- after that token left the head. How the emulator grouped the tokens into
+micro-batches does not change the modelled time. :func:`round_seconds` is the
+length of a decode's last round (every request's last token); :func:`requests_round_seconds` the steady
+round of R requests decoding at their own pace, from closed forms alone (the estimate of a placement).
+"""
+
+from __future__ import annotations
+
+import heapq
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import NamedTuple
+
+from waferrt.core.mesh import Region
+
+
+class Item(NamedTuple):
+    request: int  # the request's number
+    pos: int  # the token's position in its request
+    want: bool  # its logits give the request's next token
+    alone: float  # cycles this stage takes on this token alone
+
+
+@dataclass(frozen=True)
+class StageRun:
+    """One stage run on one micro-batch, as a tile booked it."""
+
+    mb: int  # micro-batch number
+    stage: int
+    region: Region  # the hardware that ran it (the embedding and the head share one)
+    seq: int  # the order its tile ran it in
+    cycles: float  # the micro-batch as it ran, the hand-over into the region included
+    items: tuple[Item, ...]  # its tokens, in order
+
+
+def flow_seconds(runs: Sequence[StageRun], last_stage: int, clock_hz: float) -> float:
+    """When the last token of the decode that ran leaves, in seconds (see the module docstring): a
+    discrete-event schedule in which every region serves the tokens waiting for it in the order they
+    became ready (ties: the order its tile ran them), one at a time."""
+    tasks: dict[tuple[int, int, int], tuple[Region, float, int]] = {}
+    wants: dict[tuple[int, int], bool] = {}
+    for r in runs:
+        for it in r.items:
+            tasks[(it.request, it.pos, r.stage)] = (r.region, it.alone, r.seq)
+            if r.stage == 0:
+                wants[(it.request, it.pos)] = it.want
+    waiting = {t: len(_deps(t, wants, last_stage)) for t in tasks}
+    after: dict[tuple, list] = {}
+    for t in tasks:
+        for d in _deps(t, wants, last_stage):
+            after.setdefault(d, []).append(t)
+    ready: dict[Region, list] = {}
+    for t, n in waiting.items():
+        if n == 0:
+            heapq.heappush(ready.setdefault(tasks[t][0], []), (0.0, tasks[t][2], t))
+    free: dict[Region, float] = {}
+    done: dict[tuple, float] = {}
+    while any(ready.values()):
+        region = min((reg for reg, q in ready.items() if q), key=lambda reg: max(free.get(reg, 0.0), ready[reg][0][0]))
+        at, _, t = heapq.heappop(ready[region])
+        done[t] = free[region] = max(free.get(region, 0.0), at) + tasks[t][1]
+        for nxt in after.get(t, ()):
+            waiting[nxt] -= 1
+            if waiting[nxt] == 0:
+                when = max(done[d] for d in _deps(nxt, wants, last_stage))
+                heapq.heappush(ready.setdefault(tasks[nxt][0], []), (when, tasks[nxt][2], nxt))
+    if len(done) != len(tasks):
+        raise ValueError("the stage runs do not form a pipeline: a token waits for one that never ran")
+    return max(done.values(), default=0.0) / clock_hz
+
+
+def _deps(task: tuple[int, int, int], wants: dict, last_stage: int) -> list[tuple[int, int, int]]:
+    request, pos, s = task
+    if s:
+        return [(request, pos, s - 1)]
+    prev = (request, pos - 1)
+    if prev not in wants:
+        return []
+    return [(*prev, 0)] + ([(*prev, last_stage)] if wants[prev] else [])
+
+
+def round_seconds(runs: Sequence[StageRun], last_stage: int, clock_hz: float) -> float:
+    """The length of the last round of a decode that ran: flow_seconds of every token, less that of the
+    tokens before each request's last one."""
+    last = {}
+    for r in runs:
+        for it in r.items:
+            last[it.request] = max(last.get(it.request, -1), it.pos)
+    before = [StageRun(r.mb, r.stage, r.region, r.seq, r.cycles,
+                       tuple(it for it in r.items if it.pos < last[it.request])) for r in runs]
+    return flow_seconds(runs, last_stage, clock_hz) - flow_seconds(before, last_stage, clock_hz)
+
+
+def requests_round_seconds(alone: Sequence[float], regions: Sequence[Region], requests: int, clock_hz: float,
+                           rounds: int = 4) -> float:
+    """The steady round of `requests` decoding at their own pace through stages that take `alone[s]`
+    cycles per token on `regions[s]` (the embedding's and the head's are one): round by round, request by
+    request; the embedding/head region takes a request's head run, then its next token's embedding."""
+    last = len(regions) - 1
+
+    def run(s: int, i: int, req: int, r: int) -> StageRun:
+        return StageRun(0, s, regions[s], i, 0.0, (Item(req, r, True, alone[s]),))
+
+    head = [(0, req, 0) for req in range(requests)]
+    for r in range(rounds):
+        for req in range(requests):
+            head += [(last, req, r)] + ([(0, req, r + 1)] if r + 1 < rounds else [])
+    runs = [run(s, i, req, r) for i, (s, req, r) in enumerate(head)]
+    runs += [run(s, i, req, r) for s in range(1, last)
+             for i, (r, req) in enumerate((r, req) for r in range(rounds) for req in range(requests))]
+    return round_seconds(runs, last, clock_hz)
