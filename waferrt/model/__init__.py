@@ -3,9 +3,10 @@
 config (LlamaConfig), weights (LlamaWeights, synthetic weights), reference (the single-process numpy
 decoder) and sampling are the math, imported here. Behind them sit the model's file readers: gguf_loader
 (real weights from a GGUF, through the ``gguf`` package) and tokenizer (the GGUF's BPE vocabulary, through
-``tokenizers``). Those are imported only on first use of ``load_gguf``, ``read_config``, ``smollm2_path``,
-``Tokenizer``, ``TokenizerMetadata``, ``StreamDecoder`` or ``DEFAULT_SYSTEM_PROMPT``, so importing the
-model math, the scheduler or the cost model never imports ``gguf`` or ``tokenizers``.
+``tokenizers``). Those are imported only on first use of ``load_gguf``, ``GGUFModel``, ``GGUFError``,
+``read_config``, ``smollm2_path``, ``Tokenizer``, ``TokenizerMetadata``, ``StreamDecoder`` or
+``DEFAULT_SYSTEM_PROMPT``, so importing the model math, the scheduler or the cost model never imports
+``gguf`` or ``tokenizers``.
 """
 
 import importlib
@@ -32,6 +33,7 @@ from waferrt.model.weights import LayerWeights, LlamaWeights, synthetic_llama, t
 
 _FILE_READERS = {  # name -> the module that defines it (imported on first use)
     "load_gguf": "gguf_loader", "read_config": "gguf_loader", "smollm2_path": "gguf_loader",
+    "GGUFModel": "gguf_loader", "GGUFError": "gguf_loader",
     "Tokenizer": "tokenizer", "TokenizerMetadata": "tokenizer", "StreamDecoder": "tokenizer",
     "DEFAULT_SYSTEM_PROMPT": "tokenizer",
 }
