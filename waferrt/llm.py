@@ -14,6 +14,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from waferrt.actors.tile import Tile
+from waferrt.core.mesh import DEFAULT_MAX_TILES
 from waferrt.decode.program import merge_steps
 from waferrt.decode.setup import DecodeSetup, pack_stages
 from waferrt.model.config import LlamaConfig
@@ -26,11 +27,11 @@ from .runtime import Wafer
 
 class WaferLLM:
     def __init__(self, config: LlamaConfig, weights, placement, address: str | None = None,
-                 algo: str = "ktree", k: int = 2, timeout: float = 120.0):
+                 algo: str = "ktree", k: int = 2, timeout: float = 120.0, max_tiles: int = DEFAULT_MAX_TILES):
         self.config, self.weights, self.placement = config, weights, placement
         self.setup = DecodeSetup.from_placement(placement, algo, k)
         self.setup.stage_tiles()  # a placement the decode cannot run fails here, before Ray starts
-        self.wafer = Wafer(placement.spec, placement.mesh, address=address, timeout=timeout)
+        self.wafer = Wafer(placement.spec, placement.mesh, address=address, timeout=timeout, max_tiles=max_tiles)
 
     def __enter__(self) -> WaferLLM:
         return self if self.wafer.tiles else self.open()
