@@ -8,14 +8,13 @@ The time bound is generous (the machine is shared and loaded); what it separates
 from __future__ import annotations
 
 import dataclasses
-import socket
 import subprocess
 import sys
-import threading
 import time
 
 import pytest
 from ggufs import write_gguf
+from loopback import answering
 
 from waferrt.model import synthetic_llama, tiny_config
 
@@ -47,25 +46,8 @@ def files(tmp_path_factory) -> dict[str, str]:
 @pytest.fixture(scope="module")
 def not_ray():
     """A loopback port that answers like a web server, not like Ray's gRPC GCS."""
-    srv = socket.create_server(("127.0.0.1", 0))
-    stop = threading.Event()
-
-    def serve():
-        srv.settimeout(0.2)
-        while not stop.is_set():
-            try:
-                conn, _ = srv.accept()
-            except OSError:
-                continue
-            with conn:
-                conn.sendall(b"HTTP/1.1 400 Bad Request\r\n\r\n")
-
-    thread = threading.Thread(target=serve, daemon=True)
-    thread.start()
-    yield f"127.0.0.1:{srv.getsockname()[1]}"
-    stop.set()
-    thread.join()
-    srv.close()
+    with answering(b"HTTP/1.1 400 Bad Request\r\n\r\n") as address:
+        yield address
 
 
 LONG_PROMPT = "to be or not to be " * 6  # 103 tokens of the tiny vocabulary (bytes and "Ġt")

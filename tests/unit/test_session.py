@@ -4,56 +4,24 @@ like gRPC, one that does not, none at all) and the sweep of ipc directories left
 from __future__ import annotations
 
 import os
-import socket
 import subprocess
 import sys
 import tempfile
-import threading
 
 import pytest
+from loopback import answering
 
 from waferrt.actors.session import ClusterUnreachable, check_address, new_ipc_dir, parse_address
 
 
-def _server(reply: bytes):
-    """A loopback server that answers every connection with `reply`; (address, stop)."""
-    srv = socket.create_server(("127.0.0.1", 0))
-    srv.settimeout(0.2)
-    done = threading.Event()
-
-    def serve():
-        while not done.is_set():
-            try:
-                conn, _ = srv.accept()
-            except OSError:
-                continue
-            with conn:
-                conn.recv(64)
-                conn.sendall(reply)
-
-    threading.Thread(target=serve, daemon=True).start()
-
-    def stop():
-        done.set()
-        srv.close()
-
-    return f"127.0.0.1:{srv.getsockname()[1]}", stop
-
-
 def test_a_grpc_server_passes_the_check_and_others_do_not():
     settings = b"\x00\x00\x00\x04\x00\x00\x00\x00\x00"  # an empty HTTP/2 SETTINGS frame, as gRPC sends first
-    address, stop = _server(settings)
-    try:
+    with answering(settings) as address:
         assert check_address(address) == address
         assert check_address(f"ray://{address}") == f"ray://{address}"
-    finally:
-        stop()
-    address, stop = _server(b"HTTP/1.1 400 Bad Request\r\n\r\n")
-    try:
+    with answering(b"HTTP/1.1 400 Bad Request\r\n\r\n") as address:
         with pytest.raises(ClusterUnreachable, match="is not a Ray cluster.*GCS port, 6379.*ray start --head"):
             check_address(address)
-    finally:
-        stop()
     with pytest.raises(ClusterUnreachable, match=r"no Ray cluster at Ray address '127\.0\.0\.1:1'.*ray up cluster"):
         check_address("127.0.0.1:1", timeout=2.0)
 
