@@ -5,10 +5,11 @@ line that names the value and what to write instead (argparse then exits with st
 is loaded): :func:`parse_wxh` ("WIDTHxHEIGHT"), :func:`whole_number` (integers with a least value),
 :func:`temperature`, :func:`top_p`, :func:`prompt`, :func:`prompt_file` (a UTF-8 text file: its
 non-blank lines), :func:`model_path`, :func:`png_path` (its directory must exist) and
-:func:`ray_address`. :class:`UsageError` is a mistake found after parsing (``main`` prints it as
-``waferrt <command>: <message>`` and exits 2, no traceback); :func:`checked_mesh` turns --mesh/--tile into
-a MeshSpec that fits the --spec wafer and stays within --max-tiles. :func:`say` prints a progress line
-to stderr ("i/n" counters rewrite their line on a terminal).
+:func:`ray_address` (a Ray cluster answers there: a socket with a deadline, before Ray is asked).
+:class:`UsageError` is a mistake found after parsing (``main`` prints it as ``waferrt <command>:
+<message>`` and exits 2, no traceback); :func:`checked_mesh` turns --mesh/--tile into a MeshSpec that fits
+the --spec wafer and stays within --max-tiles. :func:`say` prints a progress line to stderr ("i/n"
+counters rewrite their line on a terminal).
 """
 
 from __future__ import annotations
@@ -133,14 +134,13 @@ def png_path(text: str) -> str:
 
 
 def ray_address(text: str) -> str:
-    """'auto', HOST:PORT or ray://HOST:PORT (whether a cluster answers there is checked before Ray starts)."""
-    from waferrt.actors.session import parse_address
+    """'auto', HOST:PORT or ray://HOST:PORT where a Ray cluster answers (tried for a few seconds)."""
+    from waferrt.actors.session import ClusterUnreachable, check_address
 
-    if text != "auto":
-        try:
-            parse_address(text)
-        except ValueError as e:
-            raise argparse.ArgumentTypeError(str(e)) from None
+    try:
+        check_address(text)
+    except (ValueError, ClusterUnreachable) as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
     return text
 
 

@@ -6,8 +6,8 @@ it on the mesh (the scheduler; the default mesh fits this 2-core machine), start
 generated text to stdout, and ends with wall tokens/s and the modelled wafer tokens/s (stderr; or one
 JSON object with ``--json``). Progress goes to stderr. Several prompts decode as concurrent requests.
 Everything the user gave is checked before the weights are dequantised and before Ray starts: the flags
-by their argparse types, then the mesh (on the spec's wafer, --max-tiles), the --address (a cluster
-answers), the model file's header, the prompts (encodable; each request fits a K/V slot of the plan);
+by their argparse types (--address: a cluster answers), then the mesh (on the spec's wafer,
+--max-tiles), the model file's header, the prompts (encodable; each request fits a K/V slot of the plan);
 a mistake is a :class:`~waferrt.cli.common.UsageError` (one line, exit 2).
 """
 
@@ -107,6 +107,7 @@ def _open_model(args):
     """The model's GGUF with its header read (config, tokenizer), weights not yet dequantised."""
     from waferrt.model import GGUFModel, Tokenizer
 
+    say("reading the model file (config, tokenizer)...")
     try:
         model = GGUFModel(None if args.model == "smollm2" else args.model)
         return model, Tokenizer(model.tokenizer)
@@ -150,7 +151,7 @@ def _placement(args, config, mesh, requests):
 
 def _load(model):
     t0 = time.perf_counter()
-    say("loading the model (GGUF -> float32)...")
+    say("loading the weights (GGUF -> float32)...")
     weights = model.weights()
     c = model.config
     say(f"model loaded in {time.perf_counter() - t0:.1f}s: {c.n_layers} layers, dim {c.dim}, "
@@ -189,10 +190,6 @@ def run(args) -> int:
 
     texts = _prompts(args)
     mesh = checked_mesh(args, lambda w, h: (w, h))  # one tile unless --tile says otherwise
-    if args.address and not args.reference:
-        from waferrt.actors.session import check_address
-
-        check_address(args.address)  # ClusterUnreachable in seconds, before the model is read
     sampler = Sampler(temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, seed=args.seed)
     model, tok = _open_model(args)
     requests = _requests(args, tok, texts)
