@@ -14,10 +14,8 @@ from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
 from waferrt.core.mesh import Dir, MeshSpec, TileId
 
+from .session import BLAS_ENV
 from .tile import Tile
-
-BLAS_ENV = {v: "1" for v in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS",
-                             "VECLIB_MAXIMUM_THREADS", "NUMEXPR_NUM_THREADS")}
 
 TileActor = ray.remote(num_cpus=0, max_restarts=0, max_concurrency=1)(Tile)
 

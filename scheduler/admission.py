@@ -66,12 +66,17 @@ class Admission:
 
     def submit(self, req: Request) -> Refusal | None:
         """Queue `req`; a Refusal (nothing queued) when it can never be served."""
-        if req.tokens > self.capacity_tokens:
+        cap = self.capacity_tokens
+        if req.prompt_len >= cap:  # not even one new token fits after the prompt
+            return Refusal(req.rid, (
+                f"request {req.rid!r} has a prompt of {req.prompt_len} tokens but a request slot holds {cap} KV "
+                f"positions for the prompt and the new tokens together: shorten the prompt to at most {cap - 1} "
+                "tokens or plan with a larger KV reserve (--kv-tokens)"))
+        if req.tokens > cap:
             return Refusal(req.rid, (
                 f"request {req.rid!r} needs {req.tokens} KV positions (prompt {req.prompt_len} + up to "
-                f"{req.max_new_tokens} new tokens) but a request slot holds {self.capacity_tokens}; "
-                f"shorten the prompt, lower max_new_tokens to {max(self.capacity_tokens - req.prompt_len, 0)}"
-                " or plan with a larger KV reserve (--kv-tokens)"))
+                f"{req.max_new_tokens} new tokens) but a request slot holds {cap}; lower max_new_tokens to "
+                f"{cap - req.prompt_len}, shorten the prompt or plan with a larger KV reserve (--kv-tokens)"))
         if req.rid in self._running or any(w.rid == req.rid for w in self._waiting):
             return Refusal(req.rid, f"request id {req.rid!r} is already waiting or running; use a new id")
         self._waiting.append(req)

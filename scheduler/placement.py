@@ -14,7 +14,8 @@ Contract (pure: no Ray, returns immutable data):
   be: each tile takes its balanced share of the chain and the chain moves on to the next tile (spare
   slots spread over the tiles); straddling regions still rank first. A model that does not fit raises
   :class:`PlanError` with the bytes needed, the bytes available and the smallest mesh (at this spec and
-  tile size) that holds it.
+  tile size) that holds it; a mesh larger than the spec's whole wafer raises ``MeshTooLarge`` and an
+  argument of the wrong type ``TypeError``, both before any search.
 - :class:`~waferrt.scheduler.types.Placement` is frozen and hashable; ``violations(p)`` lists the rules it
   breaks (empty for anything ``plan`` returns); ``report.plan_report(p)`` measures it and
   ``serial.placement_to_json`` / ``placement_from_json`` round-trip it.
@@ -27,7 +28,7 @@ Re-planning around failures is :func:`waferrt.scheduler.repair.replan`.
 from __future__ import annotations
 
 from waferrt.core.dtypes import STORAGE_DTYPES
-from waferrt.core.mesh import Coord, MeshSpec, Region
+from waferrt.core.mesh import Coord, MeshSpec, Region, check_on_wafer
 from waferrt.core.spec import HardwareSpec
 from waferrt.decode import layout as dl
 from waferrt.model.config import LlamaConfig
@@ -83,7 +84,13 @@ def _region_faults(mesh: MeshSpec, links, name: str, r: Region) -> list[str]:
                   if link_inside(r, (a, b))]
 
 
-def _check_inputs(config: LlamaConfig, mesh: MeshSpec, nodes, dtype: str, dead_links) -> None:
+def _check_inputs(config: LlamaConfig, spec: HardwareSpec, mesh: MeshSpec, kv: KVReserve, nodes, dtype: str,
+                  dead_links) -> None:
+    for what, value, kind in (("config", config, LlamaConfig), ("spec", spec, HardwareSpec),
+                              ("mesh", mesh, MeshSpec), ("kv", kv, KVReserve)):
+        if not isinstance(value, kind):
+            raise TypeError(f"plan(): {what} must be a {kind.__name__}, got {value!r}")
+    check_on_wafer(mesh, spec)  # MeshTooLarge: its arrays would not fit the host's memory either
     if not config.tie_embeddings:
         raise PlanError("this model has an untied output head; the decode layout (waferrt/decode/layout.py) "
                         "places one tied embedding/head table, so only tied-embedding models can be planned")
@@ -114,7 +121,7 @@ def plan(config: LlamaConfig, spec: HardwareSpec, mesh: MeshSpec, *, kv: KVReser
     ()
     """
     nodes, dead_links = tuple(nodes), frozenset(dead_links)
-    _check_inputs(config, mesh, nodes, dtype, dead_links)
+    _check_inputs(config, spec, mesh, kv, nodes, dtype, dead_links)
     found = search.best_layout(config, spec, mesh, kv.tokens, kv.requests, dtype, dead_links, balance)
     if found.layers is None:
         raise PlanError(_no_fit_message(config, spec, mesh, kv, dtype, found.reason))

@@ -22,7 +22,7 @@ from itertools import pairwise
 import numpy as np
 
 from waferrt.core.arith import cdiv
-from waferrt.core.mesh import Coord, MeshSpec, Region
+from waferrt.core.mesh import Coord, MeshSpec, Region, wafer_grid
 from waferrt.core.spec import HardwareSpec
 from waferrt.model.config import LlamaConfig
 
@@ -230,12 +230,6 @@ def best_layout(cfg: LlamaConfig, spec: HardwareSpec, mesh: MeshSpec, tokens: in
     around = " and around the dead cores/links" if mesh.dead or links else ""
     return Found(None, None, (), f"The best layer region, {tried[0]}x{tried[1]} cores (cols x rows), fits in "
                  f"SRAM but only {most} of {n} such regions fit beside the embedding{around}.")
-
-
-def wafer_grid(spec: HardwareSpec, tile: tuple[int, int]) -> tuple[int, int]:
-    """The most tiles across and down of a mesh on the spec's wafer: whole tiles that cover it (the last
-    column or row of tiles may overhang the wafer's edge by less than one tile)."""
-    return cdiv(spec.full_mesh[0], tile[0]), cdiv(spec.full_mesh[1], tile[1])
 
 
 @lru_cache(maxsize=256)

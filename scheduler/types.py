@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from waferrt.core.arith import whole
 from waferrt.core.layout import Layout
 from waferrt.core.mesh import Coord, MeshSpec, Region, TileId
 from waferrt.core.spec import HardwareSpec
@@ -32,7 +33,8 @@ class NodeInfo:
     cpus: int
 
     def __post_init__(self) -> None:
-        if not self.name or self.cpus < 1:
+        whole("NodeInfo.cpus", self.cpus, least=None)
+        if not isinstance(self.name, str) or not self.name or self.cpus < 1:
             raise ValueError(f"a Ray node needs a name and at least 1 CPU, got {self.name!r} with "
                              f"{self.cpus}")
 
@@ -45,6 +47,8 @@ class KVReserve:
     requests: int
 
     def __post_init__(self) -> None:
+        whole("KVReserve.tokens", self.tokens, least=None)
+        whole("KVReserve.requests", self.requests, least=None)
         if self.tokens < 1 or self.requests < 1:
             raise ValueError(f"KV reserve needs tokens >= 1 and requests >= 1, got {self.tokens} tokens x "
                              f"{self.requests} requests")

@@ -20,6 +20,7 @@ from collections.abc import Callable
 import numpy as np
 
 from waferrt.actors.tile import Tile
+from waferrt.core.mesh import DEFAULT_MAX_TILES
 from waferrt.decode.setup import DecodeSetup, stage_weights
 from waferrt.fabric.comm import KTREE_FAST, Collectives
 from waferrt.model.config import LlamaConfig
@@ -33,11 +34,12 @@ from .runtime import Wafer
 
 class WaferLLM:
     def __init__(self, config: LlamaConfig, weights, placement, address: str | None = None,
-                 collectives: Collectives = KTREE_FAST, lanes: int = 2, timeout: float = 120.0):
+                 collectives: Collectives = KTREE_FAST, lanes: int = 2, timeout: float = 120.0,
+                 max_tiles: int = DEFAULT_MAX_TILES):
         self.config, self.weights, self.placement, self.lanes = config, weights, placement, lanes
         self.setup = DecodeSetup.from_placement(placement, collectives)
         self.head = self.setup.stage_tiles()[0]  # a placement the decode cannot run fails here, before Ray
-        self.wafer = Wafer(placement.spec, placement.mesh, address=address, timeout=timeout)
+        self.wafer = Wafer(placement.spec, placement.mesh, address=address, timeout=timeout, max_tiles=max_tiles)
         self.ray_calls = 0  # Ray calls made to the tiles by generate (start, submit, stop)
 
     def __enter__(self) -> WaferLLM:

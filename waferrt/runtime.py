@@ -1,57 +1,58 @@
 """The public Wafer: an emulated mesh of cores as Ray tile actors, its DSM, kernels and costs.
 
-Contract: ``Wafer(spec, mesh, tile, address)`` is a context manager. Entering starts (``address=None``)
-or joins (``address="auto"`` or a Ray address) Ray, starts one actor per tile (``tile(x,y)``) and wires
-the neighbour fabric; leaving -- also on an exception or Ctrl-C -- kills the actors, removes the fabric's
-socket files and, if this Wafer started Ray, stops it. ``wafer.dsm`` holds named distributed tensors;
-``wafer.run(kernel, region, **args)`` runs an SPMD kernel (one command per tile; the tiles exchange
-with each other directly) and returns its cost; ``wafer.cost()`` sums every run so far.
+Contract: ``Wafer(spec, mesh, tile, address, timeout, max_tiles)`` is a context manager; its arguments are
+checked when it is made (before Ray starts): a mesh wider or taller than the spec's wafer is
+``MeshTooLarge``, more than `max_tiles` tiles (256: each is a Ray worker process) ``TooManyTiles``.
+Entering starts (``address=None``) or joins (``address="auto"`` or a Ray address, first checked with a
+deadline: :class:`ClusterUnreachable` names the address and how to start a cluster) Ray, starts one actor
+per tile (``tile(x,y)``) and wires the neighbour fabric; leaving -- also on an exception or Ctrl-C --
+kills the actors, removes the fabric's socket files (a ``waferrt-<pid>-*`` directory; the next Wafer
+removes those whose process died without closing) and, if this Wafer started Ray, stops it. A closed
+Wafer raises :class:`WaferClosed` when used, and opens again. ``wafer.dsm`` holds named distributed
+tensors (misuse -- a bad shape, data of another dtype or shape, an unknown name -- is a TypeError,
+ValueError or :class:`UnknownTensor` naming the argument); ``wafer.run(kernel, region, **args)`` runs an
+SPMD kernel (one command per tile; the tiles exchange with each other directly) and returns its cost;
+``wafer.cost()`` sums every run so far. Ray's own messages to the driver ("(raylet) A worker died ...")
+go to the ``waferrt.ray`` logger, not to stdout.
 """
 
 from __future__ import annotations
 
 import atexit
-import logging
+import math
 import shutil
-import tempfile
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
 
+from waferrt.actors.session import ClusterUnreachable, cluster_nodes, new_ipc_dir, ray_init
 from waferrt.actors.tile import Tile
 
 from .core.cost import Cost, total
-from .core.layout import Layout, from_blocks, to_blocks
+from .core.dtypes import check_numpy_dtype
+from .core.layout import Layout, check_shape, from_blocks, to_blocks
 from .core.ledger import merge_snapshots
-from .core.mesh import Coord, MeshSpec, Region, TileId
+from .core.mesh import DEFAULT_MAX_TILES, Coord, MeshSpec, Region, TileId, check_on_wafer, check_tile_count
 from .core.spec import HardwareSpec, spec_by_name
 from .fabric.links import FabricError, FabricTimeout
 
 STALL_S = 4.0  # a tile that sends no heartbeat for this long is dead or frozen (it beats every 0.25 s)
 
-
-def ray_init(address: str | None) -> bool:
-    """Start (address None: a new embedded local Ray, never some cluster found on the machine) or join
-    Ray quietly; True when this call started it (and so must stop it)."""
-    import ray
-
-    if ray.is_initialized():
-        return False
-    from waferrt.actors.remote import BLAS_ENV  # every worker of this job: one BLAS thread (reusable workers)
-
-    ray.init(address=address or "local", log_to_driver=False, logging_level=logging.ERROR,
-             include_dashboard=False, configure_logging=True, runtime_env={"env_vars": BLAS_ENV})
-    return True
+__all__ = ["ClusterUnreachable", "CostReport", "DSM", "UnknownTensor", "Wafer", "WaferClosed", "cluster_nodes",
+           "ray_init"]
 
 
-def cluster_nodes(address: str) -> list[tuple[str, int]]:
-    """Join the Ray cluster at `address`; (node id, CPUs) of every live node."""
-    import ray
+class WaferClosed(RuntimeError):
+    """The Wafer was used while it is not open (closed, or not opened yet)."""
 
-    ray_init(address)
-    return [(n["NodeID"], max(1, int(n["Resources"].get("CPU", 1)))) for n in ray.nodes() if n["Alive"]]
+
+class UnknownTensor(KeyError):
+    """A DSM tensor name that was never allocated (or was freed)."""
+
+    def __str__(self) -> str:  # the message itself, not KeyError's quoted repr
+        return str(self.args[0])
 
 
 def _root_cause(errors: dict[int, BaseException]) -> BaseException:
@@ -115,16 +116,20 @@ class DSM:
         ...     layout.block_shape(), wafer.dsm.owners("w", (3, 5, 0))
         ((1, 1, 16), [Coord(x=5, y=3)])
         """
+        if not isinstance(name, str) or not name:
+            raise TypeError(f"a DSM tensor's name is a non-empty str, got {name!r}")
         if name in self.layouts:
             raise ValueError(f"DSM tensor {name!r} exists; free it first or pick another name")
-        region = region or self._w.mesh.region
-        if not self._w.mesh.region.covers(region):
-            raise ValueError(f"region {region} is outside the {self._w.mesh.width}x{self._w.mesh.height} mesh")
-        shape = tuple(shape)
+        region = self._w.region_of(region)
+        shape = check_shape(shape)
         if split is None:
             split = (None,) * max(len(shape) - 2, 0) + ("y", "x")[-len(shape):]
+        if check_numpy_dtype(dtype) == "bfloat16":
+            raise ValueError("a DSM tensor holds a numpy dtype; bfloat16 is a storage dtype of the decode only: "
+                             "use dtype='float16' or 'float32'")
         layout = Layout(shape, region, tuple(split), tuple(granule), dtype)
         tiles = self._w.mesh.tiles_of(region)
+        self._w.live()
         _, errors = self._w.gather([(t, Tile.alloc, (name, layout)) for t in tiles])
         if errors:  # undo the tiles that booked it; report the first failing tile's error
             self._w.call([(t, Tile.free, (name,)) for i, t in enumerate(tiles) if i not in errors])
@@ -133,9 +138,17 @@ class DSM:
         return layout
 
     def put(self, name: str, array: np.ndarray) -> None:
-        """Host -> cores: each core receives its block (through the wafer edge)."""
+        """Host -> cores: each core receives its block (through the wafer edge). The array has the tensor's
+        shape and dtype: nothing is cast silently."""
         layout = self._layout(name)
-        blocks = to_blocks(np.asarray(array), layout)
+        array = np.asarray(array)
+        if array.dtype != np.dtype(layout.dtype):
+            raise TypeError(f"DSM tensor {name!r} holds {layout.dtype} but the array is {array.dtype}; cast it "
+                            f"explicitly, e.g. wafer.dsm.put({name!r}, array.astype(np.{layout.dtype}))")
+        if array.shape != layout.shape:
+            raise ValueError(f"DSM tensor {name!r} has shape {layout.shape} but the array has shape "
+                             f"{array.shape}; put an array of the tensor's shape")
+        blocks = to_blocks(array, layout)
         tiles = self._w.mesh.tiles_of(layout.region)
         self._w.call([(t, Tile.put, (name, blocks[self._window(t, layout)])) for t in tiles])
 
@@ -172,10 +185,11 @@ class DSM:
         del self.layouts[name]
 
     def _layout(self, name: str) -> Layout:
+        self._w.live()
         try:
             return self.layouts[name]
-        except KeyError:
-            raise KeyError(f"no DSM tensor {name!r}; allocated: {sorted(self.layouts) or 'none'}") from None
+        except (KeyError, TypeError):
+            raise UnknownTensor(f"no DSM tensor {name!r}; allocated: {sorted(self.layouts) or 'none'}") from None
 
 
 class Wafer:
@@ -194,9 +208,16 @@ class Wafer:
     """
 
     def __init__(self, spec: str | HardwareSpec = "tiny", mesh: tuple[int, int] | MeshSpec = (16, 16),
-                 tile: tuple[int, int] = (8, 8), address: str | None = None, timeout: float = 30.0):
+                 tile: tuple[int, int] = (8, 8), address: str | None = None, timeout: float = 30.0,
+                 max_tiles: int = DEFAULT_MAX_TILES):
         self.spec = spec_by_name(spec)
-        self.mesh = mesh if isinstance(mesh, MeshSpec) else MeshSpec(mesh[0], mesh[1], tile[0], tile[1])
+        self.mesh = mesh if isinstance(mesh, MeshSpec) else MeshSpec(*_pair("mesh", mesh), *_pair("tile", tile))
+        check_on_wafer(self.mesh, self.spec)
+        check_tile_count(self.mesh, max_tiles)
+        if not isinstance(timeout, (int, float)) or not (math.isfinite(timeout) and timeout > 0):
+            raise ValueError(f"timeout is the seconds a tile waits for a neighbour, a number > 0; got {timeout!r}")
+        if address is not None and not isinstance(address, str):
+            raise TypeError(f"address is a str ('auto' or HOST:PORT) or None, got {address!r}")
         self.address, self.timeout = address, timeout
         self.tiles: dict[TileId, object] = {}
         self.dsm = DSM(self)
@@ -204,7 +225,7 @@ class Wafer:
         self._epoch = 0
         self._started_ray = False
         self._ipc_dir: str | None = None
-        self._open = False
+        self._open = self._closed = False
         self.watch = None  # the tiles' liveness and their line to the host (waferrt.actors.watch)
         self.failed: Exception | None = None  # a tile died or froze: nothing more runs on this wafer
 
@@ -221,10 +242,12 @@ class Wafer:
         from waferrt.actors.stream import HostInbox
         from waferrt.actors.watch import Watch
 
+        if self._open:
+            raise RuntimeError("this Wafer is already open; close it before opening it again")
         self._started_ray = ray_init(self.address)
         self._open, self.failed = True, None
         atexit.register(self.close)
-        self._ipc_dir = tempfile.mkdtemp(prefix="waferrt-")
+        self._ipc_dir = new_ipc_dir()
         namespace = f"waferrt-{uuid.uuid4().hex[:8]}"
         try:
             here = driver_node()
@@ -239,12 +262,29 @@ class Wafer:
             raise
         return self
 
+    def live(self) -> None:
+        """Raise :class:`WaferClosed` unless the Wafer is open."""
+        if not self._open:
+            state = "is closed; open it again" if self._closed else "is not open yet; open it"
+            raise WaferClosed(f"this Wafer {state} with `with wafer:` or wafer.open()")
+
+    def region_of(self, region: Region | None) -> Region:
+        """`region` (default: the whole mesh), checked to be a Region inside the mesh."""
+        if region is None:
+            return self.mesh.region
+        if not isinstance(region, Region):
+            raise TypeError(f"region must be a waferrt.Region(x0, y0, w, h), got {region!r}")
+        if not self.mesh.region.covers(region):
+            raise ValueError(f"region {region} is outside the {self.mesh.width}x{self.mesh.height} mesh")
+        return region
+
     def run(self, kernel, region: Region | None = None, **args) -> dict[str, Cost]:
         """Run ``kernel(ctx, **args)`` on every core of `region` (default: the whole mesh): one command per
         tile; tiles exchange with their neighbours by themselves. Returns the cost per primitive."""
-        region = region or self.mesh.region
-        if not self.mesh.region.covers(region):
-            raise ValueError(f"region {region} is outside the {self.mesh.width}x{self.mesh.height} mesh")
+        if not callable(kernel):
+            raise TypeError(f"kernel must be a function kernel(ctx, **args), got {kernel!r}")
+        region = self.region_of(region)
+        self.live()
         tiles = self.mesh.tiles_of(region)
         epoch = self.next_epoch()
         self._costs.append(merge_snapshots(self.call([(t, Tile.run, (kernel, region, args, epoch)) for t in tiles])))
@@ -256,6 +296,7 @@ class Wafer:
         liveness checked all along (a dead tile raises TileDied, a frozen one TileStalled, within
         seconds); when calls fail, the root cause is raised (a tile's own error, not the timeout of a
         neighbour that waited for it). ``progress(done, total)`` after every call that ends."""
+        self.live()
         results, errors = self.gather(calls, progress)
         if errors:
             raise _root_cause(errors)
@@ -291,6 +332,7 @@ class Wafer:
 
     def on_every_tile(self, method: Callable, *args) -> list:
         """The same call on every tile (mesh order); their results."""
+        self.live()
         return self.call([(t, method, args) for t in self.tiles])
 
     def next_epoch(self) -> int:
@@ -312,8 +354,9 @@ class Wafer:
     def close(self) -> None:
         if not self._open:
             return
-        self._open = False
+        self._open, self._closed = False, True
         atexit.unregister(self.close)
+        self.dsm.layouts.clear()  # the tensors lived in the tiles
         try:
             if self.tiles:
                 from waferrt.actors.remote import stop_tiles
@@ -332,3 +375,12 @@ class Wafer:
 
                 ray.shutdown()
                 self._started_ray = False
+
+
+def _pair(what: str, value) -> tuple[int, int]:
+    """A (width, height) pair, or a TypeError naming `what`."""
+    try:
+        w, h = value
+    except (TypeError, ValueError):
+        raise TypeError(f"{what} is a (width, height) pair of core counts, e.g. (8, 8); got {value!r}") from None
+    return w, h

@@ -21,17 +21,17 @@ import tempfile
 import pytest
 
 SCRIPT = r"""
-import json, logging
+import json
 import numpy as np, ray
 from ray.cluster_utils import Cluster
 from waferrt.core.mesh import MeshSpec, TileId
-from waferrt.runtime import Wafer
+from waferrt.runtime import Wafer, ray_init
 
 cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 1, "include_dashboard": False})
 worker = cluster.add_node(num_cpus=1)
 report = {}
 try:
-    ray.init(address=cluster.address, log_to_driver=False, logging_level=logging.ERROR)
+    assert ray_init(cluster.address)  # joins through the address check (a real GCS answers it)
     cluster.wait_for_nodes()
     nodes = {n["NodeID"]: n["NodeManagerAddress"] for n in ray.nodes() if n["Alive"]}
     place = {TileId(0, 0): cluster.head_node.node_id, TileId(1, 0): worker.node_id}

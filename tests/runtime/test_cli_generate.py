@@ -1,5 +1,5 @@
 """`waferrt generate` end to end on a small GGUF written here: the wafer and --reference print the same
-tokens, text streams, several prompts are concurrent requests, and bad input is explained."""
+tokens, text streams, several prompts are concurrent requests (bad input: tests/unit/test_bad_input_cli.py)."""
 
 import dataclasses
 import json
@@ -47,24 +47,3 @@ def test_several_prompts_print_each_request_when_it_completes(ray_session, tiny_
     assert main(["generate", "hello", "to be", "--model", tiny_gguf, "--max-new-tokens", "5"] + WAFER) == 0
     out = capsys.readouterr().out
     assert out.count("--- request ") == 2 and "\nhello" in out and "\nto be" in out
-
-
-@pytest.mark.parametrize("argv,words", [
-    (["generate"], "give at least one prompt"),
-    (["generate", "x", "--tile", "8x8"], "--tile needs --mesh"),
-    (["generate", "x", "--max-new-tokens", "0"], "at least 1"),
-    (["generate", "x", "--file", "/nonexistent/prompts.txt"], "cannot read --file"),
-])
-def test_bad_input_is_explained(argv, words):
-    with pytest.raises(SystemExit, match=words):
-        main(argv)
-
-
-def test_a_model_that_does_not_fit_is_one_line_with_the_fix(tiny_gguf, capsys):
-    with pytest.raises(SystemExit, match=r"does not fit.*smallest mesh.*--mesh"):
-        main(["generate", "x", "--model", tiny_gguf, "--spec", "tiny", "--mesh", "4x4"])
-
-
-def test_a_missing_model_file_says_where_it_was_looked_for():
-    with pytest.raises(SystemExit, match="cannot load --model '/nonexistent/m.gguf': no GGUF file"):
-        main(["generate", "x", "--model", "/nonexistent/m.gguf"])

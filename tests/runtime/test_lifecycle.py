@@ -19,6 +19,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 
 import psutil
@@ -167,4 +168,88 @@ def test_ctrl_c_during_a_run_shuts_everything_down(private_tmp):
     assert len(kids) >= 3
     assert wait_gone(kids) == [], "Ray or tile processes outlived Ctrl-C"
     assert not os.path.exists(ipc_dir)
+    assert glob.glob(os.path.join(tmp, "waferrt-*")) == []
+
+
+# -- a driver killed with SIGKILL, Ray's messages, SIGTERM ------------------------------------------------
+KILLED = r"""
+import os, signal, time
+import ray
+from waferrt.runtime import Wafer
+w = Wafer(mesh=(4, 2), tile=(2, 2)).open()
+pid = ray.get(list(w.tiles.values())[1].pid.remote())
+os.kill(pid, signal.SIGKILL)  # a tile dies: Ray tells the driver ("(raylet) A worker died ...")
+time.sleep(5)
+print("ready", w._ipc_dir, flush=True)
+time.sleep(600)
+"""
+
+
+def test_a_sigkilled_driver_leaves_an_ipc_dir_that_the_next_run_removes(private_tmp):
+    """Its stdout carried only what it printed (Ray's message about the dead tile went to a logger); its
+    ipc directory, named after its pid, survives SIGKILL and the next Wafer's ``new_ipc_dir`` removes it."""
+    tmp, env = private_tmp
+    proc = subprocess.Popen([sys.executable, "-c", KILLED], env=env, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+    kids, lines = [], []
+    watchdog = threading.Timer(180, proc.kill)  # the wafer never started: end the wait
+    watchdog.start()
+    try:
+        for line in proc.stdout:
+            lines.append(line)
+            if line.startswith("ready"):
+                break
+        assert lines and lines[-1].startswith("ready"), f"the wafer did not start: {lines} {proc.poll()}"
+        ipc_dir = lines[-1].split()[1]
+        kids = [p.pid for p in psutil.Process(proc.pid).children(recursive=True)]
+        proc.kill()
+        out = "".join(lines) + proc.communicate(timeout=30)[0]
+        assert out.splitlines() == [lines[-1].strip()], f"Ray printed to the program's stdout: {out!r}"
+        assert os.path.basename(ipc_dir).startswith(f"waferrt-{proc.pid}-") and os.path.isdir(ipc_dir)
+        nxt = subprocess.run([sys.executable, "-c", "from waferrt.actors.session import new_ipc_dir; "
+                              "import shutil; shutil.rmtree(new_ipc_dir())"], env=env, capture_output=True,
+                             text=True, timeout=60)
+        assert nxt.returncode == 0, nxt.stderr
+        assert not os.path.exists(ipc_dir) and glob.glob(os.path.join(tmp, "waferrt-*")) == []
+    finally:
+        watchdog.cancel()
+        if proc.poll() is None:
+            proc.kill()
+        for pid in wait_gone(kids, timeout=5):  # Ray reaps most of its processes when the driver dies
+            os.kill(pid, signal.SIGKILL)
+
+
+def test_sigterm_during_generate_shuts_the_wafer_down_quietly(private_tmp, tmp_path):
+    """SIGTERM ends `waferrt generate` like Ctrl-C: one line, exit 143, no C++ stack dump from Ray, and
+    nothing left (processes, ipc directory)."""
+    import dataclasses
+
+    from ggufs import write_gguf
+
+    from waferrt.model import synthetic_llama, tiny_config
+
+    tmp, env = private_tmp
+    model = tmp_path / "tiny.gguf"
+    config = dataclasses.replace(tiny_config(), vocab_size=264)
+    write_gguf(model, config, synthetic_llama(config, seed=4), merges=("Ġ t",), extra_tokens=("Ġt",))
+    argv = [sys.executable, "-m", "waferrt.cli", "generate", "hello", "--model", str(model), "--spec", "tiny",
+            "--mesh", "16x16", "--tile", "8x8", "--kv-tokens", "48", "--requests", "2", "--max-new-tokens", "40"]
+    proc = subprocess.Popen(argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    err, kids = [], []
+    try:
+        for line in proc.stderr:
+            err.append(line)
+            if "tile actors up" in line:
+                kids = [p.pid for p in psutil.Process(proc.pid).children(recursive=True)]
+                proc.send_signal(signal.SIGTERM)
+                break
+        rest = proc.communicate(timeout=60)[1]
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    text = "".join(err) + rest
+    assert proc.returncode == 143, text[-3000:]
+    assert text.strip().splitlines()[-1] == "waferrt: terminated (SIGTERM); the wafer was shut down"
+    assert "SIGTERM received" not in text and "Traceback" not in text, text[-3000:]
+    assert len(kids) >= 3 and wait_gone(kids) == []
     assert glob.glob(os.path.join(tmp, "waferrt-*")) == []

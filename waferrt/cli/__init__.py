@@ -4,14 +4,18 @@ Contract: :func:`main(argv) -> int` parses the command line and runs one subcomm
 a module of this package (:data:`COMMANDS`) with ``add_parser(subparsers)`` (registers its subparser and
 ``set_defaults(_run=run)``) and ``run(args) -> int``. Only the module that parsing needs is imported
 (all of them for ``--help``), and importing them imports neither Ray nor pyzmq (``waferrt --help`` is
-instant).
+instant). Every argument is checked when it is parsed or right after, before a model is read or Ray
+starts: a mistake is one line ``waferrt <command>: <what was wrong and what to write>`` on stderr and exit
+status 2, with no traceback. Ctrl-C exits 130 and SIGTERM 143, both after shutting the wafer down.
 """
 
 from __future__ import annotations
 
 import argparse
 import importlib
+import signal
 import sys
+import threading
 
 # command name -> its module (add_parser(subparsers), run(args) -> int), in the order --help lists them
 COMMANDS = {"generate": "waferrt.cli.generate", "plan": "waferrt.cli.plan", "estimate": "waferrt.cli.estimate",
@@ -45,10 +49,17 @@ def _modules(argv: list[str]) -> list:
     return [importlib.import_module(name) for name in names]
 
 
+class Parser(argparse.ArgumentParser):
+    """argparse, but a bad argument is one line (what was wrong and what to write), not the usage block."""
+
+    def error(self, message: str):
+        self.exit(2, f"{self.prog}: {message} (see {self.prog} --help)\n")
+
+
 def build_parser(argv: list[str] | None = None) -> argparse.ArgumentParser:
     """The full parser; with `argv`, only the subcommand modules that parsing `argv` needs are imported."""
-    parser = argparse.ArgumentParser(prog="waferrt", description=DESCRIPTION, epilog=EPILOG,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = Parser(prog="waferrt", description=DESCRIPTION, epilog=EPILOG,
+                    formatter_class=argparse.RawDescriptionHelpFormatter)
     from waferrt import __version__
 
     parser.add_argument("--version", action="version", version=f"waferrt {__version__}")
@@ -58,18 +69,41 @@ def build_parser(argv: list[str] | None = None) -> argparse.ArgumentParser:
     return parser
 
 
+class Terminated(Exception):
+    """SIGTERM arrived: unwind like Ctrl-C, so that the wafer is shut down on the way out."""
+
+
+def _terminate(signum, frame) -> None:
+    raise Terminated
+
+
 def main(argv: list[str] | None = None) -> int:
+    from waferrt.actors.session import ClusterUnreachable
+
+    from .common import UsageError
+
     argv = sys.argv[1:] if argv is None else list(argv)
     parser = build_parser(argv)
     args = parser.parse_args(argv)
     if getattr(args, "_run", None) is None:
         parser.print_help()
         return 2
+    main_thread = threading.current_thread() is threading.main_thread()
+    previous = signal.signal(signal.SIGTERM, _terminate) if main_thread else None
     try:
         return int(args._run(args) or 0)
+    except (UsageError, ClusterUnreachable) as e:  # the user's to fix: one line, no traceback
+        print(f"waferrt {args.command}: {e}", file=sys.stderr)
+        return 2
     except KeyboardInterrupt:
         print("waferrt: interrupted; the wafer was shut down", file=sys.stderr)
         return 130
+    except Terminated:
+        print("waferrt: terminated (SIGTERM); the wafer was shut down", file=sys.stderr)
+        return 143
+    finally:
+        if main_thread:
+            signal.signal(signal.SIGTERM, previous)
 
 
 if __name__ == "__main__":

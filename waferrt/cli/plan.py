@@ -18,7 +18,7 @@ from pathlib import Path
 
 from waferrt.core.arith import cdiv
 from waferrt.core.dtypes import STORAGE_DTYPES
-from waferrt.core.mesh import Coord, MeshSpec, Region
+from waferrt.core.mesh import Coord, Region
 from waferrt.core.spec import PRESETS, spec_by_name
 from waferrt.model.config import SMOLLM2_135M, LlamaConfig
 from waferrt.scheduler import (
@@ -35,7 +35,7 @@ from waferrt.scheduler import (
     replan,
 )
 
-from .common import parse_wxh
+from .common import UsageError, add_max_tiles, checked_mesh, model_path, parse_wxh, png_path, whole_number
 
 EPILOG = """examples:
   waferrt plan                          SmolLM2-135M on the default mesh (wse2, KV 512 tokens x 8 requests)
@@ -57,21 +57,26 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
                     "hops between consecutive layers, KV capacity, tile borders crossing Ray nodes, and "
                     "the modelled decode speed.",
         epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--model", default="smollm2",
+    p.add_argument("--model", type=model_path, default="smollm2",
                    help="'smollm2' (SmolLM2-135M, built in) or the path of a llama GGUF (metadata only)")
     p.add_argument("--mesh", type=parse_wxh, metavar="WxH", help="mesh size in cores (default: the default mesh)")
     p.add_argument("--tile", type=parse_wxh, metavar="TWxTH",
                    help="cores per tile (one Ray actor each); needs --mesh; default: 2x2 tiles")
-    p.add_argument("--nodes", type=int, default=1, help="Ray nodes to spread the tiles over (default 1)")
-    p.add_argument("--cpus", type=int, default=2, help="CPUs per Ray node (default 2)")
+    add_max_tiles(p)
+    p.add_argument("--nodes", type=whole_number(1, "--nodes 2"), default=1,
+                   help="Ray nodes to spread the tiles over (default 1)")
+    p.add_argument("--cpus", type=whole_number(1, "--cpus 2"), default=2, help="CPUs per Ray node (default 2)")
     p.add_argument("--spec", default="wse2", choices=sorted(PRESETS), help="hardware preset (default wse2)")
-    p.add_argument("--kv-tokens", type=int, default=512, help="KV positions to reserve per request (512)")
-    p.add_argument("--requests", type=int, default=8, help="requests in flight to reserve KV for (8)")
+    p.add_argument("--kv-tokens", type=whole_number(1, "--kv-tokens 512"), default=512,
+                   help="KV positions to reserve per request (512)")
+    p.add_argument("--requests", type=whole_number(1, "--requests 8"), default=8,
+                   help="requests in flight to reserve KV for (8)")
     p.add_argument("--dtype", default="float32", choices=STORAGE_DTYPES,
                    help="storage dtype of weights and KV (float32)")
-    p.add_argument("--dead", type=int, default=0, metavar="N", help="kill N random live cores and re-plan")
-    p.add_argument("--seed", type=int, default=0, help="seed of the random dead cores (0)")
-    p.add_argument("--png", metavar="PATH", help="draw the placement (and the re-plan) as PNG")
+    p.add_argument("--dead", type=whole_number(0, "--dead 10"), default=0, metavar="N",
+                   help="kill N random live cores and re-plan")
+    p.add_argument("--seed", type=whole_number(0, "--seed 3"), default=0, help="seed of the random dead cores (0)")
+    p.add_argument("--png", type=png_path, metavar="PATH", help="draw the placement (and the re-plan) as PNG")
     p.add_argument("--json", action="store_true", help="print the placement and report as JSON")
     p.set_defaults(_run=run)
     return p
@@ -80,21 +85,12 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
 def _model(name: str) -> tuple[LlamaConfig, str]:
     if name == "smollm2":
         return SMOLLM2_135M, "SmolLM2-135M"
-    if not Path(name).is_file():
-        raise ValueError(f"--model {name!r} is neither 'smollm2' nor an existing GGUF file")
     from waferrt.model.gguf_loader import read_config
 
-    return read_config(name), Path(name).name
-
-
-def _mesh(args, cfg: LlamaConfig, spec, kv: KVReserve) -> MeshSpec:
-    if args.mesh is None:
-        if args.tile is not None:
-            raise ValueError("--tile needs --mesh (without --mesh the default mesh picks its own tiles)")
-        return default_mesh(cfg, spec, kv, dtype=args.dtype)
-    w, h = args.mesh
-    tw, th = args.tile or (cdiv(w, 2), cdiv(h, 2))
-    return MeshSpec(w, h, tw, th)
+    try:
+        return read_config(name), Path(name).name
+    except ValueError as e:  # not a (whole) GGUF, not a llama
+        raise UsageError(f"cannot read --model: {e}") from None
 
 
 def _kill(p: Placement, n: int, seed: int) -> frozenset[Coord]:
@@ -160,19 +156,21 @@ def _replan_json(dead: frozenset[Coord], rp: Replan | None, why: str) -> dict:
 
 
 def _setup(args) -> tuple[Placement, str, frozenset[Coord]]:
+    mesh = checked_mesh(args, lambda w, h: (cdiv(w, 2), cdiv(h, 2)))  # default: 2x2 tiles
     cfg, model = _model(args.model)
     spec = spec_by_name(args.spec)
     kv = KVReserve(args.kv_tokens, args.requests)
     names = [f"node{i}" for i in range(args.nodes)] if args.nodes > 1 else ["local"]
     nodes = tuple(NodeInfo(name, args.cpus) for name in names)
-    p = plan(cfg, spec, _mesh(args, cfg, spec, kv), kv=kv, nodes=nodes, dtype=args.dtype)
+    mesh = mesh or default_mesh(cfg, spec, kv, dtype=args.dtype)
+    p = plan(cfg, spec, mesh, kv=kv, nodes=nodes, dtype=args.dtype)
     return p, model, _kill(p, args.dead, args.seed) if args.dead else frozenset()
 
 
 def run(args) -> int:
     try:
         p, model, dead = _setup(args)
-    except ValueError as e:  # PlanError included
+    except ValueError as e:  # PlanError, UsageError, MeshTooLarge included
         print(f"waferrt plan: {e}", file=sys.stderr)
         return 2
     rp, why = None, ""

@@ -1,7 +1,8 @@
 """Storage dtypes: how weights and K/V may be kept in a core's SRAM (they are always computed in float32).
 
 Contract: :data:`STORAGE_DTYPES` is the one list of storage dtypes; the CLI commands take their choices
-from it and :func:`check_dtype` rejects anything else with the list. ``itemsize`` is bytes per element
+from it and :func:`check_dtype` rejects anything else with the list; :func:`check_numpy_dtype` also
+accepts numeric numpy dtype names (what a DSM tensor may hold). ``itemsize`` is bytes per element
 (what SRAM booking counts). ``to_storage`` / ``to_f32`` convert between float32 and a storage dtype:
 float16 is numpy's; bfloat16 is kept as the upper 16 bits of a float32 in a uint16, rounded to nearest
 even. Pure numpy.
@@ -18,6 +19,23 @@ def check_dtype(dtype: str) -> str:
     """`dtype` itself when it is a storage dtype, else a ValueError that lists the choices."""
     if dtype not in STORAGE_DTYPES:
         raise ValueError(f"storage dtype {dtype!r} is not one of {', '.join(STORAGE_DTYPES)}")
+    return dtype
+
+
+def check_numpy_dtype(dtype: str) -> str:
+    """`dtype` when it is a storage dtype or the name of a numeric numpy dtype (a DSM tensor may be
+    'int32'), else a TypeError/ValueError that says what is allowed."""
+    if not isinstance(dtype, str):
+        raise TypeError(f"a dtype is given by name, e.g. 'float32'; got {dtype!r} of type {type(dtype).__name__}")
+    if dtype in STORAGE_DTYPES:
+        return dtype
+    try:
+        kind = np.dtype(dtype).kind
+    except TypeError:
+        kind = ""
+    if kind not in ("b", "i", "u", "f"):
+        raise ValueError(f"dtype {dtype!r} is not a numeric numpy dtype name; use one of "
+                         f"{', '.join(STORAGE_DTYPES)}, or e.g. 'int32' for a DSM tensor")
     return dtype
 
 

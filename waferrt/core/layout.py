@@ -5,7 +5,9 @@ columns ("x"), its rows ("y"), or kept whole in every core (None: replicated alo
 tensor axis is split over). Splits are contiguous, as even as possible (the first chunks one granule
 larger), and never cut a granule (e.g. RoPE's adjacent pairs: granule 2). Everything is pure index
 arithmetic: which global indices a core holds, which core owns a global index, how many bytes the largest
-block takes. Values are frozen and hashable.
+block takes. Values are frozen and hashable. A layout checks what it is given: every shape entry a whole
+number >= 1 (:func:`check_shape`), a known dtype, split entries in "x"/"y"/None, axes that the region's
+cores can share; a misuse is a TypeError or ValueError that names the axis and the value.
 """
 
 from __future__ import annotations
@@ -14,7 +16,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .dtypes import itemsize
+from .arith import whole
+from .dtypes import check_numpy_dtype, itemsize
 from .mesh import Coord, Region
 
 AXES = ("x", "y", None)
@@ -47,10 +50,10 @@ class Layout:
     dtype: str = "float32"
 
     def __post_init__(self) -> None:
-        object.__setattr__(self, "shape", tuple(int(s) for s in self.shape))
+        object.__setattr__(self, "shape", check_shape(self.shape))
         object.__setattr__(self, "split", tuple(self.split))
-        if not self.granule:
-            object.__setattr__(self, "granule", (1,) * len(self.shape))
+        object.__setattr__(self, "granule", check_shape(self.granule, "granule") or (1,) * len(self.shape))
+        check_numpy_dtype(self.dtype)
         if len(self.split) != len(self.shape) or len(self.granule) != len(self.shape):
             raise ValueError(f"layout of a {len(self.shape)}-d tensor needs one split entry per axis, got {self.split}")
         for s in self.split:
@@ -114,6 +117,19 @@ class Layout:
         cols = [col] if col is not None else range(self.region.w)
         rows = [row] if row is not None else range(self.region.h)
         return [Coord(self.region.x0 + c, self.region.y0 + r) for r in rows for c in cols]
+
+
+def check_shape(sizes, what: str = "shape") -> tuple[int, ...]:
+    """A shape (or granule) as a tuple of ints >= 1; TypeError/ValueError naming the axis otherwise."""
+    if isinstance(sizes, (str, bytes)) or not hasattr(sizes, "__iter__"):
+        raise TypeError(f"a tensor's {what} is a tuple of whole numbers, e.g. (4, 8); got {sizes!r}")
+    sizes = tuple(sizes)
+    for i, n in enumerate(sizes):
+        whole(f"{what} {sizes} axis {i}", n, least=None)
+        if n < 1:
+            raise ValueError(f"{what} {sizes}: axis {i} has {n} elements; every axis needs at least 1 "
+                             "(a DSM tensor cannot be empty)")
+    return tuple(int(n) for n in sizes)
 
 
 def axis_gather(layout: Layout, axis: int) -> tuple[np.ndarray, np.ndarray]:

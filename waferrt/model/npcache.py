@@ -57,14 +57,21 @@ def _entry(path) -> Path | None:
     return cache_root() / _key(path) if path.is_file() else None
 
 
+def cached(path=None) -> bool:
+    """Does the cache hold the model at `path` (default: SmolLM2)?"""
+    entry = _entry(path)
+    return entry is not None and (entry / "meta.json").is_file()
+
+
 def load_meta(path=None, cache: bool = True):
     """(config, tokenizer metadata) of the model, without dequantising anything."""
     entry = _entry(path) if cache else None
     if entry is not None and (entry / "meta.json").is_file():
         return _read_meta(entry)
-    from .gguf_loader import read_meta
+    from .gguf_loader import GGUFModel
 
-    return read_meta(path)
+    model = GGUFModel(path)
+    return model.config, model.tokenizer
 
 
 def load_model(path=None, cache: bool = True):

@@ -1,0 +1,159 @@
+"""The Ray session of a Wafer: starting or joining Ray quietly and within a deadline, and the Wafer's
+ipc directory.
+
+Contract: :func:`check_address` checks that a Ray address ('auto', HOST:PORT, ray://HOST:PORT) answers as
+a gRPC server within a deadline (a plain socket: nothing of Ray is imported for HOST:PORT) and otherwise
+raises :class:`ClusterUnreachable` naming the address and how to start a cluster. :func:`ray_init` starts
+an embedded Ray (address None) or joins one (checked first; a few connection attempts, not Ray's twenty),
+keeping Ray's noise off the user's terminal: a SIGTERM handler the program set before is kept (Ray's
+own would exit without closing the Wafer, after a C++ stack dump), and the cluster's error messages
+("(raylet) A worker died ...") go to the ``waferrt.ray`` logger instead of stdout. :func:`cluster_nodes`
+lists a cluster's live nodes. :func:`new_ipc_dir` makes a Wafer's ``waferrt-<pid>-*`` directory and
+removes those whose process died. Ray is imported inside the functions: checking a HOST:PORT address
+imports nothing of Ray.
+"""
+
+from __future__ import annotations
+
+import glob
+import logging
+import os
+import re
+import shutil
+import signal
+import socket
+import tempfile
+import threading
+
+# one BLAS thread per worker process: the tiles share the machine's cores
+BLAS_ENV = {v: "1" for v in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS",
+                             "VECLIB_MAXIMUM_THREADS", "NUMEXPR_NUM_THREADS")}
+CONNECT_TIMEOUT_S = 5.0  # how long a Ray address may take to answer before ClusterUnreachable
+START_A_CLUSTER = ("start one with `ray start --head` on its head machine (it prints the address to give: "
+                   "HOST:6379), or `ray up cluster.yaml` for a cloud cluster; or give no address to run Ray "
+                   "inside this process")
+_HTTP2_HELLO = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n" + b"\x00\x00\x00\x04\x00\x00\x00\x00\x00"  # preface + SETTINGS
+IPC_DIR = re.compile(r"waferrt-(\d+)-\w+")  # a Wafer's ipc directory, named after its driver's pid
+
+
+class ClusterUnreachable(ConnectionError):
+    """No Ray cluster answers at the address given; the message names it and how to start one."""
+
+
+def parse_address(address: str) -> tuple[str, int]:
+    """(host, port) of 'HOST:PORT' or 'ray://HOST:PORT'; a ValueError that shows the forms otherwise."""
+    host, _, port = address.removeprefix("ray://").rpartition(":")
+    if not host or not port.isdigit() or not 0 < int(port) < 65536:
+        raise ValueError(f"Ray address {address!r} is not HOST:PORT (e.g. 10.0.0.5:6379), ray://HOST:PORT or "
+                         "'auto'")
+    return host.strip("[]"), int(port)
+
+
+def check_address(address: str, timeout: float = CONNECT_TIMEOUT_S) -> str:
+    """The HOST:PORT a Ray address ('auto', HOST:PORT or ray://HOST:PORT) points to, once something there
+    answered as a gRPC server (Ray's GCS and client server are) within `timeout` seconds; otherwise
+    ClusterUnreachable naming the address tried and how to start a cluster (ValueError: not an address)."""
+    target = address
+    if address == "auto":
+        import ray._private.services as services
+
+        try:
+            target = services.canonicalize_bootstrap_address_or_die("auto")
+        except ConnectionError:
+            raise ClusterUnreachable(f"Ray address 'auto': no running Ray cluster was found on this machine; "
+                                     f"{START_A_CLUSTER}") from None
+    _probe_grpc(address, *parse_address(target), timeout)
+    return target
+
+
+def _probe_grpc(address: str, host: str, port: int, timeout: float) -> None:
+    """Connect to host:port and check that it speaks HTTP/2 (gRPC), all within `timeout` seconds."""
+    tried = f"Ray address {address!r} ({host}:{port})"
+    try:
+        with socket.create_connection((host, port), timeout=timeout) as s:
+            if os.environ.get("RAY_USE_TLS", "0") not in ("", "0"):
+                return  # TLS: the server speaks only after a handshake; the connect is all we check
+            s.sendall(_HTTP2_HELLO)
+            reply = s.recv(9)
+    except OSError as e:
+        why = "no answer" if isinstance(e, TimeoutError) else (e.strerror or str(e))
+        raise ClusterUnreachable(f"no Ray cluster at {tried}: {why} within {timeout:g} s; "
+                                 f"{START_A_CLUSTER}") from None
+    if len(reply) < 9 or reply[3] != 0x4:  # a gRPC server answers the preface with a SETTINGS frame
+        raise ClusterUnreachable(f"something listens at {tried} but it is not a Ray cluster (it does not answer "
+                                 "as a gRPC server); a cluster's address is its head's GCS port, 6379 unless "
+                                 f"`ray start --head --port` chose another; {START_A_CLUSTER}")
+
+
+def ray_init(address: str | None) -> bool:
+    """Start (address None: a new embedded local Ray, never some cluster found on the machine) or join
+    Ray quietly, within a deadline when joining; True when this call started it (and so must stop it).
+    A SIGTERM handler the program set before is kept (Ray would install one that exits without closing
+    the Wafer)."""
+    import ray
+
+    if ray.is_initialized():
+        return False
+    target = None if address is None else check_address(address)
+    term = signal.getsignal(signal.SIGTERM)
+    knob = "RAY_gcs_server_port_wait_time_s"  # connection attempts when joining: a few, not Ray's twenty
+    retries = {} if target is None or knob in os.environ else {knob: "3"}
+    os.environ.update(retries)
+    try:
+        ray.init(address=address or "local", log_to_driver=False, logging_level=logging.ERROR,
+                 include_dashboard=False, configure_logging=True,
+                 runtime_env={"env_vars": BLAS_ENV})  # every worker of the job: one BLAS thread
+    except (ConnectionError, RuntimeError) as e:
+        if target is None:
+            raise
+        raise ClusterUnreachable(f"Ray could not join the cluster at {address!r} ({target}): "
+                                 f"{str(e).splitlines()[0]}; {START_A_CLUSTER}") from None
+    finally:
+        for key in retries:
+            os.environ.pop(key, None)
+    if callable(term) and threading.current_thread() is threading.main_thread():
+        signal.signal(signal.SIGTERM, term)
+    _quiet_ray_messages()
+    return True
+
+
+def _quiet_ray_messages() -> None:
+    """Ray's driver prints the cluster's error messages ("(raylet) A worker died ...") to stdout from a
+    thread, whatever log_to_driver says; send them to the ``waferrt.ray`` logger instead."""
+    import ray._private.worker as ray_worker
+
+    log = logging.getLogger("waferrt.ray")
+
+    def to_log(data: dict, ignore_prefix: bool) -> None:
+        for line in data.get("lines", ()):
+            log.info("(%s) %s", data.get("pid"), line)
+
+    ray_worker.print_to_stdstream = to_log
+
+
+def cluster_nodes(address: str) -> list[tuple[str, int]]:
+    """Join the Ray cluster at `address`; (node id, CPUs) of every live node."""
+    import ray
+
+    ray_init(address)
+    return [(n["NodeID"], max(1, int(n["Resources"].get("CPU", 1)))) for n in ray.nodes() if n["Alive"]]
+
+
+def new_ipc_dir() -> str:
+    """A fresh directory for a Wafer's ipc sockets, ``waferrt-<pid>-*`` under the temp dir, after removing
+    those whose process is gone: a driver killed with SIGKILL could not remove its own."""
+    for path in glob.glob(os.path.join(tempfile.gettempdir(), "waferrt-*-*")):
+        m = IPC_DIR.fullmatch(os.path.basename(path))
+        if m and not _alive(int(m.group(1))):
+            shutil.rmtree(path, ignore_errors=True)
+    return tempfile.mkdtemp(prefix=f"waferrt-{os.getpid()}-")
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # another user's live process
+        return True
+    return True
