@@ -112,8 +112,11 @@ class Tile:
         return hosted
 
     def decode_load(self, s: int, raw) -> None:
-        """Stage s's float32 weights (waferrt.decode.setup.stage_weights), cut into its cores' blocks here."""
-        self.decoder.load(s, raw)
+        """Stage s's float32 weights (waferrt.decode.setup.stage_weights), cut into its cores' blocks here;
+        arrays sent by reference (waferrt.model.npcache.MappedArray) are mapped from their file here."""
+        from waferrt.model.npcache import resolve
+
+        self.decoder.load(s, resolve(raw))
 
     def decode_start(self, epoch: int, lanes: int = 2, deadline: float = 60.0) -> None:
         """Start this tile's decode loop (waferrt.serving.loop) in a thread of its own; returns at once."""

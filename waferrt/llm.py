@@ -69,11 +69,15 @@ class WaferLLM:
         return {} if len(names) <= 1 else dict(self.placement.tile_nodes)
 
     def load(self, weights, progress: Callable[[str], None] | None = None) -> None:
-        """Every stage's weights to its tile, all at once (each array goes through the host once); the
-        tiles cut them into their cores' blocks side by side."""
+        """Every stage's weights to its tile, all at once; the tiles cut them into their cores' blocks side
+        by side. Weights mapped from the dequantised cache go to the tiles on this machine by reference
+        (they map the file themselves: no copy on the way); others go through the host once."""
+        from waferrt.model.npcache import by_reference
+
         say = progress or (lambda msg: None)
-        tiles = self.setup.stage_tiles()
-        calls = [(tiles[s], Tile.decode_load, (s, raw)) for s, raw in stage_weights(self.setup, weights)]
+        tiles, here = self.setup.stage_tiles(), self.wafer.local_tiles()
+        calls = [(tiles[s], Tile.decode_load, (s, by_reference(raw) if tiles[s] in here else raw))
+                 for s, raw in stage_weights(self.setup, weights)]
         self.wafer.call(calls, progress=lambda i, n: say(f"weights into core SRAM: {i}/{n} regions"))
         self.weights = weights
 

@@ -227,6 +227,7 @@ class Wafer:
         self._ipc_dir: str | None = None
         self._open = self._closed = False
         self.watch = None  # the tiles' liveness and their line to the host (waferrt.actors.watch)
+        self._local: frozenset[TileId] = frozenset()
         self.failed: Exception | None = None  # a tile died or froze: nothing more runs on this wafer
 
     def __enter__(self) -> Wafer:
@@ -252,6 +253,7 @@ class Wafer:
         try:
             here = driver_node()
             nodes = {t: (node_ids or {}).get(t) or here for t in self.mesh.tiles()}
+            self._local = frozenset(t for t, n in nodes.items() if n == here)
             inbox = HostInbox(self._ipc_dir, tcp=any(n != here for n in nodes.values()))
             self.watch = Watch({}, inbox, STALL_S)  # so that close() closes the inbox if the tiles fail to start
             self.tiles = start_tiles(self.mesh, self.spec, namespace, self._ipc_dir, nodes, self.timeout,
@@ -315,6 +317,10 @@ class Wafer:
         except TileFailed as e:
             self.failed = e
             raise
+
+    def local_tiles(self) -> frozenset[TileId]:
+        """The tiles on this driver's machine."""
+        return self._local
 
     def listen(self, timeout: float) -> list[dict]:
         """What the tiles sent the host within `timeout` (events, errors), with their liveness checked."""

@@ -8,7 +8,9 @@ until it is used). ``<key>`` hashes the GGUF's size and its first and last MiBs,
 file gets a new entry; an entry is written into a temporary directory and renamed, so a crash never
 leaves half of one. :func:`load_meta` returns only (config, tokenizer metadata), from the cache when it
 holds the model, else from the GGUF's metadata (fast: no tensor is dequantised). ``<cache>`` is
-$WAFERRT_CACHE, else $XDG_CACHE_HOME/waferrt, else ~/.cache/waferrt; ``cache=False`` bypasses it.
+$WAFERRT_CACHE, else $XDG_CACHE_HOME/waferrt, else ~/.cache/waferrt; ``cache=False`` bypasses it. A cached
+array can travel as a :class:`MappedArray` (file, offset, shape: a few bytes) to a process on the same
+machine, which maps the file itself (:func:`by_reference`, :func:`resolve`): nothing is copied on the way.
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ import json
 import os
 import shutil
 import tempfile
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -27,6 +30,40 @@ from .config import LlamaConfig
 from .weights import LayerWeights, LlamaWeights
 
 EDGE = 1 << 20  # bytes hashed at each end of the file
+
+
+@dataclass(frozen=True)
+class MappedArray:
+    """An array of a cached .npy file, by reference."""
+
+    path: str
+    offset: int
+    shape: tuple[int, ...]
+    dtype: str
+
+    def load(self) -> np.ndarray:
+        return np.memmap(self.path, dtype=self.dtype, mode="r", offset=self.offset, shape=self.shape)
+
+
+def by_reference(x):
+    """`x` (an array, a tuple of them, or a dataclass of them such as LayerWeights) with every array mapped
+    from a file replaced by its MappedArray."""
+    if isinstance(x, np.memmap) and x.filename is not None and x.flags.c_contiguous:
+        return MappedArray(str(x.filename), int(x.offset), tuple(x.shape), x.dtype.str)
+    return _each(x, by_reference)
+
+
+def resolve(x):
+    """`x` with every MappedArray replaced by the array it refers to (mapped here)."""
+    return x.load() if isinstance(x, MappedArray) else _each(x, resolve)
+
+
+def _each(x, fn):
+    if isinstance(x, tuple):
+        return tuple(fn(v) for v in x)
+    if dataclasses.is_dataclass(x) and not isinstance(x, type):
+        return dataclasses.replace(x, **{f.name: fn(getattr(x, f.name)) for f in dataclasses.fields(x)})
+    return x
 
 
 def cache_root() -> Path:
