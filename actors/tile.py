@@ -113,10 +113,11 @@ class Tile:
 
     def decode_load(self, s: int, raw) -> None:
         """Stage s's float32 weights (waferrt.decode.setup.stage_weights), cut into its cores' blocks here;
-        arrays sent by reference (waferrt.model.npcache.MappedArray) are mapped from their file here."""
+        arrays sent by reference (waferrt.model.npcache.MappedArray) are mapped from their file here (the
+        embedding table is read from it a block of rows at a time)."""
         from waferrt.model.npcache import resolve
 
-        self.decoder.load(s, resolve(raw))
+        self.decoder.load(s, (raw[0], resolve(raw[1])) if isinstance(raw, tuple) else resolve(raw))
 
     def decode_start(self, epoch: int, lanes: int = 2, deadline: float = 60.0) -> None:
         """Start this tile's decode loop (waferrt.serving.loop) in a thread of its own; returns at once."""

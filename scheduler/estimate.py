@@ -74,12 +74,13 @@ def stage_seconds(cfg: LlamaConfig, spec: HardwareSpec, stages, kv_tokens: int, 
     return one, requests_round_seconds(alone, [region for _, region, _ in stages], requests, spec.clock_hz)
 
 
-def placement_seconds(p: Placement, requests: int | None = None) -> tuple[float, float]:
+def placement_seconds(p: Placement, requests: int | None = None, context: int | None = None
+                      ) -> tuple[float, float]:
     """stage_seconds of a planned Placement (its real regions, one layer each, the tied embedding/head
     region): what the emulator's tiles book running it, for one request and for `requests` in flight
-    (default: the placement's K/V reserve)."""
+    (default: the placement's K/V reserve), each holding `context` positions (default: the full reserve)."""
     stages = [("embed", p.embed, 0), *(("layer", r, 1) for r in p.layers), ("head", p.embed, 0)]
-    return stage_seconds(p.config, p.spec, stages, p.kv_tokens, requests or p.kv.requests)
+    return stage_seconds(p.config, p.spec, stages, context or p.kv_tokens, requests or p.kv.requests)
 
 
 def _time(cfg: LlamaConfig, spec: HardwareSpec, floor: wafer.Floor, strategy: Strategy, kv_tokens: int,

@@ -39,7 +39,8 @@ def test_a_layer_books_its_closed_form(w, h, kv_tokens, batch):
         ledger.clear()
         x = chunks.split(np.random.default_rng(pos).standard_normal((batch, CFG.dim)).astype(np.float32))
         shard.forward(x, np.arange(batch), np.full(batch, pos))
-        assert ledger.by_op["layer"] == layer_decode_cost(TINY, CFG, region, kv_tokens, batch, moving=pos % w)
+        # attention runs over the pos + 1 positions each request now holds
+        assert ledger.by_op["layer"] == layer_decode_cost(TINY, CFG, region, pos + 1, batch, moving=pos % w)
     ledger.clear()
     EmbedShard(CFG, region, pack_embed(CFG, W.embed, W.final_norm, region, "float32"), ledger).logits(x)
     assert ledger.by_op["head"] == head_decode_cost(TINY, CFG, region, batch)
@@ -65,9 +66,9 @@ def _check_decode(dec: LocalDecoder, requests: int, tokens: int = 3) -> list:
     for r in stats.runs:
         (pos,) = {it.pos for it in r.items}
         moving = pos % p.layers[0].w
-        want = step_cycles(p.spec, cfg, stages, p.kv_tokens, [len(r.items)], moving=moving)
+        want = step_cycles(p.spec, cfg, stages, pos + 1, [len(r.items)], moving=moving)  # pos + 1 held
         assert r.cycles == pytest.approx(want[(r.stage, 0)], rel=1e-12), (r.mb, r.stage)
-        alone = step_cycles(p.spec, cfg, stages, p.kv_tokens, [1], moving=moving)[(r.stage, 0)]
+        alone = step_cycles(p.spec, cfg, stages, pos + 1, [1], moving=moving)[(r.stage, 0)]
         assert all(it.alone == pytest.approx(alone, rel=1e-12) for it in r.items), (r.mb, r.stage)
     return stats.runs
 
@@ -78,9 +79,11 @@ def test_a_decode_books_the_closed_forms(mesh, requests):
     _check_decode(LocalDecoder(CFG, W, plan(CFG, TINY, mesh, kv=KVReserve(32, 4))), requests)
 
 
-def test_smollm2_on_its_default_mesh_books_what_the_planner_reports():
+def test_smollm2_on_its_default_mesh_books_the_closed_forms_the_planner_uses():
     kv = KVReserve(512, 8)
     p = plan(SMOLLM2_135M, WSE2, default_mesh(SMOLLM2_135M, WSE2, kv), kv=kv)
     runs = _check_decode(LocalDecoder(SMOLLM2_135M, synthetic_llama(SMOLLM2_135M, seed=0), p), 1, tokens=3)
-    third = sum(r.cycles for r in runs if r.items[0].pos == 2)  # one request's token at position 2
-    assert third == pytest.approx(plan_report(p).step_cycles, rel=1e-12)  # exactly what the planner reports
+    assert {r.items[0].pos for r in runs} == {0, 1, 2}
+    stages = [("embed", p.embed, 0), *(("layer", r, 1) for r in p.layers), ("head", p.embed, 0)]
+    full = sum(step_cycles(p.spec, SMOLLM2_135M, stages, p.kv_tokens, [1]).values())
+    assert full == pytest.approx(plan_report(p).step_cycles, rel=1e-12)  # the planner times the same forms

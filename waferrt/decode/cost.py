@@ -10,8 +10,9 @@ whole decode step books in lock step and ``pipeline_seconds`` schedules them (th
 estimate's step model), ``alone_cycles`` what one token takes alone at a stage (waferrt.decode.schedule
 schedules the decode that ran with it: every request at its own pace).
 
-What the closed forms count, as the tiles do: the attention runs over every reserved K/V position of a
-core (``cdiv(kv_tokens, cols)``, masked where empty); the new K/V enter at column 0 and ``moving`` columns
+What the closed forms count, as the tiles do: the attention runs over ``cdiv(kv_tokens, cols)`` positions
+per core (``kv_tokens``: the context the fullest request of the micro-batch holds, the new token
+included; the planner times a full K/V reserve); the new K/V enter at column 0 and ``moving`` columns
 pass their oldest entry one hop east (``pos % cols`` for a request at position ``pos``; the default, the
 most, ``cols - 1``); messages and link bytes count every parallel line of the region; element-wise work
 (RMSNorm, RoPE, softmax, SiLU, residual adds) is booked at ``ELEMENTWISE_FLOPS`` per element.
@@ -178,16 +179,17 @@ def step_cycles(spec: HardwareSpec, cfg: LlamaConfig, stages: Sequence[tuple[str
 
 
 def alone_cycles(spec: HardwareSpec, cfg: LlamaConfig, prev: Region | None, region: Region, kind: str,
-                 kv_tokens: int, pos: int, want: bool, algo: str = "ktree", k: int = 2) -> float:
+                 pos: int, want: bool, algo: str = "ktree", k: int = 2) -> float:
     """The cycles one token at position `pos` takes alone at a stage of `kind` on `region` (coming from
     `prev`, None at the embedding), the hand-over included: what the tiles book for a micro-batch of one.
-    The head computes logits only for a token that wants them."""
+    Its attention runs over the pos + 1 positions its request then holds; the head computes logits only
+    for a token that wants them."""
     c = handover_cost(spec, prev, region, 4 * cfg.dim).cycles if prev is not None else 0.0
     if kind == "layer":
-        c += _work_cycles(spec, cfg, kind, region.w, region.h, kv_tokens, 1,
+        c += _work_cycles(spec, cfg, kind, region.w, region.h, pos + 1, 1,
                           (("algo", algo), ("k", k), ("moving", pos % region.w)))
     elif kind == "head" and want:
-        c += _work_cycles(spec, cfg, kind, region.w, region.h, kv_tokens, 1, (("algo", algo), ("k", k)))
+        c += _work_cycles(spec, cfg, kind, region.w, region.h, pos + 1, 1, (("algo", algo), ("k", k)))
     return c
 
 

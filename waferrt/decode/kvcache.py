@@ -2,13 +2,14 @@
 
 Contract: a :class:`MeshKVCache` holds the K and V of up to ``slots`` requests for one layer, head_dim over
 the region's rows and positions over its columns, ``cap`` positions per core (K as (slots, rows, n_kv,
-hd_r, cols, cap), V as (slots, cols, n_kv, cap, rows, hd_r), stored in the storage dtype). A new position
+hd_r, cap, cols), V as (slots, cols, n_kv, cap, rows, hd_r), stored in the storage dtype). A new position
 enters at column 0; when column 0 then holds more than the last column, the columns up to the first
 shorter one each pass their oldest entry one hop east over the region's x-line (WaferLLM's shift-based KV
 cache, booked as "kv.shift"), so every column's share differs by at most one. Each column keeps a
-request's entries as a FIFO ring (``head`` = oldest, ``count``) and remembers the token position of every
-entry, so attention can mask causally. Filling a request beyond ``cap * cols`` positions raises
-:class:`KVCapacityError` (admission refuses such requests before they start).
+request's entries oldest first from place 0 (``count`` of them) and the token position of every entry, so
+attention runs over the entries the cores hold (``held_most``) and masks causally. Filling a request
+beyond ``cap * cols`` positions raises :class:`KVCapacityError` (admission refuses such requests before
+they start).
 """
 
 from __future__ import annotations
@@ -33,13 +34,13 @@ class MeshKVCache:
         self.dtype, self.comm = dtype, comm  # comm: the region's x-line (columns), for the shifts
         self.cap = cdiv(kv_tokens, region.w)
         store = storage_dtype(dtype)
-        # K as (.., hd_r, C, cap): one core's dims against every cached position is a single matmul
-        self.k = np.zeros((slots, self.rows, self.nkv, hd_r, self.cols, self.cap), store)
+        # K as (.., hd_r, cap, C): one core's dims against every cached position is a single matmul, and
+        # the first m places of every core are one contiguous run
+        self.k = np.zeros((slots, self.rows, self.nkv, hd_r, self.cap, self.cols), store)
         # V as (C, nkv, cap, R, hd_r): a column's weights times its cached values is one matmul per head
         self.v = np.zeros((slots, self.cols, self.nkv, self.cap, self.rows, hd_r), store)
-        self.pos = np.zeros((slots, self.cols, self.cap), np.int64)  # token position of each entry
-        self.head = np.zeros((slots, self.cols), np.int64)  # each column's oldest entry
-        self.count = np.zeros((slots, self.cols), np.int64)  # entries each column holds
+        self.pos = np.zeros((slots, self.cap, self.cols), np.int64)  # token position of each entry
+        self.count = np.zeros((slots, self.cols), np.int64)  # entries each column holds, from place 0 on
 
     # -- writing ------------------------------------------------------------------------------------------
     def insert(self, slots: np.ndarray, k_new: np.ndarray, v_new: np.ndarray, poss: np.ndarray) -> None:
@@ -56,7 +57,7 @@ class MeshKVCache:
             self._insert_distinct(slots[sel], k_new[sel], v_new[sel], poss[sel])
 
     def _insert_distinct(self, S: np.ndarray, k_new, v_new, poss) -> None:
-        count, head = self.count[S], self.head[S]  # (n, C) copies
+        count = self.count[S]  # (n, C) a copy
         less = count < count[:, :1]
         end = np.where(less.any(axis=1), less.argmax(axis=1), 0)  # (n,) first column shorter than column 0
         full = (end == 0) & (count[:, 0] >= self.cap)
@@ -68,59 +69,61 @@ class MeshKVCache:
         incoming = cols[None, :] <= end[:, None]  # (n, C): these columns take an entry
         ki, vi, pi = k_new[:, None], v_new[:, None], poss[:, None]  # what column 0 takes
         if moving.any():
-            got_k, got_v, got_p = self._shift_oldest(S, head, moving, int(end.max()))
+            got_k, got_v, got_p = self._shift_oldest(S, moving, int(end.max()), int(count[moving].max()))
             ki, vi = np.concatenate([ki, got_k], axis=1), np.concatenate([vi, got_v], axis=1)
             pi = np.concatenate([pi, got_p], axis=1)
-            head = np.where(moving, (head + 1) % self.cap, head)  # the oldest left
         b, c = np.nonzero(incoming)
-        tail = (head[b, c] + count[b, c] - moving[b, c]) % self.cap
-        self.k[S[b], :, :, :, c, tail] = to_storage(ki[b, c], self.dtype)
+        tail = count[b, c] - moving[b, c]  # the newest entry goes last (a moving column lost its oldest)
+        self.k[S[b], :, :, :, tail, c] = to_storage(ki[b, c], self.dtype)
         self.v[S[b], c, :, tail] = to_storage(vi[b, c].transpose(0, 2, 1, 3), self.dtype)
-        self.pos[S[b], c, tail] = pi[b, c]
-        self.head[S] = head
+        self.pos[S[b], tail, c] = pi[b, c]
         self.count[S, end] += 1
 
-    def _shift_oldest(self, S, head, moving, span: int):
+    def _shift_oldest(self, S, moving, span: int, held: int):
         """The moving columns send their oldest entry (K, V and its position, one message per core) one hop
-        east. Returns what columns 1..span received: K, V (n, span, R, nkv, hd_r), positions (n, span)."""
+        east and move the rest (at most `held` entries) down one place. Returns what columns 1..span
+        received: K, V (n, span, R, nkv, hd_r), positions (n, span)."""
         b, c = np.nonzero(moving)
         send = np.zeros((self.cols, len(S), self.rows, 2, self.nkv, self.hd_r + 1), np.float32)
-        send[c, b, :, 0, :, :-1] = to_f32(self.k[S[b], :, :, :, c, head[b, c]], self.dtype)
-        v_out = to_f32(self.v[S[b], c, :, head[b, c]], self.dtype)  # (pairs, nkv, R, hd_r)
+        send[c, b, :, 0, :, :-1] = to_f32(self.k[S[b], :, :, :, 0, c], self.dtype)
+        v_out = to_f32(self.v[S[b], c, :, 0], self.dtype)  # (pairs, nkv, R, hd_r)
         send[c, b, :, 1, :, :-1] = v_out.transpose(0, 2, 1, 3)
-        send[c, b, :, 0, 0, -1] = self.pos[S[b], c, head[b, c]][:, None]
+        send[c, b, :, 0, 0, -1] = self.pos[S[b], 0, c][:, None]
+        self.k[S[b], :, :, :, :held - 1, c] = self.k[S[b], :, :, :, 1:held, c]  # oldest first, from place 0
+        self.v[S[b], c, :, :held - 1] = self.v[S[b], c, :, 1:held]
+        self.pos[S[b], :held - 1, c] = self.pos[S[b], 1:held, c]
         with self.comm.ledger.op("kv.shift"):
             _, got = self.comm.transfer(send, np.arange(span), 1, array_axis=0)
         got = got.swapaxes(0, 1)  # (n, span, R, 2, nkv, hd_r + 1)
         return got[:, :, :, 0, :, :-1], got[:, :, :, 1, :, :-1], got[:, :, 0, 0, 0, -1].astype(np.int64)
 
     # -- reading ------------------------------------------------------------------------------------------
-    def read(self, slots: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """float32 K (B, R, nkv, hd_r, C*cap) and V (B, C, nkv, cap, R*hd_r) of the items' requests."""
-        B, first = len(slots), int(slots[0])
-        if np.array_equal(slots, np.arange(first, first + B)):  # consecutive slots: a view, no copy
-            k, v = self.k[first:first + B], self.v[first:first + B]
-        else:
-            k, v = self.k[slots], self.v[slots]
-        k = to_f32(k, self.dtype).reshape(B, self.rows, self.nkv, self.hd_r, -1)
-        return k, to_f32(v, self.dtype).reshape(B, self.cols, self.nkv, self.cap, -1)
+    def held_most(self, slots: np.ndarray) -> int:
+        """The most entries any core holds for these requests: what attention runs over."""
+        return int(self.count[slots].max())
 
-    def visible(self, slots: np.ndarray, poss: np.ndarray) -> np.ndarray:
-        """(B, C, cap): the entries item b may attend to -- held by its request, at positions <= poss[b]."""
-        ring = (np.arange(self.cap) - self.head[slots][:, :, None]) % self.cap  # (B, C, cap)
-        return (ring < self.count[slots][:, :, None]) & (self.pos[slots] <= poss[:, None, None])
+    def read(self, slots: np.ndarray, m: int) -> tuple[np.ndarray, np.ndarray]:
+        """float32 K (B, R, nkv, hd_r, m*C) and V (B, C, nkv, m, R*hd_r) of the items' requests: every
+        core's first m entries (its oldest; a core holds its entries from place 0 on), place-major."""
+        B = len(slots)
+        k = to_f32(self.k[slots, :, :, :, :m], self.dtype).reshape(B, self.rows, self.nkv, self.hd_r, -1)
+        return k, to_f32(self.v[slots, :, :, :m], self.dtype).reshape(B, self.cols, self.nkv, m, -1)
+
+    def visible(self, slots: np.ndarray, poss: np.ndarray, m: int) -> np.ndarray:
+        """(B, m, C): the entries item b may attend to -- held by its request, at positions <= poss[b]."""
+        held = np.arange(m)[:, None] < self.count[slots][:, None, :]
+        return held & (self.pos[slots, :m] <= poss[:, None, None])
 
     # -- bookkeeping --------------------------------------------------------------------------------------
     def reset(self, slot: int) -> None:
         """Forget the request in `slot` (its positions become free)."""
         self.count[slot] = 0
-        self.head[slot] = 0
 
     def held(self, slot: int) -> np.ndarray:
         """Positions per column of the request in `slot` (to check the balance)."""
         return self.count[slot].copy()
 
     def positions(self, slot: int) -> list[int]:
-        """The token positions the cache of `slot` holds, every column's ring in order."""
-        ring = (np.arange(self.cap) - self.head[slot][:, None]) % self.cap
-        return sorted(self.pos[slot][ring < self.count[slot][:, None]].tolist())
+        """The token positions the cache of `slot` holds, every column's entries in order."""
+        held = np.arange(self.cap)[:, None] < self.count[slot][None, :]
+        return sorted(self.pos[slot][held].tolist())

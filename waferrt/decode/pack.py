@@ -16,12 +16,12 @@ from __future__ import annotations
 
 import numpy as np
 
-from waferrt.core.dtypes import to_storage
+from waferrt.core.dtypes import storage_dtype, to_storage
 from waferrt.core.layout import Layout, axis_gather, to_blocks
 from waferrt.core.mesh import Region
 from waferrt.model.config import LlamaConfig
 
-from .layout import embed_layout, final_norm_layout, layer_layouts
+from .layout import final_norm_layout, layer_layouts
 
 
 class Chunks:
@@ -76,12 +76,26 @@ def pack_layer(cfg: LlamaConfig, lw, region: Region, dtype: str = "float32") -> 
     return {k: to_storage(v, dtype) for k, v in packed.items()}
 
 
-def pack_embed(cfg: LlamaConfig, embed: np.ndarray, final_norm: np.ndarray, region: Region,
+ROWS_PER_BLOCK = 4096  # vocabulary rows cut at a time (the table is never copied whole)
+
+
+def pack_embed(cfg: LlamaConfig, embed, final_norm: np.ndarray, region: Region,
                dtype: str = "float32") -> dict[str, np.ndarray]:
-    """The tied embedding/head table as (cols, dim_c, rows * vocab_block) and the final norm (cols, dim_c)."""
-    table = to_blocks(embed, embed_layout(cfg, region))  # (R, C, voc_r, dim_c)
-    return {"table": to_storage(_cols_first(table), dtype),
-            "final_norm": to_storage(to_blocks(final_norm, final_norm_layout(cfg, region))[0], dtype)}
+    """The tied embedding/head table as (cols, dim_c, rows * vocab_block) -- core (r, c) holds its vocabulary
+    chunk r's rows of dim chunk c -- and the final norm (cols, dim_c). The table is cut block of rows by
+    block of rows into the one output array; `embed` is an array, or anything with ``shape`` and
+    ``read_rows(r0, r1)`` (a table read from its file a block at a time)."""
+    vocab, dims = Chunks(cfg.vocab_size, region.h), Chunks(cfg.dim, region.w)
+    voc_r = vocab.index.shape[1]
+    place = np.empty(cfg.vocab_size, np.int64)  # vocabulary row -> its place on its core row's block axis
+    place[vocab.index[vocab.valid]] = np.flatnonzero(vocab.valid.reshape(-1))
+    out = np.zeros((region.w, dims.index.shape[1], region.h * voc_r), storage_dtype(dtype))
+    read = getattr(embed, "read_rows", None) or (lambda r0, r1: np.asarray(embed[r0:r1]))
+    for r0 in range(0, cfg.vocab_size, ROWS_PER_BLOCK):
+        r1 = min(r0 + ROWS_PER_BLOCK, cfg.vocab_size)
+        block = dims.split(read(r0, r1).astype(np.float32, copy=False))  # (n, C, dim_c)
+        out[:, :, place[r0:r1]] = to_storage(block.transpose(1, 2, 0), dtype)
+    return {"table": out, "final_norm": to_storage(to_blocks(final_norm, final_norm_layout(cfg, region))[0], dtype)}
 
 
 def rope_tables(cfg: LlamaConfig, rows: int) -> tuple[np.ndarray, np.ndarray]:

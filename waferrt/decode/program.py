@@ -147,7 +147,7 @@ class TileProgram:
         prev = self.stages[s - 1][2] if s else None
         coll = st.collectives
         return tuple(Item(int(req), int(pos), bool(want), alone_cycles(
-            self.ledger.spec, st.config, prev, region, kind, st.kv_tokens, int(pos), bool(want), coll.algo, coll.k))
+            self.ledger.spec, st.config, prev, region, kind, int(pos), bool(want), coll.algo, coll.k))
             for _, _, pos, want, req in meta.tolist())
 
     def _stage(self, s: int, meta: np.ndarray, x):

@@ -73,28 +73,29 @@ class LayerShard:
 
     def _attention(self, slots: np.ndarray, poss: np.ndarray, q: np.ndarray) -> np.ndarray:
         """q (B, R, nh, hd_r) -> (B, R, nh * hd_r). Item b attends to the positions <= poss[b] of its
-        request's cache; scores, the softmax max and sum, and the weighted V sum reduce over the cores."""
-        B, nkv, cap = len(slots), self.cfg.n_kv_heads, self.kv.cap
-        rep = self.cfg.n_heads // nkv
-        kc, vc = self.kv.read(slots)  # (B, R, nkv, hd_r, C*cap), (B, C, nkv, cap, R*hd_r)
-        part = np.matmul(q.reshape(B, self.rows, nkv, rep, self.hd_r), kc)  # (B, R, nkv, rep, C*cap)
-        self.ledger.compute(2 * B * nkv * rep * self.hd_r * cap)
-        part = part.reshape(B, self.rows, nkv, rep, self.cols, cap)
-        scores = self.cy.allreduce(part, self.coll.algo, self.coll.k, array_axis=1, collapse=True,
-                                   overwrite=True)  # (B, nkv, rep, C, cap)
-        valid = self.kv.visible(slots, poss)[:, None, None]  # (B, 1, 1, C, cap)
+        request's cache; every core runs over the m entries the fullest of them holds (masked where its
+        own are fewer); scores, the softmax max and sum, and the weighted V sum reduce over the cores."""
+        B, nkv, m = len(slots), self.cfg.n_kv_heads, self.kv.held_most(slots)
+        rep, coll = self.cfg.n_heads // nkv, self.coll
+        kc, vc = self.kv.read(slots, m)  # (B, R, nkv, hd_r, m*C), (B, C, nkv, m, R*hd_r)
+        part = np.matmul(q.reshape(B, self.rows, nkv, rep, self.hd_r), kc)  # (B, R, nkv, rep, m*C)
+        self.ledger.compute(2 * B * nkv * rep * self.hd_r * m)
+        part = part.reshape(B, self.rows, nkv, rep, m, self.cols)
+        scores = self.cy.allreduce(part, coll.algo, coll.k, array_axis=1, collapse=True,
+                                   overwrite=True)  # (B, nkv, rep, m, C)
+        valid = self.kv.visible(slots, poss, m)[:, None, None]  # (B, 1, 1, m, C)
         scores = np.where(valid, scores * self.scale, np.float32(-np.inf))
-        m = self.cx.allreduce(scores.max(axis=4), self.coll.algo, self.coll.k, op="max", array_axis=3, replicated=True,
-                              collapse=True)  # (B, nkv, rep)
-        e = np.where(valid, np.exp(scores - m[..., None, None]), np.float32(0))
-        total = self.cx.allreduce(e.sum(axis=4), self.coll.algo, self.coll.k, array_axis=3, replicated=True,
+        top = self.cx.allreduce(scores.max(axis=3), coll.algo, coll.k, op="max", array_axis=3, replicated=True,
+                                collapse=True)  # (B, nkv, rep)
+        e = np.where(valid, np.exp(scores - top[..., None, None]), np.float32(0))
+        total = self.cx.allreduce(e.sum(axis=3), coll.algo, coll.k, array_axis=3, replicated=True,
                                   collapse=True)  # (B, nkv, rep)
-        p = (e / total[..., None, None]).transpose(0, 3, 1, 2, 4)  # (B, C, nkv, rep, cap)
-        self.ledger.compute(EW["softmax"] * B * nkv * rep * cap)
+        p = (e / total[..., None, None]).transpose(0, 4, 1, 2, 3)  # (B, C, nkv, rep, m)
+        self.ledger.compute(EW["softmax"] * B * nkv * rep * m)
         out = np.matmul(p, vc)  # (B, C, nkv, rep, R*hd_r)
-        self.ledger.compute(2 * B * nkv * rep * self.hd_r * cap)
+        self.ledger.compute(2 * B * nkv * rep * self.hd_r * m)
         out = out.reshape(B, self.cols, nkv, rep, self.rows, self.hd_r)
-        a = self.cx.allreduce(out, self.coll.algo, self.coll.k, array_axis=1, collapse=True,
+        a = self.cx.allreduce(out, coll.algo, coll.k, array_axis=1, collapse=True,
                               overwrite=True)  # (B, nkv, rep, R, hd_r)
         return a.transpose(0, 3, 1, 2, 4).reshape(B, self.rows, -1)
 

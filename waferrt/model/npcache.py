@@ -44,6 +44,13 @@ class MappedArray:
     def load(self) -> np.ndarray:
         return np.memmap(self.path, dtype=self.dtype, mode="r", offset=self.offset, shape=self.shape)
 
+    def read_rows(self, r0: int, r1: int) -> np.ndarray:
+        """Rows r0..r1-1, read from the file (not mapped: a large table is never held whole)."""
+        row = int(np.prod(self.shape[1:], dtype=np.int64))
+        itemsize = np.dtype(self.dtype).itemsize
+        return np.fromfile(self.path, self.dtype, (r1 - r0) * row, offset=self.offset + r0 * row * itemsize
+                           ).reshape((r1 - r0, *self.shape[1:]))
+
 
 def by_reference(x):
     """`x` (an array, a tuple of them, or a dataclass of them such as LayerWeights) with every array mapped
