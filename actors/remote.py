@@ -14,7 +14,7 @@ from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
 from waferrt.core.mesh import Dir, MeshSpec, TileId
 
-from .session import BLAS_ENV
+from .session import BLAS_ENV, workers_inherit_blas_env
 from .tile import Tile
 
 TileActor = ray.remote(num_cpus=0, max_restarts=0, max_concurrency=1)(Tile)
@@ -29,10 +29,12 @@ def start_tiles(mesh: MeshSpec, spec, namespace: str, ipc_dir: str, node_ids: di
                 timeout: float, host: dict, progress=None, tile_cls=TileActor) -> dict[TileId, object]:
     """Start every tile pinned to its node in `node_ids` (every tile must have one), wire the fabric, and
     point each tile's heartbeat and events at the host inbox (`host`: its "ipc" and "tcp" addresses)."""
-    handles = {}
+    handles, here, inherit = {}, driver_node(), workers_inherit_blas_env()
     for t in mesh.tiles():
-        opts = {"name": str(t), "namespace": namespace, "runtime_env": {"env_vars": BLAS_ENV},
+        opts = {"name": str(t), "namespace": namespace,
                 "scheduling_strategy": NodeAffinitySchedulingStrategy(node_ids[t], soft=False)}
+        if not (inherit and node_ids[t] == here):  # a worker Ray starts for it gets one BLAS thread
+            opts["runtime_env"] = {"env_vars": BLAS_ENV}
         handles[t] = tile_cls.options(**opts).remote(mesh, spec, t, timeout)
     binds = {h.bind.remote(ipc_dir, _crosses_nodes(mesh, node_ids, t)): t for t, h in handles.items()}
     addresses, pending = {}, list(binds)
@@ -41,7 +43,7 @@ def start_tiles(mesh: MeshSpec, spec, namespace: str, ipc_dir: str, node_ids: di
         addresses[binds[ready[0]]] = ray.get(ready[0])
         if progress:
             progress(len(addresses), len(handles))
-    here, calls = driver_node(), []
+    calls = []
     for t, h in handles.items():
         peers = {}
         for d in Dir:

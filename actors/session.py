@@ -25,7 +25,8 @@ import socket
 import tempfile
 import threading
 
-# one BLAS thread per worker process: the tiles share the machine's cores
+# one BLAS thread per worker process: the tiles share the machine's cores (workers_inherit says whether
+# the workers already have it; else every tile actor asks for it)
 BLAS_ENV = {v: "1" for v in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS",
                              "VECLIB_MAXIMUM_THREADS", "NUMEXPR_NUM_THREADS")}
 CONNECT_TIMEOUT_S = 5.0  # how long a Ray address may take to answer before ClusterUnreachable
@@ -85,6 +86,11 @@ def _probe_grpc(address: str, host: str, port: int, timeout: float) -> None:
                                  f"`ray start --head --port` chose another; {START_A_CLUSTER}")
 
 
+def workers_inherit_blas_env() -> bool:
+    """Do this Ray's workers already run with one BLAS thread (an embedded Ray started here)?"""
+    return all(os.environ.get(k) == v for k, v in BLAS_ENV.items())
+
+
 def ray_init(address: str | None) -> bool:
     """Start (address None: a new embedded local Ray, never some cluster found on the machine) or join
     Ray quietly, within a deadline when joining; True when this call started it (and so must stop it).
@@ -99,10 +105,12 @@ def ray_init(address: str | None) -> bool:
     knob = "RAY_gcs_server_port_wait_time_s"  # connection attempts when joining: a few, not Ray's twenty
     retries = {} if target is None or knob in os.environ else {knob: "3"}
     os.environ.update(retries)
+    if target is None:  # an embedded Ray's workers inherit this environment: its idle workers can host tiles
+        os.environ.update(BLAS_ENV)
     try:
         ray.init(address=address or "local", log_to_driver=False, logging_level=logging.ERROR,
                  include_dashboard=False, configure_logging=True,
-                 runtime_env={"env_vars": BLAS_ENV})  # every worker of the job: one BLAS thread
+                 runtime_env=None if target is None else {"env_vars": BLAS_ENV})
     except (ConnectionError, RuntimeError) as e:
         if target is None:
             raise

@@ -141,13 +141,14 @@ def _requests(args, tok, texts: list[str]) -> list:
 
 def _placement(args, config, mesh, requests):
     """Where the model goes, checked to hold every request's K/V; UsageError with the fix otherwise."""
+    from waferrt.cli.model import default_mesh_cached
     from waferrt.core.spec import spec_by_name
-    from waferrt.scheduler import Admission, KVReserve, PlanError, Request, default_mesh, plan
+    from waferrt.scheduler import Admission, KVReserve, PlanError, Request, plan
 
     spec = spec_by_name(args.spec)
     kv = KVReserve(args.kv_tokens, args.requests)
     try:
-        mesh = mesh or default_mesh(config, spec, kv, dtype=args.dtype)
+        mesh = mesh or default_mesh_cached(config, spec, kv, args.dtype)
         p = plan(config, spec, mesh, kv=kv, dtype=args.dtype, nodes=_ray_nodes(args.address))
     except PlanError as e:  # does not fit: the message says what would
         raise UsageError(str(e)) from None

@@ -5,6 +5,7 @@ SmolLM2-135M, or a GGUF path; from the dequantised cache when it holds the model
 and starts loading the float32 weights in a thread, so that Ray and the tile actors can start meanwhile.
 ``config`` and ``tokenizer`` are ready at once; ``weights()`` waits for the weights (and raises what the
 loading raised). A missing or unreadable model raises FileNotFoundError / ValueError from the constructor.
+:func:`default_mesh_cached` remembers the default mesh of a model shape in the same cache directory.
 """
 
 from __future__ import annotations
@@ -42,3 +43,30 @@ class ModelLoad:
         if self._error is not None:
             raise self._error
         return self._weights
+
+
+def default_mesh_cached(config, spec, kv, dtype: str):
+    """scheduler.default_mesh, remembered in the cache directory (the search takes seconds; its answer for
+    the same model shape, spec, K/V reserve and dtype never changes)."""
+    import dataclasses
+    import hashlib
+    import json
+
+    from waferrt.core.mesh import MeshSpec
+    from waferrt.model.npcache import cache_root
+    from waferrt.scheduler import default_mesh
+
+    key = json.dumps([dataclasses.asdict(config), dataclasses.asdict(spec), dataclasses.asdict(kv), dtype],
+                     sort_keys=True)
+    path = cache_root() / "meshes" / f"{hashlib.sha256(key.encode()).hexdigest()[:24]}.json"
+    try:
+        return MeshSpec(*json.loads(path.read_text()))
+    except (OSError, ValueError, TypeError):
+        pass
+    mesh = default_mesh(config, spec, kv, dtype=dtype)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps([mesh.width, mesh.height, mesh.tile_w, mesh.tile_h]))
+    except OSError:  # a read-only home only costs the next run the search
+        pass
+    return mesh
