@@ -8,6 +8,8 @@ tiles only through its links. Every method returns plain data (numpy arrays, dic
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import numpy as np
 
 from waferrt.core.layout import Layout, core_bytes
@@ -19,6 +21,9 @@ from waferrt.decode.program import StepResult, TileProgram
 from waferrt.decode.setup import DecodeSetup, stage_sram
 from waferrt.fabric.kernel import Cores
 
+if TYPE_CHECKING:  # (importing it would load pyzmq into the driver, which only needs the Tile's methods)
+    from .guard import TileKeys
+
 
 class Tile:
     def __init__(self, mesh: MeshSpec, spec: HardwareSpec, tile: TileId, timeout: float = 30.0):
@@ -29,11 +34,12 @@ class Tile:
         self.links = None
 
     # -- fabric -----------------------------------------------------------------------------------------
-    def bind(self, ipc_dir: str, tcp: bool = False) -> dict:
-        """Open this tile's receive socket (tcp too when a neighbour tile is on another node)."""
+    def bind(self, ipc_dir: str, keys: TileKeys, tcp: bool = False) -> dict:
+        """Open this tile's receive socket (tcp too when a neighbour tile is on another node), admitting only
+        its neighbours' session keys."""
         from .fabric import ZmqLinks
 
-        self.links = ZmqLinks(self.tile, self.timeout)
+        self.links = ZmqLinks(self.tile, keys, self.timeout)
         return self.links.bind(ipc_dir, tcp)
 
     def connect(self, peers: dict[str, str]) -> None:
@@ -105,6 +111,10 @@ class Tile:
 
     def names(self) -> list[str]:
         return sorted(self.store)
+
+    def fabric_stats(self) -> dict:
+        """Who tried to talk to this tile and what its fabric dropped (``ZmqLinks.stats``)."""
+        return self.links.stats() if self.links is not None else {"tile": str(self.tile)}
 
     def sram_stats(self) -> dict:
         return {"tile": str(self.tile), **self.sram.stats()}

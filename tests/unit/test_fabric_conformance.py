@@ -24,8 +24,10 @@ TIMEOUT = 0.5
 
 def _zmq_links(tmp_path):
     from waferrt.actors.fabric import ZmqLinks
+    from waferrt.actors.guard import session_keys
 
-    links = {t: ZmqLinks(t, TIMEOUT) for t in (A, B, C)}
+    keys = session_keys(MESH)
+    links = {t: ZmqLinks(t, keys[t], TIMEOUT) for t in (A, B, C)}
     addresses = {t: lk.bind(str(tmp_path))["ipc"] for t, lk in links.items()}
     for t, lk in links.items():
         lk.connect({d: addresses[n] for d in Dir if (n := MESH.tile_neighbour(t, d)) is not None})
