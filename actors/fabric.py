@@ -1,13 +1,15 @@
 """The fabric between tile actors: pyzmq sockets to the four neighbour tiles, authenticated, nothing pickled.
 
-Contract: a :class:`ZmqLinks` belongs to one tile and implements waferrt.fabric.links.Links. It is made with
-the tile's session keys (``actors.guard.session_keys``) and runs the tile's gatekeeper (``actors.guard``) in
-its own zmq context, so every link -- ipc and tcp -- is CURVE-encrypted and only the neighbour tiles of this
-wafer session get past the handshake; nothing from anyone else reaches the receive queue.
-``bind(ipc_dir, tcp)`` opens the tile's single PULL socket on an ipc:// path in `ipc_dir` (made 0700;
-neighbours on the same Ray node) and, only when some neighbour is on another node, on tcp:// at the node's
-own address, and returns both addresses; ``connect({dir: address})`` opens one PUSH socket per neighbour
-tile (which proves that the peer holds that neighbour's secret key). ``send(dir, tag, arrays)`` writes one
+Contract: a :class:`ZmqLinks` belongs to one tile and implements waferrt.fabric.links.Links. It makes the
+tile's CURVE key pair and runs its gatekeeper (``actors.guard``) in its own zmq context, so every link --
+ipc and tcp -- is encrypted and only the neighbour tiles of this wafer session get past the handshake;
+nothing from anyone else reaches the receive queue. Wiring takes three steps, each done on every tile
+before the next (``actors.remote.start_tiles``): ``bind(ipc_dir, tcp)`` opens the tile's single PULL
+socket on an ipc:// path in `ipc_dir` (made 0700; neighbours on the same Ray node) and, only when some
+neighbour is on another node, on tcp:// at the node's own address, and returns both addresses and the
+tile's public key; ``admit({dir: public key})`` tells it its neighbours' keys (a handshake refused
+because it came first would not be retried); ``connect({dir: address})`` opens one PUSH socket per
+neighbour tile, which checks that the peer holds that neighbour's secret key. ``send(dir, tag, arrays)`` writes one
 message: a msgpack header (link, sequence number, tag, epoch, dtype and shape of every array) followed by
 each array's raw buffer, sent without copying. ``recv(dir, tag)`` returns the next message from that
 neighbour (messages from other neighbours that arrive first are kept in order for later); it checks the
@@ -38,7 +40,7 @@ import zmq
 from waferrt.core.mesh import Dir, TileId
 from waferrt.fabric.links import FabricProtocolError, FabricTimeout
 
-from .guard import HANDSHAKE_SECONDS, Gatekeeper, TileKeys
+from .guard import HANDSHAKE_SECONDS, Gatekeeper, keypair
 
 ZERO_COPY_BYTES = 65536  # pyzmq: below this, copying a buffer into the message beats tracking it
 HEADER_KEYS = {"from", "seq", "tag", "epoch", "arrays"}
@@ -65,17 +67,18 @@ class Dropped(Exception):
 
 
 class ZmqLinks:
-    def __init__(self, tile: TileId, keys: TileKeys, timeout: float = 30.0, limits: FabricLimits | None = None):
-        self.tile, self.keys, self.timeout = tile, keys, timeout
+    def __init__(self, tile: TileId, timeout: float = 30.0, limits: FabricLimits | None = None):
+        self.tile, self.timeout = tile, timeout
         self.limits = limits = limits or FabricLimits()
-        self.sides = {d.name for d, _ in keys.neighbours}  # the links this tile has
+        self.public, self.secret = keypair()
+        self.neighbours: dict[Dir, bytes] = {}  # their public keys, by side: the links this tile has
         self.ctx = zmq.Context()  # its own: a context has one ZAP handler, this tile's gatekeeper
         self.pull = self.ctx.socket(zmq.PULL)
         for opt, value in ((zmq.LINGER, 0), (zmq.RCVHWM, limits.queued), (zmq.MAXMSGSIZE, limits.message_bytes),
                            (zmq.HANDSHAKE_IVL, HANDSHAKE_SECONDS * 1000), (zmq.CURVE_SERVER, 1)):
             self.pull.setsockopt(opt, value)
-        self.pull.curve_secretkey = keys.secret
-        self.gate = Gatekeeper(self.ctx, keys, self.pull)
+        self.pull.curve_secretkey = self.secret
+        self.gate = Gatekeeper(self.ctx, self.pull)
         self.push: dict[Dir, zmq.Socket] = {}
         self.sent = collections.Counter()
         self.received = collections.Counter()
@@ -88,7 +91,8 @@ class ZmqLinks:
 
     def bind(self, ipc_dir: str, tcp: bool = False) -> dict:
         """Bind the receive socket on ipc:// (neighbours on this node) and, only when a neighbour tile is on
-        another node (`tcp`), on tcp:// at this node's routable address (never 0.0.0.0)."""
+        another node (`tcp`), on tcp:// at this node's routable address (never 0.0.0.0). Returns the addresses
+        and this tile's public key."""
         os.makedirs(ipc_dir, mode=0o700, exist_ok=True)
         self.ipc_path = os.path.join(ipc_dir, f"t{self.tile.tx}_{self.tile.ty}")
         self.pull.bind(f"ipc://{self.ipc_path}")
@@ -98,15 +102,23 @@ class ZmqLinks:
 
             host = get_node_ip_address()
             self.endpoints["tcp"] = f"tcp://{host}:{self.pull.bind_to_random_port(f'tcp://{host}')}"
-        return dict(self.endpoints)
+        return {**self.endpoints, "key": self.public}
+
+    def admit(self, neighbours: dict[Dir, bytes]) -> None:
+        """The neighbour tiles' public keys, by side: only they get in, and only they are sent to."""
+        self.neighbours = dict(neighbours)
+        self.gate.admit(self.neighbours)
 
     def connect(self, peers: dict[Dir, str]) -> None:
         for d, address in peers.items():
+            if d not in self.neighbours:
+                raise FabricProtocolError(f"{self.tile} has no key for its {d.name} neighbour: admit its key "
+                                          "before connecting to it")
             s = self.ctx.socket(zmq.PUSH)
             s.setsockopt(zmq.LINGER, 0)
             s.setsockopt(zmq.SNDHWM, 0)
-            s.curve_publickey, s.curve_secretkey = self.keys.public, self.keys.secret
-            s.curve_serverkey = self.keys.neighbour(d)  # the peer must prove it holds that neighbour's key
+            s.curve_publickey, s.curve_secretkey = self.public, self.secret
+            s.curve_serverkey = self.neighbours[d]  # the peer must prove it holds that neighbour's key
             s.connect(address)
             self.push[d] = s
 
@@ -179,7 +191,7 @@ class ZmqLinks:
         if len(frames[0]) > self.limits.header_bytes or nbytes > self.limits.message_bytes:
             raise Dropped("oversized")
         head = _header(frames[0].buffer)
-        if head["from"] not in self.sides:
+        if head["from"] not in {d.name for d in self.neighbours}:
             raise Dropped("no_link")
         if head["from"] != side.name:
             raise Dropped("wrong_link")
@@ -210,7 +222,7 @@ class ZmqLinks:
         """Who tried to talk to this tile and what was dropped: connections (accepted, authenticated,
         refused), handshake failures by kind, ZAP denials, dropped messages by reason, messages received and
         pending per link, and where the tile listens."""
-        return {"tile": str(self.tile), "endpoints": dict(self.endpoints), "public_key": self.keys.public.decode(),
+        return {"tile": str(self.tile), "endpoints": dict(self.endpoints), "public_key": self.public.decode(),
                 **self.gate.stats(), "dropped": dict(self.dropped),
                 "received": {d.name: n for d, n in self.received.items()},
                 "pending": {d.name: len(q) for d, q in self.pending.items() if q}}

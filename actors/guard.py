@@ -1,32 +1,32 @@
-"""Who may talk to a tile: per-session CURVE keys, a ZAP handler that admits only the neighbour tiles' keys,
-and a count of every connection that was refused.
+"""Who may talk to a tile: its own CURVE key pair, a ZAP handler that admits only its neighbour tiles' public
+keys, and a count of every connection that was refused.
 
-Contract: :func:`session_keys` makes a fresh CURVE key pair for every tile of a mesh (``zmq.curve_keypair``;
-a new wafer session, new keys) and returns each tile's :class:`TileKeys`: its own pair and the public keys of
-its neighbour tiles, one per side. A tile's receive socket is a CURVE server with its secret key; its send
-sockets are CURVE clients with the same pair, that know each neighbour's public key.
+Contract: :func:`keypair` makes a tile's CURVE key pair (``zmq.curve_keypair``) when its fabric is made, so
+every wafer session has fresh keys and a secret key never leaves its tile; the public keys are exchanged
+through Ray when the tiles start (``actors.remote.start_tiles``). A tile's receive socket is a CURVE
+server with its secret key; its send sockets are CURVE clients with the same pair that know each
+neighbour's public key.
 
 :class:`Gatekeeper` runs one thread per tile (in the tile's own zmq context) that answers the context's
-ZAP requests -- admitting a client only if its public key is a neighbour's, with the neighbour's side
-("N", "E", "S", "W") as the ZAP user id, which every message from that peer then carries as its
-``User-Id`` -- and reads the receive socket's monitor events. ``stats()`` counts connections accepted,
-authenticated, refused (accepted but not authenticated: a peer without the session's keys, speaking
-something else than ZMTP/CURVE, or still in a handshake that times out after ``HANDSHAKE_SECONDS``),
-handshake failures by kind, ZAP denials and disconnections. Nothing a refused peer sends reaches the
-socket's queue. ``close()`` stops the thread and closes its sockets.
+ZAP requests -- admitting a client only if its public key is one given to ``admit`` (a neighbour's), with
+that neighbour's side ("N", "E", "S", "W") as the ZAP user id, which every message from that peer then
+carries as its ``User-Id`` -- and reads the receive socket's monitor events. ``stats()`` counts
+connections accepted, authenticated, refused (accepted but not authenticated: a peer without a neighbour's
+key pair, speaking something else than ZMTP/CURVE, or still in a handshake, which is closed after
+``HANDSHAKE_SECONDS``), handshake failures by kind, ZAP denials and disconnections. Nothing a refused peer
+sends reaches the socket's queue. ``close()`` stops the thread and closes its sockets.
 """
 
 from __future__ import annotations
 
 import itertools
 import threading
-from dataclasses import dataclass, field
 
 import zmq
 from zmq.utils import z85
 from zmq.utils.monitor import parse_monitor_message
 
-from waferrt.core.mesh import Dir, MeshSpec, TileId
+from waferrt.core.mesh import Dir
 
 ZAP_ENDPOINT = "inproc://zeromq.zap.01"  # where libzmq asks a context's ZAP handler (RFC 27)
 HANDSHAKE_SECONDS = 10  # a connection that has not authenticated by then is closed
@@ -39,35 +39,20 @@ EVENTS = {zmq.EVENT_ACCEPTED: "accepted", zmq.EVENT_HANDSHAKE_SUCCEEDED: "authen
 _stop_ids = itertools.count()
 
 
-@dataclass(frozen=True)
-class TileKeys:
-    """A tile's CURVE key pair (z85) and the public keys of its neighbour tiles, by side."""
-
-    public: bytes
-    secret: bytes = field(repr=False)
-    neighbours: tuple[tuple[Dir, bytes], ...]
-
-    def neighbour(self, d: Dir) -> bytes:
-        return dict(self.neighbours)[d]
-
-
-def session_keys(mesh: MeshSpec) -> dict[TileId, TileKeys]:
-    """Fresh keys for one wafer session: a key pair per tile, each tile told its neighbours' public keys."""
+def keypair() -> tuple[bytes, bytes]:
+    """A fresh CURVE key pair (public, secret), z85-encoded."""
     if not zmq.has("curve"):
-        raise RuntimeError("this pyzmq was built without CURVE (libsodium): the fabric cannot authenticate "
-                           "its links; install a pyzmq wheel from PyPI (pip install --force-reinstall pyzmq)")
-    pairs = {t: zmq.curve_keypair() for t in mesh.tiles()}
-    return {t: TileKeys(public, secret, tuple((d, pairs[n][0]) for d in Dir
-                                              if (n := mesh.tile_neighbour(t, d)) is not None))
-            for t, (public, secret) in pairs.items()}
+        raise RuntimeError("this pyzmq was built without CURVE (libsodium), so the fabric cannot authenticate "
+                           "its links: install pyzmq's wheel from PyPI (pip install --force-reinstall pyzmq)")
+    return zmq.curve_keypair()
 
 
 class Gatekeeper:
     """A tile's ZAP handler and receive-socket monitor, on one thread of the tile's zmq context. Make it
     before `sock` (the tile's receive socket) binds, so that no handshake goes unchecked."""
 
-    def __init__(self, ctx: zmq.Context, keys: TileKeys, sock: zmq.Socket):
-        self.sides = {public: d.name.encode() for d, public in keys.neighbours}  # z85 public key -> side
+    def __init__(self, ctx: zmq.Context, sock: zmq.Socket):
+        self.sides: dict[bytes, bytes] = {}  # z85 public key -> side: nobody until admit
         self.counts = dict.fromkeys([*EVENTS.values(), "zap_denied"], 0)  # only the thread changes them
         zap = ctx.socket(zmq.REP)
         zap.setsockopt(zmq.LINGER, 0)
@@ -80,6 +65,10 @@ class Gatekeeper:
         self._thread = threading.Thread(target=self._serve, args=(zap, monitor, stop_rx), daemon=True,
                                         name="waferrt-gatekeeper")
         self._thread.start()
+
+    def admit(self, neighbours: dict[Dir, bytes]) -> None:
+        """From now on, admit these public keys (z85), each as its side."""
+        self.sides = {key: d.name.encode() for d, key in neighbours.items()}  # (one assignment: thread-safe)
 
     def _serve(self, zap: zmq.Socket, monitor: zmq.Socket, stop: zmq.Socket) -> None:
         poller = zmq.Poller()

@@ -3,9 +3,9 @@
 Contract: :func:`start_tiles` starts one named Ray actor ``tile(x,y)`` per tile of the mesh (in the
 given namespace, pinned to the Ray node the placement chose, BLAS limited to one thread so that tiles
 do not fight over the machine's cores), wires their fabric (ipc on one node; tcp, bound on the node's
-address, only for tiles with a neighbour on another node), every link authenticated with keys made for
-this session (``guard.session_keys``: each tile gets its key pair and its neighbours' public keys through
-Ray, nowhere else) and returns the handles. :func:`stop_tiles` closes their sockets and kills them.
+address, only for tiles with a neighbour on another node; every link authenticated: each tile makes its
+own key pair and gets its neighbours' public keys through Ray before any tile connects) and returns the
+handles. :func:`stop_tiles` closes their sockets and kills them.
 """
 
 from __future__ import annotations
@@ -15,7 +15,6 @@ from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
 from waferrt.core.mesh import Dir, MeshSpec, TileId
 
-from .guard import session_keys
 from .tile import Tile
 
 BLAS_ENV = {v: "1" for v in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS",
@@ -32,21 +31,18 @@ def start_tiles(mesh: MeshSpec, spec, namespace: str, ipc_dir: str, node_ids: di
         if node_ids.get(t):
             opts["scheduling_strategy"] = NodeAffinitySchedulingStrategy(node_ids[t], soft=False)
         handles[t] = tile_cls.options(**opts).remote(mesh, spec, t, timeout)
-    keys, addresses = session_keys(mesh), {}
+    addresses = {}
     for i, (t, h) in enumerate(handles.items()):
-        addresses[t] = ray.get(h.bind.remote(ipc_dir, keys[t], _crosses_nodes(mesh, node_ids, t)))
+        addresses[t] = ray.get(h.bind.remote(ipc_dir, _crosses_nodes(mesh, node_ids, t)))
         if progress:
             progress(i + 1, len(handles))
-    calls = []
-    for t, h in handles.items():
-        peers = {}
-        for d in Dir:
-            n = mesh.tile_neighbour(t, d)
-            if n is not None:
-                same_node = node_ids.get(t) == node_ids.get(n)
-                peers[d.name] = addresses[n]["ipc" if same_node else "tcp"]
-        calls.append(h.connect.remote(peers))
-    ray.get(calls)
+    neighbours = {t: {d: n for d in Dir if (n := mesh.tile_neighbour(t, d)) is not None} for t in handles}
+    # every tile knows its neighbours' keys before any of them connects: a refused handshake is not retried
+    ray.get([h.admit.remote({d.name: addresses[n]["key"] for d, n in neighbours[t].items()})
+             for t, h in handles.items()])
+    ray.get([h.connect.remote({d.name: addresses[n]["ipc" if node_ids.get(t) == node_ids.get(n) else "tcp"]
+                               for d, n in neighbours[t].items()})
+             for t, h in handles.items()])
     return handles
 
 

@@ -8,8 +8,6 @@ tiles only through its links. Every method returns plain data (numpy arrays, dic
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 import numpy as np
 
 from waferrt.core.layout import Layout, core_bytes
@@ -21,9 +19,6 @@ from waferrt.decode.program import StepResult, TileProgram
 from waferrt.decode.setup import DecodeSetup, stage_sram
 from waferrt.fabric.kernel import Cores
 
-if TYPE_CHECKING:  # (importing it would load pyzmq into the driver, which only needs the Tile's methods)
-    from .guard import TileKeys
-
 
 class Tile:
     def __init__(self, mesh: MeshSpec, spec: HardwareSpec, tile: TileId, timeout: float = 30.0):
@@ -34,13 +29,17 @@ class Tile:
         self.links = None
 
     # -- fabric -----------------------------------------------------------------------------------------
-    def bind(self, ipc_dir: str, keys: TileKeys, tcp: bool = False) -> dict:
-        """Open this tile's receive socket (tcp too when a neighbour tile is on another node), admitting only
-        its neighbours' session keys."""
+    def bind(self, ipc_dir: str, tcp: bool = False) -> dict:
+        """Open this tile's receive socket (tcp too when a neighbour tile is on another node); its addresses
+        and the tile's public key."""
         from .fabric import ZmqLinks
 
-        self.links = ZmqLinks(self.tile, keys, self.timeout)
+        self.links = ZmqLinks(self.tile, self.timeout)
         return self.links.bind(ipc_dir, tcp)
+
+    def admit(self, keys: dict[str, bytes]) -> None:
+        """The neighbour tiles' public keys, by side: only they may talk to this tile."""
+        self.links.admit({Dir[d]: k for d, k in keys.items()})
 
     def connect(self, peers: dict[str, str]) -> None:
         self.links.connect({Dir[d]: a for d, a in peers.items()})
