@@ -9,9 +9,9 @@ socket on an ipc:// path in `ipc_dir` (made 0700; neighbours on the same Ray nod
 neighbour is on another node, on tcp:// at the node's own address, and returns both addresses and the
 tile's public key; ``admit({dir: public key})`` tells it its neighbours' keys (a handshake refused
 because it came first would not be retried); ``connect({dir: address})`` opens one PUSH socket per
-neighbour tile, which checks that the peer holds that neighbour's secret key. ``send(dir, tag, arrays)`` writes one
-message: a msgpack header (link, sequence number, tag, epoch, dtype and shape of every array) followed by
-each array's raw buffer, sent without copying. ``recv(dir, tag)`` returns the next message from that
+neighbour tile, which checks that the peer holds that neighbour's secret key. ``send(dir, tag, arrays)``
+writes one message: a msgpack header (link, sequence number, tag, epoch, dtype and shape of every array)
+followed by each array's raw buffer, sent without copying. ``recv(dir, tag)`` returns the next message from that
 neighbour (messages from other neighbours that arrive first are kept in order for later); it checks the
 per-link sequence number and the tag, drops messages of earlier epochs, and raises
 :class:`~waferrt.fabric.links.FabricTimeout` naming the link when nothing arrives within the deadline
@@ -59,7 +59,7 @@ class FabricLimits:
 
 
 class Dropped(Exception):
-    """A message that is not the fabric's: dropped and counted under `reason`."""
+    """A message the tile does not keep: dropped and counted under `reason`."""
 
     def __init__(self, reason: str):
         super().__init__(reason)
