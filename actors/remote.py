@@ -3,8 +3,10 @@
 Contract: :func:`start_tiles` starts one named Ray actor ``tile(x,y)`` per tile of the mesh (in the
 given namespace, pinned to the Ray node the placement chose, BLAS limited to one thread so that tiles
 do not fight over the machine's cores), wires their fabric (ipc on one node; tcp, bound on the node's
-address, only for tiles with a neighbour on another node), points their heartbeats at the host's inbox
-and returns the handles. :func:`stop_tiles` closes their sockets and kills them.
+address, only for tiles with a neighbour on another node; every link authenticated: each tile makes its
+own key pair and gets its neighbours' public keys through Ray before any tile connects), points their
+heartbeats at the host's inbox and returns the handles. :func:`stop_tiles` closes their sockets and kills
+them.
 """
 
 from __future__ import annotations
@@ -43,15 +45,13 @@ def start_tiles(mesh: MeshSpec, spec, namespace: str, ipc_dir: str, node_ids: di
         addresses[binds[ready[0]]] = ray.get(ready[0])
         if progress:
             progress(len(addresses), len(handles))
-    calls = []
-    for t, h in handles.items():
-        peers = {}
-        for d in Dir:
-            n = mesh.tile_neighbour(t, d)
-            if n is not None:
-                peers[d.name] = addresses[n]["ipc" if node_ids[t] == node_ids[n] else "tcp"]
-        calls.append(h.connect.remote(peers, host["ipc" if node_ids[t] == here else "tcp"]))
-    ray.get(calls)
+    neighbours = {t: {d: n for d in Dir if (n := mesh.tile_neighbour(t, d)) is not None} for t in handles}
+    # every tile knows its neighbours' keys before any of them connects: a refused handshake is not retried
+    ray.get([h.admit.remote({d.name: addresses[n]["key"] for d, n in neighbours[t].items()})
+             for t, h in handles.items()])
+    ray.get([h.connect.remote({d.name: addresses[n]["ipc" if node_ids[t] == node_ids[n] else "tcp"]
+                               for d, n in neighbours[t].items()}, host["ipc" if node_ids[t] == here else "tcp"])
+             for t, h in handles.items()])
     return handles
 
 

@@ -38,11 +38,16 @@ class Tile:
 
     # -- fabric -----------------------------------------------------------------------------------------
     def bind(self, ipc_dir: str, tcp: bool = False) -> dict:
-        """Open this tile's receive socket (tcp too when a neighbour tile is on another node)."""
+        """Open this tile's receive socket (tcp too when a neighbour tile is on another node); its addresses
+        and the tile's public key."""
         from .fabric import ZmqLinks
 
         self.links = ZmqLinks(self.tile, self.timeout)
         return self.links.bind(ipc_dir, tcp)
+
+    def admit(self, keys: dict[str, bytes]) -> None:
+        """The neighbour tiles' public keys, by side: only they may talk to this tile."""
+        self.links.admit({Dir[d]: k for d, k in keys.items()})
 
     def connect(self, peers: dict[str, str], host: str) -> None:
         """Link to the neighbour tiles' sockets and start beating to the host's inbox (`host`)."""
@@ -145,6 +150,10 @@ class Tile:
 
     def names(self) -> list[str]:
         return sorted(self.store)
+
+    def fabric_stats(self) -> dict:
+        """Who tried to talk to this tile and what its fabric dropped (``ZmqLinks.stats``)."""
+        return self.links.stats() if self.links is not None else {"tile": str(self.tile)}
 
     def sram_stats(self) -> dict:
         return {"tile": str(self.tile), **self.sram.stats()}

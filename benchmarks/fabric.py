@@ -5,9 +5,10 @@ Contract: ``python benchmarks/fabric.py [--quick]`` prints, from one run on this
 1. the neighbour link between two Ray tile actors (their real ``ZmqLinks``, through
    ``benchmarks/probe.py``'s ``ProbeTile``): 4 KB round-trip latency and 1 MB-buffer streaming throughput;
 2. the same two measurements with raw pyzmq (PUSH/PULL over ipc, zero-copy, no header) between two plain
-   processes (multiprocessing, spawn);
-3. the ratios of the tile link's speed to raw pyzmq's (1.0: as fast; throughput goal: >= 0.7), of the
-   best runs and of the medians;
+   processes (multiprocessing, spawn), once in the clear and once with CURVE, as the tile links are (the
+   cost of encryption, apart from the fabric's own);
+3. the ratios of the tile link's speed to raw pyzmq's and to raw CURVE pyzmq's (1.0: as fast; throughput
+   goal against the same encryption: >= 0.7), of the best runs and of the medians;
 4. an allreduce along a 1x64 row of cores (4 tile actors of 16 cores) with the K-tree and the ring:
    wall time per run (median) and modelled cycles.
 
@@ -54,15 +55,19 @@ def _raw_run(pull, push, role: str, buf: np.ndarray, n: int) -> float:
     return time.perf_counter() - t0
 
 
-def _raw_peer(my_addr: str, peer_addr: str, commands, out) -> None:
+def _raw_peer(my_addr: str, peer_addr: str, commands, out, curve: tuple | None) -> None:
     """One of two long-lived plain processes (PULL bound here, PUSH to the peer, like a tile's links):
-    runs (role, nbytes, n) commands until it gets None."""
+    runs (role, nbytes, n) commands until it gets None. `curve`: (own public, own secret, peer's public)
+    keys, or None for the clear."""
     import zmq
 
     ctx = zmq.Context()
     pull, push = ctx.socket(zmq.PULL), ctx.socket(zmq.PUSH)
     for s in (pull, push):
         s.setsockopt(zmq.LINGER, 0)
+    if curve:
+        pull.curve_server, pull.curve_secretkey = True, curve[1]
+        push.curve_publickey, push.curve_secretkey, push.curve_serverkey = curve
     pull.bind(my_addr)
     push.connect(peer_addr)
     push.send(b"hello")  # both sides are connected once each has heard the other
@@ -76,17 +81,21 @@ def _raw_peer(my_addr: str, peer_addr: str, commands, out) -> None:
 
 
 class RawPair:
-    """Two plain processes (multiprocessing, spawn) linked by raw pyzmq, kept alive between runs as the
-    tile actors are."""
+    """Two plain processes (multiprocessing, spawn) linked by raw pyzmq, in the clear or with CURVE, kept
+    alive between runs as the tile actors are."""
 
-    def __init__(self):
+    def __init__(self, curve: bool):
+        import zmq
+
         self.dir = tempfile.mkdtemp(prefix="waferrt-bench-")
         spawn = mp.get_context("spawn")
         self.out = spawn.Queue()
         self.cmds = [spawn.Queue(), spawn.Queue()]
         a, b = f"ipc://{self.dir}/a", f"ipc://{self.dir}/b"
-        self.procs = [spawn.Process(target=_raw_peer, args=(a, b, self.cmds[0], self.out)),
-                      spawn.Process(target=_raw_peer, args=(b, a, self.cmds[1], self.out))]
+        ka, kb = zmq.curve_keypair(), zmq.curve_keypair()
+        keys = ((*ka, kb[0]), (*kb, ka[0])) if curve else (None, None)
+        self.procs = [spawn.Process(target=_raw_peer, args=(a, b, self.cmds[0], self.out, keys[0])),
+                      spawn.Process(target=_raw_peer, args=(b, a, self.cmds[1], self.out, keys[1]))]
         for p in self.procs:
             p.start()
 
@@ -122,14 +131,18 @@ def start_probe_pair():
     import ray
     from ray import cloudpickle
 
-    from waferrt.actors.remote import start_tiles
+    from waferrt.actors.remote import driver_node, start_tiles
+    from waferrt.actors.stream import HostInbox
     from waferrt.core.mesh import MeshSpec
     from waferrt.core.spec import TINY
 
     cloudpickle.register_pickle_by_value(probe)  # the tile processes cannot import a module of benchmarks/
     cls = ray.remote(num_cpus=0, max_restarts=0, max_concurrency=1)(probe.ProbeTile)
     ipc_dir = tempfile.mkdtemp(prefix="waferrt-")
-    tiles = start_tiles(MeshSpec(2, 1, 1, 1), TINY, "waferrt-bench", ipc_dir, {}, 60.0, tile_cls=cls)
+    mesh, here = MeshSpec(2, 1, 1, 1), driver_node()
+    inbox = HostInbox(ipc_dir)  # where the tiles beat (nobody listens here: the benchmark only streams)
+    tiles = start_tiles(mesh, TINY, "waferrt-bench", ipc_dir, dict.fromkeys(mesh.tiles(), here), 60.0,
+                        inbox.addresses, tile_cls=cls)
     a, b = tiles.values()
     return tiles, a, b, ipc_dir
 
@@ -176,18 +189,21 @@ def allreduce_row(repeats: int) -> dict[str, tuple[float, float]]:
     return out
 
 
-def measure_links(raw: RawPair, a, b, n_lat: int, n_thr: int, reps: int) -> dict[str, list[float]]:
-    """Interleaved repetitions (raw, tile, raw, tile, ...) so both see the same machine: this VM's two
-    cores make single runs vary up to 3x. Latency in seconds per round trip, throughput in bytes/s."""
-    out: dict[str, list[float]] = {"raw_lat": [], "tile_lat": [], "raw_thr": [], "tile_thr": []}
-    raw.run(("ping", "pong"), LAT_BYTES, n_lat)  # warm both pairs up
-    raw.run(("stream", "drain"), THR_BYTES, n_thr)
+def measure_links(raws: dict[str, RawPair], a, b, n_lat: int, n_thr: int, reps: int) -> dict[str, list[float]]:
+    """Interleaved repetitions (raw, CURVE, tile, raw, CURVE, tile, ...) so all see the same machine: this
+    VM's two cores make single runs vary up to 3x. Latency in seconds per round trip, throughput in bytes/s."""
+    out: dict[str, list[float]] = {f"{name}_{key}": [] for name in (*raws, "tile") for key in ("lat", "thr")}
+    for raw in raws.values():  # warm every pair up
+        raw.run(("ping", "pong"), LAT_BYTES, n_lat)
+        raw.run(("stream", "drain"), THR_BYTES, n_thr)
     tile_latency(a, b, n_lat)
     tile_stream(a, b, n_thr)
     for _ in range(reps):
-        out["raw_lat"].append(raw.run(("ping", "pong"), LAT_BYTES, n_lat) / n_lat)
+        for name, raw in raws.items():
+            out[f"{name}_lat"].append(raw.run(("ping", "pong"), LAT_BYTES, n_lat) / n_lat)
         out["tile_lat"].append(tile_latency(a, b, n_lat) / n_lat)
-        out["raw_thr"].append(n_thr * THR_BYTES / raw.run(("stream", "drain"), THR_BYTES, n_thr))
+        for name, raw in raws.items():
+            out[f"{name}_thr"].append(n_thr * THR_BYTES / raw.run(("stream", "drain"), THR_BYTES, n_thr))
         out["tile_thr"].append(n_thr * THR_BYTES / tile_stream(a, b, n_thr))
     return out
 
@@ -199,14 +215,17 @@ def report(m: dict[str, list[float]], ar: dict[str, tuple[float, float]], reps: 
     best = {k: max(v) for k, v in speed.items()}
     med = {k: statistics.median(v) for k, v in speed.items()}
     print(f"neighbour link between two processes, {os.cpu_count()} CPUs, {reps} interleaved repetitions")
-    print(f"{'':22}{'tile actors (ZmqLinks)':>24}{'raw pyzmq':>12}{'ratio':>8}{'median ratio':>14}")
+    print(f"{'':22}{'tile actors':>12}{'raw pyzmq':>11}{'raw CURVE':>11}"
+          f"{'vs raw':>8}{'(median)':>10}{'vs CURVE':>10}{'(median)':>10}")
     rows = (("4 KB round trip", "lat", lambda v: 1e6 / v, "us"),
             ("1 MB stream", "thr", lambda v: v / 1e9, "GB/s"))
     for name, key, show, unit in rows:
-        t, r = best[f"tile_{key}"], best[f"raw_{key}"]
-        ratio, mratio = t / r, med[f"tile_{key}"] / med[f"raw_{key}"]
-        print(f"{name + f' ({unit})':22}{show(t):>24.1f}{show(r):>12.1f}{ratio:>8.2f}{mratio:>14.2f}")
-    print("ratio = tile/raw speed (1.0: as fast as raw pyzmq) of the best runs; throughput goal >= 0.7")
+        t, r, c = (best[f"{pair}_{key}"] for pair in ("tile", "raw", "curve"))
+        ratios = [t / r, med[f"tile_{key}"] / med[f"raw_{key}"], t / c, med[f"tile_{key}"] / med[f"curve_{key}"]]
+        print(f"{name + f' ({unit})':22}{show(t):>12.1f}{show(r):>11.1f}{show(c):>11.1f}"
+              + "".join(f"{x:>{w}.2f}" for x, w in zip(ratios, (8, 10, 10, 10))))
+    print("tile actors: ZmqLinks (CURVE, authenticated); ratio = tile/raw speed of the best runs (1.0: as fast)")
+    print("throughput goal against raw pyzmq with the same encryption (vs CURVE): >= 0.7")
     print("\nallreduce along a 1x64 row of cores (4 tile actors of 16), 1 KB per core, wse2 timings")
     print(f"{'algorithm':12}{'wall ms (median)':>18}{'modelled cycles':>18}{'modelled us':>14}")
     for algo, (wall, cycles) in ar.items():
@@ -226,11 +245,12 @@ def main() -> int:
     ray.init(address="local", log_to_driver=False, logging_level=logging.ERROR, include_dashboard=False)
     try:
         tiles, a, b, ipc_dir = start_probe_pair()
-        raw = RawPair()
+        raws = {"raw": RawPair(curve=False), "curve": RawPair(curve=True)}
         try:
-            links = measure_links(raw, a, b, n_lat, n_thr, reps)
+            links = measure_links(raws, a, b, n_lat, n_thr, reps)
         finally:
-            raw.close()
+            for raw in raws.values():
+                raw.close()
             stop_tiles(tiles)
             shutil.rmtree(ipc_dir, ignore_errors=True)
         ar = allreduce_row(5 if args.quick else 20)

@@ -4,8 +4,10 @@
 private RAY_TMPDIR (the Cluster writes its address there; nothing else on the machine may pick it up), so it
 never meets the test session's Ray. The 4x2 mesh has two tiles of 2x2 cores: tile(0,0) on the head node,
 tile(1,0) on the worker node, through ``Wafer.open(node_ids=...)``. Inside the kernels, each tile checks that
-it runs on its node and that its link to the other tile is tcp to that node's IP; then collectives whose
-lines cross the node border must match numpy, and a small LLM placed over both nodes (the scheduler's
+it runs on its node and that its link to the other tile is tcp to that node's IP; a foreign peer then
+attacks tile(0,0)'s tcp port (a port scanner, garbage, a zmq peer with its own CURVE key: all refused at
+the handshake and counted, nothing dropped because nothing got in); then collectives whose lines cross
+the node border must match numpy, and a small LLM placed over both nodes (the scheduler's
 tile -> node map) decodes the reference's tokens. Takes ~20 s.
 """
 
@@ -24,8 +26,31 @@ SCRIPT = r"""
 import json
 import numpy as np, ray
 from ray.cluster_utils import Cluster
+from waferrt.actors.tile import Tile
 from waferrt.core.mesh import MeshSpec, TileId
 from waferrt.runtime import Wafer, ray_init
+
+def attack_tcp(wafer):  # a foreign peer on tile(0,0)'s tcp port: a port scanner, garbage, its own CURVE key
+    import socket, time, zmq
+    (stats,) = wafer.call([(TileId(0, 0), Tile.fabric_stats, ())])
+    host, port = stats["endpoints"]["tcp"][len("tcp://"):].rsplit(":", 1)
+    for data in (b"GET / HTTP/1.0\r\n\r\n", bytes(range(256)) * 64):
+        with socket.create_connection((host, int(port)), timeout=5) as s:
+            try:
+                s.sendall(data)
+                s.recv(64)
+            except OSError:
+                pass
+    ctx = zmq.Context()
+    push = ctx.socket(zmq.PUSH)
+    push.curve_publickey, push.curve_secretkey = zmq.curve_keypair()
+    push.curve_serverkey = stats["public_key"].encode()
+    push.connect(stats["endpoints"]["tcp"])
+    push.send(b"forged", zmq.NOBLOCK)
+    time.sleep(1)
+    ctx.destroy(0)
+    return stats
+
 
 cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 1, "include_dashboard": False})
 worker = cluster.add_node(num_cpus=1)
@@ -57,12 +82,16 @@ try:
 
         wafer.run(where, place=place, nodes=nodes)
         report["where"] = wafer.dsm.get("y")[:, :, 0].tolist()
+        before = attack_tcp(wafer)
         for algo in ("ktree", "ring", "pipeline"):
             wafer.run(lambda ctx, algo: ctx.store("y", ctx.allreduce(ctx.load("x"), "x", algo)), algo=algo)
             ok = np.allclose(wafer.dsm.get("y"), np.broadcast_to(x.sum(1, keepdims=True), x.shape), atol=1e-5)
             report[algo] = bool(ok)
         wafer.run(lambda ctx: ctx.store("y", ctx.shift(ctx.load("x"), "x", 1, wrap=True)))
         report["shift"] = bool(np.array_equal(wafer.dsm.get("y"), np.roll(x, 1, axis=1)))
+        (after,) = wafer.call([(TileId(0, 0), Tile.fabric_stats, ())])
+        report["tcp_attack"] = {k: after[k] - before[k] for k in ("refused", "zap_denied")}
+        report["tcp_dropped"] = after["dropped"]
     finally:
         wafer.close()
 
@@ -105,4 +134,6 @@ def test_allreduce_across_two_ray_nodes_matches_numpy():
     assert report["nodes"] == 2
     assert report["where"] == [[1, 1, 2, 2], [1, 1, 2, 2]]  # tile(0,0) on the head, tile(1,0) on the worker
     assert report == {**report, "ktree": True, "ring": True, "pipeline": True, "shift": True}
+    attack = report["tcp_attack"]  # refused at the handshake, counted; nothing reached the tile's queue
+    assert attack["refused"] >= 3 and attack["zap_denied"] >= 1 and report["tcp_dropped"] == {}, report
     assert report["decode_nodes"] == 2 and report["decode"], "LLM decode across two nodes != the reference"

@@ -12,6 +12,7 @@ import time
 
 import numpy as np
 import pytest
+from fabrics import close_all, zmq_tiles
 
 from waferrt.core.mesh import Dir, MeshSpec, TileId
 from waferrt.fabric.links import FabricError, FabricProtocolError, FabricTimeout
@@ -22,26 +23,15 @@ A, B, C = (TileId(i, 0) for i in range(3))
 TIMEOUT = 0.5
 
 
-def _zmq_links(tmp_path):
-    from waferrt.actors.fabric import ZmqLinks
-
-    links = {t: ZmqLinks(t, TIMEOUT) for t in (A, B, C)}
-    addresses = {t: lk.bind(str(tmp_path))["ipc"] for t, lk in links.items()}
-    for t, lk in links.items():
-        lk.connect({d: addresses[n] for d in Dir if (n := MESH.tile_neighbour(t, d)) is not None})
-    return links
-
-
 @pytest.fixture(params=["loop", "zmq"])
 def links(request, tmp_path):
     if request.param == "loop":
         fabric = LoopFabric(MESH, timeout=TIMEOUT)
         yield {t: fabric.links(t) for t in (A, B, C)}
         return
-    out = _zmq_links(tmp_path)
+    out = zmq_tiles(str(tmp_path), MESH, TIMEOUT)
     yield out
-    for lk in out.values():
-        lk.close()
+    close_all(out)
 
 
 ARRAYS = [np.arange(12, dtype=np.float32).reshape(3, 4), np.array([-1, 2**40], np.int64),
@@ -94,10 +84,9 @@ def test_no_link_beyond_the_mesh_edge(links):
 # -- what only a socket can do wrong --------------------------------------------------------------------
 @pytest.fixture
 def zmq(tmp_path):
-    out = _zmq_links(tmp_path)
+    out = zmq_tiles(str(tmp_path), MESH, TIMEOUT)
     yield out
-    for lk in out.values():
-        lk.close()
+    close_all(out)
 
 
 def test_a_lost_message_is_detected(zmq):
