@@ -5,7 +5,7 @@ HeadEngine when the tile hosts the embedding and the head) in a daemon thread; t
 error that ends it go to the host over an :class:`~waferrt.actors.stream.Outbox` at once (the host does
 not wait for ``stop`` to learn of a failure). ``submit`` / ``cancel`` hand commands to the loop (a
 queue; the loop takes them between micro-batches). ``stop()`` ends the loop and returns the stage runs it
-booked -- or raises the loop's error.
+booked -- or raises the loop's error; ``abort()`` returns them in any case (a fault is being recovered).
 """
 
 from __future__ import annotations
@@ -23,8 +23,8 @@ STOP_S = 30.0  # how long stop() waits for the loop to finish what it is doing
 
 
 class LoopThread:
-    def __init__(self, program: TileProgram, host: str, lanes: int, deadline: float):
-        self.program = program
+    def __init__(self, program: TileProgram, host: str, lanes: int, deadline: float, epoch: int = 0):
+        self.program, self.epoch = program, epoch
         setup = program.setup
         self.engine = HeadEngine(setup.kv_tokens, setup.slots, lanes) if program.hosts(0) else None
         self.control: queue.Queue = queue.Queue()
@@ -37,10 +37,13 @@ class LoopThread:
 
     def _run(self, deadline: float) -> None:
         try:
-            run_tile(self.program, self.engine, self.control, self.out.events, self.stop_flag, deadline)
+            run_tile(self.program, self.engine, self.control, self._emit, self.stop_flag, deadline)
         except BaseException as e:  # noqa: BLE001 - reported to the host now, raised again by stop()
             self.error = e
-            self.out.send("err", type=type(e).__name__, msg=str(e))
+            self.out.send("err", type=type(e).__name__, msg=str(e), e=self.epoch)
+
+    def _emit(self, events) -> None:
+        self.out.events(events, self.epoch)
 
     def submit(self, subs: list[Submission]) -> None:
         for sub in subs:
@@ -50,11 +53,16 @@ class LoopThread:
         self.control.put(("cancel", index))
 
     def stop(self) -> list:
+        runs = self.abort()
+        if self.error is not None:
+            raise self.error
+        return runs
+
+    def abort(self) -> list:
+        """End the loop whatever its state (its error, if any, was reported when it happened): its runs."""
         self.stop_flag.set()
         self.thread.join(STOP_S)
         self.out.close()
         if self.thread.is_alive():
             raise TimeoutError(f"{self.program.tile}: the decode loop did not stop within {STOP_S:.0f}s")
-        if self.error is not None:
-            raise self.error
         return list(self.program.records)

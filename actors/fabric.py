@@ -1,30 +1,31 @@
 """The fabric between tile actors: pyzmq sockets to the four neighbour tiles, authenticated, nothing pickled.
 
 Contract: a :class:`ZmqLinks` belongs to one tile and implements waferrt.fabric.links.Links. It makes the
-tile's CURVE key pair and runs its gatekeeper (``actors.guard``) in its own zmq context, so every link --
-ipc and tcp -- is encrypted and only the neighbour tiles of this wafer session get past the handshake;
-nothing from anyone else reaches the receive queue. Wiring takes three steps, each done on every tile
-before the next (``actors.remote.start_tiles``): ``bind(ipc_dir, tcp)`` opens the tile's single PULL
-socket on an ipc:// path in `ipc_dir` (made 0700; neighbours on the same Ray node) and, only when some
-neighbour is on another node, on tcp:// at the node's own address, and returns both addresses and the
-tile's public key; ``admit({dir: public key})`` tells it its neighbours' keys (a handshake refused
-because it came first would not be retried); ``connect({dir: address})`` opens one PUSH socket per
-neighbour tile, which checks that the peer holds that neighbour's secret key. ``send(dir, tag, arrays)``
-writes one message: a msgpack header (link, sequence number, tag, epoch, dtype and shape of every array)
-followed by each array's raw buffer, sent without copying. ``recv(dir, tag)`` returns the next message from
-that neighbour (messages from other neighbours that arrive first are kept in order for later), ``recv_any``
-the one that arrived first from any of them (None after a timeout: waiting for traffic); recv checks the
-per-link sequence number and the tag, drops messages of earlier epochs, and raises
-:class:`~waferrt.fabric.links.FabricTimeout` naming the link when nothing arrives within the deadline
-instead of hanging. A lost or duplicated message is a :class:`~waferrt.fabric.links.FabricProtocolError`
-raised by the recv of the link it belongs to (once; the link then follows the sender's numbering again).
+tile's CURVE key pair and runs its gatekeeper (``actors.guard``) in its own zmq context, so every link -- ipc
+and tcp -- is encrypted and only the neighbour tiles of this wafer session get past the handshake; nothing
+from anyone else reaches the receive queue. Wiring takes three steps, each done on every tile before the next
+(``actors.remote.start_tiles``): ``bind(ipc_dir, tcp)`` opens the tile's single PULL socket on an ipc:// path
+in `ipc_dir` (made 0700; neighbours on the same Ray node) and, only when some neighbour is on another node, on
+tcp:// at the node's own address, and returns both addresses and the tile's public key; ``admit({dir: public
+key})`` tells it its neighbours' keys (a handshake refused because it came first would not be retried);
+``connect({dir: address})`` opens one PUSH socket per neighbour tile, which checks that the peer holds that
+neighbour's secret key. ``send(dir, tag, arrays)`` writes one message: a msgpack header (link, sequence
+number, tag, epoch, a CRC-32 of the payload, dtype and shape of every array) followed by each array's raw
+buffer, sent without copying. ``recv(dir, tag)`` returns the next message from that neighbour (messages from
+other neighbours that arrive first are kept in order for later), ``recv_any`` the one that arrived first from
+any of them (None after a timeout: waiting for traffic); recv checks the per-link sequence number and the tag,
+drops messages of earlier epochs, and raises :class:`~waferrt.fabric.links.FabricTimeout` naming the link when
+nothing arrives within the deadline instead of hanging. A lost or duplicated message is a
+:class:`~waferrt.fabric.links.FabricProtocolError`, a payload that fails its checksum (a Corrupt fault's bit
+flips) a :class:`~waferrt.faults.errors.PayloadCorrupt`, each raised by the recv of the link it belongs to
+(once; the link then follows the sender's numbering again).
 
 Nothing a peer sends is fatal to the tile or kept without bound (:class:`FabricLimits`): a message whose
-sender is not the neighbour it names, or that is not msgpack, has a bad header, the wrong number of
-frames, a dtype/shape that does not match its bytes, is oversized, or would overflow its link's pending
-queue is dropped and counted by reason. ``stats()`` returns those counts with the gatekeeper's (refused
-connections, handshake failures). ``close()`` closes the sockets and removes the ipc socket file.
-"""
+sender is not the neighbour it names, or that is not msgpack, has a bad header, the wrong number of frames, a
+dtype/shape that does not match its bytes, is oversized, or would overflow its link's pending queue is dropped
+and counted by reason. ``rewire(dir, key, address)`` replaces a neighbour that was restarted (its new key, its
+new socket, sequence numbers from the start). ``stats()`` returns those counts with the gatekeeper's (refused
+connections, handshake failures). ``close()`` closes the sockets and removes the ipc socket file."""
 
 from __future__ import annotations
 
@@ -40,11 +41,13 @@ import zmq
 
 from waferrt.core.mesh import Dir, TileId
 from waferrt.fabric.links import FabricProtocolError, FabricTimeout
+from waferrt.faults.errors import PayloadCorrupt
+from waferrt.faults.wire import checksum, flip
 
 from .guard import HANDSHAKE_SECONDS, Gatekeeper, keypair
 
 ZERO_COPY_BYTES = 65536  # pyzmq: below this, copying a buffer into the message beats tracking it
-HEADER_KEYS = {"from", "seq", "tag", "epoch", "arrays"}
+HEADER_KEYS = {"from", "seq", "tag", "epoch", "sum", "arrays"}
 ARRAY_KINDS = "biufc"  # bool, ints, floats, complex: what the fabric carries (never objects or records)
 
 
@@ -90,6 +93,7 @@ class ZmqLinks:
         self.endpoints: dict[str, str | None] = {}
         self.ipc_path: str | None = None
         self.epoch = 0  # the command being run; messages of earlier commands are stale
+        self.corrupt = None  # fault injection: FaultState.on_send, the bits to flip on a link (on the wire)
 
     def bind(self, ipc_dir: str, tcp: bool = False) -> dict:
         """Bind the receive socket on ipc:// (neighbours on this node) and, only when a neighbour tile is on
@@ -124,6 +128,18 @@ class ZmqLinks:
             s.connect(address)
             self.push[d] = s
 
+    def rewire(self, d: Dir, key: bytes, address: str) -> None:
+        """The neighbour to the `d` side was replaced (a restarted tile): only its new key gets in, sends go to
+        its new socket, and the link's sequence numbers start again."""
+        old = self.push.pop(d, None)
+        if old is not None:
+            old.close(0)
+        self.admit({**self.neighbours, d: key})
+        self.sent[d] = self.received[d] = 0
+        while self.pending[d]:
+            self._pop(d)
+        self.connect({d: address})
+
     def send(self, d: Dir, tag: str, arrays: list[np.ndarray]) -> None:
         sock = self.push.get(d)
         if sock is None:
@@ -131,7 +147,9 @@ class ZmqLinks:
         arrays = [np.asarray(a, order="C") for a in arrays]  # (ascontiguousarray would make 0-d arrays 1-d)
         self.sent[d] += 1
         header = msgpack.packb({"from": d.opposite.name, "seq": self.sent[d], "tag": tag, "epoch": self.epoch,
-                                "arrays": [(a.dtype.str, a.shape) for a in arrays]})
+                                "sum": checksum(arrays), "arrays": [(a.dtype.str, a.shape) for a in arrays]})
+        if self.corrupt is not None and (flips := self.corrupt(d)):
+            arrays = flip(arrays, *flips)
         nbytes = sum(a.nbytes for a in arrays)
         sock.send_multipart([header, *arrays], copy=nbytes < ZERO_COPY_BYTES)  # copying small ones is cheaper
 
@@ -143,7 +161,7 @@ class ZmqLinks:
                     f"{self.tile} waited {self.timeout:.0f}s for message {tag!r} on its {d.name} link and got "
                     f"nothing: the neighbour tile is dead, stuck, or ran a different program{self._drops()}")
         _, got_tag, payload, _ = self._pop(d)
-        if isinstance(payload, FabricProtocolError):
+        if isinstance(payload, Exception):
             raise payload
         if got_tag != tag:
             raise FabricProtocolError(f"{self.tile} expected message {tag!r} on its {d.name} link, got "
@@ -159,7 +177,7 @@ class ZmqLinks:
                 return None
         d = min(links, key=lambda d: self.pending[d][0][3])
         _, tag, payload, _ = self._pop(d)
-        if isinstance(payload, FabricProtocolError):
+        if isinstance(payload, Exception):
             raise payload
         return d, tag, payload
 
@@ -187,7 +205,7 @@ class ZmqLinks:
         except zmq.Again:
             return False
         try:
-            side, seq, epoch, tag, arrays = self._check(frames)
+            side, seq, epoch, tag, arrays, crc = self._check(frames)
         except Dropped as e:
             self.dropped[e.reason] += 1
             return True
@@ -198,6 +216,10 @@ class ZmqLinks:
                                          f"was due: a message was lost or duplicated{self._drops()}")
         else:
             self.received[side] = seq
+            if checksum(arrays) != crc:  # flipped on the way: never used, raised by the recv of its link
+                self.dropped["corrupt"] += 1
+                arrays = PayloadCorrupt(f"{self.tile}: message {seq} ({tag!r}) on the {side.name} link failed its "
+                                        "checksum: its payload was corrupted on the way and was not used")
         if epoch < self.epoch:  # left over from an earlier command that failed
             self.dropped["stale_epoch"] += 1
             return True
@@ -206,8 +228,8 @@ class ZmqLinks:
         self.pending_bytes[side] += _nbytes(arrays)
         return True
 
-    def _check(self, frames: list[zmq.Frame]) -> tuple[Dir, int, int, str, list[np.ndarray]]:
-        """(link, seq, epoch, tag, arrays) of a message from a neighbour, or Dropped with the reason."""
+    def _check(self, frames: list[zmq.Frame]) -> tuple[Dir, int, int, str, list[np.ndarray], int]:
+        """(link, seq, epoch, tag, arrays, checksum) of a message from a neighbour, or Dropped with the reason."""
         try:
             side = Dir[frames[0].get("User-Id")]  # the side whose key the gatekeeper admitted
         except (zmq.ZMQError, KeyError):
@@ -227,7 +249,7 @@ class ZmqLinks:
         if len(self.pending[side]) >= limits.pending or self.pending_bytes[side] + nbytes > limits.pending_bytes:
             raise Dropped("backlog")
         arrays = [_array(f, dt, shape) for f, (dt, shape) in zip(frames[1:], head["arrays"], strict=True)]
-        return side, head["seq"], head["epoch"], head["tag"], arrays
+        return side, head["seq"], head["epoch"], head["tag"], arrays, head["sum"]
 
     def _pop(self, d: Dir) -> tuple:
         entry = self.pending[d].popleft()
@@ -272,7 +294,7 @@ def _header(buf) -> dict:
         raise Dropped("not_msgpack") from None
     ok = (isinstance(head, dict) and head.keys() == HEADER_KEYS and isinstance(head["from"], str)
           and isinstance(head["tag"], str) and isinstance(head["arrays"], list)
-          and all(type(head[k]) is int and head[k] >= 0 for k in ("seq", "epoch"))
+          and all(type(head[k]) is int and head[k] >= 0 for k in ("seq", "epoch", "sum"))
           and all(isinstance(a, list) and len(a) == 2 and isinstance(a[0], str) and isinstance(a[1], list)
                   and all(type(n) is int and n >= 0 for n in a[1]) for a in head["arrays"]))
     if not ok:

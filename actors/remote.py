@@ -5,11 +5,13 @@ given namespace, pinned to the Ray node the placement chose, BLAS limited to one
 do not fight over the machine's cores), wires their fabric (ipc on one node; tcp, bound on the node's
 address, only for tiles with a neighbour on another node; every link authenticated: each tile makes its
 own key pair and gets its neighbours' public keys through Ray before any tile connects), points their
-heartbeats at the host's inbox and returns the handles. :func:`stop_tiles` closes their sockets and kills
-them.
+heartbeats at the host's inbox and returns the handles. :func:`restart_tiles` replaces dead tiles by new
+actors and rewires their neighbours to them. :func:`stop_tiles` closes their sockets and kills them.
 """
 
 from __future__ import annotations
+
+import time
 
 import ray
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
@@ -19,6 +21,8 @@ from waferrt.core.mesh import Dir, MeshSpec, TileId
 from .session import BLAS_ENV, workers_inherit_blas_env
 from .tile import Tile
 
+CALL_S = 60.0  # the longest a start-up or wiring step may take
+
 TileActor = ray.remote(num_cpus=0, max_restarts=0, max_concurrency=1)(Tile)
 
 
@@ -27,32 +31,88 @@ def driver_node() -> str:
     return ray.get_runtime_context().get_node_id()
 
 
+def alive_nodes() -> set[str]:
+    """The Ray nodes that are alive now."""
+    return {n["NodeID"] for n in ray.nodes() if n.get("Alive")}
+
+
 def start_tiles(mesh: MeshSpec, spec, namespace: str, ipc_dir: str, node_ids: dict[TileId, str],
                 timeout: float, host: dict, progress=None, tile_cls=TileActor) -> dict[TileId, object]:
     """Start every tile pinned to its node in `node_ids` (every tile must have one), wire the fabric, and
     point each tile's heartbeat and events at the host inbox (`host`: its "ipc" and "tcp" addresses)."""
-    handles, here, inherit = {}, driver_node(), workers_inherit_blas_env()
-    for t in mesh.tiles():
-        opts = {"name": str(t), "namespace": namespace,
-                "scheduling_strategy": NodeAffinitySchedulingStrategy(node_ids[t], soft=False)}
-        if not (inherit and node_ids[t] == here):  # a worker Ray starts for it gets one BLAS thread
-            opts["runtime_env"] = {"env_vars": BLAS_ENV}
-        handles[t] = tile_cls.options(**opts).remote(mesh, spec, t, timeout)
+    handles = {t: _start(t, mesh, spec, namespace, node_ids[t], timeout, tile_cls) for t in mesh.tiles()}
+    addresses = _bind(handles, mesh, ipc_dir, node_ids, progress)
+    _wire(mesh, handles, set(handles), addresses, node_ids, host)
+    return handles
+
+
+def restart_tiles(handles: dict, dead: list[TileId], mesh: MeshSpec, spec, namespace: str, ipc_dir: str,
+                  node_ids: dict[TileId, str], timeout: float, host: dict, tile_cls=TileActor) -> dict[TileId, object]:
+    """Replace the `dead` tiles by new actors (on their nodes in `node_ids`), wired to their neighbours,
+    which admit the new keys and link to the new sockets; returns every tile's handle. The new tiles hold
+    nothing yet."""
+    for t in dead:
+        ray.kill(handles[t], no_restart=True)
+    new = {t: _start(t, mesh, spec, namespace, node_ids[t], timeout, tile_cls) for t in dead}
+    addresses = _bind(new, mesh, ipc_dir, node_ids)
+    around = sorted({n for t in dead for n in _neighbours(mesh, t).values() if n not in new})
+    addresses.update(zip(around, ray.get([handles[n].address.remote() for n in around], timeout=CALL_S)))
+    handles = {**handles, **new}
+    _wire(mesh, handles, set(new), addresses, node_ids, host)
+    return handles
+
+
+def _start(t: TileId, mesh: MeshSpec, spec, namespace: str, node: str, timeout: float, tile_cls):
+    """One tile actor, named ``tile(x,y)``, pinned to `node` (a worker Ray starts for it gets one BLAS
+    thread). A name that a killed actor still holds is retried for a while."""
+    opts = {"name": str(t), "namespace": namespace,
+            "scheduling_strategy": NodeAffinitySchedulingStrategy(node, soft=False)}
+    if not (workers_inherit_blas_env() and node == driver_node()):
+        opts["runtime_env"] = {"env_vars": BLAS_ENV}
+    deadline = time.monotonic() + CALL_S
+    while True:
+        try:
+            return tile_cls.options(**opts).remote(mesh, spec, t, timeout)
+        except ValueError:  # "the actor name is taken": the killed one's name is released shortly
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.1)
+
+
+def _bind(handles: dict, mesh: MeshSpec, ipc_dir: str, node_ids: dict, progress=None) -> dict:
+    """Every tile of `handles` binds its receive socket (the tiles start side by side; counted as they come
+    up): their addresses and public keys."""
     binds = {h.bind.remote(ipc_dir, _crosses_nodes(mesh, node_ids, t)): t for t, h in handles.items()}
     addresses, pending = {}, list(binds)
-    while pending:  # the tiles start side by side; count them as they come up
-        ready, pending = ray.wait(pending, num_returns=1)
+    while pending:
+        ready, pending = ray.wait(pending, num_returns=1, timeout=CALL_S)
+        if not ready:
+            raise TimeoutError(f"tile actors {sorted(binds[r] for r in pending)} did not start within {CALL_S:.0f}s")
         addresses[binds[ready[0]]] = ray.get(ready[0])
         if progress:
             progress(len(addresses), len(handles))
-    neighbours = {t: {d: n for d in Dir if (n := mesh.tile_neighbour(t, d)) is not None} for t in handles}
-    # every tile knows its neighbours' keys before any of them connects: a refused handshake is not retried
-    ray.get([h.admit.remote({d.name: addresses[n]["key"] for d, n in neighbours[t].items()})
-             for t, h in handles.items()])
-    ray.get([h.connect.remote({d.name: addresses[n]["ipc" if node_ids[t] == node_ids[n] else "tcp"]
-                               for d, n in neighbours[t].items()}, host["ipc" if node_ids[t] == here else "tcp"])
-             for t, h in handles.items()])
-    return handles
+    return addresses
+
+
+def _neighbours(mesh: MeshSpec, t: TileId) -> dict[Dir, TileId]:
+    return {d: n for d in Dir if (n := mesh.tile_neighbour(t, d)) is not None}
+
+
+def _wire(mesh: MeshSpec, handles: dict, fresh: set, addresses: dict, node_ids: dict, host: dict) -> None:
+    """Link the `fresh` tiles to their neighbours (the others are wired already; those next to a fresh tile
+    are rewired to it). Every tile knows its neighbours' keys before any of them connects: a refused
+    handshake is not retried."""
+    here = driver_node()
+
+    def kind(a: TileId, b: TileId) -> str:
+        return "ipc" if node_ids[a] == node_ids[b] else "tcp"
+
+    ray.get([handles[t].admit.remote({d.name: addresses[n]["key"] for d, n in _neighbours(mesh, t).items()})
+             for t in fresh], timeout=CALL_S)
+    ray.get([handles[n].rewire.remote(d.opposite.name, addresses[t]["key"], addresses[t][kind(n, t)])
+             for t in fresh for d, n in _neighbours(mesh, t).items() if n not in fresh], timeout=CALL_S)
+    ray.get([handles[t].connect.remote({d.name: addresses[n][kind(t, n)] for d, n in _neighbours(mesh, t).items()},
+                                       host["ipc" if node_ids[t] == here else "tcp"]) for t in fresh], timeout=CALL_S)
 
 
 def _crosses_nodes(mesh: MeshSpec, node_ids: dict[TileId, str], t: TileId) -> bool:

@@ -2,10 +2,11 @@
 
 Contract: the host (the driver that opened the Wafer) binds one :class:`HostInbox` (a PULL socket: ipc://
 in the wafer's ipc directory; tcp:// on the driver's address too when tiles run on other nodes); every tile
-connects an :class:`Outbox` (a PUSH socket) to it. A message is one msgpack map: ``{"k": "ev", "tile",
-"ev": [[index, token, finish, float32 logits bytes or None], ...]}`` (the head's TokenEvents),
-``{"k": "err", "tile", "type", "msg"}`` (a tile's decode loop failed) or ``{"k": "beat", "tile", "n"}``
-(a tile is alive; n counts its beats).
+connects an :class:`Outbox` (a PUSH socket) to it. A message is one msgpack map: ``{"k": "ev", "tile", "e",
+"ev": [[index, token, finish, float32 logits bytes or None], ...]}`` (the head's TokenEvents; e: the
+decode's epoch), ``{"k": "err", "tile", "type", "msg", "e"}`` (a tile's decode loop failed),
+``{"k": "fault", "tile", "index", "fault", "step", "at"}`` (an injected fault fired on the tile:
+waferrt.faults.model.fault_dict) or ``{"k": "beat", "tile", "n"}`` (a tile is alive; n counts its beats).
 ``HostInbox.get(timeout)`` returns what arrived (a list, [] when nothing came within `timeout`); a frame
 that is not such a map is dropped and counted. A tile's :class:`Heartbeat` thread sends a beat every
 ``BEAT_S`` seconds from its own socket, so a frozen or killed tile falls silent while a busy one does not.
@@ -50,7 +51,7 @@ class HostInbox:
                 msg = msgpack.unpackb(frame)
             except Exception:  # noqa: BLE001 - not ours: dropped, counted
                 msg = None
-            if isinstance(msg, dict) and msg.get("k") in ("ev", "err", "beat"):
+            if isinstance(msg, dict) and msg.get("k") in ("ev", "err", "beat", "fault"):
                 out.append(msg)
             else:
                 self.dropped += 1
@@ -73,8 +74,8 @@ class Outbox:
     def send(self, kind: str, **fields) -> None:
         self.sock.send(msgpack.packb({"k": kind, "tile": self.tile, **fields}))
 
-    def events(self, events) -> None:
-        self.send("ev", ev=[[e.index, e.token, e.finish, None if e.logits is None else e.logits.tobytes()]
+    def events(self, events, epoch: int = 0) -> None:
+        self.send("ev", e=epoch, ev=[[e.index, e.token, e.finish, None if e.logits is None else e.logits.tobytes()]
                             for e in events])
 
     def close(self) -> None:

@@ -6,11 +6,19 @@ that touches it, and runs SPMD kernels over the part of a region it holds, excha
 tiles only through its links. Once connected it beats to the host's inbox (waferrt.actors.stream), so a
 frozen or dead tile is noticed within seconds. For LLM decode it books its stages' SRAM
 (``decode_setup``), takes their weights (``decode_load``) and runs the decode loop in a thread of its
-own (``decode_start`` / ``decode_submit`` / ``decode_stop``): no Ray call per token. Its methods are what
+own (``decode_start`` / ``decode_submit`` / ``decode_stop``): no Ray call per token. Faults
+(waferrt.faults) are armed on it with ``inject``; one that fires is reported to the host at once, a
+TileCrash ends the process with ``os._exit``; ``dead()`` says what died here; after a fault the host
+ends the loop with ``decode_abort``, re-plans, sets the decode up again (``decode_setup`` keeps what did
+not move) and, for a restarted neighbour, ``rewire`` s the link. Its methods are what
 the runtime calls (``Wafer.call(tile, Tile.method, args)``) and return plain data.
 """
 
 from __future__ import annotations
+
+import os
+import threading
+import time
 
 import numpy as np
 
@@ -23,6 +31,10 @@ from waferrt.decode.program import TileProgram
 from waferrt.decode.schedule import StageRun
 from waferrt.decode.setup import DecodeSetup, stage_sram
 from waferrt.fabric.kernel import Cores
+from waferrt.faults.model import fault_dict
+from waferrt.faults.state import FaultState, Fired
+
+CRASH_GRACE_S = 0.2  # a crashing tile's last report gets this long to leave before the process dies
 
 
 class Tile:
@@ -35,6 +47,10 @@ class Tile:
         self.heartbeat = None  # beats to the host once watched
         self.decoder: TileProgram | None = None
         self.loop = None  # the decode loop's thread while it runs
+        self.booked: list[str] = []  # the decode's SRAM bookings
+        self.faults = FaultState(tile, self.region, self._report, self._crash)
+        self.host: str | None = None
+        self._outboxes = threading.local()  # one socket to the host per thread that reports
 
     # -- fabric -----------------------------------------------------------------------------------------
     def bind(self, ipc_dir: str, tcp: bool = False) -> dict:
@@ -45,6 +61,10 @@ class Tile:
         self.links = ZmqLinks(self.tile, self.timeout)
         return self.links.bind(ipc_dir, tcp)
 
+    def address(self) -> dict:
+        """Where this tile listens and its public key (what bind returned)."""
+        return {**self.links.endpoints, "key": self.links.public}
+
     def admit(self, keys: dict[str, bytes]) -> None:
         """The neighbour tiles' public keys, by side: only they may talk to this tile."""
         self.links.admit({Dir[d]: k for d, k in keys.items()})
@@ -54,8 +74,45 @@ class Tile:
         from .stream import Heartbeat
 
         self.links.connect({Dir[d]: a for d, a in peers.items()})
+        self.links.corrupt = self.faults.on_send
         self.host = host
         self.heartbeat = Heartbeat(host, str(self.tile))
+
+    def rewire(self, d: str, key: bytes, address: str) -> None:
+        """The neighbour to the `d` side was restarted: admit its new key, link to its new socket, and number
+        that link's messages from the start again."""
+        self.links.rewire(Dir[d], key, address)
+
+    # -- faults -----------------------------------------------------------------------------------------
+    def inject(self, fault, index: int, seed: int = 0) -> None:
+        """Arm a fault of waferrt.faults.model on this tile (it fires when its trigger holds)."""
+        self.faults.arm(fault, index, seed)
+        self.faults.tick(None)
+
+    def disarm(self) -> None:
+        self.faults.disarm()
+
+    def dead(self) -> dict:
+        """What has died on this tile: its dead cores and links, and every fault that fired here."""
+        f = self.faults
+        return {"cores": sorted(f.dead_cores), "links": sorted(tuple(sorted(link)) for link in f.dead_links),
+                "fired": [_fired(r) for r in f.fired]}
+
+    def _report(self, rec: Fired) -> None:
+        """A fault fired here: tell the host at once (from whichever thread it fired in)."""
+        if self.host is None:
+            return
+        from .stream import Outbox
+
+        out = getattr(self._outboxes, "out", None)
+        if out is None:
+            out = self._outboxes.out = Outbox(self.host, str(self.tile))
+        out.send("fault", **_fired(rec))
+
+    def _crash(self) -> None:
+        """A TileCrash fired: the process dies as a real crash would (no cleanup, no goodbye)."""
+        time.sleep(CRASH_GRACE_S)  # the report of the crash leaves first
+        os._exit(1)
 
     # -- DSM --------------------------------------------------------------------------------------------
     def _local(self, layout: Layout) -> tuple[Region, tuple[slice, slice]]:
@@ -107,14 +164,24 @@ class Tile:
 
     # -- LLM decode -------------------------------------------------------------------------------------
     def decode_setup(self, setup: DecodeSetup) -> list[int]:
-        """Book SRAM for the decode stages this tile hosts and get ready to load them; returns their
-        stage indices."""
-        self.decoder = TileProgram(setup, self.tile, self.links, Ledger(self.spec))
-        hosted = [s for s in range(len(self.decoder.stages)) if self.decoder.hosts(s)]
-        for s in hosted:
-            for name, (region, nbytes) in stage_sram(setup, s).items():
-                self.sram.reserve(name, region, nbytes)
-        return hosted
+        """Book SRAM for the decode stages this tile hosts and get ready to load them; returns the stages that
+        need their weights. Set up again (after a re-plan), the stages that stay in their region keep their
+        weights."""
+        self._idle()
+        old = self.decoder
+        for name in self.booked:
+            self.sram.release(name)
+        self.booked = []
+        self.decoder = TileProgram(setup, self.tile, self.links, old.ledger if old else Ledger(self.spec),
+                                   self.faults)
+        need = self.decoder.adopt(old) if old else [s for s in range(len(self.decoder.stages))
+                                                    if self.decoder.hosts(s)]
+        for s in range(len(self.decoder.stages)):
+            if self.decoder.hosts(s):
+                for name, (region, nbytes) in stage_sram(setup, s).items():
+                    self.sram.reserve(name, region, nbytes)
+                    self.booked.append(name)
+        return need
 
     def decode_load(self, s: int, raw) -> None:
         """Stage s's float32 weights (waferrt.decode.setup.stage_weights), cut into its cores' blocks here;
@@ -130,7 +197,7 @@ class Tile:
 
         self._idle()
         self._new_epoch(epoch)
-        self.loop = LoopThread(self.decoder, self.host, lanes, deadline)
+        self.loop = LoopThread(self.decoder, self.host, lanes, deadline, epoch)
 
     def decode_submit(self, subs: list) -> None:
         """Hand requests (waferrt.serving.Submission) to the decode loop of the head's tile."""
@@ -143,6 +210,12 @@ class Tile:
         """End the decode loop: the stage runs it booked."""
         loop, self.loop = self.loop, None
         return loop.stop() if loop is not None else []
+
+    def decode_abort(self) -> list[StageRun]:
+        """End the decode loop after a fault elsewhere (its own error, if any, is already reported): the stage
+        runs it booked."""
+        loop, self.loop = self.loop, None
+        return loop.abort() if loop is not None else []
 
     def decode_bytes(self) -> int:
         """Bytes of the decode's weight blocks and K/V caches that this tile holds."""
@@ -164,6 +237,9 @@ class Tile:
         return os.getpid()
 
     def close(self) -> None:
+        out = getattr(self._outboxes, "out", None)
+        if out is not None:
+            out.close()
         if self.loop is not None:
             self.loop.stop_flag.set()
         if self.heartbeat is not None:
@@ -171,3 +247,7 @@ class Tile:
         if self.links is not None:
             self.links.close()
         self.links = self.heartbeat = None
+
+
+def _fired(rec: Fired) -> dict:
+    return {"index": rec.index, "fault": fault_dict(rec.fault), "step": rec.step, "at": rec.at, "tile": str(rec.tile)}

@@ -6,8 +6,9 @@ and checks that every tile has beaten within ``stall_s`` seconds. A call whose a
 :class:`TileDied` at once, naming that tile; a tile that falls silent is asked for its pid: no answer and
 Ray says its process is gone -> :class:`TileDied`, no answer otherwise (SIGSTOP, a hung process) ->
 :class:`TileStalled`. ``listen(timeout)`` returns the inbox's messages other than beats (events, errors),
-``check()`` runs the liveness check alone. The errors are :class:`TileFailed` s; they name the tile and
-say what to do.
+``check()`` runs the liveness check alone, ``sweep()`` pings every tile and returns those that do not
+answer (after a fault); ``track`` / ``reset`` follow restarted tiles. The errors are
+:class:`TileFailed` s; they name the tile and say what to do.
 """
 
 from __future__ import annotations
@@ -47,15 +48,42 @@ class Watch:
         now = time.monotonic()
         self.seen = {str(t): now for t in handles}  # tile -> when it last said something
         self.names = {str(t): t for t in handles}
+        self.backlog: list[dict] = []  # messages that came while waiting on calls, for the next listen
+
+    def track(self, handles: dict[TileId, object]) -> None:
+        """Watch these tiles (new or restarted) from now on, and only the tiles of `handles`."""
+        now = time.monotonic()
+        self.handles = dict(handles)
+        self.seen = {str(t): self.seen.get(str(t), now) for t in handles}
+        self.names = {str(t): t for t in handles}
+
+    def reset(self, tiles: list[TileId]) -> None:
+        """These tiles start afresh (restarted): their silence counts from now."""
+        for t in tiles:
+            self.seen[str(t)] = time.monotonic()
 
     def listen(self, timeout: float) -> list[dict]:
         """The inbox's messages that arrived within `timeout`, but the beats (which only mark the tile alive)."""
-        out = []
-        for msg in self.inbox.get(timeout):
-            self.seen[msg["tile"]] = time.monotonic()
+        out, self.backlog = self.backlog, []
+        for msg in self.inbox.get(0 if out else timeout):
+            if msg["tile"] in self.seen:
+                self.seen[msg["tile"]] = time.monotonic()
             if msg["k"] != "beat":
                 out.append(msg)
         return out
+
+    def sweep(self) -> list[TileId]:
+        """The tiles that do not answer a ping within PING_S (dead, or frozen: as good as dead)."""
+        pings = {self.handles[t].pid.remote(): t for t in self.handles}
+        ready, _ = ray.wait(list(pings), num_returns=len(pings), timeout=PING_S)
+        alive = set()
+        for ref in ready:
+            try:
+                ray.get(ref)
+                alive.add(pings[ref])
+            except ray.exceptions.RayActorError:
+                pass
+        return [t for t in self.handles if t not in alive]
 
     def check(self) -> None:
         """Raise TileDied / TileStalled for the first tile that has been silent for longer than stall_s."""
@@ -98,7 +126,7 @@ class Watch:
                 if progress:
                     progress(done, len(refs))
             if pending:
-                self.listen(0)
+                self.backlog += self.listen(0)
                 self.check()
         return results, errors
 

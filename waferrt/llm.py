@@ -21,7 +21,7 @@ import numpy as np
 
 from waferrt.actors.tile import Tile
 from waferrt.core.mesh import DEFAULT_MAX_TILES
-from waferrt.decode.setup import DecodeSetup, stage_weights
+from waferrt.decode.setup import DecodeSetup, stage_weights, weight_bytes
 from waferrt.fabric.comm import KTREE_FAST, Collectives
 from waferrt.model.config import LlamaConfig
 from waferrt.model.sampling import Sampler
@@ -68,18 +68,35 @@ class WaferLLM:
         names = {name for _, name in self.placement.tile_nodes}
         return {} if len(names) <= 1 else dict(self.placement.tile_nodes)
 
-    def load(self, weights, progress: Callable[[str], None] | None = None) -> None:
-        """Every stage's weights to its tile, all at once; the tiles cut them into their cores' blocks side
-        by side. Weights mapped from the dequantised cache go to the tiles on this machine by reference
-        (they map the file themselves: no copy on the way); others go through the host once."""
+    def load(self, weights, progress: Callable[[str], None] | None = None, stages: list[int] | None = None) -> int:
+        """Every stage's weights (or those of `stages`) to its tile, all at once; the tiles cut them into their
+        cores' blocks side by side. Weights mapped from the dequantised cache go to the tiles on this machine
+        by reference (they map the file themselves: no copy on the way); others go through the host once.
+        Returns the bytes of weights sent (what the wafer's ingress carries)."""
         from waferrt.model.npcache import by_reference
 
         say = progress or (lambda msg: None)
         tiles, here = self.setup.stage_tiles(), self.wafer.local_tiles()
-        calls = [(tiles[s], Tile.decode_load, (s, by_reference(raw) if tiles[s] in here else raw))
-                 for s, raw in stage_weights(self.setup, weights)]
+        todo = [(s, raw) for s, raw in stage_weights(self.setup, weights) if stages is None or s in stages]
+        calls = [(tiles[s], Tile.decode_load, (s, by_reference(raw) if tiles[s] in here else raw)) for s, raw in todo]
         self.wafer.call(calls, progress=lambda i, n: say(f"weights into core SRAM: {i}/{n} regions"))
         self.weights = weights
+        return sum(weight_bytes(raw) for _, raw in todo)
+
+    def adopt(self, placement) -> None:
+        """Run on this placement from now on (a re-plan after a fault: the same mesh, regions moved)."""
+        self.placement = placement
+        self.setup = DecodeSetup.from_placement(placement, self.setup.collectives)
+        self.head = self.setup.stage_tiles()[0]
+
+    def inject(self, fault) -> int:
+        """Arm a fault on the tiles (waferrt.Wafer.inject); generate recovers from it (or, under a fail-fast
+        plan, stops at it)."""
+        return self.wafer.inject(fault)
+
+    def faults(self, plan, node_loss: Callable[[int], None] | None = None):
+        """``with llm.faults(plan) as session:`` (waferrt.Wafer.faults); ``session.log`` after generate."""
+        return self.wafer.faults(plan, node_loss)
 
     def close(self) -> None:
         self.wafer.close()
@@ -91,17 +108,35 @@ class WaferLLM:
 
 
 class _OnTiles:
-    """One decode on the tile actors (the Decode protocol of waferrt.serving.host)."""
+    """One decode on the tile actors (the Decode protocol of waferrt.serving.host, recovering from faults)."""
 
     def __init__(self, llm: WaferLLM):
+        from .inject import FaultSession
+
         self.llm, self.wafer = llm, llm.wafer
+        self.session = self.wafer.session or FaultSession(self.wafer)  # real failures are recovered too
+        self.tokens = 0  # tokens received (the host's step, for node losses)
+        self.fruitless = 0  # recoveries since the last token
+
+    @property
+    def setup(self) -> DecodeSetup:
+        return self.llm.setup
+
+    @property
+    def log(self):
+        return self.session.log
+
+    def recover(self, error: Exception) -> list:
+        from .recovery import recover
+
+        return recover(self, error)
 
     def _call(self, calls: list) -> list:
         self.llm.ray_calls += len(calls)
         return self.wafer.call(calls)
 
     def start(self) -> None:
-        epoch = self.wafer.next_epoch()
+        self.epoch = epoch = self.wafer.next_epoch()
         self._call([(t, Tile.decode_start, (epoch, self.llm.lanes)) for t in self.wafer.tiles])
 
     def submit(self, subs: list[Submission]) -> None:
@@ -112,12 +147,21 @@ class _OnTiles:
 
         out = []
         for msg in self.wafer.listen(timeout):
-            if msg["k"] == "err":
+            if msg["k"] == "fault":
+                self.session.on_message(msg)
+            elif msg.get("e") != self.epoch:  # from the loops of an attempt that a fault ended
+                continue
+            elif msg["k"] == "err":
                 self.wafer.failed = TileFailed(msg["tile"], f"failed in its decode loop: {msg['type']}: "
                                                             f"{msg['msg']}")
                 raise self.wafer.failed
-            out += [TokenEvent(i, tok, fin, None if lg is None else np.frombuffer(lg, np.float32))
-                    for i, tok, fin, lg in msg["ev"]]
+            else:
+                out += [TokenEvent(i, tok, fin, None if lg is None else np.frombuffer(lg, np.float32))
+                        for i, tok, fin, lg in msg["ev"]]
+        if out:
+            self.tokens += sum(ev.token >= 0 for ev in out)
+            self.fruitless = 0
+        self.session.tick(self.tokens)
         return out
 
     def stop(self) -> list:

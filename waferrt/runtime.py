@@ -23,14 +23,13 @@ import math
 import shutil
 import uuid
 from collections.abc import Callable
-from dataclasses import dataclass
 
 import numpy as np
 
 from waferrt.actors.session import ClusterUnreachable, cluster_nodes, new_ipc_dir, ray_init
 from waferrt.actors.tile import Tile
 
-from .core.cost import Cost, total
+from .core.cost import Cost, CostReport
 from .core.dtypes import check_numpy_dtype
 from .core.layout import Layout, check_shape, from_blocks, to_blocks
 from .core.ledger import merge_snapshots
@@ -63,37 +62,6 @@ def _root_cause(errors: dict[int, BaseException]) -> BaseException:
         return (2 if isinstance(e, FabricTimeout) else 1 if isinstance(e, FabricError) else 0), i
 
     return errors[min(errors, key=rank)]
-
-
-@dataclass(frozen=True)
-class CostReport:
-    """What the runs so far would cost on the modelled wafer."""
-
-    spec: HardwareSpec
-    by_op: dict  # primitive -> Cost, over every step
-    per_step: tuple  # one {primitive: Cost} per step (wafer.run), in order
-
-    @property
-    def steps(self) -> int:
-        return len(self.per_step)
-
-    @property
-    def total(self) -> Cost:
-        return total(self.by_op.values())
-
-    def step_totals(self) -> list[Cost]:
-        return [total(step.values()) for step in self.per_step]
-
-    def __str__(self) -> str:
-        lines = [f"{'primitive':<18}{'hops':>8}{'stages':>8}{'link bytes':>12}{'flops/core':>12}{'cycles':>12}"]
-        for name, c in sorted(self.by_op.items()):
-            lines.append(f"{name:<18}{c.hops:>8}{c.stages:>8}{c.link_bytes:>12}{c.flops:>12}{c.cycles:>12.0f}")
-        t = self.total
-        lines.append(f"{'total':<18}{t.hops:>8}{t.stages:>8}{t.link_bytes:>12}{t.flops:>12}{t.cycles:>12.0f}")
-        steps = ", ".join(f"{c.seconds(self.spec) * 1e6:.2f}" for c in self.step_totals()[-8:])
-        lines.append(f"{self.steps} step(s); modelled time {t.seconds(self.spec) * 1e6:.2f} us on {self.spec.name} "
-                     f"at {self.spec.clock_hz / 1e9:.2f} GHz (last steps, us: {steps})")
-        return "\n".join(lines)
 
 
 class DSM:
@@ -228,7 +196,9 @@ class Wafer:
         self._open = self._closed = False
         self.watch = None  # the tiles' liveness and their line to the host (waferrt.actors.watch)
         self._local: frozenset[TileId] = frozenset()
-        self.failed: Exception | None = None  # a tile died or froze: nothing more runs on this wafer
+        self.failed: Exception | None = None  # a tile died or froze: nothing more runs until it is restarted
+        self.nodes: dict[TileId, str] = {}  # the Ray node of every tile
+        self.session = None  # the faults armed on this wafer (waferrt.inject.FaultSession)
 
     def __enter__(self) -> Wafer:
         return self if self._open else self.open()
@@ -249,10 +219,10 @@ class Wafer:
         self._open, self.failed = True, None
         atexit.register(self.close)
         self._ipc_dir = new_ipc_dir()
-        namespace = f"waferrt-{uuid.uuid4().hex[:8]}"
+        self._namespace = namespace = f"waferrt-{uuid.uuid4().hex[:8]}"
         try:
-            here = driver_node()
-            nodes = {t: (node_ids or {}).get(t) or here for t in self.mesh.tiles()}
+            self._here = here = driver_node()
+            self.nodes = nodes = {t: (node_ids or {}).get(t) or here for t in self.mesh.tiles()}
             self._local = frozenset(t for t, n in nodes.items() if n == here)
             inbox = HostInbox(self._ipc_dir, tcp=any(n != here for n in nodes.values()))
             self.watch = Watch({}, inbox, STALL_S)  # so that close() closes the inbox if the tiles fail to start
@@ -335,6 +305,47 @@ class Wafer:
             self.failed = e
             raise
         return msgs
+
+    # -- faults -----------------------------------------------------------------------------------------
+    def inject(self, fault) -> int:
+        """Arm a fault (waferrt.faults: CoreFailure, LinkFailure, Corrupt, Straggler, TileCrash) on the tiles
+        it concerns; it fires when its trigger holds (at once by default; ``Trigger(step=N)``: at the N-th
+        command or decode micro-batch). Returns its number in ``wafer.session.log``."""
+        from .inject import FaultSession
+
+        self.live()
+        if self.session is None:
+            self.session = FaultSession(self)
+        return self.session.inject(fault)
+
+    def faults(self, plan, node_loss: Callable[[int], None] | None = None):
+        """``with wafer.faults(plan) as session:`` arms every fault of a FaultPlan on entry and disarms what
+        has not fired on exit; ``session.log`` says what fired, was detected and recovered. `node_loss(i)`
+        carries out a NodeLoss of node i (e.g. a ray.cluster_utils.Cluster's remove_node)."""
+        from .inject import FaultSession
+
+        self.live()
+        return FaultSession(self, plan, node_loss)
+
+    def dead_tiles(self) -> list[TileId]:
+        """The tiles that do not answer a ping within seconds (dead, or frozen: as good as dead)."""
+        self.live()
+        return self.watch.sweep()
+
+    def restart(self, tiles: list[TileId], nodes: dict[TileId, str] | None = None) -> None:
+        """Replace these (dead) tiles by new tile actors, on `nodes` (default: where they were), wired to their
+        neighbours; they hold nothing yet. The wafer works again (``failed`` is cleared)."""
+        from waferrt.actors.remote import restart_tiles
+
+        self.live()
+        self.nodes.update(nodes or {})
+        if tiles:
+            self.tiles = restart_tiles(self.tiles, tiles, self.mesh, self.spec, self._namespace, self._ipc_dir,
+                                       self.nodes, self.timeout, self.watch.inbox.addresses)
+            self.watch.track(self.tiles)
+            self.watch.reset(tiles)
+            self._local = frozenset(t for t, n in self.nodes.items() if n == self._here)
+        self.failed = None
 
     def on_every_tile(self, method: Callable, *args) -> list:
         """The same call on every tile (mesh order); their results."""

@@ -54,8 +54,12 @@ def _forged(epoch: int) -> list:
     import msgpack
     import numpy as np
 
-    head = {"from": "W", "seq": epoch, "tag": f"t{epoch}", "epoch": epoch, "arrays": [("<f4", (64,))]}
-    return [msgpack.packb(head), np.full(64, 1e30, np.float32)]
+    from waferrt.faults.wire import checksum
+
+    forged = np.full(64, 1e30, np.float32)
+    head = {"from": "W", "seq": epoch, "tag": f"t{epoch}", "epoch": epoch, "sum": checksum([forged]),
+            "arrays": [("<f4", (64,))]}
+    return [msgpack.packb(head), forged]
 
 
 def attack(ipc_path: str, server_key: bytes, stop, rounds, flooded) -> None:

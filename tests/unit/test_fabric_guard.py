@@ -24,6 +24,7 @@ from fabrics import close_all, zmq_tiles
 from waferrt.actors.fabric import FabricLimits
 from waferrt.core.mesh import Dir, MeshSpec, TileId
 from waferrt.fabric.links import FabricProtocolError, FabricTimeout
+from waferrt.faults.wire import checksum
 
 MESH = MeshSpec(3, 1, 1, 1)
 A, B, C = (TileId(i, 0) for i in range(3))
@@ -46,7 +47,8 @@ def wait_for(stats, done, seconds: float = 10.0) -> dict:
 
 
 def header(**over) -> bytes:
-    head = {"from": "W", "seq": 1, "tag": "good", "epoch": 0, "arrays": [("<f4", (3,))], **over}
+    head = {"from": "W", "seq": 1, "tag": "good", "epoch": 0, "sum": checksum([np.arange(3, dtype=np.float32)]),
+            "arrays": [("<f4", (3,))], **over}
     return msgpack.packb(head)
 
 

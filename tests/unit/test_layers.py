@@ -23,13 +23,17 @@ TOPS = {"waferrt": "waferrt", "actors": "waferrt.actors", "scheduler": "waferrt.
 FLOORS = {
     "waferrt.core": set(),
     "waferrt.model": set(),
-    "waferrt.fabric": {"waferrt.core"},
-    "waferrt.decode": {"waferrt.core", "waferrt.fabric", "waferrt.model"},
+    "waferrt.faults": {"waferrt.core"},
+    "waferrt.fabric": {"waferrt.core", "waferrt.faults"},
+    "waferrt.decode": {"waferrt.core", "waferrt.faults", "waferrt.fabric", "waferrt.model"},
     "waferrt.scheduler": {"waferrt.core", "waferrt.model", "waferrt.decode"},
-    "waferrt.serving": {"waferrt.core", "waferrt.fabric", "waferrt.model", "waferrt.decode", "waferrt.scheduler"},
+    "waferrt.serving": {"waferrt.core", "waferrt.faults", "waferrt.fabric", "waferrt.model", "waferrt.decode",
+                        "waferrt.scheduler"},
 }
 FLOORS["waferrt.actors"] = set(FLOORS)  # the tiles run the serving loop
+FLOORS["waferrt.inject"] = set(FLOORS)  # faults into the tiles (the Wafer's fault session)
 FLOORS["waferrt.runtime"] = set(FLOORS)
+FLOORS["waferrt.recovery"] = set(FLOORS)  # what the host does when a fault hits a decode
 FLOORS["waferrt.llm"] = set(FLOORS)  # the joins: the runtime (Wafer), then WaferLLM on top of it
 FLOORS["waferrt.cli"] = set(FLOORS)
 HEAVY = {  # third-party package -> the only modules that may import it
@@ -38,7 +42,7 @@ HEAVY = {  # third-party package -> the only modules that may import it
     "gguf": ("waferrt.model.gguf_loader",),
     "tokenizers": ("waferrt.model.tokenizer",),
 }
-PURE_PACKAGES = ["waferrt", "waferrt.core", "waferrt.fabric", "waferrt.model", "waferrt.decode",
+PURE_PACKAGES = ["waferrt", "waferrt.core", "waferrt.faults", "waferrt.fabric", "waferrt.model", "waferrt.decode",
                  "waferrt.scheduler", "waferrt.serving", "waferrt.cli"]
 
 

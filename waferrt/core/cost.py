@@ -6,7 +6,8 @@ stages on the critical path: a core that receives, combines and re-sends), ``lin
 all links, summed), ``messages``, ``flops`` (of the busiest core) and ``cycles`` (modelled time).
 ``a + b`` is "a then b". The closed forms below are what the emulated primitives must count (the tests
 check that they do); waferrt.decode.cost builds a decode step's cost from them, which the scheduler uses to predict a
-decode step without running it.
+decode step without running it. :class:`CostReport` is what a Wafer's runs so far would cost, by
+primitive and by step.
 
 Timing (PLMR): a message of b bytes that passes h hops and s routing stages takes
 ``h*alpha + s*(beta + b/link_bytes_per_cycle)`` cycles (wormhole routing: only the stages pay the
@@ -150,3 +151,34 @@ def gemv_cost(spec: HardwareSpec, out_block: int, in_block: int, n_reduce: int, 
     """MeshGEMV: a local (out_block x in_block) GEMV on every core, then an allreduce of the out_block
     partial sums along the n_reduce cores that share the output block."""
     return compute_cost(spec, 2 * out_block * in_block) + allreduce_cost(spec, algo, n_reduce, 4 * out_block, k)
+
+
+@dataclass(frozen=True)
+class CostReport:
+    """What the runs so far would cost on the modelled wafer."""
+
+    spec: HardwareSpec
+    by_op: dict  # primitive -> Cost, over every step
+    per_step: tuple  # one {primitive: Cost} per step (wafer.run), in order
+
+    @property
+    def steps(self) -> int:
+        return len(self.per_step)
+
+    @property
+    def total(self) -> Cost:
+        return total(self.by_op.values())
+
+    def step_totals(self) -> list[Cost]:
+        return [total(step.values()) for step in self.per_step]
+
+    def __str__(self) -> str:
+        lines = [f"{'primitive':<18}{'hops':>8}{'stages':>8}{'link bytes':>12}{'flops/core':>12}{'cycles':>12}"]
+        for name, c in sorted(self.by_op.items()):
+            lines.append(f"{name:<18}{c.hops:>8}{c.stages:>8}{c.link_bytes:>12}{c.flops:>12}{c.cycles:>12.0f}")
+        t = self.total
+        lines.append(f"{'total':<18}{t.hops:>8}{t.stages:>8}{t.link_bytes:>12}{t.flops:>12}{t.cycles:>12.0f}")
+        steps = ", ".join(f"{c.seconds(self.spec) * 1e6:.2f}" for c in self.step_totals()[-8:])
+        lines.append(f"{self.steps} step(s); modelled time {t.seconds(self.spec) * 1e6:.2f} us on {self.spec.name} "
+                     f"at {self.spec.clock_hz / 1e9:.2f} GHz (last steps, us: {steps})")
+        return "\n".join(lines)

@@ -15,14 +15,24 @@ Every stage run books its modelled cycles (hand-over into the region included) a
 :class:`~waferrt.decode.schedule.StageRun` in ``records``, in the order this tile ran them, with what each
 token would take alone; waferrt.decode.schedule.flow_seconds schedules them as the wafer would run them.
 Links are any waferrt.fabric.links.Links (the loop fabric or the real one).
+
+Faults (waferrt.faults.state, optional): the faults armed on the tile fire as micro-batches arrive
+(``tick``); a stage whose region holds a dead core or link raises CoreFailed / LinkFailed naming what was
+lost instead of running; a straggling tile sleeps its delay per stage. After a re-plan, ``adopt`` keeps
+the loaded stages whose region did not move (only the others need their weights again).
 """
 
 from __future__ import annotations
+
+import time
 
 import numpy as np
 
 from waferrt.core.ledger import Ledger
 from waferrt.core.mesh import Dir, MeshSpec, TileId
+from waferrt.faults.errors import CoreFailed, LinkFailed
+from waferrt.faults.model import CoreFailure
+from waferrt.faults.state import FaultState
 
 from .cost import alone_cycles, handover_cost
 from .pack import Chunks
@@ -68,8 +78,9 @@ def _untag(tag: str) -> tuple[int, int]:
 
 
 class TileProgram:
-    def __init__(self, setup: DecodeSetup, tile: TileId, links, ledger: Ledger):
+    def __init__(self, setup: DecodeSetup, tile: TileId, links, ledger: Ledger, faults: FaultState | None = None):
         self.setup, self.tile, self.links, self.ledger = setup, tile, links, ledger
+        self.faults = faults  # what is armed and dead on this tile (waferrt.faults.state)
         self.stages = setup.stages()
         self.tiles = setup.stage_tiles()
         self.routes = [route(setup.mesh, self.tiles[s - 1], self.tiles[s]) if s else [self.tiles[0]]
@@ -82,6 +93,28 @@ class TileProgram:
 
     def hosts(self, s: int) -> bool:
         return self.tiles[s] == self.tile
+
+    def adopt(self, old: TileProgram) -> list[int]:
+        """Keep the loaded stages of `old` (this tile's program before a re-plan) that this program hosts in
+        the same region; returns the hosted stages that still need their weights."""
+        for s, (kind, layer, region) in enumerate(self.stages):
+            if not self.hosts(s):
+                continue
+            was = next((t for t, st in enumerate(old.stages) if st == (kind, layer, region) and old.hosts(t)), None)
+            if kind == "layer" and was in old.layers:
+                self.layers[s] = old.layers[was]
+            elif kind == "embed" and was is not None and old.embed is not None:
+                self.embed = old.embed
+        return [s for s in range(len(self.stages)) if self.hosts(s) and not self.loaded(s)]
+
+    def loaded(self, s: int) -> bool:
+        kind = self.stages[s][0]
+        return s in self.layers if kind == "layer" else kind == "head" or self.embed is not None
+
+    def tick(self, step: int | None) -> None:
+        """Let the faults armed on this tile fire at `step` (None: only their timers)."""
+        if self.faults is not None:
+            self.faults.tick(step)
 
     def load(self, s: int, raw) -> None:
         """Stage s's float32 weights (waferrt.decode.setup.stage_weights) into its cores' blocks."""
@@ -107,12 +140,14 @@ class TileProgram:
         send it on. Returns the logits (by item) if the whole chain ran here."""
         if not self.hosts(0):
             raise ValueError(f"{self.tile} does not host the embedding; micro-batches enter at {self.tiles[0]}")
+        self.tick(mb)
         return self._run(mb, 0, meta, None)
 
     def arrive(self, tag: str, arrays: list[np.ndarray]) -> tuple[int, dict[int, np.ndarray]] | None:
         """A micro-batch came over a link: pass it on toward its stage's tile, or run the segment here.
         Returns (mb, logits by item) when the head ran on it here, else None."""
         mb, s = _untag(tag)
+        self.tick(mb)
         path = self.routes[s]
         k = path.index(self.tile)
         if k + 1 < len(path):  # on its way through this tile
@@ -132,6 +167,8 @@ class TileProgram:
                 self._handover(st, len(meta))
                 if st != s and self.stages[st - 1][2].w != self.stages[st][2].w:  # re-cut for this region
                     x = self.chunks[st].split(self.chunks[st - 1].join(x))
+            if self.faults is not None and not self.faults.quiet:
+                self._alive(st)
             x, logits = self._stage(st, meta, x)
             self.records.append(StageRun(mb, st, self.stages[st][2], len(self.records),
                                          self.ledger.cycles() - before, self._items(st, meta)))
@@ -140,6 +177,20 @@ class TileProgram:
             vec = self.chunks[segment[-1]].join(x)  # (B, dim): the activations leave the region
             self.links.send(_dir(self.tile, self.routes[nxt][1]), _tag(mb, nxt), [meta, vec])
         return logits
+
+    def _alive(self, s: int) -> None:
+        """Stage s's cores and links all work (else CoreFailed / LinkFailed naming what is lost); a straggling
+        tile is slower by its delay."""
+        kind, layer, region = self.stages[s]
+        dead = self.faults.hit(region)
+        what = f"layer {layer}" if kind == "layer" else "the embedding/head"
+        if isinstance(dead, CoreFailure):
+            held = (f"{what}'s weight blocks", f"{what}'s K/V caches") if kind == "layer" else (f"{what}'s table",)
+            raise CoreFailed(dead.core, held, f"{self.tile}, in the region {region} of {what}")
+        if dead is not None:
+            raise LinkFailed(dead.a, dead.b, f"{self.tile}, inside the region {region} of {what}")
+        if self.faults.delay:
+            time.sleep(self.faults.delay)
 
     def _items(self, s: int, meta: np.ndarray) -> tuple[Item, ...]:
         """The micro-batch's tokens at stage s, each with the cycles it would take there alone."""

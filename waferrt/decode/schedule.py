@@ -42,10 +42,12 @@ class StageRun:
     items: tuple[Item, ...]  # its tokens, in order
 
 
-def flow_seconds(runs: Sequence[StageRun], last_stage: int, clock_hz: float) -> float:
+def flow_seconds(runs: Sequence[StageRun], last_stage: int, clock_hz: float, partial: bool = False) -> float:
     """When the last token of the decode that ran leaves, in seconds (see the module docstring): a
     discrete-event schedule in which every region serves the tokens waiting for it in the order they
-    became ready (ties: the order its tile ran them), one at a time."""
+    became ready (ties: the order its tile ran them), one at a time. `partial`: the runs of an attempt
+    that a fault ended (a dead tile's runs are lost): the stage runs whose chain is not all there are left
+    out instead of raising."""
     tasks: dict[tuple[int, int, int], tuple[Region, float, int]] = {}
     wants: dict[tuple[int, int], bool] = {}
     for r in runs:
@@ -73,7 +75,7 @@ def flow_seconds(runs: Sequence[StageRun], last_stage: int, clock_hz: float) -> 
             if waiting[nxt] == 0:
                 when = max(done[d] for d in _deps(nxt, wants, last_stage))
                 heapq.heappush(ready.setdefault(tasks[nxt][0], []), (when, tasks[nxt][2], nxt))
-    if len(done) != len(tasks):
+    if len(done) != len(tasks) and not partial:
         raise ValueError("the stage runs do not form a pipeline: a token waits for one that never ran")
     return max(done.values(), default=0.0) / clock_hz
 

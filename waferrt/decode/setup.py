@@ -6,8 +6,9 @@ reserve, how the collectives run, storage dtype), made from a scheduler Placemen
 head shares the embedding's region and table); ``stage_tiles`` says which tile runs each stage and
 raises :class:`PlacementError` when a region spans several tiles. :func:`stage_sram` is what a stage
 books in its cores' SRAM (from waferrt.decode.layout, the same sizes the planner budgets);
-:func:`stage_weights` yields the float32 weights each stage needs and :func:`pack_stage` cuts them into
-its cores' blocks in the storage dtype (on the tile that hosts the stage: the host ships each weight once).
+:func:`stage_weights` yields the float32 weights each stage needs (``weight_bytes``: their size) and
+:func:`pack_stage` cuts them into its cores' blocks in the storage dtype (on the tile that hosts the
+stage: the host ships each weight once).
 """
 
 from __future__ import annotations
@@ -85,6 +86,12 @@ def stage_weights(setup: DecodeSetup, weights):
             yield s, weights.layers[layer]
         elif kind == "embed":
             yield s, (weights.embed, weights.final_norm)
+
+
+def weight_bytes(raw) -> int:
+    """Bytes of what stage_weights gave for a stage (the float32 weights the host sends it)."""
+    arrays = raw if isinstance(raw, tuple) else [getattr(raw, f) for f in raw.__dataclass_fields__]
+    return sum(int(np.asarray(a).nbytes) for a in arrays)
 
 
 def pack_stage(setup: DecodeSetup, s: int, raw) -> dict:

@@ -1,13 +1,13 @@
 """An in-process fabric: tiles as threads, links as queues. For running SPMD tile programs without Ray.
 
 Contract: :class:`LoopFabric` gives every tile of a :class:`~waferrt.core.mesh.MeshSpec` a ``Links`` object
-(``send(dir, tag, arrays)`` / ``recv(dir, tag)``) whose messages go to the neighbour tile in that
-direction through a ``queue.Queue``; arrays are copied on send (no shared buffers, as over a socket),
-tags are checked, and a receive that waits longer than ``timeout`` raises :class:`FabricTimeout`
-naming the link. ``run_spmd(fn)`` runs ``fn(tile_id, links)`` on every tile in its own thread and returns
-the results, re-raising the first error. It implements waferrt.fabric.links.Links, as the real fabric
-(pyzmq between Ray actors, waferrt.actors.fabric) does.
-"""
+(``send(dir, tag, arrays)`` / ``recv(dir, tag)``) whose messages go to the neighbour tile in that direction
+through a ``queue.Queue``; arrays are copied on send (no shared buffers, as over a socket), tags are checked,
+every payload's checksum is checked on receipt (a mismatch -- a Corrupt fault's bit flips, ``corrupt`` hook --
+is :class:`~waferrt.faults.errors.PayloadCorrupt`, raised by that link's recv), and a receive that waits
+longer than ``timeout`` raises :class:`FabricTimeout` naming the link. ``run_spmd(fn)`` runs ``fn(tile_id,
+links)`` on every tile in its own thread and returns the results, re-raising the first error. It implements
+waferrt.fabric.links.Links, as the real fabric (pyzmq between Ray actors, waferrt.actors.fabric) does."""
 
 from __future__ import annotations
 
@@ -20,6 +20,8 @@ import numpy as np
 
 from waferrt.core.ledger import Ledger, merge_snapshots
 from waferrt.core.mesh import Dir, MeshSpec, TileId
+from waferrt.faults.errors import PayloadCorrupt
+from waferrt.faults.wire import checksum, flip
 
 from .kernel import Cores
 from .links import FabricProtocolError, FabricTimeout
@@ -33,12 +35,17 @@ class LoopLinks:
         self.inbox: queue.Queue = fabric.inboxes[tile]
         self.pending: dict[Dir, collections.deque] = {d: collections.deque() for d in Dir}
         self.arrived = 0
+        self.corrupt = None  # fault injection: FaultState.on_send, the bits to flip on a link (on the wire)
 
     def send(self, d: Dir, tag: str, arrays: list[np.ndarray]) -> None:
         peer = self.fabric.mesh.tile_neighbour(self.tile, d)
         if peer is None:
             raise FabricProtocolError(f"{self.tile} has no neighbour tile to the {d.name}")
-        self.fabric.inboxes[peer].put((d.opposite, tag, [np.array(a, copy=True) for a in arrays]))
+        arrays = [np.array(a, copy=True) for a in arrays]
+        crc = checksum(arrays)
+        if self.corrupt is not None and (flips := self.corrupt(d)):
+            arrays = flip(arrays, *flips)
+        self.fabric.inboxes[peer].put((d.opposite, tag, arrays, crc))
 
     def recv(self, d: Dir, tag: str) -> list[np.ndarray]:
         deadline = time.monotonic() + self.fabric.timeout
@@ -48,6 +55,8 @@ class LoopLinks:
                 raise FabricTimeout(f"{self.tile} waited {self.fabric.timeout}s for message {tag!r} from {peer} "
                                     f"({d.name} link) and got nothing")
         got_tag, arrays, _ = self.pending[d].popleft()
+        if isinstance(arrays, Exception):
+            raise arrays
         if got_tag != tag:
             raise FabricProtocolError(f"{self.tile} expected message {tag!r} on its {d.name} link, got "
                                       f"{got_tag!r}: the tiles ran different programs")
@@ -60,14 +69,19 @@ class LoopLinks:
                 return None
         d = min(links, key=lambda d: self.pending[d][0][2])
         tag, arrays, _ = self.pending[d].popleft()
+        if isinstance(arrays, Exception):
+            raise arrays
         return d, tag, arrays
 
     def _take(self, deadline: float) -> bool:
         """Move one message from the inbox to its link's queue, waiting until `deadline`."""
         try:
-            d, tag, arrays = self.inbox.get(timeout=max(deadline - time.monotonic(), 0))
+            d, tag, arrays, crc = self.inbox.get(timeout=max(deadline - time.monotonic(), 0))
         except queue.Empty:
             return False
+        if checksum(arrays) != crc:  # flipped on the way: never used, raised by the recv of its link
+            arrays = PayloadCorrupt(f"{self.tile}: message {tag!r} on the {d.name} link failed its checksum: its "
+                                    "payload was corrupted on the way and was not used")
         self.arrived += 1
         self.pending[d].append((tag, arrays, self.arrived))
         return True

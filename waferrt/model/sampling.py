@@ -37,6 +37,12 @@ class Sampler:
         """A fresh generator for one request, seeded by `seed`."""
         return np.random.default_rng(self.seed)
 
+    def skip(self, rng: np.random.Generator, tokens: int) -> None:
+        """Advance rng past the draws of `tokens` sampled tokens (a request resumed after a fault draws on
+        from where it was): one draw per token, none when greedy."""
+        if not self.greedy and tokens:
+            rng.random(tokens)
+
     def sample(self, logits: np.ndarray, rng: np.random.Generator) -> int:
         """The next token id for logits (vocab,). Greedy sampling does not touch rng."""
         if logits.ndim != 1:

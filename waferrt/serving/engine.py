@@ -32,6 +32,7 @@ class Submission:
     request: GenRequest
     sampler: Sampler
     keep_logits: bool = False  # send every token's logits to the host too (for checking; 200 KB a token)
+    made: int = 0  # tokens it had generated before (a request resumed after a fault): its RNG skips their draws
 
 
 @dataclass(frozen=True, eq=False)
@@ -103,7 +104,9 @@ class HeadEngine:
         """The micro-batches that enter now, as (number, meta rows (slot, token, pos, want, request))."""
         for req in self.admission.admit():
             sub = self._subs.pop(req.rid)
-            self.live[req.rid] = _Live(sub, self.free.pop(0), request_rng(sub.sampler, sub.index))
+            rng = request_rng(sub.sampler, sub.index)
+            sub.sampler.skip(rng, sub.made)
+            self.live[req.rid] = _Live(sub, self.free.pop(0), rng)
         out = []
         for lane in range(self.lanes):
             if lane in self.busy:

@@ -9,7 +9,11 @@ as it comes (with ``keep_logits``, every token's logits too, into ``Completion.l
 completions and the stats -- wall time, inter-token latency, and the modelled wafer time of what ran
 (waferrt.decode.schedule.flow_seconds: every request at its own pace). The tiles stop when every request has ended,
 also when a tile or the host fails or is interrupted: then the error is raised with the completions so
-far attached (``error.completions``: nothing already produced is lost).
+far attached (``error.completions``: nothing already produced is lost). A decode that can recover
+(``recover``: waferrt.recovery for the tile actors) is repaired instead, and every unfinished request
+resumes where it was (waferrt.serving.recovery.resume: replayed, with its RNG where it was), so the
+tokens are those of a run without the fault; ``stats.faults`` lists what happened
+(waferrt.faults.events).
 """
 
 from __future__ import annotations
@@ -22,6 +26,7 @@ from waferrt.decode.setup import DecodeSetup
 from waferrt.model.sampling import Sampler
 
 from .engine import Submission, TokenEvent
+from .recovery import resume
 from .requests import Completion, GenRequest, GenStats, OnToken
 
 WAIT_S = 0.05  # how long one wait for events lasts (the caller's liveness checks run between waits)
@@ -36,30 +41,62 @@ class Decode(Protocol):
 
     def stop(self) -> list: ...
 
+    # A decode that can recover from faults also has ``recover(error) -> the stage runs of the failed
+    # attempt`` (it repairs the wafer and starts the loops again, or raises what cannot be recovered),
+    # ``setup`` (after a recovery, the repaired placement's) and ``log`` (waferrt.faults.events.FaultLog).
+
 
 def serve(decode: Decode, setup: DecodeSetup, clock_hz: float, requests: list[GenRequest], sampler: Sampler,
           on_token: OnToken | None = None, keep_logits: bool = False) -> tuple[list[Completion], GenStats]:
     out, stats = [Completion(r.prompt_ids) for r in requests], GenStats()
     t0 = time.perf_counter()
     decode.start()
-    try:
-        decode.submit([Submission(i, r, sampler, keep_logits) for i, r in enumerate(requests)])
-        _stream(decode, out, stats, on_token)
-    except BaseException as e:
-        e.completions = out  # what was produced before the failure is not lost
-        decode.stop()
-        raise
-    runs = decode.stop()
+    subs = [Submission(i, r, sampler, keep_logits) for i, r in enumerate(requests)]
+    while True:
+        try:
+            decode.submit(subs)
+            _stream(decode, out, stats, on_token)
+            break
+        except Exception as e:  # a fault: recover (resume every unfinished request) when the decode can
+            _account(stats, _recover(decode, e, out), setup, clock_hz, partial=True)
+            setup = getattr(decode, "setup", setup)
+            subs = resume(requests, out, sampler, keep_logits)
+        except BaseException as e:
+            _give_up(decode, e, out)
+    _account(stats, decode.stop(), setup, clock_hz)
     stats.wall_s = time.perf_counter() - t0
     stats.tokens = sum(len(c.tokens) for c in out)
-    stats.steps, stats.runs = len({r.mb for r in runs}), runs
-    stats.modelled_s = flow_seconds(runs, len(setup.stages()) - 1, clock_hz)
+    stats.faults = list(decode.log.events) if getattr(decode, "log", None) else []
     return out, stats
+
+
+def _recover(decode: Decode, error: Exception, out: list[Completion]) -> list:
+    """Repair the wafer after `error` (the decode's own recover); what cannot be recovered is raised with
+    the completions so far attached."""
+    if not hasattr(decode, "recover"):
+        _give_up(decode, error, out)
+    try:
+        return decode.recover(error)
+    except BaseException as e:
+        _give_up(decode, e, out)
+
+
+def _give_up(decode: Decode, e: BaseException, out: list[Completion]):
+    e.completions = out  # what was produced before the failure is not lost
+    decode.stop()
+    raise e
+
+
+def _account(stats: GenStats, runs: list, setup: DecodeSetup, clock_hz: float, partial: bool = False) -> None:
+    """Add one attempt's stage runs (the decode, or its part before a fault: `partial`) to the stats."""
+    stats.runs += runs
+    stats.steps += len({r.mb for r in runs})
+    stats.modelled_s += flow_seconds(runs, len(setup.stages()) - 1, clock_hz, partial)
 
 
 def _stream(decode: Decode, out: list[Completion], stats: GenStats, on_token: OnToken | None) -> None:
     """Take events until every request has ended; tokens go into the completions as they come."""
-    pending, last = set(range(len(out))), {}
+    pending, last = {i for i, c in enumerate(out) if not c.finish}, {}
     while pending:
         for ev in decode.events(WAIT_S):
             done, now = out[ev.index], time.perf_counter()

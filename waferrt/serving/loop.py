@@ -9,9 +9,11 @@ enter in, samples what comes back, and hands the :class:`TokenEvent` s to ``emit
 watches. No host round trip per token, no lock step: each lane's next micro-batch enters as soon as its
 previous one left the head.
 
-A micro-batch that has been in flight for ``deadline`` seconds with nothing arriving ends the loop with
-:class:`~waferrt.fabric.links.FabricTimeout` (a tile downstream is dead or stuck); any error ends the loop
-and propagates to the caller, which reports it with the tile's name.
+Micro-batches in flight with nothing arriving for too long end the loop with
+:class:`~waferrt.fabric.links.FabricTimeout` (a tile downstream is dead or stuck). How long is derived from
+the pace seen so far (:class:`Pace`: ``SLACK`` times the usual gap between arrivals, at least ``FLOOR_S``;
+``deadline`` until the first arrival), not a fixed number. Any error ends the loop and propagates to the
+caller, which reports it with the tile's name. An idle tile still lets its faults' timers fire.
 """
 
 from __future__ import annotations
@@ -27,11 +29,27 @@ from waferrt.fabric.links import FabricTimeout
 from .engine import HeadEngine, TokenEvent
 
 POLL_S = 0.02  # how often an idle tile looks at its control queue and its stop flag
+FLOOR_S = 10.0  # the shortest wait for a micro-batch in flight before the head calls its pipeline stuck
+SLACK = 50.0  # ... else this many times the usual gap between arrivals
+
+
+class Pace:
+    """The head's deadline for a silent pipeline, from the gaps between arrivals seen so far (an EMA)."""
+
+    def __init__(self, first: float):
+        self.first, self.gap = first, None
+
+    def arrived(self, gap: float) -> None:
+        self.gap = gap if self.gap is None else 0.9 * self.gap + 0.1 * gap
+
+    @property
+    def deadline(self) -> float:
+        return self.first if self.gap is None else max(FLOOR_S, SLACK * self.gap)
 
 
 def run_tile(program: TileProgram, engine: HeadEngine | None, control: queue.Queue,
              emit: Callable[[list[TokenEvent]], None], stop: threading.Event, deadline: float = 60.0) -> None:
-    waited_since = time.monotonic()
+    waited_since, pace = time.monotonic(), Pace(deadline)
     while not stop.is_set():
         if engine is not None:
             _take_commands(engine, control, emit)
@@ -41,12 +59,15 @@ def run_tile(program: TileProgram, engine: HeadEngine | None, control: queue.Que
                     emit(engine.returned(mb, logits))
         got = program.links.recv_any(POLL_S)
         if got is None:
-            if engine is not None and engine.busy and time.monotonic() - waited_since > deadline:
+            program.tick(None)
+            if engine is not None and engine.busy and time.monotonic() - waited_since > pace.deadline:
                 raise FabricTimeout(
                     f"{program.tile}: micro-batch(es) {sorted(engine.busy.values())} have been in flight for "
-                    f"{deadline:.0f}s and nothing came back: a tile on the way is dead or stuck")
+                    f"{pace.deadline:.0f}s and nothing came back: a tile on the way is dead or stuck")
             continue
-        waited_since = time.monotonic()
+        now = time.monotonic()
+        pace.arrived(now - waited_since)
+        waited_since = now
         back = program.arrive(got[1], got[2])
         if back is not None:
             emit(engine.returned(*back))

@@ -41,6 +41,7 @@ class GenStats:
     tokens: int = 0  # generated tokens
     token_latency_s: list[float] = field(default_factory=list)  # wall time of each decode-only step
     runs: list = field(default_factory=list)  # every StageRun the tiles booked (waferrt.decode.schedule)
+    faults: list = field(default_factory=list)  # waferrt.faults.events.FaultEvent of every fault armed
 
     @property
     def wall_tokens_per_s(self) -> float:

@@ -1,0 +1,52 @@
+"""What a fault looks like when it is found: errors that name what died, where, and what was lost.
+
+Contract: :class:`FaultError` is the base of every error a fault causes. :class:`CoreFailed` names the dead
+core and what its SRAM held (DSM blocks, a layer's weights and K/V); :class:`LinkFailed` names both ends of
+the dead link; :class:`PayloadCorrupt` is a payload whose checksum did not match on receipt (it is never
+used). :class:`Unrecoverable` ends a run that cannot be repaired: it says what died and what would be
+needed. :class:`FaultStop` is the first fault under the fail-fast policy. All pickle with their fields
+(they cross Ray). Pure.
+"""
+
+from __future__ import annotations
+
+from waferrt.core.mesh import Coord
+
+
+class FaultError(RuntimeError):
+    """A fault (injected or real) hit the run."""
+
+
+class CoreFailed(FaultError):
+    """A core is dead: it computes, answers and forwards nothing, and its SRAM is gone."""
+
+    def __init__(self, core: Coord, lost: tuple[str, ...] = (), where: str = ""):
+        self.core, self.lost, self.where = core, tuple(lost), where
+        held = f"; its SRAM held {', '.join(self.lost)} (lost)" if self.lost else "; it held nothing"
+        super().__init__(f"core {core} is dead{f' ({where})' if where else ''}{held}")
+
+    def __reduce__(self):
+        return type(self), (self.core, self.lost, self.where)
+
+
+class LinkFailed(FaultError):
+    """The link between two neighbouring cores is dead, both ways."""
+
+    def __init__(self, a: Coord, b: Coord, where: str = ""):
+        self.a, self.b, self.where = a, b, where
+        super().__init__(f"the link {a}-{b} is dead{f' ({where})' if where else ''}: nothing crosses it")
+
+    def __reduce__(self):
+        return type(self), (self.a, self.b, self.where)
+
+
+class PayloadCorrupt(FaultError):
+    """A payload arrived whose checksum does not match: it was dropped, never used."""
+
+
+class Unrecoverable(FaultError):
+    """The run cannot be repaired: what died and what would be needed."""
+
+
+class FaultStop(FaultError):
+    """Under the fail-fast policy, the first fault ends the run."""

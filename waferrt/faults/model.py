@@ -1,0 +1,282 @@
+"""Faults as data: what can fail on a wafer, where, and when it fails -- frozen values, a seeded plan.
+
+Contract: six fault kinds, each a frozen, hashable value with a ``where`` and a ``when``:
+:class:`CoreFailure` (a core's SRAM is gone; it never computes, answers or forwards again),
+:class:`LinkFailure` (the link between two neighbouring cores drops everything, both ways),
+:class:`Corrupt` (payloads crossing a tile border on a link get ``bits`` bit flips),
+:class:`Straggler` (a tile runs ``delay`` seconds slower per stage: slow, not dead),
+:class:`TileCrash` (the tile actor's process dies, ``os._exit`` inside it) and :class:`NodeLoss` (a Ray
+node goes away with its tiles). ``when`` is a :class:`Trigger`: at micro-batch (decode step) N, at the
+K-th message on the fault's link, T seconds after it is armed, or at random with a rate per step (drawn
+from the plan's seed). A :class:`FaultPlan` is a seeded tuple of faults; it round-trips through JSON (and
+YAML when PyYAML is installed), and ``FaultPlan.random(seed, n, kinds, mesh, ...)`` draws the same plan
+from the same seed every time. Pure: no Ray, no sockets.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import random
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from waferrt.core.mesh import Coord, Dir, MeshSpec, TileId
+
+KINDS = ("core", "link", "corrupt", "straggler", "tile", "node")
+
+
+@dataclass(frozen=True)
+class Trigger:
+    """When a fault fires: the first of these that holds (0 / None: not used)."""
+
+    step: int = 0  # at the step-th step (decode micro-batch, kernel command) the tile runs once armed
+    message: int = 0  # the `message`-th message on the fault's link (Corrupt)
+    seconds: float = 0.0  # this long after the fault is armed
+    rate: float = 0.0  # per step, with this probability (from the plan's seed)
+
+    def __post_init__(self) -> None:
+        if min(self.step, self.message, self.seconds, self.rate) < 0 or self.rate > 1:
+            raise ValueError(f"a trigger's step, message and seconds are >= 0 and its rate in [0, 1]: {self}")
+
+    def __str__(self) -> str:
+        parts = [f"{k} {v}" for k, v in dataclasses.asdict(self).items() if v]
+        return ", ".join(parts) or "at once"
+
+
+NOW = Trigger()
+
+
+@dataclass(frozen=True)
+class CoreFailure:
+    core: Coord
+    when: Trigger = NOW
+    kind = "core"
+
+    def where(self) -> str:
+        return f"core {self.core}"
+
+
+@dataclass(frozen=True)
+class LinkFailure:
+    a: Coord
+    b: Coord
+    when: Trigger = NOW
+    kind = "link"
+
+    def __post_init__(self) -> None:
+        _check_link(self.a, self.b)
+
+    def where(self) -> str:
+        return f"link {self.a}-{self.b}"
+
+
+@dataclass(frozen=True)
+class Corrupt:
+    a: Coord  # the link a -> b (a tile border: the payloads that cross it)
+    b: Coord
+    bits: int = 1
+    when: Trigger = NOW
+    kind = "corrupt"
+
+    def __post_init__(self) -> None:
+        _check_link(self.a, self.b)
+        if self.bits < 1:
+            raise ValueError(f"Corrupt flips at least 1 bit, got {self.bits}")
+
+    def where(self) -> str:
+        return f"link {self.a}->{self.b}"
+
+
+@dataclass(frozen=True)
+class Straggler:
+    tile: TileId
+    delay: float  # seconds added to every stage the tile runs
+    when: Trigger = NOW
+    kind = "straggler"
+
+    def __post_init__(self) -> None:
+        if self.delay <= 0:
+            raise ValueError(f"a straggler is slower by a positive delay in seconds, got {self.delay}")
+
+    def where(self) -> str:
+        return f"{self.tile} (+{self.delay:g} s per stage)"
+
+
+@dataclass(frozen=True)
+class TileCrash:
+    tile: TileId
+    when: Trigger = NOW
+    kind = "tile"
+
+    def where(self) -> str:
+        return str(self.tile)
+
+
+@dataclass(frozen=True)
+class NodeLoss:
+    node: int  # the index of the Ray node in the cluster's list of nodes that host tiles
+    when: Trigger = NOW
+    kind = "node"
+
+    def where(self) -> str:
+        return f"Ray node {self.node}"
+
+
+Fault = CoreFailure | LinkFailure | Corrupt | Straggler | TileCrash | NodeLoss
+BY_KIND = {c.kind: c for c in (CoreFailure, LinkFailure, Corrupt, Straggler, TileCrash, NodeLoss)}
+
+
+def _check_link(a: Coord, b: Coord) -> None:
+    if a.hops_to(b) != 1:
+        raise ValueError(f"a link joins two neighbouring cores (one N/E/S/W hop apart); {a} and {b} are "
+                         f"{a.hops_to(b)} hops apart")
+
+
+def link_dir(a: Coord, b: Coord) -> Dir:
+    """The direction of the hop from a to b."""
+    return Dir.of_step(b.x - a.x, b.y - a.y)
+
+
+@dataclass(frozen=True)
+class FaultPlan:
+    faults: tuple = ()
+    seed: int = 0
+    policy: str = "tolerant"  # "tolerant": recover; "fail-fast": the first fault ends the run
+    meta: dict = field(default_factory=dict, compare=False, hash=False)
+
+    def __post_init__(self) -> None:
+        if self.policy not in ("tolerant", "fail-fast"):
+            raise ValueError(f"a fault plan's policy is 'tolerant' or 'fail-fast', got {self.policy!r}")
+        object.__setattr__(self, "faults", tuple(self.faults))
+
+    # -- files ------------------------------------------------------------------------------------------
+    def to_dict(self) -> dict:
+        return {"seed": self.seed, "policy": self.policy, "faults": [fault_dict(f) for f in self.faults]}
+
+    @classmethod
+    def from_dict(cls, d: dict) -> FaultPlan:
+        try:
+            return cls(tuple(fault_from(f) for f in d.get("faults", ())), int(d.get("seed", 0)),
+                       d.get("policy", "tolerant"))
+        except (KeyError, TypeError) as e:
+            raise ValueError(f"not a fault plan: {e}; see FaultPlan.to_dict for the form") from None
+
+    def save(self, path: str | Path) -> None:
+        path = Path(path)
+        if path.suffix in (".yaml", ".yml"):
+            import yaml
+
+            path.write_text(yaml.safe_dump(self.to_dict(), sort_keys=False))
+        else:
+            path.write_text(json.dumps(self.to_dict(), indent=1))
+
+    @classmethod
+    def load(cls, path: str | Path) -> FaultPlan:
+        path = Path(path)
+        text = path.read_text()
+        if path.suffix in (".yaml", ".yml"):
+            import yaml
+
+            return cls.from_dict(yaml.safe_load(text))
+        return cls.from_dict(json.loads(text))
+
+    # -- drawing ----------------------------------------------------------------------------------------
+    @classmethod
+    def random(cls, seed: int, n: int, mesh: MeshSpec, kinds=KINDS, steps: int = 10, cores=None,
+               nodes: int = 1, policy: str = "tolerant") -> FaultPlan:
+        """`n` faults of `kinds` drawn from `seed` (the same seed, the same plan): cores from `cores`
+        (default: every live core of `mesh`), links around them, tile-border links for Corrupt, tiles of
+        `mesh`, nodes below `nodes`; each fires at a step in [1, steps]."""
+        rng = random.Random(seed)
+        cores = sorted(cores if cores is not None else set(mesh.region.cores()) - mesh.dead)
+        kinds = [k for k in kinds if k != "node" or nodes > 1]
+        if not kinds:
+            raise ValueError("no fault kind left to draw (node losses need more than one Ray node)")
+        faults = [_draw(rng, rng.choice(kinds), mesh, cores, nodes, Trigger(step=rng.randint(1, steps)))
+                  for _ in range(n)]
+        return cls(tuple(faults), seed, policy)
+
+
+def _draw(rng: random.Random, kind: str, mesh: MeshSpec, cores: list, nodes: int, when: Trigger):
+    if kind == "core":
+        return CoreFailure(rng.choice(cores), when)
+    if kind == "link":
+        a = rng.choice(cores)
+        b = rng.choice([c for d in Dir if mesh.region.contains(c := a.step(d))] or [a.step(Dir.E)])
+        return LinkFailure(a, b, when)
+    if kind == "corrupt":
+        a, b = rng.choice(border_links(mesh))
+        return Corrupt(a, b, rng.randint(1, 3), when)
+    if kind == "straggler":
+        return Straggler(rng.choice(mesh.tiles()), round(rng.uniform(0.005, 0.05), 4), when)
+    if kind == "tile":
+        return TileCrash(rng.choice(mesh.tiles()), when)
+    return NodeLoss(rng.randrange(1, nodes), when)  # never node 0: the driver's
+
+
+def fault_tiles(fault, mesh: MeshSpec) -> list[TileId]:
+    """The tiles that carry out `fault` (none for a NodeLoss: the host removes the node)."""
+    if isinstance(fault, CoreFailure):
+        return [mesh.tile_of(fault.core)]
+    if isinstance(fault, LinkFailure):
+        return sorted({mesh.tile_of(fault.a), mesh.tile_of(fault.b)})
+    if isinstance(fault, Corrupt):
+        if mesh.tile_of(fault.a) == mesh.tile_of(fault.b):
+            raise ValueError(f"Corrupt flips bits on a link between two tiles; {fault.a}->{fault.b} lies inside "
+                             f"{mesh.tile_of(fault.a)} (see waferrt.faults.model.border_links)")
+        return [mesh.tile_of(fault.a)]
+    if isinstance(fault, NodeLoss):
+        return []
+    if fault.tile not in mesh.tiles():
+        raise ValueError(f"{fault.tile} is not a tile of the mesh {mesh}")
+    return [fault.tile]
+
+
+def border_links(mesh: MeshSpec) -> list[tuple[Coord, Coord]]:
+    """Every link a -> b between two cores of neighbouring tiles (what crosses the fabric between tiles)."""
+    out = []
+    for t in mesh.tiles():
+        r = mesh.tile_region(t)
+        for d in Dir:
+            n = mesh.tile_neighbour(t, d)
+            if n is None:
+                continue
+            edge = [c for c in r.cores() if not r.contains(c.step(d))]
+            out += [(c, c.step(d)) for c in edge]
+    if not out:
+        raise ValueError(f"the mesh {mesh} has one tile: no link crosses a tile border")
+    return out
+
+
+def fault_dict(f) -> dict:
+    """A fault as plain data (JSON, msgpack)."""
+    d = {"kind": f.kind}
+    for fld in dataclasses.fields(f):
+        v = getattr(f, fld.name)
+        if isinstance(v, Coord):
+            v = [v.x, v.y]
+        elif isinstance(v, TileId):
+            v = [v.tx, v.ty]
+        elif isinstance(v, Trigger):
+            v = {k: x for k, x in dataclasses.asdict(v).items() if x}
+        d[fld.name] = v
+    return d
+
+
+def fault_from(d: dict):
+    """The fault that fault_dict gave `d` for."""
+    cls = BY_KIND[d["kind"]]
+    args = {}
+    for fld in dataclasses.fields(cls):
+        if fld.name not in d:
+            continue
+        v = d[fld.name]
+        if fld.name in ("core", "a", "b"):
+            v = Coord(*v)
+        elif fld.name == "tile":
+            v = TileId(*v)
+        elif fld.name == "when":
+            v = Trigger(**v)
+        args[fld.name] = v
+    return cls(**args)

@@ -1,0 +1,106 @@
+"""Faults into a running wafer: each fault to the tiles that carry it out, node losses by the host, the log.
+
+Contract: a :class:`FaultSession` belongs to one open Wafer (``wafer.faults(plan)`` or the session that
+``wafer.inject`` opens). ``inject(fault)`` arms a fault on the tiles it concerns
+(waferrt.faults.model.fault_tiles; a CoreFailure's or LinkFailure's position is checked to be on the mesh)
+and adds it to ``log`` (waferrt.faults.events.FaultLog); entering the session arms every fault of its plan,
+leaving it disarms what has not fired (what died stays dead). A :class:`~waferrt.faults.model.NodeLoss` is
+the host's to carry out: ``tick(step)`` fires it (``node_loss(i)``, e.g. a ray.cluster_utils.Cluster's
+``remove_node``) when its trigger holds; the host's step is the number of tokens it has received.
+``on_message`` takes the tiles' reports of faults that fired, ``refresh()`` asks every tile what fired on
+it; ``rearm(tiles)`` arms again, on restarted tiles, the faults that had not fired there.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+
+from waferrt.actors.tile import Tile
+from waferrt.core.mesh import TileId
+from waferrt.faults.events import FaultLog
+from waferrt.faults.model import CoreFailure, FaultPlan, NodeLoss, fault_tiles
+
+
+class FaultSession:
+    def __init__(self, wafer, plan: FaultPlan | None = None, node_loss: Callable[[int], None] | None = None):
+        self.wafer, self.plan = wafer, plan or FaultPlan()
+        self.node_loss = node_loss
+        self.log = FaultLog()
+        self.lost_nodes: set[int] = set()
+        self._host: list[tuple[int, NodeLoss, float]] = []  # node losses armed: (index, fault, since)
+        self.step = 0
+
+    @property
+    def policy(self) -> str:
+        return self.plan.policy
+
+    def __enter__(self) -> FaultSession:
+        self.wafer.session = self
+        for f in self.plan.faults:
+            self.inject(f)
+        return self
+
+    def __exit__(self, *exc) -> None:
+        if self.wafer.session is self:
+            self.wafer.session = None
+        if self.wafer.tiles and self.wafer.failed is None:
+            self.wafer.on_every_tile(Tile.disarm)
+
+    def inject(self, fault) -> int:
+        _check_on_mesh(fault, self.wafer.mesh)
+        if isinstance(fault, NodeLoss) and self.node_loss is None:
+            raise ValueError("a NodeLoss needs a way to remove a Ray node: wafer.faults(plan, node_loss=...) with "
+                             "e.g. a ray.cluster_utils.Cluster's remove_node (tests/cluster shows how)")
+        i = self.log.add(fault)
+        self._arm(i, fault)
+        return i
+
+    def _arm(self, i: int, fault) -> None:
+        if isinstance(fault, NodeLoss):
+            self._host.append((i, fault, time.monotonic()))
+            self.tick(None)
+            return
+        self.wafer.call([(t, Tile.inject, (fault, i, self.plan.seed)) for t in fault_tiles(fault, self.wafer.mesh)])
+
+    def rearm(self, tiles: list[TileId]) -> None:
+        """Arm again, on these restarted tiles, the faults that had not fired."""
+        again = [(t, Tile.inject, (e.fault, e.index, self.plan.seed)) for e in self.log.unfired()
+                 if not isinstance(e.fault, NodeLoss) for t in fault_tiles(e.fault, self.wafer.mesh) if t in tiles]
+        if again:
+            self.wafer.call(again)
+
+    def tick(self, step: int | None) -> None:
+        """Fire the node losses whose trigger holds at the host's `step` (tokens received; None: timers)."""
+        if step is not None:
+            self.step = max(self.step, step)
+        now = time.monotonic()
+        for item in list(self._host):
+            i, f, since = item
+            w = f.when
+            due = (not (w.step or w.seconds) or (w.step and self.step >= w.step)
+                   or (w.seconds and now - since >= w.seconds))
+            if due:
+                self._host.remove(item)
+                self.log.fired(i, self.step, time.time())
+                self.lost_nodes.add(f.node)
+                self.node_loss(f.node)
+
+    def on_message(self, msg: dict) -> None:
+        """A tile's report that a fault fired on it."""
+        self.log.fired(msg["index"], msg["step"], msg["at"])
+
+    def refresh(self) -> list[dict]:
+        """Ask every tile that answers what died and fired on it; the log is brought up to date."""
+        reports = self.wafer.on_every_tile(Tile.dead)
+        for r in reports:
+            for rec in r["fired"]:
+                self.on_message(rec)
+        return reports
+
+
+def _check_on_mesh(fault, mesh) -> None:
+    cores = [fault.core] if isinstance(fault, CoreFailure) else [fault.a, fault.b] if hasattr(fault, "a") else []
+    for c in cores:
+        if not mesh.region.contains(c):
+            raise ValueError(f"{fault.where()}: core {c} is not on the {mesh.width}x{mesh.height} mesh")

@@ -1,0 +1,132 @@
+"""What the host does when a fault hits a decode on the tile actors: find what died, re-plan, restart, reload.
+
+Contract: :func:`recover` (``WaferLLM``'s decode calls it with the error that ended an attempt) returns the
+stage runs the surviving tiles booked before the fault, after it has
+1. found what died: the tiles that do not answer (dead, frozen, on a lost node) and, from every tile that
+   answers, its dead cores and links and the faults that fired on it (the log records when each was
+   found, and by what: the error's kind);
+2. ended the surviving tiles' decode loops;
+3. re-planned the damaged regions onto spare or free cores with the fewest moves
+   (waferrt.scheduler.repair.replan) -- or raised :class:`~waferrt.faults.errors.Unrecoverable` saying what
+   died and what would be needed;
+4. restarted the dead tiles as new actors (on their node, or next to a neighbour when their node is
+   gone), rewired to their neighbours, and armed on them again the faults that had not fired;
+5. set the decode up again on every tile (the stages that did not move keep their weights) and sent the
+   weights of the others from the host's copy (as Cerebras' MemoryX streams them in);
+6. started the loops again. The caller then resumes every unfinished request (waferrt.serving.recovery):
+   the K/V entries that died are recomputed by replaying the requests' tokens.
+Under the fail-fast policy the first fault raises :class:`~waferrt.faults.errors.FaultStop` instead.
+"""
+
+from __future__ import annotations
+
+import time
+
+from waferrt.actors.tile import Tile
+from waferrt.actors.watch import TileDied, TileFailed, TileStalled
+from waferrt.core.mesh import Coord, Dir, TileId
+from waferrt.fabric.links import FabricTimeout
+from waferrt.faults.errors import FaultStop, PayloadCorrupt, Unrecoverable
+from waferrt.scheduler.repair import replan
+from waferrt.scheduler.types import PlanError
+
+MAX_FRUITLESS = 3  # recoveries in a row after which no new token came: the run is not getting anywhere
+
+
+def recover(dec, error: Exception) -> list:
+    llm, wafer, session = dec.llm, dec.wafer, dec.session
+    found = time.time()
+    if session.policy == "fail-fast":
+        raise FaultStop(f"the fail-fast policy ends the run at the first fault: {error}") from error
+    dec.fruitless += 1
+    if dec.fruitless > MAX_FRUITLESS:
+        raise Unrecoverable(f"{MAX_FRUITLESS} recoveries in a row produced no token; the last failure: {error}")
+    wafer.failed = None
+    dead = wafer.dead_tiles()
+    live = [t for t in wafer.tiles if t not in dead]
+    wafer.watch.track({t: wafer.tiles[t] for t in live})
+    runs = [r for rs in wafer.call([(t, Tile.decode_abort, ()) for t in live]) for r in rs]
+    reports = wafer.call([(t, Tile.dead, ()) for t in live])
+    for r in reports:
+        for rec in r["fired"]:
+            session.on_message(rec)
+    hit = session.log.pending()
+    session.log.detected(hit, _detector(error), found)
+    cores = {c for r in reports for c in r["cores"]}
+    links = {tuple(link) for r in reports for link in r["links"]}
+    moved = _replan(llm, cores, links, dead)
+    _restart(wafer, session, dead, llm)
+    shipped = _set_up(llm, wafer)
+    dec.start()
+    modelled = shipped / llm.placement.spec.ingress_bytes_per_s
+    what = "; ".join(filter(None, [f"re-planned {', '.join(moved)}" if moved else "",
+                                   f"restarted {', '.join(map(str, dead))}" if dead else "",
+                                   f"{shipped / 1e6:.1f} MB of weights sent again" if shipped else "",
+                                   "replayed the unfinished requests"]))
+    session.log.recovered(hit, what, time.time(), modelled)
+    return runs
+
+
+def _detector(error: Exception) -> str:
+    """What found the fault, from the error that ended the attempt."""
+    text = str(error)
+    if isinstance(error, TileDied):
+        return "Ray: actor died"
+    if isinstance(error, TileStalled):
+        return "heartbeat silent"
+    if isinstance(error, PayloadCorrupt) or "PayloadCorrupt" in text:
+        return "payload checksum"
+    if isinstance(error, FabricTimeout) or "FabricTimeout" in text:
+        return "deadline (pace)"
+    for kind, by in (("CoreFailed", "core failed in its region"), ("LinkFailed", "link failed in its region")):
+        if kind in text:
+            return by
+    return type(error).__name__ if not isinstance(error, TileFailed) else "tile failed"
+
+
+def _replan(llm, cores: set[Coord], links: set[tuple[Coord, Coord]], dead_tiles: list[TileId]) -> tuple[str, ...]:
+    """A placement that avoids every dead core and link; the regions that moved."""
+    p = llm.placement
+    new_cores = frozenset(cores) - p.mesh.dead
+    new_links = frozenset(links) - p.dead_links
+    if not (new_cores or new_links):
+        return ()
+    try:
+        rp = replan(p, new_cores, new_links)
+    except PlanError as e:
+        died = ", ".join([*(f"core {c}" for c in sorted(new_cores)), *(f"link {a}-{b}" for a, b in new_links)])
+        raise Unrecoverable(f"{died} died and the model no longer fits the wafer around them: {e}. It would "
+                            "need more spare cores (a bigger mesh, or fewer K/V tokens per request)") from None
+    llm.adopt(rp.placement)
+    return rp.moved
+
+
+def _restart(wafer, session, dead: list[TileId], llm) -> None:
+    """New actors for the dead tiles, on their node unless it was lost (then next to a live neighbour's, or
+    the driver's); the faults that had not fired there are armed again."""
+    if not dead:
+        return
+    from waferrt.actors.remote import alive_nodes
+
+    alive = alive_nodes()
+    nodes = {}
+    for t in dead:
+        node = wafer.nodes.get(t)
+        if node not in alive:
+            near = [wafer.nodes[n] for d in Dir if (n := wafer.mesh.tile_neighbour(t, d)) is not None
+                    and n not in dead and wafer.nodes.get(n) in alive]
+            node = near[0] if near else wafer._here
+        nodes[t] = node
+    try:
+        wafer.restart(dead, nodes)
+    except Exception as e:  # noqa: BLE001 - whatever Ray says, the run cannot go on without these tiles
+        raise Unrecoverable(f"{', '.join(map(str, dead))} died and could not be started again: {e}") from None
+    session.rearm(dead)
+
+
+def _set_up(llm, wafer) -> int:
+    """Every tile sets the (re-planned) decode up again; the stages that moved or lost their tile get their
+    weights from the host. Returns the bytes sent."""
+    need = wafer.call([(t, Tile.decode_setup, (llm.setup,)) for t in wafer.tiles])
+    stages = sorted({s for ss in need for s in ss})
+    return llm.load(llm.weights, stages=stages) if stages else 0
