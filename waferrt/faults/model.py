@@ -53,6 +53,9 @@ class CoreFailure:
     when: Trigger = NOW
     kind = "core"
 
+    def __post_init__(self) -> None:
+        _coerce(self)
+
     def where(self) -> str:
         return f"core {self.core}"
 
@@ -65,6 +68,7 @@ class LinkFailure:
     kind = "link"
 
     def __post_init__(self) -> None:
+        _coerce(self)
         _check_link(self.a, self.b)
 
     def where(self) -> str:
@@ -80,6 +84,7 @@ class Corrupt:
     kind = "corrupt"
 
     def __post_init__(self) -> None:
+        _coerce(self)
         _check_link(self.a, self.b)
         if self.bits < 1:
             raise ValueError(f"Corrupt flips at least 1 bit, got {self.bits}")
@@ -96,6 +101,7 @@ class Straggler:
     kind = "straggler"
 
     def __post_init__(self) -> None:
+        _coerce(self)
         if self.delay <= 0:
             raise ValueError(f"a straggler is slower by a positive delay in seconds, got {self.delay}")
 
@@ -108,6 +114,9 @@ class TileCrash:
     tile: TileId
     when: Trigger = NOW
     kind = "tile"
+
+    def __post_init__(self) -> None:
+        _coerce(self)
 
     def where(self) -> str:
         return str(self.tile)
@@ -125,6 +134,16 @@ class NodeLoss:
 
 Fault = CoreFailure | LinkFailure | Corrupt | Straggler | TileCrash | NodeLoss
 BY_KIND = {c.kind: c for c in (CoreFailure, LinkFailure, Corrupt, Straggler, TileCrash, NodeLoss)}
+
+
+def _coerce(fault) -> None:
+    """Let a fault be written with plain pairs: CoreFailure((3, 4)), Straggler((1, 0), 0.01)."""
+    for f in dataclasses.fields(fault):
+        v = getattr(fault, f.name)
+        if f.name in ("core", "a", "b") and isinstance(v, (tuple, list)):
+            object.__setattr__(fault, f.name, Coord(*v))
+        elif f.name == "tile" and isinstance(v, (tuple, list)):
+            object.__setattr__(fault, f.name, TileId(*v))
 
 
 def _check_link(a: Coord, b: Coord) -> None:
