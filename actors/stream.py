@@ -1,16 +1,16 @@
 """The tiles' line to the host: tokens, errors and heartbeats, pushed by the tiles, never asked for.
 
-Contract: the host (the driver that opened the Wafer) binds one :class:`HostInbox` (a PULL socket: ipc://
-in the wafer's ipc directory; tcp:// on the driver's address too when tiles run on other nodes); every tile
+Contract: the host (the driver that opened the Wafer) binds one :class:`HostInbox` (a PULL socket: ipc:// in
+the wafer's ipc directory; tcp:// on the driver's address too when tiles run on other nodes); every tile
 connects an :class:`Outbox` (a PUSH socket) to it. A message is one msgpack map: ``{"k": "ev", "tile", "e",
 "ev": [[index, token, finish, float32 logits bytes or None], ...]}`` (the head's TokenEvents; e: the
-decode's epoch), ``{"k": "err", "tile", "type", "msg", "e"}`` (a tile's decode loop failed),
-``{"k": "fault", "tile", "index", "fault", "step", "at"}`` (an injected fault fired on the tile:
-waferrt.faults.model.fault_dict) or ``{"k": "beat", "tile", "n"}`` (a tile is alive; n counts its beats).
-``HostInbox.get(timeout)`` returns what arrived (a list, [] when nothing came within `timeout`); a frame
-that is not such a map is dropped and counted. A tile's :class:`Heartbeat` thread sends a beat every
-``BEAT_S`` seconds from its own socket, so a frozen or killed tile falls silent while a busy one does not.
-"""
+decode's epoch), ``{"k": "err", "tile", "type", "msg", "e"}`` (a tile's decode loop failed), ``{"k":
+"fault", "tile", "index", "fault", "step", "at"}`` (an injected fault fired on the tile:
+waferrt.faults.model.fault_dict) or ``{"k": "beat", "tile", "n", "pace"}`` (a tile is alive; n counts its
+beats; pace: its seconds per stage run lately, or None). ``HostInbox.get(timeout)`` returns
+what arrived (a list, [] when nothing came within `timeout`); a frame that is not such a map is dropped and
+counted. A tile's :class:`Heartbeat` thread sends a beat every ``BEAT_S`` seconds from its own socket, so a
+frozen or killed tile falls silent while a busy one does not."""
 
 from __future__ import annotations
 
@@ -83,10 +83,11 @@ class Outbox:
 
 
 class Heartbeat:
-    """A thread that beats every BEAT_S seconds to the host, from its own socket, until stopped."""
+    """A thread that beats every BEAT_S seconds to the host, from its own socket, until stopped; each beat
+    carries the tile's pace (``pace()``: seconds per stage run lately, or None)."""
 
-    def __init__(self, address: str, tile: str):
-        self._stop = threading.Event()
+    def __init__(self, address: str, tile: str, pace=lambda: None):
+        self._stop, self.pace = threading.Event(), pace
         self._thread = threading.Thread(target=self._beat, args=(address, tile), daemon=True, name="heartbeat")
         self._thread.start()
 
@@ -95,7 +96,7 @@ class Heartbeat:
         try:
             while not self._stop.wait(BEAT_S):
                 n += 1
-                out.send("beat", n=n)
+                out.send("beat", n=n, pace=self.pace())
         finally:
             out.close()
 

@@ -76,7 +76,7 @@ class Tile:
         self.links.connect({Dir[d]: a for d, a in peers.items()})
         self.links.corrupt = self.faults.on_send
         self.host = host
-        self.heartbeat = Heartbeat(host, str(self.tile))
+        self.heartbeat = Heartbeat(host, str(self.tile), lambda: self.decoder.pace if self.decoder else None)
 
     def rewire(self, d: str, key: bytes, address: str) -> None:
         """The neighbour to the `d` side was restarted: admit its new key, link to its new socket, and number

@@ -6,10 +6,10 @@ and checks that every tile has beaten within ``stall_s`` seconds. A call whose a
 :class:`TileDied` at once, naming that tile; a tile that falls silent is asked for its pid: no answer and
 Ray says its process is gone -> :class:`TileDied`, no answer otherwise (SIGSTOP, a hung process) ->
 :class:`TileStalled`. ``listen(timeout)`` returns the inbox's messages other than beats (events, errors),
-``check()`` runs the liveness check alone, ``sweep()`` pings every tile and returns those that do not
-answer (after a fault); ``track`` / ``reset`` follow restarted tiles. The errors are
-:class:`TileFailed` s; they name the tile and say what to do.
-"""
+``check()`` runs the liveness check alone, ``sweep()`` pings every tile and returns those that do not answer
+(after a fault); ``track`` / ``reset`` follow restarted tiles; ``slow()`` names the tiles whose pace
+(carried by their beats) is far behind the others'. The errors are :class:`TileFailed` s; they name the tile
+and say what to do."""
 
 from __future__ import annotations
 
@@ -21,6 +21,7 @@ from waferrt.core.mesh import TileId
 
 WAIT_S = 0.25  # one slice of waiting on Ray calls, between liveness checks
 PING_S = 2.0  # how long a silent tile has to answer a ping
+SLOW_FACTOR, SLOW_MARGIN_S = 3.0, 3e-3  # a straggler: this many times the median pace, and this much more
 
 
 class TileFailed(RuntimeError):
@@ -49,6 +50,7 @@ class Watch:
         self.seen = {str(t): now for t in handles}  # tile -> when it last said something
         self.names = {str(t): t for t in handles}
         self.backlog: list[dict] = []  # messages that came while waiting on calls, for the next listen
+        self.paces: dict[str, float] = {}  # tile -> its latest pace (seconds per stage run, lately)
 
     def track(self, handles: dict[TileId, object]) -> None:
         """Watch these tiles (new or restarted) from now on, and only the tiles of `handles`."""
@@ -70,7 +72,19 @@ class Watch:
                 self.seen[msg["tile"]] = time.monotonic()
             if msg["k"] != "beat":
                 out.append(msg)
+            elif msg.get("pace"):
+                self.paces[msg["tile"]] = msg["pace"]
         return out
+
+    def slow(self, factor: float = SLOW_FACTOR, margin: float = SLOW_MARGIN_S) -> list[TileId]:
+        """The tiles whose pace is `factor` times the median tile's and `margin` seconds per stage more:
+        stragglers (slow, not dead: nothing is done to them)."""
+        paces = sorted(self.paces.values())
+        if len(paces) < 2:
+            return []
+        median = paces[len(paces) // 2 - (len(paces) % 2 == 0)]  # the lower median: robust with one slow tile
+        return [self.names[t] for t, p in self.paces.items() if p > factor * median and p - median > margin
+                and t in self.names]
 
     def sweep(self) -> list[TileId]:
         """The tiles that do not answer a ping within PING_S (dead, or frozen: as good as dead)."""

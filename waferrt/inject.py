@@ -19,7 +19,7 @@ from collections.abc import Callable
 from waferrt.actors.tile import Tile
 from waferrt.core.mesh import TileId
 from waferrt.faults.events import FaultLog
-from waferrt.faults.model import CoreFailure, FaultPlan, NodeLoss, fault_tiles
+from waferrt.faults.model import CoreFailure, FaultPlan, NodeLoss, Straggler, fault_tiles
 
 
 class FaultSession:
@@ -86,9 +86,18 @@ class FaultSession:
                 self.lost_nodes.add(f.node)
                 self.node_loss(f.node)
 
-    def on_message(self, msg: dict) -> None:
-        """A tile's report that a fault fired on it."""
-        self.log.fired(msg["index"], msg["step"], msg["at"])
+    def on_message(self, msg: dict):
+        """A tile's report that a fault fired on it: its event."""
+        return self.log.fired(msg["index"], msg["step"], msg["at"])
+
+    def straggling(self, tiles: list[TileId]) -> None:
+        """The host saw these tiles fall behind the others: a fired Straggler there is detected (it needs no
+        recovery: slow, not dead)."""
+        now = time.time()
+        for e in self.log.pending():
+            if isinstance(e.fault, Straggler) and e.fault.tile in tiles:
+                self.log.detected([e], "pace (heartbeats)", now)
+                self.log.recovered([e], "none needed: slow, not dead (the decode went on)", now)
 
     def refresh(self) -> list[dict]:
         """Ask every tile that answers what died and fired on it; the log is brought up to date."""

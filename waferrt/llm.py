@@ -29,6 +29,7 @@ from waferrt.serving.engine import Submission, TokenEvent
 from waferrt.serving.host import serve
 from waferrt.serving.requests import Completion, GenRequest, GenStats, OnToken
 
+from .recovery import assess, recover
 from .runtime import Wafer
 
 
@@ -127,8 +128,6 @@ class _OnTiles:
         return self.session.log
 
     def recover(self, error: Exception) -> list:
-        from .recovery import recover
-
         return recover(self, error)
 
     def _call(self, calls: list) -> list:
@@ -148,7 +147,7 @@ class _OnTiles:
         out = []
         for msg in self.wafer.listen(timeout):
             if msg["k"] == "fault":
-                self.session.on_message(msg)
+                assess(self.session, self.session.on_message(msg), self.llm.placement)
             elif msg.get("e") != self.epoch:  # from the loops of an attempt that a fault ended
                 continue
             elif msg["k"] == "err":
@@ -162,6 +161,7 @@ class _OnTiles:
             self.tokens += sum(ev.token >= 0 for ev in out)
             self.fruitless = 0
         self.session.tick(self.tokens)
+        self.session.straggling(self.wafer.watch.slow())
         return out
 
     def stop(self) -> list:

@@ -27,9 +27,13 @@ from waferrt.actors.watch import TileDied, TileFailed, TileStalled
 from waferrt.core.mesh import Coord, Dir, TileId
 from waferrt.fabric.links import FabricTimeout
 from waferrt.faults.errors import FaultStop, PayloadCorrupt, Unrecoverable
+from waferrt.faults.model import CoreFailure, LinkFailure, Straggler
+from waferrt.scheduler.geometry import link_inside
 from waferrt.scheduler.repair import replan
 from waferrt.scheduler.types import PlanError
 
+FOUND_BY = {"core": "core failed in its region", "link": "link failed in its region", "corrupt": "payload checksum",
+            "tile": "tile did not answer"}
 MAX_FRUITLESS = 3  # recoveries in a row after which no new token came: the run is not getting anywhere
 
 
@@ -49,9 +53,14 @@ def recover(dec, error: Exception) -> list:
     reports = wafer.call([(t, Tile.dead, ()) for t in live])
     for r in reports:
         for rec in r["fired"]:
-            session.on_message(rec)
-    hit = session.log.pending()
-    session.log.detected(hit, _detector(error), found)
+            assess(session, session.on_message(rec), llm.placement)
+    hit = [e for e in session.log.pending() if not isinstance(e.fault, Straggler)]  # stragglers need nothing
+    if hit:  # a fault to recover from: progress, whatever comes next
+        dec.fruitless = 0
+    by, kind = _detector(error)
+    for e in hit:  # a fault of another kind than the error's was found by the recovery's own scan
+        session.log.detected([e], by if e.kind == kind or len(hit) == 1 else
+                             f"{FOUND_BY.get(e.kind, by)} (scan after a fault)", found)
     cores = {c for r in reports for c in r["cores"]}
     links = {tuple(link) for r in reports for link in r["links"]}
     moved = _replan(llm, cores, links, dead)
@@ -67,21 +76,39 @@ def recover(dec, error: Exception) -> list:
     return runs
 
 
-def _detector(error: Exception) -> str:
-    """What found the fault, from the error that ended the attempt."""
+def assess(session, event, placement) -> None:
+    """A fault that fired on a core or link that no region of the decode uses is found at once (the tile's
+    own scan) and needs nothing: the core stays dead and later re-plans avoid it."""
+    f = event.fault
+    if event.detected_at is not None:
+        return
+    if isinstance(f, CoreFailure):
+        used = any(r.contains(f.core) for _, r in placement.regions())
+    elif isinstance(f, LinkFailure):
+        used = any(link_inside(r, (f.a, f.b)) for _, r in placement.regions())
+    else:
+        return
+    if not used:
+        now = time.time()
+        session.log.detected([event], "the tile's own scan", now)
+        session.log.recovered([event], "none needed: no region of the decode uses it (it stays dead)", now)
+
+
+def _detector(error: Exception) -> tuple[str, str | None]:
+    """What found the fault (from the error that ended the attempt), and the kind of fault it points to."""
     text = str(error)
     if isinstance(error, TileDied):
-        return "Ray: actor died"
+        return "Ray: actor died", "tile"
     if isinstance(error, TileStalled):
-        return "heartbeat silent"
+        return "heartbeat silent", "tile"
     if isinstance(error, PayloadCorrupt) or "PayloadCorrupt" in text:
-        return "payload checksum"
+        return FOUND_BY["corrupt"], "corrupt"
+    for kind, name in (("core", "CoreFailed"), ("link", "LinkFailed")):
+        if name in text:
+            return FOUND_BY[kind], kind
     if isinstance(error, FabricTimeout) or "FabricTimeout" in text:
-        return "deadline (pace)"
-    for kind, by in (("CoreFailed", "core failed in its region"), ("LinkFailed", "link failed in its region")):
-        if kind in text:
-            return by
-    return type(error).__name__ if not isinstance(error, TileFailed) else "tile failed"
+        return "deadline (pace)", None
+    return (type(error).__name__ if not isinstance(error, TileFailed) else "tile failed"), None
 
 
 def _replan(llm, cores: set[Coord], links: set[tuple[Coord, Coord]], dead_tiles: list[TileId]) -> tuple[str, ...]:

@@ -18,9 +18,9 @@ Links are any waferrt.fabric.links.Links (the loop fabric or the real one).
 
 Faults (waferrt.faults.state, optional): the faults armed on the tile fire as micro-batches arrive
 (``tick``); a stage whose region holds a dead core or link raises CoreFailed / LinkFailed naming what was
-lost instead of running; a straggling tile sleeps its delay per stage. After a re-plan, ``adopt`` keeps
-the loaded stages whose region did not move (only the others need their weights again).
-"""
+lost instead of running; a straggling tile sleeps its delay per stage. ``pace`` is the tile's recent wall
+time per stage run (its heartbeat carries it; the host spots a straggler). After a re-plan, ``adopt``
+keeps the loaded stages whose region did not move (only the others need their weights again)."""
 
 from __future__ import annotations
 
@@ -51,6 +51,15 @@ def route(mesh: MeshSpec, a: TileId, b: TileId) -> list[TileId]:
             cur = TileId(cur.tx, cur.ty + (1 if b.ty > cur.ty else -1))
         path.append(cur)
     return path
+
+
+def crossings(setup: DecodeSetup) -> set[tuple[TileId, Dir]]:
+    """The tile borders the micro-batches cross: (tile, the side they leave it by)."""
+    tiles, out = setup.stage_tiles(), set()
+    for s in range(1, len(tiles)):  # (the head's logits stay on its tile, where the next token enters)
+        path = route(setup.mesh, tiles[s - 1], tiles[s])
+        out |= {(a, _dir(a, b)) for a, b in zip(path, path[1:])}
+    return out
 
 
 def segments(tiles: tuple[TileId, ...]) -> list[list[int]]:
@@ -90,6 +99,7 @@ class TileProgram:
         self.layers: dict[int, LayerShard] = {}
         self.embed: EmbedShard | None = None
         self.records: list[StageRun] = []
+        self.paces: dict[bool, float] = {}  # wall seconds per stage run lately (an EMA), of layer stages / others
 
     def hosts(self, s: int) -> bool:
         return self.tiles[s] == self.tile
@@ -169,7 +179,9 @@ class TileProgram:
                     x = self.chunks[st].split(self.chunks[st - 1].join(x))
             if self.faults is not None and not self.faults.quiet:
                 self._alive(st)
+            t0 = time.perf_counter()
             x, logits = self._stage(st, meta, x)
+            self._timed(st, time.perf_counter() - t0)
             self.records.append(StageRun(mb, st, self.stages[st][2], len(self.records),
                                          self.ledger.cycles() - before, self._items(st, meta)))
         nxt = segment[-1] + 1
@@ -177,6 +189,16 @@ class TileProgram:
             vec = self.chunks[segment[-1]].join(x)  # (B, dim): the activations leave the region
             self.links.send(_dir(self.tile, self.routes[nxt][1]), _tag(mb, nxt), [meta, vec])
         return logits
+
+    def _timed(self, s: int, seconds: float) -> None:
+        layer = self.stages[s][0] == "layer"
+        self.paces[layer] = seconds if layer not in self.paces else 0.8 * self.paces[layer] + 0.2 * seconds
+
+    @property
+    def pace(self) -> float | None:
+        """This tile's wall seconds per stage run lately: of its layer stages (alike on every tile), or of
+        its others when it hosts no layer. The host compares them across tiles to spot a straggler."""
+        return self.paces.get(True, self.paces.get(False))
 
     def _alive(self, s: int) -> None:
         """Stage s's cores and links all work (else CoreFailed / LinkFailed naming what is lost); a straggling
@@ -189,8 +211,6 @@ class TileProgram:
             raise CoreFailed(dead.core, held, f"{self.tile}, in the region {region} of {what}")
         if dead is not None:
             raise LinkFailed(dead.a, dead.b, f"{self.tile}, inside the region {region} of {what}")
-        if self.faults.delay:
-            time.sleep(self.faults.delay)
 
     def _items(self, s: int, meta: np.ndarray) -> tuple[Item, ...]:
         """The micro-batch's tokens at stage s, each with the cycles it would take there alone."""
@@ -204,6 +224,8 @@ class TileProgram:
     def _stage(self, s: int, meta: np.ndarray, x):
         """Stage s on a micro-batch -> (its activations out, the logits by item if it is the head)."""
         kind = self.stages[s][0]
+        if self.faults is not None and self.faults.delay:  # a straggler: slow, not dead
+            time.sleep(self.faults.delay)
         if kind == "embed":
             return self.embed.lookup(meta[:, 1]), None
         if kind == "layer":

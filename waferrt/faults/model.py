@@ -203,21 +203,24 @@ class FaultPlan:
     # -- drawing ----------------------------------------------------------------------------------------
     @classmethod
     def random(cls, seed: int, n: int, mesh: MeshSpec, kinds=KINDS, steps: int = 10, cores=None,
-               nodes: int = 1, policy: str = "tolerant") -> FaultPlan:
+               nodes: int = 1, policy: str = "tolerant", links=None) -> FaultPlan:
         """`n` faults of `kinds` drawn from `seed` (the same seed, the same plan): cores from `cores`
-        (default: every live core of `mesh`), links around them, tile-border links for Corrupt, tiles of
-        `mesh`, nodes below `nodes`; each fires at a step in [1, steps]."""
+        (default: every live core of `mesh`), links around them, tile-border links a -> b from `links`
+        (default: every one of `mesh`) for Corrupt, tiles of `mesh`, nodes 1 .. `nodes` - 1 (node 0 is the
+        driver's); each fires at a step in [1, steps]."""
         rng = random.Random(seed)
         cores = sorted(cores if cores is not None else set(mesh.region.cores()) - mesh.dead)
-        kinds = [k for k in kinds if k != "node" or nodes > 1]
+        links = sorted(links if links is not None else border_links(mesh)) if "corrupt" in kinds else []
+        kinds = [k for k in kinds if (k != "node" or nodes > 1) and (k != "corrupt" or links)]
         if not kinds:
-            raise ValueError("no fault kind left to draw (node losses need more than one Ray node)")
-        faults = [_draw(rng, rng.choice(kinds), mesh, cores, nodes, Trigger(step=rng.randint(1, steps)))
+            raise ValueError("no fault kind left to draw (node losses need more than one Ray node, Corrupt a "
+                             "link between two tiles)")
+        faults = [_draw(rng, rng.choice(kinds), mesh, cores, links, nodes, Trigger(step=rng.randint(1, steps)))
                   for _ in range(n)]
         return cls(tuple(faults), seed, policy)
 
 
-def _draw(rng: random.Random, kind: str, mesh: MeshSpec, cores: list, nodes: int, when: Trigger):
+def _draw(rng: random.Random, kind: str, mesh: MeshSpec, cores: list, links: list, nodes: int, when: Trigger):
     if kind == "core":
         return CoreFailure(rng.choice(cores), when)
     if kind == "link":
@@ -225,7 +228,7 @@ def _draw(rng: random.Random, kind: str, mesh: MeshSpec, cores: list, nodes: int
         b = rng.choice([c for d in Dir if mesh.region.contains(c := a.step(d))] or [a.step(Dir.E)])
         return LinkFailure(a, b, when)
     if kind == "corrupt":
-        a, b = rng.choice(border_links(mesh))
+        a, b = rng.choice(links)
         return Corrupt(a, b, rng.randint(1, 3), when)
     if kind == "straggler":
         return Straggler(rng.choice(mesh.tiles()), round(rng.uniform(0.005, 0.05), 4), when)
@@ -252,14 +255,15 @@ def fault_tiles(fault, mesh: MeshSpec) -> list[TileId]:
     return [fault.tile]
 
 
-def border_links(mesh: MeshSpec) -> list[tuple[Coord, Coord]]:
-    """Every link a -> b between two cores of neighbouring tiles (what crosses the fabric between tiles)."""
+def border_links(mesh: MeshSpec, crossings=None) -> list[tuple[Coord, Coord]]:
+    """Every link a -> b between two cores of neighbouring tiles (what crosses the fabric between tiles), or
+    only those leaving tile t toward d for (t, d) in `crossings`."""
     out = []
     for t in mesh.tiles():
         r = mesh.tile_region(t)
         for d in Dir:
             n = mesh.tile_neighbour(t, d)
-            if n is None:
+            if n is None or (crossings is not None and (t, d) not in crossings):
                 continue
             edge = [c for c in r.cores() if not r.contains(c.step(d))]
             out += [(c, c.step(d)) for c in edge]

@@ -6,13 +6,12 @@ waferrt.faults.model that concerns the tile (the host sends each fault to the ti
 command's number; ``None``: no new step, only timers) and fires the armed faults whose trigger holds: a
 ``Trigger(step=N)`` fires at the N-th step the tile runs after the fault was armed. A fault that fires is
 applied: a dead core or link joins ``dead_cores`` / ``dead_links``, a straggler adds its ``delay`` per
-stage, a Corrupt fault waits for its message, a TileCrash calls the ``crash`` hook (the actor's
-``os._exit``). Every fault that fires is handed to the ``on_fire`` hook as a :class:`Fired` record (the
-actor reports it to the host). ``on_send(d)`` is the fabric's hook for each message it sends over its link
-`d`: it returns the bits to flip in that message (None: send it as it is). ``hit(region)`` is the first dead
-core or link inside `region` (the code that would use it raises CoreFailed / LinkFailed). A fault fires
-once. Pure: no Ray, no sockets.
-"""
+stage, a Corrupt fault fires with the next message over its link (its flips), a TileCrash calls the
+``crash`` hook (the actor's ``os._exit``). Every fault that fires is handed to the ``on_fire`` hook as a
+:class:`Fired` record (the actor reports it to the host). ``on_send(d)`` is the fabric's hook for each
+message it sends over its link `d`: it returns the bits to flip in that message (None: send it as it is).
+``hit(region)`` is the first dead core or link inside `region` (the code that would use it raises CoreFailed
+/ LinkFailed). A fault fires once. Pure: no Ray, no sockets."""
 
 from __future__ import annotations
 
@@ -80,8 +79,8 @@ class FaultState:
             new = step is not None and step != a.last  # a step this tile had not seen (the same micro-batch
             if new:                                    # passes a tile once per segment it runs there)
                 a.steps, a.last = a.steps + 1, step
-            if not a.due and self._holds(a, new, now):
-                out.append(self._fire(a))
+            if not a.due and self._holds(a, new, now) and (rec := self._fire(a)) is not None:
+                out.append(rec)
         return out
 
     def _holds(self, a: _Armed, new_step: bool, now: float) -> bool:
@@ -94,12 +93,12 @@ class FaultState:
             return True
         return bool(w.rate) and new_step and a.rng.random() < w.rate
 
-    def _fire(self, a: _Armed) -> Fired:
+    def _fire(self, a: _Armed) -> Fired | None:
         f = a.fault
-        if isinstance(f, Corrupt):
-            a.due = True  # its next message gets the flips
-        else:
-            self.armed.remove(a)
+        if isinstance(f, Corrupt) and not a.due:
+            a.due = True  # it flips the bits of the next message over its link: it fires then
+            return None
+        self.armed.remove(a)
         rec = Fired(a.index, f, self.tile, a.steps, time.time())
         self.fired.append(rec)
         if isinstance(f, CoreFailure):
@@ -122,9 +121,9 @@ class FaultState:
                 continue
             a.sent += 1
             if not a.due and f.when.message and a.sent >= f.when.message:
-                self._fire(a)
+                a.due = True
             if a.due:
-                self.armed.remove(a)
+                self._fire(a)
                 return f.bits, a.rng
         return None
 

@@ -23,6 +23,7 @@ from typing import Protocol
 
 from waferrt.decode.schedule import flow_seconds
 from waferrt.decode.setup import DecodeSetup
+from waferrt.faults.errors import FaultError
 from waferrt.model.sampling import Sampler
 
 from .engine import Submission, TokenEvent
@@ -71,14 +72,19 @@ def serve(decode: Decode, setup: DecodeSetup, clock_hz: float, requests: list[Ge
 
 
 def _recover(decode: Decode, error: Exception, out: list[Completion]) -> list:
-    """Repair the wafer after `error` (the decode's own recover); what cannot be recovered is raised with
-    the completions so far attached."""
+    """Repair the wafer after `error` (the decode's own recover; a fault while recovering is recovered from
+    in turn); what cannot be recovered is raised with the completions so far attached."""
     if not hasattr(decode, "recover"):
         _give_up(decode, error, out)
-    try:
-        return decode.recover(error)
-    except BaseException as e:
-        _give_up(decode, e, out)
+    while True:
+        try:
+            return decode.recover(error)
+        except FaultError as e:  # Unrecoverable, FaultStop: the decode's own verdict
+            _give_up(decode, e, out)
+        except Exception as e:  # noqa: BLE001 - another fault struck during the recovery
+            error = e
+        except BaseException as e:
+            _give_up(decode, e, out)
 
 
 def _give_up(decode: Decode, e: BaseException, out: list[Completion]):

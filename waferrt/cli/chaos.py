@@ -1,0 +1,179 @@
+"""``waferrt chaos``: decode with and without a seeded campaign of faults, side by side, and compare.
+
+Contract: ``add_parser(subparsers)`` registers the subcommand; ``run(args) -> int`` loads the model
+(SmolLM2 by default, ``--model tiny`` for the small synthetic Llama), plans it, starts the tiles once, decodes
+``--requests`` prompts fault-free, then again under a FaultPlan drawn from ``--seed`` (``--faults`` faults of
+``--kinds``, on the cores, links, tile borders and tiles the decode uses, each at a step up to
+``--max-new-tokens``; or ``--plan FILE``), and prints, per fault: kind, where, the step it fired at, what
+detected it and how long after, how long recovery took (wall) and what it would cost on the modelled
+wafer, and what was done; then ``identical: yes|no`` with the command that reproduces the run. Exit status
+0 only when every request's tokens are identical (1 otherwise; 2 for a usage mistake).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+from waferrt.core.spec import PRESETS
+
+from .common import UsageError, checked_mesh, model_path, parse_wxh, say, whole_number
+
+HELP = "inject a seeded campaign of faults into a decode and check nothing is lost"
+DESCRIPTION = """\
+Decode the same requests twice on the emulated wafer: fault-free, then under a seeded plan of injected
+faults (dead cores and links, corrupted payloads, stragglers, crashed tile actors). The run recovers from
+each (re-plan onto spare cores, restart the dead tiles, weights again from the host, replay the requests)
+and the tokens must come out identical. Per fault it prints what found it, how fast, and what recovery cost."""
+EPILOG = """\
+examples:
+  waferrt chaos --faults 20 --kinds core,link,corrupt,straggler,tile --seed 1
+  waferrt chaos --model tiny --faults 5 --seed 3 --json        the small synthetic model: seconds
+  waferrt chaos --save-plan plan.yaml --faults 8               draw a plan, keep it, run it
+  waferrt chaos --plan plan.yaml                               replay a plan from a file
+  waferrt chaos --policy fail-fast --faults 1                  the first fault ends the run (exit 1)
+
+Fault kinds: core (a core dies: its SRAM is gone), link (a link between two cores drops everything),
+corrupt (bit flips on a link between two tiles: caught by the payload checksum), straggler (a tile slows
+down: slow, not dead), tile (a tile actor's process exits). Node losses need several Ray nodes: see
+tests/cluster. Steps count the micro-batches a tile runs after the plan is armed."""
+
+KINDS = ("core", "link", "corrupt", "straggler", "tile")
+PROMPTS = ("The capital of France is", "Once upon a time, there was a", "def fibonacci(n):",
+           "The three primary colours are", "Water boils at", "My favourite book is", "import numpy as np",
+           "The opposite of hot is")
+
+
+def kinds(text: str) -> tuple[str, ...]:
+    got = tuple(k.strip() for k in text.split(",") if k.strip())
+    bad = [k for k in got if k not in KINDS]
+    if bad or not got:
+        hint = " (node losses need several Ray nodes: tests/cluster)" if "node" in bad else ""
+        raise argparse.ArgumentTypeError(f"{text!r}: fault kinds are a comma-separated list of "
+                                         f"{','.join(KINDS)}{hint}")
+    return got
+
+
+def add_parser(sub) -> argparse.ArgumentParser:
+    p = sub.add_parser("chaos", help=HELP, description=DESCRIPTION, epilog=EPILOG,
+                       formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--faults", type=whole_number(1, "--faults 20"), default=20, metavar="N",
+                   help="faults to draw (20)")
+    p.add_argument("--seed", type=whole_number(0, "--seed 1"), default=0, help="the campaign's seed (0)")
+    p.add_argument("--kinds", type=kinds, default=KINDS, metavar="K,K",
+                   help=f"fault kinds to draw from ({','.join(KINDS)})")
+    p.add_argument("--max-new-tokens", type=whole_number(1, "--max-new-tokens 16"), default=16, metavar="T",
+                   help="tokens per request (16); faults fire at steps 1..T")
+    p.add_argument("--requests", type=whole_number(1, "--requests 4"), default=4, metavar="R",
+                   help=f"requests decoded together (4, at most {len(PROMPTS)})")
+    p.add_argument("--plan", metavar="FILE", help="run this FaultPlan (.json/.yaml) instead of drawing one")
+    p.add_argument("--save-plan", metavar="FILE", help="write the plan that runs to FILE (.json/.yaml)")
+    p.add_argument("--policy", choices=("tolerant", "fail-fast"), help="override the plan's policy")
+    p.add_argument("--model", type=lambda t: t if t == "tiny" else model_path(t), default="smollm2",
+                   help="'smollm2' (default), 'tiny' (a small synthetic Llama: fast) or a Llama GGUF path")
+    p.add_argument("--mesh", type=parse_wxh, metavar="WxH", help="mesh size in cores (default: fitted)")
+    p.add_argument("--tile", type=parse_wxh, metavar="TWxTH", help="tile size in cores (with --mesh)")
+    p.add_argument("--spec", default=None, choices=sorted(PRESETS), help="hardware spec (wse2; tiny for --model tiny)")
+    p.add_argument("--json", action="store_true", help="print one JSON object")
+    p.set_defaults(_run=run, dtype="float32", address=None, no_cache=False, chat=False, system=None)
+    return p
+
+
+def run(args) -> int:
+    from waferrt.llm import WaferLLM
+    from waferrt.model import Sampler
+
+    if args.requests > len(PROMPTS):
+        raise UsageError(f"--requests {args.requests}: at most {len(PROMPTS)} (the built-in prompts)")
+    config, weights, requests, placement, decode = _model(args)
+    sampler = Sampler()
+    llm = WaferLLM(config, None, placement)
+    with llm.open(progress=say):
+        llm.load(weights, progress=say)
+        plan = _plan(args, llm)
+        say(f"fault-free decode of {len(requests)} requests x {args.max_new_tokens} tokens")
+        want, _ = llm.generate(requests, sampler)
+        say(f"the same under {len(plan.faults)} faults (seed {plan.seed}, policy {plan.policy})")
+        with llm.faults(plan) as session:
+            try:
+                got, error = llm.generate(requests, sampler)[0], None
+            except Exception as e:  # noqa: BLE001 - reported: what could not be recovered, with the tokens so far
+                got, error = getattr(e, "completions", []), e
+    same = error is None and [c.tokens for c in got] == [c.tokens for c in want]
+    _report(args, plan, session.log, same, error, decode, want, got)
+    return 0 if same else 1
+
+
+def _model(args):
+    """(config, weights, requests, placement, decode(tokens) -> text) for --model."""
+    from waferrt.scheduler import KVReserve, plan
+    from waferrt.serving import GenRequest
+
+    if args.model == "tiny":
+        from waferrt.core.mesh import MeshSpec
+        from waferrt.core.spec import spec_by_name
+        from waferrt.model import synthetic_llama, tiny_config
+
+        config = tiny_config()
+        requests = [GenRequest(tuple(range(3 + i, 8 + 2 * i)), args.max_new_tokens) for i in range(args.requests)]
+        mesh = MeshSpec(*(args.mesh or (16, 16)), *(args.tile or (8, 8)))
+        placement = plan(config, spec_by_name(args.spec or "tiny"), mesh,
+                         kv=KVReserve(32 + args.max_new_tokens, args.requests))
+        return config, synthetic_llama(config, seed=0), requests, placement, str
+    from . import generate
+
+    args.spec, args.kv_tokens, args.max_tiles = args.spec or "wse2", 64 + args.max_new_tokens, 64
+    mesh = checked_mesh(args, lambda w, h: (w, h))
+    model, tok = generate._open_model(args)
+    requests = generate._requests(args, tok, list(PROMPTS[:args.requests]))
+    placement = generate._placement(args, model.config, mesh, requests)
+    return model.config, generate._weights(model), requests, placement, \
+        (lambda ids: tok.decode(ids, skip_special=True))
+
+
+def _plan(args, llm):
+    """The plan to run: --plan's, or drawn from --seed over what the decode uses."""
+    import dataclasses
+
+    from waferrt.decode.program import crossings
+    from waferrt.faults import FaultPlan
+    from waferrt.faults.model import border_links
+
+    if args.plan:
+        try:
+            plan = FaultPlan.load(args.plan)
+        except (OSError, ValueError) as e:
+            raise UsageError(f"--plan {args.plan}: {e}") from None
+    else:
+        p = llm.placement
+        cores = {c for _, r in p.regions() for c in r.cores()} - p.mesh.dead
+        plan = FaultPlan.random(args.seed, args.faults, p.mesh, args.kinds, args.max_new_tokens, cores,
+                                links=border_links(p.mesh, crossings(llm.setup)) if len(p.mesh.tiles()) > 1 else [])
+    if args.policy:
+        plan = dataclasses.replace(plan, policy=args.policy)
+    if args.save_plan:
+        plan.save(args.save_plan)
+    return plan
+
+
+def _report(args, plan, log, same, error, decode, want, got) -> None:
+    events = log.events
+    counts = {"injected": len(events), "fired": sum(e.fired_at is not None for e in events),
+              "detected": sum(e.detected_at is not None for e in events),
+              "recovered": sum(e.recovered_at is not None for e in events)}
+    again = f"waferrt chaos {' '.join(sys.argv[2:])}" if len(sys.argv) > 2 else "waferrt chaos"
+    if args.json:
+        print(json.dumps({"identical": same, "seed": plan.seed, "policy": plan.policy, **counts,
+                          "error": None if error is None else f"{type(error).__name__}: {error}",
+                          "faults": log.as_dicts()}))
+        return
+    print(log.table())
+    for i, (w, g) in enumerate(zip(want, got)):
+        if w.tokens != g.tokens:
+            print(f"--- request {i} differs:\n  fault-free: {decode(w.tokens)!r}\n  with faults: {decode(g.tokens)!r}")
+    if error is not None:
+        print(f"not recovered: {type(error).__name__}: {error}")
+    print(f"{counts['injected']} injected, {counts['fired']} fired, {counts['detected']} detected, "
+          f"{counts['recovered']} recovered")
+    print(f"identical: {'yes' if same else 'no'} (seed {plan.seed}; to reproduce: {again})")
