@@ -7,15 +7,15 @@ through Ray when the tiles start (``actors.remote.start_tiles``). A tile's recei
 server with its secret key; its send sockets are CURVE clients with the same pair that know each
 neighbour's public key.
 
-:class:`Gatekeeper` runs one thread per tile (in the tile's own zmq context) that answers the context's
-ZAP requests -- admitting a client only if its public key is one given to ``admit`` (a neighbour's), with
-that neighbour's side ("N", "E", "S", "W") as the ZAP user id, which every message from that peer then
-carries as its ``User-Id`` -- and reads the receive socket's monitor events. ``stats()`` counts
-connections accepted, authenticated, refused (accepted but not authenticated: a peer without a neighbour's
-key pair, speaking something else than ZMTP/CURVE, or still in a handshake, which is closed after
-``HANDSHAKE_SECONDS``), handshake failures by kind, ZAP denials and disconnections. Nothing a refused peer
-sends reaches the socket's queue. ``close()`` stops the thread and closes its sockets.
-"""
+:class:`Gatekeeper` runs one thread per tile (in the tile's own zmq context) that answers the context's ZAP
+requests -- admitting a client only if its public key is one given to ``admit`` (a neighbour's), with that
+neighbour's side ("N", "E", "S", "W") as the ZAP user id, which every message from that peer then carries as
+its ``User-Id`` -- and reads the receive socket's monitor events. ``stats()`` counts connections accepted,
+authenticated, refused (accepted but not authenticated: a peer without a neighbour's key pair, speaking
+something else than ZMTP/CURVE, or still in a handshake, which is closed after ``HANDSHAKE_SECONDS``),
+handshake failures by kind, ZAP denials and disconnections (``on_disconnect`` is told of each: a neighbour
+may have died). Nothing a refused peer sends reaches the socket's queue. ``close()`` stops the thread and
+closes its sockets."""
 
 from __future__ import annotations
 
@@ -54,6 +54,7 @@ class Gatekeeper:
     def __init__(self, ctx: zmq.Context, sock: zmq.Socket):
         self.sides: dict[bytes, bytes] = {}  # z85 public key -> side: nobody until admit
         self.counts = dict.fromkeys([*EVENTS.values(), "zap_denied"], 0)  # only the thread changes them
+        self.on_disconnect = None  # called (on this thread) when a peer's connection drops: maybe it died
         zap = ctx.socket(zmq.REP)
         zap.setsockopt(zmq.LINGER, 0)
         zap.bind(ZAP_ENDPOINT)
@@ -82,6 +83,8 @@ class Gatekeeper:
                     event = parse_monitor_message(monitor.recv_multipart())["event"]
                     if event in EVENTS:  # (not MONITOR_STOPPED)
                         self.counts[EVENTS[event]] += 1
+                    if event == zmq.EVENT_DISCONNECTED and self.on_disconnect is not None:
+                        self.on_disconnect()
         finally:
             for s in (zap, monitor, stop):
                 s.close(0)

@@ -6,11 +6,12 @@ connects an :class:`Outbox` (a PUSH socket) to it. A message is one msgpack map:
 "ev": [[index, token, finish, float32 logits bytes or None], ...]}`` (the head's TokenEvents; e: the
 decode's epoch), ``{"k": "err", "tile", "type", "msg", "e"}`` (a tile's decode loop failed), ``{"k":
 "fault", "tile", "index", "fault", "step", "at"}`` (an injected fault fired on the tile:
-waferrt.faults.model.fault_dict) or ``{"k": "beat", "tile", "n", "pace"}`` (a tile is alive; n counts its
-beats; pace: its seconds per stage run lately, or None). ``HostInbox.get(timeout)`` returns
-what arrived (a list, [] when nothing came within `timeout`); a frame that is not such a map is dropped and
-counted. A tile's :class:`Heartbeat` thread sends a beat every ``BEAT_S`` seconds from its own socket, so a
-frozen or killed tile falls silent while a busy one does not."""
+waferrt.faults.model.fault_dict) or ``{"k": "lost", "tile"}`` (a neighbour's connection to the tile dropped:
+it may have died), ``{"k": "beat", "tile", "n", "pace"}`` (a tile is alive; n counts its beats; pace: its
+seconds per stage run lately, or None). ``HostInbox.get(timeout)`` returns what arrived (a list, [] when
+nothing came within `timeout`); a frame that is not such a map is dropped and counted. A tile's
+:class:`Heartbeat` thread sends a beat every ``BEAT_S`` seconds from its own socket, so a frozen or killed
+tile falls silent while a busy one does not."""
 
 from __future__ import annotations
 
@@ -51,7 +52,7 @@ class HostInbox:
                 msg = msgpack.unpackb(frame)
             except Exception:  # noqa: BLE001 - not ours: dropped, counted
                 msg = None
-            if isinstance(msg, dict) and msg.get("k") in ("ev", "err", "beat", "fault"):
+            if isinstance(msg, dict) and msg.get("k") in ("ev", "err", "beat", "fault", "lost"):
                 out.append(msg)
             else:
                 self.dropped += 1

@@ -75,6 +75,7 @@ class Tile:
 
         self.links.connect({Dir[d]: a for d, a in peers.items()})
         self.links.corrupt = self.faults.on_send
+        self.links.gate.on_disconnect = lambda: self._tell("lost")  # a neighbour's link dropped: is it dead?
         self.host = host
         self.heartbeat = Heartbeat(host, str(self.tile), lambda: self.decoder.pace if self.decoder else None)
 
@@ -99,7 +100,11 @@ class Tile:
                 "fired": [_fired(r) for r in f.fired]}
 
     def _report(self, rec: Fired) -> None:
-        """A fault fired here: tell the host at once (from whichever thread it fired in)."""
+        """A fault fired here: tell the host at once."""
+        self._tell("fault", **_fired(rec))
+
+    def _tell(self, kind: str, **fields) -> None:
+        """A message to the host's inbox, from whichever thread this runs in (one socket per thread)."""
         if self.host is None:
             return
         from .stream import Outbox
@@ -107,7 +112,7 @@ class Tile:
         out = getattr(self._outboxes, "out", None)
         if out is None:
             out = self._outboxes.out = Outbox(self.host, str(self.tile))
-        out.send("fault", **_fired(rec))
+        out.send(kind, **fields)
 
     def _crash(self) -> None:
         """A TileCrash fired: the process dies as a real crash would (no cleanup, no goodbye)."""

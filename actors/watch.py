@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import time
 
+import psutil
 import ray
 
 from waferrt.core.mesh import TileId
@@ -51,6 +52,8 @@ class Watch:
         self.names = {str(t): t for t in handles}
         self.backlog: list[dict] = []  # messages that came while waiting on calls, for the next listen
         self.paces: dict[str, float] = {}  # tile -> its latest pace (seconds per stage run, lately)
+        self.suspect = False  # a tile said a neighbour's link dropped: look at their processes at the next check
+        self.pids: dict[TileId, int] = {}  # the processes of the tiles on this machine (``local``)
 
     def track(self, handles: dict[TileId, object]) -> None:
         """Watch these tiles (new or restarted) from now on, and only the tiles of `handles`."""
@@ -58,6 +61,14 @@ class Watch:
         self.handles = dict(handles)
         self.seen = {str(t): self.seen.get(str(t), now) for t in handles}
         self.names = {str(t): t for t in handles}
+
+    def local(self, tiles: list[TileId]) -> None:
+        """These tiles run on this machine: learn their processes, whose end the next check notices at once
+        when a neighbour's link to them drops."""
+        refs = {self.handles[t].pid.remote(): t for t in tiles}
+        ready, _ = ray.wait(list(refs), num_returns=len(refs), timeout=PING_S * 5)
+        for ref in ready:
+            self.pids[refs[ref]] = ray.get(ref)
 
     def reset(self, tiles: list[TileId]) -> None:
         """These tiles start afresh (restarted): their silence counts from now."""
@@ -70,7 +81,9 @@ class Watch:
         for msg in self.inbox.get(0 if out else timeout):
             if msg["tile"] in self.seen:
                 self.seen[msg["tile"]] = time.monotonic()
-            if msg["k"] != "beat":
+            if msg["k"] == "lost":
+                self.suspect = True
+            elif msg["k"] != "beat":
                 out.append(msg)
             elif msg.get("pace"):
                 self.paces[msg["tile"]] = msg["pace"]
@@ -100,7 +113,14 @@ class Watch:
         return [t for t in self.handles if t not in alive]
 
     def check(self) -> None:
-        """Raise TileDied / TileStalled for the first tile that has been silent for longer than stall_s."""
+        """Raise TileDied / TileStalled for the first tile that has been silent for longer than stall_s, or
+        that does not answer after a neighbour lost its link to it."""
+        if self.suspect:
+            self.suspect = False
+            for t, pid in self.pids.items():
+                if t in self.handles and not _running(pid):
+                    raise TileDied(t, f"died: its process {pid} is gone (its neighbours lost their link to it). "
+                                      "Close the wafer and open it again")
         now = time.monotonic()
         for name, last in self.seen.items():
             if now - last > self.stall_s:
@@ -143,6 +163,13 @@ class Watch:
                 self.backlog += self.listen(0)
                 self.check()
         return results, errors
+
+
+def _running(pid: int) -> bool:
+    try:
+        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False
 
 
 def died(tile: TileId, e: BaseException) -> TileDied:

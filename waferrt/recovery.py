@@ -4,7 +4,7 @@ Contract: :func:`recover` (``WaferLLM``'s decode calls it with the error that en
 stage runs the surviving tiles booked before the fault, after it has
 1. found what died: the tiles that do not answer (dead, frozen, on a lost node) and, from every tile that
    answers, its dead cores and links and the faults that fired on it (the log records when each was
-   found, and by what: the error's kind);
+   found, and by what: the error's kind; a tile that died with no fault injected is logged as a TileCrash);
 2. ended the surviving tiles' decode loops;
 3. re-planned the damaged regions onto spare or free cores with the fewest moves
    (waferrt.scheduler.repair.replan) -- or raised :class:`~waferrt.faults.errors.Unrecoverable` saying what
@@ -27,7 +27,7 @@ from waferrt.actors.watch import TileDied, TileFailed, TileStalled
 from waferrt.core.mesh import Coord, Dir, TileId
 from waferrt.fabric.links import FabricTimeout
 from waferrt.faults.errors import FaultStop, PayloadCorrupt, Unrecoverable
-from waferrt.faults.model import CoreFailure, LinkFailure, Straggler
+from waferrt.faults.model import CoreFailure, LinkFailure, NodeLoss, Straggler, TileCrash
 from waferrt.scheduler.geometry import link_inside
 from waferrt.scheduler.repair import replan
 from waferrt.scheduler.types import PlanError
@@ -55,6 +55,7 @@ def recover(dec, error: Exception) -> list:
         for rec in r["fired"]:
             assess(session, session.on_message(rec), llm.placement)
     hit = [e for e in session.log.pending() if not isinstance(e.fault, Straggler)]  # stragglers need nothing
+    hit += _unplanned(session, dead, hit, found)
     if hit:  # a fault to recover from: progress, whatever comes next
         dec.fruitless = 0
     by, kind = _detector(error)
@@ -74,6 +75,18 @@ def recover(dec, error: Exception) -> list:
                                    "replayed the unfinished requests"]))
     session.log.recovered(hit, what, time.time(), modelled)
     return runs
+
+
+def _unplanned(session, dead: list[TileId], hit: list, at: float) -> list:
+    """Tiles that died with no injected fault behind them (a real crash, a kill from outside): each becomes a
+    TileCrash event of the log, found when the recovery found it."""
+    if any(isinstance(e.fault, NodeLoss) for e in hit):
+        return []
+    explained = {e.fault.tile for e in hit if isinstance(e.fault, TileCrash)}
+    events = [session.log.events[session.log.add(TileCrash(t))] for t in dead if t not in explained]
+    for e in events:
+        e.fired_at = at
+    return events
 
 
 def assess(session, event, placement) -> None:

@@ -229,6 +229,7 @@ class Wafer:
             self.tiles = start_tiles(self.mesh, self.spec, namespace, self._ipc_dir, nodes, self.timeout,
                                      inbox.addresses, progress)
             self.watch = Watch(self.tiles, inbox, STALL_S)
+            self.watch.local(sorted(self._local))
         except BaseException:
             self.close()
             raise
@@ -345,6 +346,7 @@ class Wafer:
             self.watch.track(self.tiles)
             self.watch.reset(tiles)
             self._local = frozenset(t for t, n in self.nodes.items() if n == self._here)
+            self.watch.local([t for t in tiles if t in self._local])
         self.failed = None
 
     def on_every_tile(self, method: Callable, *args) -> list:
