@@ -23,6 +23,7 @@ from waferrt.decode.program import TileProgram
 from waferrt.decode.schedule import StageRun
 from waferrt.decode.setup import DecodeSetup, stage_sram
 from waferrt.fabric.kernel import Cores
+from waferrt.fabric.traced import kernel_parts
 
 
 class Tile:
@@ -35,6 +36,7 @@ class Tile:
         self.heartbeat = None  # beats to the host once watched
         self.decoder: TileProgram | None = None
         self.loop = None  # the decode loop's thread while it runs
+        self.tracer = None  # a waferrt.core.trace.Recorder between trace_start and trace_stop
 
     # -- fabric -----------------------------------------------------------------------------------------
     def bind(self, ipc_dir: str, tcp: bool = False) -> dict:
@@ -92,10 +94,11 @@ class Tile:
         """Run a kernel on this tile's cores of `region`; `epoch` numbers the command (the same on every
         tile), so messages left over from an earlier, failed command are recognised and dropped."""
         self._idle()
-        ledger = Ledger(self.spec)
+        ledger, links, span = kernel_parts(self.spec, self.links, self.tracer, kernel, epoch)
         self._new_epoch(epoch)
-        ctx = Cores(region, self.region, self.links, ledger, self.store, tag=f"k{epoch}")
-        kernel(ctx, **args)
+        ctx = Cores(region, self.region, links, ledger, self.store, tag=f"k{epoch}")
+        with span:
+            kernel(ctx, **args)
         return ledger.snapshot()
 
     def _new_epoch(self, epoch: int) -> None:
@@ -147,6 +150,24 @@ class Tile:
     def decode_bytes(self) -> int:
         """Bytes of the decode's weight blocks and K/V caches that this tile holds."""
         return self.decoder.held_bytes() if self.decoder is not None else 0
+
+    def trace_start(self) -> None:
+        """Record this tile's spans from now on: its decode loop's, and the kernels it runs (waferrt.core.trace)."""
+        from waferrt.core.trace import Recorder
+        from waferrt.decode.tracing import trace_program
+
+        self.tracer = Recorder(str(self.tile))
+        if self.decoder is not None:
+            trace_program(self.decoder, self.tracer)
+
+    def trace_stop(self) -> list:
+        """Stop recording; the spans and instants recorded since trace_start."""
+        from waferrt.decode.tracing import untrace_program
+
+        rec, self.tracer = self.tracer, None
+        if rec is not None and self.decoder is not None:
+            untrace_program(self.decoder)
+        return rec.take() if rec is not None else []
 
     def names(self) -> list[str]:
         return sorted(self.store)

@@ -85,9 +85,11 @@ class WaferLLM:
         self.wafer.close()
 
     def generate(self, requests: list[GenRequest], sampler: Sampler, on_token: OnToken | None = None,
-                 keep_logits: bool = False) -> tuple[list[Completion], GenStats]:
+                 keep_logits: bool = False, trace=None) -> tuple[list[Completion], GenStats]:
+        """The requests decoded on the tiles; ``trace``: a path to write a Perfetto trace of the run to (or
+        True: keep it in ``stats.trace`` only; waferrt.serving.trace)."""
         return serve(_OnTiles(self), self.setup, self.placement.spec.clock_hz, requests, sampler, on_token,
-                     keep_logits)
+                     keep_logits, trace)
 
 
 class _OnTiles:
@@ -124,3 +126,9 @@ class _OnTiles:
         if self.wafer.failed is not None:  # the tiles cannot finish together; closing the wafer ends them
             return []
         return [r for runs in self._call([(t, Tile.decode_stop, ()) for t in self.wafer.tiles]) for r in runs]
+
+    def trace_start(self) -> None:
+        self.wafer.on_every_tile(Tile.trace_start)
+
+    def trace_stop(self) -> dict[str, list]:
+        return {str(t): evs for t, evs in zip(self.wafer.tiles, self.wafer.on_every_tile(Tile.trace_stop))}

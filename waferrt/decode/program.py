@@ -14,10 +14,13 @@ position 0 starts its requests afresh (each layer empties that slot's K/V cache 
 Every stage run books its modelled cycles (hand-over into the region included) as a
 :class:`~waferrt.decode.schedule.StageRun` in ``records``, in the order this tile ran them, with what each
 token would take alone; waferrt.decode.schedule.flow_seconds schedules them as the wafer would run them.
-Links are any waferrt.fabric.links.Links (the loop fabric or the real one).
+Links are any waferrt.fabric.links.Links (the loop fabric or the real one). While ``trace`` holds a
+recorder (waferrt.decode.tracing), every stage run and every micro-batch's visit is a span too.
 """
 
 from __future__ import annotations
+
+import time
 
 import numpy as np
 
@@ -29,6 +32,7 @@ from .pack import Chunks
 from .schedule import Item, StageRun
 from .setup import DecodeSetup, pack_stage
 from .shards import EmbedShard, LayerShard
+from .tracing import microbatch_span, stage_span
 
 
 def route(mesh: MeshSpec, a: TileId, b: TileId) -> list[TileId]:
@@ -79,6 +83,7 @@ class TileProgram:
         self.layers: dict[int, LayerShard] = {}
         self.embed: EmbedShard | None = None
         self.records: list[StageRun] = []
+        self.trace = None  # a waferrt.core.trace.Recorder while tracing (waferrt.decode.tracing), else None
 
     def hosts(self, s: int) -> bool:
         return self.tiles[s] == self.tile
@@ -126,8 +131,9 @@ class TileProgram:
         """Stages s.. of this tile's segment on the micro-batch; then send it to the next segment's tile."""
         segment = self.segment_of[s]
         logits = None
+        t_mb = time.time_ns() if self.trace is not None else 0
         for st in segment:
-            before = self.ledger.cycles()
+            before, t0 = self.ledger.cycles(), time.time_ns() if self.trace is not None else 0
             if st:
                 self._handover(st, len(meta))
                 if st != s and self.stages[st - 1][2].w != self.stages[st][2].w:  # re-cut for this region
@@ -135,10 +141,14 @@ class TileProgram:
             x, logits = self._stage(st, meta, x)
             self.records.append(StageRun(mb, st, self.stages[st][2], len(self.records),
                                          self.ledger.cycles() - before, self._items(st, meta)))
+            if self.trace is not None:
+                stage_span(self.trace, self.stages[st], self.records[-1], t0)
         nxt = segment[-1] + 1
         if nxt < len(self.stages):
             vec = self.chunks[segment[-1]].join(x)  # (B, dim): the activations leave the region
             self.links.send(_dir(self.tile, self.routes[nxt][1]), _tag(mb, nxt), [meta, vec])
+        if self.trace is not None:
+            microbatch_span(self.trace, mb, segment, len(meta), t_mb)
         return logits
 
     def _items(self, s: int, meta: np.ndarray) -> tuple[Item, ...]:

@@ -9,12 +9,17 @@ as it comes (with ``keep_logits``, every token's logits too, into ``Completion.l
 completions and the stats -- wall time, inter-token latency, and the modelled wafer time of what ran
 (waferrt.decode.schedule.flow_seconds: every request at its own pace). The tiles stop when every request has ended,
 also when a tile or the host fails or is interrupted: then the error is raised with the completions so
-far attached (``error.completions``: nothing already produced is lost).
+far attached (``error.completions``: nothing already produced is lost). With ``trace`` (a path, or True
+to keep it in memory only) the tiles record what they do (the Decode's ``trace_start`` / ``trace_stop``)
+and the host its own track (waferrt.serving.trace.DecodeTrace): kept in ``stats.trace``, written to the
+path -- also when the decode fails, with what could still be collected.
 """
 
 from __future__ import annotations
 
 import time
+from contextlib import nullcontext
+from pathlib import Path
 from typing import Protocol
 
 from waferrt.decode.schedule import flow_seconds
@@ -23,6 +28,7 @@ from waferrt.model.sampling import Sampler
 
 from .engine import Submission, TokenEvent
 from .requests import Completion, GenRequest, GenStats, OnToken
+from .trace import DecodeTrace
 
 WAIT_S = 0.05  # how long one wait for events lasts (the caller's liveness checks run between waits)
 
@@ -36,33 +42,68 @@ class Decode(Protocol):
 
     def stop(self) -> list: ...
 
+    def trace_start(self) -> None: ...
+
+    def trace_stop(self) -> dict[str, list]: ...
+
 
 def serve(decode: Decode, setup: DecodeSetup, clock_hz: float, requests: list[GenRequest], sampler: Sampler,
-          on_token: OnToken | None = None, keep_logits: bool = False) -> tuple[list[Completion], GenStats]:
+          on_token: OnToken | None = None, keep_logits: bool = False, trace: str | Path | bool | None = None
+          ) -> tuple[list[Completion], GenStats]:
     out, stats = [Completion(r.prompt_ids) for r in requests], GenStats()
-    t0 = time.perf_counter()
-    decode.start()
+    log = stats.trace = DecodeTrace(setup, clock_hz) if trace else None
+    host = log.host if log is not None else None
+    t0, t0_ns = time.perf_counter(), time.time_ns()
+    if log is not None:
+        decode.trace_start()
+    with _span(host, "start"):
+        decode.start()
     try:
-        decode.submit([Submission(i, r, sampler, keep_logits) for i, r in enumerate(requests)])
-        _stream(decode, out, stats, on_token)
+        with _span(host, "submit", requests=len(requests)):
+            decode.submit([Submission(i, r, sampler, keep_logits) for i, r in enumerate(requests)])
+        _stream(decode, out, stats, on_token, host)
     except BaseException as e:
         e.completions = out  # what was produced before the failure is not lost
         decode.stop()
+        if log is not None:
+            log.instant("error", None, type=type(e).__name__, msg=str(e))
+            _end_trace(decode, log, trace, [])
         raise
-    runs = decode.stop()
+    with _span(host, "stop"):
+        runs = decode.stop()
     stats.wall_s = time.perf_counter() - t0
+    if log is not None:
+        host.add("decode", "host", t0_ns, time.time_ns(), requests=len(requests))
+        _end_trace(decode, log, trace, runs)
     stats.tokens = sum(len(c.tokens) for c in out)
     stats.steps, stats.runs = len({r.mb for r in runs}), runs
     stats.modelled_s = flow_seconds(runs, len(setup.stages()) - 1, clock_hz)
     return out, stats
 
 
-def _stream(decode: Decode, out: list[Completion], stats: GenStats, on_token: OnToken | None) -> None:
+def _span(host, name: str, **args):
+    return nullcontext() if host is None else host.span(name, "host", **args)
+
+
+def _end_trace(decode: Decode, log: DecodeTrace, path, runs: list) -> None:
+    """Collect the tiles' tracks (what can be: after a failure, a dead tile's is lost) and write the file."""
+    try:
+        log.add_tiles(decode.trace_stop())
+    except Exception as e:  # noqa: BLE001 - a failed wafer cannot hand its tracks back; the host's remains
+        log.instant("tracks lost", None, type=type(e).__name__, msg=str(e))
+    log.finish(runs)
+    if not isinstance(path, bool):
+        log.write(path)
+
+
+def _stream(decode: Decode, out: list[Completion], stats: GenStats, on_token: OnToken | None, host=None) -> None:
     """Take events until every request has ended; tokens go into the completions as they come."""
     pending, last = set(range(len(out))), {}
     while pending:
         for ev in decode.events(WAIT_S):
             done, now = out[ev.index], time.perf_counter()
+            if host is not None:
+                host.instant("token", "token", request=ev.index, token=ev.token, finish=ev.finish)
             if ev.token >= 0:
                 done.tokens.append(ev.token)
                 if ev.logits is not None:
