@@ -40,7 +40,7 @@ class WaferLLM:
         self.setup = DecodeSetup.from_placement(placement, collectives)
         self.head = self.setup.stage_tiles()[0]  # a placement the decode cannot run fails here, before Ray
         self.wafer = Wafer(placement.spec, placement.mesh, address=address, timeout=timeout, max_tiles=max_tiles)
-        self.ray_calls = 0  # Ray calls made to the tiles by generate (start, submit, stop)
+        self.ray_calls = 0  # Ray calls made to the tiles by generate (start, submit, stop; tracing's)
 
     def __enter__(self) -> WaferLLM:
         if not self.wafer.tiles:
@@ -128,7 +128,8 @@ class _OnTiles:
         return [r for runs in self._call([(t, Tile.decode_stop, ()) for t in self.wafer.tiles]) for r in runs]
 
     def trace_start(self) -> None:
-        self.wafer.on_every_tile(Tile.trace_start)
+        self._call([(t, Tile.trace_start, ()) for t in self.wafer.tiles])
 
     def trace_stop(self) -> dict[str, list]:
-        return {str(t): evs for t, evs in zip(self.wafer.tiles, self.wafer.on_every_tile(Tile.trace_stop))}
+        return {str(t): evs for t, evs in zip(self.wafer.tiles, self._call([(t, Tile.trace_stop, ())
+                                                                             for t in self.wafer.tiles]))}

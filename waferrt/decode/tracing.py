@@ -2,8 +2,8 @@
 
 Contract: :func:`trace_program` gives a :class:`~waferrt.decode.program.TileProgram` a
 :class:`~waferrt.core.trace.Recorder` (its links wrapped in waferrt.fabric.traced.TracedLinks);
-:func:`untrace_program` takes it away again and returns what was recorded. While it is on, the program
-records, on its tile's track:
+:func:`untrace_program` takes it away again (and returns it: ``.take()`` gives what was recorded).
+While it is on, the program records, on its tile's track:
 
 - per stage run a span (cat "compute") named ``embed``, ``layer <i>`` or ``head``, with the micro-batch
   ``mb``, the ``stage``, its ``tokens`` and ``requests``, and the ``cycles`` it booked (the modelled cost
@@ -34,14 +34,13 @@ def trace_program(program, rec: Recorder) -> None:
     program.links = TracedLinks(program.links, rec)
 
 
-def untrace_program(program) -> list:
-    """Stop recording; the spans and instants recorded (none if it was not tracing)."""
+def untrace_program(program) -> Recorder | None:
+    """Stop recording; the recorder it recorded into (None if it was not tracing)."""
     rec = program.trace
-    if rec is None:
-        return []
-    program.trace = None
-    program.links = program.links.inner
-    return rec.take()
+    if rec is not None:
+        program.trace = None
+        program.links = program.links.inner
+    return rec
 
 
 def stage_name(kind: str, layer: int) -> str:

@@ -94,4 +94,5 @@ class _Threads:
             trace_program(program, Recorder(str(t)))
 
     def trace_stop(self) -> dict[str, list]:
-        return {str(t): untrace_program(program) for t, program in self.dec.programs.items()}
+        recs = {str(t): untrace_program(program) for t, program in self.dec.programs.items()}
+        return {t: rec.take() if rec is not None else [] for t, rec in recs.items()}
