@@ -4,7 +4,7 @@ Contract: ``check_trace(doc)`` asserts the format's required fields (every event
 name; an "X" has a dur >= 0; "M" events name every process and thread that has events) and that the
 complete events of one track nest -- two spans on a track either do not overlap or one holds the other
 (times compared in nanoseconds, as written) -- and returns {(process name, track name): [its "X" and "i"
-events, by start]}.
+events, by start]}. (tests/ is on sys.path: ``from tracecheck import check_trace``.)
 """
 
 from __future__ import annotations

@@ -4,10 +4,9 @@ JSON with a track per tile and one for the host, spans that nest, and what ran i
 from __future__ import annotations
 
 import json
-import sys
-from pathlib import Path
 
 import numpy as np
+from tracecheck import check_trace
 
 from waferrt import Wafer
 from waferrt.core.mesh import MeshSpec
@@ -16,9 +15,6 @@ from waferrt.llm import WaferLLM
 from waferrt.model import Sampler, synthetic_llama, tiny_config
 from waferrt.scheduler import KVReserve, plan
 from waferrt.serving import GenRequest, generate_reference
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from tracecheck import check_trace  # noqa: E402
 
 CFG = tiny_config()
 W = synthetic_llama(CFG, seed=0)

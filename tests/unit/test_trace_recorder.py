@@ -5,11 +5,10 @@ micro-batch, sends and waits, every token) matching what ran; faults as instants
 from __future__ import annotations
 
 import json
-import sys
 import time
-from pathlib import Path
 
 import pytest
+from tracecheck import check_trace
 
 from waferrt.core.mesh import MeshSpec
 from waferrt.core.spec import TINY
@@ -17,9 +16,6 @@ from waferrt.core.trace import Process, Recorder, Span, chrome_trace
 from waferrt.model import Sampler, synthetic_llama, tiny_config
 from waferrt.scheduler import KVReserve, plan
 from waferrt.serving import GenRequest, LocalDecoder, generate_reference
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from tracecheck import check_trace  # noqa: E402
 
 CFG = tiny_config()
 W = synthetic_llama(CFG, seed=0)
