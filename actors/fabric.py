@@ -84,6 +84,7 @@ class ZmqLinks:
         self.pull.curve_secretkey = self.secret
         self.gate = Gatekeeper(self.ctx, self.pull)
         self.push: dict[Dir, zmq.Socket] = {}
+        self.peers: dict[Dir, str] = {}  # the neighbour tiles' addresses this tile sends to (ipc or tcp)
         self.sent = collections.Counter()
         self.received = collections.Counter()
         self.pending: dict[Dir, collections.deque] = {d: collections.deque() for d in Dir}
@@ -127,6 +128,7 @@ class ZmqLinks:
             s.curve_serverkey = self.neighbours[d]  # the peer must prove it holds that neighbour's key
             s.connect(address)
             self.push[d] = s
+            self.peers[d] = address
 
     def rewire(self, d: Dir, key: bytes, address: str) -> None:
         """The neighbour to the `d` side was replaced (a restarted tile): only its new key gets in, sends go to
@@ -268,8 +270,9 @@ class ZmqLinks:
     def stats(self) -> dict:
         """Who tried to talk to this tile and what was dropped: connections (accepted, authenticated,
         refused), handshake failures by kind, ZAP denials, dropped messages by reason, messages received and
-        pending per link, and where the tile listens."""
+        pending per link, where the tile listens and where it sends (each neighbour's address, by side)."""
         return {"tile": str(self.tile), "endpoints": dict(self.endpoints), "public_key": self.public.decode(),
+                "peers": {d.name: a for d, a in self.peers.items()},
                 **self.gate.stats(), "dropped": dict(self.dropped),
                 "received": {d.name: n for d, n in self.received.items()},
                 "pending": {d.name: len(q) for d, q in self.pending.items() if q}}

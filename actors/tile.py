@@ -31,6 +31,7 @@ from waferrt.decode.program import TileProgram
 from waferrt.decode.schedule import StageRun
 from waferrt.decode.setup import DecodeSetup, stage_sram
 from waferrt.fabric.kernel import Cores
+from waferrt.fabric.traced import kernel_parts
 from waferrt.faults.model import fault_dict
 from waferrt.faults.state import FaultState, Fired
 
@@ -51,6 +52,7 @@ class Tile:
         self.faults = FaultState(tile, self.region, self._report, self._crash)
         self.host: str | None = None
         self._outboxes = threading.local()  # one socket to the host per thread that reports
+        self.tracer = None  # a waferrt.core.trace.Recorder between trace_start and trace_stop
 
     # -- fabric -----------------------------------------------------------------------------------------
     def bind(self, ipc_dir: str, tcp: bool = False) -> dict:
@@ -154,10 +156,11 @@ class Tile:
         """Run a kernel on this tile's cores of `region`; `epoch` numbers the command (the same on every
         tile), so messages left over from an earlier, failed command are recognised and dropped."""
         self._idle()
-        ledger = Ledger(self.spec)
+        ledger, links, span = kernel_parts(self.spec, self.links, self.tracer, kernel, epoch)
         self._new_epoch(epoch)
-        ctx = Cores(region, self.region, self.links, ledger, self.store, tag=f"k{epoch}")
-        kernel(ctx, **args)
+        ctx = Cores(region, self.region, links, ledger, self.store, tag=f"k{epoch}")
+        with span:
+            kernel(ctx, **args)
         return ledger.snapshot()
 
     def _new_epoch(self, epoch: int) -> None:
@@ -179,6 +182,10 @@ class Tile:
         self.booked = []
         self.decoder = TileProgram(setup, self.tile, self.links, old.ledger if old else Ledger(self.spec),
                                    self.faults)
+        if self.tracer is not None:  # set up again during a traced decode (a recovery): keep recording
+            from waferrt.decode.tracing import trace_program
+
+            trace_program(self.decoder, self.tracer)
         need = self.decoder.adopt(old) if old else [s for s in range(len(self.decoder.stages))
                                                     if self.decoder.hosts(s)]
         for s in range(len(self.decoder.stages)):
@@ -225,6 +232,24 @@ class Tile:
     def decode_bytes(self) -> int:
         """Bytes of the decode's weight blocks and K/V caches that this tile holds."""
         return self.decoder.held_bytes() if self.decoder is not None else 0
+
+    def trace_start(self) -> None:
+        """Record this tile's spans from now on: its decode loop's, and the kernels it runs (waferrt.core.trace)."""
+        from waferrt.core.trace import Recorder
+        from waferrt.decode.tracing import trace_program
+
+        self.tracer = Recorder(str(self.tile))
+        if self.decoder is not None:
+            trace_program(self.decoder, self.tracer)
+
+    def trace_stop(self) -> list:
+        """Stop recording; the spans and instants recorded since trace_start."""
+        from waferrt.decode.tracing import untrace_program
+
+        rec, self.tracer = self.tracer, None
+        if rec is not None and self.decoder is not None:
+            untrace_program(self.decoder)
+        return rec.take() if rec is not None else []
 
     def names(self) -> list[str]:
         return sorted(self.store)

@@ -41,7 +41,7 @@ class WaferLLM:
         self.setup = DecodeSetup.from_placement(placement, collectives)
         self.head = self.setup.stage_tiles()[0]  # a placement the decode cannot run fails here, before Ray
         self.wafer = Wafer(placement.spec, placement.mesh, address=address, timeout=timeout, max_tiles=max_tiles)
-        self.ray_calls = 0  # Ray calls made to the tiles by generate (start, submit, stop)
+        self.ray_calls = 0  # Ray calls made to the tiles by generate (start, submit, stop; tracing's)
 
     def __enter__(self) -> WaferLLM:
         if not self.wafer.tiles:
@@ -103,9 +103,11 @@ class WaferLLM:
         self.wafer.close()
 
     def generate(self, requests: list[GenRequest], sampler: Sampler, on_token: OnToken | None = None,
-                 keep_logits: bool = False) -> tuple[list[Completion], GenStats]:
+                 keep_logits: bool = False, trace=None) -> tuple[list[Completion], GenStats]:
+        """The requests decoded on the tiles; ``trace``: a path to write a Perfetto trace of the run to (or
+        True: keep it in ``stats.trace`` only; waferrt.serving.trace)."""
         return serve(_OnTiles(self), self.setup, self.placement.spec.clock_hz, requests, sampler, on_token,
-                     keep_logits)
+                     keep_logits, trace)
 
 
 class _OnTiles:
@@ -168,3 +170,10 @@ class _OnTiles:
         if self.wafer.failed is not None:  # the tiles cannot finish together; closing the wafer ends them
             return []
         return [r for runs in self._call([(t, Tile.decode_stop, ()) for t in self.wafer.tiles]) for r in runs]
+
+    def trace_start(self) -> None:
+        self._call([(t, Tile.trace_start, ()) for t in self.wafer.tiles])
+
+    def trace_stop(self) -> dict[str, list]:
+        return {str(t): evs for t, evs in zip(self.wafer.tiles, self._call([(t, Tile.trace_stop, ())
+                                                                             for t in self.wafer.tiles]))}

@@ -12,8 +12,9 @@ Wafer raises :class:`WaferClosed` when used, and opens again. ``wafer.dsm`` hold
 tensors (misuse -- a bad shape, data of another dtype or shape, an unknown name -- is a TypeError,
 ValueError or :class:`UnknownTensor` naming the argument); ``wafer.run(kernel, region, **args)`` runs an
 SPMD kernel (one command per tile; the tiles exchange with each other directly) and returns its cost;
-``wafer.cost()`` sums every run so far. Ray's own messages to the driver ("(raylet) A worker died ...")
-go to the ``waferrt.ray`` logger, not to stdout.
+``wafer.cost()`` sums every run so far; ``with wafer.trace(path):`` writes a Perfetto trace of the runs
+inside. Ray's own messages to the driver ("(raylet) A worker died ...") go to the ``waferrt.ray`` logger,
+not to stdout.
 """
 
 from __future__ import annotations
@@ -21,8 +22,11 @@ from __future__ import annotations
 import atexit
 import math
 import shutil
+import time
 import uuid
 from collections.abc import Callable
+from contextlib import contextmanager, nullcontext
+from pathlib import Path
 
 import numpy as np
 
@@ -199,6 +203,7 @@ class Wafer:
         self.failed: Exception | None = None  # a tile died or froze: nothing more runs until it is restarted
         self.nodes: dict[TileId, str] = {}  # the Ray node of every tile
         self.session = None  # the faults armed on this wafer (waferrt.inject.FaultSession)
+        self._trace = None  # the host's Recorder inside `with wafer.trace(path):`
 
     def __enter__(self) -> Wafer:
         return self if self._open else self.open()
@@ -260,8 +265,35 @@ class Wafer:
         self.live()
         tiles = self.mesh.tiles_of(region)
         epoch = self.next_epoch()
-        self._costs.append(merge_snapshots(self.call([(t, Tile.run, (kernel, region, args, epoch)) for t in tiles])))
+        name = getattr(kernel, "__name__", type(kernel).__name__)
+        with nullcontext() if self._trace is None else self._trace.span(f"run {name}", "host", epoch=epoch):
+            snaps = self.call([(t, Tile.run, (kernel, region, args, epoch)) for t in tiles])
+        self._costs.append(merge_snapshots(snaps))
         return self._costs[-1]
+
+    @contextmanager
+    def trace(self, path: str | Path):
+        """Record every kernel run inside the block and write a Chrome / Perfetto trace to `path` at its end
+        (ui.perfetto.dev opens it): the host's track (a span per ``wafer.run``) and one track per tile
+        (the kernel, each primitive it ran, each send and each wait on a neighbour; waferrt.core.trace).
+        examples/custom_kernel.py shows it.
+
+        """
+        from .core.trace import Recorder, wall_process, write_trace
+
+        self.live()
+        if self._trace is not None:
+            raise RuntimeError("this Wafer is already tracing; one `with wafer.trace(path):` at a time")
+        origin, self._trace = time.time_ns(), Recorder("host")
+        self.on_every_tile(Tile.trace_start)
+        try:
+            yield self._trace
+        finally:
+            host, self._trace = self._trace, None
+            tiles = (self.on_every_tile(Tile.trace_stop) if self._open and self.failed is None
+                     else [[] for _ in self.tiles])
+            write_trace(path, [wall_process(host, {str(t): evs for t, evs in zip(self.tiles, tiles)}, origin)],
+                        {"mesh": str(self.mesh), "spec": self.spec.name})
 
     def call(self, calls: list[tuple[TileId, Callable, tuple]], progress=None) -> list:
         """Call tile methods side by side, one Ray call each: (tile, a :class:`Tile` method such as

@@ -1,6 +1,6 @@
 """The ``waferrt`` command and the examples: help that teaches, argument errors that say what to type,
-subcommand modules loaded only when needed, and ``demo`` / ``examples/allreduce.py`` running for real
-(joining the session's Ray)."""
+subcommand modules loaded only when needed, and ``demo`` and every ``examples/*.py`` with a ``main()``
+running for real (joining the session's Ray) and checking itself against numpy."""
 
 from __future__ import annotations
 
@@ -58,13 +58,27 @@ def test_demo_rejects_a_tile_larger_than_the_mesh(capsys):
     assert "tile 8x8 is larger than the mesh 4x4" in capsys.readouterr().err
 
 
-def test_allreduce_example_checks_both_algorithms(ray_session, capsys):
-    spec = importlib.util.spec_from_file_location("allreduce_example", ROOT / "examples" / "allreduce.py")
+EXAMPLES = sorted(p for p in (ROOT / "examples").glob("*.py") if "\ndef main(" in p.read_text())
+SAYS = {  # what each example prints when it checked itself (beyond exiting 0)
+    "allreduce": ["ktree: matches numpy; modelled", "ring: matches numpy; modelled"],
+    "custom_kernel": ["heat, 10 steps: matches numpy", "MeshGEMV 64x96: matches numpy", "all runs on this wafer"],
+    "generate": ["the same tokens as the numpy reference", "modelled wafer"],
+}
+
+
+def test_the_examples_are_all_run():
+    assert {p.stem for p in EXAMPLES} == set(SAYS), "a new example needs its line in SAYS"
+
+
+@pytest.mark.parametrize("path", EXAMPLES, ids=lambda p: p.stem)
+def test_every_example_runs_and_checks_itself(ray_session, capsys, path):
+    spec = importlib.util.spec_from_file_location(f"example_{path.stem}", path)
     example = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(example)
     assert example.main() == 0
     out = capsys.readouterr().out
-    assert "ktree: matches numpy; modelled" in out and "ring: matches numpy; modelled" in out
+    for line in SAYS[path.stem]:
+        assert line in out, f"examples/{path.name} did not print {line!r}:\n{out}"
 
 
 def test_readme_programming_model_example_runs(ray_session, capsys):

@@ -6,6 +6,7 @@ import json
 
 import pytest
 from ggufs import write_gguf
+from tracecheck import check_trace
 
 from waferrt.cli import main
 from waferrt.model import synthetic_llama, tiny_config
@@ -47,3 +48,17 @@ def test_several_prompts_print_each_request_when_it_completes(ray_session, tiny_
     assert main(["generate", "hello", "to be", "--model", tiny_gguf, "--max-new-tokens", "5"] + WAFER) == 0
     out = capsys.readouterr().out
     assert out.count("--- request ") == 2 and "\nhello" in out and "\nto be" in out
+
+
+def test_trace_heatmap_and_verbose(ray_session, tiny_gguf, capsys, tmp_path):
+    trace, png = tmp_path / "trace.json", tmp_path / "mesh.png"
+    argv = ["generate", "hello", "abc", "--model", tiny_gguf, "--max-new-tokens", "4", "--trace", str(trace),
+            "--heatmap", str(png), "-v"]
+    assert main(argv + WAFER) == 0
+    err = capsys.readouterr().err
+    assert f"trace: {trace}" in err and f"heatmap: {png}" in err
+    assert err.count(": token ") == 8  # -v: a line per token (stderr is not a terminal here: no bars)
+    tracks = check_trace(json.loads(trace.read_text()))
+    assert {t for p, t in tracks if p.startswith("wafer")} == {"host", "tile(0,0)", "tile(1,0)", "tile(0,1)",
+                                                              "tile(1,1)"}
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and png.stat().st_size > 20_000

@@ -4,12 +4,13 @@ Contract: every argparse ``type`` here either returns the value or raises ``Argu
 line that names the value and what to write instead (argparse then exits with status 2 before anything
 is loaded): :func:`parse_wxh` ("WIDTHxHEIGHT"), :func:`whole_number` (integers with a least value),
 :func:`temperature`, :func:`top_p`, :func:`prompt`, :func:`prompt_file` (a UTF-8 text file: its
-non-blank lines), :func:`model_path`, :func:`png_path` (its directory must exist) and
-:func:`ray_address` (a Ray cluster answers there: a socket with a deadline, before Ray is asked).
+non-blank lines), :func:`model_path`, :func:`output_path` / :func:`png_path` (a file to write: its
+directory must exist) and :func:`ray_address` (a Ray cluster answers there: a socket with a deadline,
+before Ray is asked).
 :class:`UsageError` is a mistake found after parsing (``main`` prints it as ``waferrt <command>:
 <message>`` and exits 2, no traceback); :func:`checked_mesh` turns --mesh/--tile into a MeshSpec that fits
 the --spec wafer and stays within --max-tiles. :func:`say` prints a progress line to stderr, stamped with
-the seconds since the command started ("i/n" counters rewrite their line on a terminal).
+the seconds since the command started ("i/n" counters are progress bars on a terminal).
 """
 
 from __future__ import annotations
@@ -18,7 +19,6 @@ import argparse
 import math
 import os
 import re
-import sys
 import time
 from collections.abc import Callable
 
@@ -123,18 +123,26 @@ def model_path(text: str) -> str:
     return text
 
 
-def png_path(text: str) -> str:
-    """A path to write a PNG to: its directory must exist and be writable."""
-    folder = os.path.dirname(os.path.abspath(text))
-    if os.path.isdir(text):
-        raise argparse.ArgumentTypeError(f"{text!r} is a directory; give a file name, e.g. {text.rstrip('/')}/plan.png")
-    if not os.path.isdir(folder):
-        raise argparse.ArgumentTypeError(f"the directory {folder!r} does not exist: create it first, or give a "
-                                         "path in an existing directory (e.g. plan.png)")
-    if not os.access(folder, os.W_OK):
-        raise argparse.ArgumentTypeError(f"the directory {folder!r} is not writable: give a path in a directory "
-                                         "you can write to")
-    return text
+def output_path(example: str) -> Callable[[str], str]:
+    """An argparse type for a file to write (`example`: a good name): its directory must exist and be
+    writable."""
+    def check(text: str) -> str:
+        folder = os.path.dirname(os.path.abspath(text))
+        if os.path.isdir(text):
+            raise argparse.ArgumentTypeError(f"{text!r} is a directory; give a file name, e.g. "
+                                             f"{text.rstrip('/')}/{example}")
+        if not os.path.isdir(folder):
+            raise argparse.ArgumentTypeError(f"the directory {folder!r} does not exist: create it first, or give "
+                                             f"a path in an existing directory (e.g. {example})")
+        if not os.access(folder, os.W_OK):
+            raise argparse.ArgumentTypeError(f"the directory {folder!r} is not writable: give a path in a "
+                                             "directory you can write to")
+        return text
+
+    return check
+
+
+png_path = output_path("plan.png")  # a PNG to write
 
 
 def ray_address(text: str) -> str:
@@ -174,15 +182,18 @@ _COUNTER = re.compile(r"(\d+)/(\d+)")
 
 
 def say(msg: str) -> None:
-    """Progress on stderr; an 'i/n' counter rewrites its line on a terminal (elsewhere: only n/n shows)."""
+    """Progress on stderr, stamped; an "i/n" counter is a bar on a terminal and only its n/n line elsewhere
+    (waferrt.cli.progress)."""
+    from . import progress
+
     m = _COUNTER.search(msg)
-    if m and m.group(1) != m.group(2):
-        if sys.stderr.isatty():
-            print(f"\r{_stamp()} {msg}", end="", file=sys.stderr, flush=True)
-        return
-    print(f"{chr(13) if m and sys.stderr.isatty() else ''}{_stamp()} {msg}", file=sys.stderr, flush=True)
+    if m:
+        progress.counter(msg[:m.start()].rstrip(": "), int(m.group(1)), int(m.group(2)), msg[m.end():].strip(),
+                         stamp())
+    else:
+        progress.line(f"{stamp()} {msg}")
 
 
-def _stamp() -> str:
+def stamp() -> str:
     """[waferrt 12.3s]: seconds since the command started, so a user sees where the time goes."""
     return f"[waferrt {time.perf_counter() - _T0:5.1f}s]"

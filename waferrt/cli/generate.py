@@ -9,13 +9,17 @@ Everything the user gave is checked before the weights are dequantised and befor
 by their argparse types (--address: a cluster answers), then the mesh (on the spec's wafer,
 --max-tiles), the model file's header, the prompts (encodable; each request fits a K/V slot of the plan);
 a mistake is a :class:`~waferrt.cli.common.UsageError` (one line, exit 2). The weights load in the
-background (from the dequantised cache when it has them) while Ray and the tiles start.
+background (from the dequantised cache when it has them) while Ray and the tiles start. ``--trace PATH``
+writes a Chrome / Perfetto trace of the decode (waferrt.serving.trace), ``--heatmap PATH`` a PNG of the
+mesh (waferrt.scheduler.heatmap); progress is drawn as bars on a terminal (waferrt.cli.progress), and
+``-v`` prints a line per token.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import sys
 
 from waferrt.core.cost import ALLREDUCE_ALGOS
 from waferrt.core.dtypes import STORAGE_DTYPES
@@ -26,15 +30,18 @@ from .common import (
     add_max_tiles,
     checked_mesh,
     model_path,
+    output_path,
     parse_wxh,
     prompt,
     prompt_file,
     ray_address,
     say,
+    stamp,
     temperature,
     top_p,
     whole_number,
 )
+from .progress import DecodeBar
 
 HELP = "generate text with an LLM decoded on the emulated wafer"
 DESCRIPTION = """\
@@ -50,6 +57,8 @@ examples:
   waferrt generate --file prompts.txt --json                               one prompt per line
   waferrt generate "2+2=" --reference                                      the numpy reference instead
   waferrt generate "Hello" --temperature 0.8 --top-p 0.9 --seed 7          seeded sampling
+  waferrt generate "Hello" --trace trace.json --heatmap mesh.png           what ran where: open the trace in
+                                                                           ui.perfetto.dev, the PNG anywhere
 
 The wafer and --reference give the same tokens (greedy, or seeded sampling: request i uses the RNG
 seeded with [seed, i]). By default the model is planned on the smallest mesh of 2x2 tiles that holds it
@@ -99,6 +108,12 @@ def add_parser(sub) -> argparse.ArgumentParser:
     p.add_argument("--algo", default="ktree", choices=ALLREDUCE_ALGOS, help="allreduce (ktree)")
     p.add_argument("--address", type=ray_address,
                    help="Ray cluster to join ('auto' for a running local one, or HOST:PORT); default: embedded")
+    p.add_argument("--trace", type=output_path("trace.json"), metavar="PATH",
+                   help="write a Chrome/Perfetto trace of the decode (a track per tile and the host, and the modelled "
+                        "wafer's schedule); open it in ui.perfetto.dev")
+    p.add_argument("--heatmap", type=output_path("mesh.png"), metavar="PATH",
+                   help="draw the mesh as a PNG: SRAM per core, link traffic, busy time per tile, dead/spare cores")
+    p.add_argument("-v", "--verbose", action="store_true", help="a line per generated token on stderr")
     p.add_argument("--no-cache", action="store_true",
                    help="read the GGUF afresh instead of the dequantised weights cached from an earlier run "
                         "($WAFERRT_CACHE, else ~/.cache/waferrt)")
@@ -163,6 +178,10 @@ def _placement(args, config, mesh, requests):
 
 def _weights(model):
     """The float32 weights (waits for the background load; a cached model maps them in a second)."""
+    from .progress import waiting
+
+    what = "mapping from the cache" if model.cached else "dequantising the GGUF, cached for later runs"
+    waiting(f"model weights ({what})", model.thread, stamp())
     try:
         weights = model.weights()
     except (FileNotFoundError, ValueError) as e:
@@ -186,7 +205,7 @@ def _wafer(args, placement):
         raise UsageError(str(e)) from None
 
 
-def _on_the_wafer(llm, model, requests, sampler, on_token, live):
+def _on_the_wafer(args, llm, model, requests, sampler, on_token, live):
     """Start the tiles while the weights load, load them, decode; when a tile fails, print what every
     request had produced, then one line."""
     from waferrt.actors.watch import TileFailed
@@ -195,8 +214,10 @@ def _on_the_wafer(llm, model, requests, sampler, on_token, live):
         with llm.open(progress=say):
             llm.load(_weights(model), progress=say)
             say("decoding on the wafer")
-            return llm.generate(requests, sampler, on_token)
+            return llm.generate(requests, sampler, on_token, trace=args.trace or bool(args.heatmap))
     except TileFailed as e:
+        if args.trace:
+            say(f"wrote the trace so far to {args.trace}")
         for i, c in enumerate(getattr(e, "completions", []) if not live else []):
             print(f"--- request {i}: unfinished\n{model.tokenizer.decode(c.tokens, skip_special=True)}",
                   flush=True)
@@ -222,6 +243,8 @@ def run(args) -> int:
     from waferrt.serving import generate_reference
 
     texts = _prompts(args)
+    if args.reference and (args.trace or args.heatmap):
+        raise UsageError("--trace and --heatmap show the wafer; leave out --reference")
     mesh = checked_mesh(args, lambda w, h: (w, h))  # one tile unless --tile says otherwise
     sampler = Sampler(temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, seed=args.seed)
     model, tok = _open_model(args)
@@ -233,9 +256,12 @@ def run(args) -> int:
     live = len(requests) == 1 and not args.json
 
     got: list[list[int]] = [[] for _ in requests]
+    bar = DecodeBar(sum(r.max_new_tokens for r in requests), args.verbose, stamp,
+                    show_bar=not (live and sys.stdout.isatty()))  # the streamed text is progress enough
 
     def on_token(i: int, token: int, finish: str) -> None:
         got[i].append(token)
+        bar.token(i, token, finish)
         if live:  # one prompt: its text as it comes
             if not started:
                 print(texts[0], end="", flush=True)
@@ -244,17 +270,35 @@ def run(args) -> int:
         elif finish and not args.json:  # several: each request's text as soon as it is complete
             print(f"--- request {i}: {finish}\n{texts[i]}{tok.decode(got[i], skip_special=True)}", flush=True)
 
-    if args.reference:
-        weights = _weights(model)
-        say("decoding on the single-process numpy reference")
-        out, stats = generate_reference(model.config, weights, requests, sampler, on_token)
-        mesh, bound = "reference", None
-    else:
-        out, stats = _on_the_wafer(_wafer(args, placement), model, requests, sampler, on_token, live)
-        mesh = str(placement.mesh)
-        bound = plan_report(placement).bound_tokens_per_s(min(len(requests), placement.kv.requests))
+    try:
+        if args.reference:
+            weights = _weights(model)
+            say("decoding on the single-process numpy reference")
+            out, stats = generate_reference(model.config, weights, requests, sampler, on_token)
+            mesh, bound = "reference", None
+        else:
+            out, stats = _on_the_wafer(args, _wafer(args, placement), model, requests, sampler, on_token, live)
+            mesh = str(placement.mesh)
+            bound = plan_report(placement).bound_tokens_per_s(min(len(requests), placement.kv.requests))
+    finally:
+        bar.close()
     _report(args, tok, out, stats, mesh, live, streams, bound)
+    if not args.reference:
+        _pictures(args, placement, stats)
     return 0
+
+
+def _pictures(args, placement, stats) -> None:
+    """--trace (written by the decode) and --heatmap: say where they are."""
+    if args.trace:
+        say(f"trace: {args.trace} (open it in ui.perfetto.dev: a track per tile and the host, and the modelled "
+            "wafer's schedule)")
+    if args.heatmap:
+        from waferrt.scheduler.heatmap import heatmap_png
+
+        t = stats.trace
+        heatmap_png(placement, args.heatmap, stats.runs, t.busy_s(), t.sent_bytes(), t.wall_s())
+        say(f"heatmap: {args.heatmap}")
 
 
 def _report(args, tok, out, stats, mesh, live, streams, bound) -> None:

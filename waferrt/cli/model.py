@@ -4,7 +4,8 @@ Contract: ``ModelLoad(name, cache)`` reads the model's metadata right away ('smo
 SmolLM2-135M, or a GGUF path; from the dequantised cache when it holds the model, waferrt.model.npcache)
 and starts loading the float32 weights in a thread, so that Ray and the tile actors can start meanwhile.
 ``config`` and ``tokenizer`` are ready at once; ``weights()`` waits for the weights (and raises what the
-loading raised). A missing or unreadable model raises FileNotFoundError / ValueError from the constructor.
+loading raised); ``thread`` is the loading thread (to show progress while it runs). A missing or
+unreadable model raises FileNotFoundError / ValueError from the constructor.
 :func:`default_mesh_cached` remembers the default mesh of a model shape in the same cache directory.
 """
 
@@ -24,8 +25,8 @@ class ModelLoad:
         self.config, meta = load_meta(self.path, cache)
         self.tokenizer = Tokenizer(meta)
         self._weights, self._error, self.seconds = None, None, 0.0
-        self._thread = threading.Thread(target=self._load, daemon=True, name="model-weights")
-        self._thread.start()
+        self.thread = threading.Thread(target=self._load, daemon=True, name="model-weights")
+        self.thread.start()
 
     def _load(self) -> None:
         from waferrt.model import load_model
@@ -39,7 +40,7 @@ class ModelLoad:
 
     def weights(self):
         """The float32 weights (waits for them)."""
-        self._thread.join()
+        self.thread.join()
         if self._error is not None:
             raise self._error
         return self._weights

@@ -2,7 +2,8 @@
 
 Contract: ``add_parser(subparsers)`` registers the ``plan`` subcommand;
 ``run(args) -> int`` prints the placement (text, or ``--json``), draws it with ``--png``, and with
-``--dead N`` kills N random live cores, re-plans and prints both. Exit status: 0 done, 1 the re-plan
+``--dead N`` kills N random live cores, re-plans and prints both; ``--heatmap`` draws SRAM, modelled
+link traffic and busy share over the mesh (waferrt.scheduler.heatmap). Exit status: 0 done, 1 the re-plan
 failed (the reason is printed), 2 the model does not fit or an argument is wrong (the message says what
 would work). ``--model smollm2`` uses the built-in SmolLM2-135M config; ``--model PATH`` reads only a
 GGUF's metadata (``waferrt.model.gguf_loader.read_config``, imported only then), never its weights.
@@ -35,7 +36,16 @@ from waferrt.scheduler import (
     replan,
 )
 
-from .common import UsageError, add_max_tiles, checked_mesh, model_path, parse_wxh, png_path, whole_number
+from .common import (
+    UsageError,
+    add_max_tiles,
+    checked_mesh,
+    model_path,
+    output_path,
+    parse_wxh,
+    png_path,
+    whole_number,
+)
 
 EPILOG = """examples:
   waferrt plan                          SmolLM2-135M on the default mesh (wse2, KV 512 tokens x 8 requests)
@@ -43,6 +53,7 @@ EPILOG = """examples:
   waferrt plan --dead 10 --png plan.png  kill 10 random cores, re-plan, draw both (+ plan-replan.png)
   waferrt plan --model path/to/model.gguf --spec wse3 --json > plan.json
   waferrt plan --kv-tokens 2048 --requests 2 --dtype float16
+  waferrt plan --dead 10 --heatmap mesh.png   SRAM per core, modelled link traffic, busy per tile (of the re-plan)
 
 Without --mesh the default mesh is used: the smallest 2x2 tiles that hold every region inside one tile
 with spare layer slots for repair. Regions are rectangles of cores; [x0:x1)x[y0:y1) are core columns
@@ -77,6 +88,9 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
                    help="kill N random live cores and re-plan")
     p.add_argument("--seed", type=whole_number(0, "--seed 3"), default=0, help="seed of the random dead cores (0)")
     p.add_argument("--png", type=png_path, metavar="PATH", help="draw the placement (and the re-plan) as PNG")
+    p.add_argument("--heatmap", type=output_path("mesh.png"), metavar="PATH",
+                   help="draw the mesh as a PNG: SRAM booked per core, modelled link traffic per core, modelled busy "
+                        "share per tile, dead and spare cores (of the re-plan with --dead)")
     p.add_argument("--json", action="store_true", help="print the placement and report as JSON")
     p.set_defaults(_run=run)
     return p
@@ -195,4 +209,9 @@ def run(args) -> int:
             png = Path(args.png)
             paths.append(draw_png(rp.placement, png.with_name(png.stem + "-replan" + png.suffix), rp.moves))
         print("drew " + ", ".join(map(str, paths)), file=sys.stderr if args.json else sys.stdout)
+    if args.heatmap:
+        from waferrt.scheduler.heatmap import heatmap_png
+
+        heatmap_png(rp.placement if rp is not None else p, args.heatmap)
+        print(f"drew the heatmap {args.heatmap}", file=sys.stderr if args.json else sys.stdout)
     return 1 if why else 0

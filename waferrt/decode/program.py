@@ -20,7 +20,8 @@ Faults (waferrt.faults.state, optional): the faults armed on the tile fire as mi
 (``tick``); a stage whose region holds a dead core or link raises CoreFailed / LinkFailed naming what was
 lost instead of running; a straggling tile sleeps its delay per stage. ``pace`` is the tile's recent wall
 time per stage run (its heartbeat carries it; the host spots a straggler). After a re-plan, ``adopt``
-keeps the loaded stages whose region did not move (only the others need their weights again)."""
+keeps the loaded stages whose region did not move (only the others need their weights again). While
+``trace`` holds a recorder (waferrt.decode.tracing), every stage run and every micro-batch's visit is a span too."""
 
 from __future__ import annotations
 
@@ -39,6 +40,7 @@ from .pack import Chunks
 from .schedule import Item, StageRun
 from .setup import DecodeSetup, pack_stage
 from .shards import EmbedShard, LayerShard
+from .tracing import microbatch_span, stage_span
 
 
 def route(mesh: MeshSpec, a: TileId, b: TileId) -> list[TileId]:
@@ -100,6 +102,7 @@ class TileProgram:
         self.embed: EmbedShard | None = None
         self.records: list[StageRun] = []
         self.paces: dict[bool, float] = {}  # wall seconds per stage run lately (an EMA), of layer stages / others
+        self.trace = None  # a waferrt.core.trace.Recorder while tracing (waferrt.decode.tracing), else None
 
     def hosts(self, s: int) -> bool:
         return self.tiles[s] == self.tile
@@ -171,23 +174,28 @@ class TileProgram:
         """Stages s.. of this tile's segment on the micro-batch; then send it to the next segment's tile."""
         segment = self.segment_of[s]
         logits = None
+        t_mb = time.time_ns() if self.trace is not None else 0
         for st in segment:
-            before = self.ledger.cycles()
+            before, t0 = self.ledger.cycles(), time.time_ns() if self.trace is not None else 0
             if st:
                 self._handover(st, len(meta))
                 if st != s and self.stages[st - 1][2].w != self.stages[st][2].w:  # re-cut for this region
                     x = self.chunks[st].split(self.chunks[st - 1].join(x))
             if self.faults is not None and not self.faults.quiet:
                 self._alive(st)
-            t0 = time.perf_counter()
+            wall = time.perf_counter()
             x, logits = self._stage(st, meta, x)
-            self._timed(st, time.perf_counter() - t0)
+            self._timed(st, time.perf_counter() - wall)
             self.records.append(StageRun(mb, st, self.stages[st][2], len(self.records),
                                          self.ledger.cycles() - before, self._items(st, meta)))
+            if self.trace is not None:
+                stage_span(self.trace, self.stages[st], self.records[-1], t0)
         nxt = segment[-1] + 1
         if nxt < len(self.stages):
             vec = self.chunks[segment[-1]].join(x)  # (B, dim): the activations leave the region
             self.links.send(_dir(self.tile, self.routes[nxt][1]), _tag(mb, nxt), [meta, vec])
+        if self.trace is not None:
+            microbatch_span(self.trace, mb, segment, len(meta), t_mb)
         return logits
 
     def _timed(self, s: int, seconds: float) -> None:

@@ -8,7 +8,8 @@ its own pace, so :func:`flow_seconds` schedules tokens, not micro-batches: every
 hardware and serves the tokens in the order they reach it; token (request, pos) is ready for stage s when
 it left stage s-1, and for the embedding after its request's previous token entered and -- when that
 token's logits gave this one -- after that token left the head. How the emulator grouped the tokens into
-micro-batches does not change the modelled time. :func:`round_seconds` is the
+micro-batches does not change the modelled time (:func:`flow_schedule`: when every token ran at every
+stage; a trace shows it next to the wall clock). :func:`round_seconds` is the
 length of a decode's last round (every request's last token); :func:`requests_round_seconds` the steady
 round of R requests decoding at their own pace, from closed forms alone (the estimate of a placement).
 """
@@ -43,11 +44,17 @@ class StageRun:
 
 
 def flow_seconds(runs: Sequence[StageRun], last_stage: int, clock_hz: float, partial: bool = False) -> float:
-    """When the last token of the decode that ran leaves, in seconds (see the module docstring): a
-    discrete-event schedule in which every region serves the tokens waiting for it in the order they
-    became ready (ties: the order its tile ran them), one at a time. `partial`: the runs of an attempt
-    that a fault ended (a dead tile's runs are lost): the stage runs whose chain is not all there are left
-    out instead of raising."""
+    """When the last token of the decode that ran leaves, in seconds (see the module docstring). `partial`:
+    the runs of an attempt that a fault ended (a dead tile's runs are lost): the stage runs whose chain is
+    not all there are left out instead of raising."""
+    return max((end for _, _, end in flow_schedule(runs, last_stage, clock_hz, partial).values()), default=0.0)
+
+
+def flow_schedule(runs: Sequence[StageRun], last_stage: int, clock_hz: float, partial: bool = False
+                  ) -> dict[tuple[int, int, int], tuple[Region, float, float]]:
+    """Every token's stage run, (request, pos, stage) -> (region, start, end) in seconds: a discrete-event
+    schedule in which every region serves the tokens waiting for it in the order they became ready (ties:
+    the order its tile ran them), one at a time."""
     tasks: dict[tuple[int, int, int], tuple[Region, float, int]] = {}
     wants: dict[tuple[int, int], bool] = {}
     for r in runs:
@@ -65,19 +72,21 @@ def flow_seconds(runs: Sequence[StageRun], last_stage: int, clock_hz: float, par
         if n == 0:
             heapq.heappush(ready.setdefault(tasks[t][0], []), (0.0, tasks[t][2], t))
     free: dict[Region, float] = {}
-    done: dict[tuple, float] = {}
+    done: dict[tuple, tuple[float, float]] = {}  # task -> (start, end) in cycles
     while any(ready.values()):
         region = min((reg for reg, q in ready.items() if q), key=lambda reg: max(free.get(reg, 0.0), ready[reg][0][0]))
         at, _, t = heapq.heappop(ready[region])
-        done[t] = free[region] = max(free.get(region, 0.0), at) + tasks[t][1]
+        start = max(free.get(region, 0.0), at)
+        done[t] = (start, start + tasks[t][1])
+        free[region] = done[t][1]
         for nxt in after.get(t, ()):
             waiting[nxt] -= 1
             if waiting[nxt] == 0:
-                when = max(done[d] for d in _deps(nxt, wants, last_stage))
+                when = max(done[d][1] for d in _deps(nxt, wants, last_stage))
                 heapq.heappush(ready.setdefault(tasks[nxt][0], []), (when, tasks[nxt][2], nxt))
     if len(done) != len(tasks) and not partial:
         raise ValueError("the stage runs do not form a pipeline: a token waits for one that never ran")
-    return max(done.values(), default=0.0) / clock_hz
+    return {t: (tasks[t][0], a / clock_hz, b / clock_hz) for t, (a, b) in done.items()}
 
 
 def _deps(task: tuple[int, int, int], wants: dict, last_stage: int) -> list[tuple[int, int, int]]:

@@ -13,12 +13,17 @@ far attached (``error.completions``: nothing already produced is lost). A decode
 (``recover``: waferrt.recovery for the tile actors) is repaired instead, and every unfinished request
 resumes where it was (waferrt.serving.recovery.resume: replayed, with its RNG where it was), so the
 tokens are those of a run without the fault; ``stats.faults`` lists what happened
-(waferrt.faults.events).
+(waferrt.faults.events). With ``trace`` (a path, or True to keep it in memory only) the tiles record what
+they do (the Decode's ``trace_start`` / ``trace_stop``) and the host its own track
+(waferrt.serving.trace.DecodeTrace), with every fault's firing, detection and recovery as instants: kept
+in ``stats.trace``, written to the path -- also when the decode fails, with what could still be collected.
 """
 
 from __future__ import annotations
 
 import time
+from contextlib import nullcontext
+from pathlib import Path
 from typing import Protocol
 
 from waferrt.decode.schedule import flow_seconds
@@ -29,6 +34,7 @@ from waferrt.model.sampling import Sampler
 from .engine import Submission, TokenEvent
 from .recovery import resume
 from .requests import Completion, GenRequest, GenStats, OnToken
+from .trace import DecodeTrace
 
 WAIT_S = 0.05  # how long one wait for events lasts (the caller's liveness checks run between waits)
 
@@ -42,55 +48,80 @@ class Decode(Protocol):
 
     def stop(self) -> list: ...
 
+    def trace_start(self) -> None: ...
+
+    def trace_stop(self) -> dict[str, list]: ...
+
     # A decode that can recover from faults also has ``recover(error) -> the stage runs of the failed
     # attempt`` (it repairs the wafer and starts the loops again, or raises what cannot be recovered),
     # ``setup`` (after a recovery, the repaired placement's) and ``log`` (waferrt.faults.events.FaultLog).
 
 
 def serve(decode: Decode, setup: DecodeSetup, clock_hz: float, requests: list[GenRequest], sampler: Sampler,
-          on_token: OnToken | None = None, keep_logits: bool = False) -> tuple[list[Completion], GenStats]:
+          on_token: OnToken | None = None, keep_logits: bool = False, trace: str | Path | bool | None = None
+          ) -> tuple[list[Completion], GenStats]:
     out, stats = [Completion(r.prompt_ids) for r in requests], GenStats()
-    t0 = time.perf_counter()
-    decode.start()
-    subs = [Submission(i, r, sampler, keep_logits) for i, r in enumerate(requests)]
-    while True:
-        try:
-            decode.submit(subs)
-            _stream(decode, out, stats, on_token)
-            break
-        except Exception as e:  # a fault: recover (resume every unfinished request) when the decode can
-            _account(stats, _recover(decode, e, out), setup, clock_hz, partial=True)
-            setup = getattr(decode, "setup", setup)
-            subs = resume(requests, out, sampler, keep_logits)
-        except BaseException as e:
-            _give_up(decode, e, out)
-    _account(stats, decode.stop(), setup, clock_hz)
+    log = stats.trace = DecodeTrace(setup, clock_hz) if trace else None
+    host = log.host if log is not None else None
+    t0, t0_ns = time.perf_counter(), time.time_ns()
+    if log is not None:
+        decode.trace_start()
+    try:
+        with _span(host, "start"):
+            decode.start()
+        setup = _attempts(decode, setup, clock_hz, requests, sampler, keep_logits, out, stats, on_token, host)
+    except BaseException as e:
+        e.completions = out  # what was produced before the failure is not lost
+        decode.stop()
+        _faults(decode, stats, log)
+        if log is not None:
+            log.instant("error", None, type=type(e).__name__, msg=str(e))
+            _end_trace(decode, log, trace, [])
+        raise
+    with _span(host, "stop"):
+        runs = decode.stop()
+    _account(stats, runs, setup, clock_hz)
     stats.wall_s = time.perf_counter() - t0
     stats.tokens = sum(len(c.tokens) for c in out)
-    stats.faults = list(decode.log.events) if getattr(decode, "log", None) else []
+    _faults(decode, stats, log)
+    if log is not None:
+        host.add("decode", "host", t0_ns, time.time_ns(), requests=len(requests))
+        _end_trace(decode, log, trace, runs)
     return out, stats
 
 
-def _recover(decode: Decode, error: Exception, out: list[Completion]) -> list:
+def _attempts(decode: Decode, setup: DecodeSetup, clock_hz: float, requests: list[GenRequest], sampler: Sampler,
+              keep_logits: bool, out: list[Completion], stats: GenStats, on_token: OnToken | None, host
+              ) -> DecodeSetup:
+    """Submit and stream until every request has ended; after a fault, recover (when the decode can) and
+    resume every unfinished request. The setup the last attempt ran on."""
+    subs = [Submission(i, r, sampler, keep_logits) for i, r in enumerate(requests)]
+    while True:
+        try:
+            with _span(host, "submit", requests=len(subs)):
+                decode.submit(subs)
+            _stream(decode, out, stats, on_token, host)
+            return setup
+        except Exception as e:
+            if not hasattr(decode, "recover"):
+                raise
+            with _span(host, "recover", error=type(e).__name__):
+                runs = _recover(decode, e)
+            _account(stats, runs, setup, clock_hz, partial=True)
+            setup = decode.setup
+            subs = resume(requests, out, sampler, keep_logits)
+
+
+def _recover(decode: Decode, error: Exception) -> list:
     """Repair the wafer after `error` (the decode's own recover; a fault while recovering is recovered from
-    in turn); what cannot be recovered is raised with the completions so far attached."""
-    if not hasattr(decode, "recover"):
-        _give_up(decode, error, out)
+    in turn); what cannot be recovered (Unrecoverable, FaultStop: the decode's own verdict) is raised."""
     while True:
         try:
             return decode.recover(error)
-        except FaultError as e:  # Unrecoverable, FaultStop: the decode's own verdict
-            _give_up(decode, e, out)
+        except FaultError:
+            raise
         except Exception as e:  # noqa: BLE001 - another fault struck during the recovery
             error = e
-        except BaseException as e:
-            _give_up(decode, e, out)
-
-
-def _give_up(decode: Decode, e: BaseException, out: list[Completion]):
-    e.completions = out  # what was produced before the failure is not lost
-    decode.stop()
-    raise e
 
 
 def _account(stats: GenStats, runs: list, setup: DecodeSetup, clock_hz: float, partial: bool = False) -> None:
@@ -100,12 +131,36 @@ def _account(stats: GenStats, runs: list, setup: DecodeSetup, clock_hz: float, p
     stats.modelled_s += flow_seconds(runs, len(setup.stages()) - 1, clock_hz, partial)
 
 
-def _stream(decode: Decode, out: list[Completion], stats: GenStats, on_token: OnToken | None) -> None:
+def _faults(decode: Decode, stats: GenStats, log: DecodeTrace | None) -> None:
+    """The faults of the decode into the stats (and the trace, as instants)."""
+    stats.faults = list(decode.log.events) if getattr(decode, "log", None) else []
+    if log is not None:
+        log.faults(stats.faults)
+
+
+def _span(host, name: str, **args):
+    return nullcontext() if host is None else host.span(name, "host", **args)
+
+
+def _end_trace(decode: Decode, log: DecodeTrace, path, runs: list) -> None:
+    """Collect the tiles' tracks (what can be: after a failure, a dead tile's is lost) and write the file."""
+    try:
+        log.add_tiles(decode.trace_stop())
+    except Exception as e:  # noqa: BLE001 - a failed wafer cannot hand its tracks back; the host's remains
+        log.instant("tracks lost", None, type=type(e).__name__, msg=str(e))
+    log.finish(runs)
+    if not isinstance(path, bool):
+        log.write(path)
+
+
+def _stream(decode: Decode, out: list[Completion], stats: GenStats, on_token: OnToken | None, host=None) -> None:
     """Take events until every request has ended; tokens go into the completions as they come."""
     pending, last = {i for i, c in enumerate(out) if not c.finish}, {}
     while pending:
         for ev in decode.events(WAIT_S):
             done, now = out[ev.index], time.perf_counter()
+            if host is not None:
+                host.instant("token", "token", request=ev.index, token=ev.token, finish=ev.finish)
             if ev.token >= 0:
                 done.tokens.append(ev.token)
                 if ev.logits is not None:

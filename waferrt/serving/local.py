@@ -5,7 +5,8 @@ Contract: ``LocalDecoder(config, weights, placement, collectives, lanes)`` build
 weights; ``generate(requests, sampler, on_token)`` runs every tile's decode loop
 (waferrt.serving.loop.run_tile) in its own thread, exactly as the tile actors do over Ray, and streams the
 tokens back through :func:`~waferrt.serving.host.serve`. A tile thread that fails ends ``generate`` with
-its error (re-raised, with the tile named in a note). For the unit tier and for debugging a placement.
+its error (re-raised, with the tile named in a note). ``trace=path`` records every tile's spans and writes
+a Perfetto trace (waferrt.serving.trace). For the unit tier and for debugging a placement.
 """
 
 from __future__ import annotations
@@ -14,8 +15,10 @@ import queue
 import threading
 
 from waferrt.core.ledger import Ledger
+from waferrt.core.trace import Recorder
 from waferrt.decode.program import TileProgram
 from waferrt.decode.setup import DecodeSetup, stage_weights
+from waferrt.decode.tracing import trace_program, untrace_program
 from waferrt.fabric.comm import KTREE_FAST, Collectives
 from waferrt.fabric.loop import LoopFabric
 from waferrt.model.sampling import Sampler
@@ -38,9 +41,9 @@ class LocalDecoder:
             self.programs[self.setup.stage_tiles()[s]].load(s, raw)
 
     def generate(self, requests: list[GenRequest], sampler: Sampler, on_token: OnToken | None = None,
-                 keep_logits: bool = False) -> tuple[list[Completion], GenStats]:
+                 keep_logits: bool = False, trace=None) -> tuple[list[Completion], GenStats]:
         return serve(_Threads(self), self.setup, self.placement.spec.clock_hz, requests, sampler, on_token,
-                     keep_logits)
+                     keep_logits, trace)
 
 
 class _Threads:
@@ -85,3 +88,11 @@ class _Threads:
         for th in self.threads:
             th.join()
         return [r for p in self.dec.programs.values() for r in p.records]
+
+    def trace_start(self) -> None:
+        for t, program in self.dec.programs.items():
+            trace_program(program, Recorder(str(t)))
+
+    def trace_stop(self) -> dict[str, list]:
+        recs = {str(t): untrace_program(program) for t, program in self.dec.programs.items()}
+        return {t: rec.take() if rec is not None else [] for t, rec in recs.items()}

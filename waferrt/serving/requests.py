@@ -42,6 +42,7 @@ class GenStats:
     token_latency_s: list[float] = field(default_factory=list)  # wall time of each decode-only step
     runs: list = field(default_factory=list)  # every StageRun the tiles booked (waferrt.decode.schedule)
     faults: list = field(default_factory=list)  # waferrt.faults.events.FaultEvent of every fault armed
+    trace: object = None  # the run's waferrt.serving.trace.DecodeTrace, when one was asked for
 
     @property
     def wall_tokens_per_s(self) -> float:

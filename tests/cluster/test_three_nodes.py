@@ -1,0 +1,120 @@
+"""Three Ray nodes on one machine: the planner keeps neighbouring tiles on one node, only the tile borders
+between nodes go over tcp, and a decode spread over all three gives the single-node tokens.
+
+Like tests/cluster/test_cluster.py, ``ray.cluster_utils.Cluster`` runs in a subprocess with a private
+RAY_TMPDIR (a head and two worker nodes, one CPU each), so it never meets the test session's Ray. The tiny
+model is planned on 3x2 tiles of 8x8 cores over the three nodes (``scheduler.plan`` with three
+NodeInfo): each node gets a contiguous run of two tiles. The script decodes on the tile actors, asks every
+tile where it runs (a kernel) and where it sends (``Tile.fabric_stats()["peers"]``: each neighbour's
+address), and lists the named actors (what ``ray list actors`` and the dashboard show). Takes ~40 s.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+
+import pytest
+
+SCRIPT = r"""
+import json
+import ray
+from ray.cluster_utils import Cluster
+from waferrt.actors.tile import Tile
+from waferrt.core.mesh import MeshSpec, TileId
+from waferrt.core.spec import TINY
+from waferrt.llm import WaferLLM
+from waferrt.model import Sampler, synthetic_llama, tiny_config
+from waferrt.runtime import ray_init
+from waferrt.scheduler import KVReserve, NodeInfo, plan
+from waferrt.serving import GenRequest, generate_reference
+
+cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 1, "include_dashboard": False})
+workers = [cluster.add_node(num_cpus=1) for _ in range(2)]
+report = {}
+try:
+    assert ray_init(cluster.address)
+    cluster.wait_for_nodes()
+    ids = [cluster.head_node.node_id] + [w.node_id for w in workers]
+    report["nodes"] = len([n for n in ray.nodes() if n["Alive"]])
+    cfg = tiny_config()
+    weights = synthetic_llama(cfg, seed=2)
+    placement = plan(cfg, TINY, MeshSpec(24, 16, 8, 8), kv=KVReserve(32, 2), nodes=tuple(NodeInfo(i, 1) for i in ids))
+    report["tile_nodes"] = {str(t): ids.index(n) for t, n in placement.tile_nodes}
+    requests = [GenRequest((5, 6, 7), 10), GenRequest((9,), 12), GenRequest((1, 2), 8)]
+    sampler = Sampler(temperature=0.8, seed=3)
+    want, _ = generate_reference(cfg, weights, requests, sampler)
+    place = dict(placement.tile_nodes)
+
+    def on_its_node(ctx, place):  # every tile checks that it runs on the node the planner gave it
+        import ray
+        tile = TileId(ctx.local.x0 // 8, ctx.local.y0 // 8)
+        here = ray.get_runtime_context().get_node_id()
+        assert here == place[tile], f"{tile} runs on node {here}, was placed on {place[tile]}"
+
+    with WaferLLM(cfg, weights, placement) as llm:
+        got, _ = llm.generate(requests, sampler)
+        llm.wafer.run(on_its_node, place=place)
+        stats = llm.wafer.on_every_tile(Tile.fabric_stats)
+        report["links"] = {s["tile"]: {d: a.split("://")[0] for d, a in s["peers"].items()} for s in stats}
+        report["tcp_bound"] = {s["tile"]: s["endpoints"]["tcp"] is not None for s in stats}
+        report["named"] = sorted((a["name"], a["namespace"]) for a in ray.util.list_named_actors(all_namespaces=True))
+    report["decode"] = [c.tokens for c in got] == [c.tokens for c in want]
+finally:
+    ray.shutdown()
+    cluster.shutdown()
+print(json.dumps(report))
+"""
+
+STEP = {"N": (0, -1), "S": (0, 1), "E": (1, 0), "W": (-1, 0)}
+
+
+def _tile(name: str) -> tuple[int, int]:
+    x, y = name[len("tile("):-1].split(",")
+    return int(x), int(y)
+
+
+def _connected(tiles: list[tuple[int, int]]) -> bool:
+    seen, todo = {tiles[0]}, [tiles[0]]
+    while todo:
+        x, y = todo.pop()
+        for dx, dy in STEP.values():
+            if (x + dx, y + dy) in tiles and (x + dx, y + dy) not in seen:
+                seen.add((x + dx, y + dy))
+                todo.append((x + dx, y + dy))
+    return seen == set(tiles)
+
+
+@pytest.mark.cluster
+def test_three_nodes_neighbours_together_tcp_only_across_nodes():
+    tmp = tempfile.mkdtemp(prefix="wrt-", dir="/tmp")  # short: Ray's socket paths must stay < 108 bytes
+    env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
+    env.update(TMPDIR=tmp, RAY_TMPDIR=tmp)
+    try:
+        proc = subprocess.run([sys.executable, "-c", SCRIPT], env=env, capture_output=True, text=True, timeout=240)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    report = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert report["nodes"] == 3 and report["decode"], report
+    node = {_tile(t): n for t, n in report["tile_nodes"].items()}
+    for n in range(3):  # every node holds a contiguous run of two tiles: neighbours share a node
+        mine = [t for t, m in node.items() if m == n]
+        assert len(mine) == 2 and _connected(mine), node
+    crossing = 0
+    for name, links in report["links"].items():
+        x, y = _tile(name)
+        assert set(links) == {d for d, (dx, dy) in STEP.items() if (x + dx, y + dy) in node}, (name, links)
+        for d, kind in links.items():
+            other = node[(x + STEP[d][0], y + STEP[d][1])] != node[(x, y)]
+            assert kind == ("tcp" if other else "ipc"), f"{name}'s {d} link is {kind}"
+            crossing += other
+        assert report["tcp_bound"][name] == ("tcp" in links.values()), name  # tcp bound only where needed
+    assert crossing >= 2 * 2  # both ends of at least two borders between nodes
+    names = [n for n, _ in report["named"]]
+    assert sorted(names) == sorted(f"tile({x},{y})" for x, y in node), report["named"]
+    assert len({ns for _, ns in report["named"]}) == 1 and report["named"][0][1].startswith("waferrt-")
