@@ -25,7 +25,7 @@ from waferrt.decode.cost import (
     layer_decode_parts,
     step_cycles,
 )
-from waferrt.decode.schedule import requests_round_seconds
+from waferrt.decode.schedule import requests_round_seconds, round_bound_seconds
 from waferrt.model.config import LlamaConfig
 
 from . import wafer
@@ -66,12 +66,17 @@ def stage_seconds(cfg: LlamaConfig, spec: HardwareSpec, stages, kv_tokens: int, 
     ((kind, Region, layers), as decode.cost.step_cycles takes them) on the wafer: the closed forms the tiles
     book; with several requests, a steady round of them decoding at their own pace, as the decode that ran
     is scheduled (waferrt.decode.schedule)."""
-    kw = {"head_groups": head_groups}
-    one = sum(step_cycles(spec, cfg, stages, kv_tokens, [1], **kw).values()) / spec.clock_hz
+    alone = _alone(cfg, spec, stages, kv_tokens, head_groups)
+    one = sum(alone) / spec.clock_hz
     if requests == 1:
         return one, one
-    alone = [c for (_, _), c in sorted(step_cycles(spec, cfg, stages, kv_tokens, [1], **kw).items())]
     return one, requests_round_seconds(alone, [region for _, region, _ in stages], requests, spec.clock_hz)
+
+
+def _alone(cfg: LlamaConfig, spec: HardwareSpec, stages, kv_tokens: int, head_groups: int) -> list[float]:
+    """The cycles of one token alone at each stage, in stage order."""
+    cycles = step_cycles(spec, cfg, stages, kv_tokens, [1], head_groups=head_groups)
+    return [c for (_, _), c in sorted(cycles.items())]
 
 
 def placement_seconds(p: Placement, requests: int | None = None, context: int | None = None
@@ -83,23 +88,34 @@ def placement_seconds(p: Placement, requests: int | None = None, context: int | 
     return stage_seconds(p.config, p.spec, stages, context or p.kv_tokens, requests or p.kv.requests)
 
 
-def _time(cfg: LlamaConfig, spec: HardwareSpec, floor: wafer.Floor, strategy: Strategy, kv_tokens: int,
-          requests: int) -> tuple[float, float]:
-    return stage_seconds(cfg, spec, floor.stages(cfg.n_layers, strategy.group), kv_tokens, requests,
-                         floor.shape.head_groups)
-
-
 @lru_cache(maxsize=512)
 def best(cfg: LlamaConfig, spec: HardwareSpec, mesh: tuple[int, int], kv: KVReserve, dtype: str,
          strategy: Strategy, objective: str) -> Candidate | None:
-    """The best floor plan of `strategy` for `objective`, or None when no region shape fits."""
-    found = None
-    for floor in wafer.floors(cfg, spec, mesh, kv, dtype, strategy):
-        one, step = _time(cfg, spec, floor, strategy, kv.tokens, kv.requests)
-        c = Candidate(strategy, floor, one, step, kv.requests)
-        if found is None or c.score(objective) < found.score(objective):
-            found = c
-    return found
+    """The best floor plan of `strategy` for `objective`, or None when no region shape fits (the first of
+    equals). Only the floor plans that can win are scheduled request by request: for latency the winner
+    alone; for throughput those whose steady-round bound (decode.schedule.round_bound_seconds, never above
+    the scheduled round) is no worse than the best round scheduled so far."""
+    floors = list(wafer.floors(cfg, spec, mesh, kv, dtype, strategy))
+    if not floors:
+        return None
+    stages = [floor.stages(cfg.n_layers, strategy.group) for floor in floors]
+    alone = [_alone(cfg, spec, st, kv.tokens, f.shape.head_groups) for f, st in zip(floors, stages)]
+    ones = [sum(a) / spec.clock_hz for a in alone]
+
+    def step(i: int) -> float:
+        regions = [region for _, region, _ in stages[i]]
+        return ones[i] if kv.requests == 1 else requests_round_seconds(alone[i], regions, kv.requests, spec.clock_hz)
+
+    if objective == "latency":
+        i = min(range(len(floors)), key=ones.__getitem__)
+        return Candidate(strategy, floors[i], ones[i], step(i), kv.requests)
+    bound = [round_bound_seconds(a, [r for _, r, _ in st], kv.requests, spec.clock_hz) for a, st in zip(alone, stages)]
+    won: tuple[float, int] | None = None
+    for i in sorted(range(len(floors)), key=bound.__getitem__):
+        if won is not None and bound[i] > won[0] * (1 + 1e-9):
+            break  # neither this floor plan nor any after it can beat the best one
+        won = min(won or (step(i), i), (step(i), i))
+    return Candidate(strategy, floors[won[1]], ones[won[1]], won[0], kv.requests)
 
 
 def _why(best_c: Candidate, others: list[Candidate], objective: str) -> str:

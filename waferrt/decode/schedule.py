@@ -11,7 +11,9 @@ token's logits gave this one -- after that token left the head. How the emulator
 micro-batches does not change the modelled time (:func:`flow_schedule`: when every token ran at every
 stage; a trace shows it next to the wall clock). :func:`round_seconds` is the
 length of a decode's last round (every request's last token); :func:`requests_round_seconds` the steady
-round of R requests decoding at their own pace, from closed forms alone (the estimate of a placement).
+round of R requests decoding at their own pace, from closed forms alone (the estimate of a placement), and
+:func:`round_bound_seconds` the bound it never goes below (what the busiest region must serve, or one
+token's way round).
 """
 
 from __future__ import annotations
@@ -67,23 +69,35 @@ def flow_schedule(runs: Sequence[StageRun], last_stage: int, clock_hz: float, pa
     for t in tasks:
         for d in _deps(t, wants, last_stage):
             after.setdefault(d, []).append(t)
-    ready: dict[Region, list] = {}
+    ready: dict[Region, list] = {}  # region -> heap of its ready tokens (ready at, seq, task)
+    order: dict[Region, int] = {}  # regions in the order they first had a token (ties go to the first)
+    free: dict[Region, float] = {}
+    starts: list = []  # heap of (when a region can start its next token, its order, region); stale ones skipped
+
+    def offer(t: tuple, when: float) -> None:
+        region = tasks[t][0]
+        heapq.heappush(ready.setdefault(region, []), (when, tasks[t][2], t))
+        order.setdefault(region, len(order))
+        heapq.heappush(starts, (max(free.get(region, 0.0), ready[region][0][0]), order[region], region))
+
     for t, n in waiting.items():
         if n == 0:
-            heapq.heappush(ready.setdefault(tasks[t][0], []), (0.0, tasks[t][2], t))
-    free: dict[Region, float] = {}
+            offer(t, 0.0)
     done: dict[tuple, tuple[float, float]] = {}  # task -> (start, end) in cycles
-    while any(ready.values()):
-        region = min((reg for reg, q in ready.items() if q), key=lambda reg: max(free.get(reg, 0.0), ready[reg][0][0]))
-        at, _, t = heapq.heappop(ready[region])
-        start = max(free.get(region, 0.0), at)
+    while starts:
+        start, _, region = heapq.heappop(starts)
+        q = ready[region]
+        if not q or max(free.get(region, 0.0), q[0][0]) != start:
+            continue  # stale: the region's next start changed since
+        _, _, t = heapq.heappop(q)
         done[t] = (start, start + tasks[t][1])
         free[region] = done[t][1]
+        if q:
+            heapq.heappush(starts, (max(free[region], q[0][0]), order[region], region))
         for nxt in after.get(t, ()):
             waiting[nxt] -= 1
             if waiting[nxt] == 0:
-                when = max(done[d][1] for d in _deps(nxt, wants, last_stage))
-                heapq.heappush(ready.setdefault(tasks[nxt][0], []), (when, tasks[nxt][2], nxt))
+                offer(nxt, max(done[d][1] for d in _deps(nxt, wants, last_stage)))
     if len(done) != len(tasks) and not partial:
         raise ValueError("the stage runs do not form a pipeline: a token waits for one that never ran")
     return {t: (tasks[t][0], a / clock_hz, b / clock_hz) for t, (a, b) in done.items()}
@@ -129,3 +143,13 @@ def requests_round_seconds(alone: Sequence[float], regions: Sequence[Region], re
     runs += [run(s, i, req, r) for s in range(1, last)
              for i, (r, req) in enumerate((r, req) for r in range(rounds) for req in range(requests))]
     return round_seconds(runs, last, clock_hz)
+
+
+def round_bound_seconds(alone: Sequence[float], regions: Sequence[Region], requests: int, clock_hz: float) -> float:
+    """A steady round of `requests` at their own pace lasts at least one token's way through every stage,
+    and at least what the busiest region must serve of them (`requests` x its stages' cycles): the cycle
+    time of a closed pipeline (requests_round_seconds schedules it; the planner skips what cannot win)."""
+    load: dict[Region, float] = {}
+    for cycles, region in zip(alone, regions):
+        load[region] = load.get(region, 0.0) + cycles
+    return max(sum(alone), requests * max(load.values(), default=0.0)) / clock_hz
