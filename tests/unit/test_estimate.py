@@ -18,7 +18,7 @@ import pytest
 from waferrt.core.mesh import MeshSpec, Region
 from waferrt.core.spec import TINY, WSE2
 from waferrt.decode import layout as dl
-from waferrt.decode.schedule import round_seconds
+from waferrt.decode.schedule import requests_round_seconds, round_bound_seconds, round_seconds
 from waferrt.model import Sampler, synthetic_llama, tiny_config
 from waferrt.model.config import SMOLLM2_135M
 from waferrt.model.zoo import MODELS, model_by_name
@@ -68,6 +68,25 @@ def test_closed_form_sram_is_what_the_tiles_book():
     shape, one = wafer.Shape(30, 12, 3), wafer.layer_core_bytes(SMOLLM2_135M, wafer.Shape(30, 12, 3), 512, 2, "float16")
     scratch = wafer.layer_core_bytes(SMOLLM2_135M, shape, 512, 2, "float16", kv=False, weights=False)
     assert wafer.layer_core_bytes(SMOLLM2_135M, shape, 512, 2, "float16", layers=4) == 4 * (one - scratch) + scratch
+
+
+def test_the_planner_skips_only_floor_plans_that_cannot_win():
+    """best() schedules only what its bound says can win: the same pick as scheduling every floor plan, and
+    the bound is never above the scheduled round."""
+    kv = KVReserve(256, 6)
+    for s in wafer.strategies(SMOLLM2_135M.n_layers)[:2]:
+        floors = list(wafer.floors(SMOLLM2_135M, WSE2, (128, 96), kv, "float16", s))[::4]
+        rounds = []
+        for f in floors:
+            stages = f.stages(SMOLLM2_135M.n_layers, s.group)
+            alone = est._alone(SMOLLM2_135M, WSE2, stages, kv.tokens, f.shape.head_groups)
+            regions = [r for _, r, _ in stages]
+            rounds.append(requests_round_seconds(alone, regions, kv.requests, WSE2.clock_hz))
+            assert round_bound_seconds(alone, regions, kv.requests, WSE2.clock_hz) <= rounds[-1] * (1 + 1e-12)
+        got = est.best(SMOLLM2_135M, WSE2, (128, 96), kv, "float16", s, "throughput")
+        assert got.step_s == min(est.stage_seconds(SMOLLM2_135M, WSE2, f.stages(SMOLLM2_135M.n_layers, s.group),
+                                                   kv.tokens, kv.requests, f.shape.head_groups)[1]
+                                 for f in wafer.floors(SMOLLM2_135M, WSE2, (128, 96), kv, "float16", s))
 
 
 def test_a_whole_wafer_is_answered_from_a_bounded_number_of_floor_plans():
