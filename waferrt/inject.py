@@ -19,7 +19,7 @@ from collections.abc import Callable
 from waferrt.actors.tile import Tile
 from waferrt.core.mesh import TileId
 from waferrt.faults.events import FaultLog
-from waferrt.faults.model import CoreFailure, FaultPlan, NodeLoss, Straggler, fault_tiles
+from waferrt.faults.model import CoreFailure, FaultPlan, NodeLoss, Straggler, fault_dict, fault_tiles
 
 
 class FaultSession:
@@ -87,8 +87,12 @@ class FaultSession:
                 self.node_loss(f.node)
 
     def on_message(self, msg: dict):
-        """A tile's report that a fault fired on it: its event."""
-        return self.log.fired(msg["index"], msg["step"], msg["at"])
+        """A tile's report that a fault fired on it: its event (None for a report of an earlier session's
+        fault that was still on its way: its index or its fault is not this session's)."""
+        i = msg["index"]
+        if i >= len(self.log.events) or fault_dict(self.log.events[i].fault) != msg["fault"]:
+            return None
+        return self.log.fired(i, msg["step"], msg["at"])
 
     def straggling(self, tiles: list[TileId]) -> None:
         """The host saw these tiles fall behind the others: a fired Straggler there is detected (it needs no

@@ -167,9 +167,21 @@ class _OnTiles:
         return out
 
     def stop(self) -> list:
-        if self.wafer.failed is not None:  # the tiles cannot finish together; closing the wafer ends them
-            return []
+        if self.wafer.failed is not None:
+            return self._settle()
         return [r for runs in self._call([(t, Tile.decode_stop, ()) for t in self.wafer.tiles]) for r in runs]
+
+    def _settle(self) -> list:
+        """After a failure that ended the run (fail-fast): when it was a tile's decode loop that failed (a dead
+        core or link in its region, a corrupt payload) and every tile still answers, end the loops and leave
+        the wafer usable -- what died stays dead, and the next generate meets it and recovers. A lost tile
+        keeps the wafer failed (the tiles cannot finish together; closing the wafer ends them)."""
+        from waferrt.actors.watch import TileDied, TileStalled
+
+        if isinstance(self.wafer.failed, (TileDied, TileStalled)) or self.wafer.dead_tiles():
+            return []
+        self.wafer.failed = None
+        return [r for runs in self._call([(t, Tile.decode_abort, ()) for t in self.wafer.tiles]) for r in runs]
 
     def trace_start(self) -> None:
         self._call([(t, Tile.trace_start, ()) for t in self.wafer.tiles])

@@ -55,15 +55,15 @@ def recover(dec, error: Exception) -> list:
         for rec in r["fired"]:
             assess(session, session.on_message(rec), llm.placement)
     hit = [e for e in session.log.pending() if not isinstance(e.fault, Straggler)]  # stragglers need nothing
-    hit += _unplanned(session, dead, hit, found)
+    cores = {c for r in reports for c in r["cores"]}
+    links = {tuple(link) for r in reports for link in r["links"]}
+    hit += _unplanned(session, dead, hit, found) + _unexplained(session, llm.placement, cores, links, found)
     if hit:  # a fault to recover from: progress, whatever comes next
         dec.fruitless = 0
     by, kind = _detector(error)
     for e in hit:  # a fault of another kind than the error's was found by the recovery's own scan
         session.log.detected([e], by if e.kind == kind or len(hit) == 1 else
                              f"{FOUND_BY.get(e.kind, by)} (scan after a fault)", found)
-    cores = {c for r in reports for c in r["cores"]}
-    links = {tuple(link) for r in reports for link in r["links"]}
     moved = _replan(llm, cores, links, dead)
     _restart(wafer, session, dead, llm)
     shipped = _set_up(llm, wafer)
@@ -89,12 +89,29 @@ def _unplanned(session, dead: list[TileId], hit: list, at: float) -> list:
     return events
 
 
+def _unexplained(session, placement, cores: set, links: set, at: float) -> list:
+    """Dead cores and links inside the decode's regions that no fault of this session explains (they died
+    in an earlier run, e.g. one that a fail-fast policy ended): each becomes an event of the log, found when
+    the recovery found it."""
+    regions = [r for _, r in placement.regions()]
+    cores = {c for c in cores if any(r.contains(c) for r in regions)}
+    links = {link for link in links if any(link_inside(r, link) for r in regions)}
+    known = {e.fault.core for e in session.log.events if isinstance(e.fault, CoreFailure)}
+    known |= {frozenset((e.fault.a, e.fault.b)) for e in session.log.events if isinstance(e.fault, LinkFailure)}
+    new = [CoreFailure(c) for c in sorted(cores) if c not in known]
+    new += [LinkFailure(a, b) for a, b in sorted(links) if frozenset((a, b)) not in known]
+    events = [session.log.events[session.log.add(f)] for f in new]
+    for e in events:
+        e.fired_at = at
+    return events
+
+
 def assess(session, event, placement) -> None:
     """A fault that fired on a core or link that no region of the decode uses is found at once (the tile's
     own scan) and needs nothing: the core stays dead and later re-plans avoid it."""
-    f = event.fault
-    if event.detected_at is not None:
+    if event is None or event.detected_at is not None:
         return
+    f = event.fault
     if isinstance(f, CoreFailure):
         used = any(r.contains(f.core) for _, r in placement.regions())
     elif isinstance(f, LinkFailure):
@@ -134,7 +151,8 @@ def _replan(llm, cores: set[Coord], links: set[tuple[Coord, Coord]], dead_tiles:
     try:
         rp = replan(p, new_cores, new_links)
     except PlanError as e:
-        died = ", ".join([*(f"core {c}" for c in sorted(new_cores)), *(f"link {a}-{b}" for a, b in new_links)])
+        lost = [*(f"core {c}" for c in sorted(new_cores)), *(f"link {a}-{b}" for a, b in sorted(new_links))]
+        died = ", ".join(lost[:6]) + (f" and {len(lost) - 6} more" if len(lost) > 6 else "")
         raise Unrecoverable(f"{died} died and the model no longer fits the wafer around them: {e}. It would "
                             "need more spare cores (a bigger mesh, or fewer K/V tokens per request)") from None
     llm.adopt(rp.placement)

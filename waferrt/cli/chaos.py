@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
 
 from waferrt.core.spec import PRESETS
 
@@ -157,15 +156,26 @@ def _plan(args, llm):
     return plan
 
 
+def _again(args, plan) -> str:
+    """The command that runs this campaign again."""
+    parts = ["waferrt chaos", f"--model {args.model}"]
+    parts += [f"--plan {args.plan}"] if args.plan else [f"--faults {args.faults}", f"--seed {plan.seed}",
+                                                         f"--kinds {','.join(args.kinds)}"]
+    parts += [f"--max-new-tokens {args.max_new_tokens}", f"--requests {args.requests}"]
+    parts += [f"--{k} {v}" for k, v in (("policy", args.policy), ("spec", args.spec)) if v]
+    parts += [f"--{k} {v[0]}x{v[1]}" for k, v in (("mesh", args.mesh), ("tile", args.tile)) if v]
+    return " ".join(parts)
+
+
 def _report(args, plan, log, same, error, decode, want, got) -> None:
     events = log.events
     counts = {"injected": len(events), "fired": sum(e.fired_at is not None for e in events),
               "detected": sum(e.detected_at is not None for e in events),
               "recovered": sum(e.recovered_at is not None for e in events)}
-    again = f"waferrt chaos {' '.join(sys.argv[2:])}" if len(sys.argv) > 2 else "waferrt chaos"
+    again = _again(args, plan)
     if args.json:
         print(json.dumps({"identical": same, "seed": plan.seed, "policy": plan.policy, **counts,
-                          "error": None if error is None else f"{type(error).__name__}: {error}",
+                          "error": None if error is None else f"{type(error).__name__}: {error}", "again": again,
                           "faults": log.as_dicts()}))
         return
     print(log.table())

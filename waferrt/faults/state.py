@@ -63,8 +63,10 @@ class FaultState:
         self.armed.append(_Armed(index, fault, time.monotonic(), random.Random(f"{seed}:{index}")))
 
     def disarm(self) -> None:
-        """Forget the faults that have not fired (what has died stays dead)."""
+        """Forget the faults that have not fired, and the records of those that did: the session that armed
+        them is over (what has died stays dead)."""
         self.armed = [a for a in self.armed if a.due]
+        self.fired = []
 
     @property
     def quiet(self) -> bool:

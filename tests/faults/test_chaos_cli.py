@@ -1,0 +1,31 @@
+"""`waferrt chaos` on the tiny model: a seeded sample of the campaign (benchmarks/chaos.py runs 200+ faults).
+
+Every fault that fired is detected and recovered from, the tokens equal the fault-free run's, and the exit
+status says so; the report names the command that reproduces it and the plan it saved is the one that ran
+(the same seed draws the same plan: tests/unit/test_faults_model.py).
+"""
+
+from __future__ import annotations
+
+import json
+
+from waferrt.cli import main
+from waferrt.faults import FaultPlan
+
+ARGS = ["chaos", "--model", "tiny", "--faults", "8", "--seed", "11", "--kinds", "core,link,corrupt,straggler,tile",
+        "--max-new-tokens", "10", "--requests", "3", "--json"]
+
+
+def _json(capsys) -> dict:
+    return json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+
+
+def test_a_seeded_campaign_recovers_every_fault_and_saves_its_plan(ray_session, capsys, tmp_path):
+    saved = tmp_path / "plan.yaml"
+    assert main([*ARGS, "--save-plan", str(saved)]) == 0
+    first = _json(capsys)
+    assert first["identical"] and first["error"] is None and first["injected"] == 8
+    assert first["recovered"] == first["detected"] == first["fired"] >= 1, first["faults"]
+    assert "--seed 11" in first["again"]
+    plan = FaultPlan.load(saved)
+    assert plan.seed == 11 and [f["fault"] for f in first["faults"]] == plan.to_dict()["faults"]

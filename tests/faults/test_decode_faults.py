@@ -1,0 +1,97 @@
+"""Seeded faults in a decode on the tile actors: every kind is found and recovered from with nothing lost.
+
+One tiny-model WaferLLM (4 tiles of 8x8 cores) serves every test; the faults are placed on what the decode
+uses at the time (its placement moves as recoveries re-plan it). Each test compares the tokens -- sampled
+at temperature 0.8 from seeded RNGs, so a replay that drew its random numbers again would show -- with
+the numpy reference's, and reads the fault's event: what found it and what recovery did. Then the
+policies: fail-fast stops at the first fault with FaultStop; more dead cores than the wafer has room for
+end in Unrecoverable naming what died, with the tokens made so far attached.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from waferrt.core.mesh import Coord, MeshSpec, TileId
+from waferrt.core.spec import TINY
+from waferrt.decode.program import crossings
+from waferrt.faults import CoreFailure, Corrupt, FaultPlan, LinkFailure, Straggler, TileCrash, Trigger
+from waferrt.faults.errors import FaultStop, Unrecoverable
+from waferrt.faults.model import border_links
+from waferrt.llm import WaferLLM
+from waferrt.model import Sampler, synthetic_llama, tiny_config
+from waferrt.scheduler import KVReserve, plan
+from waferrt.serving import GenRequest, generate_reference
+
+CFG = tiny_config()
+WEIGHTS = synthetic_llama(CFG, seed=0)
+REQUESTS = [GenRequest((5, 6, 7), 14), GenRequest((100, 3), 9), GenRequest((9,), 16)]
+SAMPLER = Sampler(temperature=0.8, top_p=0.9, seed=5)
+
+
+@pytest.fixture(scope="module")
+def llm(ray_session):
+    with WaferLLM(CFG, WEIGHTS, plan(CFG, TINY, MeshSpec(16, 16, 8, 8), kv=KVReserve(48, 3))) as llm:
+        yield llm
+
+
+@pytest.fixture(scope="module")
+def want():
+    return [c.tokens for c in generate_reference(CFG, WEIGHTS, REQUESTS, SAMPLER)[0]]
+
+
+def _live_core(llm: WaferLLM, layer: int) -> Coord:
+    """A core of the layer's region now (not a dead one)."""
+    r, p = llm.placement.layers[layer], llm.placement
+    return next(c for c in r.cores() if c not in p.mesh.dead)
+
+
+def _fault(kind: str, llm: WaferLLM):
+    """A fault of `kind` on what the decode uses now, firing a few steps in."""
+    c = _live_core(llm, 1)
+    if kind == "core":
+        return CoreFailure(c, Trigger(step=4))
+    if kind == "link":
+        r = llm.placement.layers[2]
+        return LinkFailure(Coord(r.x0, r.y0), Coord(r.x0 + 1, r.y0), Trigger(step=5))
+    if kind == "corrupt":
+        a, b = border_links(llm.placement.mesh, crossings(llm.setup))[0]
+        return Corrupt(a, b, 2, Trigger(step=3))
+    if kind == "straggler":
+        return Straggler(TileId(1, 0), 0.01, Trigger(step=2))
+    return TileCrash(next(t for t in llm.placement.mesh.tiles() if t != llm.head), Trigger(step=5))
+
+
+FOUND_BY = {"core": "core failed", "link": "link failed", "corrupt": "checksum", "straggler": "pace",
+            "tile": ""}
+
+
+@pytest.mark.parametrize("kind", ["core", "link", "corrupt", "straggler", "tile"])
+def test_each_kind_is_found_and_recovered_with_the_same_tokens(llm, want, kind):
+    fault = _fault(kind, llm)
+    with llm.faults(FaultPlan((fault,), seed=1)) as session:
+        got, stats = llm.generate(REQUESTS, SAMPLER)
+    assert [c.tokens for c in got] == want
+    (event,) = session.log.events
+    assert event.fault == fault and event.step >= 1 and event.outcome == "recovered", session.log.table()
+    assert FOUND_BY[kind] in event.detected_by and event.action
+    assert stats.faults == session.log.events
+
+
+def test_fail_fast_stops_at_the_first_fault_with_what_was_made(llm, want):
+    fault = CoreFailure(_live_core(llm, 0), Trigger(step=3))
+    with llm.faults(FaultPlan((fault,), policy="fail-fast")), pytest.raises(FaultStop, match=str(fault.core)) as e:
+        llm.generate(REQUESTS, SAMPLER)
+    assert "fail-fast" in str(e.value) and sum(len(c.tokens) for c in e.value.completions) >= 1
+    got, stats = llm.generate(REQUESTS, SAMPLER)  # the core stays dead; this run finds it and recovers
+    assert [c.tokens for c in got] == want and stats.faults[0].detected_by.startswith("core failed")
+
+
+def test_more_dead_cores_than_room_is_unrecoverable_and_says_what_died(llm):
+    p = llm.placement
+    used = {c for r in (p.embed, *p.layers) for c in r.cores()}
+    spares = sorted(set(p.mesh.region.cores()) - p.mesh.dead - used)  # they die at once: no room is left
+    plan_ = FaultPlan((*(CoreFailure(c) for c in spares), CoreFailure(_live_core(llm, 0), Trigger(step=2))))
+    with llm.faults(plan_), pytest.raises(Unrecoverable) as e:
+        llm.generate(REQUESTS, SAMPLER)
+    assert "dead" in str(e.value) and e.value.completions is not None
