@@ -10,6 +10,7 @@ made attached. Every case closes cleanly afterwards.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import threading
@@ -78,7 +79,8 @@ def _decode_hit_by(llm: WaferLLM, sig: int, requests: list[GenRequest]):
         return victim, llm.generate(requests, Sampler(), on_token)
     finally:
         if sig == signal.SIGSTOP:
-            os.kill(pid, signal.SIGCONT)
+            with contextlib.suppress(ProcessLookupError):  # (a recovery may have ended the frozen process)
+                os.kill(pid, signal.SIGCONT)
 
 
 def _tiny_llm() -> WaferLLM:
