@@ -1,0 +1,150 @@
+"""A seeded fault campaign: many decode runs, each under its own drawn FaultPlan, all six fault kinds.
+
+    python benchmarks/chaos.py                      # 40 runs x 5 faults = 200 faults, tiny model, 3 Ray nodes
+    python benchmarks/chaos.py --runs 8 --faults 3  # a quick look
+
+It starts three Ray nodes on this machine (``ray.cluster_utils.Cluster``, a private temp dir, never the
+machine's other Rays) so that node losses can happen (the driver's node, 0, is never drawn), plans the tiny
+model over them, decodes the same requests fault-free once, then run after run under
+``FaultPlan.random(seed + run, ...)`` over what the decode uses (its cores, links, tile borders, tiles and
+worker nodes). A node that was lost is added back between runs, so every run starts on three nodes. Each
+run has a wall-clock deadline: a run that passes it counts as a hang (and ends the campaign). It prints per
+run one line, then: faults injected / fired / detected / recovered, runs identical to the fault-free tokens,
+hangs, runs not recovered, and the recovery cost (detection latency, wall seconds to recover, modelled wafer
+seconds of the weights sent again), by kind.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import statistics
+import sys
+import tempfile
+import threading
+import time
+
+RUN_DEADLINE_S = 180.0
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--runs", type=int, default=40)
+    ap.add_argument("--faults", type=int, default=5, help="faults per run")
+    ap.add_argument("--seed", type=int, default=1)
+    ap.add_argument("--nodes", type=int, default=3, help="Ray nodes (1: no node losses)")
+    args = ap.parse_args()
+    os.environ.setdefault("RAY_TMPDIR", tempfile.mkdtemp(prefix="waferrt-chaos-"))
+    import ray
+    from ray.cluster_utils import Cluster
+
+    cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 1, "include_dashboard": False})
+    workers = [cluster.add_node(num_cpus=1) for _ in range(args.nodes - 1)]
+    try:
+        ray.init(address=cluster.address, log_to_driver=False, logging_level=logging.ERROR)
+        cluster.wait_for_nodes()
+        return _campaign(args, cluster, workers)
+    finally:
+        ray.shutdown()
+        cluster.shutdown()
+
+
+def _campaign(args, cluster, workers) -> int:
+    from waferrt.core.mesh import MeshSpec
+    from waferrt.core.spec import TINY
+    from waferrt.llm import WaferLLM
+    from waferrt.model import Sampler, synthetic_llama, tiny_config
+    from waferrt.scheduler import KVReserve, NodeInfo, plan
+    from waferrt.serving import GenRequest
+
+    cfg, weights = tiny_config(), synthetic_llama(tiny_config(), seed=0)
+    requests = [GenRequest((5, 6, 7), 12), GenRequest((100, 3), 9), GenRequest((9,), 14)]
+    sampler = Sampler(temperature=0.8, top_p=0.9, seed=5)
+    nodes = [cluster.head_node, *workers]
+    placement = plan(cfg, TINY, MeshSpec(24, 16, 8, 8), kv=KVReserve(48, 3),
+                     nodes=tuple(NodeInfo(n.node_id, 1) for n in nodes))
+
+    def node_loss(i: int) -> None:
+        cluster.remove_node(nodes[i])
+
+    events, outcomes = [], []
+    with WaferLLM(cfg, weights, placement) as llm:
+        want = [c.tokens for c in llm.generate(requests, sampler)[0]]
+        for run in range(args.runs):
+            plan_ = _draw(args, run, llm)
+            t0 = time.monotonic()
+            outcome, log = _run(llm, plan_, node_loss, requests, sampler, want)
+            outcomes.append(outcome)
+            events += log.events
+            print(f"run {run:3d} seed {plan_.seed}: {outcome:<12} {time.monotonic() - t0:6.1f} s  "
+                  + ", ".join(f"{e.kind}:{e.outcome}" for e in log.events), flush=True)
+            if outcome == "hang":
+                break
+            nodes[1:] = _restore(cluster, nodes[1:], llm)
+    _summary(events, outcomes)
+    return 0 if all(o == "identical" for o in outcomes) else 1
+
+
+def _draw(args, run: int, llm):
+    from waferrt.decode.program import crossings
+    from waferrt.faults import KINDS, FaultPlan
+    from waferrt.faults.model import border_links
+
+    p = llm.placement
+    cores = {c for _, r in p.regions() for c in r.cores()} - p.mesh.dead
+    return FaultPlan.random(args.seed * 1000 + run, args.faults, p.mesh, KINDS, 10, cores, nodes=args.nodes,
+                            links=border_links(p.mesh, crossings(llm.setup)))
+
+
+def _run(llm, plan_, node_loss, requests, sampler, want):
+    """One run under `plan_` in a thread with a deadline: (identical | wrong tokens | unrecovered | hang, log)."""
+    result = {}
+
+    def go():
+        try:
+            result["got"] = [c.tokens for c in llm.generate(requests, sampler)[0]]
+        except Exception as e:  # noqa: BLE001 - counted as not recovered, with its cause printed
+            result["error"] = e
+
+    with llm.faults(plan_, node_loss=node_loss) as session:
+        t = threading.Thread(target=go, daemon=True)
+        t.start()
+        t.join(RUN_DEADLINE_S)
+        if t.is_alive():
+            return "hang", session.log
+    if "error" in result:
+        print(f"    not recovered: {type(result['error']).__name__}: {str(result['error'])[:300]}")
+        return "unrecovered", session.log
+    return ("identical" if result["got"] == want else "wrong tokens"), session.log
+
+
+def _restore(cluster, workers, llm):
+    """Add back the worker nodes a run removed, so that the next run starts on as many nodes."""
+    alive = {n["NodeID"] for n in __import__("ray").nodes() if n["Alive"]}
+    return [w if w.node_id in alive else cluster.add_node(num_cpus=1) for w in workers]
+
+
+def _summary(events, outcomes) -> None:
+    fired = [e for e in events if e.fired_at is not None]
+    print(f"\n{len(outcomes)} runs: {outcomes.count('identical')} identical, {outcomes.count('wrong tokens')} "
+          f"with wrong tokens, {outcomes.count('unrecovered')} not recovered, {outcomes.count('hang')} hangs")
+    print(f"faults: {len(events)} injected, {len(fired)} fired, "
+          f"{sum(e.detected_at is not None for e in fired)} detected, "
+          f"{sum(e.recovered_at is not None for e in fired)} recovered")
+    print(f"\n{'kind':<10}{'fired':>6}{'detected after s (median/max)':>32}{'recovered in s (median/max)':>30}"
+          f"{'modelled ms (mean)':>20}")
+    for kind in sorted({e.kind for e in fired}):
+        es = [e for e in fired if e.kind == kind]
+        det = [e.detected_after_s for e in es if e.detected_after_s is not None]
+        rec = [e.recovered_in_s for e in es if e.recovered_in_s is not None]
+        print(f"{kind:<10}{len(es):>6}{_mm(det):>32}{_mm(rec):>30}"
+              f"{statistics.fmean(e.modelled_s for e in es) * 1e3:>20.3f}")
+
+
+def _mm(xs: list[float]) -> str:
+    return f"{statistics.median(xs):.2f} / {max(xs):.2f}" if xs else "-"
+
+
+if __name__ == "__main__":
+    sys.exit(main())
