@@ -8,7 +8,7 @@ leaving it disarms what has not fired (what died stays dead). A :class:`~waferrt
 the host's to carry out: ``tick(step)`` fires it when its trigger holds (the host's step is the number of
 tokens it has received): ``node_loss(i)`` removes Ray node i (e.g. a ray.cluster_utils.Cluster's
 ``remove_node``; i counts ``nodes``: a placement's, or ``Wafer.node_list()``, the driver's first), then the
-wafer ends that node's tiles and fails with NodeLost (the decode recovers from it). A NodeLoss of the
+session ends that node's tiles and fails the wafer with NodeLost (the decode recovers from it). A NodeLoss of the
 driver's own node is never carried out (it would take the host down with it): it raises
 :class:`~waferrt.faults.errors.Unrecoverable` saying so.
 ``on_message`` takes the tiles' reports of faults that fired, ``refresh()`` asks every tile what fired on
@@ -103,10 +103,27 @@ class FaultSession:
                 f"{', '.join(str(j) for j, n in enumerate(self.nodes) if n != node) or '(none: one node)'}")
         self.lost_nodes.add(f.node)
         self.node_loss(f.node)
-        if not self.wafer.lose_node(node, f"NodeLoss #{i}"):
+        if not self._end_tiles(node, f"NodeLoss #{i}"):
             now = time.time()
             self.log.detected([self.log.events[i]], "the host (it removed the node)", now)
             self.log.recovered([self.log.events[i]], "none needed: no tile on that node", now)
+
+    def _end_tiles(self, node: str, why: str) -> list[TileId]:
+        """The Ray node `node` is gone: its tiles are ended now -- a lost machine takes its processes along,
+        while Ray may take seconds to notice and a node that ray.cluster_utils removed leaves its workers
+        running a moment -- and the wafer fails with NodeLost naming them (raised by its next call; the
+        recovery restarts them elsewhere, never on a node in ``wafer.lost``). Returns them."""
+        from waferrt.actors.remote import kill_tiles
+        from waferrt.actors.watch import NodeLost
+
+        w = self.wafer
+        w.lost.add(node)
+        gone = [t for t in w.tiles if w.nodes.get(t) == node]
+        if gone:
+            kill_tiles([w.tiles[t] for t in gone])
+            also = f"; so were {', '.join(map(str, gone[1:]))}" if gone[1:] else ""
+            w.failed = NodeLost(gone[0], f"was lost with its Ray node {node[:12]} ({why}){also}")
+        return gone
 
     def on_message(self, msg: dict):
         """A tile's report that a fault fired on it: its event."""

@@ -380,23 +380,6 @@ class Wafer:
         self.live()
         return self._here
 
-    def lose_node(self, node: str, why: str) -> list[TileId]:
-        """The Ray node `node` is gone (`why`: e.g. a NodeLoss carried out): its tiles are ended now -- a lost
-        machine takes its processes along, while Ray may take seconds to notice and a node that
-        ray.cluster_utils removed leaves its workers running a moment -- and the wafer fails with
-        :class:`~waferrt.actors.watch.NodeLost` naming them (raised by the next call). Returns them."""
-        from waferrt.actors.remote import kill_tiles
-        from waferrt.actors.watch import NodeLost
-
-        self.live()
-        self.lost.add(node)
-        gone = [t for t in self.tiles if self.nodes.get(t) == node]
-        if gone:
-            kill_tiles([self.tiles[t] for t in gone])
-            also = f"; so were {', '.join(map(str, gone[1:]))}" if gone[1:] else ""
-            self.failed = NodeLost(gone[0], f"was lost with its Ray node {node[:12]} ({why}){also}")
-        return gone
-
     def restart(self, tiles: list[TileId], nodes: dict[TileId, str] | None = None) -> None:
         """Replace these (dead) tiles by new tile actors, on `nodes` (default: where they were), wired to their
         neighbours; they hold nothing yet. The wafer works again (``failed`` is cleared)."""
