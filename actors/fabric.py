@@ -21,11 +21,13 @@ flips) a :class:`~waferrt.faults.errors.PayloadCorrupt`, each raised by the recv
 (once; the link then follows the sender's numbering again).
 
 Nothing a peer sends is fatal to the tile or kept without bound (:class:`FabricLimits`): a message whose
-sender is not the neighbour it names, or that is not msgpack, has a bad header, the wrong number of frames, a
-dtype/shape that does not match its bytes, is oversized, or would overflow its link's pending queue is dropped
-and counted by reason. ``rewire(dir, key, address)`` replaces a neighbour that was restarted (its new key, its
-new socket, sequence numbers from the start). ``stats()`` returns those counts with the gatekeeper's (refused
-connections, handshake failures). ``close()`` closes the sockets and removes the ipc socket file."""
+sender is not the neighbour it names, or that is not msgpack, has a bad header, the wrong number of frames,
+a dtype/shape that does not match its bytes, is oversized, or would overflow its link's pending queue is
+dropped and counted by reason. ``rewire(dir, key, address)`` replaces a neighbour that was restarted (its
+new key, its new socket, sequence numbers from the start; what still comes from the one it replaced --
+queued, or sent by an old process that lives on -- is dropped as ``replaced_peer``). ``stats()`` returns
+those counts with the gatekeeper's (refused connections, handshake failures). ``close()`` closes the sockets
+and removes the ipc socket file."""
 
 from __future__ import annotations
 
@@ -233,9 +235,12 @@ class ZmqLinks:
     def _check(self, frames: list[zmq.Frame]) -> tuple[Dir, int, int, str, list[np.ndarray], int]:
         """(link, seq, epoch, tag, arrays, checksum) of a message from a neighbour, or Dropped with the reason."""
         try:
-            side = Dir[frames[0].get("User-Id")]  # the side whose key the gatekeeper admitted
+            name, _, key = frames[0].get("User-Id").partition(":")  # the side and key the gatekeeper admitted
+            side = Dir[name]
         except (zmq.ZMQError, KeyError):
             raise Dropped("unknown_peer") from None
+        if key.encode() != self.neighbours.get(side):  # admitted before that neighbour was replaced (restarted)
+            raise Dropped("replaced_peer")
         nbytes = sum(map(len, frames[1:]))
         if len(frames[0]) > self.limits.header_bytes or nbytes > self.limits.message_bytes:
             raise Dropped("oversized")

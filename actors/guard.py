@@ -9,13 +9,14 @@ neighbour's public key.
 
 :class:`Gatekeeper` runs one thread per tile (in the tile's own zmq context) that answers the context's ZAP
 requests -- admitting a client only if its public key is one given to ``admit`` (a neighbour's), with that
-neighbour's side ("N", "E", "S", "W") as the ZAP user id, which every message from that peer then carries as
-its ``User-Id`` -- and reads the receive socket's monitor events. ``stats()`` counts connections accepted,
-authenticated, refused (accepted but not authenticated: a peer without a neighbour's key pair, speaking
-something else than ZMTP/CURVE, or still in a handshake, which is closed after ``HANDSHAKE_SECONDS``),
-handshake failures by kind, ZAP denials and disconnections (``on_disconnect`` is told of each: a neighbour
-may have died). Nothing a refused peer sends reaches the socket's queue. ``close()`` stops the thread and
-closes its sockets."""
+neighbour's side ("N", "E", "S", "W") and key as the ZAP user id ("S:<key>"), which every message from that
+peer then carries as its ``User-Id`` (so a neighbour that was replaced -- a restarted tile whose old process
+still runs -- is told from its successor) -- and reads the receive socket's monitor events. ``stats()``
+counts connections accepted, authenticated, refused (accepted but not authenticated: a peer without a
+neighbour's key pair, speaking something else than ZMTP/CURVE, or still in a handshake, which is closed
+after ``HANDSHAKE_SECONDS``), handshake failures by kind, ZAP denials and disconnections (``on_disconnect``
+is told of each: a neighbour may have died). Nothing a refused peer sends reaches the socket's queue.
+``close()`` stops the thread and closes its sockets."""
 
 from __future__ import annotations
 
@@ -69,7 +70,7 @@ class Gatekeeper:
 
     def admit(self, neighbours: dict[Dir, bytes]) -> None:
         """From now on, admit these public keys (z85), each as its side."""
-        self.sides = {key: d.name.encode() for d, key in neighbours.items()}  # (one assignment: thread-safe)
+        self.sides = {key: d.name.encode() + b":" + key for d, key in neighbours.items()}  # (one assignment)
 
     def _serve(self, zap: zmq.Socket, monitor: zmq.Socket, stop: zmq.Socket) -> None:
         poller = zmq.Poller()
@@ -90,7 +91,8 @@ class Gatekeeper:
                 s.close(0)
 
     def _answer(self, request: list[bytes]) -> list[bytes]:
-        """The ZAP reply (RFC 27) to libzmq's request: 200 with the neighbour's side as user id, or 400."""
+        """The ZAP reply (RFC 27) to libzmq's request: 200 with the neighbour's side and key as user id, or
+        400."""
         _version, request_id, _domain, _address, _identity, mechanism, *credentials = request
         side = None
         if mechanism == b"CURVE" and len(credentials) == 1:

@@ -6,7 +6,8 @@ do not fight over the machine's cores), wires their fabric (ipc on one node; tcp
 address, only for tiles with a neighbour on another node; every link authenticated: each tile makes its
 own key pair and gets its neighbours' public keys through Ray before any tile connects), points their
 heartbeats at the host's inbox and returns the handles. :func:`restart_tiles` replaces dead tiles by new
-actors and rewires their neighbours to them. :func:`stop_tiles` closes their sockets and kills them.
+actors and rewires their neighbours to them. :func:`stop_tiles` closes their sockets and kills them;
+:func:`kill_tiles` kills them at once.
 """
 
 from __future__ import annotations
@@ -51,8 +52,7 @@ def restart_tiles(handles: dict, dead: list[TileId], mesh: MeshSpec, spec, names
     """Replace the `dead` tiles by new actors (on their nodes in `node_ids`), wired to their neighbours,
     which admit the new keys and link to the new sockets; returns every tile's handle. The new tiles hold
     nothing yet."""
-    for t in dead:
-        ray.kill(handles[t], no_restart=True)
+    kill_tiles([handles[t] for t in dead])
     new = {t: _start(t, mesh, spec, namespace, node_ids[t], timeout, tile_cls) for t in dead}
     addresses = _bind(new, mesh, ipc_dir, node_ids)
     around = sorted({n for t in dead for n in _neighbours(mesh, t).values() if n not in new})
@@ -128,5 +128,10 @@ def stop_tiles(handles: dict, patience: float = 10.0) -> None:
         ray.get(refs, timeout=patience)
     except Exception:  # noqa: BLE001 - a dead tile cannot close; it is killed below anyway
         pass
-    for h in handles.values():
+    kill_tiles(handles.values())
+
+
+def kill_tiles(handles) -> None:
+    """End these tile actors now, never to be restarted by Ray (one that is gone already is no error)."""
+    for h in handles:
         ray.kill(h, no_restart=True)

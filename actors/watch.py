@@ -9,7 +9,7 @@ Ray says its process is gone -> :class:`TileDied`, no answer otherwise (SIGSTOP,
 ``check()`` runs the liveness check alone, ``sweep()`` pings every tile and returns those that do not answer
 (after a fault); ``track`` / ``reset`` follow restarted tiles; ``slow()`` names the tiles whose pace
 (carried by their beats) is far behind the others'. The errors are :class:`TileFailed` s; they name the tile
-and say what to do."""
+and say what to do (:class:`NodeLost`, a TileDied, is the Wafer's when the host removed the tile's node)."""
 
 from __future__ import annotations
 
@@ -38,6 +38,10 @@ class TileFailed(RuntimeError):
 
 class TileDied(TileFailed):
     """The tile's process is gone (killed, crashed, its node lost)."""
+
+
+class NodeLost(TileDied):
+    """The tile's Ray node is gone (a NodeLoss the host carried out), and the tile with it."""
 
 
 class TileStalled(TileFailed):

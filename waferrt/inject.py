@@ -5,8 +5,12 @@ Contract: a :class:`FaultSession` belongs to one open Wafer (``wafer.faults(plan
 (waferrt.faults.model.fault_tiles; a CoreFailure's or LinkFailure's position is checked to be on the mesh)
 and adds it to ``log`` (waferrt.faults.events.FaultLog); entering the session arms every fault of its plan,
 leaving it disarms what has not fired (what died stays dead). A :class:`~waferrt.faults.model.NodeLoss` is
-the host's to carry out: ``tick(step)`` fires it (``node_loss(i)``, e.g. a ray.cluster_utils.Cluster's
-``remove_node``) when its trigger holds; the host's step is the number of tokens it has received.
+the host's to carry out: ``tick(step)`` fires it when its trigger holds (the host's step is the number of
+tokens it has received): ``node_loss(i)`` removes Ray node i (e.g. a ray.cluster_utils.Cluster's
+``remove_node``; i counts ``nodes``: a placement's, or ``Wafer.node_list()``, the driver's first), then the
+session ends that node's tiles and fails the wafer with NodeLost (the decode recovers from it). A NodeLoss of the
+driver's own node is never carried out (it would take the host down with it): it raises
+:class:`~waferrt.faults.errors.Unrecoverable` saying so.
 ``on_message`` takes the tiles' reports of faults that fired, ``refresh()`` asks every tile what fired on
 it; ``rearm(tiles)`` arms again, on restarted tiles, the faults that had not fired there.
 """
@@ -18,14 +22,17 @@ from collections.abc import Callable
 
 from waferrt.actors.tile import Tile
 from waferrt.core.mesh import TileId
+from waferrt.faults.errors import Unrecoverable
 from waferrt.faults.events import FaultLog
 from waferrt.faults.model import CoreFailure, FaultPlan, NodeLoss, Straggler, fault_dict, fault_tiles
 
 
 class FaultSession:
-    def __init__(self, wafer, plan: FaultPlan | None = None, node_loss: Callable[[int], None] | None = None):
+    def __init__(self, wafer, plan: FaultPlan | None = None, node_loss: Callable[[int], None] | None = None,
+                 nodes: list[str] | None = None):
         self.wafer, self.plan = wafer, plan or FaultPlan()
         self.node_loss = node_loss
+        self.nodes = list(nodes) if nodes else wafer.node_list()  # NodeLoss(i) loses the Ray node nodes[i]
         self.log = FaultLog()
         self.lost_nodes: set[int] = set()
         self._host: list[tuple[int, NodeLoss, float]] = []  # node losses armed: (index, fault, since)
@@ -49,9 +56,8 @@ class FaultSession:
 
     def inject(self, fault) -> int:
         _check_on_mesh(fault, self.wafer.mesh)
-        if isinstance(fault, NodeLoss) and self.node_loss is None:
-            raise ValueError("a NodeLoss needs a way to remove a Ray node: wafer.faults(plan, node_loss=...) with "
-                             "e.g. a ray.cluster_utils.Cluster's remove_node (tests/cluster shows how)")
+        if isinstance(fault, NodeLoss):
+            _check_node(fault, self.nodes, self.node_loss)
         i = self.log.add(fault)
         self._arm(i, fault)
         return i
@@ -83,8 +89,41 @@ class FaultSession:
             if due:
                 self._host.remove(item)
                 self.log.fired(i, self.step, time.time())
-                self.lost_nodes.add(f.node)
-                self.node_loss(f.node)
+                self._lose(i, f)
+
+    def _lose(self, i: int, f: NodeLoss) -> None:
+        """Carry out a NodeLoss that fired: remove the node, end its tiles (the wafer fails with NodeLost)."""
+        node = self.nodes[f.node]
+        if node == self.wafer.driver_node():
+            raise Unrecoverable(
+                f"{f.where()} ({node[:12]}) is this driver's own node: the host (the requests, the host's copy of "
+                "the weights, the decode's state) would go with it and nothing of it is replicated, so the run "
+                "cannot be recovered; the node was not removed (that would take this process down). A run "
+                "survives the loss of the nodes that host only tiles: lose one of nodes "
+                f"{', '.join(str(j) for j, n in enumerate(self.nodes) if n != node) or '(none: one node)'}")
+        self.lost_nodes.add(f.node)
+        self.node_loss(f.node)
+        if not self._end_tiles(node, f"NodeLoss #{i}"):
+            now = time.time()
+            self.log.detected([self.log.events[i]], "the host (it removed the node)", now)
+            self.log.recovered([self.log.events[i]], "none needed: no tile on that node", now)
+
+    def _end_tiles(self, node: str, why: str) -> list[TileId]:
+        """The Ray node `node` is gone: its tiles are ended now -- a lost machine takes its processes along,
+        while Ray may take seconds to notice and a node that ray.cluster_utils removed leaves its workers
+        running a moment -- and the wafer fails with NodeLost naming them (raised by its next call; the
+        recovery restarts them elsewhere, never on a node in ``wafer.lost``). Returns them."""
+        from waferrt.actors.remote import kill_tiles
+        from waferrt.actors.watch import NodeLost
+
+        w = self.wafer
+        w.lost.add(node)
+        gone = [t for t in w.tiles if w.nodes.get(t) == node]
+        if gone:
+            kill_tiles([w.tiles[t] for t in gone])
+            also = f"; so were {', '.join(map(str, gone[1:]))}" if gone[1:] else ""
+            w.failed = NodeLost(gone[0], f"was lost with its Ray node {node[:12]} ({why}){also}")
+        return gone
 
     def on_message(self, msg: dict):
         """A tile's report that a fault fired on it: its event (None for a report of an earlier session's
@@ -110,6 +149,15 @@ class FaultSession:
             for rec in r["fired"]:
                 self.on_message(rec)
         return reports
+
+
+def _check_node(fault: NodeLoss, nodes: list[str], node_loss) -> None:
+    if node_loss is None:
+        raise ValueError("a NodeLoss needs a way to remove a Ray node: wafer.faults(plan, node_loss=...) with "
+                         "e.g. a ray.cluster_utils.Cluster's remove_node (tests/cluster shows how)")
+    if not 0 <= fault.node < len(nodes):
+        raise ValueError(f"{fault.where()}: the wafer's Ray nodes are 0..{len(nodes) - 1} (0: this driver's, "
+                         "unless a placement lists them in another order)")
 
 
 def _check_on_mesh(fault, mesh) -> None:

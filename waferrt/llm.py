@@ -96,8 +96,10 @@ class WaferLLM:
         return self.wafer.inject(fault)
 
     def faults(self, plan, node_loss: Callable[[int], None] | None = None):
-        """``with llm.faults(plan) as session:`` (waferrt.Wafer.faults); ``session.log`` after generate."""
-        return self.wafer.faults(plan, node_loss)
+        """``with llm.faults(plan) as session:`` (waferrt.Wafer.faults); ``session.log`` after generate. A
+        NodeLoss(i) loses the placement's i-th node (``placement.nodes``), ``node_loss(i)`` removes it."""
+        nodes = [n.name for n in self.placement.nodes] if self._node_ids() else None  # else: the wafer's list
+        return self.wafer.faults(plan, node_loss, nodes)
 
     def close(self) -> None:
         self.wafer.close()
@@ -163,6 +165,8 @@ class _OnTiles:
             self.tokens += sum(ev.token >= 0 for ev in out)
             self.fruitless = 0
         self.session.tick(self.tokens)
+        if self.wafer.failed is not None:  # a node loss the host carried out: its tiles are gone
+            raise self.wafer.failed
         self.session.straggling(self.wafer.watch.slow())
         return out
 

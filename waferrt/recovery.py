@@ -23,7 +23,7 @@ from __future__ import annotations
 import time
 
 from waferrt.actors.tile import Tile
-from waferrt.actors.watch import TileDied, TileFailed, TileStalled
+from waferrt.actors.watch import NodeLost, TileDied, TileFailed, TileStalled
 from waferrt.core.mesh import Coord, Dir, TileId
 from waferrt.fabric.links import FabricTimeout
 from waferrt.faults.errors import FaultStop, PayloadCorrupt, Unrecoverable
@@ -127,6 +127,8 @@ def assess(session, event, placement) -> None:
 def _detector(error: Exception) -> tuple[str, str | None]:
     """What found the fault (from the error that ended the attempt), and the kind of fault it points to."""
     text = str(error)
+    if isinstance(error, NodeLost):
+        return "the host (it removed the node)", "node"
     if isinstance(error, TileDied):
         return "Ray: actor died", "tile"
     if isinstance(error, TileStalled):
@@ -166,7 +168,7 @@ def _restart(wafer, session, dead: list[TileId], llm) -> None:
         return
     from waferrt.actors.remote import alive_nodes
 
-    alive = alive_nodes()
+    alive = alive_nodes() - wafer.lost  # Ray may not know yet that a node the host removed is gone
     nodes = {}
     for t in dead:
         node = wafer.nodes.get(t)

@@ -202,6 +202,7 @@ class Wafer:
         self._local: frozenset[TileId] = frozenset()
         self.failed: Exception | None = None  # a tile died or froze: nothing more runs until it is restarted
         self.nodes: dict[TileId, str] = {}  # the Ray node of every tile
+        self.lost: set[str] = set()  # the Ray nodes this wafer lost (NodeLoss): nothing runs there again
         self.session = None  # the faults armed on this wafer (waferrt.inject.FaultSession)
         self._trace = None  # the host's Recorder inside `with wafer.trace(path):`
 
@@ -221,7 +222,7 @@ class Wafer:
         if self._open:
             raise RuntimeError("this Wafer is already open; close it before opening it again")
         self._started_ray = ray_init(self.address)
-        self._open, self.failed = True, None
+        self._open, self.failed, self.lost = True, None, set()
         atexit.register(self.close)
         self._ipc_dir = new_ipc_dir()
         self._namespace = namespace = f"waferrt-{uuid.uuid4().hex[:8]}"
@@ -351,19 +352,33 @@ class Wafer:
             self.session = FaultSession(self)
         return self.session.inject(fault)
 
-    def faults(self, plan, node_loss: Callable[[int], None] | None = None):
+    def faults(self, plan, node_loss: Callable[[int], None] | None = None, nodes: list[str] | None = None):
         """``with wafer.faults(plan) as session:`` arms every fault of a FaultPlan on entry and disarms what
         has not fired on exit; ``session.log`` says what fired, was detected and recovered. `node_loss(i)`
-        carries out a NodeLoss of node i (e.g. a ray.cluster_utils.Cluster's remove_node)."""
+        carries out a NodeLoss of node i, the Ray node ``nodes[i]`` (default: :meth:`node_list`), e.g. with
+        a ray.cluster_utils.Cluster's remove_node."""
         from .inject import FaultSession
 
         self.live()
-        return FaultSession(self, plan, node_loss)
+        return FaultSession(self, plan, node_loss, nodes)
 
     def dead_tiles(self) -> list[TileId]:
-        """The tiles that do not answer a ping within seconds (dead, or frozen: as good as dead)."""
+        """The tiles that do not answer a ping within seconds (dead, or frozen: as good as dead), and those
+        on a lost node."""
         self.live()
-        return self.watch.sweep()
+        swept = set(self.watch.sweep())
+        return [t for t in self.tiles if t in swept or self.nodes.get(t) in self.lost]
+
+    def node_list(self) -> list[str]:
+        """The Ray nodes that host this wafer's tiles: this driver's first, then the others in tile order
+        (the indices a NodeLoss counts when no placement lists the nodes)."""
+        self.live()
+        return list(dict.fromkeys([self._here, *(self.nodes[t] for t in sorted(self.nodes))]))
+
+    def driver_node(self) -> str:
+        """The Ray node this driver runs on."""
+        self.live()
+        return self._here
 
     def restart(self, tiles: list[TileId], nodes: dict[TileId, str] | None = None) -> None:
         """Replace these (dead) tiles by new tile actors, on `nodes` (default: where they were), wired to their

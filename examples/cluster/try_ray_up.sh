@@ -2,12 +2,14 @@
 # Proves `ray up cluster.yaml` (Ray's local provider) end to end on this one machine, over loopback only:
 #   node = a throwaway Unix user: its own home, venv (your Ray version), Ray temp dir and free Ray ports
 #   ssh  = our own sshd on 127.0.0.1:<free port> and a throwaway key (nothing in /etc/ssh is used or changed)
-#   yaml = a temp copy of the shipped cluster.yaml, head_ip / ssh_user / key / ports overridden
+#   yaml = a temp copy of the shipped cluster.yaml, head_ip / ssh_user / key overridden, the shipped head start
+#          command run on free ports and a loopback address of its own
 # `ray up -y`; `ray exec` of `waferrt generate --address auto --json` and of `--reference --json` (same prompt,
 # greedy) must give equal tokens; `ray down -y`. All it started is removed on success and failure (trap).
-# It never touches a Ray it did not start: every Ray command on the node (the `ray stop` of the start
-# commands and of `ray down` too) runs as the throwaway user, and `ray stop` can only signal that user's
-# processes (others' fail with EPERM); the node's RAY_TMPDIR is its own, so `--address auto` finds this one.
+# It never touches a Ray it did not start: the shipped start commands have no `ray stop` (checked), its Ray
+# listens on ports nobody else had bound, and every Ray command on the node (the `ray stop` that `ray down`
+# runs too) runs as the throwaway user, whose `ray stop` can only signal that user's processes (others' fail
+# with EPERM); the node's RAY_TMPDIR is its own, so `--address auto` there finds this cluster only.
 # Needs root (apt-get, useradd, sshd) and `ray` + PyYAML on PATH. Usage:
 #   bash examples/cluster/try_ray_up.sh     # env: PROMPT, TOKENS; KEEP_LOGS=DIR keeps ray up/exec/down's logs
 set -euo pipefail
@@ -114,13 +116,16 @@ cfg["cluster_name"] = cluster
 cfg["provider"].update(head_ip="127.0.0.1", worker_ips=[])
 # Ray's yaml has no ssh port setting: reach our sshd's port through a proxy command
 cfg["auth"] = {"ssh_user": user, "ssh_private_key": key, "ssh_proxy_command": f"nc 127.0.0.1 {ssh_port}"}
-# `ray stop` kept as shipped: here it runs as the throwaway user and can only stop that user's Ray.
-# Free ports instead of 6379 and 52365 (the node's minimal `ray` starts no client server on 10001).
-# Node IP 127.0.0.2: loopback too, but Ray rewrites 127.0.0.1 to the machine's outward address.
-cfg["head_start_ray_commands"] = ["ray stop", (
-    f"OPENBLAS_NUM_THREADS=1 ray start --head --node-ip-address=127.0.0.2 --port={gcs} "
-    f"--dashboard-agent-listen-port={agent} "
-    "--autoscaling-config=~/ray_bootstrap_config.yaml --include-dashboard=false --disable-usage-stats")]
+starts = cfg["head_start_ray_commands"] + cfg["worker_start_ray_commands"]
+if any("ray stop" in c for c in starts):
+    sys.exit(f"cluster.yaml: a start command runs `ray stop` (it would stop others' Rays too): {starts}")
+# The shipped head command as it is, on free ports instead of 6379 and 52365 (the node's minimal `ray` starts no
+# client server on 10001) and node IP 127.0.0.2: loopback too (Ray rewrites 127.0.0.1 to the machine's outward
+# address).
+ours = f"--port={gcs} --node-ip-address=127.0.0.2 --dashboard-agent-listen-port={agent} --disable-usage-stats"
+if not any("--port=6379" in c for c in cfg["head_start_ray_commands"]):
+    sys.exit(f"cluster.yaml: no head start command with --port=6379 to run on a free port: {starts}")
+cfg["head_start_ray_commands"] = [c.replace("--port=6379", ours) for c in cfg["head_start_ray_commands"]]
 yaml.safe_dump(cfg, open(dst, "w"), sort_keys=False)
 EOF
 }
@@ -177,7 +182,7 @@ main() {
     CONTROL_PARENT=/tmp/ray_ssh_$(id -un | tr -d '\n' | sha256sum | cut -c1-10)   # as Ray's command_runner.py
     CONTROL_HASH=$(printf %s "$CLUSTER" | sha256sum | cut -c1-10)
     [[ ! -e $CONTROL_PARENT ]] || KEEP_PARENT=1
-    RAYLETS_BEFORE=$(pgrep -x raylet | tr '\n' ' ')
+    RAYLETS_BEFORE=$({ pgrep -x raylet || true; } | tr '\n' ' ')   # (pgrep fails when there is none)
     log "raylets on this machine before (other sessions'): ${RAYLETS_BEFORE:-none}"
 
     local t0=$SECONDS; install_packages

@@ -1,12 +1,16 @@
 """Three Ray nodes on one machine: the planner keeps neighbouring tiles on one node, only the tile borders
-between nodes go over tcp, and a decode spread over all three gives the single-node tokens.
+between nodes go over tcp, and a decode spread over all three gives the single-node tokens; a worker node
+lost in the middle of a decode is recovered from with the same tokens, the driver's own node is refused.
 
 Like tests/cluster/test_cluster.py, ``ray.cluster_utils.Cluster`` runs in a subprocess with a private
 RAY_TMPDIR (a head and two worker nodes, one CPU each), so it never meets the test session's Ray. The tiny
 model is planned on 3x2 tiles of 8x8 cores over the three nodes (``scheduler.plan`` with three
 NodeInfo): each node gets a contiguous run of two tiles. The script decodes on the tile actors, asks every
 tile where it runs (a kernel) and where it sends (``Tile.fabric_stats()["peers"]``: each neighbour's
-address), and lists the named actors (what ``ray list actors`` and the dashboard show). Takes ~40 s.
+address), and lists the named actors (what ``ray list actors`` and the dashboard show). Then, on the same
+tiles, the decode again under a NodeLoss of worker node 2 at the 5th token (``Cluster.remove_node`` without
+a graceful shutdown: its raylet is killed, the workers it leaves running a moment are ended by the host),
+and under a NodeLoss of node 0, the driver's own (never carried out: ``Unrecoverable`` says why). Takes ~55 s.
 """
 
 from __future__ import annotations
@@ -27,6 +31,7 @@ from ray.cluster_utils import Cluster
 from waferrt.actors.tile import Tile
 from waferrt.core.mesh import MeshSpec, TileId
 from waferrt.core.spec import TINY
+from waferrt.faults import FaultPlan, NodeLoss, Trigger, Unrecoverable
 from waferrt.llm import WaferLLM
 from waferrt.model import Sampler, synthetic_llama, tiny_config
 from waferrt.runtime import ray_init
@@ -39,7 +44,8 @@ report = {}
 try:
     assert ray_init(cluster.address)
     cluster.wait_for_nodes()
-    ids = [cluster.head_node.node_id] + [w.node_id for w in workers]
+    nodes = [cluster.head_node, *workers]
+    ids = [n.node_id for n in nodes]
     report["nodes"] = len([n for n in ray.nodes() if n["Alive"]])
     cfg = tiny_config()
     weights = synthetic_llama(cfg, seed=2)
@@ -63,7 +69,22 @@ try:
         report["links"] = {s["tile"]: {d: a.split("://")[0] for d, a in s["peers"].items()} for s in stats}
         report["tcp_bound"] = {s["tile"]: s["endpoints"]["tcp"] is not None for s in stats}
         report["named"] = sorted((a["name"], a["namespace"]) for a in ray.util.list_named_actors(all_namespaces=True))
-    report["decode"] = [c.tokens for c in got] == [c.tokens for c in want]
+        report["decode"] = [c.tokens for c in got] == [c.tokens for c in want]
+
+        def lose(i):  # the node goes at once: its raylet and Ray's processes are killed, no graceful shutdown
+            cluster.remove_node(nodes[i], allow_graceful=False)
+
+        with llm.faults(FaultPlan((NodeLoss(2, Trigger(step=5)),)), node_loss=lose):
+            got, stats = llm.generate(requests, sampler)
+        report["node_loss"] = {"tokens": [c.tokens for c in got] == [c.tokens for c in want],
+                               "events": [e.as_dict() for e in stats.faults],
+                               "moved_to": {str(t): ids.index(n) for t, n in llm.wafer.nodes.items()}}
+        try:
+            with llm.faults(FaultPlan((NodeLoss(0, Trigger(step=3)),)), node_loss=lose):
+                llm.generate(requests, sampler)
+        except Unrecoverable as e:
+            report["driver_node"] = str(e)
+        report["alive_after"] = len({n["NodeID"] for n in ray.nodes() if n["Alive"]} - {nodes[2].node_id})
 finally:
     ray.shutdown()
     cluster.shutdown()
@@ -89,17 +110,24 @@ def _connected(tiles: list[tuple[int, int]]) -> bool:
     return seen == set(tiles)
 
 
-@pytest.mark.cluster
-def test_three_nodes_neighbours_together_tcp_only_across_nodes():
+@pytest.fixture(scope="module")
+def run() -> tuple[dict, str]:
+    """The script's report, and everything else it printed (stdout and stderr)."""
     tmp = tempfile.mkdtemp(prefix="wrt-", dir="/tmp")  # short: Ray's socket paths must stay < 108 bytes
     env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
     env.update(TMPDIR=tmp, RAY_TMPDIR=tmp)
     try:
-        proc = subprocess.run([sys.executable, "-c", SCRIPT], env=env, capture_output=True, text=True, timeout=240)
+        proc = subprocess.run([sys.executable, "-c", SCRIPT], env=env, capture_output=True, text=True, timeout=300)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     assert proc.returncode == 0, proc.stderr[-4000:]
-    report = json.loads(proc.stdout.strip().splitlines()[-1])
+    *printed, last = proc.stdout.strip().splitlines()
+    return json.loads(last), "\n".join(printed) + proc.stderr
+
+
+@pytest.mark.cluster
+def test_three_nodes_neighbours_together_tcp_only_across_nodes(run):
+    report, _ = run
     assert report["nodes"] == 3 and report["decode"], report
     node = {_tile(t): n for t, n in report["tile_nodes"].items()}
     for n in range(3):  # every node holds a contiguous run of two tiles: neighbours share a node
@@ -118,3 +146,24 @@ def test_three_nodes_neighbours_together_tcp_only_across_nodes():
     names = [n for n, _ in report["named"]]
     assert sorted(names) == sorted(f"tile({x},{y})" for x, y in node), report["named"]
     assert len({ns for _, ns in report["named"]}) == 1 and report["named"][0][1].startswith("waferrt-")
+
+
+@pytest.mark.cluster
+def test_a_lost_worker_node_is_recovered_from_with_the_same_tokens(run):
+    report, printed = run
+    lost = report["node_loss"]
+    assert lost["tokens"], "tokens after the node loss != the fault-free run's"
+    (event,) = lost["events"]
+    assert event["kind"] == "node" and event["step"] >= 5 and event["outcome"] == "recovered", event
+    on_node_2 = [t for t, n in report["tile_nodes"].items() if n == 2]
+    assert len(on_node_2) == 2 and all(t in event["action"] for t in on_node_2), event  # restarted, both
+    assert set(lost["moved_to"].values()) == {0, 1}, lost["moved_to"]  # on the live nodes now
+    assert "(raylet)" not in printed and "Raylet" not in printed, printed[-2000:]  # Ray's messages: a logger's
+
+
+@pytest.mark.cluster
+def test_losing_the_drivers_own_node_is_refused_as_unrecoverable(run):
+    report, _ = run
+    assert report["driver_node"].startswith("Ray node 0 (") and "this driver's own node" in report["driver_node"]
+    assert "not removed" in report["driver_node"] and "lose one of nodes 1, 2" in report["driver_node"]
+    assert report["alive_after"] == 2  # the head and node 1 still up: the refusal removed nothing

@@ -186,8 +186,9 @@ time.sleep(600)
 
 
 def test_a_sigkilled_driver_leaves_an_ipc_dir_that_the_next_run_removes(private_tmp):
-    """Its stdout carried only what it printed (Ray's message about the dead tile went to a logger); its
-    ipc directory, named after its pid, survives SIGKILL and the next Wafer's ``new_ipc_dir`` removes it."""
+    """Its stdout carried only what it printed and its stderr nothing of Ray's (Ray's message about the dead
+    tile, "(raylet) A worker died ...", went to a logger); its ipc directory, named after its pid, survives
+    SIGKILL and the next Wafer's ``new_ipc_dir`` removes it."""
     tmp, env = private_tmp
     proc = subprocess.Popen([sys.executable, "-c", KILLED], env=env, stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True)
@@ -203,8 +204,10 @@ def test_a_sigkilled_driver_leaves_an_ipc_dir_that_the_next_run_removes(private_
         ipc_dir = lines[-1].split()[1]
         kids = [p.pid for p in psutil.Process(proc.pid).children(recursive=True)]
         proc.kill()
-        out = "".join(lines) + proc.communicate(timeout=30)[0]
+        rest, err = proc.communicate(timeout=30)
+        out = "".join(lines) + rest
         assert out.splitlines() == [lines[-1].strip()], f"Ray printed to the program's stdout: {out!r}"
+        assert "raylet" not in err.lower() and "worker died" not in err, f"Ray printed to its stderr: {err!r}"
         assert os.path.basename(ipc_dir).startswith(f"waferrt-{proc.pid}-") and os.path.isdir(ipc_dir)
         nxt = subprocess.run([sys.executable, "-c", "from waferrt.actors.session import new_ipc_dir; "
                               "import shutil; shutil.rmtree(new_ipc_dir())"], env=env, capture_output=True,

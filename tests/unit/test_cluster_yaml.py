@@ -34,6 +34,8 @@ def test_local_provider_keys(cfg):
     assert cfg["file_mounts"] == {"~/waferrt": "."}
     assert any("ray start --head" in c for c in cfg["head_start_ray_commands"])
     assert any("ray start --address=$RAY_HEAD_IP:" in c for c in cfg["worker_start_ray_commands"])
+    starts = cfg["head_start_ray_commands"] + cfg["worker_start_ray_commands"]
+    assert not any("ray stop" in c for c in starts), "a start command would stop every Ray of its user"
 
 
 def test_setup_installs_like_the_readme(cfg):

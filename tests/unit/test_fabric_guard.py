@@ -8,6 +8,9 @@
    and the good message that follows on the same connection arrives.
 3. The bounds: a frame over the size cap never reaches the queue (the sender is disconnected); a link's
    pending queue stops at its cap, and the message lost to it is reported by that link's recv.
+4. A neighbour replaced by a restarted tile (``rewire``): what its old process still sends -- queued before,
+   or sent after over the connection it kept (a tile on a lost node can outlive it a moment) -- is dropped
+   as ``replaced_peer``; the new tile's messages arrive, numbered from 1.
 """
 
 from __future__ import annotations
@@ -165,3 +168,25 @@ def test_a_full_pending_queue_drops_and_its_link_reports_the_loss(tmp_path):
         assert links[B].recv(Dir.W, "w5")[0][0] == 5  # then the link follows the sender again
     finally:
         close_all(links)
+
+
+# -- 4. a replaced neighbour ----------------------------------------------------------------------------------
+def test_a_replaced_neighbours_messages_are_dropped_and_its_successors_arrive(tmp_path, fabric):
+    from waferrt.actors.fabric import ZmqLinks
+
+    links = fabric
+    links[A].send(Dir.E, "queued", [np.ones(1)])  # still in B's socket when A is replaced
+    new = ZmqLinks(A, TIMEOUT)
+    try:
+        address = new.bind(str(tmp_path / "restarted"))
+        new.admit({Dir.E: links[B].public})
+        links[B].rewire(Dir.W, address["key"], address["ipc"])
+        new.connect({Dir.E: links[B].endpoints["ipc"]})
+        links[A].send(Dir.E, "late", [np.ones(1)])  # the old A lives on, over the connection it had
+        new.send(Dir.E, "fresh", [np.full(1, 7.0)])
+        assert links[B].recv(Dir.W, "fresh")[0][0] == 7.0
+        assert links[B].recv_any(0.5) is None
+        assert links[B].stats()["dropped"] == {"replaced_peer": 2}
+        assert links[B].stats()["received"]["W"] == 1
+    finally:
+        new.close()

@@ -28,7 +28,7 @@ from typing import Protocol
 
 from waferrt.decode.schedule import flow_seconds
 from waferrt.decode.setup import DecodeSetup
-from waferrt.faults.errors import FaultError
+from waferrt.faults.errors import FaultError, FaultStop, Unrecoverable
 from waferrt.model.sampling import Sampler
 
 from .engine import Submission, TokenEvent
@@ -103,7 +103,7 @@ def _attempts(decode: Decode, setup: DecodeSetup, clock_hz: float, requests: lis
             _stream(decode, out, stats, on_token, host)
             return setup
         except Exception as e:
-            if not hasattr(decode, "recover"):
+            if not hasattr(decode, "recover") or isinstance(e, (Unrecoverable, FaultStop)):
                 raise
             with _span(host, "recover", error=type(e).__name__):
                 runs = _recover(decode, e)
