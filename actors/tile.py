@@ -24,7 +24,7 @@ import numpy as np
 
 from waferrt.core.layout import Layout, core_bytes
 from waferrt.core.ledger import Ledger
-from waferrt.core.mesh import Dir, MeshSpec, Region, TileId
+from waferrt.core.mesh import Coord, Dir, MeshSpec, Region, TileId
 from waferrt.core.spec import HardwareSpec
 from waferrt.core.sram import SramBook
 from waferrt.decode.program import TileProgram
@@ -32,7 +32,9 @@ from waferrt.decode.schedule import StageRun
 from waferrt.decode.setup import DecodeSetup, stage_sram
 from waferrt.fabric.kernel import Cores
 from waferrt.fabric.traced import kernel_parts
-from waferrt.faults.model import fault_dict
+from waferrt.faults.errors import CoreFailed
+from waferrt.faults.faultmap import FaultMap, lost_blocks
+from waferrt.faults.model import CoreFailure, fault_dict
 from waferrt.faults.state import FaultState, Fired
 
 CRASH_GRACE_S = 0.2  # a crashing tile's last report gets this long to leave before the process dies
@@ -49,7 +51,7 @@ class Tile:
         self.decoder: TileProgram | None = None
         self.loop = None  # the decode loop's thread while it runs
         self.booked: list[str] = []  # the decode's SRAM bookings
-        self.faults = FaultState(tile, self.region, self._report, self._crash)
+        self.faults = FaultState(tile, self.region, self._on_fire, self._crash)
         self.host: str | None = None
         self._outboxes = threading.local()  # one socket to the host per thread that reports
         self.tracer = None  # a waferrt.core.trace.Recorder between trace_start and trace_stop
@@ -96,13 +98,26 @@ class Tile:
         self.faults.disarm()
 
     def dead(self) -> dict:
-        """What has died on this tile: its dead cores and links, and every fault that fired here."""
+        """What has died on this tile: its dead cores (and the DSM blocks each lost) and links, and every fault
+        that fired here."""
         f = self.faults
+        layouts = {name: layout for name, (layout, _) in self.store.items()}
         return {"cores": sorted(f.dead_cores), "links": sorted(tuple(sorted(link)) for link in f.dead_links),
+                "lost": [(c, lost_blocks(layouts, c)) for c in sorted(f.dead_cores)],
                 "fired": [_fired(r) for r in f.fired]}
 
-    def _report(self, rec: Fired) -> None:
-        """A fault fired here: tell the host at once."""
+    def kernel_faults(self, epoch: int) -> dict:
+        """A kernel command `epoch` is about to start here: the faults due fire (a Trigger's step counts the
+        kernel commands this tile runs); what is dead here (``dead()``), for the command's fault map."""
+        self.faults.tick(epoch)
+        return self.dead()
+
+    def _on_fire(self, rec: Fired) -> None:
+        """A fault fired here: a dead core's SRAM is gone (its DSM blocks are wiped); tell the host at once."""
+        if isinstance(rec.fault, CoreFailure):
+            for layout, blocks in self.store.values():
+                if layout.region.contains(rec.fault.core):
+                    blocks[self._block(layout, rec.fault.core)] = 0
         self._tell("fault", **_fired(rec))
 
     def _tell(self, kind: str, **fields) -> None:
@@ -137,28 +152,62 @@ class Tile:
         del self.store[name]
 
     def put(self, name: str, blocks: np.ndarray) -> None:
+        """The tensor's blocks on this tile's cores; a dead core's block stays lost (nothing is written)."""
         layout, cur = self.store[name]
         if blocks.shape != cur.shape:
             raise ValueError(f"blocks for {name!r} on {self.tile} must be {cur.shape}, got {blocks.shape}")
+        keep = [(at, cur[at].copy()) for at in self._dead_blocks(layout)]
         cur[...] = blocks
+        for at, old in keep:
+            cur[at] = old
 
-    def get(self, name: str) -> np.ndarray:
-        return self.store[name][1]
+    def get(self, name: str, fill=None) -> np.ndarray:
+        """This tile's blocks of `name`. A dead core's block is lost: CoreFailed names it, unless `fill` is
+        given (its block then holds `fill`)."""
+        layout, blocks = self.store[name]
+        lost = self._dead_blocks(layout)
+        if lost and fill is None:
+            raise self._lost(name, layout, "wafer.dsm.get; get(name, fill=np.nan) reads the living blocks")
+        if lost:
+            blocks = blocks.copy()
+            for at in lost:
+                blocks[at] = fill
+        return blocks
 
     def read(self, name: str, row: int, col: int) -> np.ndarray:
-        """The block of the core at (row, col) of the tensor's region."""
+        """The block of the core at (row, col) of the tensor's region (CoreFailed if that core is dead)."""
         layout, blocks = self.store[name]
-        rows, cols = self._local(layout)[1]
-        return blocks[row - rows.start, col - cols.start]
+        core = Coord(layout.region.x0 + col, layout.region.y0 + row)
+        if core in self.faults.dead_cores:
+            raise CoreFailed(core, lost_blocks({name: layout}, core), f"{self.tile}, read by wafer.dsm.read")
+        return blocks[self._block(layout, core)]
+
+    def _block(self, layout: Layout, core) -> tuple[int, int]:
+        """Where `core`'s block sits in this tile's blocks of a tensor of `layout`."""
+        local = self._local(layout)[0]
+        return core.y - local.y0, core.x - local.x0
+
+    def _dead_blocks(self, layout: Layout) -> list[tuple[int, int]]:
+        """Where this tile's dead cores' blocks of a tensor of `layout` sit (they are lost)."""
+        local = self._local(layout)[0]
+        return [self._block(layout, c) for c in sorted(self.faults.dead_cores) if local.contains(c)]
+
+    def _lost(self, name: str, layout: Layout, by: str) -> CoreFailed:
+        core = next(c for c in sorted(self.faults.dead_cores) if layout.region.contains(c))
+        return CoreFailed(core, lost_blocks({name: layout}, core), f"{self.tile}, read by {by}")
 
     # -- kernels ----------------------------------------------------------------------------------------
-    def run(self, kernel, region: Region, args: dict, epoch: int) -> dict:
+    def run(self, kernel, region: Region, args: dict, epoch: int, faults: FaultMap | None = None) -> dict:
         """Run a kernel on this tile's cores of `region`; `epoch` numbers the command (the same on every
-        tile), so messages left over from an earlier, failed command are recognised and dropped."""
+        tile), so messages left over from an earlier, failed command are recognised and dropped. `faults`:
+        what is dead in the region as the command starts (the same map on every tile of the command); a
+        straggling tile is slower by its delay."""
         self._idle()
         ledger, links, span = kernel_parts(self.spec, self.links, self.tracer, kernel, epoch)
         self._new_epoch(epoch)
-        ctx = Cores(region, self.region, links, ledger, self.store, tag=f"k{epoch}")
+        ctx = Cores(region, self.region, links, ledger, self.store, tag=f"k{epoch}", faults=faults)
+        if self.faults.delay:
+            time.sleep(self.faults.delay)
         with span:
             kernel(ctx, **args)
         return ledger.snapshot()

@@ -8,7 +8,8 @@ leaving it disarms what has not fired (what died stays dead). A :class:`~waferrt
 the host's to carry out: ``tick(step)`` fires it (``node_loss(i)``, e.g. a ray.cluster_utils.Cluster's
 ``remove_node``) when its trigger holds; the host's step is the number of tokens it has received.
 ``on_message`` takes the tiles' reports of faults that fired, ``refresh()`` asks every tile what fired on
-it; ``rearm(tiles)`` arms again, on restarted tiles, the faults that had not fired there.
+it; ``rearm(tiles)`` arms again, on restarted tiles, the faults that had not fired there; ``kernel_error(e)``
+marks the faults a kernel's CoreFailed / LinkFailed / PayloadCorrupt found as detected.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from collections.abc import Callable
 
 from waferrt.actors.tile import Tile
 from waferrt.core.mesh import TileId
+from waferrt.faults.errors import CoreFailed, LinkFailed, PayloadCorrupt
 from waferrt.faults.events import FaultLog
 from waferrt.faults.model import CoreFailure, FaultPlan, NodeLoss, Straggler, fault_tiles
 
@@ -99,6 +101,14 @@ class FaultSession:
                 self.log.detected([e], "pace (heartbeats)", now)
                 self.log.recovered([e], "none needed: slow, not dead (the decode went on)", now)
 
+    def kernel_error(self, error: Exception) -> None:
+        """A kernel run ended with `error` (a FaultError): bring the log up to date and mark the faults it
+        found as detected by it (a kernel is not recovered by the runtime: its author handles the error)."""
+        self.refresh()
+        kind = {CoreFailed: "core", LinkFailed: "link", PayloadCorrupt: "corrupt"}.get(type(error))
+        found = [e for e in self.log.pending() if e.kind == kind and _names(error, e.fault)]
+        self.log.detected(found, f"kernel: {type(error).__name__}", time.time())
+
     def refresh(self) -> list[dict]:
         """Ask every tile that answers what died and fired on it; the log is brought up to date."""
         reports = self.wafer.on_every_tile(Tile.dead)
@@ -106,6 +116,15 @@ class FaultSession:
             for rec in r["fired"]:
                 self.on_message(rec)
         return reports
+
+
+def _names(error: Exception, fault) -> bool:
+    """Does a kernel's fault error name `fault` (the dead core, both cores of the dead link; any Corrupt)?"""
+    if isinstance(error, CoreFailed):
+        return fault.core == error.core
+    if isinstance(error, LinkFailed):
+        return {fault.a, fault.b} == {error.a, error.b}
+    return True
 
 
 def _check_on_mesh(fault, mesh) -> None:

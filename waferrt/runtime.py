@@ -2,20 +2,22 @@
 
 Contract: ``Wafer(spec, mesh, tile, address, timeout, max_tiles)`` is a context manager; its arguments are
 checked when it is made (before Ray starts): a mesh wider or taller than the spec's wafer is
-``MeshTooLarge``, more than `max_tiles` tiles (256: each is a Ray worker process) ``TooManyTiles``.
-Entering starts (``address=None``) or joins (``address="auto"`` or a Ray address, first checked with a
-deadline: :class:`ClusterUnreachable` names the address and how to start a cluster) Ray, starts one actor
-per tile (``tile(x,y)``) and wires the neighbour fabric; leaving -- also on an exception or Ctrl-C --
-kills the actors, removes the fabric's socket files (a ``waferrt-<pid>-*`` directory; the next Wafer
-removes those whose process died without closing) and, if this Wafer started Ray, stops it. A closed
-Wafer raises :class:`WaferClosed` when used, and opens again. ``wafer.dsm`` holds named distributed
-tensors (misuse -- a bad shape, data of another dtype or shape, an unknown name -- is a TypeError,
-ValueError or :class:`UnknownTensor` naming the argument); ``wafer.run(kernel, region, **args)`` runs an
-SPMD kernel (one command per tile; the tiles exchange with each other directly) and returns its cost;
-``wafer.cost()`` sums every run so far; ``with wafer.trace(path):`` writes a Perfetto trace of the runs
-inside. Ray's own messages to the driver ("(raylet) A worker died ...") go to the ``waferrt.ray`` logger,
-not to stdout.
-"""
+``MeshTooLarge``, more than `max_tiles` tiles (256: each is a Ray worker process) ``TooManyTiles``. Entering
+starts (``address=None``) or joins (``address="auto"`` or a Ray address, first checked with a deadline:
+:class:`ClusterUnreachable` names the address and how to start a cluster) Ray, starts one actor per tile
+(``tile(x,y)``) and wires the neighbour fabric; leaving -- also on an exception or Ctrl-C -- kills the
+actors, removes the fabric's socket files (a ``waferrt-<pid>-*`` directory; the next Wafer removes those
+whose process died without closing) and, if this Wafer started Ray, stops it. A closed Wafer raises
+:class:`WaferClosed` when used, and opens again. ``wafer.dsm`` holds named distributed tensors (misuse -- a
+bad shape, data of another dtype or shape, an unknown name -- is a TypeError, ValueError or
+:class:`UnknownTensor` naming the argument); ``wafer.run(kernel, region, **args)`` runs an SPMD kernel (one
+command per tile; the tiles exchange with each other directly) and returns its cost; ``wafer.cost()`` sums
+every run so far; ``with wafer.trace(path):`` writes a Perfetto trace of the runs inside. Once a fault was
+injected (``wafer.inject``, ``wafer.faults``), every run first lets the faults due fire on its tiles and
+hands every tile the region's fault map (``ctx.dead_cores``; a primitive that needs a dead core or link
+raises CoreFailed / LinkFailed); ``wafer.fault_map()`` is what is dead; a dead core's DSM blocks are lost
+(``dsm.get`` raises naming them unless given ``fill``; ``put`` cannot write them). Ray's own messages to the
+driver ("(raylet) A worker died ...") go to the ``waferrt.ray`` logger, not to stdout."""
 
 from __future__ import annotations
 
@@ -40,6 +42,7 @@ from .core.ledger import merge_snapshots
 from .core.mesh import DEFAULT_MAX_TILES, Coord, MeshSpec, Region, TileId, check_on_wafer, check_tile_count
 from .core.spec import HardwareSpec, spec_by_name
 from .fabric.links import FabricError, FabricTimeout
+from .faults.errors import FaultError
 
 STALL_S = 4.0  # a tile that sends no heartbeat for this long is dead or frozen (it beats every 0.25 s)
 
@@ -124,11 +127,12 @@ class DSM:
         tiles = self._w.mesh.tiles_of(layout.region)
         self._w.call([(t, Tile.put, (name, blocks[self._window(t, layout)])) for t in tiles])
 
-    def get(self, name: str) -> np.ndarray:
-        """Cores -> host: the whole tensor."""
+    def get(self, name: str, fill=None) -> np.ndarray:
+        """Cores -> host: the whole tensor. A dead core's block is lost: reading it raises CoreFailed naming the
+        core and the block, unless `fill` (e.g. np.nan) is given to stand for the lost elements."""
         layout = self._layout(name)
         tiles = self._w.mesh.tiles_of(layout.region)
-        parts = self._w.call([(t, Tile.get, (name,)) for t in tiles])
+        parts = self._w.call([(t, Tile.get, (name, fill)) for t in tiles])
         blocks = np.zeros(layout.region.shape + layout.max_block_shape(), layout.dtype)
         for t, part in zip(tiles, parts, strict=True):
             blocks[self._window(t, layout)] = part
@@ -267,9 +271,33 @@ class Wafer:
         epoch = self.next_epoch()
         name = getattr(kernel, "__name__", type(kernel).__name__)
         with nullcontext() if self._trace is None else self._trace.span(f"run {name}", "host", epoch=epoch):
-            snaps = self.call([(t, Tile.run, (kernel, region, args, epoch)) for t in tiles])
+            faults = None if self.session is None else self._kernel_faults(tiles, epoch)
+            try:
+                snaps = self.call([(t, Tile.run, (kernel, region, args, epoch, faults)) for t in tiles])
+            except FaultError as e:
+                if self.session is not None:
+                    self.session.kernel_error(e)
+                raise
         self._costs.append(merge_snapshots(snaps))
         return self._costs[-1]
+
+    def _kernel_faults(self, tiles: list[TileId], epoch: int):
+        """Faults were injected: let those due fire on the command's tiles (a Trigger's step counts kernel
+        commands), record them in the session's log, and return the region's fault map for every tile."""
+        from .faults.faultmap import FaultMap
+
+        reports = self.call([(t, Tile.kernel_faults, (epoch,)) for t in tiles])
+        for r in reports:
+            for rec in r["fired"]:
+                self.session.on_message(rec)
+        return FaultMap.join(reports)
+
+    def fault_map(self):
+        """What is dead on the wafer now (waferrt.faults.faultmap.FaultMap: cores, links, the DSM blocks each
+        dead core lost), from every tile."""
+        from .faults.faultmap import FaultMap
+
+        return FaultMap.join(self.on_every_tile(Tile.dead))
 
     @contextmanager
     def trace(self, path: str | Path):
