@@ -34,7 +34,7 @@ from waferrt.fabric.kernel import Cores
 from waferrt.fabric.traced import kernel_parts
 from waferrt.faults.errors import CoreFailed
 from waferrt.faults.faultmap import FaultMap, lost_blocks
-from waferrt.faults.model import CoreFailure, fault_dict
+from waferrt.faults.model import fault_dict
 from waferrt.faults.state import FaultState, Fired
 
 CRASH_GRACE_S = 0.2  # a crashing tile's last report gets this long to leave before the process dies
@@ -51,7 +51,7 @@ class Tile:
         self.decoder: TileProgram | None = None
         self.loop = None  # the decode loop's thread while it runs
         self.booked: list[str] = []  # the decode's SRAM bookings
-        self.faults = FaultState(tile, self.region, self._on_fire, self._crash)
+        self.faults = FaultState(tile, self.region, self._report, self._crash)
         self.host: str | None = None
         self._outboxes = threading.local()  # one socket to the host per thread that reports
         self.tracer = None  # a waferrt.core.trace.Recorder between trace_start and trace_stop
@@ -112,12 +112,8 @@ class Tile:
         self.faults.tick(epoch)
         return self.dead()
 
-    def _on_fire(self, rec: Fired) -> None:
-        """A fault fired here: a dead core's SRAM is gone (its DSM blocks are wiped); tell the host at once."""
-        if isinstance(rec.fault, CoreFailure):
-            for layout, blocks in self.store.values():
-                if layout.region.contains(rec.fault.core):
-                    blocks[self._block(layout, rec.fault.core)] = 0
+    def _report(self, rec: Fired) -> None:
+        """A fault fired here: tell the host at once."""
         self._tell("fault", **_fired(rec))
 
     def _tell(self, kind: str, **fields) -> None:
@@ -152,14 +148,10 @@ class Tile:
         del self.store[name]
 
     def put(self, name: str, blocks: np.ndarray) -> None:
-        """The tensor's blocks on this tile's cores; a dead core's block stays lost (nothing is written)."""
         layout, cur = self.store[name]
         if blocks.shape != cur.shape:
             raise ValueError(f"blocks for {name!r} on {self.tile} must be {cur.shape}, got {blocks.shape}")
-        keep = [(at, cur[at].copy()) for at in self._dead_blocks(layout)]
         cur[...] = blocks
-        for at, old in keep:
-            cur[at] = old
 
     def get(self, name: str, fill=None) -> np.ndarray:
         """This tile's blocks of `name`. A dead core's block is lost: CoreFailed names it, unless `fill` is

@@ -16,8 +16,8 @@ every run so far; ``with wafer.trace(path):`` writes a Perfetto trace of the run
 injected (``wafer.inject``, ``wafer.faults``), every run first lets the faults due fire on its tiles and
 hands every tile the region's fault map (``ctx.dead_cores``; a primitive that needs a dead core or link
 raises CoreFailed / LinkFailed); ``wafer.fault_map()`` is what is dead; a dead core's DSM blocks are lost
-(``dsm.get`` raises naming them unless given ``fill``; ``put`` cannot write them). Ray's own messages to the
-driver ("(raylet) A worker died ...") go to the ``waferrt.ray`` logger, not to stdout."""
+(``dsm.get`` and ``dsm.read`` raise naming them; ``dsm.get(name, fill=np.nan)`` reads the rest). Ray's own
+messages to the driver ("(raylet) A worker died ...") go to the ``waferrt.ray`` logger, not to stdout."""
 
 from __future__ import annotations
 

@@ -136,7 +136,7 @@ def test_a_tile_counts_kernel_commands_and_loses_a_dead_cores_blocks():
         tile.get("x")
     with pytest.raises(CoreFailed, match="wafer.dsm.read"):
         tile.read("x", 1, 1)
-    tile.put("x", x + 1)  # written to the living cores; the dead one's block stays lost (wiped)
+    tile.put("x", x + 1)  # the dead core's block can be put but never read back
     got = tile.get("x", fill=np.nan)
     assert np.isnan(got[1, 1]).all() and (got[0, 1] == x[0, 1] + 1).all()
     with pytest.raises(CoreFailed, match="ctx.allreduce along x"):

@@ -8,7 +8,7 @@ raises the same error at the same primitive (no tile is left waiting for another
 is the first dead core among `cores`, else the first dead link among `links`, as a fault value; ``error``
 turns it into :class:`~waferrt.faults.errors.CoreFailed` (naming the core and the DSM blocks it lost) or
 :class:`~waferrt.faults.errors.LinkFailed` (naming both cores). A DSM block on a dead core is lost: it
-cannot be read (the error names it) and nothing is written to it. Pure.
+cannot be read (the error names it): what was there, or is put there later, never comes back. Pure.
 """
 
 from __future__ import annotations
