@@ -1,7 +1,7 @@
 """A fault-tolerant allreduce of your own: it routes around a dead core, checked against numpy.
 
 Run: ``python examples/fault_tolerant_allreduce.py``. It starts Ray in-process and a tiny-spec mesh of 8x8
-cores in four tile actors (2x2 tiles of 4x4), puts one 16-float block per core in the DSM, and injects
+cores in two tile actors (tiles of 8x4 cores), puts one 16-float block per core in the DSM, and injects
 ``CoreFailure((3, 4), Trigger(step=2))``: core (3, 4) dies as the second kernel command starts.
 
 1. Command 1, the plain allreduce (``ctx.allreduce`` along x, then along y): every core gets the sum of all
@@ -28,7 +28,7 @@ import waferrt
 from waferrt.core.mesh import Coord
 from waferrt.faults import CoreFailed, CoreFailure, Trigger
 
-MESH, TILE, BLOCK, DEAD = (8, 8), (4, 4), 16, Coord(3, 4)
+MESH, TILE, BLOCK, DEAD = (8, 8), (8, 4), 16, Coord(3, 4)
 STEPS = ((1, 0), (-1, 0), (0, 1), (0, -1))  # E, W, S, N as (dx, dy)
 
 

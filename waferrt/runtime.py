@@ -24,6 +24,7 @@ from __future__ import annotations
 import atexit
 import math
 import shutil
+import sys
 import time
 import uuid
 from collections.abc import Callable
@@ -267,6 +268,7 @@ class Wafer:
             raise TypeError(f"kernel must be a function kernel(ctx, **args), got {kernel!r}")
         region = self.region_of(region)
         self.live()
+        _ship_code(kernel)
         tiles = self.mesh.tiles_of(region)
         epoch = self.next_epoch()
         name = getattr(kernel, "__name__", type(kernel).__name__)
@@ -454,6 +456,19 @@ class Wafer:
 
                 ray.shutdown()
                 self._started_ray = False
+
+
+def _ship_code(kernel) -> None:
+    """The tiles' processes may not import the module a kernel comes from (a test file, a module next to a
+    script): its code travels with the kernel (by value), as a script's own (``__main__``) does. Modules of
+    installed packages and of waferrt are imported there as usual."""
+    module = sys.modules.get(getattr(kernel, "__module__", None) or "")
+    path = getattr(module, "__file__", None) or ""
+    if module is None or module.__name__.split(".")[0] in ("__main__", "waferrt") or "-packages" in path:
+        return
+    from ray import cloudpickle
+
+    cloudpickle.register_pickle_by_value(module)
 
 
 def _pair(what: str, value) -> tuple[int, int]:
