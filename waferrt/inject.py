@@ -8,8 +8,10 @@ leaving it disarms what has not fired (what died stays dead). A :class:`~waferrt
 the host's to carry out: ``tick(step)`` fires it (``node_loss(i)``, e.g. a ray.cluster_utils.Cluster's
 ``remove_node``) when its trigger holds; the host's step is the number of tokens it has received.
 ``on_message`` takes the tiles' reports of faults that fired, ``refresh()`` asks every tile what fired on
-it; ``rearm(tiles)`` arms again, on restarted tiles, the faults that had not fired there; ``kernel_error(e)``
-marks the faults a kernel's CoreFailed / LinkFailed / PayloadCorrupt found as detected.
+it; ``rearm(tiles)`` arms again, on restarted tiles, the faults that had not fired there. For kernels,
+``kernel_faults(tiles, epoch)`` lets the faults due fire as a command starts and returns the fault map every
+tile of it gets; ``kernel_error(e)`` marks the faults a kernel's CoreFailed / LinkFailed / PayloadCorrupt
+found as detected.
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ from waferrt.actors.tile import Tile
 from waferrt.core.mesh import TileId
 from waferrt.faults.errors import CoreFailed, LinkFailed, PayloadCorrupt
 from waferrt.faults.events import FaultLog
+from waferrt.faults.faultmap import FaultMap
 from waferrt.faults.model import CoreFailure, FaultPlan, NodeLoss, Straggler, fault_tiles
 
 
@@ -100,6 +103,15 @@ class FaultSession:
             if isinstance(e.fault, Straggler) and e.fault.tile in tiles:
                 self.log.detected([e], "pace (heartbeats)", now)
                 self.log.recovered([e], "none needed: slow, not dead (the decode went on)", now)
+
+    def kernel_faults(self, tiles: list[TileId], epoch: int) -> FaultMap:
+        """Kernel command `epoch` is about to run on `tiles`: the faults due fire there (a Trigger's step
+        counts kernel commands), the log records them; the fault map every tile of the command gets."""
+        reports = self.wafer.call([(t, Tile.kernel_faults, (epoch,)) for t in tiles])
+        for r in reports:
+            for rec in r["fired"]:
+                self.on_message(rec)
+        return FaultMap.join(reports)
 
     def kernel_error(self, error: Exception) -> None:
         """A kernel run ended with `error` (a FaultError): bring the log up to date and mark the faults it

@@ -273,7 +273,7 @@ class Wafer:
         epoch = self.next_epoch()
         name = getattr(kernel, "__name__", type(kernel).__name__)
         with nullcontext() if self._trace is None else self._trace.span(f"run {name}", "host", epoch=epoch):
-            faults = None if self.session is None else self._kernel_faults(tiles, epoch)
+            faults = None if self.session is None else self.session.kernel_faults(tiles, epoch)
             try:
                 snaps = self.call([(t, Tile.run, (kernel, region, args, epoch, faults)) for t in tiles])
             except FaultError as e:
@@ -282,17 +282,6 @@ class Wafer:
                 raise
         self._costs.append(merge_snapshots(snaps))
         return self._costs[-1]
-
-    def _kernel_faults(self, tiles: list[TileId], epoch: int):
-        """Faults were injected: let those due fire on the command's tiles (a Trigger's step counts kernel
-        commands), record them in the session's log, and return the region's fault map for every tile."""
-        from .faults.faultmap import FaultMap
-
-        reports = self.call([(t, Tile.kernel_faults, (epoch,)) for t in tiles])
-        for r in reports:
-            for rec in r["fired"]:
-                self.session.on_message(rec)
-        return FaultMap.join(reports)
 
     def fault_map(self):
         """What is dead on the wafer now (waferrt.faults.faultmap.FaultMap: cores, links, the DSM blocks each

@@ -93,7 +93,6 @@ class Cores:
     @property
     def live(self) -> np.ndarray:
         """(rows, cols) bool: which of this tile's cores are alive (``where=ctx.live`` leaves the dead out)."""
-        xs, ys = self.coords()
         dead = np.zeros(self.shape, bool)
         for c in self.faults.in_region(self.local):
             dead[c.y - self.local.y0, c.x - self.local.x0] = True
