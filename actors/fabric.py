@@ -222,8 +222,8 @@ class ZmqLinks:
             self.received[side] = seq
             if checksum(arrays) != crc:  # flipped on the way: never used, raised by the recv of its link
                 self.dropped["corrupt"] += 1
-                arrays = PayloadCorrupt(f"{self.tile}: message {seq} ({tag!r}) on the {side.name} link failed its "
-                                        "checksum: its payload was corrupted on the way and was not used")
+                sender = TileId(self.tile.tx + side.value[0], self.tile.ty + side.value[1])
+                arrays = PayloadCorrupt(self.tile, sender, side.name, f"message {seq} ({tag!r})")
         if epoch < self.epoch:  # left over from an earlier command that failed
             self.dropped["stale_epoch"] += 1
             return True

@@ -1,17 +1,16 @@
 """The Ray session of a Wafer: starting or joining Ray quietly and within a deadline, and the Wafer's
 ipc directory.
 
-Contract: :func:`check_address` checks that a Ray address ('auto', HOST:PORT, ray://HOST:PORT) answers as
-a gRPC server within a deadline (a plain socket: nothing of Ray is imported for HOST:PORT) and otherwise
-raises :class:`ClusterUnreachable` naming the address and how to start a cluster. :func:`ray_init` starts
-an embedded Ray (address None) or joins one (checked first; a few connection attempts, not Ray's twenty),
-keeping Ray's noise off the user's terminal: a SIGTERM handler the program set before is kept (Ray's
-own would exit without closing the Wafer, after a C++ stack dump), and the cluster's error messages
-("(raylet) A worker died ...") go to the ``waferrt.ray`` logger instead of stdout. :func:`cluster_nodes`
-lists a cluster's live nodes. :func:`new_ipc_dir` makes a Wafer's ``waferrt-<pid>-*`` directory and
-removes those whose process died. Ray is imported inside the functions: checking a HOST:PORT address
-imports nothing of Ray.
-"""
+Contract: :func:`check_address` checks that a Ray address ('auto', HOST:PORT, ray://HOST:PORT) answers as a
+gRPC server within a deadline (a plain socket: nothing of Ray is imported for HOST:PORT) and otherwise
+raises :class:`ClusterUnreachable` naming the address and how to start a cluster. :func:`ray_init` starts an
+embedded Ray (address None) or joins one (checked first; a few connection attempts, not Ray's twenty),
+keeping Ray's noise off the user's terminal (:func:`ray_shutdown` stops the one it started): a SIGTERM
+handler the program set before is kept (Ray's own would exit without closing the Wafer, after a C++ stack
+dump), and the cluster's error messages ("(raylet) A worker died ...") go to the ``waferrt.ray`` logger
+instead of stdout. :func:`cluster_nodes` lists a cluster's live nodes. :func:`new_ipc_dir` makes a Wafer's
+``waferrt-<pid>-*`` directory and removes those whose process died. Ray is imported inside the functions:
+checking a HOST:PORT address imports nothing of Ray."""
 
 from __future__ import annotations
 
@@ -123,6 +122,13 @@ def ray_init(address: str | None) -> bool:
         signal.signal(signal.SIGTERM, term)
     _quiet_ray_messages()
     return True
+
+
+def ray_shutdown() -> None:
+    """Stop the Ray that :func:`ray_init` started here (it returned True)."""
+    import ray
+
+    ray.shutdown()
 
 
 def _quiet_ray_messages() -> None:

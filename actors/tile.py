@@ -24,7 +24,7 @@ import numpy as np
 
 from waferrt.core.layout import Layout, core_bytes
 from waferrt.core.ledger import Ledger
-from waferrt.core.mesh import Dir, MeshSpec, Region, TileId
+from waferrt.core.mesh import Coord, Dir, MeshSpec, Region, TileId
 from waferrt.core.spec import HardwareSpec
 from waferrt.core.sram import SramBook
 from waferrt.decode.program import TileProgram
@@ -32,6 +32,8 @@ from waferrt.decode.schedule import StageRun
 from waferrt.decode.setup import DecodeSetup, stage_sram
 from waferrt.fabric.kernel import Cores
 from waferrt.fabric.traced import kernel_parts
+from waferrt.faults.errors import CoreFailed
+from waferrt.faults.faultmap import FaultMap, lost_blocks
 from waferrt.faults.model import fault_dict
 from waferrt.faults.state import FaultState, Fired
 
@@ -96,10 +98,19 @@ class Tile:
         self.faults.disarm()
 
     def dead(self) -> dict:
-        """What has died on this tile: its dead cores and links, and every fault that fired here."""
+        """What has died on this tile: its dead cores (and the DSM blocks each lost) and links, and every fault
+        that fired here."""
         f = self.faults
+        layouts = {name: layout for name, (layout, _) in self.store.items()}
         return {"cores": sorted(f.dead_cores), "links": sorted(tuple(sorted(link)) for link in f.dead_links),
+                "lost": [(c, lost_blocks(layouts, c)) for c in sorted(f.dead_cores)],
                 "fired": [_fired(r) for r in f.fired]}
+
+    def kernel_faults(self, epoch: int) -> dict:
+        """A kernel command `epoch` is about to start here: the faults due fire (a Trigger's step counts the
+        kernel commands this tile runs); what is dead here (``dead()``), for the command's fault map."""
+        self.faults.tick(epoch)
+        return self.dead()
 
     def _report(self, rec: Fired) -> None:
         """A fault fired here: tell the host at once."""
@@ -142,23 +153,53 @@ class Tile:
             raise ValueError(f"blocks for {name!r} on {self.tile} must be {cur.shape}, got {blocks.shape}")
         cur[...] = blocks
 
-    def get(self, name: str) -> np.ndarray:
-        return self.store[name][1]
+    def get(self, name: str, fill=None) -> np.ndarray:
+        """This tile's blocks of `name`. A dead core's block is lost: CoreFailed names it, unless `fill` is
+        given (its block then holds `fill`)."""
+        layout, blocks = self.store[name]
+        lost = self._dead_blocks(layout)
+        if lost and fill is None:
+            raise self._lost(name, layout, "wafer.dsm.get; get(name, fill=np.nan) reads the living blocks")
+        if lost:
+            blocks = blocks.copy()
+            for at in lost:
+                blocks[at] = fill
+        return blocks
 
     def read(self, name: str, row: int, col: int) -> np.ndarray:
-        """The block of the core at (row, col) of the tensor's region."""
+        """The block of the core at (row, col) of the tensor's region (CoreFailed if that core is dead)."""
         layout, blocks = self.store[name]
-        rows, cols = self._local(layout)[1]
-        return blocks[row - rows.start, col - cols.start]
+        core = Coord(layout.region.x0 + col, layout.region.y0 + row)
+        if core in self.faults.dead_cores:
+            raise CoreFailed(core, lost_blocks({name: layout}, core), f"{self.tile}, read by wafer.dsm.read")
+        return blocks[self._block(layout, core)]
+
+    def _block(self, layout: Layout, core) -> tuple[int, int]:
+        """Where `core`'s block sits in this tile's blocks of a tensor of `layout`."""
+        local = self._local(layout)[0]
+        return core.y - local.y0, core.x - local.x0
+
+    def _dead_blocks(self, layout: Layout) -> list[tuple[int, int]]:
+        """Where this tile's dead cores' blocks of a tensor of `layout` sit (they are lost)."""
+        local = self._local(layout)[0]
+        return [self._block(layout, c) for c in sorted(self.faults.dead_cores) if local.contains(c)]
+
+    def _lost(self, name: str, layout: Layout, by: str) -> CoreFailed:
+        core = next(c for c in sorted(self.faults.dead_cores) if layout.region.contains(c))
+        return CoreFailed(core, lost_blocks({name: layout}, core), f"{self.tile}, read by {by}")
 
     # -- kernels ----------------------------------------------------------------------------------------
-    def run(self, kernel, region: Region, args: dict, epoch: int) -> dict:
+    def run(self, kernel, region: Region, args: dict, epoch: int, faults: FaultMap | None = None) -> dict:
         """Run a kernel on this tile's cores of `region`; `epoch` numbers the command (the same on every
-        tile), so messages left over from an earlier, failed command are recognised and dropped."""
+        tile), so messages left over from an earlier, failed command are recognised and dropped. `faults`:
+        what is dead in the region as the command starts (the same map on every tile of the command); a
+        straggling tile is slower by its delay."""
         self._idle()
         ledger, links, span = kernel_parts(self.spec, self.links, self.tracer, kernel, epoch)
         self._new_epoch(epoch)
-        ctx = Cores(region, self.region, links, ledger, self.store, tag=f"k{epoch}")
+        ctx = Cores(region, self.region, links, ledger, self.store, tag=f"k{epoch}", faults=faults)
+        if self.faults.delay:
+            time.sleep(self.faults.delay)
         with span:
             kernel(ctx, **args)
         return ledger.snapshot()

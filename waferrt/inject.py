@@ -12,7 +12,10 @@ session ends that node's tiles and fails the wafer with NodeLost (the decode rec
 driver's own node is never carried out (it would take the host down with it): it raises
 :class:`~waferrt.faults.errors.Unrecoverable` saying so.
 ``on_message`` takes the tiles' reports of faults that fired, ``refresh()`` asks every tile what fired on
-it; ``rearm(tiles)`` arms again, on restarted tiles, the faults that had not fired there.
+it; ``rearm(tiles)`` arms again, on restarted tiles, the faults that had not fired there. For kernels,
+``kernel_faults(tiles, epoch)`` lets the faults due fire as a command starts and returns the fault map every
+tile of it gets; ``kernel_error(e)`` marks the faults a kernel's CoreFailed / LinkFailed / PayloadCorrupt
+found as detected.
 """
 
 from __future__ import annotations
@@ -22,8 +25,9 @@ from collections.abc import Callable
 
 from waferrt.actors.tile import Tile
 from waferrt.core.mesh import TileId
-from waferrt.faults.errors import Unrecoverable
+from waferrt.faults.errors import CoreFailed, LinkFailed, PayloadCorrupt, Unrecoverable
 from waferrt.faults.events import FaultLog
+from waferrt.faults.faultmap import FaultMap
 from waferrt.faults.model import CoreFailure, FaultPlan, NodeLoss, Straggler, fault_dict, fault_tiles
 
 
@@ -142,6 +146,23 @@ class FaultSession:
                 self.log.detected([e], "pace (heartbeats)", now)
                 self.log.recovered([e], "none needed: slow, not dead (the decode went on)", now)
 
+    def kernel_faults(self, tiles: list[TileId], epoch: int) -> FaultMap:
+        """Kernel command `epoch` is about to run on `tiles`: the faults due fire there (a Trigger's step
+        counts kernel commands), the log records them; the fault map every tile of the command gets."""
+        reports = self.wafer.call([(t, Tile.kernel_faults, (epoch,)) for t in tiles])
+        for r in reports:
+            for rec in r["fired"]:
+                self.on_message(rec)
+        return FaultMap.join(reports)
+
+    def kernel_error(self, error: Exception) -> None:
+        """A kernel run ended with `error` (a FaultError): bring the log up to date and mark the faults it
+        found as detected by it (a kernel is not recovered by the runtime: its author handles the error)."""
+        self.refresh()
+        kind = {CoreFailed: "core", LinkFailed: "link", PayloadCorrupt: "corrupt"}.get(type(error))
+        found = [e for e in self.log.pending() if e.kind == kind and _names(error, e.fault)]
+        self.log.detected(found, f"kernel: {type(error).__name__}", time.time())
+
     def refresh(self) -> list[dict]:
         """Ask every tile that answers what died and fired on it; the log is brought up to date."""
         reports = self.wafer.on_every_tile(Tile.dead)
@@ -158,6 +179,15 @@ def _check_node(fault: NodeLoss, nodes: list[str], node_loss) -> None:
     if not 0 <= fault.node < len(nodes):
         raise ValueError(f"{fault.where()}: the wafer's Ray nodes are 0..{len(nodes) - 1} (0: this driver's, "
                          "unless a placement lists them in another order)")
+
+
+def _names(error: Exception, fault) -> bool:
+    """Does a kernel's fault error name `fault` (the dead core, both cores of the dead link; any Corrupt)?"""
+    if isinstance(error, CoreFailed):
+        return fault.core == error.core
+    if isinstance(error, LinkFailed):
+        return {fault.a, fault.b} == {error.a, error.b}
+    return True
 
 
 def _check_on_mesh(fault, mesh) -> None:

@@ -2,26 +2,29 @@
 
 Contract: ``Wafer(spec, mesh, tile, address, timeout, max_tiles)`` is a context manager; its arguments are
 checked when it is made (before Ray starts): a mesh wider or taller than the spec's wafer is
-``MeshTooLarge``, more than `max_tiles` tiles (256: each is a Ray worker process) ``TooManyTiles``.
-Entering starts (``address=None``) or joins (``address="auto"`` or a Ray address, first checked with a
-deadline: :class:`ClusterUnreachable` names the address and how to start a cluster) Ray, starts one actor
-per tile (``tile(x,y)``) and wires the neighbour fabric; leaving -- also on an exception or Ctrl-C --
-kills the actors, removes the fabric's socket files (a ``waferrt-<pid>-*`` directory; the next Wafer
-removes those whose process died without closing) and, if this Wafer started Ray, stops it. A closed
-Wafer raises :class:`WaferClosed` when used, and opens again. ``wafer.dsm`` holds named distributed
-tensors (misuse -- a bad shape, data of another dtype or shape, an unknown name -- is a TypeError,
-ValueError or :class:`UnknownTensor` naming the argument); ``wafer.run(kernel, region, **args)`` runs an
-SPMD kernel (one command per tile; the tiles exchange with each other directly) and returns its cost;
-``wafer.cost()`` sums every run so far; ``with wafer.trace(path):`` writes a Perfetto trace of the runs
-inside. Ray's own messages to the driver ("(raylet) A worker died ...") go to the ``waferrt.ray`` logger,
-not to stdout.
-"""
+``MeshTooLarge``, more than `max_tiles` tiles (256: each is a Ray worker process) ``TooManyTiles``. Entering
+starts (``address=None``) or joins (``address="auto"`` or a Ray address, first checked with a deadline:
+:class:`ClusterUnreachable` names the address and how to start a cluster) Ray, starts one actor per tile
+(``tile(x,y)``) and wires the neighbour fabric; leaving -- also on an exception or Ctrl-C -- kills the
+actors, removes the fabric's socket files (a ``waferrt-<pid>-*`` directory; the next Wafer removes those
+whose process died without closing) and, if this Wafer started Ray, stops it. A closed Wafer raises
+:class:`WaferClosed` when used, and opens again. ``wafer.dsm`` holds named distributed tensors (misuse -- a
+bad shape, data of another dtype or shape, an unknown name -- is a TypeError, ValueError or
+:class:`UnknownTensor` naming the argument); ``wafer.run(kernel, region, **args)`` runs an SPMD kernel (one
+command per tile; the tiles exchange with each other directly) and returns its cost; ``wafer.cost()`` sums
+every run so far; ``with wafer.trace(path):`` writes a Perfetto trace of the runs inside. Once a fault was
+injected (``wafer.inject``, ``wafer.faults``), every run first lets the faults due fire on its tiles and
+hands every tile the region's fault map (``ctx.dead_cores``; a primitive that needs a dead core or link
+raises CoreFailed / LinkFailed); ``wafer.fault_map()`` is what is dead; a dead core's DSM blocks are lost
+(``dsm.get`` and ``dsm.read`` raise naming them; ``dsm.get(name, fill=np.nan)`` reads the rest). Ray's own
+messages to the driver ("(raylet) A worker died ...") go to the ``waferrt.ray`` logger, not to stdout."""
 
 from __future__ import annotations
 
 import atexit
 import math
 import shutil
+import sys
 import time
 import uuid
 from collections.abc import Callable
@@ -40,6 +43,7 @@ from .core.ledger import merge_snapshots
 from .core.mesh import DEFAULT_MAX_TILES, Coord, MeshSpec, Region, TileId, check_on_wafer, check_tile_count
 from .core.spec import HardwareSpec, spec_by_name
 from .fabric.links import FabricError, FabricTimeout
+from .faults.errors import FaultError
 
 STALL_S = 4.0  # a tile that sends no heartbeat for this long is dead or frozen (it beats every 0.25 s)
 
@@ -124,11 +128,12 @@ class DSM:
         tiles = self._w.mesh.tiles_of(layout.region)
         self._w.call([(t, Tile.put, (name, blocks[self._window(t, layout)])) for t in tiles])
 
-    def get(self, name: str) -> np.ndarray:
-        """Cores -> host: the whole tensor."""
+    def get(self, name: str, fill=None) -> np.ndarray:
+        """Cores -> host: the whole tensor. A dead core's block is lost: reading it raises CoreFailed naming the
+        core and the block, unless `fill` (e.g. np.nan) is given to stand for the lost elements."""
         layout = self._layout(name)
         tiles = self._w.mesh.tiles_of(layout.region)
-        parts = self._w.call([(t, Tile.get, (name,)) for t in tiles])
+        parts = self._w.call([(t, Tile.get, (name, fill)) for t in tiles])
         blocks = np.zeros(layout.region.shape + layout.max_block_shape(), layout.dtype)
         for t, part in zip(tiles, parts, strict=True):
             blocks[self._window(t, layout)] = part
@@ -264,13 +269,27 @@ class Wafer:
             raise TypeError(f"kernel must be a function kernel(ctx, **args), got {kernel!r}")
         region = self.region_of(region)
         self.live()
+        _ship_code(kernel)
         tiles = self.mesh.tiles_of(region)
         epoch = self.next_epoch()
         name = getattr(kernel, "__name__", type(kernel).__name__)
         with nullcontext() if self._trace is None else self._trace.span(f"run {name}", "host", epoch=epoch):
-            snaps = self.call([(t, Tile.run, (kernel, region, args, epoch)) for t in tiles])
+            faults = None if self.session is None else self.session.kernel_faults(tiles, epoch)
+            try:
+                snaps = self.call([(t, Tile.run, (kernel, region, args, epoch, faults)) for t in tiles])
+            except FaultError as e:
+                if self.session is not None:
+                    self.session.kernel_error(e)
+                raise
         self._costs.append(merge_snapshots(snaps))
         return self._costs[-1]
+
+    def fault_map(self):
+        """What is dead on the wafer now (waferrt.faults.faultmap.FaultMap: cores, links, the DSM blocks each
+        dead core lost), from every tile."""
+        from .faults.faultmap import FaultMap
+
+        return FaultMap.join(self.on_every_tile(Tile.dead))
 
     @contextmanager
     def trace(self, path: str | Path):
@@ -441,6 +460,19 @@ class Wafer:
 
                 ray.shutdown()
                 self._started_ray = False
+
+
+def _ship_code(kernel) -> None:
+    """The tiles' processes may not import the module a kernel comes from (a test file, a module next to a
+    script): its code travels with the kernel (by value), as a script's own (``__main__``) does. Modules of
+    installed packages and of waferrt are imported there as usual."""
+    module = sys.modules.get(getattr(kernel, "__module__", None) or "")
+    path = getattr(module, "__file__", None) or ""
+    if module is None or module.__name__.split(".")[0] in ("__main__", "waferrt") or "-packages" in path:
+        return
+    from ray import cloudpickle
+
+    cloudpickle.register_pickle_by_value(module)
 
 
 def _pair(what: str, value) -> tuple[int, int]:

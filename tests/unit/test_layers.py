@@ -36,6 +36,7 @@ FLOORS["waferrt.runtime"] = set(FLOORS)
 FLOORS["waferrt.recovery"] = set(FLOORS)  # what the host does when a fault hits a decode
 FLOORS["waferrt.llm"] = set(FLOORS)  # the joins: the runtime (Wafer), then WaferLLM on top of it
 FLOORS["waferrt.cli"] = set(FLOORS)
+FLOORS["waferrt.testing"] = set(FLOORS)  # the pytest plugin: wafers and faults for users' test suites
 HEAVY = {  # third-party package -> the only modules that may import it
     "ray": ("waferrt.actors", "waferrt.runtime"),
     "zmq": ("waferrt.actors",),
@@ -176,6 +177,11 @@ def _loaded(*modules: str) -> list[str]:
 
 def test_importing_the_pure_packages_loads_no_ray_zmq_gguf_or_tokenizers():
     assert _loaded(*PURE_PACKAGES) == []
+
+
+def test_the_pytest_plugin_loads_nothing_heavy_when_pytest_loads_it():
+    """Installed, the plugin loads in every pytest session: Ray comes only with its fixtures."""
+    assert _loaded("waferrt.testing.plugin") == []
 
 
 def test_the_probe_sees_heavy_imports():

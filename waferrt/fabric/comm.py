@@ -85,11 +85,12 @@ class LineComm:
         per_line = values_per_pos if replicated else values_per_pos / max(self.lines, 1)
         return per_line * itemsize
 
-    def transfer(self, buf: np.ndarray, src, dist: int, array_axis: int = 0, replicated: bool = False
-                 ) -> tuple[np.ndarray, np.ndarray]:
+    def transfer(self, buf: np.ndarray, src, dist: int, array_axis: int = 0, replicated: bool = False,
+                 senders: int | None = None) -> tuple[np.ndarray, np.ndarray]:
         """The cores at line positions `src` (region coordinates) each send their slice of `buf` to the
         core `dist` hops along the line. Returns (local destination positions, received values stacked
-        on array_axis). Books one routing stage of |dist| hops."""
+        on array_axis). Books one routing stage of |dist| hops, and a message per sending core of this
+        tile (`senders`, when only some cores of those lines send: the others' slices are zeros)."""
         src = np.asarray(src, dtype=np.int64).reshape(-1)
         dst = src + dist
         if dist == 0 or (len(src) and (dst.min() < 0 or dst.max() >= self.n)):
@@ -116,7 +117,7 @@ class LineComm:
             raise RuntimeError(f"transfer lost {len(out_pos)} message(s) at the edge of the region")
         vals_per_pos = _per_position(buf, array_axis)
         nbytes = self._msg_bytes(vals_per_pos, buf.itemsize, replicated)
-        self.ledger.message(abs(dist), nbytes, int(mine.sum()) * self.lines)
+        self.ledger.message(abs(dist), nbytes, int(mine.sum()) * self.lines if senders is None else senders)
         return np.concatenate(got_pos), np.concatenate(got_val, axis=array_axis)
 
     # -- primitives -----------------------------------------------------------------------------------

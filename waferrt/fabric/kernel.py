@@ -12,6 +12,17 @@ primitives, which go one hop at a time (forwarded through the cores in between) 
 - ``ctx.gemv(w, x, axis)``: MeshGEMV, local block GEMV then an allreduce along `axis`.
 - ``ctx.load(name)`` / ``ctx.store(name, blocks)``: this tile's blocks of a DSM tensor.
 - ``ctx.compute(flops)``: book local compute that is not part of a primitive.
+
+Faults (waferrt.faults): the context carries the region's fault map as the command started, the same on
+every tile (``ctx.dead_cores``, ``ctx.dead_links``, ``ctx.alive(c)``, ``ctx.live``: this tile's cores alive,
+(rows, cols)). A primitive takes every core of the region unless ``where`` (a (rows, cols) bool array of
+this tile's cores) says which: ``send``, ``load`` and ``store`` take it. One that needs a dead core raises
+:class:`~waferrt.faults.errors.CoreFailed` naming the core and the DSM blocks it lost; one that needs a dead
+link (along its axis, for the collectives) :class:`~waferrt.faults.errors.LinkFailed` naming both cores.
+Without ``where`` every tile of the region finds the same dead core at the same primitive and raises at
+once; with it, only the tile of the chosen cores can tell (its neighbours then wait for it until the
+fabric's deadline). A dead core's DSM block is lost: ``load`` without it (``where=ctx.live``) gives zeros
+there.
 """
 
 from __future__ import annotations
@@ -19,7 +30,8 @@ from __future__ import annotations
 import numpy as np
 
 from waferrt.core.ledger import Ledger
-from waferrt.core.mesh import Coord, Region
+from waferrt.core.mesh import Coord, Dir, Region
+from waferrt.faults.faultmap import FaultMap
 
 from .comm import LineComm
 from .links import Links
@@ -34,11 +46,12 @@ class Cores:
     tensor's name to (layout, this tile's blocks of it)."""
 
     def __init__(self, region: Region, tile: Region, links: Links | None, ledger: Ledger, store: dict,
-                 tag: str = ""):
+                 tag: str = "", faults: FaultMap | None = None):
         local = region.intersect(tile)
         if local is None:
             raise ValueError(f"the kernel's region {region} has no core in the tile {tile}")
         self.region, self.local, self.tile, self.ledger, self._store = region, local, tile, ledger, store
+        self.faults = faults or FaultMap()
         self.x = LineComm("x", region, local, links, ledger, f"{tag}:")
         self.y = LineComm("y", region, local, links, ledger, f"{tag}:")
         self.spec = ledger.spec
@@ -59,6 +72,53 @@ class Cores:
         xs, ys = self.coords()
         return xs - self.region.x0, ys - self.region.y0
 
+    # -- what is dead ---------------------------------------------------------------------------------
+    @property
+    def dead_cores(self) -> frozenset[Coord]:
+        """The dead cores of the kernel's region (the same on every tile)."""
+        return frozenset(self.faults.in_region(self.region))
+
+    @property
+    def dead_links(self) -> frozenset[tuple[Coord, Coord]]:
+        """The dead links between two cores of the kernel's region, each as (a, b) with a < b."""
+        return frozenset(self.faults.region_links(self.region, "x") + self.faults.region_links(self.region, "y"))
+
+    def alive(self, c: Coord) -> bool:
+        """Is core `c` alive? (A core outside the region is asked about all the same.)"""
+        return self.faults.alive(c)
+
+    def link_alive(self, a: Coord, b: Coord) -> bool:
+        return self.faults.link_alive(a, b)
+
+    @property
+    def live(self) -> np.ndarray:
+        """(rows, cols) bool: which of this tile's cores are alive (``where=ctx.live`` leaves the dead out)."""
+        dead = np.zeros(self.shape, bool)
+        for c in self.faults.in_region(self.local):
+            dead[c.y - self.local.y0, c.x - self.local.x0] = True
+        return ~dead
+
+    def _need(self, what: str, cores=None, axis: str | None = None, links=()) -> None:
+        """Raise CoreFailed / LinkFailed if the primitive `what` needs a dead core or link: `cores` (default:
+        every core of the region), the dead links along `axis` in the region, and `links`."""
+        if not self.faults:
+            return
+        cores = self.region.cores() if cores is None else cores
+        along = self.faults.region_links(self.region, axis) if axis else []
+        dead = self.faults.hit(cores, [*along, *links])
+        if dead is not None:
+            raise self.faults.error(dead, f"needed by {what} in the kernel's region {self.region}; leave the dead "
+                                          "out: ctx.live, ctx.dead_cores, where=")
+
+    def _chosen(self, where) -> list[Coord]:
+        """This tile's cores where `where` ((rows, cols) bool) holds."""
+        where = np.asarray(where, bool)
+        if where.shape != self.shape:
+            raise ValueError(f"where= is a (rows, cols) bool array over this tile's cores {self.shape}, got "
+                             f"shape {where.shape}")
+        rows, cols = np.nonzero(where)
+        return [Coord(self.local.x0 + int(c), self.local.y0 + int(r)) for r, c in zip(rows, cols)]
+
     def _comm(self, axis: str) -> tuple[LineComm, int]:
         if axis == "x":
             return self.x, 1
@@ -71,9 +131,10 @@ class Cores:
             raise ValueError(f"kernel arrays start with this tile's core axes {self.shape}, got {buf.shape}")
 
     # -- primitives -----------------------------------------------------------------------------------
-    def send(self, buf: np.ndarray, dx: int, dy: int) -> np.ndarray:
-        """Every core sends its block to the core at (x+dx, y+dy), which must be a neighbour; returns what
-        each core received (zeros where no core of the region sent to it)."""
+    def send(self, buf: np.ndarray, dx: int, dy: int, where=None) -> np.ndarray:
+        """Every core (or only those where `where`, a (rows, cols) bool array, holds) sends its block to the
+        core at (x+dx, y+dy), which must be a neighbour; returns what each core received (zeros where no
+        core of the region sent to it). Booked: one message per core that sends."""
         if abs(dx) + abs(dy) != 1:
             a = Coord(self.local.x0, self.local.y0)
             b = Coord(a.x + dx, a.y + dy)
@@ -84,11 +145,20 @@ class Cores:
             )
         self._check(buf)
         axis, dist = ("x", dx) if dx else ("y", dy)
+        d, senders = Dir.of_step(dx, dy), None
+        if where is None:
+            self._need(f"ctx.send {d.name}", axis=axis)
+        else:
+            chosen = [c for c in self._chosen(where) if self.region.contains(c.step(d))]
+            self._need(f"ctx.send {d.name} (where=)", chosen + [c.step(d) for c in chosen],
+                       links=[(c, c.step(d)) for c in chosen])
+            buf = np.where(self._spread(where, buf), buf, np.zeros((), buf.dtype))  # the others send nothing
+            senders = len(chosen)
         with self.ledger.op("send"):
             comm, ax = self._comm(axis)
             out = np.zeros_like(buf)
             src = np.arange(comm.n - 1) + (0 if dist > 0 else 1)
-            pos, val = comm.transfer(buf, src, dist, ax)
+            pos, val = comm.transfer(buf, src, dist, ax, senders=senders)
             idx = [slice(None)] * buf.ndim
             idx[ax] = pos
             out[tuple(idx)] = val
@@ -97,11 +167,13 @@ class Cores:
     def shift(self, buf: np.ndarray, axis: str, dist: int = 1, wrap: bool = False) -> np.ndarray:
         self._check(buf)
         comm, ax = self._comm(axis)
+        self._need(f"ctx.shift along {axis}", axis=axis)
         return comm.shift(buf, dist, wrap, ax)
 
     def broadcast(self, buf: np.ndarray, axis: str, root: int = 0) -> np.ndarray:
         self._check(buf)
         comm, ax = self._comm(axis)
+        self._need(f"ctx.broadcast along {axis}", axis=axis)
         return comm.broadcast(buf, root, ax)
 
     def allreduce(self, buf: np.ndarray, axis: str, algo: str = "ktree", k: int = 2, op: str = "sum"
@@ -125,6 +197,7 @@ class Cores:
         """
         self._check(buf)
         comm, ax = self._comm(axis)
+        self._need(f"ctx.allreduce along {axis}", axis=axis)
         return comm.allreduce(buf, algo, k, op, ax)
 
     def gemv(self, w: np.ndarray, x: np.ndarray, axis: str, algo: str = "ktree", k: int = 2) -> np.ndarray:
@@ -133,6 +206,8 @@ class Cores:
         sums are allreduced along `axis`: the output (rows, cols, out_b) is split along the other axis."""
         self._check(w)
         self._check(x)
+        self._comm(axis)
+        self._need(f"ctx.gemv along {axis}", axis=axis)
         with self.ledger.op("gemv"):
             y = np.matmul(w, x[..., None])[..., 0]
             self.ledger.compute(2 * w.shape[-1] * w.shape[-2])
@@ -144,17 +219,33 @@ class Cores:
             self.ledger.compute(flops)
 
     # -- DSM ------------------------------------------------------------------------------------------
-    def load(self, name: str) -> np.ndarray:
-        """This tile's blocks of DSM tensor `name` that lie in the kernel's region: (rows, cols, *block)."""
+    def load(self, name: str, where=None) -> np.ndarray:
+        """This tile's blocks of DSM tensor `name` that lie in the kernel's region: (rows, cols, *block).
+        With `where` ((rows, cols) bool), only those cores read theirs; the others' blocks are zeros."""
         layout, blocks = self._dsm(name)
-        return blocks[self._window(layout.region)]
+        mine = blocks[self._window(layout.region)]
+        if where is None:
+            self._need(f"ctx.load of {name!r}")
+            return mine
+        self._need(f"ctx.load of {name!r} (where=)", self._chosen(where))
+        return np.where(self._spread(where, mine), mine, np.zeros((), mine.dtype))
 
-    def store(self, name: str, value: np.ndarray) -> None:
+    def store(self, name: str, value: np.ndarray, where=None) -> None:
+        """Write this tile's blocks of `name` (only those of the cores where `where` holds, if given)."""
         layout, blocks = self._dsm(name)
         win = self._window(layout.region)
         if value.shape != blocks[win].shape:
             raise ValueError(f"storing {value.shape} into {name!r}, whose blocks here are {blocks[win].shape}")
-        blocks[win] = value
+        if where is None:
+            self._need(f"ctx.store into {name!r}")
+            blocks[win] = value
+            return
+        self._need(f"ctx.store into {name!r} (where=)", self._chosen(where))
+        blocks[win] = np.where(self._spread(where, value), value, blocks[win])
+
+    def _spread(self, where, like: np.ndarray) -> np.ndarray:
+        """`where` ((rows, cols) bool) shaped to broadcast over the blocks of `like`."""
+        return np.reshape(np.asarray(where, bool), self.shape + (1,) * (like.ndim - 2))
 
     def _dsm(self, name: str):
         try:

@@ -80,8 +80,8 @@ class LoopLinks:
         except queue.Empty:
             return False
         if checksum(arrays) != crc:  # flipped on the way: never used, raised by the recv of its link
-            arrays = PayloadCorrupt(f"{self.tile}: message {tag!r} on the {d.name} link failed its checksum: its "
-                                    "payload was corrupted on the way and was not used")
+            sender = self.fabric.mesh.tile_neighbour(self.tile, d)
+            arrays = PayloadCorrupt(self.tile, sender, d.name, f"message {tag!r}")
         self.arrived += 1
         self.pending[d].append((tag, arrays, self.arrived))
         return True
@@ -120,19 +120,20 @@ class LoopFabric:
         return results
 
 
-def simulate(mesh: MeshSpec, spec, region, kernel, timeout: float = 10.0, **arrays):
+def simulate(mesh: MeshSpec, spec, region, kernel, timeout: float = 10.0, faults=None, **arrays):
     """Run ``kernel(ctx, **arrays)`` SPMD over `region` without Ray: one thread per tile, queues as links.
 
     Every array is given for the whole region, (h, w, *block); each tile's kernel gets its own cores'
     part. Returns (output for the whole region, merged cost per primitive). The kernel returns one array
-    over its local cores."""
+    over its local cores. `faults` (a waferrt.faults.faultmap.FaultMap) is what is dead, as ``wafer.run``
+    hands it to every tile once faults were injected."""
     fabric = LoopFabric(mesh, timeout)
     tiles = mesh.tiles_of(region)
 
     def body(t: TileId, links):
         local = mesh.tile_region(t).intersect(region)
         ledger = Ledger(spec)
-        ctx = Cores(region, mesh.tile_region(t), links, ledger, store={}, tag="sim")
+        ctx = Cores(region, mesh.tile_region(t), links, ledger, store={}, tag="sim", faults=faults)
         part = {k: v[region.window(local)] for k, v in arrays.items()}
         return local, kernel(ctx, **part), ledger.snapshot()
 

@@ -41,7 +41,16 @@ class LinkFailed(FaultError):
 
 
 class PayloadCorrupt(FaultError):
-    """A payload arrived whose checksum does not match: it was dropped, never used."""
+    """A payload arrived whose checksum does not match: it was dropped, never used. Names the link: the tile
+    that received it, the neighbour tile that sent it and the side it came in on."""
+
+    def __init__(self, receiver, sender, side: str, what: str = "a message"):
+        self.receiver, self.sender, self.side, self.what = receiver, sender, side, what
+        super().__init__(f"{receiver}: {what} on the link from {sender} (its {side} side) failed its checksum: its "
+                         "payload was corrupted on the way and was not used")
+
+    def __reduce__(self):
+        return type(self), (self.receiver, self.sender, self.side, self.what)
 
 
 class Unrecoverable(FaultError):

@@ -11,7 +11,8 @@ stage, a Corrupt fault fires with the next message over its link (its flips), a 
 :class:`Fired` record (the actor reports it to the host). ``on_send(d)`` is the fabric's hook for each
 message it sends over its link `d`: it returns the bits to flip in that message (None: send it as it is).
 ``hit(region)`` is the first dead core or link inside `region` (the code that would use it raises CoreFailed
-/ LinkFailed). A fault fires once. Pure: no Ray, no sockets."""
+/ LinkFailed); ``map()`` is what is dead here as a waferrt.faults.faultmap.FaultMap. A fault fires once.
+Pure: no Ray, no sockets."""
 
 from __future__ import annotations
 
@@ -22,6 +23,7 @@ from dataclasses import dataclass
 
 from waferrt.core.mesh import Coord, Dir, Region, TileId
 
+from .faultmap import FaultMap
 from .model import CoreFailure, Corrupt, LinkFailure, NodeLoss, Straggler, TileCrash, link_dir
 
 
@@ -129,13 +131,11 @@ class FaultState:
                 return f.bits, a.rng
         return None
 
+    def map(self) -> FaultMap:
+        """What is dead on this tile, as a fault map."""
+        return FaultMap(frozenset(self.dead_cores), frozenset(self.dead_links))
+
     def hit(self, region: Region) -> CoreFailure | LinkFailure | None:
         """The first dead core, else dead link, inside `region` (None when it is whole)."""
-        for c in sorted(self.dead_cores):
-            if region.contains(c):
-                return CoreFailure(c)
-        for link in self.dead_links:
-            a, b = sorted(link)
-            if region.contains(a) and region.contains(b):
-                return LinkFailure(a, b)
-        return None
+        m = self.map()
+        return m.hit(m.in_region(region), m.region_links(region, "x") + m.region_links(region, "y"))
