@@ -63,23 +63,25 @@ def host_seconds(cfg: LlamaConfig, spec: HardwareSpec, requests: int) -> float:
 def stage_seconds(cfg: LlamaConfig, spec: HardwareSpec, stages, kv_tokens: int, requests: int,
                   head_groups: int = 1) -> tuple[float, float]:
     """(seconds of one request's token, seconds of one step with `requests` in flight) through `stages`
-    ((kind, Region, layers), as decode.cost.step_cycles takes them) on the wafer: the closed forms the tiles
-    book; with several requests, a steady round of them decoding at their own pace, as the decode that ran
-    is scheduled (waferrt.decode.schedule)."""
+    ((kind, Region), as decode.cost.step_cycles takes them: one per layer, the layers of a group on one
+    region) on the wafer: the closed forms the tiles book; with several requests, a steady round of them
+    decoding at their own pace, as the decode that ran is scheduled (waferrt.decode.schedule: stages on
+    one region take turns on it)."""
     kw = {"head_groups": head_groups}
     one = sum(step_cycles(spec, cfg, stages, kv_tokens, [1], **kw).values()) / spec.clock_hz
     if requests == 1:
         return one, one
     alone = [c for (_, _), c in sorted(step_cycles(spec, cfg, stages, kv_tokens, [1], **kw).items())]
-    return one, requests_round_seconds(alone, [region for _, region, _ in stages], requests, spec.clock_hz)
+    return one, requests_round_seconds(alone, [region for _, region in stages], requests, spec.clock_hz)
 
 
 def placement_seconds(p: Placement, requests: int | None = None, context: int | None = None
                       ) -> tuple[float, float]:
-    """stage_seconds of a planned Placement (its real regions, one layer each, the tied embedding/head
-    region): what the emulator's tiles book running it, for one request and for `requests` in flight
-    (default: the placement's K/V reserve), each holding `context` positions (default: the full reserve)."""
-    stages = [("embed", p.embed, 0), *(("layer", r, 1) for r in p.layers), ("head", p.embed, 0)]
+    """stage_seconds of a planned Placement (its real regions: layer i on its region, g layers of a group on
+    one region; the tied embedding/head region): what the emulator's tiles book running it, for one request
+    and for `requests` in flight (default: the placement's K/V reserve), each holding `context` positions
+    (default: the full reserve)."""
+    stages = [("embed", p.embed), *(("layer", r) for r in p.layers), ("head", p.embed)]
     return stage_seconds(p.config, p.spec, stages, context or p.kv_tokens, requests or p.kv.requests)
 
 
@@ -102,11 +104,13 @@ def best(cfg: LlamaConfig, spec: HardwareSpec, mesh: tuple[int, int], kv: KVRese
     return found
 
 
-def _why(best_c: Candidate, others: list[Candidate], objective: str) -> str:
+def explain(best_c, others: list, objective: str) -> str:
+    """Why `best_c` won for `objective` over `others` (anything with strategy, requests, latency_s,
+    tokens_per_s and score: an estimate's Candidate, strategies.Timed), with the runners-up's numbers."""
     metric = "time per token of one request" if objective == "latency" else \
         f"tokens/s with {best_c.requests} requests in flight"
 
-    def show(c: Candidate) -> str:
+    def show(c) -> str:
         v = f"{c.latency_s * 1e3:.3f} ms" if objective == "latency" else f"{c.tokens_per_s:,.0f} tokens/s"
         return f"{c.strategy.describe()}: {v}"
 
@@ -142,7 +146,7 @@ def estimate(cfg: LlamaConfig, spec: HardwareSpec, mesh: tuple[int, int], kv: KV
         return Estimate(**base, strategy=tried[0] if strategy else None, fits=False,
                         advice=advice(cfg, spec, mesh, kv, dtype, strategy) if advise else ())
     win = min(found, key=lambda c: c.score(objective))
-    return _report(cfg, spec, win, base, _why(win, found, objective) if not strategy else
+    return _report(cfg, spec, win, base, explain(win, found, objective) if not strategy else
                    f"strategy {win.strategy.kind} as asked (--strategy)")
 
 
@@ -176,12 +180,11 @@ def _bounds(parts, spec: HardwareSpec, host: float) -> dict[str, float]:
 def _one_token_parts(cfg: LlamaConfig, spec: HardwareSpec, stages, kv_tokens: int, groups: int) -> list:
     """(name, category, Cost) of one request's token through every stage: what the breakdown sums."""
     out = []
-    for s, (kind, region, layers) in enumerate(stages):
+    for s, (kind, region) in enumerate(stages):
         if s:
             out.append(("handover", "handover", handover_cost(spec, stages[s - 1][1], region, 4 * cfg.dim)))
         if kind == "layer":
-            out += [(n, cat, c.scaled(layers)) for n, cat, c in layer_decode_parts(
-                spec, cfg, region, kv_tokens, 1, head_groups=groups)]
+            out += layer_decode_parts(spec, cfg, region, kv_tokens, 1, head_groups=groups)
         elif kind == "head":
             out += head_decode_parts(spec, cfg, region, 1)
     return out

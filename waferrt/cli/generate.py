@@ -42,6 +42,7 @@ from .common import (
     whole_number,
 )
 from .progress import DecodeBar
+from .strategy import add_strategy_args
 
 HELP = "generate text with an LLM decoded on the emulated wafer"
 DESCRIPTION = """\
@@ -92,6 +93,7 @@ def add_parser(sub) -> argparse.ArgumentParser:
     p.add_argument("--mesh", type=parse_wxh, metavar="WxH", help="mesh size in cores (default: fitted)")
     p.add_argument("--tile", type=parse_wxh, metavar="TWxTH", help="tile size in cores (with --mesh)")
     add_max_tiles(p)
+    add_strategy_args(p)
     p.add_argument("--spec", default="wse2", choices=sorted(PRESETS),
                    help="hardware spec preset (wse2: 48 KB SRAM per core, the default)")
     p.add_argument("--dtype", default="float32", choices=STORAGE_DTYPES,
@@ -158,21 +160,27 @@ def _placement(args, config, mesh, requests):
     """Where the model goes, checked to hold every request's K/V; UsageError with the fix otherwise."""
     from waferrt.cli.model import default_mesh_cached
     from waferrt.core.spec import spec_by_name
-    from waferrt.scheduler import Admission, KVReserve, PlanError, Request, plan
+    from waferrt.scheduler import Admission, KVReserve, PlanError, Request
+
+    from .strategy import placed
 
     spec = spec_by_name(args.spec)
     kv = KVReserve(args.kv_tokens, args.requests)
     try:
-        mesh = mesh or default_mesh_cached(config, spec, kv, args.dtype)
-        p = plan(config, spec, mesh, kv=kv, dtype=args.dtype, nodes=_ray_nodes(args.address))
-    except PlanError as e:  # does not fit: the message says what would
+        p, choice = placed(args, config, spec, kv, args.dtype, _ray_nodes(args.address), mesh,
+                           lambda s: default_mesh_cached(config, spec, kv, args.dtype, s))
+    except (PlanError, ValueError) as e:  # does not fit (the message says what would), or a bad --strategy N
         raise UsageError(str(e)) from None
+    if choice is not None:
+        say(f"strategy: {choice.why}")
+        for row in choice.table().splitlines():
+            say(f"  {row}")
     admission = Admission.for_placement(p)
     refused = [admission.submit(Request(i, len(r.prompt_ids), r.max_new_tokens)) for i, r in enumerate(requests)]
     if any(refused):
         raise UsageError("; ".join(r.reason for r in refused if r))
-    say(f"placed on {mesh} ({spec.name}, {args.dtype} storage): layer regions {p.layers[0].w}x{p.layers[0].h} cores, "
-        f"KV {p.kv_tokens} tokens x {kv.requests} requests")
+    say(f"placed on {p.mesh} ({spec.name}, {args.dtype} storage): {p.strategy.describe()}, layer regions "
+        f"{p.layers[0].w}x{p.layers[0].h} cores, KV {p.kv_tokens} tokens x {kv.requests} requests")
     return p
 
 

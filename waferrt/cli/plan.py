@@ -31,7 +31,6 @@ from waferrt.scheduler import (
     default_mesh,
     draw_png,
     placement_to_json,
-    plan,
     plan_report,
     replan,
 )
@@ -46,6 +45,7 @@ from .common import (
     png_path,
     whole_number,
 )
+from .strategy import add_strategy_args, placed
 
 EPILOG = """examples:
   waferrt plan                          SmolLM2-135M on the default mesh (wse2, KV 512 tokens x 8 requests)
@@ -91,6 +91,7 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     p.add_argument("--heatmap", type=output_path("mesh.png"), metavar="PATH",
                    help="draw the mesh as a PNG: SRAM booked per core, modelled link traffic per core, modelled busy "
                         "share per tile, dead and spare cores (of the re-plan with --dead)")
+    add_strategy_args(p)
     p.add_argument("--json", action="store_true", help="print the placement and report as JSON")
     p.set_defaults(_run=run)
     return p
@@ -169,21 +170,21 @@ def _replan_json(dead: frozenset[Coord], rp: Replan | None, why: str) -> dict:
             "placement": placement_to_json(rp.placement), "report": plan_report(rp.placement).to_json()}
 
 
-def _setup(args) -> tuple[Placement, str, frozenset[Coord]]:
+def _setup(args) -> tuple[Placement, str, frozenset[Coord], object]:
     mesh = checked_mesh(args, lambda w, h: (cdiv(w, 2), cdiv(h, 2)))  # default: 2x2 tiles
     cfg, model = _model(args.model)
     spec = spec_by_name(args.spec)
     kv = KVReserve(args.kv_tokens, args.requests)
     names = [f"node{i}" for i in range(args.nodes)] if args.nodes > 1 else ["local"]
     nodes = tuple(NodeInfo(name, args.cpus) for name in names)
-    mesh = mesh or default_mesh(cfg, spec, kv, dtype=args.dtype)
-    p = plan(cfg, spec, mesh, kv=kv, nodes=nodes, dtype=args.dtype)
-    return p, model, _kill(p, args.dead, args.seed) if args.dead else frozenset()
+    p, choice = placed(args, cfg, spec, kv, args.dtype, nodes, mesh,
+                       lambda s: default_mesh(cfg, spec, kv, dtype=args.dtype, strategy=s))
+    return p, model, _kill(p, args.dead, args.seed) if args.dead else frozenset(), choice
 
 
 def run(args) -> int:
     try:
-        p, model, dead = _setup(args)
+        p, model, dead, choice = _setup(args)
     except ValueError as e:  # PlanError, UsageError, MeshTooLarge included
         print(f"waferrt plan: {e}", file=sys.stderr)
         return 2
@@ -195,10 +196,17 @@ def run(args) -> int:
             why = str(e)
     if args.json:
         doc = {"placement": placement_to_json(p), "report": plan_report(p).to_json()}
+        if choice is not None:
+            doc["strategy"] = {"why": choice.why, "candidates": [
+                {"strategy": t.strategy.kind, "layers_per_region": t.strategy.group, "mesh": str(t.placement.mesh),
+                 "latency_s": t.latency_s, "tokens_per_s": t.tokens_per_s} for t in choice.timed],
+                "does_not_fit": [{"layers_per_region": s.group, "why": w} for s, w in choice.refused]}
         if dead:
             doc["replan"] = _replan_json(dead, rp, why)
         print(json.dumps(doc, indent=1))
     else:
+        if choice is not None:
+            print(f"strategy: {choice.why}\n{choice.table()}\n")
         print(_describe(p, model))
         if dead:
             print("\n" + (_replan_text(rp, dead) if rp else f"re-plan around {len(dead)} dead cores FAILED: "

@@ -1,9 +1,10 @@
 """Where a Llama decoder's tensors sit inside a region of cores, for decode (MeshGEMV layout).
 
 Contract: pure functions from (LlamaConfig, Region, dtype) to :class:`~waferrt.core.layout.Layout`
-values, and from those to what a region keeps in its cores' SRAM (:func:`layer_booking`,
-:func:`embed_booking`: every booked name as layouts; :func:`booked_bytes` per core, :func:`most_bytes` on
-the most loaded core). Both the scheduler (SRAM budgets) and the
+values, and from those to what a region keeps in its cores' SRAM (:func:`layer_booking`: g layers stacked
+in one region, their weight blocks and K/V on the same cores with one scratch area; :func:`embed_booking`;
+every booked name as layouts; :func:`booked_bytes` per core,
+:func:`most_bytes` on the most loaded core). Both the scheduler (SRAM budgets) and the
 tiles (SRAM booking) use exactly these, so what is planned is what runs.
 
 The scheme (WaferLLM's MeshGEMV with alternating axes): the residual stream x (dim,) is split over the
@@ -85,13 +86,19 @@ def scratch_layout(region: Region, nbytes: int) -> Layout:
     return Layout((cdiv(nbytes, 4),), region, (None,))
 
 
-def layer_booking(cfg: LlamaConfig, region: Region, kv_tokens: int, requests: int,
-                  dtype: str = "float32") -> dict[str, tuple[Layout, ...]]:
-    """What a layer region keeps in its cores' SRAM, by booked name: "weights" (one layout per matrix and
-    norm), "kv" (K and V of `requests` requests of `kv_tokens` positions) and "scratch"."""
+def kv_booking(cfg: LlamaConfig, region: Region, kv_tokens: int, requests: int, dtype: str = "float32") -> Layout:
+    """K and V of one layer for `requests` requests of `kv_tokens` positions, as one layout."""
     one = kv_layout(cfg, region, kv_tokens, dtype)  # K (or V) of one request; K and V of every request:
-    kv = Layout((2 * requests, *one.shape), region, (None, *one.split), (1, *one.granule), dtype)
-    return {"weights": tuple(layer_layouts(cfg, region, dtype).values()), "kv": (kv,),
+    return Layout((2 * requests, *one.shape), region, (None, *one.split), (1, *one.granule), dtype)
+
+
+def layer_booking(cfg: LlamaConfig, region: Region, kv_tokens: int, requests: int,
+                  dtype: str = "float32", layers: int = 1) -> dict[str, tuple[Layout, ...]]:
+    """What a layer region running `layers` layers keeps in its cores' SRAM, by booked name: "weights" (one
+    layout per matrix and norm, per layer), "kv" (K and V of `requests` requests of `kv_tokens` positions,
+    per layer) and "scratch" (once: the layers run one after another)."""
+    return {"weights": tuple(layer_layouts(cfg, region, dtype).values()) * layers,
+            "kv": (kv_booking(cfg, region, kv_tokens, requests, dtype),) * layers,
             "scratch": (scratch_layout(region, activation_bytes(cfg, region, kv_tokens)),)}
 
 
@@ -114,9 +121,10 @@ def most_bytes(booking: dict[str, tuple[Layout, ...]]) -> int:
 
 
 def layer_core_bytes(cfg: LlamaConfig, region: Region, kv_tokens: int, requests: int,
-                     dtype: str = "float32") -> int:
-    """Bytes the most loaded core of a layer region needs: weights + K/V reserve + scratch."""
-    return most_bytes(layer_booking(cfg, region, kv_tokens, requests, dtype))
+                     dtype: str = "float32", layers: int = 1) -> int:
+    """Bytes the most loaded core of a layer region running `layers` layers needs: their weights and K/V
+    reserve, and one scratch area."""
+    return most_bytes(layer_booking(cfg, region, kv_tokens, requests, dtype, layers))
 
 
 def embed_core_bytes(cfg: LlamaConfig, region: Region, dtype: str = "float32") -> int:

@@ -3,9 +3,12 @@
 Contract: :class:`DecodeSetup` is a frozen value (model shape, mesh, the regions of the stages, K/V
 reserve, how the collectives run, storage dtype), made from a scheduler Placement by
 :meth:`DecodeSetup.from_placement`. Its stages are embed -> layer 0 -> ... -> layer L-1 -> head (the
-head shares the embedding's region and table); ``stage_tiles`` says which tile runs each stage and
+head shares the embedding's region and table); consecutive layers on one region (a strategy's group of
+layers, scheduler.types.Strategy) are stacked there: their weight blocks and K/V on the same cores, run
+one after another. ``stage_tiles`` says which tile runs each stage and
 raises :class:`PlacementError` when a region spans several tiles. :func:`stage_sram` is what a stage
-books in its cores' SRAM (from waferrt.decode.layout, the same sizes the planner budgets);
+books in its cores' SRAM (from waferrt.decode.layout, the same sizes the planner budgets: every layer
+books its weights and K/V, the first layer of a region also its scratch);
 :func:`stage_weights` yields the float32 weights each stage needs (``weight_bytes``: their size) and
 :func:`pack_stage` cuts them into its cores' blocks in the storage dtype (on the tile that hosts the
 stage: the host ships each weight once).
@@ -67,10 +70,14 @@ class DecodeSetup:
 
 
 def stage_sram(setup: DecodeSetup, s: int) -> dict[str, tuple[Region, np.ndarray]]:
-    """What stage s keeps in its cores' SRAM: tensor name -> (region, bytes per core (rows, cols))."""
-    kind, layer, region = setup.stages()[s]
+    """What stage s keeps in its cores' SRAM: tensor name -> (region, bytes per core (rows, cols)). The
+    stages of one region add up to what the planner budgets for it (layer_booking of its layers)."""
+    stages = setup.stages()
+    kind, layer, region = stages[s]
     if kind == "layer":
         booked = booked_bytes(layer_booking(setup.config, region, setup.kv_tokens, setup.slots, setup.dtype))
+        if stages[s - 1][2] == region:  # stacked on the layer before it: the region's scratch is booked
+            del booked["scratch"]
         return {f"layer{layer}.{name}": (region, nbytes) for name, nbytes in booked.items()}
     if kind == "embed":
         booked = booked_bytes(embed_booking(setup.config, region, setup.dtype))
