@@ -26,6 +26,11 @@ Contract (pure: no Ray, returns immutable data):
   every region inside one tile and spare slots for repair (1x2, 2x1 or 1x1 tiles when regions of many
   layers make 2x2 tiles larger than the wafer).
 
+- ``plan_streaming(config, spec, mesh, kv=...)``: weight streaming (``waferrt.decode.streaming``): one region
+  -- the widest, tallest rectangle of the first tile, at most dim columns and head_dim/2 rows -- runs every
+  stage and keeps only every layer's K/V, a double buffer of weight blocks and the scratch
+  (``decode.layout.stream_booking``); ``streaming_mesh`` is the smallest one-tile mesh whose region holds that.
+
 Re-planning around failures is :func:`waferrt.scheduler.repair.replan`.
 """
 
@@ -49,6 +54,8 @@ def violations(p: Placement) -> tuple[str, ...]:
     cfg, mesh, out = p.config, p.mesh, []
     if len(p.layers) != cfg.n_layers or not p.layers:
         return (f"{len(p.layers)} layer regions for a model of {cfg.n_layers} layers",)
+    if p.streaming:
+        return tuple(_stream_faults(p))
     if not 1 <= p.group <= cfg.n_layers:
         return (f"group {p.group} is not 1..{cfg.n_layers} layers per region",)
     g = p.group
@@ -72,6 +79,63 @@ def violations(p: Placement) -> tuple[str, ...]:
     if [t for t, _ in p.tile_nodes] != sorted(mesh.tiles()):
         out.append("tile_nodes does not list every tile of the mesh exactly once, sorted")
     return tuple(out)
+
+
+def stream_bytes(cfg: LlamaConfig, region: Region, tokens: int, requests: int, dtype: str) -> int | None:
+    """The most loaded core of a streaming region (None: the shape cannot be split)."""
+    try:
+        return dl.most_bytes(dl.stream_booking(cfg, region, budget.kv_reserved(tokens, region.w), requests, dtype))
+    except ValueError:
+        return None
+
+
+def _stream_faults(p: Placement) -> list[str]:
+    r, cfg, out = p.embed, p.config, []
+    if p.group != cfg.n_layers or any(q != r for q in p.layers):
+        out.append(f"a streaming placement runs every stage on one region ({r}); its layers are on "
+                   f"{sorted(set(p.layers))} in groups of {p.group}")
+    out += _region_faults(p.mesh, p.dead_links, "the streaming region", r)
+    if len(p.mesh.tiles_of(r)) != 1 or r.h > dl.max_layer_rows(cfg) or r.w > cfg.dim:
+        out.append(f"the streaming region {r} must lie in one tile, with at most {dl.max_layer_rows(cfg)} rows and "
+                   f"{cfg.dim} columns")
+    need = stream_bytes(cfg, r, p.kv_tokens, p.kv.requests, p.dtype)
+    if p.kv_tokens < p.kv.tokens or need is None or need > p.spec.sram_bytes:
+        out.append(f"the streaming region {r} needs {need} bytes on a core (None: unsplittable) > "
+                   f"{p.spec.sram_bytes}, or kv_tokens {p.kv_tokens} < {p.kv.tokens}")
+    return out
+
+
+def plan_streaming(config: LlamaConfig, spec: HardwareSpec, mesh: MeshSpec, *, kv: KVReserve,
+                   nodes: tuple[NodeInfo, ...] = DEFAULT_NODES, dtype: str = "float32") -> Placement:
+    """The weight-streaming placement of `config` on `mesh` (module docstring); PlanError says what would fit."""
+    nodes = tuple(nodes)
+    _check_inputs(config, spec, mesh, kv, nodes, dtype, frozenset())
+    r = Region(0, 0, min(mesh.tile_w, mesh.width, config.dim), min(mesh.tile_h, mesh.height, dl.max_layer_rows(config)))
+    need = stream_bytes(config, r, kv.tokens, kv.requests, dtype)
+    if need is None or need > spec.sram_bytes:
+        raise PlanError(f"weight streaming: the region {r} (the first tile, at most {config.dim} columns and "
+                        f"{dl.max_layer_rows(config)} rows) needs {need} bytes on a core for every layer's K/V "
+                        f"({kv.tokens} tokens x {kv.requests} requests), the double buffer and the scratch; a core "
+                        f"has {spec.sram_bytes}: use a wider tile (--tile), fewer --kv-tokens or --requests")
+    p = Placement(config, spec, mesh, dtype, kv, (r,) * config.n_layers, r, frozenset(),
+                  assign_nodes(mesh, [n.name for n in nodes], [n.cpus for n in nodes]),
+                  budget.kv_reserved(kv.tokens, r.w), nodes, frozenset(), config.n_layers, streaming=True)
+    broken = violations(p)
+    if broken:
+        raise PlanError("weight streaming: " + "; ".join(broken))
+    return p
+
+
+def streaming_mesh(config: LlamaConfig, spec: HardwareSpec, kv: KVReserve, dtype: str = "float32") -> MeshSpec:
+    """The one-tile mesh of head_dim/2 rows and the fewest columns whose streaming region fits in SRAM."""
+    h = dl.max_layer_rows(config)
+    for w in range(1, config.dim + 1):
+        need = stream_bytes(config, Region(0, 0, w, h), kv.tokens, kv.requests, dtype)
+        if need is not None and need <= spec.sram_bytes:
+            return MeshSpec(w, h, w, h)
+    raise PlanError(f"weight streaming: no region of {h} rows and at most {config.dim} columns holds every layer's K/V "
+                    f"({kv.tokens} tokens x {kv.requests} requests) and a double buffer in {spec.sram_bytes} bytes "
+                    "per core: lower --kv-tokens or --requests")
 
 
 def _sram_faults(p: Placement) -> list[str]:

@@ -121,6 +121,7 @@ class Placement:
     nodes: tuple[NodeInfo, ...] = DEFAULT_NODES
     dead_links: frozenset[tuple[Coord, Coord]] = frozenset()
     group: int = 1  # layers per region (Strategy.group)
+    streaming: bool = False  # the weights stream in from off-wafer memory (placement.plan_streaming)
 
     @property
     def strategy(self) -> Strategy:
@@ -142,7 +143,7 @@ class Placement:
 
     def regions(self) -> tuple[tuple[str, Region], ...]:
         """('embed', region) then every layer region once, in chain order: ('layer i', region), or ('layers
-        i-j', region) for a group sharing one."""
+        i-j', region) for a group sharing one. A streaming placement has one region, named for all of them."""
         out: list[tuple[str, Region, int, int]] = []
         for i, r in enumerate(self.layers):
             if out and out[-1][1] == r:
@@ -150,4 +151,6 @@ class Placement:
             else:
                 out.append(("", r, i, i))
         named = tuple((f"layer {a}" if a == b else f"layers {a}-{b}", r) for _, r, a, b in out)
+        if self.streaming:
+            return ((f"embed+{named[0][0]}+head", self.embed),)
         return (("embed", self.embed),) + named
