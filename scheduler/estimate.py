@@ -17,15 +17,19 @@ from __future__ import annotations
 from dataclasses import dataclass
 from functools import lru_cache
 
+from waferrt.core.cost import total
 from waferrt.core.dtypes import STORAGE_DTYPES
 from waferrt.core.spec import HardwareSpec
 from waferrt.decode.cost import (
     handover_cost,
     head_decode_parts,
+    lane_batches,
+    layer_decode_cost,
     layer_decode_parts,
     step_cycles,
 )
 from waferrt.decode.schedule import requests_round_seconds
+from waferrt.decode.streaming import head_parts, stage_cycles, streamed_bytes
 from waferrt.model.config import LlamaConfig
 
 from . import wafer
@@ -81,8 +85,27 @@ def placement_seconds(p: Placement, requests: int | None = None, context: int | 
     one region; the tied embedding/head region): what the emulator's tiles book running it, for one request
     and for `requests` in flight (default: the placement's K/V reserve), each holding `context` positions
     (default: the full reserve)."""
+    if p.streaming:
+        return streaming_seconds(p, requests or p.kv.requests, context or p.kv_tokens)
     stages = [("embed", p.embed), *(("layer", r) for r in p.layers), ("head", p.embed)]
     return stage_seconds(p.config, p.spec, stages, context or p.kv_tokens, requests or p.kv.requests)
+
+
+def streaming_seconds(p: Placement, requests: int, context: int) -> tuple[float, float]:
+    """A streaming placement (one region runs every stage, every block streamed in: decode.streaming) as its
+    tile books it: every stage lasts the longer of its compute and its block's stream; the micro-batches
+    (decode.cost.lane_batches) take turns on the region, each streaming every block once. (seconds of one
+    request's token, of a round of `requests` tokens)."""
+    cfg, spec, r, dtype = p.config, p.spec, p.embed, p.dtype
+
+    def batch(b: int) -> float:
+        layer = layer_decode_cost(spec, cfg, r, context, b).cycles
+        head = total(c for _, _, c in head_parts(spec, cfg, r, dtype, b)).cycles
+        return (stage_cycles(spec, 0.0, streamed_bytes(cfg, "embed", dtype, b))
+                + cfg.n_layers * stage_cycles(spec, layer, streamed_bytes(cfg, "layer", dtype, b))
+                + stage_cycles(spec, head, streamed_bytes(cfg, "head", dtype, b)))
+
+    return batch(1) / spec.clock_hz, sum(batch(b) for b in lane_batches(requests)) / spec.clock_hz
 
 
 def _time(cfg: LlamaConfig, spec: HardwareSpec, floor: wafer.Floor, strategy: Strategy, kv_tokens: int,

@@ -17,12 +17,14 @@ from waferrt.core.mesh import Region
 from waferrt.core.spec import TINY, WSE2
 from waferrt.decode import layout as dl
 from waferrt.decode.cost import layer_decode_cost
+from waferrt.decode.schedule import round_seconds
 from waferrt.decode.setup import DecodeSetup, stage_sram
 from waferrt.decode.streaming import head_chunks, head_parts, stage_cycles, streamed_bytes
 from waferrt.model import Sampler, synthetic_llama, tiny_config
 from waferrt.model.config import SMOLLM2_135M
 from waferrt.scheduler import KVReserve, PlanError, violations
 from waferrt.scheduler.budget import work_bytes
+from waferrt.scheduler.estimate import placement_seconds
 from waferrt.scheduler.placement import plan_streaming, streaming_mesh
 from waferrt.serving import GenRequest, LocalDecoder, generate_reference
 
@@ -93,3 +95,15 @@ def test_the_region_books_what_the_planner_budgets_and_a_mesh_too_small_is_refus
     small = streaming_mesh(CFG, TINY, KV)
     with pytest.raises(PlanError, match="use a wider tile"):
         plan_streaming(CFG, TINY, small.__class__(1, small.height, 1, small.height), kv=KV)
+
+
+def test_the_estimate_of_a_streaming_placement_is_what_the_emulator_books():
+    """The same mesh and model give the same time per token, emulated and estimated (the brief asks 1%)."""
+    p = _placement()
+    out = []
+    for n in (1, 3):
+        dec = LocalDecoder(CFG, W, p)
+        _, stats = dec.generate([GenRequest((3 + i,), 3) for i in range(n)], Sampler())  # last round: 3 held
+        out.append(round_seconds(stats.runs, len(dec.setup.stages()) - 1, TINY.clock_hz))
+    one, many = placement_seconds(p, 3, context=3)
+    assert out == pytest.approx([one, many], rel=1e-9)
