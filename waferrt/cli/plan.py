@@ -127,13 +127,13 @@ def _where(p: Placement, r: Region) -> tuple[str, str]:
 
 def _table(p: Placement) -> str:
     rep = plan_report(p)
-    rows = [f"{'region':9} {'cores':19} {'tile':14} {'node':8} {'KB/core':>8} {'hops->next':>10}"]
+    rows = [f"{'region':12} {'cores':19} {'tile':14} {'node':8} {'KB/core':>8} {'hops->next':>10}"]
     names = p.regions()
     for k, (name, r) in enumerate(names):
         tile, node = _where(p, r)
         kb = (rep.embed_core_bytes if name == "embed" else rep.layer_core_bytes[k - 1]) / 1024
         hop = rep.embed_hops[0] if k == 0 else (rep.hops[k - 1] if k < len(names) - 1 else rep.embed_hops[1])
-        rows.append(f"{name:9} {str(r):19} {tile:14} {node:8} {kb:8.1f} {hop:10}")
+        rows.append(f"{name:12} {str(r):19} {tile:14} {node:8} {kb:8.1f} {hop:10}")
     return "\n".join(rows)
 
 
@@ -155,7 +155,7 @@ def _replan_text(rp: Replan, dead: frozenset[Coord]) -> str:
         by_region.setdefault("embed" if m.layer is None else f"layer {m.layer}", []).append(m)
     for name, ms in by_region.items():
         kv = sum(m.nbytes for m in ms if m.tensor == "kv")
-        lines.append(f"  {name:9} {ms[0].src} -> {ms[0].dst}: {sum(m.nbytes for m in ms) - kv:,} weight bytes"
+        lines.append(f"  {name:12} {ms[0].src} -> {ms[0].dst}: {sum(m.nbytes for m in ms) - kv:,} weight bytes"
                      + (f" + {kv:,} KV bytes" if kv else ""))
     return "\n".join(lines + [plan_report(rp.placement).text()])
 
