@@ -4,7 +4,7 @@ Contract (pure): a streaming decode runs every stage -- the embedding, every lay
 (``scheduler.placement.plan_streaming``), which keeps only what stays on the wafer
 (``decode.layout.stream_booking``: every layer's K/V, a double buffer of weight blocks, a scratch area).
 :class:`WeightStore` is the off-wafer memory: it cuts each block into the region's cores' blocks once
-(``decode.pack``) and serves ``layer(i)``, ``head(k)`` (chunk k of the tied table with the final norm: the
+(``decode.pack``), keeps them, and serves ``layer(i)``, ``head(k)`` (chunk k of the tied table with the final norm: the
 head streams in ``head_chunks`` pieces, none larger on a core than a layer's block, so the double buffer is
 sized by the largest layer) and ``rows(tokens)`` (only the embedding rows of the tokens cross).
 ``streamed_logits`` runs the head chunk by chunk (a MeshGEMV per chunk). ``streamed_bytes`` is what a stage
@@ -102,6 +102,7 @@ class WeightStore:
         self.chunks = head_chunks(cfg, region, dtype)
         self._layers: dict[int, dict] = {}
         self._table: dict | None = None
+        self._heads: dict[int, tuple[np.ndarray, np.ndarray]] = {}
 
     @property
     def head_count(self) -> int:
@@ -119,7 +120,13 @@ class WeightStore:
         return self._table
 
     def head(self, k: int) -> tuple[np.ndarray, np.ndarray]:
-        """Chunk k of the tied table, (C, dim_c, R*m) as every core row's entries j0..j1, and the final norm."""
+        """Chunk k of the tied table, (C, dim_c, R*m) as every core row's entries j0..j1, and the final norm
+        (cut once, kept)."""
+        if k not in self._heads:
+            self._heads[k] = self._head(k)
+        return self._heads[k]
+
+    def _head(self, k: int) -> tuple[np.ndarray, np.ndarray]:
         t = self._packed()
         voc_r = t["table"].shape[2] // self.region.h
         j0, j1 = self.chunks[k]
