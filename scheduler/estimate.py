@@ -76,7 +76,13 @@ def stage_seconds(cfg: LlamaConfig, spec: HardwareSpec, stages, kv_tokens: int, 
     if requests == 1:
         return one, one
     alone = [c for (_, _), c in sorted(step_cycles(spec, cfg, stages, kv_tokens, [1], **kw).items())]
-    return one, requests_round_seconds(alone, [region for _, region in stages], requests, spec.clock_hz)
+    merged: list[list] = []  # a group's layers run back to back on their region (the tile's segment)
+    for (kind, region), c in zip(stages, alone, strict=True):
+        if merged and kind == "layer" and merged[-1][0] == ("layer", region):
+            merged[-1][1] += c
+        else:
+            merged.append([(kind, region), c])
+    return one, requests_round_seconds([c for _, c in merged], [k[1] for k, _ in merged], requests, spec.clock_hz)
 
 
 def placement_seconds(p: Placement, requests: int | None = None, context: int | None = None
