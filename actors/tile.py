@@ -244,6 +244,12 @@ class Tile:
 
         self.decoder.load(s, (raw[0], resolve(raw[1])) if isinstance(raw, tuple) else resolve(raw))
 
+    def decode_attach(self, memoryx, head_count: int) -> None:
+        """A streaming decode: the blocks come from the MemoryX actor `memoryx` (actors.memoryx.StreamClient)."""
+        from .memoryx import StreamClient
+
+        self.decoder.attach(StreamClient(memoryx, self.decoder.setup.config.n_layers, head_count))
+
     def decode_start(self, epoch: int, lanes: int = 2, deadline: float = 60.0) -> None:
         """Start this tile's decode loop (waferrt.serving.loop) in a thread of its own; returns at once."""
         from .decoding import LoopThread

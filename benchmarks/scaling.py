@@ -9,7 +9,9 @@ waferrt.decode.cost) except where it says "emulated":
    the emulator books next to the closed forms;
 3. Llama3-8B and Qwen2-72B on WSE-2 and WSE-3: pipeline, tensor and the planner's picks (and weight
    streaming where they do not fit);
-4. a decode step emulated (the tile programs over a LoopFabric) next to the estimate of the same placement.
+4. a decode step emulated (the tile programs over a LoopFabric) next to the estimate of the same placement,
+   for every strategy the emulator runs (layer regions, groups, one region for every layer) and for weight
+   streaming (one region, the blocks streamed in).
 
     python benchmarks/scaling.py [--out docs/scaling.md]
 """
@@ -33,6 +35,7 @@ from waferrt.model.config import SMOLLM2_135M
 from waferrt.model.zoo import MODELS
 from waferrt.scheduler import KVReserve, default_mesh, plan
 from waferrt.scheduler.estimate import estimate, placement_seconds
+from waferrt.scheduler.placement import plan_streaming, streaming_mesh
 from waferrt.scheduler.streaming import streaming
 from waferrt.scheduler.types import Strategy
 from waferrt.serving import GenRequest, LocalDecoder
@@ -112,10 +115,11 @@ def strategies() -> list[str]:
     return out
 
 
-def _emulate(p, requests: int) -> float:
-    """Modelled seconds of a steady round of `requests` decoding on the tile programs (no Ray)."""
+def _emulate(p, requests: int, tokens: int) -> float:
+    """Modelled seconds of the last round of `requests` decoding `tokens` tokens each on the tile programs
+    (no Ray)."""
     dec = LocalDecoder(p.config, synthetic_llama(p.config, seed=0), p)
-    _, stats = dec.generate([GenRequest((3 + i,), 4) for i in range(requests)], Sampler())
+    _, stats = dec.generate([GenRequest((3 + i,), tokens) for i in range(requests)], Sampler())
     return round_seconds(stats.runs, len(dec.setup.stages()) - 1, p.spec.clock_hz)
 
 
@@ -123,20 +127,29 @@ def emulated_decode() -> list[str]:
     out = ["## 4. A decode step emulated vs the estimate of the same placement", "",
            "The tile programs run a real step (synthetic weights) over a LoopFabric and book their cycles; the "
            "estimate times the same placement from the closed forms (`placement_seconds`).", "",
-           "| model, mesh | requests | emulated step | estimated step | ratio | emulation wall |",
-           "|---|---:|---:|---:|---:|---:|"]
-    cfg = tiny_config()
-    kv = KVReserve(512, 8)
-    cases = [(cfg, TINY, MeshSpec(16, 16, 8, 8), KVReserve(32, 4), "tiny config (tiny)"),
-             (SMOLLM2_135M, WSE2, default_mesh(SMOLLM2_135M, WSE2, kv), kv, "SmolLM2-135M (wse2), default mesh")]
-    for c, spec, mesh, reserve, what in cases:
-        p = plan(c, spec, mesh, kv=reserve)
+           "| model, mesh | strategy | requests | emulated step | estimated step | ratio | emulation wall |",
+           "|---|---|---:|---:|---:|---:|---:|"]
+    cfg, kv = tiny_config(), KVReserve(512, 8)
+    tiny_mesh, tiny_kv, n = MeshSpec(16, 16, 8, 8), KVReserve(32, 4), SMOLLM2_135M.n_layers
+    cases = [(plan(cfg, TINY, tiny_mesh, kv=tiny_kv, strategy=Strategy(g, cfg.n_layers)), "tiny config (tiny)")
+             for g in (1, 2, 3)]
+    cases.append((plan_streaming(cfg, TINY, streaming_mesh(cfg, TINY, KVReserve(16, 3)), kv=KVReserve(16, 3)),
+                  "tiny config (tiny), streaming"))
+    for g in (1, 15, n):
+        s = Strategy(g, n)
+        cases.append((plan(SMOLLM2_135M, WSE2, default_mesh(SMOLLM2_135M, WSE2, kv, strategy=s), kv=kv, strategy=s),
+                      "SmolLM2-135M (wse2), default mesh"))
+    stream_kv = KVReserve(512, 8)
+    cases.append((plan_streaming(SMOLLM2_135M, WSE2, streaming_mesh(SMOLLM2_135M, WSE2, stream_kv), kv=stream_kv),
+                  "SmolLM2-135M (wse2), streaming"))
+    for p, what in cases:
+        how = "weight streaming" if p.streaming else p.strategy.describe()
         for r in (1, 3):
             t0 = time.perf_counter()
-            emulated = _emulate(p, r)
+            emulated = _emulate(p, r, 3)  # the last round holds 3 positions
             wall = time.perf_counter() - t0
-            modelled = placement_seconds(p, r)[1]
-            out.append(f"| {what} {mesh.width}x{mesh.height} | {r} | {emulated * 1e6:,.2f} us | "
+            modelled = placement_seconds(p, r, context=3)[1]
+            out.append(f"| {what} {p.mesh.width}x{p.mesh.height} | {how} | {r} | {emulated * 1e6:,.2f} us | "
                        f"{modelled * 1e6:,.2f} us | {emulated / modelled:.6f} | {wall:.1f} s |")
     return out + [""]
 

@@ -1,12 +1,14 @@
 """SRAM budgets for planning: which layer region shapes fit, what each core holds, how many KV tokens fit.
 
-Contract: pure functions over (LlamaConfig, per-core SRAM, KV reserve, dtype). Sizes come only from
+Contract: pure functions over (LlamaConfig, per-core SRAM, KV reserve, dtype, and ``layers``: how many
+layers a region runs, their weights and K/V stacked on the same cores). Sizes come only from
 :mod:`waferrt.decode.layout` (``layer_core_bytes`` / ``embed_core_bytes``: the maxima of what the tiles
 book, so what is planned is what the decode places); a region shape whose layouts cannot be split
 (``Layout`` raises ``ValueError``) counts as "does not fit".
 
 - ``layer_shapes``: for every legal row count, the narrowest layer region that fits, best first
-  (fewest cores, then wide rather than tall).
+  (fewest cores, then wide rather than tall). K/V positions are split over a region's columns, so a region
+  wider than the K/V reserve reserves one position per column (``kv_reserved``).
 - ``kv_capacity``: the most KV positions per request a layer region holds (at least the reserve).
 - ``embed_rows_needed`` / ``embed_cols_needed``: the smallest embedding region side for the other one.
 - ``work_bytes``: weight bytes of the embedding/head region and of one layer region (decode work).
@@ -25,10 +27,18 @@ from waferrt.decode import layout as dl
 from waferrt.model.config import LlamaConfig
 
 
-def layer_bytes(cfg: LlamaConfig, w: int, h: int, tokens: int, requests: int, dtype: str) -> int | None:
-    """Bytes of the most loaded core of a w x h layer region, or None when the shape cannot be split."""
+def kv_reserved(tokens: int, w: int) -> int:
+    """The K/V positions per request a w-column region reserves for a reserve of `tokens`: at least one
+    per column (positions are split over the columns)."""
+    return max(tokens, w)
+
+
+def layer_bytes(cfg: LlamaConfig, w: int, h: int, tokens: int, requests: int, dtype: str,
+                layers: int = 1) -> int | None:
+    """Bytes of the most loaded core of a w x h region running `layers` layers, or None when the shape
+    cannot be split."""
     try:
-        return dl.layer_core_bytes(cfg, Region(0, 0, w, h), tokens, requests, dtype)
+        return dl.layer_core_bytes(cfg, Region(0, 0, w, h), tokens, requests, dtype, layers)
     except ValueError:
         return None
 
@@ -59,37 +69,38 @@ def _first_true(lo: int, hi: int, pred) -> int | None:
 
 
 @lru_cache(maxsize=256)
-def _all_layer_shapes(cfg: LlamaConfig, sram: int, tokens: int, requests: int,
-                      dtype: str) -> tuple[tuple[int, int], ...]:
+def _all_layer_shapes(cfg: LlamaConfig, sram: int, tokens: int, requests: int, dtype: str,
+                      layers: int) -> tuple[tuple[int, int], ...]:
     shapes = []
     for h in range(1, dl.max_layer_rows(cfg) + 1):
-        w = _first_true(1, min(cfg.dim, tokens),
-                        lambda w, h=h: _fits(layer_bytes(cfg, w, h, tokens, requests, dtype), sram))
+        w = _first_true(1, cfg.dim, lambda w, h=h: _fits(
+            layer_bytes(cfg, w, h, kv_reserved(tokens, w), requests, dtype, layers), sram))
         if w is not None:
             shapes.append((w, h))
     return tuple(sorted(shapes, key=lambda s: (s[0] * s[1], s[0] < s[1], s[1])))
 
 
 def layer_shapes(cfg: LlamaConfig, sram: int, tokens: int, requests: int, dtype: str,
-                 max_w: int, max_h: int) -> tuple[tuple[int, int], ...]:
-    """(w, h) of the narrowest fitting layer region for each row count h, best first.
+                 max_w: int, max_h: int, layers: int = 1) -> tuple[tuple[int, int], ...]:
+    """(w, h) of the narrowest fitting region running `layers` layers for each row count h, best first.
 
-    Columns are at most dim and at most `tokens` (KV positions are split over columns); rows at most
-    ``max_layer_rows(cfg)``. More columns only lower the per-core bytes, so the narrowest is the one
+    Columns are at most dim (a region wider than `tokens` reserves one K/V position per column); rows at
+    most ``max_layer_rows(cfg)``. More columns only lower the per-core bytes, so the narrowest is the one
     that packs best, and the narrowest of at most `max_w` columns is the unbounded narrowest when that
     is at most `max_w` wide (else none fits): the shapes are computed once per model and KV reserve
     (cached) and only filtered by the mesh size, which the mesh search asks for many times.
     """
-    return tuple(s for s in _all_layer_shapes(cfg, sram, tokens, requests, dtype)
+    return tuple(s for s in _all_layer_shapes(cfg, sram, tokens, requests, dtype, layers)
                  if s[0] <= max_w and s[1] <= max_h)
 
 
-def smallest_layer_bytes(cfg: LlamaConfig, tokens: int, requests: int, dtype: str) -> tuple[int, Region]:
-    """The least per-core bytes any legal layer region reaches (the widest, tallest one), and that region.
-    That region is always splittable: its rows are at most head_dim/2 <= hidden_dim and its columns at
-    most dim and tokens."""
-    region = Region(0, 0, min(cfg.dim, tokens), dl.max_layer_rows(cfg))
-    return dl.layer_core_bytes(cfg, region, tokens, requests, dtype), region
+def smallest_layer_bytes(cfg: LlamaConfig, tokens: int, requests: int, dtype: str,
+                         layers: int = 1) -> tuple[int, Region]:
+    """The least per-core bytes any legal region running `layers` layers reaches (the widest, tallest
+    one), and that region. That region is always splittable: its rows are at most head_dim/2 <=
+    hidden_dim and its columns at most dim."""
+    region = Region(0, 0, cfg.dim, dl.max_layer_rows(cfg))
+    return dl.layer_core_bytes(cfg, region, kv_reserved(tokens, cfg.dim), requests, dtype, layers), region
 
 
 @lru_cache(maxsize=4096)
@@ -109,11 +120,14 @@ def embed_min_cores(cfg: LlamaConfig, sram: int, dtype: str) -> int:
     return cdiv(cfg.vocab_size * cfg.dim * itemsize(dtype), sram)
 
 
-def kv_capacity(cfg: LlamaConfig, region: Region, sram: int, tokens: int, requests: int, dtype: str) -> int:
-    """Most KV positions per request (>= tokens, <= max(tokens, max_seq_len)) the layer region holds."""
+def kv_capacity(cfg: LlamaConfig, region: Region, sram: int, tokens: int, requests: int, dtype: str,
+                layers: int = 1) -> int:
+    """Most KV positions per request (>= tokens and the region's columns, <= max(that, max_seq_len)) the
+    region running `layers` layers holds."""
+    tokens = kv_reserved(tokens, region.w)
     top = max(tokens, cfg.max_seq_len)
     best = _first_true(tokens, top, lambda t: not _fits(
-        layer_bytes(cfg, region.w, region.h, t, requests, dtype), sram))
+        layer_bytes(cfg, region.w, region.h, t, requests, dtype, layers), sram))
     return top if best is None else max(tokens, best - 1)
 
 

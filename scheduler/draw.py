@@ -60,9 +60,10 @@ def _regions(ax, p: Placement) -> None:
     from matplotlib.patches import Rectangle
 
     size = max(5.0, min(9.0, 600 / max(p.mesh.width, p.mesh.height) * min(p.layers[0].w, p.layers[0].h) / 4))
-    for i, r in enumerate(p.layers):
+    for name, r in p.regions()[1:]:
         ax.add_patch(Rectangle((r.x0, r.y0), r.w, r.h, fill=False, ec="white", lw=0.6))
-        ax.text(*_center(r), str(i), ha="center", va="center", fontsize=size, color="white", weight="bold")
+        ax.text(*_center(r), name.split(" ")[1], ha="center", va="center", fontsize=size, color="white",
+                weight="bold")
     e = p.embed
     ax.add_patch(Rectangle((e.x0, e.y0), e.w, e.h, fill=False, ec="white", lw=1.2))
     ax.text(*_center(e), "embed\n+ head", ha="center", va="center", fontsize=size + 1, color="white",

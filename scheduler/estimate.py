@@ -17,15 +17,19 @@ from __future__ import annotations
 from dataclasses import dataclass
 from functools import lru_cache
 
+from waferrt.core.cost import total
 from waferrt.core.dtypes import STORAGE_DTYPES
 from waferrt.core.spec import HardwareSpec
 from waferrt.decode.cost import (
     handover_cost,
     head_decode_parts,
+    lane_batches,
+    layer_decode_cost,
     layer_decode_parts,
     step_cycles,
 )
 from waferrt.decode.schedule import requests_round_seconds, round_bound_seconds
+from waferrt.decode.streaming import head_parts, stage_cycles, streamed_bytes
 from waferrt.model.config import LlamaConfig
 
 from . import wafer
@@ -63,14 +67,15 @@ def host_seconds(cfg: LlamaConfig, spec: HardwareSpec, requests: int) -> float:
 def stage_seconds(cfg: LlamaConfig, spec: HardwareSpec, stages, kv_tokens: int, requests: int,
                   head_groups: int = 1) -> tuple[float, float]:
     """(seconds of one request's token, seconds of one step with `requests` in flight) through `stages`
-    ((kind, Region, layers), as decode.cost.step_cycles takes them) on the wafer: the closed forms the tiles
-    book; with several requests, a steady round of them decoding at their own pace, as the decode that ran
-    is scheduled (waferrt.decode.schedule)."""
+    ((kind, Region), as decode.cost.step_cycles takes them: one per layer, the layers of a group on one
+    region) on the wafer: the closed forms the tiles book; with several requests, a steady round of them
+    decoding at their own pace, as the decode that ran is scheduled (waferrt.decode.schedule: stages on
+    one region take turns on it)."""
     alone = _alone(cfg, spec, stages, kv_tokens, head_groups)
     one = sum(alone) / spec.clock_hz
     if requests == 1:
         return one, one
-    return one, requests_round_seconds(alone, [region for _, region, _ in stages], requests, spec.clock_hz)
+    return one, requests_round_seconds(*_segments(stages, alone), requests, spec.clock_hz)
 
 
 def _alone(cfg: LlamaConfig, spec: HardwareSpec, stages, kv_tokens: int, head_groups: int) -> list[float]:
@@ -79,13 +84,45 @@ def _alone(cfg: LlamaConfig, spec: HardwareSpec, stages, kv_tokens: int, head_gr
     return [c for (_, _), c in sorted(cycles.items())]
 
 
+def _segments(stages, alone: list[float]) -> tuple[list[float], list]:
+    """(cycles, region) of what the schedule takes turns on: a group's layers run back to back on their
+    region (the tile's segment), so they are one item."""
+    merged: list[list] = []
+    for (kind, region), c in zip(stages, alone, strict=True):
+        if merged and kind == "layer" and merged[-1][0] == ("layer", region):
+            merged[-1][1] += c
+        else:
+            merged.append([(kind, region), c])
+    return [c for _, c in merged], [k[1] for k, _ in merged]
+
+
 def placement_seconds(p: Placement, requests: int | None = None, context: int | None = None
                       ) -> tuple[float, float]:
-    """stage_seconds of a planned Placement (its real regions, one layer each, the tied embedding/head
-    region): what the emulator's tiles book running it, for one request and for `requests` in flight
-    (default: the placement's K/V reserve), each holding `context` positions (default: the full reserve)."""
-    stages = [("embed", p.embed, 0), *(("layer", r, 1) for r in p.layers), ("head", p.embed, 0)]
+    """stage_seconds of a planned Placement (its real regions: layer i on its region, g layers of a group on
+    one region; the tied embedding/head region): what the emulator's tiles book running it, for one request
+    and for `requests` in flight (default: the placement's K/V reserve), each holding `context` positions
+    (default: the full reserve)."""
+    if p.streaming:
+        return streaming_seconds(p, requests or p.kv.requests, context or p.kv_tokens)
+    stages = [("embed", p.embed), *(("layer", r) for r in p.layers), ("head", p.embed)]
     return stage_seconds(p.config, p.spec, stages, context or p.kv_tokens, requests or p.kv.requests)
+
+
+def streaming_seconds(p: Placement, requests: int, context: int) -> tuple[float, float]:
+    """A streaming placement (one region runs every stage, every block streamed in: decode.streaming) as its
+    tile books it: every stage lasts the longer of its compute and its block's stream; the micro-batches
+    (decode.cost.lane_batches) take turns on the region, each streaming every block once. (seconds of one
+    request's token, of a round of `requests` tokens)."""
+    cfg, spec, r, dtype = p.config, p.spec, p.embed, p.dtype
+
+    def batch(b: int) -> float:
+        layer = layer_decode_cost(spec, cfg, r, context, b).cycles
+        head = total(c for _, _, c in head_parts(spec, cfg, r, dtype, b)).cycles
+        return (stage_cycles(spec, 0.0, streamed_bytes(cfg, "embed", dtype, b))
+                + cfg.n_layers * stage_cycles(spec, layer, streamed_bytes(cfg, "layer", dtype, b))
+                + stage_cycles(spec, head, streamed_bytes(cfg, "head", dtype, b)))
+
+    return batch(1) / spec.clock_hz, sum(batch(b) for b in lane_batches(requests)) / spec.clock_hz
 
 
 @lru_cache(maxsize=512)
@@ -101,15 +138,15 @@ def best(cfg: LlamaConfig, spec: HardwareSpec, mesh: tuple[int, int], kv: KVRese
     stages = [floor.stages(cfg.n_layers, strategy.group) for floor in floors]
     alone = [_alone(cfg, spec, st, kv.tokens, f.shape.head_groups) for f, st in zip(floors, stages)]
     ones = [sum(a) / spec.clock_hz for a in alone]
+    segs = [_segments(st, a) for st, a in zip(stages, alone)]
 
     def step(i: int) -> float:
-        regions = [region for _, region, _ in stages[i]]
-        return ones[i] if kv.requests == 1 else requests_round_seconds(alone[i], regions, kv.requests, spec.clock_hz)
+        return ones[i] if kv.requests == 1 else requests_round_seconds(*segs[i], kv.requests, spec.clock_hz)
 
     if objective == "latency":
         i = min(range(len(floors)), key=ones.__getitem__)
         return Candidate(strategy, floors[i], ones[i], step(i), kv.requests)
-    bound = [round_bound_seconds(a, [r for _, r, _ in st], kv.requests, spec.clock_hz) for a, st in zip(alone, stages)]
+    bound = [round_bound_seconds(*seg, kv.requests, spec.clock_hz) for seg in segs]
     won: tuple[float, int] | None = None
     for i in sorted(range(len(floors)), key=bound.__getitem__):
         if won is not None and bound[i] > won[0] * (1 + 1e-9):
@@ -118,11 +155,13 @@ def best(cfg: LlamaConfig, spec: HardwareSpec, mesh: tuple[int, int], kv: KVRese
     return Candidate(strategy, floors[won[1]], ones[won[1]], won[0], kv.requests)
 
 
-def _why(best_c: Candidate, others: list[Candidate], objective: str) -> str:
+def explain(best_c, others: list, objective: str) -> str:
+    """Why `best_c` won for `objective` over `others` (anything with strategy, requests, latency_s,
+    tokens_per_s and score: an estimate's Candidate, strategies.Timed), with the runners-up's numbers."""
     metric = "time per token of one request" if objective == "latency" else \
         f"tokens/s with {best_c.requests} requests in flight"
 
-    def show(c: Candidate) -> str:
+    def show(c) -> str:
         v = f"{c.latency_s * 1e3:.3f} ms" if objective == "latency" else f"{c.tokens_per_s:,.0f} tokens/s"
         return f"{c.strategy.describe()}: {v}"
 
@@ -158,7 +197,7 @@ def estimate(cfg: LlamaConfig, spec: HardwareSpec, mesh: tuple[int, int], kv: KV
         return Estimate(**base, strategy=tried[0] if strategy else None, fits=False,
                         advice=advice(cfg, spec, mesh, kv, dtype, strategy) if advise else ())
     win = min(found, key=lambda c: c.score(objective))
-    return _report(cfg, spec, win, base, _why(win, found, objective) if not strategy else
+    return _report(cfg, spec, win, base, explain(win, found, objective) if not strategy else
                    f"strategy {win.strategy.kind} as asked (--strategy)")
 
 
@@ -192,12 +231,11 @@ def _bounds(parts, spec: HardwareSpec, host: float) -> dict[str, float]:
 def _one_token_parts(cfg: LlamaConfig, spec: HardwareSpec, stages, kv_tokens: int, groups: int) -> list:
     """(name, category, Cost) of one request's token through every stage: what the breakdown sums."""
     out = []
-    for s, (kind, region, layers) in enumerate(stages):
+    for s, (kind, region) in enumerate(stages):
         if s:
             out.append(("handover", "handover", handover_cost(spec, stages[s - 1][1], region, 4 * cfg.dim)))
         if kind == "layer":
-            out += [(n, cat, c.scaled(layers)) for n, cat, c in layer_decode_parts(
-                spec, cfg, region, kv_tokens, 1, head_groups=groups)]
+            out += layer_decode_parts(spec, cfg, region, kv_tokens, 1, head_groups=groups)
         elif kind == "head":
             out += head_decode_parts(spec, cfg, region, 1)
     return out

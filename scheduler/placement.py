@@ -4,7 +4,10 @@ Contract (pure: no Ray, returns immutable data):
 
 - Inputs are frozen values: ``LlamaConfig``, ``HardwareSpec``, ``MeshSpec`` (its ``dead`` cores),
   :class:`KVReserve` (tokens x requests per layer), Ray nodes as :class:`NodeInfo`, dead links.
-- ``plan(...) -> Placement``: every layer gets a rectangle of live cores, all layers the same shape
+- ``plan(..., strategy=...) -> Placement``: ``strategy`` (``types.Strategy``; default: pipeline, one
+  layer per region) says how many consecutive layers share a region: a region of g layers holds their
+  weights and K/V stacked on the same cores (one scratch area), budgeted as such; the rules below hold
+  for the regions. Every region is a rectangle of live cores, all the same shape
   (rows <= head_dim/2, columns <= dim), the fewest cores that hold its weights + KV reserve + scratch in
   SRAM (sizes from ``waferrt.decode.layout``); the tied embedding + final norm + head get one more
   region. Regions are packed inside tiles when they fit in one, consecutive layers touch (a serpentine
@@ -19,14 +22,21 @@ Contract (pure: no Ray, returns immutable data):
 - :class:`~waferrt.scheduler.types.Placement` is frozen and hashable; ``violations(p)`` lists the rules it
   breaks (empty for anything ``plan`` returns); ``report.plan_report(p)`` measures it and
   ``serial.placement_to_json`` / ``placement_from_json`` round-trip it.
-- ``default_mesh(config, spec, kv)``: the smallest mesh of 2x2 tiles holding the model with every
-  region inside one tile and spare layer slots for repair.
+- ``default_mesh(config, spec, kv, strategy=...)``: the smallest mesh of 2x2 tiles holding the model with
+  every region inside one tile and spare slots for repair (1x2, 2x1 or 1x1 tiles when regions of many
+  layers make 2x2 tiles larger than the wafer).
+
+- ``plan_streaming(config, spec, mesh, kv=...)``: weight streaming (``waferrt.decode.streaming``): one region
+  -- the widest, tallest rectangle of the first tile, at most dim columns and head_dim/2 rows -- runs every
+  stage and keeps only every layer's K/V, a double buffer of weight blocks and the scratch
+  (``decode.layout.stream_booking``); ``streaming_mesh`` is the smallest one-tile mesh whose region holds that.
 
 Re-planning around failures is :func:`waferrt.scheduler.repair.replan`.
 """
 
 from __future__ import annotations
 
+from waferrt.core.arith import cdiv
 from waferrt.core.dtypes import STORAGE_DTYPES
 from waferrt.core.mesh import Coord, MeshSpec, Region, check_on_wafer
 from waferrt.core.spec import HardwareSpec
@@ -36,7 +46,7 @@ from waferrt.model.config import LlamaConfig
 from . import budget, search
 from .geometry import assign_nodes, check_links, cores_in, link_inside
 from .report import plan_report
-from .types import DEFAULT_NODES, KVReserve, NodeInfo, Placement, PlanError
+from .types import DEFAULT_NODES, KVReserve, NodeInfo, Placement, PlanError, Strategy
 
 
 def violations(p: Placement) -> tuple[str, ...]:
@@ -44,6 +54,15 @@ def violations(p: Placement) -> tuple[str, ...]:
     cfg, mesh, out = p.config, p.mesh, []
     if len(p.layers) != cfg.n_layers or not p.layers:
         return (f"{len(p.layers)} layer regions for a model of {cfg.n_layers} layers",)
+    if p.streaming:
+        return tuple(_stream_faults(p))
+    if not 1 <= p.group <= cfg.n_layers:
+        return (f"group {p.group} is not 1..{cfg.n_layers} layers per region",)
+    g = p.group
+    out += [f"layer {i} is on {r}, not on the region of its group ({p.layers[i - i % g]})"
+            for i, r in enumerate(p.layers) if r != p.layers[i - i % g]]
+    if len(p.regions()) - 1 != cdiv(cfg.n_layers, g):
+        out.append(f"{len(p.regions()) - 1} distinct layer regions for {cfg.n_layers} layers in groups of {g}")
     if len({r.shape for r in p.layers}) > 1:
         out.append(f"layer regions differ in shape: {sorted({r.shape for r in p.layers})}")
     if p.layers[0].h > dl.max_layer_rows(cfg) or p.layers[0].w > cfg.dim:
@@ -62,14 +81,72 @@ def violations(p: Placement) -> tuple[str, ...]:
     return tuple(out)
 
 
+def stream_bytes(cfg: LlamaConfig, region: Region, tokens: int, requests: int, dtype: str) -> int | None:
+    """The most loaded core of a streaming region (None: the shape cannot be split)."""
+    try:
+        return dl.most_bytes(dl.stream_booking(cfg, region, budget.kv_reserved(tokens, region.w), requests, dtype))
+    except ValueError:
+        return None
+
+
+def _stream_faults(p: Placement) -> list[str]:
+    r, cfg, out = p.embed, p.config, []
+    if p.group != cfg.n_layers or any(q != r for q in p.layers):
+        out.append(f"a streaming placement runs every stage on one region ({r}); its layers are on "
+                   f"{sorted(set(p.layers))} in groups of {p.group}")
+    out += _region_faults(p.mesh, p.dead_links, "the streaming region", r)
+    if len(p.mesh.tiles_of(r)) != 1 or r.h > dl.max_layer_rows(cfg) or r.w > cfg.dim:
+        out.append(f"the streaming region {r} must lie in one tile, with at most {dl.max_layer_rows(cfg)} rows and "
+                   f"{cfg.dim} columns")
+    need = stream_bytes(cfg, r, p.kv_tokens, p.kv.requests, p.dtype)
+    if p.kv_tokens < p.kv.tokens or need is None or need > p.spec.sram_bytes:
+        out.append(f"the streaming region {r} needs {need} bytes on a core (None: unsplittable) > "
+                   f"{p.spec.sram_bytes}, or kv_tokens {p.kv_tokens} < {p.kv.tokens}")
+    return out
+
+
+def plan_streaming(config: LlamaConfig, spec: HardwareSpec, mesh: MeshSpec, *, kv: KVReserve,
+                   nodes: tuple[NodeInfo, ...] = DEFAULT_NODES, dtype: str = "float32") -> Placement:
+    """The weight-streaming placement of `config` on `mesh` (module docstring); PlanError says what would fit."""
+    nodes = tuple(nodes)
+    _check_inputs(config, spec, mesh, kv, nodes, dtype, frozenset())
+    r = Region(0, 0, min(mesh.tile_w, mesh.width, config.dim), min(mesh.tile_h, mesh.height, dl.max_layer_rows(config)))
+    need = stream_bytes(config, r, kv.tokens, kv.requests, dtype)
+    if need is None or need > spec.sram_bytes:
+        raise PlanError(f"weight streaming: the region {r} (the first tile, at most {config.dim} columns and "
+                        f"{dl.max_layer_rows(config)} rows) needs {need} bytes on a core for every layer's K/V "
+                        f"({kv.tokens} tokens x {kv.requests} requests), the double buffer and the scratch; a core "
+                        f"has {spec.sram_bytes}: use a wider tile (--tile), fewer --kv-tokens or --requests")
+    p = Placement(config, spec, mesh, dtype, kv, (r,) * config.n_layers, r, frozenset(),
+                  assign_nodes(mesh, [n.name for n in nodes], [n.cpus for n in nodes]),
+                  budget.kv_reserved(kv.tokens, r.w), nodes, frozenset(), config.n_layers, streaming=True)
+    broken = violations(p)
+    if broken:
+        raise PlanError("weight streaming: " + "; ".join(broken))
+    return p
+
+
+def streaming_mesh(config: LlamaConfig, spec: HardwareSpec, kv: KVReserve, dtype: str = "float32") -> MeshSpec:
+    """The one-tile mesh of head_dim/2 rows and the fewest columns whose streaming region fits in SRAM."""
+    h = dl.max_layer_rows(config)
+    for w in range(1, config.dim + 1):
+        need = stream_bytes(config, Region(0, 0, w, h), kv.tokens, kv.requests, dtype)
+        if need is not None and need <= spec.sram_bytes:
+            return MeshSpec(w, h, w, h)
+    raise PlanError(f"weight streaming: no region of {h} rows and at most {config.dim} columns holds every layer's K/V "
+                    f"({kv.tokens} tokens x {kv.requests} requests) and a double buffer in {spec.sram_bytes} bytes "
+                    "per core: lower --kv-tokens or --requests")
+
+
 def _sram_faults(p: Placement) -> list[str]:
     cfg, sram, out = p.config, p.spec.sram_bytes, []
     if p.kv_tokens < p.kv.tokens:
         out.append(f"kv_tokens {p.kv_tokens} is less than the reserve of {p.kv.tokens}")
-    for i, r in enumerate(p.layers):
-        need = budget.layer_bytes(cfg, r.w, r.h, p.kv_tokens, p.kv.requests, p.dtype)
+    for name, r in p.regions()[1:]:
+        layers = sum(1 for q in p.layers if q == r)
+        need = budget.layer_bytes(cfg, r.w, r.h, p.kv_tokens, p.kv.requests, p.dtype, layers)
         if need is None or need > sram:
-            out.append(f"layer {i} {r} needs {need} bytes on a core (None: unsplittable) > {sram}")
+            out.append(f"{name} {r} needs {need} bytes on a core (None: unsplittable) > {sram}")
     need = budget.embed_bytes(cfg, p.embed.w, p.embed.h, p.dtype)
     if need is None or need > sram:
         out.append(f"embedding {p.embed} needs {need} bytes on a core (None: unsplittable) > {sram}")
@@ -106,8 +183,10 @@ def _check_inputs(config: LlamaConfig, spec: HardwareSpec, mesh: MeshSpec, kv: K
 
 def plan(config: LlamaConfig, spec: HardwareSpec, mesh: MeshSpec, *, kv: KVReserve,
          nodes: tuple[NodeInfo, ...] = DEFAULT_NODES, dtype: str = "float32",
-         dead_links: frozenset[tuple[Coord, Coord]] = frozenset(), balance: bool = True) -> Placement:
-    """Place `config` on `mesh` (dead cores: ``mesh.dead``); see the module docstring for the rules.
+         dead_links: frozenset[tuple[Coord, Coord]] = frozenset(), balance: bool = True,
+         strategy: Strategy | None = None) -> Placement:
+    """Place `config` on `mesh` (dead cores: ``mesh.dead``) in regions of ``strategy.group`` layers
+    (default: one layer per region); see the module docstring for the rules.
     `balance` (default) spreads the layers over the tiles so that the busiest tile holds the fewest
     weight bytes; False fills every tile to capacity in chain order (the busiest tiles do the most).
 
@@ -122,14 +201,16 @@ def plan(config: LlamaConfig, spec: HardwareSpec, mesh: MeshSpec, *, kv: KVReser
     """
     nodes, dead_links = tuple(nodes), frozenset(dead_links)
     _check_inputs(config, spec, mesh, kv, nodes, dtype, dead_links)
-    found = search.best_layout(config, spec, mesh, kv.tokens, kv.requests, dtype, dead_links, balance)
+    g = _group(config, strategy)
+    found = search.best_layout(config, spec, mesh, kv.tokens, kv.requests, dtype, dead_links, balance, g)
     if found.layers is None:
-        raise PlanError(_no_fit_message(config, spec, mesh, kv, dtype, found.reason))
+        raise PlanError(_no_fit_message(config, spec, mesh, kv, dtype, found.reason, g))
     names, cpus = [n.name for n in nodes], [n.cpus for n in nodes]
-    kv_tokens = budget.kv_capacity(config, found.layers[0], spec.sram_bytes, kv.tokens, kv.requests, dtype)
-    p = Placement(config, spec, mesh, dtype, kv, found.layers, found.embed,
+    kv_tokens = budget.kv_capacity(config, found.layers[0], spec.sram_bytes, kv.tokens, kv.requests, dtype, g)
+    layers = tuple(found.layers[i // g] for i in range(config.n_layers))
+    p = Placement(config, spec, mesh, dtype, kv, layers, found.embed,
                   frozenset(c for r in found.spare for c in r.cores()),
-                  assign_nodes(mesh, names, cpus), kv_tokens, nodes, dead_links)
+                  assign_nodes(mesh, names, cpus), kv_tokens, nodes, dead_links, g)
     broken = violations(p)
     if broken:
         raise PlanError("the planner built a placement that breaks its own rules (a bug in waferrt.scheduler,"
@@ -137,22 +218,32 @@ def plan(config: LlamaConfig, spec: HardwareSpec, mesh: MeshSpec, *, kv: KVReser
     return p
 
 
+def _group(config: LlamaConfig, strategy: Strategy | None) -> int:
+    if strategy is None:
+        return 1
+    if not isinstance(strategy, Strategy) or strategy.n_layers != config.n_layers:
+        raise TypeError(f"plan(): strategy must be a Strategy for {config.n_layers} layers (e.g. "
+                        f"Strategy.named('tensor', {config.n_layers})), got {strategy!r}")
+    return strategy.group
+
+
 def _mb(n: float) -> str:
     return f"{n / 1e6:,.1f} MB"
 
 
 def _no_fit_message(config: LlamaConfig, spec: HardwareSpec, mesh: MeshSpec, kv: KVReserve, dtype: str,
-                    reason: str) -> str:
+                    reason: str, group: int = 1) -> str:
     weights, kv_bytes = budget.model_bytes(config, kv.tokens, kv.requests, dtype)
     live = mesh.width * mesh.height - len(mesh.dead)
-    head = (f"the model ({config.n_layers} layers, dim {config.dim}, vocab {config.vocab_size}) does not fit "
+    how = "" if group == 1 else f" as {Strategy(group, config.n_layers).describe()}"
+    head = (f"the model ({config.n_layers} layers, dim {config.dim}, vocab {config.vocab_size}) does not fit{how} "
             f"on the mesh {mesh} at spec {spec.name} with a KV reserve of {kv.tokens} tokens x "
             f"{kv.requests} requests ({dtype}): it needs at least {_mb(weights + kv_bytes)} (weights "
             f"{_mb(weights)} + KV reserve {_mb(kv_bytes)}, before activations); the mesh holds "
             f"{_mb(live * spec.sram_bytes)} ({live} live cores x {spec.sram_bytes} bytes). {reason}")
     if reason.startswith("no mesh"):
         return head
-    best = search.smallest_mesh(config, spec, (mesh.tile_w, mesh.tile_h), kv.tokens, kv.requests, dtype)
+    best = search.smallest_mesh(config, spec, (mesh.tile_w, mesh.tile_h), kv.tokens, kv.requests, dtype, group)
     if best is None:
         return (head + f" Even the whole {spec.name} wafer ({spec.full_mesh[0]}x{spec.full_mesh[1]}) cut "
                 f"in {mesh.tile_w}x{mesh.tile_h} tiles does not hold it: lower the KV reserve, use a "
@@ -164,19 +255,24 @@ def _no_fit_message(config: LlamaConfig, spec: HardwareSpec, mesh: MeshSpec, kv:
 
 
 def default_mesh(config: LlamaConfig, spec: HardwareSpec, kv: KVReserve, tiles: tuple[int, int] = (2, 2),
-                 dtype: str = "float32", spare_layers: int = 8) -> MeshSpec:
+                 dtype: str = "float32", spare_layers: int = 8, strategy: Strategy | None = None) -> MeshSpec:
     """The smallest mesh of tiles[0] x tiles[1] equal tiles where every region lies inside one tile and
-    at least `spare_layers` free layer-shaped slots remain for repair. Eight spare slots let SmolLM2 at
-    wse2 re-plan around 10 random dead cores (which hit ~7 layers and often the embedding)."""
-    for tile in search.tile_candidates(config, spec, kv.tokens, kv.requests, dtype, tiles, spare_layers):
-        mesh = MeshSpec(tiles[0] * tile[0], tiles[1] * tile[1], *tile)
-        try:
-            p = plan(config, spec, mesh, kv=kv, dtype=dtype)
-        except PlanError:
-            continue
-        r = plan_report(p)
-        if r.straddling == 0 and len(p.spare) >= spare_layers * p.layers[0].size:
-            return mesh
+    free region-shaped slots for `spare_layers` layers (spare_layers // group slots) remain for repair.
+    Eight spare slots let SmolLM2 at wse2 re-plan around 10 random dead cores (which hit ~7 layers and often
+    the embedding). When no such mesh of 2x2 tiles is on the wafer (regions of many layers are wide), 1x2,
+    2x1 and 1x1 tiles are tried."""
+    g = _group(config, strategy)
+    spare = spare_layers // g
+    for grid in dict.fromkeys([tiles] + ([(1, 2), (2, 1), (1, 1)] if tiles == (2, 2) else [])):
+        for tile in search.tile_candidates(config, spec, kv.tokens, kv.requests, dtype, grid, spare, g):
+            mesh = MeshSpec(grid[0] * tile[0], grid[1] * tile[1], *tile)
+            try:
+                p = plan(config, spec, mesh, kv=kv, dtype=dtype, strategy=strategy)
+            except PlanError:
+                continue
+            r = plan_report(p)
+            if r.straddling == 0 and len(p.spare) >= spare * p.layers[0].size:
+                return mesh
     raise PlanError(f"no mesh of {tiles[0]}x{tiles[1]} tiles holds the model with every region inside one "
                     f"tile at spec {spec.name} and KV {kv.tokens}x{kv.requests}; ask for more tiles, "
                     "a smaller KV reserve or fewer spare layers")

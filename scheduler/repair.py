@@ -180,7 +180,7 @@ def replan(placement: Placement, dead_cores: frozenset[Coord] = frozenset(),
     if not broken:
         new = dataclasses.replace(p, mesh=mesh, dead_links=links, spare=spare)
         return Replan(new, (), (), "unchanged")
-    fixed = _repair(p, mesh, links, broken)
+    fixed = _repair(p, mesh, links, broken) if p.group == 1 else None  # a region of a group moves whole: afresh
     if fixed is not None:
         embed, layers = fixed
         regions = (embed, *layers.values())
@@ -192,7 +192,8 @@ def replan(placement: Placement, dead_cores: frozenset[Coord] = frozenset(),
             raise PlanError("the local repair broke a rule (a bug in waferrt.scheduler): " + "; ".join(bad))
         return Replan(new, _moves(p, new), tuple(broken), "local")
     try:
-        new = plan(p.config, p.spec, mesh, kv=p.kv, nodes=p.nodes, dtype=p.dtype, dead_links=links)
+        new = plan(p.config, p.spec, mesh, kv=p.kv, nodes=p.nodes, dtype=p.dtype, dead_links=links,
+                   strategy=p.strategy)
     except PlanError as e:
         raise PlanError(f"cannot re-plan: the failure breaks {', '.join(broken)}; there is no free room to "
                         f"move them and no fresh plan fits the damaged mesh either: {e}") from None

@@ -1,15 +1,15 @@
 """What a Placement achieves, as numbers: SRAM per core, hops, tile and node crossings, modelled speed.
 
-Contract: ``plan_report(placement) -> PlanReport`` is pure. :class:`PlanReport` is frozen and holds
-only plain values. SRAM figures are per core over the cores that regions use, at the placement's KV
-capacity (``placement.kv_tokens`` positions for each of ``kv.requests`` requests). The modelled step
-is one token through the whole chain: embedding row -> layer 0 -> ... -> layer L-1 -> head, with the
-hand-overs between regions (``waferrt.decode.cost``); throughput assumes ``kv.requests`` requests in flight in
-the pipeline, bounded by the slowest stage. ``tile_work`` is the decode work of every tile (one process
-each): the weight bytes of the regions it hosts (the embedding table once for embedding and head; a
-region over several tiles counted in proportion to its cores in each), which the decode reads once per
-step, so the busiest tile bounds the emulator's throughput.
-"""
+Contract: ``plan_report(placement) -> PlanReport`` is pure. :class:`PlanReport` is frozen and holds only
+plain values. Layers stacked in one region (``Placement.group``) are one region here: its SRAM holds all of
+them, the hand-overs between them move nothing, and its stage time is theirs together. SRAM figures are per
+core over the cores that regions use, at the placement's KV capacity (``placement.kv_tokens`` positions for
+each of ``kv.requests`` requests). The modelled step is one token through the whole chain: embedding row ->
+layer 0 -> ... -> layer L-1 -> head, with the hand-overs between regions (``waferrt.decode.cost``);
+throughput assumes ``kv.requests`` requests in flight in the pipeline, bounded by the slowest stage.
+``tile_work`` is the decode work of every tile (one process each): the weight bytes of the regions it hosts
+(the embedding table once for embedding and head; a region over several tiles counted in proportion to its
+cores in each), which the decode reads once per step, so the busiest tile bounds the emulator's throughput."""
 
 from __future__ import annotations
 
@@ -17,6 +17,7 @@ import dataclasses
 from dataclasses import dataclass
 from itertools import pairwise
 
+from waferrt.core.mesh import Region
 from waferrt.decode.cost import handover_cost, head_decode_cost, layer_decode_cost
 from waferrt.decode.layout import booked_bytes, embed_booking, layer_booking
 
@@ -48,9 +49,9 @@ class PlanReport:
     sram_min: int  # bytes, over the used cores
     sram_mean: float
     sram_max: int
-    layer_core_bytes: tuple[int, ...]  # most loaded core of each layer region
+    layer_core_bytes: tuple[int, ...]  # most loaded core of each layer region (in chain order)
     embed_core_bytes: int
-    hops: tuple[int, ...]  # layer i -> layer i+1, nearest cores (1 when they touch)
+    hops: tuple[int, ...]  # layer region i -> region i+1, nearest cores (1 when they touch)
     embed_hops: tuple[int, int]  # embedding -> layer 0, layer L-1 -> head
     tile_handovers: int  # hand-overs of the chain that cross a tile border
     straddling: int  # regions that straddle a tile border
@@ -63,6 +64,7 @@ class PlanReport:
     tokens_per_s: float  # with kv_requests requests in flight
     request_tokens_per_s: float  # one request alone
     tile_work: tuple[TileWork, ...] = ()  # every tile of the mesh, sorted by (ty, tx)
+    layers_per_region: int = 1  # the placement's strategy (Placement.group)
 
     @property
     def tile_imbalance(self) -> float:
@@ -89,8 +91,9 @@ class PlanReport:
         kb = 1024
         hop_note = "all touch" if set(self.hops) <= {1} else f"max {max(self.hops, default=0)}"
         return "\n".join([
-            f"layer regions   {self.layer_shape[0]}x{self.layer_shape[1]} cores (cols x rows), "
-            f"embedding/head {self.embed_shape[0]}x{self.embed_shape[1]}",
+            f"layer regions   {self.layer_shape[0]}x{self.layer_shape[1]} cores (cols x rows)"
+            + (f", {self.layers_per_region} layers each" if self.layers_per_region > 1 else "")
+            + f", embedding/head {self.embed_shape[0]}x{self.embed_shape[1]}",
             f"cores           {self.used_cores} used, {self.spare_cores} spare, {self.free_cores} free, "
             f"{self.dead_cores} dead",
             f"SRAM per core   min {self.sram_min / kb:.1f} KB, mean {self.sram_mean / kb:.1f} KB, "
@@ -122,31 +125,41 @@ def _tile_work(p: Placement) -> tuple[TileWork, ...]:
     return tuple(TileWork((t.tx, t.ty), layers[i], i in embed, nbytes[i]) for i, t in enumerate(mesh.tiles()))
 
 
+def _layer_regions(p: Placement) -> list[Region]:
+    """Every layer region once, in chain order."""
+    return [r for _, r in p.regions()[1:]]
+
+
 def _sram(p: Placement) -> tuple[int, float, int, tuple[int, ...], int]:
     cfg, dtype = p.config, p.dtype
-    layer = sum(booked_bytes(layer_booking(cfg, p.layers[0], p.kv_tokens, p.kv.requests, dtype)).values())
-    embed = sum(booked_bytes(embed_booking(cfg, p.embed, dtype)).values())
-    n = len(p.layers)
-    mean = (n * float(layer.sum()) + float(embed.sum())) / (n * layer.size + embed.size)
-    lo, hi = min(int(layer.min()), int(embed.min())), max(int(layer.max()), int(embed.max()))
-    return lo, mean, hi, (int(layer.max()),) * n, int(embed.max())
+    per_core = [sum(booked_bytes(layer_booking(cfg, r, p.kv_tokens, p.kv.requests, dtype, p.layers.count(r))
+                                 ).values()) for r in _layer_regions(p)]
+    per_core.append(sum(booked_bytes(embed_booking(cfg, p.embed, dtype)).values()))
+    mean = sum(float(a.sum()) for a in per_core) / sum(a.size for a in per_core)
+    lo, hi = min(int(a.min()) for a in per_core), max(int(a.max()) for a in per_core)
+    return lo, mean, hi, tuple(int(a.max()) for a in per_core[:-1]), int(per_core[-1].max())
 
 
 def _speed(p: Placement) -> tuple[float, float]:
+    """(cycles of one token through the chain, cycles of the slowest region per token: its layers and the
+    hand-over out of it; the head and the hand-over into layer 0 for the embedding/head region)."""
     cfg, spec = p.config, p.spec
     layers = [layer_decode_cost(spec, cfg, r, p.kv_tokens).cycles for r in p.layers]
     head = head_decode_cost(spec, cfg, p.embed).cycles
     chain = (p.embed, *p.layers, p.embed)
     hand = [handover_cost(spec, a, b, 4 * cfg.dim).cycles for a, b in pairwise(chain)]
     step = sum(layers) + head + sum(hand)
-    stage = max([c + h for c, h in zip(layers, hand[1:], strict=True)] + [head + hand[0]])
-    return step, stage
+    region: dict[Region, float] = {}
+    for r, c, h in zip(p.layers, layers, hand[1:], strict=True):
+        region[r] = region.get(r, 0.0) + c + h
+    return step, max([*region.values(), head + hand[0]])
 
 
 def plan_report(p: Placement) -> PlanReport:
     """What placement `p` achieves: SRAM per core, hops, tile and node crossings, modelled speed."""
     mesh = p.mesh
-    chain = (p.embed, *p.layers, p.embed)
+    regions = _layer_regions(p)
+    chain = (p.embed, *regions, p.embed)
     used = sum(r.size for r in chain[:-1])
     lo, mean, hi, per_layer, embed_bytes = _sram(p)
     step, stage = _speed(p)
@@ -158,7 +171,7 @@ def plan_report(p: Placement) -> PlanReport:
         free_cores=mesh.width * mesh.height - len(mesh.dead) - used - len(p.spare),
         sram_bytes=p.spec.sram_bytes, sram_min=lo, sram_mean=mean, sram_max=hi,
         layer_core_bytes=per_layer, embed_core_bytes=embed_bytes,
-        hops=tuple(a.hops_to(b) for a, b in pairwise(p.layers)),
+        hops=tuple(a.hops_to(b) for a, b in pairwise(regions)),
         embed_hops=(p.embed.hops_to(p.layers[0]), p.layers[-1].hops_to(p.embed)),
         tile_handovers=sum(tile_box(mesh, a) != tile_box(mesh, b) for a, b in pairwise(chain)),
         straddling=sum(tiles_spanned(mesh, r) > 1 for r in chain[:-1]),
@@ -166,5 +179,5 @@ def plan_report(p: Placement) -> PlanReport:
         kv_tokens=p.kv_tokens, kv_requests=p.kv.requests,
         step_cycles=step, stage_cycles=stage, clock_hz=clock,
         tokens_per_s=clock * min(p.kv.requests / step, 1.0 / stage), request_tokens_per_s=clock / step,
-        tile_work=_tile_work(p),
+        tile_work=_tile_work(p), layers_per_region=p.group,
     )

@@ -7,7 +7,9 @@ there, across the mesh; the layers are packed around it in both block serpentine
 that holds every layer wins with its best-scoring layout (fewest regions straddling tiles, then the
 least weight bytes on the busiest tile (when balancing, the default: the layers are shared out per
 block by ``geometry.quotas``), then fewest hand-overs across tiles, then fewest hops, then most spare
-slots). ``smallest_mesh`` finds the
+slots). ``group`` (layers per region, ``types.Strategy``) makes every region hold that many layers
+(their weights and K/V stacked, budgeted by ``budget`` with ``layers=group``): ``cdiv(n_layers, group)``
+regions are placed, in chain order. ``smallest_mesh`` finds the
 fewest whole tiles on the spec's wafer that hold a model; ``tile_candidates`` proposes tile sizes for
 ``default_mesh``.
 """
@@ -138,14 +140,15 @@ def _capacity(free: np.ndarray, blks: Sequence[Region], w: int, h: int) -> int:
 
 
 def _try_shape(cfg: LlamaConfig, sram: int, dtype: str, mesh: MeshSpec, obstacles: Obstacles, w: int,
-               h: int, balance: bool = True) -> tuple[Found | None, int]:
-    """The best layout of all cfg.n_layers w x h layers (None when there is none), and the most layers
+               h: int, balance: bool = True, group: int = 1) -> tuple[Found | None, int]:
+    """The best layout of all w x h regions of `group` layers (None when there is none), and the most
     any attempt chained. An attempt (block order and embedding position) whose blocks cannot hold every
     layer is only counted (``_capacity``), not chained: that is what makes a failing shape cheap. With
     `balance`, every block takes a share of the layers that balances the weight bytes per block
     (``geometry.quotas``) and the busiest tile's bytes rank right after straddling regions."""
-    n, best, most, orders = cfg.n_layers, None, 0, {}
-    work = budget.work_bytes(cfg, dtype) if balance else None
+    n, best, most, orders = cdiv(cfg.n_layers, group), None, 0, {}
+    embed_work, layer_work = budget.work_bytes(cfg, dtype)
+    work = (embed_work, group * layer_work) if balance else None
     for by_rows in (True, False):
         orders.setdefault(tuple(blocks(mesh, w, h, by_rows)), None)
     for blks in orders:
@@ -183,16 +186,16 @@ def _room_for(mesh: MeshSpec, w: int, h: int, n: int, emin: int) -> bool:
     return w <= mesh.width and h <= mesh.height and n * w * h + emin <= live and _shape_bound(mesh, w, h) >= n
 
 
-def _hopeless(cfg: LlamaConfig, spec: HardwareSpec, tokens: int, requests: int, dtype: str) -> str:
+def _hopeless(cfg: LlamaConfig, spec: HardwareSpec, tokens: int, requests: int, dtype: str, group: int = 1) -> str:
     """Why no mesh of any size holds the model at this spec, or '' when some mesh may."""
     sram = spec.sram_bytes
-    if not budget.layer_shapes(cfg, sram, tokens, requests, dtype, UNBOUNDED, UNBOUNDED):
-        nbytes, r = budget.smallest_layer_bytes(cfg, tokens, requests, dtype)
-        cols = " (KV positions are split over a region's columns, so it has at most kv-tokens columns)" \
-            if tokens < cfg.dim else ""
-        return (f"no mesh size helps: even the widest legal layer region ({r.h} rows x {r.w} cols{cols}) "
-                f"needs {nbytes} bytes on a core, more than the {sram} a core holds; lower the KV reserve "
-                "(tokens or requests), use a smaller dtype, or a spec with more SRAM per core.")
+    if not budget.layer_shapes(cfg, sram, tokens, requests, dtype, UNBOUNDED, UNBOUNDED, group):
+        nbytes, r = budget.smallest_layer_bytes(cfg, tokens, requests, dtype, group)
+        what = "layer region" if group == 1 else f"region of {group} layers"
+        fewer = "" if group == 1 else ", fewer layers per region (--strategy mixed --group N, or pipeline)"
+        return (f"no mesh size helps: even the widest legal {what} ({r.h} rows x {r.w} cols) needs {nbytes} "
+                f"bytes on a core, more than the {sram} a core holds; lower the KV reserve (tokens or requests)"
+                f"{fewer}, use a smaller dtype, or a spec with more SRAM per core.")
     if budget.embed_rows_needed(cfg, sram, cfg.dim, dtype) is None:
         return (f"no mesh size helps: the embedding table does not fit even spread one row per core row "
                 f"({cfg.vocab_size} rows x {cfg.dim} columns); use a spec with more SRAM per core.")
@@ -200,13 +203,14 @@ def _hopeless(cfg: LlamaConfig, spec: HardwareSpec, tokens: int, requests: int, 
 
 
 def best_layout(cfg: LlamaConfig, spec: HardwareSpec, mesh: MeshSpec, tokens: int, requests: int, dtype: str,
-                links: frozenset[tuple[Coord, Coord]] = frozenset(), balance: bool = True) -> Found:
-    """The best layout of `cfg` on `mesh`, or a Found with layers=None and the reason it does not fit."""
-    reason = _hopeless(cfg, spec, tokens, requests, dtype)
+                links: frozenset[tuple[Coord, Coord]] = frozenset(), balance: bool = True, group: int = 1) -> Found:
+    """The best layout of `cfg` on `mesh` in regions of `group` layers (``Found.layers``: one region per
+    group, in chain order), or a Found with layers=None and the reason it does not fit."""
+    reason = _hopeless(cfg, spec, tokens, requests, dtype, group)
     if reason:
         return Found(None, None, (), reason)
-    sram, n = spec.sram_bytes, cfg.n_layers
-    shapes = budget.layer_shapes(cfg, sram, tokens, requests, dtype, mesh.width, mesh.height)
+    sram, n = spec.sram_bytes, cdiv(cfg.n_layers, group)
+    shapes = budget.layer_shapes(cfg, sram, tokens, requests, dtype, mesh.width, mesh.height, group)
     shapes = sorted(shapes, key=lambda s: s[0] > mesh.tile_w or s[1] > mesh.tile_h)
     live = mesh.width * mesh.height - len(mesh.dead)
     emin = budget.embed_min_cores(cfg, sram, dtype)
@@ -215,7 +219,7 @@ def best_layout(cfg: LlamaConfig, spec: HardwareSpec, mesh: MeshSpec, tokens: in
     for w, h in shapes:
         if not _room_for(mesh, w, h, n, emin):
             continue
-        found, chained = _try_shape(cfg, sram, dtype, mesh, obstacles, w, h, balance)
+        found, chained = _try_shape(cfg, sram, dtype, mesh, obstacles, w, h, balance, group)
         if found is not None:
             return found
         if tried is None or chained > most:
@@ -234,7 +238,7 @@ def best_layout(cfg: LlamaConfig, spec: HardwareSpec, mesh: MeshSpec, tokens: in
 
 @lru_cache(maxsize=256)
 def smallest_mesh(cfg: LlamaConfig, spec: HardwareSpec, tile: tuple[int, int], tokens: int, requests: int,
-                  dtype: str) -> MeshSpec | None:
+                  dtype: str, group: int = 1) -> MeshSpec | None:
     """The healthy mesh of the fewest whole tiles (then the squarest) that holds the model, up to the
     spec's full wafer (at most ``wafer_grid`` tiles across and down); None when even that does not.
 
@@ -245,11 +249,11 @@ def smallest_mesh(cfg: LlamaConfig, spec: HardwareSpec, tile: tuple[int, int], t
     are skipped without packing (``_room_for``, O(1) per shape), and a grid that passes that bound but
     fails is counted per block without being packed (``_capacity``). Cached: every ``plan`` that does
     not fit asks for it, with the same arguments."""
-    if _hopeless(cfg, spec, tokens, requests, dtype):
+    if _hopeless(cfg, spec, tokens, requests, dtype, group):
         return None
     tw, th = tile
-    n, sram = cfg.n_layers, spec.sram_bytes
-    shapes = budget.layer_shapes(cfg, sram, tokens, requests, dtype, UNBOUNDED, UNBOUNDED)
+    n, sram = cdiv(cfg.n_layers, group), spec.sram_bytes
+    shapes = budget.layer_shapes(cfg, sram, tokens, requests, dtype, UNBOUNDED, UNBOUNDED, group)
     emin = budget.embed_min_cores(cfg, sram, dtype)
     need = n * min(w * h for w, h in shapes) + emin
     nxs, nys = wafer_grid(spec, tile)
@@ -259,7 +263,7 @@ def smallest_mesh(cfg: LlamaConfig, spec: HardwareSpec, tile: tuple[int, int], t
         mesh = MeshSpec(nx * tw, ny * th, tw, th)
         if not any(_room_for(mesh, w, h, n, emin) for w, h in shapes):
             continue
-        if best_layout(cfg, spec, mesh, tokens, requests, dtype, balance=False).layers is not None:  # fit only
+        if best_layout(cfg, spec, mesh, tokens, requests, dtype, balance=False, group=group).layers is not None:
             return mesh
     return None
 
@@ -271,19 +275,24 @@ def _embed_slots(cfg: LlamaConfig, sram: int, dtype: str, tile: Region, w: int, 
 
 
 def tile_candidates(cfg: LlamaConfig, spec: HardwareSpec, tokens: int, requests: int, dtype: str,
-                    tiles: tuple[int, int], spare: int) -> Iterator[tuple[int, int]]:
-    """Tile sizes (whole numbers of layer slots) whose tiles[0] x tiles[1] mesh holds every layer, the
-    embedding inside one tile and `spare` free slots, fewest cores first (then squarest); tiles are
-    between 1:2 and 2:1 (width:height) so that the mesh stays compact."""
-    n, sram = tiles[0] * tiles[1], spec.sram_bytes
+                    tiles: tuple[int, int], spare: int, group: int = 1) -> Iterator[tuple[int, int]]:
+    """Tile sizes (whole numbers of slots of `group` layers) whose tiles[0] x tiles[1] mesh holds every
+    region, the embedding inside one tile and `spare` free slots, fewest cores first (then squarest); tiles
+    are between 1:2 and 2:1 (width:height) so that the mesh stays compact -- or, for regions of several
+    layers (large ones), one slot wide when a slot itself is wider than 2:1 -- and the mesh is on the spec's
+    wafer."""
+    n, sram, regions = tiles[0] * tiles[1], spec.sram_bytes, cdiv(cfg.n_layers, group)
     found = set()
-    for w, h in budget.layer_shapes(cfg, sram, tokens, requests, dtype, UNBOUNDED, UNBOUNDED):
+    for w, h in budget.layer_shapes(cfg, sram, tokens, requests, dtype, UNBOUNDED, UNBOUNDED, group):
         for a in range(1, 33):
             for b in range(1, 33):
-                if not 1 <= 2 * a * w / (b * h) <= 4:  # tiles from 1:2 to 2:1, wide rather than tall
+                ratio = 2 * a * w / (b * h)
+                if not (1 <= ratio <= 4 or (group > 1 and a == 1 and ratio > 4)):  # wide rather than tall
+                    continue
+                if tiles[0] * a * w > spec.full_mesh[0] or tiles[1] * b * h > spec.full_mesh[1]:
                     continue
                 lost = _embed_slots(cfg, sram, dtype, Region(0, 0, a * w, b * h), w, h)
-                if lost is not None and n * a * b - lost >= cfg.n_layers + spare:
+                if lost is not None and n * a * b - lost >= regions + spare:
                     found.add((n * a * w * b * h, abs(a * w - b * h), a * w, b * h))
                     break
     for _, _, tw, th in sorted(found):

@@ -40,6 +40,8 @@ def placement_to_json(p: Placement) -> dict:
         "kv_tokens": p.kv_tokens,
         "nodes": [dataclasses.asdict(n) for n in p.nodes],
         "dead_links": [[[a.x, a.y], [b.x, b.y]] for a, b in sorted(p.dead_links)],
+        "group": p.group,
+        "streaming": p.streaming,
     }
 
 
@@ -62,6 +64,8 @@ def placement_from_json(d: dict) -> Placement:
             nodes=tuple(NodeInfo(**n) for n in d["nodes"]),
             kv_tokens=int(d["kv_tokens"]),
             dead_links=frozenset((Coord(*a), Coord(*b)) for a, b in d["dead_links"]),
+            group=int(d.get("group", 1)),  # JSON from before strategies: one layer per region
+            streaming=bool(d.get("streaming", False)),
         )
     except KeyError as e:
         raise ValueError(f"not a Placement JSON: the key {e} is missing (make one with "

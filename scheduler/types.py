@@ -1,13 +1,14 @@
 """The scheduler's value types: what a plan is made of, with no algorithm attached.
 
 Contract: frozen, hashable values that import nothing else of the scheduler (the algorithms -- placement,
-search, report, repair, serial -- import these, never the other way round). :class:`Placement` says
-where every tensor of a Llama model sits: layer i -> its region, the tied embedding/head region, spare
-cores kept for repair, tile -> Ray node, and ``kv_tokens``, the K/V positions per request that every
-layer region holds (computed by the planner and stored). :class:`KVReserve` is the K/V the planner must
-reserve, :class:`NodeInfo` a Ray node, :class:`PlanError` the planner's "does not fit" with what would,
-:class:`Strategy` how the layers share the wafer (layers per region).
-"""
+search, report, repair, serial -- import these, never the other way round). :class:`Placement` says where
+every tensor of a Llama model sits: layer i -> its region, the tied embedding/head region, spare cores kept
+for repair, tile -> Ray node, and ``kv_tokens``, the K/V positions per request that every layer region holds
+(computed by the planner and stored). ``group`` layers share a region (``Strategy``: layer i is on
+``layers[i]``, the same region for every layer of its group: their weights and K/V stacked on the same
+cores). :class:`KVReserve` is the K/V the planner must reserve, :class:`NodeInfo` a Ray node,
+:class:`PlanError` the planner's "does not fit" with what would, :class:`Strategy` how the layers share the
+wafer (layers per region)."""
 
 from __future__ import annotations
 
@@ -119,6 +120,12 @@ class Placement:
     kv_tokens: int  # K/V positions per request per layer every layer region holds (>= kv.tokens)
     nodes: tuple[NodeInfo, ...] = DEFAULT_NODES
     dead_links: frozenset[tuple[Coord, Coord]] = frozenset()
+    group: int = 1  # layers per region (Strategy.group)
+    streaming: bool = False  # the weights stream in from off-wafer memory (placement.plan_streaming)
+
+    @property
+    def strategy(self) -> Strategy:
+        return Strategy(self.group, self.config.n_layers)
 
     def node_of(self, tile: TileId) -> str:
         for t, name in self.tile_nodes:
@@ -135,5 +142,15 @@ class Placement:
         return kv_layout(self.config, self.layers[i], self.kv_tokens, self.dtype)
 
     def regions(self) -> tuple[tuple[str, Region], ...]:
-        """('embed', region) then ('layer i', region) for every layer."""
-        return (("embed", self.embed),) + tuple((f"layer {i}", r) for i, r in enumerate(self.layers))
+        """('embed', region) then every layer region once, in chain order: ('layer i', region), or ('layers
+        i-j', region) for a group sharing one. A streaming placement has one region, named for all of them."""
+        out: list[tuple[str, Region, int, int]] = []
+        for i, r in enumerate(self.layers):
+            if out and out[-1][1] == r:
+                out[-1] = (out[-1][0], r, out[-1][2], i)
+            else:
+                out.append(("", r, i, i))
+        named = tuple((f"layer {a}" if a == b else f"layers {a}-{b}", r) for _, r, a, b in out)
+        if self.streaming:
+            return ((f"embed+{named[0][0]}+head", self.embed),)
+        return (("embed", self.embed),) + named

@@ -4,13 +4,12 @@ the regions go. Nothing is placed core by core, so a 750x994-core wafer answers 
 Contract (pure): a :class:`Shape` is a layer region's (cols, rows, head_groups). ``layer_core_bytes`` is the
 most loaded core of a region running `layers` layers (their weight blocks and K/V stacked, one scratch
 area), equal to ``waferrt.decode.layout.layer_core_bytes`` for one layer and one head group (tested: the
-layouts the tiles book); ``min_cols`` the narrowest region of a given height that fits in SRAM;
-``Floor`` is the wafer's floor plan: the embedding (and, for an untied model, the output head) as
-full-width bands on top, layer regions in a grid of slots below them, taken in a serpentine so that
-consecutive regions touch; ``stages`` gives the decode's stages as (kind, Region, layers) for
-``waferrt.decode.cost.step_cycles``. ``floors`` lists every floor plan worth timing for a strategy and
-``strategies`` the strategies worth trying (both used by the estimator and by its advice).
-"""
+layouts the tiles book); ``min_cols`` the narrowest region of a given height that fits in SRAM; ``Floor`` is
+the wafer's floor plan: the embedding (and, for an untied model, the output head) as full-width bands on
+top, layer regions in a grid of slots below them, taken in a serpentine so that consecutive regions touch;
+``stages`` gives the decode's stages as (kind, Region) for ``waferrt.decode.cost.step_cycles`` (one per
+layer; the layers of a group share their region). ``floors`` lists every floor plan worth timing for a
+strategy and ``strategies`` the strategies worth trying (both used by the estimator and by its advice)."""
 
 from __future__ import annotations
 
@@ -131,12 +130,12 @@ class Floor:
     def band(self, i: int) -> Region:
         return Region(0, i * self.band_rows, self.band_cols, self.band_rows)
 
-    def stages(self, n_layers: int, group: int) -> list[tuple[str, Region, int]]:
-        """The decode's stages: the embedding band, the layer regions in order (each `group` layers, the last
-        the rest), the head (the embedding band for a tied model, else the second band)."""
-        regions = cdiv(n_layers, group)
-        mid = [("layer", self.slot(i), min(group, n_layers - i * group)) for i in range(regions)]
-        return [("embed", self.band(0), 0), *mid, ("head", self.band(self.bands - 1), 0)]
+    def stages(self, n_layers: int, group: int) -> list[tuple[str, Region]]:
+        """The decode's stages: the embedding band, every layer on its region (layer i on slot i // group:
+        `group` layers per region, the last the rest), the head (the embedding band for a tied model, else the
+        second band)."""
+        mid = [("layer", self.slot(i // group)) for i in range(n_layers)]
+        return [("embed", self.band(0)), *mid, ("head", self.band(self.bands - 1))]
 
 
 def band(cfg: LlamaConfig, sram: int, width: int, dtype: str) -> tuple[int, int] | None:

@@ -22,6 +22,7 @@ import numpy as np
 from waferrt.actors.tile import Tile
 from waferrt.core.mesh import DEFAULT_MAX_TILES
 from waferrt.decode.setup import DecodeSetup, stage_weights, weight_bytes
+from waferrt.decode.streaming import head_chunks
 from waferrt.fabric.comm import KTREE_FAST, Collectives
 from waferrt.model.config import LlamaConfig
 from waferrt.model.sampling import Sampler
@@ -42,6 +43,7 @@ class WaferLLM:
         self.head = self.setup.stage_tiles()[0]  # a placement the decode cannot run fails here, before Ray
         self.wafer = Wafer(placement.spec, placement.mesh, address=address, timeout=timeout, max_tiles=max_tiles)
         self.ray_calls = 0  # Ray calls made to the tiles by generate (start, submit, stop; tracing's)
+        self.memoryx = None  # the off-wafer weight memory's actor of a streaming placement
 
     def __enter__(self) -> WaferLLM:
         if not self.wafer.tiles:
@@ -77,12 +79,28 @@ class WaferLLM:
         from waferrt.model.npcache import by_reference
 
         say = progress or (lambda msg: None)
+        if self.setup.streaming:
+            return self._stream_from(weights, say)
         tiles, here = self.setup.stage_tiles(), self.wafer.local_tiles()
         todo = [(s, raw) for s, raw in stage_weights(self.setup, weights) if stages is None or s in stages]
         calls = [(tiles[s], Tile.decode_load, (s, by_reference(raw) if tiles[s] in here else raw)) for s, raw in todo]
         self.wafer.call(calls, progress=lambda i, n: say(f"weights into core SRAM: {i}/{n} regions"))
         self.weights = weights
         return sum(weight_bytes(raw) for _, raw in todo)
+
+    def _stream_from(self, weights, say) -> int:
+        """Weight streaming: the weights go to a MemoryX actor (off the wafer), the region's tile pulls them from
+        it block by block as the stages run; nothing is loaded into SRAM up front (0 bytes)."""
+        from waferrt.actors.memoryx import start_memoryx
+        from waferrt.model.npcache import by_reference
+
+        say("weights into MemoryX (off-wafer memory): they stream into the region as the stages run")
+        st = self.setup
+        self.memoryx = start_memoryx(st.config, st.embed, st.dtype, by_reference(weights))
+        head_count = len(head_chunks(st.config, st.embed, st.dtype))
+        self.wafer.call([(self.head, Tile.decode_attach, (self.memoryx, head_count))])
+        self.weights = weights
+        return 0
 
     def adopt(self, placement) -> None:
         """Run on this placement from now on (a re-plan after a fault: the same mesh, regions moved)."""
@@ -102,6 +120,11 @@ class WaferLLM:
         return self.wafer.faults(plan, node_loss, nodes)
 
     def close(self) -> None:
+        if self.memoryx is not None:
+            from waferrt.actors.memoryx import stop_memoryx
+
+            memoryx, self.memoryx = self.memoryx, None
+            stop_memoryx(memoryx)
         self.wafer.close()
 
     def generate(self, requests: list[GenRequest], sampler: Sampler, on_token: OnToken | None = None,

@@ -45,10 +45,14 @@ def _emulated(p, requests: int) -> tuple[float, float]:
     return out[0], out[1]
 
 
-@pytest.mark.parametrize("cfg,spec,kv", [(CFG, TINY, KVReserve(32, 4)), (SMOLLM2_135M, WSE2, KVReserve(512, 8))])
-def test_the_estimate_of_a_placement_is_what_the_emulator_books(cfg, spec, kv):
+@pytest.mark.parametrize("cfg,spec,kv,group", [(CFG, TINY, KVReserve(32, 4), 1), (CFG, TINY, KVReserve(32, 4), 2),
+                                               (CFG, TINY, KVReserve(32, 4), 3),
+                                               (SMOLLM2_135M, WSE2, KVReserve(512, 8), 1)])
+def test_the_estimate_of_a_placement_is_what_the_emulator_books(cfg, spec, kv, group):
+    """Every strategy the emulator runs (layer regions, groups, one region for all layers): the same mesh and
+    model give the same time per token, emulated and estimated."""
     mesh = MeshSpec(16, 16, 8, 8) if cfg is CFG else default_mesh(cfg, spec, kv)
-    p = plan(cfg, spec, mesh, kv=kv)
+    p = plan(cfg, spec, mesh, kv=kv, strategy=Strategy(group, cfg.n_layers))
     requests = 3
     one, many = _emulated(p, requests)
     want_one, want_many = est.placement_seconds(p, requests, context=4)  # the last round: 4 positions held
@@ -79,10 +83,9 @@ def test_the_planner_skips_only_floor_plans_that_cannot_win():
         rounds = []
         for f in floors:
             stages = f.stages(SMOLLM2_135M.n_layers, s.group)
-            alone = est._alone(SMOLLM2_135M, WSE2, stages, kv.tokens, f.shape.head_groups)
-            regions = [r for _, r, _ in stages]
-            rounds.append(requests_round_seconds(alone, regions, kv.requests, WSE2.clock_hz))
-            assert round_bound_seconds(alone, regions, kv.requests, WSE2.clock_hz) <= rounds[-1] * (1 + 1e-12)
+            seg = est._segments(stages, est._alone(SMOLLM2_135M, WSE2, stages, kv.tokens, f.shape.head_groups))
+            rounds.append(requests_round_seconds(*seg, kv.requests, WSE2.clock_hz))
+            assert round_bound_seconds(*seg, kv.requests, WSE2.clock_hz) <= rounds[-1] * (1 + 1e-12)
         got = est.best(SMOLLM2_135M, WSE2, (128, 96), kv, "float16", s, "throughput")
         assert got.step_s == min(est.stage_seconds(SMOLLM2_135M, WSE2, f.stages(SMOLLM2_135M.n_layers, s.group),
                                                    kv.tokens, kv.requests, f.shape.head_groups)[1]

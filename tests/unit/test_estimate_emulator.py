@@ -22,7 +22,7 @@ from waferrt.decode.pack import Chunks, pack_embed, pack_layer
 from waferrt.decode.shards import EmbedShard, LayerShard
 from waferrt.model import Sampler, synthetic_llama, tiny_config
 from waferrt.model.config import SMOLLM2_135M
-from waferrt.scheduler import KVReserve, default_mesh, plan, plan_report
+from waferrt.scheduler import KVReserve, Strategy, default_mesh, plan, plan_report
 from waferrt.serving import GenRequest, LocalDecoder
 
 CFG = tiny_config()
@@ -61,7 +61,7 @@ def _check_decode(dec: LocalDecoder, requests: int, tokens: int = 3) -> list:
     hold k entries, so k % cols columns move); every stage run books step_cycles' figure for its size, and
     every token's cycles alone are step_cycles' for a micro-batch of one."""
     p, cfg = dec.placement, dec.placement.config
-    stages = [(kind, r, int(kind == "layer")) for kind, _, r in dec.setup.stages()]
+    stages = [(kind, r) for kind, _, r in dec.setup.stages()]
     _, stats = dec.generate([GenRequest((5 + i,), tokens) for i in range(requests)], Sampler())
     for r in stats.runs:
         (pos,) = {it.pos for it in r.items}
@@ -73,10 +73,15 @@ def _check_decode(dec: LocalDecoder, requests: int, tokens: int = 3) -> list:
     return stats.runs
 
 
-@pytest.mark.parametrize("mesh,requests", [(MeshSpec(16, 16, 8, 8), 1), (MeshSpec(16, 16, 8, 8), 4),
-                                           (MeshSpec(24, 16, 8, 8), 3)])
-def test_a_decode_books_the_closed_forms(mesh, requests):
-    _check_decode(LocalDecoder(CFG, W, plan(CFG, TINY, mesh, kv=KVReserve(32, 4))), requests)
+@pytest.mark.parametrize("mesh,requests,group", [(MeshSpec(16, 16, 8, 8), 1, 1), (MeshSpec(16, 16, 8, 8), 4, 1),
+                                                 (MeshSpec(24, 16, 8, 8), 3, 1), (MeshSpec(16, 16, 8, 8), 3, 2),
+                                                 (MeshSpec(16, 16, 8, 8), 3, 3)])
+def test_a_decode_books_the_closed_forms(mesh, requests, group):
+    """Layer-pipelined regions, groups of 2 layers per region and one region for all 3 (tensor): the layers
+    stacked on a region hand over nothing between them."""
+    p = plan(CFG, TINY, mesh, kv=KVReserve(32, 4), strategy=Strategy(group, CFG.n_layers))
+    assert len(set(p.layers)) == -(-CFG.n_layers // group)
+    _check_decode(LocalDecoder(CFG, W, p), requests)
 
 
 def test_smollm2_on_its_default_mesh_books_the_closed_forms_the_planner_uses():
@@ -84,6 +89,6 @@ def test_smollm2_on_its_default_mesh_books_the_closed_forms_the_planner_uses():
     p = plan(SMOLLM2_135M, WSE2, default_mesh(SMOLLM2_135M, WSE2, kv), kv=kv)
     runs = _check_decode(LocalDecoder(SMOLLM2_135M, synthetic_llama(SMOLLM2_135M, seed=0), p), 1, tokens=3)
     assert {r.items[0].pos for r in runs} == {0, 1, 2}
-    stages = [("embed", p.embed, 0), *(("layer", r, 1) for r in p.layers), ("head", p.embed, 0)]
+    stages = [("embed", p.embed), *(("layer", r) for r in p.layers), ("head", p.embed)]
     full = sum(step_cycles(p.spec, SMOLLM2_135M, stages, p.kv_tokens, [1]).values())
     assert full == pytest.approx(plan_report(p).step_cycles, rel=1e-12)  # the planner times the same forms

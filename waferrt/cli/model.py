@@ -46,9 +46,9 @@ class ModelLoad:
         return self._weights
 
 
-def default_mesh_cached(config, spec, kv, dtype: str):
+def default_mesh_cached(config, spec, kv, dtype: str, strategy=None):
     """scheduler.default_mesh, remembered in the cache directory (the search takes seconds; its answer for
-    the same model shape, spec, K/V reserve and dtype never changes)."""
+    the same model shape, spec, K/V reserve, dtype and strategy never changes)."""
     import dataclasses
     import hashlib
     import json
@@ -57,14 +57,16 @@ def default_mesh_cached(config, spec, kv, dtype: str):
     from waferrt.model.npcache import cache_root
     from waferrt.scheduler import default_mesh
 
-    key = json.dumps([dataclasses.asdict(config), dataclasses.asdict(spec), dataclasses.asdict(kv), dtype],
-                     sort_keys=True)
+    parts = [dataclasses.asdict(config), dataclasses.asdict(spec), dataclasses.asdict(kv), dtype]
+    if strategy is not None and strategy.group > 1:  # (one layer per region keeps its key of before)
+        parts.append(strategy.group)
+    key = json.dumps(parts, sort_keys=True)
     path = cache_root() / "meshes" / f"{hashlib.sha256(key.encode()).hexdigest()[:24]}.json"
     try:
         return MeshSpec(*json.loads(path.read_text()))
     except (OSError, ValueError, TypeError):
         pass
-    mesh = default_mesh(config, spec, kv, dtype=dtype)
+    mesh = default_mesh(config, spec, kv, dtype=dtype, strategy=strategy)
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(json.dumps([mesh.width, mesh.height, mesh.tile_w, mesh.tile_h]))

@@ -31,7 +31,6 @@ from waferrt.scheduler import (
     default_mesh,
     draw_png,
     placement_to_json,
-    plan,
     plan_report,
     replan,
 )
@@ -46,6 +45,7 @@ from .common import (
     png_path,
     whole_number,
 )
+from .strategy import add_strategy_args, placed
 
 EPILOG = """examples:
   waferrt plan                          SmolLM2-135M on the default mesh (wse2, KV 512 tokens x 8 requests)
@@ -91,6 +91,7 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     p.add_argument("--heatmap", type=output_path("mesh.png"), metavar="PATH",
                    help="draw the mesh as a PNG: SRAM booked per core, modelled link traffic per core, modelled busy "
                         "share per tile, dead and spare cores (of the re-plan with --dead)")
+    add_strategy_args(p)
     p.add_argument("--json", action="store_true", help="print the placement and report as JSON")
     p.set_defaults(_run=run)
     return p
@@ -126,13 +127,13 @@ def _where(p: Placement, r: Region) -> tuple[str, str]:
 
 def _table(p: Placement) -> str:
     rep = plan_report(p)
-    rows = [f"{'region':9} {'cores':19} {'tile':14} {'node':8} {'KB/core':>8} {'hops->next':>10}"]
+    rows = [f"{'region':12} {'cores':19} {'tile':14} {'node':8} {'KB/core':>8} {'hops->next':>10}"]
     names = p.regions()
     for k, (name, r) in enumerate(names):
         tile, node = _where(p, r)
         kb = (rep.embed_core_bytes if name == "embed" else rep.layer_core_bytes[k - 1]) / 1024
         hop = rep.embed_hops[0] if k == 0 else (rep.hops[k - 1] if k < len(names) - 1 else rep.embed_hops[1])
-        rows.append(f"{name:9} {str(r):19} {tile:14} {node:8} {kb:8.1f} {hop:10}")
+        rows.append(f"{name:12} {str(r):19} {tile:14} {node:8} {kb:8.1f} {hop:10}")
     return "\n".join(rows)
 
 
@@ -154,7 +155,7 @@ def _replan_text(rp: Replan, dead: frozenset[Coord]) -> str:
         by_region.setdefault("embed" if m.layer is None else f"layer {m.layer}", []).append(m)
     for name, ms in by_region.items():
         kv = sum(m.nbytes for m in ms if m.tensor == "kv")
-        lines.append(f"  {name:9} {ms[0].src} -> {ms[0].dst}: {sum(m.nbytes for m in ms) - kv:,} weight bytes"
+        lines.append(f"  {name:12} {ms[0].src} -> {ms[0].dst}: {sum(m.nbytes for m in ms) - kv:,} weight bytes"
                      + (f" + {kv:,} KV bytes" if kv else ""))
     return "\n".join(lines + [plan_report(rp.placement).text()])
 
@@ -169,21 +170,21 @@ def _replan_json(dead: frozenset[Coord], rp: Replan | None, why: str) -> dict:
             "placement": placement_to_json(rp.placement), "report": plan_report(rp.placement).to_json()}
 
 
-def _setup(args) -> tuple[Placement, str, frozenset[Coord]]:
+def _setup(args) -> tuple[Placement, str, frozenset[Coord], object]:
     mesh = checked_mesh(args, lambda w, h: (cdiv(w, 2), cdiv(h, 2)))  # default: 2x2 tiles
     cfg, model = _model(args.model)
     spec = spec_by_name(args.spec)
     kv = KVReserve(args.kv_tokens, args.requests)
     names = [f"node{i}" for i in range(args.nodes)] if args.nodes > 1 else ["local"]
     nodes = tuple(NodeInfo(name, args.cpus) for name in names)
-    mesh = mesh or default_mesh(cfg, spec, kv, dtype=args.dtype)
-    p = plan(cfg, spec, mesh, kv=kv, nodes=nodes, dtype=args.dtype)
-    return p, model, _kill(p, args.dead, args.seed) if args.dead else frozenset()
+    p, choice = placed(args, cfg, spec, kv, args.dtype, nodes, mesh,
+                       lambda s: default_mesh(cfg, spec, kv, dtype=args.dtype, strategy=s))
+    return p, model, _kill(p, args.dead, args.seed) if args.dead else frozenset(), choice
 
 
 def run(args) -> int:
     try:
-        p, model, dead = _setup(args)
+        p, model, dead, choice = _setup(args)
     except ValueError as e:  # PlanError, UsageError, MeshTooLarge included
         print(f"waferrt plan: {e}", file=sys.stderr)
         return 2
@@ -195,10 +196,17 @@ def run(args) -> int:
             why = str(e)
     if args.json:
         doc = {"placement": placement_to_json(p), "report": plan_report(p).to_json()}
+        if choice is not None:
+            doc["strategy"] = {"why": choice.why, "candidates": [
+                {"strategy": t.strategy.kind, "layers_per_region": t.strategy.group, "mesh": str(t.placement.mesh),
+                 "latency_s": t.latency_s, "tokens_per_s": t.tokens_per_s} for t in choice.timed],
+                "does_not_fit": [{"layers_per_region": s.group, "why": w} for s, w in choice.refused]}
         if dead:
             doc["replan"] = _replan_json(dead, rp, why)
         print(json.dumps(doc, indent=1))
     else:
+        if choice is not None:
+            print(f"strategy: {choice.why}\n{choice.table()}\n")
         print(_describe(p, model))
         if dead:
             print("\n" + (_replan_text(rp, dead) if rp else f"re-plan around {len(dead)} dead cores FAILED: "

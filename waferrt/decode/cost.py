@@ -148,7 +148,11 @@ def head_decode_cost(spec: HardwareSpec, cfg: LlamaConfig, region: Region, batch
 def handover_cost(spec: HardwareSpec, src: Region, dst: Region, nbytes: int) -> Cost:
     """Activations of nbytes leave src at its border nearest dst and cross the gap (one routing stage of at
     least one hop), then every one of dst's columns multicasts its chunk (nbytes / dst.w) down dst's rows
-    (the residual stream is replicated down a region's rows): one stage, dst.w lines of dst.h - 1 hops."""
+    (the residual stream is replicated down a region's rows): one stage, dst.w lines of dst.h - 1 hops.
+    Between two stages on the same region (layers stacked in one region) nothing moves: the residual
+    stream is already split over its columns and replicated down its rows."""
+    if src == dst:
+        return Cost()
     hops = max(src.hops_to(dst), 1)
     move = Cost(hops=hops, stages=1, link_bytes=hops * nbytes, messages=1,
                 cycles=message_cycles(spec, hops, 1, nbytes))
@@ -159,21 +163,20 @@ def handover_cost(spec: HardwareSpec, src: Region, dst: Region, nbytes: int) -> 
                        messages=line.messages * dst.w, cycles=line.cycles)
 
 
-def step_cycles(spec: HardwareSpec, cfg: LlamaConfig, stages: Sequence[tuple[str, Region, int]], kv_tokens: int,
+def step_cycles(spec: HardwareSpec, cfg: LlamaConfig, stages: Sequence[tuple[str, Region]], kv_tokens: int,
                 batches: Sequence[int], **kw) -> dict[tuple[int, int], float]:
     """The cycles every (stage, micro-batch) of a decode step books, as the tiles book them: `stages` are
-    (kind, region, layers) with kind "embed" (the row look-up: nothing booked), "layer" (`layers` layers
-    run back to back in one region, no hand-over between them) or "head" (`layers` ignored); every stage but
-    the first also books the hand-over of the micro-batch's activations from the previous stage's region.
-    `kw` go to layer_decode_parts (moving, algo, k, head_groups)."""
+    (kind, region) with kind "embed" (the row look-up: nothing booked), "layer" (one layer; layers stacked in
+    one region are consecutive stages on the same region) or "head"; every stage but the first also books
+    the hand-over of the micro-batch's activations from the previous stage's region (nothing between two
+    stages on one region). `kw` go to layer_decode_parts (moving, algo, k, head_groups)."""
     out: dict[tuple[int, int], float] = {}
     opts = tuple(sorted(kw.items()))
-    for s, (kind, region, layers) in enumerate(stages):
+    for s, (kind, region) in enumerate(stages):
         for m, b in enumerate(batches):
             c = handover_cost(spec, stages[s - 1][1], region, 4 * cfg.dim * b).cycles if s else 0.0
             if kind != "embed":
-                times = layers if kind == "layer" else 1
-                c += times * _work_cycles(spec, cfg, kind, region.w, region.h, kv_tokens, b, opts)
+                c += _work_cycles(spec, cfg, kind, region.w, region.h, kv_tokens, b, opts)
             out[(s, m)] = c
     return out
 

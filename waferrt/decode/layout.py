@@ -1,9 +1,11 @@
 """Where a Llama decoder's tensors sit inside a region of cores, for decode (MeshGEMV layout).
 
 Contract: pure functions from (LlamaConfig, Region, dtype) to :class:`~waferrt.core.layout.Layout`
-values, and from those to what a region keeps in its cores' SRAM (:func:`layer_booking`,
-:func:`embed_booking`: every booked name as layouts; :func:`booked_bytes` per core, :func:`most_bytes` on
-the most loaded core). Both the scheduler (SRAM budgets) and the
+values, and from those to what a region keeps in its cores' SRAM (:func:`layer_booking`: g layers stacked
+in one region, their weight blocks and K/V on the same cores with one scratch area; :func:`embed_booking`;
+:func:`stream_booking`, a region whose weights stream in from off-wafer: every layer's K/V, a double buffer
+of weight blocks, one scratch area; every booked name as layouts; :func:`booked_bytes` per core,
+:func:`most_bytes` on the most loaded core). Both the scheduler (SRAM budgets) and the
 tiles (SRAM booking) use exactly these, so what is planned is what runs.
 
 The scheme (WaferLLM's MeshGEMV with alternating axes): the residual stream x (dim,) is split over the
@@ -26,6 +28,7 @@ from __future__ import annotations
 import numpy as np
 
 from waferrt.core.arith import cdiv
+from waferrt.core.dtypes import itemsize
 from waferrt.core.layout import Layout, core_bytes
 from waferrt.core.mesh import Region
 from waferrt.model.config import LlamaConfig
@@ -85,13 +88,19 @@ def scratch_layout(region: Region, nbytes: int) -> Layout:
     return Layout((cdiv(nbytes, 4),), region, (None,))
 
 
-def layer_booking(cfg: LlamaConfig, region: Region, kv_tokens: int, requests: int,
-                  dtype: str = "float32") -> dict[str, tuple[Layout, ...]]:
-    """What a layer region keeps in its cores' SRAM, by booked name: "weights" (one layout per matrix and
-    norm), "kv" (K and V of `requests` requests of `kv_tokens` positions) and "scratch"."""
+def kv_booking(cfg: LlamaConfig, region: Region, kv_tokens: int, requests: int, dtype: str = "float32") -> Layout:
+    """K and V of one layer for `requests` requests of `kv_tokens` positions, as one layout."""
     one = kv_layout(cfg, region, kv_tokens, dtype)  # K (or V) of one request; K and V of every request:
-    kv = Layout((2 * requests, *one.shape), region, (None, *one.split), (1, *one.granule), dtype)
-    return {"weights": tuple(layer_layouts(cfg, region, dtype).values()), "kv": (kv,),
+    return Layout((2 * requests, *one.shape), region, (None, *one.split), (1, *one.granule), dtype)
+
+
+def layer_booking(cfg: LlamaConfig, region: Region, kv_tokens: int, requests: int,
+                  dtype: str = "float32", layers: int = 1) -> dict[str, tuple[Layout, ...]]:
+    """What a layer region running `layers` layers keeps in its cores' SRAM, by booked name: "weights" (one
+    layout per matrix and norm, per layer), "kv" (K and V of `requests` requests of `kv_tokens` positions,
+    per layer) and "scratch" (once: the layers run one after another)."""
+    return {"weights": tuple(layer_layouts(cfg, region, dtype).values()) * layers,
+            "kv": (kv_booking(cfg, region, kv_tokens, requests, dtype),) * layers,
             "scratch": (scratch_layout(region, activation_bytes(cfg, region, kv_tokens)),)}
 
 
@@ -100,6 +109,34 @@ def embed_booking(cfg: LlamaConfig, region: Region, dtype: str = "float32") -> d
     norm) and "scratch"."""
     return {"table": (embed_layout(cfg, region, dtype), final_norm_layout(cfg, region, dtype)),
             "scratch": (scratch_layout(region, embed_scratch_bytes(cfg, region)),)}
+
+
+def head_chunk_entries(cfg: LlamaConfig, region: Region, dtype: str = "float32") -> int:
+    """How many of its vocabulary entries every core row of a streaming region takes in per chunk of the head:
+    as many as fit in a layer's block on a core beside the final norm's chunk (at least one, at most all)."""
+    voc_r, dim_c, isz = cdiv(cfg.vocab_size, region.h), cdiv(cfg.dim, region.w), itemsize(dtype)
+    layer = sum(lay.max_block_bytes() for lay in layer_layouts(cfg, region, dtype).values())
+    return min(voc_r, max(1, (layer - dim_c * isz) // (dim_c * isz)))
+
+
+def stream_block_bytes(cfg: LlamaConfig, region: Region, dtype: str = "float32") -> int:
+    """Bytes of the largest weight block a core of a streaming region receives at once: one layer's weights,
+    or a chunk of the tied table with the final norm (the head streams in chunks no larger than a layer's
+    block, so this is the layer's unless one vocabulary entry per core row is larger)."""
+    layer = sum(lay.max_block_bytes() for lay in layer_layouts(cfg, region, dtype).values())
+    dim_c, isz = cdiv(cfg.dim, region.w), itemsize(dtype)
+    return max(layer, (head_chunk_entries(cfg, region, dtype) + 1) * dim_c * isz)
+
+
+def stream_booking(cfg: LlamaConfig, region: Region, kv_tokens: int, requests: int,
+                   dtype: str = "float32") -> dict[str, tuple[Layout, ...]]:
+    """What a region whose weights stream in keeps in its cores' SRAM (it runs every layer and the head):
+    "kv" (every layer's K and V), "buffer" (two weight blocks: the one computed and the next one streaming
+    in) and "scratch" (the larger of a layer's and the head's)."""
+    scratch = max(activation_bytes(cfg, region, kv_tokens), embed_scratch_bytes(cfg, region))
+    return {"kv": (kv_booking(cfg, region, kv_tokens, requests, dtype),) * cfg.n_layers,
+            "buffer": (scratch_layout(region, 2 * stream_block_bytes(cfg, region, dtype)),),
+            "scratch": (scratch_layout(region, scratch),)}
 
 
 def booked_bytes(booking: dict[str, tuple[Layout, ...]]) -> dict[str, np.ndarray]:
@@ -114,9 +151,10 @@ def most_bytes(booking: dict[str, tuple[Layout, ...]]) -> int:
 
 
 def layer_core_bytes(cfg: LlamaConfig, region: Region, kv_tokens: int, requests: int,
-                     dtype: str = "float32") -> int:
-    """Bytes the most loaded core of a layer region needs: weights + K/V reserve + scratch."""
-    return most_bytes(layer_booking(cfg, region, kv_tokens, requests, dtype))
+                     dtype: str = "float32", layers: int = 1) -> int:
+    """Bytes the most loaded core of a layer region running `layers` layers needs: their weights and K/V
+    reserve, and one scratch area."""
+    return most_bytes(layer_booking(cfg, region, kv_tokens, requests, dtype, layers))
 
 
 def embed_core_bytes(cfg: LlamaConfig, region: Region, dtype: str = "float32") -> int:

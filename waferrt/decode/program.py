@@ -21,7 +21,13 @@ Faults (waferrt.faults.state, optional): the faults armed on the tile fire as mi
 lost instead of running; a straggling tile sleeps its delay per stage. ``pace`` is the tile's recent wall
 time per stage run (its heartbeat carries it; the host spots a straggler). After a re-plan, ``adopt``
 keeps the loaded stages whose region did not move (only the others need their weights again). While
-``trace`` holds a recorder (waferrt.decode.tracing), every stage run and every micro-batch's visit is a span too."""
+``trace`` holds a recorder (waferrt.decode.tracing), every stage run and every micro-batch's visit is a span too.
+
+Weight streaming (``setup.streaming``): the tile holds no weights; ``attach(store)`` gives it the off-wafer
+memory (a waferrt.decode.streaming.WeightStore, or the actors' client of the MemoryX actor) and every stage
+takes its block from it when it runs, then lets it go; the stage books its compute and, when its block's
+stream outlasts that, the difference (op "stream"). Every stage is on one region, so tokens take turns on
+it: a token's cycles alone are its share of its micro-batch's run (the block streamed once for all)."""
 
 from __future__ import annotations
 
@@ -29,8 +35,10 @@ import time
 
 import numpy as np
 
+from waferrt.core.cost import Cost
 from waferrt.core.ledger import Ledger
 from waferrt.core.mesh import Dir, MeshSpec, TileId
+from waferrt.fabric.comm import LineComm
 from waferrt.faults.errors import CoreFailed, LinkFailed
 from waferrt.faults.model import CoreFailure
 from waferrt.faults.state import FaultState
@@ -40,6 +48,7 @@ from .pack import Chunks
 from .schedule import Item, StageRun
 from .setup import DecodeSetup, pack_stage
 from .shards import EmbedShard, LayerShard
+from .streaming import stage_cycles, streamed_bytes, streamed_logits
 from .tracing import microbatch_span, stage_span
 
 
@@ -100,6 +109,7 @@ class TileProgram:
         self.segment_of = {seg[0]: seg for seg in segments(self.tiles)}  # first stage -> its segment
         self.layers: dict[int, LayerShard] = {}
         self.embed: EmbedShard | None = None
+        self.store = None  # the off-wafer weights of a streaming decode (attach)
         self.records: list[StageRun] = []
         self.paces: dict[bool, float] = {}  # wall seconds per stage run lately (an EMA), of layer stages / others
         self.trace = None  # a waferrt.core.trace.Recorder while tracing (waferrt.decode.tracing), else None
@@ -120,7 +130,13 @@ class TileProgram:
                 self.embed = old.embed
         return [s for s in range(len(self.stages)) if self.hosts(s) and not self.loaded(s)]
 
+    def attach(self, store) -> None:
+        """The off-wafer memory the blocks of a streaming decode come from (see the module docstring)."""
+        self.store = store
+
     def loaded(self, s: int) -> bool:
+        if self.setup.streaming:
+            return self.store is not None
         kind = self.stages[s][0]
         return s in self.layers if kind == "layer" else kind == "head" or self.embed is not None
 
@@ -186,8 +202,9 @@ class TileProgram:
             wall = time.perf_counter()
             x, logits = self._stage(st, meta, x)
             self._timed(st, time.perf_counter() - wall)
-            self.records.append(StageRun(mb, st, self.stages[st][2], len(self.records),
-                                         self.ledger.cycles() - before, self._items(st, meta)))
+            cycles = self.ledger.cycles() - before
+            self.records.append(StageRun(mb, st, self.stages[st][2], len(self.records), cycles,
+                                         self._items(st, meta, cycles)))
             if self.trace is not None:
                 stage_span(self.trace, self.stages[st], self.records[-1], t0)
         nxt = segment[-1] + 1
@@ -220,9 +237,13 @@ class TileProgram:
         if dead is not None:
             raise LinkFailed(dead.a, dead.b, f"{self.tile}, inside the region {region} of {what}")
 
-    def _items(self, s: int, meta: np.ndarray) -> tuple[Item, ...]:
-        """The micro-batch's tokens at stage s, each with the cycles it would take there alone."""
+    def _items(self, s: int, meta: np.ndarray, cycles: float) -> tuple[Item, ...]:
+        """The micro-batch's tokens at stage s, each with the cycles it would take there alone (streaming: its
+        share of the run's `cycles`)."""
         st, kind, region = self.setup, self.stages[s][0], self.stages[s][2]
+        if st.streaming:
+            return tuple(Item(int(req), int(pos), bool(want), cycles / len(meta))
+                         for _, _, pos, want, req in meta.tolist())
         prev = self.stages[s - 1][2] if s else None
         coll = st.collectives
         return tuple(Item(int(req), int(pos), bool(want), alone_cycles(
@@ -234,6 +255,8 @@ class TileProgram:
         kind = self.stages[s][0]
         if self.faults is not None and self.faults.delay:  # a straggler: slow, not dead
             time.sleep(self.faults.delay)
+        if self.setup.streaming:
+            return self._streamed(s, meta, x)
         if kind == "embed":
             return self.embed.lookup(meta[:, 1]), None
         if kind == "layer":
@@ -242,6 +265,37 @@ class TileProgram:
         if not len(want):
             return x, {}
         return x, dict(zip(want.tolist(), self.embed.logits(x[want]), strict=True))
+
+    def _streamed(self, s: int, meta: np.ndarray, x):
+        """Stage s of a streaming decode: its block comes in from the store, runs, and leaves the buffer."""
+        st, (kind, layer, region) = self.setup, self.stages[s]
+        want = np.flatnonzero(meta[:, 3])
+        if kind == "head" and not len(want):  # no token wants logits: the head's blocks need not come in
+            return x, {}
+        before, logits = self.ledger.cycles(), None
+        if kind == "embed":
+            x = self.store.rows(meta[:, 1])
+        elif kind == "layer":
+            arrays = self.store.layer(layer)
+            if s not in self.layers:  # its K/V stays on the wafer from the first run on
+                self.layers[s] = LayerShard(st.config, region, arrays, (st.slots, st.kv_tokens), self.ledger,
+                                            st.collectives, st.dtype)
+            shard = self.layers[s]
+            shard.arrays = arrays
+            x = shard.forward(x, meta[:, 0], meta[:, 2])
+            shard.arrays = {}
+        else:
+            comm = LineComm("x", region, region, None, self.ledger, fast=st.collectives.fast)
+            chunks = (self.store.head(k) for k in range(self.store.head_count))
+            with self.ledger.op("head"):
+                out = streamed_logits(comm, st.collectives, st.config, chunks, x[want], st.dtype)
+            logits = dict(zip(want.tolist(), Chunks(st.config.vocab_size, region.h).join(out), strict=True))
+        compute = self.ledger.cycles() - before
+        wait = stage_cycles(self.ledger.spec, compute, streamed_bytes(st.config, kind, st.dtype, len(meta))) - compute
+        if wait > 0:
+            with self.ledger.op("stream"):
+                self.ledger.add(Cost(cycles=wait))
+        return x, logits
 
     def _handover(self, s: int, items: int) -> None:
         """The activations of stage s-1 enter stage s's region: they cross the gap between the regions and

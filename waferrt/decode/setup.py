@@ -3,9 +3,14 @@
 Contract: :class:`DecodeSetup` is a frozen value (model shape, mesh, the regions of the stages, K/V
 reserve, how the collectives run, storage dtype), made from a scheduler Placement by
 :meth:`DecodeSetup.from_placement`. Its stages are embed -> layer 0 -> ... -> layer L-1 -> head (the
-head shares the embedding's region and table); ``stage_tiles`` says which tile runs each stage and
+head shares the embedding's region and table); consecutive layers on one region (a strategy's group of
+layers, scheduler.types.Strategy) are stacked there: their weight blocks and K/V on the same cores, run
+one after another. With ``streaming`` the weights stay off-wafer (waferrt.decode.streaming) and one region
+runs every stage. ``stage_tiles`` says which tile runs each stage and
 raises :class:`PlacementError` when a region spans several tiles. :func:`stage_sram` is what a stage
-books in its cores' SRAM (from waferrt.decode.layout, the same sizes the planner budgets);
+books in its cores' SRAM (from waferrt.decode.layout, the same sizes the planner budgets: every layer
+books its weights and K/V, the first layer of a region also its scratch; a streaming region books every
+layer's K/V, the double buffer and the scratch, and ``stage_weights`` yields nothing: the blocks stream in);
 :func:`stage_weights` yields the float32 weights each stage needs (``weight_bytes``: their size) and
 :func:`pack_stage` cuts them into its cores' blocks in the storage dtype (on the tile that hosts the
 stage: the host ships each weight once).
@@ -21,7 +26,7 @@ from waferrt.core.mesh import MeshSpec, Region, TileId
 from waferrt.fabric.comm import KTREE_FAST, Collectives
 from waferrt.model.config import LlamaConfig
 
-from .layout import booked_bytes, embed_booking, layer_booking
+from .layout import booked_bytes, embed_booking, kv_booking, layer_booking, stream_booking
 from .pack import pack_embed, pack_layer
 
 
@@ -39,12 +44,14 @@ class DecodeSetup:
     slots: int  # requests in flight at most
     collectives: Collectives = KTREE_FAST
     dtype: str = "float32"  # how weights and K/V are stored in the cores (computed in float32)
+    streaming: bool = False  # the weights stream in from off-wafer memory at each stage's turn
 
     @classmethod
     def from_placement(cls, placement, collectives: Collectives = KTREE_FAST) -> DecodeSetup:
         """What the tiles need to know of a scheduler Placement to run its decode."""
         p = placement
-        return cls(p.config, p.mesh, p.layers, p.embed, p.kv_tokens, p.kv.requests, collectives, p.dtype)
+        return cls(p.config, p.mesh, p.layers, p.embed, p.kv_tokens, p.kv.requests, collectives, p.dtype,
+                   p.streaming)
 
     def stages(self) -> tuple[tuple[str, int, Region], ...]:
         """(kind, layer index or -1, region) in the order an item passes them."""
@@ -67,10 +74,16 @@ class DecodeSetup:
 
 
 def stage_sram(setup: DecodeSetup, s: int) -> dict[str, tuple[Region, np.ndarray]]:
-    """What stage s keeps in its cores' SRAM: tensor name -> (region, bytes per core (rows, cols))."""
-    kind, layer, region = setup.stages()[s]
+    """What stage s keeps in its cores' SRAM: tensor name -> (region, bytes per core (rows, cols)). The
+    stages of one region add up to what the planner budgets for it (layer_booking of its layers)."""
+    stages = setup.stages()
+    kind, layer, region = stages[s]
+    if setup.streaming:
+        return _stream_sram(setup, kind, layer, region)
     if kind == "layer":
         booked = booked_bytes(layer_booking(setup.config, region, setup.kv_tokens, setup.slots, setup.dtype))
+        if stages[s - 1][2] == region:  # stacked on the layer before it: the region's scratch is booked
+            del booked["scratch"]
         return {f"layer{layer}.{name}": (region, nbytes) for name, nbytes in booked.items()}
     if kind == "embed":
         booked = booked_bytes(embed_booking(setup.config, region, setup.dtype))
@@ -78,9 +91,24 @@ def stage_sram(setup: DecodeSetup, s: int) -> dict[str, tuple[Region, np.ndarray
     return {}  # the head uses the embedding's table and scratch
 
 
+def _stream_sram(st: DecodeSetup, kind: str, layer: int, region: Region) -> dict[str, tuple[Region, np.ndarray]]:
+    """A streaming region's booking (stream_booking) shared out: each layer its K/V, the embedding stage the
+    double buffer and the scratch."""
+    booked = booked_bytes(stream_booking(st.config, region, st.kv_tokens, st.slots, st.dtype))
+    if kind == "layer":
+        kv = kv_booking(st.config, region, st.kv_tokens, st.slots, st.dtype)
+        return {f"layer{layer}.kv": (region, booked_bytes({"kv": (kv,)})["kv"])}
+    if kind == "embed":
+        return {f"stream.{name}": (region, booked[name]) for name in ("buffer", "scratch")}
+    return {}
+
+
 def stage_weights(setup: DecodeSetup, weights):
     """(stage index, the model's float32 weights of that stage) for every stage that holds weights: a
-    LayerWeights for a layer, (embedding table, final norm) for the embedding (the head shares them)."""
+    LayerWeights for a layer, (embedding table, final norm) for the embedding (the head shares them); none
+    when the weights stream in."""
+    if setup.streaming:
+        return
     for s, (kind, layer, _) in enumerate(setup.stages()):
         if kind == "layer":
             yield s, weights.layers[layer]

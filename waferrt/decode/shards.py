@@ -123,6 +123,15 @@ class LayerShard:
             return x
 
 
+def table_rows(table: np.ndarray, vocab: Chunks, dtype: str, tokens: np.ndarray) -> np.ndarray:
+    """Rows `tokens` (B,) of a packed tied table (C, dim_c, R*voc_r; vocab: its Chunks over the R rows) as
+    float32 (B, C, dim_c)."""
+    voc_r = table.shape[2] // vocab.index.shape[0]
+    rows = np.searchsorted(vocab.index[:, 0], tokens, side="right") - 1
+    col = rows * voc_r + tokens - vocab.index[rows, 0]
+    return np.ascontiguousarray(to_f32(table[:, :, col], dtype).transpose(2, 0, 1))  # (B, C, dim_c)
+
+
 class EmbedShard:
     def __init__(self, cfg: LlamaConfig, region: Region, arrays: dict, ledger: Ledger,
                  coll: Collectives = KTREE_FAST, dtype: str = "float32"):
@@ -136,10 +145,7 @@ class EmbedShard:
 
     def lookup(self, tokens: np.ndarray) -> np.ndarray:
         """The embedding rows of `tokens` (B,), each as (C, dim_c) in the core row that holds it."""
-        rows = np.searchsorted(self.vocab.index[:, 0], tokens, side="right") - 1
-        col = rows * self.voc_r + tokens - self.vocab.index[rows, 0]
-        rows_of_table = to_f32(self.table[:, :, col], self.dtype)  # (C, dim_c, B)
-        return np.ascontiguousarray(rows_of_table.transpose(2, 0, 1))  # (B, C, dim_c)
+        return table_rows(self.table, self.vocab, self.dtype, tokens)
 
     def logits(self, x: np.ndarray) -> np.ndarray:
         """Final RMSNorm and the tied head as a MeshGEMV: x (B, C, dim_c) -> logits (B, vocab)."""

@@ -18,6 +18,7 @@ from waferrt.core.ledger import Ledger
 from waferrt.core.trace import Recorder
 from waferrt.decode.program import TileProgram
 from waferrt.decode.setup import DecodeSetup, stage_weights
+from waferrt.decode.streaming import WeightStore
 from waferrt.decode.tracing import trace_program, untrace_program
 from waferrt.fabric.comm import KTREE_FAST, Collectives
 from waferrt.fabric.loop import LoopFabric
@@ -39,6 +40,8 @@ class LocalDecoder:
                          for t in placement.mesh.tiles()}
         for s, raw in stage_weights(self.setup, weights):
             self.programs[self.setup.stage_tiles()[s]].load(s, raw)
+        if self.setup.streaming:  # the weights stay off the wafer: MemoryX is an object of this process
+            self.programs[self.head].attach(WeightStore(config, self.setup.embed, self.setup.dtype, weights))
 
     def generate(self, requests: list[GenRequest], sampler: Sampler, on_token: OnToken | None = None,
                  keep_logits: bool = False, trace=None) -> tuple[list[Completion], GenStats]:

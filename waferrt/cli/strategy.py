@@ -1,0 +1,50 @@
+"""The parallelism strategy of ``waferrt plan`` and ``waferrt generate``: --strategy, --objective, and the pick.
+
+Contract: ``add_strategy_args(parser)`` adds ``--strategy layer|tensor|grouped[:N]`` (checked by its
+argparse type) and ``--objective latency|throughput``. ``placed(args, config, spec, kv, dtype, nodes, mesh,
+mesh_for)`` returns ``(Placement, Choice or None)``: with neither flag, layer-pipelined regions (one layer
+each) on `mesh` (or ``mesh_for(strategy)`` when `mesh` is None), as before strategies existed; with a
+--strategy naming one strategy, that one; otherwise (``--objective``, or ``--strategy grouped``) every
+candidate is planned and timed by ``waferrt.scheduler.strategies.choose``, which says why the winner won.
+A model that does not fit raises ``PlanError`` (the caller prints it).
+"""
+
+from __future__ import annotations
+
+import argparse
+import re
+
+from waferrt.scheduler.estimate import OBJECTIVES
+from waferrt.scheduler.strategies import STRATEGY_HELP, choose, parse_strategy
+
+
+def strategy_text(text: str) -> str:
+    """--strategy: layer, tensor, grouped or grouped:N (argparse type; N is checked against the model later)."""
+    if not re.fullmatch(r"layer|tensor|grouped(:[1-9][0-9]*)?", text):
+        raise argparse.ArgumentTypeError(f"{text!r} is not a strategy: write layer, tensor, grouped or grouped:N "
+                                         "(N layers per region, e.g. grouped:4)")
+    return text
+
+
+def add_strategy_args(p) -> None:
+    p.add_argument("--strategy", type=strategy_text, metavar="S", help=STRATEGY_HELP + "; default: layer, or the "
+                   "best for --objective when that is given")
+    p.add_argument("--objective", choices=OBJECTIVES,
+                   help="let the planner pick the strategy: latency (one request's modelled time per token) or "
+                        "throughput (modelled tokens/s with --requests in flight); it prints every candidate")
+
+
+def placed(args, config, spec, kv, dtype: str, nodes, mesh, mesh_for):
+    """(Placement, Choice or None) as the module docstring says."""
+    from waferrt.scheduler import plan
+
+    tried = parse_strategy(args.strategy or "layer", config.n_layers)
+    if args.objective is None and len(tried) == 1:
+        s = tried[0]
+        return plan(config, spec, mesh or mesh_for(s), kv=kv, dtype=dtype, nodes=nodes, strategy=s), None
+    if args.strategy is None:
+        tried = None  # every strategy
+    choice = choose(config, spec, kv, args.objective or "latency", lambda s: mesh or mesh_for(s), dtype, nodes,
+                    tried)
+    return choice.placement, choice
+

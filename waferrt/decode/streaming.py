@@ -1,0 +1,138 @@
+"""Weight streaming (Cerebras' way): the weights stay off the wafer (MemoryX) and stream into one region.
+
+Contract (pure): a streaming decode runs every stage -- the embedding, every layer, the head -- on one region
+(``scheduler.placement.plan_streaming``), which keeps only what stays on the wafer
+(``decode.layout.stream_booking``: every layer's K/V, a double buffer of weight blocks, a scratch area).
+:class:`WeightStore` is the off-wafer memory: it cuts each block into the region's cores' blocks once
+(``decode.pack``), keeps them, and serves ``layer(i)``, ``head(k)`` (chunk k of the tied table with the final norm: the
+head streams in ``head_chunks`` pieces, none larger on a core than a layer's block, so the double buffer is
+sized by the largest layer) and ``rows(tokens)`` (only the embedding rows of the tokens cross).
+``streamed_logits`` runs the head chunk by chunk (a MeshGEMV per chunk). ``streamed_bytes`` is what a stage
+run takes in over the wafer's ingress (the block's bytes in the storage dtype; the embedding rows of its
+items), ``stream_cycles`` how long that takes at ``spec.ingress_bytes_per_s``. A block streams in while the
+one before it computes (the double buffer), so a stage lasts the longer of its compute and its stream
+(``stage_cycles``; the tiles book the difference as the op "stream"); ``head_parts`` is the closed form of
+the chunked head.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from waferrt.core.arith import cdiv
+from waferrt.core.cost import Cost, allreduce_cost
+from waferrt.core.dtypes import itemsize, to_f32
+from waferrt.core.mesh import Region
+from waferrt.core.spec import HardwareSpec
+from waferrt.model.config import LlamaConfig
+
+from .cost import ELEMENTWISE_FLOPS, on_lines
+from .layout import head_chunk_entries, layer_layouts
+from .pack import Chunks, pack_embed, pack_layer
+from .shards import mesh_gemv, mesh_rmsnorm, table_rows
+
+
+def head_chunks(cfg: LlamaConfig, region: Region, dtype: str) -> list[tuple[int, int]]:
+    """[j0, j1) ranges of every core row's vocabulary block (voc_r entries) that stream in as one chunk: as
+    many entries as fit in a layer's block on a core (the final norm comes with the first), at least one."""
+    voc_r, m = cdiv(cfg.vocab_size, region.h), head_chunk_entries(cfg, region, dtype)
+    return [(j, min(j + m, voc_r)) for j in range(0, voc_r, m)]
+
+
+def streamed_bytes(cfg: LlamaConfig, kind: str, dtype: str, items: int) -> int:
+    """Bytes a stage run takes in from off-wafer memory: a layer's weights, the tied table and the final
+    norm (the head), or the embedding rows of its `items` tokens."""
+    isz = itemsize(dtype)
+    if kind == "layer":
+        unit = layer_layouts(cfg, Region(0, 0, 1, 1), dtype)
+        return sum(int(np.prod(lay.shape)) for lay in unit.values()) * isz
+    if kind == "head":
+        return (cfg.vocab_size + 1) * cfg.dim * isz
+    return items * cfg.dim * isz
+
+
+def stream_cycles(spec: HardwareSpec, nbytes: int) -> float:
+    """Cycles `nbytes` take to cross the wafer's ingress."""
+    return nbytes * spec.clock_hz / spec.ingress_bytes_per_s
+
+
+def stage_cycles(spec: HardwareSpec, compute: float, nbytes: int) -> float:
+    """A streamed stage: its block came in while the stage before computed, so it lasts the longer of its
+    compute and its stream."""
+    return max(compute, stream_cycles(spec, nbytes))
+
+
+def head_parts(spec: HardwareSpec, cfg: LlamaConfig, region: Region, dtype: str, batch: int = 1, *,
+               algo: str = "ktree", k: int = 2) -> list[tuple[str, str, Cost]]:
+    """The final RMSNorm and the head chunk by chunk (streamed_logits), as the tiles book them."""
+    rows, cols, b = region.h, region.w, batch
+    dim_c = cdiv(cfg.dim, cols)
+
+    def x_reduce(nbytes: int) -> Cost:
+        return on_lines(allreduce_cost(spec, algo, cols, nbytes, k), rows)
+
+    def flops(n: int) -> Cost:
+        return Cost(flops=n, cycles=n / spec.flops_per_cycle)
+
+    out = [("norm.reduce", "allreduce", x_reduce(4 * b)),
+           ("norm", "elementwise", flops(ELEMENTWISE_FLOPS["rmsnorm"] * b * dim_c))]
+    for j0, j1 in head_chunks(cfg, region, dtype):
+        out += [("head", "gemv", flops(2 * b * (j1 - j0) * dim_c)),
+                ("head.reduce", "allreduce", x_reduce(4 * b * (j1 - j0)))]
+    return out
+
+
+def streamed_logits(comm, coll, cfg: LlamaConfig, chunks, x: np.ndarray, dtype: str) -> np.ndarray:
+    """Final RMSNorm and the tied head over `chunks` (an iterable of (table chunk (C, dim_c, R*m), final norm)
+    in head_chunks order): x (B, C, dim_c) -> every core row's logits block (B, R, voc_r)."""
+    out, h = [], None
+    for table, norm in chunks:
+        if h is None:
+            h = mesh_rmsnorm(comm, x, to_f32(norm, dtype), cfg, coll)
+        out.append(mesh_gemv(comm, coll, to_f32(table, dtype), h))  # (B, R, m)
+    return np.concatenate(out, axis=2)
+
+
+class WeightStore:
+    """The model's weights off the wafer (MemoryX), cut for the streaming region once and served by block."""
+
+    def __init__(self, cfg: LlamaConfig, region: Region, dtype: str, weights):
+        self.cfg, self.region, self.dtype, self.weights = cfg, region, dtype, weights
+        self.vocab = Chunks(cfg.vocab_size, region.h)
+        self.chunks = head_chunks(cfg, region, dtype)
+        self._layers: dict[int, dict] = {}
+        self._table: dict | None = None
+        self._heads: dict[int, tuple[np.ndarray, np.ndarray]] = {}
+
+    @property
+    def head_count(self) -> int:
+        """How many chunks the head streams in."""
+        return len(self.chunks)
+
+    def layer(self, i: int) -> dict[str, np.ndarray]:
+        if i not in self._layers:
+            self._layers[i] = pack_layer(self.cfg, self.weights.layers[i], self.region, self.dtype)
+        return self._layers[i]
+
+    def _packed(self) -> dict[str, np.ndarray]:
+        if self._table is None:
+            self._table = pack_embed(self.cfg, self.weights.embed, self.weights.final_norm, self.region, self.dtype)
+        return self._table
+
+    def head(self, k: int) -> tuple[np.ndarray, np.ndarray]:
+        """Chunk k of the tied table, (C, dim_c, R*m) as every core row's entries j0..j1, and the final norm
+        (cut once, kept)."""
+        if k not in self._heads:
+            self._heads[k] = self._head(k)
+        return self._heads[k]
+
+    def _head(self, k: int) -> tuple[np.ndarray, np.ndarray]:
+        t = self._packed()
+        voc_r = t["table"].shape[2] // self.region.h
+        j0, j1 = self.chunks[k]
+        cols = (np.arange(self.region.h)[:, None] * voc_r + np.arange(j0, j1)[None]).reshape(-1)
+        return np.ascontiguousarray(t["table"][:, :, cols]), t["final_norm"]
+
+    def rows(self, tokens: np.ndarray) -> np.ndarray:
+        """The embedding rows of `tokens` (B,) as float32 (B, C, dim_c), split over the region's columns."""
+        return table_rows(self._packed()["table"], self.vocab, self.dtype, np.asarray(tokens))
