@@ -17,6 +17,7 @@ seconds of the weights sent again), by kind.
 from __future__ import annotations
 
 import argparse
+import faulthandler
 import logging
 import os
 import statistics
@@ -34,6 +35,7 @@ def main() -> int:
     ap.add_argument("--faults", type=int, default=5, help="faults per run")
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--nodes", type=int, default=3, help="Ray nodes (1: no node losses)")
+    ap.add_argument("--first", type=int, default=0, help="start at this run (to replay one: --first N --runs 1)")
     args = ap.parse_args()
     os.environ.setdefault("RAY_TMPDIR", tempfile.mkdtemp(prefix="waferrt-chaos-"))
     import ray
@@ -71,7 +73,7 @@ def _campaign(args, cluster, workers) -> int:
     events, outcomes = [], []
     with WaferLLM(cfg, weights, placement) as llm:
         want = [c.tokens for c in llm.generate(requests, sampler)[0]]
-        for run in range(args.runs):
+        for run in range(args.first, args.first + args.runs):
             plan_ = _draw(args, run, llm)
             t0 = time.monotonic()
             outcome, log = _run(llm, plan_, node_loss, requests, sampler, want)
@@ -111,7 +113,9 @@ def _run(llm, plan_, node_loss, requests, sampler, want):
         t = threading.Thread(target=go, daemon=True)
         t.start()
         t.join(RUN_DEADLINE_S)
-        if t.is_alive():
+        if t.is_alive():  # where it waits, for the report
+            faulthandler.dump_traceback(all_threads=True)
+            print(session.log.table())
             return "hang", session.log
     if "error" in result:
         print(f"    not recovered: {type(result['error']).__name__}: {str(result['error'])[:300]}")
