@@ -69,20 +69,14 @@ def stage_seconds(cfg: LlamaConfig, spec: HardwareSpec, stages, kv_tokens: int, 
     """(seconds of one request's token, seconds of one step with `requests` in flight) through `stages`
     ((kind, Region), as decode.cost.step_cycles takes them: one per layer, the layers of a group on one
     region) on the wafer: the closed forms the tiles book; with several requests, a steady round of them
-    decoding at their own pace, as the decode that ran is scheduled (waferrt.decode.schedule: stages on
-    one region take turns on it)."""
+    decoding at their own pace, as the decode that ran is scheduled (waferrt.decode.schedule: a token's
+    layers on one region run back to back, and the tokens take turns on it)."""
     kw = {"head_groups": head_groups}
     one = sum(step_cycles(spec, cfg, stages, kv_tokens, [1], **kw).values()) / spec.clock_hz
     if requests == 1:
         return one, one
     alone = [c for (_, _), c in sorted(step_cycles(spec, cfg, stages, kv_tokens, [1], **kw).items())]
-    merged: list[list] = []  # a group's layers run back to back on their region (the tile's segment)
-    for (kind, region), c in zip(stages, alone, strict=True):
-        if merged and kind == "layer" and merged[-1][0] == ("layer", region):
-            merged[-1][1] += c
-        else:
-            merged.append([(kind, region), c])
-    return one, requests_round_seconds([c for _, c in merged], [k[1] for k, _ in merged], requests, spec.clock_hz)
+    return one, requests_round_seconds(alone, [region for _, region in stages], requests, spec.clock_hz)
 
 
 def placement_seconds(p: Placement, requests: int | None = None, context: int | None = None
