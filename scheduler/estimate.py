@@ -69,31 +69,19 @@ def stage_seconds(cfg: LlamaConfig, spec: HardwareSpec, stages, kv_tokens: int, 
     """(seconds of one request's token, seconds of one step with `requests` in flight) through `stages`
     ((kind, Region), as decode.cost.step_cycles takes them: one per layer, the layers of a group on one
     region) on the wafer: the closed forms the tiles book; with several requests, a steady round of them
-    decoding at their own pace, as the decode that ran is scheduled (waferrt.decode.schedule: stages on
-    one region take turns on it)."""
+    decoding at their own pace, as the decode that ran is scheduled (waferrt.decode.schedule: a token's
+    layers on one region run back to back, and the tokens take turns on it)."""
     alone = _alone(cfg, spec, stages, kv_tokens, head_groups)
     one = sum(alone) / spec.clock_hz
     if requests == 1:
         return one, one
-    return one, requests_round_seconds(*_segments(stages, alone), requests, spec.clock_hz)
+    return one, requests_round_seconds(alone, [region for _, region in stages], requests, spec.clock_hz)
 
 
 def _alone(cfg: LlamaConfig, spec: HardwareSpec, stages, kv_tokens: int, head_groups: int) -> list[float]:
     """The cycles of one token alone at each stage, in stage order."""
     cycles = step_cycles(spec, cfg, stages, kv_tokens, [1], head_groups=head_groups)
     return [c for (_, _), c in sorted(cycles.items())]
-
-
-def _segments(stages, alone: list[float]) -> tuple[list[float], list]:
-    """(cycles, region) of what the schedule takes turns on: a group's layers run back to back on their
-    region (the tile's segment), so they are one item."""
-    merged: list[list] = []
-    for (kind, region), c in zip(stages, alone, strict=True):
-        if merged and kind == "layer" and merged[-1][0] == ("layer", region):
-            merged[-1][1] += c
-        else:
-            merged.append([(kind, region), c])
-    return [c for _, c in merged], [k[1] for k, _ in merged]
 
 
 def placement_seconds(p: Placement, requests: int | None = None, context: int | None = None
@@ -138,7 +126,7 @@ def best(cfg: LlamaConfig, spec: HardwareSpec, mesh: tuple[int, int], kv: KVRese
     stages = [floor.stages(cfg.n_layers, strategy.group) for floor in floors]
     alone = [_alone(cfg, spec, st, kv.tokens, f.shape.head_groups) for f, st in zip(floors, stages)]
     ones = [sum(a) / spec.clock_hz for a in alone]
-    segs = [_segments(st, a) for st, a in zip(stages, alone)]
+    segs = [(a, [region for _, region in st]) for st, a in zip(stages, alone)]
 
     def step(i: int) -> float:
         return ones[i] if kv.requests == 1 else requests_round_seconds(*segs[i], kv.requests, spec.clock_hz)

@@ -83,7 +83,7 @@ def test_the_planner_skips_only_floor_plans_that_cannot_win():
         rounds = []
         for f in floors:
             stages = f.stages(SMOLLM2_135M.n_layers, s.group)
-            seg = est._segments(stages, est._alone(SMOLLM2_135M, WSE2, stages, kv.tokens, f.shape.head_groups))
+            seg = est._alone(SMOLLM2_135M, WSE2, stages, kv.tokens, f.shape.head_groups), [r for _, r in stages]
             rounds.append(requests_round_seconds(*seg, kv.requests, WSE2.clock_hz))
             assert round_bound_seconds(*seg, kv.requests, WSE2.clock_hz) <= rounds[-1] * (1 + 1e-12)
         got = est.best(SMOLLM2_135M, WSE2, (128, 96), kv, "float16", s, "throughput")

@@ -4,17 +4,17 @@ Contract: a :class:`StageRun` is one stage run on one micro-batch as a tile book
 micro-batch's cost as it ran (the emulator computes a lane's tokens together: one pass over the weights),
 and per item an :class:`Item` with the cycles that token takes *alone* (waferrt.decode.cost.alone_cycles:
 the closed forms, equal to what the tiles book for a micro-batch of one). The wafer runs every request at
-its own pace, so :func:`flow_seconds` schedules tokens, not micro-batches: every region is its own
-hardware and serves the tokens in the order they reach it; token (request, pos) is ready for stage s when
-it left stage s-1, and for the embedding after its request's previous token entered and -- when that
-token's logits gave this one -- after that token left the head. How the emulator grouped the tokens into
-micro-batches does not change the modelled time (:func:`flow_schedule`: when every token ran at every
-stage; a trace shows it next to the wall clock). :func:`round_seconds` is the
-length of a decode's last round (every request's last token); :func:`requests_round_seconds` the steady
-round of R requests decoding at their own pace, from closed forms alone (the estimate of a placement), and
+its own pace, so :func:`flow_seconds` schedules tokens, not micro-batches: every region is its own hardware
+and serves the tokens in the order they reach it; token (request, pos) is ready for stage s when it left
+stage s-1, and for the embedding after its request's previous token entered and -- when that token's logits
+gave this one -- after that token left the head. How the emulator grouped the tokens into micro-batches does
+not change the modelled time; a token's consecutive stages on one region (a strategy's group of layers) are
+one task there, run back to back as the tile runs its segment (:func:`flow_schedule`: when every token ran
+at every stage; a trace shows it next to the wall clock). :func:`round_seconds` is the length of a decode's
+last round (every request's last token); :func:`requests_round_seconds` the steady round of R requests
+decoding at their own pace, from closed forms alone (the estimate of a placement), and
 :func:`round_bound_seconds` the bound it never goes below (what the busiest region must serve, or one
-token's way round).
-"""
+token's way round)."""
 
 from __future__ import annotations
 
@@ -56,18 +56,25 @@ def flow_schedule(runs: Sequence[StageRun], last_stage: int, clock_hz: float, pa
                   ) -> dict[tuple[int, int, int], tuple[Region, float, float]]:
     """Every token's stage run, (request, pos, stage) -> (region, start, end) in seconds: a discrete-event
     schedule in which every region serves the tokens waiting for it in the order they became ready (ties:
-    the order its tile ran them), one at a time."""
+    the order its tile ran them), one at a time. A token's consecutive stages on one region (a group of
+    layers) run back to back, as the tile runs its segment: one task, its stages one after another."""
+    lead = _leads(runs)
+    last_stage = lead[last_stage] if last_stage in lead else last_stage
+    parts: dict[tuple[int, int, int], list[tuple[int, float]]] = {}
     tasks: dict[tuple[int, int, int], tuple[Region, float, int]] = {}
     wants: dict[tuple[int, int], bool] = {}
     for r in runs:
         for it in r.items:
-            tasks[(it.request, it.pos, r.stage)] = (r.region, it.alone, r.seq)
+            key = (it.request, it.pos, lead[r.stage])
+            region, alone, seq = tasks.get(key, (r.region, 0.0, r.seq))
+            tasks[key] = (region, alone + it.alone, min(seq, r.seq))
+            parts.setdefault(key, []).append((r.stage, it.alone))
             if r.stage == 0:
                 wants[(it.request, it.pos)] = it.want
-    waiting = {t: len(_deps(t, wants, last_stage)) for t in tasks}
+    waiting = {t: len(_deps(t, wants, last_stage, lead)) for t in tasks}
     after: dict[tuple, list] = {}
     for t in tasks:
-        for d in _deps(t, wants, last_stage):
+        for d in _deps(t, wants, last_stage, lead):
             after.setdefault(d, []).append(t)
     ready: dict[Region, list] = {}  # region -> heap of its ready tokens (ready at, seq, task)
     order: dict[Region, int] = {}  # regions in the order they first had a token (ties go to the first)
@@ -97,20 +104,35 @@ def flow_schedule(runs: Sequence[StageRun], last_stage: int, clock_hz: float, pa
         for nxt in after.get(t, ()):
             waiting[nxt] -= 1
             if waiting[nxt] == 0:
-                offer(nxt, max(done[d][1] for d in _deps(nxt, wants, last_stage)))
+                offer(nxt, max(done[d][1] for d in _deps(nxt, wants, last_stage, lead)))
     if len(done) != len(tasks) and not partial:
         raise ValueError("the stage runs do not form a pipeline: a token waits for one that never ran")
-    return {t: (tasks[t][0], a / clock_hz, b / clock_hz) for t, (a, b) in done.items()}
+    out = {}
+    for t, (a, _) in done.items():
+        for stage, alone in sorted(parts[t]):
+            out[(t[0], t[1], stage)] = (tasks[t][0], a / clock_hz, (a + alone) / clock_hz)
+            a += alone
+    return out
 
 
-def _deps(task: tuple[int, int, int], wants: dict, last_stage: int) -> list[tuple[int, int, int]]:
+def _leads(runs: Sequence[StageRun]) -> dict[int, int]:
+    """Every stage -> the first stage of its run of consecutive stages on one region."""
+    region = {r.stage: r.region for r in runs}
+    lead: dict[int, int] = {}
+    for s in sorted(region):
+        lead[s] = lead[s - 1] if s - 1 in region and region[s - 1] == region[s] else s
+    return lead
+
+
+def _deps(task: tuple[int, int, int], wants: dict, last_stage: int, lead: dict[int, int]
+          ) -> list[tuple[int, int, int]]:
     request, pos, s = task
     if s:
-        return [(request, pos, s - 1)]
+        return [(request, pos, lead.get(s - 1, s - 1))]
     prev = (request, pos - 1)
     if prev not in wants:
         return []
-    return [(*prev, 0)] + ([(*prev, last_stage)] if wants[prev] else [])
+    return list(dict.fromkeys([(*prev, 0)] + ([(*prev, last_stage)] if wants[prev] else [])))
 
 
 def round_seconds(runs: Sequence[StageRun], last_stage: int, clock_hz: float) -> float:
