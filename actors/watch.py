@@ -144,10 +144,13 @@ class Watch:
                                 "hung: SIGSTOP, a debugger, swapping); its neighbours wait for it. Close the "
                                 "wafer and open it again")
 
-    def gather(self, refs: list, tiles: list[TileId], progress=None) -> tuple[list, dict[int, BaseException]]:
+    def gather(self, refs: list, tiles: list[TileId], progress=None, within: float | None = None,
+               names: list[str] | None = None) -> tuple[list, dict[int, BaseException]]:
         """Wait for every call, checking liveness between slices: (results, {index: the call's error});
-        ``progress(done, total)`` after every call that ends."""
+        ``progress(done, total)`` after every call that ends. A call still running after `within` seconds
+        (its tile beats, but its actor is stuck, e.g. in an earlier call) raises TileStalled naming it."""
         results, errors, done = [None] * len(refs), {}, 0
+        end = time.monotonic() + within if within else None
         index = {ref: i for i, ref in enumerate(refs)}
         pending = list(refs)
         while pending:
@@ -166,6 +169,11 @@ class Watch:
             if pending:
                 self.backlog += self.listen(0)
                 self.check()
+            if pending and end is not None and time.monotonic() > end:
+                i = index[pending[0]]
+                what = names[i] if names else "its call"
+                raise TileStalled(tiles[i], f"is alive (it beats) but did not finish {what} within {within:g} s: its "
+                                            "actor is stuck (in an earlier call, or this one)")
         return results, errors
 
 

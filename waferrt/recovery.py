@@ -34,6 +34,7 @@ from waferrt.scheduler.types import PlanError
 
 FOUND_BY = {"core": "core failed in its region", "link": "link failed in its region", "corrupt": "payload checksum",
             "tile": "tile did not answer"}
+CALL_S = 30.0  # a tile that beats but has not ended, reported or set up its part by then is stuck: restarted
 MAX_FRUITLESS = 3  # recoveries in a row after which no new token came: the run is not getting anywhere
 
 
@@ -49,8 +50,8 @@ def recover(dec, error: Exception) -> list:
     dead = wafer.dead_tiles()
     live = [t for t in wafer.tiles if t not in dead]
     wafer.watch.track({t: wafer.tiles[t] for t in live})
-    runs = [r for rs in wafer.call([(t, Tile.decode_abort, ()) for t in live]) for r in rs]
-    reports = wafer.call([(t, Tile.dead, ()) for t in live])
+    runs = [r for rs in wafer.call([(t, Tile.decode_abort, ()) for t in live], within=CALL_S) for r in rs]
+    reports = wafer.call([(t, Tile.dead, ()) for t in live], within=CALL_S)
     for r in reports:
         for rec in r["fired"]:
             assess(session, session.on_message(rec), llm.placement)
@@ -187,6 +188,6 @@ def _restart(wafer, session, dead: list[TileId], llm) -> None:
 def _set_up(llm, wafer) -> int:
     """Every tile sets the (re-planned) decode up again; the stages that moved or lost their tile get their
     weights from the host. Returns the bytes sent."""
-    need = wafer.call([(t, Tile.decode_setup, (llm.setup,)) for t in wafer.tiles])
+    need = wafer.call([(t, Tile.decode_setup, (llm.setup,)) for t in wafer.tiles], within=CALL_S)
     stages = sorted({s for ss in need for s in ss})
     return llm.load(llm.weights, stages=stages) if stages else 0

@@ -315,19 +315,20 @@ class Wafer:
             write_trace(path, [wall_process(host, {str(t): evs for t, evs in zip(self.tiles, tiles)}, origin)],
                         {"mesh": str(self.mesh), "spec": self.spec.name})
 
-    def call(self, calls: list[tuple[TileId, Callable, tuple]], progress=None) -> list:
+    def call(self, calls: list[tuple[TileId, Callable, tuple]], progress=None, within: float | None = None) -> list:
         """Call tile methods side by side, one Ray call each: (tile, a :class:`Tile` method such as
         ``Tile.decode_start``, args) -> results, in order. Every call is waited for, with the tiles'
         liveness checked all along (a dead tile raises TileDied, a frozen one TileStalled, within
         seconds); when calls fail, the root cause is raised (a tile's own error, not the timeout of a
-        neighbour that waited for it). ``progress(done, total)`` after every call that ends."""
+        neighbour that waited for it). ``progress(done, total)`` after every call that ends. `within`: a
+        tile that is alive but has not finished its call after that many seconds raises TileStalled."""
         self.live()
-        results, errors = self.gather(calls, progress)
+        results, errors = self.gather(calls, progress, within)
         if errors:
             raise _root_cause(errors)
         return results
 
-    def gather(self, calls: list[tuple[TileId, Callable, tuple]], progress=None
+    def gather(self, calls: list[tuple[TileId, Callable, tuple]], progress=None, within: float | None = None
                ) -> tuple[list, dict[int, BaseException]]:
         """Like :meth:`call`, but returns (results, {index: error}) instead of raising a tile's error."""
         from waferrt.actors.watch import TileFailed
@@ -336,7 +337,8 @@ class Wafer:
             raise self.failed
         refs = [getattr(self.tiles[t], method.__name__).remote(*args) for t, method, args in calls]
         try:
-            return self.watch.gather(refs, [t for t, _, _ in calls], progress)
+            return self.watch.gather(refs, [t for t, _, _ in calls], progress, within,
+                                     [m.__name__ for _, m, _ in calls])
         except TileFailed as e:
             self.failed = e
             raise

@@ -84,7 +84,7 @@ def test_fail_fast_stops_at_the_first_fault_with_what_was_made(llm, want):
         llm.generate(REQUESTS, SAMPLER)
     assert "fail-fast" in str(e.value) and sum(len(c.tokens) for c in e.value.completions) >= 1
     got, stats = llm.generate(REQUESTS, SAMPLER)  # the core stays dead; this run finds it and recovers
-    assert [c.tokens for c in got] == want and stats.faults[0].detected_by.startswith("core failed")
+    assert [c.tokens for c in got] == want and stats.faults[0].detected_by.startswith("core failed"), stats.faults
 
 
 def test_more_dead_cores_than_room_is_unrecoverable_and_says_what_died(llm):
