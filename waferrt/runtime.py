@@ -31,17 +31,14 @@ from collections.abc import Callable
 from contextlib import contextmanager, nullcontext
 from pathlib import Path
 
-import numpy as np
-
 from waferrt.actors.session import ClusterUnreachable, cluster_nodes, new_ipc_dir, ray_init
 from waferrt.actors.tile import Tile
 
 from .core.cost import Cost, CostReport
-from .core.dtypes import check_numpy_dtype
-from .core.layout import Layout, check_shape, from_blocks, to_blocks
 from .core.ledger import merge_snapshots
-from .core.mesh import DEFAULT_MAX_TILES, Coord, MeshSpec, Region, TileId, check_on_wafer, check_tile_count
+from .core.mesh import DEFAULT_MAX_TILES, MeshSpec, Region, TileId, check_on_wafer, check_tile_count
 from .core.spec import HardwareSpec, spec_by_name
+from .dsm import DSM, UnknownTensor
 from .fabric.links import FabricError, FabricTimeout
 from .faults.errors import FaultError
 
@@ -55,13 +52,6 @@ class WaferClosed(RuntimeError):
     """The Wafer was used while it is not open (closed, or not opened yet)."""
 
 
-class UnknownTensor(KeyError):
-    """A DSM tensor name that was never allocated (or was freed)."""
-
-    def __str__(self) -> str:  # the message itself, not KeyError's quoted repr
-        return str(self.args[0])
-
-
 def _root_cause(errors: dict[int, BaseException]) -> BaseException:
     """Of the tiles' errors (by call index), the one that caused the others: a tile's own error before a
     fabric error that a neighbour saw while waiting for it; a protocol error before a timeout."""
@@ -70,103 +60,6 @@ def _root_cause(errors: dict[int, BaseException]) -> BaseException:
         return (2 if isinstance(e, FabricTimeout) else 1 if isinstance(e, FabricError) else 0), i
 
     return errors[min(errors, key=rank)]
-
-
-class DSM:
-    """Named distributed tensors: each a Layout over a region, its blocks in the tiles' core memory."""
-
-    def __init__(self, wafer: Wafer):
-        self._w = wafer
-        self.layouts: dict[str, Layout] = {}
-
-    def alloc(self, name: str, shape, region: Region | None = None, split=None, granule=(),
-              dtype: str = "float32") -> Layout:
-        """Allocate `name` of `shape` over `region` (default: the whole mesh). `split` gives each axis's mesh
-        axis ("x", "y" or None for replicated); by default the last axis is split over x and the one before
-        over y. Every core's block is booked in its SRAM (SramOverflow names the tensor, the core and the
-        bytes asked and free).
-
-        >>> import waferrt
-        >>> with waferrt.Wafer(spec="tiny", mesh=(8, 4), tile=(4, 4)) as wafer:
-        ...     layout = wafer.dsm.alloc("w", (4, 8, 16), split=("y", "x", None))  # 16 floats per core
-        ...     layout.block_shape(), wafer.dsm.owners("w", (3, 5, 0))
-        ((1, 1, 16), [Coord(x=5, y=3)])
-        """
-        if not isinstance(name, str) or not name:
-            raise TypeError(f"a DSM tensor's name is a non-empty str, got {name!r}")
-        if name in self.layouts:
-            raise ValueError(f"DSM tensor {name!r} exists; free it first or pick another name")
-        region = self._w.region_of(region)
-        shape = check_shape(shape)
-        if split is None:
-            split = (None,) * max(len(shape) - 2, 0) + ("y", "x")[-len(shape):]
-        if check_numpy_dtype(dtype) == "bfloat16":
-            raise ValueError("a DSM tensor holds a numpy dtype; bfloat16 is a storage dtype of the decode only: "
-                             "use dtype='float16' or 'float32'")
-        layout = Layout(shape, region, tuple(split), tuple(granule), dtype)
-        tiles = self._w.mesh.tiles_of(region)
-        self._w.live()
-        _, errors = self._w.gather([(t, Tile.alloc, (name, layout)) for t in tiles])
-        if errors:  # undo the tiles that booked it; report the first failing tile's error
-            self._w.call([(t, Tile.free, (name,)) for i, t in enumerate(tiles) if i not in errors])
-            raise errors[min(errors)]
-        self.layouts[name] = layout
-        return layout
-
-    def put(self, name: str, array: np.ndarray) -> None:
-        """Host -> cores: each core receives its block (through the wafer edge). The array has the tensor's
-        shape and dtype: nothing is cast silently."""
-        layout = self._layout(name)
-        array = np.asarray(array)
-        if array.dtype != np.dtype(layout.dtype):
-            raise TypeError(f"DSM tensor {name!r} holds {layout.dtype} but the array is {array.dtype}; cast it "
-                            f"explicitly, e.g. wafer.dsm.put({name!r}, array.astype(np.{layout.dtype}))")
-        if array.shape != layout.shape:
-            raise ValueError(f"DSM tensor {name!r} has shape {layout.shape} but the array has shape "
-                             f"{array.shape}; put an array of the tensor's shape")
-        blocks = to_blocks(array, layout)
-        tiles = self._w.mesh.tiles_of(layout.region)
-        self._w.call([(t, Tile.put, (name, blocks[self._window(t, layout)])) for t in tiles])
-
-    def get(self, name: str, fill=None) -> np.ndarray:
-        """Cores -> host: the whole tensor. A dead core's block is lost: reading it raises CoreFailed naming the
-        core and the block, unless `fill` (e.g. np.nan) is given to stand for the lost elements."""
-        layout = self._layout(name)
-        tiles = self._w.mesh.tiles_of(layout.region)
-        parts = self._w.call([(t, Tile.get, (name, fill)) for t in tiles])
-        blocks = np.zeros(layout.region.shape + layout.max_block_shape(), layout.dtype)
-        for t, part in zip(tiles, parts, strict=True):
-            blocks[self._window(t, layout)] = part
-        return from_blocks(blocks, layout)
-
-    def _window(self, t: TileId, layout: Layout) -> tuple[slice, slice]:
-        """Tile t's cores as a window into the (rows, cols) of the tensor's region."""
-        return layout.region.window(self._w.mesh.tile_region(t).intersect(layout.region))
-
-    def owners(self, name: str, index: tuple[int, ...]) -> list[Coord]:
-        """The cores that hold element `index` of `name`."""
-        return self._layout(name).owners(tuple(index))
-
-    def read(self, name: str, index: tuple[int, ...]):
-        """One element, read from (the first of) the core(s) that own it."""
-        layout = self._layout(name)
-        core = layout.owners(tuple(index))[0]
-        row, col = layout.region.local(core)
-        (block,) = self._w.call([(self._w.mesh.tile_of(core), Tile.read, (name, row, col))])
-        local = tuple(i - sl.start for i, sl in zip(index, layout.block_slices(row, col), strict=True))
-        return block[local]
-
-    def free(self, name: str) -> None:
-        layout = self._layout(name)
-        self._w.call([(t, Tile.free, (name,)) for t in self._w.mesh.tiles_of(layout.region)])
-        del self.layouts[name]
-
-    def _layout(self, name: str) -> Layout:
-        self._w.live()
-        try:
-            return self.layouts[name]
-        except (KeyError, TypeError):
-            raise UnknownTensor(f"no DSM tensor {name!r}; allocated: {sorted(self.layouts) or 'none'}") from None
 
 
 class Wafer:

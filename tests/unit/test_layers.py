@@ -32,6 +32,7 @@ FLOORS = {
 }
 FLOORS["waferrt.actors"] = set(FLOORS)  # the tiles run the serving loop
 FLOORS["waferrt.inject"] = set(FLOORS)  # faults into the tiles (the Wafer's fault session)
+FLOORS["waferrt.dsm"] = set(FLOORS)  # the Wafer's named tensors in the tiles
 FLOORS["waferrt.runtime"] = set(FLOORS)
 FLOORS["waferrt.recovery"] = set(FLOORS)  # what the host does when a fault hits a decode
 FLOORS["waferrt.llm"] = set(FLOORS)  # the joins: the runtime (Wafer), then WaferLLM on top of it
