@@ -84,10 +84,7 @@ def _unplanned(session, dead: list[TileId], hit: list, at: float) -> list:
     if any(isinstance(e.fault, NodeLoss) for e in hit):
         return []
     explained = {e.fault.tile for e in hit if isinstance(e.fault, TileCrash)}
-    events = [session.log.events[session.log.add(TileCrash(t))] for t in dead if t not in explained]
-    for e in events:
-        e.fired_at = at
-    return events
+    return session.log.found([TileCrash(t) for t in dead if t not in explained], at)
 
 
 def _unexplained(session, placement, cores: set, links: set, at: float) -> list:
@@ -101,10 +98,7 @@ def _unexplained(session, placement, cores: set, links: set, at: float) -> list:
     known |= {frozenset((e.fault.a, e.fault.b)) for e in session.log.events if isinstance(e.fault, LinkFailure)}
     new = [CoreFailure(c) for c in sorted(cores) if c not in known]
     new += [LinkFailure(a, b) for a, b in sorted(links) if frozenset((a, b)) not in known]
-    events = [session.log.events[session.log.add(f)] for f in new]
-    for e in events:
-        e.fired_at = at
-    return events
+    return session.log.found(new, at)
 
 
 def assess(session, event, placement) -> None:

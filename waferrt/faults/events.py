@@ -76,6 +76,14 @@ class FaultLog:
             ev.step, ev.fired_at = step, at
         return ev
 
+    def found(self, faults, at: float) -> list[FaultEvent]:
+        """Faults nobody injected that a recovery found (a crash, a core dead since an earlier run): each a
+        new event, fired when it was found (its true moment is unknown)."""
+        events = [self.events[self.add(f)] for f in faults]
+        for e in events:
+            e.fired_at = at
+        return events
+
     def pending(self) -> list[FaultEvent]:
         """Fired and not yet recovered."""
         return [e for e in self.events if e.fired_at is not None and e.recovered_at is None]
