@@ -81,7 +81,7 @@ class Tile:
         self.links.corrupt = self.faults.on_send
         self.links.gate.on_disconnect = lambda: self._tell("lost")  # a neighbour's link dropped: is it dead?
         self.host = host
-        self.heartbeat = Heartbeat(host, str(self.tile), lambda: self.decoder.pace if self.decoder else None)
+        self.heartbeat = Heartbeat(host, str(self.tile), self.pace)
 
     def rewire(self, d: str, key: bytes, address: str) -> None:
         """The neighbour to the `d` side was restarted: admit its new key, link to its new socket, and number
@@ -307,6 +307,10 @@ class Tile:
 
     def sram_stats(self) -> dict:
         return {"tile": str(self.tile), **self.sram.stats()}
+
+    def pace(self) -> float | None:
+        """Wall seconds per stage run lately (what the beats carry; None before a decode ran here)."""
+        return self.decoder.pace if self.decoder else None
 
     def pid(self) -> int:
         import os

@@ -93,6 +93,10 @@ class Watch:
                 self.paces[msg["tile"]] = msg["pace"]
         return out
 
+    def note_paces(self, paces: dict[TileId, float | None]) -> None:
+        """Paces asked of the tiles directly (the last look at the end of a decode, before a beat carried them)."""
+        self.paces.update({str(t): p for t, p in paces.items() if p and str(t) in self.names})
+
     def slow(self, factor: float = SLOW_FACTOR, margin: float = SLOW_MARGIN_S) -> list[TileId]:
         """The tiles whose pace is `factor` times the median tile's and `margin` seconds per stage more:
         stragglers (slow, not dead: nothing is done to them)."""

@@ -24,6 +24,7 @@ from waferrt.core.mesh import DEFAULT_MAX_TILES
 from waferrt.decode.setup import DecodeSetup, stage_weights, weight_bytes
 from waferrt.decode.streaming import head_chunks
 from waferrt.fabric.comm import KTREE_FAST, Collectives
+from waferrt.faults.model import Straggler
 from waferrt.model.config import LlamaConfig
 from waferrt.model.sampling import Sampler
 from waferrt.serving.engine import Submission, TokenEvent
@@ -196,7 +197,16 @@ class _OnTiles:
     def stop(self) -> list:
         if self.wafer.failed is not None:
             return self._settle()
+        self._last_look()
         return [r for runs in self._call([(t, Tile.decode_stop, ()) for t in self.wafer.tiles]) for r in runs]
+
+    def _last_look(self) -> None:
+        """A straggler that fired in the decode's last steps has not shown in a beat yet (they come every
+        0.25 s): when one fired and is not found yet, ask every tile's pace once more."""
+        if any(isinstance(e.fault, Straggler) for e in self.session.log.pending()):
+            paces = self._call([(t, Tile.pace, ()) for t in self.wafer.tiles])
+            self.wafer.watch.note_paces(dict(zip(self.wafer.tiles, paces)))
+            self.session.straggling(self.wafer.watch.slow())
 
     def _settle(self) -> list:
         """After a failure that ended the run (fail-fast): when it was a tile's decode loop that failed (a dead

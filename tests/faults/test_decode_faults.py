@@ -78,6 +78,21 @@ def test_each_kind_is_found_and_recovered_with_the_same_tokens(llm, want, kind):
     assert stats.faults == session.log.events
 
 
+def test_a_straggler_in_the_last_step_is_found_all_the_same(llm, want):
+    """Beats come every 0.25 s: a straggler that fires at its tile's last micro-batch shows in none. The host
+    asks the tiles' paces once more when the decode ends, so it is found (not "fired, not detected")."""
+    _, stats = llm.generate(REQUESTS, SAMPLER)
+    tail = llm.placement.layers[-1]
+    tile = llm.placement.mesh.tile_of(Coord(tail.x0, tail.y0))
+    last = len({r.mb for r in stats.runs if llm.placement.mesh.tile_of(Coord(r.region.x0, r.region.y0)) == tile})
+    fault = Straggler(tile, 0.05, Trigger(step=last))
+    with llm.faults(FaultPlan((fault,), seed=1)) as session:
+        got, _ = llm.generate(REQUESTS, SAMPLER)
+    assert [c.tokens for c in got] == want
+    (event,) = session.log.events
+    assert event.outcome == "recovered" and "pace" in event.detected_by, session.log.table()
+
+
 def test_fail_fast_stops_at_the_first_fault_with_what_was_made(llm, want):
     fault = CoreFailure(_live_core(llm, 0), Trigger(step=3))
     with llm.faults(FaultPlan((fault,), policy="fail-fast")), pytest.raises(FaultStop, match=str(fault.core)) as e:
