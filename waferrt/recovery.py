@@ -29,7 +29,7 @@ from waferrt.actors.tile import Tile
 from waferrt.actors.watch import NodeLost, TileDied, TileFailed, TileStalled
 from waferrt.core.mesh import Coord, Dir, TileId
 from waferrt.fabric.links import FabricError, FabricTimeout
-from waferrt.faults.errors import FaultError, FaultStop, PayloadCorrupt, Unrecoverable
+from waferrt.faults.errors import FaultError, FaultStop, NoRoom, PayloadCorrupt, Unrecoverable
 from waferrt.faults.model import CoreFailure, LinkFailure, NodeLoss, Straggler, TileCrash
 from waferrt.scheduler.geometry import link_inside
 from waferrt.scheduler.repair import replan
@@ -173,7 +173,7 @@ def _replan(llm, cores: set[Coord], links: set[tuple[Coord, Coord]], dead_tiles:
     except PlanError as e:
         lost = [*(f"core {c}" for c in sorted(new_cores)), *(f"link {a}-{b}" for a, b in sorted(new_links))]
         died = ", ".join(lost[:6]) + (f" and {len(lost) - 6} more" if len(lost) > 6 else "")
-        raise Unrecoverable(f"{died} died and the model no longer fits the wafer around them: {e}. It would "
+        raise NoRoom(f"{died} died and the model no longer fits the wafer around them: {e}. It would "
                             "need more spare cores (a bigger mesh, or fewer K/V tokens per request)") from None
     llm.adopt(rp.placement)
     return rp.moved

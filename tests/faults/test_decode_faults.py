@@ -17,7 +17,7 @@ from waferrt.core.mesh import Coord, MeshSpec, TileId
 from waferrt.core.spec import TINY
 from waferrt.decode.program import crossings
 from waferrt.faults import CoreFailure, Corrupt, FaultPlan, LinkFailure, Straggler, TileCrash, Trigger
-from waferrt.faults.errors import FaultStop, Unrecoverable
+from waferrt.faults.errors import FaultStop, NoRoom, Unrecoverable
 from waferrt.faults.model import border_links
 from waferrt.llm import WaferLLM
 from waferrt.model import Sampler, synthetic_llama, tiny_config
@@ -114,6 +114,6 @@ def test_more_dead_cores_than_room_is_unrecoverable_and_says_what_died(llm):
     used = {c for r in (p.embed, *p.layers) for c in r.cores()}
     spares = sorted(set(p.mesh.region.cores()) - p.mesh.dead - used)  # they die at once: no room is left
     plan_ = FaultPlan((*(CoreFailure(c) for c in spares), CoreFailure(_live_core(llm, 0), Trigger(step=2))))
-    with llm.faults(plan_), pytest.raises(Unrecoverable) as e:
+    with llm.faults(plan_), pytest.raises(NoRoom) as e:
         llm.generate(REQUESTS, SAMPLER)
     assert "dead" in str(e.value) and e.value.completions is not None
