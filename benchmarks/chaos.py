@@ -7,18 +7,20 @@ It starts three Ray nodes on this machine (``ray.cluster_utils.Cluster``, a priv
 machine's other Rays) so that node losses can happen (the driver's node, 0, is never drawn), plans the tiny
 model over them, decodes the same requests fault-free once, then run after run under
 ``FaultPlan.random(seed + run, ...)`` over what the decode uses (its cores, links, tile borders, tiles and
-worker nodes). A node that was lost is added back between runs, so every run starts on three nodes. Each
-run has a wall-clock deadline: a run that passes it counts as a hang (and ends the campaign). It prints per
-run one line, then: faults injected / fired / detected / recovered, runs identical to the fault-free tokens,
-hangs, runs not recovered, and the recovery cost (detection latency, wall seconds to recover, modelled wafer
-seconds of the weights sent again), by kind.
+worker nodes). A node that was lost is added back between runs, so every run starts on three nodes. What
+died stays dead from run to run (the state a later recovery meets matters) until a run ends in NoRoom (no
+room left to re-plan the model around what died: the expected end of a wafer); the next run then starts on
+a new wafer. Each run has a wall-clock deadline: a run that passes it counts as a hang (and ends the
+campaign; every thread's stack and the fault log are printed). It prints per run one line, then: faults
+injected / fired / detected / recovered, runs identical to the fault-free tokens, with wrong tokens, hangs,
+runs not recovered, runs that used the wafer up, and the recovery cost (detection latency, wall seconds to
+recover, modelled wafer seconds of the weights sent again), by kind.
 """
 
 from __future__ import annotations
 
 import argparse
 import faulthandler
-import logging
 import os
 import statistics
 import sys
@@ -27,6 +29,7 @@ import threading
 import time
 
 RUN_DEADLINE_S = 180.0
+NO_ROOM = "no room"  # a run that ended in NoRoom: the faults so far left no room for the model (expected)
 
 
 def main() -> int:
@@ -44,7 +47,9 @@ def main() -> int:
     cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 1, "include_dashboard": False})
     workers = [cluster.add_node(num_cpus=1) for _ in range(args.nodes - 1)]
     try:
-        ray.init(address=cluster.address, log_to_driver=False, logging_level=logging.ERROR)
+        from waferrt.runtime import ray_init
+
+        ray_init(cluster.address)  # Ray's "(raylet) A worker died" lines (the TileCrashes) go to a logger
         cluster.wait_for_nodes()
         return _campaign(args, cluster, workers)
     finally:
@@ -70,10 +75,12 @@ def _campaign(args, cluster, workers) -> int:
     def node_loss(i: int) -> None:
         cluster.remove_node(nodes[i])
 
-    events, outcomes = [], []
-    with WaferLLM(cfg, weights, placement) as llm:
-        want = [c.tokens for c in llm.generate(requests, sampler)[0]]
+    events, outcomes, llm = [], [], None
+    try:
         for run in range(args.first, args.first + args.runs):
+            if llm is None:  # the first wafer, or a new one when the last had no room left for the model
+                llm = WaferLLM(cfg, weights, placement).open()
+                want = [c.tokens for c in llm.generate(requests, sampler)[0]]
             plan_ = _draw(args, run, llm)
             t0 = time.monotonic()
             outcome, log = _run(llm, plan_, node_loss, requests, sampler, want)
@@ -84,6 +91,13 @@ def _campaign(args, cluster, workers) -> int:
             if outcome == "hang":
                 break
             nodes[1:] = _restore(cluster, nodes[1:], llm)
+            if outcome == NO_ROOM:
+                print("    the wafer has no room left for the model: the next run starts on a new one")
+                llm.close()
+                llm = None
+    finally:
+        if llm is not None:
+            llm.close()
     _summary(events, outcomes)
     return 0 if all(o == "identical" for o in outcomes) else 1
 
@@ -100,7 +114,10 @@ def _draw(args, run: int, llm):
 
 
 def _run(llm, plan_, node_loss, requests, sampler, want):
-    """One run under `plan_` in a thread with a deadline: (identical | wrong tokens | unrecovered | hang, log)."""
+    """One run under `plan_` in a thread with a deadline: (identical | wrong tokens | no room | unrecovered | hang,
+    log)."""
+    from waferrt.faults.errors import NoRoom
+
     result = {}
 
     def go():
@@ -118,8 +135,9 @@ def _run(llm, plan_, node_loss, requests, sampler, want):
             print(session.log.table())
             return "hang", session.log
     if "error" in result:
-        print(f"    not recovered: {type(result['error']).__name__}: {str(result['error'])[:300]}")
-        return "unrecovered", session.log
+        e = result["error"]
+        print(f"    not recovered: {type(e).__name__}: {str(e)[:300]}")
+        return NO_ROOM if isinstance(e, NoRoom) else "unrecovered", session.log
     return ("identical" if result["got"] == want else "wrong tokens"), session.log
 
 
@@ -132,7 +150,8 @@ def _restore(cluster, workers, llm):
 def _summary(events, outcomes) -> None:
     fired = [e for e in events if e.fired_at is not None]
     print(f"\n{len(outcomes)} runs: {outcomes.count('identical')} identical, {outcomes.count('wrong tokens')} "
-          f"with wrong tokens, {outcomes.count('unrecovered')} not recovered, {outcomes.count('hang')} hangs")
+          f"with wrong tokens, {outcomes.count('unrecovered')} not recovered, {outcomes.count('hang')} hangs, "
+          f"{outcomes.count(NO_ROOM)} ended in NoRoom (the wafer used up: the next run on a new one)")
     print(f"faults: {len(events)} injected, {len(fired)} fired, "
           f"{sum(e.detected_at is not None for e in fired)} detected, "
           f"{sum(e.recovered_at is not None for e in fired)} recovered")

@@ -2,7 +2,8 @@
 
 Contract: ``replan(placement, dead_cores, dead_links) -> Replan`` is pure. Regions that the failure does
 not touch stay where they are. A broken layer moves to a free rectangle of its (unchanged) shape, the
-free spare slots first, preferring one inside a tile and next to its neighbours in the chain. A broken
+free spare slots first, preferring one inside a tile and next to its neighbours in the chain. When every
+region lay inside one tile (as the decode on the tile actors needs), every region still does. A broken
 embedding moves to a free rectangle of any shape that fits, or, when there is none, to the one that
 displaces the fewest layers (which then move to free space too). Only when that fails is the model
 planned afresh on the damaged mesh (``Replan.mode == "fresh"``), and only when that fails too does
@@ -21,7 +22,7 @@ from waferrt.core.mesh import Coord, MeshSpec, Region
 from waferrt.decode import layout as dl
 
 from . import budget
-from .geometry import Obstacles, check_links, cores_in, link_inside
+from .geometry import Obstacles, check_links, cores_in, link_inside, tiles_spanned
 from .placement import plan, violations
 from .types import Placement, PlanError
 
@@ -81,13 +82,15 @@ def _displaced(w: int, h: int, shape: tuple[int, int], layers: dict[int, Region]
 
 
 def _pick(mesh: MeshSpec, free: np.ndarray, w: int, h: int, near: list[Region], old: Region,
-          first: np.ndarray | None = None) -> tuple[tuple[int, int, int, int], Region] | None:
-    """Best position among free[y, x]: fewest `first` (e.g. layers displaced), inside one tile, fewest
-    hops to `near`, then nearest `old`. Returns (its key, region) or None."""
+          first: np.ndarray | None = None, whole: bool = False) -> tuple[tuple[int, int, int, int], Region] | None:
+    """Best position among free[y, x]: fewest `first` (e.g. layers displaced), inside one tile (only those
+    when `whole`), fewest hops to `near`, then nearest `old`. Returns (its key, region) or None."""
     ys, xs = np.nonzero(free)
+    span = (xs + w - 1) // mesh.tile_w - xs // mesh.tile_w + (ys + h - 1) // mesh.tile_h - ys // mesh.tile_h
+    if whole:
+        ys, xs, span = ys[span == 0], xs[span == 0], span[span == 0]
     if not len(xs):
         return None
-    span = (xs + w - 1) // mesh.tile_w - xs // mesh.tile_w + (ys + h - 1) // mesh.tile_h - ys // mesh.tile_h
     hops = np.zeros(len(xs), np.int64)
     for r in near:
         hops += np.maximum(0, np.maximum(r.x0 - (xs + w - 1), xs - (r.x1 - 1)))
@@ -104,22 +107,22 @@ def _neighbours(i: int, layers: dict[int, Region], embed: Region | None, n: int)
     return [r for r in out if r is not None]
 
 
-def _embed_positions(p: Placement, mesh: MeshSpec, base: Obstacles,
-                     layers: dict[int, Region]) -> list[Region]:
+def _embed_positions(p: Placement, mesh: MeshSpec, base: Obstacles, layers: dict[int, Region],
+                     whole: bool) -> list[Region]:
     """Free embedding positions, best first: the best of each shape, ranked by layers displaced, then
     inside one tile, hops to the ends of the chain, and cores."""
     found = []
     for we, he in _embed_shapes(p, mesh):
         free = base.free_map(we, he)
         got = _pick(mesh, free, we, he, [p.layers[0], p.layers[-1]], p.embed,
-                    _displaced(we, he, free.shape, layers)) if free.size else None
+                    _displaced(we, he, free.shape, layers), whole) if free.size else None
         if got:
             found.append((got[0][:3], we * he, got[0][3], got[1]))
     return [r for *_, r in sorted(found, key=lambda t: t[:3])]
 
 
 def _place_layers(p: Placement, mesh: MeshSpec, base: Obstacles, embed: Region, layers: dict[int, Region],
-                  todo: list[int]) -> dict[int, Region] | None:
+                  todo: list[int], whole: bool) -> dict[int, Region] | None:
     """Free w x h rectangles for the layers in `todo` (spare slots first), or None when one has none."""
     n, (w, h), layers = len(p.layers), (p.layers[0].w, p.layers[0].h), dict(layers)
     spare = np.zeros((mesh.height, mesh.width), np.int64)
@@ -130,24 +133,25 @@ def _place_layers(p: Placement, mesh: MeshSpec, base: Obstacles, embed: Region, 
         if not free.size:
             return None
         outside = 1 - np.lib.stride_tricks.sliding_window_view(spare, (h, w)).min(axis=(2, 3))
-        got = _pick(mesh, free, w, h, _neighbours(i, layers, embed, n), p.layers[i], outside)
+        got = _pick(mesh, free, w, h, _neighbours(i, layers, embed, n), p.layers[i], outside, whole)
         if got is None:
             return None
         layers[i] = got[1]
     return layers
 
 
-def _repair(p: Placement, mesh: MeshSpec, links: frozenset,
-            broken: list[str]) -> tuple[Region, dict[int, Region]] | None:
+def _repair(p: Placement, mesh: MeshSpec, links: frozenset, broken: list[str],
+            whole: bool) -> tuple[Region, dict[int, Region]] | None:
     """New embed region and layer regions, moving only broken (and displaced) regions; None: no room.
-    A broken embedding tries its new positions, best first, until the layers it displaces find room."""
+    A broken embedding tries its new positions, best first, until the layers it displaces find room.
+    `whole`: every region lies inside one tile (the decode's rule)."""
     healthy = {i: r for i, r in enumerate(p.layers) if f"layer {i}" not in broken}
     todo = [i for i in range(len(p.layers)) if i not in healthy]
     base = Obstacles(mesh.width, mesh.height, mesh.dead, links)
-    embeds = _embed_positions(p, mesh, base, healthy) if "embed" in broken else [p.embed]
+    embeds = _embed_positions(p, mesh, base, healthy, whole) if "embed" in broken else [p.embed]
     for embed in embeds:
         kept = {i: r for i, r in healthy.items() if r.intersect(embed) is None}
-        layers = _place_layers(p, mesh, base, embed, kept, todo + [i for i in healthy if i not in kept])
+        layers = _place_layers(p, mesh, base, embed, kept, todo + [i for i in healthy if i not in kept], whole)
         if layers is not None:
             return embed, layers
     return None
@@ -180,7 +184,8 @@ def replan(placement: Placement, dead_cores: frozenset[Coord] = frozenset(),
     if not broken:
         new = dataclasses.replace(p, mesh=mesh, dead_links=links, spare=spare)
         return Replan(new, (), (), "unchanged")
-    fixed = _repair(p, mesh, links, broken) if p.group == 1 else None  # a region of a group moves whole: afresh
+    whole = all(tiles_spanned(p.mesh, r) == 1 for _, r in p.regions())  # kept so: the decode needs it
+    fixed = _repair(p, mesh, links, broken, whole) if p.group == 1 else None  # a group's region moves afresh
     if fixed is not None:
         embed, layers = fixed
         regions = (embed, *layers.values())
@@ -197,4 +202,9 @@ def replan(placement: Placement, dead_cores: frozenset[Coord] = frozenset(),
     except PlanError as e:
         raise PlanError(f"cannot re-plan: the failure breaks {', '.join(broken)}; there is no free room to "
                         f"move them and no fresh plan fits the damaged mesh either: {e}") from None
+    across = [f"{name} {r}" for name, r in new.regions() if tiles_spanned(mesh, r) > 1]
+    if whole and across:
+        raise PlanError(f"cannot re-plan: the failure breaks {', '.join(broken)}; there is no free room inside "
+                        f"one tile to move them, and a fresh plan puts {', '.join(across[:3])} across tiles (the "
+                        "decode runs every region inside one tile)")
     return Replan(new, _moves(p, new), tuple(broken), "fresh")

@@ -146,6 +146,7 @@ class _OnTiles:
         self.session = self.wafer.session or FaultSession(self.wafer)  # real failures are recovered too
         self.tokens = 0  # tokens received (the host's step, for node losses)
         self.fruitless = 0  # recoveries since the last token
+        self.handled: set[int] = set()  # the fault events a recovery has taken on (FaultEvent.index)
 
     @property
     def setup(self) -> DecodeSetup:

@@ -15,7 +15,10 @@ stage runs the surviving tiles booked before the fault, after it has
    weights of the others from the host's copy (as Cerebras' MemoryX streams them in);
 6. started the loops again. The caller then resumes every unfinished request (waferrt.serving.recovery):
    the K/V entries that died are recomputed by replaying the requests' tokens.
-Under the fail-fast policy the first fault raises :class:`~waferrt.faults.errors.FaultStop` instead.
+Under the fail-fast policy the first fault raises :class:`~waferrt.faults.errors.FaultStop` instead. A
+fault during the repair is raised (the host recovers from it in turn); anything else that stops the repair
+(a re-plan the decode cannot run, a bug) is Unrecoverable at once, and so are more than MAX_FRUITLESS
+recoveries in a row that found no new fault and brought no token: never a loop.
 """
 
 from __future__ import annotations
@@ -25,8 +28,8 @@ import time
 from waferrt.actors.tile import Tile
 from waferrt.actors.watch import NodeLost, TileDied, TileFailed, TileStalled
 from waferrt.core.mesh import Coord, Dir, TileId
-from waferrt.fabric.links import FabricTimeout
-from waferrt.faults.errors import FaultStop, PayloadCorrupt, Unrecoverable
+from waferrt.fabric.links import FabricError, FabricTimeout
+from waferrt.faults.errors import FaultError, FaultStop, NoRoom, PayloadCorrupt, Unrecoverable
 from waferrt.faults.model import CoreFailure, LinkFailure, NodeLoss, Straggler, TileCrash
 from waferrt.scheduler.geometry import link_inside
 from waferrt.scheduler.repair import replan
@@ -39,13 +42,26 @@ MAX_FRUITLESS = 3  # recoveries in a row after which no new token came: the run 
 
 
 def recover(dec, error: Exception) -> list:
+    """Repair the wafer after `error` (module doc). Another fault during the repair raises that fault (the
+    host recovers from it in turn); anything else that stops the repair -- a re-plan the decode cannot run,
+    a bug -- is :class:`Unrecoverable`, naming it and the fault it was recovering from."""
+    try:
+        return _recover(dec, error)
+    except (FaultError, TileFailed, FabricError):
+        raise
+    except Exception as e:  # noqa: BLE001 - not a fault: retrying would fail the same way
+        raise Unrecoverable(f"the recovery from {error} failed: {type(e).__name__}: {e}") from e
+
+
+def _recover(dec, error: Exception) -> list:
     llm, wafer, session = dec.llm, dec.wafer, dec.session
     found = time.time()
     if session.policy == "fail-fast":
         raise FaultStop(f"the fail-fast policy ends the run at the first fault: {error}") from error
     dec.fruitless += 1
     if dec.fruitless > MAX_FRUITLESS:
-        raise Unrecoverable(f"{MAX_FRUITLESS} recoveries in a row produced no token; the last failure: {error}")
+        raise Unrecoverable(f"{MAX_FRUITLESS} recoveries in a row found no new fault and produced no token; the "
+                            f"last failure: {error}")
     wafer.failed = None
     dead = wafer.dead_tiles()
     live = [t for t in wafer.tiles if t not in dead]
@@ -59,8 +75,9 @@ def recover(dec, error: Exception) -> list:
     cores = {c for r in reports for c in r["cores"]}
     links = {tuple(link) for r in reports for link in r["links"]}
     hit += _unplanned(session, dead, hit, found) + _unexplained(session, llm.placement, cores, links, found)
-    if hit:  # a fault to recover from: progress, whatever comes next
+    if {e.index for e in hit} - dec.handled:  # a new fault to recover from: progress, whatever comes next
         dec.fruitless = 0
+        dec.handled |= {e.index for e in hit}
     by, kind = _detector(error)
     for e in hit:  # a fault of another kind than the error's was found by the recovery's own scan
         session.log.detected([e], by if e.kind == kind or len(hit) == 1 else
@@ -150,7 +167,7 @@ def _replan(llm, cores: set[Coord], links: set[tuple[Coord, Coord]], dead_tiles:
     except PlanError as e:
         lost = [*(f"core {c}" for c in sorted(new_cores)), *(f"link {a}-{b}" for a, b in sorted(new_links))]
         died = ", ".join(lost[:6]) + (f" and {len(lost) - 6} more" if len(lost) > 6 else "")
-        raise Unrecoverable(f"{died} died and the model no longer fits the wafer around them: {e}. It would "
+        raise NoRoom(f"{died} died and the model no longer fits the wafer around them: {e}. It would "
                             "need more spare cores (a bigger mesh, or fewer K/V tokens per request)") from None
     llm.adopt(rp.placement)
     return rp.moved

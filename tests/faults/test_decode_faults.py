@@ -5,7 +5,8 @@ uses at the time (its placement moves as recoveries re-plan it). Each test compa
 at temperature 0.8 from seeded RNGs, so a replay that drew its random numbers again would show -- with
 the numpy reference's, and reads the fault's event: what found it and what recovery did. Then the
 policies: fail-fast stops at the first fault with FaultStop; more dead cores than the wafer has room for
-end in Unrecoverable naming what died, with the tokens made so far attached.
+end in Unrecoverable naming what died, with the tokens made so far attached, and so does a repair that fails
+for a reason that is no fault (at once, not in a retry loop).
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ from waferrt.core.mesh import Coord, MeshSpec, TileId
 from waferrt.core.spec import TINY
 from waferrt.decode.program import crossings
 from waferrt.faults import CoreFailure, Corrupt, FaultPlan, LinkFailure, Straggler, TileCrash, Trigger
-from waferrt.faults.errors import FaultStop, Unrecoverable
+from waferrt.faults.errors import FaultStop, NoRoom, Unrecoverable
 from waferrt.faults.model import border_links
 from waferrt.llm import WaferLLM
 from waferrt.model import Sampler, synthetic_llama, tiny_config
@@ -102,11 +103,32 @@ def test_fail_fast_stops_at_the_first_fault_with_what_was_made(llm, want):
     assert [c.tokens for c in got] == want and stats.faults[0].detected_by.startswith("core failed"), stats.faults
 
 
+def test_a_repair_that_fails_for_no_fault_is_unrecoverable_at_once(llm, want, monkeypatch):
+    """A re-plan that raises something other than a fault (here: one the decode could not run) would fail the
+    same way every time: the recovery ends at once in Unrecoverable naming it, never in a retry loop."""
+    import time
+
+    import waferrt.recovery
+
+    def replan(*args, **kw):
+        raise ValueError("layer 0 would span 2 tiles")
+
+    monkeypatch.setattr(waferrt.recovery, "replan", replan)
+    t0 = time.monotonic()
+    with llm.faults(FaultPlan((CoreFailure(_live_core(llm, 1), Trigger(step=3)),))), \
+            pytest.raises(Unrecoverable, match="ValueError: layer 0 would span 2 tiles"):
+        llm.generate(REQUESTS, SAMPLER)
+    assert time.monotonic() - t0 < 30
+    monkeypatch.undo()
+    got, _ = llm.generate(REQUESTS, SAMPLER)  # the wafer is still usable: this run finds the core and re-plans
+    assert [c.tokens for c in got] == want
+
+
 def test_more_dead_cores_than_room_is_unrecoverable_and_says_what_died(llm):
     p = llm.placement
     used = {c for r in (p.embed, *p.layers) for c in r.cores()}
     spares = sorted(set(p.mesh.region.cores()) - p.mesh.dead - used)  # they die at once: no room is left
     plan_ = FaultPlan((*(CoreFailure(c) for c in spares), CoreFailure(_live_core(llm, 0), Trigger(step=2))))
-    with llm.faults(plan_), pytest.raises(Unrecoverable) as e:
+    with llm.faults(plan_), pytest.raises(NoRoom) as e:
         llm.generate(REQUESTS, SAMPLER)
     assert "dead" in str(e.value) and e.value.completions is not None

@@ -14,12 +14,15 @@ from waferrt.decode import layout as dl
 from waferrt.model.config import SMOLLM2_135M, LlamaConfig
 from waferrt.scheduler import KVReserve, PlanError, default_mesh, plan, plan_report, replan, violations
 from waferrt.scheduler.budget import kv_bytes, tensor_bytes
+from waferrt.scheduler.geometry import tiles_spanned
 from waferrt.scheduler.search import smallest_mesh
 
 
 def _check(p, rp, dead=frozenset(), links=frozenset()):
     new = rp.placement
     assert violations(new) == ()
+    if all(tiles_spanned(p.mesh, r) == 1 for _, r in p.regions()):  # the decode runs each region in one tile
+        assert [r for _, r in new.regions() if tiles_spanned(new.mesh, r) > 1] == []
     assert new.mesh.dead == p.mesh.dead | dead and new.dead_links == p.dead_links | links
     hit = {name for name, r in p.regions()
            if any(r.contains(c) for c in dead) or any(r.contains(a) and r.contains(b) for a, b in links)}

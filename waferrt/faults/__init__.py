@@ -5,7 +5,7 @@ armed faults and what is dead on it; ``wire`` the payload checksum and the bit f
 fault looks like when it is found; ``events`` what the host records of each fault. Pure: no Ray, no sockets.
 """
 
-from .errors import CoreFailed, FaultError, FaultStop, LinkFailed, PayloadCorrupt, Unrecoverable
+from .errors import CoreFailed, FaultError, FaultStop, LinkFailed, NoRoom, PayloadCorrupt, Unrecoverable
 from .model import (
     KINDS,
     CoreFailure,
@@ -19,4 +19,4 @@ from .model import (
 )
 
 __all__ = ["KINDS", "CoreFailed", "CoreFailure", "Corrupt", "FaultError", "FaultPlan", "FaultStop", "LinkFailed",
-           "LinkFailure", "NodeLoss", "PayloadCorrupt", "Straggler", "TileCrash", "Trigger", "Unrecoverable"]
+           "LinkFailure", "NodeLoss", "NoRoom", "PayloadCorrupt", "Straggler", "TileCrash", "Trigger", "Unrecoverable"]

@@ -57,5 +57,9 @@ class Unrecoverable(FaultError):
     """The run cannot be repaired: what died and what would be needed."""
 
 
+class NoRoom(Unrecoverable):
+    """More cores and links died than the wafer has room to re-plan the model around."""
+
+
 class FaultStop(FaultError):
     """Under the fail-fast policy, the first fault ends the run."""
