@@ -7,8 +7,8 @@ waferrt.decode.cost) except where it says "emulated":
    from 16 to 720 cores (WSE-2 figures);
 2. the same allreduces emulated hop by hop (LoopFabric, no Ray) on lines of 16 and 64 cores: the counts
    the emulator books next to the closed forms;
-3. Llama3-8B and Qwen2-72B on WSE-2 and WSE-3: pipeline, tensor and the planner's picks (and weight
-   streaming where they do not fit);
+3. Llama3-8B and Qwen2-72B on WSE-2 and WSE-3: the layer and tensor strategies and the planner's picks
+   (and weight streaming where they do not fit);
 4. a decode step emulated (the tile programs over a LoopFabric) next to the estimate of the same placement,
    for every strategy the emulator runs (layer regions, groups, one region for every layer) and for weight
    streaming (one region, the blocks streamed in).
@@ -97,11 +97,11 @@ def strategies() -> list[str]:
                     "| asked | strategy | layer region | one request | tokens/s, 8 in flight | bound |",
                     "|---|---|---|---:|---:|---|"]
             n = m.config.n_layers
-            for what, strat, obj in (("pipeline", Strategy(1, n), "latency"), ("tensor", Strategy(n, n), "latency"),
+            for what, tried, obj in (("layer", [Strategy(1, n)], "latency"), ("tensor", [Strategy(n, n)], "latency"),
                                      ("planner, latency", None, "latency"),
                                      ("planner, throughput", None, "throughput")):
-                out.append(_row(estimate(m.config, spec, spec.full_mesh, kv, "float16", strat, obj, m.label), what))
-            tensor1 = estimate(m.config, spec, spec.full_mesh, KVReserve(4096, 1), "float16", Strategy(n, n),
+                out.append(_row(estimate(m.config, spec, spec.full_mesh, kv, "float16", tried, obj, m.label), what))
+            tensor1 = estimate(m.config, spec, spec.full_mesh, KVReserve(4096, 1), "float16", [Strategy(n, n)],
                                "latency", m.label)
             out.append(_row(tensor1, "tensor, 1 request"))
             s = streaming(m.config, spec, spec.full_mesh, kv, "float16")

@@ -1,12 +1,15 @@
 """What would make a model fit, when the estimate finds no region shape that holds it.
 
-Contract (pure): ``advice(cfg, spec, mesh, kv, dtype, strategy)`` returns sentences, most useful first: the
+Contract (pure): ``advice(cfg, spec, mesh, kv, dtype, tried)`` returns sentences, most useful first: the
 bytes needed against the SRAM there is, the most K/V tokens (or requests) that would fit, a smaller
 storage dtype, how many wafers' SRAM it needs, and weight streaming. Feasibility is the estimator's own
-test (some floor plan exists), so every number it names is one the estimator would accept.
+test (some floor plan exists for one of the strategies `tried`, None: every strategy worth trying), so
+every number it names is one the estimator would accept.
 """
 
 from __future__ import annotations
+
+from collections.abc import Sequence
 
 from waferrt.core.arith import cdiv
 from waferrt.core.dtypes import itemsize
@@ -19,9 +22,9 @@ from .types import KVReserve, Strategy
 from .wafer import floors, strategies
 
 
-def _fits(cfg, spec, mesh, kv: KVReserve, dtype: str, strategy: Strategy | None) -> bool:
-    tried = [strategy] if strategy else strategies(cfg.n_layers)
-    return any(next(floors(cfg, spec, mesh, kv, dtype, s), None) is not None for s in tried)
+def _fits(cfg, spec, mesh, kv: KVReserve, dtype: str, tried: Sequence[Strategy] | None) -> bool:
+    return any(next(floors(cfg, spec, mesh, kv, dtype, s), None) is not None
+               for s in tried or strategies(cfg.n_layers))
 
 
 def _most(hi: int, ok) -> int:
@@ -48,26 +51,26 @@ def model_bytes(cfg: LlamaConfig, kv: KVReserve, dtype: str) -> tuple[int, int]:
 
 
 def advice(cfg: LlamaConfig, spec: HardwareSpec, mesh: tuple[int, int], kv: KVReserve, dtype: str,
-           strategy: Strategy | None) -> tuple[str, ...]:
+           tried: Sequence[Strategy] | None) -> tuple[str, ...]:
     weights, kv_bytes = model_bytes(cfg, kv, dtype)
     have = mesh[0] * mesh[1] * spec.sram_bytes
     out = [f"it needs at least {gb(weights + kv_bytes)} (weights {gb(weights)} + K/V {gb(kv_bytes)}, before "
            f"scratch and the cores lost to region shapes); the {mesh[0]}x{mesh[1]} mesh holds {gb(have)}"]
-    tokens = _most(kv.tokens - 1, lambda t: _fits(cfg, spec, mesh, KVReserve(t, kv.requests), dtype, strategy))
+    tokens = _most(kv.tokens - 1, lambda t: _fits(cfg, spec, mesh, KVReserve(t, kv.requests), dtype, tried))
     if tokens:
         out.append(f"fewer K/V tokens: --kv-tokens {tokens} fits ({kv.requests} requests)")
-    reqs = _most(kv.requests - 1, lambda r: _fits(cfg, spec, mesh, KVReserve(kv.tokens, r), dtype, strategy))
+    reqs = _most(kv.requests - 1, lambda r: _fits(cfg, spec, mesh, KVReserve(kv.tokens, r), dtype, tried))
     if reqs:
         out.append(f"fewer requests in flight: --requests {reqs} fits ({kv.tokens} K/V tokens each)")
-    if itemsize(dtype) > 2 and _fits(cfg, spec, mesh, kv, "bfloat16", strategy):
+    if itemsize(dtype) > 2 and _fits(cfg, spec, mesh, kv, "bfloat16", tried):
         out.append("a 16-bit dtype: --dtype float16 or bfloat16 fits")
     full = spec.full_mesh[0] * spec.full_mesh[1] * spec.sram_bytes
-    if mesh != spec.full_mesh and _fits(cfg, spec, spec.full_mesh, kv, dtype, strategy):
+    if mesh != spec.full_mesh and _fits(cfg, spec, spec.full_mesh, kv, dtype, tried):
         out.append(f"more cores: the whole {spec.name} wafer ({spec.full_mesh[0]}x{spec.full_mesh[1]}) fits")
     else:
         out.append(f"more wafers: its weights and K/V alone fill {cdiv(weights + kv_bytes, full)} {spec.name} "
                    "wafers' SRAM (this estimate covers one wafer; a split over wafers is not modelled)")
-    if strategy is not None and _fits(cfg, spec, mesh, kv, dtype, None):
+    if tried is not None and _fits(cfg, spec, mesh, kv, dtype, None):
         out.append("another strategy: leave out --strategy and the planner picks one that fits")
     out.append("weight streaming: --streaming keeps only K/V and activations on the wafer and streams the "
                f"weights in over {spec.ingress_bytes_per_s / 1e9:,.0f} GB/s")

@@ -1,19 +1,23 @@
 """The whole wafer on paper: plan a model at full-wafer scale analytically and estimate its decode speed.
 
-Contract (pure): ``estimate(cfg, spec, mesh, kv, dtype, strategy=None, objective="latency")`` returns an
-:class:`~waferrt.scheduler.estimate_report.Estimate`. For each strategy (``types.Strategy``: layers per
-region) it searches the layer-region shapes in closed form (``wafer.row_options`` x a few column counts
-between the narrowest that fits in SRAM and the widest whose regions all fit on the floor plan), times
+Contract (pure): ``estimate(cfg, spec, mesh, kv, dtype, tried=None, objective="latency")`` returns an
+:class:`~waferrt.scheduler.estimate_report.Estimate`. For each strategy in `tried` (``types.Strategy``:
+layers per region; what ``strategies.parse_strategy`` reads from ``--strategy``) it searches the
+layer-region shapes in closed form (``wafer.row_options`` x a few column counts between the narrowest
+that fits in SRAM and the widest whose regions all fit on the floor plan), times
 each with the emulator's own closed forms (``waferrt.decode.cost.step_cycles`` and ``pipeline_seconds``:
 every request at its own pace (``decode.schedule``), stages pipelined, hand-overs between
 regions) and keeps the best for the objective: "latency" (time per token of one request) or "throughput"
-(tokens/s with ``kv.requests`` in flight). Without a strategy it tries pipeline, tensor and a few mixes and
-says why the winner won. When nothing fits it says so and what would (``advice``). The host exchange
-(token ids in, logits out over ``spec.ingress_bytes_per_s``) is added per step; the emulator books none.
+(tokens/s with ``kv.requests`` in flight). Without `tried` it tries layer, tensor and a few grouped
+strategies (``wafer.strategies``); with more than one it says why the winner won (and which kinds it
+was limited to), with exactly one that it was asked for. When nothing fits it says so and what would
+(``advice``). The host exchange (token ids in, logits out over ``spec.ingress_bytes_per_s``) is added per
+step; the emulator books none.
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from functools import lru_cache
 
@@ -166,10 +170,11 @@ def explain(best_c, others: list, objective: str) -> str:
 
 
 def estimate(cfg: LlamaConfig, spec: HardwareSpec, mesh: tuple[int, int], kv: KVReserve, dtype: str = "float16",
-             strategy: Strategy | None = None, objective: str = "latency", label: str = "",
+             tried: Sequence[Strategy] | None = None, objective: str = "latency", label: str = "",
              advise: bool = True) -> Estimate:
-    """Plan `cfg` on a mesh of `mesh` = (width, height) cores of `spec` and estimate its decode (module doc);
-    `advise` False skips the search for what would fit when nothing does (the sweep only needs "no")."""
+    """Plan `cfg` on a mesh of `mesh` = (width, height) cores of `spec` and estimate its decode with the best
+    of the strategies `tried` (None: every strategy worth trying; module doc); `advise` False skips the
+    search for what would fit when nothing does (the sweep only needs "no")."""
     if objective not in OBJECTIVES:
         raise ValueError(f"objective is one of {OBJECTIVES}, got {objective!r}")
     if dtype not in STORAGE_DTYPES:
@@ -177,16 +182,25 @@ def estimate(cfg: LlamaConfig, spec: HardwareSpec, mesh: tuple[int, int], kv: KV
     if not (1 <= mesh[0] <= spec.full_mesh[0] and 1 <= mesh[1] <= spec.full_mesh[1]):
         raise ValueError(f"mesh {mesh[0]}x{mesh[1]} is not inside the {spec.name} wafer "
                          f"({spec.full_mesh[0]}x{spec.full_mesh[1]} cores)")
-    tried = [strategy] if strategy else wafer.strategies(cfg.n_layers)
-    found = [c for c in (best(cfg, spec, mesh, kv, dtype, s, objective) for s in tried) if c is not None]
+    if isinstance(tried, Strategy) or (tried is not None and not tried):
+        raise ValueError(f"tried is a list of strategies (e.g. [Strategy(1, {cfg.n_layers})], or "
+                         f"strategies.parse_strategy's), or None for every strategy; got {tried!r}")
+    asked = tuple(tried) if tried is not None else None
+    found = [c for c in (best(cfg, spec, mesh, kv, dtype, s, objective)
+                         for s in asked or wafer.strategies(cfg.n_layers)) if c is not None]
     base = {"label": label or f"{cfg.n_layers}-layer model", "config": cfg, "spec": spec, "mesh": mesh, "kv": kv,
             "dtype": dtype, "objective": objective}
     if not found:
-        return Estimate(**base, strategy=tried[0] if strategy else None, fits=False,
-                        advice=advice(cfg, spec, mesh, kv, dtype, strategy) if advise else ())
+        one = asked[0] if asked and len(asked) == 1 else None
+        return Estimate(**base, strategy=one, fits=False,
+                        advice=advice(cfg, spec, mesh, kv, dtype, asked) if advise else ())
     win = min(found, key=lambda c: c.score(objective))
-    return _report(cfg, spec, win, base, explain(win, found, objective) if not strategy else
-                   f"strategy {win.strategy.kind} as asked (--strategy)")
+    if asked and len(asked) == 1:
+        return _report(cfg, spec, win, base, f"strategy {win.strategy.kind} as asked (--strategy)")
+    why = explain(win, found, objective)
+    if asked:
+        why += f"; tried only {' and '.join(sorted({s.kind for s in asked}))} strategies, as asked (--strategy)"
+    return _report(cfg, spec, win, base, why)
 
 
 def _report(cfg: LlamaConfig, spec: HardwareSpec, c: Candidate, base: dict, why: str) -> Estimate:

@@ -4,7 +4,7 @@ Contract (pure: no Ray, returns immutable data):
 
 - Inputs are frozen values: ``LlamaConfig``, ``HardwareSpec``, ``MeshSpec`` (its ``dead`` cores),
   :class:`KVReserve` (tokens x requests per layer), Ray nodes as :class:`NodeInfo`, dead links.
-- ``plan(..., strategy=...) -> Placement``: ``strategy`` (``types.Strategy``; default: pipeline, one
+- ``plan(..., strategy=...) -> Placement``: ``strategy`` (``types.Strategy``; default: layer, one
   layer per region) says how many consecutive layers share a region: a region of g layers holds their
   weights and K/V stacked on the same cores (one scratch area), budgeted as such; the rules below hold
   for the regions. Every region is a rectangle of live cores, all the same shape
@@ -222,8 +222,9 @@ def _group(config: LlamaConfig, strategy: Strategy | None) -> int:
     if strategy is None:
         return 1
     if not isinstance(strategy, Strategy) or strategy.n_layers != config.n_layers:
-        raise TypeError(f"plan(): strategy must be a Strategy for {config.n_layers} layers (e.g. "
-                        f"Strategy.named('tensor', {config.n_layers})), got {strategy!r}")
+        raise TypeError(f"plan(): strategy must be a Strategy(group, {config.n_layers}) for this model's "
+                        f"{config.n_layers} layers (e.g. Strategy({config.n_layers}, {config.n_layers}): one region "
+                        f"runs every layer), got {strategy!r}")
     return strategy.group
 
 

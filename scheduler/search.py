@@ -192,7 +192,7 @@ def _hopeless(cfg: LlamaConfig, spec: HardwareSpec, tokens: int, requests: int, 
     if not budget.layer_shapes(cfg, sram, tokens, requests, dtype, UNBOUNDED, UNBOUNDED, group):
         nbytes, r = budget.smallest_layer_bytes(cfg, tokens, requests, dtype, group)
         what = "layer region" if group == 1 else f"region of {group} layers"
-        fewer = "" if group == 1 else ", fewer layers per region (--strategy mixed --group N, or pipeline)"
+        fewer = "" if group == 1 else ", fewer layers per region (--strategy grouped:N with a smaller N, or layer)"
         return (f"no mesh size helps: even the widest legal {what} ({r.h} rows x {r.w} cols) needs {nbytes} "
                 f"bytes on a core, more than the {sram} a core holds; lower the KV reserve (tokens or requests)"
                 f"{fewer}, use a smaller dtype, or a spec with more SRAM per core.")

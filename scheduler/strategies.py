@@ -40,7 +40,7 @@ def parse_strategy(text: str, n_layers: int) -> list[Strategy]:
     if kind == "tensor" and not n:
         return [Strategy(n_layers, n_layers)]
     if kind == "grouped" and not n:
-        return [s for s in strategies(n_layers) if s.kind == "mixed"] or [Strategy(1, n_layers)]
+        return [s for s in strategies(n_layers) if s.kind == "grouped"] or [Strategy(1, n_layers)]
     if kind == "grouped" and n.isdigit() and 1 <= int(n) <= n_layers:
         return [Strategy(int(n), n_layers)]
     raise ValueError(f"--strategy {text!r}: use layer, tensor, grouped or grouped:N with N from 1 to {n_layers} "

@@ -1,11 +1,12 @@
 """A hardware design-space sweep: which wafer design serves a model best, under a fixed silicon area.
 
-Contract (pure): ``sweep(cfg, base, grid, kv, dtype, strategy, objective)`` estimates the model on every
+Contract (pure): ``sweep(cfg, base, grid, kv, dtype, tried, objective)`` estimates the model on every
 :class:`Design` of a :class:`Grid` (SRAM per core x mesh x link bandwidth x clock, the rest of the base
-spec kept) with ``estimate.estimate`` and returns :class:`Point` values: tokens/s for the objective (one
-request's for "latency", ``kv.requests`` in flight for "throughput"), what bounds it (compute, fabric,
-ingress, or SRAM capacity when the model does not fit), the design's silicon area and whether it is
-within the budget. ``best_point`` is the fastest design within the budget.
+spec kept) with ``estimate.estimate`` (the best of the strategies `tried`; None: every one worth trying)
+and returns :class:`Point` values: tokens/s for the objective (one request's for "latency",
+``kv.requests`` in flight for "throughput"), what bounds it (compute, fabric, ingress, or SRAM capacity
+when the model does not fit), the strategy that won, the design's silicon area and whether it is within
+the budget. ``best_point`` is the fastest design within the budget.
 
 The area model (docs/ESTIMATES.md): a core is its logic (datapath, router, its share of the wafer's
 wiring) plus its SRAM. SRAM costs ``SRAM_UM2_PER_BIT``: TSMC N7's high-density 6T bit cell, 0.027 um2
@@ -18,6 +19,7 @@ The budget is one WSE-2 die. Link bandwidth and clock are taken to cost no area 
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from waferrt.core.spec import HardwareSpec
@@ -102,8 +104,8 @@ class Point:
 
 
 def sweep(cfg: LlamaConfig, base: HardwareSpec, grid: Grid, kv: KVReserve, dtype: str,
-          strategy: Strategy | None, objective: str, label: str = "") -> list[Point]:
-    return [Point(d, estimate(cfg, d.spec(base), d.mesh, kv, dtype, strategy, objective, label, advise=False),
+          tried: Sequence[Strategy] | None, objective: str, label: str = "") -> list[Point]:
+    return [Point(d, estimate(cfg, d.spec(base), d.mesh, kv, dtype, tried, objective, label, advise=False),
                   objective) for d in grid.designs()]
 
 

@@ -55,17 +55,15 @@ class KVReserve:
                              f"{self.requests} requests")
 
 
-STRATEGIES = ("pipeline", "tensor", "mixed")
-
-
 @dataclass(frozen=True)
 class Strategy:
     """How a model's layers share the wafer: every layer region runs `group` consecutive layers, its cores
     holding the weight blocks (and K/V) of all of them; a token passes the regions in turn.
 
-    group 1 is layer-pipelined regions (each layer its own region: what ``plan`` places and the emulator
-    runs); group = n_layers is WaferLLM-style wafer-scale tensor parallelism (one large region runs every
-    layer, its GEMVs spread over all its cores); anything between is a mix (n_layers / group regions)."""
+    Its ``kind`` is the word ``--strategy`` takes (``strategies.parse_strategy``): "layer", group 1, each
+    layer its own region (layer-pipelined regions: what ``plan`` places by default); "tensor", group =
+    n_layers, WaferLLM-style wafer-scale tensor parallelism (one large region runs every layer, its GEMVs
+    spread over all its cores); "grouped", anything between (n_layers / group regions)."""
 
     group: int
     n_layers: int
@@ -74,21 +72,9 @@ class Strategy:
         if not 1 <= self.group <= self.n_layers:
             raise ValueError(f"a strategy groups 1..{self.n_layers} layers per region, got {self.group}")
 
-    @classmethod
-    def named(cls, kind: str, n_layers: int, group: int | None = None) -> Strategy:
-        """'pipeline' (1 layer per region), 'tensor' (all in one) or 'mixed' (`group` layers per region)."""
-        if kind == "pipeline":
-            return cls(1, n_layers)
-        if kind == "tensor":
-            return cls(n_layers, n_layers)
-        if kind == "mixed" and group is not None and 1 < group < n_layers:
-            return cls(group, n_layers)
-        raise ValueError(f"strategy {kind!r} (group {group}): use 'pipeline', 'tensor', or 'mixed' with a group of "
-                         f"2..{n_layers - 1} layers per region")
-
     @property
     def kind(self) -> str:
-        return "pipeline" if self.group == 1 else "tensor" if self.group == self.n_layers else "mixed"
+        return "layer" if self.group == 1 else "tensor" if self.group == self.n_layers else "grouped"
 
     @property
     def regions(self) -> int:
@@ -96,11 +82,11 @@ class Strategy:
         return -(-self.n_layers // self.group)
 
     def describe(self) -> str:
-        if self.kind == "pipeline":
-            return f"pipeline ({self.n_layers} layer regions, one layer each)"
+        if self.kind == "layer":
+            return f"layer ({self.n_layers} layer regions, one layer each)"
         if self.kind == "tensor":
             return f"tensor (one region runs all {self.n_layers} layers)"
-        return f"mixed ({self.regions} regions of {self.group} layers)"
+        return f"grouped ({self.regions} regions of {self.group} layers)"
 
 
 DEFAULT_NODES = (NodeInfo("local", 2),)

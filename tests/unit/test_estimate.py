@@ -5,7 +5,8 @@
 - its closed-form SRAM per core is the tiles' booking (decode.layout) wherever the emulated layout applies;
 - a 750x994 wafer is answered by timing a bounded number of floor plans (never core by core);
 - a model that does not fit says so and what would, and what it names does fit;
-- the strategy it picks is the best of the candidates for the objective; streaming is ingress-bound;
+- the strategy it picks is the best of the candidates for the objective (or of those asked for, named as
+  ``--strategy`` names them: layer, tensor, grouped); streaming is ingress-bound;
 - the sweep's area model reproduces the WSE-2 die and its best design is within the budget.
 """
 
@@ -25,6 +26,7 @@ from waferrt.model.zoo import MODELS, model_by_name
 from waferrt.scheduler import KVReserve, default_mesh, plan, wafer
 from waferrt.scheduler import estimate as est
 from waferrt.scheduler import sweep as sw
+from waferrt.scheduler.strategies import parse_strategy
 from waferrt.scheduler.streaming import streaming
 from waferrt.scheduler.types import Strategy
 from waferrt.serving import GenRequest, LocalDecoder
@@ -136,15 +138,21 @@ def test_the_planner_picks_the_best_strategy_for_the_objective():
         else:
             assert e.step_s - est.host_seconds(SMOLLM2_135M, WSE2, kv.requests) == pytest.approx(
                 min(c.step_s for c in cands))
-    asked = est.estimate(SMOLLM2_135M, WSE2, WSE2.full_mesh, kv, "float16", Strategy.named("tensor", 30))
+    asked = est.estimate(SMOLLM2_135M, WSE2, WSE2.full_mesh, kv, "float16", parse_strategy("tensor", 30))
     assert asked.strategy.group == 30 and asked.shape is not None and "as asked" in asked.why
+    grouped = est.estimate(SMOLLM2_135M, WSE2, WSE2.full_mesh, kv, "float16", parse_strategy("grouped", 30))
+    assert grouped.strategy.kind == "grouped" and "best is grouped" in grouped.why
+    assert "tried only grouped strategies, as asked" in grouped.why
 
 
 def test_strategy_values_and_errors():
-    assert [Strategy.named(k, 32, 4).kind for k in ("pipeline", "tensor", "mixed")] == ["pipeline", "tensor", "mixed"]
+    assert [Strategy(g, 30).kind for g in (1, 4, 29, 30)] == ["layer", "grouped", "grouped", "tensor"]
+    assert [Strategy(g, 30).describe() for g in (1, 30, 4)] == [
+        "layer (30 layer regions, one layer each)", "tensor (one region runs all 30 layers)",
+        "grouped (8 regions of 4 layers)"]
     assert Strategy(4, 30).regions == 8 and Strategy(1, 30).regions == 30
-    with pytest.raises(ValueError, match="mixed"):
-        Strategy.named("mixed", 32)
+    with pytest.raises(ValueError, match="a list of strategies"):
+        est.estimate(SMOLLM2_135M, WSE2, WSE2.full_mesh, KVReserve(64, 1), "float16", Strategy(1, 30))
     with pytest.raises(ValueError, match="1..32"):
         Strategy(33, 32)
     with pytest.raises(ValueError, match="not inside"):
@@ -168,7 +176,7 @@ def test_the_sweeps_area_model_and_its_best_design():
     assert sw.core_area_um2(48 * 1024) * sw.WSE2_CORES / 1e6 == pytest.approx(sw.WSE2_DIE_MM2)
     assert sw.core_area_um2(96 * 1024) > sw.core_area_um2(48 * 1024)
     grid = sw.Grid((32 * 1024, 64 * 1024), ((650, 862), (820, 1087)), (4.0,), (1.1e9,))
-    points = sw.sweep(SMOLLM2_135M, WSE2, grid, KVReserve(1024, 4), "float16", Strategy(1, 30), "latency")
+    points = sw.sweep(SMOLLM2_135M, WSE2, grid, KVReserve(1024, 4), "float16", [Strategy(1, 30)], "latency")
     best = sw.best_point(points)
     assert len(points) == 4 and best is not None and best.within_budget
     assert all(p.tokens_per_s <= best.tokens_per_s for p in points if p.within_budget)

@@ -23,13 +23,13 @@ def test_estimate_llama3_8b_on_wse2_prints_a_rate_and_its_breakdown():
 
 
 def test_estimate_json_has_the_promised_fields():
-    r = _waferrt("estimate", "--model", "smollm2-135m", "--strategy", "pipeline", "--requests", "4", "--json")
+    r = _waferrt("estimate", "--model", "smollm2-135m", "--strategy", "layer", "--requests", "4", "--json")
     assert r.returncode == 0, r.stderr
     doc = json.loads(r.stdout)
     for key in ("tokens_per_s", "time_per_token_s", "cores_used", "sram_used_bytes", "kv_capacity_tokens",
                 "breakdown_s"):
         assert key in doc
-    assert doc["strategy"] == "pipeline" and doc["layers_per_region"] == 1 and doc["tokens_per_s"] > 0
+    assert doc["strategy"] == "layer" and doc["layers_per_region"] == 1 and doc["tokens_per_s"] > 0
     assert doc["time_per_token_s"] == pytest.approx(sum(doc["breakdown_s"].values()))
 
 
@@ -45,8 +45,8 @@ def test_estimate_that_does_not_fit_exits_1_and_says_what_would():
 
 
 @pytest.mark.parametrize("argv,words", [
-    (["--group", "4"], "--group goes with --strategy mixed"),
-    (["--strategy", "mixed"], "'mixed'"),
+    (["--strategy", "mixed"], "'mixed' is not a strategy: write layer, tensor, grouped or grouped:N"),
+    (["--model", "smollm2-135m", "--strategy", "grouped:31"], "grouped:N with N from 1 to 30"),
     (["--model", "no-such-model"], "neither a named model"),
     (["--mesh", "900x100"], "not inside the wse2 wafer"),
 ])
@@ -65,7 +65,7 @@ def test_help_teaches_with_examples():
 
 def test_sweep_prints_its_table_and_draws_its_png(tmp_path):
     png = tmp_path / "s.png"
-    r = _waferrt("sweep", "--model", "smollm2-135m", "--strategy", "pipeline", "--sram", "4,48", "--mesh",
+    r = _waferrt("sweep", "--model", "smollm2-135m", "--strategy", "layer", "--sram", "4,48", "--mesh",
                  "300x300,750x994", "--png", str(png), "--kv-tokens", "1024")
     assert r.returncode == 0, r.stderr
     assert "best within the area budget" in r.stdout and "SRAM capacity" in r.stdout  # 4 KB does not hold it

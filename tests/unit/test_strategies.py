@@ -71,6 +71,6 @@ def test_strategy_text_is_read_or_refused_with_what_to_write():
     assert parse_strategy("tensor", 30) == [Strategy(30, 30)]
     assert parse_strategy("grouped:15", 30) == [Strategy(15, 30)]
     assert {s.group for s in parse_strategy("grouped", 30)} == {2, 4, 8, 16}
-    for bad in ("grouped:31", "grouped:0", "pipeline", "tensor:2"):
+    for bad in ("grouped:31", "grouped:0", "pipeline", "mixed", "tensor:2"):
         with pytest.raises(ValueError, match="use layer, tensor, grouped or grouped:N"):
             parse_strategy(bad, 30)

@@ -1,6 +1,9 @@
 """``waferrt estimate``: a model on a whole wafer, on paper -- the plan, the decode speed and its breakdown.
 
-Contract: ``add_parser(subparsers)`` registers the subcommand; ``run(args) -> int`` prints the estimate
+Contract: ``add_parser(subparsers)`` registers the subcommand; ``add_workload_args(parser)`` and
+``workload(args)`` are the arguments it shares with ``waferrt sweep`` (``--strategy`` takes the words of
+``waferrt plan``, checked and read by the same code: ``waferrt.cli.strategy.strategy_text`` and
+``waferrt.scheduler.strategies.parse_strategy``); ``run(args) -> int`` prints the estimate
 (text, or ``--json``) made by ``waferrt.scheduler.estimate`` (closed forms, no emulation: seconds even for
 a 750x994-core wafer), with ``--streaming`` the weight-streaming estimate next to it. Exit status: 0 it
 fits (or streams), 1 it does not fit (the output says what would), 2 an argument is wrong.
@@ -16,10 +19,12 @@ from waferrt.core.dtypes import STORAGE_DTYPES
 from waferrt.core.spec import PRESETS, spec_by_name
 from waferrt.model.zoo import MODELS, model_by_name
 from waferrt.scheduler.estimate import OBJECTIVES, estimate
+from waferrt.scheduler.strategies import STRATEGY_HELP, parse_strategy
 from waferrt.scheduler.streaming import streaming
-from waferrt.scheduler.types import STRATEGIES, KVReserve, Strategy
+from waferrt.scheduler.types import KVReserve
 
 from .common import parse_wxh
+from .strategy import strategy_text
 
 EPILOG = f"""examples:
   waferrt estimate --model llama3-8b                    Llama3-8B on a whole WSE-2 (float16, 4096 K/V tokens x 8)
@@ -27,13 +32,16 @@ EPILOG = f"""examples:
   waferrt estimate --model qwen2-72b --streaming        weights streamed in from off-wafer memory
   waferrt estimate --model llama3-8b --objective throughput --requests 32
   waferrt estimate --model llama3-8b --strategy tensor --requests 1
-  waferrt estimate --model codellama-34b --strategy mixed --group 8 --dtype bfloat16 --json
+  waferrt estimate --model codellama-34b --strategy grouped:8 --dtype bfloat16 --json
+  waferrt estimate --model llama3-8b --strategy grouped  the planner picks how many layers per region
   waferrt estimate --model path/to/model.gguf --mesh 200x200   any llama GGUF (metadata only)
 
-Named models: {", ".join(sorted(MODELS))}. Strategies: pipeline (every layer its own region, tokens
-flow region to region), tensor (one region runs every layer: WaferLLM's wafer-scale tensor parallelism),
-mixed (--group layers per region). Without --strategy the planner tries them all and picks by --objective
-(latency: time per token of one request; throughput: tokens/s with --requests in flight) and says why.
+Named models: {", ".join(sorted(MODELS))}. Strategies, as `waferrt plan`
+and `waferrt generate` take them: layer (every layer its own region, tokens flow region to region),
+tensor (one region runs every layer: WaferLLM's wafer-scale tensor parallelism), grouped:N (N layers per
+region). Without --strategy, or with grouped alone, the planner tries them all (or every grouped one) and
+picks by --objective (latency: time per token of one request; throughput: tokens/s with --requests in
+flight) and says why.
 Times are the emulator's own closed forms (tested equal to what its tiles book) plus the host's I/O;
 docs/ESTIMATES.md says what the model leaves out.
 """
@@ -58,9 +66,8 @@ def add_workload_args(p) -> None:
     """What `estimate` and `sweep` both ask: model, base preset, strategy, objective, K/V reserve, dtype."""
     p.add_argument("--model", default="llama3-8b", help="a named model (see below) or a llama GGUF path")
     p.add_argument("--preset", default="wse2", choices=sorted(PRESETS), help="hardware preset (default wse2)")
-    p.add_argument("--strategy", choices=STRATEGIES, help="layers per region: pipeline, tensor or mixed "
-                                                          "(default: the planner picks)")
-    p.add_argument("--group", type=int, help="layers per region of --strategy mixed")
+    p.add_argument("--strategy", type=strategy_text, metavar="S", help=STRATEGY_HELP + "; default: the planner "
+                   "tries every strategy and picks by --objective")
     p.add_argument("--objective", default="latency", choices=OBJECTIVES,
                    help="latency: one request's time per token; throughput: tokens/s with --requests in flight")
     p.add_argument("--kv-tokens", type=int, help="K/V positions per request (default 4096, at most the "
@@ -70,21 +77,20 @@ def add_workload_args(p) -> None:
 
 
 def workload(args):
-    """(config, label, spec, strategy or None, KVReserve) from add_workload_args' arguments."""
+    """(config, label, spec, the strategies to try or None for all, KVReserve) from add_workload_args'
+    arguments; ValueError saying what to write for a --strategy the model cannot take (grouped:N, N too big)."""
     cfg, label = model_by_name(args.model)
     spec = spec_by_name(args.preset)
-    strategy = Strategy.named(args.strategy, cfg.n_layers, args.group) if args.strategy else None
-    if args.group is not None and args.strategy != "mixed":
-        raise ValueError("--group goes with --strategy mixed (layers per region)")
+    tried = parse_strategy(args.strategy, cfg.n_layers) if args.strategy else None
     kv = KVReserve(args.kv_tokens or min(4096, cfg.max_seq_len), args.requests)
-    return cfg, label, spec, strategy, kv
+    return cfg, label, spec, tried, kv
 
 
 def run(args) -> int:
     try:
-        cfg, label, spec, strategy, kv = workload(args)
+        cfg, label, spec, tried, kv = workload(args)
         mesh = args.mesh or spec.full_mesh
-        est = estimate(cfg, spec, mesh, kv, args.dtype, strategy, args.objective, label)
+        est = estimate(cfg, spec, mesh, kv, args.dtype, tried, args.objective, label)
     except ValueError as e:
         print(f"waferrt estimate: {e}", file=sys.stderr)
         return 2

@@ -20,11 +20,14 @@ from .estimate import add_workload_args, workload
 EPILOG = f"""examples:
   waferrt sweep --model llama3-8b                       the default grid, sweep.png
   waferrt sweep --model smollm2-135m --objective throughput --requests 32 --png smollm2.png
-  waferrt sweep --model llama3-8b --strategy pipeline --sram 32,48,64 --mesh 650x862,750x994 --link 2,4,8
+  waferrt sweep --model llama3-8b --strategy layer --sram 32,48,64 --mesh 650x862,750x994 --link 2,4,8
+  waferrt sweep --model llama3-8b --strategy grouped:4 --sram 48,64 --json
   waferrt sweep --model codellama-34b --clock 0.9,1.1,1.3 --json
 
 Every design is the --preset spec with its SRAM per core (--sram, KB), mesh (--mesh), link bandwidth
-(--link, bytes per cycle) and clock (--clock, GHz) replaced, estimated as `waferrt estimate` does. The
+(--link, bytes per cycle) and clock (--clock, GHz) replaced, estimated as `waferrt estimate` does, with
+--strategy as `waferrt plan` takes it: layer, tensor, grouped:N (N layers per region), or grouped (the
+planner picks N for each design); without it the planner picks any strategy for each design. The
 area model (docs/ESTIMATES.md): a core is a WSE-2 core's logic plus its SRAM at TSMC N7 density; the
 budget is one WSE-2 die ({AREA_BUDGET_MM2:,.0f} mm2); links and clock are taken to cost no area.
 Default grid: SRAM {",".join(str(s // 1024) for s in DEFAULT_GRID.sram_bytes)} KB, meshes
@@ -72,8 +75,8 @@ def _grid(args) -> Grid:
 
 def run(args) -> int:
     try:
-        cfg, label, base, strategy, kv = workload(args)
-        points = sweep(cfg, base, _grid(args), kv, args.dtype, strategy, args.objective, label)
+        cfg, label, base, tried, kv = workload(args)
+        points = sweep(cfg, base, _grid(args), kv, args.dtype, tried, args.objective, label)
     except ValueError as e:
         print(f"waferrt sweep: {e}", file=sys.stderr)
         return 2
