@@ -133,8 +133,9 @@ def test_a_foreign_peer_during_a_decode_is_refused_and_changes_nothing(ray_sessi
             deadline = time.monotonic() + 120
             while rounds.value < 1 and attacker.is_alive() and time.monotonic() < deadline:
                 time.sleep(0.05)  # the first round (with the big flood) is in
-            rounds_at_start = rounds.value
-            got, _ = llm.generate(requests, sampler)
+            rounds_at_start, runs = rounds.value, []
+            while not runs or (rounds.value == rounds_at_start and len(runs) < 8):  # until a round overlaps
+                runs.append([c.tokens for c in llm.generate(requests, sampler)[0]])
             rounds_during = rounds.value - rounds_at_start
             peak = watch.stop()
         finally:
@@ -145,7 +146,7 @@ def test_a_foreign_peer_during_a_decode_is_refused_and_changes_nothing(ray_sessi
         (after,) = llm.wafer.call([(TARGET, Tile.fabric_stats, ())])
     assert attacker.exitcode == 0, "the attacking process failed"
     assert rounds.value >= 2 and rounds_during >= 1, f"the attack did not overlap the decode ({rounds.value} rounds)"
-    assert [c.tokens for c in got] == [c.tokens for c in want]
+    assert runs == [[c.tokens for c in want]] * len(runs)
     assert peak - rss0 < RSS_GROWTH_MAX, f"the attacked tile grew from {rss0 >> 20} MB to {peak >> 20} MB"
     refused = after["refused"] - before["refused"]
     assert refused >= 4 * rounds.value, after  # per round: HTTP, garbage, flood, a plain zmq peer (and more)
