@@ -2,7 +2,9 @@
 
 Contract: a :class:`Watch` holds the tile actors and the host inbox they beat to (waferrt.actors.stream).
 ``gather(refs, tiles)`` waits for Ray calls in short slices; between slices it takes the inbox's messages
-and checks that every tile has beaten within ``stall_s`` seconds. A call whose actor died raises
+and checks that every tile has beaten within ``stall_s`` seconds; when a tile says a neighbour's link dropped,
+it looks at once at the processes of the tiles on this machine and pings those on other nodes (a dead
+actor's ping comes back as Ray's actor-death error). A call whose actor died raises
 :class:`TileDied` at once, naming that tile; a tile that falls silent is asked for its pid: no answer and
 Ray says its process is gone -> :class:`TileDied`, no answer otherwise (SIGSTOP, a hung process) ->
 :class:`TileStalled`. ``listen(timeout)`` returns the inbox's messages other than beats (events, errors),
@@ -58,6 +60,7 @@ class Watch:
         self.paces: dict[str, float] = {}  # tile -> its latest pace (seconds per stage run, lately)
         self.suspect = False  # a tile said a neighbour's link dropped: look at their processes at the next check
         self.pids: dict[TileId, int] = {}  # the processes of the tiles on this machine (``local``)
+        self.pings: dict[object, tuple[TileId, object]] = {}  # ping ref -> (tile, the handle pinged): other nodes'
 
     def track(self, handles: dict[TileId, object]) -> None:
         """Watch these tiles (new or restarted) from now on, and only the tiles of `handles`."""
@@ -122,17 +125,35 @@ class Watch:
 
     def check(self) -> None:
         """Raise TileDied / TileStalled for the first tile that has been silent for longer than stall_s, or
-        that does not answer after a neighbour lost its link to it."""
+        that is gone after a neighbour lost its link to it: a tile on this machine by its process, one on
+        another node by a ping that Ray answers with the actor's death (looked at again at every check, never
+        waited for: a busy tile answers later)."""
         if self.suspect:
             self.suspect = False
             for t, pid in self.pids.items():
                 if t in self.handles and not _running(pid):
                     raise TileDied(t, f"died: its process {pid} is gone (its neighbours lost their link to it). "
                                       "Close the wafer and open it again")
+            pinged = {t for t, _ in self.pings.values()}
+            self.pings |= {h.pid.remote(): (t, h) for t, h in self.handles.items()
+                           if t not in self.pids and t not in pinged}
+        if self.pings:
+            self._pinged()
         now = time.monotonic()
         for name, last in self.seen.items():
             if now - last > self.stall_s:
                 self._diagnose(self.names[name], now - last)
+
+    def _pinged(self) -> None:
+        """The pings sent to other nodes' tiles that have come back: a dead actor's raises TileDied."""
+        ready, _ = ray.wait(list(self.pings), num_returns=len(self.pings), timeout=0)
+        for ref in ready:
+            tile, handle = self.pings.pop(ref)
+            try:
+                ray.get(ref)
+            except ray.exceptions.RayActorError as e:
+                if self.handles.get(tile) is handle:  # not a tile restarted since
+                    raise died(tile, e) from None
 
     def _diagnose(self, tile: TileId, silent: float) -> None:
         ping = self.handles[tile].pid.remote()
