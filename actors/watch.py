@@ -10,8 +10,9 @@ Ray says its process is gone -> :class:`TileDied`, no answer otherwise (SIGSTOP,
 :class:`TileStalled`. ``listen(timeout)`` returns the inbox's messages other than beats (events, errors),
 ``check()`` runs the liveness check alone, ``sweep()`` pings every tile and returns those that do not answer
 (after a fault); ``track`` / ``reset`` follow restarted tiles; ``slow()`` names the tiles whose pace
-(carried by their beats) is far behind the others'. The errors are :class:`TileFailed` s; they name the tile
-and say what to do (:class:`NodeLost`, a TileDied, is the Wafer's when the host removed the tile's node)."""
+(carried by their beats) is far behind the others' or their own fastest. The errors are
+:class:`TileFailed` s; they name the tile and say what to do (:class:`NodeLost`, a TileDied, is the Wafer's
+when the host removed the tile's node)."""
 
 from __future__ import annotations
 
@@ -58,6 +59,7 @@ class Watch:
         self.names = {str(t): t for t in handles}
         self.backlog: list[dict] = []  # messages that came while waiting on calls, for the next listen
         self.paces: dict[str, float] = {}  # tile -> its latest pace (seconds per stage run, lately)
+        self.base: dict[str, float] = {}  # tile -> its fastest pace so far (its own yardstick)
         self.suspect = False  # a tile said a neighbour's link dropped: look at their processes at the next check
         self.pids: dict[TileId, int] = {}  # the processes of the tiles on this machine (``local``)
         self.pings: dict[object, tuple[TileId, object]] = {}  # ping ref -> (tile, the handle pinged): other nodes'
@@ -78,9 +80,11 @@ class Watch:
             self.pids[refs[ref]] = ray.get(ref)
 
     def reset(self, tiles: list[TileId]) -> None:
-        """These tiles start afresh (restarted): their silence counts from now."""
+        """These tiles start afresh (restarted): their silence counts from now, their pace is not known yet."""
         for t in tiles:
             self.seen[str(t)] = time.monotonic()
+            self.paces.pop(str(t), None)
+            self.base.pop(str(t), None)
 
     def listen(self, timeout: float) -> list[dict]:
         """The inbox's messages that arrived within `timeout`, but the beats (which only mark the tile alive)."""
@@ -93,22 +97,31 @@ class Watch:
             elif msg["k"] != "beat":
                 out.append(msg)
             elif msg.get("pace"):
-                self.paces[msg["tile"]] = msg["pace"]
+                self._pace(msg["tile"], msg["pace"])
         return out
 
     def note_paces(self, paces: dict[TileId, float | None]) -> None:
         """Paces asked of the tiles directly (the last look at the end of a decode, before a beat carried them)."""
-        self.paces.update({str(t): p for t, p in paces.items() if p and str(t) in self.names})
+        for t, p in paces.items():
+            if p and str(t) in self.names:
+                self._pace(str(t), p)
+
+    def _pace(self, tile: str, pace: float) -> None:
+        self.paces[tile] = pace
+        self.base[tile] = min(self.base.get(tile, pace), pace)
 
     def slow(self, factor: float = SLOW_FACTOR, margin: float = SLOW_MARGIN_S) -> list[TileId]:
-        """The tiles whose pace is `factor` times the median tile's and `margin` seconds per stage more:
-        stragglers (slow, not dead: nothing is done to them)."""
+        """The tiles whose pace is `factor` times, and `margin` seconds per stage more than, the median tile's
+        or their own fastest so far (several tiles may slow at once): stragglers (slow, not dead: nothing is
+        done to them)."""
         paces = sorted(self.paces.values())
-        if len(paces) < 2:
-            return []
-        median = paces[len(paces) // 2 - (len(paces) % 2 == 0)]  # the lower median: robust with one slow tile
-        return [self.names[t] for t, p in self.paces.items() if p > factor * median and p - median > margin
-                and t in self.names]
+        median = paces[len(paces) // 2 - (len(paces) % 2 == 0)] if len(paces) > 1 else None  # the lower one
+
+        def behind(p: float, ref: float | None) -> bool:
+            return ref is not None and p > factor * ref and p - ref > margin
+
+        return [self.names[t] for t, p in self.paces.items()
+                if t in self.names and (behind(p, median) or behind(p, self.base.get(t)))]
 
     def sweep(self) -> list[TileId]:
         """The tiles that do not answer a ping within PING_S (dead, or frozen: as good as dead)."""
