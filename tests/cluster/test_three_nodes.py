@@ -11,8 +11,8 @@ address), and lists the named actors (what ``ray list actors`` and the dashboard
 tiles, the decode again under a TileCrash of a tile on a worker node (found by a ping when its neighbours'
 links drop, before its heartbeat falls silent), under a NodeLoss of worker node 2 at the 5th token
 (``Cluster.remove_node`` without a graceful shutdown: its raylet is killed, the workers it leaves running a
-moment are ended by the host), and under a NodeLoss of node 0, the driver's own (never carried out:
-``Unrecoverable`` says why). Takes ~60 s.
+moment are ended by the host) and again at the 7th (nothing more to do), and under a NodeLoss of node 0,
+the driver's own (never carried out: ``Unrecoverable`` says why). Takes ~60 s.
 """
 
 from __future__ import annotations
@@ -82,7 +82,7 @@ try:
         def lose(i):  # the node goes at once: its raylet and Ray's processes are killed, no graceful shutdown
             cluster.remove_node(nodes[i], allow_graceful=False)
 
-        with llm.faults(FaultPlan((NodeLoss(2, Trigger(step=5)),)), node_loss=lose):
+        with llm.faults(FaultPlan((NodeLoss(2, Trigger(step=5)), NodeLoss(2, Trigger(step=7)))), node_loss=lose):
             got, stats = llm.generate(requests, sampler)
         report["node_loss"] = {"tokens": [c.tokens for c in got] == [c.tokens for c in want],
                                "events": [e.as_dict() for e in stats.faults],
@@ -161,8 +161,9 @@ def test_a_lost_worker_node_is_recovered_from_with_the_same_tokens(run):
     report, printed = run
     lost = report["node_loss"]
     assert lost["tokens"], "tokens after the node loss != the fault-free run's"
-    (event,) = lost["events"]
+    event, again = lost["events"]
     assert event["kind"] == "node" and event["step"] >= 5 and event["outcome"] == "recovered", event
+    assert again["action"] == "none needed: the node was lost already", again  # the same node, a second time
     on_node_2 = [t for t, n in report["tile_nodes"].items() if n == 2]
     assert len(on_node_2) == 2 and all(t in event["action"] for t in on_node_2), event  # restarted, both
     assert set(lost["moved_to"].values()) == {0, 1}, lost["moved_to"]  # on the live nodes now
