@@ -19,7 +19,7 @@ from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
 from waferrt.core.mesh import Dir, MeshSpec, TileId
 
-from .session import BLAS_ENV, workers_inherit_blas_env
+from .session import BLAS_ENV, NodesGone, workers_inherit_blas_env
 from .tile import Tile
 
 CALL_S = 60.0  # the longest a start-up or wiring step may take
@@ -40,11 +40,24 @@ def alive_nodes() -> set[str]:
 def start_tiles(mesh: MeshSpec, spec, namespace: str, ipc_dir: str, node_ids: dict[TileId, str],
                 timeout: float, host: dict, progress=None, tile_cls=TileActor) -> dict[TileId, object]:
     """Start every tile pinned to its node in `node_ids` (every tile must have one), wire the fabric, and
-    point each tile's heartbeat and events at the host inbox (`host`: its "ipc" and "tcp" addresses)."""
+    point each tile's heartbeat and events at the host inbox (`host`: its "ipc" and "tcp" addresses). A
+    node that is not alive in this cluster raises NodesGone naming it and its tiles, before any tile starts."""
+    _check_nodes(node_ids)
     handles = {t: _start(t, mesh, spec, namespace, node_ids[t], timeout, tile_cls) for t in mesh.tiles()}
     addresses = _bind(handles, mesh, ipc_dir, node_ids, progress)
     _wire(mesh, handles, set(handles), addresses, node_ids, host)
     return handles
+
+
+def _check_nodes(node_ids: dict[TileId, str]) -> None:
+    alive = alive_nodes()
+    gone = sorted({n for n in node_ids.values() if n not in alive})
+    if gone:
+        tiles = ", ".join(str(t) for t, n in sorted(node_ids.items()) if n in gone)
+        raise NodesGone(f"the placement puts {tiles} on Ray node(s) {', '.join(n[:12] for n in gone)}, which this "
+                        f"cluster does not have (its {len(alive)} live node(s): "
+                        f"{', '.join(sorted(n[:12] for n in alive))}): plan again on the cluster's nodes "
+                        "(waferrt plan --address ..., or scheduler.plan(nodes=...))")
 
 
 def restart_tiles(handles: dict, dead: list[TileId], mesh: MeshSpec, spec, namespace: str, ipc_dir: str,

@@ -40,6 +40,10 @@ class ClusterUnreachable(ConnectionError):
     """No Ray cluster answers at the address given; the message names it and how to start one."""
 
 
+class NodesGone(ClusterUnreachable):
+    """A placement puts tiles on Ray nodes this cluster does not have (alive); the message names them."""
+
+
 def parse_address(address: str) -> tuple[str, int]:
     """(host, port) of 'HOST:PORT' or 'ray://HOST:PORT'; a ValueError that shows the forms otherwise."""
     host, _, port = address.removeprefix("ray://").rpartition(":")

@@ -2,14 +2,17 @@
 
 Contract: a :class:`Watch` holds the tile actors and the host inbox they beat to (waferrt.actors.stream).
 ``gather(refs, tiles)`` waits for Ray calls in short slices; between slices it takes the inbox's messages
-and checks that every tile has beaten within ``stall_s`` seconds. A call whose actor died raises
+and checks that every tile has beaten within ``stall_s`` seconds; when a tile says a neighbour's link dropped,
+it looks at once at the processes of the tiles on this machine and pings those on other nodes (a dead
+actor's ping comes back as Ray's actor-death error). A call whose actor died raises
 :class:`TileDied` at once, naming that tile; a tile that falls silent is asked for its pid: no answer and
 Ray says its process is gone -> :class:`TileDied`, no answer otherwise (SIGSTOP, a hung process) ->
 :class:`TileStalled`. ``listen(timeout)`` returns the inbox's messages other than beats (events, errors),
 ``check()`` runs the liveness check alone, ``sweep()`` pings every tile and returns those that do not answer
 (after a fault); ``track`` / ``reset`` follow restarted tiles; ``slow()`` names the tiles whose pace
-(carried by their beats) is far behind the others'. The errors are :class:`TileFailed` s; they name the tile
-and say what to do (:class:`NodeLost`, a TileDied, is the Wafer's when the host removed the tile's node)."""
+(carried by their beats) is far behind the others' or their own fastest. The errors are
+:class:`TileFailed` s; they name the tile and say what to do (:class:`NodeLost`, a TileDied, is the Wafer's
+when the host removed the tile's node)."""
 
 from __future__ import annotations
 
@@ -56,8 +59,10 @@ class Watch:
         self.names = {str(t): t for t in handles}
         self.backlog: list[dict] = []  # messages that came while waiting on calls, for the next listen
         self.paces: dict[str, float] = {}  # tile -> its latest pace (seconds per stage run, lately)
+        self.base: dict[str, float] = {}  # tile -> its fastest pace so far (its own yardstick)
         self.suspect = False  # a tile said a neighbour's link dropped: look at their processes at the next check
         self.pids: dict[TileId, int] = {}  # the processes of the tiles on this machine (``local``)
+        self.pings: dict[object, tuple[TileId, object]] = {}  # ping ref -> (tile, the handle pinged): other nodes'
 
     def track(self, handles: dict[TileId, object]) -> None:
         """Watch these tiles (new or restarted) from now on, and only the tiles of `handles`."""
@@ -75,9 +80,11 @@ class Watch:
             self.pids[refs[ref]] = ray.get(ref)
 
     def reset(self, tiles: list[TileId]) -> None:
-        """These tiles start afresh (restarted): their silence counts from now."""
+        """These tiles start afresh (restarted): their silence counts from now, their pace is not known yet."""
         for t in tiles:
             self.seen[str(t)] = time.monotonic()
+            self.paces.pop(str(t), None)
+            self.base.pop(str(t), None)
 
     def listen(self, timeout: float) -> list[dict]:
         """The inbox's messages that arrived within `timeout`, but the beats (which only mark the tile alive)."""
@@ -90,22 +97,31 @@ class Watch:
             elif msg["k"] != "beat":
                 out.append(msg)
             elif msg.get("pace"):
-                self.paces[msg["tile"]] = msg["pace"]
+                self._pace(msg["tile"], msg["pace"])
         return out
 
     def note_paces(self, paces: dict[TileId, float | None]) -> None:
         """Paces asked of the tiles directly (the last look at the end of a decode, before a beat carried them)."""
-        self.paces.update({str(t): p for t, p in paces.items() if p and str(t) in self.names})
+        for t, p in paces.items():
+            if p and str(t) in self.names:
+                self._pace(str(t), p)
+
+    def _pace(self, tile: str, pace: float) -> None:
+        self.paces[tile] = pace
+        self.base[tile] = min(self.base.get(tile, pace), pace)
 
     def slow(self, factor: float = SLOW_FACTOR, margin: float = SLOW_MARGIN_S) -> list[TileId]:
-        """The tiles whose pace is `factor` times the median tile's and `margin` seconds per stage more:
-        stragglers (slow, not dead: nothing is done to them)."""
+        """The tiles whose pace is `factor` times, and `margin` seconds per stage more than, the median tile's
+        or their own fastest so far (several tiles may slow at once): stragglers (slow, not dead: nothing is
+        done to them)."""
         paces = sorted(self.paces.values())
-        if len(paces) < 2:
-            return []
-        median = paces[len(paces) // 2 - (len(paces) % 2 == 0)]  # the lower median: robust with one slow tile
-        return [self.names[t] for t, p in self.paces.items() if p > factor * median and p - median > margin
-                and t in self.names]
+        median = paces[len(paces) // 2 - (len(paces) % 2 == 0)] if len(paces) > 1 else None  # the lower one
+
+        def behind(p: float, ref: float | None) -> bool:
+            return ref is not None and p > factor * ref and p - ref > margin
+
+        return [self.names[t] for t, p in self.paces.items()
+                if t in self.names and (behind(p, median) or behind(p, self.base.get(t)))]
 
     def sweep(self) -> list[TileId]:
         """The tiles that do not answer a ping within PING_S (dead, or frozen: as good as dead)."""
@@ -122,17 +138,35 @@ class Watch:
 
     def check(self) -> None:
         """Raise TileDied / TileStalled for the first tile that has been silent for longer than stall_s, or
-        that does not answer after a neighbour lost its link to it."""
+        that is gone after a neighbour lost its link to it: a tile on this machine by its process, one on
+        another node by a ping that Ray answers with the actor's death (looked at again at every check, never
+        waited for: a busy tile answers later)."""
         if self.suspect:
             self.suspect = False
             for t, pid in self.pids.items():
                 if t in self.handles and not _running(pid):
                     raise TileDied(t, f"died: its process {pid} is gone (its neighbours lost their link to it). "
                                       "Close the wafer and open it again")
+            pinged = {t for t, _ in self.pings.values()}
+            self.pings |= {h.pid.remote(): (t, h) for t, h in self.handles.items()
+                           if t not in self.pids and t not in pinged}
+        if self.pings:
+            self._pinged()
         now = time.monotonic()
         for name, last in self.seen.items():
             if now - last > self.stall_s:
                 self._diagnose(self.names[name], now - last)
+
+    def _pinged(self) -> None:
+        """The pings sent to other nodes' tiles that have come back: a dead actor's raises TileDied."""
+        ready, _ = ray.wait(list(self.pings), num_returns=len(self.pings), timeout=0)
+        for ref in ready:
+            tile, handle = self.pings.pop(ref)
+            try:
+                ray.get(ref)
+            except ray.exceptions.RayActorError as e:
+                if self.handles.get(tile) is handle:  # not a tile restarted since
+                    raise died(tile, e) from None
 
     def _diagnose(self, tile: TileId, silent: float) -> None:
         ping = self.handles[tile].pid.remote()

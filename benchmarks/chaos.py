@@ -39,6 +39,8 @@ def main() -> int:
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--nodes", type=int, default=3, help="Ray nodes (1: no node losses)")
     ap.add_argument("--first", type=int, default=0, help="start at this run (to replay one: --first N --runs 1)")
+    ap.add_argument("-v", "--verbose", action="store_true", help="print every run's fault log (where, step, "
+                                                                 "what found each fault, what recovery did)")
     args = ap.parse_args()
     os.environ.setdefault("RAY_TMPDIR", tempfile.mkdtemp(prefix="waferrt-chaos-"))
     import ray
@@ -69,8 +71,6 @@ def _campaign(args, cluster, workers) -> int:
     requests = [GenRequest((5, 6, 7), 12), GenRequest((100, 3), 9), GenRequest((9,), 14)]
     sampler = Sampler(temperature=0.8, top_p=0.9, seed=5)
     nodes = [cluster.head_node, *workers]
-    placement = plan(cfg, TINY, MeshSpec(24, 16, 8, 8), kv=KVReserve(48, 3),
-                     nodes=tuple(NodeInfo(n.node_id, 1) for n in nodes))
 
     def node_loss(i: int) -> None:
         cluster.remove_node(nodes[i])
@@ -79,6 +79,8 @@ def _campaign(args, cluster, workers) -> int:
     try:
         for run in range(args.first, args.first + args.runs):
             if llm is None:  # the first wafer, or a new one when the last had no room left for the model
+                placement = plan(cfg, TINY, MeshSpec(24, 16, 8, 8), kv=KVReserve(48, 3),
+                                 nodes=tuple(NodeInfo(n.node_id, 1) for n in nodes))  # the nodes there are now
                 llm = WaferLLM(cfg, weights, placement).open()
                 want = [c.tokens for c in llm.generate(requests, sampler)[0]]
             plan_ = _draw(args, run, llm)
@@ -88,6 +90,8 @@ def _campaign(args, cluster, workers) -> int:
             events += log.events
             print(f"run {run:3d} seed {plan_.seed}: {outcome:<12} {time.monotonic() - t0:6.1f} s  "
                   + ", ".join(f"{e.kind}:{e.outcome}" for e in log.events), flush=True)
+            if args.verbose:
+                print(log.table())
             if outcome == "hang":
                 break
             nodes[1:] = _restore(cluster, nodes[1:], llm)

@@ -105,12 +105,17 @@ class FaultSession:
                 "cannot be recovered; the node was not removed (that would take this process down). A run "
                 "survives the loss of the nodes that host only tiles: lose one of nodes "
                 f"{', '.join(str(j) for j, n in enumerate(self.nodes) if n != node) or '(none: one node)'}")
+        if f.node in self.lost_nodes:  # a second NodeLoss of one node: it is gone already
+            return self._nothing_to_do(i, "none needed: the node was lost already")
         self.lost_nodes.add(f.node)
         self.node_loss(f.node)
         if not self._end_tiles(node, f"NodeLoss #{i}"):
-            now = time.time()
-            self.log.detected([self.log.events[i]], "the host (it removed the node)", now)
-            self.log.recovered([self.log.events[i]], "none needed: no tile on that node", now)
+            self._nothing_to_do(i, "none needed: no tile on that node")
+
+    def _nothing_to_do(self, i: int, why: str) -> None:
+        now = time.time()
+        self.log.detected([self.log.events[i]], "the host (it removed the node)", now)
+        self.log.recovered([self.log.events[i]], why, now)
 
     def _end_tiles(self, node: str, why: str) -> list[TileId]:
         """The Ray node `node` is gone: its tiles are ended now -- a lost machine takes its processes along,

@@ -119,21 +119,26 @@ def _unexplained(session, placement, cores: set, links: set, at: float) -> list:
 
 
 def assess(session, event, placement) -> None:
-    """A fault that fired on a core or link that no region of the decode uses is found at once (the tile's
-    own scan) and needs nothing: the core stays dead and later re-plans avoid it."""
+    """A fault that fired on a core or link that no region of the decode uses, or a straggler on a tile that
+    runs no region of it, is found at once (the tile's own scan) and needs nothing: the core stays dead and
+    later re-plans avoid it; the straggler has nothing to slow."""
     if event is None or event.detected_at is not None:
         return
-    f = event.fault
+    f, regions = event.fault, [r for _, r in placement.regions()]
+    dead = "no region of the decode uses it (it stays dead)"
     if isinstance(f, CoreFailure):
-        used = any(r.contains(f.core) for _, r in placement.regions())
+        idle, why = not any(r.contains(f.core) for r in regions), dead
     elif isinstance(f, LinkFailure):
-        used = any(link_inside(r, (f.a, f.b)) for _, r in placement.regions())
+        idle, why = not any(link_inside(r, (f.a, f.b)) for r in regions), dead
+    elif isinstance(f, Straggler):
+        busy = {t for r in regions for t in placement.mesh.tiles_of(r)}
+        idle, why = f.tile not in busy, "the tile runs no region of the decode (nothing to slow)"
     else:
         return
-    if not used:
+    if idle:
         now = time.time()
         session.log.detected([event], "the tile's own scan", now)
-        session.log.recovered([event], "none needed: no region of the decode uses it (it stays dead)", now)
+        session.log.recovered([event], f"none needed: {why}", now)
 
 
 def _detector(error: Exception) -> tuple[str, str | None]:

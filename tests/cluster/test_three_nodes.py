@@ -8,9 +8,11 @@ model is planned on 3x2 tiles of 8x8 cores over the three nodes (``scheduler.pla
 NodeInfo): each node gets a contiguous run of two tiles. The script decodes on the tile actors, asks every
 tile where it runs (a kernel) and where it sends (``Tile.fabric_stats()["peers"]``: each neighbour's
 address), and lists the named actors (what ``ray list actors`` and the dashboard show). Then, on the same
-tiles, the decode again under a NodeLoss of worker node 2 at the 5th token (``Cluster.remove_node`` without
-a graceful shutdown: its raylet is killed, the workers it leaves running a moment are ended by the host),
-and under a NodeLoss of node 0, the driver's own (never carried out: ``Unrecoverable`` says why). Takes ~55 s.
+tiles, the decode again under a TileCrash of a tile on a worker node (found by a ping when its neighbours'
+links drop, before its heartbeat falls silent), under a NodeLoss of worker node 2 at the 5th token
+(``Cluster.remove_node`` without a graceful shutdown: its raylet is killed, the workers it leaves running a
+moment are ended by the host) and again at the 7th (nothing more to do), and under a NodeLoss of node 0,
+the driver's own (never carried out: ``Unrecoverable`` says why). Takes ~60 s.
 """
 
 from __future__ import annotations
@@ -31,7 +33,7 @@ from ray.cluster_utils import Cluster
 from waferrt.actors.tile import Tile
 from waferrt.core.mesh import MeshSpec, TileId
 from waferrt.core.spec import TINY
-from waferrt.faults import FaultPlan, NodeLoss, Trigger, Unrecoverable
+from waferrt.faults import FaultPlan, NodeLoss, TileCrash, Trigger, Unrecoverable
 from waferrt.llm import WaferLLM
 from waferrt.model import Sampler, synthetic_llama, tiny_config
 from waferrt.runtime import ray_init
@@ -71,10 +73,16 @@ try:
         report["named"] = sorted((a["name"], a["namespace"]) for a in ray.util.list_named_actors(all_namespaces=True))
         report["decode"] = [c.tokens for c in got] == [c.tokens for c in want]
 
+        remote = next(t for t in llm.setup.stage_tiles() if llm.wafer.nodes[t] != ids[0] and t != llm.head)
+        with llm.faults(FaultPlan((TileCrash(remote, Trigger(step=3)),))):
+            got, stats = llm.generate(requests, sampler)
+        report["remote_crash"] = {"tokens": [c.tokens for c in got] == [c.tokens for c in want],
+                                  "events": [e.as_dict() for e in stats.faults]}
+
         def lose(i):  # the node goes at once: its raylet and Ray's processes are killed, no graceful shutdown
             cluster.remove_node(nodes[i], allow_graceful=False)
 
-        with llm.faults(FaultPlan((NodeLoss(2, Trigger(step=5)),)), node_loss=lose):
+        with llm.faults(FaultPlan((NodeLoss(2, Trigger(step=5)), NodeLoss(2, Trigger(step=7)))), node_loss=lose):
             got, stats = llm.generate(requests, sampler)
         report["node_loss"] = {"tokens": [c.tokens for c in got] == [c.tokens for c in want],
                                "events": [e.as_dict() for e in stats.faults],
@@ -153,12 +161,26 @@ def test_a_lost_worker_node_is_recovered_from_with_the_same_tokens(run):
     report, printed = run
     lost = report["node_loss"]
     assert lost["tokens"], "tokens after the node loss != the fault-free run's"
-    (event,) = lost["events"]
+    event, again = lost["events"]
     assert event["kind"] == "node" and event["step"] >= 5 and event["outcome"] == "recovered", event
+    assert again["action"] == "none needed: the node was lost already", again  # the same node, a second time
     on_node_2 = [t for t, n in report["tile_nodes"].items() if n == 2]
     assert len(on_node_2) == 2 and all(t in event["action"] for t in on_node_2), event  # restarted, both
     assert set(lost["moved_to"].values()) == {0, 1}, lost["moved_to"]  # on the live nodes now
     assert "(raylet)" not in printed and "Raylet" not in printed, printed[-2000:]  # Ray's messages: a logger's
+
+
+@pytest.mark.cluster
+def test_a_tile_crash_on_another_node_is_seen_before_its_heartbeat_falls_silent(run):
+    """Its neighbours' links drop; the host pings the tiles on other nodes and Ray answers with the actor's
+    death: found well before the heartbeat deadline (STALL_S) would have, and recovered with the same tokens."""
+    from waferrt.runtime import STALL_S
+
+    report, _ = run
+    crash = report["remote_crash"]
+    (event,) = crash["events"]
+    assert crash["tokens"] and event["outcome"] == "recovered", crash
+    assert event["detected_after_s"] < STALL_S, crash
 
 
 @pytest.mark.cluster

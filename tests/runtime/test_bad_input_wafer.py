@@ -1,6 +1,7 @@
 """Misusing an open Wafer's DSM and kernels raises an error that names the argument and the fix, leaves
 nothing booked, and the wafer stays usable; a closed Wafer says it is closed (every entry point) and opens
-again with an empty DSM. A 4x2 mesh in two tile actors (spec tiny), on the session's Ray."""
+again with an empty DSM; tiles placed on a Ray node the cluster lacks are refused, naming it. A 4x2 mesh in
+two tile actors (spec tiny), on the session's Ray."""
 
 from __future__ import annotations
 
@@ -101,3 +102,18 @@ def test_a_closed_wafer_opens_again_with_an_empty_dsm(closed):
         np.testing.assert_array_equal(w.dsm.get("x"), np.full((2, 4), 4, np.float32))
     with pytest.raises(WaferClosed):
         closed.dsm.get("x")
+
+
+def test_tiles_placed_on_a_node_the_cluster_lacks_are_refused_naming_it(ray_session):
+    """A placement made for another cluster (or before a node went): NodesGone names the tiles and the node,
+    says what to do, and nothing starts; the same Wafer then opens on this cluster's nodes."""
+    from waferrt.actors.session import NodesGone
+    from waferrt.core.mesh import TileId
+
+    w = Wafer(spec="tiny", mesh=(4, 2), tile=(2, 2))
+    with pytest.raises(NodesGone, match=r"puts tile\(1,0\) on Ray node\(s\) 0123456789ab, which this cluster does "
+                                        r"not have .*plan again on the cluster's nodes"):
+        w.open(node_ids={TileId(1, 0): "0123456789ab" * 4})
+    assert w.tiles == {}
+    with w.open():
+        assert len(w.tiles) == 2

@@ -1,0 +1,37 @@
+"""Telling a straggler by its pace (actors.watch.Watch.slow): against the median tile's, and against its own
+fastest pace so far -- so that several tiles slowing at once are still found, and a tile that was always a
+little slower (the head's) is not. No Ray: the paces are fed as the beats would carry them."""
+
+from __future__ import annotations
+
+from waferrt.actors.watch import Watch
+from waferrt.core.mesh import TileId
+
+TILES = [TileId(x, y) for y in range(2) for x in range(3)]
+
+
+def _watch(paces: dict[TileId, float]) -> Watch:
+    w = Watch({t: None for t in TILES}, None, 4.0)
+    w.note_paces(paces)
+    return w
+
+
+def test_one_slow_tile_is_behind_the_median():
+    w = _watch({t: 1e-3 for t in TILES})
+    w.note_paces({TILES[4]: 0.02})
+    assert w.slow() == [TILES[4]]
+
+
+def test_many_slow_tiles_are_behind_their_own_fastest_pace():
+    w = _watch({t: 1e-3 for t in TILES})
+    w.note_paces({t: 0.03 for t in TILES[:4]})  # the lower median is a slow one now
+    assert sorted(w.slow()) == sorted(TILES[:4])
+
+
+def test_a_steady_tile_is_not_a_straggler_and_a_restarted_one_starts_afresh():
+    w = _watch({**{t: 1e-3 for t in TILES}, TILES[0]: 2e-3})  # the head's tile: a little slower, always
+    assert w.slow() == []
+    w.note_paces({TILES[1]: 0.03})
+    w.reset([TILES[1]])  # restarted: its pace is not known yet, its old fastest pace no yardstick
+    w.note_paces({TILES[1]: 0.0011})
+    assert w.slow() == []
