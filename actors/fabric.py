@@ -11,10 +11,11 @@ key})`` tells it its neighbours' keys (a handshake refused because it came first
 ``connect({dir: address})`` opens one PUSH socket per neighbour tile, which checks that the peer holds that
 neighbour's secret key. ``send(dir, tag, arrays)`` writes one message: a msgpack header (link, sequence
 number, tag, epoch, a CRC-32 of the payload, dtype and shape of every array) followed by each array's raw
-buffer, sent without copying. ``recv(dir, tag)`` returns the next message from that neighbour (messages from
-other neighbours that arrive first are kept in order for later), ``recv_any`` the one that arrived first from
-any of them (None after a timeout: waiting for traffic); recv checks the per-link sequence number and the tag,
-drops messages of earlier epochs, and raises :class:`~waferrt.fabric.links.FabricTimeout` naming the link when
+buffer, sent without copying (``sent[dir]``: the message's sequence number). ``recv(dir, tag)`` returns the
+next message from that neighbour (messages from other neighbours that arrive first are kept in order for
+later), ``recv_any`` the one that arrived first from any of them (None after a timeout: waiting for traffic;
+``taken[dir]``: the sequence number of the message taken last); recv checks the per-link sequence number and
+the tag, drops messages of earlier epochs, and raises :class:`~waferrt.fabric.links.FabricTimeout` naming the link when
 nothing arrives within the deadline instead of hanging. A lost or duplicated message is a
 :class:`~waferrt.fabric.links.FabricProtocolError`, a payload that fails its checksum (a Corrupt fault's bit
 flips) a :class:`~waferrt.faults.errors.PayloadCorrupt`, each raised by the recv of the link it belongs to
@@ -89,6 +90,7 @@ class ZmqLinks:
         self.peers: dict[Dir, str] = {}  # the neighbour tiles' addresses this tile sends to (ipc or tcp)
         self.sent = collections.Counter()
         self.received = collections.Counter()
+        self.taken = collections.Counter()  # per link: the sequence number of the message recv last returned
         self.pending: dict[Dir, collections.deque] = {d: collections.deque() for d in Dir}
         self.arrived = 0  # messages taken off the socket (numbers the pending ones in arrival order)
         self.pending_bytes = collections.Counter()
@@ -139,7 +141,7 @@ class ZmqLinks:
         if old is not None:
             old.close(0)
         self.admit({**self.neighbours, d: key})
-        self.sent[d] = self.received[d] = 0
+        self.sent[d] = self.received[d] = self.taken[d] = 0
         while self.pending[d]:
             self._pop(d)
         self.connect({d: address})
@@ -164,7 +166,7 @@ class ZmqLinks:
                 raise FabricTimeout(
                     f"{self.tile} waited {self.timeout:.0f}s for message {tag!r} on its {d.name} link and got "
                     f"nothing: the neighbour tile is dead, stuck, or ran a different program{self._drops()}")
-        _, got_tag, payload, _ = self._pop(d)
+        _, got_tag, payload, _, self.taken[d] = self._pop(d)
         if isinstance(payload, Exception):
             raise payload
         if got_tag != tag:
@@ -180,7 +182,7 @@ class ZmqLinks:
             if not self._pull_until(deadline):
                 return None
         d = min(links, key=lambda d: self.pending[d][0][3])
-        _, tag, payload, _ = self._pop(d)
+        _, tag, payload, _, self.taken[d] = self._pop(d)
         if isinstance(payload, Exception):
             raise payload
         return d, tag, payload
@@ -228,7 +230,7 @@ class ZmqLinks:
             self.dropped["stale_epoch"] += 1
             return True
         self.arrived += 1
-        self.pending[side].append((epoch, tag, arrays, self.arrived))
+        self.pending[side].append((epoch, tag, arrays, self.arrived, seq))
         self.pending_bytes[side] += _nbytes(arrays)
         return True
 

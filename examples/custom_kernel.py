@@ -13,7 +13,8 @@ four tile actors (2x2 tiles of 4x4 cores), then runs two kernels written against
 
 Both results are compared with numpy; the modelled cost of each run on a WSE-2 (hops, routing stages, link
 bytes, cycles) is printed, and the stencil's run is traced (``with wafer.trace(path):``): open the JSON in
-ui.perfetto.dev to see every tile's kernel, primitives, sends and waits. Exits non-zero if a result is
+ui.perfetto.dev to see every tile's kernel, primitives, sends and waits, and an arrow from each send to the
+wait on the neighbour tile that took it (click a send or a wait to follow it). Exits non-zero if a result is
 wrong.
 """
 

@@ -188,8 +188,8 @@ class Wafer:
     def trace(self, path: str | Path):
         """Record every kernel run inside the block and write a Chrome / Perfetto trace to `path` at its end
         (ui.perfetto.dev opens it): the host's track (a span per ``wafer.run``) and one track per tile
-        (the kernel, each primitive it ran, each send and each wait on a neighbour; waferrt.core.trace).
-        examples/custom_kernel.py shows it.
+        (the kernel, each primitive it ran, each send and each wait on a neighbour, and an arrow from each send
+        to the wait on the neighbour tile that took it; waferrt.core.trace). examples/custom_kernel.py shows it.
 
         """
         from .core.trace import Recorder, wall_process, write_trace

@@ -6,12 +6,14 @@ from __future__ import annotations
 
 import argparse
 import importlib.util
+import json
 import pathlib
 import re
 import subprocess
 import sys
 
 import pytest
+from tracecheck import check_messages
 
 from waferrt import cli
 from waferrt.cli.common import parse_wxh
@@ -81,6 +83,9 @@ def test_every_example_runs_and_checks_itself(ray_session, capsys, path):
     out = capsys.readouterr().out
     for line in SAYS[path.stem]:
         assert line in out, f"examples/{path.name} did not print {line!r}:\n{out}"
+    if path.stem == "custom_kernel":  # its trace: every message of the stencil an arrow
+        trace = re.search(r"trace of the stencil: (\S+)", out).group(1)
+        assert check_messages(json.loads(pathlib.Path(trace).read_text()))
 
 
 def test_readme_programming_model_example_runs(ray_session, capsys):

@@ -6,7 +6,7 @@ import json
 
 import pytest
 from ggufs import write_gguf
-from tracecheck import check_trace
+from tracecheck import check_handovers, check_trace
 
 from waferrt.cli import main
 from waferrt.model import synthetic_llama, tiny_config
@@ -61,4 +61,5 @@ def test_trace_heatmap_and_verbose(ray_session, tiny_gguf, capsys, tmp_path):
     tracks = check_trace(json.loads(trace.read_text()))
     assert {t for p, t in tracks if p.startswith("wafer")} == {"host", "tile(0,0)", "tile(1,0)", "tile(0,1)",
                                                               "tile(1,1)"}
+    assert check_handovers(json.loads(trace.read_text()))  # the arrows: every hand-over between tiles
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and png.stat().st_size > 20_000

@@ -1,12 +1,13 @@
 """Traces through Ray: a decode on tile actors and kernels run with ``wafer.trace`` give Chrome / Perfetto
-JSON with a track per tile and one for the host, spans that nest, and what ran in them."""
+JSON with a track per tile and one for the host, spans that nest, what ran in them, and an arrow per message
+between tiles (from the send on one tile to the wait on its neighbour that took it)."""
 
 from __future__ import annotations
 
 import json
 
 import numpy as np
-from tracecheck import check_trace
+from tracecheck import check_handovers, check_messages, check_trace
 
 from waferrt import Wafer
 from waferrt.core.mesh import MeshSpec
@@ -43,6 +44,8 @@ def test_a_traced_decode_on_tile_actors(ray_session, tmp_path):
     assert [e["name"] for e in wall["host"]].count("token") == sum(len(c.tokens) for c in got)
     assert any(e["cat"] == "wait" for t, evs in wall.items() if t != "host" for e in evs)
     assert any(p.startswith("modelled") for p, _ in tracks)
+    arrows = check_handovers(json.loads(path.read_text()))  # the tiles' own sequence numbers pair them
+    assert len(arrows) == sum(e["cat"] == "send" for evs in wall.values() for e in evs) > 0
 
 
 def test_kernels_traced_with_wafer_trace(ray_session, tmp_path):
@@ -66,3 +69,6 @@ def test_kernels_traced_with_wafer_trace(ray_session, tmp_path):
         names = [e["name"] for e in tracks[(WALL, tile)]]
         assert names.count("kernel row_sum") == 1 and "allreduce.ktree" in names
         assert any(n.startswith("send ") for n in names) and any(n.startswith("wait ") for n in names)
+    arrows = check_messages(json.loads(path.read_text()))  # every send joined to the wait that took it
+    assert {(a.out_track[1], a.into_track[1]) for a in arrows} == {("tile(0,0)", "tile(1,0)"),
+                                                                   ("tile(1,0)", "tile(0,0)")}

@@ -63,6 +63,23 @@ def test_both_directions_of_a_link(links):
     assert links[A].recv(Dir.E, "back")[0][0] == 3 and links[B].recv(Dir.W, "forth")[0][0] == 4
 
 
+def test_messages_are_numbered_per_link_and_the_receiver_sees_the_senders_number(links):
+    assert links[A].sent[Dir.E] == 0 and links[B].taken[Dir.W] == 0
+    for i in range(3):
+        links[A].send(Dir.E, f"a{i}", [np.zeros(1)])
+    links[C].send(Dir.W, "c0", [np.zeros(1)])
+    links[B].send(Dir.W, "back", [np.zeros(1)])
+    assert (links[A].sent[Dir.E], links[C].sent[Dir.W], links[B].sent[Dir.W]) == (3, 1, 1)  # each link its own
+    taken = []
+    for i in range(3):
+        links[B].recv(Dir.W, f"a{i}")
+        taken.append(links[B].taken[Dir.W])
+    d, _, _ = links[B].recv_any(TIMEOUT)
+    assert taken == [1, 2, 3] and (d, links[B].taken[Dir.E]) == (Dir.E, 1)
+    links[A].recv(Dir.E, "back")
+    assert links[A].taken[Dir.E] == 1
+
+
 def test_a_mismatched_tag_names_both_tags(links):
     links[A].send(Dir.E, "step1", [np.zeros(1)])
     with pytest.raises(FabricProtocolError, match="'step2'.*'step1'|'step1'.*'step2'"):

@@ -8,11 +8,11 @@ import json
 import time
 
 import pytest
-from tracecheck import check_trace
+from tracecheck import check_flows, check_handovers, check_trace
 
 from waferrt.core.mesh import MeshSpec
 from waferrt.core.spec import TINY
-from waferrt.core.trace import Process, Recorder, Span, chrome_trace
+from waferrt.core.trace import Flow, Process, Recorder, Span, chrome_trace, message_flows
 from waferrt.model import Sampler, synthetic_llama, tiny_config
 from waferrt.scheduler import KVReserve, plan
 from waferrt.serving import GenRequest, LocalDecoder, generate_reference
@@ -47,6 +47,53 @@ def test_the_nesting_check_catches_a_partial_overlap():
         check_trace(chrome_trace([Process("p", (("t", spans),))]))
 
 
+def _send(tag, to, seq, start, end):
+    return Span(f"send {tag}", "send", start, end, (("link", "E"), ("tag", tag), ("to", to), ("seq", seq)))
+
+
+def _wait(tag, frm, seq, start, end):
+    return Span(f"wait {tag}", "wait", start, end, (("link", "W"), ("tag", tag), ("from", frm), ("seq", seq)))
+
+
+def test_messages_pair_by_tiles_sequence_number_and_tag_and_become_arrows():
+    a = (Span("kernel", "kernel", 0, 90_000),
+         _send("x", "B", 1, 1_000, 3_000),  # taken by B's first wait
+         _send("y", "B", 2, 4_000, 4_400),  # never taken: no arrow
+         _send("z", "B", 5, 10_000, 10_500),  # lost with its receiver (not taken) ...
+         _send("x", "B", 1, 50_000, 52_000),  # the link was rewired: numbered 1 again, seconds later
+         _send("z", "B", 5, 60_000, 60_500))  # ... and the same number and tag again after the rewiring
+    b = (_wait("x", "A", 1, 500, 3_200),  # began before the send, ended after it began
+         _wait("x", "C", 1, 6_000, 7_000),  # from another tile: not A's message
+         Span("compute", "compute", 7_000, 49_000),
+         _wait("x", "A", 1, 51_000, 60_000),
+         _wait("z", "A", 5, 60_000, 61_000))
+    flows = message_flows((("A", a), ("B", b)))
+    assert flows == [Flow("x", ("A", 1), ("B", 0)), Flow("x", ("A", 4), ("B", 3)), Flow("z", ("A", 5), ("B", 4))]
+    doc = chrome_trace([Process("p", (("A", a), ("B", b)))])
+    arrows = check_flows(doc)
+    assert [(x.name, x.out["ts"], x.into["ts"]) for x in arrows] == [("x", 1, 0), ("x", 50, 51), ("z", 60, 60)]
+    assert len({x.id for x in arrows}) == 3 and all(x.finish["bp"] == "e" for x in arrows)
+    assert [x.finish["ts"] for x in arrows] == [2.5, 59.5, 60.5]  # in the wait, half a microsecond before its end
+
+
+def test_the_flow_check_catches_broken_arrows():
+    a, b = (("A", (_send("x", "B", 1, 1_000, 3_000),)), ("B", (_wait("x", "A", 1, 2_000, 9_000),)))
+    good = chrome_trace([Process("p", (a, b))])
+    check_flows(good)
+    flows = [e for e in good["traceEvents"] if e["ph"] in "sf"]
+    for broken, says in ((lambda s, f: f.update(ts=0.5), "finishes .* before it starts"),
+                         (lambda s, f: f.update(id=99), "1 starts and 0 finishes"),
+                         (lambda s, f: s.update(ts=0.5), "starts at 0.5 outside every span"),
+                         (lambda s, f: f.update(ts=20), "finishes at 20 where no span"),
+                         (lambda s, f: f.update(cat="other"), "differ in cat or name")):
+        doc = json.loads(json.dumps(good))
+        start, finish = (e for e in doc["traceEvents"] if e["ph"] in "sf")
+        broken(start, finish)
+        with pytest.raises(AssertionError, match=says):
+            check_flows(doc)
+    assert len(flows) == 2
+
+
 def test_a_traced_local_decode(tmp_path):
     mesh = MeshSpec(16, 16, 8, 8)
     placement = plan(CFG, TINY, mesh, kv=KVReserve(32, 2))
@@ -69,6 +116,8 @@ def test_a_traced_local_decode(tmp_path):
         sorted((r.mb, r.stage, len(r.items)) for r in stats.runs)
     cats = {e["cat"] for evs in wall.values() for e in evs}
     assert {"compute", "microbatch", "send", "wait"} <= cats
+    arrows = check_handovers(json.loads(path.read_text()))  # every hop of every hand-over is an arrow
+    assert len(arrows) == sum(e["cat"] == "send" for evs in wall.values() for e in evs) > 0
     modelled = {t: evs for (p, t), evs in tracks.items() if p.startswith("modelled")}
     assert len(modelled) == len(CFG_REGIONS(placement))
     n_tasks = sum(len(r.items) for r in stats.runs)

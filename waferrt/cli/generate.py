@@ -114,8 +114,8 @@ def add_parser(sub) -> argparse.ArgumentParser:
     p.add_argument("--address", type=ray_address,
                    help="Ray cluster to join ('auto' for a running local one, or HOST:PORT); default: embedded")
     p.add_argument("--trace", type=output_path("trace.json"), metavar="PATH",
-                   help="write a Chrome/Perfetto trace of the decode (a track per tile and the host, and the modelled "
-                        "wafer's schedule); open it in ui.perfetto.dev")
+                   help="write a Chrome/Perfetto trace of the decode (a track per tile and the host, an arrow per "
+                        "hand-over between tiles, and the modelled wafer's schedule); open it in ui.perfetto.dev")
     p.add_argument("--heatmap", type=output_path("mesh.png"), metavar="PATH",
                    help="draw the mesh as a PNG: SRAM per core, link traffic, busy time per tile, dead/spare cores")
     p.add_argument("-v", "--verbose", action="store_true", help="a line per generated token on stderr")

@@ -10,10 +10,12 @@ While it is on, the program records, on its tile's track:
   of the micro-batch as it ran);
 - per visit of a micro-batch that runs stages here a span ``mb<n>`` (cat "microbatch") around those
   stage runs and the send to the next tile;
-- every send (``send <dir>``) and every wait for a neighbour (``wait <dir>``), from the links.
+- every send (``send <dir>``) and every wait for a neighbour (``wait <dir>``), from the links, each naming
+  its message (the neighbour tile and the link's sequence number): in the written trace an arrow joins the
+  send of each hand-over to the wait on the next tile that took it (waferrt.core.trace).
 
-Micro-batches only passing through a tile show as their send. Faults and recoveries are instants on the
-same recorder (``program.trace.instant(name, "fault", **args)``).
+Micro-batches only passing through a tile show as their wait and their send on (an arrow in, an arrow
+out). Faults and recoveries are instants on the same recorder (``program.trace.instant(name, "fault", **args)``).
 """
 
 from __future__ import annotations

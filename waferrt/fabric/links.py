@@ -7,6 +7,11 @@ after. ``recv(d, tag)`` returns the next message from that neighbour, in the ord
 them, and checks that its tag is ``tag`` (the tiles run the same SPMD program, so the tags agree).
 ``recv_any(timeout)`` returns the message that arrived first from any neighbour as (link, tag, arrays),
 or None when nothing arrives within `timeout` (for event-driven programs, which wait for traffic).
+Every message is numbered on its link: ``sent[d]`` is the sequence number of the latest message this tile
+sent over link d (1, 2, ... per link; 0 before the first; restarting when a link is rewired to a restarted
+neighbour), ``taken[d]`` that of the latest message recv/recv_any returned from link d. The receiver's
+``taken`` of a message equals the sender's ``sent`` of it: with the two tiles and the link, that names one
+message (the trace pairs a send with the receive that took it by it: waferrt.fabric.traced).
 Failures are :class:`FabricError` s that name the tile and the link: :class:`FabricTimeout` (nothing
 arrived within the deadline) and :class:`FabricProtocolError` (a mismatched tag, a lost or duplicated
 message, a send over a link that does not exist). Two fabrics implement it: the in-process one
@@ -16,6 +21,7 @@ pyzmq); tests/unit/test_fabric_conformance.py holds both to it.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Protocol
 
 import numpy as np
@@ -37,6 +43,9 @@ class FabricProtocolError(FabricError):
 
 class Links(Protocol):
     """A tile's links to its neighbour tiles (the fabric)."""
+
+    sent: Mapping[Dir, int]  # the sequence number of the latest message sent over each link
+    taken: Mapping[Dir, int]  # the sequence number of the latest message taken from each link
 
     def send(self, d: Dir, tag: str, arrays: list[np.ndarray]) -> None: ...
 

@@ -4,7 +4,8 @@ Contract: :class:`LoopFabric` gives every tile of a :class:`~waferrt.core.mesh.M
 (``send(dir, tag, arrays)`` / ``recv(dir, tag)``) whose messages go to the neighbour tile in that direction
 through a ``queue.Queue``; arrays are copied on send (no shared buffers, as over a socket), tags are checked,
 every payload's checksum is checked on receipt (a mismatch -- a Corrupt fault's bit flips, ``corrupt`` hook --
-is :class:`~waferrt.faults.errors.PayloadCorrupt`, raised by that link's recv), and a receive that waits
+is :class:`~waferrt.faults.errors.PayloadCorrupt`, raised by that link's recv), messages are numbered per link
+(``sent`` / ``taken``), and a receive that waits
 longer than ``timeout`` raises :class:`FabricTimeout` naming the link. ``run_spmd(fn)`` runs ``fn(tile_id,
 links)`` on every tile in its own thread and returns the results, re-raising the first error. It implements
 waferrt.fabric.links.Links, as the real fabric (pyzmq between Ray actors, waferrt.actors.fabric) does."""
@@ -35,6 +36,8 @@ class LoopLinks:
         self.inbox: queue.Queue = fabric.inboxes[tile]
         self.pending: dict[Dir, collections.deque] = {d: collections.deque() for d in Dir}
         self.arrived = 0
+        self.sent = collections.Counter()  # per link: the sequence number of the latest message sent
+        self.taken = collections.Counter()  # per link: that of the message recv/recv_any returned last
         self.corrupt = None  # fault injection: FaultState.on_send, the bits to flip on a link (on the wire)
 
     def send(self, d: Dir, tag: str, arrays: list[np.ndarray]) -> None:
@@ -45,7 +48,8 @@ class LoopLinks:
         crc = checksum(arrays)
         if self.corrupt is not None and (flips := self.corrupt(d)):
             arrays = flip(arrays, *flips)
-        self.fabric.inboxes[peer].put((d.opposite, tag, arrays, crc))
+        self.sent[d] += 1
+        self.fabric.inboxes[peer].put((d.opposite, tag, arrays, crc, self.sent[d]))
 
     def recv(self, d: Dir, tag: str) -> list[np.ndarray]:
         deadline = time.monotonic() + self.fabric.timeout
@@ -54,7 +58,7 @@ class LoopLinks:
                 peer = self.fabric.mesh.tile_neighbour(self.tile, d)
                 raise FabricTimeout(f"{self.tile} waited {self.fabric.timeout}s for message {tag!r} from {peer} "
                                     f"({d.name} link) and got nothing")
-        got_tag, arrays, _ = self.pending[d].popleft()
+        got_tag, arrays, _, self.taken[d] = self.pending[d].popleft()
         if isinstance(arrays, Exception):
             raise arrays
         if got_tag != tag:
@@ -68,7 +72,7 @@ class LoopLinks:
             if not self._take(deadline):
                 return None
         d = min(links, key=lambda d: self.pending[d][0][2])
-        tag, arrays, _ = self.pending[d].popleft()
+        tag, arrays, _, self.taken[d] = self.pending[d].popleft()
         if isinstance(arrays, Exception):
             raise arrays
         return d, tag, arrays
@@ -76,14 +80,14 @@ class LoopLinks:
     def _take(self, deadline: float) -> bool:
         """Move one message from the inbox to its link's queue, waiting until `deadline`."""
         try:
-            d, tag, arrays, crc = self.inbox.get(timeout=max(deadline - time.monotonic(), 0))
+            d, tag, arrays, crc, seq = self.inbox.get(timeout=max(deadline - time.monotonic(), 0))
         except queue.Empty:
             return False
         if checksum(arrays) != crc:  # flipped on the way: never used, raised by the recv of its link
             sender = self.fabric.mesh.tile_neighbour(self.tile, d)
             arrays = PayloadCorrupt(self.tile, sender, d.name, f"message {tag!r}")
         self.arrived += 1
-        self.pending[d].append((tag, arrays, self.arrived))
+        self.pending[d].append((tag, arrays, self.arrived, seq))
         return True
 
 

@@ -4,8 +4,9 @@ Contract: :class:`DecodeTrace` is made by ``serve`` when a trace is asked for (`
 trace=path)``): its ``host`` recorder takes the host's spans (``start`` of the tiles' loops, ``submit``,
 ``stop``, the whole ``decode``) and an instant per token that arrives; ``add_tiles`` takes what each tile
 recorded (waferrt.decode.tracing: compute per stage run, micro-batch visits, sends, waits on a
-neighbour); ``instant(name, tile, **args)`` puts an instant on a tile's track (or the host's) -- faults
-and recoveries as they are detected; ``faults(events)`` puts a decode's faults on the tracks when they
+neighbour -- written with an arrow per message, from its send to the wait that took it); ``instant(name,
+tile, **args)`` puts an instant on a tile's track (or the host's) -- faults and recoveries as they are
+detected; ``faults(events)`` puts a decode's faults on the tracks when they
 fired, were found and were recovered from; ``finish(runs)`` adds the stage runs, from which the modelled
 timeline is scheduled (waferrt.decode.schedule.flow_schedule: when every token ran at every stage
 region on the modelled wafer). ``write(path)`` writes Chrome / Perfetto trace-event JSON with two
