@@ -26,15 +26,23 @@ Contract (pure: no Ray, returns immutable data):
   every region inside one tile and spare slots for repair (1x2, 2x1 or 1x1 tiles when regions of many
   layers make 2x2 tiles larger than the wafer).
 
-- ``plan_streaming(config, spec, mesh, kv=...)``: weight streaming (``waferrt.decode.streaming``): one region
-  -- the widest, tallest rectangle of the first tile, at most dim columns and head_dim/2 rows -- runs every
-  stage and keeps only every layer's K/V, a double buffer of weight blocks and the scratch
-  (``decode.layout.stream_booking``); ``streaming_mesh`` is the smallest one-tile mesh whose region holds that.
+- ``plan_streaming(config, spec, mesh, kv=..., dead_links=...)``: weight streaming (``waferrt.decode.streaming``):
+  one region runs every stage and keeps only every layer's K/V, a double buffer of weight blocks and the
+  scratch (``decode.layout.stream_booking``). It is the rectangle inside one tile, at most dim columns and
+  head_dim/2 rows, with no dead core (``mesh.dead``) nor dead link inside, whose cores hold that: the most
+  cores first (the shortest compute), then the widest, the first tile, the top-left position -- on a healthy
+  mesh the widest, tallest rectangle at the first tile's corner. None fits: :class:`PlanError` naming what
+  died, the largest region left and the region it would take. ``streaming_mesh`` is the smallest one-tile
+  mesh whose region holds that.
 
 Re-planning around failures is :func:`waferrt.scheduler.repair.replan`.
 """
 
 from __future__ import annotations
+
+import functools
+
+import numpy as np
 
 from waferrt.core.arith import cdiv
 from waferrt.core.dtypes import STORAGE_DTYPES
@@ -44,7 +52,7 @@ from waferrt.decode import layout as dl
 from waferrt.model.config import LlamaConfig
 
 from . import budget, search
-from .geometry import assign_nodes, check_links, cores_in, link_inside
+from .geometry import Obstacles, assign_nodes, check_links, cores_in, link_inside
 from .report import plan_report
 from .types import DEFAULT_NODES, KVReserve, NodeInfo, Placement, PlanError, Strategy
 
@@ -106,24 +114,85 @@ def _stream_faults(p: Placement) -> list[str]:
 
 
 def plan_streaming(config: LlamaConfig, spec: HardwareSpec, mesh: MeshSpec, *, kv: KVReserve,
-                   nodes: tuple[NodeInfo, ...] = DEFAULT_NODES, dtype: str = "float32") -> Placement:
-    """The weight-streaming placement of `config` on `mesh` (module docstring); PlanError says what would fit."""
-    nodes = tuple(nodes)
-    _check_inputs(config, spec, mesh, kv, nodes, dtype, frozenset())
-    r = Region(0, 0, min(mesh.tile_w, mesh.width, config.dim), min(mesh.tile_h, mesh.height, dl.max_layer_rows(config)))
-    need = stream_bytes(config, r, kv.tokens, kv.requests, dtype)
-    if need is None or need > spec.sram_bytes:
-        raise PlanError(f"weight streaming: the region {r} (the first tile, at most {config.dim} columns and "
-                        f"{dl.max_layer_rows(config)} rows) needs {need} bytes on a core for every layer's K/V "
-                        f"({kv.tokens} tokens x {kv.requests} requests), the double buffer and the scratch; a core "
-                        f"has {spec.sram_bytes}: use a wider tile (--tile), fewer --kv-tokens or --requests")
+                   nodes: tuple[NodeInfo, ...] = DEFAULT_NODES, dtype: str = "float32",
+                   dead_links: frozenset[tuple[Coord, Coord]] = frozenset()) -> Placement:
+    """The weight-streaming placement of `config` on `mesh` (dead cores: ``mesh.dead``), around `dead_links`
+    (module docstring); PlanError says what would fit."""
+    nodes, dead_links = tuple(nodes), frozenset(dead_links)
+    _check_inputs(config, spec, mesh, kv, nodes, dtype, dead_links)
+    r = _stream_region(config, spec, mesh, kv, dtype, dead_links, fits=True)
+    if r is None:
+        raise PlanError(_no_stream_message(config, spec, mesh, kv, dtype, dead_links))
     p = Placement(config, spec, mesh, dtype, kv, (r,) * config.n_layers, r, frozenset(),
                   assign_nodes(mesh, [n.name for n in nodes], [n.cpus for n in nodes]),
-                  budget.kv_reserved(kv.tokens, r.w), nodes, frozenset(), config.n_layers, streaming=True)
+                  budget.kv_reserved(kv.tokens, r.w), nodes, dead_links, config.n_layers, streaming=True)
     broken = violations(p)
     if broken:
-        raise PlanError("weight streaming: " + "; ".join(broken))
+        raise PlanError("weight streaming: the planner built a placement that breaks its own rules (a bug in "
+                        "waferrt.scheduler, please report it): " + "; ".join(broken))
     return p
+
+
+def _stream_region(config: LlamaConfig, spec: HardwareSpec, mesh: MeshSpec, kv: KVReserve, dtype: str,
+                   links: frozenset, fits: bool) -> Region | None:
+    """The streaming region: a rectangle inside one tile (at most dim columns, head_dim/2 rows) with no dead
+    core nor dead link inside; the most cores first (the shortest compute), then the widest, the first tile
+    (sorted TileIds) and the top-left position. `fits`: only one whose cores hold the streaming state
+    (stream_bytes); else the largest free one. None: there is none."""
+    top_w = min(mesh.tile_w, mesh.width, config.dim)
+    top_h = min(mesh.tile_h, mesh.height, dl.max_layer_rows(config))
+    obstacles = Obstacles(mesh.width, mesh.height, mesh.dead, links)
+    too_wide = [top_w + 1] * (top_h + 1)  # too_wide[h]: no free w x h rectangle in a tile from this width on
+    narrowest = functools.cache(lambda h: _narrowest(config, spec, kv, dtype, h, top_w) if fits else 1)
+    for w, h in sorted(((w, h) for w in range(1, top_w + 1) for h in range(1, top_h + 1)),
+                       key=lambda s: (-s[0] * s[1], -s[0])):
+        if w >= too_wide[h] or w < narrowest(h):
+            continue
+        ys, xs = np.nonzero(obstacles.free_map(w, h))
+        tx, ty = xs // mesh.tile_w, ys // mesh.tile_h
+        inside = ((xs + w - 1) // mesh.tile_w == tx) & ((ys + h - 1) // mesh.tile_h == ty)
+        if inside.any():
+            i = np.lexsort((xs[inside], ys[inside], ty[inside], tx[inside]))[0]
+            return Region(int(xs[inside][i]), int(ys[inside][i]), w, h)
+        for taller in range(h, top_h + 1):  # a taller one has no room either
+            too_wide[taller] = min(too_wide[taller], w)
+    return None
+
+
+def _narrowest(config: LlamaConfig, spec: HardwareSpec, kv: KVReserve, dtype: str, h: int, top: int) -> int:
+    """The fewest columns (<= top; top + 1: none) of an h-row region whose cores hold the streaming state. A
+    core's share does not grow with the columns (tests/unit/test_streaming.py), so a binary search finds it."""
+    lo, hi = 0, top + 1  # lo columns do not hold it (0: vacuously); hi do (top + 1: vacuously)
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        need = stream_bytes(config, Region(0, 0, mid, h), kv.tokens, kv.requests, dtype)
+        lo, hi = (lo, mid) if need is not None and need <= spec.sram_bytes else (mid, hi)
+    return hi
+
+
+def _no_stream_message(config: LlamaConfig, spec: HardwareSpec, mesh: MeshSpec, kv: KVReserve, dtype: str,
+                       links: frozenset) -> str:
+    """Why no streaming region fits: what died, the largest region left, and the region it would take."""
+    lost = [*(f"core {c}" for c in sorted(mesh.dead)), *(f"link {a}-{b}" for a, b in sorted(links))]
+    more = f" and {len(lost) - 6} more" if len(lost) > 6 else ""
+    died = f"with {', '.join(lost[:6])}{more} dead, " if lost else ""
+    best = _stream_region(config, spec, mesh, kv, dtype, links, fits=False)
+    need = None if best is None else stream_bytes(config, best, kv.tokens, kv.requests, dtype)
+    has = ("no live core is left" if best is None else f"the largest, {best}, needs {need} bytes on a core"
+           + (" (it cannot be split)" if need is None else ""))
+    head = (f"weight streaming: {died}no region inside one {mesh.tile_w}x{mesh.tile_h} tile of the "
+            f"{mesh.width}x{mesh.height} mesh "
+            f"{'that avoids them ' if lost else ''}holds every layer's K/V ({kv.tokens} tokens x {kv.requests} "
+            f"requests), the double buffer and the scratch ({dtype}) in the {spec.sram_bytes} bytes of a core (a "
+            f"region has at most {config.dim} columns and {dl.max_layer_rows(config)} rows): {has}")
+    try:
+        small = streaming_mesh(config, spec, kv, dtype)
+    except PlanError:
+        return head + "; no region of any size holds it: use fewer --kv-tokens or --requests"
+    room = "a mesh with another tile, or " if lost else ""
+    return (head + f"; it takes a region of {small.width}x{small.height} cores, free of dead cores and links, "
+            f"inside one tile: use {room}a wider tile (--tile {small.width}x{small.height}), or fewer --kv-tokens "
+            "or --requests")
 
 
 def streaming_mesh(config: LlamaConfig, spec: HardwareSpec, kv: KVReserve, dtype: str = "float32") -> MeshSpec:

@@ -9,6 +9,11 @@ displaces the fewest layers (which then move to free space too). Only when that 
 planned afresh on the damaged mesh (``Replan.mode == "fresh"``), and only when that fails too does
 ``replan`` raise :class:`PlanError`, saying why. ``Replan.moves`` lists exactly what moves: every weight
 tensor of a moved layer and its KV shards (tensor "kv"), or the "embed" table and "final_norm".
+
+A weight-streaming placement (``Placement.streaming``: one region runs every stage) hit by the failure is
+planned afresh on the damaged mesh (``placement.plan_streaming``: a region inside one tile around every dead
+core and link; mode "fresh", every stage moves); its moves are every layer's K/V only (its weights stay off
+the wafer and stream into the new region), and no room raises PlanError in streaming terms.
 """
 
 from __future__ import annotations
@@ -23,7 +28,7 @@ from waferrt.decode import layout as dl
 
 from . import budget
 from .geometry import Obstacles, check_links, cores_in, link_inside, tiles_spanned
-from .placement import plan, violations
+from .placement import plan, plan_streaming, violations
 from .types import Placement, PlanError
 
 
@@ -46,6 +51,8 @@ class Replan:
     @property
     def moved(self) -> tuple[str, ...]:
         """The regions that move, as "embed" / "layer i"."""
+        if self.placement.streaming:  # one region runs every stage: they move together
+            return tuple(name for name, _ in self.placement.regions()) if self.moves else ()
         names = ["embed" if m.layer is None else f"layer {m.layer}" for m in self.moves]
         return tuple(dict.fromkeys(names))
 
@@ -160,13 +167,23 @@ def _repair(p: Placement, mesh: MeshSpec, links: frozenset, broken: list[str],
 def _moves(old: Placement, new: Placement) -> tuple[Move, ...]:
     sizes = budget.tensor_bytes(old.config, old.dtype)
     kv = budget.kv_bytes(old.config, old.kv_tokens, old.kv.requests, old.dtype)
+    held = () if old.streaming else dl.LAYER_WEIGHTS  # streamed weights stay off the wafer: only K/V moves
     out = []
-    if new.embed != old.embed:
+    if new.embed != old.embed and not old.streaming:
         out += [Move(t, None, old.embed, new.embed, sizes[t]) for t in ("embed", "final_norm")]
     for i, (a, b) in enumerate(zip(old.layers, new.layers, strict=True)):
         if a != b:
-            out += [Move(t, i, a, b, sizes[t]) for t in dl.LAYER_WEIGHTS] + [Move("kv", i, a, b, kv)]
+            out += [Move(t, i, a, b, sizes[t]) for t in held] + [Move("kv", i, a, b, kv)]
     return tuple(out)
+
+
+def _replan_streaming(p: Placement, mesh: MeshSpec, links: frozenset, broken: list[str]) -> Replan:
+    """The streaming region planned afresh around the dead (module docstring)."""
+    try:
+        new = plan_streaming(p.config, p.spec, mesh, kv=p.kv, nodes=p.nodes, dtype=p.dtype, dead_links=links)
+    except PlanError as e:
+        raise PlanError(f"cannot re-plan the streaming region {p.embed} that the failure breaks: {e}") from None
+    return Replan(new, _moves(p, new), tuple(broken), "fresh")
 
 
 def replan(placement: Placement, dead_cores: frozenset[Coord] = frozenset(),
@@ -184,6 +201,8 @@ def replan(placement: Placement, dead_cores: frozenset[Coord] = frozenset(),
     if not broken:
         new = dataclasses.replace(p, mesh=mesh, dead_links=links, spare=spare)
         return Replan(new, (), (), "unchanged")
+    if p.streaming:
+        return _replan_streaming(p, mesh, links, broken)
     whole = all(tiles_spanned(p.mesh, r) == 1 for _, r in p.regions())  # kept so: the decode needs it
     fixed = _repair(p, mesh, links, broken, whole) if p.group == 1 else None  # a group's region moves afresh
     if fixed is not None:

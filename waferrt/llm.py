@@ -45,6 +45,7 @@ class WaferLLM:
         self.wafer = Wafer(placement.spec, placement.mesh, address=address, timeout=timeout, max_tiles=max_tiles)
         self.ray_calls = 0  # Ray calls made to the tiles by generate (start, submit, stop; tracing's)
         self.memoryx = None  # the off-wafer weight memory's actor of a streaming placement
+        self._memoryx_cut = None  # (region, dtype, id of the weights) that actor holds
 
     def __enter__(self) -> WaferLLM:
         if not self.wafer.tiles:
@@ -91,13 +92,20 @@ class WaferLLM:
 
     def _stream_from(self, weights, say) -> int:
         """Weight streaming: the weights go to a MemoryX actor (off the wafer), the region's tile pulls them from
-        it block by block as the stages run; nothing is loaded into SRAM up front (0 bytes)."""
-        from waferrt.actors.memoryx import start_memoryx
+        it block by block as the stages run; nothing is loaded into SRAM up front (0 bytes). Called again (a
+        recovery sets the decode up again), the region's tile attaches anew: to the same actor while the
+        region and weights are the same, else to a new one cut for the new region (the old one is stopped)."""
+        from waferrt.actors.memoryx import start_memoryx, stop_memoryx
         from waferrt.model.npcache import by_reference
 
-        say("weights into MemoryX (off-wafer memory): they stream into the region as the stages run")
         st = self.setup
-        self.memoryx = start_memoryx(st.config, st.embed, st.dtype, by_reference(weights))
+        cut = (st.embed, st.dtype, id(weights))  # what the MemoryX actor holds: these weights cut for this region
+        if self.memoryx is None or self._memoryx_cut != cut:  # a re-plan that moved the region: start it afresh
+            say("weights into MemoryX (off-wafer memory): they stream into the region as the stages run")
+            old, self.memoryx = self.memoryx, start_memoryx(st.config, st.embed, st.dtype, by_reference(weights))
+            self._memoryx_cut = cut
+            if old is not None:
+                stop_memoryx(old)
         head_count = len(head_chunks(st.config, st.embed, st.dtype))
         self.wafer.call([(self.head, Tile.decode_attach, (self.memoryx, head_count))])
         self.weights = weights

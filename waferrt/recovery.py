@@ -12,7 +12,9 @@ stage runs the surviving tiles booked before the fault, after it has
 4. restarted the dead tiles as new actors (on their node, or next to a neighbour when their node is
    gone), rewired to their neighbours, and armed on them again the faults that had not fired;
 5. set the decode up again on every tile (the stages that did not move keep their weights) and sent the
-   weights of the others from the host's copy (as Cerebras' MemoryX streams them in);
+   weights of the others from the host's copy (as Cerebras' MemoryX streams them in); a weight-streaming
+   decode's region (re-planned whole, scheduler.placement.plan_streaming) attaches to MemoryX again, which
+   is started afresh for the new region (the old one stopped) when the region moved;
 6. started the loops again. The caller then resumes every unfinished request (waferrt.serving.recovery):
    the K/V entries that died are recomputed by replaying the requests' tokens.
 Under the fail-fast policy the first fault raises :class:`~waferrt.faults.errors.FaultStop` instead. A
@@ -172,6 +174,9 @@ def _replan(llm, cores: set[Coord], links: set[tuple[Coord, Coord]], dead_tiles:
     except PlanError as e:
         lost = [*(f"core {c}" for c in sorted(new_cores)), *(f"link {a}-{b}" for a, b in sorted(new_links))]
         died = ", ".join(lost[:6]) + (f" and {len(lost) - 6} more" if len(lost) > 6 else "")
+        if p.streaming:  # the planner's message says what a streaming region would take
+            raise NoRoom(f"{died} died and the weight-streaming decode no longer fits the wafer around them: "
+                         f"{e}") from None
         raise NoRoom(f"{died} died and the model no longer fits the wafer around them: {e}. It would "
                             "need more spare cores (a bigger mesh, or fewer K/V tokens per request)") from None
     llm.adopt(rp.placement)
