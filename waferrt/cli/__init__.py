@@ -74,7 +74,12 @@ class Terminated(Exception):
     """SIGTERM arrived: unwind like Ctrl-C, so that the wafer is shut down on the way out."""
 
 
+_TERMINATED = threading.Event()  # SIGTERM came: whatever it unwound as (Ray wraps an exception raised
+                                 # while it deserializes into its own RaySystemError), it was the signal
+
+
 def _terminate(signum, frame) -> None:
+    _TERMINATED.set()
     raise Terminated
 
 
@@ -90,6 +95,7 @@ def main(argv: list[str] | None = None) -> int:
         parser.print_help()
         return 2
     main_thread = threading.current_thread() is threading.main_thread()
+    _TERMINATED.clear()
     previous = signal.signal(signal.SIGTERM, _terminate) if main_thread else None
     try:
         return int(args._run(args) or 0)
@@ -99,7 +105,9 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("waferrt: interrupted; the wafer was shut down", file=sys.stderr)
         return 130
-    except Terminated:
+    except Exception as e:  # noqa: BLE001 - SIGTERM's Terminated, as such or wrapped; anything else goes on
+        if not (isinstance(e, Terminated) or _TERMINATED.is_set()):
+            raise
         print("waferrt: terminated (SIGTERM); the wafer was shut down", file=sys.stderr)
         return 143
     finally:
