@@ -85,6 +85,7 @@ class Watch:
             self.seen[str(t)] = time.monotonic()
             self.paces.pop(str(t), None)
             self.base.pop(str(t), None)
+            self.pids.pop(t, None)  # its process (``local`` learns the new one if it runs on this machine)
 
     def listen(self, timeout: float) -> list[dict]:
         """The inbox's messages that arrived within `timeout`, but the beats (which only mark the tile alive)."""
@@ -147,6 +148,7 @@ class Watch:
                 if t in self.handles and not _running(pid):
                     raise TileDied(t, f"died: its process {pid} is gone (its neighbours lost their link to it). "
                                       "Close the wafer and open it again")
+            self.pings = {r: (t, h) for r, (t, h) in self.pings.items() if self.handles.get(t) is h}  # not restarted
             pinged = {t for t, _ in self.pings.values()}
             self.pings |= {h.pid.remote(): (t, h) for t, h in self.handles.items()
                            if t not in self.pids and t not in pinged}
