@@ -1,4 +1,5 @@
-"""`waferrt chaos` on the tiny model: a seeded sample of the campaign (benchmarks/chaos.py runs 200+ faults).
+"""`waferrt chaos` on the tiny model: a seeded sample of the campaign (benchmarks/chaos.py runs 200+ faults),
+and on a (tiny) GGUF file, the path SmolLM2 takes.
 
 Every fault that fired is detected and recovered from (a straggler is never taken for dead; one that fires
 near the end may go unnoticed: it only slows the decode), the tokens equal the fault-free run's, and the exit
@@ -33,3 +34,21 @@ def test_a_seeded_campaign_recovers_every_fault_and_saves_its_plan(ray_session, 
     assert "--seed 11" in first["again"]
     plan = FaultPlan.load(saved)
     assert plan.seed == 11 and [f["fault"] for f in first["faults"]] == plan.to_dict()["faults"]
+
+
+def test_a_gguf_model_goes_through_generates_planning_too(ray_session, capsys, tmp_path):
+    """--model PATH (a Llama GGUF: here a tiny one written for the test) plans and tokenizes as `waferrt
+    generate` does; a fault-free plan is not needed to check that path: one dead core, recovered."""
+    import dataclasses
+
+    from ggufs import write_gguf
+
+    from waferrt.model import synthetic_llama, tiny_config
+
+    config = dataclasses.replace(tiny_config(), vocab_size=264)
+    model = tmp_path / "tiny.gguf"
+    write_gguf(model, config, synthetic_llama(config, seed=4), merges=("Ġ t",), extra_tokens=("Ġt",))
+    assert main(["chaos", "--model", str(model), "--spec", "tiny", "--mesh", "16x16", "--tile", "8x8", "--faults",
+                 "1", "--kinds", "core", "--seed", "2", "--max-new-tokens", "6", "--requests", "2", "--json"]) == 0
+    report = _json(capsys)
+    assert report["identical"] and report["error"] is None, report

@@ -75,7 +75,8 @@ def add_parser(sub) -> argparse.ArgumentParser:
     p.add_argument("--tile", type=parse_wxh, metavar="TWxTH", help="tile size in cores (with --mesh)")
     p.add_argument("--spec", default=None, choices=sorted(PRESETS), help="hardware spec (wse2; tiny for --model tiny)")
     p.add_argument("--json", action="store_true", help="print one JSON object")
-    p.set_defaults(_run=run, dtype="float32", address=None, no_cache=False, chat=False, system=None)
+    p.set_defaults(_run=run, dtype="float32", address=None, no_cache=False, chat=False, system=None,
+                   strategy=None, objective=None, streaming=False)  # what waferrt generate's planning reads
     return p
 
 
