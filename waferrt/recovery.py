@@ -66,6 +66,7 @@ def _recover(dec, error: Exception) -> list:
                             f"last failure: {error}")
     wafer.failed = None
     dead = wafer.dead_tiles()
+    _read_reports(wafer, session, llm.placement)
     live = [t for t in wafer.tiles if t not in dead]
     wafer.watch.track({t: wafer.tiles[t] for t in live})
     runs = [r for rs in wafer.call([(t, Tile.decode_abort, ()) for t in live], within=CALL_S) for r in rs]
@@ -95,6 +96,15 @@ def _recover(dec, error: Exception) -> list:
                                    "replayed the unfinished requests"]))
     session.log.recovered(hit, what, time.time(), modelled)
     return runs
+
+
+def _read_reports(wafer, session, placement) -> None:
+    """The fault reports the host has not read yet -- a tile reports a fault as it fires, and a TileCrash's tile
+    then dies, perhaps while the host was busy with another fault -- go into the log now, before anything is
+    armed again on a restarted tile: a fault that fired is never armed (and fired) a second time."""
+    for msg in wafer.watch.listen(0):
+        if msg["k"] == "fault":
+            assess(session, session.on_message(msg), placement)
 
 
 def _unplanned(session, dead: list[TileId], hit: list, at: float) -> list:
