@@ -3,28 +3,28 @@
     python benchmarks/chaos.py                      # 40 runs x 5 faults = 200 faults, tiny model, 3 Ray nodes
     python benchmarks/chaos.py --runs 8 --faults 3  # a quick look
 
-It starts three Ray nodes on this machine (``ray.cluster_utils.Cluster``, a private temp dir, never the
-machine's other Rays) so that node losses can happen (the driver's node, 0, is never drawn), plans the tiny
-model over them, decodes the same requests fault-free once, then run after run under
+It starts three Ray nodes on this machine (``waferrt.actors.localcluster``: ``ray.cluster_utils``, a private
+temp dir, never the machine's other Rays) so that node losses can happen (the driver's node, 0, is never
+drawn), plans the tiny model over them, decodes the same requests fault-free once, then run after run under
 ``FaultPlan.random(seed + run, ...)`` over what the decode uses (its cores, links, tile borders, tiles and
-worker nodes). A node that was lost is added back between runs, so every run starts on three nodes. What
-died stays dead from run to run (the state a later recovery meets matters) until a run ends in NoRoom (no
-room left to re-plan the model around what died: the expected end of a wafer); the next run then starts on
-a new wafer. Each run has a wall-clock deadline: a run that passes it counts as a hang (and ends the
-campaign; every thread's stack and the fault log are printed). It prints per run one line, then: faults
-injected / fired / detected / recovered, runs identical to the fault-free tokens, with wrong tokens, hangs,
-runs not recovered, runs that used the wafer up, and the recovery cost (detection latency, wall seconds to
-recover, modelled wafer seconds of the weights sent again), by kind.
+worker nodes). What died stays dead from run to run (the state a later recovery meets matters) until a run
+ends in NoRoom (no room left to re-plan the model around what died: the expected end of a wafer); the next run
+then starts on a new wafer. A node that was lost is added back after its run and the next run starts on a
+wafer planned over the three nodes again, around the cores and links that died (a lost node's tiles were
+restarted on the others: without this, later node losses would find no tile to take). Each run has a
+wall-clock deadline: a run that passes it counts as a hang (and ends the campaign; every thread's stack and the
+fault log are printed). It prints per run one line, then: faults injected / fired / detected / recovered, runs
+identical to the fault-free tokens, with wrong tokens, hangs, runs not recovered, runs that used the wafer up,
+and the recovery cost (detection latency, wall seconds to recover, modelled wafer seconds of the weights sent
+again), by kind.
 """
 
 from __future__ import annotations
 
 import argparse
 import faulthandler
-import os
 import statistics
 import sys
-import tempfile
 import threading
 import time
 
@@ -42,50 +42,28 @@ def main() -> int:
     ap.add_argument("-v", "--verbose", action="store_true", help="print every run's fault log (where, step, "
                                                                  "what found each fault, what recovery did)")
     args = ap.parse_args()
-    os.environ.setdefault("RAY_TMPDIR", tempfile.mkdtemp(prefix="waferrt-chaos-"))
-    import ray
-    from ray.cluster_utils import Cluster
+    from waferrt.actors.localcluster import LocalCluster
 
-    cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 1, "include_dashboard": False})
-    workers = [cluster.add_node(num_cpus=1) for _ in range(args.nodes - 1)]
-    try:
-        from waferrt.runtime import ray_init
-
-        ray_init(cluster.address)  # Ray's "(raylet) A worker died" lines (the TileCrashes) go to a logger
-        cluster.wait_for_nodes()
-        return _campaign(args, cluster, workers)
-    finally:
-        ray.shutdown()
-        cluster.shutdown()
+    with LocalCluster(args.nodes) as cluster:  # its own temp dir: never the machine's other Rays
+        return _campaign(args, cluster)
 
 
-def _campaign(args, cluster, workers) -> int:
-    from waferrt.core.mesh import MeshSpec
-    from waferrt.core.spec import TINY
-    from waferrt.llm import WaferLLM
+def _campaign(args, cluster) -> int:
     from waferrt.model import Sampler, synthetic_llama, tiny_config
-    from waferrt.scheduler import KVReserve, NodeInfo, plan
     from waferrt.serving import GenRequest
 
     cfg, weights = tiny_config(), synthetic_llama(tiny_config(), seed=0)
     requests = [GenRequest((5, 6, 7), 12), GenRequest((100, 3), 9), GenRequest((9,), 14)]
     sampler = Sampler(temperature=0.8, top_p=0.9, seed=5)
-    nodes = [cluster.head_node, *workers]
-
-    def node_loss(i: int) -> None:
-        cluster.remove_node(nodes[i])
-
-    events, outcomes, llm = [], [], None
+    events, outcomes, llm, want, dead = [], [], None, None, None
     try:
         for run in range(args.first, args.first + args.runs):
-            if llm is None:  # the first wafer, or a new one when the last had no room left for the model
-                placement = plan(cfg, TINY, MeshSpec(24, 16, 8, 8), kv=KVReserve(48, 3),
-                                 nodes=tuple(NodeInfo(n.node_id, 1) for n in nodes))  # the nodes there are now
-                llm = WaferLLM(cfg, weights, placement).open()
-                want = [c.tokens for c in llm.generate(requests, sampler)[0]]
+            if llm is None:  # the first wafer, a new one after NoRoom, or one over the nodes restored
+                llm = _wafer(cfg, weights, cluster, dead)
+                want = want or [c.tokens for c in llm.generate(requests, sampler)[0]]
             plan_ = _draw(args, run, llm)
             t0 = time.monotonic()
-            outcome, log = _run(llm, plan_, node_loss, requests, sampler, want)
+            outcome, log = _run(llm, plan_, cluster, requests, sampler, want)
             outcomes.append(outcome)
             events += log.events
             print(f"run {run:3d} seed {plan_.seed}: {outcome:<12} {time.monotonic() - t0:6.1f} s  "
@@ -94,9 +72,11 @@ def _campaign(args, cluster, workers) -> int:
                 print(log.table())
             if outcome == "hang":
                 break
-            nodes[1:] = _restore(cluster, nodes[1:], llm)
-            if outcome == NO_ROOM:
-                print("    the wafer has no room left for the model: the next run starts on a new one")
+            dead = None if outcome == NO_ROOM else (llm.placement.mesh, llm.placement.dead_links)
+            if cluster.restore() or outcome == NO_ROOM:
+                print("    the wafer has no room left for the model: the next run starts on a new one" if dead is None
+                      else "    a node was lost: the next run re-plans the wafer over the nodes there are again "
+                           "(what died stays dead)")
                 llm.close()
                 llm = None
     finally:
@@ -104,6 +84,28 @@ def _campaign(args, cluster, workers) -> int:
             llm.close()
     _summary(events, outcomes)
     return 0 if all(o == "identical" for o in outcomes) else 1
+
+
+def _wafer(cfg, weights, cluster, dead):
+    """A wafer planned over the cluster's nodes as they are now, around `dead` (the mesh with its dead cores and
+    the dead links of the last wafer; None: a whole new mesh) when the model still fits around them with every
+    region inside one tile (the decode's rule)."""
+    from waferrt.core.mesh import MeshSpec
+    from waferrt.core.spec import TINY
+    from waferrt.decode.setup import PlacementError
+    from waferrt.llm import WaferLLM
+    from waferrt.scheduler import KVReserve, PlanError, plan
+
+    def planned(mesh, links):
+        placement = plan(cfg, TINY, mesh, kv=KVReserve(48, 3), nodes=cluster.node_infos(), dead_links=links)
+        return WaferLLM(cfg, weights, placement, address=cluster.address)  # refuses a region across tiles
+
+    try:
+        llm = planned(*(dead or (MeshSpec(24, 16, 8, 8), frozenset())))
+    except (PlanError, PlacementError):  # what died leaves no room for a new plan either: a new mesh
+        print("    no room around what died: the next run starts on a new wafer")
+        llm = planned(MeshSpec(24, 16, 8, 8), frozenset())
+    return llm.open()
 
 
 def _draw(args, run: int, llm):
@@ -117,7 +119,7 @@ def _draw(args, run: int, llm):
                             links=border_links(p.mesh, crossings(llm.setup)))
 
 
-def _run(llm, plan_, node_loss, requests, sampler, want):
+def _run(llm, plan_, cluster, requests, sampler, want):
     """One run under `plan_` in a thread with a deadline: (identical | wrong tokens | no room | unrecovered | hang,
     log)."""
     from waferrt.faults.errors import NoRoom
@@ -129,6 +131,9 @@ def _run(llm, plan_, node_loss, requests, sampler, want):
             result["got"] = [c.tokens for c in llm.generate(requests, sampler)[0]]
         except Exception as e:  # noqa: BLE001 - counted as not recovered, with its cause printed
             result["error"] = e
+
+    def node_loss(i: int) -> None:  # NodeLoss(i): the placement's i-th node
+        cluster.remove(cluster.nodes.index(llm.placement.nodes[i].name))
 
     with llm.faults(plan_, node_loss=node_loss) as session:
         t = threading.Thread(target=go, daemon=True)
@@ -143,12 +148,6 @@ def _run(llm, plan_, node_loss, requests, sampler, want):
         print(f"    not recovered: {type(e).__name__}: {str(e)[:300]}")
         return NO_ROOM if isinstance(e, NoRoom) else "unrecovered", session.log
     return ("identical" if result["got"] == want else "wrong tokens"), session.log
-
-
-def _restore(cluster, workers, llm):
-    """Add back the worker nodes a run removed, so that the next run starts on as many nodes."""
-    alive = {n["NodeID"] for n in __import__("ray").nodes() if n["Alive"]}
-    return [w if w.node_id in alive else cluster.add_node(num_cpus=1) for w in workers]
 
 
 def _summary(events, outcomes) -> None:

@@ -52,3 +52,16 @@ def test_a_gguf_model_goes_through_generates_planning_too(ray_session, capsys, t
                  "1", "--kinds", "core", "--seed", "2", "--max-new-tokens", "6", "--requests", "2", "--json"]) == 0
     report = _json(capsys)
     assert report["identical"] and report["error"] is None, report
+
+
+def test_a_streaming_decode_is_planned_as_generate_plans_it_and_its_region_moves(ray_session, capsys):
+    """--streaming (as waferrt generate --streaming) on a mesh with room for a second region: a dead core or
+    link in the region moves it (MemoryX follows) and the tokens stay the same."""
+    assert main(["chaos", "--model", "tiny", "--streaming", "--mesh", "32x16", "--tile", "16x16", "--kinds",
+                 "core,link", "--faults", "2", "--seed", "1", "--max-new-tokens", "8", "--requests", "2",
+                 "--json"]) == 0
+    report = _json(capsys)
+    assert report["identical"] and report["error"] is None, report
+    assert "--streaming" in report["again"]
+    moved = [f for f in report["faults"] if f["outcome"] == "recovered" and "re-planned" in f["action"]]
+    assert moved and all("embed+layers 0-2+head" in f["action"] for f in moved), report["faults"]

@@ -130,6 +130,14 @@ CASES = [
     ("demo mesh beyond the wafer", ["demo", "--mesh", "100x100"], "does not fit on the tiny wafer"),
     ("demo too many tiles", ["demo", "--mesh", "64x64", "--tile", "1x1"], "4,096 tile actors"),
     ("demo nobody at the address", ["demo", "--address", "127.0.0.1:1"], "no Ray cluster at"),
+    ("chaos node loss on one node", ["chaos", "--model", "tiny", "--kinds", "node", "--nodes", "1"],
+     "--kinds node: a node loss needs several Ray nodes"),
+    ("chaos too many nodes", ["chaos", "--nodes", "9"], "--nodes: 9 Ray nodes on one machine is too many: at most 8"),
+    ("chaos unknown kind", ["chaos", "--kinds", "core,meteor"],
+     "fault kinds are a comma-separated list of core,link,corrupt,straggler,tile,node"),
+    ("chaos too many requests", ["chaos", "--model", "tiny", "--requests", "9"], "--requests 9: at most 8"),
+    ("chaos tile without mesh", ["chaos", "--model", "tiny", "--tile", "8x8"], "--tile needs --mesh"),
+    ("chaos strategy of the old words", ["chaos", "--strategy", "pipeline"], "'pipeline' is not a strategy"),
     ("unknown command", ["bogus"], "invalid choice: 'bogus'"),
 ]
 

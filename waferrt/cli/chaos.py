@@ -7,7 +7,10 @@ Contract: ``add_parser(subparsers)`` registers the subcommand; ``run(args) -> in
 ``--max-new-tokens``; or ``--plan FILE``), and prints, per fault: kind, where, the step it fired at, what
 detected it and how long after, how long recovery took (wall) and what it would cost on the modelled
 wafer, and what was done; then ``identical: yes|no`` with the command that reproduces the run. Exit status
-0 only when every request's tokens are identical (1 otherwise; 2 for a usage mistake).
+0 only when every request's tokens are identical (1 otherwise; 2 for a usage mistake). The model is planned as
+``waferrt generate`` plans it (``--strategy``, ``--objective``, ``--streaming``). ``--nodes N`` starts N Ray
+nodes on this machine (waferrt.actors.localcluster) and spreads the tiles over them, so that node losses
+(kind ``node``, drawn over the worker nodes) can happen; everything the user gave is checked before they start.
 """
 
 from __future__ import annotations
@@ -18,13 +21,15 @@ import json
 from waferrt.core.spec import PRESETS
 
 from .common import UsageError, checked_mesh, model_path, parse_wxh, say, whole_number
+from .strategy import add_strategy_args
 
 HELP = "inject a seeded campaign of faults into a decode and check nothing is lost"
 DESCRIPTION = """\
 Decode the same requests twice on the emulated wafer: fault-free, then under a seeded plan of injected
 faults (dead cores and links, corrupted payloads, stragglers, crashed tile actors). The run recovers from
 each (re-plan onto spare cores, restart the dead tiles, weights again from the host, replay the requests)
-and the tokens must come out identical. Per fault it prints what found it, how fast, and what recovery cost."""
+and the tokens must come out identical. Per fault it prints what found it, how fast, and what recovery cost.
+With --nodes N the tiles spread over N Ray nodes started on this machine, and whole nodes can be lost too."""
 EPILOG = """\
 examples:
   waferrt chaos --faults 20 --kinds core,link,corrupt,straggler,tile --seed 1
@@ -32,13 +37,18 @@ examples:
   waferrt chaos --save-plan plan.yaml --faults 8               draw a plan, keep it, run it
   waferrt chaos --plan plan.yaml                               replay a plan from a file
   waferrt chaos --policy fail-fast --faults 1                  the first fault ends the run (exit 1)
+  waferrt chaos --model tiny --nodes 3 --faults 6              three Ray nodes; node losses drawn too
+  waferrt chaos --model tiny --streaming --mesh 32x16 --tile 16x16   weight streaming: the region moves
 
 Fault kinds: core (a core dies: its SRAM is gone), link (a link between two cores drops everything),
 corrupt (bit flips on a link between two tiles: caught by the payload checksum), straggler (a tile slows
-down: slow, not dead), tile (a tile actor's process exits). Node losses need several Ray nodes: see
-tests/cluster. Steps count the micro-batches a tile runs after the plan is armed."""
+down: slow, not dead), tile (a tile actor's process exits), node (a Ray node goes away with its tiles:
+needs --nodes 2 or more; never node 0, which runs this driver). By default every kind the run can have is
+drawn. Steps count the micro-batches a tile runs after the plan is armed. The --nodes are ray.cluster_utils
+nodes in a temp dir of their own: a Ray already running on the machine is neither joined nor stopped."""
 
-KINDS = ("core", "link", "corrupt", "straggler", "tile")
+KINDS = ("core", "link", "corrupt", "straggler", "tile", "node")
+MAX_NODES = 8  # each a raylet (and the head a GCS) on this machine
 PROMPTS = ("The capital of France is", "Once upon a time, there was a", "def fibonacci(n):",
            "The three primary colours are", "Water boils at", "My favourite book is", "import numpy as np",
            "The opposite of hot is")
@@ -48,10 +58,16 @@ def kinds(text: str) -> tuple[str, ...]:
     got = tuple(k.strip() for k in text.split(",") if k.strip())
     bad = [k for k in got if k not in KINDS]
     if bad or not got:
-        hint = " (node losses need several Ray nodes: tests/cluster)" if "node" in bad else ""
-        raise argparse.ArgumentTypeError(f"{text!r}: fault kinds are a comma-separated list of "
-                                         f"{','.join(KINDS)}{hint}")
+        raise argparse.ArgumentTypeError(f"{text!r}: fault kinds are a comma-separated list of {','.join(KINDS)}")
     return got
+
+
+def node_count(text: str) -> int:
+    n = whole_number(1, "--nodes 3")(text)
+    if n > MAX_NODES:
+        raise argparse.ArgumentTypeError(f"{n} Ray nodes on one machine is too many: at most {MAX_NODES} "
+                                         "(each is a raylet of its own); e.g. --nodes 3")
+    return n
 
 
 def add_parser(sub) -> argparse.ArgumentParser:
@@ -60,8 +76,12 @@ def add_parser(sub) -> argparse.ArgumentParser:
     p.add_argument("--faults", type=whole_number(1, "--faults 20"), default=20, metavar="N",
                    help="faults to draw (20)")
     p.add_argument("--seed", type=whole_number(0, "--seed 1"), default=0, help="the campaign's seed (0)")
-    p.add_argument("--kinds", type=kinds, default=KINDS, metavar="K,K",
-                   help=f"fault kinds to draw from ({','.join(KINDS)})")
+    p.add_argument("--kinds", type=kinds, metavar="K,K",
+                   help=f"fault kinds to draw from ({','.join(KINDS)}; default: all but node, and node too with "
+                        "--nodes 2 or more)")
+    p.add_argument("--nodes", type=node_count, metavar="N",
+                   help="start N Ray nodes on this machine and spread the tiles over them (default 1; 3 when --kinds "
+                        "has node)")
     p.add_argument("--max-new-tokens", type=whole_number(1, "--max-new-tokens 16"), default=16, metavar="T",
                    help="tokens per request (16); faults fire at steps 1..T")
     p.add_argument("--requests", type=whole_number(1, "--requests 4"), default=4, metavar="R",
@@ -74,62 +94,88 @@ def add_parser(sub) -> argparse.ArgumentParser:
     p.add_argument("--mesh", type=parse_wxh, metavar="WxH", help="mesh size in cores (default: fitted)")
     p.add_argument("--tile", type=parse_wxh, metavar="TWxTH", help="tile size in cores (with --mesh)")
     p.add_argument("--spec", default=None, choices=sorted(PRESETS), help="hardware spec (wse2; tiny for --model tiny)")
+    add_strategy_args(p)
+    p.add_argument("--streaming", action="store_true",
+                   help="weight streaming, as waferrt generate --streaming (a dead core or link moves the region when "
+                        "the mesh has room: give a --mesh of two tiles)")
     p.add_argument("--json", action="store_true", help="print one JSON object")
-    p.set_defaults(_run=run, dtype="float32", address=None, no_cache=False, chat=False, system=None,
-                   strategy=None, objective=None, streaming=False)  # what waferrt generate's planning reads
+    p.set_defaults(_run=run, dtype="float32", address=None, no_cache=False, chat=False, system=None)
     return p
 
 
 def run(args) -> int:
+    import contextlib
+
+    from waferrt.actors.localcluster import LocalCluster
     from waferrt.llm import WaferLLM
     from waferrt.model import Sampler
 
-    if args.requests > len(PROMPTS):
-        raise UsageError(f"--requests {args.requests}: at most {len(PROMPTS)} (the built-in prompts)")
-    config, weights, requests, placement, decode = _model(args)
+    _check(args)
+    config, weights, requests, place, decode = _model(args)
     sampler = Sampler()
-    llm = WaferLLM(config, None, placement)
-    with llm.open(progress=say):
-        llm.load(weights, progress=say)
-        plan = _plan(args, llm)
-        say(f"fault-free decode of {len(requests)} requests x {args.max_new_tokens} tokens")
-        want, _ = llm.generate(requests, sampler)
-        say(f"the same under {len(plan.faults)} faults (seed {plan.seed}, policy {plan.policy})")
-        with llm.faults(plan) as session:
-            try:
-                got, error = llm.generate(requests, sampler)[0], None
-            except Exception as e:  # noqa: BLE001 - reported: what could not be recovered, with the tokens so far
-                got, error = getattr(e, "completions", []), e
+    with LocalCluster(args.nodes) if args.nodes > 1 else contextlib.nullcontext() as cluster:
+        if cluster is not None:
+            say(f"{args.nodes} Ray nodes up on this machine (ray.cluster_utils): the tiles spread over them")
+        placement = place(cluster.node_infos() if cluster else None)
+        llm = WaferLLM(config, None, placement, address=cluster.address if cluster else None)
+        with llm.open(progress=say):
+            llm.load(weights(), progress=say)
+            plan = _plan(args, llm)
+            say(f"fault-free decode of {len(requests)} requests x {args.max_new_tokens} tokens")
+            want, _ = llm.generate(requests, sampler)
+            say(f"the same under {len(plan.faults)} faults (seed {plan.seed}, policy {plan.policy})")
+            lose = None if cluster is None else (lambda i: cluster.remove(_index(cluster, llm, i)))
+            with llm.faults(plan, node_loss=lose) as session:
+                try:
+                    got, error = llm.generate(requests, sampler)[0], None
+                except Exception as e:  # noqa: BLE001 - reported: what could not be recovered, with the tokens so far
+                    got, error = getattr(e, "completions", []), e
     same = error is None and [c.tokens for c in got] == [c.tokens for c in want]
     _report(args, plan, session.log, same, error, decode, want, got)
     return 0 if same else 1
 
 
+def _check(args) -> None:
+    """--requests, --kinds and --nodes together (each alone was checked by its type): UsageError, before Ray."""
+    if args.requests > len(PROMPTS):
+        raise UsageError(f"--requests {args.requests}: at most {len(PROMPTS)} (the built-in prompts)")
+    wants_nodes = args.kinds is not None and "node" in args.kinds
+    args.nodes = args.nodes or (3 if wants_nodes else 1)
+    if wants_nodes and args.nodes < 2:
+        raise UsageError("--kinds node: a node loss needs several Ray nodes (node 0 runs this driver and is never "
+                         "lost); give --nodes 3, or leave node out of --kinds")
+    args.kinds = args.kinds or (KINDS if args.nodes > 1 else tuple(k for k in KINDS if k != "node"))
+
+
+def _index(cluster, llm, i: int) -> int:
+    """The LocalCluster's index of the placement's i-th node (the one a NodeLoss(i) loses)."""
+    return cluster.nodes.index(llm.placement.nodes[i].name)
+
+
 def _model(args):
-    """(config, weights, requests, placement, decode(tokens) -> text) for --model."""
-    from waferrt.scheduler import KVReserve, plan
+    """(config, weights() -> the float32 weights, requests, place(nodes) -> Placement, decode(tokens) -> text)
+    for --model; what can be checked without Ray (the mesh, the model file, the prompts) is checked here."""
+    from waferrt.core.mesh import MeshSpec
     from waferrt.serving import GenRequest
 
+    from . import generate
+
     if args.model == "tiny":
-        from waferrt.core.mesh import MeshSpec
-        from waferrt.core.spec import spec_by_name
         from waferrt.model import synthetic_llama, tiny_config
 
         config = tiny_config()
+        args.spec, args.kv_tokens, args.max_tiles = args.spec or "tiny", 32 + args.max_new_tokens, 64
         requests = [GenRequest(tuple(range(3 + i, 8 + 2 * i)), args.max_new_tokens) for i in range(args.requests)]
-        mesh = MeshSpec(*(args.mesh or (16, 16)), *(args.tile or (8, 8)))
-        placement = plan(config, spec_by_name(args.spec or "tiny"), mesh,
-                         kv=KVReserve(32 + args.max_new_tokens, args.requests))
-        return config, synthetic_llama(config, seed=0), requests, placement, str
-    from . import generate
-
+        mesh = checked_mesh(args, lambda w, h: (8, 8)) or (None if args.streaming else MeshSpec(16, 16, 8, 8))
+        return (config, lambda: synthetic_llama(config, seed=0), requests,
+                lambda nodes: generate._placement(args, config, mesh, requests, nodes), str)
     args.spec, args.kv_tokens, args.max_tiles = args.spec or "wse2", 64 + args.max_new_tokens, 64
     mesh = checked_mesh(args, lambda w, h: (w, h))
     model, tok = generate._open_model(args)
     requests = generate._requests(args, tok, list(PROMPTS[:args.requests]))
-    placement = generate._placement(args, model.config, mesh, requests)
-    return model.config, generate._weights(model), requests, placement, \
-        (lambda ids: tok.decode(ids, skip_special=True))
+    return (model.config, lambda: generate._weights(model), requests,
+            lambda nodes: generate._placement(args, model.config, mesh, requests, nodes),
+            lambda ids: tok.decode(ids, skip_special=True))
 
 
 def _plan(args, llm):
@@ -148,8 +194,15 @@ def _plan(args, llm):
     else:
         p = llm.placement
         cores = {c for _, r in p.regions() for c in r.cores()} - p.mesh.dead
-        plan = FaultPlan.random(args.seed, args.faults, p.mesh, args.kinds, args.max_new_tokens, cores,
-                                links=border_links(p.mesh, crossings(llm.setup)) if len(p.mesh.tiles()) > 1 else [])
+        cross = crossings(llm.setup)  # the tile borders the decode's micro-batches cross: where Corrupt can strike
+        links = border_links(p.mesh, cross) if cross else []
+        if "corrupt" in args.kinds and not links and len(args.kinds) > 1:
+            say("no corrupt faults drawn: every stage runs on one tile, so no payload crosses a tile border")
+        try:
+            plan = FaultPlan.random(args.seed, args.faults, p.mesh, args.kinds, args.max_new_tokens, cores,
+                                    nodes=args.nodes, links=links)
+        except ValueError as e:  # nothing left to draw: corrupt alone where no payload crosses a tile border
+            raise UsageError(f"--kinds {','.join(args.kinds)}: {e}") from None
     if args.policy:
         plan = dataclasses.replace(plan, policy=args.policy)
     if args.save_plan:
@@ -163,7 +216,10 @@ def _again(args, plan) -> str:
     parts += [f"--plan {args.plan}"] if args.plan else [f"--faults {args.faults}", f"--seed {plan.seed}",
                                                          f"--kinds {','.join(args.kinds)}"]
     parts += [f"--max-new-tokens {args.max_new_tokens}", f"--requests {args.requests}"]
-    parts += [f"--{k} {v}" for k, v in (("policy", args.policy), ("spec", args.spec)) if v]
+    parts += [f"--{k} {v}" for k, v in (("policy", args.policy), ("spec", args.spec), ("strategy", args.strategy),
+                                         ("objective", args.objective)) if v]
+    parts += [f"--nodes {args.nodes}"] if args.nodes > 1 else []
+    parts += ["--streaming"] if args.streaming else []
     parts += [f"--{k} {v[0]}x{v[1]}" for k, v in (("mesh", args.mesh), ("tile", args.tile)) if v]
     return " ".join(parts)
 

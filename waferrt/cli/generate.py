@@ -159,8 +159,9 @@ def _requests(args, tok, texts: list[str]) -> list:
     return out
 
 
-def _placement(args, config, mesh, requests):
-    """Where the model goes, checked to hold every request's K/V; UsageError with the fix otherwise."""
+def _placement(args, config, mesh, requests, nodes=None):
+    """Where the model goes (over `nodes`, the scheduler's NodeInfo; default: this machine, or --address's
+    cluster), checked to hold every request's K/V; UsageError with the fix otherwise."""
     from waferrt.cli.model import default_mesh_cached
     from waferrt.core.spec import spec_by_name
     from waferrt.scheduler import Admission, KVReserve, PlanError, Request
@@ -169,10 +170,11 @@ def _placement(args, config, mesh, requests):
 
     spec = spec_by_name(args.spec)
     kv = KVReserve(args.kv_tokens, args.requests)
+    nodes = nodes or _ray_nodes(args.address)
     if args.streaming:
-        return _streaming_placement(args, config, spec, kv, mesh, requests)
+        return _streaming_placement(args, config, spec, kv, mesh, requests, nodes)
     try:
-        p, choice = placed(args, config, spec, kv, args.dtype, _ray_nodes(args.address), mesh,
+        p, choice = placed(args, config, spec, kv, args.dtype, nodes, mesh,
                            lambda s: default_mesh_cached(config, spec, kv, args.dtype, s))
     except (PlanError, ValueError) as e:  # does not fit (the message says what would), or a bad --strategy N
         raise UsageError(str(e)) from None
@@ -189,7 +191,7 @@ def _placement(args, config, mesh, requests):
     return p
 
 
-def _streaming_placement(args, config, spec, kv, mesh, requests):
+def _streaming_placement(args, config, spec, kv, mesh, requests, nodes):
     """--streaming: one region runs every stage and the weights stream in from MemoryX (waferrt.decode.streaming)."""
     from waferrt.scheduler import Admission, PlanError, Request
     from waferrt.scheduler.placement import plan_streaming, streaming_mesh
@@ -198,7 +200,7 @@ def _streaming_placement(args, config, spec, kv, mesh, requests):
         raise UsageError("--streaming runs every stage on one region; leave out --strategy and --objective")
     try:
         p = plan_streaming(config, spec, mesh or streaming_mesh(config, spec, kv, args.dtype), kv=kv,
-                           dtype=args.dtype, nodes=_ray_nodes(args.address))
+                           dtype=args.dtype, nodes=nodes)
     except PlanError as e:
         raise UsageError(str(e)) from None
     refused = [Admission.for_placement(p).submit(Request(i, len(r.prompt_ids), r.max_new_tokens))
