@@ -113,9 +113,9 @@ def run(args) -> int:
     _check(args)
     config, weights, requests, place, decode = _model(args)
     sampler = Sampler()
+    if args.nodes > 1:
+        say(f"starting {args.nodes} Ray nodes on this machine (ray.cluster_utils): the tiles spread over them")
     with LocalCluster(args.nodes) if args.nodes > 1 else contextlib.nullcontext() as cluster:
-        if cluster is not None:
-            say(f"{args.nodes} Ray nodes up on this machine (ray.cluster_utils): the tiles spread over them")
         placement = place(cluster.node_infos() if cluster else None)
         llm = WaferLLM(config, None, placement, address=cluster.address if cluster else None)
         with llm.open(progress=say):
