@@ -193,13 +193,13 @@ class Tile:
         """Run a kernel on this tile's cores of `region`; `epoch` numbers the command (the same on every
         tile), so messages left over from an earlier, failed command are recognised and dropped. `faults`:
         what is dead in the region as the command starts (the same map on every tile of the command); a
-        straggling tile is slower by its delay."""
+        straggling tile (or a slow core of the region) is slower by its delay."""
         self._idle()
         ledger, links, span = kernel_parts(self.spec, self.links, self.tracer, kernel, epoch)
         self._new_epoch(epoch)
         ctx = Cores(region, self.region, links, ledger, self.store, tag=f"k{epoch}", faults=faults)
-        if self.faults.delay:
-            time.sleep(self.faults.delay)
+        if delay := self.faults.delay_in(region):  # a straggling tile, or a slow core in the region
+            time.sleep(delay)
         with span:
             kernel(ctx, **args)
         return ledger.snapshot()

@@ -28,7 +28,7 @@ from waferrt.core.mesh import TileId
 from waferrt.faults.errors import CoreFailed, LinkFailed, PayloadCorrupt, Unrecoverable
 from waferrt.faults.events import FaultLog
 from waferrt.faults.faultmap import FaultMap
-from waferrt.faults.model import CoreFailure, FaultPlan, NodeLoss, Straggler, fault_dict, fault_tiles
+from waferrt.faults.model import FaultPlan, NodeLoss, Straggler, fault_dict, fault_tiles
 
 
 class FaultSession:
@@ -147,7 +147,7 @@ class FaultSession:
         recovery: slow, not dead)."""
         now = time.time()
         for e in self.log.pending():
-            if isinstance(e.fault, Straggler) and e.fault.tile in tiles:
+            if isinstance(e.fault, Straggler) and fault_tiles(e.fault, self.wafer.mesh)[0] in tiles:
                 self.log.detected([e], "pace (heartbeats)", now)
                 self.log.recovered([e], "none needed: slow, not dead (the decode went on)", now)
 
@@ -196,7 +196,8 @@ def _names(error: Exception, fault) -> bool:
 
 
 def _check_on_mesh(fault, mesh) -> None:
-    cores = [fault.core] if isinstance(fault, CoreFailure) else [fault.a, fault.b] if hasattr(fault, "a") else []
+    core = getattr(fault, "core", None)  # a CoreFailure's, a core Straggler's
+    cores = [core] if core is not None else [fault.a, fault.b] if hasattr(fault, "a") else []
     for c in cores:
         if not mesh.region.contains(c):
             raise ValueError(f"{fault.where()}: core {c} is not on the {mesh.width}x{mesh.height} mesh")

@@ -142,6 +142,8 @@ def assess(session, event, placement) -> None:
         idle, why = not any(r.contains(f.core) for r in regions), dead
     elif isinstance(f, LinkFailure):
         idle, why = not any(link_inside(r, (f.a, f.b)) for r in regions), dead
+    elif isinstance(f, Straggler) and f.core is not None:
+        idle, why = not any(r.contains(f.core) for r in regions), "no region of the decode holds it (nothing to slow)"
     elif isinstance(f, Straggler):
         busy = {t for r in regions for t in placement.mesh.tiles_of(r)}
         idle, why = f.tile not in busy, "the tile runs no region of the decode (nothing to slow)"

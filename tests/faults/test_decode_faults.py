@@ -60,14 +60,16 @@ def _fault(kind: str, llm: WaferLLM):
         return Corrupt(a, b, 2, Trigger(step=3))
     if kind == "straggler":
         return Straggler(TileId(1, 0), 0.01, Trigger(step=2))
+    if kind == "slow core":  # holds up its region (layer 1): the pace of the tile that runs it shows it
+        return Straggler(core=c, delay=0.03, when=Trigger(step=2))
     return TileCrash(next(t for t in llm.placement.mesh.tiles() if t != llm.head), Trigger(step=5))
 
 
 FOUND_BY = {"core": "core failed", "link": "link failed", "corrupt": "checksum", "straggler": "pace",
-            "tile": ""}
+            "slow core": "pace", "tile": ""}
 
 
-@pytest.mark.parametrize("kind", ["core", "link", "corrupt", "straggler", "tile"])
+@pytest.mark.parametrize("kind", ["core", "link", "corrupt", "straggler", "slow core", "tile"])
 def test_each_kind_is_found_and_recovered_with_the_same_tokens(llm, want, kind):
     fault = _fault(kind, llm)
     with llm.faults(FaultPlan((fault,), seed=1)) as session:

@@ -33,7 +33,7 @@ from waferrt.serving.recovery import resume
 MESH = MeshSpec(8, 4, 4, 4)
 ALL = (CoreFailure((1, 2), Trigger(step=3)), LinkFailure((3, 1), (4, 1), Trigger(message=2)),
        Corrupt((3, 0), (4, 0), 2, Trigger(seconds=0.5)), Straggler((1, 0), 0.01, Trigger(rate=0.25)),
-       TileCrash((0, 0)), NodeLoss(1, Trigger(step=7)))
+       TileCrash((0, 0)), NodeLoss(1, Trigger(step=7)), Straggler(core=(5, 2), delay=0.02, when=Trigger(step=2)))
 
 
 def test_a_plan_round_trips_through_json_and_yaml(tmp_path):
@@ -41,7 +41,8 @@ def test_a_plan_round_trips_through_json_and_yaml(tmp_path):
     for name in ("plan.json", "plan.yaml"):
         plan.save(tmp_path / name)
         assert FaultPlan.load(tmp_path / name) == plan
-    assert all(fault_from(fault_dict(f)) == f for f in ALL) and len(set(ALL)) == 6  # hashable values
+    assert all(fault_from(fault_dict(f)) == f for f in ALL) and len(set(ALL)) == 7  # hashable values
+    assert "tile" not in fault_dict(ALL[-1]) and fault_dict(ALL[-1])["core"] == [5, 2]
 
 
 def test_the_same_seed_draws_the_same_plan():
@@ -50,11 +51,14 @@ def test_the_same_seed_draws_the_same_plan():
     assert {f.kind for f in a.faults} == {"core", "link", "corrupt", "straggler", "tile"}  # node: needs 2 nodes
     assert all(1 <= f.when.step <= 12 for f in a.faults)
     assert all(MESH.tile_of(f.a) != MESH.tile_of(f.b) for f in a.faults if f.kind == "corrupt")
+    slow = FaultPlan.random(4, 20, MESH, kinds=("straggler",), cores={Coord(1, 1)}).faults
+    assert {f.core for f in slow} == {None, Coord(1, 1)}  # a slow tile, or one slow core of the decode's
     assert {f.node for f in FaultPlan.random(1, 20, MESH, kinds=("node",), nodes=3).faults} <= {1, 2}
 
 
 @pytest.mark.parametrize("bad,match", [
     (lambda: LinkFailure((0, 0), (2, 0)), "one N/E/S/W hop"), (lambda: Straggler((0, 0), 0), "positive delay"),
+    (lambda: Straggler(delay=0.01), "a tile or a core"), (lambda: Straggler((0, 0), 0.01, core=(1, 1)), "one of them"),
     (lambda: Trigger(rate=2), r"rate in \[0, 1\]"), (lambda: FaultPlan(policy="maybe"), "tolerant"),
     (lambda: Corrupt((0, 0), (0, 1), 0), "at least 1 bit"),
     (lambda: fault_tiles(Corrupt((0, 0), (1, 0)), MESH), "lies inside"),
@@ -85,6 +89,17 @@ def test_a_tiles_faults_fire_at_their_trigger_once():
     assert s.hit(Region(0, 0, 4, 4)) == CoreFailure((1, 2)) and s.hit(Region(2, 0, 2, 4)) is None
     s.tick(13)
     assert len(fired) == 2 and s.armed == []
+
+
+def test_a_slow_core_holds_up_only_the_regions_that_hold_it():
+    s = FaultState(TileId(1, 0), MESH.tile_region(TileId(1, 0)))
+    s.arm(Straggler(core=(5, 2), delay=0.02, when=Trigger(step=1)), 0)
+    s.arm(Straggler((1, 0), 0.01, Trigger(step=2)), 1)
+    assert fault_tiles(Straggler(core=(5, 2), delay=0.02), MESH) == [TileId(1, 0)]
+    s.tick(1)
+    assert s.delay_in(Region(4, 0, 4, 4)) == 0.02 and s.delay_in(Region(6, 0, 2, 4)) == 0 and not s.quiet
+    s.tick(2)  # the whole tile slows down too
+    assert s.delay_in(Region(4, 0, 4, 4)) == 0.03 and s.delay_in(Region(6, 0, 2, 4)) == 0.01
 
 
 def test_corrupt_fires_with_the_message_it_flips_and_rates_follow_the_seed():

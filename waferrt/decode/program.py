@@ -253,8 +253,8 @@ class TileProgram:
     def _stage(self, s: int, meta: np.ndarray, x):
         """Stage s on a micro-batch -> (its activations out, the logits by item if it is the head)."""
         kind = self.stages[s][0]
-        if self.faults is not None and self.faults.delay:  # a straggler: slow, not dead
-            time.sleep(self.faults.delay)
+        if self.faults is not None and (delay := self.faults.delay_in(self.stages[s][2])):  # slow, not dead
+            time.sleep(delay)
         if self.setup.streaming:
             return self._streamed(s, meta, x)
         if kind == "embed":

@@ -4,7 +4,8 @@ Contract: six fault kinds, each a frozen, hashable value with a ``where`` and a 
 :class:`CoreFailure` (a core's SRAM is gone; it never computes, answers or forwards again),
 :class:`LinkFailure` (the link between two neighbouring cores drops everything, both ways),
 :class:`Corrupt` (payloads crossing a tile border on a link get ``bits`` bit flips),
-:class:`Straggler` (a tile runs ``delay`` seconds slower per stage: slow, not dead),
+:class:`Straggler` (a tile, or the regions holding one core, run ``delay`` seconds slower per stage: slow,
+not dead),
 :class:`TileCrash` (the tile actor's process dies, ``os._exit`` inside it) and :class:`NodeLoss` (a Ray
 node goes away with its tiles). ``when`` is a :class:`Trigger`: at micro-batch (decode step) N, at the
 K-th message on the fault's link, T seconds after it is armed, or at random with a rate per step (drawn
@@ -95,18 +96,26 @@ class Corrupt:
 
 @dataclass(frozen=True)
 class Straggler:
-    tile: TileId
-    delay: float  # seconds added to every stage the tile runs
+    """Slow, not dead: a whole tile (``Straggler((1, 0), 0.01)``) runs every stage and kernel command `delay`
+    seconds slower, or one core (``Straggler(core=(3, 4), delay=0.01)``) holds up the stages and commands whose
+    region holds it (its region's collectives wait for it)."""
+
+    tile: TileId | None = None
+    delay: float = 0.0  # seconds added to every stage the tile (or the core's region) runs
     when: Trigger = NOW
+    core: Coord | None = None
     kind = "straggler"
 
     def __post_init__(self) -> None:
         _coerce(self)
+        if (self.tile is None) == (self.core is None):
+            raise ValueError("a straggler is a tile or a core: give one of them, e.g. Straggler((1, 0), 0.01) for "
+                             "tile(1,0) or Straggler(core=(3, 4), delay=0.01) for core (3,4)")
         if self.delay <= 0:
             raise ValueError(f"a straggler is slower by a positive delay in seconds, got {self.delay}")
 
     def where(self) -> str:
-        return f"{self.tile} (+{self.delay:g} s per stage)"
+        return f"{self.tile if self.core is None else f'core {self.core}'} (+{self.delay:g} s per stage)"
 
 
 @dataclass(frozen=True)
@@ -231,7 +240,10 @@ def _draw(rng: random.Random, kind: str, mesh: MeshSpec, cores: list, links: lis
         a, b = rng.choice(links)
         return Corrupt(a, b, rng.randint(1, 3), when)
     if kind == "straggler":
-        return Straggler(rng.choice(mesh.tiles()), round(rng.uniform(0.005, 0.05), 4), when)
+        delay = round(rng.uniform(0.005, 0.05), 4)
+        if rng.random() < 0.5:  # one slow core holds up its region
+            return Straggler(None, delay, when, core=rng.choice(cores))
+        return Straggler(rng.choice(mesh.tiles()), delay, when)
     if kind == "tile":
         return TileCrash(rng.choice(mesh.tiles()), when)
     return NodeLoss(rng.randrange(1, nodes), when)  # never node 0: the driver's
@@ -239,7 +251,7 @@ def _draw(rng: random.Random, kind: str, mesh: MeshSpec, cores: list, links: lis
 
 def fault_tiles(fault, mesh: MeshSpec) -> list[TileId]:
     """The tiles that carry out `fault` (none for a NodeLoss: the host removes the node)."""
-    if isinstance(fault, CoreFailure):
+    if getattr(fault, "core", None) is not None:  # a CoreFailure, a Straggler of one core
         return [mesh.tile_of(fault.core)]
     if isinstance(fault, LinkFailure):
         return sorted({mesh.tile_of(fault.a), mesh.tile_of(fault.b)})
@@ -283,6 +295,8 @@ def fault_dict(f) -> dict:
             v = [v.tx, v.ty]
         elif isinstance(v, Trigger):
             v = {k: x for k, x in dataclasses.asdict(v).items() if x}
+        elif v is None:  # a Straggler's tile or core, whichever it is not
+            continue
         d[fld.name] = v
     return d
 

@@ -56,7 +56,8 @@ class FaultState:
         self.armed: list[_Armed] = []
         self.dead_cores: set[Coord] = set()
         self.dead_links: set[frozenset[Coord]] = set()
-        self.delay = 0.0  # seconds added to every stage (stragglers)
+        self.delay = 0.0  # seconds added to every stage (a straggling tile)
+        self.slow_cores: dict[Coord, float] = {}  # straggling cores: seconds added to the stages whose region holds one
         self.fired: list[Fired] = []
 
     def arm(self, fault, index: int, seed: int = 0) -> None:
@@ -73,7 +74,12 @@ class FaultState:
     @property
     def quiet(self) -> bool:
         """Nothing armed, nothing dead, nobody slow: the hot paths skip their checks."""
-        return not (self.armed or self.dead_cores or self.dead_links or self.delay)
+        return not (self.armed or self.dead_cores or self.dead_links or self.delay or self.slow_cores)
+
+    def delay_in(self, region: Region) -> float:
+        """The seconds a straggler adds to a stage (or kernel command) on `region`: the tile's own delay, and the
+        delay of every slow core the region holds (its collectives wait for that core)."""
+        return self.delay + sum(d for c, d in self.slow_cores.items() if region.contains(c))
 
     def tick(self, step: int | None) -> list[Fired]:
         if not self.armed:
@@ -109,6 +115,8 @@ class FaultState:
             self.dead_cores.add(f.core)
         elif isinstance(f, LinkFailure):
             self.dead_links.add(frozenset((f.a, f.b)))
+        elif isinstance(f, Straggler) and f.core is not None:
+            self.slow_cores[f.core] = self.slow_cores.get(f.core, 0.0) + f.delay
         elif isinstance(f, Straggler):
             self.delay += f.delay
         if self.on_fire is not None:
