@@ -107,10 +107,10 @@ class FaultLog:
         def secs(v: float | None) -> str:
             return "-" if v is None else f"{v:.2f}"
 
-        lines = [f"{'#':>3} {'kind':<10}{'where':<34}{'step':>5} {'detected by':<26}{'after s':>8}"
+        lines = [f"{'#':>3} {'kind':<10}{'where':<38}{'step':>5} {'detected by':<31}{'after s':>8}"
                  f"{'recovered s':>12}{'modelled ms':>12}  action"]
         for e in self.events:
-            lines.append(f"{e.index:>3} {e.kind:<10}{e.where[:33]:<34}{e.step if e.step >= 0 else '-':>5} "
-                         f"{(e.detected_by or e.outcome)[:25]:<26}{secs(e.detected_after_s):>8}"
+            lines.append(f"{e.index:>3} {e.kind:<10}{e.where[:37]:<38}{e.step if e.step >= 0 else '-':>5} "
+                         f"{(e.detected_by or e.outcome)[:30]:<31}{secs(e.detected_after_s):>8}"
                          f"{secs(e.recovered_in_s):>12}{e.modelled_s * 1e3:>12.3f}  {e.action}")
         return "\n".join(lines)
