@@ -35,3 +35,26 @@ def test_a_steady_tile_is_not_a_straggler_and_a_restarted_one_starts_afresh():
     w.reset([TILES[1]])  # restarted: its pace is not known yet, its old fastest pace no yardstick
     w.note_paces({TILES[1]: 0.0011})
     assert w.slow() == []
+
+
+def test_a_tile_reports_the_pace_of_its_slowest_stage():
+    """A slow core holds up only the stage whose region holds it: the tile's pace (what its beats carry) is
+    that stage's, not an average that the tile's other stages would dilute (LocalDecoder: no Ray)."""
+    from waferrt.core.mesh import MeshSpec
+    from waferrt.core.spec import TINY
+    from waferrt.faults import Straggler
+    from waferrt.faults.state import FaultState
+    from waferrt.model import Sampler, synthetic_llama, tiny_config
+    from waferrt.scheduler import KVReserve, plan
+    from waferrt.serving import GenRequest, LocalDecoder
+
+    cfg = tiny_config()
+    p = plan(cfg, TINY, MeshSpec(16, 8, 16, 8), kv=KVReserve(16, 1))  # one tile: 3 layers on it
+    dec = LocalDecoder(cfg, synthetic_llama(cfg, seed=0), p)
+    (tile,) = p.mesh.tiles()
+    prog = dec.programs[tile]
+    prog.faults = FaultState(tile, p.mesh.tile_region(tile))
+    prog.faults.arm(Straggler(core=next(p.layers[1].cores()), delay=0.05), 0)
+    dec.generate([GenRequest((3, 4), 4)], Sampler())
+    layer_paces = [prog.paces[s] for s, (kind, _, _) in enumerate(prog.stages) if kind == "layer"]
+    assert prog.pace == max(layer_paces) >= 0.05 > sorted(layer_paces)[0] * 5, layer_paces

@@ -18,8 +18,9 @@ Links are any waferrt.fabric.links.Links (the loop fabric or the real one).
 
 Faults (waferrt.faults.state, optional): the faults armed on the tile fire as micro-batches arrive
 (``tick``); a stage whose region holds a dead core or link raises CoreFailed / LinkFailed naming what was
-lost instead of running; a straggling tile sleeps its delay per stage. ``pace`` is the tile's recent wall
-time per stage run (its heartbeat carries it; the host spots a straggler). After a re-plan, ``adopt``
+lost instead of running; a straggling tile sleeps its delay per stage (a straggling core: per stage whose
+region holds it). ``pace`` is the tile's recent wall time per run of its slowest stage (its heartbeat carries
+it; the host spots a straggler). After a re-plan, ``adopt``
 keeps the loaded stages whose region did not move (only the others need their weights again). While
 ``trace`` holds a recorder (waferrt.decode.tracing), every stage run and every micro-batch's visit is a span too.
 
@@ -111,7 +112,7 @@ class TileProgram:
         self.embed: EmbedShard | None = None
         self.store = None  # the off-wafer weights of a streaming decode (attach)
         self.records: list[StageRun] = []
-        self.paces: dict[bool, float] = {}  # wall seconds per stage run lately (an EMA), of layer stages / others
+        self.paces: dict[int, float] = {}  # stage -> its wall seconds per run lately (an EMA)
         self.trace = None  # a waferrt.core.trace.Recorder while tracing (waferrt.decode.tracing), else None
 
     def hosts(self, s: int) -> bool:
@@ -216,14 +217,15 @@ class TileProgram:
         return logits
 
     def _timed(self, s: int, seconds: float) -> None:
-        layer = self.stages[s][0] == "layer"
-        self.paces[layer] = seconds if layer not in self.paces else 0.8 * self.paces[layer] + 0.2 * seconds
+        self.paces[s] = seconds if s not in self.paces else 0.8 * self.paces[s] + 0.2 * seconds
 
     @property
     def pace(self) -> float | None:
-        """This tile's wall seconds per stage run lately: of its layer stages (alike on every tile), or of
-        its others when it hosts no layer. The host compares them across tiles to spot a straggler."""
-        return self.paces.get(True, self.paces.get(False))
+        """This tile's wall seconds per stage run lately, of its slowest stage: of its layer stages (alike on
+        every tile), or of its others when it hosts no layer. The host compares them across tiles to spot a
+        straggler -- a slow tile slows all its stages, a slow core the one whose region holds it."""
+        layers = [p for s, p in self.paces.items() if self.stages[s][0] == "layer"]
+        return max(layers or self.paces.values(), default=None)
 
     def _alive(self, s: int) -> None:
         """Stage s's cores and links all work (else CoreFailed / LinkFailed naming what is lost); a straggling
