@@ -17,6 +17,7 @@ import pytest
 from ggufs import write_gguf
 from loopback import answering
 
+from waferrt.faults import FaultPlan, NodeLoss
 from waferrt.model import synthetic_llama, tiny_config
 
 BOUND_S = 10.0
@@ -41,6 +42,10 @@ def files(tmp_path_factory) -> dict[str, str]:
     out["text"].write_text("just some notes\n")
     out["binary"].write_bytes(b"\x89PNG\r\n\x1a\n\x00\x00\x00\rIHDR\xff\xfe")
     out["blank"].write_text("\n   \n\n")
+    out["nodeplan"] = d / "nodes.json"
+    FaultPlan((NodeLoss(2),)).save(out["nodeplan"])  # loses node 2: needs three nodes
+    out["badplan"] = d / "bad.json"
+    out["badplan"].write_text('{"faults": [{"kind": "meteor"}]}')
     return {k: str(v) for k, v in out.items()} | {"tiny_size": str(len(data)), "cut_size": str(len(data) * 2 // 3)}
 
 
@@ -135,6 +140,9 @@ CASES = [
     ("chaos too many nodes", ["chaos", "--nodes", "9"], "--nodes: 9 Ray nodes on one machine is too many: at most 8"),
     ("chaos unknown kind", ["chaos", "--kinds", "core,meteor"],
      "fault kinds are a comma-separated list of core,link,corrupt,straggler,tile,node"),
+    ("chaos plan losing a node not started", ["chaos", "--model", "tiny", "--plan", "{nodeplan}", "--nodes", "2"],
+     "loses Ray node 2, but --nodes 2 starts nodes 0..1 (0 runs this driver): give --nodes 3 or more"),
+    ("chaos plan not a plan", ["chaos", "--model", "tiny", "--plan", "{badplan}"], "--plan "),
     ("chaos too many requests", ["chaos", "--model", "tiny", "--requests", "9"], "--requests 9: at most 8"),
     ("chaos tile without mesh", ["chaos", "--model", "tiny", "--tile", "8x8"], "--tile needs --mesh"),
     ("chaos strategy of the old words", ["chaos", "--strategy", "pipeline"], "'pipeline' is not a strategy"),

@@ -81,7 +81,7 @@ def add_parser(sub) -> argparse.ArgumentParser:
                         "--nodes 2 or more)")
     p.add_argument("--nodes", type=node_count, metavar="N",
                    help="start N Ray nodes on this machine and spread the tiles over them (default 1; 3 when --kinds "
-                        "has node)")
+                        "has node or a --plan loses a node)")
     p.add_argument("--max-new-tokens", type=whole_number(1, "--max-new-tokens 16"), default=16, metavar="T",
                    help="tokens per request (16); faults fire at steps 1..T")
     p.add_argument("--requests", type=whole_number(1, "--requests 4"), default=4, metavar="R",
@@ -137,8 +137,20 @@ def run(args) -> int:
 
 def _check(args) -> None:
     """--requests, --kinds and --nodes together (each alone was checked by its type): UsageError, before Ray."""
+    from waferrt.faults import FaultPlan, NodeLoss
+
     if args.requests > len(PROMPTS):
         raise UsageError(f"--requests {args.requests}: at most {len(PROMPTS)} (the built-in prompts)")
+    if args.plan:
+        try:
+            args.plan_given = FaultPlan.load(args.plan)
+        except (OSError, ValueError) as e:
+            raise UsageError(f"--plan {args.plan}: {e}") from None
+        lost = max((f.node for f in args.plan_given.faults if isinstance(f, NodeLoss)), default=0)
+        if args.nodes is not None and lost >= args.nodes:
+            raise UsageError(f"--plan {args.plan} loses Ray node {lost}, but --nodes {args.nodes} starts nodes "
+                             f"0..{args.nodes - 1} (0 runs this driver): give --nodes {lost + 1} or more")
+        args.nodes = args.nodes or (max(3, lost + 1) if lost else None)
     wants_nodes = args.kinds is not None and "node" in args.kinds
     args.nodes = args.nodes or (3 if wants_nodes else 1)
     if wants_nodes and args.nodes < 2:
@@ -187,10 +199,7 @@ def _plan(args, llm):
     from waferrt.faults.model import border_links
 
     if args.plan:
-        try:
-            plan = FaultPlan.load(args.plan)
-        except (OSError, ValueError) as e:
-            raise UsageError(f"--plan {args.plan}: {e}") from None
+        plan = args.plan_given  # loaded and checked before Ray started
     else:
         p = llm.placement
         cores = {c for _, r in p.regions() for c in r.cores()} - p.mesh.dead
