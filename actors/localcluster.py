@@ -5,8 +5,9 @@ CPU each) under a private temp dir -- a fresh ``RAY_TMPDIR`` in /tmp when none i
 meets another Ray of the machine (nor stops one: it stops only what it started), and joins this driver to it
 (``waferrt.actors.session.ray_init``: Ray's noise kept off the terminal). ``cluster.address`` is its address,
 ``cluster.nodes`` the node ids, the head's (this driver's) first, ``cluster.node_infos()`` the same as the
-scheduler's NodeInfo. ``remove(i)`` removes node i at once (its raylet killed, as a lost machine would go; the
-head, index 0, is refused: it hosts this driver), ``restore()`` starts a fresh node in the place of every
+scheduler's NodeInfo. ``remove(node)`` removes the node of that id at once (its raylet killed, as a lost machine
+would go; the head is refused: it hosts this driver) -- a NodeLoss's ``node_loss`` callback is
+``lambda i: cluster.remove(placement.nodes[i].name)`` --, ``restore()`` starts a fresh node in the place of every
 removed one (new ids) and returns their indices. Leaving the block shuts this driver's Ray and the cluster
 down. Used by ``waferrt chaos --nodes N`` and ``benchmarks/chaos.py``.
 """
@@ -64,8 +65,9 @@ class LocalCluster:
 
         return tuple(NodeInfo(n, 1) for n in self.nodes)
 
-    def remove(self, i: int) -> None:
-        """Remove node i now, without a graceful shutdown (a NodeLoss's `node_loss` callback)."""
+    def remove(self, node: str) -> None:
+        """Remove the node of this id now, without a graceful shutdown (nothing when it is gone already)."""
+        i = self.nodes.index(node)
         if i == 0:
             raise ValueError("node 0 is the head: it hosts this driver and cannot be removed")
         if self._handles[i] is not None:

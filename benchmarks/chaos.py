@@ -133,7 +133,7 @@ def _run(llm, plan_, cluster, requests, sampler, want):
             result["error"] = e
 
     def node_loss(i: int) -> None:  # NodeLoss(i): the placement's i-th node
-        cluster.remove(cluster.nodes.index(llm.placement.nodes[i].name))
+        cluster.remove(llm.placement.nodes[i].name)
 
     with llm.faults(plan_, node_loss=node_loss) as session:
         t = threading.Thread(target=go, daemon=True)

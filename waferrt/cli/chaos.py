@@ -124,7 +124,7 @@ def run(args) -> int:
             say(f"fault-free decode of {len(requests)} requests x {args.max_new_tokens} tokens")
             want, _ = llm.generate(requests, sampler)
             say(f"the same under {len(plan.faults)} faults (seed {plan.seed}, policy {plan.policy})")
-            lose = None if cluster is None else (lambda i: cluster.remove(_index(cluster, llm, i)))
+            lose = None if cluster is None else (lambda i: cluster.remove(llm.placement.nodes[i].name))
             with llm.faults(plan, node_loss=lose) as session:
                 try:
                     got, error = llm.generate(requests, sampler)[0], None
@@ -146,22 +146,18 @@ def _check(args) -> None:
             args.plan_given = FaultPlan.load(args.plan)
         except (OSError, ValueError) as e:
             raise UsageError(f"--plan {args.plan}: {e}") from None
-        lost = max((f.node for f in args.plan_given.faults if isinstance(f, NodeLoss)), default=0)
-        if args.nodes is not None and lost >= args.nodes:
-            raise UsageError(f"--plan {args.plan} loses Ray node {lost}, but --nodes {args.nodes} starts nodes "
-                             f"0..{args.nodes - 1} (0 runs this driver): give --nodes {lost + 1} or more")
-        args.nodes = args.nodes or (max(3, lost + 1) if lost else None)
-    wants_nodes = args.kinds is not None and "node" in args.kinds
-    args.nodes = args.nodes or (3 if wants_nodes else 1)
-    if wants_nodes and args.nodes < 2:
+    lost = max((f.node for f in args.plan_given.faults if isinstance(f, NodeLoss)), default=0) if args.plan else 0
+    drawn = args.kinds is not None and "node" in args.kinds
+    least = max(lost + 1, 2 if drawn else 1)  # node 0 runs this driver and is never lost
+    if args.nodes is None:
+        args.nodes = max(least, 3) if least > 1 else 1
+    elif lost >= args.nodes:
+        raise UsageError(f"--plan {args.plan} loses Ray node {lost}, but --nodes {args.nodes} starts nodes "
+                         f"0..{args.nodes - 1} (0 runs this driver): give --nodes {lost + 1} or more")
+    elif args.nodes < least:
         raise UsageError("--kinds node: a node loss needs several Ray nodes (node 0 runs this driver and is never "
                          "lost); give --nodes 3, or leave node out of --kinds")
     args.kinds = args.kinds or (KINDS if args.nodes > 1 else tuple(k for k in KINDS if k != "node"))
-
-
-def _index(cluster, llm, i: int) -> int:
-    """The LocalCluster's index of the placement's i-th node (the one a NodeLoss(i) loses)."""
-    return cluster.nodes.index(llm.placement.nodes[i].name)
 
 
 def _model(args):

@@ -79,6 +79,8 @@ class FaultState:
     def delay_in(self, region: Region) -> float:
         """The seconds a straggler adds to a stage (or kernel command) on `region`: the tile's own delay, and the
         delay of every slow core the region holds (its collectives wait for that core)."""
+        if not self.slow_cores:  # the usual case, once per stage: no scan
+            return self.delay
         return self.delay + sum(d for c, d in self.slow_cores.items() if region.contains(c))
 
     def tick(self, step: int | None) -> list[Fired]:
