@@ -41,7 +41,7 @@ FLOORS["waferrt.testing"] = set(FLOORS)  # the pytest plugin: wafers and faults 
 HEAVY = {  # third-party package -> the only modules that may import it
     "ray": ("waferrt.actors", "waferrt.runtime"),
     "zmq": ("waferrt.actors",),
-    "gguf": ("waferrt.model.gguf_loader",),
+    "gguf": ("waferrt.model.gguf_loader", "waferrt.model.gguf_writer"),
     "tokenizers": ("waferrt.model.tokenizer",),
 }
 PURE_PACKAGES = ["waferrt", "waferrt.core", "waferrt.faults", "waferrt.fabric", "waferrt.model", "waferrt.decode",

@@ -61,8 +61,13 @@ def message_cycles(spec: HardwareSpec, hops: int, stages: int, nbytes: float) ->
     return hops * spec.alpha_cycles + stages * (spec.beta_cycles + nbytes / spec.link_bytes_per_cycle)
 
 
-def compute_cost(spec: HardwareSpec, flops: int) -> Cost:
-    return Cost(flops=int(flops), cycles=flops / spec.flops_per_cycle)
+def flop_cycles(spec: HardwareSpec, flops: float, dtype: str = "float32") -> float:
+    """Cycles one core takes for `flops` on `dtype` data: the one owner of flops-to-cycles."""
+    return flops / spec.flops_per_cycle_at(dtype)
+
+
+def compute_cost(spec: HardwareSpec, flops: int, dtype: str = "float32") -> Cost:
+    return Cost(flops=int(flops), cycles=flop_cycles(spec, flops, dtype))
 
 
 @lru_cache(maxsize=256)

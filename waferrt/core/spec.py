@@ -35,6 +35,7 @@ class HardwareSpec:
     flops_per_cycle: float  # per core, float32
     clock_hz: float
     ingress_bytes_per_s: float = 150e9  # off-wafer I/O: host <-> wafer, and weights streamed in (MemoryX)
+    half_flops_per_cycle: float | None = None  # per core, float16/bfloat16 (None: the float32 rate)
 
     def __post_init__(self) -> None:
         w, h = self.full_mesh
@@ -44,12 +45,21 @@ class HardwareSpec:
                       "ingress_bytes_per_s"):
             if getattr(self, field) <= 0:
                 raise ValueError(f"HardwareSpec.{field} must be positive, got {getattr(self, field)!r}")
+        if self.half_flops_per_cycle is not None and self.half_flops_per_cycle <= 0:
+            raise ValueError(f"HardwareSpec.half_flops_per_cycle must be positive or None, got "
+                             f"{self.half_flops_per_cycle!r}")
         if self.beta_cycles < 0:
             raise ValueError(f"HardwareSpec.beta_cycles must be >= 0, got {self.beta_cycles!r}")
 
     @property
     def cores(self) -> int:
         return self.full_mesh[0] * self.full_mesh[1]
+
+    def flops_per_cycle_at(self, dtype: str = "float32") -> float:
+        """A core's compute rate for work on `dtype` data (float16 and bfloat16 share the 16-bit rate)."""
+        if dtype == "float32" or self.half_flops_per_cycle is None:
+            return self.flops_per_cycle
+        return self.half_flops_per_cycle
 
     def replace(self, **changes) -> HardwareSpec:
         """A copy with some fields changed, e.g. ``spec.replace(sram_bytes=64 * 1024)``."""
