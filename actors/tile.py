@@ -221,7 +221,7 @@ class Tile:
         for name in self.booked:
             self.sram.release(name)
         self.booked = []
-        self.decoder = TileProgram(setup, self.tile, self.links, old.ledger if old else Ledger(self.spec),
+        self.decoder = TileProgram(setup, self.tile, self.links, old.ledger if old else Ledger(self.spec, setup.dtype),
                                    self.faults)
         if self.tracer is not None:  # set up again during a traced decode (a recovery): keep recording
             from waferrt.decode.tracing import trace_program

@@ -21,19 +21,19 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from functools import lru_cache
 
-from waferrt.core.cost import total
 from waferrt.core.dtypes import STORAGE_DTYPES
+from waferrt.core.mesh import Region
 from waferrt.core.spec import HardwareSpec
 from waferrt.decode.cost import (
-    handover_cost,
+    Decoding,
     head_decode_parts,
     lane_batches,
-    layer_decode_cost,
     layer_decode_parts,
+    stage_handover,
     step_cycles,
 )
 from waferrt.decode.schedule import requests_round_seconds, round_bound_seconds
-from waferrt.decode.streaming import head_parts, stage_cycles, streamed_bytes
+from waferrt.decode.streaming import stream_step_cycles
 from waferrt.model.config import LlamaConfig
 
 from . import wafer
@@ -68,23 +68,23 @@ def host_seconds(cfg: LlamaConfig, spec: HardwareSpec, requests: int) -> float:
     return requests * (4 + 4 * cfg.vocab_size) / spec.ingress_bytes_per_s
 
 
-def stage_seconds(cfg: LlamaConfig, spec: HardwareSpec, stages, kv_tokens: int, requests: int,
-                  head_groups: int = 1) -> tuple[float, float]:
+def stage_seconds(spec: HardwareSpec, dec: Decoding, stages, kv_tokens: int, requests: int) -> tuple[float, float]:
     """(seconds of one request's token, seconds of one step with `requests` in flight) through `stages`
     ((kind, Region), as decode.cost.step_cycles takes them: one per layer, the layers of a group on one
     region) on the wafer: the closed forms the tiles book; with several requests, a steady round of them
     decoding at their own pace, as the decode that ran is scheduled (waferrt.decode.schedule: a token's
     layers on one region run back to back, and the tokens take turns on it)."""
-    alone = _alone(cfg, spec, stages, kv_tokens, head_groups)
+    alone = alone_cycles(spec, dec, stages, kv_tokens)
     one = sum(alone) / spec.clock_hz
     if requests == 1:
         return one, one
     return one, requests_round_seconds(alone, [region for _, region in stages], requests, spec.clock_hz)
 
 
-def _alone(cfg: LlamaConfig, spec: HardwareSpec, stages, kv_tokens: int, head_groups: int) -> list[float]:
-    """The cycles of one token alone at each stage, in stage order."""
-    cycles = step_cycles(spec, cfg, stages, kv_tokens, [1], head_groups=head_groups)
+def alone_cycles(spec: HardwareSpec, dec: Decoding, stages, kv_tokens: int) -> list[float]:
+    """The cycles of one token alone at each stage, in stage order: what a placement's speed (the flow
+    schedule of decode.schedule) and its bound are derived from."""
+    cycles = step_cycles(spec, dec, stages, kv_tokens, [1])
     return [c for (_, _), c in sorted(cycles.items())]
 
 
@@ -96,8 +96,13 @@ def placement_seconds(p: Placement, requests: int | None = None, context: int | 
     (default: the full reserve)."""
     if p.streaming:
         return streaming_seconds(p, requests or p.kv.requests, context or p.kv_tokens)
-    stages = [("embed", p.embed), *(("layer", r) for r in p.layers), ("head", p.embed)]
-    return stage_seconds(p.config, p.spec, stages, context or p.kv_tokens, requests or p.kv.requests)
+    return stage_seconds(p.spec, Decoding(p.config, p.dtype), placement_stages(p), context or p.kv_tokens,
+                         requests or p.kv.requests)
+
+
+def placement_stages(p: Placement) -> list[tuple[str, Region]]:
+    """A non-streaming placement's stages as (kind, Region): the embedding, every layer, the head."""
+    return [("embed", p.embed), *(("layer", r) for r in p.layers), ("head", p.embed)]
 
 
 def streaming_seconds(p: Placement, requests: int, context: int) -> tuple[float, float]:
@@ -105,14 +110,10 @@ def streaming_seconds(p: Placement, requests: int, context: int) -> tuple[float,
     tile books it: every stage lasts the longer of its compute and its block's stream; the micro-batches
     (decode.cost.lane_batches) take turns on the region, each streaming every block once. (seconds of one
     request's token, of a round of `requests` tokens)."""
-    cfg, spec, r, dtype = p.config, p.spec, p.embed, p.dtype
+    spec, dec = p.spec, Decoding(p.config, p.dtype)
 
     def batch(b: int) -> float:
-        layer = layer_decode_cost(spec, cfg, r, context, b).cycles
-        head = total(c for _, _, c in head_parts(spec, cfg, r, dtype, b)).cycles
-        return (stage_cycles(spec, 0.0, streamed_bytes(cfg, "embed", dtype, b))
-                + cfg.n_layers * stage_cycles(spec, layer, streamed_bytes(cfg, "layer", dtype, b))
-                + stage_cycles(spec, head, streamed_bytes(cfg, "head", dtype, b)))
+        return stream_step_cycles(spec, dec, p.embed, context, b)
 
     return batch(1) / spec.clock_hz, sum(batch(b) for b in lane_batches(requests)) / spec.clock_hz
 
@@ -128,7 +129,8 @@ def best(cfg: LlamaConfig, spec: HardwareSpec, mesh: tuple[int, int], kv: KVRese
     if not floors:
         return None
     stages = [floor.stages(cfg.n_layers, strategy.group) for floor in floors]
-    alone = [_alone(cfg, spec, st, kv.tokens, f.shape.head_groups) for f, st in zip(floors, stages)]
+    alone = [alone_cycles(spec, Decoding(cfg, dtype, head_groups=f.shape.head_groups), st, kv.tokens)
+             for f, st in zip(floors, stages)]
     ones = [sum(a) / spec.clock_hz for a in alone]
     segs = [(a, [region for _, region in st]) for st, a in zip(stages, alone)]
 
@@ -212,7 +214,7 @@ def _report(cfg: LlamaConfig, spec: HardwareSpec, c: Candidate, base: dict, why:
     sram = c.strategy.regions * floor.shape.cores * layer_bytes + floor.bands * floor.band_cols * floor.band_rows * \
         band_bytes
     cap = wafer.kv_capacity(cfg, floor.shape, spec.sram_bytes, kv.requests, dtype, c.strategy.group)
-    parts = _one_token_parts(cfg, spec, stages, kv.tokens, floor.shape.head_groups)
+    parts = _one_token_parts(spec, Decoding(cfg, dtype, head_groups=floor.shape.head_groups), stages, kv.tokens)
     host1, host_r = host_seconds(cfg, spec, 1), host_seconds(cfg, spec, kv.requests)
     return Estimate(**base, strategy=c.strategy, fits=True, why=why, shape=floor.shape,
                     band=(floor.band_cols, floor.band_rows, floor.bands), cores_used=used, sram_used_bytes=sram,
@@ -230,14 +232,14 @@ def _bounds(parts, spec: HardwareSpec, host: float) -> dict[str, float]:
     return {"compute": compute, "fabric": fabric, "ingress": host}
 
 
-def _one_token_parts(cfg: LlamaConfig, spec: HardwareSpec, stages, kv_tokens: int, groups: int) -> list:
+def _one_token_parts(spec: HardwareSpec, dec: Decoding, stages, kv_tokens: int) -> list:
     """(name, category, Cost) of one request's token through every stage: what the breakdown sums."""
     out = []
     for s, (kind, region) in enumerate(stages):
         if s:
-            out.append(("handover", "handover", handover_cost(spec, stages[s - 1][1], region, 4 * cfg.dim)))
+            out.append(("handover", "handover", stage_handover(spec, dec.config, stages[s - 1][1], region, 1)))
         if kind == "layer":
-            out += layer_decode_parts(spec, cfg, region, kv_tokens, 1, head_groups=groups)
+            out += layer_decode_parts(spec, dec, region, kv_tokens, 1)
         elif kind == "head":
-            out += head_decode_parts(spec, cfg, region, 1)
+            out += head_decode_parts(spec, dec, region, 1)
     return out

@@ -23,13 +23,12 @@ matplotlib through its object API, imported inside the function (as scheduler.dr
 from __future__ import annotations
 
 from collections.abc import Sequence
-from functools import lru_cache
 from pathlib import Path
 
 import numpy as np
 
-from waferrt.core.mesh import Dir, MeshSpec, Region, TileId
-from waferrt.decode.cost import handover_cost, head_decode_parts, layer_decode_parts
+from waferrt.core.mesh import Dir, MeshSpec, TileId
+from waferrt.decode.cost import alone_cycles, token_cost
 from waferrt.decode.schedule import StageRun
 from waferrt.decode.setup import DecodeSetup, stage_sram
 
@@ -50,25 +49,10 @@ def sram_share(p: Placement) -> np.ndarray:
     return img / p.spec.sram_bytes
 
 
-@lru_cache(maxsize=8192)
-def token_link_bytes(spec, cfg, prev: Region | None, region: Region, kind: str, pos: int, want: bool,
-                     algo: str, k: int) -> float:
-    """Link bytes one token at position `pos` books at a stage (the hand-over into its region included):
-    the closed forms the tiles book, for a micro-batch of one."""
-    total = handover_cost(spec, prev, region, 4 * cfg.dim).link_bytes if prev is not None else 0.0
-    if kind == "layer":
-        parts = layer_decode_parts(spec, cfg, region, pos + 1, 1, moving=pos % region.w, algo=algo, k=k)
-    elif kind == "head" and want:
-        parts = head_decode_parts(spec, cfg, region, 1, algo=algo, k=k)
-    else:
-        parts = []
-    return total + sum(c.link_bytes for _, _, c in parts)
-
-
 def link_bytes(p: Placement, runs: Sequence[StageRun] | None = None) -> np.ndarray:
     """(height, width): modelled link bytes per core -- each stage region's bytes spread over its cores."""
     setup = DecodeSetup.from_placement(p)
-    stages, coll = setup.stages(), setup.collectives
+    stages = setup.stages()
     if runs is None:  # one token, a full K/V
         tokens = {s: [(setup.kv_tokens - 1, True)] for s in range(len(stages))}
     else:
@@ -77,25 +61,21 @@ def link_bytes(p: Placement, runs: Sequence[StageRun] | None = None) -> np.ndarr
             tokens.setdefault(r.stage, []).extend((it.pos, it.want) for it in r.items)
     img = np.zeros((p.mesh.height, p.mesh.width))
     for s, items in tokens.items():
-        kind, _, region = stages[s]
-        prev = stages[s - 1][2] if s else None
-        nbytes = sum(token_link_bytes(p.spec, p.config, prev, region, kind, pos, want, coll.algo, coll.k)
-                     for pos, want in items)
+        stage = (stages[s][0], stages[s - 1][2] if s else None, stages[s][2])
+        nbytes = sum(token_cost(p.spec, setup.decoding, stage, pos, want).link_bytes for pos, want in items)
+        region = stage[2]
         img[region.y0:region.y1, region.x0:region.x1] += nbytes / region.size
     return img
 
 
 def modelled_busy(p: Placement) -> dict[TileId, float]:
     """Each tile's share of the busiest tile's modelled cycles per token (its stages, one token alone)."""
-    from waferrt.decode.cost import alone_cycles
-
     setup = DecodeSetup.from_placement(p)
-    stages, tiles, coll = setup.stages(), setup.stage_tiles(), setup.collectives
+    stages, tiles = setup.stages(), setup.stage_tiles()
     cycles = dict.fromkeys(p.mesh.tiles(), 0.0)
     for s, (kind, _, region) in enumerate(stages):
-        prev = stages[s - 1][2] if s else None
-        cycles[tiles[s]] += alone_cycles(p.spec, p.config, prev, region, kind, setup.kv_tokens - 1, True,
-                                         coll.algo, coll.k)
+        stage = (kind, stages[s - 1][2] if s else None, region)
+        cycles[tiles[s]] += alone_cycles(p.spec, setup.decoding, stage, setup.kv_tokens - 1, True)
     top = max(cycles.values()) or 1.0
     return {t: c / top for t, c in cycles.items()}
 

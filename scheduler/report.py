@@ -5,8 +5,10 @@ plain values. Layers stacked in one region (``Placement.group``) are one region 
 them, the hand-overs between them move nothing, and its stage time is theirs together. SRAM figures are per
 core over the cores that regions use, at the placement's KV capacity (``placement.kv_tokens`` positions for
 each of ``kv.requests`` requests). The modelled step is one token through the whole chain: embedding row ->
-layer 0 -> ... -> layer L-1 -> head, with the hand-overs between regions (``waferrt.decode.cost``);
-throughput assumes ``kv.requests`` requests in flight in the pipeline, bounded by the slowest stage.
+layer 0 -> ... -> layer L-1 -> head, with the hand-overs between regions (``waferrt.decode.cost``); the
+speed is the one model of it, the flow schedule (``estimate.placement_seconds``: ``kv.requests`` requests in
+flight, each at its own pace), and ``bound_tokens_per_s`` a bound derived from the same cycles (a token per
+busiest-region time at most).
 ``tile_work`` is the decode work of every tile (one process each): the weight bytes of the regions it hosts
 (the embedding table once for embedding and head; a region over several tiles counted in proportion to its
 cores in each), which the decode reads once per step, so the busiest tile bounds the emulator's throughput."""
@@ -18,10 +20,11 @@ from dataclasses import dataclass
 from itertools import pairwise
 
 from waferrt.core.mesh import Region
-from waferrt.decode.cost import handover_cost, head_decode_cost, layer_decode_cost
+from waferrt.decode.cost import Decoding
 from waferrt.decode.layout import booked_bytes, embed_booking, layer_booking
 
 from .budget import work_bytes
+from .estimate import alone_cycles, placement_seconds, placement_stages
 from .geometry import node_borders, shares, tile_box, tile_bytes, tiles_spanned
 from .types import Placement
 
@@ -59,9 +62,9 @@ class PlanReport:
     kv_tokens: int  # positions per request per layer
     kv_requests: int
     step_cycles: float  # one token through the whole chain
-    stage_cycles: float  # the slowest stage (a region and the hand-over into the next): one token enters
+    bound_stage_cycles: float  # the busiest region's cycles per token (its stages, the hand-overs into them)
     clock_hz: float
-    tokens_per_s: float  # with kv_requests requests in flight
+    tokens_per_s: float  # with kv_requests requests in flight (the flow schedule)
     request_tokens_per_s: float  # one request alone
     tile_work: tuple[TileWork, ...] = ()  # every tile of the mesh, sorted by (ty, tx)
     layers_per_region: int = 1  # the placement's strategy (Placement.group)
@@ -73,9 +76,10 @@ class PlanReport:
         return max(t.weight_bytes for t in self.tile_work) * len(self.tile_work) / total if total else 1.0
 
     def bound_tokens_per_s(self, in_flight: int) -> float:
-        """The modelled decode rate with `in_flight` requests: each advances one token per trip through the
-        chain, and no more than one token can enter per slowest-stage time."""
-        return self.clock_hz * min(in_flight / self.step_cycles, 1.0 / self.stage_cycles)
+        """A bound of the modelled decode rate with `in_flight` requests (never below the flow schedule's):
+        each advances one token per trip through the chain, and no more than one token can enter per
+        busiest-region time."""
+        return self.clock_hz * min(in_flight / self.step_cycles, 1.0 / self.bound_stage_cycles)
 
     @property
     def kv_capacity_tokens(self) -> int:
@@ -140,19 +144,18 @@ def _sram(p: Placement) -> tuple[int, float, int, tuple[int, ...], int]:
     return lo, mean, hi, tuple(int(a.max()) for a in per_core[:-1]), int(per_core[-1].max())
 
 
-def _speed(p: Placement) -> tuple[float, float]:
-    """(cycles of one token through the chain, cycles of the slowest region per token: its layers and the
-    hand-over out of it; the head and the hand-over into layer 0 for the embedding/head region)."""
-    cfg, spec = p.config, p.spec
-    layers = [layer_decode_cost(spec, cfg, r, p.kv_tokens).cycles for r in p.layers]
-    head = head_decode_cost(spec, cfg, p.embed).cycles
-    chain = (p.embed, *p.layers, p.embed)
-    hand = [handover_cost(spec, a, b, 4 * cfg.dim).cycles for a, b in pairwise(chain)]
-    step = sum(layers) + head + sum(hand)
+def _speed(p: Placement) -> tuple[float, float, float]:
+    """(seconds of one request's token, of a round of kv.requests tokens: the flow schedule; the busiest
+    region's cycles per token, from the same cycles: its stages and the hand-overs into them)."""
+    one, round_s = placement_seconds(p)
+    if p.streaming:  # one region runs every stage
+        return one, round_s, one * p.spec.clock_hz
+    stages = placement_stages(p)
     region: dict[Region, float] = {}
-    for r, c, h in zip(p.layers, layers, hand[1:], strict=True):
-        region[r] = region.get(r, 0.0) + c + h
-    return step, max([*region.values(), head + hand[0]])
+    for (_, r), c in zip(stages, alone_cycles(p.spec, Decoding(p.config, p.dtype), stages, p.kv_tokens),
+                         strict=True):
+        region[r] = region.get(r, 0.0) + c
+    return one, round_s, max(region.values())
 
 
 def plan_report(p: Placement) -> PlanReport:
@@ -162,7 +165,7 @@ def plan_report(p: Placement) -> PlanReport:
     chain = (p.embed, *regions, p.embed)
     used = sum(r.size for r in chain[:-1])
     lo, mean, hi, per_layer, embed_bytes = _sram(p)
-    step, stage = _speed(p)
+    one, round_s, stage = _speed(p)
     clock = p.spec.clock_hz
     shape = p.layers[0]
     return PlanReport(
@@ -177,7 +180,7 @@ def plan_report(p: Placement) -> PlanReport:
         straddling=sum(tiles_spanned(mesh, r) > 1 for r in chain[:-1]),
         node_borders=node_borders(mesh, p.tile_nodes),
         kv_tokens=p.kv_tokens, kv_requests=p.kv.requests,
-        step_cycles=step, stage_cycles=stage, clock_hz=clock,
-        tokens_per_s=clock * min(p.kv.requests / step, 1.0 / stage), request_tokens_per_s=clock / step,
+        step_cycles=one * clock, bound_stage_cycles=stage, clock_hz=clock,
+        tokens_per_s=p.kv.requests / round_s, request_tokens_per_s=1.0 / one,
         tile_work=_tile_work(p), layers_per_region=p.group,
     )

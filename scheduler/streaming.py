@@ -4,25 +4,26 @@ Contract (pure): ``streaming(cfg, spec, mesh, kv, dtype)`` returns a :class:`Str
 ``fits`` is False with the reason). One region runs every layer (as the tensor strategy) and keeps what
 stays on the wafer: every layer's K/V for ``kv.requests`` requests, the scratch, and a double buffer for
 the weight blocks of the block being computed and the next one (the largest of a layer and the output
-head). The host looks the embedding row up and sends it in. Per step the weights of every layer and the
-head cross the wafer's ingress (``spec.ingress_bytes_per_s``) once for all requests in flight, while the
-region computes the block before: a two-stage pipeline (stream, compute) over L + 1 blocks, scheduled by
-``decode.cost.pipeline_seconds``; the compute of a block is every micro-batch's layer (or head) cost on the
-region (``decode.cost``). So tokens/s is bounded by R x ingress / weight bytes (ingress-bound), until the
-compute of a block outlasts its stream (the knee); ``resident`` compares the weights-in-SRAM estimate.
+head; decode.layout.stream_block_bytes, what the tiles book). The host looks the embedding rows up and
+they stream in. A step is the tiles' own model of it (decode.streaming.stream_step_cycles): every
+micro-batch of the requests in flight passes every stage on the region, each stage lasting the longer of
+its compute and its block's stream over the wafer's ingress (``spec.ingress_bytes_per_s``). So tokens/s is
+bounded by R x ingress / bytes streamed per step (ingress-bound), until the compute of a layer outlasts its
+stream (the knee); ``resident`` compares the weights-in-SRAM estimate.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-from waferrt.core.arith import cdiv
-from waferrt.core.dtypes import itemsize
+from waferrt.core.arith import last_true
 from waferrt.core.spec import HardwareSpec
-from waferrt.decode.cost import head_decode_cost, lane_batches, layer_decode_cost, pipeline_seconds
+from waferrt.decode.cost import Decoding, lane_batches, layer_decode_cost
+from waferrt.decode.layout import embed_scratch_bytes, stream_block_bytes
+from waferrt.decode.streaming import stream_cycles, stream_step_cycles, streamed_bytes
 from waferrt.model.config import LlamaConfig
 
-from . import budget, wafer
+from . import wafer
 from .estimate import host_seconds
 from .estimate_report import gb
 from .types import KVReserve
@@ -36,10 +37,10 @@ class Streaming:
     shape: wafer.Shape | None = None
     core_bytes: int = 0  # the fullest core: every layer's K/V, the double buffer, scratch
     kv_tokens_per_request: int = 0
-    weight_bytes: int = 0  # streamed per step: every layer and the output head
+    weight_bytes: int = 0  # streamed per micro-batch's pass: every layer and the output head
     step_s: float = 0.0  # kv.requests requests in flight, host I/O included
     time_per_token_s: float = 0.0  # one request
-    ingress_bound_tokens_per_s: float = 0.0  # requests x ingress / weight bytes
+    ingress_bound_tokens_per_s: float = 0.0  # requests x ingress / bytes streamed per step
     knee_requests: int = 0  # from this many requests in flight on, compute outlasts the stream
     max_requests: int = 0  # the most requests whose K/V (kv_tokens each) the region holds
     resident_tokens_per_s: float | None = None  # weights in SRAM, same requests (None: they do not fit)
@@ -72,7 +73,8 @@ class Streaming:
                 f"the region holds K/V for up to {self.max_requests:,} requests")
         return "\n".join([
             f"weight streaming: one {s.cols}x{s.rows} region (K/V and a double buffer of weight blocks, "
-            f"{self.core_bytes / 1024:.1f} KB per core); {gb(self.weight_bytes)} of weights stream in per step",
+            f"{self.core_bytes / 1024:.1f} KB per core); {gb(self.weight_bytes)} of weights stream in per micro-batch "
+            "(each streams every block, as the tiles do)",
             f"  one request   {self.time_per_token_s * 1e3:.3f} ms per token = "
             f"{1 / self.time_per_token_s:,.1f} tokens/s",
             f"  {f'{r} in flight':13} {self.step_s * 1e3:.3f} ms per step = {self.tokens_per_s:,.1f} tokens/s "
@@ -82,17 +84,14 @@ class Streaming:
         ])
 
 
-def _block_bytes(cfg: LlamaConfig, shape: wafer.Shape, dtype: str) -> int:
-    """Per-core bytes of the larger streamed block: one layer's weights or the output head's."""
-    layer = wafer.layer_core_bytes(cfg, shape, shape.cols, 1, dtype, kv=False) - \
-        wafer.layer_core_bytes(cfg, shape, shape.cols, 1, dtype, kv=False, weights=False)
-    head = cdiv(cfg.vocab_size, shape.rows) * cdiv(cfg.dim, shape.cols) * itemsize(dtype)
-    return max(layer, head)
-
-
 def _core_bytes(cfg: LlamaConfig, shape: wafer.Shape, tokens: int, requests: int, dtype: str) -> int:
-    kv_and_scratch = wafer.layer_core_bytes(cfg, shape, tokens, requests, dtype, cfg.n_layers, weights=False)
-    return kv_and_scratch + 2 * _block_bytes(cfg, shape, dtype)
+    """The fullest core of a streaming region: decode.layout.stream_booking's (tested equal): every layer's
+    K/V, the double buffer, and the larger of a layer's and the head's scratch."""
+    scratch = wafer.layer_core_bytes(cfg, shape, tokens, requests, dtype, kv=False, weights=False)
+    kv = wafer.layer_core_bytes(cfg, shape, tokens, requests, dtype, cfg.n_layers, weights=False) - scratch
+    region = shape.region()
+    return kv + max(scratch, embed_scratch_bytes(cfg, region)) + 2 * stream_block_bytes(cfg, region, dtype,
+                                                                                          shape.head_groups)
 
 
 def _shape(cfg: LlamaConfig, spec: HardwareSpec, mesh: tuple[int, int], kv: KVReserve, dtype: str):
@@ -106,21 +105,16 @@ def _shape(cfg: LlamaConfig, spec: HardwareSpec, mesh: tuple[int, int], kv: KVRe
     return best
 
 
-def _step_seconds(cfg, spec, shape, kv: KVReserve, dtype: str, requests: int) -> tuple[float, float, float]:
-    """(step seconds, stream cycles of a layer, compute cycles of a layer) with `requests` in flight."""
-    region, kw = shape.region(), {"head_groups": shape.head_groups}
-    batches = lane_batches(requests)
-    layer_bytes = budget.work_bytes(cfg, dtype)[1]
-    head_bytes = cfg.vocab_size * cfg.dim * itemsize(dtype)
-    per_byte = spec.clock_hz / spec.ingress_bytes_per_s
-    layer = sum(layer_decode_cost(spec, cfg, region, kv.tokens, b, **kw).cycles for b in batches)
-    head = sum(head_decode_cost(spec, cfg, region, b).cycles for b in batches)
-    cycles = {(0, i): layer_bytes * per_byte for i in range(cfg.n_layers)}
-    cycles |= {(1, i): layer for i in range(cfg.n_layers)}
-    cycles[(0, cfg.n_layers)], cycles[(1, cfg.n_layers)] = head_bytes * per_byte, head
-    rows_in = requests * cfg.dim * itemsize(dtype) / spec.ingress_bytes_per_s  # the embedding rows, from the host
-    seconds = pipeline_seconds(cycles, 2, cfg.n_layers + 1, spec.clock_hz)
-    return seconds + rows_in + host_seconds(cfg, spec, requests), layer_bytes * per_byte, layer
+def _step_seconds(spec: HardwareSpec, dec: Decoding, shape: wafer.Shape, kv_tokens: int, requests: int) -> float:
+    """A step with `requests` in flight: their micro-batches (decode.cost.lane_batches) take turns on the region,
+    each through every stage (decode.streaming.stream_step_cycles, what the tiles book), host I/O added."""
+    cycles = sum(stream_step_cycles(spec, dec, shape.region(), kv_tokens, b) for b in lane_batches(requests))
+    return cycles / spec.clock_hz + host_seconds(dec.config, spec, requests)
+
+
+def _pass_bytes(cfg: LlamaConfig, dtype: str, batch: int) -> int:
+    """Bytes a micro-batch's pass through the region streams in: every layer, the head, its embedding rows."""
+    return sum(streamed_bytes(cfg, kind, dtype, batch) for kind in ("layer",) * cfg.n_layers + ("head", "embed"))
 
 
 def streaming(cfg: LlamaConfig, spec: HardwareSpec, mesh: tuple[int, int], kv: KVReserve, dtype: str,
@@ -130,35 +124,29 @@ def streaming(cfg: LlamaConfig, spec: HardwareSpec, mesh: tuple[int, int], kv: K
         return Streaming(kv.requests, False, reason=(
             f"every layer's K/V for {kv.requests} requests x {kv.tokens} tokens and a double buffer of weight "
             f"blocks do not fit in any region of the {mesh[0]}x{mesh[1]} mesh: lower --kv-tokens or --requests"))
-    step, stream, _ = _step_seconds(cfg, spec, shape, kv, dtype, kv.requests)
-    one, _, _ = _step_seconds(cfg, spec, shape, kv, dtype, 1)
-    weights = cfg.n_layers * budget.work_bytes(cfg, dtype)[1] + cfg.vocab_size * cfg.dim * itemsize(dtype)
-    cap = _most_tokens(cfg, spec, shape, kv, dtype)
-    knee = _knee(cfg, spec, shape, kv, dtype, stream)
-    most = kv.requests
-    while most < 1 << 16 and _core_bytes(cfg, shape, kv.tokens, most * 2, dtype) <= spec.sram_bytes:
-        most *= 2  # then bisect between most and 2 * most
-    lo, hi = most, most * 2 - 1
-    while lo < hi:
-        mid = (lo + hi + 1) // 2
-        lo, hi = (mid, hi) if _core_bytes(cfg, shape, kv.tokens, mid, dtype) <= spec.sram_bytes else (lo, mid - 1)
+    dec = Decoding(cfg, dtype, head_groups=shape.head_groups)
+
+    def fits(tokens: int, requests: int) -> bool:
+        return _core_bytes(cfg, shape, tokens, requests, dtype) <= spec.sram_bytes
+
+    step_bytes = sum(_pass_bytes(cfg, dtype, b) for b in lane_batches(kv.requests))
     return Streaming(kv.requests, True, shape=shape, core_bytes=_core_bytes(cfg, shape, kv.tokens, kv.requests, dtype),
-                     kv_tokens_per_request=cap, weight_bytes=weights, step_s=step, time_per_token_s=one,
-                     ingress_bound_tokens_per_s=kv.requests * spec.ingress_bytes_per_s / weights,
-                     knee_requests=knee, max_requests=lo, resident_tokens_per_s=resident_tokens_per_s)
+                     kv_tokens_per_request=last_true(kv.tokens, max(kv.tokens, cfg.max_seq_len),
+                                                     lambda t: fits(t, kv.requests)),
+                     weight_bytes=_pass_bytes(cfg, dtype, 0),
+                     step_s=_step_seconds(spec, dec, shape, kv.tokens, kv.requests),
+                     time_per_token_s=_step_seconds(spec, dec, shape, kv.tokens, 1),
+                     ingress_bound_tokens_per_s=kv.requests * spec.ingress_bytes_per_s / step_bytes,
+                     knee_requests=_knee(spec, dec, shape, kv.tokens),
+                     max_requests=last_true(kv.requests, 1 << 17, lambda r: fits(kv.tokens, r)),
+                     resident_tokens_per_s=resident_tokens_per_s)
 
 
-def _most_tokens(cfg, spec, shape, kv: KVReserve, dtype: str) -> int:
-    lo, hi = kv.tokens, max(kv.tokens, cfg.max_seq_len)
-    while lo < hi:
-        mid = (lo + hi + 1) // 2
-        lo, hi = (mid, hi) if _core_bytes(cfg, shape, mid, kv.requests, dtype) <= spec.sram_bytes else (lo, mid - 1)
-    return lo
-
-
-def _knee(cfg, spec, shape, kv: KVReserve, dtype: str, stream: float) -> int:
-    """The fewest requests in flight (doubling, up to 2**16) whose layer compute outlasts the layer's stream."""
+def _knee(spec: HardwareSpec, dec: Decoding, shape: wafer.Shape, kv_tokens: int) -> int:
+    """The fewest requests in flight (doubling, up to 2**16) whose micro-batch's layer compute outlasts the
+    layer's stream."""
+    stream = stream_cycles(spec, streamed_bytes(dec.config, "layer", dec.dtype, 1))
     r = 1
-    while r < 1 << 16 and _step_seconds(cfg, spec, shape, kv, dtype, r)[2] < stream:
+    while r < 1 << 16 and layer_decode_cost(spec, dec, shape.region(), kv_tokens, max(lane_batches(r))).cycles < stream:
         r *= 2
     return r

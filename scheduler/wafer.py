@@ -20,6 +20,7 @@ from waferrt.core.dtypes import itemsize
 from waferrt.core.mesh import Region
 from waferrt.core.spec import HardwareSpec
 from waferrt.decode.cost import layer_dims
+from waferrt.decode.layout import layer_block_bytes
 from waferrt.model.config import LlamaConfig
 
 from . import budget
@@ -57,11 +58,11 @@ def layer_core_bytes(cfg: LlamaConfig, shape: Shape, kv_tokens: int, requests: i
     stacked, plus one float32 scratch area (activation_bytes of decode.layout, per head group)."""
     d = layer_dims(cfg, shape.cols, shape.rows, shape.head_groups)
     dim_c, hid_r, hd_r, hq, hk = d["dim_c"], d["hid_r"], d["hd_r"], d["hq"], d["hk"]
-    cap, isz = cdiv(kv_tokens, shape.cols), itemsize(dtype)
-    w = 2 * dim_c + (2 * hq + 2 * hk) * hd_r * dim_c + 3 * hid_r * dim_c  # norms, wq wo wk wv, gate up down
-    k_v = 2 * requests * hk * hd_r * cap
+    cap = cdiv(kv_tokens, shape.cols)
+    w = layer_block_bytes(cfg, shape.region(), dtype, shape.head_groups)
+    k_v = 2 * requests * hk * hd_r * cap * itemsize(dtype)
     scratch = 2 * 4 * (2 * dim_c + (2 * hq + 2 * hk) * hd_r + 2 * hid_r + hq * cap)
-    return layers * ((w if weights else 0) + (k_v if kv else 0)) * isz + scratch
+    return layers * ((w if weights else 0) + (k_v if kv else 0)) + scratch
 
 
 def min_cols(cfg: LlamaConfig, rows: int, groups: int, sram: int, kv_tokens: int, requests: int, dtype: str,

@@ -20,7 +20,7 @@ from waferrt.core.cost import broadcast_cost, message_cycles
 from waferrt.core.dtypes import to_f32, to_storage
 from waferrt.core.mesh import MeshSpec, Region
 from waferrt.core.spec import TINY, WSE2
-from waferrt.decode.cost import handover_cost
+from waferrt.decode.cost import handover_bytes, handover_cost
 from waferrt.decode.schedule import Item, StageRun, flow_seconds
 from waferrt.decode.setup import DecodeSetup, stage_sram
 from waferrt.model import Sampler, synthetic_llama, tiny_config
@@ -94,7 +94,7 @@ def test_tiles_book_one_handover_per_stage_and_micro_batch():
     dec, runs, _ = _generate(lanes=2)
     booked = sum(p.ledger.by_op["handover"].cycles for p in dec.programs.values() if "handover" in p.ledger.by_op)
     regions = [r for _, _, r in dec.setup.stages()]
-    want = sum(handover_cost(TINY, regions[r.stage - 1], regions[r.stage], 4 * CFG.dim * len(r.items)).cycles
+    want = sum(handover_cost(TINY, regions[r.stage - 1], regions[r.stage], handover_bytes(CFG, len(r.items))).cycles
                for r in runs if r.stage)
     assert booked == pytest.approx(want) and want > 0
 

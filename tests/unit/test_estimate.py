@@ -19,6 +19,7 @@ import pytest
 from waferrt.core.mesh import MeshSpec, Region
 from waferrt.core.spec import TINY, WSE2
 from waferrt.decode import layout as dl
+from waferrt.decode.cost import Decoding
 from waferrt.decode.schedule import requests_round_seconds, round_bound_seconds, round_seconds
 from waferrt.model import Sampler, synthetic_llama, tiny_config
 from waferrt.model.config import SMOLLM2_135M
@@ -85,12 +86,14 @@ def test_the_planner_skips_only_floor_plans_that_cannot_win():
         rounds = []
         for f in floors:
             stages = f.stages(SMOLLM2_135M.n_layers, s.group)
-            seg = est._alone(SMOLLM2_135M, WSE2, stages, kv.tokens, f.shape.head_groups), [r for _, r in stages]
+            dec = Decoding(SMOLLM2_135M, "float16", head_groups=f.shape.head_groups)
+            seg = est.alone_cycles(WSE2, dec, stages, kv.tokens), [r for _, r in stages]
             rounds.append(requests_round_seconds(*seg, kv.requests, WSE2.clock_hz))
             assert round_bound_seconds(*seg, kv.requests, WSE2.clock_hz) <= rounds[-1] * (1 + 1e-12)
         got = est.best(SMOLLM2_135M, WSE2, (128, 96), kv, "float16", s, "throughput")
-        assert got.step_s == min(est.stage_seconds(SMOLLM2_135M, WSE2, f.stages(SMOLLM2_135M.n_layers, s.group),
-                                                   kv.tokens, kv.requests, f.shape.head_groups)[1]
+        assert got.step_s == min(est.stage_seconds(WSE2, Decoding(SMOLLM2_135M, "float16",
+                                                                  head_groups=f.shape.head_groups),
+                                                   f.stages(SMOLLM2_135M.n_layers, s.group), kv.tokens, kv.requests)[1]
                                  for f in wafer.floors(SMOLLM2_135M, WSE2, (128, 96), kv, "float16", s))
 
 
@@ -165,7 +168,7 @@ def test_streaming_is_bounded_by_the_ingress():
     s8 = streaming(QWEN72, WSE2, WSE2.full_mesh, KVReserve(4096, 8), "float16")
     s4 = streaming(QWEN72, WSE2, WSE2.full_mesh, KVReserve(4096, 4), "float16")
     assert s8.fits and s8.tokens_per_s <= s8.ingress_bound_tokens_per_s
-    assert s8.tokens_per_s == pytest.approx(2 * s4.tokens_per_s, rel=0.01)  # weights read once for all in flight
+    assert s8.tokens_per_s == pytest.approx(2 * s4.tokens_per_s, rel=0.01)  # 2 lanes, each streams it all
     assert s8.weight_bytes == pytest.approx(QWEN72.params() * 2 - QWEN72.vocab_size * QWEN72.dim * 2, rel=0.01)
     assert s8.knee_requests > s8.max_requests  # K/V room runs out before compute catches up with the stream
     small = streaming(SMOLLM2_135M, WSE2, WSE2.full_mesh, KVReserve(512, 8), "float16", resident_tokens_per_s=1e4)

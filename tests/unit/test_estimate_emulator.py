@@ -17,7 +17,7 @@ from waferrt.core.cost import total
 from waferrt.core.ledger import Ledger
 from waferrt.core.mesh import MeshSpec, Region
 from waferrt.core.spec import TINY, WSE2
-from waferrt.decode.cost import head_decode_cost, layer_decode_cost, layer_decode_parts, step_cycles
+from waferrt.decode.cost import Decoding, head_decode_cost, layer_decode_cost, layer_decode_parts, step_cycles
 from waferrt.decode.pack import Chunks, pack_embed, pack_layer
 from waferrt.decode.shards import EmbedShard, LayerShard
 from waferrt.model import Sampler, synthetic_llama, tiny_config
@@ -40,16 +40,17 @@ def test_a_layer_books_its_closed_form(w, h, kv_tokens, batch):
         x = chunks.split(np.random.default_rng(pos).standard_normal((batch, CFG.dim)).astype(np.float32))
         shard.forward(x, np.arange(batch), np.full(batch, pos))
         # attention runs over the pos + 1 positions each request now holds
-        assert ledger.by_op["layer"] == layer_decode_cost(TINY, CFG, region, pos + 1, batch, moving=pos % w)
+        assert ledger.by_op["layer"] == layer_decode_cost(TINY, Decoding(CFG), region, pos + 1, batch, pos % w)
     ledger.clear()
     EmbedShard(CFG, region, pack_embed(CFG, W.embed, W.final_norm, region, "float32"), ledger).logits(x)
-    assert ledger.by_op["head"] == head_decode_cost(TINY, CFG, region, batch)
+    assert ledger.by_op["head"] == head_decode_cost(TINY, Decoding(CFG), region, batch)
 
 
 def test_layer_parts_name_every_piece_and_sum_to_the_layer():
-    parts = layer_decode_parts(WSE2, SMOLLM2_135M, Region(0, 0, 30, 12), 512, 2)
+    parts = layer_decode_parts(WSE2, Decoding(SMOLLM2_135M), Region(0, 0, 30, 12), 512, 2)
     assert {c for _, c, _ in parts} == {"gemv", "allreduce", "attention", "elementwise"}
-    assert total(c for _, _, c in parts) == layer_decode_cost(WSE2, SMOLLM2_135M, Region(0, 0, 30, 12), 512, 2)
+    dec = Decoding(SMOLLM2_135M)
+    assert total(c for _, _, c in parts) == layer_decode_cost(WSE2, dec, Region(0, 0, 30, 12), 512, 2)
     by = {n: c for n, _, c in parts}
     # the K/V shift is one hop, one routing stage of K and V (and the position word) of both requests
     assert (by["kv.shift"].hops, by["kv.shift"].stages) == (1, 1)
@@ -66,9 +67,9 @@ def _check_decode(dec: LocalDecoder, requests: int, tokens: int = 3) -> list:
     for r in stats.runs:
         (pos,) = {it.pos for it in r.items}
         moving = pos % p.layers[0].w
-        want = step_cycles(p.spec, cfg, stages, pos + 1, [len(r.items)], moving=moving)  # pos + 1 held
+        want = step_cycles(p.spec, Decoding(cfg), stages, pos + 1, [len(r.items)], moving)  # pos + 1 held
         assert r.cycles == pytest.approx(want[(r.stage, 0)], rel=1e-12), (r.mb, r.stage)
-        alone = step_cycles(p.spec, cfg, stages, pos + 1, [1], moving=moving)[(r.stage, 0)]
+        alone = step_cycles(p.spec, Decoding(cfg), stages, pos + 1, [1], moving)[(r.stage, 0)]
         assert all(it.alone == pytest.approx(alone, rel=1e-12) for it in r.items), (r.mb, r.stage)
     return stats.runs
 
@@ -90,5 +91,5 @@ def test_smollm2_on_its_default_mesh_books_the_closed_forms_the_planner_uses():
     runs = _check_decode(LocalDecoder(SMOLLM2_135M, synthetic_llama(SMOLLM2_135M, seed=0), p), 1, tokens=3)
     assert {r.items[0].pos for r in runs} == {0, 1, 2}
     stages = [("embed", p.embed), *(("layer", r) for r in p.layers), ("head", p.embed)]
-    full = sum(step_cycles(p.spec, SMOLLM2_135M, stages, p.kv_tokens, [1]).values())
+    full = sum(step_cycles(p.spec, Decoding(SMOLLM2_135M), stages, p.kv_tokens, [1]).values())
     assert full == pytest.approx(plan_report(p).step_cycles, rel=1e-12)  # the planner times the same forms

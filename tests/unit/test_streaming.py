@@ -16,7 +16,7 @@ from waferrt.core.cost import total
 from waferrt.core.mesh import Region
 from waferrt.core.spec import TINY, WSE2
 from waferrt.decode import layout as dl
-from waferrt.decode.cost import layer_decode_cost
+from waferrt.decode.cost import Decoding, layer_decode_cost
 from waferrt.decode.schedule import round_seconds
 from waferrt.decode.setup import DecodeSetup, stage_sram
 from waferrt.decode.streaming import head_chunks, head_parts, stage_cycles, streamed_bytes
@@ -58,12 +58,12 @@ def test_streaming_decodes_the_reference_tokens_and_books_the_closed_forms():
             (pos,) = {it.pos for it in r.items} if len({it.pos for it in r.items}) == 1 else (None,)
             if pos is None:  # a prompt's tokens together: their own positions (checked by the decode tests)
                 continue
-            compute = layer_decode_cost(TINY, CFG, region, pos + 1, b, moving=pos % region.w).cycles
+            compute = layer_decode_cost(TINY, Decoding(CFG), region, pos + 1, b, pos % region.w).cycles
         elif not want:
             assert r.cycles == 0
             continue
         else:
-            compute = total(c for _, _, c in head_parts(TINY, CFG, region, "float32", want)).cycles
+            compute = total(c for _, _, c in head_parts(TINY, Decoding(CFG), region, want)).cycles
         kind = "embed" if r.stage == 0 else "layer" if r.stage < last else "head"
         want_cycles = stage_cycles(TINY, compute, streamed_bytes(CFG, kind, "float32", b))
         assert r.cycles == pytest.approx(want_cycles, rel=1e-9), (r.stage, r.mb)

@@ -61,6 +61,13 @@ def message_cycles(spec: HardwareSpec, hops: int, stages: int, nbytes: float) ->
     return hops * spec.alpha_cycles + stages * (spec.beta_cycles + nbytes / spec.link_bytes_per_cycle)
 
 
+def on_lines(c: Cost, lines: int) -> Cost:
+    """The same collective run on `lines` parallel lines at once: the critical path is one line's, the
+    traffic (messages, link bytes) is every line's -- what the tiles book."""
+    return Cost(hops=c.hops, stages=c.stages, link_bytes=c.link_bytes * lines, messages=c.messages * lines,
+                flops=c.flops, cycles=c.cycles)
+
+
 def flop_cycles(spec: HardwareSpec, flops: float, dtype: str = "float32") -> float:
     """Cycles one core takes for `flops` on `dtype` data: the one owner of flops-to-cycles."""
     return flops / spec.flops_per_cycle_at(dtype)

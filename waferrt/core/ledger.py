@@ -15,17 +15,18 @@ from __future__ import annotations
 
 from contextlib import contextmanager
 
-from .cost import Cost, total
+from .cost import Cost, flop_cycles, message_cycles, total
+from .dtypes import check_dtype
 from .spec import HardwareSpec
 
 HOPS, STAGES, LINK, MSGS, FLOPS, CYCLES = range(6)
 
 
 class Ledger:
-    def __init__(self, spec: HardwareSpec):
-        self.spec = spec
-        self._alpha, self._beta = spec.alpha_cycles, spec.beta_cycles
-        self._bw, self._fpc = spec.link_bytes_per_cycle, spec.flops_per_cycle
+    """`dtype`: what the cores compute at (a decode's storage dtype): flops take that dtype's rate."""
+
+    def __init__(self, spec: HardwareSpec, dtype: str = "float32"):
+        self.spec, self.dtype = spec, check_dtype(dtype)
         self._by_op: dict[str, list] = {}
         self.calls: dict[str, int] = {}
         self._stack: list[list] = []
@@ -50,7 +51,7 @@ class Ledger:
         each link once: give its `link_bytes`)."""
         if link_bytes is None:
             link_bytes = messages * nbytes * hops
-        rec = [hops, 1, link_bytes, messages, 0, hops * self._alpha + self._beta + nbytes / self._bw]
+        rec = [hops, 1, link_bytes, messages, 0, message_cycles(self.spec, hops, 1, nbytes)]
         if self._group is not None:
             self._group.append(rec)
         elif self._stack:
@@ -80,8 +81,8 @@ class Ledger:
         _add(self._stack[-1], [cost.hops, cost.stages, cost.link_bytes, cost.messages, cost.flops, cost.cycles])
 
     def compute(self, flops: int) -> None:
-        """`flops` on the busiest core of the primitive."""
-        _add(self._stack[-1], [0, 0, 0.0, 0, flops, flops / self._fpc])
+        """`flops` on the busiest core of the primitive, at the ledger's dtype."""
+        _add(self._stack[-1], [0, 0, 0.0, 0, flops, flop_cycles(self.spec, flops, self.dtype)])
 
     @property
     def by_op(self) -> dict[str, Cost]:

@@ -17,6 +17,12 @@ pass their oldest entry one hop east (``pos % cols`` for a request at position `
 most, ``cols - 1``); messages and link bytes count every parallel line of the region; element-wise work
 (RMSNorm, RoPE, softmax, SiLU, residual adds) is booked at ``ELEMENTWISE_FLOPS`` per element.
 
+What the closed forms are given travels as one frozen :class:`Decoding`: the model, the dtype its
+weights and K/V are stored in -- the cores compute at that dtype's rate (``core.cost.flop_cycles``), as the
+tiles' ledger does (``Ledger(spec, dtype)``) -- the collectives (``fabric.comm.Collectives``: algorithm and
+K) and the head groups. ``handover_bytes`` is the one owner of what a hand-over carries; ``token_cost``
+what one token books alone at a stage (its cycles schedule the decode, its link bytes draw the heatmap).
+
 ``head_groups`` (G, default 1) models a layout the emulator does not run yet: the region's rows are cut
 in G groups, each holding n_kv_heads/G K/V heads with their query heads and head_dim split over its
 rows/G rows, so the attention reduces over rows/G rows and a layer region may have up to
@@ -27,14 +33,17 @@ layout exactly.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 from functools import lru_cache
 
 import numpy as np
 
 from waferrt.core.arith import cdiv
-from waferrt.core.cost import Cost, allreduce_cost, broadcast_cost, message_cycles, total
+from waferrt.core.cost import Cost, allreduce_cost, broadcast_cost, compute_cost, message_cycles, on_lines, total
+from waferrt.core.dtypes import check_dtype
 from waferrt.core.mesh import Region
 from waferrt.core.spec import HardwareSpec
+from waferrt.fabric.comm import KTREE_FAST, Collectives
 from waferrt.model.config import LlamaConfig
 
 # flops per element of the element-wise work, as the tiles book it (exp counted as one flop):
@@ -46,15 +55,35 @@ ELEMENTWISE_FLOPS = {"rmsnorm": 4, "rope": 3, "softmax": 6, "silu_mul": 5, "resi
 CATEGORIES = ("gemv", "allreduce", "attention", "elementwise", "handover")
 
 
-def on_lines(c: Cost, lines: int) -> Cost:
-    """The same collective run on `lines` parallel lines at once: the critical path is one line's, the
-    traffic (messages, link bytes) is every line's -- what the tiles book."""
-    return Cost(hops=c.hops, stages=c.stages, link_bytes=c.link_bytes * lines, messages=c.messages * lines,
-                flops=c.flops, cycles=c.cycles)
+@dataclass(frozen=True)
+class Decoding:
+    """What a decode's closed forms need besides the region and the tokens: the model, the storage dtype
+    (the cores compute at its rate), how the collectives run, the head groups (see the module doc)."""
+
+    config: LlamaConfig
+    dtype: str = "float32"
+    coll: Collectives = KTREE_FAST
+    head_groups: int = 1
+
+    def __post_init__(self) -> None:
+        check_dtype(self.dtype)
+        if not isinstance(self.coll, Collectives):
+            raise TypeError(f"Decoding.coll is a fabric.comm.Collectives, got {self.coll!r}")
+        if self.head_groups < 1:
+            raise ValueError(f"Decoding.head_groups must be >= 1, got {self.head_groups}")
+
+    def flops(self, spec: HardwareSpec, n: int) -> Cost:
+        """`n` flops on the busiest core, at the storage dtype's rate."""
+        return compute_cost(spec, n, self.dtype)
+
+    def line_reduce(self, spec: HardwareSpec, n: int, nbytes: int, lines: int) -> Cost:
+        """An allreduce of nbytes per core along `lines` parallel lines of n cores at once."""
+        return on_lines(allreduce_cost(spec, self.coll.algo, n, nbytes, self.coll.k), lines)
 
 
-def _flops(spec: HardwareSpec, flops: int) -> Cost:
-    return Cost(flops=int(flops), cycles=flops / spec.flops_per_cycle)
+def handover_bytes(cfg: LlamaConfig, items: int) -> int:
+    """Bytes a hand-over between two stages carries: the float32 residual stream (dim) of `items` tokens."""
+    return 4 * cfg.dim * items
 
 
 def layer_dims(cfg: LlamaConfig, cols: int, rows: int, head_groups: int = 1) -> dict[str, int]:
@@ -69,45 +98,46 @@ def layer_dims(cfg: LlamaConfig, cols: int, rows: int, head_groups: int = 1) -> 
             "hk": cfg.n_kv_heads // head_groups, "group_rows": r}
 
 
-def layer_decode_parts(spec: HardwareSpec, cfg: LlamaConfig, region: Region, kv_tokens: int, batch: int = 1, *,
-                       moving: int | None = None, algo: str = "ktree", k: int = 2,
-                       head_groups: int = 1) -> list[tuple[str, str, Cost]]:
+def layer_decode_parts(spec: HardwareSpec, dec: Decoding, region: Region, kv_tokens: int, batch: int = 1,
+                       moving: int | None = None) -> list[tuple[str, str, Cost]]:
     """(name, category, Cost) of every piece a layer region books for one micro-batch of `batch` distinct
     requests, in the order the tiles run them (LayerShard.forward)."""
-    rows, cols, b = region.h, region.w, batch
-    d = layer_dims(cfg, cols, rows, head_groups)
+    cfg, rows, cols, b = dec.config, region.h, region.w, batch
+    d = layer_dims(cfg, cols, rows, dec.head_groups)
     dim_c, hid_r, hd_r, hq, hk, r = d["dim_c"], d["hid_r"], d["hd_r"], d["hq"], d["hk"], d["group_rows"]
     cap = cdiv(kv_tokens, cols)
     moving = cols - 1 if moving is None else moving
     ew = ELEMENTWISE_FLOPS
 
+    def flops(n: int) -> Cost:
+        return dec.flops(spec, n)
+
     def x_reduce(nbytes: int) -> Cost:  # along every row of cores (over the columns)
-        return on_lines(allreduce_cost(spec, algo, cols, nbytes, k), rows)
+        return dec.line_reduce(spec, cols, nbytes, rows)
 
     def y_reduce(nbytes: int, n: int = rows) -> Cost:  # along every column of cores (or a head group's rows)
-        return on_lines(allreduce_cost(spec, algo, n, nbytes, k), cols * (rows // n))
+        return dec.line_reduce(spec, n, nbytes, cols * (rows // n))
 
-    norm = [("norm.reduce", "allreduce", x_reduce(4 * b)),
-            ("norm", "elementwise", _flops(spec, ew["rmsnorm"] * b * dim_c))]
+    norm = [("norm.reduce", "allreduce", x_reduce(4 * b)), ("norm", "elementwise", flops(ew["rmsnorm"] * b * dim_c))]
     qkv_out = (hq + 2 * hk) * hd_r
     parts = norm + [
-        ("qkv", "gemv", _flops(spec, 2 * b * dim_c * qkv_out)), ("qkv.reduce", "allreduce", x_reduce(4 * b * qkv_out)),
-        ("rope", "elementwise", _flops(spec, ew["rope"] * b * (hq + hk) * hd_r)),
+        ("qkv", "gemv", flops(2 * b * dim_c * qkv_out)), ("qkv.reduce", "allreduce", x_reduce(4 * b * qkv_out)),
+        ("rope", "elementwise", flops(ew["rope"] * b * (hq + hk) * hd_r)),
         ("kv.shift", "attention", _kv_shift(spec, b * 2 * hk * (hd_r + 1) * 4, moving * rows)),
-        ("scores", "attention", _flops(spec, 2 * b * hq * hd_r * cap)),
+        ("scores", "attention", flops(2 * b * hq * hd_r * cap)),
         ("scores.reduce", "attention", y_reduce(4 * b * hq * cap, r)),
         ("softmax.max", "attention", x_reduce(4 * b * hq)), ("softmax.sum", "attention", x_reduce(4 * b * hq)),
-        ("softmax", "attention", _flops(spec, ew["softmax"] * b * hq * cap)),
-        ("attn_v", "attention", _flops(spec, 2 * b * hq * hd_r * cap)),
+        ("softmax", "attention", flops(ew["softmax"] * b * hq * cap)),
+        ("attn_v", "attention", flops(2 * b * hq * hd_r * cap)),
         ("attn_v.reduce", "attention", x_reduce(4 * b * hq * hd_r)),
-        ("wo", "gemv", _flops(spec, 2 * b * hq * hd_r * dim_c)), ("wo.reduce", "allreduce", y_reduce(4 * b * dim_c)),
-        ("residual", "elementwise", _flops(spec, ew["residual"] * b * dim_c)),
+        ("wo", "gemv", flops(2 * b * hq * hd_r * dim_c)), ("wo.reduce", "allreduce", y_reduce(4 * b * dim_c)),
+        ("residual", "elementwise", flops(ew["residual"] * b * dim_c)),
     ] + norm + [
-        ("ffn_in", "gemv", _flops(spec, 2 * b * dim_c * 2 * hid_r)),
+        ("ffn_in", "gemv", flops(2 * b * dim_c * 2 * hid_r)),
         ("ffn_in.reduce", "allreduce", x_reduce(4 * b * 2 * hid_r)),
-        ("silu_mul", "elementwise", _flops(spec, ew["silu_mul"] * b * hid_r)),
-        ("down", "gemv", _flops(spec, 2 * b * hid_r * dim_c)), ("down.reduce", "allreduce", y_reduce(4 * b * dim_c)),
-        ("residual", "elementwise", _flops(spec, ew["residual"] * b * dim_c)),
+        ("silu_mul", "elementwise", flops(ew["silu_mul"] * b * hid_r)),
+        ("down", "gemv", flops(2 * b * hid_r * dim_c)), ("down.reduce", "allreduce", y_reduce(4 * b * dim_c)),
+        ("residual", "elementwise", flops(ew["residual"] * b * dim_c)),
     ]
     return parts
 
@@ -120,29 +150,37 @@ def _kv_shift(spec: HardwareSpec, nbytes: int, messages: int) -> Cost:
                 cycles=message_cycles(spec, 1, 1, nbytes))
 
 
-def layer_decode_cost(spec: HardwareSpec, cfg: LlamaConfig, region: Region, kv_tokens: int, batch: int = 1,
-                      **kw) -> Cost:
+def layer_decode_cost(spec: HardwareSpec, dec: Decoding, region: Region, kv_tokens: int, batch: int = 1,
+                      moving: int | None = None) -> Cost:
     """One micro-batch of `batch` requests through one layer region (see layer_decode_parts)."""
-    return total(c for _, _, c in layer_decode_parts(spec, cfg, region, kv_tokens, batch, **kw))
+    return total(c for _, _, c in layer_decode_parts(spec, dec, region, kv_tokens, batch, moving))
 
 
-def head_decode_parts(spec: HardwareSpec, cfg: LlamaConfig, region: Region, batch: int = 1, *, algo: str = "ktree",
-                      k: int = 2) -> list[tuple[str, str, Cost]]:
+def head_norm_parts(spec: HardwareSpec, dec: Decoding, region: Region, batch: int) -> list[tuple[str, str, Cost]]:
+    """The final RMSNorm of a head region (its sum of squares reduced over the columns)."""
+    dim_c = cdiv(dec.config.dim, region.w)
+    return [("norm.reduce", "allreduce", dec.line_reduce(spec, region.w, 4 * batch, region.h)),
+            ("norm", "elementwise", dec.flops(spec, ELEMENTWISE_FLOPS["rmsnorm"] * batch * dim_c))]
+
+
+def head_gemv_parts(spec: HardwareSpec, dec: Decoding, region: Region, batch: int,
+                    entries: int) -> list[tuple[str, str, Cost]]:
+    """The output head's MeshGEMV over `entries` vocabulary entries per core row (all of a row's block, or
+    one streamed chunk of it), its partial logits reduced over the columns."""
+    dim_c = cdiv(dec.config.dim, region.w)
+    return [("head", "gemv", dec.flops(spec, 2 * batch * entries * dim_c)),
+            ("head.reduce", "allreduce", dec.line_reduce(spec, region.w, 4 * batch * entries, region.h))]
+
+
+def head_decode_parts(spec: HardwareSpec, dec: Decoding, region: Region, batch: int = 1
+                      ) -> list[tuple[str, str, Cost]]:
     """Final RMSNorm and the output head (vocab x dim) as a MeshGEMV over its region (EmbedShard.logits)."""
-    rows, cols, b = region.h, region.w, batch
-    dim_c, voc_r = cdiv(cfg.dim, cols), cdiv(cfg.vocab_size, rows)
-
-    def x_reduce(nbytes: int) -> Cost:
-        return on_lines(allreduce_cost(spec, algo, cols, nbytes, k), rows)
-
-    return [("norm.reduce", "allreduce", x_reduce(4 * b)),
-            ("norm", "elementwise", _flops(spec, ELEMENTWISE_FLOPS["rmsnorm"] * b * dim_c)),
-            ("head", "gemv", _flops(spec, 2 * b * voc_r * dim_c)),
-            ("head.reduce", "allreduce", x_reduce(4 * b * voc_r))]
+    voc_r = cdiv(dec.config.vocab_size, region.h)
+    return head_norm_parts(spec, dec, region, batch) + head_gemv_parts(spec, dec, region, batch, voc_r)
 
 
-def head_decode_cost(spec: HardwareSpec, cfg: LlamaConfig, region: Region, batch: int = 1, **kw) -> Cost:
-    return total(c for _, _, c in head_decode_parts(spec, cfg, region, batch, **kw))
+def head_decode_cost(spec: HardwareSpec, dec: Decoding, region: Region, batch: int = 1) -> Cost:
+    return total(c for _, _, c in head_decode_parts(spec, dec, region, batch))
 
 
 def handover_cost(spec: HardwareSpec, src: Region, dst: Region, nbytes: int) -> Cost:
@@ -163,47 +201,58 @@ def handover_cost(spec: HardwareSpec, src: Region, dst: Region, nbytes: int) -> 
                        messages=line.messages * dst.w, cycles=line.cycles)
 
 
-def step_cycles(spec: HardwareSpec, cfg: LlamaConfig, stages: Sequence[tuple[str, Region]], kv_tokens: int,
-                batches: Sequence[int], **kw) -> dict[tuple[int, int], float]:
+def stage_handover(spec: HardwareSpec, cfg: LlamaConfig, src: Region | None, dst: Region, items: int) -> Cost:
+    """The hand-over of `items` tokens' activations into a stage on `dst` from one on `src` (None: the first
+    stage, nothing moves in)."""
+    return Cost() if src is None else handover_cost(spec, src, dst, handover_bytes(cfg, items))
+
+
+def step_cycles(spec: HardwareSpec, dec: Decoding, stages: Sequence[tuple[str, Region]], kv_tokens: int,
+                batches: Sequence[int], moving: int | None = None) -> dict[tuple[int, int], float]:
     """The cycles every (stage, micro-batch) of a decode step books, as the tiles book them: `stages` are
     (kind, region) with kind "embed" (the row look-up: nothing booked), "layer" (one layer; layers stacked in
     one region are consecutive stages on the same region) or "head"; every stage but the first also books
     the hand-over of the micro-batch's activations from the previous stage's region (nothing between two
-    stages on one region). `kw` go to layer_decode_parts (moving, algo, k, head_groups)."""
+    stages on one region)."""
     out: dict[tuple[int, int], float] = {}
-    opts = tuple(sorted(kw.items()))
     for s, (kind, region) in enumerate(stages):
+        prev = stages[s - 1][1] if s else None
         for m, b in enumerate(batches):
-            c = handover_cost(spec, stages[s - 1][1], region, 4 * cfg.dim * b).cycles if s else 0.0
+            c = stage_handover(spec, dec.config, prev, region, b).cycles
             if kind != "embed":
-                c += _work_cycles(spec, cfg, kind, region.w, region.h, kv_tokens, b, opts)
+                c += _work(spec, dec, kind, (region.w, region.h), (kv_tokens, b, moving)).cycles
             out[(s, m)] = c
     return out
 
 
-def alone_cycles(spec: HardwareSpec, cfg: LlamaConfig, prev: Region | None, region: Region, kind: str,
-                 pos: int, want: bool, algo: str = "ktree", k: int = 2) -> float:
-    """The cycles one token at position `pos` takes alone at a stage of `kind` on `region` (coming from
-    `prev`, None at the embedding), the hand-over included: what the tiles book for a micro-batch of one.
-    Its attention runs over the pos + 1 positions its request then holds; the head computes logits only
-    for a token that wants them."""
-    c = handover_cost(spec, prev, region, 4 * cfg.dim).cycles if prev is not None else 0.0
-    if kind == "layer":
-        c += _work_cycles(spec, cfg, kind, region.w, region.h, pos + 1, 1,
-                          (("algo", algo), ("k", k), ("moving", pos % region.w)))
-    elif kind == "head" and want:
-        c += _work_cycles(spec, cfg, kind, region.w, region.h, pos + 1, 1, (("algo", algo), ("k", k)))
+@lru_cache(maxsize=8192)
+def token_cost(spec: HardwareSpec, dec: Decoding, stage: tuple[str, Region | None, Region], pos: int,
+               want: bool) -> Cost:
+    """What one token at position `pos` books alone at a stage (kind, the previous stage's region or None at
+    the embedding, its region), the hand-over into it included: what the tiles book for a micro-batch of
+    one. Its attention runs over the pos + 1 positions its request then holds (pos % cols columns shift);
+    the head computes logits only for a token that wants them."""
+    kind, prev, region = stage
+    c = stage_handover(spec, dec.config, prev, region, 1)
+    if kind == "layer" or (kind == "head" and want):
+        c = c + _work(spec, dec, kind, (region.w, region.h), (pos + 1, 1, pos % region.w))
     return c
 
 
+def alone_cycles(spec: HardwareSpec, dec: Decoding, stage: tuple[str, Region | None, Region], pos: int,
+                 want: bool) -> float:
+    """The cycles of token_cost: what waferrt.decode.schedule schedules."""
+    return token_cost(spec, dec, stage, pos, want).cycles
+
+
 @lru_cache(maxsize=4096)
-def _work_cycles(spec: HardwareSpec, cfg: LlamaConfig, kind: str, cols: int, rows: int, kv_tokens: int, b: int,
-                 opts: tuple) -> float:
-    """Cycles of one layer (or the head) on a cols x rows region: the same for every region of that shape."""
-    region, kw = Region(0, 0, cols, rows), dict(opts)
+def _work(spec: HardwareSpec, dec: Decoding, kind: str, shape: tuple[int, int], load: tuple) -> Cost:
+    """One layer (or the head) on a cols x rows region: the same for every region of that shape. `load` is
+    (kv_tokens, batch, moving)."""
+    region, (kv_tokens, b, moving) = Region(0, 0, *shape), load
     if kind == "layer":
-        return layer_decode_cost(spec, cfg, region, kv_tokens, b, **kw).cycles
-    return head_decode_cost(spec, cfg, region, b, **{key: v for key, v in kw.items() if key in ("algo", "k")}).cycles
+        return layer_decode_cost(spec, dec, region, kv_tokens, b, moving)
+    return head_decode_cost(spec, dec, region, b)
 
 
 def pipeline_seconds(cycles: dict, n_stages: int, n_items: int, clock_hz: float) -> float:

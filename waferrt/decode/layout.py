@@ -33,6 +33,8 @@ from waferrt.core.layout import Layout, core_bytes
 from waferrt.core.mesh import Region
 from waferrt.model.config import LlamaConfig
 
+from .cost import layer_dims
+
 LAYER_WEIGHTS = ("attn_norm", "wq", "wk", "wv", "wo", "ffn_norm", "w_gate", "w_up", "w_down")
 
 
@@ -111,21 +113,30 @@ def embed_booking(cfg: LlamaConfig, region: Region, dtype: str = "float32") -> d
             "scratch": (scratch_layout(region, embed_scratch_bytes(cfg, region)),)}
 
 
-def head_chunk_entries(cfg: LlamaConfig, region: Region, dtype: str = "float32") -> int:
+def layer_block_bytes(cfg: LlamaConfig, region: Region, dtype: str = "float32", head_groups: int = 1) -> int:
+    """Bytes of one layer's weight blocks on a region's most loaded core, in closed form (equal to the
+    layouts' blocks for one head group, tested; decode.cost.layer_dims for more): the two norms, wq wk wv wo,
+    gate up down. What a streamed layer brings in, and the weights of layer_core_bytes."""
+    d = layer_dims(cfg, region.w, region.h, head_groups)
+    dim_c, hid_r, hd_r, hq, hk = d["dim_c"], d["hid_r"], d["hd_r"], d["hq"], d["hk"]
+    return (2 * dim_c + (2 * hq + 2 * hk) * hd_r * dim_c + 3 * hid_r * dim_c) * itemsize(dtype)
+
+
+def head_chunk_entries(cfg: LlamaConfig, region: Region, dtype: str = "float32", head_groups: int = 1) -> int:
     """How many of its vocabulary entries every core row of a streaming region takes in per chunk of the head:
     as many as fit in a layer's block on a core beside the final norm's chunk (at least one, at most all)."""
     voc_r, dim_c, isz = cdiv(cfg.vocab_size, region.h), cdiv(cfg.dim, region.w), itemsize(dtype)
-    layer = sum(lay.max_block_bytes() for lay in layer_layouts(cfg, region, dtype).values())
+    layer = layer_block_bytes(cfg, region, dtype, head_groups)
     return min(voc_r, max(1, (layer - dim_c * isz) // (dim_c * isz)))
 
 
-def stream_block_bytes(cfg: LlamaConfig, region: Region, dtype: str = "float32") -> int:
+def stream_block_bytes(cfg: LlamaConfig, region: Region, dtype: str = "float32", head_groups: int = 1) -> int:
     """Bytes of the largest weight block a core of a streaming region receives at once: one layer's weights,
     or a chunk of the tied table with the final norm (the head streams in chunks no larger than a layer's
-    block, so this is the layer's unless one vocabulary entry per core row is larger)."""
-    layer = sum(lay.max_block_bytes() for lay in layer_layouts(cfg, region, dtype).values())
-    dim_c, isz = cdiv(cfg.dim, region.w), itemsize(dtype)
-    return max(layer, (head_chunk_entries(cfg, region, dtype) + 1) * dim_c * isz)
+    block, so this is the layer's unless one vocabulary entry per core row is larger). The double buffer
+    holds two: the one source of its size, for the tiles and the estimator alike."""
+    layer, dim_c = layer_block_bytes(cfg, region, dtype, head_groups), cdiv(cfg.dim, region.w)
+    return max(layer, (head_chunk_entries(cfg, region, dtype, head_groups) + 1) * dim_c * itemsize(dtype))
 
 
 def stream_booking(cfg: LlamaConfig, region: Region, kv_tokens: int, requests: int,

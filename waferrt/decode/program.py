@@ -44,7 +44,7 @@ from waferrt.faults.errors import CoreFailed, LinkFailed
 from waferrt.faults.model import CoreFailure
 from waferrt.faults.state import FaultState
 
-from .cost import alone_cycles, handover_cost
+from .cost import alone_cycles, handover_bytes, handover_cost
 from .pack import Chunks
 from .schedule import Item, StageRun
 from .setup import DecodeSetup, pack_stage
@@ -246,11 +246,9 @@ class TileProgram:
         if st.streaming:
             return tuple(Item(int(req), int(pos), bool(want), cycles / len(meta))
                          for _, _, pos, want, req in meta.tolist())
-        prev = self.stages[s - 1][2] if s else None
-        coll = st.collectives
+        stage = (kind, self.stages[s - 1][2] if s else None, region)
         return tuple(Item(int(req), int(pos), bool(want), alone_cycles(
-            self.ledger.spec, st.config, prev, region, kind, int(pos), bool(want), coll.algo, coll.k))
-            for _, _, pos, want, req in meta.tolist())
+            self.ledger.spec, st.decoding, stage, int(pos), bool(want))) for _, _, pos, want, req in meta.tolist())
 
     def _stage(self, s: int, meta: np.ndarray, x):
         """Stage s on a micro-batch -> (its activations out, the logits by item if it is the head)."""
@@ -304,4 +302,4 @@ class TileProgram:
         are multicast down its rows (decode.cost.handover_cost, the one formula)."""
         src, dst = self.stages[s - 1][2], self.stages[s][2]
         with self.ledger.op("handover"):
-            self.ledger.add(handover_cost(self.ledger.spec, src, dst, 4 * self.setup.config.dim * items))
+            self.ledger.add(handover_cost(self.ledger.spec, src, dst, handover_bytes(self.setup.config, items)))

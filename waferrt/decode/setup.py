@@ -19,6 +19,7 @@ stage: the host ships each weight once).
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import cached_property
 
 import numpy as np
 
@@ -26,6 +27,7 @@ from waferrt.core.mesh import MeshSpec, Region, TileId
 from waferrt.fabric.comm import KTREE_FAST, Collectives
 from waferrt.model.config import LlamaConfig
 
+from .cost import Decoding
 from .layout import booked_bytes, embed_booking, kv_booking, layer_booking, stream_booking
 from .pack import pack_embed, pack_layer
 
@@ -52,6 +54,11 @@ class DecodeSetup:
         p = placement
         return cls(p.config, p.mesh, p.layers, p.embed, p.kv_tokens, p.kv.requests, collectives, p.dtype,
                    p.streaming)
+
+    @cached_property
+    def decoding(self) -> Decoding:
+        """What the decode's closed forms (decode.cost) need of this setup: model, dtype, collectives."""
+        return Decoding(self.config, self.dtype, self.collectives)
 
     def stages(self) -> tuple[tuple[str, int, Region], ...]:
         """(kind, layer index or -1, region) in the order an item passes them."""

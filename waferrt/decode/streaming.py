@@ -12,7 +12,8 @@ run takes in over the wafer's ingress (the block's bytes in the storage dtype; t
 items), ``stream_cycles`` how long that takes at ``spec.ingress_bytes_per_s``. A block streams in while the
 one before it computes (the double buffer), so a stage lasts the longer of its compute and its stream
 (``stage_cycles``; the tiles book the difference as the op "stream"); ``head_parts`` is the closed form of
-the chunked head.
+the chunked head and ``stream_step_cycles`` the one model of a streaming step: a micro-batch through every stage,
+what the tiles book and what the planner and the estimator time.
 """
 
 from __future__ import annotations
@@ -20,22 +21,22 @@ from __future__ import annotations
 import numpy as np
 
 from waferrt.core.arith import cdiv
-from waferrt.core.cost import Cost, allreduce_cost
+from waferrt.core.cost import Cost, total
 from waferrt.core.dtypes import itemsize, to_f32
 from waferrt.core.mesh import Region
 from waferrt.core.spec import HardwareSpec
 from waferrt.model.config import LlamaConfig
 
-from .cost import ELEMENTWISE_FLOPS, on_lines
+from .cost import Decoding, head_gemv_parts, head_norm_parts, layer_decode_cost
 from .layout import head_chunk_entries, layer_layouts
 from .pack import Chunks, pack_embed, pack_layer
 from .shards import mesh_gemv, mesh_rmsnorm, table_rows
 
 
-def head_chunks(cfg: LlamaConfig, region: Region, dtype: str) -> list[tuple[int, int]]:
+def head_chunks(cfg: LlamaConfig, region: Region, dtype: str, head_groups: int = 1) -> list[tuple[int, int]]:
     """[j0, j1) ranges of every core row's vocabulary block (voc_r entries) that stream in as one chunk: as
     many entries as fit in a layer's block on a core (the final norm comes with the first), at least one."""
-    voc_r, m = cdiv(cfg.vocab_size, region.h), head_chunk_entries(cfg, region, dtype)
+    voc_r, m = cdiv(cfg.vocab_size, region.h), head_chunk_entries(cfg, region, dtype, head_groups)
     return [(j, min(j + m, voc_r)) for j in range(0, voc_r, m)]
 
 
@@ -62,24 +63,24 @@ def stage_cycles(spec: HardwareSpec, compute: float, nbytes: int) -> float:
     return max(compute, stream_cycles(spec, nbytes))
 
 
-def head_parts(spec: HardwareSpec, cfg: LlamaConfig, region: Region, dtype: str, batch: int = 1, *,
-               algo: str = "ktree", k: int = 2) -> list[tuple[str, str, Cost]]:
+def head_parts(spec: HardwareSpec, dec: Decoding, region: Region, batch: int = 1) -> list[tuple[str, str, Cost]]:
     """The final RMSNorm and the head chunk by chunk (streamed_logits), as the tiles book them."""
-    rows, cols, b = region.h, region.w, batch
-    dim_c = cdiv(cfg.dim, cols)
-
-    def x_reduce(nbytes: int) -> Cost:
-        return on_lines(allreduce_cost(spec, algo, cols, nbytes, k), rows)
-
-    def flops(n: int) -> Cost:
-        return Cost(flops=n, cycles=n / spec.flops_per_cycle)
-
-    out = [("norm.reduce", "allreduce", x_reduce(4 * b)),
-           ("norm", "elementwise", flops(ELEMENTWISE_FLOPS["rmsnorm"] * b * dim_c))]
-    for j0, j1 in head_chunks(cfg, region, dtype):
-        out += [("head", "gemv", flops(2 * b * (j1 - j0) * dim_c)),
-                ("head.reduce", "allreduce", x_reduce(4 * b * (j1 - j0)))]
+    out = head_norm_parts(spec, dec, region, batch)
+    for j0, j1 in head_chunks(dec.config, region, dec.dtype, dec.head_groups):
+        out += head_gemv_parts(spec, dec, region, batch, j1 - j0)
     return out
+
+
+def stream_step_cycles(spec: HardwareSpec, dec: Decoding, region: Region, kv_tokens: int, batch: int) -> float:
+    """A micro-batch of `batch` tokens (their requests holding `kv_tokens` positions) through every stage of
+    a streaming region -- the embedding rows, every layer, the head -- each stage the longer of its compute
+    and its block's stream (stage_cycles): what the tiles book, what the planner and the estimator time."""
+    cfg = dec.config
+    layer = layer_decode_cost(spec, dec, region, kv_tokens, batch).cycles
+    head = total(c for _, _, c in head_parts(spec, dec, region, batch)).cycles
+    return (stage_cycles(spec, 0.0, streamed_bytes(cfg, "embed", dec.dtype, batch))
+            + cfg.n_layers * stage_cycles(spec, layer, streamed_bytes(cfg, "layer", dec.dtype, batch))
+            + stage_cycles(spec, head, streamed_bytes(cfg, "head", dec.dtype, batch)))
 
 
 def streamed_logits(comm, coll, cfg: LlamaConfig, chunks, x: np.ndarray, dtype: str) -> np.ndarray:

@@ -27,7 +27,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from waferrt.core.arith import cdiv
-from waferrt.core.cost import ALLREDUCE_ALGOS, Cost, allreduce_cost, ktree_levels
+from waferrt.core.cost import ALLREDUCE_ALGOS, allreduce_cost, ktree_levels, on_lines
 from waferrt.core.ledger import Ledger
 from waferrt.core.mesh import Dir, Region
 
@@ -206,7 +206,7 @@ class LineComm:
         without moving anything: for fast paths that compute the result another way (inside an op)."""
         nbytes = self._msg_bytes(values_per_position, 4, replicated)
         c = allreduce_cost(self.ledger.spec, algo, self.n, nbytes, k)
-        self.ledger.add(Cost(c.hops, c.stages, c.link_bytes * self.lines, c.messages * self.lines, 0, c.cycles))
+        self.ledger.add(on_lines(c, self.lines))
 
     # -- algorithms -----------------------------------------------------------------------------------
     def _ktree(self, buf, k, ufunc, array_axis, replicated, overwrite=False):

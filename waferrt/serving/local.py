@@ -36,7 +36,7 @@ class LocalDecoder:
         self.setup = DecodeSetup.from_placement(placement, collectives)
         self.fabric = LoopFabric(placement.mesh)
         self.head = self.setup.stage_tiles()[0]
-        self.programs = {t: TileProgram(self.setup, t, self.fabric.links(t), Ledger(placement.spec))
+        self.programs = {t: TileProgram(self.setup, t, self.fabric.links(t), Ledger(placement.spec, placement.dtype))
                          for t in placement.mesh.tiles()}
         for s, raw in stage_weights(self.setup, weights):
             self.programs[self.setup.stage_tiles()[s]].load(s, raw)

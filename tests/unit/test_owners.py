@@ -1,0 +1,117 @@
+"""Every cost fact has one owner, and the copies that used to disagree now agree (issue 17).
+
+- the 16-bit compute rate: a Ledger at the decode's storage dtype books what ``decode.cost`` gives for
+  that dtype, emulated and estimated alike, and faster than float32 only when the spec says so;
+- the hand-over payload: the float32 residual stream of its tokens (pinned by a literal, not by its owner);
+- the streaming estimator's bytes per core: what ``decode.layout.stream_booking`` books, on a grid;
+- a placement's speed: the report's rate is the flow schedule's, its bound is never below it;
+- the one bisection helper against a linear scan.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from hypothesis import assume, given
+from hypothesis import strategies as st
+
+from waferrt.core.arith import first_true, last_true
+from waferrt.core.ledger import Ledger
+from waferrt.core.mesh import MeshSpec, Region
+from waferrt.core.spec import TINY, WSE2
+from waferrt.decode import layout as dl
+from waferrt.decode.cost import Decoding, handover_bytes, handover_cost, layer_decode_cost, token_cost
+from waferrt.decode.pack import Chunks, pack_layer
+from waferrt.decode.shards import LayerShard
+from waferrt.model import synthetic_llama, tiny_config
+from waferrt.model.config import SMOLLM2_135M
+from waferrt.scheduler import KVReserve, plan, plan_report, wafer
+from waferrt.scheduler import heatmap as hm
+from waferrt.scheduler import streaming as sst
+from waferrt.scheduler.estimate import placement_seconds
+
+CFG = tiny_config()
+W = synthetic_llama(CFG, seed=0)
+HALF = TINY.replace(half_flops_per_cycle=4 * TINY.flops_per_cycle)
+
+
+@pytest.mark.parametrize("spec", [TINY, HALF])
+@pytest.mark.parametrize("dtype", ["float32", "float16", "bfloat16"])
+def test_a_ledger_computes_at_its_dtype_as_the_closed_forms_do(spec, dtype):
+    region, ledger = Region(0, 0, 4, 3), Ledger(spec, dtype)
+    shard = LayerShard(CFG, region, pack_layer(CFG, W.layers[0], region, dtype), (2, 20), ledger, dtype=dtype)
+    for pos in range(4):  # the K/V shift moves pos % 4 columns
+        ledger.clear()
+        x = Chunks(CFG.dim, 4).split(np.random.default_rng(pos).standard_normal((2, CFG.dim)).astype(np.float32))
+        shard.forward(x, np.arange(2), np.full(2, pos))
+    want = layer_decode_cost(spec, Decoding(CFG, dtype), region, 4, 2, 3)
+    assert ledger.by_op["layer"] == want
+    f32 = layer_decode_cost(spec, Decoding(CFG), region, 4, 2, 3)
+    faster = spec is HALF and dtype != "float32"
+    assert (want.cycles < f32.cycles) == faster and want.flops == f32.flops
+
+
+def test_an_unknown_ledger_dtype_is_refused():
+    with pytest.raises(ValueError, match="float16"):
+        Ledger(TINY, "int8")
+
+
+def test_the_handover_carries_the_float32_residual_stream():
+    assert handover_bytes(CFG, 3) == 3 * CFG.dim * 4
+    assert handover_bytes(SMOLLM2_135M, 1) == 576 * 4
+
+
+def test_the_heatmap_draws_the_handover_the_tiles_book():
+    """The modelled link bytes of a stage are its hand-over's (float32 activations of one token, a literal
+    here) plus its work's: halving the payload anywhere shows."""
+    p = plan(CFG, TINY, MeshSpec(16, 16, 8, 8), kv=KVReserve(32, 2))
+    img = hm.link_bytes(p)
+    dec = Decoding(CFG, p.dtype)
+    r0, emb = p.layers[0], p.embed
+    work = token_cost(TINY, dec, ("layer", None, r0), p.kv_tokens - 1, True).link_bytes
+    hand = handover_cost(TINY, emb, r0, 4 * CFG.dim).link_bytes
+    assert hand > 0
+    assert p.layers.count(r0) == 1  # one layer on the region: its bytes are that layer's and its hand-over's
+    assert float(img[r0.y0:r0.y1, r0.x0:r0.x1].sum()) == pytest.approx(hand + work, rel=1e-9)
+
+
+@pytest.mark.parametrize("cfg,region,tokens,requests", [
+    (CFG, Region(0, 0, 4, 2), 16, 2), (CFG, Region(0, 0, 8, 4), 32, 3),
+    (SMOLLM2_135M, Region(0, 0, 64, 32), 512, 8), (SMOLLM2_135M, Region(0, 0, 288, 32), 512, 8),
+    (SMOLLM2_135M, Region(0, 0, 576, 16), 1024, 4),
+])
+@pytest.mark.parametrize("dtype", ["float32", "float16"])
+def test_the_streaming_estimate_books_what_the_tiles_book(cfg, region, tokens, requests, dtype):
+    """The double buffer and the fullest core of a streaming region: the estimator's closed form equals
+    decode.layout.stream_booking (what the tiles book). Before issue 17 the estimator sized the buffer by
+    the whole head block per core (27,648 B against 3,492 B for SmolLM2 float16 on 64x32)."""
+    shape = wafer.Shape(region.w, region.h)
+    assert sst._core_bytes(cfg, shape, tokens, requests, dtype) == dl.most_bytes(
+        dl.stream_booking(cfg, region, tokens, requests, dtype))
+    layer = sum(lay.max_block_bytes() for lay in dl.layer_layouts(cfg, region, dtype).values())
+    assert dl.layer_block_bytes(cfg, region, dtype) == layer
+
+
+def test_smollm2_double_buffer_on_64x32_is_two_layer_blocks():
+    block = dl.stream_block_bytes(SMOLLM2_135M, Region(0, 0, 64, 32), "float16")
+    assert block == dl.layer_block_bytes(SMOLLM2_135M, Region(0, 0, 64, 32), "float16") == 3492
+
+
+@pytest.mark.parametrize("requests", [1, 3, 8])
+def test_the_reports_speed_is_the_flow_schedule_and_its_bound_is_above(requests):
+    p = plan(SMOLLM2_135M, WSE2, MeshSpec(174, 128, 87, 64), kv=KVReserve(512, 8))
+    rep = plan_report(p)
+    one, many = placement_seconds(p)
+    assert rep.tokens_per_s == pytest.approx(p.kv.requests / many, rel=1e-12)
+    assert rep.request_tokens_per_s == pytest.approx(1 / one, rel=1e-12)
+    flow = requests / placement_seconds(p, requests)[1]
+    assert rep.bound_tokens_per_s(requests) >= flow * (1 - 1e-9)
+
+
+@given(st.integers(0, 60), st.integers(0, 60), st.integers(-5, 70))
+def test_the_bisections_find_what_a_scan_finds(lo, hi, cut):
+    assume(lo <= hi)
+    scan_first = next((v for v in range(lo, hi + 1) if v >= cut), None)
+    scan_last = next((v for v in range(hi, lo - 1, -1) if v <= cut), None)
+    assert first_true(lo, hi, lambda v: v >= cut) == scan_first
+    assert last_true(lo, hi, lambda v: v <= cut) == scan_last
