@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from waferrt.core.arith import cdiv
+from waferrt.core.arith import cdiv, last_true
 from waferrt.core.dtypes import itemsize
 from waferrt.core.spec import HardwareSpec
 from waferrt.model.config import LlamaConfig
@@ -36,16 +36,12 @@ def _most(hi: int, ok) -> int:
         lo //= 2
     if lo < 1:
         return 0
-    hi = min(hi, 2 * lo - 1)
-    while lo < hi:
-        mid = (lo + hi + 1) // 2
-        lo, hi = (mid, hi) if ok(mid) else (lo, mid - 1)
-    return lo
+    return last_true(lo, min(hi, 2 * lo - 1), ok)
 
 
 def model_bytes(cfg: LlamaConfig, kv: KVReserve, dtype: str) -> tuple[int, int]:
     """(weights, K/V) bytes of the whole model, the untied output head included."""
-    weights, kv_bytes = budget.model_bytes(cfg, kv.tokens, kv.requests, dtype)
+    weights, kv_bytes = budget.tied_model_bytes(cfg, kv.tokens, kv.requests, dtype)
     head = 0 if cfg.tie_embeddings else cfg.vocab_size * cfg.dim * itemsize(dtype)
     return weights + head, kv_bytes
 

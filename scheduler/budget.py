@@ -9,7 +9,7 @@ book, so what is planned is what the decode places); a region shape whose layout
 - ``layer_shapes``: for every legal row count, the narrowest layer region that fits, best first
   (fewest cores, then wide rather than tall). K/V positions are split over a region's columns, so a region
   wider than the K/V reserve reserves one position per column (``kv_reserved``).
-- ``kv_capacity``: the most KV positions per request a layer region holds (at least the reserve).
+- ``region_kv_capacity``: the most KV positions per request a layer region holds (at least the reserve).
 - ``embed_rows_needed`` / ``embed_cols_needed``: the smallest embedding region side for the other one.
 - ``work_bytes``: weight bytes of the embedding/head region and of one layer region (decode work).
 """
@@ -20,7 +20,7 @@ from functools import lru_cache
 
 import numpy as np
 
-from waferrt.core.arith import cdiv
+from waferrt.core.arith import cdiv, first_true, last_true
 from waferrt.core.dtypes import itemsize
 from waferrt.core.mesh import Region
 from waferrt.decode import layout as dl
@@ -55,25 +55,12 @@ def _fits(nbytes: int | None, sram: int) -> bool:
     return nbytes is not None and nbytes <= sram
 
 
-def _first_true(lo: int, hi: int, pred) -> int | None:
-    """Smallest v in [lo, hi] with pred(v), for a pred that is monotone (False...False True...True)."""
-    if lo > hi or not pred(hi):
-        return None
-    while lo < hi:
-        mid = (lo + hi) // 2
-        if pred(mid):
-            hi = mid
-        else:
-            lo = mid + 1
-    return lo
-
-
 @lru_cache(maxsize=256)
 def _all_layer_shapes(cfg: LlamaConfig, sram: int, tokens: int, requests: int, dtype: str,
                       layers: int) -> tuple[tuple[int, int], ...]:
     shapes = []
     for h in range(1, dl.max_layer_rows(cfg) + 1):
-        w = _first_true(1, cfg.dim, lambda w, h=h: _fits(
+        w = first_true(1, cfg.dim, lambda w, h=h: _fits(
             layer_bytes(cfg, w, h, kv_reserved(tokens, w), requests, dtype, layers), sram))
         if w is not None:
             shapes.append((w, h))
@@ -106,13 +93,13 @@ def smallest_layer_bytes(cfg: LlamaConfig, tokens: int, requests: int, dtype: st
 @lru_cache(maxsize=4096)
 def embed_rows_needed(cfg: LlamaConfig, sram: int, w: int, dtype: str) -> int | None:
     """Fewest rows of a w-column embedding region that fit in SRAM (None: not even one row per token)."""
-    return _first_true(1, cfg.vocab_size, lambda h: _fits(embed_bytes(cfg, w, h, dtype), sram))
+    return first_true(1, cfg.vocab_size, lambda h: _fits(embed_bytes(cfg, w, h, dtype), sram))
 
 
 @lru_cache(maxsize=4096)
 def embed_cols_needed(cfg: LlamaConfig, sram: int, h: int, dtype: str) -> int | None:
     """Fewest columns of an h-row embedding region that fit in SRAM (None: not even one per dim)."""
-    return _first_true(1, cfg.dim, lambda w: _fits(embed_bytes(cfg, w, h, dtype), sram))
+    return first_true(1, cfg.dim, lambda w: _fits(embed_bytes(cfg, w, h, dtype), sram))
 
 
 def embed_min_cores(cfg: LlamaConfig, sram: int, dtype: str) -> int:
@@ -120,15 +107,15 @@ def embed_min_cores(cfg: LlamaConfig, sram: int, dtype: str) -> int:
     return cdiv(cfg.vocab_size * cfg.dim * itemsize(dtype), sram)
 
 
-def kv_capacity(cfg: LlamaConfig, region: Region, sram: int, tokens: int, requests: int, dtype: str,
-                layers: int = 1) -> int:
+def region_kv_capacity(cfg: LlamaConfig, region: Region, sram: int, tokens: int, requests: int, dtype: str,
+                       layers: int = 1) -> int:
     """Most KV positions per request (>= tokens and the region's columns, <= max(that, max_seq_len)) the
     region running `layers` layers holds."""
     tokens = kv_reserved(tokens, region.w)
     top = max(tokens, cfg.max_seq_len)
-    best = _first_true(tokens, top, lambda t: not _fits(
-        layer_bytes(cfg, region.w, region.h, t, requests, dtype, layers), sram))
-    return top if best is None else max(tokens, best - 1)
+    most = last_true(tokens, top, lambda t: _fits(layer_bytes(cfg, region.w, region.h, t, requests, dtype, layers),
+                                                  sram))
+    return tokens if most is None else most
 
 
 def tensor_bytes(cfg: LlamaConfig, dtype: str) -> dict[str, int]:
@@ -153,8 +140,9 @@ def kv_bytes(cfg: LlamaConfig, tokens: int, requests: int, dtype: str) -> int:
     return 2 * requests * cfg.kv_dim * tokens * itemsize(dtype)
 
 
-def model_bytes(cfg: LlamaConfig, tokens: int, requests: int, dtype: str) -> tuple[int, int]:
-    """(weight bytes, KV reserve bytes) of the whole model: the least SRAM a placement needs."""
+def tied_model_bytes(cfg: LlamaConfig, tokens: int, requests: int, dtype: str) -> tuple[int, int]:
+    """(weight bytes, KV reserve bytes) of the whole model as the emulator places it (the tied table once):
+    the least SRAM a placement needs."""
     tb = tensor_bytes(cfg, dtype)
     layer = sum(v for k, v in tb.items() if k not in ("embed", "final_norm"))
     weights = cfg.n_layers * layer + tb["embed"] + tb["final_norm"]

@@ -213,7 +213,7 @@ def _report(cfg: LlamaConfig, spec: HardwareSpec, c: Candidate, base: dict, why:
     band_bytes = wafer.budget.embed_bytes(cfg, floor.band_cols, floor.band_rows, dtype)
     sram = c.strategy.regions * floor.shape.cores * layer_bytes + floor.bands * floor.band_cols * floor.band_rows * \
         band_bytes
-    cap = wafer.kv_capacity(cfg, floor.shape, spec.sram_bytes, kv.requests, dtype, c.strategy.group)
+    cap = wafer.shape_kv_capacity(cfg, floor.shape, spec.sram_bytes, kv.requests, dtype, c.strategy.group)
     parts = _one_token_parts(spec, Decoding(cfg, dtype, head_groups=floor.shape.head_groups), stages, kv.tokens)
     host1, host_r = host_seconds(cfg, spec, 1), host_seconds(cfg, spec, kv.requests)
     return Estimate(**base, strategy=c.strategy, fits=True, why=why, shape=floor.shape,

@@ -26,7 +26,7 @@ from itertools import pairwise
 
 import numpy as np
 
-from waferrt.core.arith import cdiv
+from waferrt.core.arith import cdiv, first_true
 from waferrt.core.mesh import Coord, MeshSpec, Region, TileId
 
 Link = tuple[Coord, Coord]
@@ -183,14 +183,8 @@ def quotas(caps: Sequence[int], fixed: Sequence[int], unit: int, need: int) -> l
 
     targets = sorted({v for c, f in zip(caps, fixed, strict=True) for k in range(c + 1)
                       if (v := f + k * unit) >= floor} | {floor})
-    lo, hi = 0, len(targets) - 1  # counts(targets[-1]) == caps, which hold `need`
-    while lo < hi:
-        mid = (lo + hi) // 2
-        if sum(counts(targets[mid])) >= need:
-            hi = mid
-        else:
-            lo = mid + 1
-    return counts(targets[lo])
+    # counts(targets[-1]) == caps, which hold `need`
+    return counts(targets[first_true(0, len(targets) - 1, lambda i: sum(counts(targets[i])) >= need)])
 
 
 def _fill(caps: Sequence[int], need: int) -> list[int]:

@@ -44,7 +44,7 @@ import functools
 
 import numpy as np
 
-from waferrt.core.arith import cdiv
+from waferrt.core.arith import cdiv, first_true
 from waferrt.core.dtypes import STORAGE_DTYPES
 from waferrt.core.mesh import Coord, MeshSpec, Region, check_on_wafer
 from waferrt.core.spec import HardwareSpec
@@ -162,12 +162,12 @@ def _stream_region(config: LlamaConfig, spec: HardwareSpec, mesh: MeshSpec, kv: 
 def _narrowest(config: LlamaConfig, spec: HardwareSpec, kv: KVReserve, dtype: str, h: int, top: int) -> int:
     """The fewest columns (<= top; top + 1: none) of an h-row region whose cores hold the streaming state. A
     core's share does not grow with the columns (tests/unit/test_streaming.py), so a binary search finds it."""
-    lo, hi = 0, top + 1  # lo columns do not hold it (0: vacuously); hi do (top + 1: vacuously)
-    while hi - lo > 1:
-        mid = (lo + hi) // 2
-        need = stream_bytes(config, Region(0, 0, mid, h), kv.tokens, kv.requests, dtype)
-        lo, hi = (lo, mid) if need is not None and need <= spec.sram_bytes else (mid, hi)
-    return hi
+    def holds(w: int) -> bool:
+        need = stream_bytes(config, Region(0, 0, w, h), kv.tokens, kv.requests, dtype)
+        return need is not None and need <= spec.sram_bytes
+
+    found = first_true(1, top, holds)
+    return top + 1 if found is None else found
 
 
 def _no_stream_message(config: LlamaConfig, spec: HardwareSpec, mesh: MeshSpec, kv: KVReserve, dtype: str,
@@ -275,7 +275,7 @@ def plan(config: LlamaConfig, spec: HardwareSpec, mesh: MeshSpec, *, kv: KVReser
     if found.layers is None:
         raise PlanError(_no_fit_message(config, spec, mesh, kv, dtype, found.reason, g))
     names, cpus = [n.name for n in nodes], [n.cpus for n in nodes]
-    kv_tokens = budget.kv_capacity(config, found.layers[0], spec.sram_bytes, kv.tokens, kv.requests, dtype, g)
+    kv_tokens = budget.region_kv_capacity(config, found.layers[0], spec.sram_bytes, kv.tokens, kv.requests, dtype, g)
     layers = tuple(found.layers[i // g] for i in range(config.n_layers))
     p = Placement(config, spec, mesh, dtype, kv, layers, found.embed,
                   frozenset(c for r in found.spare for c in r.cores()),
@@ -303,7 +303,7 @@ def _mb(n: float) -> str:
 
 def _no_fit_message(config: LlamaConfig, spec: HardwareSpec, mesh: MeshSpec, kv: KVReserve, dtype: str,
                     reason: str, group: int = 1) -> str:
-    weights, kv_bytes = budget.model_bytes(config, kv.tokens, kv.requests, dtype)
+    weights, kv_bytes = budget.tied_model_bytes(config, kv.tokens, kv.requests, dtype)
     live = mesh.width * mesh.height - len(mesh.dead)
     how = "" if group == 1 else f" as {Strategy(group, config.n_layers).describe()}"
     head = (f"the model ({config.n_layers} layers, dim {config.dim}, vocab {config.vocab_size}) does not fit{how} "

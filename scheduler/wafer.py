@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from waferrt.core.arith import cdiv
+from waferrt.core.arith import cdiv, first_true, last_true
 from waferrt.core.dtypes import itemsize
 from waferrt.core.mesh import Region
 from waferrt.core.spec import HardwareSpec
@@ -76,16 +76,10 @@ def min_cols(cfg: LlamaConfig, rows: int, groups: int, sram: int, kv_tokens: int
         return legal(cfg, shape, kv_tokens) and layer_core_bytes(
             cfg, shape, kv_tokens, requests, dtype, layers, weights=weights) <= sram
 
-    if not fits(top):
-        return None
-    lo, hi = 1, top
-    while lo < hi:
-        mid = (lo + hi) // 2
-        lo, hi = (lo, mid) if fits(mid) else (mid + 1, hi)
-    return lo
+    return first_true(1, top, fits)
 
 
-def kv_capacity(cfg: LlamaConfig, shape: Shape, sram: int, requests: int, dtype: str, layers: int,
+def shape_kv_capacity(cfg: LlamaConfig, shape: Shape, sram: int, requests: int, dtype: str, layers: int,
                 weights: bool = True, top: int | None = None) -> int:
     """The most K/V positions per request (up to `top`, default the model's max_seq_len) the region holds
     with `requests` requests (0: not even one)."""
@@ -95,13 +89,7 @@ def kv_capacity(cfg: LlamaConfig, shape: Shape, sram: int, requests: int, dtype:
         return legal(cfg, shape, max(t, shape.cols)) and layer_core_bytes(
             cfg, shape, t, requests, dtype, layers, weights=weights) <= sram
 
-    if not fits(1):
-        return 0
-    lo, hi = 1, top
-    while lo < hi:
-        mid = (lo + hi + 1) // 2
-        lo, hi = (mid, hi) if fits(mid) else (lo, mid - 1)
-    return lo
+    return last_true(1, top, fits) or 0
 
 
 @dataclass(frozen=True)
