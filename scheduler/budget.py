@@ -1,7 +1,8 @@
 """SRAM budgets for planning: which layer region shapes fit, what each core holds, how many KV tokens fit.
 
-Contract: pure functions over (LlamaConfig, per-core SRAM, KV reserve, dtype, and ``layers``: how many
-layers a region runs, their weights and K/V stacked on the same cores). Sizes come only from
+Contract: pure functions over a :class:`~waferrt.scheduler.types.Workload` (the model, the K/V reserve, the
+dtype, and ``layers``: how many layers a region runs, their weights and K/V stacked on the same cores) and
+the per-core SRAM. Sizes come only from
 :mod:`waferrt.decode.layout` (``layer_core_bytes`` / ``embed_core_bytes``: the maxima of what the tiles
 book, so what is planned is what the decode places); a region shape whose layouts cannot be split
 (``Layout`` raises ``ValueError``) counts as "does not fit".
@@ -26,6 +27,8 @@ from waferrt.core.mesh import Region
 from waferrt.decode import layout as dl
 from waferrt.model.config import LlamaConfig
 
+from .types import Workload
+
 
 def kv_reserved(tokens: int, w: int) -> int:
     """The K/V positions per request a w-column region reserves for a reserve of `tokens`: at least one
@@ -33,12 +36,12 @@ def kv_reserved(tokens: int, w: int) -> int:
     return max(tokens, w)
 
 
-def layer_bytes(cfg: LlamaConfig, w: int, h: int, tokens: int, requests: int, dtype: str,
-                layers: int = 1) -> int | None:
-    """Bytes of the most loaded core of a w x h region running `layers` layers, or None when the shape
-    cannot be split."""
+def layer_bytes(work: Workload, w: int, h: int) -> int | None:
+    """Bytes of the most loaded core of a w x h region running `work.layers` layers with `work.kv` (its
+    tokens as they are: see kv_reserved), or None when the shape cannot be split."""
     try:
-        return dl.layer_core_bytes(cfg, Region(0, 0, w, h), tokens, requests, dtype, layers)
+        return dl.layer_core_bytes(work.config, Region(0, 0, w, h), work.kv.tokens, work.kv.requests, work.dtype,
+                                   work.layers)
     except ValueError:
         return None
 
@@ -56,20 +59,18 @@ def _fits(nbytes: int | None, sram: int) -> bool:
 
 
 @lru_cache(maxsize=256)
-def _all_layer_shapes(cfg: LlamaConfig, sram: int, tokens: int, requests: int, dtype: str,
-                      layers: int) -> tuple[tuple[int, int], ...]:
-    shapes = []
+def _all_layer_shapes(work: Workload, sram: int) -> tuple[tuple[int, int], ...]:
+    cfg, shapes = work.config, []
     for h in range(1, dl.max_layer_rows(cfg) + 1):
         w = first_true(1, cfg.dim, lambda w, h=h: _fits(
-            layer_bytes(cfg, w, h, kv_reserved(tokens, w), requests, dtype, layers), sram))
+            layer_bytes(work.holding(kv_reserved(work.kv.tokens, w)), w, h), sram))
         if w is not None:
             shapes.append((w, h))
     return tuple(sorted(shapes, key=lambda s: (s[0] * s[1], s[0] < s[1], s[1])))
 
 
-def layer_shapes(cfg: LlamaConfig, sram: int, tokens: int, requests: int, dtype: str,
-                 max_w: int, max_h: int, layers: int = 1) -> tuple[tuple[int, int], ...]:
-    """(w, h) of the narrowest fitting region running `layers` layers for each row count h, best first.
+def layer_shapes(work: Workload, sram: int, max_w: int, max_h: int) -> tuple[tuple[int, int], ...]:
+    """(w, h) of the narrowest fitting region running `work.layers` layers for each row count h, best first.
 
     Columns are at most dim (a region wider than `tokens` reserves one K/V position per column); rows at
     most ``max_layer_rows(cfg)``. More columns only lower the per-core bytes, so the narrowest is the one
@@ -77,17 +78,16 @@ def layer_shapes(cfg: LlamaConfig, sram: int, tokens: int, requests: int, dtype:
     is at most `max_w` wide (else none fits): the shapes are computed once per model and KV reserve
     (cached) and only filtered by the mesh size, which the mesh search asks for many times.
     """
-    return tuple(s for s in _all_layer_shapes(cfg, sram, tokens, requests, dtype, layers)
-                 if s[0] <= max_w and s[1] <= max_h)
+    return tuple(s for s in _all_layer_shapes(work, sram) if s[0] <= max_w and s[1] <= max_h)
 
 
-def smallest_layer_bytes(cfg: LlamaConfig, tokens: int, requests: int, dtype: str,
-                         layers: int = 1) -> tuple[int, Region]:
+def smallest_layer_bytes(work: Workload) -> tuple[int, Region]:
     """The least per-core bytes any legal region running `layers` layers reaches (the widest, tallest
     one), and that region. That region is always splittable: its rows are at most head_dim/2 <=
     hidden_dim and its columns at most dim."""
+    cfg = work.config
     region = Region(0, 0, cfg.dim, dl.max_layer_rows(cfg))
-    return dl.layer_core_bytes(cfg, region, kv_reserved(tokens, cfg.dim), requests, dtype, layers), region
+    return layer_bytes(work.holding(kv_reserved(work.kv.tokens, cfg.dim)), region.w, region.h), region
 
 
 @lru_cache(maxsize=4096)
@@ -107,14 +107,12 @@ def embed_min_cores(cfg: LlamaConfig, sram: int, dtype: str) -> int:
     return cdiv(cfg.vocab_size * cfg.dim * itemsize(dtype), sram)
 
 
-def region_kv_capacity(cfg: LlamaConfig, region: Region, sram: int, tokens: int, requests: int, dtype: str,
-                       layers: int = 1) -> int:
+def region_kv_capacity(work: Workload, region: Region, sram: int) -> int:
     """Most KV positions per request (>= tokens and the region's columns, <= max(that, max_seq_len)) the
     region running `layers` layers holds."""
-    tokens = kv_reserved(tokens, region.w)
-    top = max(tokens, cfg.max_seq_len)
-    most = last_true(tokens, top, lambda t: _fits(layer_bytes(cfg, region.w, region.h, t, requests, dtype, layers),
-                                                  sram))
+    tokens = kv_reserved(work.kv.tokens, region.w)
+    top = max(tokens, work.config.max_seq_len)
+    most = last_true(tokens, top, lambda t: _fits(layer_bytes(work.holding(t), region.w, region.h), sram))
     return tokens if most is None else most
 
 

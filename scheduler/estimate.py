@@ -39,7 +39,7 @@ from waferrt.model.config import LlamaConfig
 from . import wafer
 from .advice import advice
 from .estimate_report import Estimate, breakdown_seconds
-from .types import KVReserve, Placement, Strategy
+from .types import KVReserve, Placement, Strategy, Workload
 
 OBJECTIVES = ("latency", "throughput")
 
@@ -119,12 +119,13 @@ def streaming_seconds(p: Placement, requests: int, context: int) -> tuple[float,
 
 
 @lru_cache(maxsize=512)
-def best(cfg: LlamaConfig, spec: HardwareSpec, mesh: tuple[int, int], kv: KVReserve, dtype: str,
-         strategy: Strategy, objective: str) -> Candidate | None:
-    """The best floor plan of `strategy` for `objective`, or None when no region shape fits (the first of
-    equals). Only the floor plans that can win are scheduled request by request: for latency the winner
+def best(work: Workload, spec: HardwareSpec, mesh: tuple[int, int], objective: str) -> Candidate | None:
+    """The best floor plan of the strategy of `work.layers` layers per region for `objective`, or None when
+    no region shape fits (the first of equals). Only the floor plans that can win are scheduled request by request: for latency the winner
     alone; for throughput those whose steady-round bound (decode.schedule.round_bound_seconds, never above
     the scheduled round) is no worse than the best round scheduled so far."""
+    cfg, kv, dtype = work.config, work.kv, work.dtype
+    strategy = Strategy(work.layers, cfg.n_layers)
     floors = list(wafer.floors(cfg, spec, mesh, kv, dtype, strategy))
     if not floors:
         return None
@@ -188,7 +189,7 @@ def estimate(cfg: LlamaConfig, spec: HardwareSpec, mesh: tuple[int, int], kv: KV
         raise ValueError(f"tried is a list of strategies (e.g. [Strategy(1, {cfg.n_layers})], or "
                          f"strategies.parse_strategy's), or None for every strategy; got {tried!r}")
     asked = tuple(tried) if tried is not None else None
-    found = [c for c in (best(cfg, spec, mesh, kv, dtype, s, objective)
+    found = [c for c in (best(Workload(cfg, kv, dtype, s.group), spec, mesh, objective)
                          for s in asked or wafer.strategies(cfg.n_layers)) if c is not None]
     base = {"label": label or f"{cfg.n_layers}-layer model", "config": cfg, "spec": spec, "mesh": mesh, "kv": kv,
             "dtype": dtype, "objective": objective}
@@ -209,11 +210,12 @@ def _report(cfg: LlamaConfig, spec: HardwareSpec, c: Candidate, base: dict, why:
     floor, kv, dtype = c.floor, base["kv"], base["dtype"]
     stages = floor.stages(cfg.n_layers, c.strategy.group)
     used = floor.bands * floor.band_cols * floor.band_rows + c.strategy.regions * floor.shape.cores
-    layer_bytes = wafer.layer_core_bytes(cfg, floor.shape, kv.tokens, kv.requests, dtype, c.strategy.group)
+    work = Workload(cfg, kv, dtype, c.strategy.group)
+    layer_bytes = wafer.layer_core_bytes(work, floor.shape)
     band_bytes = wafer.budget.embed_bytes(cfg, floor.band_cols, floor.band_rows, dtype)
     sram = c.strategy.regions * floor.shape.cores * layer_bytes + floor.bands * floor.band_cols * floor.band_rows * \
         band_bytes
-    cap = wafer.shape_kv_capacity(cfg, floor.shape, spec.sram_bytes, kv.requests, dtype, c.strategy.group)
+    cap = wafer.shape_kv_capacity(work, floor.shape, spec.sram_bytes)
     parts = _one_token_parts(spec, Decoding(cfg, dtype, head_groups=floor.shape.head_groups), stages, kv.tokens)
     host1, host_r = host_seconds(cfg, spec, 1), host_seconds(cfg, spec, kv.requests)
     return Estimate(**base, strategy=c.strategy, fits=True, why=why, shape=floor.shape,

@@ -54,7 +54,7 @@ from waferrt.model.config import LlamaConfig
 from . import budget, search
 from .geometry import Obstacles, assign_nodes, check_links, cores_in, link_inside
 from .report import plan_report
-from .types import DEFAULT_NODES, KVReserve, NodeInfo, Placement, PlanError, Strategy
+from .types import DEFAULT_NODES, KVReserve, NodeInfo, Placement, PlanError, Strategy, Workload
 
 
 def violations(p: Placement) -> tuple[str, ...]:
@@ -213,7 +213,7 @@ def _sram_faults(p: Placement) -> list[str]:
         out.append(f"kv_tokens {p.kv_tokens} is less than the reserve of {p.kv.tokens}")
     for name, r in p.regions()[1:]:
         layers = sum(1 for q in p.layers if q == r)
-        need = budget.layer_bytes(cfg, r.w, r.h, p.kv_tokens, p.kv.requests, p.dtype, layers)
+        need = budget.layer_bytes(Workload(cfg, KVReserve(p.kv_tokens, p.kv.requests), p.dtype, layers), r.w, r.h)
         if need is None or need > sram:
             out.append(f"{name} {r} needs {need} bytes on a core (None: unsplittable) > {sram}")
     need = budget.embed_bytes(cfg, p.embed.w, p.embed.h, p.dtype)
@@ -271,11 +271,12 @@ def plan(config: LlamaConfig, spec: HardwareSpec, mesh: MeshSpec, *, kv: KVReser
     nodes, dead_links = tuple(nodes), frozenset(dead_links)
     _check_inputs(config, spec, mesh, kv, nodes, dtype, dead_links)
     g = _group(config, strategy)
-    found = search.best_layout(config, spec, mesh, kv.tokens, kv.requests, dtype, dead_links, balance, g)
+    work = Workload(config, kv, dtype, g)
+    found = search.best_layout(work, spec, mesh, dead_links, balance)
     if found.layers is None:
         raise PlanError(_no_fit_message(config, spec, mesh, kv, dtype, found.reason, g))
     names, cpus = [n.name for n in nodes], [n.cpus for n in nodes]
-    kv_tokens = budget.region_kv_capacity(config, found.layers[0], spec.sram_bytes, kv.tokens, kv.requests, dtype, g)
+    kv_tokens = budget.region_kv_capacity(work, found.layers[0], spec.sram_bytes)
     layers = tuple(found.layers[i // g] for i in range(config.n_layers))
     p = Placement(config, spec, mesh, dtype, kv, layers, found.embed,
                   frozenset(c for r in found.spare for c in r.cores()),
@@ -313,7 +314,7 @@ def _no_fit_message(config: LlamaConfig, spec: HardwareSpec, mesh: MeshSpec, kv:
             f"{_mb(live * spec.sram_bytes)} ({live} live cores x {spec.sram_bytes} bytes). {reason}")
     if reason.startswith("no mesh"):
         return head
-    best = search.smallest_mesh(config, spec, (mesh.tile_w, mesh.tile_h), kv.tokens, kv.requests, dtype, group)
+    best = search.smallest_mesh(Workload(config, kv, dtype, group), spec, (mesh.tile_w, mesh.tile_h))
     if best is None:
         return (head + f" Even the whole {spec.name} wafer ({spec.full_mesh[0]}x{spec.full_mesh[1]}) cut "
                 f"in {mesh.tile_w}x{mesh.tile_h} tiles does not hold it: lower the KV reserve, use a "
@@ -334,7 +335,7 @@ def default_mesh(config: LlamaConfig, spec: HardwareSpec, kv: KVReserve, tiles: 
     g = _group(config, strategy)
     spare = spare_layers // g
     for grid in dict.fromkeys([tiles] + ([(1, 2), (2, 1), (1, 1)] if tiles == (2, 2) else [])):
-        for tile in search.tile_candidates(config, spec, kv.tokens, kv.requests, dtype, grid, spare, g):
+        for tile in search.tile_candidates(Workload(config, kv, dtype, g), spec, grid, spare):
             mesh = MeshSpec(grid[0] * tile[0], grid[1] * tile[1], *tile)
             try:
                 p = plan(config, spec, mesh, kv=kv, dtype=dtype, strategy=strategy)

@@ -30,6 +30,7 @@ from waferrt.model.config import LlamaConfig
 
 from . import budget
 from .geometry import PATTERNS, Obstacles, blocks, chain, pack, path_hops, tile_box, tile_bytes, tiles_spanned
+from .types import Workload
 
 UNBOUNDED = 1 << 30
 
@@ -64,10 +65,11 @@ def embed_bands(cfg: LlamaConfig, sram: int, dtype: str, area: Region, w: int,
     return list(dict.fromkeys(out))
 
 
-def _embed_at(mesh: MeshSpec, obstacles: Obstacles, block: Region, we: int, he: int, w: int,
-              h: int) -> Region | None:
-    """The free we x he position nearest `block`'s north-west corner: inside one tile, inside the block
-    and aligned with the layer slots when possible."""
+def _embed_at(mesh: MeshSpec, obstacles: Obstacles, block: Region, band: tuple[int, int],
+              slot: tuple[int, int]) -> Region | None:
+    """The free we x he (`band`) position nearest `block`'s north-west corner: inside one tile, inside the
+    block and aligned with the w x h layer slots (`slot`) when possible."""
+    (we, he), (w, h) = band, slot
     ys, xs = np.nonzero(obstacles.free_map(we, he))
     if not len(xs):
         return None
@@ -80,11 +82,11 @@ def _embed_at(mesh: MeshSpec, obstacles: Obstacles, block: Region, we: int, he: 
     return Region(int(xs[i]), int(ys[i]), we, he)
 
 
-def _embed_options(cfg: LlamaConfig, sram: int, dtype: str, mesh: MeshSpec, obstacles: Obstacles,
-                   block: Region, w: int, h: int) -> list[Region]:
+def _embed_options(work: Workload, sram: int, mesh: MeshSpec, obstacles: Obstacles, block: Region,
+                   slot: tuple[int, int]) -> list[Region]:
     for area in (block, mesh.region):
-        found = [_embed_at(mesh, obstacles, block, we, he, w, h)
-                 for we, he in embed_bands(cfg, sram, dtype, area, w, h)]
+        found = [_embed_at(mesh, obstacles, block, band, slot)
+                 for band in embed_bands(work.config, sram, work.dtype, area, *slot)]
         found = [r for r in found if r is not None]
         if found:
             return list(dict.fromkeys(found))
@@ -139,31 +141,31 @@ def _capacity(free: np.ndarray, blks: Sequence[Region], w: int, h: int) -> int:
     return sum(_block_caps(free, blks, w, h))
 
 
-def _try_shape(cfg: LlamaConfig, sram: int, dtype: str, mesh: MeshSpec, obstacles: Obstacles, w: int,
-               h: int, balance: bool = True, group: int = 1) -> tuple[Found | None, int]:
-    """The best layout of all w x h regions of `group` layers (None when there is none), and the most
+def _try_shape(work: Workload, sram: int, mesh: MeshSpec, obstacles: Obstacles, slot: tuple[int, int],
+               balance: bool = True) -> tuple[Found | None, int]:
+    """The best layout of all w x h (`slot`) regions of `work.layers` layers (None when there is none), and the most
     any attempt chained. An attempt (block order and embedding position) whose blocks cannot hold every
     layer is only counted (``_capacity``), not chained: that is what makes a failing shape cheap. With
     `balance`, every block takes a share of the layers that balances the weight bytes per block
     (``geometry.quotas``) and the busiest tile's bytes rank right after straddling regions."""
-    n, best, most, orders = cdiv(cfg.n_layers, group), None, 0, {}
-    embed_work, layer_work = budget.work_bytes(cfg, dtype)
-    work = (embed_work, group * layer_work) if balance else None
+    (w, h), n, best, most, orders = slot, cdiv(work.config.n_layers, work.layers), None, 0, {}
+    embed_bytes, layer_bytes = budget.work_bytes(work.config, work.dtype)
+    weights = (embed_bytes, work.layers * layer_bytes) if balance else None
     for by_rows in (True, False):
         orders.setdefault(tuple(blocks(mesh, w, h, by_rows)), None)
     for blks in orders:
-        for embed in _embed_options(cfg, sram, dtype, mesh, obstacles, blks[0], w, h):
+        for embed in _embed_options(work, sram, mesh, obstacles, blks[0], slot):
             free = obstacles.with_regions([embed]).free_map(w, h)
             caps = _block_caps(free, blks, w, h)
             room = sum(caps)
             if room < n:
                 most = max(most, room)
                 continue
-            fixed = _block_work(embed, blks, work[0]) if work else None
+            fixed = _block_work(embed, blks, weights[0]) if weights else None
             layers, slots = chain(blks, lambda b, free=free: [pack(free, b, w, h, pat) for pat in PATTERNS],
-                                  embed, n, fixed, work[1] if work else 0, caps if work else None)
+                                  embed, n, fixed, weights[1] if weights else 0, caps if weights else None)
             most = max(most, len(layers))
-            score = (_quality(mesh, embed, layers, work), -len(slots))
+            score = (_quality(mesh, embed, layers, weights), -len(slots))
             if len(layers) == n and (best is None or score < best[0]):
                 best = (score, Found(tuple(layers), embed, tuple(slots)))
     return (best[1] if best else None), most
@@ -186,11 +188,11 @@ def _room_for(mesh: MeshSpec, w: int, h: int, n: int, emin: int) -> bool:
     return w <= mesh.width and h <= mesh.height and n * w * h + emin <= live and _shape_bound(mesh, w, h) >= n
 
 
-def _hopeless(cfg: LlamaConfig, spec: HardwareSpec, tokens: int, requests: int, dtype: str, group: int = 1) -> str:
+def _hopeless(work: Workload, spec: HardwareSpec) -> str:
     """Why no mesh of any size holds the model at this spec, or '' when some mesh may."""
-    sram = spec.sram_bytes
-    if not budget.layer_shapes(cfg, sram, tokens, requests, dtype, UNBOUNDED, UNBOUNDED, group):
-        nbytes, r = budget.smallest_layer_bytes(cfg, tokens, requests, dtype, group)
+    cfg, dtype, group, sram = work.config, work.dtype, work.layers, spec.sram_bytes
+    if not budget.layer_shapes(work, sram, UNBOUNDED, UNBOUNDED):
+        nbytes, r = budget.smallest_layer_bytes(work)
         what = "layer region" if group == 1 else f"region of {group} layers"
         fewer = "" if group == 1 else ", fewer layers per region (--strategy grouped:N with a smaller N, or layer)"
         return (f"no mesh size helps: even the widest legal {what} ({r.h} rows x {r.w} cols) needs {nbytes} "
@@ -202,15 +204,16 @@ def _hopeless(cfg: LlamaConfig, spec: HardwareSpec, tokens: int, requests: int, 
     return ""
 
 
-def best_layout(cfg: LlamaConfig, spec: HardwareSpec, mesh: MeshSpec, tokens: int, requests: int, dtype: str,
-                links: frozenset[tuple[Coord, Coord]] = frozenset(), balance: bool = True, group: int = 1) -> Found:
-    """The best layout of `cfg` on `mesh` in regions of `group` layers (``Found.layers``: one region per
-    group, in chain order), or a Found with layers=None and the reason it does not fit."""
-    reason = _hopeless(cfg, spec, tokens, requests, dtype, group)
+def best_layout(work: Workload, spec: HardwareSpec, mesh: MeshSpec, links: frozenset[tuple[Coord, Coord]] = frozenset(),
+                balance: bool = True) -> Found:
+    """The best layout of `work` on `mesh` in regions of `work.layers` layers (``Found.layers``: one region
+    per group, in chain order), or a Found with layers=None and the reason it does not fit."""
+    reason = _hopeless(work, spec)
     if reason:
         return Found(None, None, (), reason)
-    sram, n = spec.sram_bytes, cdiv(cfg.n_layers, group)
-    shapes = budget.layer_shapes(cfg, sram, tokens, requests, dtype, mesh.width, mesh.height, group)
+    cfg, dtype = work.config, work.dtype
+    sram, n = spec.sram_bytes, cdiv(cfg.n_layers, work.layers)
+    shapes = budget.layer_shapes(work, sram, mesh.width, mesh.height)
     shapes = sorted(shapes, key=lambda s: s[0] > mesh.tile_w or s[1] > mesh.tile_h)
     live = mesh.width * mesh.height - len(mesh.dead)
     emin = budget.embed_min_cores(cfg, sram, dtype)
@@ -219,7 +222,7 @@ def best_layout(cfg: LlamaConfig, spec: HardwareSpec, mesh: MeshSpec, tokens: in
     for w, h in shapes:
         if not _room_for(mesh, w, h, n, emin):
             continue
-        found, chained = _try_shape(cfg, sram, dtype, mesh, obstacles, w, h, balance, group)
+        found, chained = _try_shape(work, sram, mesh, obstacles, (w, h), balance)
         if found is not None:
             return found
         if tried is None or chained > most:
@@ -237,8 +240,7 @@ def best_layout(cfg: LlamaConfig, spec: HardwareSpec, mesh: MeshSpec, tokens: in
 
 
 @lru_cache(maxsize=256)
-def smallest_mesh(cfg: LlamaConfig, spec: HardwareSpec, tile: tuple[int, int], tokens: int, requests: int,
-                  dtype: str, group: int = 1) -> MeshSpec | None:
+def smallest_mesh(work: Workload, spec: HardwareSpec, tile: tuple[int, int]) -> MeshSpec | None:
     """The healthy mesh of the fewest whole tiles (then the squarest) that holds the model, up to the
     spec's full wafer (at most ``wafer_grid`` tiles across and down); None when even that does not.
 
@@ -249,12 +251,12 @@ def smallest_mesh(cfg: LlamaConfig, spec: HardwareSpec, tile: tuple[int, int], t
     are skipped without packing (``_room_for``, O(1) per shape), and a grid that passes that bound but
     fails is counted per block without being packed (``_capacity``). Cached: every ``plan`` that does
     not fit asks for it, with the same arguments."""
-    if _hopeless(cfg, spec, tokens, requests, dtype, group):
+    if _hopeless(work, spec):
         return None
     tw, th = tile
-    n, sram = cdiv(cfg.n_layers, group), spec.sram_bytes
-    shapes = budget.layer_shapes(cfg, sram, tokens, requests, dtype, UNBOUNDED, UNBOUNDED, group)
-    emin = budget.embed_min_cores(cfg, sram, dtype)
+    n, sram = cdiv(work.config.n_layers, work.layers), spec.sram_bytes
+    shapes = budget.layer_shapes(work, sram, UNBOUNDED, UNBOUNDED)
+    emin = budget.embed_min_cores(work.config, sram, work.dtype)
     need = n * min(w * h for w, h in shapes) + emin
     nxs, nys = wafer_grid(spec, tile)
     grids = sorted((nx * ny, abs(nx - ny), nx, ny) for nx in range(1, nxs + 1) for ny in range(1, nys + 1)
@@ -263,7 +265,7 @@ def smallest_mesh(cfg: LlamaConfig, spec: HardwareSpec, tile: tuple[int, int], t
         mesh = MeshSpec(nx * tw, ny * th, tw, th)
         if not any(_room_for(mesh, w, h, n, emin) for w, h in shapes):
             continue
-        if best_layout(cfg, spec, mesh, tokens, requests, dtype, balance=False, group=group).layers is not None:
+        if best_layout(work, spec, mesh, balance=False).layers is not None:
             return mesh
     return None
 
@@ -274,16 +276,17 @@ def _embed_slots(cfg: LlamaConfig, sram: int, dtype: str, tile: Region, w: int, 
     return min(lost, default=None)
 
 
-def tile_candidates(cfg: LlamaConfig, spec: HardwareSpec, tokens: int, requests: int, dtype: str,
-                    tiles: tuple[int, int], spare: int, group: int = 1) -> Iterator[tuple[int, int]]:
+def tile_candidates(work: Workload, spec: HardwareSpec, tiles: tuple[int, int], spare: int
+                    ) -> Iterator[tuple[int, int]]:
     """Tile sizes (whole numbers of slots of `group` layers) whose tiles[0] x tiles[1] mesh holds every
     region, the embedding inside one tile and `spare` free slots, fewest cores first (then squarest); tiles
     are between 1:2 and 2:1 (width:height) so that the mesh stays compact -- or, for regions of several
     layers (large ones), one slot wide when a slot itself is wider than 2:1 -- and the mesh is on the spec's
     wafer."""
+    cfg, dtype, group = work.config, work.dtype, work.layers
     n, sram, regions = tiles[0] * tiles[1], spec.sram_bytes, cdiv(cfg.n_layers, group)
     found = set()
-    for w, h in budget.layer_shapes(cfg, sram, tokens, requests, dtype, UNBOUNDED, UNBOUNDED, group):
+    for w, h in budget.layer_shapes(work, sram, UNBOUNDED, UNBOUNDED):
         for a in range(1, 33):
             for b in range(1, 33):
                 ratio = 2 * a * w / (b * h)

@@ -26,7 +26,7 @@ from waferrt.model.config import LlamaConfig
 from . import wafer
 from .estimate import host_seconds
 from .estimate_report import gb
-from .types import KVReserve
+from .types import KVReserve, Workload
 
 
 @dataclass(frozen=True)
@@ -87,8 +87,9 @@ class Streaming:
 def _core_bytes(cfg: LlamaConfig, shape: wafer.Shape, tokens: int, requests: int, dtype: str) -> int:
     """The fullest core of a streaming region: decode.layout.stream_booking's (tested equal): every layer's
     K/V, the double buffer, and the larger of a layer's and the head's scratch."""
-    scratch = wafer.layer_core_bytes(cfg, shape, tokens, requests, dtype, kv=False, weights=False)
-    kv = wafer.layer_core_bytes(cfg, shape, tokens, requests, dtype, cfg.n_layers, weights=False) - scratch
+    every = Workload(cfg, KVReserve(tokens, requests), dtype, cfg.n_layers)  # every layer's K/V, no weights
+    scratch = wafer.layer_core_bytes(every, shape, kv=False, weights=False)
+    kv = wafer.layer_core_bytes(every, shape, weights=False) - scratch
     region = shape.region()
     return kv + max(scratch, embed_scratch_bytes(cfg, region)) + 2 * stream_block_bytes(cfg, region, dtype,
                                                                                           shape.head_groups)

@@ -7,14 +7,16 @@ for repair, tile -> Ray node, and ``kv_tokens``, the K/V positions per request t
 (computed by the planner and stored). ``group`` layers share a region (``Strategy``: layer i is on
 ``layers[i]``, the same region for every layer of its group: their weights and K/V stacked on the same
 cores). :class:`KVReserve` is the K/V the planner must reserve, :class:`NodeInfo` a Ray node,
+:class:`Workload` what the budgets take together (model, K/V reserve, dtype, layers per region),
 :class:`PlanError` the planner's "does not fit" with what would, :class:`Strategy` how the layers share the
 wafer (layers per region)."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from waferrt.core.arith import whole
+from waferrt.core.dtypes import check_dtype
 from waferrt.core.layout import Layout
 from waferrt.core.mesh import Coord, MeshSpec, Region, TileId
 from waferrt.core.spec import HardwareSpec
@@ -53,6 +55,31 @@ class KVReserve:
         if self.tokens < 1 or self.requests < 1:
             raise ValueError(f"KV reserve needs tokens >= 1 and requests >= 1, got {self.tokens} tokens x "
                              f"{self.requests} requests")
+
+
+@dataclass(frozen=True)
+class Workload:
+    """What the planner budgets together: the model, the K/V reserved in every layer region (`kv.tokens`
+    positions for each of `kv.requests` requests), the storage dtype, and how many layers a region runs
+    (their weight blocks and K/V stacked on the same cores)."""
+
+    config: LlamaConfig
+    kv: KVReserve
+    dtype: str = "float32"
+    layers: int = 1
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.config, LlamaConfig) or not isinstance(self.kv, KVReserve):
+            raise TypeError(f"a Workload is a LlamaConfig and a KVReserve, got {type(self.config).__name__} and "
+                            f"{type(self.kv).__name__}")
+        check_dtype(self.dtype)
+        whole("Workload.layers", self.layers)
+        if self.layers > self.config.n_layers:
+            raise ValueError(f"a region runs at most the model's {self.config.n_layers} layers, got {self.layers}")
+
+    def holding(self, tokens: int, requests: int | None = None) -> Workload:
+        """The same workload with `tokens` K/V positions per request (and `requests` requests)."""
+        return replace(self, kv=KVReserve(tokens, self.kv.requests if requests is None else requests))
 
 
 @dataclass(frozen=True)

@@ -24,7 +24,7 @@ from waferrt.decode.layout import layer_block_bytes
 from waferrt.model.config import LlamaConfig
 
 from . import budget
-from .types import KVReserve, Strategy
+from .types import KVReserve, Strategy, Workload
 
 
 @dataclass(frozen=True)
@@ -51,45 +51,40 @@ def legal(cfg: LlamaConfig, shape: Shape, kv_tokens: int) -> bool:
             and 1 <= shape.cols <= min(cfg.dim, kv_tokens) and shape.rows <= cfg.hidden_dim)
 
 
-def layer_core_bytes(cfg: LlamaConfig, shape: Shape, kv_tokens: int, requests: int, dtype: str,
-                     layers: int = 1, kv: bool = True, weights: bool = True) -> int:
-    """Bytes of the most loaded core of a region running `layers` layers: their weight blocks (unless
-    `weights` is False: streamed in, see streaming.py) and K/V (`requests` x `kv_tokens` positions each)
+def layer_core_bytes(work: Workload, shape: Shape, kv: bool = True, weights: bool = True) -> int:
+    """Bytes of the most loaded core of a region running `work.layers` layers: their weight blocks (unless
+    `weights` is False: streamed in, see streaming.py) and K/V (`work.kv`: requests x tokens positions each)
     stacked, plus one float32 scratch area (activation_bytes of decode.layout, per head group)."""
+    cfg, dtype = work.config, work.dtype
     d = layer_dims(cfg, shape.cols, shape.rows, shape.head_groups)
     dim_c, hid_r, hd_r, hq, hk = d["dim_c"], d["hid_r"], d["hd_r"], d["hq"], d["hk"]
-    cap = cdiv(kv_tokens, shape.cols)
+    cap = cdiv(work.kv.tokens, shape.cols)
     w = layer_block_bytes(cfg, shape.region(), dtype, shape.head_groups)
-    k_v = 2 * requests * hk * hd_r * cap * itemsize(dtype)
+    k_v = 2 * work.kv.requests * hk * hd_r * cap * itemsize(dtype)
     scratch = 2 * 4 * (2 * dim_c + (2 * hq + 2 * hk) * hd_r + 2 * hid_r + hq * cap)
-    return layers * ((w if weights else 0) + (k_v if kv else 0)) + scratch
+    return work.layers * ((w if weights else 0) + (k_v if kv else 0)) + scratch
 
 
-def min_cols(cfg: LlamaConfig, rows: int, groups: int, sram: int, kv_tokens: int, requests: int, dtype: str,
-             layers: int = 1, weights: bool = True) -> int | None:
+def min_cols(work: Workload, rows: int, groups: int, sram: int) -> int | None:
     """The fewest columns of a `rows`-row region (rows in `groups` head groups) that holds its layers, or
     None (more columns only lower the bytes per core: bisection)."""
-    top = min(cfg.dim, kv_tokens)
+    cfg, tokens = work.config, work.kv.tokens
 
     def fits(c: int) -> bool:
         shape = Shape(c, rows, groups)
-        return legal(cfg, shape, kv_tokens) and layer_core_bytes(
-            cfg, shape, kv_tokens, requests, dtype, layers, weights=weights) <= sram
+        return legal(cfg, shape, tokens) and layer_core_bytes(work, shape) <= sram
 
-    return first_true(1, top, fits)
+    return first_true(1, min(cfg.dim, tokens), fits)
 
 
-def shape_kv_capacity(cfg: LlamaConfig, shape: Shape, sram: int, requests: int, dtype: str, layers: int,
-                weights: bool = True, top: int | None = None) -> int:
-    """The most K/V positions per request (up to `top`, default the model's max_seq_len) the region holds
-    with `requests` requests (0: not even one)."""
-    top = top or cfg.max_seq_len
+def shape_kv_capacity(work: Workload, shape: Shape, sram: int) -> int:
+    """The most K/V positions per request (up to the model's max_seq_len) the region holds with
+    `work.kv.requests` requests (0: not even one)."""
 
     def fits(t: int) -> bool:
-        return legal(cfg, shape, max(t, shape.cols)) and layer_core_bytes(
-            cfg, shape, t, requests, dtype, layers, weights=weights) <= sram
+        return legal(work.config, shape, max(t, shape.cols)) and layer_core_bytes(work.holding(t), shape) <= sram
 
-    return last_true(1, top, fits) or 0
+    return last_true(1, work.config.max_seq_len, fits) or 0
 
 
 @dataclass(frozen=True)
@@ -170,6 +165,7 @@ def floors(cfg: LlamaConfig, spec: HardwareSpec, mesh: tuple[int, int], kv: KVRe
     more SRAM per core never loses a floor plan that less SRAM could time); for each (rows, head groups),
     column counts from the narrowest region that fits in SRAM to the widest whose regions all fit."""
     width, height = mesh
+    work = Workload(cfg, kv, dtype, strategy.group)
     bands = 1 if cfg.tie_embeddings else 2
     b = band(cfg, spec.sram_bytes, width, dtype)
     if b is None:
@@ -179,7 +175,7 @@ def floors(cfg: LlamaConfig, spec: HardwareSpec, mesh: tuple[int, int], kv: KVRe
         if free < 1 or (band_rows > b[1] and free < height // 2):  # a taller band only while layers have room
             continue
         for rows, groups in row_options(cfg, free):
-            lo = min_cols(cfg, rows, groups, spec.sram_bytes, kv.tokens, kv.requests, dtype, strategy.group)
+            lo = min_cols(work, rows, groups, spec.sram_bytes)
             if lo is None:
                 continue
             hi = min(width // cdiv(strategy.regions, free // rows), cfg.dim, kv.tokens)

@@ -26,6 +26,7 @@ from waferrt.decode.setup import DecodeSetup, stage_sram
 from waferrt.model import Sampler, synthetic_llama, tiny_config
 from waferrt.model.config import SMOLLM2_135M
 from waferrt.scheduler import KVReserve, budget, plan, plan_report
+from waferrt.scheduler.types import Workload
 from waferrt.serving import GenRequest, LocalDecoder
 
 CFG = tiny_config()
@@ -127,7 +128,8 @@ def test_what_a_stage_books_is_the_planners_budget(cfg, spec, mesh, kv, dtype):
         assert {r for r, _ in booked.values()} == {region}
         most = int(sum(nbytes for _, nbytes in booked.values()).max())
         if kind == "layer":
-            assert most == budget.layer_bytes(cfg, region.w, region.h, p.kv_tokens, kv.requests, dtype)
+            work = Workload(cfg, KVReserve(p.kv_tokens, kv.requests), dtype)
+            assert most == budget.layer_bytes(work, region.w, region.h)
             assert most in rep.layer_core_bytes
         else:
             assert most == budget.embed_bytes(cfg, region.w, region.h, dtype) == rep.embed_core_bytes

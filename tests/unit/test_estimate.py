@@ -13,6 +13,7 @@
 from __future__ import annotations
 
 import itertools
+from dataclasses import replace
 
 import pytest
 
@@ -29,7 +30,7 @@ from waferrt.scheduler import estimate as est
 from waferrt.scheduler import sweep as sw
 from waferrt.scheduler.strategies import parse_strategy
 from waferrt.scheduler.streaming import streaming
-from waferrt.scheduler.types import Strategy
+from waferrt.scheduler.types import Strategy, Workload
 from waferrt.serving import GenRequest, LocalDecoder
 
 CFG = tiny_config()
@@ -69,12 +70,12 @@ def test_closed_form_sram_is_what_the_tiles_book():
             ["float32", "bfloat16"]):
         shape = wafer.Shape(w, h)
         if wafer.legal(cfg, shape, kv):
-            assert wafer.layer_core_bytes(cfg, shape, kv, r, dtype) == dl.layer_core_bytes(
+            assert wafer.layer_core_bytes(Workload(cfg, KVReserve(kv, r), dtype), shape) == dl.layer_core_bytes(
                 cfg, Region(0, 0, w, h), kv, r, dtype), (cfg.dim, w, h, kv, r, dtype)
     # g layers stack their weights and K/V on the same cores; the scratch is there once
-    shape, one = wafer.Shape(30, 12, 3), wafer.layer_core_bytes(SMOLLM2_135M, wafer.Shape(30, 12, 3), 512, 2, "float16")
-    scratch = wafer.layer_core_bytes(SMOLLM2_135M, shape, 512, 2, "float16", kv=False, weights=False)
-    assert wafer.layer_core_bytes(SMOLLM2_135M, shape, 512, 2, "float16", layers=4) == 4 * (one - scratch) + scratch
+    work, shape = Workload(SMOLLM2_135M, KVReserve(512, 2), "float16"), wafer.Shape(30, 12, 3)
+    one, scratch = wafer.layer_core_bytes(work, shape), wafer.layer_core_bytes(work, shape, kv=False, weights=False)
+    assert wafer.layer_core_bytes(replace(work, layers=4), shape) == 4 * (one - scratch) + scratch
 
 
 def test_the_planner_skips_only_floor_plans_that_cannot_win():
@@ -90,7 +91,7 @@ def test_the_planner_skips_only_floor_plans_that_cannot_win():
             seg = est.alone_cycles(WSE2, dec, stages, kv.tokens), [r for _, r in stages]
             rounds.append(requests_round_seconds(*seg, kv.requests, WSE2.clock_hz))
             assert round_bound_seconds(*seg, kv.requests, WSE2.clock_hz) <= rounds[-1] * (1 + 1e-12)
-        got = est.best(SMOLLM2_135M, WSE2, (128, 96), kv, "float16", s, "throughput")
+        got = est.best(Workload(SMOLLM2_135M, kv, "float16", s.group), WSE2, (128, 96), "throughput")
         assert got.step_s == min(est.stage_seconds(WSE2, Decoding(SMOLLM2_135M, "float16",
                                                                   head_groups=f.shape.head_groups),
                                                    f.stages(SMOLLM2_135M.n_layers, s.group), kv.tokens, kv.requests)[1]
@@ -133,7 +134,7 @@ def test_the_planner_picks_the_best_strategy_for_the_objective():
     for objective in est.OBJECTIVES:
         e = est.estimate(SMOLLM2_135M, WSE2, WSE2.full_mesh, kv, "float16", objective=objective)
         cands = [c for s in wafer.strategies(SMOLLM2_135M.n_layers)
-                 if (c := est.best(SMOLLM2_135M, WSE2, WSE2.full_mesh, kv, "float16", s, objective))]
+                 if (c := est.best(Workload(SMOLLM2_135M, kv, "float16", s.group), WSE2, WSE2.full_mesh, objective))]
         assert len(cands) > 2 and objective in e.why
         if objective == "latency":
             assert e.time_per_token_s - est.host_seconds(SMOLLM2_135M, WSE2, 1) == pytest.approx(

@@ -30,6 +30,7 @@ from waferrt.scheduler import (
     violations,
 )
 from waferrt.scheduler.geometry import PATTERNS, Obstacles, blocks, chain, node_borders, pack, quotas, tile_box
+from waferrt.scheduler.types import Workload
 
 SPEC = TINY.replace(sram_bytes=4096, full_mesh=(40, 40))
 WSE2 = spec_by_name("wse2")
@@ -120,9 +121,8 @@ def _assert_chain_hands_over_tile_by_tile(p, mesh) -> None:
     tw=2, th=7, kv=KVReserve(15, 2),
 )
 def test_smallest_mesh_fits_and_no_fewer_tiles_do(cfg, tw, th, kv):
-    best = search.smallest_mesh(cfg, SPEC, (tw, th), kv.tokens, kv.requests, "float32")
-    if best is None:
-        return
+    best = search.smallest_mesh(Workload(cfg, kv), SPEC, (tw, th))
+    assume(best is not None)
     plan(cfg, SPEC, best, kv=kv)  # fits
     nxs, nys = search.wafer_grid(SPEC, (tw, th))  # smallest_mesh searches the meshes on the wafer only
     assert best.tiles_x <= nxs and best.tiles_y <= nys

@@ -16,6 +16,7 @@ from waferrt.scheduler import KVReserve, PlanError, default_mesh, plan, plan_rep
 from waferrt.scheduler.budget import kv_bytes, tensor_bytes
 from waferrt.scheduler.geometry import tiles_spanned
 from waferrt.scheduler.search import smallest_mesh
+from waferrt.scheduler.types import Workload
 
 
 def _check(p, rp, dead=frozenset(), links=frozenset()):
@@ -104,7 +105,7 @@ def test_no_room_left_says_why():
     small = LlamaConfig(vocab_size=64, dim=16, n_layers=4, n_heads=2, n_kv_heads=1, hidden_dim=32,
                         max_seq_len=64)
     kv = KVReserve(8, 1)
-    mesh = smallest_mesh(small, SPEC, (8, 8), kv.tokens, kv.requests, "float32")
+    mesh = smallest_mesh(Workload(small, kv), SPEC, (8, 8))
     p = plan(small, SPEC, mesh, kv=kv)
     checkerboard = frozenset(c for c in mesh.region.cores() if (c.x + c.y) % 2 == 0)  # no 2 live neighbours
     with pytest.raises(PlanError, match="cannot re-plan: the failure breaks embed, layer 0.*does not fit"):
