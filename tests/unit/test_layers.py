@@ -19,25 +19,27 @@ import pytest
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 TOPS = {"waferrt": "waferrt", "actors": "waferrt.actors", "scheduler": "waferrt.scheduler"}
 
-# floor -> the floors its modules may import (besides their own)
-FLOORS = {
-    "waferrt.core": set(),
-    "waferrt.model": set(),
-    "waferrt.faults": {"waferrt.core"},
-    "waferrt.fabric": {"waferrt.core", "waferrt.faults"},
-    "waferrt.decode": {"waferrt.core", "waferrt.faults", "waferrt.fabric", "waferrt.model"},
-    "waferrt.scheduler": {"waferrt.core", "waferrt.model", "waferrt.decode"},
-    "waferrt.serving": {"waferrt.core", "waferrt.faults", "waferrt.fabric", "waferrt.model", "waferrt.decode",
-                        "waferrt.scheduler"},
+# floor -> the floors its modules may import (besides their own), stated for each floor: the allowed-imports
+# map (no order of entries matters). The pure floors, then the joins (each may use the joins before it).
+PURE = {"core", "model", "faults", "fabric", "decode", "scheduler", "serving"}
+ALLOWED = {
+    "core": set(),
+    "model": set(),
+    "faults": {"core"},
+    "fabric": {"core", "faults"},
+    "decode": {"core", "faults", "fabric", "model"},
+    "scheduler": {"core", "model", "decode"},
+    "serving": {"core", "faults", "fabric", "model", "decode", "scheduler"},
+    "actors": PURE,  # the tiles run the serving loop
+    "inject": PURE | {"actors"},  # faults into the tiles (the Wafer's fault session)
+    "dsm": PURE | {"actors", "inject"},  # the Wafer's named tensors in the tiles
+    "runtime": PURE | {"actors", "inject", "dsm"},
+    "recovery": PURE | {"actors", "inject", "dsm", "runtime"},  # what the host does when a fault hits a decode
+    "llm": PURE | {"actors", "inject", "dsm", "runtime", "recovery"},  # WaferLLM on top of the Wafer
+    "cli": PURE | {"actors", "inject", "dsm", "runtime", "recovery", "llm"},
+    "testing": PURE | {"actors", "inject", "dsm", "runtime", "recovery", "llm", "cli"},  # the pytest plugin
 }
-FLOORS["waferrt.actors"] = set(FLOORS)  # the tiles run the serving loop
-FLOORS["waferrt.inject"] = set(FLOORS)  # faults into the tiles (the Wafer's fault session)
-FLOORS["waferrt.dsm"] = set(FLOORS)  # the Wafer's named tensors in the tiles
-FLOORS["waferrt.runtime"] = set(FLOORS)
-FLOORS["waferrt.recovery"] = set(FLOORS)  # what the host does when a fault hits a decode
-FLOORS["waferrt.llm"] = set(FLOORS)  # the joins: the runtime (Wafer), then WaferLLM on top of it
-FLOORS["waferrt.cli"] = set(FLOORS)
-FLOORS["waferrt.testing"] = set(FLOORS)  # the pytest plugin: wafers and faults for users' test suites
+FLOORS = {f"waferrt.{floor}": {f"waferrt.{m}" for m in may} for floor, may in ALLOWED.items()}
 HEAVY = {  # third-party package -> the only modules that may import it
     "ray": ("waferrt.actors", "waferrt.runtime"),
     "zmq": ("waferrt.actors",),
@@ -88,6 +90,13 @@ def _ours(name: str) -> str | None:
     while name and name not in MODULES:
         name = name.rpartition(".")[0]
     return name or None
+
+
+def test_the_map_names_only_floors_and_no_floor_imports_itself_back():
+    """The allowed-imports map is a partial order: every name in it is a floor, and no two floors may import
+    each other (so the floors stack, whatever order the map lists them in)."""
+    assert all(may <= set(ALLOWED) for may in ALLOWED.values())
+    assert [(a, b) for a in ALLOWED for b in ALLOWED[a] if a in ALLOWED[b]] == []
 
 
 def test_the_tree_has_every_floor_and_no_loose_modules():

@@ -16,6 +16,7 @@ from hypothesis import assume, given
 from hypothesis import strategies as st
 
 from waferrt.core.arith import first_true, last_true
+from waferrt.core.cost import Cost, compute_cost, flop_cycles, message_cycles, on_lines
 from waferrt.core.ledger import Ledger
 from waferrt.core.mesh import MeshSpec, Region
 from waferrt.core.spec import TINY, WSE2
@@ -23,6 +24,7 @@ from waferrt.decode import layout as dl
 from waferrt.decode.cost import Decoding, handover_bytes, handover_cost, layer_decode_cost, token_cost
 from waferrt.decode.pack import Chunks, pack_layer
 from waferrt.decode.shards import LayerShard
+from waferrt.decode.streaming import streamed_bytes
 from waferrt.model import synthetic_llama, tiny_config
 from waferrt.model.config import SMOLLM2_135M
 from waferrt.scheduler import KVReserve, plan, plan_report, wafer
@@ -115,3 +117,24 @@ def test_the_bisections_find_what_a_scan_finds(lo, hi, cut):
     scan_last = next((v for v in range(hi, lo - 1, -1) if v <= cut), None)
     assert first_true(lo, hi, lambda v: v >= cut) == scan_first
     assert last_true(lo, hi, lambda v: v <= cut) == scan_last
+
+
+def test_the_primitives_against_hand_computed_numbers():
+    """Both sides of every tie call these owners, so they are pinned here by numbers worked out by hand."""
+    assert flop_cycles(WSE2, 1000) == 1000 / 2.0  # the WSE-2's float32 rate: 2 flops per cycle per core
+    assert flop_cycles(HALF, 1000, "bfloat16") == 1000 / 8.0 and flop_cycles(HALF, 1000, "float32") == 500
+    assert compute_cost(TINY, 64).cycles == 32 and compute_cost(TINY, 64).flops == 64
+    # 3 hops at alpha 1, then one stage of beta 8 + 1024 B at 4 B/cycle
+    assert message_cycles(TINY, 3, 1, 1024) == 3 * 1.0 + 8.0 + 1024 / 4.0
+    lines = on_lines(Cost(hops=2, stages=1, link_bytes=10, messages=3, cycles=7.0), 4)
+    assert (lines.hops, lines.stages, lines.link_bytes, lines.messages, lines.cycles) == (2, 1, 40, 12, 7.0)
+
+
+def test_what_a_streamed_stage_takes_in_by_hand():
+    """A layer's weights, the tied table with the final norm, the embedding rows of the items."""
+    c = CFG
+    layer = 2 * c.dim + (c.n_heads + 2 * c.n_kv_heads) * c.head_dim * c.dim + c.dim * c.n_heads * c.head_dim \
+        + 3 * c.hidden_dim * c.dim
+    assert streamed_bytes(c, "layer", "float16", 5) == 2 * layer
+    assert streamed_bytes(c, "head", "float32", 5) == 4 * (c.vocab_size + 1) * c.dim
+    assert streamed_bytes(c, "embed", "bfloat16", 5) == 2 * 5 * c.dim
