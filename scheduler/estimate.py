@@ -121,9 +121,10 @@ def streaming_seconds(p: Placement, requests: int, context: int) -> tuple[float,
 @lru_cache(maxsize=512)
 def best(work: Workload, spec: HardwareSpec, mesh: tuple[int, int], objective: str) -> Candidate | None:
     """The best floor plan of the strategy of `work.layers` layers per region for `objective`, or None when
-    no region shape fits (the first of equals). Only the floor plans that can win are scheduled request by request: for latency the winner
-    alone; for throughput those whose steady-round bound (decode.schedule.round_bound_seconds, never above
-    the scheduled round) is no worse than the best round scheduled so far."""
+    no region shape fits (the first of equals). Only the floor plans that can win are scheduled request by
+    request: for latency the winner alone; for throughput those whose steady-round bound
+    (decode.schedule.round_bound_seconds, never above the scheduled round) is no worse than the best round
+    scheduled so far."""
     cfg, kv, dtype = work.config, work.kv, work.dtype
     strategy = Strategy(work.layers, cfg.n_layers)
     floors = list(wafer.floors(cfg, spec, mesh, kv, dtype, strategy))
