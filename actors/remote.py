@@ -1,6 +1,7 @@
 """Ray at the boundary: the tile actor class and how it is started.
 
-Contract: :func:`start_tiles` starts one named Ray actor ``tile(x,y)`` per tile of the mesh (in the
+Contract: a :class:`TileLaunch` is what every tile of a Wafer starts from (frozen, checked: every tile has
+a node). :func:`start_tiles` starts one named Ray actor ``tile(x,y)`` per tile of the mesh (in the
 given namespace, pinned to the Ray node the placement chose, BLAS limited to one thread so that tiles
 do not fight over the machine's cores), wires their fabric (ipc on one node; tcp, bound on the node's
 address, only for tiles with a neighbour on another node; every link authenticated: each tile makes its
@@ -13,6 +14,8 @@ actors and rewires their neighbours to them. :func:`stop_tiles` closes their soc
 from __future__ import annotations
 
 import time
+from collections.abc import Mapping
+from dataclasses import dataclass
 
 import ray
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
@@ -27,6 +30,30 @@ CALL_S = 60.0  # the longest a start-up or wiring step may take
 TileActor = ray.remote(num_cpus=0, max_restarts=0, max_concurrency=1)(Tile)
 
 
+@dataclass(frozen=True, eq=False)
+class TileLaunch:
+    """Where and how a Wafer's tile actors start: its mesh and spec, its Ray namespace and ipc directory, the
+    Ray node of every tile, the deadline of a tile's calls, the host inbox's addresses ("ipc", "tcp") and
+    the actor class."""
+
+    mesh: MeshSpec
+    spec: object
+    namespace: str
+    ipc_dir: str
+    node_ids: Mapping[TileId, str]
+    timeout: float
+    host: Mapping[str, str]
+    tile_cls: object = TileActor
+
+    def __post_init__(self) -> None:
+        missing = [str(t) for t in self.mesh.tiles() if t not in self.node_ids]
+        if missing:
+            raise ValueError(f"TileLaunch: {', '.join(missing[:4])} have no Ray node; give every tile of the "
+                             f"{self.mesh} mesh one")
+        if not self.timeout > 0:
+            raise ValueError(f"TileLaunch.timeout must be positive seconds, got {self.timeout!r}")
+
+
 def driver_node() -> str:
     """The Ray node this driver runs on."""
     return ray.get_runtime_context().get_node_id()
@@ -37,15 +64,15 @@ def alive_nodes() -> set[str]:
     return {n["NodeID"] for n in ray.nodes() if n.get("Alive")}
 
 
-def start_tiles(mesh: MeshSpec, spec, namespace: str, ipc_dir: str, node_ids: dict[TileId, str],
-                timeout: float, host: dict, progress=None, tile_cls=TileActor) -> dict[TileId, object]:
-    """Start every tile pinned to its node in `node_ids` (every tile must have one), wire the fabric, and
-    point each tile's heartbeat and events at the host inbox (`host`: its "ipc" and "tcp" addresses). A
-    node that is not alive in this cluster raises NodesGone naming it and its tiles, before any tile starts."""
+def start_tiles(launch: TileLaunch, progress=None) -> dict[TileId, object]:
+    """Start every tile pinned to its node, wire the fabric, and point each tile's heartbeat and events at
+    the host inbox. A node that is not alive in this cluster raises NodesGone naming it and its tiles,
+    before any tile starts."""
+    mesh, node_ids = launch.mesh, launch.node_ids
     _check_nodes(node_ids)
-    handles = {t: _start(t, mesh, spec, namespace, node_ids[t], timeout, tile_cls) for t in mesh.tiles()}
-    addresses = _bind(handles, mesh, ipc_dir, node_ids, progress)
-    _wire(mesh, handles, set(handles), addresses, node_ids, host)
+    handles = {t: _start(launch, t) for t in mesh.tiles()}
+    addresses = _bind(handles, mesh, launch.ipc_dir, node_ids, progress)
+    _wire(mesh, handles, set(handles), addresses, node_ids, launch.host)
     return handles
 
 
@@ -60,32 +87,33 @@ def _check_nodes(node_ids: dict[TileId, str]) -> None:
                         "(waferrt plan --address ..., or scheduler.plan(nodes=...))")
 
 
-def restart_tiles(handles: dict, dead: list[TileId], mesh: MeshSpec, spec, namespace: str, ipc_dir: str,
-                  node_ids: dict[TileId, str], timeout: float, host: dict, tile_cls=TileActor) -> dict[TileId, object]:
-    """Replace the `dead` tiles by new actors (on their nodes in `node_ids`), wired to their neighbours,
+def restart_tiles(launch: TileLaunch, handles: dict, dead: list[TileId]) -> dict[TileId, object]:
+    """Replace the `dead` tiles by new actors (on their nodes in the launch), wired to their neighbours,
     which admit the new keys and link to the new sockets; returns every tile's handle. The new tiles hold
     nothing yet."""
+    mesh, node_ids = launch.mesh, launch.node_ids
     kill_tiles([handles[t] for t in dead])
-    new = {t: _start(t, mesh, spec, namespace, node_ids[t], timeout, tile_cls) for t in dead}
-    addresses = _bind(new, mesh, ipc_dir, node_ids)
+    new = {t: _start(launch, t) for t in dead}
+    addresses = _bind(new, mesh, launch.ipc_dir, node_ids)
     around = sorted({n for t in dead for n in _neighbours(mesh, t).values() if n not in new})
     addresses.update(zip(around, ray.get([handles[n].address.remote() for n in around], timeout=CALL_S)))
     handles = {**handles, **new}
-    _wire(mesh, handles, set(new), addresses, node_ids, host)
+    _wire(mesh, handles, set(new), addresses, node_ids, launch.host)
     return handles
 
 
-def _start(t: TileId, mesh: MeshSpec, spec, namespace: str, node: str, timeout: float, tile_cls):
-    """One tile actor, named ``tile(x,y)``, pinned to `node` (a worker Ray starts for it gets one BLAS
+def _start(launch: TileLaunch, t: TileId):
+    """Tile t's actor, named ``tile(x,y)``, pinned to its node (a worker Ray starts for it gets one BLAS
     thread). A name that a killed actor still holds is retried for a while."""
-    opts = {"name": str(t), "namespace": namespace,
+    node = launch.node_ids[t]
+    opts = {"name": str(t), "namespace": launch.namespace,
             "scheduling_strategy": NodeAffinitySchedulingStrategy(node, soft=False)}
     if not (workers_inherit_blas_env() and node == driver_node()):
         opts["runtime_env"] = {"env_vars": BLAS_ENV}
     deadline = time.monotonic() + CALL_S
     while True:
         try:
-            return tile_cls.options(**opts).remote(mesh, spec, t, timeout)
+            return launch.tile_cls.options(**opts).remote(launch.mesh, launch.spec, t, launch.timeout)
         except ValueError:  # "the actor name is taken": the killed one's name is released shortly
             if time.monotonic() > deadline:
                 raise

@@ -79,7 +79,8 @@ def main() -> None:
         pids = dict(zip(tiles, llm.wafer.on_every_tile(Tile.pid), strict=True))
         held = dict(zip(tiles, llm.wafer.on_every_tile(Tile.decode_bytes), strict=True))
         rss = {t: peak_rss(pid) for t, pid in pids.items()}
-    _print_wafer(args, one, many, ref_lat, ref_many, report, calls, calls_longer, longer.tokens - many.tokens)
+    _print_wafer(args, (one, many), (ref_lat, ref_many), report)
+    _print_calls(many.tokens, calls, calls_longer, longer.tokens)
     extra = {t: rss[t] - held[t] for t in tiles}
     print("peak RSS per tile (its weights + the rest): " + ", ".join(
         f"{t} {rss[t] / 2**20:.0f} MB ({held[t] / 2**20:.0f} + {extra[t] / 2**20:.0f})" for t in tiles)
@@ -89,7 +90,10 @@ def main() -> None:
             print(f"shell to first token, {run} run: {ttft():.1f} s (goal <= 10 s on the second)")
 
 
-def _print_wafer(args, one, many, ref_lat, ref_many, report, calls, calls_longer, more_tokens) -> None:
+def _print_wafer(args, runs: tuple, refs: tuple[float, float], report) -> None:
+    """The wafer's runs (1 in flight, args.requests in flight) against the reference's latency and rate and
+    the placement's bound, ending in the table's first rows."""
+    (one, many), (ref_lat, ref_many) = runs, refs
     lat = mean(one.token_latency_s)
     thr = many.tokens / many.wall_s
     bound_one, bound_many = report.bound_tokens_per_s(1), report.bound_tokens_per_s(args.requests)
@@ -104,8 +108,12 @@ def _print_wafer(args, one, many, ref_lat, ref_many, report, calls, calls_longer
     print(f"| wafer per-token latency, 1 request / the reference's | {lat / ref_lat:.2f} | <= 1.5 |")
     print(f"| modelled tok/s of what ran / the bound, {args.requests} in flight | "
           f"{many.wafer_tokens_per_s / bound_many:.2f} | >= 0.9 |")
-    print(f"| Ray calls per generated token in steady state | {(calls_longer - calls) / more_tokens:.3f} "
-          f"({calls} calls for {many.tokens} tokens, {calls_longer} for {many.tokens + more_tokens}) | 0 |")
+
+
+def _print_calls(tokens: int, calls: int, calls_longer: int, tokens_longer: int) -> None:
+    """The table's last row: Ray calls per token, from a run and a longer one."""
+    print(f"| Ray calls per generated token in steady state | {(calls_longer - calls) / (tokens_longer - tokens):.3f} "
+          f"({calls} calls for {tokens} tokens, {calls_longer} for {tokens_longer}) | 0 |")
 
 
 def ttft() -> float:

@@ -131,7 +131,7 @@ def start_probe_pair():
     import ray
     from ray import cloudpickle
 
-    from waferrt.actors.remote import driver_node, start_tiles
+    from waferrt.actors.remote import TileLaunch, driver_node, start_tiles
     from waferrt.actors.stream import HostInbox
     from waferrt.core.mesh import MeshSpec
     from waferrt.core.spec import TINY
@@ -141,8 +141,8 @@ def start_probe_pair():
     ipc_dir = tempfile.mkdtemp(prefix="waferrt-")
     mesh, here = MeshSpec(2, 1, 1, 1), driver_node()
     inbox = HostInbox(ipc_dir)  # where the tiles beat (nobody listens here: the benchmark only streams)
-    tiles = start_tiles(mesh, TINY, "waferrt-bench", ipc_dir, dict.fromkeys(mesh.tiles(), here), 60.0,
-                        inbox.addresses, tile_cls=cls)
+    tiles = start_tiles(TileLaunch(mesh, TINY, "waferrt-bench", ipc_dir, dict.fromkeys(mesh.tiles(), here), 60.0,
+                                   inbox.addresses, tile_cls=cls))
     a, b = tiles.values()
     return tiles, a, b, ipc_dir
 

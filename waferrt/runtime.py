@@ -113,7 +113,7 @@ class Wafer:
     def open(self, progress=None, node_ids: dict[TileId, str] | None = None) -> Wafer:
         """Start (or join) Ray and the tile actors: each tile on its node in `node_ids` (default: this
         driver's node), the fabric wired, and every tile beating to this host's inbox."""
-        from waferrt.actors.remote import driver_node, start_tiles
+        from waferrt.actors.remote import TileLaunch, driver_node, start_tiles
         from waferrt.actors.stream import HostInbox
         from waferrt.actors.watch import Watch
 
@@ -130,8 +130,8 @@ class Wafer:
             self._local = frozenset(t for t, n in nodes.items() if n == here)
             inbox = HostInbox(self._ipc_dir, tcp=any(n != here for n in nodes.values()))
             self.watch = Watch({}, inbox, STALL_S)  # so that close() closes the inbox if the tiles fail to start
-            self.tiles = start_tiles(self.mesh, self.spec, namespace, self._ipc_dir, nodes, self.timeout,
-                                     inbox.addresses, progress)
+            self.tiles = start_tiles(TileLaunch(self.mesh, self.spec, namespace, self._ipc_dir, nodes, self.timeout,
+                                                inbox.addresses), progress)
             self.watch = Watch(self.tiles, inbox, STALL_S)
             self.watch.local(sorted(self._local))
         except BaseException:
@@ -297,13 +297,14 @@ class Wafer:
     def restart(self, tiles: list[TileId], nodes: dict[TileId, str] | None = None) -> None:
         """Replace these (dead) tiles by new tile actors, on `nodes` (default: where they were), wired to their
         neighbours; they hold nothing yet. The wafer works again (``failed`` is cleared)."""
-        from waferrt.actors.remote import restart_tiles
+        from waferrt.actors.remote import TileLaunch, restart_tiles
 
         self.live()
         self.nodes.update(nodes or {})
         if tiles:
-            self.tiles = restart_tiles(self.tiles, tiles, self.mesh, self.spec, self._namespace, self._ipc_dir,
-                                       self.nodes, self.timeout, self.watch.inbox.addresses)
+            launch = TileLaunch(self.mesh, self.spec, self._namespace, self._ipc_dir, dict(self.nodes), self.timeout,
+                                self.watch.inbox.addresses)
+            self.tiles = restart_tiles(launch, self.tiles, tiles)
             self.watch.track(self.tiles)
             self.watch.reset(tiles)
             self._local = frozenset(t for t, n in self.nodes.items() if n == self._here)
