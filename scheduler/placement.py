@@ -41,6 +41,7 @@ Re-planning around failures is :func:`waferrt.scheduler.repair.replan`.
 from __future__ import annotations
 
 import functools
+from dataclasses import replace
 
 import numpy as np
 
@@ -119,10 +120,11 @@ def plan_streaming(config: LlamaConfig, spec: HardwareSpec, mesh: MeshSpec, *, k
     """The weight-streaming placement of `config` on `mesh` (dead cores: ``mesh.dead``), around `dead_links`
     (module docstring); PlanError says what would fit."""
     nodes, dead_links = tuple(nodes), frozenset(dead_links)
-    _check_inputs(config, spec, mesh, kv, nodes, dtype, dead_links)
-    r = _stream_region(config, spec, mesh, kv, dtype, dead_links, fits=True)
+    work = _checked(config, spec, mesh, kv, dtype)
+    _check_inputs(work, spec, mesh, nodes, dead_links)
+    r = _stream_region(work, spec, mesh, dead_links, fits=True)
     if r is None:
-        raise PlanError(_no_stream_message(config, spec, mesh, kv, dtype, dead_links))
+        raise PlanError(_no_stream_message(work, spec, mesh, dead_links))
     p = Placement(config, spec, mesh, dtype, kv, (r,) * config.n_layers, r, frozenset(),
                   assign_nodes(mesh, [n.name for n in nodes], [n.cpus for n in nodes]),
                   budget.kv_reserved(kv.tokens, r.w), nodes, dead_links, config.n_layers, streaming=True)
@@ -133,17 +135,18 @@ def plan_streaming(config: LlamaConfig, spec: HardwareSpec, mesh: MeshSpec, *, k
     return p
 
 
-def _stream_region(config: LlamaConfig, spec: HardwareSpec, mesh: MeshSpec, kv: KVReserve, dtype: str,
-                   links: frozenset, fits: bool) -> Region | None:
+def _stream_region(work: Workload, spec: HardwareSpec, mesh: MeshSpec, links: frozenset, fits: bool
+                   ) -> Region | None:
     """The streaming region: a rectangle inside one tile (at most dim columns, head_dim/2 rows) with no dead
     core nor dead link inside; the most cores first (the shortest compute), then the widest, the first tile
     (sorted TileIds) and the top-left position. `fits`: only one whose cores hold the streaming state
     (stream_bytes); else the largest free one. None: there is none."""
+    config = work.config
     top_w = min(mesh.tile_w, mesh.width, config.dim)
     top_h = min(mesh.tile_h, mesh.height, dl.max_layer_rows(config))
     obstacles = Obstacles(mesh.width, mesh.height, mesh.dead, links)
     too_wide = [top_w + 1] * (top_h + 1)  # too_wide[h]: no free w x h rectangle in a tile from this width on
-    narrowest = functools.cache(lambda h: _narrowest(config, spec, kv, dtype, h, top_w) if fits else 1)
+    narrowest = functools.cache(lambda h: _narrowest(config, spec, work.kv, work.dtype, h, top_w) if fits else 1)
     for w, h in sorted(((w, h) for w in range(1, top_w + 1) for h in range(1, top_h + 1)),
                        key=lambda s: (-s[0] * s[1], -s[0])):
         if w >= too_wide[h] or w < narrowest(h):
@@ -170,13 +173,13 @@ def _narrowest(config: LlamaConfig, spec: HardwareSpec, kv: KVReserve, dtype: st
     return top + 1 if found is None else found
 
 
-def _no_stream_message(config: LlamaConfig, spec: HardwareSpec, mesh: MeshSpec, kv: KVReserve, dtype: str,
-                       links: frozenset) -> str:
+def _no_stream_message(work: Workload, spec: HardwareSpec, mesh: MeshSpec, links: frozenset) -> str:
     """Why no streaming region fits: what died, the largest region left, and the region it would take."""
+    config, kv, dtype = work.config, work.kv, work.dtype
     lost = [*(f"core {c}" for c in sorted(mesh.dead)), *(f"link {a}-{b}" for a, b in sorted(links))]
     more = f" and {len(lost) - 6} more" if len(lost) > 6 else ""
     died = f"with {', '.join(lost[:6])}{more} dead, " if lost else ""
-    best = _stream_region(config, spec, mesh, kv, dtype, links, fits=False)
+    best = _stream_region(work, spec, mesh, links, fits=False)
     need = None if best is None else stream_bytes(config, best, kv.tokens, kv.requests, dtype)
     has = ("no live core is left" if best is None else f"the largest, {best}, needs {need} bytes on a core"
            + (" (it cannot be split)" if need is None else ""))
@@ -230,20 +233,24 @@ def _region_faults(mesh: MeshSpec, links, name: str, r: Region) -> list[str]:
                   if link_inside(r, (a, b))]
 
 
-def _check_inputs(config: LlamaConfig, spec: HardwareSpec, mesh: MeshSpec, kv: KVReserve, nodes, dtype: str,
-                  dead_links) -> None:
+def _checked(config: LlamaConfig, spec: HardwareSpec, mesh: MeshSpec, kv: KVReserve, dtype: str) -> Workload:
+    """plan()'s arguments checked one by one (each named), as the Workload the budgets take."""
     for what, value, kind in (("config", config, LlamaConfig), ("spec", spec, HardwareSpec),
                               ("mesh", mesh, MeshSpec), ("kv", kv, KVReserve)):
         if not isinstance(value, kind):
             raise TypeError(f"plan(): {what} must be a {kind.__name__}, got {value!r}")
+    if dtype not in STORAGE_DTYPES:
+        raise PlanError(f"unknown storage dtype {dtype!r}; use one of {', '.join(STORAGE_DTYPES)}")
+    return Workload(config, kv, dtype)
+
+
+def _check_inputs(work: Workload, spec: HardwareSpec, mesh: MeshSpec, nodes, dead_links) -> None:
     check_on_wafer(mesh, spec)  # MeshTooLarge: its arrays would not fit the host's memory either
-    if not config.tie_embeddings:
+    if not work.config.tie_embeddings:
         raise PlanError("this model has an untied output head; the decode layout (waferrt/decode/layout.py) "
                         "places one tied embedding/head table, so only tied-embedding models can be planned")
     if not nodes or len({n.name for n in nodes}) != len(nodes):
         raise PlanError(f"give at least one Ray node, each with a distinct name; got {list(nodes)}")
-    if dtype not in STORAGE_DTYPES:
-        raise PlanError(f"unknown storage dtype {dtype!r}; use one of {', '.join(STORAGE_DTYPES)}")
     try:
         check_links(mesh, dead_links)
     except ValueError as e:
@@ -269,12 +276,13 @@ def plan(config: LlamaConfig, spec: HardwareSpec, mesh: MeshSpec, *, kv: KVReser
     ()
     """
     nodes, dead_links = tuple(nodes), frozenset(dead_links)
-    _check_inputs(config, spec, mesh, kv, nodes, dtype, dead_links)
+    work = _checked(config, spec, mesh, kv, dtype)
+    _check_inputs(work, spec, mesh, nodes, dead_links)
     g = _group(config, strategy)
-    work = Workload(config, kv, dtype, g)
+    work = replace(work, layers=g)
     found = search.best_layout(work, spec, mesh, dead_links, balance)
     if found.layers is None:
-        raise PlanError(_no_fit_message(config, spec, mesh, kv, dtype, found.reason, g))
+        raise PlanError(_no_fit_message(work, spec, mesh, found.reason))
     names, cpus = [n.name for n in nodes], [n.cpus for n in nodes]
     kv_tokens = budget.region_kv_capacity(work, found.layers[0], spec.sram_bytes)
     layers = tuple(found.layers[i // g] for i in range(config.n_layers))
@@ -302,8 +310,8 @@ def _mb(n: float) -> str:
     return f"{n / 1e6:,.1f} MB"
 
 
-def _no_fit_message(config: LlamaConfig, spec: HardwareSpec, mesh: MeshSpec, kv: KVReserve, dtype: str,
-                    reason: str, group: int = 1) -> str:
+def _no_fit_message(work: Workload, spec: HardwareSpec, mesh: MeshSpec, reason: str) -> str:
+    config, kv, dtype, group = work.config, work.kv, work.dtype, work.layers
     weights, kv_bytes = budget.tied_model_bytes(config, kv.tokens, kv.requests, dtype)
     live = mesh.width * mesh.height - len(mesh.dead)
     how = "" if group == 1 else f" as {Strategy(group, config.n_layers).describe()}"
@@ -314,7 +322,7 @@ def _no_fit_message(config: LlamaConfig, spec: HardwareSpec, mesh: MeshSpec, kv:
             f"{_mb(live * spec.sram_bytes)} ({live} live cores x {spec.sram_bytes} bytes). {reason}")
     if reason.startswith("no mesh"):
         return head
-    best = search.smallest_mesh(Workload(config, kv, dtype, group), spec, (mesh.tile_w, mesh.tile_h))
+    best = search.smallest_mesh(work, spec, (mesh.tile_w, mesh.tile_h))
     if best is None:
         return (head + f" Even the whole {spec.name} wafer ({spec.full_mesh[0]}x{spec.full_mesh[1]}) cut "
                 f"in {mesh.tile_w}x{mesh.tile_h} tiles does not hold it: lower the KV reserve, use a "
