@@ -54,7 +54,7 @@ def primitives() -> list[str]:
     for n in SIDES:
         nbytes = 4 * cdiv(DIM, n)
         ar = {a: allreduce_cost(WSE2, a, n, nbytes).cycles for a in ALLREDUCE_ALGOS}
-        gv = {a: gemv_cost(WSE2, cdiv(DIM, n), cdiv(DIM, n), n, a).cycles for a in ALLREDUCE_ALGOS}
+        gv = {a: gemv_cost(WSE2, (cdiv(DIM, n), cdiv(DIM, n)), n, a).cycles for a in ALLREDUCE_ALGOS}
         best = min(gv, key=gv.get)
         cells = [f"{ar[a]:,.0f}" for a in ALLREDUCE_ALGOS] + [
             f"{gv[a]:,.0f} ({gv[a] / WSE2.clock_hz * 1e6:.1f} us)" for a in ALLREDUCE_ALGOS]

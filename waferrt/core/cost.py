@@ -21,6 +21,7 @@ from dataclasses import dataclass, fields
 from functools import lru_cache
 
 from .arith import cdiv
+from .dtypes import itemsize
 from .spec import HardwareSpec
 
 ALLREDUCE_ALGOS = ("ktree", "ring", "pipeline")
@@ -151,11 +152,14 @@ def shift_cost(spec: HardwareSpec, n: int, nbytes: int, wrap: bool) -> Cost:
                 cycles=message_cycles(spec, hops, 1, nbytes))
 
 
-def gemv_cost(spec: HardwareSpec, out_block: int, in_block: int, n_reduce: int, algo: str = "ktree",
-              k: int = 2) -> Cost:
-    """MeshGEMV: a local (out_block x in_block) GEMV on every core, then an allreduce of the out_block
-    partial sums along the n_reduce cores that share the output block."""
-    return compute_cost(spec, 2 * out_block * in_block) + allreduce_cost(spec, algo, n_reduce, 4 * out_block, k)
+def gemv_cost(spec: HardwareSpec, block: tuple[int, int], n_reduce: int, algo: str = "ktree", k: int = 2,
+              dtype: str = "float32") -> Cost:
+    """MeshGEMV: a local (out_block x in_block) = `block` GEMV on every core, its flops at `dtype`'s rate,
+    then an allreduce of the out_block partial sums (`dtype` values) along the n_reduce cores that share
+    the output block. (k = 1 is the plain chain: reduce step by step to the line's end, multicast back.)"""
+    out_block, in_block = block
+    return (compute_cost(spec, 2 * out_block * in_block, dtype)
+            + allreduce_cost(spec, algo, n_reduce, itemsize(dtype) * out_block, k))
 
 
 @dataclass(frozen=True)
