@@ -173,32 +173,47 @@ def sdk_figure(spec: HardwareSpec) -> Figure:
                   f"N in {{2K, 8K, 16K}} x P in {SWEEP_CORES}", reason=_unless_close(mean / 4.6, reason))
 
 
+def sram_use(cfg: LlamaConfig, spec: HardwareSpec, plan: tuple, tokens: int) -> dict[str, float]:
+    """Where a floor plan (strategy, Floor) of one request holding `tokens` positions (float16) puts the
+    wafer's SRAM, in bytes: K/V, weights, scratch and free bytes of its layer regions, its bands, and the
+    cores outside both."""
+    strategy, floor = plan
+    shape, group, isz = floor.shape, strategy.group, spec.sram_bytes
+
+    def core(kv: bool = True, weights: bool = True) -> int:
+        return wafer.layer_core_bytes(cfg, shape, tokens, 1, "float16", group, kv=kv, weights=weights)
+
+    n, band_cores = strategy.regions * shape.cores, floor.bands * floor.band_cols * floor.band_rows
+    scratch = core(kv=False, weights=False)
+    return {"K/V": n * (core() - core(kv=False)), "weights": n * (core(kv=False) - scratch),
+            "scratch": n * scratch, "free in regions": n * (isz - core()), "bands": band_cores * isz,
+            "outside": (spec.cores - n - band_cores) * isz}
+
+
 def kv_figures(spec: HardwareSpec, name: str, published: tuple[int, int]) -> list[Figure]:
     """(append on one core, shift-based) longest decode of one request of `name` on the whole wafer, float16."""
     cfg, label = model_by_name(name)
     concat, shift = published
     most = most_tokens(cfg, spec, spec.full_mesh, 1, "float16", 1 << 20)
-    floor = next(f for s in wafer.strategies(cfg.n_layers)
-                 for f in wafer.floors(cfg, spec, spec.full_mesh, KVReserve(most, 1), "float16", s))
-    group = Region(0, 0, floor.shape.cols, floor.shape.rows // floor.shape.head_groups)  # one head group's rows
+    plan = next((s, f) for s in wafer.strategies(cfg.n_layers)
+                for f in wafer.floors(cfg, spec, spec.full_mesh, KVReserve(most, 1), "float16", s))
+    shape = plan[1].shape
+    group = Region(0, 0, shape.cols, shape.rows // shape.head_groups)  # one head group's rows
     per_core = kv_layout(cfg, group, most, "float16").max_block_shape()[-1]  # positions are cut over columns
     weights, per_token = model_bytes(cfg, KVReserve(1, 1), "float16")
-    sram = spec.cores * spec.sram_bytes
-    ideal = (sram - weights) // per_token
+    ideal = (spec.cores * spec.sram_bytes - weights) // per_token
+    use = ", ".join(f"{k} {v / 1e9:.1f}" for k, v in sram_use(cfg, spec, plan, most).items())
     how = (f"advice.most_tokens on the whole {spec.name} ({spec.full_mesh[0]}x{spec.full_mesh[1]}), float16, one "
-           f"request; layer region {floor.shape.cols}x{floor.shape.rows}")
-    why_shift = (f"the estimator's floor plan (full-width bands for the embedding and head, a grid of identical "
-                 f"{floor.shape.cols}x{floor.shape.rows} layer regions) holds {most:,} positions; if every byte "
-                 f"of the wafer's SRAM that holds no weight held K/V, {ideal:,} would fit (ratio "
-                 f"{ideal / shift:.2f}): the rest of the gap is SRAM the floor plan leaves to scratch, to "
-                 f"padding and to cores outside its regions")
-    why_concat = (f"appending puts every position on one core: the longest decode is what one core holds, "
-                  f"the shift-based figure over the cores that share the cache ({floor.shape.cols} columns "
-                  f"here; WaferLLM's {shift / concat:.0f}, the side of its decode grid), so it inherits the "
-                  f"shift-based ratio ({most / shift:.2f}) times {shift / concat:.0f} / {floor.shape.cols}")
+           f"request; {plan[0].describe()}, layer regions {shape.cols}x{shape.rows}")
+    why_shift = (f"{most:,} positions fit the estimator's floor plan; its SRAM in GB: {use}. If every byte "
+                 f"holding no weight held K/V, {ideal:,} would fit (ratio {ideal / shift:.2f})")
+    why_concat = (f"appending puts every position on one core: the longest decode is what one core holds, the "
+                  f"shift-based figure over the cores that share the cache ({shape.cols} columns here; "
+                  f"WaferLLM's {shift / concat:.0f}, the side of its decode grid), so it is the shift-based "
+                  f"ratio ({most / shift:.2f}) times {shift / concat:.0f} / {shape.cols}")
     return [
         Figure(f"{label} longest decode, append on one core", f"{PAPER} Table 5", concat, per_core, "tokens",
-               how + ", positions one core holds (decode.layout.kv_layout)",
+               how + "; positions one core holds (decode.layout.kv_layout)",
                reason=_unless_close(per_core / concat, why_concat)),
         Figure(f"{label} longest decode, shift-based", f"{PAPER} Table 5", shift, most, "tokens", how,
                reason=_unless_close(most / shift, why_shift)),
@@ -235,7 +250,9 @@ def decode_figure(spec: HardwareSpec) -> Figure:
     return Figure("LLaMA3-8B decode slowdown 420x420 -> 660x660", f"{PAPER} Table 4 (2699.9 -> 2243.3 tok/s)",
                   2699.9 / 2243.3, large / small, "x",
                   f"estimate.stage_seconds, every layer on one region ({r_small.w}x{r_small.h} -> "
-                  f"{r_large.w}x{r_large.h}), 4096 positions, one request; cycles a layer: {grew}",
+                  f"{r_large.w}x{r_large.h}), 4096 positions, one request; cycles a layer: {grew}. What grows: "
+                  f"the allreduces and the attention's reductions -- a K-tree over more columns has more hops and "
+                  f"routing stages -- while the GEMV blocks, and so the flops a core, shrink",
                   reason=_unless_close((large / small) / (2699.9 / 2243.3), f"cycles a layer: {grew}"))
 
 
