@@ -25,7 +25,7 @@ def test_a_gemv_computes_and_sends_at_its_storage_dtype(dtype, size):
     assert got == compute_cost(WSE2, 2 * 23 * 31, dtype) + allreduce_cost(WSE2, "ktree", 720, size * 23, 2)
 
 
-@pytest.mark.parametrize("p", [3, 64, 720])
+@pytest.mark.parametrize("p", [16, 64, 720])
 def test_the_sdk_gemv_is_the_papers_pipeline_allreduce(p):
     """A chain to the line's end and the sum sent back: 2(P-1) hops and P routing stages (paper sec. 6.1:
     "2N hops and N routing stages"); MeshGEMV's two-level K-tree has about 2 sqrt(P) stages."""
