@@ -55,9 +55,11 @@ STRATEGIES = ("layer", "grouped", "tensor", "streaming")
 SHAPES = ((4, 2), (8, 4), (12, 8))  # (cols, rows): legal for every model (tiny: head_dim 16 -> at most 8 rows)
 KV = KVReserve(24, 2)  # 24 positions: a multiple of every shape's columns (see _context)
 
-OWNERS_BUFFER = ("owners: the streaming double buffer -- scheduler/streaming.py sizes it by the whole head block "
-                 "per core, decode/layout.py (what the tiles book) by head chunks no larger than a layer's block "
-                 "(SmolLM2 float16 on 64x32: 27,648 B vs 3,492 B); equal only where the head is no larger")
+OWNERS_BUFFER = ("owners: a streaming region's bytes per core -- scheduler/streaming.py sizes the double buffer by "
+                 "the whole head block per core and the scratch by a layer's; decode/layout.stream_booking (what the "
+                 "tiles book) sizes the buffer by head chunks no larger than a layer's block (SmolLM2 float16 on 64x32: "
+                 "27,648 B vs 3,492 B) and the scratch by the larger of a layer's and the head's; equal only where the "
+                 "head is no larger than a layer")
 OWNERS_STEP = ("owners: a streaming step is modelled three times -- scheduler/streaming.py schedules a two-stage "
                "(stream, compute) pipeline over whole blocks and streams vocab*dim head bytes, the tiles charge each "
                "stage the longer of its compute and its block's stream and stream (vocab+1)*dim")
