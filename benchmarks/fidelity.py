@@ -23,7 +23,7 @@ def main() -> None:
     print(f"WaferLLM's WSE-2 measurements vs the model ({spec.name}); a ratio in {BAND[0]}-{BAND[1]} reproduces it")
     print(f"{'figure':<48}{'published':>13}{'modelled':>13}{'unit':>7}{'ratio':>7}  ok")
     for f in rows:
-        print(f"{f.what:<48}{f.published:>13,.5g}{f.modelled:>13,.5g}{f.unit:>7}{f.ratio:>7.2f}  "
+        print(f"{f.what:<48}{f.published:>13,.6g}{f.modelled:>13,.6g}{f.unit:>7}{f.ratio:>7.2f}  "
               f"{'yes' if f.close else 'NO'}")
     for f in rows:
         print(f"\n{f.what} ({f.source})")
