@@ -164,7 +164,9 @@ def sdk_figure(spec: HardwareSpec) -> Figure:
     ups = _speedups(spec)
     mean, flat = _geomean(ups), _geomean(_speedups(spec.replace(beta_cycles=0.0)))
     reason = (f"modelled speedup {min(ups):.1f}-{max(ups):.1f}x over the grid (the paper: 4-8x, about 4.6 on "
-              f"average); with beta = 0 the geometric mean would be {flat:.1f}x. The SDK's chain has P-1 routing "
+              f"average); with beta = 0 the geometric mean would be {flat:.1f}x, so a beta between 0 and "
+              f"{spec.beta_cycles:g} would match this figure -- but not the MeshGEMV times, which need beta < 0: "
+              f"the gap is the stage model, not the constant. The SDK's chain has P-1 routing "
               f"stages, MeshGEMV's ~2 sqrt(P): the model charges each stage beta + its whole message (store and "
               f"forward), while the chain on the wafer streams each partial sum word by word through its PEs, "
               f"so its stages cost less than modelled and the gap is narrower")

@@ -39,8 +39,7 @@ from waferrt.decode.streaming import head_parts, stage_cycles, streamed_bytes
 from waferrt.model import Sampler, synthetic_llama, tiny_config
 from waferrt.model.config import SMOLLM2_135M
 from waferrt.model.zoo import MODELS as ZOO
-from waferrt.scheduler import KVReserve, Placement, Strategy, plan, wafer
-from waferrt.scheduler import budget
+from waferrt.scheduler import KVReserve, Placement, Strategy, budget, plan, wafer
 from waferrt.scheduler import estimate as est
 from waferrt.scheduler import streaming as paper_streaming
 from waferrt.scheduler.placement import plan_streaming, streaming_mesh
@@ -57,9 +56,9 @@ KV = KVReserve(24, 2)  # 24 positions: a multiple of every shape's columns (see 
 
 OWNERS_BUFFER = ("owners: a streaming region's bytes per core -- scheduler/streaming.py sizes the double buffer by "
                  "the whole head block per core and the scratch by a layer's; decode/layout.stream_booking (what the "
-                 "tiles book) sizes the buffer by head chunks no larger than a layer's block (SmolLM2 float16 on 64x32: "
-                 "27,648 B vs 3,492 B) and the scratch by the larger of a layer's and the head's; equal only where the "
-                 "head is no larger than a layer")
+                 "tiles book) sizes the buffer by head chunks no larger than a layer's block (SmolLM2 float16 on "
+                 "64x32: 27,648 B vs 3,492 B) and the scratch by the larger of a layer's and the head's; equal only "
+                 "where the head is no larger than a layer")
 OWNERS_STEP = ("owners: a streaming step is modelled three times -- scheduler/streaming.py schedules a two-stage "
                "(stream, compute) pipeline over whole blocks and streams vocab*dim head bytes, the tiles charge each "
                "stage the longer of its compute and its block's stream and stream (vocab+1)*dim")
@@ -82,7 +81,8 @@ def _grid(xfail_streaming: str | None = None):
         marks = ()
         if xfail_streaming and strategy == "streaming" and model != "tiny":
             marks = (pytest.mark.xfail(strict=True, reason=xfail_streaming),)
-        yield pytest.param(model, dtype, strategy, shape, marks=marks, id=f"{model}-{dtype}-{strategy}-{shape[0]}x{shape[1]}")
+        name = f"{model}-{dtype}-{strategy}-{shape[0]}x{shape[1]}"
+        yield pytest.param(model, dtype, strategy, shape, marks=marks, id=name)
 
 
 def _placement(model: str, dtype: str, strategy: str, shape: tuple[int, int]) -> Placement:

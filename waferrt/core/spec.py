@@ -125,7 +125,7 @@ WSE2 = HardwareSpec(
 # - full_mesh 762x1176 (896,112 cores): ASSUMED grid; Cerebras publishes 900,000 cores, not the grid.
 # - sram_bytes 48 KB: 44 GB of on-chip SRAM over 900,000 cores (WSE-3 announcement) = 48 KB.
 # - alpha, beta, link_bytes_per_cycle: as WSE-2 -- "Cerebras WSE-3 retains the same NoC configuration"
-#   (WaferLLM sec. 7.5); beta stays the WSE-2 assumption.
+#   (WaferLLM sec. 8); beta stays the WSE-2 assumption.
 # - half_flops_per_cycle 16: eight float16 multiply-accumulates per cycle, "an eight-wide FP16 SIMD math unit,
 #   up from a four-wide SIMD engine" in WSE-2 (The Next Platform, 2024-03-14), which is Cerebras' "2x
 #   performance" at a similar core count.
