@@ -28,12 +28,15 @@ def test_a_gemv_computes_and_sends_at_its_storage_dtype(dtype, size):
 @pytest.mark.parametrize("p", [16, 64, 720])
 def test_the_sdk_gemv_is_the_papers_pipeline_allreduce(p):
     """A chain to the line's end and the sum sent back: 2(P-1) hops and P routing stages (paper sec. 6.1:
-    "2N hops and N routing stages"); MeshGEMV's two-level K-tree has about 2 sqrt(P) stages."""
+    "2N hops and N routing stages"); MeshGEMV's two-level K-tree about sqrt(P) stages and P hops."""
     run = fd.GemvRun(16384, p)
     sdk, mesh = fd.sdk_gemv(WSE2, run), fd.meshgemv(WSE2, run)
     assert (sdk.hops, sdk.stages) == (2 * (p - 1), p)
     assert sdk.flops == mesh.flops == 2 * run.block[0] ** 2
-    assert mesh.stages <= 2 * (p ** 0.5 + 1) and sdk.cycles >= mesh.cycles
+    assert mesh.stages <= p ** 0.5 + 2 and mesh.hops <= p + 2 * p ** 0.5
+    # a K-tree's roots read two streams a level: on 16 cores a 1K-entry message (512 cycles a stream) makes the
+    # chain's single stream the faster one; from 64 cores on the stages dominate
+    assert (sdk.cycles >= mesh.cycles) == (p >= 64)
 
 
 def test_meshgemv_splits_into_its_parts():
@@ -51,8 +54,10 @@ def test_every_figure_is_reproduced_or_says_why():
     # what the model reproduces today (a regression of the closed forms would move these out of the band)
     assert by["LLaMA3-8B decode slowdown 420x420 -> 660x660"].close
     assert by["Llama2-13B longest decode, shift-based"].close
-    # the MeshGEMV figures are off for a measured reason: no routing-stage cost >= 0 would reach them
-    assert all("no beta >= 0" in f.reason for w, f in by.items() if w.startswith("MeshGEMV [1,"))
+    # WaferLLM's K-tree (roots in the middle, partial sums streamed) reproduces both MeshGEMV times at beta 30
+    assert all(f.close for w, f in by.items() if w.startswith("MeshGEMV [1,"))
+    # the SDK speedup is off for a measured reason: the beta that would match it misses the MeshGEMV times
+    assert "one beta cannot match all three" in by["MeshGEMV speedup over the SDK's GEMV"].reason
     assert all(f.fitted == "nothing" for f in rows)  # nothing fitted to a figure, none to a decode rate
 
 
