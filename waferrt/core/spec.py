@@ -90,8 +90,8 @@ TINY = HardwareSpec(
 # - alpha_cycles 1: a router forwards a 32-bit message to a neighbour "with a single clock cycle" (WaferLLM
 #   sec. 7, experiment setup).
 # - beta_cycles 30: ASSUMED, no public figure: a software routing stage (a core receives, combines and
-#   re-sends) costs "tens of cycles" (WaferLLM sec. 3, PLMR "L": alpha < beta). Not fitted: the MeshGEMV
-#   figures would need a negative beta under this cost model (benchmarks/fidelity.py prints why).
+#   re-sends) costs "tens of cycles" (WaferLLM sec. 3, PLMR "L": alpha < beta). Not fitted; with it the
+#   MeshGEMV figures come out at 1.31 and 0.98 of the measured (benchmarks/fidelity.py prints the parts).
 # - link_bytes_per_cycle 4: one 32-bit message per link per cycle (WaferLLM sec. 7; the Cerebras SDK moves
 #   32-bit wavelets, two float16 per wavelet in its SIMD-32 fabric mode, as MeshInfra/WaferLLM's MeshGEMV does).
 # - flops_per_cycle 2: one float32 multiply-accumulate per cycle, its two 32-bit operands fetched from SRAM
