@@ -40,7 +40,7 @@ REDUCE_OPS = {"sum": np.add, "max": np.maximum}
 
 @dataclass(frozen=True)
 class Collectives:
-    """How a program's collectives run: the allreduce algorithm ("ktree" with `k` levels, "ring",
+    """How a program's collectives run: the allreduce algorithm ("ktree" with `k` levels, "chain", "ring",
     "pipeline"), and whether a region that lies wholly in one tile takes the fast path (results computed
     at once, every message of the algorithm booked) or moves every message hop by hop (the checked mode)."""
 
