@@ -53,7 +53,7 @@ def test_every_figure_is_reproduced_or_says_why():
     by = {f.what: f for f in rows}
     # what the model reproduces today (a regression of the closed forms would move these out of the band)
     assert by["LLaMA3-8B decode slowdown 420x420 -> 660x660"].close
-    assert by["Llama3-8B longest decode, shift-based"].close and by["Llama3-8B longest decode, append on one core"].close
+    assert all(by[f"Llama3-8B longest decode, {how}"].close for how in ("shift-based", "append on one core"))
     # WaferLLM's K-tree (roots in the middle, partial sums streamed) reproduces both MeshGEMV times at beta 30
     assert all(f.close for w, f in by.items() if w.startswith("MeshGEMV [1,"))
     # the SDK speedup is off for a measured reason: the beta that would match it misses the MeshGEMV times
