@@ -39,6 +39,13 @@ def _most(hi: int, ok) -> int:
     return last_true(lo, min(hi, 2 * lo - 1), ok)
 
 
+def most_tokens(cfg: LlamaConfig, spec: HardwareSpec, mesh: tuple[int, int], requests: int, dtype: str,
+                hi: int) -> int:
+    """The most K/V positions per request (up to hi; 0: none) with which some floor plan of some strategy
+    holds `requests` requests: the estimator's own feasibility test."""
+    return _most(hi, lambda t: _fits(cfg, spec, mesh, KVReserve(t, requests), dtype, None))
+
+
 def model_bytes(cfg: LlamaConfig, kv: KVReserve, dtype: str) -> tuple[int, int]:
     """(weights, K/V) bytes of the whole model, the untied output head included."""
     weights, kv_bytes = budget.tied_model_bytes(cfg, kv.tokens, kv.requests, dtype)

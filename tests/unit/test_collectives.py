@@ -3,7 +3,7 @@
 import numpy as np
 import pytest
 
-from waferrt.core.cost import allreduce_cost, broadcast_cost, ktree_groups, shift_cost
+from waferrt.core.cost import allreduce_cost, broadcast_cost, ktree_groups, ktree_plan, shift_cost
 from waferrt.core.mesh import MeshSpec, Region
 from waferrt.core.spec import TINY
 from waferrt.fabric.kernel import NotNeighbourError
@@ -20,7 +20,7 @@ def _data(mesh, seed=0, block=5):
 
 
 @pytest.mark.parametrize("shape", MESHES, ids=lambda s: "{}x{}/{}x{}".format(*s))
-@pytest.mark.parametrize("algo", ["ktree", "ring", "pipeline"])
+@pytest.mark.parametrize("algo", ["ktree", "chain", "ring", "pipeline"])
 @pytest.mark.parametrize("op", ["sum", "max"])
 def test_allreduce_matches_numpy(shape, algo, op):
     mesh = MeshSpec(*shape)
@@ -76,7 +76,7 @@ def test_gemv_alternates_axes(shape):
     assert cost["gemv"].flops == 2 * (2 * ib * ob)
 
 
-@pytest.mark.parametrize("algo", ["ktree", "ring", "pipeline"])
+@pytest.mark.parametrize("algo", ["ktree", "chain", "ring", "pipeline"])
 @pytest.mark.parametrize("n,tile", [(64, 16), (64, 64), (10, 3), (2, 1), (27, 5)])
 def test_allreduce_counts_equal_closed_forms(algo, n, tile):
     mesh = MeshSpec(n, 1, tile, 1)
@@ -134,7 +134,7 @@ def test_sub_region_spanning_tiles():
     np.testing.assert_allclose(out, np.broadcast_to(x.sum(0, keepdims=True), x.shape), rtol=1e-5, atol=1e-5)
 
 
-@pytest.mark.parametrize("algo", ["ktree", "ring", "pipeline"])
+@pytest.mark.parametrize("algo", ["ktree", "chain", "ring", "pipeline"])
 @pytest.mark.parametrize("shape", [(4, 4, 2, 2), (9, 3, 4, 2)], ids=["4x4/2x2", "9x3/4x2"])
 def test_many_lines_book_each_line_as_the_closed_form(algo, shape):
     """Every row of cores is one line: same critical path, traffic times the number of rows."""
@@ -144,3 +144,20 @@ def test_many_lines_book_each_line_as_the_closed_form(algo, shape):
     got, want = cost[f"allreduce.{algo}"], allreduce_cost(TINY, algo, mesh.width, 4 * x.shape[2])
     assert (got.hops, got.stages, got.cycles) == (want.hops, want.stages, want.cycles)
     assert (got.link_bytes, got.messages) == (mesh.height * want.link_bytes, mesh.height * want.messages)
+
+
+@pytest.mark.parametrize("g", [3, 4, 8, 27])
+def test_ktree_roots_where_waferllm_puts_them(g):
+    """MeshInfra/WaferLLM run_wse2.sh, g groups of g cores: root_1st_phase = g / 2, root_2nd_phase = (g / 2) * g
+    + root_1st_phase; both halves of every group stream toward its root at once, the sum is multicast both ways."""
+    n = g * g
+    plan = ktree_plan(n, 2)
+    assert ktree_groups(n, 2) == g and plan.root == (g // 2) * g + g // 2
+    assert [len(level.steps) for level in plan.levels] == [g // 2, g // 2]
+    assert {d for d, _ in plan.levels[0].steps[0]} == ({1, -1} if g > 2 else {1})
+    cost = allreduce_cost(TINY, "ktree", n, 64)
+    far = (g // 2) * g + g // 2
+    assert cost.hops == g // 2 + (g // 2) * g + far and cost.stages == 2 * (g // 2) + 1
+    chain = allreduce_cost(TINY, "chain", n, 64)
+    assert (chain.hops, chain.stages) == (2 * (n - 1), n)  # the SDK's chain: 2N hops, N stages (paper sec. 7.3)
+    assert chain.cycles > cost.cycles

@@ -11,7 +11,9 @@ primitive and by step.
 
 Timing (PLMR): a message of b bytes that passes h hops and s routing stages takes
 ``h*alpha + s*(beta + b/link_bytes_per_cycle)`` cycles (wormhole routing: only the stages pay the
-serialisation); ``f`` flops on one core take ``f/flops_per_cycle``.
+serialisation); a K-tree's chains stream the partial sums word by word through their members (WaferLLM's
+kernel), so each step pays ``hops*alpha + beta`` and a level's message is serialised once per stream its
+roots read. ``f`` flops on one core take ``f/flops_per_cycle``.
 """
 
 from __future__ import annotations
@@ -21,9 +23,10 @@ from dataclasses import dataclass, fields
 from functools import lru_cache
 
 from .arith import cdiv
+from .dtypes import itemsize
 from .spec import HardwareSpec
 
-ALLREDUCE_ALGOS = ("ktree", "ring", "pipeline")
+ALLREDUCE_ALGOS = ("ktree", "chain", "ring", "pipeline")
 
 
 @dataclass(frozen=True)
@@ -57,8 +60,13 @@ def total(costs) -> Cost:
     return out
 
 
+def serialise_cycles(spec: HardwareSpec, nbytes: float) -> float:
+    """Cycles a message of nbytes takes to pass one link (its serialisation)."""
+    return nbytes / spec.link_bytes_per_cycle
+
+
 def message_cycles(spec: HardwareSpec, hops: int, stages: int, nbytes: float) -> float:
-    return hops * spec.alpha_cycles + stages * (spec.beta_cycles + nbytes / spec.link_bytes_per_cycle)
+    return hops * spec.alpha_cycles + stages * (spec.beta_cycles + serialise_cycles(spec, nbytes))
 
 
 def on_lines(c: Cost, lines: int) -> Cost:
@@ -90,24 +98,90 @@ def ktree_groups(n: int, k: int) -> int:
     return g
 
 
+@dataclass(frozen=True)
+class KtreeLevel:
+    """One reduce level of a K-tree: `steps` in order, each a tuple of (dist, sending positions) -- every
+    sender hands its partial sum `dist` hops along the line (+: toward higher positions) to the next member
+    of its chain, all at once; `halves` is 2 when some group's root takes partial sums from both sides (it
+    reads the two streams one after the other), else 1."""
+
+    steps: tuple[tuple[tuple[int, tuple[int, ...]], ...], ...]
+    halves: int
+
+
+@dataclass(frozen=True)
+class KtreePlan:
+    """The reduce levels of a K-tree over a line, and the core that ends with the sum (it multicasts it)."""
+
+    levels: tuple[KtreeLevel, ...]
+    root: int
+
+
+def _chain_steps(chain: list[int], steps: list[dict]) -> None:
+    """A chain of positions ending at its group's root: member t hands its partial sum to member t+1 at step t."""
+    for t in range(len(chain) - 1):
+        while len(steps) <= t:
+            steps.append({})
+        steps[t].setdefault(chain[t + 1] - chain[t], []).append(chain[t])
+
+
 @lru_cache(maxsize=256)
-def ktree_levels(n: int, k: int) -> tuple[tuple[int, int], ...]:
-    """(stride, chain length) of each level of the reduce phase: at level l the members are the cores
-    at multiples of stride = g**l, in groups of g; each group's chain has up to g-1 steps of stride hops."""
+def ktree_plan(n: int, k: int, centred: bool = True) -> KtreePlan:
+    """WaferLLM's K-tree allreduce (MeshInfra/WaferLLM MeshGEMV comm_pe.csl ``two_tree_allreduce``): the line's
+    members in groups of g (``ktree_groups``), each group's root its member g//2 (the kernel's root_1st_phase =
+    group size / 2); both halves of a group reduce toward the root at once, every member adding its own partial
+    sum to the stream and passing it on word by word; the roots are the next level's members. centred=False
+    roots each group at its first member instead (one chain from the far end: the Cerebras SDK's GEMV)."""
     g = ktree_groups(n, k)
-    levels, stride = [], 1
-    while stride < n:
-        members = cdiv(n, stride)
-        levels.append((stride, min(g, members) - 1))
-        stride *= g
-    return tuple(levels)
+    members, levels = list(range(n)), []
+    while len(members) > 1:
+        steps: list[dict] = []
+        roots, halves = [], 1
+        for i in range(0, len(members), g):
+            grp = members[i:i + g]
+            r = len(grp) // 2 if centred else 0
+            roots.append(grp[r])
+            _chain_steps(grp[:r + 1], steps)
+            _chain_steps(grp[r:][::-1], steps)
+            halves = 2 if 0 < r < len(grp) - 1 else halves
+        levels.append(KtreeLevel(tuple(tuple((d, tuple(src)) for d, src in sorted(s.items())) for s in steps), halves))
+        members = roots
+    return KtreePlan(tuple(levels), members[0])
+
+
+def tree_plan(algo: str, n: int, k: int) -> KtreePlan:
+    """The reduce plan of a tree-shaped allreduce: "ktree" (K levels, centred roots) or "chain" (one chain to
+    core 0)."""
+    return ktree_plan(n, k, True) if algo == "ktree" else ktree_plan(n, 1, False)
+
+
+def ktree_cost(spec: HardwareSpec, plan: KtreePlan, n: int, nbytes: int) -> Cost:
+    """A K-tree's reduce levels then the root's multicast back down the line (one stage, both ways at once).
+    A step costs its longest hand-over's hops and one routing stage (beta); a level's message is serialised
+    once per stream its roots read (pipelined: every member forwards the partial sums word by word)."""
+    hops = stages = link = msgs = streams = 0
+    for level in plan.levels:
+        for step in level.steps:
+            hops, stages = hops + max(abs(d) for d, _ in step), stages + 1
+            link += sum(len(src) * abs(d) for d, src in step) * nbytes
+            msgs += sum(len(src) for _, src in step)
+        streams += level.halves
+    far = max(plan.root, n - 1 - plan.root)
+    cyc = (message_cycles(spec, hops, stages, 0) + streams * serialise_cycles(spec, nbytes)
+           + message_cycles(spec, far, 1, nbytes))
+    return Cost(hops=hops + far, stages=stages + 1, link_bytes=link + (n - 1) * nbytes, messages=msgs + n - 1,
+                cycles=cyc)
 
 
 def allreduce_cost(spec: HardwareSpec, algo: str, n: int, nbytes: int, k: int = 2) -> Cost:
     """Allreduce of nbytes per core along a line of n cores.
 
-    ktree:    K reduce levels, chains toward each group's first core (stride hops per step), then the
-              root multicasts the sum back down the line (one stage, n-1 hops): ~K*n^(1/K) stages.
+    ktree:    WaferLLM's K-tree (``ktree_plan``): K reduce levels, both halves of every group reducing toward
+              its middle at once, partial sums forwarded word by word (a step pays hops and beta, a level's
+              message is serialised once per stream its roots read), then the root multicasts the sum both
+              ways (one stage, ~n/2 hops): ~K*n^(1/K)/2 stages, ~n hops.
+    chain:    the Cerebras SDK's GEMV reduction: one chain from the line's far end to core 0, forwarded word
+              by word (n-1 stages, the message serialised once), then a multicast back (n-1 hops).
     ring:     reduce-scatter + allgather on the folded ring (logical neighbours at most 2 hops apart):
               2(n-1) steps of nbytes/n, ~4n hops.
     pipeline: the vector cut in n segments streams down a chain to core 0 (2(n-1) one-hop stages of
@@ -115,17 +189,8 @@ def allreduce_cost(spec: HardwareSpec, algo: str, n: int, nbytes: int, k: int = 
     """
     if n == 1:
         return Cost()
-    if algo == "ktree":
-        g = ktree_groups(n, k)
-        hops = stages = link = senders = 0
-        for stride, chain in ktree_levels(n, k):
-            members = cdiv(n, stride)
-            sent = members - cdiv(members, g)
-            hops, stages, senders = hops + chain * stride, stages + chain, senders + sent
-            link += sent * stride * nbytes
-        cyc = message_cycles(spec, hops, stages, nbytes) + message_cycles(spec, n - 1, 1, nbytes)
-        return Cost(hops=hops + n - 1, stages=stages + 1, link_bytes=link + (n - 1) * nbytes,
-                    messages=senders + n - 1, cycles=cyc)
+    if algo in ("ktree", "chain"):
+        return ktree_cost(spec, tree_plan(algo, n, k), n, nbytes)
     seg = 4 * cdiv(nbytes, 4 * n)  # the vector is cut in n equal (padded) float32 segments
     steps = 2 * (n - 1)
     if algo == "ring":
@@ -158,11 +223,14 @@ def shift_cost(spec: HardwareSpec, n: int, nbytes: int, wrap: bool) -> Cost:
                 cycles=message_cycles(spec, hops, 1, nbytes))
 
 
-def gemv_cost(spec: HardwareSpec, out_block: int, in_block: int, n_reduce: int, algo: str = "ktree",
-              k: int = 2) -> Cost:
-    """MeshGEMV: a local (out_block x in_block) GEMV on every core, then an allreduce of the out_block
-    partial sums along the n_reduce cores that share the output block."""
-    return compute_cost(spec, 2 * out_block * in_block) + allreduce_cost(spec, algo, n_reduce, 4 * out_block, k)
+def gemv_cost(spec: HardwareSpec, block: tuple[int, int], n_reduce: int, algo: str = "ktree", k: int = 2,
+              dtype: str = "float32") -> Cost:
+    """MeshGEMV: a local (out_block x in_block) = `block` GEMV on every core, its flops at `dtype`'s rate,
+    then an allreduce of the out_block partial sums (`dtype` values) along the n_reduce cores that share
+    the output block. (k = 1 is the plain chain: reduce step by step to the line's end, multicast back.)"""
+    out_block, in_block = block
+    return (compute_cost(spec, 2 * out_block * in_block, dtype)
+            + allreduce_cost(spec, algo, n_reduce, itemsize(dtype) * out_block, k))
 
 
 @dataclass(frozen=True)

@@ -3,9 +3,10 @@
 Contract: a :class:`Ledger` collects :class:`~waferrt.core.cost.Cost` records by primitive name. A
 primitive opens ``with ledger.op("allreduce.ktree"):``; every routed message inside books one routing stage
 with ``ledger.message(...)`` (critical-path hops, messages, link bytes, cycles), ``with
-ledger.concurrent():`` folds several messages that travel at once into one stage, and ``ledger.add(cost)``
-books a closed-form Cost. Only the outermost op is booked under its name, so a MeshGEMV's allreduce counts
-as part of the GEMV. Ledgers of several tiles that ran the same SPMD program merge with
+ledger.concurrent():`` folds several messages that travel at once into one stage, ``with
+ledger.streamed():`` books stages whose message is forwarded word by word (the caller books its serialisation
+once), and ``ledger.add(cost)`` books a closed-form Cost. Only the outermost op is booked under its name, so a
+MeshGEMV's allreduce counts as part of the GEMV. Ledgers of several tiles that ran the same SPMD program merge with
 :func:`merge_parallel`: critical-path figures take the max, traffic adds up.
 Internally the figures are plain lists (hops, stages, link_bytes, messages, flops, cycles): booking is on
 the decode's hot path.
@@ -31,6 +32,7 @@ class Ledger:
         self.calls: dict[str, int] = {}
         self._stack: list[list] = []
         self._group: list[list] | None = None
+        self._streamed = False
 
     @contextmanager
     def op(self, name: str):
@@ -51,13 +53,24 @@ class Ledger:
         each link once: give its `link_bytes`)."""
         if link_bytes is None:
             link_bytes = messages * nbytes * hops
-        rec = [hops, 1, link_bytes, messages, 0, message_cycles(self.spec, hops, 1, nbytes)]
+        # a streamed step's message is serialised once per stream, booked by its caller
+        rec = [hops, 1, link_bytes, messages, 0, message_cycles(self.spec, hops, 1, 0 if self._streamed else nbytes)]
         if self._group is not None:
             self._group.append(rec)
         elif self._stack:
             _add(self._stack[-1], rec)
         else:
             raise RuntimeError("a message was booked outside a primitive; wrap it in ledger.op(name)")
+
+    @contextmanager
+    def streamed(self):
+        """Messages booked inside are streamed word by word through the cores that forward them (a pipelined
+        chain): each stage pays its hops and beta, not the serialisation; the caller books that once."""
+        outer, self._streamed = self._streamed, True
+        try:
+            yield
+        finally:
+            self._streamed = outer
 
     @contextmanager
     def concurrent(self):

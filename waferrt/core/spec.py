@@ -80,21 +80,32 @@ TINY = HardwareSpec(
     clock_hz=1.1e9,
 )
 
-# Cerebras WSE-2, figure by figure:
-# - full_mesh 750x994: the grid of cores a kernel may use on a CS-2 (Cerebras SDK documentation), the one
-#   WaferLLM runs on (He et al., "WaferLLM", OSDI'25, arXiv:2502.04563, sec. 2); 850,000 cores on the die
-#   (Cerebras WSE-2 announcement, April 2021; AnandTech "Cerebras Unveils WSE2", 2021).
-# - sram_bytes 48 KB: 40 GB of on-chip SRAM over 850,000 cores (same sources) = 47 KB; 48 KB per core is
-#   the figure WaferLLM and the Cerebras SDK documentation use.
-# - alpha_cycles 1: one fabric hop per cycle (WaferLLM sec. 2, PLMR "L": latency grows with the hops).
-# - beta_cycles 30: a software routing stage (a core receives, combines and re-sends) costs tens of cycles
-#   (WaferLLM sec. 2-3, PLMR "R"); 30 is an assumed point inside that range, not a published figure.
-# - link_bytes_per_cycle 4: one 32-bit wavelet per link per cycle (Cerebras SDK documentation: the fabric
-#   moves 32-bit wavelets); 220 Pb/s fabric bandwidth (WSE-2 announcement) = 850k cores x 4 links x ~8 B/s
-#   per Hz, consistent with that.
-# - flops_per_cycle 2: one fp32 fused multiply-add per core per cycle (the emulator computes in float32;
-#   the fp16 SIMD path is wider -- see docs/ESTIMATES.md).
-# - clock_hz 1.1 GHz: the clock WaferLLM's WSE-2 measurements assume (sec. 6); Cerebras publishes none.
+# Cerebras WSE-2, figure by figure (docs/ESTIMATES.md "Hardware figures" lists the same, and what is assumed):
+# - full_mesh 750x994: the grid of cores a kernel may use on a CS-2 (Cerebras SDK: csl-examples
+#   benchmarks/single-tile-matvec README, "fabric-dims must be 750,994" on a real CS-2), the one WaferLLM
+#   runs on (He et al., "WaferLLM", OSDI'25, arXiv:2502.04563, sec. 7); 850,000 cores on the die (Cerebras
+#   WSE-2 announcement, April 2021; AnandTech "Cerebras Unveils WSE2", 2021).
+# - sram_bytes 48 KB: "each core contains 48KB of SRAM" (WaferLLM sec. 7; ServeTheHome, "Cerebras WSE-2 at
+#   Hot Chips 34", 2022); 40 GB over 850,000 cores = 47 KB agrees.
+# - alpha_cycles 1: a router forwards a 32-bit message to a neighbour "with a single clock cycle" (WaferLLM
+#   sec. 7, experiment setup).
+# - beta_cycles 30: ASSUMED, no public figure: a software routing stage (a core receives, combines and
+#   re-sends) costs "tens of cycles" (WaferLLM sec. 3, PLMR "L": alpha < beta). Not fitted; with it the
+#   MeshGEMV figures come out at 1.31 and 0.98 of the measured (benchmarks/fidelity.py prints the parts).
+# - link_bytes_per_cycle 4: one 32-bit message per link per cycle (WaferLLM sec. 7; the Cerebras SDK moves
+#   32-bit wavelets, two float16 per wavelet in its SIMD-32 fabric mode, as MeshInfra/WaferLLM's MeshGEMV does).
+# - flops_per_cycle 2: one float32 multiply-accumulate per cycle, its two 32-bit operands fetched from SRAM
+#   and the result written back (WaferLLM sec. 7, experiment setup).
+# - half_flops_per_cycle 8: four float16 multiply-accumulates per cycle -- the WSE-1/WSE-2 core's four-wide
+#   FP16 SIMD unit (The Next Platform, "Cerebras goes hyperscale with third gen waferscale
+#   supercomputers", 2024-03-14). Consistent with the memory bandwidth: 4 FMACs reading two 64-bit and writing
+#   one 64-bit word per cycle is 24 B/cycle x 850,000 cores x 1.1 GHz = 22 PB/s, the figure WaferLLM (sec. 1)
+#   gives; and with CS-1's stencil solver reaching 0.86 PFLOPS, "about one third of peak" (Rocki et al.,
+#   SC'20, arXiv:2010.03660): ~2.6 PF on ~380,000 cores is ~7 flops per core per cycle. (Cerebras' own peak
+#   figures, 62.5 PF for WSE-2 and 125 PF for WSE-3, count sparsity: 62.5 PF / 850,000 / 1.1 GHz = 67 flops
+#   per cycle, far above any dense rate, so they are not used.)
+# - clock_hz 1.1 GHz: "a Compute Engine (CE) operating at a maximum of 1.1 GHz" (WaferLLM sec. 7; its
+#   launch scripts convert cycles at 1.1 GHz).
 # - ingress_bytes_per_s 150 GB/s: the CS-2 system I/O, 1.2 Tb/s over 12x100 GbE (Cerebras CS-2 data sheet;
 #   ALCF "AI accelerators" SC24 tutorial, github.com/argonne-lcf/AIaccelerators-SC24-tutorial).
 WSE2 = HardwareSpec(
@@ -107,15 +118,20 @@ WSE2 = HardwareSpec(
     flops_per_cycle=2.0,
     clock_hz=1.1e9,
     ingress_bytes_per_s=150e9,
+    half_flops_per_cycle=8.0,
 )
 
-# Cerebras WSE-3 (announcement, March 2024; ALCF SC24 tutorial): 900,000 cores, 44 GB on-chip SRAM
-# (-> 48 KB per core), 21 PB/s memory bandwidth, 214 Pb/s fabric; the CS-3 keeps the CS-2's 1.2 Tb/s system
-# I/O (12x100 GbE). full_mesh 762x1176 (896,112 cores): Cerebras publishes the core count, not the grid;
-# this grid of ~900,000 cores is an assumption. No new per-hop or routing figures are public: alpha, beta
-# and the 32-bit wavelet as for WSE-2.
-# flops_per_cycle 4: Cerebras quotes twice the WSE-2's performance at the same clock and a similar core
-# count ("2x performance", WSE-3 announcement), read here as a 2x-wider core datapath.
+# Cerebras WSE-3 (announcement, March 2024; ALCF SC24 tutorial), figure by figure:
+# - full_mesh 762x1176 (896,112 cores): ASSUMED grid; Cerebras publishes 900,000 cores, not the grid.
+# - sram_bytes 48 KB: 44 GB of on-chip SRAM over 900,000 cores (WSE-3 announcement) = 48 KB.
+# - alpha, beta, link_bytes_per_cycle: as WSE-2 -- "Cerebras WSE-3 retains the same NoC configuration"
+#   (WaferLLM sec. 8); beta stays the WSE-2 assumption.
+# - half_flops_per_cycle 16: eight float16 multiply-accumulates per cycle, "an eight-wide FP16 SIMD math unit,
+#   up from a four-wide SIMD engine" in WSE-2 (The Next Platform, 2024-03-14), which is Cerebras' "2x
+#   performance" at a similar core count.
+# - flops_per_cycle 4: ASSUMED, no public float32 figure: the WSE-2's float32:float16 ratio (1:4) kept.
+# - clock_hz 1.1 GHz: ASSUMED, as WSE-2 (Cerebras publishes none; The Next Platform guesses ~5% more).
+# - ingress_bytes_per_s 150 GB/s: the CS-3 keeps the CS-2's 1.2 Tb/s system I/O (12x100 GbE).
 WSE3 = HardwareSpec(
     name="wse3",
     full_mesh=(762, 1176),
@@ -126,6 +142,7 @@ WSE3 = HardwareSpec(
     flops_per_cycle=4.0,
     clock_hz=1.1e9,
     ingress_bytes_per_s=150e9,
+    half_flops_per_cycle=16.0,
 )
 
 PRESETS: dict[str, HardwareSpec] = {s.name: s for s in (TINY, WSE2, WSE3)}

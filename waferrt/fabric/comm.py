@@ -9,7 +9,9 @@ part of the region must call the same collectives in the same order (SPMD); mess
 
 Primitives: ``transfer`` (chosen cores send to the core ``dist`` hops along the line, forwarded hop by
 hop), ``broadcast`` (multicast from a root), ``shift`` (with or without wrap), ``allreduce`` with the
-"ktree" (K-level tree, chains toward each group's first core, then a multicast), "ring" (reduce-scatter +
+"ktree" (WaferLLM's K-level tree: both halves of every group reduce toward its middle core at once, partial
+sums streamed word by word, then a multicast from the last root), "chain" (one streamed chain to core 0, the
+Cerebras SDK's GEMV), "ring" (reduce-scatter +
 allgather on the folded ring, logical neighbours at most 2 hops apart) and "pipeline" (segments streamed
 down a chain, then a multicast) algorithms. Costs go to the :class:`~waferrt.core.ledger.Ledger`.
 
@@ -27,7 +29,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from waferrt.core.arith import cdiv
-from waferrt.core.cost import ALLREDUCE_ALGOS, allreduce_cost, ktree_levels, on_lines
+from waferrt.core.cost import ALLREDUCE_ALGOS, Cost, allreduce_cost, on_lines, serialise_cycles, tree_plan
 from waferrt.core.ledger import Ledger
 from waferrt.core.mesh import Dir, Region
 
@@ -38,7 +40,7 @@ REDUCE_OPS = {"sum": np.add, "max": np.maximum}
 
 @dataclass(frozen=True)
 class Collectives:
-    """How a program's collectives run: the allreduce algorithm ("ktree" with `k` levels, "ring",
+    """How a program's collectives run: the allreduce algorithm ("ktree" with `k` levels, "chain", "ring",
     "pipeline"), and whether a region that lies wholly in one tile takes the fast path (results computed
     at once, every message of the algorithm booked) or moves every message hop by hop (the checked mode)."""
 
@@ -190,8 +192,8 @@ class LineComm:
             if self.fast and buf.dtype == np.float32:  # the result at once, the algorithm's messages booked
                 out = ufunc.reduce(buf, axis=array_axis, keepdims=True)
                 self.book_allreduce(algo, k, _per_position(buf, array_axis), replicated)
-            elif algo == "ktree":
-                out = self._ktree(buf, k, ufunc, array_axis, replicated, overwrite)
+            elif algo in ("ktree", "chain"):
+                out = self._ktree(buf, tree_plan(algo, self.n, k), ufunc, array_axis, replicated, overwrite)
             else:
                 acc = np.moveaxis(buf, array_axis, 0)
                 flat = acc.reshape(self.m, -1)
@@ -209,26 +211,37 @@ class LineComm:
         self.ledger.add(on_lines(c, self.lines))
 
     # -- algorithms -----------------------------------------------------------------------------------
-    def _ktree(self, buf, k, ufunc, array_axis, replicated, overwrite=False):
-        """Returns the sum with a line axis of length 1 (to be spread over the line's cores)."""
+    def _ktree(self, buf, plan, ufunc, array_axis, replicated, overwrite=False):
+        """WaferLLM's K-tree along the line (``plan``: core.cost.ktree_plan). Every step moves each sender's
+        partial sum to the next member of its chain, hop by hop (across tiles by ``transfer``), and the
+        receiver adds it in; the steps are streamed (each pays hops and beta), the message serialised once
+        per stream a level's roots read. Returns the sum with a line axis of length 1."""
         acc = buf if overwrite else buf.copy()
-        whole = self.m == self.n  # the whole line is in this tile: strided in-memory steps
+        whole = self.m == self.n  # the whole line is in this tile: in-memory steps
         a = acc.swapaxes(0, array_axis) if whole else None
-        vals_per_pos = _per_position(buf, array_axis)
-        nbytes = self._msg_bytes(vals_per_pos, buf.itemsize, replicated)
-        for stride, chain in ktree_levels(self.n, k):
-            span = stride * (chain + 1)
-            for t in range(chain, 0, -1):  # member t hands its partial sum to member t-1
-                if whole:
-                    src = a[t * stride::span]
-                    dst = a[(t - 1) * stride::span][: len(src)]
-                    ufunc(dst, src, out=dst)
-                    self.ledger.message(stride, nbytes, len(src) * self.lines)
-                else:
-                    src = np.arange(t * stride, self.n, span)
-                    pos, val = self.transfer(acc, src, -stride, array_axis, replicated)
-                    _combine(acc, pos, val, array_axis, ufunc)
-        return self._multicast(acc, 0, array_axis, replicated, spread=False)
+        nbytes = self._msg_bytes(_per_position(buf, array_axis), buf.itemsize, replicated)
+        for level in plan.levels:
+            for step in level.steps:
+                with self.ledger.streamed(), self.ledger.concurrent():
+                    moved = [self._ktree_step(acc, a, dist, src, (array_axis, replicated, nbytes))
+                             for dist, src in step]
+                for pos, val in moved:
+                    if whole:
+                        a[pos] = ufunc(a[pos], val)
+                    else:
+                        _combine(acc, pos, val, array_axis, ufunc)
+            self.ledger.add(Cost(cycles=level.halves * serialise_cycles(self.ledger.spec, nbytes)))
+        return self._multicast(acc, plan.root, array_axis, replicated, spread=False)
+
+    def _ktree_step(self, acc, a, dist, src, how):
+        """One chain step of the K-tree: the cores at `src` hand their partial sums `dist` hops along the line.
+        Returns (receiving positions, values) -- region positions into `a` when the line is in this tile."""
+        array_axis, replicated, nbytes = how
+        if a is not None:
+            src = np.asarray(src)
+            self.ledger.message(abs(dist), nbytes, len(src) * self.lines)
+            return src + dist, a[src]
+        return self.transfer(acc, src, dist, array_axis, replicated)
 
     def _chunk_steps(self, chunks, steps, ufunc, replicated):
         """chunks: (m, n_chunks, lines, c). Each step is a list of (src positions, chunk index per src, dist);

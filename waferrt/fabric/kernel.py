@@ -192,7 +192,7 @@ class Cores:
         >>> out[..., 0]
         array([[ 6.,  6.,  6.,  6.],
                [22., 22., 22., 22.]], dtype=float32)
-        >>> cost["allreduce.ktree"].hops                     # reduce toward core 0, then multicast back
+        >>> cost["allreduce.ktree"].hops                     # to the roots (1 + 2 hops), multicast (3)
         6
         """
         self._check(buf)
