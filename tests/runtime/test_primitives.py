@@ -46,7 +46,7 @@ def run_on_x(wafer: Wafer, fn, **args) -> tuple[np.ndarray, dict]:
     return wafer.dsm.get("y"), cost
 
 
-@pytest.mark.parametrize("algo", ["ktree", "ring", "pipeline"])
+@pytest.mark.parametrize("algo", ["ktree", "chain", "ring", "pipeline"])
 def test_allreduce_matches_numpy_and_closed_form(wafer, algo):
     x, h = wafer.x, wafer.mesh.height
     for axis, ax in AXES.items():
