@@ -11,6 +11,7 @@ from __future__ import annotations
 import enum
 from collections.abc import Iterator
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 from .arith import cdiv, whole
 
@@ -42,10 +43,22 @@ class Dir(enum.Enum):
 _OPPOSITE = {Dir.N: Dir.S, Dir.S: Dir.N, Dir.E: Dir.W, Dir.W: Dir.E}
 
 
-@dataclass(frozen=True, order=True)
-class Coord:
+class _XY(NamedTuple):
     x: int
     y: int
+
+
+class Coord(_XY):
+    """A core's place on the mesh: x its column (growing East), y its row (growing South); (0, 0) is the
+    North-West corner. A tuple: ``Coord(3, 4) == (3, 4)``, ``x, y = c``, hashable.
+    Arrays over cores are indexed the other way round, ``a[y, x]`` (rows, cols): see ``Region.local``."""
+
+    __slots__ = ()
+
+    def __new__(cls, x: int, y: int) -> Coord:
+        if type(x) is not int or type(y) is not int:  # the common case costs two type checks
+            x, y = whole("Coord.x", x, least=None), whole("Coord.y", y, least=None)
+        return super().__new__(cls, x, y)
 
     def step(self, d: Dir) -> Coord:
         return Coord(self.x + d.value[0], self.y + d.value[1])
