@@ -110,7 +110,7 @@ def test_mesh_errors_say_what_fits():
         MeshSpec(4, 4, 5, 1)
     with pytest.raises(ValueError, match=r"tile\(2,0\) is outside the 2x2 grid"):
         MeshSpec(4, 4, 2, 2).tile_region(TileId(2, 0))
-    with pytest.raises(ValueError, match=r"dead core \(9,9\) is outside"):
+    with pytest.raises(ValueError, match=r"dead core \(x=9, y=9\) is outside"):
         MeshSpec(4, 4, 2, 2, frozenset({Coord(9, 9)}))
 
 
