@@ -1,5 +1,5 @@
 """waferrt.fabric: how the cores of a region talk -- the Links protocol and its errors, the collectives
-along a line of cores (LineComm), the kernel context (Cores) and the in-process fabric (LoopFabric,
+along a line of cores (LineComm), the kernel context (Context, exported as waferrt.Context) and the in-process fabric (LoopFabric,
 ``simulate``) that runs SPMD kernels without Ray.
 
 Contract: pure (no Ray, no sockets); the real fabric between Ray actors (waferrt.actors.fabric) implements
@@ -7,9 +7,10 @@ the same Links protocol.
 """
 
 from .comm import LineComm
-from .kernel import Cores, NotNeighbourError
+from .kernel import Context, NotNeighbourError, NotSpmd
+from .view import BlockTooLarge, KernelMisuse
 from .links import FabricError, FabricProtocolError, FabricTimeout, Links
 from .loop import LoopFabric, simulate
 
-__all__ = ["Cores", "FabricError", "FabricProtocolError", "FabricTimeout", "LineComm", "Links", "LoopFabric",
-           "NotNeighbourError", "simulate"]
+__all__ = ["BlockTooLarge", "Context", "FabricError", "FabricProtocolError", "FabricTimeout", "KernelMisuse",
+           "LineComm", "Links", "LoopFabric", "NotNeighbourError", "NotSpmd", "simulate"]

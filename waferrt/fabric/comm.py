@@ -154,7 +154,8 @@ class LineComm:
         """Every core sends its slice one hop along the line (dist=+1: E or S; -1: W or N). Without wrap
         the first core receives zeros; with wrap the last core's slice travels back to the first."""
         if dist not in (1, -1):
-            raise ValueError(f"shift moves one hop (dist=+1 or -1), got {dist}; use transfer() for more")
+            raise ValueError(f"shift moves one hop (dist=+1 or -1), got {dist}; shift again for each further "
+                             "hop, or use transfer(src, dist) to send chosen cores' slices dist hops")
         out = np.zeros_like(buf)
         if self.n == 1:  # a line of one core: nothing moves (booked, at zero cost)
             with self.ledger.op("shift"):
@@ -291,6 +292,19 @@ class LineComm:
         self._chunk_steps(chunks, steps, ufunc, replicated)
         acc = _join_chunks(chunks, flat.shape[1])
         return self._multicast(acc, 0, 0, replicated, spread=False)
+
+
+def reduce_flops(algo: str, n: int, values: int, k: int = 2) -> int:
+    """The flops of the busiest core's reductions in an allreduce of `values` values per core along a line of
+    n cores: ktree -- one combine of the whole block per level (the chain's first core takes part in every
+    level); ring -- n-1 combines of a 1/n chunk (reduce-scatter); pipeline -- every one of the n chunks
+    combined once on the way down the chain."""
+    if n <= 1:
+        return 0
+    if algo == "ktree":
+        return len(ktree_levels(n, k)) * values
+    chunk = cdiv(values, n)
+    return (n - 1) * chunk if algo == "ring" else n * chunk
 
 
 def _per_position(buf: np.ndarray, axis: int) -> int:

@@ -24,7 +24,7 @@ from waferrt.core.mesh import Dir, MeshSpec, TileId
 from waferrt.faults.errors import PayloadCorrupt
 from waferrt.faults.wire import checksum, flip
 
-from .kernel import Cores
+from .kernel import Context
 from .links import FabricProtocolError, FabricTimeout
 
 
@@ -137,7 +137,7 @@ def simulate(mesh: MeshSpec, spec, region, kernel, timeout: float = 10.0, faults
     def body(t: TileId, links):
         local = mesh.tile_region(t).intersect(region)
         ledger = Ledger(spec)
-        ctx = Cores(region, mesh.tile_region(t), links, ledger, store={}, tag="sim", faults=faults)
+        ctx = Context(region, mesh.tile_region(t), links, ledger, store={}, tag="sim", faults=faults)
         part = {k: v[region.window(local)] for k, v in arrays.items()}
         return local, kernel(ctx, **part), ledger.snapshot()
 
