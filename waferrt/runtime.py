@@ -39,7 +39,7 @@ from .core.ledger import merge_snapshots
 from .core.mesh import DEFAULT_MAX_TILES, MeshSpec, Region, TileId, check_on_wafer, check_tile_count
 from .core.spec import HardwareSpec, spec_by_name
 from .dsm import DSM, UnknownTensor
-from .fabric.links import FabricError, FabricTimeout
+from .fabric.spmd import root_cause, show_output
 from .faults.errors import FaultError
 
 STALL_S = 4.0  # a tile that sends no heartbeat for this long is dead or frozen (it beats every 0.25 s)
@@ -50,16 +50,6 @@ __all__ = ["ClusterUnreachable", "CostReport", "DSM", "UnknownTensor", "Wafer", 
 
 class WaferClosed(RuntimeError):
     """The Wafer was used while it is not open (closed, or not opened yet)."""
-
-
-def _root_cause(errors: dict[int, BaseException]) -> BaseException:
-    """Of the tiles' errors (by call index), the one that caused the others: a tile's own error before a
-    fabric error that a neighbour saw while waiting for it; a protocol error before a timeout."""
-    def rank(i: int) -> tuple[int, int]:
-        e = errors[i]
-        return (2 if isinstance(e, FabricTimeout) else 1 if isinstance(e, FabricError) else 0), i
-
-    return errors[min(errors, key=rank)]
 
 
 class Wafer:
@@ -157,7 +147,10 @@ class Wafer:
 
     def run(self, kernel, region: Region | None = None, **args) -> dict[str, Cost]:
         """Run ``kernel(ctx, **args)`` on every core of `region` (default: the whole mesh): one command per
-        tile; tiles exchange with their neighbours by themselves. Returns the cost per primitive."""
+        tile; tiles exchange with their neighbours by themselves. Returns the cost per primitive. What the
+        kernel prints (or ``ctx.log`` s) is printed here, each line labelled by its tile; an error is the
+        tile's own (not a neighbour's timeout), with a note naming the kernel's line and the tile (its
+        ``kernel_site``, ``tile`` and ``core`` attributes)."""
         if not callable(kernel):
             raise TypeError(f"kernel must be a function kernel(ctx, **args), got {kernel!r}")
         region = self.region_of(region)
@@ -168,13 +161,16 @@ class Wafer:
         name = getattr(kernel, "__name__", type(kernel).__name__)
         with nullcontext() if self._trace is None else self._trace.span(f"run {name}", "host", epoch=epoch):
             faults = None if self.session is None else self.session.kernel_faults(tiles, epoch)
-            try:
-                snaps = self.call([(t, Tile.run, (kernel, region, args, epoch, faults)) for t in tiles])
-            except FaultError as e:
-                if self.session is not None:
-                    self.session.kernel_error(e)
-                raise
-        self._costs.append(merge_snapshots(snaps))
+            self.live()
+            runs, errors = self.gather([(t, Tile.run, (kernel, region, args, epoch, faults)) for t in tiles])
+        show_output([(t, r["output"] if r else getattr(errors.get(i), "output", ""))
+                     for i, (t, r) in enumerate(zip(tiles, runs))])
+        if errors:
+            error = root_cause(errors)
+            if isinstance(error, FaultError) and self.session is not None:
+                self.session.kernel_error(error)
+            raise error
+        self._costs.append(merge_snapshots([r["cost"] for r in runs]))
         return self._costs[-1]
 
     def fault_map(self):
@@ -218,7 +214,7 @@ class Wafer:
         self.live()
         results, errors = self.gather(calls, progress, within)
         if errors:
-            raise _root_cause(errors)
+            raise root_cause(errors)
         return results
 
     def gather(self, calls: list[tuple[TileId, Callable, tuple]], progress=None, within: float | None = None

@@ -14,6 +14,7 @@ from waferrt.actors.tile import Tile
 from waferrt.core.layout import Layout
 from waferrt.core.mesh import Coord, MeshSpec, Region, TileId
 from waferrt.core.spec import TINY
+from waferrt.fabric.debug import KernelFailed
 from waferrt.fabric.kernel import Context
 from waferrt.fabric.loop import LoopFabric, simulate
 from waferrt.faults import CoreFailed, CoreFailure, Corrupt, LinkFailed, LinkFailure, PayloadCorrupt, Trigger
@@ -139,9 +140,10 @@ def test_a_tile_counts_kernel_commands_and_loses_a_dead_cores_blocks():
     tile.put("x", x + 1)  # the dead core's block can be put but never read back
     got = tile.get("x", fill=np.nan)
     assert np.isnan(got[1, 1]).all() and (got[0, 1] == x[0, 1] + 1).all()
-    with pytest.raises(CoreFailed, match="ctx.allreduce along x"):
+    with pytest.raises(KernelFailed, match="ctx.allreduce along x") as e:  # the tile's error, on its way to the host
         tile.run(lambda ctx: ctx.allreduce(ctx.load("x", where=ctx.live), "x"), mesh.region, {}, 3,
                  FaultMap.join([report]))
+    assert isinstance(e.value.unwrap(), CoreFailed) and e.value.unwrap().tile == TileId(0, 0)
 
 
 def test_a_corrupt_kernel_message_is_caught_by_its_checksum_and_names_the_link():

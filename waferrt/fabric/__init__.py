@@ -7,10 +7,10 @@ the same Links protocol.
 """
 
 from .comm import LineComm
-from .kernel import Context, NotNeighbourError, NotSpmd
-from .view import BlockTooLarge, KernelMisuse
+from .kernel import Context, NotNeighbourError
 from .links import FabricError, FabricProtocolError, FabricTimeout, Links
 from .loop import LoopFabric, simulate
+from .misuse import BlockTooLarge, KernelMisuse, NeighbourFailed, NotSpmd
 
 __all__ = ["BlockTooLarge", "Context", "FabricError", "FabricProtocolError", "FabricTimeout", "KernelMisuse",
-           "LineComm", "Links", "LoopFabric", "NotNeighbourError", "NotSpmd", "simulate"]
+           "LineComm", "Links", "LoopFabric", "NeighbourFailed", "NotNeighbourError", "NotSpmd", "simulate"]

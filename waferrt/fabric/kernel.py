@@ -17,12 +17,14 @@ cost in the context's ledger. docs/PROGRAMMING.md is the reference; in short:
 
 Axes: mesh axis "x" runs along a row of cores (East = +1), "y" along a column (South = +1); array axis 1
 is x, array axis 0 is y. Every tile of the region must call the same primitives in the same order (SPMD):
-the tiles check it with each other as the kernel ends (:class:`NotSpmd`). Faults: see RegionView
+the tiles check it with each other as the kernel ends (waferrt.fabric.misuse.NotSpmd). Faults: see RegionView
 (``ctx.live``, ``ctx.can_send``, ``where=``); a primitive that needs a dead core or link raises CoreFailed /
 LinkFailed naming it.
 """
 
 from __future__ import annotations
+
+from contextlib import contextmanager
 
 import numpy as np
 
@@ -32,16 +34,13 @@ from waferrt.faults.faultmap import FaultMap
 
 from .comm import LineComm, reduce_flops
 from .debug import user_site
-from .links import Links
-from .view import KernelMisuse, RegionView
+from .links import FabricProtocolError, Links
+from .misuse import from_neighbour
+from .view import RegionView
 
 
 class NotNeighbourError(ValueError):
     """A core asked to send to a core that is not one hop away."""
-
-
-class NotSpmd(KernelMisuse):
-    """The tiles of a region did not run the same primitives in the same order."""
 
 
 class Context(RegionView):
@@ -74,12 +73,18 @@ class Context(RegionView):
         raise ValueError(f"mesh axis is 'x' (along a row of cores, E/W; array axis 1) or 'y' (along a column, "
                          f"N/S; array axis 0), got {axis!r}")
 
-    def _call(self, what: str, *bufs: np.ndarray) -> None:
-        """A primitive every tile of the region runs: checked, and recorded with its line of the kernel."""
+    @contextmanager
+    def _primitive(self, what: str, *bufs: np.ndarray):
+        """A primitive every tile of the region runs: checked, recorded with its line of the kernel; a
+        neighbour tile that ended (or failed) instead of taking part is said so (misuse.from_neighbour)."""
         for b in bufs:
             self._check(b, what)
         site = user_site()
         self.calls.append(f"{what} at {site.file}:{site.line}" if site else what)
+        try:
+            yield
+        except FabricProtocolError as e:
+            raise from_neighbour(e, what, site) from e
 
     # -- primitives -----------------------------------------------------------------------------------
     def send(self, buf: np.ndarray, dx: int, dy: int, where=None) -> np.ndarray:
@@ -109,28 +114,28 @@ class Context(RegionView):
                 "only to its N/E/S/W neighbours. Move data one hop at a time (ctx.send with |dx|+|dy| = 1), "
                 "or use ctx.shift / ctx.broadcast / ctx.allreduce, which forward hop by hop.")
         d = Dir.of_step(dx, dy)
-        self._call(f"ctx.send {d.name}", buf)
-        axis, dist = ("x", dx) if dx else ("y", dy)
-        senders = None
-        if where is None:
-            self._need(f"ctx.send {d.name}", axis=axis)
-        else:
-            chosen = [c for c in self._chosen(where) if self.region.contains(c.step(d))]
-            self._need(f"ctx.send {d.name} (where=)", chosen)
-            for c in chosen:
-                self._need(f"ctx.send {d.name} (where=) from core {c}, which sends to it", [c.step(d)],
-                           links=[(c, c.step(d))])
-            buf = np.where(self._spread(where, buf), buf, np.zeros((), buf.dtype))  # the others send nothing
-            senders = len(chosen)
-        with self.ledger.op("send"):
-            comm, ax = self._comm(axis)
-            out = np.zeros_like(buf)
-            src = np.arange(comm.n - 1) + (0 if dist > 0 else 1)
-            pos, val = comm.transfer(buf, src, dist, ax, senders=senders)
-            idx = [slice(None)] * buf.ndim
-            idx[ax] = pos
-            out[tuple(idx)] = val
-            return out
+        with self._primitive(f"ctx.send {d.name}", buf):
+            axis, dist = ("x", dx) if dx else ("y", dy)
+            senders = None
+            if where is None:
+                self._need(f"ctx.send {d.name}", axis=axis)
+            else:
+                chosen = [c for c in self._chosen(where) if self.region.contains(c.step(d))]
+                self._need(f"ctx.send {d.name} (where=)", chosen)
+                for c in chosen:
+                    self._need(f"ctx.send {d.name} (where=) from core {c}, which sends to it", [c.step(d)],
+                               links=[(c, c.step(d))])
+                buf = np.where(self._spread(where, buf), buf, np.zeros((), buf.dtype))  # the others send nothing
+                senders = len(chosen)
+            with self.ledger.op("send"):
+                comm, ax = self._comm(axis)
+                out = np.zeros_like(buf)
+                src = np.arange(comm.n - 1) + (0 if dist > 0 else 1)
+                pos, val = comm.transfer(buf, src, dist, ax, senders=senders)
+                idx = [slice(None)] * buf.ndim
+                idx[ax] = pos
+                out[tuple(idx)] = val
+                return out
 
     def shift(self, buf: np.ndarray, axis: str, dist: int = 1, wrap: bool = False) -> np.ndarray:
         """Every core of the region sends its block one hop along `axis` ("x": dist=+1 East, -1 West; "y":
@@ -146,14 +151,14 @@ class Context(RegionView):
         >>> simulate(mesh, TINY, mesh.region, lambda ctx, x: ctx.shift(x, "x", -1, wrap=True), x=x)[0][..., 0]
         array([[2., 3., 4., 1.]], dtype=float32)
         """
-        self._call(f"ctx.shift along {axis}", buf)
-        comm, ax = self._comm(axis)
-        if dist not in (1, -1):
-            raise ValueError(f"ctx.shift moves every block one hop (dist=+1 or -1), got {dist}; for more hops "
-                             f"call it {abs(dist)} times (each hop is booked), or use ctx.send for one hop with "
-                             "where=")
-        self._need(f"ctx.shift along {axis}", axis=axis)
-        return comm.shift(buf, dist, wrap, ax)
+        with self._primitive(f"ctx.shift along {axis}", buf):
+            comm, ax = self._comm(axis)
+            if dist not in (1, -1):
+                raise ValueError(f"ctx.shift moves every block one hop (dist=+1 or -1), got {dist}; for more hops "
+                                 f"call it {abs(dist)} times (each hop is booked), or use ctx.send for one hop with "
+                                 "where=")
+            self._need(f"ctx.shift along {axis}", axis=axis)
+            return comm.shift(buf, dist, wrap, ax)
 
     def broadcast(self, buf: np.ndarray, axis: str, root: int = 0) -> np.ndarray:
         """Every core of each line along `axis` gets the block of the line's `root`-th core (counted from the
@@ -168,10 +173,10 @@ class Context(RegionView):
         >>> simulate(mesh, TINY, mesh.region, lambda ctx, x: ctx.broadcast(x, "y", root=2), x=x)[0][:, 0, 0]
         array([3., 3., 3., 3.], dtype=float32)
         """
-        self._call(f"ctx.broadcast along {axis}", buf)
-        comm, ax = self._comm(axis)
-        self._need(f"ctx.broadcast along {axis}", axis=axis)
-        return comm.broadcast(buf, root, ax)
+        with self._primitive(f"ctx.broadcast along {axis}", buf):
+            comm, ax = self._comm(axis)
+            self._need(f"ctx.broadcast along {axis}", axis=axis)
+            return comm.broadcast(buf, root, ax)
 
     def allreduce(self, buf: np.ndarray, axis: str, algo: str = "ktree", k: int = 2, op: str = "sum"
                   ) -> np.ndarray:
@@ -192,13 +197,13 @@ class Context(RegionView):
         >>> cost["allreduce.ktree"].hops, cost["allreduce.ktree"].flops   # 2 levels of 1 add on the root
         (6, 2)
         """
-        self._call(f"ctx.allreduce along {axis}", buf)
-        comm, ax = self._comm(axis)
-        self._need(f"ctx.allreduce along {axis}", axis=axis)
-        with self.ledger.op(f"allreduce.{algo}"):
-            out = comm.allreduce(buf, algo, k, op, ax)
-            self.ledger.compute(reduce_flops(algo, comm.n, _block_values(buf), k))
-        return out
+        with self._primitive(f"ctx.allreduce along {axis}", buf):
+            comm, ax = self._comm(axis)
+            self._need(f"ctx.allreduce along {axis}", axis=axis)
+            with self.ledger.op(f"allreduce.{algo}"):
+                out = comm.allreduce(buf, algo, k, op, ax)
+                self.ledger.compute(reduce_flops(algo, comm.n, _block_values(buf), k))
+            return out
 
     def gemv(self, w: np.ndarray, x: np.ndarray, axis: str, algo: str = "ktree", k: int = 2) -> np.ndarray:
         """MeshGEMV. w: (rows, cols, out_b, in_b) blocks; x: (rows, cols, in_b), the input split along
@@ -216,15 +221,15 @@ class Context(RegionView):
         >>> out[..., 0], cost["gemv"].flops                  # 4 flops of block GEMV + 1 add, per core
         (array([[10., 10.]], dtype=float32), 5)
         """
-        self._call(f"ctx.gemv along {axis}", w, x)
-        comm, ax = self._comm(axis)
-        self._need(f"ctx.gemv along {axis}", axis=axis)
-        with self.ledger.op("gemv"):
-            y = np.matmul(w, x[..., None])[..., 0]
-            self.ledger.compute(2 * w.shape[-1] * w.shape[-2])
-            out = comm.allreduce(y, algo, k, "sum", ax)
-            self.ledger.compute(reduce_flops(algo, comm.n, _block_values(y), k))
-            return out
+        with self._primitive(f"ctx.gemv along {axis}", w, x):
+            comm, ax = self._comm(axis)
+            self._need(f"ctx.gemv along {axis}", axis=axis)
+            with self.ledger.op("gemv"):
+                y = np.matmul(w, x[..., None])[..., 0]
+                self.ledger.compute(2 * w.shape[-1] * w.shape[-2])
+                out = comm.allreduce(y, algo, k, "sum", ax)
+                self.ledger.compute(reduce_flops(algo, comm.n, _block_values(y), k))
+                return out
 
     def compute(self, flops: int) -> None:
         """Book `flops` of local work done by EACH core (per core, not per tile: the cores work side by side,

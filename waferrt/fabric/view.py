@@ -16,15 +16,7 @@ from waferrt.core.mesh import Coord, Region
 from waferrt.faults.faultmap import FaultMap
 
 from .debug import user_site
-
-
-class KernelMisuse(RuntimeError):
-    """A kernel broke a rule of the programming model (docs/PROGRAMMING.md): the message names the rule, the
-    kernel's line, the tile, and what to do instead."""
-
-
-class BlockTooLarge(KernelMisuse):
-    """A message or temporary whose block on one core is larger than a core's whole SRAM."""
+from .misuse import BlockTooLarge
 
 
 class RegionView:
