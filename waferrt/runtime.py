@@ -1,6 +1,6 @@
 """The public Wafer: an emulated mesh of cores as Ray tile actors, its DSM, kernels and costs.
 
-Contract: ``Wafer(spec, mesh, tile, address, timeout, max_tiles)`` is a context manager; its arguments are
+Contract: ``Wafer(spec, mesh, tile, address, timeout, max_tiles, backend)`` is a context manager; its arguments are
 checked when it is made (before Ray starts): a mesh wider or taller than the spec's wafer is
 ``MeshTooLarge``, more than `max_tiles` tiles (256: each is a Ray worker process) ``TooManyTiles``. Entering
 starts (``address=None``) or joins (``address="auto"`` or a Ray address, first checked with a deadline:
@@ -17,7 +17,9 @@ injected (``wafer.inject``, ``wafer.faults``), every run first lets the faults d
 hands every tile the region's fault map (``ctx.dead_cores``; a primitive that needs a dead core or link
 raises CoreFailed / LinkFailed); ``wafer.fault_map()`` is what is dead; a dead core's DSM blocks are lost
 (``dsm.get`` and ``dsm.read`` raise naming them; ``dsm.get(name, fill=np.nan)`` reads the rest). Ray's own
-messages to the driver ("(raylet) A worker died ...") go to the ``waferrt.ray`` logger, not to stdout."""
+messages to the driver ("(raylet) A worker died ...") go to the ``waferrt.ray`` logger, not to stdout.
+``backend="local"`` runs the same tiles (waferrt.localtiles) in this process over queues instead: no Ray, the
+same results and costs, for fast tests (a TileCrash or NodeLoss needs Ray)."""
 
 from __future__ import annotations
 
@@ -40,6 +42,7 @@ from .core.mesh import DEFAULT_MAX_TILES, MeshSpec, Region, TileId, check_on_waf
 from .core.spec import HardwareSpec, spec_by_name
 from .dsm import DSM, UnknownTensor
 from .fabric.spmd import root_cause, show_output
+from .localtiles import check_backend, check_fault
 from .faults.errors import FaultError
 
 STALL_S = 4.0  # a tile that sends no heartbeat for this long is dead or frozen (it beats every 0.25 s)
@@ -69,7 +72,8 @@ class Wafer:
 
     def __init__(self, spec: str | HardwareSpec = "tiny", mesh: tuple[int, int] | MeshSpec = (16, 16),
                  tile: tuple[int, int] = (8, 8), address: str | None = None, timeout: float = 30.0,
-                 max_tiles: int = DEFAULT_MAX_TILES):
+                 max_tiles: int = DEFAULT_MAX_TILES, backend: str = "ray"):
+        self.backend = check_backend(backend)
         self.spec = spec_by_name(spec)
         self.mesh = mesh if isinstance(mesh, MeshSpec) else MeshSpec(*_pair("mesh", mesh), *_pair("tile", tile))
         check_on_wafer(self.mesh, self.spec)
@@ -103,12 +107,14 @@ class Wafer:
     def open(self, progress=None, node_ids: dict[TileId, str] | None = None) -> Wafer:
         """Start (or join) Ray and the tile actors: each tile on its node in `node_ids` (default: this
         driver's node), the fabric wired, and every tile beating to this host's inbox."""
+        if self._open:
+            raise RuntimeError("this Wafer is already open; close it before opening it again")
+        if self.backend == "local":
+            return self._open_local()
         from waferrt.actors.remote import driver_node, start_tiles
         from waferrt.actors.stream import HostInbox
         from waferrt.actors.watch import Watch
 
-        if self._open:
-            raise RuntimeError("this Wafer is already open; close it before opening it again")
         self._started_ray = ray_init(self.address)
         self._open, self.failed, self.lost = True, None, set()
         atexit.register(self.close)
@@ -127,6 +133,17 @@ class Wafer:
         except BaseException:
             self.close()
             raise
+        return self
+
+    def _open_local(self) -> Wafer:
+        """The tiles in this process (waferrt.localtiles): no Ray, no sockets, no heartbeats."""
+        from .localtiles import LocalTiles
+
+        self._local_tiles = LocalTiles(self.mesh, self.spec, self.timeout)
+        self.tiles, self._here = self._local_tiles.tiles, "local"
+        self.nodes = {t: "local" for t in self.tiles}
+        self._local = frozenset(self.tiles)
+        self._open, self.failed, self.lost = True, None, set()
         return self
 
     def live(self) -> None:
@@ -155,7 +172,8 @@ class Wafer:
             raise TypeError(f"kernel must be a function kernel(ctx, **args), got {kernel!r}")
         region = self.region_of(region)
         self.live()
-        _ship_code(kernel)
+        if self.backend == "ray":
+            _ship_code(kernel)
         tiles = self.mesh.tiles_of(region)
         epoch = self.next_epoch()
         name = getattr(kernel, "__name__", type(kernel).__name__)
@@ -220,10 +238,12 @@ class Wafer:
     def gather(self, calls: list[tuple[TileId, Callable, tuple]], progress=None, within: float | None = None
                ) -> tuple[list, dict[int, BaseException]]:
         """Like :meth:`call`, but returns (results, {index: error}) instead of raising a tile's error."""
-        from waferrt.actors.watch import TileFailed
-
         if self.failed is not None:
             raise self.failed
+        if self.backend == "local":
+            return self._local_tiles.gather(calls)
+        from waferrt.actors.watch import TileFailed
+
         refs = [getattr(self.tiles[t], method.__name__).remote(*args) for t, method, args in calls]
         try:
             return self.watch.gather(refs, [t for t, _, _ in calls], progress, within,
@@ -258,6 +278,8 @@ class Wafer:
         from .inject import FaultSession
 
         self.live()
+        if self.backend == "local":
+            check_fault(fault)
         if self.session is None:
             self.session = FaultSession(self)
         return self.session.inject(fault)
@@ -276,6 +298,8 @@ class Wafer:
         """The tiles that do not answer a ping within seconds (dead, or frozen: as good as dead), and those
         on a lost node."""
         self.live()
+        if self.backend == "local":
+            return []
         swept = set(self.watch.sweep())
         return [t for t in self.tiles if t in swept or self.nodes.get(t) in self.lost]
 
@@ -334,7 +358,7 @@ class Wafer:
         atexit.unregister(self.close)
         self.dsm.layouts.clear()  # the tensors lived in the tiles
         try:
-            if self.tiles:
+            if self.tiles and self.backend == "ray":
                 from waferrt.actors.remote import stop_tiles
 
                 stop_tiles(self.tiles, patience=2.0 if self.failed is not None else 10.0)

@@ -34,6 +34,7 @@ FLOORS["waferrt.actors"] = set(FLOORS)  # the tiles run the serving loop
 FLOORS["waferrt.inject"] = set(FLOORS)  # faults into the tiles (the Wafer's fault session)
 FLOORS["waferrt.dsm"] = set(FLOORS)  # the Wafer's named tensors in the tiles
 FLOORS["waferrt.runtime"] = set(FLOORS)
+FLOORS["waferrt.localtiles"] = set(FLOORS)  # the runtime's Ray-free tiles
 FLOORS["waferrt.recovery"] = set(FLOORS)  # what the host does when a fault hits a decode
 FLOORS["waferrt.llm"] = set(FLOORS)  # the joins: the runtime (Wafer), then WaferLLM on top of it
 FLOORS["waferrt.cli"] = set(FLOORS)
