@@ -42,8 +42,8 @@ from .core.mesh import DEFAULT_MAX_TILES, MeshSpec, Region, TileId, check_on_waf
 from .core.spec import HardwareSpec, spec_by_name
 from .dsm import DSM, UnknownTensor
 from .fabric.spmd import root_cause, show_output
-from .localtiles import check_backend, check_fault
 from .faults.errors import FaultError
+from .localtiles import check_backend, check_fault
 
 STALL_S = 4.0  # a tile that sends no heartbeat for this long is dead or frozen (it beats every 0.25 s)
 

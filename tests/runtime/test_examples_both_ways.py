@@ -7,22 +7,10 @@ emulation's milliseconds, the fault log's seconds) and the trace file's temporar
 
 from __future__ import annotations
 
-import importlib
-import pathlib
 import re
-import sys
 
 import pytest
-
-ROOT = pathlib.Path(__file__).resolve().parents[2]
-
-
-def _example(name: str):
-    sys.path.insert(0, str(ROOT / "examples"))
-    try:
-        return importlib.import_module(name)
-    finally:
-        sys.path.remove(str(ROOT / "examples"))
+from example_modules import example
 
 
 def _modelled(out: str) -> list[str]:
@@ -39,10 +27,10 @@ def _modelled(out: str) -> list[str]:
 
 @pytest.mark.parametrize("name", ["allreduce", "custom_kernel", "fault_tolerant_allreduce"])
 def test_an_example_prints_the_same_on_ray_and_locally(name, ray_session, capsys):
-    example = _example(name)
+    module = example(name)
     outs = {}
     for backend in ("local", "ray"):
-        assert example.main(backend) == 0
+        assert module.main(backend) == 0
         outs[backend] = _modelled(capsys.readouterr().out)
     assert outs["local"] == outs["ray"]
     assert any("cycles" in line for line in outs["ray"])

@@ -15,6 +15,7 @@ import sys
 
 import numpy as np
 import pytest
+from example_modules import example
 
 import waferrt
 from waferrt.faults import TileCrash
@@ -38,17 +39,9 @@ print(sorted(m for m in ("ray", "zmq") if m in sys.modules))
 """
 
 
-def _example(name: str):
-    sys.path.insert(0, str(ROOT / "examples"))
-    try:
-        return importlib.import_module(name)
-    finally:
-        sys.path.remove(str(ROOT / "examples"))
-
-
 @pytest.mark.parametrize("name", EXAMPLES)
 def test_the_examples_pass_on_the_local_wafer(name, capsys):
-    assert _example(name).main("local") == 0
+    assert example(name).main("local") == 0
     assert "WRONG" not in capsys.readouterr().out
 
 

@@ -132,5 +132,6 @@ def test_replan_leaves_a_streaming_region_the_failure_misses_and_says_when_none_
     rp = replan(p, frozenset({Coord(4, 4)}))
     assert rp.mode == "unchanged" and rp.placement.embed == p.embed and rp.moves == () and rp.moved == ()
     with pytest.raises(PlanError, match=r"cannot re-plan the streaming region \[0:3\)x\[0:8\) that the failure "
-                                        r"breaks: weight streaming: with core \(x=1, y=1\), core \(x=4, y=4\) dead, no region"):
+                                        r"breaks: weight streaming: with core \(x=1, y=1\), core \(x=4, y=4\) dead, "
+                                        r"no region"):
         replan(rp.placement, frozenset({Coord(1, 1)}))

@@ -26,8 +26,8 @@ from waferrt.faults.errors import PayloadCorrupt
 from waferrt.faults.wire import checksum, flip
 
 from .kernel import Context
-from .spmd import root_cause, run_kernel, show_output
 from .links import FabricProtocolError, FabricTimeout
+from .spmd import root_cause, run_kernel, show_output
 
 
 class LoopLinks:

@@ -26,6 +26,7 @@ from .kernel import Context
 from .links import FabricError, FabricProtocolError, FabricTimeout
 from .misuse import RULE, KernelMisuse, NeighbourFailed, NotSpmd, got_tag
 
+
 def run_kernel(ctx: Context, kernel, args: dict, tile, returns: bool = False):
     """Run `kernel` on this tile: (its return value, what it printed). Raises KernelFailed."""
     name = getattr(kernel, "__name__", type(kernel).__name__)

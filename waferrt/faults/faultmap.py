@@ -86,7 +86,8 @@ class FaultMap:
 def lost_blocks(layouts: dict[str, Layout], core: Coord) -> tuple[str, ...]:
     """The DSM blocks that `core` holds, named with the tensor and the indices they covered, e.g.
     ``"DSM 'x' block [row 1, col 2] = x[1:2, 2:3, 0:8]"`` (the block's place in the (rows, cols) of the
-    tensor's region: the core's [y, x] counted from the region's corner) (tensors whose region does not hold the core are left out)."""
+    tensor's region: the core's [y, x] counted from the region's corner); tensors whose region does not hold the
+    core are left out."""
     out = []
     for name, layout in sorted(layouts.items()):
         if not layout.region.contains(core):
