@@ -250,7 +250,18 @@ class Context(RegionView):
             self.ledger.compute(flops)
 
     def log(self, *values) -> None:
-        """A line to the host, as ``print(*values)`` in a kernel: shown labelled by tile when the run ends."""
+        """A line to the host, as ``print(*values)`` in a kernel: shown labelled by tile when the run ends.
+
+        >>> from waferrt.core.mesh import MeshSpec
+        >>> from waferrt.core.spec import TINY
+        >>> from waferrt.fabric.loop import simulate
+        >>> def hello(ctx, x):
+        ...     ctx.log("cores", ctx.shape)
+        ...     return x
+        >>> _ = simulate(MeshSpec(4, 2, 2, 2), TINY, Region(0, 0, 4, 2), hello, x=np.zeros((2, 4, 1)))
+        [tile(0,0)] cores (2, 2)
+        [tile(1,0)] cores (2, 2)
+        """
         print(*values)
 
 

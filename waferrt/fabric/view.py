@@ -80,11 +80,23 @@ class RegionView:
 
     @property
     def dead_links(self) -> frozenset[tuple[Coord, Coord]]:
-        """The dead links between two cores of the kernel's region, each as (a, b) with a < b."""
+        """The dead links between two cores of the kernel's region, each as (a, b) with a < b.
+
+        >>> from waferrt.core.spec import TINY
+        >>> dead = FaultMap(links=frozenset({frozenset({Coord(2, 1), Coord(1, 1)})}))
+        >>> sorted(RegionView(Region(0, 0, 4, 4), Region(0, 0, 4, 4), {}, dead, TINY).dead_links)
+        [(Coord(x=1, y=1), Coord(x=2, y=1))]
+        """
         return frozenset(self.faults.region_links(self.region, "x") + self.faults.region_links(self.region, "y"))
 
     def alive(self, c) -> bool:
-        """Is core `c` ((x, y)) alive? A core outside the region is asked about all the same."""
+        """Is core `c` ((x, y)) alive? A core outside the region is asked about all the same.
+
+        >>> from waferrt.core.spec import TINY
+        >>> v = RegionView(Region(0, 0, 2, 2), Region(0, 0, 2, 2), {}, FaultMap(frozenset({Coord(9, 9)})), TINY)
+        >>> v.alive((9, 9)), v.alive((0, 1))
+        (False, True)
+        """
         return self.faults.alive(Coord(*c))
 
     def link_alive(self, a, b) -> bool:
@@ -178,7 +190,16 @@ class RegionView:
         """This tile's blocks of DSM tensor `name` that lie in the kernel's region: (rows, cols, *block), a
         copy. With `where` ((rows, cols) bool), only those cores read theirs; the others' blocks are zeros
         (the way to read around a dead core, whose block is lost: ``where=ctx.live``). Free: a core reads
-        its own SRAM."""
+        its own SRAM.
+
+        >>> from waferrt.core.layout import Layout
+        >>> from waferrt.core.spec import TINY
+        >>> region = Region(0, 0, 2, 1)                        # two cores, a block of 3 values each
+        >>> store = {"x": (Layout((1, 2, 3), region, ("y", "x", None)), np.arange(6.0).reshape(1, 2, 1, 1, 3))}
+        >>> v = RegionView(region, region, store, None, TINY)
+        >>> v.load("x")[0, 1].ravel().tolist(), v.load("x", where=[[True, False]])[0, 1].ravel().tolist()
+        ([3.0, 4.0, 5.0], [0.0, 0.0, 0.0])
+        """
         layout, blocks = self._dsm(name)
         mine = blocks[self._window(layout.region)].copy()
         if where is None:
@@ -189,7 +210,17 @@ class RegionView:
 
     def store(self, name: str, value: np.ndarray, where=None) -> None:
         """Write this tile's blocks of DSM tensor `name` (only those of the cores where `where` holds, if
-        given): `value` is (rows, cols, *block), the shape ``load(name)`` returns. Free."""
+        given): `value` is (rows, cols, *block), the shape ``load(name)`` returns. Free.
+
+        >>> from waferrt.core.layout import Layout
+        >>> from waferrt.core.spec import TINY
+        >>> region = Region(0, 0, 2, 1)
+        >>> store = {"x": (Layout((1, 2, 3), region, ("y", "x", None)), np.arange(6.0).reshape(1, 2, 1, 1, 3))}
+        >>> v = RegionView(region, region, store, None, TINY)
+        >>> v.store("x", v.load("x") * 10, where=[[False, True]])   # only the East core writes
+        >>> store["x"][1].reshape(2, 3).tolist()
+        [[0.0, 1.0, 2.0], [30.0, 40.0, 50.0]]
+        """
         layout, blocks = self._dsm(name)
         win = self._window(layout.region)
         if np.shape(value) != blocks[win].shape:
