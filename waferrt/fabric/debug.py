@@ -122,6 +122,16 @@ class TileOutput(io.TextIOBase):
     def flush(self) -> None:
         self.through.flush()
 
+    def fileno(self) -> int:  # what it stands in for, to whoever asks (faulthandler, subprocess, a tty check)
+        return self.through.fileno()
+
+    def isatty(self) -> bool:
+        return self.through.isatty()
+
+    @property
+    def encoding(self) -> str:
+        return getattr(self.through, "encoding", "utf-8")
+
     @classmethod
     @contextmanager
     def capture(cls):
