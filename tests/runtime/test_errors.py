@@ -56,7 +56,7 @@ def test_overflow_on_one_tile_leaves_no_booking_on_the_others(wafer):
 def test_non_neighbour_send_names_both_cores_and_the_rule(wafer):
     wafer.dsm.alloc("v", (2, 4, 3), split=("y", "x", None))
     try:
-        with pytest.raises(NotNeighbourError, match=r"core \(\d,0\) cannot send to core \(\d,0\): they are 2 "
+        with pytest.raises(NotNeighbourError, match=r"core \(x=\d, y=0\) cannot send to core \(x=\d, y=0\): they are 2 "
                                                     r"hops apart.*only to its N/E/S/W neighbours"):
             wafer.run(lambda ctx: ctx.send(ctx.load("v"), 2, 0))
         with pytest.raises(NotNeighbourError, match="2 hops apart"):
