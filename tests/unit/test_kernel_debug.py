@@ -126,3 +126,27 @@ def test_a_kernel_that_returns_a_value_is_misuse():
     err = e.value.unwrap()
     assert isinstance(err, KernelMisuse) and "returned a ndarray: a kernel returns nothing" in str(err)
     assert "ctx.store(name, value)" in str(err) and err.tile == mesh.tiles()[0]
+
+
+def test_the_same_primitives_from_different_lines_are_spmd():
+    mesh = MeshSpec(4, 2, 2, 2)
+
+    def kernel(ctx, x):
+        if _first_tile(ctx):
+            return ctx.shift(x, "x")
+        return ctx.shift(x, "x")  # another line, the same primitive: fine
+
+    out, _ = simulate(mesh, TINY, mesh.region, kernel, x=_x(mesh) + 1)
+    assert out[0, :, 0].tolist() == [0, 1, 2, 3]
+
+
+def test_tiles_that_part_are_named_with_both_lines():
+    mesh = MeshSpec(4, 1, 2, 1)
+
+    def kernel(ctx, x):
+        y = ctx.allreduce(x, "y")  # a line of one core along y: nothing moves, but every tile must run it
+        return y if _first_tile(ctx) else ctx.allreduce(y, "y")
+
+    here = rf"(nothing more|ctx.allreduce along y at {__file__}:\d+)"
+    with pytest.raises(NotSpmd, match=rf"parted at primitive 2: here {here}"):
+        simulate(mesh, TINY, mesh.region, kernel, x=_x(mesh), timeout=5)

@@ -63,7 +63,7 @@ class Context(RegionView):
         self.ledger, self.tag = ledger, tag
         self.x = LineComm("x", region, self.local, links, ledger, f"{tag}:")
         self.y = LineComm("y", region, self.local, links, ledger, f"{tag}:")
-        self.calls: list[str] = []  # the primitives run so far, with their line: what the tiles compare
+        self.calls: list[tuple[str, str]] = []  # (primitive, its line) run so far: the tiles compare the primitives
 
     def _comm(self, axis: str) -> tuple[LineComm, int]:
         if axis == "x":
@@ -80,7 +80,7 @@ class Context(RegionView):
         for b in bufs:
             self._check(b, what)
         site = user_site()
-        self.calls.append(f"{what} at {site.file}:{site.line}" if site else what)
+        self.calls.append((what, f"{site.file}:{site.line}" if site else "?"))
         try:
             yield
         except FabricProtocolError as e:

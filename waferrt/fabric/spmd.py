@@ -59,13 +59,13 @@ def _end(ctx: Context, tile) -> None:
     sides = _sides(ctx)
     if not sides:
         return
-    links, mine = ctx.x.links, "\n".join(ctx.calls)
+    links, mine = ctx.x.links, "\n".join(f"{what}\t{line}" for what, line in ctx.calls)
     for d in sides:
         links.send(d, f"{ctx.tag}:end", [np.frombuffer(mine.encode(), np.uint8)])
     for d in sides:
-        theirs = _recv_end(links, d, ctx.tag, tile)
-        if theirs != mine:
-            raise NotSpmd(_diverged(ctx.calls, theirs.split("\n") if theirs else [], tile, d))
+        theirs = [tuple(c.split("\t")) for c in _recv_end(links, d, ctx.tag, tile).split("\n") if c]
+        if [w for w, _ in theirs] != [w for w, _ in ctx.calls]:  # the same primitives; their lines may differ
+            raise NotSpmd(_diverged(ctx.calls, theirs, tile, d))
 
 
 def _recv_end(links, d: Dir, tag: str, tile) -> str:
@@ -83,10 +83,10 @@ def _recv_end(links, d: Dir, tag: str, tile) -> str:
     return bytes(got).decode()
 
 
-def _diverged(mine: list[str], theirs: list[str], tile, d: Dir) -> str:
-    i = next((i for i, (a, b) in enumerate(zip(mine, theirs)) if a != b), min(len(mine), len(theirs)))
-    here = mine[i] if i < len(mine) else "nothing more (the kernel ended)"
-    there = theirs[i] if i < len(theirs) else "nothing more (the kernel ended)"
+def _diverged(mine: list[tuple[str, str]], theirs: list[tuple[str, str]], tile, d: Dir) -> str:
+    i = next((i for i, (a, b) in enumerate(zip(mine, theirs)) if a[0] != b[0]), min(len(mine), len(theirs)))
+    here = " at ".join(mine[i]) if i < len(mine) else "nothing more (the kernel ended)"
+    there = " at ".join(theirs[i]) if i < len(theirs) else "nothing more (the kernel ended)"
     return (f"{tile} and its {d.name} neighbour {_peer(tile, d)} parted at primitive {i + 1}: here {here}, there "
             f"{there}; {RULE}")
 
