@@ -179,7 +179,6 @@ class Wafer:
         name = getattr(kernel, "__name__", type(kernel).__name__)
         with nullcontext() if self._trace is None else self._trace.span(f"run {name}", "host", epoch=epoch):
             faults = None if self.session is None else self.session.kernel_faults(tiles, epoch)
-            self.live()
             runs, errors = self.gather([(t, Tile.run, (kernel, region, args, epoch, faults)) for t in tiles])
         show_output([(t, r["output"] if r else getattr(errors.get(i), "output", ""))
                      for i, (t, r) in enumerate(zip(tiles, runs))])
