@@ -30,7 +30,8 @@ from waferrt.core.sram import SramBook
 from waferrt.decode.program import TileProgram
 from waferrt.decode.schedule import StageRun
 from waferrt.decode.setup import DecodeSetup, stage_sram
-from waferrt.fabric.kernel import Cores
+from waferrt.fabric.kernel import Context
+from waferrt.fabric.spmd import run_kernel
 from waferrt.fabric.traced import kernel_parts
 from waferrt.faults.errors import CoreFailed
 from waferrt.faults.faultmap import FaultMap, lost_blocks
@@ -193,16 +194,18 @@ class Tile:
         """Run a kernel on this tile's cores of `region`; `epoch` numbers the command (the same on every
         tile), so messages left over from an earlier, failed command are recognised and dropped. `faults`:
         what is dead in the region as the command starts (the same map on every tile of the command); a
-        straggling tile (or a slow core of the region) is slower by its delay."""
+        straggling tile (or a slow core of the region) is slower by its delay. Returns the cost and what the
+        kernel printed; an error leaves as KernelFailed (waferrt.fabric.spmd.run_kernel: the kernel's line, the
+        tile, the output so far)."""
         self._idle()
         ledger, links, span = kernel_parts(self.spec, self.links, self.tracer, kernel, epoch)
         self._new_epoch(epoch)
-        ctx = Cores(region, self.region, links, ledger, self.store, tag=f"k{epoch}", faults=faults)
+        ctx = Context(region, self.region, links, ledger, self.store, tag=f"k{epoch}", faults=faults)
         if delay := self.faults.delay_in(region):  # a straggling tile, or a slow core in the region
             time.sleep(delay)
         with span:
-            kernel(ctx, **args)
-        return ledger.snapshot()
+            _, printed = run_kernel(ctx, kernel, args, self.tile)
+        return {"cost": ledger.snapshot(), "output": printed}
 
     def _new_epoch(self, epoch: int) -> None:
         self.links.epoch = epoch

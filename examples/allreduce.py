@@ -6,6 +6,7 @@ and sums it along each row of 16 cores, first with the K-tree (chains toward eac
 then a multicast back: ~K*n^(1/K) routing stages), then with the ring (reduce-scatter + allgather:
 2(n-1) stages). Both results are compared with numpy; the cost model says what each would take on a
 WSE-2. Exits non-zero if a result is wrong.
+``--local`` runs the same tiles in this process, without Ray: the same results and modelled costs.
 """
 
 from __future__ import annotations
@@ -23,12 +24,12 @@ def allreduce_rows(ctx, algo: str) -> None:
     ctx.store("sum", ctx.allreduce(ctx.load("x"), "x", algo))
 
 
-def main() -> int:
+def main(backend: str = "ray") -> int:
     mesh_w, mesh_h, block = 16, 4, 64
     x = np.random.default_rng(0).standard_normal((mesh_h, mesh_w, block)).astype(np.float32)
     expected = np.broadcast_to(x.sum(axis=1, keepdims=True), x.shape)
     ok = True
-    with waferrt.Wafer(spec="wse2", mesh=(mesh_w, mesh_h), tile=(8, 2)) as wafer:
+    with waferrt.Wafer(spec="wse2", mesh=(mesh_w, mesh_h), tile=(8, 2), backend=backend) as wafer:
         print(f"wafer: {wafer.mesh} -> {len(wafer.tiles)} tile actors")
         # one block of 64 floats per core: axis 0 over rows of cores, axis 1 over columns, axis 2 whole
         wafer.dsm.alloc("x", x.shape, split=("y", "x", None))
@@ -49,4 +50,4 @@ def main() -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(main("local" if "--local" in sys.argv[1:] else "ray"))

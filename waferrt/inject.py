@@ -62,7 +62,7 @@ class FaultSession:
         _check_on_mesh(fault, self.wafer.mesh)
         if isinstance(fault, NodeLoss):
             _check_node(fault, self.nodes, self.node_loss)
-        i = self.log.add(fault)
+        i = self.log.add(fault, time.time())
         self._arm(i, fault)
         return i
 
@@ -92,7 +92,7 @@ class FaultSession:
                    or (w.seconds and now - since >= w.seconds))
             if due:
                 self._host.remove(item)
-                self.log.fired(i, self.step, time.time())
+                self.log.mark_fired(i, self.step, time.time())
                 self._lose(i, f)
 
     def _lose(self, i: int, f: NodeLoss) -> None:
@@ -114,8 +114,8 @@ class FaultSession:
 
     def _nothing_to_do(self, i: int, why: str) -> None:
         now = time.time()
-        self.log.detected([self.log.events[i]], "the host (it removed the node)", now)
-        self.log.recovered([self.log.events[i]], why, now)
+        self.log.mark_detected([self.log.events[i]], "the host (it removed the node)", now)
+        self.log.mark_recovered([self.log.events[i]], why, now)
 
     def _end_tiles(self, node: str, why: str) -> list[TileId]:
         """The Ray node `node` is gone: its tiles are ended now -- a lost machine takes its processes along,
@@ -140,7 +140,7 @@ class FaultSession:
         i = msg["index"]
         if i >= len(self.log.events) or fault_dict(self.log.events[i].fault) != msg["fault"]:
             return None
-        return self.log.fired(i, msg["step"], msg["at"])
+        return self.log.mark_fired(i, msg["step"], msg["at"])
 
     def straggling(self, tiles: list[TileId]) -> None:
         """The host saw these tiles fall behind the others: a fired Straggler there is detected (it needs no
@@ -148,8 +148,8 @@ class FaultSession:
         now = time.time()
         for e in self.log.pending():
             if isinstance(e.fault, Straggler) and fault_tiles(e.fault, self.wafer.mesh)[0] in tiles:
-                self.log.detected([e], "pace (heartbeats)", now)
-                self.log.recovered([e], "none needed: slow, not dead (the decode went on)", now)
+                self.log.mark_detected([e], "pace (heartbeats)", now)
+                self.log.mark_recovered([e], "none needed: slow, not dead (the decode went on)", now)
 
     def kernel_faults(self, tiles: list[TileId], epoch: int) -> FaultMap:
         """Kernel command `epoch` is about to run on `tiles`: the faults due fire there (a Trigger's step
@@ -166,7 +166,7 @@ class FaultSession:
         self.refresh()
         kind = {CoreFailed: "core", LinkFailed: "link", PayloadCorrupt: "corrupt"}.get(type(error))
         found = [e for e in self.log.pending() if e.kind == kind and _names(error, e.fault)]
-        self.log.detected(found, f"kernel: {type(error).__name__}", time.time())
+        self.log.mark_detected(found, f"kernel: {type(error).__name__}", time.time())
 
     def refresh(self) -> list[dict]:
         """Ask every tile that answers what died and fired on it; the log is brought up to date."""

@@ -83,7 +83,7 @@ def _recover(dec, error: Exception) -> list:
         dec.handled |= {e.index for e in hit}
     by, kind = _detector(error)
     for e in hit:  # a fault of another kind than the error's was found by the recovery's own scan
-        session.log.detected([e], by if e.kind == kind or len(hit) == 1 else
+        session.log.mark_detected([e], by if e.kind == kind or len(hit) == 1 else
                              f"{FOUND_BY.get(e.kind, by)} (scan after a fault)", found)
     moved = _replan(llm, cores, links, dead)
     _restart(wafer, session, dead, llm)
@@ -94,7 +94,7 @@ def _recover(dec, error: Exception) -> list:
                                    f"restarted {', '.join(map(str, dead))}" if dead else "",
                                    f"{shipped / 1e6:.1f} MB of weights sent again" if shipped else "",
                                    "replayed the unfinished requests"]))
-    session.log.recovered(hit, what, time.time(), modelled)
+    session.log.mark_recovered(hit, what, time.time(), modelled)
     return runs
 
 
@@ -151,8 +151,8 @@ def assess(session, event, placement) -> None:
         return
     if idle:
         now = time.time()
-        session.log.detected([event], "the tile's own scan", now)
-        session.log.recovered([event], f"none needed: {why}", now)
+        session.log.mark_detected([event], "the tile's own scan", now)
+        session.log.mark_recovered([event], f"none needed: {why}", now)
 
 
 def _detector(error: Exception) -> tuple[str, str | None]:

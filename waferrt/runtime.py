@@ -1,6 +1,6 @@
 """The public Wafer: an emulated mesh of cores as Ray tile actors, its DSM, kernels and costs.
 
-Contract: ``Wafer(spec, mesh, tile, address, timeout, max_tiles)`` is a context manager; its arguments are
+Contract: ``Wafer(spec, mesh, tile, address, timeout, max_tiles, backend)`` is a context manager; its arguments are
 checked when it is made (before Ray starts): a mesh wider or taller than the spec's wafer is
 ``MeshTooLarge``, more than `max_tiles` tiles (256: each is a Ray worker process) ``TooManyTiles``. Entering
 starts (``address=None``) or joins (``address="auto"`` or a Ray address, first checked with a deadline:
@@ -17,7 +17,9 @@ injected (``wafer.inject``, ``wafer.faults``), every run first lets the faults d
 hands every tile the region's fault map (``ctx.dead_cores``; a primitive that needs a dead core or link
 raises CoreFailed / LinkFailed); ``wafer.fault_map()`` is what is dead; a dead core's DSM blocks are lost
 (``dsm.get`` and ``dsm.read`` raise naming them; ``dsm.get(name, fill=np.nan)`` reads the rest). Ray's own
-messages to the driver ("(raylet) A worker died ...") go to the ``waferrt.ray`` logger, not to stdout."""
+messages to the driver ("(raylet) A worker died ...") go to the ``waferrt.ray`` logger, not to stdout.
+``backend="local"`` runs the same tiles (waferrt.localtiles) in this process over queues instead: no Ray, the
+same results and costs, for fast tests (a TileCrash or NodeLoss needs Ray)."""
 
 from __future__ import annotations
 
@@ -39,8 +41,9 @@ from .core.ledger import merge_snapshots
 from .core.mesh import DEFAULT_MAX_TILES, MeshSpec, Region, TileId, check_on_wafer, check_tile_count
 from .core.spec import HardwareSpec, spec_by_name
 from .dsm import DSM, UnknownTensor
-from .fabric.links import FabricError, FabricTimeout
+from .fabric.spmd import root_cause, show_output
 from .faults.errors import FaultError
+from .localtiles import check_backend, check_fault
 
 STALL_S = 4.0  # a tile that sends no heartbeat for this long is dead or frozen (it beats every 0.25 s)
 
@@ -50,16 +53,6 @@ __all__ = ["ClusterUnreachable", "CostReport", "DSM", "UnknownTensor", "Wafer", 
 
 class WaferClosed(RuntimeError):
     """The Wafer was used while it is not open (closed, or not opened yet)."""
-
-
-def _root_cause(errors: dict[int, BaseException]) -> BaseException:
-    """Of the tiles' errors (by call index), the one that caused the others: a tile's own error before a
-    fabric error that a neighbour saw while waiting for it; a protocol error before a timeout."""
-    def rank(i: int) -> tuple[int, int]:
-        e = errors[i]
-        return (2 if isinstance(e, FabricTimeout) else 1 if isinstance(e, FabricError) else 0), i
-
-    return errors[min(errors, key=rank)]
 
 
 class Wafer:
@@ -79,7 +72,8 @@ class Wafer:
 
     def __init__(self, spec: str | HardwareSpec = "tiny", mesh: tuple[int, int] | MeshSpec = (16, 16),
                  tile: tuple[int, int] = (8, 8), address: str | None = None, timeout: float = 30.0,
-                 max_tiles: int = DEFAULT_MAX_TILES):
+                 max_tiles: int = DEFAULT_MAX_TILES, backend: str = "ray"):
+        self.backend = check_backend(backend)
         self.spec = spec_by_name(spec)
         self.mesh = mesh if isinstance(mesh, MeshSpec) else MeshSpec(*_pair("mesh", mesh), *_pair("tile", tile))
         check_on_wafer(self.mesh, self.spec)
@@ -113,12 +107,14 @@ class Wafer:
     def open(self, progress=None, node_ids: dict[TileId, str] | None = None) -> Wafer:
         """Start (or join) Ray and the tile actors: each tile on its node in `node_ids` (default: this
         driver's node), the fabric wired, and every tile beating to this host's inbox."""
+        if self._open:
+            raise RuntimeError("this Wafer is already open; close it before opening it again")
+        if self.backend == "local":
+            return self._open_local()
         from waferrt.actors.remote import TileLaunch, driver_node, start_tiles
         from waferrt.actors.stream import HostInbox
         from waferrt.actors.watch import Watch
 
-        if self._open:
-            raise RuntimeError("this Wafer is already open; close it before opening it again")
         self._started_ray = ray_init(self.address)
         self._open, self.failed, self.lost = True, None, set()
         atexit.register(self.close)
@@ -139,6 +135,17 @@ class Wafer:
             raise
         return self
 
+    def _open_local(self) -> Wafer:
+        """The tiles in this process (waferrt.localtiles): no Ray, no sockets, no heartbeats."""
+        from .localtiles import LocalTiles
+
+        self._local_tiles = LocalTiles(self.mesh, self.spec, self.timeout)
+        self.tiles, self._here = self._local_tiles.tiles, "local"
+        self.nodes = {t: "local" for t in self.tiles}
+        self._local = frozenset(self.tiles)
+        self._open, self.failed, self.lost = True, None, set()
+        return self
+
     def live(self) -> None:
         """Raise :class:`WaferClosed` unless the Wafer is open."""
         if not self._open:
@@ -157,24 +164,30 @@ class Wafer:
 
     def run(self, kernel, region: Region | None = None, **args) -> dict[str, Cost]:
         """Run ``kernel(ctx, **args)`` on every core of `region` (default: the whole mesh): one command per
-        tile; tiles exchange with their neighbours by themselves. Returns the cost per primitive."""
+        tile; tiles exchange with their neighbours by themselves. Returns the cost per primitive. What the
+        kernel prints (or ``ctx.log`` s) is printed here, each line labelled by its tile; an error is the
+        tile's own (not a neighbour's timeout), with a note naming the kernel's line and the tile (its
+        ``kernel_site``, ``tile`` and ``core`` attributes)."""
         if not callable(kernel):
             raise TypeError(f"kernel must be a function kernel(ctx, **args), got {kernel!r}")
         region = self.region_of(region)
         self.live()
-        _ship_code(kernel)
+        if self.backend == "ray":
+            _ship_code(kernel)
         tiles = self.mesh.tiles_of(region)
         epoch = self.next_epoch()
         name = getattr(kernel, "__name__", type(kernel).__name__)
         with nullcontext() if self._trace is None else self._trace.span(f"run {name}", "host", epoch=epoch):
             faults = None if self.session is None else self.session.kernel_faults(tiles, epoch)
-            try:
-                snaps = self.call([(t, Tile.run, (kernel, region, args, epoch, faults)) for t in tiles])
-            except FaultError as e:
-                if self.session is not None:
-                    self.session.kernel_error(e)
-                raise
-        self._costs.append(merge_snapshots(snaps))
+            runs, errors = self.gather([(t, Tile.run, (kernel, region, args, epoch, faults)) for t in tiles])
+        show_output([(t, r["output"] if r else getattr(errors.get(i), "output", ""))
+                     for i, (t, r) in enumerate(zip(tiles, runs))])
+        if errors:
+            error = root_cause(errors)
+            if isinstance(error, FaultError) and self.session is not None:
+                self.session.kernel_error(error)
+            raise error
+        self._costs.append(merge_snapshots([r["cost"] for r in runs]))
         return self._costs[-1]
 
     def fault_map(self):
@@ -218,16 +231,18 @@ class Wafer:
         self.live()
         results, errors = self.gather(calls, progress, within)
         if errors:
-            raise _root_cause(errors)
+            raise root_cause(errors)
         return results
 
     def gather(self, calls: list[tuple[TileId, Callable, tuple]], progress=None, within: float | None = None
                ) -> tuple[list, dict[int, BaseException]]:
         """Like :meth:`call`, but returns (results, {index: error}) instead of raising a tile's error."""
-        from waferrt.actors.watch import TileFailed
-
         if self.failed is not None:
             raise self.failed
+        if self.backend == "local":
+            return self._local_tiles.gather(calls)
+        from waferrt.actors.watch import TileFailed
+
         refs = [getattr(self.tiles[t], method.__name__).remote(*args) for t, method, args in calls]
         try:
             return self.watch.gather(refs, [t for t, _, _ in calls], progress, within,
@@ -262,6 +277,8 @@ class Wafer:
         from .inject import FaultSession
 
         self.live()
+        if self.backend == "local":
+            check_fault(fault)
         if self.session is None:
             self.session = FaultSession(self)
         return self.session.inject(fault)
@@ -280,6 +297,8 @@ class Wafer:
         """The tiles that do not answer a ping within seconds (dead, or frozen: as good as dead), and those
         on a lost node."""
         self.live()
+        if self.backend == "local":
+            return []
         swept = set(self.watch.sweep())
         return [t for t in self.tiles if t in swept or self.nodes.get(t) in self.lost]
 
@@ -339,7 +358,7 @@ class Wafer:
         atexit.unregister(self.close)
         self.dsm.layouts.clear()  # the tensors lived in the tiles
         try:
-            if self.tiles:
+            if self.tiles and self.backend == "ray":
                 from waferrt.actors.remote import stop_tiles
 
                 stop_tiles(self.tiles, patience=2.0 if self.failed is not None else 10.0)

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 from fault_tolerant_allreduce import allreduce_2d, ft_allreduce
 
-from waferrt.core.mesh import Coord
+from waferrt import Coord
 from waferrt.faults import CoreFailed, CoreFailure
 
 pytestmark = pytest.mark.wafer(spec="tiny", mesh=(8, 8), tile=(8, 4))  # two tile actors
@@ -34,9 +34,9 @@ def test_the_plain_allreduce_names_the_dead_core_and_the_blocks_it_lost(wafer):
         wafer.run(allreduce_2d, src="x", dst="s")
     assert e.value.core == Coord(3, 4)
     assert str(e.value) == (
-        "core (3,4) is dead (needed by ctx.load of 'x' in the kernel's region [0:8)x[0:8); leave the dead out: "
-        "ctx.live, ctx.dead_cores, where=); its SRAM held DSM 's' block (4, 3) = s[4:5, 3:4, 0:16], "
-        "DSM 'x' block (4, 3) = x[4:5, 3:4, 0:16] (lost)")
+        "core (x=3, y=4) is dead (needed by ctx.load of 'x' in the kernel's region [0:8)x[0:8); leave the dead out: "
+        "ctx.live, ctx.can_send, ctx.dead_cores, where=); its SRAM held "
+        "DSM 's' block [row 4, col 3] = s[4:5, 3:4, 0:16], DSM 'x' block [row 4, col 3] = x[4:5, 3:4, 0:16] (lost)")
 
 
 @pytest.mark.faults(CoreFailure((3, 4)), at_step=2)

@@ -48,9 +48,9 @@ def test_a_core_dies_at_its_step_and_the_fault_tolerant_kernel_routes_around_it(
     np.testing.assert_allclose(wafer.dsm.get("a_sum"), np.broadcast_to(x.sum((0, 1)), x.shape), atol=1e-4)
     with pytest.raises(CoreFailed) as e:
         wafer.run(ex.allreduce_2d, top, src="a", dst="a_sum")
-    assert e.value.core == Coord(5, 1) and "DSM 'a' block (1, 5) = a[1:2, 5:6, 0:4]" in e.value.lost
+    assert e.value.core == Coord(5, 1) and "DSM 'a' block [row 1, col 5] = a[1:2, 5:6, 0:4]" in e.value.lost
     assert wafer.fault_map().cores == {Coord(5, 1)}
-    with pytest.raises(CoreFailed, match=r"DSM 'a_sum' block \(1, 5\)"):
+    with pytest.raises(CoreFailed, match=r"DSM 'a_sum' block \[row 1, col 5\]"):
         wafer.dsm.get("a_sum")
     wafer.run(ex.ft_allreduce, top, src="a", dst="a_sum")
     live = np.ones(x.shape[:2], bool)
@@ -65,7 +65,7 @@ def test_a_dead_link_between_two_tiles_fails_the_kernels_that_cross_it_and_no_ot
     bottom = Region(0, 2, 8, 2)
     x = _tensors(wafer, ("b", "b_sum"), bottom, 2)
     wafer.inject(LinkFailure((3, 2), (4, 2)))
-    with pytest.raises(LinkFailed, match=r"the link \(3,2\)-\(4,2\) is dead"):
+    with pytest.raises(LinkFailed, match=r"the link \(x=3, y=2\)-\(x=4, y=2\) is dead"):
         wafer.run(lambda ctx: ctx.store("b_sum", ctx.allreduce(ctx.load("b"), "x")), bottom)
     wafer.run(lambda ctx: ctx.store("b_sum", ctx.allreduce(ctx.load("b"), "y")), bottom)
     np.testing.assert_allclose(wafer.dsm.get("b_sum"), np.broadcast_to(x.sum(0, keepdims=True), x.shape), atol=1e-5)

@@ -93,6 +93,6 @@ def test_no_room_for_another_region_is_noroom_in_streaming_terms(ray_session):
         with llm.faults(FaultPlan((CoreFailure(Coord(1, 0), Trigger(step=3)),))), pytest.raises(NoRoom) as e:
             llm.generate(REQUESTS, SAMPLER)
     text = str(e.value)
-    assert text.startswith("core (1,0) died and the weight-streaming decode no longer fits the wafer around them")
-    assert "with core (1,0) dead, no region inside one 3x8 tile" in text and "a region of 3x8 cores" in text
+    assert text.startswith("core (x=1, y=0) died and the weight-streaming decode no longer fits the wafer around them")
+    assert "with core (x=1, y=0) dead, no region inside one 3x8 tile" in text and "a region of 3x8 cores" in text
     assert "resident" not in text and "spare cores" not in text and e.value.completions is not None

@@ -63,8 +63,8 @@ def test_demo_rejects_a_tile_larger_than_the_mesh(capsys):
 EXAMPLES = sorted(p for p in (ROOT / "examples").glob("*.py") if "\ndef main(" in p.read_text())
 SAYS = {  # what each example prints when it checked itself (beyond exiting 0)
     "allreduce": ["ktree: matches numpy; modelled", "ring: matches numpy; modelled"],
-    "fault_tolerant_allreduce": ["plain allreduce, all 64 cores: matches numpy", "CoreFailed: core (3,4) is dead",
-                                 "fault-tolerant allreduce around core (3,4): matches numpy over the 63 living"],
+    "fault_tolerant_allreduce": ["plain allreduce, all 64 cores: matches numpy", "CoreFailed: core (x=3, y=4) is dead",
+                                 "fault-tolerant allreduce around core (x=3, y=4): matches numpy over the 63 living"],
     "custom_kernel": ["heat, 10 steps: matches numpy", "MeshGEMV 64x96: matches numpy", "all runs on this wafer"],
     "generate": ["the same tokens as the numpy reference", "modelled wafer"],
 }

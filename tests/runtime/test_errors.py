@@ -32,7 +32,7 @@ def test_overflow_names_tensor_core_bytes_asked_and_free(wafer):
         wafer.dsm.alloc("too_big", (2, 4, 5000), split=("y", "x", None))  # 20000 bytes per core
     e = err.value
     assert (e.tensor, e.core, e.asked, e.free) == ("too_big", Coord(0, 0), 20000, SRAM)
-    assert f"'too_big': core (0,0) was asked for 20000 bytes but has only {SRAM} of {SRAM}" in str(e)
+    assert f"'too_big': core (x=0, y=0) was asked for 20000 bytes but has only {SRAM} of {SRAM}" in str(e)
     assert "too_big" not in wafer.dsm.layouts
     assert booked(wafer) == {"tile(0,0)": (0, 0), "tile(1,0)": (0, 0)}
 
@@ -42,7 +42,7 @@ def test_overflow_on_one_tile_leaves_no_booking_on_the_others(wafer):
     undo tile(1,0)'s booking, and the freed memory must be usable again."""
     wafer.dsm.alloc("fill", (2, 2, 3000), region=Region(0, 0, 2, 2), split=("y", "x", None))
     try:
-        with pytest.raises(SramOverflow, match=r"'half': core \(0,0\) was asked for 8000 bytes but has only "
+        with pytest.raises(SramOverflow, match=r"'half': core \(x=0, y=0\) was asked for 8000 bytes but has only "
                                                rf"{SRAM - 12000} of {SRAM} bytes free"):
             wafer.dsm.alloc("half", (2, 4, 2000), split=("y", "x", None))
         assert booked(wafer) == {"tile(0,0)": (12000, 1), "tile(1,0)": (0, 0)}
@@ -56,7 +56,7 @@ def test_overflow_on_one_tile_leaves_no_booking_on_the_others(wafer):
 def test_non_neighbour_send_names_both_cores_and_the_rule(wafer):
     wafer.dsm.alloc("v", (2, 4, 3), split=("y", "x", None))
     try:
-        with pytest.raises(NotNeighbourError, match=r"core \(\d,0\) cannot send to core \(\d,0\): they are 2 "
+        with pytest.raises(NotNeighbourError, match=r"core \(x=\d, y=0\) cannot send to core \(x=\d, y=0\): they are 2 "
                                                     r"hops apart.*only to its N/E/S/W neighbours"):
             wafer.run(lambda ctx: ctx.send(ctx.load("v"), 2, 0))
         with pytest.raises(NotNeighbourError, match="2 hops apart"):

@@ -3,7 +3,15 @@
 import numpy as np
 import pytest
 
-from waferrt.core.cost import allreduce_cost, broadcast_cost, ktree_groups, ktree_plan, shift_cost
+from waferrt.core.cost import (
+    allreduce_cost,
+    broadcast_cost,
+    compute_cost,
+    ktree_groups,
+    ktree_plan,
+    reduce_flops,
+    shift_cost,
+)
 from waferrt.core.mesh import MeshSpec, Region
 from waferrt.core.spec import TINY
 from waferrt.fabric.kernel import NotNeighbourError
@@ -73,7 +81,7 @@ def test_gemv_alternates_axes(shape):
     out, cost = simulate(mesh, TINY, mesh.region, kernel, a=w1, b=w2, x=xb)
     ref = (W2 @ (W1 @ v)).reshape(w, ib)
     np.testing.assert_allclose(out, np.broadcast_to(ref, (h, w, ib)), rtol=1e-4, atol=1e-4)
-    assert cost["gemv"].flops == 2 * (2 * ib * ob)
+    assert cost["gemv"].flops == 2 * (2 * ib * ob) + reduce_flops("ktree", w, ob) + reduce_flops("ktree", h, ib)
 
 
 @pytest.mark.parametrize("algo", ["ktree", "chain", "ring", "pipeline"])
@@ -83,7 +91,15 @@ def test_allreduce_counts_equal_closed_forms(algo, n, tile):
     x = _data(mesh, 3, block=64)
     for k in (2, 3):
         _, cost = simulate(mesh, TINY, mesh.region, lambda ctx, a, k=k: ctx.allreduce(a, "x", algo, k), a=x)
-        assert cost[f"allreduce.{algo}"] == allreduce_cost(TINY, algo, n, 64 * 4, k)
+        reductions = compute_cost(TINY, reduce_flops(algo, n, 64, k))  # the kernel context books them too
+        assert cost[f"allreduce.{algo}"] == allreduce_cost(TINY, algo, n, 64 * 4, k) + reductions
+
+
+def test_the_reductions_of_an_allreduce_are_the_busiest_cores():
+    """ktree: a level's root combines each half's stream; ring: n-1 chunks of 1/n; pipeline: n chunks."""
+    assert [reduce_flops("ktree", 4, 64, k) for k in (1, 2)] == [2 * 64, 2 * 64]  # k=1: both halves into core 2
+    assert reduce_flops("ring", 4, 64) == 3 * 16 and reduce_flops("pipeline", 4, 64) == 4 * 16
+    assert reduce_flops("ring", 1, 64) == 0
 
 
 def test_closed_forms_scale_as_documented():
@@ -110,7 +126,7 @@ def test_shift_and_broadcast_costs():
 def test_non_neighbour_send_names_both_cores_and_the_rule():
     mesh = MeshSpec(4, 4, 2, 2)
     x = _data(mesh)
-    with pytest.raises(NotNeighbourError, match=r"core \(0,0\) cannot send to core \(2,0\).*N/E/S/W"):
+    with pytest.raises(NotNeighbourError, match=r"core \(x=0, y=0\) cannot send to core \(x=2, y=0\).*N/E/S/W"):
         simulate(mesh, TINY, Region(0, 0, 2, 2), lambda ctx, a: ctx.send(a, 2, 0), a=x[:2, :2])
     with pytest.raises(NotNeighbourError, match="2 hops apart"):
         simulate(mesh, TINY, Region(0, 0, 2, 2), lambda ctx, a: ctx.send(a, 1, 1), a=x[:2, :2])
@@ -141,7 +157,9 @@ def test_many_lines_book_each_line_as_the_closed_form(algo, shape):
     mesh = MeshSpec(*shape)
     x = _data(mesh, 5)
     _, cost = simulate(mesh, TINY, mesh.region, lambda ctx, a: ctx.allreduce(a, "x", algo), a=x)
-    got, want = cost[f"allreduce.{algo}"], allreduce_cost(TINY, algo, mesh.width, 4 * x.shape[2])
+    got = cost[f"allreduce.{algo}"]
+    want = allreduce_cost(TINY, algo, mesh.width, 4 * x.shape[2]) + compute_cost(TINY, reduce_flops(algo, mesh.width,
+                                                                                                     x.shape[2]))
     assert (got.hops, got.stages, got.cycles) == (want.hops, want.stages, want.cycles)
     assert (got.link_bytes, got.messages) == (mesh.height * want.link_bytes, mesh.height * want.messages)
 

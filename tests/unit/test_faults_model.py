@@ -137,12 +137,18 @@ def test_a_checksum_catches_any_flip_and_the_fabric_never_delivers_it():
 
 def test_the_log_says_what_became_of_each_fault():
     log = FaultLog(ALL[:3])
-    log.fired(0, 3, 100.0)
-    log.detected(log.pending(), "core failed in its region", 100.25)
-    log.recovered(log.pending(), "re-planned layer 1", 101.0, 0.002)
-    log.fired(1, 1, 102.0)
+    log.mark_fired(0, 3, 100.0)
+    log.mark_detected(log.pending(), "core failed in its region", 100.25)
+    log.mark_recovered(log.pending(), "re-planned layer 1", 101.0, 0.002)
+    log.mark_fired(1, 1, 102.0)
     assert [e.outcome for e in log.events] == ["recovered", "fired, not detected", "did not fire"]
     assert log.events[0].detected_after_s == pytest.approx(0.25) and log.events[0].recovered_in_s == 0.75
+    assert log.events[0].recovered_after_s == pytest.approx(1.0)  # from when it fired, not when it was armed
+    assert log.fired() == log.events[:2] and log.detected() == log.recovered() == log.events[:1]
+    assert log.pending() == [log.events[1]] and log.unfired() == [log.events[2]]
+    assert log.counts() == {"injected": 3, "fired": 2, "detected": 1, "recovered": 1}
+    assert log.of_kind(log.events[2].kind) == [log.events[2]]
+    assert "detected +s" in log.table() and " 0.25 " in log.table() and " 1.00 " in log.table()
     assert "re-planned layer 1" in log.table() and log.as_dicts()[0]["recovered_modelled_s"] == 0.002
 
 

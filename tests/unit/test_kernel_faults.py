@@ -14,7 +14,8 @@ from waferrt.actors.tile import Tile
 from waferrt.core.layout import Layout
 from waferrt.core.mesh import Coord, MeshSpec, Region, TileId
 from waferrt.core.spec import TINY
-from waferrt.fabric.kernel import Cores
+from waferrt.fabric.debug import KernelFailed
+from waferrt.fabric.kernel import Context
 from waferrt.fabric.loop import LoopFabric, simulate
 from waferrt.faults import CoreFailed, CoreFailure, Corrupt, LinkFailed, LinkFailure, PayloadCorrupt, Trigger
 from waferrt.faults.faultmap import FaultMap, lost_blocks
@@ -36,26 +37,26 @@ def _x(mesh=MESH, block=3, seed=0):
 def test_lost_blocks_name_the_tensor_and_the_indices_the_core_held():
     layouts = {"x": Layout((4, 8, 5), Region(0, 0, 4, 4), ("y", "x", None)),
                "far": Layout((2, 2), Region(2, 2, 2, 2), ("y", "x"))}
-    assert lost_blocks(layouts, Coord(1, 2)) == ("DSM 'x' block (2, 1) = x[2:3, 2:4, 0:5]",)
-    assert lost_blocks(layouts, Coord(3, 3)) == ("DSM 'far' block (1, 1) = far[1:2, 1:2]",
-                                                 "DSM 'x' block (3, 3) = x[3:4, 6:8, 0:5]")
+    assert lost_blocks(layouts, Coord(1, 2)) == ("DSM 'x' block [row 2, col 1] = x[2:3, 2:4, 0:5]",)
+    assert lost_blocks(layouts, Coord(3, 3)) == ("DSM 'far' block [row 1, col 1] = far[1:2, 1:2]",
+                                                 "DSM 'x' block [row 3, col 3] = x[3:4, 6:8, 0:5]")
 
 
 def test_the_fault_map_joins_the_tiles_reports_and_finds_what_a_primitive_needs():
-    m = FaultMap.join([{"cores": [C11], "links": [], "lost": [(C11, ("DSM 'x' block (1, 1)",))]},
+    m = FaultMap.join([{"cores": [C11], "links": [], "lost": [(C11, ("DSM 'x' block [row 1, col 1]",))]},
                        {"cores": [], "links": [(Coord(2, 0), Coord(3, 0))]}])
     assert m.cores == {C11} and not m.alive(C11) and m.alive(Coord(0, 0))
     assert not m.link_alive(Coord(3, 0), Coord(2, 0)) and m.region_links(MESH.region, "y") == []
     assert m.hit([Coord(0, 0), C11]) == CoreFailure(C11)
     assert m.hit([Coord(0, 0)], [(Coord(3, 0), Coord(2, 0))]) == LinkFailure(Coord(2, 0), Coord(3, 0))
     err = m.error(CoreFailure(C11), "somewhere")
-    assert isinstance(err, CoreFailed) and "core (1,1) is dead (somewhere)" in str(err)
-    assert "DSM 'x' block (1, 1) (lost)" in str(err)
+    assert isinstance(err, CoreFailed) and "core (x=1, y=1) is dead (somewhere)" in str(err)
+    assert "DSM 'x' block [row 1, col 1] (lost)" in str(err)
 
 
 @pytest.mark.parametrize("call", ["allreduce", "shift", "broadcast", "send", "gemv"])
 def test_a_primitive_that_needs_a_dead_core_raises_core_failed_naming_it_and_its_blocks(call):
-    fm = _dead(C11, lost=[(C11, ("DSM 'x' block (1, 1) = x[1:2, 1:2, 0:3]",))])
+    fm = _dead(C11, lost=[(C11, ("DSM 'x' block [row 1, col 1] = x[1:2, 1:2, 0:3]",))])
     kernels = {"allreduce": lambda ctx, a: ctx.allreduce(a, "y"), "shift": lambda ctx, a: ctx.shift(a, "x"),
                "broadcast": lambda ctx, a: ctx.broadcast(a, "y"), "send": lambda ctx, a: ctx.send(a, 0, 1),
                "gemv": lambda ctx, a: ctx.gemv(a[..., None, :], a, "x")}
@@ -68,7 +69,7 @@ def test_a_primitive_that_needs_a_dead_core_raises_core_failed_naming_it_and_its
 def test_a_dead_link_fails_the_primitives_along_it_and_not_across():
     fm = _dead(links=[(Coord(1, 2), Coord(2, 2))])  # an E-W link between two tiles
     x = _x()
-    with pytest.raises(LinkFailed, match=r"the link \(1,2\)-\(2,2\) is dead") as e:
+    with pytest.raises(LinkFailed, match=r"the link \(x=1, y=2\)-\(x=2, y=2\) is dead") as e:
         simulate(MESH, TINY, MESH.region, lambda ctx, a: ctx.allreduce(a, "x"), a=x, faults=fm)
     assert {e.value.a, e.value.b} == {Coord(1, 2), Coord(2, 2)}
     out, _ = simulate(MESH, TINY, MESH.region, lambda ctx, a: ctx.allreduce(a, "y"), a=x, faults=fm)
@@ -103,7 +104,7 @@ def test_load_and_store_leave_a_dead_core_out_only_when_asked():
     layout = Layout((2, 2, 3), Region(0, 0, 2, 2), ("y", "x", None))
     blocks = np.arange(12, dtype=np.float32).reshape(2, 2, 1, 1, 3)
     store = {"x": (layout, blocks)}
-    ctx = Cores(layout.region, layout.region, None, _ledger(), store, faults=_dead(C11))
+    ctx = Context(layout.region, layout.region, None, _ledger(), store, faults=_dead(C11))
     with pytest.raises(CoreFailed, match="ctx.load of 'x'"):
         ctx.load("x")
     got = ctx.load("x", where=ctx.live)
@@ -130,18 +131,19 @@ def test_a_tile_counts_kernel_commands_and_loses_a_dead_cores_blocks():
     tile.inject(CoreFailure(C11, Trigger(step=2)), 0)
     assert tile.kernel_faults(1)["cores"] == []  # the first command: not yet
     report = tile.kernel_faults(2)
-    assert report["cores"] == [C11] and report["lost"] == [(C11, ("DSM 'x' block (1, 1) = x[1:2, 1:2, 0:3]",))]
+    assert report["cores"] == [C11] and report["lost"] == [(C11, ("DSM 'x' block [row 1, col 1] = x[1:2, 1:2, 0:3]",))]
     assert report["fired"][0]["step"] == 2
-    with pytest.raises(CoreFailed, match=r"core \(1,1\) is dead .*x\[1:2, 1:2, 0:3\] \(lost\)"):
+    with pytest.raises(CoreFailed, match=r"core \(x=1, y=1\) is dead .*x\[1:2, 1:2, 0:3\] \(lost\)"):
         tile.get("x")
     with pytest.raises(CoreFailed, match="wafer.dsm.read"):
         tile.read("x", 1, 1)
     tile.put("x", x + 1)  # the dead core's block can be put but never read back
     got = tile.get("x", fill=np.nan)
     assert np.isnan(got[1, 1]).all() and (got[0, 1] == x[0, 1] + 1).all()
-    with pytest.raises(CoreFailed, match="ctx.allreduce along x"):
+    with pytest.raises(KernelFailed, match="ctx.allreduce along x") as e:  # the tile's error, on its way to the host
         tile.run(lambda ctx: ctx.allreduce(ctx.load("x", where=ctx.live), "x"), mesh.region, {}, 3,
                  FaultMap.join([report]))
+    assert isinstance(e.value.unwrap(), CoreFailed) and e.value.unwrap().tile == TileId(0, 0)
 
 
 def test_a_corrupt_kernel_message_is_caught_by_its_checksum_and_names_the_link():
@@ -155,7 +157,7 @@ def test_a_corrupt_kernel_message_is_caught_by_its_checksum_and_names_the_link()
 
     def body(t, links):
         local = mesh.tile_region(t)
-        ctx = Cores(mesh.region, local, links, _ledger(), {}, tag="k1")
+        ctx = Context(mesh.region, local, links, _ledger(), {}, tag="k1")
         return ctx.send(x[mesh.region.window(local)], 1, 0)
 
     with pytest.raises(PayloadCorrupt) as e:

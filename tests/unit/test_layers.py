@@ -33,11 +33,12 @@ ALLOWED = {
     "actors": PURE,  # the tiles run the serving loop
     "inject": PURE | {"actors"},  # faults into the tiles (the Wafer's fault session)
     "dsm": PURE | {"actors", "inject"},  # the Wafer's named tensors in the tiles
-    "runtime": PURE | {"actors", "inject", "dsm"},
-    "recovery": PURE | {"actors", "inject", "dsm", "runtime"},  # what the host does when a fault hits a decode
-    "llm": PURE | {"actors", "inject", "dsm", "runtime", "recovery"},  # WaferLLM on top of the Wafer
-    "cli": PURE | {"actors", "inject", "dsm", "runtime", "recovery", "llm"},
-    "testing": PURE | {"actors", "inject", "dsm", "runtime", "recovery", "llm", "cli"},  # the pytest plugin
+    "localtiles": PURE | {"actors", "inject", "dsm"},  # the runtime's Ray-free tiles
+    "runtime": PURE | {"actors", "inject", "dsm", "localtiles"},
+    "recovery": PURE | {"actors", "inject", "dsm", "localtiles", "runtime"},  # the host's recovery of a decode
+    "llm": PURE | {"actors", "inject", "dsm", "localtiles", "runtime", "recovery"},  # WaferLLM on the Wafer
+    "cli": PURE | {"actors", "inject", "dsm", "localtiles", "runtime", "recovery", "llm"},
+    "testing": PURE | {"actors", "inject", "dsm", "localtiles", "runtime", "recovery", "llm", "cli"},  # plugin
 }
 FLOORS = {f"waferrt.{floor}": {f"waferrt.{m}" for m in may} for floor, may in ALLOWED.items()}
 HEAVY = {  # third-party package -> the only modules that may import it

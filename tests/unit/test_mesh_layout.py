@@ -110,7 +110,7 @@ def test_mesh_errors_say_what_fits():
         MeshSpec(4, 4, 5, 1)
     with pytest.raises(ValueError, match=r"tile\(2,0\) is outside the 2x2 grid"):
         MeshSpec(4, 4, 2, 2).tile_region(TileId(2, 0))
-    with pytest.raises(ValueError, match=r"dead core \(9,9\) is outside"):
+    with pytest.raises(ValueError, match=r"dead core \(x=9, y=9\) is outside"):
         MeshSpec(4, 4, 2, 2, frozenset({Coord(9, 9)}))
 
 
@@ -209,3 +209,13 @@ def test_sram_book_is_the_sum_of_live_tensors_and_overflow_books_nothing(ops):
             want[r0:r0 + reg.h, c0:c0 + reg.w] += nb
         np.testing.assert_array_equal(book.used, want)
         assert (book.used <= 8000).all() and book.stats()["tensors"] == len(live)
+
+
+def test_a_coord_is_the_tuple_x_y():
+    c = Coord(3, 4)
+    x, y = c
+    assert (x, y) == (3, 4) and c == (3, 4) and hash(c) == hash((3, 4)) and {(3, 4): "a"}[c] == "a"
+    assert Coord(np.int64(3), 4) == c and type(Coord(np.int64(3), 4).x) is int
+    assert sorted([Coord(1, 0), Coord(0, 5)]) == [(0, 5), (1, 0)]
+    with pytest.raises(TypeError, match="Coord.x must be a whole number"):
+        Coord(1.5, 2)

@@ -84,5 +84,6 @@ def test_misused_markers_fail_before_any_wafer_opens_and_say_what_to_write(pytes
     assert "@pytest.mark.faults injects its faults into the `wafer` fixture; add a `wafer` argument" in out
     assert "takes fault values such as waferrt.faults.CoreFailure((3, 4)); got 3 (int)" in out
     assert "at_step=N (N >= 1, the kernel command at which they fire); got at_step=0" in out
-    assert "@pytest.mark.wafer takes keyword arguments ['mesh', 'spec', 'tile', 'timeout'], got ['tiles']" in out
+    assert ("@pytest.mark.wafer takes keyword arguments ['backend', 'mesh', 'spec', 'tile', 'timeout'], got ['tiles']"
+            in out)
     assert "waferrt_ray" not in out and "SETUP    F wafer" not in out  # no Ray, no wafer: caught before

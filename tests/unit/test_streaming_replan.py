@@ -104,7 +104,7 @@ def test_no_room_says_what_died_and_what_it_would_take():
     with pytest.raises(PlanError) as e:
         plan_streaming(CFG, TINY, mesh.with_dead({Coord(1, 0)}), kv=KV)
     text = str(e.value)
-    assert "weight streaming: with core (1,0) dead" in text and "the largest, [0:3)x[1:8), needs" in text
+    assert "weight streaming: with core (x=1, y=0) dead" in text and "the largest, [0:3)x[1:8), needs" in text
     assert "a region of 3x8 cores" in text and "a mesh with another tile" in text
 
 
@@ -132,5 +132,6 @@ def test_replan_leaves_a_streaming_region_the_failure_misses_and_says_when_none_
     rp = replan(p, frozenset({Coord(4, 4)}))
     assert rp.mode == "unchanged" and rp.placement.embed == p.embed and rp.moves == () and rp.moved == ()
     with pytest.raises(PlanError, match=r"cannot re-plan the streaming region \[0:3\)x\[0:8\) that the failure "
-                                        r"breaks: weight streaming: with core \(1,1\), core \(4,4\) dead, no region"):
+                                        r"breaks: weight streaming: with core \(x=1, y=1\), core \(x=4, y=4\) dead, "
+                                        r"no region"):
         replan(rp.placement, frozenset({Coord(1, 1)}))

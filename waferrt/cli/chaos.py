@@ -230,10 +230,7 @@ def _again(args, plan) -> str:
 
 
 def _report(args, plan, log, same, error, decode, want, got) -> None:
-    events = log.events
-    counts = {"injected": len(events), "fired": sum(e.fired_at is not None for e in events),
-              "detected": sum(e.detected_at is not None for e in events),
-              "recovered": sum(e.recovered_at is not None for e in events)}
+    counts = log.counts()
     again = _again(args, plan)
     if args.json:
         print(json.dumps({"identical": same, "seed": plan.seed, "policy": plan.policy, **counts,

@@ -173,6 +173,21 @@ def ktree_cost(spec: HardwareSpec, plan: KtreePlan, n: int, nbytes: int) -> Cost
                 cycles=cyc)
 
 
+def reduce_flops(algo: str, n: int, values: int, k: int = 2) -> int:
+    """The flops of the busiest core's reductions in an allreduce of `values` values per core along a line of
+    n cores: ktree -- a level's root combines the stream of each half that reaches it (``ktree_plan``);
+    chain -- every core adds its own partial sum into the one stream once; ring -- n-1 combines of a 1/n
+    chunk (reduce-scatter); pipeline -- every one of the n chunks combined once on the way down the chain."""
+    if n <= 1:
+        return 0
+    if algo == "ktree":
+        return sum(level.halves for level in ktree_plan(n, k).levels) * values
+    if algo == "chain":
+        return values
+    chunk = cdiv(values, n)
+    return (n - 1) * chunk if algo == "ring" else n * chunk
+
+
 def allreduce_cost(spec: HardwareSpec, algo: str, n: int, nbytes: int, k: int = 2) -> Cost:
     """Allreduce of nbytes per core along a line of n cores.
 

@@ -2,7 +2,13 @@
 
 Contract: :class:`Coord`, :class:`Region`, :class:`TileId` and :class:`MeshSpec` are frozen, hashable
 values (usable as dict keys, comparable, picklable). x grows to the East, y to the South; core (0, 0) is
-the North-West corner. A mesh of W x H cores is cut into tiles of tw x th cores (the last column/row of
+the North-West corner.
+
+The one convention for axes (docs/PROGRAMMING.md, "Axes"): a core, a mesh, a tile and a region's size are
+given x first -- ``Coord(x, y)``, ``mesh=(width, height)`` = (cols, rows), ``Region(x0, y0, w, h)``,
+``TileId(tx, ty)`` -- and written so (``(x=3, y=4)``; a region ``[x0:x1)x[y0:y1)``); an array over cores is
+indexed the numpy way, rows first -- ``a[y, x]``, shape (rows, cols) = (h, w) -- and a place in it is
+written ``[row 4, col 3]``. A mesh of W x H cores is cut into tiles of tw x th cores (the last column/row of
 tiles is narrower/shorter when tw/th do not divide W/H). Pure: no numpy arrays of data, no Ray.
 """
 
@@ -11,6 +17,7 @@ from __future__ import annotations
 import enum
 from collections.abc import Iterator
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 from .arith import cdiv, whole
 
@@ -42,10 +49,22 @@ class Dir(enum.Enum):
 _OPPOSITE = {Dir.N: Dir.S, Dir.S: Dir.N, Dir.E: Dir.W, Dir.W: Dir.E}
 
 
-@dataclass(frozen=True, order=True)
-class Coord:
+class _XY(NamedTuple):
     x: int
     y: int
+
+
+class Coord(_XY):
+    """A core's place on the mesh: x its column (growing East), y its row (growing South); (0, 0) is the
+    North-West corner. A tuple: ``Coord(3, 4) == (3, 4)``, ``x, y = c``, hashable; written ``(x=3, y=4)``.
+    Arrays over cores are indexed the other way round, ``a[y, x]`` (rows, cols): see ``Region.local``."""
+
+    __slots__ = ()
+
+    def __new__(cls, x: int, y: int) -> Coord:
+        if type(x) is not int or type(y) is not int:  # the common case costs two type checks
+            x, y = whole("Coord.x", x, least=None), whole("Coord.y", y, least=None)
+        return super().__new__(cls, x, y)
 
     def step(self, d: Dir) -> Coord:
         return Coord(self.x + d.value[0], self.y + d.value[1])
@@ -55,7 +74,7 @@ class Coord:
         return abs(self.x - other.x) + abs(self.y - other.y)
 
     def __str__(self) -> str:
-        return f"({self.x},{self.y})"
+        return f"(x={self.x}, y={self.y})"
 
 
 @dataclass(frozen=True, order=True)

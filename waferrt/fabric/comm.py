@@ -156,7 +156,8 @@ class LineComm:
         """Every core sends its slice one hop along the line (dist=+1: E or S; -1: W or N). Without wrap
         the first core receives zeros; with wrap the last core's slice travels back to the first."""
         if dist not in (1, -1):
-            raise ValueError(f"shift moves one hop (dist=+1 or -1), got {dist}; use transfer() for more")
+            raise ValueError(f"shift moves one hop (dist=+1 or -1), got {dist}; shift again for each further "
+                             "hop, or use transfer(src, dist) to send chosen cores' slices dist hops")
         out = np.zeros_like(buf)
         if self.n == 1:  # a line of one core: nothing moves (booked, at zero cost)
             with self.ledger.op("shift"):

@@ -1,188 +1,191 @@
-"""The kernel context: one tile's share of the cores of a region, as seen by an SPMD mesh kernel.
+"""The kernel context, ``waferrt.Context``: one tile's share of the cores of a region, as an SPMD kernel sees it.
 
-Contract: a kernel is a plain function ``kernel(ctx, **args)``. Every tile that holds cores of the
-kernel's region runs it once, with a :class:`Cores` context for its part. Data are numpy arrays whose
-first two axes are this tile's cores of the region, (rows, cols) in region order, followed by each
-core's block. A core only touches its own block; data move between cores only through the context's
-primitives, which go one hop at a time (forwarded through the cores in between) and book their cost:
+Contract: a kernel is a plain function ``kernel(ctx, **args)`` that returns nothing. Every tile that holds
+cores of the kernel's region runs it once, with a :class:`Context` for its part. Data are numpy arrays
+whose first two axes are this tile's cores of the region, (rows, cols) = [y, x] in region order, followed
+by each core's block. A core only touches its own block; data move between cores only through the
+context's primitives, which go one hop at a time (forwarded through the cores in between) and book their
+cost in the context's ledger. docs/PROGRAMMING.md is the reference; in short:
 
-- ``ctx.send(buf, dx, dy)``: every core sends its block to its neighbour (one hop: N/E/S/W only).
-- ``ctx.shift(buf, "x"|"y", dist=±1, wrap=False)``, ``ctx.broadcast(buf, axis, root)``,
+- ``ctx.send(buf, dx, dy, where=None)``: every core sends its block one hop to (x+dx, y+dy).
+- ``ctx.shift(buf, axis, dist=+1|-1, wrap=False)``, ``ctx.broadcast(buf, axis, root=0)``,
   ``ctx.allreduce(buf, axis, algo="ktree"|"ring"|"pipeline", k=2, op="sum"|"max")``.
 - ``ctx.gemv(w, x, axis)``: MeshGEMV, local block GEMV then an allreduce along `axis`.
 - ``ctx.load(name)`` / ``ctx.store(name, blocks)``: this tile's blocks of a DSM tensor.
-- ``ctx.compute(flops)``: book local compute that is not part of a primitive.
+- ``ctx.compute(flops)``: book the flops ONE core does outside a primitive; ``ctx.log(...)``: a line to the
+  host, labelled by tile (``print`` in a kernel does the same).
 
-Faults (waferrt.faults): the context carries the region's fault map as the command started, the same on
-every tile (``ctx.dead_cores``, ``ctx.dead_links``, ``ctx.alive(c)``, ``ctx.live``: this tile's cores alive,
-(rows, cols)). A primitive takes every core of the region unless ``where`` (a (rows, cols) bool array of
-this tile's cores) says which: ``send``, ``load`` and ``store`` take it. One that needs a dead core raises
-:class:`~waferrt.faults.errors.CoreFailed` naming the core and the DSM blocks it lost; one that needs a dead
-link (along its axis, for the collectives) :class:`~waferrt.faults.errors.LinkFailed` naming both cores.
-Without ``where`` every tile of the region finds the same dead core at the same primitive and raises at
-once; with it, only the tile of the chosen cores can tell (its neighbours then wait for it until the
-fabric's deadline). A dead core's DSM block is lost: ``load`` without it (``where=ctx.live``) gives zeros
-there.
+Axes: mesh axis "x" runs along a row of cores (East = +1), "y" along a column (South = +1); array axis 1
+is x, array axis 0 is y. Every tile of the region must call the same primitives in the same order (SPMD):
+the tiles check it with each other as the kernel ends (waferrt.fabric.misuse.NotSpmd). Faults: see RegionView
+(``ctx.live``, ``ctx.can_send``, ``where=``); a primitive that needs a dead core or link raises CoreFailed /
+LinkFailed naming it.
 """
 
 from __future__ import annotations
 
+from contextlib import contextmanager
+
 import numpy as np
 
+from waferrt.core.cost import reduce_flops
 from waferrt.core.ledger import Ledger
 from waferrt.core.mesh import Coord, Dir, Region
 from waferrt.faults.faultmap import FaultMap
 
 from .comm import LineComm
-from .links import Links
+from .debug import user_site
+from .links import FabricProtocolError, Links
+from .misuse import from_neighbour
+from .view import RegionView
 
 
 class NotNeighbourError(ValueError):
     """A core asked to send to a core that is not one hop away."""
 
 
-class Cores:
-    """This tile's cores of `region` (``tile`` is the tile's own rectangle of the mesh); ``store`` maps a DSM
-    tensor's name to (layout, this tile's blocks of it)."""
+class Context(RegionView):
+    """This tile's cores of a kernel's region: the ``ctx`` every kernel gets (docs/PROGRAMMING.md).
+
+    >>> from waferrt.core.mesh import MeshSpec
+    >>> from waferrt.core.spec import TINY
+    >>> from waferrt.fabric.loop import simulate
+    >>> mesh = MeshSpec(4, 2, 2, 2)                               # 4x2 cores, two tiles of 2x2
+    >>> x = np.arange(8, dtype=np.float32).reshape(2, 4, 1)       # (rows, cols, block): one value per core
+    >>> out, cost = simulate(mesh, TINY, mesh.region, lambda ctx, x: ctx.shift(x, "x", 1), x=x)
+    >>> out[..., 0]                                               # each core got its West neighbour's value
+    array([[0., 0., 1., 2.],
+           [0., 4., 5., 6.]], dtype=float32)
+    """
 
     def __init__(self, region: Region, tile: Region, links: Links | None, ledger: Ledger, store: dict,
                  tag: str = "", faults: FaultMap | None = None):
-        local = region.intersect(tile)
-        if local is None:
-            raise ValueError(f"the kernel's region {region} has no core in the tile {tile}")
-        self.region, self.local, self.tile, self.ledger, self._store = region, local, tile, ledger, store
-        self.faults = faults or FaultMap()
-        self.x = LineComm("x", region, local, links, ledger, f"{tag}:")
-        self.y = LineComm("y", region, local, links, ledger, f"{tag}:")
-        self.spec = ledger.spec
-
-    # -- where am I ---------------------------------------------------------------------------------
-    @property
-    def shape(self) -> tuple[int, int]:
-        """(rows, cols) of this tile's cores of the region."""
-        return self.local.shape
-
-    def coords(self) -> tuple[np.ndarray, np.ndarray]:
-        """(xs, ys): the global coordinates of this tile's cores, each (rows, cols)."""
-        ys, xs = np.mgrid[self.local.y0:self.local.y1, self.local.x0:self.local.x1]
-        return xs, ys
-
-    def positions(self) -> tuple[np.ndarray, np.ndarray]:
-        """(cols, rows): positions of this tile's cores inside the region, each (rows, cols)."""
-        xs, ys = self.coords()
-        return xs - self.region.x0, ys - self.region.y0
-
-    # -- what is dead ---------------------------------------------------------------------------------
-    @property
-    def dead_cores(self) -> frozenset[Coord]:
-        """The dead cores of the kernel's region (the same on every tile)."""
-        return frozenset(self.faults.in_region(self.region))
-
-    @property
-    def dead_links(self) -> frozenset[tuple[Coord, Coord]]:
-        """The dead links between two cores of the kernel's region, each as (a, b) with a < b."""
-        return frozenset(self.faults.region_links(self.region, "x") + self.faults.region_links(self.region, "y"))
-
-    def alive(self, c: Coord) -> bool:
-        """Is core `c` alive? (A core outside the region is asked about all the same.)"""
-        return self.faults.alive(c)
-
-    def link_alive(self, a: Coord, b: Coord) -> bool:
-        return self.faults.link_alive(a, b)
-
-    @property
-    def live(self) -> np.ndarray:
-        """(rows, cols) bool: which of this tile's cores are alive (``where=ctx.live`` leaves the dead out)."""
-        dead = np.zeros(self.shape, bool)
-        for c in self.faults.in_region(self.local):
-            dead[c.y - self.local.y0, c.x - self.local.x0] = True
-        return ~dead
-
-    def _need(self, what: str, cores=None, axis: str | None = None, links=()) -> None:
-        """Raise CoreFailed / LinkFailed if the primitive `what` needs a dead core or link: `cores` (default:
-        every core of the region), the dead links along `axis` in the region, and `links`."""
-        if not self.faults:
-            return
-        cores = self.region.cores() if cores is None else cores
-        along = self.faults.region_links(self.region, axis) if axis else []
-        dead = self.faults.hit(cores, [*along, *links])
-        if dead is not None:
-            raise self.faults.error(dead, f"needed by {what} in the kernel's region {self.region}; leave the dead "
-                                          "out: ctx.live, ctx.dead_cores, where=")
-
-    def _chosen(self, where) -> list[Coord]:
-        """This tile's cores where `where` ((rows, cols) bool) holds."""
-        where = np.asarray(where, bool)
-        if where.shape != self.shape:
-            raise ValueError(f"where= is a (rows, cols) bool array over this tile's cores {self.shape}, got "
-                             f"shape {where.shape}")
-        rows, cols = np.nonzero(where)
-        return [Coord(self.local.x0 + int(c), self.local.y0 + int(r)) for r, c in zip(rows, cols)]
+        super().__init__(region, tile, store, faults, ledger.spec)
+        self.ledger, self.tag = ledger, tag
+        self.x = LineComm("x", region, self.local, links, ledger, f"{tag}:")
+        self.y = LineComm("y", region, self.local, links, ledger, f"{tag}:")
+        self.calls: list[tuple[str, str]] = []  # (primitive, its line) run so far: the tiles compare the primitives
 
     def _comm(self, axis: str) -> tuple[LineComm, int]:
         if axis == "x":
             return self.x, 1
         if axis == "y":
             return self.y, 0
-        raise ValueError(f"mesh axis is 'x' (along rows, E/W) or 'y' (along columns, N/S), got {axis!r}")
+        raise ValueError(f"mesh axis is 'x' (along a row of cores, E/W; array axis 1) or 'y' (along a column, "
+                         f"N/S; array axis 0), got {axis!r}")
 
-    def _check(self, buf: np.ndarray) -> None:
-        if buf.shape[:2] != self.shape:
-            raise ValueError(f"kernel arrays start with this tile's core axes {self.shape}, got {buf.shape}")
+    @contextmanager
+    def _primitive(self, what: str, *bufs: np.ndarray):
+        """A primitive every tile of the region runs: checked, recorded with its line of the kernel; a
+        neighbour tile that ended (or failed) instead of taking part is said so (misuse.from_neighbour)."""
+        for b in bufs:
+            self._check(b, what)
+        site = user_site()
+        self.calls.append((what, f"{site.file}:{site.line}" if site else "?"))
+        try:
+            yield
+        except FabricProtocolError as e:
+            raise from_neighbour(e, what, site) from e
 
     # -- primitives -----------------------------------------------------------------------------------
     def send(self, buf: np.ndarray, dx: int, dy: int, where=None) -> np.ndarray:
         """Every core (or only those where `where`, a (rows, cols) bool array, holds) sends its block to the
-        core at (x+dx, y+dy), which must be a neighbour; returns what each core received (zeros where no
-        core of the region sent to it). Booked: one message per core that sends."""
+        core at (x+dx, y+dy), which must be a neighbour (|dx| + |dy| = 1: dx=+1 East, dy=+1 South); returns
+        what each core received, zeros where no core sent to it (the cores at the region's edge that no one
+        faces, and the receivers of cores that `where` left out). A sender's receiver must be alive: leave
+        out those that face a dead core or link (``where=ctx.can_send(dx, dy)``). Booked as ``send``: one
+        routing stage of one hop, a message per core that sends.
+
+        >>> from waferrt.core.mesh import MeshSpec
+        >>> from waferrt.core.spec import TINY
+        >>> from waferrt.fabric.loop import simulate
+        >>> mesh = MeshSpec(2, 3, 2, 2)                           # 2x3 cores: tiles of 2x2 and 2x1
+        >>> x = np.arange(1, 7, dtype=np.float32).reshape(3, 2, 1)
+        >>> out, cost = simulate(mesh, TINY, mesh.region, lambda ctx, x: ctx.send(x, 0, 1), x=x)  # South
+        >>> out[..., 0], cost["send"].messages                    # row 0 gets zeros: no core North of it
+        (array([[0., 0.],
+               [1., 2.],
+               [3., 4.]], dtype=float32), 4)
+        """
         if abs(dx) + abs(dy) != 1:
             a = Coord(self.local.x0, self.local.y0)
             b = Coord(a.x + dx, a.y + dy)
             raise NotNeighbourError(
                 f"core {a} cannot send to core {b}: they are {a.hops_to(b)} hops apart and a core has links "
                 "only to its N/E/S/W neighbours. Move data one hop at a time (ctx.send with |dx|+|dy| = 1), "
-                "or use ctx.shift / ctx.broadcast / ctx.allreduce, which forward hop by hop."
-            )
-        self._check(buf)
-        axis, dist = ("x", dx) if dx else ("y", dy)
-        d, senders = Dir.of_step(dx, dy), None
-        if where is None:
-            self._need(f"ctx.send {d.name}", axis=axis)
-        else:
-            chosen = [c for c in self._chosen(where) if self.region.contains(c.step(d))]
-            self._need(f"ctx.send {d.name} (where=)", chosen + [c.step(d) for c in chosen],
-                       links=[(c, c.step(d)) for c in chosen])
-            buf = np.where(self._spread(where, buf), buf, np.zeros((), buf.dtype))  # the others send nothing
-            senders = len(chosen)
-        with self.ledger.op("send"):
-            comm, ax = self._comm(axis)
-            out = np.zeros_like(buf)
-            src = np.arange(comm.n - 1) + (0 if dist > 0 else 1)
-            pos, val = comm.transfer(buf, src, dist, ax, senders=senders)
-            idx = [slice(None)] * buf.ndim
-            idx[ax] = pos
-            out[tuple(idx)] = val
-            return out
+                "or use ctx.shift / ctx.broadcast / ctx.allreduce, which forward hop by hop.")
+        d = Dir.of_step(dx, dy)
+        with self._primitive(f"ctx.send {d.name}", buf):
+            axis, dist = ("x", dx) if dx else ("y", dy)
+            senders = None
+            if where is None:
+                self._need(f"ctx.send {d.name}", axis=axis)
+            else:
+                chosen = [c for c in self._chosen(where) if self.region.contains(c.step(d))]
+                self._need(f"ctx.send {d.name} (where=)", chosen)
+                for c in chosen:
+                    self._need(f"ctx.send {d.name} (where=) from core {c}, which sends to it", [c.step(d)],
+                               links=[(c, c.step(d))])
+                buf = np.where(self._spread(where, buf), buf, np.zeros((), buf.dtype))  # the others send nothing
+                senders = len(chosen)
+            with self.ledger.op("send"):
+                comm, ax = self._comm(axis)
+                out = np.zeros_like(buf)
+                src = np.arange(comm.n - 1) + (0 if dist > 0 else 1)
+                pos, val = comm.transfer(buf, src, dist, ax, senders=senders)
+                idx = [slice(None)] * buf.ndim
+                idx[ax] = pos
+                out[tuple(idx)] = val
+                return out
 
     def shift(self, buf: np.ndarray, axis: str, dist: int = 1, wrap: bool = False) -> np.ndarray:
-        self._check(buf)
-        comm, ax = self._comm(axis)
-        self._need(f"ctx.shift along {axis}", axis=axis)
-        return comm.shift(buf, dist, wrap, ax)
+        """Every core of the region sends its block one hop along `axis` ("x": dist=+1 East, -1 West; "y":
+        +1 South, -1 North), all at once. Without `wrap`, the cores at the start of each line (West or North
+        edge for dist=+1) receive zeros; with it, the last core's block travels back along the line to the
+        first (n-1 hops). Booked as ``shift``: one routing stage (two with wrap), a message per core.
+
+        >>> from waferrt.core.mesh import MeshSpec
+        >>> from waferrt.core.spec import TINY
+        >>> from waferrt.fabric.loop import simulate
+        >>> mesh = MeshSpec(4, 1, 2, 1)
+        >>> x = np.arange(1, 5, dtype=np.float32).reshape(1, 4, 1)
+        >>> simulate(mesh, TINY, mesh.region, lambda ctx, x: ctx.shift(x, "x", -1, wrap=True), x=x)[0][..., 0]
+        array([[2., 3., 4., 1.]], dtype=float32)
+        """
+        with self._primitive(f"ctx.shift along {axis}", buf):
+            comm, ax = self._comm(axis)
+            if dist not in (1, -1):
+                raise ValueError(f"ctx.shift moves every block one hop (dist=+1 or -1), got {dist}; for more hops "
+                                 f"call it {abs(dist)} times (each hop is booked), or use ctx.send for one hop with "
+                                 "where=")
+            self._need(f"ctx.shift along {axis}", axis=axis)
+            return comm.shift(buf, dist, wrap, ax)
 
     def broadcast(self, buf: np.ndarray, axis: str, root: int = 0) -> np.ndarray:
-        self._check(buf)
-        comm, ax = self._comm(axis)
-        self._need(f"ctx.broadcast along {axis}", axis=axis)
-        return comm.broadcast(buf, root, ax)
+        """Every core of each line along `axis` gets the block of the line's `root`-th core (counted from the
+        region's West edge for "x", North edge for "y"), by router multicast. Booked as ``broadcast``: one
+        routing stage of max(root, n-1-root) hops, n-1 messages per line.
+
+        >>> from waferrt.core.mesh import MeshSpec
+        >>> from waferrt.core.spec import TINY
+        >>> from waferrt.fabric.loop import simulate
+        >>> mesh = MeshSpec(1, 4, 1, 2)
+        >>> x = np.arange(1, 5, dtype=np.float32).reshape(4, 1, 1)
+        >>> simulate(mesh, TINY, mesh.region, lambda ctx, x: ctx.broadcast(x, "y", root=2), x=x)[0][:, 0, 0]
+        array([3., 3., 3., 3.], dtype=float32)
+        """
+        with self._primitive(f"ctx.broadcast along {axis}", buf):
+            comm, ax = self._comm(axis)
+            self._need(f"ctx.broadcast along {axis}", axis=axis)
+            return comm.broadcast(buf, root, ax)
 
     def allreduce(self, buf: np.ndarray, axis: str, algo: str = "ktree", k: int = 2, op: str = "sum"
                   ) -> np.ndarray:
         """Every core ends with the reduction ("sum" or "max") of the blocks of its line along `axis` ("x":
         its row of cores, "y": its column), by the `algo` allreduce ("ktree" with `k` levels, "ring",
-        "pipeline"), hop by hop, booked as ``allreduce.<algo>``.
+        "pipeline"), hop by hop. Booked as ``allreduce.<algo>``: its messages, and the flops of the busiest
+        core's reductions (core.cost.reduce_flops).
 
-        >>> import numpy as np
         >>> from waferrt.core.mesh import MeshSpec
         >>> from waferrt.core.spec import TINY
         >>> from waferrt.fabric.loop import simulate
@@ -192,71 +195,77 @@ class Cores:
         >>> out[..., 0]
         array([[ 6.,  6.,  6.,  6.],
                [22., 22., 22., 22.]], dtype=float32)
-        >>> cost["allreduce.ktree"].hops                     # to the roots (1 + 2 hops), multicast (3)
-        6
+        >>> cost["allreduce.ktree"].hops, cost["allreduce.ktree"].flops   # 2 levels of 1 add on the root
+        (6, 2)
         """
-        self._check(buf)
-        comm, ax = self._comm(axis)
-        self._need(f"ctx.allreduce along {axis}", axis=axis)
-        return comm.allreduce(buf, algo, k, op, ax)
+        with self._primitive(f"ctx.allreduce along {axis}", buf):
+            comm, ax = self._comm(axis)
+            self._need(f"ctx.allreduce along {axis}", axis=axis)
+            with self.ledger.op(f"allreduce.{algo}"):
+                out = comm.allreduce(buf, algo, k, op, ax)
+                self.ledger.compute(reduce_flops(algo, comm.n, _block_values(buf), k))
+            return out
 
     def gemv(self, w: np.ndarray, x: np.ndarray, axis: str, algo: str = "ktree", k: int = 2) -> np.ndarray:
         """MeshGEMV. w: (rows, cols, out_b, in_b) blocks; x: (rows, cols, in_b), the input split along
         `axis` (and replicated along the other). Each core computes w @ x on its block, then the partial
-        sums are allreduced along `axis`: the output (rows, cols, out_b) is split along the other axis."""
-        self._check(w)
-        self._check(x)
-        self._comm(axis)
-        self._need(f"ctx.gemv along {axis}", axis=axis)
-        with self.ledger.op("gemv"):
-            y = np.matmul(w, x[..., None])[..., 0]
-            self.ledger.compute(2 * w.shape[-1] * w.shape[-2])
+        sums are allreduced along `axis`: the output (rows, cols, out_b) is split along the other axis.
+        Booked as ``gemv``: 2 * out_b * in_b flops per core, then the allreduce (its messages and flops).
+
+        >>> from waferrt.core.mesh import MeshSpec
+        >>> from waferrt.core.spec import TINY
+        >>> from waferrt.fabric.loop import simulate
+        >>> mesh = MeshSpec(2, 1, 1, 1)                      # y = W x, W (1, 4): one 1x2 block per core
+        >>> w = np.array([[[[1, 2]], [[3, 4]]]], np.float32)   # (rows=1, cols=2, out_b=1, in_b=2)
+        >>> x = np.ones((1, 2, 2), np.float32)
+        >>> out, cost = simulate(mesh, TINY, mesh.region, lambda ctx, w, x: ctx.gemv(w, x, "x"), w=w, x=x)
+        >>> out[..., 0], cost["gemv"].flops                  # 4 flops of block GEMV + 1 add, per core
+        (array([[10., 10.]], dtype=float32), 5)
+        """
+        with self._primitive(f"ctx.gemv along {axis}", w, x):
             comm, ax = self._comm(axis)
-            return comm.allreduce(y, algo, k, "sum", ax)
+            self._need(f"ctx.gemv along {axis}", axis=axis)
+            with self.ledger.op("gemv"):
+                y = np.matmul(w, x[..., None])[..., 0]
+                self.ledger.compute(2 * w.shape[-1] * w.shape[-2])
+                out = comm.allreduce(y, algo, k, "sum", ax)
+                self.ledger.compute(reduce_flops(algo, comm.n, _block_values(y), k))
+                return out
 
     def compute(self, flops: int) -> None:
+        """Book `flops` of local work done by EACH core (per core, not per tile: the cores work side by side,
+        so the cycles are those of one core's flops). Not recorded by any primitive: a stencil's update,
+        an element-wise op. Booked as ``compute``.
+
+        >>> from waferrt.core.mesh import MeshSpec
+        >>> from waferrt.core.spec import TINY
+        >>> from waferrt.fabric.loop import simulate
+        >>> def scale(ctx, x):
+        ...     ctx.compute(x[0, 0].size)                    # one multiply per value of a core's block
+        ...     return 2 * x
+        >>> mesh = MeshSpec(4, 4, 2, 2)
+        >>> simulate(mesh, TINY, mesh.region, scale, x=np.ones((4, 4, 8), np.float32))[1]["compute"].flops
+        8
+        """
         with self.ledger.op("compute"):
             self.ledger.compute(flops)
 
-    # -- DSM ------------------------------------------------------------------------------------------
-    def load(self, name: str, where=None) -> np.ndarray:
-        """This tile's blocks of DSM tensor `name` that lie in the kernel's region: (rows, cols, *block).
-        With `where` ((rows, cols) bool), only those cores read theirs; the others' blocks are zeros."""
-        layout, blocks = self._dsm(name)
-        mine = blocks[self._window(layout.region)]
-        if where is None:
-            self._need(f"ctx.load of {name!r}")
-            return mine
-        self._need(f"ctx.load of {name!r} (where=)", self._chosen(where))
-        return np.where(self._spread(where, mine), mine, np.zeros((), mine.dtype))
+    def log(self, *values) -> None:
+        """A line to the host, as ``print(*values)`` in a kernel: shown labelled by tile when the run ends.
 
-    def store(self, name: str, value: np.ndarray, where=None) -> None:
-        """Write this tile's blocks of `name` (only those of the cores where `where` holds, if given)."""
-        layout, blocks = self._dsm(name)
-        win = self._window(layout.region)
-        if value.shape != blocks[win].shape:
-            raise ValueError(f"storing {value.shape} into {name!r}, whose blocks here are {blocks[win].shape}")
-        if where is None:
-            self._need(f"ctx.store into {name!r}")
-            blocks[win] = value
-            return
-        self._need(f"ctx.store into {name!r} (where=)", self._chosen(where))
-        blocks[win] = np.where(self._spread(where, value), value, blocks[win])
+        >>> from waferrt.core.mesh import MeshSpec
+        >>> from waferrt.core.spec import TINY
+        >>> from waferrt.fabric.loop import simulate
+        >>> def hello(ctx, x):
+        ...     ctx.log("cores", ctx.shape)
+        ...     return x
+        >>> _ = simulate(MeshSpec(4, 2, 2, 2), TINY, Region(0, 0, 4, 2), hello, x=np.zeros((2, 4, 1)))
+        [tile(0,0)] cores (2, 2)
+        [tile(1,0)] cores (2, 2)
+        """
+        print(*values)
 
-    def _spread(self, where, like: np.ndarray) -> np.ndarray:
-        """`where` ((rows, cols) bool) shaped to broadcast over the blocks of `like`."""
-        return np.reshape(np.asarray(where, bool), self.shape + (1,) * (like.ndim - 2))
 
-    def _dsm(self, name: str):
-        try:
-            return self._store[name]
-        except KeyError:
-            raise KeyError(f"no DSM tensor {name!r} on this tile; allocate it with wafer.dsm.alloc") from None
-
-    def _window(self, tensor_region: Region) -> tuple[slice, slice]:
-        """The kernel's local cores as a window into the tensor's blocks on this tile (the tensor's region
-        must cover the kernel's cores here)."""
-        t_local = tensor_region.intersect(self.tile)
-        if t_local is None or not t_local.covers(self.local):
-            raise ValueError(f"the kernel's region {self.region} is not inside the tensor's region {tensor_region}")
-        return t_local.window(self.local)
+def _block_values(buf: np.ndarray) -> int:
+    """The values in one core's block of a kernel array."""
+    return int(np.prod(buf.shape[2:], dtype=np.int64))

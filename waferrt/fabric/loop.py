@@ -7,7 +7,8 @@ every payload's checksum is checked on receipt (a mismatch -- a Corrupt fault's 
 is :class:`~waferrt.faults.errors.PayloadCorrupt`, raised by that link's recv), messages are numbered per link
 (``sent`` / ``taken``), and a receive that waits
 longer than ``timeout`` raises :class:`FabricTimeout` naming the link. ``run_spmd(fn)`` runs ``fn(tile_id,
-links)`` on every tile in its own thread and returns the results, re-raising the first error. It implements
+links)`` on every tile in its own thread and returns the results (re-raising the first error, or returning the
+errors too). It implements
 waferrt.fabric.links.Links, as the real fabric (pyzmq between Ray actors, waferrt.actors.fabric) does."""
 
 from __future__ import annotations
@@ -24,8 +25,9 @@ from waferrt.core.mesh import Dir, MeshSpec, TileId
 from waferrt.faults.errors import PayloadCorrupt
 from waferrt.faults.wire import checksum, flip
 
-from .kernel import Cores
+from .kernel import Context
 from .links import FabricProtocolError, FabricTimeout
+from .spmd import root_cause, run_kernel, show_output
 
 
 class LoopLinks:
@@ -103,24 +105,28 @@ class LoopFabric:
             self._links[tile] = LoopLinks(self, tile)
         return self._links[tile]
 
-    def run_spmd(self, fn, tiles: list[TileId] | None = None) -> dict[TileId, object]:
+    def run_spmd(self, fn, tiles: list[TileId] | None = None, raise_first: bool = True):
+        """``fn(tile, links)`` on every tile, each in its own thread: {tile: result}. An error is re-raised (the
+        first); with ``raise_first=False``, returns ({tile: result}, {tile: error}) instead."""
         tiles = self.mesh.tiles() if tiles is None else tiles
         results: dict[TileId, object] = {}
-        errors: list[BaseException] = []
+        errors: dict[TileId, BaseException] = {}
 
         def body(t: TileId) -> None:
             try:
                 results[t] = fn(t, self.links(t))
             except BaseException as e:  # noqa: BLE001 - re-raised in the caller's thread
-                errors.append(e)
+                errors[t] = e
 
         threads = [threading.Thread(target=body, args=(t,), name=str(t)) for t in tiles]
         for th in threads:
             th.start()
         for th in threads:
             th.join()
+        if not raise_first:
+            return results, errors
         if errors:
-            raise errors[0]
+            raise next(iter(errors.values()))
         return results
 
 
@@ -128,8 +134,10 @@ def simulate(mesh: MeshSpec, spec, region, kernel, timeout: float = 10.0, faults
     """Run ``kernel(ctx, **arrays)`` SPMD over `region` without Ray: one thread per tile, queues as links.
 
     Every array is given for the whole region, (h, w, *block); each tile's kernel gets its own cores'
-    part. Returns (output for the whole region, merged cost per primitive). The kernel returns one array
-    over its local cores. `faults` (a waferrt.faults.faultmap.FaultMap) is what is dead, as ``wafer.run``
+    part. Returns (output for the whole region, merged cost per primitive): here a kernel returns one array
+    over its local cores (a ``wafer.run`` kernel returns nothing). What the kernel prints is printed labelled
+    by tile; an error is the one that caused the others, with the kernel's line and the tile
+    (waferrt.fabric.spmd). `faults` (a waferrt.faults.faultmap.FaultMap) is what is dead, as ``wafer.run``
     hands it to every tile once faults were injected."""
     fabric = LoopFabric(mesh, timeout)
     tiles = mesh.tiles_of(region)
@@ -137,13 +145,17 @@ def simulate(mesh: MeshSpec, spec, region, kernel, timeout: float = 10.0, faults
     def body(t: TileId, links):
         local = mesh.tile_region(t).intersect(region)
         ledger = Ledger(spec)
-        ctx = Cores(region, mesh.tile_region(t), links, ledger, store={}, tag="sim", faults=faults)
+        ctx = Context(region, mesh.tile_region(t), links, ledger, store={}, tag="sim", faults=faults)
         part = {k: v[region.window(local)] for k, v in arrays.items()}
-        return local, kernel(ctx, **part), ledger.snapshot()
+        value, printed = run_kernel(ctx, kernel, part, t, returns=True)
+        return local, value, ledger.snapshot(), printed
 
-    results = fabric.run_spmd(body, tiles)
+    results, errors = fabric.run_spmd(body, tiles, raise_first=False)
+    show_output([(t, results[t][3] if t in results else errors[t].output) for t in tiles])
+    if errors:
+        raise root_cause({tiles.index(t): e for t, e in errors.items()})
     first = next(iter(results.values()))[1]
     out = np.zeros(region.shape + first.shape[2:], first.dtype)
-    for local, value, _ in results.values():
+    for local, value, _, _ in results.values():
         out[region.window(local)] = value
-    return out, merge_snapshots([s for _, _, s in results.values()])
+    return out, merge_snapshots([s for _, _, s, _ in results.values()])

@@ -85,12 +85,14 @@ class FaultMap:
 
 def lost_blocks(layouts: dict[str, Layout], core: Coord) -> tuple[str, ...]:
     """The DSM blocks that `core` holds, named with the tensor and the indices they covered, e.g.
-    ``"x block (1, 2) = x[1:2, 2:3, 0:8]"`` (tensors whose region does not hold the core are left out)."""
+    ``"DSM 'x' block [row 1, col 2] = x[1:2, 2:3, 0:8]"`` (the block's place in the (rows, cols) of the
+    tensor's region: the core's [y, x] counted from the region's corner); tensors whose region does not hold the
+    core are left out."""
     out = []
     for name, layout in sorted(layouts.items()):
         if not layout.region.contains(core):
             continue
         row, col = layout.region.local(core)
         idx = ", ".join(f"{s.start}:{s.stop}" for s in layout.block_slices(row, col))
-        out.append(f"DSM {name!r} block ({row}, {col}) = {name}[{idx}]")
+        out.append(f"DSM {name!r} block [row {row}, col {col}] = {name}[{idx}]")
     return tuple(out)

@@ -66,7 +66,7 @@ def resolve(x):
 
 
 def _each(x, fn):
-    if isinstance(x, tuple):
+    if type(x) is tuple:  # a plain tuple (not a value such as a Coord)
         return tuple(fn(v) for v in x)
     if dataclasses.is_dataclass(x) and not isinstance(x, type):
         return dataclasses.replace(x, **{f.name: fn(getattr(x, f.name)) for f in dataclasses.fields(x)})

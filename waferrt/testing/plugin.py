@@ -3,9 +3,12 @@
 Contract:
 
 - ``wafer`` (fixture): a :class:`~waferrt.Wafer` opened for the test and closed after it, on the closest
-  ``@pytest.mark.wafer(spec=..., mesh=..., tile=..., timeout=...)`` (module or class ``pytestmark`` too;
-  default: the ``tiny`` spec, 8x8 cores in 2x2 tiles of 4x4 cores, a 10 s fabric deadline). Ray starts once
-  for the session (a running one is joined and left running).
+  ``@pytest.mark.wafer(spec=..., mesh=..., tile=..., timeout=..., backend=...)`` (module or class
+  ``pytestmark`` too; default: the ``tiny`` spec, 8x8 cores in 2x2 tiles of 4x4 cores, a 10 s fabric
+  deadline, the ``--wafer-backend`` option's backend). ``backend="ray"`` (the default): Ray starts once for
+  the session (a running one is joined and left running); ``backend="local"``: the tiles run in the test's
+  process, no Ray (same results, costs and fault outcomes; a TileCrash or NodeLoss needs Ray).
+- ``--wafer-backend ray|local``: the backend of every ``wafer`` whose marker does not name one.
 - ``@pytest.mark.faults(CoreFailure((3, 4)), ..., at_step=5)``: those faults (waferrt.faults values) are
   injected into the ``wafer`` fixture before the test body runs; ``at_step=N`` replaces their triggers by
   ``Trigger(step=N)`` (they fire as the N-th kernel command of their tile starts). ``wafer.session.log``
@@ -29,7 +32,7 @@ import zlib
 
 import pytest
 
-DEFAULTS = {"spec": "tiny", "mesh": (8, 8), "tile": (4, 4), "timeout": 10.0}
+DEFAULTS = {"spec": "tiny", "mesh": (8, 8), "tile": (4, 4), "timeout": 10.0, "backend": "ray"}
 SEED = pytest.StashKey[int]()
 
 
@@ -45,11 +48,14 @@ def pytest_addoption(parser) -> None:
     group.addoption("--fault-seed", type=_seed, default=None, metavar="S",
                     help="replay a fault campaign: the seed of the random fault plans (fault_plan fixture); a "
                          "failing test's report prints the one it ran with")
+    group.addoption("--wafer-backend", choices=("ray", "local"), default=None,
+                    help="the backend of the `wafer` fixture when its marker names none: ray (tile actors, the "
+                         "default) or local (the tiles in the test's process, no Ray: fast)")
 
 
 def pytest_configure(config) -> None:
-    config.addinivalue_line("markers", "wafer(spec='tiny', mesh=(8, 8), tile=(4, 4), timeout=10.0): the wafer "
-                                       "the `wafer` fixture opens (waferrt)")
+    config.addinivalue_line("markers", "wafer(spec='tiny', mesh=(8, 8), tile=(4, 4), timeout=10.0, backend='ray'): "
+                                       "the wafer the `wafer` fixture opens (waferrt)")
     config.addinivalue_line("markers", "faults(*faults, at_step=None): inject these waferrt.faults into the "
                                        "`wafer` fixture; at_step=N makes each fire at the N-th kernel command")
     seed = config.getoption("fault_seed", None)
@@ -64,7 +70,8 @@ def pytest_report_header(config) -> str:
 def _options(node) -> dict:
     """The Wafer arguments of the closest ``wafer`` marker over the defaults."""
     marker = node.get_closest_marker("wafer")
-    options = {**DEFAULTS, **(marker.kwargs if marker else {})}
+    backend = node.config.getoption("wafer_backend", None) or DEFAULTS["backend"]
+    options = {**DEFAULTS, "backend": backend, **(marker.kwargs if marker else {})}
     unknown = set(options) - set(DEFAULTS)
     if marker and (marker.args or unknown):
         pytest.fail(f"@pytest.mark.wafer takes keyword arguments {sorted(DEFAULTS)}, got "
@@ -117,12 +124,14 @@ def waferrt_ray():
 
 
 @pytest.fixture
-def wafer(request, waferrt_ray):
+def wafer(request):
     """A Wafer for this test (see the ``wafer`` marker), with the ``faults`` marker's faults injected."""
     from waferrt.runtime import Wafer
 
-    faults = _marked_faults(request.node)
-    with Wafer(**_options(request.node)) as w:
+    faults, options = _marked_faults(request.node), _options(request.node)
+    if options["backend"] == "ray":
+        request.getfixturevalue("waferrt_ray")
+    with Wafer(**options) as w:
         for f in faults:
             w.inject(f)
         yield w

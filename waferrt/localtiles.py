@@ -1,0 +1,65 @@
+"""The tiles of a Ray-free wafer: ``Wafer(..., backend="local")`` runs them in this process.
+
+Contract: :class:`LocalTiles` holds one plain :class:`~waferrt.actors.tile.Tile` per tile of the mesh -- the
+same class the Ray actors are, so a kernel, the DSM, SRAM bookings, faults and costs behave and count
+exactly as on Ray -- linked by an in-process :class:`~waferrt.fabric.loop.LoopFabric` (queues; a fresh one
+for every command, so nothing a failed command left behind reaches the next). ``gather(calls)`` runs
+each call in a thread of its own (the tiles of a kernel exchange with each other while they run) and
+returns (results, {index: error}), as the Ray tiles' ``Watch.gather`` does. No Ray, no sockets, no
+processes: faults that end a process (``TileCrash``, ``NodeLoss``) need ``backend="ray"``
+(:func:`check_fault`).
+"""
+
+from __future__ import annotations
+
+import threading
+
+from waferrt.actors.tile import Tile
+from waferrt.core.mesh import MeshSpec
+from waferrt.fabric.loop import LoopFabric
+from waferrt.faults.model import NodeLoss, TileCrash
+
+BACKENDS = ("ray", "local")
+
+
+def check_backend(backend) -> str:
+    if backend not in BACKENDS:
+        raise ValueError(f"backend is 'ray' (tile actors on Ray) or 'local' (the tiles in this process, no Ray), "
+                         f"got {backend!r}")
+    return backend
+
+
+def check_fault(fault) -> None:
+    """A local wafer's tiles share this process: a fault that ends a process would end it."""
+    if isinstance(fault, (TileCrash, NodeLoss)):
+        raise ValueError(f"{type(fault).__name__} ends a tile's process (or a whole Ray node): a local wafer's tiles "
+                         "are threads of this process; use Wafer(..., backend='ray') for it")
+
+
+class LocalTiles:
+    """Every tile of `mesh` as a plain Tile in this process, linked by queues."""
+
+    def __init__(self, mesh: MeshSpec, spec, timeout: float):
+        self.mesh, self.timeout = mesh, timeout
+        self.tiles = {t: Tile(mesh, spec, t, timeout) for t in mesh.tiles()}
+
+    def gather(self, calls: list) -> tuple[list, dict[int, BaseException]]:
+        """(tile, Tile method, args) each in a thread of its own: (results, {index: error})."""
+        fabric = LoopFabric(self.mesh, self.timeout)
+        for t, tile in self.tiles.items():
+            tile.links = fabric.links(t)
+        results, errors = [None] * len(calls), {}
+
+        def body(i: int) -> None:
+            t, method, args = calls[i]
+            try:
+                results[i] = method(self.tiles[t], *args)
+            except BaseException as e:  # noqa: BLE001 - returned to the caller, as a tile actor's error is
+                errors[i] = e
+
+        threads = [threading.Thread(target=body, args=(i,), name=str(calls[i][0])) for i in range(len(calls))]
+        for th in threads:
+            th.start()
+        for th in threads:
+            th.join()
+        return results, errors
