@@ -14,7 +14,7 @@ import argparse
 import os
 import time
 
-from waferrt.core.dtypes import STORAGE_DTYPES
+from waferrt.model.convert import VALUE_DTYPES
 from waferrt.model.zoo import MODELS
 
 from .common import UsageError, output_path, say, whole_number
@@ -29,9 +29,8 @@ examples:
 
 The weights are seeded random (N(0, 1/fan_in) matrices, 1 + N(0, 0.1) norms: activations stay O(1)), so the
 tokens mean nothing; the shapes, the bytes and the arithmetic are the real model's. The output head is tied
-to the embedding (the wafer decode places one embedding/head table). With --dtype float16 the matrices are
-F16 tensors and every value is a float16: a wafer storing float16 (--dtype float16) holds exactly what the
-numpy reference computes with."""
+to the embedding (the wafer decode places one embedding/head table). With --dtype float16 every tensor is F16:
+a wafer storing float16 (generate --dtype float16) holds exactly what the numpy reference computes with."""
 
 
 def add_parser(sub) -> argparse.ArgumentParser:
@@ -63,8 +62,8 @@ def _add_cut_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--vocab", type=whole_number(256, "--vocab 32768"), default=0, metavar="V",
                    help="vocabulary size, 256 .. the shape's own (default: the shape's own)")
     p.add_argument("--seed", type=whole_number(0, "--seed 0"), default=0, help="seed of the weights (default 0)")
-    p.add_argument("--dtype", choices=STORAGE_DTYPES, default="float16",
-                   help="the values' precision (default float16: F16 matrices, half the file)")
+    p.add_argument("--dtype", choices=VALUE_DTYPES, default="float16",
+                   help="the tensors' type (default float16: F16 tensors, half the file)")
 
 
 def _cut(args):

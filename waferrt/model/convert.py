@@ -12,24 +12,24 @@ the named model's. Two things are cut on purpose, and said in the file's name by
   (``decode.layout``; ``scheduler.plan`` refuses an untied head), so an untied shape (Llama3-8B's) is
   written tied -- its layers, what the emulator runs at real size, are unchanged.
 
-With ``dtype`` float16 (or bfloat16) every value is rounded to that dtype before it is written (matrices as
-F16 tensors, halving the file; bfloat16 values as F32): a wafer that stores its weights in that dtype then
-holds exactly the values the numpy reference computes with, so the two give the same tokens.
+``dtype`` is what the tensors are written as (:data:`VALUE_DTYPES`): float16 (the default: F16 tensors, half
+the file) or float32. A wafer that stores its weights in float16 (``--dtype float16``) then holds exactly the
+values the numpy reference computes with (the reference reads them back as float32), so the two give the same
+tokens.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from dataclasses import dataclass, replace
 from pathlib import Path
 
 import numpy as np
 
-from waferrt.core.dtypes import STORAGE_DTYPES, to_f32, to_storage
-
 from .config import LlamaConfig
 from .weights import synthetic_tensors
 from .zoo import MODELS
+
+VALUE_DTYPES = ("float16", "float32")  # what the tensors are written as: F16 or F32
 
 
 @dataclass(frozen=True)
@@ -51,8 +51,8 @@ class Cut:
         if not (self.vocab == 0 or 256 <= self.vocab <= full.vocab_size):
             raise ValueError(f"vocab {self.vocab} is not 256..{full.vocab_size} (the 256 byte tokens at least, "
                              f"{self.shape}'s {full.vocab_size} at most), or 0 for the shape's own")
-        if self.dtype not in STORAGE_DTYPES:
-            raise ValueError(f"dtype {self.dtype!r} is not one of {', '.join(STORAGE_DTYPES)}")
+        if self.dtype not in VALUE_DTYPES:
+            raise ValueError(f"dtype {self.dtype!r} is not one of {', '.join(VALUE_DTYPES)} (F16 or F32 tensors)")
         if self.seed < 0:
             raise ValueError(f"seed {self.seed} is negative; use a whole number >= 0")
 
@@ -71,22 +71,12 @@ class Cut:
                 f"parameters, seed {self.seed}, {self.dtype} values")
 
 
-def rounded(tensors: Iterator[tuple[str, np.ndarray]], dtype: str) -> Iterator[tuple[str, np.ndarray]]:
-    """Each array rounded to `dtype` (float16 arrays stay float16; bfloat16 values come back as float32)."""
-    for name, a in tensors:
-        if dtype == "float16":
-            yield name, a.astype(np.float16)
-        elif dtype == "bfloat16":
-            yield name, to_f32(to_storage(a, dtype), dtype)
-        else:
-            yield name, a
-
-
 def write_cut(path: str | Path, cut: Cut) -> LlamaConfig:
     """Write `cut` as a llama GGUF at `path` (module docstring); its config."""
     from .gguf_writer import write_tensors
 
     config = cut.config()
-    tensors = rounded(synthetic_tensors(config, cut.seed), cut.dtype)
-    write_tensors(Path(path), config, tensors, np.dtype(np.float16 if cut.dtype == "float16" else np.float32))
+    dtype = np.dtype(cut.dtype)
+    write_tensors(Path(path), config, ((name, a.astype(dtype, copy=False))
+                                       for name, a in synthetic_tensors(config, cut.seed)), dtype)
     return config

@@ -81,7 +81,7 @@ def write_tensors(path: Path, config: LlamaConfig, tensors: Iterator[tuple[str, 
     """A llama GGUF of `tensors` -- (name, array) in ``synthetic_tensors``' names and order, every array of
     numpy `dtype` (float32: F32, float16: F16) -- written as they come: one array held at a time."""
     w = gguf.GGUFWriter(path, "llama")
-    _metadata(w, config, ("Ġ t",), ())
+    _metadata(w, config, ("Ġ t",), ("Ġt",))  # one merge, so that the BPE has one to make
     for name, shape in _shapes(config).items():
         w.add_tensor_info(gguf_name(name), shape, np.dtype(dtype), int(np.prod(shape)) * np.dtype(dtype).itemsize)
     w.write_header_to_file()
