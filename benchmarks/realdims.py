@@ -131,11 +131,15 @@ def model(gguf: Path | None, tmp: Path, times: dict):
         path = tmp / "llama3-8b-2l.gguf"
         with timed("convert: write the GGUF", times):
             write_cut(path, CUT)
-    print(f"model: {CUT.describe()}\n  {path}: {path.stat().st_size / 1e9:.2f} GB")
     with timed("load: dequantise into the cache", times):
         load_model(path)
     with timed("load: map from the cache", times):
-        return load_model(path)
+        config, weights, meta = load_model(path)
+    what = CUT.describe() if gguf is None else (
+        f"dim {config.dim}, heads {config.n_heads}/{config.n_kv_heads}, hidden {config.hidden_dim}, "
+        f"{config.n_layers} layers, vocab {config.vocab_size}")
+    print(f"model: {what}\n  {path}: {path.stat().st_size / 1e9:.2f} GB")
+    return config, weights, meta
 
 
 def wafer(placement, weights, reqs, how, times: dict) -> dict:
@@ -158,7 +162,8 @@ def wafer(placement, weights, reqs, how, times: dict) -> dict:
         held = llm.wafer.on_every_tile(Tile.decode_bytes)
         rss = {t: (pid, psutil.Process(pid).memory_info().rss, peak_rss(pid), h)
                for t, pid, h in zip(tiles, pids, held, strict=True)}
-        return {"tokens": [c.tokens for c in out], "stats": stats, "setup": llm.setup, "rss": rss}
+        return {"tokens": [c.tokens for c in out], "stats": stats, "setup": llm.setup, "rss": rss,
+                "mapped": len(llm.wafer.local_tiles())}
     finally:
         with timed("wafer: close", times):
             llm.close()
@@ -174,6 +179,8 @@ def report(placement, ref_tokens, got: dict, times: dict) -> None:
     print(f"tokens: reference {ref_tokens}\n        wafer     {got['tokens']}  -> "
           + ("EQUAL" if same else "DIFFERENT"))
     print("wall time: " + "; ".join(f"{k} {v:.1f} s" for k, v in times.items()))
+    print(f"weights: {got['mapped']} of {len(got['rss'])} tiles (on this machine, on any Ray node) mapped them from "
+          "the cache themselves; the others through Ray")
     print("RSS per tile (now / peak; its weight blocks and K/V): " + "; ".join(
         f"{t} pid {pid}: {now / 2**20:,.0f} / {peak / 2**20:,.0f} MB ({held / 2**20:,.0f} MB)"
         for t, (pid, now, peak, held) in got["rss"].items()))
@@ -183,8 +190,8 @@ def report(placement, ref_tokens, got: dict, times: dict) -> None:
     print("modelled cycles per layer, decode steps (one token per micro-batch):\n"
           "| layer | position | emulated (tiles' ledger) | estimated (same region, same context) | ratio |\n"
           "| --- | --- | --- | --- | --- |")
-    for layer, pos, ran, est in rows:
-        print(f"| {layer} | {pos} | {ran:,.1f} | {est:,.1f} | {ran / est:.6f} |")
+    for layer, pos, ran, est in sorted(rows):
+        print(f"| {layer} | {pos} | {ran:,.1f} ({ran / WSE2.clock_hz * 1e6:.2f} us) | {est:,.1f} | {ran / est:.6f} |")
     if not rows:
         print("(no decode step ran: give --tokens 2 or more)")
     if not same:
