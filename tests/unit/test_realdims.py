@@ -74,6 +74,14 @@ def test_convert_refuses_a_bad_cut_in_one_line(tmp_path, capsys, argv, words):
     assert not list(tmp_path.iterdir())  # nothing written, not even a part
 
 
+@pytest.mark.parametrize("kw,error", [({"layers": 2.5}, TypeError), ({"layers": True}, TypeError),
+                                      ({"vocab": "512"}, TypeError), ({"seed": -1}, ValueError),
+                                      ({"dtype": "bfloat16"}, ValueError), ({"shape": "gpt9"}, ValueError)])
+def test_a_cut_checks_its_fields(kw, error):
+    with pytest.raises(error):
+        Cut(**{"shape": "llama3-8b", "layers": 2, **kw})
+
+
 def _status(argv: list[str]) -> int:
     """main's exit status, whether it returns it or argparse exits with it."""
     try:

@@ -45,6 +45,10 @@ class Cut:
     def __post_init__(self) -> None:
         if self.shape.lower() not in MODELS:
             raise ValueError(f"shape {self.shape!r} is not a named model; use one of {', '.join(sorted(MODELS))}")
+        for name in ("layers", "vocab", "seed"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool):
+                raise TypeError(f"{name} is a whole number, got {value!r}")
         full = MODELS[self.shape.lower()].config
         if not 1 <= self.layers <= full.n_layers:
             raise ValueError(f"layers {self.layers} is not 1..{full.n_layers} ({self.shape} has {full.n_layers})")
