@@ -320,6 +320,15 @@ class Tile:
 
         return os.getpid()
 
+    def whereabouts(self) -> tuple[str, int, int]:
+        """(this machine's id, the user id, the process id): a host on the same machine as the same user maps
+        its weight files itself and watches this process (actors.watch.Watch.local)."""
+        import os
+
+        from .watch import machine_id
+
+        return machine_id(), os.getuid(), os.getpid()
+
     def close(self) -> None:
         out = getattr(self._outboxes, "out", None)
         if out is not None:

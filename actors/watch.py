@@ -6,8 +6,10 @@ and checks that every tile has beaten within ``stall_s`` seconds; when a tile sa
 it looks at once at the processes of the tiles on this machine and pings those on other nodes (a dead
 actor's ping comes back as Ray's actor-death error). A call whose actor died raises
 :class:`TileDied` at once, naming that tile; a tile that falls silent is asked for its pid: no answer and
-Ray says its process is gone -> :class:`TileDied`, no answer otherwise (SIGSTOP, a hung process) ->
-:class:`TileStalled`. ``listen(timeout)`` returns the inbox's messages other than beats (events, errors),
+Ray says its process is gone -> :class:`TileDied`; no answer from a tile on this machine whose process is
+running and using the CPU -> busy in a long call (its heartbeat thread starved on a loaded machine: a
+real-size layer's weights cut), not stalled; no answer otherwise (SIGSTOP, a hung process) ->
+:class:`TileStalled`. ``local(tiles)`` learns which tiles run on this machine as this user (any Ray node). ``listen(timeout)`` returns the inbox's messages other than beats (events, errors),
 ``check()`` runs the liveness check alone, ``sweep()`` pings every tile and returns those that do not answer
 (after a fault); ``track`` / ``reset`` follow restarted tiles; ``slow()`` names the tiles whose pace
 (carried by their beats) is far behind the others' or their own fastest. The errors are
@@ -16,6 +18,8 @@ when the host removed the tile's node)."""
 
 from __future__ import annotations
 
+import os
+import socket
 import time
 
 import psutil
@@ -25,6 +29,7 @@ from waferrt.core.mesh import TileId
 
 WAIT_S = 0.25  # one slice of waiting on Ray calls, between liveness checks
 PING_S = 2.0  # how long a silent tile has to answer a ping
+BUSY_CPU_S = 0.05  # CPU seconds a silent tile on this machine must use while pinged to count as busy, not frozen
 SLOW_FACTOR, SLOW_MARGIN_S = 3.0, 3e-3  # a straggler: this many times the median pace, and this much more
 
 
@@ -71,13 +76,18 @@ class Watch:
         self.seen = {str(t): self.seen.get(str(t), now) for t in handles}
         self.names = {str(t): t for t in handles}
 
-    def local(self, tiles: list[TileId]) -> None:
-        """These tiles run on this machine: learn their processes, whose end the next check notices at once
-        when a neighbour's link to them drops."""
-        refs = {self.handles[t].pid.remote(): t for t in tiles}
+    def local(self, tiles: list[TileId]) -> frozenset[TileId]:
+        """Those of `tiles` that run on this machine as this user -- on any Ray node: several may share a
+        machine -- whose processes this host can look at (and whose files its tiles can map): learn their
+        processes, whose end the next check notices at once when a neighbour's link to them drops."""
+        refs = {self.handles[t].whereabouts.remote(): t for t in tiles}
         ready, _ = ray.wait(list(refs), num_returns=len(refs), timeout=PING_S * 5)
+        here = (machine_id(), os.getuid())
         for ref in ready:
-            self.pids[refs[ref]] = ray.get(ref)
+            machine, uid, pid = ray.get(ref)
+            if (machine, uid) == here:
+                self.pids[refs[ref]] = pid
+        return frozenset(t for t in tiles if t in self.pids)
 
     def reset(self, tiles: list[TileId]) -> None:
         """These tiles start afresh (restarted): their silence counts from now, their pace is not known yet."""
@@ -171,6 +181,8 @@ class Watch:
                     raise died(tile, e) from None
 
     def _diagnose(self, tile: TileId, silent: float) -> None:
+        pid = self.pids.get(tile)
+        cpu = _cpu_seconds(pid) if pid is not None else None
         ping = self.handles[tile].pid.remote()
         ready, _ = ray.wait([ping], timeout=PING_S)
         if ready:
@@ -179,6 +191,9 @@ class Watch:
             except ray.exceptions.RayActorError as e:
                 raise died(tile, e) from None
             self.seen[str(tile)] = time.monotonic()  # it answered: slow, not silent
+            return
+        if cpu is not None and _working(pid, cpu):  # busy in a long call (a real-size layer's weights cut on a
+            self.seen[str(tile)] = time.monotonic()  # loaded machine): its heartbeat thread starved, not frozen
             return
         raise TileStalled(tile, f"has sent no heartbeat for {silent:.1f}s and does not answer (frozen or "
                                 "hung: SIGSTOP, a debugger, swapping); its neighbours wait for it. Close the "
@@ -215,6 +230,37 @@ class Watch:
                 raise TileStalled(tiles[i], f"is alive (it beats) but did not finish {what} within {within:g} s: its "
                                             "actor is stuck (in an earlier call, or this one)")
         return results, errors
+
+
+def machine_id() -> str:
+    """This machine, for this boot: the kernel's boot id (the host name where there is none)."""
+    try:
+        with open("/proc/sys/kernel/random/boot_id") as f:
+            return f.read().strip()
+    except OSError:
+        return socket.gethostname()
+
+
+def _cpu_seconds(pid: int) -> float | None:
+    try:
+        t = psutil.Process(pid).cpu_times()
+    except psutil.NoSuchProcess:
+        return None
+    return t.user + t.system
+
+
+def _working(pid: int, before: float) -> bool:
+    """The process is running (not stopped, not a zombie) and used the CPU since it had used `before` seconds:
+    a tile computing in a long call, whose heartbeat thread waits for the CPU or the GIL (a frozen process --
+    SIGSTOP, a deadlock -- uses none)."""
+    try:
+        p = psutil.Process(pid)
+        running = p.status() not in (psutil.STATUS_STOPPED, psutil.STATUS_TRACING_STOP, psutil.STATUS_ZOMBIE,
+                                     psutil.STATUS_DEAD)
+        now = _cpu_seconds(pid)
+    except psutil.NoSuchProcess:
+        return False
+    return running and now is not None and now - before >= BUSY_CPU_S
 
 
 def _running(pid: int) -> bool:

@@ -123,13 +123,12 @@ class Wafer:
         try:
             self._here = here = driver_node()
             self.nodes = nodes = {t: (node_ids or {}).get(t) or here for t in self.mesh.tiles()}
-            self._local = frozenset(t for t, n in nodes.items() if n == here)
             inbox = HostInbox(self._ipc_dir, tcp=any(n != here for n in nodes.values()))
             self.watch = Watch({}, inbox, STALL_S)  # so that close() closes the inbox if the tiles fail to start
             self.tiles = start_tiles(TileLaunch(self.mesh, self.spec, namespace, self._ipc_dir, nodes, self.timeout,
                                                 inbox.addresses), progress)
             self.watch = Watch(self.tiles, inbox, STALL_S)
-            self.watch.local(sorted(self._local))
+            self._local = self.watch.local(sorted(self.tiles))  # on this machine, whichever Ray node
         except BaseException:
             self.close()
             raise
@@ -252,7 +251,7 @@ class Wafer:
             raise
 
     def local_tiles(self) -> frozenset[TileId]:
-        """The tiles on this driver's machine."""
+        """The tiles on this driver's machine, run by its user (on any Ray node): they map its files."""
         return self._local
 
     def listen(self, timeout: float) -> list[dict]:
@@ -326,8 +325,7 @@ class Wafer:
             self.tiles = restart_tiles(launch, self.tiles, tiles)
             self.watch.track(self.tiles)
             self.watch.reset(tiles)
-            self._local = frozenset(t for t, n in self.nodes.items() if n == self._here)
-            self.watch.local([t for t in tiles if t in self._local])
+            self._local = (self._local - set(tiles)) | self.watch.local(tiles)
         self.failed = None
 
     def on_every_tile(self, method: Callable, *args) -> list:

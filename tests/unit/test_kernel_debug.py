@@ -75,8 +75,9 @@ def test_a_collective_that_only_the_other_tiles_run_is_not_spmd(mesh):
     def kernel(ctx, x):
         return x if _first_tile(ctx) else ctx.allreduce(x, "y" if mesh.width == 2 else "x")
 
-    with pytest.raises(NotSpmd, match=r"tile\(0,0\) ended the kernel with a message from its [ES] neighbour "
-                                      r"tile\(\d,\d\) that no primitive here received \('sim:[xy]1'"):
+    # which tile sees it first depends on where the collective's data flows: the one left with a message no
+    # primitive took, or the one that waited for a neighbour that had ended -- both name the SPMD rule
+    with pytest.raises(NotSpmd, match=r"no primitive here received \('sim:[xy]1'|that not every tile joins"):
         simulate(mesh, TINY, mesh.region, kernel, x=_x(mesh), timeout=5)
 
 

@@ -51,7 +51,6 @@ def test_a_cached_array_travels_by_reference(tmp_path, monkeypatch):
 
 def test_the_embedding_table_is_cut_from_its_file_block_by_block(tmp_path, monkeypatch):
     """pack_embed from a table read a block of rows at a time equals the blocks cut from the whole table."""
-    from waferrt.core.layout import to_blocks
     from waferrt.core.mesh import Region
     from waferrt.decode import pack
     from waferrt.decode.layout import embed_layout
@@ -66,5 +65,5 @@ def test_the_embedding_table_is_cut_from_its_file_block_by_block(tmp_path, monke
     np.testing.assert_array_equal(table.read_rows(40, 90), w.embed[40:90])
     for region in (Region(0, 0, 3, 5), Region(0, 0, 1, 1), Region(0, 0, 7, 2)):
         got = pack.pack_embed(cfg, table, w.final_norm, region)["table"]
-        want = pack._cols_first(to_blocks(w.embed, embed_layout(cfg, region)))
+        want = pack._cols_first([(w.embed, embed_layout(cfg, region))])
         np.testing.assert_array_equal(got, want)

@@ -160,7 +160,7 @@ def to_blocks(array: np.ndarray, layout: Layout) -> np.ndarray:
         out = np.take(out, index, axis=pos)  # axis pos -> (parts, width)
         mask_shape = [1] * out.ndim
         mask_shape[pos], mask_shape[pos + 1] = valid.shape
-        out = np.where(valid.reshape(mask_shape), out, out.dtype.type(0))
+        np.copyto(out, out.dtype.type(0), where=~valid.reshape(mask_shape))  # in place: `take` made a copy
         if s == "x":
             col_axis = pos
         else:

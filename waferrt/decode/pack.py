@@ -14,6 +14,8 @@ Vectors split over columns (x, norm weights) are (cols, chunk), zero-padded wher
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import numpy as np
 
 from waferrt.core.dtypes import storage_dtype, to_storage
@@ -33,7 +35,9 @@ class Chunks:
         self.n = n
 
     def split(self, v: np.ndarray) -> np.ndarray:
-        return np.where(self.valid, v[..., self.index], v.dtype.type(0))
+        out = np.take(v, self.index, axis=-1)  # a gather, then the padding zeroed in place: no second copy
+        np.copyto(out, v.dtype.type(0), where=~self.valid)
+        return out
 
     def join(self, a: np.ndarray) -> np.ndarray:
         out = np.empty(a.shape[:-2] + (self.n,), a.dtype)
@@ -41,11 +45,21 @@ class Chunks:
         return out
 
 
-def _cols_first(blocks: np.ndarray) -> np.ndarray:
-    """(rows, cols, *out, in) -> (cols, in, rows * prod(out)): x (cols, 1, in) @ this is every core's GEMV."""
-    c = blocks.shape[1]
-    stacked = blocks.swapaxes(0, 1).reshape(c, -1, blocks.shape[-1])  # (cols, rows*out, in)
-    return np.ascontiguousarray(stacked.swapaxes(1, 2))
+def _cols_first(cuts) -> np.ndarray:
+    """Matrices cut into (rows, cols, *out_j, in) blocks -- `cuts`: (array, Layout) pairs, cut one at a time --
+    joined along the outputs: (cols, in, rows * sum(out_j)), row r's outputs part 0's then part 1's ...;
+    x (cols, 1, in) @ this is every core's GEMV. Each part goes straight into place (one copy), so the packing
+    holds the result and one part at a time."""
+    cuts = list(cuts)
+    outs = [int(np.prod(lay.max_block_shape()[:-1])) for _, lay in cuts]
+    rows, cols, width = cuts[0][1].region.h, cuts[0][1].region.w, cuts[0][1].max_block_shape()[-1]
+    out = np.empty((cols, width, rows, sum(outs)), np.dtype(cuts[0][1].dtype))
+    start = 0
+    for (a, lay), n in zip(cuts, outs):
+        blocks = to_blocks(a, lay).reshape(rows, cols, n, width)
+        out[:, :, :, start:start + n] = blocks.transpose(1, 3, 0, 2)
+        start += n
+    return out.reshape(cols, width, rows * start)
 
 
 def _rows_first(blocks: np.ndarray) -> np.ndarray:
@@ -54,26 +68,31 @@ def _rows_first(blocks: np.ndarray) -> np.ndarray:
     return np.ascontiguousarray(blocks.reshape(r, -1, blocks.shape[-1]).swapaxes(1, 2))
 
 
+def _heads_joined(o: np.ndarray) -> np.ndarray:
+    """wo's blocks (R, C, dim_c, nh, hd_r) with the heads' inputs as one axis: (R, C, dim_c, nh*hd_r)."""
+    return o.reshape(o.shape[:3] + (-1,))
+
+
 def pack_layer(cfg: LlamaConfig, lw, region: Region, dtype: str = "float32") -> dict[str, np.ndarray]:
-    """One layer's weights as the arrays of its region (see the module docstring)."""
-    lay = layer_layouts(cfg, region)  # blocks cut in float32, stored in `dtype` below
+    """One layer's weights as the arrays of its region (see the module docstring). Each matrix is put in
+    `dtype` first and cut in it (rounding is element-wise: the same blocks as cutting in float32 and storing
+    after), one at a time: at real sizes (a Llama3-8B layer is 436 MB in float16) the packing holds little
+    more than its result."""
+    lay = {k: replace(v, dtype=storage_dtype(dtype).name) for k, v in layer_layouts(cfg, region).items()}
     hd, nh, nkv = cfg.head_dim, cfg.n_heads, cfg.n_kv_heads
-    q = to_blocks(lw.wq.reshape(nh, hd, cfg.dim), lay["wq"])  # (R, C, nh, hd_r, dim_c)
-    k = to_blocks(lw.wk.reshape(nkv, hd, cfg.dim), lay["wk"])  # (R, C, nkv, hd_r, dim_c)
-    v = to_blocks(lw.wv.reshape(nkv, hd, cfg.dim), lay["wv"])
-    o = to_blocks(lw.wo.reshape(cfg.dim, nh, hd), lay["wo"])  # (R, C, dim_c, nh, hd_r)
-    gate = to_blocks(lw.w_gate, lay["w_gate"])  # (R, C, hid_r, dim_c)
-    up = to_blocks(lw.w_up, lay["w_up"])
-    down = to_blocks(lw.w_down, lay["w_down"])  # (R, C, dim_c, hid_r)
-    packed = {
-        "wqkv": _cols_first(np.concatenate([q, k, v], axis=2)),  # (C, dim_c, R*(nh+2nkv)*hd_r)
-        "wo": _rows_first(o.reshape(o.shape[:3] + (-1,))),  # (R, nh*hd_r, C*dim_c)
-        "w13": _cols_first(np.stack([gate, up], axis=2)),  # (C, dim_c, R*2*hid_r)
-        "w2": _rows_first(down),  # (R, hid_r, C*dim_c)
-        "attn_norm": to_blocks(lw.attn_norm, lay["attn_norm"])[0],  # (C, dim_c)
-        "ffn_norm": to_blocks(lw.ffn_norm, lay["ffn_norm"])[0],
+
+    def stored(a: np.ndarray, *shape: int) -> np.ndarray:  # weights in `dtype`'s numpy form, reshaped
+        return to_storage(a, dtype).reshape(shape or a.shape)
+
+    return {
+        "wqkv": _cols_first([(stored(lw.wq, nh, hd, cfg.dim), lay["wq"]), (stored(lw.wk, nkv, hd, cfg.dim), lay["wk"]),
+                             (stored(lw.wv, nkv, hd, cfg.dim), lay["wv"])]),  # (C, dim_c, R*(nh+2nkv)*hd_r)
+        "wo": _rows_first(_heads_joined(to_blocks(stored(lw.wo, cfg.dim, nh, hd), lay["wo"]))),  # (R, nh*hd_r, C*dim_c)
+        "w13": _cols_first([(stored(lw.w_gate), lay["w_gate"]), (stored(lw.w_up), lay["w_up"])]),  # (C, dim_c, R*2*hid_r)
+        "w2": _rows_first(to_blocks(stored(lw.w_down), lay["w_down"])),  # (R, hid_r, C*dim_c)
+        "attn_norm": to_blocks(stored(lw.attn_norm), lay["attn_norm"])[0],  # (C, dim_c)
+        "ffn_norm": to_blocks(stored(lw.ffn_norm), lay["ffn_norm"])[0],
     }
-    return {k: to_storage(v, dtype) for k, v in packed.items()}
 
 
 ROWS_PER_BLOCK = 4096  # vocabulary rows cut at a time (the table is never copied whole)
@@ -87,14 +106,13 @@ def pack_embed(cfg: LlamaConfig, embed, final_norm: np.ndarray, region: Region,
     ``read_rows(r0, r1)`` (a table read from its file a block at a time)."""
     vocab, dims = Chunks(cfg.vocab_size, region.h), Chunks(cfg.dim, region.w)
     voc_r = vocab.index.shape[1]
-    place = np.empty(cfg.vocab_size, np.int64)  # vocabulary row -> its place on its core row's block axis
-    place[vocab.index[vocab.valid]] = np.flatnonzero(vocab.valid.reshape(-1))
     out = np.zeros((region.w, dims.index.shape[1], region.h * voc_r), storage_dtype(dtype))
     read = getattr(embed, "read_rows", None) or (lambda r0, r1: np.asarray(embed[r0:r1]))
-    for r0 in range(0, cfg.vocab_size, ROWS_PER_BLOCK):
-        r1 = min(r0 + ROWS_PER_BLOCK, cfg.vocab_size)
-        block = dims.split(read(r0, r1).astype(np.float32, copy=False))  # (n, C, dim_c)
-        out[:, :, place[r0:r1]] = to_storage(block.transpose(1, 2, 0), dtype)
+    for r, (first, n) in enumerate(zip(vocab.index[:, 0].tolist(), vocab.valid.sum(axis=1).tolist())):
+        for i in range(0, n, ROWS_PER_BLOCK):  # core row r holds vocabulary rows first .. first + n - 1
+            j = min(i + ROWS_PER_BLOCK, n)
+            block = dims.split(to_storage(read(first + i, first + j), dtype))  # (j - i, C, dim_c)
+            out[:, :, r * voc_r + i: r * voc_r + j] = block.transpose(1, 2, 0)
     return {"table": out, "final_norm": to_storage(to_blocks(final_norm, final_norm_layout(cfg, region))[0], dtype)}
 
 

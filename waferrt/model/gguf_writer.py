@@ -2,29 +2,28 @@
 
 Contract: ``write_gguf(path, config, weights)`` writes a whole llama GGUF with ``weights`` as F32 tensors
 under llama.cpp's names (the names ``gguf_loader`` reads back) and a byte-level BPE vocabulary of
-``config.vocab_size`` tokens. Like ``gguf_loader``, this is a model file module: the only other place that
+``config.vocab_size`` tokens; ``write_tensors(path, config, tensors, dtype)`` the same from a stream of
+(name, array) -- ``weights.synthetic_tensors``' -- written as they come (F32 or F16), so a model of
+gigabytes is never held whole. Like ``gguf_loader``, this is a model file module: the only other place that
 imports ``gguf``; nothing on the pure floors imports it.
 """
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from pathlib import Path
 
 import gguf
 import numpy as np
 
-from waferrt.model import LlamaConfig, LlamaWeights
+from waferrt.model import LayerWeights, LlamaConfig, LlamaWeights
 from waferrt.model.gguf_loader import _LAYER_TENSORS
 from waferrt.model.tokenizer import _byte_chars
 
 
-def write_gguf(
-    path: Path, config: LlamaConfig, weights: LlamaWeights, arch: str = "llama", q8_1: str = "",
-    merges: tuple[str, ...] = ("Ġ t",), extra_tokens: tuple[str, ...] = (),
-) -> None:
-    """A llama GGUF holding `weights` as F32 (tensor `q8_1`, if named, as Q8_1 garbage instead). The
-    vocabulary is the 256 byte tokens, then `extra_tokens`, padded with unused tokens to vocab_size."""
-    w = gguf.GGUFWriter(path, arch)
+def _metadata(w: gguf.GGUFWriter, config: LlamaConfig, merges: tuple[str, ...], extra_tokens: tuple[str, ...]) -> None:
+    """The llama hyperparameters and a byte-level BPE vocabulary: the 256 byte tokens, then `extra_tokens`,
+    padded with unused tokens to vocab_size."""
     w.add_block_count(config.n_layers)
     w.add_context_length(config.max_seq_len)
     w.add_embedding_length(config.dim)
@@ -41,6 +40,25 @@ def write_gguf(
     w.add_token_types([1] * config.vocab_size)
     w.add_bos_token_id(1)
     w.add_eos_token_id(2)
+
+
+def gguf_name(name: str) -> str:
+    """llama.cpp's name of a weight named as ``weights.synthetic_tensors`` names it ("layers[3].wq" ->
+    "blk.3.attn_q.weight")."""
+    if name.startswith("layers["):
+        i, field = name[len("layers["):].split("].")
+        return f"blk.{int(i)}.{_LAYER_TENSORS[field]}.weight"
+    return {"embed": "token_embd.weight", "final_norm": "output_norm.weight", "head": "output.weight"}[name]
+
+
+def write_gguf(
+    path: Path, config: LlamaConfig, weights: LlamaWeights, arch: str = "llama", q8_1: str = "",
+    merges: tuple[str, ...] = ("Ġ t",), extra_tokens: tuple[str, ...] = (),
+) -> None:
+    """A llama GGUF holding `weights` as F32 (tensor `q8_1`, if named, as Q8_1 garbage instead). The
+    vocabulary is the 256 byte tokens, then `extra_tokens`, padded with unused tokens to vocab_size."""
+    w = gguf.GGUFWriter(path, arch)
+    _metadata(w, config, merges, extra_tokens)
     tensors = {"token_embd.weight": weights.embed, "output_norm.weight": weights.final_norm}
     if not weights.tied:
         tensors["output.weight"] = weights.head
@@ -56,3 +74,35 @@ def write_gguf(
     w.write_kv_data_to_file()
     w.write_tensors_to_file()
     w.close()
+
+
+def write_tensors(path: Path, config: LlamaConfig, tensors: Iterator[tuple[str, np.ndarray]],
+                  dtype: np.dtype = np.dtype(np.float32)) -> None:
+    """A llama GGUF of `tensors` -- (name, array) in ``synthetic_tensors``' names and order, every array of
+    numpy `dtype` (float32: F32, float16: F16) -- written as they come: one array held at a time."""
+    w = gguf.GGUFWriter(path, "llama")
+    _metadata(w, config, ("Ġ t",), ("Ġt",))  # one merge, so that the BPE has one to make
+    for name, shape in _shapes(config).items():
+        w.add_tensor_info(gguf_name(name), shape, np.dtype(dtype), int(np.prod(shape)) * np.dtype(dtype).itemsize)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_ti_data_to_file()
+    expected = iter(_shapes(config).items())
+    for name, a in tensors:
+        want, shape = next(expected)
+        if (name, a.shape, a.dtype) != (want, shape, np.dtype(dtype)):
+            raise ValueError(f"write_tensors: got {name} {a.shape} {a.dtype}, expected {want} {shape} {dtype} "
+                             "(synthetic_tensors' names and order)")
+        w.write_tensor_data(np.ascontiguousarray(a))
+    w.close()
+
+
+def _shapes(config: LlamaConfig) -> dict[str, tuple[int, ...]]:
+    """Every tensor's shape, in ``synthetic_tensors``' order."""
+    out = {"embed": (config.vocab_size, config.dim)}
+    for i in range(config.n_layers):
+        out.update({f"layers[{i}].{f}": s for f, s in LayerWeights.shapes(config).items()})
+    out["final_norm"] = (config.dim,)
+    if not config.tie_embeddings:
+        out["head"] = (config.vocab_size, config.dim)
+    return out

@@ -6,12 +6,14 @@ GGUF lists ggml `ne` dims innermost-first, so `ne = [in, out]` reads as numpy sh
 Q and K rows are in the GGUF (llama.cpp) order: RoPE rotates ADJACENT pairs (x[2i], x[2i+1]) of each
 head. With tied embeddings, `head is embed` (one array, not a copy).
 
-`synthetic_llama(config, seed)` builds seeded random weights whose activations stay O(1), and
+`synthetic_llama(config, seed)` builds seeded random weights whose activations stay O(1) (`synthetic_tensors`
+yields them one array at a time, `assemble` joins such a stream), and
 `tiny_config()` is a model small enough for millisecond unit tests.
 """
 
 from __future__ import annotations
 
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, fields
 
 import numpy as np
@@ -109,8 +111,10 @@ def tiny_config() -> LlamaConfig:
     )
 
 
-def synthetic_llama(config: LlamaConfig, seed: int = 0) -> LlamaWeights:
-    """Seeded random weights with O(1) activations.
+def synthetic_tensors(config: LlamaConfig, seed: int = 0) -> Iterator[tuple[str, np.ndarray]]:
+    """Seeded random weights with O(1) activations, one array at a time: ("embed", a), then
+    ("layers[i].<field>", a) for every layer, ("final_norm", a), and ("head", a) when untied. A caller that
+    writes them one by one (``model.convert``) never holds the whole model.
 
     Matrices are N(0, 1/in_features), so y = W @ x keeps the RMS of x; the embedding is N(0, 1/dim), so
     tied logits of a unit-RMS hidden state are O(1); norm weights are 1 + N(0, 0.1).
@@ -119,23 +123,32 @@ def synthetic_llama(config: LlamaConfig, seed: int = 0) -> LlamaWeights:
 
     def matrix(out_dim: int, in_dim: int) -> np.ndarray:
         w = rng.standard_normal((out_dim, in_dim), dtype=np.float32)
-        return w * np.float32(1.0 / np.sqrt(in_dim))
+        w *= np.float32(1.0 / np.sqrt(in_dim))
+        return w
 
     def norm(n: int) -> np.ndarray:
         return np.float32(1.0) + np.float32(0.1) * rng.standard_normal(n, dtype=np.float32)
 
-    def layer() -> LayerWeights:
-        return LayerWeights(
-            **{
-                name: norm(shape[0]) if len(shape) == 1 else matrix(*shape)
-                for name, shape in LayerWeights.shapes(config).items()
-            }
-        )
+    yield "embed", matrix(config.vocab_size, config.dim)
+    for i in range(config.n_layers):
+        for name, shape in LayerWeights.shapes(config).items():
+            yield f"layers[{i}].{name}", norm(shape[0]) if len(shape) == 1 else matrix(*shape)
+    yield "final_norm", norm(config.dim)
+    if not config.tie_embeddings:
+        yield "head", matrix(config.vocab_size, config.dim)
 
-    embed = matrix(config.vocab_size, config.dim)
-    layers = tuple(layer() for _ in range(config.n_layers))
-    final_norm = norm(config.dim)
-    head = embed if config.tie_embeddings else matrix(config.vocab_size, config.dim)
-    weights = LlamaWeights(embed=embed, layers=layers, final_norm=final_norm, head=head)
+
+def assemble(config: LlamaConfig, tensors: Iterable[tuple[str, np.ndarray]]) -> LlamaWeights:
+    """LlamaWeights from (name, array) pairs named as :func:`synthetic_tensors` names them, checked."""
+    got = dict(tensors)
+    layers = tuple(LayerWeights(**{f: got[f"layers[{i}].{f}"] for f in LayerWeights.shapes(config)})
+                   for i in range(config.n_layers))
+    embed = got["embed"]
+    weights = LlamaWeights(embed=embed, layers=layers, final_norm=got["final_norm"], head=got.get("head", embed))
     weights.check(config)
     return weights
+
+
+def synthetic_llama(config: LlamaConfig, seed: int = 0) -> LlamaWeights:
+    """Seeded random weights with O(1) activations (:func:`synthetic_tensors`, assembled)."""
+    return assemble(config, synthetic_tensors(config, seed))

@@ -1,0 +1,202 @@
+"""Real dimensions: a Llama3-8B-shaped model cut to 2 layers, decoded on a WSE-2 region at real per-core sizes.
+
+What it does, in one run, and prints:
+
+1. ``waferrt convert``'s model (``waferrt.model.convert``): Llama3-8B's layers at their real size (dim 4096,
+   32/8 heads, head_dim 128, hidden 14336, rope theta 500000), 2 of them, a 32768-token vocabulary (a quarter
+   of 128256: the table is rows of the same kind; the cut keeps the file at 1.1 GB and the embedding region at
+   one tile), the head tied to the embedding (the decode places one table), seeded weights, float16 values.
+   Written to a temp dir (or ``--gguf PATH``), then read through the dequantised-weights cache (a temp one).
+2. The plan: the planner's narrowest layer region that holds a layer in a WSE-2 core's 48 KB (float16
+   weights and K/V, ``--kv-tokens`` x the prompts), one such tile per stage, 3 tiles in a row over 3 Ray
+   nodes started on this machine (``LocalCluster``), one tile per node.
+3. The numpy ReferenceModel's tokens (greedy) and the wafer's, for every prompt: they must be equal.
+4. Wall time of every phase, RSS per tile (psutil on the actors' pids; peak from /proc), what each tile holds.
+5. Modelled cycles per layer: every decode step's layer run as the tiles booked it (its micro-batch of one
+   token; the hand-over into the region taken off with the one formula the tiles book it with) next to the
+   estimator's for the same region and context (``scheduler.estimate.stage_seconds``), and their ratio.
+
+    python benchmarks/realdims.py [--gguf PATH] [--prompts 2] [--tokens 4] [--kv-tokens 64]
+
+Needs about 8 GB of memory and a few minutes on 2 cores. Not a test (the unit tests tie the same numbers at
+these dimensions without Ray: tests/unit/test_realdims.py).
+"""
+
+from __future__ import annotations
+
+import os
+
+os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")  # the reference runs single-threaded, like a tile
+
+import argparse  # noqa: E402
+import tempfile  # noqa: E402
+import time  # noqa: E402
+from contextlib import contextmanager  # noqa: E402
+from pathlib import Path  # noqa: E402
+
+import psutil  # noqa: E402
+
+from waferrt.core.mesh import MeshSpec  # noqa: E402
+from waferrt.core.spec import WSE2  # noqa: E402
+from waferrt.decode.cost import handover_cost  # noqa: E402
+from waferrt.model.convert import Cut  # noqa: E402
+from waferrt.scheduler import KVReserve, plan  # noqa: E402
+from waferrt.scheduler.budget import layer_shapes  # noqa: E402
+from waferrt.scheduler.estimate import stage_seconds  # noqa: E402
+
+PROMPTS = ["The capital of France is", "Once upon a time,"]
+CUT = Cut("llama3-8b", layers=2, vocab=32768, seed=0, dtype="float16")
+NODES = 3
+
+
+@contextmanager
+def timed(what: str, times: dict):
+    t0 = time.perf_counter()
+    yield
+    times[what] = time.perf_counter() - t0
+
+
+def peak_rss(pid: int) -> int:
+    with open(f"/proc/{pid}/status") as f:
+        return next(int(line.split()[1]) * 1024 for line in f if line.startswith("VmHWM:"))
+
+
+def mesh_for(config, kv: KVReserve, dtype: str) -> MeshSpec:
+    """One tile per stage (embedding/head, layer 0, layer 1) in a row, each the planner's narrowest layer region
+    that fits a WSE-2 core's SRAM (the fewest cores: budget.layer_shapes' first)."""
+    w, h = layer_shapes(config, WSE2.sram_bytes, kv.tokens, kv.requests, dtype, *WSE2.full_mesh)[0]
+    return MeshSpec(NODES * w, h, w, h)
+
+
+def layer_cycles(setup, stats) -> list[tuple[int, int, float, float]]:
+    """(layer, position, booked cycles, estimated cycles) of every layer run on a micro-batch of one token:
+    the booked run without its hand-over into the region, the estimator's layer on the same region at the
+    same context (the token's position + 1)."""
+    stages, out = setup.stages(), []
+    for run in stats.runs:
+        kind, layer, region = stages[run.stage]
+        if kind != "layer" or len(run.items) != 1:
+            continue
+        pos = run.items[0].pos
+        hand = handover_cost(WSE2, stages[run.stage - 1][2], region, 4 * setup.config.dim).cycles
+        est = stage_seconds(setup.config, WSE2, [("layer", region)], pos + 1, 1)[0] * WSE2.clock_hz
+        out.append((layer, pos, run.cycles - hand, est))
+    return out
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--gguf", type=Path, help="a model written by `waferrt convert` (default: write one to a temp dir)")
+    ap.add_argument("--prompts", type=int, default=2, choices=(1, 2), help="prompts decoded (2)")
+    ap.add_argument("--tokens", type=int, default=4, help="new tokens per prompt (4)")
+    ap.add_argument("--kv-tokens", type=int, default=64, help="K/V positions reserved per request (64)")
+    args = ap.parse_args()
+    with tempfile.TemporaryDirectory(prefix="waferrt-realdims-") as tmp:
+        os.environ["WAFERRT_CACHE"] = str(Path(tmp) / "cache")  # the dequantised weights: removed with tmp
+        run(args, Path(tmp))
+
+
+def run(args, tmp: Path) -> None:
+    from waferrt.actors.localcluster import LocalCluster
+    from waferrt.model import Sampler, Tokenizer
+    from waferrt.serving import GenRequest, generate_reference
+
+    times: dict[str, float] = {}
+    config, weights, meta = model(args.gguf, tmp, times)
+    tok, greedy = Tokenizer(meta), Sampler()
+    reqs = [GenRequest(tuple(tok.encode(p)), args.tokens) for p in PROMPTS[:args.prompts]]
+    with timed("reference decode (numpy, one process)", times):
+        ref, _ = generate_reference(config, weights, reqs, greedy)
+    kv = KVReserve(args.kv_tokens, len(reqs))
+    mesh = mesh_for(config, kv, CUT.dtype)
+    with timed(f"{NODES} Ray nodes up (LocalCluster)", times):
+        cluster = LocalCluster(NODES).__enter__()
+    try:
+        with timed("plan", times):
+            placement = plan(config, WSE2, mesh, kv=kv, dtype=CUT.dtype, nodes=cluster.node_infos())
+        got = wafer(placement, weights, reqs, (greedy, cluster.address), times)
+    finally:
+        with timed("cluster down", times):
+            cluster.__exit__(None, None, None)
+    report(placement, [c.tokens for c in ref], got, times)
+
+
+def model(gguf: Path | None, tmp: Path, times: dict):
+    """(config, weights, tokenizer metadata) of `gguf`, or of CUT written into `tmp`, through the cache."""
+    from waferrt.model import load_model
+    from waferrt.model.convert import write_cut
+
+    path = gguf
+    if path is None:
+        path = tmp / "llama3-8b-2l.gguf"
+        with timed("convert: write the GGUF", times):
+            write_cut(path, CUT)
+    with timed("load: dequantise into the cache", times):
+        load_model(path)
+    with timed("load: map from the cache", times):
+        config, weights, meta = load_model(path)
+    what = CUT.describe() if gguf is None else (
+        f"dim {config.dim}, heads {config.n_heads}/{config.n_kv_heads}, hidden {config.hidden_dim}, "
+        f"{config.n_layers} layers, vocab {config.vocab_size}")
+    print(f"model: {what}\n  {path}: {path.stat().st_size / 1e9:.2f} GB")
+    return config, weights, meta
+
+
+def wafer(placement, weights, reqs, how, times: dict) -> dict:
+    """Decode `reqs` on the tiles (`how`: the sampler and the cluster's address): tokens, stats, setup, and per
+    tile (pid, RSS now, peak RSS, bytes held)."""
+    greedy, address = how
+    from waferrt.actors.tile import Tile
+    from waferrt.llm import WaferLLM
+
+    llm = WaferLLM(placement.config, None, placement, address=address)
+    try:
+        with timed("wafer: tile actors up, SRAM booked", times):
+            llm.open()
+        with timed("wafer: weights cut into the cores' blocks", times):
+            llm.load(weights)
+        with timed("wafer decode", times):
+            out, stats = llm.generate(reqs, greedy)
+        tiles = llm.wafer.tiles
+        pids = llm.wafer.on_every_tile(Tile.pid)
+        held = llm.wafer.on_every_tile(Tile.decode_bytes)
+        rss = {t: (pid, psutil.Process(pid).memory_info().rss, peak_rss(pid), h)
+               for t, pid, h in zip(tiles, pids, held, strict=True)}
+        return {"tokens": [c.tokens for c in out], "stats": stats, "setup": llm.setup, "rss": rss,
+                "mapped": len(llm.wafer.local_tiles())}
+    finally:
+        with timed("wafer: close", times):
+            llm.close()
+
+
+def report(placement, ref_tokens, got: dict, times: dict) -> None:
+    stats, setup = got["stats"], got["setup"]
+    print(f"plan: {placement.mesh} on {WSE2.name} ({WSE2.sram_bytes // 1024} KB per core), {placement.dtype}; "
+          f"embedding/head on {placement.embed}, layers on {', '.join(str(r) for r in placement.layers)}; "
+          f"K/V {placement.kv_tokens} positions x {placement.kv.requests} requests; tiles on nodes "
+          + ", ".join(f"{t} {n[:8]}" for t, n in placement.tile_nodes))
+    same = ref_tokens == got["tokens"]
+    print(f"tokens: reference {ref_tokens}\n        wafer     {got['tokens']}  -> "
+          + ("EQUAL" if same else "DIFFERENT"))
+    print("wall time: " + "; ".join(f"{k} {v:.1f} s" for k, v in times.items()))
+    print(f"weights: {got['mapped']} of {len(got['rss'])} tiles (on this machine, on any Ray node) mapped them from "
+          "the cache themselves; the others through Ray")
+    print("RSS per tile (now / peak; its weight blocks and K/V): " + "; ".join(
+        f"{t} pid {pid}: {now / 2**20:,.0f} / {peak / 2**20:,.0f} MB ({held / 2**20:,.0f} MB)"
+        for t, (pid, now, peak, held) in got["rss"].items()))
+    print(f"modelled: {stats.modelled_s * 1e3:.3f} ms for {stats.tokens} tokens "
+          f"({stats.wafer_tokens_per_s:,.0f} tok/s on the modelled wafer)")
+    rows = layer_cycles(setup, stats)
+    print("modelled cycles per layer, decode steps (one token per micro-batch):\n"
+          "| layer | position | emulated (tiles' ledger) | estimated (same region, same context) | ratio |\n"
+          "| --- | --- | --- | --- | --- |")
+    for layer, pos, ran, est in sorted(rows):
+        print(f"| {layer} | {pos} | {ran:,.1f} ({ran / WSE2.clock_hz * 1e6:.2f} us) | {est:,.1f} | {ran / est:.6f} |")
+    if not rows:
+        print("(no decode step ran: give --tokens 2 or more)")
+    if not same:
+        raise SystemExit("the wafer's tokens differ from the reference's")
+
+
+if __name__ == "__main__":
+    main()
