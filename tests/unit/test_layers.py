@@ -25,10 +25,11 @@ FLOORS = {
     "waferrt.model": set(),
     "waferrt.faults": {"waferrt.core"},
     "waferrt.fabric": {"waferrt.core", "waferrt.faults"},
-    "waferrt.decode": {"waferrt.core", "waferrt.faults", "waferrt.fabric", "waferrt.model"},
+    "waferrt.kernels": {"waferrt.core", "waferrt.faults", "waferrt.fabric"},
+    "waferrt.decode": {"waferrt.core", "waferrt.faults", "waferrt.fabric", "waferrt.model", "waferrt.kernels"},
     "waferrt.scheduler": {"waferrt.core", "waferrt.model", "waferrt.decode"},
     "waferrt.serving": {"waferrt.core", "waferrt.faults", "waferrt.fabric", "waferrt.model", "waferrt.decode",
-                        "waferrt.scheduler"},
+                        "waferrt.scheduler", "waferrt.kernels"},
 }
 FLOORS["waferrt.actors"] = set(FLOORS)  # the tiles run the serving loop
 FLOORS["waferrt.inject"] = set(FLOORS)  # faults into the tiles (the Wafer's fault session)

@@ -1,0 +1,125 @@
+"""Closed forms of the three mesh GEMMs (MeshGEMM, Cannon, SUMMA): what C = A @ B costs on a grid of cores.
+
+Contract: a GEMM multiplies A (m, k) by B (k, n) on a grid of ``rows`` x ``cols`` cores, C's (m/rows,
+n/cols) blocks one per core (sizes padded up to whole blocks). The shift algorithms (MeshGEMM and Cannon)
+cut k in ``gcd(rows, cols)`` panels and run that many steps: every core multiplies its A and B blocks, then
+(but after the last step) A's blocks move one place along a ring of each row and B's along a ring of each
+column, both at once. Cannon's ring is the line itself, closed by a wrap-around of cols-1 hops; MeshGEMM's
+is the *interleaved* ring (positions 0, 2, 4, ..., then the odd ones back down), whose every move is at
+most 2 hops. SUMMA cuts k in ``lcm(rows, cols)`` panels; at each step the panel's owner column multicasts
+its A block along every row and the owner row its B block along every column, both at once, then every core
+multiplies. Every figure is built from waferrt.core.cost's owners (``message_cycles``, ``compute_cost``);
+waferrt.kernels.gemm is the emulation, whose booked counts equal these (tests/unit/test_gemm.py).
+
+``efficiency`` is the share of the modelled time the cores spend on the GEMM's useful flops: the flops of
+an unpadded m x k x n product spread evenly over the grid, over the modelled cycles.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from .arith import cdiv, whole
+from .cost import Cost, compute_cost, flop_cycles, message_cycles
+from .dtypes import check_dtype, itemsize
+from .spec import HardwareSpec
+
+GEMM_ALGOS = ("meshgemm", "cannon", "summa")
+
+
+@dataclass(frozen=True)
+class GemmShape:
+    """C (m, n) = A (m, k) @ B (k, n) on a grid of rows x cols cores."""
+
+    m: int
+    k: int
+    n: int
+    rows: int
+    cols: int
+
+    def __post_init__(self) -> None:
+        for name in ("m", "k", "n", "rows", "cols"):
+            whole(f"GemmShape.{name}", getattr(self, name))
+
+    def panels(self, algo: str) -> int:
+        """How many k panels (= steps) the algorithm runs."""
+        check_algo(algo)
+        if algo == "summa":
+            return math.lcm(self.rows, self.cols)
+        return math.gcd(self.rows, self.cols)
+
+    def blocks(self, algo: str) -> tuple[int, int, int]:
+        """(mb, kb, nb): a core's A block is (mb, kb), its B block (kb, nb), its C block (mb, nb)."""
+        return cdiv(self.m, self.rows), cdiv(self.k, self.panels(algo)), cdiv(self.n, self.cols)
+
+
+def check_algo(algo: str) -> str:
+    if algo not in GEMM_ALGOS:
+        raise ValueError(f"unknown GEMM algorithm {algo!r}; choose one of {GEMM_ALGOS}")
+    return algo
+
+
+def ring_hops(algo: str, n: int) -> tuple[int, int]:
+    """(longest move, sum of all moves) in hops when every core of a line of n passes its block one place
+    along the algorithm's ring: Cannon's line closed by an n-1 hop wrap, MeshGEMM's interleaved ring."""
+    if n == 1:
+        return 0, 0
+    if algo == "cannon":
+        return n - 1, 2 * (n - 1)
+    if algo == "meshgemm":
+        return (1 if n == 2 else 2), 2 * (n - 1)  # n-2 moves of 2 hops and two of 1 (the ends' turns)
+    raise ValueError(f"{algo!r} moves no blocks around a ring; the rings are 'cannon' and 'meshgemm'")
+
+
+def _stage(spec: HardwareSpec, moves) -> Cost:
+    """Several moves at once, each (hops, bytes per message, messages, link bytes): one routing stage as
+    long as the slowest, the traffic of all."""
+    moves = [m for m in moves if m[2]]
+    if not moves:
+        return Cost()
+    slow = max(moves, key=lambda m: message_cycles(spec, m[0], 1, m[1]))
+    return Cost(hops=slow[0], stages=1, link_bytes=sum(m[3] for m in moves), messages=sum(m[2] for m in moves),
+                cycles=message_cycles(spec, slow[0], 1, slow[1]))
+
+
+def shift_step_cost(spec: HardwareSpec, algo: str, shape: GemmShape, dtype: str = "float32") -> Cost:
+    """One shift of a shift GEMM: A's blocks along every row's ring and B's along every column's, at once."""
+    mb, kb, nb = shape.blocks(algo)
+    a_bytes, b_bytes = mb * kb * itemsize(dtype), kb * nb * itemsize(dtype)
+    (ax, a_sum), (by, b_sum) = ring_hops(algo, shape.cols), ring_hops(algo, shape.rows)
+    a_msgs = shape.rows * shape.cols if shape.cols > 1 else 0
+    b_msgs = shape.rows * shape.cols if shape.rows > 1 else 0
+    return _stage(spec, [(ax, a_bytes, a_msgs, shape.rows * a_sum * a_bytes),
+                         (by, b_bytes, b_msgs, shape.cols * b_sum * b_bytes)])
+
+
+def summa_step_cost(spec: HardwareSpec, shape: GemmShape, step: int, dtype: str = "float32") -> Cost:
+    """SUMMA's step `step`: column step % cols multicasts A along every row, row step % rows B along every
+    column (router multicast: one stage as long as the farther end from the root)."""
+    mb, kb, nb = shape.blocks("summa")
+    a_bytes, b_bytes = mb * kb * itemsize(dtype), kb * nb * itemsize(dtype)
+    c, r = step % shape.cols, step % shape.rows
+    a_msgs, b_msgs = (shape.cols - 1) * shape.rows, (shape.rows - 1) * shape.cols
+    return _stage(spec, [(max(c, shape.cols - 1 - c), a_bytes, a_msgs, a_msgs * a_bytes),
+                         (max(r, shape.rows - 1 - r), b_bytes, b_msgs, b_msgs * b_bytes)])
+
+
+def gemm_cost(spec: HardwareSpec, algo: str, shape: GemmShape, dtype: str = "float32") -> Cost:
+    """The whole GEMM on the critical path: every step's communication then its block product."""
+    check_dtype(dtype)
+    mb, kb, nb = shape.blocks(algo)
+    steps = shape.panels(algo)
+    compute = compute_cost(spec, 2 * mb * kb * nb, dtype).scaled(steps)
+    if algo == "summa":
+        comm = Cost()
+        for s in range(steps):
+            comm = comm + summa_step_cost(spec, shape, s, dtype)
+        return comm + compute
+    return shift_step_cost(spec, algo, shape, dtype).scaled(steps - 1) + compute
+
+
+def efficiency(spec: HardwareSpec, algo: str, shape: GemmShape, dtype: str = "float32") -> float:
+    """Useful compute over modelled time: the unpadded product's flops spread evenly over the grid."""
+    ideal = flop_cycles(spec, 2 * shape.m * shape.k * shape.n / (shape.rows * shape.cols), dtype)
+    return ideal / gemm_cost(spec, algo, shape, dtype).cycles
