@@ -21,7 +21,7 @@ import math
 from dataclasses import dataclass
 
 from .arith import cdiv, whole
-from .cost import Cost, compute_cost, flop_cycles, message_cycles
+from .cost import Cost, allreduce_cost, compute_cost, flop_cycles, message_cycles
 from .dtypes import check_dtype, itemsize
 from .spec import HardwareSpec
 
@@ -123,3 +123,38 @@ def efficiency(spec: HardwareSpec, algo: str, shape: GemmShape, dtype: str = "fl
     """Useful compute over modelled time: the unpadded product's flops spread evenly over the grid."""
     ideal = flop_cycles(spec, 2 * shape.m * shape.k * shape.n / (shape.rows * shape.cols), dtype)
     return ideal / gemm_cost(spec, algo, shape, dtype).cycles
+
+
+def skew_cost(spec: HardwareSpec, side: int, nbytes: int) -> Cost:
+    """Every line of a side x side grid rotated by its own ring index along MeshGEMM's rings (blocks of
+    `nbytes`): side - 1 rounds, in round r the side - r lines still to move each pass all their blocks."""
+    hops, ring_sum = ring_hops("meshgemm", side)
+    out = Cost()
+    for r in range(1, side):
+        lines = side - r
+        out = out + _stage(spec, [(hops, nbytes, lines * side, lines * ring_sum * nbytes)])
+    return out
+
+
+def attention_cost(spec: HardwareSpec, tokens: int, head_dim: int, side: int, softmax_flops: int,
+                   dtype: str = "float32") -> Cost:
+    """One head's causal attention over a prompt of `tokens` on a side x side grid (waferrt.kernels.attention):
+    K skewed, the transposed MeshGEMM (side steps; the score blocks move after every step, K's after all but
+    the last), the row max and sum (K-tree allreduces along every row), the softmax, V skewed, P.V."""
+    size = itemsize(check_dtype(dtype))
+    mb, db = cdiv(tokens, side), cdiv(head_dim, side)
+    hops, ring_sum = ring_hops("meshgemm", side)
+    lines = side * side if side > 1 else 0
+
+    def move(nbytes: int) -> tuple:
+        return hops, nbytes, lines, side * ring_sum * nbytes
+
+    nt = Cost()
+    for t in range(side):
+        moves = [move(mb * mb * size)] + ([move(mb * db * size)] if t < side - 1 else [])
+        nt = nt + compute_cost(spec, 2 * mb * db * mb, dtype) + _stage(spec, moves)
+    row = allreduce_cost(spec, "ktree", side, mb * size)
+    row = Cost(row.hops, row.stages, row.link_bytes * side, row.messages * side, row.flops, row.cycles)
+    return (skew_cost(spec, side, mb * db * size).scaled(2) + nt + row.scaled(2)
+            + compute_cost(spec, softmax_flops * mb * mb, dtype)
+            + gemm_cost(spec, "meshgemm", GemmShape(tokens, tokens, head_dim, side, side), dtype))

@@ -71,7 +71,7 @@ def _blocks(mat: np.ndarray, block: tuple[int, int], count: tuple[int, int]) -> 
     return padded.reshape(count[0], block[0], count[1], block[1]).swapaxes(1, 2)
 
 
-def _places(algo: str, grid: Grid) -> tuple[list[int], list[int]]:
+def places(algo: str, grid: Grid) -> tuple[list[int], list[int]]:
     """(x, y) region positions of logical column j / row i: for the shift GEMMs, ring place j / i."""
     if algo == "summa":
         return list(grid.cols), list(grid.rows)
@@ -90,7 +90,7 @@ def place(algo: str, grid: Grid, region_shape: tuple[int, int], A: np.ndarray, B
     span = (s // q, s // p) if algo == "summa" else (1, 1)
     a = np.zeros((h, w, span[0], mb, kb), A.dtype)
     b = np.zeros((h, w, span[1], kb, nb), B.dtype)
-    xs, ys = _places(algo, grid)
+    xs, ys = places(algo, grid)
     for i, y in enumerate(ys):
         for j, x in enumerate(xs):
             if algo == "summa":
@@ -101,9 +101,22 @@ def place(algo: str, grid: Grid, region_shape: tuple[int, int], A: np.ndarray, B
     return a, b
 
 
+def spread(grid: Grid, region_shape: tuple[int, int], M: np.ndarray) -> np.ndarray:
+    """M (m, n) in the C layout a MeshGEMM leaves: block (i, c) on MeshGEMM's ring place (i, c), for the whole
+    region (h, w, m / rows, n / cols); unused cores get zeros. :func:`collect` ("meshgemm") reads it back."""
+    p, q = len(grid.rows), len(grid.cols)
+    blocks = _blocks(M, (math.ceil(M.shape[0] / p), math.ceil(M.shape[1] / q)), (p, q))
+    out = np.zeros(region_shape + blocks.shape[2:], M.dtype)
+    xs, ys = places("meshgemm", grid)
+    for i, y in enumerate(ys):
+        for c, x in enumerate(xs):
+            out[y, x] = blocks[i, c]
+    return out
+
+
 def collect(algo: str, grid: Grid, c: np.ndarray, m: int, n: int) -> np.ndarray:
     """C (m, n) from the kernels' output for the whole region (h, w, mb, nb)."""
-    xs, ys = _places(check_algo(algo), grid)
+    xs, ys = places(check_algo(algo), grid)
     blocks = np.stack([np.stack([c[y, x] for x in xs]) for y in ys])
     return blocks.swapaxes(1, 2).reshape(len(ys) * c.shape[2], -1)[:m, :n]
 
@@ -115,18 +128,22 @@ def _put(out: np.ndarray, pos: np.ndarray, val: np.ndarray, axis: int) -> None:
     out[tuple(idx)] = val
 
 
-def _used_lines(ctx, grid: Grid, axis: str) -> int:
-    """How many of this tile's lines along `axis` the grid uses (rows for "x", columns for "y")."""
+def used_lines(ctx, lines, axis: str) -> int:
+    """How many of `lines` (region positions of lines along `axis`: rows for "x", columns for "y") lie in
+    this tile."""
     if axis == "x":
-        lo, m, used = ctx.local.y0 - ctx.region.y0, ctx.local.h, grid.rows
+        lo, m = ctx.local.y0 - ctx.region.y0, ctx.local.h
     else:
-        lo, m, used = ctx.local.x0 - ctx.region.x0, ctx.local.w, grid.cols
-    return sum(lo <= u < lo + m for u in used)
+        lo, m = ctx.local.x0 - ctx.region.x0, ctx.local.w
+    return sum(lo <= u < lo + m for u in lines)
 
 
-def _ring_move(ctx, buf: np.ndarray, axis: str, places: list[int], lines: int) -> np.ndarray:
+def ring_move(ctx, buf: np.ndarray, axis: str, places: list[int], lines: int) -> np.ndarray:
     """Every place of the ring `places` (region positions along `axis`) receives the block of the next
-    place: one transfer per distance, all at once (call inside ``ledger.concurrent``)."""
+    place: one transfer per distance, all at once (call inside ``ledger.concurrent``). A ring of one place
+    keeps its block."""
+    if len(places) == 1:
+        return buf
     comm, ax = (ctx.x, 1) if axis == "x" else (ctx.y, 0)
     lo, m = comm.lo, comm.m
     out = np.zeros_like(buf)
@@ -146,17 +163,17 @@ def _ring_move(ctx, buf: np.ndarray, axis: str, places: list[int], lines: int) -
 def _shift_gemm(ctx, a: np.ndarray, b: np.ndarray, algo: str) -> np.ndarray:
     """Cannon's algorithm on the rings `algo` names: gcd(rows, cols) block products, a ring shift between."""
     grid = Grid.of_ctx(ctx)
-    xs, ys = _places(algo, grid)
+    xs, ys = places(algo, grid)
     steps = math.gcd(len(xs), len(ys))
     a, b = a[:, :, 0], b[:, :, 0]  # (rows, cols, mb, kb), (rows, cols, kb, nb)
-    lines_x, lines_y = _used_lines(ctx, grid, "x"), _used_lines(ctx, grid, "y")
+    lines_x, lines_y = used_lines(ctx, grid.rows, "x"), used_lines(ctx, grid.cols, "y")
     c = np.zeros(a.shape[:3] + b.shape[3:], np.result_type(a, b))
     with ctx.ledger.op(algo):
         for t in range(steps):
             if t:
                 with ctx.ledger.concurrent():
-                    a = _ring_move(ctx, a, "x", xs, lines_x)
-                    b = _ring_move(ctx, b, "y", ys, lines_y)
+                    a = ring_move(ctx, a, "x", xs, lines_x)
+                    b = ring_move(ctx, b, "y", ys, lines_y)
             c += a @ b
             ctx.ledger.compute(2 * a.shape[2] * a.shape[3] * b.shape[3])
     return c
