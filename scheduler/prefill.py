@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 from waferrt.core.arith import cdiv, whole
 from waferrt.core.cost import Cost, compute_cost, message_cycles, total
 from waferrt.core.dtypes import itemsize
-from waferrt.core.gemm_cost import GemmShape, gemm_cost
+from waferrt.core.gemm_cost import GemmShape, gemm_cost, layout_move
 from waferrt.core.mesh import Region
 from waferrt.decode.cost import ELEMENTWISE_FLOPS, head_decode_parts
 
@@ -43,16 +43,6 @@ def grid(cols: int, rows: int) -> tuple[int, int]:
     short, long_ = min(cols, rows), max(cols, rows)
     best = max(((s, s * (long_ // s)) for s in range(1, short + 1)), key=lambda g: (g[0] * g[1], g[0]))
     return (best[1], best[0]) if cols >= rows else (best[0], best[1])
-
-
-def layout_move(spec, region: Region, core_bytes: int) -> Cost:
-    """Every core of `region` sends `core_bytes` to its place in another layout of the region: one routing
-    stage as long as the region's diameter (the farthest pair of places)."""
-    hops = region.w - 1 + region.h - 1
-    if hops == 0 or core_bytes == 0:
-        return Cost()
-    return Cost(hops=hops, stages=1, link_bytes=region.size * core_bytes * hops, messages=region.size,
-                cycles=message_cycles(spec, hops, 1, core_bytes))
 
 
 def chunk_parts(est: Estimate, region: Region, chunk: int, context: int) -> list[tuple[str, str, Cost]]:

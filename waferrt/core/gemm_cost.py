@@ -158,3 +158,13 @@ def attention_cost(spec: HardwareSpec, tokens: int, head_dim: int, side: int, so
     return (skew_cost(spec, side, mb * db * size).scaled(2) + nt + row.scaled(2)
             + compute_cost(spec, softmax_flops * mb * mb, dtype)
             + gemm_cost(spec, "meshgemm", GemmShape(tokens, tokens, head_dim, side, side), dtype))
+
+
+def layout_move(spec, region, core_bytes: int) -> Cost:
+    """Every core of `region` sends `core_bytes` to its place in another layout of the region: one routing
+    stage as long as the region's diameter (the farthest pair of places)."""
+    hops = region.w - 1 + region.h - 1
+    if hops == 0 or core_bytes == 0:
+        return Cost()
+    return Cost(hops=hops, stages=1, link_bytes=region.size * core_bytes * hops, messages=region.size,
+                cycles=message_cycles(spec, hops, 1, core_bytes))
