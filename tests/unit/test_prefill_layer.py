@@ -1,6 +1,7 @@
 """The prefill on the emulated wafer without Ray (waferrt.decode.prefill): a whole prompt through a layer shard
 by MeshGEMM equals the reference's layer_prefill, leaves the K/V from which the decode's next token equals
-the reference's, and books exactly prefill_layer_cost; the packed weights unpack to the reference's."""
+the reference's, and books exactly prefill_layer_cost; the packed weights unpack to the reference's; a
+whole decode over tiles with prefill gives the reference's tokens and times each request's first token."""
 
 from __future__ import annotations
 
@@ -8,13 +9,15 @@ import numpy as np
 import pytest
 
 from waferrt.core.ledger import Ledger
-from waferrt.core.mesh import Region
+from waferrt.core.mesh import MeshSpec, Region
 from waferrt.core.spec import TINY
 from waferrt.decode.pack import Chunks, pack_layer
 from waferrt.decode.prefill import full_weights, layer_step, prefill_layer, prefill_layer_cost, prefill_runs
 from waferrt.decode.shards import LayerShard
-from waferrt.model import synthetic_llama, tiny_config
+from waferrt.model import Sampler, synthetic_llama, tiny_config
 from waferrt.model.reference import layer_forward, layer_prefill, rope_cos_sin
+from waferrt.scheduler import KVReserve, plan
+from waferrt.serving import GenRequest, LocalDecoder, generate_reference
 
 CFG = tiny_config()
 W = synthetic_llama(CFG, seed=0)
@@ -65,3 +68,20 @@ def test_a_micro_batch_prefills_its_whole_prompts_and_decodes_the_rest():
     got = layer_step(mixed, x, meta)
     np.testing.assert_array_equal(got[1:4], prefill_layer(alone, x[1:4], 1))
     assert mixed.ledger.by_op["prefill"].flops > 0 and "layer" in mixed.ledger.by_op
+
+
+@pytest.mark.parametrize("mesh", [MeshSpec(8, 8, 4, 4), MeshSpec(16, 16, 8, 8), MeshSpec(8, 8, 8, 8)],
+                         ids=["2x2 tiles of 4x4", "2x2 tiles of 8x8", "one tile"])
+def test_a_decode_with_prefill_gives_the_reference_tokens_and_times_the_first(mesh):
+    placement = plan(CFG, TINY, mesh, kv=KVReserve(64, 2))
+    requests = [GenRequest(tuple(range(3, 23)), 6), GenRequest((5, 6, 7, 8, 9, 10, 11, 12), 5),
+                GenRequest((9,), 4)]
+    sampler = Sampler(temperature=0.9, top_k=30, seed=1)
+    want, _ = generate_reference(CFG, W, requests, sampler)
+    dec = LocalDecoder(CFG, W, placement).use_prefill()
+    got, stats = dec.generate(requests, sampler)
+    assert [c.tokens for c in got] == [c.tokens for c in want]
+    assert any("prefill" in p.ledger.by_op for p in dec.programs.values())
+    assert set(stats.ttft_wall_s) == set(stats.ttft_modelled_s) == {0, 1, 2}
+    assert 0 < stats.ttft_modelled_s[0] <= stats.modelled_s
+    assert stats.prefill_tokens_per_s({0: 20, 1: 8, 2: 1})[0] > 0

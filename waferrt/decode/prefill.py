@@ -37,6 +37,7 @@ from waferrt.model.config import LlamaConfig
 from waferrt.model.reference import apply_rope, rmsnorm, rope_cos_sin, silu
 
 from .cost import ELEMENTWISE_FLOPS as EW
+from .cost import handover_cost
 from .layout import layer_layouts
 from .pack import Chunks
 
@@ -211,6 +212,13 @@ def prefill_layer_cost(spec, cfg: LlamaConfig, region: Region, tokens: int) -> C
             + mm(T, cfg.n_heads * hd, dim) + mm(T, dim, cfg.hidden_dim).scaled(2) + mm(T, cfg.hidden_dim, dim)
             + layout_move(spec, region, weights_core_bytes(cfg, region)).scaled(2)
             + layout_move(spec, region, kv_core_bytes(cfg, region, T)) + glue[0] + glue[1] + glue[2])
+
+
+def prefill_item_cycles(spec, cfg: LlamaConfig, prev: Region, region: Region, tokens: int) -> float:
+    """A prompt token's share of its layer's prefill (the schedule's "alone" cycles of each of the prompt's
+    `tokens` items), the hand-over into the region included, as decode.cost.alone_cycles counts a token's."""
+    return handover_cost(spec, prev, region, 4 * cfg.dim).cycles + \
+        prefill_layer_cost(spec, cfg, region, tokens).cycles / tokens
 
 
 def layer_step(shard, x: np.ndarray, meta: np.ndarray) -> np.ndarray:
