@@ -83,10 +83,12 @@ def _stage(spec: HardwareSpec, moves) -> Cost:
                 cycles=message_cycles(spec, slow[0], 1, slow[1]))
 
 
-def shift_step_cost(spec: HardwareSpec, algo: str, shape: GemmShape, dtype: str = "float32") -> Cost:
-    """One shift of a shift GEMM: A's blocks along every row's ring and B's along every column's, at once."""
+def shift_step_cost(spec: HardwareSpec, algo: str, shape: GemmShape, dtype: str = "float32", batch: int = 1
+                    ) -> Cost:
+    """One shift of a shift GEMM: A's blocks along every row's ring and B's along every column's, at once
+    (`batch` blocks of each per core, moving together)."""
     mb, kb, nb = shape.blocks(algo)
-    a_bytes, b_bytes = mb * kb * itemsize(dtype), kb * nb * itemsize(dtype)
+    a_bytes, b_bytes = batch * mb * kb * itemsize(dtype), batch * kb * nb * itemsize(dtype)
     (ax, a_sum), (by, b_sum) = ring_hops(algo, shape.cols), ring_hops(algo, shape.rows)
     a_msgs = shape.rows * shape.cols if shape.cols > 1 else 0
     b_msgs = shape.rows * shape.cols if shape.rows > 1 else 0
@@ -105,18 +107,21 @@ def summa_step_cost(spec: HardwareSpec, shape: GemmShape, step: int, dtype: str 
                          (max(r, shape.rows - 1 - r), b_bytes, b_msgs, b_msgs * b_bytes)])
 
 
-def gemm_cost(spec: HardwareSpec, algo: str, shape: GemmShape, dtype: str = "float32") -> Cost:
-    """The whole GEMM on the critical path: every step's communication then its block product."""
+def gemm_cost(spec: HardwareSpec, algo: str, shape: GemmShape, dtype: str = "float32", batch: int = 1) -> Cost:
+    """The whole GEMM on the critical path: every step's communication then its block product. `batch` GEMMs
+    of this shape at once (a shift GEMM's blocks moving together, e.g. one per attention head)."""
     check_dtype(dtype)
     mb, kb, nb = shape.blocks(algo)
     steps = shape.panels(algo)
-    compute = compute_cost(spec, 2 * mb * kb * nb, dtype).scaled(steps)
+    compute = compute_cost(spec, 2 * batch * mb * kb * nb, dtype).scaled(steps)
     if algo == "summa":
+        if batch != 1:
+            raise ValueError(f"batch={batch}: only the shift GEMMs (meshgemm, cannon) move a batch of blocks together")
         comm = Cost()
         for s in range(steps):
             comm = comm + summa_step_cost(spec, shape, s, dtype)
         return comm + compute
-    return shift_step_cost(spec, algo, shape, dtype).scaled(steps - 1) + compute
+    return shift_step_cost(spec, algo, shape, dtype, batch).scaled(steps - 1) + compute
 
 
 def efficiency(spec: HardwareSpec, algo: str, shape: GemmShape, dtype: str = "float32") -> float:
@@ -136,13 +141,26 @@ def skew_cost(spec: HardwareSpec, side: int, nbytes: int) -> Cost:
     return out
 
 
-def attention_cost(spec: HardwareSpec, tokens: int, head_dim: int, side: int, softmax_flops: int,
-                   dtype: str = "float32") -> Cost:
-    """One head's causal attention over a prompt of `tokens` on a side x side grid (waferrt.kernels.attention):
-    K skewed, the transposed MeshGEMM (side steps; the score blocks move after every step, K's after all but
+@dataclass(frozen=True)
+class AttentionShape:
+    """Causal attention of `heads` heads over a prompt of `tokens` tokens, head_dim wide, on side x side cores."""
+
+    tokens: int
+    head_dim: int
+    heads: int
+    side: int
+
+    def __post_init__(self) -> None:
+        for name in ("tokens", "head_dim", "heads", "side"):
+            whole(f"AttentionShape.{name}", getattr(self, name))
+
+
+def attention_cost(spec: HardwareSpec, shape: AttentionShape, softmax_flops: int, dtype: str = "float32") -> Cost:
+    """Causal attention over a prompt, every head's blocks moving together (waferrt.kernels.attention): K
+    skewed, the transposed MeshGEMM (side steps; the score blocks move after every step, K's after all but
     the last), the row max and sum (K-tree allreduces along every row), the softmax, V skewed, P.V."""
-    size = itemsize(check_dtype(dtype))
-    mb, db = cdiv(tokens, side), cdiv(head_dim, side)
+    size, side, heads = itemsize(check_dtype(dtype)), shape.side, shape.heads
+    mb, db = cdiv(shape.tokens, side), cdiv(shape.head_dim, side)
     hops, ring_sum = ring_hops("meshgemm", side)
     lines = side * side if side > 1 else 0
 
@@ -151,13 +169,13 @@ def attention_cost(spec: HardwareSpec, tokens: int, head_dim: int, side: int, so
 
     nt = Cost()
     for t in range(side):
-        moves = [move(mb * mb * size)] + ([move(mb * db * size)] if t < side - 1 else [])
-        nt = nt + compute_cost(spec, 2 * mb * db * mb, dtype) + _stage(spec, moves)
-    row = allreduce_cost(spec, "ktree", side, mb * size)
+        moves = [move(heads * mb * mb * size)] + ([move(heads * mb * db * size)] if t < side - 1 else [])
+        nt = nt + compute_cost(spec, 2 * heads * mb * db * mb, dtype) + _stage(spec, moves)
+    row = allreduce_cost(spec, "ktree", side, heads * mb * size)
     row = Cost(row.hops, row.stages, row.link_bytes * side, row.messages * side, row.flops, row.cycles)
-    return (skew_cost(spec, side, mb * db * size).scaled(2) + nt + row.scaled(2)
-            + compute_cost(spec, softmax_flops * mb * mb, dtype)
-            + gemm_cost(spec, "meshgemm", GemmShape(tokens, tokens, head_dim, side, side), dtype))
+    pv = GemmShape(shape.tokens, shape.tokens, shape.head_dim, side, side)
+    return (skew_cost(spec, side, heads * mb * db * size).scaled(2) + nt + row.scaled(2)
+            + compute_cost(spec, softmax_flops * heads * mb * mb, dtype) + gemm_cost(spec, "meshgemm", pv, dtype, heads))
 
 
 def layout_move(spec, region, core_bytes: int) -> Cost:

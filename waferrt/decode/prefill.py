@@ -2,9 +2,10 @@
 
 Contract: :func:`prefill_layer` runs a request's whole prompt (positions 0..T-1, T <= PREFILL_MAX_TOKENS)
 through one :class:`~waferrt.decode.shards.LayerShard` on the largest square of cores at its region's corner
-(:func:`gemm_region`): every matrix product is a MeshGEMM kernel (waferrt.kernels.gemm: the QKV projection
-per head, the output projection, gate, up, down) and every head's causal attention the transposed MeshGEMM
-for Q.K^T and MeshGEMM for P.V (waferrt.kernels.attention), each moving its blocks hop by hop on the
+(:func:`gemm_region`): every matrix product is a MeshGEMM kernel (waferrt.kernels.gemm: the QKV projection,
+the output projection, gate and up as one, down) and the heads' causal attention the transposed MeshGEMM
+for Q.K^T and MeshGEMM for P.V, every head's blocks moving together (waferrt.kernels.attention; a K/V head's
+blocks go with each of its query heads), each moving its blocks hop by hop on the
 region's lines and booking them. Between the kernels the glue runs on the tile's full matrices (RMSNorm,
 RoPE, SiLU, the residual adds: booked at ``ELEMENTWISE_FLOPS`` per element, spread over the square's cores;
 every GEMM's activation operand aligned into MeshGEMM's A layout: booked as ``skew_cost``, the closed form
@@ -25,7 +26,7 @@ import numpy as np
 from waferrt.core.arith import cdiv
 from waferrt.core.cost import Cost, compute_cost
 from waferrt.core.dtypes import to_f32
-from waferrt.core.gemm_cost import GemmShape, attention_cost, gemm_cost, layout_move, skew_cost
+from waferrt.core.gemm_cost import AttentionShape, GemmShape, attention_cost, gemm_cost, layout_move, skew_cost
 from waferrt.core.layout import from_blocks
 from waferrt.core.ledger import Ledger
 from waferrt.core.mesh import Region
@@ -112,11 +113,13 @@ class _Mesh:
         return collect("meshgemm", self.grid, meshgemm(self.ctx, pa, pb), a.shape[0], b.shape[1])
 
     def attention(self, q: np.ndarray, k: np.ndarray, v: np.ndarray) -> np.ndarray:
-        """One head's causal attention, q k v (T, hd) -> (T, hd)."""
-        blocks = {n: spread(self.grid, self.region.shape, m) for n, m in (("q", q), ("k", k), ("v", v))}
-        run = partial(causal_attention, tokens=q.shape[0], scale=1.0 / np.sqrt(q.shape[1]),
-                      softmax_flops=EW["softmax"])
-        return collect("meshgemm", self.grid, run(self.ctx, **blocks), q.shape[0], q.shape[1])
+        """Every head's causal attention at once, q k v (T, H, hd) -> (T, H, hd)."""
+        T, H, hd = q.shape
+        blocks = {n: np.stack([spread(self.grid, self.region.shape, m[:, h]) for h in range(H)], axis=2)
+                  for n, m in (("q", q), ("k", k), ("v", v))}
+        run = partial(causal_attention, tokens=T, scale=1.0 / np.sqrt(hd), softmax_flops=EW["softmax"])
+        out = run(self.ctx, **blocks)
+        return np.stack([collect("meshgemm", self.grid, out[:, :, h], T, hd) for h in range(H)], axis=1)
 
     def elementwise(self, flops: int) -> None:
         self.ledger.compute(cdiv(flops, self.side * self.side))
@@ -131,15 +134,17 @@ def glue_flops(cfg: LlamaConfig, tokens: int) -> tuple[int, int, int]:
 
 
 def _attention_block(mesh: _Mesh, cfg: LlamaConfig, h: np.ndarray, w: dict) -> tuple[np.ndarray, ...]:
-    """h (T, dim) -> (the heads' outputs (T, nh*hd), k (T, nkv, hd), v (T, nkv, hd)): Q, K, V per head."""
-    T, hd, rep = h.shape[0], cfg.head_dim, cfg.n_heads // cfg.n_kv_heads
+    """h (T, dim) -> (the heads' outputs (T, nh*hd), k (T, nkv, hd), v (T, nkv, hd)): one QKV projection,
+    then every query head's attention at once (each with its K/V head's blocks)."""
+    T, hd, nh, nkv = h.shape[0], cfg.head_dim, cfg.n_heads, cfg.n_kv_heads
     cos, sin = rope_cos_sin(np.arange(T), hd, cfg.rope_theta)  # (T, hd/2)
-    proj = {n: np.stack([mesh.gemm(h, w[n][i * hd:(i + 1) * hd].T) for i in range(heads)], axis=1)
-            for n, heads in (("wq", cfg.n_heads), ("wk", cfg.n_kv_heads), ("wv", cfg.n_kv_heads))}
-    q, k = (apply_rope(proj[n], cos[:, None], sin[:, None]) for n in ("wq", "wk"))
+    qkv = mesh.gemm(h, np.concatenate([w["wq"], w["wk"], w["wv"]]).T).reshape(T, nh + 2 * nkv, hd)
+    q, k = (apply_rope(a, cos[:, None], sin[:, None]) for a in (qkv[:, :nh], qkv[:, nh:nh + nkv]))
+    v = qkv[:, nh + nkv:]
     mesh.elementwise(glue_flops(cfg, T)[0])
-    out = [mesh.attention(q[:, i], k[:, i // rep], proj["wv"][:, i // rep]) for i in range(cfg.n_heads)]
-    return np.concatenate(out, axis=1), k, proj["wv"]
+    rep = nh // nkv
+    out = mesh.attention(q, np.repeat(k, rep, axis=1), np.repeat(v, rep, axis=1))  # (T, nh, hd)
+    return out.reshape(T, nh * hd), k, v
 
 
 def prefill_layer(shard, x: np.ndarray, slot: int) -> np.ndarray:
@@ -157,7 +162,7 @@ def prefill_layer(shard, x: np.ndarray, slot: int) -> np.ndarray:
         att, k, v = _attention_block(mesh, cfg, h, w)
         xf = xf + mesh.gemm(att, w["wo"].T)
         h = rmsnorm(xf, w["ffn_norm"], cfg.norm_eps)
-        gate, up = mesh.gemm(h, w["w_gate"].T), mesh.gemm(h, w["w_up"].T)
+        gate, up = np.split(mesh.gemm(h, np.concatenate([w["w_gate"], w["w_up"]]).T), 2, axis=1)
         xf = xf + mesh.gemm(silu(gate) * up, w["w_down"].T)
         mesh.elementwise(glue_flops(cfg, T)[2])
         _fill_cache(shard, slot, k, v)
@@ -207,9 +212,9 @@ def prefill_layer_cost(spec, cfg: LlamaConfig, region: Region, tokens: int) -> C
         return skew_cost(spec, s, cdiv(m, s) * cdiv(k, s) * 4) + gemm_cost(spec, "meshgemm", GemmShape(m, k, n, s, s))
 
     glue = [compute_cost(spec, cdiv(f, s * s)) for f in glue_flops(cfg, T)]
-    return (mm(T, dim, hd).scaled(cfg.n_heads + 2 * cfg.n_kv_heads)
-            + attention_cost(spec, T, hd, s, EW["softmax"]).scaled(cfg.n_heads)
-            + mm(T, cfg.n_heads * hd, dim) + mm(T, dim, cfg.hidden_dim).scaled(2) + mm(T, cfg.hidden_dim, dim)
+    return (mm(T, dim, cfg.dim + 2 * cfg.kv_dim) + attention_cost(spec, AttentionShape(T, hd, cfg.n_heads, s),
+                                                                  EW["softmax"])
+            + mm(T, cfg.n_heads * hd, dim) + mm(T, dim, 2 * cfg.hidden_dim) + mm(T, cfg.hidden_dim, dim)
             + layout_move(spec, region, weights_core_bytes(cfg, region)).scaled(2)
             + layout_move(spec, region, kv_core_bytes(cfg, region, T)) + glue[0] + glue[1] + glue[2])
 

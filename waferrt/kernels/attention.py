@@ -1,10 +1,10 @@
 """Causal attention over a prompt as mesh GEMMs: the transposed MeshGEMM for Q.K^T, then MeshGEMM for P.V.
 
 Contract: ``causal_attention(ctx, q, k, v, tokens=T, scale=..., softmax_flops=...)`` is a kernel over a
-square grid of s x s cores (the whole region): q, k, v are one head's (T, head_dim) matrices in the
+square grid of s x s cores (the whole region): q, k, v are H heads' (T, head_dim) matrices in the
 *C layout* of waferrt.kernels.gemm (block (i, c) of T/s tokens by head_dim/s on the core at ring place
-(i, c): how a MeshGEMM leaves its product, e.g. the QKV projection); it returns the head's output in the
-same layout. Row i of the scores is token block i attending to every token block j <= i (masked causally,
+(i, c): how a MeshGEMM leaves its product, e.g. the QKV projection), as (rows, cols, H, T/s, head_dim/s)
+blocks -- every head's blocks move together; it returns the heads' outputs in the same layout. Row i of the scores is token block i attending to every token block j <= i (masked causally,
 and beyond the T tokens).
 
 Q.K^T is the *transposed* MeshGEMM: K is never transposed across the mesh. Each column c of K is first
@@ -59,14 +59,14 @@ def skew(ctx, buf: np.ndarray, axis: str) -> np.ndarray:
 
 
 def scores_nt(ctx, q: np.ndarray, k: np.ndarray) -> np.ndarray:
-    """S = Q K^T by the transposed MeshGEMM (module doc): q, k (rows, cols, mb, db) in the C layout, K
-    already skewed along y; returns S's (mb, mb) blocks in the A layout."""
+    """S = Q K^T by the transposed MeshGEMM (module doc): q, k (rows, cols, H, mb, db) in the C layout, K
+    already skewed along y; returns S's (H, mb, mb) blocks in the A layout."""
     xs, ys = _square(ctx)
     s, lines = len(xs), used_lines(ctx, ys, "x")
-    acc = np.zeros(q.shape[:3] + (k.shape[2],), np.float32)
+    acc = np.zeros(q.shape[:-1] + (k.shape[-2],), np.float32)
     for t in range(s):
         acc += q @ k.swapaxes(-1, -2)
-        ctx.ledger.compute(2 * q.shape[2] * q.shape[3] * k.shape[2])
+        ctx.ledger.compute(2 * q.shape[2] * q.shape[3] * q.shape[4] * k.shape[3])
         with ctx.ledger.concurrent():
             acc = ring_move(ctx, acc, "x", xs, lines)
             if t < s - 1:
@@ -89,16 +89,16 @@ def causal_mask(ctx, mb: int, tokens: int) -> np.ndarray:
 
 def causal_attention(ctx, q: np.ndarray, k: np.ndarray, v: np.ndarray, tokens: int, scale: float,
                      softmax_flops: int) -> np.ndarray:
-    """One head's causal attention over the prompt (module doc): (rows, cols, mb, db) blocks in, and out."""
-    mb = q.shape[2]
+    """The heads' causal attention over the prompt (module doc): (rows, cols, H, mb, db) blocks in, and out."""
+    heads, mb = q.shape[2], q.shape[3]
     with ctx.ledger.op("attention"):
-        scores = scores_nt(ctx, q, skew(ctx, k, "y")) * np.float32(scale)
-        valid = causal_mask(ctx, mb, tokens)
+        scores = scores_nt(ctx, q, skew(ctx, k, "y")) * np.float32(scale)  # (rows, cols, H, mb, mb)
+        valid = causal_mask(ctx, mb, tokens)[:, :, None]
         scores = np.where(valid, scores, np.float32(-np.inf))
-        top = ctx.allreduce(scores.max(axis=3), "x", op="max")  # (rows, cols, mb): each query's row max
+        top = ctx.allreduce(scores.max(axis=4), "x", op="max")  # (rows, cols, H, mb): each query's row max
         top = np.where(np.isfinite(top), top, np.float32(0))  # a padding query sees no key
         e = np.where(valid, np.exp(scores - top[..., None]), np.float32(0))
-        total = ctx.allreduce(e.sum(axis=3), "x")
+        total = ctx.allreduce(e.sum(axis=4), "x")
         p = e / np.where(total > 0, total, np.float32(1))[..., None]
-        ctx.ledger.compute(softmax_flops * mb * mb)
+        ctx.ledger.compute(softmax_flops * heads * mb * mb)
         return meshgemm(ctx, p[:, :, None], skew(ctx, v, "y")[:, :, None])

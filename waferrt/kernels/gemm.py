@@ -161,13 +161,15 @@ def ring_move(ctx, buf: np.ndarray, axis: str, places: list[int], lines: int) ->
 
 
 def _shift_gemm(ctx, a: np.ndarray, b: np.ndarray, algo: str) -> np.ndarray:
-    """Cannon's algorithm on the rings `algo` names: gcd(rows, cols) block products, a ring shift between."""
+    """Cannon's algorithm on the rings `algo` names: gcd(rows, cols) block products, a ring shift between.
+    a (rows, cols, 1, *batch, mb, kb), b (rows, cols, 1, *batch, kb, nb): every core multiplies a batch of
+    blocks (e.g. one per attention head) at once, and moves them together."""
     grid = Grid.of_ctx(ctx)
     xs, ys = places(algo, grid)
     steps = math.gcd(len(xs), len(ys))
-    a, b = a[:, :, 0], b[:, :, 0]  # (rows, cols, mb, kb), (rows, cols, kb, nb)
+    a, b = a[:, :, 0], b[:, :, 0]  # (rows, cols, *batch, mb, kb), (rows, cols, *batch, kb, nb)
     lines_x, lines_y = used_lines(ctx, grid.rows, "x"), used_lines(ctx, grid.cols, "y")
-    c = np.zeros(a.shape[:3] + b.shape[3:], np.result_type(a, b))
+    c = np.zeros(a.shape[:-1] + b.shape[-1:], np.result_type(a, b))
     with ctx.ledger.op(algo):
         for t in range(steps):
             if t:
@@ -175,7 +177,7 @@ def _shift_gemm(ctx, a: np.ndarray, b: np.ndarray, algo: str) -> np.ndarray:
                     a = ring_move(ctx, a, "x", xs, lines_x)
                     b = ring_move(ctx, b, "y", ys, lines_y)
             c += a @ b
-            ctx.ledger.compute(2 * a.shape[2] * a.shape[3] * b.shape[3])
+            ctx.ledger.compute(2 * math.prod(a.shape[2:]) * b.shape[-1])
     return c
 
 
