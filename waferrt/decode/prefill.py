@@ -96,6 +96,15 @@ def full_weights(cfg: LlamaConfig, region: Region, arrays: dict, dtype: str) -> 
     }
 
 
+def _weights(shard) -> dict[str, np.ndarray]:
+    """The shard's full weights, unpacked once for the arrays it holds (kept with the shard)."""
+    kept = getattr(shard, "prefill_weights", None)
+    if kept is None or kept[0] is not shard.arrays:
+        kept = shard.prefill_weights = (shard.arrays, full_weights(shard.cfg, shard.region, shard.arrays,
+                                                                    shard.dtype))
+    return kept[1]
+
+
 # -- the layer ------------------------------------------------------------------------------------------
 class _Mesh:
     """The prefill's kernels on a layer's square of cores: products in, full matrices out."""
@@ -152,7 +161,7 @@ def prefill_layer(shard, x: np.ndarray, slot: int) -> np.ndarray:
     layout; its K/V go into the shard's cache for `slot` as the decode would have put them."""
     cfg, region, ledger = shard.cfg, shard.region, shard.ledger
     T, chunks = x.shape[0], Chunks(cfg.dim, region.w)
-    w = full_weights(cfg, region, shard.arrays, shard.dtype)
+    w = _weights(shard)
     mesh = _Mesh(region, ledger)
     with ledger.op("prefill"):
         ledger.add(layout_move(ledger.spec, region, weights_core_bytes(cfg, region)))  # weights in
