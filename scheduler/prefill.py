@@ -2,13 +2,11 @@
 
 Contract (pure): ``prefill(est, tokens)`` times the prompt of `tokens` tokens on the floor plan that the
 decode's estimate ``est`` (scheduler.estimate) chose -- the prefill runs on the decode's own layer regions,
-so its core count is the decode's, and the K/V it leaves is where the decode reads it. In each layer region
-the GEMMs run on :func:`grid` (the largest rows x cols grid inside the region whose long side is a whole
-multiple of its short side, so that MeshGEMM's shift rings close: waferrt.core.gemm_cost). A layer is:
-the QKV projection, per query head the causal scores Q.K^T (the transposed MeshGEMM: K stays where the
-projection left it) and the weighted sum of V, the output projection, gate/up and down -- every one priced by
-``gemm_cost(spec, "meshgemm", ...)`` -- plus the element-wise work (``ELEMENTWISE_FLOPS`` per element, as the
-decode books it), the weights moved into the GEMM layout and back, and the K/V moved into the decode's
+so its core count is the decode's, and the K/V it leaves is where the decode reads it. Each layer costs
+what the emulated prefill books (waferrt.decode.prefill.prefill_layer_parts, at the estimate's dtype): on
+the largest square of the region, the QKV projection, the heads' causal attention (the transposed MeshGEMM
+for Q.K^T, MeshGEMM for P.V), the output projection, gate/up and down as MeshGEMMs, the element-wise work,
+the weights moved into the GEMM layout and back, and the K/V moved into the decode's
 layout (each one routing stage across the region: ``layout_move``). Between regions a chunk's activations
 are handed over every row at once (``region_handover``). The prompt goes in equal chunks, each attending
 to the tokens before it: at least as many as make a chunk's activations fit in what the decode leaves free
@@ -23,11 +21,12 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from waferrt.core.arith import cdiv, whole
-from waferrt.core.cost import Cost, compute_cost, message_cycles, total
+from waferrt.core.cost import Cost, message_cycles, total
 from waferrt.core.dtypes import itemsize
-from waferrt.core.gemm_cost import GemmShape, gemm_cost, layout_move
+from waferrt.core.gemm_cost import layout_move
 from waferrt.core.mesh import Region
-from waferrt.decode.cost import ELEMENTWISE_FLOPS, head_decode_parts
+from waferrt.decode.cost import head_decode_parts
+from waferrt.decode.prefill import gemm_region, prefill_layer_parts, weights_core_bytes
 
 from .estimate_report import Estimate
 
@@ -37,45 +36,21 @@ LABELS = {"gemm": "projections and MLP (MeshGEMM)", "attention": "attention Q.K^
           "handover": "hand-over between regions", "host": "host I/O"}
 
 
-def grid(cols: int, rows: int) -> tuple[int, int]:
-    """(cols, rows) of the largest grid inside a cols x rows region whose long side is a whole multiple of its
-    short side (then the shift rings of MeshGEMM close every gcd = short-side steps)."""
-    short, long_ = min(cols, rows), max(cols, rows)
-    best = max(((s, s * (long_ // s)) for s in range(1, short + 1)), key=lambda g: (g[0] * g[1], g[0]))
-    return (best[1], best[0]) if cols >= rows else (best[0], best[1])
-
-
 def chunk_parts(est: Estimate, region: Region, chunk: int, context: int) -> list[tuple[str, str, Cost]]:
     """(name, category, Cost) of one layer on `region` for `chunk` prompt tokens attending to `context`
-    tokens (themselves and those before them)."""
-    cfg, spec, dt = est.config, est.spec, est.dtype
-    gc, gr = grid(region.w, region.h)
-    cores = gc * gr
-
-    def mm(name: str, cat: str, m: int, k: int, n: int, times: int = 1):
-        return name, cat, gemm_cost(spec, "meshgemm", GemmShape(m, k, n, gr, gc), dt).scaled(times)
-
-    ew = ELEMENTWISE_FLOPS
-    per_core = (chunk * cfg.dim * (2 * ew["rmsnorm"] + 2 * ew["residual"])
-                + chunk * (cfg.dim + cfg.kv_dim) * ew["rope"] + chunk * context * cfg.n_heads * ew["softmax"]
-                + chunk * cfg.hidden_dim * ew["silu_mul"])
-    return [mm("qkv", "gemm", chunk, cfg.dim, cfg.dim + 2 * cfg.kv_dim),
-            mm("scores", "attention", chunk, cfg.head_dim, context, cfg.n_heads),
-            mm("weighted_v", "attention", chunk, context, cfg.head_dim, cfg.n_heads),
-            mm("o", "gemm", chunk, cfg.dim, cfg.dim),
-            mm("gate_up", "gemm", chunk, cfg.dim, 2 * cfg.hidden_dim),
-            mm("down", "gemm", chunk, cfg.hidden_dim, cfg.dim),
-            ("elementwise", "elementwise", compute_cost(spec, cdiv(per_core, cores), dt)),
-            ("kv_to_decode", "layout", layout_move(spec, region, cdiv(2 * chunk * cfg.kv_dim * itemsize(dt), cores)))]
+    tokens (themselves and those before them): the emulated prefill's own closed form
+    (waferrt.decode.prefill.prefill_layer_parts, in the estimate's dtype), but the weights' moves, which a
+    chunked prompt makes once (``prefill``)."""
+    parts = prefill_layer_parts(est.spec, est.config, region, chunk, context, est.dtype)
+    return [p for p in parts if p[0] != "weights_in_out"]
 
 
 def activation_bytes(est: Estimate, region: Region, chunk: int, context: int) -> int:
     """The busiest core's prefill activations for a chunk: the residual stream, Q/K/V, gate and up, one head's
     scores, each a block of the GEMM grid."""
-    cfg = est.config
-    gc, gr = grid(region.w, region.h)
+    cfg, sq = est.config, gemm_region(region)
     values = chunk * (2 * cfg.dim + 2 * cfg.kv_dim + 2 * cfg.hidden_dim + context)
-    return cdiv(values, gc * gr) * itemsize(est.dtype)
+    return cdiv(values, sq.size) * itemsize(est.dtype)
 
 
 @dataclass(frozen=True)
@@ -164,7 +139,7 @@ def prefill(est: Estimate, tokens: int) -> Prefill:
     tries = [least * 2 ** i for i in range(9) if least * 2 ** i <= min(tokens, max(least, 256))]
     timed = [(total(c for _, _, c in _pipeline_parts(est, region, tokens, n)).cycles, n) for n in tries]
     chunks = min(timed)[1]
-    w_bytes = cdiv(cfg.layer_params() * itemsize(est.dtype), region.size)
+    w_bytes = weights_core_bytes(cfg, region, est.dtype)
     parts = _pipeline_parts(est, region, tokens, chunks) + [
         ("weights_in_out", "layout", layout_move(spec, region, w_bytes).scaled(2 * est.strategy.group))]
     on_wafer = dict.fromkeys(CATEGORIES, 0.0)
@@ -173,6 +148,7 @@ def prefill(est: Estimate, tokens: int) -> Prefill:
     seconds = total(c for _, _, c in parts).seconds(spec)
     head = total(c for _, _, c in head_decode_parts(spec, cfg, Region(0, 0, *est.band[:2]), 1)).seconds(spec)
     on_wafer["host"] = (4 * tokens + 4 * cfg.vocab_size) / spec.ingress_bytes_per_s
-    return Prefill(tokens, chunks, grid(sh.cols, sh.rows), (sh.cols, sh.rows), est.strategy.regions, seconds,
+    sq = gemm_region(region)
+    return Prefill(tokens, chunks, (sq.w, sq.h), (sh.cols, sh.rows), est.strategy.regions, seconds,
                    seconds + head + on_wafer["host"], on_wafer,
                    activation_bytes(est, region, cdiv(tokens, chunks), tokens), est.time_per_token_s)

@@ -9,11 +9,13 @@ import json
 import pytest
 
 from waferrt.cli import main
-from waferrt.core.gemm_cost import GemmShape, gemm_cost
+from waferrt.core.cost import total
+from waferrt.core.gemm_cost import layout_move
+from waferrt.decode.prefill import prefill_layer_cost, prefill_layer_parts, weights_core_bytes
 from waferrt.core.spec import WSE2, WSE3
 from waferrt.model.zoo import MODELS, model_by_name
 from waferrt.scheduler.estimate import estimate
-from waferrt.scheduler.prefill import _pipeline_parts, activation_bytes, chunk_parts, grid, prefill
+from waferrt.scheduler.prefill import _pipeline_parts, activation_bytes, chunk_parts, prefill
 from waferrt.scheduler.types import KVReserve
 
 
@@ -23,25 +25,16 @@ def _est(model: str, spec, requests: int = 8):
                     label=label)
 
 
-@pytest.mark.parametrize("cols, rows, want", [(187, 384, (187, 374)), (64, 48, (48, 48)), (7, 1, (7, 1)),
-                                              (96, 64, (96, 48)), (5, 5, (5, 5))])
-def test_the_gemm_grid_is_the_largest_whose_rings_close(cols, rows, want):
-    gc, gr = grid(cols, rows)
-    assert (gc, gr) == want and gc <= cols and gr <= rows and max(gc, gr) % min(gc, gr) == 0
-
-
-def test_a_layers_gemms_are_meshgemms_closed_forms():
-    est = _est("smollm2-135m", WSE2)
-    cfg, region = est.config, est.shape.region()
-    gc, gr = grid(region.w, region.h)
-    parts = {name: c for name, _, c in chunk_parts(est, region, 256, 512)}
-
-    def mm(m, k, n):
-        return gemm_cost(WSE2, "meshgemm", GemmShape(m, k, n, gr, gc), "float16")
-
-    assert parts["qkv"] == mm(256, cfg.dim, cfg.dim + 2 * cfg.kv_dim)
-    assert parts["scores"] == mm(256, cfg.head_dim, 512).scaled(cfg.n_heads)
-    assert parts["down"] == mm(256, cfg.hidden_dim, cfg.dim)
+@pytest.mark.parametrize("dtype", ["float32", "float16"])
+def test_one_chunk_costs_what_the_emulated_prefill_books(dtype):
+    cfg, label = model_by_name("smollm2-135m")
+    est = estimate(cfg, WSE2, WSE2.full_mesh, KVReserve(2048, 8), dtype, label=label)
+    region = est.shape.region()
+    one = total(c for _, _, c in chunk_parts(est, region, 512, 512))
+    weights = layout_move(WSE2, region, weights_core_bytes(cfg, region, dtype)).scaled(2)
+    assert one + weights == total(c for _, _, c in prefill_layer_parts(WSE2, cfg, region, 512, None, dtype))
+    if dtype == "float32":  # what prefill_layer books on the emulated wafer (tests/unit/test_prefill_layer.py)
+        assert one + weights == prefill_layer_cost(WSE2, cfg, region, 512)
 
 
 @pytest.mark.parametrize("model, spec", [("smollm2-135m", WSE2), ("llama3-8b", WSE2), ("llama3-8b", WSE3)])
@@ -73,7 +66,7 @@ def test_estimate_prints_the_prefill_and_an_end_to_end_pair(capsys):
     assert main(["estimate", "--model", "llama3-8b", "--prompt-tokens", "4096"]) == 0
     out = capsys.readouterr().out
     for words in ("prefill         4,096 prompt tokens", "tokens/s; time to first token", "prefill cores",
-                  "MeshGEMM on 187x374", "end to end      2048 in, 128 out"):
+                  "MeshGEMM on 187x187", "end to end      2048 in, 128 out"):
         assert words in out, words
     assert main(["estimate", "--model", "smollm2-135m", "--preset", "wse3", "--pair", "512:64", "--json"]) == 0
     doc = json.loads(capsys.readouterr().out)["prefill"]

@@ -133,12 +133,12 @@ def efficiency(spec: HardwareSpec, algo: str, shape: GemmShape, dtype: str = "fl
 def skew_cost(spec: HardwareSpec, side: int, nbytes: int) -> Cost:
     """Every line of a side x side grid rotated by its own ring index along MeshGEMM's rings (blocks of
     `nbytes`): side - 1 rounds, in round r the side - r lines still to move each pass all their blocks."""
+    if side == 1:
+        return Cost()
     hops, ring_sum = ring_hops("meshgemm", side)
-    out = Cost()
-    for r in range(1, side):
-        lines = side - r
-        out = out + _stage(spec, [(hops, nbytes, lines * side, lines * ring_sum * nbytes)])
-    return out
+    lines = side * (side - 1) // 2  # over the rounds: side - 1, side - 2, ..., 1 lines
+    one = _stage(spec, [(hops, nbytes, 1, 0)]).scaled(side - 1)  # every round as long as one move
+    return Cost(one.hops, one.stages, lines * ring_sum * nbytes, lines * side, 0, one.cycles)
 
 
 @dataclass(frozen=True)
@@ -167,10 +167,9 @@ def attention_cost(spec: HardwareSpec, shape: AttentionShape, softmax_flops: int
     def move(nbytes: int) -> tuple:
         return hops, nbytes, lines, side * ring_sum * nbytes
 
-    nt = Cost()
-    for t in range(side):
-        moves = [move(heads * mb * mb * size)] + ([move(heads * mb * db * size)] if t < side - 1 else [])
-        nt = nt + compute_cost(spec, 2 * heads * mb * db * mb, dtype) + _stage(spec, moves)
+    acc, k = move(heads * mb * mb * size), move(heads * mb * db * size)
+    nt = (compute_cost(spec, 2 * heads * mb * db * mb, dtype).scaled(side) + _stage(spec, [acc, k]).scaled(side - 1)
+          + _stage(spec, [acc]))
     row = allreduce_cost(spec, "ktree", side, heads * mb * size)
     row = Cost(row.hops, row.stages, row.link_bytes * side, row.messages * side, row.flops, row.cycles)
     pv = GemmShape(shape.tokens, shape.tokens, shape.head_dim, side, side)

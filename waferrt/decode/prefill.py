@@ -19,13 +19,13 @@ in closed form (tested equal); :func:`prefill_runs` finds the whole prompts in a
 
 from __future__ import annotations
 
-from functools import partial
+from functools import lru_cache, partial
 
 import numpy as np
 
 from waferrt.core.arith import cdiv
-from waferrt.core.cost import Cost, compute_cost
-from waferrt.core.dtypes import to_f32
+from waferrt.core.cost import Cost, compute_cost, total
+from waferrt.core.dtypes import itemsize, to_f32
 from waferrt.core.gemm_cost import AttentionShape, GemmShape, attention_cost, gemm_cost, layout_move, skew_cost
 from waferrt.core.layout import from_blocks
 from waferrt.core.ledger import Ledger
@@ -179,15 +179,15 @@ def prefill_layer(shard, x: np.ndarray, slot: int) -> np.ndarray:
     return chunks.split(xf)
 
 
-def weights_core_bytes(cfg: LlamaConfig, region: Region) -> int:
-    """A layer's float32 weights per core of its region: what moves between the decode's and the GEMMs'
-    layouts."""
-    return cdiv(4 * cfg.layer_params(), region.size)
+def weights_core_bytes(cfg: LlamaConfig, region: Region, dtype: str = "float32") -> int:
+    """A layer's weights per core of its region (as the GEMMs take them: float32 in the emulator): what moves
+    between the decode's and the GEMMs' layouts."""
+    return cdiv(itemsize(dtype) * cfg.layer_params(), region.size)
 
 
-def kv_core_bytes(cfg: LlamaConfig, region: Region, tokens: int) -> int:
+def kv_core_bytes(cfg: LlamaConfig, region: Region, tokens: int, dtype: str = "float32") -> int:
     """A prompt's K and V per core of the region: what moves into the decode's cache."""
-    return cdiv(2 * 4 * tokens * cfg.kv_dim, region.size)
+    return cdiv(2 * itemsize(dtype) * tokens * cfg.kv_dim, region.size)
 
 
 def _fill_cache(shard, slot: int, k: np.ndarray, v: np.ndarray) -> None:
@@ -213,19 +213,35 @@ def _fill_cache(shard, slot: int, k: np.ndarray, v: np.ndarray) -> None:
     shard.ledger.add(layout_move(shard.ledger.spec, region, kv_core_bytes(cfg, region, T)))
 
 
+@lru_cache(maxsize=1024)
+def prefill_layer_parts(spec, cfg: LlamaConfig, region: Region, tokens: int, context: int | None = None,
+                        dtype: str = "float32") -> tuple[tuple[str, str, Cost], ...]:
+    """(name, category, Cost) of a layer's prefill of `tokens` prompt tokens on `region`, every value `dtype`:
+    what :func:`prefill_layer` books (float32, ``context`` None). With a `context` longer than `tokens` (a
+    chunk of a longer prompt, on paper only), the chunk's attention is its share (tokens / context of the
+    score rows) of the whole context's."""
+    s, T, hd, dim, size = min(region.w, region.h), tokens, cfg.head_dim, cfg.dim, itemsize(dtype)
+
+    def mm(name: str, m: int, k: int, n: int) -> tuple[str, str, Cost]:
+        return name, "gemm", (skew_cost(spec, s, cdiv(m, s) * cdiv(k, s) * size)
+                              + gemm_cost(spec, "meshgemm", GemmShape(m, k, n, s, s), dtype))
+
+    ctx = context or T
+    att = attention_cost(spec, AttentionShape(ctx, hd, cfg.n_heads, s), EW["softmax"], dtype)
+    if ctx != T:
+        att = Cost(*(type(v)(v * T / ctx) for v in att.as_dict().values()))
+    glue = [compute_cost(spec, cdiv(f, s * s), dtype) for f in glue_flops(cfg, T)]
+    return (mm("qkv", T, dim, dim + 2 * cfg.kv_dim), ("attention", "attention", att),
+            mm("o", T, cfg.n_heads * hd, dim), mm("gate_up", T, dim, 2 * cfg.hidden_dim),
+            mm("down", T, cfg.hidden_dim, dim),
+            ("elementwise", "elementwise", glue[0] + glue[1] + glue[2]),
+            ("weights_in_out", "layout", layout_move(spec, region, weights_core_bytes(cfg, region, dtype)).scaled(2)),
+            ("kv_to_decode", "layout", layout_move(spec, region, kv_core_bytes(cfg, region, T, dtype))))
+
+
 def prefill_layer_cost(spec, cfg: LlamaConfig, region: Region, tokens: int) -> Cost:
     """What :func:`prefill_layer` books for a prompt of `tokens` on `region`, in closed form."""
-    s, T, hd, dim = min(region.w, region.h), tokens, cfg.head_dim, cfg.dim
-
-    def mm(m: int, k: int, n: int) -> Cost:
-        return skew_cost(spec, s, cdiv(m, s) * cdiv(k, s) * 4) + gemm_cost(spec, "meshgemm", GemmShape(m, k, n, s, s))
-
-    glue = [compute_cost(spec, cdiv(f, s * s)) for f in glue_flops(cfg, T)]
-    return (mm(T, dim, cfg.dim + 2 * cfg.kv_dim) + attention_cost(spec, AttentionShape(T, hd, cfg.n_heads, s),
-                                                                  EW["softmax"])
-            + mm(T, cfg.n_heads * hd, dim) + mm(T, dim, 2 * cfg.hidden_dim) + mm(T, cfg.hidden_dim, dim)
-            + layout_move(spec, region, weights_core_bytes(cfg, region)).scaled(2)
-            + layout_move(spec, region, kv_core_bytes(cfg, region, T)) + glue[0] + glue[1] + glue[2])
+    return total(c for _, _, c in prefill_layer_parts(spec, cfg, region, tokens))
 
 
 def prefill_item_cycles(spec, cfg: LlamaConfig, prev: Region, region: Region, tokens: int) -> float:

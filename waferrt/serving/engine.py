@@ -81,6 +81,11 @@ class HeadEngine:
         PREFILL_MAX_TOKENS enter as one micro-batch."""
         return cls(setup.kv_tokens, setup.slots, lanes, whole_prompts=PREFILL_MAX_TOKENS if setup.prefill else 0)
 
+    def load(self) -> float:
+        """The largest micro-batch in flight in ordinary micro-batches (max_items items), at least 1: how much
+        longer than usual the pipeline may take to answer (a whole prompt being prefilled)."""
+        return max([1.0] + [len(self.items[mb]) / self.max_items for mb in self.busy.values()])
+
     @property
     def idle(self) -> bool:
         """Nothing in flight, nothing running, nothing waiting."""
