@@ -21,8 +21,8 @@ import sys
 import numpy as np
 
 from waferrt.core.cost import compute_cost, message_cycles
-from waferrt.core.gemm_cost import GEMM_ALGOS, GemmShape, efficiency, gemm_cost, ring_hops
 from waferrt.core.dtypes import itemsize
+from waferrt.core.gemm_cost import GEMM_ALGOS, GemmShape, efficiency, gemm_cost, ring_hops
 from waferrt.core.mesh import MeshSpec
 from waferrt.core.spec import WSE2
 from waferrt.fabric.loop import simulate

@@ -11,8 +11,8 @@ import pytest
 from waferrt.cli import main
 from waferrt.core.cost import total
 from waferrt.core.gemm_cost import layout_move
-from waferrt.decode.prefill import prefill_layer_cost, prefill_layer_parts, weights_core_bytes
 from waferrt.core.spec import WSE2, WSE3
+from waferrt.decode.prefill import prefill_layer_cost, prefill_layer_parts, weights_core_bytes
 from waferrt.model.zoo import MODELS, model_by_name
 from waferrt.scheduler.estimate import estimate
 from waferrt.scheduler.prefill import _pipeline_parts, activation_bytes, chunk_parts, prefill

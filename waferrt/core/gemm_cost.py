@@ -174,7 +174,8 @@ def attention_cost(spec: HardwareSpec, shape: AttentionShape, softmax_flops: int
     row = Cost(row.hops, row.stages, row.link_bytes * side, row.messages * side, row.flops, row.cycles)
     pv = GemmShape(shape.tokens, shape.tokens, shape.head_dim, side, side)
     return (skew_cost(spec, side, heads * mb * db * size).scaled(2) + nt + row.scaled(2)
-            + compute_cost(spec, softmax_flops * heads * mb * mb, dtype) + gemm_cost(spec, "meshgemm", pv, dtype, heads))
+            + compute_cost(spec, softmax_flops * heads * mb * mb, dtype)
+            + gemm_cost(spec, "meshgemm", pv, dtype, heads))
 
 
 def layout_move(spec, region, core_bytes: int) -> Cost:

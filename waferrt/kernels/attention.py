@@ -4,8 +4,9 @@ Contract: ``causal_attention(ctx, q, k, v, tokens=T, scale=..., softmax_flops=..
 square grid of s x s cores (the whole region): q, k, v are H heads' (T, head_dim) matrices in the
 *C layout* of waferrt.kernels.gemm (block (i, c) of T/s tokens by head_dim/s on the core at ring place
 (i, c): how a MeshGEMM leaves its product, e.g. the QKV projection), as (rows, cols, H, T/s, head_dim/s)
-blocks -- every head's blocks move together; it returns the heads' outputs in the same layout. Row i of the scores is token block i attending to every token block j <= i (masked causally,
-and beyond the T tokens).
+blocks -- every head's blocks move together; it returns the heads' outputs in the same layout. Row i of
+the scores is token block i attending to every token block j <= i (masked causally, and beyond the T
+tokens).
 
 Q.K^T is the *transposed* MeshGEMM: K is never transposed across the mesh. Each column c of K is first
 rotated by c places along its ring (``skew``: c ring moves, every move at most two hops), so core (i, c)
