@@ -26,7 +26,7 @@ class LoopThread:
     def __init__(self, program: TileProgram, host: str, lanes: int, deadline: float, epoch: int = 0):
         self.program, self.epoch = program, epoch
         setup = program.setup
-        self.engine = HeadEngine(setup.kv_tokens, setup.slots, lanes) if program.hosts(0) else None
+        self.engine = HeadEngine.of(setup, lanes) if program.hosts(0) else None
         self.control: queue.Queue = queue.Queue()
         self.stop_flag = threading.Event()
         self.error: BaseException | None = None

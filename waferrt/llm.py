@@ -47,6 +47,14 @@ class WaferLLM:
         self.memoryx = None  # the off-wafer weight memory's actor of a streaming placement
         self._memoryx_cut = None  # (region, dtype, id of the weights) that actor holds
 
+    def use_prefill(self, on: bool = True) -> WaferLLM:
+        """Prefill whole prompts (up to waferrt.decode.prefill.PREFILL_MAX_TOKENS tokens) by MeshGEMM instead of
+        passing them through the decode's GEMVs in chunks; before open() (the tiles take the setup then)."""
+        if self.wafer.tiles:
+            raise RuntimeError("use_prefill() comes before open(): the tiles take the decode's setup when they start")
+        self.setup = DecodeSetup.from_placement(self.placement, self.setup.collectives, on)
+        return self
+
     def __enter__(self) -> WaferLLM:
         if not self.wafer.tiles:
             self.open()
@@ -114,7 +122,7 @@ class WaferLLM:
     def adopt(self, placement) -> None:
         """Run on this placement from now on (a re-plan after a fault: the same mesh, regions moved)."""
         self.placement = placement
-        self.setup = DecodeSetup.from_placement(placement, self.setup.collectives)
+        self.setup = DecodeSetup.from_placement(placement, self.setup.collectives, self.setup.prefill)
         self.head = self.setup.stage_tiles()[0]
 
     def inject(self, fault) -> int:

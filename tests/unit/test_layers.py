@@ -21,15 +21,16 @@ TOPS = {"waferrt": "waferrt", "actors": "waferrt.actors", "scheduler": "waferrt.
 
 # floor -> the floors its modules may import (besides their own), stated for each floor: the allowed-imports
 # map (no order of entries matters). The pure floors, then the joins (each may use the joins before it).
-PURE = {"core", "model", "faults", "fabric", "decode", "scheduler", "serving"}
+PURE = {"core", "model", "faults", "fabric", "kernels", "decode", "scheduler", "serving"}
 ALLOWED = {
     "core": set(),
     "model": set(),
     "faults": {"core"},
     "fabric": {"core", "faults"},
-    "decode": {"core", "faults", "fabric", "model"},
+    "kernels": {"core", "faults", "fabric"},  # kernels of the programming model (MeshGEMM, SUMMA, Cannon, ...)
+    "decode": {"core", "faults", "fabric", "kernels", "model"},
     "scheduler": {"core", "model", "decode"},
-    "serving": {"core", "faults", "fabric", "model", "decode", "scheduler"},
+    "serving": {"core", "faults", "fabric", "kernels", "model", "decode", "scheduler"},
     "actors": PURE,  # the tiles run the serving loop
     "inject": PURE | {"actors"},  # faults into the tiles (the Wafer's fault session)
     "dsm": PURE | {"actors", "inject"},  # the Wafer's named tensors in the tiles

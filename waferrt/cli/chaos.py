@@ -98,6 +98,8 @@ def add_parser(sub) -> argparse.ArgumentParser:
     p.add_argument("--streaming", action="store_true",
                    help="weight streaming, as waferrt generate --streaming (a dead core or link moves the region when "
                         "the mesh has room: give a --mesh of two tiles)")
+    p.add_argument("--prefill", action="store_true",
+                   help="prefill whole prompts by MeshGEMM, as waferrt generate --prefill (faults fire in both phases)")
     p.add_argument("--json", action="store_true", help="print one JSON object")
     p.set_defaults(_run=run, dtype="float32", address=None, no_cache=False, chat=False, system=None)
     return p
@@ -117,7 +119,7 @@ def run(args) -> int:
         say(f"starting {args.nodes} Ray nodes on this machine (ray.cluster_utils): the tiles spread over them")
     with LocalCluster(args.nodes) if args.nodes > 1 else contextlib.nullcontext() as cluster:
         placement = place(cluster.node_infos() if cluster else None)
-        llm = WaferLLM(config, None, placement, address=cluster.address if cluster else None)
+        llm = WaferLLM(config, None, placement, address=cluster.address if cluster else None).use_prefill(args.prefill)
         with llm.open(progress=say):
             llm.load(weights(), progress=say)
             plan = _plan(args, llm)
@@ -225,6 +227,7 @@ def _again(args, plan) -> str:
                                          ("objective", args.objective)) if v]
     parts += [f"--nodes {args.nodes}"] if args.nodes > 1 else []
     parts += ["--streaming"] if args.streaming else []
+    parts += ["--prefill"] if args.prefill else []
     parts += [f"--{k} {v[0]}x{v[1]}" for k, v in (("mesh", args.mesh), ("tile", args.tile)) if v]
     return " ".join(parts)
 

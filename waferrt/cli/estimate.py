@@ -19,11 +19,12 @@ from waferrt.core.dtypes import STORAGE_DTYPES
 from waferrt.core.spec import PRESETS, spec_by_name
 from waferrt.model.zoo import MODELS, model_by_name
 from waferrt.scheduler.estimate import OBJECTIVES, estimate
+from waferrt.scheduler.prefill import prefill
 from waferrt.scheduler.strategies import STRATEGY_HELP, parse_strategy
 from waferrt.scheduler.streaming import streaming
 from waferrt.scheduler.types import KVReserve
 
-from .common import parse_wxh
+from .common import parse_wxh, whole_number
 from .strategy import strategy_text
 
 EPILOG = f"""examples:
@@ -35,6 +36,7 @@ EPILOG = f"""examples:
   waferrt estimate --model codellama-34b --strategy grouped:8 --dtype bfloat16 --json
   waferrt estimate --model llama3-8b --strategy grouped  the planner picks how many layers per region
   waferrt estimate --model path/to/model.gguf --mesh 200x200   any llama GGUF (metadata only)
+  waferrt estimate --model llama3-8b --prompt-tokens 8192 --kv-tokens 8192 --pair 4096:256
 
 Named models: {", ".join(sorted(MODELS))}. Strategies, as `waferrt plan`
 and `waferrt generate` take them: layer (every layer its own region, tokens flow region to region),
@@ -58,6 +60,11 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     p.add_argument("--mesh", type=parse_wxh, metavar="WxH", help="cores to use (default: the whole wafer)")
     p.add_argument("--streaming", action="store_true", help="also estimate weight streaming from off-wafer memory")
     p.add_argument("--json", action="store_true", help="print the estimate as JSON")
+    p.add_argument("--prompt-tokens", type=whole_number(1, "4096"), metavar="N",
+                   help="the prefill of an N-token prompt: tokens/s, breakdown, time to first token (default 4096, "
+                        "at most --kv-tokens)")
+    p.add_argument("--pair", type=pair, default=(2048, 128), metavar="IN:OUT",
+                   help="an input/output pair timed end to end: prefill, then decode (default 2048:128)")
     p.set_defaults(_run=run)
     return p
 
@@ -86,10 +93,36 @@ def workload(args):
     return cfg, label, spec, tried, kv
 
 
+def pair(text: str) -> tuple[int, int]:
+    """'2048:128' -> (2048, 128): prompt tokens and new tokens, both whole numbers >= 1 (argparse type)."""
+    try:
+        a, b = (int(t) for t in text.split(":"))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not IN:OUT; write two whole numbers joined by ':', "
+                                         "e.g. 2048:128") from None
+    if a < 1 or b < 1:
+        raise argparse.ArgumentTypeError(f"{text!r}: both token counts must be at least 1, e.g. 2048:128")
+    return a, b
+
+
+def _prompts(args, kv) -> tuple[int, tuple[int, int]]:
+    """(prompt tokens, (in, out)) checked against the K/V reserve; the defaults shrink to fit it."""
+    tokens = args.prompt_tokens or min(4096, kv.tokens)
+    if tokens > kv.tokens:
+        raise ValueError(f"--prompt-tokens {tokens} is more than the {kv.tokens} K/V positions per request; "
+                         f"give --kv-tokens {tokens} or a shorter prompt")
+    n_in, n_out = args.pair
+    if n_in + n_out > kv.tokens:
+        raise ValueError(f"--pair {n_in}:{n_out} needs {n_in + n_out} K/V positions per request, more than "
+                         f"the {kv.tokens} reserved; give --kv-tokens {n_in + n_out} or a shorter pair")
+    return tokens, (n_in, n_out)
+
+
 def run(args) -> int:
     try:
         cfg, label, spec, tried, kv = workload(args)
         mesh = args.mesh or spec.full_mesh
+        tokens, (n_in, n_out) = _prompts(args, kv)
         est = estimate(cfg, spec, mesh, kv, args.dtype, tried, args.objective, label)
     except ValueError as e:
         print(f"waferrt estimate: {e}", file=sys.stderr)
@@ -97,7 +130,15 @@ def run(args) -> int:
     if args.streaming:
         resident = est.tokens_per_s if est.fits else None
         est = _with(est, streaming(cfg, spec, mesh, kv, args.dtype, resident))
-    print(json.dumps(est.to_json(), indent=1) if args.json else est.text())
+    out, text = est.to_json(), [est.text()]
+    if est.fits:
+        pre, e2e = prefill(est, tokens), prefill(est, n_in).end_to_end(n_out)
+        out["prefill"] = {**pre.to_json(), "end_to_end": {"in": n_in, "out": n_out, "seconds": e2e,
+                                                          "tokens_per_s": (n_in + n_out) / e2e,
+                                                          "new_tokens_per_s": n_out / e2e}}
+        text += pre.lines() + [f"end to end      {n_in} in, {n_out} out: {e2e * 1e3:.1f} ms = "
+                               f"{(n_in + n_out) / e2e:,.0f} tokens/s ({n_out / e2e:,.0f} new tokens/s)"]
+    print(json.dumps(out, indent=1) if args.json else "\n".join(text))
     return 0 if est.fits or (est.streaming is not None and est.streaming.fits) else 1
 
 

@@ -67,7 +67,9 @@ at the spec (WSE-2: 48 KB of SRAM per core) with a KV reserve of --kv-tokens x -
 --tile override it. --json prints one object: prompt_tokens, tokens, text (lists of those, one per
 request, when there are several prompts), finish, wall_tokens_per_s, wafer_tokens_per_s (the modelled
 wafer rate of what ran, every request at its own pace), wafer_bound_tokens_per_s (the placement's bound
-with as many requests in flight), steps (micro-batches), mesh.
+with as many requests in flight), steps (micro-batches), mesh, ttft_wall_s and ttft_modelled_s (time to
+first token, wall and on the modelled wafer) and prefill_tokens_per_s (prompt tokens over the modelled
+time to first token). --prefill prefills every prompt of up to 512 tokens whole by MeshGEMM.
 
 The tiles decode on their own: the head's tile samples each token and feeds it back into the pipeline;
 the host only hands the requests over and prints what streams back. If a tile dies or freezes, generate
@@ -93,6 +95,9 @@ def add_parser(sub) -> argparse.ArgumentParser:
                    help="weight streaming: the weights stay off the wafer (a MemoryX actor) and stream into one region "
                         "layer by layer; the default mesh is the smallest that holds the K/V and a double buffer")
     p.add_argument("--json", action="store_true", help="print one JSON object instead of streaming text")
+    p.add_argument("--prefill", action="store_true",
+                   help="prefill each prompt of up to 512 tokens whole, by MeshGEMM on the layers' regions, instead "
+                        "of passing it through the decode's GEMVs in chunks")
     p.add_argument("--mesh", type=parse_wxh, metavar="WxH", help="mesh size in cores (default: fitted)")
     p.add_argument("--tile", type=parse_wxh, metavar="TWxTH", help="tile size in cores (with --mesh)")
     add_max_tiles(p)
@@ -237,8 +242,9 @@ def _wafer(args, placement):
     from waferrt.llm import WaferLLM
 
     try:
-        return WaferLLM(placement.config, None, placement, address=args.address,
-                        collectives=Collectives(args.algo), max_tiles=args.max_tiles)
+        llm = WaferLLM(placement.config, None, placement, address=args.address,
+                       collectives=Collectives(args.algo), max_tiles=args.max_tiles)
+        return llm.use_prefill(args.prefill)
     except PlacementError as e:
         raise UsageError(str(e)) from None
 
@@ -342,6 +348,16 @@ def _pictures(args, placement, stats) -> None:
         say(f"heatmap: {args.heatmap}")
 
 
+def _first_token(stats, out, pick) -> dict:
+    """The --json fields of the time to first token: wall and modelled seconds, and the prefill's modelled
+    tokens/s (the prompt's tokens over its modelled time to first token), per request."""
+    n = range(len(out))
+    rate = stats.prefill_tokens_per_s({i: len(c.prompt_ids) for i, c in enumerate(out)})
+    return {"ttft_wall_s": pick([stats.ttft_wall_s.get(i) for i in n]),
+            "ttft_modelled_s": pick([stats.ttft_modelled_s.get(i) for i in n]),
+            "prefill_tokens_per_s": pick([rate.get(i) for i in n])}
+
+
 def _report(args, tok, out, stats, mesh, live, streams, bound) -> None:
     gen = [tok.decode(c.tokens, skip_special=True) for c in out]
     if args.json:
@@ -354,7 +370,7 @@ def _report(args, tok, out, stats, mesh, live, streams, bound) -> None:
             "wafer_tokens_per_s": round(stats.wafer_tokens_per_s, 1),
             "wafer_bound_tokens_per_s": None if bound is None else round(bound, 1),
             "steps": stats.steps, "generated": stats.tokens, "wall_s": round(stats.wall_s, 3),
-            "mesh": mesh}))
+            "mesh": mesh, **_first_token(stats, out, pick)}))
         return
     if live:
         print(streams[0].flush(), flush=True)

@@ -46,6 +46,7 @@ from waferrt.faults.state import FaultState
 
 from .cost import alone_cycles, handover_bytes, handover_cost
 from .pack import Chunks
+from .prefill import layer_step, prefill_item_cycles, prefill_runs
 from .schedule import Item, StageRun
 from .setup import DecodeSetup, pack_stage
 from .shards import EmbedShard, LayerShard
@@ -247,8 +248,11 @@ class TileProgram:
             return tuple(Item(int(req), int(pos), bool(want), cycles / len(meta))
                          for _, _, pos, want, req in meta.tolist())
         stage = (kind, self.stages[s - 1][2] if s else None, region)
-        return tuple(Item(int(req), int(pos), bool(want), alone_cycles(
-            self.ledger.spec, st.decoding, stage, int(pos), bool(want))) for _, _, pos, want, req in meta.tolist())
+        whole = {i: len(run) for run in prefill_runs(meta) for i in run} if st.prefill and kind == "layer" else {}
+        return tuple(Item(int(req), int(pos), bool(want), prefill_item_cycles(
+            self.ledger.spec, st.config, stage[1], region, whole[i]) if i in whole else alone_cycles(
+            self.ledger.spec, st.decoding, stage, int(pos), bool(want)))
+            for i, (_, _, pos, want, req) in enumerate(meta.tolist()))
 
     def _stage(self, s: int, meta: np.ndarray, x):
         """Stage s on a micro-batch -> (its activations out, the logits by item if it is the head)."""
@@ -259,6 +263,8 @@ class TileProgram:
             return self._streamed(s, meta, x)
         if kind == "embed":
             return self.embed.lookup(meta[:, 1]), None
+        if kind == "layer" and self.setup.prefill:
+            return layer_step(self.layers[s], x, meta), None
         if kind == "layer":
             return self.layers[s].forward(x, meta[:, 0], meta[:, 2]), None
         want = np.flatnonzero(meta[:, 3])

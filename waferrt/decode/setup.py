@@ -47,13 +47,16 @@ class DecodeSetup:
     collectives: Collectives = KTREE_FAST
     dtype: str = "float32"  # how weights and K/V are stored in the cores (computed in float32)
     streaming: bool = False  # the weights stream in from off-wafer memory at each stage's turn
+    prefill: bool = False  # whole prompts go through the layers by MeshGEMM (waferrt.decode.prefill)
 
     @classmethod
-    def from_placement(cls, placement, collectives: Collectives = KTREE_FAST) -> DecodeSetup:
-        """What the tiles need to know of a scheduler Placement to run its decode."""
+    def from_placement(cls, placement, collectives: Collectives = KTREE_FAST, prefill: bool = False
+                       ) -> DecodeSetup:
+        """What the tiles need to know of a scheduler Placement to run its decode (`prefill`: whole prompts by
+        MeshGEMM; a streaming placement has no weights on the wafer to run them with, so never)."""
         p = placement
         return cls(p.config, p.mesh, p.layers, p.embed, p.kv_tokens, p.kv.requests, collectives, p.dtype,
-                   p.streaming)
+                   p.streaming, prefill and not p.streaming)
 
     @cached_property
     def decoding(self) -> Decoding:

@@ -20,6 +20,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from waferrt.decode.prefill import PREFILL_MAX_TOKENS
 from waferrt.model.sampling import Sampler
 from waferrt.scheduler.admission import Admission, Request
 
@@ -63,15 +64,27 @@ class _Live:
 
 
 class HeadEngine:
-    def __init__(self, kv_tokens: int, slots: int, lanes: int = 2, max_items: int = 32):
+    def __init__(self, kv_tokens: int, slots: int, lanes: int = 2, max_items: int = 32, whole_prompts: int = 0):
+        """`whole_prompts`: a prompt of at most that many tokens enters in one micro-batch (to be prefilled)."""
         self.admission = Admission(kv_tokens, slots)
-        self.lanes, self.max_items = max(1, min(lanes, slots)), max_items
+        self.lanes, self.max_items, self.whole_prompts = max(1, min(lanes, slots)), max_items, whole_prompts
         self.free = list(range(slots))
         self.live: dict[int, _Live] = {}  # request number -> its state
         self.busy: dict[int, int] = {}  # lane -> its micro-batch in flight
         self.items: dict[int, list[int | None]] = {}  # mb -> per item, the request whose logits it gives
         self._subs: dict[int, Submission] = {}
         self._mb = 0
+
+    @classmethod
+    def of(cls, setup, lanes: int) -> HeadEngine:
+        """The engine of a decode's DecodeSetup: with ``setup.prefill``, whole prompts of up to
+        PREFILL_MAX_TOKENS enter as one micro-batch."""
+        return cls(setup.kv_tokens, setup.slots, lanes, whole_prompts=PREFILL_MAX_TOKENS if setup.prefill else 0)
+
+    def load(self) -> float:
+        """The largest micro-batch in flight in ordinary micro-batches (max_items items), at least 1: how much
+        longer than usual the pipeline may take to answer (a whole prompt being prefilled)."""
+        return max([1.0] + [len(self.items[mb]) / self.max_items for mb in self.busy.values()])
 
     @property
     def idle(self) -> bool:
@@ -128,6 +141,10 @@ class HeadEngine:
                 rows.append((lv.slot, lv.next, lv.pos, 1, index))
                 owners.append(index)
                 lv.next = None
+            elif lv.sent == 0 and 1 < len(prompt) <= self.whole_prompts:  # its whole prompt, to be prefilled
+                rows += [(lv.slot, t, j, int(j == len(prompt) - 1), index) for j, t in enumerate(prompt)]
+                owners += [None] * (len(prompt) - 1) + [index]
+                lv.sent = len(prompt)
             elif lv.sent < len(prompt) and len(rows) < self.max_items:  # the next chunk of its prompt
                 take = min(len(prompt) - lv.sent, self.max_items - len(rows))
                 for j in range(lv.sent, lv.sent + take):

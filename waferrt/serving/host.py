@@ -26,7 +26,7 @@ from contextlib import nullcontext
 from pathlib import Path
 from typing import Protocol
 
-from waferrt.decode.schedule import flow_seconds
+from waferrt.decode.schedule import flow_schedule, flow_seconds
 from waferrt.decode.setup import DecodeSetup
 from waferrt.faults.errors import FaultError, FaultStop, Unrecoverable
 from waferrt.model.sampling import Sampler
@@ -64,6 +64,7 @@ def serve(decode: Decode, setup: DecodeSetup, clock_hz: float, requests: list[Ge
     log = stats.trace = DecodeTrace(setup, clock_hz) if trace else None
     host = log.host if log is not None else None
     t0, t0_ns = time.perf_counter(), time.time_ns()
+    stats.started = t0
     if log is not None:
         decode.trace_start()
     try:
@@ -81,6 +82,7 @@ def serve(decode: Decode, setup: DecodeSetup, clock_hz: float, requests: list[Ge
     with _span(host, "stop"):
         runs = decode.stop()
     _account(stats, runs, setup, clock_hz)
+    _first_tokens(stats, runs, setup, clock_hz, out)
     stats.wall_s = time.perf_counter() - t0
     stats.tokens = sum(len(c.tokens) for c in out)
     _faults(decode, stats, log)
@@ -131,6 +133,16 @@ def _account(stats: GenStats, runs: list, setup: DecodeSetup, clock_hz: float, p
     stats.modelled_s += flow_seconds(runs, len(setup.stages()) - 1, clock_hz, partial)
 
 
+def _first_tokens(stats: GenStats, runs: list, setup: DecodeSetup, clock_hz: float, out: list[Completion]) -> None:
+    """Each request's modelled time to first token: when its prompt's last position leaves the head in the
+    schedule of the (last attempt's) stage runs."""
+    sched = flow_schedule(runs, len(setup.stages()) - 1, clock_hz, partial=True)
+    last = {i: len(c.prompt_ids) - 1 for i, c in enumerate(out)}
+    for (req, pos, _), (_, _, end) in sched.items():
+        if last.get(req) == pos:
+            stats.ttft_modelled_s[req] = max(stats.ttft_modelled_s.get(req, 0.0), end)
+
+
 def _faults(decode: Decode, stats: GenStats, log: DecodeTrace | None) -> None:
     """The faults of the decode into the stats (and the trace, as instants)."""
     stats.faults = list(decode.log.events) if getattr(decode, "log", None) else []
@@ -167,6 +179,8 @@ def _stream(decode: Decode, out: list[Completion], stats: GenStats, on_token: On
                     done.logits.append(ev.logits)
                 if ev.index in last:  # decode-only latency: from one token of a request to its next
                     stats.token_latency_s.append(now - last[ev.index])
+                else:
+                    stats.ttft_wall_s[ev.index] = now - stats.started
                 last[ev.index] = now
                 if on_token:
                     on_token(ev.index, ev.token, ev.finish)

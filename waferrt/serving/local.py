@@ -43,6 +43,13 @@ class LocalDecoder:
         if self.setup.streaming:  # the weights stay off the wafer: MemoryX is an object of this process
             self.programs[self.head].attach(WeightStore(config, self.setup.embed, self.setup.dtype, weights))
 
+    def use_prefill(self, on: bool = True) -> LocalDecoder:
+        """Prefill whole prompts by MeshGEMM (waferrt.decode.prefill) instead of the decode's chunks."""
+        self.setup = DecodeSetup.from_placement(self.placement, self.setup.collectives, on)
+        for program in self.programs.values():
+            program.setup = self.setup
+        return self
+
     def generate(self, requests: list[GenRequest], sampler: Sampler, on_token: OnToken | None = None,
                  keep_logits: bool = False, trace=None) -> tuple[list[Completion], GenStats]:
         return serve(_Threads(self), self.setup, self.placement.spec.clock_hz, requests, sampler, on_token,
@@ -54,7 +61,7 @@ class _Threads:
 
     def __init__(self, dec: LocalDecoder):
         self.dec = dec
-        self.engine = HeadEngine(dec.setup.kv_tokens, dec.setup.slots, dec.lanes)
+        self.engine = HeadEngine.of(dec.setup, dec.lanes)
         self.control, self.out, self.stop_flag = queue.Queue(), queue.Queue(), threading.Event()
         self.threads: list[threading.Thread] = []
 

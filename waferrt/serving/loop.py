@@ -12,7 +12,8 @@ previous one left the head.
 Micro-batches in flight with nothing arriving for too long end the loop with
 :class:`~waferrt.fabric.links.FabricTimeout` (a tile downstream is dead or stuck). How long is derived from
 the pace seen so far (:class:`Pace`: ``SLACK`` times the usual gap between arrivals, at least ``FLOOR_S``;
-``deadline`` until the first arrival), not a fixed number. Any error ends the loop and propagates to the
+``deadline`` until the first arrival), not a fixed number; times the engine's ``load`` (a whole prompt in
+flight -- a prefill -- is that many ordinary micro-batches' work). Any error ends the loop and propagates to the
 caller, which reports it with the tile's name. An idle tile still lets its faults' timers fire.
 """
 
@@ -60,10 +61,11 @@ def run_tile(program: TileProgram, engine: HeadEngine | None, control: queue.Que
         got = program.links.recv_any(POLL_S)
         if got is None:
             program.tick(None)
-            if engine is not None and engine.busy and time.monotonic() - waited_since > pace.deadline:
+            limit = pace.deadline * engine.load() if engine is not None and engine.busy else 0.0
+            if limit and time.monotonic() - waited_since > limit:
                 raise FabricTimeout(
                     f"{program.tile}: micro-batch(es) {sorted(engine.busy.values())} have been in flight for "
-                    f"{pace.deadline:.0f}s and nothing came back: a tile on the way is dead or stuck")
+                    f"{limit:.0f}s and nothing came back: a tile on the way is dead or stuck")
             continue
         now = time.monotonic()
         pace.arrived(now - waited_since)

@@ -43,6 +43,9 @@ class GenStats:
     runs: list = field(default_factory=list)  # every StageRun the tiles booked (waferrt.decode.schedule)
     faults: list = field(default_factory=list)  # waferrt.faults.events.FaultEvent of every fault armed
     trace: object = None  # the run's waferrt.serving.trace.DecodeTrace, when one was asked for
+    started: float = 0.0  # time.perf_counter() when the run started (for the wall times to first token)
+    ttft_wall_s: dict = field(default_factory=dict)  # request index -> wall seconds to its first token
+    ttft_modelled_s: dict = field(default_factory=dict)  # request index -> when its first token leaves the wafer
 
     @property
     def wall_tokens_per_s(self) -> float:
@@ -51,6 +54,11 @@ class GenStats:
     @property
     def wafer_tokens_per_s(self) -> float:
         return self.tokens / self.modelled_s if self.modelled_s else 0.0
+
+    def prefill_tokens_per_s(self, prompts: dict) -> dict:
+        """request index -> its prompt's tokens over its modelled time to first token (`prompts`: index ->
+        prompt length)."""
+        return {i: prompts[i] / s for i, s in self.ttft_modelled_s.items() if s > 0}
 
 
 def request_rng(sampler: Sampler, i: int) -> np.random.Generator:

@@ -1,0 +1,87 @@
+"""The prefill on the emulated wafer without Ray (waferrt.decode.prefill): a whole prompt through a layer shard
+by MeshGEMM equals the reference's layer_prefill, leaves the K/V from which the decode's next token equals
+the reference's, and books exactly prefill_layer_cost; the packed weights unpack to the reference's; a
+whole decode over tiles with prefill gives the reference's tokens and times each request's first token."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from waferrt.core.ledger import Ledger
+from waferrt.core.mesh import MeshSpec, Region
+from waferrt.core.spec import TINY
+from waferrt.decode.pack import Chunks, pack_layer
+from waferrt.decode.prefill import full_weights, layer_step, prefill_layer, prefill_layer_cost, prefill_runs
+from waferrt.decode.shards import LayerShard
+from waferrt.model import Sampler, synthetic_llama, tiny_config
+from waferrt.model.reference import layer_forward, layer_prefill, rope_cos_sin
+from waferrt.scheduler import KVReserve, plan
+from waferrt.serving import GenRequest, LocalDecoder, generate_reference
+
+CFG = tiny_config()
+W = synthetic_llama(CFG, seed=0)
+REGIONS = [Region(0, 0, 4, 4), Region(2, 1, 5, 3), Region(0, 0, 3, 6), Region(0, 0, 1, 1)]
+
+
+@pytest.mark.parametrize("region", REGIONS, ids=lambda r: f"{r.w}x{r.h}")
+def test_full_weights_are_the_reference_layers(region):
+    lw = W.layers[1]
+    got = full_weights(CFG, region, pack_layer(CFG, lw, region), "float32")
+    for name, want in got.items():
+        np.testing.assert_array_equal(want, getattr(lw, name), err_msg=name)
+
+
+@pytest.mark.parametrize("tokens", [2, 9, 16])
+@pytest.mark.parametrize("region", REGIONS, ids=lambda r: f"{r.w}x{r.h}")
+def test_a_prefilled_layer_equals_the_reference_and_the_decode_continues(region, tokens):
+    lw, ledger = W.layers[0], Ledger(TINY)
+    shard = LayerShard(CFG, region, pack_layer(CFG, lw, region), (2, 32), ledger)
+    rng = np.random.default_rng(tokens)
+    x = rng.standard_normal((tokens + 1, CFG.dim)).astype(np.float32)
+    kc = np.zeros((CFG.n_kv_heads, 32, CFG.head_dim), np.float32)
+    vc = np.zeros_like(kc)
+    cos, sin = rope_cos_sin(np.arange(tokens), CFG.head_dim, CFG.rope_theta)
+    want = layer_prefill(x[:tokens], lw, CFG, kc, vc, 0, cos, sin)
+    chunks = Chunks(CFG.dim, region.w)
+    got = prefill_layer(shard, chunks.split(x[:tokens]), slot=1)
+    np.testing.assert_allclose(chunks.join(got), want, rtol=1e-4, atol=1e-4)
+    assert ledger.by_op["prefill"] == prefill_layer_cost(TINY, CFG, region, tokens)
+    assert shard.kv.positions(1) == list(range(tokens))
+    c1, s1 = rope_cos_sin(tokens, CFG.head_dim, CFG.rope_theta)
+    nxt = layer_forward(x[tokens], lw, CFG, kc, vc, tokens, c1, s1)
+    got = shard.forward(chunks.split(x[tokens:]), np.array([1]), np.array([tokens]))
+    np.testing.assert_allclose(chunks.join(got)[0], nxt, rtol=1e-4, atol=1e-4)
+
+
+def test_a_micro_batch_prefills_its_whole_prompts_and_decodes_the_rest():
+    meta = np.array([[0, 5, 7, 1, 0], [1, 3, 0, 0, 1], [1, 4, 1, 0, 1], [1, 9, 2, 1, 1], [2, 4, 3, 0, 2],
+                     [2, 4, 4, 1, 2]])
+    assert [r.tolist() for r in prefill_runs(meta)] == [[1, 2, 3]]
+    region = Region(0, 0, 4, 4)
+    mixed, alone = (LayerShard(CFG, region, pack_layer(CFG, W.layers[0], region), (3, 32), Ledger(TINY))
+                    for _ in "ab")
+    x = np.random.default_rng(0).standard_normal((6, 4, 16)).astype(np.float32)
+    for shard in (mixed, alone):  # slots 0 and 2 hold earlier positions
+        for pos in range(5):
+            shard.forward(x[:2] * 0 + pos, np.array([0, 2]), np.array([pos, pos]))
+    got = layer_step(mixed, x, meta)
+    np.testing.assert_array_equal(got[1:4], prefill_layer(alone, x[1:4], 1))
+    assert mixed.ledger.by_op["prefill"].flops > 0 and "layer" in mixed.ledger.by_op
+
+
+@pytest.mark.parametrize("mesh", [MeshSpec(8, 8, 4, 4), MeshSpec(16, 16, 8, 8), MeshSpec(8, 8, 8, 8)],
+                         ids=["2x2 tiles of 4x4", "2x2 tiles of 8x8", "one tile"])
+def test_a_decode_with_prefill_gives_the_reference_tokens_and_times_the_first(mesh):
+    placement = plan(CFG, TINY, mesh, kv=KVReserve(64, 2))
+    requests = [GenRequest(tuple(range(3, 23)), 6), GenRequest((5, 6, 7, 8, 9, 10, 11, 12), 5),
+                GenRequest((9,), 4)]
+    sampler = Sampler(temperature=0.9, top_k=30, seed=1)
+    want, _ = generate_reference(CFG, W, requests, sampler)
+    dec = LocalDecoder(CFG, W, placement).use_prefill()
+    got, stats = dec.generate(requests, sampler)
+    assert [c.tokens for c in got] == [c.tokens for c in want]
+    assert any("prefill" in p.ledger.by_op for p in dec.programs.values())
+    assert set(stats.ttft_wall_s) == set(stats.ttft_modelled_s) == {0, 1, 2}
+    assert 0 < stats.ttft_modelled_s[0] <= stats.modelled_s
+    assert stats.prefill_tokens_per_s({0: 20, 1: 8, 2: 1})[0] > 0

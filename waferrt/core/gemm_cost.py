@@ -1,0 +1,188 @@
+"""Closed forms of the three mesh GEMMs (MeshGEMM, Cannon, SUMMA): what C = A @ B costs on a grid of cores.
+
+Contract: a GEMM multiplies A (m, k) by B (k, n) on a grid of ``rows`` x ``cols`` cores, C's (m/rows,
+n/cols) blocks one per core (sizes padded up to whole blocks). The shift algorithms (MeshGEMM and Cannon)
+cut k in ``gcd(rows, cols)`` panels and run that many steps: every core multiplies its A and B blocks, then
+(but after the last step) A's blocks move one place along a ring of each row and B's along a ring of each
+column, both at once. Cannon's ring is the line itself, closed by a wrap-around of cols-1 hops; MeshGEMM's
+is the *interleaved* ring (positions 0, 2, 4, ..., then the odd ones back down), whose every move is at
+most 2 hops. SUMMA cuts k in ``lcm(rows, cols)`` panels; at each step the panel's owner column multicasts
+its A block along every row and the owner row its B block along every column, both at once, then every core
+multiplies. Every figure is built from waferrt.core.cost's owners (``message_cycles``, ``compute_cost``);
+waferrt.kernels.gemm is the emulation, whose booked counts equal these (tests/unit/test_gemm.py).
+
+``efficiency`` is the share of the modelled time the cores spend on the GEMM's useful flops: the flops of
+an unpadded m x k x n product spread evenly over the grid, over the modelled cycles.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from .arith import cdiv, whole
+from .cost import Cost, allreduce_cost, compute_cost, flop_cycles, message_cycles
+from .dtypes import check_dtype, itemsize
+from .spec import HardwareSpec
+
+GEMM_ALGOS = ("meshgemm", "cannon", "summa")
+
+
+@dataclass(frozen=True)
+class GemmShape:
+    """C (m, n) = A (m, k) @ B (k, n) on a grid of rows x cols cores."""
+
+    m: int
+    k: int
+    n: int
+    rows: int
+    cols: int
+
+    def __post_init__(self) -> None:
+        for name in ("m", "k", "n", "rows", "cols"):
+            whole(f"GemmShape.{name}", getattr(self, name))
+
+    def panels(self, algo: str) -> int:
+        """How many k panels (= steps) the algorithm runs."""
+        check_algo(algo)
+        if algo == "summa":
+            return math.lcm(self.rows, self.cols)
+        return math.gcd(self.rows, self.cols)
+
+    def blocks(self, algo: str) -> tuple[int, int, int]:
+        """(mb, kb, nb): a core's A block is (mb, kb), its B block (kb, nb), its C block (mb, nb)."""
+        return cdiv(self.m, self.rows), cdiv(self.k, self.panels(algo)), cdiv(self.n, self.cols)
+
+
+def check_algo(algo: str) -> str:
+    if algo not in GEMM_ALGOS:
+        raise ValueError(f"unknown GEMM algorithm {algo!r}; choose one of {GEMM_ALGOS}")
+    return algo
+
+
+def ring_hops(algo: str, n: int) -> tuple[int, int]:
+    """(longest move, sum of all moves) in hops when every core of a line of n passes its block one place
+    along the algorithm's ring: Cannon's line closed by an n-1 hop wrap, MeshGEMM's interleaved ring."""
+    if n == 1:
+        return 0, 0
+    if algo == "cannon":
+        return n - 1, 2 * (n - 1)
+    if algo == "meshgemm":
+        return (1 if n == 2 else 2), 2 * (n - 1)  # n-2 moves of 2 hops and two of 1 (the ends' turns)
+    raise ValueError(f"{algo!r} moves no blocks around a ring; the rings are 'cannon' and 'meshgemm'")
+
+
+def _stage(spec: HardwareSpec, moves) -> Cost:
+    """Several moves at once, each (hops, bytes per message, messages, link bytes): one routing stage as
+    long as the slowest, the traffic of all."""
+    moves = [m for m in moves if m[2]]
+    if not moves:
+        return Cost()
+    slow = max(moves, key=lambda m: message_cycles(spec, m[0], 1, m[1]))
+    return Cost(hops=slow[0], stages=1, link_bytes=sum(m[3] for m in moves), messages=sum(m[2] for m in moves),
+                cycles=message_cycles(spec, slow[0], 1, slow[1]))
+
+
+def shift_step_cost(spec: HardwareSpec, algo: str, shape: GemmShape, dtype: str = "float32", batch: int = 1
+                    ) -> Cost:
+    """One shift of a shift GEMM: A's blocks along every row's ring and B's along every column's, at once
+    (`batch` blocks of each per core, moving together)."""
+    mb, kb, nb = shape.blocks(algo)
+    a_bytes, b_bytes = batch * mb * kb * itemsize(dtype), batch * kb * nb * itemsize(dtype)
+    (ax, a_sum), (by, b_sum) = ring_hops(algo, shape.cols), ring_hops(algo, shape.rows)
+    a_msgs = shape.rows * shape.cols if shape.cols > 1 else 0
+    b_msgs = shape.rows * shape.cols if shape.rows > 1 else 0
+    return _stage(spec, [(ax, a_bytes, a_msgs, shape.rows * a_sum * a_bytes),
+                         (by, b_bytes, b_msgs, shape.cols * b_sum * b_bytes)])
+
+
+def summa_step_cost(spec: HardwareSpec, shape: GemmShape, step: int, dtype: str = "float32") -> Cost:
+    """SUMMA's step `step`: column step % cols multicasts A along every row, row step % rows B along every
+    column (router multicast: one stage as long as the farther end from the root)."""
+    mb, kb, nb = shape.blocks("summa")
+    a_bytes, b_bytes = mb * kb * itemsize(dtype), kb * nb * itemsize(dtype)
+    c, r = step % shape.cols, step % shape.rows
+    a_msgs, b_msgs = (shape.cols - 1) * shape.rows, (shape.rows - 1) * shape.cols
+    return _stage(spec, [(max(c, shape.cols - 1 - c), a_bytes, a_msgs, a_msgs * a_bytes),
+                         (max(r, shape.rows - 1 - r), b_bytes, b_msgs, b_msgs * b_bytes)])
+
+
+def gemm_cost(spec: HardwareSpec, algo: str, shape: GemmShape, dtype: str = "float32", batch: int = 1) -> Cost:
+    """The whole GEMM on the critical path: every step's communication then its block product. `batch` GEMMs
+    of this shape at once (a shift GEMM's blocks moving together, e.g. one per attention head)."""
+    check_dtype(dtype)
+    mb, kb, nb = shape.blocks(algo)
+    steps = shape.panels(algo)
+    compute = compute_cost(spec, 2 * batch * mb * kb * nb, dtype).scaled(steps)
+    if algo == "summa":
+        if batch != 1:
+            raise ValueError(f"batch={batch}: only the shift GEMMs (meshgemm, cannon) move a batch of blocks together")
+        comm = Cost()
+        for s in range(steps):
+            comm = comm + summa_step_cost(spec, shape, s, dtype)
+        return comm + compute
+    return shift_step_cost(spec, algo, shape, dtype, batch).scaled(steps - 1) + compute
+
+
+def efficiency(spec: HardwareSpec, algo: str, shape: GemmShape, dtype: str = "float32") -> float:
+    """Useful compute over modelled time: the unpadded product's flops spread evenly over the grid."""
+    ideal = flop_cycles(spec, 2 * shape.m * shape.k * shape.n / (shape.rows * shape.cols), dtype)
+    return ideal / gemm_cost(spec, algo, shape, dtype).cycles
+
+
+def skew_cost(spec: HardwareSpec, side: int, nbytes: int) -> Cost:
+    """Every line of a side x side grid rotated by its own ring index along MeshGEMM's rings (blocks of
+    `nbytes`): side - 1 rounds, in round r the side - r lines still to move each pass all their blocks."""
+    if side == 1:
+        return Cost()
+    hops, ring_sum = ring_hops("meshgemm", side)
+    lines = side * (side - 1) // 2  # over the rounds: side - 1, side - 2, ..., 1 lines
+    one = _stage(spec, [(hops, nbytes, 1, 0)]).scaled(side - 1)  # every round as long as one move
+    return Cost(one.hops, one.stages, lines * ring_sum * nbytes, lines * side, 0, one.cycles)
+
+
+@dataclass(frozen=True)
+class AttentionShape:
+    """Causal attention of `heads` heads over a prompt of `tokens` tokens, head_dim wide, on side x side cores."""
+
+    tokens: int
+    head_dim: int
+    heads: int
+    side: int
+
+    def __post_init__(self) -> None:
+        for name in ("tokens", "head_dim", "heads", "side"):
+            whole(f"AttentionShape.{name}", getattr(self, name))
+
+
+def attention_cost(spec: HardwareSpec, shape: AttentionShape, softmax_flops: int, dtype: str = "float32") -> Cost:
+    """Causal attention over a prompt, every head's blocks moving together (waferrt.kernels.attention): K
+    skewed, the transposed MeshGEMM (side steps; the score blocks move after every step, K's after all but
+    the last), the row max and sum (K-tree allreduces along every row), the softmax, V skewed, P.V."""
+    size, side, heads = itemsize(check_dtype(dtype)), shape.side, shape.heads
+    mb, db = cdiv(shape.tokens, side), cdiv(shape.head_dim, side)
+    hops, ring_sum = ring_hops("meshgemm", side)
+    lines = side * side if side > 1 else 0
+
+    def move(nbytes: int) -> tuple:
+        return hops, nbytes, lines, side * ring_sum * nbytes
+
+    acc, k = move(heads * mb * mb * size), move(heads * mb * db * size)
+    nt = (compute_cost(spec, 2 * heads * mb * db * mb, dtype).scaled(side) + _stage(spec, [acc, k]).scaled(side - 1)
+          + _stage(spec, [acc]))
+    row = allreduce_cost(spec, "ktree", side, heads * mb * size)
+    row = Cost(row.hops, row.stages, row.link_bytes * side, row.messages * side, row.flops, row.cycles)
+    pv = GemmShape(shape.tokens, shape.tokens, shape.head_dim, side, side)
+    return (skew_cost(spec, side, heads * mb * db * size).scaled(2) + nt + row.scaled(2)
+            + compute_cost(spec, softmax_flops * heads * mb * mb, dtype)
+            + gemm_cost(spec, "meshgemm", pv, dtype, heads))
+
+
+def layout_move(spec, region, core_bytes: int) -> Cost:
+    """Every core of `region` sends `core_bytes` to its place in another layout of the region: one routing
+    stage as long as the region's diameter (the farthest pair of places)."""
+    hops = region.w - 1 + region.h - 1
+    if hops == 0 or core_bytes == 0:
+        return Cost()
+    return Cost(hops=hops, stages=1, link_bytes=region.size * core_bytes * hops, messages=region.size,
+                cycles=message_cycles(spec, hops, 1, core_bytes))

@@ -1,0 +1,105 @@
+"""Causal attention over a prompt as mesh GEMMs: the transposed MeshGEMM for Q.K^T, then MeshGEMM for P.V.
+
+Contract: ``causal_attention(ctx, q, k, v, tokens=T, scale=..., softmax_flops=...)`` is a kernel over a
+square grid of s x s cores (the whole region): q, k, v are H heads' (T, head_dim) matrices in the
+*C layout* of waferrt.kernels.gemm (block (i, c) of T/s tokens by head_dim/s on the core at ring place
+(i, c): how a MeshGEMM leaves its product, e.g. the QKV projection), as (rows, cols, H, T/s, head_dim/s)
+blocks -- every head's blocks move together; it returns the heads' outputs in the same layout. Row i of
+the scores is token block i attending to every token block j <= i (masked causally, and beyond the T
+tokens).
+
+Q.K^T is the *transposed* MeshGEMM: K is never transposed across the mesh. Each column c of K is first
+rotated by c places along its ring (``skew``: c ring moves, every move at most two hops), so core (i, c)
+holds K((i + c) % s, c); Q stays put; at every step each core adds Q(i, c) K^T to the score block it
+carries, then the score blocks move one place along the rows' rings and K's blocks one place along the
+columns'. The score block of (i, j) thereby visits every column of row i, and after s steps core (i, c)
+holds S(i, (i + c) % s): the A layout that MeshGEMM takes, so the softmax (a row max and a row sum, each an
+allreduce along x) and P.V (V skewed like K, then ``meshgemm``) follow with no other move. Booked under
+"attention"; ``waferrt.core.gemm_cost.attention_cost`` is what that comes to.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from .gemm import Grid, meshgemm, places, ring_move, used_lines
+
+
+def _square(ctx) -> tuple[list[int], list[int]]:
+    grid = Grid.of_ctx(ctx)
+    if len(grid.cols) != ctx.region.w or len(grid.rows) != ctx.region.h or ctx.region.w != ctx.region.h:
+        raise ValueError(f"causal_attention runs on a square region of living cores; {ctx.region} is "
+                         f"{ctx.region.w}x{ctx.region.h} with {len(ctx.dead_cores)} dead core(s): give it a "
+                         "square region without them")
+    return places("meshgemm", grid)
+
+
+def _ring_index(places_: list[int], lo: int, m: int) -> np.ndarray:
+    """The ring index of each of this tile's m positions from `lo` along a line."""
+    at = {p: r for r, p in enumerate(places_)}
+    return np.array([at[lo + j] for j in range(m)])
+
+
+def skew(ctx, buf: np.ndarray, axis: str) -> np.ndarray:
+    """Rotate every line along `axis` by its own ring index (along "y": column c moves c places along its
+    ring, so core (i, c) then holds what core (i + c, c) held): s - 1 rounds of ring moves, the lines still
+    to move moving."""
+    xs, ys = _square(ctx)
+    along, across = (xs, ys) if axis == "x" else (ys, xs)
+    lo, m = (ctx.local.y0 - ctx.region.y0, ctx.local.h) if axis == "x" else (ctx.local.x0 - ctx.region.x0,
+                                                                             ctx.local.w)
+    mine = _ring_index(across, lo, m)  # the ring index of each of this tile's lines
+    shape = (m, 1) if axis == "x" else (1, m)
+    for r in range(1, len(along)):
+        moving = [p for i, p in enumerate(across) if i >= r]
+        with ctx.ledger.concurrent():
+            moved = ring_move(ctx, buf, axis, along, used_lines(ctx, moving, axis))
+        keep = (mine >= r).reshape(shape + (1,) * (buf.ndim - 2))
+        buf = np.where(keep, moved, buf)
+    return buf
+
+
+def scores_nt(ctx, q: np.ndarray, k: np.ndarray) -> np.ndarray:
+    """S = Q K^T by the transposed MeshGEMM (module doc): q, k (rows, cols, H, mb, db) in the C layout, K
+    already skewed along y; returns S's (H, mb, mb) blocks in the A layout."""
+    xs, ys = _square(ctx)
+    s, lines = len(xs), used_lines(ctx, ys, "x")
+    acc = np.zeros(q.shape[:-1] + (k.shape[-2],), np.float32)
+    for t in range(s):
+        acc += q @ k.swapaxes(-1, -2)
+        ctx.ledger.compute(2 * q.shape[2] * q.shape[3] * q.shape[4] * k.shape[3])
+        with ctx.ledger.concurrent():
+            acc = ring_move(ctx, acc, "x", xs, lines)
+            if t < s - 1:
+                k = ring_move(ctx, k, "y", ys, used_lines(ctx, xs, "y"))
+    return acc
+
+
+def causal_mask(ctx, mb: int, tokens: int) -> np.ndarray:
+    """(rows, cols, mb, mb) bool: which score entries of each core's A-layout block (i, (i + c) % s) a token
+    may attend to (the key at or before the query, and a real token)."""
+    xs, ys = _square(ctx)
+    s = len(xs)
+    i = _ring_index(ys, ctx.local.y0 - ctx.region.y0, ctx.local.h)[:, None]
+    c = _ring_index(xs, ctx.local.x0 - ctx.region.x0, ctx.local.w)[None, :]
+    j = (i + c) % s
+    query = (i * mb)[..., None, None] + np.arange(mb)[:, None]
+    key = (j * mb)[..., None, None] + np.arange(mb)[None, :]
+    return (key <= query) & (key < tokens)
+
+
+def causal_attention(ctx, q: np.ndarray, k: np.ndarray, v: np.ndarray, tokens: int, scale: float,
+                     softmax_flops: int) -> np.ndarray:
+    """The heads' causal attention over the prompt (module doc): (rows, cols, H, mb, db) blocks in, and out."""
+    heads, mb = q.shape[2], q.shape[3]
+    with ctx.ledger.op("attention"):
+        scores = scores_nt(ctx, q, skew(ctx, k, "y")) * np.float32(scale)  # (rows, cols, H, mb, mb)
+        valid = causal_mask(ctx, mb, tokens)[:, :, None]
+        scores = np.where(valid, scores, np.float32(-np.inf))
+        top = ctx.allreduce(scores.max(axis=4), "x", op="max")  # (rows, cols, H, mb): each query's row max
+        top = np.where(np.isfinite(top), top, np.float32(0))  # a padding query sees no key
+        e = np.where(valid, np.exp(scores - top[..., None]), np.float32(0))
+        total = ctx.allreduce(e.sum(axis=4), "x")
+        p = e / np.where(total > 0, total, np.float32(1))[..., None]
+        ctx.ledger.compute(softmax_flops * heads * mb * mb)
+        return meshgemm(ctx, p[:, :, None], skew(ctx, v, "y")[:, :, None])
