@@ -21,7 +21,7 @@ import math
 from dataclasses import dataclass
 
 from .arith import cdiv, whole
-from .cost import Cost, allreduce_cost, compute_cost, flop_cycles, message_cycles
+from .cost import Cost, allreduce_cost, compute_cost, flop_cycles, message_cycles, on_lines, reduce_flops
 from .dtypes import check_dtype, itemsize
 from .spec import HardwareSpec
 
@@ -170,8 +170,8 @@ def attention_cost(spec: HardwareSpec, shape: AttentionShape, softmax_flops: int
     acc, k = move(heads * mb * mb * size), move(heads * mb * db * size)
     nt = (compute_cost(spec, 2 * heads * mb * db * mb, dtype).scaled(side) + _stage(spec, [acc, k]).scaled(side - 1)
           + _stage(spec, [acc]))
-    row = allreduce_cost(spec, "ktree", side, heads * mb * size)
-    row = Cost(row.hops, row.stages, row.link_bytes * side, row.messages * side, row.flops, row.cycles)
+    row = (on_lines(allreduce_cost(spec, "ktree", side, heads * mb * size), side)
+           + compute_cost(spec, reduce_flops("ktree", side, heads * mb), dtype))  # the kernel context books both
     pv = GemmShape(shape.tokens, shape.tokens, shape.head_dim, side, side)
     return (skew_cost(spec, side, heads * mb * db * size).scaled(2) + nt + row.scaled(2)
             + compute_cost(spec, softmax_flops * heads * mb * mb, dtype)

@@ -31,7 +31,7 @@ from waferrt.core.layout import from_blocks
 from waferrt.core.ledger import Ledger
 from waferrt.core.mesh import Region
 from waferrt.fabric.comm import LineComm
-from waferrt.fabric.kernel import Cores
+from waferrt.fabric.kernel import Context
 from waferrt.kernels.attention import causal_attention
 from waferrt.kernels.gemm import Grid, collect, meshgemm, place, spread
 from waferrt.model.config import LlamaConfig
@@ -111,7 +111,7 @@ class _Mesh:
 
     def __init__(self, region: Region, ledger: Ledger):
         self.region = gemm_region(region)
-        self.ctx = Cores(self.region, self.region, None, ledger, {})
+        self.ctx = Context(self.region, self.region, None, ledger, {})
         self.grid, self.ledger, self.side = Grid.of(self.region), ledger, self.region.w
 
     def gemm(self, a: np.ndarray, b: np.ndarray) -> np.ndarray:

@@ -1,1 +1,1 @@
-"""Library kernels of the programming model (waferrt.fabric.kernel.Cores): the mesh GEMMs."""
+"""Library kernels of the programming model (waferrt.Context, the kernel context): the mesh GEMMs."""
