@@ -20,7 +20,7 @@ import json
 
 from waferrt.core.spec import PRESETS
 
-from .common import UsageError, checked_mesh, model_path, parse_wxh, say, whole_number
+from .common import UsageError, checked_mesh, model_path, output_path, parse_wxh, say, whole_number
 from .strategy import add_strategy_args
 
 HELP = "inject a seeded campaign of faults into a decode and check nothing is lost"
@@ -48,6 +48,7 @@ drawn. Steps count the micro-batches a tile runs after the plan is armed. The --
 nodes in a temp dir of their own: a Ray already running on the machine is neither joined nor stopped."""
 
 KINDS = ("core", "link", "corrupt", "straggler", "tile", "node")
+MAX_FAULTS = 1000  # a campaign's faults (each is armed on its tiles and logged)
 MAX_NODES = 8  # each a raylet (and the head a GCS) on this machine
 PROMPTS = ("The capital of France is", "Once upon a time, there was a", "def fibonacci(n):",
            "The three primary colours are", "Water boils at", "My favourite book is", "import numpy as np",
@@ -73,7 +74,7 @@ def node_count(text: str) -> int:
 def add_parser(sub) -> argparse.ArgumentParser:
     p = sub.add_parser("chaos", help=HELP, description=DESCRIPTION, epilog=EPILOG,
                        formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--faults", type=whole_number(1, "--faults 20"), default=20, metavar="N",
+    p.add_argument("--faults", type=whole_number(1, "--faults 20", MAX_FAULTS), default=20, metavar="N",
                    help="faults to draw (20)")
     p.add_argument("--seed", type=whole_number(0, "--seed 1"), default=0, help="the campaign's seed (0)")
     p.add_argument("--kinds", type=kinds, metavar="K,K",
@@ -87,7 +88,8 @@ def add_parser(sub) -> argparse.ArgumentParser:
     p.add_argument("--requests", type=whole_number(1, "--requests 4"), default=4, metavar="R",
                    help=f"requests decoded together (4, at most {len(PROMPTS)})")
     p.add_argument("--plan", metavar="FILE", help="run this FaultPlan (.json/.yaml) instead of drawing one")
-    p.add_argument("--save-plan", metavar="FILE", help="write the plan that runs to FILE (.json/.yaml)")
+    p.add_argument("--save-plan", type=output_path("plan.yaml"), metavar="FILE",
+                   help="write the plan that runs to FILE (.json/.yaml)")
     p.add_argument("--policy", choices=("tolerant", "fail-fast"), help="override the plan's policy")
     p.add_argument("--model", type=lambda t: t if t == "tiny" else model_path(t), default="smollm2",
                    help="'smollm2' (default), 'tiny' (a small synthetic Llama: fast) or a Llama GGUF path")
@@ -117,6 +119,7 @@ def run(args) -> int:
         say(f"starting {args.nodes} Ray nodes on this machine (ray.cluster_utils): the tiles spread over them")
     with LocalCluster(args.nodes) if args.nodes > 1 else contextlib.nullcontext() as cluster:
         placement = place(cluster.node_infos() if cluster else None)
+        _check_plan_on(args, placement.mesh)
         llm = WaferLLM(config, None, placement, address=cluster.address if cluster else None)
         with llm.open(progress=say):
             llm.load(weights(), progress=say)
@@ -144,7 +147,10 @@ def _check(args) -> None:
     if args.plan:
         try:
             args.plan_given = FaultPlan.load(args.plan)
-        except (OSError, ValueError) as e:
+        except OSError as e:
+            raise UsageError(f"--plan {args.plan}: cannot read it: {e.strerror}; give a fault plan file (.json or "
+                             ".yaml), e.g. one written by --save-plan") from None
+        except ValueError as e:
             raise UsageError(f"--plan {args.plan}: {e}") from None
     lost = max((f.node for f in args.plan_given.faults if isinstance(f, NodeLoss)), default=0) if args.plan else 0
     drawn = args.kinds is not None and "node" in args.kinds
@@ -158,6 +164,15 @@ def _check(args) -> None:
         raise UsageError("--kinds node: a node loss needs several Ray nodes (node 0 runs this driver and is never "
                          "lost); give --nodes 3, or leave node out of --kinds")
     args.kinds = args.kinds or (KINDS if args.nodes > 1 else tuple(k for k in KINDS if k != "node"))
+
+
+def _check_plan_on(args, mesh) -> None:
+    """--plan's faults lie on the mesh the model was placed on (before the tiles start): UsageError otherwise."""
+    if args.plan:
+        try:
+            args.plan_given.check(mesh)
+        except ValueError as e:
+            raise UsageError(f"--plan {args.plan}: {e}; give a --mesh that holds it, or edit the plan") from None
 
 
 def _model(args):

@@ -35,6 +35,7 @@ from .common import (
     prompt,
     prompt_file,
     ray_address,
+    refuse_together,
     say,
     stamp,
     temperature,
@@ -131,6 +132,19 @@ def _prompts(args) -> list[str]:
     if not prompts:
         raise UsageError('give at least one prompt, e.g. waferrt generate "Hello" (or --file prompts.txt)')
     return prompts
+
+
+def _check_flags(args) -> None:
+    """Flags that contradict each other (each alone was checked by its type): UsageError, before anything loads."""
+    if args.reference and (args.trace or args.heatmap):
+        raise UsageError("--trace and --heatmap show the wafer; leave out --reference")
+    refuse_together(args, "--reference", ("--mesh", "--tile", "--streaming", "--address", "--strategy", "--objective"),
+                    "the numpy reference decodes in this process, on no wafer; leave out one or the other")
+    if args.system is not None and not args.chat:
+        raise UsageError("--system is the system prompt of --chat: add --chat, or leave out --system")
+    if args.temperature == 0 and (args.top_k or args.top_p < 1):
+        raise UsageError("--top-k and --top-p shape sampling, but --temperature 0 decodes greedily: give "
+                         "--temperature > 0 (e.g. --temperature 0.8), or leave them out")
 
 
 def _open_model(args):
@@ -281,8 +295,7 @@ def run(args) -> int:
     from waferrt.serving import generate_reference
 
     texts = _prompts(args)
-    if args.reference and (args.trace or args.heatmap):
-        raise UsageError("--trace and --heatmap show the wafer; leave out --reference")
+    _check_flags(args)
     if args.streaming and args.heatmap:
         raise UsageError("--heatmap draws weights held in SRAM; leave it out with --streaming")
     mesh = checked_mesh(args, lambda w, h: (w, h))  # one tile unless --tile says otherwise

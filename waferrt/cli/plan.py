@@ -47,6 +47,7 @@ from .common import (
 )
 from .strategy import add_strategy_args, placed
 
+MAX_NODES = 1024  # Ray nodes to plan over (more leaves nodes without a tile, and the search slow)
 EPILOG = """examples:
   waferrt plan                          SmolLM2-135M on the default mesh (wse2, KV 512 tokens x 8 requests)
   waferrt plan --mesh 256x192 --tile 64x64 --nodes 2
@@ -74,7 +75,7 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     p.add_argument("--tile", type=parse_wxh, metavar="TWxTH",
                    help="cores per tile (one Ray actor each); needs --mesh; default: 2x2 tiles")
     add_max_tiles(p)
-    p.add_argument("--nodes", type=whole_number(1, "--nodes 2"), default=1,
+    p.add_argument("--nodes", type=whole_number(1, "--nodes 2", MAX_NODES), default=1,
                    help="Ray nodes to spread the tiles over (default 1)")
     p.add_argument("--cpus", type=whole_number(1, "--cpus 2"), default=2, help="CPUs per Ray node (default 2)")
     p.add_argument("--spec", default="wse2", choices=sorted(PRESETS), help="hardware preset (default wse2)")
