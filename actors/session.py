@@ -14,6 +14,7 @@ checking a HOST:PORT address imports nothing of Ray."""
 
 from __future__ import annotations
 
+import contextlib
 import glob
 import logging
 import os
@@ -23,6 +24,8 @@ import signal
 import socket
 import tempfile
 import threading
+
+from .reaper import start_reaper, stop_reaper
 
 # one BLAS thread per worker process: the tiles share the machine's cores (workers_inherit says whether
 # the workers already have it; else every tile actor asks for it)
@@ -34,10 +37,15 @@ START_A_CLUSTER = ("start one with `ray start --head` on its head machine (it pr
                    "inside this process")
 _HTTP2_HELLO = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n" + b"\x00\x00\x00\x04\x00\x00\x00\x00\x00"  # preface + SETTINGS
 IPC_DIR = re.compile(r"waferrt-(\d+)-\w+")  # a Wafer's ipc directory, named after its driver's pid
+_REAPER = None  # the watchdog of the Ray that ray_init started or joined (waferrt.actors.reaper)
 
 
 class ClusterUnreachable(ConnectionError):
     """No Ray cluster answers at the address given; the message names it and how to start one."""
+
+
+class InsecureRay(ClusterUnreachable):
+    """Ray would run, or runs, without its token authentication: refused (the message says what to set)."""
 
 
 class NodesGone(ClusterUnreachable):
@@ -103,6 +111,7 @@ def ray_init(address: str | None) -> bool:
 
     if ray.is_initialized():
         return False
+    _refuse_auth_off()
     target = None if address is None else check_address(address)
     term = signal.getsignal(signal.SIGTERM)
     knob = "RAY_gcs_server_port_wait_time_s"  # connection attempts when joining: a few, not Ray's twenty
@@ -111,9 +120,10 @@ def ray_init(address: str | None) -> bool:
     if target is None:  # an embedded Ray's workers inherit this environment: its idle workers can host tiles
         os.environ.update(BLAS_ENV)
     try:
-        ray.init(address=address or "local", log_to_driver=False, logging_level=logging.ERROR,
-                 include_dashboard=False, configure_logging=True,
-                 runtime_env=None if target is None else {"env_vars": BLAS_ENV})
+        with _loopback(target is None):
+            ray.init(address=address or "local", log_to_driver=False, logging_level=logging.ERROR,
+                     include_dashboard=False, configure_logging=True,
+                     runtime_env=None if target is None else {"env_vars": BLAS_ENV})
     except (ConnectionError, RuntimeError) as e:
         if target is None:
             raise
@@ -122,6 +132,9 @@ def ray_init(address: str | None) -> bool:
     finally:
         for key in retries:
             os.environ.pop(key, None)
+    _check_auth_on(address)
+    global _REAPER
+    _REAPER = start_reaper()
     if callable(term) and threading.current_thread() is threading.main_thread():
         signal.signal(signal.SIGTERM, term)
     _quiet_ray_messages()
@@ -132,7 +145,57 @@ def ray_shutdown() -> None:
     """Stop the Ray that :func:`ray_init` started here (it returned True)."""
     import ray
 
+    global _REAPER
     ray.shutdown()
+    if _REAPER is not None:
+        reaper, _REAPER = _REAPER, None
+        stop_reaper(reaper)
+
+
+def auth_mode() -> str:
+    """This process's Ray authentication mode: 'token' or 'disabled' (Ray 2.60's RAY_AUTH_MODE)."""
+    from ray._private.authentication.authentication_utils import get_authentication_mode_name
+    from ray._raylet import get_authentication_mode
+
+    return get_authentication_mode_name(get_authentication_mode())
+
+
+def _refuse_auth_off() -> None:
+    mode = os.environ.get("RAY_AUTH_MODE")
+    if mode is not None and mode.lower() != "token":
+        raise InsecureRay(f"RAY_AUTH_MODE={mode} turns off Ray's token authentication, and then anyone who can "
+                          "reach this machine's Ray ports can run code in it; unset RAY_AUTH_MODE (or set it to "
+                          "token)")
+
+
+def _check_auth_on(address: str | None) -> None:
+    """Ray runs with token authentication, or InsecureRay (after shutting this driver's Ray down)."""
+    import ray
+
+    if auth_mode() != "token":
+        ray.shutdown()
+        where = "the embedded Ray" if address is None else f"the Ray cluster at {address!r}"
+        raise InsecureRay(f"{where} runs without token authentication (RAY_AUTH_MODE={auth_mode()}); start it "
+                          "with RAY_AUTH_MODE=token (Ray 2.60's default; `ray get-auth-token --generate` makes "
+                          "the token)")
+
+
+@contextlib.contextmanager
+def _loopback(embedded: bool):
+    """An embedded (one-machine) Ray takes 127.0.0.1 as its node address, so that its GCS, raylet and workers
+    bind to loopback instead of every interface (Ray 2.60 does so for a node whose address is loopback; it
+    picks the machine's outward address otherwise, unless ENABLE_RAY_CLUSTER is off)."""
+    if not embedded:
+        yield
+        return
+    from ray._private import ray_constants
+
+    before = ray_constants.ENABLE_RAY_CLUSTER
+    ray_constants.ENABLE_RAY_CLUSTER = False
+    try:
+        yield
+    finally:
+        ray_constants.ENABLE_RAY_CLUSTER = before
 
 
 def _quiet_ray_messages() -> None:

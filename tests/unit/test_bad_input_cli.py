@@ -181,7 +181,8 @@ CASES = [
      "tile(5,5) is not a tile of the mesh 16x16 cores"),
     ("chaos plan missing", ["chaos", "--model", "tiny", "--plan", "/nonexistent/p.json"],
      "cannot read it: No such file or directory"),
-    ("chaos plan is a directory", ["chaos", "--model", "tiny", "--plan", "{plandir}"], "cannot read it: Is a directory"),
+    ("chaos plan is a directory", ["chaos", "--model", "tiny", "--plan", "{plandir}"],
+     "cannot read it: Is a directory"),
     ("chaos save-plan in a missing folder", ["chaos", "--save-plan", "/nonexistent/p.yaml"],
      "--save-plan: the directory '/nonexistent' does not exist"),
     ("chaos save-plan is a folder", ["chaos", "--save-plan", "{plandir}"], "is a directory; give a file name"),
@@ -313,8 +314,20 @@ def test_a_bad_command_line_is_one_clear_line(case_id, words, results, files, no
     (["estimate", "--kv-tokens", "0"], "--kv-tokens: 0 is less than 1")])
 def test_the_real_entry_point_says_the_same(argv, words):
     """`python -m waferrt.cli` itself: exit status 2, the one line, no traceback, before anything loads."""
+    _one_line(argv, words, os.environ)
+
+
+@pytest.mark.parametrize("mode", ["disabled", "off"])
+def test_ray_without_token_authentication_is_refused_before_it_starts(mode):
+    """RAY_AUTH_MODE other than token would leave Ray's ports open to anyone on the network: refused."""
+    _one_line(["demo"], f"RAY_AUTH_MODE={mode} turns off Ray's token authentication", {**os.environ,
+                                                                                      "RAY_AUTH_MODE": mode})
+
+
+def _one_line(argv, words, env):
     t0 = time.monotonic()
-    proc = subprocess.run([sys.executable, "-m", "waferrt.cli", *argv], capture_output=True, text=True, timeout=120)
+    proc = subprocess.run([sys.executable, "-m", "waferrt.cli", *argv], capture_output=True, text=True, timeout=120,
+                          env=env)
     assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr[-2000:]
     assert proc.stderr.count("\n") == 1 and words in proc.stderr and proc.stdout == ""
     assert time.monotonic() - t0 < BOUND_S
