@@ -119,8 +119,9 @@ def ray_init(address: str | None) -> bool:
     os.environ.update(retries)
     if target is None:  # an embedded Ray's workers inherit this environment: its idle workers can host tiles
         os.environ.update(BLAS_ENV)
+        token_auth_for_what_starts_here()
     try:
-        with _loopback(target is None):
+        with loopback(target is None or _is_loopback(target)):
             ray.init(address=address or "local", log_to_driver=False, logging_level=logging.ERROR,
                      include_dashboard=False, configure_logging=True,
                      runtime_env=None if target is None else {"env_vars": BLAS_ENV})
@@ -168,6 +169,32 @@ def _refuse_auth_off() -> None:
                           "token)")
 
 
+def token_auth_for_what_starts_here() -> None:
+    """Every Ray process started from here on (an embedded Ray, a LocalCluster's nodes) requires Ray's token:
+    RAY_AUTH_MODE=token in this process's environment (they inherit it; ray.cluster_utils nodes would start
+    without it otherwise), and the token made when there is none (~/.ray/auth_token, as ray.init makes it).
+    InsecureRay when RAY_AUTH_MODE says otherwise."""
+    _refuse_auth_off()
+    from ray._private.authentication.authentication_token_setup import ensure_token_if_auth_enabled
+    from ray._raylet import Config
+
+    if os.environ.get("RAY_AUTH_MODE") is None:
+        os.environ["RAY_AUTH_MODE"] = "token"
+        Config.initialize("")  # this process's Ray config reads the mode again
+    ensure_token_if_auth_enabled(None, create_token_if_missing=True)
+    _owner_only(os.environ.get("RAY_AUTH_TOKEN_PATH") or os.path.expanduser("~/.ray/auth_token"))
+
+
+def _owner_only(token_file: str) -> None:
+    """The token file readable by its owner alone (Ray writes it with the umask's mode, often 0644: every user
+    of the machine could read it and call this user's Ray)."""
+    try:
+        if os.stat(token_file).st_mode & 0o077:
+            os.chmod(token_file, 0o600)
+    except OSError:  # the token is in RAY_AUTH_TOKEN, or the file is not ours to change
+        pass
+
+
 def _check_auth_on(address: str | None) -> None:
     """Ray runs with token authentication, or InsecureRay (after shutting this driver's Ray down)."""
     import ray
@@ -180,12 +207,24 @@ def _check_auth_on(address: str | None) -> None:
                           "the token)")
 
 
+def _is_loopback(target: str) -> bool:
+    import ipaddress
+
+    host = parse_address(target)[0]
+    try:
+        return host == "localhost" or ipaddress.ip_address(host).is_loopback
+    except ValueError:  # a host name
+        return False
+
+
 @contextlib.contextmanager
-def _loopback(embedded: bool):
-    """An embedded (one-machine) Ray takes 127.0.0.1 as its node address, so that its GCS, raylet and workers
-    bind to loopback instead of every interface (Ray 2.60 does so for a node whose address is loopback; it
-    picks the machine's outward address otherwise, unless ENABLE_RAY_CLUSTER is off)."""
-    if not embedded:
+def loopback(on: bool = True):
+    """Inside it, Ray nodes started on this machine (an embedded Ray, a LocalCluster's) take 127.0.0.1 as their
+    address, so that their GCS, raylet, agents and workers bind to loopback instead of every interface (Ray
+    2.60 does so for a node whose address is loopback; it picks the machine's outward address unless
+    ENABLE_RAY_CLUSTER is off); a driver joining them must look for them there too (`on` for a loopback
+    address)."""
+    if not on:
         yield
         return
     from ray._private import ray_constants

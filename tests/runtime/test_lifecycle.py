@@ -218,6 +218,8 @@ def test_a_sigkilled_driver_leaves_nothing_running_and_an_ipc_dir_that_the_next_
         _, ipc_dir, mode = lines[-1].split()
         assert mode == "token", f"Ray's token authentication is off ({mode})"
         kids = [p.pid for p in psutil.Process(proc.pid).children(recursive=True)]
+        servers = [q for q in map(psutil.Process, kids) if q.name() in ("gcs_server", "raylet")]
+        assert servers and all(q.environ().get("RAY_AUTH_MODE") == "token" for q in servers)  # what they enforce
         addresses = listening([proc.pid, *kids])
         assert addresses and all(a in ("127.0.0.1", "::ffff:127.0.0.1", "::1") for a in addresses), addresses
         proc.kill()
