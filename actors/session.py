@@ -32,9 +32,9 @@ from .reaper import start_reaper, stop_reaper
 BLAS_ENV = {v: "1" for v in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS",
                              "VECLIB_MAXIMUM_THREADS", "NUMEXPR_NUM_THREADS")}
 CONNECT_TIMEOUT_S = 5.0  # how long a Ray address may take to answer before ClusterUnreachable
-START_A_CLUSTER = ("start one with `ray start --head` on its head machine (it prints the address to give: "
-                   "HOST:6379), or `ray up cluster.yaml` for a cloud cluster; or give no address to run Ray "
-                   "inside this process")
+START_A_CLUSTER = ("start one with `RAY_AUTH_MODE=token ray start --head` on its head machine (it prints the "
+                   "address to give: HOST:6379), or `ray up cluster.yaml` for a cloud cluster; or give no address "
+                   "to run Ray inside this process")
 _HTTP2_HELLO = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n" + b"\x00\x00\x00\x04\x00\x00\x00\x00\x00"  # preface + SETTINGS
 IPC_DIR = re.compile(r"waferrt-(\d+)-\w+")  # a Wafer's ipc directory, named after its driver's pid
 _REAPER = None  # the watchdog of the Ray that ray_init started or joined (waferrt.actors.reaper)
