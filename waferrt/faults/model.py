@@ -10,7 +10,9 @@ not dead),
 node goes away with its tiles). ``when`` is a :class:`Trigger`: at micro-batch (decode step) N, at the
 K-th message on the fault's link, T seconds after it is armed, or at random with a rate per step (drawn
 from the plan's seed). A :class:`FaultPlan` is a seeded tuple of faults; it round-trips through JSON (and
-YAML when PyYAML is installed), and ``FaultPlan.random(seed, n, kinds, mesh, ...)`` draws the same plan
+YAML when PyYAML is installed; a file that is not valid YAML/JSON or not a plan is a ValueError naming the
+line or what is missing), ``plan.check(mesh)`` (one owner: :func:`check_on_mesh`) refuses a fault whose
+cores, link or tile are off the mesh, and ``FaultPlan.random(seed, n, kinds, mesh, ...)`` draws the same plan
 from the same seed every time. Pure: no Ray, no sockets.
 """
 
