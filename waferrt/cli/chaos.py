@@ -20,7 +20,16 @@ import json
 
 from waferrt.core.spec import PRESETS
 
-from .common import UsageError, checked_mesh, model_path, output_path, parse_wxh, say, whole_number
+from .common import (
+    UsageError,
+    checked_mesh,
+    model_path,
+    output_path,
+    parse_wxh,
+    refuse_together,
+    say,
+    whole_number,
+)
 from .strategy import add_strategy_args
 
 HELP = "inject a seeded campaign of faults into a decode and check nothing is lost"
@@ -74,9 +83,9 @@ def node_count(text: str) -> int:
 def add_parser(sub) -> argparse.ArgumentParser:
     p = sub.add_parser("chaos", help=HELP, description=DESCRIPTION, epilog=EPILOG,
                        formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--faults", type=whole_number(1, "--faults 20", MAX_FAULTS), default=20, metavar="N",
+    p.add_argument("--faults", type=whole_number(1, "--faults 20", MAX_FAULTS), metavar="N",
                    help="faults to draw (20)")
-    p.add_argument("--seed", type=whole_number(0, "--seed 1"), default=0, help="the campaign's seed (0)")
+    p.add_argument("--seed", type=whole_number(0, "--seed 1"), help="the campaign's seed (0)")
     p.add_argument("--kinds", type=kinds, metavar="K,K",
                    help=f"fault kinds to draw from ({','.join(KINDS)}; default: all but node, and node too with "
                         "--nodes 2 or more)")
@@ -144,6 +153,9 @@ def _check(args) -> None:
 
     if args.requests > len(PROMPTS):
         raise UsageError(f"--requests {args.requests}: at most {len(PROMPTS)} (the built-in prompts)")
+    refuse_together(args, "--plan", ("--faults", "--seed", "--kinds"), "the --plan file says which faults strike "
+                    "where and when; leave those out, or leave out --plan to draw a campaign")
+    args.faults, args.seed = 20 if args.faults is None else args.faults, args.seed or 0
     if args.plan:
         try:
             args.plan_given = FaultPlan.load(args.plan)

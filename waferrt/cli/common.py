@@ -203,7 +203,7 @@ def add_max_tiles(p: argparse.ArgumentParser) -> None:
 
 
 def refuse_together(args, flag: str, others: tuple[str, ...], why: str) -> None:
-    """UsageError when `flag` and any of `others` (options, e.g. "--mesh") are both given (not None/False):
+    """UsageError when `flag` and any of `others` (options, e.g. "--mesh") are both given (not None/False/0):
     `why` says what to do."""
     def given(option: str) -> bool:
         return getattr(args, option.lstrip("-").replace("-", "_")) not in (None, False)
