@@ -61,6 +61,8 @@ def files(tmp_path_factory) -> dict[str, str]:
     for key, (name, text) in plans.items():
         out[key] = d / name
         out[key].write_text(text)
+    out["huge"] = d / "huge.txt"
+    out["huge"].write_bytes(b"a prompt\n" * (2 << 20))  # 18 MB
     out["plandir"] = d / "plans.json"  # a directory where a file is expected
     out["plandir"].mkdir()
     return {k: str(v) for k, v in out.items()} | {"tiny_size": str(len(data)), "cut_size": str(len(data) * 2 // 3)}
@@ -181,8 +183,7 @@ CASES = [
      "tile(5,5) is not a tile of the mesh 16x16 cores"),
     ("chaos plan missing", ["chaos", "--model", "tiny", "--plan", "/nonexistent/p.json"],
      "cannot read it: No such file or directory"),
-    ("chaos plan is a directory", ["chaos", "--model", "tiny", "--plan", "{plandir}"],
-     "cannot read it: Is a directory"),
+    ("chaos plan is a directory", ["chaos", "--model", "tiny", "--plan", "{plandir}"], "it is a directory"),
     ("chaos save-plan in a missing folder", ["chaos", "--save-plan", "/nonexistent/p.yaml"],
      "--save-plan: the directory '/nonexistent' does not exist"),
     ("chaos save-plan is a folder", ["chaos", "--save-plan", "{plandir}"], "is a directory; give a file name"),
@@ -235,6 +236,11 @@ CASES = [
     ("demo unknown algo", ["demo", "--algo", "magic"], "invalid choice: 'magic'"),
     ("demo negative max tiles", ["demo", "--max-tiles", "-1"], "--max-tiles: -1 is less than 1"),
     ("generate prompt file is a directory", ["generate", "--file", "{dir}"], "cannot read"),
+    ("generate prompt file is a device", ["generate", "--file", "/dev/zero"],
+     "cannot read '/dev/zero': it is not a regular file"),
+    ("generate huge prompt file", ["generate", "--file", "{huge}"], "holds more than 16 MB: give a file of prompts"),
+    ("generate model is a device", ["generate", "x", "--model", "/dev/zero"], "'/dev/zero' is not a regular file"),
+    ("chaos plan is a device", ["chaos", "--model", "tiny", "--plan", "/dev/zero"], "it is not a regular file"),
     ("generate trace in a missing folder", ["generate", "x", "--trace", "/nonexistent/t.json"],
      "--trace: the directory '/nonexistent' does not exist"),
     ("generate trace unwritable", ["generate", "x", "--trace", "/proc/t.json"], "cannot write '/proc/t.json'"),
@@ -321,7 +327,7 @@ def test_the_real_entry_point_says_the_same(argv, words):
     _one_line(argv, words, os.environ)
 
 
-@pytest.mark.parametrize("mode", ["disabled", "off"])
+@pytest.mark.parametrize("mode", ["disabled"])
 def test_ray_without_token_authentication_is_refused_before_it_starts(mode):
     """RAY_AUTH_MODE other than token would leave Ray's ports open to anyone on the network: refused."""
     _one_line(["demo"], f"RAY_AUTH_MODE={mode} turns off Ray's token authentication", {**os.environ,

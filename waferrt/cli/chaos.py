@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 
 from waferrt.core.spec import PRESETS
 
@@ -24,6 +25,7 @@ from .common import (
     UsageError,
     checked_mesh,
     model_path,
+    not_a_file,
     output_path,
     parse_wxh,
     refuse_together,
@@ -157,6 +159,9 @@ def _check(args) -> None:
                     "where and when; leave those out, or leave out --plan to draw a campaign")
     args.faults, args.seed = 20 if args.faults is None else args.faults, args.seed or 0
     if args.plan:
+        if os.path.exists(args.plan) and not_a_file(args.plan):  # a device or a pipe would be read forever
+            raise UsageError(f"--plan {args.plan}: it {not_a_file(args.plan)}; give a fault plan file (.json or "
+                             ".yaml), e.g. one written by --save-plan")
         try:
             args.plan_given = FaultPlan.load(args.plan)
         except OSError as e:

@@ -118,13 +118,31 @@ def prompt(text: str) -> str:
     return text
 
 
+MAX_PROMPT_FILE = 16 << 20  # bytes of prompts read from a --file
+
+
+def not_a_file(path: str) -> str:
+    """Why `path` is not a regular file to read ('' when it is): a device or a pipe would be read forever."""
+    if os.path.isfile(path):
+        return ""
+    if os.path.isdir(path):
+        return "is a directory"
+    return "is not a regular file (a device, a pipe or a socket)" if os.path.exists(path) else "does not exist"
+
+
 def prompt_file(path: str) -> tuple[str, ...]:
-    """The non-blank lines of a UTF-8 text file (one prompt each)."""
+    """The non-blank lines of a UTF-8 text file (one prompt each, at most MAX_PROMPT_FILE bytes in all)."""
+    if os.path.exists(path) and not_a_file(path):
+        raise argparse.ArgumentTypeError(f"cannot read {path!r}: it {not_a_file(path)}; give a UTF-8 text file with "
+                                         "one prompt per line")
     try:
         with open(path, "rb") as f:
-            data = f.read()
+            data = f.read(MAX_PROMPT_FILE + 1)
     except OSError as e:
         raise argparse.ArgumentTypeError(f"cannot read {path!r}: {e.strerror}") from None
+    if len(data) > MAX_PROMPT_FILE:
+        raise argparse.ArgumentTypeError(f"{path!r} holds more than {MAX_PROMPT_FILE >> 20} MB: give a file of "
+                                         "prompts, one per line, not a corpus")
     try:
         text = data.decode("utf-8")
         if "\0" in text:
@@ -137,10 +155,9 @@ def prompt_file(path: str) -> tuple[str, ...]:
 
 def model_path(text: str) -> str:
     """'smollm2' or the path of an existing file (whether it is a usable GGUF is checked when it is read)."""
-    if text != "smollm2" and not os.path.isfile(text):
-        what = "is a directory" if os.path.isdir(text) else "does not exist"
-        raise argparse.ArgumentTypeError(f"{text!r} {what}: give 'smollm2' (the built-in SmolLM2-135M) or the "
-                                         "path of a llama GGUF file")
+    if text != "smollm2" and not_a_file(text):
+        raise argparse.ArgumentTypeError(f"{text!r} {not_a_file(text)}: give 'smollm2' (the built-in SmolLM2-135M) "
+                                         "or the path of a llama GGUF file")
     return text
 
 
