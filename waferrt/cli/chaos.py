@@ -22,6 +22,7 @@ import os
 from waferrt.core.spec import PRESETS
 
 from .common import (
+    MAX_SEED,
     UsageError,
     checked_mesh,
     model_path,
@@ -87,7 +88,7 @@ def add_parser(sub) -> argparse.ArgumentParser:
                        formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--faults", type=whole_number(1, "--faults 20", MAX_FAULTS), metavar="N",
                    help="faults to draw (20)")
-    p.add_argument("--seed", type=whole_number(0, "--seed 1"), help="the campaign's seed (0)")
+    p.add_argument("--seed", type=whole_number(0, "--seed 1", MAX_SEED), help="the campaign's seed (0)")
     p.add_argument("--kinds", type=kinds, metavar="K,K",
                    help=f"fault kinds to draw from ({','.join(KINDS)}; default: all but node, and node too with "
                         "--nodes 2 or more)")
@@ -120,7 +121,6 @@ def run(args) -> int:
     import contextlib
 
     from waferrt.actors.localcluster import LocalCluster
-    from waferrt.llm import WaferLLM
     from waferrt.model import Sampler
 
     _check(args)
@@ -131,7 +131,7 @@ def run(args) -> int:
     with LocalCluster(args.nodes) if args.nodes > 1 else contextlib.nullcontext() as cluster:
         placement = place(cluster.node_infos() if cluster else None)
         _check_plan_on(args, placement.mesh)
-        llm = WaferLLM(config, None, placement, address=cluster.address if cluster else None)
+        llm = _wafer_llm(config, placement, cluster.address if cluster else None)
         with llm.open(progress=say):
             llm.load(weights(), progress=say)
             plan = _plan(args, llm)
@@ -181,6 +181,17 @@ def _check(args) -> None:
         raise UsageError("--kinds node: a node loss needs several Ray nodes (node 0 runs this driver and is never "
                          "lost); give --nodes 3, or leave node out of --kinds")
     args.kinds = args.kinds or (KINDS if args.nodes > 1 else tuple(k for k in KINDS if k != "node"))
+
+
+def _wafer_llm(config, placement, address):
+    """The planned WaferLLM, or UsageError when the decode cannot run on these tiles (a region over two)."""
+    from waferrt.decode.setup import PlacementError
+    from waferrt.llm import WaferLLM
+
+    try:
+        return WaferLLM(config, None, placement, address=address)
+    except PlacementError as e:
+        raise UsageError(str(e)) from None
 
 
 def _check_plan_on(args, mesh) -> None:

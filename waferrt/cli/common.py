@@ -49,8 +49,14 @@ def parse_wxh(text: str) -> tuple[int, int]:
     return w, h
 
 
-def whole_number(least: int, example: str, most: int | None = None) -> Callable[[str], int]:
-    """An argparse type for an integer >= `least` (and <= `most`; `example` shows a good value)."""
+MOST = 1 << 24  # the largest count a flag takes unless it says otherwise (K/V tokens, cores, tiles, ...)
+MAX_REQUESTS = 1 << 16  # requests in flight
+MAX_SEED = (1 << 63) - 1
+
+
+def whole_number(least: int, example: str, most: int = MOST) -> Callable[[str], int]:
+    """An argparse type for an integer in [`least`, `most`] (`example` shows a good value); the bound keeps a
+    huge number from overflowing the planner's arithmetic or running for hours."""
     def parse(text: str) -> int:
         try:
             n = int(text)
@@ -59,7 +65,7 @@ def whole_number(least: int, example: str, most: int | None = None) -> Callable[
         if n < least:
             raise argparse.ArgumentTypeError(f"{n} is less than {least}: give a whole number >= {least}, "
                                              f"e.g. {example}")
-        if most is not None and n > most:
+        if n > most:
             raise argparse.ArgumentTypeError(f"{n:,} is more than {most:,}: give a whole number from {least} to "
                                              f"{most}, e.g. {example}")
         return n

@@ -23,7 +23,7 @@ from waferrt.scheduler.strategies import STRATEGY_HELP, parse_strategy
 from waferrt.scheduler.streaming import streaming
 from waferrt.scheduler.types import KVReserve
 
-from .common import parse_wxh, whole_number
+from .common import MAX_REQUESTS, parse_wxh, whole_number
 from .strategy import strategy_text
 
 EPILOG = f"""examples:
@@ -72,7 +72,8 @@ def add_workload_args(p) -> None:
                    help="latency: one request's time per token; throughput: tokens/s with --requests in flight")
     p.add_argument("--kv-tokens", type=whole_number(1, "--kv-tokens 4096"),
                    help="K/V positions per request (default 4096, at most the model's context)")
-    p.add_argument("--requests", type=whole_number(1, "--requests 8"), default=8, help="requests in flight (default 8)")
+    p.add_argument("--requests", type=whole_number(1, "--requests 8", MAX_REQUESTS), default=8,
+                   help="requests in flight (default 8)")
     p.add_argument("--dtype", default="float16", choices=STORAGE_DTYPES, help="storage dtype (default float16)")
 
 

@@ -26,6 +26,8 @@ from waferrt.core.dtypes import STORAGE_DTYPES
 from waferrt.core.spec import PRESETS
 
 from .common import (
+    MAX_REQUESTS,
+    MAX_SEED,
     UsageError,
     add_max_tiles,
     checked_mesh,
@@ -104,13 +106,13 @@ def add_parser(sub) -> argparse.ArgumentParser:
                    help="how weights and K/V are stored in core SRAM (computed in float32); float32 default")
     p.add_argument("--kv-tokens", type=whole_number(1, "--kv-tokens 512"), default=512, metavar="T",
                    help="KV positions per request (512)")
-    p.add_argument("--requests", type=whole_number(1, "--requests 8"), default=8, metavar="R",
+    p.add_argument("--requests", type=whole_number(1, "--requests 8", MAX_REQUESTS), default=8, metavar="R",
                    help="requests in flight at most (8)")
     p.add_argument("--temperature", type=temperature, default=0.0, help="0 = greedy (default)")
     p.add_argument("--top-k", type=whole_number(0, "--top-k 40"), default=0,
                    help="keep the k most likely tokens (0 = all)")
     p.add_argument("--top-p", type=top_p, default=1.0, help="nucleus sampling mass in (0, 1] (1.0 = off)")
-    p.add_argument("--seed", type=whole_number(0, "--seed 7"), default=0, help="sampling seed, >= 0")
+    p.add_argument("--seed", type=whole_number(0, "--seed 7", MAX_SEED), default=0, help="sampling seed, >= 0")
     p.add_argument("--algo", default="ktree", choices=ALLREDUCE_ALGOS, help="allreduce (ktree)")
     p.add_argument("--address", type=ray_address,
                    help="Ray cluster to join ('auto' for a running local one, or HOST:PORT); default: embedded")
