@@ -3,7 +3,9 @@
 Contract: ``with LocalCluster(n) as cluster:`` starts a head node and n - 1 worker nodes (separate raylets, one
 CPU each) under a private temp dir -- a fresh ``RAY_TMPDIR`` in /tmp when none is set, removed on exit -- so it never
 meets another Ray of the machine (nor stops one: it stops only what it started), and joins this driver to it
-(``waferrt.actors.session.ray_init``: Ray's noise kept off the terminal). ``cluster.address`` is its address,
+(``waferrt.actors.session.ray_init``: Ray's noise kept off the terminal); its nodes listen on loopback only
+(``session.loopback``) and require Ray's token (``session.token_auth_for_what_starts_here``).
+``cluster.address`` is its address,
 ``cluster.nodes`` the node ids, the head's (this driver's) first, ``cluster.node_infos()`` the same as the
 scheduler's NodeInfo. ``remove(node)`` removes the node of that id at once (its raylet killed, as a lost machine
 would go; the head is refused: it hosts this driver) -- a NodeLoss's ``node_loss`` callback is
@@ -18,7 +20,7 @@ import os
 import shutil
 import tempfile
 
-from .session import ray_init, ray_shutdown
+from .session import loopback, ray_init, ray_shutdown, token_auth_for_what_starts_here
 
 TMP_PREFIX = "waferrt-ray-"  # the cluster's temp dir (when RAY_TMPDIR is not set), removed on exit
 
@@ -43,10 +45,12 @@ class LocalCluster:
         try:
             from ray.cluster_utils import Cluster
 
-            self._cluster = Cluster(initialize_head=True,
-                                    head_node_args={"num_cpus": 1, "include_dashboard": False})
-            self._handles = [self._cluster.head_node, *(self._cluster.add_node(num_cpus=1)
-                                                        for _ in range(self.size - 1))]
+            token_auth_for_what_starts_here()  # its nodes require Ray's token (ray.cluster_utils does not ask)
+            with loopback():  # one machine: every node listens on 127.0.0.1 only
+                self._cluster = Cluster(initialize_head=True,
+                                        head_node_args={"num_cpus": 1, "include_dashboard": False})
+                self._handles = [self._cluster.head_node, *(self._cluster.add_node(num_cpus=1)
+                                                            for _ in range(self.size - 1))]
             ray_init(self._cluster.address)
             self._cluster.wait_for_nodes()
         except BaseException:
@@ -78,7 +82,8 @@ class LocalCluster:
         """A fresh node in the place of every removed one; the indices that were restored."""
         back = [i for i, h in enumerate(self._handles) if h is None]
         for i in back:
-            self._handles[i] = self._cluster.add_node(num_cpus=1)
+            with loopback():
+                self._handles[i] = self._cluster.add_node(num_cpus=1)
             self.nodes[i] = self._handles[i].node_id
         if back:
             self._cluster.wait_for_nodes()

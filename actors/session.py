@@ -14,6 +14,7 @@ checking a HOST:PORT address imports nothing of Ray."""
 
 from __future__ import annotations
 
+import contextlib
 import glob
 import logging
 import os
@@ -24,20 +25,27 @@ import socket
 import tempfile
 import threading
 
+from .reaper import start_reaper, stop_reaper
+
 # one BLAS thread per worker process: the tiles share the machine's cores (workers_inherit says whether
 # the workers already have it; else every tile actor asks for it)
 BLAS_ENV = {v: "1" for v in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS",
                              "VECLIB_MAXIMUM_THREADS", "NUMEXPR_NUM_THREADS")}
 CONNECT_TIMEOUT_S = 5.0  # how long a Ray address may take to answer before ClusterUnreachable
-START_A_CLUSTER = ("start one with `ray start --head` on its head machine (it prints the address to give: "
-                   "HOST:6379), or `ray up cluster.yaml` for a cloud cluster; or give no address to run Ray "
-                   "inside this process")
+START_A_CLUSTER = ("start one with `RAY_AUTH_MODE=token ray start --head` on its head machine (it prints the "
+                   "address to give: HOST:6379), or `ray up cluster.yaml` for a cloud cluster; or give no address "
+                   "to run Ray inside this process")
 _HTTP2_HELLO = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n" + b"\x00\x00\x00\x04\x00\x00\x00\x00\x00"  # preface + SETTINGS
 IPC_DIR = re.compile(r"waferrt-(\d+)-\w+")  # a Wafer's ipc directory, named after its driver's pid
+_REAPER = None  # the watchdog of the Ray that ray_init started or joined (waferrt.actors.reaper)
 
 
 class ClusterUnreachable(ConnectionError):
     """No Ray cluster answers at the address given; the message names it and how to start one."""
+
+
+class InsecureRay(ClusterUnreachable):
+    """Ray would run, or runs, without its token authentication: refused (the message says what to set)."""
 
 
 class NodesGone(ClusterUnreachable):
@@ -103,6 +111,7 @@ def ray_init(address: str | None) -> bool:
 
     if ray.is_initialized():
         return False
+    _refuse_auth_off()
     target = None if address is None else check_address(address)
     term = signal.getsignal(signal.SIGTERM)
     knob = "RAY_gcs_server_port_wait_time_s"  # connection attempts when joining: a few, not Ray's twenty
@@ -110,10 +119,12 @@ def ray_init(address: str | None) -> bool:
     os.environ.update(retries)
     if target is None:  # an embedded Ray's workers inherit this environment: its idle workers can host tiles
         os.environ.update(BLAS_ENV)
+        token_auth_for_what_starts_here()
     try:
-        ray.init(address=address or "local", log_to_driver=False, logging_level=logging.ERROR,
-                 include_dashboard=False, configure_logging=True,
-                 runtime_env=None if target is None else {"env_vars": BLAS_ENV})
+        with loopback(target is None or _is_loopback(target)):
+            ray.init(address=address or "local", log_to_driver=False, logging_level=logging.ERROR,
+                     include_dashboard=False, configure_logging=True,
+                     runtime_env=None if target is None else {"env_vars": BLAS_ENV})
     except (ConnectionError, RuntimeError) as e:
         if target is None:
             raise
@@ -122,6 +133,9 @@ def ray_init(address: str | None) -> bool:
     finally:
         for key in retries:
             os.environ.pop(key, None)
+    _check_auth_on(address)
+    global _REAPER
+    _REAPER = start_reaper()
     if callable(term) and threading.current_thread() is threading.main_thread():
         signal.signal(signal.SIGTERM, term)
     _quiet_ray_messages()
@@ -132,7 +146,95 @@ def ray_shutdown() -> None:
     """Stop the Ray that :func:`ray_init` started here (it returned True)."""
     import ray
 
+    global _REAPER
     ray.shutdown()
+    if _REAPER is not None:
+        reaper, _REAPER = _REAPER, None
+        stop_reaper(reaper)
+
+
+def auth_mode() -> str:
+    """This process's Ray authentication mode: 'token' or 'disabled' (Ray 2.60's RAY_AUTH_MODE)."""
+    from ray._private.authentication.authentication_utils import get_authentication_mode_name
+    from ray._raylet import get_authentication_mode
+
+    return get_authentication_mode_name(get_authentication_mode())
+
+
+def _refuse_auth_off() -> None:
+    mode = os.environ.get("RAY_AUTH_MODE")
+    if mode is not None and mode.lower() != "token":
+        raise InsecureRay(f"RAY_AUTH_MODE={mode} turns off Ray's token authentication, and then anyone who can "
+                          "reach this machine's Ray ports can run code in it; unset RAY_AUTH_MODE (or set it to "
+                          "token)")
+
+
+def token_auth_for_what_starts_here() -> None:
+    """Every Ray process started from here on (an embedded Ray, a LocalCluster's nodes) requires Ray's token:
+    RAY_AUTH_MODE=token in this process's environment (they inherit it; ray.cluster_utils nodes would start
+    without it otherwise), and the token made when there is none (~/.ray/auth_token, as ray.init makes it).
+    InsecureRay when RAY_AUTH_MODE says otherwise."""
+    _refuse_auth_off()
+    from ray._private.authentication.authentication_token_setup import ensure_token_if_auth_enabled
+    from ray._raylet import Config
+
+    if os.environ.get("RAY_AUTH_MODE") is None:
+        os.environ["RAY_AUTH_MODE"] = "token"
+        Config.initialize("")  # this process's Ray config reads the mode again
+    ensure_token_if_auth_enabled(None, create_token_if_missing=True)
+    _owner_only(os.environ.get("RAY_AUTH_TOKEN_PATH") or os.path.expanduser("~/.ray/auth_token"))
+
+
+def _owner_only(token_file: str) -> None:
+    """The token file readable by its owner alone (Ray writes it with the umask's mode, often 0644: every user
+    of the machine could read it and call this user's Ray)."""
+    try:
+        if os.stat(token_file).st_mode & 0o077:
+            os.chmod(token_file, 0o600)
+    except OSError:  # the token is in RAY_AUTH_TOKEN, or the file is not ours to change
+        pass
+
+
+def _check_auth_on(address: str | None) -> None:
+    """Ray runs with token authentication, or InsecureRay (after shutting this driver's Ray down)."""
+    import ray
+
+    if auth_mode() != "token":
+        ray.shutdown()
+        where = "the embedded Ray" if address is None else f"the Ray cluster at {address!r}"
+        raise InsecureRay(f"{where} runs without token authentication (RAY_AUTH_MODE={auth_mode()}); start it "
+                          "with RAY_AUTH_MODE=token (Ray 2.60's default; `ray get-auth-token --generate` makes "
+                          "the token)")
+
+
+def _is_loopback(target: str) -> bool:
+    import ipaddress
+
+    host = parse_address(target)[0]
+    try:
+        return host == "localhost" or ipaddress.ip_address(host).is_loopback
+    except ValueError:  # a host name
+        return False
+
+
+@contextlib.contextmanager
+def loopback(on: bool = True):
+    """Inside it, Ray nodes started on this machine (an embedded Ray, a LocalCluster's) take 127.0.0.1 as their
+    address, so that their GCS, raylet, agents and workers bind to loopback instead of every interface (Ray
+    2.60 does so for a node whose address is loopback; it picks the machine's outward address unless
+    ENABLE_RAY_CLUSTER is off); a driver joining them must look for them there too (`on` for a loopback
+    address)."""
+    if not on:
+        yield
+        return
+    from ray._private import ray_constants
+
+    before = ray_constants.ENABLE_RAY_CLUSTER
+    ray_constants.ENABLE_RAY_CLUSTER = False
+    try:
+        yield
+    finally:
+        ray_constants.ENABLE_RAY_CLUSTER = before
 
 
 def _quiet_ray_messages() -> None:

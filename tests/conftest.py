@@ -33,6 +33,9 @@ def ray_session():
     # driver log forwarding are off to keep start-up (~4 s) and the test output quiet.
     ray.init(address="local", num_cpus=2, log_to_driver=False, logging_level=logging.ERROR,
              include_dashboard=False, configure_logging=True)
+    from waferrt.actors.session import auth_mode
+
+    assert auth_mode() == "token", "the tests' Ray runs without token authentication (RAY_AUTH_MODE)"
     try:
         yield ray
     finally:

@@ -28,7 +28,7 @@ from waferrt.core.mesh import TileId
 from waferrt.faults.errors import CoreFailed, LinkFailed, PayloadCorrupt, Unrecoverable
 from waferrt.faults.events import FaultLog
 from waferrt.faults.faultmap import FaultMap
-from waferrt.faults.model import FaultPlan, NodeLoss, Straggler, fault_dict, fault_tiles
+from waferrt.faults.model import FaultPlan, NodeLoss, Straggler, check_on_mesh, fault_dict, fault_tiles
 
 
 class FaultSession:
@@ -59,7 +59,7 @@ class FaultSession:
             self.wafer.on_every_tile(Tile.disarm)
 
     def inject(self, fault) -> int:
-        _check_on_mesh(fault, self.wafer.mesh)
+        check_on_mesh(fault, self.wafer.mesh)
         if isinstance(fault, NodeLoss):
             _check_node(fault, self.nodes, self.node_loss)
         i = self.log.add(fault, time.time())
@@ -193,11 +193,3 @@ def _names(error: Exception, fault) -> bool:
     if isinstance(error, LinkFailed):
         return {fault.a, fault.b} == {error.a, error.b}
     return True
-
-
-def _check_on_mesh(fault, mesh) -> None:
-    core = getattr(fault, "core", None)  # a CoreFailure's, a core Straggler's
-    cores = [core] if core is not None else [fault.a, fault.b] if hasattr(fault, "a") else []
-    for c in cores:
-        if not mesh.region.contains(c):
-            raise ValueError(f"{fault.where()}: core {c} is not on the {mesh.width}x{mesh.height} mesh")

@@ -52,6 +52,8 @@ def attack_tcp(wafer):  # a foreign peer on tile(0,0)'s tcp port: a port scanner
     return stats
 
 
+from waferrt.actors.session import token_auth_for_what_starts_here
+token_auth_for_what_starts_here()  # the nodes require Ray's token (cluster_utils does not ask for it)
 cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 1, "include_dashboard": False})
 worker = cluster.add_node(num_cpus=1)
 report = {}

@@ -40,6 +40,8 @@ from waferrt.runtime import ray_init
 from waferrt.scheduler import KVReserve, NodeInfo, plan
 from waferrt.serving import GenRequest, generate_reference
 
+from waferrt.actors.session import token_auth_for_what_starts_here
+token_auth_for_what_starts_here()  # the nodes require Ray's token (cluster_utils does not ask for it)
 cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 1, "include_dashboard": False})
 workers = [cluster.add_node(num_cpus=1) for _ in range(2)]
 report = {}

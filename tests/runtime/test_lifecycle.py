@@ -176,19 +176,33 @@ KILLED = r"""
 import os, signal, time
 import ray
 from waferrt.runtime import Wafer
+from waferrt.actors.session import auth_mode
 w = Wafer(mesh=(4, 2), tile=(2, 2)).open()
 pid = ray.get(list(w.tiles.values())[1].pid.remote())
 os.kill(pid, signal.SIGKILL)  # a tile dies: Ray tells the driver ("(raylet) A worker died ...")
 time.sleep(5)
-print("ready", w._ipc_dir, flush=True)
+print("ready", w._ipc_dir, auth_mode(), flush=True)
 time.sleep(600)
 """
 
 
-def test_a_sigkilled_driver_leaves_an_ipc_dir_that_the_next_run_removes(private_tmp):
-    """Its stdout carried only what it printed and its stderr nothing of Ray's (Ray's message about the dead
-    tile, "(raylet) A worker died ...", went to a logger); its ipc directory, named after its pid, survives
-    SIGKILL and the next Wafer's ``new_ipc_dir`` removes it."""
+def listening(pids) -> list[str]:
+    """The addresses the processes `pids` listen on (TCP)."""
+    out = []
+    for pid in alive(pids):
+        try:
+            out += [c.laddr.ip for c in psutil.Process(pid).net_connections("inet") if c.status == psutil.CONN_LISTEN]
+        except psutil.Error:
+            pass
+    return out
+
+
+def test_a_sigkilled_driver_leaves_nothing_running_and_an_ipc_dir_that_the_next_run_removes(private_tmp):
+    """An embedded Ray runs with token authentication and listens on loopback only (GCS, raylet, workers, the
+    tiles); the driver's stdout carried only what it printed and its stderr nothing of Ray's (Ray's message
+    about the dead tile, "(raylet) A worker died ...", went to a logger); within a few seconds of its SIGKILL
+    no process it started runs (Ray's dashboard and runtime-env agents included: waferrt.actors.reaper); its
+    ipc directory, named after its pid, survives SIGKILL and the next Wafer's ``new_ipc_dir`` removes it."""
     tmp, env = private_tmp
     proc = subprocess.Popen([sys.executable, "-c", KILLED], env=env, stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True)
@@ -201,9 +215,16 @@ def test_a_sigkilled_driver_leaves_an_ipc_dir_that_the_next_run_removes(private_
             if line.startswith("ready"):
                 break
         assert lines and lines[-1].startswith("ready"), f"the wafer did not start: {lines} {proc.poll()}"
-        ipc_dir = lines[-1].split()[1]
+        _, ipc_dir, mode = lines[-1].split()
+        assert mode == "token", f"Ray's token authentication is off ({mode})"
         kids = [p.pid for p in psutil.Process(proc.pid).children(recursive=True)]
+        servers = [q for q in map(psutil.Process, kids) if q.name() in ("gcs_server", "raylet")]
+        assert servers and all(q.environ().get("RAY_AUTH_MODE") == "token" for q in servers)  # what they enforce
+        addresses = listening([proc.pid, *kids])
+        assert addresses and all(a in ("127.0.0.1", "::ffff:127.0.0.1", "::1") for a in addresses), addresses
         proc.kill()
+        left = wait_gone(kids, timeout=6)
+        assert not left, f"outlived their driver by 6 s: {[psutil.Process(p).name() for p in alive(left)]}"
         rest, err = proc.communicate(timeout=30)
         out = "".join(lines) + rest
         assert out.splitlines() == [lines[-1].strip()], f"Ray printed to the program's stdout: {out!r}"

@@ -1,14 +1,19 @@
 """Every bad command line is one clear line on stderr (besides "[waferrt 0.3s] ..." progress lines), exit status
-2, no traceback, and fast: it is caught before the weights are loaded or Ray starts (each case runs
-``python -m waferrt.cli`` in a subprocess).
+2, no traceback, and fast: it is caught before the weights are loaded or Ray starts.
 
-The time bound is generous (the machine is shared and loaded); what it separates is "refused while parsing"
-(about a second) from "refused after the model loaded or Ray started" (tens of seconds here).
+The cases of one command run in one subprocess (RUNNER: ``waferrt.cli.main`` on each argv in turn, as
+``python -m waferrt.cli`` would, stderr and stdout captured, SystemExit taken as the exit status, any other
+exception as a traceback), so that the file takes seconds, not a minute of interpreter starts; one case also
+runs as its own ``python -m waferrt.cli`` to check the real entry point. The time bound is generous (the
+machine is shared and loaded); what it separates is "refused while parsing" (well under a second once the
+modules are imported) from "refused after the model loaded or Ray started" (tens of seconds here).
 """
 
 from __future__ import annotations
 
 import dataclasses
+import json
+import os
 import subprocess
 import sys
 import time
@@ -46,6 +51,20 @@ def files(tmp_path_factory) -> dict[str, str]:
     FaultPlan((NodeLoss(2),)).save(out["nodeplan"])  # loses node 2: needs three nodes
     out["badplan"] = d / "bad.json"
     out["badplan"].write_text('{"faults": [{"kind": "meteor"}]}')
+    plans = {"broken_yaml": ("plan.yaml", "faults:\n  - kind: core\n    core: [1, 2\n"),
+             "broken_json": ("plan.json", '{"faults": ['),
+             "list_plan": ("list.json", "[1, 2]"),
+             "text_plan": ("text.yaml", "just some words\n"),
+             "off_core": ("off_core.json", '{"faults": [{"kind": "core", "core": [99, 99]}]}'),
+             "off_link": ("off_link.yaml", "faults:\n- kind: link\n  a: [100, 0]\n  b: [101, 0]\n"),
+             "off_tile": ("off_tile.json", '{"faults": [{"kind": "tile", "tile": [5, 5]}]}')}
+    for key, (name, text) in plans.items():
+        out[key] = d / name
+        out[key].write_text(text)
+    out["huge"] = d / "huge.txt"
+    out["huge"].write_bytes(b"a prompt\n" * (2 << 20))  # 18 MB
+    out["plandir"] = d / "plans.json"  # a directory where a file is expected
+    out["plandir"].mkdir()
     return {k: str(v) for k, v in out.items()} | {"tiny_size": str(len(data)), "cut_size": str(len(data) * 2 // 3)}
 
 
@@ -147,21 +166,184 @@ CASES = [
     ("chaos tile without mesh", ["chaos", "--model", "tiny", "--tile", "8x8"], "--tile needs --mesh"),
     ("chaos strategy of the old words", ["chaos", "--strategy", "pipeline"], "'pipeline' is not a strategy"),
     ("unknown command", ["bogus"], "invalid choice: 'bogus'"),
+    # -- what a hostile first week found (issue 18) and its kin --
+    ("chaos plan of broken YAML", ["chaos", "--model", "tiny", "--plan", "{broken_yaml}"],
+     "not valid YAML at line 4, column 1"),
+    ("chaos plan of broken JSON", ["chaos", "--model", "tiny", "--plan", "{broken_json}"],
+     "not valid JSON at line 1, column 13"),
+    ("chaos plan of a list", ["chaos", "--model", "tiny", "--plan", "{list_plan}"],
+     "not a fault plan (it holds list '[1, 2]'): write a mapping with 'faults'"),
+    ("chaos plan of plain text", ["chaos", "--model", "tiny", "--plan", "{text_plan}"],
+     "not a fault plan (it holds str"),
+    ("chaos plan core off the mesh", ["chaos", "--model", "tiny", "--plan", "{off_core}"],
+     "fault 0 (core) core (99,99): core (99,99) is not on the 16x16 mesh"),
+    ("chaos plan link off the mesh", ["chaos", "--model", "tiny", "--plan", "{off_link}"],
+     "fault 0 (link) link (100,0)-(101,0): core (100,0) is not on the 16x16 mesh"),
+    ("chaos plan tile off the mesh", ["chaos", "--model", "tiny", "--plan", "{off_tile}"],
+     "tile(5,5) is not a tile of the mesh 16x16 cores"),
+    ("chaos plan missing", ["chaos", "--model", "tiny", "--plan", "/nonexistent/p.json"],
+     "cannot read it: No such file or directory"),
+    ("chaos plan is a directory", ["chaos", "--model", "tiny", "--plan", "{plandir}"], "it is a directory"),
+    ("chaos save-plan in a missing folder", ["chaos", "--save-plan", "/nonexistent/p.yaml"],
+     "--save-plan: the directory '/nonexistent' does not exist"),
+    ("chaos save-plan is a folder", ["chaos", "--save-plan", "{plandir}"], "is a directory; give a file name"),
+    ("chaos huge faults", ["chaos", "--faults", "100000000"], "--faults: 100,000,000 is more than 1,000"),
+    ("chaos plan and kinds", ["chaos", "--model", "tiny", "--plan", "{nodeplan}", "--kinds", "core"],
+     "--plan and --kinds do not go together: the --plan file says which faults strike where and when"),
+    ("chaos plan and seed", ["chaos", "--model", "tiny", "--plan", "{nodeplan}", "--seed", "3"],
+     "--plan and --seed do not go together"),
+    ("chaos zero faults", ["chaos", "--faults", "0"], "--faults: 0 is less than 1"),
+    ("chaos zero new tokens", ["chaos", "--max-new-tokens", "0"], "--max-new-tokens: 0 is less than 1"),
+    ("chaos negative seed", ["chaos", "--seed", "-2"], "--seed: -2 is less than 0"),
+    ("chaos unknown model", ["chaos", "--model", "gpt5"], "'gpt5' does not exist: give 'smollm2'"),
+    ("chaos unknown policy", ["chaos", "--policy", "brave"], "invalid choice: 'brave'"),
+    ("sweep png in a missing folder", ["sweep", "--png", "/nonexistent/s.png"],
+     "--png: the directory '/nonexistent' does not exist: create it first"),
+    ("sweep png is a folder", ["sweep", "--png", "{dir}"], "is a directory; give a file name"),
+    ("sweep png under a file", ["sweep", "--png", "{text}/s.png"], "is a file, not a directory"),
+    ("sweep png not a picture", ["sweep", "--png", "{dir}/s.json"], "is not a picture's name: end it in .png"),
+    ("sweep png unwritable", ["sweep", "--png", "/proc/s.png"], "cannot write '/proc/s.png'"),
+    ("sweep zero kv tokens", ["sweep", "--kv-tokens", "0"], "--kv-tokens: 0 is less than 1"),
+    ("sweep zero requests", ["sweep", "--requests", "0"], "--requests: 0 is less than 1"),
+    ("sweep zero sram", ["sweep", "--sram", "0"], "--sram: '0': every value is KB of SRAM per core"),
+    ("sweep huge sram", ["sweep", "--sram", "48,1e30"], "a number in (0, 1024]"),
+    ("sweep infinite clock", ["sweep", "--clock", "inf"], "--clock: 'inf': every value is GHz"),
+    ("sweep nan link", ["sweep", "--link", "nan"], "--link: 'nan': every value is bytes per cycle"),
+    ("sweep words for sram", ["sweep", "--sram", "lots"], "'lots' is not a comma-separated list of numbers"),
+    ("sweep zero mesh", ["sweep", "--mesh", "650x862,0x5"], "'0x5': width and height must be at least 1"),
+    ("sweep unknown model", ["sweep", "--model", "gpt5"], "--model 'gpt5' is neither a named model"),
+    ("estimate zero kv tokens", ["estimate", "--kv-tokens", "0"], "--kv-tokens: 0 is less than 1"),
+    ("estimate negative kv tokens", ["estimate", "--kv-tokens", "-5"], "--kv-tokens: -5 is less than 1"),
+    ("estimate kv beyond the context", ["estimate", "--kv-tokens", "100000"],
+     "--kv-tokens 100,000 is more than Llama3-8B's context of 8,192 positions"),
+    ("estimate zero requests", ["estimate", "--requests", "0"], "--requests: 0 is less than 1"),
+    ("estimate float requests", ["estimate", "--requests", "1.5"], "'1.5' is not a whole number"),
+    ("estimate unknown model", ["estimate", "--model", "gpt5"], "--model 'gpt5' is neither a named model"),
+    ("estimate model is a directory", ["estimate", "--model", "{dir}"], "is neither a named model"),
+    ("estimate model not a GGUF", ["estimate", "--model", "{text}"], "is not a GGUF file"),
+    ("estimate mesh beyond the wafer", ["estimate", "--mesh", "100000x100000"], "is not inside the wse2 wafer"),
+    ("estimate unknown preset", ["estimate", "--preset", "wse9"], "invalid choice: 'wse9'"),
+    ("plan huge nodes", ["plan", "--nodes", "100000"], "--nodes: 100,000 is more than 1,024"),
+    ("plan heatmap in a missing folder", ["plan", "--heatmap", "/nonexistent/h.png"],
+     "--heatmap: the directory '/nonexistent' does not exist"),
+    ("plan heatmap not a picture", ["plan", "--heatmap", "{dir}/h.txt"], "is not a picture's name"),
+    ("plan png unwritable", ["plan", "--png", "/proc/p.png"], "cannot write '/proc/p.png'"),
+    ("plan dead beyond the mesh", ["plan", "--dead", "1000000", "--mesh", "174x128"],
+     "--dead 1000000 is more than the 22272 live cores"),
+    ("plan zero kv tokens", ["plan", "--kv-tokens", "0"], "--kv-tokens: 0 is less than 1"),
+    ("plan missing model", ["plan", "--model", "/nonexistent/m.gguf"], "does not exist"),
+    ("demo zero mesh", ["demo", "--mesh", "0x4"], "'0x4': width and height must be at least 1"),
+    ("demo unknown algo", ["demo", "--algo", "magic"], "invalid choice: 'magic'"),
+    ("demo negative max tiles", ["demo", "--max-tiles", "-1"], "--max-tiles: -1 is less than 1"),
+    ("generate prompt file is a directory", ["generate", "--file", "{dir}"], "cannot read"),
+    ("generate prompt file is a device", ["generate", "--file", "/dev/zero"],
+     "cannot read '/dev/zero': it is not a regular file"),
+    ("generate huge prompt file", ["generate", "--file", "{huge}"], "holds more than 16 MB: give a file of prompts"),
+    ("generate model is a device", ["generate", "x", "--model", "/dev/zero"], "'/dev/zero' is not a regular file"),
+    ("chaos tiles the decode cannot use", ["chaos", "--model", "tiny", "--mesh", "16x16", "--tile", "3x3"],
+     "spans 2 tiles of 3x3 cores; the decode runs every region inside one tile"),
+    ("generate huge kv tokens", ["generate", "x", "--kv-tokens", "1" + "0" * 30], "is more than 16,777,216"),
+    ("plan huge kv tokens", ["plan", "--kv-tokens", "1" + "0" * 30], "is more than 16,777,216"),
+    ("plan huge max tiles", ["plan", "--max-tiles", "1" + "0" * 30], "is more than 16,777,216"),
+    ("estimate huge requests", ["estimate", "--requests", "1" + "0" * 30], "is more than 65,536"),
+    ("chaos plan is a device", ["chaos", "--model", "tiny", "--plan", "/dev/zero"], "it is not a regular file"),
+    ("generate trace in a missing folder", ["generate", "x", "--trace", "/nonexistent/t.json"],
+     "--trace: the directory '/nonexistent' does not exist"),
+    ("generate trace unwritable", ["generate", "x", "--trace", "/proc/t.json"], "cannot write '/proc/t.json'"),
+    ("generate heatmap is a folder", ["generate", "x", "--heatmap", "{dir}"], "is a directory; give a file name"),
+    ("generate system without chat", ["generate", "x", "--system", "be brief"],
+     "--system is the system prompt of --chat"),
+    ("generate reference on a mesh", ["generate", "x", "--reference", "--mesh", "8x8"],
+     "--reference and --mesh do not go together"),
+    ("generate reference streaming", ["generate", "x", "--reference", "--streaming"],
+     "--reference and --streaming do not go together"),
+    ("generate reference strategy", ["generate", "x", "--reference", "--strategy", "tensor"],
+     "--reference and --strategy do not go together"),
+    ("generate reference trace", ["generate", "x", "--reference", "--trace", "{dir}/t.json"],
+     "--trace and --heatmap show the wafer"),
+    ("generate greedy top-k", ["generate", "x", "--top-k", "5"], "--temperature 0 decodes greedily"),
+    ("generate greedy top-p", ["generate", "x", "--top-p", "0.5"], "--temperature 0 decodes greedily"),
+    ("generate streaming heatmap", ["generate", "x", "--streaming", "--heatmap", "{dir}/h.png"],
+     "--heatmap draws weights held in SRAM"),
 ]
 
 
-@pytest.mark.parametrize("argv, words", [c[1:] for c in CASES], ids=[c[0] for c in CASES])
-def test_a_bad_command_line_is_one_clear_line(argv, words, files, not_ray):
-    values = {**files, "tiny_size": int(files["tiny_size"]), "cut_size": int(files["cut_size"]),
-              "not_ray": not_ray}
-    argv = [a.format(**values) for a in argv]
+# Runs each argv of a JSON list (stdin) through waferrt.cli.main in this one process; prints a JSON list of
+# {status, stdout, stderr, wall} (status: main's return or SystemExit's code; "traceback" when it raised).
+RUNNER = """
+import contextlib, io, json, sys, time, traceback
+from waferrt.cli import main
+
+out = []
+for argv in json.load(sys.stdin):
+    err, std = io.StringIO(), io.StringIO()
     t0 = time.monotonic()
-    proc = subprocess.run([sys.executable, "-m", "waferrt.cli", *argv], capture_output=True, text=True, timeout=120)
-    wall = time.monotonic() - t0
-    lines = [line for line in proc.stderr.splitlines() if not line.startswith("[waferrt ")]  # not progress
-    assert proc.returncode == 2, proc.stderr[-2000:]
-    assert "Traceback" not in proc.stderr and len(lines) == 1, proc.stderr[-2000:]
-    assert words.format(**values) in lines[0]
+    with contextlib.redirect_stderr(err), contextlib.redirect_stdout(std):
+        try:
+            status = main(argv)
+        except SystemExit as e:
+            status = e.code if isinstance(e.code, int) else (print(e.code, file=sys.stderr) or 1)
+        except BaseException:
+            status = "traceback"
+            traceback.print_exc()
+    out.append({"status": status, "stdout": std.getvalue(), "stderr": err.getvalue(), "wall": time.monotonic() - t0})
+print(json.dumps(out))
+"""
+
+
+def _values(files, not_ray) -> dict:
+    return {**files, "tiny_size": int(files["tiny_size"]), "cut_size": int(files["cut_size"]), "not_ray": not_ray}
+
+
+@pytest.fixture(scope="module")
+def results(files, not_ray, tmp_path_factory) -> dict[str, dict]:
+    """Case id -> what running it gave; the cases of each command in one subprocess, two at a time."""
+    values = _values(files, not_ray)
+    env = {**os.environ, "WAFERRT_CACHE": str(tmp_path_factory.mktemp("cache"))}
+    by_command: dict[str, list] = {}
+    for case_id, argv, _ in CASES:
+        by_command.setdefault(argv[0], []).append((case_id, [a.format(**values) for a in argv]))
+    procs = {cmd: subprocess.Popen([sys.executable, "-c", RUNNER], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                   stderr=subprocess.PIPE, text=True, env=env) for cmd in by_command}
+    out = {}
+    for cmd, proc in procs.items():
+        stdout, stderr = proc.communicate(json.dumps([argv for _, argv in by_command[cmd]]), timeout=300)
+        assert proc.returncode == 0, stderr[-3000:]
+        out.update(zip([case_id for case_id, _ in by_command[cmd]], json.loads(stdout), strict=True))
+    return out
+
+
+@pytest.mark.parametrize("case_id, words", [(c[0], c[2]) for c in CASES], ids=[c[0] for c in CASES])
+def test_a_bad_command_line_is_one_clear_line(case_id, words, results, files, not_ray):
+    got = results[case_id]
+    lines = [line for line in got["stderr"].splitlines() if not line.startswith("[waferrt ")]  # not progress
+    assert got["status"] == 2, got["stderr"][-2000:]
+    assert "Traceback" not in got["stderr"] and len(lines) == 1, got["stderr"][-2000:]
+    assert words.format(**_values(files, not_ray)) in lines[0]
     assert lines[0].startswith("waferrt"), lines[0]
-    assert proc.stdout == ""
-    assert wall < BOUND_S, f"took {wall:.1f}s: was it checked only after the model loaded or Ray started?"
+    assert got["stdout"] == ""
+    assert got["wall"] < BOUND_S, f"took {got['wall']:.1f}s: was it checked only after the model loaded or Ray started?"
+
+
+@pytest.mark.parametrize("argv, words", [
+    (["sweep", "--png", "/nonexistent/dir/s.png"], "the directory '/nonexistent/dir' does not exist"),
+    (["estimate", "--kv-tokens", "0"], "--kv-tokens: 0 is less than 1")])
+def test_the_real_entry_point_says_the_same(argv, words):
+    """`python -m waferrt.cli` itself: exit status 2, the one line, no traceback, before anything loads."""
+    _one_line(argv, words, os.environ)
+
+
+@pytest.mark.parametrize("mode", ["disabled"])
+def test_ray_without_token_authentication_is_refused_before_it_starts(mode):
+    """RAY_AUTH_MODE other than token would leave Ray's ports open to anyone on the network: refused."""
+    _one_line(["demo"], f"RAY_AUTH_MODE={mode} turns off Ray's token authentication", {**os.environ,
+                                                                                      "RAY_AUTH_MODE": mode})
+
+
+def _one_line(argv, words, env):
+    t0 = time.monotonic()
+    proc = subprocess.run([sys.executable, "-m", "waferrt.cli", *argv], capture_output=True, text=True, timeout=120,
+                          env=env)
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr[-2000:]
+    assert proc.stderr.count("\n") == 1 and words in proc.stderr and proc.stdout == ""
+    assert time.monotonic() - t0 < BOUND_S

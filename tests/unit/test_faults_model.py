@@ -4,6 +4,7 @@ how a request resumes after a fault (its tokens and its RNG where they were)."""
 from __future__ import annotations
 
 import random
+import re
 
 import numpy as np
 import pytest
@@ -174,3 +175,20 @@ def test_the_runs_of_an_attempt_a_fault_ended_are_scheduled_in_part():
     with pytest.raises(ValueError, match="never ran"):
         flow_seconds(runs, 2, 1.0)
     assert flow_seconds(runs, 2, 1.0, partial=True) == 5.0  # stage 1's run was lost with its tile
+
+
+@pytest.mark.parametrize("w, h, tw, th", [(16, 16, 8, 8), (8, 4, 4, 4), (6, 9, 3, 3)])
+def test_a_plan_off_the_mesh_is_refused_naming_the_fault(w, h, tw, th):
+    """FaultPlan.check: every core, both ends of every link and every tile lie on the mesh, else a ValueError
+    naming the fault's index, kind and where; a plan inside the mesh passes."""
+    mesh = MeshSpec(w, h, tw, th)
+    inside = FaultPlan((CoreFailure((w - 1, h - 1)), LinkFailure((0, 0), (1, 0)), TileCrash(TileId(0, 0)),
+                        Straggler(None, 0.01, core=Coord(0, h - 1)), NodeLoss(1)))
+    inside.check(mesh)
+    off = [(CoreFailure((w, 0)), f"core ({w},0) is not on the {w}x{h} mesh"),
+           (LinkFailure((0, h - 1), (0, h)), f"core (0,{h}) is not on the {w}x{h} mesh"),
+           (TileCrash(TileId(w // tw, 0)), f"tile({w // tw},0) is not a tile of the mesh"),
+           (Straggler(None, 0.01, core=Coord(-1, 0)), "core (-1,0) is not on the")]
+    for fault, words in off:
+        with pytest.raises(ValueError, match=r"fault 5 \(" + fault.kind + r"\) .*" + re.escape(words)):
+            FaultPlan((*inside.faults, fault)).check(mesh)

@@ -17,10 +17,22 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 
 from waferrt.core.spec import PRESETS
 
-from .common import UsageError, checked_mesh, model_path, parse_wxh, say, whole_number
+from .common import (
+    MAX_SEED,
+    UsageError,
+    checked_mesh,
+    model_path,
+    not_a_file,
+    output_path,
+    parse_wxh,
+    refuse_together,
+    say,
+    whole_number,
+)
 from .strategy import add_strategy_args
 
 HELP = "inject a seeded campaign of faults into a decode and check nothing is lost"
@@ -48,6 +60,7 @@ drawn. Steps count the micro-batches a tile runs after the plan is armed. The --
 nodes in a temp dir of their own: a Ray already running on the machine is neither joined nor stopped."""
 
 KINDS = ("core", "link", "corrupt", "straggler", "tile", "node")
+MAX_FAULTS = 1000  # a campaign's faults (each is armed on its tiles and logged)
 MAX_NODES = 8  # each a raylet (and the head a GCS) on this machine
 PROMPTS = ("The capital of France is", "Once upon a time, there was a", "def fibonacci(n):",
            "The three primary colours are", "Water boils at", "My favourite book is", "import numpy as np",
@@ -73,9 +86,9 @@ def node_count(text: str) -> int:
 def add_parser(sub) -> argparse.ArgumentParser:
     p = sub.add_parser("chaos", help=HELP, description=DESCRIPTION, epilog=EPILOG,
                        formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--faults", type=whole_number(1, "--faults 20"), default=20, metavar="N",
+    p.add_argument("--faults", type=whole_number(1, "--faults 20", MAX_FAULTS), metavar="N",
                    help="faults to draw (20)")
-    p.add_argument("--seed", type=whole_number(0, "--seed 1"), default=0, help="the campaign's seed (0)")
+    p.add_argument("--seed", type=whole_number(0, "--seed 1", MAX_SEED), help="the campaign's seed (0)")
     p.add_argument("--kinds", type=kinds, metavar="K,K",
                    help=f"fault kinds to draw from ({','.join(KINDS)}; default: all but node, and node too with "
                         "--nodes 2 or more)")
@@ -87,7 +100,8 @@ def add_parser(sub) -> argparse.ArgumentParser:
     p.add_argument("--requests", type=whole_number(1, "--requests 4"), default=4, metavar="R",
                    help=f"requests decoded together (4, at most {len(PROMPTS)})")
     p.add_argument("--plan", metavar="FILE", help="run this FaultPlan (.json/.yaml) instead of drawing one")
-    p.add_argument("--save-plan", metavar="FILE", help="write the plan that runs to FILE (.json/.yaml)")
+    p.add_argument("--save-plan", type=output_path("plan.yaml"), metavar="FILE",
+                   help="write the plan that runs to FILE (.json/.yaml)")
     p.add_argument("--policy", choices=("tolerant", "fail-fast"), help="override the plan's policy")
     p.add_argument("--model", type=lambda t: t if t == "tiny" else model_path(t), default="smollm2",
                    help="'smollm2' (default), 'tiny' (a small synthetic Llama: fast) or a Llama GGUF path")
@@ -109,7 +123,6 @@ def run(args) -> int:
     import contextlib
 
     from waferrt.actors.localcluster import LocalCluster
-    from waferrt.llm import WaferLLM
     from waferrt.model import Sampler
 
     _check(args)
@@ -119,7 +132,8 @@ def run(args) -> int:
         say(f"starting {args.nodes} Ray nodes on this machine (ray.cluster_utils): the tiles spread over them")
     with LocalCluster(args.nodes) if args.nodes > 1 else contextlib.nullcontext() as cluster:
         placement = place(cluster.node_infos() if cluster else None)
-        llm = WaferLLM(config, None, placement, address=cluster.address if cluster else None).use_prefill(args.prefill)
+        _check_plan_on(args, placement.mesh)
+        llm = _wafer_llm(config, placement, cluster.address if cluster else None).use_prefill(args.prefill)
         with llm.open(progress=say):
             llm.load(weights(), progress=say)
             plan = _plan(args, llm)
@@ -143,10 +157,19 @@ def _check(args) -> None:
 
     if args.requests > len(PROMPTS):
         raise UsageError(f"--requests {args.requests}: at most {len(PROMPTS)} (the built-in prompts)")
+    refuse_together(args, "--plan", ("--faults", "--seed", "--kinds"), "the --plan file says which faults strike "
+                    "where and when; leave those out, or leave out --plan to draw a campaign")
+    args.faults, args.seed = 20 if args.faults is None else args.faults, args.seed or 0
     if args.plan:
+        if os.path.exists(args.plan) and not_a_file(args.plan):  # a device or a pipe would be read forever
+            raise UsageError(f"--plan {args.plan}: it {not_a_file(args.plan)}; give a fault plan file (.json or "
+                             ".yaml), e.g. one written by --save-plan")
         try:
             args.plan_given = FaultPlan.load(args.plan)
-        except (OSError, ValueError) as e:
+        except OSError as e:
+            raise UsageError(f"--plan {args.plan}: cannot read it: {e.strerror}; give a fault plan file (.json or "
+                             ".yaml), e.g. one written by --save-plan") from None
+        except ValueError as e:
             raise UsageError(f"--plan {args.plan}: {e}") from None
     lost = max((f.node for f in args.plan_given.faults if isinstance(f, NodeLoss)), default=0) if args.plan else 0
     drawn = args.kinds is not None and "node" in args.kinds
@@ -160,6 +183,26 @@ def _check(args) -> None:
         raise UsageError("--kinds node: a node loss needs several Ray nodes (node 0 runs this driver and is never "
                          "lost); give --nodes 3, or leave node out of --kinds")
     args.kinds = args.kinds or (KINDS if args.nodes > 1 else tuple(k for k in KINDS if k != "node"))
+
+
+def _wafer_llm(config, placement, address):
+    """The planned WaferLLM, or UsageError when the decode cannot run on these tiles (a region over two)."""
+    from waferrt.decode.setup import PlacementError
+    from waferrt.llm import WaferLLM
+
+    try:
+        return WaferLLM(config, None, placement, address=address)
+    except PlacementError as e:
+        raise UsageError(str(e)) from None
+
+
+def _check_plan_on(args, mesh) -> None:
+    """--plan's faults lie on the mesh the model was placed on (before the tiles start): UsageError otherwise."""
+    if args.plan:
+        try:
+            args.plan_given.check(mesh)
+        except ValueError as e:
+            raise UsageError(f"--plan {args.plan}: {e}; give a --mesh that holds it, or edit the plan") from None
 
 
 def _model(args):

@@ -5,7 +5,8 @@ line that names the value and what to write instead (argparse then exits with st
 is loaded): :func:`parse_wxh` ("WIDTHxHEIGHT"), :func:`whole_number` (integers with a least value),
 :func:`temperature`, :func:`top_p`, :func:`prompt`, :func:`prompt_file` (a UTF-8 text file: its
 non-blank lines), :func:`model_path`, :func:`output_path` / :func:`png_path` (a file to write: its
-directory must exist) and :func:`ray_address` (a Ray cluster answers there: a socket with a deadline,
+directory must exist and be writable; a picture's name ends in .png, .svg, ...), :func:`number_list`
+(positive finite numbers up to a bound) and :func:`ray_address` (a Ray cluster answers there: a socket with a deadline,
 before Ray is asked).
 :class:`UsageError` is a mistake found after parsing (``main`` prints it as ``waferrt <command>:
 <message>`` and exits 2, no traceback); :func:`checked_mesh` turns --mesh/--tile into a MeshSpec that fits
@@ -19,6 +20,7 @@ import argparse
 import math
 import os
 import re
+import tempfile
 import time
 from collections.abc import Callable
 
@@ -47,8 +49,14 @@ def parse_wxh(text: str) -> tuple[int, int]:
     return w, h
 
 
-def whole_number(least: int, example: str) -> Callable[[str], int]:
-    """An argparse type for an integer >= `least` (`example` shows a good value in the message)."""
+MOST = 1 << 24  # the largest count a flag takes unless it says otherwise (K/V tokens, cores, tiles, ...)
+MAX_REQUESTS = 1 << 16  # requests in flight
+MAX_SEED = (1 << 63) - 1
+
+
+def whole_number(least: int, example: str, most: int = MOST) -> Callable[[str], int]:
+    """An argparse type for an integer in [`least`, `most`] (`example` shows a good value); the bound keeps a
+    huge number from overflowing the planner's arithmetic or running for hours."""
     def parse(text: str) -> int:
         try:
             n = int(text)
@@ -57,7 +65,26 @@ def whole_number(least: int, example: str) -> Callable[[str], int]:
         if n < least:
             raise argparse.ArgumentTypeError(f"{n} is less than {least}: give a whole number >= {least}, "
                                              f"e.g. {example}")
+        if n > most:
+            raise argparse.ArgumentTypeError(f"{n:,} is more than {most:,}: give a whole number from {least} to "
+                                             f"{most}, e.g. {example}")
         return n
+
+    return parse
+
+
+def number_list(what: str, most: float, example: str) -> Callable[[str], tuple[float, ...]]:
+    """An argparse type for comma-separated finite numbers in (0, `most`] (`what`: their unit)."""
+    def parse(text: str) -> tuple[float, ...]:
+        try:
+            out = tuple(float(v) for v in text.split(","))
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r} is not a comma-separated list of numbers; write e.g. "
+                                             f"{example}") from None
+        if not all(0 < x <= most for x in out):  # NaN fails this too
+            raise argparse.ArgumentTypeError(f"{text!r}: every value is {what}, a number in (0, {most:g}]; write "
+                                             f"e.g. {example}")
+        return out
 
     return parse
 
@@ -97,13 +124,31 @@ def prompt(text: str) -> str:
     return text
 
 
+MAX_PROMPT_FILE = 16 << 20  # bytes of prompts read from a --file
+
+
+def not_a_file(path: str) -> str:
+    """Why `path` is not a regular file to read ('' when it is): a device or a pipe would be read forever."""
+    if os.path.isfile(path):
+        return ""
+    if os.path.isdir(path):
+        return "is a directory"
+    return "is not a regular file (a device, a pipe or a socket)" if os.path.exists(path) else "does not exist"
+
+
 def prompt_file(path: str) -> tuple[str, ...]:
-    """The non-blank lines of a UTF-8 text file (one prompt each)."""
+    """The non-blank lines of a UTF-8 text file (one prompt each, at most MAX_PROMPT_FILE bytes in all)."""
+    if os.path.exists(path) and not_a_file(path):
+        raise argparse.ArgumentTypeError(f"cannot read {path!r}: it {not_a_file(path)}; give a UTF-8 text file with "
+                                         "one prompt per line")
     try:
         with open(path, "rb") as f:
-            data = f.read()
+            data = f.read(MAX_PROMPT_FILE + 1)
     except OSError as e:
         raise argparse.ArgumentTypeError(f"cannot read {path!r}: {e.strerror}") from None
+    if len(data) > MAX_PROMPT_FILE:
+        raise argparse.ArgumentTypeError(f"{path!r} holds more than {MAX_PROMPT_FILE >> 20} MB: give a file of "
+                                         "prompts, one per line, not a corpus")
     try:
         text = data.decode("utf-8")
         if "\0" in text:
@@ -116,33 +161,52 @@ def prompt_file(path: str) -> tuple[str, ...]:
 
 def model_path(text: str) -> str:
     """'smollm2' or the path of an existing file (whether it is a usable GGUF is checked when it is read)."""
-    if text != "smollm2" and not os.path.isfile(text):
-        what = "is a directory" if os.path.isdir(text) else "does not exist"
-        raise argparse.ArgumentTypeError(f"{text!r} {what}: give 'smollm2' (the built-in SmolLM2-135M) or the "
-                                         "path of a llama GGUF file")
+    if text != "smollm2" and not_a_file(text):
+        raise argparse.ArgumentTypeError(f"{text!r} {not_a_file(text)}: give 'smollm2' (the built-in SmolLM2-135M) "
+                                         "or the path of a llama GGUF file")
     return text
 
 
+IMAGE_SUFFIXES = (".png", ".svg", ".pdf", ".jpg", ".jpeg")  # what matplotlib writes without a backend of its own
+
+
 def output_path(example: str) -> Callable[[str], str]:
-    """An argparse type for a file to write (`example`: a good name): its directory must exist and be
-    writable."""
+    """An argparse type for a file to write (`example`: a good name): not a directory, in a directory that
+    exists and is writable; an `example` ending in .png asks for a picture (IMAGE_SUFFIXES)."""
     def check(text: str) -> str:
         folder = os.path.dirname(os.path.abspath(text))
         if os.path.isdir(text):
             raise argparse.ArgumentTypeError(f"{text!r} is a directory; give a file name, e.g. "
                                              f"{text.rstrip('/')}/{example}")
+        if os.path.exists(folder) and not os.path.isdir(folder):
+            raise argparse.ArgumentTypeError(f"{folder!r} is a file, not a directory: give a path in a directory, "
+                                             f"e.g. {example}")
         if not os.path.isdir(folder):
             raise argparse.ArgumentTypeError(f"the directory {folder!r} does not exist: create it first, or give "
                                              f"a path in an existing directory (e.g. {example})")
-        if not os.access(folder, os.W_OK):
-            raise argparse.ArgumentTypeError(f"the directory {folder!r} is not writable: give a path in a "
-                                             "directory you can write to")
+        why = _unwritable(folder) or (os.path.exists(text) and not os.access(text, os.W_OK) and "read-only file")
+        if why:
+            raise argparse.ArgumentTypeError(f"cannot write {text!r} ({why}): give a path in a directory you can "
+                                             f"write to (e.g. {example})")
+        if example.endswith(".png") and not text.lower().endswith(IMAGE_SUFFIXES):
+            raise argparse.ArgumentTypeError(f"{text!r} is not a picture's name: end it in "
+                                             f"{', '.join(IMAGE_SUFFIXES)}, e.g. {example}")
         return text
 
     return check
 
 
-png_path = output_path("plan.png")  # a PNG to write
+png_path = output_path("plan.png")  # a picture to write
+
+
+def _unwritable(folder: str) -> str:
+    """Why no file can be made in `folder` ('' when one can): tried, as permissions alone do not tell (root, a
+    read-only mount, /proc)."""
+    try:
+        with tempfile.TemporaryFile(dir=folder):
+            return ""
+    except OSError as e:
+        return e.strerror or str(e)
 
 
 def ray_address(text: str) -> str:
@@ -159,6 +223,18 @@ def ray_address(text: str) -> str:
 def add_max_tiles(p: argparse.ArgumentParser) -> None:
     p.add_argument("--max-tiles", type=whole_number(1, "--max-tiles 512"), default=DEFAULT_MAX_TILES, metavar="N",
                    help=f"refuse meshes of more than N tile actors, each a Ray process (default {DEFAULT_MAX_TILES})")
+
+
+def refuse_together(args, flag: str, others: tuple[str, ...], why: str) -> None:
+    """UsageError when `flag` and any of `others` (options, e.g. "--mesh") are both given (not None/False/0):
+    `why` says what to do."""
+    def given(option: str) -> bool:
+        return getattr(args, option.lstrip("-").replace("-", "_")) not in (None, False)
+
+    if given(flag):
+        for other in others:
+            if given(other):
+                raise UsageError(f"{flag} and {other} do not go together: {why}")
 
 
 def checked_mesh(args, default_tile: Callable[[int, int], tuple[int, int]]) -> MeshSpec | None:

@@ -24,7 +24,7 @@ from waferrt.scheduler.strategies import STRATEGY_HELP, parse_strategy
 from waferrt.scheduler.streaming import streaming
 from waferrt.scheduler.types import KVReserve
 
-from .common import parse_wxh, whole_number
+from .common import MAX_REQUESTS, parse_wxh, whole_number
 from .strategy import strategy_text
 
 EPILOG = f"""examples:
@@ -77,9 +77,10 @@ def add_workload_args(p) -> None:
                    "tries every strategy and picks by --objective")
     p.add_argument("--objective", default="latency", choices=OBJECTIVES,
                    help="latency: one request's time per token; throughput: tokens/s with --requests in flight")
-    p.add_argument("--kv-tokens", type=int, help="K/V positions per request (default 4096, at most the "
-                                                 "model's context)")
-    p.add_argument("--requests", type=int, default=8, help="requests in flight (default 8)")
+    p.add_argument("--kv-tokens", type=whole_number(1, "--kv-tokens 4096"),
+                   help="K/V positions per request (default 4096, at most the model's context)")
+    p.add_argument("--requests", type=whole_number(1, "--requests 8", MAX_REQUESTS), default=8,
+                   help="requests in flight (default 8)")
     p.add_argument("--dtype", default="float16", choices=STORAGE_DTYPES, help="storage dtype (default float16)")
 
 
@@ -89,6 +90,9 @@ def workload(args):
     cfg, label = model_by_name(args.model)
     spec = spec_by_name(args.preset)
     tried = parse_strategy(args.strategy, cfg.n_layers) if args.strategy else None
+    if args.kv_tokens is not None and args.kv_tokens > cfg.max_seq_len:
+        raise ValueError(f"--kv-tokens {args.kv_tokens:,} is more than {label}'s context of {cfg.max_seq_len:,} "
+                         f"positions; give at most --kv-tokens {cfg.max_seq_len}")
     kv = KVReserve(args.kv_tokens or min(4096, cfg.max_seq_len), args.requests)
     return cfg, label, spec, tried, kv
 

@@ -26,6 +26,8 @@ from waferrt.core.dtypes import STORAGE_DTYPES
 from waferrt.core.spec import PRESETS
 
 from .common import (
+    MAX_REQUESTS,
+    MAX_SEED,
     UsageError,
     add_max_tiles,
     checked_mesh,
@@ -35,6 +37,7 @@ from .common import (
     prompt,
     prompt_file,
     ray_address,
+    refuse_together,
     say,
     stamp,
     temperature,
@@ -108,13 +111,13 @@ def add_parser(sub) -> argparse.ArgumentParser:
                    help="how weights and K/V are stored in core SRAM (computed in float32); float32 default")
     p.add_argument("--kv-tokens", type=whole_number(1, "--kv-tokens 512"), default=512, metavar="T",
                    help="KV positions per request (512)")
-    p.add_argument("--requests", type=whole_number(1, "--requests 8"), default=8, metavar="R",
+    p.add_argument("--requests", type=whole_number(1, "--requests 8", MAX_REQUESTS), default=8, metavar="R",
                    help="requests in flight at most (8)")
     p.add_argument("--temperature", type=temperature, default=0.0, help="0 = greedy (default)")
     p.add_argument("--top-k", type=whole_number(0, "--top-k 40"), default=0,
                    help="keep the k most likely tokens (0 = all)")
     p.add_argument("--top-p", type=top_p, default=1.0, help="nucleus sampling mass in (0, 1] (1.0 = off)")
-    p.add_argument("--seed", type=whole_number(0, "--seed 7"), default=0, help="sampling seed, >= 0")
+    p.add_argument("--seed", type=whole_number(0, "--seed 7", MAX_SEED), default=0, help="sampling seed, >= 0")
     p.add_argument("--algo", default="ktree", choices=ALLREDUCE_ALGOS, help="allreduce (ktree)")
     p.add_argument("--address", type=ray_address,
                    help="Ray cluster to join ('auto' for a running local one, or HOST:PORT); default: embedded")
@@ -136,6 +139,19 @@ def _prompts(args) -> list[str]:
     if not prompts:
         raise UsageError('give at least one prompt, e.g. waferrt generate "Hello" (or --file prompts.txt)')
     return prompts
+
+
+def _check_flags(args) -> None:
+    """Flags that contradict each other (each alone was checked by its type): UsageError, before anything loads."""
+    if args.reference and (args.trace or args.heatmap):
+        raise UsageError("--trace and --heatmap show the wafer; leave out --reference")
+    refuse_together(args, "--reference", ("--mesh", "--tile", "--streaming", "--address", "--strategy", "--objective"),
+                    "the numpy reference decodes in this process, on no wafer; leave out one or the other")
+    if args.system is not None and not args.chat:
+        raise UsageError("--system is the system prompt of --chat: add --chat, or leave out --system")
+    if args.temperature == 0 and (args.top_k or args.top_p < 1):
+        raise UsageError("--top-k and --top-p shape sampling, but --temperature 0 decodes greedily: give "
+                         "--temperature > 0 (e.g. --temperature 0.8), or leave them out")
 
 
 def _open_model(args):
@@ -287,8 +303,7 @@ def run(args) -> int:
     from waferrt.serving import generate_reference
 
     texts = _prompts(args)
-    if args.reference and (args.trace or args.heatmap):
-        raise UsageError("--trace and --heatmap show the wafer; leave out --reference")
+    _check_flags(args)
     if args.streaming and args.heatmap:
         raise UsageError("--heatmap draws weights held in SRAM; leave it out with --streaming")
     mesh = checked_mesh(args, lambda w, h: (w, h))  # one tile unless --tile says otherwise

@@ -14,6 +14,8 @@ from __future__ import annotations
 import threading
 import time
 
+import numpy as np
+
 
 class ModelLoad:
     def __init__(self, name: str, cache: bool = True):
@@ -34,6 +36,7 @@ class ModelLoad:
         t0 = time.perf_counter()
         try:
             self._weights = load_model(self.path, self.cache)[1]
+            self.cached = self.cached and isinstance(self._weights.embed, np.memmap)  # not when it was rebuilt
         except BaseException as e:  # noqa: BLE001 - re-raised by weights() in the caller's thread
             self._error = e
         self.seconds = time.perf_counter() - t0

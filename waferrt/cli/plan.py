@@ -36,6 +36,8 @@ from waferrt.scheduler import (
 )
 
 from .common import (
+    MAX_REQUESTS,
+    MAX_SEED,
     UsageError,
     add_max_tiles,
     checked_mesh,
@@ -47,6 +49,7 @@ from .common import (
 )
 from .strategy import add_strategy_args, placed
 
+MAX_NODES = 1024  # Ray nodes to plan over (more leaves nodes without a tile, and the search slow)
 EPILOG = """examples:
   waferrt plan                          SmolLM2-135M on the default mesh (wse2, KV 512 tokens x 8 requests)
   waferrt plan --mesh 256x192 --tile 64x64 --nodes 2
@@ -74,19 +77,20 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     p.add_argument("--tile", type=parse_wxh, metavar="TWxTH",
                    help="cores per tile (one Ray actor each); needs --mesh; default: 2x2 tiles")
     add_max_tiles(p)
-    p.add_argument("--nodes", type=whole_number(1, "--nodes 2"), default=1,
+    p.add_argument("--nodes", type=whole_number(1, "--nodes 2", MAX_NODES), default=1,
                    help="Ray nodes to spread the tiles over (default 1)")
     p.add_argument("--cpus", type=whole_number(1, "--cpus 2"), default=2, help="CPUs per Ray node (default 2)")
     p.add_argument("--spec", default="wse2", choices=sorted(PRESETS), help="hardware preset (default wse2)")
     p.add_argument("--kv-tokens", type=whole_number(1, "--kv-tokens 512"), default=512,
                    help="KV positions to reserve per request (512)")
-    p.add_argument("--requests", type=whole_number(1, "--requests 8"), default=8,
+    p.add_argument("--requests", type=whole_number(1, "--requests 8", MAX_REQUESTS), default=8,
                    help="requests in flight to reserve KV for (8)")
     p.add_argument("--dtype", default="float32", choices=STORAGE_DTYPES,
                    help="storage dtype of weights and KV (float32)")
     p.add_argument("--dead", type=whole_number(0, "--dead 10"), default=0, metavar="N",
                    help="kill N random live cores and re-plan")
-    p.add_argument("--seed", type=whole_number(0, "--seed 3"), default=0, help="seed of the random dead cores (0)")
+    p.add_argument("--seed", type=whole_number(0, "--seed 3", MAX_SEED), default=0,
+                   help="seed of the random dead cores (0)")
     p.add_argument("--png", type=png_path, metavar="PATH", help="draw the placement (and the re-plan) as PNG")
     p.add_argument("--heatmap", type=output_path("mesh.png"), metavar="PATH",
                    help="draw the mesh as a PNG: SRAM booked per core, modelled link traffic per core, modelled busy "

@@ -14,7 +14,7 @@ import sys
 
 from waferrt.scheduler.sweep import AREA_BUDGET_MM2, DEFAULT_GRID, Grid, best_point, sweep, table
 
-from .common import parse_wxh
+from .common import number_list, output_path, parse_wxh
 from .estimate import add_workload_args, workload
 
 EPILOG = f"""examples:
@@ -35,16 +35,6 @@ Default grid: SRAM {",".join(str(s // 1024) for s in DEFAULT_GRID.sram_bytes)} K
 """
 
 
-def _floats(text: str) -> tuple[float, ...]:
-    try:
-        out = tuple(float(v) for v in text.split(","))
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a comma-separated list of numbers, e.g. 2,4,8") from None
-    if not out or min(out) <= 0:
-        raise argparse.ArgumentTypeError(f"{text!r}: every value must be positive")
-    return out
-
-
 def _meshes(text: str) -> tuple[tuple[int, int], ...]:
     return tuple(parse_wxh(m) for m in text.split(","))
 
@@ -55,11 +45,14 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
         description="Estimate a model on a grid of wafer designs and mark the fastest within a fixed area budget.",
         epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
     add_workload_args(p)
-    p.add_argument("--sram", type=_floats, help="SRAM per core, KB, comma-separated")
+    p.add_argument("--sram", type=number_list("KB of SRAM per core", 1024, "--sram 32,48,64"),
+                   help="SRAM per core, KB, comma-separated (at most 1024)")
     p.add_argument("--mesh", type=_meshes, help="meshes WxH, comma-separated")
-    p.add_argument("--link", type=_floats, help="link bandwidths, bytes per cycle, comma-separated")
-    p.add_argument("--clock", type=_floats, help="clocks, GHz, comma-separated")
-    p.add_argument("--png", default="sweep.png", metavar="PATH", help="where to draw the sweep (sweep.png)")
+    p.add_argument("--link", type=number_list("bytes per cycle", 1024, "--link 2,4,8"),
+                   help="link bandwidths, bytes per cycle, comma-separated")
+    p.add_argument("--clock", type=number_list("GHz", 10, "--clock 0.9,1.1"), help="clocks, GHz, comma-separated")
+    p.add_argument("--png", type=output_path("sweep.png"), default="sweep.png", metavar="PATH",
+                   help="where to draw the sweep (sweep.png)")
     p.add_argument("--json", action="store_true", help="print the table as JSON")
     p.set_defaults(_run=run)
     return p

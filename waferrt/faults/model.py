@@ -10,7 +10,9 @@ not dead),
 node goes away with its tiles). ``when`` is a :class:`Trigger`: at micro-batch (decode step) N, at the
 K-th message on the fault's link, T seconds after it is armed, or at random with a rate per step (drawn
 from the plan's seed). A :class:`FaultPlan` is a seeded tuple of faults; it round-trips through JSON (and
-YAML when PyYAML is installed), and ``FaultPlan.random(seed, n, kinds, mesh, ...)`` draws the same plan
+YAML when PyYAML is installed; a file that is not valid YAML/JSON or not a plan is a ValueError naming the
+line or what is missing), ``plan.check(mesh)`` (one owner: :func:`check_on_mesh`) refuses a fault whose
+cores, link or tile are off the mesh, and ``FaultPlan.random(seed, n, kinds, mesh, ...)`` draws the same plan
 from the same seed every time. Pure: no Ray, no sockets.
 """
 
@@ -184,11 +186,17 @@ class FaultPlan:
 
     @classmethod
     def from_dict(cls, d: dict) -> FaultPlan:
+        """The plan of `d` (as to_dict gives it); ValueError saying what is wrong and the form otherwise."""
+        form = ("write a mapping with 'faults': a list of faults such as {kind: core, core: [3, 4], when: "
+                "{step: 2}}, of kinds " + ", ".join(KINDS) + " (see FaultPlan.to_dict)")
+        if not isinstance(d, dict) or not isinstance(d.get("faults", []), list):
+            raise ValueError(f"not a fault plan (it holds {type(d).__name__} {str(d)[:40]!r}): {form}")
         try:
             return cls(tuple(fault_from(f) for f in d.get("faults", ())), int(d.get("seed", 0)),
                        d.get("policy", "tolerant"))
-        except (KeyError, TypeError) as e:
-            raise ValueError(f"not a fault plan: {e}; see FaultPlan.to_dict for the form") from None
+        except (KeyError, TypeError, AttributeError, ValueError) as e:
+            why = f"unknown kind or missing field {e}" if isinstance(e, KeyError) else str(e)
+            raise ValueError(f"not a fault plan: {why}; {form}") from None
 
     def save(self, path: str | Path) -> None:
         path = Path(path)
@@ -201,13 +209,32 @@ class FaultPlan:
 
     @classmethod
     def load(cls, path: str | Path) -> FaultPlan:
+        """The plan in a .yaml/.yml (YAML) or any other (JSON) file; OSError when it cannot be read,
+        ValueError naming the line when it is not YAML/JSON or not a plan."""
         path = Path(path)
         text = path.read_text()
         if path.suffix in (".yaml", ".yml"):
             import yaml
 
-            return cls.from_dict(yaml.safe_load(text))
-        return cls.from_dict(json.loads(text))
+            try:
+                return cls.from_dict(yaml.safe_load(text))
+            except yaml.YAMLError as e:
+                mark = getattr(e, "problem_mark", None)
+                at = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
+                raise ValueError(f"not valid YAML{at}: {getattr(e, 'problem', None) or e}") from None
+        try:
+            return cls.from_dict(json.loads(text))
+        except json.JSONDecodeError as e:
+            raise ValueError(f"not valid JSON at line {e.lineno}, column {e.colno}: {e.msg} (a .yaml/.yml "
+                             "file is read as YAML)") from None
+
+    def check(self, mesh: MeshSpec) -> None:
+        """Every fault's cores, link and tile are on `mesh`; ValueError naming the first that is not."""
+        for i, f in enumerate(self.faults):
+            try:
+                check_on_mesh(f, mesh)
+            except ValueError as e:
+                raise ValueError(f"fault {i} ({f.kind}) {e}") from None
 
     # -- drawing ----------------------------------------------------------------------------------------
     @classmethod
@@ -247,6 +274,19 @@ def _draw(rng: random.Random, kind: str, mesh: MeshSpec, cores: list, links: lis
     if kind == "tile":
         return TileCrash(rng.choice(mesh.tiles()), when)
     return NodeLoss(rng.randrange(1, nodes), when)  # never node 0: the driver's
+
+
+def check_on_mesh(fault, mesh: MeshSpec) -> None:
+    """The fault's cores (a link's two), or its tile, are on `mesh`; ValueError naming them otherwise."""
+    core = getattr(fault, "core", None)  # a CoreFailure's, a core Straggler's
+    cores = [core] if core is not None else [fault.a, fault.b] if hasattr(fault, "a") else []
+    for c in cores:
+        if not mesh.region.contains(c):
+            raise ValueError(f"{fault.where()}: core {c} is not on the {mesh.width}x{mesh.height} mesh (cores "
+                             f"(0,0)..({mesh.width - 1},{mesh.height - 1}))")
+    tile = getattr(fault, "tile", None)
+    if tile is not None and tile not in mesh.tiles():
+        raise ValueError(f"{fault.where()}: {tile} is not a tile of the mesh {mesh}")
 
 
 def fault_tiles(fault, mesh: MeshSpec) -> list[TileId]:

@@ -6,7 +6,12 @@ float32 weights, tokenizer metadata). The first time a GGUF is seen it is dequan
 later runs read ``meta.json`` and memory-map the .npy files (read-only float32 arrays: nothing is copied
 until it is used). ``<key>`` hashes the GGUF's size and its first and last MiBs, so an edited or replaced
 file gets a new entry; an entry is written into a temporary directory and renamed, so a crash never
-leaves half of one. :func:`load_meta` returns only (config, tokenizer metadata), from the cache when it
+leaves half of one. The entry is derived data and is checked before it is trusted: ``meta.json`` records
+each .npy file's size and CRC-32 (zlib.crc32 of its bytes, computed when written); when the entry is
+mapped every file is checked against them (:func:`damaged`: a missing, truncated, grown or overwritten
+file), and a damaged entry is said so on one line (the ``waferrt.cache`` logger: which file, why,
+rebuilding) and rebuilt from the GGUF. An entry written without checks is rebuilt once.
+:func:`load_meta` returns only (config, tokenizer metadata), from the cache when it
 holds the model, else from the GGUF's metadata (fast: no tensor is dequantised). ``<cache>`` is
 $WAFERRT_CACHE, else $XDG_CACHE_HOME/waferrt, else ~/.cache/waferrt; ``cache=False`` bypasses it. A cached
 array can travel as a :class:`MappedArray` (file, offset, shape: a few bytes) to a process on the same
@@ -18,9 +23,12 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
+import logging
+import mmap
 import os
 import shutil
 import tempfile
+import zlib
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -30,6 +38,7 @@ from .config import LlamaConfig
 from .weights import LayerWeights, LlamaWeights
 
 EDGE = 1 << 20  # bytes hashed at each end of the file
+LOG = logging.getLogger("waferrt.cache")  # a damaged entry, rebuilt: one warning line (stderr unless configured)
 
 
 @dataclass(frozen=True)
@@ -111,7 +120,10 @@ def load_meta(path=None, cache: bool = True):
     """(config, tokenizer metadata) of the model, without dequantising anything."""
     entry = _entry(path) if cache else None
     if entry is not None and (entry / "meta.json").is_file():
-        return _read_meta(entry)
+        try:
+            return _read_meta(entry)
+        except (ValueError, KeyError, TypeError):  # a damaged meta.json: load_model says so and rebuilds it
+            pass
     from .gguf_loader import GGUFModel
 
     model = GGUFModel(path)
@@ -119,18 +131,52 @@ def load_meta(path=None, cache: bool = True):
 
 
 def load_model(path=None, cache: bool = True):
-    """(config, float32 weights, tokenizer metadata): from the cache, or from the GGUF (then cached)."""
+    """(config, float32 weights, tokenizer metadata): from the cache when its entry is whole, or from the GGUF
+    (then cached; a damaged entry is said so and rebuilt)."""
     from .gguf_loader import load_gguf
 
     entry = _entry(path) if cache else None
     if entry is None:
         return load_gguf(path)
     if (entry / "meta.json").is_file():
-        config, tok = _read_meta(entry)
-        return config, _read_weights(entry, config), tok
+        why = damaged(entry)
+        if not why:
+            config, tok = _read_meta(entry)
+            return config, _read_weights(entry, config), tok
+        LOG.warning("waferrt: the weights cache %s: %s; rebuilding it from the GGUF", entry, why)
+        shutil.rmtree(entry, ignore_errors=True)
     config, weights, tok = load_gguf(path)
     _write(entry, config, weights, tok)
     return config, weights, tok
+
+
+def damaged(entry: Path) -> str:
+    """What is wrong with a cache entry's files ('' when each has the size and CRC-32 meta.json recorded)."""
+    try:
+        checks = json.loads((entry / "meta.json").read_text())["checks"]
+    except (OSError, ValueError, KeyError, TypeError):
+        return "meta.json is unreadable or has no checksums (written by an older waferrt)"
+    for name, (size, crc) in checks.items():
+        file = entry / name
+        try:
+            got = file.stat().st_size
+        except OSError as e:
+            return f"{name} cannot be read ({e.strerror})"
+        if got != size:
+            return f"{name} is {got:,} bytes, not the {size:,} written (truncated or grown)"
+        if _crc32(file) != crc:
+            return f"{name} does not match its checksum (CRC-32 {crc:08x}): its bytes changed since it was written"
+    return ""
+
+
+def _crc32(file: Path) -> int:
+    """zlib.crc32 of the file's bytes, through a read-only mapping (what is read stays in the page cache for
+    the arrays mapped next)."""
+    with open(file, "rb") as f:
+        if os.fstat(f.fileno()).st_size == 0:
+            return zlib.crc32(b"")
+        with mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as m:
+            return zlib.crc32(m)
 
 
 def _arrays(weights: LlamaWeights) -> dict[str, np.ndarray]:
@@ -149,9 +195,11 @@ def _write(entry: Path, config: LlamaConfig, weights: LlamaWeights, tok) -> None
     try:
         entry.parent.mkdir(parents=True, exist_ok=True)
         tmp = Path(tempfile.mkdtemp(prefix=".partial-", dir=entry.parent))
+        checks = {}
         for name, a in _arrays(weights).items():
             np.save(tmp / f"{name}.npy", a)
-        meta = {"config": dataclasses.asdict(config), "tokenizer": dataclasses.asdict(tok)}
+            checks[f"{name}.npy"] = ((tmp / f"{name}.npy").stat().st_size, _crc32(tmp / f"{name}.npy"))
+        meta = {"config": dataclasses.asdict(config), "tokenizer": dataclasses.asdict(tok), "checks": checks}
         (tmp / "meta.json").write_text(json.dumps(meta))
         tmp.rename(entry)
     except OSError:
