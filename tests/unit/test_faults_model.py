@@ -185,10 +185,10 @@ def test_a_plan_off_the_mesh_is_refused_naming_the_fault(w, h, tw, th):
     inside = FaultPlan((CoreFailure((w - 1, h - 1)), LinkFailure((0, 0), (1, 0)), TileCrash(TileId(0, 0)),
                         Straggler(None, 0.01, core=Coord(0, h - 1)), NodeLoss(1)))
     inside.check(mesh)
-    off = [(CoreFailure((w, 0)), f"core ({w},0) is not on the {w}x{h} mesh"),
-           (LinkFailure((0, h - 1), (0, h)), f"core (0,{h}) is not on the {w}x{h} mesh"),
+    off = [(CoreFailure((w, 0)), f"core (x={w}, y=0) is not on the {w}x{h} mesh"),
+           (LinkFailure((0, h - 1), (0, h)), f"core (x=0, y={h}) is not on the {w}x{h} mesh"),
            (TileCrash(TileId(w // tw, 0)), f"tile({w // tw},0) is not a tile of the mesh"),
-           (Straggler(None, 0.01, core=Coord(-1, 0)), "core (-1,0) is not on the")]
+           (Straggler(None, 0.01, core=Coord(-1, 0)), "core (x=-1, y=0) is not on the")]
     for fault, words in off:
         with pytest.raises(ValueError, match=r"fault 5 \(" + fault.kind + r"\) .*" + re.escape(words)):
             FaultPlan((*inside.faults, fault)).check(mesh)

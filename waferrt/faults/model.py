@@ -282,8 +282,9 @@ def check_on_mesh(fault, mesh: MeshSpec) -> None:
     cores = [core] if core is not None else [fault.a, fault.b] if hasattr(fault, "a") else []
     for c in cores:
         if not mesh.region.contains(c):
-            raise ValueError(f"{fault.where()}: core {c} is not on the {mesh.width}x{mesh.height} mesh (cores "
-                             f"(0,0)..({mesh.width - 1},{mesh.height - 1}))")
+            where = "" if c == core else f"{fault.where()}: "  # a link names the core of it that is off
+            raise ValueError(f"{where}core {c} is not on the {mesh.width}x{mesh.height} mesh (cores "
+                             f"{Coord(0, 0)}..{Coord(mesh.width - 1, mesh.height - 1)})")
     tile = getattr(fault, "tile", None)
     if tile is not None and tile not in mesh.tiles():
         raise ValueError(f"{fault.where()}: {tile} is not a tile of the mesh {mesh}")
