@@ -12,10 +12,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from waferrt.core.cost import allreduce_cost, broadcast_cost, compute_cost, shift_cost
+from waferrt.core.cost import allreduce_cost, broadcast_cost, compute_cost, reduce_flops, shift_cost
 from waferrt.core.mesh import Coord, MeshSpec
 from waferrt.core.spec import TINY
-from waferrt.fabric.comm import reduce_flops
 from waferrt.runtime import Wafer
 
 # (mesh w, h, tile w, h)
