@@ -75,11 +75,11 @@ BREAKS = {
         "lambda spec, dec, region, kv, b: orig(spec, dec, region, kv, b) - __import__("
         "'waferrt.decode.streaming', fromlist=['x']).stream_cycles(spec, b * dec.config.dim * 4)",
         FILES["stream"] + ["tests/unit/test_estimate.py::test_streaming_is_bounded_by_the_ingress"]),
-    "flow schedule: a stage waits for the one before to finish": (
+    "flow schedule (flow_seconds): 10% slower": (
         "waferrt.decode.schedule", "flow_seconds",
         "lambda runs, last, clock_hz, partial=False: 1.1 * orig(runs, last, clock_hz, partial)",
         FILES["decode"]),
-    "placement speed: the estimator forgets the hand-overs": (
+    "stage_handover: every hand-over free": (
         "waferrt.decode.cost", "stage_handover",
         "lambda spec, cfg, src, dst, items: __import__('waferrt.core.cost', fromlist=['x']).Cost()",
         FILES["decode"] + ["tests/unit/test_estimate.py::test_the_estimate_of_a_placement_is_what_the_emulator_books"]),

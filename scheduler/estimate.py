@@ -5,7 +5,7 @@ Contract (pure): ``estimate(cfg, spec, mesh, kv, dtype, tried=None, objective="l
 layers per region; what ``strategies.parse_strategy`` reads from ``--strategy``) it searches the
 layer-region shapes in closed form (``wafer.row_options`` x a few column counts between the narrowest
 that fits in SRAM and the widest whose regions all fit on the floor plan), times
-each with the emulator's own closed forms (``waferrt.decode.cost.step_cycles`` and ``pipeline_seconds``:
+each with the emulator's own closed forms (``waferrt.decode.cost.step_cycles``:
 every request at its own pace (``decode.schedule``), stages pipelined, hand-overs between
 regions) and keeps the best for the objective: "latency" (time per token of one request) or "throughput"
 (tokens/s with ``kv.requests`` in flight). Without `tried` it tries layer, tensor and a few grouped

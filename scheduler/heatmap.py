@@ -1,7 +1,8 @@
 """A heatmap of the mesh: SRAM booked per core, link traffic per core, busy time per tile; dead and spare cores.
 
-Contract: ``heatmap_png(placement, path, runs=None, busy=None, sent=None, wall_s=0.0)`` writes a PNG of
-three panels over the mesh and returns its path. What each panel shows, and where it comes from:
+Contract: ``heatmap_png(placement, path, measured=None)`` writes a PNG of three panels over the mesh and
+returns its path; :class:`Measured` is what a decode that ran adds (its runs, busy seconds, bytes sent,
+wall time). What each panel shows, and where it comes from:
 
 - **SRAM booked per core**, as a share of the core's SRAM: what every stage books
   (waferrt.decode.setup.stage_sram -- the bookings the tiles make); spare cores (kept for repair) are
@@ -23,6 +24,7 @@ matplotlib through its object API, imported inside the function (as scheduler.dr
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -140,9 +142,23 @@ def _arrows(ax, mesh: MeshSpec, sent: dict[tuple[str, str], int]) -> None:
         ax.text((start[0] + end[0]) / 2 + dx, (start[1] + end[1]) / 2 + dy, _fmt_bytes(nbytes), **LABEL)
 
 
-def heatmap_png(p: Placement, path: str | Path, runs: Sequence[StageRun] | None = None,
-                busy: dict[str, float] | None = None, sent: dict[tuple[str, str], int] | None = None,
-                wall_s: float = 0.0, title: str | None = None) -> Path:
+@dataclass(frozen=True, eq=False)
+class Measured:
+    """What a decode that ran gives the heatmap: its StageRuns, the seconds each tile spent computing, the
+    bytes each tile sent over each link, and its wall time."""
+
+    runs: Sequence[StageRun] | None = None
+    busy: dict[str, float] | None = None
+    sent: dict[tuple[str, str], int] | None = None
+    wall_s: float = 0.0
+
+    def __post_init__(self) -> None:
+        if self.wall_s < 0:
+            raise ValueError(f"Measured.wall_s is seconds >= 0, got {self.wall_s!r}")
+
+
+def heatmap_png(p: Placement, path: str | Path, measured: Measured | None = None, title: str | None = None) -> Path:
+    """The three panels of placement `p` (with what a decode measured, when given) as a PNG at `path`."""
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
 
@@ -152,8 +168,9 @@ def heatmap_png(p: Placement, path: str | Path, runs: Sequence[StageRun] | None 
     FigureCanvasAgg(fig)
     axes = fig.subplots(1, 3, sharey=True)
     _sram_panel(fig, axes[0], p)
-    _link_panel(fig, axes[1], p, runs, sent)
-    _busy_panel(fig, axes[2], p, busy, wall_s)
+    got = measured or Measured()
+    _link_panel(fig, axes[1], p, got.runs, got.sent)
+    _busy_panel(fig, axes[2], p, got.busy, got.wall_s)
     axes[0].set_ylabel("y (core row)")
     fig.suptitle(title or f"{m}: {len(p.layers)} layers + embedding/head on {p.spec.name}", fontsize=11)
     fig.text(0.5, 0.015, "dashed: tile borders (one Ray actor each)    white: stage regions    red x: dead core"

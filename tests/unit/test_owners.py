@@ -138,3 +138,12 @@ def test_what_a_streamed_stage_takes_in_by_hand():
     assert streamed_bytes(c, "layer", "float16", 5) == 2 * layer
     assert streamed_bytes(c, "head", "float32", 5) == 4 * (c.vocab_size + 1) * c.dim
     assert streamed_bytes(c, "embed", "bfloat16", 5) == 2 * 5 * c.dim
+
+
+def test_the_heatmap_takes_what_a_decode_measured(tmp_path):
+    p = plan(CFG, TINY, MeshSpec(16, 16, 8, 8), kv=KVReserve(32, 2))
+    busy = {str(t): 0.5 for t in p.mesh.tiles()}
+    out = hm.heatmap_png(p, tmp_path / "h.png", hm.Measured(busy=busy, sent={}, wall_s=1.0))
+    assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    with pytest.raises(ValueError, match="wall_s"):
+        hm.Measured(wall_s=-1.0)

@@ -356,10 +356,10 @@ def _pictures(args, placement, stats) -> None:
         say(f"trace: {args.trace} (open it in ui.perfetto.dev: a track per tile and the host, and the modelled "
             "wafer's schedule)")
     if args.heatmap:
-        from waferrt.scheduler.heatmap import heatmap_png
+        from waferrt.scheduler.heatmap import Measured, heatmap_png
 
         t = stats.trace
-        heatmap_png(placement, args.heatmap, stats.runs, t.busy_s(), t.sent_bytes(), t.wall_s())
+        heatmap_png(placement, args.heatmap, Measured(stats.runs, t.busy_s(), t.sent_bytes(), t.wall_s()))
         say(f"heatmap: {args.heatmap}")
 
 

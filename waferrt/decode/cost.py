@@ -6,8 +6,7 @@ flops and cycles). ``layer_decode_parts`` / ``layer_decode_cost`` give one micro
 requests through one layer region (every booked piece, named, with its category), ``head_decode_cost``
 the final norm and output head, ``handover_cost`` what the tiles book when activations move from one
 stage's region to the next (the one formula for it), ``step_cycles`` the (stage, micro-batch) cycles a
-whole decode step books in lock step and ``pipeline_seconds`` schedules them (the weight-streaming
-estimate's step model), ``alone_cycles`` what one token takes alone at a stage (waferrt.decode.schedule
+whole decode step books, ``alone_cycles`` what one token takes alone at a stage (waferrt.decode.schedule
 schedules the decode that ran with it: every request at its own pace).
 
 What the closed forms count, as the tiles do: the attention runs over ``cdiv(kv_tokens, cols)`` positions
@@ -35,8 +34,6 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 from functools import lru_cache
-
-import numpy as np
 
 from waferrt.core.arith import cdiv
 from waferrt.core.cost import Cost, allreduce_cost, broadcast_cost, compute_cost, message_cycles, on_lines, total
@@ -253,19 +250,6 @@ def _work(spec: HardwareSpec, dec: Decoding, kind: str, shape: tuple[int, int], 
     if kind == "layer":
         return layer_decode_cost(spec, dec, region, kv_tokens, b, moving)
     return head_decode_cost(spec, dec, region, b)
-
-
-def pipeline_seconds(cycles: dict, n_stages: int, n_items: int, clock_hz: float) -> float:
-    """Modelled time of one step: every stage region is its own hardware and takes the (micro-batches of)
-    items in order, so item i leaves stage s at max(it left stage s-1, item i-1 left stage s) + its
-    cycles at s. `cycles` maps (stage, item) to cycles (missing: 0)."""
-    done_prev = np.zeros(n_items)
-    for s in range(n_stages):
-        t = 0.0
-        for i in range(n_items):
-            t = max(t, done_prev[i]) + cycles.get((s, i), 0.0)
-            done_prev[i] = t
-    return float(done_prev.max(initial=0.0)) / clock_hz
 
 
 def lane_batches(requests: int, lanes: int = 2) -> list[int]:

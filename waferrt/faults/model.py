@@ -251,12 +251,23 @@ class FaultPlan:
         if not kinds:
             raise ValueError("no fault kind left to draw (node losses need more than one Ray node, Corrupt a "
                              "link between two tiles)")
-        faults = [_draw(rng, rng.choice(kinds), mesh, cores, links, nodes, Trigger(step=rng.randint(1, steps)))
-                  for _ in range(n)]
+        where = _Targets(mesh, tuple(cores), tuple(links), nodes)
+        faults = [_draw(rng, rng.choice(kinds), where, Trigger(step=rng.randint(1, steps))) for _ in range(n)]
         return cls(tuple(faults), seed, policy)
 
 
-def _draw(rng: random.Random, kind: str, mesh: MeshSpec, cores: list, links: list, nodes: int, when: Trigger):
+@dataclass(frozen=True)
+class _Targets:
+    """What a drawn fault may hit: the mesh (its tiles), the cores, the tile-border links, the Ray nodes."""
+
+    mesh: MeshSpec
+    cores: tuple
+    links: tuple
+    nodes: int
+
+
+def _draw(rng: random.Random, kind: str, where: _Targets, when: Trigger):
+    mesh, cores, links, nodes = where.mesh, where.cores, where.links, where.nodes
     if kind == "core":
         return CoreFailure(rng.choice(cores), when)
     if kind == "link":
