@@ -270,9 +270,9 @@ def decode_figure(spec: HardwareSpec) -> Figure:
     return Figure("LLaMA3-8B decode slowdown 420x420 -> 660x660", f"{PAPER} Table 4 (2699.9 -> 2243.3 tok/s)",
                   2699.9 / 2243.3, large / small, "x",
                   f"estimate.stage_seconds, every layer on one region ({r_small.w}x{r_small.h} -> "
-                  f"{r_large.w}x{r_large.h}), float16, 4096 positions, one request; cycles a layer: {grew}. What grows: "
-                  f"the allreduces and the attention's reductions -- a K-tree over more columns has more hops and "
-                  f"routing stages -- while the GEMV blocks, and so the flops a core, shrink",
+                  f"{r_large.w}x{r_large.h}), float16, 4096 positions, one request; cycles a layer: {grew}. What "
+                  f"grows: the allreduces and the attention's reductions -- a K-tree over more columns has more hops "
+                  f"and routing stages -- while the GEMV blocks, and so the flops a core, shrink",
                   reason=_unless_close((large / small) / (2699.9 / 2243.3), f"cycles a layer: {grew}"))
 
 

@@ -40,10 +40,10 @@ from waferrt.model import Sampler, synthetic_llama, tiny_config
 from waferrt.model.config import SMOLLM2_135M
 from waferrt.model.zoo import MODELS as ZOO
 from waferrt.scheduler import KVReserve, Placement, Strategy, budget, plan, wafer
-from waferrt.scheduler.types import Workload
 from waferrt.scheduler import estimate as est
 from waferrt.scheduler import streaming as paper_streaming
 from waferrt.scheduler.placement import plan_streaming, streaming_mesh
+from waferrt.scheduler.types import Workload
 from waferrt.serving import GenRequest, LocalDecoder
 
 TINY_CFG = tiny_config()
@@ -207,7 +207,8 @@ def test_the_estimators_bytes_match_the_tiles_on_random_shapes():
         assume(layers <= cfg.n_layers)  # a Workload runs at most the model's layers on a region
         assume(wafer.legal(cfg, wafer.Shape(w, h), tokens))
         want = dl.most_bytes(dl.layer_booking(cfg, Region(0, 0, w, h), tokens, requests, dtype, layers))
-        assert wafer.layer_core_bytes(Workload(cfg, KVReserve(tokens, requests), dtype, layers), wafer.Shape(w, h)) == want
+        work = Workload(cfg, KVReserve(tokens, requests), dtype, layers)
+        assert wafer.layer_core_bytes(work, wafer.Shape(w, h)) == want
         checked.append(model)
 
     prop()
