@@ -29,7 +29,8 @@ How each measurement is mapped (docs/ESTIMATES.md "Fidelity" says why):
 - Decode vs region size (Table 4, LLaMA3-8B, 420x420 -> 660x660: 2699.9 -> 2243.3 tokens/s): WaferLLM's
   decode benchmark runs every layer on one P x P grid (its Decode/ kernel loops one layer's weights
   ``layer_num`` times, no output head); modelled the same: every layer on one P-wide region (the tensor
-  strategy), the legal row count nearest P (a layer region has at most n_kv_heads x head_dim / 2 rows).
+  strategy), the legal row count nearest P (a layer region has at most n_kv_heads x head_dim / 2 rows), in
+  float16 (the cores at the 16-bit rate).
 """
 
 from __future__ import annotations
@@ -42,14 +43,14 @@ from waferrt.core.arith import cdiv
 from waferrt.core.cost import Cost, flop_cycles, gemv_cost
 from waferrt.core.mesh import Region
 from waferrt.core.spec import WSE2, HardwareSpec
-from waferrt.decode.cost import layer_decode_parts
+from waferrt.decode.cost import Decoding, layer_decode_parts
 from waferrt.model.config import LlamaConfig
 from waferrt.model.zoo import model_by_name
 
 from . import wafer
 from .advice import model_bytes, most_tokens
 from .estimate import stage_seconds
-from .types import KVReserve
+from .types import KVReserve, Workload
 
 BAND = (0.75, 1.33)  # a modelled figure within this ratio of the published one counts as reproduced
 PAPER = "WaferLLM, OSDI'25 (arXiv:2502.04563)"
@@ -185,8 +186,10 @@ def sram_use(cfg: LlamaConfig, spec: HardwareSpec, plan: tuple, tokens: int) -> 
     strategy, floor = plan
     shape, group, isz = floor.shape, strategy.group, spec.sram_bytes
 
+    work = Workload(cfg, KVReserve(tokens, 1), "float16", group)
+
     def core(kv: bool = True, weights: bool = True) -> int:
-        return wafer.layer_core_bytes(cfg, shape, tokens, 1, "float16", group, kv=kv, weights=weights)
+        return wafer.layer_core_bytes(work, shape, kv=kv, weights=weights)
 
     n, band_cores = strategy.regions * shape.cores, floor.bands * floor.band_cols * floor.band_rows
     scratch = core(kv=False, weights=False)
@@ -236,23 +239,24 @@ def kv_figures(spec: HardwareSpec, name: str, published: tuple[int, int]) -> lis
     ]
 
 
-def _decode_region(cfg: LlamaConfig, p: int) -> tuple[Region, int]:
-    """A p-wide layer region with the most legal rows up to p (rows, head groups as the estimator tries them)."""
+def _decode_region(cfg: LlamaConfig, p: int) -> tuple[Region, Decoding]:
+    """A p-wide layer region with the most legal rows up to p (rows, head groups as the estimator tries them),
+    and the decode on it: float16, as WaferLLM's decode runs (the cores compute at the 16-bit rate)."""
     rows, groups = max(o for o in wafer.row_options(cfg, p) if wafer.legal(cfg, wafer.Shape(p, *o), 4096))
-    return Region(0, 0, p, rows), groups
+    return Region(0, 0, p, rows), Decoding(cfg, "float16", head_groups=groups)
 
 
 def decode_token_seconds(spec: HardwareSpec, cfg: LlamaConfig, p: int, context: int = 4096) -> float:
     """One request's token through every layer on one p-wide region (WaferLLM's decode benchmark)."""
-    region, groups = _decode_region(cfg, p)
-    return stage_seconds(cfg, spec, [("layer", region)] * cfg.n_layers, context, 1, groups)[0]
+    region, dec = _decode_region(cfg, p)
+    return stage_seconds(spec, dec, [("layer", region)] * cfg.n_layers, context, 1)[0]
 
 
 def decode_categories(spec: HardwareSpec, cfg: LlamaConfig, p: int, context: int = 4096) -> dict[str, float]:
     """Cycles of one layer on the p-wide region, by category (gemv, allreduce, attention, elementwise)."""
-    region, groups = _decode_region(cfg, p)
+    region, dec = _decode_region(cfg, p)
     out: dict[str, float] = defaultdict(float)
-    for _, cat, c in layer_decode_parts(spec, cfg, region, context, 1, head_groups=groups):
+    for _, cat, c in layer_decode_parts(spec, dec, region, context, 1):
         out[cat] += c.cycles
     return dict(out)
 
@@ -266,9 +270,9 @@ def decode_figure(spec: HardwareSpec) -> Figure:
     return Figure("LLaMA3-8B decode slowdown 420x420 -> 660x660", f"{PAPER} Table 4 (2699.9 -> 2243.3 tok/s)",
                   2699.9 / 2243.3, large / small, "x",
                   f"estimate.stage_seconds, every layer on one region ({r_small.w}x{r_small.h} -> "
-                  f"{r_large.w}x{r_large.h}), 4096 positions, one request; cycles a layer: {grew}. What grows: "
-                  f"the allreduces and the attention's reductions -- a K-tree over more columns has more hops and "
-                  f"routing stages -- while the GEMV blocks, and so the flops a core, shrink",
+                  f"{r_large.w}x{r_large.h}), float16, 4096 positions, one request; cycles a layer: {grew}. What "
+                  f"grows: the allreduces and the attention's reductions -- a K-tree over more columns has more hops "
+                  f"and routing stages -- while the GEMV blocks, and so the flops a core, shrink",
                   reason=_unless_close((large / small) / (2699.9 / 2243.3), f"cycles a layer: {grew}"))
 
 

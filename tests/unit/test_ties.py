@@ -9,8 +9,8 @@ model, SmolLM2, a Llama3-8B-shaped config cut to 2 layers), storage dtypes (floa
   LoopFabric), and for every model the function the tile programs call per token (decode.cost.alone_cycles);
 - streaming: the on-paper streaming estimate (scheduler.streaming) against the streaming tiles.
 
-Where they disagree today the case is a strict xfail naming the disagreement; the `owners` branch (one owner
-per fact) settles them, and the lead removes the marks when it merges. Ray-free.
+Every case passes: the disagreements the grid found before the owners' refactor (a streaming region's double
+buffer and scratch, the streaming step, the 16-bit compute rate) each have one owner now. Ray-free.
 """
 
 from __future__ import annotations
@@ -43,6 +43,7 @@ from waferrt.scheduler import KVReserve, Placement, Strategy, budget, plan, wafe
 from waferrt.scheduler import estimate as est
 from waferrt.scheduler import streaming as paper_streaming
 from waferrt.scheduler.placement import plan_streaming, streaming_mesh
+from waferrt.scheduler.types import Workload
 from waferrt.serving import GenRequest, LocalDecoder
 
 TINY_CFG = tiny_config()
@@ -54,35 +55,18 @@ STRATEGIES = ("layer", "grouped", "tensor", "streaming")
 SHAPES = ((4, 2), (8, 4), (12, 8))  # (cols, rows): legal for every model (tiny: head_dim 16 -> at most 8 rows)
 KV = KVReserve(24, 2)  # 24 positions: a multiple of every shape's columns (see _context)
 
-OWNERS_BUFFER = ("owners: a streaming region's bytes per core -- scheduler/streaming.py sizes the double buffer by "
-                 "the whole head block per core and the scratch by a layer's; decode/layout.stream_booking (what the "
-                 "tiles book) sizes the buffer by head chunks no larger than a layer's block (SmolLM2 float16 on "
-                 "64x32: 27,648 B vs 3,492 B) and the scratch by the larger of a layer's and the head's; equal only "
-                 "where the head is no larger than a layer")
-OWNERS_STEP = ("owners: a streaming step is modelled three times -- scheduler/streaming.py schedules a two-stage "
-               "(stream, compute) pipeline over whole blocks and streams vocab*dim head bytes, the tiles charge each "
-               "stage the longer of its compute and its block's stream and stream (vocab+1)*dim")
-OWNERS_DTYPE = ("owners: the storage dtype is not threaded through the ledger and the decode's closed forms yet: "
-                "a 16-bit decode still computes at the float32 rate (spec.flops_per_cycle)")
-
-
 def _group(cfg, strategy: str) -> int | None:
     """Layers per region of a strategy (None: streaming; 0: the strategy does not apply to this model)."""
     return {"layer": 1, "tensor": cfg.n_layers, "streaming": None,
             "grouped": 2 if 2 < cfg.n_layers else 0}[strategy]
 
 
-def _grid(xfail_streaming: str | None = None):
-    """(model, dtype, strategy, shape) of the grid; grouped needs a model of more than 2 layers. Streaming cases
-    of a model whose head is larger than a layer's block carry the strict xfail `xfail_streaming` names."""
+def _grid():
+    """(model, dtype, strategy, shape) of the grid; grouped needs a model of more than 2 layers."""
     for model, dtype, strategy, shape in itertools.product(MODELS, DTYPES, STRATEGIES, SHAPES):
         if _group(MODELS[model], strategy) == 0:
             continue
-        marks = ()
-        if xfail_streaming and strategy == "streaming" and model != "tiny":
-            marks = (pytest.mark.xfail(strict=True, reason=xfail_streaming),)
-        name = f"{model}-{dtype}-{strategy}-{shape[0]}x{shape[1]}"
-        yield pytest.param(model, dtype, strategy, shape, marks=marks, id=name)
+        yield pytest.param(model, dtype, strategy, shape, id=f"{model}-{dtype}-{strategy}-{shape[0]}x{shape[1]}")
 
 
 def _placement(model: str, dtype: str, strategy: str, shape: tuple[int, int]) -> Placement:
@@ -108,7 +92,7 @@ def _booked(setup: DecodeSetup) -> dict[Region, int]:
     return {region: int(np.max(nbytes)) for region, nbytes in per.items()}
 
 
-@pytest.mark.parametrize("model,dtype,strategy,shape", _grid(OWNERS_BUFFER))
+@pytest.mark.parametrize("model,dtype,strategy,shape", _grid())
 def test_the_estimators_bytes_per_core_are_what_the_tiles_book(model, dtype, strategy, shape):
     p = _placement(model, dtype, strategy, shape)
     cfg, booked, sh = p.config, _booked(DecodeSetup.from_placement(p)), wafer.Shape(*shape)
@@ -118,7 +102,7 @@ def test_the_estimators_bytes_per_core_are_what_the_tiles_book(model, dtype, str
     want = {p.embed: budget.embed_bytes(cfg, *shape, dtype)}
     for region in set(p.layers):
         layers = p.layers.count(region)
-        want[region] = wafer.layer_core_bytes(cfg, sh, KV.tokens, KV.requests, dtype, layers)
+        want[region] = wafer.layer_core_bytes(Workload(cfg, KV, dtype, layers), sh)
     assert booked == want
 
 
@@ -136,10 +120,9 @@ def test_the_estimators_token_is_what_the_tile_programs_book(model, dtype, strat
     p = _placement(model, dtype, strategy, shape)
     setup, ctx = DecodeSetup.from_placement(p), _context(p)
     stages = setup.stages()
-    tiles = sum(alone_cycles(p.spec, p.config, stages[s - 1][2] if s else None, region, kind, ctx - 1, True,
-                             setup.collectives.algo, setup.collectives.k)
+    tiles = sum(alone_cycles(p.spec, setup.decoding, (kind, stages[s - 1][2] if s else None, region), ctx - 1, True)
                 for s, (kind, _, region) in enumerate(stages))
-    one, _ = est.stage_seconds(p.config, p.spec, [(kind, r) for kind, _, r in stages], ctx, 1)
+    one, _ = est.stage_seconds(p.spec, setup.decoding, [(kind, r) for kind, _, r in stages], ctx, 1)
     assert one * p.spec.clock_hz == pytest.approx(tiles, rel=1e-12)
 
 
@@ -172,34 +155,34 @@ def _tiles_streaming_token(p: Placement, ctx: int) -> float:
     """One request's token through a streaming region as its tiles book it: every stage lasts the longer of
     its compute (the closed forms the tiles book, tested above) and its block's stream (decode.streaming)."""
     spec, cfg, r, dtype = p.spec, p.config, p.embed, p.dtype
-    layer = layer_decode_cost(spec, cfg, r, ctx, 1).cycles
-    head = total(c for _, _, c in head_parts(spec, cfg, r, dtype, 1)).cycles
+    dec = DecodeSetup.from_placement(p).decoding
+    layer = layer_decode_cost(spec, dec, r, ctx, 1).cycles
+    head = total(c for _, _, c in head_parts(spec, dec, r, 1)).cycles
     return (stage_cycles(spec, 0.0, streamed_bytes(cfg, "embed", dtype, 1))
             + cfg.n_layers * stage_cycles(spec, layer, streamed_bytes(cfg, "layer", dtype, 1))
             + stage_cycles(spec, head, streamed_bytes(cfg, "head", dtype, 1))) / spec.clock_hz
 
 
-@pytest.mark.xfail(strict=True, reason=OWNERS_STEP)
 @pytest.mark.parametrize("model,dtype,shape", itertools.product(MODELS, DTYPES, SHAPES))
 def test_the_paper_streaming_estimate_is_what_the_streaming_tiles_book(model, dtype, shape):
     p = _placement(model, dtype, "streaming", shape)
     ctx = _context(p)
-    paper, _, _ = paper_streaming._step_seconds(p.config, p.spec, wafer.Shape(*shape), KVReserve(ctx, 1), dtype, 1)
+    dec = DecodeSetup.from_placement(p).decoding
+    paper = paper_streaming._step_seconds(p.spec, dec, wafer.Shape(*shape), ctx, 1)
     wafer_only = paper - est.host_seconds(p.config, p.spec, 1)  # the tiles book no host exchange
     assert wafer_only == pytest.approx(_tiles_streaming_token(p, ctx), rel=1e-6)
 
 
 def _layer_booked(dtype: str) -> float:
     """Cycles the tiles book for one token through one layer of the tiny model on a WSE-2 4x2 region."""
-    region, ledger = Region(0, 0, 4, 2), Ledger(WSE2)
+    region, ledger = Region(0, 0, 4, 2), Ledger(WSE2, dtype)  # the tiles' ledger computes at the storage dtype
     w = synthetic_llama(TINY_CFG, seed=0).layers[0]
-    shard = LayerShard(TINY_CFG, region, pack_layer(TINY_CFG, w, region, dtype), (1, 8), ledger)
+    shard = LayerShard(TINY_CFG, region, pack_layer(TINY_CFG, w, region, dtype), (1, 8), ledger, dtype=dtype)
     x = Chunks(TINY_CFG.dim, 4).split(np.random.default_rng(0).standard_normal((1, TINY_CFG.dim)).astype(np.float32))
     shard.forward(x, np.arange(1), np.zeros(1, int))
     return ledger.by_op["layer"].cycles
 
 
-@pytest.mark.xfail(strict=True, reason=OWNERS_DTYPE)
 def test_a_16_bit_decode_computes_at_the_16_bit_rate():
     """On a WSE-2 a float16 GEMV runs four FMACs a cycle (spec.half_flops_per_cycle): the tiles' layer and the
     estimator's token are faster in float16 than in float32."""
@@ -221,9 +204,11 @@ def test_the_estimators_bytes_match_the_tiles_on_random_shapes():
     def prop(model, w, h, tokens, requests, layers, dtype):
         cfg = MODELS[model]
         tried.append(model)
+        assume(layers <= cfg.n_layers)  # a Workload runs at most the model's layers on a region
         assume(wafer.legal(cfg, wafer.Shape(w, h), tokens))
         want = dl.most_bytes(dl.layer_booking(cfg, Region(0, 0, w, h), tokens, requests, dtype, layers))
-        assert wafer.layer_core_bytes(cfg, wafer.Shape(w, h), tokens, requests, dtype, layers) == want
+        work = Workload(cfg, KVReserve(tokens, requests), dtype, layers)
+        assert wafer.layer_core_bytes(work, wafer.Shape(w, h)) == want
         checked.append(model)
 
     prop()
