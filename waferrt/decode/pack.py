@@ -2,13 +2,14 @@
 
 Contract: pure functions from full float32 weights (y = W @ x, W (out, in)) and a region to the
 arrays a tile keeps for that region. The block contents are exactly the MeshGEMV blocks of
-waferrt.decode.layout (each core (r, c) owns W[out chunk, in chunk]); the arrays group the blocks so a
-tile can run every core's local GEMV as one batched matmul:
+waferrt.decode.layout (each core (r, c) owns W[out chunk, in chunk]); each matrix keeps its blocks as one
+C-contiguous (lines * out_block, cores per line * in_block) matrix -- out by in, the output lines' blocks
+one after another, a line's cores' blocks side by side along the input -- so that a tile runs every
+core's local GEMV of a micro-batch as a few BLAS calls over contiguous panels of output rows
+(waferrt.decode.shards.mesh_gemv), and core (r, c)'s block is still one rectangle of it:
 
-- input split over columns (wqkv, w13): (cols, in_block, rows * out_block): the cores of one column
-  share that column's input chunk, so their blocks stack along the output axis (stored transposed:
-  x (cols, 1, in) @ w is one batched row-times-matrix, the fastest form for numpy here).
-- input split over rows (wo, w_down): (rows, in_block, cols * out_block).
+- input split over columns, output over rows (wqkv, w13; the table): (rows * out_block, cols * in_block).
+- input split over rows, output over columns (wo, w_down): (cols * out_block, rows * in_block).
 Vectors split over columns (x, norm weights) are (cols, chunk), zero-padded where chunks are uneven.
 """
 
@@ -41,17 +42,13 @@ class Chunks:
         return out
 
 
-def _cols_first(blocks: np.ndarray) -> np.ndarray:
-    """(rows, cols, *out, in) -> (cols, in, rows * prod(out)): x (cols, 1, in) @ this is every core's GEMV."""
-    c = blocks.shape[1]
-    stacked = blocks.swapaxes(0, 1).reshape(c, -1, blocks.shape[-1])  # (cols, rows*out, in)
-    return np.ascontiguousarray(stacked.swapaxes(1, 2))
-
-
-def _rows_first(blocks: np.ndarray) -> np.ndarray:
-    """(rows, cols, *out, in) -> (rows, in, cols * prod(out))."""
-    r = blocks.shape[0]
-    return np.ascontiguousarray(blocks.reshape(r, -1, blocks.shape[-1]).swapaxes(1, 2))
+def out_in(blocks: np.ndarray, out_over: str) -> np.ndarray:
+    """(rows, cols, *out, in) blocks -> one (lines * prod(out), cores * in) matrix: the output split over the
+    region's rows (`out_over` "y": lines are rows, the input over columns) or its columns ("x")."""
+    r, c, i = blocks.shape[0], blocks.shape[1], blocks.shape[-1]
+    b = blocks.reshape(r, c, -1, i)  # (R, C, out, in)
+    lines = b.transpose(0, 2, 1, 3) if out_over == "y" else b.transpose(1, 2, 0, 3)  # (line, out, core, in)
+    return np.ascontiguousarray(lines).reshape(lines.shape[0] * lines.shape[1], -1)
 
 
 def pack_layer(cfg: LlamaConfig, lw, region: Region, dtype: str = "float32") -> dict[str, np.ndarray]:
@@ -66,10 +63,10 @@ def pack_layer(cfg: LlamaConfig, lw, region: Region, dtype: str = "float32") -> 
     up = to_blocks(lw.w_up, lay["w_up"])
     down = to_blocks(lw.w_down, lay["w_down"])  # (R, C, dim_c, hid_r)
     packed = {
-        "wqkv": _cols_first(np.concatenate([q, k, v], axis=2)),  # (C, dim_c, R*(nh+2nkv)*hd_r)
-        "wo": _rows_first(o.reshape(o.shape[:3] + (-1,))),  # (R, nh*hd_r, C*dim_c)
-        "w13": _cols_first(np.stack([gate, up], axis=2)),  # (C, dim_c, R*2*hid_r)
-        "w2": _rows_first(down),  # (R, hid_r, C*dim_c)
+        "wqkv": out_in(np.concatenate([q, k, v], axis=2), "y"),  # (R*(nh+2nkv)*hd_r, C*dim_c)
+        "wo": out_in(o.reshape(o.shape[:3] + (-1,)), "x"),  # (C*dim_c, R*nh*hd_r)
+        "w13": out_in(np.stack([gate, up], axis=2), "y"),  # (R*2*hid_r, C*dim_c)
+        "w2": out_in(down, "x"),  # (C*dim_c, R*hid_r)
         "attn_norm": to_blocks(lw.attn_norm, lay["attn_norm"])[0],  # (C, dim_c)
         "ffn_norm": to_blocks(lw.ffn_norm, lay["ffn_norm"])[0],
     }
@@ -81,7 +78,7 @@ ROWS_PER_BLOCK = 4096  # vocabulary rows cut at a time (the table is never copie
 
 def pack_embed(cfg: LlamaConfig, embed, final_norm: np.ndarray, region: Region,
                dtype: str = "float32") -> dict[str, np.ndarray]:
-    """The tied embedding/head table as (cols, dim_c, rows * vocab_block) -- core (r, c) holds its vocabulary
+    """The tied embedding/head table as (rows * vocab_block, cols * dim_c) -- core (r, c) holds its vocabulary
     chunk r's rows of dim chunk c -- and the final norm (cols, dim_c). The table is cut block of rows by
     block of rows into the one output array; `embed` is an array, or anything with ``shape`` and
     ``read_rows(r0, r1)`` (a table read from its file a block at a time)."""
@@ -89,12 +86,12 @@ def pack_embed(cfg: LlamaConfig, embed, final_norm: np.ndarray, region: Region,
     voc_r = vocab.index.shape[1]
     place = np.empty(cfg.vocab_size, np.int64)  # vocabulary row -> its place on its core row's block axis
     place[vocab.index[vocab.valid]] = np.flatnonzero(vocab.valid.reshape(-1))
-    out = np.zeros((region.w, dims.index.shape[1], region.h * voc_r), storage_dtype(dtype))
+    out = np.zeros((region.h * voc_r, region.w * dims.index.shape[1]), storage_dtype(dtype))
     read = getattr(embed, "read_rows", None) or (lambda r0, r1: np.asarray(embed[r0:r1]))
     for r0 in range(0, cfg.vocab_size, ROWS_PER_BLOCK):
         r1 = min(r0 + ROWS_PER_BLOCK, cfg.vocab_size)
         block = dims.split(read(r0, r1).astype(np.float32, copy=False))  # (n, C, dim_c)
-        out[:, :, place[r0:r1]] = to_storage(block.transpose(1, 2, 0), dtype)
+        out[place[r0:r1]] = to_storage(block.reshape(r1 - r0, -1), dtype)
     return {"table": out, "final_norm": to_storage(to_blocks(final_norm, final_norm_layout(cfg, region))[0], dtype)}
 
 

@@ -14,6 +14,8 @@ norm, computes the logits.
 
 from __future__ import annotations
 
+import functools
+
 import numpy as np
 
 from waferrt.core.dtypes import to_f32
@@ -38,19 +40,40 @@ def mesh_rmsnorm(comm: LineComm, x: np.ndarray, w: np.ndarray, cfg: LlamaConfig,
     return x * scale[:, None, None] * w
 
 
+PANEL_ROWS = 64  # the most output rows per BLAS call: a few tokens times a narrow panel of a matrix runs
+# 1.5-2x faster than times the whole matrix at once (OpenBLAS packs less; benchmarks/profile_decode.py)
+
+
+@functools.lru_cache(maxsize=None)
+def _panel(rows: int) -> int:
+    """The widest panel of at most PANEL_ROWS rows that cuts `rows` evenly."""
+    return max(n for n in range(1, min(rows, PANEL_ROWS) + 1) if rows % n == 0)
+
+
+def matmul_rows(w: np.ndarray, x: np.ndarray) -> np.ndarray:
+    """x (B, in) times w (out, in) transposed -> (B, out), as one batched BLAS call over panels of w's rows
+    (one GEMV for a single token). The sums are each output's dot product, whatever the panels."""
+    if len(x) == 1:
+        return (w @ x[0])[None]
+    n = _panel(w.shape[0])
+    return np.matmul(w.reshape(-1, n, w.shape[1]), x.T).reshape(w.shape[0], len(x)).T  # (out/n, n, B) -> (B, out)
+
+
 def mesh_gemv(comm: LineComm, coll: Collectives, w: np.ndarray, x: np.ndarray) -> np.ndarray:
-    """MeshGEMV: x (B, P, i) is split over the P cores of each of `comm`'s lines; w (P, i, Q*o) stacks every
-    core's block (Q = the lines, which the output is split over). Every core multiplies its block, then the
-    partial sums are allreduced along the line -> (B, Q, o). The fast path sums as one matmul over the joined
-    input (the same blocks, each read once) and books the allreduce's messages."""
+    """MeshGEMV: x (B, P, i) is split over the P cores of each of `comm`'s lines; w (Q*o, P*i) holds every
+    core's block (waferrt.decode.pack: line q's outputs, its P cores' inputs side by side). Every core
+    multiplies its block, then the partial sums are allreduced along the line -> (B, Q, o). The fast path
+    sums as one matmul over the joined input (the same blocks, each read once) and books the allreduce's
+    messages."""
     B, P, i = x.shape
     Q = comm.lines
-    comm.ledger.compute(2 * B * i * w.shape[2] // Q)  # the busiest core's block GEMV, for every item
+    comm.ledger.compute(2 * B * i * w.shape[0] // Q)  # the busiest core's block GEMV, for every item
     if comm.fast:
         with comm.ledger.op(f"allreduce.{coll.algo}"):
-            comm.book_allreduce(coll.algo, coll.k, B * w.shape[2])
-        return (x.reshape(B, P * i) @ w.reshape(P * i, -1)).reshape(B, Q, -1)
-    part = np.matmul(x.transpose(1, 0, 2), w).reshape(P, B, Q, -1)  # every core's block GEMV, all items
+            comm.book_allreduce(coll.algo, coll.k, B * w.shape[0])
+        return matmul_rows(w, x.reshape(B, P * i)).reshape(B, Q, -1)
+    per_core = w.reshape(-1, P, i).transpose(1, 2, 0)  # (P, i, Q*o): each core's blocks, every line's
+    part = np.matmul(x.transpose(1, 0, 2), per_core).reshape(P, B, Q, -1)  # every core's block GEMV, all items
     return comm.allreduce(part, coll.algo, coll.k, array_axis=0, collapse=True, overwrite=True)
 
 
@@ -63,7 +86,7 @@ class LayerShard:
         self.rows, self.cols = region.h, region.w
         self.cx = LineComm("x", region, region, None, ledger, fast=coll.fast)
         self.cy = LineComm("y", region, region, None, ledger, fast=coll.fast)
-        self.hd_r = arrays["wqkv"].shape[2] // (self.rows * (cfg.n_heads + 2 * cfg.n_kv_heads))
+        self.hd_r = arrays["wqkv"].shape[0] // (self.rows * (cfg.n_heads + 2 * cfg.n_kv_heads))
         self.inv_freq, _ = rope_tables(cfg, self.rows)  # (R, hd_r/2)
         self.kv = MeshKVCache(cfg, region, kv[0], kv[1], self.hd_r, dtype, self.cx)
         self.scale = np.float32(1.0 / np.sqrt(cfg.head_dim))
@@ -124,12 +147,11 @@ class LayerShard:
 
 
 def table_rows(table: np.ndarray, vocab: Chunks, dtype: str, tokens: np.ndarray) -> np.ndarray:
-    """Rows `tokens` (B,) of a packed tied table (C, dim_c, R*voc_r; vocab: its Chunks over the R rows) as
-    float32 (B, C, dim_c)."""
-    voc_r = table.shape[2] // vocab.index.shape[0]
+    """Rows `tokens` (B,) of a packed tied table (R*voc_r, C*dim_c; vocab: its Chunks over the R rows) as
+    float32 (B, C*dim_c)."""
+    voc_r = table.shape[0] // vocab.index.shape[0]
     rows = np.searchsorted(vocab.index[:, 0], tokens, side="right") - 1
-    col = rows * voc_r + tokens - vocab.index[rows, 0]
-    return np.ascontiguousarray(to_f32(table[:, :, col], dtype).transpose(2, 0, 1))  # (B, C, dim_c)
+    return to_f32(table[rows * voc_r + tokens - vocab.index[rows, 0]], dtype)  # (B, C*dim_c)
 
 
 class EmbedShard:
@@ -137,15 +159,14 @@ class EmbedShard:
                  coll: Collectives = KTREE_FAST, dtype: str = "float32"):
         self.cfg, self.region, self.ledger, self.coll, self.dtype = cfg, region, ledger, coll, dtype
         self.arrays = arrays
-        self.table, self.norm = arrays["table"], arrays["final_norm"]  # (C, dim_c, R*voc_r), (C, dim_c)
+        self.table, self.norm = arrays["table"], arrays["final_norm"]  # (R*voc_r, C*dim_c), (C, dim_c)
         self.rows, self.cols = region.h, region.w
         self.vocab = Chunks(cfg.vocab_size, region.h)
-        self.voc_r = self.table.shape[2] // region.h
         self.cx = LineComm("x", region, region, None, ledger, fast=coll.fast)
 
     def lookup(self, tokens: np.ndarray) -> np.ndarray:
         """The embedding rows of `tokens` (B,), each as (C, dim_c) in the core row that holds it."""
-        return table_rows(self.table, self.vocab, self.dtype, tokens)
+        return table_rows(self.table, self.vocab, self.dtype, tokens).reshape(len(tokens), self.cols, -1)
 
     def logits(self, x: np.ndarray) -> np.ndarray:
         """Final RMSNorm and the tied head as a MeshGEMV: x (B, C, dim_c) -> logits (B, vocab)."""
