@@ -3,9 +3,10 @@
 Prints, for SmolLM2-135M (greedy, R requests of T new tokens each, prompts of 5-9 tokens), ``--repeat``
 rounds in which the anchor and the wafer run back to back, and the ratios' median and spread over them:
 
-- the anchor (benchmarks/anchor.py: one process, one BLAS thread, float32 (in, out) weights with q|k|v and
-  gate|up fused, the R requests' tokens as one (R, dim) matmul per weight, attention batched) decoding the
-  R requests together, and one request alone;
+- the anchor (benchmarks/anchor.py: one process, one BLAS thread, float32 weights with q|k|v and gate|up
+  fused, the R requests' tokens as one batched BLAS call per weight over 64-row panels, attention batched)
+  decoding the R requests together, and one request alone; once, the anchor issue 18 describes ((in, out)
+  weights, one x @ W per weight), to show this one is faster;
 - the wafer with R requests in flight (tok/s, prefill included, like the anchor's) and 1 request (tok/s of
   its decode steps), each as a ratio of the anchor's (goals: >= 1.0 and >= 0.67);
 - whether the tokens are the same, the modelled tok/s of what ran against the placement's bound (>= 0.9),
@@ -78,6 +79,10 @@ def main() -> None:
     mesh = MeshSpec(*args.mesh, *args.tile) if args.mesh else default_mesh(config, WSE2, kv)
     placement = plan(config, WSE2, mesh, kv=kv)
     print(f"{len(reqs)} requests x {args.tokens} new tokens; wafer {mesh}")
+    _, plain_wall, _ = Anchor(config, weights, panels=False).generate(reqs)
+    _, panel_wall, _ = anchor.generate(reqs)
+    print(f"anchor with panels {len(reqs) * args.tokens / panel_wall:.1f} tok/s, the issue's (in, out) x @ W "
+          f"{len(reqs) * args.tokens / plain_wall:.1f} tok/s: {plain_wall / panel_wall:.2f}x")
     with WaferLLM(config, weights, placement) as llm:
         llm.generate(reqs[:1], Sampler())  # warm-up: first touches of every array
         rounds = [_round(anchor, llm, reqs) for _ in range(args.repeat)]

@@ -160,9 +160,8 @@ class TileProgram:
     def held_bytes(self) -> int:
         """Bytes of the weight blocks and K/V caches of the stages this tile hosts."""
         shards = [*self.layers.values(), *([self.embed] if self.embed else [])]
-        arrays = [a for sh in shards for a in sh.arrays.values()]
-        arrays += [a for sh in self.layers.values() for a in (sh.kv.k, sh.kv.v, sh.kv.pos)]
-        return sum(a.nbytes for a in arrays)
+        weights = sum(a.nbytes for sh in shards for a in sh.arrays.values())
+        return weights + sum(sh.kv.nbytes for sh in self.layers.values())
 
     # -- what happens to a micro-batch ---------------------------------------------------------------------
     def enter(self, mb: int, meta: np.ndarray) -> dict[int, np.ndarray] | None:

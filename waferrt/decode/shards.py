@@ -26,7 +26,7 @@ from waferrt.model.config import LlamaConfig
 from waferrt.model.reference import apply_rope, silu
 
 from .cost import ELEMENTWISE_FLOPS as EW
-from .kvcache import MeshKVCache
+from .kvcache import FlowKVCache, MeshKVCache
 from .pack import Chunks, rope_tables
 
 
@@ -59,6 +59,13 @@ def matmul_rows(w: np.ndarray, x: np.ndarray) -> np.ndarray:
     return np.matmul(w.reshape(-1, n, w.shape[1]), x.T).reshape(w.shape[0], len(x)).T  # (out/n, n, B) -> (B, out)
 
 
+def book_allreduce(comm: LineComm, coll: Collectives, values: int, replicated: bool = False) -> None:
+    """Book an allreduce of `values` float32 values per core along `comm`'s lines, computed another way
+    (the fast path)."""
+    with comm.ledger.op(f"allreduce.{coll.algo}"):
+        comm.book_allreduce(coll.algo, coll.k, values, replicated)
+
+
 def mesh_gemv(comm: LineComm, coll: Collectives, w: np.ndarray, x: np.ndarray) -> np.ndarray:
     """MeshGEMV: x (B, P, i) is split over the P cores of each of `comm`'s lines; w (Q*o, P*i) holds every
     core's block (waferrt.decode.pack: line q's outputs, its P cores' inputs side by side). Every core
@@ -69,8 +76,7 @@ def mesh_gemv(comm: LineComm, coll: Collectives, w: np.ndarray, x: np.ndarray) -
     Q = comm.lines
     comm.ledger.compute(2 * B * i * w.shape[0] // Q)  # the busiest core's block GEMV, for every item
     if comm.fast:
-        with comm.ledger.op(f"allreduce.{coll.algo}"):
-            comm.book_allreduce(coll.algo, coll.k, B * w.shape[0])
+        book_allreduce(comm, coll, B * w.shape[0])
         return matmul_rows(w, x.reshape(B, P * i)).reshape(B, Q, -1)
     per_core = w.reshape(-1, P, i).transpose(1, 2, 0)  # (P, i, Q*o): each core's blocks, every line's
     part = np.matmul(x.transpose(1, 0, 2), per_core).reshape(P, B, Q, -1)  # every core's block GEMV, all items
@@ -88,7 +94,8 @@ class LayerShard:
         self.cy = LineComm("y", region, region, None, ledger, fast=coll.fast)
         self.hd_r = arrays["wqkv"].shape[0] // (self.rows * (cfg.n_heads + 2 * cfg.n_kv_heads))
         self.inv_freq, _ = rope_tables(cfg, self.rows)  # (R, hd_r/2)
-        self.kv = MeshKVCache(cfg, region, kv[0], kv[1], self.hd_r, dtype, self.cx)
+        cache = FlowKVCache if coll.fast else MeshKVCache  # the same entries, counts and bookings
+        self.kv = cache(cfg, region, kv[0], kv[1], self.hd_r, dtype, self.cx)
         self.scale = np.float32(1.0 / np.sqrt(cfg.head_dim))
 
     def _w(self, name: str) -> np.ndarray:
@@ -98,6 +105,8 @@ class LayerShard:
         """q (B, R, nh, hd_r) -> (B, R, nh * hd_r). Item b attends to the positions <= poss[b] of its
         request's cache; every core runs over the m entries the fullest of them holds (masked where its
         own are fewer); scores, the softmax max and sum, and the weighted V sum reduce over the cores."""
+        if self.coll.fast:
+            return self._attention_flow(slots, poss, q)
         B, nkv, m = len(slots), self.cfg.n_kv_heads, self.kv.held_most(slots)
         rep, coll = self.cfg.n_heads // nkv, self.coll
         kc, vc = self.kv.read(slots, m)  # (B, R, nkv, hd_r, m*C), (B, C, nkv, m, R*hd_r)
@@ -121,6 +130,27 @@ class LayerShard:
         a = self.cx.allreduce(out, coll.algo, coll.k, array_axis=1, collapse=True,
                               overwrite=True)  # (B, nkv, rep, R, hd_r)
         return a.transpose(0, 3, 1, 2, 4).reshape(B, self.rows, -1)
+
+    def _attention_flow(self, slots: np.ndarray, poss: np.ndarray, q: np.ndarray) -> np.ndarray:
+        """_attention on the fast path (FlowKVCache): every item against its request's positions at once, in
+        position order; booked as the cores run it (over the m entries the fullest core holds)."""
+        B, nkv, m, R = len(slots), self.cfg.n_kv_heads, self.kv.held_most(slots), self.rows
+        rep, coll, L, work = self.cfg.n_heads // nkv, self.coll, int(poss.max()) + 1, B * nkv * self.cfg.n_heads // nkv
+        kc, vc = self.kv.read(slots, L)  # (B, nkv, R*hd_r, L), (B, nkv, L, R*hd_r)
+        qg = q.reshape(B, R, nkv, rep, self.hd_r).transpose(0, 2, 3, 1, 4).reshape(B, nkv, rep, -1)
+        scores = np.matmul(qg, kc) * self.scale  # (B, nkv, rep, L)
+        self.ledger.compute(2 * work * self.hd_r * m)
+        book_allreduce(self.cy, coll, work * m * self.cols)  # every core's partial scores, over the rows
+        scores = np.where((np.arange(L)[None] <= poss[:, None])[:, None, None], scores, np.float32(-np.inf))
+        e = np.exp(scores - scores.max(axis=3, keepdims=True))
+        book_allreduce(self.cx, coll, work, replicated=True)  # the max over the columns
+        total = e.sum(axis=3, keepdims=True)
+        book_allreduce(self.cx, coll, work, replicated=True)  # the sum
+        self.ledger.compute(EW["softmax"] * work * m)
+        out = np.matmul(e / total, vc)  # (B, nkv, rep, R*hd_r)
+        self.ledger.compute(2 * work * self.hd_r * m)
+        book_allreduce(self.cx, coll, work * R * self.hd_r)  # the weighted V sums, over the columns
+        return out.reshape(B, nkv, rep, R, self.hd_r).transpose(0, 3, 1, 2, 4).reshape(B, R, -1)
 
     # -- a batch of tokens ------------------------------------------------------------------------------
     def forward(self, x: np.ndarray, slots: np.ndarray, poss: np.ndarray) -> np.ndarray:
