@@ -11,6 +11,7 @@ rounds in which the anchor and the wafer run back to back, and the ratios' media
   its decode steps), each as a ratio of the anchor's (goals: >= 1.0 and >= 0.67);
 - whether the tokens are the same, the modelled tok/s of what ran against the placement's bound (>= 0.9),
   Ray calls per generated token in steady state (0), peak RSS per tile beyond its share of the weights;
+- the anchor and the tiles at the same niceness (Ray's workers default to 15; RAY_worker_niceness=0 here);
 - with --ttft, the shell's time to the first token of `waferrt generate`, twice (the second run reads the
   dequantised-weights cache; goal <= 10 s).
 
@@ -22,6 +23,8 @@ from __future__ import annotations
 import os
 
 os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")  # the anchor runs single-threaded, like a tile
+os.environ.setdefault("RAY_worker_niceness", "0")  # Ray runs its workers at nice 15: on a shared machine the
+# tiles would yield to every other process and the anchor (nice 0) would not; here both run at nice 0
 
 import argparse  # noqa: E402
 import statistics  # noqa: E402

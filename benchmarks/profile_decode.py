@@ -16,6 +16,7 @@ from __future__ import annotations
 import os
 
 os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
+os.environ.setdefault("RAY_worker_niceness", "0")  # as benchmarks/decode.py
 
 import argparse  # noqa: E402
 import collections  # noqa: E402

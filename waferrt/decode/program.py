@@ -114,6 +114,8 @@ class TileProgram:
         self.records: list[StageRun] = []
         self.paces: dict[int, float] = {}  # stage -> its wall seconds per run lately (an EMA)
         self.trace = None  # a waferrt.core.trace.Recorder while tracing (waferrt.decode.tracing), else None
+        self._alone_memo: dict[tuple[int, int, bool], float] = {}  # (stage, position, wants logits) -> cycles
+        self._handovers: dict[tuple[int, int], Cost] = {}  # (stage, items) -> handover_cost
 
     def hosts(self, s: int) -> bool:
         return self.tiles[s] == self.tile
@@ -241,15 +243,20 @@ class TileProgram:
     def _items(self, s: int, meta: np.ndarray, cycles: float) -> tuple[Item, ...]:
         """The micro-batch's tokens at stage s, each with the cycles it would take there alone (streaming: its
         share of the run's `cycles`)."""
-        st, kind, region = self.setup, self.stages[s][0], self.stages[s][2]
-        if st.streaming:
-            return tuple(Item(int(req), int(pos), bool(want), cycles / len(meta))
-                         for _, _, pos, want, req in meta.tolist())
-        prev = self.stages[s - 1][2] if s else None
-        coll = st.collectives
-        return tuple(Item(int(req), int(pos), bool(want), alone_cycles(
-            self.ledger.spec, st.config, prev, region, kind, int(pos), bool(want), coll.algo, coll.k))
-            for _, _, pos, want, req in meta.tolist())
+        rows = meta.tolist()
+        if self.setup.streaming:
+            return tuple(Item(req, pos, bool(want), cycles / len(meta)) for _, _, pos, want, req in rows)
+        return tuple(Item(req, pos, bool(want), self._alone(s, pos, bool(want))) for _, _, pos, want, req in rows)
+
+    def _alone(self, s: int, pos: int, want: bool) -> float:
+        """decode.cost.alone_cycles of a token at stage s (kept: a stage sees the same positions again)."""
+        key = (s, pos, want)
+        if key not in self._alone_memo:
+            st, (kind, _, region) = self.setup, self.stages[s]
+            prev = self.stages[s - 1][2] if s else None
+            self._alone_memo[key] = alone_cycles(self.ledger.spec, st.config, prev, region, kind, pos, want,
+                                                 st.collectives.algo, st.collectives.k)
+        return self._alone_memo[key]
 
     def _stage(self, s: int, meta: np.ndarray, x):
         """Stage s on a micro-batch -> (its activations out, the logits by item if it is the head)."""
@@ -301,6 +308,8 @@ class TileProgram:
     def _handover(self, s: int, items: int) -> None:
         """The activations of stage s-1 enter stage s's region: they cross the gap between the regions and
         are multicast down its rows (decode.cost.handover_cost, the one formula)."""
-        src, dst = self.stages[s - 1][2], self.stages[s][2]
+        if (s, items) not in self._handovers:
+            src, dst = self.stages[s - 1][2], self.stages[s][2]
+            self._handovers[s, items] = handover_cost(self.ledger.spec, src, dst, 4 * self.setup.config.dim * items)
         with self.ledger.op("handover"):
-            self.ledger.add(handover_cost(self.ledger.spec, src, dst, 4 * self.setup.config.dim * items))
+            self.ledger.add(self._handovers[s, items])
