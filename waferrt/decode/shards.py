@@ -33,8 +33,12 @@ from .pack import Chunks, rope_tables
 def mesh_rmsnorm(comm: LineComm, x: np.ndarray, w: np.ndarray, cfg: LlamaConfig, coll: Collectives) -> np.ndarray:
     """RMSNorm of x (B, C, dim_c), split over the columns of `comm`'s line: the sum of squares is a row
     allreduce (every row does the same one: one copy is kept)."""
-    ss = comm.allreduce((x * x).sum(axis=2), coll.algo, coll.k, array_axis=1, replicated=True,
-                        collapse=True)  # (B,)
+    if comm.fast:  # the sum at once, the allreduce of one value per item booked
+        ss = np.einsum("bcd,bcd->b", x, x)  # (B,)
+        book_allreduce(comm, coll, x.shape[0], replicated=True)
+    else:
+        ss = comm.allreduce((x * x).sum(axis=2), coll.algo, coll.k, array_axis=1, replicated=True,
+                            collapse=True)  # (B,)
     comm.ledger.compute(EW["rmsnorm"] * x.shape[0] * x.shape[2])
     scale = np.float32(1.0) / np.sqrt(ss / np.float32(cfg.dim) + np.float32(cfg.norm_eps))
     return x * scale[:, None, None] * w
