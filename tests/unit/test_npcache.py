@@ -71,7 +71,7 @@ def test_the_embedding_table_is_cut_from_its_file_block_by_block(tmp_path, monke
     np.testing.assert_array_equal(table.read_rows(40, 90), w.embed[40:90])
     for region in (Region(0, 0, 3, 5), Region(0, 0, 1, 1), Region(0, 0, 7, 2)):
         got = pack.pack_embed(cfg, table, w.final_norm, region)["table"]
-        want = pack._cols_first([(w.embed, embed_layout(cfg, region))])
+        want = pack.out_in(to_blocks(w.embed, embed_layout(cfg, region)), "y")
         np.testing.assert_array_equal(got, want)
 
 

@@ -49,9 +49,7 @@ class MeshKVCache:
         starts its request afresh: the slot's cache is emptied first (the slot may have held another)."""
         for slot in np.unique(slots[poss == 0]):
             self.reset(int(slot))
-        order = np.zeros(len(slots), np.int64)  # the how-many-th item of its request each item is
-        for i in range(1, len(slots)):
-            order[i] = np.count_nonzero(slots[:i] == slots[i])
+        order = _rounds(slots)
         for r in range(int(order.max()) + 1):
             sel = np.flatnonzero(order == r)
             self._insert_distinct(slots[sel], k_new[sel], v_new[sel], poss[sel])
@@ -97,6 +95,10 @@ class MeshKVCache:
         got = got.swapaxes(0, 1)  # (n, span, R, 2, nkv, hd_r + 1)
         return got[:, :, :, 0, :, :-1], got[:, :, :, 1, :, :-1], got[:, :, 0, 0, 0, -1].astype(np.int64)
 
+    @property
+    def nbytes(self) -> int:
+        return self.k.nbytes + self.v.nbytes + self.pos.nbytes + self.count.nbytes
+
     # -- reading ------------------------------------------------------------------------------------------
     def held_most(self, slots: np.ndarray) -> int:
         """The most entries any core holds for these requests: what attention runs over."""
@@ -127,3 +129,79 @@ class MeshKVCache:
         """The token positions the cache of `slot` holds, every column's entries in order."""
         held = np.arange(self.cap)[:, None] < self.count[slot][None, :]
         return sorted(self.pos[slot][held].tolist())
+
+
+class FlowKVCache:
+    """The shift-based cache of :class:`MeshKVCache` on the fast path: the same counts, shifts and bookings,
+    the entries kept in position order. Positions flow east oldest first, so a request's n positions lie
+    in contiguous runs, the newest at column 0, column c holding n // C + (c < n % C) of them: where every
+    entry lies follows from n, and attention (waferrt.decode.shards) reads a request's entries at once.
+    Each insert books the shift the mesh would make -- one routing stage of one hop, a message per moving
+    core, carrying K, V and the position of one entry per request (what ``MeshKVCache._shift_oldest``
+    sends hop by hop) -- so the ledger is the same; tests/unit/test_fast_path.py holds the two to it.
+    K is (slots, n_kv, rows * hd_r, positions), V (slots, n_kv, positions, rows * hd_r)."""
+
+    def __init__(self, cfg: LlamaConfig, region: Region, slots: int, kv_tokens: int, hd_r: int, dtype: str,
+                 comm: LineComm):
+        self.rows, self.cols, self.nkv, self.hd_r = region.h, region.w, cfg.n_kv_heads, hd_r
+        self.dtype, self.comm = dtype, comm  # comm: the region's x-line (columns), where the shifts are booked
+        self.cap = cdiv(kv_tokens, region.w)
+        width, store = self.rows * hd_r, storage_dtype(dtype)
+        self.k = np.zeros((slots, self.nkv, width, self.cap * self.cols), store)
+        self.v = np.zeros((slots, self.nkv, self.cap * self.cols, width), store)
+        self.count = np.zeros((slots, self.cols), np.int64)
+
+    @property
+    def nbytes(self) -> int:
+        return self.k.nbytes + self.v.nbytes + self.count.nbytes
+
+    def insert(self, slots: np.ndarray, k_new: np.ndarray, v_new: np.ndarray, poss: np.ndarray) -> None:
+        """As MeshKVCache.insert: k_new, v_new (B, R, nkv, hd_r) at positions poss of the items' slots."""
+        starts = slots[poss == 0]
+        self.count[starts] = 0
+        rounds = _rounds(slots)
+        for r in range(int(rounds.max()) + 1):
+            self._shift(slots[rounds == r])
+        B = len(slots)
+        self.k[slots, :, :, poss] = to_storage(k_new.transpose(0, 2, 1, 3).reshape(B, self.nkv, -1), self.dtype)
+        self.v[slots, :, poss] = to_storage(v_new.transpose(0, 2, 1, 3).reshape(B, self.nkv, -1), self.dtype)
+
+    def _shift(self, S: np.ndarray) -> None:
+        """One new entry for each of the (distinct) slots S: count it, and book the shift it makes."""
+        n = self.count[S].sum(axis=1)
+        end = n % self.cols  # the first column shorter than column 0 (0: none is)
+        full = n >= self.cap * self.cols
+        if full.any():
+            raise KVCapacityError(f"the K/V cache of this layer is full ({self.cap * self.cols} positions) "
+                                  f"for the request in slot {int(S[full][0])}; admission should have refused it")
+        span = int(end.max())
+        if span:
+            with self.comm.ledger.op("kv.shift"):
+                nbytes = len(S) * 2 * self.nkv * (self.hd_r + 1) * 4  # per line: K, V, position, as float32
+                self.comm.ledger.message(1, nbytes, span * self.comm.lines)
+        self.count[S, end] += 1
+
+    def held_most(self, slots: np.ndarray) -> int:
+        return int(self.count[slots].max())
+
+    def read(self, slots: np.ndarray, length: int) -> tuple[np.ndarray, np.ndarray]:
+        """float32 K (B, nkv, R*hd_r, length) and V (B, nkv, length, R*hd_r): positions 0..length-1 of the
+        items' requests (what a request does not hold yet is masked by the caller)."""
+        return (to_f32(self.k[slots, :, :, :length], self.dtype),
+                to_f32(self.v[slots, :, :length], self.dtype))
+
+    def reset(self, slot: int) -> None:
+        self.count[slot] = 0
+
+    def held(self, slot: int) -> np.ndarray:
+        return self.count[slot].copy()
+
+    def positions(self, slot: int) -> list[int]:
+        return list(range(int(self.count[slot].sum())))
+
+
+def _rounds(slots: np.ndarray) -> np.ndarray:
+    """The how-many-th item of its request each item is (a prompt's items go in one after another)."""
+    if len(np.unique(slots)) == len(slots):
+        return np.zeros(len(slots), np.int64)
+    return np.array([np.count_nonzero(slots[:i] == s) for i, s in enumerate(slots.tolist())], np.int64)

@@ -2,13 +2,14 @@
 
 Contract: pure functions from full float32 weights (y = W @ x, W (out, in)) and a region to the
 arrays a tile keeps for that region. The block contents are exactly the MeshGEMV blocks of
-waferrt.decode.layout (each core (r, c) owns W[out chunk, in chunk]); the arrays group the blocks so a
-tile can run every core's local GEMV as one batched matmul:
+waferrt.decode.layout (each core (r, c) owns W[out chunk, in chunk]); each matrix keeps its blocks as one
+C-contiguous (lines * out_block, cores per line * in_block) matrix -- out by in, the output lines' blocks
+one after another, a line's cores' blocks side by side along the input -- so that a tile runs every
+core's local GEMV of a micro-batch as a few BLAS calls over contiguous panels of output rows
+(waferrt.decode.shards.mesh_gemv), and core (r, c)'s block is still one rectangle of it:
 
-- input split over columns (wqkv, w13): (cols, in_block, rows * out_block): the cores of one column
-  share that column's input chunk, so their blocks stack along the output axis (stored transposed:
-  x (cols, 1, in) @ w is one batched row-times-matrix, the fastest form for numpy here).
-- input split over rows (wo, w_down): (rows, in_block, cols * out_block).
+- input split over columns, output over rows (wqkv, w13; the table): (rows * out_block, cols * in_block).
+- input split over rows, output over columns (wo, w_down): (cols * out_block, rows * in_block).
 Vectors split over columns (x, norm weights) are (cols, chunk), zero-padded where chunks are uneven.
 """
 
@@ -45,32 +46,36 @@ class Chunks:
         return out
 
 
-def _cols_first(cuts) -> np.ndarray:
-    """Matrices cut into (rows, cols, *out_j, in) blocks -- `cuts`: (array, Layout) pairs, cut one at a time --
-    joined along the outputs: (cols, in, rows * sum(out_j)), row r's outputs part 0's then part 1's ...;
-    x (cols, 1, in) @ this is every core's GEMV. Each part goes straight into place (one copy), so the packing
-    holds the result and one part at a time."""
-    cuts = list(cuts)
+def out_in(blocks: np.ndarray, out_over: str) -> np.ndarray:
+    """(rows, cols, *out, in) blocks -> one (lines * prod(out), cores * in) matrix: the output split over the
+    region's rows (`out_over` "y": lines are rows, the input over columns) or its columns ("x")."""
+    r, c, i = blocks.shape[0], blocks.shape[1], blocks.shape[-1]
+    b = blocks.reshape(r, c, -1, i)  # (R, C, out, in)
+    lines = b.transpose(0, 2, 1, 3) if out_over == "y" else b.transpose(1, 2, 0, 3)  # (line, out, core, in)
+    return np.ascontiguousarray(lines).reshape(lines.shape[0] * lines.shape[1], -1)
+
+
+def blocks_of(matrix: np.ndarray, out_over: str, region: Region) -> np.ndarray:
+    """Inverse of out_in: a packed (lines * out, cores * in) matrix of `region` -> (rows, cols, out, in)."""
+    lines, cores = (region.h, region.w) if out_over == "y" else (region.w, region.h)
+    b = matrix.reshape(lines, matrix.shape[0] // lines, cores, matrix.shape[1] // cores)  # (line, out, core, in)
+    return b.transpose(0, 2, 1, 3) if out_over == "y" else b.transpose(2, 0, 1, 3)
+
+
+def _joined(cuts) -> np.ndarray:
+    """out_in(..., "y") of several matrices joined along the outputs (a row's part 0 outputs, then part 1's
+    ...). `cuts`: (make, Layout) pairs, `make()` giving the matrix in its storage form; each is cut and copied
+    straight into place one at a time, so the packing holds the result and one part (at real sizes a
+    Llama3-8B layer is 436 MB in float16)."""
     outs = [int(np.prod(lay.max_block_shape()[:-1])) for _, lay in cuts]
-    rows, cols, width = cuts[0][1].region.h, cuts[0][1].region.w, cuts[0][1].max_block_shape()[-1]
-    out = np.empty((cols, width, rows, sum(outs)), np.dtype(cuts[0][1].dtype))
+    region, width = cuts[0][1].region, cuts[0][1].max_block_shape()[-1]
+    out = np.empty((region.h, sum(outs), region.w, width), np.dtype(cuts[0][1].dtype))
     start = 0
-    for (a, lay), n in zip(cuts, outs):
-        blocks = to_blocks(a, lay).reshape(rows, cols, n, width)
-        out[:, :, :, start:start + n] = blocks.transpose(1, 3, 0, 2)
+    for (make, lay), n in zip(cuts, outs, strict=True):
+        blocks = to_blocks(make(), lay).reshape(region.h, region.w, n, width)
+        out[:, start:start + n] = blocks.transpose(0, 2, 1, 3)
         start += n
-    return out.reshape(cols, width, rows * start)
-
-
-def _rows_first(blocks: np.ndarray) -> np.ndarray:
-    """(rows, cols, *out, in) -> (rows, in, cols * prod(out))."""
-    r = blocks.shape[0]
-    return np.ascontiguousarray(blocks.reshape(r, -1, blocks.shape[-1]).swapaxes(1, 2))
-
-
-def _heads_joined(o: np.ndarray) -> np.ndarray:
-    """wo's blocks (R, C, dim_c, nh, hd_r) with the heads' inputs as one axis: (R, C, dim_c, nh*hd_r)."""
-    return o.reshape(o.shape[:3] + (-1,))
+    return out.reshape(region.h * start, region.w * width)
 
 
 def pack_layer(cfg: LlamaConfig, lw, region: Region, dtype: str = "float32") -> dict[str, np.ndarray]:
@@ -84,12 +89,16 @@ def pack_layer(cfg: LlamaConfig, lw, region: Region, dtype: str = "float32") -> 
     def stored(a: np.ndarray, *shape: int) -> np.ndarray:  # weights in `dtype`'s numpy form, reshaped
         return to_storage(a, dtype).reshape(shape or a.shape)
 
+    def cut(a: np.ndarray, key: str, *shape: int):  # made when _joined takes it
+        return (lambda: stored(a, *shape)), lay[key]
+
+    o = to_blocks(stored(lw.wo, cfg.dim, nh, hd), lay["wo"])  # (R, C, dim_c, nh, hd_r)
     return {
-        "wqkv": _cols_first([(stored(lw.wq, nh, hd, cfg.dim), lay["wq"]), (stored(lw.wk, nkv, hd, cfg.dim), lay["wk"]),
-                             (stored(lw.wv, nkv, hd, cfg.dim), lay["wv"])]),  # (C, dim_c, R*(nh+2nkv)*hd_r)
-        "wo": _rows_first(_heads_joined(to_blocks(stored(lw.wo, cfg.dim, nh, hd), lay["wo"]))),  # (R, nh*hd_r, C*dim_c)
-        "w13": _cols_first([(stored(lw.w_gate), lay["w_gate"]), (stored(lw.w_up), lay["w_up"])]),  # (C, dim_c, R*2*hid_r)
-        "w2": _rows_first(to_blocks(stored(lw.w_down), lay["w_down"])),  # (R, hid_r, C*dim_c)
+        "wqkv": _joined([cut(lw.wq, "wq", nh, hd, cfg.dim), cut(lw.wk, "wk", nkv, hd, cfg.dim),
+                         cut(lw.wv, "wv", nkv, hd, cfg.dim)]),  # (R*(nh+2nkv)*hd_r, C*dim_c)
+        "wo": out_in(o.reshape(o.shape[:3] + (-1,)), "x"),  # (C*dim_c, R*nh*hd_r)
+        "w13": _joined([cut(lw.w_gate, "w_gate"), cut(lw.w_up, "w_up")]),  # (R*2*hid_r, C*dim_c)
+        "w2": out_in(to_blocks(stored(lw.w_down), lay["w_down"]), "x"),  # (C*dim_c, R*hid_r)
         "attn_norm": to_blocks(stored(lw.attn_norm), lay["attn_norm"])[0],  # (C, dim_c)
         "ffn_norm": to_blocks(stored(lw.ffn_norm), lay["ffn_norm"])[0],
     }
@@ -100,19 +109,20 @@ ROWS_PER_BLOCK = 4096  # vocabulary rows cut at a time (the table is never copie
 
 def pack_embed(cfg: LlamaConfig, embed, final_norm: np.ndarray, region: Region,
                dtype: str = "float32") -> dict[str, np.ndarray]:
-    """The tied embedding/head table as (cols, dim_c, rows * vocab_block) -- core (r, c) holds its vocabulary
+    """The tied embedding/head table as (rows * vocab_block, cols * dim_c) -- core (r, c) holds its vocabulary
     chunk r's rows of dim chunk c -- and the final norm (cols, dim_c). The table is cut block of rows by
     block of rows into the one output array; `embed` is an array, or anything with ``shape`` and
     ``read_rows(r0, r1)`` (a table read from its file a block at a time)."""
     vocab, dims = Chunks(cfg.vocab_size, region.h), Chunks(cfg.dim, region.w)
     voc_r = vocab.index.shape[1]
-    out = np.zeros((region.w, dims.index.shape[1], region.h * voc_r), storage_dtype(dtype))
+    place = np.empty(cfg.vocab_size, np.int64)  # vocabulary row -> its place on its core row's block axis
+    place[vocab.index[vocab.valid]] = np.flatnonzero(vocab.valid.reshape(-1))
+    out = np.zeros((region.h * voc_r, region.w * dims.index.shape[1]), storage_dtype(dtype))
     read = getattr(embed, "read_rows", None) or (lambda r0, r1: np.asarray(embed[r0:r1]))
-    for r, (first, n) in enumerate(zip(vocab.index[:, 0].tolist(), vocab.valid.sum(axis=1).tolist())):
-        for i in range(0, n, ROWS_PER_BLOCK):  # core row r holds vocabulary rows first .. first + n - 1
-            j = min(i + ROWS_PER_BLOCK, n)
-            block = dims.split(to_storage(read(first + i, first + j), dtype))  # (j - i, C, dim_c)
-            out[:, :, r * voc_r + i: r * voc_r + j] = block.transpose(1, 2, 0)
+    for r0 in range(0, cfg.vocab_size, ROWS_PER_BLOCK):
+        r1 = min(r0 + ROWS_PER_BLOCK, cfg.vocab_size)
+        block = dims.split(to_storage(read(r0, r1), dtype))  # (n, C, dim_c), stored before it is cut
+        out[place[r0:r1]] = block.reshape(r1 - r0, -1)
     return {"table": out, "final_norm": to_storage(to_blocks(final_norm, final_norm_layout(cfg, region))[0], dtype)}
 
 

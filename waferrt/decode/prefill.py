@@ -40,7 +40,7 @@ from waferrt.model.reference import apply_rope, rmsnorm, rope_cos_sin, silu
 from .cost import ELEMENTWISE_FLOPS as EW
 from .cost import handover_bytes, handover_cost
 from .layout import layer_layouts
-from .pack import Chunks
+from .pack import Chunks, blocks_of
 
 PREFILL_MAX_TOKENS = 512  # a prompt this long or shorter enters whole and is prefilled by MeshGEMM
 
@@ -63,27 +63,15 @@ def prefill_runs(meta: np.ndarray) -> list[np.ndarray]:
 
 
 # -- the layer's weights back in full, from the decode's blocks -------------------------------------------
-def _uncols(a: np.ndarray, rows: int, out: tuple[int, ...]) -> np.ndarray:
-    """Inverse of pack._cols_first: (cols, in, rows * prod(out)) -> (rows, cols, *out, in)."""
-    cols, inp = a.shape[0], a.shape[1]
-    return a.swapaxes(1, 2).reshape((cols, rows) + out + (inp,)).swapaxes(0, 1)
-
-
-def _unrows(a: np.ndarray, cols: int, out: tuple[int, ...]) -> np.ndarray:
-    """Inverse of pack._rows_first: (rows, in, cols * prod(out)) -> (rows, cols, *out, in)."""
-    rows, inp = a.shape[0], a.shape[1]
-    return a.swapaxes(1, 2).reshape((rows, cols) + out + (inp,))
-
-
 def full_weights(cfg: LlamaConfig, region: Region, arrays: dict, dtype: str) -> dict[str, np.ndarray]:
     """A LayerShard's packed arrays as the float32 matrices (y = W @ x) of the reference's LayerWeights."""
     lay, R, C = layer_layouts(cfg, region), region.h, region.w
     nh, nkv, hd = cfg.n_heads, cfg.n_kv_heads, cfg.head_dim
-    hd_r = arrays["wqkv"].shape[2] // (R * (nh + 2 * nkv))
-    qkv = _uncols(to_f32(arrays["wqkv"], dtype), R, (nh + 2 * nkv, hd_r))
-    w13 = _uncols(to_f32(arrays["w13"], dtype), R, (2, arrays["w13"].shape[2] // (2 * R)))
-    wo = _unrows(to_f32(arrays["wo"], dtype), C, (arrays["wo"].shape[2] // C,)).reshape(R, C, -1, nh, hd_r)
-    w2 = _unrows(to_f32(arrays["w2"], dtype), C, (arrays["w2"].shape[2] // C,))
+    hd_r = arrays["wqkv"].shape[0] // (R * (nh + 2 * nkv))
+    qkv = blocks_of(to_f32(arrays["wqkv"], dtype), "y", region).reshape(R, C, nh + 2 * nkv, hd_r, -1)
+    w13 = blocks_of(to_f32(arrays["w13"], dtype), "y", region).reshape(R, C, 2, -1, arrays["w13"].shape[1] // C)
+    wo = blocks_of(to_f32(arrays["wo"], dtype), "x", region).reshape(R, C, -1, nh, hd_r)
+    w2 = blocks_of(to_f32(arrays["w2"], dtype), "x", region)
     return {
         "wq": from_blocks(qkv[:, :, :nh], lay["wq"]).reshape(nh * hd, cfg.dim),
         "wk": from_blocks(qkv[:, :, nh:nh + nkv], lay["wk"]).reshape(nkv * hd, cfg.dim),

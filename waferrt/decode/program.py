@@ -115,6 +115,8 @@ class TileProgram:
         self.records: list[StageRun] = []
         self.paces: dict[int, float] = {}  # stage -> its wall seconds per run lately (an EMA)
         self.trace = None  # a waferrt.core.trace.Recorder while tracing (waferrt.decode.tracing), else None
+        self._alone_memo: dict[tuple[int, int, bool], float] = {}  # (stage, position, wants logits) -> cycles
+        self._handovers: dict[tuple[int, int], Cost] = {}  # (stage, items) -> handover_cost
 
     def hosts(self, s: int) -> bool:
         return self.tiles[s] == self.tile
@@ -161,9 +163,8 @@ class TileProgram:
     def held_bytes(self) -> int:
         """Bytes of the weight blocks and K/V caches of the stages this tile hosts."""
         shards = [*self.layers.values(), *([self.embed] if self.embed else [])]
-        arrays = [a for sh in shards for a in sh.arrays.values()]
-        arrays += [a for sh in self.layers.values() for a in (sh.kv.k, sh.kv.v, sh.kv.pos)]
-        return sum(a.nbytes for a in arrays)
+        weights = sum(a.nbytes for sh in shards for a in sh.arrays.values())
+        return weights + sum(sh.kv.nbytes for sh in self.layers.values())
 
     # -- what happens to a micro-batch ---------------------------------------------------------------------
     def enter(self, mb: int, meta: np.ndarray) -> dict[int, np.ndarray] | None:
@@ -243,16 +244,27 @@ class TileProgram:
     def _items(self, s: int, meta: np.ndarray, cycles: float) -> tuple[Item, ...]:
         """The micro-batch's tokens at stage s, each with the cycles it would take there alone (streaming: its
         share of the run's `cycles`)."""
-        st, kind, region = self.setup, self.stages[s][0], self.stages[s][2]
-        if st.streaming:
-            return tuple(Item(int(req), int(pos), bool(want), cycles / len(meta))
-                         for _, _, pos, want, req in meta.tolist())
-        stage = (kind, self.stages[s - 1][2] if s else None, region)
-        whole = {i: len(run) for run in prefill_runs(meta) for i in run} if st.prefill and kind == "layer" else {}
-        return tuple(Item(int(req), int(pos), bool(want), prefill_item_cycles(
-            self.ledger.spec, st.config, stage[1], region, whole[i]) if i in whole else alone_cycles(
-            self.ledger.spec, st.decoding, stage, int(pos), bool(want)))
-            for i, (_, _, pos, want, req) in enumerate(meta.tolist()))
+        rows = meta.tolist()
+        if self.setup.streaming:
+            return tuple(Item(req, pos, bool(want), cycles / len(meta)) for _, _, pos, want, req in rows)
+        whole = ({i: len(run) for run in prefill_runs(meta) for i in run}
+                 if self.setup.prefill and self.stages[s][0] == "layer" else {})
+        return tuple(Item(req, pos, bool(want), self._prefill_item(s, whole[i]) if i in whole else
+                          self._alone(s, pos, bool(want))) for i, (_, _, pos, want, req) in enumerate(rows))
+
+    def _alone(self, s: int, pos: int, want: bool) -> float:
+        """decode.cost.alone_cycles of a token at stage s (kept: a stage sees the same positions again)."""
+        key = (s, pos, want)
+        if key not in self._alone_memo:
+            kind, _, region = self.stages[s]
+            stage = (kind, self.stages[s - 1][2] if s else None, region)
+            self._alone_memo[key] = alone_cycles(self.ledger.spec, self.setup.decoding, stage, pos, want)
+        return self._alone_memo[key]
+
+    def _prefill_item(self, s: int, tokens: int) -> float:
+        """A prompt token's share of stage s's prefill of a whole prompt of `tokens` (decode.prefill)."""
+        prev = self.stages[s - 1][2] if s else None
+        return prefill_item_cycles(self.ledger.spec, self.setup.config, prev, self.stages[s][2], tokens)
 
     def _stage(self, s: int, meta: np.ndarray, x):
         """Stage s on a micro-batch -> (its activations out, the logits by item if it is the head)."""
@@ -306,6 +318,9 @@ class TileProgram:
     def _handover(self, s: int, items: int) -> None:
         """The activations of stage s-1 enter stage s's region: they cross the gap between the regions and
         are multicast down its rows (decode.cost.handover_cost, the one formula)."""
-        src, dst = self.stages[s - 1][2], self.stages[s][2]
+        if (s, items) not in self._handovers:
+            src, dst = self.stages[s - 1][2], self.stages[s][2]
+            self._handovers[s, items] = handover_cost(self.ledger.spec, src, dst,
+                                                         handover_bytes(self.setup.config, items))
         with self.ledger.op("handover"):
-            self.ledger.add(handover_cost(self.ledger.spec, src, dst, handover_bytes(self.setup.config, items)))
+            self.ledger.add(self._handovers[s, items])

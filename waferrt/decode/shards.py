@@ -14,6 +14,8 @@ norm, computes the logits.
 
 from __future__ import annotations
 
+import functools
+
 import numpy as np
 
 from waferrt.core.dtypes import to_f32
@@ -24,33 +26,64 @@ from waferrt.model.config import LlamaConfig
 from waferrt.model.reference import apply_rope, silu
 
 from .cost import ELEMENTWISE_FLOPS as EW
-from .kvcache import MeshKVCache
+from .kvcache import FlowKVCache, MeshKVCache
 from .pack import Chunks, rope_tables
 
 
 def mesh_rmsnorm(comm: LineComm, x: np.ndarray, w: np.ndarray, cfg: LlamaConfig, coll: Collectives) -> np.ndarray:
     """RMSNorm of x (B, C, dim_c), split over the columns of `comm`'s line: the sum of squares is a row
     allreduce (every row does the same one: one copy is kept)."""
-    ss = comm.allreduce((x * x).sum(axis=2), coll.algo, coll.k, array_axis=1, replicated=True,
-                        collapse=True)  # (B,)
+    if comm.fast:  # the sum at once, the allreduce of one value per item booked
+        ss = np.einsum("bcd,bcd->b", x, x)  # (B,)
+        book_allreduce(comm, coll, x.shape[0], replicated=True)
+    else:
+        ss = comm.allreduce((x * x).sum(axis=2), coll.algo, coll.k, array_axis=1, replicated=True,
+                            collapse=True)  # (B,)
     comm.ledger.compute(EW["rmsnorm"] * x.shape[0] * x.shape[2])
     scale = np.float32(1.0) / np.sqrt(ss / np.float32(cfg.dim) + np.float32(cfg.norm_eps))
     return x * scale[:, None, None] * w
 
 
+PANEL_ROWS = 64  # the most output rows per BLAS call: a few tokens times a narrow panel of a matrix runs
+# 1.5-2x faster than times the whole matrix at once (OpenBLAS packs less; benchmarks/profile_decode.py)
+
+
+@functools.lru_cache(maxsize=None)
+def _panel(rows: int) -> int:
+    """The widest panel of at most PANEL_ROWS rows that cuts `rows` evenly."""
+    return max(n for n in range(1, min(rows, PANEL_ROWS) + 1) if rows % n == 0)
+
+
+def matmul_rows(w: np.ndarray, x: np.ndarray) -> np.ndarray:
+    """x (B, in) times w (out, in) transposed -> (B, out), as one batched BLAS call over panels of w's rows
+    (one GEMV for a single token). The sums are each output's dot product, whatever the panels."""
+    if len(x) == 1:
+        return (w @ x[0])[None]
+    n = _panel(w.shape[0])
+    return np.matmul(w.reshape(-1, n, w.shape[1]), x.T).reshape(w.shape[0], len(x)).T  # (out/n, n, B) -> (B, out)
+
+
+def book_allreduce(comm: LineComm, coll: Collectives, values: int, replicated: bool = False) -> None:
+    """Book an allreduce of `values` float32 values per core along `comm`'s lines, computed another way
+    (the fast path)."""
+    with comm.ledger.op(f"allreduce.{coll.algo}"):
+        comm.book_allreduce(coll.algo, coll.k, values, replicated)
+
+
 def mesh_gemv(comm: LineComm, coll: Collectives, w: np.ndarray, x: np.ndarray) -> np.ndarray:
-    """MeshGEMV: x (B, P, i) is split over the P cores of each of `comm`'s lines; w (P, i, Q*o) stacks every
-    core's block (Q = the lines, which the output is split over). Every core multiplies its block, then the
-    partial sums are allreduced along the line -> (B, Q, o). The fast path sums as one matmul over the joined
-    input (the same blocks, each read once) and books the allreduce's messages."""
+    """MeshGEMV: x (B, P, i) is split over the P cores of each of `comm`'s lines; w (Q*o, P*i) holds every
+    core's block (waferrt.decode.pack: line q's outputs, its P cores' inputs side by side). Every core
+    multiplies its block, then the partial sums are allreduced along the line -> (B, Q, o). The fast path
+    sums as one matmul over the joined input (the same blocks, each read once) and books the allreduce's
+    messages."""
     B, P, i = x.shape
     Q = comm.lines
-    comm.ledger.compute(2 * B * i * w.shape[2] // Q)  # the busiest core's block GEMV, for every item
+    comm.ledger.compute(2 * B * i * w.shape[0] // Q)  # the busiest core's block GEMV, for every item
     if comm.fast:
-        with comm.ledger.op(f"allreduce.{coll.algo}"):
-            comm.book_allreduce(coll.algo, coll.k, B * w.shape[2])
-        return (x.reshape(B, P * i) @ w.reshape(P * i, -1)).reshape(B, Q, -1)
-    part = np.matmul(x.transpose(1, 0, 2), w).reshape(P, B, Q, -1)  # every core's block GEMV, all items
+        book_allreduce(comm, coll, B * w.shape[0])
+        return matmul_rows(w, x.reshape(B, P * i)).reshape(B, Q, -1)
+    per_core = w.reshape(-1, P, i).transpose(1, 2, 0)  # (P, i, Q*o): each core's blocks, every line's
+    part = np.matmul(x.transpose(1, 0, 2), per_core).reshape(P, B, Q, -1)  # every core's block GEMV, all items
     return comm.allreduce(part, coll.algo, coll.k, array_axis=0, collapse=True, overwrite=True)
 
 
@@ -63,9 +96,10 @@ class LayerShard:
         self.rows, self.cols = region.h, region.w
         self.cx = LineComm("x", region, region, None, ledger, fast=coll.fast)
         self.cy = LineComm("y", region, region, None, ledger, fast=coll.fast)
-        self.hd_r = arrays["wqkv"].shape[2] // (self.rows * (cfg.n_heads + 2 * cfg.n_kv_heads))
+        self.hd_r = arrays["wqkv"].shape[0] // (self.rows * (cfg.n_heads + 2 * cfg.n_kv_heads))
         self.inv_freq, _ = rope_tables(cfg, self.rows)  # (R, hd_r/2)
-        self.kv = MeshKVCache(cfg, region, kv[0], kv[1], self.hd_r, dtype, self.cx)
+        cache = FlowKVCache if coll.fast else MeshKVCache  # the same entries, counts and bookings
+        self.kv = cache(cfg, region, kv[0], kv[1], self.hd_r, dtype, self.cx)
         self.scale = np.float32(1.0 / np.sqrt(cfg.head_dim))
 
     def _w(self, name: str) -> np.ndarray:
@@ -75,6 +109,8 @@ class LayerShard:
         """q (B, R, nh, hd_r) -> (B, R, nh * hd_r). Item b attends to the positions <= poss[b] of its
         request's cache; every core runs over the m entries the fullest of them holds (masked where its
         own are fewer); scores, the softmax max and sum, and the weighted V sum reduce over the cores."""
+        if self.coll.fast:
+            return self._attention_flow(slots, poss, q)
         B, nkv, m = len(slots), self.cfg.n_kv_heads, self.kv.held_most(slots)
         rep, coll = self.cfg.n_heads // nkv, self.coll
         kc, vc = self.kv.read(slots, m)  # (B, R, nkv, hd_r, m*C), (B, C, nkv, m, R*hd_r)
@@ -98,6 +134,27 @@ class LayerShard:
         a = self.cx.allreduce(out, coll.algo, coll.k, array_axis=1, collapse=True,
                               overwrite=True)  # (B, nkv, rep, R, hd_r)
         return a.transpose(0, 3, 1, 2, 4).reshape(B, self.rows, -1)
+
+    def _attention_flow(self, slots: np.ndarray, poss: np.ndarray, q: np.ndarray) -> np.ndarray:
+        """_attention on the fast path (FlowKVCache): every item against its request's positions at once, in
+        position order; booked as the cores run it (over the m entries the fullest core holds)."""
+        B, nkv, m, R = len(slots), self.cfg.n_kv_heads, self.kv.held_most(slots), self.rows
+        rep, coll, L, work = self.cfg.n_heads // nkv, self.coll, int(poss.max()) + 1, B * nkv * self.cfg.n_heads // nkv
+        kc, vc = self.kv.read(slots, L)  # (B, nkv, R*hd_r, L), (B, nkv, L, R*hd_r)
+        qg = q.reshape(B, R, nkv, rep, self.hd_r).transpose(0, 2, 3, 1, 4).reshape(B, nkv, rep, -1)
+        scores = np.matmul(qg, kc) * self.scale  # (B, nkv, rep, L)
+        self.ledger.compute(2 * work * self.hd_r * m)
+        book_allreduce(self.cy, coll, work * m * self.cols)  # every core's partial scores, over the rows
+        scores = np.where((np.arange(L)[None] <= poss[:, None])[:, None, None], scores, np.float32(-np.inf))
+        e = np.exp(scores - scores.max(axis=3, keepdims=True))
+        book_allreduce(self.cx, coll, work, replicated=True)  # the max over the columns
+        total = e.sum(axis=3, keepdims=True)
+        book_allreduce(self.cx, coll, work, replicated=True)  # the sum
+        self.ledger.compute(EW["softmax"] * work * m)
+        out = np.matmul(e / total, vc)  # (B, nkv, rep, R*hd_r)
+        self.ledger.compute(2 * work * self.hd_r * m)
+        book_allreduce(self.cx, coll, work * R * self.hd_r)  # the weighted V sums, over the columns
+        return out.reshape(B, nkv, rep, R, self.hd_r).transpose(0, 3, 1, 2, 4).reshape(B, R, -1)
 
     # -- a batch of tokens ------------------------------------------------------------------------------
     def forward(self, x: np.ndarray, slots: np.ndarray, poss: np.ndarray) -> np.ndarray:
@@ -124,12 +181,11 @@ class LayerShard:
 
 
 def table_rows(table: np.ndarray, vocab: Chunks, dtype: str, tokens: np.ndarray) -> np.ndarray:
-    """Rows `tokens` (B,) of a packed tied table (C, dim_c, R*voc_r; vocab: its Chunks over the R rows) as
-    float32 (B, C, dim_c)."""
-    voc_r = table.shape[2] // vocab.index.shape[0]
+    """Rows `tokens` (B,) of a packed tied table (R*voc_r, C*dim_c; vocab: its Chunks over the R rows) as
+    float32 (B, C*dim_c)."""
+    voc_r = table.shape[0] // vocab.index.shape[0]
     rows = np.searchsorted(vocab.index[:, 0], tokens, side="right") - 1
-    col = rows * voc_r + tokens - vocab.index[rows, 0]
-    return np.ascontiguousarray(to_f32(table[:, :, col], dtype).transpose(2, 0, 1))  # (B, C, dim_c)
+    return to_f32(table[rows * voc_r + tokens - vocab.index[rows, 0]], dtype)  # (B, C*dim_c)
 
 
 class EmbedShard:
@@ -137,15 +193,14 @@ class EmbedShard:
                  coll: Collectives = KTREE_FAST, dtype: str = "float32"):
         self.cfg, self.region, self.ledger, self.coll, self.dtype = cfg, region, ledger, coll, dtype
         self.arrays = arrays
-        self.table, self.norm = arrays["table"], arrays["final_norm"]  # (C, dim_c, R*voc_r), (C, dim_c)
+        self.table, self.norm = arrays["table"], arrays["final_norm"]  # (R*voc_r, C*dim_c), (C, dim_c)
         self.rows, self.cols = region.h, region.w
         self.vocab = Chunks(cfg.vocab_size, region.h)
-        self.voc_r = self.table.shape[2] // region.h
         self.cx = LineComm("x", region, region, None, ledger, fast=coll.fast)
 
     def lookup(self, tokens: np.ndarray) -> np.ndarray:
         """The embedding rows of `tokens` (B,), each as (C, dim_c) in the core row that holds it."""
-        return table_rows(self.table, self.vocab, self.dtype, tokens)
+        return table_rows(self.table, self.vocab, self.dtype, tokens).reshape(len(tokens), self.cols, -1)
 
     def logits(self, x: np.ndarray) -> np.ndarray:
         """Final RMSNorm and the tied head as a MeshGEMV: x (B, C, dim_c) -> logits (B, vocab)."""

@@ -84,7 +84,7 @@ def stream_step_cycles(spec: HardwareSpec, dec: Decoding, region: Region, kv_tok
 
 
 def streamed_logits(comm, coll, cfg: LlamaConfig, chunks, x: np.ndarray, dtype: str) -> np.ndarray:
-    """Final RMSNorm and the tied head over `chunks` (an iterable of (table chunk (C, dim_c, R*m), final norm)
+    """Final RMSNorm and the tied head over `chunks` (an iterable of (table chunk (R*m, C*dim_c), final norm)
     in head_chunks order): x (B, C, dim_c) -> every core row's logits block (B, R, voc_r)."""
     out, h = [], None
     for table, norm in chunks:
@@ -121,7 +121,7 @@ class WeightStore:
         return self._table
 
     def head(self, k: int) -> tuple[np.ndarray, np.ndarray]:
-        """Chunk k of the tied table, (C, dim_c, R*m) as every core row's entries j0..j1, and the final norm
+        """Chunk k of the tied table, (R*m, C*dim_c) as every core row's entries j0..j1, and the final norm
         (cut once, kept)."""
         if k not in self._heads:
             self._heads[k] = self._head(k)
@@ -129,11 +129,12 @@ class WeightStore:
 
     def _head(self, k: int) -> tuple[np.ndarray, np.ndarray]:
         t = self._packed()
-        voc_r = t["table"].shape[2] // self.region.h
+        voc_r = t["table"].shape[0] // self.region.h
         j0, j1 = self.chunks[k]
-        cols = (np.arange(self.region.h)[:, None] * voc_r + np.arange(j0, j1)[None]).reshape(-1)
-        return np.ascontiguousarray(t["table"][:, :, cols]), t["final_norm"]
+        rows = (np.arange(self.region.h)[:, None] * voc_r + np.arange(j0, j1)[None]).reshape(-1)
+        return t["table"][rows], t["final_norm"]
 
     def rows(self, tokens: np.ndarray) -> np.ndarray:
         """The embedding rows of `tokens` (B,) as float32 (B, C, dim_c), split over the region's columns."""
-        return table_rows(self._packed()["table"], self.vocab, self.dtype, np.asarray(tokens))
+        tokens = np.asarray(tokens)
+        return table_rows(self._packed()["table"], self.vocab, self.dtype, tokens).reshape(len(tokens), self.region.w, -1)
