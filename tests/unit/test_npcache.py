@@ -57,6 +57,7 @@ def test_a_cached_array_travels_by_reference(tmp_path, monkeypatch):
 
 def test_the_embedding_table_is_cut_from_its_file_block_by_block(tmp_path, monkeypatch):
     """pack_embed from a table read a block of rows at a time equals the blocks cut from the whole table."""
+    from waferrt.core.layout import to_blocks
     from waferrt.core.mesh import Region
     from waferrt.decode import pack
     from waferrt.decode.layout import embed_layout
