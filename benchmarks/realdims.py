@@ -43,6 +43,7 @@ from waferrt.model.convert import Cut  # noqa: E402
 from waferrt.scheduler import KVReserve, plan  # noqa: E402
 from waferrt.scheduler.budget import layer_shapes  # noqa: E402
 from waferrt.scheduler.estimate import stage_seconds  # noqa: E402
+from waferrt.scheduler.types import Workload  # noqa: E402
 
 PROMPTS = ["The capital of France is", "Once upon a time,"]
 CUT = Cut("llama3-8b", layers=2, vocab=32768, seed=0, dtype="float16")
@@ -64,7 +65,7 @@ def peak_rss(pid: int) -> int:
 def mesh_for(config, kv: KVReserve, dtype: str) -> MeshSpec:
     """One tile per stage (embedding/head, layer 0, layer 1) in a row, each the planner's narrowest layer region
     that fits a WSE-2 core's SRAM (the fewest cores: budget.layer_shapes' first)."""
-    w, h = layer_shapes(config, WSE2.sram_bytes, kv.tokens, kv.requests, dtype, *WSE2.full_mesh)[0]
+    w, h = layer_shapes(Workload(config, kv, dtype), WSE2.sram_bytes, *WSE2.full_mesh)[0]
     return MeshSpec(NODES * w, h, w, h)
 
 
@@ -79,7 +80,7 @@ def layer_cycles(setup, stats) -> list[tuple[int, int, float, float]]:
             continue
         pos = run.items[0].pos
         hand = handover_cost(WSE2, stages[run.stage - 1][2], region, 4 * setup.config.dim).cycles
-        est = stage_seconds(setup.config, WSE2, [("layer", region)], pos + 1, 1)[0] * WSE2.clock_hz
+        est = stage_seconds(WSE2, setup.decoding, [("layer", region)], pos + 1, 1)[0] * WSE2.clock_hz
         out.append((layer, pos, run.cycles - hand, est))
     return out
 
