@@ -250,7 +250,7 @@ class TileProgram:
         stage = (kind, self.stages[s - 1][2] if s else None, region)
         whole = {i: len(run) for run in prefill_runs(meta) for i in run} if st.prefill and kind == "layer" else {}
         return tuple(Item(int(req), int(pos), bool(want), prefill_item_cycles(
-            self.ledger.spec, st.config, stage[1], region, whole[i]) if i in whole else alone_cycles(
+            self.ledger.spec, st.decoding, stage[1], region, whole[i]) if i in whole else alone_cycles(
             self.ledger.spec, st.decoding, stage, int(pos), bool(want)))
             for i, (_, _, pos, want, req) in enumerate(meta.tolist()))
 
