@@ -1,7 +1,8 @@
 """The prefill on the emulated wafer without Ray (waferrt.decode.prefill): a whole prompt through a layer shard
 by MeshGEMM equals the reference's layer_prefill, leaves the K/V from which the decode's next token equals
 the reference's, and books exactly prefill_layer_cost (at the storage dtype's compute rate); the packed
-weights unpack to the reference's; a whole decode over tiles with prefill gives the reference's tokens and times each request's first token."""
+weights unpack to the reference's; a whole decode over tiles with prefill gives the reference's tokens and
+times each request's first token."""
 
 from __future__ import annotations
 
