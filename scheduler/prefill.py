@@ -3,7 +3,7 @@
 Contract (pure): ``prefill(est, tokens)`` times the prompt of `tokens` tokens on the floor plan that the
 decode's estimate ``est`` (scheduler.estimate) chose -- the prefill runs on the decode's own layer regions,
 so its core count is the decode's, and the K/V it leaves is where the decode reads it. Each layer costs
-what the emulated prefill books (waferrt.decode.prefill.prefill_layer_parts, at the estimate's dtype): on
+what the emulated prefill books (waferrt.decode.prefill.prefill_layer_parts, at the estimate's dtype, a Decoding): on
 the largest square of the region, the QKV projection, the heads' causal attention (the transposed MeshGEMM
 for Q.K^T, MeshGEMM for P.V), the output projection, gate/up and down as MeshGEMMs, the element-wise work,
 the weights moved into the GEMM layout and back, and the K/V moved into the decode's
@@ -25,9 +25,10 @@ from waferrt.core.cost import Cost, message_cycles, total
 from waferrt.core.dtypes import itemsize
 from waferrt.core.gemm_cost import layout_move
 from waferrt.core.mesh import Region
-from waferrt.decode.cost import handover_bytes, head_decode_parts
+from waferrt.decode.cost import Decoding, handover_bytes, head_decode_parts
 from waferrt.decode.prefill import gemm_region, prefill_layer_parts, weights_core_bytes
 
+from .estimate import host_seconds
 from .estimate_report import Estimate
 
 CATEGORIES = ("gemm", "attention", "elementwise", "layout", "handover", "host")
@@ -36,12 +37,18 @@ LABELS = {"gemm": "projections and MLP (MeshGEMM)", "attention": "attention Q.K^
           "handover": "hand-over between regions", "host": "host I/O"}
 
 
+def decoding(est: Estimate) -> Decoding:
+    """What the decode's and the prefill's closed forms need of `est`: the model, its storage dtype (the
+    cores compute at its rate and values move as it), the head groups of its layer regions."""
+    return Decoding(est.config, est.dtype, head_groups=est.shape.head_groups)
+
+
 def chunk_parts(est: Estimate, region: Region, chunk: int, context: int) -> list[tuple[str, str, Cost]]:
     """(name, category, Cost) of one layer on `region` for `chunk` prompt tokens attending to `context`
     tokens (themselves and those before them): the emulated prefill's own closed form
     (waferrt.decode.prefill.prefill_layer_parts, in the estimate's dtype), but the weights' moves, which a
     chunked prompt makes once (``prefill``)."""
-    parts = prefill_layer_parts(est.spec, est.config, region, chunk, context, est.dtype)
+    parts = prefill_layer_parts(est.spec, decoding(est), region, chunk, context)
     return [p for p in parts if p[0] != "weights_in_out"]
 
 
@@ -146,8 +153,8 @@ def prefill(est: Estimate, tokens: int) -> Prefill:
     for _, cat, c in parts:
         on_wafer[cat] += c.seconds(spec)
     seconds = total(c for _, _, c in parts).seconds(spec)
-    head = total(c for _, _, c in head_decode_parts(spec, cfg, Region(0, 0, *est.band[:2]), 1)).seconds(spec)
-    on_wafer["host"] = (4 * tokens + 4 * cfg.vocab_size) / spec.ingress_bytes_per_s
+    head = total(c for _, _, c in head_decode_parts(spec, decoding(est), Region(0, 0, *est.band[:2]))).seconds(spec)
+    on_wafer["host"] = host_seconds(cfg, spec, 1) + 4 * (tokens - 1) / spec.ingress_bytes_per_s  # the other ids in
     sq = gemm_region(region)
     return Prefill(tokens, chunks, (sq.w, sq.h), (sh.cols, sh.rows), est.strategy.regions, seconds,
                    seconds + head + on_wafer["host"], on_wafer,

@@ -12,10 +12,11 @@ from waferrt.cli import main
 from waferrt.core.cost import total
 from waferrt.core.gemm_cost import layout_move
 from waferrt.core.spec import WSE2, WSE3
+from waferrt.decode.cost import Decoding
 from waferrt.decode.prefill import prefill_layer_cost, prefill_layer_parts, weights_core_bytes
 from waferrt.model.zoo import MODELS, model_by_name
 from waferrt.scheduler.estimate import estimate
-from waferrt.scheduler.prefill import _pipeline_parts, activation_bytes, chunk_parts, prefill
+from waferrt.scheduler.prefill import _pipeline_parts, activation_bytes, chunk_parts, decoding, prefill
 from waferrt.scheduler.types import KVReserve
 
 
@@ -32,9 +33,9 @@ def test_one_chunk_costs_what_the_emulated_prefill_books(dtype):
     region = est.shape.region()
     one = total(c for _, _, c in chunk_parts(est, region, 512, 512))
     weights = layout_move(WSE2, region, weights_core_bytes(cfg, region, dtype)).scaled(2)
-    assert one + weights == total(c for _, _, c in prefill_layer_parts(WSE2, cfg, region, 512, None, dtype))
+    assert one + weights == total(c for _, _, c in prefill_layer_parts(WSE2, decoding(est), region, 512))
     if dtype == "float32":  # what prefill_layer books on the emulated wafer (tests/unit/test_prefill_layer.py)
-        assert one + weights == prefill_layer_cost(WSE2, cfg, region, 512)
+        assert one + weights == prefill_layer_cost(WSE2, Decoding(cfg), region, 512)
 
 
 @pytest.mark.parametrize("model, spec", [("smollm2-135m", WSE2), ("llama3-8b", WSE2), ("llama3-8b", WSE3)])
@@ -66,7 +67,7 @@ def test_estimate_prints_the_prefill_and_an_end_to_end_pair(capsys):
     assert main(["estimate", "--model", "llama3-8b", "--prompt-tokens", "4096"]) == 0
     out = capsys.readouterr().out
     for words in ("prefill         4,096 prompt tokens", "tokens/s; time to first token", "prefill cores",
-                  "MeshGEMM on 187x187", "end to end      2048 in, 128 out"):
+                  "MeshGEMM on 158x158", "end to end      2048 in, 128 out"):
         assert words in out, words
     assert main(["estimate", "--model", "smollm2-135m", "--preset", "wse3", "--pair", "512:64", "--json"]) == 0
     doc = json.loads(capsys.readouterr().out)["prefill"]

@@ -1,7 +1,8 @@
 """The prefill on the emulated wafer without Ray (waferrt.decode.prefill): a whole prompt through a layer shard
 by MeshGEMM equals the reference's layer_prefill, leaves the K/V from which the decode's next token equals
-the reference's, and books exactly prefill_layer_cost; the packed weights unpack to the reference's; a
-whole decode over tiles with prefill gives the reference's tokens and times each request's first token."""
+the reference's, and books exactly prefill_layer_cost (at the storage dtype's compute rate); the packed
+weights unpack to the reference's; a whole decode over tiles with prefill gives the reference's tokens and
+times each request's first token."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ import pytest
 from waferrt.core.ledger import Ledger
 from waferrt.core.mesh import MeshSpec, Region
 from waferrt.core.spec import TINY
+from waferrt.decode.cost import Decoding
 from waferrt.decode.pack import Chunks, pack_layer
 from waferrt.decode.prefill import full_weights, layer_step, prefill_layer, prefill_layer_cost, prefill_runs
 from waferrt.decode.shards import LayerShard
@@ -46,12 +48,26 @@ def test_a_prefilled_layer_equals_the_reference_and_the_decode_continues(region,
     chunks = Chunks(CFG.dim, region.w)
     got = prefill_layer(shard, chunks.split(x[:tokens]), slot=1)
     np.testing.assert_allclose(chunks.join(got), want, rtol=1e-4, atol=1e-4)
-    assert ledger.by_op["prefill"] == prefill_layer_cost(TINY, CFG, region, tokens)
+    assert ledger.by_op["prefill"] == prefill_layer_cost(TINY, Decoding(CFG), region, tokens)
     assert shard.kv.positions(1) == list(range(tokens))
     c1, s1 = rope_cos_sin(tokens, CFG.head_dim, CFG.rope_theta)
     nxt = layer_forward(x[tokens], lw, CFG, kc, vc, tokens, c1, s1)
     got = shard.forward(chunks.split(x[tokens:]), np.array([1]), np.array([tokens]))
     np.testing.assert_allclose(chunks.join(got)[0], nxt, rtol=1e-4, atol=1e-4)
+
+
+HALF_FAST = TINY.replace(half_flops_per_cycle=4 * TINY.flops_per_cycle)  # 16-bit work 4x the float32 rate
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float16"])
+@pytest.mark.parametrize("region", REGIONS[:2], ids=lambda r: f"{r.w}x{r.h}")
+def test_a_prefill_books_its_closed_form_at_the_storage_dtypes_rate(region, dtype):
+    """The shard's ledger computes at its storage dtype's rate; so does prefill_layer_cost (Decoding.dtype)."""
+    ledger = Ledger(HALF_FAST, dtype)
+    shard = LayerShard(CFG, region, pack_layer(CFG, W.layers[0], region, dtype), (2, 32), ledger, dtype=dtype)
+    x = np.random.default_rng(1).standard_normal((9, CFG.dim)).astype(np.float32)
+    prefill_layer(shard, Chunks(CFG.dim, region.w).split(x), slot=0)
+    assert ledger.by_op["prefill"] == prefill_layer_cost(HALF_FAST, Decoding(CFG, dtype), region, 9)
 
 
 def test_a_micro_batch_prefills_its_whole_prompts_and_decodes_the_rest():

@@ -107,13 +107,16 @@ def summa_step_cost(spec: HardwareSpec, shape: GemmShape, step: int, dtype: str 
                          (max(r, shape.rows - 1 - r), b_bytes, b_msgs, b_msgs * b_bytes)])
 
 
-def gemm_cost(spec: HardwareSpec, algo: str, shape: GemmShape, dtype: str = "float32", batch: int = 1) -> Cost:
+def gemm_cost(spec: HardwareSpec, algo: str, shape: GemmShape, dtype: str = "float32", batch: int = 1,
+              rate: str | None = None) -> Cost:
     """The whole GEMM on the critical path: every step's communication then its block product. `batch` GEMMs
-    of this shape at once (a shift GEMM's blocks moving together, e.g. one per attention head)."""
+    of this shape at once (a shift GEMM's blocks moving together, e.g. one per attention head). The blocks
+    move as `dtype`; the cores compute at `rate`'s (a dtype; default `dtype`), as a ``Ledger(spec, rate)``
+    books them."""
     check_dtype(dtype)
     mb, kb, nb = shape.blocks(algo)
     steps = shape.panels(algo)
-    compute = compute_cost(spec, 2 * batch * mb * kb * nb, dtype).scaled(steps)
+    compute = compute_cost(spec, 2 * batch * mb * kb * nb, rate or dtype).scaled(steps)
     if algo == "summa":
         if batch != 1:
             raise ValueError(f"batch={batch}: only the shift GEMMs (meshgemm, cannon) move a batch of blocks together")
@@ -155,11 +158,14 @@ class AttentionShape:
             whole(f"AttentionShape.{name}", getattr(self, name))
 
 
-def attention_cost(spec: HardwareSpec, shape: AttentionShape, softmax_flops: int, dtype: str = "float32") -> Cost:
+def attention_cost(spec: HardwareSpec, shape: AttentionShape, softmax_flops: int, dtype: str = "float32",
+                   rate: str | None = None) -> Cost:
     """Causal attention over a prompt, every head's blocks moving together (waferrt.kernels.attention): K
     skewed, the transposed MeshGEMM (side steps; the score blocks move after every step, K's after all but
-    the last), the row max and sum (K-tree allreduces along every row), the softmax, V skewed, P.V."""
+    the last), the row max and sum (K-tree allreduces along every row), the softmax, V skewed, P.V. Values
+    move as `dtype`; the cores compute at `rate`'s (default `dtype`), as ``gemm_cost``."""
     size, side, heads = itemsize(check_dtype(dtype)), shape.side, shape.heads
+    rate = check_dtype(rate or dtype)
     mb, db = cdiv(shape.tokens, side), cdiv(shape.head_dim, side)
     hops, ring_sum = ring_hops("meshgemm", side)
     lines = side * side if side > 1 else 0
@@ -168,14 +174,14 @@ def attention_cost(spec: HardwareSpec, shape: AttentionShape, softmax_flops: int
         return hops, nbytes, lines, side * ring_sum * nbytes
 
     acc, k = move(heads * mb * mb * size), move(heads * mb * db * size)
-    nt = (compute_cost(spec, 2 * heads * mb * db * mb, dtype).scaled(side) + _stage(spec, [acc, k]).scaled(side - 1)
+    nt = (compute_cost(spec, 2 * heads * mb * db * mb, rate).scaled(side) + _stage(spec, [acc, k]).scaled(side - 1)
           + _stage(spec, [acc]))
     row = (on_lines(allreduce_cost(spec, "ktree", side, heads * mb * size), side)
-           + compute_cost(spec, reduce_flops("ktree", side, heads * mb), dtype))  # the kernel context books both
+           + compute_cost(spec, reduce_flops("ktree", side, heads * mb), rate))  # the kernel context books both
     pv = GemmShape(shape.tokens, shape.tokens, shape.head_dim, side, side)
     return (skew_cost(spec, side, heads * mb * db * size).scaled(2) + nt + row.scaled(2)
-            + compute_cost(spec, softmax_flops * heads * mb * mb, dtype)
-            + gemm_cost(spec, "meshgemm", pv, dtype, heads))
+            + compute_cost(spec, softmax_flops * heads * mb * mb, rate)
+            + gemm_cost(spec, "meshgemm", pv, dtype, heads, rate))
 
 
 def layout_move(spec, region, core_bytes: int) -> Cost:

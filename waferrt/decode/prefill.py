@@ -14,7 +14,9 @@ and back, and the prompt's K/V from the GEMMs' layout into the decode's shift-ba
 (:class:`~waferrt.decode.kvcache.MeshKVCache`, filled as the decode would have filled it), each booked as
 one ``layout_move`` over the region. The residual stream enters and leaves in the decode's layout, so the
 decode continues from the K/V the prefill left. :func:`prefill_layer_cost` is what a layer's prefill books,
-in closed form (tested equal); :func:`prefill_runs` finds the whole prompts in a micro-batch.
+in closed form (tested equal): the kernels move float32 values (``EMULATED_VALUES``) and the cores compute at
+the storage dtype's rate (the shard's ``Ledger(spec, dtype)``, ``Decoding.dtype``), as the decode's tiles do;
+:func:`prefill_runs` finds the whole prompts in a micro-batch.
 """
 
 from __future__ import annotations
@@ -24,7 +26,7 @@ from functools import lru_cache, partial
 import numpy as np
 
 from waferrt.core.arith import cdiv
-from waferrt.core.cost import Cost, compute_cost, total
+from waferrt.core.cost import Cost, total
 from waferrt.core.dtypes import itemsize, to_f32
 from waferrt.core.gemm_cost import AttentionShape, GemmShape, attention_cost, gemm_cost, layout_move, skew_cost
 from waferrt.core.layout import from_blocks
@@ -38,11 +40,12 @@ from waferrt.model.config import LlamaConfig
 from waferrt.model.reference import apply_rope, rmsnorm, rope_cos_sin, silu
 
 from .cost import ELEMENTWISE_FLOPS as EW
-from .cost import handover_bytes, handover_cost
+from .cost import Decoding, handover_bytes, handover_cost
 from .layout import layer_layouts
 from .pack import Chunks, blocks_of
 
 PREFILL_MAX_TOKENS = 512  # a prompt this long or shorter enters whole and is prefilled by MeshGEMM
+EMULATED_VALUES = "float32"  # what the emulated prefill's kernels move: the weights unpacked to float32
 
 
 def gemm_region(region: Region) -> Region:
@@ -106,7 +109,7 @@ class _Mesh:
         """a (m, k) @ b (k, n) by MeshGEMM, a aligned into the A layout first (booked as its skew)."""
         pa, pb = place("meshgemm", self.grid, self.region.shape, a, b)
         mb, kb = pa.shape[3:]
-        self.ledger.add(skew_cost(self.ledger.spec, self.side, mb * kb * 4))
+        self.ledger.add(skew_cost(self.ledger.spec, self.side, mb * kb * pa.itemsize))
         return collect("meshgemm", self.grid, meshgemm(self.ctx, pa, pb), a.shape[0], b.shape[1])
 
     def attention(self, q: np.ndarray, k: np.ndarray, v: np.ndarray) -> np.ndarray:
@@ -152,7 +155,7 @@ def prefill_layer(shard, x: np.ndarray, slot: int) -> np.ndarray:
     w = _weights(shard)
     mesh = _Mesh(region, ledger)
     with ledger.op("prefill"):
-        ledger.add(layout_move(ledger.spec, region, weights_core_bytes(cfg, region)))  # weights in
+        ledger.add(layout_move(ledger.spec, region, weights_core_bytes(cfg, region, EMULATED_VALUES)))  # in
         xf = chunks.join(x)  # (T, dim)
         h = rmsnorm(xf, w["attn_norm"], cfg.norm_eps)
         mesh.elementwise(glue_flops(cfg, T)[1])
@@ -163,13 +166,13 @@ def prefill_layer(shard, x: np.ndarray, slot: int) -> np.ndarray:
         xf = xf + mesh.gemm(silu(gate) * up, w["w_down"].T)
         mesh.elementwise(glue_flops(cfg, T)[2])
         _fill_cache(shard, slot, k, v)
-        ledger.add(layout_move(ledger.spec, region, weights_core_bytes(cfg, region)))  # weights back
+        ledger.add(layout_move(ledger.spec, region, weights_core_bytes(cfg, region, EMULATED_VALUES)))  # back
     return chunks.split(xf)
 
 
 def weights_core_bytes(cfg: LlamaConfig, region: Region, dtype: str = "float32") -> int:
-    """A layer's weights per core of its region (as the GEMMs take them: float32 in the emulator): what moves
-    between the decode's and the GEMMs' layouts."""
+    """A layer's weights per core of its region as `dtype` values (the emulator's GEMMs take them as
+    EMULATED_VALUES): what moves between the decode's and the GEMMs' layouts."""
     return cdiv(itemsize(dtype) * cfg.layer_params(), region.size)
 
 
@@ -198,45 +201,47 @@ def _fill_cache(shard, slot: int, k: np.ndarray, v: np.ndarray) -> None:
         shard.kv.insert(np.full(T, slot), per_row(k), per_row(v), np.arange(T))
     finally:
         shard.kv.comm = own
-    shard.ledger.add(layout_move(shard.ledger.spec, region, kv_core_bytes(cfg, region, T)))
+    shard.ledger.add(layout_move(shard.ledger.spec, region, kv_core_bytes(cfg, region, T, EMULATED_VALUES)))
 
 
 @lru_cache(maxsize=1024)
-def prefill_layer_parts(spec, cfg: LlamaConfig, region: Region, tokens: int, context: int | None = None,
-                        dtype: str = "float32") -> tuple[tuple[str, str, Cost], ...]:
-    """(name, category, Cost) of a layer's prefill of `tokens` prompt tokens on `region`, every value `dtype`:
-    what :func:`prefill_layer` books (float32, ``context`` None). With a `context` longer than `tokens` (a
+def prefill_layer_parts(spec, dec: Decoding, region: Region, tokens: int, context: int | None = None,
+                        moved: str | None = None) -> tuple[tuple[str, str, Cost], ...]:
+    """(name, category, Cost) of a layer's prefill of `tokens` prompt tokens on `region`: the cores compute
+    at ``dec.dtype``'s rate, values move as `moved` (default ``dec.dtype``): what :func:`prefill_layer`
+    books with ``moved=EMULATED_VALUES`` and ``context`` None. With a `context` longer than `tokens` (a
     chunk of a longer prompt, on paper only), the chunk's attention is its share (tokens / context of the
     score rows) of the whole context's."""
-    s, T, hd, dim, size = min(region.w, region.h), tokens, cfg.head_dim, cfg.dim, itemsize(dtype)
+    cfg, rate, moved = dec.config, dec.dtype, moved or dec.dtype
+    s, T, hd, dim, size = min(region.w, region.h), tokens, cfg.head_dim, cfg.dim, itemsize(moved)
 
     def mm(name: str, m: int, k: int, n: int) -> tuple[str, str, Cost]:
         return name, "gemm", (skew_cost(spec, s, cdiv(m, s) * cdiv(k, s) * size)
-                              + gemm_cost(spec, "meshgemm", GemmShape(m, k, n, s, s), dtype))
+                              + gemm_cost(spec, "meshgemm", GemmShape(m, k, n, s, s), moved, 1, rate))
 
     ctx = context or T
-    att = attention_cost(spec, AttentionShape(ctx, hd, cfg.n_heads, s), EW["softmax"], dtype)
+    att = attention_cost(spec, AttentionShape(ctx, hd, cfg.n_heads, s), EW["softmax"], moved, rate)
     if ctx != T:
         att = Cost(*(type(v)(v * T / ctx) for v in att.as_dict().values()))
-    glue = [compute_cost(spec, cdiv(f, s * s), dtype) for f in glue_flops(cfg, T)]
+    glue = [dec.flops(spec, cdiv(f, s * s)) for f in glue_flops(cfg, T)]
     return (mm("qkv", T, dim, dim + 2 * cfg.kv_dim), ("attention", "attention", att),
             mm("o", T, cfg.n_heads * hd, dim), mm("gate_up", T, dim, 2 * cfg.hidden_dim),
             mm("down", T, cfg.hidden_dim, dim),
             ("elementwise", "elementwise", glue[0] + glue[1] + glue[2]),
-            ("weights_in_out", "layout", layout_move(spec, region, weights_core_bytes(cfg, region, dtype)).scaled(2)),
-            ("kv_to_decode", "layout", layout_move(spec, region, kv_core_bytes(cfg, region, T, dtype))))
+            ("weights_in_out", "layout", layout_move(spec, region, weights_core_bytes(cfg, region, moved)).scaled(2)),
+            ("kv_to_decode", "layout", layout_move(spec, region, kv_core_bytes(cfg, region, T, moved))))
 
 
-def prefill_layer_cost(spec, cfg: LlamaConfig, region: Region, tokens: int) -> Cost:
+def prefill_layer_cost(spec, dec: Decoding, region: Region, tokens: int) -> Cost:
     """What :func:`prefill_layer` books for a prompt of `tokens` on `region`, in closed form."""
-    return total(c for _, _, c in prefill_layer_parts(spec, cfg, region, tokens))
+    return total(c for _, _, c in prefill_layer_parts(spec, dec, region, tokens, None, EMULATED_VALUES))
 
 
-def prefill_item_cycles(spec, cfg: LlamaConfig, prev: Region, region: Region, tokens: int) -> float:
+def prefill_item_cycles(spec, dec: Decoding, prev: Region, region: Region, tokens: int) -> float:
     """A prompt token's share of its layer's prefill (the schedule's "alone" cycles of each of the prompt's
     `tokens` items), the hand-over into the region included, as decode.cost.alone_cycles counts a token's."""
-    return handover_cost(spec, prev, region, handover_bytes(cfg, 1)).cycles + \
-        prefill_layer_cost(spec, cfg, region, tokens).cycles / tokens
+    return handover_cost(spec, prev, region, handover_bytes(dec.config, 1)).cycles + \
+        prefill_layer_cost(spec, dec, region, tokens).cycles / tokens
 
 
 def layer_step(shard, x: np.ndarray, meta: np.ndarray) -> np.ndarray:

@@ -264,7 +264,7 @@ class TileProgram:
     def _prefill_item(self, s: int, tokens: int) -> float:
         """A prompt token's share of stage s's prefill of a whole prompt of `tokens` (decode.prefill)."""
         prev = self.stages[s - 1][2] if s else None
-        return prefill_item_cycles(self.ledger.spec, self.setup.config, prev, self.stages[s][2], tokens)
+        return prefill_item_cycles(self.ledger.spec, self.setup.decoding, prev, self.stages[s][2], tokens)
 
     def _stage(self, s: int, meta: np.ndarray, x):
         """Stage s on a micro-batch -> (its activations out, the logits by item if it is the head)."""
