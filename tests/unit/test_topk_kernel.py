@@ -60,3 +60,20 @@ def test_the_closed_form_by_hand() -> None:
 def test_keeping_more_than_the_row_holds_says_so() -> None:
     with pytest.raises(ValueError, match="keep at most"):
         TopKRow(cores=2, per_core=4, heads=1, keep=9)
+
+
+def test_a_layers_sparse_attention_is_prediction_sort_and_dense_over_the_kept_keys() -> None:
+    from waferrt.core.mesh import Region
+    from waferrt.decode.cost import Decoding
+    from waferrt.decode.topk import PREDICT_DTYPE, attention_parts
+    from waferrt.model import SMOLLM2_135M
+
+    dec, region = Decoding(SMOLLM2_135M), Region(0, 0, 8, 4)
+    dense = attention_parts(TINY, dec, region, 512)
+    assert attention_parts(TINY, dec, region, 512, keep=512) == dense
+    sparse = attention_parts(TINY, dec, region, 512, keep=32)
+    assert sparse["attention"] == attention_parts(TINY, dec, region, 32)["attention"]
+    assert sparse["attention"].cycles < dense["attention"].cycles
+    # 9 heads x 64 head dims / 4 rows x 64 positions a column: 2 x 9 x 16 x 64 = 18,432 flops at the 16-bit rate
+    assert sparse["predict"].flops == 18_432 and PREDICT_DTYPE == "float16"
+    assert sparse["sort"].messages == 4 * 7 * 2  # 7 senders a row, merge and multicast, on 4 rows

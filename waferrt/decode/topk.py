@@ -18,6 +18,8 @@ whole row per head, highest first, ties to the earlier position: exactly
 
 `topk_cost(spec, row)` is the closed form of the three, from ``core.cost``'s owners only (``compute_cost``,
 ``message_cycles`` and ``broadcast_cost``); `topk_cost` equals what the kernel books (tested).
+`attention_parts` models one token's attention in a layer region, dense or sparse (prediction, sort,
+attention over the K chosen keys), from ``decode.cost``'s parts and the owners above.
 """
 
 from __future__ import annotations
@@ -27,8 +29,11 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from waferrt.core.cost import Cost, broadcast_cost, compute_cost, message_cycles
+from waferrt.core.arith import cdiv
+from waferrt.core.cost import Cost, broadcast_cost, compute_cost, message_cycles, on_lines
+from waferrt.core.mesh import Region
 from waferrt.core.spec import HardwareSpec
+from waferrt.decode.cost import Decoding, layer_decode_parts, layer_dims
 
 ENTRY_BYTES = 8  # a float32 score and an int32 position
 PAD_POSITION = np.iinfo(np.int32).max  # a padding entry: after every real position on ties
@@ -135,3 +140,29 @@ def row_topk(ctx, scores: np.ndarray, keep: int) -> np.ndarray:
     for r in range(1, row.rounds + 1):
         mine = merge_round(ctx, mine, r, row)
     return ctx.broadcast(mine, "x", root=row.middle)
+
+
+# -- a layer's attention, dense or sparse, on a decode region (modelled time) ------------------------------
+PREDICT_DTYPE = "float16"  # the prediction's operands: 8-bit exponents and a 16-bit shifted query
+
+
+def attention_parts(spec: HardwareSpec, dec: Decoding, region: Region, kv_tokens: int,
+                    keep: int | None = None) -> dict[str, Cost]:
+    """One token's attention in one layer region (the decode layout: positions along the columns, head
+    dimension along the rows), as named Costs. Dense (keep None): the "attention" parts of
+    ``decode.cost.layer_decode_parts``. Sparse: the add-only prediction over every position (one exponent
+    add and one add per element, at the 16-bit rate, its partial scores reduced over the rows as the scores
+    are), the row's top-K (`topk_cost` on every row of the region), then the dense parts over the K chosen
+    keys, assumed spread evenly over the columns (K/cols a core; clustered keys would cost more)."""
+    def attention(tokens: int) -> Cost:
+        return sum((c for _, cat, c in layer_decode_parts(spec, dec, region, tokens) if cat == "attention"), Cost())
+
+    if keep is None or keep >= kv_tokens:
+        return {"attention": attention(kv_tokens)}
+    d = layer_dims(dec.config, region.w, region.h, dec.head_groups)
+    cap, hq, r = cdiv(kv_tokens, region.w), d["hq"], d["group_rows"]
+    predict = compute_cost(spec, 2 * hq * d["hd_r"] * cap, PREDICT_DTYPE) + dec.line_reduce(
+        spec, r, 4 * hq * cap, region.w * (region.h // r))
+    row = TopKRow(region.w, cap, hq, keep)
+    sort = on_lines(sum(topk_cost(spec, row).values(), Cost()), region.h)
+    return {"predict": predict, "sort": sort, "attention": attention(keep)}
