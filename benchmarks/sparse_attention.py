@@ -10,6 +10,11 @@ in one layer region on WSE-2 (``decode.topk.attention_parts``: prediction, top-K
 kept keys) against dense, and their ratio.
 
     python benchmarks/sparse_attention.py [--contexts 2048,4096] [--keeps 32,64,256,0.1] [--steps 8]
+
+A run (--contexts 2048,4096, 8 steps, ~13 min on the loaded 2-core VM): logit error falls with K (2K:
+sparse:32 15.8% mean, sparse:256 5.0%; 4K: 16.4% and 5.6%), argmax equal to dense on 75-100% of steps;
+modelled, sparse costs 1.6-12.8x dense's attention cycles on a 32x32 region: the top-K merge's messages
+(heads x K x 8 bytes a hop, ~16 rounds) dominate, so sparse does not pay at these contexts yet.
 """
 
 from __future__ import annotations
