@@ -219,12 +219,14 @@ def allreduce_cost(spec: HardwareSpec, algo: str, n: int, nbytes: int, k: int = 
     raise ValueError(f"unknown allreduce algorithm {algo!r}; choose one of {ALLREDUCE_ALGOS}")
 
 
-def broadcast_cost(spec: HardwareSpec, n: int, nbytes: int) -> Cost:
-    """One core multicasts nbytes to the n-1 others of its line (router multicast: one stage)."""
+def broadcast_cost(spec: HardwareSpec, n: int, nbytes: int, root: int = 0) -> Cost:
+    """The core at `root` multicasts nbytes to the n-1 others of its line (router multicast: one stage; the
+    farthest core is max(root, n-1-root) hops away)."""
     if n == 1:
         return Cost()
-    return Cost(hops=n - 1, stages=1, link_bytes=(n - 1) * nbytes, messages=n - 1,
-                cycles=message_cycles(spec, n - 1, 1, nbytes))
+    hops = max(root, n - 1 - root)
+    return Cost(hops=hops, stages=1, link_bytes=(n - 1) * nbytes, messages=n - 1,
+                cycles=message_cycles(spec, hops, 1, nbytes))
 
 
 def shift_cost(spec: HardwareSpec, n: int, nbytes: int, wrap: bool) -> Cost:

@@ -1,7 +1,8 @@
 """waferrt.model: the Llama model as math and data, with no mesh, no Ray and no sockets.
 
 config (LlamaConfig), weights (LlamaWeights, synthetic weights), reference (the single-process numpy
-decoder) and sampling are the math, imported here. Behind them sit the model's file readers: gguf_loader
+decoder), sparse (STAR's sparse attention: AttentionMode, dense or sparse:K) and sampling are the math,
+imported here. Behind them sit the model's file readers: gguf_loader
 (real weights from a GGUF, through the ``gguf`` package: ``GGUFModel`` reads a header once, ``GGUFError``
 says what is wrong with a file), npcache (the dequantised weights kept as .npy files and memory-mapped on
 later runs: ``load_model``, ``load_meta``) and tokenizer (the GGUF's BPE vocabulary, through
@@ -29,6 +30,7 @@ from waferrt.model.reference import (
     swiglu,
 )
 from waferrt.model.sampling import Sampler
+from waferrt.model.sparse import DENSE, AttentionMode
 from waferrt.model.weights import LayerWeights, LlamaWeights, synthetic_llama, tiny_config
 
 _FILE_READERS = {  # name -> the module that defines it (imported on first use)
@@ -39,7 +41,8 @@ _FILE_READERS = {  # name -> the module that defines it (imported on first use)
 }
 
 __all__ = [
-    "KVCache", "LayerWeights", "LlamaConfig", "LlamaWeights", "ReferenceModel", "SMOLLM2_135M", "Sampler",
+    "DENSE", "AttentionMode", "KVCache", "LayerWeights", "LlamaConfig", "LlamaWeights", "ReferenceModel",
+    "SMOLLM2_135M", "Sampler",
     "apply_rope", "attention", "causal_attention", "layer_forward", "layer_prefill", "linear", "rmsnorm",
     "rope", "rope_cos_sin", "silu", "softmax", "swiglu", "synthetic_llama", "tiny_config", *_FILE_READERS,
 ]

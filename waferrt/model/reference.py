@@ -18,8 +18,10 @@ from collections.abc import Iterator, Sequence
 
 import numpy as np
 
+from waferrt.model import sparse
 from waferrt.model.config import LlamaConfig
 from waferrt.model.sampling import Sampler
+from waferrt.model.sparse import DENSE, AttentionMode, softmax
 from waferrt.model.weights import LayerWeights, LlamaWeights
 
 
@@ -64,32 +66,30 @@ def rope(x: np.ndarray, pos: int, theta: float) -> np.ndarray:
     return apply_rope(x, cos, sin)
 
 
-def softmax(x: np.ndarray) -> np.ndarray:
-    """Numerically stable softmax over the last axis (-inf entries get probability 0)."""
-    e = np.exp(x - np.max(x, axis=-1, keepdims=True))
-    return e / np.sum(e, axis=-1, keepdims=True)
-
-
-def attention(q: np.ndarray, k_cache: np.ndarray, v_cache: np.ndarray, n_rep: int) -> np.ndarray:
-    """Grouped-query attention of one query position over every cached position.
+def attention(
+    q: np.ndarray, k_cache: np.ndarray, v_cache: np.ndarray, n_rep: int, mode: AttentionMode = DENSE
+) -> np.ndarray:
+    """Grouped-query attention of one query position over every cached position, dense or sparse
+    (``waferrt.model.sparse``: STAR's predict, top-K, sorted-updating attention).
 
     q (n_heads, head_dim); k_cache, v_cache (n_kv_heads, seq, head_dim) -> (n_heads, head_dim).
     """
-    n_kv, _, head_dim = k_cache.shape
-    qg = q.reshape(n_kv, n_rep, head_dim)  # (n_kv, n_rep, head_dim)
-    scores = qg @ k_cache.transpose(0, 2, 1)  # (n_kv, n_rep, seq)
-    p = softmax(scores * np.float32(1.0 / np.sqrt(head_dim)))  # (n_kv, n_rep, seq)
-    return (p @ v_cache).reshape(n_kv * n_rep, head_dim)  # (n_heads, head_dim)
+    if q.shape[0] != n_rep * k_cache.shape[0]:
+        raise ValueError(f"{q.shape[0]} query heads do not read {k_cache.shape[0]} K/V heads {n_rep} each")
+    return sparse.attention(q, k_cache, v_cache, mode)
 
 
 def causal_attention(
-    q: np.ndarray, k_cache: np.ndarray, v_cache: np.ndarray, n_rep: int, start: int
+    q: np.ndarray, k_cache: np.ndarray, v_cache: np.ndarray, n_rep: int, start: int, mode: AttentionMode = DENSE
 ) -> np.ndarray:
     """Grouped-query attention of query positions start..start+seq-1, each over cached positions <= its own.
 
     q (seq, n_heads, head_dim); k_cache, v_cache (n_kv_heads, start+seq, head_dim)
-    -> (seq, n_heads, head_dim).
+    -> (seq, n_heads, head_dim). Sparse: each position selects its own keys (one `attention` per row).
     """
+    if not mode.dense:
+        return np.stack([attention(q[i], k_cache[:, : start + i + 1], v_cache[:, : start + i + 1], n_rep, mode)
+                         for i in range(q.shape[0])])
     seq, n_heads, head_dim = q.shape
     n_kv, total, _ = k_cache.shape
     qg = q.reshape(seq, n_kv, n_rep, head_dim).transpose(1, 2, 0, 3)  # (n_kv, n_rep, seq, head_dim)
@@ -135,6 +135,7 @@ def layer_forward(
     pos: int,
     cos: np.ndarray,
     sin: np.ndarray,
+    mode: AttentionMode = DENSE,
 ) -> np.ndarray:
     """One decoder layer for one token at `pos`: x (dim,) -> (dim,).
 
@@ -146,7 +147,7 @@ def layer_forward(
     k_cache[:, pos] = k
     v_cache[:, pos] = v
     n_rep = config.n_heads // config.n_kv_heads
-    a = attention(q, k_cache[:, : pos + 1], v_cache[:, : pos + 1], n_rep)  # (n_heads, hd)
+    a = attention(q, k_cache[:, : pos + 1], v_cache[:, : pos + 1], n_rep, mode)  # (n_heads, hd)
     x = x + linear(a.reshape(-1), lw.wo)  # (dim,)
     return x + swiglu(rmsnorm(x, lw.ffn_norm, config.norm_eps), lw.w_gate, lw.w_up, lw.w_down)
 
@@ -160,6 +161,7 @@ def layer_prefill(
     start: int,
     cos: np.ndarray,
     sin: np.ndarray,
+    mode: AttentionMode = DENSE,
 ) -> np.ndarray:
     """One decoder layer for tokens at positions start..start+seq-1: x (seq, dim) -> (seq, dim).
 
@@ -172,13 +174,13 @@ def layer_prefill(
     k_cache[:, start:end] = k.transpose(1, 0, 2)
     v_cache[:, start:end] = v.transpose(1, 0, 2)
     n_rep = config.n_heads // config.n_kv_heads
-    a = causal_attention(q, k_cache[:, :end], v_cache[:, :end], n_rep, start)  # (seq, n_heads, hd)
+    a = causal_attention(q, k_cache[:, :end], v_cache[:, :end], n_rep, start, mode)  # (seq, n_heads, hd)
     x = x + linear(a.reshape(seq, -1), lw.wo)  # (seq, dim)
     return x + swiglu(rmsnorm(x, lw.ffn_norm, config.norm_eps), lw.w_gate, lw.w_up, lw.w_down)
 
 
 def layer_batch(x: np.ndarray, lw: LayerWeights, config: LlamaConfig, caches: list, layer: int,
-                poss: np.ndarray, cos: np.ndarray, sin: np.ndarray) -> np.ndarray:
+                poss: np.ndarray, cos: np.ndarray, sin: np.ndarray, mode: AttentionMode = DENSE) -> np.ndarray:
     """One decoder layer for one token of each of B requests (each its own cache and position):
     x (B, dim) -> (B, dim). The projections and the MLP run batched (the weights are read once for all B);
     attention runs per request over its own cache. cos, sin (B, head_dim//2)."""
@@ -188,7 +190,7 @@ def layer_batch(x: np.ndarray, lw: LayerWeights, config: LlamaConfig, caches: li
     a = np.empty_like(q)  # (B, n_heads, hd)
     for b, (cache, pos) in enumerate(zip(caches, poss.tolist(), strict=True)):
         cache.k[layer][:, pos], cache.v[layer][:, pos] = k[b], v[b]
-        a[b] = attention(q[b], cache.k[layer][:, : pos + 1], cache.v[layer][:, : pos + 1], n_rep)
+        a[b] = attention(q[b], cache.k[layer][:, : pos + 1], cache.v[layer][:, : pos + 1], n_rep, mode)
     x = x + linear(a.reshape(len(x), -1), lw.wo)  # (B, dim)
     return x + swiglu(rmsnorm(x, lw.ffn_norm, config.norm_eps), lw.w_gate, lw.w_up, lw.w_down)
 
@@ -237,12 +239,15 @@ class KVCache:
 
 
 class ReferenceModel:
-    """A Llama decoder in plain numpy, one process, float32. `step` and `prefill` return logits (vocab,)."""
+    """A Llama decoder in plain numpy, one process, float32. `step` and `prefill` return logits (vocab,).
 
-    def __init__(self, config: LlamaConfig, weights: LlamaWeights) -> None:
+    `attention` is dense (the default) or sparse (`AttentionMode.parse("sparse:64")`), in every phase."""
+
+    def __init__(self, config: LlamaConfig, weights: LlamaWeights, attention: AttentionMode = DENSE) -> None:
         weights.check(config)
         self.config = config
         self.weights = weights
+        self.attention = attention
 
     def new_cache(self, capacity: int = 256) -> KVCache:
         return KVCache(self.config, capacity)
@@ -264,7 +269,7 @@ class ReferenceModel:
         cos, sin = rope_cos_sin(pos, cfg.head_dim, cfg.rope_theta)  # (hd//2,) each
         x = self.weights.embed[token_id]  # (dim,)
         for i, lw in enumerate(self.weights.layers):
-            x = layer_forward(x, lw, cfg, cache.k[i], cache.v[i], pos, cos, sin)
+            x = layer_forward(x, lw, cfg, cache.k[i], cache.v[i], pos, cos, sin, self.attention)
         cache.length = pos + 1
         return self._logits(x)
 
@@ -279,7 +284,7 @@ class ReferenceModel:
         cos, sin = rope_cos_sin(poss, cfg.head_dim, cfg.rope_theta)  # (B, hd//2) each
         x = self.weights.embed[np.asarray(tokens)]  # (B, dim)
         for i, lw in enumerate(self.weights.layers):
-            x = layer_batch(x, lw, cfg, caches, i, poss, cos, sin)
+            x = layer_batch(x, lw, cfg, caches, i, poss, cos, sin, self.attention)
         for pos, cache in zip(poss.tolist(), caches, strict=True):
             cache.length = pos + 1
         return self._logits(x)
@@ -295,7 +300,7 @@ class ReferenceModel:
         cos, sin = rope_cos_sin(np.arange(start, start + len(ids)), cfg.head_dim, cfg.rope_theta)
         x = self.weights.embed[np.asarray(ids)]  # (seq, dim)
         for i, lw in enumerate(self.weights.layers):
-            x = layer_prefill(x, lw, cfg, cache.k[i], cache.v[i], start, cos, sin)
+            x = layer_prefill(x, lw, cfg, cache.k[i], cache.v[i], start, cos, sin, self.attention)
         cache.length = start + len(ids)
         return self._logits(x[-1])
 

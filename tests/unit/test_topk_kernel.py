@@ -1,0 +1,79 @@
+"""STAR's distributed top-K (waferrt.decode.topk) on the loop fabric: numpy's answer, and its closed form."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from waferrt.core.cost import Cost, on_lines
+from waferrt.core.mesh import MeshSpec
+from waferrt.core.spec import TINY
+from waferrt.decode.topk import TopKRow, row_topk, sort_comparisons, topk_cost, unpack
+from waferrt.fabric.loop import simulate
+from waferrt.model.sparse import select_top
+
+# (cores in the row, tile width, candidates per core, heads, keep): odd and even rows, keep below, at and
+# above a core's share, a row in one tile and across several
+ROWS = [(1, 1, 8, 2, 4), (2, 1, 8, 2, 4), (5, 2, 6, 3, 10), (6, 4, 4, 2, 16), (7, 3, 5, 1, 3), (8, 3, 16, 2, 64)]
+
+
+def run(n: int, tile_w: int, m: int, heads: int, keep: int, rows: int = 2):
+    mesh = MeshSpec(n, rows, tile_w, 2)
+    scores = np.random.default_rng(n * 100 + m).standard_normal((rows, n, heads, m)).astype(np.float32)
+    out, cost = simulate(mesh, TINY, mesh.region, lambda ctx, scores: row_topk(ctx, scores, keep), scores=scores)
+    return scores, out, cost
+
+
+@pytest.mark.parametrize(("n", "tile_w", "m", "heads", "keep"), ROWS)
+def test_every_core_ends_with_numpys_top_k_of_its_row(n: int, tile_w: int, m: int, heads: int, keep: int) -> None:
+    scores, out, _ = run(n, tile_w, m, heads, keep)
+    got_scores, got = unpack(out)  # (rows, n, heads, keep) each
+    for r in range(scores.shape[0]):
+        row = scores[r].transpose(1, 0, 2).reshape(heads, n * m)  # (heads, positions): core j holds j*m..
+        want = select_top(row, keep)  # (heads, keep)
+        for j in range(n):
+            np.testing.assert_array_equal(got[r, j], want)
+            np.testing.assert_array_equal(got_scores[r, j], np.take_along_axis(row, want, -1))
+
+
+@pytest.mark.parametrize(("n", "tile_w", "m", "heads", "keep"), ROWS)
+def test_what_the_kernel_books_is_its_closed_form(n: int, tile_w: int, m: int, heads: int, keep: int) -> None:
+    rows = 2
+    _, _, booked = run(n, tile_w, m, heads, keep, rows)
+    closed = {k: on_lines(c, rows) for k, c in topk_cost(TINY, TopKRow(n, m, heads, keep)).items()}
+    for name in closed:
+        assert booked.get(name, Cost()) == closed[name], name
+
+
+def test_the_closed_form_by_hand() -> None:
+    """7 cores, 5 candidates each, 1 head, keep 3 on TINY (alpha 1, beta 8, link 4 B/cycle, 2 flop/cycle):
+    a 24-byte message one hop is 1 + 8 + 24/4 = 15 cycles; 3 rounds (middle core 3), 6 senders, merges of
+    3 comparisons, twice at the middle in the last round: 12 flops = 6 cycles; the sort 5*ceil(log2 5) = 15
+    comparisons = 7.5 cycles; the multicast from the middle 3 hops: 3 + 8 + 6 = 17 cycles."""
+    cost = topk_cost(TINY, TopKRow(cores=7, per_core=5, heads=1, keep=3))
+    assert sort_comparisons(5) == 15 and sort_comparisons(1) == 0
+    assert cost["topk.sort"] == Cost(flops=15, cycles=7.5)
+    assert cost["topk.merge"] == Cost(hops=3, stages=3, link_bytes=144, messages=6, flops=12, cycles=51.0)
+    assert cost["broadcast"] == Cost(hops=3, stages=1, link_bytes=144, messages=6, cycles=17.0)
+
+
+def test_keeping_more_than_the_row_holds_says_so() -> None:
+    with pytest.raises(ValueError, match="keep at most"):
+        TopKRow(cores=2, per_core=4, heads=1, keep=9)
+
+
+def test_a_layers_sparse_attention_is_prediction_sort_and_dense_over_the_kept_keys() -> None:
+    from waferrt.core.mesh import Region
+    from waferrt.decode.cost import Decoding
+    from waferrt.decode.topk import PREDICT_DTYPE, attention_parts
+    from waferrt.model import SMOLLM2_135M
+
+    dec, region = Decoding(SMOLLM2_135M), Region(0, 0, 8, 4)
+    dense = attention_parts(TINY, dec, region, 512)
+    assert attention_parts(TINY, dec, region, 512, keep=512) == dense
+    sparse = attention_parts(TINY, dec, region, 512, keep=32)
+    assert sparse["attention"] == attention_parts(TINY, dec, region, 32)["attention"]
+    assert sparse["attention"].cycles < dense["attention"].cycles
+    # 9 heads x 64 head dims / 4 rows x 64 positions a column: 2 x 9 x 16 x 64 = 18,432 flops at the 16-bit rate
+    assert sparse["predict"].flops == 18_432 and PREDICT_DTYPE == "float16"
+    assert sparse["sort"].messages == 4 * 7 * 2  # 7 senders a row, merge and multicast, on 4 rows
