@@ -63,8 +63,9 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     p.add_argument("--prompt-tokens", type=whole_number(1, "4096"), metavar="N",
                    help="the prefill of an N-token prompt: tokens/s, breakdown, time to first token (default 4096, "
                         "at most --kv-tokens)")
-    p.add_argument("--pair", type=pair, default=(2048, 128), metavar="IN:OUT",
-                   help="an input/output pair timed end to end: prefill, then decode (default 2048:128)")
+    p.add_argument("--pair", type=pair, default=None, metavar="IN:OUT",
+                   help="an input/output pair timed end to end: prefill, then decode (default 2048:128, or "
+                        "in the same proportion within a smaller --kv-tokens)")
     p.set_defaults(_run=run)
     return p
 
@@ -109,12 +110,16 @@ def pair(text: str) -> tuple[int, int]:
     return a, b
 
 
-def _prompts(args, kv) -> tuple[int, tuple[int, int]]:
-    """(prompt tokens, (in, out)) checked against the K/V reserve; the defaults shrink to fit it."""
+def _prompts(args, kv) -> tuple[int, tuple[int, int] | None]:
+    """(prompt tokens, (in, out) or None) checked against the K/V reserve; the defaults shrink to fit it (no
+    pair at all in a reserve of one position)."""
     tokens = args.prompt_tokens or min(4096, kv.tokens)
     if tokens > kv.tokens:
         raise ValueError(f"--prompt-tokens {tokens} is more than the {kv.tokens} K/V positions per request; "
                          f"give --kv-tokens {tokens} or a shorter prompt")
+    if args.pair is None:
+        out = min(128, kv.tokens // 17)
+        return tokens, ((2048, 128) if kv.tokens >= 2176 else (kv.tokens - out, out) if out else None)
     n_in, n_out = args.pair
     if n_in + n_out > kv.tokens:
         raise ValueError(f"--pair {n_in}:{n_out} needs {n_in + n_out} K/V positions per request, more than "
@@ -126,7 +131,7 @@ def run(args) -> int:
     try:
         cfg, label, spec, tried, kv = workload(args)
         mesh = args.mesh or spec.full_mesh
-        tokens, (n_in, n_out) = _prompts(args, kv)
+        tokens, io = _prompts(args, kv)
         est = estimate(cfg, spec, mesh, kv, args.dtype, tried, args.objective, label)
     except ValueError as e:
         print(f"waferrt estimate: {e}", file=sys.stderr)
@@ -136,12 +141,14 @@ def run(args) -> int:
         est = _with(est, streaming(cfg, spec, mesh, kv, args.dtype, resident))
     out, text = est.to_json(), [est.text()]
     if est.fits:
-        pre, e2e = prefill(est, tokens), prefill(est, n_in).end_to_end(n_out)
-        out["prefill"] = {**pre.to_json(), "end_to_end": {"in": n_in, "out": n_out, "seconds": e2e,
-                                                          "tokens_per_s": (n_in + n_out) / e2e,
-                                                          "new_tokens_per_s": n_out / e2e}}
-        text += pre.lines() + [f"end to end      {n_in} in, {n_out} out: {e2e * 1e3:.1f} ms = "
-                               f"{(n_in + n_out) / e2e:,.0f} tokens/s ({n_out / e2e:,.0f} new tokens/s)"]
+        pre = prefill(est, tokens)
+        out["prefill"], text = pre.to_json(), text + pre.lines()
+        if io is not None:
+            (n_in, n_out), e2e = io, prefill(est, io[0]).end_to_end(io[1])
+            out["prefill"]["end_to_end"] = {"in": n_in, "out": n_out, "seconds": e2e,
+                                            "tokens_per_s": (n_in + n_out) / e2e, "new_tokens_per_s": n_out / e2e}
+            text.append(f"end to end      {n_in} in, {n_out} out: {e2e * 1e3:.1f} ms = "
+                        f"{(n_in + n_out) / e2e:,.0f} tokens/s ({n_out / e2e:,.0f} new tokens/s)")
     print(json.dumps(out, indent=1) if args.json else "\n".join(text))
     return 0 if est.fits or (est.streaming is not None and est.streaming.fits) else 1
 
