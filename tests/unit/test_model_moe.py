@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 
 from waferrt.model import (
+    KVCache,
     LayerWeights,
     ReferenceModel,
     Sampler,
@@ -18,6 +19,7 @@ from waferrt.model import (
     tiny_config,
     tiny_moe_config,
 )
+from waferrt.model.moe import ExpertCut, cut_into_experts
 
 
 def test_route_picks_the_top_k_and_gates_sum_to_one() -> None:
@@ -52,16 +54,34 @@ def test_moe_ffn_is_the_gated_sum_of_the_chosen_experts(shared: int) -> None:
 
 def test_all_experts_with_equal_gates_is_the_dense_ffn_cut_in_pieces() -> None:
     dense_cfg = tiny_config()
-    dense = synthetic_llama(dense_cfg, seed=4).layers[0]
-    e = 4
-    cfg = dataclasses.replace(dense_cfg, hidden_dim=dense_cfg.hidden_dim // e, n_experts=e, top_k=e)
-    piece = lambda w: np.stack(np.split(w, e, axis=0))  # noqa: E731 - (E, hidden/E, dim)
-    lw = dataclasses.replace(
-        dense, w_gate=None, w_up=None, w_down=None, router=np.zeros((e, cfg.dim), np.float32),
-        w_gate_exps=piece(dense.w_gate), w_up_exps=piece(dense.w_up),
-        w_down_exps=np.stack(np.split(dense.w_down * np.float32(e), e, axis=1)))  # gates are 1/E each
+    dense = synthetic_llama(dense_cfg, seed=4)
+    cfg, w = cut_into_experts(dense_cfg, dense, ExpertCut(4, 4, seed=None))
+    assert (cfg.n_experts, cfg.top_k, cfg.hidden_dim) == (4, 4, 32) and w.layers[0].wq is dense.layers[0].wq
     h = np.random.default_rng(1).standard_normal((3, cfg.dim), dtype=np.float32)
-    np.testing.assert_allclose(ffn(h, lw, cfg), ffn(h, dense, dense_cfg), rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(ffn(h, w.layers[1], cfg), ffn(h, dense.layers[1], dense_cfg), rtol=1e-5, atol=1e-6)
+    ids = [5, 6, 7, 8]
+    want = ReferenceModel(dense_cfg, dense).prefill(ids, KVCache(dense_cfg))
+    np.testing.assert_allclose(ReferenceModel(cfg, w).prefill(ids, KVCache(cfg)), want, rtol=1e-4, atol=1e-5)
+
+
+def test_a_seeded_router_with_top_k_below_n_experts_routes_tokens_apart() -> None:
+    dense_cfg = tiny_config()
+    cfg, w = cut_into_experts(dense_cfg, synthetic_llama(dense_cfg, seed=4), ExpertCut(4, 2, seed=7))
+    h = np.random.default_rng(2).standard_normal((16, cfg.dim), dtype=np.float32)
+    experts, gates = route(h, w.layers[0].router, cfg.top_k)
+    assert len({tuple(sorted(r)) for r in experts.tolist()}) > 2  # tokens choose different pairs
+    assert gates.min() < 0.45  # the gates are not all equal
+    assert not np.array_equal(w.layers[0].router, w.layers[1].router)
+
+
+def test_a_cut_refuses_what_cannot_be_cut() -> None:
+    with pytest.raises(ValueError, match="do not cut into 5 equal"):
+        cut_into_experts(tiny_config(), synthetic_llama(tiny_config()), ExpertCut(5, 2))
+    with pytest.raises(ValueError, match="top_k 3 is more than n_experts 2"):
+        ExpertCut(2, 3)
+    cfg = tiny_moe_config()
+    with pytest.raises(ValueError, match="already is a mixture"):
+        cut_into_experts(cfg, synthetic_llama(cfg), ExpertCut(2, 1))
 
 
 def test_moe_model_steps_equal_prefill_and_batch_and_routes_vary() -> None:

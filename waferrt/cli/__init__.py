@@ -1,4 +1,4 @@
-"""The ``waferrt`` command: one module per subcommand (generate, plan, estimate, sweep, chaos, demo).
+"""The ``waferrt`` command: one module per subcommand (generate, plan, estimate, sweep, chaos, demo, convert).
 
 Contract: :func:`main(argv) -> int` parses the command line and runs one subcommand. Each subcommand is
 a module of this package (:data:`COMMANDS`) with ``add_parser(subparsers)`` (registers its subparser and
@@ -19,7 +19,8 @@ import threading
 
 # command name -> its module (add_parser(subparsers), run(args) -> int), in the order --help lists them
 COMMANDS = {"generate": "waferrt.cli.generate", "plan": "waferrt.cli.plan", "estimate": "waferrt.cli.estimate",
-            "sweep": "waferrt.cli.sweep", "chaos": "waferrt.cli.chaos", "demo": "waferrt.cli.demo"}
+            "sweep": "waferrt.cli.sweep", "chaos": "waferrt.cli.chaos", "demo": "waferrt.cli.demo",
+            "convert": "waferrt.cli.convert"}
 
 DESCRIPTION = """\
 waferrt runs an emulated wafer-scale processor: a 2D mesh of small cores, each with its own few tens of
@@ -35,6 +36,7 @@ examples:
   waferrt sweep --model llama3-8b --png s.png   which wafer design serves it best (SRAM, mesh, links, clock)
   waferrt chaos --faults 20 --seed 1            a seeded campaign of faults: recovered, tokens identical?
   waferrt demo                                  allreduce on an 8x8 mesh in 2x2 tiles of 4x4 cores
+  waferrt convert --moe 8,2 moe.gguf            SmolLM2 cut into a mixture of 8 experts, 2 per token
   waferrt demo --algo ring --spec wse2          same with the ring algorithm and WSE-2 timings
   waferrt demo --mesh 16x4 --tile 8x2           a non-square mesh (W x H cores, tiles of TW x TH)
   waferrt <command> --help                      options of one command
