@@ -108,6 +108,7 @@ class Placement:
     dead_links: frozenset[tuple[Coord, Coord]] = frozenset()
     group: int = 1  # layers per region (Strategy.group)
     streaming: bool = False  # the weights stream in from off-wafer memory (placement.plan_streaming)
+    experts: str = "er"  # where an MoE layer's experts sit in its region (waferrt.decode.moe_layout.MAPPINGS)
 
     @property
     def strategy(self) -> Strategy:

@@ -21,6 +21,9 @@ column-split output (allreduce along columns), so no transpose is ever needed:
 head_dim is cut in whole RoPE pairs (granule 2), so RoPE is local. The KV cache of one request holds
 (n_kv_heads, head_dim: y, positions: x): head_dim over rows like q, sequence positions over columns,
 balanced by shifting. The tied embedding/head table (vocab: y, dim: x) lives in its own region.
+An MoE layer (config.n_experts > 0) has the router over the region (like w_gate), its shared expert (if any)
+as the dense FFN, and its experts on blocks of the region (waferrt.decode.moe_layout), booked as
+"experts": the most any mapping puts on a core, on every core.
 """
 
 from __future__ import annotations
@@ -33,23 +36,31 @@ from waferrt.core.layout import Layout, core_bytes
 from waferrt.core.mesh import Region
 from waferrt.model.config import LlamaConfig
 
+from .moe_layout import expert_core_bytes, router_layout
+
 LAYER_WEIGHTS = ("attn_norm", "wq", "wk", "wv", "wo", "ffn_norm", "w_gate", "w_up", "w_down")
 
 
 def layer_layouts(cfg: LlamaConfig, region: Region, dtype: str = "float32") -> dict[str, Layout]:
-    """Layouts of one decoder layer's weights over `region` (names as in LAYER_WEIGHTS)."""
-    hd, nh, nkv = cfg.head_dim, cfg.n_heads, cfg.n_kv_heads
-    return {
+    """Layouts of one decoder layer's weights over `region` (names as in LAYER_WEIGHTS; an MoE layer has
+    "router" and "experts" instead of the dense FFN, which it keeps only as its shared expert)."""
+    hd, nh, nkv, ffn = cfg.head_dim, cfg.n_heads, cfg.n_kv_heads, cfg.dense_hidden
+    out = {
         "attn_norm": Layout((cfg.dim,), region, ("x",), dtype=dtype),
         "wq": Layout((nh, hd, cfg.dim), region, (None, "y", "x"), (1, 2, 1), dtype),
         "wk": Layout((nkv, hd, cfg.dim), region, (None, "y", "x"), (1, 2, 1), dtype),
         "wv": Layout((nkv, hd, cfg.dim), region, (None, "y", "x"), (1, 2, 1), dtype),
         "wo": Layout((cfg.dim, nh, hd), region, ("x", None, "y"), (1, 1, 2), dtype),
         "ffn_norm": Layout((cfg.dim,), region, ("x",), dtype=dtype),
-        "w_gate": Layout((cfg.hidden_dim, cfg.dim), region, ("y", "x"), dtype=dtype),
-        "w_up": Layout((cfg.hidden_dim, cfg.dim), region, ("y", "x"), dtype=dtype),
-        "w_down": Layout((cfg.dim, cfg.hidden_dim), region, ("x", "y"), dtype=dtype),
     }
+    if ffn:
+        out.update(w_gate=Layout((ffn, cfg.dim), region, ("y", "x"), dtype=dtype),
+                   w_up=Layout((ffn, cfg.dim), region, ("y", "x"), dtype=dtype),
+                   w_down=Layout((cfg.dim, ffn), region, ("x", "y"), dtype=dtype))
+    if cfg.moe:
+        out.update(router=router_layout(cfg, region, dtype),
+                   experts=scratch_layout(region, expert_core_bytes(cfg, region, dtype)))
+    return out
 
 
 def kv_layout(cfg: LlamaConfig, region: Region, tokens: int, dtype: str = "float32") -> Layout:
@@ -71,9 +82,11 @@ def activation_bytes(cfg: LlamaConfig, region: Region, tokens: int) -> int:
     x, norm(x), q/k/v, attention output, the MLP hidden pair, per-position scores, and a same-size receive
     buffer for each in-flight allreduce (the fabric buffers)."""
     dim_c, hd_r = cdiv(cfg.dim, region.w), 2 * cdiv(cfg.head_dim // 2, region.h)
-    hid_r, pos_c = cdiv(cfg.hidden_dim, region.h), cdiv(tokens, region.w)
+    hid_r, pos_c = cdiv(max(cfg.dense_hidden, 1), region.h), cdiv(tokens, region.w)
     words = 2 * dim_c + (cfg.n_heads + 2 * cfg.n_kv_heads) * hd_r + cfg.n_heads * hd_r + 2 * hid_r
     words += cfg.n_heads * pos_c
+    if cfg.moe:  # the logits, a dispatched token (a one-column block's chunk), an expert's hidden pair
+        words += cfg.n_experts + cfg.dim + 2 * cfg.hidden_dim
     return 2 * words * 4  # x2: receive buffers of the reductions
 
 

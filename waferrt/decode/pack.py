@@ -62,18 +62,28 @@ def pack_layer(cfg: LlamaConfig, lw, region: Region, dtype: str = "float32") -> 
     k = to_blocks(lw.wk.reshape(nkv, hd, cfg.dim), lay["wk"])  # (R, C, nkv, hd_r, dim_c)
     v = to_blocks(lw.wv.reshape(nkv, hd, cfg.dim), lay["wv"])
     o = to_blocks(lw.wo.reshape(cfg.dim, nh, hd), lay["wo"])  # (R, C, dim_c, nh, hd_r)
-    gate = to_blocks(lw.w_gate, lay["w_gate"])  # (R, C, hid_r, dim_c)
-    up = to_blocks(lw.w_up, lay["w_up"])
-    down = to_blocks(lw.w_down, lay["w_down"])  # (R, C, dim_c, hid_r)
     packed = {
         "wqkv": _cols_first(np.concatenate([q, k, v], axis=2)),  # (C, dim_c, R*(nh+2nkv)*hd_r)
         "wo": _rows_first(o.reshape(o.shape[:3] + (-1,))),  # (R, nh*hd_r, C*dim_c)
-        "w13": _cols_first(np.stack([gate, up], axis=2)),  # (C, dim_c, R*2*hid_r)
-        "w2": _rows_first(down),  # (R, hid_r, C*dim_c)
         "attn_norm": to_blocks(lw.attn_norm, lay["attn_norm"])[0],  # (C, dim_c)
         "ffn_norm": to_blocks(lw.ffn_norm, lay["ffn_norm"])[0],
     }
+    if lw.w_gate is not None:  # the dense FFN (an MoE layer's shared expert)
+        packed.update(pack_ffn((lw.w_gate, lw.w_up, lw.w_down), lay))
     return {k: to_storage(v, dtype) for k, v in packed.items()}
+
+
+def pack_ffn(gate_up_down: tuple[np.ndarray, ...], lay: dict) -> dict[str, np.ndarray]:
+    """A SwiGLU FFN's matrices (float32) as "w13" (C, dim_c, R*2*hid_r) and "w2" (R, hid_r, C*dim_c), cut by
+    the layouts lay["w_gate"], lay["w_up"], lay["w_down"] over their region."""
+    gate, up, down = (to_blocks(w, lay[name]) for w, name in zip(gate_up_down, ("w_gate", "w_up", "w_down")))
+    # gate, up (R, C, hid_r, dim_c); down (R, C, dim_c, hid_r)
+    return {"w13": _cols_first(np.stack([gate, up], axis=2)), "w2": _rows_first(down)}
+
+
+def pack_matrix(w: np.ndarray, lay: Layout) -> np.ndarray:
+    """A matrix whose input is split over columns (out: y, in: x), e.g. a router: (C, in_c, R*out_r)."""
+    return _cols_first(to_blocks(w, lay))
 
 
 ROWS_PER_BLOCK = 4096  # vocabulary rows cut at a time (the table is never copied whole)

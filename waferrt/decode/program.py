@@ -45,6 +45,7 @@ from waferrt.faults.model import CoreFailure
 from waferrt.faults.state import FaultState
 
 from .cost import alone_cycles, handover_cost
+from .moe import MoELayerShard
 from .pack import Chunks
 from .schedule import Item, StageRun
 from .setup import DecodeSetup, pack_stage
@@ -152,8 +153,9 @@ class TileProgram:
         st = self.setup
         arrays = pack_stage(st, s, raw)
         if kind == "layer":
-            self.layers[s] = LayerShard(st.config, region, arrays, (st.slots, st.kv_tokens), self.ledger,
-                                        st.collectives, st.dtype)
+            shard = MoELayerShard if st.config.moe else LayerShard
+            self.layers[s] = shard(st.config, region, arrays, (st.slots, st.kv_tokens), self.ledger,
+                                   st.collectives, st.dtype)
         else:
             self.embed = EmbedShard(st.config, region, arrays, self.ledger, st.collectives, st.dtype)
 

@@ -17,8 +17,6 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from waferrt.core.arith import whole
-
 from .config import LlamaConfig
 from .weights import LayerWeights, LlamaWeights
 
@@ -33,10 +31,8 @@ class ExpertCut:
     gain: float = 4.0  # the router's logits' scale (larger: sharper gates)
 
     def __post_init__(self) -> None:
-        whole("n_experts", self.n_experts)
-        whole("top_k", self.top_k)
-        if self.top_k > self.n_experts:
-            raise ValueError(f"top_k {self.top_k} is more than n_experts {self.n_experts}: each token uses "
+        if not 1 <= self.top_k <= self.n_experts:
+            raise ValueError(f"top_k {self.top_k} must be 1..n_experts ({self.n_experts}): each token uses "
                              "top_k of the experts, e.g. --moe 8,2")
 
 

@@ -117,7 +117,12 @@ def swiglu(x: np.ndarray, w_gate: np.ndarray, w_up: np.ndarray, w_down: np.ndarr
 def route(h: np.ndarray, router: np.ndarray, top_k: int) -> tuple[np.ndarray, np.ndarray]:
     """The experts each row of h uses and their gates: h (T, dim), router (E, dim)
     -> experts (T, top_k) int, best first (ties to the lower index), gates (T, top_k) float32 summing to 1."""
-    logits = linear(h, router)  # (T, E)
+    return top_k_gates(linear(h, router), top_k)  # logits (T, E)
+
+
+def top_k_gates(logits: np.ndarray, top_k: int) -> tuple[np.ndarray, np.ndarray]:
+    """Router logits (T, E) -> the top_k experts of each row (T, top_k), best first (ties to the lower
+    index), and their gates (T, top_k): a softmax over the chosen k."""
     experts = np.argsort(-logits, axis=-1, kind="stable")[:, :top_k]  # (T, top_k)
     return experts, softmax(np.take_along_axis(logits, experts, axis=-1))  # gates (T, top_k)
 

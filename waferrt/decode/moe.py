@@ -1,0 +1,208 @@
+"""An MoE layer on the mesh: expert parallelism in its region, dispatch and combine hop by hop, per link.
+
+Contract: :class:`MoELayerShard` is a LayerShard (the attention as a dense layer's) whose FFN is the
+mixture of experts of waferrt.model.reference.ffn, with the experts on the blocks a mapping gives
+(waferrt.decode.moe_layout: "er" or "naive"). For a micro-batch of normed hidden states h (B, C, dim_c):
+
+1. router: a MeshGEMV of the router (n_experts over the rows), its logits gathered down the columns (booked
+   as an allreduce: every core needs every logit); the reference's ``top_k_gates`` picks each token's experts
+   and gates.
+2. dispatch: each token goes to the block of each chosen expert (once per block). Every row of the region
+   holds a full copy of the token (split over the columns), so each block row takes it from its own row:
+   the pieces of the region's column split move along the row to the block's column split, one hop at a time.
+3. the experts: each a MeshGEMV SwiGLU in its block (blocks run side by side: the ledger books the
+   busiest block, waferrt.core.ledger.merge_parallel).
+4. combine: each expert's gated output goes back from its block's column split to the region's (along the
+   rows, reversed dispatch), then up and down every column, summed on the way, until every row holds the
+   sum again (a link carries one partial sum when some contribution lies behind it).
+
+Every message is routed one hop at a time and booked per directed link in a :class:`LinkLoad`; the ledger
+books each phase as one Cost (:func:`alltoall_cost`). ``traffic`` keeps every phase's LinkLoad summed over
+the micro-batches, ``routed`` how many tokens each expert received (the routing histogram).
+:func:`pack_moe_layer` cuts an MoE layer's weights for its region and mapping.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from waferrt.core.cost import Cost, message_cycles
+from waferrt.core.dtypes import to_storage
+from waferrt.core.ledger import Ledger, merge_parallel
+from waferrt.core.mesh import Region
+from waferrt.core.spec import HardwareSpec
+from waferrt.fabric.comm import LineComm
+from waferrt.model.config import LlamaConfig
+from waferrt.model.reference import silu, top_k_gates
+
+from .cost import ELEMENTWISE_FLOPS as EW
+from .moe_layout import expert_blocks, expert_layouts, router_layout
+from .pack import Chunks, pack_ffn, pack_layer, pack_matrix
+from .shards import LayerShard, mesh_gemv
+
+E, W, S, N = range(4)  # the side a link leaves its core by (LinkLoad.bytes' first axis)
+SIDES = "EWSN"
+
+
+class LinkLoad:
+    """Bytes over every directed link of a region: ``bytes[side, y, x]`` is what left core (x, y) (region
+    coordinates) by `side`; ``messages`` the messages sent; ``hops`` the longest route's hops."""
+
+    def __init__(self, region: Region):
+        self.region = region
+        self.bytes = np.zeros((4, region.h, region.w))
+        self.messages, self.hops = 0, 0
+
+    def along_row(self, y: int, x0: int, x1: int, nbytes: float) -> None:
+        """A message of `nbytes` from (x0, y) to (x1, y), one hop at a time."""
+        if x1 > x0:
+            self.bytes[E, y, x0:x1] += nbytes
+        elif x1 < x0:
+            self.bytes[W, y, x1 + 1:x0 + 1] += nbytes
+        self.messages += x0 != x1
+        self.hops = max(self.hops, abs(x1 - x0))
+
+    def add(self, other: LinkLoad, times: int = 1) -> None:
+        if times:
+            self.bytes += times * other.bytes
+            self.messages += times * other.messages
+            self.hops = max(self.hops, other.hops)
+
+    def links(self) -> np.ndarray:
+        """The bytes of every link that exists (a region's edge cores have no link out of it)."""
+        b = self.bytes
+        return np.concatenate([b[E, :, :-1].ravel(), b[W, :, 1:].ravel(), b[S, :-1].ravel(), b[N, 1:].ravel()])
+
+    def hottest(self) -> float:
+        return float(self.links().max(initial=0.0))
+
+    def cold_share(self) -> float:
+        """The share of the region's links that carried nothing."""
+        links = self.links()
+        return float(np.mean(links == 0)) if links.size else 1.0
+
+    def total(self) -> float:
+        return float(self.bytes.sum())
+
+
+def alltoall_cost(spec: HardwareSpec, load: LinkLoad) -> Cost:
+    """A phase whose messages all travel at once: the longest route's hops, then the busiest link's bytes
+    one after the other (one routing stage)."""
+    if not load.messages:
+        return Cost()
+    return Cost(hops=load.hops, stages=1, link_bytes=int(round(load.total())), messages=load.messages,
+                cycles=message_cycles(spec, load.hops, 1, load.hottest()))
+
+
+def _pieces(dim: int, region: Region, block: Region) -> list[tuple[int, int, int]]:
+    """(region column, block column, values) of every piece of a token that moves from the region's column
+    split of dim to the block's (both relative to the region)."""
+    owner = {}
+    for parts, key in ((region.w, "r"), (block.w, "b")):
+        ch = Chunks(dim, parts)
+        o = np.empty(dim, np.int64)
+        o[ch.index[ch.valid]] = np.nonzero(ch.valid)[0]
+        owner[key] = o
+    pairs, counts = np.unique(np.stack([owner["r"], owner["b"]]), axis=1, return_counts=True)
+    dx = block.x0 - region.x0
+    return [(int(c), int(j) + dx, int(n)) for (c, j), n in zip(pairs.T, counts)]
+
+
+def block_patterns(dim: int, region: Region, block: Region) -> tuple[LinkLoad, LinkLoad]:
+    """(dispatch, combine along the rows) of one token to and from `block`: every block row moves the
+    pieces between the region's column split and the block's."""
+    dispatch, back = LinkLoad(region), LinkLoad(region)
+    for y in range(block.y0 - region.y0, block.y0 - region.y0 + block.h):
+        for c, x, n in _pieces(dim, region, block):
+            dispatch.along_row(y, c, x, 4 * n)
+            back.along_row(y, x, c, 4 * n)
+    return dispatch, back
+
+
+def column_combine(region: Region, rows: np.ndarray, col_bytes: np.ndarray) -> LinkLoad:
+    """The sum of contributions held in `rows` (bool (R,)) of every column reaching every row: a link
+    carries the column's partial sum (`col_bytes` (C,)) when a contribution lies behind it."""
+    load = LinkLoad(region)
+    have = np.flatnonzero(rows)
+    top, bottom = int(have[0]), int(have[-1])
+    ys = np.arange(region.h)
+    load.bytes[S] = (ys >= top)[:, None] * (ys < region.h - 1)[:, None] * col_bytes[None]
+    load.bytes[N] = (ys <= bottom)[:, None] * (ys > 0)[:, None] * col_bytes[None]
+    load.messages = int(np.count_nonzero(load.bytes))
+    load.hops = max(region.h - 1 - top, bottom)
+    return load
+
+
+def pack_moe_layer(cfg: LlamaConfig, lw, region: Region, mapping: str, dtype: str = "float32") -> dict:
+    """An MoE layer's arrays: the attention's (pack_layer, with the shared expert if any), "router", every
+    expert e's "w13.e" / "w2.e" cut over its block, and "blocks" (n_experts, 4) int: x0, y0, w, h."""
+    out = pack_layer(cfg, lw, region, dtype)
+    out["router"] = to_storage(pack_matrix(lw.router, router_layout(cfg, region)), dtype)
+    blocks = expert_blocks(cfg.n_experts, region, mapping)
+    for e, block in enumerate(blocks):
+        mats = (lw.w_gate_exps[e], lw.w_up_exps[e], lw.w_down_exps[e])
+        out.update({f"{k}.{e}": to_storage(v, dtype) for k, v in pack_ffn(mats, expert_layouts(cfg, block)).items()})
+    out["blocks"] = np.array([(b.x0, b.y0, b.w, b.h) for b in blocks], np.int64)
+    return out
+
+
+class MoELayerShard(LayerShard):
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        cfg, region = self.cfg, self.region
+        self.blocks = tuple(Region(*b) for b in self.arrays["blocks"].tolist())
+        self.dims, self.logit_rows = Chunks(cfg.dim, region.w), Chunks(cfg.n_experts, region.h)
+        self.block_dims = {b: Chunks(cfg.dim, b.w) for b in set(self.blocks)}
+        self.patterns = {b: block_patterns(cfg.dim, region, b) for b in set(self.blocks)}
+        self.col_bytes = 4.0 * self.dims.valid.sum(axis=1)  # (C,) bytes of the token's piece in each column
+        self.traffic = {"dispatch": LinkLoad(region), "combine": LinkLoad(region)}
+        self.routed = np.zeros(cfg.n_experts, np.int64)
+
+    def _ffn(self, h: np.ndarray) -> np.ndarray:
+        """The MoE FFN of h (B, C, dim_c) -> (B, C, dim_c), plus the shared expert's output if any."""
+        out = self._experts(h)
+        return out + super()._ffn(h) if self.cfg.shared_hidden_dim else out
+
+    def _experts(self, h: np.ndarray) -> np.ndarray:
+        cfg, coll = self.cfg, self.coll
+        logits = mesh_gemv(self.cx, coll, self._w("router"), h)  # (B, R, E_r)
+        self.cy.book_allreduce(coll.algo, coll.k, len(h) * logits.shape[2])  # every core gets every logit
+        experts, gates = top_k_gates(self.logit_rows.join(logits), cfg.top_k)  # (B, k) each
+        full = self.dims.join(h)  # (B, dim)
+        out, ledgers = np.zeros_like(full), {}
+        for e in range(cfg.n_experts):
+            rows, slot = np.nonzero(experts == e)  # the tokens that chose expert e, and in which slot
+            if rows.size:
+                led = ledgers.setdefault(self.blocks[e], Ledger(self.ledger.spec))
+                with led.op("expert"):
+                    y = self._expert(e, full[rows], led)  # (n, dim)
+                out[rows] += gates[rows, slot, None] * y
+        self.ledger.add(merge_parallel([led.total() for led in ledgers.values()]))  # blocks side by side
+        self._alltoall(experts)
+        self.routed += np.bincount(experts.ravel(), minlength=cfg.n_experts)
+        return self.dims.split(out)
+
+    def _expert(self, e: int, x: np.ndarray, led: Ledger) -> np.ndarray:
+        """Expert e's SwiGLU of x (n, dim) -> (n, dim), as MeshGEMVs in its block (booked in `led`)."""
+        block, coll = self.blocks[e], self.coll
+        dims = self.block_dims[block]
+        cx = LineComm("x", block, block, None, led, fast=coll.fast)
+        cy = LineComm("y", block, block, None, led, fast=coll.fast)
+        gu = mesh_gemv(cx, coll, self._w(f"w13.{e}"), dims.split(x)).reshape(len(x), block.h, 2, -1)
+        led.compute(EW["silu_mul"] * len(x) * gu.shape[3])
+        return dims.join(mesh_gemv(cy, coll, self._w(f"w2.{e}"), silu(gu[:, :, 0]) * gu[:, :, 1]))
+
+    def _alltoall(self, experts: np.ndarray) -> None:
+        """Book the dispatch and the combine of the micro-batch's tokens to their experts' blocks."""
+        dispatch, combine = LinkLoad(self.region), LinkLoad(self.region)
+        for chosen in experts.tolist():
+            rows = np.zeros(self.region.h, bool)
+            for block in {self.blocks[e] for e in chosen}:
+                there, back = self.patterns[block]
+                dispatch.add(there)
+                combine.add(back)
+                rows[block.y0 - self.region.y0: block.y0 - self.region.y0 + block.h] = True
+            combine.add(column_combine(self.region, rows, self.col_bytes))
+        for name, load in (("dispatch", dispatch), ("combine", combine)):
+            self.ledger.add(alltoall_cost(self.ledger.spec, load))
+            self.traffic[name].add(load)
