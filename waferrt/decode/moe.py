@@ -4,9 +4,8 @@ Contract: :class:`MoELayerShard` is a LayerShard (the attention as a dense layer
 mixture of experts of waferrt.model.reference.ffn, with the experts on the blocks a mapping gives
 (waferrt.decode.moe_layout: "er" or "naive"). For a micro-batch of normed hidden states h (B, C, dim_c):
 
-1. router: a MeshGEMV of the router (n_experts over the rows), its logits gathered down the columns (booked
-   as an allreduce: every core needs every logit); the reference's ``top_k_gates`` picks each token's experts
-   and gates.
+1. router: a MeshGEMV of the router (dim over the columns, a copy on every row), so every core ends with
+   every logit; the reference's ``top_k_gates`` picks each token's experts and gates.
 2. dispatch: each token goes to the block of each chosen expert (once per block). Every row of the region
    holds a full copy of the token (split over the columns), so each block row takes it from its own row:
    the pieces of the region's column split move along the row to the block's column split, one hop at a time.
@@ -16,9 +15,10 @@ mixture of experts of waferrt.model.reference.ffn, with the experts on the block
    rows, reversed dispatch), then up and down every column, summed on the way, until every row holds the
    sum again (a link carries one partial sum when some contribution lies behind it).
 
-Every message is routed one hop at a time and booked per directed link in a :class:`LinkLoad`; the ledger
-books each phase as one Cost (:func:`alltoall_cost`). ``traffic`` keeps every phase's LinkLoad summed over
-the micro-batches, ``routed`` how many tokens each expert received (the routing histogram).
+Every message is routed one hop at a time and booked per directed link in a LinkLoad
+(waferrt.decode.linkload); the ledger books each phase as one Cost (``alltoall_cost``). ``traffic`` keeps every phase's LinkLoad summed over
+the micro-batches, ``booked`` the ledger's Cost of each phase summed, ``routed`` how many tokens each expert
+received (the routing histogram).
 :func:`pack_moe_layer` cuts an MoE layer's weights for its region and mapping.
 """
 
@@ -26,73 +26,19 @@ from __future__ import annotations
 
 import numpy as np
 
-from waferrt.core.cost import Cost, message_cycles
+from waferrt.core.cost import Cost
 from waferrt.core.dtypes import to_storage
 from waferrt.core.ledger import Ledger, merge_parallel
 from waferrt.core.mesh import Region
-from waferrt.core.spec import HardwareSpec
 from waferrt.fabric.comm import LineComm
 from waferrt.model.config import LlamaConfig
 from waferrt.model.reference import silu, top_k_gates
 
 from .cost import ELEMENTWISE_FLOPS as EW
 from .moe_layout import expert_blocks, expert_layouts, router_layout
+from .linkload import N, S, LinkLoad, alltoall_cost
 from .pack import Chunks, pack_ffn, pack_layer, pack_matrix
 from .shards import LayerShard, mesh_gemv
-
-E, W, S, N = range(4)  # the side a link leaves its core by (LinkLoad.bytes' first axis)
-SIDES = "EWSN"
-
-
-class LinkLoad:
-    """Bytes over every directed link of a region: ``bytes[side, y, x]`` is what left core (x, y) (region
-    coordinates) by `side`; ``messages`` the messages sent; ``hops`` the longest route's hops."""
-
-    def __init__(self, region: Region):
-        self.region = region
-        self.bytes = np.zeros((4, region.h, region.w))
-        self.messages, self.hops = 0, 0
-
-    def along_row(self, y: int, x0: int, x1: int, nbytes: float) -> None:
-        """A message of `nbytes` from (x0, y) to (x1, y), one hop at a time."""
-        if x1 > x0:
-            self.bytes[E, y, x0:x1] += nbytes
-        elif x1 < x0:
-            self.bytes[W, y, x1 + 1:x0 + 1] += nbytes
-        self.messages += x0 != x1
-        self.hops = max(self.hops, abs(x1 - x0))
-
-    def add(self, other: LinkLoad, times: int = 1) -> None:
-        if times:
-            self.bytes += times * other.bytes
-            self.messages += times * other.messages
-            self.hops = max(self.hops, other.hops)
-
-    def links(self) -> np.ndarray:
-        """The bytes of every link that exists (a region's edge cores have no link out of it)."""
-        b = self.bytes
-        return np.concatenate([b[E, :, :-1].ravel(), b[W, :, 1:].ravel(), b[S, :-1].ravel(), b[N, 1:].ravel()])
-
-    def hottest(self) -> float:
-        return float(self.links().max(initial=0.0))
-
-    def cold_share(self) -> float:
-        """The share of the region's links that carried nothing."""
-        links = self.links()
-        return float(np.mean(links == 0)) if links.size else 1.0
-
-    def total(self) -> float:
-        return float(self.bytes.sum())
-
-
-def alltoall_cost(spec: HardwareSpec, load: LinkLoad) -> Cost:
-    """A phase whose messages all travel at once: the longest route's hops, then the busiest link's bytes
-    one after the other (one routing stage)."""
-    if not load.messages:
-        return Cost()
-    return Cost(hops=load.hops, stages=1, link_bytes=int(round(load.total())), messages=load.messages,
-                cycles=message_cycles(spec, load.hops, 1, load.hottest()))
-
 
 def _pieces(dim: int, region: Region, block: Region) -> list[tuple[int, int, int]]:
     """(region column, block column, values) of every piece of a token that moves from the region's column
@@ -151,11 +97,12 @@ class MoELayerShard(LayerShard):
         super().__init__(*args, **kwargs)
         cfg, region = self.cfg, self.region
         self.blocks = tuple(Region(*b) for b in self.arrays["blocks"].tolist())
-        self.dims, self.logit_rows = Chunks(cfg.dim, region.w), Chunks(cfg.n_experts, region.h)
+        self.dims = Chunks(cfg.dim, region.w)
         self.block_dims = {b: Chunks(cfg.dim, b.w) for b in set(self.blocks)}
         self.patterns = {b: block_patterns(cfg.dim, region, b) for b in set(self.blocks)}
         self.col_bytes = 4.0 * self.dims.valid.sum(axis=1)  # (C,) bytes of the token's piece in each column
         self.traffic = {"dispatch": LinkLoad(region), "combine": LinkLoad(region)}
+        self.booked = {"dispatch": Cost(), "combine": Cost()}  # what the ledger booked for each phase, summed
         self.routed = np.zeros(cfg.n_experts, np.int64)
 
     def _ffn(self, h: np.ndarray) -> np.ndarray:
@@ -165,9 +112,8 @@ class MoELayerShard(LayerShard):
 
     def _experts(self, h: np.ndarray) -> np.ndarray:
         cfg, coll = self.cfg, self.coll
-        logits = mesh_gemv(self.cx, coll, self._w("router"), h)  # (B, R, E_r)
-        self.cy.book_allreduce(coll.algo, coll.k, len(h) * logits.shape[2])  # every core gets every logit
-        experts, gates = top_k_gates(self.logit_rows.join(logits), cfg.top_k)  # (B, k) each
+        logits = mesh_gemv(self.cx, coll, self._w("router"), h)  # (B, R, E): every row the same
+        experts, gates = top_k_gates(logits[:, 0], cfg.top_k)  # (B, k) each
         full = self.dims.join(h)  # (B, dim)
         out, ledgers = np.zeros_like(full), {}
         for e in range(cfg.n_experts):
@@ -204,5 +150,7 @@ class MoELayerShard(LayerShard):
                 rows[block.y0 - self.region.y0: block.y0 - self.region.y0 + block.h] = True
             combine.add(column_combine(self.region, rows, self.col_bytes))
         for name, load in (("dispatch", dispatch), ("combine", combine)):
-            self.ledger.add(alltoall_cost(self.ledger.spec, load))
+            cost = alltoall_cost(self.ledger.spec, load)
+            self.ledger.add(cost)
             self.traffic[name].add(load)
+            self.booked[name] += cost

@@ -80,8 +80,9 @@ def expert_layouts(cfg: LlamaConfig, block: Region, dtype: str = "float32") -> d
 
 
 def router_layout(cfg: LlamaConfig, region: Region, dtype: str = "float32") -> Layout:
-    """The router (n_experts, dim) over the whole layer region, like a dense FFN's input matrix."""
-    return Layout((cfg.n_experts, cfg.dim), region, ("y", "x"), dtype=dtype)
+    """The router (n_experts, dim) over the whole layer region: dim over the columns, every row a copy (its
+    row allreduce leaves every logit on every core, each row computing the same)."""
+    return Layout((cfg.n_experts, cfg.dim), region, (None, "x"), dtype=dtype)
 
 
 def expert_core_bytes(cfg: LlamaConfig, region: Region, dtype: str = "float32") -> int:
