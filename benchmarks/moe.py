@@ -25,7 +25,8 @@ from waferrt.core.ledger import Ledger
 from waferrt.core.mesh import Region
 from waferrt.core.spec import WSE2
 from waferrt.decode.cost import layer_decode_parts
-from waferrt.decode.linkload import LinkLoad, attention_load
+from waferrt.decode.linkload import LinkLoad
+from waferrt.decode.phases import attention_load
 from waferrt.decode.moe import MoELayerShard, pack_moe_layer
 from waferrt.decode.moe_layout import MAPPINGS, expert_grid
 from waferrt.decode.pack import Chunks

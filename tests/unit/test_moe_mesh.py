@@ -12,8 +12,9 @@ from waferrt.core.ledger import Ledger
 from waferrt.core.mesh import MeshSpec, Region
 from waferrt.core.spec import TINY
 from waferrt.decode.layout import layer_booking, most_bytes
-from waferrt.decode.linkload import LinkLoad, alltoall_cost, attention_load, ktree_line
-from waferrt.decode.moe import MoELayerShard, block_patterns, pack_moe_layer
+from waferrt.decode.linkload import LinkLoad, alltoall_cost, block_patterns, ktree_line
+from waferrt.decode.phases import attention_load
+from waferrt.decode.moe import MoELayerShard, pack_moe_layer
 from waferrt.decode.moe_layout import MAPPINGS, expert_blocks, expert_core_bytes, expert_grid, expert_layouts
 from waferrt.decode.pack import Chunks, pack_embed
 from waferrt.decode.shards import EmbedShard
@@ -119,7 +120,7 @@ def test_the_decode_on_tiles_gives_the_reference_tokens(mapping):
 
 
 def test_the_column_combine_carries_each_partial_sum_once_per_link():
-    from waferrt.decode.moe import column_combine
+    from waferrt.decode.linkload import column_combine
 
     region = Region(0, 0, 3, 5)
     load = column_combine(region, np.array([False, True, True, False, False]), np.array([8.0, 4.0, 4.0]))

@@ -3,11 +3,10 @@
 Contract: a :class:`LinkLoad` holds the bytes that left every core of a region by each of its four sides
 (messages routed one hop at a time add to every link on their way); :func:`alltoall_cost` is what a phase
 whose messages travel at once costs (the longest route's hops, then the busiest link's bytes one after the
-other). The MoE's dispatch and combine book theirs as they run (waferrt.decode.moe). :func:`attention_load`
-lays the attention's collectives -- the closed forms the tiles book (waferrt.decode.cost.layer_decode_parts,
-tied to the ledger in tests) -- onto the links: each allreduce of the K-tree along its lines (the reduce
-chains of ``ktree_levels`` toward each group's first core, then the multicast back out), the K/V shift
-east over the moving columns, each scaled to the part's booked link bytes.
+other). :class:`AllToAll` is an MoE layer's dispatch and combine between the region's column split of a
+token and its experts' blocks (``block_patterns``: along the rows; ``column_combine``: up and down the
+columns), what the tiles book as they run (waferrt.decode.moe) and the closed forms count
+(waferrt.decode.cost). ``ktree_line`` is a K-tree allreduce's messages over each link of a line.
 """
 
 from __future__ import annotations
@@ -17,9 +16,8 @@ import numpy as np
 from waferrt.core.cost import Cost, ktree_levels, message_cycles
 from waferrt.core.mesh import Region
 from waferrt.core.spec import HardwareSpec
-from waferrt.model.config import LlamaConfig
 
-from .cost import layer_decode_parts
+from .pack import Chunks
 
 E, W, S, N = range(4)  # the side a link leaves its core by (LinkLoad.bytes' first axis)
 SIDES = "EWSN"
@@ -75,10 +73,6 @@ def alltoall_cost(spec: HardwareSpec, load: LinkLoad) -> Cost:
                 cycles=message_cycles(spec, load.hops, 1, load.hottest()))
 
 
-ATTENTION_AXES = {"norm.reduce": "x", "qkv.reduce": "x", "scores.reduce": "y", "softmax.max": "x",
-                  "softmax.sum": "x", "attn_v.reduce": "x", "wo.reduce": "y"}  # layer_decode_parts' allreduces
-
-
 def ktree_line(n: int, k: int) -> tuple[np.ndarray, np.ndarray]:
     """Messages over each link of a line of n cores in one K-tree allreduce: (toward the root, away from it),
     each (n,) indexed by the core the link leaves."""
@@ -92,28 +86,64 @@ def ktree_line(n: int, k: int) -> tuple[np.ndarray, np.ndarray]:
     return back, out
 
 
-def attention_load(spec: HardwareSpec, cfg: LlamaConfig, region: Region, kv_tokens: int, k: int = 2) -> LinkLoad:
-    """The attention's link traffic for one token (K-tree allreduces; see the module docstring)."""
+def _pieces(dim: int, region: Region, block: Region) -> list[tuple[int, int, int]]:
+    """(region column, block column, values) of every piece of a token that moves from the region's column
+    split of dim to the block's (both relative to the region)."""
+    owner = {}
+    for parts, key in ((region.w, "r"), (block.w, "b")):
+        ch = Chunks(dim, parts)
+        o = np.empty(dim, np.int64)
+        o[ch.index[ch.valid]] = np.nonzero(ch.valid)[0]
+        owner[key] = o
+    pairs, counts = np.unique(np.stack([owner["r"], owner["b"]]), axis=1, return_counts=True)
+    dx = block.x0 - region.x0
+    return [(int(c), int(j) + dx, int(n)) for (c, j), n in zip(pairs.T, counts)]
+
+
+def block_patterns(dim: int, region: Region, block: Region) -> tuple[LinkLoad, LinkLoad]:
+    """(dispatch, combine along the rows) of one token to and from `block`: every block row moves the
+    pieces between the region's column split and the block's."""
+    dispatch, back = LinkLoad(region), LinkLoad(region)
+    for y in range(block.y0 - region.y0, block.y0 - region.y0 + block.h):
+        for c, x, n in _pieces(dim, region, block):
+            dispatch.along_row(y, c, x, 4 * n)
+            back.along_row(y, x, c, 4 * n)
+    return dispatch, back
+
+
+def column_combine(region: Region, rows: np.ndarray, col_bytes: np.ndarray) -> LinkLoad:
+    """The sum of contributions held in `rows` (bool (R,)) of every column reaching every row: a link
+    carries the column's partial sum (`col_bytes` (C,)) when a contribution lies behind it."""
     load = LinkLoad(region)
-    parts = layer_decode_parts(spec, cfg, region, kv_tokens, 1, algo="ktree", k=k)
-    attention = parts[: next(i for i, p in enumerate(parts) if p[0] == "residual") + 1]
-    for name, _, cost in attention:
-        if name == "kv.shift" and cost.link_bytes:
-            moving = np.zeros((region.h, region.w))
-            moving[:, : region.w - 1] = 1  # the columns that pass an entry east (at most every one but the last)
-            load.bytes[E] += moving * cost.link_bytes / moving.sum()
-        elif name in ATTENTION_AXES and cost.link_bytes:
-            axis = ATTENTION_AXES[name]
-            n = region.w if axis == "x" else region.h
-            back, out = ktree_line(n, k)
-            unit = (back.sum() + out.sum()) * (region.h if axis == "x" else region.w)
-            scale = cost.link_bytes / unit
-            if axis == "x":
-                load.bytes[W] += back[None, :] * scale
-                load.bytes[E] += out[None, :] * scale
-            else:
-                load.bytes[N] += back[:, None] * scale
-                load.bytes[S] += out[:, None] * scale
-            load.messages += cost.messages
-            load.hops = max(load.hops, cost.hops)
+    have = np.flatnonzero(rows)
+    top, bottom = int(have[0]), int(have[-1])
+    ys = np.arange(region.h)
+    load.bytes[S] = (ys >= top)[:, None] * (ys < region.h - 1)[:, None] * col_bytes[None]
+    load.bytes[N] = (ys <= bottom)[:, None] * (ys > 0)[:, None] * col_bytes[None]
+    load.messages = int(np.count_nonzero(load.bytes))
+    load.hops = max(region.h - 1 - top, bottom)
     return load
+
+
+class AllToAll:
+    """The all-to-all of a region's expert blocks: one token's dispatch and row-combine LinkLoads per block,
+    and the column combine of the rows its experts' blocks cover."""
+
+    def __init__(self, dim: int, region: Region, blocks: tuple[Region, ...]):
+        self.region, self.blocks = region, blocks
+        self.patterns = {b: block_patterns(dim, region, b) for b in set(blocks)}
+        self.col_bytes = 4.0 * Chunks(dim, region.w).valid.sum(axis=1)  # (C,) the token's piece in each column
+
+    def loads(self, experts: np.ndarray) -> tuple[LinkLoad, LinkLoad]:
+        """(dispatch, combine) of tokens that chose `experts` (T, k): each token goes once to each block
+        holding one of its experts."""
+        dispatch, combine = LinkLoad(self.region), LinkLoad(self.region)
+        for chosen in np.asarray(experts).tolist():
+            rows = np.zeros(self.region.h, bool)
+            for block in {self.blocks[e] for e in chosen}:
+                there, back = self.patterns[block]
+                dispatch.add(there)
+                combine.add(back)
+                rows[block.y0 - self.region.y0: block.y0 - self.region.y0 + block.h] = True
+            combine.add(column_combine(self.region, rows, self.col_bytes))
+        return dispatch, combine

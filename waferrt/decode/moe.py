@@ -35,49 +35,10 @@ from waferrt.model.config import LlamaConfig
 from waferrt.model.reference import silu, top_k_gates
 
 from .cost import ELEMENTWISE_FLOPS as EW
+from .linkload import AllToAll, LinkLoad, alltoall_cost
 from .moe_layout import expert_blocks, expert_layouts, router_layout
-from .linkload import N, S, LinkLoad, alltoall_cost
 from .pack import Chunks, pack_ffn, pack_layer, pack_matrix
 from .shards import LayerShard, mesh_gemv
-
-def _pieces(dim: int, region: Region, block: Region) -> list[tuple[int, int, int]]:
-    """(region column, block column, values) of every piece of a token that moves from the region's column
-    split of dim to the block's (both relative to the region)."""
-    owner = {}
-    for parts, key in ((region.w, "r"), (block.w, "b")):
-        ch = Chunks(dim, parts)
-        o = np.empty(dim, np.int64)
-        o[ch.index[ch.valid]] = np.nonzero(ch.valid)[0]
-        owner[key] = o
-    pairs, counts = np.unique(np.stack([owner["r"], owner["b"]]), axis=1, return_counts=True)
-    dx = block.x0 - region.x0
-    return [(int(c), int(j) + dx, int(n)) for (c, j), n in zip(pairs.T, counts)]
-
-
-def block_patterns(dim: int, region: Region, block: Region) -> tuple[LinkLoad, LinkLoad]:
-    """(dispatch, combine along the rows) of one token to and from `block`: every block row moves the
-    pieces between the region's column split and the block's."""
-    dispatch, back = LinkLoad(region), LinkLoad(region)
-    for y in range(block.y0 - region.y0, block.y0 - region.y0 + block.h):
-        for c, x, n in _pieces(dim, region, block):
-            dispatch.along_row(y, c, x, 4 * n)
-            back.along_row(y, x, c, 4 * n)
-    return dispatch, back
-
-
-def column_combine(region: Region, rows: np.ndarray, col_bytes: np.ndarray) -> LinkLoad:
-    """The sum of contributions held in `rows` (bool (R,)) of every column reaching every row: a link
-    carries the column's partial sum (`col_bytes` (C,)) when a contribution lies behind it."""
-    load = LinkLoad(region)
-    have = np.flatnonzero(rows)
-    top, bottom = int(have[0]), int(have[-1])
-    ys = np.arange(region.h)
-    load.bytes[S] = (ys >= top)[:, None] * (ys < region.h - 1)[:, None] * col_bytes[None]
-    load.bytes[N] = (ys <= bottom)[:, None] * (ys > 0)[:, None] * col_bytes[None]
-    load.messages = int(np.count_nonzero(load.bytes))
-    load.hops = max(region.h - 1 - top, bottom)
-    return load
-
 
 def pack_moe_layer(cfg: LlamaConfig, lw, region: Region, mapping: str, dtype: str = "float32") -> dict:
     """An MoE layer's arrays: the attention's (pack_layer, with the shared expert if any), "router", every
@@ -99,8 +60,7 @@ class MoELayerShard(LayerShard):
         self.blocks = tuple(Region(*b) for b in self.arrays["blocks"].tolist())
         self.dims = Chunks(cfg.dim, region.w)
         self.block_dims = {b: Chunks(cfg.dim, b.w) for b in set(self.blocks)}
-        self.patterns = {b: block_patterns(cfg.dim, region, b) for b in set(self.blocks)}
-        self.col_bytes = 4.0 * self.dims.valid.sum(axis=1)  # (C,) bytes of the token's piece in each column
+        self.routes = AllToAll(cfg.dim, region, self.blocks)
         self.traffic = {"dispatch": LinkLoad(region), "combine": LinkLoad(region)}
         self.booked = {"dispatch": Cost(), "combine": Cost()}  # what the ledger booked for each phase, summed
         self.routed = np.zeros(cfg.n_experts, np.int64)
@@ -140,16 +100,7 @@ class MoELayerShard(LayerShard):
 
     def _alltoall(self, experts: np.ndarray) -> None:
         """Book the dispatch and the combine of the micro-batch's tokens to their experts' blocks."""
-        dispatch, combine = LinkLoad(self.region), LinkLoad(self.region)
-        for chosen in experts.tolist():
-            rows = np.zeros(self.region.h, bool)
-            for block in {self.blocks[e] for e in chosen}:
-                there, back = self.patterns[block]
-                dispatch.add(there)
-                combine.add(back)
-                rows[block.y0 - self.region.y0: block.y0 - self.region.y0 + block.h] = True
-            combine.add(column_combine(self.region, rows, self.col_bytes))
-        for name, load in (("dispatch", dispatch), ("combine", combine)):
+        for name, load in zip(("dispatch", "combine"), self.routes.loads(experts), strict=True):
             cost = alltoall_cost(self.ledger.spec, load)
             self.ledger.add(cost)
             self.traffic[name].add(load)

@@ -20,6 +20,7 @@ re-planning the SRAM.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import lru_cache
 
 from waferrt.core.layout import Layout
 from waferrt.core.mesh import Region
@@ -88,7 +89,12 @@ def router_layout(cfg: LlamaConfig, region: Region, dtype: str = "float32") -> L
 def expert_core_bytes(cfg: LlamaConfig, region: Region, dtype: str = "float32") -> int:
     """The most bytes of expert weights any mapping puts on one core of `region` (a block's busiest core,
     times the experts stacked there)."""
-    most = 0
+    return _expert_core_bytes(cfg, region.w, region.h, dtype)
+
+
+@lru_cache(maxsize=65536)
+def _expert_core_bytes(cfg: LlamaConfig, w: int, h: int, dtype: str) -> int:
+    region, most = Region(0, 0, w, h), 0
     for mapping in MAPPINGS:
         per_block = expert_grid(cfg.n_experts, region, mapping).per_block
         for block in set(expert_blocks(cfg.n_experts, region, mapping)):
