@@ -20,6 +20,7 @@ from waferrt.core.dtypes import itemsize
 from waferrt.core.mesh import Region
 from waferrt.core.spec import HardwareSpec
 from waferrt.decode.cost import layer_dims
+from waferrt.decode.moe_layout import expert_core_bytes, moe_scratch_words
 from waferrt.model.config import LlamaConfig
 
 from . import budget
@@ -61,6 +62,9 @@ def layer_core_bytes(cfg: LlamaConfig, shape: Shape, kv_tokens: int, requests: i
     w = 2 * dim_c + (2 * hq + 2 * hk) * hd_r * dim_c + 3 * hid_r * dim_c  # norms, wq wo wk wv, gate up down
     k_v = 2 * requests * hk * hd_r * cap
     scratch = 2 * 4 * (2 * dim_c + (2 * hq + 2 * hk) * hd_r + 2 * hid_r + hq * cap)
+    if cfg.moe:  # the router, the experts (decode.moe_layout), the MoE's scratch (decode.layout.activation_bytes)
+        w += cfg.n_experts * dim_c + expert_core_bytes(cfg, shape.region(), dtype) // isz
+        scratch += 2 * 4 * moe_scratch_words(cfg, shape.region())
     return layers * ((w if weights else 0) + (k_v if kv else 0)) * isz + scratch
 
 

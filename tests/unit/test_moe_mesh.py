@@ -147,3 +147,34 @@ def test_the_attention_load_is_the_closed_forms_link_bytes():
     attention = parts[: [p[0] for p in parts].index("residual") + 1]
     assert load.total() == pytest.approx(sum(c.link_bytes for _, _, c in attention))
     assert load.cold_share() == 0  # every link of every line carries the attention's collectives
+
+
+@pytest.mark.parametrize("w,h,batch", [(8, 4, 1), (8, 4, 3), (5, 3, 2), (1, 1, 1), (4, 8, 2)])
+@pytest.mark.parametrize("shared", [0, 16])
+def test_an_moe_layer_books_its_closed_form(w, h, batch, shared):
+    """A zero router picks experts 0..top_k-1 for every token: the closed forms' typical token."""
+    from waferrt.decode.cost import layer_decode_cost
+
+    cfg = tiny_moe_config(n_experts=4, top_k=2, shared_hidden_dim=shared)
+    lw = dataclasses.replace(synthetic_llama(cfg, seed=2).layers[0], router=np.zeros((4, cfg.dim), np.float32))
+    region, ledger = Region(0, 0, w, h), Ledger(TINY)
+    shard = MoELayerShard(cfg, region, pack_moe_layer(cfg, lw, region, "er"), (batch, 20), ledger)
+    chunks = Chunks(cfg.dim, w)
+    for pos in range(3):
+        ledger.clear()
+        x = chunks.split(np.random.default_rng(pos).standard_normal((batch, cfg.dim)).astype(np.float32))
+        shard.forward(x, np.arange(batch), np.full(batch, pos))
+        assert ledger.by_op["layer"] == layer_decode_cost(TINY, cfg, region, pos + 1, batch, moving=pos % w)
+
+
+@pytest.mark.parametrize("shared", [0, 16])
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_the_estimators_sram_closed_form_is_what_an_moe_region_books(shared, dtype):
+    from scheduler import wafer
+
+    from waferrt.decode.layout import layer_core_bytes
+
+    cfg = tiny_moe_config(n_experts=4, top_k=2, shared_hidden_dim=shared)
+    for w, h in [(1, 1), (8, 4), (5, 3), (16, 8), (3, 2)]:
+        shape = wafer.Shape(w, h)
+        assert wafer.layer_core_bytes(cfg, shape, 64, 2, dtype) == layer_core_bytes(cfg, shape.region(), 64, 2, dtype)

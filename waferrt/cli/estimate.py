@@ -4,7 +4,8 @@ Contract: ``add_parser(subparsers)`` registers the subcommand; ``add_workload_ar
 ``workload(args)`` are the arguments it shares with ``waferrt sweep`` (``--strategy`` takes the words of
 ``waferrt plan``, checked and read by the same code: ``waferrt.cli.strategy.strategy_text`` and
 ``waferrt.scheduler.strategies.parse_strategy``); ``run(args) -> int`` prints the estimate
-(text, or ``--json``) made by ``waferrt.scheduler.estimate`` (closed forms, no emulation: seconds even for
+(text, or ``--json``; for a mixture of experts with ``waferrt.scheduler.moe_estimate``'s figures after it)
+made by ``waferrt.scheduler.estimate`` (closed forms, no emulation: seconds even for
 a 750x994-core wafer), with ``--streaming`` the weight-streaming estimate next to it. Exit status: 0 it
 fits (or streams), 1 it does not fit (the output says what would), 2 an argument is wrong.
 """
@@ -19,6 +20,7 @@ from waferrt.core.dtypes import STORAGE_DTYPES
 from waferrt.core.spec import PRESETS, spec_by_name
 from waferrt.model.zoo import MODELS, model_by_name
 from waferrt.scheduler.estimate import OBJECTIVES, estimate
+from waferrt.scheduler.moe_estimate import moe_estimate
 from waferrt.scheduler.strategies import STRATEGY_HELP, parse_strategy
 from waferrt.scheduler.streaming import streaming
 from waferrt.scheduler.types import KVReserve
@@ -35,6 +37,7 @@ EPILOG = f"""examples:
   waferrt estimate --model codellama-34b --strategy grouped:8 --dtype bfloat16 --json
   waferrt estimate --model llama3-8b --strategy grouped  the planner picks how many layers per region
   waferrt estimate --model path/to/model.gguf --mesh 200x200   any llama GGUF (metadata only)
+  waferrt estimate --model mixtral-8x7b                 a mixture of experts: experts, all-to-all, what fits
 
 Named models: {", ".join(sorted(MODELS))}. Strategies, as `waferrt plan`
 and `waferrt generate` take them: layer (every layer its own region, tokens flow region to region),
@@ -97,7 +100,11 @@ def run(args) -> int:
     if args.streaming:
         resident = est.tokens_per_s if est.fits else None
         est = _with(est, streaming(cfg, spec, mesh, kv, args.dtype, resident))
-    print(json.dumps(est.to_json(), indent=1) if args.json else est.text())
+    moe = moe_estimate(est) if cfg.moe else None
+    if args.json:
+        print(json.dumps(est.to_json() | ({"moe": moe.to_json()} if moe else {}), indent=1))
+    else:
+        print(est.text() + (f"\n{moe.text()}" if moe else ""))
     return 0 if est.fits or (est.streaming is not None and est.streaming.fits) else 1
 
 

@@ -33,9 +33,13 @@ import numpy as np
 
 from waferrt.core.arith import cdiv
 from waferrt.core.cost import Cost, allreduce_cost, broadcast_cost, message_cycles, total
+from waferrt.core.ledger import merge_parallel
 from waferrt.core.mesh import Region
 from waferrt.core.spec import HardwareSpec
 from waferrt.model.config import LlamaConfig
+
+from .linkload import AllToAll, alltoall_cost
+from .moe_layout import expert_blocks
 
 # flops per element of the element-wise work, as the tiles book it (exp counted as one flop):
 # RMSNorm x*x, sum, *scale, *w; RoPE 4 mul + 2 add per pair; softmax *scale, max, -max, exp, sum, /sum;
@@ -43,7 +47,7 @@ from waferrt.model.config import LlamaConfig
 ELEMENTWISE_FLOPS = {"rmsnorm": 4, "rope": 3, "softmax": 6, "silu_mul": 5, "residual": 1}
 
 # what each part of a layer is, for the breakdown
-CATEGORIES = ("gemv", "allreduce", "attention", "elementwise", "handover")
+CATEGORIES = ("gemv", "allreduce", "attention", "elementwise", "handover", "alltoall")
 
 
 def on_lines(c: Cost, lines: int) -> Cost:
@@ -64,7 +68,7 @@ def layer_dims(cfg: LlamaConfig, cols: int, rows: int, head_groups: int = 1) -> 
         raise ValueError(f"head_groups {head_groups} must divide n_kv_heads {cfg.n_kv_heads} and the region's "
                          f"{rows} rows")
     r = rows // head_groups
-    return {"dim_c": cdiv(cfg.dim, cols), "hid_r": cdiv(cfg.hidden_dim, rows),
+    return {"dim_c": cdiv(cfg.dim, cols), "hid_r": cdiv(cfg.dense_hidden, rows),
             "hd_r": 2 * cdiv(cfg.head_dim // 2, r), "hq": cfg.n_heads // head_groups,
             "hk": cfg.n_kv_heads // head_groups, "group_rows": r}
 
@@ -102,14 +106,49 @@ def layer_decode_parts(spec: HardwareSpec, cfg: LlamaConfig, region: Region, kv_
         ("attn_v.reduce", "attention", x_reduce(4 * b * hq * hd_r)),
         ("wo", "gemv", _flops(spec, 2 * b * hq * hd_r * dim_c)), ("wo.reduce", "allreduce", y_reduce(4 * b * dim_c)),
         ("residual", "elementwise", _flops(spec, ew["residual"] * b * dim_c)),
-    ] + norm + [
-        ("ffn_in", "gemv", _flops(spec, 2 * b * dim_c * 2 * hid_r)),
-        ("ffn_in.reduce", "allreduce", x_reduce(4 * b * 2 * hid_r)),
-        ("silu_mul", "elementwise", _flops(spec, ew["silu_mul"] * b * hid_r)),
-        ("down", "gemv", _flops(spec, 2 * b * hid_r * dim_c)), ("down.reduce", "allreduce", y_reduce(4 * b * dim_c)),
-        ("residual", "elementwise", _flops(spec, ew["residual"] * b * dim_c)),
-    ]
-    return parts
+    ] + norm
+    if cfg.moe:
+        parts += moe_parts(spec, cfg, region, b, algo, k)
+    if cfg.dense_hidden:
+        parts += [
+            ("ffn_in", "gemv", _flops(spec, 2 * b * dim_c * 2 * hid_r)),
+            ("ffn_in.reduce", "allreduce", x_reduce(4 * b * 2 * hid_r)),
+            ("silu_mul", "elementwise", _flops(spec, ew["silu_mul"] * b * hid_r)),
+            ("down", "gemv", _flops(spec, 2 * b * hid_r * dim_c)), ("down.reduce", "allreduce", y_reduce(4 * b * dim_c)),
+        ]
+    return parts + [("residual", "elementwise", _flops(spec, ew["residual"] * b * dim_c))]
+
+
+def moe_parts(spec: HardwareSpec, cfg: LlamaConfig, region: Region, batch: int, algo: str = "ktree",
+              k: int = 2) -> list[tuple[str, str, Cost]]:
+    """An MoE FFN's pieces for `batch` tokens that each chose experts 0..top_k-1 (what a zero router picks:
+    the closed forms' typical token) on the ER-Mapping (the decode's default, waferrt.decode.moe_layout):
+    the router, the experts in their blocks side by side, the dispatch and the combine (the routes the tiles
+    book, waferrt.decode.linkload.AllToAll)."""
+    e, b, dim_c = cfg.n_experts, batch, cdiv(cfg.dim, region.w)
+    blocks = expert_blocks(e, region, "er")
+    chosen = np.tile(np.arange(cfg.top_k), (b, 1))  # (b, top_k)
+    per_block: dict[Region, Cost] = {}
+    for ex in range(cfg.top_k):
+        per_block[blocks[ex]] = per_block.get(blocks[ex], Cost()) + _expert_cost(spec, cfg, blocks[ex], b, (algo, k))
+    dispatch, combine = AllToAll(cfg.dim, region, blocks).loads(chosen)
+    return [("router", "gemv", _flops(spec, 2 * b * dim_c * e)),
+            ("router.reduce", "allreduce", on_lines(allreduce_cost(spec, algo, region.w, 4 * b * e, k), region.h)),
+            ("experts", "gemv", merge_parallel(list(per_block.values()))),
+            ("dispatch", "alltoall", alltoall_cost(spec, dispatch)),
+            ("combine", "alltoall", alltoall_cost(spec, combine))]
+
+
+def _expert_cost(spec: HardwareSpec, cfg: LlamaConfig, block: Region, b: int, coll: tuple[str, int]) -> Cost:
+    """One expert's SwiGLU for b tokens as MeshGEMVs in its block (MoELayerShard._expert)."""
+    algo, k = coll
+    dim_c, hid_r = cdiv(cfg.dim, block.w), cdiv(cfg.hidden_dim, block.h)
+    return total([
+        _flops(spec, 2 * b * dim_c * 2 * hid_r),
+        on_lines(allreduce_cost(spec, algo, block.w, 4 * b * 2 * hid_r, k), block.h),
+        _flops(spec, ELEMENTWISE_FLOPS["silu_mul"] * b * hid_r),
+        _flops(spec, 2 * b * hid_r * dim_c),
+        on_lines(allreduce_cost(spec, algo, block.h, 4 * b * dim_c, k), block.w)])
 
 
 def _kv_shift(spec: HardwareSpec, nbytes: int, messages: int) -> Cost:

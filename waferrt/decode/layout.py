@@ -36,7 +36,7 @@ from waferrt.core.layout import Layout, core_bytes
 from waferrt.core.mesh import Region
 from waferrt.model.config import LlamaConfig
 
-from .moe_layout import expert_core_bytes, router_layout
+from .moe_layout import expert_core_bytes, moe_scratch_words, router_layout
 
 LAYER_WEIGHTS = ("attn_norm", "wq", "wk", "wv", "wo", "ffn_norm", "w_gate", "w_up", "w_down")
 
@@ -82,11 +82,11 @@ def activation_bytes(cfg: LlamaConfig, region: Region, tokens: int) -> int:
     x, norm(x), q/k/v, attention output, the MLP hidden pair, per-position scores, and a same-size receive
     buffer for each in-flight allreduce (the fabric buffers)."""
     dim_c, hd_r = cdiv(cfg.dim, region.w), 2 * cdiv(cfg.head_dim // 2, region.h)
-    hid_r, pos_c = cdiv(max(cfg.dense_hidden, 1), region.h), cdiv(tokens, region.w)
+    hid_r, pos_c = cdiv(cfg.dense_hidden, region.h), cdiv(tokens, region.w)
     words = 2 * dim_c + (cfg.n_heads + 2 * cfg.n_kv_heads) * hd_r + cfg.n_heads * hd_r + 2 * hid_r
     words += cfg.n_heads * pos_c
-    if cfg.moe:  # the logits, a dispatched token (a one-column block's chunk), an expert's hidden pair
-        words += cfg.n_experts + cfg.dim + 2 * cfg.hidden_dim
+    if cfg.moe:
+        words += moe_scratch_words(cfg, region)
     return 2 * words * 4  # x2: receive buffers of the reductions
 
 

@@ -22,6 +22,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from functools import lru_cache
 
+from waferrt.core.arith import cdiv
 from waferrt.core.layout import Layout
 from waferrt.core.mesh import Region
 from waferrt.model.config import LlamaConfig
@@ -89,15 +90,22 @@ def router_layout(cfg: LlamaConfig, region: Region, dtype: str = "float32") -> L
 def expert_core_bytes(cfg: LlamaConfig, region: Region, dtype: str = "float32") -> int:
     """The most bytes of expert weights any mapping puts on one core of `region` (a block's busiest core,
     times the experts stacked there)."""
-    return _expert_core_bytes(cfg, region.w, region.h, dtype)
+    return _most(cfg, region.w, region.h, dtype)[0]
+
+
+def moe_scratch_words(cfg: LlamaConfig, region: Region) -> int:
+    """The float32 words of an MoE layer's own scratch on a core, under any mapping: every logit, the
+    token's chunk in the narrowest block, an expert's hidden pair in the shortest."""
+    return _most(cfg, region.w, region.h, "float32")[1]
 
 
 @lru_cache(maxsize=65536)
-def _expert_core_bytes(cfg: LlamaConfig, w: int, h: int, dtype: str) -> int:
-    region, most = Region(0, 0, w, h), 0
+def _most(cfg: LlamaConfig, w: int, h: int, dtype: str) -> tuple[int, int]:
+    region, most, words = Region(0, 0, w, h), 0, 0
     for mapping in MAPPINGS:
         per_block = expert_grid(cfg.n_experts, region, mapping).per_block
         for block in set(expert_blocks(cfg.n_experts, region, mapping)):
             one = sum(lay.max_block_bytes() for lay in expert_layouts(cfg, block, dtype).values())
             most = max(most, per_block * one)
-    return most
+            words = max(words, cdiv(cfg.dim, block.w) + 2 * cdiv(cfg.hidden_dim, block.h))
+    return most, cfg.n_experts + words
