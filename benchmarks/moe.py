@@ -9,7 +9,9 @@ square-ish 32x16 -- under both expert mappings. For each it prints, per token:
   the region's links left cold, the all-to-all's modelled time (the ledger's booked cycles);
 - the attention phase (its K-tree allreduces and K/V shift laid on the links, the closed forms the tiles
   book): hottest link, cold share, the collectives' time;
-- how many tokens each expert received (the routing histogram, the same under every mapping).
+- how many tokens each expert received (the routing histogram, the same under every mapping), and what
+  NI-Balancer would do with it: the swap of two experts that evens the blocks' loads, its cost moved at once
+  (the decode stalls) vs in STEPS parts over the links the phases leave cold while decoding goes on.
 
     python benchmarks/moe.py [--moe 8,2] [--tokens 32] [--layer 0] [--png moe.png]
 """
@@ -24,6 +26,7 @@ import numpy as np
 from waferrt.core.ledger import Ledger
 from waferrt.core.mesh import Region
 from waferrt.core.spec import WSE2
+from waferrt.decode.balancer import at_once_cost, block_loads, plan_swap, step_cost
 from waferrt.decode.cost import layer_decode_parts
 from waferrt.decode.linkload import LinkLoad
 from waferrt.decode.phases import attention_load
@@ -36,6 +39,27 @@ from waferrt.model.moe import ExpertCut, cut_into_experts
 PROMPT = ("A wafer-scale processor is a single chip as large as the silicon wafer it is made on: hundreds of "
           "thousands of small cores, each with its own memory, linked to their four neighbours.")
 REGIONS = {"planned 144x4": Region(0, 0, 144, 4), "square 32x16": Region(0, 0, 32, 16)}
+STEPS = 8
+
+
+def balance(shard: MoELayerShard, attention: LinkLoad, tokens: int) -> str:
+    """NI-Balancer on the shard's routing histogram: the swap, at once vs in STEPS parts (modelled)."""
+    swap = plan_swap(shard.routed, shard.blocks)
+    if swap is None:
+        return "  NI-Balancer: the blocks are as even as a swap makes them"
+    loads = block_loads(shard.routed, shard.blocks)
+    moved = list(shard.blocks)
+    moved[swap.a], moved[swap.b] = moved[swap.b], moved[swap.a]
+    after = block_loads(shard.routed, tuple(moved))
+    load, moe = shard.swap_traffic(swap), LinkLoad(shard.region)
+    for phase in shard.traffic.values():
+        moe.add(phase)
+    moe.bytes /= tokens  # one token's MoE phase
+    step = min((step_cost(WSE2, load, STEPS, busy) for busy in (moe, attention)), key=lambda c: c.cycles)
+    once = at_once_cost(WSE2, load)
+    return (f"  NI-Balancer: busiest block {max(loads.values())} -> {max(after.values())} tokens by swapping experts "
+            f"{swap.a} and {swap.b} ({load.total() / 1e6:.2f} MB over the links): at once a {once.cycles / WSE2.clock_hz * 1e6:.2f} us "
+            f"stall; in {STEPS} steps +{step.cycles / WSE2.clock_hz * 1e6:.3f} us each while decoding goes on")
 
 
 def run_layer(cfg, lw, region: Region, mapping: str, xs: np.ndarray) -> MoELayerShard:
@@ -107,7 +131,10 @@ def main() -> None:
             print(row(label, moe, len(ids), secs))
             panels.append((f"{name}: {label}", moe.bytes.sum(axis=0) / len(ids)))
             hist = shard.routed
-        print(f"  all-to-all time naive / ER-Mapping: {alltoall['naive'] / max(alltoall['er'], 1e-30):.2f}x\n")
+            if mapping == "er":
+                balanced = balance(shard, att, len(ids))
+        print(f"  all-to-all time naive / ER-Mapping: {alltoall['naive'] / max(alltoall['er'], 1e-30):.2f}x")
+        print(balanced + "\n")
     print(f"routing histogram (tokens per expert, layer {args.layer}): {hist.tolist()}")
     if args.png:
         draw(args.png, panels)

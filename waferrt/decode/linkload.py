@@ -41,6 +41,15 @@ class LinkLoad:
         self.messages += x0 != x1
         self.hops = max(self.hops, abs(x1 - x0))
 
+    def along_column(self, x: int, y0: int, y1: int, nbytes: float) -> None:
+        """A message of `nbytes` from (x, y0) to (x, y1), one hop at a time."""
+        if y1 > y0:
+            self.bytes[S, y0:y1, x] += nbytes
+        elif y1 < y0:
+            self.bytes[N, y1 + 1:y0 + 1, x] += nbytes
+        self.messages += y0 != y1
+        self.hops = max(self.hops, abs(y1 - y0))
+
     def add(self, other: LinkLoad, times: int = 1) -> None:
         if times:
             self.bytes += times * other.bytes

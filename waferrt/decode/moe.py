@@ -18,7 +18,8 @@ mixture of experts of waferrt.model.reference.ffn, with the experts on the block
 Every message is routed one hop at a time and booked per directed link in a LinkLoad
 (waferrt.decode.linkload); the ledger books each phase as one Cost (``alltoall_cost``). ``traffic`` keeps every phase's LinkLoad summed over
 the micro-batches, ``booked`` the ledger's Cost of each phase summed, ``routed`` how many tokens each expert
-received (the routing histogram).
+received (the routing histogram). ``migrate`` moves two experts' blocks (NI-Balancer, waferrt.decode.balancer):
+at once, or a part per micro-batch while decoding goes on.
 :func:`pack_moe_layer` cuts an MoE layer's weights for its region and mapping.
 """
 
@@ -35,9 +36,11 @@ from waferrt.model.config import LlamaConfig
 from waferrt.model.reference import silu, top_k_gates
 
 from .cost import ELEMENTWISE_FLOPS as EW
+from .balancer import Swap, at_once_cost, step_cost, swap_load
 from .linkload import AllToAll, LinkLoad, alltoall_cost
 from .moe_layout import expert_blocks, expert_layouts, router_layout
 from .pack import Chunks, pack_ffn, pack_layer, pack_matrix
+from .phases import attention_load
 from .shards import LayerShard, mesh_gemv
 
 def pack_moe_layer(cfg: LlamaConfig, lw, region: Region, mapping: str, dtype: str = "float32") -> dict:
@@ -64,6 +67,7 @@ class MoELayerShard(LayerShard):
         self.traffic = {"dispatch": LinkLoad(region), "combine": LinkLoad(region)}
         self.booked = {"dispatch": Cost(), "combine": Cost()}  # what the ledger booked for each phase, summed
         self.routed = np.zeros(cfg.n_experts, np.int64)
+        self.migration: list | None = None  # [swap, its LinkLoad, steps, steps done, the attention's LinkLoad]
 
     def _ffn(self, h: np.ndarray) -> np.ndarray:
         """The MoE FFN of h (B, C, dim_c) -> (B, C, dim_c), plus the shared expert's output if any."""
@@ -99,9 +103,50 @@ class MoELayerShard(LayerShard):
         return dims.join(mesh_gemv(cy, coll, self._w(f"w2.{e}"), silu(gu[:, :, 0]) * gu[:, :, 1]))
 
     def _alltoall(self, experts: np.ndarray) -> None:
-        """Book the dispatch and the combine of the micro-batch's tokens to their experts' blocks."""
+        """Book the dispatch and the combine of the micro-batch's tokens to their experts' blocks (and a step
+        of the migration under way, during the phase it shares fewer links with)."""
+        phase = LinkLoad(self.region)
         for name, load in zip(("dispatch", "combine"), self.routes.loads(experts), strict=True):
             cost = alltoall_cost(self.ledger.spec, load)
             self.ledger.add(cost)
             self.traffic[name].add(load)
             self.booked[name] += cost
+            phase.add(load)
+        if self.migration is not None:
+            self._migration_step(phase)
+
+    # -- NI-Balancer (waferrt.decode.balancer) -----------------------------------------------------------
+    def swap_traffic(self, swap: Swap) -> LinkLoad:
+        """The links the swap's weights cross (each core's share of its expert, to the other block)."""
+        a, b = self.blocks[swap.a], self.blocks[swap.b]
+        per_core = sum(lay.max_block_bytes() for lay in expert_layouts(self.cfg, a, self.dtype).values())
+        return swap_load(self.region, a, b, per_core)
+
+    def migrate(self, swap: Swap, steps: int = 0) -> Cost:
+        """Move the swap's experts: at once (steps 0: the decode stalls for the returned Cost, booked as op
+        "migration"), or over the next `steps` micro-batches, a part each (booked inside them)."""
+        if steps:
+            attention = attention_load(self.ledger.spec, self.cfg, self.region, self.kv.cap * self.region.w)
+            self.migration = [swap, self.swap_traffic(swap), steps, 0, attention]
+            return Cost()
+        cost = at_once_cost(self.ledger.spec, self.swap_traffic(swap))
+        with self.ledger.op("migration"):
+            self.ledger.add(cost)
+        self._swap(swap)
+        return cost
+
+    def _migration_step(self, moe_phase: LinkLoad) -> None:
+        swap, load, steps, done, attention = self.migration
+        cost = min((step_cost(self.ledger.spec, load, steps, busy) for busy in (moe_phase, attention)),
+                   key=lambda c: c.cycles)
+        self.ledger.add(cost)
+        self.migration[3] = done = done + 1
+        if done == steps:  # the last part arrived: the experts compute in their new blocks from now on
+            self.migration = None
+            self._swap(swap)
+
+    def _swap(self, swap: Swap) -> None:
+        blocks = list(self.blocks)
+        blocks[swap.a], blocks[swap.b] = blocks[swap.b], blocks[swap.a]
+        self.blocks = tuple(blocks)
+        self.routes = AllToAll(self.cfg.dim, self.region, self.blocks)
