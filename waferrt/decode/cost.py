@@ -125,6 +125,13 @@ def moe_parts(spec: HardwareSpec, cfg: LlamaConfig, region: Region, batch: int, 
     the closed forms' typical token) on the ER-Mapping (the decode's default, waferrt.decode.moe_layout):
     the router, the experts in their blocks side by side, the dispatch and the combine (the routes the tiles
     book, waferrt.decode.linkload.AllToAll)."""
+    return list(_moe_parts(spec, cfg, region.w, region.h, batch, (algo, k)))
+
+
+@lru_cache(maxsize=4096)
+def _moe_parts(spec: HardwareSpec, cfg: LlamaConfig, cols: int, rows: int, batch: int, coll: tuple[str, int]) -> tuple:
+    """moe_parts on a cols x rows region (the same for every region of that shape)."""
+    (algo, k), region = coll, Region(0, 0, cols, rows)
     e, b, dim_c = cfg.n_experts, batch, cdiv(cfg.dim, region.w)
     blocks = expert_blocks(e, region, "er")
     chosen = np.tile(np.arange(cfg.top_k), (b, 1))  # (b, top_k)
@@ -132,11 +139,11 @@ def moe_parts(spec: HardwareSpec, cfg: LlamaConfig, region: Region, batch: int, 
     for ex in range(cfg.top_k):
         per_block[blocks[ex]] = per_block.get(blocks[ex], Cost()) + _expert_cost(spec, cfg, blocks[ex], b, (algo, k))
     dispatch, combine = AllToAll(cfg.dim, region, blocks).loads(chosen)
-    return [("router", "gemv", _flops(spec, 2 * b * dim_c * e)),
+    return (("router", "gemv", _flops(spec, 2 * b * dim_c * e)),
             ("router.reduce", "allreduce", on_lines(allreduce_cost(spec, algo, region.w, 4 * b * e, k), region.h)),
             ("experts", "gemv", merge_parallel(list(per_block.values()))),
             ("dispatch", "alltoall", alltoall_cost(spec, dispatch)),
-            ("combine", "alltoall", alltoall_cost(spec, combine))]
+            ("combine", "alltoall", alltoall_cost(spec, combine)))
 
 
 def _expert_cost(spec: HardwareSpec, cfg: LlamaConfig, block: Region, b: int, coll: tuple[str, int]) -> Cost:

@@ -113,8 +113,9 @@ def block_patterns(dim: int, region: Region, block: Region) -> tuple[LinkLoad, L
     """(dispatch, combine along the rows) of one token to and from `block`: every block row moves the
     pieces between the region's column split and the block's."""
     dispatch, back = LinkLoad(region), LinkLoad(region)
+    pieces = _pieces(dim, region, block)
     for y in range(block.y0 - region.y0, block.y0 - region.y0 + block.h):
-        for c, x, n in _pieces(dim, region, block):
+        for c, x, n in pieces:
             dispatch.along_row(y, c, x, 4 * n)
             back.along_row(y, x, c, 4 * n)
     return dispatch, back
@@ -139,8 +140,8 @@ class AllToAll:
     and the column combine of the rows its experts' blocks cover."""
 
     def __init__(self, dim: int, region: Region, blocks: tuple[Region, ...]):
-        self.region, self.blocks = region, blocks
-        self.patterns = {b: block_patterns(dim, region, b) for b in set(blocks)}
+        self.region, self.blocks, self.dim = region, blocks, dim
+        self.patterns: dict[Region, tuple[LinkLoad, LinkLoad]] = {}  # made when a token first goes there
         self.col_bytes = 4.0 * Chunks(dim, region.w).valid.sum(axis=1)  # (C,) the token's piece in each column
 
     def loads(self, experts: np.ndarray) -> tuple[LinkLoad, LinkLoad]:
@@ -150,6 +151,8 @@ class AllToAll:
         for chosen in np.asarray(experts).tolist():
             rows = np.zeros(self.region.h, bool)
             for block in {self.blocks[e] for e in chosen}:
+                if block not in self.patterns:
+                    self.patterns[block] = block_patterns(self.dim, self.region, block)
                 there, back = self.patterns[block]
                 dispatch.add(there)
                 combine.add(back)
