@@ -92,9 +92,7 @@ def add_parser(sub) -> argparse.ArgumentParser:
     p.add_argument("--streaming", action="store_true",
                    help="weight streaming: the weights stay off the wafer (a MemoryX actor) and stream into one region "
                         "layer by layer; the default mesh is the smallest that holds the K/V and a double buffer")
-    p.add_argument("--experts", choices=("er", "naive"), default="er",
-                   help="where a mixture of experts' experts sit in each layer region: er (ER-Mapping, bands of "
-                        "rows that hold full tokens; default) or naive (blocks)")
+    add_experts_arg(p)
     p.add_argument("--json", action="store_true", help="print one JSON object instead of streaming text")
     p.add_argument("--mesh", type=parse_wxh, metavar="WxH", help="mesh size in cores (default: fitted)")
     p.add_argument("--tile", type=parse_wxh, metavar="TWxTH", help="tile size in cores (with --mesh)")
@@ -127,6 +125,13 @@ def add_parser(sub) -> argparse.ArgumentParser:
                         "($WAFERRT_CACHE, else ~/.cache/waferrt)")
     p.set_defaults(_run=run)
     return p
+
+
+def add_experts_arg(p) -> None:
+    """--experts, for the commands that place a model (generate, chaos)."""
+    p.add_argument("--experts", choices=("er", "naive"), default="er",
+                   help="where a mixture of experts' experts sit in each layer region: er (ER-Mapping, bands of "
+                        "rows that hold full tokens; default) or naive (blocks)")
 
 
 def _prompts(args) -> list[str]:
