@@ -43,6 +43,7 @@ def placement_to_json(p: Placement) -> dict:
         "group": p.group,
         "streaming": p.streaming,
         "experts": p.experts,
+        "balance": p.balance,
     }
 
 
@@ -68,6 +69,7 @@ def placement_from_json(d: dict) -> Placement:
             group=int(d.get("group", 1)),  # JSON from before strategies: one layer per region
             streaming=bool(d.get("streaming", False)),
             experts=str(d.get("experts", "er")),
+            balance=int(d.get("balance", 0)),
         )
     except KeyError as e:
         raise ValueError(f"not a Placement JSON: the key {e} is missing (make one with "

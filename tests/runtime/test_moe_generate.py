@@ -1,5 +1,5 @@
 """`waferrt generate` of a mixture of experts on Ray: a tiny MoE GGUF (written by `waferrt convert --moe`)
-decodes with the reference's tokens under both expert mappings."""
+decodes with the reference's tokens under both expert mappings and while NI-Balancer moves experts."""
 
 import dataclasses
 import json
@@ -31,7 +31,7 @@ def test_both_mappings_decode_the_reference_tokens(ray_session, moe_gguf, capsys
     argv = ["generate", "hello world", "to be or", "--model", moe_gguf, "--max-new-tokens", "10",
             "--temperature", "0.7", "--seed", "3", "--json"]
     ref = _json(capsys, argv + ["--reference"])
-    for mapping in ("er", "naive"):
-        wafer = _json(capsys, argv + WAFER + ["--experts", mapping])
-        assert wafer["tokens"] == ref["tokens"], mapping
+    for extra in (["--experts", "er"], ["--experts", "naive"], ["--balance", "1"]):  # NI-Balancer swapping as it goes
+        wafer = _json(capsys, argv + WAFER + extra)
+        assert wafer["tokens"] == ref["tokens"], extra
     assert all(0 < len(t) <= 10 for t in ref["tokens"])

@@ -75,3 +75,23 @@ def test_ni_balancer_moves_the_same_bytes_and_waits_less_than_at_once():
     assert cold.cycles == 0 and 8 * cold.link_bytes == pytest.approx(load.total())
     busy.bytes[2] = 1.0  # now it shares the southward links
     assert 0 < step_cost(TINY, load, 8, busy).cycles < at_once_cost(TINY, load).cycles
+
+
+def test_the_decode_balances_while_it_runs_and_keeps_the_reference_tokens():
+    import dataclasses
+
+    from waferrt.core.mesh import MeshSpec
+    from waferrt.model import Sampler
+    from waferrt.scheduler import KVReserve, plan
+    from waferrt.serving import GenRequest, LocalDecoder, generate_reference
+
+    cfg = tiny_moe_config(n_experts=4, top_k=1)
+    w = synthetic_llama(cfg, seed=5)
+    placement = dataclasses.replace(plan(cfg, TINY, MeshSpec(16, 16, 8, 8), kv=KVReserve(32, 2)), balance=2)
+    requests = [GenRequest((5, 6, 7), 12), GenRequest((9,), 12)]
+    want, _ = generate_reference(cfg, w, requests, Sampler())
+    dec = LocalDecoder(cfg, w, placement)
+    got, _ = dec.generate(requests, Sampler())
+    assert [c.tokens for c in got] == [c.tokens for c in want]
+    swaps = [sw for p in dec.programs.values() for sh in p.layers.values() for sw in sh.swaps]
+    assert swaps  # some layer moved experts while decoding went on

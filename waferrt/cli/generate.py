@@ -128,10 +128,13 @@ def add_parser(sub) -> argparse.ArgumentParser:
 
 
 def add_experts_arg(p) -> None:
-    """--experts, for the commands that place a model (generate, chaos)."""
+    """--experts and --balance, for the commands that place a model (generate, chaos)."""
     p.add_argument("--experts", choices=("er", "naive"), default="er",
                    help="where a mixture of experts' experts sit in each layer region: er (ER-Mapping, bands of "
                         "rows that hold full tokens; default) or naive (blocks)")
+    p.add_argument("--balance", type=whole_number(0, "--balance 8"), default=0, metavar="N",
+                   help="NI-Balancer: every N micro-batches each MoE layer swaps two experts if that evens its "
+                        "blocks' loads, moving them in parts while decoding goes on (0: off, the default)")
 
 
 def _prompts(args) -> list[str]:
@@ -193,7 +196,7 @@ def _placement(args, config, mesh, requests, nodes=None):
         for row in choice.table().splitlines():
             say(f"  {row}")
     if config.moe:
-        p = dataclasses.replace(p, experts=args.experts)
+        p = dataclasses.replace(p, experts=args.experts, balance=args.balance)
     admission = Admission.for_placement(p)
     refused = [admission.submit(Request(i, len(r.prompt_ids), r.max_new_tokens)) for i, r in enumerate(requests)]
     if any(refused):

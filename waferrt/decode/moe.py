@@ -19,7 +19,8 @@ Every message is routed one hop at a time and booked per directed link in a Link
 (waferrt.decode.linkload); the ledger books each phase as one Cost (``alltoall_cost``). ``traffic`` keeps every phase's LinkLoad summed over
 the micro-batches, ``booked`` the ledger's Cost of each phase summed, ``routed`` how many tokens each expert
 received (the routing histogram). ``migrate`` moves two experts' blocks (NI-Balancer, waferrt.decode.balancer):
-at once, or a part per micro-batch while decoding goes on.
+at once, or a part per micro-batch while decoding goes on; with ``balance`` (DecodeSetup.balance) the shard
+looks at its histogram every ``balance`` runs and starts the swap ``plan_swap`` finds (``swaps``: those done).
 :func:`pack_moe_layer` cuts an MoE layer's weights for its region and mapping.
 """
 
@@ -36,7 +37,7 @@ from waferrt.model.config import LlamaConfig
 from waferrt.model.reference import silu, top_k_gates
 
 from .cost import ELEMENTWISE_FLOPS as EW
-from .balancer import Swap, at_once_cost, step_cost, swap_load
+from .balancer import Swap, at_once_cost, plan_swap, step_cost, swap_load
 from .linkload import AllToAll, LinkLoad, alltoall_cost
 from .moe_layout import expert_blocks, expert_layouts, router_layout
 from .pack import Chunks, pack_ffn, pack_layer, pack_matrix
@@ -56,6 +57,9 @@ def pack_moe_layer(cfg: LlamaConfig, lw, region: Region, mapping: str, dtype: st
     return out
 
 
+BALANCE_STEPS = 4  # the parts NI-Balancer cuts a swap into, one per micro-batch
+
+
 class MoELayerShard(LayerShard):
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
@@ -68,6 +72,7 @@ class MoELayerShard(LayerShard):
         self.booked = {"dispatch": Cost(), "combine": Cost()}  # what the ledger booked for each phase, summed
         self.routed = np.zeros(cfg.n_experts, np.int64)
         self.migration: list | None = None  # [swap, its LinkLoad, steps, steps done, the attention's LinkLoad]
+        self.balance, self.runs, self.swaps = 0, 0, []  # NI-Balancer: look every `balance` runs; the swaps done
 
     def _ffn(self, h: np.ndarray) -> np.ndarray:
         """The MoE FFN of h (B, C, dim_c) -> (B, C, dim_c), plus the shared expert's output if any."""
@@ -114,6 +119,11 @@ class MoELayerShard(LayerShard):
             phase.add(load)
         if self.migration is not None:
             self._migration_step(phase)
+        self.runs += 1
+        if self.balance and self.migration is None and self.runs % self.balance == 0:
+            swap = plan_swap(self.routed, self.blocks)
+            if swap is not None:
+                self.migrate(swap, BALANCE_STEPS)
 
     # -- NI-Balancer (waferrt.decode.balancer) -----------------------------------------------------------
     def swap_traffic(self, swap: Swap) -> LinkLoad:
@@ -144,6 +154,7 @@ class MoELayerShard(LayerShard):
         if done == steps:  # the last part arrived: the experts compute in their new blocks from now on
             self.migration = None
             self._swap(swap)
+            self.swaps.append(swap)
 
     def _swap(self, swap: Swap) -> None:
         blocks = list(self.blocks)

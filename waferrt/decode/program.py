@@ -156,6 +156,7 @@ class TileProgram:
             shard = MoELayerShard if st.config.moe else LayerShard
             self.layers[s] = shard(st.config, region, arrays, (st.slots, st.kv_tokens), self.ledger,
                                    st.collectives, st.dtype)
+            self.layers[s].balance = st.balance
         else:
             self.embed = EmbedShard(st.config, region, arrays, self.ledger, st.collectives, st.dtype)
 

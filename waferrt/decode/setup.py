@@ -50,6 +50,7 @@ class DecodeSetup:
     dtype: str = "float32"  # how weights and K/V are stored in the cores (computed in float32)
     streaming: bool = False  # the weights stream in from off-wafer memory at each stage's turn
     experts: str = "er"  # where an MoE layer's experts sit in its region (waferrt.decode.moe_layout.MAPPINGS)
+    balance: int = 0  # NI-Balancer: micro-batches between an MoE layer's looks at its routing histogram (0: off)
 
     def __post_init__(self) -> None:
         if self.experts not in MAPPINGS:
@@ -63,7 +64,7 @@ class DecodeSetup:
         """What the tiles need to know of a scheduler Placement to run its decode."""
         p = placement
         return cls(p.config, p.mesh, p.layers, p.embed, p.kv_tokens, p.kv.requests, collectives, p.dtype,
-                   p.streaming, p.experts)
+                   p.streaming, p.experts, p.balance)
 
     def stages(self) -> tuple[tuple[str, int, Region], ...]:
         """(kind, layer index or -1, region) in the order an item passes them."""
