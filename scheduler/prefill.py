@@ -25,7 +25,7 @@ from waferrt.core.cost import Cost, message_cycles, total
 from waferrt.core.dtypes import itemsize
 from waferrt.core.gemm_cost import layout_move
 from waferrt.core.mesh import Region
-from waferrt.decode.cost import handover_bytes, head_decode_parts
+from waferrt.decode.cost import Decoding, handover_bytes, head_decode_parts
 from waferrt.decode.prefill import gemm_region, prefill_layer_parts, weights_core_bytes
 
 from .estimate_report import Estimate
@@ -146,7 +146,7 @@ def prefill(est: Estimate, tokens: int) -> Prefill:
     for _, cat, c in parts:
         on_wafer[cat] += c.seconds(spec)
     seconds = total(c for _, _, c in parts).seconds(spec)
-    head = total(c for _, _, c in head_decode_parts(spec, cfg, Region(0, 0, *est.band[:2]), 1)).seconds(spec)
+    head = total(c for _, _, c in head_decode_parts(spec, Decoding(cfg, est.dtype), Region(0, 0, *est.band[:2]), 1)).seconds(spec)
     on_wafer["host"] = (4 * tokens + 4 * cfg.vocab_size) / spec.ingress_bytes_per_s
     sq = gemm_region(region)
     return Prefill(tokens, chunks, (sq.w, sq.h), (sh.cols, sh.rows), est.strategy.regions, seconds,

@@ -135,6 +135,8 @@ class Placement:
     dead_links: frozenset[tuple[Coord, Coord]] = frozenset()
     group: int = 1  # layers per region (Strategy.group)
     streaming: bool = False  # the weights stream in from off-wafer memory (placement.plan_streaming)
+    experts: str = "er"  # where an MoE layer's experts sit in its region (waferrt.decode.moe_layout.MAPPINGS)
+    balance: int = 0  # NI-Balancer: an MoE layer looks at its routing histogram every `balance` micro-batches (0: never)
 
     @property
     def strategy(self) -> Strategy:

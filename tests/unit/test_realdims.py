@@ -12,7 +12,7 @@ from waferrt.cli import main
 from waferrt.core.ledger import Ledger
 from waferrt.core.mesh import Region
 from waferrt.core.spec import WSE2
-from waferrt.decode.cost import layer_decode_cost
+from waferrt.decode.cost import Decoding, layer_decode_cost
 from waferrt.decode.pack import Chunks, pack_layer
 from waferrt.decode.shards import LayerShard
 from waferrt.model import LayerWeights, Tokenizer, load_gguf, read_config, synthetic_llama
@@ -20,6 +20,7 @@ from waferrt.model.convert import Cut
 from waferrt.model.gguf_writer import gguf_name
 from waferrt.model.zoo import MODELS
 from waferrt.scheduler import KVReserve
+from waferrt.scheduler.types import Workload
 from waferrt.scheduler.budget import layer_bytes, layer_shapes
 from waferrt.scheduler.estimate import stage_seconds
 
@@ -38,7 +39,7 @@ def test_convert_writes_the_llama3_8b_shape_cut(tmp_path):
     assert cfg == Cut("llama3-8b", 1, 512).config()
     tensors = {t.name: (tuple(int(n) for n in reversed(t.shape)), t.tensor_type)
                for t in gguf.GGUFReader(out).tensors}  # ggml dims innermost first: numpy's (out, in) reversed
-    want = {gguf_name(f"layers[0].{f}"): s for f, s in LayerWeights.shapes(cfg).items()}
+    want = {gguf_name(cfg, f"layers[0].{f}"): s for f, s in LayerWeights.shapes(cfg).items()}
     want.update({"token_embd.weight": (512, 4096), "output_norm.weight": (4096,)})
     assert {n: s for n, (s, _) in tensors.items()} == want  # no output.weight: the head is the embedding
     assert {t for _, t in tensors.values()} == {gguf.GGMLQuantizationType.F16}
@@ -92,7 +93,7 @@ def _status(argv: list[str]) -> int:
 
 def _l8b_region(dtype: str, kv: KVReserve) -> Region:
     """The planner's narrowest layer region for a Llama3-8B layer at WSE-2's 48 KB per core (the benchmark's)."""
-    w, h = layer_shapes(L8B, WSE2.sram_bytes, kv.tokens, kv.requests, dtype, *WSE2.full_mesh)[0]
+    w, h = layer_shapes(Workload(L8B, kv, dtype), WSE2.sram_bytes, *WSE2.full_mesh)[0]
     return Region(0, 0, w, h)
 
 
@@ -104,17 +105,17 @@ def test_a_llama3_8b_layer_on_its_wse2_region_books_the_estimators_cycles():
     kv, dtype = KVReserve(64, 2), "float16"
     region = _l8b_region(dtype, kv)
     assert (region.h, region.w) == (64, 158)
-    assert layer_bytes(L8B, region.w, region.h, max(kv.tokens, region.w), kv.requests, dtype) <= WSE2.sram_bytes
+    assert layer_bytes(Workload(L8B, KVReserve(max(kv.tokens, region.w), kv.requests), dtype), region.w, region.h) <= WSE2.sram_bytes
     zeros = LayerWeights(**{n: np.zeros(s, np.float32) for n, s in LayerWeights.shapes(L8B).items()})
-    ledger = Ledger(WSE2)
+    ledger, dec = Ledger(WSE2, dtype), Decoding(L8B, dtype)
     shard = LayerShard(L8B, region, pack_layer(L8B, zeros, region, dtype), (1, kv.tokens), ledger, dtype=dtype)
     x = Chunks(L8B.dim, region.w).split(np.random.default_rng(0).standard_normal((1, L8B.dim)).astype(np.float32))
     for pos in range(2):  # a request's positions in order; the K/V shift moves pos % cols columns (none at 0)
         ledger.clear()
         shard.forward(x, np.array([0]), np.array([pos]))
         booked = ledger.by_op["layer"]
-        assert booked == layer_decode_cost(WSE2, L8B, region, pos + 1, 1, moving=pos % region.w)
-        estimated = stage_seconds(L8B, WSE2, [("layer", region)], pos + 1, 1)[0] * WSE2.clock_hz
+        assert booked == layer_decode_cost(WSE2, dec, region, pos + 1, 1, moving=pos % region.w)
+        estimated = stage_seconds(WSE2, dec, [("layer", region)], pos + 1, 1)[0] * WSE2.clock_hz
         if pos % region.w:
             assert booked.cycles == pytest.approx(estimated, rel=1e-12)
         else:  # nothing shifts east yet: one routing stage fewer than the estimate's, which shifts every column

@@ -19,30 +19,13 @@ from dataclasses import replace
 import numpy as np
 
 from waferrt.core.dtypes import storage_dtype, to_storage
-from waferrt.core.layout import Layout, axis_gather, to_blocks
+from waferrt.core.layout import Chunks, Layout, to_blocks
 from waferrt.core.mesh import Region
 from waferrt.model.config import LlamaConfig
 
 from .layout import final_norm_layout, layer_layouts
 
-
-class Chunks:
-    """Split vectors (..., n) over `parts` cores (padded (..., parts, width)) and join them back."""
-
-    def __init__(self, n: int, parts: int, granule: int = 1):
-        lay = Layout((n,), Region(0, 0, parts, 1), ("x",), (granule,))
-        self.index, self.valid = axis_gather(lay, 0)
-        self.n = n
-
-    def split(self, v: np.ndarray) -> np.ndarray:
-        out = np.take(v, self.index, axis=-1)  # a gather, then the padding zeroed in place: no second copy
-        np.copyto(out, v.dtype.type(0), where=~self.valid)
-        return out
-
-    def join(self, a: np.ndarray) -> np.ndarray:
-        out = np.empty(a.shape[:-2] + (self.n,), a.dtype)
-        out[..., self.index[self.valid]] = a[..., self.valid]
-        return out
+__all__ = ["Chunks", "pack_embed", "pack_ffn", "pack_layer", "pack_matrix"]  # Chunks: core.layout's, for the tiles
 
 
 def _cols_first(cuts) -> np.ndarray:
@@ -84,15 +67,29 @@ def pack_layer(cfg: LlamaConfig, lw, region: Region, dtype: str = "float32") -> 
     def stored(a: np.ndarray, *shape: int) -> np.ndarray:  # weights in `dtype`'s numpy form, reshaped
         return to_storage(a, dtype).reshape(shape or a.shape)
 
-    return {
+    packed = {
         "wqkv": _cols_first([(stored(lw.wq, nh, hd, cfg.dim), lay["wq"]), (stored(lw.wk, nkv, hd, cfg.dim), lay["wk"]),
                              (stored(lw.wv, nkv, hd, cfg.dim), lay["wv"])]),  # (C, dim_c, R*(nh+2nkv)*hd_r)
         "wo": _rows_first(_heads_joined(to_blocks(stored(lw.wo, cfg.dim, nh, hd), lay["wo"]))),  # (R, nh*hd_r, C*dim_c)
-        "w13": _cols_first([(stored(lw.w_gate), lay["w_gate"]), (stored(lw.w_up), lay["w_up"])]),  # (C, dim_c, R*2*hid_r)
-        "w2": _rows_first(to_blocks(stored(lw.w_down), lay["w_down"])),  # (R, hid_r, C*dim_c)
         "attn_norm": to_blocks(stored(lw.attn_norm), lay["attn_norm"])[0],  # (C, dim_c)
         "ffn_norm": to_blocks(stored(lw.ffn_norm), lay["ffn_norm"])[0],
     }
+    if lw.w_gate is not None:  # the dense FFN (an MoE layer's shared expert)
+        packed.update(pack_ffn(tuple(stored(w) for w in (lw.w_gate, lw.w_up, lw.w_down)), lay))
+    return packed
+
+
+def pack_ffn(gate_up_down: tuple[np.ndarray, ...], lay: dict) -> dict[str, np.ndarray]:
+    """A SwiGLU FFN's matrices (in the layouts' dtype) as "w13" (C, dim_c, R*2*hid_r) and "w2" (R, hid_r,
+    C*dim_c), cut by the layouts lay["w_gate"], lay["w_up"], lay["w_down"] over their region."""
+    gate, up, down = gate_up_down
+    return {"w13": _cols_first([(gate, lay["w_gate"]), (up, lay["w_up"])]),  # (C, dim_c, R*2*hid_r)
+            "w2": _rows_first(to_blocks(down, lay["w_down"]))}  # (R, hid_r, C*dim_c)
+
+
+def pack_matrix(w: np.ndarray, lay: Layout) -> np.ndarray:
+    """A matrix whose input is split over columns (out: y, in: x), e.g. a router: (C, in_c, R*out_r)."""
+    return _cols_first([(w, lay)])
 
 
 ROWS_PER_BLOCK = 4096  # vocabulary rows cut at a time (the table is never copied whole)
