@@ -27,12 +27,12 @@ from waferrt.core.ledger import Ledger
 from waferrt.core.mesh import Region
 from waferrt.core.spec import WSE2
 from waferrt.decode.balancer import at_once_cost, block_loads, plan_swap, step_cost
-from waferrt.decode.cost import layer_decode_parts
+from waferrt.decode.cost import Decoding, layer_decode_parts
 from waferrt.decode.linkload import LinkLoad
-from waferrt.decode.phases import attention_load
 from waferrt.decode.moe import MoELayerShard, pack_moe_layer
 from waferrt.decode.moe_layout import MAPPINGS, expert_grid
 from waferrt.decode.pack import Chunks
+from waferrt.decode.phases import attention_load
 from waferrt.model import Tokenizer, load_model
 from waferrt.model.moe import ExpertCut, cut_into_experts
 
@@ -58,7 +58,8 @@ def balance(shard: MoELayerShard, attention: LinkLoad, tokens: int) -> str:
     step = min((step_cost(WSE2, load, STEPS, busy) for busy in (moe, attention)), key=lambda c: c.cycles)
     once = at_once_cost(WSE2, load)
     return (f"  NI-Balancer: busiest block {max(loads.values())} -> {max(after.values())} tokens by swapping experts "
-            f"{swap.a} and {swap.b} ({load.total() / 1e6:.2f} MB over the links): at once a {once.cycles / WSE2.clock_hz * 1e6:.2f} us "
+            f"{swap.a} and {swap.b} ({load.total() / 1e6:.2f} MB over the links): at once a "
+            f"{once.cycles / WSE2.clock_hz * 1e6:.2f} us "
             f"stall; in {STEPS} steps +{step.cycles / WSE2.clock_hz * 1e6:.3f} us each while decoding goes on")
 
 
@@ -73,14 +74,16 @@ def run_layer(cfg, lw, region: Region, mapping: str, xs: np.ndarray) -> MoELayer
 
 def attention_seconds(cfg, region: Region, tokens: int) -> float:
     """The attention's collectives for one token at a full context of `tokens` (closed forms, s)."""
-    parts = layer_decode_parts(WSE2, cfg, region, tokens, 1)
+    parts = layer_decode_parts(WSE2, Decoding(cfg), region, tokens, 1)
     attention = parts[: [p[0] for p in parts].index("residual") + 1]
-    return sum(c.cycles for _, cat, c in attention if cat in ("allreduce", "attention") and c.link_bytes) / WSE2.clock_hz
+    cycles = sum(c.cycles for _, cat, c in attention if cat in ("allreduce", "attention") and c.link_bytes)
+    return cycles / WSE2.clock_hz
 
 
 def row(label: str, load: LinkLoad, tokens: int, seconds: float) -> str:
     return (f"  {label:<26} hottest link {load.hottest() / tokens:>9,.0f} B/token   cold links "
-            f"{load.cold_share():>6.1%}   total {load.total() / tokens:>11,.0f} B/token   time {seconds * 1e6:>7.3f} us/token")
+            f"{load.cold_share():>6.1%}   total {load.total() / tokens:>11,.0f} B/token   "
+            f"time {seconds * 1e6:>7.3f} us/token")
 
 
 def draw(path: str, panels: list[tuple[str, np.ndarray]]) -> None:

@@ -146,7 +146,8 @@ def prefill(est: Estimate, tokens: int) -> Prefill:
     for _, cat, c in parts:
         on_wafer[cat] += c.seconds(spec)
     seconds = total(c for _, _, c in parts).seconds(spec)
-    head = total(c for _, _, c in head_decode_parts(spec, Decoding(cfg, est.dtype), Region(0, 0, *est.band[:2]), 1)).seconds(spec)
+    head_parts = head_decode_parts(spec, Decoding(cfg, est.dtype), Region(0, 0, *est.band[:2]), 1)
+    head = total(c for _, _, c in head_parts).seconds(spec)
     on_wafer["host"] = (4 * tokens + 4 * cfg.vocab_size) / spec.ingress_bytes_per_s
     sq = gemm_region(region)
     return Prefill(tokens, chunks, (sq.w, sq.h), (sh.cols, sh.rows), est.strategy.regions, seconds,

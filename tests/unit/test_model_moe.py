@@ -116,5 +116,5 @@ def test_config_and_weights_refuse_what_does_not_fit() -> None:
                                                            *w.layers[1:])))
     dense = synthetic_llama(tiny_config())
     with pytest.raises(ValueError, match="w_gate is set but"):
-        ReferenceModel(cfg, dataclasses.replace(w, layers=(dataclasses.replace(w.layers[0], w_gate=dense.layers[0].w_gate),
-                                                           *w.layers[1:])))
+        first = dataclasses.replace(w.layers[0], w_gate=dense.layers[0].w_gate)
+        ReferenceModel(cfg, dataclasses.replace(w, layers=(first, *w.layers[1:])))

@@ -36,7 +36,8 @@ def test_the_histogram_picks_the_swap_that_evens_the_blocks():
 def test_a_swap_crosses_the_links_between_the_blocks():
     a, b = Region(0, 0, 2, 1), Region(0, 2, 2, 1)
     load = swap_load(Region(0, 0, 2, 3), a, b, 100.0)
-    assert load.bytes[2, :2].tolist() == [[100, 100], [100, 100]] and load.bytes[3, 1:].tolist() == [[100, 100], [100, 100]]
+    assert load.bytes[2, :2].tolist() == [[100, 100], [100, 100]]
+    assert load.bytes[3, 1:].tolist() == [[100, 100], [100, 100]]
     assert load.bytes[:2].sum() == 0 and load.hops == 2 and load.messages == 4
 
 

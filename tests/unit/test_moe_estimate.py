@@ -31,7 +31,8 @@ def test_a_fitting_moe_gets_its_experts_per_region_and_all_to_all():
     assert est.fits and est.breakdown_s["alltoall"] > 0
     moe = moe_estimate(est)
     er, naive = moe.mappings["er"], moe.mappings["naive"]
-    assert er.grid[0] == 1 and er.grid[0] * er.grid[1] * er.grid[2] == 4 == naive.grid[0] * naive.grid[1] * naive.grid[2]
+    assert er.grid[0] == 1
+    assert er.grid[0] * er.grid[1] * er.grid[2] == 4 == naive.grid[0] * naive.grid[1] * naive.grid[2]
     assert 0 < er.share < 1 and 0 < naive.share < 1 and er.alltoall_s <= naive.alltoall_s
     assert er.cold_share >= naive.cold_share and moe.wafers == 0
     assert "mapping er" in moe.text() and json.dumps(moe.to_json())

@@ -13,10 +13,10 @@ from waferrt.core.mesh import MeshSpec, Region
 from waferrt.core.spec import TINY
 from waferrt.decode.layout import layer_booking, most_bytes
 from waferrt.decode.linkload import LinkLoad, alltoall_cost, block_patterns, ktree_line
-from waferrt.decode.phases import attention_load
 from waferrt.decode.moe import MoELayerShard, pack_moe_layer
 from waferrt.decode.moe_layout import MAPPINGS, expert_blocks, expert_core_bytes, expert_grid, expert_layouts
 from waferrt.decode.pack import Chunks, pack_embed
+from waferrt.decode.phases import attention_load
 from waferrt.decode.shards import EmbedShard
 from waferrt.fabric.comm import Collectives
 from waferrt.model import ReferenceModel, Sampler, synthetic_llama, tiny_moe_config
@@ -173,10 +173,9 @@ def test_an_moe_layer_books_its_closed_form(w, h, batch, shared, mapping):
 @pytest.mark.parametrize("shared", [0, 16])
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
 def test_the_estimators_sram_closed_form_is_what_an_moe_region_books(shared, dtype):
+    from waferrt.decode.layout import layer_core_bytes
     from waferrt.scheduler import wafer
     from waferrt.scheduler.types import Workload
-
-    from waferrt.decode.layout import layer_core_bytes
 
     cfg = tiny_moe_config(n_experts=4, top_k=2, shared_hidden_dim=shared)
     for w, h in [(1, 1), (8, 4), (5, 3), (16, 8), (3, 2)]:

@@ -20,9 +20,9 @@ from waferrt.model.convert import Cut
 from waferrt.model.gguf_writer import gguf_name
 from waferrt.model.zoo import MODELS
 from waferrt.scheduler import KVReserve
-from waferrt.scheduler.types import Workload
 from waferrt.scheduler.budget import layer_bytes, layer_shapes
 from waferrt.scheduler.estimate import stage_seconds
+from waferrt.scheduler.types import Workload
 
 L8B = MODELS["llama3-8b"].config
 
@@ -105,7 +105,8 @@ def test_a_llama3_8b_layer_on_its_wse2_region_books_the_estimators_cycles():
     kv, dtype = KVReserve(64, 2), "float16"
     region = _l8b_region(dtype, kv)
     assert (region.h, region.w) == (64, 158)
-    assert layer_bytes(Workload(L8B, KVReserve(max(kv.tokens, region.w), kv.requests), dtype), region.w, region.h) <= WSE2.sram_bytes
+    work = Workload(L8B, KVReserve(max(kv.tokens, region.w), kv.requests), dtype)
+    assert layer_bytes(work, region.w, region.h) <= WSE2.sram_bytes
     zeros = LayerWeights(**{n: np.zeros(s, np.float32) for n, s in LayerWeights.shapes(L8B).items()})
     ledger, dec = Ledger(WSE2, dtype), Decoding(L8B, dtype)
     shard = LayerShard(L8B, region, pack_layer(L8B, zeros, region, dtype), (1, kv.tokens), ledger, dtype=dtype)

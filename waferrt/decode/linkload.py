@@ -18,7 +18,6 @@ from waferrt.core.layout import Chunks
 from waferrt.core.mesh import Region
 from waferrt.core.spec import HardwareSpec
 
-
 E, W, S, N = range(4)  # the side a link leaves its core by (LinkLoad.bytes' first axis)
 SIDES = "EWSN"
 

@@ -16,9 +16,9 @@ mixture of experts of waferrt.model.reference.ffn, with the experts on the block
    sum again (a link carries one partial sum when some contribution lies behind it).
 
 Every message is routed one hop at a time and booked per directed link in a LinkLoad
-(waferrt.decode.linkload); the ledger books each phase as one Cost (``alltoall_cost``). ``traffic`` keeps every phase's LinkLoad summed over
-the micro-batches, ``booked`` the ledger's Cost of each phase summed, ``routed`` how many tokens each expert
-received (the routing histogram). ``migrate`` moves two experts' blocks (NI-Balancer, waferrt.decode.balancer):
+(waferrt.decode.linkload); the ledger books each phase as one Cost (``alltoall_cost``). ``traffic`` keeps
+every phase's LinkLoad summed over the micro-batches, ``booked`` the ledger's Cost of each phase summed,
+``routed`` how many tokens each expert received (the routing histogram). ``migrate`` moves two experts' blocks (NI-Balancer, waferrt.decode.balancer):
 at once, or a part per micro-batch while decoding goes on; with ``balance`` (DecodeSetup.balance) the shard
 looks at its histogram every ``balance`` runs and starts the swap ``plan_swap`` finds (``swaps``: those done).
 :func:`pack_moe_layer` cuts an MoE layer's weights for its region and mapping.
@@ -36,13 +36,14 @@ from waferrt.fabric.comm import LineComm
 from waferrt.model.config import LlamaConfig
 from waferrt.model.reference import silu, top_k_gates
 
-from .cost import ELEMENTWISE_FLOPS as EW
 from .balancer import Swap, at_once_cost, plan_swap, step_cost, swap_load
+from .cost import ELEMENTWISE_FLOPS as EW
 from .linkload import AllToAll, LinkLoad, alltoall_cost
 from .moe_layout import expert_blocks, expert_layouts, router_layout
 from .pack import Chunks, pack_ffn, pack_layer, pack_matrix
 from .phases import attention_load
 from .shards import LayerShard, mesh_gemv
+
 
 def pack_moe_layer(cfg: LlamaConfig, lw, region: Region, mapping: str, dtype: str = "float32") -> dict:
     """An MoE layer's arrays: the attention's (pack_layer, with the shared expert if any), "router", every

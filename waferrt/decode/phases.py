@@ -17,7 +17,7 @@ from waferrt.fabric.comm import Collectives
 from waferrt.model.config import LlamaConfig
 
 from .cost import Decoding, layer_decode_parts
-from .linkload import E, N, S, W, LinkLoad, ktree_line
+from .linkload import E, LinkLoad, N, S, W, ktree_line
 
 ATTENTION_AXES = {"norm.reduce": "x", "qkv.reduce": "x", "scores.reduce": "y", "softmax.max": "x",
                   "softmax.sum": "x", "attn_v.reduce": "x", "wo.reduce": "y"}  # layer_decode_parts' allreduces

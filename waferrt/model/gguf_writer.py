@@ -120,7 +120,8 @@ def write_tensors(path: Path, config: LlamaConfig, tensors: Iterator[tuple[str, 
     _add_config(w, config)
     _add_tokenizer(w, _byte_vocabulary(config, ("Ġ t",), ("Ġt",)))  # one merge, so that the BPE has one to make
     for name, shape in _shapes(config).items():
-        w.add_tensor_info(gguf_name(config, name), shape, np.dtype(dtype), int(np.prod(shape)) * np.dtype(dtype).itemsize)
+        nbytes = int(np.prod(shape)) * np.dtype(dtype).itemsize
+        w.add_tensor_info(gguf_name(config, name), shape, np.dtype(dtype), nbytes)
     w.write_header_to_file()
     w.write_kv_data_to_file()
     w.write_ti_data_to_file()
