@@ -96,7 +96,7 @@ def placement_seconds(p: Placement, requests: int | None = None, context: int | 
     (default: the full reserve)."""
     if p.streaming:
         return streaming_seconds(p, requests or p.kv.requests, context or p.kv_tokens)
-    return stage_seconds(p.spec, Decoding(p.config, p.dtype), placement_stages(p), context or p.kv_tokens,
+    return stage_seconds(p.spec, p.decoding, placement_stages(p), context or p.kv_tokens,
                          requests or p.kv.requests)
 
 
@@ -110,7 +110,7 @@ def streaming_seconds(p: Placement, requests: int, context: int) -> tuple[float,
     tile books it: every stage lasts the longer of its compute and its block's stream; the micro-batches
     (decode.cost.lane_batches) take turns on the region, each streaming every block once. (seconds of one
     request's token, of a round of `requests` tokens)."""
-    spec, dec = p.spec, Decoding(p.config, p.dtype)
+    spec, dec = p.spec, p.decoding
 
     def batch(b: int) -> float:
         return stream_step_cycles(spec, dec, p.embed, context, b)

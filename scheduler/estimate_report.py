@@ -19,7 +19,7 @@ from .types import KVReserve, Strategy
 from .wafer import Shape
 
 LABELS = {"gemv": "GEMV", "allreduce": "allreduce", "attention": "attention and K/V", "elementwise": "element-wise",
-          "handover": "hand-over between regions", "host": "host I/O"}
+          "handover": "hand-over between regions", "host": "host I/O", "alltoall": "all-to-all (MoE)"}
 
 
 def breakdown_seconds(parts, spec: HardwareSpec) -> dict[str, float]:

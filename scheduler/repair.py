@@ -24,7 +24,6 @@ from dataclasses import dataclass
 import numpy as np
 
 from waferrt.core.mesh import Coord, MeshSpec, Region
-from waferrt.decode import layout as dl
 
 from . import budget
 from .geometry import Obstacles, check_links, cores_in, link_inside, tiles_spanned
@@ -34,7 +33,7 @@ from .types import Placement, PlanError
 
 @dataclass(frozen=True)
 class Move:
-    tensor: str  # a waferrt.decode.layout.LAYER_WEIGHTS name, "kv", "embed" or "final_norm"
+    tensor: str  # a waferrt.decode.layout.layer_layouts name, "kv", "embed" or "final_norm"
     layer: int | None  # None for the embedding/head tensors
     src: Region
     dst: Region
@@ -167,7 +166,8 @@ def _repair(p: Placement, mesh: MeshSpec, links: frozenset, broken: list[str],
 def _moves(old: Placement, new: Placement) -> tuple[Move, ...]:
     sizes = budget.tensor_bytes(old.config, old.dtype)
     kv = budget.kv_bytes(old.config, old.kv_tokens, old.kv.requests, old.dtype)
-    held = () if old.streaming else dl.LAYER_WEIGHTS  # streamed weights stay off the wafer: only K/V moves
+    layer = tuple(t for t in sizes if t not in ("embed", "final_norm"))  # what a layer region books (an MoE's experts)
+    held = () if old.streaming else layer  # streamed weights stay off the wafer: only K/V moves
     out = []
     if new.embed != old.embed and not old.streaming:
         out += [Move(t, None, old.embed, new.embed, sizes[t]) for t in ("embed", "final_norm")]

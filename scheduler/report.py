@@ -20,7 +20,6 @@ from dataclasses import dataclass
 from itertools import pairwise
 
 from waferrt.core.mesh import Region
-from waferrt.decode.cost import Decoding
 from waferrt.decode.layout import booked_bytes, embed_booking, layer_booking
 
 from .budget import work_bytes
@@ -152,7 +151,7 @@ def _speed(p: Placement) -> tuple[float, float, float]:
         return one, round_s, one * p.spec.clock_hz
     stages = placement_stages(p)
     region: dict[Region, float] = {}
-    for (_, r), c in zip(stages, alone_cycles(p.spec, Decoding(p.config, p.dtype), stages, p.kv_tokens),
+    for (_, r), c in zip(stages, alone_cycles(p.spec, p.decoding, stages, p.kv_tokens),
                          strict=True):
         region[r] = region.get(r, 0.0) + c
     return one, round_s, max(region.values())

@@ -42,6 +42,8 @@ def placement_to_json(p: Placement) -> dict:
         "dead_links": [[[a.x, a.y], [b.x, b.y]] for a, b in sorted(p.dead_links)],
         "group": p.group,
         "streaming": p.streaming,
+        "experts": p.experts,
+        "balance": p.balance,
     }
 
 
@@ -66,6 +68,8 @@ def placement_from_json(d: dict) -> Placement:
             dead_links=frozenset((Coord(*a), Coord(*b)) for a, b in d["dead_links"]),
             group=int(d.get("group", 1)),  # JSON from before strategies: one layer per region
             streaming=bool(d.get("streaming", False)),
+            experts=str(d.get("experts", "er")),
+            balance=int(d.get("balance", 0)),
         )
     except KeyError as e:
         raise ValueError(f"not a Placement JSON: the key {e} is missing (make one with "

@@ -20,6 +20,7 @@ from waferrt.core.dtypes import check_dtype
 from waferrt.core.layout import Layout
 from waferrt.core.mesh import Coord, MeshSpec, Region, TileId
 from waferrt.core.spec import HardwareSpec
+from waferrt.decode.cost import Decoding
 from waferrt.decode.layout import kv_layout, layer_layouts
 from waferrt.model.config import LlamaConfig
 
@@ -135,10 +136,18 @@ class Placement:
     dead_links: frozenset[tuple[Coord, Coord]] = frozenset()
     group: int = 1  # layers per region (Strategy.group)
     streaming: bool = False  # the weights stream in from off-wafer memory (placement.plan_streaming)
+    experts: str = "er"  # where an MoE layer's experts sit in its region (waferrt.decode.moe_layout.MAPPINGS)
+    balance: int = 0  # NI-Balancer: an MoE layer looks at its routing histogram every `balance` micro-batches
+    # (0: never)
 
     @property
     def strategy(self) -> Strategy:
         return Strategy(self.group, self.config.n_layers)
+
+    @property
+    def decoding(self) -> Decoding:
+        """What the decode's closed forms (decode.cost) need of this placement: model, dtype, expert mapping."""
+        return Decoding(self.config, self.dtype, experts=self.experts)
 
     def node_of(self, tile: TileId) -> str:
         for t, name in self.tile_nodes:

@@ -21,6 +21,7 @@ from waferrt.core.mesh import Region
 from waferrt.core.spec import HardwareSpec
 from waferrt.decode.cost import layer_dims
 from waferrt.decode.layout import layer_block_bytes
+from waferrt.decode.moe_layout import moe_scratch_words
 from waferrt.model.config import LlamaConfig
 
 from . import budget
@@ -62,6 +63,8 @@ def layer_core_bytes(work: Workload, shape: Shape, kv: bool = True, weights: boo
     w = layer_block_bytes(cfg, shape.region(), dtype, shape.head_groups)
     k_v = 2 * work.kv.requests * hk * hd_r * cap * itemsize(dtype)
     scratch = 2 * 4 * (2 * dim_c + (2 * hq + 2 * hk) * hd_r + 2 * hid_r + hq * cap)
+    if cfg.moe:  # the MoE's own scratch (decode.layout.activation_bytes); its weights are in layer_block_bytes
+        scratch += 2 * 4 * moe_scratch_words(cfg, shape.region())
     return work.layers * ((w if weights else 0) + (k_v if kv else 0)) + scratch
 
 

@@ -80,6 +80,15 @@ LONG_PROMPT = "to be or not to be " * 6  # 103 tokens of the tiny vocabulary (by
 # (id, argv with {placeholders} for files, words the one line must contain)
 CASES = [
     ("empty prompt", ["generate", ""], "a prompt is empty"),
+    ("moe not E,K", ["convert", "--moe", "8", "{dir}/moe.gguf"], "'8' is not E,K"),
+    ("moe K above E", ["convert", "--moe", "2,3", "{dir}/moe.gguf"], "K must be 1..E"),
+    ("moe into a missing folder", ["convert", "--moe", "8,2", "/nonexistent/moe.gguf"], "does not exist"),
+    ("moe cut unequal", ["convert", "--moe", "5,2", "--model", "{tiny}", "{dir}/moe.gguf"], "do not cut into 5"),
+    ("moe and shape at once", ["convert", "--moe", "8,2", "--shape", "llama3-8b", "{dir}/m.gguf"], "give one of them"),
+    ("a cut's flag with moe", ["convert", "--moe", "8,2", "--layers", "2", "{dir}/m.gguf"],
+     "--layers belongs to --shape"),
+    ("moe's flag with a cut", ["convert", "--shape", "llama3-8b", "--layers", "2", "--router", "zero", "{dir}/m.gguf"],
+     "--router belongs to --moe"),
     ("no prompt", ["generate"], "give at least one prompt"),
     ("negative seed", ["generate", "x", "--seed", "-1", "--temperature", "0.5"], "--seed: -1 is less than 0"),
     ("negative temperature", ["generate", "x", "--temperature", "-1"], "--temperature: -1 is negative"),

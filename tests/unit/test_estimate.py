@@ -112,7 +112,7 @@ def test_a_whole_wafer_is_answered_from_a_bounded_number_of_floor_plans():
     for key in ("tokens_per_s", "time_per_token_s", "cores_used", "sram_used_bytes", "kv_capacity_tokens",
                 "breakdown_s", "strategy", "why"):
         assert key in doc
-    assert set(doc["breakdown_s"]) == {"gemv", "allreduce", "attention", "elementwise", "handover", "host"}
+    assert set(doc["breakdown_s"]) == {"gemv", "allreduce", "attention", "elementwise", "handover", "alltoall", "host"}
 
 
 def test_what_does_not_fit_says_so_and_what_would():

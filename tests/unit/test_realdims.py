@@ -20,9 +20,9 @@ from waferrt.model.convert import Cut
 from waferrt.model.gguf_writer import gguf_name
 from waferrt.model.zoo import MODELS
 from waferrt.scheduler import KVReserve
-from waferrt.scheduler.types import Workload
 from waferrt.scheduler.budget import layer_bytes, layer_shapes
 from waferrt.scheduler.estimate import stage_seconds
+from waferrt.scheduler.types import Workload
 
 L8B = MODELS["llama3-8b"].config
 
@@ -39,7 +39,7 @@ def test_convert_writes_the_llama3_8b_shape_cut(tmp_path):
     assert cfg == Cut("llama3-8b", 1, 512).config()
     tensors = {t.name: (tuple(int(n) for n in reversed(t.shape)), t.tensor_type)
                for t in gguf.GGUFReader(out).tensors}  # ggml dims innermost first: numpy's (out, in) reversed
-    want = {gguf_name(f"layers[0].{f}"): s for f, s in LayerWeights.shapes(cfg).items()}
+    want = {gguf_name(cfg, f"layers[0].{f}"): s for f, s in LayerWeights.shapes(cfg).items()}
     want.update({"token_embd.weight": (512, 4096), "output_norm.weight": (4096,)})
     assert {n: s for n, (s, _) in tensors.items()} == want  # no output.weight: the head is the embedding
     assert {t for _, t in tensors.values()} == {gguf.GGMLQuantizationType.F16}
@@ -105,7 +105,8 @@ def test_a_llama3_8b_layer_on_its_wse2_region_books_the_estimators_cycles():
     kv, dtype = KVReserve(64, 2), "float16"
     region = _l8b_region(dtype, kv)
     assert (region.h, region.w) == (64, 158)
-    assert layer_bytes(Workload(L8B, KVReserve(max(kv.tokens, region.w), kv.requests), dtype), region.w, region.h) <= WSE2.sram_bytes
+    work = Workload(L8B, KVReserve(max(kv.tokens, region.w), kv.requests), dtype)
+    assert layer_bytes(work, region.w, region.h) <= WSE2.sram_bytes
     zeros = LayerWeights(**{n: np.zeros(s, np.float32) for n, s in LayerWeights.shapes(L8B).items()})
     ledger, dec = Ledger(WSE2, dtype), Decoding(L8B, dtype)
     shard = LayerShard(L8B, region, pack_layer(L8B, zeros, region, dtype), (1, kv.tokens), ledger, dtype=dtype)

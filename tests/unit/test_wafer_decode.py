@@ -1,7 +1,6 @@
 """The wafer decode without Ray: layer shards against the reference, the shift-based KV cache, and the
 whole tile pipeline (in-process fabric) over meshes of 1x1, 1xN, 2x2 and 3x2 tiles and with dead cores."""
 
-import dataclasses
 
 import numpy as np
 import pytest
@@ -128,6 +127,5 @@ def test_half_precision_storage_equals_the_reference_on_rounded_weights(dtype):
 
 def _round(value, dtype):
     if isinstance(value, tuple):
-        return tuple(LayerWeights(*(_round(getattr(lw, f.name), dtype) for f in dataclasses.fields(lw)))
-                     for lw in value)
+        return tuple(LayerWeights(**{name: _round(a, dtype) for name, a in lw.arrays().items()}) for lw in value)
     return to_f32(to_storage(value, dtype), dtype)

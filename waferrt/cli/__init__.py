@@ -37,6 +37,7 @@ examples:
   waferrt sweep --model llama3-8b --png s.png   which wafer design serves it best (SRAM, mesh, links, clock)
   waferrt chaos --faults 20 --seed 1            a seeded campaign of faults: recovered, tokens identical?
   waferrt demo                                  allreduce on an 8x8 mesh in 2x2 tiles of 4x4 cores
+  waferrt convert --moe 8,2 moe.gguf            SmolLM2 cut into a mixture of 8 experts, 2 per token
   waferrt demo --algo ring --spec wse2          same with the ring algorithm and WSE-2 timings
   waferrt demo --mesh 16x4 --tile 8x2           a non-square mesh (W x H cores, tiles of TW x TH)
   waferrt convert --shape llama3-8b --layers 2 --vocab 32768 l8b.gguf   Llama3-8B's real layers, 2 of them

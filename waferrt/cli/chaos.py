@@ -109,6 +109,9 @@ def add_parser(sub) -> argparse.ArgumentParser:
     p.add_argument("--tile", type=parse_wxh, metavar="TWxTH", help="tile size in cores (with --mesh)")
     p.add_argument("--spec", default=None, choices=sorted(PRESETS), help="hardware spec (wse2; tiny for --model tiny)")
     add_strategy_args(p)
+    from .generate import add_experts_arg
+
+    add_experts_arg(p)
     p.add_argument("--streaming", action="store_true",
                    help="weight streaming, as waferrt generate --streaming (a dead core or link moves the region when "
                         "the mesh has room: give a --mesh of two tiles)")

@@ -4,7 +4,8 @@ Contract: ``add_parser(subparsers)`` registers the subcommand; ``add_workload_ar
 ``workload(args)`` are the arguments it shares with ``waferrt sweep`` (``--strategy`` takes the words of
 ``waferrt plan``, checked and read by the same code: ``waferrt.cli.strategy.strategy_text`` and
 ``waferrt.scheduler.strategies.parse_strategy``); ``run(args) -> int`` prints the estimate
-(text, or ``--json``) made by ``waferrt.scheduler.estimate`` (closed forms, no emulation: seconds even for
+(text, or ``--json``; for a mixture of experts with ``waferrt.scheduler.moe_estimate``'s figures after it)
+made by ``waferrt.scheduler.estimate`` (closed forms, no emulation: seconds even for
 a 750x994-core wafer), with ``--streaming`` the weight-streaming estimate next to it. Exit status: 0 it
 fits (or streams), 1 it does not fit (the output says what would), 2 an argument is wrong.
 """
@@ -19,6 +20,7 @@ from waferrt.core.dtypes import STORAGE_DTYPES
 from waferrt.core.spec import PRESETS, spec_by_name
 from waferrt.model.zoo import MODELS, model_by_name
 from waferrt.scheduler.estimate import OBJECTIVES, estimate
+from waferrt.scheduler.moe_estimate import moe_estimate
 from waferrt.scheduler.prefill import prefill
 from waferrt.scheduler.strategies import STRATEGY_HELP, parse_strategy
 from waferrt.scheduler.streaming import streaming
@@ -37,6 +39,7 @@ EPILOG = f"""examples:
   waferrt estimate --model llama3-8b --strategy grouped  the planner picks how many layers per region
   waferrt estimate --model path/to/model.gguf --mesh 200x200   any llama GGUF (metadata only)
   waferrt estimate --model llama3-8b --prompt-tokens 8192 --kv-tokens 8192 --pair 4096:256
+  waferrt estimate --model mixtral-8x7b                 a mixture of experts: experts, all-to-all, what fits
 
 Named models: {", ".join(sorted(MODELS))}. Strategies, as `waferrt plan`
 and `waferrt generate` take them: layer (every layer its own region, tokens flow region to region),
@@ -140,7 +143,7 @@ def run(args) -> int:
         resident = est.tokens_per_s if est.fits else None
         est = _with(est, streaming(cfg, spec, mesh, kv, args.dtype, resident))
     out, text = est.to_json(), [est.text()]
-    if est.fits:
+    if est.fits and not cfg.moe:  # the prefill's closed forms know no experts yet
         pre = prefill(est, tokens)
         out["prefill"], text = pre.to_json(), text + pre.lines()
         if io is not None:
@@ -149,6 +152,9 @@ def run(args) -> int:
                                             "tokens_per_s": (n_in + n_out) / e2e, "new_tokens_per_s": n_out / e2e}
             text.append(f"end to end      {n_in} in, {n_out} out: {e2e * 1e3:.1f} ms = "
                         f"{(n_in + n_out) / e2e:,.0f} tokens/s ({n_out / e2e:,.0f} new tokens/s)")
+    if cfg.moe:
+        moe = moe_estimate(est)
+        out["moe"], text = moe.to_json(), text + [moe.text()]
     print(json.dumps(out, indent=1) if args.json else "\n".join(text))
     return 0 if est.fits or (est.streaming is not None and est.streaming.fits) else 1
 

@@ -97,6 +97,7 @@ def add_parser(sub) -> argparse.ArgumentParser:
     p.add_argument("--streaming", action="store_true",
                    help="weight streaming: the weights stay off the wafer (a MemoryX actor) and stream into one region "
                         "layer by layer; the default mesh is the smallest that holds the K/V and a double buffer")
+    add_experts_arg(p)
     p.add_argument("--json", action="store_true", help="print one JSON object instead of streaming text")
     p.add_argument("--prefill", action="store_true",
                    help="prefill each prompt of up to 512 tokens whole, by MeshGEMM on the layers' regions, instead "
@@ -132,6 +133,16 @@ def add_parser(sub) -> argparse.ArgumentParser:
                         "($WAFERRT_CACHE, else ~/.cache/waferrt)")
     p.set_defaults(_run=run)
     return p
+
+
+def add_experts_arg(p) -> None:
+    """--experts and --balance, for the commands that place a model (generate, chaos)."""
+    p.add_argument("--experts", choices=("er", "naive"), default="er",
+                   help="where a mixture of experts' experts sit in each layer region: er (ER-Mapping, bands of "
+                        "rows that hold full tokens; default) or naive (blocks)")
+    p.add_argument("--balance", type=whole_number(0, "--balance 8"), default=0, metavar="N",
+                   help="NI-Balancer: every N micro-batches each MoE layer swaps two experts if that evens its "
+                        "blocks' loads, moving them in parts while decoding goes on (0: off, the default)")
 
 
 def _prompts(args) -> list[str]:
@@ -183,6 +194,8 @@ def _requests(args, tok, texts: list[str]) -> list:
 def _placement(args, config, mesh, requests, nodes=None):
     """Where the model goes (over `nodes`, the scheduler's NodeInfo; default: this machine, or --address's
     cluster), checked to hold every request's K/V; UsageError with the fix otherwise."""
+    import dataclasses
+
     from waferrt.cli.model import default_mesh_cached
     from waferrt.core.spec import spec_by_name
     from waferrt.scheduler import Admission, KVReserve, PlanError, Request
@@ -203,12 +216,15 @@ def _placement(args, config, mesh, requests, nodes=None):
         say(f"strategy: {choice.why}")
         for row in choice.table().splitlines():
             say(f"  {row}")
+    if config.moe:
+        p = dataclasses.replace(p, experts=args.experts, balance=args.balance)
     admission = Admission.for_placement(p)
     refused = [admission.submit(Request(i, len(r.prompt_ids), r.max_new_tokens)) for i, r in enumerate(requests)]
     if any(refused):
         raise UsageError("; ".join(r.reason for r in refused if r))
+    experts = f", {config.n_experts} experts per layer region ({p.experts} mapping)" if config.moe else ""
     say(f"placed on {p.mesh} ({spec.name}, {args.dtype} storage): {p.strategy.describe()}, layer regions "
-        f"{p.layers[0].w}x{p.layers[0].h} cores, KV {p.kv_tokens} tokens x {kv.requests} requests")
+        f"{p.layers[0].w}x{p.layers[0].h} cores{experts}, KV {p.kv_tokens} tokens x {kv.requests} requests")
     return p
 
 

@@ -8,6 +8,7 @@ arithmetic: which global indices a core holds, which core owns a global index, h
 block takes. Values are frozen and hashable. A layout checks what it is given: every shape entry a whole
 number >= 1 (:func:`check_shape`), a known dtype, split entries in "x"/"y"/None, axes that the region's
 cores can share; a misuse is a TypeError or ValueError that names the axis and the value.
+:class:`Chunks` splits vectors over a line of cores by such a layout and joins them back.
 """
 
 from __future__ import annotations
@@ -216,3 +217,22 @@ def core_bytes(layout: Layout) -> np.ndarray:
         else:
             rest *= int(sizes[0])
     return np.outer(per_row, per_col) * rest
+
+
+class Chunks:
+    """Split vectors (..., n) over `parts` cores (padded (..., parts, width)) and join them back."""
+
+    def __init__(self, n: int, parts: int, granule: int = 1):
+        lay = Layout((n,), Region(0, 0, parts, 1), ("x",), (granule,))
+        self.index, self.valid = axis_gather(lay, 0)
+        self.n = n
+
+    def split(self, v: np.ndarray) -> np.ndarray:
+        out = np.take(v, self.index, axis=-1)  # a gather, then the padding zeroed in place: no second copy
+        np.copyto(out, v.dtype.type(0), where=~self.valid)
+        return out
+
+    def join(self, a: np.ndarray) -> np.ndarray:
+        out = np.empty(a.shape[:-2] + (self.n,), a.dtype)
+        out[..., self.index[self.valid]] = a[..., self.valid]
+        return out

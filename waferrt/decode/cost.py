@@ -35,13 +35,19 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from functools import lru_cache
 
+import numpy as np
+
 from waferrt.core.arith import cdiv
 from waferrt.core.cost import Cost, allreduce_cost, broadcast_cost, compute_cost, message_cycles, on_lines, total
 from waferrt.core.dtypes import check_dtype
+from waferrt.core.ledger import merge_parallel
 from waferrt.core.mesh import Region
 from waferrt.core.spec import HardwareSpec
 from waferrt.fabric.comm import KTREE_FAST, Collectives
 from waferrt.model.config import LlamaConfig
+
+from .linkload import AllToAll, alltoall_cost
+from .moe_layout import MAPPINGS, expert_blocks
 
 # flops per element of the element-wise work, as the tiles book it (exp counted as one flop):
 # RMSNorm x*x, sum, *scale, *w; RoPE 4 mul + 2 add per pair; softmax *scale, max, -max, exp, sum, /sum;
@@ -49,7 +55,7 @@ from waferrt.model.config import LlamaConfig
 ELEMENTWISE_FLOPS = {"rmsnorm": 4, "rope": 3, "softmax": 6, "silu_mul": 5, "residual": 1}
 
 # what each part of a layer is, for the breakdown
-CATEGORIES = ("gemv", "allreduce", "attention", "elementwise", "handover")
+CATEGORIES = ("gemv", "allreduce", "attention", "elementwise", "handover", "alltoall")
 
 
 @dataclass(frozen=True)
@@ -61,9 +67,13 @@ class Decoding:
     dtype: str = "float32"
     coll: Collectives = KTREE_FAST
     head_groups: int = 1
+    experts: str = "er"  # where an MoE layer's experts sit in its region (moe_layout.MAPPINGS)
 
     def __post_init__(self) -> None:
         check_dtype(self.dtype)
+        if self.experts not in MAPPINGS:
+            raise ValueError(f"Decoding.experts (the expert mapping) is one of {', '.join(MAPPINGS)}, "
+                             f"got {self.experts!r}")
         if not isinstance(self.coll, Collectives):
             raise TypeError(f"Decoding.coll is a fabric.comm.Collectives, got {self.coll!r}")
         if self.head_groups < 1:
@@ -90,7 +100,7 @@ def layer_dims(cfg: LlamaConfig, cols: int, rows: int, head_groups: int = 1) -> 
         raise ValueError(f"head_groups {head_groups} must divide n_kv_heads {cfg.n_kv_heads} and the region's "
                          f"{rows} rows")
     r = rows // head_groups
-    return {"dim_c": cdiv(cfg.dim, cols), "hid_r": cdiv(cfg.hidden_dim, rows),
+    return {"dim_c": cdiv(cfg.dim, cols), "hid_r": cdiv(cfg.dense_hidden, rows),
             "hd_r": 2 * cdiv(cfg.head_dim // 2, r), "hq": cfg.n_heads // head_groups,
             "hk": cfg.n_kv_heads // head_groups, "group_rows": r}
 
@@ -101,7 +111,7 @@ def layer_decode_parts(spec: HardwareSpec, dec: Decoding, region: Region, kv_tok
     requests, in the order the tiles run them (LayerShard.forward)."""
     cfg, rows, cols, b = dec.config, region.h, region.w, batch
     d = layer_dims(cfg, cols, rows, dec.head_groups)
-    dim_c, hid_r, hd_r, hq, hk, r = d["dim_c"], d["hid_r"], d["hd_r"], d["hq"], d["hk"], d["group_rows"]
+    dim_c, hd_r, hq, hk, r = d["dim_c"], d["hd_r"], d["hq"], d["hk"], d["group_rows"]
     cap = cdiv(kv_tokens, cols)
     moving = cols - 1 if moving is None else moving
     ew = ELEMENTWISE_FLOPS
@@ -129,14 +139,59 @@ def layer_decode_parts(spec: HardwareSpec, dec: Decoding, region: Region, kv_tok
         ("attn_v.reduce", "attention", x_reduce(4 * b * hq * hd_r)),
         ("wo", "gemv", flops(2 * b * hq * hd_r * dim_c)), ("wo.reduce", "allreduce", y_reduce(4 * b * dim_c)),
         ("residual", "elementwise", flops(ew["residual"] * b * dim_c)),
-    ] + norm + [
-        ("ffn_in", "gemv", flops(2 * b * dim_c * 2 * hid_r)),
-        ("ffn_in.reduce", "allreduce", x_reduce(4 * b * 2 * hid_r)),
-        ("silu_mul", "elementwise", flops(ew["silu_mul"] * b * hid_r)),
-        ("down", "gemv", flops(2 * b * hid_r * dim_c)), ("down.reduce", "allreduce", y_reduce(4 * b * dim_c)),
-        ("residual", "elementwise", flops(ew["residual"] * b * dim_c)),
+    ] + norm
+    if cfg.moe:
+        parts += moe_parts(spec, dec, region, b)
+    if cfg.dense_hidden:
+        parts += ffn_parts(spec, dec, region, b)
+    return parts + [("residual", "elementwise", flops(ew["residual"] * b * dim_c))]
+
+
+def ffn_parts(spec: HardwareSpec, dec: Decoding, region: Region, batch: int) -> list[tuple[str, str, Cost]]:
+    """A SwiGLU FFN of dec.config.dense_hidden units (a dense layer's, an MoE's shared expert) as MeshGEMVs
+    on `region` for `batch` tokens (LayerShard.forward)."""
+    return _ffn_parts(spec, dec, region.w, region.h, dec.config.dense_hidden, batch)
+
+
+def _ffn_parts(spec: HardwareSpec, dec: Decoding, cols: int, rows: int, hidden: int, b: int) -> list:
+    """A SwiGLU FFN of `hidden` units on a cols x rows block of cores for b tokens: the one formula of a
+    dense FFN and of an expert in its block."""
+    dim_c, hid_r = cdiv(dec.config.dim, cols), cdiv(hidden, rows)
+    return [
+        ("ffn_in", "gemv", dec.flops(spec, 2 * b * dim_c * 2 * hid_r)),
+        ("ffn_in.reduce", "allreduce", dec.line_reduce(spec, cols, 4 * b * 2 * hid_r, rows)),
+        ("silu_mul", "elementwise", dec.flops(spec, ELEMENTWISE_FLOPS["silu_mul"] * b * hid_r)),
+        ("down", "gemv", dec.flops(spec, 2 * b * hid_r * dim_c)),
+        ("down.reduce", "allreduce", dec.line_reduce(spec, rows, 4 * b * dim_c, cols)),
     ]
-    return parts
+
+
+def moe_parts(spec: HardwareSpec, dec: Decoding, region: Region, batch: int) -> list[tuple[str, str, Cost]]:
+    """An MoE FFN's pieces for `batch` tokens that each chose experts 0..top_k-1 (what a zero router picks:
+    the closed forms' typical token) on the expert mapping dec.experts (waferrt.decode.moe_layout): the
+    router, the experts in their blocks side by side, the dispatch and the combine (the routes the tiles
+    book, waferrt.decode.linkload.AllToAll)."""
+    return list(_moe_parts(spec, dec, region.w, region.h, batch))
+
+
+@lru_cache(maxsize=4096)
+def _moe_parts(spec: HardwareSpec, dec: Decoding, cols: int, rows: int, batch: int) -> tuple:
+    """moe_parts on a cols x rows region (the same for every region of that shape)."""
+    cfg, region = dec.config, Region(0, 0, cols, rows)
+    e, b, dim_c = cfg.n_experts, batch, cdiv(cfg.dim, region.w)
+    blocks = expert_blocks(e, region, dec.experts)
+    chosen = np.tile(np.arange(cfg.top_k), (b, 1))  # (b, top_k)
+    per_block: dict[Region, Cost] = {}
+    for ex in range(cfg.top_k):
+        blk = blocks[ex]  # one expert's SwiGLU for b tokens as MeshGEMVs in its block (MoELayerShard._expert)
+        ffn = total([c for _, _, c in _ffn_parts(spec, dec, blk.w, blk.h, cfg.hidden_dim, b)])
+        per_block[blk] = per_block.get(blk, Cost()) + ffn
+    dispatch, combine = AllToAll(cfg.dim, region, blocks).loads(chosen)
+    return (("router", "gemv", dec.flops(spec, 2 * b * dim_c * e)),
+            ("router.reduce", "allreduce", dec.line_reduce(spec, region.w, 4 * b * e, region.h)),
+            ("experts", "gemv", merge_parallel(list(per_block.values()))),
+            ("dispatch", "alltoall", alltoall_cost(spec, dispatch)),
+            ("combine", "alltoall", alltoall_cost(spec, combine)))
 
 
 def _kv_shift(spec: HardwareSpec, nbytes: int, messages: int) -> Cost:

@@ -21,6 +21,9 @@ column-split output (allreduce along columns), so no transpose is ever needed:
 head_dim is cut in whole RoPE pairs (granule 2), so RoPE is local. The KV cache of one request holds
 (n_kv_heads, head_dim: y, positions: x): head_dim over rows like q, sequence positions over columns,
 balanced by shifting. The tied embedding/head table (vocab: y, dim: x) lives in its own region.
+An MoE layer (config.n_experts > 0) has the router over the region (like w_gate), its shared expert (if any)
+as the dense FFN, and its experts on blocks of the region (waferrt.decode.moe_layout), booked as
+"experts": the most any mapping puts on a core, on every core.
 """
 
 from __future__ import annotations
@@ -34,24 +37,31 @@ from waferrt.core.mesh import Region
 from waferrt.model.config import LlamaConfig
 
 from .cost import layer_dims
+from .moe_layout import expert_core_bytes, moe_scratch_words, router_layout
 
 LAYER_WEIGHTS = ("attn_norm", "wq", "wk", "wv", "wo", "ffn_norm", "w_gate", "w_up", "w_down")
 
 
 def layer_layouts(cfg: LlamaConfig, region: Region, dtype: str = "float32") -> dict[str, Layout]:
-    """Layouts of one decoder layer's weights over `region` (names as in LAYER_WEIGHTS)."""
-    hd, nh, nkv = cfg.head_dim, cfg.n_heads, cfg.n_kv_heads
-    return {
+    """Layouts of one decoder layer's weights over `region` (names as in LAYER_WEIGHTS; an MoE layer has
+    "router" and "experts" instead of the dense FFN, which it keeps only as its shared expert)."""
+    hd, nh, nkv, ffn = cfg.head_dim, cfg.n_heads, cfg.n_kv_heads, cfg.dense_hidden
+    out = {
         "attn_norm": Layout((cfg.dim,), region, ("x",), dtype=dtype),
         "wq": Layout((nh, hd, cfg.dim), region, (None, "y", "x"), (1, 2, 1), dtype),
         "wk": Layout((nkv, hd, cfg.dim), region, (None, "y", "x"), (1, 2, 1), dtype),
         "wv": Layout((nkv, hd, cfg.dim), region, (None, "y", "x"), (1, 2, 1), dtype),
         "wo": Layout((cfg.dim, nh, hd), region, ("x", None, "y"), (1, 1, 2), dtype),
         "ffn_norm": Layout((cfg.dim,), region, ("x",), dtype=dtype),
-        "w_gate": Layout((cfg.hidden_dim, cfg.dim), region, ("y", "x"), dtype=dtype),
-        "w_up": Layout((cfg.hidden_dim, cfg.dim), region, ("y", "x"), dtype=dtype),
-        "w_down": Layout((cfg.dim, cfg.hidden_dim), region, ("x", "y"), dtype=dtype),
     }
+    if ffn:
+        out.update(w_gate=Layout((ffn, cfg.dim), region, ("y", "x"), dtype=dtype),
+                   w_up=Layout((ffn, cfg.dim), region, ("y", "x"), dtype=dtype),
+                   w_down=Layout((cfg.dim, ffn), region, ("x", "y"), dtype=dtype))
+    if cfg.moe:
+        out.update(router=router_layout(cfg, region, dtype),
+                   experts=scratch_layout(region, expert_core_bytes(cfg, region, dtype)))
+    return out
 
 
 def kv_layout(cfg: LlamaConfig, region: Region, tokens: int, dtype: str = "float32") -> Layout:
@@ -73,9 +83,11 @@ def activation_bytes(cfg: LlamaConfig, region: Region, tokens: int) -> int:
     x, norm(x), q/k/v, attention output, the MLP hidden pair, per-position scores, and a same-size receive
     buffer for each in-flight allreduce (the fabric buffers)."""
     dim_c, hd_r = cdiv(cfg.dim, region.w), 2 * cdiv(cfg.head_dim // 2, region.h)
-    hid_r, pos_c = cdiv(cfg.hidden_dim, region.h), cdiv(tokens, region.w)
+    hid_r, pos_c = cdiv(cfg.dense_hidden, region.h), cdiv(tokens, region.w)
     words = 2 * dim_c + (cfg.n_heads + 2 * cfg.n_kv_heads) * hd_r + cfg.n_heads * hd_r + 2 * hid_r
     words += cfg.n_heads * pos_c
+    if cfg.moe:
+        words += moe_scratch_words(cfg, region)
     return 2 * words * 4  # x2: receive buffers of the reductions
 
 
@@ -116,10 +128,14 @@ def embed_booking(cfg: LlamaConfig, region: Region, dtype: str = "float32") -> d
 def layer_block_bytes(cfg: LlamaConfig, region: Region, dtype: str = "float32", head_groups: int = 1) -> int:
     """Bytes of one layer's weight blocks on a region's most loaded core, in closed form (equal to the
     layouts' blocks for one head group, tested; decode.cost.layer_dims for more): the two norms, wq wk wv wo,
-    gate up down. What a streamed layer brings in, and the weights of layer_core_bytes."""
+    gate up down (an MoE's shared expert), and an MoE's router (on every row) and experts (decode.moe_layout).
+    What a streamed layer brings in, and the weights of layer_core_bytes."""
     d = layer_dims(cfg, region.w, region.h, head_groups)
     dim_c, hid_r, hd_r, hq, hk = d["dim_c"], d["hid_r"], d["hd_r"], d["hq"], d["hk"]
-    return (2 * dim_c + (2 * hq + 2 * hk) * hd_r * dim_c + 3 * hid_r * dim_c) * itemsize(dtype)
+    dense = (2 * dim_c + (2 * hq + 2 * hk) * hd_r * dim_c + 3 * hid_r * dim_c) * itemsize(dtype)
+    if not cfg.moe:
+        return dense
+    return dense + cfg.n_experts * dim_c * itemsize(dtype) + expert_core_bytes(cfg, region, dtype)
 
 
 def head_chunk_entries(cfg: LlamaConfig, region: Region, dtype: str = "float32", head_groups: int = 1) -> int:

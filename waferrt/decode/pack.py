@@ -20,30 +20,13 @@ from dataclasses import replace
 import numpy as np
 
 from waferrt.core.dtypes import storage_dtype, to_storage
-from waferrt.core.layout import Layout, axis_gather, to_blocks
+from waferrt.core.layout import Chunks, Layout, to_blocks
 from waferrt.core.mesh import Region
 from waferrt.model.config import LlamaConfig
 
 from .layout import final_norm_layout, layer_layouts
 
-
-class Chunks:
-    """Split vectors (..., n) over `parts` cores (padded (..., parts, width)) and join them back."""
-
-    def __init__(self, n: int, parts: int, granule: int = 1):
-        lay = Layout((n,), Region(0, 0, parts, 1), ("x",), (granule,))
-        self.index, self.valid = axis_gather(lay, 0)
-        self.n = n
-
-    def split(self, v: np.ndarray) -> np.ndarray:
-        out = np.take(v, self.index, axis=-1)  # a gather, then the padding zeroed in place: no second copy
-        np.copyto(out, v.dtype.type(0), where=~self.valid)
-        return out
-
-    def join(self, a: np.ndarray) -> np.ndarray:
-        out = np.empty(a.shape[:-2] + (self.n,), a.dtype)
-        out[..., self.index[self.valid]] = a[..., self.valid]
-        return out
+__all__ = ["Chunks", "pack_embed", "pack_ffn", "pack_layer", "pack_matrix"]  # Chunks: core.layout's, for the tiles
 
 
 def out_in(blocks: np.ndarray, out_over: str) -> np.ndarray:
@@ -93,15 +76,30 @@ def pack_layer(cfg: LlamaConfig, lw, region: Region, dtype: str = "float32") -> 
         return (lambda: stored(a, *shape)), lay[key]
 
     o = to_blocks(stored(lw.wo, cfg.dim, nh, hd), lay["wo"])  # (R, C, dim_c, nh, hd_r)
-    return {
+    packed = {
         "wqkv": _joined([cut(lw.wq, "wq", nh, hd, cfg.dim), cut(lw.wk, "wk", nkv, hd, cfg.dim),
                          cut(lw.wv, "wv", nkv, hd, cfg.dim)]),  # (R*(nh+2nkv)*hd_r, C*dim_c)
         "wo": out_in(o.reshape(o.shape[:3] + (-1,)), "x"),  # (C*dim_c, R*nh*hd_r)
-        "w13": _joined([cut(lw.w_gate, "w_gate"), cut(lw.w_up, "w_up")]),  # (R*2*hid_r, C*dim_c)
-        "w2": out_in(to_blocks(stored(lw.w_down), lay["w_down"]), "x"),  # (C*dim_c, R*hid_r)
         "attn_norm": to_blocks(stored(lw.attn_norm), lay["attn_norm"])[0],  # (C, dim_c)
         "ffn_norm": to_blocks(stored(lw.ffn_norm), lay["ffn_norm"])[0],
     }
+    if lw.w_gate is not None:  # the dense FFN (an MoE layer's shared expert)
+        packed.update(pack_ffn(tuple((lambda w=w: stored(w)) for w in (lw.w_gate, lw.w_up, lw.w_down)), lay))
+    return packed
+
+
+def pack_ffn(gate_up_down: tuple, lay: dict) -> dict[str, np.ndarray]:
+    """A SwiGLU FFN's matrices as "w13" (R*2*hid_r, C*dim_c) and "w2" (C*dim_c, R*hid_r), cut by the layouts
+    lay["w_gate"], lay["w_up"], lay["w_down"] over their region; `gate_up_down` are callables giving each
+    matrix in the layouts' dtype (made one at a time)."""
+    gate, up, down = gate_up_down
+    return {"w13": _joined([(gate, lay["w_gate"]), (up, lay["w_up"])]),  # (R*2*hid_r, C*dim_c)
+            "w2": out_in(to_blocks(down(), lay["w_down"]), "x")}  # (C*dim_c, R*hid_r)
+
+
+def pack_matrix(w: np.ndarray, lay: Layout) -> np.ndarray:
+    """A matrix whose input is split over columns (out: y, in: x), e.g. a router: (R*out_r, C*in_c)."""
+    return out_in(to_blocks(w, lay), "y")
 
 
 ROWS_PER_BLOCK = 4096  # vocabulary rows cut at a time (the table is never copied whole)

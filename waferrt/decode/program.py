@@ -45,6 +45,7 @@ from waferrt.faults.model import CoreFailure
 from waferrt.faults.state import FaultState
 
 from .cost import alone_cycles, handover_bytes, handover_cost
+from .moe import MoELayerShard
 from .pack import Chunks
 from .prefill import layer_step, prefill_item_cycles, prefill_runs
 from .schedule import Item, StageRun
@@ -155,8 +156,10 @@ class TileProgram:
         st = self.setup
         arrays = pack_stage(st, s, raw)
         if kind == "layer":
-            self.layers[s] = LayerShard(st.config, region, arrays, (st.slots, st.kv_tokens), self.ledger,
-                                        st.collectives, st.dtype)
+            shard = MoELayerShard if st.config.moe else LayerShard
+            self.layers[s] = shard(st.config, region, arrays, (st.slots, st.kv_tokens), self.ledger,
+                                   st.collectives, st.dtype)
+            self.layers[s].balance = st.balance
         else:
             self.embed = EmbedShard(st.config, region, arrays, self.ledger, st.collectives, st.dtype)
 

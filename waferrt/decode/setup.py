@@ -13,7 +13,9 @@ books its weights and K/V, the first layer of a region also its scratch; a strea
 layer's K/V, the double buffer and the scratch, and ``stage_weights`` yields nothing: the blocks stream in);
 :func:`stage_weights` yields the float32 weights each stage needs (``weight_bytes``: their size) and
 :func:`pack_stage` cuts them into its cores' blocks in the storage dtype (on the tile that hosts the
-stage: the host ships each weight once).
+stage: the host ships each weight once). An MoE model's layers put their experts on blocks of their
+regions by the mapping ``experts`` ("er" or "naive", waferrt.decode.moe_layout; waferrt.decode.moe packs and
+runs them); MoE with weight streaming is refused.
 """
 
 from __future__ import annotations
@@ -29,6 +31,8 @@ from waferrt.model.config import LlamaConfig
 
 from .cost import Decoding
 from .layout import booked_bytes, embed_booking, kv_booking, layer_booking, stream_booking
+from .moe import pack_moe_layer
+from .moe_layout import MAPPINGS
 from .pack import pack_embed, pack_layer
 
 
@@ -48,6 +52,18 @@ class DecodeSetup:
     dtype: str = "float32"  # how weights and K/V are stored in the cores (computed in float32)
     streaming: bool = False  # the weights stream in from off-wafer memory at each stage's turn
     prefill: bool = False  # whole prompts go through the layers by MeshGEMM (waferrt.decode.prefill)
+    experts: str = "er"  # where an MoE layer's experts sit in its region (waferrt.decode.moe_layout.MAPPINGS)
+    balance: int = 0  # NI-Balancer: micro-batches between an MoE layer's looks at its routing histogram (0: off)
+
+    def __post_init__(self) -> None:
+        if self.experts not in MAPPINGS:
+            raise ValueError(f"expert mapping {self.experts!r} is not one of {', '.join(MAPPINGS)}")
+        if self.config.moe and self.streaming:
+            raise PlacementError("a mixture of experts does not stream its weights yet: plan it on the wafer "
+                                 "(without --streaming)")
+        if self.config.moe and self.prefill:
+            raise PlacementError("a mixture of experts has no MeshGEMM prefill yet: decode its prompts token "
+                                 "by token (without --prefill)")
 
     @classmethod
     def from_placement(cls, placement, collectives: Collectives = KTREE_FAST, prefill: bool = False
@@ -56,12 +72,13 @@ class DecodeSetup:
         MeshGEMM; a streaming placement has no weights on the wafer to run them with, so never)."""
         p = placement
         return cls(p.config, p.mesh, p.layers, p.embed, p.kv_tokens, p.kv.requests, collectives, p.dtype,
-                   p.streaming, prefill and not p.streaming)
+                   p.streaming, prefill and not p.streaming, p.experts, p.balance)
 
     @cached_property
     def decoding(self) -> Decoding:
-        """What the decode's closed forms (decode.cost) need of this setup: model, dtype, collectives."""
-        return Decoding(self.config, self.dtype, self.collectives)
+        """What the decode's closed forms (decode.cost) need of this setup: model, dtype, collectives, the
+        expert mapping."""
+        return Decoding(self.config, self.dtype, self.collectives, experts=self.experts)
 
     def stages(self) -> tuple[tuple[str, int, Region], ...]:
         """(kind, layer index or -1, region) in the order an item passes them."""
@@ -128,13 +145,15 @@ def stage_weights(setup: DecodeSetup, weights):
 
 def weight_bytes(raw) -> int:
     """Bytes of what stage_weights gave for a stage (the float32 weights the host sends it)."""
-    arrays = raw if isinstance(raw, tuple) else [getattr(raw, f) for f in raw.__dataclass_fields__]
+    arrays = raw if isinstance(raw, tuple) else raw.arrays().values()
     return sum(int(np.asarray(a).nbytes) for a in arrays)
 
 
 def pack_stage(setup: DecodeSetup, s: int, raw) -> dict:
     """Stage s's weight blocks in the storage dtype, from what stage_weights gave for it."""
     kind, _, region = setup.stages()[s]
+    if kind == "layer" and setup.config.moe:
+        return pack_moe_layer(setup.config, raw, region, setup.experts, setup.dtype)
     if kind == "layer":
         return pack_layer(setup.config, raw, region, setup.dtype)
     return pack_embed(setup.config, raw[0], raw[1], region, setup.dtype)

@@ -172,12 +172,15 @@ class LayerShard:
             self.kv.insert(slots, k, qkv[:, :, nh + nkv:], poss)
             x = x + mesh_gemv(self.cy, self.coll, self._w("wo"), self._attention(slots, poss, q))
             self.ledger.compute(EW["residual"] * x.shape[0] * x.shape[2])
-            h = mesh_rmsnorm(self.cx, x, self._w("ffn_norm"), cfg, self.coll)
-            gu = mesh_gemv(self.cx, self.coll, self._w("w13"), h).reshape(B, self.rows, 2, -1)  # (B, R, 2, hid_r)
-            self.ledger.compute(EW["silu_mul"] * B * gu.shape[3])
-            x = x + mesh_gemv(self.cy, self.coll, self._w("w2"), silu(gu[:, :, 0]) * gu[:, :, 1])
+            x = x + self._ffn(mesh_rmsnorm(self.cx, x, self._w("ffn_norm"), cfg, self.coll))
             self.ledger.compute(EW["residual"] * x.shape[0] * x.shape[2])
             return x
+
+    def _ffn(self, h: np.ndarray) -> np.ndarray:
+        """The dense SwiGLU FFN of h (B, C, dim_c) -> (B, C, dim_c) (waferrt.decode.moe: an MoE layer's)."""
+        gu = mesh_gemv(self.cx, self.coll, self._w("w13"), h).reshape(len(h), self.rows, 2, -1)  # (B, R, 2, hid_r)
+        self.ledger.compute(EW["silu_mul"] * len(h) * gu.shape[3])
+        return mesh_gemv(self.cy, self.coll, self._w("w2"), silu(gu[:, :, 0]) * gu[:, :, 1])
 
 
 def table_rows(table: np.ndarray, vocab: Chunks, dtype: str, tokens: np.ndarray) -> np.ndarray:

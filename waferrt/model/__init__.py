@@ -19,19 +19,22 @@ from waferrt.model.reference import (
     apply_rope,
     attention,
     causal_attention,
+    ffn,
     layer_forward,
     layer_prefill,
     linear,
+    moe_experts,
     rmsnorm,
     rope,
     rope_cos_sin,
+    route,
     silu,
     softmax,
     swiglu,
 )
 from waferrt.model.sampling import Sampler
 from waferrt.model.sparse import DENSE, AttentionMode
-from waferrt.model.weights import LayerWeights, LlamaWeights, synthetic_llama, tiny_config
+from waferrt.model.weights import LayerWeights, LlamaWeights, synthetic_llama, tiny_config, tiny_moe_config
 
 _FILE_READERS = {  # name -> the module that defines it (imported on first use)
     "load_gguf": "gguf_loader", "read_config": "gguf_loader", "smollm2_path": "gguf_loader",
@@ -43,8 +46,9 @@ _FILE_READERS = {  # name -> the module that defines it (imported on first use)
 __all__ = [
     "DENSE", "AttentionMode", "KVCache", "LayerWeights", "LlamaConfig", "LlamaWeights", "ReferenceModel",
     "SMOLLM2_135M", "Sampler",
-    "apply_rope", "attention", "causal_attention", "layer_forward", "layer_prefill", "linear", "rmsnorm",
-    "rope", "rope_cos_sin", "silu", "softmax", "swiglu", "synthetic_llama", "tiny_config", *_FILE_READERS,
+    "apply_rope", "attention", "causal_attention", "ffn", "layer_forward", "layer_prefill", "linear", "moe_experts",
+    "rmsnorm", "rope", "rope_cos_sin", "route", "silu", "softmax", "swiglu", "synthetic_llama", "tiny_config",
+    "tiny_moe_config", *_FILE_READERS,
 ]
 
 

@@ -1,7 +1,11 @@
 """Load a Llama-architecture GGUF file into (LlamaConfig, LlamaWeights, TokenizerMetadata).
 
 Contract:
-- The config comes from the GGUF's `llama.*` metadata; vocab_size is the number of tokenizer tokens.
+- The config comes from the GGUF's `llama.*` metadata; vocab_size is the number of tokenizer tokens. A
+  mixture of experts has llama.cpp's `expert_count` / `expert_used_count` (and, for a shared expert, its
+  width as `expert_shared_feed_forward_length`; `feed_forward_length` is then each expert's width) and the
+  tensors `ffn_gate_inp` (router), `ffn_{gate,up,down}_exps` (the experts stacked) and
+  `ffn_{gate,up,down}_shexp` (the shared expert).
 - Every tensor is dequantised (F32, F16, BF16, Q4_0, Q4_1, Q5_x, Q8_0, K-quants, ... whatever
   `gguf.quants.dequantize` supports) to a C-contiguous float32 array in memory; the file is not kept open.
 - Shapes are the GGUF's numpy shapes, (out, in) for matrices (ggml `ne` reversed), and Q/K rows stay in the
@@ -44,7 +48,18 @@ _LAYER_TENSORS = {  # LayerWeights field -> GGUF tensor name inside blk.{i}
     "w_gate": "ffn_gate",
     "w_up": "ffn_up",
     "w_down": "ffn_down",
+    "router": "ffn_gate_inp",
+    "w_gate_exps": "ffn_gate_exps",
+    "w_up_exps": "ffn_up_exps",
+    "w_down_exps": "ffn_down_exps",
 }
+_SHARED_EXPERT = {"w_gate": "ffn_gate_shexp", "w_up": "ffn_up_shexp", "w_down": "ffn_down_shexp"}
+
+
+def layer_tensor_names(config: LlamaConfig) -> dict[str, str]:
+    """LayerWeights field -> GGUF tensor name inside blk.{i}, for the fields `config` asks for."""
+    names = {**_LAYER_TENSORS, **(_SHARED_EXPERT if config.moe else {})}
+    return {f: names[f] for f in LayerWeights.shapes(config)}
 
 
 def smollm2_path() -> Path:
@@ -201,6 +216,9 @@ def _config(reader: gguf.GGUFReader, path: Path, vocab_size: int, tied: bool) ->
         norm_eps=_f32(get("attention.layer_norm_rms_epsilon")),
         max_seq_len=int(get("context_length")),
         tie_embeddings=tied,
+        n_experts=int(get("expert_count", 0)),
+        top_k=int(get("expert_used_count", 0)),
+        shared_hidden_dim=int(get("expert_shared_feed_forward_length", 0)),
     )
     rope_dims = int(get("rope.dimension_count", config.head_dim))
     if rope_dims != config.head_dim:
@@ -252,7 +270,7 @@ def _tensor(tensors: dict, name: str, path: Path) -> np.ndarray:
 
 def _weights(tensors: dict, config: LlamaConfig, path: Path) -> LlamaWeights:
     def layer(i: int) -> LayerWeights:
-        names = _LAYER_TENSORS.items()
+        names = layer_tensor_names(config).items()
         return LayerWeights(**{f: _tensor(tensors, f"blk.{i}.{g}.weight", path) for f, g in names})
 
     embed = _tensor(tensors, "token_embd.weight", path)

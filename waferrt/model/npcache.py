@@ -184,7 +184,7 @@ def _arrays(weights: LlamaWeights) -> dict[str, np.ndarray]:
     if not weights.tied:
         out["head"] = weights.head
     for i, lw in enumerate(weights.layers):
-        out.update({f"layers.{i}.{f.name}": getattr(lw, f.name) for f in dataclasses.fields(lw)})
+        out.update({f"layers.{i}.{name}": a for name, a in lw.arrays().items()})
     return out
 
 
@@ -221,8 +221,8 @@ def _read_weights(entry: Path, config: LlamaConfig) -> LlamaWeights:
         return np.load(entry / f"{name}.npy", mmap_mode="r")
 
     embed = load("embed")
-    layers = tuple(LayerWeights(**{f.name: load(f"layers.{i}.{f.name}") for f in dataclasses.fields(LayerWeights)})
-                   for i in range(config.n_layers))
+    names = LayerWeights.shapes(config)
+    layers = tuple(LayerWeights(**{name: load(f"layers.{i}.{name}") for name in names}) for i in range(config.n_layers))
     weights = LlamaWeights(embed, layers, load("final_norm"), embed if config.tie_embeddings else load("head"))
     weights.check(config)
     return weights

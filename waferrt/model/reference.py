@@ -9,6 +9,9 @@ Contract:
 - `ReferenceModel.step(token, pos, cache)` runs one token; `prefill(ids, cache)` runs many at once with
   batched matmuls and a causal mask, and agrees with repeated `step` to float32 rounding; `step_batch`
   runs one token of each of several requests at once (the weights read once for all of them).
+- The FFN (`ffn`) is the dense SwiGLU or, for an MoE config, Mixtral's: the router's logits pick the top_k
+  experts (ties to the lower index), a softmax over those k gives their gates, the output is the gated sum
+  of the chosen SwiGLU experts, plus the shared expert's output when the config has one.
 The per-layer pieces are module-level functions so other implementations can reuse and compare them.
 """
 
@@ -111,6 +114,41 @@ def swiglu(x: np.ndarray, w_gate: np.ndarray, w_up: np.ndarray, w_down: np.ndarr
     return linear(silu(linear(x, w_gate)) * linear(x, w_up), w_down)  # hidden (..., hidden_dim)
 
 
+def route(h: np.ndarray, router: np.ndarray, top_k: int) -> tuple[np.ndarray, np.ndarray]:
+    """The experts each row of h uses and their gates: h (T, dim), router (E, dim)
+    -> experts (T, top_k) int, best first (ties to the lower index), gates (T, top_k) float32 summing to 1."""
+    return top_k_gates(linear(h, router), top_k)  # logits (T, E)
+
+
+def top_k_gates(logits: np.ndarray, top_k: int) -> tuple[np.ndarray, np.ndarray]:
+    """Router logits (T, E) -> the top_k experts of each row (T, top_k), best first (ties to the lower
+    index), and their gates (T, top_k): a softmax over the chosen k."""
+    experts = np.argsort(-logits, axis=-1, kind="stable")[:, :top_k]  # (T, top_k)
+    return experts, softmax(np.take_along_axis(logits, experts, axis=-1))  # gates (T, top_k)
+
+
+def moe_experts(h: np.ndarray, lw: LayerWeights, top_k: int) -> np.ndarray:
+    """The experts' part of an MoE FFN: h (T, dim) -> (T, dim), each row the gated sum of its top_k experts."""
+    experts, gates = route(h, lw.router, top_k)  # (T, top_k) each
+    out = np.zeros_like(h)  # (T, dim)
+    for e in range(lw.router.shape[0]):
+        rows, slot = np.nonzero(experts == e)  # the rows that chose expert e, and in which slot
+        if rows.size:
+            y = swiglu(h[rows], lw.w_gate_exps[e], lw.w_up_exps[e], lw.w_down_exps[e])  # (n, dim)
+            out[rows] += gates[rows, slot, None] * y
+    return out
+
+
+def ffn(h: np.ndarray, lw: LayerWeights, config: LlamaConfig) -> np.ndarray:
+    """A layer's FFN of a normed hidden state: dense SwiGLU, or MoE (+ shared expert). h (..., dim) -> (..., dim)."""
+    if not config.moe:
+        return swiglu(h, lw.w_gate, lw.w_up, lw.w_down)
+    out = moe_experts(h.reshape(-1, h.shape[-1]), lw, config.top_k).reshape(h.shape)  # (..., dim)
+    if config.shared_hidden_dim:
+        out = out + swiglu(h, lw.w_gate, lw.w_up, lw.w_down)
+    return out
+
+
 def qkv_rope(
     h: np.ndarray, lw: LayerWeights, config: LlamaConfig, cos: np.ndarray, sin: np.ndarray
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -149,7 +187,7 @@ def layer_forward(
     n_rep = config.n_heads // config.n_kv_heads
     a = attention(q, k_cache[:, : pos + 1], v_cache[:, : pos + 1], n_rep, mode)  # (n_heads, hd)
     x = x + linear(a.reshape(-1), lw.wo)  # (dim,)
-    return x + swiglu(rmsnorm(x, lw.ffn_norm, config.norm_eps), lw.w_gate, lw.w_up, lw.w_down)
+    return x + ffn(rmsnorm(x, lw.ffn_norm, config.norm_eps), lw, config)
 
 
 def layer_prefill(
@@ -176,7 +214,7 @@ def layer_prefill(
     n_rep = config.n_heads // config.n_kv_heads
     a = causal_attention(q, k_cache[:, :end], v_cache[:, :end], n_rep, start, mode)  # (seq, n_heads, hd)
     x = x + linear(a.reshape(seq, -1), lw.wo)  # (seq, dim)
-    return x + swiglu(rmsnorm(x, lw.ffn_norm, config.norm_eps), lw.w_gate, lw.w_up, lw.w_down)
+    return x + ffn(rmsnorm(x, lw.ffn_norm, config.norm_eps), lw, config)
 
 
 def layer_batch(x: np.ndarray, lw: LayerWeights, config: LlamaConfig, caches: list, layer: int,
@@ -192,7 +230,7 @@ def layer_batch(x: np.ndarray, lw: LayerWeights, config: LlamaConfig, caches: li
         cache.k[layer][:, pos], cache.v[layer][:, pos] = k[b], v[b]
         a[b] = attention(q[b], cache.k[layer][:, : pos + 1], cache.v[layer][:, : pos + 1], n_rep, mode)
     x = x + linear(a.reshape(len(x), -1), lw.wo)  # (B, dim)
-    return x + swiglu(rmsnorm(x, lw.ffn_norm, config.norm_eps), lw.w_gate, lw.w_up, lw.w_down)
+    return x + ffn(rmsnorm(x, lw.ffn_norm, config.norm_eps), lw, config)
 
 
 class KVCache:

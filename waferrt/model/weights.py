@@ -5,6 +5,9 @@ y = W @ x (for a batch of rows: x @ W.T). That is the GGUF's own numpy layout af
 GGUF lists ggml `ne` dims innermost-first, so `ne = [in, out]` reads as numpy shape (out, in)).
 Q and K rows are in the GGUF (llama.cpp) order: RoPE rotates ADJACENT pairs (x[2i], x[2i+1]) of each
 head. With tied embeddings, `head is embed` (one array, not a copy).
+A layer holds the fields its config asks for and None for the others (`LayerWeights.shapes`): a dense
+layer w_gate/w_up/w_down; an MoE layer the router (n_experts, dim) and the experts stacked on a first axis
+(llama.cpp's ffn_*_exps), plus w_gate/w_up/w_down as its shared expert when it has one.
 
 `synthetic_llama(config, seed)` builds seeded random weights whose activations stay O(1) (`synthetic_tensors`
 yields them one array at a time, `assemble` joins such a stream), and
@@ -13,6 +16,7 @@ yields them one array at a time, `assemble` joins such a stream), and
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, fields
 
@@ -29,25 +33,36 @@ class LayerWeights:
     wv: np.ndarray  # (kv_dim, dim)
     wo: np.ndarray  # (dim, dim)
     ffn_norm: np.ndarray  # (dim,)
-    w_gate: np.ndarray  # (hidden_dim, dim)
-    w_up: np.ndarray  # (hidden_dim, dim)
-    w_down: np.ndarray  # (dim, hidden_dim)
+    w_gate: np.ndarray | None = None  # (dense_hidden, dim): the dense FFN or the shared expert
+    w_up: np.ndarray | None = None  # (dense_hidden, dim)
+    w_down: np.ndarray | None = None  # (dim, dense_hidden)
+    router: np.ndarray | None = None  # (n_experts, dim)
+    w_gate_exps: np.ndarray | None = None  # (n_experts, hidden_dim, dim)
+    w_up_exps: np.ndarray | None = None  # (n_experts, hidden_dim, dim)
+    w_down_exps: np.ndarray | None = None  # (n_experts, dim, hidden_dim)
 
     @staticmethod
     def shapes(config: LlamaConfig) -> dict[str, tuple[int, ...]]:
-        """The shape every field must have for `config`."""
-        d, kv, h = config.dim, config.kv_dim, config.hidden_dim
-        return {
+        """The shape of every field `config` asks for (the others are None)."""
+        d, kv, s = config.dim, config.kv_dim, config.dense_hidden
+        out = {
             "attn_norm": (d,),
             "wq": (config.n_heads * config.head_dim, d),
             "wk": (kv, d),
             "wv": (kv, d),
             "wo": (d, d),
             "ffn_norm": (d,),
-            "w_gate": (h, d),
-            "w_up": (h, d),
-            "w_down": (d, h),
         }
+        if s:
+            out.update(w_gate=(s, d), w_up=(s, d), w_down=(d, s))
+        if config.moe:
+            e, h = config.n_experts, config.hidden_dim
+            out.update(router=(e, d), w_gate_exps=(e, h, d), w_up_exps=(e, h, d), w_down_exps=(e, d, h))
+        return out
+
+    def arrays(self) -> dict[str, np.ndarray]:
+        """The fields that hold an array (what the config asks for), by name."""
+        return {f.name: getattr(self, f.name) for f in fields(self) if getattr(self, f.name) is not None}
 
 
 @dataclass(frozen=True, eq=False)
@@ -74,19 +89,26 @@ class LlamaWeights:
         top["head"] = top["embed"]
         for name, shape in top.items():
             _check_array(name, getattr(self, name), shape)
+        shapes = LayerWeights.shapes(config)
         for i, layer in enumerate(self.layers):
-            for name, shape in LayerWeights.shapes(config).items():
+            extra = sorted(set(layer.arrays()) - set(shapes))
+            if extra:
+                raise ValueError(f"weight layers[{i}].{extra[0]} is set but the config has no such tensor "
+                                 f"(n_experts={config.n_experts}, shared_hidden_dim={config.shared_hidden_dim})")
+            for name, shape in shapes.items():
                 _check_array(f"layers[{i}].{name}", getattr(layer, name), shape)
 
     def nbytes(self) -> int:
         """Bytes of all distinct arrays (a tied head counts once)."""
         arrays = {id(a): a for a in (self.embed, self.final_norm, self.head)}
         for layer in self.layers:
-            arrays.update((id(a), a) for a in (getattr(layer, f.name) for f in fields(layer)))
+            arrays.update((id(a), a) for a in layer.arrays().values())
         return sum(a.nbytes for a in arrays.values())
 
 
-def _check_array(name: str, a: np.ndarray, shape: tuple[int, ...]) -> None:
+def _check_array(name: str, a: np.ndarray | None, shape: tuple[int, ...]) -> None:
+    if a is None:
+        raise ValueError(f"weight {name} is missing; the config asks for shape {shape}")
     if a.shape != shape:
         raise ValueError(f"weight {name} has shape {a.shape}, expected {shape} (matrices are (out, in))")
     if a.dtype != np.float32:
@@ -111,6 +133,12 @@ def tiny_config() -> LlamaConfig:
     )
 
 
+def tiny_moe_config(n_experts: int = 4, top_k: int = 2, shared_hidden_dim: int = 0) -> LlamaConfig:
+    """The tiny Llama with an MoE FFN: `n_experts` experts of width 32, `top_k` per token."""
+    return dataclasses.replace(tiny_config(), hidden_dim=32, n_experts=n_experts, top_k=top_k,
+                               shared_hidden_dim=shared_hidden_dim)
+
+
 def synthetic_tensors(config: LlamaConfig, seed: int = 0) -> Iterator[tuple[str, np.ndarray]]:
     """Seeded random weights with O(1) activations, one array at a time: ("embed", a), then
     ("layers[i].<field>", a) for every layer, ("final_norm", a), and ("head", a) when untied. A caller that
@@ -121,9 +149,9 @@ def synthetic_tensors(config: LlamaConfig, seed: int = 0) -> Iterator[tuple[str,
     """
     rng = np.random.default_rng(seed)
 
-    def matrix(out_dim: int, in_dim: int) -> np.ndarray:
-        w = rng.standard_normal((out_dim, in_dim), dtype=np.float32)
-        w *= np.float32(1.0 / np.sqrt(in_dim))
+    def matrix(*shape: int) -> np.ndarray:  # (..., out, in)
+        w = rng.standard_normal(shape, dtype=np.float32)
+        w *= np.float32(1.0 / np.sqrt(shape[-1]))
         return w
 
     def norm(n: int) -> np.ndarray:

@@ -1,0 +1,166 @@
+"""The traffic of every link of a region in one phase of a layer, and what that phase costs.
+
+Contract: a :class:`LinkLoad` holds the bytes that left every core of a region by each of its four sides
+(messages routed one hop at a time add to every link on their way); :func:`alltoall_cost` is what a phase
+whose messages travel at once costs (the longest route's hops, then the busiest link's bytes one after the
+other). :class:`AllToAll` is an MoE layer's dispatch and combine between the region's column split of a
+token and its experts' blocks (``block_patterns``: along the rows; ``column_combine``: up and down the
+columns), what the tiles book as they run (waferrt.decode.moe) and the closed forms count
+(waferrt.decode.cost). ``ktree_line`` is a K-tree allreduce's messages over each link of a line.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from waferrt.core.cost import Cost, ktree_plan, message_cycles
+from waferrt.core.layout import Chunks
+from waferrt.core.mesh import Region
+from waferrt.core.spec import HardwareSpec
+
+E, W, S, N = range(4)  # the side a link leaves its core by (LinkLoad.bytes' first axis)
+SIDES = "EWSN"
+
+
+class LinkLoad:
+    """Bytes over every directed link of a region: ``bytes[side, y, x]`` is what left core (x, y) (region
+    coordinates) by `side`; ``messages`` the messages sent; ``hops`` the longest route's hops."""
+
+    def __init__(self, region: Region):
+        self.region = region
+        self.bytes = np.zeros((4, region.h, region.w))
+        self.messages, self.hops = 0, 0
+
+    def along_row(self, y: int, x0: int, x1: int, nbytes: float) -> None:
+        """A message of `nbytes` from (x0, y) to (x1, y), one hop at a time."""
+        if x1 > x0:
+            self.bytes[E, y, x0:x1] += nbytes
+        elif x1 < x0:
+            self.bytes[W, y, x1 + 1:x0 + 1] += nbytes
+        self.messages += x0 != x1
+        self.hops = max(self.hops, abs(x1 - x0))
+
+    def along_column(self, x: int, y0: int, y1: int, nbytes: float) -> None:
+        """A message of `nbytes` from (x, y0) to (x, y1), one hop at a time."""
+        if y1 > y0:
+            self.bytes[S, y0:y1, x] += nbytes
+        elif y1 < y0:
+            self.bytes[N, y1 + 1:y0 + 1, x] += nbytes
+        self.messages += y0 != y1
+        self.hops = max(self.hops, abs(y1 - y0))
+
+    def add(self, other: LinkLoad, times: int = 1) -> None:
+        if times:
+            self.bytes += times * other.bytes
+            self.messages += times * other.messages
+            self.hops = max(self.hops, other.hops)
+
+    def links(self) -> np.ndarray:
+        """The bytes of every link that exists (a region's edge cores have no link out of it)."""
+        b = self.bytes
+        return np.concatenate([b[E, :, :-1].ravel(), b[W, :, 1:].ravel(), b[S, :-1].ravel(), b[N, 1:].ravel()])
+
+    def hottest(self) -> float:
+        return float(self.links().max(initial=0.0))
+
+    def cold_share(self) -> float:
+        """The share of the region's links that carried nothing."""
+        links = self.links()
+        return float(np.mean(links == 0)) if links.size else 1.0
+
+    def total(self) -> float:
+        return float(self.bytes.sum())
+
+
+def alltoall_cost(spec: HardwareSpec, load: LinkLoad) -> Cost:
+    """A phase whose messages all travel at once: the longest route's hops, then the busiest link's bytes
+    one after the other (one routing stage)."""
+    if not load.messages:
+        return Cost()
+    return Cost(hops=load.hops, stages=1, link_bytes=int(round(load.total())), messages=load.messages,
+                cycles=message_cycles(spec, load.hops, 1, load.hottest()))
+
+
+def ktree_line(n: int, k: int) -> tuple[np.ndarray, np.ndarray]:
+    """Messages over each link of a line of n cores in one K-tree allreduce (core.cost.ktree_plan: both halves
+    of each group reduce toward its centred root, then the root multicasts both ways): (toward lower
+    positions, toward higher), each (n,) indexed by the core the link leaves."""
+    lower, higher = np.zeros(n), np.zeros(n)
+    plan = ktree_plan(n, k)
+    for level in plan.levels:
+        for step in level.steps:
+            for d, srcs in step:
+                for src in srcs:
+                    if d > 0:
+                        higher[src:src + d] += 1
+                    else:
+                        lower[src + d + 1:src + 1] += 1
+    higher[plan.root:n - 1] += 1  # the root's multicast passes every link once, away from it
+    lower[1:plan.root + 1] += 1
+    return lower, higher
+
+
+def _pieces(dim: int, region: Region, block: Region) -> list[tuple[int, int, int]]:
+    """(region column, block column, values) of every piece of a token that moves from the region's column
+    split of dim to the block's (both relative to the region)."""
+    owner = {}
+    for parts, key in ((region.w, "r"), (block.w, "b")):
+        ch = Chunks(dim, parts)
+        o = np.empty(dim, np.int64)
+        o[ch.index[ch.valid]] = np.nonzero(ch.valid)[0]
+        owner[key] = o
+    pairs, counts = np.unique(np.stack([owner["r"], owner["b"]]), axis=1, return_counts=True)
+    dx = block.x0 - region.x0
+    return [(int(c), int(j) + dx, int(n)) for (c, j), n in zip(pairs.T, counts)]
+
+
+def block_patterns(dim: int, region: Region, block: Region) -> tuple[LinkLoad, LinkLoad]:
+    """(dispatch, combine along the rows) of one token to and from `block`: every block row moves the
+    pieces between the region's column split and the block's."""
+    dispatch, back = LinkLoad(region), LinkLoad(region)
+    pieces = _pieces(dim, region, block)
+    for y in range(block.y0 - region.y0, block.y0 - region.y0 + block.h):
+        for c, x, n in pieces:
+            dispatch.along_row(y, c, x, 4 * n)
+            back.along_row(y, x, c, 4 * n)
+    return dispatch, back
+
+
+def column_combine(region: Region, rows: np.ndarray, col_bytes: np.ndarray) -> LinkLoad:
+    """The sum of contributions held in `rows` (bool (R,)) of every column reaching every row: a link
+    carries the column's partial sum (`col_bytes` (C,)) when a contribution lies behind it."""
+    load = LinkLoad(region)
+    have = np.flatnonzero(rows)
+    top, bottom = int(have[0]), int(have[-1])
+    ys = np.arange(region.h)
+    load.bytes[S] = (ys >= top)[:, None] * (ys < region.h - 1)[:, None] * col_bytes[None]
+    load.bytes[N] = (ys <= bottom)[:, None] * (ys > 0)[:, None] * col_bytes[None]
+    load.messages = int(np.count_nonzero(load.bytes))
+    load.hops = max(region.h - 1 - top, bottom)
+    return load
+
+
+class AllToAll:
+    """The all-to-all of a region's expert blocks: one token's dispatch and row-combine LinkLoads per block,
+    and the column combine of the rows its experts' blocks cover."""
+
+    def __init__(self, dim: int, region: Region, blocks: tuple[Region, ...]):
+        self.region, self.blocks, self.dim = region, blocks, dim
+        self.patterns: dict[Region, tuple[LinkLoad, LinkLoad]] = {}  # made when a token first goes there
+        self.col_bytes = 4.0 * Chunks(dim, region.w).valid.sum(axis=1)  # (C,) the token's piece in each column
+
+    def loads(self, experts: np.ndarray) -> tuple[LinkLoad, LinkLoad]:
+        """(dispatch, combine) of tokens that chose `experts` (T, k): each token goes once to each block
+        holding one of its experts."""
+        dispatch, combine = LinkLoad(self.region), LinkLoad(self.region)
+        for chosen in np.asarray(experts).tolist():
+            rows = np.zeros(self.region.h, bool)
+            for block in {self.blocks[e] for e in chosen}:
+                if block not in self.patterns:
+                    self.patterns[block] = block_patterns(self.dim, self.region, block)
+                there, back = self.patterns[block]
+                dispatch.add(there)
+                combine.add(back)
+                rows[block.y0 - self.region.y0: block.y0 - self.region.y0 + block.h] = True
+            combine.add(column_combine(self.region, rows, self.col_bytes))
+        return dispatch, combine

@@ -1,0 +1,164 @@
+"""An MoE layer on the mesh: expert parallelism in its region, dispatch and combine hop by hop, per link.
+
+Contract: :class:`MoELayerShard` is a LayerShard (the attention as a dense layer's) whose FFN is the
+mixture of experts of waferrt.model.reference.ffn, with the experts on the blocks a mapping gives
+(waferrt.decode.moe_layout: "er" or "naive"). For a micro-batch of normed hidden states h (B, C, dim_c):
+
+1. router: a MeshGEMV of the router (dim over the columns, a copy on every row), so every core ends with
+   every logit; the reference's ``top_k_gates`` picks each token's experts and gates.
+2. dispatch: each token goes to the block of each chosen expert (once per block). Every row of the region
+   holds a full copy of the token (split over the columns), so each block row takes it from its own row:
+   the pieces of the region's column split move along the row to the block's column split, one hop at a time.
+3. the experts: each a MeshGEMV SwiGLU in its block (blocks run side by side: the ledger books the
+   busiest block, waferrt.core.ledger.merge_parallel).
+4. combine: each expert's gated output goes back from its block's column split to the region's (along the
+   rows, reversed dispatch), then up and down every column, summed on the way, until every row holds the
+   sum again (a link carries one partial sum when some contribution lies behind it).
+
+Every message is routed one hop at a time and booked per directed link in a LinkLoad
+(waferrt.decode.linkload); the ledger books each phase as one Cost (``alltoall_cost``). ``traffic`` keeps
+every phase's LinkLoad summed over the micro-batches, ``booked`` the ledger's Cost of each phase summed,
+``routed`` how many tokens each expert received (the routing histogram). ``migrate`` moves two experts' blocks (NI-Balancer, waferrt.decode.balancer):
+at once, or a part per micro-batch while decoding goes on; with ``balance`` (DecodeSetup.balance) the shard
+looks at its histogram every ``balance`` runs and starts the swap ``plan_swap`` finds (``swaps``: those done).
+:func:`pack_moe_layer` cuts an MoE layer's weights for its region and mapping.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from waferrt.core.cost import Cost
+from waferrt.core.dtypes import to_storage
+from waferrt.core.ledger import Ledger, merge_parallel
+from waferrt.core.mesh import Region
+from waferrt.fabric.comm import LineComm
+from waferrt.model.config import LlamaConfig
+from waferrt.model.reference import silu, top_k_gates
+
+from .balancer import Swap, at_once_cost, plan_swap, step_cost, swap_load
+from .cost import ELEMENTWISE_FLOPS as EW
+from .linkload import AllToAll, LinkLoad, alltoall_cost
+from .moe_layout import expert_blocks, expert_layouts, router_layout
+from .pack import Chunks, pack_ffn, pack_layer, pack_matrix
+from .phases import attention_load
+from .shards import LayerShard, mesh_gemv
+
+
+def pack_moe_layer(cfg: LlamaConfig, lw, region: Region, mapping: str, dtype: str = "float32") -> dict:
+    """An MoE layer's arrays: the attention's (pack_layer, with the shared expert if any), "router", every
+    expert e's "w13.e" / "w2.e" cut over its block, and "blocks" (n_experts, 4) int: x0, y0, w, h."""
+    out = pack_layer(cfg, lw, region, dtype)
+    out["router"] = to_storage(pack_matrix(lw.router, router_layout(cfg, region)), dtype)
+    blocks = expert_blocks(cfg.n_experts, region, mapping)
+    for e, block in enumerate(blocks):
+        mats = tuple((lambda m=m: m) for m in (lw.w_gate_exps[e], lw.w_up_exps[e], lw.w_down_exps[e]))
+        out.update({f"{k}.{e}": to_storage(v, dtype) for k, v in pack_ffn(mats, expert_layouts(cfg, block)).items()})
+    out["blocks"] = np.array([(b.x0, b.y0, b.w, b.h) for b in blocks], np.int64)
+    return out
+
+
+BALANCE_STEPS = 4  # the parts NI-Balancer cuts a swap into, one per micro-batch
+
+
+class MoELayerShard(LayerShard):
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        cfg, region = self.cfg, self.region
+        self.blocks = tuple(Region(*b) for b in self.arrays["blocks"].tolist())
+        self.dims = Chunks(cfg.dim, region.w)
+        self.block_dims = {b: Chunks(cfg.dim, b.w) for b in set(self.blocks)}
+        self.routes = AllToAll(cfg.dim, region, self.blocks)
+        self.traffic = {"dispatch": LinkLoad(region), "combine": LinkLoad(region)}
+        self.booked = {"dispatch": Cost(), "combine": Cost()}  # what the ledger booked for each phase, summed
+        self.routed = np.zeros(cfg.n_experts, np.int64)
+        self.migration: list | None = None  # [swap, its LinkLoad, steps, steps done, the attention's LinkLoad]
+        self.balance, self.runs, self.swaps = 0, 0, []  # NI-Balancer: look every `balance` runs; the swaps done
+
+    def _ffn(self, h: np.ndarray) -> np.ndarray:
+        """The MoE FFN of h (B, C, dim_c) -> (B, C, dim_c), plus the shared expert's output if any."""
+        out = self._experts(h)
+        return out + super()._ffn(h) if self.cfg.shared_hidden_dim else out
+
+    def _experts(self, h: np.ndarray) -> np.ndarray:
+        cfg, coll = self.cfg, self.coll
+        logits = mesh_gemv(self.cx, coll, self._w("router"), h)  # (B, R, E): every row the same
+        experts, gates = top_k_gates(logits[:, 0], cfg.top_k)  # (B, k) each
+        full = self.dims.join(h)  # (B, dim)
+        out, ledgers = np.zeros_like(full), {}
+        for e in range(cfg.n_experts):
+            rows, slot = np.nonzero(experts == e)  # the tokens that chose expert e, and in which slot
+            if rows.size:
+                led = ledgers.setdefault(self.blocks[e], Ledger(self.ledger.spec))
+                with led.op("expert"):
+                    y = self._expert(e, full[rows], led)  # (n, dim)
+                out[rows] += gates[rows, slot, None] * y
+        self.ledger.add(merge_parallel([led.total() for led in ledgers.values()]))  # blocks side by side
+        self._alltoall(experts)
+        self.routed += np.bincount(experts.ravel(), minlength=cfg.n_experts)
+        return self.dims.split(out)
+
+    def _expert(self, e: int, x: np.ndarray, led: Ledger) -> np.ndarray:
+        """Expert e's SwiGLU of x (n, dim) -> (n, dim), as MeshGEMVs in its block (booked in `led`)."""
+        block, coll = self.blocks[e], self.coll
+        dims = self.block_dims[block]
+        cx = LineComm("x", block, block, None, led, fast=coll.fast)
+        cy = LineComm("y", block, block, None, led, fast=coll.fast)
+        gu = mesh_gemv(cx, coll, self._w(f"w13.{e}"), dims.split(x)).reshape(len(x), block.h, 2, -1)
+        led.compute(EW["silu_mul"] * len(x) * gu.shape[3])
+        return dims.join(mesh_gemv(cy, coll, self._w(f"w2.{e}"), silu(gu[:, :, 0]) * gu[:, :, 1]))
+
+    def _alltoall(self, experts: np.ndarray) -> None:
+        """Book the dispatch and the combine of the micro-batch's tokens to their experts' blocks (and a step
+        of the migration under way, during the phase it shares fewer links with)."""
+        phase = LinkLoad(self.region)
+        for name, load in zip(("dispatch", "combine"), self.routes.loads(experts), strict=True):
+            cost = alltoall_cost(self.ledger.spec, load)
+            self.ledger.add(cost)
+            self.traffic[name].add(load)
+            self.booked[name] += cost
+            phase.add(load)
+        if self.migration is not None:
+            self._migration_step(phase)
+        self.runs += 1
+        if self.balance and self.migration is None and self.runs % self.balance == 0:
+            swap = plan_swap(self.routed, self.blocks)
+            if swap is not None:
+                self.migrate(swap, BALANCE_STEPS)
+
+    # -- NI-Balancer (waferrt.decode.balancer) -----------------------------------------------------------
+    def swap_traffic(self, swap: Swap) -> LinkLoad:
+        """The links the swap's weights cross (each core's share of its expert, to the other block)."""
+        a, b = self.blocks[swap.a], self.blocks[swap.b]
+        per_core = sum(lay.max_block_bytes() for lay in expert_layouts(self.cfg, a, self.dtype).values())
+        return swap_load(self.region, a, b, per_core)
+
+    def migrate(self, swap: Swap, steps: int = 0) -> Cost:
+        """Move the swap's experts: at once (steps 0: the decode stalls for the returned Cost, booked as op
+        "migration"), or over the next `steps` micro-batches, a part each (booked inside them)."""
+        if steps:
+            attention = attention_load(self.ledger.spec, self.cfg, self.region, self.kv.cap * self.region.w)
+            self.migration = [swap, self.swap_traffic(swap), steps, 0, attention]
+            return Cost()
+        cost = at_once_cost(self.ledger.spec, self.swap_traffic(swap))
+        with self.ledger.op("migration"):
+            self.ledger.add(cost)
+        self._swap(swap)
+        return cost
+
+    def _migration_step(self, moe_phase: LinkLoad) -> None:
+        swap, load, steps, done, attention = self.migration
+        cost = min((step_cost(self.ledger.spec, load, steps, busy) for busy in (moe_phase, attention)),
+                   key=lambda c: c.cycles)
+        self.ledger.add(cost)
+        self.migration[3] = done = done + 1
+        if done == steps:  # the last part arrived: the experts compute in their new blocks from now on
+            self.migration = None
+            self._swap(swap)
+            self.swaps.append(swap)
+
+    def _swap(self, swap: Swap) -> None:
+        blocks = list(self.blocks)
+        blocks[swap.a], blocks[swap.b] = blocks[swap.b], blocks[swap.a]
+        self.blocks = tuple(blocks)
+        self.routes = AllToAll(self.cfg.dim, self.region, self.blocks)
