@@ -17,7 +17,7 @@ from waferrt.decode.pack import Chunks, pack_layer
 from waferrt.decode.prefill import full_weights, layer_step, prefill_layer, prefill_layer_cost, prefill_runs
 from waferrt.decode.shards import LayerShard
 from waferrt.model import Sampler, synthetic_llama, tiny_config
-from waferrt.model.reference import layer_forward, layer_prefill, rope_cos_sin
+from waferrt.model.reference import Layer, Rope, layer_forward, layer_prefill, rope_cos_sin
 from waferrt.scheduler import KVReserve, plan
 from waferrt.serving import GenRequest, LocalDecoder, generate_reference
 
@@ -44,14 +44,13 @@ def test_a_prefilled_layer_equals_the_reference_and_the_decode_continues(region,
     kc = np.zeros((CFG.n_kv_heads, 32, CFG.head_dim), np.float32)
     vc = np.zeros_like(kc)
     cos, sin = rope_cos_sin(np.arange(tokens), CFG.head_dim, CFG.rope_theta)
-    want = layer_prefill(x[:tokens], lw, CFG, kc, vc, 0, cos, sin)
+    want = layer_prefill(x[:tokens], Layer(lw, CFG), kc, vc, Rope(np.arange(tokens), cos, sin))
     chunks = Chunks(CFG.dim, region.w)
     got = prefill_layer(shard, chunks.split(x[:tokens]), slot=1)
     np.testing.assert_allclose(chunks.join(got), want, rtol=1e-4, atol=1e-4)
     assert ledger.by_op["prefill"] == prefill_layer_cost(TINY, Decoding(CFG), region, tokens)
     assert shard.kv.positions(1) == list(range(tokens))
-    c1, s1 = rope_cos_sin(tokens, CFG.head_dim, CFG.rope_theta)
-    nxt = layer_forward(x[tokens], lw, CFG, kc, vc, tokens, c1, s1)
+    nxt = layer_forward(x[tokens], Layer(lw, CFG), kc, vc, Rope.at(tokens, CFG))
     got = shard.forward(chunks.split(x[tokens:]), np.array([1]), np.array([tokens]))
     np.testing.assert_allclose(chunks.join(got)[0], nxt, rtol=1e-4, atol=1e-4)
 

@@ -15,7 +15,9 @@ import importlib
 from waferrt.model.config import SMOLLM2_135M, LlamaConfig
 from waferrt.model.reference import (
     KVCache,
+    Layer,
     ReferenceModel,
+    Rope,
     apply_rope,
     attention,
     causal_attention,
@@ -41,7 +43,7 @@ _FILE_READERS = {  # name -> the module that defines it (imported on first use)
 }
 
 __all__ = [
-    "DENSE", "AttentionMode", "KVCache", "LayerWeights", "LlamaConfig", "LlamaWeights", "ReferenceModel",
+    "DENSE", "AttentionMode", "KVCache", "Layer", "LayerWeights", "LlamaConfig", "LlamaWeights", "ReferenceModel", "Rope",
     "SMOLLM2_135M", "Sampler",
     "apply_rope", "attention", "causal_attention", "layer_forward", "layer_prefill", "linear", "rmsnorm",
     "rope", "rope_cos_sin", "silu", "softmax", "swiglu", "synthetic_llama", "tiny_config", *_FILE_READERS,
