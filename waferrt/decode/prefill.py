@@ -34,7 +34,7 @@ from waferrt.core.ledger import Ledger
 from waferrt.core.mesh import Region
 from waferrt.fabric.comm import LineComm
 from waferrt.fabric.kernel import Context
-from waferrt.kernels.attention import causal_attention
+from waferrt.kernels.attention import PromptAttention, causal_attention
 from waferrt.kernels.gemm import Grid, collect, meshgemm, place, spread
 from waferrt.model.config import LlamaConfig
 from waferrt.model.reference import apply_rope, rmsnorm, rope_cos_sin, silu
@@ -117,7 +117,7 @@ class _Mesh:
         T, H, hd = q.shape
         blocks = {n: np.stack([spread(self.grid, self.region.shape, m[:, h]) for h in range(H)], axis=2)
                   for n, m in (("q", q), ("k", k), ("v", v))}
-        run = partial(causal_attention, tokens=T, scale=1.0 / np.sqrt(hd), softmax_flops=EW["softmax"])
+        run = partial(causal_attention, prompt=PromptAttention(T, 1.0 / np.sqrt(hd), EW["softmax"]))
         out = run(self.ctx, **blocks)
         return np.stack([collect("meshgemm", self.grid, out[:, :, h], T, hd) for h in range(H)], axis=1)
 
