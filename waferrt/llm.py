@@ -29,7 +29,7 @@ from waferrt.model.config import LlamaConfig
 from waferrt.model.sampling import Sampler
 from waferrt.serving.engine import Submission, TokenEvent
 from waferrt.serving.host import serve
-from waferrt.serving.requests import Completion, GenRequest, GenStats, OnToken
+from waferrt.serving.requests import Batch, Completion, GenRequest, GenStats, OnToken
 
 from .recovery import assess, recover
 from .runtime import Wafer
@@ -148,8 +148,8 @@ class WaferLLM:
                  keep_logits: bool = False, trace=None) -> tuple[list[Completion], GenStats]:
         """The requests decoded on the tiles; ``trace``: a path to write a Perfetto trace of the run to (or
         True: keep it in ``stats.trace`` only; waferrt.serving.trace)."""
-        return serve(_OnTiles(self), self.setup, self.placement.spec.clock_hz, requests, sampler, on_token,
-                     keep_logits, trace)
+        batch = Batch(tuple(requests), sampler, keep_logits)
+        return serve(_OnTiles(self), self.setup, self.placement.spec.clock_hz, batch, on_token, trace)
 
 
 class _OnTiles:

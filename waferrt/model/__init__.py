@@ -43,8 +43,8 @@ _FILE_READERS = {  # name -> the module that defines it (imported on first use)
 }
 
 __all__ = [
-    "DENSE", "AttentionMode", "KVCache", "Layer", "LayerWeights", "LlamaConfig", "LlamaWeights", "ReferenceModel", "Rope",
-    "SMOLLM2_135M", "Sampler",
+    "DENSE", "AttentionMode", "KVCache", "Layer", "LayerWeights", "LlamaConfig", "LlamaWeights", "ReferenceModel",
+    "Rope", "SMOLLM2_135M", "Sampler",
     "apply_rope", "attention", "causal_attention", "layer_forward", "layer_prefill", "linear", "rmsnorm",
     "rope", "rope_cos_sin", "silu", "softmax", "swiglu", "synthetic_llama", "tiny_config", *_FILE_READERS,
 ]
