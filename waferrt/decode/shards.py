@@ -99,7 +99,7 @@ class LayerShard:
         self.hd_r = arrays["wqkv"].shape[0] // (self.rows * (cfg.n_heads + 2 * cfg.n_kv_heads))
         self.inv_freq, _ = rope_tables(cfg, self.rows)  # (R, hd_r/2)
         cache = FlowKVCache if coll.fast else MeshKVCache  # the same entries, counts and bookings
-        self.kv = cache(cfg, region, kv[0], kv[1], self.hd_r, dtype, self.cx)
+        self.kv = cache(cfg, self.cx, kv[0], kv[1], self.hd_r, dtype)
         self.scale = np.float32(1.0 / np.sqrt(cfg.head_dim))
 
     def _w(self, name: str) -> np.ndarray:
