@@ -18,6 +18,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+from dataclasses import dataclass
 
 from waferrt.core.spec import PRESETS
 
@@ -146,9 +147,9 @@ def run(args) -> int:
                     got, error = llm.generate(requests, sampler)[0], None
                 except Exception as e:  # noqa: BLE001 - reported: what could not be recovered, with the tokens so far
                     got, error = getattr(e, "completions", []), e
-    same = error is None and [c.tokens for c in got] == [c.tokens for c in want]
-    _report(args, plan, session.log, same, error, decode, want, got)
-    return 0 if same else 1
+    outcome = _Outcome(tuple(want), tuple(got), error)
+    _report(args, plan, session.log, outcome, decode)
+    return 0 if outcome.same else 1
 
 
 def _check(args) -> None:
@@ -275,7 +276,22 @@ def _again(args, plan) -> str:
     return " ".join(parts)
 
 
-def _report(args, plan, log, same, error, decode, want, got) -> None:
+@dataclass(frozen=True, eq=False)
+class _Outcome:
+    """The fault-free decode's completions, the faulty one's (those so far, when it failed) and its error."""
+
+    want: tuple
+    got: tuple
+    error: BaseException | None = None
+
+    @property
+    def same(self) -> bool:
+        """Did the decode under faults recover to the fault-free tokens?"""
+        return self.error is None and [c.tokens for c in self.got] == [c.tokens for c in self.want]
+
+
+def _report(args, plan, log, outcome: _Outcome, decode) -> None:
+    same, error, want, got = outcome.same, outcome.error, outcome.want, outcome.got
     counts = log.counts()
     again = _again(args, plan)
     if args.json:
