@@ -11,6 +11,7 @@ imports ``gguf``; nothing on the pure floors imports it.
 from __future__ import annotations
 
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 
 import gguf
@@ -21,8 +22,22 @@ from waferrt.model.gguf_loader import _LAYER_TENSORS
 from waferrt.model.tokenizer import _byte_chars
 
 
-def _metadata(w: gguf.GGUFWriter, config: LlamaConfig, merges: tuple[str, ...], extra_tokens: tuple[str, ...]) -> None:
-    """The llama hyperparameters and a byte-level BPE vocabulary: the 256 byte tokens, then `extra_tokens`,
+@dataclass(frozen=True)
+class Vocab:
+    """The byte-level BPE vocabulary a written GGUF carries besides the 256 byte tokens: its `merges`
+    ("a b" pairs) and the `extra_tokens` after the byte tokens."""
+
+    merges: tuple[str, ...] = ("Ġ t",)
+    extra_tokens: tuple[str, ...] = ()
+
+    def __post_init__(self) -> None:
+        bad = [m for m in self.merges if len(m.split(" ")) != 2]
+        if bad:
+            raise ValueError(f"BPE merges are two tokens joined by one space (e.g. 'Ġ t'); got {bad}")
+
+
+def _metadata(w: gguf.GGUFWriter, config: LlamaConfig, vocab: Vocab) -> None:
+    """The llama hyperparameters and a byte-level BPE vocabulary: the 256 byte tokens, then `vocab.extra_tokens`,
     padded with unused tokens to vocab_size."""
     w.add_block_count(config.n_layers)
     w.add_context_length(config.max_seq_len)
@@ -34,9 +49,9 @@ def _metadata(w: gguf.GGUFWriter, config: LlamaConfig, merges: tuple[str, ...], 
     w.add_layer_norm_rms_eps(config.norm_eps)
     w.add_tokenizer_model("gpt2")
     w.add_tokenizer_pre("smollm")
-    tokens = list(_byte_chars().values()) + list(extra_tokens)
+    tokens = list(_byte_chars().values()) + list(vocab.extra_tokens)
     w.add_token_list(tokens + [f"<unused{i}>" for i in range(config.vocab_size - len(tokens))])
-    w.add_token_merges(list(merges))
+    w.add_token_merges(list(vocab.merges))
     w.add_token_types([1] * config.vocab_size)
     w.add_bos_token_id(1)
     w.add_eos_token_id(2)
@@ -53,12 +68,12 @@ def gguf_name(name: str) -> str:
 
 def write_gguf(
     path: Path, config: LlamaConfig, weights: LlamaWeights, arch: str = "llama", q8_1: str = "",
-    merges: tuple[str, ...] = ("Ġ t",), extra_tokens: tuple[str, ...] = (),
+    vocab: Vocab = Vocab(),
 ) -> None:
     """A llama GGUF holding `weights` as F32 (tensor `q8_1`, if named, as Q8_1 garbage instead). The
-    vocabulary is the 256 byte tokens, then `extra_tokens`, padded with unused tokens to vocab_size."""
+    vocabulary is the 256 byte tokens, then `vocab.extra_tokens`, padded with unused tokens to vocab_size."""
     w = gguf.GGUFWriter(path, arch)
-    _metadata(w, config, merges, extra_tokens)
+    _metadata(w, config, vocab)
     tensors = {"token_embd.weight": weights.embed, "output_norm.weight": weights.final_norm}
     if not weights.tied:
         tensors["output.weight"] = weights.head
@@ -81,7 +96,7 @@ def write_tensors(path: Path, config: LlamaConfig, tensors: Iterator[tuple[str, 
     """A llama GGUF of `tensors` -- (name, array) in ``synthetic_tensors``' names and order, every array of
     numpy `dtype` (float32: F32, float16: F16) -- written as they come: one array held at a time."""
     w = gguf.GGUFWriter(path, "llama")
-    _metadata(w, config, ("Ġ t",), ("Ġt",))  # one merge, so that the BPE has one to make
+    _metadata(w, config, Vocab(("Ġ t",), ("Ġt",)))  # one merge, so that the BPE has one to make
     for name, shape in _shapes(config).items():
         w.add_tensor_info(gguf_name(name), shape, np.dtype(dtype), int(np.prod(shape)) * np.dtype(dtype).itemsize)
     w.write_header_to_file()
