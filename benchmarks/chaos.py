@@ -111,12 +111,12 @@ def _wafer(cfg, weights, cluster, dead):
 def _draw(args, run: int, llm):
     from waferrt.decode.program import crossings
     from waferrt.faults import KINDS, FaultPlan
-    from waferrt.faults.model import border_links
+    from waferrt.faults.model import Targets, border_links
 
     p = llm.placement
     cores = {c for _, r in p.regions() for c in r.cores()} - p.mesh.dead
-    return FaultPlan.random(args.seed * 1000 + run, args.faults, p.mesh, KINDS, 10, cores, nodes=args.nodes,
-                            links=border_links(p.mesh, crossings(llm.setup)))
+    where = Targets(p.mesh, cores, border_links(p.mesh, crossings(llm.setup)), args.nodes)
+    return FaultPlan.random(args.seed * 1000 + run, args.faults, where, KINDS, 10)
 
 
 def _run(llm, plan_, cluster, requests, sampler, want):

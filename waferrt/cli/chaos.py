@@ -237,7 +237,7 @@ def _plan(args, llm):
     import dataclasses
 
     from waferrt.decode.program import crossings
-    from waferrt.faults import FaultPlan
+    from waferrt.faults import FaultPlan, Targets
     from waferrt.faults.model import border_links
 
     if args.plan:
@@ -250,8 +250,8 @@ def _plan(args, llm):
         if "corrupt" in args.kinds and not links and len(args.kinds) > 1:
             say("no corrupt faults drawn: every stage runs on one tile, so no payload crosses a tile border")
         try:
-            plan = FaultPlan.random(args.seed, args.faults, p.mesh, args.kinds, args.max_new_tokens, cores,
-                                    nodes=args.nodes, links=links)
+            plan = FaultPlan.random(args.seed, args.faults, Targets(p.mesh, cores, links, args.nodes), args.kinds,
+                                    args.max_new_tokens)
         except ValueError as e:  # nothing left to draw: corrupt alone where no payload crosses a tile border
             raise UsageError(f"--kinds {','.join(args.kinds)}: {e}") from None
     if args.policy:

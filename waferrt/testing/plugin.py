@@ -152,13 +152,13 @@ class FaultPlans:
     def _seed(self, i: int) -> int:
         return zlib.crc32(f"{self.campaign}:{self.nodeid}:{i}".encode())
 
-    def __call__(self, n: int = 1, kinds=("core", "link"), steps: int = 5, mesh=None, **options):
-        """A FaultPlan of `n` faults of `kinds`, each firing at a kernel command in [1, `steps`] (see
-        waferrt.faults.FaultPlan.random for `options`), on `mesh` (default: the wafer fixture's)."""
+    def __call__(self, n: int = 1, kinds=("core", "link"), steps: int = 5, mesh=None, policy: str = "tolerant"):
+        """A FaultPlan of `n` faults of `kinds`, each firing at a kernel command in [1, `steps`], on `mesh`
+        (default: the wafer fixture's; or a waferrt.faults.Targets, see waferrt.faults.FaultPlan.random)."""
         from waferrt.faults.model import FaultPlan
 
         plan = FaultPlan.random(self._seed(self.drawn), n, mesh or self.mesh, kinds=tuple(kinds), steps=steps,
-                                **options)
+                                policy=policy)
         self.drawn += 1
         return plan
 
