@@ -90,15 +90,18 @@ def _wafer(cfg, weights, cluster, dead):
     """A wafer planned over the cluster's nodes as they are now, around `dead` (the mesh with its dead cores and
     the dead links of the last wafer; None: a whole new mesh) when the model still fits around them with every
     region inside one tile (the decode's rule)."""
+    from dataclasses import replace
+
     from waferrt.core.mesh import MeshSpec
     from waferrt.core.spec import TINY
     from waferrt.decode.setup import PlacementError
-    from waferrt.llm import WaferLLM
+    from waferrt.llm import LLM_LAUNCH, WaferLLM
     from waferrt.scheduler import KVReserve, PlanError, plan
 
     def planned(mesh, links):
         placement = plan(cfg, TINY, mesh, kv=KVReserve(48, 3), nodes=cluster.node_infos(), dead_links=links)
-        return WaferLLM(cfg, weights, placement, address=cluster.address)  # refuses a region across tiles
+        launch = replace(LLM_LAUNCH, address=cluster.address)
+        return WaferLLM(cfg, weights, placement, launch=launch)  # refuses a region across tiles
 
     try:
         llm = planned(*(dead or (MeshSpec(24, 16, 8, 8), frozenset())))

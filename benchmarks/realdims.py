@@ -147,10 +147,12 @@ def wafer(placement, weights, reqs, how, times: dict) -> dict:
     """Decode `reqs` on the tiles (`how`: the sampler and the cluster's address): tokens, stats, setup, and per
     tile (pid, RSS now, peak RSS, bytes held)."""
     greedy, address = how
-    from waferrt.actors.tile import Tile
-    from waferrt.llm import WaferLLM
+    from dataclasses import replace
 
-    llm = WaferLLM(placement.config, None, placement, address=address)
+    from waferrt.actors.tile import Tile
+    from waferrt.llm import LLM_LAUNCH, WaferLLM
+
+    llm = WaferLLM(placement.config, None, placement, launch=replace(LLM_LAUNCH, address=address))
     try:
         with timed("wafer: tile actors up, SRAM booked", times):
             llm.open()

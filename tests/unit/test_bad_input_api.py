@@ -16,7 +16,7 @@ from waferrt.core.layout import Layout
 from waferrt.core.mesh import MeshSpec, MeshTooLarge, Region, TooManyTiles
 from waferrt.core.spec import TINY
 from waferrt.model import tiny_config
-from waferrt.runtime import Wafer, WaferClosed
+from waferrt.runtime import Launch, Wafer, WaferClosed
 from waferrt.scheduler import KVReserve, NodeInfo, PlanError, plan
 
 R = Region(0, 0, 4, 2)
@@ -60,13 +60,14 @@ CASES = [
      "a 100x2 mesh does not fit on the tiny wafer"),
     ("wafer of 1x1 tiles", lambda: Wafer(spec="tiny", mesh=(64, 64), tile=(1, 1)), TooManyTiles,
      "is 4,096 tile actors"),
-    ("wafer max_tiles 0", lambda: Wafer(spec="tiny", mesh=(64, 64), tile=(1, 1), max_tiles=0), ValueError,
+    ("wafer max_tiles 0", lambda: Wafer(spec="tiny", mesh=(64, 64), tile=(1, 1), launch=Launch(max_tiles=0)),
+     ValueError,
      "max_tiles must be at least 1"),
     ("wafer mesh not a pair", lambda: Wafer(mesh=8), TypeError, "mesh is a (width, height) pair"),
-    ("wafer zero timeout", lambda: Wafer(timeout=0), ValueError, "a number > 0; got 0"),
-    ("wafer nan timeout", lambda: Wafer(timeout=math.nan), ValueError, "a number > 0; got nan"),
+    ("wafer zero timeout", lambda: Wafer(launch=Launch(timeout=0)), ValueError, "a number > 0; got 0"),
+    ("wafer nan timeout", lambda: Wafer(launch=Launch(timeout=math.nan)), ValueError, "a number > 0; got nan"),
     ("wafer unknown spec", lambda: Wafer(spec="wse9"), ValueError, "unknown hardware spec 'wse9'"),
-    ("wafer address not a str", lambda: Wafer(address=6379), TypeError, "address is a str"),
+    ("wafer address not a str", lambda: Wafer(launch=Launch(address=6379)), TypeError, "address is a str"),
     ("alloc before open", lambda: Wafer(mesh=(4, 2), tile=(2, 2)).dsm.alloc("x", (2, 4)), WaferClosed,
      "this Wafer is not open yet; open it with `with wafer:` or wafer.open()"),
     ("run before open", lambda: Wafer(mesh=(4, 2), tile=(2, 2)).run(lambda ctx: None), WaferClosed,

@@ -188,11 +188,13 @@ def _check(args) -> None:
 
 def _wafer_llm(config, placement, address):
     """The planned WaferLLM, or UsageError when the decode cannot run on these tiles (a region over two)."""
+    from dataclasses import replace
+
     from waferrt.decode.setup import PlacementError
-    from waferrt.llm import WaferLLM
+    from waferrt.llm import LLM_LAUNCH, WaferLLM
 
     try:
-        return WaferLLM(config, None, placement, address=address)
+        return WaferLLM(config, None, placement, launch=replace(LLM_LAUNCH, address=address))
     except PlacementError as e:
         raise UsageError(str(e)) from None
 

@@ -257,13 +257,15 @@ def _weights(model):
 
 def _wafer(args, placement):
     """The planned WaferLLM (not started yet), or a one-line reason why this model cannot run here."""
+    from dataclasses import replace
+
     from waferrt.decode.setup import PlacementError
     from waferrt.fabric.comm import Collectives
-    from waferrt.llm import WaferLLM
+    from waferrt.llm import LLM_LAUNCH, WaferLLM
 
     try:
-        llm = WaferLLM(placement.config, None, placement, address=args.address,
-                       collectives=Collectives(args.algo), max_tiles=args.max_tiles)
+        llm = WaferLLM(placement.config, None, placement, collectives=Collectives(args.algo),
+                       launch=replace(LLM_LAUNCH, address=args.address, max_tiles=args.max_tiles))
         return llm.use_prefill(args.prefill)
     except PlacementError as e:
         raise UsageError(str(e)) from None

@@ -126,12 +126,13 @@ def waferrt_ray():
 @pytest.fixture
 def wafer(request):
     """A Wafer for this test (see the ``wafer`` marker), with the ``faults`` marker's faults injected."""
-    from waferrt.runtime import Wafer
+    from waferrt.runtime import Launch, Wafer
 
     faults, options = _marked_faults(request.node), _options(request.node)
     if options["backend"] == "ray":
         request.getfixturevalue("waferrt_ray")
-    with Wafer(**options) as w:
+    launch = Launch(timeout=options.pop("timeout"))  # the marker names the timeout alone
+    with Wafer(**options, launch=launch) as w:
         for f in faults:
             w.inject(f)
         yield w
