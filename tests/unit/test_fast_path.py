@@ -13,7 +13,7 @@ from waferrt.core.mesh import Region
 from waferrt.core.spec import TINY, WSE2
 from waferrt.decode.pack import pack_embed, pack_layer
 from waferrt.decode.shards import EmbedShard, LayerShard
-from waferrt.fabric.comm import Collectives, LineComm
+from waferrt.fabric.comm import Collectives, LineComm, Span
 from waferrt.model import synthetic_llama, tiny_config
 
 SHAPES = [(1, 1), (1, 6), (5, 1), (2, 3), (4, 5), (3, 7), (8, 16)]  # (rows, cols)
@@ -44,7 +44,7 @@ def test_allreduce_fast_equals_hop_by_hop(rows, cols, algo, axis):
     ledgers = {}
     for fast in (True, False):
         ledgers[fast] = Ledger(WSE2)
-        comm = LineComm(axis, region, region, None, ledgers[fast], fast=fast)
+        comm = LineComm(axis, Span.of(region), ledgers[fast], fast=fast)
         with ledgers[fast].op("test"):
             out[fast] = (comm.allreduce(buf, algo, 2, "sum", collapse=True),
                          comm.allreduce(buf, algo, 3, "max"),

@@ -39,7 +39,7 @@ import numpy as np
 from waferrt.core.cost import Cost
 from waferrt.core.ledger import Ledger
 from waferrt.core.mesh import Dir, MeshSpec, TileId
-from waferrt.fabric.comm import LineComm
+from waferrt.fabric.comm import LineComm, Span
 from waferrt.faults.errors import CoreFailed, LinkFailed
 from waferrt.faults.model import CoreFailure
 from waferrt.faults.state import FaultState
@@ -303,7 +303,7 @@ class TileProgram:
             x = shard.forward(x, meta[:, 0], meta[:, 2])
             shard.arrays = {}
         else:
-            comm = LineComm("x", region, region, None, self.ledger, fast=st.collectives.fast)
+            comm = LineComm("x", Span.of(region), self.ledger, fast=st.collectives.fast)
             chunks = (self.store.head(k) for k in range(self.store.head_count))
             with self.ledger.op("head"):
                 out = streamed_logits(comm, st.collectives, st.config, chunks, x[want], st.dtype)

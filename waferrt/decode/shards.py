@@ -21,7 +21,7 @@ import numpy as np
 from waferrt.core.dtypes import to_f32
 from waferrt.core.ledger import Ledger
 from waferrt.core.mesh import Region
-from waferrt.fabric.comm import KTREE_FAST, Collectives, LineComm
+from waferrt.fabric.comm import KTREE_FAST, Collectives, LineComm, Span
 from waferrt.model.config import LlamaConfig
 from waferrt.model.reference import apply_rope, silu
 
@@ -94,8 +94,8 @@ class LayerShard:
         self.cfg, self.region, self.ledger, self.coll = cfg, region, ledger, coll
         self.arrays, self.dtype = arrays, dtype  # weights and K/V are stored in `dtype`, computed in float32
         self.rows, self.cols = region.h, region.w
-        self.cx = LineComm("x", region, region, None, ledger, fast=coll.fast)
-        self.cy = LineComm("y", region, region, None, ledger, fast=coll.fast)
+        self.cx = LineComm("x", Span.of(region), ledger, fast=coll.fast)
+        self.cy = LineComm("y", Span.of(region), ledger, fast=coll.fast)
         self.hd_r = arrays["wqkv"].shape[0] // (self.rows * (cfg.n_heads + 2 * cfg.n_kv_heads))
         self.inv_freq, _ = rope_tables(cfg, self.rows)  # (R, hd_r/2)
         cache = FlowKVCache if coll.fast else MeshKVCache  # the same entries, counts and bookings
@@ -196,7 +196,7 @@ class EmbedShard:
         self.table, self.norm = arrays["table"], arrays["final_norm"]  # (R*voc_r, C*dim_c), (C, dim_c)
         self.rows, self.cols = region.h, region.w
         self.vocab = Chunks(cfg.vocab_size, region.h)
-        self.cx = LineComm("x", region, region, None, ledger, fast=coll.fast)
+        self.cx = LineComm("x", Span.of(region), ledger, fast=coll.fast)
 
     def lookup(self, tokens: np.ndarray) -> np.ndarray:
         """The embedding rows of `tokens` (B,), each as (C, dim_c) in the core row that holds it."""

@@ -58,11 +58,36 @@ class Collectives:
 KTREE_FAST = Collectives()  # the default: K-tree with K=2, fast path
 
 
+@dataclass(frozen=True, eq=False)
+class Span:
+    """Where a kernel, or a line's collectives, run: the whole `region`, the `tile` this program runs on
+    (its cores of the region: ``local``), and the links to the neighbour tiles (None: the region lies
+    wholly in this tile, nothing crosses a tile border)."""
+
+    region: Region
+    tile: Region
+    links: Links | None = None
+
+    def __post_init__(self) -> None:
+        if self.region.intersect(self.tile) is None:
+            raise ValueError(f"the kernel's region {self.region} has no core in the tile {self.tile}")
+
+    @classmethod
+    def of(cls, region: Region) -> Span:
+        """A region wholly in this tile."""
+        return cls(region, region)
+
+    @property
+    def local(self) -> Region:
+        """This tile's cores of the region."""
+        return self.region.intersect(self.tile)
+
+
 class LineComm:
-    def __init__(self, axis: str, region: Region, local: Region, links: Links | None, ledger: Ledger,
-                 tag_prefix: str = "", fast: bool = False):
+    def __init__(self, axis: str, span: Span, ledger: Ledger, tag_prefix: str = "", fast: bool = False):
         if axis not in ("x", "y"):
             raise ValueError(f"a line runs along mesh axis 'x' or 'y', got {axis!r}")
+        region, local, links = span.region, span.local, span.links
         self.axis, self.region, self.local, self.links, self.ledger = axis, region, local, links, ledger
         self.fast = fast and local == region  # the fast path needs every core of the region in this tile
         if axis == "x":

@@ -30,12 +30,12 @@ import numpy as np
 
 from waferrt.core.cost import reduce_flops
 from waferrt.core.ledger import Ledger
-from waferrt.core.mesh import Coord, Dir, Region
+from waferrt.core.mesh import Coord, Dir
 from waferrt.faults.faultmap import FaultMap
 
-from .comm import LineComm
+from .comm import LineComm, Span
 from .debug import user_site
-from .links import FabricProtocolError, Links
+from .links import FabricProtocolError
 from .misuse import from_neighbour
 from .view import RegionView
 
@@ -58,12 +58,11 @@ class Context(RegionView):
            [0., 4., 5., 6.]], dtype=float32)
     """
 
-    def __init__(self, region: Region, tile: Region, links: Links | None, ledger: Ledger, store: dict,
-                 tag: str = "", faults: FaultMap | None = None):
-        super().__init__(region, tile, store, faults, ledger.spec)
+    def __init__(self, span: Span, ledger: Ledger, store: dict, tag: str = "", faults: FaultMap | None = None):
+        super().__init__(span.region, span.tile, store, faults, ledger.spec)
         self.ledger, self.tag = ledger, tag
-        self.x = LineComm("x", region, self.local, links, ledger, f"{tag}:")
-        self.y = LineComm("y", region, self.local, links, ledger, f"{tag}:")
+        self.x = LineComm("x", span, ledger, f"{tag}:")
+        self.y = LineComm("y", span, ledger, f"{tag}:")
         self.calls: list[tuple[str, str]] = []  # (primitive, its line) run so far: the tiles compare the primitives
 
     def _comm(self, axis: str) -> tuple[LineComm, int]:
