@@ -13,7 +13,7 @@ from waferrt.core.mesh import Region
 from waferrt.core.spec import TINY, WSE2
 from waferrt.decode.pack import pack_embed, pack_layer
 from waferrt.decode.shards import EmbedShard, LayerShard
-from waferrt.fabric.comm import Collectives, LineComm, Span
+from waferrt.fabric.comm import Collectives, LineComm, Slices, Span
 from waferrt.model import synthetic_llama, tiny_config
 
 SHAPES = [(1, 1), (1, 6), (5, 1), (2, 3), (4, 5), (3, 7), (8, 16)]  # (rows, cols)
@@ -46,9 +46,9 @@ def test_allreduce_fast_equals_hop_by_hop(rows, cols, algo, axis):
         ledgers[fast] = Ledger(WSE2)
         comm = LineComm(axis, Span.of(region), ledgers[fast], fast=fast)
         with ledgers[fast].op("test"):
-            out[fast] = (comm.allreduce(buf, algo, 2, "sum", collapse=True),
-                         comm.allreduce(buf, algo, 3, "max"),
-                         comm.allreduce(buf[:, 0], algo, 2, "sum", replicated=True, collapse=True))
+            out[fast] = (comm.allreduce(buf, Collectives(algo, 2), "sum", collapse=True),
+                         comm.allreduce(buf, Collectives(algo, 3), "max"),
+                         comm.allreduce(buf[:, 0], Collectives(algo, 2), "sum", Slices(replicated=True), collapse=True))
     for f, c in zip(out[True], out[False], strict=True):
         np.testing.assert_allclose(f, c, rtol=1e-5, atol=1e-5)
     _same_counts(ledgers[True], ledgers[False])

@@ -21,7 +21,7 @@ import numpy as np
 from waferrt.core.dtypes import to_f32
 from waferrt.core.ledger import Ledger
 from waferrt.core.mesh import Region
-from waferrt.fabric.comm import KTREE_FAST, Collectives, LineComm, Span
+from waferrt.fabric.comm import KTREE_FAST, Collectives, LineComm, Slices, Span
 from waferrt.model.config import LlamaConfig
 from waferrt.model.reference import apply_rope, silu
 
@@ -37,7 +37,7 @@ def mesh_rmsnorm(comm: LineComm, x: np.ndarray, w: np.ndarray, cfg: LlamaConfig,
         ss = np.einsum("bcd,bcd->b", x, x)  # (B,)
         book_allreduce(comm, coll, x.shape[0], replicated=True)
     else:
-        ss = comm.allreduce((x * x).sum(axis=2), coll.algo, coll.k, array_axis=1, replicated=True,
+        ss = comm.allreduce((x * x).sum(axis=2), coll, slices=Slices(1, replicated=True),
                             collapse=True)  # (B,)
     comm.ledger.compute(EW["rmsnorm"] * x.shape[0] * x.shape[2])
     scale = np.float32(1.0) / np.sqrt(ss / np.float32(cfg.dim) + np.float32(cfg.norm_eps))
@@ -84,7 +84,7 @@ def mesh_gemv(comm: LineComm, coll: Collectives, w: np.ndarray, x: np.ndarray) -
         return matmul_rows(w, x.reshape(B, P * i)).reshape(B, Q, -1)
     per_core = w.reshape(-1, P, i).transpose(1, 2, 0)  # (P, i, Q*o): each core's blocks, every line's
     part = np.matmul(x.transpose(1, 0, 2), per_core).reshape(P, B, Q, -1)  # every core's block GEMV, all items
-    return comm.allreduce(part, coll.algo, coll.k, array_axis=0, collapse=True, overwrite=True)
+    return comm.allreduce(part, coll, collapse=True, overwrite=True)
 
 
 class LayerShard:
@@ -117,21 +117,21 @@ class LayerShard:
         part = np.matmul(q.reshape(B, self.rows, nkv, rep, self.hd_r), kc)  # (B, R, nkv, rep, m*C)
         self.ledger.compute(2 * B * nkv * rep * self.hd_r * m)
         part = part.reshape(B, self.rows, nkv, rep, m, self.cols)
-        scores = self.cy.allreduce(part, coll.algo, coll.k, array_axis=1, collapse=True,
+        scores = self.cy.allreduce(part, coll, slices=Slices(1), collapse=True,
                                    overwrite=True)  # (B, nkv, rep, m, C)
         valid = self.kv.visible(slots, poss, m)[:, None, None]  # (B, 1, 1, m, C)
         scores = np.where(valid, scores * self.scale, np.float32(-np.inf))
-        top = self.cx.allreduce(scores.max(axis=3), coll.algo, coll.k, op="max", array_axis=3, replicated=True,
+        top = self.cx.allreduce(scores.max(axis=3), coll, "max", Slices(3, replicated=True),
                                 collapse=True)  # (B, nkv, rep)
         e = np.where(valid, np.exp(scores - top[..., None, None]), np.float32(0))
-        total = self.cx.allreduce(e.sum(axis=3), coll.algo, coll.k, array_axis=3, replicated=True,
+        total = self.cx.allreduce(e.sum(axis=3), coll, slices=Slices(3, replicated=True),
                                   collapse=True)  # (B, nkv, rep)
         p = (e / total[..., None, None]).transpose(0, 4, 1, 2, 3)  # (B, C, nkv, rep, m)
         self.ledger.compute(EW["softmax"] * B * nkv * rep * m)
         out = np.matmul(p, vc)  # (B, C, nkv, rep, R*hd_r)
         self.ledger.compute(2 * B * nkv * rep * self.hd_r * m)
         out = out.reshape(B, self.cols, nkv, rep, self.rows, self.hd_r)
-        a = self.cx.allreduce(out, coll.algo, coll.k, array_axis=1, collapse=True,
+        a = self.cx.allreduce(out, coll, slices=Slices(1), collapse=True,
                               overwrite=True)  # (B, nkv, rep, R, hd_r)
         return a.transpose(0, 3, 1, 2, 4).reshape(B, self.rows, -1)
 

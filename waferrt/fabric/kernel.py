@@ -33,7 +33,7 @@ from waferrt.core.ledger import Ledger
 from waferrt.core.mesh import Coord, Dir
 from waferrt.faults.faultmap import FaultMap
 
-from .comm import LineComm, Span
+from .comm import Collectives, LineComm, Slices, Span
 from .debug import user_site
 from .links import FabricProtocolError
 from .misuse import from_neighbour
@@ -201,7 +201,7 @@ class Context(RegionView):
             comm, ax = self._comm(axis)
             self._need(f"ctx.allreduce along {axis}", axis=axis)
             with self.ledger.op(f"allreduce.{algo}"):
-                out = comm.allreduce(buf, algo, k, op, ax)
+                out = comm.allreduce(buf, Collectives(algo, k), op, Slices(ax))
                 self.ledger.compute(reduce_flops(algo, comm.n, _block_values(buf), k))
             return out
 
@@ -227,7 +227,7 @@ class Context(RegionView):
             with self.ledger.op("gemv"):
                 y = np.matmul(w, x[..., None])[..., 0]
                 self.ledger.compute(2 * w.shape[-1] * w.shape[-2])
-                out = comm.allreduce(y, algo, k, "sum", ax)
+                out = comm.allreduce(y, Collectives(algo, k), "sum", Slices(ax))
                 self.ledger.compute(reduce_flops(algo, comm.n, _block_values(y), k))
                 return out
 
