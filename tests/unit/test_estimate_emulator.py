@@ -33,7 +33,8 @@ W = synthetic_llama(CFG, seed=0)
                                                   (8, 8, 40, 4), (2, 5, 9, 1)])
 def test_a_layer_books_its_closed_form(w, h, kv_tokens, batch):
     region, ledger = Region(0, 0, w, h), Ledger(TINY)
-    shard = LayerShard(CFG, region, pack_layer(CFG, W.layers[0], region, "float32"), (batch, kv_tokens), ledger)
+    arrays = pack_layer(CFG, W.layers[0], region, "float32")
+    shard = LayerShard(Decoding(CFG), region, arrays, (batch, kv_tokens), ledger)
     chunks = Chunks(CFG.dim, w)
     for pos in range(4):  # the K/V shift moves pos % w columns: none at pos 0, then 1, 2, ...
         ledger.clear()

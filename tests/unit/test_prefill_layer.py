@@ -38,7 +38,7 @@ def test_full_weights_are_the_reference_layers(region):
 @pytest.mark.parametrize("region", REGIONS, ids=lambda r: f"{r.w}x{r.h}")
 def test_a_prefilled_layer_equals_the_reference_and_the_decode_continues(region, tokens):
     lw, ledger = W.layers[0], Ledger(TINY)
-    shard = LayerShard(CFG, region, pack_layer(CFG, lw, region), (2, 32), ledger)
+    shard = LayerShard(Decoding(CFG), region, pack_layer(CFG, lw, region), (2, 32), ledger)
     rng = np.random.default_rng(tokens)
     x = rng.standard_normal((tokens + 1, CFG.dim)).astype(np.float32)
     kc = np.zeros((CFG.n_kv_heads, 32, CFG.head_dim), np.float32)
@@ -63,7 +63,7 @@ HALF_FAST = TINY.replace(half_flops_per_cycle=4 * TINY.flops_per_cycle)  # 16-bi
 def test_a_prefill_books_its_closed_form_at_the_storage_dtypes_rate(region, dtype):
     """The shard's ledger computes at its storage dtype's rate; so does prefill_layer_cost (Decoding.dtype)."""
     ledger = Ledger(HALF_FAST, dtype)
-    shard = LayerShard(CFG, region, pack_layer(CFG, W.layers[0], region, dtype), (2, 32), ledger, dtype=dtype)
+    shard = LayerShard(Decoding(CFG, dtype), region, pack_layer(CFG, W.layers[0], region, dtype), (2, 32), ledger)
     x = np.random.default_rng(1).standard_normal((9, CFG.dim)).astype(np.float32)
     prefill_layer(shard, Chunks(CFG.dim, region.w).split(x), slot=0)
     assert ledger.by_op["prefill"] == prefill_layer_cost(HALF_FAST, Decoding(CFG, dtype), region, 9)
@@ -74,7 +74,7 @@ def test_a_micro_batch_prefills_its_whole_prompts_and_decodes_the_rest():
                      [2, 4, 4, 1, 2]])
     assert [r.tolist() for r in prefill_runs(meta)] == [[1, 2, 3]]
     region = Region(0, 0, 4, 4)
-    mixed, alone = (LayerShard(CFG, region, pack_layer(CFG, W.layers[0], region), (3, 32), Ledger(TINY))
+    mixed, alone = (LayerShard(Decoding(CFG), region, pack_layer(CFG, W.layers[0], region), (3, 32), Ledger(TINY))
                     for _ in "ab")
     x = np.random.default_rng(0).standard_normal((6, 4, 16)).astype(np.float32)
     for shard in (mixed, alone):  # slots 0 and 2 hold earlier positions

@@ -155,8 +155,7 @@ class TileProgram:
         st = self.setup
         arrays = pack_stage(st, s, raw)
         if kind == "layer":
-            self.layers[s] = LayerShard(st.config, region, arrays, (st.slots, st.kv_tokens), self.ledger,
-                                        st.collectives, st.dtype)
+            self.layers[s] = LayerShard(st.decoding, region, arrays, (st.slots, st.kv_tokens), self.ledger)
         else:
             self.embed = EmbedShard(st.config, region, arrays, self.ledger, st.collectives, st.dtype)
 
@@ -296,8 +295,7 @@ class TileProgram:
         elif kind == "layer":
             arrays = self.store.layer(layer)
             if s not in self.layers:  # its K/V stays on the wafer from the first run on
-                self.layers[s] = LayerShard(st.config, region, arrays, (st.slots, st.kv_tokens), self.ledger,
-                                            st.collectives, st.dtype)
+                self.layers[s] = LayerShard(st.decoding, region, arrays, (st.slots, st.kv_tokens), self.ledger)
             shard = self.layers[s]
             shard.arrays = arrays
             x = shard.forward(x, meta[:, 0], meta[:, 2])

@@ -26,6 +26,7 @@ from waferrt.model.config import LlamaConfig
 from waferrt.model.reference import apply_rope, silu
 
 from .cost import ELEMENTWISE_FLOPS as EW
+from .cost import Decoding
 from .kvcache import FlowKVCache, MeshKVCache
 from .pack import Chunks, rope_tables
 
@@ -88,9 +89,10 @@ def mesh_gemv(comm: LineComm, coll: Collectives, w: np.ndarray, x: np.ndarray) -
 
 
 class LayerShard:
-    def __init__(self, cfg: LlamaConfig, region: Region, arrays: dict, kv: tuple[int, int], ledger: Ledger,
-                 coll: Collectives = KTREE_FAST, dtype: str = "float32"):
-        """`arrays` from pack_layer; `kv` = (requests, positions per request) of the K/V caches."""
+    def __init__(self, dec: Decoding, region: Region, arrays: dict, kv: tuple[int, int], ledger: Ledger):
+        """`dec`: the model, the storage dtype, the collectives; `arrays` from pack_layer; `kv` = (requests,
+        positions per request) of the K/V caches."""
+        cfg, coll, dtype = dec.config, dec.coll, dec.dtype
         self.cfg, self.region, self.ledger, self.coll = cfg, region, ledger, coll
         self.arrays, self.dtype = arrays, dtype  # weights and K/V are stored in `dtype`, computed in float32
         self.rows, self.cols = region.h, region.w
