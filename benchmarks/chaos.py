@@ -96,10 +96,11 @@ def _wafer(cfg, weights, cluster, dead):
     from waferrt.core.spec import TINY
     from waferrt.decode.setup import PlacementError
     from waferrt.llm import LLM_LAUNCH, WaferLLM
-    from waferrt.scheduler import KVReserve, PlanError, plan
+    from waferrt.scheduler import KVReserve, PlanError, PlanOptions, plan
 
     def planned(mesh, links):
-        placement = plan(cfg, TINY, mesh, kv=KVReserve(48, 3), nodes=cluster.node_infos(), dead_links=links)
+        placement = plan(cfg, TINY, mesh, kv=KVReserve(48, 3),
+                         options=PlanOptions(nodes=cluster.node_infos(), dead_links=links))
         launch = replace(LLM_LAUNCH, address=cluster.address)
         return WaferLLM(cfg, weights, placement, launch=launch)  # refuses a region across tiles
 

@@ -29,7 +29,7 @@ from waferrt.decode import layout as dl
 from . import budget
 from .geometry import Obstacles, check_links, cores_in, link_inside, tiles_spanned
 from .placement import plan, plan_streaming, violations
-from .types import Placement, PlanError
+from .types import Placement, PlanError, PlanOptions
 
 
 @dataclass(frozen=True)
@@ -196,7 +196,8 @@ def _moves(old: Placement, new: Placement) -> tuple[Move, ...]:
 def _replan_streaming(p: Placement, mesh: MeshSpec, links: frozenset, broken: list[str]) -> Replan:
     """The streaming region planned afresh around the dead (module docstring)."""
     try:
-        new = plan_streaming(p.config, p.spec, mesh, kv=p.kv, nodes=p.nodes, dtype=p.dtype, dead_links=links)
+        new = plan_streaming(p.config, p.spec, mesh, kv=p.kv,
+                             options=PlanOptions(dtype=p.dtype, nodes=p.nodes, dead_links=links))
     except PlanError as e:
         raise PlanError(f"cannot re-plan the streaming region {p.embed} that the failure breaks: {e}") from None
     return Replan(new, _moves(p, new), tuple(broken), "fresh")
@@ -232,8 +233,8 @@ def replan(placement: Placement, dead_cores: frozenset[Coord] = frozenset(),
             raise PlanError("the local repair broke a rule (a bug in waferrt.scheduler): " + "; ".join(bad))
         return Replan(new, _moves(p, new), tuple(broken), "local")
     try:
-        new = plan(p.config, p.spec, mesh, kv=p.kv, nodes=p.nodes, dtype=p.dtype, dead_links=links,
-                   strategy=p.strategy)
+        new = plan(p.config, p.spec, mesh, kv=p.kv,
+                   options=PlanOptions(dtype=p.dtype, strategy=p.strategy, nodes=p.nodes, dead_links=links))
     except PlanError as e:
         raise PlanError(f"cannot re-plan: the failure breaks {', '.join(broken)}; there is no free room to "
                         f"move them and no fresh plan fits the damaged mesh either: {e}") from None

@@ -3,7 +3,7 @@
 Contract (pure): ``choose(config, spec, kv, objective, mesh_for, dtype, nodes, tried) -> Choice``. For every
 strategy in `tried` (default ``wafer.strategies``: one layer per region, groups of 2, 4, 8, 16 layers per
 region, all layers in one region) it plans the model on ``mesh_for(strategy)`` (the mesh the user gave, or
-each strategy's default mesh) with ``placement.plan(..., strategy=...)``, times the placement with
+each strategy's default mesh) with ``placement.plan(..., options=PlanOptions(strategy=...))``, times the placement with
 ``estimate.placement_seconds`` -- the closed forms the tiles book, every request at its own pace: one
 request's time per token (latency) and a steady round of ``kv.requests`` requests in flight (throughput)
 -- and keeps the best for the objective. ``Choice.why`` says what won, the runners-up's modelled numbers
@@ -23,7 +23,7 @@ from waferrt.model.config import LlamaConfig
 
 from .estimate import OBJECTIVES, explain, placement_seconds
 from .placement import plan
-from .types import DEFAULT_NODES, KVReserve, NodeInfo, Placement, PlanError, Strategy
+from .types import DEFAULT_NODES, KVReserve, NodeInfo, Placement, PlanError, PlanOptions, Strategy
 from .wafer import strategies
 
 STRATEGY_HELP = ("layer (every layer its own region: a pipeline), tensor (one region runs every layer: WaferLLM's "
@@ -108,7 +108,8 @@ def choose(config: LlamaConfig, spec: HardwareSpec, kv: KVReserve, objective: st
     found, refused = [], []
     for s in tried or strategies(config.n_layers):
         try:
-            found.append(timed(plan(config, spec, mesh_for(s), kv=kv, dtype=dtype, nodes=nodes, strategy=s)))
+            found.append(timed(plan(config, spec, mesh_for(s), kv=kv,
+                                    options=PlanOptions(dtype=dtype, strategy=s, nodes=nodes))))
         except PlanError as e:
             refused.append((s, str(e).split(": it needs")[0].split("; ")[0]))
     if not found:

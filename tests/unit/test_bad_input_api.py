@@ -17,7 +17,7 @@ from waferrt.core.mesh import MeshSpec, MeshTooLarge, Region, TooManyTiles
 from waferrt.core.spec import TINY
 from waferrt.model import tiny_config
 from waferrt.runtime import Launch, Wafer, WaferClosed
-from waferrt.scheduler import KVReserve, NodeInfo, PlanError, plan
+from waferrt.scheduler import KVReserve, NodeInfo, PlanError, PlanOptions, plan
 
 R = Region(0, 0, 4, 2)
 CFG = tiny_config()
@@ -55,7 +55,7 @@ CASES = [
     ("plan beyond the wafer", lambda: _plan(mesh=MeshSpec(1000, 1000, 500, 500)), MeshTooLarge,
      "a 1000x1000 mesh does not fit on the tiny wafer, which has 64x64 cores"),
     ("plan kv as a tuple", lambda: _plan(kv=(32, 2)), TypeError, "plan(): kv must be a KVReserve"),
-    ("plan int8", lambda: _plan(dtype="int8"), PlanError, "unknown storage dtype 'int8'"),
+    ("plan int8", lambda: _plan(options=PlanOptions(dtype="int8")), PlanError, "unknown storage dtype 'int8'"),
     ("wafer beyond the wafer", lambda: Wafer(spec="tiny", mesh=(100, 2), tile=(2, 2)), MeshTooLarge,
      "a 100x2 mesh does not fit on the tiny wafer"),
     ("wafer of 1x1 tiles", lambda: Wafer(spec="tiny", mesh=(64, 64), tile=(1, 1)), TooManyTiles,

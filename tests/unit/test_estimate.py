@@ -25,7 +25,7 @@ from waferrt.decode.schedule import requests_round_seconds, round_bound_seconds,
 from waferrt.model import Sampler, synthetic_llama, tiny_config
 from waferrt.model.config import SMOLLM2_135M
 from waferrt.model.zoo import MODELS, model_by_name
-from waferrt.scheduler import KVReserve, default_mesh, plan, wafer
+from waferrt.scheduler import KVReserve, PlanOptions, default_mesh, plan, wafer
 from waferrt.scheduler import estimate as est
 from waferrt.scheduler import sweep as sw
 from waferrt.scheduler.strategies import parse_strategy
@@ -56,7 +56,7 @@ def test_the_estimate_of_a_placement_is_what_the_emulator_books(cfg, spec, kv, g
     """Every strategy the emulator runs (layer regions, groups, one region for all layers): the same mesh and
     model give the same time per token, emulated and estimated."""
     mesh = MeshSpec(16, 16, 8, 8) if cfg is CFG else default_mesh(cfg, spec, kv)
-    p = plan(cfg, spec, mesh, kv=kv, strategy=Strategy(group, cfg.n_layers))
+    p = plan(cfg, spec, mesh, kv=kv, options=PlanOptions(strategy=Strategy(group, cfg.n_layers)))
     requests = 3
     one, many = _emulated(p, requests)
     want_one, want_many = est.placement_seconds(p, requests, context=4)  # the last round: 4 positions held

@@ -22,7 +22,7 @@ from waferrt.decode.pack import Chunks, pack_embed, pack_layer
 from waferrt.decode.shards import EmbedShard, LayerShard
 from waferrt.model import Sampler, synthetic_llama, tiny_config
 from waferrt.model.config import SMOLLM2_135M
-from waferrt.scheduler import KVReserve, Strategy, default_mesh, plan, plan_report
+from waferrt.scheduler import KVReserve, PlanOptions, Strategy, default_mesh, plan, plan_report
 from waferrt.serving import GenRequest, LocalDecoder
 
 CFG = tiny_config()
@@ -81,7 +81,7 @@ def _check_decode(dec: LocalDecoder, requests: int, tokens: int = 3) -> list:
 def test_a_decode_books_the_closed_forms(mesh, requests, group):
     """Layer-pipelined regions, groups of 2 layers per region and one region for all 3 (tensor): the layers
     stacked on a region hand over nothing between them."""
-    p = plan(CFG, TINY, mesh, kv=KVReserve(32, 4), strategy=Strategy(group, CFG.n_layers))
+    p = plan(CFG, TINY, mesh, kv=KVReserve(32, 4), options=PlanOptions(strategy=Strategy(group, CFG.n_layers)))
     assert len(set(p.layers)) == -(-CFG.n_layers // group)
     _check_decode(LocalDecoder(CFG, W, p), requests)
 

@@ -18,7 +18,7 @@ from waferrt.core.spec import TINY
 from waferrt.decode import layout as dl
 from waferrt.decode.setup import stage_sram
 from waferrt.model import Sampler, synthetic_llama, tiny_config
-from waferrt.scheduler import KVReserve, Strategy, plan, violations
+from waferrt.scheduler import KVReserve, PlanOptions, Strategy, plan, violations
 from waferrt.scheduler.strategies import choose, parse_strategy
 from waferrt.serving import GenRequest, LocalDecoder, generate_reference
 
@@ -29,7 +29,7 @@ MESH, KV = MeshSpec(16, 16, 8, 8), KVReserve(32, 4)
 
 @pytest.mark.parametrize("group", [1, 2, 3])
 def test_every_strategy_decodes_the_reference_tokens(group):
-    p = plan(CFG, TINY, MESH, kv=KV, strategy=Strategy(group, CFG.n_layers))
+    p = plan(CFG, TINY, MESH, kv=KV, options=PlanOptions(strategy=Strategy(group, CFG.n_layers)))
     assert violations(p) == () and p.group == group
     assert [name for name, _ in p.regions()[1:]] == {1: ["layer 0", "layer 1", "layer 2"], 2: ["layers 0-1", "layer 2"],
                                                      3: ["layers 0-2"]}[group]
@@ -41,7 +41,7 @@ def test_every_strategy_decodes_the_reference_tokens(group):
 
 
 def test_a_groups_region_books_what_the_planner_budgets():
-    p = plan(CFG, TINY, MESH, kv=KV, strategy=Strategy(3, CFG.n_layers))
+    p = plan(CFG, TINY, MESH, kv=KV, options=PlanOptions(strategy=Strategy(3, CFG.n_layers)))
     from waferrt.decode.setup import DecodeSetup
 
     setup = DecodeSetup.from_placement(p)

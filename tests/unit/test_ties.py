@@ -39,7 +39,7 @@ from waferrt.decode.streaming import head_parts, stage_cycles, streamed_bytes
 from waferrt.model import Sampler, synthetic_llama, tiny_config
 from waferrt.model.config import SMOLLM2_135M
 from waferrt.model.zoo import MODELS as ZOO
-from waferrt.scheduler import KVReserve, Placement, Strategy, budget, plan, wafer
+from waferrt.scheduler import KVReserve, Placement, PlanOptions, Strategy, budget, plan, wafer
 from waferrt.scheduler import estimate as est
 from waferrt.scheduler import streaming as paper_streaming
 from waferrt.scheduler.placement import plan_streaming, streaming_mesh
@@ -133,8 +133,10 @@ def _tiny_placement(dtype: str, strategy: str, mesh: MeshSpec) -> Placement:
     if strategy == "streaming":
         small = streaming_mesh(TINY_CFG, TINY, KV, dtype)  # the one-tile mesh; wider tiles hold wider regions
         tile_w = small.tile_w * (1 + TINY_MESHES.index(mesh))
-        return plan_streaming(TINY_CFG, TINY, MeshSpec(tile_w, small.height, tile_w, small.height), kv=KV, dtype=dtype)
-    return plan(TINY_CFG, TINY, mesh, kv=KV, dtype=dtype, strategy=Strategy(_group(TINY_CFG, strategy), 3))
+        return plan_streaming(TINY_CFG, TINY, MeshSpec(tile_w, small.height, tile_w, small.height), kv=KV,
+                              options=PlanOptions(dtype=dtype))
+    return plan(TINY_CFG, TINY, mesh, kv=KV,
+                options=PlanOptions(dtype=dtype, strategy=Strategy(_group(TINY_CFG, strategy), 3)))
 
 
 def _emulated_token(p: Placement, tokens: int) -> float:

@@ -17,7 +17,7 @@ from waferrt.decode.setup import DecodeSetup, PlacementError
 from waferrt.decode.shards import EmbedShard, LayerShard
 from waferrt.fabric.comm import Collectives
 from waferrt.model import LayerWeights, LlamaWeights, ReferenceModel, Sampler, synthetic_llama, tiny_config
-from waferrt.scheduler import KVReserve, plan, plan_report
+from waferrt.scheduler import KVReserve, PlanOptions, plan, plan_report
 from waferrt.serving import GenRequest, LocalDecoder, generate_reference
 
 CFG = tiny_config()
@@ -120,7 +120,7 @@ def test_half_precision_storage_equals_the_reference_on_rounded_weights(dtype):
     weights rounded the same way, and the plan books 2 bytes per weight."""
     embed = _round(W.embed, dtype)
     rounded = LlamaWeights(embed, _round(W.layers, dtype), _round(W.final_norm, dtype), embed)
-    placement = plan(CFG, TINY, MESHES["2x2 tiles"], kv=KVReserve(32, 2), dtype=dtype)
+    placement = plan(CFG, TINY, MESHES["2x2 tiles"], kv=KVReserve(32, 2), options=PlanOptions(dtype=dtype))
     requests = [GenRequest((5, 6, 7), 10), GenRequest((9,), 10)]
     want, _ = generate_reference(CFG, rounded, requests, Sampler())
     got, _ = LocalDecoder(CFG, W, placement).generate(requests, Sampler())

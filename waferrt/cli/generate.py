@@ -222,14 +222,14 @@ def _admitted(p, requests):
 
 def _streaming_placement(args, config, spec, kv, mesh, nodes):
     """--streaming: one region runs every stage and the weights stream in from MemoryX (waferrt.decode.streaming)."""
-    from waferrt.scheduler import PlanError
+    from waferrt.scheduler import PlanError, PlanOptions
     from waferrt.scheduler.placement import plan_streaming, streaming_mesh
 
     if args.strategy or args.objective:
         raise UsageError("--streaming runs every stage on one region; leave out --strategy and --objective")
     try:
         p = plan_streaming(config, spec, mesh or streaming_mesh(config, spec, kv, args.dtype), kv=kv,
-                           dtype=args.dtype, nodes=nodes)
+                           options=PlanOptions(dtype=args.dtype, nodes=nodes))
     except PlanError as e:
         raise UsageError(str(e)) from None
     sram = p.mesh.width * p.mesh.height * spec.sram_bytes

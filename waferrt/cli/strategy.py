@@ -37,13 +37,13 @@ def add_strategy_args(p) -> None:
 
 def placed(args, config, spec, kv, nodes, mesh_for):
     """(Placement, Choice or None) as the module docstring says."""
-    from waferrt.scheduler import plan
+    from waferrt.scheduler import PlanOptions, plan
 
     dtype = args.dtype
     tried = parse_strategy(args.strategy or "layer", config.n_layers)
     if args.objective is None and len(tried) == 1:
         s = tried[0]
-        return plan(config, spec, mesh_for(s), kv=kv, dtype=dtype, nodes=nodes, strategy=s), None
+        return plan(config, spec, mesh_for(s), kv=kv, options=PlanOptions(dtype=dtype, strategy=s, nodes=nodes)), None
     if args.strategy is None:
         tried = None  # every strategy
     choice = choose(config, spec, kv, args.objective or "latency", mesh_for, dtype, nodes, tried)
