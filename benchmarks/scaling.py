@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -34,7 +35,7 @@ from waferrt.model import Sampler, synthetic_llama, tiny_config
 from waferrt.model.config import SMOLLM2_135M
 from waferrt.model.zoo import MODELS
 from waferrt.scheduler import KVReserve, PlanOptions, default_mesh, plan
-from waferrt.scheduler.estimate import estimate, placement_seconds
+from waferrt.scheduler.estimate import Objective, estimate, placement_seconds
 from waferrt.scheduler.placement import plan_streaming, streaming_mesh
 from waferrt.scheduler.streaming import streaming
 from waferrt.scheduler.types import Strategy
@@ -102,9 +103,10 @@ def strategies() -> list[str]:
             for what, tried, obj in (("layer", [Strategy(1, n)], "latency"), ("tensor", [Strategy(n, n)], "latency"),
                                      ("planner, latency", None, "latency"),
                                      ("planner, throughput", None, "throughput")):
-                out.append(_row(estimate(m.config, spec, spec.full_mesh, kv, "float16", tried, obj, m.label), what))
-            tensor1 = estimate(m.config, spec, spec.full_mesh, KVReserve(4096, 1), "float16", [Strategy(n, n)],
-                               "latency", m.label)
+                e = estimate(m.config, spec, spec.full_mesh, kv, "float16", Objective(obj, tried))
+                out.append(_row(replace(e, label=m.label), what))
+            tensor1 = replace(estimate(m.config, spec, spec.full_mesh, KVReserve(4096, 1), "float16",
+                                       Objective("latency", (Strategy(n, n),))), label=m.label)
             out.append(_row(tensor1, "tensor, 1 request"))
             s = streaming(m.config, spec, spec.full_mesh, kv, "float16")
             if s.fits:

@@ -19,6 +19,7 @@ from waferrt.decode import layout as dl
 from waferrt.decode.setup import stage_sram
 from waferrt.model import Sampler, synthetic_llama, tiny_config
 from waferrt.scheduler import KVReserve, PlanOptions, Strategy, plan, violations
+from waferrt.scheduler.estimate import Objective
 from waferrt.scheduler.strategies import choose, parse_strategy
 from waferrt.serving import GenRequest, LocalDecoder, generate_reference
 
@@ -57,12 +58,12 @@ def test_a_groups_region_books_what_the_planner_budgets():
 
 def test_choose_keeps_the_best_for_the_objective_and_says_why():
     for objective in ("latency", "throughput"):
-        c = choose(CFG, TINY, KV, objective, lambda s: MESH)
+        c = choose(CFG, TINY, KV, Objective(objective), lambda s: MESH)
         scores = [t.score(objective) for t in c.timed]
         assert scores == sorted(scores) and c.placement == c.timed[0].placement
         assert {t.strategy.group for t in c.timed} | {s.group for s, _ in c.refused} == {1, 2, 3}
         assert c.why.startswith(f"objective {objective}") and len(c.table().splitlines()) == 3
-    tensor = choose(CFG, TINY, KV, "latency", lambda s: MESH, tried=[Strategy(3, 3)])
+    tensor = choose(CFG, TINY, KV, Objective("latency", (Strategy(3, 3),)), lambda s: MESH)
     assert tensor.placement.group == 3 and "no other strategy fits" in tensor.why
 
 

@@ -15,7 +15,7 @@ from __future__ import annotations
 import argparse
 import re
 
-from waferrt.scheduler.estimate import OBJECTIVES
+from waferrt.scheduler.estimate import OBJECTIVES, Objective
 from waferrt.scheduler.strategies import STRATEGY_HELP, choose, parse_strategy
 
 
@@ -46,6 +46,7 @@ def placed(args, config, spec, kv, nodes, mesh_for):
         return plan(config, spec, mesh_for(s), kv=kv, options=PlanOptions(dtype=dtype, strategy=s, nodes=nodes)), None
     if args.strategy is None:
         tried = None  # every strategy
-    choice = choose(config, spec, kv, args.objective or "latency", mesh_for, dtype, nodes, tried)
+    choice = choose(config, spec, kv, Objective(args.objective or "latency", tried), mesh_for,
+                    PlanOptions(dtype=dtype, nodes=nodes))
     return choice.placement, choice
 
