@@ -252,7 +252,7 @@ class Context(RegionView):
     def log(self, *values) -> None:
         """A line to the host, as ``print(*values)`` in a kernel: shown labelled by tile when the run ends.
 
-        >>> from waferrt.core.mesh import MeshSpec
+        >>> from waferrt.core.mesh import MeshSpec, Region
         >>> from waferrt.core.spec import TINY
         >>> from waferrt.fabric.loop import simulate
         >>> def hello(ctx, x):
