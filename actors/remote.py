@@ -84,7 +84,7 @@ def _check_nodes(node_ids: dict[TileId, str]) -> None:
         raise NodesGone(f"the placement puts {tiles} on Ray node(s) {', '.join(n[:12] for n in gone)}, which this "
                         f"cluster does not have (its {len(alive)} live node(s): "
                         f"{', '.join(sorted(n[:12] for n in alive))}): plan again on the cluster's nodes "
-                        "(waferrt plan --address ..., or scheduler.plan(nodes=...))")
+                        "(waferrt plan --address ..., or scheduler.plan(options=PlanOptions(nodes=...)))")
 
 
 def restart_tiles(launch: TileLaunch, handles: dict, dead: list[TileId]) -> dict[TileId, object]:

@@ -30,6 +30,7 @@ from waferrt.core.sram import SramBook
 from waferrt.decode.program import TileProgram
 from waferrt.decode.schedule import StageRun
 from waferrt.decode.setup import DecodeSetup, stage_sram
+from waferrt.fabric.comm import Span
 from waferrt.fabric.kernel import Context
 from waferrt.fabric.spmd import run_kernel
 from waferrt.fabric.traced import kernel_parts
@@ -200,7 +201,7 @@ class Tile:
         self._idle()
         ledger, links, span = kernel_parts(self.spec, self.links, self.tracer, kernel, epoch)
         self._new_epoch(epoch)
-        ctx = Context(region, self.region, links, ledger, self.store, tag=f"k{epoch}", faults=faults)
+        ctx = Context(Span(region, self.region, links), ledger, self.store, tag=f"k{epoch}", faults=faults)
         if delay := self.faults.delay_in(region):  # a straggling tile, or a slow core in the region
             time.sleep(delay)
         with span:

@@ -90,15 +90,19 @@ def _wafer(cfg, weights, cluster, dead):
     """A wafer planned over the cluster's nodes as they are now, around `dead` (the mesh with its dead cores and
     the dead links of the last wafer; None: a whole new mesh) when the model still fits around them with every
     region inside one tile (the decode's rule)."""
+    from dataclasses import replace
+
     from waferrt.core.mesh import MeshSpec
     from waferrt.core.spec import TINY
     from waferrt.decode.setup import PlacementError
-    from waferrt.llm import WaferLLM
-    from waferrt.scheduler import KVReserve, PlanError, plan
+    from waferrt.llm import LLM_LAUNCH, WaferLLM
+    from waferrt.scheduler import KVReserve, PlanError, PlanOptions, plan
 
     def planned(mesh, links):
-        placement = plan(cfg, TINY, mesh, kv=KVReserve(48, 3), nodes=cluster.node_infos(), dead_links=links)
-        return WaferLLM(cfg, weights, placement, address=cluster.address)  # refuses a region across tiles
+        placement = plan(cfg, TINY, mesh, kv=KVReserve(48, 3),
+                         options=PlanOptions(nodes=cluster.node_infos(), dead_links=links))
+        launch = replace(LLM_LAUNCH, address=cluster.address)
+        return WaferLLM(cfg, weights, placement, launch=launch)  # refuses a region across tiles
 
     try:
         llm = planned(*(dead or (MeshSpec(24, 16, 8, 8), frozenset())))
@@ -111,12 +115,12 @@ def _wafer(cfg, weights, cluster, dead):
 def _draw(args, run: int, llm):
     from waferrt.decode.program import crossings
     from waferrt.faults import KINDS, FaultPlan
-    from waferrt.faults.model import border_links
+    from waferrt.faults.model import Targets, border_links
 
     p = llm.placement
     cores = {c for _, r in p.regions() for c in r.cores()} - p.mesh.dead
-    return FaultPlan.random(args.seed * 1000 + run, args.faults, p.mesh, KINDS, 10, cores, nodes=args.nodes,
-                            links=border_links(p.mesh, crossings(llm.setup)))
+    where = Targets(p.mesh, cores, border_links(p.mesh, crossings(llm.setup)), args.nodes)
+    return FaultPlan.random(args.seed * 1000 + run, args.faults, where, KINDS, 10)
 
 
 def _run(llm, plan_, cluster, requests, sampler, want):

@@ -65,7 +65,7 @@ def balance(shard: MoELayerShard, attention: LinkLoad, tokens: int) -> str:
 
 def run_layer(cfg, lw, region: Region, mapping: str, xs: np.ndarray) -> MoELayerShard:
     """The layer's shard on `region` under `mapping`, after the tokens xs (T, dim) went through it one by one."""
-    shard = MoELayerShard(cfg, region, pack_moe_layer(cfg, lw, region, mapping), (1, len(xs)), Ledger(WSE2))
+    shard = MoELayerShard(Decoding(cfg), region, pack_moe_layer(cfg, lw, region, mapping), (1, len(xs)), Ledger(WSE2))
     chunks = Chunks(cfg.dim, region.w)
     for pos, x in enumerate(xs):
         shard.forward(chunks.split(x[None]), np.array([0]), np.array([pos]))
@@ -148,13 +148,13 @@ def main() -> None:
 def _hidden(cfg, weights, ids, layer: int) -> np.ndarray:
     """The residual stream entering `layer` for every prompt token (the reference's prefill)."""
     from waferrt.model import KVCache
-    from waferrt.model.reference import layer_prefill, rope_cos_sin
+    from waferrt.model.reference import Layer, Rope, layer_prefill, rope_cos_sin
 
     cache = KVCache(cfg, len(ids))
     cos, sin = rope_cos_sin(np.arange(len(ids)), cfg.head_dim, cfg.rope_theta)
     x = np.asarray(weights.embed[ids])
     for i in range(layer):
-        x = layer_prefill(x, weights.layers[i], cfg, cache.k[i], cache.v[i], 0, cos, sin)
+        x = layer_prefill(x, Layer(weights.layers[i], cfg), cache.k[i], cache.v[i], Rope(np.arange(len(ids)), cos, sin))
     return x
 
 

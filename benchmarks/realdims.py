@@ -40,7 +40,7 @@ from waferrt.core.mesh import MeshSpec  # noqa: E402
 from waferrt.core.spec import WSE2  # noqa: E402
 from waferrt.decode.cost import handover_cost  # noqa: E402
 from waferrt.model.convert import Cut  # noqa: E402
-from waferrt.scheduler import KVReserve, plan  # noqa: E402
+from waferrt.scheduler import KVReserve, PlanOptions, plan  # noqa: E402
 from waferrt.scheduler.budget import layer_shapes  # noqa: E402
 from waferrt.scheduler.estimate import stage_seconds  # noqa: E402
 from waferrt.scheduler.types import Workload  # noqa: E402
@@ -114,7 +114,8 @@ def run(args, tmp: Path) -> None:
         cluster = LocalCluster(NODES).__enter__()
     try:
         with timed("plan", times):
-            placement = plan(config, WSE2, mesh, kv=kv, dtype=CUT.dtype, nodes=cluster.node_infos())
+            placement = plan(config, WSE2, mesh, kv=kv,
+                             options=PlanOptions(dtype=CUT.dtype, nodes=cluster.node_infos()))
         got = wafer(placement, weights, reqs, (greedy, cluster.address), times)
     finally:
         with timed("cluster down", times):
@@ -147,10 +148,12 @@ def wafer(placement, weights, reqs, how, times: dict) -> dict:
     """Decode `reqs` on the tiles (`how`: the sampler and the cluster's address): tokens, stats, setup, and per
     tile (pid, RSS now, peak RSS, bytes held)."""
     greedy, address = how
-    from waferrt.actors.tile import Tile
-    from waferrt.llm import WaferLLM
+    from dataclasses import replace
 
-    llm = WaferLLM(placement.config, None, placement, address=address)
+    from waferrt.actors.tile import Tile
+    from waferrt.llm import LLM_LAUNCH, WaferLLM
+
+    llm = WaferLLM(placement.config, None, placement, launch=replace(LLM_LAUNCH, address=address))
     try:
         with timed("wafer: tile actors up, SRAM booked", times):
             llm.open()

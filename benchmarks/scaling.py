@@ -20,22 +20,22 @@ from __future__ import annotations
 
 import argparse
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
 
 from waferrt.core.arith import cdiv
-from waferrt.core.cost import ALLREDUCE_ALGOS, allreduce_cost, compute_cost, gemv_cost
+from waferrt.core.cost import ALLREDUCE_ALGOS, allreduce_cost, compute_cost, gemv_cost, reduce_flops
 from waferrt.core.mesh import MeshSpec
 from waferrt.core.spec import TINY, WSE2, WSE3
 from waferrt.decode.schedule import round_seconds
-from waferrt.core.cost import reduce_flops
 from waferrt.fabric.loop import simulate
 from waferrt.model import Sampler, synthetic_llama, tiny_config
 from waferrt.model.config import SMOLLM2_135M
 from waferrt.model.zoo import MODELS
-from waferrt.scheduler import KVReserve, default_mesh, plan
-from waferrt.scheduler.estimate import estimate, placement_seconds
+from waferrt.scheduler import KVReserve, PlanOptions, default_mesh, plan
+from waferrt.scheduler.estimate import Objective, estimate, placement_seconds
 from waferrt.scheduler.placement import plan_streaming, streaming_mesh
 from waferrt.scheduler.streaming import streaming
 from waferrt.scheduler.types import Strategy
@@ -103,9 +103,10 @@ def strategies() -> list[str]:
             for what, tried, obj in (("layer", [Strategy(1, n)], "latency"), ("tensor", [Strategy(n, n)], "latency"),
                                      ("planner, latency", None, "latency"),
                                      ("planner, throughput", None, "throughput")):
-                out.append(_row(estimate(m.config, spec, spec.full_mesh, kv, "float16", tried, obj, m.label), what))
-            tensor1 = estimate(m.config, spec, spec.full_mesh, KVReserve(4096, 1), "float16", [Strategy(n, n)],
-                               "latency", m.label)
+                e = estimate(m.config, spec, spec.full_mesh, kv, "float16", Objective(obj, tried))
+                out.append(_row(replace(e, label=m.label), what))
+            tensor1 = replace(estimate(m.config, spec, spec.full_mesh, KVReserve(4096, 1), "float16",
+                                       Objective("latency", (Strategy(n, n),))), label=m.label)
             out.append(_row(tensor1, "tensor, 1 request"))
             s = streaming(m.config, spec, spec.full_mesh, kv, "float16")
             if s.fits:
@@ -134,13 +135,16 @@ def emulated_decode() -> list[str]:
            "|---|---|---:|---:|---:|---:|---:|"]
     cfg, kv = tiny_config(), KVReserve(512, 8)
     tiny_mesh, tiny_kv, n = MeshSpec(16, 16, 8, 8), KVReserve(32, 4), SMOLLM2_135M.n_layers
-    cases = [(plan(cfg, TINY, tiny_mesh, kv=tiny_kv, strategy=Strategy(g, cfg.n_layers)), "tiny config (tiny)")
+    cases = [(plan(cfg, TINY, tiny_mesh, kv=tiny_kv,
+                   options=PlanOptions(strategy=Strategy(g, cfg.n_layers))), "tiny config (tiny)")
              for g in (1, 2, 3)]
     cases.append((plan_streaming(cfg, TINY, streaming_mesh(cfg, TINY, KVReserve(16, 3)), kv=KVReserve(16, 3)),
                   "tiny config (tiny), streaming"))
     for g in (1, 15, n):
         s = Strategy(g, n)
-        cases.append((plan(SMOLLM2_135M, WSE2, default_mesh(SMOLLM2_135M, WSE2, kv, strategy=s), kv=kv, strategy=s),
+        options = PlanOptions(strategy=s)
+        cases.append((plan(SMOLLM2_135M, WSE2, default_mesh(SMOLLM2_135M, WSE2, kv, options=options), kv=kv,
+                           options=options),
                       "SmolLM2-135M (wse2), default mesh"))
     stream_kv = KVReserve(512, 8)
     cases.append((plan_streaming(SMOLLM2_135M, WSE2, streaming_mesh(SMOLLM2_135M, WSE2, stream_kv), kv=stream_kv),

@@ -18,10 +18,10 @@ from .placement import default_mesh, plan, violations
 from .repair import Move, Replan, replan
 from .report import PlanReport, plan_report
 from .serial import placement_from_json, placement_to_json
-from .types import KVReserve, NodeInfo, Placement, PlanError, Strategy
+from .types import KVReserve, NodeInfo, Placement, PlanError, PlanOptions, Strategy
 
 __all__ = [
-    "Admission", "KVReserve", "Move", "NodeInfo", "Placement", "PlanError", "PlanReport", "Refusal",
+    "Admission", "KVReserve", "Move", "NodeInfo", "Placement", "PlanError", "PlanOptions", "PlanReport", "Refusal",
     "Replan", "Request", "Strategy", "default_mesh", "draw_png", "placement_from_json",
     "placement_to_json", "plan", "plan_report", "replan", "violations",
 ]

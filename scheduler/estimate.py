@@ -1,6 +1,6 @@
 """The whole wafer on paper: plan a model at full-wafer scale analytically and estimate its decode speed.
 
-Contract (pure): ``estimate(cfg, spec, mesh, kv, dtype, tried=None, objective="latency")`` returns an
+Contract (pure): ``estimate(cfg, spec, mesh, kv, dtype, Objective(goal, tried))`` returns an
 :class:`~waferrt.scheduler.estimate_report.Estimate`. For each strategy in `tried` (``types.Strategy``:
 layers per region; what ``strategies.parse_strategy`` reads from ``--strategy``) it searches the
 layer-region shapes in closed form (``wafer.row_options`` x a few column counts between the narrowest
@@ -17,7 +17,6 @@ step; the emulator books none.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from dataclasses import dataclass
 from functools import lru_cache
 
@@ -42,6 +41,26 @@ from .estimate_report import Estimate, breakdown_seconds
 from .types import KVReserve, Placement, Strategy, Workload
 
 OBJECTIVES = ("latency", "throughput")
+
+
+@dataclass(frozen=True)
+class Objective:
+    """What the planner is asked for: the best strategy for `goal` ("latency": one request's time per token,
+    "throughput": tokens/s with the K/V's requests in flight) among `tried` (None: every strategy worth
+    trying), and (`advise`) when none fits, a search for what would (a sweep only needs "no")."""
+
+    goal: str = "latency"
+    tried: tuple[Strategy, ...] | None = None
+    advise: bool = True
+
+    def __post_init__(self) -> None:
+        if self.goal not in OBJECTIVES:
+            raise ValueError(f"objective is one of {OBJECTIVES}, got {self.goal!r}")
+        if isinstance(self.tried, Strategy) or (self.tried is not None and not self.tried):
+            raise ValueError(f"tried is a list of strategies (e.g. [Strategy(1, n_layers)], or "
+                             f"strategies.parse_strategy's), or None for every strategy; got {self.tried!r}")
+        if self.tried is not None:
+            object.__setattr__(self, "tried", tuple(self.tried))  # any sequence in, a hashable tuple kept
 
 
 @dataclass(frozen=True)
@@ -174,34 +193,30 @@ def explain(best_c, others: list, objective: str) -> str:
 
 
 def estimate(cfg: LlamaConfig, spec: HardwareSpec, mesh: tuple[int, int], kv: KVReserve, dtype: str = "float16",
-             tried: Sequence[Strategy] | None = None, objective: str = "latency", label: str = "",
-             advise: bool = True) -> Estimate:
+             objective: Objective = Objective()) -> Estimate:
     """Plan `cfg` on a mesh of `mesh` = (width, height) cores of `spec` and estimate its decode with the best
-    of the strategies `tried` (None: every strategy worth trying; module doc); `advise` False skips the
-    search for what would fit when nothing does (the sweep only needs "no")."""
-    if objective not in OBJECTIVES:
-        raise ValueError(f"objective is one of {OBJECTIVES}, got {objective!r}")
+    of the strategies ``objective.tried`` for ``objective.goal`` (module doc); ``objective.advise`` False
+    skips the search for what would fit when nothing does. Labelled "<n>-layer model" (name it with
+    ``dataclasses.replace(e, label=...)``)."""
+    goal = objective.goal
     if dtype not in STORAGE_DTYPES:
         raise ValueError(f"unknown storage dtype {dtype!r}; use one of {', '.join(STORAGE_DTYPES)}")
     if not (1 <= mesh[0] <= spec.full_mesh[0] and 1 <= mesh[1] <= spec.full_mesh[1]):
         raise ValueError(f"mesh {mesh[0]}x{mesh[1]} is not inside the {spec.name} wafer "
                          f"({spec.full_mesh[0]}x{spec.full_mesh[1]} cores)")
-    if isinstance(tried, Strategy) or (tried is not None and not tried):
-        raise ValueError(f"tried is a list of strategies (e.g. [Strategy(1, {cfg.n_layers})], or "
-                         f"strategies.parse_strategy's), or None for every strategy; got {tried!r}")
-    asked = tuple(tried) if tried is not None else None
-    found = [c for c in (best(Workload(cfg, kv, dtype, s.group), spec, mesh, objective)
+    asked = objective.tried
+    found = [c for c in (best(Workload(cfg, kv, dtype, s.group), spec, mesh, goal)
                          for s in asked or wafer.strategies(cfg.n_layers)) if c is not None]
-    base = {"label": label or f"{cfg.n_layers}-layer model", "config": cfg, "spec": spec, "mesh": mesh, "kv": kv,
-            "dtype": dtype, "objective": objective}
+    base = {"label": f"{cfg.n_layers}-layer model", "config": cfg, "spec": spec, "mesh": mesh, "kv": kv,
+            "dtype": dtype, "objective": goal}
     if not found:
         one = asked[0] if asked and len(asked) == 1 else None
         return Estimate(**base, strategy=one, fits=False,
-                        advice=advice(cfg, spec, mesh, kv, dtype, asked) if advise else ())
-    win = min(found, key=lambda c: c.score(objective))
+                        advice=advice(cfg, spec, mesh, kv, dtype, asked) if objective.advise else ())
+    win = min(found, key=lambda c: c.score(goal))
     if asked and len(asked) == 1:
         return _report(cfg, spec, win, base, f"strategy {win.strategy.kind} as asked (--strategy)")
-    why = explain(win, found, objective)
+    why = explain(win, found, goal)
     if asked:
         why += f"; tried only {' and '.join(sorted({s.kind for s in asked}))} strategies, as asked (--strategy)"
     return _report(cfg, spec, win, base, why)

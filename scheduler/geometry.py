@@ -22,6 +22,7 @@ Contract: pure functions over mesh coordinates (no model knowledge, no Ray).
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
 from itertools import pairwise
 
 import numpy as np
@@ -196,20 +197,35 @@ def _fill(caps: Sequence[int], need: int) -> list[int]:
     return out
 
 
+@dataclass(frozen=True)
+class Balance:
+    """The work ``chain`` balances over the blocks: the work each block already carries (`fixed`, e.g. the
+    embedding's bytes), the work of one region (`unit`), and the most regions the packer lays in each
+    block (`caps`, counted by the caller: the blocks the chain does not reach are then never packed)."""
+
+    fixed: tuple[int, ...]
+    unit: int
+    caps: tuple[int, ...]
+
+    def __post_init__(self) -> None:
+        if len(self.fixed) != len(self.caps) or self.unit < 0 or min(self.caps, default=0) < 0:
+            raise ValueError(f"a Balance has one fixed work and one cap per block and a region's work >= 0; got "
+                             f"{len(self.fixed)} fixed, {len(self.caps)} caps, unit {self.unit}")
+
+
 def chain(blocks_: Sequence[Region], packer: Callable[[Region], list[list[Region]]], start: Region | None,
-          need: int, fixed: Sequence[int] | None = None, unit: int = 0,
-          caps: Sequence[int] | None = None) -> tuple[list[Region], list[Region]]:
+          need: int, balance: Balance | None = None) -> tuple[list[Region], list[Region]]:
     """Choose one packing per block, and how many regions each block takes: packer(block) lists the
     candidate sequences of a block, of which each block keeps only its longest.
 
-    Without `fixed`, blocks are filled in order until `need` regions are chained. With `fixed` (the
-    work each block already carries) and `unit` (the work of one region), every block is packed and may
+    Without a `balance`, blocks are filled in order until `need` regions are chained. With one (`fixed`: the
+    work each block already carries, `unit`: the work of one region), every block is packed and may
     take up to its balanced share (:func:`quotas`): the most loaded block then carries the least work
     possible; the serpentine order of blocks stays, a block simply takes fewer regions and the chain
     moves on earlier. The shares exceed `need` by some slack; all but ``SLACK`` regions of it are given
     back by the last blocks of the chain, the rest where hand-overs are shortest.
-    `caps` (the most regions ``packer`` lays in each block, when the caller counted them) spares
-    packing the blocks that the chain and its spare slots do not reach.
+    Its `caps` (the most regions ``packer`` lays in each block, counted by the caller) spare packing the
+    blocks that the chain and its spare slots do not reach.
     A dynamic program over blocks (state: slack given back so far, the last region, whether the chain
     has ended) picks the sequences and counts whose hand-overs (from `start`, between consecutive
     regions, and from the last back to `start`: the head) cross the fewest hops, then whose block work
@@ -227,6 +243,7 @@ def chain(blocks_: Sequence[Region], packer: Callable[[Region], list[list[Region
             packed[b] = list({tuple(s): s for s in seqs if len(s) == top}.values()) if top else []
         return packed[b]
 
+    fixed, unit, caps = (None, 0, None) if balance is None else (balance.fixed, balance.unit, balance.caps)
     caps = _caps(len(blocks_), longest, need, fixed is None) if caps is None else list(caps)
     work = [0] * len(caps) if fixed is None else list(fixed)[:len(caps)]
     most = _fill(caps, need) if fixed is None else quotas(caps, work, unit, need)

@@ -4,7 +4,8 @@ Contract (pure: no Ray, returns immutable data):
 
 - Inputs are frozen values: ``LlamaConfig``, ``HardwareSpec``, ``MeshSpec`` (its ``dead`` cores),
   :class:`KVReserve` (tokens x requests per layer), Ray nodes as :class:`NodeInfo`, dead links.
-- ``plan(..., strategy=...) -> Placement``: ``strategy`` (``types.Strategy``; default: layer, one
+- ``plan(..., options=PlanOptions(strategy=...)) -> Placement`` (:class:`~waferrt.scheduler.types.PlanOptions`:
+  the dtype, strategy, Ray nodes, dead links, balance): ``strategy`` (``types.Strategy``; default: layer, one
   layer per region) says how many consecutive layers share a region: a region of g layers holds their
   weights and K/V stacked on the same cores (one scratch area), budgeted as such; the rules below hold
   for the regions. Every region is a rectangle of live cores, all the same shape
@@ -22,11 +23,13 @@ Contract (pure: no Ray, returns immutable data):
 - :class:`~waferrt.scheduler.types.Placement` is frozen and hashable; ``violations(p)`` lists the rules it
   breaks (empty for anything ``plan`` returns); ``report.plan_report(p)`` measures it and
   ``serial.placement_to_json`` / ``placement_from_json`` round-trip it.
-- ``default_mesh(config, spec, kv, strategy=...)``: the smallest mesh of 2x2 tiles holding the model with
+- ``default_mesh(config, spec, kv, options=PlanOptions(strategy=...))``: the smallest mesh of 2x2 tiles
+  holding the model with
   every region inside one tile and spare slots for repair (1x2, 2x1 or 1x1 tiles when regions of many
   layers make 2x2 tiles larger than the wafer).
 
-- ``plan_streaming(config, spec, mesh, kv=..., dead_links=...)``: weight streaming (``waferrt.decode.streaming``):
+- ``plan_streaming(config, spec, mesh, kv=..., options=PlanOptions(dead_links=...))``: weight streaming
+  (``waferrt.decode.streaming``):
   one region runs every stage and keeps only every layer's K/V, a double buffer of weight blocks and the
   scratch (``decode.layout.stream_booking``). It is the rectangle inside one tile, at most dim columns and
   head_dim/2 rows, with no dead core (``mesh.dead``) nor dead link inside, whose cores hold that: the most
@@ -47,7 +50,7 @@ import numpy as np
 
 from waferrt.core.arith import cdiv, first_true
 from waferrt.core.dtypes import STORAGE_DTYPES
-from waferrt.core.mesh import Coord, MeshSpec, Region, check_on_wafer
+from waferrt.core.mesh import MeshSpec, Region, check_on_wafer
 from waferrt.core.spec import HardwareSpec
 from waferrt.decode import layout as dl
 from waferrt.model.config import LlamaConfig
@@ -55,7 +58,7 @@ from waferrt.model.config import LlamaConfig
 from . import budget, search
 from .geometry import Obstacles, assign_nodes, check_links, cores_in, link_inside
 from .report import plan_report
-from .types import DEFAULT_NODES, KVReserve, NodeInfo, Placement, PlanError, Strategy, Workload
+from .types import KVReserve, Placement, PlanError, PlanOptions, Strategy, Workload
 
 
 def violations(p: Placement) -> tuple[str, ...]:
@@ -115,11 +118,11 @@ def _stream_faults(p: Placement) -> list[str]:
 
 
 def plan_streaming(config: LlamaConfig, spec: HardwareSpec, mesh: MeshSpec, *, kv: KVReserve,
-                   nodes: tuple[NodeInfo, ...] = DEFAULT_NODES, dtype: str = "float32",
-                   dead_links: frozenset[tuple[Coord, Coord]] = frozenset()) -> Placement:
-    """The weight-streaming placement of `config` on `mesh` (dead cores: ``mesh.dead``), around `dead_links`
-    (module docstring); PlanError says what would fit."""
-    nodes, dead_links = tuple(nodes), frozenset(dead_links)
+                   options: PlanOptions = PlanOptions()) -> Placement:
+    """The weight-streaming placement of `config` on `mesh` (dead cores: ``mesh.dead``), around
+    ``options.dead_links``, in ``options.dtype``, over ``options.nodes`` (module docstring; one region runs
+    every layer: the options' strategy and balance do not apply); PlanError says what would fit."""
+    nodes, dead_links, dtype = options.nodes, options.dead_links, options.dtype
     work = _checked(config, spec, mesh, kv, dtype)
     _check_inputs(work, spec, mesh, nodes, dead_links)
     r = _stream_region(work, spec, mesh, dead_links, fits=True)
@@ -258,12 +261,11 @@ def _check_inputs(work: Workload, spec: HardwareSpec, mesh: MeshSpec, nodes, dea
 
 
 def plan(config: LlamaConfig, spec: HardwareSpec, mesh: MeshSpec, *, kv: KVReserve,
-         nodes: tuple[NodeInfo, ...] = DEFAULT_NODES, dtype: str = "float32",
-         dead_links: frozenset[tuple[Coord, Coord]] = frozenset(), balance: bool = True,
-         strategy: Strategy | None = None) -> Placement:
-    """Place `config` on `mesh` (dead cores: ``mesh.dead``) in regions of ``strategy.group`` layers
-    (default: one layer per region); see the module docstring for the rules.
-    `balance` (default) spreads the layers over the tiles so that the busiest tile holds the fewest
+         options: PlanOptions = PlanOptions()) -> Placement:
+    """Place `config` on `mesh` (dead cores: ``mesh.dead``) in regions of ``options.strategy.group`` layers
+    (default: one layer per region), around ``options.dead_links``, over the Ray ``options.nodes``, in
+    ``options.dtype``; see the module docstring for the rules.
+    ``options.balance`` (default) spreads the layers over the tiles so that the busiest tile holds the fewest
     weight bytes; False fills every tile to capacity in chain order (the busiest tiles do the most).
 
     >>> from waferrt.core.mesh import MeshSpec
@@ -275,10 +277,10 @@ def plan(config: LlamaConfig, spec: HardwareSpec, mesh: MeshSpec, *, kv: KVReser
     >>> violations(p)
     ()
     """
-    nodes, dead_links = tuple(nodes), frozenset(dead_links)
+    nodes, dead_links, dtype, balance = options.nodes, options.dead_links, options.dtype, options.balance
     work = _checked(config, spec, mesh, kv, dtype)
     _check_inputs(work, spec, mesh, nodes, dead_links)
-    g = _group(config, strategy)
+    g = _group(config, options.strategy)
     work = replace(work, layers=g)
     found = search.best_layout(work, spec, mesh, dead_links, balance)
     if found.layers is None:
@@ -334,19 +336,20 @@ def _no_fit_message(work: Workload, spec: HardwareSpec, mesh: MeshSpec, reason: 
 
 
 def default_mesh(config: LlamaConfig, spec: HardwareSpec, kv: KVReserve, tiles: tuple[int, int] = (2, 2),
-                 dtype: str = "float32", spare_layers: int = 8, strategy: Strategy | None = None) -> MeshSpec:
-    """The smallest mesh of tiles[0] x tiles[1] equal tiles where every region lies inside one tile and
+                 spare_layers: int = 8, options: PlanOptions = PlanOptions()) -> MeshSpec:
+    """The smallest mesh of tiles[0] x tiles[1] equal tiles where every region lies inside one tile (planned
+    with ``options``: its dtype and strategy) and
     free region-shaped slots for `spare_layers` layers (spare_layers // group slots) remain for repair.
     Eight spare slots let SmolLM2 at wse2 re-plan around 10 random dead cores (which hit ~7 layers and often
     the embedding). When no such mesh of 2x2 tiles is on the wafer (regions of many layers are wide), 1x2,
     2x1 and 1x1 tiles are tried."""
-    g = _group(config, strategy)
+    dtype, g = options.dtype, _group(config, options.strategy)
     spare = spare_layers // g
     for grid in dict.fromkeys([tiles] + ([(1, 2), (2, 1), (1, 1)] if tiles == (2, 2) else [])):
         for tile in search.tile_candidates(Workload(config, kv, dtype, g), spec, grid, spare):
             mesh = MeshSpec(grid[0] * tile[0], grid[1] * tile[1], *tile)
             try:
-                p = plan(config, spec, mesh, kv=kv, dtype=dtype, strategy=strategy)
+                p = plan(config, spec, mesh, kv=kv, options=options)
             except PlanError:
                 continue
             r = plan_report(p)

@@ -28,7 +28,7 @@ from waferrt.core.mesh import Coord, MeshSpec, Region
 from . import budget
 from .geometry import Obstacles, check_links, cores_in, link_inside, tiles_spanned
 from .placement import plan, plan_streaming, violations
-from .types import Placement, PlanError
+from .types import Placement, PlanError, PlanOptions
 
 
 @dataclass(frozen=True)
@@ -87,10 +87,26 @@ def _displaced(w: int, h: int, shape: tuple[int, int], layers: dict[int, Region]
     return diff.cumsum(0).cumsum(1)[:shape[0], :shape[1]]
 
 
-def _pick(mesh: MeshSpec, free: np.ndarray, w: int, h: int, near: list[Region], old: Region,
-          first: np.ndarray | None = None, whole: bool = False) -> tuple[tuple[int, int, int, int], Region] | None:
-    """Best position among free[y, x]: fewest `first` (e.g. layers displaced), inside one tile (only those
-    when `whole`), fewest hops to `near`, then nearest `old`. Returns (its key, region) or None."""
+@dataclass(frozen=True)
+class _Wanted:
+    """A region to place anew: its shape, the regions it hands over to (`near`), where it was (`old`)."""
+
+    w: int
+    h: int
+    near: tuple[Region, ...]
+    old: Region
+
+    def __post_init__(self) -> None:
+        if self.w < 1 or self.h < 1:
+            raise ValueError(f"a region to place is at least 1x1 cores, got {self.w}x{self.h}")
+
+
+def _pick(mesh: MeshSpec, free: np.ndarray, want: _Wanted, first: np.ndarray | None = None,
+          whole: bool = False) -> tuple[tuple[int, int, int, int], Region] | None:
+    """Best position among free[y, x] for `want`: fewest `first` (e.g. layers displaced), inside one tile
+    (only those when `whole`), fewest hops to its `near`, then nearest its `old`. Returns (its key, region)
+    or None."""
+    w, h, near, old = want.w, want.h, want.near, want.old
     ys, xs = np.nonzero(free)
     span = (xs + w - 1) // mesh.tile_w - xs // mesh.tile_w + (ys + h - 1) // mesh.tile_h - ys // mesh.tile_h
     if whole:
@@ -120,7 +136,7 @@ def _embed_positions(p: Placement, mesh: MeshSpec, base: Obstacles, layers: dict
     found = []
     for we, he in _embed_shapes(p, mesh):
         free = base.free_map(we, he)
-        got = _pick(mesh, free, we, he, [p.layers[0], p.layers[-1]], p.embed,
+        got = _pick(mesh, free, _Wanted(we, he, (p.layers[0], p.layers[-1]), p.embed),
                     _displaced(we, he, free.shape, layers), whole) if free.size else None
         if got:
             found.append((got[0][:3], we * he, got[0][3], got[1]))
@@ -128,9 +144,10 @@ def _embed_positions(p: Placement, mesh: MeshSpec, base: Obstacles, layers: dict
 
 
 def _place_layers(p: Placement, mesh: MeshSpec, base: Obstacles, embed: Region, layers: dict[int, Region],
-                  todo: list[int], whole: bool) -> dict[int, Region] | None:
-    """Free w x h rectangles for the layers in `todo` (spare slots first), or None when one has none."""
+                  whole: bool) -> dict[int, Region] | None:
+    """Free w x h rectangles for the layers not in `layers` (spare slots first), or None when one has none."""
     n, (w, h), layers = len(p.layers), (p.layers[0].w, p.layers[0].h), dict(layers)
+    todo = [i for i in range(n) if i not in layers]
     spare = np.zeros((mesh.height, mesh.width), np.int64)
     for c in p.spare - mesh.dead:
         spare[c.y, c.x] = 1
@@ -139,7 +156,7 @@ def _place_layers(p: Placement, mesh: MeshSpec, base: Obstacles, embed: Region, 
         if not free.size:
             return None
         outside = 1 - np.lib.stride_tricks.sliding_window_view(spare, (h, w)).min(axis=(2, 3))
-        got = _pick(mesh, free, w, h, _neighbours(i, layers, embed, n), p.layers[i], outside, whole)
+        got = _pick(mesh, free, _Wanted(w, h, tuple(_neighbours(i, layers, embed, n)), p.layers[i]), outside, whole)
         if got is None:
             return None
         layers[i] = got[1]
@@ -152,12 +169,11 @@ def _repair(p: Placement, mesh: MeshSpec, links: frozenset, broken: list[str],
     A broken embedding tries its new positions, best first, until the layers it displaces find room.
     `whole`: every region lies inside one tile (the decode's rule)."""
     healthy = {i: r for i, r in enumerate(p.layers) if f"layer {i}" not in broken}
-    todo = [i for i in range(len(p.layers)) if i not in healthy]
     base = Obstacles(mesh.width, mesh.height, mesh.dead, links)
     embeds = _embed_positions(p, mesh, base, healthy, whole) if "embed" in broken else [p.embed]
     for embed in embeds:
         kept = {i: r for i, r in healthy.items() if r.intersect(embed) is None}
-        layers = _place_layers(p, mesh, base, embed, kept, todo + [i for i in healthy if i not in kept], whole)
+        layers = _place_layers(p, mesh, base, embed, kept, whole)  # the broken layers and those the embed displaces
         if layers is not None:
             return embed, layers
     return None
@@ -180,7 +196,8 @@ def _moves(old: Placement, new: Placement) -> tuple[Move, ...]:
 def _replan_streaming(p: Placement, mesh: MeshSpec, links: frozenset, broken: list[str]) -> Replan:
     """The streaming region planned afresh around the dead (module docstring)."""
     try:
-        new = plan_streaming(p.config, p.spec, mesh, kv=p.kv, nodes=p.nodes, dtype=p.dtype, dead_links=links)
+        new = plan_streaming(p.config, p.spec, mesh, kv=p.kv,
+                             options=PlanOptions(dtype=p.dtype, nodes=p.nodes, dead_links=links))
     except PlanError as e:
         raise PlanError(f"cannot re-plan the streaming region {p.embed} that the failure breaks: {e}") from None
     return Replan(new, _moves(p, new), tuple(broken), "fresh")
@@ -216,8 +233,8 @@ def replan(placement: Placement, dead_cores: frozenset[Coord] = frozenset(),
             raise PlanError("the local repair broke a rule (a bug in waferrt.scheduler): " + "; ".join(bad))
         return Replan(new, _moves(p, new), tuple(broken), "local")
     try:
-        new = plan(p.config, p.spec, mesh, kv=p.kv, nodes=p.nodes, dtype=p.dtype, dead_links=links,
-                   strategy=p.strategy)
+        new = plan(p.config, p.spec, mesh, kv=p.kv,
+                   options=PlanOptions(dtype=p.dtype, strategy=p.strategy, nodes=p.nodes, dead_links=links))
     except PlanError as e:
         raise PlanError(f"cannot re-plan: the failure breaks {', '.join(broken)}; there is no free room to "
                         f"move them and no fresh plan fits the damaged mesh either: {e}") from None

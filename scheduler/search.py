@@ -29,7 +29,7 @@ from waferrt.core.spec import HardwareSpec
 from waferrt.model.config import LlamaConfig
 
 from . import budget
-from .geometry import PATTERNS, Obstacles, blocks, chain, pack, path_hops, tile_box, tile_bytes, tiles_spanned
+from .geometry import PATTERNS, Balance, Obstacles, blocks, chain, pack, path_hops, tile_box, tile_bytes, tiles_spanned
 from .types import Workload
 
 UNBOUNDED = 1 << 30
@@ -161,9 +161,10 @@ def _try_shape(work: Workload, sram: int, mesh: MeshSpec, obstacles: Obstacles, 
             if room < n:
                 most = max(most, room)
                 continue
-            fixed = _block_work(embed, blks, weights[0]) if weights else None
+            balance = None if not weights else Balance(tuple(_block_work(embed, blks, weights[0])), weights[1],
+                                                       tuple(caps))
             layers, slots = chain(blks, lambda b, free=free: [pack(free, b, w, h, pat) for pat in PATTERNS],
-                                  embed, n, fixed, weights[1] if weights else 0, caps if weights else None)
+                                  embed, n, balance)
             most = max(most, len(layers))
             score = (_quality(mesh, embed, layers, weights), -len(slots))
             if len(layers) == n and (best is None or score < best[0]):

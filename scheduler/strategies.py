@@ -1,9 +1,9 @@
 """Which parallelism strategy the emulator runs: plan each one, time it with the closed forms, pick by objective.
 
-Contract (pure): ``choose(config, spec, kv, objective, mesh_for, dtype, nodes, tried) -> Choice``. For every
+Contract (pure): ``choose(config, spec, kv, Objective(goal, tried), mesh_for, options) -> Choice``. For every
 strategy in `tried` (default ``wafer.strategies``: one layer per region, groups of 2, 4, 8, 16 layers per
 region, all layers in one region) it plans the model on ``mesh_for(strategy)`` (the mesh the user gave, or
-each strategy's default mesh) with ``placement.plan(..., strategy=...)``, times the placement with
+each strategy's default mesh) with ``placement.plan(..., options=PlanOptions(strategy=...))``, times the placement with
 ``estimate.placement_seconds`` -- the closed forms the tiles book, every request at its own pace: one
 request's time per token (latency) and a steady round of ``kv.requests`` requests in flight (throughput)
 -- and keeps the best for the objective. ``Choice.why`` says what won, the runners-up's modelled numbers
@@ -14,16 +14,16 @@ left out; when none fits, :class:`~waferrt.scheduler.types.PlanError` lists each
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from collections.abc import Callable
+from dataclasses import dataclass, replace
 
 from waferrt.core.mesh import MeshSpec
 from waferrt.core.spec import HardwareSpec
 from waferrt.model.config import LlamaConfig
 
-from .estimate import OBJECTIVES, explain, placement_seconds
+from .estimate import Objective, explain, placement_seconds
 from .placement import plan
-from .types import DEFAULT_NODES, KVReserve, NodeInfo, Placement, PlanError, Strategy
+from .types import KVReserve, Placement, PlanError, PlanOptions, Strategy
 from .wafer import strategies
 
 STRATEGY_HELP = ("layer (every layer its own region: a pipeline), tensor (one region runs every layer: WaferLLM's "
@@ -98,23 +98,22 @@ def timed(p: Placement) -> Timed:
     return Timed(p, *placement_seconds(p))
 
 
-def choose(config: LlamaConfig, spec: HardwareSpec, kv: KVReserve, objective: str,
-           mesh_for: Callable[[Strategy], MeshSpec], dtype: str = "float32",
-           nodes: tuple[NodeInfo, ...] = DEFAULT_NODES, tried: Sequence[Strategy] | None = None) -> Choice:
-    """The best strategy for `objective` (see the module docstring); `mesh_for(strategy)` gives the mesh to
-    plan it on (it may raise PlanError: that strategy does not fit)."""
-    if objective not in OBJECTIVES:
-        raise ValueError(f"objective is one of {OBJECTIVES}, got {objective!r}")
+def choose(config: LlamaConfig, spec: HardwareSpec, kv: KVReserve, objective: Objective,
+           mesh_for: Callable[[Strategy], MeshSpec], options: PlanOptions = PlanOptions()) -> Choice:
+    """The best strategy for ``objective.goal`` among ``objective.tried`` (see the module docstring), each
+    planned with `options` (its dtype, nodes, dead links); `mesh_for(strategy)` gives the mesh to plan it on
+    (it may raise PlanError: that strategy does not fit)."""
+    goal = objective.goal
     found, refused = [], []
-    for s in tried or strategies(config.n_layers):
+    for s in objective.tried or strategies(config.n_layers):
         try:
-            found.append(timed(plan(config, spec, mesh_for(s), kv=kv, dtype=dtype, nodes=nodes, strategy=s)))
+            found.append(timed(plan(config, spec, mesh_for(s), kv=kv, options=replace(options, strategy=s))))
         except PlanError as e:
             refused.append((s, str(e).split(": it needs")[0].split("; ")[0]))
     if not found:
         raise PlanError("no strategy fits: " + "; ".join(f"{s.describe()}: {why}" for s, why in refused))
-    found.sort(key=lambda t: t.score(objective))
-    why = explain(found[0], found, objective)
+    found.sort(key=lambda t: t.score(goal))
+    why = explain(found[0], found, goal)
     if refused:
         why += "; does not fit: " + ", ".join(s.describe() for s, _ in refused)
     return Choice(found[0].placement, why, tuple(found), tuple(refused))

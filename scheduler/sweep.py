@@ -1,6 +1,6 @@
 """A hardware design-space sweep: which wafer design serves a model best, under a fixed silicon area.
 
-Contract (pure): ``sweep(cfg, base, grid, kv, dtype, tried, objective)`` estimates the model on every
+Contract (pure): ``sweep(cfg, base, grid, kv, dtype, Objective(goal, tried))`` estimates the model on every
 :class:`Design` of a :class:`Grid` (SRAM per core x mesh x link bandwidth x clock, the rest of the base
 spec kept) with ``estimate.estimate`` (the best of the strategies `tried`; None: every one worth trying)
 and returns :class:`Point` values: tokens/s for the objective (one request's for "latency",
@@ -19,15 +19,14 @@ The budget is one WSE-2 die. Link bandwidth and clock are taken to cost no area 
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from waferrt.core.spec import HardwareSpec
 from waferrt.model.config import LlamaConfig
 
-from .estimate import estimate
+from .estimate import Objective, estimate
 from .estimate_report import Estimate
-from .types import KVReserve, Strategy
+from .types import KVReserve
 
 WSE2_DIE_MM2 = 46_225.0  # Cerebras WSE-2 die (AnandTech, "Cerebras Unveils Wafer Scale Engine Two", 2021)
 WSE2_CORES = 850_000  # on that die (same source)
@@ -104,9 +103,9 @@ class Point:
 
 
 def sweep(cfg: LlamaConfig, base: HardwareSpec, grid: Grid, kv: KVReserve, dtype: str,
-          tried: Sequence[Strategy] | None, objective: str, label: str = "") -> list[Point]:
-    return [Point(d, estimate(cfg, d.spec(base), d.mesh, kv, dtype, tried, objective, label, advise=False),
-                  objective) for d in grid.designs()]
+          objective: Objective) -> list[Point]:
+    asked = replace(objective, advise=False)  # a design where nothing fits needs only "no"
+    return [Point(d, estimate(cfg, d.spec(base), d.mesh, kv, dtype, asked), objective.goal) for d in grid.designs()]
 
 
 def best_point(points: list[Point]) -> Point | None:

@@ -121,6 +121,24 @@ DEFAULT_NODES = (NodeInfo("local", 2),)
 
 
 @dataclass(frozen=True)
+class PlanOptions:
+    """How ``plan`` (and ``plan_streaming``, ``default_mesh``, ``strategies.choose``) places a model besides
+    the model, the spec, the mesh and the K/V: the storage `dtype`, the `strategy` (None: one layer per
+    region), the Ray `nodes` to spread the tiles over, the `dead_links` to route around, and whether to
+    `balance` the weight bytes over the tiles (False: fill every tile in chain order)."""
+
+    dtype: str = "float32"
+    strategy: Strategy | None = None
+    nodes: tuple[NodeInfo, ...] = DEFAULT_NODES
+    dead_links: frozenset[tuple[Coord, Coord]] = frozenset()
+    balance: bool = True
+
+    def __post_init__(self) -> None:  # any collections in, hashable ones kept (plan checks what they hold)
+        object.__setattr__(self, "nodes", tuple(self.nodes))
+        object.__setattr__(self, "dead_links", frozenset(self.dead_links))
+
+
+@dataclass(frozen=True)
 class Placement:
     config: LlamaConfig
     spec: HardwareSpec

@@ -10,15 +10,16 @@ file readers behind it), ``waferrt.decode`` (the model on the mesh), ``waferrt.s
 
 The public API (what docs/PROGRAMMING.md and the examples use) is the names of ``waferrt`` and of the packages
 ``waferrt.faults``, ``waferrt.model``, ``waferrt.scheduler`` and ``waferrt.serving``; ``import waferrt`` is light:
-``Context``, ``Wafer`` and ``WaferLLM`` are imported on first use, so the pure floors never pull in Ray or pyzmq.
+``Context``, ``Wafer`` (with its ``Launch``) and ``WaferLLM`` are imported on first use, so the pure floors never
+pull in Ray or pyzmq.
 """
 
 from .core.cost import Cost
 from .core.mesh import Coord, Dir, MeshSpec, Region, TileId
 from .core.spec import HardwareSpec, spec_by_name
 
-__all__ = ["Context", "Coord", "Cost", "Dir", "HardwareSpec", "MeshSpec", "Region", "TileId", "Wafer", "WaferLLM",
-           "spec_by_name"]
+__all__ = ["Context", "Coord", "Cost", "Dir", "HardwareSpec", "Launch", "MeshSpec", "Region", "TileId", "Wafer",
+           "WaferLLM", "spec_by_name"]
 __version__ = "0.1.0"
 
 
@@ -27,10 +28,10 @@ def __getattr__(name: str):
         from .fabric.kernel import Context
 
         return Context
-    if name == "Wafer":
-        from .runtime import Wafer
+    if name in ("Wafer", "Launch"):
+        from . import runtime
 
-        return Wafer
+        return getattr(runtime, name)
     if name == "WaferLLM":
         from .llm import WaferLLM
 

@@ -20,7 +20,6 @@ from collections.abc import Callable
 import numpy as np
 
 from waferrt.actors.tile import Tile
-from waferrt.core.mesh import DEFAULT_MAX_TILES
 from waferrt.decode.setup import DecodeSetup, stage_weights, weight_bytes
 from waferrt.decode.streaming import head_chunks
 from waferrt.fabric.comm import KTREE_FAST, Collectives
@@ -29,20 +28,23 @@ from waferrt.model.config import LlamaConfig
 from waferrt.model.sampling import Sampler
 from waferrt.serving.engine import Submission, TokenEvent
 from waferrt.serving.host import serve
-from waferrt.serving.requests import Completion, GenRequest, GenStats, OnToken
+from waferrt.serving.requests import Batch, Completion, GenRequest, GenStats, OnToken
 
 from .recovery import assess, recover
-from .runtime import Wafer
+from .runtime import Launch, Wafer
+
+LLM_LAUNCH = Launch(timeout=120.0)  # a decode's tiles wait longer for a neighbour than a kernel's
 
 
 class WaferLLM:
-    def __init__(self, config: LlamaConfig, weights, placement, address: str | None = None,
-                 collectives: Collectives = KTREE_FAST, lanes: int = 2, timeout: float = 120.0,
-                 max_tiles: int = DEFAULT_MAX_TILES):
+    def __init__(self, config: LlamaConfig, weights, placement, collectives: Collectives = KTREE_FAST,
+                 lanes: int = 2, launch: Launch = LLM_LAUNCH):
+        """`launch`: the Ray to run the tiles on, a tile's timeout, the most tiles (default: a new Ray in this
+        process, 120 s)."""
         self.config, self.weights, self.placement, self.lanes = config, weights, placement, lanes
         self.setup = DecodeSetup.from_placement(placement, collectives)
         self.head = self.setup.stage_tiles()[0]  # a placement the decode cannot run fails here, before Ray
-        self.wafer = Wafer(placement.spec, placement.mesh, address=address, timeout=timeout, max_tiles=max_tiles)
+        self.wafer = Wafer(placement.spec, placement.mesh, launch=launch)
         self.ray_calls = 0  # Ray calls made to the tiles by generate (start, submit, stop; tracing's)
         self.memoryx = None  # the off-wafer weight memory's actor of a streaming placement
         self._memoryx_cut = None  # (region, dtype, id of the weights) that actor holds
@@ -148,8 +150,8 @@ class WaferLLM:
                  keep_logits: bool = False, trace=None) -> tuple[list[Completion], GenStats]:
         """The requests decoded on the tiles; ``trace``: a path to write a Perfetto trace of the run to (or
         True: keep it in ``stats.trace`` only; waferrt.serving.trace)."""
-        return serve(_OnTiles(self), self.setup, self.placement.spec.clock_hz, requests, sampler, on_token,
-                     keep_logits, trace)
+        batch = Batch(tuple(requests), sampler, keep_logits)
+        return serve(_OnTiles(self), self.setup, self.placement.spec.clock_hz, batch, on_token, trace)
 
 
 class _OnTiles:

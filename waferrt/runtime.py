@@ -1,8 +1,9 @@
 """The public Wafer: an emulated mesh of cores as Ray tile actors, its DSM, kernels and costs.
 
-Contract: ``Wafer(spec, mesh, tile, address, timeout, max_tiles, backend)`` is a context manager; its arguments are
-checked when it is made (before Ray starts): a mesh wider or taller than the spec's wafer is
-``MeshTooLarge``, more than `max_tiles` tiles (256: each is a Ray worker process) ``TooManyTiles``. Entering
+Contract: ``Wafer(spec, mesh, tile, backend, launch)`` is a context manager (``launch``: a :class:`Launch` of
+the Ray address, a tile's timeout and the most tiles); its arguments are checked when it is made (before Ray
+starts): a mesh wider or taller than the spec's wafer is ``MeshTooLarge``, more than `launch.max_tiles` tiles
+(256: each is a Ray worker process) ``TooManyTiles``. Entering
 starts (``address=None``) or joins (``address="auto"`` or a Ray address, first checked with a deadline:
 :class:`ClusterUnreachable` names the address and how to start a cluster) Ray, starts one actor per tile
 (``tile(x,y)``) and wires the neighbour fabric; leaving -- also on an exception or Ctrl-C -- kills the
@@ -31,6 +32,7 @@ import time
 import uuid
 from collections.abc import Callable
 from contextlib import contextmanager, nullcontext
+from dataclasses import dataclass
 from pathlib import Path
 
 from waferrt.actors.session import ClusterUnreachable, cluster_nodes, new_ipc_dir, ray_init
@@ -47,8 +49,26 @@ from .localtiles import check_backend, check_fault
 
 STALL_S = 4.0  # a tile that sends no heartbeat for this long is dead or frozen (it beats every 0.25 s)
 
-__all__ = ["ClusterUnreachable", "CostReport", "DSM", "UnknownTensor", "Wafer", "WaferClosed", "cluster_nodes",
-           "ray_init"]
+__all__ = ["ClusterUnreachable", "CostReport", "DSM", "Launch", "UnknownTensor", "Wafer", "WaferClosed",
+           "cluster_nodes", "ray_init"]
+
+
+@dataclass(frozen=True)
+class Launch:
+    """How a Wafer's tiles are started: the Ray to start them on (None: a new one in this process; "auto" or
+    HOST:PORT: a running cluster), the seconds a tile waits for a neighbour, and the most tile actors allowed
+    (each is a Ray worker process)."""
+
+    address: str | None = None
+    timeout: float = 30.0
+    max_tiles: int = DEFAULT_MAX_TILES
+
+    def __post_init__(self) -> None:
+        t = self.timeout
+        if not isinstance(t, (int, float)) or not (math.isfinite(t) and t > 0):
+            raise ValueError(f"timeout is the seconds a tile waits for a neighbour, a number > 0; got {t!r}")
+        if self.address is not None and not isinstance(self.address, str):
+            raise TypeError(f"address is a str ('auto' or HOST:PORT) or None, got {self.address!r}")
 
 
 class WaferClosed(RuntimeError):
@@ -71,18 +91,15 @@ class Wafer:
     """
 
     def __init__(self, spec: str | HardwareSpec = "tiny", mesh: tuple[int, int] | MeshSpec = (16, 16),
-                 tile: tuple[int, int] = (8, 8), address: str | None = None, timeout: float = 30.0,
-                 max_tiles: int = DEFAULT_MAX_TILES, backend: str = "ray"):
+                 tile: tuple[int, int] = (8, 8), backend: str = "ray", launch: Launch = Launch()):
         self.backend = check_backend(backend)
         self.spec = spec_by_name(spec)
         self.mesh = mesh if isinstance(mesh, MeshSpec) else MeshSpec(*_pair("mesh", mesh), *_pair("tile", tile))
         check_on_wafer(self.mesh, self.spec)
-        check_tile_count(self.mesh, max_tiles)
-        if not isinstance(timeout, (int, float)) or not (math.isfinite(timeout) and timeout > 0):
-            raise ValueError(f"timeout is the seconds a tile waits for a neighbour, a number > 0; got {timeout!r}")
-        if address is not None and not isinstance(address, str):
-            raise TypeError(f"address is a str ('auto' or HOST:PORT) or None, got {address!r}")
-        self.address, self.timeout = address, timeout
+        if not isinstance(launch, Launch):
+            raise TypeError(f"launch is a waferrt.Launch(address, timeout, max_tiles), got {launch!r}")
+        check_tile_count(self.mesh, launch.max_tiles)
+        self.address, self.timeout = launch.address, launch.timeout
         self.tiles: dict[TileId, object] = {}
         self.dsm = DSM(self)
         self._costs: list[dict] = []

@@ -101,13 +101,13 @@ try:
     from waferrt.llm import WaferLLM
     from waferrt.serving import GenRequest, generate_reference
     from waferrt.model import Sampler, synthetic_llama, tiny_config
-    from waferrt.scheduler import KVReserve, NodeInfo, plan
+    from waferrt.scheduler import KVReserve, NodeInfo, PlanOptions, plan
     from waferrt.core.spec import TINY
 
     cfg = tiny_config()
     weights = synthetic_llama(cfg, seed=2)
     nodes = (NodeInfo(cluster.head_node.node_id, 1), NodeInfo(worker.node_id, 1))
-    placement = plan(cfg, TINY, MeshSpec(16, 8, 8, 8), kv=KVReserve(32, 2), nodes=nodes)
+    placement = plan(cfg, TINY, MeshSpec(16, 8, 8, 8), kv=KVReserve(32, 2), options=PlanOptions(nodes=nodes))
     report["decode_nodes"] = len({name for _, name in placement.tile_nodes})
     requests = [GenRequest((5, 6, 7), 10), GenRequest((9,), 12)]
     want, _ = generate_reference(cfg, weights, requests, Sampler(temperature=0.8, seed=3))

@@ -37,7 +37,7 @@ from waferrt.faults import FaultPlan, NodeLoss, TileCrash, Trigger, Unrecoverabl
 from waferrt.llm import WaferLLM
 from waferrt.model import Sampler, synthetic_llama, tiny_config
 from waferrt.runtime import ray_init
-from waferrt.scheduler import KVReserve, NodeInfo, plan
+from waferrt.scheduler import KVReserve, NodeInfo, PlanOptions, plan
 from waferrt.serving import GenRequest, generate_reference
 
 from waferrt.actors.session import token_auth_for_what_starts_here
@@ -53,7 +53,8 @@ try:
     report["nodes"] = len([n for n in ray.nodes() if n["Alive"]])
     cfg = tiny_config()
     weights = synthetic_llama(cfg, seed=2)
-    placement = plan(cfg, TINY, MeshSpec(24, 16, 8, 8), kv=KVReserve(32, 2), nodes=tuple(NodeInfo(i, 1) for i in ids))
+    placement = plan(cfg, TINY, MeshSpec(24, 16, 8, 8), kv=KVReserve(32, 2),
+                     options=PlanOptions(nodes=tuple(NodeInfo(i, 1) for i in ids)))
     report["tile_nodes"] = {str(t): ids.index(n) for t, n in placement.tile_nodes}
     requests = [GenRequest((5, 6, 7), 10), GenRequest((9,), 12), GenRequest((1, 2), 8)]
     sampler = Sampler(temperature=0.8, seed=3)

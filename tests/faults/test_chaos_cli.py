@@ -41,13 +41,13 @@ def test_a_gguf_model_goes_through_generates_planning_too(ray_session, capsys, t
     generate` does; a fault-free plan is not needed to check that path: one dead core, recovered."""
     import dataclasses
 
-    from ggufs import write_gguf
+    from ggufs import Vocab, write_gguf
 
     from waferrt.model import synthetic_llama, tiny_config
 
     config = dataclasses.replace(tiny_config(), vocab_size=264)
     model = tmp_path / "tiny.gguf"
-    write_gguf(model, config, synthetic_llama(config, seed=4), merges=("Ġ t",), extra_tokens=("Ġt",))
+    write_gguf(model, config, synthetic_llama(config, seed=4), vocab=Vocab(("Ġ t",), ("Ġt",)))
     assert main(["chaos", "--model", str(model), "--spec", "tiny", "--mesh", "16x16", "--tile", "8x8", "--faults",
                  "1", "--kinds", "core", "--seed", "2", "--max-new-tokens", "6", "--requests", "2", "--json"]) == 0
     report = _json(capsys)

@@ -21,7 +21,7 @@ ROOT = pathlib.Path(__file__).resolve().parents[2]
 
 @pytest.fixture(scope="module")
 def wafer(ray_session):
-    with waferrt.Wafer(spec="tiny", mesh=(8, 4), tile=(4, 2), timeout=10) as w:
+    with waferrt.Wafer(spec="tiny", mesh=(8, 4), tile=(4, 2), launch=waferrt.Launch(timeout=10)) as w:
         yield w
 
 

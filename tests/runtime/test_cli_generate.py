@@ -5,7 +5,7 @@ import dataclasses
 import json
 
 import pytest
-from ggufs import write_gguf
+from ggufs import Vocab, write_gguf
 from tracecheck import check_handovers, check_trace
 
 from waferrt.cli import main
@@ -18,7 +18,7 @@ WAFER = ["--spec", "tiny", "--mesh", "16x16", "--tile", "8x8", "--kv-tokens", "4
 def tiny_gguf(tmp_path_factory):
     path = tmp_path_factory.mktemp("model") / "tiny.gguf"
     config = dataclasses.replace(tiny_config(), vocab_size=264)  # the 256 bytes, "Ġt", unused ones
-    write_gguf(path, config, synthetic_llama(config, seed=4), merges=("Ġ t",), extra_tokens=("Ġt",))
+    write_gguf(path, config, synthetic_llama(config, seed=4), vocab=Vocab(("Ġ t",), ("Ġt",)))
     return str(path)
 
 

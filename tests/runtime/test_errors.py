@@ -11,7 +11,7 @@ import pytest
 from waferrt.core.mesh import Coord, Region
 from waferrt.core.sram import SramOverflow
 from waferrt.fabric.kernel import NotNeighbourError
-from waferrt.runtime import Wafer
+from waferrt.runtime import Launch, Wafer
 
 SRAM = 16 * 1024
 
@@ -97,7 +97,7 @@ def test_a_kernel_that_fails_on_one_tile_leaves_the_wafer_usable(ray_session):
     def fine(ctx):
         ctx.store("y", ctx.allreduce(ctx.load("x"), "x", "ring"))
 
-    with Wafer(spec="tiny", mesh=(4, 2), tile=(2, 2), timeout=2.0) as w:
+    with Wafer(spec="tiny", mesh=(4, 2), tile=(2, 2), launch=Launch(timeout=2.0)) as w:
         x = np.arange(4 * 2 * 3, dtype=np.float32).reshape(2, 4, 3)
         for name in ("x", "y"):
             w.dsm.alloc(name, x.shape, split=("y", "x", None))
@@ -111,7 +111,7 @@ def test_a_kernel_that_fails_on_one_tile_leaves_the_wafer_usable(ray_session):
 def test_kernels_on_overlapping_regions_in_turn(ray_session):
     """Tiles that sat out a run still agree with the others on the next one (commands are numbered by
     the driver, not counted by each tile)."""
-    with Wafer(spec="tiny", mesh=(6, 2), tile=(2, 2), timeout=5.0) as w:
+    with Wafer(spec="tiny", mesh=(6, 2), tile=(2, 2), launch=Launch(timeout=5.0)) as w:
         x = np.arange(6 * 2 * 2, dtype=np.float32).reshape(2, 6, 2)
         for name in ("x", "y"):
             w.dsm.alloc(name, x.shape, split=("y", "x", None))

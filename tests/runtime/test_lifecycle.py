@@ -248,14 +248,14 @@ def test_sigterm_during_generate_shuts_the_wafer_down_quietly(private_tmp, tmp_p
     nothing left (processes, ipc directory)."""
     import dataclasses
 
-    from ggufs import write_gguf
+    from ggufs import Vocab, write_gguf
 
     from waferrt.model import synthetic_llama, tiny_config
 
     tmp, env = private_tmp
     model = tmp_path / "tiny.gguf"
     config = dataclasses.replace(tiny_config(), vocab_size=264)
-    write_gguf(model, config, synthetic_llama(config, seed=4), merges=("Ġ t",), extra_tokens=("Ġt",))
+    write_gguf(model, config, synthetic_llama(config, seed=4), vocab=Vocab(("Ġ t",), ("Ġt",)))
     argv = [sys.executable, "-m", "waferrt.cli", "generate", "hello", "--model", str(model), "--spec", "tiny",
             "--mesh", "16x16", "--tile", "8x8", "--kv-tokens", "48", "--requests", "2", "--max-new-tokens", "40"]
     proc = subprocess.Popen(argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)

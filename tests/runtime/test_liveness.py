@@ -27,7 +27,7 @@ from waferrt.faults import FaultPlan
 from waferrt.faults.errors import FaultStop
 from waferrt.llm import WaferLLM
 from waferrt.model import Sampler, synthetic_llama, tiny_config
-from waferrt.runtime import STALL_S, Wafer
+from waferrt.runtime import STALL_S, Launch, Wafer
 from waferrt.scheduler import KVReserve, plan
 from waferrt.serving import GenRequest
 
@@ -46,7 +46,7 @@ def _allreduce(wafer: Wafer) -> None:
 
 @pytest.mark.parametrize("sig,error", [(signal.SIGSTOP, TileStalled), (signal.SIGKILL, TileDied)])
 def test_a_kernel_on_a_wafer_with_a_frozen_or_dead_tile(ray_session, sig, error):
-    wafer = Wafer(spec="tiny", mesh=(4, 2), tile=(2, 2), timeout=30.0).open()
+    wafer = Wafer(spec="tiny", mesh=(4, 2), tile=(2, 2), launch=Launch(timeout=30.0)).open()
     pid = _pid(wafer, VICTIM)
     try:
         wafer.dsm.alloc("x", (2, 4, 3), split=("y", "x", None))
@@ -121,7 +121,7 @@ def test_a_fail_fast_decode_stops_at_a_frozen_or_killed_tile(ray_session, sig, e
 
 def test_a_tiles_own_error_is_the_one_reported(ray_session):
     """A kernel that fails on one tile: its own error comes back, not the timeouts its neighbours saw."""
-    with Wafer(spec="tiny", mesh=(6, 2), tile=(2, 2), timeout=3.0) as wafer:
+    with Wafer(spec="tiny", mesh=(6, 2), tile=(2, 2), launch=Launch(timeout=3.0)) as wafer:
         wafer.dsm.alloc("x", (2, 6, 1), split=("y", "x", None))
 
         def kernel(ctx):

@@ -9,6 +9,7 @@ from ggufs import write_gguf
 
 from waferrt.cli import main
 from waferrt.model import synthetic_llama, tiny_config
+from waferrt.model.gguf_writer import Vocab
 
 WAFER = ["--spec", "tiny", "--mesh", "16x16", "--tile", "8x8", "--kv-tokens", "48", "--requests", "2"]
 
@@ -17,7 +18,7 @@ WAFER = ["--spec", "tiny", "--mesh", "16x16", "--tile", "8x8", "--kv-tokens", "4
 def moe_gguf(tmp_path_factory):
     d = tmp_path_factory.mktemp("model")
     config = dataclasses.replace(tiny_config(), vocab_size=264)
-    write_gguf(d / "dense.gguf", config, synthetic_llama(config, seed=4), merges=("Ġ t",), extra_tokens=("Ġt",))
+    write_gguf(d / "dense.gguf", config, synthetic_llama(config, seed=4), vocab=Vocab(("Ġ t",), ("Ġt",)))
     assert main(["convert", "--moe", "4,2", "--model", str(d / "dense.gguf"), str(d / "moe.gguf")]) == 0
     return str(d / "moe.gguf")
 

@@ -14,7 +14,7 @@ from waferrt.core.mesh import MeshSpec
 from waferrt.core.spec import TINY
 from waferrt.llm import WaferLLM
 from waferrt.model import Sampler, synthetic_llama, tiny_config
-from waferrt.scheduler import KVReserve, Strategy, plan
+from waferrt.scheduler import KVReserve, PlanOptions, Strategy, plan
 from waferrt.scheduler.budget import work_bytes
 from waferrt.scheduler.placement import plan_streaming, streaming_mesh
 from waferrt.serving import GenRequest, generate_reference
@@ -33,7 +33,8 @@ def _decoded(placement):
 
 @pytest.mark.parametrize("group", [1, 2, 3], ids=["layer", "grouped:2", "tensor"])
 def test_each_strategy_on_tile_actors_equals_the_reference(ray_session, group):
-    p = plan(CFG, TINY, MeshSpec(16, 16, 8, 8), kv=KVReserve(32, 3), strategy=Strategy(group, CFG.n_layers))
+    p = plan(CFG, TINY, MeshSpec(16, 16, 8, 8), kv=KVReserve(32, 3),
+             options=PlanOptions(strategy=Strategy(group, CFG.n_layers)))
     want, _ = generate_reference(CFG, W, REQUESTS, SAMPLER)
     got, stats = _decoded(p)
     assert got == [c.tokens for c in want] and stats.wafer_tokens_per_s > 0

@@ -16,8 +16,8 @@ from waferrt.core.layout import Layout
 from waferrt.core.mesh import MeshSpec, MeshTooLarge, Region, TooManyTiles
 from waferrt.core.spec import TINY
 from waferrt.model import tiny_config
-from waferrt.runtime import Wafer, WaferClosed
-from waferrt.scheduler import KVReserve, NodeInfo, PlanError, plan
+from waferrt.runtime import Launch, Wafer, WaferClosed
+from waferrt.scheduler import KVReserve, NodeInfo, PlanError, PlanOptions, plan
 
 R = Region(0, 0, 4, 2)
 CFG = tiny_config()
@@ -55,18 +55,19 @@ CASES = [
     ("plan beyond the wafer", lambda: _plan(mesh=MeshSpec(1000, 1000, 500, 500)), MeshTooLarge,
      "a 1000x1000 mesh does not fit on the tiny wafer, which has 64x64 cores"),
     ("plan kv as a tuple", lambda: _plan(kv=(32, 2)), TypeError, "plan(): kv must be a KVReserve"),
-    ("plan int8", lambda: _plan(dtype="int8"), PlanError, "unknown storage dtype 'int8'"),
+    ("plan int8", lambda: _plan(options=PlanOptions(dtype="int8")), PlanError, "unknown storage dtype 'int8'"),
     ("wafer beyond the wafer", lambda: Wafer(spec="tiny", mesh=(100, 2), tile=(2, 2)), MeshTooLarge,
      "a 100x2 mesh does not fit on the tiny wafer"),
     ("wafer of 1x1 tiles", lambda: Wafer(spec="tiny", mesh=(64, 64), tile=(1, 1)), TooManyTiles,
      "is 4,096 tile actors"),
-    ("wafer max_tiles 0", lambda: Wafer(spec="tiny", mesh=(64, 64), tile=(1, 1), max_tiles=0), ValueError,
+    ("wafer max_tiles 0", lambda: Wafer(spec="tiny", mesh=(64, 64), tile=(1, 1), launch=Launch(max_tiles=0)),
+     ValueError,
      "max_tiles must be at least 1"),
     ("wafer mesh not a pair", lambda: Wafer(mesh=8), TypeError, "mesh is a (width, height) pair"),
-    ("wafer zero timeout", lambda: Wafer(timeout=0), ValueError, "a number > 0; got 0"),
-    ("wafer nan timeout", lambda: Wafer(timeout=math.nan), ValueError, "a number > 0; got nan"),
+    ("wafer zero timeout", lambda: Wafer(launch=Launch(timeout=0)), ValueError, "a number > 0; got 0"),
+    ("wafer nan timeout", lambda: Wafer(launch=Launch(timeout=math.nan)), ValueError, "a number > 0; got nan"),
     ("wafer unknown spec", lambda: Wafer(spec="wse9"), ValueError, "unknown hardware spec 'wse9'"),
-    ("wafer address not a str", lambda: Wafer(address=6379), TypeError, "address is a str"),
+    ("wafer address not a str", lambda: Wafer(launch=Launch(address=6379)), TypeError, "address is a str"),
     ("alloc before open", lambda: Wafer(mesh=(4, 2), tile=(2, 2)).dsm.alloc("x", (2, 4)), WaferClosed,
      "this Wafer is not open yet; open it with `with wafer:` or wafer.open()"),
     ("run before open", lambda: Wafer(mesh=(4, 2), tile=(2, 2)).run(lambda ctx: None), WaferClosed,

@@ -19,7 +19,7 @@ import sys
 import time
 
 import pytest
-from ggufs import write_gguf
+from ggufs import Vocab, write_gguf
 from loopback import answering
 
 from waferrt.faults import FaultPlan, NodeLoss
@@ -35,7 +35,7 @@ def files(tmp_path_factory) -> dict[str, str]:
     d = tmp_path_factory.mktemp("bad-input")
     config = dataclasses.replace(tiny_config(), vocab_size=264)
     good = d / "tiny.gguf"
-    write_gguf(good, config, synthetic_llama(config, seed=4), merges=("Ġ t",), extra_tokens=("Ġt",))
+    write_gguf(good, config, synthetic_llama(config, seed=4), vocab=Vocab(("Ġ t",), ("Ġt",)))
     data = good.read_bytes()
     out = {"tiny": good, "cut": d / "cut.gguf", "four": d / "four.gguf", "bare": d / "bare.gguf",
            "header_cut": d / "header_cut.gguf", "text": d / "notes.gguf", "binary": d / "prompts.bin",

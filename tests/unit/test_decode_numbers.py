@@ -25,7 +25,7 @@ from waferrt.decode.schedule import Item, StageRun, flow_seconds
 from waferrt.decode.setup import DecodeSetup, stage_sram
 from waferrt.model import Sampler, synthetic_llama, tiny_config
 from waferrt.model.config import SMOLLM2_135M
-from waferrt.scheduler import KVReserve, budget, plan, plan_report
+from waferrt.scheduler import KVReserve, PlanOptions, budget, plan, plan_report
 from waferrt.scheduler.types import Workload
 from waferrt.serving import GenRequest, LocalDecoder
 
@@ -117,7 +117,7 @@ def test_requests_overlap_whatever_the_lanes():
 ])
 @pytest.mark.parametrize("dtype", ["float32", "float16", "bfloat16"])
 def test_what_a_stage_books_is_the_planners_budget(cfg, spec, mesh, kv, dtype):
-    p = plan(cfg, spec, mesh, kv=kv, dtype=dtype)
+    p = plan(cfg, spec, mesh, kv=kv, options=PlanOptions(dtype=dtype))
     setup = DecodeSetup.from_placement(p)
     rep = plan_report(p)
     for s, (kind, _, region) in enumerate(setup.stages()):

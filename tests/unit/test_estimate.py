@@ -25,7 +25,7 @@ from waferrt.decode.schedule import requests_round_seconds, round_bound_seconds,
 from waferrt.model import Sampler, synthetic_llama, tiny_config
 from waferrt.model.config import SMOLLM2_135M
 from waferrt.model.zoo import MODELS, model_by_name
-from waferrt.scheduler import KVReserve, default_mesh, plan, wafer
+from waferrt.scheduler import KVReserve, PlanOptions, default_mesh, plan, wafer
 from waferrt.scheduler import estimate as est
 from waferrt.scheduler import sweep as sw
 from waferrt.scheduler.strategies import parse_strategy
@@ -56,7 +56,7 @@ def test_the_estimate_of_a_placement_is_what_the_emulator_books(cfg, spec, kv, g
     """Every strategy the emulator runs (layer regions, groups, one region for all layers): the same mesh and
     model give the same time per token, emulated and estimated."""
     mesh = MeshSpec(16, 16, 8, 8) if cfg is CFG else default_mesh(cfg, spec, kv)
-    p = plan(cfg, spec, mesh, kv=kv, strategy=Strategy(group, cfg.n_layers))
+    p = plan(cfg, spec, mesh, kv=kv, options=PlanOptions(strategy=Strategy(group, cfg.n_layers)))
     requests = 3
     one, many = _emulated(p, requests)
     want_one, want_many = est.placement_seconds(p, requests, context=4)  # the last round: 4 positions held
@@ -103,7 +103,7 @@ def test_a_whole_wafer_is_answered_from_a_bounded_number_of_floor_plans():
     for s in wafer.strategies(LLAMA3.n_layers):
         floors = list(wafer.floors(LLAMA3, WSE2, WSE2.full_mesh, kv, "float16", s))
         assert len(floors) < 400  # closed-form shapes: never a search over the 745,500 cores
-    e = est.estimate(LLAMA3, WSE2, WSE2.full_mesh, kv, "float16", label="Llama3-8B")
+    e = replace(est.estimate(LLAMA3, WSE2, WSE2.full_mesh, kv, "float16"), label="Llama3-8B")
     assert e.fits and 0 < e.cores_used <= 750 * 994 and e.sram_used_bytes <= 750 * 994 * WSE2.sram_bytes
     assert e.layer_core_bytes <= WSE2.sram_bytes and e.kv_tokens_per_request >= 4096
     assert e.time_per_token_s == pytest.approx(sum(e.breakdown_s.values()))
@@ -132,7 +132,7 @@ def test_what_does_not_fit_says_so_and_what_would():
 def test_the_planner_picks_the_best_strategy_for_the_objective():
     kv = KVReserve(2048, 16)
     for objective in est.OBJECTIVES:
-        e = est.estimate(SMOLLM2_135M, WSE2, WSE2.full_mesh, kv, "float16", objective=objective)
+        e = est.estimate(SMOLLM2_135M, WSE2, WSE2.full_mesh, kv, "float16", est.Objective(objective))
         cands = [c for s in wafer.strategies(SMOLLM2_135M.n_layers)
                  if (c := est.best(Workload(SMOLLM2_135M, kv, "float16", s.group), WSE2, WSE2.full_mesh, objective))]
         assert len(cands) > 2 and objective in e.why
@@ -142,9 +142,11 @@ def test_the_planner_picks_the_best_strategy_for_the_objective():
         else:
             assert e.step_s - est.host_seconds(SMOLLM2_135M, WSE2, kv.requests) == pytest.approx(
                 min(c.step_s for c in cands))
-    asked = est.estimate(SMOLLM2_135M, WSE2, WSE2.full_mesh, kv, "float16", parse_strategy("tensor", 30))
+    asked = est.estimate(SMOLLM2_135M, WSE2, WSE2.full_mesh, kv, "float16",
+                         est.Objective(tried=parse_strategy("tensor", 30)))
     assert asked.strategy.group == 30 and asked.shape is not None and "as asked" in asked.why
-    grouped = est.estimate(SMOLLM2_135M, WSE2, WSE2.full_mesh, kv, "float16", parse_strategy("grouped", 30))
+    grouped = est.estimate(SMOLLM2_135M, WSE2, WSE2.full_mesh, kv, "float16",
+                           est.Objective(tried=parse_strategy("grouped", 30)))
     assert grouped.strategy.kind == "grouped" and "best is grouped" in grouped.why
     assert "tried only grouped strategies, as asked" in grouped.why
 
@@ -156,7 +158,7 @@ def test_strategy_values_and_errors():
         "grouped (8 regions of 4 layers)"]
     assert Strategy(4, 30).regions == 8 and Strategy(1, 30).regions == 30
     with pytest.raises(ValueError, match="a list of strategies"):
-        est.estimate(SMOLLM2_135M, WSE2, WSE2.full_mesh, KVReserve(64, 1), "float16", Strategy(1, 30))
+        est.Objective(tried=Strategy(1, 30))
     with pytest.raises(ValueError, match="1..32"):
         Strategy(33, 32)
     with pytest.raises(ValueError, match="not inside"):
@@ -180,7 +182,8 @@ def test_the_sweeps_area_model_and_its_best_design():
     assert sw.core_area_um2(48 * 1024) * sw.WSE2_CORES / 1e6 == pytest.approx(sw.WSE2_DIE_MM2)
     assert sw.core_area_um2(96 * 1024) > sw.core_area_um2(48 * 1024)
     grid = sw.Grid((32 * 1024, 64 * 1024), ((650, 862), (820, 1087)), (4.0,), (1.1e9,))
-    points = sw.sweep(SMOLLM2_135M, WSE2, grid, KVReserve(1024, 4), "float16", [Strategy(1, 30)], "latency")
+    asked = est.Objective("latency", (Strategy(1, 30),))
+    points = sw.sweep(SMOLLM2_135M, WSE2, grid, KVReserve(1024, 4), "float16", asked)
     best = sw.best_point(points)
     assert len(points) == 4 and best is not None and best.within_budget
     assert all(p.tokens_per_s <= best.tokens_per_s for p in points if p.within_budget)

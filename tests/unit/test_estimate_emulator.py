@@ -22,7 +22,7 @@ from waferrt.decode.pack import Chunks, pack_embed, pack_layer
 from waferrt.decode.shards import EmbedShard, LayerShard
 from waferrt.model import Sampler, synthetic_llama, tiny_config
 from waferrt.model.config import SMOLLM2_135M
-from waferrt.scheduler import KVReserve, Strategy, default_mesh, plan, plan_report
+from waferrt.scheduler import KVReserve, PlanOptions, Strategy, default_mesh, plan, plan_report
 from waferrt.serving import GenRequest, LocalDecoder
 
 CFG = tiny_config()
@@ -33,7 +33,8 @@ W = synthetic_llama(CFG, seed=0)
                                                   (8, 8, 40, 4), (2, 5, 9, 1)])
 def test_a_layer_books_its_closed_form(w, h, kv_tokens, batch):
     region, ledger = Region(0, 0, w, h), Ledger(TINY)
-    shard = LayerShard(CFG, region, pack_layer(CFG, W.layers[0], region, "float32"), (batch, kv_tokens), ledger)
+    arrays = pack_layer(CFG, W.layers[0], region, "float32")
+    shard = LayerShard(Decoding(CFG), region, arrays, (batch, kv_tokens), ledger)
     chunks = Chunks(CFG.dim, w)
     for pos in range(4):  # the K/V shift moves pos % w columns: none at pos 0, then 1, 2, ...
         ledger.clear()
@@ -80,7 +81,7 @@ def _check_decode(dec: LocalDecoder, requests: int, tokens: int = 3) -> list:
 def test_a_decode_books_the_closed_forms(mesh, requests, group):
     """Layer-pipelined regions, groups of 2 layers per region and one region for all 3 (tensor): the layers
     stacked on a region hand over nothing between them."""
-    p = plan(CFG, TINY, mesh, kv=KVReserve(32, 4), strategy=Strategy(group, CFG.n_layers))
+    p = plan(CFG, TINY, mesh, kv=KVReserve(32, 4), options=PlanOptions(strategy=Strategy(group, CFG.n_layers)))
     assert len(set(p.layers)) == -(-CFG.n_layers // group)
     _check_decode(LocalDecoder(CFG, W, p), requests)
 

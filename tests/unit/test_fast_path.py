@@ -11,9 +11,10 @@ import pytest
 from waferrt.core.ledger import Ledger
 from waferrt.core.mesh import Region
 from waferrt.core.spec import TINY, WSE2
+from waferrt.decode.cost import Decoding
 from waferrt.decode.pack import pack_embed, pack_layer
 from waferrt.decode.shards import EmbedShard, LayerShard
-from waferrt.fabric.comm import Collectives, LineComm
+from waferrt.fabric.comm import Collectives, LineComm, Slices, Span
 from waferrt.model import synthetic_llama, tiny_config
 
 SHAPES = [(1, 1), (1, 6), (5, 1), (2, 3), (4, 5), (3, 7), (8, 16)]  # (rows, cols)
@@ -44,11 +45,11 @@ def test_allreduce_fast_equals_hop_by_hop(rows, cols, algo, axis):
     ledgers = {}
     for fast in (True, False):
         ledgers[fast] = Ledger(WSE2)
-        comm = LineComm(axis, region, region, None, ledgers[fast], fast=fast)
+        comm = LineComm(axis, Span.of(region), ledgers[fast], fast=fast)
         with ledgers[fast].op("test"):
-            out[fast] = (comm.allreduce(buf, algo, 2, "sum", collapse=True),
-                         comm.allreduce(buf, algo, 3, "max"),
-                         comm.allreduce(buf[:, 0], algo, 2, "sum", replicated=True, collapse=True))
+            out[fast] = (comm.allreduce(buf, Collectives(algo, 2), "sum", collapse=True),
+                         comm.allreduce(buf, Collectives(algo, 3), "max"),
+                         comm.allreduce(buf[:, 0], Collectives(algo, 2), "sum", Slices(replicated=True), collapse=True))
     for f, c in zip(out[True], out[False], strict=True):
         np.testing.assert_allclose(f, c, rtol=1e-5, atol=1e-5)
     _same_counts(ledgers[True], ledgers[False])
@@ -62,7 +63,7 @@ def test_a_layer_and_the_head_fast_equal_hop_by_hop(rows, cols, algo):
     for fast in (True, False):
         ledgers[fast] = led = Ledger(TINY)
         coll = Collectives(algo, 2, fast)
-        layer = LayerShard(CFG, region, pack_layer(CFG, W.layers[0], region), (3, 20), led, coll)
+        layer = LayerShard(Decoding(CFG, coll=coll), region, pack_layer(CFG, W.layers[0], region), (3, 20), led)
         embed = EmbedShard(CFG, region, pack_embed(CFG, W.embed, W.final_norm, region), led, coll)
         slots, poss = np.array([0, 0, 0, 2, 1]), np.array([0, 1, 2, 0, 0])  # a prompt, two one-token ones
         x = embed.lookup(np.array([5, 9, 200, 31, 7]))

@@ -20,6 +20,7 @@ from waferrt.faults import (
     NodeLoss,
     PayloadCorrupt,
     Straggler,
+    Targets,
     TileCrash,
     Trigger,
 )
@@ -52,9 +53,9 @@ def test_the_same_seed_draws_the_same_plan():
     assert {f.kind for f in a.faults} == {"core", "link", "corrupt", "straggler", "tile"}  # node: needs 2 nodes
     assert all(1 <= f.when.step <= 12 for f in a.faults)
     assert all(MESH.tile_of(f.a) != MESH.tile_of(f.b) for f in a.faults if f.kind == "corrupt")
-    slow = FaultPlan.random(4, 20, MESH, kinds=("straggler",), cores={Coord(1, 1)}).faults
+    slow = FaultPlan.random(4, 20, Targets(MESH, {Coord(1, 1)}), kinds=("straggler",)).faults
     assert {f.core for f in slow} == {None, Coord(1, 1)}  # a slow tile, or one slow core of the decode's
-    assert {f.node for f in FaultPlan.random(1, 20, MESH, kinds=("node",), nodes=3).faults} <= {1, 2}
+    assert {f.node for f in FaultPlan.random(1, 20, Targets(MESH, nodes=3), kinds=("node",)).faults} <= {1, 2}
 
 
 @pytest.mark.parametrize("bad,match", [

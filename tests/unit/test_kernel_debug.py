@@ -14,6 +14,7 @@ from waferrt.core.ledger import Ledger
 from waferrt.core.mesh import Coord, MeshSpec
 from waferrt.core.spec import TINY
 from waferrt.fabric import BlockTooLarge, Context, KernelMisuse, NotSpmd, simulate
+from waferrt.fabric.comm import Span
 from waferrt.fabric.debug import KernelFailed
 from waferrt.fabric.spmd import run_kernel
 from waferrt.faults import CoreFailed
@@ -121,7 +122,7 @@ def test_a_send_into_a_dead_core_despite_where_names_sender_and_receiver():
 
 def test_a_kernel_that_returns_a_value_is_misuse():
     mesh = MeshSpec(2, 2, 2, 2)
-    ctx = Context(mesh.region, mesh.region, None, Ledger(TINY), {})
+    ctx = Context(Span.of(mesh.region), Ledger(TINY), {})
     with pytest.raises(KernelFailed) as e:
         run_kernel(ctx, lambda ctx: np.zeros(3), {}, mesh.tiles()[0])
     err = e.value.unwrap()

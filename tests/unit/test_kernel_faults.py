@@ -14,6 +14,7 @@ from waferrt.actors.tile import Tile
 from waferrt.core.layout import Layout
 from waferrt.core.mesh import Coord, MeshSpec, Region, TileId
 from waferrt.core.spec import TINY
+from waferrt.fabric.comm import Span
 from waferrt.fabric.debug import KernelFailed
 from waferrt.fabric.kernel import Context
 from waferrt.fabric.loop import LoopFabric, simulate
@@ -104,7 +105,7 @@ def test_load_and_store_leave_a_dead_core_out_only_when_asked():
     layout = Layout((2, 2, 3), Region(0, 0, 2, 2), ("y", "x", None))
     blocks = np.arange(12, dtype=np.float32).reshape(2, 2, 1, 1, 3)
     store = {"x": (layout, blocks)}
-    ctx = Context(layout.region, layout.region, None, _ledger(), store, faults=_dead(C11))
+    ctx = Context(Span.of(layout.region), _ledger(), store, faults=_dead(C11))
     with pytest.raises(CoreFailed, match="ctx.load of 'x'"):
         ctx.load("x")
     got = ctx.load("x", where=ctx.live)
@@ -157,7 +158,7 @@ def test_a_corrupt_kernel_message_is_caught_by_its_checksum_and_names_the_link()
 
     def body(t, links):
         local = mesh.tile_region(t)
-        ctx = Context(mesh.region, local, links, _ledger(), {}, tag="k1")
+        ctx = Context(Span(mesh.region, local, links), _ledger(), {}, tag="k1")
         return ctx.send(x[mesh.region.window(local)], 1, 0)
 
     with pytest.raises(PayloadCorrupt) as e:

@@ -10,8 +10,10 @@ import pytest
 
 from waferrt.model import (
     KVCache,
+    Layer,
     LlamaConfig,
     ReferenceModel,
+    Rope,
     Sampler,
     apply_rope,
     attention,
@@ -45,7 +47,7 @@ def test_every_activation_stays_float32(model: ReferenceModel) -> None:
     a = attention(q, kc, kc, cfg.n_heads // cfg.n_kv_heads)
     m = swiglu(h, lw.w_gate, lw.w_up, lw.w_down)
     cache = model.new_cache()
-    y = layer_forward(x, lw, cfg, cache.k[0], cache.v[0], 0, cos, sin)
+    y = layer_forward(x, Layer(lw, cfg), cache.k[0], cache.v[0], Rope(0, cos, sin))
     for name, arr in dict(h=h, cos=cos, sin=sin, q=q, k=k, v=v, a=a, m=m, y=y, kcache=cache.k[0]).items():
         assert arr.dtype == F32, name
     logits = model.step(7, 0, model.new_cache())

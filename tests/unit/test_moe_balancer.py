@@ -6,6 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from waferrt.decode.cost import Decoding
 from waferrt.core.ledger import Ledger
 from waferrt.core.mesh import Region
 from waferrt.core.spec import TINY
@@ -44,7 +45,7 @@ def test_a_swap_crosses_the_links_between_the_blocks():
 @pytest.mark.parametrize("steps", [0, 3])
 def test_tokens_stay_the_references_during_and_after_a_migration(steps):
     ledger = Ledger(TINY)
-    shards = [MoELayerShard(CFG, REGION, pack_moe_layer(CFG, lw, REGION, "er"), (1, 24), ledger) for lw in W.layers]
+    shards = [MoELayerShard(Decoding(CFG), REGION, pack_moe_layer(CFG, lw, REGION, "er"), (1, 24), ledger) for lw in W.layers]
     embed = EmbedShard(CFG, REGION, pack_embed(CFG, W.embed, W.final_norm, REGION), ledger)
     ref, chunks = ReferenceModel(CFG, W), Chunks(CFG.dim, REGION.w)
     cache, before, stall = ref.new_cache(), shards[0].blocks, None

@@ -14,7 +14,7 @@ from waferrt.core.gemm_cost import AttentionShape, attention_cost
 from waferrt.core.mesh import MeshSpec
 from waferrt.core.spec import TINY
 from waferrt.fabric.loop import simulate
-from waferrt.kernels.attention import causal_attention, skew
+from waferrt.kernels.attention import PromptAttention, causal_attention, skew
 from waferrt.kernels.gemm import Grid, collect, spread
 
 SOFTMAX = 6
@@ -37,7 +37,7 @@ def test_causal_attention_equals_numpy_and_its_closed_form(mesh, tokens, hd, hea
     grid, region, scale = Grid.of(mesh.region), mesh.region, 1 / np.sqrt(hd)
     blocks = {n: np.stack([spread(grid, region.shape, m[h]) for h in range(heads)], axis=2)
               for n, m in (("q", q), ("k", k), ("v", v))}
-    kernel = partial(causal_attention, tokens=tokens, scale=scale, softmax_flops=SOFTMAX)
+    kernel = partial(causal_attention, prompt=PromptAttention(tokens, scale, SOFTMAX))
     out, cost = simulate(mesh, TINY, region, kernel, **blocks)
     for h in range(heads):
         np.testing.assert_allclose(collect("meshgemm", grid, out[:, :, h], tokens, hd),
@@ -64,6 +64,6 @@ def _in_op(ctx, fn, *args):
 def test_a_non_square_region_is_refused_with_what_to_give():
     mesh = MeshSpec(4, 2, 2, 2)
     z = np.zeros((2, 4, 1, 1, 1), np.float32)
-    kernel = partial(causal_attention, tokens=2, scale=1.0, softmax_flops=SOFTMAX)
+    kernel = partial(causal_attention, prompt=PromptAttention(2, 1.0, SOFTMAX))
     with pytest.raises(ValueError, match="square region"):
         simulate(mesh, TINY, mesh.region, kernel, q=z, k=z, v=z)

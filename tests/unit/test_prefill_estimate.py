@@ -5,6 +5,7 @@ and the command prints tokens/s, time to first token and an end-to-end pair for 
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 
 import pytest
 
@@ -22,14 +23,14 @@ from waferrt.scheduler.types import KVReserve
 
 def _est(model: str, spec, requests: int = 8):
     cfg, label = model_by_name(model)
-    return estimate(cfg, spec, spec.full_mesh, KVReserve(min(4096, cfg.max_seq_len), requests), "float16",
-                    label=label)
+    return replace(estimate(cfg, spec, spec.full_mesh, KVReserve(min(4096, cfg.max_seq_len), requests), "float16"),
+                   label=label)
 
 
 @pytest.mark.parametrize("dtype", ["float32", "float16"])
 def test_one_chunk_costs_what_the_emulated_prefill_books(dtype):
     cfg, label = model_by_name("smollm2-135m")
-    est = estimate(cfg, WSE2, WSE2.full_mesh, KVReserve(2048, 8), dtype, label=label)
+    est = replace(estimate(cfg, WSE2, WSE2.full_mesh, KVReserve(2048, 8), dtype), label=label)
     region = est.shape.region()
     one = total(c for _, _, c in chunk_parts(est, region, 512, 512))
     weights = layout_move(WSE2, region, weights_core_bytes(cfg, region, dtype)).scaled(2)

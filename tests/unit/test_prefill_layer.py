@@ -17,7 +17,7 @@ from waferrt.decode.pack import Chunks, pack_layer
 from waferrt.decode.prefill import full_weights, layer_step, prefill_layer, prefill_layer_cost, prefill_runs
 from waferrt.decode.shards import LayerShard
 from waferrt.model import Sampler, synthetic_llama, tiny_config
-from waferrt.model.reference import layer_forward, layer_prefill, rope_cos_sin
+from waferrt.model.reference import Layer, Rope, layer_forward, layer_prefill, rope_cos_sin
 from waferrt.scheduler import KVReserve, plan
 from waferrt.serving import GenRequest, LocalDecoder, generate_reference
 
@@ -38,20 +38,19 @@ def test_full_weights_are_the_reference_layers(region):
 @pytest.mark.parametrize("region", REGIONS, ids=lambda r: f"{r.w}x{r.h}")
 def test_a_prefilled_layer_equals_the_reference_and_the_decode_continues(region, tokens):
     lw, ledger = W.layers[0], Ledger(TINY)
-    shard = LayerShard(CFG, region, pack_layer(CFG, lw, region), (2, 32), ledger)
+    shard = LayerShard(Decoding(CFG), region, pack_layer(CFG, lw, region), (2, 32), ledger)
     rng = np.random.default_rng(tokens)
     x = rng.standard_normal((tokens + 1, CFG.dim)).astype(np.float32)
     kc = np.zeros((CFG.n_kv_heads, 32, CFG.head_dim), np.float32)
     vc = np.zeros_like(kc)
     cos, sin = rope_cos_sin(np.arange(tokens), CFG.head_dim, CFG.rope_theta)
-    want = layer_prefill(x[:tokens], lw, CFG, kc, vc, 0, cos, sin)
+    want = layer_prefill(x[:tokens], Layer(lw, CFG), kc, vc, Rope(np.arange(tokens), cos, sin))
     chunks = Chunks(CFG.dim, region.w)
     got = prefill_layer(shard, chunks.split(x[:tokens]), slot=1)
     np.testing.assert_allclose(chunks.join(got), want, rtol=1e-4, atol=1e-4)
     assert ledger.by_op["prefill"] == prefill_layer_cost(TINY, Decoding(CFG), region, tokens)
     assert shard.kv.positions(1) == list(range(tokens))
-    c1, s1 = rope_cos_sin(tokens, CFG.head_dim, CFG.rope_theta)
-    nxt = layer_forward(x[tokens], lw, CFG, kc, vc, tokens, c1, s1)
+    nxt = layer_forward(x[tokens], Layer(lw, CFG), kc, vc, Rope.at(tokens, CFG))
     got = shard.forward(chunks.split(x[tokens:]), np.array([1]), np.array([tokens]))
     np.testing.assert_allclose(chunks.join(got)[0], nxt, rtol=1e-4, atol=1e-4)
 
@@ -64,7 +63,7 @@ HALF_FAST = TINY.replace(half_flops_per_cycle=4 * TINY.flops_per_cycle)  # 16-bi
 def test_a_prefill_books_its_closed_form_at_the_storage_dtypes_rate(region, dtype):
     """The shard's ledger computes at its storage dtype's rate; so does prefill_layer_cost (Decoding.dtype)."""
     ledger = Ledger(HALF_FAST, dtype)
-    shard = LayerShard(CFG, region, pack_layer(CFG, W.layers[0], region, dtype), (2, 32), ledger, dtype=dtype)
+    shard = LayerShard(Decoding(CFG, dtype), region, pack_layer(CFG, W.layers[0], region, dtype), (2, 32), ledger)
     x = np.random.default_rng(1).standard_normal((9, CFG.dim)).astype(np.float32)
     prefill_layer(shard, Chunks(CFG.dim, region.w).split(x), slot=0)
     assert ledger.by_op["prefill"] == prefill_layer_cost(HALF_FAST, Decoding(CFG, dtype), region, 9)
@@ -75,7 +74,7 @@ def test_a_micro_batch_prefills_its_whole_prompts_and_decodes_the_rest():
                      [2, 4, 4, 1, 2]])
     assert [r.tolist() for r in prefill_runs(meta)] == [[1, 2, 3]]
     region = Region(0, 0, 4, 4)
-    mixed, alone = (LayerShard(CFG, region, pack_layer(CFG, W.layers[0], region), (3, 32), Ledger(TINY))
+    mixed, alone = (LayerShard(Decoding(CFG), region, pack_layer(CFG, W.layers[0], region), (3, 32), Ledger(TINY))
                     for _ in "ab")
     x = np.random.default_rng(0).standard_normal((6, 4, 16)).astype(np.float32)
     for shard in (mixed, alone):  # slots 0 and 2 hold earlier positions

@@ -20,6 +20,7 @@ from waferrt.scheduler import (
     NodeInfo,
     Placement,
     PlanError,
+    PlanOptions,
     budget,
     default_mesh,
     placement_from_json,
@@ -187,8 +188,9 @@ def test_smollm2_default_mesh_every_region_in_one_tile_with_spares():
 
 def test_json_round_trip_and_hashable():
     kv = KVReserve(512, 8)
-    p = plan(SMOLLM2_135M, WSE2, MeshSpec(174, 128, 87, 64, frozenset({Coord(3, 100)})), kv=kv,
-             nodes=(NodeInfo("a", 1), NodeInfo("b", 3)), dead_links=frozenset({(Coord(5, 5), Coord(5, 6))}))
+    options = PlanOptions(nodes=(NodeInfo("a", 1), NodeInfo("b", 3)),
+                          dead_links=frozenset({(Coord(5, 5), Coord(5, 6))}))
+    p = plan(SMOLLM2_135M, WSE2, MeshSpec(174, 128, 87, 64, frozenset({Coord(3, 100)})), kv=kv, options=options)
     again = placement_from_json(json.loads(json.dumps(placement_to_json(p))))
     assert again == p and hash(again) == hash(p)
     with pytest.raises(ValueError, match="key 'layers' is missing"):
@@ -197,13 +199,15 @@ def test_json_round_trip_and_hashable():
 
 def test_nodes_get_contiguous_tiles_in_proportion_to_cpus():
     mesh = MeshSpec(160, 160, 40, 40)  # 4x4 tiles
-    p = plan(SMOLLM2_135M, WSE2, mesh, kv=KVReserve(256, 4), nodes=(NodeInfo("a", 1), NodeInfo("b", 3)))
+    p = plan(SMOLLM2_135M, WSE2, mesh, kv=KVReserve(256, 4),
+             options=PlanOptions(nodes=(NodeInfo("a", 1), NodeInfo("b", 3))))
     counts = {n: sum(1 for _, o in p.tile_nodes if o == n) for n in "ab"}
     assert counts == {"a": 4, "b": 12}
     assert plan_report(p).node_borders == node_borders(mesh, p.tile_nodes) == 4
     assert p.node_of(mesh.tiles()[0]) in "ab"
     with pytest.raises(PlanError, match="distinct name"):
-        plan(SMOLLM2_135M, WSE2, mesh, kv=KVReserve(256, 4), nodes=(NodeInfo("a", 1), NodeInfo("a", 1)))
+        plan(SMOLLM2_135M, WSE2, mesh, kv=KVReserve(256, 4),
+             options=PlanOptions(nodes=(NodeInfo("a", 1), NodeInfo("a", 1))))
 
 
 def test_dead_link_inside_a_region_is_avoided_and_bad_links_are_refused():
@@ -211,10 +215,10 @@ def test_dead_link_inside_a_region_is_avoided_and_bad_links_are_refused():
     kv = KVReserve(512, 8)
     first = plan(SMOLLM2_135M, WSE2, mesh, kv=kv).layers[0]
     link = (Coord(first.x0, first.y0), Coord(first.x0 + 1, first.y0))
-    p = plan(SMOLLM2_135M, WSE2, mesh, kv=kv, dead_links=frozenset({link}))
+    p = plan(SMOLLM2_135M, WSE2, mesh, kv=kv, options=PlanOptions(dead_links=frozenset({link})))
     assert not any(r.contains(link[0]) and r.contains(link[1]) for _, r in p.regions())
     with pytest.raises(PlanError, match="one hop apart"):
-        plan(SMOLLM2_135M, WSE2, mesh, kv=kv, dead_links=frozenset({(Coord(0, 0), Coord(2, 0))}))
+        plan(SMOLLM2_135M, WSE2, mesh, kv=kv, options=PlanOptions(dead_links=frozenset({(Coord(0, 0), Coord(2, 0))})))
 
 
 def test_layer_layouts_are_the_decode_layouts():
@@ -246,7 +250,7 @@ def test_smollm2_default_plan_balances_weight_bytes_per_tile():
     assert [t.layers for t in rep.tile_work if t.embed] in ([1], [2])
     assert set(rep.hops) == {1} and rep.embed_hops == (1, 1) and rep.straddling == 0
     assert "busiest 1.05x the mean" in rep.text() and rep.to_json()["tile_work"][0]["weight_bytes"] > 0
-    packed = plan(SMOLLM2_135M, WSE2, p.mesh, kv=kv, balance=False)
+    packed = plan(SMOLLM2_135M, WSE2, p.mesh, kv=kv, options=PlanOptions(balance=False))
     assert plan_report(packed).tile_imbalance > 1.2 and len(p.spare) >= len(packed.spare) >= 8 * p.layers[0].size
 
 
@@ -256,7 +260,7 @@ def test_balancing_keeps_every_rule_and_never_loads_the_busiest_tile_more(cfg, m
     p = _plan_or_none(cfg, mesh, kv)
     if p is None:
         return
-    packed = plan(cfg, SPEC, mesh, kv=kv, balance=False)
+    packed = plan(cfg, SPEC, mesh, kv=kv, options=PlanOptions(balance=False))
     assert violations(p) == ()
     rep, old = plan_report(p), plan_report(packed)
     assert rep.straddling <= old.straddling

@@ -18,7 +18,8 @@ from waferrt.core.spec import TINY
 from waferrt.decode import layout as dl
 from waferrt.decode.setup import stage_sram
 from waferrt.model import Sampler, synthetic_llama, tiny_config
-from waferrt.scheduler import KVReserve, Strategy, plan, violations
+from waferrt.scheduler import KVReserve, PlanOptions, Strategy, plan, violations
+from waferrt.scheduler.estimate import Objective
 from waferrt.scheduler.strategies import choose, parse_strategy
 from waferrt.serving import GenRequest, LocalDecoder, generate_reference
 
@@ -29,7 +30,7 @@ MESH, KV = MeshSpec(16, 16, 8, 8), KVReserve(32, 4)
 
 @pytest.mark.parametrize("group", [1, 2, 3])
 def test_every_strategy_decodes_the_reference_tokens(group):
-    p = plan(CFG, TINY, MESH, kv=KV, strategy=Strategy(group, CFG.n_layers))
+    p = plan(CFG, TINY, MESH, kv=KV, options=PlanOptions(strategy=Strategy(group, CFG.n_layers)))
     assert violations(p) == () and p.group == group
     assert [name for name, _ in p.regions()[1:]] == {1: ["layer 0", "layer 1", "layer 2"], 2: ["layers 0-1", "layer 2"],
                                                      3: ["layers 0-2"]}[group]
@@ -41,7 +42,7 @@ def test_every_strategy_decodes_the_reference_tokens(group):
 
 
 def test_a_groups_region_books_what_the_planner_budgets():
-    p = plan(CFG, TINY, MESH, kv=KV, strategy=Strategy(3, CFG.n_layers))
+    p = plan(CFG, TINY, MESH, kv=KV, options=PlanOptions(strategy=Strategy(3, CFG.n_layers)))
     from waferrt.decode.setup import DecodeSetup
 
     setup = DecodeSetup.from_placement(p)
@@ -57,12 +58,12 @@ def test_a_groups_region_books_what_the_planner_budgets():
 
 def test_choose_keeps_the_best_for_the_objective_and_says_why():
     for objective in ("latency", "throughput"):
-        c = choose(CFG, TINY, KV, objective, lambda s: MESH)
+        c = choose(CFG, TINY, KV, Objective(objective), lambda s: MESH)
         scores = [t.score(objective) for t in c.timed]
         assert scores == sorted(scores) and c.placement == c.timed[0].placement
         assert {t.strategy.group for t in c.timed} | {s.group for s, _ in c.refused} == {1, 2, 3}
         assert c.why.startswith(f"objective {objective}") and len(c.table().splitlines()) == 3
-    tensor = choose(CFG, TINY, KV, "latency", lambda s: MESH, tried=[Strategy(3, 3)])
+    tensor = choose(CFG, TINY, KV, Objective("latency", (Strategy(3, 3),)), lambda s: MESH)
     assert tensor.placement.group == 3 and "no other strategy fits" in tensor.why
 
 

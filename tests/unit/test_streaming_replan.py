@@ -21,7 +21,7 @@ from waferrt.core.spec import TINY
 from waferrt.decode import layout as dl
 from waferrt.model import Sampler, synthetic_llama, tiny_config
 from waferrt.model.config import SMOLLM2_135M
-from waferrt.scheduler import KVReserve, PlanError, replan, violations
+from waferrt.scheduler import KVReserve, PlanError, PlanOptions, replan, violations
 from waferrt.scheduler.budget import kv_bytes
 from waferrt.scheduler.placement import plan_streaming, stream_bytes, streaming_mesh
 from waferrt.serving import GenRequest, LocalDecoder, generate_reference
@@ -73,9 +73,9 @@ def test_the_region_avoids_the_dead_and_has_the_most_cores(seed):
     want = _best_by_hand(mesh, SMALL_KV, links)
     if want is None:
         with pytest.raises(PlanError, match="weight streaming: (with .* dead, )?no region"):
-            plan_streaming(CFG, TINY, mesh, kv=SMALL_KV, dead_links=links)
+            plan_streaming(CFG, TINY, mesh, kv=SMALL_KV, options=PlanOptions(dead_links=links))
         return
-    p = plan_streaming(CFG, TINY, mesh, kv=SMALL_KV, dead_links=links)
+    p = plan_streaming(CFG, TINY, mesh, kv=SMALL_KV, options=PlanOptions(dead_links=links))
     assert p.embed == want and violations(p) == () and p.dead_links == links
     assert len(mesh.tiles_of(p.embed)) == 1 and _free(p.embed, mesh, links)
 
@@ -84,10 +84,10 @@ def test_a_dead_core_or_link_in_the_first_tile_moves_the_region():
     two = MeshSpec(6, 8, 3, 8)
     assert plan_streaming(CFG, TINY, two.with_dead({Coord(1, 0)}), kv=KV).embed == Region(3, 0, 3, 8)
     link = frozenset({(Coord(0, 3), Coord(1, 3))})
-    assert plan_streaming(CFG, TINY, two, kv=KV, dead_links=link).embed == Region(3, 0, 3, 8)
+    assert plan_streaming(CFG, TINY, two, kv=KV, options=PlanOptions(dead_links=link)).embed == Region(3, 0, 3, 8)
     wide = MeshSpec(6, 8, 6, 8)  # one tile, wider than the region needs: a smaller region inside it
     assert plan_streaming(CFG, TINY, wide.with_dead({Coord(1, 0)}), kv=KV).embed == Region(0, 1, 6, 7)
-    assert plan_streaming(CFG, TINY, wide, kv=KV, dead_links=link).embed == Region(1, 0, 5, 8)
+    assert plan_streaming(CFG, TINY, wide, kv=KV, options=PlanOptions(dead_links=link)).embed == Region(1, 0, 5, 8)
 
 
 @pytest.mark.parametrize("cfg, kv", [(CFG, KV), (CFG, SMALL_KV), (SMOLLM2_135M, KVReserve(512, 8))],

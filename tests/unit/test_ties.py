@@ -30,7 +30,7 @@ from waferrt.core.ledger import Ledger
 from waferrt.core.mesh import MeshSpec, Region
 from waferrt.core.spec import TINY, WSE2
 from waferrt.decode import layout as dl
-from waferrt.decode.cost import alone_cycles, layer_decode_cost
+from waferrt.decode.cost import Decoding, alone_cycles, layer_decode_cost
 from waferrt.decode.pack import Chunks, pack_layer
 from waferrt.decode.schedule import round_seconds
 from waferrt.decode.setup import DecodeSetup, stage_sram
@@ -39,7 +39,7 @@ from waferrt.decode.streaming import head_parts, stage_cycles, streamed_bytes
 from waferrt.model import Sampler, synthetic_llama, tiny_config
 from waferrt.model.config import SMOLLM2_135M
 from waferrt.model.zoo import MODELS as ZOO
-from waferrt.scheduler import KVReserve, Placement, Strategy, budget, plan, wafer
+from waferrt.scheduler import KVReserve, Placement, PlanOptions, Strategy, budget, plan, wafer
 from waferrt.scheduler import estimate as est
 from waferrt.scheduler import streaming as paper_streaming
 from waferrt.scheduler.placement import plan_streaming, streaming_mesh
@@ -133,8 +133,10 @@ def _tiny_placement(dtype: str, strategy: str, mesh: MeshSpec) -> Placement:
     if strategy == "streaming":
         small = streaming_mesh(TINY_CFG, TINY, KV, dtype)  # the one-tile mesh; wider tiles hold wider regions
         tile_w = small.tile_w * (1 + TINY_MESHES.index(mesh))
-        return plan_streaming(TINY_CFG, TINY, MeshSpec(tile_w, small.height, tile_w, small.height), kv=KV, dtype=dtype)
-    return plan(TINY_CFG, TINY, mesh, kv=KV, dtype=dtype, strategy=Strategy(_group(TINY_CFG, strategy), 3))
+        return plan_streaming(TINY_CFG, TINY, MeshSpec(tile_w, small.height, tile_w, small.height), kv=KV,
+                              options=PlanOptions(dtype=dtype))
+    return plan(TINY_CFG, TINY, mesh, kv=KV,
+                options=PlanOptions(dtype=dtype, strategy=Strategy(_group(TINY_CFG, strategy), 3)))
 
 
 def _emulated_token(p: Placement, tokens: int) -> float:
@@ -177,7 +179,7 @@ def _layer_booked(dtype: str) -> float:
     """Cycles the tiles book for one token through one layer of the tiny model on a WSE-2 4x2 region."""
     region, ledger = Region(0, 0, 4, 2), Ledger(WSE2, dtype)  # the tiles' ledger computes at the storage dtype
     w = synthetic_llama(TINY_CFG, seed=0).layers[0]
-    shard = LayerShard(TINY_CFG, region, pack_layer(TINY_CFG, w, region, dtype), (1, 8), ledger, dtype=dtype)
+    shard = LayerShard(Decoding(TINY_CFG, dtype), region, pack_layer(TINY_CFG, w, region, dtype), (1, 8), ledger)
     x = Chunks(TINY_CFG.dim, 4).split(np.random.default_rng(0).standard_normal((1, TINY_CFG.dim)).astype(np.float32))
     shard.forward(x, np.arange(1), np.zeros(1, int))
     return ledger.by_op["layer"].cycles

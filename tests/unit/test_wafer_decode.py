@@ -9,13 +9,14 @@ from waferrt.core.dtypes import to_f32, to_storage
 from waferrt.core.ledger import Ledger
 from waferrt.core.mesh import Coord, MeshSpec, Region
 from waferrt.core.spec import TINY
+from waferrt.decode.cost import Decoding
 from waferrt.decode.kvcache import KVCapacityError
 from waferrt.decode.pack import Chunks, pack_embed, pack_layer
 from waferrt.decode.setup import DecodeSetup, PlacementError
 from waferrt.decode.shards import EmbedShard, LayerShard
 from waferrt.fabric.comm import Collectives
 from waferrt.model import LayerWeights, LlamaWeights, ReferenceModel, Sampler, synthetic_llama, tiny_config
-from waferrt.scheduler import KVReserve, plan, plan_report
+from waferrt.scheduler import KVReserve, PlanOptions, plan, plan_report
 from waferrt.serving import GenRequest, LocalDecoder, generate_reference
 
 CFG = tiny_config()
@@ -28,7 +29,8 @@ W = synthetic_llama(CFG, seed=0)
 def test_layers_on_cores_equal_the_reference(rows, cols, algo, fast):
     region, coll = Region(0, 0, cols, rows), Collectives(algo, 2, fast)
     ledger = Ledger(TINY)
-    shards = [LayerShard(CFG, region, pack_layer(CFG, lw, region), (2, 24), ledger, coll) for lw in W.layers]
+    dec = Decoding(CFG, coll=coll)
+    shards = [LayerShard(dec, region, pack_layer(CFG, lw, region), (2, 24), ledger) for lw in W.layers]
     embed = EmbedShard(CFG, region, pack_embed(CFG, W.embed, W.final_norm, region), ledger, coll)
     ref, chunks = ReferenceModel(CFG, W), Chunks(CFG.dim, cols)
     cache = ref.new_cache()
@@ -47,7 +49,7 @@ def test_layers_on_cores_equal_the_reference(rows, cols, algo, fast):
 
 def test_kv_cache_stays_balanced_by_shifting():
     region = Region(0, 0, 5, 2)
-    shard = LayerShard(CFG, region, pack_layer(CFG, W.layers[0], region), (1, 23), Ledger(TINY))
+    shard = LayerShard(Decoding(CFG), region, pack_layer(CFG, W.layers[0], region), (1, 23), Ledger(TINY))
     x = np.zeros((1, 5, shard.arrays["attn_norm"].shape[1]), np.float32)
     for pos in range(23):
         shard.forward(x, np.array([0]), np.array([pos]))
@@ -94,7 +96,8 @@ def test_request_beyond_kv_capacity_is_refused_before_it_starts():
 def test_a_batch_of_prompt_tokens_equals_one_token_at_a_time():
     """Prefill: several positions of one request (and other requests) in one batch, causal attention."""
     region = Region(0, 0, 3, 2)
-    shards = [LayerShard(CFG, region, pack_layer(CFG, W.layers[0], region), (3, 16), Ledger(TINY)) for _ in "ab"]
+    arrays = pack_layer(CFG, W.layers[0], region)
+    shards = [LayerShard(Decoding(CFG), region, arrays, (3, 16), Ledger(TINY)) for _ in "ab"]
     rng = np.random.default_rng(0)
     x = rng.standard_normal((5, 3, shards[0].arrays["attn_norm"].shape[1])).astype(np.float32)
     slots, poss = np.array([0, 0, 0, 2, 2]), np.array([0, 1, 2, 0, 1])
@@ -116,7 +119,7 @@ def test_half_precision_storage_equals_the_reference_on_rounded_weights(dtype):
     weights rounded the same way, and the plan books 2 bytes per weight."""
     embed = _round(W.embed, dtype)
     rounded = LlamaWeights(embed, _round(W.layers, dtype), _round(W.final_norm, dtype), embed)
-    placement = plan(CFG, TINY, MESHES["2x2 tiles"], kv=KVReserve(32, 2), dtype=dtype)
+    placement = plan(CFG, TINY, MESHES["2x2 tiles"], kv=KVReserve(32, 2), options=PlanOptions(dtype=dtype))
     requests = [GenRequest((5, 6, 7), 10), GenRequest((9,), 10)]
     want, _ = generate_reference(CFG, rounded, requests, Sampler())
     got, _ = LocalDecoder(CFG, W, placement).generate(requests, Sampler())

@@ -18,6 +18,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+from dataclasses import dataclass
 
 from waferrt.core.spec import PRESETS
 
@@ -149,9 +150,9 @@ def run(args) -> int:
                     got, error = llm.generate(requests, sampler)[0], None
                 except Exception as e:  # noqa: BLE001 - reported: what could not be recovered, with the tokens so far
                     got, error = getattr(e, "completions", []), e
-    same = error is None and [c.tokens for c in got] == [c.tokens for c in want]
-    _report(args, plan, session.log, same, error, decode, want, got)
-    return 0 if same else 1
+    outcome = _Outcome(tuple(want), tuple(got), error)
+    _report(args, plan, session.log, outcome, decode)
+    return 0 if outcome.same else 1
 
 
 def _check(args) -> None:
@@ -190,11 +191,13 @@ def _check(args) -> None:
 
 def _wafer_llm(config, placement, address):
     """The planned WaferLLM, or UsageError when the decode cannot run on these tiles (a region over two)."""
+    from dataclasses import replace
+
     from waferrt.decode.setup import PlacementError
-    from waferrt.llm import WaferLLM
+    from waferrt.llm import LLM_LAUNCH, WaferLLM
 
     try:
-        return WaferLLM(config, None, placement, address=address)
+        return WaferLLM(config, None, placement, launch=replace(LLM_LAUNCH, address=address))
     except PlacementError as e:
         raise UsageError(str(e)) from None
 
@@ -239,7 +242,7 @@ def _plan(args, llm):
     import dataclasses
 
     from waferrt.decode.program import crossings
-    from waferrt.faults import FaultPlan
+    from waferrt.faults import FaultPlan, Targets
     from waferrt.faults.model import border_links
 
     if args.plan:
@@ -252,8 +255,8 @@ def _plan(args, llm):
         if "corrupt" in args.kinds and not links and len(args.kinds) > 1:
             say("no corrupt faults drawn: every stage runs on one tile, so no payload crosses a tile border")
         try:
-            plan = FaultPlan.random(args.seed, args.faults, p.mesh, args.kinds, args.max_new_tokens, cores,
-                                    nodes=args.nodes, links=links)
+            plan = FaultPlan.random(args.seed, args.faults, Targets(p.mesh, cores, links, args.nodes), args.kinds,
+                                    args.max_new_tokens)
         except ValueError as e:  # nothing left to draw: corrupt alone where no payload crosses a tile border
             raise UsageError(f"--kinds {','.join(args.kinds)}: {e}") from None
     if args.policy:
@@ -278,7 +281,22 @@ def _again(args, plan) -> str:
     return " ".join(parts)
 
 
-def _report(args, plan, log, same, error, decode, want, got) -> None:
+@dataclass(frozen=True, eq=False)
+class _Outcome:
+    """The fault-free decode's completions, the faulty one's (those so far, when it failed) and its error."""
+
+    want: tuple
+    got: tuple
+    error: BaseException | None = None
+
+    @property
+    def same(self) -> bool:
+        """Did the decode under faults recover to the fault-free tokens?"""
+        return self.error is None and [c.tokens for c in self.got] == [c.tokens for c in self.want]
+
+
+def _report(args, plan, log, outcome: _Outcome, decode) -> None:
+    same, error, want, got = outcome.same, outcome.error, outcome.want, outcome.got
     counts = log.counts()
     again = _again(args, plan)
     if args.json:

@@ -43,14 +43,14 @@ def add_parser(sub) -> argparse.ArgumentParser:
 def run(args) -> int:
     import numpy as np
 
-    from waferrt.runtime import Wafer
+    from waferrt.runtime import Launch, Wafer
 
     mesh = checked_mesh(args, lambda w, h: args.tile)
     w, h = args.mesh
     shape = (h, 4 * w)  # a block of 1x4 float32 per core
     x = np.random.default_rng(0).standard_normal(shape).astype(np.float32)
     t0 = time.perf_counter()
-    with Wafer(spec=args.spec, mesh=mesh, address=args.address, max_tiles=args.max_tiles) as wafer:
+    with Wafer(spec=args.spec, mesh=mesh, launch=Launch(args.address, max_tiles=args.max_tiles)) as wafer:
         print(f"wafer: {mesh}, spec {wafer.spec.name}; started in {time.perf_counter() - t0:.1f}s")
         wafer.dsm.alloc("x", shape)
         wafer.dsm.alloc("y", shape)

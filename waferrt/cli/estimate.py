@@ -15,11 +15,12 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from dataclasses import replace
 
 from waferrt.core.dtypes import STORAGE_DTYPES
 from waferrt.core.spec import PRESETS, spec_by_name
 from waferrt.model.zoo import MODELS, model_by_name
-from waferrt.scheduler.estimate import OBJECTIVES, estimate
+from waferrt.scheduler.estimate import OBJECTIVES, Objective, estimate
 from waferrt.scheduler.moe_estimate import moe_estimate
 from waferrt.scheduler.prefill import prefill
 from waferrt.scheduler.strategies import STRATEGY_HELP, parse_strategy
@@ -135,7 +136,7 @@ def run(args) -> int:
         cfg, label, spec, tried, kv = workload(args)
         mesh = args.mesh or spec.full_mesh
         tokens, io = _prompts(args, kv)
-        est = estimate(cfg, spec, mesh, kv, args.dtype, tried, args.objective, label)
+        est = replace(estimate(cfg, spec, mesh, kv, args.dtype, Objective(args.objective, tried)), label=label)
     except ValueError as e:
         print(f"waferrt estimate: {e}", file=sys.stderr)
         return 2

@@ -198,7 +198,7 @@ def _placement(args, config, mesh, requests, nodes=None):
 
     from waferrt.cli.model import default_mesh_cached
     from waferrt.core.spec import spec_by_name
-    from waferrt.scheduler import Admission, KVReserve, PlanError, Request
+    from waferrt.scheduler import KVReserve, PlanError
 
     from .strategy import placed
 
@@ -206,10 +206,10 @@ def _placement(args, config, mesh, requests, nodes=None):
     kv = KVReserve(args.kv_tokens, args.requests)
     nodes = nodes or _ray_nodes(args.address)
     if args.streaming:
-        return _streaming_placement(args, config, spec, kv, mesh, requests, nodes)
+        return _admitted(_streaming_placement(args, config, spec, kv, mesh, nodes), requests)
     try:
-        p, choice = placed(args, config, spec, kv, args.dtype, nodes, mesh,
-                           lambda s: default_mesh_cached(config, spec, kv, args.dtype, s))
+        p, choice = placed(args, config, spec, kv, nodes,
+                           lambda s: mesh or default_mesh_cached(config, spec, kv, args.dtype, s))
     except (PlanError, ValueError) as e:  # does not fit (the message says what would), or a bad --strategy N
         raise UsageError(str(e)) from None
     if choice is not None:
@@ -218,32 +218,36 @@ def _placement(args, config, mesh, requests, nodes=None):
             say(f"  {row}")
     if config.moe:
         p = dataclasses.replace(p, experts=args.experts, balance=args.balance)
-    admission = Admission.for_placement(p)
-    refused = [admission.submit(Request(i, len(r.prompt_ids), r.max_new_tokens)) for i, r in enumerate(requests)]
-    if any(refused):
-        raise UsageError("; ".join(r.reason for r in refused if r))
+    _admitted(p, requests)
     experts = f", {config.n_experts} experts per layer region ({p.experts} mapping)" if config.moe else ""
     say(f"placed on {p.mesh} ({spec.name}, {args.dtype} storage): {p.strategy.describe()}, layer regions "
         f"{p.layers[0].w}x{p.layers[0].h} cores{experts}, KV {p.kv_tokens} tokens x {kv.requests} requests")
     return p
 
 
-def _streaming_placement(args, config, spec, kv, mesh, requests, nodes):
+def _admitted(p, requests):
+    """The placement `p`, once it admits every request (UsageError with each refusal's reason otherwise)."""
+    from waferrt.scheduler import Admission, Request
+
+    admission = Admission.for_placement(p)
+    refused = [admission.submit(Request(i, len(r.prompt_ids), r.max_new_tokens)) for i, r in enumerate(requests)]
+    if any(refused):
+        raise UsageError("; ".join(r.reason for r in refused if r))
+    return p
+
+
+def _streaming_placement(args, config, spec, kv, mesh, nodes):
     """--streaming: one region runs every stage and the weights stream in from MemoryX (waferrt.decode.streaming)."""
-    from waferrt.scheduler import Admission, PlanError, Request
+    from waferrt.scheduler import PlanError, PlanOptions
     from waferrt.scheduler.placement import plan_streaming, streaming_mesh
 
     if args.strategy or args.objective:
         raise UsageError("--streaming runs every stage on one region; leave out --strategy and --objective")
     try:
         p = plan_streaming(config, spec, mesh or streaming_mesh(config, spec, kv, args.dtype), kv=kv,
-                           dtype=args.dtype, nodes=nodes)
+                           options=PlanOptions(dtype=args.dtype, nodes=nodes))
     except PlanError as e:
         raise UsageError(str(e)) from None
-    refused = [Admission.for_placement(p).submit(Request(i, len(r.prompt_ids), r.max_new_tokens))
-               for i, r in enumerate(requests)]
-    if any(refused):
-        raise UsageError("; ".join(r.reason for r in refused if r))
     sram = p.mesh.width * p.mesh.height * spec.sram_bytes
     say(f"weight streaming on {p.mesh} ({spec.name}, {args.dtype}): one {p.embed.w}x{p.embed.h} region runs every "
         f"stage; the mesh's SRAM is {sram / 1e6:,.0f} MB, the weights {config.params() * 4 / 1e6:,.0f} MB in float32 "
@@ -269,19 +273,21 @@ def _weights(model):
 
 def _wafer(args, placement):
     """The planned WaferLLM (not started yet), or a one-line reason why this model cannot run here."""
+    from dataclasses import replace
+
     from waferrt.decode.setup import PlacementError
     from waferrt.fabric.comm import Collectives
-    from waferrt.llm import WaferLLM
+    from waferrt.llm import LLM_LAUNCH, WaferLLM
 
     try:
-        llm = WaferLLM(placement.config, None, placement, address=args.address,
-                       collectives=Collectives(args.algo), max_tiles=args.max_tiles)
+        llm = WaferLLM(placement.config, None, placement, collectives=Collectives(args.algo),
+                       launch=replace(LLM_LAUNCH, address=args.address, max_tiles=args.max_tiles))
         return llm.use_prefill(args.prefill)
     except PlacementError as e:
         raise UsageError(str(e)) from None
 
 
-def _on_the_wafer(args, llm, model, requests, sampler, on_token, live):
+def _on_the_wafer(args, llm, model, batch, on_token, live):
     """Start the tiles while the weights load, load them, decode; when a tile fails, print what every
     request had produced, then one line."""
     from waferrt.actors.watch import TileFailed
@@ -290,7 +296,7 @@ def _on_the_wafer(args, llm, model, requests, sampler, on_token, live):
         with llm.open(progress=say):
             llm.load(_weights(model), progress=say)
             say("decoding on the wafer")
-            return llm.generate(requests, sampler, on_token, trace=args.trace or bool(args.heatmap))
+            return llm.generate(list(batch.requests), batch.sampler, on_token, trace=args.trace or bool(args.heatmap))
     except TileFailed as e:
         if args.trace:
             say(f"wrote the trace so far to {args.trace}")
@@ -316,7 +322,7 @@ def _ray_nodes(address: str | None):
 def run(args) -> int:
     from waferrt.model import Sampler, StreamDecoder
     from waferrt.scheduler import plan_report
-    from waferrt.serving import generate_reference
+    from waferrt.serving import Batch, generate_reference
 
     texts = _prompts(args)
     _check_flags(args)
@@ -354,13 +360,16 @@ def run(args) -> int:
             out, stats = generate_reference(model.config, weights, requests, sampler, on_token)
             mesh, bound = "reference", None
         else:
-            out, stats = _on_the_wafer(args, _wafer(args, placement), model, requests, sampler, on_token, live)
+            batch = Batch(tuple(requests), sampler)
+            out, stats = _on_the_wafer(args, _wafer(args, placement), model, batch, on_token, live)
             mesh = str(placement.mesh)
             bound = None if placement.streaming else \
                 plan_report(placement).bound_tokens_per_s(min(len(requests), placement.kv.requests))
     finally:
         bar.close()
-    _report(args, tok, out, stats, mesh, live, streams, bound)
+    if live:  # the rest of the streamed text
+        print(streams[0].flush(), flush=True)
+    _report(args, tok, out, stats, mesh, bound)
     if not args.reference:
         _pictures(args, placement, stats)
     return 0
@@ -389,7 +398,7 @@ def _first_token(stats, out, pick) -> dict:
             "prefill_tokens_per_s": pick([rate.get(i) for i in n])}
 
 
-def _report(args, tok, out, stats, mesh, live, streams, bound) -> None:
+def _report(args, tok, out, stats, mesh, bound) -> None:
     gen = [tok.decode(c.tokens, skip_special=True) for c in out]
     if args.json:
         one = len(out) == 1
@@ -403,8 +412,6 @@ def _report(args, tok, out, stats, mesh, live, streams, bound) -> None:
             "steps": stats.steps, "generated": stats.tokens, "wall_s": round(stats.wall_s, 3),
             "mesh": mesh, **_first_token(stats, out, pick)}))
         return
-    if live:
-        print(streams[0].flush(), flush=True)
     wafer = "" if mesh == "reference" else f"; modelled wafer: ran {stats.wafer_tokens_per_s:,.0f} tok/s" + (
         "" if bound is None else f", bound {bound:,.0f} tok/s")
     say(f"{stats.tokens} tokens in {stats.wall_s:.2f}s: wall {stats.wall_tokens_per_s:.1f} tok/s{wafer}")

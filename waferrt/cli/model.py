@@ -58,7 +58,7 @@ def default_mesh_cached(config, spec, kv, dtype: str, strategy=None):
 
     from waferrt.core.mesh import MeshSpec
     from waferrt.model.npcache import cache_root
-    from waferrt.scheduler import default_mesh
+    from waferrt.scheduler import PlanOptions, default_mesh
 
     parts = [dataclasses.asdict(config), dataclasses.asdict(spec), dataclasses.asdict(kv), dtype]
     if strategy is not None and strategy.group > 1:  # (one layer per region keeps its key of before)
@@ -69,7 +69,7 @@ def default_mesh_cached(config, spec, kv, dtype: str, strategy=None):
         return MeshSpec(*json.loads(path.read_text()))
     except (OSError, ValueError, TypeError):
         pass
-    mesh = default_mesh(config, spec, kv, dtype=dtype, strategy=strategy)
+    mesh = default_mesh(config, spec, kv, options=PlanOptions(dtype=dtype, strategy=strategy))
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(json.dumps([mesh.width, mesh.height, mesh.tile_w, mesh.tile_h]))

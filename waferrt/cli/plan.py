@@ -27,6 +27,7 @@ from waferrt.scheduler import (
     NodeInfo,
     Placement,
     PlanError,
+    PlanOptions,
     Replan,
     default_mesh,
     draw_png,
@@ -181,8 +182,8 @@ def _setup(args) -> tuple[Placement, str, frozenset[Coord], object]:
     kv = KVReserve(args.kv_tokens, args.requests)
     names = [f"node{i}" for i in range(args.nodes)] if args.nodes > 1 else ["local"]
     nodes = tuple(NodeInfo(name, args.cpus) for name in names)
-    p, choice = placed(args, cfg, spec, kv, args.dtype, nodes, mesh,
-                       lambda s: default_mesh(cfg, spec, kv, dtype=args.dtype, strategy=s))
+    p, choice = placed(args, cfg, spec, kv, nodes, lambda s: mesh or default_mesh(
+        cfg, spec, kv, options=PlanOptions(dtype=args.dtype, strategy=s)))
     return p, model, _kill(p, args.dead, args.seed) if args.dead else frozenset(), choice
 
 

@@ -1,9 +1,10 @@
 """The parallelism strategy of ``waferrt plan`` and ``waferrt generate``: --strategy, --objective, and the pick.
 
 Contract: ``add_strategy_args(parser)`` adds ``--strategy layer|tensor|grouped[:N]`` (checked by its
-argparse type) and ``--objective latency|throughput``. ``placed(args, config, spec, kv, dtype, nodes, mesh,
-mesh_for)`` returns ``(Placement, Choice or None)``: with neither flag, layer-pipelined regions (one layer
-each) on `mesh` (or ``mesh_for(strategy)`` when `mesh` is None), as before strategies existed; with a
+argparse type) and ``--objective latency|throughput``. ``placed(args, config, spec, kv, nodes,
+mesh_for)`` returns ``(Placement, Choice or None)`` in ``args.dtype``: with neither flag, layer-pipelined
+regions (one layer each) on ``mesh_for(strategy)`` (the --mesh given, or the default for that strategy), as
+before strategies existed; with a
 --strategy naming one strategy, that one; otherwise (``--objective``, or ``--strategy grouped``) every
 candidate is planned and timed by ``waferrt.scheduler.strategies.choose``, which says why the winner won.
 A model that does not fit raises ``PlanError`` (the caller prints it).
@@ -14,7 +15,7 @@ from __future__ import annotations
 import argparse
 import re
 
-from waferrt.scheduler.estimate import OBJECTIVES
+from waferrt.scheduler.estimate import OBJECTIVES, Objective
 from waferrt.scheduler.strategies import STRATEGY_HELP, choose, parse_strategy
 
 
@@ -34,17 +35,18 @@ def add_strategy_args(p) -> None:
                         "throughput (modelled tokens/s with --requests in flight); it prints every candidate")
 
 
-def placed(args, config, spec, kv, dtype: str, nodes, mesh, mesh_for):
+def placed(args, config, spec, kv, nodes, mesh_for):
     """(Placement, Choice or None) as the module docstring says."""
-    from waferrt.scheduler import plan
+    from waferrt.scheduler import PlanOptions, plan
 
+    dtype = args.dtype
     tried = parse_strategy(args.strategy or "layer", config.n_layers)
     if args.objective is None and len(tried) == 1:
         s = tried[0]
-        return plan(config, spec, mesh or mesh_for(s), kv=kv, dtype=dtype, nodes=nodes, strategy=s), None
+        return plan(config, spec, mesh_for(s), kv=kv, options=PlanOptions(dtype=dtype, strategy=s, nodes=nodes)), None
     if args.strategy is None:
         tried = None  # every strategy
-    choice = choose(config, spec, kv, args.objective or "latency", lambda s: mesh or mesh_for(s), dtype, nodes,
-                    tried)
+    choice = choose(config, spec, kv, Objective(args.objective or "latency", tried), mesh_for,
+                    PlanOptions(dtype=dtype, nodes=nodes))
     return choice.placement, choice
 

@@ -12,6 +12,7 @@ import argparse
 import json
 import sys
 
+from waferrt.scheduler.estimate import Objective
 from waferrt.scheduler.sweep import AREA_BUDGET_MM2, DEFAULT_GRID, Grid, best_point, sweep, table
 
 from .common import number_list, output_path, parse_wxh
@@ -69,7 +70,7 @@ def _grid(args) -> Grid:
 def run(args) -> int:
     try:
         cfg, label, base, tried, kv = workload(args)
-        points = sweep(cfg, base, _grid(args), kv, args.dtype, tried, args.objective, label)
+        points = sweep(cfg, base, _grid(args), kv, args.dtype, Objective(args.objective, tried))
     except ValueError as e:
         print(f"waferrt sweep: {e}", file=sys.stderr)
         return 2

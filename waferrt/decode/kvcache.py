@@ -18,7 +18,6 @@ import numpy as np
 
 from waferrt.core.arith import cdiv
 from waferrt.core.dtypes import storage_dtype, to_f32, to_storage
-from waferrt.core.mesh import Region
 from waferrt.fabric.comm import LineComm
 from waferrt.model.config import LlamaConfig
 
@@ -28,10 +27,10 @@ class KVCapacityError(MemoryError):
 
 
 class MeshKVCache:
-    def __init__(self, cfg: LlamaConfig, region: Region, slots: int, kv_tokens: int, hd_r: int, dtype: str,
-                 comm: LineComm):
+    def __init__(self, cfg: LlamaConfig, comm: LineComm, slots: int, kv_tokens: int, hd_r: int, dtype: str):
+        region = comm.region  # comm: the region's x-line (columns), for the shifts
         self.rows, self.cols, self.nkv, self.hd_r = region.h, region.w, cfg.n_kv_heads, hd_r
-        self.dtype, self.comm = dtype, comm  # comm: the region's x-line (columns), for the shifts
+        self.dtype, self.comm = dtype, comm
         self.cap = cdiv(kv_tokens, region.w)
         store = storage_dtype(dtype)
         # K as (.., hd_r, cap, C): one core's dims against every cached position is a single matmul, and
@@ -141,10 +140,10 @@ class FlowKVCache:
     sends hop by hop) -- so the ledger is the same; tests/unit/test_fast_path.py holds the two to it.
     K is (slots, n_kv, rows * hd_r, positions), V (slots, n_kv, positions, rows * hd_r)."""
 
-    def __init__(self, cfg: LlamaConfig, region: Region, slots: int, kv_tokens: int, hd_r: int, dtype: str,
-                 comm: LineComm):
+    def __init__(self, cfg: LlamaConfig, comm: LineComm, slots: int, kv_tokens: int, hd_r: int, dtype: str):
+        region = comm.region  # comm: the region's x-line (columns), where the shifts are booked
         self.rows, self.cols, self.nkv, self.hd_r = region.h, region.w, cfg.n_kv_heads, hd_r
-        self.dtype, self.comm = dtype, comm  # comm: the region's x-line (columns), where the shifts are booked
+        self.dtype, self.comm = dtype, comm
         self.cap = cdiv(kv_tokens, region.w)
         width, store = self.rows * hd_r, storage_dtype(dtype)
         self.k = np.zeros((slots, self.nkv, width, self.cap * self.cols), store)

@@ -32,7 +32,7 @@ from waferrt.core.cost import Cost
 from waferrt.core.dtypes import to_storage
 from waferrt.core.ledger import Ledger, merge_parallel
 from waferrt.core.mesh import Region
-from waferrt.fabric.comm import LineComm
+from waferrt.fabric.comm import LineComm, Span
 from waferrt.model.config import LlamaConfig
 from waferrt.model.reference import silu, top_k_gates
 
@@ -102,8 +102,8 @@ class MoELayerShard(LayerShard):
         """Expert e's SwiGLU of x (n, dim) -> (n, dim), as MeshGEMVs in its block (booked in `led`)."""
         block, coll = self.blocks[e], self.coll
         dims = self.block_dims[block]
-        cx = LineComm("x", block, block, None, led, fast=coll.fast)
-        cy = LineComm("y", block, block, None, led, fast=coll.fast)
+        cx = LineComm("x", Span.of(block), led, fast=coll.fast)
+        cy = LineComm("y", Span.of(block), led, fast=coll.fast)
         gu = mesh_gemv(cx, coll, self._w(f"w13.{e}"), dims.split(x)).reshape(len(x), block.h, 2, -1)
         led.compute(EW["silu_mul"] * len(x) * gu.shape[3])
         return dims.join(mesh_gemv(cy, coll, self._w(f"w2.{e}"), silu(gu[:, :, 0]) * gu[:, :, 1]))

@@ -32,9 +32,9 @@ from waferrt.core.gemm_cost import AttentionShape, GemmShape, attention_cost, ge
 from waferrt.core.layout import from_blocks
 from waferrt.core.ledger import Ledger
 from waferrt.core.mesh import Region
-from waferrt.fabric.comm import LineComm
+from waferrt.fabric.comm import LineComm, Span
 from waferrt.fabric.kernel import Context
-from waferrt.kernels.attention import causal_attention
+from waferrt.kernels.attention import PromptAttention, causal_attention
 from waferrt.kernels.gemm import Grid, collect, meshgemm, place, spread
 from waferrt.model.config import LlamaConfig
 from waferrt.model.reference import apply_rope, rmsnorm, rope_cos_sin, silu
@@ -102,7 +102,7 @@ class _Mesh:
 
     def __init__(self, region: Region, ledger: Ledger):
         self.region = gemm_region(region)
-        self.ctx = Context(self.region, self.region, None, ledger, {})
+        self.ctx = Context(Span.of(self.region), ledger, {})
         self.grid, self.ledger, self.side = Grid.of(self.region), ledger, self.region.w
 
     def gemm(self, a: np.ndarray, b: np.ndarray) -> np.ndarray:
@@ -117,7 +117,7 @@ class _Mesh:
         T, H, hd = q.shape
         blocks = {n: np.stack([spread(self.grid, self.region.shape, m[:, h]) for h in range(H)], axis=2)
                   for n, m in (("q", q), ("k", k), ("v", v))}
-        run = partial(causal_attention, tokens=T, scale=1.0 / np.sqrt(hd), softmax_flops=EW["softmax"])
+        run = partial(causal_attention, prompt=PromptAttention(T, 1.0 / np.sqrt(hd), EW["softmax"]))
         out = run(self.ctx, **blocks)
         return np.stack([collect("meshgemm", self.grid, out[:, :, h], T, hd) for h in range(H)], axis=1)
 
@@ -196,7 +196,7 @@ def _fill_cache(shard, slot: int, k: np.ndarray, v: np.ndarray) -> None:
         return out
 
     own = shard.kv.comm
-    shard.kv.comm = LineComm("x", region, region, None, Ledger(shard.ledger.spec))
+    shard.kv.comm = LineComm("x", Span.of(region), Ledger(shard.ledger.spec))
     try:
         shard.kv.insert(np.full(T, slot), per_row(k), per_row(v), np.arange(T))
     finally:

@@ -39,7 +39,7 @@ import numpy as np
 from waferrt.core.cost import Cost
 from waferrt.core.ledger import Ledger
 from waferrt.core.mesh import Dir, MeshSpec, TileId
-from waferrt.fabric.comm import LineComm
+from waferrt.fabric.comm import LineComm, Span
 from waferrt.faults.errors import CoreFailed, LinkFailed
 from waferrt.faults.model import CoreFailure
 from waferrt.faults.state import FaultState
@@ -157,8 +157,7 @@ class TileProgram:
         arrays = pack_stage(st, s, raw)
         if kind == "layer":
             shard = MoELayerShard if st.config.moe else LayerShard
-            self.layers[s] = shard(st.config, region, arrays, (st.slots, st.kv_tokens), self.ledger,
-                                   st.collectives, st.dtype)
+            self.layers[s] = shard(st.decoding, region, arrays, (st.slots, st.kv_tokens), self.ledger)
             self.layers[s].balance = st.balance
         else:
             self.embed = EmbedShard(st.config, region, arrays, self.ledger, st.collectives, st.dtype)
@@ -299,14 +298,13 @@ class TileProgram:
         elif kind == "layer":
             arrays = self.store.layer(layer)
             if s not in self.layers:  # its K/V stays on the wafer from the first run on
-                self.layers[s] = LayerShard(st.config, region, arrays, (st.slots, st.kv_tokens), self.ledger,
-                                            st.collectives, st.dtype)
+                self.layers[s] = LayerShard(st.decoding, region, arrays, (st.slots, st.kv_tokens), self.ledger)
             shard = self.layers[s]
             shard.arrays = arrays
             x = shard.forward(x, meta[:, 0], meta[:, 2])
             shard.arrays = {}
         else:
-            comm = LineComm("x", region, region, None, self.ledger, fast=st.collectives.fast)
+            comm = LineComm("x", Span.of(region), self.ledger, fast=st.collectives.fast)
             chunks = (self.store.head(k) for k in range(self.store.head_count))
             with self.ledger.op("head"):
                 out = streamed_logits(comm, st.collectives, st.config, chunks, x[want], st.dtype)

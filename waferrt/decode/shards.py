@@ -21,11 +21,12 @@ import numpy as np
 from waferrt.core.dtypes import to_f32
 from waferrt.core.ledger import Ledger
 from waferrt.core.mesh import Region
-from waferrt.fabric.comm import KTREE_FAST, Collectives, LineComm
+from waferrt.fabric.comm import KTREE_FAST, Collectives, LineComm, Slices, Span
 from waferrt.model.config import LlamaConfig
 from waferrt.model.reference import apply_rope, silu
 
 from .cost import ELEMENTWISE_FLOPS as EW
+from .cost import Decoding
 from .kvcache import FlowKVCache, MeshKVCache
 from .pack import Chunks, rope_tables
 
@@ -37,7 +38,7 @@ def mesh_rmsnorm(comm: LineComm, x: np.ndarray, w: np.ndarray, cfg: LlamaConfig,
         ss = np.einsum("bcd,bcd->b", x, x)  # (B,)
         book_allreduce(comm, coll, x.shape[0], replicated=True)
     else:
-        ss = comm.allreduce((x * x).sum(axis=2), coll.algo, coll.k, array_axis=1, replicated=True,
+        ss = comm.allreduce((x * x).sum(axis=2), coll, slices=Slices(1, replicated=True),
                             collapse=True)  # (B,)
     comm.ledger.compute(EW["rmsnorm"] * x.shape[0] * x.shape[2])
     scale = np.float32(1.0) / np.sqrt(ss / np.float32(cfg.dim) + np.float32(cfg.norm_eps))
@@ -84,22 +85,23 @@ def mesh_gemv(comm: LineComm, coll: Collectives, w: np.ndarray, x: np.ndarray) -
         return matmul_rows(w, x.reshape(B, P * i)).reshape(B, Q, -1)
     per_core = w.reshape(-1, P, i).transpose(1, 2, 0)  # (P, i, Q*o): each core's blocks, every line's
     part = np.matmul(x.transpose(1, 0, 2), per_core).reshape(P, B, Q, -1)  # every core's block GEMV, all items
-    return comm.allreduce(part, coll.algo, coll.k, array_axis=0, collapse=True, overwrite=True)
+    return comm.allreduce(part, coll, collapse=True, overwrite=True)
 
 
 class LayerShard:
-    def __init__(self, cfg: LlamaConfig, region: Region, arrays: dict, kv: tuple[int, int], ledger: Ledger,
-                 coll: Collectives = KTREE_FAST, dtype: str = "float32"):
-        """`arrays` from pack_layer; `kv` = (requests, positions per request) of the K/V caches."""
+    def __init__(self, dec: Decoding, region: Region, arrays: dict, kv: tuple[int, int], ledger: Ledger):
+        """`dec`: the model, the storage dtype, the collectives; `arrays` from pack_layer; `kv` = (requests,
+        positions per request) of the K/V caches."""
+        cfg, coll, dtype = dec.config, dec.coll, dec.dtype
         self.cfg, self.region, self.ledger, self.coll = cfg, region, ledger, coll
         self.arrays, self.dtype = arrays, dtype  # weights and K/V are stored in `dtype`, computed in float32
         self.rows, self.cols = region.h, region.w
-        self.cx = LineComm("x", region, region, None, ledger, fast=coll.fast)
-        self.cy = LineComm("y", region, region, None, ledger, fast=coll.fast)
+        self.cx = LineComm("x", Span.of(region), ledger, fast=coll.fast)
+        self.cy = LineComm("y", Span.of(region), ledger, fast=coll.fast)
         self.hd_r = arrays["wqkv"].shape[0] // (self.rows * (cfg.n_heads + 2 * cfg.n_kv_heads))
         self.inv_freq, _ = rope_tables(cfg, self.rows)  # (R, hd_r/2)
         cache = FlowKVCache if coll.fast else MeshKVCache  # the same entries, counts and bookings
-        self.kv = cache(cfg, region, kv[0], kv[1], self.hd_r, dtype, self.cx)
+        self.kv = cache(cfg, self.cx, kv[0], kv[1], self.hd_r, dtype)
         self.scale = np.float32(1.0 / np.sqrt(cfg.head_dim))
 
     def _w(self, name: str) -> np.ndarray:
@@ -117,21 +119,21 @@ class LayerShard:
         part = np.matmul(q.reshape(B, self.rows, nkv, rep, self.hd_r), kc)  # (B, R, nkv, rep, m*C)
         self.ledger.compute(2 * B * nkv * rep * self.hd_r * m)
         part = part.reshape(B, self.rows, nkv, rep, m, self.cols)
-        scores = self.cy.allreduce(part, coll.algo, coll.k, array_axis=1, collapse=True,
+        scores = self.cy.allreduce(part, coll, slices=Slices(1), collapse=True,
                                    overwrite=True)  # (B, nkv, rep, m, C)
         valid = self.kv.visible(slots, poss, m)[:, None, None]  # (B, 1, 1, m, C)
         scores = np.where(valid, scores * self.scale, np.float32(-np.inf))
-        top = self.cx.allreduce(scores.max(axis=3), coll.algo, coll.k, op="max", array_axis=3, replicated=True,
+        top = self.cx.allreduce(scores.max(axis=3), coll, "max", Slices(3, replicated=True),
                                 collapse=True)  # (B, nkv, rep)
         e = np.where(valid, np.exp(scores - top[..., None, None]), np.float32(0))
-        total = self.cx.allreduce(e.sum(axis=3), coll.algo, coll.k, array_axis=3, replicated=True,
+        total = self.cx.allreduce(e.sum(axis=3), coll, slices=Slices(3, replicated=True),
                                   collapse=True)  # (B, nkv, rep)
         p = (e / total[..., None, None]).transpose(0, 4, 1, 2, 3)  # (B, C, nkv, rep, m)
         self.ledger.compute(EW["softmax"] * B * nkv * rep * m)
         out = np.matmul(p, vc)  # (B, C, nkv, rep, R*hd_r)
         self.ledger.compute(2 * B * nkv * rep * self.hd_r * m)
         out = out.reshape(B, self.cols, nkv, rep, self.rows, self.hd_r)
-        a = self.cx.allreduce(out, coll.algo, coll.k, array_axis=1, collapse=True,
+        a = self.cx.allreduce(out, coll, slices=Slices(1), collapse=True,
                               overwrite=True)  # (B, nkv, rep, R, hd_r)
         return a.transpose(0, 3, 1, 2, 4).reshape(B, self.rows, -1)
 
@@ -199,7 +201,7 @@ class EmbedShard:
         self.table, self.norm = arrays["table"], arrays["final_norm"]  # (R*voc_r, C*dim_c), (C, dim_c)
         self.rows, self.cols = region.h, region.w
         self.vocab = Chunks(cfg.vocab_size, region.h)
-        self.cx = LineComm("x", region, region, None, ledger, fast=coll.fast)
+        self.cx = LineComm("x", Span.of(region), ledger, fast=coll.fast)
 
     def lookup(self, tokens: np.ndarray) -> np.ndarray:
         """The embedding rows of `tokens` (B,), each as (C, dim_c) in the core row that holds it."""

@@ -58,11 +58,49 @@ class Collectives:
 KTREE_FAST = Collectives()  # the default: K-tree with K=2, fast path
 
 
+@dataclass(frozen=True)
+class Slices:
+    """Where a buffer holds the slices of a line's cores: along array `axis` (this tile's cores, in region
+    order); `replicated`: every line holds the same values (a message carries them once, not a share)."""
+
+    axis: int = 0
+    replicated: bool = False
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.axis, int) or self.axis < 0:
+            raise ValueError(f"Slices.axis is the array axis of the line's cores, an int >= 0; got {self.axis!r}")
+
+
+@dataclass(frozen=True, eq=False)
+class Span:
+    """Where a kernel, or a line's collectives, run: the whole `region`, the `tile` this program runs on
+    (its cores of the region: ``local``), and the links to the neighbour tiles (None: the region lies
+    wholly in this tile, nothing crosses a tile border)."""
+
+    region: Region
+    tile: Region
+    links: Links | None = None
+
+    def __post_init__(self) -> None:
+        if self.region.intersect(self.tile) is None:
+            raise ValueError(f"the kernel's region {self.region} has no core in the tile {self.tile}")
+
+    @classmethod
+    def of(cls, region: Region) -> Span:
+        """A region wholly in this tile."""
+        return cls(region, region)
+
+    @property
+    def local(self) -> Region:
+        """This tile's cores of the region."""
+        return self.region.intersect(self.tile)
+
+
 class LineComm:
-    def __init__(self, axis: str, region: Region, local: Region, links: Links | None, ledger: Ledger,
-                 tag_prefix: str = "", fast: bool = False):
+    def __init__(self, axis: str, span: Span, ledger: Ledger, tag_prefix: str = "", fast: bool = False):
         if axis not in ("x", "y"):
             raise ValueError(f"a line runs along mesh axis 'x' or 'y', got {axis!r}")
+        region, local, links = span.region, span.local, span.links
         self.axis, self.region, self.local, self.links, self.ledger = axis, region, local, links, ledger
         self.fast = fast and local == region  # the fast path needs every core of the region in this tile
         if axis == "x":
@@ -174,17 +212,16 @@ class LineComm:
             _put(out, pos, val, array_axis)
         return out
 
-    def allreduce(self, buf: np.ndarray, algo: str = "ktree", k: int = 2, op: str = "sum",
-                  array_axis: int = 0, replicated: bool = False, collapse: bool = False,
-                  overwrite: bool = False) -> np.ndarray:
-        """Every core of the line ends with the reduction (sum or max) of all the line's slices.
-        With collapse=True the result is returned once, without the line axis (every core of the line
-        holds the same value; the emulator keeps one copy). overwrite=True lets the K-tree reduce in
-        `buf` itself (a scratch buffer of the caller's)."""
+    def allreduce(self, buf: np.ndarray, coll: Collectives = KTREE_FAST, op: str = "sum",
+                  slices: Slices = Slices(), collapse: bool = False, overwrite: bool = False) -> np.ndarray:
+        """Every core of the line ends with the reduction (sum or max) of all the line's slices (`slices`: where
+        they lie in `buf`), by the `coll.algo` allreduce with `coll.k` levels (fast or hop by hop: this
+        comm's `fast`, set when it was made). With collapse=True the result is returned once, without the
+        line axis (every core of the line holds the same value; the emulator keeps one copy). overwrite=True
+        lets the K-tree reduce in `buf` itself (a scratch buffer of the caller's)."""
         if op not in REDUCE_OPS:
             raise ValueError(f"allreduce op is one of {sorted(REDUCE_OPS)}, got {op!r}")
-        if algo not in ALLREDUCE_ALGOS:
-            raise ValueError(f"unknown allreduce algorithm {algo!r}; choose one of {ALLREDUCE_ALGOS}")
+        algo, k, array_axis, replicated = coll.algo, coll.k, slices.axis, slices.replicated
         if self.n == 1:  # a line of one core: nothing moves (booked, at zero cost)
             with self.ledger.op(f"allreduce.{algo}"):
                 return np.take(buf, 0, axis=array_axis) if collapse else buf.copy()

@@ -30,12 +30,12 @@ import numpy as np
 
 from waferrt.core.cost import reduce_flops
 from waferrt.core.ledger import Ledger
-from waferrt.core.mesh import Coord, Dir, Region
+from waferrt.core.mesh import Coord, Dir
 from waferrt.faults.faultmap import FaultMap
 
-from .comm import LineComm
+from .comm import Collectives, LineComm, Slices, Span
 from .debug import user_site
-from .links import FabricProtocolError, Links
+from .links import FabricProtocolError
 from .misuse import from_neighbour
 from .view import RegionView
 
@@ -58,12 +58,11 @@ class Context(RegionView):
            [0., 4., 5., 6.]], dtype=float32)
     """
 
-    def __init__(self, region: Region, tile: Region, links: Links | None, ledger: Ledger, store: dict,
-                 tag: str = "", faults: FaultMap | None = None):
-        super().__init__(region, tile, store, faults, ledger.spec)
+    def __init__(self, span: Span, ledger: Ledger, store: dict, tag: str = "", faults: FaultMap | None = None):
+        super().__init__(span.region, span.tile, store, faults, ledger.spec)
         self.ledger, self.tag = ledger, tag
-        self.x = LineComm("x", region, self.local, links, ledger, f"{tag}:")
-        self.y = LineComm("y", region, self.local, links, ledger, f"{tag}:")
+        self.x = LineComm("x", span, ledger, f"{tag}:")
+        self.y = LineComm("y", span, ledger, f"{tag}:")
         self.calls: list[tuple[str, str]] = []  # (primitive, its line) run so far: the tiles compare the primitives
 
     def _comm(self, axis: str) -> tuple[LineComm, int]:
@@ -202,7 +201,7 @@ class Context(RegionView):
             comm, ax = self._comm(axis)
             self._need(f"ctx.allreduce along {axis}", axis=axis)
             with self.ledger.op(f"allreduce.{algo}"):
-                out = comm.allreduce(buf, algo, k, op, ax)
+                out = comm.allreduce(buf, Collectives(algo, k), op, Slices(ax))
                 self.ledger.compute(reduce_flops(algo, comm.n, _block_values(buf), k))
             return out
 
@@ -228,7 +227,7 @@ class Context(RegionView):
             with self.ledger.op("gemv"):
                 y = np.matmul(w, x[..., None])[..., 0]
                 self.ledger.compute(2 * w.shape[-1] * w.shape[-2])
-                out = comm.allreduce(y, algo, k, "sum", ax)
+                out = comm.allreduce(y, Collectives(algo, k), "sum", Slices(ax))
                 self.ledger.compute(reduce_flops(algo, comm.n, _block_values(y), k))
                 return out
 
@@ -253,7 +252,7 @@ class Context(RegionView):
     def log(self, *values) -> None:
         """A line to the host, as ``print(*values)`` in a kernel: shown labelled by tile when the run ends.
 
-        >>> from waferrt.core.mesh import MeshSpec
+        >>> from waferrt.core.mesh import MeshSpec, Region
         >>> from waferrt.core.spec import TINY
         >>> from waferrt.fabric.loop import simulate
         >>> def hello(ctx, x):

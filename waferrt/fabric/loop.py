@@ -25,6 +25,7 @@ from waferrt.core.mesh import Dir, MeshSpec, TileId
 from waferrt.faults.errors import PayloadCorrupt
 from waferrt.faults.wire import checksum, flip
 
+from .comm import Span
 from .kernel import Context
 from .links import FabricProtocolError, FabricTimeout
 from .spmd import root_cause, run_kernel, show_output
@@ -145,7 +146,7 @@ def simulate(mesh: MeshSpec, spec, region, kernel, timeout: float = 10.0, faults
     def body(t: TileId, links):
         local = mesh.tile_region(t).intersect(region)
         ledger = Ledger(spec)
-        ctx = Context(region, mesh.tile_region(t), links, ledger, store={}, tag="sim", faults=faults)
+        ctx = Context(Span(region, mesh.tile_region(t), links), ledger, store={}, tag="sim", faults=faults)
         part = {k: v[region.window(local)] for k, v in arrays.items()}
         value, printed = run_kernel(ctx, kernel, part, t, returns=True)
         return local, value, ledger.snapshot(), printed

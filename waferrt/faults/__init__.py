@@ -14,9 +14,11 @@ from .model import (
     LinkFailure,
     NodeLoss,
     Straggler,
+    Targets,
     TileCrash,
     Trigger,
 )
 
 __all__ = ["KINDS", "CoreFailed", "CoreFailure", "Corrupt", "FaultError", "FaultPlan", "FaultStop", "LinkFailed",
-           "LinkFailure", "NodeLoss", "NoRoom", "PayloadCorrupt", "Straggler", "TileCrash", "Trigger", "Unrecoverable"]
+           "LinkFailure", "NodeLoss", "NoRoom", "PayloadCorrupt", "Straggler", "Targets", "TileCrash", "Trigger",
+           "Unrecoverable"]

@@ -12,8 +12,9 @@ K-th message on the fault's link, T seconds after it is armed, or at random with
 from the plan's seed). A :class:`FaultPlan` is a seeded tuple of faults; it round-trips through JSON (and
 YAML when PyYAML is installed; a file that is not valid YAML/JSON or not a plan is a ValueError naming the
 line or what is missing), ``plan.check(mesh)`` (one owner: :func:`check_on_mesh`) refuses a fault whose
-cores, link or tile are off the mesh, and ``FaultPlan.random(seed, n, kinds, mesh, ...)`` draws the same plan
-from the same seed every time. Pure: no Ray, no sockets.
+cores, link or tile are off the mesh, and ``FaultPlan.random(seed, n, mesh, kinds, ...)`` (or on
+``Targets(mesh, cores, links, nodes)``: what the faults may hit) draws the same plan from the same seed
+every time. Pure: no Ray, no sockets.
 """
 
 from __future__ import annotations
@@ -238,35 +239,46 @@ class FaultPlan:
 
     # -- drawing ----------------------------------------------------------------------------------------
     @classmethod
-    def random(cls, seed: int, n: int, mesh: MeshSpec, kinds=KINDS, steps: int = 10, cores=None,
-               nodes: int = 1, policy: str = "tolerant", links=None) -> FaultPlan:
-        """`n` faults of `kinds` drawn from `seed` (the same seed, the same plan): cores from `cores`
-        (default: every live core of `mesh`), links around them, tile-border links a -> b from `links`
-        (default: every one of `mesh`) for Corrupt, tiles of `mesh`, nodes 1 .. `nodes` - 1 (node 0 is the
-        driver's); each fires at a step in [1, steps]."""
+    def random(cls, seed: int, n: int, where: MeshSpec | Targets, kinds=KINDS, steps: int = 10,
+               policy: str = "tolerant") -> FaultPlan:
+        """`n` faults of `kinds` drawn from `seed` (the same seed, the same plan) on `where` (a mesh: any of
+        its live cores, tile-border links, tiles; or :class:`Targets` narrowing them and naming the Ray
+        nodes): links around the cores, tile-border links a -> b for Corrupt, nodes 1 .. nodes - 1 (node 0
+        is the driver's); each fires at a step in [1, steps]."""
         rng = random.Random(seed)
-        cores = sorted(cores if cores is not None else set(mesh.region.cores()) - mesh.dead)
-        links = sorted(links if links is not None else border_links(mesh)) if "corrupt" in kinds else []
+        t = where if isinstance(where, Targets) else Targets(where)
+        mesh, nodes = t.mesh, t.nodes
+        cores = sorted(t.cores if t.cores is not None else set(mesh.region.cores()) - mesh.dead)
+        links = sorted(t.links if t.links is not None else border_links(mesh)) if "corrupt" in kinds else []
         kinds = [k for k in kinds if (k != "node" or nodes > 1) and (k != "corrupt" or links)]
         if not kinds:
             raise ValueError("no fault kind left to draw (node losses need more than one Ray node, Corrupt a "
                              "link between two tiles)")
-        where = _Targets(mesh, tuple(cores), tuple(links), nodes)
+        where = Targets(mesh, tuple(cores), tuple(links), nodes)
         faults = [_draw(rng, rng.choice(kinds), where, Trigger(step=rng.randint(1, steps))) for _ in range(n)]
         return cls(tuple(faults), seed, policy)
 
 
 @dataclass(frozen=True)
-class _Targets:
-    """What a drawn fault may hit: the mesh (its tiles), the cores, the tile-border links, the Ray nodes."""
+class Targets:
+    """What drawn faults may hit: the mesh (its tiles), the cores (None: every live core of the mesh), the
+    tile-border links a -> b for Corrupt (None: every one of the mesh), and Ray nodes 1 .. nodes - 1."""
 
     mesh: MeshSpec
-    cores: tuple
-    links: tuple
-    nodes: int
+    cores: tuple | None = None
+    links: tuple | None = None
+    nodes: int = 1
+
+    def __post_init__(self) -> None:
+        for name in ("cores", "links"):  # any collection in, a hashable tuple kept (in a stable order)
+            got = getattr(self, name)
+            if got is not None and not isinstance(got, tuple):
+                object.__setattr__(self, name, tuple(sorted(got)))
+        if self.nodes < 1:
+            raise ValueError(f"faults are drawn over at least 1 Ray node (node 0, the driver's), got {self.nodes}")
 
 
-def _draw(rng: random.Random, kind: str, where: _Targets, when: Trigger):
+def _draw(rng: random.Random, kind: str, where: Targets, when: Trigger):
     mesh, cores, links, nodes = where.mesh, where.cores, where.links, where.nodes
     if kind == "core":
         return CoreFailure(rng.choice(cores), when)

@@ -1,6 +1,6 @@
 """Causal attention over a prompt as mesh GEMMs: the transposed MeshGEMM for Q.K^T, then MeshGEMM for P.V.
 
-Contract: ``causal_attention(ctx, q, k, v, tokens=T, scale=..., softmax_flops=...)`` is a kernel over a
+Contract: ``causal_attention(ctx, q, k, v, prompt=PromptAttention(T, scale, softmax_flops))`` is a kernel over a
 square grid of s x s cores (the whole region): q, k, v are H heads' (T, head_dim) matrices in the
 *C layout* of waferrt.kernels.gemm (block (i, c) of T/s tokens by head_dim/s on the core at ring place
 (i, c): how a MeshGEMM leaves its product, e.g. the QKV projection), as (rows, cols, H, T/s, head_dim/s)
@@ -19,6 +19,8 @@ allreduce along x) and P.V (V skewed like K, then ``meshgemm``) follow with no o
 """
 
 from __future__ import annotations
+
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -88,10 +90,26 @@ def causal_mask(ctx, mb: int, tokens: int) -> np.ndarray:
     return (key <= query) & (key < tokens)
 
 
-def causal_attention(ctx, q: np.ndarray, k: np.ndarray, v: np.ndarray, tokens: int, scale: float,
-                     softmax_flops: int) -> np.ndarray:
+@dataclass(frozen=True)
+class PromptAttention:
+    """What the causal attention over a prompt needs besides its blocks: the prompt's `tokens` (the rest of
+    the blocks is padding), the score `scale` (1/sqrt(head_dim)) and the flops of one softmax element."""
+
+    tokens: int
+    scale: float
+    softmax_flops: int
+
+    def __post_init__(self) -> None:
+        if self.tokens < 1 or self.scale <= 0 or self.softmax_flops < 0:
+            raise ValueError(f"causal attention over {self.tokens} tokens with scale {self.scale} and "
+                             f"{self.softmax_flops} softmax flops: give at least one token, a positive scale "
+                             "and non-negative flops")
+
+
+def causal_attention(ctx, q: np.ndarray, k: np.ndarray, v: np.ndarray, prompt: PromptAttention) -> np.ndarray:
     """The heads' causal attention over the prompt (module doc): (rows, cols, H, mb, db) blocks in, and out."""
     heads, mb = q.shape[2], q.shape[3]
+    tokens, scale, softmax_flops = prompt.tokens, prompt.scale, prompt.softmax_flops
     with ctx.ledger.op("attention"):
         scores = scores_nt(ctx, q, skew(ctx, k, "y")) * np.float32(scale)  # (rows, cols, H, mb, mb)
         valid = causal_mask(ctx, mb, tokens)[:, :, None]

@@ -15,7 +15,9 @@ import importlib
 from waferrt.model.config import SMOLLM2_135M, LlamaConfig
 from waferrt.model.reference import (
     KVCache,
+    Layer,
     ReferenceModel,
+    Rope,
     apply_rope,
     attention,
     causal_attention,
@@ -44,8 +46,8 @@ _FILE_READERS = {  # name -> the module that defines it (imported on first use)
 }
 
 __all__ = [
-    "DENSE", "AttentionMode", "KVCache", "LayerWeights", "LlamaConfig", "LlamaWeights", "ReferenceModel",
-    "SMOLLM2_135M", "Sampler",
+    "DENSE", "AttentionMode", "KVCache", "Layer", "LayerWeights", "LlamaConfig", "LlamaWeights", "ReferenceModel",
+    "Rope", "SMOLLM2_135M", "Sampler",
     "apply_rope", "attention", "causal_attention", "ffn", "layer_forward", "layer_prefill", "linear", "moe_experts",
     "rmsnorm", "rope", "rope_cos_sin", "route", "silu", "softmax", "swiglu", "synthetic_llama", "tiny_config",
     "tiny_moe_config", *_FILE_READERS,

@@ -13,6 +13,7 @@ other place that imports ``gguf``; nothing on the pure floors imports it.
 from __future__ import annotations
 
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 
 import gguf
@@ -23,15 +24,29 @@ from waferrt.model.gguf_loader import layer_tensor_names
 from waferrt.model.tokenizer import TokenizerMetadata, _byte_chars
 
 
+@dataclass(frozen=True)
+class Vocab:
+    """The byte-level BPE vocabulary a written GGUF carries besides the 256 byte tokens: its `merges`
+    ("a b" pairs) and the `extra_tokens` after the byte tokens."""
+
+    merges: tuple[str, ...] = ("Ġ t",)
+    extra_tokens: tuple[str, ...] = ()
+
+    def __post_init__(self) -> None:
+        bad = [m for m in self.merges if len(m.split(" ")) != 2]
+        if bad:
+            raise ValueError(f"BPE merges are two tokens joined by one space (e.g. 'Ġ t'); got {bad}")
+
+
 def write_gguf(
     path: Path, config: LlamaConfig, weights: LlamaWeights, arch: str = "llama", q8_1: str = "",
-    merges: tuple[str, ...] = ("Ġ t",), extra_tokens: tuple[str, ...] = (),
+    vocab: Vocab = Vocab(),
 ) -> None:
     """A llama GGUF holding `weights` as F32 (tensor `q8_1`, if named, as Q8_1 garbage instead). The
-    vocabulary is the 256 byte tokens, then `extra_tokens`, padded with unused tokens to vocab_size."""
+    vocabulary is the 256 byte tokens, then `vocab.extra_tokens`, padded with unused tokens to vocab_size."""
     w = gguf.GGUFWriter(path, arch)
     _add_config(w, config)
-    _add_tokenizer(w, _byte_vocabulary(config, merges, extra_tokens))
+    _add_tokenizer(w, _byte_vocabulary(config, vocab))
     _add_tensors(w, _tensors(config, weights), q8_1)
 
 
@@ -43,12 +58,12 @@ def write_model(path: Path, config: LlamaConfig, weights: LlamaWeights, tokenize
     _add_tensors(w, _tensors(config, weights), "")
 
 
-def _byte_vocabulary(config: LlamaConfig, merges: tuple[str, ...], extra_tokens: tuple[str, ...]) -> TokenizerMetadata:
-    """A byte-level BPE vocabulary: the 256 byte tokens, then `extra_tokens`, padded with unused tokens to
-    vocab_size."""
-    tokens = list(_byte_chars().values()) + list(extra_tokens)
+def _byte_vocabulary(config: LlamaConfig, vocab: Vocab) -> TokenizerMetadata:
+    """A byte-level BPE vocabulary: the 256 byte tokens, then `vocab.extra_tokens`, padded with unused tokens
+    to vocab_size."""
+    tokens = list(_byte_chars().values()) + list(vocab.extra_tokens)
     tokens += [f"<unused{i}>" for i in range(config.vocab_size - len(tokens))]
-    return TokenizerMetadata(model="gpt2", pre="smollm", tokens=tuple(tokens), merges=tuple(merges),
+    return TokenizerMetadata(model="gpt2", pre="smollm", tokens=tuple(tokens), merges=tuple(vocab.merges),
                              token_types=(1,) * config.vocab_size, bos_id=1, eos_id=2)
 
 
@@ -118,7 +133,7 @@ def write_tensors(path: Path, config: LlamaConfig, tensors: Iterator[tuple[str, 
     numpy `dtype` (float32: F32, float16: F16) -- written as they come: one array held at a time."""
     w = gguf.GGUFWriter(path, "llama")
     _add_config(w, config)
-    _add_tokenizer(w, _byte_vocabulary(config, ("Ġ t",), ("Ġt",)))  # one merge, so that the BPE has one to make
+    _add_tokenizer(w, _byte_vocabulary(config, Vocab(("Ġ t",), ("Ġt",))))  # one merge, so that the BPE has one to make
     for name, shape in _shapes(config).items():
         nbytes = int(np.prod(shape)) * np.dtype(dtype).itemsize
         w.add_tensor_info(gguf_name(config, name), shape, np.dtype(dtype), nbytes)

@@ -18,6 +18,7 @@ The per-layer pieces are module-level functions so other implementations can reu
 from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -164,71 +165,88 @@ def qkv_rope(
     return apply_rope(q, cos, sin), apply_rope(k, cos, sin), v
 
 
-def layer_forward(
-    x: np.ndarray,
-    lw: LayerWeights,
-    config: LlamaConfig,
-    k_cache: np.ndarray,
-    v_cache: np.ndarray,
-    pos: int,
-    cos: np.ndarray,
-    sin: np.ndarray,
-    mode: AttentionMode = DENSE,
-) -> np.ndarray:
-    """One decoder layer for one token at `pos`: x (dim,) -> (dim,).
+@dataclass(frozen=True, eq=False)
+class Layer:
+    """One decoder layer as the reference runs it: its weights, the model's shape, dense or sparse attention."""
+
+    weights: LayerWeights
+    config: LlamaConfig
+    mode: AttentionMode = DENSE
+
+    def __post_init__(self) -> None:
+        if self.weights.wq.shape[1] != self.config.dim:
+            raise ValueError(f"layer weights of width {self.weights.wq.shape[1]} do not fit a model of dim "
+                             f"{self.config.dim}; load the weights of this config")
+
+
+@dataclass(frozen=True, eq=False)
+class Rope:
+    """The position(s) a layer runs at and their RoPE cos, sin: pos an int with cos, sin (head_dim//2,),
+    or positions (seq,) with cos, sin (seq, head_dim//2)."""
+
+    pos: int | np.ndarray
+    cos: np.ndarray
+    sin: np.ndarray
+
+    def __post_init__(self) -> None:
+        if self.cos.shape != self.sin.shape or self.cos.shape[:-1] != np.shape(self.pos):
+            raise ValueError(f"RoPE cos {self.cos.shape} and sin {self.sin.shape} do not match positions of "
+                             f"shape {np.shape(self.pos)}; build them with Rope.at(pos, config)")
+
+    @classmethod
+    def at(cls, pos: int | np.ndarray, config: LlamaConfig) -> Rope:
+        """The RoPE of `pos` (an int or an array of positions) for `config`'s heads."""
+        return cls(pos, *rope_cos_sin(pos, config.head_dim, config.rope_theta))
+
+
+def layer_forward(x: np.ndarray, layer: Layer, k_cache: np.ndarray, v_cache: np.ndarray, rope: Rope) -> np.ndarray:
+    """One decoder layer for one token at `rope.pos`: x (dim,) -> (dim,).
 
     Writes this token's k, v into k_cache/v_cache (n_kv_heads, capacity, head_dim) at `pos` and attends over
-    positions 0..pos. cos, sin (head_dim//2,) are rope_cos_sin(pos, ...).
+    positions 0..pos. rope.cos, rope.sin are (head_dim//2,).
     """
+    lw, config, pos = layer.weights, layer.config, rope.pos
     h = rmsnorm(x, lw.attn_norm, config.norm_eps)  # (dim,)
-    q, k, v = qkv_rope(h, lw, config, cos, sin)  # (n_heads, hd), (n_kv, hd), (n_kv, hd)
+    q, k, v = qkv_rope(h, lw, config, rope.cos, rope.sin)  # (n_heads, hd), (n_kv, hd), (n_kv, hd)
     k_cache[:, pos] = k
     v_cache[:, pos] = v
     n_rep = config.n_heads // config.n_kv_heads
-    a = attention(q, k_cache[:, : pos + 1], v_cache[:, : pos + 1], n_rep, mode)  # (n_heads, hd)
+    a = attention(q, k_cache[:, : pos + 1], v_cache[:, : pos + 1], n_rep, layer.mode)  # (n_heads, hd)
     x = x + linear(a.reshape(-1), lw.wo)  # (dim,)
     return x + ffn(rmsnorm(x, lw.ffn_norm, config.norm_eps), lw, config)
 
 
-def layer_prefill(
-    x: np.ndarray,
-    lw: LayerWeights,
-    config: LlamaConfig,
-    k_cache: np.ndarray,
-    v_cache: np.ndarray,
-    start: int,
-    cos: np.ndarray,
-    sin: np.ndarray,
-    mode: AttentionMode = DENSE,
-) -> np.ndarray:
-    """One decoder layer for tokens at positions start..start+seq-1: x (seq, dim) -> (seq, dim).
+def layer_prefill(x: np.ndarray, layer: Layer, k_cache: np.ndarray, v_cache: np.ndarray, rope: Rope) -> np.ndarray:
+    """One decoder layer for tokens at positions rope.pos = start..start+seq-1: x (seq, dim) -> (seq, dim).
 
-    The batched twin of layer_forward; cos, sin (seq, head_dim//2) are rope_cos_sin(positions, ...).
+    The batched twin of layer_forward; rope.cos, rope.sin are (seq, head_dim//2).
     """
+    lw, config = layer.weights, layer.config
     seq = x.shape[0]
+    start = int(rope.pos[0])
     end = start + seq
     h = rmsnorm(x, lw.attn_norm, config.norm_eps)  # (seq, dim)
-    q, k, v = qkv_rope(h, lw, config, cos[:, None], sin[:, None])  # (seq, n_heads|n_kv, hd)
+    q, k, v = qkv_rope(h, lw, config, rope.cos[:, None], rope.sin[:, None])  # (seq, n_heads|n_kv, hd)
     k_cache[:, start:end] = k.transpose(1, 0, 2)
     v_cache[:, start:end] = v.transpose(1, 0, 2)
     n_rep = config.n_heads // config.n_kv_heads
-    a = causal_attention(q, k_cache[:, :end], v_cache[:, :end], n_rep, start, mode)  # (seq, n_heads, hd)
+    a = causal_attention(q, k_cache[:, :end], v_cache[:, :end], n_rep, start, layer.mode)  # (seq, n_heads, hd)
     x = x + linear(a.reshape(seq, -1), lw.wo)  # (seq, dim)
     return x + ffn(rmsnorm(x, lw.ffn_norm, config.norm_eps), lw, config)
 
 
-def layer_batch(x: np.ndarray, lw: LayerWeights, config: LlamaConfig, caches: list, layer: int,
-                poss: np.ndarray, cos: np.ndarray, sin: np.ndarray, mode: AttentionMode = DENSE) -> np.ndarray:
-    """One decoder layer for one token of each of B requests (each its own cache and position):
-    x (B, dim) -> (B, dim). The projections and the MLP run batched (the weights are read once for all B);
-    attention runs per request over its own cache. cos, sin (B, head_dim//2)."""
+def layer_batch(x: np.ndarray, layer: Layer, caches: list, index: int, rope: Rope) -> np.ndarray:
+    """One decoder layer (number `index` of the model) for one token of each of B requests (each its own
+    cache and position rope.pos[b]): x (B, dim) -> (B, dim). The projections and the MLP run batched (the
+    weights are read once for all B); attention runs per request over its own cache. rope.cos (B, hd//2)."""
+    lw, config = layer.weights, layer.config
     h = rmsnorm(x, lw.attn_norm, config.norm_eps)  # (B, dim)
-    q, k, v = qkv_rope(h, lw, config, cos[:, None], sin[:, None])  # (B, n_heads|n_kv, hd)
+    q, k, v = qkv_rope(h, lw, config, rope.cos[:, None], rope.sin[:, None])  # (B, n_heads|n_kv, hd)
     n_rep = config.n_heads // config.n_kv_heads
     a = np.empty_like(q)  # (B, n_heads, hd)
-    for b, (cache, pos) in enumerate(zip(caches, poss.tolist(), strict=True)):
-        cache.k[layer][:, pos], cache.v[layer][:, pos] = k[b], v[b]
-        a[b] = attention(q[b], cache.k[layer][:, : pos + 1], cache.v[layer][:, : pos + 1], n_rep, mode)
+    for b, (cache, pos) in enumerate(zip(caches, rope.pos.tolist(), strict=True)):
+        cache.k[index][:, pos], cache.v[index][:, pos] = k[b], v[b]
+        a[b] = attention(q[b], cache.k[index][:, : pos + 1], cache.v[index][:, : pos + 1], n_rep, layer.mode)
     x = x + linear(a.reshape(len(x), -1), lw.wo)  # (B, dim)
     return x + ffn(rmsnorm(x, lw.ffn_norm, config.norm_eps), lw, config)
 
@@ -304,10 +322,10 @@ class ReferenceModel:
         cache.check_start(pos)
         cache.reserve(pos + 1)
         cfg = self.config
-        cos, sin = rope_cos_sin(pos, cfg.head_dim, cfg.rope_theta)  # (hd//2,) each
+        rope = Rope.at(pos, cfg)  # cos, sin (hd//2,) each
         x = self.weights.embed[token_id]  # (dim,)
         for i, lw in enumerate(self.weights.layers):
-            x = layer_forward(x, lw, cfg, cache.k[i], cache.v[i], pos, cos, sin, self.attention)
+            x = layer_forward(x, Layer(lw, cfg, self.attention), cache.k[i], cache.v[i], rope)
         cache.length = pos + 1
         return self._logits(x)
 
@@ -319,10 +337,10 @@ class ReferenceModel:
             cache.check_start(pos)
             cache.reserve(pos + 1)
         cfg, poss = self.config, np.asarray(poss)
-        cos, sin = rope_cos_sin(poss, cfg.head_dim, cfg.rope_theta)  # (B, hd//2) each
+        rope = Rope.at(poss, cfg)  # cos, sin (B, hd//2) each
         x = self.weights.embed[np.asarray(tokens)]  # (B, dim)
         for i, lw in enumerate(self.weights.layers):
-            x = layer_batch(x, lw, cfg, caches, i, poss, cos, sin, self.attention)
+            x = layer_batch(x, Layer(lw, cfg, self.attention), caches, i, rope)
         for pos, cache in zip(poss.tolist(), caches, strict=True):
             cache.length = pos + 1
         return self._logits(x)
@@ -335,10 +353,10 @@ class ReferenceModel:
             self._check_token(t)
         cfg, start = self.config, cache.length
         cache.reserve(start + len(ids))
-        cos, sin = rope_cos_sin(np.arange(start, start + len(ids)), cfg.head_dim, cfg.rope_theta)
+        rope = Rope.at(np.arange(start, start + len(ids)), cfg)  # cos, sin (seq, hd//2) each
         x = self.weights.embed[np.asarray(ids)]  # (seq, dim)
         for i, lw in enumerate(self.weights.layers):
-            x = layer_prefill(x, lw, cfg, cache.k[i], cache.v[i], start, cos, sin, self.attention)
+            x = layer_prefill(x, Layer(lw, cfg, self.attention), cache.k[i], cache.v[i], rope)
         cache.length = start + len(ids)
         return self._logits(x[-1])
 

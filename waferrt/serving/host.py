@@ -3,7 +3,7 @@
 Contract: :class:`Decode` is what the host needs of a running wafer decode (the in-process LocalDecoder or
 the Ray-backed WaferLLM): ``start()``, ``submit(subs)``, ``events(timeout)`` (the TokenEvents that came
 back, [] when none did within timeout; raises the error of a tile that failed), and ``stop() -> the stage
-runs of every tile``. :func:`serve` runs one batch of requests through it:
+runs of every tile``. :func:`serve` runs one :class:`~waferrt.serving.requests.Batch` of requests through it:
 submits them all (request i samples with ``default_rng([seed, i])``), streams each token to ``on_token``
 as it comes (with ``keep_logits``, every token's logits too, into ``Completion.logits``), returns the
 completions and the stats -- wall time, inter-token latency, and the modelled wafer time of what ran
@@ -23,17 +23,17 @@ from __future__ import annotations
 
 import time
 from contextlib import nullcontext
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
 
 from waferrt.decode.schedule import flow_schedule, flow_seconds
 from waferrt.decode.setup import DecodeSetup
 from waferrt.faults.errors import FaultError, FaultStop, Unrecoverable
-from waferrt.model.sampling import Sampler
 
 from .engine import Submission, TokenEvent
 from .recovery import resume
-from .requests import Completion, GenRequest, GenStats, OnToken
+from .requests import Batch, Completion, GenStats, OnToken
 from .trace import DecodeTrace
 
 WAIT_S = 0.05  # how long one wait for events lasts (the caller's liveness checks run between waits)
@@ -57,9 +57,9 @@ class Decode(Protocol):
     # ``setup`` (after a recovery, the repaired placement's) and ``log`` (waferrt.faults.events.FaultLog).
 
 
-def serve(decode: Decode, setup: DecodeSetup, clock_hz: float, requests: list[GenRequest], sampler: Sampler,
-          on_token: OnToken | None = None, keep_logits: bool = False, trace: str | Path | bool | None = None
-          ) -> tuple[list[Completion], GenStats]:
+def serve(decode: Decode, setup: DecodeSetup, clock_hz: float, batch: Batch, on_token: OnToken | None = None,
+          trace: str | Path | bool | None = None) -> tuple[list[Completion], GenStats]:
+    requests = batch.requests
     out, stats = [Completion(r.prompt_ids) for r in requests], GenStats()
     log = stats.trace = DecodeTrace(setup, clock_hz) if trace else None
     host = log.host if log is not None else None
@@ -70,7 +70,7 @@ def serve(decode: Decode, setup: DecodeSetup, clock_hz: float, requests: list[Ge
     try:
         with _span(host, "start"):
             decode.start()
-        setup = _attempts(decode, setup, clock_hz, requests, sampler, keep_logits, out, stats, on_token, host)
+        setup = _attempts(decode, setup, clock_hz, batch, _Sink(out, stats, on_token, host))
     except BaseException as e:
         e.completions = out  # what was produced before the failure is not lost
         decode.stop()
@@ -92,26 +92,36 @@ def serve(decode: Decode, setup: DecodeSetup, clock_hz: float, requests: list[Ge
     return out, stats
 
 
-def _attempts(decode: Decode, setup: DecodeSetup, clock_hz: float, requests: list[GenRequest], sampler: Sampler,
-              keep_logits: bool, out: list[Completion], stats: GenStats, on_token: OnToken | None, host
-              ) -> DecodeSetup:
+@dataclass(frozen=True, eq=False)
+class _Sink:
+    """Where a decode's tokens go as they come: the completions, the stats, the caller's on_token, and the
+    host's trace track (None: no trace)."""
+
+    out: list[Completion]
+    stats: GenStats
+    on_token: OnToken | None
+    host: object = None
+
+
+def _attempts(decode: Decode, setup: DecodeSetup, clock_hz: float, batch: Batch, sink: _Sink) -> DecodeSetup:
     """Submit and stream until every request has ended; after a fault, recover (when the decode can) and
     resume every unfinished request. The setup the last attempt ran on."""
+    requests, sampler, keep_logits, host = batch.requests, batch.sampler, batch.keep_logits, sink.host
     subs = [Submission(i, r, sampler, keep_logits) for i, r in enumerate(requests)]
     while True:
         try:
             with _span(host, "submit", requests=len(subs)):
                 decode.submit(subs)
-            _stream(decode, out, stats, on_token, host)
+            _stream(decode, sink)
             return setup
         except Exception as e:
             if not hasattr(decode, "recover") or isinstance(e, (Unrecoverable, FaultStop)):
                 raise
             with _span(host, "recover", error=type(e).__name__):
                 runs = _recover(decode, e)
-            _account(stats, runs, setup, clock_hz, partial=True)
+            _account(sink.stats, runs, setup, clock_hz, partial=True)
             setup = decode.setup
-            subs = resume(requests, out, sampler, keep_logits)
+            subs = resume(requests, sink.out, sampler, keep_logits)
 
 
 def _recover(decode: Decode, error: Exception) -> list:
@@ -165,8 +175,9 @@ def _end_trace(decode: Decode, log: DecodeTrace, path, runs: list) -> None:
         log.write(path)
 
 
-def _stream(decode: Decode, out: list[Completion], stats: GenStats, on_token: OnToken | None, host=None) -> None:
+def _stream(decode: Decode, sink: _Sink) -> None:
     """Take events until every request has ended; tokens go into the completions as they come."""
+    out, stats, on_token, host = sink.out, sink.stats, sink.on_token, sink.host
     pending, last = {i for i, c in enumerate(out) if not c.finish}, {}
     while pending:
         for ev in decode.events(WAIT_S):

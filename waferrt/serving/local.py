@@ -27,7 +27,7 @@ from waferrt.model.sampling import Sampler
 from .engine import HeadEngine, Submission, TokenEvent
 from .host import serve
 from .loop import run_tile
-from .requests import Completion, GenRequest, GenStats, OnToken
+from .requests import Batch, Completion, GenRequest, GenStats, OnToken
 
 
 class LocalDecoder:
@@ -52,8 +52,8 @@ class LocalDecoder:
 
     def generate(self, requests: list[GenRequest], sampler: Sampler, on_token: OnToken | None = None,
                  keep_logits: bool = False, trace=None) -> tuple[list[Completion], GenStats]:
-        return serve(_Threads(self), self.setup, self.placement.spec.clock_hz, requests, sampler, on_token,
-                     keep_logits, trace)
+        batch = Batch(tuple(requests), sampler, keep_logits)
+        return serve(_Threads(self), self.setup, self.placement.spec.clock_hz, batch, on_token, trace)
 
 
 class _Threads:

@@ -25,6 +25,21 @@ class GenRequest:
     stop_ids: tuple[int, ...] = ()
 
 
+@dataclass(frozen=True)
+class Batch:
+    """What one decode serves: the requests (request i samples with ``default_rng([sampler.seed, i])``), how
+    every token is sampled, and whether each token's logits are kept (``Completion.logits``)."""
+
+    requests: tuple[GenRequest, ...]
+    sampler: Sampler
+    keep_logits: bool = False
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.requests, tuple) or not all(isinstance(r, GenRequest) for r in self.requests):
+            raise TypeError(f"a Batch's requests are a tuple of GenRequest, not {type(self.requests).__name__}; "
+                            "write Batch(tuple(requests), sampler)")
+
+
 @dataclass
 class Completion:
     prompt_ids: tuple[int, ...]

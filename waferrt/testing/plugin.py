@@ -126,12 +126,13 @@ def waferrt_ray():
 @pytest.fixture
 def wafer(request):
     """A Wafer for this test (see the ``wafer`` marker), with the ``faults`` marker's faults injected."""
-    from waferrt.runtime import Wafer
+    from waferrt.runtime import Launch, Wafer
 
     faults, options = _marked_faults(request.node), _options(request.node)
     if options["backend"] == "ray":
         request.getfixturevalue("waferrt_ray")
-    with Wafer(**options) as w:
+    launch = Launch(timeout=options.pop("timeout"))  # the marker names the timeout alone
+    with Wafer(**options, launch=launch) as w:
         for f in faults:
             w.inject(f)
         yield w
@@ -152,13 +153,13 @@ class FaultPlans:
     def _seed(self, i: int) -> int:
         return zlib.crc32(f"{self.campaign}:{self.nodeid}:{i}".encode())
 
-    def __call__(self, n: int = 1, kinds=("core", "link"), steps: int = 5, mesh=None, **options):
-        """A FaultPlan of `n` faults of `kinds`, each firing at a kernel command in [1, `steps`] (see
-        waferrt.faults.FaultPlan.random for `options`), on `mesh` (default: the wafer fixture's)."""
+    def __call__(self, n: int = 1, kinds=("core", "link"), steps: int = 5, mesh=None, policy: str = "tolerant"):
+        """A FaultPlan of `n` faults of `kinds`, each firing at a kernel command in [1, `steps`], on `mesh`
+        (default: the wafer fixture's; or a waferrt.faults.Targets, see waferrt.faults.FaultPlan.random)."""
         from waferrt.faults.model import FaultPlan
 
         plan = FaultPlan.random(self._seed(self.drawn), n, mesh or self.mesh, kinds=tuple(kinds), steps=steps,
-                                **options)
+                                policy=policy)
         self.drawn += 1
         return plan
 
