@@ -35,15 +35,19 @@ class UsageError(ValueError):
 _T0 = time.perf_counter()
 
 
+def two_numbers(text: str, sep: str, form: str, example: str) -> tuple[int, int]:
+    """'A<sep>B' -> (A, B), two whole numbers (the ranges are the caller's); ArgumentTypeError naming `form`."""
+    try:
+        a, b = (int(p) for p in text.split(sep))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not {form}: write two whole numbers joined by {sep!r}, "
+                                         f"e.g. {example}") from None
+    return a, b
+
+
 def parse_wxh(text: str) -> tuple[int, int]:
     """'16x8' -> (16, 8): width x height, both positive integers (argparse type)."""
-    parts = text.lower().replace("×", "x").split("x")
-    try:
-        w, h = (int(p) for p in parts)
-    except ValueError:
-        raise argparse.ArgumentTypeError(
-            f"{text!r} is not WIDTHxHEIGHT: write two positive integers joined by 'x', e.g. 8x8 or 16x4"
-        ) from None
+    w, h = two_numbers(text.lower().replace("×", "x"), "x", "WIDTHxHEIGHT", "8x8 or 16x4")
     if w < 1 or h < 1:
         raise argparse.ArgumentTypeError(f"{text!r}: width and height must be at least 1, e.g. 8x8")
     return w, h

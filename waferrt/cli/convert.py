@@ -24,7 +24,7 @@ import time
 from waferrt.model.convert import VALUE_DTYPES
 from waferrt.model.zoo import MODELS
 
-from .common import UsageError, model_path, output_path, say, whole_number
+from .common import UsageError, model_path, output_path, say, two_numbers, whole_number
 
 EPILOG = """\
 examples:
@@ -75,11 +75,7 @@ def _shape_name(text: str) -> str:
 
 def moe_shape(text: str) -> tuple[int, int]:
     """'8,2' -> (8, 2): experts per layer and experts used per token (argparse type)."""
-    try:
-        e, k = (int(p) for p in text.split(","))
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not E,K: write the experts per layer and the experts "
-                                         "each token uses, e.g. 8,2") from None
+    e, k = two_numbers(text, ",", "E,K (the experts per layer, the experts each token uses)", "8,2")
     if not 1 <= k <= e:
         raise argparse.ArgumentTypeError(f"{text!r}: K must be 1..E (each token uses K of the E experts), "
                                          "e.g. 8,2")

@@ -27,7 +27,7 @@ from waferrt.scheduler.strategies import STRATEGY_HELP, parse_strategy
 from waferrt.scheduler.streaming import streaming
 from waferrt.scheduler.types import KVReserve
 
-from .common import MAX_REQUESTS, parse_wxh, whole_number
+from .common import MAX_REQUESTS, parse_wxh, two_numbers, whole_number
 from .strategy import strategy_text
 
 EPILOG = f"""examples:
@@ -104,11 +104,7 @@ def workload(args):
 
 def pair(text: str) -> tuple[int, int]:
     """'2048:128' -> (2048, 128): prompt tokens and new tokens, both whole numbers >= 1 (argparse type)."""
-    try:
-        a, b = (int(t) for t in text.split(":"))
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not IN:OUT; write two whole numbers joined by ':', "
-                                         "e.g. 2048:128") from None
+    a, b = two_numbers(text, ":", "IN:OUT", "2048:128")
     if a < 1 or b < 1:
         raise argparse.ArgumentTypeError(f"{text!r}: both token counts must be at least 1, e.g. 2048:128")
     return a, b

@@ -20,7 +20,7 @@ from itertools import combinations
 
 import numpy as np
 
-from waferrt.core.cost import Cost
+from waferrt.core.cost import Cost, serialise_cycles
 from waferrt.core.mesh import Region
 from waferrt.core.spec import HardwareSpec
 
@@ -86,5 +86,5 @@ def step_cost(spec: HardwareSpec, load: LinkLoad, steps: int, busy: LinkLoad) ->
     part = load.bytes / steps
     shared = float((part * (busy.bytes > 0)).max(initial=0.0))
     return Cost(link_bytes=int(round(part.sum())), messages=int(np.ceil(load.messages / steps)),
-                cycles=shared / spec.link_bytes_per_cycle)
+                cycles=serialise_cycles(spec, shared))
 
