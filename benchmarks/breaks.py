@@ -97,8 +97,8 @@ import waferrt
 for m in pkgutil.walk_packages(waferrt.__path__, "waferrt."):
     if not m.name.startswith(("waferrt.actors", "waferrt.cli", "waferrt.testing", "waferrt.model.gguf",
                               "waferrt.model.tokenizer", "waferrt.runtime", "waferrt.llm", "waferrt.inject",
-                              "waferrt.dsm", "waferrt.recovery", "waferrt.scheduler.draw",
-                              "waferrt.scheduler.sweep_draw")):
+                              "waferrt.dsm", "waferrt.recovery", "waferrt.cli.draw",
+                              "waferrt.cli.sweep_draw")):
         importlib.import_module(m.name)
 def patch(module, attr, source):  # in a function: __main__'s own globals must not hold the original
     mod = importlib.import_module(module)

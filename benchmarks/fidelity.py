@@ -12,7 +12,7 @@ import argparse
 import textwrap
 
 from waferrt.core.spec import spec_by_name
-from waferrt.scheduler.fidelity import BAND, figures
+from waferrt.estimator.fidelity import BAND, figures
 
 
 def main() -> None:

@@ -14,7 +14,7 @@ What it does, in one run, and prints:
 4. Wall time of every phase, RSS per tile (psutil on the actors' pids; peak from /proc), what each tile holds.
 5. Modelled cycles per layer: every decode step's layer run as the tiles booked it (its micro-batch of one
    token; the hand-over into the region taken off with the one formula the tiles book it with) next to the
-   estimator's for the same region and context (``scheduler.estimate.stage_seconds``), and their ratio.
+   estimator's for the same region and context (``scheduler.speed.stage_seconds``), and their ratio.
 
     python benchmarks/realdims.py [--gguf PATH] [--prompts 2] [--tokens 4] [--kv-tokens 64]
 
@@ -42,7 +42,7 @@ from waferrt.decode.cost import handover_cost  # noqa: E402
 from waferrt.model.convert import Cut  # noqa: E402
 from waferrt.scheduler import KVReserve, PlanOptions, plan  # noqa: E402
 from waferrt.scheduler.budget import layer_shapes  # noqa: E402
-from waferrt.scheduler.estimate import stage_seconds  # noqa: E402
+from waferrt.scheduler.speed import stage_seconds  # noqa: E402
 from waferrt.scheduler.types import Workload  # noqa: E402
 
 PROMPTS = ["The capital of France is", "Once upon a time,"]

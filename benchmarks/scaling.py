@@ -30,15 +30,16 @@ from waferrt.core.cost import ALLREDUCE_ALGOS, allreduce_cost, compute_cost, gem
 from waferrt.core.mesh import MeshSpec
 from waferrt.core.spec import TINY, WSE2, WSE3
 from waferrt.decode.schedule import round_seconds
+from waferrt.estimator.estimate import estimate
+from waferrt.estimator.streaming import streaming
 from waferrt.fabric.loop import simulate
 from waferrt.model import Sampler, synthetic_llama, tiny_config
 from waferrt.model.config import SMOLLM2_135M
 from waferrt.model.zoo import MODELS
 from waferrt.scheduler import KVReserve, PlanOptions, default_mesh, plan
-from waferrt.scheduler.estimate import Objective, estimate, placement_seconds
 from waferrt.scheduler.placement import plan_streaming, streaming_mesh
-from waferrt.scheduler.streaming import streaming
-from waferrt.scheduler.types import Strategy
+from waferrt.scheduler.speed import placement_seconds
+from waferrt.scheduler.types import Objective, Strategy
 from waferrt.serving import GenRequest, LocalDecoder
 
 SIDES = (16, 32, 64, 128, 256, 512, 720)

@@ -6,7 +6,7 @@ them, the hand-overs between them move nothing, and its stage time is theirs tog
 core over the cores that regions use, at the placement's KV capacity (``placement.kv_tokens`` positions for
 each of ``kv.requests`` requests). The modelled step is one token through the whole chain: embedding row ->
 layer 0 -> ... -> layer L-1 -> head, with the hand-overs between regions (``waferrt.decode.cost``); the
-speed is the one model of it, the flow schedule (``estimate.placement_seconds``: ``kv.requests`` requests in
+speed is the one model of it, the flow schedule (``speed.placement_seconds``: ``kv.requests`` requests in
 flight, each at its own pace), and ``bound_tokens_per_s`` a bound derived from the same cycles (a token per
 busiest-region time at most).
 ``tile_work`` is the decode work of every tile (one process each): the weight bytes of the regions it hosts
@@ -23,7 +23,7 @@ from waferrt.core.mesh import Region
 from waferrt.decode.layout import booked_bytes, embed_booking, layer_booking
 
 from .budget import work_bytes
-from .estimate import alone_cycles, placement_seconds, placement_stages
+from .speed import alone_cycles, placement_seconds, placement_stages
 from .geometry import node_borders, shares, tile_box, tile_bytes, tiles_spanned
 from .types import Placement
 

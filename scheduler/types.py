@@ -194,3 +194,26 @@ class Placement:
         if self.streaming:
             return ((f"embed+{named[0][0]}+head", self.embed),)
         return (("embed", self.embed),) + named
+
+
+OBJECTIVES = ("latency", "throughput")
+
+
+@dataclass(frozen=True)
+class Objective:
+    """What the planner is asked for: the best strategy for `goal` ("latency": one request's time per token,
+    "throughput": tokens/s with the K/V's requests in flight) among `tried` (None: every strategy worth
+    trying), and (`advise`) when none fits, a search for what would (a sweep only needs "no")."""
+
+    goal: str = "latency"
+    tried: tuple[Strategy, ...] | None = None
+    advise: bool = True
+
+    def __post_init__(self) -> None:
+        if self.goal not in OBJECTIVES:
+            raise ValueError(f"objective is one of {OBJECTIVES}, got {self.goal!r}")
+        if isinstance(self.tried, Strategy) or (self.tried is not None and not self.tried):
+            raise ValueError(f"tried is a list of strategies (e.g. [Strategy(1, n_layers)], or "
+                             f"strategies.parse_strategy's), or None for every strategy; got {self.tried!r}")
+        if self.tried is not None:
+            object.__setattr__(self, "tried", tuple(self.tried))  # any sequence in, a hashable tuple kept

@@ -22,15 +22,16 @@ from waferrt.core.spec import TINY, WSE2
 from waferrt.decode import layout as dl
 from waferrt.decode.cost import Decoding
 from waferrt.decode.schedule import requests_round_seconds, round_bound_seconds, round_seconds
+from waferrt.estimator import estimate as est
+from waferrt.estimator import wafer
+from waferrt.estimator import sweep as sw
+from waferrt.estimator.streaming import streaming
 from waferrt.model import Sampler, synthetic_llama, tiny_config
 from waferrt.model.config import SMOLLM2_135M
 from waferrt.model.zoo import MODELS, model_by_name
-from waferrt.scheduler import KVReserve, PlanOptions, default_mesh, plan, wafer
-from waferrt.scheduler import estimate as est
-from waferrt.scheduler import sweep as sw
-from waferrt.scheduler.strategies import parse_strategy
-from waferrt.scheduler.streaming import streaming
-from waferrt.scheduler.types import Strategy, Workload
+from waferrt.scheduler import KVReserve, PlanOptions, default_mesh, plan, speed
+from waferrt.scheduler.strategies import parse_strategy, worth_trying
+from waferrt.scheduler.types import OBJECTIVES, Strategy, Workload
 from waferrt.serving import GenRequest, LocalDecoder
 
 CFG = tiny_config()
@@ -59,7 +60,7 @@ def test_the_estimate_of_a_placement_is_what_the_emulator_books(cfg, spec, kv, g
     p = plan(cfg, spec, mesh, kv=kv, options=PlanOptions(strategy=Strategy(group, cfg.n_layers)))
     requests = 3
     one, many = _emulated(p, requests)
-    want_one, want_many = est.placement_seconds(p, requests, context=4)  # the last round: 4 positions held
+    want_one, want_many = speed.placement_seconds(p, requests, context=4)  # the last round: 4 positions held
     assert one == pytest.approx(want_one, rel=1e-9)  # the brief asks 1%; the closed forms are exact
     assert many == pytest.approx(want_many, rel=1e-9)
 
@@ -82,17 +83,17 @@ def test_the_planner_skips_only_floor_plans_that_cannot_win():
     """best() schedules only what its bound says can win: the same pick as scheduling every floor plan, and
     the bound is never above the scheduled round."""
     kv = KVReserve(256, 6)
-    for s in wafer.strategies(SMOLLM2_135M.n_layers)[:2]:
+    for s in worth_trying(SMOLLM2_135M.n_layers)[:2]:
         floors = list(wafer.floors(SMOLLM2_135M, WSE2, (128, 96), kv, "float16", s))[::4]
         rounds = []
         for f in floors:
             stages = f.stages(SMOLLM2_135M.n_layers, s.group)
             dec = Decoding(SMOLLM2_135M, "float16", head_groups=f.shape.head_groups)
-            seg = est.alone_cycles(WSE2, dec, stages, kv.tokens), [r for _, r in stages]
+            seg = speed.alone_cycles(WSE2, dec, stages, kv.tokens), [r for _, r in stages]
             rounds.append(requests_round_seconds(*seg, kv.requests, WSE2.clock_hz))
             assert round_bound_seconds(*seg, kv.requests, WSE2.clock_hz) <= rounds[-1] * (1 + 1e-12)
         got = est.best(Workload(SMOLLM2_135M, kv, "float16", s.group), WSE2, (128, 96), "throughput")
-        assert got.step_s == min(est.stage_seconds(WSE2, Decoding(SMOLLM2_135M, "float16",
+        assert got.step_s == min(speed.stage_seconds(WSE2, Decoding(SMOLLM2_135M, "float16",
                                                                   head_groups=f.shape.head_groups),
                                                    f.stages(SMOLLM2_135M.n_layers, s.group), kv.tokens, kv.requests)[1]
                                  for f in wafer.floors(SMOLLM2_135M, WSE2, (128, 96), kv, "float16", s))
@@ -100,7 +101,7 @@ def test_the_planner_skips_only_floor_plans_that_cannot_win():
 
 def test_a_whole_wafer_is_answered_from_a_bounded_number_of_floor_plans():
     kv = KVReserve(4096, 8)
-    for s in wafer.strategies(LLAMA3.n_layers):
+    for s in worth_trying(LLAMA3.n_layers):
         floors = list(wafer.floors(LLAMA3, WSE2, WSE2.full_mesh, kv, "float16", s))
         assert len(floors) < 400  # closed-form shapes: never a search over the 745,500 cores
     e = replace(est.estimate(LLAMA3, WSE2, WSE2.full_mesh, kv, "float16"), label="Llama3-8B")
@@ -131,9 +132,9 @@ def test_what_does_not_fit_says_so_and_what_would():
 
 def test_the_planner_picks_the_best_strategy_for_the_objective():
     kv = KVReserve(2048, 16)
-    for objective in est.OBJECTIVES:
+    for objective in OBJECTIVES:
         e = est.estimate(SMOLLM2_135M, WSE2, WSE2.full_mesh, kv, "float16", est.Objective(objective))
-        cands = [c for s in wafer.strategies(SMOLLM2_135M.n_layers)
+        cands = [c for s in worth_trying(SMOLLM2_135M.n_layers)
                  if (c := est.best(Workload(SMOLLM2_135M, kv, "float16", s.group), WSE2, WSE2.full_mesh, objective))]
         assert len(cands) > 2 and objective in e.why
         if objective == "latency":

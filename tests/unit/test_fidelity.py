@@ -1,4 +1,4 @@
-"""The modelled wafer against WaferLLM's WSE-2 kernel measurements (scheduler/fidelity.py): the presets' 16-bit
+"""The modelled wafer against WaferLLM's WSE-2 kernel measurements (waferrt/estimator/fidelity.py): the presets' 16-bit
 rates, the GEMVs as the paper and the SDK lay them out, and every figure either reproduced or saying why."""
 
 from __future__ import annotations
@@ -7,8 +7,9 @@ import pytest
 
 from waferrt.core.cost import allreduce_cost, compute_cost, gemv_cost
 from waferrt.core.spec import TINY, WSE2, WSE3
+from waferrt.estimator import fidelity as fd
 from waferrt.model.zoo import model_by_name
-from waferrt.scheduler import fidelity as fd
+from waferrt.scheduler.strategies import worth_trying
 
 
 def test_the_presets_compute_16_bit_work_at_their_simd_width():
@@ -81,7 +82,7 @@ def test_the_decode_slows_down_as_its_region_grows_because_the_reductions_grow()
 def test_the_kv_capacity_counts_the_wafers_sram():
     cfg, _ = model_by_name("llama2-13b")
     most = fd.most_tokens(cfg, WSE2, WSE2.full_mesh, 1, "float16", 1 << 20)
-    plan = next((s, f) for s in fd.wafer.strategies(cfg.n_layers)
+    plan = next((s, f) for s in worth_trying(cfg.n_layers)
                 for f in fd.wafer.floors(cfg, WSE2, WSE2.full_mesh, fd.KVReserve(most, 1), "float16", s))
     use = fd.sram_use(cfg, WSE2, plan, most)
     assert sum(use.values()) == WSE2.cores * WSE2.sram_bytes and min(use.values()) >= 0

@@ -11,8 +11,8 @@ from waferrt.cli import main
 from waferrt.core.spec import TINY
 from waferrt.model import tiny_moe_config
 from waferrt.model.zoo import MODELS
-from waferrt.scheduler.estimate import estimate
-from waferrt.scheduler.moe_estimate import moe_estimate
+from waferrt.estimator.estimate import estimate
+from waferrt.estimator.moe_estimate import moe_estimate
 from waferrt.scheduler.types import KVReserve
 
 

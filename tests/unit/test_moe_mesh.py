@@ -175,7 +175,7 @@ def test_an_moe_layer_books_its_closed_form(w, h, batch, shared, mapping):
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
 def test_the_estimators_sram_closed_form_is_what_an_moe_region_books(shared, dtype):
     from waferrt.decode.layout import layer_core_bytes
-    from waferrt.scheduler import wafer
+    from waferrt.estimator import wafer
     from waferrt.scheduler.types import Workload
 
     cfg = tiny_moe_config(n_experts=4, top_k=2, shared_hidden_dim=shared)

@@ -15,6 +15,7 @@ import pytest
 from hypothesis import assume, given
 from hypothesis import strategies as st
 
+from waferrt.cli import heatmap as hm
 from waferrt.core.arith import first_true, last_true
 from waferrt.core.cost import Cost, compute_cost, flop_cycles, message_cycles, on_lines
 from waferrt.core.ledger import Ledger
@@ -25,12 +26,12 @@ from waferrt.decode.cost import Decoding, handover_bytes, handover_cost, layer_d
 from waferrt.decode.pack import Chunks, pack_layer
 from waferrt.decode.shards import LayerShard
 from waferrt.decode.streaming import streamed_bytes
+from waferrt.estimator import streaming as sst
+from waferrt.estimator import wafer
 from waferrt.model import synthetic_llama, tiny_config
 from waferrt.model.config import SMOLLM2_135M
-from waferrt.scheduler import KVReserve, plan, plan_report, wafer
-from waferrt.scheduler import heatmap as hm
-from waferrt.scheduler import streaming as sst
-from waferrt.scheduler.estimate import placement_seconds
+from waferrt.scheduler import KVReserve, plan, plan_report
+from waferrt.scheduler.speed import placement_seconds
 
 CFG = tiny_config()
 W = synthetic_llama(CFG, seed=0)

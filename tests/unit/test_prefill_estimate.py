@@ -1,4 +1,4 @@
-"""The prefill on paper (waferrt.scheduler.prefill) and `waferrt estimate --prompt-tokens`: its GEMMs are the
+"""The prefill on paper (waferrt.estimator.prefill) and `waferrt estimate --prompt-tokens`: its GEMMs are the
 closed forms the emulated MeshGEMM is held to, its parts add up, its chunks fit the SRAM the decode leaves,
 and the command prints tokens/s, time to first token and an end-to-end pair for the named models."""
 
@@ -16,8 +16,8 @@ from waferrt.core.spec import WSE2, WSE3
 from waferrt.decode.cost import Decoding
 from waferrt.decode.prefill import prefill_layer_cost, prefill_layer_parts, weights_core_bytes
 from waferrt.model.zoo import MODELS, model_by_name
-from waferrt.scheduler.estimate import estimate
-from waferrt.scheduler.prefill import _pipeline_parts, activation_bytes, chunk_parts, decoding, prefill
+from waferrt.estimator.estimate import estimate
+from waferrt.estimator.prefill import _pipeline_parts, activation_bytes, chunk_parts, decoding, prefill
 from waferrt.scheduler.types import KVReserve
 
 

@@ -21,7 +21,7 @@ from waferrt.model.gguf_writer import gguf_name
 from waferrt.model.zoo import MODELS
 from waferrt.scheduler import KVReserve
 from waferrt.scheduler.budget import layer_bytes, layer_shapes
-from waferrt.scheduler.estimate import stage_seconds
+from waferrt.scheduler.speed import stage_seconds
 from waferrt.scheduler.types import Workload
 
 L8B = MODELS["llama3-8b"].config

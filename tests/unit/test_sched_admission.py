@@ -9,7 +9,8 @@ from hypothesis import strategies as st
 from waferrt.core.mesh import MeshSpec
 from waferrt.core.spec import spec_by_name
 from waferrt.model.config import SMOLLM2_135M
-from waferrt.scheduler import Admission, KVReserve, Request, plan
+from waferrt.scheduler import KVReserve, plan
+from waferrt.serving.admission import Admission, Request
 
 
 def test_refuses_what_a_slot_cannot_hold_and_says_why():

@@ -19,8 +19,8 @@ from waferrt.decode import layout as dl
 from waferrt.decode.setup import stage_sram
 from waferrt.model import Sampler, synthetic_llama, tiny_config
 from waferrt.scheduler import KVReserve, PlanOptions, Strategy, plan, violations
-from waferrt.scheduler.estimate import Objective
 from waferrt.scheduler.strategies import choose, parse_strategy
+from waferrt.scheduler.types import Objective
 from waferrt.serving import GenRequest, LocalDecoder, generate_reference
 
 CFG = tiny_config()

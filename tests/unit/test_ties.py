@@ -2,12 +2,12 @@
 model, SmolLM2, a Llama3-8B-shaped config cut to 2 layers), storage dtypes (float32, float16), strategies
 (layer, grouped, tensor, streaming) and region shapes (4x2, 8x4, 12x8 cores).
 
-- bytes: the estimator's bytes per core (scheduler.wafer / scheduler.streaming, budget.embed_bytes) equal
+- bytes: the estimator's bytes per core (estimator.wafer / estimator.streaming, budget.embed_bytes) equal
   what every region's tiles book (decode.setup.stage_sram, from decode.layout);
-- cycles: the estimator's time for one request's token (scheduler.estimate.stage_seconds, as it times its
+- cycles: the estimator's time for one request's token (scheduler.speed.stage_seconds, as it times its
   floor plans) equals the cycles the tiles book: an emulated run for the tiny model (serving.LocalDecoder on a
   LoopFabric), and for every model the function the tile programs call per token (decode.cost.alone_cycles);
-- streaming: the on-paper streaming estimate (scheduler.streaming) against the streaming tiles.
+- streaming: the on-paper streaming estimate (estimator.streaming) against the streaming tiles.
 
 Every case passes: the disagreements the grid found before the owners' refactor (a streaming region's double
 buffer and scratch, the streaming step, the 16-bit compute rate) each have one owner now. Ray-free.
@@ -36,12 +36,13 @@ from waferrt.decode.schedule import round_seconds
 from waferrt.decode.setup import DecodeSetup, stage_sram
 from waferrt.decode.shards import LayerShard
 from waferrt.decode.streaming import head_parts, stage_cycles, streamed_bytes
+from waferrt.estimator import streaming as paper_streaming
+from waferrt.estimator import estimate as est
+from waferrt.estimator import wafer
 from waferrt.model import Sampler, synthetic_llama, tiny_config
 from waferrt.model.config import SMOLLM2_135M
 from waferrt.model.zoo import MODELS as ZOO
-from waferrt.scheduler import KVReserve, Placement, PlanOptions, Strategy, budget, plan, wafer
-from waferrt.scheduler import estimate as est
-from waferrt.scheduler import streaming as paper_streaming
+from waferrt.scheduler import KVReserve, Placement, PlanOptions, Strategy, budget, plan, speed
 from waferrt.scheduler.placement import plan_streaming, streaming_mesh
 from waferrt.scheduler.types import Workload
 from waferrt.serving import GenRequest, LocalDecoder
@@ -122,7 +123,7 @@ def test_the_estimators_token_is_what_the_tile_programs_book(model, dtype, strat
     stages = setup.stages()
     tiles = sum(alone_cycles(p.spec, setup.decoding, (kind, stages[s - 1][2] if s else None, region), ctx - 1, True)
                 for s, (kind, _, region) in enumerate(stages))
-    one, _ = est.stage_seconds(p.spec, setup.decoding, [(kind, r) for kind, _, r in stages], ctx, 1)
+    one, _ = speed.stage_seconds(p.spec, setup.decoding, [(kind, r) for kind, _, r in stages], ctx, 1)
     assert one * p.spec.clock_hz == pytest.approx(tiles, rel=1e-12)
 
 
@@ -150,7 +151,7 @@ def _emulated_token(p: Placement, tokens: int) -> float:
 def test_the_estimators_token_is_what_an_emulated_run_books(dtype, strategy, mesh):
     p = _tiny_placement(dtype, strategy, mesh)
     ctx = _context(p)
-    assert est.placement_seconds(p, 1, ctx)[0] == pytest.approx(_emulated_token(p, ctx), rel=1e-9)
+    assert speed.placement_seconds(p, 1, ctx)[0] == pytest.approx(_emulated_token(p, ctx), rel=1e-9)
 
 
 def _tiles_streaming_token(p: Placement, ctx: int) -> float:
@@ -190,12 +191,12 @@ def test_a_16_bit_decode_computes_at_the_16_bit_rate():
     estimator's token are faster in float16 than in float32."""
     assert _layer_booked("float16") < _layer_booked("float32")
     p16, p32 = (_placement("smollm2", d, "layer", (8, 4)) for d in ("float16", "float32"))
-    assert est.placement_seconds(p16, 1, 8)[0] < est.placement_seconds(p32, 1, 8)[0]
+    assert speed.placement_seconds(p16, 1, 8)[0] < speed.placement_seconds(p32, 1, 8)[0]
 
 
 def test_the_estimators_bytes_match_the_tiles_on_random_shapes():
     """Any legal region shape, K/V reserve, requests, layers stacked and dtype: the estimator's closed form
-    (scheduler.wafer) is the most loaded core of what the tiles book (decode.layout). Reports how many
+    (estimator.wafer) is the most loaded core of what the tiles book (decode.layout). Reports how many
     examples checked something (the others are shapes no layer can be cut over: assume())."""
     tried, checked = [], []
 

@@ -4,8 +4,8 @@ Contract: ``add_parser(subparsers)`` registers the subcommand; ``add_workload_ar
 ``workload(args)`` are the arguments it shares with ``waferrt sweep`` (``--strategy`` takes the words of
 ``waferrt plan``, checked and read by the same code: ``waferrt.cli.strategy.strategy_text`` and
 ``waferrt.scheduler.strategies.parse_strategy``); ``run(args) -> int`` prints the estimate
-(text, or ``--json``; for a mixture of experts with ``waferrt.scheduler.moe_estimate``'s figures after it)
-made by ``waferrt.scheduler.estimate`` (closed forms, no emulation: seconds even for
+(text, or ``--json``; for a mixture of experts with ``waferrt.estimator.moe_estimate``'s figures after it)
+made by ``waferrt.estimator.estimate`` (closed forms, no emulation: seconds even for
 a 750x994-core wafer), with ``--streaming`` the weight-streaming estimate next to it. Exit status: 0 it
 fits (or streams), 1 it does not fit (the output says what would), 2 an argument is wrong.
 """
@@ -19,13 +19,13 @@ from dataclasses import replace
 
 from waferrt.core.dtypes import STORAGE_DTYPES
 from waferrt.core.spec import PRESETS, spec_by_name
+from waferrt.estimator.estimate import estimate
+from waferrt.estimator.moe_estimate import moe_estimate
+from waferrt.estimator.prefill import prefill
+from waferrt.estimator.streaming import streaming
 from waferrt.model.zoo import MODELS, model_by_name
-from waferrt.scheduler.estimate import OBJECTIVES, Objective, estimate
-from waferrt.scheduler.moe_estimate import moe_estimate
-from waferrt.scheduler.prefill import prefill
 from waferrt.scheduler.strategies import STRATEGY_HELP, parse_strategy
-from waferrt.scheduler.streaming import streaming
-from waferrt.scheduler.types import KVReserve
+from waferrt.scheduler.types import OBJECTIVES, KVReserve, Objective
 
 from .common import MAX_REQUESTS, parse_wxh, two_numbers, whole_number
 from .strategy import strategy_text

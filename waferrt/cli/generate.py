@@ -11,7 +11,7 @@ by their argparse types (--address: a cluster answers), then the mesh (on the sp
 a mistake is a :class:`~waferrt.cli.common.UsageError` (one line, exit 2). The weights load in the
 background (from the dequantised cache when it has them) while Ray and the tiles start. ``--trace PATH``
 writes a Chrome / Perfetto trace of the decode (waferrt.serving.trace), ``--heatmap PATH`` a PNG of the
-mesh (waferrt.scheduler.heatmap); progress is drawn as bars on a terminal (waferrt.cli.progress), and
+mesh (waferrt.cli.heatmap); progress is drawn as bars on a terminal (waferrt.cli.progress), and
 ``-v`` prints a line per token.
 """
 
@@ -227,7 +227,7 @@ def _placement(args, config, mesh, requests, nodes=None):
 
 def _admitted(p, requests):
     """The placement `p`, once it admits every request (UsageError with each refusal's reason otherwise)."""
-    from waferrt.scheduler import Admission, Request
+    from waferrt.serving.admission import Admission, Request
 
     admission = Admission.for_placement(p)
     refused = [admission.submit(Request(i, len(r.prompt_ids), r.max_new_tokens)) for i, r in enumerate(requests)]
@@ -381,7 +381,7 @@ def _pictures(args, placement, stats) -> None:
         say(f"trace: {args.trace} (open it in ui.perfetto.dev: a track per tile and the host, and the modelled "
             "wafer's schedule)")
     if args.heatmap:
-        from waferrt.scheduler.heatmap import Measured, heatmap_png
+        from waferrt.cli.heatmap import Measured, heatmap_png
 
         t = stats.trace
         heatmap_png(placement, args.heatmap, Measured(stats.runs, t.busy_s(), t.sent_bytes(), t.wall_s()))

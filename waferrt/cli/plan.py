@@ -3,7 +3,7 @@
 Contract: ``add_parser(subparsers)`` registers the ``plan`` subcommand;
 ``run(args) -> int`` prints the placement (text, or ``--json``), draws it with ``--png``, and with
 ``--dead N`` kills N random live cores, re-plans and prints both; ``--heatmap`` draws SRAM, modelled
-link traffic and busy share over the mesh (waferrt.scheduler.heatmap). Exit status: 0 done, 1 the re-plan
+link traffic and busy share over the mesh (waferrt.cli.heatmap). Exit status: 0 done, 1 the re-plan
 failed (the reason is printed), 2 the model does not fit or an argument is wrong (the message says what
 would work). ``--model smollm2`` uses the built-in SmolLM2-135M config; ``--model PATH`` reads only a
 GGUF's metadata (``waferrt.model.gguf_loader.read_config``, imported only then), never its weights.
@@ -30,7 +30,6 @@ from waferrt.scheduler import (
     PlanOptions,
     Replan,
     default_mesh,
-    draw_png,
     placement_to_json,
     plan_report,
     replan,
@@ -48,6 +47,7 @@ from .common import (
     png_path,
     whole_number,
 )
+from .draw import draw_png
 from .strategy import add_strategy_args, placed
 
 MAX_NODES = 1024  # Ray nodes to plan over (more leaves nodes without a tile, and the search slow)
@@ -63,7 +63,6 @@ Without --mesh the default mesh is used: the smallest 2x2 tiles that hold every 
 with spare layer slots for repair. Regions are rectangles of cores; [x0:x1)x[y0:y1) are core columns
 and rows. Hops count the links a hand-over crosses between the nearest cores of two regions.
 """
-
 
 def add_parser(subparsers) -> argparse.ArgumentParser:
     p = subparsers.add_parser(
@@ -101,7 +100,6 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     p.set_defaults(_run=run)
     return p
 
-
 def _model(name: str) -> tuple[LlamaConfig, str]:
     if name == "smollm2":
         return SMOLLM2_135M, "SmolLM2-135M"
@@ -112,7 +110,6 @@ def _model(name: str) -> tuple[LlamaConfig, str]:
     except ValueError as e:  # not a (whole) GGUF, not a llama
         raise UsageError(f"cannot read --model: {e}") from None
 
-
 def _kill(p: Placement, n: int, seed: int) -> frozenset[Coord]:
     m = p.mesh
     if n > m.width * m.height - len(m.dead):
@@ -122,13 +119,11 @@ def _kill(p: Placement, n: int, seed: int) -> frozenset[Coord]:
             if Coord(i % m.width, i // m.width) not in m.dead)
     return frozenset(Coord(i % m.width, i // m.width) for _, i in zip(range(n), live, strict=False))
 
-
 def _where(p: Placement, r: Region) -> tuple[str, str]:
     tiles = p.mesh.tiles_of(r)
     if len(tiles) == 1:
         return str(tiles[0]), p.node_of(tiles[0])
     return f"{len(tiles)} tiles from {tiles[0]}", ",".join(sorted({p.node_of(t) for t in tiles}))
-
 
 def _table(p: Placement) -> str:
     rep = plan_report(p)
@@ -141,7 +136,6 @@ def _table(p: Placement) -> str:
         rows.append(f"{name:12} {str(r):19} {tile:14} {node:8} {kb:8.1f} {hop:10}")
     return "\n".join(rows)
 
-
 def _describe(p: Placement, model: str) -> str:
     c, s = p.config, p.spec
     nodes = ", ".join(f"{n.name} ({n.cpus} CPUs, {sum(1 for _, o in p.tile_nodes if o == n.name)} tiles)"
@@ -150,7 +144,6 @@ def _describe(p: Placement, model: str) -> str:
         f"{model}: {c.n_layers} layers, dim {c.dim}, heads {c.n_heads}/{c.n_kv_heads}, hidden "
         f"{c.hidden_dim}, vocab {c.vocab_size}; spec {s.name} ({s.sram_bytes // 1024} KB/core), {p.dtype}",
         f"mesh {p.mesh}; Ray nodes: {nodes}", plan_report(p).text(), "", _table(p)])
-
 
 def _replan_text(rp: Replan, dead: frozenset[Coord]) -> str:
     lines = [f"re-plan around {len(dead)} dead cores: {rp.mode}; broken: {', '.join(rp.broken) or 'nothing'};"
@@ -164,7 +157,6 @@ def _replan_text(rp: Replan, dead: frozenset[Coord]) -> str:
                      + (f" + {kv:,} KV bytes" if kv else ""))
     return "\n".join(lines + [plan_report(rp.placement).text()])
 
-
 def _replan_json(dead: frozenset[Coord], rp: Replan | None, why: str) -> dict:
     out: dict = {"dead": [[c.x, c.y] for c in sorted(dead)]}
     if rp is None:
@@ -173,7 +165,6 @@ def _replan_json(dead: frozenset[Coord], rp: Replan | None, why: str) -> dict:
               "dst": [m.dst.x0, m.dst.y0, m.dst.w, m.dst.h], "nbytes": m.nbytes} for m in rp.moves]
     return {**out, "mode": rp.mode, "broken": list(rp.broken), "moves": moves,
             "placement": placement_to_json(rp.placement), "report": plan_report(rp.placement).to_json()}
-
 
 def _setup(args) -> tuple[Placement, str, frozenset[Coord], object]:
     mesh = checked_mesh(args, lambda w, h: (cdiv(w, 2), cdiv(h, 2)))  # default: 2x2 tiles
@@ -185,7 +176,6 @@ def _setup(args) -> tuple[Placement, str, frozenset[Coord], object]:
     p, choice = placed(args, cfg, spec, kv, nodes, lambda s: mesh or default_mesh(
         cfg, spec, kv, options=PlanOptions(dtype=args.dtype, strategy=s)))
     return p, model, _kill(p, args.dead, args.seed) if args.dead else frozenset(), choice
-
 
 def run(args) -> int:
     try:
@@ -223,7 +213,7 @@ def run(args) -> int:
             paths.append(draw_png(rp.placement, png.with_name(png.stem + "-replan" + png.suffix), rp.moves))
         print("drew " + ", ".join(map(str, paths)), file=sys.stderr if args.json else sys.stdout)
     if args.heatmap:
-        from waferrt.scheduler.heatmap import heatmap_png
+        from waferrt.cli.heatmap import heatmap_png
 
         heatmap_png(rp.placement if rp is not None else p, args.heatmap)
         print(f"drew the heatmap {args.heatmap}", file=sys.stderr if args.json else sys.stdout)

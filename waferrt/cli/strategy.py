@@ -15,8 +15,8 @@ from __future__ import annotations
 import argparse
 import re
 
-from waferrt.scheduler.estimate import OBJECTIVES, Objective
 from waferrt.scheduler.strategies import STRATEGY_HELP, choose, parse_strategy
+from waferrt.scheduler.types import OBJECTIVES, Objective
 
 
 def strategy_text(text: str) -> str:

@@ -1,7 +1,7 @@
 """``waferrt sweep``: which wafer design serves a model best -- SRAM per core x mesh x link bandwidth x clock.
 
 Contract: ``add_parser(subparsers)`` registers the subcommand; ``run(args) -> int`` estimates the model on
-every design of the grid (``waferrt.scheduler.sweep``), prints the table (or ``--json``), writes the PNG
+every design of the grid (``waferrt.estimator.sweep``), prints the table (or ``--json``), writes the PNG
 (``--png``, default sweep.png) and marks the fastest design within the area budget. Exit status: 0 some
 design within the budget runs the model, 1 none does, 2 an argument is wrong.
 """
@@ -12,8 +12,8 @@ import argparse
 import json
 import sys
 
-from waferrt.scheduler.estimate import Objective
-from waferrt.scheduler.sweep import AREA_BUDGET_MM2, DEFAULT_GRID, Grid, best_point, sweep, table
+from waferrt.estimator.sweep import AREA_BUDGET_MM2, DEFAULT_GRID, Grid, best_point, sweep, table
+from waferrt.scheduler.types import Objective
 
 from .common import number_list, output_path, parse_wxh
 from .estimate import add_workload_args, workload
@@ -85,7 +85,7 @@ def run(args) -> int:
         print(table(points, best))
         print(f"best within {AREA_BUDGET_MM2:,.0f} mm2: " + (f"{best.design.label()}, {best.tokens_per_s:,.0f} "
               "tokens/s" if best else "no design within the budget runs the model"))
-    from waferrt.scheduler.sweep_draw import draw_sweep
+    from waferrt.cli.sweep_draw import draw_sweep
 
     title = f"{label}, {args.dtype}, K/V {kv.tokens}x{kv.requests}: " + (
         "one request's tokens/s" if args.objective == "latency" else f"tokens/s, {kv.requests} in flight")

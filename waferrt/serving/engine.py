@@ -3,7 +3,7 @@
 Contract: a :class:`HeadEngine` runs on the tile that hosts the embedding and the head (they share the
 tied table), with no host in the loop. ``submit`` queues a request (a :class:`Submission`: its number i,
 the request, the sampler); requests enter free K/V slots first come, first served
-(``waferrt.scheduler.admission``; one that the K/V capacity cannot hold is refused at once with the
+(``waferrt.serving.admission``; one that the K/V capacity cannot hold is refused at once with the
 reason). Each slot belongs to a *lane* (slot mod ``lanes``); a lane has at most one micro-batch in
 flight. ``form()`` returns the micro-batches that can enter now: for every idle lane, the next token of
 each of its decoding requests and the next chunk of each new prompt (at most ``max_items`` items).
@@ -22,7 +22,7 @@ import numpy as np
 
 from waferrt.decode.prefill import PREFILL_MAX_TOKENS
 from waferrt.model.sampling import Sampler
-from waferrt.scheduler.admission import Admission, Request
+from waferrt.serving.admission import Admission, Request
 
 from .requests import GenRequest, request_rng
 

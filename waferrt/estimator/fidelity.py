@@ -8,7 +8,7 @@ behind Table 5's append figure, says so in its ``fitted``). A figure whose ratio
 lies outside ``BAND`` carries the reason, measured from the model's own breakdown (a Figure refuses to be
 made without one). Every number comes from the owners: ``core.cost.gemv_cost`` (a GEMV on a P x P grid:
 local flops at the storage dtype's rate, then an allreduce of the partial sums), ``advice.model_bytes`` and
-``advice.most_tokens`` (weights, K/V a token, the estimator's feasibility test), ``estimate.stage_seconds``
+``advice.most_tokens`` (weights, K/V a token, the estimator's feasibility test), ``scheduler.speed.stage_seconds``
 and ``decode.cost.layer_decode_parts`` (a decode token and its parts). ``benchmarks/fidelity.py`` prints them.
 
 How each measurement is mapped (docs/ESTIMATES.md "Fidelity" says why):
@@ -46,11 +46,12 @@ from waferrt.core.spec import WSE2, HardwareSpec
 from waferrt.decode.cost import Decoding, layer_decode_parts
 from waferrt.model.config import LlamaConfig
 from waferrt.model.zoo import model_by_name
+from waferrt.scheduler.speed import stage_seconds
+from waferrt.scheduler.strategies import worth_trying
+from waferrt.scheduler.types import KVReserve, Workload
 
 from . import wafer
 from .advice import model_bytes, most_tokens
-from .estimate import stage_seconds
-from .types import KVReserve, Workload
 
 BAND = (0.75, 1.33)  # a modelled figure within this ratio of the published one counts as reproduced
 PAPER = "WaferLLM, OSDI'25 (arXiv:2502.04563)"
@@ -210,7 +211,7 @@ def kv_figures(spec: HardwareSpec, name: str, published: tuple[int, int]) -> lis
     cfg, label = model_by_name(name)
     concat, shift = published
     most = most_tokens(cfg, spec, spec.full_mesh, 1, "float16", 1 << 20)
-    plan = next((s, f) for s in wafer.strategies(cfg.n_layers)
+    plan = next((s, f) for s in worth_trying(cfg.n_layers)
                 for f in wafer.floors(cfg, spec, spec.full_mesh, KVReserve(most, 1), "float16", s))
     use = sram_use(cfg, spec, plan, most)
     scratch = round(use["scratch"] / (plan[0].regions * plan[1].shape.cores))
@@ -218,7 +219,7 @@ def kv_figures(spec: HardwareSpec, name: str, published: tuple[int, int]) -> lis
     per_core = longest // DECODE_GRID  # appended on one core of the shift axis: 1/P of what the P cores hold
     weights, per_token = model_bytes(cfg, KVReserve(1, 1), "float16")
     implied = (spec.cores * spec.sram_bytes - weights - shift * per_token) / spec.cores
-    how = (f"scheduler.fidelity.longest_decode: one request on the whole {spec.name} ({spec.full_mesh[0]}x"
+    how = (f"estimator.fidelity.longest_decode: one request on the whole {spec.name} ({spec.full_mesh[0]}x"
            f"{spec.full_mesh[1]}), float16, every core holding its share of the weights (advice.model_bytes) and "
            f"the scratch a core of the estimator's floor plan books ({scratch:,} B: {plan[0].describe()}, layer "
            f"regions {plan[1].shape.cols}x{plan[1].shape.rows}), K/V in the rest. The estimator's own floor plan "
@@ -269,7 +270,7 @@ def decode_figure(spec: HardwareSpec) -> Figure:
     r_small, r_large = (_decode_region(cfg, p)[0] for p in (420, 660))
     return Figure("LLaMA3-8B decode slowdown 420x420 -> 660x660", f"{PAPER} Table 4 (2699.9 -> 2243.3 tok/s)",
                   2699.9 / 2243.3, large / small, "x",
-                  f"estimate.stage_seconds, every layer on one region ({r_small.w}x{r_small.h} -> "
+                  f"scheduler.speed.stage_seconds, every layer on one region ({r_small.w}x{r_small.h} -> "
                   f"{r_large.w}x{r_large.h}), float16, 4096 positions, one request; cycles a layer: {grew}. What "
                   f"grows: the allreduces and the attention's reductions -- a K-tree over more columns has more hops "
                   f"and routing stages -- while the GEMV blocks, and so the flops a core, shrink",

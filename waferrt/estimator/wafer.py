@@ -23,9 +23,8 @@ from waferrt.decode.cost import layer_dims
 from waferrt.decode.layout import layer_block_bytes
 from waferrt.decode.moe_layout import moe_scratch_words
 from waferrt.model.config import LlamaConfig
-
-from . import budget
-from .types import KVReserve, Strategy, Workload
+from waferrt.scheduler import budget
+from waferrt.scheduler.types import KVReserve, Strategy, Workload
 
 
 @dataclass(frozen=True)
@@ -153,12 +152,6 @@ def col_options(lo: int, hi: int) -> list[int]:
     if hi <= lo:
         return [lo]
     return sorted({lo, hi, *(c for c in COLS if lo < c < hi)})
-
-
-def strategies(n_layers: int) -> list[Strategy]:
-    """Pipeline, tensor and the mixes in between worth trying (2, 4, 8, ... layers per region)."""
-    groups = {1, n_layers} | {g for g in (2, 4, 8, 16) if g < n_layers}
-    return [Strategy(g, n_layers) for g in sorted(groups)]
 
 
 def floors(cfg: LlamaConfig, spec: HardwareSpec, mesh: tuple[int, int], kv: KVReserve, dtype: str,

@@ -1,6 +1,6 @@
 """A mixture of experts on a whole wafer, on paper: its experts per region, its all-to-all, what fits.
 
-Contract: :func:`moe_estimate(est)` takes an :class:`~scheduler.estimate_report.Estimate` of an MoE model
+Contract: :func:`moe_estimate(est)` takes an :class:`~estimator.estimate_report.Estimate` of an MoE model
 (``est.config.moe``) and returns an :class:`MoEEstimate`: the experts' share of the weights and the
 parameters a token uses; when the model fits, for each expert mapping (waferrt.decode.moe_layout) the grid
 of expert blocks in a layer region and the all-to-all of a token (dispatch + combine, the routes the tiles
@@ -21,8 +21,8 @@ from waferrt.core.dtypes import itemsize
 from waferrt.core.mesh import Region
 from waferrt.decode.linkload import AllToAll, LinkLoad, alltoall_cost
 from waferrt.decode.moe_layout import MAPPINGS, expert_blocks, expert_grid
+from waferrt.scheduler.budget import tied_model_bytes
 
-from .budget import tied_model_bytes
 from .estimate_report import Estimate
 
 SAMPLE = 64  # tokens routed at random to average the all-to-all over

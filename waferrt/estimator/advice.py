@@ -15,16 +15,17 @@ from waferrt.core.arith import cdiv, last_true
 from waferrt.core.dtypes import itemsize
 from waferrt.core.spec import HardwareSpec
 from waferrt.model.config import LlamaConfig
+from waferrt.scheduler import budget
+from waferrt.scheduler.strategies import worth_trying
+from waferrt.scheduler.types import KVReserve, Strategy
 
-from . import budget
 from .estimate_report import gb
-from .types import KVReserve, Strategy
-from .wafer import floors, strategies
+from .wafer import floors
 
 
 def _fits(cfg, spec, mesh, kv: KVReserve, dtype: str, tried: Sequence[Strategy] | None) -> bool:
     return any(next(floors(cfg, spec, mesh, kv, dtype, s), None) is not None
-               for s in tried or strategies(cfg.n_layers))
+               for s in tried or worth_trying(cfg.n_layers))
 
 
 def _most(hi: int, ok) -> int:

@@ -22,11 +22,11 @@ from waferrt.decode.cost import Decoding, lane_batches, layer_decode_cost
 from waferrt.decode.layout import embed_scratch_bytes, stream_block_bytes
 from waferrt.decode.streaming import stream_cycles, stream_step_cycles, streamed_bytes
 from waferrt.model.config import LlamaConfig
+from waferrt.scheduler.types import KVReserve, Workload
 
 from . import wafer
 from .estimate import host_seconds
 from .estimate_report import gb
-from .types import KVReserve, Workload
 
 
 @dataclass(frozen=True)

@@ -4,14 +4,14 @@ Contract: ``draw_sweep(points, best, path, title)`` writes a PNG and returns its
 bandwidth, clock) pair, x = SRAM per core (KB, log scale), y = tokens/s; a line per mesh size; the marker
 says what bounds the design (compute, fabric, ingress; a cross at the bottom: does not fit in SRAM);
 designs over the area budget are hollow; the best design within the budget is a star. matplotlib is
-imported inside the function, through its object API (no pyplot global state), as scheduler/draw.py does.
+imported inside the function, through its object API (no pyplot global state), as waferrt/cli/draw.py does.
 """
 
 from __future__ import annotations
 
 from pathlib import Path
 
-from .sweep import AREA_BUDGET_MM2, Point
+from waferrt.estimator.sweep import AREA_BUDGET_MM2, Point
 
 MARKERS = {"compute": "o", "fabric": "^", "ingress": "s", "SRAM capacity": "X"}
 

@@ -1,7 +1,7 @@
 """The prefill on paper: a prompt's tokens through every layer as MeshGEMMs, time to first token, end to end.
 
 Contract (pure): ``prefill(est, tokens)`` times the prompt of `tokens` tokens on the floor plan that the
-decode's estimate ``est`` (scheduler.estimate) chose -- the prefill runs on the decode's own layer regions,
+decode's estimate ``est`` (estimator.estimate) chose -- the prefill runs on the decode's own layer regions,
 so its core count is the decode's, and the K/V it leaves is where the decode reads it. Each layer costs
 what the emulated prefill books (waferrt.decode.prefill.prefill_layer_parts, at the estimate's dtype, a Decoding): on
 the largest square of the region, the QKV projection, the heads' causal attention (the transposed MeshGEMM

@@ -23,10 +23,10 @@ from dataclasses import dataclass, replace
 
 from waferrt.core.spec import HardwareSpec
 from waferrt.model.config import LlamaConfig
+from waferrt.scheduler.types import KVReserve, Objective
 
-from .estimate import Objective, estimate
+from .estimate import estimate
 from .estimate_report import Estimate
-from .types import KVReserve
 
 WSE2_DIE_MM2 = 46_225.0  # Cerebras WSE-2 die (AnandTech, "Cerebras Unveils Wafer Scale Engine Two", 2021)
 WSE2_CORES = 850_000  # on that die (same source)

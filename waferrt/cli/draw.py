@@ -14,9 +14,9 @@ import numpy as np
 
 from waferrt.core.mesh import Region, TileId
 
-from .repair import Move
-from .report import plan_report
-from .types import Placement
+from waferrt.scheduler.repair import Move
+from waferrt.scheduler.report import plan_report
+from waferrt.scheduler.types import Placement
 
 FREE, SPARE, DEAD, EMBED = (0.93, 0.93, 0.93), (0.70, 0.88, 0.70), (0.0, 0.0, 0.0), (0.85, 0.35, 0.25)
 

@@ -15,7 +15,7 @@ from collections import deque
 from collections.abc import Hashable
 from dataclasses import dataclass
 
-from .types import Placement
+from waferrt.scheduler.types import Placement
 
 
 @dataclass(frozen=True)

@@ -1,7 +1,7 @@
 """The whole wafer on paper: plan a model at full-wafer scale analytically and estimate its decode speed.
 
 Contract (pure): ``estimate(cfg, spec, mesh, kv, dtype, Objective(goal, tried))`` returns an
-:class:`~waferrt.scheduler.estimate_report.Estimate`. For each strategy in `tried` (``types.Strategy``:
+:class:`~waferrt.estimator.estimate_report.Estimate`. For each strategy in `tried` (``types.Strategy``:
 layers per region; what ``strategies.parse_strategy`` reads from ``--strategy``) it searches the
 layer-region shapes in closed form (``wafer.row_options`` x a few column counts between the narrowest
 that fits in SRAM and the widest whose regions all fit on the floor plan), times
@@ -9,7 +9,7 @@ each with the emulator's own closed forms (``waferrt.decode.cost.step_cycles``:
 every request at its own pace (``decode.schedule``), stages pipelined, hand-overs between
 regions) and keeps the best for the objective: "latency" (time per token of one request) or "throughput"
 (tokens/s with ``kv.requests`` in flight). Without `tried` it tries layer, tensor and a few grouped
-strategies (``wafer.strategies``); with more than one it says why the winner won (and which kinds it
+strategies (``scheduler.strategies.worth_trying``); with more than one it says why the winner won (and which kinds it
 was limited to), with exactly one that it was asked for. When nothing fits it says so and what would
 (``advice``). The host exchange (token ids in, logits out over ``spec.ingress_bytes_per_s``) is added per
 step; the emulator books none.
@@ -21,46 +21,22 @@ from dataclasses import dataclass
 from functools import lru_cache
 
 from waferrt.core.dtypes import STORAGE_DTYPES
-from waferrt.core.mesh import Region
 from waferrt.core.spec import HardwareSpec
 from waferrt.decode.cost import (
     Decoding,
     head_decode_parts,
-    lane_batches,
     layer_decode_parts,
     stage_handover,
-    step_cycles,
 )
 from waferrt.decode.schedule import requests_round_seconds, round_bound_seconds
-from waferrt.decode.streaming import stream_step_cycles
 from waferrt.model.config import LlamaConfig
+from waferrt.scheduler.speed import alone_cycles
+from waferrt.scheduler.strategies import explain, worth_trying
+from waferrt.scheduler.types import KVReserve, Objective, Strategy, Workload
 
 from . import wafer
 from .advice import advice
 from .estimate_report import Estimate, breakdown_seconds
-from .types import KVReserve, Placement, Strategy, Workload
-
-OBJECTIVES = ("latency", "throughput")
-
-
-@dataclass(frozen=True)
-class Objective:
-    """What the planner is asked for: the best strategy for `goal` ("latency": one request's time per token,
-    "throughput": tokens/s with the K/V's requests in flight) among `tried` (None: every strategy worth
-    trying), and (`advise`) when none fits, a search for what would (a sweep only needs "no")."""
-
-    goal: str = "latency"
-    tried: tuple[Strategy, ...] | None = None
-    advise: bool = True
-
-    def __post_init__(self) -> None:
-        if self.goal not in OBJECTIVES:
-            raise ValueError(f"objective is one of {OBJECTIVES}, got {self.goal!r}")
-        if isinstance(self.tried, Strategy) or (self.tried is not None and not self.tried):
-            raise ValueError(f"tried is a list of strategies (e.g. [Strategy(1, n_layers)], or "
-                             f"strategies.parse_strategy's), or None for every strategy; got {self.tried!r}")
-        if self.tried is not None:
-            object.__setattr__(self, "tried", tuple(self.tried))  # any sequence in, a hashable tuple kept
 
 
 @dataclass(frozen=True)
@@ -85,56 +61,6 @@ class Candidate:
 def host_seconds(cfg: LlamaConfig, spec: HardwareSpec, requests: int) -> float:
     """The host's part of a step: every request's token id in, its float32 logits out, over the wafer's I/O."""
     return requests * (4 + 4 * cfg.vocab_size) / spec.ingress_bytes_per_s
-
-
-def stage_seconds(spec: HardwareSpec, dec: Decoding, stages, kv_tokens: int, requests: int) -> tuple[float, float]:
-    """(seconds of one request's token, seconds of one step with `requests` in flight) through `stages`
-    ((kind, Region), as decode.cost.step_cycles takes them: one per layer, the layers of a group on one
-    region) on the wafer: the closed forms the tiles book; with several requests, a steady round of them
-    decoding at their own pace, as the decode that ran is scheduled (waferrt.decode.schedule: a token's
-    layers on one region run back to back, and the tokens take turns on it)."""
-    alone = alone_cycles(spec, dec, stages, kv_tokens)
-    one = sum(alone) / spec.clock_hz
-    if requests == 1:
-        return one, one
-    return one, requests_round_seconds(alone, [region for _, region in stages], requests, spec.clock_hz)
-
-
-def alone_cycles(spec: HardwareSpec, dec: Decoding, stages, kv_tokens: int) -> list[float]:
-    """The cycles of one token alone at each stage, in stage order: what a placement's speed (the flow
-    schedule of decode.schedule) and its bound are derived from."""
-    cycles = step_cycles(spec, dec, stages, kv_tokens, [1])
-    return [c for (_, _), c in sorted(cycles.items())]
-
-
-def placement_seconds(p: Placement, requests: int | None = None, context: int | None = None
-                      ) -> tuple[float, float]:
-    """stage_seconds of a planned Placement (its real regions: layer i on its region, g layers of a group on
-    one region; the tied embedding/head region): what the emulator's tiles book running it, for one request
-    and for `requests` in flight (default: the placement's K/V reserve), each holding `context` positions
-    (default: the full reserve)."""
-    if p.streaming:
-        return streaming_seconds(p, requests or p.kv.requests, context or p.kv_tokens)
-    return stage_seconds(p.spec, p.decoding, placement_stages(p), context or p.kv_tokens,
-                         requests or p.kv.requests)
-
-
-def placement_stages(p: Placement) -> list[tuple[str, Region]]:
-    """A non-streaming placement's stages as (kind, Region): the embedding, every layer, the head."""
-    return [("embed", p.embed), *(("layer", r) for r in p.layers), ("head", p.embed)]
-
-
-def streaming_seconds(p: Placement, requests: int, context: int) -> tuple[float, float]:
-    """A streaming placement (one region runs every stage, every block streamed in: decode.streaming) as its
-    tile books it: every stage lasts the longer of its compute and its block's stream; the micro-batches
-    (decode.cost.lane_batches) take turns on the region, each streaming every block once. (seconds of one
-    request's token, of a round of `requests` tokens)."""
-    spec, dec = p.spec, p.decoding
-
-    def batch(b: int) -> float:
-        return stream_step_cycles(spec, dec, p.embed, context, b)
-
-    return batch(1) / spec.clock_hz, sum(batch(b) for b in lane_batches(requests)) / spec.clock_hz
 
 
 @lru_cache(maxsize=512)
@@ -170,28 +96,6 @@ def best(work: Workload, spec: HardwareSpec, mesh: tuple[int, int], objective: s
     return Candidate(strategy, floors[won[1]], ones[won[1]], won[0], kv.requests)
 
 
-def explain(best_c, others: list, objective: str) -> str:
-    """Why `best_c` won for `objective` over `others` (anything with strategy, requests, latency_s,
-    tokens_per_s and score: an estimate's Candidate, strategies.Timed), with the runners-up's numbers."""
-    metric = "time per token of one request" if objective == "latency" else \
-        f"tokens/s with {best_c.requests} requests in flight"
-
-    def show(c) -> str:
-        v = f"{c.latency_s * 1e3:.3f} ms" if objective == "latency" else f"{c.tokens_per_s:,.0f} tokens/s"
-        return f"{c.strategy.describe()}: {v}"
-
-    rest = sorted((c for c in others if c is not best_c), key=lambda c: c.score(objective))
-    why = (f"objective {objective} ({metric}): best is {show(best_c)}"
-           + ("; then " + "; ".join(show(c) for c in rest[:3]) if rest else "; no other strategy fits"))
-    if objective == "latency" and best_c.strategy.group > 1:
-        why += (". Stacking layers in one region gives every GEMV more cores and drops the hand-overs between "
-                "layers; the cost is SRAM per core (every layer's blocks and K/V on the same cores)")
-    elif objective == "throughput" and best_c.strategy.group < best_c.strategy.n_layers:
-        why += (". Separate regions work on different micro-batches at the same time (a pipeline), so requests "
-                "in flight overlap; one region running every layer takes them one after another")
-    return why
-
-
 def estimate(cfg: LlamaConfig, spec: HardwareSpec, mesh: tuple[int, int], kv: KVReserve, dtype: str = "float16",
              objective: Objective = Objective()) -> Estimate:
     """Plan `cfg` on a mesh of `mesh` = (width, height) cores of `spec` and estimate its decode with the best
@@ -206,7 +110,7 @@ def estimate(cfg: LlamaConfig, spec: HardwareSpec, mesh: tuple[int, int], kv: KV
                          f"({spec.full_mesh[0]}x{spec.full_mesh[1]} cores)")
     asked = objective.tried
     found = [c for c in (best(Workload(cfg, kv, dtype, s.group), spec, mesh, goal)
-                         for s in asked or wafer.strategies(cfg.n_layers)) if c is not None]
+                         for s in asked or worth_trying(cfg.n_layers)) if c is not None]
     base = {"label": f"{cfg.n_layers}-layer model", "config": cfg, "spec": spec, "mesh": mesh, "kv": kv,
             "dtype": dtype, "objective": goal}
     if not found:

@@ -14,8 +14,8 @@ from dataclasses import dataclass, field
 from waferrt.core.spec import HardwareSpec
 from waferrt.decode.cost import CATEGORIES
 from waferrt.model.config import LlamaConfig
+from waferrt.scheduler.types import KVReserve, Strategy
 
-from .types import KVReserve, Strategy
 from .wafer import Shape
 
 LABELS = {"gemv": "GEMV", "allreduce": "allreduce", "attention": "attention and K/V", "elementwise": "element-wise",

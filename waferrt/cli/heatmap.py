@@ -18,7 +18,7 @@ wall time). What each panel shows, and where it comes from:
   wall time ``wall_s``; without, each tile's modelled cycles per token (its stages, one token alone) as a
   share of the busiest tile's -- the pipeline's bottleneck.
 
-matplotlib through its object API, imported inside the function (as scheduler.draw does).
+matplotlib through its object API, imported inside the function (as cli.draw does).
 """
 
 from __future__ import annotations
@@ -34,7 +34,7 @@ from waferrt.decode.cost import alone_cycles, token_cost
 from waferrt.decode.schedule import StageRun
 from waferrt.decode.setup import DecodeSetup, stage_sram
 
-from .types import Placement
+from waferrt.scheduler.types import Placement
 
 SPARE = (0.2, 0.75, 0.2, 0.6)  # RGBA of a spare core
 LABEL = {"fontsize": 8, "ha": "center", "va": "center",

@@ -1,0 +1,68 @@
+"""A placement's speed: the flow schedule of the closed forms its tiles book (the one model of it).
+
+Contract (pure): ``placement_seconds(p, requests, context)`` -> (seconds of one request's token, seconds of a
+step with `requests` in flight) for a planned Placement, from ``stage_seconds`` over its stages
+(``placement_stages``), or ``streaming_seconds`` for a streaming placement; ``alone_cycles`` is one token
+alone at each stage, what the flow schedule (waferrt.decode.schedule) and any bound printed beside it are
+derived from. The on-paper estimator (waferrt.estimator) times its floor plans with the same functions.
+"""
+
+from __future__ import annotations
+
+from waferrt.core.mesh import Region
+from waferrt.core.spec import HardwareSpec
+from waferrt.decode.cost import Decoding, lane_batches, step_cycles
+from waferrt.decode.schedule import requests_round_seconds
+from waferrt.decode.streaming import stream_step_cycles
+
+from .types import Placement
+
+
+def stage_seconds(spec: HardwareSpec, dec: Decoding, stages, kv_tokens: int, requests: int) -> tuple[float, float]:
+    """(seconds of one request's token, seconds of one step with `requests` in flight) through `stages`
+    ((kind, Region), as decode.cost.step_cycles takes them: one per layer, the layers of a group on one
+    region) on the wafer: the closed forms the tiles book; with several requests, a steady round of them
+    decoding at their own pace, as the decode that ran is scheduled (waferrt.decode.schedule: a token's
+    layers on one region run back to back, and the tokens take turns on it)."""
+    alone = alone_cycles(spec, dec, stages, kv_tokens)
+    one = sum(alone) / spec.clock_hz
+    if requests == 1:
+        return one, one
+    return one, requests_round_seconds(alone, [region for _, region in stages], requests, spec.clock_hz)
+
+
+def alone_cycles(spec: HardwareSpec, dec: Decoding, stages, kv_tokens: int) -> list[float]:
+    """The cycles of one token alone at each stage, in stage order: what a placement's speed (the flow
+    schedule of decode.schedule) and its bound are derived from."""
+    cycles = step_cycles(spec, dec, stages, kv_tokens, [1])
+    return [c for (_, _), c in sorted(cycles.items())]
+
+
+def placement_seconds(p: Placement, requests: int | None = None, context: int | None = None
+                      ) -> tuple[float, float]:
+    """stage_seconds of a planned Placement (its real regions: layer i on its region, g layers of a group on
+    one region; the tied embedding/head region): what the emulator's tiles book running it, for one request
+    and for `requests` in flight (default: the placement's K/V reserve), each holding `context` positions
+    (default: the full reserve)."""
+    if p.streaming:
+        return streaming_seconds(p, requests or p.kv.requests, context or p.kv_tokens)
+    return stage_seconds(p.spec, p.decoding, placement_stages(p), context or p.kv_tokens,
+                         requests or p.kv.requests)
+
+
+def placement_stages(p: Placement) -> list[tuple[str, Region]]:
+    """A non-streaming placement's stages as (kind, Region): the embedding, every layer, the head."""
+    return [("embed", p.embed), *(("layer", r) for r in p.layers), ("head", p.embed)]
+
+
+def streaming_seconds(p: Placement, requests: int, context: int) -> tuple[float, float]:
+    """A streaming placement (one region runs every stage, every block streamed in: decode.streaming) as its
+    tile books it: every stage lasts the longer of its compute and its block's stream; the micro-batches
+    (decode.cost.lane_batches) take turns on the region, each streaming every block once. (seconds of one
+    request's token, of a round of `requests` tokens)."""
+    spec, dec = p.spec, p.decoding
+
+    def batch(b: int) -> float:
+        return stream_step_cycles(spec, dec, p.embed, context, b)
+
+    return batch(1) / spec.clock_hz, sum(batch(b) for b in lane_batches(requests)) / spec.clock_hz
