@@ -9,6 +9,7 @@ refusing (UsageError, one line) the training flags without --train and the infer
 
 from __future__ import annotations
 
+import argparse
 import json
 
 from waferrt.core.template import TEMPLATES, WaferTemplate, template_by_name
@@ -21,7 +22,18 @@ from .common import UsageError, refuse_together, whole_number
 INFERENCE_ONLY = ("--strategy", "--kv-tokens", "--mesh", "--streaming", "--prompt-tokens", "--pair")
 
 
-def add_train_args(p) -> None:
+def topology_list(text: str) -> tuple[Topology, ...]:
+    """'mesh,torus' -> the topologies (argparse type of sweep --topology)."""
+    words = tuple(w.strip() for w in text.split(","))
+    for w in words:
+        if w not in TOPOLOGIES:
+            raise argparse.ArgumentTypeError(f"{w!r} is not a topology; give a comma-separated list of "
+                                             f"{', '.join(TOPOLOGIES)}, e.g. --topology mesh,torus")
+    return tuple(Topology(w) for w in words)
+
+
+def add_train_args(p, many: bool = False) -> None:
+    """The training flags; `many`: --topology takes a comma-separated list (the sweep)."""
     p.add_argument("--train", action="store_true",
                    help="a training step instead of decode: weight streaming, a resident pipeline and tensor-stream "
                         "partition, each with its breakdown; --objective latency/throughput: the shortest step, "
@@ -32,7 +44,11 @@ def add_train_args(p) -> None:
                    help="tokens per sequence (with --train; default 2048, at most the model's context)")
     p.add_argument("--template", choices=list(TEMPLATES), metavar="NAME",
                    help=f"the wafer as dies (with --train): {', '.join(TEMPLATES)} (default wse2, one die)")
-    p.add_argument("--topology", choices=TOPOLOGIES, help="the network on each die (with --train; default mesh)")
+    if many:
+        p.add_argument("--topology", type=topology_list, metavar="LIST",
+                       help=f"networks on each die, comma-separated (with --train; default {','.join(TOPOLOGIES)})")
+    else:
+        p.add_argument("--topology", choices=TOPOLOGIES, help="the network on each die (with --train; default mesh)")
 
 
 def train_job(args, command: str, options: tuple[str, ...] = ()) -> tuple[TrainJob, WaferTemplate]:
@@ -50,7 +66,8 @@ def train_job(args, command: str, options: tuple[str, ...] = ()) -> tuple[TrainJ
     config, label = model_by_name(args.model)
     seq = args.seq or min(2048, config.max_seq_len)
     job = TrainJob(config, args.global_batch or 256, seq, args.dtype, label)
-    return job, template_by_name(args.template or "wse2", Topology(args.topology or "mesh"))
+    one = Topology(args.topology) if isinstance(args.topology, str) else Topology()
+    return job, template_by_name(args.template or "wse2", one)
 
 
 def train_objective(args) -> str:
