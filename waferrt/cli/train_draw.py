@@ -13,6 +13,7 @@ from pathlib import Path
 from waferrt.core.topology import TOPOLOGIES
 from waferrt.estimator.train import STRATEGIES
 from waferrt.estimator.train_sweep import TrainPoint
+from waferrt.scheduler.sweep_draw import sram_axes
 
 COLOURS = dict(zip(TOPOLOGIES, ("tab:blue", "tab:orange", "tab:green"), strict=True))
 MARKERS = ("o", "s", "^", "D", "v", "P")
@@ -37,8 +38,8 @@ def draw_train_sweep(points: list[TrainPoint], best: dict, path, title: str) -> 
         ax = fig.add_subplot(1, len(STRATEGIES), k + 1)
         for p in points:
             d = p.design
-            ax.scatter([x_of(d)], [p.tokens_per_s(strategy) or floor], marker=marker[d.dies], s=22 + 6 * d.half_flops_per_cycle,
-                       color=COLOURS[d.topology.kind], alpha=0.7)
+            ax.scatter([x_of(d)], [p.tokens_per_s(strategy) or floor], marker=marker[d.dies],
+                       s=22 + 6 * d.half_flops_per_cycle, color=COLOURS[d.topology.kind], alpha=0.7)
         b = best.get(strategy)
         if b is not None:
             bx, by = x_of(b.design), b.tokens_per_s(strategy)
@@ -46,15 +47,7 @@ def draw_train_sweep(points: list[TrainPoint], best: dict, path, title: str) -> 
             ax.annotate(f"best: {b.design.label()}\n{by:,.0f} tokens/s", (bx, by), xytext=(0.03, 0.97),
                         textcoords="axes fraction", va="top", fontsize=8, color="crimson",
                         arrowprops={"arrowstyle": "->", "color": "crimson", "lw": 0.8})
-        kbs = sorted({p.design.sram_bytes // 1024 for p in points})
-        ax.set_xscale("log", base=2)
-        ax.set_xticks(kbs)
-        ax.set_xticklabels([str(kb) for kb in kbs])
-        ax.minorticks_off()
-        ax.set_ylim(0, top * 1.35)
-        ax.axhline(floor, color="0.6", lw=0.8, ls=":")
-        ax.set_xlabel("SRAM per core (KB)")
-        ax.set_ylabel("tokens/s")
+        sram_axes(ax, sorted({p.design.sram_bytes // 1024 for p in points}), top * 1.35, floor)
         ax.set_title(strategy, fontsize=10)
         ax.grid(alpha=0.3)
     handles = [Line2D([], [], ls="", marker="o", color=c, label=t) for t, c in COLOURS.items()]

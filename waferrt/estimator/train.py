@@ -201,7 +201,7 @@ def _resident(job: TrainJob, template: WaferTemplate) -> tuple[float, float, str
 
 def pipeline(job: TrainJob, template: WaferTemplate) -> StrategyTime:
     """The best resident 1F1B pipeline over R >= 2 stages (R dividing the layers, at most the wafer's width)."""
-    config, (w, h) = job.config, template.mesh
+    config, w = job.config, template.mesh[0]
     per_param, io, where = _resident(job, template)
     tried = [_pipeline_at(job, template, r, (per_param, io, where))
              for r in range(min(2, config.n_layers), config.n_layers + 1) if config.n_layers % r == 0 and r <= w]
@@ -220,8 +220,8 @@ def _pipeline_at(job: TrainJob, template: WaferTemplate, r: int, resident: tuple
     need = round((weights + r * max(mb, 1) * act) / stage_cores)
     if mb == 0:
         return StrategyTime("pipeline", False, float("inf"), Breakdown(0, 0, 0, io), need,
-                            f"{r} stage(s): weights ({weights / 1e9:.1f} GB per stage, {where}) and {r} micro-batch(es) "
-                            f"of activations do not fit a stage's {template.sram_bytes() / r / 1e9:.1f} GB")
+                            f"{r} stage(s): weights ({weights / 1e9:.1f} GB per stage, {where}) and {r} micro-batch(es)"
+                            f" of activations do not fit a stage's {template.sram_bytes() / r / 1e9:.1f} GB")
     m = -(-job.global_batch // mb)
     slots = m + r - 1
     flops = model_flops_per_token(config, job.seq) * mb * job.seq / r + ADAM_FLOPS * config.params() / r / m
