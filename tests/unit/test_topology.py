@@ -122,3 +122,14 @@ def test_a_torus_wafer_runs_a_kernel_with_its_own_routing():
         assert cost["shift"].hops == shift_cost(spec, 6, 4, True).hops
         assert cost["allreduce.ring"].hops == allreduce_cost(spec, "ring", 4, 4).hops
     assert costs["torus"]["shift"].hops == 1 < costs["mesh"]["shift"].hops == 5
+
+
+@pytest.mark.parametrize("topology", TOPOLOGIES, ids=str)
+def test_a_spec_keeps_its_topology_through_json_and_a_mesh_spec_its_old_form(topology):
+    import json
+
+    from waferrt.core.spec import HardwareSpec
+
+    spec = TINY.replace(topology=topology)
+    assert HardwareSpec.from_dict(json.loads(json.dumps(spec.as_dict()))) == spec
+    assert ("topology" in spec.as_dict()) == (topology != MESH)  # a placement's JSON of a mesh is unchanged

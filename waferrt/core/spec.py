@@ -67,6 +67,20 @@ class HardwareSpec:
             return self.flops_per_cycle
         return self.half_flops_per_cycle
 
+    def as_dict(self) -> dict:
+        """Its fields as plain values (for JSON); the topology only when it is not the mesh, so that a mesh
+        spec's form is what it was before topologies existed."""
+        d = {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.name != "topology"}
+        if self.topology != MESH:
+            d["topology"] = {"kind": self.topology.kind, "group": self.topology.group}
+        return d
+
+    @classmethod
+    def from_dict(cls, d: dict) -> HardwareSpec:
+        """The spec of its ``as_dict`` form."""
+        topology = Topology(**d["topology"]) if "topology" in d else MESH
+        return cls(**{**d, "full_mesh": tuple(d["full_mesh"]), "topology": topology})
+
     def replace(self, **changes) -> HardwareSpec:
         """A copy with some fields changed, e.g. ``spec.replace(sram_bytes=64 * 1024)``."""
         return dataclasses.replace(self, **changes)
