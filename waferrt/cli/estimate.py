@@ -6,7 +6,8 @@ Contract: ``add_parser(subparsers)`` registers the subcommand; ``add_workload_ar
 ``waferrt.scheduler.strategies.parse_strategy``); ``run(args) -> int`` prints the estimate
 (text, or ``--json``; for a mixture of experts with ``waferrt.scheduler.moe_estimate``'s figures after it)
 made by ``waferrt.scheduler.estimate`` (closed forms, no emulation: seconds even for
-a 750x994-core wafer), with ``--streaming`` the weight-streaming estimate next to it. Exit status: 0 it
+a 750x994-core wafer), with ``--streaming`` the weight-streaming estimate next to it; with ``--train`` a training
+step instead (``waferrt.cli.train.run_estimate``). Exit status: 0 it
 fits (or streams), 1 it does not fit (the output says what would), 2 an argument is wrong.
 """
 

@@ -2,7 +2,8 @@
 
 Contract: ``add_parser(subparsers)`` registers the subcommand; ``run(args) -> int`` estimates the model on
 every design of the grid (``waferrt.scheduler.sweep``), prints the table (or ``--json``), writes the PNG
-(``--png``, default sweep.png) and marks the fastest design within the area budget. Exit status: 0 some
+(``--png``, default sweep.png) and marks the fastest design within the area budget; with ``--train`` the training
+co-exploration instead (``waferrt.cli.train_sweep.run_train_sweep``). Exit status: 0 some
 design within the budget runs the model, 1 none does, 2 an argument is wrong.
 """
 
