@@ -87,8 +87,8 @@ def run(args) -> int:
             raise UsageError(f"{flag} is an option of `waferrt sweep --train`: add --train, or leave it out")
     train_objective(args)
     try:
-        cfg, label, base, tried, kv = workload(args)
-        points = sweep(cfg, base, _grid(args), kv, args.dtype, Objective(args.objective, tried))
+        config, label, base, tried, kv = workload(args)
+        points = sweep(config, base, _grid(args), kv, args.dtype, Objective(args.objective, tried))
     except ValueError as e:
         print(f"waferrt sweep: {e}", file=sys.stderr)
         return 2
