@@ -201,7 +201,8 @@ class Tile:
         self._idle()
         ledger, links, span = kernel_parts(self.spec, self.links, self.tracer, kernel, epoch)
         self._new_epoch(epoch)
-        ctx = Context(Span(region, self.region, links), ledger, self.store, tag=f"k{epoch}", faults=faults)
+        ctx = Context(Span(region, self.region, links, self.mesh.region), ledger, self.store, tag=f"k{epoch}",
+                      faults=faults)
         if delay := self.faults.delay_in(region):  # a straggling tile, or a slow core in the region
             time.sleep(delay)
         with span:

@@ -11,7 +11,11 @@ waferrt.decode.cost) except where it says "emulated":
    (and weight streaming where they do not fit);
 4. a decode step emulated (the tile programs over a LoopFabric) next to the estimate of the same placement,
    for every strategy the emulator runs (layer regions, groups, one region for every layer) and for weight
-   streaming (one region, the blocks streamed in).
+   streaming (one region, the blocks streamed in);
+5. the topologies (core.topology: mesh, torus, mesh-switch): allreduce and all-to-all time against the line's
+   length, and the same collectives emulated on a torus and a mesh-switch next to their closed forms;
+6. training on paper (waferrt.estimator.train): weight streaming, a resident 1F1B pipeline and tensor-stream
+   partition for Llama3-8B and SmolLM2-135M on every wafer template, and the planner's pick.
 
     python benchmarks/scaling.py [--out docs/scaling.md]
 """
@@ -26,12 +30,15 @@ from pathlib import Path
 import numpy as np
 
 from waferrt.core.arith import cdiv
-from waferrt.core.cost import ALLREDUCE_ALGOS, allreduce_cost, compute_cost, gemv_cost, reduce_flops
+from waferrt.core.cost import ALLREDUCE_ALGOS, allreduce_cost, alltoall_cost, compute_cost, gemv_cost, reduce_flops
 from waferrt.core.mesh import MeshSpec
 from waferrt.core.spec import TINY, WSE2, WSE3
+from waferrt.core.template import TEMPLATES
+from waferrt.core.topology import Topology
 from waferrt.decode.schedule import round_seconds
 from waferrt.estimator.estimate import estimate
 from waferrt.estimator.streaming import streaming
+from waferrt.estimator.train import TrainJob, estimate_train
 from waferrt.fabric.loop import simulate
 from waferrt.model import Sampler, synthetic_llama, tiny_config
 from waferrt.model.config import SMOLLM2_135M
@@ -162,6 +169,66 @@ def emulated_decode() -> list[str]:
     return out + [""]
 
 
+TOPOLOGIES = (Topology("mesh"), Topology("torus"), Topology("mesh-switch"))
+
+
+def topologies() -> list[str]:
+    out = ["## 5. Topologies: allreduce and all-to-all against the line's length (WSE-2 figures, closed forms)", "",
+           f"The allreduce of section 1 (4 x {DIM}/n bytes per core) and an all-to-all of a {DIM}-long float32 "
+           "vector per core (n chunks, one to every core of the line), in cycles, on a line of n cores of a 2D mesh, "
+           "a torus (wrap links at the line's ends) and a mesh-switch (NoW: a switch port every 16 cores).", "",
+           "| n | " + " | ".join(f"{a} {t}" for a in ("K-tree", "ring", "all-to-all") for t in TOPOLOGIES) + " |",
+           "|---:" * (1 + 3 * len(TOPOLOGIES)) + "|"]
+    for n in SIDES:
+        specs = [WSE2.replace(topology=t) for t in TOPOLOGIES]
+        cells = [allreduce_cost(s, "ktree", n, 4 * cdiv(DIM, n)).cycles for s in specs]
+        cells += [allreduce_cost(s, "ring", n, 4 * cdiv(DIM, n)).cycles for s in specs]
+        cells += [alltoall_cost(s, n, 4 * DIM).cycles for s in specs]
+        out.append(f"| {n} | " + " | ".join(f"{c:,.0f}" for c in cells) + " |")
+    out += ["", "A torus halves a multicast's reach and makes the ring's neighbours one hop apart; its all-to-all's "
+            "busiest link carries half the mesh's. A mesh-switch takes long routes through its ports: the all-to-all's "
+            "longest route stops growing with n, but every port's switch link carries its group's long traffic.", "",
+            "Emulated hop by hop on a torus and a mesh-switch (LoopFabric, 16-core tiles), next to the closed forms "
+            "over the same topology:", "",
+            "| line | topology | algorithm | emulated hops / stages / messages / link bytes / cycles | closed form | "
+            "equal |", "|---|---|---|---|---|---|"]
+    for n in (16, 64):
+        mesh = MeshSpec(n, 1, 16, 1)
+        x = np.ones((1, n, 32), np.float32)
+        for t in TOPOLOGIES[1:]:
+            spec = TINY.replace(topology=t)
+            for algo in ("ktree", "ring"):
+                _, cost = simulate(mesh, spec, mesh.region, lambda ctx, a, algo=algo: ctx.allreduce(a, "x", algo), a=x)
+                got = cost[f"allreduce.{algo}"]
+                want = allreduce_cost(spec, algo, n, 128) + compute_cost(spec, reduce_flops(algo, n, 32))
+                g, w = (_counts(got), _counts(want))
+                out.append(f"| 1x{n} | {t} | {algo} | {g} | {w} | {'yes' if g == w else 'NO'} |")
+    return out + [""]
+
+
+def _counts(c) -> tuple:
+    return c.hops, c.stages, c.messages, c.link_bytes, round(c.cycles)
+
+
+def training() -> list[str]:
+    out = ["## 6. Training on paper: three strategies on every wafer template", "",
+           "One optimizer step of 256 sequences of 2048 tokens, bfloat16 (`waferrt estimate --train`); seconds, "
+           "tokens/s and model-flops utilisation of each strategy, what bounds it, and the planner's pick "
+           "(throughput). docs/ESTIMATES.md \"Training\" says what the model leaves out.", ""]
+    for name in ("llama3-8b", "smollm2-135m"):
+        found = MODELS[name]
+        out += [f"### {found.label}", "", "| template | weight streaming | pipeline | tensor-stream | pick |",
+                "|---|---|---|---|---|"]
+        for t in TEMPLATES.values():
+            est = estimate_train(TrainJob(found.config, 256, 2048, "bfloat16", found.label), t)
+            cells = [f"{s.step_s:.3f} s, {s.tokens_per_s:,.0f} tok/s, MFU {s.mfu:.0%}, {s.breakdown.bound}"
+                     if s.fits else "does not fit" for s in est.strategies]
+            pick = est.chosen.strategy if est.chosen else "none"
+            out.append(f"| {t.label()} | " + " | ".join(cells) + f" | {pick} |")
+        out.append("")
+    return out
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out", default=str(Path(__file__).resolve().parents[1] / "docs" / "scaling.md"))
@@ -171,7 +238,8 @@ def main() -> None:
             "closed forms that tests/unit/test_estimate_emulator.py ties to what the emulator books; "
             "docs/ESTIMATES.md says where the model simplifies.", ""]
     t0 = time.perf_counter()
-    text = "\n".join(head + primitives() + emulated_primitives() + strategies() + emulated_decode())
+    text = "\n".join(head + primitives() + emulated_primitives() + strategies() + emulated_decode() + topologies()
+                     + training())
     Path(args.out).write_text(text + f"\n_Generated in {time.perf_counter() - t0:.0f} s._\n")
     print(text)
     print(f"wrote {args.out}")

@@ -28,7 +28,7 @@ def placement_to_json(p: Placement) -> dict:
     m = p.mesh
     return {
         "config": dataclasses.asdict(p.config),
-        "spec": dataclasses.asdict(p.spec),
+        "spec": p.spec.as_dict(),
         "mesh": {"width": m.width, "height": m.height, "tile_w": m.tile_w, "tile_h": m.tile_h,
                  "dead": _cores(m.dead)},
         "dtype": p.dtype,
@@ -50,11 +50,10 @@ def placement_to_json(p: Placement) -> dict:
 def placement_from_json(d: dict) -> Placement:
     """The Placement of its JSON form (raises ValueError naming a missing key)."""
     try:
-        spec = dict(d["spec"], full_mesh=tuple(d["spec"]["full_mesh"]))
         m = d["mesh"]
         return Placement(
             config=LlamaConfig(**d["config"]),
-            spec=HardwareSpec(**spec),
+            spec=HardwareSpec.from_dict(d["spec"]),
             mesh=MeshSpec(m["width"], m["height"], m["tile_w"], m["tile_h"],
                           frozenset(Coord(x, y) for x, y in m["dead"])),
             dtype=d["dtype"],

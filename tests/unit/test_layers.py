@@ -48,7 +48,7 @@ HEAVY = {  # third-party package -> the only modules that may import it
     "zmq": ("waferrt.actors",),
     "gguf": ("waferrt.model.gguf_loader", "waferrt.model.gguf_writer"),
     "tokenizers": ("waferrt.model.tokenizer",),
-    "matplotlib": ("waferrt.cli.draw", "waferrt.cli.heatmap", "waferrt.cli.sweep_draw"),  # drawing is the CLI's
+    "matplotlib": ("waferrt.cli.draw", "waferrt.cli.heatmap", "waferrt.cli.sweep_draw", "waferrt.cli.train_draw"),
 }
 PURE_PACKAGES = ["waferrt", "waferrt.core", "waferrt.faults", "waferrt.fabric", "waferrt.model", "waferrt.decode",
                  "waferrt.scheduler", "waferrt.estimator", "waferrt.serving", "waferrt.cli"]

@@ -6,7 +6,8 @@ Contract: ``add_parser(subparsers)`` registers the subcommand; ``add_workload_ar
 ``waferrt.scheduler.strategies.parse_strategy``); ``run(args) -> int`` prints the estimate
 (text, or ``--json``; for a mixture of experts with ``waferrt.estimator.moe_estimate``'s figures after it)
 made by ``waferrt.estimator.estimate`` (closed forms, no emulation: seconds even for
-a 750x994-core wafer), with ``--streaming`` the weight-streaming estimate next to it. Exit status: 0 it
+a 750x994-core wafer), with ``--streaming`` the weight-streaming estimate next to it; with ``--train`` a training
+step instead (``waferrt.cli.train.run_estimate``). Exit status: 0 it
 fits (or streams), 1 it does not fit (the output says what would), 2 an argument is wrong.
 """
 
@@ -29,6 +30,7 @@ from waferrt.scheduler.types import OBJECTIVES, KVReserve, Objective
 
 from .common import MAX_REQUESTS, parse_wxh, two_numbers, whole_number
 from .strategy import strategy_text
+from .train import add_train_args, run_estimate, train_job, train_objective
 
 EPILOG = f"""examples:
   waferrt estimate --model llama3-8b                    Llama3-8B on a whole WSE-2 (float16, 4096 K/V tokens x 8)
@@ -41,6 +43,8 @@ EPILOG = f"""examples:
   waferrt estimate --model path/to/model.gguf --mesh 200x200   any llama GGUF (metadata only)
   waferrt estimate --model llama3-8b --prompt-tokens 8192 --kv-tokens 8192 --pair 4096:256
   waferrt estimate --model mixtral-8x7b                 a mixture of experts: experts, all-to-all, what fits
+  waferrt estimate --train --model llama3-8b --global-batch 256 --seq 2048   a training step, three strategies
+  waferrt estimate --train --model smollm2-135m --template watos --topology torus --objective memory
 
 Named models: {", ".join(sorted(MODELS))}. Strategies, as `waferrt plan`
 and `waferrt generate` take them: layer (every layer its own region, tokens flow region to region),
@@ -61,6 +65,7 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
                     "SRAM used, K/V capacity -- or why it does not fit and what would.",
         epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
     add_workload_args(p)
+    add_train_args(p)
     p.add_argument("--mesh", type=parse_wxh, metavar="WxH", help="cores to use (default: the whole wafer)")
     p.add_argument("--streaming", action="store_true", help="also estimate weight streaming from off-wafer memory")
     p.add_argument("--json", action="store_true", help="print the estimate as JSON")
@@ -80,8 +85,9 @@ def add_workload_args(p) -> None:
     p.add_argument("--preset", default="wse2", choices=sorted(PRESETS), help="hardware preset (default wse2)")
     p.add_argument("--strategy", type=strategy_text, metavar="S", help=STRATEGY_HELP + "; default: the planner "
                    "tries every strategy and picks by --objective")
-    p.add_argument("--objective", default="latency", choices=OBJECTIVES,
-                   help="latency: one request's time per token; throughput: tokens/s with --requests in flight")
+    p.add_argument("--objective", default="latency", choices=OBJECTIVES + ("memory",),
+                   help="latency: one request's time per token; throughput: tokens/s with --requests in flight; "
+                        "with --train: the shortest step (latency, throughput) or the least SRAM per core (memory)")
     p.add_argument("--kv-tokens", type=whole_number(1, "--kv-tokens 4096"),
                    help="K/V positions per request (default 4096, at most the model's context)")
     p.add_argument("--requests", type=whole_number(1, "--requests 8", MAX_REQUESTS), default=8,
@@ -128,6 +134,10 @@ def _prompts(args, kv) -> tuple[int, tuple[int, int] | None]:
 
 
 def run(args) -> int:
+    if args.train:
+        return run_estimate(args)
+    train_job(args, "estimate")
+    train_objective(args)
     try:
         config, label, spec, tried, kv = workload(args)
         mesh = args.mesh or spec.full_mesh

@@ -60,7 +60,7 @@ def default_mesh_cached(config, spec, kv, dtype: str, strategy=None):
     from waferrt.model.npcache import cache_root
     from waferrt.scheduler import PlanOptions, default_mesh
 
-    parts = [dataclasses.asdict(config), dataclasses.asdict(spec), dataclasses.asdict(kv), dtype]
+    parts = [dataclasses.asdict(config), spec.as_dict(), dataclasses.asdict(kv), dtype]
     if strategy is not None and strategy.group > 1:  # (one layer per region keeps its key of before)
         parts.append(strategy.group)
     key = json.dumps(parts, sort_keys=True)

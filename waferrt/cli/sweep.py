@@ -2,7 +2,8 @@
 
 Contract: ``add_parser(subparsers)`` registers the subcommand; ``run(args) -> int`` estimates the model on
 every design of the grid (``waferrt.estimator.sweep``), prints the table (or ``--json``), writes the PNG
-(``--png``, default sweep.png) and marks the fastest design within the area budget. Exit status: 0 some
+(``--png``, default sweep.png) and marks the fastest design within the area budget; with ``--train`` the training
+co-exploration instead (``waferrt.cli.train_sweep.run_train_sweep``). Exit status: 0 some
 design within the budget runs the model, 1 none does, 2 an argument is wrong.
 """
 
@@ -15,8 +16,10 @@ import sys
 from waferrt.estimator.sweep import AREA_BUDGET_MM2, DEFAULT_GRID, Grid, best_point, sweep, table
 from waferrt.scheduler.types import Objective
 
-from .common import number_list, output_path, parse_wxh
+from .common import UsageError, number_list, output_path, parse_wxh
 from .estimate import add_workload_args, workload
+from .train import add_train_args, train_job, train_objective
+from .train_sweep import run_train_sweep
 
 EPILOG = f"""examples:
   waferrt sweep --model llama3-8b                       the default grid, sweep.png
@@ -24,6 +27,8 @@ EPILOG = f"""examples:
   waferrt sweep --model llama3-8b --strategy layer --sram 32,48,64 --mesh 650x862,750x994 --link 2,4,8
   waferrt sweep --model llama3-8b --strategy grouped:4 --sram 48,64 --json
   waferrt sweep --model codellama-34b --clock 0.9,1.1,1.3 --json
+  waferrt sweep --train --model llama3-8b --global-batch 256 --seq 2048 --png train.png   the training template
+  waferrt sweep --train --model smollm2-135m --dies 1x1,4x4 --sram 48,96 --flops 8,32 --d2d 1,4 --topology mesh,torus
 
 Every design is the --preset spec with its SRAM per core (--sram, KB), mesh (--mesh), link bandwidth
 (--link, bytes per cycle) and clock (--clock, GHz) replaced, estimated as `waferrt estimate` does, with
@@ -46,6 +51,12 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
         description="Estimate a model on a grid of wafer designs and mark the fastest within a fixed area budget.",
         epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
     add_workload_args(p)
+    add_train_args(p, many=True)
+    p.add_argument("--dies", type=_meshes, metavar="LIST", help="die grids DXxDY, comma-separated (with --train)")
+    p.add_argument("--flops", type=number_list("16-bit flops per cycle per core", 4096, "--flops 8,32"),
+                   metavar="LIST", help="16-bit flops per cycle per core, comma-separated (with --train)")
+    p.add_argument("--d2d", type=number_list("TB/s per die edge", 1000, "--d2d 1,4"), metavar="LIST",
+                   help="die-to-die bandwidth, TB/s per die edge, comma-separated (with --train)")
     p.add_argument("--sram", type=number_list("KB of SRAM per core", 1024, "--sram 32,48,64"),
                    help="SRAM per core, KB, comma-separated (at most 1024)")
     p.add_argument("--mesh", type=_meshes, help="meshes WxH, comma-separated")
@@ -68,6 +79,13 @@ def _grid(args) -> Grid:
 
 
 def run(args) -> int:
+    if args.train:
+        return run_train_sweep(args)
+    train_job(args, "sweep")
+    for flag in ("--dies", "--flops", "--d2d"):
+        if getattr(args, flag[2:]) is not None:
+            raise UsageError(f"{flag} is an option of `waferrt sweep --train`: add --train, or leave it out")
+    train_objective(args)
     try:
         config, label, base, tried, kv = workload(args)
         points = sweep(config, base, _grid(args), kv, args.dtype, Objective(args.objective, tried))

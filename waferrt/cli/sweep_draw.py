@@ -16,6 +16,19 @@ from waferrt.estimator.sweep import AREA_BUDGET_MM2, Point
 MARKERS = {"compute": "o", "fabric": "^", "ingress": "s", "SRAM capacity": "X"}
 
 
+def sram_axes(ax, kbs: list[int], ymax: float, floor: float) -> None:
+    """x: SRAM per core in KB (log 2, a tick at each of `kbs`), y: tokens/s up to `ymax`, a dotted line at
+    `floor` (where the designs that do not fit are drawn)."""
+    ax.set_xscale("log", base=2)
+    ax.set_xticks(kbs)
+    ax.set_xticklabels([str(kb) for kb in kbs])
+    ax.minorticks_off()
+    ax.set_ylim(0, ymax)
+    ax.axhline(floor, color="0.6", lw=0.8, ls=":")
+    ax.set_xlabel("SRAM per core (KB)")
+    ax.set_ylabel("tokens/s")
+
+
 def draw_sweep(points: list[Point], best: Point | None, path, title: str) -> Path:
     from matplotlib import colormaps
     from matplotlib.backends.backend_agg import FigureCanvasAgg
@@ -47,15 +60,7 @@ def draw_sweep(points: list[Point], best: Point | None, path, title: str) -> Pat
                             (best.design.sram_bytes / 1024, best.tokens_per_s), xytext=(0.03, 0.97),
                             textcoords="axes fraction", va="top", fontsize=8.5, color="crimson",
                             arrowprops={"arrowstyle": "->", "color": "crimson", "lw": 0.8})
-        ax.set_xscale("log", base=2)
-        kbs = sorted({p.design.sram_bytes // 1024 for p in points})
-        ax.set_xticks(kbs)
-        ax.set_xticklabels([str(kb) for kb in kbs])
-        ax.minorticks_off()
-        ax.set_ylim(0, top * 1.3)
-        ax.axhline(floor, color="0.6", lw=0.8, ls=":")
-        ax.set_xlabel("SRAM per core (KB)")
-        ax.set_ylabel("tokens/s")
+        sram_axes(ax, sorted({p.design.sram_bytes // 1024 for p in points}), top * 1.3, floor)
         ax.set_title(f"links {link:g} B/cycle, clock {clock / 1e9:g} GHz", fontsize=10)
         ax.grid(alpha=0.3)
     handles = [Line2D([], [], color=colors[m], lw=2, label=f"mesh {m[0]}x{m[1]}") for m in meshes]

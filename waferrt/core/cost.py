@@ -13,7 +13,9 @@ Timing (PLMR): a message of b bytes that passes h hops and s routing stages take
 ``h*alpha + s*(beta + b/link_bytes_per_cycle)`` cycles (wormhole routing: only the stages pay the
 serialisation); a K-tree's chains stream the partial sums word by word through their members (WaferLLM's
 kernel), so each step pays ``hops*alpha + beta`` and a level's message is serialised once per stream its
-roots read. ``f`` flops on one core take ``f/flops_per_cycle``.
+roots read. ``f`` flops on one core take ``f/flops_per_cycle``. Routes follow ``spec.topology``
+(core.topology: mesh, torus, mesh-switch; the mesh unless told), so a torus's wrap and a mesh-switch's switch
+shorten what they shorten and the mesh's figures are unchanged.
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ from functools import lru_cache
 from .arith import cdiv
 from .dtypes import itemsize
 from .spec import HardwareSpec
+from .topology import alltoall_load
 
 ALLREDUCE_ALGOS = ("ktree", "chain", "ring", "pipeline")
 
@@ -159,14 +162,15 @@ def ktree_cost(spec: HardwareSpec, plan: KtreePlan, n: int, nbytes: int) -> Cost
     """A K-tree's reduce levels then the root's multicast back down the line (one stage, both ways at once).
     A step costs its longest hand-over's hops and one routing stage (beta); a level's message is serialised
     once per stream its roots read (pipelined: every member forwards the partial sums word by word)."""
+    topo = spec.topology
     hops = stages = link = msgs = streams = 0
     for level in plan.levels:
         for step in level.steps:
-            hops, stages = hops + max(abs(d) for d, _ in step), stages + 1
-            link += sum(len(src) * abs(d) for d, src in step) * nbytes
+            hops, stages = hops + max(topo.step_hops(n, src, d) for d, src in step), stages + 1
+            link += sum(len(src) * topo.step_hops(n, src, d) for d, src in step) * nbytes
             msgs += sum(len(src) for _, src in step)
         streams += level.halves
-    far = max(plan.root, n - 1 - plan.root)
+    far = topo.farthest(n, plan.root)
     cyc = (message_cycles(spec, hops, stages, 0) + streams * serialise_cycles(spec, nbytes)
            + message_cycles(spec, far, 1, nbytes))
     return Cost(hops=hops + far, stages=stages + 1, link_bytes=link + (n - 1) * nbytes, messages=msgs + n - 1,
@@ -197,8 +201,9 @@ def allreduce_cost(spec: HardwareSpec, algo: str, n: int, nbytes: int, k: int = 
               ways (one stage, ~n/2 hops): ~K*n^(1/K)/2 stages, ~n hops.
     chain:    the Cerebras SDK's GEMV reduction: one chain from the line's far end to core 0, forwarded word
               by word (n-1 stages, the message serialised once), then a multicast back (n-1 hops).
-    ring:     reduce-scatter + allgather on the folded ring (logical neighbours at most 2 hops apart):
-              2(n-1) steps of nbytes/n, ~4n hops.
+    ring:     reduce-scatter + allgather on the ring of ``Topology.ring_order`` (the folded ring of a mesh:
+              logical neighbours at most 2 hops apart, ~4n hops; a torus's line: 1 hop each, 2(n-1) hops):
+              2(n-1) steps of nbytes/n.
     pipeline: the vector cut in n segments streams down a chain to core 0 (2(n-1) one-hop stages of
               nbytes/n), then a multicast back (one stage, n-1 hops).
     """
@@ -209,33 +214,48 @@ def allreduce_cost(spec: HardwareSpec, algo: str, n: int, nbytes: int, k: int = 
     seg = 4 * cdiv(nbytes, 4 * n)  # the vector is cut in n equal (padded) float32 segments
     steps = 2 * (n - 1)
     if algo == "ring":
-        hop_len = 2 if n > 2 else 1
-        return Cost(hops=steps * hop_len, stages=steps, link_bytes=steps * (2 * n - 2) * seg,
+        hop_len, ring_len = spec.topology.ring_hops(n)
+        return Cost(hops=steps * hop_len, stages=steps, link_bytes=steps * ring_len * seg,
                     messages=steps * n, cycles=steps * message_cycles(spec, hop_len, 1, seg))
     if algo == "pipeline":
-        cyc = message_cycles(spec, steps, steps, seg) + message_cycles(spec, n - 1, 1, nbytes)
-        return Cost(hops=steps + n - 1, stages=steps + 1, link_bytes=n * (n - 1) * seg + (n - 1) * nbytes,
+        far = spec.topology.farthest(n, 0)
+        cyc = message_cycles(spec, steps, steps, seg) + message_cycles(spec, far, 1, nbytes)
+        return Cost(hops=steps + far, stages=steps + 1, link_bytes=n * (n - 1) * seg + (n - 1) * nbytes,
                     messages=n * (n - 1) + n - 1, cycles=cyc)
     raise ValueError(f"unknown allreduce algorithm {algo!r}; choose one of {ALLREDUCE_ALGOS}")
 
 
 def broadcast_cost(spec: HardwareSpec, n: int, nbytes: int, root: int = 0) -> Cost:
     """The core at `root` multicasts nbytes to the n-1 others of its line (router multicast: one stage; the
-    farthest core is max(root, n-1-root) hops away)."""
+    farthest core is max(root, n-1-root) hops away on a mesh, n//2 on a torus: ``Topology.farthest``)."""
     if n == 1:
         return Cost()
-    hops = max(root, n - 1 - root)
+    hops = spec.topology.farthest(n, root)
     return Cost(hops=hops, stages=1, link_bytes=(n - 1) * nbytes, messages=n - 1,
                 cycles=message_cycles(spec, hops, 1, nbytes))
 
 
-def shift_cost(spec: HardwareSpec, n: int, nbytes: int, wrap: bool) -> Cost:
-    """Every core of a line of n sends nbytes to its next core (and, with wrap, the last to the first)."""
+def alltoall_cost(spec: HardwareSpec, n: int, nbytes: int) -> Cost:
+    """All-to-all along a line of n cores: every core holds nbytes, cut in n chunks, and sends chunk j to core
+    j, all at once over ``spec.topology``'s routes (one stage): the longest route's hops, then the busiest
+    link's bytes serialised (``core.topology.alltoall_load``); link bytes are every chunk times its hops."""
     if n == 1:
         return Cost()
-    hops = n - 1 if wrap else 1
+    chunk = cdiv(nbytes, n)
+    load = alltoall_load(spec.topology, n)
+    return Cost(hops=load.diameter, stages=1, link_bytes=load.total * chunk, messages=n * (n - 1),
+                cycles=message_cycles(spec, load.diameter, 1, load.busiest * chunk))
+
+
+def shift_cost(spec: HardwareSpec, n: int, nbytes: int, wrap: bool) -> Cost:
+    """Every core of a line of n sends nbytes to its next core (and, with wrap, the last to the first: n-1 hops
+    back along a mesh line, one over a torus's wrap link)."""
+    if n == 1:
+        return Cost()
+    back = spec.topology.line_hops(n, n - 1, 0) if wrap else 0
+    hops = max(back, 1)
     msgs = n if wrap else n - 1
-    link = (2 * (n - 1) if wrap else n - 1) * nbytes
+    link = (n - 1 + back) * nbytes
     return Cost(hops=hops, stages=1, link_bytes=link, messages=msgs,
                 cycles=message_cycles(spec, hops, 1, nbytes))
 

@@ -1,7 +1,8 @@
 """Hardware specs (the PLMR device model) as immutable values, and the named presets.
 
 Contract: a :class:`HardwareSpec` is a frozen, hashable description of one wafer-scale chip:
-its full mesh size, SRAM bytes per core, per-hop latency (alpha), per-routing-stage cost (beta),
+its full mesh size and topology (core.topology: the 2D mesh unless told), SRAM bytes per core, per-hop
+latency (alpha), per-routing-stage cost (beta),
 link bandwidth, core compute and clock, and the bandwidth into and out of the wafer (host I/O, and the
 weights streamed from off-wafer memory). Nothing here knows about Ray, sockets or numpy arrays.
 Every figure of a preset names its public source next to it; where none exists, the comment says what
@@ -13,6 +14,8 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
+
+from .topology import MESH, Topology
 
 
 @dataclass(frozen=True)
@@ -36,6 +39,7 @@ class HardwareSpec:
     clock_hz: float
     ingress_bytes_per_s: float = 150e9  # off-wafer I/O: host <-> wafer, and weights streamed in (MemoryX)
     half_flops_per_cycle: float | None = None  # per core, float16/bfloat16 (None: the float32 rate)
+    topology: Topology = MESH  # which links join the cores (core.topology): the 2D mesh unless told
 
     def __post_init__(self) -> None:
         w, h = self.full_mesh
@@ -48,6 +52,8 @@ class HardwareSpec:
         if self.half_flops_per_cycle is not None and self.half_flops_per_cycle <= 0:
             raise ValueError(f"HardwareSpec.half_flops_per_cycle must be positive or None, got "
                              f"{self.half_flops_per_cycle!r}")
+        if not isinstance(self.topology, Topology):
+            raise ValueError(f"HardwareSpec.topology must be a waferrt.core.topology.Topology, got {self.topology!r}")
         if self.beta_cycles < 0:
             raise ValueError(f"HardwareSpec.beta_cycles must be >= 0, got {self.beta_cycles!r}")
 
@@ -60,6 +66,20 @@ class HardwareSpec:
         if dtype == "float32" or self.half_flops_per_cycle is None:
             return self.flops_per_cycle
         return self.half_flops_per_cycle
+
+    def as_dict(self) -> dict:
+        """Its fields as plain values (for JSON); the topology only when it is not the mesh, so that a mesh
+        spec's form is what it was before topologies existed."""
+        d = {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.name != "topology"}
+        if self.topology != MESH:
+            d["topology"] = {"kind": self.topology.kind, "group": self.topology.group}
+        return d
+
+    @classmethod
+    def from_dict(cls, d: dict) -> HardwareSpec:
+        """The spec of its ``as_dict`` form."""
+        topology = Topology(**d["topology"]) if "topology" in d else MESH
+        return cls(**{**d, "full_mesh": tuple(d["full_mesh"]), "topology": topology})
 
     def replace(self, **changes) -> HardwareSpec:
         """A copy with some fields changed, e.g. ``spec.replace(sram_bytes=64 * 1024)``."""

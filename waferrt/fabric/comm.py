@@ -15,6 +15,11 @@ Cerebras SDK's GEMV), "ring" (reduce-scatter +
 allgather on the folded ring, logical neighbours at most 2 hops apart) and "pipeline" (segments streamed
 down a chain, then a multicast) algorithms. Costs go to the :class:`~waferrt.core.ledger.Ledger`.
 
+Routes follow the spec's topology (core.topology): a message's hops are ``Topology.step_hops`` (a torus's
+wrap on a line that spans the whole wafer, a mesh-switch's switch), a multicast's ``Topology.farthest``, the
+ring's order ``Topology.ring_order`` -- what core.cost's closed forms count. The bytes themselves travel
+between tile programs over `links` as ever (the emulator's transport); the route is what is booked.
+
 Fast path (``fast=True``, for a region that lies wholly in this tile, as every decode region does): an
 allreduce of float32 data computes its result in one vectorised reduction and books exactly the messages
 the hop-by-hop algorithm sends (``book_allreduce``); tests/unit/test_fast_path.py holds the two modes to
@@ -74,12 +79,14 @@ class Slices:
 @dataclass(frozen=True, eq=False)
 class Span:
     """Where a kernel, or a line's collectives, run: the whole `region`, the `tile` this program runs on
-    (its cores of the region: ``local``), and the links to the neighbour tiles (None: the region lies
-    wholly in this tile, nothing crosses a tile border)."""
+    (its cores of the region: ``local``), the links to the neighbour tiles (None: the region lies
+    wholly in this tile, nothing crosses a tile border), and the `wafer`'s mesh (a torus's wrap links join
+    the ends of its whole lines)."""
 
     region: Region
     tile: Region
     links: Links | None = None
+    wafer: Region | None = None  # the whole mesh (a torus wraps at its edges); None: no line of it is whole
 
     def __post_init__(self) -> None:
         if self.region.intersect(self.tile) is None:
@@ -109,6 +116,10 @@ class LineComm:
         else:
             self.n, self.lo, self.m, self.lines = region.h, local.y0 - region.y0, local.h, local.w
             self.fwd = Dir.S
+        wafer = span.wafer
+        whole = wafer is not None and (region.w == wafer.w if axis == "x" else region.h == wafer.h)
+        self.topo = ledger.spec.topology.on_line(whole)  # the routes of this line (core.topology)
+        self.spec = ledger.spec if self.topo == ledger.spec.topology else ledger.spec.replace(topology=self.topo)
         self._tag_prefix = tag_prefix
         self._seq = 0
 
@@ -157,7 +168,8 @@ class LineComm:
             raise RuntimeError(f"transfer lost {len(out_pos)} message(s) at the edge of the region")
         vals_per_pos = _per_position(buf, array_axis)
         nbytes = self._msg_bytes(vals_per_pos, buf.itemsize, replicated)
-        self.ledger.message(abs(dist), nbytes, int(mine.sum()) * self.lines if senders is None else senders)
+        hops = self.topo.step_hops(self.n, src, dist)  # the route per topology: a torus's wrap, a switch
+        self.ledger.message(hops, nbytes, int(mine.sum()) * self.lines if senders is None else senders)
         return np.concatenate(got_pos), np.concatenate(got_val, axis=array_axis)
 
     # -- primitives -----------------------------------------------------------------------------------
@@ -186,7 +198,7 @@ class LineComm:
         if self.n > 1:
             nbytes = self._msg_bytes(vals_per_pos, buf.itemsize, replicated)
             msgs = (self.n - 1) * self.lines if self.lo == 0 else 0
-            self.ledger.message(max(root, self.n - 1 - root), nbytes, msgs, link_bytes=msgs * nbytes)
+            self.ledger.message(self.topo.farthest(self.n, root), nbytes, msgs, link_bytes=msgs * nbytes)
         return _spread(val, self.m, array_axis) if spread else val
 
     def shift(self, buf: np.ndarray, dist: int = 1, wrap: bool = False, array_axis: int = 0,
@@ -245,7 +257,7 @@ class LineComm:
         line, message for message as the hop-by-hop algorithm does (its closed form, times the lines),
         without moving anything: for fast paths that compute the result another way (inside an op)."""
         nbytes = self._msg_bytes(values_per_position, 4, replicated)
-        c = allreduce_cost(self.ledger.spec, algo, self.n, nbytes, k)
+        c = allreduce_cost(self.spec, algo, self.n, nbytes, k)
         self.ledger.add(on_lines(c, self.lines))
 
     # -- algorithms -----------------------------------------------------------------------------------
@@ -277,7 +289,7 @@ class LineComm:
         array_axis, replicated, nbytes = how
         if a is not None:
             src = np.asarray(src)
-            self.ledger.message(abs(dist), nbytes, len(src) * self.lines)
+            self.ledger.message(self.topo.step_hops(self.n, src, dist), nbytes, len(src) * self.lines)
             return src + dist, a[src]
         return self.transfer(acc, src, dist, array_axis, replicated)
 
@@ -311,8 +323,8 @@ class LineComm:
 
     def _ring(self, flat, ufunc, replicated):
         n = self.n
-        # folded ring: evens going out, odds coming back, so ring neighbours are at most 2 hops apart
-        order = list(range(0, n, 2)) + list(range(n - 1 if n % 2 == 0 else n - 2, 0, -2))
+        # the folded ring of a mesh (ring neighbours at most 2 hops apart), a torus's line (1 hop, the wrap)
+        order = list(self.topo.ring_order(n))
         ring_index = np.empty(n, np.int64)
         ring_index[order] = np.arange(n)
         succ = np.array(order[1:] + order[:1])[ring_index]  # successor position of each position

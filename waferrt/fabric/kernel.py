@@ -7,7 +7,8 @@ by each core's block. A core only touches its own block; data move between cores
 context's primitives, which go one hop at a time (forwarded through the cores in between) and book their
 cost in the context's ledger. docs/PROGRAMMING.md is the reference; in short:
 
-- ``ctx.send(buf, dx, dy, where=None)``: every core sends its block one hop to (x+dx, y+dy).
+- ``ctx.send(buf, dx, dy, where=None, wrap=False)``: every core sends its block one hop to (x+dx, y+dy)
+  (wrap=True: the far edge's cores over a torus's wrap link; core.topology).
 - ``ctx.shift(buf, axis, dist=+1|-1, wrap=False)``, ``ctx.broadcast(buf, axis, root=0)``,
   ``ctx.allreduce(buf, axis, algo="ktree"|"ring"|"pipeline", k=2, op="sum"|"max")``.
 - ``ctx.gemv(w, x, axis)``: MeshGEMV, local block GEMV then an allreduce along `axis`.
@@ -87,7 +88,7 @@ class Context(RegionView):
             raise from_neighbour(e, what, site) from e
 
     # -- primitives -----------------------------------------------------------------------------------
-    def send(self, buf: np.ndarray, dx: int, dy: int, where=None) -> np.ndarray:
+    def send(self, buf: np.ndarray, dx: int, dy: int, where=None, wrap: bool = False) -> np.ndarray:
         """Every core (or only those where `where`, a (rows, cols) bool array, holds) sends its block to the
         core at (x+dx, y+dy), which must be a neighbour (|dx| + |dy| = 1: dx=+1 East, dy=+1 South); returns
         what each core received, zeros where no core sent to it (the cores at the region's edge that no one
@@ -106,6 +107,8 @@ class Context(RegionView):
                [1., 2.],
                [3., 4.]], dtype=float32), 4)
         """
+        if wrap:
+            return self._send_wrap(buf, dx, dy, where)
         if abs(dx) + abs(dy) != 1:
             a = Coord(self.local.x0, self.local.y0)
             b = Coord(a.x + dx, a.y + dy)
@@ -136,6 +139,24 @@ class Context(RegionView):
                 idx[ax] = pos
                 out[tuple(idx)] = val
                 return out
+
+    def _send_wrap(self, buf: np.ndarray, dx: int, dy: int, where) -> np.ndarray:
+        """``ctx.send(..., wrap=True)``: every core sends one hop, the cores at the far edge over the torus's wrap
+        link to the near edge. A link the topology lacks (a mesh, or a line narrower than the wafer) raises
+        NoSuchLink naming the two cores; booked as ``send``: one stage of one hop."""
+        if abs(dx) + abs(dy) != 1 or where is not None:
+            raise ValueError(f"ctx.send(wrap=True) moves every core's block one hop (|dx|+|dy| = 1, no where=), "
+                             f"got dx={dx}, dy={dy}{', where=' if where is not None else ''}")
+        axis, dist = ("x", dx) if dx else ("y", dy)
+        comm, ax = self._comm(axis)
+        r = self.region
+        ends = (Coord(r.x1 - 1, r.y0), Coord(r.x0, r.y0)) if axis == "x" else (Coord(r.x0, r.y1 - 1), Coord(r.x0, r.y0))
+        far, near = ends if dist > 0 else ends[::-1]
+        comm.topo.check_link(comm.n, (comm.n - 1 if dist > 0 else 0, far), (0 if dist > 0 else comm.n - 1, near))
+        with self._primitive(f"ctx.send {Dir.of_step(dx, dy).name} wrap", buf):
+            self._need(f"ctx.send {Dir.of_step(dx, dy).name} wrap", axis=axis)
+            with self.ledger.op("send"):
+                return comm.shift(buf, dist, True, ax)
 
     def shift(self, buf: np.ndarray, axis: str, dist: int = 1, wrap: bool = False) -> np.ndarray:
         """Every core of the region sends its block one hop along `axis` ("x": dist=+1 East, -1 West; "y":

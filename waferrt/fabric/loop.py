@@ -146,7 +146,8 @@ def simulate(mesh: MeshSpec, spec, region, kernel, timeout: float = 10.0, faults
     def body(t: TileId, links):
         local = mesh.tile_region(t).intersect(region)
         ledger = Ledger(spec)
-        ctx = Context(Span(region, mesh.tile_region(t), links), ledger, store={}, tag="sim", faults=faults)
+        ctx = Context(Span(region, mesh.tile_region(t), links, mesh.region), ledger, store={}, tag="sim",
+                      faults=faults)
         part = {k: v[region.window(local)] for k, v in arrays.items()}
         value, printed = run_kernel(ctx, kernel, part, t, returns=True)
         return local, value, ledger.snapshot(), printed

@@ -1,0 +1,153 @@
+"""The hardware template of a wafer: dies, each a mesh of cores, joined by die-to-die links.
+
+Contract: a :class:`WaferTemplate` is a frozen value: `die` (a HardwareSpec whose ``full_mesh`` is ONE die's
+cores, with their SRAM, compute, on-die links, topology, clock, and the wafer's off-wafer I/O), `dies` (the
+grid of dies) and `d2d` (:class:`DieLinks`: bytes/s per die edge and direction, latency per crossing; None
+for one die). ``template.spec`` is the whole wafer as one HardwareSpec (its full mesh the dies' meshes side
+by side); a one-die template's spec is its die unchanged, so the WSE presets (``TEMPLATES["wse2"]``: the
+reticles of a WSE are stitched with on-die wiring, one die in this model) give every figure they gave
+before. Every figure of a preset names its source or says ASSUMED. Pure: no numpy arrays, no Ray.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from .dtypes import check_dtype
+from .spec import WSE2, WSE3, HardwareSpec
+from .topology import MESH, Topology
+
+
+@dataclass(frozen=True)
+class DieLinks:
+    """The links between neighbouring dies: `bytes_per_s` over one die edge in one direction, `latency_s`
+    per crossing."""
+
+    bytes_per_s: float
+    latency_s: float
+
+    def __post_init__(self) -> None:
+        if not self.bytes_per_s > 0 or not self.latency_s >= 0:
+            raise ValueError(f"die-to-die links need bytes_per_s > 0 and latency_s >= 0, got "
+                             f"{self.bytes_per_s!r}, {self.latency_s!r}")
+
+
+@dataclass(frozen=True)
+class WaferTemplate:
+    name: str
+    die: HardwareSpec
+    dies: tuple[int, int] = (1, 1)
+    d2d: DieLinks | None = None
+
+    def __post_init__(self) -> None:
+        dx, dy = self.dies
+        if type(dx) is not int or type(dy) is not int or dx < 1 or dy < 1:
+            raise ValueError(f"a wafer has at least 1x1 dies, got {self.dies!r}")
+        if self.n_dies > 1 and self.d2d is None:
+            raise ValueError(f"{self.name}: {dx}x{dy} dies need die-to-die links (d2d=DieLinks(bytes_per_s, "
+                             "latency_s))")
+
+    @property
+    def n_dies(self) -> int:
+        return self.dies[0] * self.dies[1]
+
+    @property
+    def mesh(self) -> tuple[int, int]:
+        """The wafer's cores as one grid: the dies' meshes side by side."""
+        return self.die.full_mesh[0] * self.dies[0], self.die.full_mesh[1] * self.dies[1]
+
+    @property
+    def cores(self) -> int:
+        return self.die.cores * self.n_dies
+
+    @property
+    def spec(self) -> HardwareSpec:
+        """The whole wafer as one HardwareSpec (one die: the die itself)."""
+        if self.n_dies == 1:
+            return self.die
+        return self.die.replace(name=self.name, full_mesh=self.mesh)
+
+    def sram_bytes(self) -> int:
+        return self.cores * self.die.sram_bytes
+
+    def peak_flops_per_s(self, dtype: str = "float16") -> float:
+        return self.cores * self.die.flops_per_cycle_at(check_dtype(dtype)) * self.die.clock_hz
+
+    def noc_bisection_bytes_per_s(self) -> float:
+        """Bytes/s across the middle of the wafer's on-die mesh, one direction (the shorter cut; a torus's
+        wrap links double it)."""
+        w, h = self.mesh
+        wrap = 2 if self.die.topology.kind == "torus" else 1
+        return wrap * min(w, h) * self.die.link_bytes_per_cycle * self.die.clock_hz
+
+    def d2d_bisection_bytes_per_s(self) -> float:
+        """Bytes/s of die-to-die links across the middle of the wafer, one direction (the shorter cut);
+        infinite for one die (nothing crosses a die edge)."""
+        if self.d2d is None or self.n_dies == 1:
+            return float("inf")
+        dx, dy = self.dies
+        across = min(dy if dx > 1 else float("inf"), dx if dy > 1 else float("inf"))
+        return across * self.d2d.bytes_per_s
+
+    def replace(self, **changes) -> WaferTemplate:
+        import dataclasses
+
+        return dataclasses.replace(self, **changes)
+
+    def with_topology(self, topology: Topology) -> WaferTemplate:
+        return self.replace(die=self.die.replace(topology=topology))
+
+    def label(self) -> str:
+        d2d = f", d2d {self.d2d.bytes_per_s / 1e12:g} TB/s/edge" if self.d2d and self.n_dies > 1 else ""
+        return (f"{self.name}: {self.dies[0]}x{self.dies[1]} dies of {self.die.full_mesh[0]}x{self.die.full_mesh[1]} "
+                f"cores, {self.die.sram_bytes // 1024} KB each{d2d}, {self.die.topology}")
+
+
+# Tesla Dojo training tile (Tesla AI Day 2021; Talpes et al., "DOJO: The Microarchitecture of Tesla's Exa-Scale
+# Computer", Hot Chips 34, 2022), figure by figure:
+# - dies 5x5: "25 D1 dies" per training tile (AI Day 2021).
+# - die mesh 18x20: ASSUMED grid for the D1's 354 training nodes (360 places, a few spare).
+# - sram_bytes 1.25 MB per node (AI Day 2021: "1.25MB SRAM" per training node).
+# - half_flops_per_cycle 512: 1,024 GFLOPS BF16/CFP8 per node at 2 GHz; flops_per_cycle 32: 64 GFLOPS FP32
+#   per node (AI Day 2021). clock_hz 2 GHz (AI Day 2021).
+# - link_bytes_per_cycle 250: the D1's "10 TBps/dir" on-chip bandwidth (AI Day 2021) over the 20 rows of the
+#   ASSUMED grid at 2 GHz.
+# - d2d 4 TB/s per die edge: "4 TBps/edge" off-chip bandwidth of the D1 (AI Day 2021); latency 100 ns ASSUMED.
+# - alpha 1, beta 30 cycles: ASSUMED, the WSE-2's (spec.py). ingress 4 TB/s: ASSUMED, one die edge's rate
+#   (the tile's host interfaces on one edge).
+DOJO_D1 = HardwareSpec(name="dojo-d1", full_mesh=(18, 20), sram_bytes=1_250_000, alpha_cycles=1.0, beta_cycles=30.0,
+                       link_bytes_per_cycle=250.0, flops_per_cycle=32.0, clock_hz=2.0e9, ingress_bytes_per_s=4e12,
+                       half_flops_per_cycle=512.0)
+
+# WATOS (Wang et al., "WATOS: Efficient LLM Training Strategies and Architecture Co-exploration for Wafer-scale
+# Chip", HPCA 2026, arXiv:2512.12279) defines a template of dies joined by D2D links and trades compute, memory
+# and D2D bandwidth for area; its structure is this class. The figures of this design point are ASSUMED (the
+# paper's table was not at hand): 6x8 dies of 96x96 cores, 96 KB SRAM and 16 float16 flops/cycle per core,
+# 1 GHz, 2 TB/s per die edge, 50 ns per crossing, on-die NoC and off-wafer I/O as the WSE-2's.
+WATOS_DIE = WSE2.replace(name="watos-die", full_mesh=(96, 96), sram_bytes=96 * 1024, half_flops_per_cycle=16.0,
+                         flops_per_cycle=4.0, clock_hz=1.0e9)
+# TEMP (Wang et al., "TEMP: A Memory Efficient Physical-aware Tensor Partition-Mapping Framework on Wafer-scale
+# Chips", arXiv:2512.14256): a mesh of dies whose SRAM is scarce next to its compute, tensors streamed between
+# dies. Figures ASSUMED (the paper's table was not at hand): 8x8 dies of 64x64 cores, 48 KB SRAM and 32 float16
+# flops/cycle per core, 1 GHz, 4 TB/s per die edge, 50 ns per crossing.
+TEMP_DIE = WSE2.replace(name="temp-die", full_mesh=(64, 64), sram_bytes=48 * 1024, half_flops_per_cycle=32.0,
+                        flops_per_cycle=8.0, clock_hz=1.0e9)
+
+TEMPLATES: dict[str, WaferTemplate] = {t.name: t for t in (
+    WaferTemplate("wse2", WSE2),
+    WaferTemplate("wse3", WSE3),
+    WaferTemplate("dojo", DOJO_D1, (5, 5), DieLinks(4e12, 100e-9)),
+    WaferTemplate("watos", WATOS_DIE, (6, 8), DieLinks(2e12, 50e-9)),
+    WaferTemplate("temp", TEMP_DIE, (8, 8), DieLinks(4e12, 50e-9)),
+)}
+
+
+def template_by_name(name: str | WaferTemplate, topology: Topology = MESH) -> WaferTemplate:
+    """A preset template (its dies' topology replaced when `topology` is not the mesh)."""
+    if isinstance(name, WaferTemplate):
+        return name if topology == MESH else name.with_topology(topology)
+    try:
+        t = TEMPLATES[name]
+    except KeyError:
+        raise ValueError(f"unknown wafer template {name!r}; presets are {', '.join(TEMPLATES)}") from None
+    return t if topology == MESH else t.with_topology(topology)

@@ -1,0 +1,323 @@
+"""Training on paper: one optimizer step of a Llama model on a wafer template, under three strategies.
+
+Contract (pure): ``estimate_train(job, template, objective)`` returns a :class:`TrainEstimate` -- for each of
+weight streaming, a resident pipeline and tensor-stream partition a :class:`StrategyTime` (step seconds,
+tokens/s, model-flops utilisation, the :class:`Breakdown` in seconds -- compute, fabric (on-die routes),
+die-to-die, off-wafer I/O -- and what bounds it, or why it does not fit) and the one the planner picks for
+the objective ("throughput": the shortest step; "memory": the least SRAM per core, then the shortest step),
+with why. A step is ``job.global_batch`` sequences of ``job.seq`` tokens (forward, backward, Adam update).
+
+The strategies (docs/ESTIMATES.md "Training"):
+- weight streaming (Cerebras): weights and optimizer state off the wafer; every layer's weights stream in for
+  the forward and again for the backward, its gradients stream out (``io``); every core works on every layer
+  (tensor parallel over the whole wafer); compute, fabric and I/O overlap (double-buffered).
+- resident pipeline: the layers in R stages (bands of columns), weights and gradients resident (the optimizer
+  state too when it fits, else streamed), micro-batches in 1F1B order: (M + R - 1) stage slots, a stage holding
+  up to R micro-batches' activations; R is searched.
+- tensor-stream partition (TEMP): weights resident, each die holding 1/dies of every layer; the activations
+  stream round the dies (an all-gather over the die-to-die links) instead of being replicated; within a die the
+  partial sums are reduced along its rows.
+
+Tensor parallel GEMMs on a w x h grid reduce every output along the rows: ``core.cost.allreduce_cost`` (ring,
+over the spec's topology) of a line's share; a ring that crosses die edges is bounded by the edges
+(``line_d2d_seconds``). Flops to time: ``core.cost.flop_cycles``. Bytes of weights and activations at the
+storage dtype: ``core.dtypes.itemsize``. A ring's latency is paid once per GEMM (the token chunks pipeline).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from waferrt.core.cost import allreduce_cost, flop_cycles, message_cycles
+from waferrt.core.dtypes import check_dtype, itemsize
+from waferrt.core.template import WaferTemplate
+from waferrt.model.config import LlamaConfig
+
+STRATEGIES = ("weight-streaming", "pipeline", "tensor-stream")
+TRAIN_OBJECTIVES = ("throughput", "memory")
+# Mixed-precision Adam: 16-bit weights and gradients plus float32 master weights, momentum and variance =
+# 2 + 2 + 12 bytes per parameter (Rajbhandari et al., "ZeRO", SC'20, sec. 3.1).
+STATE_BYTES = 16
+ADAM_FLOPS = 12  # ASSUMED: flops per parameter of one Adam update (moments, bias corrections, the step)
+
+
+@dataclass(frozen=True)
+class TrainJob:
+    """A training step: `global_batch` sequences of `seq` tokens of `config`, stored at `dtype`."""
+
+    config: LlamaConfig
+    global_batch: int
+    seq: int
+    dtype: str = "bfloat16"
+    label: str = ""
+
+    def __post_init__(self) -> None:
+        check_dtype(self.dtype)
+        for name in ("global_batch", "seq"):
+            if type(getattr(self, name)) is not int or getattr(self, name) < 1:
+                raise ValueError(f"TrainJob.{name} must be a whole number >= 1, got {getattr(self, name)!r}")
+        if self.seq > self.config.max_seq_len:
+            raise ValueError(f"--seq {self.seq:,} is more than the model's context of {self.config.max_seq_len:,} "
+                             f"positions; give at most --seq {self.config.max_seq_len}")
+
+    @property
+    def tokens(self) -> int:
+        return self.global_batch * self.seq
+
+
+@dataclass(frozen=True)
+class Breakdown:
+    """Seconds of one step spent on each resource (they overlap where the strategy streams)."""
+
+    compute: float
+    fabric: float
+    d2d: float
+    io: float
+
+    @property
+    def bound(self) -> str:
+        parts = {"compute": self.compute, "fabric": self.fabric, "die-to-die": self.d2d, "off-wafer I/O": self.io}
+        return max(parts, key=parts.get)
+
+    def row(self) -> dict:
+        return {"compute_s": self.compute, "fabric_s": self.fabric, "d2d_s": self.d2d, "io_s": self.io,
+                "bound": self.bound}
+
+
+@dataclass(frozen=True)
+class StrategyTime:
+    strategy: str
+    fits: bool
+    step_s: float  # inf when it does not fit
+    breakdown: Breakdown
+    sram_per_core: int  # bytes the fullest core needs
+    detail: str  # how it runs (stages, micro-batches, bubble) or why it does not fit
+    mfu: float = 0.0
+    tokens_per_s: float = 0.0
+
+    def row(self) -> dict:
+        return {"strategy": self.strategy, "fits": self.fits, "step_s": self.step_s if self.fits else None,
+                "tokens_per_s": self.tokens_per_s, "mfu": self.mfu, "sram_per_core": self.sram_per_core,
+                "detail": self.detail, **self.breakdown.row()}
+
+
+def model_flops_per_token(config: LlamaConfig, seq: int) -> float:
+    """Training flops of one token (forward + backward = 3x the forward): 2 per weight a token uses (its
+    layers' active weights and the head) and causal attention's 2 * seq * dim per layer (QK and PV over half
+    the positions on average) -- the model flops of PaLM's MFU (Chowdhery et al., 2022, appendix B)."""
+    weights = config.n_layers * config.layer_params(active=True) + config.vocab_size * config.dim
+    return 3 * (2 * weights + config.n_layers * 2 * seq * config.dim)
+
+
+def activation_bytes(config: LlamaConfig, dtype: str) -> int:
+    """Bytes one token keeps per layer for the backward: the inputs of its GEMMs and norms (the residual
+    twice, q/k/v, the attention's output, gate, up and their product), at `dtype`; attention scores are not
+    kept (recomputed, FlashAttention-style)."""
+    return itemsize(dtype) * (6 * config.dim + 2 * config.kv_dim + 3 * config.dense_hidden)
+
+
+def _gemm_outputs(config: LlamaConfig) -> int:
+    """Output widths of a layer's GEMMs, summed: what its tensor-parallel reductions carry per token."""
+    return 3 * config.dim + 2 * config.kv_dim + 2 * config.dense_hidden
+
+
+def _gemm_inputs(config: LlamaConfig) -> int:
+    """Input widths of a layer's distinct GEMM inputs (q/k/v share one, gate/up one), summed."""
+    return 3 * config.dim + config.dense_hidden
+
+
+def line_d2d_seconds(template: WaferTemplate, n: int, line_bytes: float) -> float:
+    """A ring allreduce of `line_bytes` along a row of n cores that crosses die edges: every edge carries its
+    die's rows' traffic, 2(n-1)/n of each line's bytes, at the edge's rate, and every ring step pays the
+    crossing's latency. Zero when the row stays inside one die."""
+    die_w, die_h = template.die.full_mesh
+    if template.d2d is None or n <= die_w:
+        return 0.0
+    return 2 * (n - 1) / n * line_bytes * die_h / template.d2d.bytes_per_s + 2 * (n - 1) * template.d2d.latency_s
+
+
+def _tp_comm(job: TrainJob, template: WaferTemplate, grid: tuple[int, int], tokens: int, share: float = 1.0
+             ) -> tuple[float, float]:
+    """(fabric, die-to-die) seconds of a tensor-parallel pass (forward and backward) over `tokens` on a w x h
+    grid that computes `share` of every GEMM's outputs: those outputs reduced along its rows, twice (forward
+    outputs, backward input gradients)."""
+    w, h = grid
+    spec = template.spec
+    line = tokens * _gemm_outputs(job.config) * share * itemsize(job.dtype) / h
+    per_layer = allreduce_cost(spec, "ring", w, round(line)).cycles / spec.clock_hz
+    layers = 2 * job.config.n_layers
+    return layers * per_layer, layers * line_d2d_seconds(template, w, line)
+
+
+def _compute_s(job: TrainJob, template: WaferTemplate, cores: int, flops: float) -> float:
+    return flop_cycles(template.die, flops / cores, job.dtype) / template.die.clock_hz
+
+
+def _timed(st: StrategyTime, job: TrainJob, template: WaferTemplate) -> StrategyTime:
+    """With tokens/s and model-flops utilisation filled in from the step time."""
+    if not st.fits:
+        return st
+    flops = model_flops_per_token(job.config, job.seq) * job.tokens
+    mfu = flops / (st.step_s * template.peak_flops_per_s(job.dtype))
+    return StrategyTime(st.strategy, True, st.step_s, st.breakdown, st.sram_per_core, st.detail, mfu,
+                        job.tokens / st.step_s)
+
+
+def _micro_batch(job: TrainJob, free: float, per_sequence: float) -> int:
+    """The most sequences per micro-batch whose activations fit in `free` bytes (0: not even one)."""
+    return 0 if per_sequence <= 0 or free < per_sequence else int(min(job.global_batch, free // per_sequence))
+
+
+def weight_streaming(job: TrainJob, template: WaferTemplate) -> StrategyTime:
+    config, cores = job.config, template.cores
+    params = config.params()
+    per_seq = job.seq * config.n_layers * activation_bytes(config, job.dtype)  # all layers', for the backward
+    buffer = 2 * itemsize(job.dtype) * config.layer_params() / cores  # a layer's weights, double-buffered
+    mb = _micro_batch(job, template.sram_bytes() - buffer * cores, per_seq)
+    io = 3 * params * itemsize(job.dtype) / template.die.ingress_bytes_per_s  # weights in twice, gradients out
+    if mb == 0:
+        return StrategyTime("weight-streaming", False, float("inf"), Breakdown(0, 0, 0, io),
+                            round(buffer + per_seq / cores), f"one sequence's activations ({per_seq / 1e9:.1f} GB) "
+                            f"do not fit in the wafer's {template.sram_bytes() / 1e9:.1f} GB of SRAM")
+    flops = model_flops_per_token(config, job.seq) * job.tokens
+    fabric, d2d = _tp_comm(job, template, template.mesh, job.tokens)
+    bd = Breakdown(_compute_s(job, template, cores, flops), fabric, d2d, io)
+    passes = -(-job.global_batch // mb)
+    step = max(bd.compute, max(bd.fabric, bd.d2d), bd.io * passes)  # the weights stream in once per micro-batch
+    bd = Breakdown(bd.compute, bd.fabric, bd.d2d, bd.io * passes)
+    return StrategyTime("weight-streaming", True, step, bd, round(buffer + mb * per_seq / cores),
+                        f"{passes} pass(es) of {mb} sequence(s); weights streamed in each pass")
+
+
+def _resident(job: TrainJob, template: WaferTemplate) -> tuple[float, float, str]:
+    """(bytes per parameter kept on the wafer, off-wafer I/O seconds per step, what is where): the optimizer
+    state stays on the wafer when weights, gradients and state fit in half its SRAM, else it stays off the
+    wafer and the gradients stream out and the updated weights back in every step."""
+    params, b = job.config.params(), itemsize(job.dtype)
+    if params * STATE_BYTES <= template.sram_bytes() / 2:
+        return STATE_BYTES, 0.0, "optimizer state on the wafer"
+    return 2 * b, 2 * params * b / template.die.ingress_bytes_per_s, "optimizer state off the wafer"
+
+
+def pipeline(job: TrainJob, template: WaferTemplate) -> StrategyTime:
+    """The best resident 1F1B pipeline over R >= 2 stages (R dividing the layers, at most the wafer's width)."""
+    config, w = job.config, template.mesh[0]
+    per_param, io, where = _resident(job, template)
+    tried = [_pipeline_at(job, template, r, (per_param, io, where))
+             for r in range(min(2, config.n_layers), config.n_layers + 1) if config.n_layers % r == 0 and r <= w]
+    fit = [t for t in tried if t.fits]
+    return min(fit, key=lambda t: t.step_s) if fit else min(tried, key=lambda t: t.sram_per_core)
+
+
+def _pipeline_at(job: TrainJob, template: WaferTemplate, r: int, resident: tuple) -> StrategyTime:
+    config, (w, h) = job.config, template.mesh
+    per_param, io, where = resident
+    stage_cores = (w // r) * h
+    weights = config.params() * per_param / r  # one stage's share (the embedding and head spread with them)
+    act = job.seq * (config.n_layers // r) * activation_bytes(config, job.dtype)  # a sequence, a stage's layers
+    free = template.sram_bytes() / r - weights
+    mb = _micro_batch(job, free / r, act)  # the first stage holds r micro-batches in flight (1F1B)
+    need = round((weights + r * max(mb, 1) * act) / stage_cores)
+    if mb == 0:
+        return StrategyTime("pipeline", False, float("inf"), Breakdown(0, 0, 0, io), need,
+                            f"{r} stage(s): weights ({weights / 1e9:.1f} GB per stage, {where}) and {r} micro-batch(es)"
+                            f" of activations do not fit a stage's {template.sram_bytes() / r / 1e9:.1f} GB")
+    m = -(-job.global_batch // mb)
+    slots = m + r - 1
+    flops = model_flops_per_token(config, job.seq) * mb * job.seq / r + ADAM_FLOPS * config.params() / r / m
+    compute = _compute_s(job, template, stage_cores, flops)
+    fabric, d2d = _tp_comm(job, template, (w // r, h), mb * job.seq)
+    fabric, d2d = fabric / r, d2d / r  # a stage runs its own layers only
+    hand = 2 * mb * job.seq * config.dim * itemsize(job.dtype)  # activations forward, gradients back
+    fabric += message_cycles(template.spec, 1, 1, hand / h) / template.spec.clock_hz
+    d2d += _handover_d2d(template, r, hand)
+    slot = max(compute, fabric, d2d)
+    bd = Breakdown(compute * slots, fabric * slots, d2d * slots, io)
+    return StrategyTime("pipeline", True, slot * slots + io, bd, need,
+                        f"{r} stage(s), {m} micro-batch(es) of {mb}, bubble {(r - 1) / slots:.0%}, {where}")
+
+
+def _handover_d2d(template: WaferTemplate, r: int, nbytes: float) -> float:
+    """Seconds a stage boundary that is a die edge takes to pass `nbytes` (the edge's rate and latency);
+    zero when no stage boundary falls on a die edge."""
+    if template.d2d is None or template.dies[0] == 1 or r == 1:
+        return 0.0
+    return nbytes / template.d2d.bytes_per_s + template.d2d.latency_s
+
+
+def tensor_stream(job: TrainJob, template: WaferTemplate) -> StrategyTime:
+    config, cores, dies = job.config, template.cores, template.n_dies
+    per_param, io, where = _resident(job, template)
+    weights = config.params() * per_param
+    per_seq = job.seq * config.n_layers * activation_bytes(config, job.dtype)
+    mb = _micro_batch(job, template.sram_bytes() - weights, per_seq)
+    need = round((weights + max(mb, 1) * per_seq) / cores)
+    if mb == 0:
+        return StrategyTime("tensor-stream", False, float("inf"), Breakdown(0, 0, 0, io), need,
+                            f"weights ({weights / 1e9:.1f} GB, {where}) and one sequence's activations do not fit "
+                            f"in the wafer's {template.sram_bytes() / 1e9:.1f} GB")
+    flops = model_flops_per_token(config, job.seq) * job.tokens + ADAM_FLOPS * config.params()
+    fabric, _ = _tp_comm(job, template, template.die.full_mesh, job.tokens, 1 / dies)  # a die: its share, its rows
+    d2d = 0.0
+    if dies > 1:  # every GEMM input all-gathered round the ring of dies, forward and backward
+        gathered = 2 * config.n_layers * job.tokens * _gemm_inputs(config) * itemsize(job.dtype)
+        d2d = gathered * (dies - 1) / dies / template.d2d.bytes_per_s + 2 * config.n_layers * (
+            dies - 1) * template.d2d.latency_s
+    bd = Breakdown(_compute_s(job, template, cores, flops), fabric, d2d, io)
+    passes = -(-job.global_batch // mb)
+    return StrategyTime("tensor-stream", True, max(bd.compute, bd.fabric, bd.d2d) + io, bd, need,
+                        f"{dies} die(s), {passes} pass(es) of {mb} sequence(s), {where}")
+
+
+@dataclass(frozen=True)
+class TrainEstimate:
+    job: TrainJob
+    template: WaferTemplate
+    strategies: tuple[StrategyTime, ...]
+    objective: str
+    chosen: StrategyTime | None
+    why: str
+
+    def text(self) -> str:
+        j = self.job
+        lines = [f"{j.label or 'model'} training on {self.template.label()}: {j.global_batch} x {j.seq} tokens "
+                 f"per step, {j.dtype}",
+                 f"{'strategy':<18}{'step s':>10}{'tokens/s':>12}{'MFU':>7}{'compute':>10}{'fabric':>10}"
+                 f"{'d2d':>10}{'I/O':>10}{'KB/core':>9}  bound / how"]
+        for s in self.strategies:
+            b = s.breakdown
+            step = f"{s.step_s:>10.3f}{s.tokens_per_s:>12,.0f}{s.mfu:>7.1%}" if s.fits else f"{'no fit':>10}{'':>19}"
+            how = f"{b.bound}; {s.detail}" if s.fits else s.detail
+            lines.append(f"{s.strategy:<18}{step}{b.compute:>10.3f}{b.fabric:>10.3f}{b.d2d:>10.3f}{b.io:>10.3f}"
+                         f"{s.sram_per_core / 1024:>9,.1f}  {how}")
+        pick = self.chosen.strategy if self.chosen else "none"
+        lines.append(f"chosen ({self.objective}): {pick} -- {self.why}")
+        return "\n".join(lines)
+
+    def to_json(self) -> dict:
+        return {"model": self.job.label, "template": self.template.label(), "global_batch": self.job.global_batch,
+                "seq": self.job.seq, "dtype": self.job.dtype, "objective": self.objective,
+                "strategies": [s.row() for s in self.strategies],
+                "chosen": self.chosen.strategy if self.chosen else None, "why": self.why}
+
+
+def choose(strategies: tuple[StrategyTime, ...], objective: str) -> tuple[StrategyTime | None, str]:
+    """The strategy the objective prefers among those that fit, and why."""
+    if objective not in TRAIN_OBJECTIVES:
+        raise ValueError(f"a training objective is one of {', '.join(TRAIN_OBJECTIVES)}, got {objective!r}")
+    fit = [s for s in strategies if s.fits]
+    if not fit:
+        return None, "no strategy fits: " + "; ".join(f"{s.strategy}: {s.detail}" for s in strategies)
+    if objective == "memory":
+        best = min(fit, key=lambda s: (s.sram_per_core, s.step_s))
+        return best, f"it needs the least SRAM per core ({best.sram_per_core / 1024:,.1f} KB) of those that fit"
+    best = min(fit, key=lambda s: s.step_s)
+    others = [s for s in fit if s is not best]
+    vs = ", ".join(f"{s.strategy} takes {s.step_s / best.step_s:.2f}x as long" for s in others)
+    return best, f"the shortest step, bound by {best.breakdown.bound}" + (f"; {vs}" if vs else "")
+
+
+def estimate_train(job: TrainJob, template: WaferTemplate, objective: str = "throughput") -> TrainEstimate:
+    strategies = tuple(_timed(f(job, template), job, template) for f in (weight_streaming, pipeline, tensor_stream))
+    chosen, why = choose(strategies, objective)
+    return TrainEstimate(job, template, strategies, objective, chosen, why)
