@@ -144,6 +144,18 @@ def skew_cost(spec: HardwareSpec, side: int, nbytes: int) -> Cost:
     return Cost(one.hops, one.stages, lines * ring_sum * nbytes, lines * side, 0, one.cycles)
 
 
+def transposed_cost(spec: HardwareSpec, side: int, nbytes: tuple[int, int], flops: int, rate: str = "float32"
+                    ) -> Cost:
+    """MeshGEMM's transposed variant on side x side cores (Q.K^T, a GEMM's dX and dW): side steps of `flops`
+    per core; after each, every accumulator (``nbytes[0]`` bytes) moves one place along its ring, and with it,
+    after all but the last step, every block of the moving operand (``nbytes[1]``) along the other rings."""
+    hops, ring_sum = ring_hops("meshgemm", side)
+    lines = side * side if side > 1 else 0
+    acc, moving = ((hops, b, lines, side * ring_sum * b) for b in nbytes)
+    return (compute_cost(spec, flops, rate).scaled(side) + _stage(spec, [acc, moving]).scaled(side - 1)
+            + _stage(spec, [acc]))
+
+
 @dataclass(frozen=True)
 class AttentionShape:
     """Causal attention of `heads` heads over a prompt of `tokens` tokens, head_dim wide, on side x side cores."""
@@ -167,15 +179,7 @@ def attention_cost(spec: HardwareSpec, shape: AttentionShape, softmax_flops: int
     size, side, heads = itemsize(check_dtype(dtype)), shape.side, shape.heads
     rate = check_dtype(rate or dtype)
     mb, db = cdiv(shape.tokens, side), cdiv(shape.head_dim, side)
-    hops, ring_sum = ring_hops("meshgemm", side)
-    lines = side * side if side > 1 else 0
-
-    def move(nbytes: int) -> tuple:
-        return hops, nbytes, lines, side * ring_sum * nbytes
-
-    acc, k = move(heads * mb * mb * size), move(heads * mb * db * size)
-    nt = (compute_cost(spec, 2 * heads * mb * db * mb, rate).scaled(side) + _stage(spec, [acc, k]).scaled(side - 1)
-          + _stage(spec, [acc]))
+    nt = transposed_cost(spec, side, (heads * mb * mb * size, heads * mb * db * size), 2 * heads * mb * db * mb, rate)
     row = (on_lines(allreduce_cost(spec, "ktree", side, heads * mb * size), side)
            + compute_cost(spec, reduce_flops("ktree", side, heads * mb), rate))  # the kernel context books both
     pv = GemmShape(shape.tokens, shape.tokens, shape.head_dim, side, side)

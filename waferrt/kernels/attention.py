@@ -25,6 +25,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from .gemm import Grid, meshgemm, places, ring_move, used_lines
+from .gemm_backward import accumulate
 
 
 def _square(ctx) -> tuple[list[int], list[int]]:
@@ -64,17 +65,8 @@ def skew(ctx, buf: np.ndarray, axis: str) -> np.ndarray:
 def scores_nt(ctx, q: np.ndarray, k: np.ndarray) -> np.ndarray:
     """S = Q K^T by the transposed MeshGEMM (module doc): q, k (rows, cols, H, mb, db) in the C layout, K
     already skewed along y; returns S's (H, mb, mb) blocks in the A layout."""
-    xs, ys = _square(ctx)
-    s, lines = len(xs), used_lines(ctx, ys, "x")
-    acc = np.zeros(q.shape[:-1] + (k.shape[-2],), np.float32)
-    for t in range(s):
-        acc += q @ k.swapaxes(-1, -2)
-        ctx.ledger.compute(2 * q.shape[2] * q.shape[3] * q.shape[4] * k.shape[3])
-        with ctx.ledger.concurrent():
-            acc = ring_move(ctx, acc, "x", xs, lines)
-            if t < s - 1:
-                k = ring_move(ctx, k, "y", ys, used_lines(ctx, xs, "y"))
-    return acc
+    _square(ctx)
+    return accumulate(ctx, Grid.of_ctx(ctx), q, k, "nt")
 
 
 def causal_mask(ctx, mb: int, tokens: int) -> np.ndarray:
