@@ -170,22 +170,36 @@ class AttentionShape:
             whole(f"AttentionShape.{name}", getattr(self, name))
 
 
-def attention_cost(spec: HardwareSpec, shape: AttentionShape, softmax_flops: int, dtype: str = "float32",
-                   rate: str | None = None) -> Cost:
-    """Causal attention over a prompt, every head's blocks moving together (waferrt.kernels.attention): K
-    skewed, the transposed MeshGEMM (side steps; the score blocks move after every step, K's after all but
-    the last), the row max and sum (K-tree allreduces along every row), the softmax, V skewed, P.V. Values
-    move as `dtype`; the cores compute at `rate`'s (default `dtype`), as ``gemm_cost``."""
+def row_reduce_cost(spec: HardwareSpec, side: int, values: int, dtype: str, rate: str) -> Cost:
+    """A K-tree allreduce of `values` `dtype` values per core along every row of side x side cores, and its
+    reductions at `rate` (the kernel context books both)."""
+    return (on_lines(allreduce_cost(spec, "ktree", side, values * itemsize(dtype)), side)
+            + compute_cost(spec, reduce_flops("ktree", side, values), rate))
+
+
+def probabilities_cost(spec: HardwareSpec, shape: AttentionShape, softmax_flops: int, dtype: str = "float32",
+                       rate: str | None = None) -> Cost:
+    """The causal softmax(scale Q.K^T) with K already skewed (waferrt.kernels.attention.probabilities): the
+    transposed MeshGEMM (side steps; the score blocks move after every step, K's after all but the last),
+    the row max and sum (K-tree allreduces along every row), the softmax."""
     size, side, heads = itemsize(check_dtype(dtype)), shape.side, shape.heads
     rate = check_dtype(rate or dtype)
     mb, db = cdiv(shape.tokens, side), cdiv(shape.head_dim, side)
     nt = transposed_cost(spec, side, (heads * mb * mb * size, heads * mb * db * size), 2 * heads * mb * db * mb, rate)
-    row = (on_lines(allreduce_cost(spec, "ktree", side, heads * mb * size), side)
-           + compute_cost(spec, reduce_flops("ktree", side, heads * mb), rate))  # the kernel context books both
+    return (nt + row_reduce_cost(spec, side, heads * mb, dtype, rate).scaled(2)
+            + compute_cost(spec, softmax_flops * heads * mb * mb, rate))
+
+
+def attention_cost(spec: HardwareSpec, shape: AttentionShape, softmax_flops: int, dtype: str = "float32",
+                   rate: str | None = None) -> Cost:
+    """Causal attention over a prompt, every head's blocks moving together (waferrt.kernels.attention): K
+    skewed, the probabilities (``probabilities_cost``), V skewed, P.V. Values move as `dtype`; the cores
+    compute at `rate`'s (default `dtype`), as ``gemm_cost``."""
+    side, mb, db = shape.side, cdiv(shape.tokens, shape.side), cdiv(shape.head_dim, shape.side)
     pv = GemmShape(shape.tokens, shape.tokens, shape.head_dim, side, side)
-    return (skew_cost(spec, side, heads * mb * db * size).scaled(2) + nt + row.scaled(2)
-            + compute_cost(spec, softmax_flops * heads * mb * mb, rate)
-            + gemm_cost(spec, "meshgemm", pv, dtype, heads, rate))
+    return (skew_cost(spec, side, shape.heads * mb * db * itemsize(check_dtype(dtype))).scaled(2)
+            + probabilities_cost(spec, shape, softmax_flops, dtype, rate)
+            + gemm_cost(spec, "meshgemm", pv, dtype, shape.heads, rate))
 
 
 def layout_move(spec, region, core_bytes: int) -> Cost:

@@ -12,18 +12,27 @@ waferrt.kernels.gemm_backward runs them and books exactly these, tests/unit/test
 So each backward product costs the forward's compute and, per step, one more block move (the
 accumulator's) alongside the moving operand's. :func:`train_gemm_costs` is the three of a training step's
 GEMM; :func:`step_efficiency` the share of their modelled time spent on useful flops (the unpadded 3 x 2mkn
-spread evenly over the grid). Pure: built from waferrt.core.cost's and gemm_cost's owners.
+spread evenly over the grid). :func:`attention_backward_cost` is what waferrt.kernels.attention_backward
+books. Pure: built from waferrt.core.cost's and gemm_cost's owners.
 """
 
 from __future__ import annotations
 
 from .arith import cdiv
-from .cost import Cost, flop_cycles
+from .cost import Cost, compute_cost, flop_cycles
 from .dtypes import check_dtype, itemsize
-from .gemm_cost import GemmShape, gemm_cost, transposed_cost
+from .gemm_cost import AttentionShape, GemmShape, gemm_cost, probabilities_cost, row_reduce_cost, skew_cost, transposed_cost
 from .spec import HardwareSpec
 
 TRAIN_GEMMS = ("forward", "grad_input", "grad_weight")
+# flops per element of the backward's element-wise work (the kernels book them, the closed forms count them)
+BACKWARD_FLOPS = {
+    "softmax": 5,  # per score: P dP and its row sum (2), dP - sum, times P, times the scale (3)
+    "rmsnorm": 10,  # x^2 and g x with their sums (4), g = dh w (1), dx (3), dw's product and sum (2)
+    "swiglu": 9,  # the sigmoid (3), dgate (4), dup (2)
+    "rope": 3,  # as the forward's rotation
+    "cross_entropy": 8,  # max, exp, sum, the target's logit, dlogits (softmax - onehot, over T)
+}
 
 
 def _side(shape: GemmShape) -> int:
@@ -57,3 +66,22 @@ def step_efficiency(spec: HardwareSpec, shape: GemmShape, dtype: str = "float32"
     """Useful compute over modelled time of the three GEMMs: 3 x 2mkn flops spread evenly over the grid."""
     ideal = flop_cycles(spec, 3 * 2 * shape.m * shape.k * shape.n / (shape.rows * shape.cols), dtype)
     return ideal / sum(c.cycles for c in train_gemm_costs(spec, shape, dtype).values())
+
+
+def attention_backward_cost(spec: HardwareSpec, shape: AttentionShape, softmax_flops: int, kv_heads: int,
+                            dtype: str = "float32", rate: str | None = None) -> Cost:
+    """The causal attention's backward (waferrt.kernels.attention_backward) of `shape.heads` query heads
+    sharing `kv_heads` K/V heads: K and V skewed, P recomputed, dP = dO V^T (transposed), the row sum, dS,
+    dQ = dS K (MeshGEMM, as the forward's P.V), dK and dV (transposed), the query heads' sums."""
+    size, side, heads = itemsize(check_dtype(dtype)), shape.side, shape.heads
+    rate = check_dtype(rate or dtype)
+    mb, db = cdiv(shape.tokens, side), cdiv(shape.head_dim, side)
+    score_block, value_block = heads * mb * mb * size, heads * mb * db * size
+    dp = transposed_cost(spec, side, (score_block, value_block), 2 * heads * mb * db * mb, rate)
+    dq = gemm_cost(spec, "meshgemm", GemmShape(shape.tokens, shape.tokens, shape.head_dim, side, side), dtype,
+                   heads, rate)
+    dkv = transposed_cost(spec, side, (value_block, score_block), 2 * heads * mb * mb * db, rate)
+    return (skew_cost(spec, side, value_block).scaled(2) + probabilities_cost(spec, shape, softmax_flops, dtype, rate)
+            + dp + row_reduce_cost(spec, side, heads * mb, dtype, rate)
+            + compute_cost(spec, BACKWARD_FLOPS["softmax"] * heads * mb * mb, rate) + dq + dkv.scaled(2)
+            + compute_cost(spec, 2 * (heads // kv_heads - 1) * kv_heads * mb * db, rate))

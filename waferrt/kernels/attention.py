@@ -43,18 +43,20 @@ def _ring_index(places_: list[int], lo: int, m: int) -> np.ndarray:
     return np.array([at[lo + j] for j in range(m)])
 
 
-def skew(ctx, buf: np.ndarray, axis: str) -> np.ndarray:
+def skew(ctx, buf: np.ndarray, axis: str, back: bool = False) -> np.ndarray:
     """Rotate every line along `axis` by its own ring index (along "y": column c moves c places along its
     ring, so core (i, c) then holds what core (i + c, c) held): s - 1 rounds of ring moves, the lines still
-    to move moving."""
+    to move moving. `back`: by s minus its ring index, which undoes the skew (the same moves' count)."""
     xs, ys = _square(ctx)
     along, across = (xs, ys) if axis == "x" else (ys, xs)
+    s = len(along)
     lo, m = (ctx.local.y0 - ctx.region.y0, ctx.local.h) if axis == "x" else (ctx.local.x0 - ctx.region.x0,
                                                                              ctx.local.w)
-    mine = _ring_index(across, lo, m)  # the ring index of each of this tile's lines
+    places_of = (lambda i: (s - i) % s) if back else (lambda i: i)  # noqa: E731
+    mine = places_of(_ring_index(across, lo, m))  # how far each of this tile's lines moves
     shape = (m, 1) if axis == "x" else (1, m)
-    for r in range(1, len(along)):
-        moving = [p for i, p in enumerate(across) if i >= r]
+    for r in range(1, s):
+        moving = [p for i, p in enumerate(across) if places_of(i) >= r]
         with ctx.ledger.concurrent():
             moved = ring_move(ctx, buf, axis, along, used_lines(ctx, moving, axis))
         keep = (mine >= r).reshape(shape + (1,) * (buf.ndim - 2))
@@ -98,18 +100,23 @@ class PromptAttention:
                              "and non-negative flops")
 
 
+def probabilities(ctx, q: np.ndarray, k: np.ndarray, prompt: PromptAttention) -> np.ndarray:
+    """The heads' causal softmax(scale Q K^T) in the A layout, (rows, cols, H, mb, mb): q in the C layout, k
+    already skewed along y (module doc); masked entries and padding queries get 0."""
+    heads, mb = q.shape[2], q.shape[3]
+    scores = scores_nt(ctx, q, k) * np.float32(prompt.scale)  # (rows, cols, H, mb, mb)
+    valid = causal_mask(ctx, mb, prompt.tokens)[:, :, None]
+    scores = np.where(valid, scores, np.float32(-np.inf))
+    top = ctx.allreduce(scores.max(axis=4), "x", op="max")  # (rows, cols, H, mb): each query's row max
+    top = np.where(np.isfinite(top), top, np.float32(0))  # a padding query sees no key
+    e = np.where(valid, np.exp(scores - top[..., None]), np.float32(0))
+    total = ctx.allreduce(e.sum(axis=4), "x")
+    ctx.ledger.compute(prompt.softmax_flops * heads * mb * mb)
+    return e / np.where(total > 0, total, np.float32(1))[..., None]
+
+
 def causal_attention(ctx, q: np.ndarray, k: np.ndarray, v: np.ndarray, prompt: PromptAttention) -> np.ndarray:
     """The heads' causal attention over the prompt (module doc): (rows, cols, H, mb, db) blocks in, and out."""
-    heads, mb = q.shape[2], q.shape[3]
-    tokens, scale, softmax_flops = prompt.tokens, prompt.scale, prompt.softmax_flops
     with ctx.ledger.op("attention"):
-        scores = scores_nt(ctx, q, skew(ctx, k, "y")) * np.float32(scale)  # (rows, cols, H, mb, mb)
-        valid = causal_mask(ctx, mb, tokens)[:, :, None]
-        scores = np.where(valid, scores, np.float32(-np.inf))
-        top = ctx.allreduce(scores.max(axis=4), "x", op="max")  # (rows, cols, H, mb): each query's row max
-        top = np.where(np.isfinite(top), top, np.float32(0))  # a padding query sees no key
-        e = np.where(valid, np.exp(scores - top[..., None]), np.float32(0))
-        total = ctx.allreduce(e.sum(axis=4), "x")
-        p = e / np.where(total > 0, total, np.float32(1))[..., None]
-        ctx.ledger.compute(softmax_flops * heads * mb * mb)
+        p = probabilities(ctx, q, skew(ctx, k, "y"), prompt)
         return meshgemm(ctx, p[:, :, None], skew(ctx, v, "y")[:, :, None])
