@@ -21,7 +21,7 @@ TOPS = {"waferrt": "waferrt", "actors": "waferrt.actors", "scheduler": "waferrt.
 
 # floor -> the floors its modules may import (besides their own), stated for each floor: the allowed-imports
 # map (no order of entries matters). The pure floors, then the joins (each may use the joins before it).
-PURE = {"core", "model", "faults", "fabric", "kernels", "decode", "scheduler", "serving"}
+PURE = {"core", "model", "faults", "fabric", "kernels", "decode", "scheduler", "serving", "train"}
 ALLOWED = {
     "core": set(),
     "model": set(),
@@ -29,6 +29,7 @@ ALLOWED = {
     "fabric": {"core", "faults"},
     "kernels": {"core", "faults", "fabric"},  # kernels of the programming model (MeshGEMM, SUMMA, Cannon, ...)
     "decode": {"core", "faults", "fabric", "kernels", "model"},
+    "train": {"core", "faults", "fabric", "kernels", "model", "decode"},  # the backward on the mesh (a block's, composed)
     "scheduler": {"core", "model", "decode"},
     "serving": {"core", "faults", "fabric", "kernels", "model", "decode", "scheduler"},
     "actors": PURE,  # the tiles run the serving loop
@@ -49,7 +50,7 @@ HEAVY = {  # third-party package -> the only modules that may import it
     "tokenizers": ("waferrt.model.tokenizer",),
 }
 PURE_PACKAGES = ["waferrt", "waferrt.core", "waferrt.faults", "waferrt.fabric", "waferrt.model", "waferrt.decode",
-                 "waferrt.scheduler", "waferrt.serving", "waferrt.cli"]
+                 "waferrt.scheduler", "waferrt.serving", "waferrt.cli", "waferrt.train"]
 
 
 def _modules() -> dict[str, pathlib.Path]:

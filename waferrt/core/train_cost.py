@@ -42,14 +42,14 @@ def _side(shape: GemmShape) -> int:
     return shape.rows
 
 
-def grad_costs(spec: HardwareSpec, shape: GemmShape, dtype: str = "float32", rate: str | None = None
-               ) -> tuple[Cost, Cost]:
-    """(dX, dW) of Y = X W on a square grid (module doc): values move as `dtype`, the cores compute at
-    `rate`'s (default `dtype`)."""
-    side, size = _side(shape), itemsize(check_dtype(dtype))
+def grad_costs(spec: HardwareSpec, shape: GemmShape, dtype: str = "float32", rate: str | None = None,
+               batch: int = 1) -> tuple[Cost, Cost]:
+    """(dX, dW) of Y = X W on a square grid (module doc), `batch` such products at once (one per head, their
+    blocks moving together): values move as `dtype`, the cores compute at `rate`'s (default `dtype`)."""
+    side, size = _side(shape), batch * itemsize(check_dtype(dtype))
     rate = check_dtype(rate or dtype)
     mb, kb, nb = cdiv(shape.m, side), cdiv(shape.k, side), cdiv(shape.n, side)
-    flops = 2 * mb * kb * nb
+    flops = 2 * batch * mb * kb * nb
     dx = transposed_cost(spec, side, (mb * kb * size, kb * nb * size), flops, rate)
     dw = transposed_cost(spec, side, (kb * nb * size, mb * kb * size), flops, rate)
     return dx, dw
@@ -85,3 +85,32 @@ def attention_backward_cost(spec: HardwareSpec, shape: AttentionShape, softmax_f
             + dp + row_reduce_cost(spec, side, heads * mb, dtype, rate)
             + compute_cost(spec, BACKWARD_FLOPS["softmax"] * heads * mb * mb, rate) + dq + dkv.scaled(2)
             + compute_cost(spec, 2 * (heads // kv_heads - 1) * kv_heads * mb * db, rate))
+
+
+def block_backward_parts(spec: HardwareSpec, config, tokens: int, side: int, softmax_flops: int
+                         ) -> dict[str, Cost]:
+    """What a dense Llama block's backward (waferrt.train.block) books over `tokens` on side x side cores
+    (the forward's softmax at `softmax_flops` a score, recomputed), by op: the GEMMs' dX and dW (the projections per head; Q, K, V's dW with the normed input shared by the
+    heads), the layout moves, the element-wise ops, the attention, the sums in the cores ("compute")."""
+    H, G, hd, dim, hidden = config.n_heads, config.n_kv_heads, config.head_dim, config.dim, config.hidden_dim
+    mb, nb, hb, db = (cdiv(v, side) for v in (tokens, dim, hidden, hd))
+    size, f32 = itemsize("float32"), "float32"
+    gemms = [(GemmShape(tokens, hidden, dim, side, side), 1)] + [(GemmShape(tokens, dim, hidden, side, side), 1)] * 2
+    gemms += [(GemmShape(tokens, hd, dim, side, side), H)]  # the output projection, per head
+    heads = [(GemmShape(tokens, dim, hd, side, side), n) for n in (H, G, G)]  # Q, K, V per head
+    grads = [grad_costs(spec, shape, f32, None, n) for shape, n in gemms + heads]
+    qkv_dw = [transposed_cost(spec, side, (n * nb * db * size, mb * nb * size), 2 * n * mb * nb * db)
+              for n in (H, G, G)]  # the normed input moves once for all the heads
+    moved = [mb * hb, mb * nb, H * mb * db, G * mb * db, G * mb * db, mb * nb]
+    norm = (row_reduce_cost(spec, side, mb, f32, f32).scaled(2) + row_reduce_cost(spec, side, nb, f32, f32)
+            + compute_cost(spec, BACKWARD_FLOPS["rmsnorm"] * mb * nb))  # two sums along the rows, dw's down the columns
+    return {
+        "grad_input": sum((dx for dx, _ in grads), Cost()),
+        "grad_weight": sum((dw for _, dw in grads[:4]), Cost()) + sum(qkv_dw, Cost()),
+        "relayout": sum((skew_cost(spec, side, n * size) for n in moved), Cost()),
+        "swiglu_backward": compute_cost(spec, BACKWARD_FLOPS["swiglu"] * mb * hb),
+        "rmsnorm_backward": norm.scaled(2),
+        "rope_backward": sum((compute_cost(spec, BACKWARD_FLOPS["rope"] * n * mb * db) for n in (H, G)), Cost()),
+        "attention_backward": attention_backward_cost(spec, AttentionShape(tokens, hd, H, side), softmax_flops, G),
+        "compute": compute_cost(spec, mb * nb) + compute_cost(spec, (H + 2 * G) * mb * nb),
+    }

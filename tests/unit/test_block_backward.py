@@ -1,0 +1,73 @@
+"""A whole Llama block's backward as one composed mesh kernel (waferrt.train.block) on a Wafer without Ray: on
+the tiny model, dx and every weight gradient equal float64 finite differences of the block's forward; a block
+that does not fit in the cores' SRAM is refused naming the core and the bytes."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+import pytest
+
+from waferrt.core.spec import TINY
+from waferrt.core.train_cost import block_backward_parts
+from waferrt.decode.cost import ELEMENTWISE_FLOPS
+from waferrt.fabric.misuse import BlockTooLarge
+from waferrt.model import synthetic_llama, tiny_config
+from waferrt.runtime import Wafer
+from waferrt.train.block import WEIGHTS, block_backward, block_forward
+
+CONFIG = tiny_config()
+LAYER = synthetic_llama(CONFIG, seed=0).layers[0]
+T = 8
+
+
+def _directional(weights, x, dy, name: str, u: np.ndarray, eps: float = 1e-6) -> float:
+    """d/dt of sum(block(params + t u) * dy) at t = 0 by central differences, in float64."""
+    def loss(t: float) -> float:
+        w = dataclasses.replace(weights, **{n: getattr(weights, n).astype(np.float64) for n in WEIGHTS})
+        xs = x.astype(np.float64)
+        if name == "x":
+            xs = xs + t * u
+        else:
+            w = dataclasses.replace(w, **{name: getattr(w, name) + t * u})
+        return float((block_forward(CONFIG, w, xs)[0] * dy).sum())
+    return (loss(eps) - loss(-eps)) / (2 * eps)
+
+
+@pytest.fixture(scope="module")
+def gradients():
+    rng = np.random.default_rng(5)
+    x, dy = (rng.standard_normal((T, CONFIG.dim)).astype(np.float32) for _ in range(2))
+    _, saved = block_forward(CONFIG, LAYER, x)
+    with Wafer(spec="tiny", mesh=(8, 8), tile=(4, 4), backend="local") as wafer:
+        dx, grads = block_backward(wafer, CONFIG, LAYER, saved, dy)
+        report = wafer.cost()
+    return x, dy, dict(grads, x=dx), report
+
+
+@pytest.mark.parametrize("name", WEIGHTS + ("x",))
+def test_each_gradient_equals_finite_differences(gradients, name):
+    x, dy, grads, _ = gradients
+    want_shape = x.shape if name == "x" else getattr(LAYER, name).shape
+    assert grads[name].shape == want_shape and grads[name].dtype == np.float32
+    u = np.random.default_rng(len(name)).standard_normal(want_shape)
+    fd = _directional(LAYER, x, dy, name, u)
+    np.testing.assert_allclose((grads[name] * u).sum(), fd, rtol=1e-4)
+
+
+def test_the_kernel_books_each_ops_closed_form(gradients):
+    *_, report = gradients
+    want = block_backward_parts(TINY, CONFIG, T, 8, ELEMENTWISE_FLOPS["softmax"])
+    assert set(report.by_op) == set(want)
+    for op, cost in report.by_op.items():  # the same sums, in another order: the cycles to rounding
+        assert dataclasses.replace(cost, cycles=0) == dataclasses.replace(want[op], cycles=0), op
+        assert cost.cycles == pytest.approx(want[op].cycles, rel=1e-12), op
+
+
+def test_a_block_too_large_for_the_cores_is_refused_naming_the_core_and_bytes():
+    x = np.zeros((T, CONFIG.dim), np.float32)
+    _, saved = block_forward(CONFIG, LAYER, x)
+    with Wafer(spec="tiny", mesh=(2, 2), tile=(2, 2), backend="local") as wafer:
+        with pytest.raises(BlockTooLarge, match=r"core \(x=0, y=0\).*bytes of weights and activations.*16,384"):
+            block_backward(wafer, CONFIG, LAYER, saved, x)

@@ -1,0 +1,214 @@
+"""A Llama block's backward on a Wafer, as one composed mesh kernel: the seam a training loop calls per layer.
+
+Contract: ``block_backward(wafer, config, weights, saved, dy) -> (dx, grads)`` runs the backward of one
+dense Llama block (RMSNorm, the Q/K/V projections, RoPE, causal GQA attention, the output projection,
+RMSNorm, SwiGLU) on the largest square of cores at the wafer's corner (:func:`square_region`, whose cores
+must all live: the attention needs them): `weights` is the block's ``LayerWeights`` (float32, (out, in)),
+`saved` its forward activations (:class:`Saved`, made by :func:`block_forward`), dy (T, dim) the gradient of
+the block's output; it returns dx (T, dim) and the weight gradients keyed as ``LayerWeights``'s fields.
+
+How: the host puts the weights (as weight streaming brings them in), the activations the forward kept and dy
+into the square's SRAM, each in the layout the forward's MeshGEMMs left it (waferrt.kernels.gemm_backward:
+a GEMM's input X in the A layout, its weight in the B layout, its output and the element-wise ops' operands
+in the C layout; the attention's Q, K, V and output per head); one kernel (:func:`block_kernel`) then runs
+every op's backward (waferrt.kernels.gemm_backward, attention_backward, train_ops), its intermediates
+never leaving the cores, each layout change a skew on the mesh; the host reads dx and the gradients back.
+The activations are kept, not recomputed -- but for the attention's P, which its backward recomputes
+(T x T per head: see attention_backward) -- and must fit: :func:`check_fits` raises BlockTooLarge naming a
+core and the bytes when they, the weights and the gradients do not. What the kernel books is each op's
+closed form (waferrt.core.train_cost, tests/unit/test_block_backward.py).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from waferrt.core.mesh import Coord, Region
+from waferrt.decode.cost import ELEMENTWISE_FLOPS as EW
+from waferrt.fabric.misuse import BlockTooLarge
+from waferrt.kernels.attention import PromptAttention
+from waferrt.kernels.attention_backward import attention_backward
+from waferrt.kernels.gemm import Grid
+from waferrt.kernels.gemm_backward import gather, grad_input, grad_weight, scatter
+from waferrt.kernels.train_ops import Norm, relayout, rmsnorm_backward, rope_backward, swiglu_backward
+from waferrt.model.reference import apply_rope, causal_attention, linear, rmsnorm, rope_cos_sin, silu
+
+WEIGHTS = ("attn_norm", "wq", "wk", "wv", "wo", "ffn_norm", "w_gate", "w_up", "w_down")
+ACTIVATIONS = ("x", "x2", "dy", "gate", "up", "q", "k", "v", "cos", "sin", "h1", "att", "h2", "m")
+INPUTS = WEIGHTS + ACTIVATIONS  # the DSM tensors the kernel reads, "bb.<name>"
+
+
+@dataclass(frozen=True)
+class Saved:
+    """A block's forward activations (T tokens, float32): the input x, the normed h1, the rotated q (T, H,
+    hd) and k (T, G, hd), v, the attention's output att (T, H*hd), x2 after the attention's residual, the
+    normed h2, gate and up (T, hidden), m = silu(gate) * up."""
+
+    x: np.ndarray
+    h1: np.ndarray
+    q: np.ndarray
+    k: np.ndarray
+    v: np.ndarray
+    att: np.ndarray
+    x2: np.ndarray
+    h2: np.ndarray
+    gate: np.ndarray
+    up: np.ndarray
+    m: np.ndarray
+
+    def __post_init__(self) -> None:
+        tokens = {name: a.shape[0] for name, a in vars(self).items()}
+        if len(set(tokens.values())) != 1:
+            raise ValueError(f"the saved activations disagree on the tokens: {tokens}; save one forward's")
+
+
+def block_forward(config, weights, x: np.ndarray) -> tuple[np.ndarray, Saved]:
+    """The block's forward (waferrt.model.reference's pieces) from position 0: y (T, dim) and what it saves."""
+    T, hd = x.shape[0], config.head_dim
+    cos, sin = rope_cos_sin(np.arange(T), hd, config.rope_theta)  # (T, hd/2)
+    h1 = rmsnorm(x, weights.attn_norm, config.norm_eps)
+    q = apply_rope(linear(h1, weights.wq).reshape(T, config.n_heads, hd), cos[:, None], sin[:, None])
+    k = apply_rope(linear(h1, weights.wk).reshape(T, config.n_kv_heads, hd), cos[:, None], sin[:, None])
+    v = linear(h1, weights.wv).reshape(T, config.n_kv_heads, hd)
+    rep = config.n_heads // config.n_kv_heads
+    att = causal_attention(q, k.transpose(1, 0, 2), v.transpose(1, 0, 2), rep, 0).reshape(T, -1)
+    x2 = x + linear(att, weights.wo)
+    h2 = rmsnorm(x2, weights.ffn_norm, config.norm_eps)
+    gate, up = linear(h2, weights.w_gate), linear(h2, weights.w_up)
+    m = silu(gate) * up
+    return x2 + linear(m, weights.w_down), Saved(x, h1, q, k, v, att, x2, h2, gate, up, m)
+
+
+def square_region(wafer) -> Region:
+    """The largest square of cores at the wafer's corner."""
+    s = min(wafer.mesh.width, wafer.mesh.height)
+    return Region(0, 0, s, s)
+
+
+@dataclass(frozen=True)
+class BlockShape:
+    """What the kernel needs besides the blocks: the model's width and norm epsilon, the tokens, head_dim."""
+
+    dim: int
+    eps: float
+    tokens: int
+    head_dim: int
+
+    def __post_init__(self) -> None:
+        if min(self.dim, self.tokens, self.head_dim) < 1:
+            raise ValueError(f"a block of width {self.dim}, {self.tokens} tokens, head_dim {self.head_dim}: "
+                             "give each >= 1")
+
+
+def _heads(a: np.ndarray) -> np.ndarray:
+    """(rows, cols, H, ...) summed over the heads, booked in the core: (rows, cols, ...)."""
+    return a.sum(axis=2)
+
+
+def block_kernel(ctx, shape: BlockShape) -> None:
+    """The block's backward over the square (module doc): reads the DSM tensors "bb.<input>", stores dx and
+    the gradients as "bb.d.<weight>"."""
+    t = {name: ctx.load(f"bb.{name}")[:, :, 0, 0] for name in INPUTS}
+    norm = Norm(shape.dim, shape.eps)
+    # the FFN: down, SwiGLU, gate and up, the second RMSNorm (with the residual's gradient dy)
+    dm = relayout(ctx, grad_input(ctx, t["dy"], t["w_down"]), "A", "C")
+    dg, du = swiglu_backward(ctx, t["gate"], t["up"], dm)
+    dh2 = grad_input(ctx, dg, t["w_gate"]) + grad_input(ctx, du, t["w_up"])
+    ctx.compute(dh2[0, 0].size)
+    dx2, d_ffn_norm = rmsnorm_backward(ctx, t["x2"], t["ffn_norm"], relayout(ctx, dh2, "A", "C"), t["dy"], norm)
+    # the attention: the output projection per head, the attention, RoPE, Q/K/V, the first RMSNorm
+    datt = relayout(ctx, grad_input(ctx, dx2[:, :, None], t["wo"]), "A", "C")  # (rows, cols, H, mb, db)
+    prompt = PromptAttention(shape.tokens, 1 / np.sqrt(shape.head_dim), EW["softmax"])
+    g = attention_backward(ctx, t["q"], t["k"], t["v"], datt, prompt)
+    kv = t["k"].shape[2]
+    dk, dv = (relayout(ctx, g[:, :, i, :kv], "B", "C") for i in (1, 2))
+    dq, dk = (rope_backward(ctx, d, t["cos"], t["sin"]) for d in (g[:, :, 0], dk))
+    parts = [grad_input(ctx, d, t[w]) for d, w in ((dq, "wq"), (dk, "wk"), (dv, "wv"))]
+    ctx.compute(sum(p[0, 0].size for p in parts))  # the heads' and the three projections' sums
+    dh1 = relayout(ctx, sum(_heads(p) for p in parts), "A", "C")
+    dx, d_attn_norm = rmsnorm_backward(ctx, t["x"], t["attn_norm"], dh1, dx2, norm)
+    grads = {"dx": dx, "attn_norm": d_attn_norm, "ffn_norm": d_ffn_norm,
+             "w_down": grad_weight(ctx, t["m"], t["dy"]), "w_gate": grad_weight(ctx, t["h2"], dg),
+             "w_up": grad_weight(ctx, t["h2"], du), "wo": grad_weight(ctx, t["att"], dx2[:, :, None]),
+             **{w: grad_weight(ctx, t["h1"][:, :, None], d) for w, d in (("wq", dq), ("wk", dk), ("wv", dv))}}
+    for name, value in grads.items():
+        ctx.store(f"bb.d.{name}", value[:, :, None, None])
+
+
+def _per_head(mat: np.ndarray, heads: int) -> np.ndarray:
+    """A projection's (heads * hd, dim) weight as the heads' (dim, hd) B operands: (heads, dim, hd)."""
+    return mat.reshape(heads, -1, mat.shape[1]).transpose(0, 2, 1)
+
+
+def _blocks(config, weights, saved: Saved, dy: np.ndarray, grid: Grid) -> dict[str, np.ndarray]:
+    """Every input of the kernel in its layout over the square (module doc): {name: (s, s, ...)}."""
+    s, (T, dim), hd, H = len(grid.rows), dy.shape, config.head_dim, config.n_heads
+    put = lambda layout, mat: scatter(layout, grid, (s, s), np.ascontiguousarray(mat, np.float32))  # noqa: E731
+    heads = lambda layout, mats: np.stack([put(layout, m) for m in mats], axis=2)  # noqa: E731
+    cos, sin = rope_cos_sin(np.arange(T), hd, config.rope_theta)
+    return {
+        "attn_norm": put("C", np.broadcast_to(weights.attn_norm, (s, dim))),
+        "ffn_norm": put("C", np.broadcast_to(weights.ffn_norm, (s, dim))),
+        "wq": heads("B", _per_head(weights.wq, H)), "wk": heads("B", _per_head(weights.wk, config.n_kv_heads)),
+        "wv": heads("B", _per_head(weights.wv, config.n_kv_heads)), "wo": heads("B", weights.wo.T.reshape(H, hd, dim)),
+        "w_gate": put("B", weights.w_gate.T), "w_up": put("B", weights.w_up.T), "w_down": put("B", weights.w_down.T),
+        "x": put("C", saved.x), "x2": put("C", saved.x2), "dy": put("C", dy), "gate": put("C", saved.gate),
+        "up": put("C", saved.up), **{n: heads("C", getattr(saved, n).transpose(1, 0, 2)) for n in ("q", "k", "v")},
+        "cos": put("C", np.repeat(cos, 2, axis=1)), "sin": put("C", np.repeat(sin, 2, axis=1)),
+        "h1": put("A", saved.h1), "att": heads("A", saved.att.reshape(T, H, hd).transpose(1, 0, 2)),
+        "h2": put("A", saved.h2), "m": put("A", saved.m),
+    }
+
+
+def _matrices(config, got: dict[str, np.ndarray], grid: Grid, tokens: int) -> dict[str, np.ndarray]:
+    """The kernel's outputs read back as dx (T, dim) and the gradients shaped as the weights (out, in)."""
+    dim, hd, hidden = config.dim, config.head_dim, config.hidden_dim
+    heads = lambda a, shape: [gather("B", grid, a[:, :, h], shape) for h in range(a.shape[2])]  # noqa: E731
+    out = {n: gather("C", grid, got[n], (1, dim))[0] for n in ("attn_norm", "ffn_norm")}
+    out |= {n: np.concatenate([g.T for g in heads(got[n], (dim, hd))]) for n in ("wq", "wk", "wv")}
+    out["wo"] = np.concatenate(heads(got["wo"], (hd, dim))).T
+    out |= {n: gather("B", grid, got[n], (dim, hidden)).T for n in ("w_gate", "w_up")}
+    out["w_down"] = gather("B", grid, got["w_down"], (hidden, dim)).T
+    out["dx"] = gather("C", grid, got["dx"], (tokens, dim))
+    return out
+
+
+def check_fits(spec, blocks: dict[str, np.ndarray], region: Region) -> None:
+    """BlockTooLarge unless a core holds the kernel's inputs and as much again of gradients (module doc)."""
+    held = sum(a[0, 0].nbytes for a in blocks.values())
+    grads = sum(blocks[n][0, 0].nbytes for n in WEIGHTS + ("x",))
+    if held + grads > spec.sram_bytes:
+        raise BlockTooLarge(
+            f"a block's backward on {region.w}x{region.h} cores: core {Coord(region.x0, region.y0)} (and every "
+            f"other) would hold {held:,} bytes of weights and activations and {grads:,} bytes of gradients, more "
+            f"than its SRAM ({spec.sram_bytes:,} bytes on {spec.name}); give the wafer a larger square of cores "
+            "or fewer tokens")
+
+
+def block_backward(wafer, config, weights, saved: Saved, dy: np.ndarray) -> tuple[np.ndarray, dict[str, np.ndarray]]:
+    """dx (T, dim) and the block's weight gradients, keyed as ``LayerWeights`` (module doc)."""
+    region = square_region(wafer)
+    grid = Grid.of(region, wafer.fault_map().cores)
+    if len(grid.rows) != region.h or len(grid.cols) != region.w:
+        raise ValueError(f"a block's backward runs on {region}, whose cores must all live (the attention needs "
+                         f"them); dead: {sorted(wafer.fault_map().cores)}: give it a wafer without them there")
+    blocks = _blocks(config, weights, saved, dy, grid)
+    check_fits(wafer.spec, blocks, region)
+    outputs = {f"bb.d.{n}": blocks["x" if n == "dx" else n].shape for n in WEIGHTS + ("dx",)}  # where it is
+    names = [f"bb.{n}" for n in blocks] + list(outputs)
+    try:
+        for name, shape in [(f"bb.{n}", a.shape) for n, a in blocks.items()] + list(outputs.items()):
+            wafer.dsm.alloc(name, shape, region=region, split=("y", "x") + (None,) * (len(shape) - 2))
+        for n, a in blocks.items():
+            wafer.dsm.put(f"bb.{n}", a)
+        wafer.run(block_kernel, region=region, shape=BlockShape(config.dim, config.norm_eps, dy.shape[0],
+                                                                config.head_dim))
+        got = {n[5:]: wafer.dsm.get(n) for n in outputs}
+    finally:
+        for name in names:
+            if name in wafer.dsm.layouts:
+                wafer.dsm.free(name)
+    out = _matrices(config, got, grid, dy.shape[0])
+    return out.pop("dx"), out
