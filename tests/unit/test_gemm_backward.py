@@ -15,7 +15,7 @@ from waferrt.fabric.loop import simulate
 from waferrt.faults.faultmap import FaultMap
 from waferrt.kernels.gemm import Grid, place
 from waferrt.kernels.gemm_backward import gather, grad_input, grad_weight, scatter, square
-from waferrt.core.train_cost import grad_costs, step_efficiency, train_gemm_costs
+from waferrt.core.train_cost import grad_costs, train_efficiency, train_gemm_costs
 
 MESHES = [MeshSpec(4, 4, 2, 2), MeshSpec(6, 4, 4, 2), MeshSpec(5, 1, 2, 1), MeshSpec(1, 5, 1, 2),
           MeshSpec(3, 3, 3, 3), MeshSpec(5, 5, 2, 3)]
@@ -73,9 +73,10 @@ def test_the_closed_forms_by_hand():
     assert fwd.flops == dx.flops and dx.cycles > fwd.cycles  # the forward's work, one move more
 
 
-def test_step_efficiency_is_below_one_and_grows_with_the_blocks():
-    small, big = (step_efficiency(WSE2, GemmShape(t, 4096, 4096, 600, 600)) for t in (2048, 16384))
-    assert 0 < small < big < 1
+def test_train_efficiency_is_below_one_and_grows_with_the_blocks():
+    small, big = (train_efficiency(WSE2, GemmShape(t, 4096, 4096, 600, 600)) for t in (2048, 16384))
+    assert 0 < small["step"] < big["step"] < 1
+    assert small["forward"] > small["grad_input"]  # the backward moves one block more per step
     assert set(train_gemm_costs(WSE2, GemmShape(64, 64, 64, 8, 8))) == {"forward", "grad_input", "grad_weight"}
 
 

@@ -11,7 +11,7 @@ waferrt.kernels.gemm_backward runs them and books exactly these, tests/unit/test
 
 So each backward product costs the forward's compute and, per step, one more block move (the
 accumulator's) alongside the moving operand's. :func:`train_gemm_costs` is the three of a training step's
-GEMM; :func:`step_efficiency` the share of their modelled time spent on useful flops (the unpadded 3 x 2mkn
+GEMM; :func:`train_efficiency` the share of their modelled time spent on useful flops (the unpadded 2mkn each,
 spread evenly over the grid). :func:`attention_backward_cost` is what waferrt.kernels.attention_backward
 books. Pure: built from waferrt.core.cost's and gemm_cost's owners.
 """
@@ -62,10 +62,13 @@ def train_gemm_costs(spec: HardwareSpec, shape: GemmShape, dtype: str = "float32
     return dict(zip(TRAIN_GEMMS, (gemm_cost(spec, "meshgemm", shape, dtype, 1, rate), dx, dw)))
 
 
-def step_efficiency(spec: HardwareSpec, shape: GemmShape, dtype: str = "float32") -> float:
-    """Useful compute over modelled time of the three GEMMs: 3 x 2mkn flops spread evenly over the grid."""
-    ideal = flop_cycles(spec, 3 * 2 * shape.m * shape.k * shape.n / (shape.rows * shape.cols), dtype)
-    return ideal / sum(c.cycles for c in train_gemm_costs(spec, shape, dtype).values())
+def train_efficiency(spec: HardwareSpec, shape: GemmShape, dtype: str = "float32") -> dict[str, float]:
+    """Useful compute over modelled time of each of the three GEMMs and of the three together ("step"): the
+    unpadded product's 2mkn flops (3 x 2mkn) spread evenly over the grid."""
+    costs = train_gemm_costs(spec, shape, dtype)
+    ideal = flop_cycles(spec, 2 * shape.m * shape.k * shape.n / (shape.rows * shape.cols), dtype)
+    return {name: ideal / c.cycles for name, c in costs.items()} | {
+        "step": 3 * ideal / sum(c.cycles for c in costs.values())}
 
 
 def attention_backward_cost(spec: HardwareSpec, shape: AttentionShape, softmax_flops: int, kv_heads: int,
