@@ -1,6 +1,7 @@
 """A whole Llama block's backward as one composed mesh kernel (waferrt.train.block) on a Wafer without Ray: on
-the tiny model, dx and every weight gradient equal float64 finite differences of the block's forward; a block
-that does not fit in the cores' SRAM is refused naming the core and the bytes."""
+the tiny model, dx and every weight gradient equal float64 finite differences of the block's forward, and what
+it books is its closed form op by op; a block that does not fit in the cores' SRAM is refused naming the core
+and the bytes; the tied head's cross-entropy and the embedding's scatter-add (waferrt.train.head) likewise."""
 
 from __future__ import annotations
 
@@ -14,8 +15,10 @@ from waferrt.core.train_cost import block_backward_parts
 from waferrt.decode.cost import ELEMENTWISE_FLOPS
 from waferrt.fabric.misuse import BlockTooLarge
 from waferrt.model import synthetic_llama, tiny_config
+from waferrt.model.reference import rmsnorm
 from waferrt.runtime import Wafer
 from waferrt.train.block import WEIGHTS, block_backward, block_forward
+from waferrt.train.head import embedding_backward, head_backward
 
 CONFIG = tiny_config()
 LAYER = synthetic_llama(CONFIG, seed=0).layers[0]
@@ -71,3 +74,31 @@ def test_a_block_too_large_for_the_cores_is_refused_naming_the_core_and_bytes():
     with Wafer(spec="tiny", mesh=(2, 2), tile=(2, 2), backend="local") as wafer:
         with pytest.raises(BlockTooLarge, match=r"core \(x=0, y=0\).*bytes of weights and activations.*16,384"):
             block_backward(wafer, CONFIG, LAYER, saved, x)
+
+
+def _head_loss(x, final_norm, embed, targets) -> float:
+    logits = rmsnorm(x, final_norm, CONFIG.norm_eps) @ embed.T  # (T, vocab), float64
+    top = logits.max(-1, keepdims=True)
+    lse = top[:, 0] + np.log(np.exp(logits - top).sum(-1))
+    return float((lse - logits[np.arange(len(targets)), targets]).mean())
+
+
+def test_the_head_and_the_embedding_equal_finite_differences():
+    rng = np.random.default_rng(9)
+    weights = synthetic_llama(CONFIG, seed=0)
+    x = rng.standard_normal((T, CONFIG.dim)).astype(np.float32)
+    targets, ids = rng.integers(0, CONFIG.vocab_size, T), rng.integers(0, CONFIG.vocab_size, T)
+    with Wafer(spec="tiny", mesh=(8, 8), tile=(4, 4), backend="local") as wafer:
+        loss, dx, grads = head_backward(wafer, CONFIG, weights, x, targets)
+        demb = embedding_backward(wafer, CONFIG, ids, x)
+    args = {"x": x, "final_norm": weights.final_norm, "embed": weights.head}
+    args64 = {n: a.astype(np.float64) for n, a in args.items()}
+    assert loss == pytest.approx(_head_loss(**args64, targets=targets), rel=1e-5)
+    for name, got in (("x", dx), ("final_norm", grads["final_norm"]), ("embed", grads["embed"])):
+        u, eps = np.random.default_rng(len(name)).standard_normal(args[name].shape), 1e-6
+        fd = (_head_loss(**(args64 | {name: args64[name] + eps * u}), targets=targets)
+              - _head_loss(**(args64 | {name: args64[name] - eps * u}), targets=targets)) / (2 * eps)
+        np.testing.assert_allclose((got * u).sum(), fd, rtol=1e-4, err_msg=name)
+    want = np.zeros((CONFIG.vocab_size, CONFIG.dim), np.float32)
+    np.add.at(want, ids, x)  # the scatter-add of each token's gradient into its row
+    np.testing.assert_allclose(demb, want, rtol=1e-5, atol=1e-6)

@@ -11,11 +11,11 @@ import pytest
 from waferrt.core.gemm_cost import GemmShape, gemm_cost
 from waferrt.core.mesh import Coord, MeshSpec
 from waferrt.core.spec import TINY, WSE2
+from waferrt.core.train_cost import grad_costs, train_efficiency, train_gemm_costs
 from waferrt.fabric.loop import simulate
 from waferrt.faults.faultmap import FaultMap
 from waferrt.kernels.gemm import Grid, place
 from waferrt.kernels.gemm_backward import gather, grad_input, grad_weight, scatter, square
-from waferrt.core.train_cost import grad_costs, train_efficiency, train_gemm_costs
 
 MESHES = [MeshSpec(4, 4, 2, 2), MeshSpec(6, 4, 4, 2), MeshSpec(5, 1, 2, 1), MeshSpec(1, 5, 1, 2),
           MeshSpec(3, 3, 3, 3), MeshSpec(5, 5, 2, 3)]
@@ -54,7 +54,7 @@ def test_both_products_route_around_the_dead(dead):
     mesh = MeshSpec(6, 4, 4, 2)
     faults = FaultMap(frozenset(dead.get("cores", ())), frozenset(frozenset(x) for x in dead.get("links", ())))
     (X, W, dY), grid, (dx, cx), (dw, cw) = _run(mesh, faults=faults)
-    assert len(grid.rows) == 3 and 2 not in (grid.cols if dead.get("cores") else grid.rows)  # the dead one's line left out
+    assert len(grid.rows) == 3 and 2 not in (grid.cols if dead.get("cores") else grid.rows)  # the dead line left out
     np.testing.assert_allclose(dx, dY @ W.T, rtol=1e-4, atol=1e-4)
     np.testing.assert_allclose(dw, X.T @ dY, rtol=1e-4, atol=1e-4)
     want_dx, want_dw = grad_costs(TINY, grid.shape(10, 12, 7))

@@ -29,7 +29,7 @@ ALLOWED = {
     "fabric": {"core", "faults"},
     "kernels": {"core", "faults", "fabric"},  # kernels of the programming model (MeshGEMM, SUMMA, Cannon, ...)
     "decode": {"core", "faults", "fabric", "kernels", "model"},
-    "train": {"core", "faults", "fabric", "kernels", "model", "decode"},  # the backward on the mesh (a block's, composed)
+    "train": {"core", "faults", "fabric", "kernels", "model", "decode"},  # the backward on the mesh, composed
     "scheduler": {"core", "model", "decode"},
     "serving": {"core", "faults", "fabric", "kernels", "model", "decode", "scheduler"},
     "actors": PURE,  # the tiles run the serving loop

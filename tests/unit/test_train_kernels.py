@@ -16,8 +16,16 @@ from waferrt.kernels.attention import PromptAttention
 from waferrt.kernels.attention_backward import attention_backward
 from waferrt.kernels.gemm import Grid
 from waferrt.kernels.gemm_backward import gather, scatter
-from waferrt.kernels.train_ops import (HeadShape, Norm, embedding_backward, head_backward, relayout, rmsnorm_backward,
-                                       rope_backward, swiglu_backward)
+from waferrt.kernels.train_ops import (
+    HeadShape,
+    Norm,
+    embedding_backward,
+    head_backward,
+    relayout,
+    rmsnorm_backward,
+    rope_backward,
+    swiglu_backward,
+)
 from waferrt.model.reference import apply_rope, rope_cos_sin
 
 MESHES = [MeshSpec(4, 4, 2, 2), MeshSpec(3, 3, 2, 3), MeshSpec(2, 2, 1, 1), MeshSpec(1, 1, 1, 1)]

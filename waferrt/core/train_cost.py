@@ -21,7 +21,15 @@ from __future__ import annotations
 from .arith import cdiv
 from .cost import Cost, compute_cost, flop_cycles
 from .dtypes import check_dtype, itemsize
-from .gemm_cost import AttentionShape, GemmShape, gemm_cost, probabilities_cost, row_reduce_cost, skew_cost, transposed_cost
+from .gemm_cost import (
+    AttentionShape,
+    GemmShape,
+    gemm_cost,
+    probabilities_cost,
+    row_reduce_cost,
+    skew_cost,
+    transposed_cost,
+)
 from .spec import HardwareSpec
 
 TRAIN_GEMMS = ("forward", "grad_input", "grad_weight")
@@ -93,8 +101,9 @@ def attention_backward_cost(spec: HardwareSpec, shape: AttentionShape, softmax_f
 def block_backward_parts(spec: HardwareSpec, config, tokens: int, side: int, softmax_flops: int
                          ) -> dict[str, Cost]:
     """What a dense Llama block's backward (waferrt.train.block) books over `tokens` on side x side cores
-    (the forward's softmax at `softmax_flops` a score, recomputed), by op: the GEMMs' dX and dW (the projections per head; Q, K, V's dW with the normed input shared by the
-    heads), the layout moves, the element-wise ops, the attention, the sums in the cores ("compute")."""
+    (the forward's softmax at `softmax_flops` a score, recomputed), by op: the GEMMs' dX and dW (the
+    projections per head; Q, K, V's dW with the normed input shared by the heads), the layout moves, the
+    element-wise ops, the attention, the sums in the cores ("compute")."""
     H, G, hd, dim, hidden = config.n_heads, config.n_kv_heads, config.head_dim, config.dim, config.hidden_dim
     mb, nb, hb, db = (cdiv(v, side) for v in (tokens, dim, hidden, hd))
     size, f32 = itemsize("float32"), "float32"

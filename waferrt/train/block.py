@@ -2,8 +2,8 @@
 
 Contract: ``block_backward(wafer, config, weights, saved, dy) -> (dx, grads)`` runs the backward of one
 dense Llama block (RMSNorm, the Q/K/V projections, RoPE, causal GQA attention, the output projection,
-RMSNorm, SwiGLU) on the largest square of cores at the wafer's corner (:func:`square_region`, whose cores
-must all live: the attention needs them): `weights` is the block's ``LayerWeights`` (float32, (out, in)),
+RMSNorm, SwiGLU) on the largest square of cores at the wafer's corner (``onwafer.living_square``, whose
+cores must all live: the attention needs them): `weights` is the block's ``LayerWeights`` (float32, (out, in)),
 `saved` its forward activations (:class:`Saved`, made by :func:`block_forward`), dy (T, dim) the gradient of
 the block's output; it returns dx (T, dim) and the weight gradients keyed as ``LayerWeights``'s fields.
 
@@ -14,8 +14,8 @@ in the C layout; the attention's Q, K, V and output per head); one kernel (:func
 every op's backward (waferrt.kernels.gemm_backward, attention_backward, train_ops), its intermediates
 never leaving the cores, each layout change a skew on the mesh; the host reads dx and the gradients back.
 The activations are kept, not recomputed -- but for the attention's P, which its backward recomputes
-(T x T per head: see attention_backward) -- and must fit: :func:`check_fits` raises BlockTooLarge naming a
-core and the bytes when they, the weights and the gradients do not. What the kernel books is each op's
+(T x T per head: see attention_backward) -- and must fit: ``onwafer.check_fits`` raises BlockTooLarge
+naming a core and the bytes when they, the weights and the gradients do not. What the kernel books is each op's
 closed form (waferrt.core.train_cost, tests/unit/test_block_backward.py).
 """
 
@@ -25,15 +25,15 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from waferrt.core.mesh import Coord, Region
 from waferrt.decode.cost import ELEMENTWISE_FLOPS as EW
-from waferrt.fabric.misuse import BlockTooLarge
 from waferrt.kernels.attention import PromptAttention
 from waferrt.kernels.attention_backward import attention_backward
 from waferrt.kernels.gemm import Grid
 from waferrt.kernels.gemm_backward import gather, grad_input, grad_weight, scatter
 from waferrt.kernels.train_ops import Norm, relayout, rmsnorm_backward, rope_backward, swiglu_backward
 from waferrt.model.reference import apply_rope, causal_attention, linear, rmsnorm, rope_cos_sin, silu
+
+from .onwafer import Job, living_square, run_job
 
 WEIGHTS = ("attn_norm", "wq", "wk", "wv", "wo", "ffn_norm", "w_gate", "w_up", "w_down")
 ACTIVATIONS = ("x", "x2", "dy", "gate", "up", "q", "k", "v", "cos", "sin", "h1", "att", "h2", "m")
@@ -79,12 +79,6 @@ def block_forward(config, weights, x: np.ndarray) -> tuple[np.ndarray, Saved]:
     gate, up = linear(h2, weights.w_gate), linear(h2, weights.w_up)
     m = silu(gate) * up
     return x2 + linear(m, weights.w_down), Saved(x, h1, q, k, v, att, x2, h2, gate, up, m)
-
-
-def square_region(wafer) -> Region:
-    """The largest square of cores at the wafer's corner."""
-    s = min(wafer.mesh.width, wafer.mesh.height)
-    return Region(0, 0, s, s)
 
 
 @dataclass(frozen=True)
@@ -175,40 +169,12 @@ def _matrices(config, got: dict[str, np.ndarray], grid: Grid, tokens: int) -> di
     return out
 
 
-def check_fits(spec, blocks: dict[str, np.ndarray], region: Region) -> None:
-    """BlockTooLarge unless a core holds the kernel's inputs and as much again of gradients (module doc)."""
-    held = sum(a[0, 0].nbytes for a in blocks.values())
-    grads = sum(blocks[n][0, 0].nbytes for n in WEIGHTS + ("x",))
-    if held + grads > spec.sram_bytes:
-        raise BlockTooLarge(
-            f"a block's backward on {region.w}x{region.h} cores: core {Coord(region.x0, region.y0)} (and every "
-            f"other) would hold {held:,} bytes of weights and activations and {grads:,} bytes of gradients, more "
-            f"than its SRAM ({spec.sram_bytes:,} bytes on {spec.name}); give the wafer a larger square of cores "
-            "or fewer tokens")
-
-
 def block_backward(wafer, config, weights, saved: Saved, dy: np.ndarray) -> tuple[np.ndarray, dict[str, np.ndarray]]:
     """dx (T, dim) and the block's weight gradients, keyed as ``LayerWeights`` (module doc)."""
-    region = square_region(wafer)
-    grid = Grid.of(region, wafer.fault_map().cores)
-    if len(grid.rows) != region.h or len(grid.cols) != region.w:
-        raise ValueError(f"a block's backward runs on {region}, whose cores must all live (the attention needs "
-                         f"them); dead: {sorted(wafer.fault_map().cores)}: give it a wafer without them there")
+    region, grid = living_square(wafer, "a block's backward")
     blocks = _blocks(config, weights, saved, dy, grid)
-    check_fits(wafer.spec, blocks, region)
-    outputs = {f"bb.d.{n}": blocks["x" if n == "dx" else n].shape for n in WEIGHTS + ("dx",)}  # where it is
-    names = [f"bb.{n}" for n in blocks] + list(outputs)
-    try:
-        for name, shape in [(f"bb.{n}", a.shape) for n, a in blocks.items()] + list(outputs.items()):
-            wafer.dsm.alloc(name, shape, region=region, split=("y", "x") + (None,) * (len(shape) - 2))
-        for n, a in blocks.items():
-            wafer.dsm.put(f"bb.{n}", a)
-        wafer.run(block_kernel, region=region, shape=BlockShape(config.dim, config.norm_eps, dy.shape[0],
-                                                                config.head_dim))
-        got = {n[5:]: wafer.dsm.get(n) for n in outputs}
-    finally:
-        for name in names:
-            if name in wafer.dsm.layouts:
-                wafer.dsm.free(name)
-    out = _matrices(config, got, grid, dy.shape[0])
+    outputs = {f"d.{n}": blocks["x" if n == "dx" else n].shape for n in WEIGHTS + ("dx",)}  # where it is
+    shape = BlockShape(config.dim, config.norm_eps, dy.shape[0], config.head_dim)
+    got = run_job(wafer, Job("bb.", region, blocks, outputs, block_kernel, dict(shape=shape)), "a block's backward")
+    out = _matrices(config, {n[2:]: a for n, a in got.items()}, grid, dy.shape[0])
     return out.pop("dx"), out
