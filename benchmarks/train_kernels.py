@@ -17,6 +17,7 @@ Exits non-zero if an emulated product differs from numpy or from its closed form
 from __future__ import annotations
 
 import argparse
+import itertools
 import sys
 
 import numpy as np
@@ -64,24 +65,20 @@ def at_scale(tokens: list[int], sides: list[int]) -> None:
     us = lambda c: c.seconds(WSE2) * 1e6  # noqa: E731
     print(f"\n2. at {WSE2.name} scale from the closed forms, Llama3-8B's layer GEMMs in {DTYPE}: time (us) and "
           "compute efficiency of each product")
-    head = "".join(f"{p + ' us':>16}{'eff':>6}" for p in TRAIN_GEMMS)
-    print(f"   {'tokens':>7}{'cores':>10}  {'gemm':<8}{head}")
-    for t in tokens:
-        for side in sides:
-            layer = {p: 0.0 for p in TRAIN_GEMMS}
-            for name, (k, n) in LAYER_GEMMS.items():
-                shape = GemmShape(t, k, n, side, side)
-                costs, eff = train_gemm_costs(WSE2, shape, DTYPE), train_efficiency(WSE2, shape, DTYPE)
-                for p in TRAIN_GEMMS:
-                    layer[p] += us(costs[p])
-                cells = "".join(f"{us(costs[p]):>16,.1f}{eff[p]:>6.0%}" for p in TRAIN_GEMMS)
-                print(f"   {t:>7}{f'{side}x{side}':>10}  {name:<8}{cells}")
-            flops = 3 * 2 * t * sum(k * n for k, n in LAYER_GEMMS.values()) / (side * side)
-            ideal_us = flop_cycles(WSE2, flops, DTYPE) / WSE2.clock_hz * 1e6
-            step = sum(layer.values())
-            print(f"   {'':>7}{'':>10}  {'layer':<8}" + "".join(f"{layer[p]:>16,.1f}{'':>6}" for p in TRAIN_GEMMS)
-                  + f"   step {step:,.0f} us a layer, {LAYERS * step / 1e3:,.1f} ms for {LAYERS} layers, "
-                    f"{ideal_us / step:.0%} efficient")
+    print(f"   {'tokens':>7}{'cores':>10}  {'gemm':<8}" + "".join(f"{p + ' us':>16}{'eff':>6}" for p in TRAIN_GEMMS))
+    for t, side in itertools.product(tokens, sides):
+        layer = dict.fromkeys(TRAIN_GEMMS, 0.0)
+        for name, (k, n) in LAYER_GEMMS.items():
+            shape = GemmShape(t, k, n, side, side)
+            costs, eff = train_gemm_costs(WSE2, shape, DTYPE), train_efficiency(WSE2, shape, DTYPE)
+            layer = {p: layer[p] + us(costs[p]) for p in TRAIN_GEMMS}
+            print(f"   {t:>7}{f'{side}x{side}':>10}  {name:<8}"
+                  + "".join(f"{us(costs[p]):>16,.1f}{eff[p]:>6.0%}" for p in TRAIN_GEMMS))
+        flops = 3 * 2 * t * sum(k * n for k, n in LAYER_GEMMS.values()) / (side * side)
+        step = sum(layer.values())
+        print(f"   {'':>17}  {'layer':<8}" + "".join(f"{layer[p]:>16,.1f}{'':>6}" for p in TRAIN_GEMMS)
+              + f"   step {step:,.0f} us a layer, {LAYERS * step / 1e3:,.1f} ms for {LAYERS} layers, "
+                f"{flop_cycles(WSE2, flops, DTYPE) / WSE2.clock_hz * 1e6 / step:.0%} efficient")
 
 
 def main(argv=None) -> int:
