@@ -24,7 +24,8 @@ FILES = {  # the fast unit test files that tie the cost model, by what they cove
                "tests/unit/test_decode_numbers.py"],
     "stream": ["tests/unit/test_owners.py", "tests/unit/test_streaming.py",
                "tests/unit/test_ties.py::test_the_paper_streaming_estimate_is_what_the_streaming_tiles_book"],
-    "train": ["tests/unit/test_gemm_backward.py", "tests/unit/test_train_kernels.py", "tests/unit/test_block_backward.py"],
+    "train": ["tests/unit/test_gemm_backward.py", "tests/unit/test_train_kernels.py",
+              "tests/unit/test_block_backward.py"],
 }
 
 # name -> (module, attribute (Class.method for a method), the broken version as source over `orig`, files)
