@@ -38,10 +38,10 @@ def _directional(weights, x, dy, name: str, u: np.ndarray, eps: float = 1e-6) ->
     return (loss(eps) - loss(-eps)) / (2 * eps)
 
 
-@pytest.fixture(scope="module")
-def gradients():
+@pytest.fixture(scope="module", params=[(T,), (2, T // 2)], ids=["one sequence", "two sequences"])
+def gradients(request):
     rng = np.random.default_rng(5)
-    x, dy = (rng.standard_normal((T, CONFIG.dim)).astype(np.float32) for _ in range(2))
+    x, dy = (rng.standard_normal((*request.param, CONFIG.dim)).astype(np.float32) for _ in range(2))
     _, saved = block_forward(CONFIG, LAYER, x)
     with Wafer(spec="tiny", mesh=(8, 8), tile=(4, 4), backend="local") as wafer:
         dx, grads = block_backward(wafer, CONFIG, LAYER, saved, dy)

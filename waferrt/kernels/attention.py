@@ -71,9 +71,28 @@ def scores_nt(ctx, q: np.ndarray, k: np.ndarray) -> np.ndarray:
     return accumulate(ctx, Grid.of_ctx(ctx), q, k, "nt")
 
 
-def causal_mask(ctx, mb: int, tokens: int) -> np.ndarray:
+@dataclass(frozen=True)
+class PromptAttention:
+    """What the causal attention over a prompt needs besides its blocks: the prompt's `tokens` (the rest of
+    the blocks is padding), the score `scale` (1/sqrt(head_dim)), the flops of one softmax element, and the
+    `segment`: with several sequences one after the other, each `segment` tokens long, a token attends only
+    to its own sequence's (0: one sequence)."""
+
+    tokens: int
+    scale: float
+    softmax_flops: int
+    segment: int = 0
+
+    def __post_init__(self) -> None:
+        if self.tokens < 1 or self.scale <= 0 or self.softmax_flops < 0 or self.segment < 0:
+            raise ValueError(f"causal attention over {self.tokens} tokens with scale {self.scale}, "
+                             f"{self.softmax_flops} softmax flops and segments of {self.segment}: give at least "
+                             "one token, a positive scale, non-negative flops and segment (0: one sequence)")
+
+
+def causal_mask(ctx, mb: int, prompt: PromptAttention) -> np.ndarray:
     """(rows, cols, mb, mb) bool: which score entries of each core's A-layout block (i, (i + c) % s) a token
-    may attend to (the key at or before the query, and a real token)."""
+    may attend to (the key at or before the query, a real token, and of the query's segment)."""
     xs, ys = _square(ctx)
     s = len(xs)
     i = _ring_index(ys, ctx.local.y0 - ctx.region.y0, ctx.local.h)[:, None]
@@ -81,23 +100,8 @@ def causal_mask(ctx, mb: int, tokens: int) -> np.ndarray:
     j = (i + c) % s
     query = (i * mb)[..., None, None] + np.arange(mb)[:, None]
     key = (j * mb)[..., None, None] + np.arange(mb)[None, :]
-    return (key <= query) & (key < tokens)
-
-
-@dataclass(frozen=True)
-class PromptAttention:
-    """What the causal attention over a prompt needs besides its blocks: the prompt's `tokens` (the rest of
-    the blocks is padding), the score `scale` (1/sqrt(head_dim)) and the flops of one softmax element."""
-
-    tokens: int
-    scale: float
-    softmax_flops: int
-
-    def __post_init__(self) -> None:
-        if self.tokens < 1 or self.scale <= 0 or self.softmax_flops < 0:
-            raise ValueError(f"causal attention over {self.tokens} tokens with scale {self.scale} and "
-                             f"{self.softmax_flops} softmax flops: give at least one token, a positive scale "
-                             "and non-negative flops")
+    seg = prompt.segment or prompt.tokens
+    return (key <= query) & (key < prompt.tokens) & (key // seg == query // seg)
 
 
 def probabilities(ctx, q: np.ndarray, k: np.ndarray, prompt: PromptAttention) -> np.ndarray:
@@ -105,7 +109,7 @@ def probabilities(ctx, q: np.ndarray, k: np.ndarray, prompt: PromptAttention) ->
     already skewed along y (module doc); masked entries and padding queries get 0."""
     heads, mb = q.shape[2], q.shape[3]
     scores = scores_nt(ctx, q, k) * np.float32(prompt.scale)  # (rows, cols, H, mb, mb)
-    valid = causal_mask(ctx, mb, prompt.tokens)[:, :, None]
+    valid = causal_mask(ctx, mb, prompt)[:, :, None]
     scores = np.where(valid, scores, np.float32(-np.inf))
     top = ctx.allreduce(scores.max(axis=4), "x", op="max")  # (rows, cols, H, mb): each query's row max
     top = np.where(np.isfinite(top), top, np.float32(0))  # a padding query sees no key

@@ -42,9 +42,9 @@ INPUTS = WEIGHTS + ACTIVATIONS  # the DSM tensors the kernel reads, "bb.<name>"
 
 @dataclass(frozen=True)
 class Saved:
-    """A block's forward activations (T tokens, float32): the input x, the normed h1, the rotated q (T, H,
-    hd) and k (T, G, hd), v, the attention's output att (T, H*hd), x2 after the attention's residual, the
-    normed h2, gate and up (T, hidden), m = silu(gate) * up."""
+    """A block's forward activations (T tokens: B sequences of `seq` one after the other, float32): the input
+    x, the normed h1, the rotated q (T, H, hd) and k (T, G, hd), v, the attention's output att (T, H*hd), x2
+    after the attention's residual, the normed h2, gate and up (T, hidden), m = silu(gate) * up."""
 
     x: np.ndarray
     h1: np.ndarray
@@ -57,43 +57,42 @@ class Saved:
     gate: np.ndarray
     up: np.ndarray
     m: np.ndarray
+    seq: int
 
     def __post_init__(self) -> None:
-        tokens = {name: a.shape[0] for name, a in vars(self).items()}
-        if len(set(tokens.values())) != 1:
-            raise ValueError(f"the saved activations disagree on the tokens: {tokens}; save one forward's")
+        tokens = {name: a.shape[0] for name, a in vars(self).items() if name != "seq"}
+        if len(set(tokens.values())) != 1 or self.seq < 1 or self.x.shape[0] % self.seq:
+            raise ValueError(f"the saved activations' tokens {tokens} are not one forward's sequences of "
+                             f"{self.seq}: save one block_forward's")
 
 
 def block_forward(config, weights, x: np.ndarray) -> tuple[np.ndarray, Saved]:
-    """The block's forward (waferrt.model.reference's pieces) from position 0: y (T, dim) and what it saves."""
-    T, hd = x.shape[0], config.head_dim
-    cos, sin = rope_cos_sin(np.arange(T), hd, config.rope_theta)  # (T, hd/2)
+    """The block's forward (waferrt.model.reference's pieces), every sequence from position 0: x (B, S, dim)
+    or (S, dim) -> y of x's shape, and what it saves (the B sequences' S tokens one after the other)."""
+    shape, S, hd, heads = x.shape, x.shape[-2], config.head_dim, (config.n_heads, config.n_kv_heads)
+    x = x.reshape(-1, x.shape[-1])  # (T = B * S, dim)
+    T = x.shape[0]
+    cos, sin = rope_cos_sin(np.arange(T) % S, hd, config.rope_theta)  # (T, hd/2)
     h1 = rmsnorm(x, weights.attn_norm, config.norm_eps)
-    q = apply_rope(linear(h1, weights.wq).reshape(T, config.n_heads, hd), cos[:, None], sin[:, None])
-    k = apply_rope(linear(h1, weights.wk).reshape(T, config.n_kv_heads, hd), cos[:, None], sin[:, None])
-    v = linear(h1, weights.wv).reshape(T, config.n_kv_heads, hd)
-    rep = config.n_heads // config.n_kv_heads
-    att = causal_attention(q, k.transpose(1, 0, 2), v.transpose(1, 0, 2), rep, 0).reshape(T, -1)
+    q, k = (apply_rope(linear(h1, w).reshape(T, n, hd), cos[:, None], sin[:, None])
+            for w, n in ((weights.wq, heads[0]), (weights.wk, heads[1])))
+    v = linear(h1, weights.wv).reshape(T, heads[1], hd)
+    kv = (k.reshape(-1, S, heads[1], hd).transpose(0, 2, 1, 3), v.reshape(-1, S, heads[1], hd).transpose(0, 2, 1, 3))
+    att = np.concatenate([causal_attention(q[b * S:(b + 1) * S], kv[0][b], kv[1][b], heads[0] // heads[1], 0)
+                          for b in range(T // S)]).reshape(T, -1)  # each sequence on its own
     x2 = x + linear(att, weights.wo)
     h2 = rmsnorm(x2, weights.ffn_norm, config.norm_eps)
     gate, up = linear(h2, weights.w_gate), linear(h2, weights.w_up)
     m = silu(gate) * up
-    return x2 + linear(m, weights.w_down), Saved(x, h1, q, k, v, att, x2, h2, gate, up, m)
+    return (x2 + linear(m, weights.w_down)).reshape(shape), Saved(x, h1, q, k, v, att, x2, h2, gate, up, m, S)
 
 
 @dataclass(frozen=True)
 class BlockShape:
-    """What the kernel needs besides the blocks: the model's width and norm epsilon, the tokens, head_dim."""
+    """What the kernel needs besides the blocks: the block's two RMSNorms and its attention over the tokens."""
 
-    dim: int
-    eps: float
-    tokens: int
-    head_dim: int
-
-    def __post_init__(self) -> None:
-        if min(self.dim, self.tokens, self.head_dim) < 1:
-            raise ValueError(f"a block of width {self.dim}, {self.tokens} tokens, head_dim {self.head_dim}: "
-                             "give each >= 1")
+    norm: Norm
+    prompt: PromptAttention
 
 
 def _heads(a: np.ndarray) -> np.ndarray:
@@ -105,7 +104,7 @@ def block_kernel(ctx, shape: BlockShape) -> None:
     """The block's backward over the square (module doc): reads the DSM tensors "bb.<input>", stores dx and
     the gradients as "bb.d.<weight>"."""
     t = {name: ctx.load(f"bb.{name}")[:, :, 0, 0] for name in INPUTS}
-    norm = Norm(shape.dim, shape.eps)
+    norm = shape.norm
     # the FFN: down, SwiGLU, gate and up, the second RMSNorm (with the residual's gradient dy)
     dm = relayout(ctx, grad_input(ctx, t["dy"], t["w_down"]), "A", "C")
     dg, du = swiglu_backward(ctx, t["gate"], t["up"], dm)
@@ -114,8 +113,7 @@ def block_kernel(ctx, shape: BlockShape) -> None:
     dx2, d_ffn_norm = rmsnorm_backward(ctx, t["x2"], t["ffn_norm"], relayout(ctx, dh2, "A", "C"), t["dy"], norm)
     # the attention: the output projection per head, the attention, RoPE, Q/K/V, the first RMSNorm
     datt = relayout(ctx, grad_input(ctx, dx2[:, :, None], t["wo"]), "A", "C")  # (rows, cols, H, mb, db)
-    prompt = PromptAttention(shape.tokens, 1 / np.sqrt(shape.head_dim), EW["softmax"])
-    g = attention_backward(ctx, t["q"], t["k"], t["v"], datt, prompt)
+    g = attention_backward(ctx, t["q"], t["k"], t["v"], datt, shape.prompt)
     kv = t["k"].shape[2]
     dk, dv = (relayout(ctx, g[:, :, i, :kv], "B", "C") for i in (1, 2))
     dq, dk = (rope_backward(ctx, d, t["cos"], t["sin"]) for d in (g[:, :, 0], dk))
@@ -141,7 +139,7 @@ def _blocks(config, weights, saved: Saved, dy: np.ndarray, grid: Grid) -> dict[s
     s, (T, dim), hd, H = len(grid.rows), dy.shape, config.head_dim, config.n_heads
     put = lambda layout, mat: scatter(layout, grid, (s, s), np.ascontiguousarray(mat, np.float32))  # noqa: E731
     heads = lambda layout, mats: np.stack([put(layout, m) for m in mats], axis=2)  # noqa: E731
-    cos, sin = rope_cos_sin(np.arange(T), hd, config.rope_theta)
+    cos, sin = rope_cos_sin(np.arange(T) % saved.seq, hd, config.rope_theta)
     return {
         "attn_norm": put("C", np.broadcast_to(weights.attn_norm, (s, dim))),
         "ffn_norm": put("C", np.broadcast_to(weights.ffn_norm, (s, dim))),
@@ -170,11 +168,18 @@ def _matrices(config, got: dict[str, np.ndarray], grid: Grid, tokens: int) -> di
 
 
 def block_backward(wafer, config, weights, saved: Saved, dy: np.ndarray) -> tuple[np.ndarray, dict[str, np.ndarray]]:
-    """dx (T, dim) and the block's weight gradients, keyed as ``LayerWeights`` (module doc)."""
+    """dx (dy's shape: (B, S, dim) or (S, dim), as the forward's x) and the block's weight gradients, keyed as
+    ``LayerWeights`` (module doc)."""
+    flat = dy.reshape(-1, dy.shape[-1])
+    if flat.shape != saved.x.shape:
+        raise ValueError(f"dy {dy.shape} is not the gradient of the saved forward's output "
+                         f"({saved.x.shape[0] // saved.seq} sequences of {saved.seq} x {saved.x.shape[1]})")
     region, grid = living_square(wafer, "a block's backward")
-    blocks = _blocks(config, weights, saved, dy, grid)
+    blocks = _blocks(config, weights, saved, flat, grid)
     outputs = {f"d.{n}": blocks["x" if n == "dx" else n].shape for n in WEIGHTS + ("dx",)}  # where it is
-    shape = BlockShape(config.dim, config.norm_eps, dy.shape[0], config.head_dim)
+    T = flat.shape[0]
+    shape = BlockShape(Norm(config.dim, config.norm_eps),
+                       PromptAttention(T, 1 / np.sqrt(config.head_dim), EW["softmax"], saved.seq))
     got = run_job(wafer, Job("bb.", region, blocks, outputs, block_kernel, dict(shape=shape)), "a block's backward")
-    out = _matrices(config, {n[2:]: a for n, a in got.items()}, grid, dy.shape[0])
-    return out.pop("dx"), out
+    out = _matrices(config, {n[2:]: a for n, a in got.items()}, grid, T)
+    return out.pop("dx").reshape(dy.shape), out
