@@ -86,11 +86,15 @@ def _head_loss(x, final_norm, embed, targets) -> float:
 def test_the_head_and_the_embedding_equal_finite_differences():
     rng = np.random.default_rng(9)
     weights = synthetic_llama(CONFIG, seed=0)
-    x = rng.standard_normal((T, CONFIG.dim)).astype(np.float32)
-    targets, ids = rng.integers(0, CONFIG.vocab_size, T), rng.integers(0, CONFIG.vocab_size, T)
+    x = rng.standard_normal((2, T // 2, CONFIG.dim)).astype(np.float32)  # two sequences
+    targets, ids = rng.integers(0, CONFIG.vocab_size, (2, T // 2)), rng.integers(0, CONFIG.vocab_size, (2, T // 2))
     with Wafer(spec="tiny", mesh=(8, 8), tile=(4, 4), backend="local") as wafer:
         loss, dx, grads = head_backward(wafer, CONFIG, weights, x, targets)
         demb = embedding_backward(wafer, CONFIG, ids, x)
+        with pytest.raises(ValueError, match="7 targets for 8 tokens"):
+            head_backward(wafer, CONFIG, weights, x, targets.ravel()[:7])
+    assert dx.shape == x.shape
+    x, dx, targets, ids = x.reshape(T, -1), dx.reshape(T, -1), targets.ravel(), ids.ravel()
     args = {"x": x, "final_norm": weights.final_norm, "embed": weights.head}
     args64 = {n: a.astype(np.float64) for n, a in args.items()}
     assert loss == pytest.approx(_head_loss(**args64, targets=targets), rel=1e-5)

@@ -49,9 +49,13 @@ def _onehot(tokens: np.ndarray, vocab: int) -> np.ndarray:
 
 
 def head_backward(wafer, config, weights, x: np.ndarray, targets) -> tuple[float, np.ndarray, dict[str, np.ndarray]]:
-    """(loss, dx (T, dim), {"final_norm", "embed"}) of the tied head's mean cross-entropy (module doc)."""
+    """(loss, dx, {"final_norm", "embed"}) of the tied head's mean cross-entropy (module doc); x (..., dim)
+    and targets (...) of any leading shape (B sequences of S: (B, S, dim), (B, S)), dx x's shape."""
     region, grid = living_square(wafer, "the head's backward")
+    shape, x, targets = x.shape, x.reshape(-1, x.shape[-1]), np.ravel(targets)
     s, (T, dim), V = region.w, x.shape, config.vocab_size
+    if targets.size != T:
+        raise ValueError(f"{targets.size} targets for {T} tokens: give one next token per token of x {shape}")
     put = lambda layout, mat: scatter(layout, grid, (s, s), np.ascontiguousarray(mat, np.float32))  # noqa: E731
     inputs = {"x": put("C", x), "h": put("C", rmsnorm(x, weights.final_norm, config.norm_eps)),
               "final_norm": put("C", np.broadcast_to(weights.final_norm, (s, dim))), "embed": put("B", weights.head),
@@ -62,12 +66,14 @@ def head_backward(wafer, config, weights, x: np.ndarray, targets) -> tuple[float
     got = run_job(wafer, job, "the head's backward")
     grads = {"final_norm": gather("C", grid, got["d.final_norm"], (1, dim))[0],
              "embed": gather("B", grid, got["d.embed"], (V, dim))}
-    return float(got["loss"][0, 0, 0]), gather("C", grid, got["dx"], (T, dim)), grads
+    return float(got["loss"][0, 0, 0]), gather("C", grid, got["dx"], (T, dim)).reshape(shape), grads
 
 
 def embedding_backward(wafer, config, ids, dx: np.ndarray) -> np.ndarray:
-    """The embedding's gradient (vocab, dim) from the first block's dx (T, dim) at the input `ids` (module doc)."""
+    """The embedding's gradient (vocab, dim) from the first block's dx (..., dim) at the input `ids` (...)
+    (module doc)."""
     region, grid = living_square(wafer, "the embedding's backward")
+    ids, dx = np.ravel(ids), dx.reshape(-1, dx.shape[-1])
     s, V = region.w, config.vocab_size
     inputs = {"onehot": scatter("A", grid, (s, s), _onehot(ids, V)),
               "dx": scatter("C", grid, (s, s), np.ascontiguousarray(dx, np.float32))}
