@@ -1,7 +1,7 @@
 """A whole Llama block's backward as one composed mesh kernel (waferrt.train.block) on a Wafer without Ray: on
 the tiny model, dx and every weight gradient equal float64 finite differences of the block's forward, and what
 it books is its closed form op by op; a block that does not fit in the cores' SRAM is refused naming the core
-and the bytes; the tied head's cross-entropy and the embedding's scatter-add (waferrt.train.head) likewise."""
+and the bytes; the tied head's cross-entropy and the embedding's scatter-add (waferrt.train.head) likewise, and book theirs."""
 
 from __future__ import annotations
 
@@ -10,8 +10,9 @@ import dataclasses
 import numpy as np
 import pytest
 
+from waferrt.core.gemm_cost import GemmShape
 from waferrt.core.spec import TINY
-from waferrt.core.train_cost import block_backward_parts
+from waferrt.core.train_cost import block_backward_parts, grad_costs, head_backward_parts
 from waferrt.decode.cost import ELEMENTWISE_FLOPS
 from waferrt.fabric.misuse import BlockTooLarge
 from waferrt.model import synthetic_llama, tiny_config
@@ -62,8 +63,13 @@ def test_each_gradient_equals_finite_differences(gradients, name):
 def test_the_kernel_books_each_ops_closed_form(gradients):
     *_, report = gradients
     want = block_backward_parts(TINY, CONFIG, T, 8, ELEMENTWISE_FLOPS["softmax"])
-    assert set(report.by_op) == set(want)
-    for op, cost in report.by_op.items():  # the same sums, in another order: the cycles to rounding
+    _same(report.by_op, want)
+
+
+def _same(got: dict, want: dict) -> None:
+    """Booked costs by op equal closed forms: the same sums in another order, so the cycles to rounding."""
+    assert set(got) == set(want)
+    for op, cost in got.items():
         assert dataclasses.replace(cost, cycles=0) == dataclasses.replace(want[op], cycles=0), op
         assert cost.cycles == pytest.approx(want[op].cycles, rel=1e-12), op
 
@@ -93,6 +99,10 @@ def test_the_head_and_the_embedding_equal_finite_differences():
         demb = embedding_backward(wafer, CONFIG, ids, x)
         with pytest.raises(ValueError, match="7 targets for 8 tokens"):
             head_backward(wafer, CONFIG, weights, x, targets.ravel()[:7])
+        head_cost, embed_cost = wafer.cost().per_step
+    shape = GemmShape(T, CONFIG.vocab_size, CONFIG.dim, 8, 8)  # (tokens, vocab, dim) on 8x8 cores
+    _same(head_cost, head_backward_parts(TINY, shape))
+    _same(embed_cost, {"embedding_backward": grad_costs(TINY, shape)[1]})
     assert dx.shape == x.shape
     x, dx, targets, ids = x.reshape(T, -1), dx.reshape(T, -1), targets.ravel(), ids.ravel()
     args = {"x": x, "final_norm": weights.final_norm, "embed": weights.head}

@@ -98,6 +98,27 @@ def attention_backward_cost(spec: HardwareSpec, shape: AttentionShape, softmax_f
             + compute_cost(spec, 2 * (heads // kv_heads - 1) * kv_heads * mb * db, rate))
 
 
+def rmsnorm_backward_cost(spec: HardwareSpec, tokens: int, dim: int, side: int) -> Cost:
+    """RMSNorm's backward over (tokens, dim) in the C layout of side x side cores: two per-token sums along the
+    rows, the weight's gradient down the columns, the element-wise work."""
+    mb, nb, f32 = cdiv(tokens, side), cdiv(dim, side), "float32"
+    return (row_reduce_cost(spec, side, mb, f32, f32).scaled(2) + row_reduce_cost(spec, side, nb, f32, f32)
+            + compute_cost(spec, BACKWARD_FLOPS["rmsnorm"] * mb * nb))
+
+
+def head_backward_parts(spec: HardwareSpec, shape: GemmShape) -> dict[str, Cost]:
+    """The tied head's backward with cross-entropy (waferrt.train.head) for shape = (tokens, vocab, dim) on a
+    square: the logits h E^T (the transposed variant, as a dX), the row max, sum and target's logit along the
+    rows and the loss down the columns, dh = dlogits E (MeshGEMM, as a forward), dE = dlogits^T h (as a dW);
+    then the final RMSNorm's backward."""
+    side = _side(shape)
+    mb, vb, f32 = cdiv(shape.m, side), cdiv(shape.k, side), "float32"
+    gemms = sum(train_gemm_costs(spec, shape).values(), Cost())
+    reduce = row_reduce_cost(spec, side, mb, f32, f32).scaled(3) + row_reduce_cost(spec, side, 1, f32, f32)
+    return {"head_backward": gemms + reduce + compute_cost(spec, BACKWARD_FLOPS["cross_entropy"] * mb * vb),
+            "rmsnorm_backward": rmsnorm_backward_cost(spec, shape.m, shape.n, side)}
+
+
 def block_backward_parts(spec: HardwareSpec, config, tokens: int, side: int, softmax_flops: int
                          ) -> dict[str, Cost]:
     """What a dense Llama block's backward (waferrt.train.block) books over `tokens` on side x side cores
@@ -114,8 +135,7 @@ def block_backward_parts(spec: HardwareSpec, config, tokens: int, side: int, sof
     qkv_dw = [transposed_cost(spec, side, (n * nb * db * size, mb * nb * size), 2 * n * mb * nb * db)
               for n in (H, G, G)]  # the normed input moves once for all the heads
     moved = [mb * hb, mb * nb, H * mb * db, G * mb * db, G * mb * db, mb * nb]
-    norm = (row_reduce_cost(spec, side, mb, f32, f32).scaled(2) + row_reduce_cost(spec, side, nb, f32, f32)
-            + compute_cost(spec, BACKWARD_FLOPS["rmsnorm"] * mb * nb))  # two sums along the rows, dw's down the columns
+    norm = rmsnorm_backward_cost(spec, tokens, dim, side)
     return {
         "grad_input": sum((dx for dx, _ in grads), Cost()),
         "grad_weight": sum((dw for _, dw in grads[:4]), Cost()) + sum(qkv_dw, Cost()),
