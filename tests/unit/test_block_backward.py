@@ -1,7 +1,8 @@
 """A whole Llama block's backward as one composed mesh kernel (waferrt.train.block) on a Wafer without Ray: on
 the tiny model, dx and every weight gradient equal float64 finite differences of the block's forward, and what
 it books is its closed form op by op; a block that does not fit in the cores' SRAM is refused naming the core
-and the bytes; the tied head's cross-entropy and the embedding's scatter-add (waferrt.train.head) likewise, and book theirs."""
+and the bytes; the tied head's cross-entropy and the embedding's scatter-add (waferrt.train.head) likewise,
+and book theirs."""
 
 from __future__ import annotations
 
@@ -39,7 +40,7 @@ def _directional(weights, x, dy, name: str, u: np.ndarray, eps: float = 1e-6) ->
     return (loss(eps) - loss(-eps)) / (2 * eps)
 
 
-@pytest.fixture(scope="module", params=[(T,), (2, T // 2)], ids=["one sequence", "two sequences"])
+@pytest.fixture(scope="module", params=[(T,), (2, T // 2)], ids=["one-sequence", "two-sequences"])
 def gradients(request):
     rng = np.random.default_rng(5)
     x, dy = (rng.standard_normal((*request.param, CONFIG.dim)).astype(np.float32) for _ in range(2))

@@ -15,7 +15,7 @@ from waferrt.core.train_cost import grad_costs, train_efficiency, train_gemm_cos
 from waferrt.fabric.loop import simulate
 from waferrt.faults.faultmap import FaultMap
 from waferrt.kernels.gemm import Grid, place
-from waferrt.kernels.gemm_backward import gather, grad_input, grad_weight, scatter, square
+from waferrt.kernels.gemm_backward import gather, grad_input, grad_weight, scatter
 
 MESHES = [MeshSpec(4, 4, 2, 2), MeshSpec(6, 4, 4, 2), MeshSpec(5, 1, 2, 1), MeshSpec(1, 5, 1, 2),
           MeshSpec(3, 3, 3, 3), MeshSpec(5, 5, 2, 3)]
@@ -28,7 +28,7 @@ def _run(mesh: MeshSpec, mkn=(10, 12, 7), faults=None, seed=0):
     m, k, n = mkn
     X, W, dY = (rng.standard_normal(s).astype(np.float32) for s in ((m, k), (k, n), (m, n)))
     fm = faults or FaultMap()
-    grid = square(Grid.of(mesh.region, fm.cores, [tuple(link) for link in fm.links]))
+    grid = Grid.of(mesh.region, fm.cores, [tuple(link) for link in fm.links])
     shape = mesh.region.shape
     x, w = place("meshgemm", grid, shape, X, W)  # the forward's A and B layouts
     dy = scatter("C", grid, shape, dY)  # where the forward left Y
@@ -49,7 +49,7 @@ def test_both_products_equal_numpy_and_book_their_closed_forms(mesh):
 
 
 @pytest.mark.parametrize("dead", [dict(cores=[Coord(2, 1)]), dict(links=[(Coord(1, 2), Coord(2, 2))])],
-                         ids=["inner core", "a link"])
+                         ids=["inner-core", "a-link"])
 def test_both_products_route_around_the_dead(dead):
     mesh = MeshSpec(6, 4, 4, 2)
     faults = FaultMap(frozenset(dead.get("cores", ())), frozenset(frozenset(x) for x in dead.get("links", ())))
@@ -80,6 +80,11 @@ def test_train_efficiency_is_below_one_and_grows_with_the_blocks():
     assert set(train_gemm_costs(WSE2, GemmShape(64, 64, 64, 8, 8))) == {"forward", "grad_input", "grad_weight"}
 
 
-def test_a_non_square_grid_is_refused_by_the_closed_form():
-    with pytest.raises(ValueError, match="square grid"):
-        grad_costs(TINY, GemmShape(8, 8, 8, 2, 4))
+def test_a_row_of_cores_sums_its_partial_dx_around_the_ring_by_hand():
+    """1 x 4 cores, m = k = 8, n = 4: one step (gcd 1) of a whole (8, 8) x (8, 1) product per core; dX's (8, 8)
+    partial sums then pass around the row's ring 3 times (256 bytes each, 4 messages of the ring's 6 hops in
+    all), 3 adds of 64 values; dW's (8, 1) accumulators have a ring of 1 and move nowhere."""
+    dx, dw = grad_costs(TINY, GemmShape(8, 8, 4, 1, 4))
+    assert dx.flops == 2 * 8 * 8 * 1 + 3 * 64 and dx.stages == 1 + 3
+    assert (dx.messages, dx.link_bytes) == (4 * 4, 4 * 6 * 256)
+    assert (dw.flops, dw.stages, dw.messages) == (2 * 8 * 8 * 1, 0, 0)

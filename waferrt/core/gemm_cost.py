@@ -144,16 +144,22 @@ def skew_cost(spec: HardwareSpec, side: int, nbytes: int) -> Cost:
     return Cost(one.hops, one.stages, lines * ring_sum * nbytes, lines * side, 0, one.cycles)
 
 
-def transposed_cost(spec: HardwareSpec, side: int, nbytes: tuple[int, int], flops: int, rate: str = "float32"
-                    ) -> Cost:
-    """MeshGEMM's transposed variant on side x side cores (Q.K^T, a GEMM's dX and dW): side steps of `flops`
-    per core; after each, every accumulator (``nbytes[0]`` bytes) moves one place along its ring, and with it,
-    after all but the last step, every block of the moving operand (``nbytes[1]``) along the other rings."""
-    hops, ring_sum = ring_hops("meshgemm", side)
-    lines = side * side if side > 1 else 0
-    acc, moving = ((hops, b, lines, side * ring_sum * b) for b in nbytes)
-    return (compute_cost(spec, flops, rate).scaled(side) + _stage(spec, [acc, moving]).scaled(side - 1)
-            + _stage(spec, [acc]))
+def transposed_cost(spec: HardwareSpec, rings: tuple[int, int], values: tuple[int, int], flops: int,
+                    dtype: str = "float32", rate: str | None = None) -> Cost:
+    """MeshGEMM's transposed variant (Q.K^T, a GEMM's dX and dW) on MeshGEMM's rings, ``rings`` = (the
+    accumulators' ring length, the moving operand's): s = gcd of the two steps of `flops` per core at
+    `rate`'s rate (default `dtype`); after each, every accumulator (``values[0]`` `dtype` values) moves one
+    place along its ring, and with it, after all but the last step, every block of the moving operand
+    (``values[1]``) along the other rings. On an accumulators' ring longer than s, its places s apart then
+    sum their blocks around it (ring / s - 1 rounds of s one-place moves, an add a value each)."""
+    (la, lm), size, rate = rings, itemsize(check_dtype(dtype)), rate or dtype
+    s = math.gcd(la, lm)
+    (ha, sum_a), (hm, sum_m) = ring_hops("meshgemm", la), ring_hops("meshgemm", lm)
+    acc = (ha, values[0] * size, la * lm if la > 1 else 0, lm * sum_a * values[0] * size)  # lm rings of la places
+    moving = (hm, values[1] * size, la * lm if lm > 1 else 0, la * sum_m * values[1] * size)
+    rounds = la // s - 1
+    return (compute_cost(spec, flops, rate).scaled(s) + _stage(spec, [acc, moving]).scaled(s - 1)
+            + _stage(spec, [acc]).scaled(1 + rounds * s) + compute_cost(spec, values[0], rate).scaled(rounds))
 
 
 @dataclass(frozen=True)
@@ -182,10 +188,9 @@ def probabilities_cost(spec: HardwareSpec, shape: AttentionShape, softmax_flops:
     """The causal softmax(scale Q.K^T) with K already skewed (waferrt.kernels.attention.probabilities): the
     transposed MeshGEMM (side steps; the score blocks move after every step, K's after all but the last),
     the row max and sum (K-tree allreduces along every row), the softmax."""
-    size, side, heads = itemsize(check_dtype(dtype)), shape.side, shape.heads
-    rate = check_dtype(rate or dtype)
+    side, heads, rate = shape.side, shape.heads, check_dtype(rate or check_dtype(dtype))
     mb, db = cdiv(shape.tokens, side), cdiv(shape.head_dim, side)
-    nt = transposed_cost(spec, side, (heads * mb * mb * size, heads * mb * db * size), 2 * heads * mb * db * mb, rate)
+    nt = transposed_cost(spec, (side, side), (heads * mb * mb, heads * mb * db), 2 * heads * mb * db * mb, dtype, rate)
     return (nt + row_reduce_cost(spec, side, heads * mb, dtype, rate).scaled(2)
             + compute_cost(spec, softmax_flops * heads * mb * mb, rate))
 

@@ -45,21 +45,20 @@ BACKWARD_FLOPS = {
 
 def _side(shape: GemmShape) -> int:
     if shape.rows != shape.cols:
-        raise ValueError(f"the backward GEMMs run on a square grid; got {shape.rows} rows x {shape.cols} cols: "
-                         "use kernels.gemm_backward.square(grid) (the largest square of the living cores)")
+        raise ValueError(f"the head's backward runs on a square grid; got {shape.rows} rows x {shape.cols} cols: "
+                         "give it a square of cores (waferrt.train.onwafer.living_square)")
     return shape.rows
 
 
 def grad_costs(spec: HardwareSpec, shape: GemmShape, dtype: str = "float32", rate: str | None = None,
                batch: int = 1) -> tuple[Cost, Cost]:
-    """(dX, dW) of Y = X W on a square grid (module doc), `batch` such products at once (one per head, their
-    blocks moving together): values move as `dtype`, the cores compute at `rate`'s (default `dtype`)."""
-    side, size = _side(shape), batch * itemsize(check_dtype(dtype))
-    rate = check_dtype(rate or dtype)
-    mb, kb, nb = cdiv(shape.m, side), cdiv(shape.k, side), cdiv(shape.n, side)
-    flops = 2 * batch * mb * kb * nb
-    dx = transposed_cost(spec, side, (mb * kb * size, kb * nb * size), flops, rate)
-    dw = transposed_cost(spec, side, (kb * nb * size, mb * kb * size), flops, rate)
+    """(dX, dW) of Y = X W on a grid of rows x cols cores (module doc), `batch` such products at once (one per
+    head, their blocks moving together): values move as `dtype`, the cores compute at `rate`'s (default
+    `dtype`)."""
+    mb, kb, nb = shape.blocks("meshgemm")
+    flops, p, q = 2 * batch * mb * kb * nb, shape.rows, shape.cols
+    dx = transposed_cost(spec, (q, p), (batch * mb * kb, batch * kb * nb), flops, dtype, rate)
+    dw = transposed_cost(spec, (p, q), (batch * kb * nb, batch * mb * kb), flops, dtype, rate)
     return dx, dw
 
 
@@ -87,13 +86,13 @@ def attention_backward_cost(spec: HardwareSpec, shape: AttentionShape, softmax_f
     size, side, heads = itemsize(check_dtype(dtype)), shape.side, shape.heads
     rate = check_dtype(rate or dtype)
     mb, db = cdiv(shape.tokens, side), cdiv(shape.head_dim, side)
-    score_block, value_block = heads * mb * mb * size, heads * mb * db * size
-    dp = transposed_cost(spec, side, (score_block, value_block), 2 * heads * mb * db * mb, rate)
+    dp = transposed_cost(spec, (side, side), (heads * mb * mb, heads * mb * db), 2 * heads * mb * db * mb, dtype, rate)
     dq = gemm_cost(spec, "meshgemm", GemmShape(shape.tokens, shape.tokens, shape.head_dim, side, side), dtype,
                    heads, rate)
-    dkv = transposed_cost(spec, side, (value_block, score_block), 2 * heads * mb * mb * db, rate)
-    return (skew_cost(spec, side, value_block).scaled(2) + probabilities_cost(spec, shape, softmax_flops, dtype, rate)
-            + dp + row_reduce_cost(spec, side, heads * mb, dtype, rate)
+    dkv = transposed_cost(spec, (side, side), (heads * mb * db, heads * mb * mb), 2 * heads * mb * mb * db, dtype, rate)
+    return (skew_cost(spec, side, heads * mb * db * size).scaled(2)
+            + probabilities_cost(spec, shape, softmax_flops, dtype, rate) + dp
+            + row_reduce_cost(spec, side, heads * mb, dtype, rate)
             + compute_cost(spec, BACKWARD_FLOPS["softmax"] * heads * mb * mb, rate) + dq + dkv.scaled(2)
             + compute_cost(spec, 2 * (heads // kv_heads - 1) * kv_heads * mb * db, rate))
 
@@ -132,7 +131,7 @@ def block_backward_parts(spec: HardwareSpec, config, tokens: int, side: int, sof
     gemms += [(GemmShape(tokens, hd, dim, side, side), H)]  # the output projection, per head
     heads = [(GemmShape(tokens, dim, hd, side, side), n) for n in (H, G, G)]  # Q, K, V per head
     grads = [grad_costs(spec, shape, f32, None, n) for shape, n in gemms + heads]
-    qkv_dw = [transposed_cost(spec, side, (n * nb * db * size, mb * nb * size), 2 * n * mb * nb * db)
+    qkv_dw = [transposed_cost(spec, (side, side), (n * nb * db, mb * nb), 2 * n * mb * nb * db)
               for n in (H, G, G)]  # the normed input moves once for all the heads
     moved = [mb * hb, mb * nb, H * mb * db, G * mb * db, G * mb * db, mb * nb]
     norm = rmsnorm_backward_cost(spec, tokens, dim, side)
