@@ -9,27 +9,36 @@ Contract: ``python benchmarks/train_kernels.py [--tokens 4096,16384] [--sides 36
 2. at WSE-2 scale, from those closed forms, 16-bit values: for each of a Llama3-8B layer's four GEMMs (QKV,
    output, gate+up, down) and each number of tokens per step and grid side, the modelled time of the
    forward, dX and dW and their compute efficiencies (useful flops over modelled time), then a layer's and
-   the 32 layers' GEMM time per step and the step's efficiency.
+   the 32 layers' GEMM time per step and the step's efficiency;
+3. with ``--smollm2``: a SmolLM2-135M-shaped block's whole backward (waferrt.train.block, seeded weights, 32
+   tokens) emulated on 32x32 WSE-2 cores: each gradient against float64 finite differences (a random
+   direction each), what it books op by op against its closed form, its modelled time (~15 s).
 
-Exits non-zero if an emulated product differs from numpy or from its closed form.
+Exits non-zero if an emulated product or gradient differs from numpy, the differences or its closed form.
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import itertools
 import sys
 
 import numpy as np
 
-from waferrt.core.cost import flop_cycles
+from waferrt.core.cost import Cost, flop_cycles
 from waferrt.core.gemm_cost import GemmShape
 from waferrt.core.mesh import MeshSpec
 from waferrt.core.spec import WSE2
-from waferrt.core.train_cost import TRAIN_GEMMS, train_efficiency, train_gemm_costs
+from waferrt.core.train_cost import TRAIN_GEMMS, block_backward_parts, train_efficiency, train_gemm_costs
+from waferrt.decode.cost import ELEMENTWISE_FLOPS
 from waferrt.fabric.loop import simulate
 from waferrt.kernels.gemm import Grid, collect, meshgemm, place
 from waferrt.kernels.gemm_backward import gather, grad_input, grad_weight, scatter
+from waferrt.model import synthetic_llama
+from waferrt.model.zoo import model_by_name
+from waferrt.runtime import Wafer
+from waferrt.train.block import block_backward, block_forward, finite_difference
 
 DTYPE = "float16"
 DIM, HIDDEN, KV_DIM, LAYERS = 4096, 14336, 1024, 32  # Llama3-8B
@@ -81,10 +90,38 @@ def at_scale(tokens: list[int], sides: list[int]) -> None:
                 f"{flop_cycles(WSE2, flops, DTYPE) / WSE2.clock_hz * 1e6 / step:.0%} efficient")
 
 
+def smollm2() -> bool:
+    config = dataclasses.replace(model_by_name("smollm2-135m")[0], n_layers=1)
+    layer, tokens, side = synthetic_llama(config, seed=0).layers[0], 32, 32
+    rng = np.random.default_rng(0)
+    x, dy = (rng.standard_normal((tokens, config.dim)).astype(np.float32) for _ in range(2))
+    _, saved = block_forward(config, layer, x)
+    with Wafer(spec="wse2", mesh=(side, side), tile=(side // 2, side // 2), backend="local") as wafer:
+        dx, grads = block_backward(wafer, config, layer, saved, dy)
+        booked = wafer.cost().by_op
+    print(f"\n3. SmolLM2-135M's block backward on {side}x{side} {WSE2.name} cores, {tokens} tokens: each gradient "
+          "along a random direction against float64 finite differences")
+    ok = True
+    for name, g in dict(grads, x=dx).items():
+        u = rng.standard_normal(g.shape)
+        got, fd = float((g * u).sum()), finite_difference(config, layer, x, dy, name, u)
+        ok &= abs(got - fd) <= 1e-4 * abs(fd)
+        print(f"   {name:<10}{got:>16.6f}{fd:>16.6f}  {abs(got - fd) / abs(fd):.1e}")
+    want = block_backward_parts(WSE2, config, tokens, side, ELEMENTWISE_FLOPS["softmax"])
+    same = set(booked) == set(want) and all(
+        dataclasses.replace(c, cycles=0) == dataclasses.replace(want[op], cycles=0)
+        and abs(c.cycles - want[op].cycles) <= 1e-9 * c.cycles for op, c in booked.items())
+    total = sum(booked.values(), Cost())
+    print(f"   booked op by op {'=' if same else '!='} train_cost.block_backward_parts; modelled "
+          f"{total.seconds(WSE2) * 1e6:,.1f} us, {total.link_bytes / 1e6:,.1f} MB over the links")
+    return ok and same
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--tokens", default="4096,16384", help="tokens per step (batch x sequence), comma-separated")
     ap.add_argument("--sides", default="360,720", help="square grids' sides, comma-separated")
+    ap.add_argument("--smollm2", action="store_true", help="also emulate a SmolLM2-135M block's backward (~15 s)")
     args = ap.parse_args(argv)
     try:
         tokens, sides = ([int(v) for v in s.split(",")] for s in (args.tokens, args.sides))
@@ -92,6 +129,8 @@ def main(argv=None) -> int:
         ap.error(f"--tokens and --sides are comma-separated whole numbers, got {args.tokens!r} and {args.sides!r}")
     ok = emulated()
     at_scale(tokens, sides)
+    if args.smollm2:
+        ok &= smollm2()
     return 0 if ok else 1
 
 

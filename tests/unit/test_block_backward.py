@@ -19,25 +19,12 @@ from waferrt.fabric.misuse import BlockTooLarge
 from waferrt.model import synthetic_llama, tiny_config
 from waferrt.model.reference import rmsnorm
 from waferrt.runtime import Wafer
-from waferrt.train.block import WEIGHTS, block_backward, block_forward
+from waferrt.train.block import WEIGHTS, block_backward, block_forward, finite_difference
 from waferrt.train.head import embedding_backward, head_backward
 
 CONFIG = tiny_config()
 LAYER = synthetic_llama(CONFIG, seed=0).layers[0]
 T = 8
-
-
-def _directional(weights, x, dy, name: str, u: np.ndarray, eps: float = 1e-6) -> float:
-    """d/dt of sum(block(params + t u) * dy) at t = 0 by central differences, in float64."""
-    def loss(t: float) -> float:
-        w = dataclasses.replace(weights, **{n: getattr(weights, n).astype(np.float64) for n in WEIGHTS})
-        xs = x.astype(np.float64)
-        if name == "x":
-            xs = xs + t * u
-        else:
-            w = dataclasses.replace(w, **{name: getattr(w, name) + t * u})
-        return float((block_forward(CONFIG, w, xs)[0] * dy).sum())
-    return (loss(eps) - loss(-eps)) / (2 * eps)
 
 
 @pytest.fixture(scope="module", params=[(T,), (2, T // 2)], ids=["one-sequence", "two-sequences"])
@@ -57,7 +44,7 @@ def test_each_gradient_equals_finite_differences(gradients, name):
     want_shape = x.shape if name == "x" else getattr(LAYER, name).shape
     assert grads[name].shape == want_shape and grads[name].dtype == np.float32
     u = np.random.default_rng(len(name)).standard_normal(want_shape)
-    fd = _directional(LAYER, x, dy, name, u)
+    fd = finite_difference(CONFIG, LAYER, x, dy, name, u)
     np.testing.assert_allclose((grads[name] * u).sum(), fd, rtol=1e-4)
 
 

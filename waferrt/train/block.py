@@ -21,6 +21,7 @@ closed form (waferrt.core.train_cost, tests/unit/test_block_backward.py).
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 
 import numpy as np
@@ -38,6 +39,7 @@ from .onwafer import Job, living_square, run_job
 WEIGHTS = ("attn_norm", "wq", "wk", "wv", "wo", "ffn_norm", "w_gate", "w_up", "w_down")
 ACTIVATIONS = ("x", "x2", "dy", "gate", "up", "q", "k", "v", "cos", "sin", "h1", "att", "h2", "m")
 INPUTS = WEIGHTS + ACTIVATIONS  # the DSM tensors the kernel reads, "bb.<name>"
+FD_STEP = 1e-6  # finite_difference's step, in float64
 
 
 @dataclass(frozen=True)
@@ -127,6 +129,20 @@ def block_kernel(ctx, shape: BlockShape) -> None:
              **{w: grad_weight(ctx, t["h1"][:, :, None], d) for w, d in (("wq", dq), ("wk", dk), ("wv", dv))}}
     for name, value in grads.items():
         ctx.store(f"bb.d.{name}", value[:, :, None, None])
+
+
+def finite_difference(config, weights, x: np.ndarray, dy: np.ndarray, name: str, u: np.ndarray) -> float:
+    """The check of a gradient: d/dt of sum(block_forward(params + t u) * dy) at t = 0 by central differences
+    in float64, `name` a weight of the block or "x"; equals sum(gradient * u)."""
+    def loss(t: float) -> float:
+        w = dataclasses.replace(weights, **{n: getattr(weights, n).astype(np.float64) for n in WEIGHTS})
+        xs = x.astype(np.float64)
+        if name == "x":
+            xs = xs + t * u
+        else:
+            w = dataclasses.replace(w, **{name: getattr(w, name) + t * u})
+        return float((block_forward(config, w, xs)[0] * dy).sum())
+    return (loss(FD_STEP) - loss(-FD_STEP)) / (2 * FD_STEP)
 
 
 def _per_head(mat: np.ndarray, heads: int) -> np.ndarray:
