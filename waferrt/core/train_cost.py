@@ -1,19 +1,23 @@
-"""Closed forms of training's mesh GEMMs: a GEMM's two backward products, and a training step's three.
+"""Closed forms of training's mesh kernels: a GEMM's two backward products, a training step's three, attention's,
+RMSNorm's, a Llama block's and the tied head's backward.
 
-Contract: for Y = X W (X (m, k), W (k, n)) on a square grid of side x side cores, the forward is MeshGEMM
-(``gemm_cost``), and the backward's two products are MeshGEMM's transposed variant (``transposed_cost``;
-waferrt.kernels.gemm_backward runs them and books exactly these, tests/unit/test_gemm_backward.py):
+Contract: for Y = X W (X (m, k), W (k, n)) on a grid of rows x cols cores (s = gcd(rows, cols) steps, mb =
+m/rows, kb = k/s, nb = n/cols), the forward is MeshGEMM (``gemm_cost``), and the backward's two products are
+MeshGEMM's transposed variant (``transposed_cost``; waferrt.kernels.gemm_backward runs them and books
+exactly these, tests/unit/test_gemm_backward.py):
 
-- dX = dY W^T: side steps of a (mb, nb) x (nb, kb) product per core; the (mb, kb) accumulators move along
-  the rows after every step, W's (kb, nb) blocks along the columns after all but the last.
-- dW = X^T dY: side steps of a (kb, mb) x (mb, nb) product; the (kb, nb) accumulators move along the
-  columns (the tokens' sum, reduced over the fabric), X's (mb, kb) blocks along the rows.
+- dX = dY W^T: s steps of a (mb, nb) x (nb, kb) product per core; the (mb, kb) accumulators move along the
+  rows after every step, W's (kb, nb) blocks along the columns after all but the last.
+- dW = X^T dY: s steps of a (kb, mb) x (mb, nb) product; the (kb, nb) accumulators move along the columns
+  (the tokens' sum, reduced over the fabric), X's (mb, kb) blocks along the rows.
 
-So each backward product costs the forward's compute and, per step, one more block move (the
-accumulator's) alongside the moving operand's. :func:`train_gemm_costs` is the three of a training step's
-GEMM; :func:`train_efficiency` the share of their modelled time spent on useful flops (the unpadded 2mkn each,
-spread evenly over the grid). :func:`attention_backward_cost` is what waferrt.kernels.attention_backward
-books. Pure: built from waferrt.core.cost's and gemm_cost's owners.
+On a square grid each backward product thus costs the forward's compute and, per step, one more block move
+(the accumulator's) alongside the moving operand's; on a longer ring the partial sums are then summed
+around it. :func:`train_gemm_costs` is the three of a training step's GEMM; :func:`train_efficiency` the
+share of their modelled time spent on useful flops (the unpadded 2mkn each, spread evenly over the grid).
+:func:`attention_backward_cost`, :func:`rmsnorm_backward_cost`, :func:`block_backward_parts` and
+:func:`head_backward_parts` are what waferrt.kernels.attention_backward, train_ops and waferrt.train book.
+Pure: built from waferrt.core.cost's and gemm_cost's owners (a model config is read by its attributes).
 """
 
 from __future__ import annotations
