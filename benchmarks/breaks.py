@@ -24,6 +24,8 @@ FILES = {  # the fast unit test files that tie the cost model, by what they cove
                "tests/unit/test_decode_numbers.py"],
     "stream": ["tests/unit/test_owners.py", "tests/unit/test_streaming.py",
                "tests/unit/test_ties.py::test_the_paper_streaming_estimate_is_what_the_streaming_tiles_book"],
+    "train": ["tests/unit/test_gemm_backward.py", "tests/unit/test_train_kernels.py",
+              "tests/unit/test_block_backward.py"],
 }
 
 # name -> (module, attribute (Class.method for a method), the broken version as source over `orig`, files)
@@ -97,6 +99,14 @@ BREAKS = {
         "waferrt.decode.cost", "stage_handover",
         "lambda spec, config, src, dst, items: __import__('waferrt.core.cost', fromlist=['x']).Cost()",
         FILES["decode"] + ["tests/unit/test_estimate.py::test_the_estimate_of_a_placement_is_what_the_emulator_books"]),
+    "transposed_cost: partial sums as large as the moving blocks": (
+        "waferrt.core.gemm_cost", "transposed_cost",
+        "lambda spec, rings, values, flops, dtype='float32', rate=None: "
+        "orig(spec, rings, (values[1], values[1]), flops, dtype, rate)",
+        FILES["train"]),
+    "block_backward_parts: the layout moves for free": (
+        "waferrt.core.train_cost", "block_backward_parts",
+        "lambda *a: {**orig(*a), 'relayout': __import__('waferrt.core.cost', fromlist=['x']).Cost()}", FILES["train"]),
     "first_true: one past the answer": (
         "waferrt.core.arith", "first_true",
         "lambda lo, hi, pred: (lambda v: v if v is None or v >= hi else v + 1)(orig(lo, hi, pred))",

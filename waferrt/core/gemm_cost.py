@@ -144,6 +144,24 @@ def skew_cost(spec: HardwareSpec, side: int, nbytes: int) -> Cost:
     return Cost(one.hops, one.stages, lines * ring_sum * nbytes, lines * side, 0, one.cycles)
 
 
+def transposed_cost(spec: HardwareSpec, rings: tuple[int, int], values: tuple[int, int], flops: int,
+                    dtype: str = "float32", rate: str | None = None) -> Cost:
+    """MeshGEMM's transposed variant (Q.K^T, a GEMM's dX and dW) on MeshGEMM's rings, ``rings`` = (the
+    accumulators' ring length, the moving operand's): s = gcd of the two steps of `flops` per core at
+    `rate`'s rate (default `dtype`); after each, every accumulator (``values[0]`` `dtype` values) moves one
+    place along its ring, and with it, after all but the last step, every block of the moving operand
+    (``values[1]``) along the other rings. On an accumulators' ring longer than s, its places s apart then
+    sum their blocks around it (ring / s - 1 rounds of s one-place moves, an add a value each)."""
+    (la, lm), size, rate = rings, itemsize(check_dtype(dtype)), rate or dtype
+    s = math.gcd(la, lm)
+    (ha, sum_a), (hm, sum_m) = ring_hops("meshgemm", la), ring_hops("meshgemm", lm)
+    acc = (ha, values[0] * size, la * lm if la > 1 else 0, lm * sum_a * values[0] * size)  # lm rings of la places
+    moving = (hm, values[1] * size, la * lm if lm > 1 else 0, la * sum_m * values[1] * size)
+    rounds = la // s - 1
+    return (compute_cost(spec, flops, rate).scaled(s) + _stage(spec, [acc, moving]).scaled(s - 1)
+            + _stage(spec, [acc]).scaled(1 + rounds * s) + compute_cost(spec, values[0], rate).scaled(rounds))
+
+
 @dataclass(frozen=True)
 class AttentionShape:
     """Causal attention of `heads` heads over a prompt of `tokens` tokens, head_dim wide, on side x side cores."""
@@ -158,30 +176,35 @@ class AttentionShape:
             whole(f"AttentionShape.{name}", getattr(self, name))
 
 
+def row_reduce_cost(spec: HardwareSpec, side: int, values: int, dtype: str, rate: str) -> Cost:
+    """A K-tree allreduce of `values` `dtype` values per core along every row of side x side cores, and its
+    reductions at `rate` (the kernel context books both)."""
+    return (on_lines(allreduce_cost(spec, "ktree", side, values * itemsize(dtype)), side)
+            + compute_cost(spec, reduce_flops("ktree", side, values), rate))
+
+
+def probabilities_cost(spec: HardwareSpec, shape: AttentionShape, softmax_flops: int, dtype: str = "float32",
+                       rate: str | None = None) -> Cost:
+    """The causal softmax(scale Q.K^T) with K already skewed (waferrt.kernels.attention.probabilities): the
+    transposed MeshGEMM (side steps; the score blocks move after every step, K's after all but the last),
+    the row max and sum (K-tree allreduces along every row), the softmax."""
+    side, heads, rate = shape.side, shape.heads, check_dtype(rate or check_dtype(dtype))
+    mb, db = cdiv(shape.tokens, side), cdiv(shape.head_dim, side)
+    nt = transposed_cost(spec, (side, side), (heads * mb * mb, heads * mb * db), 2 * heads * mb * db * mb, dtype, rate)
+    return (nt + row_reduce_cost(spec, side, heads * mb, dtype, rate).scaled(2)
+            + compute_cost(spec, softmax_flops * heads * mb * mb, rate))
+
+
 def attention_cost(spec: HardwareSpec, shape: AttentionShape, softmax_flops: int, dtype: str = "float32",
                    rate: str | None = None) -> Cost:
     """Causal attention over a prompt, every head's blocks moving together (waferrt.kernels.attention): K
-    skewed, the transposed MeshGEMM (side steps; the score blocks move after every step, K's after all but
-    the last), the row max and sum (K-tree allreduces along every row), the softmax, V skewed, P.V. Values
-    move as `dtype`; the cores compute at `rate`'s (default `dtype`), as ``gemm_cost``."""
-    size, side, heads = itemsize(check_dtype(dtype)), shape.side, shape.heads
-    rate = check_dtype(rate or dtype)
-    mb, db = cdiv(shape.tokens, side), cdiv(shape.head_dim, side)
-    hops, ring_sum = ring_hops("meshgemm", side)
-    lines = side * side if side > 1 else 0
-
-    def move(nbytes: int) -> tuple:
-        return hops, nbytes, lines, side * ring_sum * nbytes
-
-    acc, k = move(heads * mb * mb * size), move(heads * mb * db * size)
-    nt = (compute_cost(spec, 2 * heads * mb * db * mb, rate).scaled(side) + _stage(spec, [acc, k]).scaled(side - 1)
-          + _stage(spec, [acc]))
-    row = (on_lines(allreduce_cost(spec, "ktree", side, heads * mb * size), side)
-           + compute_cost(spec, reduce_flops("ktree", side, heads * mb), rate))  # the kernel context books both
+    skewed, the probabilities (``probabilities_cost``), V skewed, P.V. Values move as `dtype`; the cores
+    compute at `rate`'s (default `dtype`), as ``gemm_cost``."""
+    side, mb, db = shape.side, cdiv(shape.tokens, shape.side), cdiv(shape.head_dim, shape.side)
     pv = GemmShape(shape.tokens, shape.tokens, shape.head_dim, side, side)
-    return (skew_cost(spec, side, heads * mb * db * size).scaled(2) + nt + row.scaled(2)
-            + compute_cost(spec, softmax_flops * heads * mb * mb, rate)
-            + gemm_cost(spec, "meshgemm", pv, dtype, heads, rate))
+    return (skew_cost(spec, side, shape.heads * mb * db * itemsize(check_dtype(dtype))).scaled(2)
+            + probabilities_cost(spec, shape, softmax_flops, dtype, rate)
+            + gemm_cost(spec, "meshgemm", pv, dtype, shape.heads, rate))
 
 
 def layout_move(spec, region, core_bytes: int) -> Cost:

@@ -25,6 +25,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from .gemm import Grid, meshgemm, places, ring_move, used_lines
+from .gemm_backward import accumulate
 
 
 def _square(ctx) -> tuple[list[int], list[int]]:
@@ -42,18 +43,20 @@ def _ring_index(places_: list[int], lo: int, m: int) -> np.ndarray:
     return np.array([at[lo + j] for j in range(m)])
 
 
-def skew(ctx, buf: np.ndarray, axis: str) -> np.ndarray:
+def skew(ctx, buf: np.ndarray, axis: str, back: bool = False) -> np.ndarray:
     """Rotate every line along `axis` by its own ring index (along "y": column c moves c places along its
     ring, so core (i, c) then holds what core (i + c, c) held): s - 1 rounds of ring moves, the lines still
-    to move moving."""
+    to move moving. `back`: by s minus its ring index, which undoes the skew (the same moves' count)."""
     xs, ys = _square(ctx)
     along, across = (xs, ys) if axis == "x" else (ys, xs)
+    s = len(along)
     lo, m = (ctx.local.y0 - ctx.region.y0, ctx.local.h) if axis == "x" else (ctx.local.x0 - ctx.region.x0,
                                                                              ctx.local.w)
-    mine = _ring_index(across, lo, m)  # the ring index of each of this tile's lines
+    places_of = (lambda i: (s - i) % s) if back else (lambda i: i)  # noqa: E731
+    mine = places_of(_ring_index(across, lo, m))  # how far each of this tile's lines moves
     shape = (m, 1) if axis == "x" else (1, m)
-    for r in range(1, len(along)):
-        moving = [p for i, p in enumerate(across) if i >= r]
+    for r in range(1, s):
+        moving = [p for i, p in enumerate(across) if places_of(i) >= r]
         with ctx.ledger.concurrent():
             moved = ring_move(ctx, buf, axis, along, used_lines(ctx, moving, axis))
         keep = (mine >= r).reshape(shape + (1,) * (buf.ndim - 2))
@@ -64,22 +67,32 @@ def skew(ctx, buf: np.ndarray, axis: str) -> np.ndarray:
 def scores_nt(ctx, q: np.ndarray, k: np.ndarray) -> np.ndarray:
     """S = Q K^T by the transposed MeshGEMM (module doc): q, k (rows, cols, H, mb, db) in the C layout, K
     already skewed along y; returns S's (H, mb, mb) blocks in the A layout."""
-    xs, ys = _square(ctx)
-    s, lines = len(xs), used_lines(ctx, ys, "x")
-    acc = np.zeros(q.shape[:-1] + (k.shape[-2],), np.float32)
-    for t in range(s):
-        acc += q @ k.swapaxes(-1, -2)
-        ctx.ledger.compute(2 * q.shape[2] * q.shape[3] * q.shape[4] * k.shape[3])
-        with ctx.ledger.concurrent():
-            acc = ring_move(ctx, acc, "x", xs, lines)
-            if t < s - 1:
-                k = ring_move(ctx, k, "y", ys, used_lines(ctx, xs, "y"))
-    return acc
+    _square(ctx)
+    return accumulate(ctx, Grid.of_ctx(ctx), q, k, "nt")
 
 
-def causal_mask(ctx, mb: int, tokens: int) -> np.ndarray:
+@dataclass(frozen=True)
+class PromptAttention:
+    """What the causal attention over a prompt needs besides its blocks: the prompt's `tokens` (the rest of
+    the blocks is padding), the score `scale` (1/sqrt(head_dim)), the flops of one softmax element, and the
+    `segment`: with several sequences one after the other, each `segment` tokens long, a token attends only
+    to its own sequence's (0: one sequence)."""
+
+    tokens: int
+    scale: float
+    softmax_flops: int
+    segment: int = 0
+
+    def __post_init__(self) -> None:
+        if self.tokens < 1 or self.scale <= 0 or self.softmax_flops < 0 or self.segment < 0:
+            raise ValueError(f"causal attention over {self.tokens} tokens with scale {self.scale}, "
+                             f"{self.softmax_flops} softmax flops and segments of {self.segment}: give at least "
+                             "one token, a positive scale, non-negative flops and segment (0: one sequence)")
+
+
+def causal_mask(ctx, mb: int, prompt: PromptAttention) -> np.ndarray:
     """(rows, cols, mb, mb) bool: which score entries of each core's A-layout block (i, (i + c) % s) a token
-    may attend to (the key at or before the query, and a real token)."""
+    may attend to (the key at or before the query, a real token, and of the query's segment)."""
     xs, ys = _square(ctx)
     s = len(xs)
     i = _ring_index(ys, ctx.local.y0 - ctx.region.y0, ctx.local.h)[:, None]
@@ -87,37 +100,27 @@ def causal_mask(ctx, mb: int, tokens: int) -> np.ndarray:
     j = (i + c) % s
     query = (i * mb)[..., None, None] + np.arange(mb)[:, None]
     key = (j * mb)[..., None, None] + np.arange(mb)[None, :]
-    return (key <= query) & (key < tokens)
+    seg = prompt.segment or prompt.tokens
+    return (key <= query) & (key < prompt.tokens) & (key // seg == query // seg)
 
 
-@dataclass(frozen=True)
-class PromptAttention:
-    """What the causal attention over a prompt needs besides its blocks: the prompt's `tokens` (the rest of
-    the blocks is padding), the score `scale` (1/sqrt(head_dim)) and the flops of one softmax element."""
-
-    tokens: int
-    scale: float
-    softmax_flops: int
-
-    def __post_init__(self) -> None:
-        if self.tokens < 1 or self.scale <= 0 or self.softmax_flops < 0:
-            raise ValueError(f"causal attention over {self.tokens} tokens with scale {self.scale} and "
-                             f"{self.softmax_flops} softmax flops: give at least one token, a positive scale "
-                             "and non-negative flops")
+def probabilities(ctx, q: np.ndarray, k: np.ndarray, prompt: PromptAttention) -> np.ndarray:
+    """The heads' causal softmax(scale Q K^T) in the A layout, (rows, cols, H, mb, mb): q in the C layout, k
+    already skewed along y (module doc); masked entries and padding queries get 0."""
+    heads, mb = q.shape[2], q.shape[3]
+    scores = scores_nt(ctx, q, k) * np.float32(prompt.scale)  # (rows, cols, H, mb, mb)
+    valid = causal_mask(ctx, mb, prompt)[:, :, None]
+    scores = np.where(valid, scores, np.float32(-np.inf))
+    top = ctx.allreduce(scores.max(axis=4), "x", op="max")  # (rows, cols, H, mb): each query's row max
+    top = np.where(np.isfinite(top), top, np.float32(0))  # a padding query sees no key
+    e = np.where(valid, np.exp(scores - top[..., None]), np.float32(0))
+    total = ctx.allreduce(e.sum(axis=4), "x")
+    ctx.ledger.compute(prompt.softmax_flops * heads * mb * mb)
+    return e / np.where(total > 0, total, np.float32(1))[..., None]
 
 
 def causal_attention(ctx, q: np.ndarray, k: np.ndarray, v: np.ndarray, prompt: PromptAttention) -> np.ndarray:
     """The heads' causal attention over the prompt (module doc): (rows, cols, H, mb, db) blocks in, and out."""
-    heads, mb = q.shape[2], q.shape[3]
-    tokens, scale, softmax_flops = prompt.tokens, prompt.scale, prompt.softmax_flops
     with ctx.ledger.op("attention"):
-        scores = scores_nt(ctx, q, skew(ctx, k, "y")) * np.float32(scale)  # (rows, cols, H, mb, mb)
-        valid = causal_mask(ctx, mb, tokens)[:, :, None]
-        scores = np.where(valid, scores, np.float32(-np.inf))
-        top = ctx.allreduce(scores.max(axis=4), "x", op="max")  # (rows, cols, H, mb): each query's row max
-        top = np.where(np.isfinite(top), top, np.float32(0))  # a padding query sees no key
-        e = np.where(valid, np.exp(scores - top[..., None]), np.float32(0))
-        total = ctx.allreduce(e.sum(axis=4), "x")
-        p = e / np.where(total > 0, total, np.float32(1))[..., None]
-        ctx.ledger.compute(softmax_flops * heads * mb * mb)
+        p = probabilities(ctx, q, skew(ctx, k, "y"), prompt)
         return meshgemm(ctx, p[:, :, None], skew(ctx, v, "y")[:, :, None])

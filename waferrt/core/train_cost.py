@@ -1,0 +1,151 @@
+"""Closed forms of training's mesh kernels: a GEMM's two backward products, a training step's three, attention's,
+RMSNorm's, a Llama block's and the tied head's backward.
+
+Contract: for Y = X W (X (m, k), W (k, n)) on a grid of rows x cols cores (s = gcd(rows, cols) steps, mb =
+m/rows, kb = k/s, nb = n/cols), the forward is MeshGEMM (``gemm_cost``), and the backward's two products are
+MeshGEMM's transposed variant (``transposed_cost``; waferrt.kernels.gemm_backward runs them and books
+exactly these, tests/unit/test_gemm_backward.py):
+
+- dX = dY W^T: s steps of a (mb, nb) x (nb, kb) product per core; the (mb, kb) accumulators move along the
+  rows after every step, W's (kb, nb) blocks along the columns after all but the last.
+- dW = X^T dY: s steps of a (kb, mb) x (mb, nb) product; the (kb, nb) accumulators move along the columns
+  (the tokens' sum, reduced over the fabric), X's (mb, kb) blocks along the rows.
+
+On a square grid each backward product thus costs the forward's compute and, per step, one more block move
+(the accumulator's) alongside the moving operand's; on a longer ring the partial sums are then summed
+around it. :func:`train_gemm_costs` is the three of a training step's GEMM; :func:`train_efficiency` the
+share of their modelled time spent on useful flops (the unpadded 2mkn each, spread evenly over the grid).
+:func:`attention_backward_cost`, :func:`rmsnorm_backward_cost`, :func:`block_backward_parts` and
+:func:`head_backward_parts` are what waferrt.kernels.attention_backward, train_ops and waferrt.train book.
+Pure: built from waferrt.core.cost's and gemm_cost's owners (a model config is read by its attributes).
+"""
+
+from __future__ import annotations
+
+from .arith import cdiv
+from .cost import Cost, compute_cost, flop_cycles
+from .dtypes import check_dtype, itemsize
+from .gemm_cost import (
+    AttentionShape,
+    GemmShape,
+    gemm_cost,
+    probabilities_cost,
+    row_reduce_cost,
+    skew_cost,
+    transposed_cost,
+)
+from .spec import HardwareSpec
+
+TRAIN_GEMMS = ("forward", "grad_input", "grad_weight")
+# flops per element of the backward's element-wise work (the kernels book them, the closed forms count them)
+BACKWARD_FLOPS = {
+    "softmax": 5,  # per score: P dP and its row sum (2), dP - sum, times P, times the scale (3)
+    "rmsnorm": 10,  # x^2 and g x with their sums (4), g = dh w (1), dx (3), dw's product and sum (2)
+    "swiglu": 9,  # the sigmoid (3), dgate (4), dup (2)
+    "rope": 3,  # as the forward's rotation
+    "cross_entropy": 8,  # max, exp, sum, the target's logit, dlogits (softmax - onehot, over T)
+}
+
+
+def _side(shape: GemmShape) -> int:
+    if shape.rows != shape.cols:
+        raise ValueError(f"the head's backward runs on a square grid; got {shape.rows} rows x {shape.cols} cols: "
+                         "give it a square of cores (waferrt.train.onwafer.living_square)")
+    return shape.rows
+
+
+def grad_costs(spec: HardwareSpec, shape: GemmShape, dtype: str = "float32", rate: str | None = None,
+               batch: int = 1) -> tuple[Cost, Cost]:
+    """(dX, dW) of Y = X W on a grid of rows x cols cores (module doc), `batch` such products at once (one per
+    head, their blocks moving together): values move as `dtype`, the cores compute at `rate`'s (default
+    `dtype`)."""
+    mb, kb, nb = shape.blocks("meshgemm")
+    flops, p, q = 2 * batch * mb * kb * nb, shape.rows, shape.cols
+    dx = transposed_cost(spec, (q, p), (batch * mb * kb, batch * kb * nb), flops, dtype, rate)
+    dw = transposed_cost(spec, (p, q), (batch * kb * nb, batch * mb * kb), flops, dtype, rate)
+    return dx, dw
+
+
+def train_gemm_costs(spec: HardwareSpec, shape: GemmShape, dtype: str = "float32", rate: str | None = None
+                     ) -> dict[str, Cost]:
+    """A training step's three GEMMs of Y = X W: {"forward", "grad_input", "grad_weight"}."""
+    dx, dw = grad_costs(spec, shape, dtype, rate)
+    return dict(zip(TRAIN_GEMMS, (gemm_cost(spec, "meshgemm", shape, dtype, 1, rate), dx, dw)))
+
+
+def train_efficiency(spec: HardwareSpec, shape: GemmShape, dtype: str = "float32") -> dict[str, float]:
+    """Useful compute over modelled time of each of the three GEMMs and of the three together ("step"): the
+    unpadded product's 2mkn flops (3 x 2mkn) spread evenly over the grid."""
+    costs = train_gemm_costs(spec, shape, dtype)
+    ideal = flop_cycles(spec, 2 * shape.m * shape.k * shape.n / (shape.rows * shape.cols), dtype)
+    return {name: ideal / c.cycles for name, c in costs.items()} | {
+        "step": 3 * ideal / sum(c.cycles for c in costs.values())}
+
+
+def attention_backward_cost(spec: HardwareSpec, shape: AttentionShape, softmax_flops: int, kv_heads: int,
+                            dtype: str = "float32", rate: str | None = None) -> Cost:
+    """The causal attention's backward (waferrt.kernels.attention_backward) of `shape.heads` query heads
+    sharing `kv_heads` K/V heads: K and V skewed, P recomputed, dP = dO V^T (transposed), the row sum, dS,
+    dQ = dS K (MeshGEMM, as the forward's P.V), dK and dV (transposed), the query heads' sums."""
+    size, side, heads = itemsize(check_dtype(dtype)), shape.side, shape.heads
+    rate = check_dtype(rate or dtype)
+    mb, db = cdiv(shape.tokens, side), cdiv(shape.head_dim, side)
+    dp = transposed_cost(spec, (side, side), (heads * mb * mb, heads * mb * db), 2 * heads * mb * db * mb, dtype, rate)
+    dq = gemm_cost(spec, "meshgemm", GemmShape(shape.tokens, shape.tokens, shape.head_dim, side, side), dtype,
+                   heads, rate)
+    dkv = transposed_cost(spec, (side, side), (heads * mb * db, heads * mb * mb), 2 * heads * mb * mb * db, dtype, rate)
+    return (skew_cost(spec, side, heads * mb * db * size).scaled(2)
+            + probabilities_cost(spec, shape, softmax_flops, dtype, rate) + dp
+            + row_reduce_cost(spec, side, heads * mb, dtype, rate)
+            + compute_cost(spec, BACKWARD_FLOPS["softmax"] * heads * mb * mb, rate) + dq + dkv.scaled(2)
+            + compute_cost(spec, 2 * (heads // kv_heads - 1) * kv_heads * mb * db, rate))
+
+
+def rmsnorm_backward_cost(spec: HardwareSpec, tokens: int, dim: int, side: int) -> Cost:
+    """RMSNorm's backward over (tokens, dim) in the C layout of side x side cores: two per-token sums along the
+    rows, the weight's gradient down the columns, the element-wise work."""
+    mb, nb, f32 = cdiv(tokens, side), cdiv(dim, side), "float32"
+    return (row_reduce_cost(spec, side, mb, f32, f32).scaled(2) + row_reduce_cost(spec, side, nb, f32, f32)
+            + compute_cost(spec, BACKWARD_FLOPS["rmsnorm"] * mb * nb))
+
+
+def head_backward_parts(spec: HardwareSpec, shape: GemmShape) -> dict[str, Cost]:
+    """The tied head's backward with cross-entropy (waferrt.train.head) for shape = (tokens, vocab, dim) on a
+    square: the logits h E^T (the transposed variant, as a dX), the row max, sum and target's logit along the
+    rows and the loss down the columns, dh = dlogits E (MeshGEMM, as a forward), dE = dlogits^T h (as a dW);
+    then the final RMSNorm's backward."""
+    side = _side(shape)
+    mb, vb, f32 = cdiv(shape.m, side), cdiv(shape.k, side), "float32"
+    gemms = sum(train_gemm_costs(spec, shape).values(), Cost())
+    reduce = row_reduce_cost(spec, side, mb, f32, f32).scaled(3) + row_reduce_cost(spec, side, 1, f32, f32)
+    return {"head_backward": gemms + reduce + compute_cost(spec, BACKWARD_FLOPS["cross_entropy"] * mb * vb),
+            "rmsnorm_backward": rmsnorm_backward_cost(spec, shape.m, shape.n, side)}
+
+
+def block_backward_parts(spec: HardwareSpec, config, tokens: int, side: int, softmax_flops: int
+                         ) -> dict[str, Cost]:
+    """What a dense Llama block's backward (waferrt.train.block) books over `tokens` on side x side cores
+    (the forward's softmax at `softmax_flops` a score, recomputed), by op: the GEMMs' dX and dW (the
+    projections per head; Q, K, V's dW with the normed input shared by the heads), the layout moves, the
+    element-wise ops, the attention, the sums in the cores ("compute")."""
+    H, G, hd, dim, hidden = config.n_heads, config.n_kv_heads, config.head_dim, config.dim, config.hidden_dim
+    mb, nb, hb, db = (cdiv(v, side) for v in (tokens, dim, hidden, hd))
+    size, f32 = itemsize("float32"), "float32"
+    gemms = [(GemmShape(tokens, hidden, dim, side, side), 1)] + [(GemmShape(tokens, dim, hidden, side, side), 1)] * 2
+    gemms += [(GemmShape(tokens, hd, dim, side, side), H)]  # the output projection, per head
+    heads = [(GemmShape(tokens, dim, hd, side, side), n) for n in (H, G, G)]  # Q, K, V per head
+    grads = [grad_costs(spec, shape, f32, None, n) for shape, n in gemms + heads]
+    qkv_dw = [transposed_cost(spec, (side, side), (n * nb * db, mb * nb), 2 * n * mb * nb * db)
+              for n in (H, G, G)]  # the normed input moves once for all the heads
+    moved = [mb * hb, mb * nb, H * mb * db, G * mb * db, G * mb * db, mb * nb]
+    norm = rmsnorm_backward_cost(spec, tokens, dim, side)
+    return {
+        "grad_input": sum((dx for dx, _ in grads), Cost()),
+        "grad_weight": sum((dw for _, dw in grads[:4]), Cost()) + sum(qkv_dw, Cost()),
+        "relayout": sum((skew_cost(spec, side, n * size) for n in moved), Cost()),
+        "swiglu_backward": compute_cost(spec, BACKWARD_FLOPS["swiglu"] * mb * hb),
+        "rmsnorm_backward": norm.scaled(2),
+        "rope_backward": sum((compute_cost(spec, BACKWARD_FLOPS["rope"] * n * mb * db) for n in (H, G)), Cost()),
+        "attention_backward": attention_backward_cost(spec, AttentionShape(tokens, hd, H, side), softmax_flops, G),
+        "compute": compute_cost(spec, mb * nb) + compute_cost(spec, (H + 2 * G) * mb * nb),
+    }

@@ -1,0 +1,79 @@
+"""How the training kernels meet a Wafer: their square of cores, their inputs in its SRAM, one run, the outputs back.
+
+Contract: :func:`living_square` is the largest square of cores at the wafer's corner, refused (naming the dead)
+when a core of it is dead -- the attention and the head's softmax need every core of their square;
+:func:`run_job` allocates a :class:`Job`'s inputs and outputs as DSM tensors "<prefix><name>" over the
+square (one block per core, split ("y", "x", None, ...)), puts the inputs, checks they fit the cores' SRAM
+with the outputs (BlockTooLarge naming a core and the bytes), runs the kernel once, reads the outputs back
+and frees every tensor it made, whatever happens.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from waferrt.core.mesh import Coord, Region
+from waferrt.fabric.misuse import BlockTooLarge
+from waferrt.kernels.gemm import Grid
+
+
+def living_square(wafer, what: str) -> tuple[Region, Grid]:
+    """The largest square of cores at the wafer's corner and its grid; ValueError if a core of it is dead."""
+    s = min(wafer.mesh.width, wafer.mesh.height)
+    region = Region(0, 0, s, s)
+    dead = sorted(c for c in wafer.fault_map().cores if region.contains(c))
+    if dead:
+        raise ValueError(f"{what} runs on {region}, whose cores must all live (its softmax needs them); dead: "
+                         f"{dead}: give it a wafer without dead cores there")
+    return region, Grid.of(region)
+
+
+@dataclass(frozen=True)
+class Job:
+    """One kernel run over a square: its DSM tensors' `prefix`, the inputs' blocks {name: (s, s, ...)}, the
+    outputs' shapes, the kernel and its other arguments."""
+
+    prefix: str
+    region: Region
+    inputs: dict
+    outputs: dict
+    kernel: object
+    args: dict = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        both = set(self.inputs) & set(self.outputs)
+        if both or not self.prefix:
+            raise ValueError(f"a job's inputs and outputs are distinct DSM tensors under a prefix; got "
+                             f"prefix {self.prefix!r}, both: {sorted(both)}")
+
+
+def check_fits(spec, job: Job, what: str) -> None:
+    """BlockTooLarge unless a core holds the job's input and output blocks."""
+    held = sum(a[0, 0].nbytes for a in job.inputs.values())
+    made = sum(4 * int(np.prod(shape[2:])) for shape in job.outputs.values())
+    if held + made > spec.sram_bytes:
+        r = job.region
+        raise BlockTooLarge(
+            f"{what} on {r.w}x{r.h} cores: core {Coord(r.x0, r.y0)} (and every other) would hold {held:,} bytes of "
+            f"weights and activations and {made:,} bytes of gradients, more than its SRAM ({spec.sram_bytes:,} "
+            f"bytes on {spec.name}); give the wafer a larger square of cores or fewer tokens")
+
+
+def run_job(wafer, job: Job, what: str) -> dict[str, np.ndarray]:
+    """The job's outputs' blocks {name: (s, s, ...)} (module doc)."""
+    check_fits(wafer.spec, job, what)
+    shapes = {**{n: a.shape for n, a in job.inputs.items()}, **job.outputs}
+    made = []
+    try:
+        for name, shape in shapes.items():
+            wafer.dsm.alloc(job.prefix + name, shape, region=job.region, split=("y", "x") + (None,) * (len(shape) - 2))
+            made.append(job.prefix + name)
+        for name, a in job.inputs.items():
+            wafer.dsm.put(job.prefix + name, a)
+        wafer.run(job.kernel, region=job.region, **job.args)
+        return {name: wafer.dsm.get(job.prefix + name) for name in job.outputs}
+    finally:
+        for name in made:
+            wafer.dsm.free(name)
