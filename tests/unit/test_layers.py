@@ -21,7 +21,7 @@ TOPS = {"waferrt": "waferrt", "actors": "waferrt.actors", "scheduler": "waferrt.
 
 # floor -> the floors its modules may import (besides their own), stated for each floor: the allowed-imports
 # map (no order of entries matters). The pure floors, then the joins (each may use the joins before it).
-PURE = {"core", "model", "faults", "fabric", "kernels", "decode", "scheduler", "serving"}
+PURE = {"core", "model", "faults", "fabric", "kernels", "decode", "scheduler", "serving", "training"}
 ALLOWED = {
     "core": set(),
     "model": set(),
@@ -31,6 +31,7 @@ ALLOWED = {
     "decode": {"core", "faults", "fabric", "kernels", "model"},
     "scheduler": {"core", "model", "decode"},
     "serving": {"core", "faults", "fabric", "kernels", "model", "decode", "scheduler"},
+    "training": {"core", "model", "decode"},  # AdamW, the corpus, the off-wafer store, a step's phases and cost
     "actors": PURE,  # the tiles run the serving loop
     "inject": PURE | {"actors"},  # faults into the tiles (the Wafer's fault session)
     "dsm": PURE | {"actors", "inject"},  # the Wafer's named tensors in the tiles
@@ -49,7 +50,7 @@ HEAVY = {  # third-party package -> the only modules that may import it
     "tokenizers": ("waferrt.model.tokenizer",),
 }
 PURE_PACKAGES = ["waferrt", "waferrt.core", "waferrt.faults", "waferrt.fabric", "waferrt.model", "waferrt.decode",
-                 "waferrt.scheduler", "waferrt.serving", "waferrt.cli"]
+                 "waferrt.scheduler", "waferrt.serving", "waferrt.training", "waferrt.cli"]
 
 
 def _modules() -> dict[str, pathlib.Path]:

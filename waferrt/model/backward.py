@@ -166,19 +166,20 @@ def block_backward(dy: np.ndarray, saved: Saved, layer: Layer, rope: Rope) -> tu
     return dx + dx1, grads
 
 
-def head_loss(x: np.ndarray, weights: LlamaWeights, targets: np.ndarray, config: LlamaConfig) -> tuple:
-    """The final norm, the head and the mean cross-entropy, with their backward: x (B, S, dim), targets (B, S)
-    -> (loss float, dx (B, S, dim), d final_norm (dim,), d head (vocab, dim))."""
-    hf = rmsnorm(x, weights.final_norm, config.norm_eps)  # (B, S, dim)
-    logits = linear(hf, weights.head)  # (B, S, vocab)
+def head_loss(x: np.ndarray, final_norm: np.ndarray, head: np.ndarray, targets: np.ndarray,
+              config: LlamaConfig) -> tuple:
+    """The final norm, the head (vocab, dim) and the mean cross-entropy, with their backward: x (B, S, dim),
+    targets (B, S) -> (loss float, dx (B, S, dim), d final_norm (dim,), d head (vocab, dim))."""
+    hf = rmsnorm(x, final_norm, config.norm_eps)  # (B, S, dim)
+    logits = linear(hf, head)  # (B, S, vocab)
     p = softmax(logits)  # (B, S, vocab)
     picked = np.take_along_axis(p, targets[..., None], axis=-1)[..., 0]  # (B, S)
     loss = float(-np.mean(np.log(picked)))
     dlogits = p
     np.put_along_axis(dlogits, targets[..., None], picked[..., None] - 1, axis=-1)
     dlogits *= np.asarray(1.0 / targets.size, dtype=x.dtype)  # d(mean)
-    dhf, dhead = linear_backward(dlogits, hf, weights.head)
-    dx, dnorm = rmsnorm_backward(dhf, x, weights.final_norm, config.norm_eps)
+    dhf, dhead = linear_backward(dlogits, hf, head)
+    dx, dnorm = rmsnorm_backward(dhf, x, final_norm, config.norm_eps)
     return loss, dx, dnorm, dhead
 
 
@@ -214,7 +215,7 @@ def loss_and_grads(config: LlamaConfig, weights: LlamaWeights, tokens: np.ndarra
     for layer in layers:
         x, s = block_forward(x, layer, rope)
         saved.append(s)
-    loss, dx, dnorm, dhead = head_loss(x, weights, targets, config)
+    loss, dx, dnorm, dhead = head_loss(x, weights.final_norm, weights.head, targets, config)
     grads = {"final_norm": dnorm}
     for i in reversed(range(len(layers))):
         dx, g = block_backward(dx, saved[i], layers[i], rope)

@@ -1,0 +1,9 @@
+"""waferrt.training: training a Llama on the wafer -- AdamW, the corpus and its batcher, the off-wafer
+memory of weights and optimizer state, a step of one function per layer phase, its cost in closed form.
+
+Pure (no Ray, no sockets, no model-file readers): adamw (the optimizer), corpus (the project's docs as a
+training text; the seeded batcher), store (ParamStore: Cerebras' MemoryX for training), step (train_step:
+the phases and the streamed bytes), cost (bytes and cycles of a step). The backward math is the model's
+(``waferrt.model.backward``); the Ray actors that run a step with its store off the wafer are in
+``actors/training.py``.
+"""
