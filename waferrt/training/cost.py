@@ -15,7 +15,8 @@ Contract (the owners of the training facts; each calls the owners below it):
   the longer of its compute and its stream (``decode.streaming.stage_cycles``; a backward stage streams its
   weights in and its gradients out over the one host I/O figure, ``spec.ingress_bytes_per_s``); AdamW runs off
   the wafer, overlapped. Resident: the weights and AdamW's moments stay in SRAM, nothing streams, AdamW runs on
-  the region's cores (``ADAMW_FLOPS`` per weight, ``core.cost.flop_cycles``).
+  the region's cores (``ADAMW_FLOPS`` per weight, ``core.cost.flop_cycles``); ``resident_core_bytes`` is what
+  each core then holds (the weights, gradients and two moments, float32).
 """
 
 from __future__ import annotations
@@ -100,3 +101,12 @@ def step_cycles(spec: HardwareSpec, config: LlamaConfig, region: Region, shape: 
     backward = (stage_cycles(spec, head, 2 * streamed_bytes(config, "head", "float32", 0))
                 + config.n_layers * stage_cycles(spec, bwd, 2 * layer) + stream_cycles(spec, rows))
     return StepCycles(forward, backward, 0.0, forward + backward)
+
+
+RESIDENT_COPIES = 4  # the weights, their gradients and AdamW's two moments, float32 each
+
+
+def resident_core_bytes(config: LlamaConfig, region: Region) -> int:
+    """Bytes per core of a resident training run's weights, gradients and moments, spread over the region's
+    cores (activations not counted)."""
+    return cdiv(RESIDENT_COPIES * 4 * config.params(), region.w * region.h)

@@ -1,0 +1,244 @@
+"""``waferrt train``: train a Llama on the emulated wafer -- resident, or weight-streaming on Ray.
+
+Contract: ``add_parser(subparsers)`` registers the subcommand; ``run(args) -> int`` trains --model ('tiny',
+the small synthetic Llama with a byte vocabulary; 'smollm2'; or a Llama GGUF path) for --steps AdamW steps on
+batches of --batch sequences of --seq tokens drawn (seeded) from the project's own docs, tokenized by the
+model's tokenizer. Each step prints its loss, wall time, modelled wafer time and tokens/s (stdout; one JSON
+object with --json); a bar counts the steps on a terminal. Resident (the default): the weights, gradients and
+AdamW's moments stay in the region's SRAM (refused, one line, when they do not fit: --streaming or a larger
+--mesh); --streaming: the weights and AdamW's state live in a MemoryX actor off the wafer and stream in layer
+by layer (actors/training.py, on an embedded Ray). --save writes the trained weights as a GGUF that
+``waferrt generate --model`` loads. Every flag is checked before the weights load or Ray starts; a mistake
+is one line, exit 2.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+
+from waferrt.core.spec import PRESETS
+
+from .common import UsageError, model_path, output_path, parse_wxh, say, stamp, whole_number
+from .progress import counter, line
+
+HELP = "train a Llama on the emulated wafer (resident, or weight streaming as Cerebras does)"
+EPILOG = """\
+examples:
+  waferrt train --model tiny --steps 20                       the small synthetic Llama, resident: seconds
+  waferrt train --model tiny --steps 20 --save tiny.gguf      then: waferrt generate --model tiny.gguf --reference
+  waferrt train --model smollm2 --steps 3 --batch 1 --seq 32 --streaming   SmolLM2-135M, weights off the wafer
+
+The corpus is the project's own docs (README.md, docs/*.md) tokenized by the model's tokenizer; each step
+draws --batch windows of --seq + 1 tokens (seeded by --seed). The modelled time is the step's on a region of
+--mesh cores of the --spec wafer (default: 16x16 of 'tiny' for --model tiny, else 64x64 of wse2): MeshGEMM
+forward, a backward of twice its cost, and under --streaming every stage the longer of its compute and its
+stream (weights in, gradients out). --json prints one object: model, streaming, mesh, spec, steps (each:
+step, loss, wall_s, modelled_s, wall_tokens_per_s, modelled_tokens_per_s), bytes_in_per_step,
+bytes_out_per_step, saved."""
+
+
+def _learning_rate(text: str) -> float:
+    try:
+        lr = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number; give a learning rate such as 3e-3") from None
+    if not 0 < lr < 1:
+        raise argparse.ArgumentTypeError(f"{text} is outside (0, 1); give a learning rate such as 3e-3")
+    return lr
+
+
+def _model(text: str) -> str:
+    return text if text == "tiny" else model_path(text)
+
+
+def add_parser(sub) -> argparse.ArgumentParser:
+    p = sub.add_parser("train", help=HELP, description=__doc__.split("\n\n")[0], epilog=EPILOG,
+                       formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--model", type=_model, default="tiny",
+                   help="'tiny' (default: a small synthetic Llama), 'smollm2' or a Llama GGUF path")
+    p.add_argument("--steps", type=whole_number(1, "--steps 20", 100_000), default=20, metavar="N",
+                   help="optimizer steps (20)")
+    p.add_argument("--batch", type=whole_number(1, "--batch 4", 4096), default=4, metavar="B",
+                   help="sequences per step (4)")
+    p.add_argument("--seq", type=whole_number(1, "--seq 64", 1 << 16), default=64, metavar="S",
+                   help="tokens per sequence (64)")
+    p.add_argument("--lr", type=_learning_rate, default=3e-3, help="AdamW learning rate (3e-3)")
+    p.add_argument("--seed", type=whole_number(0, "--seed 7", (1 << 63) - 1), default=0,
+                   help="the batcher's seed (0)")
+    p.add_argument("--streaming", action="store_true",
+                   help="weight streaming: weights and AdamW state in a MemoryX actor off the wafer (Ray)")
+    p.add_argument("--mesh", type=parse_wxh, metavar="WxH", help="the region the step is modelled on")
+    p.add_argument("--spec", choices=sorted(PRESETS), help="hardware spec (tiny for --model tiny, else wse2)")
+    p.add_argument("--save", type=output_path("trained.gguf"), metavar="OUT.gguf",
+                   help="write the trained weights as a llama GGUF (F32) with the model's tokenizer")
+    p.add_argument("--json", action="store_true", help="print one JSON object instead of a line per step")
+    p.set_defaults(_run=run)
+    return p
+
+
+def _load(args):
+    """(config, weights() -> the float32 weights, tokenizer metadata, tokenizer) of --model."""
+    from waferrt.model import Tokenizer
+
+    if args.model == "tiny":
+        from waferrt.model import synthetic_llama, tiny_config
+        from waferrt.model.gguf_writer import Vocab, byte_vocabulary
+
+        config = tiny_config()
+        meta = byte_vocabulary(config, Vocab(merges=()))
+        return config, lambda: synthetic_llama(config, seed=0), meta, Tokenizer(meta)
+    from .model import ModelLoad
+
+    try:
+        load = ModelLoad(args.model)
+    except (OSError, ValueError) as e:
+        raise UsageError(f"--model {args.model}: {e}") from None
+    return load.config, load.weights, load.tokenizer.meta, load.tokenizer
+
+
+def _region(args, config):
+    """The --mesh region on the --spec wafer (checked), and the spec."""
+    from waferrt.core.mesh import Region
+    from waferrt.core.spec import spec_by_name
+    from waferrt.training.cost import resident_core_bytes
+
+    spec = spec_by_name(args.spec or ("tiny" if args.model == "tiny" else "wse2"))
+    w, h = args.mesh or ((16, 16) if args.model == "tiny" else (64, 64))
+    if w > spec.full_mesh[0] or h > spec.full_mesh[1]:
+        raise UsageError(f"--mesh {w}x{h} is larger than the {spec.name} wafer's {spec.full_mesh[0]}x"
+                         f"{spec.full_mesh[1]} cores; give a smaller --mesh or another --spec")
+    region = Region(0, 0, w, h)
+    need = resident_core_bytes(config, region)
+    if not args.streaming and need > spec.sram_bytes:
+        raise UsageError(f"resident training keeps the weights, gradients and AdamW moments in SRAM: {need:,} "
+                         f"bytes per core on {w}x{h}, more than the {spec.sram_bytes:,} of a {spec.name} core; "
+                         "add --streaming (weights off the wafer) or give a larger --mesh")
+    return spec, region
+
+
+def _check(args, config) -> None:
+    from waferrt.model.backward import check_dense
+
+    try:
+        check_dense(config)
+    except ValueError as e:
+        raise UsageError(f"--model {args.model}: {e}") from None
+    if args.seq > config.max_seq_len:
+        raise UsageError(f"--seq {args.seq} is longer than the model's context of {config.max_seq_len} tokens; "
+                         f"give --seq {min(64, config.max_seq_len)}")
+
+
+def _corpus(args, tokenizer):
+    import waferrt
+    from waferrt.training.corpus import Batcher, Corpus, project_text
+
+    try:
+        text = project_text(Path(waferrt.__file__).resolve().parents[1])
+        corpus = Corpus.encode(text, tokenizer.encode)
+        return Batcher(corpus, args.batch, args.seq, args.seed), corpus.ids.size
+    except (OSError, ValueError) as e:
+        raise UsageError(str(e)) from None
+
+
+class _Resident:
+    """The resident mode: the store and the step in this process (the region's SRAM holds everything)."""
+
+    def __init__(self, config, weights, hp):
+        from waferrt.training.store import ParamStore
+
+        self.store = ParamStore(config, weights, hp)
+
+    def step(self, tokens, step: int):
+        from waferrt.training.step import train_step
+
+        return train_step(self.store, tokens, step)
+
+    def weights(self):
+        return self.store.weights()
+
+    def close(self) -> None:
+        pass
+
+
+def _trainer(args, config, weights, hp):
+    if not args.streaming:
+        return _Resident(config, weights, hp), lambda: None
+    from waferrt.actors.session import ray_init, ray_shutdown
+    from waferrt.actors.training import StreamingTraining
+    from waferrt.model.npcache import by_reference
+
+    say("starting Ray: MemoryX (weights and AdamW state off the wafer) and the streaming region's tile")
+    started = ray_init(None)
+    try:
+        return StreamingTraining(config, by_reference(weights), hp), (ray_shutdown if started else lambda: None)
+    except BaseException:
+        if started:
+            ray_shutdown()
+        raise
+
+
+def run(args) -> int:
+    from waferrt.training.adamw import AdamW
+    from waferrt.training.cost import TrainShape, step_cycles
+
+    config, weights, meta, tokenizer = _load(args)
+    _check(args, config)
+    spec, region = _region(args, config)
+    batcher, n_tokens = _corpus(args, tokenizer)
+    shape = TrainShape(args.batch, args.seq)
+    modelled = step_cycles(spec, config, region, shape, args.streaming).seconds(spec)
+    say(f"corpus: the project's docs, {n_tokens:,} tokens; {args.steps} steps of {args.batch} x {args.seq} tokens, "
+        f"{'weight streaming' if args.streaming else 'resident'} on {region.w}x{region.h} cores of {spec.name}")
+    trainer, stop = _trainer(args, config, weights(), AdamW(lr=args.lr))
+    rows = []
+    try:
+        for i in range(1, args.steps + 1):
+            t0 = time.perf_counter()
+            report = trainer.step(batcher.rows(i - 1), i)
+            rows.append(_row(i, report, time.perf_counter() - t0, modelled, shape))
+            if not args.json:
+                line(_text(rows[-1], args.steps), sys.stdout)
+            counter("training", i, args.steps, "steps", stamp())
+        saved = _save(args, config, trainer.weights(), meta) if args.save else None
+    finally:
+        trainer.close()
+        stop()
+    _summary(args, rows, (report.bytes_in, report.bytes_out), saved, (spec, region))
+    return 0
+
+
+def _row(i: int, report, wall: float, modelled: float, shape) -> dict:
+    return {"step": i, "loss": report.loss, "wall_s": wall, "modelled_s": modelled,
+            "wall_tokens_per_s": shape.tokens / wall, "modelled_tokens_per_s": shape.tokens / modelled}
+
+
+def _text(row: dict, steps: int) -> str:
+    return (f"step {row['step']:>{len(str(steps))}}/{steps}  loss {row['loss']:.4f}  wall {row['wall_s']:.3f} s "
+            f"({row['wall_tokens_per_s']:,.0f} tok/s)  modelled {row['modelled_s'] * 1e3:.3f} ms "
+            f"({row['modelled_tokens_per_s']:,.0f} tok/s)")
+
+
+def _save(args, config, weights, meta) -> str:
+    from waferrt.model.gguf_writer import write_model
+
+    write_model(Path(args.save), config, weights, meta)
+    say(f"saved the trained weights to {args.save} (waferrt generate --model {args.save})")
+    return args.save
+
+
+def _summary(args, rows: list[dict], traffic: tuple[int, int], saved, where) -> None:
+    spec, region = where
+    if args.json:
+        print(json.dumps({"model": args.model, "streaming": args.streaming, "mesh": f"{region.w}x{region.h}",
+                          "spec": spec.name, "steps": rows, "bytes_in_per_step": traffic[0],
+                          "bytes_out_per_step": traffic[1], "saved": saved}))
+        return
+    wall = sum(r["wall_s"] for r in rows)
+    print(f"trained {len(rows)} steps: loss {rows[0]['loss']:.4f} -> {rows[-1]['loss']:.4f}; wall {wall:.2f} s; "
+          f"modelled {rows[0]['modelled_s'] * 1e3:.3f} ms per step; streamed per step: "
+          f"{traffic[0] / 1e6:.2f} MB in, {traffic[1] / 1e6:.2f} MB out"
+          + ("" if args.streaming else " (resident: counted as if streamed, nothing crosses)"))
