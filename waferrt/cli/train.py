@@ -1,7 +1,7 @@
 """``waferrt train``: train a Llama on the emulated wafer -- resident, or weight-streaming on Ray.
 
 Contract: ``add_parser(subparsers)`` registers the subcommand; ``run(args) -> int`` trains --model ('tiny',
-the small synthetic Llama with a byte vocabulary; 'smollm2'; or a Llama GGUF path) for --steps AdamW steps on
+the small synthetic Llama with a byte-level vocabulary of TINY_VOCAB tokens; 'smollm2'; or a Llama GGUF path) for --steps AdamW steps on
 batches of --batch sequences of --seq tokens drawn (seeded) from the project's own docs, tokenized by the
 model's tokenizer. Each step prints its loss, wall time, modelled wafer time and tokens/s (stdout; one JSON
 object with --json); a bar counts the steps on a terminal. Resident (the default): the weights, gradients and
@@ -15,20 +15,26 @@ is one line, exit 2.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import sys
 import time
 from pathlib import Path
+
+import numpy as np
 
 from waferrt.core.spec import PRESETS
 
 from .common import UsageError, model_path, output_path, parse_wxh, say, stamp, whole_number
 from .progress import counter, line
 
+TINY_VOCAB = 264  # --model tiny: the 256 byte tokens, the merge "Ġt", unused padding
+
 HELP = "train a Llama on the emulated wafer (resident, or weight streaming as Cerebras does)"
 EPILOG = """\
 examples:
   waferrt train --model tiny --steps 20                       the small synthetic Llama, resident: seconds
+  waferrt train --model tiny --steps 5 --check                each step's gradients against the numpy reference
   waferrt train --model tiny --steps 20 --save tiny.gguf      then: waferrt generate --model tiny.gguf --reference
   waferrt train --model smollm2 --steps 3 --batch 1 --seq 32 --streaming   SmolLM2-135M, weights off the wafer
 
@@ -37,7 +43,8 @@ draws --batch windows of --seq + 1 tokens (seeded by --seed). The modelled time 
 --mesh cores of the --spec wafer (default: 16x16 of 'tiny' for --model tiny, else 64x64 of wse2): MeshGEMM
 forward, a backward of twice its cost, and under --streaming every stage the longer of its compute and its
 stream (weights in, gradients out). --json prints one object: model, streaming, mesh, spec, steps (each:
-step, loss, wall_s, modelled_s, wall_tokens_per_s, modelled_tokens_per_s), bytes_in_per_step,
+step, loss, wall_s, modelled_s, wall_tokens_per_s, modelled_tokens_per_s; grad_error with --check),
+bytes_in_per_step,
 bytes_out_per_step, saved."""
 
 
@@ -75,6 +82,9 @@ def add_parser(sub) -> argparse.ArgumentParser:
     p.add_argument("--spec", choices=sorted(PRESETS), help="hardware spec (tiny for --model tiny, else wse2)")
     p.add_argument("--save", type=output_path("trained.gguf"), metavar="OUT.gguf",
                    help="write the trained weights as a llama GGUF (F32) with the model's tokenizer")
+    p.add_argument("--check", action="store_true",
+                   help="each step, compare the gradients applied with the numpy reference's (model.backward) at the "
+                        "same weights: prints the largest relative difference")
     p.add_argument("--json", action="store_true", help="print one JSON object instead of a line per step")
     p.set_defaults(_run=run)
     return p
@@ -88,8 +98,8 @@ def _load(args):
         from waferrt.model import synthetic_llama, tiny_config
         from waferrt.model.gguf_writer import Vocab, byte_vocabulary
 
-        config = tiny_config()
-        meta = byte_vocabulary(config, Vocab(merges=()))
+        config = dataclasses.replace(tiny_config(), vocab_size=TINY_VOCAB)
+        meta = byte_vocabulary(config, Vocab(("Ġ t",), ("Ġt",)))  # a GGUF's BPE has at least one merge
         return config, lambda: synthetic_llama(config, seed=0), meta, Tokenizer(meta)
     from .model import ModelLoad
 
@@ -160,6 +170,9 @@ class _Resident:
     def weights(self):
         return self.store.weights()
 
+    def last_grads(self) -> dict:
+        return self.store.last_grads
+
     def close(self) -> None:
         pass
 
@@ -197,9 +210,12 @@ def run(args) -> int:
     rows = []
     try:
         for i in range(1, args.steps + 1):
+            tokens, before = batcher.rows(i - 1), _copy(config, trainer.weights()) if args.check else None
             t0 = time.perf_counter()
-            report = trainer.step(batcher.rows(i - 1), i)
+            report = trainer.step(tokens, i)
             rows.append(_row(i, report, time.perf_counter() - t0, modelled, shape))
+            if before is not None:
+                rows[-1]["grad_error"] = _grad_error(config, before, tokens, trainer.last_grads())
             if not args.json:
                 line(_text(rows[-1], args.steps), sys.stdout)
             counter("training", i, args.steps, "steps", stamp())
@@ -211,6 +227,23 @@ def run(args) -> int:
     return 0
 
 
+def _copy(config, weights):
+    """A copy of the weights as they are now (the reference's gradients are taken at them)."""
+    from waferrt.model.backward import named_arrays
+    from waferrt.model.weights import assemble
+
+    return assemble(config, ((n, np.array(a)) for n, a in named_arrays(weights).items()))
+
+
+def _grad_error(config, before, tokens, got: dict) -> float:
+    """The largest difference of a weight's gradient from the reference's, relative to the largest entry of
+    the reference's gradient of that weight."""
+    from waferrt.model.backward import loss_and_grads
+
+    want = loss_and_grads(config, before, tokens)[1]
+    return max(float(np.max(np.abs(got[n] - g)) / max(float(np.max(np.abs(g))), 1e-30)) for n, g in want.items())
+
+
 def _row(i: int, report, wall: float, modelled: float, shape) -> dict:
     return {"step": i, "loss": report.loss, "wall_s": wall, "modelled_s": modelled,
             "wall_tokens_per_s": shape.tokens / wall, "modelled_tokens_per_s": shape.tokens / modelled}
@@ -219,7 +252,8 @@ def _row(i: int, report, wall: float, modelled: float, shape) -> dict:
 def _text(row: dict, steps: int) -> str:
     return (f"step {row['step']:>{len(str(steps))}}/{steps}  loss {row['loss']:.4f}  wall {row['wall_s']:.3f} s "
             f"({row['wall_tokens_per_s']:,.0f} tok/s)  modelled {row['modelled_s'] * 1e3:.3f} ms "
-            f"({row['modelled_tokens_per_s']:,.0f} tok/s)")
+            f"({row['modelled_tokens_per_s']:,.0f} tok/s)"
+            + (f"  gradients vs the reference: {row['grad_error']:.1e}" if "grad_error" in row else ""))
 
 
 def _save(args, config, weights, meta) -> str:
