@@ -15,6 +15,8 @@ the step waits for its last push. ``step(tokens, step)`` returns the tile's Step
 
 from __future__ import annotations
 
+import dataclasses
+
 import ray
 from ray.exceptions import GetTimeoutError
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
@@ -38,10 +40,14 @@ def _get(ref, what: str):
 
 
 class TrainMemoryX(ParamStore):
-    """The MemoryX actor's class: a ParamStore over the weights, resolved (mapped) here."""
+    """The MemoryX actor's class: a ParamStore over the weights, resolved (mapped) here (a tied head, mapped
+    apart from the embedding, is tied again)."""
 
     def __init__(self, config, weights, hp):
-        super().__init__(config, resolve(weights), hp)
+        weights = resolve(weights)
+        if config.tie_embeddings:
+            weights = dataclasses.replace(weights, head=weights.embed)
+        super().__init__(config, weights, hp)
 
     def grads(self) -> dict:
         return self.last_grads
