@@ -15,7 +15,15 @@ from waferrt.model import synthetic_llama, tiny_config
 from waferrt.model.backward import loss_and_grads
 from waferrt.training.adamw import AdamW, Moments, adamw_update
 from waferrt.training.corpus import Batcher, Corpus, project_text
-from waferrt.training.cost import TrainShape, step_cycles, step_stream_bytes
+from waferrt.core.cost import flop_cycles
+from waferrt.training.cost import (
+    TrainShape,
+    head_forward_cycles,
+    layer_forward_cycles,
+    resident_core_bytes,
+    step_cycles,
+    step_stream_bytes,
+)
 from waferrt.training.store import ParamStore
 from waferrt.training.step import train_step
 
@@ -99,3 +107,19 @@ def test_streaming_a_step_costs_at_least_its_stream():
     in_out = sum(step_stream_bytes(config, shape))
     assert streamed.total >= in_out * spec.clock_hz / spec.ingress_bytes_per_s
     assert resident.total < streamed.total and resident.optimizer > 0 == streamed.optimizer
+
+
+def test_the_training_facts_by_hand():
+    """The tiny Llama (vocab 256, dim 64, 3 layers, kv_dim 32, hidden 128): a layer is 64*64*2 + 64*32*2 +
+    3*64*128 + 2*64 = 36,992 weights, the model 256*64 + 3*36,992 + 64 = 127,424."""
+    config, shape = tiny_config(), TrainShape(4, 64)
+    layer, head, rows = 36_992 * 4, (256 + 1) * 64 * 4, 4 * 64 * 64 * 4
+    assert step_stream_bytes(config, shape) == (rows + 2 * 3 * layer + head, 3 * layer + head + rows)
+    assert step_stream_bytes(config, shape) == (1_019_136, 575_232)
+    assert resident_core_bytes(config, Region(0, 0, 16, 16)) == -(-127_424 * 16 // 256) == 7_964
+    spec, region = spec_by_name("tiny"), Region(0, 0, 16, 16)
+    fwd, head_fwd = layer_forward_cycles(spec, config, region, 64), head_forward_cycles(spec, config, region, 256)
+    resident = step_cycles(spec, config, region, shape, streaming=False)
+    assert resident.forward == 3 * 4 * fwd
+    assert resident.backward == 3 * 2 * 4 * fwd + 3 * head_fwd
+    assert resident.optimizer == flop_cycles(spec, -(-15 * 127_424 // 256))

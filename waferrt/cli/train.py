@@ -29,6 +29,7 @@ from .common import UsageError, model_path, output_path, parse_wxh, say, stamp, 
 from .progress import counter, line
 
 TINY_VOCAB = 264  # --model tiny: the 256 byte tokens, the merge "Ġt", unused padding
+TINY_LR, FINE_TUNE_LR = 3e-3, 3e-5  # --lr's defaults: the tiny model learns from scratch; a real one is fine-tuned
 
 HELP = "train a Llama on the emulated wafer (resident, or weight streaming as Cerebras does)"
 EPILOG = """\
@@ -73,7 +74,8 @@ def add_parser(sub) -> argparse.ArgumentParser:
                    help="sequences per step (4)")
     p.add_argument("--seq", type=whole_number(1, "--seq 64", 1 << 16), default=64, metavar="S",
                    help="tokens per sequence (64)")
-    p.add_argument("--lr", type=_learning_rate, default=3e-3, help="AdamW learning rate (3e-3)")
+    p.add_argument("--lr", type=_learning_rate, default=None,
+                   help="AdamW learning rate (3e-3 for the tiny model from scratch, 3e-5 to fine-tune a trained one)")
     p.add_argument("--seed", type=whole_number(0, "--seed 7", (1 << 63) - 1), default=0,
                    help="the batcher's seed (0)")
     p.add_argument("--streaming", action="store_true",
@@ -206,7 +208,8 @@ def run(args) -> int:
     modelled = step_cycles(spec, config, region, shape, args.streaming).seconds(spec)
     say(f"corpus: the project's docs, {n_tokens:,} tokens; {args.steps} steps of {args.batch} x {args.seq} tokens, "
         f"{'weight streaming' if args.streaming else 'resident'} on {region.w}x{region.h} cores of {spec.name}")
-    trainer, stop = _trainer(args, config, weights(), AdamW(lr=args.lr))
+    lr = args.lr or (TINY_LR if args.model == "tiny" else FINE_TUNE_LR)
+    trainer, stop = _trainer(args, config, weights(), AdamW(lr=lr))
     rows = []
     try:
         for i in range(1, args.steps + 1):
