@@ -24,7 +24,8 @@ from waferrt.training.cost import (
     step_cycles,
     step_stream_bytes,
 )
-from waferrt.training.store import ParamStore
+from waferrt.training.faults import CorruptGradient, TrainingFault, corrupt, payload_crc
+from waferrt.training.store import ParamStore, Push
 from waferrt.training.step import train_step
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
@@ -123,3 +124,34 @@ def test_the_training_facts_by_hand():
     assert resident.forward == 3 * 4 * fwd
     assert resident.backward == 3 * 2 * 4 * fwd + 3 * head_fwd
     assert resident.optimizer == flop_cycles(spec, -(-15 * 127_424 // 256))
+
+
+def test_a_corrupted_payload_is_refused_and_a_stale_one_dropped():
+    config = tiny_config()
+    store = ParamStore(config, synthetic_llama(config))
+    toks = rows(config, 1, 8)
+    store.begin_step(epoch=1)
+    train_step(store, toks, 1, epoch=1)
+    grads = {f: store.last_grads[f"layers[0].{f}"] for f in ("wq", "wk")}
+    good = payload_crc(grads)
+    before = store.params["layers[0].wq"].copy()
+    with pytest.raises(CorruptGradient, match="layer 0's gradients of step 2 arrived corrupted"):
+        store.push_layer(0, corrupt(grads, 1, seed=0), Push(2, good, epoch=1))
+    store.push_layer(0, grads, Push(2, good, epoch=0))  # a dead tile's late push: another attempt's
+    assert np.array_equal(store.params["layers[0].wq"], before)
+    store.begin_step(epoch=2)
+    train_step(store, toks, 2, epoch=2)
+    store.rollback()
+    assert np.array_equal(store.params["layers[0].wq"], before) and store.last_grads == {}
+
+
+@pytest.mark.parametrize("text, want", [("tile:2", TrainingFault("tile", 2)),
+                                        ("corrupt:3:1", TrainingFault("corrupt", 3, 1))])
+def test_a_training_fault_reads_from_its_text(text, want):
+    assert TrainingFault.parse(text) == want
+
+
+@pytest.mark.parametrize("text", ["meteor:2", "tile", "tile:0", "tile:x", "corrupt:1:2:3"])
+def test_a_bad_training_fault_names_its_form(text):
+    with pytest.raises(ValueError, match="KIND:STEP"):
+        TrainingFault.parse(text)

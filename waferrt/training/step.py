@@ -1,12 +1,13 @@
 """A training step as the wafer runs it under weight streaming: one function per layer phase, every streamed
 byte counted.
 
-Contract: ``train_step(store, tokens, step, phases) -> StepReport`` runs optimizer step `step` (1, 2, ...)
+Contract: ``train_step(store, tokens, step, phases, epoch) -> StepReport`` runs optimizer step `step` (1, 2, ...)
 on the rows tokens (B, S+1): the embedding rows of the inputs stream in, then each layer's weights (the
 forward, ``phases.forward``, keeping its activations on the wafer), the head (``phases.head``: the final norm,
 the logits, the loss and their backward), each layer's weights again from the last to the first
 (``phases.backward``), and each layer's gradients stream out as soon as they are whole, to be applied by
-AdamW off the wafer; the final norm's, the head's and the embedding rows' gradients go last. `store` is
+AdamW off the wafer; the final norm's, the head's and the embedding rows' gradients go last. Every payload
+goes out with its CRC (``faults.payload_crc``), which the store checks. `store` is
 anything with ParamStore's ``rows/layer/head/push_layer/push_top`` (the in-process ParamStore: the resident
 mode; a client of the MemoryX actor: weight streaming on Ray). StepReport's bytes_in / bytes_out are the
 nbytes of every array that crossed, counted as they cross (``cost.step_stream_bytes`` is their closed form).
@@ -26,7 +27,8 @@ import numpy as np
 from waferrt.model import backward
 from waferrt.model.reference import Layer, Rope
 
-from .store import TopGrads
+from .faults import payload_crc
+from .store import Push, TopGrads
 
 
 @dataclass(frozen=True)
@@ -66,8 +68,8 @@ def _nbytes(x) -> int:
     return sum(_nbytes(v) for v in x.arrays().values())  # a LayerWeights
 
 
-def train_step(store, tokens: np.ndarray, step: int, phases: Phases = REFERENCE) -> StepReport:
-    """One optimizer step on tokens (B, S+1); see the module docstring."""
+def train_step(store, tokens: np.ndarray, step: int, phases: Phases = REFERENCE, epoch: int = 0) -> StepReport:
+    """One optimizer step on tokens (B, S+1), attempt `epoch` of it; see the module docstring."""
     config = store.config
     inputs, targets = backward.split_tokens(config, tokens)
     rope = Rope.at(np.arange(inputs.shape[1]), config)  # cos, sin (S, hd//2)
@@ -85,9 +87,9 @@ def train_step(store, tokens: np.ndarray, step: int, phases: Phases = REFERENCE)
         lw = store.layer(i)
         seen_in.append(_nbytes(lw))
         dx, grads = phases.backward(dx, saved.pop(), Layer(lw, config), rope)
-        store.push_layer(i, grads, step)
+        store.push_layer(i, grads, Push(step, payload_crc(grads), epoch))
         seen_out.append(_nbytes(grads))
     out = TopGrads(dnorm, dhead, dx, inputs)
-    store.push_top(out, step)
+    store.push_top(out, Push(step, payload_crc(out.arrays()), epoch))
     seen_out.append(dnorm.nbytes + dhead.nbytes + dx.nbytes)
     return StepReport(loss, sum(seen_in), sum(seen_out))
