@@ -290,6 +290,10 @@ CASES = [
     ("train resident beyond the SRAM", ["train", "--mesh", "2x2"],
      "511,744 bytes per core on 2x2, more than the 16,384 of a tiny core; add --streaming"),
     ("train mesh beyond the wafer", ["train", "--mesh", "100x100"], "larger than the tiny wafer's 64x64 cores"),
+    ("train fault without streaming", ["train", "--fault", "tile:2"], "--fault strikes the streaming region's tile"),
+    ("train fault of another kind", ["train", "--fault", "meteor:2"], "'meteor:2' is not a training fault"),
+    ("train fault after the run", ["train", "--steps", "3", "--streaming", "--fault", "corrupt:5"],
+     "--fault corrupt:5:0 strikes after the run: give a step of 1..3"),
 ]
 
 

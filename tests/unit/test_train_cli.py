@@ -25,7 +25,7 @@ def test_tiny_trains_with_a_falling_loss_and_the_references_gradients(capsys):
     assert len(losses) == 8 and losses[-1] < losses[0] - 0.5, losses
     assert all(s["grad_error"] == 0.0 for s in out["steps"])  # the reference's very functions, resident
     assert all(s["modelled_s"] > 0 and s["wall_tokens_per_s"] > 0 for s in out["steps"])
-    assert not out["streaming"] and out["bytes_in_per_step"] > out["bytes_out_per_step"] > 0
+    assert not out["streaming"] and out["steps"][0]["bytes_in"] > out["steps"][0]["bytes_out"] > 0
 
 
 def test_the_saved_gguf_holds_the_trained_weights_and_decodes(capsys, tmp_path):

@@ -36,6 +36,7 @@ EPILOG = """\
 examples:
   waferrt train --model tiny --steps 20                       the small synthetic Llama, resident: seconds
   waferrt train --model tiny --steps 5 --check                each step's gradients against the numpy reference
+  waferrt train --steps 6 --streaming --fault tile:2:1 --fault corrupt:4   faults during training, then compared
   waferrt train --model tiny --steps 20 --save tiny.gguf      then: waferrt generate --model tiny.gguf --reference
   waferrt train --model smollm2 --steps 3 --batch 1 --seq 32 --streaming   SmolLM2-135M, weights off the wafer
 
@@ -44,9 +45,8 @@ draws --batch windows of --seq + 1 tokens (seeded by --seed). The modelled time 
 --mesh cores of the --spec wafer (default: 16x16 of 'tiny' for --model tiny, else 64x64 of wse2): MeshGEMM
 forward, a backward of twice its cost, and under --streaming every stage the longer of its compute and its
 stream (weights in, gradients out). --json prints one object: model, streaming, mesh, spec, steps (each:
-step, loss, wall_s, modelled_s, wall_tokens_per_s, modelled_tokens_per_s; grad_error with --check),
-bytes_in_per_step,
-bytes_out_per_step, saved."""
+step, loss, wall_s, modelled_s, bytes_in, bytes_out, wall_tokens_per_s, modelled_tokens_per_s; grad_error
+with --check; recoveries and, last, identical_to_fault_free with --fault), saved."""
 
 
 def _learning_rate(text: str) -> float:
@@ -57,6 +57,15 @@ def _learning_rate(text: str) -> float:
     if not 0 < lr < 1:
         raise argparse.ArgumentTypeError(f"{text} is outside (0, 1); give a learning rate such as 3e-3")
     return lr
+
+
+def _fault(text: str):
+    from waferrt.training.faults import TrainingFault
+
+    try:
+        return TrainingFault.parse(text)
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
 
 
 def _model(text: str) -> str:
@@ -80,6 +89,9 @@ def add_parser(sub) -> argparse.ArgumentParser:
                    help="the batcher's seed (0)")
     p.add_argument("--streaming", action="store_true",
                    help="weight streaming: weights and AdamW state in a MemoryX actor off the wafer (Ray)")
+    p.add_argument("--fault", type=_fault, action="append", metavar="KIND:STEP[:LAYER]",
+                   help="with --streaming: the tile dies (tile) or a gradient payload is corrupted (corrupt) at this "
+                        "step and layer; the step is redone, and the weights compared with a fault-free run's")
     p.add_argument("--mesh", type=parse_wxh, metavar="WxH", help="the region the step is modelled on")
     p.add_argument("--spec", choices=sorted(PRESETS), help="hardware spec (tiny for --model tiny, else wse2)")
     p.add_argument("--save", type=output_path("trained.gguf"), metavar="OUT.gguf",
@@ -139,6 +151,12 @@ def _check(args, config) -> None:
         check_dense(config)
     except ValueError as e:
         raise UsageError(f"--model {args.model}: {e}") from None
+    if args.fault and not args.streaming:
+        raise UsageError("--fault strikes the streaming region's tile and its gradient payloads: add --streaming")
+    late = next((f for f in args.fault or () if f.step > args.steps or f.layer >= config.n_layers), None)
+    if late is not None:
+        raise UsageError(f"--fault {late.kind}:{late.step}:{late.layer} strikes after the run: give a step of 1.."
+                         f"{args.steps} and a layer of 0..{config.n_layers - 1}")
     if args.seq > config.max_seq_len:
         raise UsageError(f"--seq {args.seq} is longer than the model's context of {config.max_seq_len} tokens; "
                          f"give --seq {min(64, config.max_seq_len)}")
@@ -180,6 +198,7 @@ class _Resident:
 
 
 def _trainer(args, config, weights, hp):
+    """(the trainer, stop: what to call when done) -- in this process, or on an embedded Ray (--streaming)."""
     if not args.streaming:
         return _Resident(config, weights, hp), lambda: None
     from waferrt.actors.session import ray_init, ray_shutdown
@@ -189,7 +208,8 @@ def _trainer(args, config, weights, hp):
     say("starting Ray: MemoryX (weights and AdamW state off the wafer) and the streaming region's tile")
     started = ray_init(None)
     try:
-        return StreamingTraining(config, by_reference(weights), hp), (ray_shutdown if started else lambda: None)
+        trainer = StreamingTraining(config, by_reference(weights), hp, args.fault or ())
+        return trainer, (ray_shutdown if started else lambda: None)
     except BaseException:
         if started:
             ray_shutdown()
@@ -208,26 +228,58 @@ def run(args) -> int:
     modelled = step_cycles(spec, config, region, shape, args.streaming).seconds(spec)
     say(f"corpus: the project's docs, {n_tokens:,} tokens; {args.steps} steps of {args.batch} x {args.seq} tokens, "
         f"{'weight streaming' if args.streaming else 'resident'} on {region.w}x{region.h} cores of {spec.name}")
-    lr = args.lr or (TINY_LR if args.model == "tiny" else FINE_TUNE_LR)
-    trainer, stop = _trainer(args, config, weights(), AdamW(lr=lr))
-    rows = []
+    hp = AdamW(lr=args.lr or (TINY_LR if args.model == "tiny" else FINE_TUNE_LR))
+    trainer, stop = _trainer(args, config, weights(), hp)
     try:
-        for i in range(1, args.steps + 1):
-            tokens, before = batcher.rows(i - 1), _copy(config, trainer.weights()) if args.check else None
-            t0 = time.perf_counter()
-            report = trainer.step(tokens, i)
-            rows.append(_row(i, report, time.perf_counter() - t0, modelled, shape))
-            if before is not None:
-                rows[-1]["grad_error"] = _grad_error(config, before, tokens, trainer.last_grads())
-            if not args.json:
-                line(_text(rows[-1], args.steps), sys.stdout)
-            counter("training", i, args.steps, "steps", stamp())
+        rows = _steps(args, config, trainer, batcher, lambda i, report, wall: _row(i, report, wall, modelled, shape))
         saved = _save(args, config, trainer.weights(), meta) if args.save else None
+        if args.fault:
+            rows[-1]["identical_to_fault_free"] = _fault_free(args, (config, weights(), hp), batcher, trainer)
     finally:
         trainer.close()
         stop()
-    _summary(args, rows, (report.bytes_in, report.bytes_out), saved, (spec, region))
+    _summary(args, rows, saved, (spec, region))
     return 0
+
+
+def _steps(args, config, trainer, batcher, row) -> list[dict]:
+    """Run the steps: a line per step (its --check, its recoveries), the bar; the rows of the JSON."""
+    rows, seen = [], 0
+    for i in range(1, args.steps + 1):
+        tokens, before = batcher.rows(i - 1), _copy(config, trainer.weights()) if args.check else None
+        t0 = time.perf_counter()
+        report = trainer.step(tokens, i)
+        rows.append(row(i, report, time.perf_counter() - t0))
+        if before is not None:
+            rows[-1]["grad_error"] = _grad_error(config, before, tokens, trainer.last_grads())
+        recoveries = getattr(trainer, "recoveries", [])[seen:]  # the resident mode arms no faults
+        seen += len(recoveries)
+        for text in recoveries:
+            say(f"fault: {text}")
+        if args.fault:
+            rows[-1]["recoveries"] = recoveries
+        if not args.json:
+            line(_text(rows[-1], args.steps), sys.stdout)
+        counter("training", i, args.steps, "steps", stamp())
+    return rows
+
+
+def _fault_free(args, model, batcher, trainer) -> bool:
+    """Train the same steps again without faults: are the weights the faulted run's, bit for bit?"""
+    from waferrt.actors.training import StreamingTraining
+    from waferrt.model.backward import named_arrays
+    from waferrt.model.npcache import by_reference
+
+    config, weights, hp = model
+    say("the same steps without faults, to compare the weights")
+    with StreamingTraining(config, by_reference(weights), hp) as clean:
+        for i in range(1, args.steps + 1):
+            clean.step(batcher.rows(i - 1), i)
+        want = named_arrays(clean.weights())
+    got = named_arrays(trainer.weights())
+    same = all(np.array_equal(got[n], a) for n, a in want.items())
+    say(f"weights identical to the fault-free run's: {'yes' if same else 'NO'}")
+    return same
 
 
 def _copy(config, weights):
@@ -248,7 +300,8 @@ def _grad_error(config, before, tokens, got: dict) -> float:
 
 
 def _row(i: int, report, wall: float, modelled: float, shape) -> dict:
-    return {"step": i, "loss": report.loss, "wall_s": wall, "modelled_s": modelled,
+    return {"step": i, "loss": report.loss, "wall_s": wall, "modelled_s": modelled, "bytes_in": report.bytes_in,
+            "bytes_out": report.bytes_out,
             "wall_tokens_per_s": shape.tokens / wall, "modelled_tokens_per_s": shape.tokens / modelled}
 
 
@@ -267,15 +320,14 @@ def _save(args, config, weights, meta) -> str:
     return args.save
 
 
-def _summary(args, rows: list[dict], traffic: tuple[int, int], saved, where) -> None:
+def _summary(args, rows: list[dict], saved, where) -> None:
     spec, region = where
     if args.json:
         print(json.dumps({"model": args.model, "streaming": args.streaming, "mesh": f"{region.w}x{region.h}",
-                          "spec": spec.name, "steps": rows, "bytes_in_per_step": traffic[0],
-                          "bytes_out_per_step": traffic[1], "saved": saved}))
+                          "spec": spec.name, "steps": rows, "saved": saved}))
         return
     wall = sum(r["wall_s"] for r in rows)
     print(f"trained {len(rows)} steps: loss {rows[0]['loss']:.4f} -> {rows[-1]['loss']:.4f}; wall {wall:.2f} s; "
           f"modelled {rows[0]['modelled_s'] * 1e3:.3f} ms per step; streamed per step: "
-          f"{traffic[0] / 1e6:.2f} MB in, {traffic[1] / 1e6:.2f} MB out"
+          f"{rows[-1]['bytes_in'] / 1e6:.2f} MB in, {rows[-1]['bytes_out'] / 1e6:.2f} MB out"
           + ("" if args.streaming else " (resident: counted as if streamed, nothing crosses)"))
