@@ -27,9 +27,9 @@ from ray.exceptions import ActorDiedError, GetTimeoutError
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
 from waferrt.model.npcache import resolve
-from waferrt.training.store import ParamStore
 from waferrt.training.faults import CorruptGradient, corrupt
 from waferrt.training.step import REFERENCE, train_step
+from waferrt.training.store import ParamStore
 
 MAX_REDOS = 3  # a step redone more often than this is a failure, not a fault
 WAIT_S = 300.0  # the longest a block, a push or a whole step may take (SmolLM2's step on a loaded machine)

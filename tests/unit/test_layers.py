@@ -31,7 +31,7 @@ ALLOWED = {
     "decode": {"core", "faults", "fabric", "kernels", "model"},
     "scheduler": {"core", "model", "decode"},
     "serving": {"core", "faults", "fabric", "kernels", "model", "decode", "scheduler"},
-    "training": {"core", "faults", "model", "decode"},  # AdamW, the corpus, the off-wafer store, a step's phases and cost
+    "training": {"core", "faults", "model", "decode"},  # AdamW, corpus, off-wafer store, a step and its cost
     "actors": PURE,  # the tiles run the serving loop
     "inject": PURE | {"actors"},  # faults into the tiles (the Wafer's fault session)
     "dsm": PURE | {"actors", "inject"},  # the Wafer's named tensors in the tiles

@@ -9,13 +9,13 @@ import pathlib
 import numpy as np
 import pytest
 
+from waferrt.core.cost import flop_cycles
 from waferrt.core.mesh import Region
 from waferrt.core.spec import spec_by_name
 from waferrt.model import synthetic_llama, tiny_config
 from waferrt.model.backward import loss_and_grads
 from waferrt.training.adamw import AdamW, Moments, adamw_update
 from waferrt.training.corpus import Batcher, Corpus, project_text
-from waferrt.core.cost import flop_cycles
 from waferrt.training.cost import (
     TrainShape,
     head_forward_cycles,
@@ -25,8 +25,8 @@ from waferrt.training.cost import (
     step_stream_bytes,
 )
 from waferrt.training.faults import CorruptGradient, TrainingFault, corrupt, payload_crc
-from waferrt.training.store import ParamStore, Push
 from waferrt.training.step import train_step
+from waferrt.training.store import ParamStore, Push
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 

@@ -1,15 +1,16 @@
 """``waferrt train``: train a Llama on the emulated wafer -- resident, or weight-streaming on Ray.
 
 Contract: ``add_parser(subparsers)`` registers the subcommand; ``run(args) -> int`` trains --model ('tiny',
-the small synthetic Llama with a byte-level vocabulary of TINY_VOCAB tokens; 'smollm2'; or a Llama GGUF path) for --steps AdamW steps on
-batches of --batch sequences of --seq tokens drawn (seeded) from the project's own docs, tokenized by the
-model's tokenizer. Each step prints its loss, wall time, modelled wafer time and tokens/s (stdout; one JSON
-object with --json); a bar counts the steps on a terminal. Resident (the default): the weights, gradients and
-AdamW's moments stay in the region's SRAM (refused, one line, when they do not fit: --streaming or a larger
---mesh); --streaming: the weights and AdamW's state live in a MemoryX actor off the wafer and stream in layer
-by layer (actors/training.py, on an embedded Ray). --save writes the trained weights as a GGUF that
-``waferrt generate --model`` loads. Every flag is checked before the weights load or Ray starts; a mistake
-is one line, exit 2.
+the small synthetic Llama with a byte-level vocabulary of TINY_VOCAB tokens; 'smollm2'; or a Llama GGUF
+path) for --steps AdamW steps on batches of --batch sequences of --seq tokens drawn (seeded) from the
+project's own docs, tokenized by the model's tokenizer. Each step prints its loss, wall time, modelled wafer
+time and tokens/s (stdout; one JSON object with --json); a bar counts the steps on a terminal. Resident (the
+default): the weights, gradients and AdamW's moments stay in the region's SRAM (refused, one line, when they
+do not fit: --streaming or a larger --mesh); --streaming: the weights and AdamW's state live in a MemoryX
+actor off the wafer and stream in layer by layer (actors/training.py, on an embedded Ray); --fault makes a
+tile die or a gradient payload arrive corrupted, the step is redone and the weights compared with a
+fault-free rerun's. --save writes the trained weights as a GGUF that ``waferrt generate --model`` loads.
+Every flag is checked before the weights load or Ray starts; a mistake is one line, exit 2.
 """
 
 from __future__ import annotations

@@ -6,13 +6,14 @@ embedding), AdamW's moments (zero) and the hyper-parameters. It serves what stre
 ``head()`` (the final norm and the head's table) -- and takes what streams out: ``push_layer(i, grads,
 push)`` (a layer's weight gradients, applied at once: nothing else of the step reads that layer again) and
 ``push_top(top, push)`` (the final norm's and the head's gradients and the embedding rows' gradients,
-scattered into the table here, off the wafer). Every push carries a :class:`Push` (step, its payload's CRC, the attempt: a push of another attempt than
-``begin_step``'s is dropped); the CRC is checked here
-(``faults.check_payload``: CorruptGradient) before ``adamw_update`` runs on the named weights;
+scattered into the table here, off the wafer). Every push carries a :class:`Push` (its step, its payload's
+CRC, its attempt: a push of another attempt than ``begin_step``'s is dropped); the CRC is checked here
+(``faults.check_payload``: CorruptGradient) before ``adamw_update`` runs on the named weights.
 ``last_grads`` holds the last step's gradients by weight name (``backward.named_arrays``' names), what a
 test compares with the reference's. ``weights()`` is a LlamaWeights view of the current weights;
 ``snapshot()`` / ``restore(snap)`` copy the weights and the moments out and back; ``begin_step()`` keeps
-such a copy and ``rollback()`` returns to it (the last good state a faulted step is redone from). Pure: no Ray (the Ray actor wrapping it lives in actors/training.py).
+such a copy and ``rollback()`` returns to it (the last good state a faulted step is redone from).
+Pure: no Ray (the Ray actor wrapping it lives in actors/training.py).
 """
 
 from __future__ import annotations
@@ -57,10 +58,10 @@ class Push:
 
 
 class ParamStore:
-    def __init__(self, config: LlamaConfig, weights: LlamaWeights, hp: AdamW = AdamW()):
+    def __init__(self, config: LlamaConfig, weights: LlamaWeights, hp: AdamW | None = None):
         check_dense(config)
         weights.check(config)
-        self.config, self.hp = config, hp
+        self.config, self.hp = config, hp or AdamW()
         self.params = {n: np.array(a, dtype=np.float32, copy=True) for n, a in named_arrays(weights).items()}
         self.moments = {n: Moments.zeros(a) for n, a in self.params.items()}
         self.last_grads: dict[str, np.ndarray] = {}
