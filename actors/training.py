@@ -123,7 +123,8 @@ class StreamingTraining:
 
     def __init__(self, config, weights, hp, faults=()):
         node = NodeAffinitySchedulingStrategy(ray.get_runtime_context().get_node_id(), soft=False)
-        self.config, self.faults, self.epoch, self.recoveries = config, list(faults), 0, []
+        self.config, self.epoch, self.recoveries = config, 0, []
+        self.faults = sorted(faults, key=lambda f: (f.step, -f.layer))  # in the order they strike (backward: L-1..0)
         self.memoryx = TrainMemoryXActor.options(scheduling_strategy=node).remote(config, weights, hp)
         self.tile = None
         try:

@@ -4,6 +4,8 @@ and the weights after N steps are the fault-free run's, bit for bit."""
 
 from __future__ import annotations
 
+import json
+
 import numpy as np
 import pytest
 
@@ -39,3 +41,15 @@ def test_a_faulted_run_ends_with_the_fault_free_weights(fault_free, faults, caus
     assert losses == fault_free[0]
     for name, a in fault_free[1].items():
         assert np.array_equal(weights[name], a), name
+
+
+def test_waferrt_train_with_faults_says_its_weights_are_the_fault_free_runs(ray_session, capsys):
+    from waferrt.cli import main
+
+    argv = ["train", "--steps", "4", "--batch", "2", "--seq", "16", "--streaming", "--fault", "corrupt:3:2",
+            "--fault", "tile:2", "--json"]
+    assert main(argv) == 0
+    out = json.loads(capsys.readouterr().out.splitlines()[-1])  # (the session Ray's raylet says a worker died)
+    assert [len(s["recoveries"]) for s in out["steps"]] == [0, 1, 1, 0]
+    assert "the tile died" in out["steps"][1]["recoveries"][0] and "corrupted" in out["steps"][2]["recoveries"][0]
+    assert out["steps"][-1]["identical_to_fault_free"] is True
