@@ -3,7 +3,8 @@ memory of weights and optimizer state, a step of one function per layer phase, i
 
 Pure (no Ray, no sockets, no model-file readers): adamw (the optimizer), corpus (the project's docs as a
 training text; the seeded batcher), store (ParamStore: Cerebras' MemoryX for training), step (train_step:
-the phases and the streamed bytes), cost (bytes and cycles of a step). The backward math is the model's
+the phases and the streamed bytes), cost (bytes and cycles of a step), faults (a dead tile or a corrupted
+gradient payload, and the payload CRC that finds the latter). The backward math is the model's
 (``waferrt.model.backward``); the Ray actors that run a step with its store off the wafer are in
 ``actors/training.py``.
 """
