@@ -10,7 +10,7 @@ Contract: ``python benchmarks/train_kernels.py [--tokens 4096,16384] [--sides 36
    output, gate+up, down) and each number of tokens per step and grid side, the modelled time of the
    forward, dX and dW and their compute efficiencies (useful flops over modelled time), then a layer's and
    the 32 layers' GEMM time per step and the step's efficiency;
-3. with ``--smollm2``: a SmolLM2-135M-shaped block's whole backward (waferrt.train.block, seeded weights, 32
+3. with ``--smollm2``: a SmolLM2-135M-shaped block's whole backward (waferrt.training.block, seeded weights, 32
    tokens) emulated on 32x32 WSE-2 cores: each gradient against float64 finite differences (a random
    direction each), what it books op by op against its closed form, its modelled time (~15 s).
 
@@ -38,7 +38,7 @@ from waferrt.kernels.gemm_backward import gather, grad_input, grad_weight, scatt
 from waferrt.model import synthetic_llama
 from waferrt.model.zoo import model_by_name
 from waferrt.runtime import Wafer
-from waferrt.train.block import block_backward, block_forward, finite_difference
+from waferrt.training.block import block_backward, block_forward, finite_difference
 
 DTYPE = "float16"
 DIM, HIDDEN, KV_DIM, LAYERS = 4096, 14336, 1024, 32  # Llama3-8B

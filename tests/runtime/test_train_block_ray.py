@@ -1,4 +1,4 @@
-"""A Llama block's backward (waferrt.train.block) through the real path -- Ray tile actors, pyzmq links, the
+"""A Llama block's backward (waferrt.training.block) through the real path -- Ray tile actors, pyzmq links, the
 DSM -- on an 8x8 mesh of two tiles: dx and the weight gradients equal the Ray-free run's, and so does what it
 books, op by op."""
 
@@ -10,7 +10,7 @@ from waferrt.core.mesh import MeshSpec
 from waferrt.core.spec import TINY
 from waferrt.model import synthetic_llama, tiny_config
 from waferrt.runtime import Wafer
-from waferrt.train.block import block_backward, block_forward
+from waferrt.training.block import block_backward, block_forward
 
 
 def test_the_block_backward_on_tile_actors_is_the_local_ones(ray_session):

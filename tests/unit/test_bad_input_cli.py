@@ -23,7 +23,7 @@ from ggufs import Vocab, write_gguf
 from loopback import answering
 
 from waferrt.faults import FaultPlan, NodeLoss
-from waferrt.model import synthetic_llama, tiny_config
+from waferrt.model import synthetic_llama, tiny_config, tiny_moe_config
 
 BOUND_S = 10.0
 TINY_WAFER = ["--spec", "tiny", "--mesh", "16x16", "--tile", "8x8"]
@@ -63,6 +63,9 @@ def files(tmp_path_factory) -> dict[str, str]:
         out[key].write_text(text)
     out["huge"] = d / "huge.txt"
     out["huge"].write_bytes(b"a prompt\n" * (2 << 20))  # 18 MB
+    moe = dataclasses.replace(tiny_moe_config(), vocab_size=264)
+    out["moe"] = d / "moe.gguf"
+    write_gguf(out["moe"], moe, synthetic_llama(moe, seed=4), vocab=Vocab(("Ġ t",), ("Ġt",)))
     out["plandir"] = d / "plans.json"  # a directory where a file is expected
     out["plandir"].mkdir()
     return {k: str(v) for k, v in out.items()} | {"tiny_size": str(len(data)), "cut_size": str(len(data) * 2 // 3)}
@@ -290,6 +293,23 @@ CASES = [
     ("generate greedy top-p", ["generate", "x", "--top-p", "0.5"], "--temperature 0 decodes greedily"),
     ("generate streaming heatmap", ["generate", "x", "--streaming", "--heatmap", "{dir}/h.png"],
      "--heatmap draws weights held in SRAM"),
+    ("train zero steps", ["train", "--steps", "0"], "--steps: 0 is less than 1"),
+    ("train zero batch", ["train", "--batch", "0"], "--batch: 0 is less than 1"),
+    ("train seq beyond the context", ["train", "--seq", "4000"],
+     "--seq 4000 is longer than the model's context of 128 tokens"),
+    ("train learning rate 2", ["train", "--lr", "2"], "--lr: 2 is outside (0, 1)"),
+    ("train missing model", ["train", "--model", "/nonexistent/m.gguf"], "'/nonexistent/m.gguf' does not exist"),
+    ("train truncated GGUF", ["train", "--model", "{cut}"], "the file is truncated"),
+    ("train a mixture of experts", ["train", "--model", "{moe}"], "no backward for a mixture of experts"),
+    ("train save in a missing folder", ["train", "--save", "/nonexistent/t.gguf"],
+     "--save: the directory '/nonexistent' does not exist"),
+    ("train resident beyond the SRAM", ["train", "--mesh", "2x2"],
+     "511,744 bytes per core on 2x2, more than the 16,384 of a tiny core; add --streaming"),
+    ("train mesh beyond the wafer", ["train", "--mesh", "100x100"], "larger than the tiny wafer's 64x64 cores"),
+    ("train fault without streaming", ["train", "--fault", "tile:2"], "--fault strikes the streaming region's tile"),
+    ("train fault of another kind", ["train", "--fault", "meteor:2"], "'meteor:2' is not a training fault"),
+    ("train fault after the run", ["train", "--steps", "3", "--streaming", "--fault", "corrupt:5"],
+     "--fault corrupt:5:0 strikes after the run: give a step of 1..3"),
 ]
 
 

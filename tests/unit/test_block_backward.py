@@ -1,7 +1,7 @@
-"""A whole Llama block's backward as one composed mesh kernel (waferrt.train.block) on a Wafer without Ray: on
+"""A whole Llama block's backward as one composed mesh kernel (waferrt.training.block) on a Wafer without Ray: on
 the tiny model, dx and every weight gradient equal float64 finite differences of the block's forward, and what
 it books is its closed form op by op; a block that does not fit in the cores' SRAM is refused naming the core
-and the bytes; the tied head's cross-entropy and the embedding's scatter-add (waferrt.train.head) likewise,
+and the bytes; the tied head's cross-entropy and the embedding's scatter-add (waferrt.training.head) likewise,
 and book theirs."""
 
 from __future__ import annotations
@@ -19,8 +19,8 @@ from waferrt.fabric.misuse import BlockTooLarge
 from waferrt.model import synthetic_llama, tiny_config
 from waferrt.model.reference import rmsnorm
 from waferrt.runtime import Wafer
-from waferrt.train.block import WEIGHTS, block_backward, block_forward, finite_difference
-from waferrt.train.head import embedding_backward, head_backward
+from waferrt.training.block import WEIGHTS, block_backward, block_forward, finite_difference
+from waferrt.training.head import embedding_backward, head_backward
 
 CONFIG = tiny_config()
 LAYER = synthetic_llama(CONFIG, seed=0).layers[0]

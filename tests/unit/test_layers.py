@@ -21,7 +21,7 @@ TOPS = {"waferrt": "waferrt", "actors": "waferrt.actors", "scheduler": "waferrt.
 
 # floor -> the floors its modules may import (besides their own), stated for each floor: the allowed-imports
 # map (no order of entries matters). The pure floors, then the joins (each may use the joins before it).
-PURE = {"core", "model", "faults", "fabric", "kernels", "decode", "scheduler", "estimator", "serving", "train"}
+PURE = {"core", "model", "faults", "fabric", "kernels", "decode", "scheduler", "estimator", "serving", "training"}
 ALLOWED = {
     "core": set(),
     "model": set(),
@@ -31,7 +31,7 @@ ALLOWED = {
     "decode": {"core", "faults", "fabric", "kernels", "model"},
     "scheduler": {"core", "model", "decode"},  # emulator-scale planning: placements, their speed, repair
     "estimator": {"core", "model", "fabric", "decode", "scheduler"},  # the whole wafer on paper
-    "train": {"core", "faults", "fabric", "kernels", "model", "decode"},  # the backward on the mesh, composed
+    "training": {"core", "faults", "fabric", "kernels", "model", "decode"},  # AdamW, corpus, store, step; mesh backward
     "serving": {"core", "faults", "fabric", "kernels", "model", "decode", "scheduler"},
     "actors": PURE,  # the tiles run the serving loop
     "inject": PURE | {"actors"},  # faults into the tiles (the Wafer's fault session)
@@ -53,7 +53,7 @@ HEAVY = {  # third-party package -> the only modules that may import it
 }
 PURE_PACKAGES = ["waferrt", "waferrt.core", "waferrt.faults", "waferrt.fabric", "waferrt.model", "waferrt.decode",
                  "waferrt.scheduler", "waferrt.estimator", "waferrt.serving", "waferrt.cli",
-                 "waferrt.train"]
+                 "waferrt.training"]
 
 
 def _modules() -> dict[str, pathlib.Path]:

@@ -7,7 +7,7 @@ Contract: ``add_parser(subparsers)`` registers the subcommand; ``add_workload_ar
 (text, or ``--json``; for a mixture of experts with ``waferrt.estimator.moe_estimate``'s figures after it)
 made by ``waferrt.estimator.estimate`` (closed forms, no emulation: seconds even for
 a 750x994-core wafer), with ``--streaming`` the weight-streaming estimate next to it; with ``--train`` a training
-step instead (``waferrt.cli.train.run_estimate``). Exit status: 0 it
+step instead (``waferrt.cli.train_estimate.run_estimate``). Exit status: 0 it
 fits (or streams), 1 it does not fit (the output says what would), 2 an argument is wrong.
 """
 
@@ -30,7 +30,7 @@ from waferrt.scheduler.types import OBJECTIVES, KVReserve, Objective
 
 from .common import MAX_REQUESTS, parse_wxh, two_numbers, whole_number
 from .strategy import strategy_text
-from .train import add_train_args, run_estimate, train_job, train_objective
+from .train_estimate import add_train_args, run_estimate, train_job, train_objective
 
 EPILOG = f"""examples:
   waferrt estimate --model llama3-8b                    Llama3-8B on a whole WSE-2 (float16, 4096 K/V tokens x 8)

@@ -21,14 +21,15 @@ def _tty() -> bool:
     return sys.stderr.isatty()
 
 
-def line(text: str) -> None:
-    """One line on stderr (above any bar being drawn)."""
+def line(text: str, out=None) -> None:
+    """One line on stderr, or on `out` (e.g. sys.stdout: a result), above any bar being drawn."""
+    out = out or sys.stderr
     if _BARS:
         from tqdm import tqdm
 
-        tqdm.write(text, file=sys.stderr)
+        tqdm.write(text, file=out)
     else:
-        print(text, file=sys.stderr, flush=True)
+        print(text, file=out, flush=True)
 
 
 def counter(desc: str, i: int, n: int, unit: str, stamp: str) -> None:

@@ -18,7 +18,7 @@ from waferrt.scheduler.types import Objective
 
 from .common import UsageError, number_list, output_path, parse_wxh
 from .estimate import add_workload_args, workload
-from .train import add_train_args, train_job, train_objective
+from .train_estimate import add_train_args, train_job, train_objective
 from .train_sweep import run_train_sweep
 
 EPILOG = f"""examples:

@@ -1,89 +1,334 @@
-"""The training options of ``waferrt estimate --train`` and ``waferrt sweep --train``.
+"""``waferrt train``: train a Llama on the emulated wafer -- resident, or weight-streaming on Ray.
 
-Contract: ``add_train_args(parser)`` adds --train, --global-batch, --seq, --template and --topology (the
-flags both commands share); ``train_job(args, command)`` reads them into a TrainJob and a WaferTemplate,
-refusing (UsageError, one line) the training flags without --train and the inference-only flags with it;
-``run_estimate(args) -> int`` prints ``waferrt.estimator.train.estimate_train`` (text or --json). Exit status:
-0 some strategy fits, 1 none does, 2 an argument is wrong.
+Contract: ``add_parser(subparsers)`` registers the subcommand; ``run(args) -> int`` trains --model ('tiny',
+the small synthetic Llama with a byte-level vocabulary of TINY_VOCAB tokens; 'smollm2'; or a Llama GGUF
+path) for --steps AdamW steps on batches of --batch sequences of --seq tokens drawn (seeded) from the
+project's own docs, tokenized by the model's tokenizer. Each step prints its loss, wall time, modelled wafer
+time and tokens/s (stdout; one JSON object with --json); a bar counts the steps on a terminal. Resident (the
+default): the weights, gradients and AdamW's moments stay in the region's SRAM (refused, one line, when they
+do not fit: --streaming or a larger --mesh); --streaming: the weights and AdamW's state live in a MemoryX
+actor off the wafer and stream in layer by layer (actors/training.py, on an embedded Ray); --fault makes a
+tile die or a gradient payload arrive corrupted, the step is redone and the weights compared with a
+fault-free rerun's. --save writes the trained weights as a GGUF that ``waferrt generate --model`` loads.
+Every flag is checked before the weights load or Ray starts; a mistake is one line, exit 2.
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
+import sys
+import time
+from pathlib import Path
 
-from waferrt.core.template import TEMPLATES, WaferTemplate, template_by_name
-from waferrt.core.topology import TOPOLOGIES, Topology
-from waferrt.estimator.train import TrainJob, estimate_train
-from waferrt.model.zoo import model_by_name
+import numpy as np
 
-from .common import UsageError, refuse_together, whole_number
+from waferrt.core.spec import PRESETS
 
-INFERENCE_ONLY = ("--strategy", "--kv-tokens", "--mesh", "--streaming", "--prompt-tokens", "--pair")
+from .common import UsageError, model_path, output_path, parse_wxh, say, stamp, whole_number
+from .progress import counter, line
 
+TINY_VOCAB = 264  # --model tiny: the 256 byte tokens, the merge "Ġt", unused padding
+TINY_LR, FINE_TUNE_LR = 3e-3, 3e-5  # --lr's defaults: the tiny model learns from scratch; a real one is fine-tuned
 
-def topology_list(text: str) -> tuple[Topology, ...]:
-    """'mesh,torus' -> the topologies (argparse type of sweep --topology)."""
-    words = tuple(w.strip() for w in text.split(","))
-    for w in words:
-        if w not in TOPOLOGIES:
-            raise argparse.ArgumentTypeError(f"{w!r} is not a topology; give a comma-separated list of "
-                                             f"{', '.join(TOPOLOGIES)}, e.g. --topology mesh,torus")
-    return tuple(Topology(w) for w in words)
+HELP = "train a Llama on the emulated wafer (resident, or weight streaming as Cerebras does)"
+EPILOG = """\
+examples:
+  waferrt train --model tiny --steps 20                       the small synthetic Llama, resident: seconds
+  waferrt train --model tiny --steps 5 --check                each step's gradients against the numpy reference
+  waferrt train --steps 6 --streaming --fault tile:2:1 --fault corrupt:4   faults during training, then compared
+  waferrt train --model tiny --steps 20 --save tiny.gguf      then: waferrt generate --model tiny.gguf --reference
+  waferrt train --model smollm2 --steps 3 --batch 1 --seq 32 --streaming   SmolLM2-135M, weights off the wafer
 
-
-def add_train_args(p, many: bool = False) -> None:
-    """The training flags; `many`: --topology takes a comma-separated list (the sweep)."""
-    p.add_argument("--train", action="store_true",
-                   help="a training step instead of decode: weight streaming, a resident pipeline and tensor-stream "
-                        "partition, each with its breakdown; --objective latency/throughput: the shortest step, "
-                        "memory: the least SRAM per core")
-    p.add_argument("--global-batch", type=whole_number(1, "--global-batch 256"), metavar="B",
-                   help="sequences per optimizer step (with --train; default 256)")
-    p.add_argument("--seq", type=whole_number(1, "--seq 2048"), metavar="S",
-                   help="tokens per sequence (with --train; default 2048, at most the model's context)")
-    p.add_argument("--template", choices=list(TEMPLATES), metavar="NAME",
-                   help=f"the wafer as dies (with --train): {', '.join(TEMPLATES)} (default wse2, one die)")
-    if many:
-        p.add_argument("--topology", type=topology_list, metavar="LIST",
-                       help=f"networks on each die, comma-separated (with --train; default {','.join(TOPOLOGIES)})")
-    else:
-        p.add_argument("--topology", choices=TOPOLOGIES, help="the network on each die (with --train; default mesh)")
+The corpus is the project's own docs (README.md, docs/*.md) tokenized by the model's tokenizer; each step
+draws --batch windows of --seq + 1 tokens (seeded by --seed). The modelled time is the step's on a region of
+--mesh cores of the --spec wafer (default: 16x16 of 'tiny' for --model tiny, else 64x64 of wse2): MeshGEMM
+forward, a backward of twice its cost, and under --streaming every stage the longer of its compute and its
+stream (weights in, gradients out). --json prints one object: model, streaming, mesh, spec, steps (each:
+step, loss, wall_s, modelled_s, bytes_in, bytes_out, wall_tokens_per_s, modelled_tokens_per_s; grad_error
+with --check; recoveries and, last, identical_to_fault_free with --fault), saved."""
 
 
-def train_job(args, command: str, options: tuple[str, ...] = ()) -> tuple[TrainJob, WaferTemplate]:
-    """The TrainJob and template of --train's arguments; UsageError for a training flag without --train, or
-    an inference flag (`options` of the command that exist) with it."""
-    if not args.train:
-        for flag in ("--global-batch", "--seq", "--template", "--topology"):
-            if getattr(args, flag[2:].replace("-", "_")) is not None:
-                raise UsageError(f"{flag} is an option of `waferrt {command} --train`: add --train, or leave it out")
-        return None, None
-    for other in INFERENCE_ONLY + options:
-        if hasattr(args, other[2:].replace("-", "_")):
-            refuse_together(args, "--train", (other,), "it is an option of decode; a training step takes "
-                            "--global-batch, --seq, --template and --topology")
-    config, label = model_by_name(args.model)
-    seq = args.seq or min(2048, config.max_seq_len)
-    job = TrainJob(config, args.global_batch or 256, seq, args.dtype, label)
-    one = Topology(args.topology) if isinstance(args.topology, str) else Topology()
-    return job, template_by_name(args.template or "wse2", one)
-
-
-def train_objective(args) -> str:
-    """--objective for a training step: memory, or the shortest step (latency and throughput agree when the
-    global batch is fixed); UsageError for memory without --train."""
-    if args.objective == "memory" and not args.train:
-        raise UsageError("--objective memory is for --train (the least SRAM per core); decode takes latency or "
-                         "throughput")
-    return "memory" if args.objective == "memory" else "throughput"
-
-
-def run_estimate(args) -> int:
+def _learning_rate(text: str) -> float:
     try:
-        job, template = train_job(args, "estimate")
-        est = estimate_train(job, template, train_objective(args))
+        lr = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number; give a learning rate such as 3e-3") from None
+    if not 0 < lr < 1:
+        raise argparse.ArgumentTypeError(f"{text} is outside (0, 1); give a learning rate such as 3e-3")
+    return lr
+
+
+def _fault(text: str):
+    from waferrt.training.faults import TrainingFault
+
+    try:
+        return TrainingFault.parse(text)
     except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
+
+
+def _model(text: str) -> str:
+    return text if text == "tiny" else model_path(text)
+
+
+def add_parser(sub) -> argparse.ArgumentParser:
+    p = sub.add_parser("train", help=HELP, description=__doc__.split("\n\n")[0], epilog=EPILOG,
+                       formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--model", type=_model, default="tiny",
+                   help="'tiny' (default: a small synthetic Llama), 'smollm2' or a Llama GGUF path")
+    p.add_argument("--steps", type=whole_number(1, "--steps 20", 100_000), default=20, metavar="N",
+                   help="optimizer steps (20)")
+    p.add_argument("--batch", type=whole_number(1, "--batch 4", 4096), default=4, metavar="B",
+                   help="sequences per step (4)")
+    p.add_argument("--seq", type=whole_number(1, "--seq 64", 1 << 16), default=64, metavar="S",
+                   help="tokens per sequence (64)")
+    p.add_argument("--lr", type=_learning_rate, default=None,
+                   help="AdamW learning rate (3e-3 for the tiny model from scratch, 3e-5 to fine-tune a trained one)")
+    p.add_argument("--seed", type=whole_number(0, "--seed 7", (1 << 63) - 1), default=0,
+                   help="the batcher's seed (0)")
+    p.add_argument("--streaming", action="store_true",
+                   help="weight streaming: weights and AdamW state in a MemoryX actor off the wafer (Ray)")
+    p.add_argument("--fault", type=_fault, action="append", metavar="KIND:STEP[:LAYER]",
+                   help="with --streaming: the tile dies (tile) or a gradient payload is corrupted (corrupt) at this "
+                        "step and layer; the step is redone, and the weights compared with a fault-free run's")
+    p.add_argument("--mesh", type=parse_wxh, metavar="WxH", help="the region the step is modelled on")
+    p.add_argument("--spec", choices=sorted(PRESETS), help="hardware spec (tiny for --model tiny, else wse2)")
+    p.add_argument("--save", type=output_path("trained.gguf"), metavar="OUT.gguf",
+                   help="write the trained weights as a llama GGUF (F32) with the model's tokenizer")
+    p.add_argument("--check", action="store_true",
+                   help="each step, compare the gradients applied with the numpy reference's (model.backward) at the "
+                        "same weights: prints the largest relative difference")
+    p.add_argument("--json", action="store_true", help="print one JSON object instead of a line per step")
+    p.set_defaults(_run=run)
+    return p
+
+
+def _load(args):
+    """(config, weights() -> the float32 weights, tokenizer metadata, tokenizer) of --model."""
+    from waferrt.model import Tokenizer
+
+    if args.model == "tiny":
+        from waferrt.model import synthetic_llama, tiny_config
+        from waferrt.model.gguf_writer import Vocab, byte_vocabulary
+
+        config = dataclasses.replace(tiny_config(), vocab_size=TINY_VOCAB)
+        meta = byte_vocabulary(config, Vocab(("Ġ t",), ("Ġt",)))  # a GGUF's BPE has at least one merge
+        return config, lambda: synthetic_llama(config, seed=0), meta, Tokenizer(meta)
+    from .model import ModelLoad
+
+    try:
+        load = ModelLoad(args.model)
+    except (OSError, ValueError) as e:
+        raise UsageError(f"--model {args.model}: {e}") from None
+    return load.config, load.weights, load.tokenizer.meta, load.tokenizer
+
+
+def _region(args, config):
+    """The --mesh region on the --spec wafer (checked), and the spec."""
+    from waferrt.core.mesh import Region
+    from waferrt.core.spec import spec_by_name
+    from waferrt.training.cost import resident_core_bytes
+
+    spec = spec_by_name(args.spec or ("tiny" if args.model == "tiny" else "wse2"))
+    w, h = args.mesh or ((16, 16) if args.model == "tiny" else (64, 64))
+    if w > spec.full_mesh[0] or h > spec.full_mesh[1]:
+        raise UsageError(f"--mesh {w}x{h} is larger than the {spec.name} wafer's {spec.full_mesh[0]}x"
+                         f"{spec.full_mesh[1]} cores; give a smaller --mesh or another --spec")
+    region = Region(0, 0, w, h)
+    need = resident_core_bytes(config, region)
+    if not args.streaming and need > spec.sram_bytes:
+        raise UsageError(f"resident training keeps the weights, gradients and AdamW moments in SRAM: {need:,} "
+                         f"bytes per core on {w}x{h}, more than the {spec.sram_bytes:,} of a {spec.name} core; "
+                         "add --streaming (weights off the wafer) or give a larger --mesh")
+    return spec, region
+
+
+def _check(args, config) -> None:
+    from waferrt.model.backward import check_dense
+
+    try:
+        check_dense(config)
+    except ValueError as e:
+        raise UsageError(f"--model {args.model}: {e}") from None
+    if args.fault and not args.streaming:
+        raise UsageError("--fault strikes the streaming region's tile and its gradient payloads: add --streaming")
+    late = next((f for f in args.fault or () if f.step > args.steps or f.layer >= config.n_layers), None)
+    if late is not None:
+        raise UsageError(f"--fault {late.kind}:{late.step}:{late.layer} strikes after the run: give a step of 1.."
+                         f"{args.steps} and a layer of 0..{config.n_layers - 1}")
+    if args.seq > config.max_seq_len:
+        raise UsageError(f"--seq {args.seq} is longer than the model's context of {config.max_seq_len} tokens; "
+                         f"give --seq {min(64, config.max_seq_len)}")
+
+
+def _corpus(args, tokenizer):
+    import waferrt
+    from waferrt.training.corpus import Batcher, Corpus, project_text
+
+    try:
+        text = project_text(Path(waferrt.__file__).resolve().parents[1])
+        corpus = Corpus.encode(text, tokenizer.encode)
+        return Batcher(corpus, args.batch, args.seq, args.seed), corpus.ids.size
+    except (OSError, ValueError) as e:
         raise UsageError(str(e)) from None
-    print(json.dumps(est.to_json(), indent=1) if args.json else est.text())
-    return 0 if est.chosen else 1
+
+
+class _Resident:
+    """The resident mode: the store and the step in this process (the region's SRAM holds everything)."""
+
+    def __init__(self, config, weights, hp):
+        from waferrt.training.store import ParamStore
+
+        self.store = ParamStore(config, weights, hp)
+
+    def step(self, tokens, step: int):
+        from waferrt.training.step import train_step
+
+        return train_step(self.store, tokens, step)
+
+    def weights(self):
+        return self.store.weights()
+
+    def last_grads(self) -> dict:
+        return self.store.last_grads
+
+    def close(self) -> None:
+        pass
+
+
+def _trainer(args, config, weights, hp):
+    """(the trainer, stop: what to call when done) -- in this process, or on an embedded Ray (--streaming)."""
+    if not args.streaming:
+        return _Resident(config, weights, hp), lambda: None
+    from waferrt.actors.session import ray_init, ray_shutdown
+    from waferrt.actors.training import StreamingTraining
+    from waferrt.model.npcache import by_reference
+
+    say("starting Ray: MemoryX (weights and AdamW state off the wafer) and the streaming region's tile")
+    started = ray_init(None)
+    try:
+        trainer = StreamingTraining(config, by_reference(weights), hp, args.fault or ())
+        return trainer, (ray_shutdown if started else lambda: None)
+    except BaseException:
+        if started:
+            ray_shutdown()
+        raise
+
+
+def run(args) -> int:
+    from waferrt.training.adamw import AdamW
+    from waferrt.training.cost import TrainShape, step_cycles
+
+    config, weights, meta, tokenizer = _load(args)
+    _check(args, config)
+    spec, region = _region(args, config)
+    batcher, n_tokens = _corpus(args, tokenizer)
+    shape = TrainShape(args.batch, args.seq)
+    modelled = step_cycles(spec, config, region, shape, args.streaming).seconds(spec)
+    say(f"corpus: the project's docs, {n_tokens:,} tokens; {args.steps} steps of {args.batch} x {args.seq} tokens, "
+        f"{'weight streaming' if args.streaming else 'resident'} on {region.w}x{region.h} cores of {spec.name}")
+    hp = AdamW(lr=args.lr or (TINY_LR if args.model == "tiny" else FINE_TUNE_LR))
+    trainer, stop = _trainer(args, config, weights(), hp)
+    try:
+        rows = _steps(args, config, trainer, batcher, lambda i, report, wall: _row(i, report, wall, modelled, shape))
+        saved = _save(args, config, trainer.weights(), meta) if args.save else None
+        if args.fault:
+            rows[-1]["identical_to_fault_free"] = _fault_free(args, (config, weights(), hp), batcher, trainer)
+    finally:
+        trainer.close()
+        stop()
+    _summary(args, rows, saved, (spec, region))
+    return 0
+
+
+def _steps(args, config, trainer, batcher, row) -> list[dict]:
+    """Run the steps: a line per step (its --check, its recoveries), the bar; the rows of the JSON."""
+    rows, seen = [], 0
+    for i in range(1, args.steps + 1):
+        tokens, before = batcher.rows(i - 1), _copy(config, trainer.weights()) if args.check else None
+        t0 = time.perf_counter()
+        report = trainer.step(tokens, i)
+        rows.append(row(i, report, time.perf_counter() - t0))
+        if before is not None:
+            rows[-1]["grad_error"] = _grad_error(config, before, tokens, trainer.last_grads())
+        recoveries = getattr(trainer, "recoveries", [])[seen:]  # the resident mode arms no faults
+        seen += len(recoveries)
+        for text in recoveries:
+            say(f"fault: {text}")
+        if args.fault:
+            rows[-1]["recoveries"] = recoveries
+        if not args.json:
+            line(_text(rows[-1], args.steps), sys.stdout)
+        counter("training", i, args.steps, "steps", stamp())
+    return rows
+
+
+def _fault_free(args, model, batcher, trainer) -> bool:
+    """Train the same steps again without faults: are the weights the faulted run's, bit for bit?"""
+    from waferrt.actors.training import StreamingTraining
+    from waferrt.model.backward import named_arrays
+    from waferrt.model.npcache import by_reference
+
+    config, weights, hp = model
+    say("the same steps without faults, to compare the weights")
+    with StreamingTraining(config, by_reference(weights), hp) as clean:
+        for i in range(1, args.steps + 1):
+            clean.step(batcher.rows(i - 1), i)
+        want = named_arrays(clean.weights())
+    got = named_arrays(trainer.weights())
+    same = all(np.array_equal(got[n], a) for n, a in want.items())
+    say(f"weights identical to the fault-free run's: {'yes' if same else 'NO'}")
+    return same
+
+
+def _copy(config, weights):
+    """A copy of the weights as they are now (the reference's gradients are taken at them)."""
+    from waferrt.model.backward import named_arrays
+    from waferrt.model.weights import assemble
+
+    return assemble(config, ((n, np.array(a)) for n, a in named_arrays(weights).items()))
+
+
+def _grad_error(config, before, tokens, got: dict) -> float:
+    """The largest difference of a weight's gradient from the reference's, relative to the largest entry of
+    the reference's gradient of that weight."""
+    from waferrt.model.backward import loss_and_grads
+
+    want = loss_and_grads(config, before, tokens)[1]
+    return max(float(np.max(np.abs(got[n] - g)) / max(float(np.max(np.abs(g))), 1e-30)) for n, g in want.items())
+
+
+def _row(i: int, report, wall: float, modelled: float, shape) -> dict:
+    return {"step": i, "loss": report.loss, "wall_s": wall, "modelled_s": modelled, "bytes_in": report.bytes_in,
+            "bytes_out": report.bytes_out,
+            "wall_tokens_per_s": shape.tokens / wall, "modelled_tokens_per_s": shape.tokens / modelled}
+
+
+def _text(row: dict, steps: int) -> str:
+    return (f"step {row['step']:>{len(str(steps))}}/{steps}  loss {row['loss']:.4f}  wall {row['wall_s']:.3f} s "
+            f"({row['wall_tokens_per_s']:,.0f} tok/s)  modelled {row['modelled_s'] * 1e3:.3f} ms "
+            f"({row['modelled_tokens_per_s']:,.0f} tok/s)"
+            + (f"  gradients vs the reference: {row['grad_error']:.1e}" if "grad_error" in row else ""))
+
+
+def _save(args, config, weights, meta) -> str:
+    from waferrt.model.gguf_writer import write_model
+
+    write_model(Path(args.save), config, weights, meta)
+    say(f"saved the trained weights to {args.save} (waferrt generate --model {args.save})")
+    return args.save
+
+
+def _summary(args, rows: list[dict], saved, where) -> None:
+    spec, region = where
+    if args.json:
+        print(json.dumps({"model": args.model, "streaming": args.streaming, "mesh": f"{region.w}x{region.h}",
+                          "spec": spec.name, "steps": rows, "saved": saved}))
+        return
+    wall = sum(r["wall_s"] for r in rows)
+    print(f"trained {len(rows)} steps: loss {rows[0]['loss']:.4f} -> {rows[-1]['loss']:.4f}; wall {wall:.2f} s; "
+          f"modelled {rows[0]['modelled_s'] * 1e3:.3f} ms per step; streamed per step: "
+          f"{rows[-1]['bytes_in'] / 1e6:.2f} MB in, {rows[-1]['bytes_out'] / 1e6:.2f} MB out"
+          + ("" if args.streaming else " (resident: counted as if streamed, nothing crosses)"))

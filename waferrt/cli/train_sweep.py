@@ -14,7 +14,7 @@ import sys
 from waferrt.estimator.train_sweep import TrainGrid, best_per_strategy, train_sweep, train_table
 
 from .common import UsageError
-from .train import train_job
+from .train_estimate import train_job
 
 
 def _grid(args) -> TrainGrid:

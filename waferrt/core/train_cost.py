@@ -16,7 +16,7 @@ On a square grid each backward product thus costs the forward's compute and, per
 around it. :func:`train_gemm_costs` is the three of a training step's GEMM; :func:`train_efficiency` the
 share of their modelled time spent on useful flops (the unpadded 2mkn each, spread evenly over the grid).
 :func:`attention_backward_cost`, :func:`rmsnorm_backward_cost`, :func:`block_backward_parts` and
-:func:`head_backward_parts` are what waferrt.kernels.attention_backward, train_ops and waferrt.train book.
+:func:`head_backward_parts` are what waferrt.kernels.attention_backward, train_ops and waferrt.training book.
 Pure: built from waferrt.core.cost's and gemm_cost's owners (a model config is read by its attributes).
 """
 
@@ -50,7 +50,7 @@ BACKWARD_FLOPS = {
 def _side(shape: GemmShape) -> int:
     if shape.rows != shape.cols:
         raise ValueError(f"the head's backward runs on a square grid; got {shape.rows} rows x {shape.cols} cols: "
-                         "give it a square of cores (waferrt.train.onwafer.living_square)")
+                         "give it a square of cores (waferrt.training.onwafer.living_square)")
     return shape.rows
 
 
@@ -110,7 +110,7 @@ def rmsnorm_backward_cost(spec: HardwareSpec, tokens: int, dim: int, side: int) 
 
 
 def head_backward_parts(spec: HardwareSpec, shape: GemmShape) -> dict[str, Cost]:
-    """The tied head's backward with cross-entropy (waferrt.train.head) for shape = (tokens, vocab, dim) on a
+    """The tied head's backward with cross-entropy (waferrt.training.head) for shape = (tokens, vocab, dim) on a
     square: the logits h E^T (the transposed variant, as a dX), the row max, sum and target's logit along the
     rows and the loss down the columns, dh = dlogits E (MeshGEMM, as a forward), dE = dlogits^T h (as a dW);
     then the final RMSNorm's backward."""
@@ -124,7 +124,7 @@ def head_backward_parts(spec: HardwareSpec, shape: GemmShape) -> dict[str, Cost]
 
 def block_backward_parts(spec: HardwareSpec, config, tokens: int, side: int, softmax_flops: int
                          ) -> dict[str, Cost]:
-    """What a dense Llama block's backward (waferrt.train.block) books over `tokens` on side x side cores
+    """What a dense Llama block's backward (waferrt.training.block) books over `tokens` on side x side cores
     (the forward's softmax at `softmax_flops` a score, recomputed), by op: the GEMMs' dX and dW (the
     projections per head; Q, K, V's dW with the normed input shared by the heads), the layout moves, the
     element-wise ops, the attention, the sums in the cores ("compute")."""

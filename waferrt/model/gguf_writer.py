@@ -46,7 +46,7 @@ def write_gguf(
     vocabulary is the 256 byte tokens, then `vocab.extra_tokens`, padded with unused tokens to vocab_size."""
     w = gguf.GGUFWriter(path, arch)
     _add_config(w, config)
-    _add_tokenizer(w, _byte_vocabulary(config, vocab))
+    _add_tokenizer(w, byte_vocabulary(config, vocab))
     _add_tensors(w, _tensors(config, weights), q8_1)
 
 
@@ -58,7 +58,7 @@ def write_model(path: Path, config: LlamaConfig, weights: LlamaWeights, tokenize
     _add_tensors(w, _tensors(config, weights), "")
 
 
-def _byte_vocabulary(config: LlamaConfig, vocab: Vocab) -> TokenizerMetadata:
+def byte_vocabulary(config: LlamaConfig, vocab: Vocab) -> TokenizerMetadata:
     """A byte-level BPE vocabulary: the 256 byte tokens, then `vocab.extra_tokens`, padded with unused tokens
     to vocab_size."""
     tokens = list(_byte_chars().values()) + list(vocab.extra_tokens)
@@ -133,7 +133,7 @@ def write_tensors(path: Path, config: LlamaConfig, tensors: Iterator[tuple[str, 
     numpy `dtype` (float32: F32, float16: F16) -- written as they come: one array held at a time."""
     w = gguf.GGUFWriter(path, "llama")
     _add_config(w, config)
-    _add_tokenizer(w, _byte_vocabulary(config, Vocab(("Ġ t",), ("Ġt",))))  # one merge, so that the BPE has one to make
+    _add_tokenizer(w, byte_vocabulary(config, Vocab(("Ġ t",), ("Ġt",))))  # one merge, so that the BPE has one to make
     for name, shape in _shapes(config).items():
         nbytes = int(np.prod(shape)) * np.dtype(dtype).itemsize
         w.add_tensor_info(gguf_name(config, name), shape, np.dtype(dtype), nbytes)

@@ -95,13 +95,27 @@ def causal_attention(
         return np.stack([attention(q[i], k_cache[:, : start + i + 1], v_cache[:, : start + i + 1], n_rep, mode)
                          for i in range(q.shape[0])])
     seq, n_heads, head_dim = q.shape
-    n_kv, total, _ = k_cache.shape
-    qg = q.reshape(seq, n_kv, n_rep, head_dim).transpose(1, 2, 0, 3)  # (n_kv, n_rep, seq, head_dim)
-    scores = qg @ k_cache[:, None].transpose(0, 1, 3, 2)  # (n_kv, n_rep, seq, total)
-    future = np.arange(total)[None, :] > (start + np.arange(seq))[:, None]  # (seq, total)
-    scores = np.where(future, np.float32(-np.inf), scores * np.float32(1.0 / np.sqrt(head_dim)))
-    out = softmax(scores) @ v_cache[:, None]  # (n_kv, n_rep, seq, head_dim)
+    qg = group_heads(q, k_cache.shape[0])  # (n_kv, n_rep, seq, head_dim)
+    out = causal_probs(qg, k_cache, start) @ v_cache[:, None]  # (n_kv, n_rep, seq, head_dim)
     return out.transpose(2, 0, 1, 3).reshape(seq, n_heads, head_dim)
+
+
+def group_heads(q: np.ndarray, n_kv: int) -> np.ndarray:
+    """Query heads grouped by the K/V head they read: q (..., seq, n_heads, hd) -> (..., n_kv, n_rep, seq, hd)."""
+    *lead, seq, n_heads, hd = q.shape
+    qg = q.reshape(*lead, seq, n_kv, n_heads // n_kv, hd)  # (..., seq, n_kv, n_rep, hd)
+    return np.moveaxis(qg, -4, -2)
+
+
+def causal_probs(qg: np.ndarray, keys: np.ndarray, start: int) -> np.ndarray:
+    """The causal softmax of grouped queries at positions start..start+seq-1 over keys at 0..total-1 (a key
+    after its query gets probability 0). qg (..., n_kv, n_rep, seq, hd), keys (..., n_kv, total, hd)
+    -> (..., n_kv, n_rep, seq, total)."""
+    seq, head_dim = qg.shape[-2:]
+    total = keys.shape[-2]
+    scores = qg @ np.swapaxes(keys, -1, -2)[..., :, None, :, :]  # (..., n_kv, n_rep, seq, total)
+    future = np.arange(total)[None, :] > (start + np.arange(seq))[:, None]  # (seq, total)
+    return softmax(np.where(future, np.float32(-np.inf), scores * np.float32(1.0 / np.sqrt(head_dim))))
 
 
 def silu(x: np.ndarray) -> np.ndarray:
@@ -216,10 +230,13 @@ def layer_forward(x: np.ndarray, layer: Layer, k_cache: np.ndarray, v_cache: np.
     return x + ffn(rmsnorm(x, lw.ffn_norm, config.norm_eps), lw, config)
 
 
-def layer_prefill(x: np.ndarray, layer: Layer, k_cache: np.ndarray, v_cache: np.ndarray, rope: Rope) -> np.ndarray:
+def layer_prefill(x: np.ndarray, layer: Layer, k_cache: np.ndarray, v_cache: np.ndarray, rope: Rope,
+                  keep: dict | None = None) -> np.ndarray:
     """One decoder layer for tokens at positions rope.pos = start..start+seq-1: x (seq, dim) -> (seq, dim).
 
-    The batched twin of layer_forward; rope.cos, rope.sin are (seq, head_dim//2).
+    The batched twin of layer_forward; rope.cos, rope.sin are (seq, head_dim//2). Given a dict `keep`, the
+    layer leaves in it the activations its backward pass reads (``model.backward``): h (seq, dim), q
+    (seq, n_heads, hd), a (seq, n_heads*hd), x1 (seq, dim), h2 (seq, dim); k, v are in the caches.
     """
     lw, config = layer.weights, layer.config
     seq = x.shape[0]
@@ -231,8 +248,11 @@ def layer_prefill(x: np.ndarray, layer: Layer, k_cache: np.ndarray, v_cache: np.
     v_cache[:, start:end] = v.transpose(1, 0, 2)
     n_rep = config.n_heads // config.n_kv_heads
     a = causal_attention(q, k_cache[:, :end], v_cache[:, :end], n_rep, start, layer.mode)  # (seq, n_heads, hd)
-    x = x + linear(a.reshape(seq, -1), lw.wo)  # (seq, dim)
-    return x + ffn(rmsnorm(x, lw.ffn_norm, config.norm_eps), lw, config)
+    x1 = x + linear(a.reshape(seq, -1), lw.wo)  # (seq, dim)
+    h2 = rmsnorm(x1, lw.ffn_norm, config.norm_eps)  # (seq, dim)
+    if keep is not None:
+        keep.update(h=h, q=q, a=a.reshape(seq, -1), x1=x1, h2=h2)
+    return x1 + ffn(h2, lw, config)
 
 
 def layer_batch(x: np.ndarray, layer: Layer, caches: list, index: int, rope: Rope) -> np.ndarray:

@@ -1,0 +1,176 @@
+"""Weight-streaming training on Ray (Cerebras' way): the weights and AdamW's state live in a MemoryX actor
+off the wafer; the streaming region's tile, an actor of its own, pulls each layer's weights for the forward
+and again for the backward and pushes each layer's gradients back, where AdamW updates the weights.
+
+Contract: :class:`StreamingTraining` (host side; a context manager) starts the two actors on a running Ray:
+the MemoryX actor (``TrainMemoryX``: a ``training.store.ParamStore`` over the weights; arrays mapped from
+the dequantised cache come by reference and are mapped there) and the tile (``TrainTile``), which runs
+``training.step.train_step`` against a :class:`StoreClient`. The client keeps the double buffer: while a
+layer computes, the next layer of the step's order (0..L-1, then L-1..0) is already on its way. Gradients
+go out without waiting (Ray runs one caller's calls to an actor in order, so the next fetch sees the update);
+the step waits for its last push. ``step(tokens, step)`` returns the tile's StepReport; ``weights()`` and
+``last_grads()`` read MemoryX. Every wait has a deadline (``WAIT_S``); a missed one raises
+:class:`TrainingTimeout` naming what did not come.
+Faults (``training.faults.TrainingFault``, armed on the tile one at a time): the host marks each attempt of a
+step with an epoch (MemoryX keeps the state at its start and drops pushes of other epochs); a tile that dies
+(``os._exit``) or a payload MemoryX finds corrupted (``CorruptGradient``) rolls MemoryX back and the step is
+redone on a (fresh) tile, so the weights after N steps are the fault-free run's, bit for bit.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+
+import ray
+from ray.exceptions import ActorDiedError, GetTimeoutError
+from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+from waferrt.model.npcache import resolve
+from waferrt.training.faults import CorruptGradient, corrupt
+from waferrt.training.step import REFERENCE, train_step
+from waferrt.training.store import ParamStore
+
+MAX_REDOS = 3  # a step redone more often than this is a failure, not a fault
+WAIT_S = 300.0  # the longest a block, a push or a whole step may take (SmolLM2's step on a loaded machine)
+
+
+class TrainingTimeout(TimeoutError):
+    """A block, a gradient push or a step did not complete in time."""
+
+
+class TrainingFailed(RuntimeError):
+    """A step failed again and again, however often it was redone."""
+
+
+def _get(ref, what: str):
+    try:
+        return ray.get(ref, timeout=WAIT_S)
+    except GetTimeoutError:
+        raise TrainingTimeout(f"{what} did not complete within {WAIT_S:.0f} s") from None
+
+
+class TrainMemoryX(ParamStore):
+    """The MemoryX actor's class: a ParamStore over the weights, resolved (mapped) here (a tied head, mapped
+    apart from the embedding, is tied again)."""
+
+    def __init__(self, config, weights, hp):
+        weights = resolve(weights)
+        if config.tie_embeddings:
+            weights = dataclasses.replace(weights, head=weights.embed)
+        super().__init__(config, weights, hp)
+
+    def grads(self) -> dict:
+        return self.last_grads
+
+
+class StoreClient:
+    """The tile's side of MemoryX: ParamStore's interface over the actor, layers prefetched in step order."""
+
+    def __init__(self, handle, config):
+        self.handle, self.config = handle, config
+        self.order = list(range(config.n_layers)) + list(reversed(range(config.n_layers)))
+        self.pending: dict[int, object] = {}  # position in the order -> the layer's fetch in flight
+        self.at, self.pushes = 0, []
+        self.fault = None  # a TrainingFault armed on this tile
+
+    def rows(self, inputs):
+        self.at = 0
+        self.pending = {0: self.handle.layer.remote(self.order[0])}
+        return _get(self.handle.rows.remote(inputs), "MemoryX's embedding rows")
+
+    def layer(self, i: int):
+        ref = self.pending.pop(self.at)
+        if self.at + 1 < len(self.order):  # the double buffer: the next block streams while this one computes
+            self.pending[self.at + 1] = self.handle.layer.remote(self.order[self.at + 1])
+        self.at += 1
+        return _get(ref, f"MemoryX's layer {i}")
+
+    def head(self):
+        return _get(self.handle.head.remote(), "MemoryX's head")
+
+    def push_layer(self, i: int, grads, push) -> None:
+        fault = self.fault
+        if fault is not None and fault.strikes(push.step, i):
+            self.fault = None  # a fault strikes once
+            if fault.kind == "tile":
+                os._exit(1)  # the tile's process dies mid-step: some layers' updates made, the others not
+            grads = corrupt(grads, fault.bits, seed=push.step)  # flipped on the wire, after the CRC was taken
+        self.pushes.append(self.handle.push_layer.remote(i, grads, push))
+
+    def push_top(self, top, push) -> None:
+        pushes, self.pushes = [*self.pushes, self.handle.push_top.remote(top, push)], []
+        _get(pushes, f"MemoryX's AdamW updates of step {push.step}")
+
+
+class TrainTile:
+    """The streaming region's tile of a training run."""
+
+    def __init__(self, memoryx, config, fault=None):
+        self.client = StoreClient(memoryx, config)
+        self.client.fault = fault
+
+    def step(self, tokens, step: int, epoch: int):
+        return train_step(self.client, tokens, step, REFERENCE, epoch)
+
+
+TrainMemoryXActor = ray.remote(num_cpus=0, max_restarts=0, max_concurrency=1)(TrainMemoryX)
+TrainTileActor = ray.remote(num_cpus=0, max_restarts=0, max_concurrency=1)(TrainTile)
+
+
+class StreamingTraining:
+    """Host side: MemoryX and the tile started on the running Ray (see the module docstring)."""
+
+    def __init__(self, config, weights, hp, faults=()):
+        node = NodeAffinitySchedulingStrategy(ray.get_runtime_context().get_node_id(), soft=False)
+        self.config, self.epoch, self.recoveries = config, 0, []
+        self.faults = sorted(faults, key=lambda f: (f.step, -f.layer))  # in the order they strike (backward: L-1..0)
+        self.memoryx = TrainMemoryXActor.options(scheduling_strategy=node).remote(config, weights, hp)
+        self.tile = None
+        try:
+            _get(self.memoryx.head.remote(), "MemoryX's start (holding the weights)")
+            self.tile = self._new_tile()
+        except BaseException:
+            self.close()
+            raise
+
+    def _new_tile(self):
+        """A tile actor, armed with the next planned fault (one at a time: each strikes once)."""
+        return TrainTileActor.remote(self.memoryx, self.config, self.faults.pop(0) if self.faults else None)
+
+    def step(self, tokens, step: int):
+        """Step `step`, redone from the last good weights after a dead tile or a corrupted gradient payload
+        (each recovery a line in ``recoveries``), at most MAX_REDOS times."""
+        for _ in range(MAX_REDOS + 1):
+            self.epoch += 1
+            _get(self.memoryx.begin_step.remote(self.epoch), f"MemoryX's start of step {step}")
+            try:
+                return _get(self.tile.step.remote(tokens, step, self.epoch), f"training step {step} on the tile")
+            except (ActorDiedError, CorruptGradient) as e:
+                died = isinstance(e, ActorDiedError)
+                cause = "the tile died" if died else str(e).strip().splitlines()[-1].split("CorruptGradient: ")[-1]
+                _get(self.memoryx.rollback.remote(), f"MemoryX's rollback of step {step}")
+                self.recoveries.append(f"step {step}: {cause}; redone from the last good weights")
+                if died:
+                    self.tile = self._new_tile()
+                elif self.faults:  # the next fault goes to a fresh tile
+                    ray.kill(self.tile, no_restart=True)
+                    self.tile = self._new_tile()
+        raise TrainingFailed(f"training step {step} failed {MAX_REDOS + 1} times: {self.recoveries[-1]}")
+
+    def weights(self):
+        return _get(self.memoryx.weights.remote(), "MemoryX's weights")
+
+    def last_grads(self) -> dict:
+        return _get(self.memoryx.grads.remote(), "MemoryX's last gradients")
+
+    def close(self) -> None:
+        for actor in (self.tile, self.memoryx):
+            if actor is not None:
+                ray.kill(actor, no_restart=True)
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()

@@ -1,0 +1,112 @@
+"""What a training step costs on the modelled wafer: the bytes it streams and its cycles, in closed form.
+
+Contract (the owners of the training facts; each calls the owners below it):
+- ``step_stream_bytes(config, shape)`` -> (bytes in, bytes out) of a weight-streaming step: in, the batch's
+  embedding rows, every layer twice (forward, backward) and the head once; out, every layer's gradients, the
+  head's (table and final norm) and the embedding rows'. Each piece is ``decode.streaming.streamed_bytes``
+  (float32: training streams float32 weights and gradients). ``step.train_step`` counts the same bytes as
+  they cross (tied in tests/unit/test_training.py).
+- ``layer_forward_cycles`` is a layer's forward over one sequence of S tokens on a square region: the
+  compute of ``decode.prefill.prefill_layer_parts`` (MeshGEMM, attention, elementwise; not its layout moves).
+  ``BACKWARD_PER_FORWARD``: a layer's and the head's backward take twice their forward (every GEMM of the
+  forward has two in the backward, dX and dW, of its size; until the mesh kernels' backward books its own).
+  ``head_forward_cycles``: the logits of every token by MeshGEMM (``core.gemm_cost.gemm_cost``).
+- ``step_cycles(spec, config, region, shape, streaming)`` -> :class:`StepCycles`. Streaming: every stage lasts
+  the longer of its compute and its stream (``decode.streaming.stage_cycles``; a backward stage streams its
+  weights in and its gradients out over the one host I/O figure, ``spec.ingress_bytes_per_s``); AdamW runs off
+  the wafer, overlapped. Resident: the weights and AdamW's moments stay in SRAM, nothing streams, AdamW runs on
+  the region's cores (``ADAMW_FLOPS`` per weight, ``core.cost.flop_cycles``); ``resident_core_bytes`` is what
+  each core then holds (the weights, gradients and two moments, float32).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from waferrt.core.arith import cdiv
+from waferrt.core.cost import flop_cycles, total
+from waferrt.core.gemm_cost import GemmShape, gemm_cost
+from waferrt.core.mesh import Region
+from waferrt.core.spec import HardwareSpec
+from waferrt.decode.cost import Decoding
+from waferrt.decode.prefill import prefill_layer_parts
+from waferrt.decode.streaming import stage_cycles, stream_cycles, streamed_bytes
+from waferrt.model.config import LlamaConfig
+
+BACKWARD_PER_FORWARD = 2
+ADAMW_FLOPS = 15  # per weight: the moments (7), their bias corrections (2), decay, sqrt, eps, divide, lr, step
+
+
+@dataclass(frozen=True)
+class TrainShape:
+    """A training batch: `batch` sequences of `seq` tokens."""
+
+    batch: int
+    seq: int
+
+    def __post_init__(self) -> None:
+        if self.batch < 1 or self.seq < 1:
+            raise ValueError(f"TrainShape: B={self.batch} sequences of S={self.seq} tokens; both must be >= 1")
+
+    @property
+    def tokens(self) -> int:
+        return self.batch * self.seq
+
+
+@dataclass(frozen=True)
+class StepCycles:
+    """A step's modelled cycles: forward, backward (the head's included), optimizer, and in all."""
+
+    forward: float
+    backward: float
+    optimizer: float
+    total: float
+
+    def seconds(self, spec: HardwareSpec) -> float:
+        return self.total / spec.clock_hz
+
+
+def step_stream_bytes(config: LlamaConfig, shape: TrainShape) -> tuple[int, int]:
+    """(bytes in, bytes out) of a weight-streaming training step (see the module docstring)."""
+    layer, head = streamed_bytes(config, "layer", "float32", 0), streamed_bytes(config, "head", "float32", 0)
+    rows = streamed_bytes(config, "embed", "float32", shape.tokens)
+    return rows + 2 * config.n_layers * layer + head, config.n_layers * layer + head + rows
+
+
+def layer_forward_cycles(spec: HardwareSpec, config: LlamaConfig, region: Region, seq: int) -> float:
+    """A layer's forward over one sequence of `seq` tokens on `region` (its compute, MeshGEMM)."""
+    parts = prefill_layer_parts(spec, Decoding(config), region, seq)
+    return total(c for _, category, c in parts if category != "layout").cycles
+
+
+def head_forward_cycles(spec: HardwareSpec, config: LlamaConfig, region: Region, tokens: int) -> float:
+    """The logits of `tokens` tokens, (tokens, dim) @ (dim, vocab), by MeshGEMM on the region's square."""
+    s = min(region.w, region.h)
+    return gemm_cost(spec, "meshgemm", GemmShape(tokens, config.dim, config.vocab_size, s, s)).cycles
+
+
+def step_cycles(spec: HardwareSpec, config: LlamaConfig, region: Region, shape: TrainShape,
+                streaming: bool) -> StepCycles:
+    """A training step's modelled cycles on `region` (see the module docstring)."""
+    fwd = shape.batch * layer_forward_cycles(spec, config, region, shape.seq)
+    bwd = BACKWARD_PER_FORWARD * fwd
+    head = (1 + BACKWARD_PER_FORWARD) * head_forward_cycles(spec, config, region, shape.tokens)
+    if not streaming:
+        opt = flop_cycles(spec, cdiv(ADAMW_FLOPS * config.params(), region.w * region.h))
+        layers = config.n_layers
+        return StepCycles(layers * fwd, layers * bwd + head, opt, layers * (fwd + bwd) + head + opt)
+    layer = streamed_bytes(config, "layer", "float32", 0)
+    rows = streamed_bytes(config, "embed", "float32", shape.tokens)
+    forward = stream_cycles(spec, rows) + config.n_layers * stage_cycles(spec, fwd, layer)
+    backward = (stage_cycles(spec, head, 2 * streamed_bytes(config, "head", "float32", 0))
+                + config.n_layers * stage_cycles(spec, bwd, 2 * layer) + stream_cycles(spec, rows))
+    return StepCycles(forward, backward, 0.0, forward + backward)
+
+
+RESIDENT_COPIES = 4  # the weights, their gradients and AdamW's two moments, float32 each
+
+
+def resident_core_bytes(config: LlamaConfig, region: Region) -> int:
+    """Bytes per core of a resident training run's weights, gradients and moments, spread over the region's
+    cores (activations not counted)."""
+    return cdiv(RESIDENT_COPIES * 4 * config.params(), region.w * region.h)
