@@ -20,11 +20,19 @@ allreduce of float32 data computes its result in one vectorised reduction and bo
 the hop-by-hop algorithm sends (``book_allreduce``); tests/unit/test_fast_path.py holds the two modes to
 the same results and the same counts on every mesh of the test matrix. The hop-by-hop path is the
 checked mode.
+
+Link taps: ``LineComm.listen(tap)`` (a region wholly in this tile) makes every message the comm books also
+reach ``tap(comm, lower, higher)``: the bytes it put on each link of every one of the comm's lines, toward
+lower and higher positions ((n,) each, indexed by the core the link leaves; ``line_links``), e.g. a fast
+allreduce's messages as its algorithm sends them (``allreduce_links``), so a caller can keep every link's
+traffic per phase as the run goes (waferrt.decode.linkload.PhaseLinks).
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
+from functools import lru_cache
 
 import numpy as np
 
@@ -96,6 +104,63 @@ class Span:
         return self.region.intersect(self.tile)
 
 
+def line_links(n: int, src, dist: int) -> tuple[np.ndarray, np.ndarray]:
+    """Messages over each link of a line of n cores when the cores at `src` each send one `dist` hops along it:
+    (toward lower positions, toward higher), each (n,) indexed by the core the link leaves."""
+    src = np.asarray(src, np.int64).reshape(-1)
+    edges = np.zeros(n + 1)
+    lo = src if dist > 0 else src + dist + 1
+    np.add.at(edges, lo, 1)
+    np.add.at(edges, lo + abs(dist), -1)
+    moves = np.cumsum(edges[:n])
+    zero = np.zeros(n)
+    return (zero, moves) if dist > 0 else (moves, zero)
+
+
+def multicast_links(n: int, root: int) -> tuple[np.ndarray, np.ndarray]:
+    """A multicast from `root` passes every link of the line once, away from it (as line_links)."""
+    lower, higher = np.zeros(n), np.zeros(n)
+    higher[root:n - 1] = 1
+    lower[1:root + 1] = 1
+    return lower, higher
+
+
+def folded_ring(n: int) -> tuple[np.ndarray, np.ndarray]:
+    """The folded ring of a line (evens going out, odds coming back: ring neighbours at most 2 hops apart):
+    (each position's place on the ring, each position's successor)."""
+    order = list(range(0, n, 2)) + list(range(n - 1 if n % 2 == 0 else n - 2, 0, -2))
+    ring_index = np.empty(n, np.int64)
+    ring_index[order] = np.arange(n)
+    return ring_index, np.array(order[1:] + order[:1])[ring_index]
+
+
+@lru_cache(maxsize=4096)
+def allreduce_links(algo: str, n: int, k: int) -> tuple[np.ndarray, np.ndarray]:
+    """Messages over each link of a line of n cores in one `algo` allreduce, as the hop-by-hop algorithm
+    sends them: (whole-vector messages, segment messages) of shape (2, n) each -- [toward lower, toward
+    higher] -- a segment being one of the n padded pieces ring and pipeline cut the vector into."""
+    whole, seg = np.zeros((2, n)), np.zeros((2, n))
+    if n == 1:
+        return whole, seg
+    if algo in ("ktree", "chain"):
+        plan = tree_plan(algo, n, k)
+        for step in (step for level in plan.levels for step in level.steps):
+            for d, srcs in step:
+                whole += line_links(n, srcs, d)
+        whole += multicast_links(n, plan.root)
+    elif algo == "ring":
+        _, succ = folded_ring(n)
+        for p in range(n):
+            seg += 2 * (n - 1) * np.array(line_links(n, [p], int(succ[p] - p)))
+    else:  # pipeline: every core but the first passes each of the n segments one hop down, then a multicast
+        seg += n * np.array(line_links(n, np.arange(1, n), -1))
+        whole += multicast_links(n, plan.root)
+    return whole, seg
+
+
+LinkTap = Callable[["LineComm", np.ndarray, np.ndarray], None]  # (comm, bytes toward lower, toward higher)
+
+
 class LineComm:
     def __init__(self, axis: str, span: Span, ledger: Ledger, tag_prefix: str = "", fast: bool = False):
         if axis not in ("x", "y"):
@@ -111,6 +176,19 @@ class LineComm:
             self.fwd = Dir.S
         self._tag_prefix = tag_prefix
         self._seq = 0
+        self.tap: LinkTap | None = None
+
+    def listen(self, tap: LinkTap | None) -> None:
+        """Tell `tap` the bytes every message booked from now on puts on each link (module docstring)."""
+        if tap is not None and self.local != self.region:
+            raise ValueError(f"a link tap sees a region wholly in one tile; {self.region} spans beyond {self.local}")
+        self.tap = tap
+
+    def record(self, src, dist: int, nbytes: float) -> None:
+        """The tap's share of a booked stage: the cores at `src` of every line each sent `nbytes` `dist` hops."""
+        if self.tap is not None:
+            lower, higher = line_links(self.n, src, dist)
+            self.tap(self, lower * nbytes, higher * nbytes)
 
     # -- plumbing -------------------------------------------------------------------------------------
     def _tag(self) -> str:
@@ -158,6 +236,7 @@ class LineComm:
         vals_per_pos = _per_position(buf, array_axis)
         nbytes = self._msg_bytes(vals_per_pos, buf.itemsize, replicated)
         self.ledger.message(abs(dist), nbytes, int(mine.sum()) * self.lines if senders is None else senders)
+        self.record(src[mine], dist, nbytes)
         return np.concatenate(got_pos), np.concatenate(got_val, axis=array_axis)
 
     # -- primitives -----------------------------------------------------------------------------------
@@ -187,6 +266,9 @@ class LineComm:
             nbytes = self._msg_bytes(vals_per_pos, buf.itemsize, replicated)
             msgs = (self.n - 1) * self.lines if self.lo == 0 else 0
             self.ledger.message(max(root, self.n - 1 - root), nbytes, msgs, link_bytes=msgs * nbytes)
+            if self.tap is not None:
+                lower, higher = multicast_links(self.n, root)
+                self.tap(self, lower * nbytes, higher * nbytes)
         return _spread(val, self.m, array_axis) if spread else val
 
     def shift(self, buf: np.ndarray, dist: int = 1, wrap: bool = False, array_axis: int = 0,
@@ -247,6 +329,10 @@ class LineComm:
         nbytes = self._msg_bytes(values_per_position, 4, replicated)
         c = allreduce_cost(self.ledger.spec, algo, self.n, nbytes, k)
         self.ledger.add(on_lines(c, self.lines))
+        if self.tap is not None:
+            whole, seg = allreduce_links(algo, self.n, k)
+            out = whole * nbytes + seg * (4 * cdiv(nbytes, 4 * self.n))  # a segment: core.cost.allreduce_cost's
+            self.tap(self, out[0], out[1])
 
     # -- algorithms -----------------------------------------------------------------------------------
     def _ktree(self, buf, plan, ufunc, array_axis, replicated, overwrite=False):
@@ -278,6 +364,7 @@ class LineComm:
         if a is not None:
             src = np.asarray(src)
             self.ledger.message(abs(dist), nbytes, len(src) * self.lines)
+            self.record(src, dist, nbytes)
             return src + dist, a[src]
         return self.transfer(acc, src, dist, array_axis, replicated)
 
@@ -311,11 +398,7 @@ class LineComm:
 
     def _ring(self, flat, ufunc, replicated):
         n = self.n
-        # folded ring: evens going out, odds coming back, so ring neighbours are at most 2 hops apart
-        order = list(range(0, n, 2)) + list(range(n - 1 if n % 2 == 0 else n - 2, 0, -2))
-        ring_index = np.empty(n, np.int64)
-        ring_index[order] = np.arange(n)
-        succ = np.array(order[1:] + order[:1])[ring_index]  # successor position of each position
+        ring_index, succ = folded_ring(n)
         chunks = self._split_chunks(flat, replicated)
         pos_all = np.arange(n)
 
