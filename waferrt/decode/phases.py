@@ -10,8 +10,6 @@ to it in tests/unit/test_moe_links.py; benchmarks/moe.py prints the two side by 
 
 from __future__ import annotations
 
-import numpy as np
-
 from waferrt.core.mesh import Region
 from waferrt.core.spec import HardwareSpec
 from waferrt.fabric.comm import Collectives, allreduce_links
