@@ -49,3 +49,17 @@ def test_a_dead_tile_holding_experts_is_recovered_with_the_same_tokens(llm, want
     assert [c.tokens for c in got] == want
     (event,) = session.log.events
     assert event.outcome == "recovered", session.log.table()
+
+
+def test_a_chaos_run_on_the_moe_model_is_identical(ray_session, capsys):
+    """`waferrt chaos --model tinymoe` (a seeded small sample): every fault that fires is recovered from and
+    the tokens equal the fault-free run's."""
+    import json
+
+    from waferrt.cli import main
+
+    assert main(["chaos", "--model", "tinymoe", "--faults", "2", "--seed", "3", "--kinds", "core,tile",
+                 "--max-new-tokens", "6", "--requests", "2", "--json"]) == 0
+    report = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert report["identical"] and report["error"] is None and report["injected"] == 2, report
+    assert all(f["outcome"] in ("recovered", "did not fire") for f in report["faults"]), report
