@@ -154,7 +154,7 @@ def allreduce_links(algo: str, n: int, k: int) -> tuple[np.ndarray, np.ndarray]:
             seg += 2 * (n - 1) * np.array(line_links(n, [p], int(succ[p] - p)))
     else:  # pipeline: every core but the first passes each of the n segments one hop down, then a multicast
         seg += n * np.array(line_links(n, np.arange(1, n), -1))
-        whole += multicast_links(n, plan.root)
+        whole += multicast_links(n, 0)
     return whole, seg
 
 
