@@ -86,3 +86,27 @@ def test_the_moe_phase_leaves_links_cold_that_the_attention_uses():
     shard = MoELayerShard(Decoding(cfg), region, pack_moe_layer(cfg, lw, region, "er"), (1, 24), Ledger(TINY))
     shard.forward(Chunks(cfg.dim, 8).split(np.ones((1, cfg.dim), np.float32)), np.array([0]), np.array([3]))
     assert shard.links.loads["attention"].cold_share() == 0 < shard.links.loads["moe"].cold_share()
+
+
+def test_a_migration_step_costs_what_the_runs_recorded_phases_leave_it():
+    """NI-Balancer's part of a swap, booked inside a micro-batch, waits only behind the links the run's
+    phases (as recorded) use: the layer's cycles with a migration under way minus without are the cheaper
+    phase's step_cost."""
+    from waferrt.decode.balancer import Swap, step_cost
+
+    cfg = tiny_moe_config(n_experts=4, top_k=1)
+    region, lw = Region(0, 0, 8, 4), synthetic_llama(cfg, seed=2).layers[0]
+    shards = [MoELayerShard(Decoding(cfg), region, pack_moe_layer(cfg, lw, region, "er"), (1, 24), Ledger(TINY))
+              for _ in range(2)]
+    shards[0].migrate(Swap(0, 3), 4)
+    load, chunks = shards[0].swap_traffic(Swap(0, 3)), Chunks(cfg.dim, 8)
+    for pos in range(3):
+        x = chunks.split(np.random.default_rng(pos).standard_normal((1, cfg.dim)).astype(np.float32))
+        cycles, mark = [], shards[0].links.mark()
+        for shard in shards:
+            shard.ledger.clear()
+            shard.forward(x, np.array([0]), np.array([pos]))
+            cycles.append(shard.ledger.by_op["layer"].cycles)
+        phases = shards[0].links.since(mark).values()
+        want = min(step_cost(TINY, load, 4, busy).cycles for busy in phases)
+        assert cycles[0] - cycles[1] == pytest.approx(want, abs=1e-6) and want > 0  # its links are busy in both
