@@ -20,7 +20,8 @@ from waferrt.decode.moe import MoELayerShard, pack_moe_layer
 from waferrt.decode.moe_layout import MAPPINGS
 from waferrt.decode.pack import Chunks
 from waferrt.decode.phases import attention_load
-from waferrt.fabric.comm import Collectives, LineComm, Span, allreduce_links
+from waferrt.fabric.comm import Collectives, LineComm, Span
+from waferrt.fabric.line_links import allreduce_links
 from waferrt.model import synthetic_llama, tiny_moe_config
 
 

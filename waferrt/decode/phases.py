@@ -1,18 +1,19 @@
 """The attention's link traffic on paper: its collectives laid on the links of its region.
 
-Contract: :func:`attention_load` lays the attention's collectives -- the closed forms the tiles book
-(waferrt.decode.cost.layer_decode_parts, tied to the ledger in tests) -- onto the links: each allreduce of
-the K-tree along its lines (both norms', ``fabric.comm.allreduce_links``: the reduce chains toward each group's centred
-root, then the multicast both ways), the K/V shift east over the moving columns, each scaled to the part's
-booked link bytes. What a run records (waferrt.decode.linkload.PhaseLinks, the "attention" phase) is held
-to it in tests/unit/test_moe_links.py; benchmarks/moe.py prints the two side by side.
+Contract: :func:`attention_load` lays the attention phase's collectives -- the closed forms the tiles book
+(waferrt.decode.cost.layer_decode_parts, tied to the ledger in tests) -- onto the links: each allreduce
+(both norms' too) of the K-tree along its lines (``fabric.line_links.allreduce_links``: the reduce chains
+toward each group's centred root, then the multicast both ways), the K/V shift east over the moving
+columns, each scaled to the part's booked link bytes. What a run records (waferrt.decode.linkload.
+PhaseLinks, the "attention" phase) equals it link for link (tests/unit/test_moe_links.py).
 """
 
 from __future__ import annotations
 
 from waferrt.core.mesh import Region
 from waferrt.core.spec import HardwareSpec
-from waferrt.fabric.comm import Collectives, allreduce_links
+from waferrt.fabric.comm import Collectives
+from waferrt.fabric.line_links import allreduce_links
 from waferrt.model.config import LlamaConfig
 
 from .cost import Decoding, layer_decode_parts

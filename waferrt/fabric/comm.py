@@ -23,16 +23,15 @@ checked mode.
 
 Link taps: ``LineComm.listen(tap)`` (a region wholly in this tile) makes every message the comm books also
 reach ``tap(comm, lower, higher)``: the bytes it put on each link of every one of the comm's lines, toward
-lower and higher positions ((n,) each, indexed by the core the link leaves; ``line_links``), e.g. a fast
-allreduce's messages as its algorithm sends them (``allreduce_links``), so a caller can keep every link's
-traffic per phase as the run goes (waferrt.decode.linkload.PhaseLinks).
+lower and higher positions ((n,) each, indexed by the core the link leaves; fabric.line_links), e.g. a
+fast allreduce's messages as its algorithm sends them (``line_links.allreduce_links``), so a caller can
+keep every link's traffic per phase as the run goes (waferrt.decode.linkload.PhaseLinks).
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from functools import lru_cache
 
 import numpy as np
 
@@ -41,6 +40,7 @@ from waferrt.core.cost import ALLREDUCE_ALGOS, Cost, allreduce_cost, on_lines, s
 from waferrt.core.ledger import Ledger
 from waferrt.core.mesh import Dir, Region
 
+from .line_links import allreduce_links, folded_ring, line_links, multicast_links
 from .links import Links
 
 REDUCE_OPS = {"sum": np.add, "max": np.maximum}
@@ -102,60 +102,6 @@ class Span:
     def local(self) -> Region:
         """This tile's cores of the region."""
         return self.region.intersect(self.tile)
-
-
-def line_links(n: int, src, dist: int) -> tuple[np.ndarray, np.ndarray]:
-    """Messages over each link of a line of n cores when the cores at `src` each send one `dist` hops along it:
-    (toward lower positions, toward higher), each (n,) indexed by the core the link leaves."""
-    src = np.asarray(src, np.int64).reshape(-1)
-    edges = np.zeros(n + 1)
-    lo = src if dist > 0 else src + dist + 1
-    np.add.at(edges, lo, 1)
-    np.add.at(edges, lo + abs(dist), -1)
-    moves = np.cumsum(edges[:n])
-    zero = np.zeros(n)
-    return (zero, moves) if dist > 0 else (moves, zero)
-
-
-def multicast_links(n: int, root: int) -> tuple[np.ndarray, np.ndarray]:
-    """A multicast from `root` passes every link of the line once, away from it (as line_links)."""
-    lower, higher = np.zeros(n), np.zeros(n)
-    higher[root:n - 1] = 1
-    lower[1:root + 1] = 1
-    return lower, higher
-
-
-def folded_ring(n: int) -> tuple[np.ndarray, np.ndarray]:
-    """The folded ring of a line (evens going out, odds coming back: ring neighbours at most 2 hops apart):
-    (each position's place on the ring, each position's successor)."""
-    order = list(range(0, n, 2)) + list(range(n - 1 if n % 2 == 0 else n - 2, 0, -2))
-    ring_index = np.empty(n, np.int64)
-    ring_index[order] = np.arange(n)
-    return ring_index, np.array(order[1:] + order[:1])[ring_index]
-
-
-@lru_cache(maxsize=4096)
-def allreduce_links(algo: str, n: int, k: int) -> tuple[np.ndarray, np.ndarray]:
-    """Messages over each link of a line of n cores in one `algo` allreduce, as the hop-by-hop algorithm
-    sends them: (whole-vector messages, segment messages) of shape (2, n) each -- [toward lower, toward
-    higher] -- a segment being one of the n padded pieces ring and pipeline cut the vector into."""
-    whole, seg = np.zeros((2, n)), np.zeros((2, n))
-    if n == 1:
-        return whole, seg
-    if algo in ("ktree", "chain"):
-        plan = tree_plan(algo, n, k)
-        for step in (step for level in plan.levels for step in level.steps):
-            for d, srcs in step:
-                whole += line_links(n, srcs, d)
-        whole += multicast_links(n, plan.root)
-    elif algo == "ring":
-        _, succ = folded_ring(n)
-        for p in range(n):
-            seg += 2 * (n - 1) * np.array(line_links(n, [p], int(succ[p] - p)))
-    else:  # pipeline: every core but the first passes each of the n segments one hop down, then a multicast
-        seg += n * np.array(line_links(n, np.arange(1, n), -1))
-        whole += multicast_links(n, 0)
-    return whole, seg
 
 
 LinkTap = Callable[["LineComm", np.ndarray, np.ndarray], None]  # (comm, bytes toward lower, toward higher)
