@@ -2,7 +2,7 @@
 
 SmolLM2-MoE (SmolLM2-135M's FFNs cut into E experts, a seeded router choosing K per token; made in memory
 as `waferrt convert --moe E,K` writes it) runs a prompt through one MoE layer (MoELayerShard, token by token
-on the WSE-2 model) on two layer regions -- the planner's region for SmolLM2-MoE on WSE-2 (144x4) and a
+on the WSE-2 model) on two layer regions -- a wide 144x4 (the planner's region for SmolLM2-MoE once) and a
 square-ish 32x16 -- under both expert mappings. For each it prints, per token:
 
 - the all-to-all (dispatch + combine, booked per link as they ran): bytes over the hottest link, the share of
@@ -39,7 +39,7 @@ from waferrt.model.moe import ExpertCut, cut_into_experts
 
 PROMPT = ("A wafer-scale processor is a single chip as large as the silicon wafer it is made on: hundreds of "
           "thousands of small cores, each with its own memory, linked to their four neighbours.")
-REGIONS = {"planned 144x4": Region(0, 0, 144, 4), "square 32x16": Region(0, 0, 32, 16)}
+REGIONS = {"wide 144x4": Region(0, 0, 144, 4), "square 32x16": Region(0, 0, 32, 16)}
 STEPS = 8
 
 
