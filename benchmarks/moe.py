@@ -9,7 +9,8 @@ square-ish 32x16 -- under both expert mappings. For each it prints, per token:
   the region's links left cold, its modelled time (the ledger's booked cycles);
 - the two phases of the layer as its collectives booked them on the links while it ran (decode.linkload.
   PhaseLinks): the attention phase (norms, QKV, attention, K/V shift, wo; its collectives' closed-form time)
-  and the whole MoE phase (router, dispatch, experts, combine): hottest link, cold share;
+  and the whole MoE phase (router, dispatch, experts, combine): hottest link, cold share; and the attention
+  phase on paper (decode.phases.attention_load: the closed forms laid on the links), the same figures;
 - how many tokens each expert received (the routing histogram, the same under every mapping), and what
   NI-Balancer would do with it: the swap of two experts that evens the blocks' loads, its cost moved at once
   (the decode stalls) vs in STEPS parts, each during the phase whose measured links it shares least (here
@@ -34,6 +35,7 @@ from waferrt.decode.linkload import LinkLoad
 from waferrt.decode.moe import MoELayerShard, pack_moe_layer
 from waferrt.decode.moe_layout import MAPPINGS, expert_grid
 from waferrt.decode.pack import Chunks
+from waferrt.decode.phases import attention_load
 from waferrt.model import Tokenizer, load_model
 from waferrt.model.moe import ExpertCut, cut_into_experts
 
@@ -77,6 +79,15 @@ def attention_seconds(cfg, region: Region, tokens: int) -> float:
     attention = parts[: [p[0] for p in parts].index("residual") + 1]
     cycles = sum(c.cycles for _, cat, c in attention if cat in ("allreduce", "attention") and c.link_bytes)
     return cycles / WSE2.clock_hz
+
+
+def attention_on_paper(cfg, region: Region, tokens: int) -> LinkLoad:
+    """The attention phase of `tokens` tokens at positions 0.. laid on the links by the closed forms
+    (decode.phases.attention_load; the K/V shift over the columns that move at each position)."""
+    load = LinkLoad(region)
+    for pos in range(tokens):
+        load.add(attention_load(WSE2, cfg, region, pos + 1, moving=pos % region.w))
+    return load
 
 
 def per_token(load: LinkLoad, tokens: int) -> LinkLoad:
@@ -136,6 +147,8 @@ def main() -> None:
             att, phase = shard.links.loads["attention"], shard.links.loads["moe"]
             print(row(f"all-to-all {label}", moe, len(ids), secs))
             print(row("  attention phase, measured", att, len(ids), attention_seconds(cfg, region, len(ids))))
+            if mapping == MAPPINGS[0]:
+                print(row("  attention phase, on paper", attention_on_paper(cfg, region, len(ids)), len(ids)))
             print(row("  MoE phase (all of it), measured", phase, len(ids)))
             for title, load in ((f"attention phase ({mapping})", att), (f"MoE phase {label}", phase)):
                 panels.append((f"{name}: {title}, measured", load.bytes.sum(axis=0) / len(ids)))
