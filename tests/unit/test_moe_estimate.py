@@ -31,8 +31,8 @@ def test_the_named_moe_shapes_are_their_config_json():
 
 
 def test_a_fitting_moe_gets_its_experts_per_region_and_all_to_all():
-    cfg = tiny_moe_config(n_experts=4, top_k=2)
-    est = dataclasses.replace(estimate(cfg, TINY, (64, 64), KVReserve(64, 2), "float32"), label="tiny-moe")
+    config = tiny_moe_config(n_experts=4, top_k=2)
+    est = dataclasses.replace(estimate(config, TINY, (64, 64), KVReserve(64, 2), "float32"), label="tiny-moe")
     assert est.fits and est.breakdown_s["alltoall"] > 0
     moe = moe_estimate(est)
     er, naive = moe.mappings["er"], moe.mappings["naive"]
@@ -58,11 +58,11 @@ def test_mixtral_does_not_fit_one_wafer_and_says_how_many_would_hold_it(capsys):
 def test_what_would_fit_is_the_estimators_own_floor_plan_test(mesh):
     """The wafers an MoE estimate names are those the estimator's floor plans accept (advice.fits), never a
     sum of bytes: each holds E/n experts of every layer, and no fewer wafers would do."""
-    cfg, kv = tiny_moe_config(n_experts=8, top_k=2), KVReserve(64, 2)
-    est = estimate(cfg, TINY, mesh, kv, "float32")
+    config, kv = tiny_moe_config(n_experts=8, top_k=2), KVReserve(64, 2)
+    est = estimate(config, TINY, mesh, kv, "float32")
     moe = moe_estimate(est)
-    assert not est.fits and moe.weight_bytes == model_bytes(cfg, kv, "float32")[0]
+    assert not est.fits and moe.weight_bytes == model_bytes(config, kv, "float32")[0]
     for n in (2, 4, 8):
-        share = dataclasses.replace(cfg, n_experts=8 // n, top_k=min(2, 8 // n))
+        share = dataclasses.replace(config, n_experts=8 // n, top_k=min(2, 8 // n))
         assert fits(share, TINY, mesh, kv, "float32", None) == (moe.wafers != 0 and n >= moe.wafers)
     assert ("what would fit  no split" in moe.text()) == (moe.wafers == 0)

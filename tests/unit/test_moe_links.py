@@ -60,20 +60,20 @@ def test_a_tap_needs_the_whole_region_in_its_tile():
 @pytest.mark.parametrize("shared", [0, 16])
 @pytest.mark.parametrize("mapping", MAPPINGS)
 def test_an_moe_layer_records_its_phases_links_as_its_ledger_books_them(w, h, batch, shared, mapping):
-    cfg = tiny_moe_config(n_experts=4, top_k=2, shared_hidden_dim=shared)
-    lw = synthetic_llama(cfg, seed=2).layers[0]
+    config = tiny_moe_config(n_experts=4, top_k=2, shared_hidden_dim=shared)
+    lw = synthetic_llama(config, seed=2).layers[0]
     region, ledger = Region(0, 0, w, h), Ledger(TINY)
-    shard = MoELayerShard(Decoding(cfg), region, pack_moe_layer(cfg, lw, region, mapping), (batch, 24), ledger)
-    chunks = Chunks(cfg.dim, w)
+    shard = MoELayerShard(Decoding(config), region, pack_moe_layer(config, lw, region, mapping), (batch, 24), ledger)
+    chunks = Chunks(config.dim, w)
     for pos in range(w + 3):
         ledger.clear()
         mark = shard.links.mark()
-        x = chunks.split(np.random.default_rng(pos).standard_normal((batch, cfg.dim)).astype(np.float32))
+        x = chunks.split(np.random.default_rng(pos).standard_normal((batch, config.dim)).astype(np.float32))
         shard.forward(x, np.arange(batch), np.full(batch, pos))
         run = shard.links.since(mark)
         assert run["attention"].total() + run["moe"].total() == pytest.approx(ledger.by_op["layer"].link_bytes, abs=2)
         if batch == 1:  # one request: the closed forms' token, its K/V shift over the columns that move
-            paper = attention_load(TINY, cfg, region, pos + 1, moving=pos % w)
+            paper = attention_load(TINY, config, region, pos + 1, moving=pos % w)
             np.testing.assert_allclose(run["attention"].bytes, paper.bytes)
     assert shard.links.phase == "attention"
 
@@ -81,11 +81,11 @@ def test_an_moe_layer_records_its_phases_links_as_its_ledger_books_them(w, h, ba
 def test_the_moe_phase_leaves_links_cold_that_the_attention_uses():
     """What NI-Balancer's steps read: on an ER-Mapped region the attention uses every link, the MoE phase
     (router, experts in their bands, combine) leaves some cold."""
-    cfg = tiny_moe_config(n_experts=4, top_k=1)
+    config = tiny_moe_config(n_experts=4, top_k=1)
     region = Region(0, 0, 8, 4)
-    lw = dataclasses.replace(synthetic_llama(cfg, seed=2).layers[0], router=np.zeros((4, cfg.dim), np.float32))
-    shard = MoELayerShard(Decoding(cfg), region, pack_moe_layer(cfg, lw, region, "er"), (1, 24), Ledger(TINY))
-    shard.forward(Chunks(cfg.dim, 8).split(np.ones((1, cfg.dim), np.float32)), np.array([0]), np.array([3]))
+    lw = dataclasses.replace(synthetic_llama(config, seed=2).layers[0], router=np.zeros((4, config.dim), np.float32))
+    shard = MoELayerShard(Decoding(config), region, pack_moe_layer(config, lw, region, "er"), (1, 24), Ledger(TINY))
+    shard.forward(Chunks(config.dim, 8).split(np.ones((1, config.dim), np.float32)), np.array([0]), np.array([3]))
     assert shard.links.loads["attention"].cold_share() == 0 < shard.links.loads["moe"].cold_share()
 
 
@@ -95,14 +95,14 @@ def test_a_migration_step_costs_what_the_runs_recorded_phases_leave_it():
     phase's step_cost."""
     from waferrt.decode.balancer import Swap, step_cost
 
-    cfg = tiny_moe_config(n_experts=4, top_k=1)
-    region, lw = Region(0, 0, 8, 4), synthetic_llama(cfg, seed=2).layers[0]
-    shards = [MoELayerShard(Decoding(cfg), region, pack_moe_layer(cfg, lw, region, "er"), (1, 24), Ledger(TINY))
+    config = tiny_moe_config(n_experts=4, top_k=1)
+    region, lw = Region(0, 0, 8, 4), synthetic_llama(config, seed=2).layers[0]
+    shards = [MoELayerShard(Decoding(config), region, pack_moe_layer(config, lw, region, "er"), (1, 24), Ledger(TINY))
               for _ in range(2)]
     shards[0].migrate(Swap(0, 3), 4)
-    load, chunks = shards[0].swap_traffic(Swap(0, 3)), Chunks(cfg.dim, 8)
+    load, chunks = shards[0].swap_traffic(Swap(0, 3)), Chunks(config.dim, 8)
     for pos in range(3):
-        x = chunks.split(np.random.default_rng(pos).standard_normal((1, cfg.dim)).astype(np.float32))
+        x = chunks.split(np.random.default_rng(pos).standard_normal((1, config.dim)).astype(np.float32))
         cycles, mark = [], shards[0].links.mark()
         for shard in shards:
             shard.ledger.clear()
