@@ -281,6 +281,10 @@ class Tile:
         loop, self.loop = self.loop, None
         return loop.abort() if loop is not None else []
 
+    def decode_swaps(self) -> int:
+        """Swaps of experts NI-Balancer finished in this tile's MoE layers (waferrt.decode.moe)."""
+        return self.decoder.expert_swaps() if self.decoder is not None else 0
+
     def decode_bytes(self) -> int:
         """Bytes of the decode's weight blocks and K/V caches that this tile holds."""
         return self.decoder.held_bytes() if self.decoder is not None else 0

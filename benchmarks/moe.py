@@ -2,16 +2,19 @@
 
 SmolLM2-MoE (SmolLM2-135M's FFNs cut into E experts, a seeded router choosing K per token; made in memory
 as `waferrt convert --moe E,K` writes it) runs a prompt through one MoE layer (MoELayerShard, token by token
-on the WSE-2 model) on two layer regions -- the planner's region for SmolLM2-MoE on WSE-2 (144x4) and a
+on the WSE-2 model) on two layer regions -- a wide 144x4 (the planner's region for SmolLM2-MoE once) and a
 square-ish 32x16 -- under both expert mappings. For each it prints, per token:
 
-- the MoE phase (dispatch + combine, booked per link as they ran): bytes over the hottest link, the share of
-  the region's links left cold, the all-to-all's modelled time (the ledger's booked cycles);
-- the attention phase (its K-tree allreduces and K/V shift laid on the links, the closed forms the tiles
-  book): hottest link, cold share, the collectives' time;
+- the all-to-all (dispatch + combine, booked per link as they ran): bytes over the hottest link, the share of
+  the region's links left cold, its modelled time (the ledger's booked cycles);
+- the two phases of the layer as its collectives booked them on the links while it ran (decode.linkload.
+  PhaseLinks): the attention phase (norms, QKV, attention, K/V shift, wo; its collectives' closed-form time)
+  and the whole MoE phase (router, dispatch, experts, combine): hottest link, cold share; and the attention
+  phase on paper (decode.phases.attention_load: the closed forms laid on the links), the same figures;
 - how many tokens each expert received (the routing histogram, the same under every mapping), and what
   NI-Balancer would do with it: the swap of two experts that evens the blocks' loads, its cost moved at once
-  (the decode stalls) vs in STEPS parts over the links the phases leave cold while decoding goes on.
+  (the decode stalls) vs in STEPS parts, each during the phase whose measured links it shares least (here
+  over the whole run; the decode's MoELayerShard reads each micro-batch's own, which leave more links cold).
 
     python benchmarks/moe.py [--moe 8,2] [--tokens 32] [--layer 0] [--png moe.png]
 """
@@ -38,11 +41,11 @@ from waferrt.model.moe import ExpertCut, cut_into_experts
 
 PROMPT = ("A wafer-scale processor is a single chip as large as the silicon wafer it is made on: hundreds of "
           "thousands of small cores, each with its own memory, linked to their four neighbours.")
-REGIONS = {"planned 144x4": Region(0, 0, 144, 4), "square 32x16": Region(0, 0, 32, 16)}
+REGIONS = {"wide 144x4": Region(0, 0, 144, 4), "square 32x16": Region(0, 0, 32, 16)}
 STEPS = 8
 
 
-def balance(shard: MoELayerShard, attention: LinkLoad, tokens: int) -> str:
+def balance(shard: MoELayerShard, tokens: int) -> str:
     """NI-Balancer on the shard's routing histogram: the swap, at once vs in STEPS parts (modelled)."""
     swap = plan_swap(shard.routed, shard.blocks)
     if swap is None:
@@ -51,11 +54,9 @@ def balance(shard: MoELayerShard, attention: LinkLoad, tokens: int) -> str:
     moved = list(shard.blocks)
     moved[swap.a], moved[swap.b] = moved[swap.b], moved[swap.a]
     after = block_loads(shard.routed, tuple(moved))
-    load, moe = shard.swap_traffic(swap), LinkLoad(shard.region)
-    for phase in shard.traffic.values():
-        moe.add(phase)
-    moe.bytes /= tokens  # one token's MoE phase
-    step = min((step_cost(WSE2, load, STEPS, busy) for busy in (moe, attention)), key=lambda c: c.cycles)
+    load = shard.swap_traffic(swap)
+    phases = [per_token(phase, tokens) for phase in shard.links.loads.values()]  # measured as the layer ran
+    step = min((step_cost(WSE2, load, STEPS, busy) for busy in phases), key=lambda c: c.cycles)
     once = at_once_cost(WSE2, load)
     return (f"  NI-Balancer: busiest block {max(loads.values())} -> {max(after.values())} tokens by swapping experts "
             f"{swap.a} and {swap.b} ({load.total() / 1e6:.2f} MB over the links): at once a "
@@ -81,10 +82,25 @@ def attention_seconds(config, region: Region, tokens: int) -> float:
     return cycles / WSE2.clock_hz
 
 
-def row(label: str, load: LinkLoad, tokens: int, seconds: float) -> str:
-    return (f"  {label:<26} hottest link {load.hottest() / tokens:>9,.0f} B/token   cold links "
-            f"{load.cold_share():>6.1%}   total {load.total() / tokens:>11,.0f} B/token   "
-            f"time {seconds * 1e6:>7.3f} us/token")
+def attention_on_paper(config, region: Region, tokens: int) -> LinkLoad:
+    """The attention phase of `tokens` tokens at positions 0.. laid on the links by the closed forms
+    (decode.phases.attention_load; the K/V shift over the columns that move at each position)."""
+    load = LinkLoad(region)
+    for pos in range(tokens):
+        load.add(attention_load(WSE2, config, region, pos + 1, moving=pos % region.w))
+    return load
+
+
+def per_token(load: LinkLoad, tokens: int) -> LinkLoad:
+    out = LinkLoad(load.region)
+    out.bytes = load.bytes / tokens
+    return out
+
+
+def row(label: str, load: LinkLoad, tokens: int, seconds: float | None = None) -> str:
+    time_s = "" if seconds is None else f"   time {seconds * 1e6:>7.3f} us/token"
+    return (f"  {label:<34} hottest link {load.hottest() / tokens:>9,.0f} B/token   cold links "
+            f"{load.cold_share():>6.1%}   total {load.total() / tokens:>11,.0f} B/token{time_s}")
 
 
 def draw(path: str, panels: list[tuple[str, np.ndarray]]) -> None:
@@ -118,10 +134,7 @@ def main() -> None:
           f"WSE-2 model ({WSE2.link_bytes_per_cycle:g} B/cycle per link, {WSE2.clock_hz / 1e9:g} GHz)\n")
     panels, hist = [], None
     for name, region in REGIONS.items():
-        att = attention_load(WSE2, config, region, len(ids))
         print(f"{name} region ({region.w}x{region.h} cores, {region.size} cores)")
-        print(row("attention (either mapping)", att, 1, attention_seconds(config, region, len(ids))))
-        panels.append((f"{name}: attention", att.bytes.sum(axis=0)))
         alltoall = {}
         for mapping in MAPPINGS:
             shard = run_layer(config, weights.layers[args.layer], region, mapping, xs)
@@ -131,12 +144,18 @@ def main() -> None:
                 moe.add(load)
             secs = sum(c.cycles for c in shard.booked.values()) / WSE2.clock_hz / len(ids)
             alltoall[mapping] = secs
-            label = f"MoE {mapping} ({g.gx}x{g.gy} blocks)"
-            print(row(label, moe, len(ids), secs))
-            panels.append((f"{name}: {label}", moe.bytes.sum(axis=0) / len(ids)))
+            label = f"{mapping} ({g.gx}x{g.gy} blocks)"
+            att, phase = shard.links.loads["attention"], shard.links.loads["moe"]
+            print(row(f"all-to-all {label}", moe, len(ids), secs))
+            print(row("  attention phase, measured", att, len(ids), attention_seconds(config, region, len(ids))))
+            if mapping == MAPPINGS[0]:
+                print(row("  attention phase, on paper", attention_on_paper(config, region, len(ids)), len(ids)))
+            print(row("  MoE phase (all of it), measured", phase, len(ids)))
+            for title, load in ((f"attention phase ({mapping})", att), (f"MoE phase {label}", phase)):
+                panels.append((f"{name}: {title}, measured", load.bytes.sum(axis=0) / len(ids)))
             hist = shard.routed
             if mapping == "er":
-                balanced = balance(shard, att, len(ids))
+                balanced = balance(shard, len(ids))
         print(f"  all-to-all time naive / ER-Mapping: {alltoall['naive'] / max(alltoall['er'], 1e-30):.2f}x")
         print(balanced + "\n")
     print(f"routing histogram (tokens per expert, layer {args.layer}): {hist.tolist()}")

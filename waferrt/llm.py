@@ -146,6 +146,10 @@ class WaferLLM:
             stop_memoryx(memoryx)
         self.wafer.close()
 
+    def expert_swaps(self) -> int:
+        """Swaps of experts NI-Balancer finished on the tiles so far (``Placement.balance``)."""
+        return sum(self.wafer.call([(t, Tile.decode_swaps, ()) for t in self.wafer.tiles]))
+
     def generate(self, requests: list[GenRequest], sampler: Sampler, on_token: OnToken | None = None,
                  keep_logits: bool = False, trace=None) -> tuple[list[Completion], GenStats]:
         """The requests decoded on the tiles; ``trace``: a path to write a Perfetto trace of the run to (or

@@ -22,23 +22,14 @@ from waferrt.faults.model import border_links
 from waferrt.llm import WaferLLM
 from waferrt.model import Sampler, synthetic_llama, tiny_config
 from waferrt.scheduler import KVReserve, plan
-from waferrt.serving import GenRequest, generate_reference
+from waferrt.serving import GenRequest
 
 CFG = tiny_config()
 WEIGHTS = synthetic_llama(CFG, seed=0)
 REQUESTS = [GenRequest((5, 6, 7), 14), GenRequest((100, 3), 9), GenRequest((9,), 16)]
 SAMPLER = Sampler(temperature=0.8, top_p=0.9, seed=5)
 
-
-@pytest.fixture(scope="module")
-def llm(ray_session):
-    with WaferLLM(CFG, WEIGHTS, plan(CFG, TINY, MeshSpec(16, 16, 8, 8), kv=KVReserve(48, 3))) as llm:
-        yield llm
-
-
-@pytest.fixture(scope="module")
-def want():
-    return [c.tokens for c in generate_reference(CFG, WEIGHTS, REQUESTS, SAMPLER)[0]]
+PLACEMENT = plan(CFG, TINY, MeshSpec(16, 16, 8, 8), kv=KVReserve(48, 3))  # for the llm and want fixtures (conftest)
 
 
 def _live_core(llm: WaferLLM, layer: int) -> Coord:

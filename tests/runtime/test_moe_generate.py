@@ -35,4 +35,6 @@ def test_both_mappings_decode_the_reference_tokens(ray_session, moe_gguf, capsys
     for extra in (["--experts", "er"], ["--experts", "naive"], ["--balance", "1"]):  # NI-Balancer swapping as it goes
         wafer = _json(capsys, argv + WAFER + extra)
         assert wafer["tokens"] == ref["tokens"], extra
+        assert (wafer["expert_swaps"] is None) == ("--balance" not in extra)
+    assert wafer["expert_swaps"] > 0  # experts moved on the tiles while the decode went on, tokens unchanged
     assert all(0 < len(t) <= 10 for t in ref["tokens"])

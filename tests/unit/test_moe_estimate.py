@@ -5,12 +5,16 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import re
 import time
+
+import pytest
 
 from waferrt.cli import main
 from waferrt.core.spec import TINY
 from waferrt.model import tiny_moe_config
 from waferrt.model.zoo import MODELS
+from waferrt.estimator.advice import fits, model_bytes
 from waferrt.estimator.estimate import estimate
 from waferrt.estimator.moe_estimate import moe_estimate
 from waferrt.scheduler.types import KVReserve
@@ -44,5 +48,21 @@ def test_mixtral_does_not_fit_one_wafer_and_says_how_many_would_hold_it(capsys):
     assert main(["estimate", "--model", "mixtral-8x7b"]) == 1
     out = capsys.readouterr().out
     assert "DOES NOT FIT" in out and "experts         8 per layer of width 14336, top-2" in out
-    assert "what would fit  4 wafers with the experts split among them (2 experts of every layer on each" in out
+    assert "what would fit  8 wafers with the experts split among them (1 experts of every layer on each" in out
+    needed = re.search(r"weights ([\d.]+) GB \+ K/V", out).group(1)
+    assert f"of {needed} GB of weights" in out  # one weight total: the estimate's (advice.model_bytes)
     assert time.perf_counter() - t0 < 120  # closed forms: seconds, even loaded
+
+
+@pytest.mark.parametrize("mesh", [(4, 4), (8, 8)])
+def test_what_would_fit_is_the_estimators_own_floor_plan_test(mesh):
+    """The wafers an MoE estimate names are those the estimator's floor plans accept (advice.fits), never a
+    sum of bytes: each holds E/n experts of every layer, and no fewer wafers would do."""
+    config, kv = tiny_moe_config(n_experts=8, top_k=2), KVReserve(64, 2)
+    est = estimate(config, TINY, mesh, kv, "float32")
+    moe = moe_estimate(est)
+    assert not est.fits and moe.weight_bytes == model_bytes(config, kv, "float32")[0]
+    for n in (2, 4, 8):
+        share = dataclasses.replace(config, n_experts=8 // n, top_k=min(2, 8 // n))
+        assert fits(share, TINY, mesh, kv, "float32", None) == (moe.wafers != 0 and n >= moe.wafers)
+    assert ("what would fit  no split" in moe.text()) == (moe.wafers == 0)

@@ -13,11 +13,10 @@ from waferrt.core.mesh import MeshSpec, Region
 from waferrt.core.spec import TINY
 from waferrt.decode.cost import Decoding
 from waferrt.decode.layout import layer_booking, most_bytes
-from waferrt.decode.linkload import LinkLoad, alltoall_cost, block_patterns, ktree_line
+from waferrt.decode.linkload import LinkLoad, alltoall_cost, block_patterns
 from waferrt.decode.moe import MoELayerShard, pack_moe_layer
 from waferrt.decode.moe_layout import MAPPINGS, expert_blocks, expert_core_bytes, expert_grid, expert_layouts
 from waferrt.decode.pack import Chunks, pack_embed
-from waferrt.decode.phases import attention_load
 from waferrt.decode.shards import EmbedShard
 from waferrt.fabric.comm import Collectives
 from waferrt.model import ReferenceModel, Sampler, synthetic_llama, tiny_moe_config
@@ -129,26 +128,6 @@ def test_the_column_combine_carries_each_partial_sum_once_per_link():
     assert load.bytes[2, :, 0].tolist() == [0, 8, 8, 8, 0]  # down from rows 1..3 (row 4 has no south link)
     assert load.bytes[3, :, 0].tolist() == [0, 8, 8, 0, 0]  # up from rows 1..2
     assert load.hops == 3 and load.messages == 5 * 3 and load.total() == 16 * 5
-
-
-@pytest.mark.parametrize("n", [1, 2, 5, 8, 29, 144])
-def test_the_ktree_line_pattern_is_the_allreduce_the_ledger_books(n):
-    from waferrt.core.cost import allreduce_cost
-
-    back, out = ktree_line(n, 2)
-    assert (back.sum() + out.sum()) * 12 == allreduce_cost(TINY, "ktree", n, 12, 2).link_bytes
-    assert back[0] == 0 and out[-1] == 0
-
-
-def test_the_attention_load_is_the_closed_forms_link_bytes():
-    from waferrt.decode.cost import Decoding, layer_decode_parts
-
-    region = Region(0, 0, 8, 4)
-    load = attention_load(TINY, CFG, region, 24)
-    parts = layer_decode_parts(TINY, Decoding(CFG), region, 24, 1)
-    attention = parts[: [p[0] for p in parts].index("residual") + 1]
-    assert load.total() == pytest.approx(sum(c.link_bytes for _, _, c in attention))
-    assert load.cold_share() == 0  # every link of every line carries the attention's collectives
 
 
 @pytest.mark.parametrize("w,h,batch", [(8, 4, 1), (8, 4, 3), (5, 3, 2), (1, 1, 1), (4, 8, 2)])

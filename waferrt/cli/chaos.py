@@ -36,6 +36,7 @@ from .common import (
 )
 from .strategy import add_strategy_args
 
+TINY_MODELS = ("tiny", "tinymoe")  # synthetic models on the tiny spec
 HELP = "inject a seeded campaign of faults into a decode and check nothing is lost"
 DESCRIPTION = """\
 Decode the same requests twice on the emulated wafer: fault-free, then under a seeded plan of injected
@@ -104,8 +105,9 @@ def add_parser(sub) -> argparse.ArgumentParser:
     p.add_argument("--save-plan", type=output_path("plan.yaml"), metavar="FILE",
                    help="write the plan that runs to FILE (.json/.yaml)")
     p.add_argument("--policy", choices=("tolerant", "fail-fast"), help="override the plan's policy")
-    p.add_argument("--model", type=lambda t: t if t == "tiny" else model_path(t), default="smollm2",
-                   help="'smollm2' (default), 'tiny' (a small synthetic Llama: fast) or a Llama GGUF path")
+    p.add_argument("--model", type=lambda t: t if t in TINY_MODELS else model_path(t), default="smollm2",
+                   help="'smollm2' (default), 'tiny' (a small synthetic Llama: fast), 'tinymoe' (the same with "
+                        "each FFN a mixture of 4 experts, 2 per token) or a Llama GGUF path")
     p.add_argument("--mesh", type=parse_wxh, metavar="WxH", help="mesh size in cores (default: fitted)")
     p.add_argument("--tile", type=parse_wxh, metavar="TWxTH", help="tile size in cores (with --mesh)")
     p.add_argument("--spec", default=None, choices=sorted(PRESETS), help="hardware spec (wse2; tiny for --model tiny)")
@@ -219,10 +221,10 @@ def _model(args):
 
     from . import generate
 
-    if args.model == "tiny":
-        from waferrt.model import synthetic_llama, tiny_config
+    if args.model in TINY_MODELS:
+        from waferrt.model import synthetic_llama, tiny_config, tiny_moe_config
 
-        config = tiny_config()
+        config = tiny_config() if args.model == "tiny" else tiny_moe_config(n_experts=4, top_k=2)
         args.spec, args.kv_tokens, args.max_tiles = args.spec or "tiny", 32 + args.max_new_tokens, 64
         requests = [GenRequest(tuple(range(3 + i, 8 + 2 * i)), args.max_new_tokens) for i in range(args.requests)]
         mesh = checked_mesh(args, lambda w, h: (8, 8)) or (None if args.streaming else MeshSpec(16, 16, 8, 8))

@@ -71,8 +71,9 @@ at the spec (WSE-2: 48 KB of SRAM per core) with a KV reserve of --kv-tokens x -
 request, when there are several prompts), finish, wall_tokens_per_s, wafer_tokens_per_s (the modelled
 wafer rate of what ran, every request at its own pace), wafer_bound_tokens_per_s (the placement's bound
 with as many requests in flight), steps (micro-batches), mesh, ttft_wall_s and ttft_modelled_s (time to
-first token, wall and on the modelled wafer) and prefill_tokens_per_s (prompt tokens over the modelled
-time to first token). --prefill prefills every prompt of up to 512 tokens whole by MeshGEMM.
+first token, wall and on the modelled wafer), prefill_tokens_per_s (prompt tokens over the modelled
+time to first token) and expert_swaps (with --balance: the swaps of experts NI-Balancer finished; else
+null). --prefill prefills every prompt of up to 512 tokens whole by MeshGEMM.
 
 The tiles decode on their own: the head's tile samples each token and feeds it back into the pipeline;
 the host only hands the requests over and prints what streams back. If a tile dies or freezes, generate
@@ -296,7 +297,11 @@ def _on_the_wafer(args, llm, model, batch, on_token, live):
         with llm.open(progress=say):
             llm.load(_weights(model), progress=say)
             say("decoding on the wafer")
-            return llm.generate(list(batch.requests), batch.sampler, on_token, trace=args.trace or bool(args.heatmap))
+            out, stats = llm.generate(list(batch.requests), batch.sampler, on_token,
+                                      trace=args.trace or bool(args.heatmap))
+            if args.balance:
+                stats.expert_swaps = llm.expert_swaps()
+            return out, stats
     except TileFailed as e:
         if args.trace:
             say(f"wrote the trace so far to {args.trace}")
@@ -410,8 +415,9 @@ def _report(args, tok, out, stats, mesh, bound) -> None:
             "wafer_tokens_per_s": round(stats.wafer_tokens_per_s, 1),
             "wafer_bound_tokens_per_s": None if bound is None else round(bound, 1),
             "steps": stats.steps, "generated": stats.tokens, "wall_s": round(stats.wall_s, 3),
-            "mesh": mesh, **_first_token(stats, out, pick)}))
+            "mesh": mesh, "expert_swaps": stats.expert_swaps, **_first_token(stats, out, pick)}))
         return
     wafer = "" if mesh == "reference" else f"; modelled wafer: ran {stats.wafer_tokens_per_s:,.0f} tok/s" + (
         "" if bound is None else f", bound {bound:,.0f} tok/s")
-    say(f"{stats.tokens} tokens in {stats.wall_s:.2f}s: wall {stats.wall_tokens_per_s:.1f} tok/s{wafer}")
+    swaps = "" if stats.expert_swaps is None else f"; NI-Balancer swapped experts {stats.expert_swaps} times"
+    say(f"{stats.tokens} tokens in {stats.wall_s:.2f}s: wall {stats.wall_tokens_per_s:.1f} tok/s{wafer}{swaps}")

@@ -178,6 +178,7 @@ class FlowKVCache:
             with self.comm.ledger.op("kv.shift"):
                 nbytes = len(S) * 2 * self.nkv * (self.hd_r + 1) * 4  # per line: K, V, position, as float32
                 self.comm.ledger.message(1, nbytes, span * self.comm.lines)
+                self.comm.record(np.arange(span), 1, nbytes)
         self.count[S, end] += 1
 
     def held_most(self, slots: np.ndarray) -> int:

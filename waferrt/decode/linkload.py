@@ -6,14 +6,17 @@ whose messages travel at once costs (the longest route's hops, then the busiest 
 other). :class:`AllToAll` is an MoE layer's dispatch and combine between the region's column split of a
 token and its experts' blocks (``block_patterns``: along the rows; ``column_combine``: up and down the
 columns), what the tiles book as they run (waferrt.decode.moe) and the closed forms count
-(waferrt.decode.cost). ``ktree_line`` is a K-tree allreduce's messages over each link of a line.
+(waferrt.decode.cost). :class:`PhaseLinks` keeps a layer's link traffic per phase ("attention": the norms,
+QKV, attention, K/V shift and wo; "moe": the router, dispatch, experts, combine, a shared expert) as it runs:
+a tap of its LineComms (waferrt.fabric.comm.LineComm.listen) that adds every booked message's bytes to the
+phase under way.
 """
 
 from __future__ import annotations
 
 import numpy as np
 
-from waferrt.core.cost import Cost, ktree_plan, message_cycles
+from waferrt.core.cost import Cost, message_cycles
 from waferrt.core.layout import Chunks
 from waferrt.core.mesh import Region
 from waferrt.core.spec import HardwareSpec
@@ -49,6 +52,18 @@ class LinkLoad:
         self.messages += y0 != y1
         self.hops = max(self.hops, abs(y1 - y0))
 
+    def on_lines(self, axis: str, lines: Region, lower: np.ndarray, higher: np.ndarray) -> None:
+        """Bytes on each link of every line along `axis` ("x": rows, "y": columns) of `lines` (a part of the
+        region): `lower`, `higher` (n,) toward lower / higher positions, by the core the link leaves."""
+        x, y = slice(lines.x0 - self.region.x0, lines.x0 - self.region.x0 + lines.w), \
+            slice(lines.y0 - self.region.y0, lines.y0 - self.region.y0 + lines.h)
+        if axis == "x":
+            self.bytes[W, y, x] += lower[None]
+            self.bytes[E, y, x] += higher[None]
+        else:
+            self.bytes[N, y, x] += lower[:, None]
+            self.bytes[S, y, x] += higher[:, None]
+
     def add(self, other: LinkLoad, times: int = 1) -> None:
         if times:
             self.bytes += times * other.bytes
@@ -79,25 +94,6 @@ def alltoall_cost(spec: HardwareSpec, load: LinkLoad) -> Cost:
         return Cost()
     return Cost(hops=load.hops, stages=1, link_bytes=int(round(load.total())), messages=load.messages,
                 cycles=message_cycles(spec, load.hops, 1, load.hottest()))
-
-
-def ktree_line(n: int, k: int) -> tuple[np.ndarray, np.ndarray]:
-    """Messages over each link of a line of n cores in one K-tree allreduce (core.cost.ktree_plan: both halves
-    of each group reduce toward its centred root, then the root multicasts both ways): (toward lower
-    positions, toward higher), each (n,) indexed by the core the link leaves."""
-    lower, higher = np.zeros(n), np.zeros(n)
-    plan = ktree_plan(n, k)
-    for level in plan.levels:
-        for step in level.steps:
-            for d, srcs in step:
-                for src in srcs:
-                    if d > 0:
-                        higher[src:src + d] += 1
-                    else:
-                        lower[src + d + 1:src + 1] += 1
-    higher[plan.root:n - 1] += 1  # the root's multicast passes every link once, away from it
-    lower[1:plan.root + 1] += 1
-    return lower, higher
 
 
 def _pieces(dim: int, region: Region, block: Region) -> list[tuple[int, int, int]]:
@@ -164,3 +160,30 @@ class AllToAll:
                 rows[block.y0 - self.region.y0: block.y0 - self.region.y0 + block.h] = True
             combine.add(column_combine(self.region, rows, self.col_bytes))
         return dispatch, combine
+
+
+PHASES = ("attention", "moe")
+
+
+class PhaseLinks:
+    """Every link's bytes per phase of a layer (``loads``), as its LineComms book them (module docstring);
+    ``phase`` is the phase under way."""
+
+    def __init__(self, region: Region):
+        self.region, self.phase = region, "attention"
+        self.loads = {p: LinkLoad(region) for p in PHASES}
+
+    def __call__(self, comm, lower: np.ndarray, higher: np.ndarray) -> None:
+        self.loads[self.phase].on_lines(comm.axis, comm.region, lower, higher)
+
+    def mark(self) -> dict[str, np.ndarray]:
+        """The bytes so far, to take what a run adds (``since``)."""
+        return {p: load.bytes.copy() for p, load in self.loads.items()}
+
+    def since(self, mark: dict[str, np.ndarray]) -> dict[str, LinkLoad]:
+        """Each phase's traffic since `mark`."""
+        out = {}
+        for p, load in self.loads.items():
+            out[p] = LinkLoad(self.region)
+            out[p].bytes = load.bytes - mark[p]
+        return out

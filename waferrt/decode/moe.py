@@ -17,10 +17,13 @@ mixture of experts of waferrt.model.reference.ffn, with the experts on the block
 
 Every message is routed one hop at a time and booked per directed link in a LinkLoad
 (waferrt.decode.linkload); the ledger books each phase as one Cost (``alltoall_cost``). ``traffic`` keeps
-every phase's LinkLoad summed over the micro-batches, ``booked`` the ledger's Cost of each phase summed,
-``routed`` how many tokens each expert received (the routing histogram). ``migrate`` moves two experts' blocks (NI-Balancer, waferrt.decode.balancer):
-at once, or a part per micro-batch while decoding goes on; with ``balance`` (DecodeSetup.balance) the shard
-looks at its histogram every ``balance`` runs and starts the swap ``plan_swap`` finds (``swaps``: those done).
+the dispatch's and the combine's LinkLoads summed over the micro-batches, ``booked`` the ledger's Cost of each
+summed, ``links`` (a PhaseLinks) every link's bytes of the attention phase and of the MoE phase as every
+collective of the layer books them (the LineComms' taps), ``routed`` how many tokens each expert received
+(the routing histogram). ``migrate`` moves two experts' blocks (NI-Balancer, waferrt.decode.balancer): at
+once, or a part per micro-batch while decoding goes on, each part during the phase of that micro-batch whose
+recorded links it shares least; with ``balance`` (DecodeSetup.balance) the shard looks at its histogram
+every ``balance`` runs and starts the swap ``plan_swap`` finds (``swaps``: those done).
 :func:`pack_moe_layer` cuts an MoE layer's weights for its region and mapping.
 """
 
@@ -38,10 +41,9 @@ from waferrt.model.reference import silu, top_k_gates
 
 from .balancer import Swap, at_once_cost, plan_swap, step_cost, swap_load
 from .cost import ELEMENTWISE_FLOPS as EW
-from .linkload import AllToAll, LinkLoad, alltoall_cost
+from .linkload import AllToAll, LinkLoad, PhaseLinks, alltoall_cost
 from .moe_layout import expert_blocks, expert_layouts, router_layout
 from .pack import Chunks, pack_ffn, pack_layer, pack_matrix
-from .phases import attention_load
 from .shards import LayerShard, mesh_gemv
 
 
@@ -72,13 +74,25 @@ class MoELayerShard(LayerShard):
         self.traffic = {"dispatch": LinkLoad(region), "combine": LinkLoad(region)}
         self.booked = {"dispatch": Cost(), "combine": Cost()}  # what the ledger booked for each phase, summed
         self.routed = np.zeros(config.n_experts, np.int64)
-        self.migration: list | None = None  # [swap, its LinkLoad, steps, steps done, the attention's LinkLoad]
+        self.links, self.mark = PhaseLinks(region), None  # every link's bytes per phase; where this run began
+        for comm in (self.cx, self.cy):
+            comm.listen(self.links)
+        self.migration: list | None = None  # [swap, its LinkLoad, steps, steps done]
         self.balance, self.runs, self.swaps = 0, 0, []  # NI-Balancer: look every `balance` runs; the swaps done
 
+    def forward(self, x: np.ndarray, slots: np.ndarray, poss: np.ndarray) -> np.ndarray:
+        self.mark = self.links.mark()
+        return super().forward(x, slots, poss)
+
     def _ffn(self, h: np.ndarray) -> np.ndarray:
-        """The MoE FFN of h (B, C, dim_c) -> (B, C, dim_c), plus the shared expert's output if any."""
-        out = self._experts(h)
-        return out + super()._ffn(h) if self.config.shared_hidden_dim else out
+        """The MoE FFN of h (B, C, dim_c) -> (B, C, dim_c), plus the shared expert's output if any (the MoE
+        phase of ``links``; the rest of the layer is the attention phase)."""
+        self.links.phase = "moe"
+        try:
+            out = self._experts(h)
+            return out + super()._ffn(h) if self.config.shared_hidden_dim else out
+        finally:
+            self.links.phase = "attention"
 
     def _experts(self, h: np.ndarray) -> np.ndarray:
         config, coll = self.config, self.coll
@@ -104,6 +118,8 @@ class MoELayerShard(LayerShard):
         dims = self.block_dims[block]
         cx = LineComm("x", Span.of(block), led, fast=coll.fast)
         cy = LineComm("y", Span.of(block), led, fast=coll.fast)
+        cx.listen(self.links)
+        cy.listen(self.links)
         gu = mesh_gemv(cx, coll, self._w(f"w13.{e}"), dims.split(x)).reshape(len(x), block.h, 2, -1)
         led.compute(EW["silu_mul"] * len(x) * gu.shape[3])
         return dims.join(mesh_gemv(cy, coll, self._w(f"w2.{e}"), silu(gu[:, :, 0]) * gu[:, :, 1]))
@@ -111,15 +127,14 @@ class MoELayerShard(LayerShard):
     def _alltoall(self, experts: np.ndarray) -> None:
         """Book the dispatch and the combine of the micro-batch's tokens to their experts' blocks (and a step
         of the migration under way, during the phase it shares fewer links with)."""
-        phase = LinkLoad(self.region)
         for name, load in zip(("dispatch", "combine"), self.routes.loads(experts), strict=True):
             cost = alltoall_cost(self.ledger.spec, load)
             self.ledger.add(cost)
             self.traffic[name].add(load)
             self.booked[name] += cost
-            phase.add(load)
+            self.links.loads["moe"].add(load)
         if self.migration is not None:
-            self._migration_step(phase)
+            self._migration_step()
         self.runs += 1
         if self.balance and self.migration is None and self.runs % self.balance == 0:
             swap = plan_swap(self.routed, self.blocks)
@@ -137,8 +152,7 @@ class MoELayerShard(LayerShard):
         """Move the swap's experts: at once (steps 0: the decode stalls for the returned Cost, booked as op
         "migration"), or over the next `steps` micro-batches, a part each (booked inside them)."""
         if steps:
-            attention = attention_load(self.ledger.spec, self.config, self.region, self.kv.cap * self.region.w)
-            self.migration = [swap, self.swap_traffic(swap), steps, 0, attention]
+            self.migration = [swap, self.swap_traffic(swap), steps, 0]
             return Cost()
         cost = at_once_cost(self.ledger.spec, self.swap_traffic(swap))
         with self.ledger.op("migration"):
@@ -146,10 +160,12 @@ class MoELayerShard(LayerShard):
         self._swap(swap)
         return cost
 
-    def _migration_step(self, moe_phase: LinkLoad) -> None:
-        swap, load, steps, done, attention = self.migration
-        cost = min((step_cost(self.ledger.spec, load, steps, busy) for busy in (moe_phase, attention)),
-                   key=lambda c: c.cycles)
+    def _migration_step(self) -> None:
+        """A part of the migration, during whichever phase of this micro-batch (its links as recorded so far:
+        the attention's all, the MoE's up to its combine) leaves more of the part's links cold."""
+        swap, load, steps, done = self.migration
+        phases = self.links.since(self.mark).values()
+        cost = min((step_cost(self.ledger.spec, load, steps, busy) for busy in phases), key=lambda c: c.cycles)
         self.ledger.add(cost)
         self.migration[3] = done = done + 1
         if done == steps:  # the last part arrived: the experts compute in their new blocks from now on

@@ -162,6 +162,10 @@ class TileProgram:
         else:
             self.embed = EmbedShard(st.config, region, arrays, self.ledger, st.collectives, st.dtype)
 
+    def expert_swaps(self) -> int:
+        """How many swaps of experts NI-Balancer finished in the MoE layers this tile hosts."""
+        return sum(len(sh.swaps) for sh in self.layers.values() if isinstance(sh, MoELayerShard))
+
     def held_bytes(self) -> int:
         """Bytes of the weight blocks and K/V caches of the stages this tile hosts."""
         shards = [*self.layers.values(), *([self.embed] if self.embed else [])]

@@ -23,7 +23,9 @@ from .estimate_report import gb
 from .wafer import floors
 
 
-def _fits(config, spec, mesh, kv: KVReserve, dtype: str, tried: Sequence[Strategy] | None) -> bool:
+def fits(config, spec, mesh, kv: KVReserve, dtype: str, tried: Sequence[Strategy] | None) -> bool:
+    """Does some floor plan of one of the strategies `tried` (None: every one worth trying) hold the model: the
+    owner of "fits" for every answer that names what would (advice here, estimator.moe_estimate's wafers)."""
     return any(next(floors(config, spec, mesh, kv, dtype, s), None) is not None
                for s in tried or worth_trying(config.n_layers))
 
@@ -44,7 +46,7 @@ def most_tokens(config: LlamaConfig, spec: HardwareSpec, mesh: tuple[int, int], 
                 hi: int) -> int:
     """The most K/V positions per request (up to hi; 0: none) with which some floor plan of some strategy
     holds `requests` requests: the estimator's own feasibility test."""
-    return _most(hi, lambda t: _fits(config, spec, mesh, KVReserve(t, requests), dtype, None))
+    return _most(hi, lambda t: fits(config, spec, mesh, KVReserve(t, requests), dtype, None))
 
 
 def model_bytes(config: LlamaConfig, kv: KVReserve, dtype: str) -> tuple[int, int]:
@@ -60,21 +62,21 @@ def advice(config: LlamaConfig, spec: HardwareSpec, mesh: tuple[int, int], kv: K
     have = mesh[0] * mesh[1] * spec.sram_bytes
     out = [f"it needs at least {gb(weights + kv_bytes)} (weights {gb(weights)} + K/V {gb(kv_bytes)}, before "
            f"scratch and the cores lost to region shapes); the {mesh[0]}x{mesh[1]} mesh holds {gb(have)}"]
-    tokens = _most(kv.tokens - 1, lambda t: _fits(config, spec, mesh, KVReserve(t, kv.requests), dtype, tried))
+    tokens = _most(kv.tokens - 1, lambda t: fits(config, spec, mesh, KVReserve(t, kv.requests), dtype, tried))
     if tokens:
         out.append(f"fewer K/V tokens: --kv-tokens {tokens} fits ({kv.requests} requests)")
-    reqs = _most(kv.requests - 1, lambda r: _fits(config, spec, mesh, KVReserve(kv.tokens, r), dtype, tried))
+    reqs = _most(kv.requests - 1, lambda r: fits(config, spec, mesh, KVReserve(kv.tokens, r), dtype, tried))
     if reqs:
         out.append(f"fewer requests in flight: --requests {reqs} fits ({kv.tokens} K/V tokens each)")
-    if itemsize(dtype) > 2 and _fits(config, spec, mesh, kv, "bfloat16", tried):
+    if itemsize(dtype) > 2 and fits(config, spec, mesh, kv, "bfloat16", tried):
         out.append("a 16-bit dtype: --dtype float16 or bfloat16 fits")
     full = spec.full_mesh[0] * spec.full_mesh[1] * spec.sram_bytes
-    if mesh != spec.full_mesh and _fits(config, spec, spec.full_mesh, kv, dtype, tried):
+    if mesh != spec.full_mesh and fits(config, spec, spec.full_mesh, kv, dtype, tried):
         out.append(f"more cores: the whole {spec.name} wafer ({spec.full_mesh[0]}x{spec.full_mesh[1]}) fits")
     else:
         out.append(f"more wafers: its weights and K/V alone fill {cdiv(weights + kv_bytes, full)} {spec.name} "
                    "wafers' SRAM (this estimate covers one wafer; a split over wafers is not modelled)")
-    if tried is not None and _fits(config, spec, mesh, kv, dtype, None):
+    if tried is not None and fits(config, spec, mesh, kv, dtype, None):
         out.append("another strategy: leave out --strategy and the planner picks one that fits")
     out.append("weight streaming: --streaming keeps only K/V and activations on the wafer and streams the "
                f"weights in over {spec.ingress_bytes_per_s / 1e9:,.0f} GB/s")

@@ -7,22 +7,25 @@ of expert blocks in a layer region and the all-to-all of a token (dispatch + com
 book: waferrt.decode.linkload.AllToAll) -- its time per token over every layer, its share of a token's time,
 the hottest link and the share of cold links -- averaged over ``SAMPLE`` tokens routed uniformly at random
 (seeded: a trained router's skew is not modelled); when it does not fit, the fewest wafers that hold it with
-the experts split among them (expert parallelism across wafers: attention and K/V on every wafer).
+the experts split among them (expert parallelism across wafers: attention and K/V on every wafer), each wafer
+judged by the estimator's own floor-plan test (``advice.fits`` of the model with E/n experts per layer; 0: no
+split fits). The weight bytes are ``advice.model_bytes``' (the estimate's own figure), the experts' their
+``budget.tensor_bytes``.
 ``text()`` is what ``waferrt estimate`` prints after the estimate, ``to_json()`` its ``"moe"`` entry.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 
-from waferrt.core.dtypes import itemsize
 from waferrt.core.mesh import Region
 from waferrt.decode.linkload import AllToAll, LinkLoad, alltoall_cost
 from waferrt.decode.moe_layout import MAPPINGS, expert_blocks, expert_grid
-from waferrt.scheduler.budget import tied_model_bytes
+from waferrt.scheduler.budget import tensor_bytes
 
+from .advice import fits, model_bytes
 from .estimate_report import Estimate
 
 SAMPLE = 64  # tokens routed at random to average the all-to-all over
@@ -47,7 +50,7 @@ class MoEEstimate:
     active_params: int
     params: int
     mappings: dict = field(default_factory=dict)  # mapping -> MappingFigures (when it fits)
-    wafers: int = 0  # when it does not fit: the fewest wafers holding it, the experts split among them
+    wafers: int = 0  # when it does not fit: the fewest wafers holding it, the experts split (0: fits, or none)
 
     def text(self) -> str:
         e, k, h, s = self.experts
@@ -60,6 +63,9 @@ class MoEEstimate:
             lines.append(f"{'mapping ' + name:15} {gx}x{gy} blocks of {m.block[0]}x{m.block[1]} cores, {per} expert(s) "
                          f"each; all-to-all {m.alltoall_s * 1e6:,.2f} us per token ({m.share:.1%} of a token's time), "
                          f"hottest link {m.hottest_bytes:,.0f} B per token, {m.cold_share:.0%} of links cold")
+        if self.wafers == 0 and not self.mappings:
+            lines.append("what would fit  no split of the experts over wafers: even one expert of every layer on a "
+                         "wafer (with the attention, K/V and embeddings) does not fit")
         if self.wafers:
             lines.append(f"what would fit  {self.wafers} wafers with the experts split among them ({e / self.wafers:g} "
                          f"experts of every layer on each; attention, K/V and embeddings on every one; expert "
@@ -76,20 +82,28 @@ class MoEEstimate:
 def moe_estimate(est: Estimate) -> MoEEstimate:
     """The MoE figures of an estimate (see the module docstring)."""
     config = est.config
-    weights, kv = tied_model_bytes(config, est.kv.tokens, est.kv.requests, est.dtype)
-    experts = config.n_layers * 3 * config.n_experts * config.hidden_dim * config.dim * itemsize(est.dtype)
+    weights, _ = model_bytes(config, est.kv, est.dtype)
+    experts = config.n_layers * tensor_bytes(config, est.dtype)["experts"]
     active = config.params() - config.n_layers * (config.layer_params() - config.layer_params(active=True))
     shape = (config.n_experts, config.top_k, config.hidden_dim, config.shared_hidden_dim)
     out = MoEEstimate(est.label, shape, experts, weights, active, config.params())
     if not est.fits:
-        sram = est.mesh[0] * est.mesh[1] * est.spec.sram_bytes
-        wafers = next(n for n in range(1, config.n_experts + 1)
-                      if config.n_experts % n == 0 and weights - experts + kv + experts / n <= sram)
-        return MoEEstimate(**{**vars(out), "wafers": wafers})
+        return MoEEstimate(**{**vars(out), "wafers": _wafers(est)})
     region = est.shape.region()
     base = est.time_per_token_s - est.breakdown_s.get("alltoall", 0.0)  # the token's time without its all-to-all
     chosen = np.argsort(np.random.default_rng(0).random((SAMPLE, config.n_experts)), axis=1)[:, : config.top_k]
     return MoEEstimate(**{**vars(out), "mappings": {m: _mapping(est, region, m, chosen, base) for m in MAPPINGS}})
+
+
+def _wafers(est: Estimate) -> int:
+    """The fewest wafers (a divisor n > 1 of the experts) of which each holds the model with E/n experts per
+    layer, by the estimator's floor-plan test; 0: not even one expert per layer per wafer fits."""
+    config, e = est.config, est.config.n_experts
+    for n in (n for n in range(2, e + 1) if e % n == 0):
+        share = replace(config, n_experts=e // n, top_k=min(config.top_k, e // n))
+        if fits(share, est.spec, est.mesh, est.kv, est.dtype, None):
+            return n
+    return 0
 
 
 def _mapping(est: Estimate, region: Region, mapping: str, chosen: np.ndarray, base: float) -> MappingFigures:

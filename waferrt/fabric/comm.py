@@ -25,10 +25,17 @@ allreduce of float32 data computes its result in one vectorised reduction and bo
 the hop-by-hop algorithm sends (``book_allreduce``); tests/unit/test_fast_path.py holds the two modes to
 the same results and the same counts on every mesh of the test matrix. The hop-by-hop path is the
 checked mode.
+
+Link taps: ``LineComm.listen(tap)`` (a region wholly in this tile) makes every message the comm books also
+reach ``tap(comm, lower, higher)``: the bytes it put on each link of every one of the comm's lines, toward
+lower and higher positions ((n,) each, indexed by the core the link leaves; fabric.line_links), e.g. a
+fast allreduce's messages as its algorithm sends them (``line_links.allreduce_links``), so a caller can
+keep every link's traffic per phase as the run goes (waferrt.decode.linkload.PhaseLinks).
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
@@ -38,6 +45,7 @@ from waferrt.core.cost import ALLREDUCE_ALGOS, Cost, allreduce_cost, on_lines, s
 from waferrt.core.ledger import Ledger
 from waferrt.core.mesh import Dir, Region
 
+from .line_links import allreduce_links, line_links, multicast_links
 from .links import Links
 
 REDUCE_OPS = {"sum": np.add, "max": np.maximum}
@@ -103,6 +111,9 @@ class Span:
         return self.region.intersect(self.tile)
 
 
+LinkTap = Callable[["LineComm", np.ndarray, np.ndarray], None]  # (comm, bytes toward lower, toward higher)
+
+
 class LineComm:
     def __init__(self, axis: str, span: Span, ledger: Ledger, tag_prefix: str = "", fast: bool = False):
         if axis not in ("x", "y"):
@@ -122,6 +133,19 @@ class LineComm:
         self.spec = ledger.spec if self.topo == ledger.spec.topology else ledger.spec.replace(topology=self.topo)
         self._tag_prefix = tag_prefix
         self._seq = 0
+        self.tap: LinkTap | None = None
+
+    def listen(self, tap: LinkTap | None) -> None:
+        """Tell `tap` the bytes every message booked from now on puts on each link (module docstring)."""
+        if tap is not None and self.local != self.region:
+            raise ValueError(f"a link tap sees a region wholly in one tile; {self.region} spans beyond {self.local}")
+        self.tap = tap
+
+    def record(self, src, dist: int, nbytes: float) -> None:
+        """The tap's share of a booked stage: the cores at `src` of every line each sent `nbytes` `dist` hops."""
+        if self.tap is not None:
+            lower, higher = line_links(self.n, src, dist)
+            self.tap(self, lower * nbytes, higher * nbytes)
 
     # -- plumbing -------------------------------------------------------------------------------------
     def _tag(self) -> str:
@@ -170,6 +194,7 @@ class LineComm:
         nbytes = self._msg_bytes(vals_per_pos, buf.itemsize, replicated)
         hops = self.topo.step_hops(self.n, src, dist)  # the route per topology: a torus's wrap, a switch
         self.ledger.message(hops, nbytes, int(mine.sum()) * self.lines if senders is None else senders)
+        self.record(src[mine], dist, nbytes)
         return np.concatenate(got_pos), np.concatenate(got_val, axis=array_axis)
 
     # -- primitives -----------------------------------------------------------------------------------
@@ -199,6 +224,9 @@ class LineComm:
             nbytes = self._msg_bytes(vals_per_pos, buf.itemsize, replicated)
             msgs = (self.n - 1) * self.lines if self.lo == 0 else 0
             self.ledger.message(self.topo.farthest(self.n, root), nbytes, msgs, link_bytes=msgs * nbytes)
+            if self.tap is not None:
+                lower, higher = multicast_links(self.n, root)
+                self.tap(self, lower * nbytes, higher * nbytes)
         return _spread(val, self.m, array_axis) if spread else val
 
     def shift(self, buf: np.ndarray, dist: int = 1, wrap: bool = False, array_axis: int = 0,
@@ -259,6 +287,10 @@ class LineComm:
         nbytes = self._msg_bytes(values_per_position, 4, replicated)
         c = allreduce_cost(self.spec, algo, self.n, nbytes, k)
         self.ledger.add(on_lines(c, self.lines))
+        if self.tap is not None:
+            whole, seg = allreduce_links(algo, self.n, k)
+            out = whole * nbytes + seg * (4 * cdiv(nbytes, 4 * self.n))  # a segment: core.cost.allreduce_cost's
+            self.tap(self, out[0], out[1])
 
     # -- algorithms -----------------------------------------------------------------------------------
     def _ktree(self, buf, plan, ufunc, array_axis, replicated, overwrite=False):
@@ -290,6 +322,7 @@ class LineComm:
         if a is not None:
             src = np.asarray(src)
             self.ledger.message(self.topo.step_hops(self.n, src, dist), nbytes, len(src) * self.lines)
+            self.record(src, dist, nbytes)
             return src + dist, a[src]
         return self.transfer(acc, src, dist, array_axis, replicated)
 

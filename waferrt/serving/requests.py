@@ -61,6 +61,7 @@ class GenStats:
     started: float = 0.0  # time.perf_counter() when the run started (for the wall times to first token)
     ttft_wall_s: dict = field(default_factory=dict)  # request index -> wall seconds to its first token
     ttft_modelled_s: dict = field(default_factory=dict)  # request index -> when its first token leaves the wafer
+    expert_swaps: int | None = None  # with NI-Balancer on (generate --balance): the swaps of experts it finished
 
     @property
     def wall_tokens_per_s(self) -> float:

@@ -1,0 +1,113 @@
+"""Every link's traffic per phase, recorded as the collectives book it (no Ray): a LineComm's tap sees each
+booked message on its links -- the fast path's closed-form allreduces exactly as the hop-by-hop algorithms
+send them -- and an MoE layer's attention and MoE phases add up to what its ledger books, the attention's
+link for link what the closed forms lay on paper (waferrt.decode.phases.attention_load)."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+import pytest
+
+from waferrt.core.cost import ALLREDUCE_ALGOS, allreduce_cost
+from waferrt.core.ledger import Ledger
+from waferrt.core.mesh import Region
+from waferrt.core.spec import TINY
+from waferrt.decode.cost import Decoding
+from waferrt.decode.linkload import LinkLoad, PhaseLinks
+from waferrt.decode.moe import MoELayerShard, pack_moe_layer
+from waferrt.decode.moe_layout import MAPPINGS
+from waferrt.decode.pack import Chunks
+from waferrt.decode.phases import attention_load
+from waferrt.fabric.comm import Collectives, LineComm, Span
+from waferrt.fabric.line_links import allreduce_links
+from waferrt.model import synthetic_llama, tiny_moe_config
+
+
+def _recorded(region: Region, axis: str, coll: Collectives, buf: np.ndarray) -> tuple[LinkLoad, int]:
+    """The links an allreduce of buf (line positions first) loads, and the link bytes its ledger booked."""
+    links, ledger = PhaseLinks(region), Ledger(TINY)
+    comm = LineComm(axis, Span.of(region), ledger, fast=coll.fast)
+    comm.listen(links)
+    comm.allreduce(buf.copy(), coll)
+    return links.loads["attention"], ledger.total().link_bytes
+
+
+@pytest.mark.parametrize("algo", ALLREDUCE_ALGOS)
+@pytest.mark.parametrize("w,h", [(1, 3), (2, 3), (5, 2), (8, 4), (13, 1)])
+@pytest.mark.parametrize("axis", ["x", "y"])
+def test_a_fast_allreduce_records_the_links_the_hop_by_hop_one_uses(algo, w, h, axis):
+    region = Region(2, 1, w, h)
+    n, lines = (w, h) if axis == "x" else (h, w)
+    buf = np.random.default_rng(n).standard_normal((n, lines, 7)).astype(np.float32)
+    fast, fast_booked = _recorded(region, axis, Collectives(algo, 2, True), buf)
+    slow, slow_booked = _recorded(region, axis, Collectives(algo, 2, False), buf)
+    np.testing.assert_allclose(fast.bytes, slow.bytes)
+    assert fast.total() == pytest.approx(fast_booked) and slow.total() == pytest.approx(slow_booked)
+    whole, seg = allreduce_links(algo, n, 2)
+    assert (whole.sum() * 28 + seg.sum() * 4 * -(-7 // n)) == allreduce_cost(TINY, algo, n, 28, 2).link_bytes
+    assert whole[0, 0] == seg[0, 0] == 0 and whole[1, -1] == seg[1, -1] == 0  # no link leaves the line's ends
+
+
+def test_a_tap_needs_the_whole_region_in_its_tile():
+    comm = LineComm("x", Span(Region(0, 0, 8, 2), Region(0, 0, 4, 2)), Ledger(TINY))
+    with pytest.raises(ValueError, match="wholly in one tile"):
+        comm.listen(PhaseLinks(Region(0, 0, 8, 2)))
+
+
+@pytest.mark.parametrize("w,h,batch", [(8, 4, 1), (5, 3, 2), (4, 8, 1), (1, 1, 1)])
+@pytest.mark.parametrize("shared", [0, 16])
+@pytest.mark.parametrize("mapping", MAPPINGS)
+def test_an_moe_layer_records_its_phases_links_as_its_ledger_books_them(w, h, batch, shared, mapping):
+    config = tiny_moe_config(n_experts=4, top_k=2, shared_hidden_dim=shared)
+    lw = synthetic_llama(config, seed=2).layers[0]
+    region, ledger = Region(0, 0, w, h), Ledger(TINY)
+    shard = MoELayerShard(Decoding(config), region, pack_moe_layer(config, lw, region, mapping), (batch, 24), ledger)
+    chunks = Chunks(config.dim, w)
+    for pos in range(w + 3):
+        ledger.clear()
+        mark = shard.links.mark()
+        x = chunks.split(np.random.default_rng(pos).standard_normal((batch, config.dim)).astype(np.float32))
+        shard.forward(x, np.arange(batch), np.full(batch, pos))
+        run = shard.links.since(mark)
+        assert run["attention"].total() + run["moe"].total() == pytest.approx(ledger.by_op["layer"].link_bytes, abs=2)
+        if batch == 1:  # one request: the closed forms' token, its K/V shift over the columns that move
+            paper = attention_load(TINY, config, region, pos + 1, moving=pos % w)
+            np.testing.assert_allclose(run["attention"].bytes, paper.bytes)
+    assert shard.links.phase == "attention"
+
+
+def test_the_moe_phase_leaves_links_cold_that_the_attention_uses():
+    """What NI-Balancer's steps read: on an ER-Mapped region the attention uses every link, the MoE phase
+    (router, experts in their bands, combine) leaves some cold."""
+    config = tiny_moe_config(n_experts=4, top_k=1)
+    region = Region(0, 0, 8, 4)
+    lw = dataclasses.replace(synthetic_llama(config, seed=2).layers[0], router=np.zeros((4, config.dim), np.float32))
+    shard = MoELayerShard(Decoding(config), region, pack_moe_layer(config, lw, region, "er"), (1, 24), Ledger(TINY))
+    shard.forward(Chunks(config.dim, 8).split(np.ones((1, config.dim), np.float32)), np.array([0]), np.array([3]))
+    assert shard.links.loads["attention"].cold_share() == 0 < shard.links.loads["moe"].cold_share()
+
+
+def test_a_migration_step_costs_what_the_runs_recorded_phases_leave_it():
+    """NI-Balancer's part of a swap, booked inside a micro-batch, waits only behind the links the run's
+    phases (as recorded) use: the layer's cycles with a migration under way minus without are the cheaper
+    phase's step_cost."""
+    from waferrt.decode.balancer import Swap, step_cost
+
+    config = tiny_moe_config(n_experts=4, top_k=1)
+    region, lw = Region(0, 0, 8, 4), synthetic_llama(config, seed=2).layers[0]
+    shards = [MoELayerShard(Decoding(config), region, pack_moe_layer(config, lw, region, "er"), (1, 24), Ledger(TINY))
+              for _ in range(2)]
+    shards[0].migrate(Swap(0, 3), 4)
+    load, chunks = shards[0].swap_traffic(Swap(0, 3)), Chunks(config.dim, 8)
+    for pos in range(3):
+        x = chunks.split(np.random.default_rng(pos).standard_normal((1, config.dim)).astype(np.float32))
+        cycles, mark = [], shards[0].links.mark()
+        for shard in shards:
+            shard.ledger.clear()
+            shard.forward(x, np.array([0]), np.array([pos]))
+            cycles.append(shard.ledger.by_op["layer"].cycles)
+        phases = shards[0].links.since(mark).values()
+        want = min(step_cost(TINY, load, 4, busy).cycles for busy in phases)
+        assert cycles[0] - cycles[1] == pytest.approx(want, abs=1e-6) and want > 0  # its links are busy in both
