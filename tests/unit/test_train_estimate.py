@@ -39,7 +39,10 @@ def test_the_one_die_presets_are_the_specs_unchanged():
     assert TEMPLATES["wse2"].d2d_bisection_bytes_per_s() == float("inf")
     dojo = TEMPLATES["dojo"]
     assert dojo.mesh == (90, 100) and dojo.cores == 25 * 360 and dojo.spec.full_mesh == (90, 100)
-    assert dojo.d2d_bisection_bytes_per_s() == 5 * 4e12
+    assert dojo.d2d_bisection_bytes_per_s() == 10e12  # Hot Chips 34: "10 TB/s on-tile bisection bandwidth"
+    d1 = dojo.die  # AI Day 2021: 512 GB/s per node and direction; 362 TFLOPS bfloat16 on 354 nodes
+    assert d1.link_bytes_per_cycle * d1.clock_hz == 512e9
+    assert d1.flops_per_cycle_at("bfloat16") * d1.clock_hz * 354 == pytest.approx(362e12, rel=0.002)
 
 
 def test_a_template_refuses_dies_without_links():
@@ -65,9 +68,9 @@ def test_weight_streaming_streams_the_weights_in_twice_and_the_gradients_out_eac
 
 
 def test_the_die_edges_bound_a_ring_that_crosses_them():
-    t = TEMPLATES["temp"]  # dies of 64x64 cores, 4 TB/s per edge, 50 ns
+    t = TEMPLATES["temp"]  # dies of 64x64 cores, 4 TB/s per edge, 200 ns
     assert line_d2d_seconds(t, 64, 1e6) == 0.0  # inside one die
-    assert line_d2d_seconds(t, 128, 1e6) == pytest.approx(2 * 127 / 128 * 1e6 * 64 / 4e12 + 2 * 127 * 50e-9)
+    assert line_d2d_seconds(t, 128, 1e6) == pytest.approx(2 * 127 / 128 * 1e6 * 64 / 4e12 + 2 * 127 * 200e-9)
 
 
 def test_a_resident_strategy_that_cannot_hold_the_weights_says_so():

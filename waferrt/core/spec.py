@@ -142,7 +142,9 @@ WSE2 = HardwareSpec(
 )
 
 # Cerebras WSE-3 (announcement, March 2024; ALCF SC24 tutorial), figure by figure:
-# - full_mesh 762x1176 (896,112 cores): ASSUMED grid; Cerebras publishes 900,000 cores, not the grid.
+# - full_mesh 762x1176 (896,112 cores): "the CS-3, which has a fabric dimension of 762 x 1176" (Cerebras SDK
+#   docs, GEMV tutorial "running on a real system", sdk.cerebras.net), about the 900,000 cores announced. The same
+#   page gives a CS-2's fabric as 757 x 996, the WSE-2 grid above 750x994; ALCF's CS-3 docs use 762,1172.
 # - sram_bytes 48 KB: 44 GB of on-chip SRAM over 900,000 cores (WSE-3 announcement) = 48 KB.
 # - alpha, beta, link_bytes_per_cycle: as WSE-2 -- "Cerebras WSE-3 retains the same NoC configuration"
 #   (WaferLLM sec. 8); beta stays the WSE-2 assumption.

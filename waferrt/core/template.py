@@ -103,42 +103,53 @@ class WaferTemplate:
                 f"cores, {self.die.sram_bytes // 1024} KB each{d2d}, {self.die.topology}")
 
 
-# Tesla Dojo training tile (Tesla AI Day 2021; Talpes et al., "DOJO: The Microarchitecture of Tesla's Exa-Scale
-# Computer", Hot Chips 34, 2022), figure by figure:
-# - dies 5x5: "25 D1 dies" per training tile (AI Day 2021).
-# - die mesh 18x20: ASSUMED grid for the D1's 354 training nodes (360 places, a few spare).
-# - sram_bytes 1.25 MB per node (AI Day 2021: "1.25MB SRAM" per training node).
+# Tesla Dojo training tile (Tesla AI Day 2021, D1 and training-tile slides; Hot Chips 34, 2022: Talpes et al.,
+# "DOJO: The Microarchitecture of Tesla's Exa-Scale Computer", and Chang et al., "DOJO: Super-Compute System
+# Scaling for ML Training"), figure by figure:
+# - dies 5x5: "25 D1 compute dies" per training tile (AI Day 2021; Hot Chips 34 system talk).
+# - die mesh 18x20: ASSUMED grid (no published floor plan) for the D1's 354 training nodes (AI Day 2021): 360
+#   places, 6 of them spare. A cut through its 20 rows carries 20 x 512 GB/s = 10.24 TB/s, the D1's published
+#   "10 TBps/dir" on-chip bandwidth (the shorter cut, through 18 columns, carries 9.2 TB/s).
+# - sram_bytes 1.25 MB per node ("1.25MB SRAM" per training node, AI Day 2021; 11 GB per tile, Hot Chips 34).
 # - half_flops_per_cycle 512: 1,024 GFLOPS BF16/CFP8 per node at 2 GHz; flops_per_cycle 32: 64 GFLOPS FP32
-#   per node (AI Day 2021). clock_hz 2 GHz (AI Day 2021).
-# - link_bytes_per_cycle 250: the D1's "10 TBps/dir" on-chip bandwidth (AI Day 2021) over the 20 rows of the
-#   ASSUMED grid at 2 GHz.
-# - d2d 4 TB/s per die edge: "4 TBps/edge" off-chip bandwidth of the D1 (AI Day 2021); latency 100 ns ASSUMED.
-# - alpha 1, beta 30 cycles: ASSUMED, the WSE-2's (spec.py). ingress 4 TB/s: ASSUMED, one die edge's rate
-#   (the tile's host interfaces on one edge).
+#   per node (AI Day 2021). 354 nodes x 1,024 GFLOPS = the D1's 362 TFLOPS. clock_hz 2 GHz (AI Day 2021).
+# - link_bytes_per_cycle 256: "512 GB/s" per node in each direction (AI Day 2021) at 2 GHz.
+# - d2d 2 TB/s per die edge and direction: the tile's "10 TB/s on-tile bisection bandwidth" (Hot Chips 34
+#   system talk) over the 5 die edges that cross the tile's middle; the D1's "4 TBps/edge" off-chip bandwidth
+#   (AI Day 2021) is this counted both ways. Latency 100 ns per crossing: ASSUMED (no published D2D latency).
+# - ingress 4 TB/s: the tile's 5 Dojo Interface Processors (Hot Chips 34 system talk: "DIP x5" per tile),
+#   each 32 GB of HBM at "800 GB/s" (its 900 GB/s TTP link is not the bound): the rate weights stream in.
+# - alpha 1, beta 30 cycles: ASSUMED, the WSE-2's (spec.py); Tesla publishes no per-hop figure.
 DOJO_D1 = HardwareSpec(name="dojo-d1", full_mesh=(18, 20), sram_bytes=1_250_000, alpha_cycles=1.0, beta_cycles=30.0,
-                       link_bytes_per_cycle=250.0, flops_per_cycle=32.0, clock_hz=2.0e9, ingress_bytes_per_s=4e12,
+                       link_bytes_per_cycle=256.0, flops_per_cycle=32.0, clock_hz=2.0e9, ingress_bytes_per_s=4e12,
                        half_flops_per_cycle=512.0)
 
 # WATOS (Wang et al., "WATOS: Efficient LLM Training Strategies and Architecture Co-exploration for Wafer-scale
 # Chip", HPCA 2026, arXiv:2512.12279) defines a template of dies joined by D2D links and trades compute, memory
-# and D2D bandwidth for area; its structure is this class. The figures of this design point are ASSUMED (the
-# paper's table was not at hand): 6x8 dies of 96x96 cores, 96 KB SRAM and 16 float16 flops/cycle per core,
-# 1 GHz, 2 TB/s per die edge, 50 ns per crossing, on-die NoC and off-wafer I/O as the WSE-2's.
+# and D2D bandwidth for area; its structure is this class. Every figure of this design point is ASSUMED: the
+# stored copies of the paper (arxiv.org/html/2512.12279v1 and its abstract pages) end before its evaluation
+# setup, and no summary of that setup was found. Assumed: 6x8 dies of 96x96 cores, 96 KB SRAM and 16 float16
+# flops/cycle per core, 1 GHz, 2 TB/s per die edge, 50 ns per crossing, on-die NoC and off-wafer I/O as the WSE-2's.
 WATOS_DIE = WSE2.replace(name="watos-die", full_mesh=(96, 96), sram_bytes=96 * 1024, half_flops_per_cycle=16.0,
                          flops_per_cycle=4.0, clock_hz=1.0e9)
 # TEMP (Wang et al., "TEMP: A Memory Efficient Physical-aware Tensor Partition-Mapping Framework on Wafer-scale
-# Chips", arXiv:2512.14256): a mesh of dies whose SRAM is scarce next to its compute, tensors streamed between
-# dies. Figures ASSUMED (the paper's table was not at hand): 8x8 dies of 64x64 cores, 48 KB SRAM and 32 float16
-# flops/cycle per core, 1 GHz, 4 TB/s per die edge, 50 ns per crossing.
+# Chips", HPCA 2026, arXiv:2512.14256): a 2D mesh of dies, tensors streamed between neighbouring dies. Its
+# evaluated wafer (Table I, sec. VII-A), read SECONDHAND -- the stored copies of the paper end before its
+# evaluation, so these come from third-party summaries of the paper, not its table:
+# - dies 6x8: 48 dies in a 6x8 2D mesh on a 215 x 215 mm wafer.
+# - d2d 4 TB/s per die edge (to each adjacent die only); 200 ns per crossing (Table I's D2D latency).
+# - the die: ASSUMED, 64x64 cores of 48 KB SRAM and 32 float16 flops/cycle, 1 GHz, the WSE-2's on-die NoC and
+#   off-wafer I/O. The summaries give each die ~1,800 TFLOPS, 80 MB of SRAM and 72 GB of HBM at ~1 TB/s; this
+#   model has no per-die DRAM tier, so those are not taken over.
 TEMP_DIE = WSE2.replace(name="temp-die", full_mesh=(64, 64), sram_bytes=48 * 1024, half_flops_per_cycle=32.0,
                         flops_per_cycle=8.0, clock_hz=1.0e9)
 
 TEMPLATES: dict[str, WaferTemplate] = {t.name: t for t in (
     WaferTemplate("wse2", WSE2),
     WaferTemplate("wse3", WSE3),
-    WaferTemplate("dojo", DOJO_D1, (5, 5), DieLinks(4e12, 100e-9)),
+    WaferTemplate("dojo", DOJO_D1, (5, 5), DieLinks(2e12, 100e-9)),
     WaferTemplate("watos", WATOS_DIE, (6, 8), DieLinks(2e12, 50e-9)),
-    WaferTemplate("temp", TEMP_DIE, (8, 8), DieLinks(4e12, 50e-9)),
+    WaferTemplate("temp", TEMP_DIE, (6, 8), DieLinks(4e12, 200e-9)),
 )}
 
 
