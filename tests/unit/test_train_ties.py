@@ -1,0 +1,98 @@
+"""The emulated training step and its estimate agree (issue 24): on a square of cores of a Wafer without Ray,
+what a layer's forward (the prefill's MeshGEMM kernels) and backward (waferrt.train.block's kernel) book is
+what estimator.train_layer charges for the same layer on the same square, and a whole step's layers and head
+are what the estimator's resident strategy charges for one region -- on the tiny model and on a
+SmolLM2-shaped block (9 query heads sharing 3 K/V heads), on a few squares."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+import pytest
+
+from waferrt.core.cost import Cost, total
+from waferrt.core.ledger import Ledger
+from waferrt.core.mesh import Region
+from waferrt.core.spec import spec_by_name
+from waferrt.core.template import WaferTemplate
+from waferrt.decode.cost import Decoding
+from waferrt.decode.pack import Chunks, pack_layer
+from waferrt.decode.prefill import prefill_layer, prefill_layer_parts
+from waferrt.decode.shards import LayerShard
+from waferrt.estimator.train import TrainJob, tensor_stream
+from waferrt.estimator.train_layer import DECODE_LAYOUT, Run, Work, layer_parts, pass_cost
+from waferrt.model import synthetic_llama, tiny_config
+from waferrt.model.config import LlamaConfig
+from waferrt.runtime import Wafer
+from waferrt.train.block import block_backward, block_forward
+from waferrt.train.head import embedding_backward, head_backward
+
+SMOL = LlamaConfig(vocab_size=96, dim=72, n_layers=2, n_heads=9, n_kv_heads=3, hidden_dim=192, max_seq_len=64)
+CONFIGS = {"tiny": tiny_config(), "smollm2-shaped": SMOL}
+T = 8  # one sequence
+
+
+def _same(got: Cost, want: Cost) -> None:
+    """The same sums in another order: every count equal, the cycles to rounding."""
+    assert dataclasses.replace(got, cycles=0) == dataclasses.replace(want, cycles=0)
+    assert got.cycles == pytest.approx(want.cycles, rel=1e-12)
+
+
+def _forward(spec, config, layer, x: np.ndarray, side: int) -> Cost:
+    """What the prefill's kernels book for the layer on the side x side square, less its moves into and out of
+    the decode's layout (training does not make them)."""
+    region, ledger = Region(0, 0, side, side), Ledger(spec)
+    shard = LayerShard(Decoding(config), region, pack_layer(config, layer, region), (2, 2 * T), ledger)
+    chunks = Chunks(config.dim, side)
+    prefill_layer(shard, chunks.split(x), slot=1)
+    moves = total(c for n, _, c in prefill_layer_parts(spec, Decoding(config), region, len(x)) if n in DECODE_LAYOUT)
+    return Cost(*(a - b for a, b in zip(ledger.by_op["prefill"].as_dict().values(), moves.as_dict().values())))
+
+
+def _step(spec, config, side: int) -> tuple[list[Cost], Cost]:
+    """The emulated step's booked costs: each layer's forward + backward, then the head's and the embedding's."""
+    model, rng = synthetic_llama(config, seed=0), np.random.default_rng(side)
+    x = rng.standard_normal((T, config.dim)).astype(np.float32)
+    dy = rng.standard_normal((T, config.dim)).astype(np.float32)
+    layers = []
+    with Wafer(spec=spec.name, mesh=(side, side), tile=(4, 4), backend="local") as wafer:
+        for layer in model.layers:
+            _, saved = block_forward(config, layer, x)
+            block_backward(wafer, config, layer, saved, dy)
+            layers.append(_forward(spec, config, layer, x, side) + total(wafer.cost().per_step[-1].values()))
+        head_backward(wafer, config, model, x, rng.integers(0, config.vocab_size, T))
+        embedding_backward(wafer, config, rng.integers(0, config.vocab_size, T), x)
+        head = total(c for step in wafer.cost().per_step[-2:] for c in step.values())
+    return layers, head
+
+
+# (model, spec, side): the block must fit the cores' SRAM and leave each core an even share of head_dim
+RUNS = [("tiny", "tiny", 8), ("tiny", "wse2", 4), ("smollm2-shaped", "wse2", 4)]
+
+
+@pytest.fixture(scope="module", params=RUNS, ids=lambda p: f"{p[0]}-{p[1]}-{p[2]}x{p[2]}")
+def emulated(request):
+    name, spec, side = request.param
+    spec = spec_by_name(spec)
+    return spec, CONFIGS[name], side, _step(spec, CONFIGS[name], side)
+
+
+def test_a_layers_forward_and_backward_are_the_estimators_layer(emulated):
+    spec, config, side, (layers, _) = emulated
+    want = total(layer_parts(spec, config, Run(1, T, side)).values())
+    for got in layers:
+        _same(got, want)
+
+
+def test_a_whole_step_is_the_resident_strategys_on_one_region(emulated):
+    spec, config, side, (layers, head) = emulated
+    kernels = pass_cost(spec, Work(config, config.n_layers, 1, T, "float32"), (side, side))
+    _same(total(layers) + head, kernels.work)
+    assert kernels.squares == 1 and kernels.grad_sync == Cost()
+    template = WaferTemplate("one square", spec.replace(full_mesh=(side, side)))
+    st = tensor_stream(TrainJob(config, 1, T, "float32"), template)
+    if st.fits:  # the step's kernels, then the optimizer's update
+        compute, fabric = kernels.seconds(spec, "float32")
+        assert st.breakdown.fabric == pytest.approx(fabric, rel=1e-12)
+        assert st.breakdown.compute > compute
