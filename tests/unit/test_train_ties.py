@@ -90,9 +90,8 @@ def test_a_whole_step_is_the_resident_strategys_on_one_region(emulated):
     kernels = pass_cost(spec, Work(config, config.n_layers, 1, T, "float32"), (side, side))
     _same(total(layers) + head, kernels.work)
     assert kernels.squares == 1 and kernels.grad_sync == Cost()
-    template = WaferTemplate("one square", spec.replace(full_mesh=(side, side)))
-    st = tensor_stream(TrainJob(config, 1, T, "float32"), template)
-    if st.fits:  # the step's kernels, then the optimizer's update
-        compute, fabric = kernels.seconds(spec, "float32")
-        assert st.breakdown.fabric == pytest.approx(fabric, rel=1e-12)
-        assert st.breakdown.compute > compute
+    roomy = spec.replace(full_mesh=(side, side), sram_bytes=1 << 24)  # the estimator's memory model holds the
+    st = tensor_stream(TrainJob(config, 1, T, "float32"), WaferTemplate("one square", roomy))  # optimizer's state
+    compute, fabric = kernels.seconds(spec, "float32")  # the step's kernels, then the optimizer's update
+    assert st.fits and st.breakdown.fabric == pytest.approx(fabric, rel=1e-12) and st.breakdown.compute > compute
+    assert st.step_s == pytest.approx(st.breakdown.compute + fabric, rel=1e-12)
