@@ -59,7 +59,7 @@ def test_weight_streaming_streams_the_weights_in_twice_and_the_gradients_out_eac
     kernels = pass_cost(WSE2, Work(config, config.n_layers, mb, 1024, "bfloat16"), WSE2.full_mesh)
     compute, fabric = kernels.seconds(WSE2, "bfloat16")
     assert (st.breakdown.compute, st.breakdown.fabric) == (passes * compute, passes * fabric)
-    assert kernels.squares == 1 and kernels.grad_sync.cycles == 0  # one 750x750 square: nothing to sum
+    assert kernels.side < 750 and kernels.grad_sync.cycles > 0  # smaller squares, their gradients summed
     assert st.step_s == max(st.breakdown.compute + st.breakdown.fabric, st.breakdown.io)
 
 
@@ -74,7 +74,7 @@ def test_a_resident_strategy_that_cannot_hold_the_weights_says_so():
     est = estimate_train(TrainJob(config, 256, 2048, label="Llama3-8B"), TEMPLATES["wse2"])
     ws, pp, ts = est.strategies
     assert ws.fits and not pp.fits and not ts.fits and est.chosen is ws
-    assert "do not fit in the wafer's 36.6 GB" in ts.detail and ws.breakdown.bound == "fabric"  # the kernels
+    assert "do not fit in the wafer's 36.6 GB" in ts.detail and ws.breakdown.bound == "off-wafer I/O"
     assert 0 < ws.mfu < 1 and ws.tokens_per_s == pytest.approx(256 * 2048 / ws.step_s)
 
 

@@ -17,9 +17,10 @@ Attention runs per sequence: B sequences' attention is B times one sequence's (t
 tests/unit/test_train_ties.py); today's block kernel given B > 1 sequences at once computes the masked
 B*S x B*S scores instead, which a real step would not.
 
-:func:`pass_cost` puts a pass on a w x h grid: squares of side min(w, h) along the long side (the left-over
-cores idle), the sequences split over them (data parallel), every layer's weight gradients summed over the
-squares (``core.cost.allreduce_cost``, a ring of corresponding cores) -- a :class:`PassCost`.
+:func:`pass_cost` puts a pass on a w x h grid: squares of a side that tiles it (min(w, h) / 1, 2, 4, ... --
+the fastest whose cores hold a layer's weights and gradients; the left-over cores idle), the sequences split
+over them (data parallel), every weight gradient summed over the squares (``core.cost.allreduce_cost``, a ring
+of the squares' corresponding cores, ASSUMED as fast as a ring of neighbours) -- a :class:`PassCost`.
 """
 
 from __future__ import annotations
@@ -91,6 +92,10 @@ class PassCost:
     side: int
     squares: int
 
+    @property
+    def cycles(self) -> float:
+        return self.work.cycles + self.grad_sync.cycles
+
     def seconds(self, spec: HardwareSpec, dtype: str) -> tuple[float, float]:
         """(compute, fabric) seconds: the flops at `dtype`'s rate, and the rest of the cycles (the moves, the
         gradients' sum)."""
@@ -111,15 +116,23 @@ class Work:
     head: bool = True
 
 
-def squares(grid: tuple[int, int]) -> tuple[int, int]:
-    """(side, count) of the squares a w x h grid runs a pass on (module doc)."""
-    side = min(grid)
-    return side, max(grid) // side
+def _sides(spec: HardwareSpec, work: Work, grid: tuple[int, int]) -> list[int]:
+    """The squares' sides a pass may take on the grid: min(w, h) / k for k = 1, 2, 4, ..., a smaller square
+    only while its cores hold a copy of a layer's weights and gradients in half their SRAM (ASSUMED: the
+    other half for the activations and the streaming buffers)."""
+    per_layer = 2 * work.config.layer_params() * itemsize(work.dtype)
+    sides, side = [min(grid)], min(grid) // 2
+    while side >= 1 and per_layer <= spec.sram_bytes / 2 * side * side:
+        sides.append(side)
+        side //= 2
+    return sides
 
 
-def pass_cost(spec: HardwareSpec, work: Work, grid: tuple[int, int]) -> PassCost:
-    """A pass of `work` on the grid (module doc)."""
-    config, (side, count) = work.config, squares(grid)
+def pass_cost(spec: HardwareSpec, work: Work, grid: tuple[int, int], side: int | None = None) -> PassCost:
+    """A pass of `work` on the grid's squares of `side` (default: the fastest of :func:`_sides`) (module doc)."""
+    if side is None:
+        return min((pass_cost(spec, work, grid, s) for s in _sides(spec, work, grid)), key=lambda c: c.cycles)
+    config, count = work.config, (grid[0] // side) * (grid[1] // side)
     run = Run(cdiv(work.sequences, count), work.seq, side, work.dtype)
     layer = total(layer_parts(spec, config, run).values())
     cost = layer.scaled(work.layers) + (total(head_parts(spec, config, run).values()) if work.head else Cost())
