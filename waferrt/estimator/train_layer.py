@@ -36,6 +36,7 @@ from waferrt.core.spec import HardwareSpec
 from waferrt.core.train_cost import attention_backward_cost, block_backward_parts, grad_costs, head_backward_parts
 from waferrt.decode.cost import ELEMENTWISE_FLOPS, Decoding
 from waferrt.decode.prefill import prefill_layer_parts
+from waferrt.model.config import LlamaConfig
 
 DECODE_LAYOUT = ("weights_in_out", "kv_to_decode")  # the prefill's moves a training forward does not make
 
@@ -59,7 +60,7 @@ class Run:
         return self.sequences * self.seq
 
 
-def layer_parts(spec: HardwareSpec, config, run: Run) -> dict[str, Cost]:
+def layer_parts(spec: HardwareSpec, config: LlamaConfig, run: Run) -> dict[str, Cost]:
     """{op: Cost} of a layer's forward ("forward.<op>") and backward (block_backward_parts' ops) (module doc)."""
     region, dec = Region(0, 0, run.side, run.side), Decoding(config, run.dtype)
     forward = dict((name, c) for name, _, c in prefill_layer_parts(spec, dec, region, run.tokens)
@@ -74,7 +75,7 @@ def layer_parts(spec: HardwareSpec, config, run: Run) -> dict[str, Cost]:
     return {f"forward.{n}": c for n, c in forward.items()} | backward
 
 
-def head_parts(spec: HardwareSpec, config, run: Run) -> dict[str, Cost]:
+def head_parts(spec: HardwareSpec, config: LlamaConfig, run: Run) -> dict[str, Cost]:
     """The tied head's backward (with its logits' forward) and the embedding's scatter-add over the run."""
     shape = GemmShape(run.tokens, config.vocab_size, config.dim, run.side, run.side)
     return head_backward_parts(spec, shape, run.dtype) | {"embedding_backward": grad_costs(spec, shape, run.dtype)[1]}
@@ -108,12 +109,18 @@ class PassCost:
 class Work:
     """What a pass runs: `layers` layers of `config` (and the head if `head`) over `sequences` of `seq`."""
 
-    config: object
+    config: LlamaConfig
     layers: int
     sequences: int
     seq: int
     dtype: str
     head: bool = True
+
+    def __post_init__(self) -> None:
+        check_dtype(self.dtype)
+        if self.layers < 0 or min(self.sequences, self.seq) < 1:
+            raise ValueError(f"a pass runs >= 0 layers over >= 1 sequence of >= 1 token, got {self.layers} "
+                             f"layers, {self.sequences} sequences of {self.seq}")
 
 
 def _sides(spec: HardwareSpec, work: Work, grid: tuple[int, int]) -> list[int]:
