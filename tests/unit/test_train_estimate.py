@@ -120,3 +120,13 @@ def test_a_job_checks_its_numbers():
     with pytest.raises(ValueError, match="one of throughput, memory"):
         estimate_train(TrainJob(SMALL, 1, 8), TEMPLATES["wse2"], "latency")
     assert dataclasses.replace(TrainJob(SMALL, 2, 8), dtype="float32").tokens == 16
+
+
+def test_a_pass_over_die_edges_loads_them_and_one_die_does_not():
+    config, _ = model_by_name("smollm2-135m")
+    job, temp = TrainJob(config, 64, 1024), TEMPLATES["temp"]  # 8x8 dies of 64x64 cores
+    assert weight_streaming(job, TEMPLATES["wse2"]).breakdown.d2d == 0.0
+    slow = temp.replace(d2d=DieLinks(temp.d2d.bytes_per_s / 4, temp.d2d.latency_s))
+    fast_d2d, slow_d2d = (weight_streaming(job, t).breakdown.d2d for t in (temp, slow))
+    assert 0 < fast_d2d < slow_d2d and weight_streaming(job, slow).breakdown.compute == \
+        weight_streaming(job, temp).breakdown.compute  # the edges' rate changes the edges' time only

@@ -137,17 +137,19 @@ def line_d2d_seconds(template: WaferTemplate, n: int, line_bytes: float) -> floa
 
 def _kernels(job: TrainJob, template: WaferTemplate, work: Work, grid: tuple[int, int]) -> tuple[float, float, float]:
     """(compute, fabric, die-to-die) seconds of a pass of `work` on a w x h grid: the emulator's closed forms
-    composed (estimator.train_layer.pass_cost). When the grid spans die edges, an edge carries what its die's
-    mesh links across it carry during the fabric time, at the edge's rate (ASSUMED: the kernels' moves
-    spread evenly over the grid's lines), and the gradients' ring over the squares crosses the edges
-    (:func:`line_d2d_seconds`)."""
+    composed (estimator.train_layer.pass_cost). When the grid spans die edges, the gradients' ring over the
+    squares crosses them (:func:`line_d2d_seconds`), and when its squares do too, an edge carries what its
+    die's mesh links across it carry during the fabric time, at the edge's rate (ASSUMED: the kernels' moves
+    spread evenly over the grid's lines)."""
     spec, (die_w, die_h) = template.spec, template.die.full_mesh
     cost = pass_cost(spec, work, grid)
     compute, fabric = cost.seconds(spec, job.dtype)
     if template.d2d is None or (grid[0] <= die_w and grid[1] <= die_h):
         return compute, fabric, 0.0
-    edge = die_h * spec.link_bytes_per_cycle * spec.clock_hz / template.d2d.bytes_per_s
-    return compute, fabric, fabric * edge + line_d2d_seconds(template, max(grid), cost.grad_bytes)
+    inside = die_w % cost.side == 0 and die_h % cost.side == 0  # every square within a die
+    edge = 0.0 if inside else die_h * spec.link_bytes_per_cycle * spec.clock_hz / template.d2d.bytes_per_s
+    ring = line_d2d_seconds(template, max(grid), cost.grad_bytes) if cost.squares > 1 else 0.0
+    return compute, fabric, fabric * edge + ring
 
 
 def _adam_s(job: TrainJob, template: WaferTemplate, cores: int, params: float) -> float:
