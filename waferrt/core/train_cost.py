@@ -28,6 +28,7 @@ from .dtypes import check_dtype, itemsize
 from .gemm_cost import (
     AttentionShape,
     GemmShape,
+    attention_cost,
     gemm_cost,
     probabilities_cost,
     row_reduce_cost,
@@ -152,4 +153,30 @@ def block_backward_parts(spec: HardwareSpec, config, tokens: int, side: int, sof
         "attention_backward": attention_backward_cost(spec, AttentionShape(tokens, hd, H, side), softmax_flops, G,
                                                       dtype),
         "compute": compute_cost(spec, mb * nb, dtype) + compute_cost(spec, (H + 2 * G) * mb * nb, dtype),
+    }
+
+
+def block_forward_parts(spec: HardwareSpec, config, tokens: int, side: int, flops: dict, dtype: str = "float32"
+                        ) -> dict[str, Cost]:
+    """What a dense Llama block's forward on the mesh (waferrt.train.forward) books over `tokens` on side x
+    side cores, by op, `flops` the element-wise flops per element (decode.cost.ELEMENTWISE_FLOPS: "rmsnorm",
+    "rope", "softmax", "silu_mul", "residual"): the two RMSNorms (a sum of squares along the rows), the
+    projections by MeshGEMM (Q, K, V and the output per head, gate, up, down), the activations into the A
+    layout (skews), RoPE, the causal attention, SwiGLU, the residual adds, the heads' sum ("compute")."""
+    H, G, hd, dim, hidden = config.n_heads, config.n_kv_heads, config.head_dim, config.dim, config.hidden_dim
+    mb, nb, hb, db = (cdiv(v, side) for v in (tokens, dim, hidden, hd))
+    size, f32 = itemsize(check_dtype(dtype)), "float32"
+    shapes = [(GemmShape(tokens, dim, hd, side, side), n) for n in (H, G, G)]  # Q, K, V per head
+    shapes += [(GemmShape(tokens, hd, dim, side, side), H)] + [(GemmShape(tokens, dim, hidden, side, side), 1)] * 2
+    shapes += [(GemmShape(tokens, hidden, dim, side, side), 1)]
+    norm = row_reduce_cost(spec, side, mb, f32, f32) + compute_cost(spec, flops["rmsnorm"] * mb * nb)
+    return {
+        "rmsnorm": norm.scaled(2),
+        "relayout": sum((skew_cost(spec, side, n * size) for n in (mb * nb, H * mb * db, mb * nb, mb * hb)), Cost()),
+        "meshgemm": sum((gemm_cost(spec, "meshgemm", shape, dtype, n) for shape, n in shapes), Cost()),
+        "rope": compute_cost(spec, flops["rope"] * (H + G) * mb * db, dtype),
+        "attention": attention_cost(spec, AttentionShape(tokens, hd, H, side), flops["softmax"], dtype),
+        "swiglu": compute_cost(spec, flops["silu_mul"] * mb * hb, dtype),
+        "residual": compute_cost(spec, flops["residual"] * mb * nb, dtype).scaled(2),
+        "compute": compute_cost(spec, H * mb * nb, dtype),
     }

@@ -145,7 +145,7 @@ def finite_difference(config, weights, x: np.ndarray, dy: np.ndarray, name: str,
     return (loss(FD_STEP) - loss(-FD_STEP)) / (2 * FD_STEP)
 
 
-def _per_head(mat: np.ndarray, heads: int) -> np.ndarray:
+def per_head(mat: np.ndarray, heads: int) -> np.ndarray:
     """A projection's (heads * hd, dim) weight as the heads' (dim, hd) B operands: (heads, dim, hd)."""
     return mat.reshape(heads, -1, mat.shape[1]).transpose(0, 2, 1)
 
@@ -159,8 +159,8 @@ def _blocks(config, weights, saved: Saved, dy: np.ndarray, grid: Grid) -> dict[s
     return {
         "attn_norm": put("C", np.broadcast_to(weights.attn_norm, (s, dim))),
         "ffn_norm": put("C", np.broadcast_to(weights.ffn_norm, (s, dim))),
-        "wq": heads("B", _per_head(weights.wq, H)), "wk": heads("B", _per_head(weights.wk, config.n_kv_heads)),
-        "wv": heads("B", _per_head(weights.wv, config.n_kv_heads)), "wo": heads("B", weights.wo.T.reshape(H, hd, dim)),
+        "wq": heads("B", per_head(weights.wq, H)), "wk": heads("B", per_head(weights.wk, config.n_kv_heads)),
+        "wv": heads("B", per_head(weights.wv, config.n_kv_heads)), "wo": heads("B", weights.wo.T.reshape(H, hd, dim)),
         "w_gate": put("B", weights.w_gate.T), "w_up": put("B", weights.w_up.T), "w_down": put("B", weights.w_down.T),
         "x": put("C", saved.x), "x2": put("C", saved.x2), "dy": put("C", dy), "gate": put("C", saved.gate),
         "up": put("C", saved.up), **{n: heads("C", getattr(saved, n).transpose(1, 0, 2)) for n in ("q", "k", "v")},
