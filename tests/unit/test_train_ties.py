@@ -1,8 +1,9 @@
 """The emulated training step and its estimate agree (issue 24): on a square of cores of a Wafer without Ray,
-what a layer's forward (the prefill's MeshGEMM kernels) and backward (waferrt.train.block's kernel) book is
+what a layer's forward (waferrt.train.forward) and backward (waferrt.train.block), both on the mesh, book is
 what estimator.train_layer charges for the same layer on the same square, and a whole step's layers and head
 are what the estimator's resident strategy charges for one region -- on the tiny model and on a
-SmolLM2-shaped block (9 query heads sharing 3 K/V heads), on a few squares."""
+SmolLM2-shaped block (9 query heads sharing 3 K/V heads), on a few squares. The forward on the mesh equals
+the host's (block_forward) and books its closed form, one sequence or several."""
 
 from __future__ import annotations
 
@@ -12,20 +13,17 @@ import numpy as np
 import pytest
 
 from waferrt.core.cost import Cost, total
-from waferrt.core.ledger import Ledger
-from waferrt.core.mesh import Region
 from waferrt.core.spec import spec_by_name
 from waferrt.core.template import WaferTemplate
-from waferrt.decode.cost import Decoding
-from waferrt.decode.pack import Chunks, pack_layer
-from waferrt.decode.prefill import prefill_layer, prefill_layer_parts
-from waferrt.decode.shards import LayerShard
+from waferrt.core.train_cost import block_forward_parts
+from waferrt.decode.cost import ELEMENTWISE_FLOPS
 from waferrt.estimator.train import TrainJob, tensor_stream
-from waferrt.estimator.train_layer import DECODE_LAYOUT, Run, Work, layer_parts, pass_cost
+from waferrt.estimator.train_layer import Run, Work, layer_parts, pass_cost
 from waferrt.model import synthetic_llama, tiny_config
 from waferrt.model.config import LlamaConfig
 from waferrt.runtime import Wafer
 from waferrt.train.block import block_backward, block_forward
+from waferrt.train.forward import block_forward_mesh
 from waferrt.train.head import embedding_backward, head_backward
 
 SMOL = LlamaConfig(vocab_size=96, dim=72, n_layers=2, n_heads=9, n_kv_heads=3, hidden_dim=192, max_seq_len=64)
@@ -39,28 +37,20 @@ def _same(got: Cost, want: Cost) -> None:
     assert got.cycles == pytest.approx(want.cycles, rel=1e-12)
 
 
-def _forward(spec, config, layer, x: np.ndarray, side: int) -> Cost:
-    """What the prefill's kernels book for the layer on the side x side square, less its moves into and out of
-    the decode's layout (training does not make them)."""
-    region, ledger = Region(0, 0, side, side), Ledger(spec)
-    shard = LayerShard(Decoding(config), region, pack_layer(config, layer, region), (2, 2 * T), ledger)
-    chunks = Chunks(config.dim, side)
-    prefill_layer(shard, chunks.split(x), slot=1)
-    moves = total(c for n, _, c in prefill_layer_parts(spec, Decoding(config), region, len(x)) if n in DECODE_LAYOUT)
-    return Cost(*(a - b for a, b in zip(ledger.by_op["prefill"].as_dict().values(), moves.as_dict().values())))
-
-
 def _step(spec, config, side: int) -> tuple[list[Cost], Cost]:
-    """The emulated step's booked costs: each layer's forward + backward, then the head's and the embedding's."""
+    """The emulated step's booked costs: each layer's forward and backward on the mesh (the backward from the
+    activations the forward kept), then the head's and the embedding's."""
     model, rng = synthetic_llama(config, seed=0), np.random.default_rng(side)
     x = rng.standard_normal((T, config.dim)).astype(np.float32)
     dy = rng.standard_normal((T, config.dim)).astype(np.float32)
     layers = []
     with Wafer(spec=spec.name, mesh=(side, side), tile=(4, 4), backend="local") as wafer:
         for layer in model.layers:
-            _, saved = block_forward(config, layer, x)
+            y, saved = block_forward_mesh(wafer, config, layer, x)
+            np.testing.assert_allclose(y, block_forward(config, layer, x)[0], rtol=1e-4, atol=1e-5)
             block_backward(wafer, config, layer, saved, dy)
-            layers.append(_forward(spec, config, layer, x, side) + total(wafer.cost().per_step[-1].values()))
+            layers.append(total(c for step in wafer.cost().per_step[-2:] for c in step.values()))
+            x = y
         head_backward(wafer, config, model, x, rng.integers(0, config.vocab_size, T))
         embedding_backward(wafer, config, rng.integers(0, config.vocab_size, T), x)
         head = total(c for step in wafer.cost().per_step[-2:] for c in step.values())
@@ -106,3 +96,21 @@ def test_a_grid_runs_the_fastest_square_whose_cores_hold_a_layer():
     assert best.cycles == min(c.cycles for c in tried.values())
     assert tried[4].squares == 8 and tried[4].grad_sync.cycles > 0  # 16 sequences, 2 a square, summed over 8
     assert pass_cost(spec_by_name("tiny"), work, (16, 8)).side == 8  # 4x4 cores cannot hold a tiny layer
+
+
+@pytest.mark.parametrize("shape", [(T,), (2, T // 2)], ids=["one-sequence", "two-sequences"])
+def test_the_forward_on_the_mesh_is_the_hosts_and_books_its_closed_form(shape):
+    config = CONFIGS["tiny"]
+    layer = synthetic_llama(config, seed=0).layers[0]
+    x = np.random.default_rng(3).standard_normal((*shape, config.dim)).astype(np.float32)
+    want_y, want = block_forward(config, layer, x)
+    with Wafer(spec="tiny", mesh=(8, 8), tile=(4, 4), backend="local") as wafer:
+        y, saved = block_forward_mesh(wafer, config, layer, x)
+        booked = wafer.cost().by_op
+    np.testing.assert_allclose(y, want_y, rtol=1e-4, atol=1e-5)
+    for name in ("x", "h1", "q", "k", "v", "att", "x2", "h2", "gate", "up", "m"):
+        np.testing.assert_allclose(getattr(saved, name), getattr(want, name), rtol=1e-4, atol=1e-5, err_msg=name)
+    closed = block_forward_parts(spec_by_name("tiny"), config, T, 8, ELEMENTWISE_FLOPS)
+    assert set(booked) == set(closed)
+    for op, cost in booked.items():
+        _same(cost, closed[op])

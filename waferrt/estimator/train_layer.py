@@ -7,15 +7,13 @@ Contract (pure): :func:`layer_parts` is {op: Cost} of one dense Llama layer's fo
 cross-entropy, dh, dE, the final RMSNorm's backward) and the embedding's scatter-add. Nothing here is a new
 formula -- the owners are the emulator's:
 
-- the forward: ``decode.prefill.prefill_layer_parts`` (what the prefill's MeshGEMM kernels book on the same
-  square, tests/unit/test_prefill_layer.py) without its two moves into and out of the decode's layout
-  (training keeps the activations in the GEMMs' layouts);
+- the forward: ``core.train_cost.block_forward_parts`` (what waferrt.train.forward books on the square);
 - the backward: ``core.train_cost.block_backward_parts`` (what waferrt.train.block books), the head's
   ``head_backward_parts`` and the embedding's ``grad_costs`` (what waferrt.train.head books).
 
 Attention runs per sequence: B sequences' attention is B times one sequence's (the kernels of one sequence,
-tests/unit/test_train_ties.py); today's block kernel given B > 1 sequences at once computes the masked
-B*S x B*S scores instead, which a real step would not.
+tests/unit/test_train_ties.py); today's kernels given B > 1 sequences at once compute the masked B*S x B*S
+scores instead, which a real step would not.
 
 :func:`pass_cost` puts a pass on a w x h grid: squares of a side that tiles it (min(w, h) / 1, 2, 4, ... --
 the fastest whose cores hold a layer's weights and gradients; the left-over cores idle), the sequences split
@@ -30,16 +28,17 @@ from dataclasses import dataclass
 from waferrt.core.arith import cdiv
 from waferrt.core.cost import Cost, allreduce_cost, flop_cycles, total
 from waferrt.core.dtypes import check_dtype, itemsize
-from waferrt.core.gemm_cost import AttentionShape, GemmShape
-from waferrt.core.mesh import Region
+from waferrt.core.gemm_cost import AttentionShape, GemmShape, attention_cost
 from waferrt.core.spec import HardwareSpec
-from waferrt.core.train_cost import attention_backward_cost, block_backward_parts, grad_costs, head_backward_parts
-from waferrt.decode.cost import ELEMENTWISE_FLOPS, Decoding
-from waferrt.decode.prefill import prefill_layer_parts
+from waferrt.core.train_cost import (
+    attention_backward_cost,
+    block_backward_parts,
+    block_forward_parts,
+    grad_costs,
+    head_backward_parts,
+)
+from waferrt.decode.cost import ELEMENTWISE_FLOPS
 from waferrt.model.config import LlamaConfig
-
-DECODE_LAYOUT = ("weights_in_out", "kv_to_decode")  # the prefill's moves a training forward does not make
-
 
 @dataclass(frozen=True)
 class Run:
@@ -62,16 +61,13 @@ class Run:
 
 def layer_parts(spec: HardwareSpec, config: LlamaConfig, run: Run) -> dict[str, Cost]:
     """{op: Cost} of a layer's forward ("forward.<op>") and backward (block_backward_parts' ops) (module doc)."""
-    region, dec = Region(0, 0, run.side, run.side), Decoding(config, run.dtype)
-    forward = dict((name, c) for name, _, c in prefill_layer_parts(spec, dec, region, run.tokens)
-                   if name not in DECODE_LAYOUT)
+    forward = block_forward_parts(spec, config, run.tokens, run.side, ELEMENTWISE_FLOPS, run.dtype)
     backward = block_backward_parts(spec, config, run.tokens, run.side, ELEMENTWISE_FLOPS["softmax"], run.dtype)
     if run.sequences > 1:  # attention per sequence
-        one = dict((name, c) for name, _, c in prefill_layer_parts(spec, dec, region, run.seq))
-        forward["attention"] = one["attention"].scaled(run.sequences)
+        one = AttentionShape(run.seq, config.head_dim, config.n_heads, run.side)
+        forward["attention"] = attention_cost(spec, one, ELEMENTWISE_FLOPS["softmax"], run.dtype).scaled(run.sequences)
         backward["attention_backward"] = attention_backward_cost(
-            spec, AttentionShape(run.seq, config.head_dim, config.n_heads, run.side), ELEMENTWISE_FLOPS["softmax"],
-            config.n_kv_heads, run.dtype).scaled(run.sequences)
+            spec, one, ELEMENTWISE_FLOPS["softmax"], config.n_kv_heads, run.dtype).scaled(run.sequences)
     return {f"forward.{n}": c for n, c in forward.items()} | backward
 
 
