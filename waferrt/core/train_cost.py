@@ -16,7 +16,8 @@ On a square grid each backward product thus costs the forward's compute and, per
 around it. :func:`train_gemm_costs` is the three of a training step's GEMM; :func:`train_efficiency` the
 share of their modelled time spent on useful flops (the unpadded 2mkn each, spread evenly over the grid).
 :func:`attention_backward_cost`, :func:`rmsnorm_backward_cost`, :func:`block_backward_parts` and
-:func:`head_backward_parts` are what waferrt.kernels.attention_backward, train_ops and waferrt.train book.
+:func:`head_backward_parts` are what waferrt.kernels.attention_backward, train_ops and waferrt.train book;
+:func:`block_forward_parts` what the block's forward on the mesh (waferrt.train.forward) books.
 Pure: built from waferrt.core.cost's and gemm_cost's owners (a model config is read by its attributes).
 """
 
