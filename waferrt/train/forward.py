@@ -23,9 +23,8 @@ from waferrt.kernels.attention import PromptAttention, causal_attention
 from waferrt.kernels.gemm import meshgemm
 from waferrt.kernels.gemm_backward import gather, scatter
 from waferrt.kernels.train_ops import Norm, relayout, rotate_pairs
-from waferrt.model.reference import rope_cos_sin
 
-from .block import Saved, per_head
+from .block import Saved, layer_blocks
 from .onwafer import Job, living_square, run_job
 
 FORWARD_INPUTS = ("x", "attn_norm", "ffn_norm", "wq", "wk", "wv", "wo", "w_gate", "w_up", "w_down", "cos", "sin")
@@ -81,23 +80,6 @@ def forward_kernel(ctx, norm: Norm, prompt: PromptAttention) -> None:
         ctx.store(f"bf.o.{name}", value[:, :, None, None])
 
 
-def _inputs(config, weights, x: np.ndarray, seq: int, grid) -> dict[str, np.ndarray]:
-    """The kernel's inputs in their layouts over the square: x, the norms' weights and cos/sin in the C
-    layout, the projections in the B layout (Q, K, V and the output projection per head)."""
-    s, (T, dim), hd, H = len(grid.rows), x.shape, config.head_dim, config.n_heads
-    put = lambda layout, mat: scatter(layout, grid, (s, s), np.ascontiguousarray(mat, np.float32))  # noqa: E731
-    heads = lambda layout, mats: np.stack([put(layout, m) for m in mats], axis=2)  # noqa: E731
-    cos, sin = rope_cos_sin(np.arange(T) % seq, hd, config.rope_theta)
-    return {
-        "x": put("C", x), "attn_norm": put("C", np.broadcast_to(weights.attn_norm, (s, dim))),
-        "ffn_norm": put("C", np.broadcast_to(weights.ffn_norm, (s, dim))),
-        "wq": heads("B", per_head(weights.wq, H)), "wk": heads("B", per_head(weights.wk, config.n_kv_heads)),
-        "wv": heads("B", per_head(weights.wv, config.n_kv_heads)), "wo": heads("B", weights.wo.T.reshape(H, hd, dim)),
-        "w_gate": put("B", weights.w_gate.T), "w_up": put("B", weights.w_up.T), "w_down": put("B", weights.w_down.T),
-        "cos": put("C", np.repeat(cos, 2, axis=1)), "sin": put("C", np.repeat(sin, 2, axis=1)),
-    }
-
-
 def _kept_shapes(config, inputs: dict, grid) -> dict[str, tuple]:
     """The shapes of the kernel's outputs' blocks over the square."""
     x, s = inputs["x"].shape, len(grid.rows)
@@ -114,7 +96,9 @@ def block_forward_mesh(wafer, config, weights, x: np.ndarray) -> tuple[np.ndarra
     S, flat = x.shape[-2], x.reshape(-1, x.shape[-1]).astype(np.float32)
     T, hd, H = flat.shape[0], config.head_dim, config.n_heads
     region, grid = living_square(wafer, "a block's forward")
-    inputs = _inputs(config, weights, flat, S, grid)
+    s = len(grid.rows)
+    inputs = layer_blocks(config, weights, grid, T, S) | {
+        "x": scatter("C", grid, (s, s), np.ascontiguousarray(flat))}
     prompt = PromptAttention(T, 1 / np.sqrt(hd), EW["softmax"], S)
     job = Job("bf.", region, inputs, _kept_shapes(config, inputs, grid), forward_kernel,
               dict(norm=Norm(config.dim, config.norm_eps), prompt=prompt))
