@@ -23,6 +23,7 @@ from waferrt.kernels.attention import PromptAttention, causal_attention
 from waferrt.kernels.gemm import meshgemm
 from waferrt.kernels.gemm_backward import gather, scatter
 from waferrt.kernels.train_ops import Norm, relayout, rotate_pairs
+from waferrt.model.reference import silu
 
 from .block import Saved, layer_blocks
 from .onwafer import Job, living_square, run_job
@@ -71,7 +72,7 @@ def forward_kernel(ctx, norm: Norm, prompt: PromptAttention) -> None:
     h2 = _rmsnorm(ctx, x2, t["ffn_norm"], norm)
     h2a = relayout(ctx, h2, "C", "A")
     gate, up = (meshgemm(ctx, h2a[:, :, None], t[w][:, :, None]) for w in ("w_gate", "w_up"))
-    m = _elementwise(ctx, "swiglu", EW["silu_mul"], gate / (1 + np.exp(-gate)) * up)
+    m = _elementwise(ctx, "swiglu", EW["silu_mul"], silu(gate) * up)
     ma = relayout(ctx, m, "C", "A")
     y = _elementwise(ctx, "residual", EW["residual"], x2 + meshgemm(ctx, ma[:, :, None], t["w_down"][:, :, None]))
     kept = {"y": y, "h1": h1a, "q": q, "k": k, "v": v, "att": atta, "x2": x2, "h2": h2a, "gate": gate, "up": up,
