@@ -106,9 +106,9 @@ def block_forward_mesh(wafer, config, weights, x: np.ndarray) -> tuple[np.ndarra
     got = {n[2:]: a for n, a in run_job(wafer, job, "a block's forward").items()}
     mat = lambda layout, a, n: gather(layout, grid, a, (T, n))  # noqa: E731
     per = lambda layout, a: np.stack([mat(layout, a[:, :, h], hd) for h in range(a.shape[2])], axis=1)  # noqa: E731
-    hidden = config.hidden_dim
-    saved = Saved(x=flat, h1=mat("A", got["h1"], config.dim), q=per("C", got["q"]), k=per("C", got["k"]),
-                  v=per("C", got["v"]), att=per("A", got["att"]).reshape(T, H * hd), x2=mat("C", got["x2"], config.dim),
-                  h2=mat("A", got["h2"], config.dim), gate=mat("C", got["gate"], hidden), up=mat("C", got["up"], hidden),
+    dim, hidden = config.dim, config.hidden_dim
+    saved = Saved(x=flat, h1=mat("A", got["h1"], dim), q=per("C", got["q"]), k=per("C", got["k"]),
+                  v=per("C", got["v"]), att=per("A", got["att"]).reshape(T, H * hd), x2=mat("C", got["x2"], dim),
+                  h2=mat("A", got["h2"], dim), gate=mat("C", got["gate"], hidden), up=mat("C", got["up"], hidden),
                   m=mat("A", got["m"], hidden), seq=S)
-    return mat("C", got["y"], config.dim).reshape(x.shape), saved
+    return mat("C", got["y"], dim).reshape(x.shape), saved
