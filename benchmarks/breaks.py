@@ -25,7 +25,7 @@ FILES = {  # the fast unit test files that tie the cost model, by what they cove
     "stream": ["tests/unit/test_owners.py", "tests/unit/test_streaming.py",
                "tests/unit/test_ties.py::test_the_paper_streaming_estimate_is_what_the_streaming_tiles_book"],
     "train": ["tests/unit/test_gemm_backward.py", "tests/unit/test_train_kernels.py",
-              "tests/unit/test_block_backward.py"],
+              "tests/unit/test_block_backward.py", "tests/unit/test_train_ties.py"],
 }
 
 # name -> (module, attribute (Class.method for a method), the broken version as source over `orig`, files)
@@ -42,6 +42,14 @@ BREAKS = {
         "waferrt.estimator.train", "model_flops_per_token",
         "lambda config, seq: orig(config, seq) - 6 * config.n_layers * seq * config.dim",
         ["tests/unit/test_train_estimate.py"]),
+    "layer_parts: a training forward without its attention": (
+        "waferrt.estimator.train_layer", "layer_parts",
+        "lambda spec, config, run: {k: c for k, c in orig(spec, config, run).items() if k != 'forward.attention'}",
+        ["tests/unit/test_train_ties.py"]),
+    "block_forward_parts: one residual add for free": (
+        "waferrt.core.train_cost", "block_forward_parts",
+        "lambda *a: (lambda p: {**p, 'residual': __import__('waferrt.core.cost', fromlist=['x']).Cost("
+        "flops=p['residual'].flops // 2, cycles=p['residual'].cycles / 2)})(orig(*a))", FILES["train"]),
     "message_cycles: alpha paid twice": (
         "waferrt.core.cost", "message_cycles", "lambda spec, h, s, b: orig(spec, h, s, b) + h * spec.alpha_cycles",
         FILES["cost"] + FILES["decode"][1:2]),

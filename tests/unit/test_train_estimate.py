@@ -5,7 +5,6 @@ import dataclasses
 
 import pytest
 
-from waferrt.core.cost import allreduce_cost, flop_cycles
 from waferrt.core.spec import WSE2, WSE3
 from waferrt.core.template import TEMPLATES, DieLinks, WaferTemplate, template_by_name
 from waferrt.core.topology import Topology
@@ -20,6 +19,7 @@ from waferrt.estimator.train import (
     tensor_stream,
     weight_streaming,
 )
+from waferrt.estimator.train_layer import Work, pass_cost
 from waferrt.model.config import LlamaConfig
 from waferrt.model.zoo import model_by_name
 
@@ -58,13 +58,12 @@ def test_weight_streaming_streams_the_weights_in_twice_and_the_gradients_out_eac
     st = weight_streaming(job, t)
     passes = int(st.detail.split()[0])
     assert st.breakdown.io == pytest.approx(passes * 3 * config.params() * 2 / WSE2.ingress_bytes_per_s)
-    flops = model_flops_per_token(config, 1024) * job.tokens
-    assert st.breakdown.compute == flop_cycles(WSE2, flops / WSE2.cores, "bfloat16") / WSE2.clock_hz
-    w, h = WSE2.full_mesh  # every GEMM output reduced along the rows, forward and backward: core.cost's ring
-    line = job.tokens * (3 * config.dim + 2 * config.kv_dim + 2 * config.hidden_dim) * 2 / h
-    ring = allreduce_cost(WSE2, "ring", w, round(line)).cycles / WSE2.clock_hz
-    assert st.breakdown.fabric == pytest.approx(2 * config.n_layers * ring)
-    assert st.step_s == max(st.breakdown.compute, st.breakdown.fabric, st.breakdown.io)
+    mb = 64 // passes  # every pass runs the emulator's closed forms on the wafer (estimator.train_layer)
+    kernels = pass_cost(WSE2, Work(config, config.n_layers, mb, 1024, "bfloat16"), WSE2.full_mesh)
+    compute, fabric = kernels.seconds(WSE2, "bfloat16")
+    assert (st.breakdown.compute, st.breakdown.fabric) == (passes * compute, passes * fabric)
+    assert kernels.side < 750 and kernels.grad_sync.cycles > 0  # smaller squares, their gradients summed
+    assert st.step_s == max(st.breakdown.compute + st.breakdown.fabric, st.breakdown.io)
 
 
 def test_the_die_edges_bound_a_ring_that_crosses_them():
@@ -88,8 +87,8 @@ def test_the_pipeline_pays_its_bubble_and_keeps_the_optimizer_state_when_it_fits
     st = pipeline(job, t)
     r, m = int(st.detail.split()[0]), int(st.detail.split()[2])
     assert config.n_layers % r == 0 and r >= 2 and "optimizer state on the wafer" in st.detail
-    b = st.breakdown  # every part over the m + r - 1 slots; a slot lasts its longest part
-    assert st.step_s == pytest.approx(max(b.compute, b.fabric, b.d2d) + b.io)
+    b = st.breakdown  # every part over the m + r - 1 slots; a slot lasts its kernels or its die edges
+    assert st.step_s == pytest.approx(max(b.compute + b.fabric, b.d2d) + b.io)
     assert f"bubble {(r - 1) / (m + r - 1):.0%}" in st.detail
     assert config.params() * STATE_BYTES <= t.sram_bytes() / 2
 
@@ -124,3 +123,13 @@ def test_a_job_checks_its_numbers():
     with pytest.raises(ValueError, match="one of throughput, memory"):
         estimate_train(TrainJob(SMALL, 1, 8), TEMPLATES["wse2"], "latency")
     assert dataclasses.replace(TrainJob(SMALL, 2, 8), dtype="float32").tokens == 16
+
+
+def test_a_pass_over_die_edges_loads_them_and_one_die_does_not():
+    config, _ = model_by_name("smollm2-135m")
+    job, temp = TrainJob(config, 64, 1024), TEMPLATES["temp"]  # 8x8 dies of 64x64 cores
+    assert weight_streaming(job, TEMPLATES["wse2"]).breakdown.d2d == 0.0
+    slow = temp.replace(d2d=DieLinks(temp.d2d.bytes_per_s / 4, temp.d2d.latency_s))
+    fast_d2d, slow_d2d = (weight_streaming(job, t).breakdown.d2d for t in (temp, slow))
+    assert 0 < fast_d2d < slow_d2d and weight_streaming(job, slow).breakdown.compute == \
+        weight_streaming(job, temp).breakdown.compute  # the edges' rate changes the edges' time only

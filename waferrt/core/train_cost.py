@@ -16,7 +16,8 @@ On a square grid each backward product thus costs the forward's compute and, per
 around it. :func:`train_gemm_costs` is the three of a training step's GEMM; :func:`train_efficiency` the
 share of their modelled time spent on useful flops (the unpadded 2mkn each, spread evenly over the grid).
 :func:`attention_backward_cost`, :func:`rmsnorm_backward_cost`, :func:`block_backward_parts` and
-:func:`head_backward_parts` are what waferrt.kernels.attention_backward, train_ops and waferrt.training book.
+:func:`head_backward_parts` are what waferrt.kernels.attention_backward, train_ops and waferrt.training book;
+:func:`block_forward_parts` what the block's forward on the mesh (waferrt.training.forward) books.
 Pure: built from waferrt.core.cost's and gemm_cost's owners (a model config is read by its attributes).
 """
 
@@ -28,6 +29,7 @@ from .dtypes import check_dtype, itemsize
 from .gemm_cost import (
     AttentionShape,
     GemmShape,
+    attention_cost,
     gemm_cost,
     probabilities_cost,
     row_reduce_cost,
@@ -109,33 +111,35 @@ def rmsnorm_backward_cost(spec: HardwareSpec, tokens: int, dim: int, side: int) 
             + compute_cost(spec, BACKWARD_FLOPS["rmsnorm"] * mb * nb))
 
 
-def head_backward_parts(spec: HardwareSpec, shape: GemmShape) -> dict[str, Cost]:
+def head_backward_parts(spec: HardwareSpec, shape: GemmShape, dtype: str = "float32") -> dict[str, Cost]:
     """The tied head's backward with cross-entropy (waferrt.training.head) for shape = (tokens, vocab, dim) on a
     square: the logits h E^T (the transposed variant, as a dX), the row max, sum and target's logit along the
     rows and the loss down the columns, dh = dlogits E (MeshGEMM, as a forward), dE = dlogits^T h (as a dW);
-    then the final RMSNorm's backward."""
+    then the final RMSNorm's backward. The GEMMs' values move as `dtype` and compute at its rate (the kernel:
+    float32); the softmax's sums and the norm stay float32."""
     side = _side(shape)
     mb, vb, f32 = cdiv(shape.m, side), cdiv(shape.k, side), "float32"
-    gemms = sum(train_gemm_costs(spec, shape).values(), Cost())
+    gemms = sum(train_gemm_costs(spec, shape, dtype).values(), Cost())
     reduce = row_reduce_cost(spec, side, mb, f32, f32).scaled(3) + row_reduce_cost(spec, side, 1, f32, f32)
     return {"head_backward": gemms + reduce + compute_cost(spec, BACKWARD_FLOPS["cross_entropy"] * mb * vb),
             "rmsnorm_backward": rmsnorm_backward_cost(spec, shape.m, shape.n, side)}
 
 
-def block_backward_parts(spec: HardwareSpec, config, tokens: int, side: int, softmax_flops: int
-                         ) -> dict[str, Cost]:
+def block_backward_parts(spec: HardwareSpec, config, tokens: int, side: int, softmax_flops: int,
+                         dtype: str = "float32") -> dict[str, Cost]:
     """What a dense Llama block's backward (waferrt.training.block) books over `tokens` on side x side cores
     (the forward's softmax at `softmax_flops` a score, recomputed), by op: the GEMMs' dX and dW (the
     projections per head; Q, K, V's dW with the normed input shared by the heads), the layout moves, the
-    element-wise ops, the attention, the sums in the cores ("compute")."""
+    element-wise ops, the attention, the sums in the cores ("compute"). Values move as `dtype` and the cores
+    compute at its rate (the kernel: float32, the default); the RMSNorms stay float32."""
     H, G, hd, dim, hidden = config.n_heads, config.n_kv_heads, config.head_dim, config.dim, config.hidden_dim
     mb, nb, hb, db = (cdiv(v, side) for v in (tokens, dim, hidden, hd))
-    size, f32 = itemsize("float32"), "float32"
+    size = itemsize(check_dtype(dtype))
     gemms = [(GemmShape(tokens, hidden, dim, side, side), 1)] + [(GemmShape(tokens, dim, hidden, side, side), 1)] * 2
     gemms += [(GemmShape(tokens, hd, dim, side, side), H)]  # the output projection, per head
     heads = [(GemmShape(tokens, dim, hd, side, side), n) for n in (H, G, G)]  # Q, K, V per head
-    grads = [grad_costs(spec, shape, f32, None, n) for shape, n in gemms + heads]
-    qkv_dw = [transposed_cost(spec, (side, side), (n * nb * db, mb * nb), 2 * n * mb * nb * db)
+    grads = [grad_costs(spec, shape, dtype, None, n) for shape, n in gemms + heads]
+    qkv_dw = [transposed_cost(spec, (side, side), (n * nb * db, mb * nb), 2 * n * mb * nb * db, dtype)
               for n in (H, G, G)]  # the normed input moves once for all the heads
     moved = [mb * hb, mb * nb, H * mb * db, G * mb * db, G * mb * db, mb * nb]
     norm = rmsnorm_backward_cost(spec, tokens, dim, side)
@@ -143,9 +147,37 @@ def block_backward_parts(spec: HardwareSpec, config, tokens: int, side: int, sof
         "grad_input": sum((dx for dx, _ in grads), Cost()),
         "grad_weight": sum((dw for _, dw in grads[:4]), Cost()) + sum(qkv_dw, Cost()),
         "relayout": sum((skew_cost(spec, side, n * size) for n in moved), Cost()),
-        "swiglu_backward": compute_cost(spec, BACKWARD_FLOPS["swiglu"] * mb * hb),
+        "swiglu_backward": compute_cost(spec, BACKWARD_FLOPS["swiglu"] * mb * hb, dtype),
         "rmsnorm_backward": norm.scaled(2),
-        "rope_backward": sum((compute_cost(spec, BACKWARD_FLOPS["rope"] * n * mb * db) for n in (H, G)), Cost()),
-        "attention_backward": attention_backward_cost(spec, AttentionShape(tokens, hd, H, side), softmax_flops, G),
-        "compute": compute_cost(spec, mb * nb) + compute_cost(spec, (H + 2 * G) * mb * nb),
+        "rope_backward": sum((compute_cost(spec, BACKWARD_FLOPS["rope"] * n * mb * db, dtype) for n in (H, G)),
+                             Cost()),
+        "attention_backward": attention_backward_cost(spec, AttentionShape(tokens, hd, H, side), softmax_flops, G,
+                                                      dtype),
+        "compute": compute_cost(spec, mb * nb, dtype) + compute_cost(spec, (H + 2 * G) * mb * nb, dtype),
+    }
+
+
+def block_forward_parts(spec: HardwareSpec, config, tokens: int, side: int, flops: dict, dtype: str = "float32"
+                        ) -> dict[str, Cost]:
+    """What a dense Llama block's forward on the mesh (waferrt.training.forward) books over `tokens` on side x
+    side cores, by op, `flops` the element-wise flops per element (decode.cost.ELEMENTWISE_FLOPS: "rmsnorm",
+    "rope", "softmax", "silu_mul", "residual"): the two RMSNorms (a sum of squares along the rows), the
+    projections by MeshGEMM (Q, K, V and the output per head, gate, up, down), the activations into the A
+    layout (skews), RoPE, the causal attention, SwiGLU, the residual adds, the heads' sum ("compute")."""
+    H, G, hd, dim, hidden = config.n_heads, config.n_kv_heads, config.head_dim, config.dim, config.hidden_dim
+    mb, nb, hb, db = (cdiv(v, side) for v in (tokens, dim, hidden, hd))
+    size, f32 = itemsize(check_dtype(dtype)), "float32"
+    shapes = [(GemmShape(tokens, dim, hd, side, side), n) for n in (H, G, G)]  # Q, K, V per head
+    shapes += [(GemmShape(tokens, hd, dim, side, side), H)] + [(GemmShape(tokens, dim, hidden, side, side), 1)] * 2
+    shapes += [(GemmShape(tokens, hidden, dim, side, side), 1)]
+    norm = row_reduce_cost(spec, side, mb, f32, f32) + compute_cost(spec, flops["rmsnorm"] * mb * nb)
+    return {
+        "rmsnorm": norm.scaled(2),
+        "relayout": sum((skew_cost(spec, side, n * size) for n in (mb * nb, H * mb * db, mb * nb, mb * hb)), Cost()),
+        "meshgemm": sum((gemm_cost(spec, "meshgemm", shape, dtype, n) for shape, n in shapes), Cost()),
+        "rope": compute_cost(spec, flops["rope"] * (H + G) * mb * db, dtype),
+        "attention": attention_cost(spec, AttentionShape(tokens, hd, H, side), flops["softmax"], dtype),
+        "swiglu": compute_cost(spec, flops["silu_mul"] * mb * hb, dtype),
+        "residual": compute_cost(spec, flops["residual"] * mb * nb, dtype).scaled(2),
+        "compute": compute_cost(spec, H * mb * nb, dtype),
     }

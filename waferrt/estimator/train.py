@@ -28,10 +28,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from waferrt.core.cost import allreduce_cost, flop_cycles, message_cycles
+from waferrt.core.cost import flop_cycles, message_cycles
 from waferrt.core.dtypes import check_dtype, itemsize
 from waferrt.core.template import WaferTemplate
 from waferrt.model.config import LlamaConfig
+
+from .train_layer import Work, pass_cost
 
 STRATEGIES = ("weight-streaming", "pipeline", "tensor-stream")
 TRAIN_OBJECTIVES = ("throughput", "memory")
@@ -67,7 +69,8 @@ class TrainJob:
 
 @dataclass(frozen=True)
 class Breakdown:
-    """Seconds of one step spent on each resource (they overlap where the strategy streams)."""
+    """Seconds of one step spent on each resource: compute and fabric are the kernels' (their flops and their
+    moves, one after the other: estimator.train_layer); die-to-die and I/O overlap them where streamed."""
 
     compute: float
     fabric: float
@@ -76,7 +79,8 @@ class Breakdown:
 
     @property
     def bound(self) -> str:
-        parts = {"compute": self.compute, "fabric": self.fabric, "die-to-die": self.d2d, "off-wafer I/O": self.io}
+        kernels = "compute" if self.compute >= self.fabric else "fabric"
+        parts = {kernels: self.compute + self.fabric, "die-to-die": self.d2d, "off-wafer I/O": self.io}
         return max(parts, key=parts.get)
 
     def row(self) -> dict:
@@ -116,11 +120,6 @@ def activation_bytes(config: LlamaConfig, dtype: str) -> int:
     return itemsize(dtype) * (6 * config.dim + 2 * config.kv_dim + 3 * config.dense_hidden)
 
 
-def _gemm_outputs(config: LlamaConfig) -> int:
-    """Output widths of a layer's GEMMs, summed: what its tensor-parallel reductions carry per token."""
-    return 3 * config.dim + 2 * config.kv_dim + 2 * config.dense_hidden
-
-
 def _gemm_inputs(config: LlamaConfig) -> int:
     """Input widths of a layer's distinct GEMM inputs (q/k/v share one, gate/up one), summed."""
     return 3 * config.dim + config.dense_hidden
@@ -136,21 +135,26 @@ def line_d2d_seconds(template: WaferTemplate, n: int, line_bytes: float) -> floa
     return 2 * (n - 1) / n * line_bytes * die_h / template.d2d.bytes_per_s + 2 * (n - 1) * template.d2d.latency_s
 
 
-def _tp_comm(job: TrainJob, template: WaferTemplate, grid: tuple[int, int], tokens: int, share: float = 1.0
-             ) -> tuple[float, float]:
-    """(fabric, die-to-die) seconds of a tensor-parallel pass (forward and backward) over `tokens` on a w x h
-    grid that computes `share` of every GEMM's outputs: those outputs reduced along its rows, twice (forward
-    outputs, backward input gradients)."""
-    w, h = grid
-    spec = template.spec
-    line = tokens * _gemm_outputs(job.config) * share * itemsize(job.dtype) / h
-    per_layer = allreduce_cost(spec, "ring", w, round(line)).cycles / spec.clock_hz
-    layers = 2 * job.config.n_layers
-    return layers * per_layer, layers * line_d2d_seconds(template, w, line)
+def _kernels(job: TrainJob, template: WaferTemplate, work: Work, grid: tuple[int, int]) -> tuple[float, float, float]:
+    """(compute, fabric, die-to-die) seconds of a pass of `work` on a w x h grid: the emulator's closed forms
+    composed (estimator.train_layer.pass_cost). When the grid spans die edges, the gradients' ring over the
+    squares crosses them (:func:`line_d2d_seconds`), and when its squares do too, an edge carries what its
+    die's mesh links across it carry during the fabric time, at the edge's rate (ASSUMED: the kernels' moves
+    spread evenly over the grid's lines)."""
+    spec, (die_w, die_h) = template.spec, template.die.full_mesh
+    cost = pass_cost(spec, work, grid)
+    compute, fabric = cost.seconds(spec, job.dtype)
+    if template.d2d is None or (grid[0] <= die_w and grid[1] <= die_h):
+        return compute, fabric, 0.0
+    inside = die_w % cost.side == 0 and die_h % cost.side == 0  # every square within a die
+    edge = 0.0 if inside else die_h * spec.link_bytes_per_cycle * spec.clock_hz / template.d2d.bytes_per_s
+    ring = line_d2d_seconds(template, max(grid), cost.grad_bytes) if cost.squares > 1 else 0.0
+    return compute, fabric, fabric * edge + ring
 
 
-def _compute_s(job: TrainJob, template: WaferTemplate, cores: int, flops: float) -> float:
-    return flop_cycles(template.die, flops / cores, job.dtype) / template.die.clock_hz
+def _adam_s(job: TrainJob, template: WaferTemplate, cores: int, params: float) -> float:
+    """The optimizer's update of `params` spread over `cores`."""
+    return flop_cycles(template.die, ADAM_FLOPS * params / cores, job.dtype) / template.die.clock_hz
 
 
 def _timed(st: StrategyTime, job: TrainJob, template: WaferTemplate) -> StrategyTime:
@@ -179,12 +183,11 @@ def weight_streaming(job: TrainJob, template: WaferTemplate) -> StrategyTime:
         return StrategyTime("weight-streaming", False, float("inf"), Breakdown(0, 0, 0, io),
                             round(buffer + per_seq / cores), f"one sequence's activations ({per_seq / 1e9:.1f} GB) "
                             f"do not fit in the wafer's {template.sram_bytes() / 1e9:.1f} GB of SRAM")
-    flops = model_flops_per_token(config, job.seq) * job.tokens
-    fabric, d2d = _tp_comm(job, template, template.mesh, job.tokens)
-    bd = Breakdown(_compute_s(job, template, cores, flops), fabric, d2d, io)
     passes = -(-job.global_batch // mb)
-    step = max(bd.compute, max(bd.fabric, bd.d2d), bd.io * passes)  # the weights stream in once per micro-batch
-    bd = Breakdown(bd.compute, bd.fabric, bd.d2d, bd.io * passes)
+    compute, fabric, d2d = (passes * t for t in _kernels(job, template, Work(config, config.n_layers, mb, job.seq,
+                                                                             job.dtype), template.mesh))
+    bd = Breakdown(compute, fabric, d2d, io * passes)  # the weights stream in once per micro-batch
+    step = max(bd.compute + bd.fabric, bd.d2d, bd.io)  # the kernels serialise; the streaming overlaps them
     return StrategyTime("weight-streaming", True, step, bd, round(buffer + mb * per_seq / cores),
                         f"{passes} pass(es) of {mb} sequence(s); weights streamed in each pass")
 
@@ -224,14 +227,13 @@ def _pipeline_at(job: TrainJob, template: WaferTemplate, r: int, resident: tuple
                             f" of activations do not fit a stage's {template.sram_bytes() / r / 1e9:.1f} GB")
     m = -(-job.global_batch // mb)
     slots = m + r - 1
-    flops = model_flops_per_token(config, job.seq) * mb * job.seq / r + ADAM_FLOPS * config.params() / r / m
-    compute = _compute_s(job, template, stage_cores, flops)
-    fabric, d2d = _tp_comm(job, template, (w // r, h), mb * job.seq)
-    fabric, d2d = fabric / r, d2d / r  # a stage runs its own layers only
+    work = Work(config, config.n_layers // r, mb, job.seq, job.dtype)  # the last stage's, with the head
+    compute, fabric, d2d = _kernels(job, template, work, (w // r, h))
+    compute += _adam_s(job, template, stage_cores, config.params() / r / m)
     hand = 2 * mb * job.seq * config.dim * itemsize(job.dtype)  # activations forward, gradients back
     fabric += message_cycles(template.spec, 1, 1, hand / h) / template.spec.clock_hz
     d2d += _handover_d2d(template, r, hand)
-    slot = max(compute, fabric, d2d)
+    slot = max(compute + fabric, d2d)
     bd = Breakdown(compute * slots, fabric * slots, d2d * slots, io)
     return StrategyTime("pipeline", True, slot * slots + io, bd, need,
                         f"{r} stage(s), {m} micro-batch(es) of {mb}, bubble {(r - 1) / slots:.0%}, {where}")
@@ -256,16 +258,18 @@ def tensor_stream(job: TrainJob, template: WaferTemplate) -> StrategyTime:
         return StrategyTime("tensor-stream", False, float("inf"), Breakdown(0, 0, 0, io), need,
                             f"weights ({weights / 1e9:.1f} GB, {where}) and one sequence's activations do not fit "
                             f"in the wafer's {template.sram_bytes() / 1e9:.1f} GB")
-    flops = model_flops_per_token(config, job.seq) * job.tokens + ADAM_FLOPS * config.params()
-    fabric, _ = _tp_comm(job, template, template.die.full_mesh, job.tokens, 1 / dies)  # a die: its share, its rows
+    passes = -(-job.global_batch // mb)
+    work = Work(config, config.n_layers, mb, job.seq, job.dtype)
+    compute, fabric, _ = _kernels(job, template, work, template.die.full_mesh)  # a die's square(s)
+    compute = passes * compute / dies + _adam_s(job, template, cores, config.params())  # a die: its 1/dies share
+    fabric = passes * fabric / dies
     d2d = 0.0
     if dies > 1:  # every GEMM input all-gathered round the ring of dies, forward and backward
         gathered = 2 * config.n_layers * job.tokens * _gemm_inputs(config) * itemsize(job.dtype)
         d2d = gathered * (dies - 1) / dies / template.d2d.bytes_per_s + 2 * config.n_layers * (
             dies - 1) * template.d2d.latency_s
-    bd = Breakdown(_compute_s(job, template, cores, flops), fabric, d2d, io)
-    passes = -(-job.global_batch // mb)
-    return StrategyTime("tensor-stream", True, max(bd.compute, bd.fabric, bd.d2d) + io, bd, need,
+    bd = Breakdown(compute, fabric, d2d, io)
+    return StrategyTime("tensor-stream", True, max(bd.compute + bd.fabric, bd.d2d) + io, bd, need,
                         f"{dies} die(s), {passes} pass(es) of {mb} sequence(s), {where}")
 
 

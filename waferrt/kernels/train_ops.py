@@ -96,15 +96,21 @@ def swiglu_backward(ctx, gate, up, dm):
 def rope_backward(ctx, d, cos, sin):
     """The gradient before RoPE from `d` after it: d (rows, cols, H, mb, db), cos and sin (rows, cols, mb,
     db) each pair's angle repeated on both its features (rotating adjacent pairs by minus the angle)."""
+    ctx.ledger.compute(BACKWARD_FLOPS["rope"] * d.size // (d.shape[0] * d.shape[1]))
+    return rotate_pairs(d, cos, -sin)
+
+
+def rotate_pairs(d, cos, sin):
+    """RoPE in each core, unbooked: d (rows, cols, H, mb, db)'s adjacent feature pairs rotated by the angles
+    of cos and sin (rows, cols, mb, db), each pair's repeated on both its features (minus sin: the inverse)."""
     if d.shape[-1] % 2:
         raise ValueError(f"a core's head_dim block of {d.shape[-1]} features splits a RoPE pair: give a grid "
                          "whose side leaves an even ceil(head_dim / side)")
     pairs = d.reshape(*d.shape[:-1], -1, 2)  # (.., db/2, 2)
     c, s = cos[:, :, None, :, ::2], sin[:, :, None, :, ::2]
     out = np.empty_like(pairs)
-    out[..., 0] = pairs[..., 0] * c + pairs[..., 1] * s
-    out[..., 1] = pairs[..., 1] * c - pairs[..., 0] * s
-    ctx.ledger.compute(BACKWARD_FLOPS["rope"] * d.size // (d.shape[0] * d.shape[1]))
+    out[..., 0] = pairs[..., 0] * c - pairs[..., 1] * s
+    out[..., 1] = pairs[..., 1] * c + pairs[..., 0] * s
     return out.reshape(d.shape)
 
 

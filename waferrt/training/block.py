@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
+from functools import partial
 
 import numpy as np
 
@@ -150,21 +151,42 @@ def _per_head(mat: np.ndarray, heads: int) -> np.ndarray:
     return mat.reshape(heads, -1, mat.shape[1]).transpose(0, 2, 1)
 
 
-def _blocks(config, weights, saved: Saved, dy: np.ndarray, grid: Grid) -> dict[str, np.ndarray]:
-    """Every input of the kernel in its layout over the square (module doc): {name: (s, s, ...)}."""
-    s, (T, dim), hd, H = len(grid.rows), dy.shape, config.head_dim, config.n_heads
-    put = lambda layout, mat: scatter(layout, grid, (s, s), np.ascontiguousarray(mat, np.float32))  # noqa: E731
-    heads = lambda layout, mats: np.stack([put(layout, m) for m in mats], axis=2)  # noqa: E731
-    cos, sin = rope_cos_sin(np.arange(T) % saved.seq, hd, config.rope_theta)
+def _put(grid: Grid, layout: str, mat: np.ndarray) -> np.ndarray:
+    """A matrix's blocks in `layout` over the square (float32)."""
+    s = len(grid.rows)
+    return scatter(layout, grid, (s, s), np.ascontiguousarray(mat, np.float32))
+
+
+def _put_heads(grid: Grid, layout: str, mats) -> np.ndarray:
+    """The heads' matrices' blocks in `layout`, the heads after the cores' axes: (s, s, heads, ...)."""
+    return np.stack([_put(grid, layout, m) for m in mats], axis=2)
+
+
+def layer_blocks(config, weights, grid: Grid, tokens: int, seq: int) -> dict[str, np.ndarray]:
+    """A block's weights over the square as its forward's MeshGEMMs take them (the norms' in the C layout,
+    the projections in the B layout, Q, K, V and the output projection per head) and RoPE's cos and sin of
+    `tokens` (sequences of `seq` from position 0) in the C layout: {name: (s, s, ...)}."""
+    s, dim, hd, H = len(grid.rows), config.dim, config.head_dim, config.n_heads
+    cos, sin = rope_cos_sin(np.arange(tokens) % seq, hd, config.rope_theta)
+    put, heads = partial(_put, grid), partial(_put_heads, grid)
     return {
         "attn_norm": put("C", np.broadcast_to(weights.attn_norm, (s, dim))),
         "ffn_norm": put("C", np.broadcast_to(weights.ffn_norm, (s, dim))),
         "wq": heads("B", _per_head(weights.wq, H)), "wk": heads("B", _per_head(weights.wk, config.n_kv_heads)),
         "wv": heads("B", _per_head(weights.wv, config.n_kv_heads)), "wo": heads("B", weights.wo.T.reshape(H, hd, dim)),
         "w_gate": put("B", weights.w_gate.T), "w_up": put("B", weights.w_up.T), "w_down": put("B", weights.w_down.T),
+        "cos": put("C", np.repeat(cos, 2, axis=1)), "sin": put("C", np.repeat(sin, 2, axis=1)),
+    }
+
+
+def _blocks(config, weights, saved: Saved, dy: np.ndarray, grid: Grid) -> dict[str, np.ndarray]:
+    """Every input of the kernel in its layout over the square (module doc): {name: (s, s, ...)}."""
+    T, H, hd = dy.shape[0], config.n_heads, config.head_dim
+    put, heads = partial(_put, grid), partial(_put_heads, grid)
+    return {
+        **layer_blocks(config, weights, grid, T, saved.seq),
         "x": put("C", saved.x), "x2": put("C", saved.x2), "dy": put("C", dy), "gate": put("C", saved.gate),
         "up": put("C", saved.up), **{n: heads("C", getattr(saved, n).transpose(1, 0, 2)) for n in ("q", "k", "v")},
-        "cos": put("C", np.repeat(cos, 2, axis=1)), "sin": put("C", np.repeat(sin, 2, axis=1)),
         "h1": put("A", saved.h1), "att": heads("A", saved.att.reshape(T, H, hd).transpose(1, 0, 2)),
         "h2": put("A", saved.h2), "m": put("A", saved.m),
     }

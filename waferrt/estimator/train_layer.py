@@ -1,0 +1,145 @@
+"""A training step's work on a grid of cores, composed from the emulator's closed forms: what the on-paper
+strategies (estimator.train) charge for a layer's forward and backward, and for the head's.
+
+Contract (pure): :func:`layer_parts` is {op: Cost} of one dense Llama layer's forward and backward over
+``run.sequences`` sequences of ``run.seq`` tokens on ``run.side`` x ``run.side`` cores, values moving at
+``run.dtype`` and the cores computing at its rate, and :func:`head_parts` the tied head's (its logits, the
+cross-entropy, dh, dE, the final RMSNorm's backward) and the embedding's scatter-add. Nothing here is a new
+formula -- the owners are the emulator's:
+
+- the forward: ``core.train_cost.block_forward_parts`` (what waferrt.training.forward books on the square);
+- the backward: ``core.train_cost.block_backward_parts`` (what waferrt.training.block books), the head's
+  ``head_backward_parts`` and the embedding's ``grad_costs`` (what waferrt.training.head books).
+
+Attention runs per sequence: B sequences' attention is B times one sequence's (the kernels of one sequence,
+tests/unit/test_train_ties.py); today's kernels given B > 1 sequences at once compute the masked B*S x B*S
+scores instead, which a real step would not.
+
+:func:`pass_cost` puts a pass on a w x h grid: squares of a side that tiles it (min(w, h) / 1, 2, 4, ... --
+the fastest whose cores hold a layer's weights and gradients; the left-over cores idle), the sequences split
+over them (data parallel), every weight gradient summed over the squares (``core.cost.allreduce_cost``, a ring
+of the squares' corresponding cores, ASSUMED as fast as a ring of neighbours) -- a :class:`PassCost`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from waferrt.core.arith import cdiv
+from waferrt.core.cost import Cost, allreduce_cost, flop_cycles, total
+from waferrt.core.dtypes import check_dtype, itemsize
+from waferrt.core.gemm_cost import AttentionShape, GemmShape, attention_cost
+from waferrt.core.spec import HardwareSpec
+from waferrt.core.train_cost import (
+    attention_backward_cost,
+    block_backward_parts,
+    block_forward_parts,
+    grad_costs,
+    head_backward_parts,
+)
+from waferrt.decode.cost import ELEMENTWISE_FLOPS
+from waferrt.model.config import LlamaConfig
+
+@dataclass(frozen=True)
+class Run:
+    """`sequences` sequences of `seq` tokens on a `side` x `side` square, values at `dtype`."""
+
+    sequences: int
+    seq: int
+    side: int
+    dtype: str = "float32"
+
+    def __post_init__(self) -> None:
+        check_dtype(self.dtype)
+        if min(self.sequences, self.seq, self.side) < 1:
+            raise ValueError(f"a run needs >= 1 sequence, token and core a side, got {self}")
+
+    @property
+    def tokens(self) -> int:
+        return self.sequences * self.seq
+
+
+def layer_parts(spec: HardwareSpec, config: LlamaConfig, run: Run) -> dict[str, Cost]:
+    """{op: Cost} of a layer's forward ("forward.<op>") and backward (block_backward_parts' ops) (module doc)."""
+    forward = block_forward_parts(spec, config, run.tokens, run.side, ELEMENTWISE_FLOPS, run.dtype)
+    backward = block_backward_parts(spec, config, run.tokens, run.side, ELEMENTWISE_FLOPS["softmax"], run.dtype)
+    if run.sequences > 1:  # attention per sequence
+        one = AttentionShape(run.seq, config.head_dim, config.n_heads, run.side)
+        forward["attention"] = attention_cost(spec, one, ELEMENTWISE_FLOPS["softmax"], run.dtype).scaled(run.sequences)
+        backward["attention_backward"] = attention_backward_cost(
+            spec, one, ELEMENTWISE_FLOPS["softmax"], config.n_kv_heads, run.dtype).scaled(run.sequences)
+    return {f"forward.{n}": c for n, c in forward.items()} | backward
+
+
+def head_parts(spec: HardwareSpec, config: LlamaConfig, run: Run) -> dict[str, Cost]:
+    """The tied head's backward (with its logits' forward) and the embedding's scatter-add over the run."""
+    shape = GemmShape(run.tokens, config.vocab_size, config.dim, run.side, run.side)
+    return head_backward_parts(spec, shape, run.dtype) | {"embedding_backward": grad_costs(spec, shape, run.dtype)[1]}
+
+
+@dataclass(frozen=True)
+class PassCost:
+    """A pass's kernels on a grid, in cycles of its busiest square: `work` the layers' and the head's (the
+    kernels serialise their moves and their flops), `grad_sync` the weight gradients (`grad_bytes` a core)
+    summed over the squares; `side` x `side` squares, `squares` of them."""
+
+    work: Cost
+    grad_sync: Cost
+    grad_bytes: int
+    side: int
+    squares: int
+
+    @property
+    def cycles(self) -> float:
+        return self.work.cycles + self.grad_sync.cycles
+
+    def seconds(self, spec: HardwareSpec, dtype: str) -> tuple[float, float]:
+        """(compute, fabric) seconds: the flops at `dtype`'s rate, and the rest of the cycles (the moves, the
+        gradients' sum)."""
+        compute = flop_cycles(spec, self.work.flops, dtype)
+        fabric = max(0.0, self.work.cycles - compute) + self.grad_sync.cycles
+        return compute / spec.clock_hz, fabric / spec.clock_hz
+
+
+@dataclass(frozen=True)
+class Work:
+    """What a pass runs: `layers` layers of `config` (and the head if `head`) over `sequences` of `seq`."""
+
+    config: LlamaConfig
+    layers: int
+    sequences: int
+    seq: int
+    dtype: str
+    head: bool = True
+
+    def __post_init__(self) -> None:
+        check_dtype(self.dtype)
+        if self.layers < 0 or min(self.sequences, self.seq) < 1:
+            raise ValueError(f"a pass runs >= 0 layers over >= 1 sequence of >= 1 token, got {self.layers} "
+                             f"layers, {self.sequences} sequences of {self.seq}")
+
+
+def _sides(spec: HardwareSpec, work: Work, grid: tuple[int, int]) -> list[int]:
+    """The squares' sides a pass may take on the grid: min(w, h) / k for k = 1, 2, 4, ..., a smaller square
+    only while its cores hold a copy of a layer's weights and gradients in half their SRAM (ASSUMED: the
+    other half for the activations and the streaming buffers)."""
+    per_layer = 2 * work.config.layer_params() * itemsize(work.dtype)
+    sides, side = [min(grid)], min(grid) // 2
+    while side >= 1 and per_layer <= spec.sram_bytes / 2 * side * side:
+        sides.append(side)
+        side //= 2
+    return sides
+
+
+def pass_cost(spec: HardwareSpec, work: Work, grid: tuple[int, int], side: int | None = None) -> PassCost:
+    """A pass of `work` on the grid's squares of `side` (default: the fastest of :func:`_sides`) (module doc)."""
+    if side is None:
+        return min((pass_cost(spec, work, grid, s) for s in _sides(spec, work, grid)), key=lambda c: c.cycles)
+    config, count = work.config, (grid[0] // side) * (grid[1] // side)
+    run = Run(cdiv(work.sequences, count), work.seq, side, work.dtype)
+    layer = total(layer_parts(spec, config, run).values())
+    cost = layer.scaled(work.layers) + (total(head_parts(spec, config, run).values()) if work.head else Cost())
+    params = work.layers * config.layer_params() + (config.vocab_size * config.dim if work.head else 0)
+    grads = cdiv(params, side * side) * itemsize(work.dtype)  # bytes a core holds of the pass's gradients
+    sync = allreduce_cost(spec, "ring", count, grads) if count > 1 else Cost()
+    return PassCost(cost, sync, grads, side, count)

@@ -1,0 +1,114 @@
+"""A Llama block's forward on a Wafer, keeping in the cores' SRAM what its backward needs: a training step's
+forward on the mesh.
+
+Contract: ``block_forward_mesh(wafer, config, weights, x) -> (y, saved)`` runs one dense Llama block's
+forward over x (B, S, dim) or (S, dim) (every sequence from position 0) on ``onwafer.living_square`` and
+returns y of x's shape and the :class:`~waferrt.training.block.Saved` activations -- equal to
+``block.block_forward``'s (float32, to rounding), and laid out on the square as ``block.block_backward``
+takes them. One kernel (:func:`forward_kernel`) runs every op on the mesh: the RMSNorms (a sum of squares
+along the rows), each projection a MeshGEMM (waferrt.kernels.gemm: Q, K, V and the output projection per
+head, gate, up, down; their input skewed into the A layout first, ``train_ops.relayout``), RoPE in the
+cores, the causal attention (waferrt.kernels.attention, each sequence its own segment; a K/V head's blocks
+go with each of its query heads), SwiGLU and the residual adds in the cores, the output projection's heads
+summed in the core. What it books is ``core.train_cost.block_forward_parts`` at
+``decode.cost.ELEMENTWISE_FLOPS`` (tests/unit/test_train_ties.py).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from waferrt.decode.cost import ELEMENTWISE_FLOPS as EW
+from waferrt.kernels.attention import PromptAttention, causal_attention
+from waferrt.kernels.gemm import meshgemm
+from waferrt.kernels.gemm_backward import gather, scatter
+from waferrt.kernels.train_ops import Norm, relayout, rotate_pairs
+from waferrt.model.reference import silu
+
+from .block import Saved, layer_blocks
+from .onwafer import Job, living_square, run_job
+
+FORWARD_INPUTS = ("x", "attn_norm", "ffn_norm", "wq", "wk", "wv", "wo", "w_gate", "w_up", "w_down", "cos", "sin")
+KEPT = ("y", "h1", "q", "k", "v", "att", "x2", "h2", "gate", "up", "m")  # what the kernel stores, "bf.o.<name>"
+
+
+def _rmsnorm(ctx, x: np.ndarray, w: np.ndarray, norm: Norm) -> np.ndarray:
+    """x / rms(x) * w over (rows, cols, mb, nb) blocks in the C layout: the sum of squares along the rows."""
+    with ctx.ledger.op("rmsnorm"):
+        ms = ctx.allreduce((x * x).sum(-1), "x") / np.float32(norm.dim)
+        ctx.compute(EW["rmsnorm"] * x.shape[-2] * x.shape[-1])
+        return (x / np.sqrt(ms + np.float32(norm.eps))[..., None] * w).astype(np.float32)
+
+
+def _elementwise(ctx, name: str, flops: int, out: np.ndarray) -> np.ndarray:
+    """`out`, booking `flops` per element of one core's block under `name`."""
+    with ctx.ledger.op(name):
+        ctx.compute(flops * out[0, 0].size)
+    return out
+
+
+def _heads(ctx, a: np.ndarray, w: np.ndarray) -> np.ndarray:
+    """a (A layout, (rows, cols, mb, kb)) times each head's w (B layout, (rows, cols, heads, kb, db)) by
+    MeshGEMM, a's block moving with each head's: (rows, cols, heads, mb, db) in the C layout."""
+    return meshgemm(ctx, np.broadcast_to(a[:, :, None], w.shape[:3] + a.shape[2:])[:, :, None], w[:, :, None])
+
+
+def forward_kernel(ctx, norm: Norm, prompt: PromptAttention) -> None:
+    """The block's forward over the square (module doc): reads "bf.<input>", stores "bf.o.<kept>"."""
+    t = {name: ctx.load(f"bf.{name}")[:, :, 0, 0] for name in FORWARD_INPUTS}
+    x = t["x"]
+    h1 = _rmsnorm(ctx, x, t["attn_norm"], norm)
+    h1a = relayout(ctx, h1, "C", "A")
+    q, k, v = (_heads(ctx, h1a, t[w]) for w in ("wq", "wk", "wv"))  # (rows, cols, heads, mb, db)
+    with ctx.ledger.op("rope"):
+        q, k = (rotate_pairs(a, t["cos"], t["sin"]) for a in (q, k))
+        ctx.compute(EW["rope"] * (q[0, 0].size + k[0, 0].size))
+    rep = q.shape[2] // k.shape[2]
+    att = causal_attention(ctx, q, np.repeat(k, rep, axis=2), np.repeat(v, rep, axis=2), prompt)
+    atta = relayout(ctx, att, "C", "A")
+    o = meshgemm(ctx, atta[:, :, None], t["wo"][:, :, None])  # (rows, cols, H, mb, nb)
+    o = _elementwise(ctx, "compute", 1, o).sum(axis=2)  # the heads' sum, in the core
+    x2 = _elementwise(ctx, "residual", EW["residual"], x + o)
+    h2 = _rmsnorm(ctx, x2, t["ffn_norm"], norm)
+    h2a = relayout(ctx, h2, "C", "A")
+    gate, up = (meshgemm(ctx, h2a[:, :, None], t[w][:, :, None]) for w in ("w_gate", "w_up"))
+    m = _elementwise(ctx, "swiglu", EW["silu_mul"], silu(gate) * up)
+    ma = relayout(ctx, m, "C", "A")
+    y = _elementwise(ctx, "residual", EW["residual"], x2 + meshgemm(ctx, ma[:, :, None], t["w_down"][:, :, None]))
+    kept = {"y": y, "h1": h1a, "q": q, "k": k, "v": v, "att": atta, "x2": x2, "h2": h2a, "gate": gate, "up": up,
+            "m": ma}
+    for name, value in kept.items():
+        ctx.store(f"bf.o.{name}", value[:, :, None, None])
+
+
+def _kept_shapes(config, inputs: dict, grid) -> dict[str, tuple]:
+    """The shapes of the kernel's outputs' blocks over the square."""
+    x, s = inputs["x"].shape, len(grid.rows)
+    hd = inputs["wq"].shape[-1]
+    per = lambda n: (s, s, n, x[2], hd)  # noqa: E731
+    hidden = inputs["w_gate"].shape[-1]
+    return {"o.y": x, "o.h1": x, "o.x2": x, "o.h2": x, "o.q": per(config.n_heads), "o.k": per(config.n_kv_heads),
+            "o.v": per(config.n_kv_heads), "o.att": per(config.n_heads), "o.gate": x[:3] + (hidden,),
+            "o.up": x[:3] + (hidden,), "o.m": x[:3] + (hidden,)}
+
+
+def block_forward_mesh(wafer, config, weights, x: np.ndarray) -> tuple[np.ndarray, Saved]:
+    """y of x's shape and the saved activations, the forward run on the mesh (module doc)."""
+    S, flat = x.shape[-2], x.reshape(-1, x.shape[-1]).astype(np.float32)
+    T, hd, H = flat.shape[0], config.head_dim, config.n_heads
+    region, grid = living_square(wafer, "a block's forward")
+    s = len(grid.rows)
+    inputs = layer_blocks(config, weights, grid, T, S) | {
+        "x": scatter("C", grid, (s, s), np.ascontiguousarray(flat))}
+    prompt = PromptAttention(T, 1 / np.sqrt(hd), EW["softmax"], S)
+    job = Job("bf.", region, inputs, _kept_shapes(config, inputs, grid), forward_kernel,
+              dict(norm=Norm(config.dim, config.norm_eps), prompt=prompt))
+    got = {n[2:]: a for n, a in run_job(wafer, job, "a block's forward").items()}
+    mat = lambda layout, a, n: gather(layout, grid, a, (T, n))  # noqa: E731
+    per = lambda layout, a: np.stack([mat(layout, a[:, :, h], hd) for h in range(a.shape[2])], axis=1)  # noqa: E731
+    dim, hidden = config.dim, config.hidden_dim
+    saved = Saved(x=flat, h1=mat("A", got["h1"], dim), q=per("C", got["q"]), k=per("C", got["k"]),
+                  v=per("C", got["v"]), att=per("A", got["att"]).reshape(T, H * hd), x2=mat("C", got["x2"], dim),
+                  h2=mat("A", got["h2"], dim), gate=mat("C", got["gate"], hidden), up=mat("C", got["up"], hidden),
+                  m=mat("A", got["m"], hidden), seq=S)
+    return mat("C", got["y"], dim).reshape(x.shape), saved
