@@ -1,0 +1,47 @@
+"""The bound `waferrt generate` prints beside the modelled rate of what ran is a true bound of that run.
+
+The run's rate is its flow schedule (waferrt.decode.schedule over the tiles' stage runs, every token timed at
+the positions its request held); the bound (scheduler.speed.run_bound_tokens_per_s, via the CLI's
+``_run_bound``) is derived from the same per-token cycles, at those positions and with as many requests in
+flight as ran. Short requests on a large K/V reserve beat a bound taken at the full reserve (the bug: "ran
+2,772 tok/s, bound 2,355"); here the tiles run without Ray (serving.LocalDecoder over a LoopFabric).
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from waferrt.cli.generate import _run_bound
+from waferrt.core.mesh import MeshSpec
+from waferrt.core.spec import TINY
+from waferrt.model import Sampler, synthetic_llama, tiny_config, tiny_moe_config
+from waferrt.scheduler import KVReserve, plan
+from waferrt.serving import Completion, GenRequest, LocalDecoder, logit_positions
+
+ONE = (GenRequest((5,), 3),)
+TWO = (GenRequest((5, 6, 7), 4), GenRequest((9,), 4))
+THREE = (GenRequest(tuple(range(1, 20)), 6), GenRequest((9,), 8), GenRequest((3, 4), 5))
+MODELS = {"dense": tiny_config(), "moe": tiny_moe_config()}
+WEIGHTS = {name: synthetic_llama(config, seed=0) for name, config in MODELS.items()}
+
+
+@pytest.mark.parametrize("mesh", [MeshSpec(16, 16, 8, 8), MeshSpec(8, 8, 8, 8)], ids=["2x2 tiles", "1 tile"])
+@pytest.mark.parametrize("kv_tokens", [32, 128])
+@pytest.mark.parametrize("requests", [ONE, TWO, THREE], ids=["1 request", "2 requests", "3 requests"])
+@pytest.mark.parametrize("model,prefill", [("dense", False), ("dense", True), ("moe", False)])
+def test_the_printed_bound_is_never_beaten_by_the_run(mesh, kv_tokens, requests, model, prefill):
+    placement = plan(MODELS[model], TINY, mesh, kv=KVReserve(kv_tokens, 2))
+    out, stats = LocalDecoder(MODELS[model], WEIGHTS[model], placement).use_prefill(prefill).generate(
+        list(requests), Sampler())
+    bound = _run_bound(placement, out)
+    assert stats.wafer_tokens_per_s <= bound * (1 + 1e-9)
+    if len(requests) == 1:  # one request alone: its tokens go round the chain one after another
+        assert stats.wafer_tokens_per_s >= 0.9 * bound
+
+
+def test_the_positions_are_those_whose_logits_gave_the_tokens():
+    out = [Completion((1, 2, 3), [7, 8]), Completion((4,), [5, 6, 7, 8]), Completion((1,) * 9, [])]
+    assert logit_positions(out) == range(0, 4)  # request 0: positions 2, 3; request 1: 0 to 3; request 2: none
+    assert not logit_positions([Completion((1, 2), [])])
+    assert _run_bound(plan(MODELS["dense"], TINY, MeshSpec(16, 16, 8, 8), kv=KVReserve(32, 2)),
+                      [Completion((1, 2), [])]) is None
