@@ -62,8 +62,16 @@ def run_bound_tokens_per_s(p: Placement, in_flight: int, positions: range) -> fl
         raise ValueError("a run's bound needs the positions of its generated tokens; it generated none")
     stages = placement_stages(p)
     alone = [min(token_cost(p.spec, p.decoding, (kind, stages[s - 1][1] if s else None, region), pos, True).cycles
-                 for pos in positions) for s, (kind, region) in enumerate(stages)]
+                 for pos in _cheapest(positions, region.w)) for s, (kind, region) in enumerate(stages)]
     return in_flight / round_bound_seconds(alone, [r for _, r in stages], in_flight, p.spec.clock_hz)
+
+
+def _cheapest(positions: range, cols: int) -> tuple[int, ...]:
+    """The positions of `positions` among which a token is cheapest on a region `cols` columns wide: its
+    cycles (decode.cost.token_cost) grow with its context (cdiv(pos + 1, cols) positions per core) and drop
+    only where no column shifts its K/V (pos % cols == 0): the first position, and the first without a shift."""
+    still = positions.start + (-positions.start) % cols
+    return (positions.start,) + ((still,) if still in positions else ())
 
 
 def placement_stages(p: Placement) -> list[tuple[str, Region]]:
