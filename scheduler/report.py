@@ -75,9 +75,10 @@ class PlanReport:
         return max(t.weight_bytes for t in self.tile_work) * len(self.tile_work) / total if total else 1.0
 
     def bound_tokens_per_s(self, in_flight: int) -> float:
-        """A bound of the modelled decode rate with `in_flight` requests (never below the flow schedule's):
-        each advances one token per trip through the chain, and no more than one token can enter per
-        busiest-region time."""
+        """A bound of the modelled decode rate with `in_flight` requests at the full K/V reserve (every request
+        holding kv_tokens positions; never below the flow schedule's there): each advances one token per trip
+        through the chain, and no more than one token can enter per busiest-region time. A run of shorter
+        requests can beat it: its bound is speed.run_bound_tokens_per_s, at the positions its tokens held."""
         return self.clock_hz * min(in_flight / self.step_cycles, 1.0 / self.bound_stage_cycles)
 
     @property

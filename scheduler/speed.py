@@ -4,15 +4,17 @@ Contract (pure): ``placement_seconds(p, requests, context)`` -> (seconds of one 
 step with `requests` in flight) for a planned Placement, from ``stage_seconds`` over its stages
 (``placement_stages``), or ``streaming_seconds`` for a streaming placement; ``alone_cycles`` is one token
 alone at each stage, what the flow schedule (waferrt.decode.schedule) and any bound printed beside it are
-derived from. The on-paper estimator (waferrt.estimator) times its floor plans with the same functions.
+derived from; ``run_bound_tokens_per_s(p, in_flight, positions)`` the bound of a decode that ran, at the
+positions its tokens held (a run of short requests beats a bound taken at the full K/V reserve). The
+on-paper estimator (waferrt.estimator) times its floor plans with the same functions.
 """
 
 from __future__ import annotations
 
 from waferrt.core.mesh import Region
 from waferrt.core.spec import HardwareSpec
-from waferrt.decode.cost import Decoding, lane_batches, step_cycles
-from waferrt.decode.schedule import requests_round_seconds
+from waferrt.decode.cost import Decoding, lane_batches, step_cycles, token_cost
+from waferrt.decode.schedule import requests_round_seconds, round_bound_seconds
 from waferrt.decode.streaming import stream_step_cycles
 
 from .types import Placement
@@ -48,6 +50,28 @@ def placement_seconds(p: Placement, requests: int | None = None, context: int | 
         return streaming_seconds(p, requests or p.kv.requests, context or p.kv_tokens)
     return stage_seconds(p.spec, p.decoding, placement_stages(p), context or p.kv_tokens,
                          requests or p.kv.requests)
+
+
+def run_bound_tokens_per_s(p: Placement, in_flight: int, positions: range) -> float:
+    """A bound of the modelled rate (tokens/s) of a decode on the non-streaming placement `p` with
+    `in_flight` requests whose generated tokens came from the logits of `positions`: the steady round's bound
+    (decode.schedule.round_bound_seconds: a token's way through the chain, the busiest region's share) of
+    tokens that take at every stage the fewest cycles any of `positions` takes there -- the cycles the flow
+    schedule times the run with (decode.cost.token_cost, want=True)."""
+    if not positions:
+        raise ValueError("a run's bound needs the positions of its generated tokens; it generated none")
+    stages = placement_stages(p)
+    alone = [min(token_cost(p.spec, p.decoding, (kind, stages[s - 1][1] if s else None, region), pos, True).cycles
+                 for pos in _cheapest(positions, region.w)) for s, (kind, region) in enumerate(stages)]
+    return in_flight / round_bound_seconds(alone, [r for _, r in stages], in_flight, p.spec.clock_hz)
+
+
+def _cheapest(positions: range, cols: int) -> tuple[int, ...]:
+    """The positions of `positions` among which a token is cheapest on a region `cols` columns wide: its
+    cycles (decode.cost.token_cost) grow with its context (cdiv(pos + 1, cols) positions per core) and drop
+    only where no column shifts its K/V (pos % cols == 0): the first position, and the first without a shift."""
+    still = positions.start + (-positions.start) % cols
+    return (positions.start,) + ((still,) if still in positions else ())
 
 
 def placement_stages(p: Placement) -> list[tuple[str, Region]]:

@@ -69,8 +69,8 @@ seeded with [seed, i]). By default the model is planned on the smallest mesh of 
 at the spec (WSE-2: 48 KB of SRAM per core) with a KV reserve of --kv-tokens x --requests; --mesh and
 --tile override it. --json prints one object: prompt_tokens, tokens, text (lists of those, one per
 request, when there are several prompts), finish, wall_tokens_per_s, wafer_tokens_per_s (the modelled
-wafer rate of what ran, every request at its own pace), wafer_bound_tokens_per_s (the placement's bound
-with as many requests in flight), steps (micro-batches), mesh, ttft_wall_s and ttft_modelled_s (time to
+wafer rate of what ran, every request at its own pace), wafer_bound_tokens_per_s (its bound: as many
+requests in flight, at the positions their tokens held), steps (micro-batches), mesh, ttft_wall_s and ttft_modelled_s (time to
 first token, wall and on the modelled wafer), prefill_tokens_per_s (prompt tokens over the modelled
 time to first token) and expert_swaps (with --balance: the swaps of experts NI-Balancer finished; else
 null). --prefill prefills every prompt of up to 512 tokens whole by MeshGEMM.
@@ -326,7 +326,6 @@ def _ray_nodes(address: str | None):
 
 def run(args) -> int:
     from waferrt.model import Sampler, StreamDecoder
-    from waferrt.scheduler import plan_report
     from waferrt.serving import Batch, generate_reference
 
     texts = _prompts(args)
@@ -368,8 +367,7 @@ def run(args) -> int:
             batch = Batch(tuple(requests), sampler)
             out, stats = _on_the_wafer(args, _wafer(args, placement), model, batch, on_token, live)
             mesh = str(placement.mesh)
-            bound = None if placement.streaming else \
-                plan_report(placement).bound_tokens_per_s(min(len(requests), placement.kv.requests))
+            bound = _run_bound(placement, out)
     finally:
         bar.close()
     if live:  # the rest of the streamed text
@@ -378,6 +376,18 @@ def run(args) -> int:
     if not args.reference:
         _pictures(args, placement, stats)
     return 0
+
+
+def _run_bound(placement, out) -> float | None:
+    """The bound of the modelled rate of what ran (scheduler.speed.run_bound_tokens_per_s): as many requests in
+    flight as ran, at the positions their tokens held; None for --streaming or when nothing was generated."""
+    from waferrt.scheduler.speed import run_bound_tokens_per_s
+    from waferrt.serving import logit_positions
+
+    positions = logit_positions(out)
+    if placement.streaming or not positions:
+        return None
+    return run_bound_tokens_per_s(placement, min(len(out), placement.kv.requests), positions)
 
 
 def _pictures(args, placement, stats) -> None:

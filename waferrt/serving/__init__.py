@@ -10,7 +10,9 @@ from .engine import HeadEngine, Submission, TokenEvent
 from .host import serve
 from .local import LocalDecoder
 from .reference import generate_batched, generate_reference
-from .requests import Batch, Completion, GenRequest, GenStats, OnToken, finish_reason, request_rng
+from .requests import (Batch, Completion, GenRequest, GenStats, OnToken, finish_reason, logit_positions,
+                       request_rng)
 
 __all__ = ["Batch", "Completion", "GenRequest", "GenStats", "HeadEngine", "LocalDecoder", "OnToken", "Submission",
-           "TokenEvent", "finish_reason", "generate_batched", "generate_reference", "request_rng", "serve"]
+           "TokenEvent", "finish_reason", "generate_batched", "generate_reference", "logit_positions",
+           "request_rng", "serve"]

@@ -3,7 +3,8 @@
 Contract: :class:`GenRequest` is frozen (prompt ids, max new tokens, stop ids); :class:`Completion` is one
 request's outcome (tokens, finish reason); :class:`GenStats` the run's wall and modelled time. Request i
 samples with :func:`request_rng` (``numpy.random.default_rng([seed, i])``) in every loop, so the wafer and
-the reference give the same tokens; :func:`finish_reason` says when a request is done.
+the reference give the same tokens; :func:`finish_reason` says when a request is done;
+:func:`logit_positions` the positions a run's generated tokens came from (what its bound is taken at).
 """
 
 from __future__ import annotations
@@ -80,6 +81,14 @@ class GenStats:
 def request_rng(sampler: Sampler, i: int) -> np.random.Generator:
     """The RNG of request i: the same in every serving loop, so seeded sampling gives the same tokens."""
     return np.random.default_rng([sampler.seed, i])
+
+
+def logit_positions(out: list[Completion]) -> range:
+    """The positions whose logits gave the generated tokens of `out` (a request of P prompt tokens that
+    generated N: P-1 to P+N-2), from the shortest context any of them held to the longest; empty when none
+    generated anything."""
+    spans = [(len(c.prompt_ids) - 1, len(c.prompt_ids) + len(c.tokens) - 1) for c in out if c.tokens]
+    return range(min((a for a, _ in spans), default=0), max((b for _, b in spans), default=0))
 
 
 def finish_reason(req: GenRequest, done: Completion, token: int) -> str:
