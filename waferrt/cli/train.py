@@ -93,8 +93,12 @@ def add_parser(sub) -> argparse.ArgumentParser:
     p.add_argument("--fault", type=_fault, action="append", metavar="KIND:STEP[:LAYER]",
                    help="with --streaming: the tile dies (tile) or a gradient payload is corrupted (corrupt) at this "
                         "step and layer; the step is redone, and the weights compared with a fault-free run's")
-    p.add_argument("--mesh", type=parse_wxh, metavar="WxH", help="the region the step is modelled on")
-    p.add_argument("--spec", choices=sorted(PRESETS), help="hardware spec (tiny for --model tiny, else wse2)")
+    p.add_argument("--backward", choices=("mesh", "reference"), default=None,
+                   help="mesh: each layer's backward and the head's run as mesh kernels on the region's largest square "
+                        "(booked; the default resident); reference: the numpy functions (the default --streaming)")
+    p.add_argument("--mesh", type=parse_wxh, metavar="WxH",
+                   help="the region the step runs and is modelled on (8x8 for --model tiny, else 64x64)")
+    p.add_argument("--spec", choices=sorted(PRESETS), help="hardware spec (wse2)")
     p.add_argument("--save", type=output_path("trained.gguf"), metavar="OUT.gguf",
                    help="write the trained weights as a llama GGUF (F32) with the model's tokenizer")
     p.add_argument("--check", action="store_true",
@@ -130,9 +134,10 @@ def _region(args, config):
     from waferrt.core.mesh import Region
     from waferrt.core.spec import spec_by_name
     from waferrt.training.cost import resident_core_bytes
+    from waferrt.training.mesh import even_rope_blocks, mesh_side
 
-    spec = spec_by_name(args.spec or ("tiny" if args.model == "tiny" else "wse2"))
-    w, h = args.mesh or ((16, 16) if args.model == "tiny" else (64, 64))
+    spec = spec_by_name(args.spec or "wse2")
+    w, h = args.mesh or ((8, 8) if args.model == "tiny" else (64, 64))
     if w > spec.full_mesh[0] or h > spec.full_mesh[1]:
         raise UsageError(f"--mesh {w}x{h} is larger than the {spec.name} wafer's {spec.full_mesh[0]}x"
                          f"{spec.full_mesh[1]} cores; give a smaller --mesh or another --spec")
@@ -142,6 +147,10 @@ def _region(args, config):
         raise UsageError(f"resident training keeps the weights, gradients and AdamW moments in SRAM: {need:,} "
                          f"bytes per core on {w}x{h}, more than the {spec.sram_bytes:,} of a {spec.name} core; "
                          "add --streaming (weights off the wafer) or give a larger --mesh")
+    if args.backward == "mesh" and not even_rope_blocks(config, region):
+        raise UsageError(f"--backward mesh runs on the largest square of --mesh {w}x{h}, whose cores' head_dim blocks "
+                         f"(ceil({config.head_dim} / {min(w, h)})) split a RoPE pair; give --mesh {mesh_side(config, region)}"
+                         f"x{mesh_side(config, region)} or --backward reference")
     return spec, region
 
 
@@ -178,15 +187,15 @@ def _corpus(args, tokenizer):
 class _Resident:
     """The resident mode: the store and the step in this process (the region's SRAM holds everything)."""
 
-    def __init__(self, config, weights, hp):
+    def __init__(self, config, weights, hp, phases):
         from waferrt.training.store import ParamStore
 
-        self.store = ParamStore(config, weights, hp)
+        self.store, self.phases = ParamStore(config, weights, hp), phases
 
     def step(self, tokens, step: int):
         from waferrt.training.step import train_step
 
-        return train_step(self.store, tokens, step)
+        return train_step(self.store, tokens, step, self.phases)
 
     def weights(self):
         return self.store.weights()
@@ -198,10 +207,18 @@ class _Resident:
         pass
 
 
-def _trainer(args, config, weights, hp):
+def _trainer(args, config, weights, hp, where):
     """(the trainer, stop: what to call when done) -- in this process, or on an embedded Ray (--streaming)."""
     if not args.streaming:
-        return _Resident(config, weights, hp), lambda: None
+        from waferrt.training.mesh import phases_of
+
+        if args.backward == "reference":
+            return _Resident(config, weights, hp, phases_of("reference")), lambda: None
+        from waferrt.runtime import Wafer
+
+        spec, region = where
+        wafer = Wafer(spec, mesh=(region.w, region.h), tile=(region.w, region.h), backend="local").open()
+        return _Resident(config, weights, hp, phases_of("mesh", wafer)), wafer.close
     from waferrt.actors.session import ray_init, ray_shutdown
     from waferrt.actors.training import StreamingTraining
     from waferrt.model.npcache import by_reference
@@ -218,10 +235,12 @@ def _trainer(args, config, weights, hp):
 
 
 def run(args) -> int:
+    from waferrt.fabric.misuse import BlockTooLarge
     from waferrt.training.adamw import AdamW
     from waferrt.training.cost import TrainShape, step_cycles
 
     config, weights, meta, tokenizer = _load(args)
+    args.backward = args.backward or ("reference" if args.streaming else "mesh")
     _check(args, config)
     spec, region = _region(args, config)
     batcher, n_tokens = _corpus(args, tokenizer)
@@ -229,13 +248,20 @@ def run(args) -> int:
     modelled = step_cycles(spec, config, region, shape, args.streaming).seconds(spec)
     say(f"corpus: the project's docs, {n_tokens:,} tokens; {args.steps} steps of {args.batch} x {args.seq} tokens, "
         f"{'weight streaming' if args.streaming else 'resident'} on {region.w}x{region.h} cores of {spec.name}")
+    if args.check:
+        say(f"--check: each step's weight gradients from the {args.backward} backward ("
+            f"{'mesh kernels on ' + str(min(region.w, region.h)) + ' x ' + str(min(region.w, region.h)) + ' cores' if args.backward == 'mesh' else 'numpy'}"
+            ") against model.backward.loss_and_grads (numpy) at the same weights: the largest difference relative "
+            "to the largest entry of that weight's reference gradient")
     hp = AdamW(lr=args.lr or (TINY_LR if args.model == "tiny" else FINE_TUNE_LR))
-    trainer, stop = _trainer(args, config, weights(), hp)
+    trainer, stop = _trainer(args, config, weights(), hp, (spec, region))
     try:
         rows = _steps(args, config, trainer, batcher, lambda i, report, wall: _row(i, report, wall, modelled, shape))
         saved = _save(args, config, trainer.weights(), meta) if args.save else None
         if args.fault:
             rows[-1]["identical_to_fault_free"] = _fault_free(args, (config, weights(), hp), batcher, trainer)
+    except BlockTooLarge as e:
+        raise UsageError(f"--backward mesh: {e} (--mesh, --batch, --seq), or write --backward reference") from None
     finally:
         trainer.close()
         stop()
@@ -310,7 +336,7 @@ def _text(row: dict, steps: int) -> str:
     return (f"step {row['step']:>{len(str(steps))}}/{steps}  loss {row['loss']:.4f}  wall {row['wall_s']:.3f} s "
             f"({row['wall_tokens_per_s']:,.0f} tok/s)  modelled {row['modelled_s'] * 1e3:.3f} ms "
             f"({row['modelled_tokens_per_s']:,.0f} tok/s)"
-            + (f"  gradients vs the reference: {row['grad_error']:.1e}" if "grad_error" in row else ""))
+            + (f"  gradients vs the numpy reference: {row['grad_error']:.1e} relative" if "grad_error" in row else ""))
 
 
 def _save(args, config, weights, meta) -> str:
