@@ -208,17 +208,16 @@ class _Resident:
 
 
 def _trainer(args, config, weights, hp, where):
-    """(the trainer, stop: what to call when done) -- in this process, or on an embedded Ray (--streaming)."""
+    """(the trainer, stop: what to call when done) -- in this process, or on an embedded Ray (--streaming); the
+    backward on a Wafer of the --mesh region's cores (--backward mesh) or the numpy reference's."""
+    spec, region = where
+    mesh = (spec, (region.w, region.h)) if args.backward == "mesh" else None
     if not args.streaming:
+        from waferrt.runtime import Wafer
         from waferrt.training.mesh import phases_of
 
-        if args.backward == "reference":
-            return _Resident(config, weights, hp, phases_of("reference")), lambda: None
-        from waferrt.runtime import Wafer
-
-        spec, region = where
-        wafer = Wafer(spec, mesh=(region.w, region.h), tile=(region.w, region.h), backend="local").open()
-        return _Resident(config, weights, hp, phases_of("mesh", wafer)), wafer.close
+        wafer = None if mesh is None else Wafer(spec, mesh=mesh[1], tile=mesh[1], backend="local").open()
+        return _Resident(config, weights, hp, phases_of(args.backward, wafer)), (wafer.close if wafer else lambda: None)
     from waferrt.actors.session import ray_init, ray_shutdown
     from waferrt.actors.training import StreamingTraining
     from waferrt.model.npcache import by_reference
@@ -226,7 +225,7 @@ def _trainer(args, config, weights, hp, where):
     say("starting Ray: MemoryX (weights and AdamW state off the wafer) and the streaming region's tile")
     started = ray_init(None)
     try:
-        trainer = StreamingTraining(config, by_reference(weights), hp, args.fault or ())
+        trainer = StreamingTraining(config, by_reference(weights), hp, args.fault or (), mesh)
         return trainer, (ray_shutdown if started else lambda: None)
     except BaseException:
         if started:
@@ -249,10 +248,10 @@ def run(args) -> int:
     say(f"corpus: the project's docs, {n_tokens:,} tokens; {args.steps} steps of {args.batch} x {args.seq} tokens, "
         f"{'weight streaming' if args.streaming else 'resident'} on {region.w}x{region.h} cores of {spec.name}")
     if args.check:
-        say(f"--check: each step's weight gradients from the {args.backward} backward ("
-            f"{'mesh kernels on ' + str(min(region.w, region.h)) + ' x ' + str(min(region.w, region.h)) + ' cores' if args.backward == 'mesh' else 'numpy'}"
-            ") against model.backward.loss_and_grads (numpy) at the same weights: the largest difference relative "
-            "to the largest entry of that weight's reference gradient")
+        side = min(region.w, region.h)
+        how = f"the mesh kernels on {side}x{side} cores" if args.backward == "mesh" else "the numpy reference's phases"
+        say(f"--check: each step's weight gradients, from {how}, against model.backward.loss_and_grads (numpy) at the "
+            "same weights: the largest difference relative to the largest entry of that weight's reference gradient")
     hp = AdamW(lr=args.lr or (TINY_LR if args.model == "tiny" else FINE_TUNE_LR))
     trainer, stop = _trainer(args, config, weights(), hp, (spec, region))
     try:
@@ -299,7 +298,7 @@ def _fault_free(args, model, batcher, trainer) -> bool:
 
     config, weights, hp = model
     say("the same steps without faults, to compare the weights")
-    with StreamingTraining(config, by_reference(weights), hp) as clean:
+    with StreamingTraining(config, by_reference(weights), hp, (), trainer.mesh) as clean:
         for i in range(1, args.steps + 1):
             clean.step(batcher.rows(i - 1), i)
         want = named_arrays(clean.weights())
