@@ -9,14 +9,18 @@ default): the weights, gradients and AdamW's moments stay in the region's SRAM (
 do not fit: --streaming or a larger --mesh); --streaming: the weights and AdamW's state live in a MemoryX
 actor off the wafer and stream in layer by layer (actors/training.py, on an embedded Ray); --fault makes a
 tile die or a gradient payload arrive corrupted, the step is redone and the weights compared with a
-fault-free rerun's. --save writes the trained weights as a GGUF that ``waferrt generate --model`` loads.
-Every flag is checked before the weights load or Ray starts; a mistake is one line, exit 2.
+fault-free rerun's. --backward mesh runs each layer's backward and the head's as mesh kernels on a Wafer
+(``training.mesh``; a block too large for the cores' SRAM is one line, exit 2), reference the numpy functions.
+--save writes the trained weights as a GGUF that ``waferrt generate --model`` loads.
+Every flag is checked before the weights load or Ray starts (but the block's fit, checked as its first
+backward starts); a mistake is one line, exit 2.
 """
 
 from __future__ import annotations
 
 import argparse
 import dataclasses
+import functools
 import json
 import sys
 import time
@@ -43,9 +47,13 @@ examples:
 
 The corpus is the project's own docs (README.md, docs/*.md) tokenized by the model's tokenizer; each step
 draws --batch windows of --seq + 1 tokens (seeded by --seed). The modelled time is the step's on a region of
---mesh cores of the --spec wafer (default: 16x16 of 'tiny' for --model tiny, else 64x64 of wse2): MeshGEMM
-forward, a backward of twice its cost, and under --streaming every stage the longer of its compute and its
-stream (weights in, gradients out). --json prints one object: model, streaming, mesh, spec, steps (each:
+--mesh cores of the --spec wafer (default: 8x8 of wse2 for --model tiny, else 64x64): MeshGEMM forward, and
+each layer's backward and the head's as the mesh kernels book them; under --streaming every stage the longer
+of its compute and its stream (weights in, gradients out). --backward mesh (the default resident) runs those
+kernels on the region's largest square (a local Wafer; under --streaming the tile's own); --backward reference
+(the default --streaming) runs the numpy functions; --check compares each step's gradients with the numpy
+reference's (model.backward.loss_and_grads) at the same weights.
+--json prints one object: model, streaming, mesh, spec, steps (each:
 step, loss, wall_s, modelled_s, bytes_in, bytes_out, wall_tokens_per_s, modelled_tokens_per_s; grad_error
 with --check; recoveries and, last, identical_to_fault_free with --fault), saved."""
 
@@ -148,9 +156,10 @@ def _region(args, config):
                          f"bytes per core on {w}x{h}, more than the {spec.sram_bytes:,} of a {spec.name} core; "
                          "add --streaming (weights off the wafer) or give a larger --mesh")
     if args.backward == "mesh" and not even_rope_blocks(config, region):
+        side = mesh_side(config, region)
         raise UsageError(f"--backward mesh runs on the largest square of --mesh {w}x{h}, whose cores' head_dim blocks "
-                         f"(ceil({config.head_dim} / {min(w, h)})) split a RoPE pair; give --mesh {mesh_side(config, region)}"
-                         f"x{mesh_side(config, region)} or --backward reference")
+                         f"(ceil({config.head_dim} / {min(w, h)})) split a RoPE pair; give --mesh {side}x{side} or "
+                         "--backward reference")
     return spec, region
 
 
@@ -210,13 +219,16 @@ class _Resident:
 def _trainer(args, config, weights, hp, where):
     """(the trainer, stop: what to call when done) -- in this process, or on an embedded Ray (--streaming); the
     backward on a Wafer of the --mesh region's cores (--backward mesh) or the numpy reference's."""
-    spec, region = where
-    mesh = (spec, (region.w, region.h)) if args.backward == "mesh" else None
+    from waferrt.runtime import Wafer
+
+    spec, (w, h) = where[0], (where[1].w, where[1].h)
+    mesh = None
+    if args.backward == "mesh":  # the Wafer the kernels run on: made here, or in the tile actor (--streaming)
+        mesh = functools.partial(Wafer, spec, mesh=(w, h), tile=(w, h), backend="local")
     if not args.streaming:
-        from waferrt.runtime import Wafer
         from waferrt.training.mesh import phases_of
 
-        wafer = None if mesh is None else Wafer(spec, mesh=mesh[1], tile=mesh[1], backend="local").open()
+        wafer = None if mesh is None else mesh().open()
         return _Resident(config, weights, hp, phases_of(args.backward, wafer)), (wafer.close if wafer else lambda: None)
     from waferrt.actors.session import ray_init, ray_shutdown
     from waferrt.actors.training import StreamingTraining
@@ -298,7 +310,7 @@ def _fault_free(args, model, batcher, trainer) -> bool:
 
     config, weights, hp = model
     say("the same steps without faults, to compare the weights")
-    with StreamingTraining(config, by_reference(weights), hp, (), trainer.mesh) as clean:
+    with StreamingTraining(config, by_reference(weights), hp, (), trainer.wafer) as clean:
         for i in range(1, args.steps + 1):
             clean.step(batcher.rows(i - 1), i)
         want = named_arrays(clean.weights())

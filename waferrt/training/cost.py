@@ -28,9 +28,9 @@ from dataclasses import dataclass
 from waferrt.core.arith import cdiv
 from waferrt.core.cost import flop_cycles, total
 from waferrt.core.gemm_cost import GemmShape
-from waferrt.core.train_cost import block_backward_parts, head_backward_parts
 from waferrt.core.mesh import Region
 from waferrt.core.spec import HardwareSpec
+from waferrt.core.train_cost import block_backward_parts, head_backward_parts
 from waferrt.decode.cost import ELEMENTWISE_FLOPS, Decoding
 from waferrt.decode.prefill import prefill_layer_parts
 from waferrt.decode.streaming import stage_cycles, stream_cycles, streamed_bytes
