@@ -19,9 +19,10 @@ from waferrt.model import synthetic_llama, tiny_config
 from waferrt.model.backward import loss_and_grads
 from waferrt.runtime import Wafer
 from waferrt.training.cost import TrainShape, step_cycles
+from waferrt.training.faults import CorruptGradient, corrupt, payload_crc
 from waferrt.training.mesh import even_rope_blocks, mesh_phases, mesh_side
 from waferrt.training.step import train_step
-from waferrt.training.store import ParamStore
+from waferrt.training.store import ParamStore, Push
 
 
 def _mesh_step(config, mesh: tuple[int, int], shape: TrainShape, seed: int = 0):
@@ -63,3 +64,16 @@ def test_the_square_keeps_ropes_pairs_whole():
     config = tiny_config()  # head_dim 16
     assert even_rope_blocks(config, Region(0, 0, 8, 8)) and not even_rope_blocks(config, Region(0, 0, 16, 16))
     assert mesh_side(config, Region(0, 0, 16, 12)) == 12 and mesh_side(config, Region(0, 0, 20, 16)) == 15
+
+
+def test_a_corrupted_mesh_payload_is_caught():
+    """The mesh's gradients are read back transposed (Fortran-ordered views): a bit flipped on the wire in
+    them still changes the payload (faults.wire.flip flips a C-ordered copy), so MemoryX refuses it."""
+    config = tiny_config()
+    store, _, _ = _mesh_step(config, (8, 8), TrainShape(1, 8))
+    grads = {f: store.last_grads[f"layers[0].{f}"] for f in ("wq", "w_down")}
+    grads = {f: np.asfortranarray(g) for f, g in grads.items()}  # as block._matrices gathers them
+    bad = corrupt(grads, 1, seed=0)
+    assert any(not np.array_equal(bad[f], g) for f, g in grads.items())
+    with pytest.raises(CorruptGradient, match="arrived corrupted"):
+        store.push_layer(0, bad, Push(2, payload_crc(grads), epoch=0))
