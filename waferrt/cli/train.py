@@ -271,8 +271,9 @@ def run(args) -> int:
         saved = _save(args, config, trainer.weights(), meta) if args.save else None
         if args.fault:
             rows[-1]["identical_to_fault_free"] = _fault_free(args, (config, weights(), hp), batcher, trainer)
-    except BlockTooLarge as e:
-        raise UsageError(f"--backward mesh: {e} (--mesh, --batch, --seq), or write --backward reference") from None
+    except BlockTooLarge as e:  # on Ray, the tile's error with its traceback: its last line is the cause
+        cause = str(e).strip().splitlines()[-1].split("BlockTooLarge: ")[-1]
+        raise UsageError(f"--backward mesh: {cause} (--mesh, --batch, --seq), or write --backward reference") from None
     finally:
         trainer.close()
         stop()
