@@ -5,7 +5,10 @@ and again for the backward and pushes each layer's gradients back, where AdamW u
 Contract: :class:`StreamingTraining` (host side; a context manager) starts the two actors on a running Ray:
 the MemoryX actor (``TrainMemoryX``: a ``training.store.ParamStore`` over the weights; arrays mapped from
 the dequantised cache come by reference and are mapped there) and the tile (``TrainTile``), which runs
-``training.step.train_step`` against a :class:`StoreClient`. The client keeps the double buffer: while a
+``training.step.train_step`` against a :class:`StoreClient`, with the reference's phases or, given ``wafer``
+(a function making an unopened Wafer, e.g. ``functools.partial(Wafer, spec, mesh=(w, h), tile=(w, h),
+backend="local")``: the host's to make, this floor being below the runtime's), the mesh kernels'
+(``training.mesh``) on the tile's own Wafer. The client keeps the double buffer: while a
 layer computes, the next layer of the step's order (0..L-1, then L-1..0) is already on its way. Gradients
 go out without waiting (Ray runs one caller's calls to an actor in order, so the next fetch sees the update);
 the step waits for its last push. ``step(tokens, step)`` returns the tile's StepReport; ``weights()`` and
@@ -28,7 +31,8 @@ from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
 from waferrt.model.npcache import resolve
 from waferrt.training.faults import CorruptGradient, corrupt
-from waferrt.training.step import REFERENCE, train_step
+from waferrt.training.mesh import phases_of
+from waferrt.training.step import train_step
 from waferrt.training.store import ParamStore
 
 MAX_REDOS = 3  # a step redone more often than this is a failure, not a fault
@@ -104,14 +108,21 @@ class StoreClient:
 
 
 class TrainTile:
-    """The streaming region's tile of a training run."""
+    """The streaming region's tile of a training run: the reference's phases, or the mesh kernels' on the Wafer
+    `wafer()` makes, opened here (its cores emulated in the tile's process with ``backend="local"``)."""
 
-    def __init__(self, memoryx, config, fault=None):
+    def __init__(self, memoryx, config, fault=None, wafer=None):
         self.client = StoreClient(memoryx, config)
         self.client.fault = fault
+        self.wafer = None if wafer is None else wafer().open()
+        self.phases = phases_of("reference" if wafer is None else "mesh", self.wafer)
 
     def step(self, tokens, step: int, epoch: int):
-        return train_step(self.client, tokens, step, REFERENCE, epoch)
+        return train_step(self.client, tokens, step, self.phases, epoch)
+
+    def booked_cycles(self) -> float:
+        """What the tile's kernels booked so far (0 with the reference's phases)."""
+        return 0.0 if self.wafer is None else self.wafer.cost().total.cycles
 
 
 TrainMemoryXActor = ray.remote(num_cpus=0, max_restarts=0, max_concurrency=1)(TrainMemoryX)
@@ -121,9 +132,9 @@ TrainTileActor = ray.remote(num_cpus=0, max_restarts=0, max_concurrency=1)(Train
 class StreamingTraining:
     """Host side: MemoryX and the tile started on the running Ray (see the module docstring)."""
 
-    def __init__(self, config, weights, hp, faults=()):
+    def __init__(self, config, weights, hp, faults=(), wafer=None):
         node = NodeAffinitySchedulingStrategy(ray.get_runtime_context().get_node_id(), soft=False)
-        self.config, self.epoch, self.recoveries = config, 0, []
+        self.config, self.epoch, self.recoveries, self.wafer = config, 0, [], wafer
         self.faults = sorted(faults, key=lambda f: (f.step, -f.layer))  # in the order they strike (backward: L-1..0)
         self.memoryx = TrainMemoryXActor.options(scheduling_strategy=node).remote(config, weights, hp)
         self.tile = None
@@ -136,7 +147,8 @@ class StreamingTraining:
 
     def _new_tile(self):
         """A tile actor, armed with the next planned fault (one at a time: each strikes once)."""
-        return TrainTileActor.remote(self.memoryx, self.config, self.faults.pop(0) if self.faults else None)
+        return TrainTileActor.remote(self.memoryx, self.config, self.faults.pop(0) if self.faults else None,
+                                     self.wafer)
 
     def step(self, tokens, step: int):
         """Step `step`, redone from the last good weights after a dead tile or a corrupted gradient payload

@@ -43,11 +43,12 @@ def test_a_faulted_run_ends_with_the_fault_free_weights(fault_free, faults, caus
         assert np.array_equal(weights[name], a), name
 
 
-def test_waferrt_train_with_faults_says_its_weights_are_the_fault_free_runs(ray_session, capsys):
+@pytest.mark.parametrize("backward", ["reference", "mesh"])
+def test_waferrt_train_with_faults_says_its_weights_are_the_fault_free_runs(ray_session, capsys, backward):
     from waferrt.cli import main
 
     argv = ["train", "--steps", "4", "--batch", "2", "--seq", "16", "--streaming", "--fault", "corrupt:3:2",
-            "--fault", "tile:2", "--json"]
+            "--fault", "tile:2", "--backward", backward, "--json"]
     assert main(argv) == 0
     out = json.loads(capsys.readouterr().out.splitlines()[-1])  # (the session Ray's raylet says a worker died)
     assert [len(s["recoveries"]) for s in out["steps"]] == [0, 1, 1, 0]

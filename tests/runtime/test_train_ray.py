@@ -73,3 +73,27 @@ def test_a_trained_gguf_decodes_on_the_wafer_as_on_the_reference(ray_session, ca
     assert main(argv + ["--reference"]) == 0
     ref = json.loads(capsys.readouterr().out)
     assert wafer["tokens"] == ref["tokens"] and len(ref["tokens"]) == 10
+
+
+def test_the_streaming_tile_runs_the_backward_as_mesh_kernels(ray_session):
+    """--streaming --backward mesh: the tile's own Wafer runs each layer's backward and the head's; the
+    gradients are the reference's and the tile's ledger holds the resident step_cycles' backward."""
+    import functools
+
+    import ray
+
+    from waferrt import Wafer
+    from waferrt.core.mesh import Region
+    from waferrt.core.spec import WSE2
+    from waferrt.training.cost import step_cycles
+
+    config, shape = tiny_config(), TrainShape(2, 8)
+    weights, toks = synthetic_llama(config, seed=2), batches(config, 1, 2, 8)[0]
+    wafer = functools.partial(Wafer, WSE2, mesh=(8, 8), tile=(8, 8), backend="local")
+    with StreamingTraining(config, weights, AdamW(), (), wafer) as streaming:
+        streaming.step(toks, 1)
+        got, booked = streaming.last_grads(), ray.get(streaming.tile.booked_cycles.remote(), timeout=60)
+    for name, g in loss_and_grads(config, weights, toks)[1].items():
+        assert np.max(np.abs(got[name] - g)) <= 1e-4 * np.max(np.abs(g)), name
+    want = step_cycles(WSE2, config, Region(0, 0, 8, 8), shape, streaming=False).backward
+    assert booked == pytest.approx(want, rel=1e-12)

@@ -23,9 +23,15 @@ def test_tiny_trains_with_a_falling_loss_and_the_references_gradients(capsys):
                          "--json"])
     losses = [s["loss"] for s in out["steps"]]
     assert len(losses) == 8 and losses[-1] < losses[0] - 0.5, losses
-    assert all(s["grad_error"] == 0.0 for s in out["steps"])  # the reference's very functions, resident
+    assert all(0 < s["grad_error"] < 1e-4 for s in out["steps"])  # the mesh kernels' (float32 sums in another order)
     assert all(s["modelled_s"] > 0 and s["wall_tokens_per_s"] > 0 for s in out["steps"])
     assert not out["streaming"] and out["steps"][0]["bytes_in"] > out["steps"][0]["bytes_out"] > 0
+
+
+def test_the_reference_backward_applies_the_references_very_gradients(capsys):
+    out = _json(capsys, ["train", "--steps", "2", "--batch", "2", "--seq", "16", "--backward", "reference", "--check",
+                         "--json"])
+    assert all(s["grad_error"] == 0.0 for s in out["steps"])  # the reference's very functions, resident
 
 
 def test_the_saved_gguf_holds_the_trained_weights_and_decodes(capsys, tmp_path):

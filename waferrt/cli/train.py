@@ -9,14 +9,18 @@ default): the weights, gradients and AdamW's moments stay in the region's SRAM (
 do not fit: --streaming or a larger --mesh); --streaming: the weights and AdamW's state live in a MemoryX
 actor off the wafer and stream in layer by layer (actors/training.py, on an embedded Ray); --fault makes a
 tile die or a gradient payload arrive corrupted, the step is redone and the weights compared with a
-fault-free rerun's. --save writes the trained weights as a GGUF that ``waferrt generate --model`` loads.
-Every flag is checked before the weights load or Ray starts; a mistake is one line, exit 2.
+fault-free rerun's. --backward mesh runs each layer's backward and the head's as mesh kernels on a Wafer
+(``training.mesh``; a block too large for the cores' SRAM is one line, exit 2), reference the numpy functions.
+--save writes the trained weights as a GGUF that ``waferrt generate --model`` loads.
+Every flag is checked before the weights load or Ray starts (but the block's fit, checked as its first
+backward starts); a mistake is one line, exit 2.
 """
 
 from __future__ import annotations
 
 import argparse
 import dataclasses
+import functools
 import json
 import sys
 import time
@@ -43,9 +47,13 @@ examples:
 
 The corpus is the project's own docs (README.md, docs/*.md) tokenized by the model's tokenizer; each step
 draws --batch windows of --seq + 1 tokens (seeded by --seed). The modelled time is the step's on a region of
---mesh cores of the --spec wafer (default: 16x16 of 'tiny' for --model tiny, else 64x64 of wse2): MeshGEMM
-forward, a backward of twice its cost, and under --streaming every stage the longer of its compute and its
-stream (weights in, gradients out). --json prints one object: model, streaming, mesh, spec, steps (each:
+--mesh cores of the --spec wafer (default: 8x8 of wse2 for --model tiny, else 64x64): MeshGEMM forward, and
+each layer's backward and the head's as the mesh kernels book them; under --streaming every stage the longer
+of its compute and its stream (weights in, gradients out). --backward mesh (the default resident) runs those
+kernels on the region's largest square (a local Wafer; under --streaming the tile's own); --backward reference
+(the default --streaming) runs the numpy functions; --check compares each step's gradients with the numpy
+reference's (model.backward.loss_and_grads) at the same weights.
+--json prints one object: model, streaming, mesh, spec, steps (each:
 step, loss, wall_s, modelled_s, bytes_in, bytes_out, wall_tokens_per_s, modelled_tokens_per_s; grad_error
 with --check; recoveries and, last, identical_to_fault_free with --fault), saved."""
 
@@ -93,8 +101,12 @@ def add_parser(sub) -> argparse.ArgumentParser:
     p.add_argument("--fault", type=_fault, action="append", metavar="KIND:STEP[:LAYER]",
                    help="with --streaming: the tile dies (tile) or a gradient payload is corrupted (corrupt) at this "
                         "step and layer; the step is redone, and the weights compared with a fault-free run's")
-    p.add_argument("--mesh", type=parse_wxh, metavar="WxH", help="the region the step is modelled on")
-    p.add_argument("--spec", choices=sorted(PRESETS), help="hardware spec (tiny for --model tiny, else wse2)")
+    p.add_argument("--backward", choices=("mesh", "reference"), default=None,
+                   help="mesh: each layer's backward and the head's run as mesh kernels on the region's largest square "
+                        "(booked; the default resident); reference: the numpy functions (the default --streaming)")
+    p.add_argument("--mesh", type=parse_wxh, metavar="WxH",
+                   help="the region the step runs and is modelled on (8x8 for --model tiny, else 64x64)")
+    p.add_argument("--spec", choices=sorted(PRESETS), help="hardware spec (wse2)")
     p.add_argument("--save", type=output_path("trained.gguf"), metavar="OUT.gguf",
                    help="write the trained weights as a llama GGUF (F32) with the model's tokenizer")
     p.add_argument("--check", action="store_true",
@@ -130,9 +142,10 @@ def _region(args, config):
     from waferrt.core.mesh import Region
     from waferrt.core.spec import spec_by_name
     from waferrt.training.cost import resident_core_bytes
+    from waferrt.training.mesh import even_rope_blocks, mesh_side
 
-    spec = spec_by_name(args.spec or ("tiny" if args.model == "tiny" else "wse2"))
-    w, h = args.mesh or ((16, 16) if args.model == "tiny" else (64, 64))
+    spec = spec_by_name(args.spec or "wse2")
+    w, h = args.mesh or ((8, 8) if args.model == "tiny" else (64, 64))
     if w > spec.full_mesh[0] or h > spec.full_mesh[1]:
         raise UsageError(f"--mesh {w}x{h} is larger than the {spec.name} wafer's {spec.full_mesh[0]}x"
                          f"{spec.full_mesh[1]} cores; give a smaller --mesh or another --spec")
@@ -142,6 +155,11 @@ def _region(args, config):
         raise UsageError(f"resident training keeps the weights, gradients and AdamW moments in SRAM: {need:,} "
                          f"bytes per core on {w}x{h}, more than the {spec.sram_bytes:,} of a {spec.name} core; "
                          "add --streaming (weights off the wafer) or give a larger --mesh")
+    if args.backward == "mesh" and not even_rope_blocks(config, region):
+        side = mesh_side(config, region)
+        raise UsageError(f"--backward mesh runs on the largest square of --mesh {w}x{h}, whose cores' head_dim blocks "
+                         f"(ceil({config.head_dim} / {min(w, h)})) split a RoPE pair; give --mesh {side}x{side} or "
+                         "--backward reference")
     return spec, region
 
 
@@ -178,15 +196,15 @@ def _corpus(args, tokenizer):
 class _Resident:
     """The resident mode: the store and the step in this process (the region's SRAM holds everything)."""
 
-    def __init__(self, config, weights, hp):
+    def __init__(self, config, weights, hp, phases):
         from waferrt.training.store import ParamStore
 
-        self.store = ParamStore(config, weights, hp)
+        self.store, self.phases = ParamStore(config, weights, hp), phases
 
     def step(self, tokens, step: int):
         from waferrt.training.step import train_step
 
-        return train_step(self.store, tokens, step)
+        return train_step(self.store, tokens, step, self.phases)
 
     def weights(self):
         return self.store.weights()
@@ -198,10 +216,20 @@ class _Resident:
         pass
 
 
-def _trainer(args, config, weights, hp):
-    """(the trainer, stop: what to call when done) -- in this process, or on an embedded Ray (--streaming)."""
+def _trainer(args, config, weights, hp, where):
+    """(the trainer, stop: what to call when done) -- in this process, or on an embedded Ray (--streaming); the
+    backward on a Wafer of the --mesh region's cores (--backward mesh) or the numpy reference's."""
+    from waferrt.runtime import Wafer
+
+    spec, (w, h) = where[0], (where[1].w, where[1].h)
+    mesh = None
+    if args.backward == "mesh":  # the Wafer the kernels run on: made here, or in the tile actor (--streaming)
+        mesh = functools.partial(Wafer, spec, mesh=(w, h), tile=(w, h), backend="local")
     if not args.streaming:
-        return _Resident(config, weights, hp), lambda: None
+        from waferrt.training.mesh import phases_of
+
+        wafer = None if mesh is None else mesh().open()
+        return _Resident(config, weights, hp, phases_of(args.backward, wafer)), (wafer.close if wafer else lambda: None)
     from waferrt.actors.session import ray_init, ray_shutdown
     from waferrt.actors.training import StreamingTraining
     from waferrt.model.npcache import by_reference
@@ -209,7 +237,7 @@ def _trainer(args, config, weights, hp):
     say("starting Ray: MemoryX (weights and AdamW state off the wafer) and the streaming region's tile")
     started = ray_init(None)
     try:
-        trainer = StreamingTraining(config, by_reference(weights), hp, args.fault or ())
+        trainer = StreamingTraining(config, by_reference(weights), hp, args.fault or (), mesh)
         return trainer, (ray_shutdown if started else lambda: None)
     except BaseException:
         if started:
@@ -218,10 +246,12 @@ def _trainer(args, config, weights, hp):
 
 
 def run(args) -> int:
+    from waferrt.fabric.misuse import BlockTooLarge
     from waferrt.training.adamw import AdamW
     from waferrt.training.cost import TrainShape, step_cycles
 
     config, weights, meta, tokenizer = _load(args)
+    args.backward = args.backward or ("reference" if args.streaming else "mesh")
     _check(args, config)
     spec, region = _region(args, config)
     batcher, n_tokens = _corpus(args, tokenizer)
@@ -229,13 +259,21 @@ def run(args) -> int:
     modelled = step_cycles(spec, config, region, shape, args.streaming).seconds(spec)
     say(f"corpus: the project's docs, {n_tokens:,} tokens; {args.steps} steps of {args.batch} x {args.seq} tokens, "
         f"{'weight streaming' if args.streaming else 'resident'} on {region.w}x{region.h} cores of {spec.name}")
+    if args.check:
+        side = min(region.w, region.h)
+        how = f"the mesh kernels on {side}x{side} cores" if args.backward == "mesh" else "the numpy reference's phases"
+        say(f"--check: each step's weight gradients, from {how}, against model.backward.loss_and_grads (numpy) at the "
+            "same weights: the largest difference relative to the largest entry of that weight's reference gradient")
     hp = AdamW(lr=args.lr or (TINY_LR if args.model == "tiny" else FINE_TUNE_LR))
-    trainer, stop = _trainer(args, config, weights(), hp)
+    trainer, stop = _trainer(args, config, weights(), hp, (spec, region))
     try:
         rows = _steps(args, config, trainer, batcher, lambda i, report, wall: _row(i, report, wall, modelled, shape))
         saved = _save(args, config, trainer.weights(), meta) if args.save else None
         if args.fault:
             rows[-1]["identical_to_fault_free"] = _fault_free(args, (config, weights(), hp), batcher, trainer)
+    except BlockTooLarge as e:  # on Ray, the tile's error with its traceback: its last line is the cause
+        cause = str(e).strip().splitlines()[-1].split("BlockTooLarge: ")[-1]
+        raise UsageError(f"--backward mesh: {cause} (--mesh, --batch, --seq), or write --backward reference") from None
     finally:
         trainer.close()
         stop()
@@ -273,7 +311,7 @@ def _fault_free(args, model, batcher, trainer) -> bool:
 
     config, weights, hp = model
     say("the same steps without faults, to compare the weights")
-    with StreamingTraining(config, by_reference(weights), hp) as clean:
+    with StreamingTraining(config, by_reference(weights), hp, (), trainer.wafer) as clean:
         for i in range(1, args.steps + 1):
             clean.step(batcher.rows(i - 1), i)
         want = named_arrays(clean.weights())
@@ -310,7 +348,7 @@ def _text(row: dict, steps: int) -> str:
     return (f"step {row['step']:>{len(str(steps))}}/{steps}  loss {row['loss']:.4f}  wall {row['wall_s']:.3f} s "
             f"({row['wall_tokens_per_s']:,.0f} tok/s)  modelled {row['modelled_s'] * 1e3:.3f} ms "
             f"({row['modelled_tokens_per_s']:,.0f} tok/s)"
-            + (f"  gradients vs the reference: {row['grad_error']:.1e}" if "grad_error" in row else ""))
+            + (f"  gradients vs the numpy reference: {row['grad_error']:.1e} relative" if "grad_error" in row else ""))
 
 
 def _save(args, config, weights, meta) -> str:

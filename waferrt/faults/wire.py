@@ -23,7 +23,7 @@ def checksum(arrays: list[np.ndarray]) -> int:
 
 def flip(arrays: list[np.ndarray], bits: int, rng: random.Random) -> list[np.ndarray]:
     """Copies of `arrays` with `bits` bits flipped (in the arrays that have bytes)."""
-    out = [np.array(a, copy=True) for a in arrays]
+    out = [np.array(a, copy=True, order="C") for a in arrays]  # C order: the flat view below is a view
     sized = [i for i, a in enumerate(out) if a.nbytes]
     for _ in range(bits if sized else 0):
         a = out[rng.choice(sized)]

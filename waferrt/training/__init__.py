@@ -7,9 +7,10 @@ the phases and the streamed bytes), cost (bytes and cycles of a step), faults (a
 gradient payload, and the payload CRC that finds the latter). The backward math is the model's
 (``waferrt.model.backward``); the Ray actors that run a step with its store off the wafer are in
 ``actors/training.py``. The backward as mesh kernels on a Wafer: block (``block_forward``,
-``block_backward``), forward (``block_forward_mesh``: the block's forward as one kernel), head (``head_backward``, ``embedding_backward``), onwafer (running one as a kernel); they
-compose waferrt.kernels (gemm_backward, attention_backward, train_ops) and replace the reference's phases at
-the step's seam (docs/ARCHITECTURE.md "Training").
+``block_backward``), forward (``block_forward_mesh``: the block's forward as one kernel), head
+(``head_backward``, ``embedding_backward``), onwafer (running one as a kernel); they compose waferrt.kernels
+(gemm_backward, attention_backward, train_ops); mesh (``mesh_phases``) puts them at the step's seam in place
+of the reference's phases (docs/ARCHITECTURE.md "Training").
 """
 
 from .block import Saved, block_backward, block_forward

@@ -7,10 +7,12 @@ Contract (the owners of the training facts; each calls the owners below it):
   (float32: training streams float32 weights and gradients). ``step.train_step`` counts the same bytes as
   they cross (tied in tests/unit/test_training.py).
 - ``layer_forward_cycles`` is a layer's forward over one sequence of S tokens on a square region: the
-  compute of ``decode.prefill.prefill_layer_parts`` (MeshGEMM, attention, elementwise; not its layout moves).
-  ``BACKWARD_PER_FORWARD``: a layer's and the head's backward take twice their forward (every GEMM of the
-  forward has two in the backward, dX and dW, of its size; until the mesh kernels' backward books its own).
-  ``head_forward_cycles``: the logits of every token by MeshGEMM (``core.gemm_cost.gemm_cost``).
+  compute of ``decode.prefill.prefill_layer_parts`` (MeshGEMM, attention, elementwise; not its layout moves;
+  the forward is not yet run on the mesh: the host keeps its activations).
+  ``layer_backward_cycles`` and ``head_backward_cycles`` are what the mesh kernels book for a layer's backward
+  over the batch's B*S tokens and for the head (its logits, cross-entropy and their backward) on the region's
+  largest square (``training.mesh``): ``core.train_cost.block_backward_parts`` and ``head_backward_parts``,
+  summed (tests/unit/test_train_mesh.py ties them to a step's ledger).
 - ``step_cycles(spec, config, region, shape, streaming)`` -> :class:`StepCycles`. Streaming: every stage lasts
   the longer of its compute and its stream (``decode.streaming.stage_cycles``; a backward stage streams its
   weights in and its gradients out over the one host I/O figure, ``spec.ingress_bytes_per_s``); AdamW runs off
@@ -25,15 +27,15 @@ from dataclasses import dataclass
 
 from waferrt.core.arith import cdiv
 from waferrt.core.cost import flop_cycles, total
-from waferrt.core.gemm_cost import GemmShape, gemm_cost
+from waferrt.core.gemm_cost import GemmShape
 from waferrt.core.mesh import Region
 from waferrt.core.spec import HardwareSpec
-from waferrt.decode.cost import Decoding
+from waferrt.core.train_cost import block_backward_parts, head_backward_parts
+from waferrt.decode.cost import ELEMENTWISE_FLOPS, Decoding
 from waferrt.decode.prefill import prefill_layer_parts
 from waferrt.decode.streaming import stage_cycles, stream_cycles, streamed_bytes
 from waferrt.model.config import LlamaConfig
 
-BACKWARD_PER_FORWARD = 2
 ADAMW_FLOPS = 15  # per weight: the moments (7), their bias corrections (2), decay, sqrt, eps, divide, lr, step
 
 
@@ -79,18 +81,28 @@ def layer_forward_cycles(spec: HardwareSpec, config: LlamaConfig, region: Region
     return total(c for _, category, c in parts if category != "layout").cycles
 
 
-def head_forward_cycles(spec: HardwareSpec, config: LlamaConfig, region: Region, tokens: int) -> float:
-    """The logits of `tokens` tokens, (tokens, dim) @ (dim, vocab), by MeshGEMM on the region's square."""
-    s = min(region.w, region.h)
-    return gemm_cost(spec, "meshgemm", GemmShape(tokens, config.dim, config.vocab_size, s, s)).cycles
+def layer_backward_cycles(spec: HardwareSpec, config: LlamaConfig, region: Region, tokens: int) -> float:
+    """A layer's backward over `tokens` tokens on the region's largest square, as ``block.block_backward``
+    books it (the forward's softmax recomputed)."""
+    side = min(region.w, region.h)
+    parts = block_backward_parts(spec, config, tokens, side, ELEMENTWISE_FLOPS["softmax"])
+    return total(parts.values()).cycles
+
+
+def head_backward_cycles(spec: HardwareSpec, config: LlamaConfig, region: Region, tokens: int) -> float:
+    """The head over `tokens` tokens -- logits, cross-entropy, their backward, the final norm's -- on the
+    region's largest square, as ``head.head_backward`` books it."""
+    side = min(region.w, region.h)
+    shape = GemmShape(tokens, config.vocab_size, config.dim, side, side)  # (tokens, vocab, dim)
+    return total(head_backward_parts(spec, shape).values()).cycles
 
 
 def step_cycles(spec: HardwareSpec, config: LlamaConfig, region: Region, shape: TrainShape,
                 streaming: bool) -> StepCycles:
     """A training step's modelled cycles on `region` (see the module docstring)."""
     fwd = shape.batch * layer_forward_cycles(spec, config, region, shape.seq)
-    bwd = BACKWARD_PER_FORWARD * fwd
-    head = (1 + BACKWARD_PER_FORWARD) * head_forward_cycles(spec, config, region, shape.tokens)
+    bwd = layer_backward_cycles(spec, config, region, shape.tokens)
+    head = head_backward_cycles(spec, config, region, shape.tokens)
     if not streaming:
         opt = flop_cycles(spec, cdiv(ADAMW_FLOPS * config.params(), region.w * region.h))
         layers = config.n_layers

@@ -12,9 +12,9 @@ anything with ParamStore's ``rows/layer/head/push_layer/push_top`` (the in-proce
 mode; a client of the MemoryX actor: weight streaming on Ray). StepReport's bytes_in / bytes_out are the
 nbytes of every array that crossed, counted as they cross (``cost.step_stream_bytes`` is their closed form).
 
-:class:`Phases` is the seam to the wafer's kernels: today ``REFERENCE`` (the numpy reference's
-``model.backward`` functions); the mesh kernels' forward and backward of a layer replace ``forward`` and
-``backward`` one for one, with the same arguments and results.
+:class:`Phases` is the seam to the wafer's kernels: ``REFERENCE`` (the numpy reference's ``model.backward``
+functions) or ``mesh.mesh_phases(wafer)`` (a layer's backward and the head's as mesh kernels on a Wafer), with
+the same arguments and results.
 """
 
 from __future__ import annotations
