@@ -66,8 +66,9 @@ examples:
 
 The wafer and --reference give the same tokens (greedy, or seeded sampling: request i uses the RNG
 seeded with [seed, i]). By default the model is planned on the smallest mesh of 2x2 tiles that holds it
-at the spec (WSE-2: 48 KB of SRAM per core) with a KV reserve of --kv-tokens x --requests; --mesh and
---tile override it. --json prints one object: prompt_tokens, tokens, text (lists of those, one per
+at the spec (WSE-2: 48 KB of SRAM per core) with a KV reserve of --kv-tokens x --requests, run in no more
+tile actors than this machine has cores (neighbouring tiles merged: on 2 cores, 2x1 tiles, the fastest
+here; not with --address); --mesh and --tile override it. --json prints one object: prompt_tokens, tokens, text (lists of those, one per
 request, when there are several prompts), finish, wall_tokens_per_s, wafer_tokens_per_s (the modelled
 wafer rate of what ran, every request at its own pace), wafer_bound_tokens_per_s (the placement's bound
 with as many requests in flight), steps (micro-batches), mesh, ttft_wall_s and ttft_modelled_s (time to
@@ -209,7 +210,7 @@ def _placement(args, config, mesh, requests, nodes=None):
         return _admitted(_streaming_placement(args, config, spec, kv, mesh, nodes), requests)
     try:
         p, choice = placed(args, config, spec, kv, nodes,
-                           lambda s: mesh or default_mesh_cached(config, spec, kv, args.dtype, s))
+                           lambda s: mesh or _local_cut(args, default_mesh_cached(config, spec, kv, args.dtype, s)))
     except (PlanError, ValueError) as e:  # does not fit (the message says what would), or a bad --strategy N
         raise UsageError(str(e)) from None
     if choice is not None:
@@ -223,6 +224,15 @@ def _placement(args, config, mesh, requests, nodes=None):
     say(f"placed on {p.mesh} ({spec.name}, {args.dtype} storage): {p.strategy.describe()}, layer regions "
         f"{p.layers[0].w}x{p.layers[0].h} cores{experts}, KV {p.kv_tokens} tokens x {kv.requests} requests")
     return p
+
+
+def _local_cut(args, mesh):
+    """The default mesh as it runs fastest here: on this machine alone, in no more tile actors than it has
+    cores (neighbouring tiles merged: a tile is a process, and more processes than cores only take turns
+    and hand over more often); on a cluster (--address) as planned."""
+    import os
+
+    return mesh if args.address else mesh.in_tiles(len(os.sched_getaffinity(0)))
 
 
 def _admitted(p, requests):

@@ -201,6 +201,7 @@ class FlowKVCache:
 
 def _rounds(slots: np.ndarray) -> np.ndarray:
     """The how-many-th item of its request each item is (a prompt's items go in one after another)."""
-    if len(np.unique(slots)) == len(slots):
-        return np.zeros(len(slots), np.int64)
-    return np.array([np.count_nonzero(slots[:i] == s) for i, s in enumerate(slots.tolist())], np.int64)
+    listed = slots.tolist()
+    if len(set(listed)) == len(listed):  # one item per request (a decode step): one round
+        return np.zeros(len(listed), np.int64)
+    return np.array([listed[:i].count(s) for i, s in enumerate(listed)], np.int64)

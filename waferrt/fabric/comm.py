@@ -111,6 +111,7 @@ class LineComm:
             self.fwd = Dir.S
         self._tag_prefix = tag_prefix
         self._seq = 0
+        self._booked: dict[tuple, Cost] = {}  # book_allreduce's (algo, k, values, replicated) -> its Cost
 
     # -- plumbing -------------------------------------------------------------------------------------
     def _tag(self) -> str:
@@ -244,9 +245,11 @@ class LineComm:
         """Book what the `algo` allreduce of float32 slices of `values_per_position` values moves along every
         line, message for message as the hop-by-hop algorithm does (its closed form, times the lines),
         without moving anything: for fast paths that compute the result another way (inside an op)."""
-        nbytes = self._msg_bytes(values_per_position, 4, replicated)
-        c = allreduce_cost(self.ledger.spec, algo, self.n, nbytes, k)
-        self.ledger.add(on_lines(c, self.lines))
+        key = (algo, k, values_per_position, replicated)
+        if key not in self._booked:  # the same closed form every step: worked out once per line and size
+            nbytes = self._msg_bytes(values_per_position, 4, replicated)
+            self._booked[key] = on_lines(allreduce_cost(self.ledger.spec, algo, self.n, nbytes, k), self.lines)
+        self.ledger.add(self._booked[key])
 
     # -- algorithms -----------------------------------------------------------------------------------
     def _ktree(self, buf, plan, ufunc, array_axis, replicated, overwrite=False):
