@@ -13,6 +13,7 @@ cores can share; a misuse is a TypeError or ValueError that names the axis and t
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
 import numpy as np
@@ -25,7 +26,13 @@ AXES = ("x", "y", None)
 
 
 def chunk_bounds(n: int, parts: int, granule: int = 1) -> np.ndarray:
-    """Bounds (parts+1,) of splitting range(n) into `parts` contiguous chunks of whole granules."""
+    """Bounds (parts+1,) of splitting range(n) into `parts` contiguous chunks of whole granules (read-only:
+    worked out once per (n, parts, granule), the planner asks for the same ones thousands of times)."""
+    return _chunk_bounds(n, parts, granule)
+
+
+@functools.lru_cache(maxsize=4096)
+def _chunk_bounds(n: int, parts: int, granule: int) -> np.ndarray:
     if n % granule:
         raise ValueError(f"an axis of length {n} cannot be cut into whole granules of {granule}")
     units = n // granule
@@ -37,7 +44,9 @@ def chunk_bounds(n: int, parts: int, granule: int = 1) -> np.ndarray:
     base, extra = divmod(units, parts)
     sizes = np.full(parts, base, dtype=np.int64)
     sizes[:extra] += 1
-    return np.concatenate([[0], np.cumsum(sizes)]) * granule
+    bounds = np.concatenate([[0], np.cumsum(sizes)]) * granule
+    bounds.setflags(write=False)
+    return bounds
 
 
 @dataclass(frozen=True)
