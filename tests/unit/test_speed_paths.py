@@ -4,7 +4,8 @@
   one) inside one new tile -- `waferrt generate` runs its default mesh so, in no more tiles than cores;
 - ``Chunks`` split/join as a pad and a reshape when the chunks lie in order, equal to the gather/scatter;
 - the RoPE angles a layer takes from its table, equal to the angles computed for the positions at hand;
-- ``LineComm.book_allreduce`` worked out once per size: a ledger books what the closed form says, every time.
+- ``LineComm.book_allreduce`` worked out once per size: a ledger books what the closed form says, every time;
+- a lane's K/V rows read as a view (evenly spaced slots), the same rows as the gather.
 """
 
 from __future__ import annotations
@@ -19,11 +20,10 @@ from waferrt.core.ledger import Ledger
 from waferrt.core.mesh import MeshSpec, Region
 from waferrt.core.spec import WSE2
 from waferrt.decode.cost import Decoding
-from waferrt.decode.pack import rope_tables
+from waferrt.decode.pack import pack_layer, rope_tables
 from waferrt.decode.shards import LayerShard
 from waferrt.fabric.comm import LineComm, Span
 from waferrt.model import synthetic_llama, tiny_config
-from waferrt.decode.pack import pack_layer
 
 fast = settings(max_examples=60, deadline=None, database=None)
 
@@ -110,3 +110,15 @@ def test_an_allreduce_booked_again_books_its_closed_form_again(calls):
             sum(c.link_bytes for c in want))
         assert got.stages == sum(c.stages for c in want)
         assert abs(got.cycles - sum(c.cycles for c in want)) <= 1e-9 * max(1.0, got.cycles)
+
+
+@fast
+@given(st.lists(st.integers(0, 11), min_size=1, max_size=8))
+def test_slots_read_as_a_slice_are_the_same_rows(slots):
+    from waferrt.decode.kvcache import _as_slice
+
+    cache = np.arange(12 * 5).reshape(12, 5)
+    rows = np.array(slots)
+    assert np.array_equal(cache[_as_slice(rows)], cache[rows])
+    if len(slots) > 1 and len(set(np.diff(slots))) == 1 and slots[1] > slots[0]:
+        assert isinstance(_as_slice(rows), slice)  # evenly spaced: a view

@@ -64,16 +64,17 @@ examples:
   waferrt generate "Hello" --trace trace.json --heatmap mesh.png           what ran where: open the trace in
                                                                            ui.perfetto.dev, the PNG anywhere
 
-The wafer and --reference give the same tokens (greedy, or seeded sampling: request i uses the RNG
-seeded with [seed, i]). By default the model is planned on the smallest mesh of 2x2 tiles that holds it
-at the spec (WSE-2: 48 KB of SRAM per core) with a KV reserve of --kv-tokens x --requests, run in no more
-tile actors than this machine has cores (neighbouring tiles merged: on 2 cores, 2x1 tiles, the fastest
-here; not with --address); --mesh and --tile override it. --json prints one object: prompt_tokens, tokens, text (lists of those, one per
-request, when there are several prompts), finish, wall_tokens_per_s, wafer_tokens_per_s (the modelled
-wafer rate of what ran, every request at its own pace), wafer_bound_tokens_per_s (the placement's bound
-with as many requests in flight), steps (micro-batches), mesh, ttft_wall_s and ttft_modelled_s (time to
-first token, wall and on the modelled wafer) and prefill_tokens_per_s (prompt tokens over the modelled
-time to first token). --prefill prefills every prompt of up to 512 tokens whole by MeshGEMM.
+The wafer and --reference give the same tokens (greedy, or seeded sampling: request i uses the RNG seeded
+with [seed, i]). By default the model is planned on the smallest mesh of 2x2 tiles that holds it at the
+spec (WSE-2: 48 KB of SRAM per core) with a KV reserve of --kv-tokens x --requests, run in no more tile
+actors than this machine has cores (neighbouring tiles merged: on 2 cores, 2x1 tiles, the fastest here;
+not with --address); --mesh and --tile override it. --json prints one object: prompt_tokens, tokens, text
+(lists of those, one per request, when there are several prompts), finish, wall_tokens_per_s,
+wafer_tokens_per_s (the modelled wafer rate of what ran, every request at its own pace),
+wafer_bound_tokens_per_s (the placement's bound with as many requests in flight), steps (micro-batches),
+mesh, ttft_wall_s and ttft_modelled_s (time to first token, wall and on the modelled wafer) and
+prefill_tokens_per_s (prompt tokens over the modelled time to first token). --prefill prefills every
+prompt of up to 512 tokens whole by MeshGEMM.
 
 The tiles decode on their own: the head's tile samples each token and feeds it back into the pipeline;
 the host only hands the requests over and prints what streams back. If a tile dies or freezes, generate
