@@ -29,6 +29,7 @@ import tempfile  # noqa: E402
 from decode import PROMPTS, wxh  # noqa: E402
 
 from waferrt.actors.tile import Tile  # noqa: E402
+from waferrt.cli.generate import local_tiles  # noqa: E402
 from waferrt.core.mesh import MeshSpec  # noqa: E402
 from waferrt.core.spec import WSE2  # noqa: E402
 from waferrt.llm import WaferLLM  # noqa: E402
@@ -121,7 +122,7 @@ def main() -> None:
     reqs = [GenRequest(tuple(tok.encode(PROMPTS[i % len(PROMPTS)])), args.tokens) for i in range(args.requests)]
     kv = KVReserve(512, args.requests)
     mesh = MeshSpec(*args.mesh, *args.tile) if args.mesh else \
-        default_mesh(config, WSE2, kv).in_tiles(len(os.sched_getaffinity(0)))  # as `waferrt generate` runs it
+        default_mesh(config, WSE2, kv).in_tiles(local_tiles())  # as `waferrt generate` runs it
     tmp = tempfile.mkdtemp(prefix="waferrt-profile-")
     with WaferLLM(config, weights, plan(config, WSE2, mesh, kv=kv)) as llm:
         llm.generate(reqs, Sampler())  # warm-up
