@@ -83,7 +83,7 @@ def _shard(region: Region, ledger: Ledger) -> LayerShard:
 def test_rope_from_the_table_is_the_angles_of_the_positions():
     region = Region(0, 0, 4, 4)
     shard = _shard(region, Ledger(WSE2))
-    inv, _ = rope_tables(shard.cfg, shard.rows)
+    inv, _ = rope_tables(shard.config, shard.rows)
     for poss in (np.array([0, 3, 7]), np.array([15, 2]), np.array([40])):  # 40: beyond the cache's table
         ang = poss[:, None, None] * inv[None]  # the angles as the reference computes them, in float64
         cos, sin = shard._rope(poss)
