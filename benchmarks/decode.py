@@ -35,6 +35,7 @@ import time  # noqa: E402
 from anchor import Anchor  # noqa: E402
 
 from waferrt.actors.tile import Tile  # noqa: E402
+from waferrt.cli.generate import local_tiles  # noqa: E402
 from waferrt.core.mesh import MeshSpec  # noqa: E402
 from waferrt.core.spec import WSE2  # noqa: E402
 from waferrt.llm import WaferLLM  # noqa: E402
@@ -70,7 +71,8 @@ def main() -> None:
     ap.add_argument("--tokens", type=int, default=48, help="new tokens per request (48)")
     ap.add_argument("--requests", type=int, default=8, help="requests in flight for the batched runs (8)")
     ap.add_argument("--repeat", type=int, default=3, help="rounds of anchor-then-wafer (3)")
-    ap.add_argument("--mesh", type=wxh, help="mesh WxH in cores (default: the planner's)")
+    ap.add_argument("--mesh", type=wxh, help="mesh WxH in cores (default: the planner's, in one tile per two "
+                                             "cores of this machine, as `waferrt generate` runs it)")
     ap.add_argument("--tile", type=wxh, help="tile TWxTH in cores (with --mesh)")
     ap.add_argument("--ttft", action="store_true", help="also time `waferrt generate` to its first token, twice")
     args = ap.parse_args()
@@ -79,7 +81,8 @@ def main() -> None:
     reqs = [GenRequest(tuple(tok.encode(PROMPTS[i % len(PROMPTS)])), args.tokens) for i in range(args.requests)]
     anchor = Anchor(config, weights)
     kv = KVReserve(512, args.requests)
-    mesh = MeshSpec(*args.mesh, *args.tile) if args.mesh else default_mesh(config, WSE2, kv)
+    mesh = MeshSpec(*args.mesh, *args.tile) if args.mesh else \
+        default_mesh(config, WSE2, kv).in_tiles(local_tiles())  # as `waferrt generate` runs it
     placement = plan(config, WSE2, mesh, kv=kv)
     print(f"{len(reqs)} requests x {args.tokens} new tokens; wafer {mesh}")
     _, plain_wall, _ = Anchor(config, weights, panels=False).generate(reqs)

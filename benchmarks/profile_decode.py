@@ -29,6 +29,7 @@ import tempfile  # noqa: E402
 from decode import PROMPTS, wxh  # noqa: E402
 
 from waferrt.actors.tile import Tile  # noqa: E402
+from waferrt.cli.generate import local_tiles  # noqa: E402
 from waferrt.core.mesh import MeshSpec  # noqa: E402
 from waferrt.core.spec import WSE2  # noqa: E402
 from waferrt.llm import WaferLLM  # noqa: E402
@@ -42,13 +43,14 @@ WAITS = ("poll (libc", "epoll_wait", "select (libc", "nanosleep", "pthread_cond_
 OURS = [
     ("fabric: send/recv (zmq, msgpack, crc)", "actors/fabric.py", ()),
     ("K/V insert and shift", "decode/kvcache.py", ()),
-    ("cost booking (ledger, closed forms)", "core/ledger.py", ()), ("cost booking (ledger, closed forms)", "core/cost.py", ()),
+    ("cost booking (ledger, closed forms)", "core/ledger.py", ()),
+    ("cost booking (ledger, closed forms)", "core/cost.py", ()),
     ("cost booking (ledger, closed forms)", "decode/cost.py", ()),
     ("cost booking (ledger, closed forms)", "decode/schedule.py", ()),
     ("cost booking (ledger, closed forms)", "decode/program.py", ("_items", "alone_cycles")),
     ("cost booking (ledger, closed forms)", "fabric/comm.py", ("book_", "_cost")),
     ("collectives' sums (fast path)", "fabric/comm.py", ()),
-    ("re-cutting activations (Chunks)", "decode/pack.py", ()),
+    ("re-cutting activations (Chunks)", "core/layout.py", ("split", "join")),
 ]
 NAMES = ["wait for a micro-batch", "matmul (BLAS)", *dict.fromkeys(n for n, _, _ in OURS), "other numpy (element-wise, copies)",
          "Python (interpreter, the loop)"]
@@ -119,7 +121,8 @@ def main() -> None:
     tok = Tokenizer(meta)
     reqs = [GenRequest(tuple(tok.encode(PROMPTS[i % len(PROMPTS)])), args.tokens) for i in range(args.requests)]
     kv = KVReserve(512, args.requests)
-    mesh = MeshSpec(*args.mesh, *args.tile) if args.mesh else default_mesh(config, WSE2, kv)
+    mesh = MeshSpec(*args.mesh, *args.tile) if args.mesh else \
+        default_mesh(config, WSE2, kv).in_tiles(local_tiles())  # as `waferrt generate` runs it
     tmp = tempfile.mkdtemp(prefix="waferrt-profile-")
     with WaferLLM(config, weights, plan(config, WSE2, mesh, kv=kv)) as llm:
         llm.generate(reqs, Sampler())  # warm-up

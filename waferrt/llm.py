@@ -38,11 +38,15 @@ LLM_LAUNCH = Launch(timeout=120.0)  # a decode's tiles wait longer for a neighbo
 
 class WaferLLM:
     def __init__(self, config: LlamaConfig, weights, placement, collectives: Collectives = KTREE_FAST,
-                 lanes: int = 2, launch: Launch = LLM_LAUNCH):
+                 lanes: int | None = None, launch: Launch = LLM_LAUNCH):
         """`launch`: the Ray to run the tiles on, a tile's timeout, the most tiles (default: a new Ray in this
-        process, 120 s)."""
-        self.config, self.weights, self.placement, self.lanes = config, weights, placement, lanes
+        process, 120 s). `lanes`: micro-batches in flight at once (default: 2, so that the tiles of the stages
+        compute side by side; 1 when one tile runs every stage of a placement in SRAM, where a second lane
+        would only halve every BLAS call -- not for weight streaming, whose schedule has two)."""
+        self.config, self.weights, self.placement = config, weights, placement
         self.setup = DecodeSetup.from_placement(placement, collectives)
+        alone = len(set(self.setup.stage_tiles())) == 1 and not self.setup.streaming
+        self.lanes = lanes or (1 if alone else 2)
         self.head = self.setup.stage_tiles()[0]  # a placement the decode cannot run fails here, before Ray
         self.wafer = Wafer(placement.spec, placement.mesh, launch=launch)
         self.ray_calls = 0  # Ray calls made to the tiles by generate (start, submit, stop; tracing's)

@@ -64,16 +64,18 @@ examples:
   waferrt generate "Hello" --trace trace.json --heatmap mesh.png           what ran where: open the trace in
                                                                            ui.perfetto.dev, the PNG anywhere
 
-The wafer and --reference give the same tokens (greedy, or seeded sampling: request i uses the RNG
-seeded with [seed, i]). By default the model is planned on the smallest mesh of 2x2 tiles that holds it
-at the spec (WSE-2: 48 KB of SRAM per core) with a KV reserve of --kv-tokens x --requests; --mesh and
---tile override it. --json prints one object: prompt_tokens, tokens, text (lists of those, one per
-request, when there are several prompts), finish, wall_tokens_per_s, wafer_tokens_per_s (the modelled
-wafer rate of what ran, every request at its own pace), wafer_bound_tokens_per_s (its bound: as many
-requests in flight, at the positions their tokens held), steps (micro-batches), mesh, ttft_wall_s and ttft_modelled_s (time to
-first token, wall and on the modelled wafer), prefill_tokens_per_s (prompt tokens over the modelled
-time to first token) and expert_swaps (with --balance: the swaps of experts NI-Balancer finished; else
-null). --prefill prefills every prompt of up to 512 tokens whole by MeshGEMM.
+The wafer and --reference give the same tokens (greedy, or seeded sampling: request i uses the RNG seeded
+with [seed, i]). By default the model is planned on the smallest mesh of 2x2 tiles that holds it at the
+spec (WSE-2: 48 KB of SRAM per core) with a KV reserve of --kv-tokens x --requests, run in one tile actor
+per two cores of this machine (neighbouring tiles merged: on 2 cores, one tile, the fastest here; not with
+--address); --mesh and --tile override it. --json prints one object: prompt_tokens, tokens, text
+(lists of those, one per request, when there are several prompts), finish, wall_tokens_per_s,
+wafer_tokens_per_s (the modelled wafer rate of what ran, every request at its own pace),
+wafer_bound_tokens_per_s (its bound: as many requests in flight, at the positions their tokens held), steps
+(micro-batches), mesh, ttft_wall_s and ttft_modelled_s (time to first token, wall and on the modelled wafer),
+prefill_tokens_per_s (prompt tokens over the modelled time to first token) and expert_swaps (with --balance:
+the swaps of experts NI-Balancer finished; else null). --prefill prefills every prompt of up to 512 tokens
+whole by MeshGEMM.
 
 The tiles decode on their own: the head's tile samples each token and feeds it back into the pipeline;
 the host only hands the requests over and prints what streams back. If a tile dies or freezes, generate
@@ -210,7 +212,7 @@ def _placement(args, config, mesh, requests, nodes=None):
         return _admitted(_streaming_placement(args, config, spec, kv, mesh, nodes), requests)
     try:
         p, choice = placed(args, config, spec, kv, nodes,
-                           lambda s: mesh or default_mesh_cached(config, spec, kv, args.dtype, s))
+                           lambda s: mesh or _local_cut(args, default_mesh_cached(config, spec, kv, args.dtype, s)))
     except (PlanError, ValueError) as e:  # does not fit (the message says what would), or a bad --strategy N
         raise UsageError(str(e)) from None
     if choice is not None:
@@ -224,6 +226,22 @@ def _placement(args, config, mesh, requests, nodes=None):
     say(f"placed on {p.mesh} ({spec.name}, {args.dtype} storage): {p.strategy.describe()}, layer regions "
         f"{p.layers[0].w}x{p.layers[0].h} cores{experts}, KV {p.kv_tokens} tokens x {kv.requests} requests")
     return p
+
+
+def local_tiles() -> int:
+    """How many tile actors the default mesh runs in on this machine alone: one per two of its cores (a
+    tile's decode thread, its zmq and Ray threads, the driver, Ray's own processes all want CPU; on a
+    2-core VM shared with other work one tile decoded 8 requests 2.7x faster than two, whose pipeline
+    waits for the scheduler at every hand-over: README, Performance)."""
+    import os
+
+    return max(1, len(os.sched_getaffinity(0)) // 2)
+
+
+def _local_cut(args, mesh):
+    """The default mesh as it runs fastest here: on this machine alone in local_tiles() tile actors
+    (neighbouring tiles merged); on a cluster (--address) as planned."""
+    return mesh if args.address else mesh.in_tiles(local_tiles())
 
 
 def _admitted(p, requests):

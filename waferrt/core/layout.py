@@ -13,6 +13,7 @@ cores can share; a misuse is a TypeError or ValueError that names the axis and t
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
 import numpy as np
@@ -25,7 +26,13 @@ AXES = ("x", "y", None)
 
 
 def chunk_bounds(n: int, parts: int, granule: int = 1) -> np.ndarray:
-    """Bounds (parts+1,) of splitting range(n) into `parts` contiguous chunks of whole granules."""
+    """Bounds (parts+1,) of splitting range(n) into `parts` contiguous chunks of whole granules (read-only:
+    worked out once per (n, parts, granule), the planner asks for the same ones thousands of times)."""
+    return _chunk_bounds(n, parts, granule)
+
+
+@functools.lru_cache(maxsize=4096)
+def _chunk_bounds(n: int, parts: int, granule: int) -> np.ndarray:
     if n % granule:
         raise ValueError(f"an axis of length {n} cannot be cut into whole granules of {granule}")
     units = n // granule
@@ -37,7 +44,9 @@ def chunk_bounds(n: int, parts: int, granule: int = 1) -> np.ndarray:
     base, extra = divmod(units, parts)
     sizes = np.full(parts, base, dtype=np.int64)
     sizes[:extra] += 1
-    return np.concatenate([[0], np.cumsum(sizes)]) * granule
+    bounds = np.concatenate([[0], np.cumsum(sizes)]) * granule
+    bounds.setflags(write=False)
+    return bounds
 
 
 @dataclass(frozen=True)
@@ -226,13 +235,21 @@ class Chunks:
         lay = Layout((n,), Region(0, 0, parts, 1), ("x",), (granule,))
         self.index, self.valid = axis_gather(lay, 0)
         self.n = n
+        # the chunks in order with the padding all at the end: split and join are a pad and a reshape
+        self.in_order = bool(self.valid.ravel()[:n].all() and (self.index.ravel()[:n] == np.arange(n)).all())
 
     def split(self, v: np.ndarray) -> np.ndarray:
+        if self.in_order:
+            out = np.zeros(v.shape[:-1] + (self.index.size,), v.dtype)
+            out[..., :self.n] = v
+            return out.reshape(v.shape[:-1] + self.index.shape)
         out = np.take(v, self.index, axis=-1)  # a gather, then the padding zeroed in place: no second copy
         np.copyto(out, v.dtype.type(0), where=~self.valid)
         return out
 
     def join(self, a: np.ndarray) -> np.ndarray:
+        if self.in_order:  # no copy when there is no padding
+            return np.ascontiguousarray(a.reshape(a.shape[:-2] + (-1,))[..., :self.n])
         out = np.empty(a.shape[:-2] + (self.n,), a.dtype)
         out[..., self.index[self.valid]] = a[..., self.valid]
         return out

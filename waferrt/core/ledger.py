@@ -34,19 +34,9 @@ class Ledger:
         self._group: list[list] | None = None
         self._streamed = False
 
-    @contextmanager
-    def op(self, name: str):
-        acc = [0, 0, 0.0, 0, 0, 0.0]
-        self._stack.append(acc)
-        try:
-            yield
-        finally:
-            self._stack.pop()
-            if self._stack:
-                _add(self._stack[-1], acc)
-            else:
-                _add(self._by_op.setdefault(name, [0, 0, 0.0, 0, 0, 0.0]), acc)
-                self.calls[name] = self.calls.get(name, 0) + 1
+    def op(self, name: str) -> _Op:
+        """``with ledger.op(name):`` -- what is booked inside counts under `name` (or its outermost op's)."""
+        return _Op(self, name)
 
     def message(self, hops: int, nbytes: float, messages: int, link_bytes: float | None = None) -> None:
         """One routing stage: `messages` messages of `nbytes` each travel `hops` hops (a multicast passes
@@ -115,9 +105,35 @@ class Ledger:
         self.calls.clear()
 
 
+class _Op:
+    """The context of Ledger.op (a plain class: it is entered ~10 times per layer and step)."""
+
+    __slots__ = ("ledger", "name", "acc")
+
+    def __init__(self, ledger: Ledger, name: str):
+        self.ledger, self.name = ledger, name
+
+    def __enter__(self) -> None:
+        self.acc = [0, 0, 0.0, 0, 0, 0.0]
+        self.ledger._stack.append(self.acc)
+
+    def __exit__(self, *exc) -> None:
+        ledger, acc = self.ledger, self.acc
+        ledger._stack.pop()
+        if ledger._stack:
+            _add(ledger._stack[-1], acc)
+        else:
+            _add(ledger._by_op.setdefault(self.name, [0, 0, 0.0, 0, 0, 0.0]), acc)
+            ledger.calls[self.name] = ledger.calls.get(self.name, 0) + 1
+
+
 def _add(acc: list, rec: list) -> None:
-    for i in range(6):
-        acc[i] += rec[i]
+    acc[0] += rec[0]
+    acc[1] += rec[1]
+    acc[2] += rec[2]
+    acc[3] += rec[3]
+    acc[4] += rec[4]
+    acc[5] += rec[5]
 
 
 def _cost(v: list) -> Cost:

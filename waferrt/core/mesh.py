@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import enum
 from collections.abc import Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import NamedTuple
 
 from .arith import cdiv, whole
@@ -213,6 +213,18 @@ class MeshSpec:
 
     def tiles(self) -> list[TileId]:
         return [TileId(tx, ty) for ty in range(self.tiles_y) for tx in range(self.tiles_x)]
+
+    def in_tiles(self, most: int) -> MeshSpec:
+        """The same mesh cut into at most `most` tiles: neighbouring tiles merged, two at a time along the
+        axis with more of them (rows first on a tie), so every old tile -- and every region inside one --
+        lies inside one new tile. E.g. 2x2 tiles of 87x64 in at most 2: 2x1 tiles of 87x128."""
+        mesh = self
+        while mesh.tiles_x * mesh.tiles_y > max(1, most):
+            if mesh.tiles_y >= mesh.tiles_x:
+                mesh = replace(mesh, tile_h=min(2 * mesh.tile_h, mesh.height))
+            else:
+                mesh = replace(mesh, tile_w=min(2 * mesh.tile_w, mesh.width))
+        return mesh
 
     def tile_region(self, t: TileId) -> Region:
         if not (0 <= t.tx < self.tiles_x and 0 <= t.ty < self.tiles_y):

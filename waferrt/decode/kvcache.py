@@ -187,8 +187,9 @@ class FlowKVCache:
     def read(self, slots: np.ndarray, length: int) -> tuple[np.ndarray, np.ndarray]:
         """float32 K (B, nkv, R*hd_r, length) and V (B, nkv, length, R*hd_r): positions 0..length-1 of the
         items' requests (what a request does not hold yet is masked by the caller)."""
-        return (to_f32(self.k[slots, :, :, :length], self.dtype),
-                to_f32(self.v[slots, :, :length], self.dtype))
+        rows = _as_slice(slots)  # a lane's slots are evenly spaced: a view, not a copy
+        return (to_f32(self.k[rows, :, :, :length], self.dtype),
+                to_f32(self.v[rows, :, :length], self.dtype))
 
     def reset(self, slot: int) -> None:
         self.count[slot] = 0
@@ -200,8 +201,19 @@ class FlowKVCache:
         return list(range(int(self.count[slot].sum())))
 
 
+def _as_slice(slots: np.ndarray) -> slice | np.ndarray:
+    """`slots` as a slice when they are evenly spaced and increasing (what indexes the same rows as a view),
+    else themselves."""
+    s = slots.tolist()
+    step = s[1] - s[0] if len(s) > 1 else 1
+    if step > 0 and all(b - a == step for a, b in zip(s, s[1:])):
+        return slice(s[0], s[-1] + 1, step)
+    return slots
+
+
 def _rounds(slots: np.ndarray) -> np.ndarray:
     """The how-many-th item of its request each item is (a prompt's items go in one after another)."""
-    if len(np.unique(slots)) == len(slots):
-        return np.zeros(len(slots), np.int64)
-    return np.array([np.count_nonzero(slots[:i] == s) for i, s in enumerate(slots.tolist())], np.int64)
+    listed = slots.tolist()
+    if len(set(listed)) == len(listed):  # one item per request (a decode step): one round
+        return np.zeros(len(listed), np.int64)
+    return np.array([listed[:i].count(s) for i, s in enumerate(listed)], np.int64)

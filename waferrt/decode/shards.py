@@ -55,6 +55,15 @@ def _panel(rows: int) -> int:
     return max(n for n in range(1, min(rows, PANEL_ROWS) + 1) if rows % n == 0)
 
 
+@functools.lru_cache(maxsize=8)
+def _rope_table(config: LlamaConfig, rows: int, positions: int) -> tuple[np.ndarray, np.ndarray]:
+    """cos, sin (positions, rows, 1, hd_r/2) float32 of every position up to `positions` for a region of
+    `rows` rows (waferrt.decode.pack.rope_tables' pairs), the angles computed in float64 and rounded once."""
+    inv_freq, _ = rope_tables(config, rows)  # (R, hd_r/2)
+    ang = np.arange(positions, dtype=np.float64)[:, None, None] * inv_freq[None]  # (P, R, hd_r/2)
+    return np.cos(ang).astype(np.float32)[:, :, None], np.sin(ang).astype(np.float32)[:, :, None]
+
+
 def matmul_rows(w: np.ndarray, x: np.ndarray) -> np.ndarray:
     """x (B, in) times w (out, in) transposed -> (B, out), as one batched BLAS call over panels of w's rows
     (one GEMV for a single token). The sums are each output's dot product, whatever the panels."""
@@ -99,10 +108,17 @@ class LayerShard:
         self.cx = LineComm("x", Span.of(region), ledger, fast=coll.fast)
         self.cy = LineComm("y", Span.of(region), ledger, fast=coll.fast)
         self.hd_r = arrays["wqkv"].shape[0] // (self.rows * (config.n_heads + 2 * config.n_kv_heads))
-        self.inv_freq, _ = rope_tables(config, self.rows)  # (R, hd_r/2)
         cache = FlowKVCache if coll.fast else MeshKVCache  # the same entries, counts and bookings
         self.kv = cache(config, self.cx, kv[0], kv[1], self.hd_r, dtype)
         self.scale = np.float32(1.0 / np.sqrt(config.head_dim))
+
+    def _rope(self, poss: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """cos, sin (B, R, 1, hd_r/2) float32 of the items' positions: rows of the table every layer of this
+        row count shares, angles in float64 like the reference's."""
+        table = _rope_table(self.config, self.rows, self.kv.cap * self.cols)
+        if int(poss.max()) >= len(table[0]):  # beyond the cache (its insert refuses it): at once, as below
+            table = _rope_table(self.config, self.rows, int(poss.max()) + 1)
+        return table[0][poss], table[1][poss]
 
     def _w(self, name: str) -> np.ndarray:
         return to_f32(self.arrays[name], self.dtype)
@@ -167,10 +183,9 @@ class LayerShard:
         with self.ledger.op("layer"):
             h = mesh_rmsnorm(self.cx, x, self._w("attn_norm"), config, self.coll)
             qkv = mesh_gemv(self.cx, self.coll, self._w("wqkv"), h).reshape(B, self.rows, -1, self.hd_r)
-            ang = poss[:, None, None] * self.inv_freq[None]  # (B, R, hd_r/2), float64 like the reference
-            cos, sin = np.cos(ang).astype(np.float32)[:, :, None], np.sin(ang).astype(np.float32)[:, :, None]
-            q = apply_rope(qkv[:, :, :nh], cos, sin)  # (B, R, nh, hd_r)
-            k = apply_rope(qkv[:, :, nh: nh + nkv], cos, sin)
+            cos, sin = self._rope(poss)
+            qk = apply_rope(qkv[:, :, :nh + nkv], cos, sin)  # (B, R, nh + nkv, hd_r): q and k at once
+            q, k = qk[:, :, :nh], qk[:, :, nh:]
             self.ledger.compute(EW["rope"] * len(slots) * (nh + nkv) * self.hd_r)
             self.kv.insert(slots, k, qkv[:, :, nh + nkv:], poss)
             x = x + mesh_gemv(self.cy, self.coll, self._w("wo"), self._attention(slots, poss, q))

@@ -134,6 +134,7 @@ class LineComm:
         self._tag_prefix = tag_prefix
         self._seq = 0
         self.tap: LinkTap | None = None
+        self._booked: dict[tuple, tuple] = {}  # book_allreduce's (algo, k, values, replicated) -> (bytes, Cost)
 
     def listen(self, tap: LinkTap | None) -> None:
         """Tell `tap` the bytes every message booked from now on puts on each link (module docstring)."""
@@ -284,9 +285,12 @@ class LineComm:
         """Book what the `algo` allreduce of float32 slices of `values_per_position` values moves along every
         line, message for message as the hop-by-hop algorithm does (its closed form, times the lines),
         without moving anything: for fast paths that compute the result another way (inside an op)."""
-        nbytes = self._msg_bytes(values_per_position, 4, replicated)
-        c = allreduce_cost(self.spec, algo, self.n, nbytes, k)
-        self.ledger.add(on_lines(c, self.lines))
+        key = (algo, k, values_per_position, replicated)
+        if key not in self._booked:  # the same closed form every step: worked out once per line and size
+            nbytes = self._msg_bytes(values_per_position, 4, replicated)
+            self._booked[key] = nbytes, on_lines(allreduce_cost(self.spec, algo, self.n, nbytes, k), self.lines)
+        nbytes, cost = self._booked[key]
+        self.ledger.add(cost)
         if self.tap is not None:
             whole, seg = allreduce_links(algo, self.n, k)
             out = whole * nbytes + seg * (4 * cdiv(nbytes, 4 * self.n))  # a segment: core.cost.allreduce_cost's

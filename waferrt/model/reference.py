@@ -121,7 +121,11 @@ def causal_probs(qg: np.ndarray, keys: np.ndarray, start: int) -> np.ndarray:
 def silu(x: np.ndarray) -> np.ndarray:
     """x * sigmoid(x), written with tanh so large |x| never overflows exp."""
     half = np.float32(0.5)
-    return x * (half + half * np.tanh(half * x))
+    t = np.multiply(half, x)  # the same operations in the same order, in one buffer
+    np.tanh(t, out=t)
+    np.multiply(half, t, out=t)
+    np.add(half, t, out=t)
+    return np.multiply(x, t, out=t)
 
 
 def swiglu(x: np.ndarray, w_gate: np.ndarray, w_up: np.ndarray, w_down: np.ndarray) -> np.ndarray:
