@@ -9,7 +9,7 @@ rounds in which the anchor and the wafer run back to back, and the ratios' media
   weights, one x @ W per weight), to show this one is faster;
 - the wafer with R requests in flight (tok/s, prefill included, like the anchor's) and 1 request (tok/s of
   its decode steps), each as a ratio of the anchor's (goals: >= 1.0 and >= 0.67);
-- whether the tokens are the same, the modelled tok/s of what ran against the placement's bound (>= 0.9),
+- whether the tokens are the same, the modelled tok/s of what ran against its bound (>= 0.9; at the positions it held),
   Ray calls per generated token in steady state (0), peak RSS per tile beyond its share of the weights;
 - the anchor and the tiles at the same niceness (Ray's workers default to 15; RAY_worker_niceness=0 here);
 - with --ttft, the shell's time to the first token of `waferrt generate`, twice (the second run reads the
@@ -40,8 +40,8 @@ from waferrt.core.mesh import MeshSpec  # noqa: E402
 from waferrt.core.spec import WSE2  # noqa: E402
 from waferrt.llm import WaferLLM  # noqa: E402
 from waferrt.model import Sampler, Tokenizer, load_model  # noqa: E402
-from waferrt.scheduler import KVReserve, default_mesh, plan, plan_report  # noqa: E402
-from waferrt.serving import GenRequest  # noqa: E402
+from waferrt.scheduler import KVReserve, default_mesh, plan, run_bound_tokens_per_s  # noqa: E402
+from waferrt.serving import GenRequest, logit_positions  # noqa: E402
 
 PROMPTS = ["The capital of France is", "Once upon a time, in a small village,", "The three laws of robotics",
            "Photosynthesis is the process", "A wafer-scale processor is", "The best way to learn Python",
@@ -93,7 +93,7 @@ def main() -> None:
         llm.generate(reqs[:1], Sampler())  # warm-up: first touches of every array
         rounds = [_round(anchor, llm, reqs) for _ in range(args.repeat)]
         calls0 = llm.ray_calls
-        _, many = llm.generate(reqs, Sampler())
+        done, many = llm.generate(reqs, Sampler())
         calls = llm.ray_calls - calls0
         _, longer = llm.generate([GenRequest(r.prompt_ids, 2 * args.tokens) for r in reqs], Sampler())
         calls_longer = llm.ray_calls - calls0 - calls
@@ -102,7 +102,8 @@ def main() -> None:
         held = dict(zip(tiles, llm.wafer.on_every_tile(Tile.decode_bytes), strict=True))
         rss = {t: peak_rss(pid) for t, pid in pids.items()}
     _print_ratios(args, rounds)
-    _print_rest(args, many, plan_report(placement), calls, (calls_longer, longer.tokens - many.tokens))
+    bound = run_bound_tokens_per_s(placement, min(len(reqs), kv.requests), logit_positions(done))
+    _print_rest(args, (many, bound), calls, (calls_longer, longer.tokens - many.tokens))
     extra = {t: rss[t] - held[t] for t in tiles}
     print("peak RSS per tile (its weights + the rest): " + ", ".join(
         f"{t} {rss[t] / 2**20:.0f} MB ({held[t] / 2**20:.0f} + {extra[t] / 2**20:.0f})" for t in tiles)
@@ -143,10 +144,10 @@ def _print_ratios(args, rounds: list[dict]) -> None:
     print(f"| the wafer's tokens = the anchor's | {'yes' if same else 'NO'} | yes |")
 
 
-def _print_rest(args, many, report, calls: int, longer: tuple[int, int]) -> None:
-    bound = report.bound_tokens_per_s(args.requests)
+def _print_rest(args, ran: tuple, calls: int, longer: tuple[int, int]) -> None:
+    many, bound = ran  # what ran, and its bound (scheduler.speed.run_bound_tokens_per_s: its own positions)
     calls_longer, more_tokens = longer
-    print(f"| modelled {WSE2.name} tok/s of what ran / the placement's bound, {args.requests} in flight | "
+    print(f"| modelled {WSE2.name} tok/s of what ran / its bound, {args.requests} in flight | "
           f"{many.wafer_tokens_per_s:,.0f} / {bound:,.0f} = {many.wafer_tokens_per_s / bound:.2f} | >= 0.9 |")
     print(f"| Ray calls per generated token in steady state | {(calls_longer - calls) / more_tokens:.3f} "
           f"({calls} calls for {many.tokens} tokens, {calls_longer} for {many.tokens + more_tokens}) | 0 |")
