@@ -13,10 +13,11 @@ import pytest
 
 from waferrt.actors.training import StreamingTraining
 from waferrt.cli import main
+from waferrt.core.train_cost import TrainShape
 from waferrt.model import load_model, smollm2_path, synthetic_llama, tiny_config
 from waferrt.model.backward import loss_and_grads, named_arrays
 from waferrt.training.adamw import AdamW
-from waferrt.training.cost import TrainShape, step_stream_bytes
+from waferrt.training.cost import step_stream_bytes
 from waferrt.training.step import train_step
 from waferrt.training.store import ParamStore
 

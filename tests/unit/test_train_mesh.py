@@ -15,10 +15,11 @@ from waferrt.cli import main
 from waferrt.cli.train import TINY_VOCAB
 from waferrt.core.mesh import Region
 from waferrt.core.spec import WSE2
+from waferrt.core.train_cost import TrainShape
 from waferrt.model import synthetic_llama, tiny_config
 from waferrt.model.backward import loss_and_grads
 from waferrt.runtime import Wafer
-from waferrt.training.cost import TrainShape, step_cycles
+from waferrt.training.cost import step_cycles
 from waferrt.training.faults import CorruptGradient, corrupt, payload_crc
 from waferrt.training.mesh import even_rope_blocks, mesh_phases, mesh_side
 from waferrt.training.step import train_step

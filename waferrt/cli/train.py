@@ -248,9 +248,10 @@ def _trainer(args, config, weights, hp, where):
 
 
 def run(args) -> int:
+    from waferrt.core.train_cost import TrainShape
     from waferrt.fabric.misuse import BlockTooLarge
     from waferrt.training.adamw import AdamW
-    from waferrt.training.cost import TrainShape, step_cycles
+    from waferrt.training.cost import step_cycles
 
     config, weights, meta, tokenizer = _load(args)
     args.on = args.on or ("reference" if args.streaming else "mesh")

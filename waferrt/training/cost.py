@@ -15,8 +15,9 @@ Contract (the owners of the training facts; each calls the owners below it):
   the longer of its compute and its stream (``decode.streaming.stage_cycles``; a backward stage streams its
   weights in and its gradients out over the one host I/O figure, ``spec.ingress_bytes_per_s``); AdamW runs off
   the wafer, overlapped. Resident: the weights and AdamW's moments stay in SRAM, nothing streams, AdamW runs on
-  the region's cores (``core.train_cost.ADAMW_FLOPS`` per weight, ``core.cost.flop_cycles``); ``resident_core_bytes`` is what
-  each core then holds (the weights, gradients and two moments, float32).
+  the region's cores (``core.train_cost.ADAMW_FLOPS`` per weight, ``core.cost.flop_cycles``);
+  ``resident_core_bytes`` is what each core then holds (the weights, gradients and two moments, float32).
+  The batch is ``core.train_cost.TrainShape``.
 """
 
 from __future__ import annotations
@@ -28,28 +29,16 @@ from waferrt.core.cost import flop_cycles, total
 from waferrt.core.gemm_cost import GemmShape
 from waferrt.core.mesh import Region
 from waferrt.core.spec import HardwareSpec
-from waferrt.core.train_cost import block_backward_parts, block_forward_parts, head_backward_parts
+from waferrt.core.train_cost import (
+    ADAMW_FLOPS,
+    TrainShape,
+    block_backward_parts,
+    block_forward_parts,
+    head_backward_parts,
+)
 from waferrt.decode.cost import ELEMENTWISE_FLOPS
 from waferrt.decode.streaming import stage_cycles, stream_cycles, streamed_bytes
 from waferrt.model.config import LlamaConfig
-
-ADAMW_FLOPS = 15  # per weight: the moments (7), their bias corrections (2), decay, sqrt, eps, divide, lr, step
-
-
-@dataclass(frozen=True)
-class TrainShape:
-    """A training batch: `batch` sequences of `seq` tokens."""
-
-    batch: int
-    seq: int
-
-    def __post_init__(self) -> None:
-        if self.batch < 1 or self.seq < 1:
-            raise ValueError(f"TrainShape: B={self.batch} sequences of S={self.seq} tokens; both must be >= 1")
-
-    @property
-    def tokens(self) -> int:
-        return self.batch * self.seq
 
 
 @dataclass(frozen=True)
