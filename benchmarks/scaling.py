@@ -35,6 +35,7 @@ from waferrt.core.mesh import MeshSpec
 from waferrt.core.spec import TINY, WSE2, WSE3
 from waferrt.core.template import TEMPLATES
 from waferrt.core.topology import Topology
+from waferrt.core.train_cost import TrainShape
 from waferrt.decode.schedule import round_seconds
 from waferrt.estimator.estimate import estimate
 from waferrt.estimator.streaming import streaming
@@ -220,7 +221,7 @@ def training() -> list[str]:
         out += [f"### {found.label}", "", "| template | weight streaming | pipeline | tensor-stream | pick |",
                 "|---|---|---|---|---|"]
         for t in TEMPLATES.values():
-            est = estimate_train(TrainJob(found.config, 256, 2048, "bfloat16", found.label), t)
+            est = estimate_train(TrainJob(found.config, TrainShape(256, 2048), "bfloat16", found.label), t)
             cells = [f"{s.step_s:.3f} s, {s.tokens_per_s:,.0f} tok/s, MFU {s.mfu:.0%}, {s.breakdown.bound}"
                      if s.fits else "does not fit" for s in est.strategies]
             pick = est.chosen.strategy if est.chosen else "none"

@@ -13,10 +13,11 @@ import pytest
 
 from waferrt.actors.training import StreamingTraining
 from waferrt.cli import main
+from waferrt.core.train_cost import TrainShape
 from waferrt.model import load_model, smollm2_path, synthetic_llama, tiny_config
 from waferrt.model.backward import loss_and_grads, named_arrays
 from waferrt.training.adamw import AdamW
-from waferrt.training.cost import TrainShape, step_stream_bytes
+from waferrt.training.cost import step_stream_bytes
 from waferrt.training.step import train_step
 from waferrt.training.store import ParamStore
 
@@ -75,9 +76,9 @@ def test_a_trained_gguf_decodes_on_the_wafer_as_on_the_reference(ray_session, ca
     assert wafer["tokens"] == ref["tokens"] and len(ref["tokens"]) == 10
 
 
-def test_the_streaming_tile_runs_the_backward_as_mesh_kernels(ray_session):
-    """--streaming --backward mesh: the tile's own Wafer runs each layer's backward and the head's; the
-    gradients are the reference's and the tile's ledger holds the resident step_cycles' backward."""
+def test_the_streaming_tile_runs_the_step_as_mesh_kernels(ray_session):
+    """--streaming --on mesh: the tile's own Wafer runs each layer's forward and backward and the head's; the
+    gradients are the reference's and the tile's ledger holds the resident step_cycles' forward and backward."""
     import functools
 
     import ray
@@ -95,5 +96,6 @@ def test_the_streaming_tile_runs_the_backward_as_mesh_kernels(ray_session):
         got, booked = streaming.last_grads(), ray.get(streaming.tile.booked_cycles.remote(), timeout=60)
     for name, g in loss_and_grads(config, weights, toks)[1].items():
         assert np.max(np.abs(got[name] - g)) <= 1e-4 * np.max(np.abs(g)), name
-    want = step_cycles(WSE2, config, Region(0, 0, 8, 8), shape, streaming=False).backward
+    cycles = step_cycles(WSE2, config, Region(0, 0, 8, 8), shape, streaming=False)
+    want = cycles.forward + cycles.backward
     assert booked == pytest.approx(want, rel=1e-12)

@@ -308,7 +308,7 @@ CASES = [
     ("train mesh beyond the wafer", ["train", "--spec", "tiny", "--mesh", "100x100"],
      "larger than the tiny wafer's 64x64 cores"),
     ("train mesh backward splits RoPE", ["train", "--mesh", "16x16"],
-     "ceil(16 / 16)) split a RoPE pair; give --mesh 15x15 or --backward reference"),
+     "ceil(16 / 16)) split a RoPE pair; give --mesh 15x15 or --on reference"),
     ("train mesh backward beyond the SRAM", ["train", "--steps", "1", "--batch", "8", "--seq", "128"],
      "core (x=0, y=0) (and every other) would hold"),
     ("train fault without streaming", ["train", "--fault", "tile:2"], "--fault strikes the streaming region's tile"),

@@ -29,7 +29,7 @@ def test_tiny_trains_with_a_falling_loss_and_the_references_gradients(capsys):
 
 
 def test_the_reference_backward_applies_the_references_very_gradients(capsys):
-    out = _json(capsys, ["train", "--steps", "2", "--batch", "2", "--seq", "16", "--backward", "reference", "--check",
+    out = _json(capsys, ["train", "--steps", "2", "--batch", "2", "--seq", "16", "--on", "reference", "--check",
                          "--json"])
     assert all(s["grad_error"] == 0.0 for s in out["steps"])  # the reference's very functions, resident
 

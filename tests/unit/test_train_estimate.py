@@ -8,6 +8,7 @@ import pytest
 from waferrt.core.spec import WSE2, WSE3
 from waferrt.core.template import TEMPLATES, DieLinks, WaferTemplate, template_by_name
 from waferrt.core.topology import Topology
+from waferrt.core.train_cost import TrainShape
 from waferrt.estimator.train import (
     STATE_BYTES,
     TrainJob,
@@ -54,7 +55,7 @@ def test_a_template_refuses_dies_without_links():
 
 def test_weight_streaming_streams_the_weights_in_twice_and_the_gradients_out_each_pass():
     config, _ = model_by_name("smollm2-135m")
-    job, t = TrainJob(config, 64, 1024), TEMPLATES["wse2"]
+    job, t = TrainJob(config, TrainShape(64, 1024)), TEMPLATES["wse2"]
     st = weight_streaming(job, t)
     passes = int(st.detail.split()[0])
     assert st.breakdown.io == pytest.approx(passes * 3 * config.params() * 2 / WSE2.ingress_bytes_per_s)
@@ -74,7 +75,7 @@ def test_the_die_edges_bound_a_ring_that_crosses_them():
 
 def test_a_resident_strategy_that_cannot_hold_the_weights_says_so():
     config, _ = model_by_name("llama3-8b")
-    est = estimate_train(TrainJob(config, 256, 2048, label="Llama3-8B"), TEMPLATES["wse2"])
+    est = estimate_train(TrainJob(config, TrainShape(256, 2048), label="Llama3-8B"), TEMPLATES["wse2"])
     ws, pp, ts = est.strategies
     assert ws.fits and not pp.fits and not ts.fits and est.chosen is ws
     assert "do not fit in the wafer's 36.6 GB" in ts.detail and ws.breakdown.bound == "off-wafer I/O"
@@ -83,7 +84,7 @@ def test_a_resident_strategy_that_cannot_hold_the_weights_says_so():
 
 def test_the_pipeline_pays_its_bubble_and_keeps_the_optimizer_state_when_it_fits():
     config, _ = model_by_name("smollm2-135m")
-    job, t = TrainJob(config, 256, 2048), TEMPLATES["wse2"]
+    job, t = TrainJob(config, TrainShape(256, 2048)), TEMPLATES["wse2"]
     st = pipeline(job, t)
     r, m = int(st.detail.split()[0]), int(st.detail.split()[2])
     assert config.n_layers % r == 0 and r >= 2 and "optimizer state on the wafer" in st.detail
@@ -95,7 +96,7 @@ def test_the_pipeline_pays_its_bubble_and_keeps_the_optimizer_state_when_it_fits
 
 def test_tensor_stream_gathers_over_the_dies_and_one_die_has_no_d2d():
     config, _ = model_by_name("smollm2-135m")
-    job = TrainJob(config, 64, 1024)
+    job = TrainJob(config, TrainShape(64, 1024))
     assert tensor_stream(job, TEMPLATES["wse2"]).breakdown.d2d == 0.0
     temp = TEMPLATES["temp"]
     slow = temp.replace(d2d=DieLinks(temp.d2d.bytes_per_s / 4, temp.d2d.latency_s))
@@ -104,7 +105,7 @@ def test_tensor_stream_gathers_over_the_dies_and_one_die_has_no_d2d():
 
 def test_a_torus_shortens_the_fabric_and_the_planner_says_why():
     config, _ = model_by_name("smollm2-135m")
-    job = TrainJob(config, 64, 1024, label="SmolLM2")
+    job = TrainJob(config, TrainShape(64, 1024), label="SmolLM2")
     mesh = estimate_train(job, TEMPLATES["watos"])
     torus = estimate_train(job, template_by_name("watos", Topology("torus")))
     assert all(b.breakdown.fabric <= a.breakdown.fabric for a, b in zip(mesh.strategies, torus.strategies, strict=True))
@@ -117,17 +118,19 @@ def test_a_torus_shortens_the_fabric_and_the_planner_says_why():
 
 def test_a_job_checks_its_numbers():
     with pytest.raises(ValueError, match="more than the model's context of 64"):
-        TrainJob(SMALL, 1, 65)
-    with pytest.raises(ValueError, match="global_batch must be a whole number >= 1"):
-        TrainJob(SMALL, 0, 8)
+        TrainJob(SMALL, TrainShape(1, 65))
+    with pytest.raises(ValueError, match="TrainShape.batch must be a whole number >= 1"):
+        TrainJob(SMALL, TrainShape(0, 8))
+    with pytest.raises(TypeError, match="TrainShape"):
+        TrainJob(SMALL, 2, 8)
     with pytest.raises(ValueError, match="one of throughput, memory"):
-        estimate_train(TrainJob(SMALL, 1, 8), TEMPLATES["wse2"], "latency")
-    assert dataclasses.replace(TrainJob(SMALL, 2, 8), dtype="float32").tokens == 16
+        estimate_train(TrainJob(SMALL, TrainShape(1, 8)), TEMPLATES["wse2"], "latency")
+    assert dataclasses.replace(TrainJob(SMALL, TrainShape(2, 8)), dtype="float32").shape.tokens == 16
 
 
 def test_a_pass_over_die_edges_loads_them_and_one_die_does_not():
     config, _ = model_by_name("smollm2-135m")
-    job, temp = TrainJob(config, 64, 1024), TEMPLATES["temp"]  # 8x8 dies of 64x64 cores
+    job, temp = TrainJob(config, TrainShape(64, 1024)), TEMPLATES["temp"]  # 8x8 dies of 64x64 cores
     assert weight_streaming(job, TEMPLATES["wse2"]).breakdown.d2d == 0.0
     slow = temp.replace(d2d=DieLinks(temp.d2d.bytes_per_s / 4, temp.d2d.latency_s))
     fast_d2d, slow_d2d = (weight_streaming(job, t).breakdown.d2d for t in (temp, slow))

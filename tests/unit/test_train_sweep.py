@@ -8,10 +8,11 @@ import pytest
 from waferrt.cli import main
 from waferrt.core.template import TEMPLATES
 from waferrt.core.topology import Topology
+from waferrt.core.train_cost import TrainShape
+from waferrt.estimator.sweep import AREA_BUDGET_MM2, LOGIC_UM2, core_area_um2
 from waferrt.estimator.train import STRATEGIES, TrainJob
 from waferrt.estimator.train_sweep import PHY_MM2_PER_TBPS, TrainDesign, TrainGrid, best_per_strategy, train_sweep
 from waferrt.model.zoo import model_by_name
-from waferrt.estimator.sweep import AREA_BUDGET_MM2, LOGIC_UM2, core_area_um2
 
 SMALL_GRID = TrainGrid(dies=((1, 1), (2, 2)), sram_bytes=(48 * 1024, 96 * 1024), half_flops_per_cycle=(8.0,),
                        d2d_bytes_per_s=(1e12, 4e12), topologies=(Topology("mesh"), Topology("torus")))
@@ -32,7 +33,7 @@ def test_the_area_model_by_hand():
 def test_the_grid_and_the_best_per_strategy():
     assert len(SMALL_GRID.designs()) == 2 * 2 + 2 * 2 * 2  # one die: no d2d to vary
     config, label = model_by_name("smollm2-135m")
-    points = train_sweep(TrainJob(config, 64, 1024, label=label), TEMPLATES["wse2"], SMALL_GRID)
+    points = train_sweep(TrainJob(config, TrainShape(64, 1024), label=label), TEMPLATES["wse2"], SMALL_GRID)
     best = best_per_strategy(points)
     for s in STRATEGIES:
         assert best[s].tokens_per_s(s) == max(p.tokens_per_s(s) for p in points)

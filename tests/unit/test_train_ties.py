@@ -15,7 +15,7 @@ import pytest
 from waferrt.core.cost import Cost, total
 from waferrt.core.spec import spec_by_name
 from waferrt.core.template import WaferTemplate
-from waferrt.core.train_cost import block_forward_parts
+from waferrt.core.train_cost import TrainShape, block_forward_parts
 from waferrt.decode.cost import ELEMENTWISE_FLOPS
 from waferrt.estimator.train import TrainJob, tensor_stream
 from waferrt.estimator.train_layer import Run, Work, layer_parts, pass_cost
@@ -82,7 +82,8 @@ def test_a_whole_step_is_the_resident_strategys_on_one_region(emulated):
     _same(total(layers) + head, kernels.work)
     assert (kernels.side, kernels.squares, kernels.grad_sync) == (side, 1, Cost())
     roomy = spec.replace(full_mesh=(side, side), sram_bytes=1 << 24)  # the estimator's memory model holds the
-    st = tensor_stream(TrainJob(config, 1, T, "float32"), WaferTemplate("one square", roomy))  # optimizer's state
+    job = TrainJob(config, TrainShape(1, T), "float32")
+    st = tensor_stream(job, WaferTemplate("one square", roomy))  # optimizer's state
     compute, fabric = pass_cost(roomy, work, (side, side)).seconds(roomy, "float32")  # then the optimizer's update
     assert st.fits and st.breakdown.fabric == pytest.approx(fabric, rel=1e-12) and st.breakdown.compute > compute
     assert st.step_s == pytest.approx(st.breakdown.compute + fabric, rel=1e-12)

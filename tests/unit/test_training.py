@@ -12,12 +12,12 @@ import pytest
 from waferrt.core.cost import flop_cycles
 from waferrt.core.mesh import Region
 from waferrt.core.spec import spec_by_name
+from waferrt.core.train_cost import ADAMW_FLOPS, TrainShape
 from waferrt.model import synthetic_llama, tiny_config
 from waferrt.model.backward import loss_and_grads
 from waferrt.training.adamw import AdamW, Moments, adamw_update
 from waferrt.training.corpus import Batcher, Corpus, project_text
 from waferrt.training.cost import (
-    TrainShape,
     head_backward_cycles,
     layer_backward_cycles,
     layer_forward_cycles,
@@ -76,6 +76,32 @@ def test_adamw_is_the_textbook_update():
     assert np.array_equal(norm, np.ones(4))  # norm weights are not decayed
 
 
+class _Counted(np.ndarray):
+    """An array that counts the element-wise operations (numpy ufunc calls) it takes part in."""
+
+    ops: list[str] = []
+
+    def __array_ufunc__(self, ufunc, method, *inputs, out=None, **kwargs):
+        _Counted.ops.append(ufunc.__name__)
+        plain = lambda a: a.view(np.ndarray) if isinstance(a, _Counted) else a  # noqa: E731
+        if out is not None:
+            kwargs["out"] = tuple(plain(o) for o in out)
+        got = getattr(ufunc, method)(*(plain(a) for a in inputs), **kwargs)
+        return out[0] if out is not None else np.asarray(got).view(_Counted)
+
+
+@pytest.mark.parametrize("shape, decayed", [((3, 4), True), ((4,), False)], ids=["matrix", "norm"])
+def test_adamw_flops_are_what_adamw_update_runs(shape, decayed):
+    """ADAMW_FLOPS (core.train_cost) counts adamw_update's element-wise operations on a matrix; a norm weight,
+    not decayed, takes one fewer."""
+    w, g = (np.ones(shape, np.float32).view(_Counted) for _ in range(2))
+    moments = Moments(*(np.zeros(shape, np.float32).view(_Counted) for _ in range(2)))
+    _Counted.ops = []
+    adamw_update(w, g, moments, 3, AdamW())
+    assert len(_Counted.ops) == ADAMW_FLOPS - (not decayed), _Counted.ops
+    assert ADAMW_FLOPS == 3 + 4 + 2 + 1 + 5  # the moments, the bias corrections, the decay, the step
+
+
 def test_the_loss_falls_over_steps_on_a_fixed_batch():
     config = tiny_config()
     store, toks = ParamStore(config, synthetic_llama(config)), rows(config, 2, 16)
@@ -120,11 +146,11 @@ def test_the_training_facts_by_hand():
     assert step_stream_bytes(config, shape) == (1_019_136, 575_232)
     assert resident_core_bytes(config, Region(0, 0, 16, 16)) == -(-127_424 * 16 // 256) == 7_964
     spec, region = spec_by_name("tiny"), Region(0, 0, 16, 16)
-    fwd, bwd = layer_forward_cycles(spec, config, region, 64), layer_backward_cycles(spec, config, region, 256)
+    fwd, bwd = layer_forward_cycles(spec, config, region, 256), layer_backward_cycles(spec, config, region, 256)
     resident = step_cycles(spec, config, region, shape, streaming=False)
-    assert resident.forward == 3 * 4 * fwd
+    assert resident.forward == 3 * fwd  # booked: test_train_mesh
     assert resident.backward == 3 * bwd + head_backward_cycles(spec, config, region, 256)  # booked: test_train_mesh
-    assert resident.optimizer == flop_cycles(spec, -(-15 * 127_424 // 256))
+    assert resident.optimizer == flop_cycles(spec, -(-ADAMW_FLOPS * 127_424 // 256))
 
 
 def test_a_corrupted_payload_is_refused_and_a_stale_one_dropped():

@@ -9,11 +9,12 @@ default): the weights, gradients and AdamW's moments stay in the region's SRAM (
 do not fit: --streaming or a larger --mesh); --streaming: the weights and AdamW's state live in a MemoryX
 actor off the wafer and stream in layer by layer (actors/training.py, on an embedded Ray); --fault makes a
 tile die or a gradient payload arrive corrupted, the step is redone and the weights compared with a
-fault-free rerun's. --backward mesh runs each layer's backward and the head's as mesh kernels on a Wafer
-(``training.mesh``; a block too large for the cores' SRAM is one line, exit 2), reference the numpy functions.
+fault-free rerun's. --on mesh runs each layer's forward and backward and the head's as mesh kernels on a
+Wafer (``training.mesh``; a block too large for the cores' SRAM is one line, exit 2), reference the numpy
+functions (--backward is the old spelling of --on).
 --save writes the trained weights as a GGUF that ``waferrt generate --model`` loads.
 Every flag is checked before the weights load or Ray starts (but the block's fit, checked as its first
-backward starts); a mistake is one line, exit 2.
+forward starts); a mistake is one line, exit 2.
 """
 
 from __future__ import annotations
@@ -47,10 +48,10 @@ examples:
 
 The corpus is the project's own docs (README.md, docs/*.md) tokenized by the model's tokenizer; each step
 draws --batch windows of --seq + 1 tokens (seeded by --seed). The modelled time is the step's on a region of
---mesh cores of the --spec wafer (default: 8x8 of wse2 for --model tiny, else 64x64): MeshGEMM forward, and
-each layer's backward and the head's as the mesh kernels book them; under --streaming every stage the longer
-of its compute and its stream (weights in, gradients out). --backward mesh (the default resident) runs those
-kernels on the region's largest square (a local Wafer; under --streaming the tile's own); --backward reference
+--mesh cores of the --spec wafer (default: 8x8 of wse2 for --model tiny, else 64x64): each layer's forward
+and backward and the head's as the mesh kernels book them, plus AdamW's closed form; under --streaming every
+stage the longer of its compute and its stream (weights in, gradients out). --on mesh (the default resident)
+runs those kernels on the region's largest square (a local Wafer; under --streaming the tile's own); --on reference
 (the default --streaming) runs the numpy functions; --check compares each step's gradients with the numpy
 reference's (model.backward.loss_and_grads) at the same weights.
 --json prints one object: model, streaming, mesh, spec, steps (each:
@@ -101,9 +102,10 @@ def add_parser(sub) -> argparse.ArgumentParser:
     p.add_argument("--fault", type=_fault, action="append", metavar="KIND:STEP[:LAYER]",
                    help="with --streaming: the tile dies (tile) or a gradient payload is corrupted (corrupt) at this "
                         "step and layer; the step is redone, and the weights compared with a fault-free run's")
-    p.add_argument("--backward", choices=("mesh", "reference"), default=None,
-                   help="mesh: each layer's backward and the head's run as mesh kernels on the region's largest square "
-                        "(booked; the default resident); reference: the numpy functions (the default --streaming)")
+    p.add_argument("--on", "--backward", dest="on", choices=("mesh", "reference"), default=None,
+                   help="mesh: each layer's forward and backward and the head's run as mesh kernels on the region's "
+                        "largest square (booked; the default resident); reference: the numpy functions (the default "
+                        "--streaming); --backward is its old spelling")
     p.add_argument("--mesh", type=parse_wxh, metavar="WxH",
                    help="the region the step runs and is modelled on (8x8 for --model tiny, else 64x64)")
     p.add_argument("--spec", choices=sorted(PRESETS), help="hardware spec (wse2)")
@@ -155,11 +157,11 @@ def _region(args, config):
         raise UsageError(f"resident training keeps the weights, gradients and AdamW moments in SRAM: {need:,} "
                          f"bytes per core on {w}x{h}, more than the {spec.sram_bytes:,} of a {spec.name} core; "
                          "add --streaming (weights off the wafer) or give a larger --mesh")
-    if args.backward == "mesh" and not even_rope_blocks(config, region):
+    if args.on == "mesh" and not even_rope_blocks(config, region):
         side = mesh_side(config, region)
-        raise UsageError(f"--backward mesh runs on the largest square of --mesh {w}x{h}, whose cores' head_dim blocks "
+        raise UsageError(f"--on mesh runs on the largest square of --mesh {w}x{h}, whose cores' head_dim blocks "
                          f"(ceil({config.head_dim} / {min(w, h)})) split a RoPE pair; give --mesh {side}x{side} or "
-                         "--backward reference")
+                         "--on reference")
     return spec, region
 
 
@@ -218,18 +220,18 @@ class _Resident:
 
 def _trainer(args, config, weights, hp, where):
     """(the trainer, stop: what to call when done) -- in this process, or on an embedded Ray (--streaming); the
-    backward on a Wafer of the --mesh region's cores (--backward mesh) or the numpy reference's."""
+    phases on a Wafer of the --mesh region's cores (--on mesh) or the numpy reference's."""
     from waferrt.runtime import Wafer
 
     spec, (w, h) = where[0], (where[1].w, where[1].h)
     mesh = None
-    if args.backward == "mesh":  # the Wafer the kernels run on: made here, or in the tile actor (--streaming)
+    if args.on == "mesh":  # the Wafer the kernels run on: made here, or in the tile actor (--streaming)
         mesh = functools.partial(Wafer, spec, mesh=(w, h), tile=(w, h), backend="local")
     if not args.streaming:
         from waferrt.training.mesh import phases_of
 
         wafer = None if mesh is None else mesh().open()
-        return _Resident(config, weights, hp, phases_of(args.backward, wafer)), (wafer.close if wafer else lambda: None)
+        return _Resident(config, weights, hp, phases_of(args.on, wafer)), (wafer.close if wafer else lambda: None)
     from waferrt.actors.session import ray_init, ray_shutdown
     from waferrt.actors.training import StreamingTraining
     from waferrt.model.npcache import by_reference
@@ -246,12 +248,13 @@ def _trainer(args, config, weights, hp, where):
 
 
 def run(args) -> int:
+    from waferrt.core.train_cost import TrainShape
     from waferrt.fabric.misuse import BlockTooLarge
     from waferrt.training.adamw import AdamW
-    from waferrt.training.cost import TrainShape, step_cycles
+    from waferrt.training.cost import step_cycles
 
     config, weights, meta, tokenizer = _load(args)
-    args.backward = args.backward or ("reference" if args.streaming else "mesh")
+    args.on = args.on or ("reference" if args.streaming else "mesh")
     _check(args, config)
     spec, region = _region(args, config)
     batcher, n_tokens = _corpus(args, tokenizer)
@@ -261,7 +264,7 @@ def run(args) -> int:
         f"{'weight streaming' if args.streaming else 'resident'} on {region.w}x{region.h} cores of {spec.name}")
     if args.check:
         side = min(region.w, region.h)
-        how = f"the mesh kernels on {side}x{side} cores" if args.backward == "mesh" else "the numpy reference's phases"
+        how = f"the mesh kernels on {side}x{side} cores" if args.on == "mesh" else "the numpy reference's phases"
         say(f"--check: each step's weight gradients, from {how}, against model.backward.loss_and_grads (numpy) at the "
             "same weights: the largest difference relative to the largest entry of that weight's reference gradient")
     hp = AdamW(lr=args.lr or (TINY_LR if args.model == "tiny" else FINE_TUNE_LR))
@@ -273,7 +276,7 @@ def run(args) -> int:
             rows[-1]["identical_to_fault_free"] = _fault_free(args, (config, weights(), hp), batcher, trainer)
     except BlockTooLarge as e:  # on Ray, the tile's error with its traceback: its last line is the cause
         cause = str(e).strip().splitlines()[-1].split("BlockTooLarge: ")[-1]
-        raise UsageError(f"--backward mesh: {cause} (--mesh, --batch, --seq), or write --backward reference") from None
+        raise UsageError(f"--on mesh: {cause} (--mesh, --batch, --seq), or write --on reference") from None
     finally:
         trainer.close()
         stop()

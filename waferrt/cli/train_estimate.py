@@ -14,6 +14,7 @@ import json
 
 from waferrt.core.template import TEMPLATES, WaferTemplate, template_by_name
 from waferrt.core.topology import TOPOLOGIES, Topology
+from waferrt.core.train_cost import TrainShape
 from waferrt.estimator.train import TrainJob, estimate_train
 from waferrt.model.zoo import model_by_name
 
@@ -65,7 +66,7 @@ def train_job(args, command: str, options: tuple[str, ...] = ()) -> tuple[TrainJ
                             "--global-batch, --seq, --template and --topology")
     config, label = model_by_name(args.model)
     seq = args.seq or min(2048, config.max_seq_len)
-    job = TrainJob(config, args.global_batch or 256, seq, args.dtype, label)
+    job = TrainJob(config, TrainShape(args.global_batch or 256, seq), args.dtype, label)
     one = Topology(args.topology) if isinstance(args.topology, str) else Topology()
     return job, template_by_name(args.template or "wse2", one)
 

@@ -33,10 +33,10 @@ def run_train_sweep(args) -> int:
     except ValueError as e:
         raise UsageError(str(e)) from None
     best = best_per_strategy(points)
-    head = (f"{job.label} training, {job.global_batch} x {job.seq} tokens per step, {job.dtype}, on "
+    head = (f"{job.label} training, {job.shape.batch} x {job.shape.seq} tokens per step, {job.dtype}, on "
             f"{base.name}-based designs within one WSE-2's area: tokens/s per strategy")
     if args.json:
-        print(json.dumps({"model": job.label, "global_batch": job.global_batch, "seq": job.seq,
+        print(json.dumps({"model": job.label, "global_batch": job.shape.batch, "seq": job.shape.seq,
                           "designs": [p.row() for p in points],
                           "best": {s: b.row() if b else None for s, b in best.items()}}, indent=1))
     else:
@@ -46,6 +46,6 @@ def run_train_sweep(args) -> int:
             print(f"best for {s}: " + (f"{b.design.label()}, {b.tokens_per_s(s):,.0f} tokens/s" if b else "none fits"))
     from .train_draw import draw_train_sweep
 
-    path = draw_train_sweep(points, best, args.png, f"{job.label}, {job.global_batch}x{job.seq} tokens per step")
+    path = draw_train_sweep(points, best, args.png, f"{job.label}, {job.shape.batch}x{job.shape.seq} tokens per step")
     print(f"drew {path}", file=sys.stderr if args.json else sys.stdout)
     return 0 if any(best.values()) else 1

@@ -18,10 +18,14 @@ share of their modelled time spent on useful flops (the unpadded 2mkn each, spre
 :func:`attention_backward_cost`, :func:`rmsnorm_backward_cost`, :func:`block_backward_parts` and
 :func:`head_backward_parts` are what waferrt.kernels.attention_backward, train_ops and waferrt.training book;
 :func:`block_forward_parts` what the block's forward on the mesh (waferrt.training.forward) books.
+``ADAMW_FLOPS`` is AdamW's flops per weight (waferrt.training.adamw, counted there by
+tests/unit/test_training.py); :class:`TrainShape` is a training step's batch (B sequences of S tokens).
 Pure: built from waferrt.core.cost's and gemm_cost's owners (a model config is read by its attributes).
 """
 
 from __future__ import annotations
+
+from dataclasses import dataclass
 
 from .arith import cdiv
 from .cost import Cost, compute_cost, flop_cycles
@@ -47,6 +51,29 @@ BACKWARD_FLOPS = {
     "rope": 3,  # as the forward's rotation
     "cross_entropy": 8,  # max, exp, sum, the target's logit, dlogits (softmax - onehot, over T)
 }
+# AdamW's flops per weight, as waferrt.training.adamw.adamw_update runs them (float32, element-wise): m = b1 m
+# + (1-b1) g (3), v = b2 v + (1-b2) g g (4), the bias corrections m/(1-b1^t), v/(1-b2^t) (2), the decay w *=
+# 1 - lr wd (1), w -= lr m_hat / (sqrt(v_hat) + eps) (5: sqrt, + eps, lr times, divide, subtract) = 15. The
+# norm weights are not decayed (14): the count is the matrices', which hold all but dim * (2 L + 1) weights.
+ADAMW_FLOPS = 15
+
+
+@dataclass(frozen=True)
+class TrainShape:
+    """A training step's batch: `batch` sequences of `seq` tokens."""
+
+    batch: int
+    seq: int
+
+    def __post_init__(self) -> None:
+        for name, value in (("batch", self.batch), ("seq", self.seq)):
+            if type(value) is not int or value < 1:
+                raise ValueError(f"TrainShape.{name} must be a whole number >= 1 (B sequences of S tokens), got "
+                                 f"{value!r}")
+
+    @property
+    def tokens(self) -> int:
+        return self.batch * self.seq
 
 
 def _side(shape: GemmShape) -> int:

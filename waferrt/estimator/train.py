@@ -5,7 +5,7 @@ weight streaming, a resident pipeline and tensor-stream partition a :class:`Stra
 tokens/s, model-flops utilisation, the :class:`Breakdown` in seconds -- compute, fabric (on-die routes),
 die-to-die, off-wafer I/O -- and what bounds it, or why it does not fit) and the one the planner picks for
 the objective ("throughput": the shortest step; "memory": the least SRAM per core, then the shortest step),
-with why. A step is ``job.global_batch`` sequences of ``job.seq`` tokens (forward, backward, Adam update).
+with why. A step is ``job.shape``: B sequences of S tokens (forward, backward, Adam update).
 
 The strategies (docs/ESTIMATES.md "Training"):
 - weight streaming (Cerebras): weights and optimizer state off the wafer; every layer's weights stream in for
@@ -31,6 +31,7 @@ from dataclasses import dataclass
 from waferrt.core.cost import flop_cycles, message_cycles
 from waferrt.core.dtypes import check_dtype, itemsize
 from waferrt.core.template import WaferTemplate
+from waferrt.core.train_cost import ADAMW_FLOPS, TrainShape
 from waferrt.model.config import LlamaConfig
 
 from .train_layer import Work, pass_cost
@@ -40,31 +41,24 @@ TRAIN_OBJECTIVES = ("throughput", "memory")
 # Mixed-precision Adam: 16-bit weights and gradients plus float32 master weights, momentum and variance =
 # 2 + 2 + 12 bytes per parameter (Rajbhandari et al., "ZeRO", SC'20, sec. 3.1).
 STATE_BYTES = 16
-ADAM_FLOPS = 12  # ASSUMED: flops per parameter of one Adam update (moments, bias corrections, the step)
 
 
 @dataclass(frozen=True)
 class TrainJob:
-    """A training step: `global_batch` sequences of `seq` tokens of `config`, stored at `dtype`."""
+    """A training step of `config` on the global batch `shape` (B sequences of S tokens), stored at `dtype`."""
 
     config: LlamaConfig
-    global_batch: int
-    seq: int
+    shape: TrainShape
     dtype: str = "bfloat16"
     label: str = ""
 
     def __post_init__(self) -> None:
+        if not isinstance(self.shape, TrainShape):
+            raise TypeError(f"TrainJob.shape is a core.train_cost.TrainShape(batch, seq), got {self.shape!r}")
         check_dtype(self.dtype)
-        for name in ("global_batch", "seq"):
-            if type(getattr(self, name)) is not int or getattr(self, name) < 1:
-                raise ValueError(f"TrainJob.{name} must be a whole number >= 1, got {getattr(self, name)!r}")
-        if self.seq > self.config.max_seq_len:
-            raise ValueError(f"--seq {self.seq:,} is more than the model's context of {self.config.max_seq_len:,} "
-                             f"positions; give at most --seq {self.config.max_seq_len}")
-
-    @property
-    def tokens(self) -> int:
-        return self.global_batch * self.seq
+        if self.shape.seq > self.config.max_seq_len:
+            raise ValueError(f"--seq {self.shape.seq:,} is more than the model's context of "
+                             f"{self.config.max_seq_len:,} positions; give at most --seq {self.config.max_seq_len}")
 
 
 @dataclass(frozen=True)
@@ -154,28 +148,28 @@ def _kernels(job: TrainJob, template: WaferTemplate, work: Work, grid: tuple[int
 
 def _adam_s(job: TrainJob, template: WaferTemplate, cores: int, params: float) -> float:
     """The optimizer's update of `params` spread over `cores`."""
-    return flop_cycles(template.die, ADAM_FLOPS * params / cores, job.dtype) / template.die.clock_hz
+    return flop_cycles(template.die, ADAMW_FLOPS * params / cores, job.dtype) / template.die.clock_hz
 
 
 def _timed(st: StrategyTime, job: TrainJob, template: WaferTemplate) -> StrategyTime:
     """With tokens/s and model-flops utilisation filled in from the step time."""
     if not st.fits:
         return st
-    flops = model_flops_per_token(job.config, job.seq) * job.tokens
+    flops = model_flops_per_token(job.config, job.shape.seq) * job.shape.tokens
     mfu = flops / (st.step_s * template.peak_flops_per_s(job.dtype))
     return StrategyTime(st.strategy, True, st.step_s, st.breakdown, st.sram_per_core, st.detail, mfu,
-                        job.tokens / st.step_s)
+                        job.shape.tokens / st.step_s)
 
 
 def _micro_batch(job: TrainJob, free: float, per_sequence: float) -> int:
     """The most sequences per micro-batch whose activations fit in `free` bytes (0: not even one)."""
-    return 0 if per_sequence <= 0 or free < per_sequence else int(min(job.global_batch, free // per_sequence))
+    return 0 if per_sequence <= 0 or free < per_sequence else int(min(job.shape.batch, free // per_sequence))
 
 
 def weight_streaming(job: TrainJob, template: WaferTemplate) -> StrategyTime:
     config, cores = job.config, template.cores
     params = config.params()
-    per_seq = job.seq * config.n_layers * activation_bytes(config, job.dtype)  # all layers', for the backward
+    per_seq = job.shape.seq * config.n_layers * activation_bytes(config, job.dtype)  # all layers', for the backward
     buffer = 2 * itemsize(job.dtype) * config.layer_params() / cores  # a layer's weights, double-buffered
     mb = _micro_batch(job, template.sram_bytes() - buffer * cores, per_seq)
     io = 3 * params * itemsize(job.dtype) / template.die.ingress_bytes_per_s  # weights in twice, gradients out
@@ -183,8 +177,8 @@ def weight_streaming(job: TrainJob, template: WaferTemplate) -> StrategyTime:
         return StrategyTime("weight-streaming", False, float("inf"), Breakdown(0, 0, 0, io),
                             round(buffer + per_seq / cores), f"one sequence's activations ({per_seq / 1e9:.1f} GB) "
                             f"do not fit in the wafer's {template.sram_bytes() / 1e9:.1f} GB of SRAM")
-    passes = -(-job.global_batch // mb)
-    compute, fabric, d2d = (passes * t for t in _kernels(job, template, Work(config, config.n_layers, mb, job.seq,
+    passes = -(-job.shape.batch // mb)
+    compute, fabric, d2d = (passes * t for t in _kernels(job, template, Work(config, config.n_layers, mb, job.shape.seq,
                                                                              job.dtype), template.mesh))
     bd = Breakdown(compute, fabric, d2d, io * passes)  # the weights stream in once per micro-batch
     step = max(bd.compute + bd.fabric, bd.d2d, bd.io)  # the kernels serialise; the streaming overlaps them
@@ -217,7 +211,7 @@ def _pipeline_at(job: TrainJob, template: WaferTemplate, r: int, resident: tuple
     per_param, io, where = resident
     stage_cores = (w // r) * h
     weights = config.params() * per_param / r  # one stage's share (the embedding and head spread with them)
-    act = job.seq * (config.n_layers // r) * activation_bytes(config, job.dtype)  # a sequence, a stage's layers
+    act = job.shape.seq * (config.n_layers // r) * activation_bytes(config, job.dtype)  # a sequence, a stage's layers
     free = template.sram_bytes() / r - weights
     mb = _micro_batch(job, free / r, act)  # the first stage holds r micro-batches in flight (1F1B)
     need = round((weights + r * max(mb, 1) * act) / stage_cores)
@@ -225,12 +219,12 @@ def _pipeline_at(job: TrainJob, template: WaferTemplate, r: int, resident: tuple
         return StrategyTime("pipeline", False, float("inf"), Breakdown(0, 0, 0, io), need,
                             f"{r} stage(s): weights ({weights / 1e9:.1f} GB per stage, {where}) and {r} micro-batch(es)"
                             f" of activations do not fit a stage's {template.sram_bytes() / r / 1e9:.1f} GB")
-    m = -(-job.global_batch // mb)
+    m = -(-job.shape.batch // mb)
     slots = m + r - 1
-    work = Work(config, config.n_layers // r, mb, job.seq, job.dtype)  # the last stage's, with the head
+    work = Work(config, config.n_layers // r, mb, job.shape.seq, job.dtype)  # the last stage's, with the head
     compute, fabric, d2d = _kernels(job, template, work, (w // r, h))
     compute += _adam_s(job, template, stage_cores, config.params() / r / m)
-    hand = 2 * mb * job.seq * config.dim * itemsize(job.dtype)  # activations forward, gradients back
+    hand = 2 * mb * job.shape.seq * config.dim * itemsize(job.dtype)  # activations forward, gradients back
     fabric += message_cycles(template.spec, 1, 1, hand / h) / template.spec.clock_hz
     d2d += _handover_d2d(template, r, hand)
     slot = max(compute + fabric, d2d)
@@ -251,21 +245,21 @@ def tensor_stream(job: TrainJob, template: WaferTemplate) -> StrategyTime:
     config, cores, dies = job.config, template.cores, template.n_dies
     per_param, io, where = _resident(job, template)
     weights = config.params() * per_param
-    per_seq = job.seq * config.n_layers * activation_bytes(config, job.dtype)
+    per_seq = job.shape.seq * config.n_layers * activation_bytes(config, job.dtype)
     mb = _micro_batch(job, template.sram_bytes() - weights, per_seq)
     need = round((weights + max(mb, 1) * per_seq) / cores)
     if mb == 0:
         return StrategyTime("tensor-stream", False, float("inf"), Breakdown(0, 0, 0, io), need,
                             f"weights ({weights / 1e9:.1f} GB, {where}) and one sequence's activations do not fit "
                             f"in the wafer's {template.sram_bytes() / 1e9:.1f} GB")
-    passes = -(-job.global_batch // mb)
-    work = Work(config, config.n_layers, mb, job.seq, job.dtype)
+    passes = -(-job.shape.batch // mb)
+    work = Work(config, config.n_layers, mb, job.shape.seq, job.dtype)
     compute, fabric, _ = _kernels(job, template, work, template.die.full_mesh)  # a die's square(s)
     compute = passes * compute / dies + _adam_s(job, template, cores, config.params())  # a die: its 1/dies share
     fabric = passes * fabric / dies
     d2d = 0.0
     if dies > 1:  # every GEMM input all-gathered round the ring of dies, forward and backward
-        gathered = 2 * config.n_layers * job.tokens * _gemm_inputs(config) * itemsize(job.dtype)
+        gathered = 2 * config.n_layers * job.shape.tokens * _gemm_inputs(config) * itemsize(job.dtype)
         d2d = gathered * (dies - 1) / dies / template.d2d.bytes_per_s + 2 * config.n_layers * (
             dies - 1) * template.d2d.latency_s
     bd = Breakdown(compute, fabric, d2d, io)
@@ -284,7 +278,7 @@ class TrainEstimate:
 
     def text(self) -> str:
         j = self.job
-        lines = [f"{j.label or 'model'} training on {self.template.label()}: {j.global_batch} x {j.seq} tokens "
+        lines = [f"{j.label or 'model'} training on {self.template.label()}: {j.shape.batch} x {j.shape.seq} tokens "
                  f"per step, {j.dtype}",
                  f"{'strategy':<18}{'step s':>10}{'tokens/s':>12}{'MFU':>7}{'compute':>10}{'fabric':>10}"
                  f"{'d2d':>10}{'I/O':>10}{'KB/core':>9}  bound / how"]
@@ -299,8 +293,8 @@ class TrainEstimate:
         return "\n".join(lines)
 
     def to_json(self) -> dict:
-        return {"model": self.job.label, "template": self.template.label(), "global_batch": self.job.global_batch,
-                "seq": self.job.seq, "dtype": self.job.dtype, "objective": self.objective,
+        return {"model": self.job.label, "template": self.template.label(), "global_batch": self.job.shape.batch,
+                "seq": self.job.shape.seq, "dtype": self.job.dtype, "objective": self.objective,
                 "strategies": [s.row() for s in self.strategies],
                 "chosen": self.chosen.strategy if self.chosen else None, "why": self.why}
 

@@ -6,19 +6,18 @@ Contract (the owners of the training facts; each calls the owners below it):
   head's (table and final norm) and the embedding rows'. Each piece is ``decode.streaming.streamed_bytes``
   (float32: training streams float32 weights and gradients). ``step.train_step`` counts the same bytes as
   they cross (tied in tests/unit/test_training.py).
-- ``layer_forward_cycles`` is a layer's forward over one sequence of S tokens on a square region: the
-  compute of ``decode.prefill.prefill_layer_parts`` (MeshGEMM, attention, elementwise; not its layout moves;
-  the forward is not yet run on the mesh: the host keeps its activations).
-  ``layer_backward_cycles`` and ``head_backward_cycles`` are what the mesh kernels book for a layer's backward
-  over the batch's B*S tokens and for the head (its logits, cross-entropy and their backward) on the region's
-  largest square (``training.mesh``): ``core.train_cost.block_backward_parts`` and ``head_backward_parts``,
-  summed (tests/unit/test_train_mesh.py ties them to a step's ledger).
+- ``layer_forward_cycles``, ``layer_backward_cycles`` and ``head_backward_cycles`` are what the mesh kernels
+  book for a layer's forward and backward over the batch's B*S tokens and for the head (its logits,
+  cross-entropy and their backward) on the region's largest square (``training.mesh``):
+  ``core.train_cost.block_forward_parts``, ``block_backward_parts`` and ``head_backward_parts``, summed
+  (tests/unit/test_train_mesh.py ties them to a step's ledger).
 - ``step_cycles(spec, config, region, shape, streaming)`` -> :class:`StepCycles`. Streaming: every stage lasts
   the longer of its compute and its stream (``decode.streaming.stage_cycles``; a backward stage streams its
   weights in and its gradients out over the one host I/O figure, ``spec.ingress_bytes_per_s``); AdamW runs off
   the wafer, overlapped. Resident: the weights and AdamW's moments stay in SRAM, nothing streams, AdamW runs on
-  the region's cores (``ADAMW_FLOPS`` per weight, ``core.cost.flop_cycles``); ``resident_core_bytes`` is what
-  each core then holds (the weights, gradients and two moments, float32).
+  the region's cores (``core.train_cost.ADAMW_FLOPS`` per weight, ``core.cost.flop_cycles``);
+  ``resident_core_bytes`` is what each core then holds (the weights, gradients and two moments, float32).
+  The batch is ``core.train_cost.TrainShape``.
 """
 
 from __future__ import annotations
@@ -30,29 +29,16 @@ from waferrt.core.cost import flop_cycles, total
 from waferrt.core.gemm_cost import GemmShape
 from waferrt.core.mesh import Region
 from waferrt.core.spec import HardwareSpec
-from waferrt.core.train_cost import block_backward_parts, head_backward_parts
-from waferrt.decode.cost import ELEMENTWISE_FLOPS, Decoding
-from waferrt.decode.prefill import prefill_layer_parts
+from waferrt.core.train_cost import (
+    ADAMW_FLOPS,
+    TrainShape,
+    block_backward_parts,
+    block_forward_parts,
+    head_backward_parts,
+)
+from waferrt.decode.cost import ELEMENTWISE_FLOPS
 from waferrt.decode.streaming import stage_cycles, stream_cycles, streamed_bytes
 from waferrt.model.config import LlamaConfig
-
-ADAMW_FLOPS = 15  # per weight: the moments (7), their bias corrections (2), decay, sqrt, eps, divide, lr, step
-
-
-@dataclass(frozen=True)
-class TrainShape:
-    """A training batch: `batch` sequences of `seq` tokens."""
-
-    batch: int
-    seq: int
-
-    def __post_init__(self) -> None:
-        if self.batch < 1 or self.seq < 1:
-            raise ValueError(f"TrainShape: B={self.batch} sequences of S={self.seq} tokens; both must be >= 1")
-
-    @property
-    def tokens(self) -> int:
-        return self.batch * self.seq
 
 
 @dataclass(frozen=True)
@@ -75,10 +61,11 @@ def step_stream_bytes(config: LlamaConfig, shape: TrainShape) -> tuple[int, int]
     return rows + 2 * config.n_layers * layer + head, config.n_layers * layer + head + rows
 
 
-def layer_forward_cycles(spec: HardwareSpec, config: LlamaConfig, region: Region, seq: int) -> float:
-    """A layer's forward over one sequence of `seq` tokens on `region` (its compute, MeshGEMM)."""
-    parts = prefill_layer_parts(spec, Decoding(config), region, seq)
-    return total(c for _, category, c in parts if category != "layout").cycles
+def layer_forward_cycles(spec: HardwareSpec, config: LlamaConfig, region: Region, tokens: int) -> float:
+    """A layer's forward over `tokens` tokens on the region's largest square, as
+    ``forward.block_forward_mesh`` books it."""
+    side = min(region.w, region.h)
+    return total(block_forward_parts(spec, config, tokens, side, ELEMENTWISE_FLOPS).values()).cycles
 
 
 def layer_backward_cycles(spec: HardwareSpec, config: LlamaConfig, region: Region, tokens: int) -> float:
@@ -100,7 +87,7 @@ def head_backward_cycles(spec: HardwareSpec, config: LlamaConfig, region: Region
 def step_cycles(spec: HardwareSpec, config: LlamaConfig, region: Region, shape: TrainShape,
                 streaming: bool) -> StepCycles:
     """A training step's modelled cycles on `region` (see the module docstring)."""
-    fwd = shape.batch * layer_forward_cycles(spec, config, region, shape.seq)
+    fwd = layer_forward_cycles(spec, config, region, shape.tokens)
     bwd = layer_backward_cycles(spec, config, region, shape.tokens)
     head = head_backward_cycles(spec, config, region, shape.tokens)
     if not streaming:

@@ -1,24 +1,26 @@
-"""The training step's phases on a Wafer: each layer's backward and the head's as the mesh kernels run them.
+"""The training step's phases on a Wafer: each layer's forward and backward and the head's as the mesh kernels
+run them.
 
-Contract: ``mesh_phases(wafer) -> Phases`` is ``step.Phases`` whose ``backward`` is ``block.block_backward``
-and whose ``head`` is ``head.head_backward``, each one ``wafer.run`` on the wafer's largest square of cores
-(``onwafer.living_square``), booked on the wafer's ledger (``wafer.cost()``); what they book is
-``core.train_cost``'s closed forms (``training.cost.step_cycles`` sums them). The ``forward`` keeps the
-activations the backward reads (``block.block_forward``, computed by the host: not yet on the mesh); the
-embedding's scatter-add runs off the wafer, where the store applies it (as with ``step.REFERENCE``). A Wafer
-with ``backend="local"`` runs the kernels in this process (the resident mode, the tests, the streaming tile).
-``BACKWARDS`` names the two choices of ``waferrt train --backward``; ``phases_of(name, wafer)`` picks one.
+Contract: ``mesh_phases(wafer) -> Phases`` is ``step.Phases`` whose ``forward`` is
+``forward.block_forward_mesh`` (its Saved activations are what the backward reads), whose ``backward`` is
+``block.block_backward`` and whose ``head`` is ``head.head_backward``, each one ``wafer.run`` on the wafer's
+largest square of cores (``onwafer.living_square``), booked on the wafer's ledger (``wafer.cost()``); what
+they book is ``core.train_cost``'s closed forms (``training.cost.step_cycles`` sums them). The embedding's
+gather and scatter-add run off the wafer, where the store keeps the table (as with ``step.REFERENCE``). A
+Wafer with ``backend="local"`` runs the kernels in this process (the resident mode, the tests, the streaming
+tile). ``PHASES`` names the two choices of ``waferrt train --on``; ``phases_of(name, wafer)`` picks one.
 """
 
 from __future__ import annotations
 
 from waferrt.core.arith import cdiv
 
-from .block import block_backward, block_forward
+from .block import block_backward
+from .forward import block_forward_mesh
 from .head import head_backward
 from .step import REFERENCE, Phases
 
-BACKWARDS = ("mesh", "reference")
+PHASES = ("mesh", "reference")
 
 
 class _Top:
@@ -29,10 +31,10 @@ class _Top:
 
 
 def mesh_phases(wafer) -> Phases:
-    """The phases whose backward and head run as mesh kernels on `wafer` (module doc)."""
+    """The phases whose forward, backward and head run as mesh kernels on `wafer` (module doc)."""
 
     def forward(x, layer, rope):  # x (B, S, dim) -> y (B, S, dim), block.Saved
-        return block_forward(layer.config, layer.weights, x)
+        return block_forward_mesh(wafer, layer.config, layer.weights, x)
 
     def backward(dy, saved, layer, rope):  # dy (B, S, dim) -> dx (B, S, dim), {field: grad}
         return block_backward(wafer, layer.config, layer.weights, saved, dy)
@@ -46,12 +48,12 @@ def mesh_phases(wafer) -> Phases:
 
 def phases_of(name: str, wafer=None) -> Phases:
     """``REFERENCE`` for "reference"; ``mesh_phases(wafer)`` for "mesh"."""
-    if name not in BACKWARDS:
-        raise ValueError(f"the backward is one of {BACKWARDS}, got {name!r}")
+    if name not in PHASES:
+        raise ValueError(f"a training step runs on one of {PHASES}, got {name!r}")
     if name == "reference":
         return REFERENCE
     if wafer is None:
-        raise ValueError("the mesh backward runs on a Wafer: give one (Wafer(..., backend='local'))")
+        raise ValueError("the mesh phases run on a Wafer: give one (Wafer(..., backend='local'))")
     return mesh_phases(wafer)
 
 
