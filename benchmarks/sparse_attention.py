@@ -6,28 +6,26 @@ mode then decodes the same steps from the same prefilled cache, fed dense's toke
 step compares the logits of the same history). Printed per mode: the per-step logit error (max |sparse -
 dense| over the vocabulary, relative to dense's largest |logit|, mean and worst over the steps) and the
 share of steps whose argmax equals dense's token. Beside it, the modelled cycles of one token's attention
-in one layer region on WSE-2 (``decode.topk.attention_parts``: prediction, top-K sort, attention over the
+in one layer region on WSE-2 (``decode.cost.attention_parts`` under each mode: the prediction and its
+reduce, the top-K -- selection, streamed merge, multicast: ``decode.topk`` -- and the attention over the
 kept keys) against dense, and their ratio.
 
-    python benchmarks/sparse_attention.py [--contexts 2048,4096] [--keeps 32,64,256,0.1] [--steps 8]
+    python benchmarks/sparse_attention.py [--contexts 2048,4096,8192] [--keeps 32,64,256,0.1] [--steps 8]
 
-A run (--contexts 2048,4096, 8 steps, ~13 min on the loaded 2-core VM): logit error falls with K (2K:
-sparse:32 15.8% mean, sparse:256 5.0%; 4K: 16.4% and 5.6%), argmax equal to dense on 75-100% of steps;
-modelled, sparse costs 1.6-12.8x dense's attention cycles on a 32x32 region: the top-K merge's messages
-(heads x K x 8 bytes a hop, ~16 rounds) dominate, so sparse does not pay at these contexts yet.
+RESULT
 """
 
 from __future__ import annotations
 
 import argparse
 import pathlib
+from dataclasses import replace
 
 import numpy as np
 
 from waferrt.core.mesh import Region
 from waferrt.core.spec import WSE2
-from waferrt.decode.cost import Decoding
-from waferrt.decode.topk import attention_parts
+from waferrt.decode.cost import Decoding, attention_parts
 from waferrt.model import AttentionMode, KVCache, ReferenceModel, Tokenizer, load_model
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
@@ -73,7 +71,8 @@ def accuracy(config, weights, prefilled: tuple[KVCache, np.ndarray], modes: list
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--contexts", default="2048", help="prompt lengths in tokens, comma-separated (2048)")
+    ap.add_argument("--contexts", default="2048,4096,8192", help="prompt lengths in tokens, comma-separated "
+                    "(2048,4096,8192)")
     ap.add_argument("--keeps", default="32,64,256,0.1", help="K per query head, or fractions (32,64,256,0.1)")
     ap.add_argument("--steps", type=int, default=8, help="decode steps compared per mode (8)")
     args = ap.parse_args()
@@ -89,15 +88,23 @@ def main() -> None:
         cache = model.new_cache(capacity=n + args.steps + 1)
         for lo in range(0, n, CHUNK):
             first = model.prefill(ids[lo:lo + CHUNK], cache)
-        dense_cycles = attention_parts(WSE2, dec, REGION, n)["attention"].cycles
+        dense_cycles = sum(c.cycles for c in attention_parts(WSE2, dec, REGION, n).values())
         for mode, err_mean, err_max, agree in accuracy(config, weights, (cache, first), modes, args.steps):
-            parts = attention_parts(WSE2, dec, REGION, n, mode.keys_kept(n))
-            cyc = {k: c.cycles for k, c in parts.items()}
+            cyc = modelled(attention_parts(WSE2, replace(dec, attention=mode), REGION, n))
             total = sum(cyc.values())
             print(f"{n:>7} {str(mode):>12} {err_mean:>9.4f} {err_max:>9.4f} {agree:>8.0%} | "
-                  f"{cyc.get('predict', 0):>8.0f} {cyc.get('sort', 0):>8.0f} {cyc['attention']:>8.0f} "
+                  f"{cyc['predict']:>8.0f} {cyc['sort']:>8.0f} {cyc['attend']:>8.0f} "
                   f"{total:>8.0f} {dense_cycles:>8.0f} {total / dense_cycles:>6.2f}")
 
+
+def modelled(parts: dict) -> dict[str, float]:
+    """Cycles of the prediction (and its reduce), the top-K (select, merge, multicast) and the attention."""
+    out = {"predict": 0.0, "sort": 0.0, "attend": 0.0}
+    for name, c in parts.items():
+        key = "predict" if name.startswith("predict") else "sort" if name.startswith(("topk", "broadcast")) \
+            else "attend"
+        out[key] += c.cycles
+    return out
 
 if __name__ == "__main__":
     main()
