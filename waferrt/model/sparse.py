@@ -70,7 +70,7 @@ class AttentionMode:
         if word == DENSE_WORD:
             return cls()
         head, _, tail = word.partition(":")
-        if head == SPARSE_WORD and tail:
+        if head == SPARSE_WORD and tail.replace(".", "", 1).isdigit():  # a whole number or a decimal fraction
             try:
                 return cls(keep=int(tail)) if tail.isdigit() else cls(fraction=float(tail))
             except ValueError as e:
