@@ -22,11 +22,13 @@ from waferrt.core.spec import PRESETS, spec_by_name
 from waferrt.model.zoo import MODELS, model_by_name
 from waferrt.scheduler.estimate import OBJECTIVES, Objective, estimate
 from waferrt.scheduler.moe_estimate import moe_estimate
+from waferrt.scheduler.sparse_estimate import sparse_estimate
 from waferrt.scheduler.prefill import prefill
 from waferrt.scheduler.strategies import STRATEGY_HELP, parse_strategy
 from waferrt.scheduler.streaming import streaming
 from waferrt.scheduler.types import KVReserve
 
+from .attention import attention_mode
 from .common import MAX_REQUESTS, parse_wxh, two_numbers, whole_number
 from .strategy import strategy_text
 
@@ -64,6 +66,9 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     p.add_argument("--mesh", type=parse_wxh, metavar="WxH", help="cores to use (default: the whole wafer)")
     p.add_argument("--streaming", action="store_true", help="also estimate weight streaming from off-wafer memory")
     p.add_argument("--json", action="store_true", help="print the estimate as JSON")
+    p.add_argument("--attention", type=attention_mode, metavar="MODE",
+                   help="also time STAR's sparse attention (sparse:K or sparse:F) against dense: per context, where "
+                        "it starts to pay, a token's time at --kv-tokens, the longest context that fits")
     p.add_argument("--prompt-tokens", type=whole_number(1, "4096"), metavar="N",
                    help="the prefill of an N-token prompt: tokens/s, breakdown, time to first token (default 4096, "
                         "at most --kv-tokens)")
@@ -149,6 +154,9 @@ def run(args) -> int:
                                             "tokens_per_s": (n_in + n_out) / e2e, "new_tokens_per_s": n_out / e2e}
             text.append(f"end to end      {n_in} in, {n_out} out: {e2e * 1e3:.1f} ms = "
                         f"{(n_in + n_out) / e2e:,.0f} tokens/s ({n_out / e2e:,.0f} new tokens/s)")
+    if est.fits and args.attention and not args.attention.dense:
+        sp = sparse_estimate(est, args.attention)
+        out["sparse"], text = sp.to_json(), text + sp.lines()
     if cfg.moe:
         moe = moe_estimate(est)
         out["moe"], text = moe.to_json(), text + [moe.text()]

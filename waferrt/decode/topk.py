@@ -12,11 +12,11 @@ whole row per head, highest first, ties to the earlier position: exactly
    booked as ``topk.select``: H * `select_comparisons`(m, K);
 2. streamed merge: two chains run towards the middle core c = (n-1)//2, one from each end; each round every
    chain's front core sends its K best (scores and positions: 8 bytes an entry) ONE hop to its neighbour,
-   which merges them with its own (K comparisons per head, 2K at the middle when both chains arrive in
-   the same round). The lists are sorted, so a core merges and forwards entry by entry as they come
-   (a pipelined chain, as the K-tree allreduce streams its partial sums): a round pays a hop and a routing
-   stage, and the K entries are serialised once per chain the middle reads (two when both chains reach
-   it) instead of once a round -- the merge no longer grows with n times the message. The two chains'
+   which merges them with its own. The lists are sorted, so a core merges and forwards entry by entry as
+   they come (a pipelined chain, as the K-tree allreduce streams its partial sums): a round pays a hop and
+   a routing stage, and the K entries are serialised and merged (K comparisons per head) once per chain
+   the middle reads (two when both chains reach it) -- the merges along the chain overlap in the pipe --
+   instead of once a round: the merge no longer grows with n times the message. The two chains'
    messages travel at once (one routing stage). ceil((n-1)/2) rounds, booked as ``topk.merge``;
 3. the middle core multicasts the K winners along the row (router multicast), ``broadcast``.
 
@@ -85,8 +85,7 @@ def select_comparisons(m: int, keep: int) -> int:
 def topk_cost(spec: HardwareSpec, row: TopKRow) -> dict[str, Cost]:
     """The closed form of `row_topk` on one row, by booked primitive (add rows with core.cost.on_lines)."""
     senders = row.cores - 1  # every core but the middle sends once
-    both_arrive = 1 if row.middle == row.rounds and row.cores > 1 else 0  # n odd: the last round merges twice
-    merge_flops = row.heads * row.keep * (row.rounds + both_arrive)
+    merge_flops = row.heads * row.keep * row.streams  # the middle merges each stream; the rest overlap in the pipe
     cycles = row.rounds * message_cycles(spec, 1, 1, 0) + row.streams * serialise_cycles(spec, row.message_bytes)
     merge = Cost(hops=row.rounds, stages=row.rounds, link_bytes=senders * row.message_bytes, messages=senders,
                  cycles=cycles) + compute_cost(spec, merge_flops)
@@ -138,7 +137,6 @@ def merge_round(ctx, mine: np.ndarray, r: int, row: TopKRow) -> np.ndarray:
         for received, here in got:
             s, p = unpack(np.concatenate([mine, received], axis=-2))  # (rows, cols, H, 2K)
             mine = np.where(here[:, :, None, None, None], best(s, p, row.keep), mine)
-        ctx.ledger.compute(row.heads * row.keep * (2 if 2 * r == row.cores - 1 else 1))  # the busiest core
     return mine
 
 
@@ -149,6 +147,7 @@ def row_topk(ctx, scores: np.ndarray, keep: int) -> np.ndarray:
     for r in range(1, row.rounds + 1):
         mine = merge_round(ctx, mine, r, row)
     if row.streams:
-        with ctx.ledger.op("topk.merge"):  # the streams' entries, serialised once each at the middle
+        with ctx.ledger.op("topk.merge"):  # each stream's entries, serialised and merged once at the middle
             ctx.ledger.add(Cost(cycles=row.streams * serialise_cycles(ctx.ledger.spec, row.message_bytes)))
+            ctx.ledger.compute(row.heads * row.keep * row.streams)
     return ctx.broadcast(mine, "x", root=row.middle)
