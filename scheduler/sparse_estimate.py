@@ -4,8 +4,9 @@ Contract: :func:`sparse_estimate(est, mode)` takes an :class:`~scheduler.estimat
 and a sparse :class:`~waferrt.model.sparse.AttentionMode` and returns a :class:`SparseEstimate`: one layer's
 attention on the estimate's layer region (``decode.cost.attention_parts``: dense, and sparse's prediction,
 top-K and attention over the kept keys) at every context from ``FIRST_CONTEXT`` doubling up to the most
-K/V positions a request can hold (``est.kv_tokens_per_request``), the context from which sparse is
-cheaper (`pays_from`, None when it never is in that range), and one token's time at the estimate's own
+K/V positions a request can hold (``est.kv_tokens_per_request``) -- and on, on the same region as if its
+SRAM held more, until sparse is cheaper or ``LONGEST_SWEPT`` -- the context from which sparse is cheaper
+(`pays_from`, None when it never is in that range), and one token's time at the estimate's own
 K/V reserve, dense (the estimate's) and sparse (the estimate's with every layer's attention swapped: a
 token passes the layers one after another). Sparse attention keeps every key in SRAM (it reads K of
 them), so the longest context that fits is the same either way: ``est.kv_tokens_per_request`` per request
@@ -24,6 +25,7 @@ from waferrt.model.sparse import AttentionMode
 from .estimate_report import Estimate
 
 FIRST_CONTEXT = 256  # the sweep's first context (then doubling)
+LONGEST_SWEPT = 1 << 22  # past the longest context that fits, the sweep goes on until sparse pays, up to this
 
 
 @dataclass(frozen=True)
@@ -61,13 +63,13 @@ class SparseEstimate:
 
     def lines(self) -> list[str]:
         pays = self.pays_from
-        where = f"from {pays:,} positions on" if pays else \
-            f"at no context up to {self.rows[-1].context:,}" if self.rows else "(no context fits)"
+        where = f"from {pays:,} positions on" if pays else f"at no context up to {self.rows[-1].context:,}"
         out = [f"attention       {self.mode}: one layer's attention per token, cycles (dense -> sparse: predict + "
                f"top-K + attend); sparse pays {where}"]
         out += [f"  {r.context:>9,} positions  {r.dense_cycles:>12,.0f} -> {r.sparse_cycles:>12,.0f} "
                 f"({r.predict_cycles:,.0f} + {r.sort_cycles:,.0f} + {r.sparse_cycles - r.predict_cycles - r.sort_cycles:,.0f})"
-                f"  x{r.dense_cycles / r.sparse_cycles:.2f}" for r in self.rows]
+                f"  x{r.dense_cycles / r.sparse_cycles:.2f}{'' if r.context <= self.longest_context else ' (beyond what fits)'}"
+                for r in self.rows]
         out.append(f"  a token at the reserve: {self.dense_token_s * 1e6:,.1f} us dense, {self.sparse_token_s * 1e6:,.1f} "
                    f"us {self.mode}; the longest context that fits: {self.longest_context:,} positions a request "
                    f"either way (sparse keeps every key in SRAM)")
@@ -87,10 +89,12 @@ def sparse_estimate(est: Estimate, mode: AttentionMode) -> SparseEstimate:
     sparse = replace(dense, attention=mode)
     longest = est.kv_tokens_per_request
     contexts = [FIRST_CONTEXT * 2 ** i for i in range(64) if FIRST_CONTEXT * 2 ** i < longest] + [longest]
-    rows = tuple(_row(est, (dense, sparse), n) for n in contexts if n >= 1)
+    rows = [_row(est, (dense, sparse), n) for n in contexts]
+    while rows[-1].sparse_cycles >= rows[-1].dense_cycles and rows[-1].context < LONGEST_SWEPT:
+        rows.append(_row(est, (dense, sparse), 2 * rows[-1].context))  # beyond what fits: where it would pay
     at = _row(est, (dense, sparse), est.kv.tokens)
     swap = est.config.n_layers * (at.sparse_cycles - at.dense_cycles) / est.spec.clock_hz
-    return SparseEstimate(est.label, mode, rows, longest, est.time_per_token_s, est.time_per_token_s + swap)
+    return SparseEstimate(est.label, mode, tuple(rows), longest, est.time_per_token_s, est.time_per_token_s + swap)
 
 
 def _row(est: Estimate, decs: tuple[Decoding, Decoding], context: int) -> ContextRow:

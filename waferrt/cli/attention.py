@@ -40,17 +40,18 @@ def add_attention_args(p) -> None:
                         "wafer's tokens equal dense's (json: dense_agreement)")
 
 
-def check_attention_flags(args, requests) -> None:
-    """--attention and --compare-dense against the other flags and the requests' K/V room: UsageError."""
+def check_attention_flags(args) -> None:
+    """--attention and --compare-dense against the other flags: UsageError."""
     if args.reference and (args.compare_dense or not args.attention.dense):
         raise UsageError("--attention and --compare-dense are the wafer's: the numpy reference (--reference) "
                          "decodes densely; leave out one or the other")
-    if not args.attention.dense:
-        check_kv_room(args, requests)
 
 
 def check_kv_room(args, requests) -> None:
-    """UsageError naming --kv-tokens (and --requests) to write when a request needs more K/V than planned."""
+    """For sparse attention (long contexts): UsageError naming --kv-tokens (and --requests) to write when a
+    request needs more K/V positions than --kv-tokens."""
+    if args.attention.dense:
+        return
     need = max(len(r.prompt_ids) + r.max_new_tokens for r in requests)
     if need > args.kv_tokens:
         raise UsageError(f"a request needs {need} K/V positions (its prompt and --max-new-tokens "

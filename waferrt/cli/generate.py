@@ -25,7 +25,14 @@ from waferrt.core.cost import ALLREDUCE_ALGOS
 from waferrt.core.dtypes import STORAGE_DTYPES
 from waferrt.core.spec import PRESETS
 
-from .attention import add_attention_args, attention_json, check_attention_flags, dense_agreement, say_agreement
+from .attention import (
+    add_attention_args,
+    attention_json,
+    check_attention_flags,
+    check_kv_room,
+    dense_agreement,
+    say_agreement,
+)
 from .common import (
     MAX_REQUESTS,
     MAX_SEED,
@@ -156,6 +163,7 @@ def _prompts(args) -> list[str]:
 
 def _check_flags(args) -> None:
     """Flags that contradict each other (each alone was checked by its type): UsageError, before anything loads."""
+    check_attention_flags(args)
     if args.reference and (args.trace or args.heatmap):
         raise UsageError("--trace and --heatmap show the wafer; leave out --reference")
     refuse_together(args, "--reference", ("--mesh", "--tile", "--streaming", "--address", "--strategy", "--objective"),
@@ -334,7 +342,7 @@ def run(args) -> int:
     sampler = Sampler(temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, seed=args.seed)
     model, tok = _open_model(args)
     requests = _requests(args, tok, texts)
-    check_attention_flags(args, requests)
+    check_kv_room(args, requests)
     placement = None if args.reference else _placement(args, model.config, mesh, requests)
     texts = ["" if args.chat else t for t in texts]  # what is echoed before each generated text
     streams = [StreamDecoder(tok, skip_special=True) for _ in requests]
