@@ -66,14 +66,18 @@ class SparseEstimate:
         where = f"from {pays:,} positions on" if pays else f"at no context up to {self.rows[-1].context:,}"
         out = [f"attention       {self.mode}: one layer's attention per token, cycles (dense -> sparse: predict + "
                f"top-K + attend); sparse pays {where}"]
-        out += [f"  {r.context:>9,} positions  {r.dense_cycles:>12,.0f} -> {r.sparse_cycles:>12,.0f} "
-                f"({r.predict_cycles:,.0f} + {r.sort_cycles:,.0f} + {r.sparse_cycles - r.predict_cycles - r.sort_cycles:,.0f})"
-                f"  x{r.dense_cycles / r.sparse_cycles:.2f}{'' if r.context <= self.longest_context else ' (beyond what fits)'}"
-                for r in self.rows]
-        out.append(f"  a token at the reserve: {self.dense_token_s * 1e6:,.1f} us dense, {self.sparse_token_s * 1e6:,.1f} "
-                   f"us {self.mode}; the longest context that fits: {self.longest_context:,} positions a request "
-                   f"either way (sparse keeps every key in SRAM)")
+        out += [self._line(r) for r in self.rows]
+        out.append(f"  a token at the reserve: {self.dense_token_s * 1e6:,.1f} us dense, "
+                   f"{self.sparse_token_s * 1e6:,.1f} us {self.mode}; the longest context that fits: "
+                   f"{self.longest_context:,} positions a request either way (sparse keeps every key in SRAM)")
         return out
+
+    def _line(self, r: ContextRow) -> str:
+        attend = r.sparse_cycles - r.predict_cycles - r.sort_cycles
+        beyond = "" if r.context <= self.longest_context else " (beyond what fits)"
+        return (f"  {r.context:>9,} positions  {r.dense_cycles:>12,.0f} -> {r.sparse_cycles:>12,.0f} "
+                f"({r.predict_cycles:,.0f} + {r.sort_cycles:,.0f} + {attend:,.0f})  "
+                f"x{r.dense_cycles / r.sparse_cycles:.2f}{beyond}")
 
     def to_json(self) -> dict:
         return {"mode": str(self.mode), "pays_from": self.pays_from, "longest_context": self.longest_context,

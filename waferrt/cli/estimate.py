@@ -22,8 +22,8 @@ from waferrt.core.spec import PRESETS, spec_by_name
 from waferrt.model.zoo import MODELS, model_by_name
 from waferrt.scheduler.estimate import OBJECTIVES, Objective, estimate
 from waferrt.scheduler.moe_estimate import moe_estimate
-from waferrt.scheduler.sparse_estimate import sparse_estimate
 from waferrt.scheduler.prefill import prefill
+from waferrt.scheduler.sparse_estimate import sparse_estimate
 from waferrt.scheduler.strategies import STRATEGY_HELP, parse_strategy
 from waferrt.scheduler.streaming import streaming
 from waferrt.scheduler.types import KVReserve
