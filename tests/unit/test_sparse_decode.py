@@ -81,13 +81,21 @@ def test_the_keys_kept_are_the_references_top_k() -> None:
     poss = np.array([L - 1, 25])
     visible = (np.arange(L)[None] <= poss[:, None])[:, None, None]
     mode = AttentionMode(fraction=0.25)
-    mask = chosen(predicted(qg, kc, visible), poss, mode)  # (B, nkv, rep, L)
+    mask = chosen(predicted(qg, (kc, np.arange(B)), visible), poss, mode)  # (B, nkv, rep, L)
     for b, p in enumerate(poss):
         pred = predict_scores(qg[b].reshape(nkv * rep, D), kc[b, :, :, : p + 1].transpose(0, 2, 1))
         want = select_top(pred, mode.keys_kept(int(p) + 1))  # (heads, keep)
         got = mask[b].reshape(nkv * rep, L)
         for h in range(nkv * rep):
             assert set(np.flatnonzero(got[h]).tolist()) == set(want[h].tolist()), (b, h)
+
+
+def test_ties_keep_the_earlier_positions_as_a_stable_sort_does() -> None:
+    pred = np.array([[[[1.0, 3.0, 2.0, 3.0, 2.0, 2.0, -np.inf]]]], np.float32)  # (1, 1, 1, 7)
+    got = chosen(pred, np.array([5]), AttentionMode(keep=3))[0, 0, 0]
+    assert np.flatnonzero(got).tolist() == [1, 2, 3]  # both 3s, then the first 2
+    want = select_top(pred[0, 0, :, :6], 3)[0]
+    assert sorted(want.tolist()) == [1, 2, 3]
 
 
 def test_sparse_attention_on_the_hop_by_hop_collectives_is_refused() -> None:

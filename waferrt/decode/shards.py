@@ -150,7 +150,7 @@ class LayerShard:
         qg = q.reshape(B, R, nkv, rep, self.hd_r).transpose(0, 2, 3, 1, 4).reshape(B, nkv, rep, -1)
         visible = (np.arange(L)[None] <= poss[:, None])[:, None, None]  # (B, 1, 1, L)
         if self.attention.keys_kept(L) < L:  # sparse: predict, keep the top K, attend over those
-            visible, m = self._sparse(qg, kc, poss, visible, m)
+            visible, m = self._sparse(qg, slots, poss, visible, m)
         scores = np.matmul(qg, kc) * self.scale  # (B, nkv, rep, L)
         self.ledger.compute(2 * work * self.hd_r * m)
         book_allreduce(self.cy, coll, work * m * self.cols)  # every core's partial scores, over the rows
@@ -165,12 +165,13 @@ class LayerShard:
         book_allreduce(self.cx, coll, work * R * self.hd_r)  # the weighted V sums, over the columns
         return out.reshape(B, nkv, rep, R, self.hd_r).transpose(0, 3, 1, 2, 4).reshape(B, R, -1)
 
-    def _sparse(self, qg: np.ndarray, kc: np.ndarray, poss: np.ndarray, visible: np.ndarray, held: int):
+    def _sparse(self, qg: np.ndarray, slots: np.ndarray, poss: np.ndarray, visible: np.ndarray, held: int):
         """STAR's prediction and top-K (waferrt.decode.sparse), booked: -> (the mask of the keys each query head
         attends to (B, nkv, rep, L), the keys a core attends to)."""
-        keep = self.attention.keys_kept(kc.shape[-1])
+        L = visible.shape[-1]
+        keep, (uniq, which) = self.attention.keys_kept(L), np.unique(slots, return_inverse=True)
         row = TopKRow(self.cols, held, qg.shape[0] * qg.shape[1] * qg.shape[2], keep)
-        pred = sparse.predicted(qg, kc, visible)  # (B, nkv, rep, L)
+        pred = sparse.predicted(qg, (self.kv.read(uniq, L)[0], which), visible)  # (B, nkv, rep, L)
         sparse.book_prediction(self.ledger, row, self.hd_r)
         book_allreduce(self.cy, self.coll, row.heads * held * self.cols)  # the partial predictions, over the rows
         sparse.book_top_k(self.ledger, row, self.rows)

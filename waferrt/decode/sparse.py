@@ -28,20 +28,33 @@ from .cost import PREDICT_DTYPE
 from .topk import TopKRow, topk_cost
 
 
-def predicted(qg: np.ndarray, kc: np.ndarray, visible: np.ndarray) -> np.ndarray:
-    """The add-only predicted scores of the items' query heads against their keys, -inf where not visible.
-    qg (B, nkv, rep, D); kc (B, nkv, D, L); visible (B, 1, 1, L) -> (B, nkv, rep, L) float32."""
-    return np.where(visible, np.matmul(qg, log_keys(kc)), np.float32(-np.inf))
+def predicted(qg: np.ndarray, keys: tuple[np.ndarray, np.ndarray], visible: np.ndarray) -> np.ndarray:
+    """The add-only predicted scores of the items' query heads against their requests' keys, -inf where not
+    visible. qg (B, nkv, rep, D); keys: kc (U, nkv, D, L) of the U distinct requests and which of them each
+    item's is (B,); visible (B, 1, 1, L) -> (B, nkv, rep, L) float32. A request's keys go to the log domain
+    once, however many of its items (a prompt's) attend."""
+    kc, which = keys
+    pred = np.empty(qg.shape[:3] + kc.shape[-1:], np.float32)
+    for u, logk in enumerate(log_keys(kc)):  # (nkv, D, L)
+        items = which == u
+        pred[items] = np.matmul(qg[items], logk)  # (n, nkv, rep, D) @ (nkv, D, L)
+    return np.where(visible, pred, np.float32(-np.inf))
 
 
 def chosen(pred: np.ndarray, poss: np.ndarray, attention: AttentionMode) -> np.ndarray:
-    """The mask of each item's keys_kept(its context) highest-predicted positions, ties to the earlier one.
-    pred (B, nkv, rep, L); poss (B,) -> (B, nkv, rep, L) bool."""
-    order = np.argsort(-pred, axis=-1, kind="stable")  # highest first, ties to the earlier position
-    rank = np.empty_like(order)
-    np.put_along_axis(rank, order, np.broadcast_to(np.arange(pred.shape[-1]), order.shape), axis=-1)
-    kept = np.array([attention.keys_kept(int(p) + 1) for p in poss])[:, None, None, None]
-    return rank < kept
+    """The mask of each item's keys_kept(its context) highest-predicted positions, ties to the earlier one
+    (what a stable sort keeps), by selection: every score above the k-th highest, then the earliest of those
+    equal to it. pred (B, nkv, rep, L); poss (B,) -> (B, nkv, rep, L) bool."""
+    kept = np.array([attention.keys_kept(int(p) + 1) for p in poss])  # (B,)
+    out = np.zeros(pred.shape, bool)
+    for k in np.unique(kept).tolist():
+        sel = np.flatnonzero(kept == k)
+        p = pred[sel]  # (n, nkv, rep, L)
+        kth = -np.partition(-p, k - 1, axis=-1)[..., k - 1:k]  # (n, nkv, rep, 1): the k-th highest
+        above, tie = p > kth, p == kth
+        room = k - np.count_nonzero(above, axis=-1)[..., None]  # how many of the equal ones still fit
+        out[sel] = above | (tie & (np.cumsum(tie, axis=-1) <= room))
+    return out
 
 
 def book_prediction(ledger, row: TopKRow, hd_r: int) -> None:
