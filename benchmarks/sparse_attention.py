@@ -13,7 +13,7 @@ kept keys) against dense, and their ratio.
 
     python benchmarks/sparse_attention.py [--contexts 2048,4096,8192] [--keeps 32,64,256,0.1] [--steps 8]
 
-A run (2-core VM under other agents' load; --contexts 2048,4096, 8 steps, ~30 min):
+A run (2-core VM under other agents' load; --contexts 2048,4096 then --contexts 8192, 8 steps, ~65 min):
 
     context         mode  err mean   err max  = dense |  predict     sort   attend    total    dense  ratio
        2048    sparse:32    0.1555    0.2157      62% |     3420     4286     1296     9002     8100   1.11
@@ -24,9 +24,14 @@ A run (2-core VM under other agents' load; --contexts 2048,4096, 8 steps, ~30 mi
        4096    sparse:64    0.1467    0.2925      62% |     6588     8606     1404    16598    15012   1.11
        4096   sparse:256    0.0604    0.0798     100% |     6588    21278     2052    29918    15012   1.99
        4096   sparse:0.1    0.0457    0.0593     100% |     6588    30980     2592    40160    15012   2.68
-The logit error falls with K and sparse:256 / sparse:0.1 keep 75-100% of dense's tokens; modelled on a 32x32
-region, the streamed top-K (selection, 16 rounds of a hop and a stage, the K entries serialised once per
-chain) makes sparse:32 cheaper than dense from 4K positions; the top-K's selection and serialisation grow
+       8183    sparse:32    0.0948    0.1359      75% |    12924     9470     1296    23690    28836   0.82
+       8183    sparse:64    0.0682    0.0959     100% |    12924    12638     1404    26966    28836   0.94
+       8183   sparse:256    0.0400    0.0699     100% |    12924    27038     2052    42014    28836   1.46
+       8183   sparse:0.1    0.0206    0.0374     100% |    12924    62507     3996    79427    28836   2.75
+The logit error falls with K (8K: 9.5% mean at sparse:32, 2.1% at sparse:0.1) and sparse:64 and up keep
+62-100% of dense's tokens (100% at 8K); modelled on a 32x32 region, the streamed top-K (selection, 16 rounds
+of a hop and a stage, the K entries serialised once per chain) makes sparse:32 cheaper than dense from 4K
+positions (0.93x; 0.82x at 8K) and sparse:64 at 8K (0.94x); the top-K's selection and serialisation grow
 with K, so large K does not pay at these contexts.
 """
 
