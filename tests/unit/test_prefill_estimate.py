@@ -22,21 +22,21 @@ from waferrt.scheduler.types import KVReserve
 
 
 def _est(model: str, spec, requests: int = 8):
-    cfg, label = model_by_name(model)
-    return replace(estimate(cfg, spec, spec.full_mesh, KVReserve(min(4096, cfg.max_seq_len), requests), "float16"),
+    config, label = model_by_name(model)
+    return replace(estimate(config, spec, spec.full_mesh, KVReserve(min(4096, config.max_seq_len), requests), "float16"),
                    label=label)
 
 
 @pytest.mark.parametrize("dtype", ["float32", "float16"])
 def test_one_chunk_costs_what_the_emulated_prefill_books(dtype):
-    cfg, label = model_by_name("smollm2-135m")
-    est = replace(estimate(cfg, WSE2, WSE2.full_mesh, KVReserve(2048, 8), dtype), label=label)
+    config, label = model_by_name("smollm2-135m")
+    est = replace(estimate(config, WSE2, WSE2.full_mesh, KVReserve(2048, 8), dtype), label=label)
     region = est.shape.region()
     one = total(c for _, _, c in chunk_parts(est, region, 512, 512))
-    weights = layout_move(WSE2, region, weights_core_bytes(cfg, region, dtype)).scaled(2)
+    weights = layout_move(WSE2, region, weights_core_bytes(config, region, dtype)).scaled(2)
     assert one + weights == total(c for _, _, c in prefill_layer_parts(WSE2, decoding(est), region, 512))
     if dtype == "float32":  # what prefill_layer books on the emulated wafer (tests/unit/test_prefill_layer.py)
-        assert one + weights == prefill_layer_cost(WSE2, Decoding(cfg), region, 512)
+        assert one + weights == prefill_layer_cost(WSE2, Decoding(config), region, 512)
 
 
 @pytest.mark.parametrize("model, spec", [("smollm2-135m", WSE2), ("llama3-8b", WSE2), ("llama3-8b", WSE3)])

@@ -66,20 +66,20 @@ def prefill_runs(meta: np.ndarray) -> list[np.ndarray]:
 
 
 # -- the layer's weights back in full, from the decode's blocks -------------------------------------------
-def full_weights(cfg: LlamaConfig, region: Region, arrays: dict, dtype: str) -> dict[str, np.ndarray]:
+def full_weights(config: LlamaConfig, region: Region, arrays: dict, dtype: str) -> dict[str, np.ndarray]:
     """A LayerShard's packed arrays as the float32 matrices (y = W @ x) of the reference's LayerWeights."""
-    lay, R, C = layer_layouts(cfg, region), region.h, region.w
-    nh, nkv, hd = cfg.n_heads, cfg.n_kv_heads, cfg.head_dim
+    lay, R, C = layer_layouts(config, region), region.h, region.w
+    nh, nkv, hd = config.n_heads, config.n_kv_heads, config.head_dim
     hd_r = arrays["wqkv"].shape[0] // (R * (nh + 2 * nkv))
     qkv = blocks_of(to_f32(arrays["wqkv"], dtype), "y", region).reshape(R, C, nh + 2 * nkv, hd_r, -1)
     w13 = blocks_of(to_f32(arrays["w13"], dtype), "y", region).reshape(R, C, 2, -1, arrays["w13"].shape[1] // C)
     wo = blocks_of(to_f32(arrays["wo"], dtype), "x", region).reshape(R, C, -1, nh, hd_r)
     w2 = blocks_of(to_f32(arrays["w2"], dtype), "x", region)
     return {
-        "wq": from_blocks(qkv[:, :, :nh], lay["wq"]).reshape(nh * hd, cfg.dim),
-        "wk": from_blocks(qkv[:, :, nh:nh + nkv], lay["wk"]).reshape(nkv * hd, cfg.dim),
-        "wv": from_blocks(qkv[:, :, nh + nkv:], lay["wv"]).reshape(nkv * hd, cfg.dim),
-        "wo": from_blocks(wo, lay["wo"]).reshape(cfg.dim, nh * hd),
+        "wq": from_blocks(qkv[:, :, :nh], lay["wq"]).reshape(nh * hd, config.dim),
+        "wk": from_blocks(qkv[:, :, nh:nh + nkv], lay["wk"]).reshape(nkv * hd, config.dim),
+        "wv": from_blocks(qkv[:, :, nh + nkv:], lay["wv"]).reshape(nkv * hd, config.dim),
+        "wo": from_blocks(wo, lay["wo"]).reshape(config.dim, nh * hd),
         "w_gate": from_blocks(w13[:, :, 0], lay["w_gate"]), "w_up": from_blocks(w13[:, :, 1], lay["w_up"]),
         "w_down": from_blocks(w2, lay["w_down"]),
         "attn_norm": from_blocks(to_f32(arrays["attn_norm"], dtype)[None], lay["attn_norm"]),
@@ -91,7 +91,7 @@ def _weights(shard) -> dict[str, np.ndarray]:
     """The shard's full weights, unpacked once for the arrays it holds (kept with the shard)."""
     kept = getattr(shard, "prefill_weights", None)
     if kept is None or kept[0] is not shard.arrays:
-        kept = shard.prefill_weights = (shard.arrays, full_weights(shard.cfg, shard.region, shard.arrays,
+        kept = shard.prefill_weights = (shard.arrays, full_weights(shard.config, shard.region, shard.arrays,
                                                                     shard.dtype))
     return kept[1]
 
@@ -125,23 +125,23 @@ class _Mesh:
         self.ledger.compute(cdiv(flops, self.side * self.side))
 
 
-def glue_flops(cfg: LlamaConfig, tokens: int) -> tuple[int, int, int]:
+def glue_flops(config: LlamaConfig, tokens: int) -> tuple[int, int, int]:
     """The element-wise flops of a layer's prefill, in the order they are booked: RoPE on Q and K, the first
     RMSNorm, then the second RMSNorm, the two residual adds and SiLU(gate) * up."""
     T = tokens
-    return (EW["rope"] * T * (cfg.n_heads + cfg.n_kv_heads) * cfg.head_dim, EW["rmsnorm"] * T * cfg.dim,
-            (EW["rmsnorm"] + 2 * EW["residual"]) * T * cfg.dim + EW["silu_mul"] * T * cfg.hidden_dim)
+    return (EW["rope"] * T * (config.n_heads + config.n_kv_heads) * config.head_dim, EW["rmsnorm"] * T * config.dim,
+            (EW["rmsnorm"] + 2 * EW["residual"]) * T * config.dim + EW["silu_mul"] * T * config.hidden_dim)
 
 
-def _attention_block(mesh: _Mesh, cfg: LlamaConfig, h: np.ndarray, w: dict) -> tuple[np.ndarray, ...]:
+def _attention_block(mesh: _Mesh, config: LlamaConfig, h: np.ndarray, w: dict) -> tuple[np.ndarray, ...]:
     """h (T, dim) -> (the heads' outputs (T, nh*hd), k (T, nkv, hd), v (T, nkv, hd)): one QKV projection,
     then every query head's attention at once (each with its K/V head's blocks)."""
-    T, hd, nh, nkv = h.shape[0], cfg.head_dim, cfg.n_heads, cfg.n_kv_heads
-    cos, sin = rope_cos_sin(np.arange(T), hd, cfg.rope_theta)  # (T, hd/2)
+    T, hd, nh, nkv = h.shape[0], config.head_dim, config.n_heads, config.n_kv_heads
+    cos, sin = rope_cos_sin(np.arange(T), hd, config.rope_theta)  # (T, hd/2)
     qkv = mesh.gemm(h, np.concatenate([w["wq"], w["wk"], w["wv"]]).T).reshape(T, nh + 2 * nkv, hd)
     q, k = (apply_rope(a, cos[:, None], sin[:, None]) for a in (qkv[:, :nh], qkv[:, nh:nh + nkv]))
     v = qkv[:, nh + nkv:]
-    mesh.elementwise(glue_flops(cfg, T)[0])
+    mesh.elementwise(glue_flops(config, T)[0])
     rep = nh // nkv
     out = mesh.attention(q, np.repeat(k, rep, axis=1), np.repeat(v, rep, axis=1))  # (T, nh, hd)
     return out.reshape(T, nh * hd), k, v
@@ -150,46 +150,46 @@ def _attention_block(mesh: _Mesh, cfg: LlamaConfig, h: np.ndarray, w: dict) -> t
 def prefill_layer(shard, x: np.ndarray, slot: int) -> np.ndarray:
     """A whole prompt x (T, C, dim_c), the decode's residual layout, through `shard` (module doc) -> the same
     layout; its K/V go into the shard's cache for `slot` as the decode would have put them."""
-    cfg, region, ledger = shard.cfg, shard.region, shard.ledger
-    T, chunks = x.shape[0], Chunks(cfg.dim, region.w)
+    config, region, ledger = shard.config, shard.region, shard.ledger
+    T, chunks = x.shape[0], Chunks(config.dim, region.w)
     w = _weights(shard)
     mesh = _Mesh(region, ledger)
     with ledger.op("prefill"):
-        ledger.add(layout_move(ledger.spec, region, weights_core_bytes(cfg, region, EMULATED_VALUES)))  # in
+        ledger.add(layout_move(ledger.spec, region, weights_core_bytes(config, region, EMULATED_VALUES)))  # in
         xf = chunks.join(x)  # (T, dim)
-        h = rmsnorm(xf, w["attn_norm"], cfg.norm_eps)
-        mesh.elementwise(glue_flops(cfg, T)[1])
-        att, k, v = _attention_block(mesh, cfg, h, w)
+        h = rmsnorm(xf, w["attn_norm"], config.norm_eps)
+        mesh.elementwise(glue_flops(config, T)[1])
+        att, k, v = _attention_block(mesh, config, h, w)
         xf = xf + mesh.gemm(att, w["wo"].T)
-        h = rmsnorm(xf, w["ffn_norm"], cfg.norm_eps)
+        h = rmsnorm(xf, w["ffn_norm"], config.norm_eps)
         gate, up = np.split(mesh.gemm(h, np.concatenate([w["w_gate"], w["w_up"]]).T), 2, axis=1)
         xf = xf + mesh.gemm(silu(gate) * up, w["w_down"].T)
-        mesh.elementwise(glue_flops(cfg, T)[2])
+        mesh.elementwise(glue_flops(config, T)[2])
         _fill_cache(shard, slot, k, v)
-        ledger.add(layout_move(ledger.spec, region, weights_core_bytes(cfg, region, EMULATED_VALUES)))  # back
+        ledger.add(layout_move(ledger.spec, region, weights_core_bytes(config, region, EMULATED_VALUES)))  # back
     return chunks.split(xf)
 
 
-def weights_core_bytes(cfg: LlamaConfig, region: Region, dtype: str = "float32") -> int:
+def weights_core_bytes(config: LlamaConfig, region: Region, dtype: str = "float32") -> int:
     """A layer's weights per core of its region as `dtype` values (the emulator's GEMMs take them as
     EMULATED_VALUES): what moves between the decode's and the GEMMs' layouts."""
-    return cdiv(itemsize(dtype) * cfg.layer_params(), region.size)
+    return cdiv(itemsize(dtype) * config.layer_params(), region.size)
 
 
-def kv_core_bytes(cfg: LlamaConfig, region: Region, tokens: int, dtype: str = "float32") -> int:
+def kv_core_bytes(config: LlamaConfig, region: Region, tokens: int, dtype: str = "float32") -> int:
     """A prompt's K and V per core of the region: what moves into the decode's cache."""
-    return cdiv(2 * itemsize(dtype) * tokens * cfg.kv_dim, region.size)
+    return cdiv(2 * itemsize(dtype) * tokens * config.kv_dim, region.size)
 
 
 def _fill_cache(shard, slot: int, k: np.ndarray, v: np.ndarray) -> None:
     """The prompt's K, V (T, nkv, hd) into the shard's cache as the decode would have left them, booked as one
     layout move (the cache's own shifts, which a decode books one position at a time, go to a scratch
     ledger)."""
-    cfg, region, T = shard.cfg, shard.region, k.shape[0]
+    config, region, T = shard.config, shard.region, k.shape[0]
     rows, hd_r = region.h, shard.hd_r
-    lay = layer_layouts(cfg, region)["wk"]  # head_dim over the rows, in whole pairs, as the cache holds it
+    lay = layer_layouts(config, region)["wk"]  # head_dim over the rows, in whole pairs, as the cache holds it
     def per_row(a: np.ndarray) -> np.ndarray:  # (T, nkv, hd) -> (T, R, nkv, hd_r)
-        out = np.zeros((T, rows, cfg.n_kv_heads, hd_r), np.float32)
+        out = np.zeros((T, rows, config.n_kv_heads, hd_r), np.float32)
         for r in range(rows):
             sl = lay.block_slices(r, 0)[1]
             out[:, r, :, :sl.stop - sl.start] = a[:, :, sl]
@@ -201,7 +201,7 @@ def _fill_cache(shard, slot: int, k: np.ndarray, v: np.ndarray) -> None:
         shard.kv.insert(np.full(T, slot), per_row(k), per_row(v), np.arange(T))
     finally:
         shard.kv.comm = own
-    shard.ledger.add(layout_move(shard.ledger.spec, region, kv_core_bytes(cfg, region, T, EMULATED_VALUES)))
+    shard.ledger.add(layout_move(shard.ledger.spec, region, kv_core_bytes(config, region, T, EMULATED_VALUES)))
 
 
 @lru_cache(maxsize=1024)
@@ -212,24 +212,24 @@ def prefill_layer_parts(spec, dec: Decoding, region: Region, tokens: int, contex
     books with ``moved=EMULATED_VALUES`` and ``context`` None. With a `context` longer than `tokens` (a
     chunk of a longer prompt, on paper only), the chunk's attention is its share (tokens / context of the
     score rows) of the whole context's."""
-    cfg, rate, moved = dec.config, dec.dtype, moved or dec.dtype
-    s, T, hd, dim, size = min(region.w, region.h), tokens, cfg.head_dim, cfg.dim, itemsize(moved)
+    config, rate, moved = dec.config, dec.dtype, moved or dec.dtype
+    s, T, hd, dim, size = min(region.w, region.h), tokens, config.head_dim, config.dim, itemsize(moved)
 
     def mm(name: str, m: int, k: int, n: int) -> tuple[str, str, Cost]:
         return name, "gemm", (skew_cost(spec, s, cdiv(m, s) * cdiv(k, s) * size)
                               + gemm_cost(spec, "meshgemm", GemmShape(m, k, n, s, s), moved, 1, rate))
 
     ctx = context or T
-    att = attention_cost(spec, AttentionShape(ctx, hd, cfg.n_heads, s), EW["softmax"], moved, rate)
+    att = attention_cost(spec, AttentionShape(ctx, hd, config.n_heads, s), EW["softmax"], moved, rate)
     if ctx != T:
         att = Cost(*(type(v)(v * T / ctx) for v in att.as_dict().values()))
-    glue = [dec.flops(spec, cdiv(f, s * s)) for f in glue_flops(cfg, T)]
-    return (mm("qkv", T, dim, dim + 2 * cfg.kv_dim), ("attention", "attention", att),
-            mm("o", T, cfg.n_heads * hd, dim), mm("gate_up", T, dim, 2 * cfg.hidden_dim),
-            mm("down", T, cfg.hidden_dim, dim),
+    glue = [dec.flops(spec, cdiv(f, s * s)) for f in glue_flops(config, T)]
+    return (mm("qkv", T, dim, dim + 2 * config.kv_dim), ("attention", "attention", att),
+            mm("o", T, config.n_heads * hd, dim), mm("gate_up", T, dim, 2 * config.hidden_dim),
+            mm("down", T, config.hidden_dim, dim),
             ("elementwise", "elementwise", glue[0] + glue[1] + glue[2]),
-            ("weights_in_out", "layout", layout_move(spec, region, weights_core_bytes(cfg, region, moved)).scaled(2)),
-            ("kv_to_decode", "layout", layout_move(spec, region, kv_core_bytes(cfg, region, T, moved))))
+            ("weights_in_out", "layout", layout_move(spec, region, weights_core_bytes(config, region, moved)).scaled(2)),
+            ("kv_to_decode", "layout", layout_move(spec, region, kv_core_bytes(config, region, T, moved))))
 
 
 def prefill_layer_cost(spec, dec: Decoding, region: Region, tokens: int) -> Cost:
