@@ -16,6 +16,7 @@ A tile that fails, dies or freezes ends ``generate`` within seconds with an erro
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import replace
 
 import numpy as np
 
@@ -26,6 +27,7 @@ from waferrt.fabric.comm import KTREE_FAST, Collectives
 from waferrt.faults.model import Straggler
 from waferrt.model.config import LlamaConfig
 from waferrt.model.sampling import Sampler
+from waferrt.model.sparse import AttentionMode
 from waferrt.serving.engine import Submission, TokenEvent
 from waferrt.serving.host import serve
 from waferrt.serving.requests import Batch, Completion, GenRequest, GenStats, OnToken
@@ -58,7 +60,16 @@ class WaferLLM:
         passing them through the decode's GEMVs in chunks; before open() (the tiles take the setup then)."""
         if self.wafer.tiles:
             raise RuntimeError("use_prefill() comes before open(): the tiles take the decode's setup when they start")
-        self.setup = DecodeSetup.from_placement(self.placement, self.setup.collectives, on)
+        self.setup = replace(DecodeSetup.from_placement(self.placement, self.setup.collectives, on),
+                             attention=self.setup.attention)
+        return self
+
+    def use_attention(self, mode: AttentionMode) -> WaferLLM:
+        """Attend densely (the default) or by STAR's sparse attention (``AttentionMode.parse("sparse:64")``) in
+        every decode step; before open()."""
+        if self.wafer.tiles:
+            raise RuntimeError("use_attention() comes before open(): the tiles take the decode's setup when they start")
+        self.setup = replace(self.setup, attention=mode)
         return self
 
     def __enter__(self) -> WaferLLM:
@@ -128,7 +139,8 @@ class WaferLLM:
     def adopt(self, placement) -> None:
         """Run on this placement from now on (a re-plan after a fault: the same mesh, regions moved)."""
         self.placement = placement
-        self.setup = DecodeSetup.from_placement(placement, self.setup.collectives, self.setup.prefill)
+        self.setup = replace(DecodeSetup.from_placement(placement, self.setup.collectives, self.setup.prefill),
+                             attention=self.setup.attention)
         self.head = self.setup.stage_tiles()[0]
 
     def inject(self, fault) -> int:

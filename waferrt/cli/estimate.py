@@ -25,9 +25,11 @@ from waferrt.estimator.moe_estimate import moe_estimate
 from waferrt.estimator.prefill import prefill
 from waferrt.estimator.streaming import streaming
 from waferrt.model.zoo import MODELS, model_by_name
+from waferrt.estimator.sparse_estimate import sparse_estimate
 from waferrt.scheduler.strategies import STRATEGY_HELP, parse_strategy
 from waferrt.scheduler.types import OBJECTIVES, KVReserve, Objective
 
+from .attention import attention_mode
 from .common import MAX_REQUESTS, parse_wxh, two_numbers, whole_number
 from .strategy import strategy_text
 from .train_estimate import add_train_args, run_estimate, train_job, train_objective
@@ -69,6 +71,9 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     p.add_argument("--mesh", type=parse_wxh, metavar="WxH", help="cores to use (default: the whole wafer)")
     p.add_argument("--streaming", action="store_true", help="also estimate weight streaming from off-wafer memory")
     p.add_argument("--json", action="store_true", help="print the estimate as JSON")
+    p.add_argument("--attention", type=attention_mode, metavar="MODE",
+                   help="also time STAR's sparse attention (sparse:K or sparse:F) against dense: per context, where "
+                        "it starts to pay, a token's time at --kv-tokens, the longest context that fits")
     p.add_argument("--prompt-tokens", type=whole_number(1, "4096"), metavar="N",
                    help="the prefill of an N-token prompt: tokens/s, breakdown, time to first token (default 4096, "
                         "at most --kv-tokens)")
@@ -159,6 +164,9 @@ def run(args) -> int:
                                             "tokens_per_s": (n_in + n_out) / e2e, "new_tokens_per_s": n_out / e2e}
             text.append(f"end to end      {n_in} in, {n_out} out: {e2e * 1e3:.1f} ms = "
                         f"{(n_in + n_out) / e2e:,.0f} tokens/s ({n_out / e2e:,.0f} new tokens/s)")
+    if est.fits and args.attention and not args.attention.dense:
+        sp = sparse_estimate(est, args.attention)
+        out["sparse"], text = sp.to_json(), text + sp.lines()
     if config.moe:
         moe = moe_estimate(est)
         out["moe"], text = moe.to_json(), text + [moe.text()]

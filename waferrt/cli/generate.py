@@ -25,6 +25,14 @@ from waferrt.core.cost import ALLREDUCE_ALGOS
 from waferrt.core.dtypes import STORAGE_DTYPES
 from waferrt.core.spec import PRESETS
 
+from .attention import (
+    add_attention_args,
+    attention_json,
+    check_attention_flags,
+    check_kv_room,
+    dense_agreement,
+    say_agreement,
+)
 from .common import (
     MAX_REQUESTS,
     MAX_SEED,
@@ -101,6 +109,7 @@ def add_parser(sub) -> argparse.ArgumentParser:
                    help="weight streaming: the weights stay off the wafer (a MemoryX actor) and stream into one region "
                         "layer by layer; the default mesh is the smallest that holds the K/V and a double buffer")
     add_experts_arg(p)
+    add_attention_args(p)
     p.add_argument("--json", action="store_true", help="print one JSON object instead of streaming text")
     p.add_argument("--prefill", action="store_true",
                    help="prefill each prompt of up to 512 tokens whole, by MeshGEMM on the layers' regions, instead "
@@ -157,6 +166,7 @@ def _prompts(args) -> list[str]:
 
 def _check_flags(args) -> None:
     """Flags that contradict each other (each alone was checked by its type): UsageError, before anything loads."""
+    check_attention_flags(args)
     if args.reference and (args.trace or args.heatmap):
         raise UsageError("--trace and --heatmap show the wafer; leave out --reference")
     refuse_together(args, "--reference", ("--mesh", "--tile", "--streaming", "--address", "--strategy", "--objective"),
@@ -301,7 +311,7 @@ def _wafer(args, placement):
     try:
         llm = WaferLLM(placement.config, None, placement, collectives=Collectives(args.algo),
                        launch=replace(LLM_LAUNCH, address=args.address, max_tiles=args.max_tiles))
-        return llm.use_prefill(args.prefill)
+        return llm.use_prefill(args.prefill).use_attention(args.attention)
     except PlacementError as e:
         raise UsageError(str(e)) from None
 
@@ -354,6 +364,7 @@ def run(args) -> int:
     sampler = Sampler(temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, seed=args.seed)
     model, tok = _open_model(args)
     requests = _requests(args, tok, texts)
+    check_kv_room(args, requests)
     placement = None if args.reference else _placement(args, model.config, mesh, requests)
     texts = ["" if args.chat else t for t in texts]  # what is echoed before each generated text
     streams = [StreamDecoder(tok, skip_special=True) for _ in requests]
@@ -390,6 +401,9 @@ def run(args) -> int:
         bar.close()
     if live:  # the rest of the streamed text
         print(streams[0].flush(), flush=True)
+    args.agreement = dense_agreement(model.config, model.weights(), batch, out) if args.compare_dense else None
+    if args.agreement:
+        say_agreement(args.attention, args.agreement)
     _report(args, tok, out, stats, mesh, bound)
     if not args.reference:
         _pictures(args, placement, stats)
@@ -443,7 +457,8 @@ def _report(args, tok, out, stats, mesh, bound) -> None:
             "wafer_tokens_per_s": round(stats.wafer_tokens_per_s, 1),
             "wafer_bound_tokens_per_s": None if bound is None else round(bound, 1),
             "steps": stats.steps, "generated": stats.tokens, "wall_s": round(stats.wall_s, 3),
-            "mesh": mesh, "expert_swaps": stats.expert_swaps, **_first_token(stats, out, pick)}))
+            "mesh": mesh, "expert_swaps": stats.expert_swaps, **_first_token(stats, out, pick),
+            **attention_json(args, args.agreement)}))
         return
     wafer = "" if mesh == "reference" else f"; modelled wafer: ran {stats.wafer_tokens_per_s:,.0f} tok/s" + (
         "" if bound is None else f", bound {bound:,.0f} tok/s")

@@ -45,9 +45,13 @@ from waferrt.core.mesh import Region
 from waferrt.core.spec import HardwareSpec
 from waferrt.fabric.comm import KTREE_FAST, Collectives
 from waferrt.model.config import LlamaConfig
+from waferrt.model.sparse import DENSE, AttentionMode
 
 from .linkload import AllToAll, alltoall_cost
 from .moe_layout import MAPPINGS, expert_blocks
+from .topk import TopKRow, topk_cost
+
+PREDICT_DTYPE = "float16"  # sparse attention's prediction: 8-bit exponents added to a 16-bit query
 
 # flops per element of the element-wise work, as the tiles book it (exp counted as one flop):
 # RMSNorm x*x, sum, *scale, *w; RoPE 4 mul + 2 add per pair; softmax *scale, max, -max, exp, sum, /sum;
@@ -68,9 +72,12 @@ class Decoding:
     coll: Collectives = KTREE_FAST
     head_groups: int = 1
     experts: str = "er"  # where an MoE layer's experts sit in its region (moe_layout.MAPPINGS)
+    attention: AttentionMode = DENSE  # dense, or STAR's sparse:K (waferrt.model.sparse)
 
     def __post_init__(self) -> None:
         check_dtype(self.dtype)
+        if not isinstance(self.attention, AttentionMode):
+            raise TypeError(f"Decoding.attention is a model.sparse.AttentionMode, got {self.attention!r}")
         if self.experts not in MAPPINGS:
             raise ValueError(f"Decoding.experts (the expert mapping) is one of {', '.join(MAPPINGS)}, "
                              f"got {self.experts!r}")
@@ -131,6 +138,12 @@ def layer_decode_parts(spec: HardwareSpec, dec: Decoding, region: Region, kv_tok
         ("qkv", "gemv", flops(2 * b * dim_c * qkv_out)), ("qkv.reduce", "allreduce", x_reduce(4 * b * qkv_out)),
         ("rope", "elementwise", flops(ew["rope"] * b * (hq + hk) * hd_r)),
         ("kv.shift", "attention", _kv_shift(spec, b * 2 * hk * (hd_r + 1) * 4, moving * rows)),
+    ]
+    keep = dec.attention.keys_kept(kv_tokens)
+    if keep < kv_tokens:  # sparse: predict every position, keep the row's top K, attend over those
+        parts += sparse_parts(spec, dec, region, (cap, keep), b)
+        cap = cdiv(keep, cols)  # the chosen keys, taken as spread evenly over the columns
+    parts += [
         ("scores", "attention", flops(2 * b * hq * hd_r * cap)),
         ("scores.reduce", "attention", y_reduce(4 * b * hq * cap, r)),
         ("softmax.max", "attention", x_reduce(4 * b * hq)), ("softmax.sum", "attention", x_reduce(4 * b * hq)),
@@ -145,6 +158,32 @@ def layer_decode_parts(spec: HardwareSpec, dec: Decoding, region: Region, kv_tok
     if config.dense_hidden:
         parts += ffn_parts(spec, dec, region, b)
     return parts + [("residual", "elementwise", flops(ew["residual"] * b * dim_c))]
+
+
+def sparse_parts(spec: HardwareSpec, dec: Decoding, region: Region, held_kept: tuple[int, int],
+                 batch: int) -> list[tuple[str, str, Cost]]:
+    """What sparse attention adds before attending over the kept keys, for `batch` tokens whose requests hold
+    `held` positions a core and keep `kept` per query head: the add-only prediction over every held position
+    (an exponent add and an add per element, at PREDICT_DTYPE's rate), its partial scores reduced over a head
+    group's rows as the scores are, and the row's top-K (decode.topk: every row of the region at once, a row's
+    message carrying every token's heads)."""
+    (held, kept), d = held_kept, layer_dims(dec.config, region.w, region.h, dec.head_groups)
+    r, work = d["group_rows"], batch * d["hq"]
+    row = topk_cost(spec, TopKRow(region.w, held, work, kept))
+    return [("predict", "attention", compute_cost(spec, 2 * work * d["hd_r"] * held, PREDICT_DTYPE)),
+            ("predict.reduce", "attention", dec.line_reduce(spec, r, 4 * work * held, region.w * (region.h // r)))
+            ] + [(name, "attention", on_lines(c, region.h)) for name, c in row.items()]
+
+
+def attention_parts(spec: HardwareSpec, dec: Decoding, region: Region, kv_tokens: int) -> dict[str, Cost]:
+    """One token's attention in a layer region by piece (the "attention" parts of layer_decode_parts, the
+    K/V shift left out): for a sparse dec.attention, the prediction, the top-K and the attention over the
+    kept keys."""
+    out: dict[str, Cost] = {}
+    for name, cat, c in layer_decode_parts(spec, dec, region, kv_tokens):
+        if cat == "attention" and name != "kv.shift":
+            out[name] = out.get(name, Cost()) + c
+    return out
 
 
 def ffn_parts(spec: HardwareSpec, dec: Decoding, region: Region, batch: int) -> list[tuple[str, str, Cost]]:

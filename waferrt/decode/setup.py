@@ -6,7 +6,8 @@ reserve, how the collectives run, storage dtype), made from a scheduler Placemen
 head shares the embedding's region and table); consecutive layers on one region (a strategy's group of
 layers, scheduler.types.Strategy) are stacked there: their weight blocks and K/V on the same cores, run
 one after another. With ``streaming`` the weights stay off-wafer (waferrt.decode.streaming) and one region
-runs every stage. ``stage_tiles`` says which tile runs each stage and
+runs every stage. ``attention`` is dense or sparse:K (STAR, waferrt.decode.sparse) in every decode step;
+the MeshGEMM prefill stays dense. ``stage_tiles`` says which tile runs each stage and
 raises :class:`PlacementError` when a region spans several tiles. :func:`stage_sram` is what a stage
 books in its cores' SRAM (from waferrt.decode.layout, the same sizes the planner budgets: every layer
 books its weights and K/V, the first layer of a region also its scratch; a streaming region books every
@@ -28,6 +29,7 @@ import numpy as np
 from waferrt.core.mesh import MeshSpec, Region, TileId
 from waferrt.fabric.comm import KTREE_FAST, Collectives
 from waferrt.model.config import LlamaConfig
+from waferrt.model.sparse import DENSE, AttentionMode
 
 from .cost import Decoding
 from .layout import booked_bytes, embed_booking, kv_booking, layer_booking, stream_booking
@@ -54,8 +56,12 @@ class DecodeSetup:
     prefill: bool = False  # whole prompts go through the layers by MeshGEMM (waferrt.decode.prefill)
     experts: str = "er"  # where an MoE layer's experts sit in its region (waferrt.decode.moe_layout.MAPPINGS)
     balance: int = 0  # NI-Balancer: micro-batches between an MoE layer's looks at its routing histogram (0: off)
+    attention: AttentionMode = DENSE  # the decode's attention: dense, or STAR's sparse:K (waferrt.decode.sparse)
 
     def __post_init__(self) -> None:
+        if not self.attention.dense and not self.collectives.fast:
+            raise PlacementError(f"{self.attention} attention runs on the fast path of the collectives; leave "
+                                 "Collectives(fast=True) (the default) or decode with dense attention")
         if self.experts not in MAPPINGS:
             raise ValueError(f"expert mapping {self.experts!r} is not one of {', '.join(MAPPINGS)}")
         if self.config.moe and self.streaming:
@@ -78,7 +84,7 @@ class DecodeSetup:
     def decoding(self) -> Decoding:
         """What the decode's closed forms (decode.cost) need of this setup: model, dtype, collectives, the
         expert mapping."""
-        return Decoding(self.config, self.dtype, self.collectives, experts=self.experts)
+        return Decoding(self.config, self.dtype, self.collectives, experts=self.experts, attention=self.attention)
 
     def stages(self) -> tuple[tuple[str, int, Region], ...]:
         """(kind, layer index or -1, region) in the order an item passes them."""

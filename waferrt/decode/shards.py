@@ -18,6 +18,7 @@ import functools
 
 import numpy as np
 
+from waferrt.core.arith import cdiv
 from waferrt.core.dtypes import to_f32
 from waferrt.core.ledger import Ledger
 from waferrt.core.mesh import Region
@@ -25,10 +26,12 @@ from waferrt.fabric.comm import KTREE_FAST, Collectives, LineComm, Slices, Span
 from waferrt.model.config import LlamaConfig
 from waferrt.model.reference import apply_rope, silu
 
+from . import sparse
 from .cost import ELEMENTWISE_FLOPS as EW
 from .cost import Decoding
 from .kvcache import FlowKVCache, MeshKVCache
 from .pack import Chunks, rope_tables
+from .topk import TopKRow
 
 
 def mesh_rmsnorm(comm: LineComm, x: np.ndarray, w: np.ndarray, config: LlamaConfig, coll: Collectives) -> np.ndarray:
@@ -111,6 +114,7 @@ class LayerShard:
         cache = FlowKVCache if coll.fast else MeshKVCache  # the same entries, counts and bookings
         self.kv = cache(config, self.cx, kv[0], kv[1], self.hd_r, dtype)
         self.scale = np.float32(1.0 / np.sqrt(config.head_dim))
+        self.attention = dec.attention  # dense, or sparse:K on the fast path (waferrt.decode.sparse)
 
     def _rope(self, poss: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """cos, sin (B, R, 1, hd_r/2) float32 of the items' positions: rows of the table every layer of this
@@ -161,10 +165,13 @@ class LayerShard:
         work = B * nkv * rep
         kc, vc = self.kv.read(slots, L)  # (B, nkv, R*hd_r, L), (B, nkv, L, R*hd_r)
         qg = q.reshape(B, R, nkv, rep, self.hd_r).transpose(0, 2, 3, 1, 4).reshape(B, nkv, rep, -1)
+        visible = (np.arange(L)[None] <= poss[:, None])[:, None, None]  # (B, 1, 1, L)
+        if self.attention.keys_kept(L) < L:  # sparse: predict, keep the top K, attend over those
+            visible, m = self._sparse(qg, slots, poss, visible, m)
         scores = np.matmul(qg, kc) * self.scale  # (B, nkv, rep, L)
         self.ledger.compute(2 * work * self.hd_r * m)
         book_allreduce(self.cy, coll, work * m * self.cols)  # every core's partial scores, over the rows
-        scores = np.where((np.arange(L)[None] <= poss[:, None])[:, None, None], scores, np.float32(-np.inf))
+        scores = np.where(visible, scores, np.float32(-np.inf))
         e = np.exp(scores - scores.max(axis=3, keepdims=True))
         book_allreduce(self.cx, coll, work, replicated=True)  # the max over the columns
         total = e.sum(axis=3, keepdims=True)
@@ -174,6 +181,18 @@ class LayerShard:
         self.ledger.compute(2 * work * self.hd_r * m)
         book_allreduce(self.cx, coll, work * R * self.hd_r)  # the weighted V sums, over the columns
         return out.reshape(B, nkv, rep, R, self.hd_r).transpose(0, 3, 1, 2, 4).reshape(B, R, -1)
+
+    def _sparse(self, qg: np.ndarray, slots: np.ndarray, poss: np.ndarray, visible: np.ndarray, held: int):
+        """STAR's prediction and top-K (waferrt.decode.sparse), booked: -> (the mask of the keys each query head
+        attends to (B, nkv, rep, L), the keys a core attends to)."""
+        L = visible.shape[-1]
+        keep, (uniq, which) = self.attention.keys_kept(L), np.unique(slots, return_inverse=True)
+        row = TopKRow(self.cols, held, qg.shape[0] * qg.shape[1] * qg.shape[2], keep)
+        pred = sparse.predicted(qg, (self.kv.read(uniq, L)[0], which), visible)  # (B, nkv, rep, L)
+        sparse.book_prediction(self.ledger, row, self.hd_r)
+        book_allreduce(self.cy, self.coll, row.heads * held * self.cols)  # the partial predictions, over the rows
+        sparse.book_top_k(self.ledger, row, self.rows)
+        return visible & sparse.chosen(pred, poss, self.attention), cdiv(keep, self.cols)
 
     # -- a batch of tokens ------------------------------------------------------------------------------
     def forward(self, x: np.ndarray, slots: np.ndarray, poss: np.ndarray) -> np.ndarray:

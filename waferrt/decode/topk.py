@@ -1,5 +1,5 @@
-"""STAR's distributed top-K along a row of cores: each core sorts its own candidates, then a merge across
-neighbours (issue 22, step 3).
+"""STAR's distributed top-K along a row of cores: each core selects its own best, then a streamed merge
+across neighbours (issue 22).
 
 Contract: a row of n cores holds a request's positions, m per core (core j holds positions j*m .. j*m+m-1),
 and for each of H query heads every core has its positions' predicted scores (``scores`` block (H, m)).
@@ -7,19 +7,23 @@ and for each of H query heads every core has its positions' predicted scores (``
 whole row per head, highest first, ties to the earlier position: exactly
 ``waferrt.model.sparse.select_top`` over the row's concatenated scores. How:
 
-1. local sort: each core sorts its m candidates and keeps its best min(m, K), padded to K (``-inf`` at a
-   position past every real one), booked as ``topk.sort``: H * m*ceil(log2 m) comparisons;
-2. merge: two chains run towards the middle core c = (n-1)//2, one from each end; each round every chain's
-   front core sends its K best (scores and positions: 8 bytes an entry) ONE hop to its neighbour, which
-   merges them with its own (K comparisons per head, 2K at the middle when both chains arrive in the same
-   round). The two chains' messages travel at once (one routing stage). ceil((n-1)/2) rounds, booked as
-   ``topk.merge``;
+1. local selection: each core keeps its best k = min(m, K) in a binary heap of k entries (each candidate
+   sifts through at most the heap's depth), padded to K (``-inf`` at a position past every real one),
+   booked as ``topk.select``: H * `select_comparisons`(m, K);
+2. streamed merge: two chains run towards the middle core c = (n-1)//2, one from each end; each round every
+   chain's front core sends its K best (scores and positions: 8 bytes an entry) ONE hop to its neighbour,
+   which merges them with its own. The lists are sorted, so a core merges and forwards entry by entry as
+   they come (a pipelined chain, as the K-tree allreduce streams its partial sums): a round pays a hop and
+   a routing stage, and the K entries are serialised and merged (K comparisons per head) once per chain
+   the middle reads (two when both chains reach it) -- the merges along the chain overlap in the pipe --
+   instead of once a round: the merge no longer grows with n times the message. The two chains'
+   messages travel at once (one routing stage). ceil((n-1)/2) rounds, booked as ``topk.merge``;
 3. the middle core multicasts the K winners along the row (router multicast), ``broadcast``.
 
 `topk_cost(spec, row)` is the closed form of the three, from ``core.cost``'s owners only (``compute_cost``,
-``message_cycles`` and ``broadcast_cost``); `topk_cost` equals what the kernel books (tested).
-`attention_parts` models one token's attention in a layer region, dense or sparse (prediction, sort,
-attention over the K chosen keys), from ``decode.cost``'s parts and the owners above.
+``message_cycles``, ``serialise_cycles`` and ``broadcast_cost``); `topk_cost` equals what the kernel books
+(tested). A layer's sparse attention (prediction, this top-K, attention over the chosen keys) is costed by
+``decode.cost.layer_decode_parts`` under a sparse ``Decoding.attention``.
 """
 
 from __future__ import annotations
@@ -29,11 +33,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from waferrt.core.arith import cdiv
-from waferrt.core.cost import Cost, broadcast_cost, compute_cost, message_cycles, on_lines
-from waferrt.core.mesh import Region
+from waferrt.core.cost import Cost, broadcast_cost, compute_cost, message_cycles, serialise_cycles
 from waferrt.core.spec import HardwareSpec
-from waferrt.decode.cost import Decoding, layer_decode_parts, layer_dims
 
 ENTRY_BYTES = 8  # a float32 score and an int32 position
 PAD_POSITION = np.iinfo(np.int32).max  # a padding entry: after every real position on ties
@@ -69,19 +70,26 @@ class TopKRow:
         return ENTRY_BYTES * self.heads * self.keep
 
 
-def sort_comparisons(m: int) -> int:
-    """Comparisons a core's sort of m candidates is booked at: m * ceil(log2 m) (a merge sort's bound)."""
-    return m * math.ceil(math.log2(m)) if m > 1 else 0
+    @property
+    def streams(self) -> int:
+        """Chains the middle core reads (each serialises the K entries once): 2 when both reach it."""
+        return min(2, self.cores - 1)
+
+
+def select_comparisons(m: int, keep: int) -> int:
+    """Comparisons a core's selection of its best min(m, keep) of m candidates is booked at: every candidate
+    sifts through a binary heap of that many entries, ceil(log2(k + 1)) levels deep (a sort when k = m)."""
+    return m * math.ceil(math.log2(min(m, keep) + 1)) if m > 1 else 0
 
 
 def topk_cost(spec: HardwareSpec, row: TopKRow) -> dict[str, Cost]:
     """The closed form of `row_topk` on one row, by booked primitive (add rows with core.cost.on_lines)."""
     senders = row.cores - 1  # every core but the middle sends once
-    both_arrive = 1 if row.middle == row.rounds and row.cores > 1 else 0  # n odd: the last round merges twice
-    merge_flops = row.heads * row.keep * (row.rounds + both_arrive)
+    merge_flops = row.heads * row.keep * row.streams  # the middle merges each stream; the rest overlap in the pipe
+    cycles = row.rounds * message_cycles(spec, 1, 1, 0) + row.streams * serialise_cycles(spec, row.message_bytes)
     merge = Cost(hops=row.rounds, stages=row.rounds, link_bytes=senders * row.message_bytes, messages=senders,
-                 cycles=row.rounds * message_cycles(spec, 1, 1, row.message_bytes)) + compute_cost(spec, merge_flops)
-    return {"topk.sort": compute_cost(spec, row.heads * sort_comparisons(row.per_core)),
+                 cycles=cycles) + compute_cost(spec, merge_flops)
+    return {"topk.select": compute_cost(spec, row.heads * select_comparisons(row.per_core, row.keep)),
             "topk.merge": merge, "broadcast": broadcast_cost(spec, row.cores, row.message_bytes, row.middle)}
 
 
@@ -102,7 +110,7 @@ def best(scores: np.ndarray, positions: np.ndarray, keep: int) -> np.ndarray:
     return pack(np.take_along_axis(scores, order, -1), np.take_along_axis(positions, order, -1))
 
 
-def local_sort(ctx, scores: np.ndarray, keep: int) -> np.ndarray:
+def local_select(ctx, scores: np.ndarray, keep: int) -> np.ndarray:
     """Every core's own K best. scores (rows, cols, H, m) -> packed (rows, cols, H, K, 2)."""
     m = scores.shape[-1]
     cols = ctx.positions()[0][:, :, None, None]  # (rows, cols, 1, 1): this core's place in the row
@@ -110,8 +118,8 @@ def local_sort(ctx, scores: np.ndarray, keep: int) -> np.ndarray:
     pad = max(0, keep - m)
     scores = np.concatenate([scores, np.full(scores.shape[:-1] + (pad,), -np.inf, np.float32)], axis=-1)
     positions = np.concatenate([positions, np.full(positions.shape[:-1] + (pad,), PAD_POSITION)], axis=-1)
-    with ctx.ledger.op("topk.sort"):
-        ctx.ledger.compute(scores.shape[-2] * sort_comparisons(m))
+    with ctx.ledger.op("topk.select"):
+        ctx.ledger.compute(scores.shape[-2] * select_comparisons(m, keep))
     return best(scores, positions, keep)
 
 
@@ -121,7 +129,7 @@ def merge_round(ctx, mine: np.ndarray, r: int, row: TopKRow) -> np.ndarray:
     east, west = r <= row.middle, r <= row.rounds  # which chains still move this round
     got = []
     with ctx.ledger.op("topk.merge"):
-        with ctx.ledger.concurrent():
+        with ctx.ledger.streamed(), ctx.ledger.concurrent():  # entry by entry: serialised once, at the end
             if east:
                 got.append((ctx.send(mine, 1, 0, where=col == r - 1), col == r))
             if west:
@@ -129,40 +137,17 @@ def merge_round(ctx, mine: np.ndarray, r: int, row: TopKRow) -> np.ndarray:
         for received, here in got:
             s, p = unpack(np.concatenate([mine, received], axis=-2))  # (rows, cols, H, 2K)
             mine = np.where(here[:, :, None, None, None], best(s, p, row.keep), mine)
-        ctx.ledger.compute(row.heads * row.keep * (2 if 2 * r == row.cores - 1 else 1))  # the busiest core
     return mine
 
 
 def row_topk(ctx, scores: np.ndarray, keep: int) -> np.ndarray:
     """The kernel: scores (rows, cols, H, m) -> every core's (rows, cols, H, K, 2) packed row-wide top-K."""
     row = TopKRow(ctx.region.w, scores.shape[-1], scores.shape[-2], keep)
-    mine = local_sort(ctx, scores, keep)
+    mine = local_select(ctx, scores, keep)
     for r in range(1, row.rounds + 1):
         mine = merge_round(ctx, mine, r, row)
+    if row.streams:
+        with ctx.ledger.op("topk.merge"):  # each stream's entries, serialised and merged once at the middle
+            ctx.ledger.add(Cost(cycles=row.streams * serialise_cycles(ctx.ledger.spec, row.message_bytes)))
+            ctx.ledger.compute(row.heads * row.keep * row.streams)
     return ctx.broadcast(mine, "x", root=row.middle)
-
-
-# -- a layer's attention, dense or sparse, on a decode region (modelled time) ------------------------------
-PREDICT_DTYPE = "float16"  # the prediction's operands: 8-bit exponents and a 16-bit shifted query
-
-
-def attention_parts(spec: HardwareSpec, dec: Decoding, region: Region, kv_tokens: int,
-                    keep: int | None = None) -> dict[str, Cost]:
-    """One token's attention in one layer region (the decode layout: positions along the columns, head
-    dimension along the rows), as named Costs. Dense (keep None): the "attention" parts of
-    ``decode.cost.layer_decode_parts``. Sparse: the add-only prediction over every position (one exponent
-    add and one add per element, at the 16-bit rate, its partial scores reduced over the rows as the scores
-    are), the row's top-K (`topk_cost` on every row of the region), then the dense parts over the K chosen
-    keys, assumed spread evenly over the columns (K/cols a core; clustered keys would cost more)."""
-    def attention(tokens: int) -> Cost:
-        return sum((c for _, cat, c in layer_decode_parts(spec, dec, region, tokens) if cat == "attention"), Cost())
-
-    if keep is None or keep >= kv_tokens:
-        return {"attention": attention(kv_tokens)}
-    d = layer_dims(dec.config, region.w, region.h, dec.head_groups)
-    cap, hq, r = cdiv(kv_tokens, region.w), d["hq"], d["group_rows"]
-    predict = compute_cost(spec, 2 * hq * d["hd_r"] * cap, PREDICT_DTYPE) + dec.line_reduce(
-        spec, r, 4 * hq * cap, region.w * (region.h // r))
-    row = TopKRow(region.w, cap, hq, keep)
-    sort = on_lines(sum(topk_cost(spec, row).values(), Cost()), region.h)
-    return {"predict": predict, "sort": sort, "attention": attention(keep)}

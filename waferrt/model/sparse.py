@@ -7,7 +7,8 @@ Contract (float32 in, float32 out; GQA as in the reference: query head h reads K
   held as its sign and the position of its leading one (its leading-zero count, read off the float's
   exponent field: |k| ~ 2^e); the query stays as it is (the differential scheme: only one operand goes to
   the log domain). A product q * k becomes q with e added to its exponent (ldexp: an exponent addition,
-  a shift in fixed point), signed by k; the dot product is then a sum. No multiplier anywhere.
+  a shift in fixed point), signed by k; the dot product is then a sum. No multiplier anywhere: numpy
+  computes it as q times `log_keys` (sign(k) * 2^e, so every product is exactly that exponent addition).
 - `select_top(pred, keep)`: for each query head the `keep` positions of the highest predicted scores,
   ordered from the highest down (ties: the earlier position first).
 - `sorted_attention(q, k, v, chosen, block)`: FlashAttention's online softmax over the chosen keys in
@@ -69,7 +70,7 @@ class AttentionMode:
         if word == DENSE_WORD:
             return cls()
         head, _, tail = word.partition(":")
-        if head == SPARSE_WORD and tail:
+        if head == SPARSE_WORD and tail.replace(".", "", 1).isdigit():  # a whole number or a decimal fraction
             try:
                 return cls(keep=int(tail)) if tail.isdigit() else cls(fraction=float(tail))
             except ValueError as e:
@@ -91,17 +92,23 @@ def leading_one(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     return np.sign(x).astype(np.float32), (e - 1).astype(np.int32)
 
 
+def log_keys(k: np.ndarray) -> np.ndarray:
+    """Each key element as the signed power of two below it, sign(k) * 2^e (float32, exact): what the add-only
+    prediction multiplies the query by -- a product q * sign(k) * 2^e is q with e added to its exponent and its
+    sign flipped, no multiplier. k (...) -> (...) float32."""
+    sign, e = leading_one(k)
+    return np.ldexp(sign, e).astype(np.float32)
+
+
 def predict_scores(q: np.ndarray, k: np.ndarray) -> np.ndarray:
     """STAR's add-only estimate of every query head's score against every key.
 
-    q (n_heads, hd); k (n_kv, seq, hd) -> (n_heads, seq) float32. q * k ~ sign(k) * ldexp(q, e_k).
+    q (n_heads, hd); k (n_kv, seq, hd) -> (n_heads, seq) float32: the sum of q * sign(k) * 2^e_k (`log_keys`;
+    every product an exponent addition, exactly), as a grouped product.
     """
     n_kv, seq, hd = k.shape
-    n_rep = q.shape[0] // n_kv
-    sign, e = leading_one(k)  # (n_kv, seq, hd) each
-    qg = q.reshape(n_kv, n_rep, 1, hd)  # (n_kv, n_rep, 1, hd)
-    shifted = np.ldexp(qg, e[:, None]).astype(np.float32)  # (n_kv, n_rep, seq, hd): exponent additions
-    return np.sum(shifted * sign[:, None], axis=-1).reshape(n_kv * n_rep, seq)  # sign flips, then adds
+    qg = q.reshape(n_kv, -1, hd)  # (n_kv, n_rep, hd)
+    return (qg @ log_keys(k).transpose(0, 2, 1)).reshape(-1, seq)  # (n_kv, n_rep, seq) -> (n_heads, seq)
 
 
 def select_top(pred: np.ndarray, keep: int) -> np.ndarray:

@@ -1,0 +1,106 @@
+"""STAR's sparse attention in a layer region's decode (waferrt.decode.sparse via LayerShard): what it books is
+its closed form (decode.cost under a sparse Decoding.attention), K >= the context is dense exactly, and the
+keys it keeps are the reference's (model.sparse.select_top over predict_scores)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from waferrt.core.ledger import Ledger
+from waferrt.core.mesh import Region
+from waferrt.core.spec import TINY
+from waferrt.decode.cost import Decoding, layer_decode_cost
+from waferrt.decode.pack import Chunks, pack_layer
+from waferrt.decode.setup import DecodeSetup, PlacementError
+from waferrt.decode.shards import LayerShard
+from waferrt.decode.sparse import chosen, predicted
+from waferrt.fabric.comm import Collectives
+from waferrt.model import AttentionMode, synthetic_llama, tiny_config
+from waferrt.model.sparse import predict_scores, select_top
+
+CFG = tiny_config()
+W = synthetic_llama(CFG, seed=0)
+
+
+def decode(mode: AttentionMode, region: Region, batch: int, steps: int, check=None) -> list[np.ndarray]:
+    """`steps` tokens of `batch` requests through layer 0 on `region`; the outputs of every step."""
+    ledger, dec = Ledger(TINY), Decoding(CFG, attention=mode)
+    shard = LayerShard(dec, region, pack_layer(CFG, W.layers[0], region, "float32"), (batch, 24), ledger)
+    chunks, out = Chunks(CFG.dim, region.w), []
+    for pos in range(steps):
+        ledger.clear()
+        x = chunks.split(np.random.default_rng(pos).standard_normal((batch, CFG.dim)).astype(np.float32))
+        out.append(shard.forward(x, np.arange(batch), np.full(batch, pos)))
+        if check:
+            check(ledger, dec, pos)
+    return out
+
+
+@pytest.mark.parametrize(("w", "h", "batch", "keep"), [(4, 3, 1, 3), (4, 3, 2, 5), (1, 1, 1, 2), (5, 2, 2, 4),
+                                                       (2, 4, 3, 1)])
+def test_a_sparse_layer_books_its_closed_form(w: int, h: int, batch: int, keep: int) -> None:
+    """Dense while the context is at most K, then prediction, top-K and attention over K keys."""
+    region = Region(0, 0, w, h)
+
+    def check(ledger, dec, pos):
+        assert ledger.by_op["layer"] == layer_decode_cost(TINY, dec, region, pos + 1, batch, pos % w), pos
+
+    decode(AttentionMode(keep=keep), region, batch, 9, check)
+
+
+def test_the_sparse_closed_form_differs_from_dense_once_the_context_passes_k() -> None:
+    dense, sparse = Decoding(CFG), Decoding(CFG, attention=AttentionMode(keep=4))
+    region = Region(0, 0, 4, 3)
+    assert layer_decode_cost(TINY, sparse, region, 4) == layer_decode_cost(TINY, dense, region, 4)
+    assert layer_decode_cost(TINY, sparse, region, 20) != layer_decode_cost(TINY, dense, region, 20)
+
+
+@pytest.mark.parametrize("mode", ["sparse:9", "sparse:64"])
+def test_k_at_or_above_the_context_is_dense_exactly(mode: str) -> None:
+    region = Region(0, 0, 4, 3)
+    for a, b in zip(decode(AttentionMode.parse(mode), region, 2, 9), decode(AttentionMode(), region, 2, 9),
+                    strict=True):
+        np.testing.assert_array_equal(a, b)
+
+
+def test_fewer_keys_change_the_output() -> None:
+    region = Region(0, 0, 4, 3)
+    sparse, dense = decode(AttentionMode(keep=2), region, 1, 9), decode(AttentionMode(), region, 1, 9)
+    np.testing.assert_array_equal(sparse[1], dense[1])  # 2 positions held: all kept
+    assert not np.array_equal(sparse[8], dense[8])
+
+
+def test_the_keys_kept_are_the_references_top_k() -> None:
+    """predicted + chosen on the decode's layout (B, nkv, rep, D) x (B, nkv, D, L) keep what select_top over
+    predict_scores keeps, item by item; an item with a shorter context keeps its own keys_kept of it."""
+    rng = np.random.default_rng(3)
+    B, nkv, rep, D, L = 2, 3, 3, 16, 40
+    qg = rng.standard_normal((B, nkv, rep, D)).astype(np.float32)
+    kc = rng.standard_normal((B, nkv, D, L)).astype(np.float32)
+    poss = np.array([L - 1, 25])
+    visible = (np.arange(L)[None] <= poss[:, None])[:, None, None]
+    mode = AttentionMode(fraction=0.25)
+    mask = chosen(predicted(qg, (kc, np.arange(B)), visible), poss, mode)  # (B, nkv, rep, L)
+    for b, p in enumerate(poss):
+        pred = predict_scores(qg[b].reshape(nkv * rep, D), kc[b, :, :, : p + 1].transpose(0, 2, 1))
+        want = select_top(pred, mode.keys_kept(int(p) + 1))  # (heads, keep)
+        got = mask[b].reshape(nkv * rep, L)
+        for h in range(nkv * rep):
+            assert set(np.flatnonzero(got[h]).tolist()) == set(want[h].tolist()), (b, h)
+
+
+def test_ties_keep_the_earlier_positions_as_a_stable_sort_does() -> None:
+    pred = np.array([[[[1.0, 3.0, 2.0, 3.0, 2.0, 2.0, -np.inf]]]], np.float32)  # (1, 1, 1, 7)
+    got = chosen(pred, np.array([5]), AttentionMode(keep=3))[0, 0, 0]
+    assert np.flatnonzero(got).tolist() == [1, 2, 3]  # both 3s, then the first 2
+    want = select_top(pred[0, 0, :, :6], 3)[0]
+    assert sorted(want.tolist()) == [1, 2, 3]
+
+
+def test_sparse_attention_on_the_hop_by_hop_collectives_is_refused() -> None:
+    from waferrt.core.mesh import MeshSpec
+
+    with pytest.raises(PlacementError, match="fast path"):
+        DecodeSetup(CFG, MeshSpec(8, 8, 8, 8), (Region(0, 0, 4, 4),) * CFG.n_layers, Region(4, 4, 4, 4), 32, 1,
+                    Collectives(fast=False), attention=AttentionMode(keep=8))

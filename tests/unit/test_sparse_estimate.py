@@ -1,0 +1,80 @@
+"""STAR's sparse attention on paper (estimator.sparse_estimate, `waferrt estimate --attention sparse:K`): the
+figures are decode.cost's attention_parts on the estimate's layer region, and the crossover is read right."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from dataclasses import replace
+
+import pytest
+
+from waferrt.core.mesh import Region
+from waferrt.core.spec import WSE2
+from waferrt.decode.cost import Decoding, attention_parts
+from waferrt.model import AttentionMode
+from waferrt.model.zoo import model_by_name
+from waferrt.scheduler import KVReserve
+from waferrt.estimator.estimate import Objective, estimate
+from waferrt.estimator.sparse_estimate import ContextRow, SparseEstimate, sparse_estimate
+
+
+@pytest.fixture(scope="module")
+def smollm2_8k():
+    config, _ = model_by_name("smollm2-135m")
+    return estimate(config, WSE2, WSE2.full_mesh, KVReserve(8192, 1), "float16", Objective("latency"))
+
+
+def test_the_rows_are_attention_parts_on_the_estimates_region(smollm2_8k) -> None:
+    est, mode = smollm2_8k, AttentionMode(keep=64)
+    sp = sparse_estimate(est, mode)
+    dec = Decoding(est.config, est.dtype, head_groups=est.shape.head_groups)
+    region = est.shape.region()
+    assert sp.longest_context == est.kv_tokens_per_request == 8192
+    assert [r.context for r in sp.rows][:6] == [256, 512, 1024, 2048, 4096, 8192]
+    for r in sp.rows:
+        assert r.dense_cycles == sum(c.cycles for c in attention_parts(WSE2, dec, region, r.context).values())
+        sparse = attention_parts(WSE2, replace(dec, attention=mode), region, r.context)
+        assert r.sparse_cycles == sum(c.cycles for c in sparse.values())
+        assert r.predict_cycles == sparse["predict"].cycles + sparse["predict.reduce"].cycles
+    at = next(r for r in sp.rows if r.context == 8192)
+    swap = est.config.n_layers * (at.sparse_cycles - at.dense_cycles) / WSE2.clock_hz
+    assert sp.sparse_token_s == pytest.approx(est.time_per_token_s + swap, rel=1e-12)
+
+
+def test_sparse_pays_on_a_narrow_region_at_long_contexts() -> None:
+    """On 32 columns of 32 rows (no head groups) 4,096 positions are 128 a core: sparse:32 is cheaper there."""
+    config, _ = model_by_name("smollm2-135m")
+    dec, region = Decoding(config), Region(0, 0, 32, 32)
+    total = {n: (sum(c.cycles for c in attention_parts(WSE2, dec, region, n).values()),
+                 sum(c.cycles for c in attention_parts(WSE2, replace(dec, attention=AttentionMode(keep=32)), region,
+                                                       n).values())) for n in (1024, 4096)}
+    assert total[1024][1] > total[1024][0] and total[4096][1] < total[4096][0]
+
+
+def test_pays_from_is_the_start_of_the_last_run_of_cheaper_contexts() -> None:
+    def rows(*cheaper: bool) -> tuple[ContextRow, ...]:
+        return tuple(ContextRow(256 << i, 10.0, 5.0 if c else 20.0, 1.0, 1.0) for i, c in enumerate(cheaper))
+
+    def pays(*cheaper: bool) -> int | None:
+        return SparseEstimate("m", AttentionMode(keep=8), rows(*cheaper), 4096, 1.0, 1.0).pays_from
+
+    assert pays(False, False, True, True) == 1024
+    assert pays(True, False, True) == 1024
+    assert pays(True, True) == 256
+    assert pays(True, False) is None
+    with pytest.raises(ValueError, match="sparse attention mode"):
+        SparseEstimate("m", AttentionMode(), rows(True), 4096, 1.0, 1.0)
+
+
+def test_the_cli_prints_and_jsons_the_sparse_figures() -> None:
+    argv = [sys.executable, "-m", "waferrt.cli", "estimate", "--model", "smollm2-135m", "--attention", "sparse:64",
+            "--kv-tokens", "8192", "--requests", "1"]
+    text = subprocess.run(argv, capture_output=True, text=True, timeout=300)
+    assert text.returncode == 0, text.stderr
+    assert "attention       sparse:64: one layer's attention per token" in text.stdout
+    assert "the longest context that fits: 8,192 positions a request either way" in text.stdout
+    got = json.loads(subprocess.run(argv + ["--json"], capture_output=True, text=True, timeout=300).stdout)["sparse"]
+    assert got["mode"] == "sparse:64" and got["longest_context"] == 8192
+    assert got["contexts"][0]["context"] == 256 and got["sparse_token_s"] > 0
