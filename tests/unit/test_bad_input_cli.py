@@ -274,6 +274,10 @@ CASES = [
     ("generate greedy top-p", ["generate", "x", "--top-p", "0.5"], "--temperature 0 decodes greedily"),
     ("generate streaming heatmap", ["generate", "x", "--streaming", "--heatmap", "{dir}/h.png"],
      "--heatmap draws weights held in SRAM"),
+    ("generate prefill streaming", ["generate", "x", "--prefill", "--streaming"],
+     "--prefill and --streaming do not go together: weight streaming has no MeshGEMM prefill"),
+    ("generate reference prefill", ["generate", "x", "--reference", "--prefill"],
+     "--reference and --prefill do not go together"),
 ]
 
 

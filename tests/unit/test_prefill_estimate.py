@@ -11,10 +11,8 @@ import pytest
 
 from waferrt.cli import main
 from waferrt.core.cost import total
-from waferrt.core.gemm_cost import layout_move
 from waferrt.core.spec import WSE2, WSE3
-from waferrt.decode.cost import Decoding
-from waferrt.decode.prefill import prefill_layer_cost, prefill_layer_parts, weights_core_bytes
+from waferrt.decode.prefill import prefill_layer_cost, prefill_layer_parts, weights_move
 from waferrt.model.zoo import MODELS, model_by_name
 from waferrt.scheduler.estimate import estimate
 from waferrt.scheduler.prefill import _pipeline_parts, activation_bytes, chunk_parts, decoding, prefill
@@ -33,10 +31,10 @@ def test_one_chunk_costs_what_the_emulated_prefill_books(dtype):
     est = replace(estimate(cfg, WSE2, WSE2.full_mesh, KVReserve(2048, 8), dtype), label=label)
     region = est.shape.region()
     one = total(c for _, _, c in chunk_parts(est, region, 512, 512))
-    weights = layout_move(WSE2, region, weights_core_bytes(cfg, region, dtype)).scaled(2)
+    weights = weights_move(WSE2, decoding(est), region, dtype).scaled(2)
     assert one + weights == total(c for _, _, c in prefill_layer_parts(WSE2, decoding(est), region, 512))
     if dtype == "float32":  # what prefill_layer books on the emulated wafer (tests/unit/test_prefill_layer.py)
-        assert one + weights == prefill_layer_cost(WSE2, Decoding(cfg), region, 512)
+        assert one + weights == prefill_layer_cost(WSE2, decoding(est), region, 512)
 
 
 @pytest.mark.parametrize("model, spec", [("smollm2-135m", WSE2), ("llama3-8b", WSE2), ("llama3-8b", WSE3)])

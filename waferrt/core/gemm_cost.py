@@ -146,16 +146,22 @@ def skew_cost(spec: HardwareSpec, side: int, nbytes: int) -> Cost:
 
 @dataclass(frozen=True)
 class AttentionShape:
-    """Causal attention of `heads` heads over a prompt of `tokens` tokens, head_dim wide, on side x side cores."""
+    """Causal attention of `heads` heads over a prompt of `tokens` tokens, head_dim wide, on side x side cores;
+    `context` (default `tokens`): the positions its keys and values span (a chunk of a longer prompt attends
+    to the context - tokens positions before it too)."""
 
     tokens: int
     head_dim: int
     heads: int
     side: int
+    context: int = 0
 
     def __post_init__(self) -> None:
         for name in ("tokens", "head_dim", "heads", "side"):
             whole(f"AttentionShape.{name}", getattr(self, name))
+        if self.context and self.context < self.tokens:
+            raise ValueError(f"AttentionShape.context {self.context} is shorter than its {self.tokens} tokens: "
+                             "give the positions the keys span, the tokens' own included")
 
 
 def attention_cost(spec: HardwareSpec, shape: AttentionShape, softmax_flops: int, dtype: str = "float32",
@@ -166,29 +172,20 @@ def attention_cost(spec: HardwareSpec, shape: AttentionShape, softmax_flops: int
     move as `dtype`; the cores compute at `rate`'s (default `dtype`), as ``gemm_cost``."""
     size, side, heads = itemsize(check_dtype(dtype)), shape.side, shape.heads
     rate = check_dtype(rate or dtype)
-    mb, db = cdiv(shape.tokens, side), cdiv(shape.head_dim, side)
+    context = shape.context or shape.tokens
+    mb, kb, db = cdiv(shape.tokens, side), cdiv(context, side), cdiv(shape.head_dim, side)
     hops, ring_sum = ring_hops("meshgemm", side)
     lines = side * side if side > 1 else 0
 
     def move(nbytes: int) -> tuple:
         return hops, nbytes, lines, side * ring_sum * nbytes
 
-    acc, k = move(heads * mb * mb * size), move(heads * mb * db * size)
-    nt = (compute_cost(spec, 2 * heads * mb * db * mb, rate).scaled(side) + _stage(spec, [acc, k]).scaled(side - 1)
+    acc, k = move(heads * mb * kb * size), move(heads * kb * db * size)
+    nt = (compute_cost(spec, 2 * heads * mb * db * kb, rate).scaled(side) + _stage(spec, [acc, k]).scaled(side - 1)
           + _stage(spec, [acc]))
     row = (on_lines(allreduce_cost(spec, "ktree", side, heads * mb * size), side)
            + compute_cost(spec, reduce_flops("ktree", side, heads * mb), rate))  # the kernel context books both
-    pv = GemmShape(shape.tokens, shape.tokens, shape.head_dim, side, side)
-    return (skew_cost(spec, side, heads * mb * db * size).scaled(2) + nt + row.scaled(2)
-            + compute_cost(spec, softmax_flops * heads * mb * mb, rate)
+    pv = GemmShape(shape.tokens, context, shape.head_dim, side, side)
+    return (skew_cost(spec, side, heads * kb * db * size).scaled(2) + nt + row.scaled(2)
+            + compute_cost(spec, softmax_flops * heads * mb * kb, rate)
             + gemm_cost(spec, "meshgemm", pv, dtype, heads, rate))
-
-
-def layout_move(spec, region, core_bytes: int) -> Cost:
-    """Every core of `region` sends `core_bytes` to its place in another layout of the region: one routing
-    stage as long as the region's diameter (the farthest pair of places)."""
-    hops = region.w - 1 + region.h - 1
-    if hops == 0 or core_bytes == 0:
-        return Cost()
-    return Cost(hops=hops, stages=1, link_bytes=region.size * core_bytes * hops, messages=region.size,
-                cycles=message_cycles(spec, hops, 1, core_bytes))

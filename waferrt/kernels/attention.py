@@ -62,8 +62,8 @@ def skew(ctx, buf: np.ndarray, axis: str) -> np.ndarray:
 
 
 def scores_nt(ctx, q: np.ndarray, k: np.ndarray) -> np.ndarray:
-    """S = Q K^T by the transposed MeshGEMM (module doc): q, k (rows, cols, H, mb, db) in the C layout, K
-    already skewed along y; returns S's (H, mb, mb) blocks in the A layout."""
+    """S = Q K^T by the transposed MeshGEMM (module doc): q (rows, cols, H, mb, db), k (.., kb, db) in the C
+    layout, K already skewed along y; returns S's (H, mb, kb) blocks in the A layout."""
     xs, ys = _square(ctx)
     s, lines = len(xs), used_lines(ctx, ys, "x")
     acc = np.zeros(q.shape[:-1] + (k.shape[-2],), np.float32)
@@ -77,47 +77,52 @@ def scores_nt(ctx, q: np.ndarray, k: np.ndarray) -> np.ndarray:
     return acc
 
 
-def causal_mask(ctx, mb: int, tokens: int) -> np.ndarray:
-    """(rows, cols, mb, mb) bool: which score entries of each core's A-layout block (i, (i + c) % s) a token
-    may attend to (the key at or before the query, and a real token)."""
+def causal_mask(ctx, mb: int, tokens: int, start: int = 0, key_block: int | None = None) -> np.ndarray:
+    """(rows, cols, mb, key_block) bool: which score entries of each core's A-layout block (i, (i + c) % s) a
+    query may attend to: the key at or before the query (queries are positions start.., mb a block; keys
+    0.., key_block a block, default mb) and a real token (before start + tokens)."""
     xs, ys = _square(ctx)
-    s = len(xs)
+    s, kb = len(xs), key_block or mb
     i = _ring_index(ys, ctx.local.y0 - ctx.region.y0, ctx.local.h)[:, None]
     c = _ring_index(xs, ctx.local.x0 - ctx.region.x0, ctx.local.w)[None, :]
     j = (i + c) % s
-    query = (i * mb)[..., None, None] + np.arange(mb)[:, None]
-    key = (j * mb)[..., None, None] + np.arange(mb)[None, :]
-    return (key <= query) & (key < tokens)
+    query = start + (i * mb)[..., None, None] + np.arange(mb)[:, None]
+    key = (j * kb)[..., None, None] + np.arange(kb)[None, :]
+    return (key <= query) & (key < start + tokens)
 
 
 @dataclass(frozen=True)
 class PromptAttention:
     """What the causal attention over a prompt needs besides its blocks: the prompt's `tokens` (the rest of
-    the blocks is padding), the score `scale` (1/sqrt(head_dim)) and the flops of one softmax element."""
+    the blocks is padding), the score `scale` (1/sqrt(head_dim)), the flops of one softmax element, and the
+    positions before the queries' (`start`: a chunk of a longer prompt, whose keys and values are the start
+    + tokens positions of its context)."""
 
     tokens: int
     scale: float
     softmax_flops: int
+    start: int = 0
 
     def __post_init__(self) -> None:
-        if self.tokens < 1 or self.scale <= 0 or self.softmax_flops < 0:
-            raise ValueError(f"causal attention over {self.tokens} tokens with scale {self.scale} and "
-                             f"{self.softmax_flops} softmax flops: give at least one token, a positive scale "
-                             "and non-negative flops")
+        if self.tokens < 1 or self.scale <= 0 or self.softmax_flops < 0 or self.start < 0:
+            raise ValueError(f"causal attention over {self.tokens} tokens from position {self.start} with scale "
+                             f"{self.scale} and {self.softmax_flops} softmax flops: give at least one token, a "
+                             "start >= 0, a positive scale and non-negative flops")
 
 
 def causal_attention(ctx, q: np.ndarray, k: np.ndarray, v: np.ndarray, prompt: PromptAttention) -> np.ndarray:
-    """The heads' causal attention over the prompt (module doc): (rows, cols, H, mb, db) blocks in, and out."""
-    heads, mb = q.shape[2], q.shape[3]
+    """The heads' causal attention over the prompt (module doc): q (rows, cols, H, mb, db) blocks in, and out;
+    k and v (rows, cols, H, kb, db): the blocks of the prompt.start + prompt.tokens positions of the context."""
+    heads, mb, kb = q.shape[2], q.shape[3], k.shape[3]
     tokens, scale, softmax_flops = prompt.tokens, prompt.scale, prompt.softmax_flops
     with ctx.ledger.op("attention"):
-        scores = scores_nt(ctx, q, skew(ctx, k, "y")) * np.float32(scale)  # (rows, cols, H, mb, mb)
-        valid = causal_mask(ctx, mb, tokens)[:, :, None]
+        scores = scores_nt(ctx, q, skew(ctx, k, "y")) * np.float32(scale)  # (rows, cols, H, mb, kb)
+        valid = causal_mask(ctx, mb, tokens, prompt.start, kb)[:, :, None]
         scores = np.where(valid, scores, np.float32(-np.inf))
         top = ctx.allreduce(scores.max(axis=4), "x", op="max")  # (rows, cols, H, mb): each query's row max
         top = np.where(np.isfinite(top), top, np.float32(0))  # a padding query sees no key
         e = np.where(valid, np.exp(scores - top[..., None]), np.float32(0))
         total = ctx.allreduce(e.sum(axis=4), "x")
         p = e / np.where(total > 0, total, np.float32(1))[..., None]
-        ctx.ledger.compute(softmax_flops * heads * mb * mb)
+        ctx.ledger.compute(softmax_flops * heads * mb * kb)
         return meshgemm(ctx, p[:, :, None], skew(ctx, v, "y")[:, :, None])
