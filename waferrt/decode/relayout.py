@@ -92,23 +92,6 @@ def _groups(*keys: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     return np.unique(np.stack(keys), axis=1, return_counts=True)
 
 
-def _pairs(rows: tuple, cols: tuple, where) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Every value of a matrix whose row indices fall in groups `rows` (keys (k, m), counts (m,)) and column
-    indices in `cols`: `where(row keys, column keys)` -> (src, dst) arrays (m_r, m_c, 2) for each pair of
-    groups; -> (src, dst, values) flat."""
-    (rk, rc), (ck, cc) = rows, cols
-    src, dst = where(rk[:, :, None], ck[:, None, :])
-    count = rc[:, None] * cc[None, :]
-    shape = count.shape + (2,)
-    return (np.broadcast_to(src, shape).reshape(-1, 2), np.broadcast_to(dst, shape).reshape(-1, 2),
-            count.ravel())
-
-
-def _yx(y, x) -> np.ndarray:
-    y, x = np.broadcast_arrays(y, x)
-    return np.stack([y, x], axis=-1)
-
-
 def _hist(shape: tuple[int, ...], keys: tuple, counts: np.ndarray) -> np.ndarray:
     """counts summed into an array of `shape` at `keys` (one index array per axis)."""
     return np.bincount(np.ravel_multi_index(keys, shape), counts, int(np.prod(shape))).reshape(shape)
@@ -206,11 +189,6 @@ def _add(loads: list[LinkLoad], scale: int) -> LinkLoad:
     return out
 
 
-def _concat(parts) -> tuple:
-    src, dst, n = zip(*parts, strict=True)
-    return np.concatenate(src), np.concatenate(dst), np.concatenate(n)
-
-
 @lru_cache(maxsize=64)
 def weights_load(config: LlamaConfig, region: Region, groups: int, itemsize: int) -> LinkLoad:
     """A layer's weight matrices from the decode's blocks into its MeshGEMMs' B blocks (module doc), values
@@ -225,31 +203,64 @@ def weights_load(config: LlamaConfig, region: Region, groups: int, itemsize: int
                  _gemm_b(region, hid, dims, False)], itemsize)  # down
 
 
+def _cross_from(lines_from: np.ndarray, to: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """As :func:`_cross` for legs whose line and start come from one side (lines_from (lines, places)) and
+    whose end from the other (to (places,))."""
+    higher = np.cumsum(lines_from, axis=1) * (to.sum() - np.cumsum(to))[None, :]
+    lower = np.cumsum(lines_from[:, ::-1], axis=1)[:, ::-1] * (np.cumsum(to) - to)[None, :]
+    return higher, lower
+
+
+def _meet(a: tuple, b: tuple, shape: tuple[int, int]) -> int:
+    """How many (a key, b key) pairs sit at the same point (a and b: (y, x) arrays of their keys' points)."""
+    return int(np.dot(_hist(shape, a, np.ones(len(a[0]))).ravel(), _hist(shape, b, np.ones(len(b[0]))).ravel()))
+
+
+def _far(a: tuple, b: tuple) -> int:
+    """The longest |ax - bx| + |ay - by| over every pair of a's and b's points (a, b: (x, y) arrays)."""
+    return int(max(np.max(sx * a[0] + sy * a[1]) + np.max(-sx * b[0] - sy * b[1])
+                   for sx in (1, -1) for sy in (1, -1)))
+
+
+def _pairwise(region: Region, rows: tuple, cols: tuple) -> LinkLoad:
+    """Every (a key, b key) pair a message of ca * cb values, from src to dst (keys' points; module's XY
+    route): rows = ((row legs' line, end) from one side, start from the other, which side is which as
+    _cross takes them); cols likewise for the column legs as _cross_from takes them (lines, places) = (x,
+    y). The caller sets messages and hops."""
+    load = LinkLoad(region)
+    load.bytes[E], load.bytes[W] = _cross(*rows)
+    south, north = _cross_from(*cols)
+    load.bytes[S], load.bytes[N] = south.T, north.T
+    return load
+
+
 @lru_cache(maxsize=256)
 def kv_load(config: LlamaConfig, region: Region, chunk: tuple[int, int], groups: int, itemsize: int) -> LinkLoad:
-    """A chunk of `chunk` = (start, tokens) prompt positions' K and V into the decode's cache (module doc)."""
+    """A chunk of `chunk` = (start, tokens) prompt positions' K and V into the decode's cache, and the cached
+    positions' moves east (module doc): each part's values between two cores one message."""
     c, h, w = config, region.h, region.w
     start, tokens = chunk
-    s, places, kvd = min(h, w), np.array(ring("meshgemm", min(h, w))), c.kv_dim
-    rows = head_rows(c.n_kv_heads, c.head_dim, h, groups)
+    s, places = min(h, w), np.array(ring("meshgemm", min(h, w)))
+    rows = np.concatenate([head_rows(c.n_kv_heads, c.head_dim, h, groups)] * 2)  # K then V
     after = kv_columns(start + tokens, w)
     width = (c.n_heads + 2 * c.n_kv_heads) * c.head_dim  # the QKV product's columns: K then V after Q
-    cols = c.n_heads * c.head_dim + np.arange(2 * kvd)
-    t = np.arange(tokens)
-
-    def new(tt, nn):  # tt (2, m, 1): (token block, cache column); nn (2, 1, m): (column block, cache row)
-        return _yx(places[tt[0]], places[nn[0]]), _yx(nn[1], tt[1])
-
-    parts = [_pairs(_groups(t // cdiv(tokens, s), after[start + t]),
-                    _groups(cols // cdiv(width, s), np.concatenate([rows, rows])), new)]
+    t, cols = np.arange(tokens), c.n_heads * c.head_dim + np.arange(2 * c.kv_dim)
+    (i, cm), tc = _groups(t // cdiv(tokens, s), after[start + t])  # token block, cache column
+    (j, r), cc = _groups(cols // cdiv(width, s), rows)  # column block, cache row
+    load = _pairwise(region, (_hist((h, w), (places[i], cm), tc), _hist((w,), (places[j],), cc)),
+                     (_hist((w, h), (cm, places[i]), tc), _hist((h,), (r,), cc)))
+    load.messages = len(tc) * len(cc) - _meet((places[i], cm), (r, places[j]), (h, w))
+    load.hops = _far((cm, places[i]), (places[j], r))
     if start:
-        def old(pp, yy):  # pp (2, m, 1): (column before, column after); yy (1, 1, m): the row
-            return _yx(yy[0], pp[0]), _yx(yy[0], pp[1])
-
-        held = np.arange(start)
-        parts.append(_pairs(_groups(kv_columns(start, w), after[held]), _groups(np.concatenate([rows, rows])), old))
-    src, dst, n = _concat(parts)
-    return route(region, src, dst, n * itemsize)
+        (was, now), pc = _groups(kv_columns(start, w), after[:start])
+        per_row = np.bincount(rows, minlength=h)
+        higher, lower = _within(w, (was, now), pc)
+        load.bytes[E] += np.outer(per_row, higher)
+        load.bytes[W] += np.outer(per_row, lower)
+        load.messages += int(np.count_nonzero(was != now) * np.count_nonzero(per_row))
+        load.hops = max(load.hops, int(np.abs(now - was).max()))
+    load.bytes *= itemsize
+    return load
 
 
 @lru_cache(maxsize=256)
@@ -263,11 +274,11 @@ def kv_read_load(config: LlamaConfig, region: Region, chunk: tuple[int, int], gr
     places = np.array(ring("meshgemm", s))
     rows = np.concatenate([head_rows(c.n_kv_heads, c.head_dim, h, groups)] * 2)  # K then V
     d = np.tile(np.arange(c.head_dim), 2 * c.n_kv_heads)
-    p = np.arange(start)
-
-    def where(pp, dd):  # pp (2, m, 1): (cache column, token block); dd (2, 1, m): (cache row, dim block)
-        return _yx(dd[0], pp[0]), _yx(places[pp[1]], places[dd[1]])
-
-    src, dst, n = _pairs(_groups(kv_columns(start, w), p // cdiv(start + tokens, s)),
-                         _groups(rows, d // cdiv(c.head_dim, s)), where)
-    return route(region, src, dst, n * itemsize)
+    (col, i), pc = _groups(kv_columns(start, w), np.arange(start) // cdiv(start + tokens, s))
+    (r, blk), dc = _groups(rows, d // cdiv(c.head_dim, s))  # cache row, head_dim block
+    load = _pairwise(region, (_hist((h, w), (r, places[blk]), dc), _hist((w,), (col,), pc)),
+                     (_hist((w, h), (places[blk], r), dc), _hist((h,), (places[i],), pc)))
+    load.messages = len(pc) * len(dc) - _meet((places[i], col), (r, places[blk]), (h, w))
+    load.hops = _far((col, places[i]), (places[blk], r))
+    load.bytes *= itemsize
+    return load
