@@ -11,7 +11,9 @@ import pytest
 
 from waferrt.cli import main
 from waferrt.core.cost import total
+from waferrt.core.mesh import Region
 from waferrt.core.spec import WSE2, WSE3
+from waferrt.decode.cost import stage_handover
 from waferrt.decode.prefill import prefill_layer_cost, prefill_layer_parts, weights_move
 from waferrt.model.zoo import MODELS, model_by_name
 from waferrt.scheduler.estimate import estimate
@@ -50,6 +52,19 @@ def test_the_prefill_adds_up_and_fits_what_the_decode_leaves(model, spec):
     one = sum(c.cycles for _, _, c in _pipeline_parts(est, est.shape.region(), 4096, pre.chunks))
     assert pre.seconds * spec.clock_hz >= one  # plus the weights' layout moves
     assert pre.end_to_end(128) == pytest.approx(pre.ttft_s + 127 * est.time_per_token_s)
+
+
+def test_the_paper_hands_a_chunk_over_as_the_tiles_hand_a_micro_batch_over():
+    """One owner of the hand-over: the estimate's is decode.cost.stage_handover into the region beside,
+    what the tiles book for a micro-batch of the chunk's items (tests/unit/test_chunked_prefill.py holds
+    the tiles' prefill to it)."""
+    est = _est("smollm2-135m", WSE2)
+    region = est.shape.region()
+    for chunks in (1, 4):
+        got = [c for name, _, c in _pipeline_parts(est, region, 2048, chunks) if name == "handover"]
+        beside = Region(region.x1, region.y0, region.w, region.h)
+        want = stage_handover(WSE2, est.config, region, beside, 2048 // chunks)
+        assert got == [want] * (chunks + est.strategy.regions - 1) and want.cycles > 0
 
 
 def test_chunks_only_as_small_as_the_sram_needs_or_the_pipeline_likes():

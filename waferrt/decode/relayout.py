@@ -1,10 +1,15 @@
 """The moves between the decode's layout and the prefill's, routed hop by hop and booked per link.
 
-Contract: a move is one message per (source core, destination core) pair of a region, carrying every value
-that pair exchanges; it goes one hop at a time along its source's row to the destination's column, then
-along that column (dimension-ordered routing), and adds its bytes to every link on its way (a
+Contract: a move sends, for each of its parts (a weight matrix; a chunk's new K/V; the cached entries
+moving), one message per (source core, destination core) pair of a region carrying every value of the
+part that pair exchanges; it goes one hop at a time along its source's row to the destination's column,
+then along that column (dimension-ordered routing), and adds its bytes to every link on its way (a
 :class:`~waferrt.decode.linkload.LinkLoad`). A move's messages travel at once: ``alltoall_cost`` (the longest
-route's hops, then the busiest link's bytes one after the other). :func:`route` is the one router.
+route's hops, then the busiest link's bytes one after the other). :func:`route` routes messages one by
+one; the closed forms below get the same LinkLoad without listing the pairs: each part's values are every
+pair of a group of row indices and a group of column indices, so every link's bytes are products of the
+two sides' sums (``_cross``), the messages the pairs of groups that move, the longest route the farthest
+pair of extremes.
 
 The prefill makes three moves (waferrt.decode.prefill), each a closed form here:
 ``weights_load``: a layer's weights from the decode's blocks (decode.layout: dim over the columns, head_dim
