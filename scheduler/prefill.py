@@ -8,9 +8,10 @@ the largest square of the region, the QKV projection, the heads' causal attentio
 for Q.K^T, MeshGEMM for P.V), the output projection, gate/up and down as MeshGEMMs, the element-wise work,
 the weights moved into the GEMM layout and back, and the K/V moved into the decode's
 layout (each a move of waferrt.decode.relayout, booked per link). Between regions a chunk's activations
-are handed over as the tiles hand a micro-batch over (decode.cost.stage_handover, to the region beside). The prompt goes in equal chunks, each attending
-to the tokens before it: at least as many as make a chunk's activations fit in what the decode leaves free
-of a core's SRAM, more when that is faster (the regions then work on successive chunks at once).
+are handed over as the tiles hand a micro-batch over (decode.cost.stage_handover, to the region beside).
+The prompt goes in equal chunks, each attending to the tokens before it: at least as many as make a chunk's
+activations fit in what the decode leaves free of a core's SRAM, more when that is faster (the regions then
+work on successive chunks at once); every chunk's K/V moves are priced as the last's (the most).
 The first token then comes out of the head (one decode-head GEMV) and the host exchange (token ids in, one
 row of logits out over ``spec.ingress_bytes_per_s``). :class:`Prefill` is the result; ``end_to_end`` the
 time of an (input, output) pair: the prefill's first token, then the decode's time per token.
@@ -51,7 +52,8 @@ def chunk_parts(est: Estimate, region: Region, chunk: int, context: int, moves_a
     (default `context`: ``prefill`` prices every chunk's as the last's, the most, rather than route each)."""
     dec, at = decoding(est), moves_at or context
     moves = prefill_moves(est.spec, dec, region, (at - chunk, chunk), est.dtype)
-    return list(prefill_work_parts(est.spec, dec, region, chunk, context)) + [p for p in moves if p[0] != "weights_in_out"]
+    kv = [p for p in moves if p[0] != "weights_in_out"]
+    return list(prefill_work_parts(est.spec, dec, region, chunk, context)) + kv
 
 
 def activation_bytes(est: Estimate, region: Region, chunk: int, context: int) -> int:

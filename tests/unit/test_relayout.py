@@ -34,7 +34,7 @@ REGIONS = [Region(0, 0, 4, 4), Region(2, 1, 5, 3), Region(0, 0, 3, 6), Region(0,
 def _homes(blocks: np.ndarray) -> dict[int, tuple[int, int]]:
     """Value number -> (y, x) of the core whose block (blocks (rows, cols, ...)) holds it (0: padding)."""
     out = {}
-    for (y, x), b in np.ndenumerate(np.empty(blocks.shape[:2])):
+    for y, x in np.ndindex(*blocks.shape[:2]):
         out.update({int(v): (y, x) for v in np.unique(blocks[y, x]) if v})
     return out
 

@@ -39,7 +39,7 @@ from waferrt.kernels.gemm import ring
 from waferrt.model.config import LlamaConfig
 
 from .kvcache import kv_columns
-from .linkload import E, N, S, W, LinkLoad, alltoall_cost
+from .linkload import E, LinkLoad, N, S, W, alltoall_cost
 
 
 def route(region: Region, src: np.ndarray, dst: np.ndarray, nbytes: np.ndarray) -> LinkLoad:
