@@ -106,3 +106,18 @@ def test_smollm2_prompts_of_8_to_1024_tokens_prefilled_give_the_reference_tokens
     got, stats = LocalDecoder(config, weights, placement).use_prefill().generate(requests, Sampler())
     assert [c.tokens for c in got] == [c.tokens for c in want]
     assert stats.ttft_modelled_s[2] > stats.ttft_modelled_s[1] > stats.ttft_modelled_s[0] > 0
+
+
+def test_an_moe_model_or_a_streaming_placement_refuses_the_prefill_with_what_to_do():
+    from waferrt.decode.setup import DecodeSetup, PlacementError
+    from waferrt.model import tiny_moe_config
+    from waferrt.scheduler.placement import plan_streaming, streaming_mesh
+
+    moe = tiny_moe_config()
+    kv = KVReserve(48, 2)
+    with pytest.raises(PlacementError, match=r"has no MeshGEMM prefill yet: .*\(without --prefill\)"):
+        DecodeSetup.from_placement(plan(moe, TINY, MeshSpec(16, 16, 8, 8), kv=kv), prefill=True)
+    streaming = plan_streaming(CFG, TINY, streaming_mesh(CFG, TINY, kv), kv=kv)
+    with pytest.raises(PlacementError, match="weight streaming has no MeshGEMM prefill.*leave out --prefill"):
+        DecodeSetup.from_placement(streaming, prefill=True)
+    assert not DecodeSetup.from_placement(streaming).prefill
