@@ -44,7 +44,8 @@ def main() -> int:
     for i, n in enumerate(args.tokens):
         ok = got[i].tokens == want[i].tokens
         same &= ok
-        print(f"{n:>13}   {'yes' if ok else 'NO':>18}   {stats.ttft_modelled_s[i] * 1e3:>11.3f} ms   {rates[i]:>16,.0f}")
+        ttft = stats.ttft_modelled_s[i] * 1e3
+        print(f"{n:>13}   {'yes' if ok else 'NO':>18}   {ttft:>11.3f} ms   {rates[i]:>16,.0f}")
     return 0 if same else 1
 
 
