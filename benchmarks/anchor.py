@@ -29,7 +29,7 @@ from waferrt.serving.requests import GenRequest
 
 class Anchor:
     def __init__(self, config: LlamaConfig, weights: LlamaWeights, panels: bool = True):
-        self.cfg = cfg = config
+        self.config = config = config
         self.panels = panels
 
         def fused(*mats: np.ndarray) -> np.ndarray:  # (out_k, in) -> one (sum out_k, in), or (in, sum out_k)
@@ -39,8 +39,8 @@ class Anchor:
         self.layers = [(lw.attn_norm, fused(lw.wq, lw.wk, lw.wv), fused(lw.wo), lw.ffn_norm,
                         fused(lw.w_gate, lw.w_up), fused(lw.w_down)) for lw in weights.layers]
         self.embed, self.final_norm, self.head = weights.embed, weights.final_norm, fused(weights.head)
-        self.rep = cfg.n_heads // cfg.n_kv_heads
-        self.scale = np.float32(1.0 / np.sqrt(cfg.head_dim))
+        self.rep = config.n_heads // config.n_kv_heads
+        self.scale = np.float32(1.0 / np.sqrt(config.head_dim))
         self.k: list[np.ndarray] = []
         self.v: list[np.ndarray] = []
 
@@ -48,14 +48,14 @@ class Anchor:
         return matmul_rows(w, x) if self.panels else x @ w
 
     def _alloc(self, requests: int, capacity: int) -> None:
-        shape = (requests, self.cfg.n_kv_heads, capacity, self.cfg.head_dim)
+        shape = (requests, self.config.n_kv_heads, capacity, self.config.head_dim)
         self.k = [np.zeros(shape, np.float32) for _ in self.layers]
         self.v = [np.zeros(shape, np.float32) for _ in self.layers]
 
     def _attention(self, i: int, q: np.ndarray, reqs: np.ndarray, poss: np.ndarray) -> np.ndarray:
         """q (N, nh, hd) of items (request reqs[n] at position poss[n]) over their requests' cached positions
         <= their own -> (N, nh * hd)."""
-        N, hd, L = len(reqs), self.cfg.head_dim, int(poss.max()) + 1
+        N, hd, L = len(reqs), self.config.head_dim, int(poss.max()) + 1
         every = N == len(self.k[i]) and (reqs == np.arange(N)).all()  # one item per request: no gather
         k = self.k[i][:, :, :L] if every else self.k[i][reqs, :, :L]  # (N, nkv, L, hd)
         v = self.v[i][:, :, :L] if every else self.v[i][reqs, :, :L]
@@ -70,23 +70,23 @@ class Anchor:
 
     def forward(self, tokens: np.ndarray, reqs: np.ndarray, poss: np.ndarray) -> np.ndarray:
         """Items (token, request, position) through every layer, their K/V written -> hidden (N, dim)."""
-        cfg, nh, nkv, hd = self.cfg, self.cfg.n_heads, self.cfg.n_kv_heads, self.cfg.head_dim
-        cos, sin = rope_cos_sin(poss, hd, cfg.rope_theta)  # (N, hd/2)
+        config, nh, nkv, hd = self.config, self.config.n_heads, self.config.n_kv_heads, self.config.head_dim
+        cos, sin = rope_cos_sin(poss, hd, config.rope_theta)  # (N, hd/2)
         cos, sin = cos[:, None], sin[:, None]
         x = self.embed[tokens]  # (N, dim)
         for i, (an, wqkv, wo, fn, w13, w2) in enumerate(self.layers):
-            qkv = self._mm(rmsnorm(x, an, cfg.norm_eps), wqkv)  # (N, (nh + 2 nkv) hd)
+            qkv = self._mm(rmsnorm(x, an, config.norm_eps), wqkv)  # (N, (nh + 2 nkv) hd)
             q = apply_rope(qkv[:, :nh * hd].reshape(-1, nh, hd), cos, sin)
             self.k[i][reqs, :, poss] = apply_rope(qkv[:, nh * hd:(nh + nkv) * hd].reshape(-1, nkv, hd), cos, sin)
             self.v[i][reqs, :, poss] = qkv[:, (nh + nkv) * hd:].reshape(-1, nkv, hd)
             x = x + self._mm(self._attention(i, q, reqs, poss), wo)
-            gu = self._mm(rmsnorm(x, fn, cfg.norm_eps), w13)  # (N, 2 hidden)
-            x = x + self._mm(silu(gu[:, :cfg.hidden_dim]) * gu[:, cfg.hidden_dim:], w2)
+            gu = self._mm(rmsnorm(x, fn, config.norm_eps), w13)  # (N, 2 hidden)
+            x = x + self._mm(silu(gu[:, :config.hidden_dim]) * gu[:, config.hidden_dim:], w2)
         return x
 
     def next_tokens(self, x: np.ndarray) -> np.ndarray:
         """Greedy: the final norm, the head as one matmul, the argmax of each row (N,)."""
-        return np.argmax(self._mm(rmsnorm(x, self.final_norm, self.cfg.norm_eps), self.head), axis=-1)
+        return np.argmax(self._mm(rmsnorm(x, self.final_norm, self.config.norm_eps), self.head), axis=-1)
 
     def generate(self, requests: list[GenRequest]) -> tuple[list[list[int]], float, list[float]]:
         """Greedy decode of `requests` together -> (tokens per request, wall seconds, seconds per step)."""

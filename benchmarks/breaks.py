@@ -48,7 +48,7 @@ BREAKS = {
         "lambda *a, **kw: {k: v for k, v in orig(*a, **kw).items() if k != 'scratch'}",
         FILES["decode"] + ["tests/unit/test_estimate.py::test_closed_form_sram_is_what_the_tiles_book"]),
     "handover_bytes: half the payload": (
-        "waferrt.decode.cost", "handover_bytes", "lambda cfg, items: orig(cfg, items) // 2", FILES["decode"]),
+        "waferrt.decode.cost", "handover_bytes", "lambda config, items: orig(config, items) // 2", FILES["decode"]),
     "handover_cost: no multicast down the rows": (
         "waferrt.decode.cost", "handover_cost",
         "lambda spec, src, dst, nbytes: orig(spec, src, dst.__class__(dst.x0, dst.y0, dst.w, 1), nbytes) "
@@ -69,7 +69,7 @@ BREAKS = {
         "waferrt.decode.layout", "stream_block_bytes", "lambda *a, **kw: orig(*a, **kw) + 64", FILES["stream"]),
     "streamed_bytes: the head without its final norm": (
         "waferrt.decode.streaming", "streamed_bytes",
-        "lambda cfg, kind, dtype, items: orig(cfg, kind, dtype, items) - (cfg.dim * 4 if kind == 'head' else 0)",
+        "lambda config, kind, dtype, items: orig(config, kind, dtype, items) - (config.dim * 4 if kind == 'head' else 0)",
         FILES["stream"]),
     "stream_step_cycles: the embedding rows for free": (
         "waferrt.decode.streaming", "stream_step_cycles",
@@ -82,7 +82,7 @@ BREAKS = {
         FILES["decode"]),
     "stage_handover: every hand-over free": (
         "waferrt.decode.cost", "stage_handover",
-        "lambda spec, cfg, src, dst, items: __import__('waferrt.core.cost', fromlist=['x']).Cost()",
+        "lambda spec, config, src, dst, items: __import__('waferrt.core.cost', fromlist=['x']).Cost()",
         FILES["decode"] + ["tests/unit/test_estimate.py::test_the_estimate_of_a_placement_is_what_the_emulator_books"]),
     "first_true: one past the answer": (
         "waferrt.core.arith", "first_true",

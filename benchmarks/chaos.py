@@ -52,14 +52,14 @@ def _campaign(args, cluster) -> int:
     from waferrt.model import Sampler, synthetic_llama, tiny_config
     from waferrt.serving import GenRequest
 
-    cfg, weights = tiny_config(), synthetic_llama(tiny_config(), seed=0)
+    config, weights = tiny_config(), synthetic_llama(tiny_config(), seed=0)
     requests = [GenRequest((5, 6, 7), 12), GenRequest((100, 3), 9), GenRequest((9,), 14)]
     sampler = Sampler(temperature=0.8, top_p=0.9, seed=5)
     events, outcomes, llm, want, dead = [], [], None, None, None
     try:
         for run in range(args.first, args.first + args.runs):
             if llm is None:  # the first wafer, a new one after NoRoom, or one over the nodes restored
-                llm = _wafer(cfg, weights, cluster, dead)
+                llm = _wafer(config, weights, cluster, dead)
                 want = want or [c.tokens for c in llm.generate(requests, sampler)[0]]
             plan_ = _draw(args, run, llm)
             t0 = time.monotonic()
@@ -86,7 +86,7 @@ def _campaign(args, cluster) -> int:
     return 0 if all(o == "identical" for o in outcomes) else 1
 
 
-def _wafer(cfg, weights, cluster, dead):
+def _wafer(config, weights, cluster, dead):
     """A wafer planned over the cluster's nodes as they are now, around `dead` (the mesh with its dead cores and
     the dead links of the last wafer; None: a whole new mesh) when the model still fits around them with every
     region inside one tile (the decode's rule)."""
@@ -99,10 +99,10 @@ def _wafer(cfg, weights, cluster, dead):
     from waferrt.scheduler import KVReserve, PlanError, PlanOptions, plan
 
     def planned(mesh, links):
-        placement = plan(cfg, TINY, mesh, kv=KVReserve(48, 3),
+        placement = plan(config, TINY, mesh, kv=KVReserve(48, 3),
                          options=PlanOptions(nodes=cluster.node_infos(), dead_links=links))
         launch = replace(LLM_LAUNCH, address=cluster.address)
-        return WaferLLM(cfg, weights, placement, launch=launch)  # refuses a region across tiles
+        return WaferLLM(config, weights, placement, launch=launch)  # refuses a region across tiles
 
     try:
         llm = planned(*(dead or (MeshSpec(24, 16, 8, 8), frozenset())))

@@ -63,18 +63,18 @@ def balance(shard: MoELayerShard, attention: LinkLoad, tokens: int) -> str:
             f"stall; in {STEPS} steps +{step.cycles / WSE2.clock_hz * 1e6:.3f} us each while decoding goes on")
 
 
-def run_layer(cfg, lw, region: Region, mapping: str, xs: np.ndarray) -> MoELayerShard:
+def run_layer(config, lw, region: Region, mapping: str, xs: np.ndarray) -> MoELayerShard:
     """The layer's shard on `region` under `mapping`, after the tokens xs (T, dim) went through it one by one."""
-    shard = MoELayerShard(Decoding(cfg), region, pack_moe_layer(cfg, lw, region, mapping), (1, len(xs)), Ledger(WSE2))
-    chunks = Chunks(cfg.dim, region.w)
+    shard = MoELayerShard(Decoding(config), region, pack_moe_layer(config, lw, region, mapping), (1, len(xs)), Ledger(WSE2))
+    chunks = Chunks(config.dim, region.w)
     for pos, x in enumerate(xs):
         shard.forward(chunks.split(x[None]), np.array([0]), np.array([pos]))
     return shard
 
 
-def attention_seconds(cfg, region: Region, tokens: int) -> float:
+def attention_seconds(config, region: Region, tokens: int) -> float:
     """The attention's collectives for one token at a full context of `tokens` (closed forms, s)."""
-    parts = layer_decode_parts(WSE2, Decoding(cfg), region, tokens, 1)
+    parts = layer_decode_parts(WSE2, Decoding(config), region, tokens, 1)
     attention = parts[: [p[0] for p in parts].index("residual") + 1]
     cycles = sum(c.cycles for _, cat, c in attention if cat in ("allreduce", "attention") and c.link_bytes)
     return cycles / WSE2.clock_hz
@@ -109,21 +109,21 @@ def main() -> None:
     args = ap.parse_args()
     e, k = (int(v) for v in args.moe.split(","))
     t0 = time.perf_counter()
-    dense_cfg, dense, meta = load_model()
-    cfg, weights = cut_into_experts(dense_cfg, dense, ExpertCut(e, k, seed=0))
+    dense_config, dense, meta = load_model()
+    config, weights = cut_into_experts(dense_config, dense, ExpertCut(e, k, seed=0))
     ids = Tokenizer(meta).encode(PROMPT)[: args.tokens]
-    xs = np.asarray(weights.embed[ids]) if args.layer == 0 else _hidden(cfg, weights, ids, args.layer)
-    print(f"SmolLM2-MoE: {e} experts of width {cfg.hidden_dim}, top-{k}; layer {args.layer}, {len(ids)} tokens; "
+    xs = np.asarray(weights.embed[ids]) if args.layer == 0 else _hidden(config, weights, ids, args.layer)
+    print(f"SmolLM2-MoE: {e} experts of width {config.hidden_dim}, top-{k}; layer {args.layer}, {len(ids)} tokens; "
           f"WSE-2 model ({WSE2.link_bytes_per_cycle:g} B/cycle per link, {WSE2.clock_hz / 1e9:g} GHz)\n")
     panels, hist = [], None
     for name, region in REGIONS.items():
-        att = attention_load(WSE2, cfg, region, len(ids))
+        att = attention_load(WSE2, config, region, len(ids))
         print(f"{name} region ({region.w}x{region.h} cores, {region.size} cores)")
-        print(row("attention (either mapping)", att, 1, attention_seconds(cfg, region, len(ids))))
+        print(row("attention (either mapping)", att, 1, attention_seconds(config, region, len(ids))))
         panels.append((f"{name}: attention", att.bytes.sum(axis=0)))
         alltoall = {}
         for mapping in MAPPINGS:
-            shard = run_layer(cfg, weights.layers[args.layer], region, mapping, xs)
+            shard = run_layer(config, weights.layers[args.layer], region, mapping, xs)
             g = expert_grid(e, region, mapping)
             moe = LinkLoad(region)
             for load in shard.traffic.values():
@@ -145,16 +145,16 @@ def main() -> None:
     print(f"({time.perf_counter() - t0:.1f}s)")
 
 
-def _hidden(cfg, weights, ids, layer: int) -> np.ndarray:
+def _hidden(config, weights, ids, layer: int) -> np.ndarray:
     """The residual stream entering `layer` for every prompt token (the reference's prefill)."""
     from waferrt.model import KVCache
     from waferrt.model.reference import Layer, Rope, layer_prefill, rope_cos_sin
 
-    cache = KVCache(cfg, len(ids))
-    cos, sin = rope_cos_sin(np.arange(len(ids)), cfg.head_dim, cfg.rope_theta)
+    cache = KVCache(config, len(ids))
+    cos, sin = rope_cos_sin(np.arange(len(ids)), config.head_dim, config.rope_theta)
     x = np.asarray(weights.embed[ids])
     for i in range(layer):
-        x = layer_prefill(x, Layer(weights.layers[i], cfg), cache.k[i], cache.v[i], Rope(np.arange(len(ids)), cos, sin))
+        x = layer_prefill(x, Layer(weights.layers[i], config), cache.k[i], cache.v[i], Rope(np.arange(len(ids)), cos, sin))
     return x
 
 

@@ -133,12 +133,12 @@ def emulated_decode() -> list[str]:
            "estimate times the same placement from the closed forms (`placement_seconds`).", "",
            "| model, mesh | strategy | requests | emulated step | estimated step | ratio | emulation wall |",
            "|---|---|---:|---:|---:|---:|---:|"]
-    cfg, kv = tiny_config(), KVReserve(512, 8)
+    config, kv = tiny_config(), KVReserve(512, 8)
     tiny_mesh, tiny_kv, n = MeshSpec(16, 16, 8, 8), KVReserve(32, 4), SMOLLM2_135M.n_layers
-    cases = [(plan(cfg, TINY, tiny_mesh, kv=tiny_kv,
-                   options=PlanOptions(strategy=Strategy(g, cfg.n_layers))), "tiny config (tiny)")
+    cases = [(plan(config, TINY, tiny_mesh, kv=tiny_kv,
+                   options=PlanOptions(strategy=Strategy(g, config.n_layers))), "tiny config (tiny)")
              for g in (1, 2, 3)]
-    cases.append((plan_streaming(cfg, TINY, streaming_mesh(cfg, TINY, KVReserve(16, 3)), kv=KVReserve(16, 3)),
+    cases.append((plan_streaming(config, TINY, streaming_mesh(config, TINY, KVReserve(16, 3)), kv=KVReserve(16, 3)),
                   "tiny config (tiny), streaming"))
     for g in (1, 15, n):
         s = Strategy(g, n)

@@ -1,6 +1,6 @@
 """What would make a model fit, when the estimate finds no region shape that holds it.
 
-Contract (pure): ``advice(cfg, spec, mesh, kv, dtype, tried)`` returns sentences, most useful first: the
+Contract (pure): ``advice(config, spec, mesh, kv, dtype, tried)`` returns sentences, most useful first: the
 bytes needed against the SRAM there is, the most K/V tokens (or requests) that would fit, a smaller
 storage dtype, how many wafers' SRAM it needs, and weight streaming. Feasibility is the estimator's own
 test (some floor plan exists for one of the strategies `tried`, None: every strategy worth trying), so
@@ -22,9 +22,9 @@ from .types import KVReserve, Strategy
 from .wafer import floors, strategies
 
 
-def _fits(cfg, spec, mesh, kv: KVReserve, dtype: str, tried: Sequence[Strategy] | None) -> bool:
-    return any(next(floors(cfg, spec, mesh, kv, dtype, s), None) is not None
-               for s in tried or strategies(cfg.n_layers))
+def _fits(config, spec, mesh, kv: KVReserve, dtype: str, tried: Sequence[Strategy] | None) -> bool:
+    return any(next(floors(config, spec, mesh, kv, dtype, s), None) is not None
+               for s in tried or strategies(config.n_layers))
 
 
 def _most(hi: int, ok) -> int:
@@ -39,41 +39,41 @@ def _most(hi: int, ok) -> int:
     return last_true(lo, min(hi, 2 * lo - 1), ok)
 
 
-def most_tokens(cfg: LlamaConfig, spec: HardwareSpec, mesh: tuple[int, int], requests: int, dtype: str,
+def most_tokens(config: LlamaConfig, spec: HardwareSpec, mesh: tuple[int, int], requests: int, dtype: str,
                 hi: int) -> int:
     """The most K/V positions per request (up to hi; 0: none) with which some floor plan of some strategy
     holds `requests` requests: the estimator's own feasibility test."""
-    return _most(hi, lambda t: _fits(cfg, spec, mesh, KVReserve(t, requests), dtype, None))
+    return _most(hi, lambda t: _fits(config, spec, mesh, KVReserve(t, requests), dtype, None))
 
 
-def model_bytes(cfg: LlamaConfig, kv: KVReserve, dtype: str) -> tuple[int, int]:
+def model_bytes(config: LlamaConfig, kv: KVReserve, dtype: str) -> tuple[int, int]:
     """(weights, K/V) bytes of the whole model, the untied output head included."""
-    weights, kv_bytes = budget.tied_model_bytes(cfg, kv.tokens, kv.requests, dtype)
-    head = 0 if cfg.tie_embeddings else cfg.vocab_size * cfg.dim * itemsize(dtype)
+    weights, kv_bytes = budget.tied_model_bytes(config, kv.tokens, kv.requests, dtype)
+    head = 0 if config.tie_embeddings else config.vocab_size * config.dim * itemsize(dtype)
     return weights + head, kv_bytes
 
 
-def advice(cfg: LlamaConfig, spec: HardwareSpec, mesh: tuple[int, int], kv: KVReserve, dtype: str,
+def advice(config: LlamaConfig, spec: HardwareSpec, mesh: tuple[int, int], kv: KVReserve, dtype: str,
            tried: Sequence[Strategy] | None) -> tuple[str, ...]:
-    weights, kv_bytes = model_bytes(cfg, kv, dtype)
+    weights, kv_bytes = model_bytes(config, kv, dtype)
     have = mesh[0] * mesh[1] * spec.sram_bytes
     out = [f"it needs at least {gb(weights + kv_bytes)} (weights {gb(weights)} + K/V {gb(kv_bytes)}, before "
            f"scratch and the cores lost to region shapes); the {mesh[0]}x{mesh[1]} mesh holds {gb(have)}"]
-    tokens = _most(kv.tokens - 1, lambda t: _fits(cfg, spec, mesh, KVReserve(t, kv.requests), dtype, tried))
+    tokens = _most(kv.tokens - 1, lambda t: _fits(config, spec, mesh, KVReserve(t, kv.requests), dtype, tried))
     if tokens:
         out.append(f"fewer K/V tokens: --kv-tokens {tokens} fits ({kv.requests} requests)")
-    reqs = _most(kv.requests - 1, lambda r: _fits(cfg, spec, mesh, KVReserve(kv.tokens, r), dtype, tried))
+    reqs = _most(kv.requests - 1, lambda r: _fits(config, spec, mesh, KVReserve(kv.tokens, r), dtype, tried))
     if reqs:
         out.append(f"fewer requests in flight: --requests {reqs} fits ({kv.tokens} K/V tokens each)")
-    if itemsize(dtype) > 2 and _fits(cfg, spec, mesh, kv, "bfloat16", tried):
+    if itemsize(dtype) > 2 and _fits(config, spec, mesh, kv, "bfloat16", tried):
         out.append("a 16-bit dtype: --dtype float16 or bfloat16 fits")
     full = spec.full_mesh[0] * spec.full_mesh[1] * spec.sram_bytes
-    if mesh != spec.full_mesh and _fits(cfg, spec, spec.full_mesh, kv, dtype, tried):
+    if mesh != spec.full_mesh and _fits(config, spec, spec.full_mesh, kv, dtype, tried):
         out.append(f"more cores: the whole {spec.name} wafer ({spec.full_mesh[0]}x{spec.full_mesh[1]}) fits")
     else:
         out.append(f"more wafers: its weights and K/V alone fill {cdiv(weights + kv_bytes, full)} {spec.name} "
                    "wafers' SRAM (this estimate covers one wafer; a split over wafers is not modelled)")
-    if tried is not None and _fits(cfg, spec, mesh, kv, dtype, None):
+    if tried is not None and _fits(config, spec, mesh, kv, dtype, None):
         out.append("another strategy: leave out --strategy and the planner picks one that fits")
     out.append("weight streaming: --streaming keeps only K/V and activations on the wafer and streams the "
                f"weights in over {spec.ingress_bytes_per_s / 1e9:,.0f} GB/s")

@@ -46,10 +46,10 @@ def layer_bytes(work: Workload, w: int, h: int) -> int | None:
         return None
 
 
-def embed_bytes(cfg: LlamaConfig, w: int, h: int, dtype: str) -> int | None:
+def embed_bytes(config: LlamaConfig, w: int, h: int, dtype: str) -> int | None:
     """Bytes of the most loaded core of a w x h embedding region, or None when it cannot be split."""
     try:
-        return dl.embed_core_bytes(cfg, Region(0, 0, w, h), dtype)
+        return dl.embed_core_bytes(config, Region(0, 0, w, h), dtype)
     except ValueError:
         return None
 
@@ -60,9 +60,9 @@ def _fits(nbytes: int | None, sram: int) -> bool:
 
 @lru_cache(maxsize=256)
 def _all_layer_shapes(work: Workload, sram: int) -> tuple[tuple[int, int], ...]:
-    cfg, shapes = work.config, []
-    for h in range(1, dl.max_layer_rows(cfg) + 1):
-        w = first_true(1, cfg.dim, lambda w, h=h: _fits(
+    config, shapes = work.config, []
+    for h in range(1, dl.max_layer_rows(config) + 1):
+        w = first_true(1, config.dim, lambda w, h=h: _fits(
             layer_bytes(work.holding(kv_reserved(work.kv.tokens, w)), w, h), sram))
         if w is not None:
             shapes.append((w, h))
@@ -73,7 +73,7 @@ def layer_shapes(work: Workload, sram: int, max_w: int, max_h: int) -> tuple[tup
     """(w, h) of the narrowest fitting region running `work.layers` layers for each row count h, best first.
 
     Columns are at most dim (a region wider than `tokens` reserves one K/V position per column); rows at
-    most ``max_layer_rows(cfg)``. More columns only lower the per-core bytes, so the narrowest is the one
+    most ``max_layer_rows(config)``. More columns only lower the per-core bytes, so the narrowest is the one
     that packs best, and the narrowest of at most `max_w` columns is the unbounded narrowest when that
     is at most `max_w` wide (else none fits): the shapes are computed once per model and KV reserve
     (cached) and only filtered by the mesh size, which the mesh search asks for many times.
@@ -85,26 +85,26 @@ def smallest_layer_bytes(work: Workload) -> tuple[int, Region]:
     """The least per-core bytes any legal region running `layers` layers reaches (the widest, tallest
     one), and that region. That region is always splittable: its rows are at most head_dim/2 <=
     hidden_dim and its columns at most dim."""
-    cfg = work.config
-    region = Region(0, 0, cfg.dim, dl.max_layer_rows(cfg))
-    return layer_bytes(work.holding(kv_reserved(work.kv.tokens, cfg.dim)), region.w, region.h), region
+    config = work.config
+    region = Region(0, 0, config.dim, dl.max_layer_rows(config))
+    return layer_bytes(work.holding(kv_reserved(work.kv.tokens, config.dim)), region.w, region.h), region
 
 
 @lru_cache(maxsize=4096)
-def embed_rows_needed(cfg: LlamaConfig, sram: int, w: int, dtype: str) -> int | None:
+def embed_rows_needed(config: LlamaConfig, sram: int, w: int, dtype: str) -> int | None:
     """Fewest rows of a w-column embedding region that fit in SRAM (None: not even one row per token)."""
-    return first_true(1, cfg.vocab_size, lambda h: _fits(embed_bytes(cfg, w, h, dtype), sram))
+    return first_true(1, config.vocab_size, lambda h: _fits(embed_bytes(config, w, h, dtype), sram))
 
 
 @lru_cache(maxsize=4096)
-def embed_cols_needed(cfg: LlamaConfig, sram: int, h: int, dtype: str) -> int | None:
+def embed_cols_needed(config: LlamaConfig, sram: int, h: int, dtype: str) -> int | None:
     """Fewest columns of an h-row embedding region that fit in SRAM (None: not even one per dim)."""
-    return first_true(1, cfg.dim, lambda w: _fits(embed_bytes(cfg, w, h, dtype), sram))
+    return first_true(1, config.dim, lambda w: _fits(embed_bytes(config, w, h, dtype), sram))
 
 
-def embed_min_cores(cfg: LlamaConfig, sram: int, dtype: str) -> int:
+def embed_min_cores(config: LlamaConfig, sram: int, dtype: str) -> int:
     """A lower bound of the cores any embedding region needs: its table spread over full cores."""
-    return cdiv(cfg.vocab_size * cfg.dim * itemsize(dtype), sram)
+    return cdiv(config.vocab_size * config.dim * itemsize(dtype), sram)
 
 
 def region_kv_capacity(work: Workload, region: Region, sram: int) -> int:
@@ -116,32 +116,32 @@ def region_kv_capacity(work: Workload, region: Region, sram: int) -> int:
     return tokens if most is None else most
 
 
-def tensor_bytes(cfg: LlamaConfig, dtype: str) -> dict[str, int]:
+def tensor_bytes(config: LlamaConfig, dtype: str) -> dict[str, int]:
     """Whole-tensor bytes of one layer's weights (by LAYER_WEIGHTS name), plus 'embed' and 'final_norm'."""
     unit = Region(0, 0, 1, 1)
-    layouts = dl.layer_layouts(cfg, unit, dtype)
+    layouts = dl.layer_layouts(config, unit, dtype)
     out = {name: int(np.prod(lay.shape)) * lay.itemsize for name, lay in layouts.items()}
-    out["embed"] = cfg.vocab_size * cfg.dim * itemsize(dtype)
-    out["final_norm"] = cfg.dim * itemsize(dtype)
+    out["embed"] = config.vocab_size * config.dim * itemsize(dtype)
+    out["final_norm"] = config.dim * itemsize(dtype)
     return out
 
 
-def work_bytes(cfg: LlamaConfig, dtype: str) -> tuple[int, int]:
+def work_bytes(config: LlamaConfig, dtype: str) -> tuple[int, int]:
     """(weight bytes of the embedding/head region: table + final norm, of one layer region): the decode
     reads each once per step, so they measure the CPU work a region gives its tile."""
-    tb = tensor_bytes(cfg, dtype)
+    tb = tensor_bytes(config, dtype)
     return tb["embed"] + tb["final_norm"], sum(v for k, v in tb.items() if k not in ("embed", "final_norm"))
 
 
-def kv_bytes(cfg: LlamaConfig, tokens: int, requests: int, dtype: str) -> int:
+def kv_bytes(config: LlamaConfig, tokens: int, requests: int, dtype: str) -> int:
     """K and V of one layer for `requests` requests of `tokens` positions."""
-    return 2 * requests * cfg.kv_dim * tokens * itemsize(dtype)
+    return 2 * requests * config.kv_dim * tokens * itemsize(dtype)
 
 
-def tied_model_bytes(cfg: LlamaConfig, tokens: int, requests: int, dtype: str) -> tuple[int, int]:
+def tied_model_bytes(config: LlamaConfig, tokens: int, requests: int, dtype: str) -> tuple[int, int]:
     """(weight bytes, KV reserve bytes) of the whole model as the emulator places it (the tied table once):
     the least SRAM a placement needs."""
-    tb = tensor_bytes(cfg, dtype)
+    tb = tensor_bytes(config, dtype)
     layer = sum(v for k, v in tb.items() if k not in ("embed", "final_norm"))
-    weights = cfg.n_layers * layer + tb["embed"] + tb["final_norm"]
-    return weights, cfg.n_layers * kv_bytes(cfg, tokens, requests, dtype)
+    weights = config.n_layers * layer + tb["embed"] + tb["final_norm"]
+    return weights, config.n_layers * kv_bytes(config, tokens, requests, dtype)

@@ -1,6 +1,6 @@
 """The whole wafer on paper: plan a model at full-wafer scale analytically and estimate its decode speed.
 
-Contract (pure): ``estimate(cfg, spec, mesh, kv, dtype, Objective(goal, tried))`` returns an
+Contract (pure): ``estimate(config, spec, mesh, kv, dtype, Objective(goal, tried))`` returns an
 :class:`~waferrt.scheduler.estimate_report.Estimate`. For each strategy in `tried` (``types.Strategy``:
 layers per region; what ``strategies.parse_strategy`` reads from ``--strategy``) it searches the
 layer-region shapes in closed form (``wafer.row_options`` x a few column counts between the narrowest
@@ -82,9 +82,9 @@ class Candidate:
         return self.latency_s if objective == "latency" else -self.tokens_per_s
 
 
-def host_seconds(cfg: LlamaConfig, spec: HardwareSpec, requests: int) -> float:
+def host_seconds(config: LlamaConfig, spec: HardwareSpec, requests: int) -> float:
     """The host's part of a step: every request's token id in, its float32 logits out, over the wafer's I/O."""
-    return requests * (4 + 4 * cfg.vocab_size) / spec.ingress_bytes_per_s
+    return requests * (4 + 4 * config.vocab_size) / spec.ingress_bytes_per_s
 
 
 def stage_seconds(spec: HardwareSpec, dec: Decoding, stages, kv_tokens: int, requests: int) -> tuple[float, float]:
@@ -144,13 +144,13 @@ def best(work: Workload, spec: HardwareSpec, mesh: tuple[int, int], objective: s
     request: for latency the winner alone; for throughput those whose steady-round bound
     (decode.schedule.round_bound_seconds, never above the scheduled round) is no worse than the best round
     scheduled so far."""
-    cfg, kv, dtype = work.config, work.kv, work.dtype
-    strategy = Strategy(work.layers, cfg.n_layers)
-    floors = list(wafer.floors(cfg, spec, mesh, kv, dtype, strategy))
+    config, kv, dtype = work.config, work.kv, work.dtype
+    strategy = Strategy(work.layers, config.n_layers)
+    floors = list(wafer.floors(config, spec, mesh, kv, dtype, strategy))
     if not floors:
         return None
-    stages = [floor.stages(cfg.n_layers, strategy.group) for floor in floors]
-    alone = [alone_cycles(spec, Decoding(cfg, dtype, head_groups=f.shape.head_groups), st, kv.tokens)
+    stages = [floor.stages(config.n_layers, strategy.group) for floor in floors]
+    alone = [alone_cycles(spec, Decoding(config, dtype, head_groups=f.shape.head_groups), st, kv.tokens)
              for f, st in zip(floors, stages)]
     ones = [sum(a) / spec.clock_hz for a in alone]
     segs = [(a, [region for _, region in st]) for st, a in zip(stages, alone)]
@@ -192,9 +192,9 @@ def explain(best_c, others: list, objective: str) -> str:
     return why
 
 
-def estimate(cfg: LlamaConfig, spec: HardwareSpec, mesh: tuple[int, int], kv: KVReserve, dtype: str = "float16",
+def estimate(config: LlamaConfig, spec: HardwareSpec, mesh: tuple[int, int], kv: KVReserve, dtype: str = "float16",
              objective: Objective = Objective()) -> Estimate:
-    """Plan `cfg` on a mesh of `mesh` = (width, height) cores of `spec` and estimate its decode with the best
+    """Plan `config` on a mesh of `mesh` = (width, height) cores of `spec` and estimate its decode with the best
     of the strategies ``objective.tried`` for ``objective.goal`` (module doc); ``objective.advise`` False
     skips the search for what would fit when nothing does. Labelled "<n>-layer model" (name it with
     ``dataclasses.replace(e, label=...)``)."""
@@ -205,35 +205,35 @@ def estimate(cfg: LlamaConfig, spec: HardwareSpec, mesh: tuple[int, int], kv: KV
         raise ValueError(f"mesh {mesh[0]}x{mesh[1]} is not inside the {spec.name} wafer "
                          f"({spec.full_mesh[0]}x{spec.full_mesh[1]} cores)")
     asked = objective.tried
-    found = [c for c in (best(Workload(cfg, kv, dtype, s.group), spec, mesh, goal)
-                         for s in asked or wafer.strategies(cfg.n_layers)) if c is not None]
-    base = {"label": f"{cfg.n_layers}-layer model", "config": cfg, "spec": spec, "mesh": mesh, "kv": kv,
+    found = [c for c in (best(Workload(config, kv, dtype, s.group), spec, mesh, goal)
+                         for s in asked or wafer.strategies(config.n_layers)) if c is not None]
+    base = {"label": f"{config.n_layers}-layer model", "config": config, "spec": spec, "mesh": mesh, "kv": kv,
             "dtype": dtype, "objective": goal}
     if not found:
         one = asked[0] if asked and len(asked) == 1 else None
         return Estimate(**base, strategy=one, fits=False,
-                        advice=advice(cfg, spec, mesh, kv, dtype, asked) if objective.advise else ())
+                        advice=advice(config, spec, mesh, kv, dtype, asked) if objective.advise else ())
     win = min(found, key=lambda c: c.score(goal))
     if asked and len(asked) == 1:
-        return _report(cfg, spec, win, base, f"strategy {win.strategy.kind} as asked (--strategy)")
+        return _report(config, spec, win, base, f"strategy {win.strategy.kind} as asked (--strategy)")
     why = explain(win, found, goal)
     if asked:
         why += f"; tried only {' and '.join(sorted({s.kind for s in asked}))} strategies, as asked (--strategy)"
-    return _report(cfg, spec, win, base, why)
+    return _report(config, spec, win, base, why)
 
 
-def _report(cfg: LlamaConfig, spec: HardwareSpec, c: Candidate, base: dict, why: str) -> Estimate:
+def _report(config: LlamaConfig, spec: HardwareSpec, c: Candidate, base: dict, why: str) -> Estimate:
     floor, kv, dtype = c.floor, base["kv"], base["dtype"]
-    stages = floor.stages(cfg.n_layers, c.strategy.group)
+    stages = floor.stages(config.n_layers, c.strategy.group)
     used = floor.bands * floor.band_cols * floor.band_rows + c.strategy.regions * floor.shape.cores
-    work = Workload(cfg, kv, dtype, c.strategy.group)
+    work = Workload(config, kv, dtype, c.strategy.group)
     layer_bytes = wafer.layer_core_bytes(work, floor.shape)
-    band_bytes = wafer.budget.embed_bytes(cfg, floor.band_cols, floor.band_rows, dtype)
+    band_bytes = wafer.budget.embed_bytes(config, floor.band_cols, floor.band_rows, dtype)
     sram = c.strategy.regions * floor.shape.cores * layer_bytes + floor.bands * floor.band_cols * floor.band_rows * \
         band_bytes
     cap = wafer.shape_kv_capacity(work, floor.shape, spec.sram_bytes)
-    parts = _one_token_parts(spec, Decoding(cfg, dtype, head_groups=floor.shape.head_groups), stages, kv.tokens)
-    host1, host_r = host_seconds(cfg, spec, 1), host_seconds(cfg, spec, kv.requests)
+    parts = _one_token_parts(spec, Decoding(config, dtype, head_groups=floor.shape.head_groups), stages, kv.tokens)
+    host1, host_r = host_seconds(config, spec, 1), host_seconds(config, spec, kv.requests)
     return Estimate(**base, strategy=c.strategy, fits=True, why=why, shape=floor.shape,
                     band=(floor.band_cols, floor.band_rows, floor.bands), cores_used=used, sram_used_bytes=sram,
                     layer_core_bytes=layer_bytes, kv_tokens_per_request=cap,

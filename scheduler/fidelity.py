@@ -179,14 +179,14 @@ def sdk_figure(spec: HardwareSpec) -> Figure:
                   f"N in {{2K, 8K, 16K}} x P in {SWEEP_CORES}", reason=_unless_close(mean / 4.6, reason))
 
 
-def sram_use(cfg: LlamaConfig, spec: HardwareSpec, plan: tuple, tokens: int) -> dict[str, float]:
+def sram_use(config: LlamaConfig, spec: HardwareSpec, plan: tuple, tokens: int) -> dict[str, float]:
     """Where a floor plan (strategy, Floor) of one request holding `tokens` positions (float16) puts the
     wafer's SRAM, in bytes: K/V, weights, scratch and free bytes of its layer regions, its bands, and the
     cores outside both."""
     strategy, floor = plan
     shape, group, isz = floor.shape, strategy.group, spec.sram_bytes
 
-    work = Workload(cfg, KVReserve(tokens, 1), "float16", group)
+    work = Workload(config, KVReserve(tokens, 1), "float16", group)
 
     def core(kv: bool = True, weights: bool = True) -> int:
         return wafer.layer_core_bytes(work, shape, kv=kv, weights=weights)
@@ -198,25 +198,25 @@ def sram_use(cfg: LlamaConfig, spec: HardwareSpec, plan: tuple, tokens: int) -> 
             "outside": (spec.cores - n - band_cores) * isz}
 
 
-def longest_decode(cfg: LlamaConfig, spec: HardwareSpec, scratch: int) -> int:
+def longest_decode(config: LlamaConfig, spec: HardwareSpec, scratch: int) -> int:
     """WaferLLM's longest decode (Table 5): one request on the whole wafer, every core holding its share of the
     weights (float16) and `scratch` bytes, the K/V of the request's positions in all the rest."""
-    weights, per_token = model_bytes(cfg, KVReserve(1, 1), "float16")
+    weights, per_token = model_bytes(config, KVReserve(1, 1), "float16")
     return max(0, spec.cores * (spec.sram_bytes - scratch) - weights) // per_token
 
 
 def kv_figures(spec: HardwareSpec, name: str, published: tuple[int, int]) -> list[Figure]:
     """(append on one core, shift-based) longest decode of one request of `name` on the whole wafer, float16."""
-    cfg, label = model_by_name(name)
+    config, label = model_by_name(name)
     concat, shift = published
-    most = most_tokens(cfg, spec, spec.full_mesh, 1, "float16", 1 << 20)
-    plan = next((s, f) for s in wafer.strategies(cfg.n_layers)
-                for f in wafer.floors(cfg, spec, spec.full_mesh, KVReserve(most, 1), "float16", s))
-    use = sram_use(cfg, spec, plan, most)
+    most = most_tokens(config, spec, spec.full_mesh, 1, "float16", 1 << 20)
+    plan = next((s, f) for s in wafer.strategies(config.n_layers)
+                for f in wafer.floors(config, spec, spec.full_mesh, KVReserve(most, 1), "float16", s))
+    use = sram_use(config, spec, plan, most)
     scratch = round(use["scratch"] / (plan[0].regions * plan[1].shape.cores))
-    longest = longest_decode(cfg, spec, scratch)
+    longest = longest_decode(config, spec, scratch)
     per_core = longest // DECODE_GRID  # appended on one core of the shift axis: 1/P of what the P cores hold
-    weights, per_token = model_bytes(cfg, KVReserve(1, 1), "float16")
+    weights, per_token = model_bytes(config, KVReserve(1, 1), "float16")
     implied = (spec.cores * spec.sram_bytes - weights - shift * per_token) / spec.cores
     how = (f"scheduler.fidelity.longest_decode: one request on the whole {spec.name} ({spec.full_mesh[0]}x"
            f"{spec.full_mesh[1]}), float16, every core holding its share of the weights (advice.model_bytes) and "
@@ -239,22 +239,22 @@ def kv_figures(spec: HardwareSpec, name: str, published: tuple[int, int]) -> lis
     ]
 
 
-def _decode_region(cfg: LlamaConfig, p: int) -> tuple[Region, Decoding]:
+def _decode_region(config: LlamaConfig, p: int) -> tuple[Region, Decoding]:
     """A p-wide layer region with the most legal rows up to p (rows, head groups as the estimator tries them),
     and the decode on it: float16, as WaferLLM's decode runs (the cores compute at the 16-bit rate)."""
-    rows, groups = max(o for o in wafer.row_options(cfg, p) if wafer.legal(cfg, wafer.Shape(p, *o), 4096))
-    return Region(0, 0, p, rows), Decoding(cfg, "float16", head_groups=groups)
+    rows, groups = max(o for o in wafer.row_options(config, p) if wafer.legal(config, wafer.Shape(p, *o), 4096))
+    return Region(0, 0, p, rows), Decoding(config, "float16", head_groups=groups)
 
 
-def decode_token_seconds(spec: HardwareSpec, cfg: LlamaConfig, p: int, context: int = 4096) -> float:
+def decode_token_seconds(spec: HardwareSpec, config: LlamaConfig, p: int, context: int = 4096) -> float:
     """One request's token through every layer on one p-wide region (WaferLLM's decode benchmark)."""
-    region, dec = _decode_region(cfg, p)
-    return stage_seconds(spec, dec, [("layer", region)] * cfg.n_layers, context, 1)[0]
+    region, dec = _decode_region(config, p)
+    return stage_seconds(spec, dec, [("layer", region)] * config.n_layers, context, 1)[0]
 
 
-def decode_categories(spec: HardwareSpec, cfg: LlamaConfig, p: int, context: int = 4096) -> dict[str, float]:
+def decode_categories(spec: HardwareSpec, config: LlamaConfig, p: int, context: int = 4096) -> dict[str, float]:
     """Cycles of one layer on the p-wide region, by category (gemv, allreduce, attention, elementwise)."""
-    region, dec = _decode_region(cfg, p)
+    region, dec = _decode_region(config, p)
     out: dict[str, float] = defaultdict(float)
     for _, cat, c in layer_decode_parts(spec, dec, region, context, 1):
         out[cat] += c.cycles
@@ -262,11 +262,11 @@ def decode_categories(spec: HardwareSpec, cfg: LlamaConfig, p: int, context: int
 
 
 def decode_figure(spec: HardwareSpec) -> Figure:
-    cfg, _ = model_by_name("llama3-8b")
-    small, large = (decode_token_seconds(spec, cfg, p) for p in (420, 660))
-    a, b = decode_categories(spec, cfg, 420), decode_categories(spec, cfg, 660)
+    config, _ = model_by_name("llama3-8b")
+    small, large = (decode_token_seconds(spec, config, p) for p in (420, 660))
+    a, b = decode_categories(spec, config, 420), decode_categories(spec, config, 660)
     grew = ", ".join(f"{k} {a[k]:,.0f} -> {b[k]:,.0f}" for k in sorted(a))
-    r_small, r_large = (_decode_region(cfg, p)[0] for p in (420, 660))
+    r_small, r_large = (_decode_region(config, p)[0] for p in (420, 660))
     return Figure("LLaMA3-8B decode slowdown 420x420 -> 660x660", f"{PAPER} Table 4 (2699.9 -> 2243.3 tok/s)",
                   2699.9 / 2243.3, large / small, "x",
                   f"estimate.stage_seconds, every layer on one region ({r_small.w}x{r_small.h} -> "

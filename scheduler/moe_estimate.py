@@ -75,33 +75,33 @@ class MoEEstimate:
 
 def moe_estimate(est: Estimate) -> MoEEstimate:
     """The MoE figures of an estimate (see the module docstring)."""
-    cfg = est.config
-    weights, kv = tied_model_bytes(cfg, est.kv.tokens, est.kv.requests, est.dtype)
-    experts = cfg.n_layers * 3 * cfg.n_experts * cfg.hidden_dim * cfg.dim * itemsize(est.dtype)
-    out = MoEEstimate(est.label, (cfg.n_experts, cfg.top_k, cfg.hidden_dim, cfg.shared_hidden_dim), experts, weights,
-                      cfg.params() - cfg.n_layers * (cfg.layer_params() - cfg.layer_params(active=True)), cfg.params())
+    config = est.config
+    weights, kv = tied_model_bytes(config, est.kv.tokens, est.kv.requests, est.dtype)
+    experts = config.n_layers * 3 * config.n_experts * config.hidden_dim * config.dim * itemsize(est.dtype)
+    out = MoEEstimate(est.label, (config.n_experts, config.top_k, config.hidden_dim, config.shared_hidden_dim), experts, weights,
+                      config.params() - config.n_layers * (config.layer_params() - config.layer_params(active=True)), config.params())
     if not est.fits:
         sram = est.mesh[0] * est.mesh[1] * est.spec.sram_bytes
-        wafers = next(n for n in range(1, cfg.n_experts + 1)
-                      if cfg.n_experts % n == 0 and weights - experts + kv + experts / n <= sram)
+        wafers = next(n for n in range(1, config.n_experts + 1)
+                      if config.n_experts % n == 0 and weights - experts + kv + experts / n <= sram)
         return MoEEstimate(**{**vars(out), "wafers": wafers})
     region = est.shape.region()
     base = est.time_per_token_s - est.breakdown_s.get("alltoall", 0.0)  # the token's time without its all-to-all
-    chosen = np.argsort(np.random.default_rng(0).random((SAMPLE, cfg.n_experts)), axis=1)[:, : cfg.top_k]
+    chosen = np.argsort(np.random.default_rng(0).random((SAMPLE, config.n_experts)), axis=1)[:, : config.top_k]
     return MoEEstimate(**{**vars(out), "mappings": {m: _mapping(est, region, m, chosen, base) for m in MAPPINGS}})
 
 
 def _mapping(est: Estimate, region: Region, mapping: str, chosen: np.ndarray, base: float) -> MappingFigures:
-    cfg, spec = est.config, est.spec
-    g = expert_grid(cfg.n_experts, region, mapping)
-    blocks = expert_blocks(cfg.n_experts, region, mapping)
-    routes, whole = AllToAll(cfg.dim, region, blocks), LinkLoad(region)
+    config, spec = est.config, est.spec
+    g = expert_grid(config.n_experts, region, mapping)
+    blocks = expert_blocks(config.n_experts, region, mapping)
+    routes, whole = AllToAll(config.dim, region, blocks), LinkLoad(region)
     cycles = 0.0
     for token in chosen:
         for load in routes.loads(token[None]):
             cycles += alltoall_cost(spec, load).cycles
             whole.add(load)
-    seconds = cfg.n_layers * cycles / len(chosen) / spec.clock_hz
+    seconds = config.n_layers * cycles / len(chosen) / spec.clock_hz
     big = max(blocks, key=lambda b: b.size)
     return MappingFigures((g.gx, g.gy, g.per_block), (big.w, big.h), seconds, seconds / (base + seconds),
                           whole.hottest() / len(chosen), whole.cold_share())

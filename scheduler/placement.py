@@ -63,23 +63,23 @@ from .types import KVReserve, Placement, PlanError, PlanOptions, Strategy, Workl
 
 def violations(p: Placement) -> tuple[str, ...]:
     """Every rule placement `p` breaks, in words (empty when it is sound)."""
-    cfg, mesh, out = p.config, p.mesh, []
-    if len(p.layers) != cfg.n_layers or not p.layers:
-        return (f"{len(p.layers)} layer regions for a model of {cfg.n_layers} layers",)
+    config, mesh, out = p.config, p.mesh, []
+    if len(p.layers) != config.n_layers or not p.layers:
+        return (f"{len(p.layers)} layer regions for a model of {config.n_layers} layers",)
     if p.streaming:
         return tuple(_stream_faults(p))
-    if not 1 <= p.group <= cfg.n_layers:
-        return (f"group {p.group} is not 1..{cfg.n_layers} layers per region",)
+    if not 1 <= p.group <= config.n_layers:
+        return (f"group {p.group} is not 1..{config.n_layers} layers per region",)
     g = p.group
     out += [f"layer {i} is on {r}, not on the region of its group ({p.layers[i - i % g]})"
             for i, r in enumerate(p.layers) if r != p.layers[i - i % g]]
-    if len(p.regions()) - 1 != cdiv(cfg.n_layers, g):
-        out.append(f"{len(p.regions()) - 1} distinct layer regions for {cfg.n_layers} layers in groups of {g}")
+    if len(p.regions()) - 1 != cdiv(config.n_layers, g):
+        out.append(f"{len(p.regions()) - 1} distinct layer regions for {config.n_layers} layers in groups of {g}")
     if len({r.shape for r in p.layers}) > 1:
         out.append(f"layer regions differ in shape: {sorted({r.shape for r in p.layers})}")
-    if p.layers[0].h > dl.max_layer_rows(cfg) or p.layers[0].w > cfg.dim:
+    if p.layers[0].h > dl.max_layer_rows(config) or p.layers[0].w > config.dim:
         out.append(f"layer regions of {p.layers[0].h} rows x {p.layers[0].w} cols exceed "
-                   f"{dl.max_layer_rows(cfg)} rows / {cfg.dim} cols")
+                   f"{dl.max_layer_rows(config)} rows / {config.dim} cols")
     named = p.regions()
     for name, r in named:
         out += _region_faults(mesh, p.dead_links, name, r)
@@ -93,24 +93,24 @@ def violations(p: Placement) -> tuple[str, ...]:
     return tuple(out)
 
 
-def stream_bytes(cfg: LlamaConfig, region: Region, tokens: int, requests: int, dtype: str) -> int | None:
+def stream_bytes(config: LlamaConfig, region: Region, tokens: int, requests: int, dtype: str) -> int | None:
     """The most loaded core of a streaming region (None: the shape cannot be split)."""
     try:
-        return dl.most_bytes(dl.stream_booking(cfg, region, budget.kv_reserved(tokens, region.w), requests, dtype))
+        return dl.most_bytes(dl.stream_booking(config, region, budget.kv_reserved(tokens, region.w), requests, dtype))
     except ValueError:
         return None
 
 
 def _stream_faults(p: Placement) -> list[str]:
-    r, cfg, out = p.embed, p.config, []
-    if p.group != cfg.n_layers or any(q != r for q in p.layers):
+    r, config, out = p.embed, p.config, []
+    if p.group != config.n_layers or any(q != r for q in p.layers):
         out.append(f"a streaming placement runs every stage on one region ({r}); its layers are on "
                    f"{sorted(set(p.layers))} in groups of {p.group}")
     out += _region_faults(p.mesh, p.dead_links, "the streaming region", r)
-    if len(p.mesh.tiles_of(r)) != 1 or r.h > dl.max_layer_rows(cfg) or r.w > cfg.dim:
-        out.append(f"the streaming region {r} must lie in one tile, with at most {dl.max_layer_rows(cfg)} rows and "
-                   f"{cfg.dim} columns")
-    need = stream_bytes(cfg, r, p.kv_tokens, p.kv.requests, p.dtype)
+    if len(p.mesh.tiles_of(r)) != 1 or r.h > dl.max_layer_rows(config) or r.w > config.dim:
+        out.append(f"the streaming region {r} must lie in one tile, with at most {dl.max_layer_rows(config)} rows and "
+                   f"{config.dim} columns")
+    need = stream_bytes(config, r, p.kv_tokens, p.kv.requests, p.dtype)
     if p.kv_tokens < p.kv.tokens or need is None or need > p.spec.sram_bytes:
         out.append(f"the streaming region {r} needs {need} bytes on a core (None: unsplittable) > "
                    f"{p.spec.sram_bytes}, or kv_tokens {p.kv_tokens} < {p.kv.tokens}")
@@ -214,15 +214,15 @@ def streaming_mesh(config: LlamaConfig, spec: HardwareSpec, kv: KVReserve, dtype
 
 
 def _sram_faults(p: Placement) -> list[str]:
-    cfg, sram, out = p.config, p.spec.sram_bytes, []
+    config, sram, out = p.config, p.spec.sram_bytes, []
     if p.kv_tokens < p.kv.tokens:
         out.append(f"kv_tokens {p.kv_tokens} is less than the reserve of {p.kv.tokens}")
     for name, r in p.regions()[1:]:
         layers = sum(1 for q in p.layers if q == r)
-        need = budget.layer_bytes(Workload(cfg, KVReserve(p.kv_tokens, p.kv.requests), p.dtype, layers), r.w, r.h)
+        need = budget.layer_bytes(Workload(config, KVReserve(p.kv_tokens, p.kv.requests), p.dtype, layers), r.w, r.h)
         if need is None or need > sram:
             out.append(f"{name} {r} needs {need} bytes on a core (None: unsplittable) > {sram}")
-    need = budget.embed_bytes(cfg, p.embed.w, p.embed.h, p.dtype)
+    need = budget.embed_bytes(config, p.embed.w, p.embed.h, p.dtype)
     if need is None or need > sram:
         out.append(f"embedding {p.embed} needs {need} bytes on a core (None: unsplittable) > {sram}")
     return out

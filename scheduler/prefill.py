@@ -59,8 +59,8 @@ def chunk_parts(est: Estimate, region: Region, chunk: int, context: int, moves_a
 def activation_bytes(est: Estimate, region: Region, chunk: int, context: int) -> int:
     """The busiest core's prefill activations for a chunk: the residual stream, Q/K/V, gate and up, one head's
     scores, each a block of the GEMM grid."""
-    cfg, sq = est.config, gemm_region(region)
-    values = chunk * (2 * cfg.dim + 2 * cfg.kv_dim + 2 * cfg.hidden_dim + context)
+    config, sq = est.config, gemm_region(region)
+    values = chunk * (2 * config.dim + 2 * config.kv_dim + 2 * config.hidden_dim + context)
     return cdiv(values, sq.size) * itemsize(est.dtype)
 
 
@@ -116,12 +116,12 @@ def _pipeline_parts(est: Estimate, region: Region, tokens: int, chunks: int) -> 
     """What one prompt cut in `chunks` chunks costs on the critical path through the regions, which work on
     successive chunks at once: every chunk through one region's layers, then the last (the longest: it
     attends to the most) through each other region; a hand-over after every region."""
-    cfg, group, regions = est.config, est.strategy.group, est.strategy.regions
+    config, group, regions = est.config, est.strategy.group, est.strategy.regions
     chunk, beside = cdiv(tokens, chunks), Region(region.x1, region.y0, region.w, region.h)
 
     def stage(c: int) -> list:
         return (chunk_parts(est, region, chunk, min(tokens, (c + 1) * chunk), tokens) * group
-                + [("handover", "handover", stage_handover(est.spec, cfg, region, beside, chunk))])
+                + [("handover", "handover", stage_handover(est.spec, config, region, beside, chunk))])
 
     parts = [p for c in range(chunks) for p in stage(c)]
     return parts + stage(chunks - 1) * (regions - 1)
@@ -134,7 +134,7 @@ def prefill(est: Estimate, tokens: int) -> Prefill:
     if not est.fits:
         raise ValueError("the prefill runs on the decode's floor plan, and this model does not fit")
     whole("prompt tokens", tokens)
-    cfg, spec, sh = est.config, est.spec, est.shape
+    config, spec, sh = est.config, est.spec, est.shape
     region = sh.region()
     free = spec.sram_bytes - est.layer_core_bytes
     least = 1
@@ -151,7 +151,7 @@ def prefill(est: Estimate, tokens: int) -> Prefill:
         on_wafer[cat] += c.seconds(spec)
     seconds = total(c for _, _, c in parts).seconds(spec)
     head = total(c for _, _, c in head_decode_parts(spec, decoding(est), Region(0, 0, *est.band[:2]))).seconds(spec)
-    on_wafer["host"] = host_seconds(cfg, spec, 1) + 4 * (tokens - 1) / spec.ingress_bytes_per_s  # the other ids in
+    on_wafer["host"] = host_seconds(config, spec, 1) + 4 * (tokens - 1) / spec.ingress_bytes_per_s  # the other ids in
     sq = gemm_region(region)
     return Prefill(tokens, chunks, (sq.w, sq.h), (sh.cols, sh.rows), est.strategy.regions, seconds,
                    seconds + head + on_wafer["host"], on_wafer,

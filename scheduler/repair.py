@@ -62,12 +62,12 @@ def _hit(r: Region, dead: frozenset[Coord], links) -> bool:
 
 def _embed_shapes(p: Placement, mesh: MeshSpec) -> list[tuple[int, int]]:
     """Embedding shapes worth trying: the old one and, for a spread of widths, the fewest rows that fit."""
-    cfg, top = p.config, min(p.config.dim, mesh.width)
+    config, top = p.config, min(p.config.dim, mesh.width)
     widths = {p.embed.w, *np.unique(np.geomspace(1, top, 48).round().astype(int)).tolist()}
     widths |= set(range(p.layers[0].w, top + 1, p.layers[0].w))
     out = []
     for we in sorted(widths):
-        he = budget.embed_rows_needed(cfg, p.spec.sram_bytes, we, p.dtype)
+        he = budget.embed_rows_needed(config, p.spec.sram_bytes, we, p.dtype)
         if he is not None and he <= mesh.height:
             out.append((we, he))
     return out

@@ -134,10 +134,10 @@ def _layer_regions(p: Placement) -> list[Region]:
 
 
 def _sram(p: Placement) -> tuple[int, float, int, tuple[int, ...], int]:
-    cfg, dtype = p.config, p.dtype
-    per_core = [sum(booked_bytes(layer_booking(cfg, r, p.kv_tokens, p.kv.requests, dtype, p.layers.count(r))
+    config, dtype = p.config, p.dtype
+    per_core = [sum(booked_bytes(layer_booking(config, r, p.kv_tokens, p.kv.requests, dtype, p.layers.count(r))
                                  ).values()) for r in _layer_regions(p)]
-    per_core.append(sum(booked_bytes(embed_booking(cfg, p.embed, dtype)).values()))
+    per_core.append(sum(booked_bytes(embed_booking(config, p.embed, dtype)).values()))
     mean = sum(float(a.sum()) for a in per_core) / sum(a.size for a in per_core)
     lo, hi = min(int(a.min()) for a in per_core), max(int(a.max()) for a in per_core)
     return lo, mean, hi, tuple(int(a.max()) for a in per_core[:-1]), int(per_core[-1].max())

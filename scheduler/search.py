@@ -50,18 +50,18 @@ def _round_up(v: int, step: int, cap: int) -> int:
     return r if r <= cap else v
 
 
-def embed_bands(cfg: LlamaConfig, sram: int, dtype: str, area: Region, w: int,
+def embed_bands(config: LlamaConfig, sram: int, dtype: str, area: Region, w: int,
                 h: int) -> list[tuple[int, int]]:
     """(cols, rows) of embedding regions that fill `area`'s width (top band) or height (left band)."""
     out = []
-    we = min(area.w, cfg.dim)
-    rows = budget.embed_rows_needed(cfg, sram, we, dtype)
+    we = min(area.w, config.dim)
+    rows = budget.embed_rows_needed(config, sram, we, dtype)
     if rows is not None and rows <= area.h:
         out.append((we, _round_up(rows, h, area.h)))
-    he = min(area.h, cfg.vocab_size)
-    cols = budget.embed_cols_needed(cfg, sram, he, dtype)
-    if cols is not None and cols <= min(area.w, cfg.dim):
-        out.append((_round_up(cols, w, min(area.w, cfg.dim)), he))
+    he = min(area.h, config.vocab_size)
+    cols = budget.embed_cols_needed(config, sram, he, dtype)
+    if cols is not None and cols <= min(area.w, config.dim):
+        out.append((_round_up(cols, w, min(area.w, config.dim)), he))
     return list(dict.fromkeys(out))
 
 
@@ -191,7 +191,7 @@ def _room_for(mesh: MeshSpec, w: int, h: int, n: int, emin: int) -> bool:
 
 def _hopeless(work: Workload, spec: HardwareSpec) -> str:
     """Why no mesh of any size holds the model at this spec, or '' when some mesh may."""
-    cfg, dtype, group, sram = work.config, work.dtype, work.layers, spec.sram_bytes
+    config, dtype, group, sram = work.config, work.dtype, work.layers, spec.sram_bytes
     if not budget.layer_shapes(work, sram, UNBOUNDED, UNBOUNDED):
         nbytes, r = budget.smallest_layer_bytes(work)
         what = "layer region" if group == 1 else f"region of {group} layers"
@@ -199,9 +199,9 @@ def _hopeless(work: Workload, spec: HardwareSpec) -> str:
         return (f"no mesh size helps: even the widest legal {what} ({r.h} rows x {r.w} cols) needs {nbytes} "
                 f"bytes on a core, more than the {sram} a core holds; lower the KV reserve (tokens or requests)"
                 f"{fewer}, use a smaller dtype, or a spec with more SRAM per core.")
-    if budget.embed_rows_needed(cfg, sram, cfg.dim, dtype) is None:
+    if budget.embed_rows_needed(config, sram, config.dim, dtype) is None:
         return (f"no mesh size helps: the embedding table does not fit even spread one row per core row "
-                f"({cfg.vocab_size} rows x {cfg.dim} columns); use a spec with more SRAM per core.")
+                f"({config.vocab_size} rows x {config.dim} columns); use a spec with more SRAM per core.")
     return ""
 
 
@@ -212,12 +212,12 @@ def best_layout(work: Workload, spec: HardwareSpec, mesh: MeshSpec, links: froze
     reason = _hopeless(work, spec)
     if reason:
         return Found(None, None, (), reason)
-    cfg, dtype = work.config, work.dtype
-    sram, n = spec.sram_bytes, cdiv(cfg.n_layers, work.layers)
+    config, dtype = work.config, work.dtype
+    sram, n = spec.sram_bytes, cdiv(config.n_layers, work.layers)
     shapes = budget.layer_shapes(work, sram, mesh.width, mesh.height)
     shapes = sorted(shapes, key=lambda s: s[0] > mesh.tile_w or s[1] > mesh.tile_h)
     live = mesh.width * mesh.height - len(mesh.dead)
-    emin = budget.embed_min_cores(cfg, sram, dtype)
+    emin = budget.embed_min_cores(config, sram, dtype)
     obstacles = Obstacles(mesh.width, mesh.height, mesh.dead, links)
     most, tried = 0, None
     for w, h in shapes:
@@ -271,9 +271,9 @@ def smallest_mesh(work: Workload, spec: HardwareSpec, tile: tuple[int, int]) -> 
     return None
 
 
-def _embed_slots(cfg: LlamaConfig, sram: int, dtype: str, tile: Region, w: int, h: int) -> int | None:
+def _embed_slots(config: LlamaConfig, sram: int, dtype: str, tile: Region, w: int, h: int) -> int | None:
     """Layer slots of a tile (a grid of w x h slots) that the embedding band takes; None: it cannot fit."""
-    lost = [cdiv(we, w) * cdiv(he, h) for we, he in embed_bands(cfg, sram, dtype, tile, w, h)]
+    lost = [cdiv(we, w) * cdiv(he, h) for we, he in embed_bands(config, sram, dtype, tile, w, h)]
     return min(lost, default=None)
 
 
@@ -284,8 +284,8 @@ def tile_candidates(work: Workload, spec: HardwareSpec, tiles: tuple[int, int], 
     are between 1:2 and 2:1 (width:height) so that the mesh stays compact -- or, for regions of several
     layers (large ones), one slot wide when a slot itself is wider than 2:1 -- and the mesh is on the spec's
     wafer."""
-    cfg, dtype, group = work.config, work.dtype, work.layers
-    n, sram, regions = tiles[0] * tiles[1], spec.sram_bytes, cdiv(cfg.n_layers, group)
+    config, dtype, group = work.config, work.dtype, work.layers
+    n, sram, regions = tiles[0] * tiles[1], spec.sram_bytes, cdiv(config.n_layers, group)
     found = set()
     for w, h in budget.layer_shapes(work, sram, UNBOUNDED, UNBOUNDED):
         for a in range(1, 33):
@@ -295,7 +295,7 @@ def tile_candidates(work: Workload, spec: HardwareSpec, tiles: tuple[int, int], 
                     continue
                 if tiles[0] * a * w > spec.full_mesh[0] or tiles[1] * b * h > spec.full_mesh[1]:
                     continue
-                lost = _embed_slots(cfg, sram, dtype, Region(0, 0, a * w, b * h), w, h)
+                lost = _embed_slots(config, sram, dtype, Region(0, 0, a * w, b * h), w, h)
                 if lost is not None and n * a * b - lost >= regions + spare:
                     found.add((n * a * w * b * h, abs(a * w - b * h), a * w, b * h))
                     break

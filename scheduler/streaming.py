@@ -1,6 +1,6 @@
 """Weight streaming on paper: the weights live off-wafer (Cerebras' MemoryX) and stream in layer by layer.
 
-Contract (pure): ``streaming(cfg, spec, mesh, kv, dtype)`` returns a :class:`Streaming` (or one whose
+Contract (pure): ``streaming(config, spec, mesh, kv, dtype)`` returns a :class:`Streaming` (or one whose
 ``fits`` is False with the reason). One region runs every layer (as the tensor strategy) and keeps what
 stays on the wafer: every layer's K/V for ``kv.requests`` requests, the scratch, and a double buffer for
 the weight blocks of the block being computed and the next one (the largest of a layer and the output
@@ -84,23 +84,23 @@ class Streaming:
         ])
 
 
-def _core_bytes(cfg: LlamaConfig, shape: wafer.Shape, tokens: int, requests: int, dtype: str) -> int:
+def _core_bytes(config: LlamaConfig, shape: wafer.Shape, tokens: int, requests: int, dtype: str) -> int:
     """The fullest core of a streaming region: decode.layout.stream_booking's (tested equal): every layer's
     K/V, the double buffer, and the larger of a layer's and the head's scratch."""
-    every = Workload(cfg, KVReserve(tokens, requests), dtype, cfg.n_layers)  # every layer's K/V, no weights
+    every = Workload(config, KVReserve(tokens, requests), dtype, config.n_layers)  # every layer's K/V, no weights
     scratch = wafer.layer_core_bytes(every, shape, kv=False, weights=False)
     kv = wafer.layer_core_bytes(every, shape, weights=False) - scratch
     region = shape.region()
-    return kv + max(scratch, embed_scratch_bytes(cfg, region)) + 2 * stream_block_bytes(cfg, region, dtype,
+    return kv + max(scratch, embed_scratch_bytes(config, region)) + 2 * stream_block_bytes(config, region, dtype,
                                                                                           shape.head_groups)
 
 
-def _shape(cfg: LlamaConfig, spec: HardwareSpec, mesh: tuple[int, int], kv: KVReserve, dtype: str):
+def _shape(config: LlamaConfig, spec: HardwareSpec, mesh: tuple[int, int], kv: KVReserve, dtype: str):
     """The widest, tallest region (most cores, so the shortest compute) that holds the streaming state."""
     best = None
-    for rows, groups in wafer.row_options(cfg, mesh[1]):
-        shape = wafer.Shape(min(mesh[0], cfg.dim, kv.tokens), rows, groups)
-        if wafer.legal(cfg, shape, kv.tokens) and _core_bytes(cfg, shape, kv.tokens, kv.requests, dtype) <= \
+    for rows, groups in wafer.row_options(config, mesh[1]):
+        shape = wafer.Shape(min(mesh[0], config.dim, kv.tokens), rows, groups)
+        if wafer.legal(config, shape, kv.tokens) and _core_bytes(config, shape, kv.tokens, kv.requests, dtype) <= \
                 spec.sram_bytes and (best is None or shape.cores > best.cores):
             best = shape
     return best
@@ -113,28 +113,28 @@ def _step_seconds(spec: HardwareSpec, dec: Decoding, shape: wafer.Shape, kv_toke
     return cycles / spec.clock_hz + host_seconds(dec.config, spec, requests)
 
 
-def _pass_bytes(cfg: LlamaConfig, dtype: str, batch: int) -> int:
+def _pass_bytes(config: LlamaConfig, dtype: str, batch: int) -> int:
     """Bytes a micro-batch's pass through the region streams in: every layer, the head, its embedding rows."""
-    return sum(streamed_bytes(cfg, kind, dtype, batch) for kind in ("layer",) * cfg.n_layers + ("head", "embed"))
+    return sum(streamed_bytes(config, kind, dtype, batch) for kind in ("layer",) * config.n_layers + ("head", "embed"))
 
 
-def streaming(cfg: LlamaConfig, spec: HardwareSpec, mesh: tuple[int, int], kv: KVReserve, dtype: str,
+def streaming(config: LlamaConfig, spec: HardwareSpec, mesh: tuple[int, int], kv: KVReserve, dtype: str,
               resident_tokens_per_s: float | None = None) -> Streaming:
-    shape = _shape(cfg, spec, mesh, kv, dtype)
+    shape = _shape(config, spec, mesh, kv, dtype)
     if shape is None:
         return Streaming(kv.requests, False, reason=(
             f"every layer's K/V for {kv.requests} requests x {kv.tokens} tokens and a double buffer of weight "
             f"blocks do not fit in any region of the {mesh[0]}x{mesh[1]} mesh: lower --kv-tokens or --requests"))
-    dec = Decoding(cfg, dtype, head_groups=shape.head_groups)
+    dec = Decoding(config, dtype, head_groups=shape.head_groups)
 
     def fits(tokens: int, requests: int) -> bool:
-        return _core_bytes(cfg, shape, tokens, requests, dtype) <= spec.sram_bytes
+        return _core_bytes(config, shape, tokens, requests, dtype) <= spec.sram_bytes
 
-    step_bytes = sum(_pass_bytes(cfg, dtype, b) for b in lane_batches(kv.requests))
-    return Streaming(kv.requests, True, shape=shape, core_bytes=_core_bytes(cfg, shape, kv.tokens, kv.requests, dtype),
-                     kv_tokens_per_request=last_true(kv.tokens, max(kv.tokens, cfg.max_seq_len),
+    step_bytes = sum(_pass_bytes(config, dtype, b) for b in lane_batches(kv.requests))
+    return Streaming(kv.requests, True, shape=shape, core_bytes=_core_bytes(config, shape, kv.tokens, kv.requests, dtype),
+                     kv_tokens_per_request=last_true(kv.tokens, max(kv.tokens, config.max_seq_len),
                                                      lambda t: fits(t, kv.requests)),
-                     weight_bytes=_pass_bytes(cfg, dtype, 0),
+                     weight_bytes=_pass_bytes(config, dtype, 0),
                      step_s=_step_seconds(spec, dec, shape, kv.tokens, kv.requests),
                      time_per_token_s=_step_seconds(spec, dec, shape, kv.tokens, 1),
                      ingress_bound_tokens_per_s=kv.requests * spec.ingress_bytes_per_s / step_bytes,

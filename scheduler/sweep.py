@@ -1,6 +1,6 @@
 """A hardware design-space sweep: which wafer design serves a model best, under a fixed silicon area.
 
-Contract (pure): ``sweep(cfg, base, grid, kv, dtype, Objective(goal, tried))`` estimates the model on every
+Contract (pure): ``sweep(config, base, grid, kv, dtype, Objective(goal, tried))`` estimates the model on every
 :class:`Design` of a :class:`Grid` (SRAM per core x mesh x link bandwidth x clock, the rest of the base
 spec kept) with ``estimate.estimate`` (the best of the strategies `tried`; None: every one worth trying)
 and returns :class:`Point` values: tokens/s for the objective (one request's for "latency",
@@ -102,10 +102,10 @@ class Point:
                 "strategy": e.strategy.kind if e.fits else None, "group": e.strategy.group if e.fits else None}
 
 
-def sweep(cfg: LlamaConfig, base: HardwareSpec, grid: Grid, kv: KVReserve, dtype: str,
+def sweep(config: LlamaConfig, base: HardwareSpec, grid: Grid, kv: KVReserve, dtype: str,
           objective: Objective) -> list[Point]:
     asked = replace(objective, advise=False)  # a design where nothing fits needs only "no"
-    return [Point(d, estimate(cfg, d.spec(base), d.mesh, kv, dtype, asked), objective.goal) for d in grid.designs()]
+    return [Point(d, estimate(config, d.spec(base), d.mesh, kv, dtype, asked), objective.goal) for d in grid.designs()]
 
 
 def best_point(points: list[Point]) -> Point | None:

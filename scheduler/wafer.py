@@ -44,40 +44,40 @@ class Shape:
         return Region(x0, y0, self.cols, self.rows)
 
 
-def legal(cfg: LlamaConfig, shape: Shape, kv_tokens: int) -> bool:
+def legal(config: LlamaConfig, shape: Shape, kv_tokens: int) -> bool:
     """Can a layer be cut over this shape? head_dim in whole RoPE pairs over a group's rows, K/V heads
     shared out evenly, dim and the K/V positions over the columns, hidden_dim over the rows."""
     g = shape.head_groups
-    return (g >= 1 and cfg.n_kv_heads % g == 0 and shape.rows % g == 0 and shape.rows // g <= cfg.head_dim // 2
-            and 1 <= shape.cols <= min(cfg.dim, kv_tokens) and shape.rows <= cfg.hidden_dim)
+    return (g >= 1 and config.n_kv_heads % g == 0 and shape.rows % g == 0 and shape.rows // g <= config.head_dim // 2
+            and 1 <= shape.cols <= min(config.dim, kv_tokens) and shape.rows <= config.hidden_dim)
 
 
 def layer_core_bytes(work: Workload, shape: Shape, kv: bool = True, weights: bool = True) -> int:
     """Bytes of the most loaded core of a region running `work.layers` layers: their weight blocks (unless
     `weights` is False: streamed in, see streaming.py) and K/V (`work.kv`: requests x tokens positions each)
     stacked, plus one float32 scratch area (activation_bytes of decode.layout, per head group)."""
-    cfg, dtype = work.config, work.dtype
-    d = layer_dims(cfg, shape.cols, shape.rows, shape.head_groups)
+    config, dtype = work.config, work.dtype
+    d = layer_dims(config, shape.cols, shape.rows, shape.head_groups)
     dim_c, hid_r, hd_r, hq, hk = d["dim_c"], d["hid_r"], d["hd_r"], d["hq"], d["hk"]
     cap = cdiv(work.kv.tokens, shape.cols)
-    w = layer_block_bytes(cfg, shape.region(), dtype, shape.head_groups)
+    w = layer_block_bytes(config, shape.region(), dtype, shape.head_groups)
     k_v = 2 * work.kv.requests * hk * hd_r * cap * itemsize(dtype)
     scratch = 2 * 4 * (2 * dim_c + (2 * hq + 2 * hk) * hd_r + 2 * hid_r + hq * cap)
-    if cfg.moe:  # the MoE's own scratch (decode.layout.activation_bytes); its weights are in layer_block_bytes
-        scratch += 2 * 4 * moe_scratch_words(cfg, shape.region())
+    if config.moe:  # the MoE's own scratch (decode.layout.activation_bytes); its weights are in layer_block_bytes
+        scratch += 2 * 4 * moe_scratch_words(config, shape.region())
     return work.layers * ((w if weights else 0) + (k_v if kv else 0)) + scratch
 
 
 def min_cols(work: Workload, rows: int, groups: int, sram: int) -> int | None:
     """The fewest columns of a `rows`-row region (rows in `groups` head groups) that holds its layers, or
     None (more columns only lower the bytes per core: bisection)."""
-    cfg, tokens = work.config, work.kv.tokens
+    config, tokens = work.config, work.kv.tokens
 
     def fits(c: int) -> bool:
         shape = Shape(c, rows, groups)
-        return legal(cfg, shape, tokens) and layer_core_bytes(work, shape) <= sram
+        return legal(config, shape, tokens) and layer_core_bytes(work, shape) <= sram
 
-    return first_true(1, min(cfg.dim, tokens), fits)
+    return first_true(1, min(config.dim, tokens), fits)
 
 
 def shape_kv_capacity(work: Workload, shape: Shape, sram: int) -> int:
@@ -125,21 +125,21 @@ class Floor:
         return [("embed", self.band(0)), *mid, ("head", self.band(self.bands - 1))]
 
 
-def band(cfg: LlamaConfig, sram: int, width: int, dtype: str) -> tuple[int, int] | None:
+def band(config: LlamaConfig, sram: int, width: int, dtype: str) -> tuple[int, int] | None:
     """(cols, rows) of the embedding (or output head) band across a mesh `width` cores wide, or None when the
     table does not fit even one vocabulary row per core row."""
-    cols = min(width, cfg.dim)
-    rows = budget.embed_rows_needed(cfg, sram, cols, dtype)
+    cols = min(width, config.dim)
+    rows = budget.embed_rows_needed(config, sram, cols, dtype)
     return None if rows is None else (cols, rows)
 
 
-def row_options(cfg: LlamaConfig, max_rows: int) -> list[tuple[int, int]]:
+def row_options(config: LlamaConfig, max_rows: int) -> list[tuple[int, int]]:
     """(rows, head_groups) to try: every divisor G of n_kv_heads with rows/G a few values up to head_dim/2,
     within `max_rows`."""
-    half = cfg.head_dim // 2
+    half = config.head_dim // 2
     per_group = sorted({r for r in (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64, half) if r <= half})
     out = []
-    for g in (g for g in range(1, cfg.n_kv_heads + 1) if cfg.n_kv_heads % g == 0):
+    for g in (g for g in range(1, config.n_kv_heads + 1) if config.n_kv_heads % g == 0):
         out += [(g * r, g) for r in per_group if g * r <= max_rows]
     return out
 
@@ -161,26 +161,26 @@ def strategies(n_layers: int) -> list[Strategy]:
     return [Strategy(g, n_layers) for g in sorted(groups)]
 
 
-def floors(cfg: LlamaConfig, spec: HardwareSpec, mesh: tuple[int, int], kv: KVReserve, dtype: str,
+def floors(config: LlamaConfig, spec: HardwareSpec, mesh: tuple[int, int], kv: KVReserve, dtype: str,
            strategy: Strategy):
     """Every floor plan worth timing for `strategy`: bands of the fewest rows that hold the table, and of
     16, 32, 64 and 128 rows when taller (a taller band gives the output head more cores; a fixed grid, so
     more SRAM per core never loses a floor plan that less SRAM could time); for each (rows, head groups),
     column counts from the narrowest region that fits in SRAM to the widest whose regions all fit."""
     width, height = mesh
-    work = Workload(cfg, kv, dtype, strategy.group)
-    bands = 1 if cfg.tie_embeddings else 2
-    b = band(cfg, spec.sram_bytes, width, dtype)
+    work = Workload(config, kv, dtype, strategy.group)
+    bands = 1 if config.tie_embeddings else 2
+    b = band(config, spec.sram_bytes, width, dtype)
     if b is None:
         return
-    for band_rows in sorted({b[1], *(r for r in (16, 32, 64, 128) if b[1] < r <= cfg.vocab_size)}):
+    for band_rows in sorted({b[1], *(r for r in (16, 32, 64, 128) if b[1] < r <= config.vocab_size)}):
         free = height - bands * band_rows
         if free < 1 or (band_rows > b[1] and free < height // 2):  # a taller band only while layers have room
             continue
-        for rows, groups in row_options(cfg, free):
+        for rows, groups in row_options(config, free):
             lo = min_cols(work, rows, groups, spec.sram_bytes)
             if lo is None:
                 continue
-            hi = min(width // cdiv(strategy.regions, free // rows), cfg.dim, kv.tokens)
+            hi = min(width // cdiv(strategy.regions, free // rows), config.dim, kv.tokens)
             for cols in col_options(lo, hi) if hi >= lo else ():
                 yield Floor(width, height, b[0], band_rows, bands, Shape(cols, rows, groups))

@@ -104,14 +104,14 @@ try:
     from waferrt.scheduler import KVReserve, NodeInfo, PlanOptions, plan
     from waferrt.core.spec import TINY
 
-    cfg = tiny_config()
-    weights = synthetic_llama(cfg, seed=2)
+    config = tiny_config()
+    weights = synthetic_llama(config, seed=2)
     nodes = (NodeInfo(cluster.head_node.node_id, 1), NodeInfo(worker.node_id, 1))
-    placement = plan(cfg, TINY, MeshSpec(16, 8, 8, 8), kv=KVReserve(32, 2), options=PlanOptions(nodes=nodes))
+    placement = plan(config, TINY, MeshSpec(16, 8, 8, 8), kv=KVReserve(32, 2), options=PlanOptions(nodes=nodes))
     report["decode_nodes"] = len({name for _, name in placement.tile_nodes})
     requests = [GenRequest((5, 6, 7), 10), GenRequest((9,), 12)]
-    want, _ = generate_reference(cfg, weights, requests, Sampler(temperature=0.8, seed=3))
-    with WaferLLM(cfg, weights, placement) as llm:
+    want, _ = generate_reference(config, weights, requests, Sampler(temperature=0.8, seed=3))
+    with WaferLLM(config, weights, placement) as llm:
         got, _ = llm.generate(requests, Sampler(temperature=0.8, seed=3))
     report["decode"] = [c.tokens for c in got] == [c.tokens for c in want]
 finally:

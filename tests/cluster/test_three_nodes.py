@@ -51,14 +51,14 @@ try:
     nodes = [cluster.head_node, *workers]
     ids = [n.node_id for n in nodes]
     report["nodes"] = len([n for n in ray.nodes() if n["Alive"]])
-    cfg = tiny_config()
-    weights = synthetic_llama(cfg, seed=2)
-    placement = plan(cfg, TINY, MeshSpec(24, 16, 8, 8), kv=KVReserve(32, 2),
+    config = tiny_config()
+    weights = synthetic_llama(config, seed=2)
+    placement = plan(config, TINY, MeshSpec(24, 16, 8, 8), kv=KVReserve(32, 2),
                      options=PlanOptions(nodes=tuple(NodeInfo(i, 1) for i in ids)))
     report["tile_nodes"] = {str(t): ids.index(n) for t, n in placement.tile_nodes}
     requests = [GenRequest((5, 6, 7), 10), GenRequest((9,), 12), GenRequest((1, 2), 8)]
     sampler = Sampler(temperature=0.8, seed=3)
-    want, _ = generate_reference(cfg, weights, requests, sampler)
+    want, _ = generate_reference(config, weights, requests, sampler)
     place = dict(placement.tile_nodes)
 
     def on_its_node(ctx, place):  # every tile checks that it runs on the node the planner gave it
@@ -67,7 +67,7 @@ try:
         here = ray.get_runtime_context().get_node_id()
         assert here == place[tile], f"{tile} runs on node {here}, was placed on {place[tile]}"
 
-    with WaferLLM(cfg, weights, placement) as llm:
+    with WaferLLM(config, weights, placement) as llm:
         got, _ = llm.generate(requests, sampler)
         llm.wafer.run(on_its_node, place=place)
         stats = llm.wafer.on_every_tile(Tile.fabric_stats)

@@ -84,8 +84,8 @@ def _decode_hit_by(llm: WaferLLM, sig: int, requests: list[GenRequest]):
 
 
 def _tiny_llm() -> WaferLLM:
-    cfg = tiny_config()
-    return WaferLLM(cfg, synthetic_llama(cfg, seed=1), plan(cfg, TINY, MeshSpec(24, 8, 8, 8), kv=KVReserve(64, 2)))
+    config = tiny_config()
+    return WaferLLM(config, synthetic_llama(config, seed=1), plan(config, TINY, MeshSpec(24, 8, 8, 8), kv=KVReserve(64, 2)))
 
 
 REQUESTS = [GenRequest((5, 6, 7), 40), GenRequest((9,), 40)]

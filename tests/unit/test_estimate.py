@@ -49,14 +49,14 @@ def _emulated(p, requests: int) -> tuple[float, float]:
     return out[0], out[1]
 
 
-@pytest.mark.parametrize("cfg,spec,kv,group", [(CFG, TINY, KVReserve(32, 4), 1), (CFG, TINY, KVReserve(32, 4), 2),
+@pytest.mark.parametrize("config,spec,kv,group", [(CFG, TINY, KVReserve(32, 4), 1), (CFG, TINY, KVReserve(32, 4), 2),
                                                (CFG, TINY, KVReserve(32, 4), 3),
                                                (SMOLLM2_135M, WSE2, KVReserve(512, 8), 1)])
-def test_the_estimate_of_a_placement_is_what_the_emulator_books(cfg, spec, kv, group):
+def test_the_estimate_of_a_placement_is_what_the_emulator_books(config, spec, kv, group):
     """Every strategy the emulator runs (layer regions, groups, one region for all layers): the same mesh and
     model give the same time per token, emulated and estimated."""
-    mesh = MeshSpec(16, 16, 8, 8) if cfg is CFG else default_mesh(cfg, spec, kv)
-    p = plan(cfg, spec, mesh, kv=kv, options=PlanOptions(strategy=Strategy(group, cfg.n_layers)))
+    mesh = MeshSpec(16, 16, 8, 8) if config is CFG else default_mesh(config, spec, kv)
+    p = plan(config, spec, mesh, kv=kv, options=PlanOptions(strategy=Strategy(group, config.n_layers)))
     requests = 3
     one, many = _emulated(p, requests)
     want_one, want_many = est.placement_seconds(p, requests, context=4)  # the last round: 4 positions held
@@ -65,13 +65,13 @@ def test_the_estimate_of_a_placement_is_what_the_emulator_books(cfg, spec, kv, g
 
 
 def test_closed_form_sram_is_what_the_tiles_book():
-    for cfg, (w, h), kv, r, dtype in itertools.product(
+    for config, (w, h), kv, r, dtype in itertools.product(
             [CFG, SMOLLM2_135M, LLAMA3], [(1, 1), (3, 2), (7, 5), (64, 16), (300, 32)], [64, 700, 4096], [1, 3],
             ["float32", "bfloat16"]):
         shape = wafer.Shape(w, h)
-        if wafer.legal(cfg, shape, kv):
-            assert wafer.layer_core_bytes(Workload(cfg, KVReserve(kv, r), dtype), shape) == dl.layer_core_bytes(
-                cfg, Region(0, 0, w, h), kv, r, dtype), (cfg.dim, w, h, kv, r, dtype)
+        if wafer.legal(config, shape, kv):
+            assert wafer.layer_core_bytes(Workload(config, KVReserve(kv, r), dtype), shape) == dl.layer_core_bytes(
+                config, Region(0, 0, w, h), kv, r, dtype), (config.dim, w, h, kv, r, dtype)
     # g layers stack their weights and K/V on the same cores; the scratch is there once
     work, shape = Workload(SMOLLM2_135M, KVReserve(512, 2), "float16"), wafer.Shape(30, 12, 3)
     one, scratch = wafer.layer_core_bytes(work, shape), wafer.layer_core_bytes(work, shape, kv=False, weights=False)

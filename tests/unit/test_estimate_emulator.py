@@ -62,15 +62,15 @@ def _check_decode(dec: LocalDecoder, requests: int, tokens: int = 3) -> list:
     """Fresh one-token prompts decoded `tokens` deep: a micro-batch's tokens share a position k (the caches
     hold k entries, so k % cols columns move); every stage run books step_cycles' figure for its size, and
     every token's cycles alone are step_cycles' for a micro-batch of one."""
-    p, cfg = dec.placement, dec.placement.config
+    p, config = dec.placement, dec.placement.config
     stages = [(kind, r) for kind, _, r in dec.setup.stages()]
     _, stats = dec.generate([GenRequest((5 + i,), tokens) for i in range(requests)], Sampler())
     for r in stats.runs:
         (pos,) = {it.pos for it in r.items}
         moving = pos % p.layers[0].w
-        want = step_cycles(p.spec, Decoding(cfg), stages, pos + 1, [len(r.items)], moving)  # pos + 1 held
+        want = step_cycles(p.spec, Decoding(config), stages, pos + 1, [len(r.items)], moving)  # pos + 1 held
         assert r.cycles == pytest.approx(want[(r.stage, 0)], rel=1e-12), (r.mb, r.stage)
-        alone = step_cycles(p.spec, Decoding(cfg), stages, pos + 1, [1], moving)[(r.stage, 0)]
+        alone = step_cycles(p.spec, Decoding(config), stages, pos + 1, [1], moving)[(r.stage, 0)]
         assert all(it.alone == pytest.approx(alone, rel=1e-12) for it in r.items), (r.mb, r.stage)
     return stats.runs
 

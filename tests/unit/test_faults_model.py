@@ -155,11 +155,11 @@ def test_the_log_says_what_became_of_each_fault():
 
 
 def test_a_resumed_request_gives_the_tokens_of_an_unbroken_run():
-    cfg = tiny_config()
-    w = synthetic_llama(cfg, seed=2)
+    config = tiny_config()
+    w = synthetic_llama(config, seed=2)
     requests = [GenRequest((5, 6), 9), GenRequest((7,), 6)]
     sampler = Sampler(temperature=0.9, top_p=0.95, seed=3)
-    whole, _ = generate_reference(cfg, w, requests, sampler)
+    whole, _ = generate_reference(config, w, requests, sampler)
     out = [Completion((5, 6), whole[0].tokens[:4]), Completion((7,), whole[1].tokens, finish=whole[1].finish)]
     (sub,) = resume(requests, out, sampler)
     assert sub.index == 0 and sub.made == 4 and sub.request.prompt_ids == (5, 6, *whole[0].tokens[:4])

@@ -70,31 +70,31 @@ def test_a_figure_outside_the_band_must_say_why():
 
 
 def test_the_decode_slows_down_as_its_region_grows_because_the_reductions_grow():
-    cfg, _ = model_by_name("llama3-8b")
-    times = [fd.decode_token_seconds(WSE2, cfg, p) for p in (420, 540, 660)]
+    config, _ = model_by_name("llama3-8b")
+    times = [fd.decode_token_seconds(WSE2, config, p) for p in (420, 540, 660)]
     assert times == sorted(times)  # WaferLLM's Table 4: 2699.9, 2501.5, 2243.3 tokens/s
-    small, large = fd.decode_categories(WSE2, cfg, 420), fd.decode_categories(WSE2, cfg, 660)
+    small, large = fd.decode_categories(WSE2, config, 420), fd.decode_categories(WSE2, config, 660)
     assert large["allreduce"] > small["allreduce"] and large["attention"] > small["attention"]
     assert large["gemv"] < small["gemv"]
 
 
 def test_the_kv_capacity_counts_the_wafers_sram():
-    cfg, _ = model_by_name("llama2-13b")
-    most = fd.most_tokens(cfg, WSE2, WSE2.full_mesh, 1, "float16", 1 << 20)
-    plan = next((s, f) for s in fd.wafer.strategies(cfg.n_layers)
-                for f in fd.wafer.floors(cfg, WSE2, WSE2.full_mesh, fd.KVReserve(most, 1), "float16", s))
-    use = fd.sram_use(cfg, WSE2, plan, most)
+    config, _ = model_by_name("llama2-13b")
+    most = fd.most_tokens(config, WSE2, WSE2.full_mesh, 1, "float16", 1 << 20)
+    plan = next((s, f) for s in fd.wafer.strategies(config.n_layers)
+                for f in fd.wafer.floors(config, WSE2, WSE2.full_mesh, fd.KVReserve(most, 1), "float16", s))
+    use = fd.sram_use(config, WSE2, plan, most)
     assert sum(use.values()) == WSE2.cores * WSE2.sram_bytes and min(use.values()) >= 0
-    assert use["K/V"] >= most * 2 * cfg.n_layers * cfg.kv_dim * 2  # every position's K and V, 16-bit
+    assert use["K/V"] >= most * 2 * config.n_layers * config.kv_dim * 2  # every position's K and V, 16-bit
 
 
 @pytest.mark.parametrize("name", ["llama3-8b", "llama2-13b"])
 def test_the_longest_decode_fills_every_byte_but_weights_and_scratch(name):
     """One request on the whole wafer: cores x (SRAM - scratch) - weights, over a token's K/V of every layer."""
-    cfg, _ = model_by_name(name)
-    weights = 2 * cfg.params()  # float16
-    per_token = 2 * cfg.n_layers * cfg.kv_dim * 2  # K and V, float16
+    config, _ = model_by_name(name)
+    weights = 2 * config.params()  # float16
+    per_token = 2 * config.n_layers * config.kv_dim * 2  # K and V, float16
     for scratch in (0, 4096):
-        got = fd.longest_decode(cfg, WSE2, scratch)
+        got = fd.longest_decode(config, WSE2, scratch)
         assert got == (750 * 994 * (48 * 1024 - scratch) - weights) // per_token
-    assert fd.longest_decode(cfg, WSE2, 48 * 1024) == 0  # no room: nothing fits, never negative
+    assert fd.longest_decode(config, WSE2, 48 * 1024) == 0  # no room: nothing fits, never negative

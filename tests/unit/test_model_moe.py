@@ -35,10 +35,10 @@ def test_route_picks_the_top_k_and_gates_sum_to_one() -> None:
 
 @pytest.mark.parametrize("shared", [0, 24])
 def test_moe_ffn_is_the_gated_sum_of_the_chosen_experts(shared: int) -> None:
-    cfg = tiny_moe_config(n_experts=4, top_k=2, shared_hidden_dim=shared)
-    lw = synthetic_llama(cfg, seed=3).layers[0]
-    h = np.random.default_rng(0).standard_normal((5, cfg.dim), dtype=np.float32)  # (T, dim)
-    out = ffn(h, lw, cfg)
+    config = tiny_moe_config(n_experts=4, top_k=2, shared_hidden_dim=shared)
+    lw = synthetic_llama(config, seed=3).layers[0]
+    h = np.random.default_rng(0).standard_normal((5, config.dim), dtype=np.float32)  # (T, dim)
+    out = ffn(h, lw, config)
     assert out.shape == h.shape and out.dtype == np.float32
     logits = h @ lw.router.T  # (T, E)
     for t in range(len(h)):
@@ -53,22 +53,22 @@ def test_moe_ffn_is_the_gated_sum_of_the_chosen_experts(shared: int) -> None:
 
 
 def test_all_experts_with_equal_gates_is_the_dense_ffn_cut_in_pieces() -> None:
-    dense_cfg = tiny_config()
-    dense = synthetic_llama(dense_cfg, seed=4)
-    cfg, w = cut_into_experts(dense_cfg, dense, ExpertCut(4, 4, seed=None))
-    assert (cfg.n_experts, cfg.top_k, cfg.hidden_dim) == (4, 4, 32) and w.layers[0].wq is dense.layers[0].wq
-    h = np.random.default_rng(1).standard_normal((3, cfg.dim), dtype=np.float32)
-    np.testing.assert_allclose(ffn(h, w.layers[1], cfg), ffn(h, dense.layers[1], dense_cfg), rtol=1e-5, atol=1e-6)
+    dense_config = tiny_config()
+    dense = synthetic_llama(dense_config, seed=4)
+    config, w = cut_into_experts(dense_config, dense, ExpertCut(4, 4, seed=None))
+    assert (config.n_experts, config.top_k, config.hidden_dim) == (4, 4, 32) and w.layers[0].wq is dense.layers[0].wq
+    h = np.random.default_rng(1).standard_normal((3, config.dim), dtype=np.float32)
+    np.testing.assert_allclose(ffn(h, w.layers[1], config), ffn(h, dense.layers[1], dense_config), rtol=1e-5, atol=1e-6)
     ids = [5, 6, 7, 8]
-    want = ReferenceModel(dense_cfg, dense).prefill(ids, KVCache(dense_cfg))
-    np.testing.assert_allclose(ReferenceModel(cfg, w).prefill(ids, KVCache(cfg)), want, rtol=1e-4, atol=1e-5)
+    want = ReferenceModel(dense_config, dense).prefill(ids, KVCache(dense_config))
+    np.testing.assert_allclose(ReferenceModel(config, w).prefill(ids, KVCache(config)), want, rtol=1e-4, atol=1e-5)
 
 
 def test_a_seeded_router_with_top_k_below_n_experts_routes_tokens_apart() -> None:
-    dense_cfg = tiny_config()
-    cfg, w = cut_into_experts(dense_cfg, synthetic_llama(dense_cfg, seed=4), ExpertCut(4, 2, seed=7))
-    h = np.random.default_rng(2).standard_normal((16, cfg.dim), dtype=np.float32)
-    experts, gates = route(h, w.layers[0].router, cfg.top_k)
+    dense_config = tiny_config()
+    config, w = cut_into_experts(dense_config, synthetic_llama(dense_config, seed=4), ExpertCut(4, 2, seed=7))
+    h = np.random.default_rng(2).standard_normal((16, config.dim), dtype=np.float32)
+    experts, gates = route(h, w.layers[0].router, config.top_k)
     assert len({tuple(sorted(r)) for r in experts.tolist()}) > 2  # tokens choose different pairs
     assert gates.min() < 0.45  # the gates are not all equal
     assert not np.array_equal(w.layers[0].router, w.layers[1].router)
@@ -79,15 +79,15 @@ def test_a_cut_refuses_what_cannot_be_cut() -> None:
         cut_into_experts(tiny_config(), synthetic_llama(tiny_config()), ExpertCut(5, 2))
     with pytest.raises(ValueError, match="top_k 3 must be 1..n_experts"):
         ExpertCut(2, 3)
-    cfg = tiny_moe_config()
+    config = tiny_moe_config()
     with pytest.raises(ValueError, match="already is a mixture"):
-        cut_into_experts(cfg, synthetic_llama(cfg), ExpertCut(2, 1))
+        cut_into_experts(config, synthetic_llama(config), ExpertCut(2, 1))
 
 
 def test_moe_model_steps_equal_prefill_and_batch_and_routes_vary() -> None:
-    cfg = tiny_moe_config(n_experts=4, top_k=1, shared_hidden_dim=16)
-    w = synthetic_llama(cfg, seed=5)
-    model = ReferenceModel(cfg, w)
+    config = tiny_moe_config(n_experts=4, top_k=1, shared_hidden_dim=16)
+    w = synthetic_llama(config, seed=5)
+    model = ReferenceModel(config, w)
     ids = [3, 17, 99, 4, 250]
     cache = model.new_cache()
     for pos, t in enumerate(ids):
@@ -106,15 +106,15 @@ def test_config_and_weights_refuse_what_does_not_fit() -> None:
         tiny_moe_config(n_experts=4, top_k=5)
     with pytest.raises(ValueError, match="need n_experts"):
         dataclasses.replace(tiny_config(), top_k=2)
-    cfg = tiny_moe_config()
-    w = synthetic_llama(cfg)
-    assert set(LayerWeights.shapes(cfg)) >= {"router", "w_gate_exps"} and w.layers[0].w_gate is None
-    assert cfg.layer_params(active=True) < cfg.layer_params()
+    config = tiny_moe_config()
+    w = synthetic_llama(config)
+    assert set(LayerWeights.shapes(config)) >= {"router", "w_gate_exps"} and w.layers[0].w_gate is None
+    assert config.layer_params(active=True) < config.layer_params()
     assert tiny_config().layer_params(active=True) == tiny_config().layer_params()
     with pytest.raises(ValueError, match="router is missing"):
-        ReferenceModel(cfg, dataclasses.replace(w, layers=(dataclasses.replace(w.layers[0], router=None),
+        ReferenceModel(config, dataclasses.replace(w, layers=(dataclasses.replace(w.layers[0], router=None),
                                                            *w.layers[1:])))
     dense = synthetic_llama(tiny_config())
     with pytest.raises(ValueError, match="w_gate is set but"):
         first = dataclasses.replace(w.layers[0], w_gate=dense.layers[0].w_gate)
-        ReferenceModel(cfg, dataclasses.replace(w, layers=(first, *w.layers[1:])))
+        ReferenceModel(config, dataclasses.replace(w, layers=(first, *w.layers[1:])))

@@ -26,11 +26,11 @@ from waferrt.model.moe import ExpertCut, cut_into_experts
 
 @pytest.mark.parametrize("shared", [0, 16])
 def test_an_moe_gguf_round_trips_with_llama_cpp_names(tmp_path: Path, shared: int) -> None:
-    cfg = tiny_moe_config(n_experts=4, top_k=2, shared_hidden_dim=shared)
-    w = synthetic_llama(cfg, seed=2)
-    write_gguf(tmp_path / "moe.gguf", cfg, w)
+    config = tiny_moe_config(n_experts=4, top_k=2, shared_hidden_dim=shared)
+    w = synthetic_llama(config, seed=2)
+    write_gguf(tmp_path / "moe.gguf", config, w)
     config, loaded, _ = load_gguf(tmp_path / "moe.gguf")
-    assert config == cfg
+    assert config == config
     for name, a in w.layers[2].arrays().items():
         np.testing.assert_array_equal(getattr(loaded.layers[2], name), a, err_msg=name)
     import gguf
@@ -43,27 +43,27 @@ def test_an_moe_gguf_round_trips_with_llama_cpp_names(tmp_path: Path, shared: in
 
 def test_the_cache_keeps_the_experts(tmp_path: Path, monkeypatch) -> None:
     monkeypatch.setenv("WAFERRT_CACHE", str(tmp_path / "cache"))
-    cfg = tiny_moe_config(n_experts=4, top_k=1, shared_hidden_dim=8)
-    w = synthetic_llama(cfg, seed=3)
-    write_gguf(tmp_path / "moe.gguf", cfg, w)
+    config = tiny_moe_config(n_experts=4, top_k=1, shared_hidden_dim=8)
+    w = synthetic_llama(config, seed=3)
+    write_gguf(tmp_path / "moe.gguf", config, w)
     load_model(tmp_path / "moe.gguf")
     config, again, _ = load_model(tmp_path / "moe.gguf")  # from the cache, memory-mapped
-    assert config == cfg and isinstance(again.layers[1].w_down_exps, np.memmap)
+    assert config == config and isinstance(again.layers[1].w_down_exps, np.memmap)
     np.testing.assert_array_equal(again.layers[1].w_down_exps, w.layers[1].w_down_exps)
     np.testing.assert_array_equal(again.layers[1].w_gate, w.layers[1].w_gate)
 
 
 def test_convert_writes_a_moe_the_reference_decodes(tmp_path: Path, capsys) -> None:
-    dense_cfg = dataclasses.replace(tiny_config(), vocab_size=264)
-    dense = synthetic_llama(dense_cfg, seed=4)
-    write_gguf(tmp_path / "dense.gguf", dense_cfg, dense)
+    dense_config = dataclasses.replace(tiny_config(), vocab_size=264)
+    dense = synthetic_llama(dense_config, seed=4)
+    write_gguf(tmp_path / "dense.gguf", dense_config, dense)
     out = tmp_path / "moe.gguf"
     assert main(["convert", "--moe", "4,4", "--router", "zero", "--model", str(tmp_path / "dense.gguf"), str(out)]) == 0
     assert "4 experts of width 32, top-4" in capsys.readouterr().out
-    cfg, w, _ = load_gguf(out)
+    config, w, _ = load_gguf(out)
     ids = [3, 4, 5]
-    want = ReferenceModel(dense_cfg, dense).prefill(ids, KVCache(dense_cfg))
-    np.testing.assert_allclose(ReferenceModel(cfg, w).prefill(ids, KVCache(cfg)), want, rtol=1e-4, atol=1e-5)
+    want = ReferenceModel(dense_config, dense).prefill(ids, KVCache(dense_config))
+    np.testing.assert_allclose(ReferenceModel(config, w).prefill(ids, KVCache(config)), want, rtol=1e-4, atol=1e-5)
 
 
 @pytest.fixture(scope="module")
@@ -78,18 +78,18 @@ def smollm2():
 
 def test_smollm2_moe_with_every_expert_and_equal_gates_is_smollm2(smollm2) -> None:
     config, weights = smollm2
-    cfg, w = cut_into_experts(config, weights, ExpertCut(8, 8, seed=None))
+    config, w = cut_into_experts(config, weights, ExpertCut(8, 8, seed=None))
     ids = [504, 3575, 282, 4649, 314]  # "The capital of France is"
     want = ReferenceModel(config, weights).prefill(ids, KVCache(config))
-    got = ReferenceModel(cfg, w).prefill(ids, KVCache(cfg))
+    got = ReferenceModel(config, w).prefill(ids, KVCache(config))
     np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4)
     assert int(np.argmax(got)) == int(np.argmax(want))
 
 
 def test_smollm2_moe_with_a_seeded_router_routes_by_token(smollm2) -> None:
     config, weights = smollm2
-    cfg, w = cut_into_experts(config, weights, ExpertCut(8, 2, seed=0))
+    config, w = cut_into_experts(config, weights, ExpertCut(8, 2, seed=0))
     h = np.asarray(weights.embed[[504, 3575, 282, 4649, 314, 9, 17, 2000]])  # (8, dim)
-    experts, _ = route(h, w.layers[0].router, cfg.top_k)
+    experts, _ = route(h, w.layers[0].router, config.top_k)
     assert len({tuple(sorted(r)) for r in experts.tolist()}) >= 4
-    assert np.isfinite(ReferenceModel(cfg, w).prefill([504, 3575, 282], KVCache(cfg))).all()
+    assert np.isfinite(ReferenceModel(config, w).prefill([504, 3575, 282], KVCache(config))).all()

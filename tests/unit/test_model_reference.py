@@ -38,20 +38,20 @@ def model() -> ReferenceModel:
 
 
 def test_every_activation_stays_float32(model: ReferenceModel) -> None:
-    cfg, lw = model.config, model.weights.layers[0]
+    config, lw = model.config, model.weights.layers[0]
     x = model.weights.embed[5]
-    h = rmsnorm(x, lw.attn_norm, cfg.norm_eps)
-    cos, sin = rope_cos_sin(3, cfg.head_dim, cfg.rope_theta)
-    q, k, v = qkv_rope(h, lw, cfg, cos, sin)
-    kc = np.random.default_rng(0).standard_normal((cfg.n_kv_heads, 4, cfg.head_dim), dtype=F32)
-    a = attention(q, kc, kc, cfg.n_heads // cfg.n_kv_heads)
+    h = rmsnorm(x, lw.attn_norm, config.norm_eps)
+    cos, sin = rope_cos_sin(3, config.head_dim, config.rope_theta)
+    q, k, v = qkv_rope(h, lw, config, cos, sin)
+    kc = np.random.default_rng(0).standard_normal((config.n_kv_heads, 4, config.head_dim), dtype=F32)
+    a = attention(q, kc, kc, config.n_heads // config.n_kv_heads)
     m = swiglu(h, lw.w_gate, lw.w_up, lw.w_down)
     cache = model.new_cache()
-    y = layer_forward(x, Layer(lw, cfg), cache.k[0], cache.v[0], Rope(0, cos, sin))
+    y = layer_forward(x, Layer(lw, config), cache.k[0], cache.v[0], Rope(0, cos, sin))
     for name, arr in dict(h=h, cos=cos, sin=sin, q=q, k=k, v=v, a=a, m=m, y=y, kcache=cache.k[0]).items():
         assert arr.dtype == F32, name
     logits = model.step(7, 0, model.new_cache())
-    assert logits.dtype == F32 and logits.shape == (cfg.vocab_size,)
+    assert logits.dtype == F32 and logits.shape == (config.vocab_size,)
 
 
 def test_rmsnorm_matches_definition() -> None:
@@ -171,22 +171,22 @@ def test_step_rejects_gaps_bad_ids_and_overflow(model: ReferenceModel) -> None:
 
 
 def test_synthetic_weights_are_seeded_tied_and_o1() -> None:
-    cfg = tiny_config()
-    a, b, c = synthetic_llama(cfg, 0), synthetic_llama(cfg, 0), synthetic_llama(cfg, 1)
+    config = tiny_config()
+    a, b, c = synthetic_llama(config, 0), synthetic_llama(config, 0), synthetic_llama(config, 1)
     np.testing.assert_array_equal(a.layers[2].wq, b.layers[2].wq)
     assert not np.array_equal(a.layers[2].wq, c.layers[2].wq)
     assert a.tied and a.head is a.embed
-    assert a.nbytes() == cfg.params() * 4
-    logits = ReferenceModel(cfg, a).prefill(list(range(20)), KVCache(cfg))
+    assert a.nbytes() == config.params() * 4
+    logits = ReferenceModel(config, a).prefill(list(range(20)), KVCache(config))
     assert 0.1 < float(logits.std()) < 10
 
 
 def test_untied_config_and_shape_check() -> None:
-    cfg = LlamaConfig(
+    config = LlamaConfig(
         vocab_size=32, dim=16, n_layers=1, n_heads=2, n_kv_heads=1, hidden_dim=24, tie_embeddings=False
     )
-    w = synthetic_llama(cfg, 0)
-    assert not w.tied and w.nbytes() == cfg.params() * 4
+    w = synthetic_llama(config, 0)
+    assert not w.tied and w.nbytes() == config.params() * 4
     with pytest.raises(ValueError, match="layers"):
         w.check(tiny_config())
 
@@ -209,15 +209,15 @@ def test_batched_decode_gives_the_one_at_a_time_tokens():
     position) give the tokens of decoding them one at a time, and the logits agree to float32 rounding."""
     from waferrt.serving import GenRequest, generate_batched, generate_reference
 
-    cfg = tiny_config()
-    w = synthetic_llama(cfg, seed=7)
+    config = tiny_config()
+    w = synthetic_llama(config, seed=7)
     requests = [GenRequest((5, 6, 7), 9), GenRequest((100,), 12), GenRequest((1, 2, 3, 4, 5), 5, (77,))]
     sampler = Sampler(temperature=0.7, top_k=20, seed=3)
-    one, _ = generate_reference(cfg, w, requests, sampler)
-    together, stats = generate_batched(cfg, w, requests, sampler)
+    one, _ = generate_reference(config, w, requests, sampler)
+    together, stats = generate_batched(config, w, requests, sampler)
     assert [c.tokens for c in together] == [c.tokens for c in one]
     assert [c.finish for c in together] == [c.finish for c in one] and stats.tokens == sum(len(c.tokens) for c in one)
-    model = ReferenceModel(cfg, w)
+    model = ReferenceModel(config, w)
     histories = ([5, 6, 7], [100])  # two requests at different positions
     apart, together = ([model.new_cache() for _ in histories] for _ in range(2))
     for caches in (apart, together):

@@ -87,12 +87,12 @@ def test_the_decode_balances_while_it_runs_and_keeps_the_reference_tokens():
     from waferrt.scheduler import KVReserve, plan
     from waferrt.serving import GenRequest, LocalDecoder, generate_reference
 
-    cfg = tiny_moe_config(n_experts=4, top_k=1)
-    w = synthetic_llama(cfg, seed=5)
-    placement = dataclasses.replace(plan(cfg, TINY, MeshSpec(16, 16, 8, 8), kv=KVReserve(32, 2)), balance=2)
+    config = tiny_moe_config(n_experts=4, top_k=1)
+    w = synthetic_llama(config, seed=5)
+    placement = dataclasses.replace(plan(config, TINY, MeshSpec(16, 16, 8, 8), kv=KVReserve(32, 2)), balance=2)
     requests = [GenRequest((5, 6, 7), 12), GenRequest((9,), 12)]
-    want, _ = generate_reference(cfg, w, requests, Sampler())
-    dec = LocalDecoder(cfg, w, placement)
+    want, _ = generate_reference(config, w, requests, Sampler())
+    dec = LocalDecoder(config, w, placement)
     got, _ = dec.generate(requests, Sampler())
     assert [c.tokens for c in got] == [c.tokens for c in want]
     swaps = [sw for p in dec.programs.values() for sh in p.layers.values() for sw in sh.swaps]

@@ -27,8 +27,8 @@ def test_the_named_moe_shapes_are_their_config_json():
 
 
 def test_a_fitting_moe_gets_its_experts_per_region_and_all_to_all():
-    cfg = tiny_moe_config(n_experts=4, top_k=2)
-    est = dataclasses.replace(estimate(cfg, TINY, (64, 64), KVReserve(64, 2), "float32"), label="tiny-moe")
+    config = tiny_moe_config(n_experts=4, top_k=2)
+    est = dataclasses.replace(estimate(config, TINY, (64, 64), KVReserve(64, 2), "float32"), label="tiny-moe")
     assert est.fits and est.breakdown_s["alltoall"] > 0
     moe = moe_estimate(est)
     er, naive = moe.mappings["er"], moe.mappings["naive"]

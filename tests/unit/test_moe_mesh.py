@@ -54,13 +54,13 @@ def test_naive_blocks_are_square_ish_and_er_bands_are_rows():
 @pytest.mark.parametrize("shared", [0, 16])
 @pytest.mark.parametrize("fast", [True, False], ids=["fast", "checked"])
 def test_an_moe_layer_on_cores_equals_the_reference(mapping, shared, fast):
-    cfg = tiny_moe_config(n_experts=4, top_k=2, shared_hidden_dim=shared)
-    w = synthetic_llama(cfg, seed=1)
+    config = tiny_moe_config(n_experts=4, top_k=2, shared_hidden_dim=shared)
+    w = synthetic_llama(config, seed=1)
     region, coll, ledger = Region(0, 0, 8, 4), Collectives("ktree", 2, fast), Ledger(TINY)
-    shards = [MoELayerShard(Decoding(cfg, coll=coll), region, pack_moe_layer(cfg, lw, region, mapping), (2, 24), ledger)
+    shards = [MoELayerShard(Decoding(config, coll=coll), region, pack_moe_layer(config, lw, region, mapping), (2, 24), ledger)
               for lw in w.layers]
-    embed = EmbedShard(cfg, region, pack_embed(cfg, w.embed, w.final_norm, region), ledger, coll)
-    ref = ReferenceModel(cfg, w)
+    embed = EmbedShard(config, region, pack_embed(config, w.embed, w.final_norm, region), ledger, coll)
+    ref = ReferenceModel(config, w)
     cache = ref.new_cache()
     for pos, tok in enumerate([5, 17, 100, 3, 9]):
         want = ref.step(tok, pos, cache)
@@ -68,7 +68,7 @@ def test_an_moe_layer_on_cores_equals_the_reference(mapping, shared, fast):
         for shard in shards:
             x = shard.forward(x, np.array([1]), np.array([pos]))
         np.testing.assert_allclose(embed.logits(x)[0], want, atol=1e-4, rtol=1e-4)
-    assert sum(s.routed.sum() for s in shards) == 5 * cfg.top_k * cfg.n_layers
+    assert sum(s.routed.sum() for s in shards) == 5 * config.top_k * config.n_layers
 
 
 def test_the_ledger_books_what_the_links_carried():
@@ -158,16 +158,16 @@ def test_an_moe_layer_books_its_closed_form(w, h, batch, shared, mapping):
     mapping the Decoding names."""
     from waferrt.decode.cost import Decoding, layer_decode_cost
 
-    cfg = tiny_moe_config(n_experts=4, top_k=2, shared_hidden_dim=shared)
-    lw = dataclasses.replace(synthetic_llama(cfg, seed=2).layers[0], router=np.zeros((4, cfg.dim), np.float32))
+    config = tiny_moe_config(n_experts=4, top_k=2, shared_hidden_dim=shared)
+    lw = dataclasses.replace(synthetic_llama(config, seed=2).layers[0], router=np.zeros((4, config.dim), np.float32))
     region, ledger = Region(0, 0, w, h), Ledger(TINY)
-    shard = MoELayerShard(Decoding(cfg), region, pack_moe_layer(cfg, lw, region, mapping), (batch, 20), ledger)
-    chunks = Chunks(cfg.dim, w)
+    shard = MoELayerShard(Decoding(config), region, pack_moe_layer(config, lw, region, mapping), (batch, 20), ledger)
+    chunks = Chunks(config.dim, w)
     for pos in range(3):
         ledger.clear()
-        x = chunks.split(np.random.default_rng(pos).standard_normal((batch, cfg.dim)).astype(np.float32))
+        x = chunks.split(np.random.default_rng(pos).standard_normal((batch, config.dim)).astype(np.float32))
         shard.forward(x, np.arange(batch), np.full(batch, pos))
-        assert ledger.by_op["layer"] == layer_decode_cost(TINY, Decoding(cfg, experts=mapping), region, pos + 1, batch,
+        assert ledger.by_op["layer"] == layer_decode_cost(TINY, Decoding(config, experts=mapping), region, pos + 1, batch,
                                                           moving=pos % w)
 
 
@@ -178,8 +178,8 @@ def test_the_estimators_sram_closed_form_is_what_an_moe_region_books(shared, dty
     from waferrt.scheduler import wafer
     from waferrt.scheduler.types import Workload
 
-    cfg = tiny_moe_config(n_experts=4, top_k=2, shared_hidden_dim=shared)
+    config = tiny_moe_config(n_experts=4, top_k=2, shared_hidden_dim=shared)
     for w, h in [(1, 1), (8, 4), (5, 3), (16, 8), (3, 2)]:
         shape = wafer.Shape(w, h)
-        work = Workload(cfg, KVReserve(64, 2), dtype)
-        assert wafer.layer_core_bytes(work, shape) == layer_core_bytes(cfg, shape.region(), 64, 2, dtype)
+        work = Workload(config, KVReserve(64, 2), dtype)
+        assert wafer.layer_core_bytes(work, shape) == layer_core_bytes(config, shape.region(), 64, 2, dtype)

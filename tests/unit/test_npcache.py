@@ -21,18 +21,18 @@ from waferrt.model.npcache import MappedArray, by_reference, cache_root, cached,
 
 def test_first_load_writes_later_loads_map_the_same_weights(tmp_path, monkeypatch):
     monkeypatch.setenv("WAFERRT_CACHE", str(tmp_path / "cache"))
-    cfg, w = tiny_config(), synthetic_llama(tiny_config(), seed=3)
+    config, w = tiny_config(), synthetic_llama(tiny_config(), seed=3)
     path = tmp_path / "tiny.gguf"
-    write_gguf(path, cfg, w)
+    write_gguf(path, config, w)
     assert not cached(path)
     config, first, tok = load_model(path)
-    assert cached(path) and config == cfg
+    assert cached(path) and config == config
     config2, again, tok2 = load_model(path)
     assert isinstance(again.layers[1].w_up, np.memmap) and again.tied and again.head is again.embed
     np.testing.assert_array_equal(again.layers[1].w_up, w.layers[1].w_up)
     np.testing.assert_array_equal(again.embed, first.embed)
-    assert tok2.tokens == tok.tokens and tok2.merges == tok.merges and load_meta(path)[0] == cfg
-    write_gguf(path, cfg, synthetic_llama(cfg, seed=4))  # the file changed: a new entry, new numbers
+    assert tok2.tokens == tok.tokens and tok2.merges == tok.merges and load_meta(path)[0] == config
+    write_gguf(path, config, synthetic_llama(config, seed=4))  # the file changed: a new entry, new numbers
     assert not cached(path)
     assert not np.array_equal(load_model(path)[1].embed, first.embed)
     assert len([p for p in (tmp_path / "cache").iterdir() if not p.name.startswith(".")]) == 2
@@ -40,8 +40,8 @@ def test_first_load_writes_later_loads_map_the_same_weights(tmp_path, monkeypatc
 
 def test_a_cached_array_travels_by_reference(tmp_path, monkeypatch):
     monkeypatch.setenv("WAFERRT_CACHE", str(tmp_path / "cache"))
-    cfg = tiny_config()
-    write_gguf(tmp_path / "m.gguf", cfg, synthetic_llama(cfg, seed=5))
+    config = tiny_config()
+    write_gguf(tmp_path / "m.gguf", config, synthetic_llama(config, seed=5))
     load_model(tmp_path / "m.gguf")
     _, w, _ = load_model(tmp_path / "m.gguf")
     layer = w.layers[2]
@@ -64,15 +64,15 @@ def test_the_embedding_table_is_cut_from_its_file_block_by_block(tmp_path, monke
 
     monkeypatch.setenv("WAFERRT_CACHE", str(tmp_path / "cache"))
     monkeypatch.setattr(pack, "ROWS_PER_BLOCK", 37)  # several blocks, the last one short
-    cfg = tiny_config()
-    write_gguf(tmp_path / "m.gguf", cfg, synthetic_llama(cfg, seed=6))
+    config = tiny_config()
+    write_gguf(tmp_path / "m.gguf", config, synthetic_llama(config, seed=6))
     load_model(tmp_path / "m.gguf")
     _, w, _ = load_model(tmp_path / "m.gguf")
     table = by_reference(w.embed)
     np.testing.assert_array_equal(table.read_rows(40, 90), w.embed[40:90])
     for region in (Region(0, 0, 3, 5), Region(0, 0, 1, 1), Region(0, 0, 7, 2)):
-        got = pack.pack_embed(cfg, table, w.final_norm, region)["table"]
-        want = pack.out_in(to_blocks(w.embed, embed_layout(cfg, region)), "y")
+        got = pack.pack_embed(config, table, w.final_norm, region)["table"]
+        want = pack.out_in(to_blocks(w.embed, embed_layout(config, region)), "y")
         np.testing.assert_array_equal(got, want)
 
 
@@ -102,9 +102,9 @@ def test_a_damaged_entry_is_said_and_rebuilt(tmp_path, monkeypatch, caplog, how)
     """The damage is found when the entry is mapped, named on one line (the file, why, rebuilding), and the
     entry rebuilt: the weights equal the GGUF's, and the entry after is whole (the next load maps it)."""
     monkeypatch.setenv("WAFERRT_CACHE", str(tmp_path / "cache"))
-    cfg, w = tiny_config(), synthetic_llama(tiny_config(), seed=7)
+    config, w = tiny_config(), synthetic_llama(tiny_config(), seed=7)
     path = tmp_path / "tiny.gguf"
-    write_gguf(path, cfg, w)
+    write_gguf(path, config, w)
     load_model(path)
     (entry,) = [p for p in cache_root().iterdir() if not p.name.startswith(".")]
     assert damaged(entry) == ""
@@ -129,12 +129,12 @@ def test_a_damaged_entry_is_said_and_rebuilt(tmp_path, monkeypatch, caplog, how)
 
 def test_a_garbled_meta_json_is_rebuilt(tmp_path, monkeypatch, caplog):
     monkeypatch.setenv("WAFERRT_CACHE", str(tmp_path / "cache"))
-    cfg, w = tiny_config(), synthetic_llama(tiny_config(), seed=8)
-    write_gguf(tmp_path / "m.gguf", cfg, w)
+    config, w = tiny_config(), synthetic_llama(tiny_config(), seed=8)
+    write_gguf(tmp_path / "m.gguf", config, w)
     load_model(tmp_path / "m.gguf")
     (entry,) = [p for p in cache_root().iterdir() if not p.name.startswith(".")]
     (entry / "meta.json").write_text('{"config": {')
-    assert load_meta(tmp_path / "m.gguf")[0] == cfg  # from the GGUF's header meanwhile
+    assert load_meta(tmp_path / "m.gguf")[0] == config  # from the GGUF's header meanwhile
     with caplog.at_level(logging.WARNING, logger="waferrt.cache"):
         _, got, _ = load_model(tmp_path / "m.gguf")
     assert len(caplog.records) == 1 and "meta.json is unreadable" in caplog.records[0].getMessage()

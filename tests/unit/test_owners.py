@@ -77,21 +77,21 @@ def test_the_heatmap_draws_the_handover_the_tiles_book():
     assert float(img[r0.y0:r0.y1, r0.x0:r0.x1].sum()) == pytest.approx(hand + work, rel=1e-9)
 
 
-@pytest.mark.parametrize("cfg,region,tokens,requests", [
+@pytest.mark.parametrize("config,region,tokens,requests", [
     (CFG, Region(0, 0, 4, 2), 16, 2), (CFG, Region(0, 0, 8, 4), 32, 3),
     (SMOLLM2_135M, Region(0, 0, 64, 32), 512, 8), (SMOLLM2_135M, Region(0, 0, 288, 32), 512, 8),
     (SMOLLM2_135M, Region(0, 0, 576, 16), 1024, 4),
 ])
 @pytest.mark.parametrize("dtype", ["float32", "float16"])
-def test_the_streaming_estimate_books_what_the_tiles_book(cfg, region, tokens, requests, dtype):
+def test_the_streaming_estimate_books_what_the_tiles_book(config, region, tokens, requests, dtype):
     """The double buffer and the fullest core of a streaming region: the estimator's closed form equals
     decode.layout.stream_booking (what the tiles book). Before issue 17 the estimator sized the buffer by
     the whole head block per core (27,648 B against 3,492 B for SmolLM2 float16 on 64x32)."""
     shape = wafer.Shape(region.w, region.h)
-    assert sst._core_bytes(cfg, shape, tokens, requests, dtype) == dl.most_bytes(
-        dl.stream_booking(cfg, region, tokens, requests, dtype))
-    layer = sum(lay.max_block_bytes() for lay in dl.layer_layouts(cfg, region, dtype).values())
-    assert dl.layer_block_bytes(cfg, region, dtype) == layer
+    assert sst._core_bytes(config, shape, tokens, requests, dtype) == dl.most_bytes(
+        dl.stream_booking(config, region, tokens, requests, dtype))
+    layer = sum(lay.max_block_bytes() for lay in dl.layer_layouts(config, region, dtype).values())
+    assert dl.layer_block_bytes(config, region, dtype) == layer
 
 
 def test_smollm2_double_buffer_on_64x32_is_two_layer_blocks():

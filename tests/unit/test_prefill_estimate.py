@@ -22,15 +22,15 @@ from waferrt.scheduler.types import KVReserve
 
 
 def _est(model: str, spec, requests: int = 8):
-    cfg, label = model_by_name(model)
-    return replace(estimate(cfg, spec, spec.full_mesh, KVReserve(min(4096, cfg.max_seq_len), requests), "float16"),
+    config, label = model_by_name(model)
+    return replace(estimate(config, spec, spec.full_mesh, KVReserve(min(4096, config.max_seq_len), requests), "float16"),
                    label=label)
 
 
 @pytest.mark.parametrize("dtype", ["float32", "float16"])
 def test_one_chunk_costs_what_the_emulated_prefill_books(dtype):
-    cfg, label = model_by_name("smollm2-135m")
-    est = replace(estimate(cfg, WSE2, WSE2.full_mesh, KVReserve(2048, 8), dtype), label=label)
+    config, label = model_by_name("smollm2-135m")
+    est = replace(estimate(config, WSE2, WSE2.full_mesh, KVReserve(2048, 8), dtype), label=label)
     region = est.shape.region()
     one = total(c for _, _, c in chunk_parts(est, region, 512, 512))
     weights = weights_move(WSE2, decoding(est), region, dtype).scaled(2)

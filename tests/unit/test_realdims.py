@@ -32,14 +32,14 @@ def test_convert_writes_the_llama3_8b_shape_cut(tmp_path):
     back as Llama3-8B's with the cut's layers, vocabulary and tied head, and every tensor has its real shape."""
     out = tmp_path / "l8b.gguf"
     assert main(["convert", "--shape", "Llama3-8B", "--layers", "1", "--vocab", "512", "--seed", "3", str(out)]) == 0
-    cfg = read_config(out)
-    assert (cfg.dim, cfg.n_heads, cfg.n_kv_heads, cfg.head_dim, cfg.hidden_dim, cfg.rope_theta, cfg.norm_eps) == \
+    config = read_config(out)
+    assert (config.dim, config.n_heads, config.n_kv_heads, config.head_dim, config.hidden_dim, config.rope_theta, config.norm_eps) == \
         (4096, 32, 8, 128, 14336, 500000.0, 1e-5)
-    assert (cfg.n_layers, cfg.vocab_size, cfg.tie_embeddings) == (1, 512, True)
-    assert cfg == Cut("llama3-8b", 1, 512).config()
+    assert (config.n_layers, config.vocab_size, config.tie_embeddings) == (1, 512, True)
+    assert config == Cut("llama3-8b", 1, 512).config()
     tensors = {t.name: (tuple(int(n) for n in reversed(t.shape)), t.tensor_type)
                for t in gguf.GGUFReader(out).tensors}  # ggml dims innermost first: numpy's (out, in) reversed
-    want = {gguf_name(cfg, f"layers[0].{f}"): s for f, s in LayerWeights.shapes(cfg).items()}
+    want = {gguf_name(config, f"layers[0].{f}"): s for f, s in LayerWeights.shapes(config).items()}
     want.update({"token_embd.weight": (512, 4096), "output_norm.weight": (4096,)})
     assert {n: s for n, (s, _) in tensors.items()} == want  # no output.weight: the head is the embedding
     assert {t for _, t in tensors.values()} == {gguf.GGMLQuantizationType.F16}
@@ -52,9 +52,9 @@ def test_a_converted_model_reads_back_as_its_seeded_weights(tmp_path, dtype):
     out = tmp_path / "s.gguf"
     assert main(["convert", "--shape", "smollm2-135m", "--layers", "2", "--vocab", "300", "--seed", "5",
                  "--dtype", dtype, str(out)]) == 0
-    cfg, w, meta = load_gguf(out)
-    assert cfg == Cut("smollm2-135m", 2, 300, 5, dtype).config()
-    ref = synthetic_llama(cfg, 5)
+    config, w, meta = load_gguf(out)
+    assert config == Cut("smollm2-135m", 2, 300, 5, dtype).config()
+    ref = synthetic_llama(config, 5)
     for got, want in [(w.embed, ref.embed), (w.final_norm, ref.final_norm), (w.layers[1].w_down, ref.layers[1].w_down),
                       (w.layers[0].attn_norm, ref.layers[0].attn_norm), (w.layers[0].wq, ref.layers[0].wq)]:
         np.testing.assert_array_equal(got, want.astype(dtype).astype(np.float32))
@@ -131,11 +131,11 @@ def test_packing_a_layer_holds_little_more_than_its_result(dtype, most):
     import tracemalloc
     from dataclasses import replace
 
-    cfg = replace(L8B, vocab_size=256, dim=1024, n_heads=8, n_kv_heads=2, hidden_dim=3584, n_layers=1)  # hd 128, GQA 4
-    layer = synthetic_llama(cfg, 0).layers[0]
+    config = replace(L8B, vocab_size=256, dim=1024, n_heads=8, n_kv_heads=2, hidden_dim=3584, n_layers=1)  # hd 128, GQA 4
+    layer = synthetic_llama(config, 0).layers[0]
     tracemalloc.start()
     try:
-        packed = pack_layer(cfg, layer, Region(0, 0, 7, 4), dtype)
+        packed = pack_layer(config, layer, Region(0, 0, 7, 4), dtype)
         peak = tracemalloc.get_traced_memory()[1]
     finally:
         tracemalloc.stop()

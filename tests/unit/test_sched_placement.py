@@ -64,9 +64,9 @@ def meshes(draw, dead: bool = True) -> MeshSpec:
 kvs = st.builds(KVReserve, st.integers(4, 24), st.integers(1, 3))
 
 
-def _plan_or_none(cfg, mesh, kv, **kw) -> Placement | None:
+def _plan_or_none(config, mesh, kv, **kw) -> Placement | None:
     try:
-        return plan(cfg, SPEC, mesh, kv=kv, **kw)
+        return plan(config, SPEC, mesh, kv=kv, **kw)
     except PlanError as e:
         assert "needs at least" in str(e) or "no mesh size helps" in str(e)
         return None
@@ -74,8 +74,8 @@ def _plan_or_none(cfg, mesh, kv, **kw) -> Placement | None:
 
 @FAST
 @given(models(), meshes(), kvs)
-def test_every_rule_holds(cfg, mesh, kv):
-    p = _plan_or_none(cfg, mesh, kv)
+def test_every_rule_holds(config, mesh, kv):
+    p = _plan_or_none(config, mesh, kv)
     if p is None:
         return
     assert violations(p) == ()
@@ -85,10 +85,10 @@ def test_every_rule_holds(cfg, mesh, kv):
         assert not any(a.contains(c) for c in mesh.dead), "a region uses a dead core"
         assert all(a.intersect(b) is None for b in regions[i + 1:]), "regions overlap"
     assert len({r.shape for r in p.layers}) == 1
-    assert p.layers[0].h <= dl.max_layer_rows(cfg) and p.layers[0].w <= cfg.dim
+    assert p.layers[0].h <= dl.max_layer_rows(config) and p.layers[0].w <= config.dim
     for r in p.layers:
-        assert dl.layer_core_bytes(cfg, r, p.kv_tokens, kv.requests) <= SPEC.sram_bytes
-    assert dl.embed_core_bytes(cfg, p.embed) <= SPEC.sram_bytes
+        assert dl.layer_core_bytes(config, r, p.kv_tokens, kv.requests) <= SPEC.sram_bytes
+    assert dl.embed_core_bytes(config, p.embed) <= SPEC.sram_bytes
     assert p.kv_tokens >= kv.tokens
     rep = plan_report(p)
     assert rep.sram_min <= rep.sram_mean <= rep.sram_max <= SPEC.sram_bytes
@@ -97,8 +97,8 @@ def test_every_rule_holds(cfg, mesh, kv):
 
 @FAST
 @given(models(), meshes(dead=False), kvs)
-def test_consecutive_layers_touch_inside_a_tile_and_cross_one_tile_border(cfg, mesh, kv):
-    p = _plan_or_none(cfg, mesh, kv)
+def test_consecutive_layers_touch_inside_a_tile_and_cross_one_tile_border(config, mesh, kv):
+    p = _plan_or_none(config, mesh, kv)
     if p is None or plan_report(p).straddling:
         return
     _assert_chain_hands_over_tile_by_tile(p, mesh)
@@ -117,21 +117,21 @@ def _assert_chain_hands_over_tile_by_tile(p, mesh) -> None:
 @SEARCH
 @given(models(big=True), st.integers(2, 8), st.integers(2, 8), kvs)
 @example(  # 4x7 and 28x1 tiles of 2x7 hold it too, but are 49 and 56 cores long: off the 40x40 wafer
-    cfg=LlamaConfig(vocab_size=16, dim=64, n_layers=6, n_heads=4, n_kv_heads=2, hidden_dim=64,
+    config=LlamaConfig(vocab_size=16, dim=64, n_layers=6, n_heads=4, n_kv_heads=2, hidden_dim=64,
                     max_seq_len=64),
     tw=2, th=7, kv=KVReserve(15, 2),
 )
-def test_smallest_mesh_fits_and_no_fewer_tiles_do(cfg, tw, th, kv):
-    best = search.smallest_mesh(Workload(cfg, kv), SPEC, (tw, th))
+def test_smallest_mesh_fits_and_no_fewer_tiles_do(config, tw, th, kv):
+    best = search.smallest_mesh(Workload(config, kv), SPEC, (tw, th))
     assume(best is not None)
-    plan(cfg, SPEC, best, kv=kv)  # fits
+    plan(config, SPEC, best, kv=kv)  # fits
     nxs, nys = search.wafer_grid(SPEC, (tw, th))  # smallest_mesh searches the meshes on the wafer only
     assert best.tiles_x <= nxs and best.tiles_y <= nys
     n = best.tiles_x * best.tiles_y
     for nx in range(1, min(n - 1, nxs) + 1):
         for ny in range(1, min((n - 1) // nx, nys) + 1):
             with pytest.raises(PlanError, match=f"--mesh {best.width}x{best.height} --tile {tw}x{th}"):
-                plan(cfg, SPEC, MeshSpec(nx * tw, ny * th, tw, th), kv=kv)
+                plan(config, SPEC, MeshSpec(nx * tw, ny * th, tw, th), kv=kv)
 
 
 @FAST
@@ -256,11 +256,11 @@ def test_smollm2_default_plan_balances_weight_bytes_per_tile():
 
 @FAST
 @given(models(), meshes(dead=False), kvs)
-def test_balancing_keeps_every_rule_and_never_loads_the_busiest_tile_more(cfg, mesh, kv):
-    p = _plan_or_none(cfg, mesh, kv)
+def test_balancing_keeps_every_rule_and_never_loads_the_busiest_tile_more(config, mesh, kv):
+    p = _plan_or_none(config, mesh, kv)
     if p is None:
         return
-    packed = plan(cfg, SPEC, mesh, kv=kv, options=PlanOptions(balance=False))
+    packed = plan(config, SPEC, mesh, kv=kv, options=PlanOptions(balance=False))
     assert violations(p) == ()
     rep, old = plan_report(p), plan_report(packed)
     assert rep.straddling <= old.straddling

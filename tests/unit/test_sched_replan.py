@@ -53,8 +53,8 @@ def _check_moves(p, rp):
 
 @FAST
 @given(models(), meshes(dead=False), kvs, st.data())
-def test_replan_avoids_dead_cores_and_moves_only_what_it_must(cfg, mesh, kv, data):
-    p = _plan_or_none(cfg, mesh, kv)
+def test_replan_avoids_dead_cores_and_moves_only_what_it_must(config, mesh, kv, data):
+    p = _plan_or_none(config, mesh, kv)
     if p is None:
         return
     used = sorted(c for _, r in p.regions() for c in r.cores()) + sorted(p.spare)

@@ -23,10 +23,10 @@ WORDS = ("layer", "tensor", "grouped", "grouped:1", "grouped:2", "grouped:3", "g
 
 @pytest.fixture(scope="module")
 def gguf_path(tmp_path_factory) -> str:
-    cfg = tiny_config()
-    assert cfg.n_layers == 3  # the cases above are chosen for 3 layers
+    config = tiny_config()
+    assert config.n_layers == 3  # the cases above are chosen for 3 layers
     path = tmp_path_factory.mktemp("words") / "tiny.gguf"
-    write_gguf(path, cfg, synthetic_llama(cfg, seed=1))
+    write_gguf(path, config, synthetic_llama(config, seed=1))
     return str(path)
 
 

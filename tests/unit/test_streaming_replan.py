@@ -90,12 +90,12 @@ def test_a_dead_core_or_link_in_the_first_tile_moves_the_region():
     assert plan_streaming(CFG, TINY, wide, kv=KV, options=PlanOptions(dead_links=link)).embed == Region(1, 0, 5, 8)
 
 
-@pytest.mark.parametrize("cfg, kv", [(CFG, KV), (CFG, SMALL_KV), (SMOLLM2_135M, KVReserve(512, 8))],
+@pytest.mark.parametrize("config, kv", [(CFG, KV), (CFG, SMALL_KV), (SMOLLM2_135M, KVReserve(512, 8))],
                          ids=["tiny", "tiny-small-kv", "smollm2"])
-def test_a_cores_share_never_grows_with_the_columns(cfg, kv):
-    for h in range(1, dl.max_layer_rows(cfg) + 1, 3):
-        needs = [stream_bytes(cfg, Region(0, 0, w, h), kv.tokens, kv.requests, "float32")
-                 for w in range(1, cfg.dim + 1, 7)]
+def test_a_cores_share_never_grows_with_the_columns(config, kv):
+    for h in range(1, dl.max_layer_rows(config) + 1, 3):
+        needs = [stream_bytes(config, Region(0, 0, w, h), kv.tokens, kv.requests, "float32")
+                 for w in range(1, config.dim + 1, 7)]
         assert None not in needs and needs == sorted(needs, reverse=True)
 
 

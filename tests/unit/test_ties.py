@@ -55,10 +55,10 @@ STRATEGIES = ("layer", "grouped", "tensor", "streaming")
 SHAPES = ((4, 2), (8, 4), (12, 8))  # (cols, rows): legal for every model (tiny: head_dim 16 -> at most 8 rows)
 KV = KVReserve(24, 2)  # 24 positions: a multiple of every shape's columns (see _context)
 
-def _group(cfg, strategy: str) -> int | None:
+def _group(config, strategy: str) -> int | None:
     """Layers per region of a strategy (None: streaming; 0: the strategy does not apply to this model)."""
-    return {"layer": 1, "tensor": cfg.n_layers, "streaming": None,
-            "grouped": 2 if 2 < cfg.n_layers else 0}[strategy]
+    return {"layer": 1, "tensor": config.n_layers, "streaming": None,
+            "grouped": 2 if 2 < config.n_layers else 0}[strategy]
 
 
 def _grid():
@@ -72,15 +72,15 @@ def _grid():
 def _placement(model: str, dtype: str, strategy: str, shape: tuple[int, int]) -> Placement:
     """The grid point as a Placement (nothing about fitting in SRAM: the regions side by side on one row, the
     embedding first; streaming: one region for every stage)."""
-    cfg, (w, h), g = MODELS[model], shape, _group(MODELS[model], strategy)
+    config, (w, h), g = MODELS[model], shape, _group(MODELS[model], strategy)
     if g is None:
         region = Region(0, 0, w, h)
-        layers, embed, width = (region,) * cfg.n_layers, region, w
+        layers, embed, width = (region,) * config.n_layers, region, w
     else:
-        layers = tuple(Region((1 + i // g) * w, 0, w, h) for i in range(cfg.n_layers))
-        embed, width = Region(0, 0, w, h), (1 + cdiv(cfg.n_layers, g)) * w
-    return Placement(cfg, SPECS[model], MeshSpec(width, h, width, h), dtype, KV, layers, embed, frozenset(), (),
-                     KV.tokens, group=g or cfg.n_layers, streaming=g is None)
+        layers = tuple(Region((1 + i // g) * w, 0, w, h) for i in range(config.n_layers))
+        embed, width = Region(0, 0, w, h), (1 + cdiv(config.n_layers, g)) * w
+    return Placement(config, SPECS[model], MeshSpec(width, h, width, h), dtype, KV, layers, embed, frozenset(), (),
+                     KV.tokens, group=g or config.n_layers, streaming=g is None)
 
 
 def _booked(setup: DecodeSetup) -> dict[Region, int]:
@@ -95,14 +95,14 @@ def _booked(setup: DecodeSetup) -> dict[Region, int]:
 @pytest.mark.parametrize("model,dtype,strategy,shape", _grid())
 def test_the_estimators_bytes_per_core_are_what_the_tiles_book(model, dtype, strategy, shape):
     p = _placement(model, dtype, strategy, shape)
-    cfg, booked, sh = p.config, _booked(DecodeSetup.from_placement(p)), wafer.Shape(*shape)
+    config, booked, sh = p.config, _booked(DecodeSetup.from_placement(p)), wafer.Shape(*shape)
     if p.streaming:
-        assert booked == {p.embed: paper_streaming._core_bytes(cfg, sh, KV.tokens, KV.requests, dtype)}
+        assert booked == {p.embed: paper_streaming._core_bytes(config, sh, KV.tokens, KV.requests, dtype)}
         return
-    want = {p.embed: budget.embed_bytes(cfg, *shape, dtype)}
+    want = {p.embed: budget.embed_bytes(config, *shape, dtype)}
     for region in set(p.layers):
         layers = p.layers.count(region)
-        want[region] = wafer.layer_core_bytes(Workload(cfg, KV, dtype, layers), sh)
+        want[region] = wafer.layer_core_bytes(Workload(config, KV, dtype, layers), sh)
     assert booked == want
 
 
@@ -156,13 +156,13 @@ def test_the_estimators_token_is_what_an_emulated_run_books(dtype, strategy, mes
 def _tiles_streaming_token(p: Placement, ctx: int) -> float:
     """One request's token through a streaming region as its tiles book it: every stage lasts the longer of
     its compute (the closed forms the tiles book, tested above) and its block's stream (decode.streaming)."""
-    spec, cfg, r, dtype = p.spec, p.config, p.embed, p.dtype
+    spec, config, r, dtype = p.spec, p.config, p.embed, p.dtype
     dec = DecodeSetup.from_placement(p).decoding
     layer = layer_decode_cost(spec, dec, r, ctx, 1).cycles
     head = total(c for _, _, c in head_parts(spec, dec, r, 1)).cycles
-    return (stage_cycles(spec, 0.0, streamed_bytes(cfg, "embed", dtype, 1))
-            + cfg.n_layers * stage_cycles(spec, layer, streamed_bytes(cfg, "layer", dtype, 1))
-            + stage_cycles(spec, head, streamed_bytes(cfg, "head", dtype, 1))) / spec.clock_hz
+    return (stage_cycles(spec, 0.0, streamed_bytes(config, "embed", dtype, 1))
+            + config.n_layers * stage_cycles(spec, layer, streamed_bytes(config, "layer", dtype, 1))
+            + stage_cycles(spec, head, streamed_bytes(config, "head", dtype, 1))) / spec.clock_hz
 
 
 @pytest.mark.parametrize("model,dtype,shape", itertools.product(MODELS, DTYPES, SHAPES))
@@ -204,12 +204,12 @@ def test_the_estimators_bytes_match_the_tiles_on_random_shapes():
            tokens=st.integers(1, 600), requests=st.integers(1, 4), layers=st.integers(1, 3),
            dtype=st.sampled_from(("float32", "float16", "bfloat16")))
     def prop(model, w, h, tokens, requests, layers, dtype):
-        cfg = MODELS[model]
+        config = MODELS[model]
         tried.append(model)
-        assume(layers <= cfg.n_layers)  # a Workload runs at most the model's layers on a region
-        assume(wafer.legal(cfg, wafer.Shape(w, h), tokens))
-        want = dl.most_bytes(dl.layer_booking(cfg, Region(0, 0, w, h), tokens, requests, dtype, layers))
-        work = Workload(cfg, KVReserve(tokens, requests), dtype, layers)
+        assume(layers <= config.n_layers)  # a Workload runs at most the model's layers on a region
+        assume(wafer.legal(config, wafer.Shape(w, h), tokens))
+        want = dl.most_bytes(dl.layer_booking(config, Region(0, 0, w, h), tokens, requests, dtype, layers))
+        work = Workload(config, KVReserve(tokens, requests), dtype, layers)
         assert wafer.layer_core_bytes(work, wafer.Shape(w, h)) == want
         checked.append(model)
 

@@ -48,9 +48,9 @@ def test_a_tile_reports_the_pace_of_its_slowest_stage():
     from waferrt.scheduler import KVReserve, plan
     from waferrt.serving import GenRequest, LocalDecoder
 
-    cfg = tiny_config()
-    p = plan(cfg, TINY, MeshSpec(16, 8, 16, 8), kv=KVReserve(16, 1))  # one tile: 3 layers on it
-    dec = LocalDecoder(cfg, synthetic_llama(cfg, seed=0), p)
+    config = tiny_config()
+    p = plan(config, TINY, MeshSpec(16, 8, 16, 8), kv=KVReserve(16, 1))  # one tile: 3 layers on it
+    dec = LocalDecoder(config, synthetic_llama(config, seed=0), p)
     (tile,) = p.mesh.tiles()
     prog = dec.programs[tile]
     prog.faults = FaultState(tile, p.mesh.tile_region(tile))

@@ -92,14 +92,14 @@ def add_workload_args(p) -> None:
 def workload(args):
     """(config, label, spec, the strategies to try or None for all, KVReserve) from add_workload_args'
     arguments; ValueError saying what to write for a --strategy the model cannot take (grouped:N, N too big)."""
-    cfg, label = model_by_name(args.model)
+    config, label = model_by_name(args.model)
     spec = spec_by_name(args.preset)
-    tried = parse_strategy(args.strategy, cfg.n_layers) if args.strategy else None
-    if args.kv_tokens is not None and args.kv_tokens > cfg.max_seq_len:
-        raise ValueError(f"--kv-tokens {args.kv_tokens:,} is more than {label}'s context of {cfg.max_seq_len:,} "
-                         f"positions; give at most --kv-tokens {cfg.max_seq_len}")
-    kv = KVReserve(args.kv_tokens or min(4096, cfg.max_seq_len), args.requests)
-    return cfg, label, spec, tried, kv
+    tried = parse_strategy(args.strategy, config.n_layers) if args.strategy else None
+    if args.kv_tokens is not None and args.kv_tokens > config.max_seq_len:
+        raise ValueError(f"--kv-tokens {args.kv_tokens:,} is more than {label}'s context of {config.max_seq_len:,} "
+                         f"positions; give at most --kv-tokens {config.max_seq_len}")
+    kv = KVReserve(args.kv_tokens or min(4096, config.max_seq_len), args.requests)
+    return config, label, spec, tried, kv
 
 
 def pair(text: str) -> tuple[int, int]:
@@ -129,18 +129,18 @@ def _prompts(args, kv) -> tuple[int, tuple[int, int] | None]:
 
 def run(args) -> int:
     try:
-        cfg, label, spec, tried, kv = workload(args)
+        config, label, spec, tried, kv = workload(args)
         mesh = args.mesh or spec.full_mesh
         tokens, io = _prompts(args, kv)
-        est = replace(estimate(cfg, spec, mesh, kv, args.dtype, Objective(args.objective, tried)), label=label)
+        est = replace(estimate(config, spec, mesh, kv, args.dtype, Objective(args.objective, tried)), label=label)
     except ValueError as e:
         print(f"waferrt estimate: {e}", file=sys.stderr)
         return 2
     if args.streaming:
         resident = est.tokens_per_s if est.fits else None
-        est = _with(est, streaming(cfg, spec, mesh, kv, args.dtype, resident))
+        est = _with(est, streaming(config, spec, mesh, kv, args.dtype, resident))
     out, text = est.to_json(), [est.text()]
-    if est.fits and not cfg.moe:  # the prefill's closed forms know no experts yet
+    if est.fits and not config.moe:  # the prefill's closed forms know no experts yet
         pre = prefill(est, tokens)
         out["prefill"], text = pre.to_json(), text + pre.lines()
         if io is not None:
@@ -149,7 +149,7 @@ def run(args) -> int:
                                             "tokens_per_s": (n_in + n_out) / e2e, "new_tokens_per_s": n_out / e2e}
             text.append(f"end to end      {n_in} in, {n_out} out: {e2e * 1e3:.1f} ms = "
                         f"{(n_in + n_out) / e2e:,.0f} tokens/s ({n_out / e2e:,.0f} new tokens/s)")
-    if cfg.moe:
+    if config.moe:
         moe = moe_estimate(est)
         out["moe"], text = moe.to_json(), text + [moe.text()]
     print(json.dumps(out, indent=1) if args.json else "\n".join(text))

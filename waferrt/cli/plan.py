@@ -177,13 +177,13 @@ def _replan_json(dead: frozenset[Coord], rp: Replan | None, why: str) -> dict:
 
 def _setup(args) -> tuple[Placement, str, frozenset[Coord], object]:
     mesh = checked_mesh(args, lambda w, h: (cdiv(w, 2), cdiv(h, 2)))  # default: 2x2 tiles
-    cfg, model = _model(args.model)
+    config, model = _model(args.model)
     spec = spec_by_name(args.spec)
     kv = KVReserve(args.kv_tokens, args.requests)
     names = [f"node{i}" for i in range(args.nodes)] if args.nodes > 1 else ["local"]
     nodes = tuple(NodeInfo(name, args.cpus) for name in names)
-    p, choice = placed(args, cfg, spec, kv, nodes, lambda s: mesh or default_mesh(
-        cfg, spec, kv, options=PlanOptions(dtype=args.dtype, strategy=s)))
+    p, choice = placed(args, config, spec, kv, nodes, lambda s: mesh or default_mesh(
+        config, spec, kv, options=PlanOptions(dtype=args.dtype, strategy=s)))
     return p, model, _kill(p, args.dead, args.seed) if args.dead else frozenset(), choice
 
 

@@ -69,8 +69,8 @@ def _grid(args) -> Grid:
 
 def run(args) -> int:
     try:
-        cfg, label, base, tried, kv = workload(args)
-        points = sweep(cfg, base, _grid(args), kv, args.dtype, Objective(args.objective, tried))
+        config, label, base, tried, kv = workload(args)
+        points = sweep(config, base, _grid(args), kv, args.dtype, Objective(args.objective, tried))
     except ValueError as e:
         print(f"waferrt sweep: {e}", file=sys.stderr)
         return 2

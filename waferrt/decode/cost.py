@@ -88,29 +88,29 @@ class Decoding:
         return on_lines(allreduce_cost(spec, self.coll.algo, n, nbytes, self.coll.k), lines)
 
 
-def handover_bytes(cfg: LlamaConfig, items: int) -> int:
+def handover_bytes(config: LlamaConfig, items: int) -> int:
     """Bytes a hand-over between two stages carries: the float32 residual stream (dim) of `items` tokens."""
-    return 4 * cfg.dim * items
+    return 4 * config.dim * items
 
 
-def layer_dims(cfg: LlamaConfig, cols: int, rows: int, head_groups: int = 1) -> dict[str, int]:
+def layer_dims(config: LlamaConfig, cols: int, rows: int, head_groups: int = 1) -> dict[str, int]:
     """Per-core extents of a layer region's blocks (the first core's, the largest): dim_c, hid_r, hd_r
     (head_dim in whole RoPE pairs over a head group's rows), hq / hk (query / K/V heads per core)."""
-    if head_groups < 1 or cfg.n_kv_heads % head_groups or rows % head_groups:
-        raise ValueError(f"head_groups {head_groups} must divide n_kv_heads {cfg.n_kv_heads} and the region's "
+    if head_groups < 1 or config.n_kv_heads % head_groups or rows % head_groups:
+        raise ValueError(f"head_groups {head_groups} must divide n_kv_heads {config.n_kv_heads} and the region's "
                          f"{rows} rows")
     r = rows // head_groups
-    return {"dim_c": cdiv(cfg.dim, cols), "hid_r": cdiv(cfg.dense_hidden, rows),
-            "hd_r": 2 * cdiv(cfg.head_dim // 2, r), "hq": cfg.n_heads // head_groups,
-            "hk": cfg.n_kv_heads // head_groups, "group_rows": r}
+    return {"dim_c": cdiv(config.dim, cols), "hid_r": cdiv(config.dense_hidden, rows),
+            "hd_r": 2 * cdiv(config.head_dim // 2, r), "hq": config.n_heads // head_groups,
+            "hk": config.n_kv_heads // head_groups, "group_rows": r}
 
 
 def layer_decode_parts(spec: HardwareSpec, dec: Decoding, region: Region, kv_tokens: int, batch: int = 1,
                        moving: int | None = None) -> list[tuple[str, str, Cost]]:
     """(name, category, Cost) of every piece a layer region books for one micro-batch of `batch` distinct
     requests, in the order the tiles run them (LayerShard.forward)."""
-    cfg, rows, cols, b = dec.config, region.h, region.w, batch
-    d = layer_dims(cfg, cols, rows, dec.head_groups)
+    config, rows, cols, b = dec.config, region.h, region.w, batch
+    d = layer_dims(config, cols, rows, dec.head_groups)
     dim_c, hd_r, hq, hk, r = d["dim_c"], d["hd_r"], d["hq"], d["hk"], d["group_rows"]
     cap = cdiv(kv_tokens, cols)
     moving = cols - 1 if moving is None else moving
@@ -140,9 +140,9 @@ def layer_decode_parts(spec: HardwareSpec, dec: Decoding, region: Region, kv_tok
         ("wo", "gemv", flops(2 * b * hq * hd_r * dim_c)), ("wo.reduce", "allreduce", y_reduce(4 * b * dim_c)),
         ("residual", "elementwise", flops(ew["residual"] * b * dim_c)),
     ] + norm
-    if cfg.moe:
+    if config.moe:
         parts += moe_parts(spec, dec, region, b)
-    if cfg.dense_hidden:
+    if config.dense_hidden:
         parts += ffn_parts(spec, dec, region, b)
     return parts + [("residual", "elementwise", flops(ew["residual"] * b * dim_c))]
 
@@ -177,16 +177,16 @@ def moe_parts(spec: HardwareSpec, dec: Decoding, region: Region, batch: int) -> 
 @lru_cache(maxsize=4096)
 def _moe_parts(spec: HardwareSpec, dec: Decoding, cols: int, rows: int, batch: int) -> tuple:
     """moe_parts on a cols x rows region (the same for every region of that shape)."""
-    cfg, region = dec.config, Region(0, 0, cols, rows)
-    e, b, dim_c = cfg.n_experts, batch, cdiv(cfg.dim, region.w)
+    config, region = dec.config, Region(0, 0, cols, rows)
+    e, b, dim_c = config.n_experts, batch, cdiv(config.dim, region.w)
     blocks = expert_blocks(e, region, dec.experts)
-    chosen = np.tile(np.arange(cfg.top_k), (b, 1))  # (b, top_k)
+    chosen = np.tile(np.arange(config.top_k), (b, 1))  # (b, top_k)
     per_block: dict[Region, Cost] = {}
-    for ex in range(cfg.top_k):
+    for ex in range(config.top_k):
         blk = blocks[ex]  # one expert's SwiGLU for b tokens as MeshGEMVs in its block (MoELayerShard._expert)
-        ffn = total([c for _, _, c in _ffn_parts(spec, dec, blk.w, blk.h, cfg.hidden_dim, b)])
+        ffn = total([c for _, _, c in _ffn_parts(spec, dec, blk.w, blk.h, config.hidden_dim, b)])
         per_block[blk] = per_block.get(blk, Cost()) + ffn
-    dispatch, combine = AllToAll(cfg.dim, region, blocks).loads(chosen)
+    dispatch, combine = AllToAll(config.dim, region, blocks).loads(chosen)
     return (("router", "gemv", dec.flops(spec, 2 * b * dim_c * e)),
             ("router.reduce", "allreduce", dec.line_reduce(spec, region.w, 4 * b * e, region.h)),
             ("experts", "gemv", merge_parallel(list(per_block.values()))),
@@ -253,10 +253,10 @@ def handover_cost(spec: HardwareSpec, src: Region, dst: Region, nbytes: int) -> 
                        messages=line.messages * dst.w, cycles=line.cycles)
 
 
-def stage_handover(spec: HardwareSpec, cfg: LlamaConfig, src: Region | None, dst: Region, items: int) -> Cost:
+def stage_handover(spec: HardwareSpec, config: LlamaConfig, src: Region | None, dst: Region, items: int) -> Cost:
     """The hand-over of `items` tokens' activations into a stage on `dst` from one on `src` (None: the first
     stage, nothing moves in)."""
-    return Cost() if src is None else handover_cost(spec, src, dst, handover_bytes(cfg, items))
+    return Cost() if src is None else handover_cost(spec, src, dst, handover_bytes(config, items))
 
 
 def step_cycles(spec: HardwareSpec, dec: Decoding, stages: Sequence[tuple[str, Region]], kv_tokens: int,

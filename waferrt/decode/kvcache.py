@@ -35,9 +35,9 @@ class KVCapacityError(MemoryError):
 
 
 class MeshKVCache:
-    def __init__(self, cfg: LlamaConfig, comm: LineComm, slots: int, kv_tokens: int, hd_r: int, dtype: str):
+    def __init__(self, config: LlamaConfig, comm: LineComm, slots: int, kv_tokens: int, hd_r: int, dtype: str):
         region = comm.region  # comm: the region's x-line (columns), for the shifts
-        self.rows, self.cols, self.nkv, self.hd_r = region.h, region.w, cfg.n_kv_heads, hd_r
+        self.rows, self.cols, self.nkv, self.hd_r = region.h, region.w, config.n_kv_heads, hd_r
         self.dtype, self.comm = dtype, comm
         self.cap = cdiv(kv_tokens, region.w)
         store = storage_dtype(dtype)
@@ -158,9 +158,9 @@ class FlowKVCache:
     sends hop by hop) -- so the ledger is the same; tests/unit/test_fast_path.py holds the two to it.
     K is (slots, n_kv, rows * hd_r, positions), V (slots, n_kv, positions, rows * hd_r)."""
 
-    def __init__(self, cfg: LlamaConfig, comm: LineComm, slots: int, kv_tokens: int, hd_r: int, dtype: str):
+    def __init__(self, config: LlamaConfig, comm: LineComm, slots: int, kv_tokens: int, hd_r: int, dtype: str):
         region = comm.region  # comm: the region's x-line (columns), where the shifts are booked
-        self.rows, self.cols, self.nkv, self.hd_r = region.h, region.w, cfg.n_kv_heads, hd_r
+        self.rows, self.cols, self.nkv, self.hd_r = region.h, region.w, config.n_kv_heads, hd_r
         self.dtype, self.comm = dtype, comm
         self.cap = cdiv(kv_tokens, region.w)
         width, store = self.rows * hd_r, storage_dtype(dtype)

@@ -42,59 +42,59 @@ from .moe_layout import expert_core_bytes, moe_scratch_words, router_layout
 LAYER_WEIGHTS = ("attn_norm", "wq", "wk", "wv", "wo", "ffn_norm", "w_gate", "w_up", "w_down")
 
 
-def layer_layouts(cfg: LlamaConfig, region: Region, dtype: str = "float32") -> dict[str, Layout]:
+def layer_layouts(config: LlamaConfig, region: Region, dtype: str = "float32") -> dict[str, Layout]:
     """Layouts of one decoder layer's weights over `region` (names as in LAYER_WEIGHTS; an MoE layer has
     "router" and "experts" instead of the dense FFN, which it keeps only as its shared expert)."""
-    hd, nh, nkv, ffn = cfg.head_dim, cfg.n_heads, cfg.n_kv_heads, cfg.dense_hidden
+    hd, nh, nkv, ffn = config.head_dim, config.n_heads, config.n_kv_heads, config.dense_hidden
     out = {
-        "attn_norm": Layout((cfg.dim,), region, ("x",), dtype=dtype),
-        "wq": Layout((nh, hd, cfg.dim), region, (None, "y", "x"), (1, 2, 1), dtype),
-        "wk": Layout((nkv, hd, cfg.dim), region, (None, "y", "x"), (1, 2, 1), dtype),
-        "wv": Layout((nkv, hd, cfg.dim), region, (None, "y", "x"), (1, 2, 1), dtype),
-        "wo": Layout((cfg.dim, nh, hd), region, ("x", None, "y"), (1, 1, 2), dtype),
-        "ffn_norm": Layout((cfg.dim,), region, ("x",), dtype=dtype),
+        "attn_norm": Layout((config.dim,), region, ("x",), dtype=dtype),
+        "wq": Layout((nh, hd, config.dim), region, (None, "y", "x"), (1, 2, 1), dtype),
+        "wk": Layout((nkv, hd, config.dim), region, (None, "y", "x"), (1, 2, 1), dtype),
+        "wv": Layout((nkv, hd, config.dim), region, (None, "y", "x"), (1, 2, 1), dtype),
+        "wo": Layout((config.dim, nh, hd), region, ("x", None, "y"), (1, 1, 2), dtype),
+        "ffn_norm": Layout((config.dim,), region, ("x",), dtype=dtype),
     }
     if ffn:
-        out.update(w_gate=Layout((ffn, cfg.dim), region, ("y", "x"), dtype=dtype),
-                   w_up=Layout((ffn, cfg.dim), region, ("y", "x"), dtype=dtype),
-                   w_down=Layout((cfg.dim, ffn), region, ("x", "y"), dtype=dtype))
-    if cfg.moe:
-        out.update(router=router_layout(cfg, region, dtype),
-                   experts=scratch_layout(region, expert_core_bytes(cfg, region, dtype)))
+        out.update(w_gate=Layout((ffn, config.dim), region, ("y", "x"), dtype=dtype),
+                   w_up=Layout((ffn, config.dim), region, ("y", "x"), dtype=dtype),
+                   w_down=Layout((config.dim, ffn), region, ("x", "y"), dtype=dtype))
+    if config.moe:
+        out.update(router=router_layout(config, region, dtype),
+                   experts=scratch_layout(region, expert_core_bytes(config, region, dtype)))
     return out
 
 
-def kv_layout(cfg: LlamaConfig, region: Region, tokens: int, dtype: str = "float32") -> Layout:
+def kv_layout(config: LlamaConfig, region: Region, tokens: int, dtype: str = "float32") -> Layout:
     """One request's K (or V) cache of `tokens` positions in one layer's region."""
-    return Layout((cfg.n_kv_heads, cfg.head_dim, tokens), region, (None, "y", "x"), (1, 2, 1), dtype)
+    return Layout((config.n_kv_heads, config.head_dim, tokens), region, (None, "y", "x"), (1, 2, 1), dtype)
 
 
-def embed_layout(cfg: LlamaConfig, region: Region, dtype: str = "float32") -> Layout:
+def embed_layout(config: LlamaConfig, region: Region, dtype: str = "float32") -> Layout:
     """The tied embedding / output head table (vocab rows over region rows, dim over columns)."""
-    return Layout((cfg.vocab_size, cfg.dim), region, ("y", "x"), dtype=dtype)
+    return Layout((config.vocab_size, config.dim), region, ("y", "x"), dtype=dtype)
 
 
-def final_norm_layout(cfg: LlamaConfig, region: Region, dtype: str = "float32") -> Layout:
-    return Layout((cfg.dim,), region, ("x",), dtype=dtype)
+def final_norm_layout(config: LlamaConfig, region: Region, dtype: str = "float32") -> Layout:
+    return Layout((config.dim,), region, ("x",), dtype=dtype)
 
 
-def activation_bytes(cfg: LlamaConfig, region: Region, tokens: int) -> int:
+def activation_bytes(config: LlamaConfig, region: Region, tokens: int) -> int:
     """Upper bound of one core's float32 scratch for one decode step of one request in a layer region:
     x, norm(x), q/k/v, attention output, the MLP hidden pair, per-position scores, and a same-size receive
     buffer for each in-flight allreduce (the fabric buffers)."""
-    dim_c, hd_r = cdiv(cfg.dim, region.w), 2 * cdiv(cfg.head_dim // 2, region.h)
-    hid_r, pos_c = cdiv(cfg.dense_hidden, region.h), cdiv(tokens, region.w)
-    words = 2 * dim_c + (cfg.n_heads + 2 * cfg.n_kv_heads) * hd_r + cfg.n_heads * hd_r + 2 * hid_r
-    words += cfg.n_heads * pos_c
-    if cfg.moe:
-        words += moe_scratch_words(cfg, region)
+    dim_c, hd_r = cdiv(config.dim, region.w), 2 * cdiv(config.head_dim // 2, region.h)
+    hid_r, pos_c = cdiv(config.dense_hidden, region.h), cdiv(tokens, region.w)
+    words = 2 * dim_c + (config.n_heads + 2 * config.n_kv_heads) * hd_r + config.n_heads * hd_r + 2 * hid_r
+    words += config.n_heads * pos_c
+    if config.moe:
+        words += moe_scratch_words(config, region)
     return 2 * words * 4  # x2: receive buffers of the reductions
 
 
-def embed_scratch_bytes(cfg: LlamaConfig, region: Region) -> int:
+def embed_scratch_bytes(config: LlamaConfig, region: Region) -> int:
     """One core's float32 scratch in the embedding/head region: its logits block and its x chunk, each with a
     receive buffer."""
-    return 2 * cdiv(cfg.vocab_size, region.h) * 4 + 2 * cdiv(cfg.dim, region.w) * 4
+    return 2 * cdiv(config.vocab_size, region.h) * 4 + 2 * cdiv(config.dim, region.w) * 4
 
 
 def scratch_layout(region: Region, nbytes: int) -> Layout:
@@ -102,67 +102,67 @@ def scratch_layout(region: Region, nbytes: int) -> Layout:
     return Layout((cdiv(nbytes, 4),), region, (None,))
 
 
-def kv_booking(cfg: LlamaConfig, region: Region, kv_tokens: int, requests: int, dtype: str = "float32") -> Layout:
+def kv_booking(config: LlamaConfig, region: Region, kv_tokens: int, requests: int, dtype: str = "float32") -> Layout:
     """K and V of one layer for `requests` requests of `kv_tokens` positions, as one layout."""
-    one = kv_layout(cfg, region, kv_tokens, dtype)  # K (or V) of one request; K and V of every request:
+    one = kv_layout(config, region, kv_tokens, dtype)  # K (or V) of one request; K and V of every request:
     return Layout((2 * requests, *one.shape), region, (None, *one.split), (1, *one.granule), dtype)
 
 
-def layer_booking(cfg: LlamaConfig, region: Region, kv_tokens: int, requests: int,
+def layer_booking(config: LlamaConfig, region: Region, kv_tokens: int, requests: int,
                   dtype: str = "float32", layers: int = 1) -> dict[str, tuple[Layout, ...]]:
     """What a layer region running `layers` layers keeps in its cores' SRAM, by booked name: "weights" (one
     layout per matrix and norm, per layer), "kv" (K and V of `requests` requests of `kv_tokens` positions,
     per layer) and "scratch" (once: the layers run one after another)."""
-    return {"weights": tuple(layer_layouts(cfg, region, dtype).values()) * layers,
-            "kv": (kv_booking(cfg, region, kv_tokens, requests, dtype),) * layers,
-            "scratch": (scratch_layout(region, activation_bytes(cfg, region, kv_tokens)),)}
+    return {"weights": tuple(layer_layouts(config, region, dtype).values()) * layers,
+            "kv": (kv_booking(config, region, kv_tokens, requests, dtype),) * layers,
+            "scratch": (scratch_layout(region, activation_bytes(config, region, kv_tokens)),)}
 
 
-def embed_booking(cfg: LlamaConfig, region: Region, dtype: str = "float32") -> dict[str, tuple[Layout, ...]]:
+def embed_booking(config: LlamaConfig, region: Region, dtype: str = "float32") -> dict[str, tuple[Layout, ...]]:
     """What the embedding/head region keeps in its cores' SRAM: "table" (the tied table and the final
     norm) and "scratch"."""
-    return {"table": (embed_layout(cfg, region, dtype), final_norm_layout(cfg, region, dtype)),
-            "scratch": (scratch_layout(region, embed_scratch_bytes(cfg, region)),)}
+    return {"table": (embed_layout(config, region, dtype), final_norm_layout(config, region, dtype)),
+            "scratch": (scratch_layout(region, embed_scratch_bytes(config, region)),)}
 
 
-def layer_block_bytes(cfg: LlamaConfig, region: Region, dtype: str = "float32", head_groups: int = 1) -> int:
+def layer_block_bytes(config: LlamaConfig, region: Region, dtype: str = "float32", head_groups: int = 1) -> int:
     """Bytes of one layer's weight blocks on a region's most loaded core, in closed form (equal to the
     layouts' blocks for one head group, tested; decode.cost.layer_dims for more): the two norms, wq wk wv wo,
     gate up down (an MoE's shared expert), and an MoE's router (on every row) and experts (decode.moe_layout).
     What a streamed layer brings in, and the weights of layer_core_bytes."""
-    d = layer_dims(cfg, region.w, region.h, head_groups)
+    d = layer_dims(config, region.w, region.h, head_groups)
     dim_c, hid_r, hd_r, hq, hk = d["dim_c"], d["hid_r"], d["hd_r"], d["hq"], d["hk"]
     dense = (2 * dim_c + (2 * hq + 2 * hk) * hd_r * dim_c + 3 * hid_r * dim_c) * itemsize(dtype)
-    if not cfg.moe:
+    if not config.moe:
         return dense
-    return dense + cfg.n_experts * dim_c * itemsize(dtype) + expert_core_bytes(cfg, region, dtype)
+    return dense + config.n_experts * dim_c * itemsize(dtype) + expert_core_bytes(config, region, dtype)
 
 
-def head_chunk_entries(cfg: LlamaConfig, region: Region, dtype: str = "float32", head_groups: int = 1) -> int:
+def head_chunk_entries(config: LlamaConfig, region: Region, dtype: str = "float32", head_groups: int = 1) -> int:
     """How many of its vocabulary entries every core row of a streaming region takes in per chunk of the head:
     as many as fit in a layer's block on a core beside the final norm's chunk (at least one, at most all)."""
-    voc_r, dim_c, isz = cdiv(cfg.vocab_size, region.h), cdiv(cfg.dim, region.w), itemsize(dtype)
-    layer = layer_block_bytes(cfg, region, dtype, head_groups)
+    voc_r, dim_c, isz = cdiv(config.vocab_size, region.h), cdiv(config.dim, region.w), itemsize(dtype)
+    layer = layer_block_bytes(config, region, dtype, head_groups)
     return min(voc_r, max(1, (layer - dim_c * isz) // (dim_c * isz)))
 
 
-def stream_block_bytes(cfg: LlamaConfig, region: Region, dtype: str = "float32", head_groups: int = 1) -> int:
+def stream_block_bytes(config: LlamaConfig, region: Region, dtype: str = "float32", head_groups: int = 1) -> int:
     """Bytes of the largest weight block a core of a streaming region receives at once: one layer's weights,
     or a chunk of the tied table with the final norm (the head streams in chunks no larger than a layer's
     block, so this is the layer's unless one vocabulary entry per core row is larger). The double buffer
     holds two: the one source of its size, for the tiles and the estimator alike."""
-    layer, dim_c = layer_block_bytes(cfg, region, dtype, head_groups), cdiv(cfg.dim, region.w)
-    return max(layer, (head_chunk_entries(cfg, region, dtype, head_groups) + 1) * dim_c * itemsize(dtype))
+    layer, dim_c = layer_block_bytes(config, region, dtype, head_groups), cdiv(config.dim, region.w)
+    return max(layer, (head_chunk_entries(config, region, dtype, head_groups) + 1) * dim_c * itemsize(dtype))
 
 
-def stream_booking(cfg: LlamaConfig, region: Region, kv_tokens: int, requests: int,
+def stream_booking(config: LlamaConfig, region: Region, kv_tokens: int, requests: int,
                    dtype: str = "float32") -> dict[str, tuple[Layout, ...]]:
     """What a region whose weights stream in keeps in its cores' SRAM (it runs every layer and the head):
     "kv" (every layer's K and V), "buffer" (two weight blocks: the one computed and the next one streaming
     in) and "scratch" (the larger of a layer's and the head's)."""
-    scratch = max(activation_bytes(cfg, region, kv_tokens), embed_scratch_bytes(cfg, region))
-    return {"kv": (kv_booking(cfg, region, kv_tokens, requests, dtype),) * cfg.n_layers,
-            "buffer": (scratch_layout(region, 2 * stream_block_bytes(cfg, region, dtype)),),
+    scratch = max(activation_bytes(config, region, kv_tokens), embed_scratch_bytes(config, region))
+    return {"kv": (kv_booking(config, region, kv_tokens, requests, dtype),) * config.n_layers,
+            "buffer": (scratch_layout(region, 2 * stream_block_bytes(config, region, dtype)),),
             "scratch": (scratch_layout(region, scratch),)}
 
 
@@ -177,18 +177,18 @@ def most_bytes(booking: dict[str, tuple[Layout, ...]]) -> int:
     return sum(lay.max_block_bytes() for lays in booking.values() for lay in lays)
 
 
-def layer_core_bytes(cfg: LlamaConfig, region: Region, kv_tokens: int, requests: int,
+def layer_core_bytes(config: LlamaConfig, region: Region, kv_tokens: int, requests: int,
                      dtype: str = "float32", layers: int = 1) -> int:
     """Bytes the most loaded core of a layer region running `layers` layers needs: their weights and K/V
     reserve, and one scratch area."""
-    return most_bytes(layer_booking(cfg, region, kv_tokens, requests, dtype, layers))
+    return most_bytes(layer_booking(config, region, kv_tokens, requests, dtype, layers))
 
 
-def embed_core_bytes(cfg: LlamaConfig, region: Region, dtype: str = "float32") -> int:
+def embed_core_bytes(config: LlamaConfig, region: Region, dtype: str = "float32") -> int:
     """Bytes the most loaded core of the embedding/head region needs: table + final norm + scratch."""
-    return most_bytes(embed_booking(cfg, region, dtype))
+    return most_bytes(embed_booking(config, region, dtype))
 
 
-def max_layer_rows(cfg: LlamaConfig) -> int:
+def max_layer_rows(config: LlamaConfig) -> int:
     """A layer region may have at most this many rows: head_dim is cut in whole RoPE pairs."""
-    return cfg.head_dim // 2
+    return config.head_dim // 2

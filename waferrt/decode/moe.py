@@ -45,15 +45,15 @@ from .phases import attention_load
 from .shards import LayerShard, mesh_gemv
 
 
-def pack_moe_layer(cfg: LlamaConfig, lw, region: Region, mapping: str, dtype: str = "float32") -> dict:
+def pack_moe_layer(config: LlamaConfig, lw, region: Region, mapping: str, dtype: str = "float32") -> dict:
     """An MoE layer's arrays: the attention's (pack_layer, with the shared expert if any), "router", every
     expert e's "w13.e" / "w2.e" cut over its block, and "blocks" (n_experts, 4) int: x0, y0, w, h."""
-    out = pack_layer(cfg, lw, region, dtype)
-    out["router"] = to_storage(pack_matrix(lw.router, router_layout(cfg, region)), dtype)
-    blocks = expert_blocks(cfg.n_experts, region, mapping)
+    out = pack_layer(config, lw, region, dtype)
+    out["router"] = to_storage(pack_matrix(lw.router, router_layout(config, region)), dtype)
+    blocks = expert_blocks(config.n_experts, region, mapping)
     for e, block in enumerate(blocks):
         mats = tuple((lambda m=m: m) for m in (lw.w_gate_exps[e], lw.w_up_exps[e], lw.w_down_exps[e]))
-        out.update({f"{k}.{e}": to_storage(v, dtype) for k, v in pack_ffn(mats, expert_layouts(cfg, block)).items()})
+        out.update({f"{k}.{e}": to_storage(v, dtype) for k, v in pack_ffn(mats, expert_layouts(config, block)).items()})
     out["blocks"] = np.array([(b.x0, b.y0, b.w, b.h) for b in blocks], np.int64)
     return out
 
@@ -64,29 +64,29 @@ BALANCE_STEPS = 4  # the parts NI-Balancer cuts a swap into, one per micro-batch
 class MoELayerShard(LayerShard):
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
-        cfg, region = self.cfg, self.region
+        config, region = self.config, self.region
         self.blocks = tuple(Region(*b) for b in self.arrays["blocks"].tolist())
-        self.dims = Chunks(cfg.dim, region.w)
-        self.block_dims = {b: Chunks(cfg.dim, b.w) for b in set(self.blocks)}
-        self.routes = AllToAll(cfg.dim, region, self.blocks)
+        self.dims = Chunks(config.dim, region.w)
+        self.block_dims = {b: Chunks(config.dim, b.w) for b in set(self.blocks)}
+        self.routes = AllToAll(config.dim, region, self.blocks)
         self.traffic = {"dispatch": LinkLoad(region), "combine": LinkLoad(region)}
         self.booked = {"dispatch": Cost(), "combine": Cost()}  # what the ledger booked for each phase, summed
-        self.routed = np.zeros(cfg.n_experts, np.int64)
+        self.routed = np.zeros(config.n_experts, np.int64)
         self.migration: list | None = None  # [swap, its LinkLoad, steps, steps done, the attention's LinkLoad]
         self.balance, self.runs, self.swaps = 0, 0, []  # NI-Balancer: look every `balance` runs; the swaps done
 
     def _ffn(self, h: np.ndarray) -> np.ndarray:
         """The MoE FFN of h (B, C, dim_c) -> (B, C, dim_c), plus the shared expert's output if any."""
         out = self._experts(h)
-        return out + super()._ffn(h) if self.cfg.shared_hidden_dim else out
+        return out + super()._ffn(h) if self.config.shared_hidden_dim else out
 
     def _experts(self, h: np.ndarray) -> np.ndarray:
-        cfg, coll = self.cfg, self.coll
+        config, coll = self.config, self.coll
         logits = mesh_gemv(self.cx, coll, self._w("router"), h)  # (B, R, E): every row the same
-        experts, gates = top_k_gates(logits[:, 0], cfg.top_k)  # (B, k) each
+        experts, gates = top_k_gates(logits[:, 0], config.top_k)  # (B, k) each
         full = self.dims.join(h)  # (B, dim)
         out, ledgers = np.zeros_like(full), {}
-        for e in range(cfg.n_experts):
+        for e in range(config.n_experts):
             rows, slot = np.nonzero(experts == e)  # the tokens that chose expert e, and in which slot
             if rows.size:
                 led = ledgers.setdefault(self.blocks[e], Ledger(self.ledger.spec))
@@ -95,7 +95,7 @@ class MoELayerShard(LayerShard):
                 out[rows] += gates[rows, slot, None] * y
         self.ledger.add(merge_parallel([led.total() for led in ledgers.values()]))  # blocks side by side
         self._alltoall(experts)
-        self.routed += np.bincount(experts.ravel(), minlength=cfg.n_experts)
+        self.routed += np.bincount(experts.ravel(), minlength=config.n_experts)
         return self.dims.split(out)
 
     def _expert(self, e: int, x: np.ndarray, led: Ledger) -> np.ndarray:
@@ -130,14 +130,14 @@ class MoELayerShard(LayerShard):
     def swap_traffic(self, swap: Swap) -> LinkLoad:
         """The links the swap's weights cross (each core's share of its expert, to the other block)."""
         a, b = self.blocks[swap.a], self.blocks[swap.b]
-        per_core = sum(lay.max_block_bytes() for lay in expert_layouts(self.cfg, a, self.dtype).values())
+        per_core = sum(lay.max_block_bytes() for lay in expert_layouts(self.config, a, self.dtype).values())
         return swap_load(self.region, a, b, per_core)
 
     def migrate(self, swap: Swap, steps: int = 0) -> Cost:
         """Move the swap's experts: at once (steps 0: the decode stalls for the returned Cost, booked as op
         "migration"), or over the next `steps` micro-batches, a part each (booked inside them)."""
         if steps:
-            attention = attention_load(self.ledger.spec, self.cfg, self.region, self.kv.cap * self.region.w)
+            attention = attention_load(self.ledger.spec, self.config, self.region, self.kv.cap * self.region.w)
             self.migration = [swap, self.swap_traffic(swap), steps, 0, attention]
             return Cost()
         cost = at_once_cost(self.ledger.spec, self.swap_traffic(swap))
@@ -161,4 +161,4 @@ class MoELayerShard(LayerShard):
         blocks = list(self.blocks)
         blocks[swap.a], blocks[swap.b] = blocks[swap.b], blocks[swap.a]
         self.blocks = tuple(blocks)
-        self.routes = AllToAll(self.cfg.dim, self.region, self.blocks)
+        self.routes = AllToAll(self.config.dim, self.region, self.blocks)

@@ -74,38 +74,38 @@ def expert_blocks(n_experts: int, region: Region, mapping: str) -> tuple[Region,
     return tuple(grid[e // g.per_block] for e in range(n_experts))
 
 
-def expert_layouts(cfg: LlamaConfig, block: Region, dtype: str = "float32") -> dict[str, Layout]:
+def expert_layouts(config: LlamaConfig, block: Region, dtype: str = "float32") -> dict[str, Layout]:
     """One expert's matrices over its block (MeshGEMV: hidden over rows, dim over columns)."""
-    return {"w_gate": Layout((cfg.hidden_dim, cfg.dim), block, ("y", "x"), dtype=dtype),
-            "w_up": Layout((cfg.hidden_dim, cfg.dim), block, ("y", "x"), dtype=dtype),
-            "w_down": Layout((cfg.dim, cfg.hidden_dim), block, ("x", "y"), dtype=dtype)}
+    return {"w_gate": Layout((config.hidden_dim, config.dim), block, ("y", "x"), dtype=dtype),
+            "w_up": Layout((config.hidden_dim, config.dim), block, ("y", "x"), dtype=dtype),
+            "w_down": Layout((config.dim, config.hidden_dim), block, ("x", "y"), dtype=dtype)}
 
 
-def router_layout(cfg: LlamaConfig, region: Region, dtype: str = "float32") -> Layout:
+def router_layout(config: LlamaConfig, region: Region, dtype: str = "float32") -> Layout:
     """The router (n_experts, dim) over the whole layer region: dim over the columns, every row a copy (its
     row allreduce leaves every logit on every core, each row computing the same)."""
-    return Layout((cfg.n_experts, cfg.dim), region, (None, "x"), dtype=dtype)
+    return Layout((config.n_experts, config.dim), region, (None, "x"), dtype=dtype)
 
 
-def expert_core_bytes(cfg: LlamaConfig, region: Region, dtype: str = "float32") -> int:
+def expert_core_bytes(config: LlamaConfig, region: Region, dtype: str = "float32") -> int:
     """The most bytes of expert weights any mapping puts on one core of `region` (a block's busiest core,
     times the experts stacked there)."""
-    return _most(cfg, region.w, region.h, dtype)[0]
+    return _most(config, region.w, region.h, dtype)[0]
 
 
-def moe_scratch_words(cfg: LlamaConfig, region: Region) -> int:
+def moe_scratch_words(config: LlamaConfig, region: Region) -> int:
     """The float32 words of an MoE layer's own scratch on a core, under any mapping: every logit, the
     token's chunk in the narrowest block, an expert's hidden pair in the shortest."""
-    return _most(cfg, region.w, region.h, "float32")[1]
+    return _most(config, region.w, region.h, "float32")[1]
 
 
 @lru_cache(maxsize=65536)
-def _most(cfg: LlamaConfig, w: int, h: int, dtype: str) -> tuple[int, int]:
+def _most(config: LlamaConfig, w: int, h: int, dtype: str) -> tuple[int, int]:
     region, most, words = Region(0, 0, w, h), 0, 0
     for mapping in MAPPINGS:
-        per_block = expert_grid(cfg.n_experts, region, mapping).per_block
-        for block in set(expert_blocks(cfg.n_experts, region, mapping)):
-            one = sum(lay.max_block_bytes() for lay in expert_layouts(cfg, block, dtype).values())
+        per_block = expert_grid(config.n_experts, region, mapping).per_block
+        for block in set(expert_blocks(config.n_experts, region, mapping)):
+            one = sum(lay.max_block_bytes() for lay in expert_layouts(config, block, dtype).values())
             most = max(most, per_block * one)
-            words = max(words, cdiv(cfg.dim, block.w) + 2 * cdiv(cfg.hidden_dim, block.h))
-    return most, cfg.n_experts + words
+            words = max(words, cdiv(config.dim, block.w) + 2 * cdiv(config.hidden_dim, block.h))
+    return most, config.n_experts + words

@@ -61,13 +61,13 @@ def _joined(cuts) -> np.ndarray:
     return out.reshape(region.h * start, region.w * width)
 
 
-def pack_layer(cfg: LlamaConfig, lw, region: Region, dtype: str = "float32") -> dict[str, np.ndarray]:
+def pack_layer(config: LlamaConfig, lw, region: Region, dtype: str = "float32") -> dict[str, np.ndarray]:
     """One layer's weights as the arrays of its region (see the module docstring). Each matrix is put in
     `dtype` first and cut in it (rounding is element-wise: the same blocks as cutting in float32 and storing
     after), one at a time: at real sizes (a Llama3-8B layer is 436 MB in float16) the packing holds little
     more than its result."""
-    lay = {k: replace(v, dtype=storage_dtype(dtype).name) for k, v in layer_layouts(cfg, region).items()}
-    hd, nh, nkv = cfg.head_dim, cfg.n_heads, cfg.n_kv_heads
+    lay = {k: replace(v, dtype=storage_dtype(dtype).name) for k, v in layer_layouts(config, region).items()}
+    hd, nh, nkv = config.head_dim, config.n_heads, config.n_kv_heads
 
     def stored(a: np.ndarray, *shape: int) -> np.ndarray:  # weights in `dtype`'s numpy form, reshaped
         return to_storage(a, dtype).reshape(shape or a.shape)
@@ -75,10 +75,10 @@ def pack_layer(cfg: LlamaConfig, lw, region: Region, dtype: str = "float32") -> 
     def cut(a: np.ndarray, key: str, *shape: int):  # made when _joined takes it
         return (lambda: stored(a, *shape)), lay[key]
 
-    o = to_blocks(stored(lw.wo, cfg.dim, nh, hd), lay["wo"])  # (R, C, dim_c, nh, hd_r)
+    o = to_blocks(stored(lw.wo, config.dim, nh, hd), lay["wo"])  # (R, C, dim_c, nh, hd_r)
     packed = {
-        "wqkv": _joined([cut(lw.wq, "wq", nh, hd, cfg.dim), cut(lw.wk, "wk", nkv, hd, cfg.dim),
-                         cut(lw.wv, "wv", nkv, hd, cfg.dim)]),  # (R*(nh+2nkv)*hd_r, C*dim_c)
+        "wqkv": _joined([cut(lw.wq, "wq", nh, hd, config.dim), cut(lw.wk, "wk", nkv, hd, config.dim),
+                         cut(lw.wv, "wv", nkv, hd, config.dim)]),  # (R*(nh+2nkv)*hd_r, C*dim_c)
         "wo": out_in(o.reshape(o.shape[:3] + (-1,)), "x"),  # (C*dim_c, R*nh*hd_r)
         "attn_norm": to_blocks(stored(lw.attn_norm), lay["attn_norm"])[0],  # (C, dim_c)
         "ffn_norm": to_blocks(stored(lw.ffn_norm), lay["ffn_norm"])[0],
@@ -105,29 +105,29 @@ def pack_matrix(w: np.ndarray, lay: Layout) -> np.ndarray:
 ROWS_PER_BLOCK = 4096  # vocabulary rows cut at a time (the table is never copied whole)
 
 
-def pack_embed(cfg: LlamaConfig, embed, final_norm: np.ndarray, region: Region,
+def pack_embed(config: LlamaConfig, embed, final_norm: np.ndarray, region: Region,
                dtype: str = "float32") -> dict[str, np.ndarray]:
     """The tied embedding/head table as (rows * vocab_block, cols * dim_c) -- core (r, c) holds its vocabulary
     chunk r's rows of dim chunk c -- and the final norm (cols, dim_c). The table is cut block of rows by
     block of rows into the one output array; `embed` is an array, or anything with ``shape`` and
     ``read_rows(r0, r1)`` (a table read from its file a block at a time)."""
-    vocab, dims = Chunks(cfg.vocab_size, region.h), Chunks(cfg.dim, region.w)
+    vocab, dims = Chunks(config.vocab_size, region.h), Chunks(config.dim, region.w)
     voc_r = vocab.index.shape[1]
-    place = np.empty(cfg.vocab_size, np.int64)  # vocabulary row -> its place on its core row's block axis
+    place = np.empty(config.vocab_size, np.int64)  # vocabulary row -> its place on its core row's block axis
     place[vocab.index[vocab.valid]] = np.flatnonzero(vocab.valid.reshape(-1))
     out = np.zeros((region.h * voc_r, region.w * dims.index.shape[1]), storage_dtype(dtype))
     read = getattr(embed, "read_rows", None) or (lambda r0, r1: np.asarray(embed[r0:r1]))
-    for r0 in range(0, cfg.vocab_size, ROWS_PER_BLOCK):
-        r1 = min(r0 + ROWS_PER_BLOCK, cfg.vocab_size)
+    for r0 in range(0, config.vocab_size, ROWS_PER_BLOCK):
+        r1 = min(r0 + ROWS_PER_BLOCK, config.vocab_size)
         block = dims.split(to_storage(read(r0, r1), dtype))  # (n, C, dim_c), stored before it is cut
         out[place[r0:r1]] = block.reshape(r1 - r0, -1)
-    return {"table": out, "final_norm": to_storage(to_blocks(final_norm, final_norm_layout(cfg, region))[0], dtype)}
+    return {"table": out, "final_norm": to_storage(to_blocks(final_norm, final_norm_layout(config, region))[0], dtype)}
 
 
-def rope_tables(cfg: LlamaConfig, rows: int) -> tuple[np.ndarray, np.ndarray]:
+def rope_tables(config: LlamaConfig, rows: int) -> tuple[np.ndarray, np.ndarray]:
     """(inverse frequencies (rows, pairs_r) float64, valid (rows, pairs_r)): the RoPE pairs of head_dim
     each row of a layer region holds (head_dim is split over rows in whole pairs)."""
-    half = cfg.head_dim // 2
-    inv = float(cfg.rope_theta) ** (-np.arange(0, cfg.head_dim, 2, dtype=np.float64) / cfg.head_dim)
+    half = config.head_dim // 2
+    inv = float(config.rope_theta) ** (-np.arange(0, config.head_dim, 2, dtype=np.float64) / config.head_dim)
     ch = Chunks(half, rows)
     return np.where(ch.valid, inv[ch.index], 0.0), ch.valid

@@ -23,10 +23,10 @@ ATTENTION_AXES = {"norm.reduce": "x", "qkv.reduce": "x", "scores.reduce": "y", "
                   "softmax.sum": "x", "attn_v.reduce": "x", "wo.reduce": "y"}  # layer_decode_parts' allreduces
 
 
-def attention_load(spec: HardwareSpec, cfg: LlamaConfig, region: Region, kv_tokens: int, k: int = 2) -> LinkLoad:
+def attention_load(spec: HardwareSpec, config: LlamaConfig, region: Region, kv_tokens: int, k: int = 2) -> LinkLoad:
     """The attention's link traffic for one token (K-tree allreduces; see the module docstring)."""
     load = LinkLoad(region)
-    parts = layer_decode_parts(spec, Decoding(cfg, coll=Collectives("ktree", k)), region, kv_tokens, 1)
+    parts = layer_decode_parts(spec, Decoding(config, coll=Collectives("ktree", k)), region, kv_tokens, 1)
     attention = parts[: next(i for i, p in enumerate(parts) if p[0] == "residual") + 1]
     for name, _, cost in attention:
         if name == "kv.shift" and cost.link_bytes:

@@ -72,20 +72,20 @@ def prefill_runs(meta: np.ndarray) -> list[np.ndarray]:
 
 
 # -- the layer's weights back in full, from the decode's blocks -------------------------------------------
-def full_weights(cfg: LlamaConfig, region: Region, arrays: dict, dtype: str) -> dict[str, np.ndarray]:
+def full_weights(config: LlamaConfig, region: Region, arrays: dict, dtype: str) -> dict[str, np.ndarray]:
     """A LayerShard's packed arrays as the float32 matrices (y = W @ x) of the reference's LayerWeights."""
-    lay, R, C = layer_layouts(cfg, region), region.h, region.w
-    nh, nkv, hd = cfg.n_heads, cfg.n_kv_heads, cfg.head_dim
+    lay, R, C = layer_layouts(config, region), region.h, region.w
+    nh, nkv, hd = config.n_heads, config.n_kv_heads, config.head_dim
     hd_r = arrays["wqkv"].shape[0] // (R * (nh + 2 * nkv))
     qkv = blocks_of(to_f32(arrays["wqkv"], dtype), "y", region).reshape(R, C, nh + 2 * nkv, hd_r, -1)
     w13 = blocks_of(to_f32(arrays["w13"], dtype), "y", region).reshape(R, C, 2, -1, arrays["w13"].shape[1] // C)
     wo = blocks_of(to_f32(arrays["wo"], dtype), "x", region).reshape(R, C, -1, nh, hd_r)
     w2 = blocks_of(to_f32(arrays["w2"], dtype), "x", region)
     return {
-        "wq": from_blocks(qkv[:, :, :nh], lay["wq"]).reshape(nh * hd, cfg.dim),
-        "wk": from_blocks(qkv[:, :, nh:nh + nkv], lay["wk"]).reshape(nkv * hd, cfg.dim),
-        "wv": from_blocks(qkv[:, :, nh + nkv:], lay["wv"]).reshape(nkv * hd, cfg.dim),
-        "wo": from_blocks(wo, lay["wo"]).reshape(cfg.dim, nh * hd),
+        "wq": from_blocks(qkv[:, :, :nh], lay["wq"]).reshape(nh * hd, config.dim),
+        "wk": from_blocks(qkv[:, :, nh:nh + nkv], lay["wk"]).reshape(nkv * hd, config.dim),
+        "wv": from_blocks(qkv[:, :, nh + nkv:], lay["wv"]).reshape(nkv * hd, config.dim),
+        "wo": from_blocks(wo, lay["wo"]).reshape(config.dim, nh * hd),
         "w_gate": from_blocks(w13[:, :, 0], lay["w_gate"]), "w_up": from_blocks(w13[:, :, 1], lay["w_up"]),
         "w_down": from_blocks(w2, lay["w_down"]),
         "attn_norm": from_blocks(to_f32(arrays["attn_norm"], dtype)[None], lay["attn_norm"]),
@@ -97,7 +97,7 @@ def _weights(shard) -> dict[str, np.ndarray]:
     """The shard's full weights, unpacked once for the arrays it holds (kept with the shard)."""
     kept = getattr(shard, "prefill_weights", None)
     if kept is None or kept[0] is not shard.arrays:
-        kept = shard.prefill_weights = (shard.arrays, full_weights(shard.cfg, shard.region, shard.arrays,
+        kept = shard.prefill_weights = (shard.arrays, full_weights(shard.config, shard.region, shard.arrays,
                                                                     shard.dtype))
     return kept[1]
 
@@ -133,25 +133,25 @@ class _Mesh:
         self.ledger.compute(cdiv(flops, self.side * self.side))
 
 
-def glue_flops(cfg: LlamaConfig, tokens: int) -> tuple[int, int, int]:
+def glue_flops(config: LlamaConfig, tokens: int) -> tuple[int, int, int]:
     """The element-wise flops of a layer's prefill, in the order they are booked: RoPE on Q and K, the first
     RMSNorm, then the second RMSNorm, the two residual adds and SiLU(gate) * up."""
     T = tokens
-    return (EW["rope"] * T * (cfg.n_heads + cfg.n_kv_heads) * cfg.head_dim, EW["rmsnorm"] * T * cfg.dim,
-            (EW["rmsnorm"] + 2 * EW["residual"]) * T * cfg.dim + EW["silu_mul"] * T * cfg.hidden_dim)
+    return (EW["rope"] * T * (config.n_heads + config.n_kv_heads) * config.head_dim, EW["rmsnorm"] * T * config.dim,
+            (EW["rmsnorm"] + 2 * EW["residual"]) * T * config.dim + EW["silu_mul"] * T * config.hidden_dim)
 
 
 def _attention_block(mesh: _Mesh, shard, h: np.ndarray, at: tuple[int, int]) -> tuple[np.ndarray, ...]:
     """h (T, dim) of a chunk at positions start..start+T-1 (at = (slot, start)) -> (the heads' outputs (T,
     nh*hd), its k (T, nkv, hd), v (T, nkv, hd)): one QKV projection, then every query head's attention at once
     (each with its K/V head's blocks) over the chunk and the start positions the cache holds."""
-    cfg, w, (slot, start) = shard.cfg, _weights(shard), at
-    T, hd, nh, nkv = h.shape[0], cfg.head_dim, cfg.n_heads, cfg.n_kv_heads
-    cos, sin = rope_cos_sin(start + np.arange(T), hd, cfg.rope_theta)  # (T, hd/2)
+    config, w, (slot, start) = shard.config, _weights(shard), at
+    T, hd, nh, nkv = h.shape[0], config.head_dim, config.n_heads, config.n_kv_heads
+    cos, sin = rope_cos_sin(start + np.arange(T), hd, config.rope_theta)  # (T, hd/2)
     qkv = mesh.gemm(h, np.concatenate([w["wq"], w["wk"], w["wv"]]).T).reshape(T, nh + 2 * nkv, hd)
     q, k = (apply_rope(a, cos[:, None], sin[:, None]) for a in (qkv[:, :nh], qkv[:, nh:nh + nkv]))
     v = qkv[:, nh + nkv:]
-    mesh.elementwise(glue_flops(cfg, T)[0])
+    mesh.elementwise(glue_flops(config, T)[0])
     held_k, held_v = _cached(shard, slot, start)
     rep = nh // nkv
     k_all, v_all = (np.repeat(np.concatenate([a, b]), rep, axis=1) for a, b in ((held_k, k), (held_v, v)))
@@ -163,26 +163,26 @@ def prefill_layer(shard, x: np.ndarray, slot: int, start: int = 0) -> np.ndarray
     """A prompt's chunk x (T, C, dim_c) at positions start..start+T-1, the decode's residual layout, through
     `shard` (module doc) -> the same layout; its K/V go into the shard's cache for `slot` as the decode would
     have put them (the cache holds the `start` positions before it)."""
-    cfg, region, ledger = shard.cfg, shard.region, shard.ledger
-    T, chunks = x.shape[0], Chunks(cfg.dim, region.w)
+    config, region, ledger = shard.config, shard.region, shard.ledger
+    T, chunks = x.shape[0], Chunks(config.dim, region.w)
     w = _weights(shard)
     mesh = _Mesh(region, ledger)
-    dec = Decoding(cfg, shard.dtype)
+    dec = Decoding(config, shard.dtype)
     moves = {name: c for name, _, c in prefill_moves(ledger.spec, dec, region, (start, T), EMULATED_VALUES)}
     weights = weights_move(ledger.spec, dec, region, EMULATED_VALUES)
     with ledger.op("prefill"):
         ledger.add(weights)  # in
         xf = chunks.join(x)  # (T, dim)
-        h = rmsnorm(xf, w["attn_norm"], cfg.norm_eps)
-        mesh.elementwise(glue_flops(cfg, T)[1])
+        h = rmsnorm(xf, w["attn_norm"], config.norm_eps)
+        mesh.elementwise(glue_flops(config, T)[1])
         if start:
             ledger.add(moves["kv_from_cache"])
         att, k, v = _attention_block(mesh, shard, h, (slot, start))
         xf = xf + mesh.gemm(att, w["wo"].T)
-        h = rmsnorm(xf, w["ffn_norm"], cfg.norm_eps)
+        h = rmsnorm(xf, w["ffn_norm"], config.norm_eps)
         gate, up = np.split(mesh.gemm(h, np.concatenate([w["w_gate"], w["w_up"]]).T), 2, axis=1)
         xf = xf + mesh.gemm(silu(gate) * up, w["w_down"].T)
-        mesh.elementwise(glue_flops(cfg, T)[2])
+        mesh.elementwise(glue_flops(config, T)[2])
         _fill_cache(shard, slot, start, k, v)
         ledger.add(moves["kv_to_decode"])
         ledger.add(weights)  # back
@@ -191,14 +191,14 @@ def prefill_layer(shard, x: np.ndarray, slot: int, start: int = 0) -> np.ndarray
 
 def _hd_slices(shard) -> list[slice]:
     """The head_dim slice each row of the shard's region holds (in whole pairs, as the cache holds it)."""
-    lay = layer_layouts(shard.cfg, shard.region)["wk"]
+    lay = layer_layouts(shard.config, shard.region)["wk"]
     return [lay.block_slices(r, 0)[1] for r in range(shard.region.h)]
 
 
 def _cached(shard, slot: int, n: int) -> tuple[np.ndarray, np.ndarray]:
     """The K, V (n, nkv, hd) the shard's cache holds for `slot` at positions 0..n-1."""
     k, v = shard.kv.ordered(slot, n)  # (n, R, nkv, hd_r)
-    out = [np.zeros((n, shard.cfg.n_kv_heads, shard.cfg.head_dim), np.float32) for _ in "kv"]
+    out = [np.zeros((n, shard.config.n_kv_heads, shard.config.head_dim), np.float32) for _ in "kv"]
     for r, sl in enumerate(_hd_slices(shard)):
         for o, a in zip(out, (k, v), strict=True):
             o[:, :, sl] = a[:, r, :, :sl.stop - sl.start]
@@ -212,7 +212,7 @@ def _fill_cache(shard, slot: int, start: int, k: np.ndarray, v: np.ndarray) -> N
     T, rows, hd_r = k.shape[0], shard.region.h, shard.hd_r
 
     def per_row(a: np.ndarray) -> np.ndarray:  # (T, nkv, hd) -> (T, R, nkv, hd_r)
-        out = np.zeros((T, rows, shard.cfg.n_kv_heads, hd_r), np.float32)
+        out = np.zeros((T, rows, shard.config.n_kv_heads, hd_r), np.float32)
         for r, sl in enumerate(_hd_slices(shard)):
             out[:, r, :, :sl.stop - sl.start] = a[:, :, sl]
         return out
@@ -238,11 +238,11 @@ def prefill_moves(spec, dec: Decoding, region: Region, chunk: tuple[int, int], m
     """(name, "layout", Cost) of a chunk's = (start, tokens) layout moves (decode.relayout, values of
     `moved`): the weights into the GEMMs' blocks and back, the cached K/V into the attention's blocks (a
     chunk after the first), the chunk's K/V into the decode's cache."""
-    cfg, at, size, g = dec.config, Region(0, 0, region.w, region.h), itemsize(moved), dec.head_groups
+    config, at, size, g = dec.config, Region(0, 0, region.w, region.h), itemsize(moved), dec.head_groups
     out = [("weights_in_out", weights_move(spec, dec, region, moved).scaled(2))]
     if chunk[0]:
-        out.append(("kv_from_cache", move_cost(spec, kv_read_load(cfg, at, chunk, g, size))))
-    out.append(("kv_to_decode", move_cost(spec, kv_load(cfg, at, chunk, g, size))))
+        out.append(("kv_from_cache", move_cost(spec, kv_read_load(config, at, chunk, g, size))))
+    out.append(("kv_to_decode", move_cost(spec, kv_load(config, at, chunk, g, size))))
     return tuple((name, "layout", c) for name, c in out)
 
 
@@ -254,19 +254,19 @@ def prefill_work_parts(spec, dec: Decoding, region: Region, tokens: int, context
     ``dec.dtype``'s rate, values move as `moved` (default ``dec.dtype``). With a `context` longer than
     `tokens`, the tokens are the last chunk of a prompt of `context` positions, the cache holding those
     before it."""
-    cfg, rate, moved = dec.config, dec.dtype, moved or dec.dtype
-    s, T, hd, dim, size = min(region.w, region.h), tokens, cfg.head_dim, cfg.dim, itemsize(moved)
+    config, rate, moved = dec.config, dec.dtype, moved or dec.dtype
+    s, T, hd, dim, size = min(region.w, region.h), tokens, config.head_dim, config.dim, itemsize(moved)
 
     def mm(name: str, m: int, k: int, n: int) -> tuple[str, str, Cost]:
         return name, "gemm", (skew_cost(spec, s, cdiv(m, s) * cdiv(k, s) * size)
                               + gemm_cost(spec, "meshgemm", GemmShape(m, k, n, s, s), moved, 1, rate))
 
     ctx = context or T
-    att = attention_cost(spec, AttentionShape(T, hd, cfg.n_heads, s, ctx), EW["softmax"], moved, rate)
-    glue = [dec.flops(spec, cdiv(f, s * s)) for f in glue_flops(cfg, T)]
-    return (mm("qkv", T, dim, dim + 2 * cfg.kv_dim), ("attention", "attention", att),
-            mm("o", T, cfg.n_heads * hd, dim), mm("gate_up", T, dim, 2 * cfg.hidden_dim),
-            mm("down", T, cfg.hidden_dim, dim),
+    att = attention_cost(spec, AttentionShape(T, hd, config.n_heads, s, ctx), EW["softmax"], moved, rate)
+    glue = [dec.flops(spec, cdiv(f, s * s)) for f in glue_flops(config, T)]
+    return (mm("qkv", T, dim, dim + 2 * config.kv_dim), ("attention", "attention", att),
+            mm("o", T, config.n_heads * hd, dim), mm("gate_up", T, dim, 2 * config.hidden_dim),
+            mm("down", T, config.hidden_dim, dim),
             ("elementwise", "elementwise", glue[0] + glue[1] + glue[2]))
 
 

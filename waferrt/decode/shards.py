@@ -31,7 +31,7 @@ from .kvcache import FlowKVCache, MeshKVCache
 from .pack import Chunks, rope_tables
 
 
-def mesh_rmsnorm(comm: LineComm, x: np.ndarray, w: np.ndarray, cfg: LlamaConfig, coll: Collectives) -> np.ndarray:
+def mesh_rmsnorm(comm: LineComm, x: np.ndarray, w: np.ndarray, config: LlamaConfig, coll: Collectives) -> np.ndarray:
     """RMSNorm of x (B, C, dim_c), split over the columns of `comm`'s line: the sum of squares is a row
     allreduce (every row does the same one: one copy is kept)."""
     if comm.fast:  # the sum at once, the allreduce of one value per item booked
@@ -41,7 +41,7 @@ def mesh_rmsnorm(comm: LineComm, x: np.ndarray, w: np.ndarray, cfg: LlamaConfig,
         ss = comm.allreduce((x * x).sum(axis=2), coll, slices=Slices(1, replicated=True),
                             collapse=True)  # (B,)
     comm.ledger.compute(EW["rmsnorm"] * x.shape[0] * x.shape[2])
-    scale = np.float32(1.0) / np.sqrt(ss / np.float32(cfg.dim) + np.float32(cfg.norm_eps))
+    scale = np.float32(1.0) / np.sqrt(ss / np.float32(config.dim) + np.float32(config.norm_eps))
     return x * scale[:, None, None] * w
 
 
@@ -92,17 +92,17 @@ class LayerShard:
     def __init__(self, dec: Decoding, region: Region, arrays: dict, kv: tuple[int, int], ledger: Ledger):
         """`dec`: the model, the storage dtype, the collectives; `arrays` from pack_layer; `kv` = (requests,
         positions per request) of the K/V caches."""
-        cfg, coll, dtype = dec.config, dec.coll, dec.dtype
-        self.cfg, self.region, self.ledger, self.coll = cfg, region, ledger, coll
+        config, coll, dtype = dec.config, dec.coll, dec.dtype
+        self.config, self.region, self.ledger, self.coll = config, region, ledger, coll
         self.arrays, self.dtype = arrays, dtype  # weights and K/V are stored in `dtype`, computed in float32
         self.rows, self.cols = region.h, region.w
         self.cx = LineComm("x", Span.of(region), ledger, fast=coll.fast)
         self.cy = LineComm("y", Span.of(region), ledger, fast=coll.fast)
-        self.hd_r = arrays["wqkv"].shape[0] // (self.rows * (cfg.n_heads + 2 * cfg.n_kv_heads))
-        self.inv_freq, _ = rope_tables(cfg, self.rows)  # (R, hd_r/2)
+        self.hd_r = arrays["wqkv"].shape[0] // (self.rows * (config.n_heads + 2 * config.n_kv_heads))
+        self.inv_freq, _ = rope_tables(config, self.rows)  # (R, hd_r/2)
         cache = FlowKVCache if coll.fast else MeshKVCache  # the same entries, counts and bookings
-        self.kv = cache(cfg, self.cx, kv[0], kv[1], self.hd_r, dtype)
-        self.scale = np.float32(1.0 / np.sqrt(cfg.head_dim))
+        self.kv = cache(config, self.cx, kv[0], kv[1], self.hd_r, dtype)
+        self.scale = np.float32(1.0 / np.sqrt(config.head_dim))
 
     def _w(self, name: str) -> np.ndarray:
         return to_f32(self.arrays[name], self.dtype)
@@ -113,8 +113,8 @@ class LayerShard:
         own are fewer); scores, the softmax max and sum, and the weighted V sum reduce over the cores."""
         if self.coll.fast:
             return self._attention_flow(slots, poss, q)
-        B, nkv, m = len(slots), self.cfg.n_kv_heads, self.kv.held_most(slots)
-        rep, coll = self.cfg.n_heads // nkv, self.coll
+        B, nkv, m = len(slots), self.config.n_kv_heads, self.kv.held_most(slots)
+        rep, coll = self.config.n_heads // nkv, self.coll
         kc, vc = self.kv.read(slots, m)  # (B, R, nkv, hd_r, m*C), (B, C, nkv, m, R*hd_r)
         part = np.matmul(q.reshape(B, self.rows, nkv, rep, self.hd_r), kc)  # (B, R, nkv, rep, m*C)
         self.ledger.compute(2 * B * nkv * rep * self.hd_r * m)
@@ -140,8 +140,8 @@ class LayerShard:
     def _attention_flow(self, slots: np.ndarray, poss: np.ndarray, q: np.ndarray) -> np.ndarray:
         """_attention on the fast path (FlowKVCache): every item against its request's positions at once, in
         position order; booked as the cores run it (over the m entries the fullest core holds)."""
-        B, nkv, m, R = len(slots), self.cfg.n_kv_heads, self.kv.held_most(slots), self.rows
-        rep, coll, L, work = self.cfg.n_heads // nkv, self.coll, int(poss.max()) + 1, B * nkv * self.cfg.n_heads // nkv
+        B, nkv, m, R = len(slots), self.config.n_kv_heads, self.kv.held_most(slots), self.rows
+        rep, coll, L, work = self.config.n_heads // nkv, self.coll, int(poss.max()) + 1, B * nkv * self.config.n_heads // nkv
         kc, vc = self.kv.read(slots, L)  # (B, nkv, R*hd_r, L), (B, nkv, L, R*hd_r)
         qg = q.reshape(B, R, nkv, rep, self.hd_r).transpose(0, 2, 3, 1, 4).reshape(B, nkv, rep, -1)
         scores = np.matmul(qg, kc) * self.scale  # (B, nkv, rep, L)
@@ -162,9 +162,9 @@ class LayerShard:
     def forward(self, x: np.ndarray, slots: np.ndarray, poss: np.ndarray) -> np.ndarray:
         """x (B, C, dim_c) -> (B, C, dim_c): item b is the token at position poss[b] of the request in
         slots[b] (items of one request in position order: a prompt goes through all at once)."""
-        cfg, nh, nkv, B = self.cfg, self.cfg.n_heads, self.cfg.n_kv_heads, len(slots)
+        config, nh, nkv, B = self.config, self.config.n_heads, self.config.n_kv_heads, len(slots)
         with self.ledger.op("layer"):
-            h = mesh_rmsnorm(self.cx, x, self._w("attn_norm"), cfg, self.coll)
+            h = mesh_rmsnorm(self.cx, x, self._w("attn_norm"), config, self.coll)
             qkv = mesh_gemv(self.cx, self.coll, self._w("wqkv"), h).reshape(B, self.rows, -1, self.hd_r)
             ang = poss[:, None, None] * self.inv_freq[None]  # (B, R, hd_r/2), float64 like the reference
             cos, sin = np.cos(ang).astype(np.float32)[:, :, None], np.sin(ang).astype(np.float32)[:, :, None]
@@ -174,7 +174,7 @@ class LayerShard:
             self.kv.insert(slots, k, qkv[:, :, nh + nkv:], poss)
             x = x + mesh_gemv(self.cy, self.coll, self._w("wo"), self._attention(slots, poss, q))
             self.ledger.compute(EW["residual"] * x.shape[0] * x.shape[2])
-            x = x + self._ffn(mesh_rmsnorm(self.cx, x, self._w("ffn_norm"), cfg, self.coll))
+            x = x + self._ffn(mesh_rmsnorm(self.cx, x, self._w("ffn_norm"), config, self.coll))
             self.ledger.compute(EW["residual"] * x.shape[0] * x.shape[2])
             return x
 
@@ -194,13 +194,13 @@ def table_rows(table: np.ndarray, vocab: Chunks, dtype: str, tokens: np.ndarray)
 
 
 class EmbedShard:
-    def __init__(self, cfg: LlamaConfig, region: Region, arrays: dict, ledger: Ledger,
+    def __init__(self, config: LlamaConfig, region: Region, arrays: dict, ledger: Ledger,
                  coll: Collectives = KTREE_FAST, dtype: str = "float32"):
-        self.cfg, self.region, self.ledger, self.coll, self.dtype = cfg, region, ledger, coll, dtype
+        self.config, self.region, self.ledger, self.coll, self.dtype = config, region, ledger, coll, dtype
         self.arrays = arrays
         self.table, self.norm = arrays["table"], arrays["final_norm"]  # (R*voc_r, C*dim_c), (C, dim_c)
         self.rows, self.cols = region.h, region.w
-        self.vocab = Chunks(cfg.vocab_size, region.h)
+        self.vocab = Chunks(config.vocab_size, region.h)
         self.cx = LineComm("x", Span.of(region), ledger, fast=coll.fast)
 
     def lookup(self, tokens: np.ndarray) -> np.ndarray:
@@ -210,6 +210,6 @@ class EmbedShard:
     def logits(self, x: np.ndarray) -> np.ndarray:
         """Final RMSNorm and the tied head as a MeshGEMV: x (B, C, dim_c) -> logits (B, vocab)."""
         with self.ledger.op("head"):
-            h = mesh_rmsnorm(self.cx, x, to_f32(self.norm, self.dtype), self.cfg, self.coll)
+            h = mesh_rmsnorm(self.cx, x, to_f32(self.norm, self.dtype), self.config, self.coll)
             out = mesh_gemv(self.cx, self.coll, to_f32(self.table, self.dtype), h)  # (B, R, voc_r)
         return self.vocab.join(out)  # (B, vocab)

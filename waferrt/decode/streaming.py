@@ -33,23 +33,23 @@ from .pack import Chunks, pack_embed, pack_layer
 from .shards import mesh_gemv, mesh_rmsnorm, table_rows
 
 
-def head_chunks(cfg: LlamaConfig, region: Region, dtype: str, head_groups: int = 1) -> list[tuple[int, int]]:
+def head_chunks(config: LlamaConfig, region: Region, dtype: str, head_groups: int = 1) -> list[tuple[int, int]]:
     """[j0, j1) ranges of every core row's vocabulary block (voc_r entries) that stream in as one chunk: as
     many entries as fit in a layer's block on a core (the final norm comes with the first), at least one."""
-    voc_r, m = cdiv(cfg.vocab_size, region.h), head_chunk_entries(cfg, region, dtype, head_groups)
+    voc_r, m = cdiv(config.vocab_size, region.h), head_chunk_entries(config, region, dtype, head_groups)
     return [(j, min(j + m, voc_r)) for j in range(0, voc_r, m)]
 
 
-def streamed_bytes(cfg: LlamaConfig, kind: str, dtype: str, items: int) -> int:
+def streamed_bytes(config: LlamaConfig, kind: str, dtype: str, items: int) -> int:
     """Bytes a stage run takes in from off-wafer memory: a layer's weights, the tied table and the final
     norm (the head), or the embedding rows of its `items` tokens."""
     isz = itemsize(dtype)
     if kind == "layer":
-        unit = layer_layouts(cfg, Region(0, 0, 1, 1), dtype)
+        unit = layer_layouts(config, Region(0, 0, 1, 1), dtype)
         return sum(int(np.prod(lay.shape)) for lay in unit.values()) * isz
     if kind == "head":
-        return (cfg.vocab_size + 1) * cfg.dim * isz
-    return items * cfg.dim * isz
+        return (config.vocab_size + 1) * config.dim * isz
+    return items * config.dim * isz
 
 
 def stream_cycles(spec: HardwareSpec, nbytes: int) -> float:
@@ -75,21 +75,21 @@ def stream_step_cycles(spec: HardwareSpec, dec: Decoding, region: Region, kv_tok
     """A micro-batch of `batch` tokens (their requests holding `kv_tokens` positions) through every stage of
     a streaming region -- the embedding rows, every layer, the head -- each stage the longer of its compute
     and its block's stream (stage_cycles): what the tiles book, what the planner and the estimator time."""
-    cfg = dec.config
+    config = dec.config
     layer = layer_decode_cost(spec, dec, region, kv_tokens, batch).cycles
     head = total(c for _, _, c in head_parts(spec, dec, region, batch)).cycles
-    return (stage_cycles(spec, 0.0, streamed_bytes(cfg, "embed", dec.dtype, batch))
-            + cfg.n_layers * stage_cycles(spec, layer, streamed_bytes(cfg, "layer", dec.dtype, batch))
-            + stage_cycles(spec, head, streamed_bytes(cfg, "head", dec.dtype, batch)))
+    return (stage_cycles(spec, 0.0, streamed_bytes(config, "embed", dec.dtype, batch))
+            + config.n_layers * stage_cycles(spec, layer, streamed_bytes(config, "layer", dec.dtype, batch))
+            + stage_cycles(spec, head, streamed_bytes(config, "head", dec.dtype, batch)))
 
 
-def streamed_logits(comm, coll, cfg: LlamaConfig, chunks, x: np.ndarray, dtype: str) -> np.ndarray:
+def streamed_logits(comm, coll, config: LlamaConfig, chunks, x: np.ndarray, dtype: str) -> np.ndarray:
     """Final RMSNorm and the tied head over `chunks` (an iterable of (table chunk (R*m, C*dim_c), final norm)
     in head_chunks order): x (B, C, dim_c) -> every core row's logits block (B, R, voc_r)."""
     out, h = [], None
     for table, norm in chunks:
         if h is None:
-            h = mesh_rmsnorm(comm, x, to_f32(norm, dtype), cfg, coll)
+            h = mesh_rmsnorm(comm, x, to_f32(norm, dtype), config, coll)
         out.append(mesh_gemv(comm, coll, to_f32(table, dtype), h))  # (B, R, m)
     return np.concatenate(out, axis=2)
 
@@ -97,10 +97,10 @@ def streamed_logits(comm, coll, cfg: LlamaConfig, chunks, x: np.ndarray, dtype: 
 class WeightStore:
     """The model's weights off the wafer (MemoryX), cut for the streaming region once and served by block."""
 
-    def __init__(self, cfg: LlamaConfig, region: Region, dtype: str, weights):
-        self.cfg, self.region, self.dtype, self.weights = cfg, region, dtype, weights
-        self.vocab = Chunks(cfg.vocab_size, region.h)
-        self.chunks = head_chunks(cfg, region, dtype)
+    def __init__(self, config: LlamaConfig, region: Region, dtype: str, weights):
+        self.config, self.region, self.dtype, self.weights = config, region, dtype, weights
+        self.vocab = Chunks(config.vocab_size, region.h)
+        self.chunks = head_chunks(config, region, dtype)
         self._layers: dict[int, dict] = {}
         self._table: dict | None = None
         self._heads: dict[int, tuple[np.ndarray, np.ndarray]] = {}
@@ -112,12 +112,12 @@ class WeightStore:
 
     def layer(self, i: int) -> dict[str, np.ndarray]:
         if i not in self._layers:
-            self._layers[i] = pack_layer(self.cfg, self.weights.layers[i], self.region, self.dtype)
+            self._layers[i] = pack_layer(self.config, self.weights.layers[i], self.region, self.dtype)
         return self._layers[i]
 
     def _packed(self) -> dict[str, np.ndarray]:
         if self._table is None:
-            self._table = pack_embed(self.cfg, self.weights.embed, self.weights.final_norm, self.region, self.dtype)
+            self._table = pack_embed(self.config, self.weights.embed, self.weights.final_norm, self.region, self.dtype)
         return self._table
 
     def head(self, k: int) -> tuple[np.ndarray, np.ndarray]:

@@ -321,11 +321,11 @@ class ReferenceModel:
         self._check_token(token_id)
         cache.check_start(pos)
         cache.reserve(pos + 1)
-        cfg = self.config
-        rope = Rope.at(pos, cfg)  # cos, sin (hd//2,) each
+        config = self.config
+        rope = Rope.at(pos, config)  # cos, sin (hd//2,) each
         x = self.weights.embed[token_id]  # (dim,)
         for i, lw in enumerate(self.weights.layers):
-            x = layer_forward(x, Layer(lw, cfg, self.attention), cache.k[i], cache.v[i], rope)
+            x = layer_forward(x, Layer(lw, config, self.attention), cache.k[i], cache.v[i], rope)
         cache.length = pos + 1
         return self._logits(x)
 
@@ -336,11 +336,11 @@ class ReferenceModel:
             self._check_token(t)
             cache.check_start(pos)
             cache.reserve(pos + 1)
-        cfg, poss = self.config, np.asarray(poss)
-        rope = Rope.at(poss, cfg)  # cos, sin (B, hd//2) each
+        config, poss = self.config, np.asarray(poss)
+        rope = Rope.at(poss, config)  # cos, sin (B, hd//2) each
         x = self.weights.embed[np.asarray(tokens)]  # (B, dim)
         for i, lw in enumerate(self.weights.layers):
-            x = layer_batch(x, Layer(lw, cfg, self.attention), caches, i, rope)
+            x = layer_batch(x, Layer(lw, config, self.attention), caches, i, rope)
         for pos, cache in zip(poss.tolist(), caches, strict=True):
             cache.length = pos + 1
         return self._logits(x)
@@ -351,12 +351,12 @@ class ReferenceModel:
             raise ValueError("prefill needs at least one token id")
         for t in ids:
             self._check_token(t)
-        cfg, start = self.config, cache.length
+        config, start = self.config, cache.length
         cache.reserve(start + len(ids))
-        rope = Rope.at(np.arange(start, start + len(ids)), cfg)  # cos, sin (seq, hd//2) each
+        rope = Rope.at(np.arange(start, start + len(ids)), config)  # cos, sin (seq, hd//2) each
         x = self.weights.embed[np.asarray(ids)]  # (seq, dim)
         for i, lw in enumerate(self.weights.layers):
-            x = layer_prefill(x, Layer(lw, cfg, self.attention), cache.k[i], cache.v[i], rope)
+            x = layer_prefill(x, Layer(lw, config, self.attention), cache.k[i], cache.v[i], rope)
         cache.length = start + len(ids)
         return self._logits(x[-1])
 
