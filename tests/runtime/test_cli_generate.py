@@ -38,6 +38,17 @@ def test_json_on_the_wafer_equals_the_reference(ray_session, tiny_gguf, capsys):
     assert wafer["wafer_tokens_per_s"] > 0 and wafer["wall_tokens_per_s"] > 0 and "16x16" in wafer["mesh"]
 
 
+def test_prefill_json_reports_the_first_tokens_and_equals_the_reference(ray_session, tiny_gguf, capsys):
+    argv = ["generate", "hello world, once upon a time", "abc", "--model", tiny_gguf, "--max-new-tokens", "5",
+            "--json"]
+    wafer = _json(capsys, argv + WAFER + ["--prefill"])
+    assert wafer["tokens"] == _json(capsys, argv + ["--reference"])["tokens"]
+    for key in ("ttft_wall_s", "ttft_modelled_s", "prefill_tokens_per_s"):
+        assert len(wafer[key]) == 2 and all(v > 0 for v in wafer[key]), key
+    prompt = len(wafer["prompt_tokens"][0])
+    assert wafer["prefill_tokens_per_s"][0] == pytest.approx(prompt / wafer["ttft_modelled_s"][0])
+
+
 def test_one_prompt_streams_its_text(ray_session, tiny_gguf, capsys):
     assert main(["generate", "hello", "--model", tiny_gguf, "--max-new-tokens", "6"] + WAFER) == 0
     out, err = capsys.readouterr()

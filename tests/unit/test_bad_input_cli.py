@@ -325,6 +325,10 @@ CASES = [
     ("train fault of another kind", ["train", "--fault", "meteor:2"], "'meteor:2' is not a training fault"),
     ("train fault after the run", ["train", "--steps", "3", "--streaming", "--fault", "corrupt:5"],
      "--fault corrupt:5:0 strikes after the run: give a step of 1..3"),
+    ("generate prefill streaming", ["generate", "x", "--prefill", "--streaming"],
+     "--prefill and --streaming do not go together: weight streaming has no MeshGEMM prefill"),
+    ("generate reference prefill", ["generate", "x", "--reference", "--prefill"],
+     "--reference and --prefill do not go together"),
 ]
 
 

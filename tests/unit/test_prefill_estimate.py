@@ -11,10 +11,10 @@ import pytest
 
 from waferrt.cli import main
 from waferrt.core.cost import total
-from waferrt.core.gemm_cost import layout_move
+from waferrt.core.mesh import Region
 from waferrt.core.spec import WSE2, WSE3
-from waferrt.decode.cost import Decoding
-from waferrt.decode.prefill import prefill_layer_cost, prefill_layer_parts, weights_core_bytes
+from waferrt.decode.cost import stage_handover
+from waferrt.decode.prefill import prefill_layer_cost, prefill_layer_parts, weights_move
 from waferrt.model.zoo import MODELS, model_by_name
 from waferrt.estimator.estimate import estimate
 from waferrt.estimator.prefill import _pipeline_parts, activation_bytes, chunk_parts, decoding, prefill
@@ -23,8 +23,7 @@ from waferrt.scheduler.types import KVReserve
 
 def _est(model: str, spec, requests: int = 8):
     config, label = model_by_name(model)
-    kv = KVReserve(min(4096, config.max_seq_len), requests)
-    return replace(estimate(config, spec, spec.full_mesh, kv, "float16"),
+    return replace(estimate(config, spec, spec.full_mesh, KVReserve(min(4096, config.max_seq_len), requests), "float16"),
                    label=label)
 
 
@@ -34,10 +33,10 @@ def test_one_chunk_costs_what_the_emulated_prefill_books(dtype):
     est = replace(estimate(config, WSE2, WSE2.full_mesh, KVReserve(2048, 8), dtype), label=label)
     region = est.shape.region()
     one = total(c for _, _, c in chunk_parts(est, region, 512, 512))
-    weights = layout_move(WSE2, region, weights_core_bytes(config, region, dtype)).scaled(2)
+    weights = weights_move(WSE2, decoding(est), region, dtype).scaled(2)
     assert one + weights == total(c for _, _, c in prefill_layer_parts(WSE2, decoding(est), region, 512))
     if dtype == "float32":  # what prefill_layer books on the emulated wafer (tests/unit/test_prefill_layer.py)
-        assert one + weights == prefill_layer_cost(WSE2, Decoding(config), region, 512)
+        assert one + weights == prefill_layer_cost(WSE2, decoding(est), region, 512)
 
 
 @pytest.mark.parametrize("model, spec", [("smollm2-135m", WSE2), ("llama3-8b", WSE2), ("llama3-8b", WSE3)])
@@ -53,6 +52,19 @@ def test_the_prefill_adds_up_and_fits_what_the_decode_leaves(model, spec):
     one = sum(c.cycles for _, _, c in _pipeline_parts(est, est.shape.region(), 4096, pre.chunks))
     assert pre.seconds * spec.clock_hz >= one  # plus the weights' layout moves
     assert pre.end_to_end(128) == pytest.approx(pre.ttft_s + 127 * est.time_per_token_s)
+
+
+def test_the_paper_hands_a_chunk_over_as_the_tiles_hand_a_micro_batch_over():
+    """One owner of the hand-over: the estimate's is decode.cost.stage_handover into the region beside,
+    what the tiles book for a micro-batch of the chunk's items (tests/unit/test_chunked_prefill.py holds
+    the tiles' prefill to it)."""
+    est = _est("smollm2-135m", WSE2)
+    region = est.shape.region()
+    for chunks in (1, 4):
+        got = [c for name, _, c in _pipeline_parts(est, region, 2048, chunks) if name == "handover"]
+        beside = Region(region.x1, region.y0, region.w, region.h)
+        want = stage_handover(WSE2, est.config, region, beside, 2048 // chunks)
+        assert got == [want] * (chunks + est.strategy.regions - 1) and want.cycles > 0
 
 
 def test_chunks_only_as_small_as_the_sram_needs_or_the_pipeline_likes():

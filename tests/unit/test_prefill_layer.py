@@ -70,13 +70,16 @@ def test_a_prefill_books_its_closed_form_at_the_storage_dtypes_rate(region, dtyp
 
 
 def test_a_micro_batch_prefills_its_whole_prompts_and_decodes_the_rest():
-    meta = np.array([[0, 5, 7, 1, 0], [1, 3, 0, 0, 1], [1, 4, 1, 0, 1], [1, 9, 2, 1, 1], [2, 4, 3, 0, 2],
-                     [2, 4, 4, 1, 2]])
+    meta = np.array([[0, 5, 5, 1, 0], [1, 3, 0, 0, 1], [1, 4, 1, 0, 1], [1, 9, 2, 1, 1], [2, 4, 5, 1, 2],
+                     [3, 4, 2, 0, 3], [3, 4, 4, 1, 3]])  # slot 3: not consecutive, decoded
     assert [r.tolist() for r in prefill_runs(meta)] == [[1, 2, 3]]
+    chunk = meta[[1, 2, 3]] + [0, 0, 6, 0, 0]  # positions 6..8: a later chunk of a prompt
+    assert [r.tolist() for r in prefill_runs(chunk)] == [[0, 1, 2]]
+    meta = meta[:5]
     region = Region(0, 0, 4, 4)
     mixed, alone = (LayerShard(Decoding(CFG), region, pack_layer(CFG, W.layers[0], region), (3, 32), Ledger(TINY))
                     for _ in "ab")
-    x = np.random.default_rng(0).standard_normal((6, 4, 16)).astype(np.float32)
+    x = np.random.default_rng(0).standard_normal((5, 4, 16)).astype(np.float32)
     for shard in (mixed, alone):  # slots 0 and 2 hold earlier positions
         for pos in range(5):
             shard.forward(x[:2] * 0 + pos, np.array([0, 2]), np.array([pos, pos]))

@@ -82,8 +82,10 @@ wafer_tokens_per_s (the modelled wafer rate of what ran, every request at its ow
 wafer_bound_tokens_per_s (its bound: as many requests in flight, at the positions their tokens held), steps
 (micro-batches), mesh, ttft_wall_s and ttft_modelled_s (time to first token, wall and on the modelled wafer),
 prefill_tokens_per_s (prompt tokens over the modelled time to first token) and expert_swaps (with --balance:
-the swaps of experts NI-Balancer finished; else null). --prefill prefills every prompt of up to 512 tokens
-whole by MeshGEMM.
+the swaps of experts NI-Balancer finished; else null). --prefill prefills every prompt by MeshGEMM (whole
+up to 512 tokens, in chunks of 512 beyond); it is opt-in: without it prompts pass through the decode's GEMVs,
+the path the decode's timings are checked on. An MoE model or --streaming has no prefill: they refuse
+--prefill.
 
 The tiles decode on their own: the head's tile samples each token and feeds it back into the pipeline;
 the host only hands the requests over and prints what streams back. If a tile dies or freezes, generate
@@ -112,8 +114,9 @@ def add_parser(sub) -> argparse.ArgumentParser:
     add_attention_args(p)
     p.add_argument("--json", action="store_true", help="print one JSON object instead of streaming text")
     p.add_argument("--prefill", action="store_true",
-                   help="prefill each prompt of up to 512 tokens whole, by MeshGEMM on the layers' regions, instead "
-                        "of passing it through the decode's GEMVs in chunks")
+                   help="prefill each prompt by MeshGEMM on the layers' regions (whole up to 512 tokens, in chunks "
+                        "of 512 beyond, each attending to the K/V of those before) instead of passing it through the "
+                        "decode's GEMVs; not for an MoE model or --streaming")
     p.add_argument("--mesh", type=parse_wxh, metavar="WxH", help="mesh size in cores (default: fitted)")
     p.add_argument("--tile", type=parse_wxh, metavar="TWxTH", help="tile size in cores (with --mesh)")
     add_max_tiles(p)
@@ -169,8 +172,11 @@ def _check_flags(args) -> None:
     check_attention_flags(args)
     if args.reference and (args.trace or args.heatmap):
         raise UsageError("--trace and --heatmap show the wafer; leave out --reference")
-    refuse_together(args, "--reference", ("--mesh", "--tile", "--streaming", "--address", "--strategy", "--objective"),
+    refuse_together(args, "--reference", ("--mesh", "--tile", "--streaming", "--address", "--strategy", "--objective",
+                                          "--prefill"),
                     "the numpy reference decodes in this process, on no wafer; leave out one or the other")
+    refuse_together(args, "--prefill", ("--streaming",), "weight streaming has no MeshGEMM prefill (no layer's "
+                    "weights stay on the wafer to multiply with); leave out --prefill")
     if args.system is not None and not args.chat:
         raise UsageError("--system is the system prompt of --chat: add --chat, or leave out --system")
     if args.temperature == 0 and (args.top_k or args.top_p < 1):

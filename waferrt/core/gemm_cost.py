@@ -164,16 +164,22 @@ def transposed_cost(spec: HardwareSpec, rings: tuple[int, int], values: tuple[in
 
 @dataclass(frozen=True)
 class AttentionShape:
-    """Causal attention of `heads` heads over a prompt of `tokens` tokens, head_dim wide, on side x side cores."""
+    """Causal attention of `heads` heads over a prompt of `tokens` tokens, head_dim wide, on side x side cores;
+    `context` (default `tokens`): the positions its keys and values span (a chunk of a longer prompt attends
+    to the context - tokens positions before it too)."""
 
     tokens: int
     head_dim: int
     heads: int
     side: int
+    context: int = 0
 
     def __post_init__(self) -> None:
         for name in ("tokens", "head_dim", "heads", "side"):
             whole(f"AttentionShape.{name}", getattr(self, name))
+        if self.context and self.context < self.tokens:
+            raise ValueError(f"AttentionShape.context {self.context} is shorter than its {self.tokens} tokens: "
+                             "give the positions the keys span, the tokens' own included")
 
 
 def row_reduce_cost(spec: HardwareSpec, side: int, values: int, dtype: str, rate: str) -> Cost:
@@ -190,9 +196,10 @@ def probabilities_cost(spec: HardwareSpec, shape: AttentionShape, softmax_flops:
     the row max and sum (K-tree allreduces along every row), the softmax."""
     side, heads, rate = shape.side, shape.heads, check_dtype(rate or check_dtype(dtype))
     mb, db = cdiv(shape.tokens, side), cdiv(shape.head_dim, side)
-    nt = transposed_cost(spec, (side, side), (heads * mb * mb, heads * mb * db), 2 * heads * mb * db * mb, dtype, rate)
+    kb = cdiv(shape.context or shape.tokens, side)  # the keys' positions a block
+    nt = transposed_cost(spec, (side, side), (heads * mb * kb, heads * kb * db), 2 * heads * mb * db * kb, dtype, rate)
     return (nt + row_reduce_cost(spec, side, heads * mb, dtype, rate).scaled(2)
-            + compute_cost(spec, softmax_flops * heads * mb * mb, rate))
+            + compute_cost(spec, softmax_flops * heads * mb * kb, rate))
 
 
 def attention_cost(spec: HardwareSpec, shape: AttentionShape, softmax_flops: int, dtype: str = "float32",
@@ -200,18 +207,9 @@ def attention_cost(spec: HardwareSpec, shape: AttentionShape, softmax_flops: int
     """Causal attention over a prompt, every head's blocks moving together (waferrt.kernels.attention): K
     skewed, the probabilities (``probabilities_cost``), V skewed, P.V. Values move as `dtype`; the cores
     compute at `rate`'s (default `dtype`), as ``gemm_cost``."""
-    side, mb, db = shape.side, cdiv(shape.tokens, shape.side), cdiv(shape.head_dim, shape.side)
-    pv = GemmShape(shape.tokens, shape.tokens, shape.head_dim, side, side)
-    return (skew_cost(spec, side, shape.heads * mb * db * itemsize(check_dtype(dtype))).scaled(2)
+    side, context = shape.side, shape.context or shape.tokens
+    kb, db = cdiv(context, side), cdiv(shape.head_dim, side)
+    pv = GemmShape(shape.tokens, context, shape.head_dim, side, side)
+    return (skew_cost(spec, side, shape.heads * kb * db * itemsize(check_dtype(dtype))).scaled(2)
             + probabilities_cost(spec, shape, softmax_flops, dtype, rate)
             + gemm_cost(spec, "meshgemm", pv, dtype, shape.heads, rate))
-
-
-def layout_move(spec, region, core_bytes: int) -> Cost:
-    """Every core of `region` sends `core_bytes` to its place in another layout of the region: one routing
-    stage as long as the region's diameter (the farthest pair of places)."""
-    hops = region.w - 1 + region.h - 1
-    if hops == 0 or core_bytes == 0:
-        return Cost()
-    return Cost(hops=hops, stages=1, link_bytes=region.size * core_bytes * hops, messages=region.size,
-                cycles=message_cycles(spec, hops, 1, core_bytes))

@@ -22,6 +22,14 @@ from waferrt.fabric.comm import LineComm
 from waferrt.model.config import LlamaConfig
 
 
+def kv_columns(tokens: int, cols: int) -> np.ndarray:
+    """(tokens,) the column holding each of a request's positions 0..tokens-1 once the cache took them in
+    order: positions flow east oldest first, column c holding tokens // cols + (c < tokens % cols) of them,
+    the newest at column 0 (both caches; tests/unit/test_relayout.py reads MeshKVCache's own)."""
+    counts = tokens // cols + (np.arange(cols) < tokens % cols)
+    return np.repeat(np.arange(cols), counts)[::-1].copy()  # newest first, read back oldest first
+
+
 class KVCapacityError(MemoryError):
     """A request has more positions than its K/V cache holds."""
 
@@ -124,6 +132,16 @@ class MeshKVCache:
         """Positions per column of the request in `slot` (to check the balance)."""
         return self.count[slot].copy()
 
+    def ordered(self, slot: int, n: int) -> tuple[np.ndarray, np.ndarray]:
+        """float32 K, V (n, R, nkv, hd_r) of the request in `slot` at positions 0..n-1, as insert took them."""
+        m, c = np.nonzero(np.arange(self.cap)[:, None] < self.count[slot][None, :])
+        p = self.pos[slot, m, c]
+        m, c, p = m[p < n], c[p < n], p[p < n]
+        k, v = (np.zeros((n, self.rows, self.nkv, self.hd_r), np.float32) for _ in "kv")
+        k[p] = to_f32(self.k[slot, :, :, :, m, c], self.dtype)
+        v[p] = to_f32(self.v[slot, c, :, m], self.dtype).transpose(0, 2, 1, 3)
+        return k, v
+
     def positions(self, slot: int) -> list[int]:
         """The token positions the cache of `slot` holds, every column's entries in order."""
         held = np.arange(self.cap)[:, None] < self.count[slot][None, :]
@@ -193,6 +211,12 @@ class FlowKVCache:
 
     def reset(self, slot: int) -> None:
         self.count[slot] = 0
+
+    def ordered(self, slot: int, n: int) -> tuple[np.ndarray, np.ndarray]:
+        """As MeshKVCache.ordered: float32 K, V (n, R, nkv, hd_r) at positions 0..n-1."""
+        k = to_f32(self.k[slot, :, :, :n], self.dtype).reshape(self.nkv, self.rows, self.hd_r, n)
+        v = to_f32(self.v[slot, :, :n], self.dtype).reshape(self.nkv, n, self.rows, self.hd_r)
+        return k.transpose(3, 1, 0, 2), v.transpose(1, 2, 0, 3)
 
     def held(self, slot: int) -> np.ndarray:
         return self.count[slot].copy()

@@ -1,22 +1,24 @@
-"""The prefill on the emulated wafer: a whole prompt through a layer as mesh GEMMs, leaving its K/V for the decode.
+"""The prefill on the emulated wafer: a prompt through a layer as mesh GEMMs, leaving its K/V for the decode.
 
-Contract: :func:`prefill_layer` runs a request's whole prompt (positions 0..T-1, T <= PREFILL_MAX_TOKENS)
-through one :class:`~waferrt.decode.shards.LayerShard` on the largest square of cores at its region's corner
-(:func:`gemm_region`): every matrix product is a MeshGEMM kernel (waferrt.kernels.gemm: the QKV projection,
-the output projection, gate and up as one, down) and the heads' causal attention the transposed MeshGEMM
-for Q.K^T and MeshGEMM for P.V, every head's blocks moving together (waferrt.kernels.attention; a K/V head's
-blocks go with each of its query heads), each moving its blocks hop by hop on the
-region's lines and booking them. Between the kernels the glue runs on the tile's full matrices (RMSNorm,
-RoPE, SiLU, the residual adds: booked at ``ELEMENTWISE_FLOPS`` per element, spread over the square's cores;
-every GEMM's activation operand aligned into MeshGEMM's A layout: booked as ``skew_cost``, the closed form
-the kernels' skew is tested to book). The layer's weights move from the decode's layout into the GEMMs'
-and back, and the prompt's K/V from the GEMMs' layout into the decode's shift-based cache
-(:class:`~waferrt.decode.kvcache.MeshKVCache`, filled as the decode would have filled it), each booked as
-one ``layout_move`` over the region. The residual stream enters and leaves in the decode's layout, so the
-decode continues from the K/V the prefill left. :func:`prefill_layer_cost` is what a layer's prefill books,
-in closed form (tested equal): the kernels move float32 values (``EMULATED_VALUES``) and the cores compute at
+Contract: :func:`prefill_layer` runs a chunk of a request's prompt (positions start..start+T-1, T <=
+PREFILL_MAX_TOKENS; a whole prompt is the chunk at 0) through one :class:`~waferrt.decode.shards.LayerShard`
+on the largest square of cores at its region's corner (:func:`gemm_region`): every matrix product is a
+MeshGEMM kernel (waferrt.kernels.gemm: the QKV projection, the output projection, gate and up as one, down)
+and the heads' causal attention the transposed MeshGEMM for Q.K^T and MeshGEMM for P.V over the chunk and
+the positions before it that the cache holds, every head's blocks moving together
+(waferrt.kernels.attention; a K/V head's blocks go with each of its query heads), each moving its blocks
+hop by hop on the region's lines and booking them. Between the kernels the glue runs on the tile's full
+matrices (RMSNorm, RoPE, SiLU, the residual adds: booked at ``ELEMENTWISE_FLOPS`` per element, spread over
+the square's cores; every GEMM's activation operand aligned into MeshGEMM's A layout: booked as
+``skew_cost``, the closed form the kernels' skew is tested to book). The layer's weights move from the
+decode's blocks into the GEMMs' and back, the cached K/V (a later chunk) into the attention's blocks, the
+chunk's K/V into the decode's shift-based cache (filled as the decode would have filled it, its older
+entries moving east): each a move of decode.relayout, every value's message routed hop by hop and booked
+per link. The residual stream enters and leaves in the decode's layout, so the decode (or the next chunk)
+continues from the K/V the prefill left. :func:`prefill_layer_cost` is what a layer's prefill books, in
+closed form (tested equal): the kernels move float32 values (``EMULATED_VALUES``) and the cores compute at
 the storage dtype's rate (the shard's ``Ledger(spec, dtype)``, ``Decoding.dtype``), as the decode's tiles do;
-:func:`prefill_runs` finds the whole prompts in a micro-batch.
+:func:`prefill_runs` finds the prompts' chunks in a micro-batch.
 """
 
 from __future__ import annotations
@@ -28,7 +30,7 @@ import numpy as np
 from waferrt.core.arith import cdiv
 from waferrt.core.cost import Cost, total
 from waferrt.core.dtypes import itemsize, to_f32
-from waferrt.core.gemm_cost import AttentionShape, GemmShape, attention_cost, gemm_cost, layout_move, skew_cost
+from waferrt.core.gemm_cost import AttentionShape, GemmShape, attention_cost, gemm_cost, skew_cost
 from waferrt.core.layout import from_blocks
 from waferrt.core.ledger import Ledger
 from waferrt.core.mesh import Region
@@ -40,11 +42,12 @@ from waferrt.model.config import LlamaConfig
 from waferrt.model.reference import apply_rope, rmsnorm, rope_cos_sin, silu
 
 from .cost import ELEMENTWISE_FLOPS as EW
-from .cost import Decoding, handover_bytes, handover_cost
+from .cost import Decoding, stage_handover
 from .layout import layer_layouts
 from .pack import Chunks, blocks_of
+from .relayout import kv_load, kv_read_load, move_cost, weights_load
 
-PREFILL_MAX_TOKENS = 512  # a prompt this long or shorter enters whole and is prefilled by MeshGEMM
+PREFILL_MAX_TOKENS = 512  # a prompt this long or shorter enters whole; a longer one in chunks of this many
 EMULATED_VALUES = "float32"  # what the emulated prefill's kernels move: the weights unpacked to float32
 
 
@@ -55,12 +58,15 @@ def gemm_region(region: Region) -> Region:
 
 
 def prefill_runs(meta: np.ndarray) -> list[np.ndarray]:
-    """The items of a micro-batch (meta rows (slot, token, pos, want, request)) that are a whole prompt: every
-    run of items of one slot whose positions are 0, 1, ..., T-1 (T from 2 to PREFILL_MAX_TOKENS)."""
+    """The items of a micro-batch (meta rows (slot, token, pos, want, request)) that are a prompt's chunk:
+    every run of items of one slot whose positions are p, p + 1, ..., p + T - 1 (T from 2 to
+    PREFILL_MAX_TOKENS; p = 0 for a whole prompt or its first chunk, the positions before it already
+    cached for a later chunk)."""
     runs = []
     for slot in np.unique(meta[:, 0]):
         idx = np.flatnonzero(meta[:, 0] == slot)
-        if 2 <= len(idx) <= PREFILL_MAX_TOKENS and np.array_equal(meta[idx, 2], np.arange(len(idx))):
+        pos = meta[idx, 2]
+        if 2 <= len(idx) <= PREFILL_MAX_TOKENS and np.array_equal(pos, pos[0] + np.arange(len(idx))):
             runs.append(idx)
     return runs
 
@@ -113,11 +119,13 @@ class _Mesh:
         return collect("meshgemm", self.grid, meshgemm(self.ctx, pa, pb), a.shape[0], b.shape[1])
 
     def attention(self, q: np.ndarray, k: np.ndarray, v: np.ndarray) -> np.ndarray:
-        """Every head's causal attention at once, q k v (T, H, hd) -> (T, H, hd)."""
+        """Every head's causal attention at once, q (T, H, hd) at the last T of the positions of k, v (start +
+        T, H, hd) -> (T, H, hd)."""
         T, H, hd = q.shape
         blocks = {n: np.stack([spread(self.grid, self.region.shape, m[:, h]) for h in range(H)], axis=2)
                   for n, m in (("q", q), ("k", k), ("v", v))}
-        run = partial(causal_attention, prompt=PromptAttention(T, 1.0 / np.sqrt(hd), EW["softmax"]))
+        prompt = PromptAttention(T, 1.0 / np.sqrt(hd), EW["softmax"], start=k.shape[0] - T)
+        run = partial(causal_attention, prompt=prompt)
         out = run(self.ctx, **blocks)
         return np.stack([collect("meshgemm", self.grid, out[:, :, h], T, hd) for h in range(H)], axis=1)
 
@@ -133,85 +141,119 @@ def glue_flops(config: LlamaConfig, tokens: int) -> tuple[int, int, int]:
             (EW["rmsnorm"] + 2 * EW["residual"]) * T * config.dim + EW["silu_mul"] * T * config.hidden_dim)
 
 
-def _attention_block(mesh: _Mesh, config: LlamaConfig, h: np.ndarray, w: dict) -> tuple[np.ndarray, ...]:
-    """h (T, dim) -> (the heads' outputs (T, nh*hd), k (T, nkv, hd), v (T, nkv, hd)): one QKV projection,
-    then every query head's attention at once (each with its K/V head's blocks)."""
+def _attention_block(mesh: _Mesh, shard, h: np.ndarray, at: tuple[int, int]) -> tuple[np.ndarray, ...]:
+    """h (T, dim) of a chunk at positions start..start+T-1 (at = (slot, start)) -> (the heads' outputs (T,
+    nh*hd), its k (T, nkv, hd), v (T, nkv, hd)): one QKV projection, then every query head's attention at once
+    (each with its K/V head's blocks) over the chunk and the start positions the cache holds."""
+    config, w, (slot, start) = shard.config, _weights(shard), at
     T, hd, nh, nkv = h.shape[0], config.head_dim, config.n_heads, config.n_kv_heads
-    cos, sin = rope_cos_sin(np.arange(T), hd, config.rope_theta)  # (T, hd/2)
+    cos, sin = rope_cos_sin(start + np.arange(T), hd, config.rope_theta)  # (T, hd/2)
     qkv = mesh.gemm(h, np.concatenate([w["wq"], w["wk"], w["wv"]]).T).reshape(T, nh + 2 * nkv, hd)
     q, k = (apply_rope(a, cos[:, None], sin[:, None]) for a in (qkv[:, :nh], qkv[:, nh:nh + nkv]))
     v = qkv[:, nh + nkv:]
     mesh.elementwise(glue_flops(config, T)[0])
+    held_k, held_v = _cached(shard, slot, start)
     rep = nh // nkv
-    out = mesh.attention(q, np.repeat(k, rep, axis=1), np.repeat(v, rep, axis=1))  # (T, nh, hd)
+    k_all, v_all = (np.repeat(np.concatenate([a, b]), rep, axis=1) for a, b in ((held_k, k), (held_v, v)))
+    out = mesh.attention(q, k_all, v_all)  # (T, nh, hd)
     return out.reshape(T, nh * hd), k, v
 
 
-def prefill_layer(shard, x: np.ndarray, slot: int) -> np.ndarray:
-    """A whole prompt x (T, C, dim_c), the decode's residual layout, through `shard` (module doc) -> the same
-    layout; its K/V go into the shard's cache for `slot` as the decode would have put them."""
+def prefill_layer(shard, x: np.ndarray, slot: int, start: int = 0) -> np.ndarray:
+    """A prompt's chunk x (T, C, dim_c) at positions start..start+T-1, the decode's residual layout, through
+    `shard` (module doc) -> the same layout; its K/V go into the shard's cache for `slot` as the decode would
+    have put them (the cache holds the `start` positions before it)."""
     config, region, ledger = shard.config, shard.region, shard.ledger
     T, chunks = x.shape[0], Chunks(config.dim, region.w)
     w = _weights(shard)
     mesh = _Mesh(region, ledger)
+    dec = Decoding(config, shard.dtype)
+    moves = {name: c for name, _, c in prefill_moves(ledger.spec, dec, region, (start, T), EMULATED_VALUES)}
+    weights = weights_move(ledger.spec, dec, region, EMULATED_VALUES)
     with ledger.op("prefill"):
-        ledger.add(layout_move(ledger.spec, region, weights_core_bytes(config, region, EMULATED_VALUES)))  # in
+        ledger.add(weights)  # in
         xf = chunks.join(x)  # (T, dim)
         h = rmsnorm(xf, w["attn_norm"], config.norm_eps)
         mesh.elementwise(glue_flops(config, T)[1])
-        att, k, v = _attention_block(mesh, config, h, w)
+        if start:
+            ledger.add(moves["kv_from_cache"])
+        att, k, v = _attention_block(mesh, shard, h, (slot, start))
         xf = xf + mesh.gemm(att, w["wo"].T)
         h = rmsnorm(xf, w["ffn_norm"], config.norm_eps)
         gate, up = np.split(mesh.gemm(h, np.concatenate([w["w_gate"], w["w_up"]]).T), 2, axis=1)
         xf = xf + mesh.gemm(silu(gate) * up, w["w_down"].T)
         mesh.elementwise(glue_flops(config, T)[2])
-        _fill_cache(shard, slot, k, v)
-        ledger.add(layout_move(ledger.spec, region, weights_core_bytes(config, region, EMULATED_VALUES)))  # back
+        _fill_cache(shard, slot, start, k, v)
+        ledger.add(moves["kv_to_decode"])
+        ledger.add(weights)  # back
     return chunks.split(xf)
 
 
-def weights_core_bytes(config: LlamaConfig, region: Region, dtype: str = "float32") -> int:
-    """A layer's weights per core of its region as `dtype` values (the emulator's GEMMs take them as
-    EMULATED_VALUES): what moves between the decode's and the GEMMs' layouts."""
-    return cdiv(itemsize(dtype) * config.layer_params(), region.size)
+def _hd_slices(shard) -> list[slice]:
+    """The head_dim slice each row of the shard's region holds (in whole pairs, as the cache holds it)."""
+    lay = layer_layouts(shard.config, shard.region)["wk"]
+    return [lay.block_slices(r, 0)[1] for r in range(shard.region.h)]
 
 
-def kv_core_bytes(config: LlamaConfig, region: Region, tokens: int, dtype: str = "float32") -> int:
-    """A prompt's K and V per core of the region: what moves into the decode's cache."""
-    return cdiv(2 * itemsize(dtype) * tokens * config.kv_dim, region.size)
+def _cached(shard, slot: int, n: int) -> tuple[np.ndarray, np.ndarray]:
+    """The K, V (n, nkv, hd) the shard's cache holds for `slot` at positions 0..n-1."""
+    k, v = shard.kv.ordered(slot, n)  # (n, R, nkv, hd_r)
+    out = [np.zeros((n, shard.config.n_kv_heads, shard.config.head_dim), np.float32) for _ in "kv"]
+    for r, sl in enumerate(_hd_slices(shard)):
+        for o, a in zip(out, (k, v), strict=True):
+            o[:, :, sl] = a[:, r, :, :sl.stop - sl.start]
+    return out[0], out[1]
 
 
-def _fill_cache(shard, slot: int, k: np.ndarray, v: np.ndarray) -> None:
-    """The prompt's K, V (T, nkv, hd) into the shard's cache as the decode would have left them, booked as one
-    layout move (the cache's own shifts, which a decode books one position at a time, go to a scratch
-    ledger)."""
-    config, region, T = shard.config, shard.region, k.shape[0]
-    rows, hd_r = region.h, shard.hd_r
-    lay = layer_layouts(config, region)["wk"]  # head_dim over the rows, in whole pairs, as the cache holds it
+def _fill_cache(shard, slot: int, start: int, k: np.ndarray, v: np.ndarray) -> None:
+    """The chunk's K, V (T, nkv, hd) into the shard's cache at positions start.. as the decode would have left
+    them (booked by the caller as the move decode.relayout.kv_load routes; the cache's own shifts, which a
+    decode books one position at a time, go to a scratch ledger)."""
+    T, rows, hd_r = k.shape[0], shard.region.h, shard.hd_r
+
     def per_row(a: np.ndarray) -> np.ndarray:  # (T, nkv, hd) -> (T, R, nkv, hd_r)
-        out = np.zeros((T, rows, config.n_kv_heads, hd_r), np.float32)
-        for r in range(rows):
-            sl = lay.block_slices(r, 0)[1]
+        out = np.zeros((T, rows, shard.config.n_kv_heads, hd_r), np.float32)
+        for r, sl in enumerate(_hd_slices(shard)):
             out[:, r, :, :sl.stop - sl.start] = a[:, :, sl]
         return out
 
     own = shard.kv.comm
-    shard.kv.comm = LineComm("x", Span.of(region), Ledger(shard.ledger.spec))
+    shard.kv.comm = LineComm("x", Span.of(shard.region), Ledger(shard.ledger.spec))
     try:
-        shard.kv.insert(np.full(T, slot), per_row(k), per_row(v), np.arange(T))
+        shard.kv.insert(np.full(T, slot), per_row(k), per_row(v), start + np.arange(T))
     finally:
         shard.kv.comm = own
-    shard.ledger.add(layout_move(shard.ledger.spec, region, kv_core_bytes(config, region, T, EMULATED_VALUES)))
+
+
+def weights_move(spec, dec: Decoding, region: Region, moved: str) -> Cost:
+    """A layer's weights from the decode's blocks into the prefill's GEMMs' (or back), values of `moved`:
+    the move decode.relayout.weights_load routes."""
+    at = Region(0, 0, region.w, region.h)
+    return move_cost(spec, weights_load(dec.config, at, dec.head_groups, itemsize(moved)))
 
 
 @lru_cache(maxsize=1024)
-def prefill_layer_parts(spec, dec: Decoding, region: Region, tokens: int, context: int | None = None,
-                        moved: str | None = None) -> tuple[tuple[str, str, Cost], ...]:
-    """(name, category, Cost) of a layer's prefill of `tokens` prompt tokens on `region`: the cores compute
-    at ``dec.dtype``'s rate, values move as `moved` (default ``dec.dtype``): what :func:`prefill_layer`
-    books with ``moved=EMULATED_VALUES`` and ``context`` None. With a `context` longer than `tokens` (a
-    chunk of a longer prompt, on paper only), the chunk's attention is its share (tokens / context of the
-    score rows) of the whole context's."""
+def prefill_moves(spec, dec: Decoding, region: Region, chunk: tuple[int, int], moved: str
+                  ) -> tuple[tuple[str, str, Cost], ...]:
+    """(name, "layout", Cost) of a chunk's = (start, tokens) layout moves (decode.relayout, values of
+    `moved`): the weights into the GEMMs' blocks and back, the cached K/V into the attention's blocks (a
+    chunk after the first), the chunk's K/V into the decode's cache."""
+    config, at, size, g = dec.config, Region(0, 0, region.w, region.h), itemsize(moved), dec.head_groups
+    out = [("weights_in_out", weights_move(spec, dec, region, moved).scaled(2))]
+    if chunk[0]:
+        out.append(("kv_from_cache", move_cost(spec, kv_read_load(config, at, chunk, g, size))))
+    out.append(("kv_to_decode", move_cost(spec, kv_load(config, at, chunk, g, size))))
+    return tuple((name, "layout", c) for name, c in out)
+
+
+@lru_cache(maxsize=1024)
+def prefill_work_parts(spec, dec: Decoding, region: Region, tokens: int, context: int | None = None,
+                       moved: str | None = None) -> tuple[tuple[str, str, Cost], ...]:
+    """(name, category, Cost) of a layer's prefill of `tokens` prompt tokens on `region` but its layout moves
+    (:func:`prefill_moves`): the GEMMs, the attention, the element-wise work. The cores compute at
+    ``dec.dtype``'s rate, values move as `moved` (default ``dec.dtype``). With a `context` longer than
+    `tokens`, the tokens are the last chunk of a prompt of `context` positions, the cache holding those
+    before it."""
     config, rate, moved = dec.config, dec.dtype, moved or dec.dtype
     s, T, hd, dim, size = min(region.w, region.h), tokens, config.head_dim, config.dim, itemsize(moved)
 
@@ -220,29 +262,39 @@ def prefill_layer_parts(spec, dec: Decoding, region: Region, tokens: int, contex
                               + gemm_cost(spec, "meshgemm", GemmShape(m, k, n, s, s), moved, 1, rate))
 
     ctx = context or T
-    att = attention_cost(spec, AttentionShape(ctx, hd, config.n_heads, s), EW["softmax"], moved, rate)
-    if ctx != T:
-        att = Cost(*(type(v)(v * T / ctx) for v in att.as_dict().values()))
+    att = attention_cost(spec, AttentionShape(T, hd, config.n_heads, s, ctx), EW["softmax"], moved, rate)
     glue = [dec.flops(spec, cdiv(f, s * s)) for f in glue_flops(config, T)]
     return (mm("qkv", T, dim, dim + 2 * config.kv_dim), ("attention", "attention", att),
             mm("o", T, config.n_heads * hd, dim), mm("gate_up", T, dim, 2 * config.hidden_dim),
             mm("down", T, config.hidden_dim, dim),
-            ("elementwise", "elementwise", glue[0] + glue[1] + glue[2]),
-            ("weights_in_out", "layout",
-             layout_move(spec, region, weights_core_bytes(config, region, moved)).scaled(2)),
-            ("kv_to_decode", "layout", layout_move(spec, region, kv_core_bytes(config, region, T, moved))))
+            ("elementwise", "elementwise", glue[0] + glue[1] + glue[2]))
 
 
-def prefill_layer_cost(spec, dec: Decoding, region: Region, tokens: int) -> Cost:
-    """What :func:`prefill_layer` books for a prompt of `tokens` on `region`, in closed form."""
-    return total(c for _, _, c in prefill_layer_parts(spec, dec, region, tokens, None, EMULATED_VALUES))
+def prefill_layer_parts(spec, dec: Decoding, region: Region, tokens: int, context: int | None = None,
+                        moved: str | None = None) -> tuple[tuple[str, str, Cost], ...]:
+    """(name, category, Cost) of every piece of a layer's prefill (:func:`prefill_work_parts`, then
+    :func:`prefill_moves`): what :func:`prefill_layer` books with ``moved=EMULATED_VALUES``."""
+    ctx = context or tokens
+    return (prefill_work_parts(spec, dec, region, tokens, ctx, moved)
+            + prefill_moves(spec, dec, region, (ctx - tokens, tokens), moved or dec.dtype))
 
 
-def prefill_item_cycles(spec, dec: Decoding, prev: Region, region: Region, tokens: int) -> float:
-    """A prompt token's share of its layer's prefill (the schedule's "alone" cycles of each of the prompt's
-    `tokens` items), the hand-over into the region included, as decode.cost.alone_cycles counts a token's."""
-    return handover_cost(spec, prev, region, handover_bytes(dec.config, 1)).cycles + \
-        prefill_layer_cost(spec, dec, region, tokens).cycles / tokens
+def prefill_layer_cost(spec, dec: Decoding, region: Region, tokens: int, start: int = 0) -> Cost:
+    """What :func:`prefill_layer` books for a prompt's chunk of `tokens` at `start` on `region`, in closed
+    form."""
+    parts = prefill_layer_parts(spec, dec, region, tokens, start + tokens, EMULATED_VALUES)
+    return total(c for _, _, c in parts)
+
+
+def prefill_item_cycles(spec, dec: Decoding, stage: tuple[Region | None, Region], chunk: tuple[int, int]
+                        ) -> float:
+    """A prompt token's share of its layer stage's prefill of a chunk = (start, tokens) (the schedule's
+    "alone" cycles of each of the chunk's items): the chunk's hand-over into the stage's region from the
+    previous one (stage = (previous region or None, region); decode.cost.stage_handover, what the tiles book
+    for the micro-batch) and its prefill, over its tokens."""
+    (prev, region), (start, tokens) = stage, chunk
+    return (stage_handover(spec, dec.config, prev, region, tokens).cycles
+            + prefill_layer_cost(spec, dec, region, tokens, start).cycles) / tokens
 
 
 def layer_step(shard, x: np.ndarray, meta: np.ndarray) -> np.ndarray:
@@ -253,7 +305,7 @@ def layer_step(shard, x: np.ndarray, meta: np.ndarray) -> np.ndarray:
         return shard.forward(x, meta[:, 0], meta[:, 2])
     out = np.empty_like(x)
     for idx in runs:
-        out[idx] = prefill_layer(shard, x[idx], int(meta[idx[0], 0]))
+        out[idx] = prefill_layer(shard, x[idx], int(meta[idx[0], 0]), int(meta[idx[0], 2]))
     rest = np.setdiff1d(np.arange(len(meta)), np.concatenate(runs))
     if len(rest):
         out[rest] = shard.forward(x[rest], meta[rest, 0], meta[rest, 2])

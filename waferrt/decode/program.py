@@ -253,7 +253,7 @@ class TileProgram:
         rows = meta.tolist()
         if self.setup.streaming:
             return tuple(Item(req, pos, bool(want), cycles / len(meta)) for _, _, pos, want, req in rows)
-        whole = ({i: len(run) for run in prefill_runs(meta) for i in run}
+        whole = ({i: (int(meta[run[0], 2]), len(run)) for run in prefill_runs(meta) for i in run}
                  if self.setup.prefill and self.stages[s][0] == "layer" else {})
         return tuple(Item(req, pos, bool(want), self._prefill_item(s, whole[i]) if i in whole else
                           self._alone(s, pos, bool(want))) for i, (_, _, pos, want, req) in enumerate(rows))
@@ -267,10 +267,10 @@ class TileProgram:
             self._alone_memo[key] = alone_cycles(self.ledger.spec, self.setup.decoding, stage, pos, want)
         return self._alone_memo[key]
 
-    def _prefill_item(self, s: int, tokens: int) -> float:
-        """A prompt token's share of stage s's prefill of a whole prompt of `tokens` (decode.prefill)."""
+    def _prefill_item(self, s: int, chunk: tuple[int, int]) -> float:
+        """A prompt token's share of stage s's prefill of a chunk = (start, tokens) (decode.prefill)."""
         prev = self.stages[s - 1][2] if s else None
-        return prefill_item_cycles(self.ledger.spec, self.setup.decoding, prev, self.stages[s][2], tokens)
+        return prefill_item_cycles(self.ledger.spec, self.setup.decoding, (prev, self.stages[s][2]), chunk)
 
     def _stage(self, s: int, meta: np.ndarray, x):
         """Stage s on a micro-batch -> (its activations out, the logits by item if it is the head)."""

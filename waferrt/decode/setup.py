@@ -53,7 +53,7 @@ class DecodeSetup:
     collectives: Collectives = KTREE_FAST
     dtype: str = "float32"  # how weights and K/V are stored in the cores (computed in float32)
     streaming: bool = False  # the weights stream in from off-wafer memory at each stage's turn
-    prefill: bool = False  # whole prompts go through the layers by MeshGEMM (waferrt.decode.prefill)
+    prefill: bool = False  # prompts go through the layers by MeshGEMM, in chunks of 512 (waferrt.decode.prefill)
     experts: str = "er"  # where an MoE layer's experts sit in its region (waferrt.decode.moe_layout.MAPPINGS)
     balance: int = 0  # NI-Balancer: micro-batches between an MoE layer's looks at its routing histogram (0: off)
     attention: AttentionMode = DENSE  # the decode's attention: dense, or STAR's sparse:K (waferrt.decode.sparse)
@@ -70,15 +70,18 @@ class DecodeSetup:
         if self.config.moe and self.prefill:
             raise PlacementError("a mixture of experts has no MeshGEMM prefill yet: decode its prompts token "
                                  "by token (without --prefill)")
+        if self.streaming and self.prefill:
+            raise PlacementError("weight streaming has no MeshGEMM prefill (its one region holds no layer's "
+                                 "weights to multiply with): leave out --prefill, or --streaming")
 
     @classmethod
     def from_placement(cls, placement, collectives: Collectives = KTREE_FAST, prefill: bool = False
                        ) -> DecodeSetup:
-        """What the tiles need to know of a scheduler Placement to run its decode (`prefill`: whole prompts by
-        MeshGEMM; a streaming placement has no weights on the wafer to run them with, so never)."""
+        """What the tiles need to know of a scheduler Placement to run its decode (`prefill`: prompts by
+        MeshGEMM; refused, as for an MoE, for a streaming placement, which has no weights on the wafer)."""
         p = placement
         return cls(p.config, p.mesh, p.layers, p.embed, p.kv_tokens, p.kv.requests, collectives, p.dtype,
-                   p.streaming, prefill and not p.streaming, p.experts, p.balance)
+                   p.streaming, prefill, p.experts, p.balance)
 
     @cached_property
     def decoding(self) -> Decoding:

@@ -1,16 +1,17 @@
 """The prefill on paper: a prompt's tokens through every layer as MeshGEMMs, time to first token, end to end.
 
 Contract (pure): ``prefill(est, tokens)`` times the prompt of `tokens` tokens on the floor plan that the
-decode's estimate ``est`` (estimator.estimate) chose -- the prefill runs on the decode's own layer regions,
+decode's estimate ``est`` (scheduler.estimate) chose -- the prefill runs on the decode's own layer regions,
 so its core count is the decode's, and the K/V it leaves is where the decode reads it. Each layer costs
 what the emulated prefill books (waferrt.decode.prefill.prefill_layer_parts, at the estimate's dtype, a Decoding): on
 the largest square of the region, the QKV projection, the heads' causal attention (the transposed MeshGEMM
 for Q.K^T, MeshGEMM for P.V), the output projection, gate/up and down as MeshGEMMs, the element-wise work,
 the weights moved into the GEMM layout and back, and the K/V moved into the decode's
-layout (each one routing stage across the region: ``layout_move``). Between regions a chunk's activations
-are handed over every row at once (``region_handover``). The prompt goes in equal chunks, each attending
-to the tokens before it: at least as many as make a chunk's activations fit in what the decode leaves free
-of a core's SRAM, more when that is faster (the regions then work on successive chunks at once).
+layout (each a move of waferrt.decode.relayout, booked per link). Between regions a chunk's activations
+are handed over as the tiles hand a micro-batch over (decode.cost.stage_handover, to the region beside).
+The prompt goes in equal chunks, each attending to the tokens before it: at least as many as make a chunk's
+activations fit in what the decode leaves free of a core's SRAM, more when that is faster (the regions then
+work on successive chunks at once); every chunk's K/V moves are priced as the last's (the most).
 The first token then comes out of the head (one decode-head GEMV) and the host exchange (token ids in, one
 row of logits out over ``spec.ingress_bytes_per_s``). :class:`Prefill` is the result; ``end_to_end`` the
 time of an (input, output) pair: the prefill's first token, then the decode's time per token.
@@ -21,12 +22,11 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from waferrt.core.arith import cdiv, whole
-from waferrt.core.cost import Cost, message_cycles, total
+from waferrt.core.cost import Cost, total
 from waferrt.core.dtypes import itemsize
-from waferrt.core.gemm_cost import layout_move
 from waferrt.core.mesh import Region
-from waferrt.decode.cost import Decoding, handover_bytes, head_decode_parts
-from waferrt.decode.prefill import gemm_region, prefill_layer_parts, weights_core_bytes
+from waferrt.decode.cost import Decoding, head_decode_parts, stage_handover
+from waferrt.decode.prefill import gemm_region, prefill_moves, prefill_work_parts, weights_move
 
 from .estimate import host_seconds
 from .estimate_report import Estimate
@@ -43,13 +43,17 @@ def decoding(est: Estimate) -> Decoding:
     return Decoding(est.config, est.dtype, head_groups=est.shape.head_groups)
 
 
-def chunk_parts(est: Estimate, region: Region, chunk: int, context: int) -> list[tuple[str, str, Cost]]:
+def chunk_parts(est: Estimate, region: Region, chunk: int, context: int, moves_at: int | None = None
+                ) -> list[tuple[str, str, Cost]]:
     """(name, category, Cost) of one layer on `region` for `chunk` prompt tokens attending to `context`
     tokens (themselves and those before them): the emulated prefill's own closed form
     (waferrt.decode.prefill.prefill_layer_parts, in the estimate's dtype), but the weights' moves, which a
-    chunked prompt makes once (``prefill``)."""
-    parts = prefill_layer_parts(est.spec, decoding(est), region, chunk, context)
-    return [p for p in parts if p[0] != "weights_in_out"]
+    chunked prompt makes once (``prefill``); its K/V moves those of the chunk attending to `moves_at`
+    (default `context`: ``prefill`` prices every chunk's as the last's, the most, rather than route each)."""
+    dec, at = decoding(est), moves_at or context
+    moves = prefill_moves(est.spec, dec, region, (at - chunk, chunk), est.dtype)
+    kv = [p for p in moves if p[0] != "weights_in_out"]
+    return list(prefill_work_parts(est.spec, dec, region, chunk, context)) + kv
 
 
 def activation_bytes(est: Estimate, region: Region, chunk: int, context: int) -> int:
@@ -108,23 +112,16 @@ class Prefill:
                 f"breakdown       (the prefill) {parts}"]
 
 
-def region_handover(spec, region: Region, nbytes: int) -> Cost:
-    """A chunk's activations (`nbytes` over the region's grid) move to the next region beside it: every row
-    at once, one routing stage of region.w hops carrying the row's share."""
-    return Cost(hops=region.w, stages=1, link_bytes=nbytes * region.w, messages=region.size,
-                cycles=message_cycles(spec, region.w, 1, cdiv(nbytes, region.h)))
-
-
 def _pipeline_parts(est: Estimate, region: Region, tokens: int, chunks: int) -> list[tuple[str, str, Cost]]:
     """What one prompt cut in `chunks` chunks costs on the critical path through the regions, which work on
     successive chunks at once: every chunk through one region's layers, then the last (the longest: it
     attends to the most) through each other region; a hand-over after every region."""
     config, group, regions = est.config, est.strategy.group, est.strategy.regions
-    chunk = cdiv(tokens, chunks)
+    chunk, beside = cdiv(tokens, chunks), Region(region.x1, region.y0, region.w, region.h)
 
     def stage(c: int) -> list:
-        return (chunk_parts(est, region, chunk, min(tokens, (c + 1) * chunk)) * group
-                + [("handover", "handover", region_handover(est.spec, region, handover_bytes(config, chunk)))])
+        return (chunk_parts(est, region, chunk, min(tokens, (c + 1) * chunk), tokens) * group
+                + [("handover", "handover", stage_handover(est.spec, config, region, beside, chunk))])
 
     parts = [p for c in range(chunks) for p in stage(c)]
     return parts + stage(chunks - 1) * (regions - 1)
@@ -146,9 +143,9 @@ def prefill(est: Estimate, tokens: int) -> Prefill:
     tries = [least * 2 ** i for i in range(9) if least * 2 ** i <= min(tokens, max(least, 256))]
     timed = [(total(c for _, _, c in _pipeline_parts(est, region, tokens, n)).cycles, n) for n in tries]
     chunks = min(timed)[1]
-    w_bytes = weights_core_bytes(config, region, est.dtype)
+    weights = weights_move(spec, decoding(est), region, est.dtype)
     parts = _pipeline_parts(est, region, tokens, chunks) + [
-        ("weights_in_out", "layout", layout_move(spec, region, w_bytes).scaled(2 * est.strategy.group))]
+        ("weights_in_out", "layout", weights.scaled(2 * est.strategy.group))]
     on_wafer = dict.fromkeys(CATEGORIES, 0.0)
     for _, cat, c in parts:
         on_wafer[cat] += c.seconds(spec)

@@ -65,8 +65,8 @@ def skew(ctx, buf: np.ndarray, axis: str, back: bool = False) -> np.ndarray:
 
 
 def scores_nt(ctx, q: np.ndarray, k: np.ndarray) -> np.ndarray:
-    """S = Q K^T by the transposed MeshGEMM (module doc): q, k (rows, cols, H, mb, db) in the C layout, K
-    already skewed along y; returns S's (H, mb, mb) blocks in the A layout."""
+    """S = Q K^T by the transposed MeshGEMM (module doc): q (rows, cols, H, mb, db), k (.., kb, db) in the C
+    layout, K already skewed along y; returns S's (H, mb, kb) blocks in the A layout."""
     _square(ctx)
     return accumulate(ctx, Grid.of_ctx(ctx), q, k, "nt")
 
@@ -76,51 +76,57 @@ class PromptAttention:
     """What the causal attention over a prompt needs besides its blocks: the prompt's `tokens` (the rest of
     the blocks is padding), the score `scale` (1/sqrt(head_dim)), the flops of one softmax element, and the
     `segment`: with several sequences one after the other, each `segment` tokens long, a token attends only
-    to its own sequence's (0: one sequence)."""
+    to its own sequence's (0: one sequence); and the positions before the queries' (`start`: a chunk of a
+    longer prompt, whose keys and values are the start + tokens positions of its context)."""
 
     tokens: int
     scale: float
     softmax_flops: int
     segment: int = 0
+    start: int = 0
 
     def __post_init__(self) -> None:
-        if self.tokens < 1 or self.scale <= 0 or self.softmax_flops < 0 or self.segment < 0:
-            raise ValueError(f"causal attention over {self.tokens} tokens with scale {self.scale}, "
-                             f"{self.softmax_flops} softmax flops and segments of {self.segment}: give at least "
-                             "one token, a positive scale, non-negative flops and segment (0: one sequence)")
+        if self.tokens < 1 or self.scale <= 0 or self.softmax_flops < 0 or self.segment < 0 or self.start < 0:
+            raise ValueError(f"causal attention over {self.tokens} tokens from position {self.start} with scale "
+                             f"{self.scale}, {self.softmax_flops} softmax flops and segments of {self.segment}: "
+                             "give at least one token, a start >= 0, a positive scale, non-negative flops and "
+                             "segment (0: one sequence)")
 
 
-def causal_mask(ctx, mb: int, prompt: PromptAttention) -> np.ndarray:
-    """(rows, cols, mb, mb) bool: which score entries of each core's A-layout block (i, (i + c) % s) a token
-    may attend to (the key at or before the query, a real token, and of the query's segment)."""
+def causal_mask(ctx, mb: int, prompt: PromptAttention, key_block: int | None = None) -> np.ndarray:
+    """(rows, cols, mb, key_block) bool: which score entries of each core's A-layout block (i, (i + c) % s) a
+    query may attend to: the key at or before the query (queries are positions prompt.start.., mb a block;
+    keys 0.., key_block a block, default mb), a real token (before start + tokens), of the query's segment."""
     xs, ys = _square(ctx)
-    s = len(xs)
+    s, kb = len(xs), key_block or mb
     i = _ring_index(ys, ctx.local.y0 - ctx.region.y0, ctx.local.h)[:, None]
     c = _ring_index(xs, ctx.local.x0 - ctx.region.x0, ctx.local.w)[None, :]
     j = (i + c) % s
-    query = (i * mb)[..., None, None] + np.arange(mb)[:, None]
-    key = (j * mb)[..., None, None] + np.arange(mb)[None, :]
-    seg = prompt.segment or prompt.tokens
-    return (key <= query) & (key < prompt.tokens) & (key // seg == query // seg)
+    query = prompt.start + (i * mb)[..., None, None] + np.arange(mb)[:, None]
+    key = (j * kb)[..., None, None] + np.arange(kb)[None, :]
+    end = prompt.start + prompt.tokens
+    seg = prompt.segment or end
+    return (key <= query) & (key < end) & (key // seg == query // seg)
 
 
 def probabilities(ctx, q: np.ndarray, k: np.ndarray, prompt: PromptAttention) -> np.ndarray:
-    """The heads' causal softmax(scale Q K^T) in the A layout, (rows, cols, H, mb, mb): q in the C layout, k
-    already skewed along y (module doc); masked entries and padding queries get 0."""
-    heads, mb = q.shape[2], q.shape[3]
-    scores = scores_nt(ctx, q, k) * np.float32(prompt.scale)  # (rows, cols, H, mb, mb)
-    valid = causal_mask(ctx, mb, prompt)[:, :, None]
+    """The heads' causal softmax(scale Q K^T) in the A layout, (rows, cols, H, mb, kb): q in the C layout, k
+    (its kb positions a block) already skewed along y (module doc); masked entries and padding queries get 0."""
+    heads, mb, kb = q.shape[2], q.shape[3], k.shape[3]
+    scores = scores_nt(ctx, q, k) * np.float32(prompt.scale)  # (rows, cols, H, mb, kb)
+    valid = causal_mask(ctx, mb, prompt, kb)[:, :, None]
     scores = np.where(valid, scores, np.float32(-np.inf))
     top = ctx.allreduce(scores.max(axis=4), "x", op="max")  # (rows, cols, H, mb): each query's row max
     top = np.where(np.isfinite(top), top, np.float32(0))  # a padding query sees no key
     e = np.where(valid, np.exp(scores - top[..., None]), np.float32(0))
     total = ctx.allreduce(e.sum(axis=4), "x")
-    ctx.ledger.compute(prompt.softmax_flops * heads * mb * mb)
+    ctx.ledger.compute(prompt.softmax_flops * heads * mb * kb)
     return e / np.where(total > 0, total, np.float32(1))[..., None]
 
 
 def causal_attention(ctx, q: np.ndarray, k: np.ndarray, v: np.ndarray, prompt: PromptAttention) -> np.ndarray:
-    """The heads' causal attention over the prompt (module doc): (rows, cols, H, mb, db) blocks in, and out."""
+    """The heads' causal attention over the prompt (module doc): q (rows, cols, H, mb, db) blocks in, and out;
+    k and v (rows, cols, H, kb, db): the blocks of the prompt.start + prompt.tokens positions of its context."""
     with ctx.ledger.op("attention"):
         p = probabilities(ctx, q, skew(ctx, k, "y"), prompt)
         return meshgemm(ctx, p[:, :, None], skew(ctx, v, "y")[:, :, None])

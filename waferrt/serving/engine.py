@@ -65,7 +65,8 @@ class _Live:
 
 class HeadEngine:
     def __init__(self, kv_tokens: int, slots: int, lanes: int = 2, max_items: int = 32, whole_prompts: int = 0):
-        """`whole_prompts`: a prompt of at most that many tokens enters in one micro-batch (to be prefilled)."""
+        """`whole_prompts`: a prompt enters in chunks of that many tokens, each one micro-batch's (to be
+        prefilled; 0: in what room the micro-batches have, as decode tokens)."""
         self.admission = Admission(kv_tokens, slots)
         self.lanes, self.max_items, self.whole_prompts = max(1, min(lanes, slots)), max_items, whole_prompts
         self.free = list(range(slots))
@@ -77,8 +78,8 @@ class HeadEngine:
 
     @classmethod
     def of(cls, setup, lanes: int) -> HeadEngine:
-        """The engine of a decode's DecodeSetup: with ``setup.prefill``, whole prompts of up to
-        PREFILL_MAX_TOKENS enter as one micro-batch."""
+        """The engine of a decode's DecodeSetup: with ``setup.prefill``, a prompt enters in chunks of
+        PREFILL_MAX_TOKENS (a shorter prompt whole), each one micro-batch's."""
         return cls(setup.kv_tokens, setup.slots, lanes, whole_prompts=PREFILL_MAX_TOKENS if setup.prefill else 0)
 
     def load(self) -> float:
@@ -141,12 +142,10 @@ class HeadEngine:
                 rows.append((lv.slot, lv.next, lv.pos, 1, index))
                 owners.append(index)
                 lv.next = None
-            elif lv.sent == 0 and 1 < len(prompt) <= self.whole_prompts:  # its whole prompt, to be prefilled
-                rows += [(lv.slot, t, j, int(j == len(prompt) - 1), index) for j, t in enumerate(prompt)]
-                owners += [None] * (len(prompt) - 1) + [index]
-                lv.sent = len(prompt)
-            elif lv.sent < len(prompt) and len(rows) < self.max_items:  # the next chunk of its prompt
-                take = min(len(prompt) - lv.sent, self.max_items - len(rows))
+            elif lv.sent < len(prompt) and (self.whole_prompts or len(rows) < self.max_items):
+                # the next chunk of its prompt: up to whole_prompts tokens at once (to be prefilled) or what
+                # the micro-batch has room for
+                take = min(len(prompt) - lv.sent, self.whole_prompts or self.max_items - len(rows))
                 for j in range(lv.sent, lv.sent + take):
                     last = j == len(prompt) - 1
                     rows.append((lv.slot, prompt[j], j, int(last), index))
