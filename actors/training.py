@@ -30,21 +30,16 @@ from ray.exceptions import ActorDiedError, GetTimeoutError
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
 from waferrt.model.npcache import resolve
-from waferrt.training.faults import CorruptGradient, corrupt
+from waferrt.training.faults import MAX_REDOS, CorruptGradient, TrainingFailed, corrupt
 from waferrt.training.mesh import phases_of
 from waferrt.training.step import train_step
 from waferrt.training.store import ParamStore
 
-MAX_REDOS = 3  # a step redone more often than this is a failure, not a fault
 WAIT_S = 300.0  # the longest a block, a push or a whole step may take (SmolLM2's step on a loaded machine)
 
 
 class TrainingTimeout(TimeoutError):
     """A block, a gradient push or a step did not complete in time."""
-
-
-class TrainingFailed(RuntimeError):
-    """A step failed again and again, however often it was redone."""
 
 
 def _get(ref, what: str):
