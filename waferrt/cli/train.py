@@ -102,12 +102,12 @@ def add_parser(sub) -> argparse.ArgumentParser:
     p.add_argument("--fault", type=_fault, action="append", metavar="KIND:STEP[:LAYER|:X,Y]",
                    help="tile:STEP[:LAYER] (--streaming: the tile dies pushing that layer's gradients), "
                         "corrupt:STEP[:LAYER] (that layer's gradient payload arrives corrupted), core:STEP[:X,Y] "
-                        "(resident --on mesh: core X,Y of the kernels' square dies as the backward starts; the step "
+                        "(--on mesh: core X,Y of the kernels' square dies as the backward starts; the step "
                         "re-plans onto a spare square of a wider --mesh, e.g. 16x8); the step is redone from the "
                         "last good weights, and the weights compared with a fault-free run's")
     p.add_argument("--chaos", type=whole_number(1, "--chaos 4", 1000), metavar="N",
                    help="draw N faults (seeded by --seed) of the kinds this run recovers from (--streaming: tile, "
-                        "corrupt; resident: corrupt, and core with --on mesh on a wider --mesh), as --fault")
+                        "corrupt; resident: corrupt; core too with --on mesh on a --mesh wider than tall), as --fault")
     p.add_argument("--on", "--backward", dest="on", choices=("mesh", "reference"), default=None,
                    help="mesh: each layer's forward and backward and the head's run as mesh kernels on the region's "
                         "largest square (booked; the default resident); reference: the numpy functions (the default "
@@ -145,6 +145,11 @@ def _load(args):
     return load.config, load.weights, load.tokenizer.meta, load.tokenizer
 
 
+def _mesh(args) -> tuple[int, int]:
+    """--mesh, or its default: 8x8 for --model tiny, else 64x64."""
+    return args.mesh or ((8, 8) if args.model == "tiny" else (64, 64))
+
+
 def _region(args, config):
     """The --mesh region on the --spec wafer (checked), and the spec."""
     from waferrt.core.mesh import Region
@@ -153,7 +158,7 @@ def _region(args, config):
     from waferrt.training.mesh import even_rope_blocks, mesh_side
 
     spec = spec_by_name(args.spec or "wse2")
-    w, h = args.mesh or ((8, 8) if args.model == "tiny" else (64, 64))
+    w, h = _mesh(args)
     if w > spec.full_mesh[0] or h > spec.full_mesh[1]:
         raise UsageError(f"--mesh {w}x{h} is larger than the {spec.name} wafer's {spec.full_mesh[0]}x"
                          f"{spec.full_mesh[1]} cores; give a smaller --mesh or another --spec")
@@ -186,19 +191,23 @@ def _check(args, config) -> None:
 
 def _kinds(args) -> tuple[str, ...]:
     """The fault kinds this run recovers from."""
-    if args.streaming:
-        return ("tile", "corrupt")
-    w, h = args.mesh or (8, 8)
-    return ("corrupt", "core") if args.on == "mesh" and w != h else ("corrupt",)
+    w, h = _mesh(args)
+    core = ("core",) if args.on == "mesh" and w != h else ()
+    return ("tile", "corrupt", *core) if args.streaming else ("corrupt", *core)
 
 
 def _check_faults(args, config) -> None:
     """--fault's faults fit the run (their kind, step, layer, core); --chaos's drawn (seeded) into args.fault."""
     from waferrt.training.faults import Run, draw
 
-    kinds, side = _kinds(args), min(args.mesh or (8, 8))
+    kinds, side = _kinds(args), min(_mesh(args))
     if args.chaos:
-        args.fault = [*(args.fault or ()), *draw(args.chaos, args.seed, Run(args.steps, config.n_layers, kinds, side))]
+        try:
+            drawn = draw(args.chaos, args.seed, Run(args.steps, config.n_layers, kinds, side))
+        except ValueError as e:
+            raise UsageError(f"--chaos {args.chaos}: {e}") from None
+        say(f"--chaos {args.chaos} --seed {args.seed}: {', '.join(map(str, drawn))}")
+        args.fault = [*(args.fault or ()), *drawn]
     for f in args.fault or ():
         if f.kind not in kinds:
             raise UsageError(f"--fault {f}: this run recovers from {', '.join(kinds)} faults (tile: --streaming; "

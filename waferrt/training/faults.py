@@ -111,11 +111,15 @@ class Run:
 
 
 def draw(n: int, seed: int, run: Run) -> list[TrainingFault]:
-    """n faults drawn (seeded) over the run: a kind, a step, a layer (tile, corrupt) or a core (core)."""
-    rng = random.Random(seed)
-    out = []
+    """n faults drawn (seeded) over the run: a kind, a step (at most MAX_REDOS faults a step), a layer (tile,
+    corrupt) or a core (core); ValueError when n is more than the run's steps can take."""
+    if n > MAX_REDOS * run.steps:
+        raise ValueError(f"{n} faults over {run.steps} steps: a step is redone at most {MAX_REDOS} times; draw at "
+                         f"most {MAX_REDOS * run.steps}")
+    rng, out = random.Random(seed), []
     for _ in range(n):
-        kind, step = rng.choice(run.kinds), rng.randint(1, run.steps)
+        kind = rng.choice(run.kinds)
+        step = rng.choice([s for s in range(1, run.steps + 1) if sum(f.step == s for f in out) < MAX_REDOS])
         core = (rng.randrange(run.side), rng.randrange(run.side))
         out.append(TrainingFault(kind, step, 0 if kind == "core" else rng.randrange(run.layers),
                                  bits=rng.randint(1, 4), core=core if kind == "core" else (0, 0)))

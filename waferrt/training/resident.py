@@ -42,6 +42,30 @@ class _Wire:
         self.store.push_layer(i, grads, push)
 
 
+def dying(phases: Phases, wafer, fault) -> Phases:
+    """`phases` whose backward, on its first call, arms the "core" `fault` on `wafer`: its core (x, y) of the
+    current square dies at the next kernel command, the one that needs it raising CoreFailed."""
+    backward, armed = phases.backward, [fault.core]
+
+    def backward_dying(*args):
+        if armed:
+            square, _ = living_square(wafer, "the training step")
+            x, y = armed.pop()
+            if x >= square.w or y >= square.h:
+                raise ValueError(f"fault {fault}: core ({x}, {y}) is outside the {square.w}x{square.h} square")
+            wafer.inject(CoreFailure(Coord(square.x0 + x, square.y0 + y), Trigger(step=1)))
+        return backward(*args)
+
+    return dataclasses.replace(phases, backward=backward_dying)
+
+
+def replanned(e: CoreFailed, wafer) -> str:
+    """What a dead core's recovery did: the square the kernels run on from now."""
+    square, _ = living_square(wafer, "the training step")
+    return (f"core {e.core} died ({e.where or 'in a kernel'}); re-planned onto the {square.w}x{square.h} square at "
+            f"({square.x0}, {square.y0})")
+
+
 class ResidentTraining:
     """The resident mode's trainer (module doc)."""
 
@@ -72,27 +96,10 @@ class ResidentTraining:
         raise TrainingFailed(f"training step {step} failed {MAX_REDOS + 1} times: {self.recoveries[-1]}")
 
     def _phases(self, fault) -> Phases:
-        """The phases, with a "core" fault's core dying as the backward starts."""
-        if fault is None or fault.kind != "core":
-            return self.phases
-        backward, armed = self.phases.backward, [fault.core]
-
-        def dying(*args):
-            if armed:
-                square, _ = living_square(self.wafer, "the training step")
-                x, y = armed.pop()
-                if x >= square.w or y >= square.h:
-                    raise ValueError(f"fault {fault}: core ({x}, {y}) is outside the {square.w}x{square.h} square")
-                self.wafer.inject(CoreFailure(Coord(square.x0 + x, square.y0 + y), Trigger(step=1)))
-            return backward(*args)
-        return dataclasses.replace(self.phases, backward=dying)
+        return dying(self.phases, self.wafer, fault) if fault is not None and fault.kind == "core" else self.phases
 
     def _what(self, e) -> str:
-        if isinstance(e, CorruptGradient):
-            return str(e)
-        square, _ = living_square(self.wafer, "the training step")
-        return (f"core {e.core} died ({e.where or 'in a kernel'}); re-planned onto the {square.w}x{square.h} "
-                f"square at ({square.x0}, {square.y0})")
+        return str(e) if isinstance(e, CorruptGradient) else replanned(e, self.wafer)
 
     def weights(self):
         return self.store.weights()
