@@ -311,10 +311,17 @@ CASES = [
      "ceil(16 / 16)) split a RoPE pair; give --mesh 15x15 or --on reference"),
     ("train mesh backward beyond the SRAM", ["train", "--steps", "1", "--batch", "8", "--seq", "128"],
      "core (x=0, y=0) (and every other) would hold"),
-    ("train fault without streaming", ["train", "--fault", "tile:2"], "--fault strikes the streaming region's tile"),
+    ("train tile fault without streaming", ["train", "--fault", "tile:2"],
+     "--fault tile:2:0: this run recovers from corrupt faults (tile: --streaming"),
+    ("train core fault without spare squares", ["train", "--fault", "core:2"],
+     "core: resident, --on mesh, a --mesh wider than tall, e.g. 16x8"),
+    ("train core fault outside the square", ["train", "--mesh", "16x8", "--fault", "core:2:8,0"],
+     "--fault core:2:8,0 strikes outside the run: give a step of 1..20, a layer of 0..2 and a core of 0..7,0..7"),
+    ("train chaos beyond its steps", ["train", "--steps", "1", "--chaos", "4"],
+     "--chaos 4: 4 faults over 1 steps: a step is redone at most 3 times; draw at most 3"),
     ("train fault of another kind", ["train", "--fault", "meteor:2"], "'meteor:2' is not a training fault"),
     ("train fault after the run", ["train", "--steps", "3", "--streaming", "--fault", "corrupt:5"],
-     "--fault corrupt:5:0 strikes after the run: give a step of 1..3"),
+     "--fault corrupt:5:0 strikes outside the run: give a step of 1..3"),
 ]
 
 
