@@ -267,6 +267,7 @@ def run(args) -> int:
     from waferrt.fabric.misuse import BlockTooLarge
     from waferrt.training.adamw import AdamW
     from waferrt.training.cost import step_cycles
+    from waferrt.training.faults import TrainingFailed
 
     config, weights, meta, tokenizer = _load(args)
     args.on = args.on or ("reference" if args.streaming else "mesh")
@@ -289,6 +290,8 @@ def run(args) -> int:
         saved = _save(args, config, trainer.weights(), meta) if args.save else None
         if args.fault:
             rows[-1]["identical_to_fault_free"] = _fault_free(args, (config, weights(), hp), batcher, trainer, (spec, region))
+    except TrainingFailed as e:
+        raise UsageError(f"training failed: {e}") from None
     except BlockTooLarge as e:  # on Ray, the tile's error with its traceback: its last line is the cause
         cause = str(e).strip().splitlines()[-1].split("BlockTooLarge: ")[-1]
         raise UsageError(f"--on mesh: {cause} (--mesh, --batch, --seq), or write --on reference") from None

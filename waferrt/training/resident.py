@@ -92,14 +92,22 @@ class ResidentTraining:
                                   step, self._phases(fault), self.epoch)
             except (CoreFailed, CorruptGradient) as e:
                 self.store.rollback()
-                self.recoveries.append(f"step {step}: {self._what(e)}; redone from the last good weights")
+                self.recoveries.append(f"step {step}: {self._what(e, step)}; redone from the last good weights")
         raise TrainingFailed(f"training step {step} failed {MAX_REDOS + 1} times: {self.recoveries[-1]}")
 
     def _phases(self, fault) -> Phases:
         return dying(self.phases, self.wafer, fault) if fault is not None and fault.kind == "core" else self.phases
 
-    def _what(self, e) -> str:
-        return str(e) if isinstance(e, CorruptGradient) else replanned(e, self.wafer)
+    def _what(self, e, step: int) -> str:
+        if isinstance(e, CorruptGradient):
+            return str(e)
+        try:
+            return replanned(e, self.wafer)
+        except ValueError:
+            dead, m = sorted(self.wafer.fault_map().cores), self.wafer.mesh
+            raise TrainingFailed(f"step {step}: no square of {min(m.width, m.height)} cores a side is left on the "
+                                 f"{m.width}x{m.height} mesh, whose dead cores are {dead}: give a wider --mesh "
+                                 "(more spare squares)") from None
 
     def weights(self):
         return self.store.weights()
