@@ -91,3 +91,30 @@ def test_a_dead_core_with_no_spare_square_left_ends_the_run_naming_the_dead():
 
     with pytest.raises(TrainingFailed, match=r"step 2: no square of 4 cores a side is left.*\(x=1, y=0\)"):
         resident((5, 4), [TrainingFault.parse("core:2:1,0")])
+
+
+@pytest.mark.parametrize("mesh, seed", [("16x8", 2), ("12x4", 5)])
+def test_a_resident_chaos_run_ends_with_the_fault_free_weights(capsys, mesh, seed):
+    from waferrt.cli import main
+
+    argv = ["train", "--steps", "3", "--batch", "1", "--seq", "8", "--mesh", mesh, "--chaos", "3", "--seed",
+            str(seed), "--spec", "wse3", "--json"]
+    assert main(argv) == 0
+    captured = capsys.readouterr()
+    out = json.loads(captured.out.splitlines()[-1])
+    assert sum(len(s["recoveries"]) for s in out["steps"]) == 3
+    assert out["steps"][-1]["identical_to_fault_free"] is True
+    assert "weights identical to the fault-free run's: yes" in captured.err
+
+
+def test_a_streaming_chaos_run_with_dead_cores_ends_with_the_fault_free_weights(ray_session, capsys):
+    from waferrt.cli import main
+
+    argv = ["train", "--steps", "3", "--batch", "1", "--seq", "8", "--streaming", "--on", "mesh", "--mesh", "16x8",
+            "--chaos", "2", "--seed", "3", "--fault", "core:2:1,1", "--json"]
+    assert main(argv) == 0
+    out = json.loads(capsys.readouterr().out.splitlines()[-1])
+    recoveries = [r for s in out["steps"] for r in s["recoveries"]]
+    assert len(recoveries) == 3 and any("core (x=1, y=1) is dead" in r and "re-planned onto" in r
+                                        for r in recoveries), recoveries
+    assert out["steps"][-1]["identical_to_fault_free"] is True

@@ -183,14 +183,17 @@ def test_a_training_fault_reads_from_its_text(text, want):
 
 
 @pytest.mark.parametrize("steps, layers, kinds, side, n, seed", [
-    (4, 2, ("corrupt", "core"), 8, 6, 1), (1, 3, ("tile", "corrupt"), 4, 3, 7), (20, 2, ("core",), 2, 12, 0)])
+    (4, 2, ("corrupt", "core"), 8, 6, 1), (1, 3, ("tile", "corrupt"), 4, 3, 7), (20, 2, ("core",), 2, 2, 0)])
 def test_a_chaos_draw_is_seeded_and_fits_its_run(steps, layers, kinds, side, n, seed):
-    run = Run(steps, layers, kinds, side)
+    run = Run(steps, layers, kinds, side, spares=2)
     faults = draw(n, seed, run)
     assert faults == draw(n, seed, run) and len(faults) == n
     assert {f.kind for f in faults} <= set(kinds)
     assert all(1 <= f.step <= steps and f.layer < layers and max(f.core) < side for f in faults)
     assert max(sum(f.step == s for f in faults) for s in range(1, steps + 1)) <= MAX_REDOS
+    assert sum(f.kind == "core" for f in faults) <= 2
+    with pytest.raises(ValueError, match="spare squares"):
+        draw(3, seed, Run(steps, layers, ("core",), side, spares=2))
 
 
 @pytest.mark.parametrize("w, h", [(8, 8), (16, 8), (5, 3), (3, 6)])

@@ -200,10 +200,10 @@ def _check_faults(args, config) -> None:
     """--fault's faults fit the run (their kind, step, layer, core); --chaos's drawn (seeded) into args.fault."""
     from waferrt.training.faults import Run, draw
 
-    kinds, side = _kinds(args), min(_mesh(args))
+    kinds, side, spares = _kinds(args), min(_mesh(args)), (max(_mesh(args)) - min(_mesh(args))) // min(_mesh(args))
     if args.chaos:
         try:
-            drawn = draw(args.chaos, args.seed, Run(args.steps, config.n_layers, kinds, side))
+            drawn = draw(args.chaos, args.seed, Run(args.steps, config.n_layers, kinds, side, spares))
         except ValueError as e:
             raise UsageError(f"--chaos {args.chaos}: {e}") from None
         say(f"--chaos {args.chaos} --seed {args.seed}: {', '.join(map(str, drawn))}")

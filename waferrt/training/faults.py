@@ -96,12 +96,14 @@ def corrupt(grads: dict[str, np.ndarray], bits: int, seed: int) -> dict[str, np.
 @dataclass(frozen=True)
 class Run:
     """What a chaos run's faults are drawn over: its steps, the model's layers, the kinds this run can
-    recover from, and the side of the mesh kernels' square (the cores a "core" fault can kill)."""
+    recover from, the side of the mesh kernels' square (the cores a "core" fault can kill) and its spare
+    squares (disjoint squares beside it: a dead core spends at most one, so at most `spares` are drawn)."""
 
     steps: int
     layers: int
     kinds: tuple[str, ...]
     side: int = 1
+    spares: int = 0
 
     def __post_init__(self) -> None:
         if min(self.steps, self.layers, self.side) < 1 or not set(self.kinds) <= set(TRAINING_KINDS) \
@@ -113,12 +115,15 @@ class Run:
 def draw(n: int, seed: int, run: Run) -> list[TrainingFault]:
     """n faults drawn (seeded) over the run: a kind, a step (at most MAX_REDOS faults a step), a layer (tile,
     corrupt) or a core (core); ValueError when n is more than the run's steps can take."""
-    if n > MAX_REDOS * run.steps:
-        raise ValueError(f"{n} faults over {run.steps} steps: a step is redone at most {MAX_REDOS} times; draw at "
-                         f"most {MAX_REDOS * run.steps}")
+    kinds = [k for k in run.kinds if k != "core"]
+    most = MAX_REDOS * run.steps if kinds else min(MAX_REDOS * run.steps, run.spares)
+    if n > most:
+        raise ValueError(f"{n} faults over {run.steps} steps: a step is redone at most {MAX_REDOS} times and a dead "
+                         f"core spends one of {run.spares} spare squares; draw at most {most}")
     rng, out = random.Random(seed), []
     for _ in range(n):
-        kind = rng.choice(run.kinds)
+        cores = sum(f.kind == "core" for f in out)
+        kind = rng.choice([k for k in run.kinds if k != "core" or cores < run.spares])
         step = rng.choice([s for s in range(1, run.steps + 1) if sum(f.step == s for f in out) < MAX_REDOS])
         core = (rng.randrange(run.side), rng.randrange(run.side))
         out.append(TrainingFault(kind, step, 0 if kind == "core" else rng.randrange(run.layers),
