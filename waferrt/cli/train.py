@@ -8,8 +8,9 @@ time and tokens/s (stdout; one JSON object with --json); a bar counts the steps 
 default): the weights, gradients and AdamW's moments stay in the region's SRAM (refused, one line, when they
 do not fit: --streaming or a larger --mesh); --streaming: the weights and AdamW's state live in a MemoryX
 actor off the wafer and stream in layer by layer (actors/training.py, on an embedded Ray); --fault makes a
-tile die or a gradient payload arrive corrupted, the step is redone and the weights compared with a
-fault-free rerun's. --on mesh runs each layer's forward and backward and the head's as mesh kernels on a
+tile die, a gradient payload arrive corrupted or a core of the kernels' square die (the step re-plans onto a
+spare square of the same side), --chaos N draws N such faults (seeded by --seed); the step is redone and
+the weights compared with a fault-free rerun's. --on mesh runs each layer's forward and backward and the head's as mesh kernels on a
 Wafer (``training.mesh``; a block too large for the cores' SRAM is one line, exit 2), reference the numpy
 functions (--backward is the old spelling of --on).
 --save writes the trained weights as a GGUF that ``waferrt generate --model`` loads.
@@ -43,6 +44,8 @@ examples:
   waferrt train --model tiny --steps 20                       the small synthetic Llama, resident: seconds
   waferrt train --model tiny --steps 5 --check                each step's gradients against the numpy reference
   waferrt train --steps 6 --streaming --fault tile:2:1 --fault corrupt:4   faults during training, then compared
+  waferrt train --steps 3 --mesh 16x8 --fault core:2:1,2       a dead core: the step moves to the spare 8x8 square
+  waferrt train --steps 4 --mesh 16x8 --chaos 3 --seed 2       3 seeded faults, then compared with a fault-free run
   waferrt train --model tiny --steps 20 --save tiny.gguf      then: waferrt generate --model tiny.gguf --reference
   waferrt train --model smollm2 --steps 3 --batch 1 --seq 32 --streaming   SmolLM2-135M, weights off the wafer
 
