@@ -105,7 +105,7 @@ def add_parser(sub) -> argparse.ArgumentParser:
     p.add_argument("--fault", type=_fault, action="append", metavar="KIND:STEP[:LAYER|:X,Y]",
                    help="tile:STEP[:LAYER] (--streaming: the tile dies pushing that layer's gradients), "
                         "corrupt:STEP[:LAYER] (that layer's gradient payload arrives corrupted), core:STEP[:X,Y] "
-                        "(--on mesh: core X,Y of the kernels' square dies as the backward starts; the step "
+                        "(--on mesh: core X,Y of the kernels' square dies as layer 0's backward starts; the step "
                         "re-plans onto a spare square of a wider --mesh, e.g. 16x8); the step is redone from the "
                         "last good weights, and the weights compared with a fault-free run's")
     p.add_argument("--chaos", type=whole_number(1, "--chaos 4", 1000), metavar="N",

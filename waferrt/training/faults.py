@@ -5,7 +5,7 @@ arrays in name order); the off-wafer store recomputes it and raises :class:`Corr
 and the step when they differ (``check_payload``). :class:`TrainingFault` is one planned fault: ``kind``
 "tile" (the tile running the step dies, its process gone, while it pushes layer `layer`'s gradients of step
 `step`) or "corrupt" (that payload gets `bits` bit flips on the wire, after its CRC was taken: ``corrupt``).
-"core" (core `core` (x, y) of the mesh kernels' square dies as the step's backward starts: the kernel
+"core" (core `core` (x, y) of the mesh kernels' square dies as layer 0's backward starts: the kernel
 that needs it raises ``waferrt.faults.CoreFailed``, and the step is re-planned onto a living square of the
 same shape). ``parse`` reads "KIND:STEP[:LAYER]" or "core:STEP[:X,Y]" (the command line's forms);
 ``draw(n, seed, run)`` is a chaos run's n seeded faults of the kinds a :class:`Run` allows. Either way the host redoes the step from the

@@ -4,7 +4,7 @@ Contract: ``ResidentTraining(config, weights, hp, phases, wafer=None, faults=())
 region's SRAM holds the weights, gradients and AdamW's moments) and runs ``step.train_step`` with `phases`
 (the mesh kernels' on `wafer`, or the reference's). Its ``faults`` (``faults.TrainingFault``) strike one per
 attempt of their step: "core" kills a core of the kernels' current square (``onwafer.living_square``) on
-`wafer` as the step's backward starts (``wafer.inject(CoreFailure)``: the next kernel needing it raises
+`wafer` as layer 0's backward (the step's last) starts (``wafer.inject(CoreFailure)``: the next kernel needing it raises
 ``CoreFailed``); "corrupt" flips bits of a layer's gradient payload after its CRC was taken (the store's
 ``check_payload`` raises ``CorruptGradient``). Either way the store rolls back to the step's start
 (``begin_step`` / ``rollback``) and the step is redone -- after a dead core on the first living square of the
@@ -43,18 +43,20 @@ class _Wire:
 
 
 def dying(phases: Phases, wafer, fault) -> Phases:
-    """`phases` whose backward, on its first call, arms the "core" `fault` on `wafer`: its core (x, y) of the
-    current square dies at the next kernel command, the one that needs it raising CoreFailed."""
-    backward, armed = phases.backward, [fault.core]
+    """`phases` whose backward arms the "core" `fault` on `wafer` as layer 0's backward (the step's last) starts,
+    the other layers' updates made: its core (x, y) of the current square dies at the next kernel command, the
+    one that needs it raising CoreFailed."""
+    backward, calls = phases.backward, []
 
-    def backward_dying(*args):
-        if armed:
+    def backward_dying(dy, saved, layer, rope):
+        calls.append(layer)
+        if len(calls) == layer.config.n_layers:
             square, _ = living_square(wafer, "the training step")
-            x, y = armed.pop()
+            x, y = fault.core
             if x >= square.w or y >= square.h:
                 raise ValueError(f"fault {fault}: core ({x}, {y}) is outside the {square.w}x{square.h} square")
             wafer.inject(CoreFailure(Coord(square.x0 + x, square.y0 + y), Trigger(step=1)))
-        return backward(*args)
+        return backward(dy, saved, layer, rope)
 
     return dataclasses.replace(phases, backward=backward_dying)
 
