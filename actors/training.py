@@ -32,9 +32,9 @@ import ray
 from ray.exceptions import ActorDiedError, GetTimeoutError
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
+from waferrt.faults import CoreFailed
 from waferrt.model.npcache import resolve
 from waferrt.training.faults import MAX_REDOS, CorruptGradient, TrainingFailed, corrupt
-from waferrt.faults import CoreFailed
 from waferrt.training.mesh import phases_of
 from waferrt.training.onwafer import living_square
 from waferrt.training.resident import dying

@@ -10,8 +10,8 @@ do not fit: --streaming or a larger --mesh); --streaming: the weights and AdamW'
 actor off the wafer and stream in layer by layer (actors/training.py, on an embedded Ray); --fault makes a
 tile die, a gradient payload arrive corrupted or a core of the kernels' square die (the step re-plans onto a
 spare square of the same side), --chaos N draws N such faults (seeded by --seed); the step is redone and
-the weights compared with a fault-free rerun's. --on mesh runs each layer's forward and backward and the head's as mesh kernels on a
-Wafer (``training.mesh``; a block too large for the cores' SRAM is one line, exit 2), reference the numpy
+the weights compared with a fault-free rerun's. --on mesh runs each layer's forward and backward and the
+head's as mesh kernels on a Wafer (``training.mesh``; a block too large for the cores' SRAM is one line, exit 2), reference the numpy
 functions (--backward is the old spelling of --on).
 --save writes the trained weights as a GGUF that ``waferrt generate --model`` loads.
 Every flag is checked before the weights load or Ray starts (but the block's fit, checked as its first
@@ -292,7 +292,8 @@ def run(args) -> int:
         rows = _steps(args, config, trainer, batcher, lambda i, report, wall: _row(i, report, wall, modelled, shape))
         saved = _save(args, config, trainer.weights(), meta) if args.save else None
         if args.fault:
-            rows[-1]["identical_to_fault_free"] = _fault_free(args, (config, weights(), hp), batcher, trainer, (spec, region))
+            model, where = (config, weights(), hp), (spec, region)
+            rows[-1]["identical_to_fault_free"] = _fault_free(args, model, batcher, trainer, where)
     except TrainingFailed as e:
         raise UsageError(f"training failed: {e}") from None
     except BlockTooLarge as e:  # on Ray, the tile's error with its traceback: its last line is the cause

@@ -4,12 +4,12 @@ Contract: a gradient payload leaves the wafer with its CRC (``payload_crc``: ``f
 arrays in name order); the off-wafer store recomputes it and raises :class:`CorruptGradient` naming the layer
 and the step when they differ (``check_payload``). :class:`TrainingFault` is one planned fault: ``kind``
 "tile" (the tile running the step dies, its process gone, while it pushes layer `layer`'s gradients of step
-`step`) or "corrupt" (that payload gets `bits` bit flips on the wire, after its CRC was taken: ``corrupt``).
-"core" (core `core` (x, y) of the mesh kernels' square dies as layer 0's backward starts: the kernel
+`step`), "corrupt" (that payload gets `bits` bit flips on the wire, after its CRC was taken: ``corrupt``)
+or "core" (core `core` (x, y) of the mesh kernels' square dies as layer 0's backward starts: the kernel
 that needs it raises ``waferrt.faults.CoreFailed``, and the step is re-planned onto a living square of the
 same shape). ``parse`` reads "KIND:STEP[:LAYER]" or "core:STEP[:X,Y]" (the command line's forms);
-``draw(n, seed, run)`` is a chaos run's n seeded faults of the kinds a :class:`Run` allows. Either way the host redoes the step from the
-last good weights (the store's state at the step's start), so the weights after N steps are the fault-free
+``draw(n, seed, run)`` is a chaos run's n seeded faults of the kinds a :class:`Run` allows. Either way the
+host redoes the step from the last good weights (the store's state at the step's start), so the weights after N steps are the fault-free
 run's, bit for bit. Pure.
 """
 
