@@ -11,8 +11,8 @@ actor off the wafer and stream in layer by layer (actors/training.py, on an embe
 tile die, a gradient payload arrive corrupted or a core of the kernels' square die (the step re-plans onto a
 spare square of the same side), --chaos N draws N such faults (seeded by --seed); the step is redone and
 the weights compared with a fault-free rerun's. --on mesh runs each layer's forward and backward and the
-head's as mesh kernels on a Wafer (``training.mesh``; a block too large for the cores' SRAM is one line, exit 2), reference the numpy
-functions (--backward is the old spelling of --on).
+head's as mesh kernels on a Wafer (``training.mesh``; a block too large for the cores' SRAM is one line,
+exit 2), reference the numpy functions (--backward is the old spelling of --on).
 --save writes the trained weights as a GGUF that ``waferrt generate --model`` loads.
 Every flag is checked before the weights load or Ray starts (but the block's fit, checked as its first
 forward starts); a mistake is one line, exit 2.

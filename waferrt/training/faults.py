@@ -9,8 +9,8 @@ or "core" (core `core` (x, y) of the mesh kernels' square dies as layer 0's back
 that needs it raises ``waferrt.faults.CoreFailed``, and the step is re-planned onto a living square of the
 same shape). ``parse`` reads "KIND:STEP[:LAYER]" or "core:STEP[:X,Y]" (the command line's forms);
 ``draw(n, seed, run)`` is a chaos run's n seeded faults of the kinds a :class:`Run` allows. Either way the
-host redoes the step from the last good weights (the store's state at the step's start), so the weights after N steps are the fault-free
-run's, bit for bit. Pure.
+host redoes the step from the last good weights (the store's state at the step's start), so the weights
+after N steps are the fault-free run's, bit for bit. Pure.
 """
 
 from __future__ import annotations
