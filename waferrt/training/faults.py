@@ -118,8 +118,9 @@ def draw(n: int, seed: int, run: Run) -> list[TrainingFault]:
     kinds = [k for k in run.kinds if k != "core"]
     most = MAX_REDOS * run.steps if kinds else min(MAX_REDOS * run.steps, run.spares)
     if n > most:
-        raise ValueError(f"{n} faults over {run.steps} steps: a step is redone at most {MAX_REDOS} times and a dead "
-                         f"core spends one of {run.spares} spare squares; draw at most {most}")
+        spares = f" and a dead core spends one of {run.spares} spare squares" if "core" in run.kinds else ""
+        raise ValueError(f"{n} faults over {run.steps} steps: a step is redone at most {MAX_REDOS} times{spares}; "
+                         f"draw at most {most}")
     rng, out = random.Random(seed), []
     for _ in range(n):
         cores = sum(f.kind == "core" for f in out)
