@@ -129,7 +129,11 @@ class TrainTile:
         fault, phases = self.client.fault, self.phases
         if fault is not None and fault.kind == "core" and fault.step == step:  # a core of the square dies
             self.client.fault, phases = None, dying(phases, self.wafer, fault)
-        return train_step(self.client, tokens, step, phases, epoch)
+        try:
+            return train_step(self.client, tokens, step, phases, epoch)
+        except CoreFailed as e:  # one line for the host: how many of the step's blocks died with the core
+            raise CoreFailed(e.core, (f"{len(e.lost)} DSM blocks of the step, made again by the redo",),
+                             e.where) from None
 
     def arm(self, fault) -> None:
         """Arm the next planned fault on this tile (after a dead core: its Wafer remembers the dead)."""
