@@ -17,7 +17,10 @@ the step waits for its last push. ``step(tokens, step)`` returns the tile's Step
 Faults (``training.faults.TrainingFault``, armed on the tile one at a time): the host marks each attempt of a
 step with an epoch (MemoryX keeps the state at its start and drops pushes of other epochs); a tile that dies
 (``os._exit``) or a payload MemoryX finds corrupted (``CorruptGradient``) rolls MemoryX back and the step is
-redone on a (fresh) tile, so the weights after N steps are the fault-free run's, bit for bit.
+redone on a (fresh) tile; a "core" fault (with ``wafer``) kills a core of the tile's square as the backward
+starts (``training.resident.dying``), the tile's kernel raises ``CoreFailed``, MemoryX rolls back and the same
+tile redoes the step on the next living square of the same shape (its Wafer knows the dead core); so the
+weights after N steps are the fault-free run's, bit for bit.
 """
 
 from __future__ import annotations
@@ -29,13 +32,15 @@ import ray
 from ray.exceptions import ActorDiedError, GetTimeoutError
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
+from waferrt.faults import CoreFailed
 from waferrt.model.npcache import resolve
-from waferrt.training.faults import CorruptGradient, corrupt
+from waferrt.training.faults import MAX_REDOS, CorruptGradient, TrainingFailed, corrupt
 from waferrt.training.mesh import phases_of
+from waferrt.training.onwafer import living_square
+from waferrt.training.resident import dying
 from waferrt.training.step import train_step
 from waferrt.training.store import ParamStore
 
-MAX_REDOS = 3  # a step redone more often than this is a failure, not a fault
 WAIT_S = 300.0  # the longest a block, a push or a whole step may take (SmolLM2's step on a loaded machine)
 
 
@@ -43,15 +48,18 @@ class TrainingTimeout(TimeoutError):
     """A block, a gradient push or a step did not complete in time."""
 
 
-class TrainingFailed(RuntimeError):
-    """A step failed again and again, however often it was redone."""
-
-
 def _get(ref, what: str):
     try:
         return ray.get(ref, timeout=WAIT_S)
     except GetTimeoutError:
         raise TrainingTimeout(f"{what} did not complete within {WAIT_S:.0f} s") from None
+
+
+def _cause(e: BaseException) -> str:
+    """A tile's error as one line: the one naming the error's class (else its last), after the class's name."""
+    lines = str(e).strip().splitlines()
+    line = next((x for x in reversed(lines) if "CorruptGradient: " in x or "CoreFailed: " in x), lines[-1])
+    return line.split("CorruptGradient: ")[-1].split("CoreFailed: ")[-1]
 
 
 class TrainMemoryX(ParamStore):
@@ -95,7 +103,7 @@ class StoreClient:
 
     def push_layer(self, i: int, grads, push) -> None:
         fault = self.fault
-        if fault is not None and fault.strikes(push.step, i):
+        if fault is not None and fault.kind != "core" and fault.strikes(push.step, i):
             self.fault = None  # a fault strikes once
             if fault.kind == "tile":
                 os._exit(1)  # the tile's process dies mid-step: some layers' updates made, the others not
@@ -118,7 +126,23 @@ class TrainTile:
         self.phases = phases_of("reference" if wafer is None else "mesh", self.wafer)
 
     def step(self, tokens, step: int, epoch: int):
-        return train_step(self.client, tokens, step, self.phases, epoch)
+        fault, phases = self.client.fault, self.phases
+        if fault is not None and fault.kind == "core" and fault.step == step:  # a core of the square dies
+            self.client.fault, phases = None, dying(phases, self.wafer, fault)
+        try:
+            return train_step(self.client, tokens, step, phases, epoch)
+        except CoreFailed as e:  # one line for the host: how many of the step's blocks died with the core
+            raise CoreFailed(e.core, (f"{len(e.lost)} DSM blocks of the step, made again by the redo",),
+                             e.where) from None
+
+    def arm(self, fault) -> None:
+        """Arm the next planned fault on this tile (after a dead core: its Wafer remembers the dead)."""
+        self.client.fault = fault
+
+    def square(self) -> str:
+        """Where the kernels run now (after a dead core, the next living square of the same shape)."""
+        region, _ = living_square(self.wafer, "the training step")
+        return f"the {region.w}x{region.h} square at ({region.x0}, {region.y0})"
 
     def booked_cycles(self) -> float:
         """What the tile's kernels booked so far (0 with the reference's phases)."""
@@ -158,12 +182,16 @@ class StreamingTraining:
             _get(self.memoryx.begin_step.remote(self.epoch), f"MemoryX's start of step {step}")
             try:
                 return _get(self.tile.step.remote(tokens, step, self.epoch), f"training step {step} on the tile")
-            except (ActorDiedError, CorruptGradient) as e:
+            except (ActorDiedError, CorruptGradient, CoreFailed) as e:
                 died = isinstance(e, ActorDiedError)
-                cause = "the tile died" if died else str(e).strip().splitlines()[-1].split("CorruptGradient: ")[-1]
+                cause = "the tile died" if died else _cause(e)
                 _get(self.memoryx.rollback.remote(), f"MemoryX's rollback of step {step}")
+                if isinstance(e, CoreFailed):
+                    cause += f"; re-planned onto {_get(self.tile.square.remote(), 'the tile square')}"
                 self.recoveries.append(f"step {step}: {cause}; redone from the last good weights")
-                if died:
+                if isinstance(e, CoreFailed):  # the same tile (its Wafer knows the dead core) takes the next fault
+                    _get(self.tile.arm.remote(self.faults.pop(0) if self.faults else None), "the tile's arming")
+                elif died:
                     self.tile = self._new_tile()
                 elif self.faults:  # the next fault goes to a fresh tile
                     ray.kill(self.tile, no_restart=True)

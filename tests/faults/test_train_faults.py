@@ -54,3 +54,67 @@ def test_waferrt_train_with_faults_says_its_weights_are_the_fault_free_runs(ray_
     assert [len(s["recoveries"]) for s in out["steps"]] == [0, 1, 1, 0]
     assert "the tile died" in out["steps"][1]["recoveries"][0] and "corrupted" in out["steps"][2]["recoveries"][0]
     assert out["steps"][-1]["identical_to_fault_free"] is True
+
+
+def resident(mesh, faults=()):
+    """Three resident steps of the mesh kernels on a local Wafer of `mesh` cores: losses, weights, recoveries."""
+    from waferrt.core.spec import spec_by_name
+    from waferrt.runtime import Wafer
+    from waferrt.training.mesh import phases_of
+    from waferrt.training.resident import ResidentTraining
+
+    config = tiny_config()
+    weights, rng = synthetic_llama(config, seed=5), np.random.default_rng(3)
+    with Wafer(spec_by_name("wse2"), mesh=mesh, tile=mesh, backend="local") as wafer:
+        training = ResidentTraining(config, weights, AdamW(lr=1e-2), phases_of("mesh", wafer), wafer, faults)
+        losses = [training.step(rng.integers(0, config.vocab_size, (2, 9)), step).loss for step in range(1, 4)]
+        return losses, named_arrays(training.weights()), training.recoveries
+
+
+@pytest.mark.parametrize("mesh, faults, causes", [
+    ((8, 4), ("core:2:1,2",), ["step 2: core (x=1, y=2) died", "re-planned onto the 4x4 square at (2, 0)"]),
+    ((20, 8), ("core:1:7,7", "core:3:2,0", "corrupt:3:1"),
+     ["step 1: core (x=7, y=7) died", "onto the 8x8 square at (8, 0)", "step 3: core (x=10, y=0) died",
+      "onto the 8x8 square at (11, 0)", "step 3: layer 1's gradients of step 3 arrived corrupted"]),
+])
+def test_a_dead_core_moves_the_square_and_the_weights_stay_the_fault_free_runs(mesh, faults, causes):
+    clean = resident(mesh)
+    losses, weights, recoveries = resident(mesh, [TrainingFault.parse(f) for f in faults])
+    assert all(any(c in r for r in recoveries) for c in causes), recoveries
+    assert len(recoveries) == len(faults) and losses == clean[0]
+    for name, a in clean[1].items():
+        assert np.array_equal(weights[name], a), name
+
+
+def test_a_dead_core_with_no_spare_square_left_ends_the_run_naming_the_dead():
+    from waferrt.training.faults import TrainingFailed
+
+    with pytest.raises(TrainingFailed, match=r"step 2: no square of 4 cores a side is left.*\(x=1, y=0\)"):
+        resident((5, 4), [TrainingFault.parse("core:2:1,0")])
+
+
+@pytest.mark.parametrize("mesh, seed", [("16x8", 2), ("12x4", 5)])
+def test_a_resident_chaos_run_ends_with_the_fault_free_weights(capsys, mesh, seed):
+    from waferrt.cli import main
+
+    argv = ["train", "--steps", "3", "--batch", "1", "--seq", "8", "--mesh", mesh, "--chaos", "3", "--seed",
+            str(seed), "--spec", "wse3", "--json"]
+    assert main(argv) == 0
+    captured = capsys.readouterr()
+    out = json.loads(captured.out.splitlines()[-1])
+    assert sum(len(s["recoveries"]) for s in out["steps"]) == 3
+    assert out["steps"][-1]["identical_to_fault_free"] is True
+    assert "weights identical to the fault-free run's: yes" in captured.err
+
+
+def test_a_streaming_chaos_run_with_dead_cores_ends_with_the_fault_free_weights(ray_session, capsys):
+    from waferrt.cli import main
+
+    argv = ["train", "--steps", "3", "--batch", "1", "--seq", "8", "--streaming", "--on", "mesh", "--mesh", "16x8",
+            "--chaos", "2", "--seed", "3", "--fault", "core:2:1,1", "--json"]
+    assert main(argv) == 0
+    out = json.loads(capsys.readouterr().out.splitlines()[-1])
+    recoveries = [r for s in out["steps"] for r in s["recoveries"]]
+    assert len(recoveries) == 3 and any("core (x=1, y=1) is dead" in r and "re-planned onto" in r
+                                        for r in recoveries), recoveries
+    assert out["steps"][-1]["identical_to_fault_free"] is True

@@ -25,7 +25,8 @@ from waferrt.training.cost import (
     step_cycles,
     step_stream_bytes,
 )
-from waferrt.training.faults import CorruptGradient, TrainingFault, corrupt, payload_crc
+from waferrt.training.faults import MAX_REDOS, CorruptGradient, Run, TrainingFault, corrupt, draw, payload_crc
+from waferrt.training.onwafer import squares
 from waferrt.training.step import train_step
 from waferrt.training.store import ParamStore, Push
 
@@ -173,12 +174,37 @@ def test_a_corrupted_payload_is_refused_and_a_stale_one_dropped():
 
 
 @pytest.mark.parametrize("text, want", [("tile:2", TrainingFault("tile", 2)),
-                                        ("corrupt:3:1", TrainingFault("corrupt", 3, 1))])
+                                        ("corrupt:3:1", TrainingFault("corrupt", 3, 1)),
+                                        ("core:2", TrainingFault("core", 2)),
+                                        ("core:4:1,3", TrainingFault("core", 4, core=(1, 3)))])
 def test_a_training_fault_reads_from_its_text(text, want):
     assert TrainingFault.parse(text) == want
+    assert TrainingFault.parse(str(want)) == want
 
 
-@pytest.mark.parametrize("text", ["meteor:2", "tile", "tile:0", "tile:x", "corrupt:1:2:3"])
+@pytest.mark.parametrize("steps, layers, kinds, side, n, seed", [
+    (4, 2, ("corrupt", "core"), 8, 6, 1), (1, 3, ("tile", "corrupt"), 4, 3, 7), (20, 2, ("core",), 2, 2, 0)])
+def test_a_chaos_draw_is_seeded_and_fits_its_run(steps, layers, kinds, side, n, seed):
+    run = Run(steps, layers, kinds, side, spares=2)
+    faults = draw(n, seed, run)
+    assert faults == draw(n, seed, run) and len(faults) == n
+    assert {f.kind for f in faults} <= set(kinds)
+    assert all(1 <= f.step <= steps and f.layer < layers and max(f.core) < side for f in faults)
+    assert max(sum(f.step == s for f in faults) for s in range(1, steps + 1)) <= MAX_REDOS
+    assert sum(f.kind == "core" for f in faults) <= 2
+    with pytest.raises(ValueError, match="spare squares"):
+        draw(3, seed, Run(steps, layers, ("core",), side, spares=2))
+
+
+@pytest.mark.parametrize("w, h", [(8, 8), (16, 8), (5, 3), (3, 6)])
+def test_the_spare_squares_are_every_square_of_the_short_side(w, h):
+    found = squares(w, h)
+    s = min(w, h)
+    assert len(found) == (w - s + 1) * (h - s + 1) and found[0].x0 == found[0].y0 == 0
+    assert all(r.w == r.h == s and r.x1 <= w and r.y1 <= h for r in found) and len(set(found)) == len(found)
+
+
+@pytest.mark.parametrize("text", ["meteor:2", "tile", "tile:0", "tile:x", "corrupt:1:2:3", "core:1:2", "core:1:a,b"])
 def test_a_bad_training_fault_names_its_form(text):
     with pytest.raises(ValueError, match="KIND:STEP"):
         TrainingFault.parse(text)

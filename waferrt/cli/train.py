@@ -8,10 +8,11 @@ time and tokens/s (stdout; one JSON object with --json); a bar counts the steps 
 default): the weights, gradients and AdamW's moments stay in the region's SRAM (refused, one line, when they
 do not fit: --streaming or a larger --mesh); --streaming: the weights and AdamW's state live in a MemoryX
 actor off the wafer and stream in layer by layer (actors/training.py, on an embedded Ray); --fault makes a
-tile die or a gradient payload arrive corrupted, the step is redone and the weights compared with a
-fault-free rerun's. --on mesh runs each layer's forward and backward and the head's as mesh kernels on a
-Wafer (``training.mesh``; a block too large for the cores' SRAM is one line, exit 2), reference the numpy
-functions (--backward is the old spelling of --on).
+tile die, a gradient payload arrive corrupted or a core of the kernels' square die (the step re-plans onto a
+spare square of the same side), --chaos N draws N such faults (seeded by --seed); the step is redone and
+the weights compared with a fault-free rerun's. --on mesh runs each layer's forward and backward and the
+head's as mesh kernels on a Wafer (``training.mesh``; a block too large for the cores' SRAM is one line,
+exit 2), reference the numpy functions (--backward is the old spelling of --on).
 --save writes the trained weights as a GGUF that ``waferrt generate --model`` loads.
 Every flag is checked before the weights load or Ray starts (but the block's fit, checked as its first
 forward starts); a mistake is one line, exit 2.
@@ -43,6 +44,8 @@ examples:
   waferrt train --model tiny --steps 20                       the small synthetic Llama, resident: seconds
   waferrt train --model tiny --steps 5 --check                each step's gradients against the numpy reference
   waferrt train --steps 6 --streaming --fault tile:2:1 --fault corrupt:4   faults during training, then compared
+  waferrt train --steps 3 --mesh 16x8 --fault core:2:1,2       a dead core: the step moves to the spare 8x8 square
+  waferrt train --steps 4 --mesh 16x8 --chaos 3 --seed 2       3 seeded faults, then compared with a fault-free run
   waferrt train --model tiny --steps 20 --save tiny.gguf      then: waferrt generate --model tiny.gguf --reference
   waferrt train --model smollm2 --steps 3 --batch 1 --seq 32 --streaming   SmolLM2-135M, weights off the wafer
 
@@ -99,9 +102,15 @@ def add_parser(sub) -> argparse.ArgumentParser:
                    help="the batcher's seed (0)")
     p.add_argument("--streaming", action="store_true",
                    help="weight streaming: weights and AdamW state in a MemoryX actor off the wafer (Ray)")
-    p.add_argument("--fault", type=_fault, action="append", metavar="KIND:STEP[:LAYER]",
-                   help="with --streaming: the tile dies (tile) or a gradient payload is corrupted (corrupt) at this "
-                        "step and layer; the step is redone, and the weights compared with a fault-free run's")
+    p.add_argument("--fault", type=_fault, action="append", metavar="KIND:STEP[:LAYER|:X,Y]",
+                   help="tile:STEP[:LAYER] (--streaming: the tile dies pushing that layer's gradients), "
+                        "corrupt:STEP[:LAYER] (that layer's gradient payload arrives corrupted), core:STEP[:X,Y] "
+                        "(--on mesh: core X,Y of the kernels' square dies as layer 0's backward starts; the step "
+                        "re-plans onto a spare square of a wider --mesh, e.g. 16x8); the step is redone from the "
+                        "last good weights, and the weights compared with a fault-free run's")
+    p.add_argument("--chaos", type=whole_number(1, "--chaos 4", 1000), metavar="N",
+                   help="draw N faults (seeded by --seed) of the kinds this run recovers from (--streaming: tile, "
+                        "corrupt; resident: corrupt; core too with --on mesh on a --mesh wider than tall), as --fault")
     p.add_argument("--on", "--backward", dest="on", choices=("mesh", "reference"), default=None,
                    help="mesh: each layer's forward and backward and the head's run as mesh kernels on the region's "
                         "largest square (booked; the default resident); reference: the numpy functions (the default "
@@ -139,6 +148,11 @@ def _load(args):
     return load.config, load.weights, load.tokenizer.meta, load.tokenizer
 
 
+def _mesh(args) -> tuple[int, int]:
+    """--mesh, or its default: 8x8 for --model tiny, else 64x64."""
+    return args.mesh or ((8, 8) if args.model == "tiny" else (64, 64))
+
+
 def _region(args, config):
     """The --mesh region on the --spec wafer (checked), and the spec."""
     from waferrt.core.mesh import Region
@@ -147,7 +161,7 @@ def _region(args, config):
     from waferrt.training.mesh import even_rope_blocks, mesh_side
 
     spec = spec_by_name(args.spec or "wse2")
-    w, h = args.mesh or ((8, 8) if args.model == "tiny" else (64, 64))
+    w, h = _mesh(args)
     if w > spec.full_mesh[0] or h > spec.full_mesh[1]:
         raise UsageError(f"--mesh {w}x{h} is larger than the {spec.name} wafer's {spec.full_mesh[0]}x"
                          f"{spec.full_mesh[1]} cores; give a smaller --mesh or another --spec")
@@ -172,15 +186,38 @@ def _check(args, config) -> None:
         check_dense(config)
     except ValueError as e:
         raise UsageError(f"--model {args.model}: {e}") from None
-    if args.fault and not args.streaming:
-        raise UsageError("--fault strikes the streaming region's tile and its gradient payloads: add --streaming")
-    late = next((f for f in args.fault or () if f.step > args.steps or f.layer >= config.n_layers), None)
-    if late is not None:
-        raise UsageError(f"--fault {late.kind}:{late.step}:{late.layer} strikes after the run: give a step of 1.."
-                         f"{args.steps} and a layer of 0..{config.n_layers - 1}")
+    _check_faults(args, config)
     if args.seq > config.max_seq_len:
         raise UsageError(f"--seq {args.seq} is longer than the model's context of {config.max_seq_len} tokens; "
                          f"give --seq {min(64, config.max_seq_len)}")
+
+
+def _kinds(args) -> tuple[str, ...]:
+    """The fault kinds this run recovers from."""
+    w, h = _mesh(args)
+    core = ("core",) if args.on == "mesh" and w != h else ()
+    return ("tile", "corrupt", *core) if args.streaming else ("corrupt", *core)
+
+
+def _check_faults(args, config) -> None:
+    """--fault's faults fit the run (their kind, step, layer, core); --chaos's drawn (seeded) into args.fault."""
+    from waferrt.training.faults import Run, draw
+
+    kinds, side, spares = _kinds(args), min(_mesh(args)), (max(_mesh(args)) - min(_mesh(args))) // min(_mesh(args))
+    if args.chaos:
+        try:
+            drawn = draw(args.chaos, args.seed, Run(args.steps, config.n_layers, kinds, side, spares))
+        except ValueError as e:
+            raise UsageError(f"--chaos {args.chaos}: {e}") from None
+        say(f"--chaos {args.chaos} --seed {args.seed}: {', '.join(map(str, drawn))}")
+        args.fault = [*(args.fault or ()), *drawn]
+    for f in args.fault or ():
+        if f.kind not in kinds:
+            raise UsageError(f"--fault {f}: this run recovers from {', '.join(kinds)} faults (tile: --streaming; "
+                             "core: resident, --on mesh, a --mesh wider than tall, e.g. 16x8, for its spare squares)")
+        if f.step > args.steps or f.layer >= config.n_layers or max(f.core) >= side:
+            raise UsageError(f"--fault {f} strikes outside the run: give a step of 1..{args.steps}, a layer of 0.."
+                             f"{config.n_layers - 1} and a core of 0..{side - 1},0..{side - 1}")
 
 
 def _corpus(args, tokenizer):
@@ -195,43 +232,24 @@ def _corpus(args, tokenizer):
         raise UsageError(str(e)) from None
 
 
-class _Resident:
-    """The resident mode: the store and the step in this process (the region's SRAM holds everything)."""
-
-    def __init__(self, config, weights, hp, phases):
-        from waferrt.training.store import ParamStore
-
-        self.store, self.phases = ParamStore(config, weights, hp), phases
-
-    def step(self, tokens, step: int):
-        from waferrt.training.step import train_step
-
-        return train_step(self.store, tokens, step, self.phases)
-
-    def weights(self):
-        return self.store.weights()
-
-    def last_grads(self) -> dict:
-        return self.store.last_grads
-
-    def close(self) -> None:
-        pass
-
-
-def _trainer(args, config, weights, hp, where):
+def _trainer(args, config, weights, hp, where, faults=None):
     """(the trainer, stop: what to call when done) -- in this process, or on an embedded Ray (--streaming); the
-    phases on a Wafer of the --mesh region's cores (--on mesh) or the numpy reference's."""
+    phases on a Wafer of the --mesh region's cores (--on mesh) or the numpy reference's; `faults` (default
+    --fault's) planned."""
     from waferrt.runtime import Wafer
 
     spec, (w, h) = where[0], (where[1].w, where[1].h)
     mesh = None
     if args.on == "mesh":  # the Wafer the kernels run on: made here, or in the tile actor (--streaming)
         mesh = functools.partial(Wafer, spec, mesh=(w, h), tile=(w, h), backend="local")
+    faults = args.fault or () if faults is None else faults
     if not args.streaming:
         from waferrt.training.mesh import phases_of
+        from waferrt.training.resident import ResidentTraining
 
         wafer = None if mesh is None else mesh().open()
-        return _Resident(config, weights, hp, phases_of(args.on, wafer)), (wafer.close if wafer else lambda: None)
+        trainer = ResidentTraining(config, weights, hp, phases_of(args.on, wafer), wafer, faults)
+        return trainer, (wafer.close if wafer else lambda: None)
     from waferrt.actors.session import ray_init, ray_shutdown
     from waferrt.actors.training import StreamingTraining
     from waferrt.model.npcache import by_reference
@@ -239,7 +257,7 @@ def _trainer(args, config, weights, hp, where):
     say("starting Ray: MemoryX (weights and AdamW state off the wafer) and the streaming region's tile")
     started = ray_init(None)
     try:
-        trainer = StreamingTraining(config, by_reference(weights), hp, args.fault or (), mesh)
+        trainer = StreamingTraining(config, by_reference(weights), hp, faults, mesh)
         return trainer, (ray_shutdown if started else lambda: None)
     except BaseException:
         if started:
@@ -252,6 +270,7 @@ def run(args) -> int:
     from waferrt.fabric.misuse import BlockTooLarge
     from waferrt.training.adamw import AdamW
     from waferrt.training.cost import step_cycles
+    from waferrt.training.faults import TrainingFailed
 
     config, weights, meta, tokenizer = _load(args)
     args.on = args.on or ("reference" if args.streaming else "mesh")
@@ -273,7 +292,10 @@ def run(args) -> int:
         rows = _steps(args, config, trainer, batcher, lambda i, report, wall: _row(i, report, wall, modelled, shape))
         saved = _save(args, config, trainer.weights(), meta) if args.save else None
         if args.fault:
-            rows[-1]["identical_to_fault_free"] = _fault_free(args, (config, weights(), hp), batcher, trainer)
+            model, where = (config, weights(), hp), (spec, region)
+            rows[-1]["identical_to_fault_free"] = _fault_free(args, model, batcher, trainer, where)
+    except TrainingFailed as e:
+        raise UsageError(f"training failed: {e}") from None
     except BlockTooLarge as e:  # on Ray, the tile's error with its traceback: its last line is the cause
         cause = str(e).strip().splitlines()[-1].split("BlockTooLarge: ")[-1]
         raise UsageError(f"--on mesh: {cause} (--mesh, --batch, --seq), or write --on reference") from None
@@ -294,7 +316,7 @@ def _steps(args, config, trainer, batcher, row) -> list[dict]:
         rows.append(row(i, report, time.perf_counter() - t0))
         if before is not None:
             rows[-1]["grad_error"] = _grad_error(config, before, tokens, trainer.last_grads())
-        recoveries = getattr(trainer, "recoveries", [])[seen:]  # the resident mode arms no faults
+        recoveries = trainer.recoveries[seen:]
         seen += len(recoveries)
         for text in recoveries:
             say(f"fault: {text}")
@@ -306,18 +328,20 @@ def _steps(args, config, trainer, batcher, row) -> list[dict]:
     return rows
 
 
-def _fault_free(args, model, batcher, trainer) -> bool:
+def _fault_free(args, model, batcher, trainer, where) -> bool:
     """Train the same steps again without faults: are the weights the faulted run's, bit for bit?"""
-    from waferrt.actors.training import StreamingTraining
     from waferrt.model.backward import named_arrays
-    from waferrt.model.npcache import by_reference
 
     config, weights, hp = model
     say("the same steps without faults, to compare the weights")
-    with StreamingTraining(config, by_reference(weights), hp, (), trainer.wafer) as clean:
+    clean, stop = _trainer(args, config, weights, hp, where, faults=())
+    try:
         for i in range(1, args.steps + 1):
             clean.step(batcher.rows(i - 1), i)
         want = named_arrays(clean.weights())
+    finally:
+        clean.close()
+        stop()
     got = named_arrays(trainer.weights())
     same = all(np.array_equal(got[n], a) for n, a in want.items())
     say(f"weights identical to the fault-free run's: {'yes' if same else 'NO'}")

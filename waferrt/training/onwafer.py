@@ -1,7 +1,10 @@
 """How the training kernels meet a Wafer: their square of cores, their inputs in its SRAM, one run, the outputs back.
 
-Contract: :func:`living_square` is the largest square of cores at the wafer's corner, refused (naming the dead)
-when a core of it is dead -- the attention and the head's softmax need every core of their square;
+Contract: :func:`living_square` is the first square of side min(width, height) of the wafer's mesh (scanning
+from the corner, row by row) with no dead core -- the attention and the head's softmax need every core of
+their square; a mesh wider than tall keeps spare squares of the same shape, onto which the training re-plans
+after a core dies (the same square's shape: the same float summation order, the same weights bit for bit);
+refused (naming the dead) when no such square lives;
 :func:`run_job` allocates a :class:`Job`'s inputs and outputs as DSM tensors "<prefix><name>" over the
 square (one block per core, split ("y", "x", None, ...)), puts the inputs, checks they fit the cores' SRAM
 with the outputs (BlockTooLarge naming a core and the bytes), runs the kernel once, reads the outputs back
@@ -19,15 +22,22 @@ from waferrt.fabric.misuse import BlockTooLarge
 from waferrt.kernels.gemm import Grid
 
 
+def squares(width: int, height: int) -> list[Region]:
+    """The squares of side min(width, height) of a width x height mesh, from the corner, row by row."""
+    s = min(width, height)
+    return [Region(x, y, s, s) for y in range(height - s + 1) for x in range(width - s + 1)]
+
+
 def living_square(wafer, what: str) -> tuple[Region, Grid]:
-    """The largest square of cores at the wafer's corner and its grid; ValueError if a core of it is dead."""
-    s = min(wafer.mesh.width, wafer.mesh.height)
-    region = Region(0, 0, s, s)
-    dead = sorted(c for c in wafer.fault_map().cores if region.contains(c))
-    if dead:
-        raise ValueError(f"{what} runs on {region}, whose cores must all live (its softmax needs them); dead: "
-                         f"{dead}: give it a wafer without dead cores there")
-    return region, Grid.of(region)
+    """The first square of the mesh's shortest side with no dead core, and its grid (module doc); ValueError
+    naming the dead cores if there is none."""
+    dead = wafer.fault_map().cores
+    for region in squares(wafer.mesh.width, wafer.mesh.height):
+        if not any(region.contains(c) for c in dead):
+            return region, Grid.of(region)
+    raise ValueError(f"{what} runs on a square of {min(wafer.mesh.width, wafer.mesh.height)} cores a side, whose "
+                     f"cores must all live (its softmax needs them); dead: {sorted(dead)}: no such square is left "
+                     f"on the {wafer.mesh.width}x{wafer.mesh.height} mesh; give a wider --mesh (spare squares)")
 
 
 @dataclass(frozen=True)
