@@ -49,7 +49,9 @@ def _onehot(tokens: np.ndarray, vocab: int) -> np.ndarray:
     if tokens.ndim != 1 or tokens.size == 0 or tokens.min() < 0 or tokens.max() >= vocab:
         raise ValueError(f"token ids are a non-empty 1-d array of ids below the vocabulary's {vocab}, got "
                          f"shape {tokens.shape}{f' from {tokens.min()} to {tokens.max()}' if tokens.size else ''}")
-    return np.eye(vocab, dtype=np.float32)[tokens]
+    onehot = np.zeros((tokens.size, vocab), np.float32)  # (T, vocab), not eye(vocab)'s vocab^2
+    onehot[np.arange(tokens.size), tokens] = 1
+    return onehot
 
 
 def head_backward(wafer, config, weights, x: np.ndarray, targets, chunks: int | None = None
