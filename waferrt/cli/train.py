@@ -48,7 +48,7 @@ examples:
 
 The corpus is the project's own docs (README.md, docs/*.md) tokenized by the model's tokenizer; each step
 draws --batch windows of --seq + 1 tokens (seeded by --seed). The modelled time is the step's on a region of
---mesh cores of the --spec wafer (default: 8x8 of wse2 for --model tiny, else 64x64): each layer's forward
+--mesh cores of the --spec wafer (default: 8x8 of wse2 for --model tiny, else 64x64; 32x32 --on mesh): each layer's forward
 and backward and the head's as the mesh kernels book them, plus AdamW's closed form; under --streaming every
 stage the longer of its compute and its stream (weights in, gradients out). --on mesh (the default resident)
 runs those kernels on the region's largest square (a local Wafer; under --streaming the tile's own); --on reference
@@ -147,7 +147,7 @@ def _region(args, config):
     from waferrt.training.mesh import even_rope_blocks, mesh_side
 
     spec = spec_by_name(args.spec or "wse2")
-    w, h = args.mesh or ((8, 8) if args.model == "tiny" else (64, 64))
+    w, h = args.mesh or ((8, 8) if args.model == "tiny" else (32, 32) if args.on == "mesh" else (64, 64))
     if w > spec.full_mesh[0] or h > spec.full_mesh[1]:
         raise UsageError(f"--mesh {w}x{h} is larger than the {spec.name} wafer's {spec.full_mesh[0]}x"
                          f"{spec.full_mesh[1]} cores; give a smaller --mesh or another --spec")
