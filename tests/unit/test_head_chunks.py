@@ -26,7 +26,8 @@ T = 8
 
 def _inputs(seed: int):
     rng = np.random.default_rng(seed)
-    return rng.standard_normal((2, T // 2, CONFIG.dim)).astype(np.float32), rng.integers(0, CONFIG.vocab_size, (2, T // 2))
+    x = rng.standard_normal((2, T // 2, CONFIG.dim)).astype(np.float32)  # two sequences
+    return x, rng.integers(0, CONFIG.vocab_size, (2, T // 2))
 
 
 def _run(spec, side: int, chunks: int, seed: int = 0):

@@ -7,15 +7,12 @@ not installed."""
 
 from __future__ import annotations
 
-import dataclasses
-
 import numpy as np
 import pytest
 
 from waferrt.core.gemm_cost import GemmShape
 from waferrt.core.spec import spec_by_name
 from waferrt.core.train_cost import head_chunks
-from waferrt.model import load_model
 from waferrt.model.backward import loss_and_grads
 from waferrt.runtime import Wafer
 from waferrt.training.mesh import mesh_phases
@@ -26,12 +23,8 @@ SIDE, S = 32, 16  # one sequence of 16 tokens
 
 
 @pytest.fixture(scope="module")
-def smollm2():
-    try:
-        config, weights, _ = load_model()
-    except FileNotFoundError as e:
-        pytest.skip(str(e))
-    return dataclasses.replace(config, n_layers=1), dataclasses.replace(weights, layers=weights.layers[:1])
+def smollm2(smollm2_cut):
+    return smollm2_cut(1)
 
 
 def test_a_smollm2_step_on_the_mesh_has_the_references_gradients(smollm2):
