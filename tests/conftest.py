@@ -3,8 +3,9 @@
 Contract: ``ray_session`` (session scope) starts ONE local Ray for the whole test session the first time a
 test asks for it -- tests/unit never does, so the unit tier runs without Ray -- and shuts it down at the
 end. A ``Wafer`` opened while it runs joins that Ray and leaves it running when it closes. Tests that need
-their own Ray (tests/cluster) run it in a subprocess so they never meet this one. ``smollm2_cut`` (session scope) is a function n -> (config, weights)
-of SmolLM2-135M cut to its first n layers, the asking test skipped when SmolLM2 is not installed.
+their own Ray (tests/cluster) run it in a subprocess so they never meet this one. ``smollm2_cut`` (session
+scope) is a function n -> (config, weights) of SmolLM2-135M cut to its first n layers, the asking test
+skipped when SmolLM2 is not installed.
 """
 
 from __future__ import annotations
