@@ -3,7 +3,9 @@
 Contract: ``ray_session`` (session scope) starts ONE local Ray for the whole test session the first time a
 test asks for it -- tests/unit never does, so the unit tier runs without Ray -- and shuts it down at the
 end. A ``Wafer`` opened while it runs joins that Ray and leaves it running when it closes. Tests that need
-their own Ray (tests/cluster) run it in a subprocess so they never meet this one.
+their own Ray (tests/cluster) run it in a subprocess so they never meet this one. ``smollm2_cut`` (session
+scope) is a function n -> (config, weights) of SmolLM2-135M cut to its first n layers, the asking test
+skipped when SmolLM2 is not installed.
 """
 
 from __future__ import annotations
@@ -40,3 +42,19 @@ def ray_session():
         yield ray
     finally:
         ray.shutdown()
+
+
+@pytest.fixture(scope="session")
+def smollm2_cut():
+    import dataclasses
+
+    from waferrt.model import load_model
+
+    try:
+        config, weights, _ = load_model()
+    except FileNotFoundError as e:
+        pytest.skip(str(e))
+
+    def cut(n: int):
+        return dataclasses.replace(config, n_layers=n), dataclasses.replace(weights, layers=weights.layers[:n])
+    return cut

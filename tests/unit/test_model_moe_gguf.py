@@ -67,13 +67,9 @@ def test_convert_writes_a_moe_the_reference_decodes(tmp_path: Path, capsys) -> N
 
 
 @pytest.fixture(scope="module")
-def smollm2():
+def smollm2(smollm2_cut):
     """SmolLM2-135M's first 4 layers (enough to tie the cut to the dense FFN, and fast)."""
-    try:
-        config, weights, _ = load_model()
-    except FileNotFoundError as e:
-        pytest.skip(str(e))
-    return dataclasses.replace(config, n_layers=4), dataclasses.replace(weights, layers=weights.layers[:4])
+    return smollm2_cut(4)
 
 
 def test_smollm2_moe_with_every_expert_and_equal_gates_is_smollm2(smollm2) -> None:

@@ -51,11 +51,11 @@ examples:
 
 The corpus is the project's own docs (README.md, docs/*.md) tokenized by the model's tokenizer; each step
 draws --batch windows of --seq + 1 tokens (seeded by --seed). The modelled time is the step's on a region of
---mesh cores of the --spec wafer (default: 8x8 of wse2 for --model tiny, else 64x64): each layer's forward
-and backward and the head's as the mesh kernels book them, plus AdamW's closed form; under --streaming every
-stage the longer of its compute and its stream (weights in, gradients out). --on mesh (the default resident)
-runs those kernels on the region's largest square (a local Wafer; under --streaming the tile's own); --on reference
-(the default --streaming) runs the numpy functions; --check compares each step's gradients with the numpy
+--mesh cores of the --spec wafer (default: 8x8 of wse2 for --model tiny, else 64x64; 32x32 --on mesh): each
+layer's forward and backward and the head's as the mesh kernels book them, plus AdamW's closed form; under
+--streaming every stage the longer of its compute and its stream (weights in, gradients out). --on mesh (the
+default resident) runs those kernels on the region's largest square (a local Wafer; under --streaming the tile's
+own); --on reference (the default --streaming) runs the numpy functions; --check compares each step's gradients with the numpy
 reference's (model.backward.loss_and_grads) at the same weights.
 --json prints one object: model, streaming, mesh, spec, steps (each:
 step, loss, wall_s, modelled_s, bytes_in, bytes_out, wall_tokens_per_s, modelled_tokens_per_s; grad_error
@@ -149,8 +149,9 @@ def _load(args):
 
 
 def _mesh(args) -> tuple[int, int]:
-    """--mesh, or its default: 8x8 for --model tiny, else 64x64."""
-    return args.mesh or ((8, 8) if args.model == "tiny" else (64, 64))
+    """--mesh, or its default: 8x8 for --model tiny, 32x32 for a model on the mesh (a block fits, RoPE's pairs
+    stay whole), else 64x64."""
+    return args.mesh or ((8, 8) if args.model == "tiny" else (32, 32) if args.on == "mesh" else (64, 64))
 
 
 def _region(args, config):

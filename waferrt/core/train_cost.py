@@ -16,7 +16,8 @@ On a square grid each backward product thus costs the forward's compute and, per
 around it. :func:`train_gemm_costs` is the three of a training step's GEMM; :func:`train_efficiency` the
 share of their modelled time spent on useful flops (the unpadded 2mkn each, spread evenly over the grid).
 :func:`attention_backward_cost`, :func:`rmsnorm_backward_cost`, :func:`block_backward_parts` and
-:func:`head_backward_parts` are what waferrt.kernels.attention_backward, train_ops and waferrt.training book;
+:func:`head_backward_parts` (in :func:`head_chunks` chunks of the vocabulary, each job's bytes a core
+:func:`head_core_bytes`) are what waferrt.kernels.attention_backward, train_ops and waferrt.training book;
 :func:`block_forward_parts` what the block's forward on the mesh (waferrt.training.forward) books.
 ``ADAMW_FLOPS`` is AdamW's flops per weight (waferrt.training.adamw, counted there by
 tests/unit/test_training.py); :class:`TrainShape` is a training step's batch (B sequences of S tokens).
@@ -138,18 +139,55 @@ def rmsnorm_backward_cost(spec: HardwareSpec, tokens: int, dim: int, side: int) 
             + compute_cost(spec, BACKWARD_FLOPS["rmsnorm"] * mb * nb))
 
 
-def head_backward_parts(spec: HardwareSpec, shape: GemmShape, dtype: str = "float32") -> dict[str, Cost]:
+def head_backward_parts(spec: HardwareSpec, shape: GemmShape, dtype: str = "float32", chunks: int = 1
+                        ) -> dict[str, Cost]:
     """The tied head's backward with cross-entropy (waferrt.training.head) for shape = (tokens, vocab, dim) on a
     square: the logits h E^T (the transposed variant, as a dX), the row max, sum and target's logit along the
     rows and the loss down the columns, dh = dlogits E (MeshGEMM, as a forward), dE = dlogits^T h (as a dW);
     then the final RMSNorm's backward. The GEMMs' values move as `dtype` and compute at its rate (the kernel:
-    float32); the softmax's sums and the norm stay float32."""
+    float32); the softmax's sums and the norm stay float32. In `chunks` > 1 of the vocabulary
+    (:func:`head_chunks`), each chunk of cdiv(vocab, chunks) words runs twice: "head_stats" (its logits and the
+    three row sums, folded into the online softmax) and, once all are folded, "head_grads" (its logits again,
+    dh's share, its dE); "head_loss" sums the loss down the columns once."""
     side = _side(shape)
-    mb, vb, f32 = cdiv(shape.m, side), cdiv(shape.k, side), "float32"
-    gemms = sum(train_gemm_costs(spec, shape, dtype).values(), Cost())
-    reduce = row_reduce_cost(spec, side, mb, f32, f32).scaled(3) + row_reduce_cost(spec, side, 1, f32, f32)
-    return {"head_backward": gemms + reduce + compute_cost(spec, BACKWARD_FLOPS["cross_entropy"] * mb * vb),
-            "rmsnorm_backward": rmsnorm_backward_cost(spec, shape.m, shape.n, side)}
+    if type(chunks) is not int or chunks < 1:
+        raise ValueError(f"the head runs in a whole number >= 1 of vocabulary chunks, got {chunks!r}")
+    chunk = GemmShape(shape.m, cdiv(shape.k, chunks), shape.n, shape.rows, shape.cols)
+    mb, vb, f32 = cdiv(shape.m, side), cdiv(chunk.k, side), "float32"
+    gemms = train_gemm_costs(spec, chunk, dtype)
+    softmax = compute_cost(spec, BACKWARD_FLOPS["cross_entropy"] * mb * vb)
+    reduce, loss = row_reduce_cost(spec, side, mb, f32, f32).scaled(3), row_reduce_cost(spec, side, 1, f32, f32)
+    norm = {"rmsnorm_backward": rmsnorm_backward_cost(spec, shape.m, shape.n, side)}
+    if chunks == 1:
+        return {"head_backward": sum(gemms.values(), Cost()) + reduce + loss + softmax} | norm
+    stats = gemms["grad_input"] + reduce + softmax
+    grads = sum(gemms.values(), Cost()) + softmax
+    return {"head_stats": stats.scaled(chunks), "head_grads": grads.scaled(chunks), "head_loss": loss} | norm
+
+
+def head_core_bytes(shape: GemmShape, chunks: int) -> int:
+    """Bytes a core holds in the head's largest job (waferrt.training.head; float32): unchunked, x, h, the
+    norm's weight, E's block, the one-hot's and the outputs (loss, dx, d norm, dE); in chunks, a chunk's
+    "head_grads" job (h, E's chunk, its one-hot, the running stats, dh in and out, the chunk's dE), larger
+    than its "head_stats" job and the last one (x, the norm's weight, dh, the stats; the loss, dx, d norm)."""
+    side = _side(shape)
+    mb, nb, vb = cdiv(shape.m, side), cdiv(shape.n, side), cdiv(cdiv(shape.k, chunks), side)
+    if chunks == 1:
+        return 4 * (3 * mb * nb + 2 * nb + 2 * vb * nb + mb * vb + 1)
+    return 4 * (3 * mb * nb + 2 * vb * nb + mb * vb + 3 * mb)
+
+
+def head_chunks(spec: HardwareSpec, shape: GemmShape) -> int:
+    """The fewest vocabulary chunks whose head jobs fit a core's SRAM (:func:`head_core_bytes`); ValueError
+    naming the bytes when not even one word a core fits."""
+    for chunks in range(1, shape.k + 1):
+        if head_core_bytes(shape, chunks) <= spec.sram_bytes:
+            return chunks
+        if cdiv(shape.k, chunks) <= _side(shape):  # one word a core: fewer bytes cannot be had
+            break
+    raise ValueError(f"the head's backward over {shape.m} tokens and dim {shape.n} on {shape.rows}x{shape.cols} "
+                     f"cores needs {head_core_bytes(shape, chunks):,} bytes a core even one word a core, more than "
+                     f"{spec.sram_bytes:,} on {spec.name}: give fewer tokens or a larger square")
 
 
 def block_backward_parts(spec: HardwareSpec, config, tokens: int, side: int, softmax_flops: int,

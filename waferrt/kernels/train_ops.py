@@ -18,6 +18,12 @@ holds zeros and gets zero gradients.
   transposed MeshGEMM, E in the B layout), the mean softmax cross-entropy against `onehot` (the targets,
   A layout), dh = dlogits E (MeshGEMM) and dE = dlogits^T h (transposed): E never moves but as a GEMM's
   operand, and both its gradients land where it is.
+- ``head_stats(ctx, h, e, onehot, run, vocab)`` -> run, ``head_grads(ctx, h, e, onehot, run, vocab)`` -> (dh,
+  de), ``head_loss(ctx, run, vocab)`` -> loss: the same head cut in chunks of the vocabulary (E's chunk in the
+  B layout, its targets' one-hot columns in the A layout): ``head_stats`` folds a chunk's logits into the online
+  softmax's running (max, sum of exp, target's logit) per token (rows, cols, 3, mb); once every chunk is
+  folded, ``head_grads`` recomputes a chunk's logits and gives its share of dh and its whole dE, and
+  ``head_loss`` the mean loss -- exact, as the unchunked kernel's.
 - ``embedding_backward(ctx, onehot, dx)`` -> dE: the scatter-add of the tokens' gradients into their
   embedding rows, as the transposed product onehot^T dX (each core's one-hot block from the token ids).
 
@@ -125,11 +131,11 @@ def relayout(ctx, buf, src: str, dst: str):
     return skew(ctx, buf, *MOVES[src, dst])
 
 
-def _columns(ctx, mb: int, vocab: HeadShape) -> tuple[np.ndarray, np.ndarray]:
-    """(rows, cols, mb, vb) bools of each core's A-layout block (i, (i + c) % s): a real word's column, a real
-    token's row."""
+def _columns(ctx, block: tuple[int, int], vocab: HeadShape) -> tuple[np.ndarray, np.ndarray]:
+    """(rows, cols, mb, vb) bools of each core's A-layout block (i, (i + c) % s) of (mb, vb): a real word's
+    column, a real token's row."""
     xs, ys = _square(ctx)
-    s, vb = len(xs), -(-vocab.size // len(xs))
+    s, (mb, vb) = len(xs), block
     i = _ring_index(ys, ctx.local.y0 - ctx.region.y0, ctx.local.h)[:, None]
     j = (i + _ring_index(xs, ctx.local.x0 - ctx.region.x0, ctx.local.w)[None, :]) % s
     word = (j * vb)[..., None, None] + np.arange(vb) < vocab.size  # (rows, cols, 1, vb)
@@ -143,7 +149,7 @@ def head_backward(ctx, h, e, onehot, vocab: HeadShape):
     mb, nb) C layout, e (rows, cols, vb, nb) B layout, onehot (rows, cols, mb, vb) A layout."""
     grid = Grid.of_ctx(ctx)
     logits = accumulate(ctx, grid, h, e, "nt")  # (rows, cols, mb, vb), A layout
-    word, token = _columns(ctx, h.shape[-2], vocab)
+    word, token = _columns(ctx, logits.shape[-2:], vocab)
     logits = np.where(word, logits, np.float32(-np.inf))
     top = ctx.allreduce(logits.max(-1), "x", op="max")  # (rows, cols, mb)
     ex = np.where(word, np.exp(logits - top[..., None]), np.float32(0))
@@ -157,6 +163,42 @@ def head_backward(ctx, h, e, onehot, vocab: HeadShape):
     dh = meshgemm(ctx, dlogits[:, :, None].astype(np.float32), e[:, :, None])  # C layout
     de = accumulate(ctx, grid, h, dlogits.astype(np.float32), "tn")  # B layout
     return loss.astype(np.float32), dh, de
+
+
+@booked
+def head_stats(ctx, h, e, onehot, run, vocab: HeadShape):
+    """`run` (rows, cols, 3, mb): (max, sum of exp, target's logit) per token, with this chunk's words folded
+    in: h (rows, cols, mb, nb) C layout, e (rows, cols, vb, nb) B layout, onehot (rows, cols, mb, vb) A."""
+    logits = accumulate(ctx, Grid.of_ctx(ctx), h, e, "nt")  # (rows, cols, mb, vb), A layout
+    word, _ = _columns(ctx, logits.shape[-2:], vocab)
+    logits = np.where(word, logits, np.float32(-np.inf))
+    top = np.maximum(run[:, :, 0], ctx.allreduce(logits.max(-1), "x", op="max"))  # (rows, cols, mb)
+    ex = np.where(word, np.exp(logits - top[..., None]), np.float32(0))
+    total = run[:, :, 1] * np.exp(run[:, :, 0] - top) + ctx.allreduce(ex.sum(-1), "x")
+    picked = run[:, :, 2] + ctx.allreduce((np.where(word, logits, 0) * onehot).sum(-1), "x")
+    ctx.ledger.compute(BACKWARD_FLOPS["cross_entropy"] * logits.shape[-2] * logits.shape[-1])
+    return np.stack([top, total, picked], 2).astype(np.float32)
+
+
+@booked
+def head_grads(ctx, h, e, onehot, run, vocab: HeadShape):
+    """(dh, de): this chunk's share of dh (C layout) and its rows of dE (B layout), from the folded `run`."""
+    grid = Grid.of_ctx(ctx)
+    logits = accumulate(ctx, grid, h, e, "nt")
+    word, token = _columns(ctx, logits.shape[-2:], vocab)
+    lse = run[:, :, 0] + np.log(run[:, :, 1])  # (rows, cols, mb)
+    p = np.where(word, np.exp(logits - lse[..., None]), np.float32(0))
+    dlogits = (np.where(token, p - onehot, np.float32(0)) / np.float32(vocab.tokens)).astype(np.float32)
+    ctx.ledger.compute(BACKWARD_FLOPS["cross_entropy"] * logits.shape[-2] * logits.shape[-1])
+    return meshgemm(ctx, dlogits[:, :, None], e[:, :, None]), accumulate(ctx, grid, h, dlogits, "tn")
+
+
+@booked
+def head_loss(ctx, run, vocab: HeadShape):
+    """The mean loss (rows, cols, 1) from the folded `run` (rows, cols, 3, mb): summed down the columns."""
+    _, token = _columns(ctx, (run.shape[-1], 1), HeadShape(1, vocab.tokens))
+    rows_loss = np.where(token[..., 0], run[:, :, 0] + np.log(run[:, :, 1]) - run[:, :, 2], np.float32(0))
+    return (ctx.allreduce(rows_loss.sum(-1, keepdims=True), "y") / np.float32(vocab.tokens)).astype(np.float32)
 
 
 @booked

@@ -35,6 +35,7 @@ from waferrt.core.train_cost import (
     block_backward_parts,
     block_forward_parts,
     head_backward_parts,
+    head_chunks,
 )
 from waferrt.decode.cost import ELEMENTWISE_FLOPS
 from waferrt.decode.streaming import stage_cycles, stream_cycles, streamed_bytes
@@ -78,10 +79,10 @@ def layer_backward_cycles(spec: HardwareSpec, config: LlamaConfig, region: Regio
 
 def head_backward_cycles(spec: HardwareSpec, config: LlamaConfig, region: Region, tokens: int) -> float:
     """The head over `tokens` tokens -- logits, cross-entropy, their backward, the final norm's -- on the
-    region's largest square, as ``head.head_backward`` books it."""
+    region's largest square, as ``head.head_backward`` books it (in ``head_chunks`` chunks of the vocabulary)."""
     side = min(region.w, region.h)
     shape = GemmShape(tokens, config.vocab_size, config.dim, side, side)  # (tokens, vocab, dim)
-    return total(head_backward_parts(spec, shape).values()).cycles
+    return total(head_backward_parts(spec, shape, chunks=head_chunks(spec, shape)).values()).cycles
 
 
 def step_cycles(spec: HardwareSpec, config: LlamaConfig, region: Region, shape: TrainShape,

@@ -8,17 +8,21 @@ scattered into the embedding rows of the input ids (the embedding's share; a tie
 sum of the two). Both run one kernel over ``onwafer.living_square``: E in the B layout (its gradients land
 there), x and the normed h (kept from the forward) in the C layout, the targets' and ids' one-hot rows in the
 A layout (waferrt.kernels.train_ops: ``head_backward``, ``rmsnorm_backward``, ``embedding_backward``).
+A table too large for the square's SRAM runs in chunks of the vocabulary (waferrt.training.head_chunks).
 """
 
 from __future__ import annotations
 
 import numpy as np
 
+from waferrt.core.gemm_cost import GemmShape
+from waferrt.core.train_cost import head_chunks
 from waferrt.kernels import train_ops
 from waferrt.kernels.gemm_backward import gather, scatter
 from waferrt.kernels.train_ops import HeadShape, Norm
 from waferrt.model.reference import rmsnorm
 
+from .head_chunks import chunked_head_backward
 from .onwafer import Job, living_square, run_job
 
 HEAD_INPUTS = ("x", "h", "final_norm", "embed", "onehot")
@@ -45,21 +49,31 @@ def _onehot(tokens: np.ndarray, vocab: int) -> np.ndarray:
     if tokens.ndim != 1 or tokens.size == 0 or tokens.min() < 0 or tokens.max() >= vocab:
         raise ValueError(f"token ids are a non-empty 1-d array of ids below the vocabulary's {vocab}, got "
                          f"shape {tokens.shape}{f' from {tokens.min()} to {tokens.max()}' if tokens.size else ''}")
-    return np.eye(vocab, dtype=np.float32)[tokens]
+    onehot = np.zeros((tokens.size, vocab), np.float32)  # (T, vocab), not eye(vocab)'s vocab^2
+    onehot[np.arange(tokens.size), tokens] = 1
+    return onehot
 
 
-def head_backward(wafer, config, weights, x: np.ndarray, targets) -> tuple[float, np.ndarray, dict[str, np.ndarray]]:
+def head_backward(wafer, config, weights, x: np.ndarray, targets, chunks: int | None = None
+                  ) -> tuple[float, np.ndarray, dict[str, np.ndarray]]:
     """(loss, dx, {"final_norm", "embed"}) of the tied head's mean cross-entropy (module doc); x (..., dim)
-    and targets (...) of any leading shape (B sequences of S: (B, S, dim), (B, S)), dx x's shape."""
+    and targets (...) of any leading shape (B sequences of S: (B, S, dim), (B, S)), dx x's shape. In `chunks`
+    of the vocabulary (default: ``core.train_cost.head_chunks``, the fewest whose jobs fit the cores' SRAM;
+    more than one: ``head_chunks.chunked_head_backward``)."""
     region, grid = living_square(wafer, "the head's backward")
     shape, x, targets = x.shape, x.reshape(-1, x.shape[-1]), np.ravel(targets)
     s, (T, dim), V = region.w, x.shape, config.vocab_size
     if targets.size != T:
         raise ValueError(f"{targets.size} targets for {T} tokens: give one next token per token of x {shape}")
+    h, onehot = rmsnorm(x, weights.final_norm, config.norm_eps), _onehot(targets, V)
+    chunks = chunks or head_chunks(wafer.spec, GemmShape(T, V, dim, s, s))
+    if chunks > 1:
+        loss, dx, grads = chunked_head_backward(wafer, config, {"final_norm": weights.final_norm,
+                                                "embed": weights.head}, {"x": x, "h": h, "onehot": onehot}, chunks)
+        return loss, dx.reshape(shape), grads
     put = lambda layout, mat: scatter(layout, grid, (s, s), np.ascontiguousarray(mat, np.float32))  # noqa: E731
-    inputs = {"x": put("C", x), "h": put("C", rmsnorm(x, weights.final_norm, config.norm_eps)),
-              "final_norm": put("C", np.broadcast_to(weights.final_norm, (s, dim))), "embed": put("B", weights.head),
-              "onehot": put("A", _onehot(targets, V))}
+    inputs = {"x": put("C", x), "h": put("C", h), "final_norm": put("C", np.broadcast_to(weights.final_norm, (s, dim))),
+              "embed": put("B", weights.head), "onehot": put("A", onehot)}
     outputs = {"loss": (s, s, 1), "dx": inputs["x"].shape, "d.final_norm": inputs["final_norm"].shape,
                "d.embed": inputs["embed"].shape}
     job = Job("hb.", region, inputs, outputs, head_kernel, dict(norm=Norm(dim, config.norm_eps), vocab=HeadShape(V, T)))
