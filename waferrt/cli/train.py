@@ -55,8 +55,8 @@ draws --batch windows of --seq + 1 tokens (seeded by --seed). The modelled time 
 layer's forward and backward and the head's as the mesh kernels book them, plus AdamW's closed form; under
 --streaming every stage the longer of its compute and its stream (weights in, gradients out). --on mesh (the
 default resident) runs those kernels on the region's largest square (a local Wafer; under --streaming the tile's
-own); --on reference (the default --streaming) runs the numpy functions; --check compares each step's gradients with the numpy
-reference's (model.backward.loss_and_grads) at the same weights.
+own); --on reference (the default --streaming) runs the numpy functions; --check compares each step's
+gradients with the numpy reference's (model.backward.loss_and_grads) at the same weights.
 --json prints one object: model, streaming, mesh, spec, steps (each:
 step, loss, wall_s, modelled_s, bytes_in, bytes_out, wall_tokens_per_s, modelled_tokens_per_s; grad_error
 with --check; recoveries and, last, identical_to_fault_free with --fault), saved."""
