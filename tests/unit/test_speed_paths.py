@@ -1,7 +1,7 @@
 """The decode's shortcuts for speed give what the long way gives (issue 18, speed).
 
 - ``MeshSpec.in_tiles``: the same mesh in at most N tiles, every old tile (so every region planned inside
-  one) inside one new tile -- `waferrt generate` runs its default mesh so, one tile per two cores;
+  one) inside one new tile -- `waferrt generate` runs its default mesh so, one tile per core;
 - ``Chunks`` split/join as a pad and a reshape when the chunks lie in order, equal to the gather/scatter;
 - the RoPE angles a layer takes from its table, equal to the angles computed for the positions at hand;
 - ``LineComm.book_allreduce`` worked out once per size: a ledger books what the closed form says, every time;
