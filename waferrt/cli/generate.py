@@ -18,7 +18,6 @@ mesh (waferrt.cli.heatmap); progress is drawn as bars on a terminal (waferrt.cli
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 
 from waferrt.core.cost import ALLREDUCE_ALGOS
@@ -27,7 +26,6 @@ from waferrt.core.spec import PRESETS
 
 from .attention import (
     add_attention_args,
-    attention_json,
     check_attention_flags,
     check_kv_room,
     dense_agreement,
@@ -52,6 +50,7 @@ from .common import (
     top_p,
     whole_number,
 )
+from .generate_report import pictures, report, run_bound
 from .progress import DecodeBar
 from .strategy import add_strategy_args
 
@@ -402,7 +401,7 @@ def run(args) -> int:
             batch = Batch(tuple(requests), sampler)
             out, stats = _on_the_wafer(args, _wafer(args, placement), model, batch, on_token, live)
             mesh = str(placement.mesh)
-            bound = _run_bound(placement, out)
+            bound = run_bound(placement, out)
     finally:
         bar.close()
     if live:  # the rest of the streamed text
@@ -410,63 +409,7 @@ def run(args) -> int:
     args.agreement = dense_agreement(model.config, model.weights(), batch, out) if args.compare_dense else None
     if args.agreement:
         say_agreement(args.attention, args.agreement)
-    _report(args, tok, out, stats, mesh, bound)
+    report(args, tok, out, stats, mesh, bound)
     if not args.reference:
-        _pictures(args, placement, stats)
+        pictures(args, placement, stats)
     return 0
-
-
-def _run_bound(placement, out) -> float | None:
-    """The bound of the modelled rate of what ran (scheduler.speed.run_bound_tokens_per_s): as many requests in
-    flight as ran, at the positions their tokens held; None for --streaming or when nothing was generated."""
-    from waferrt.scheduler.speed import run_bound_tokens_per_s
-    from waferrt.serving import logit_positions
-
-    positions = logit_positions(out)
-    if placement.streaming or not positions:
-        return None
-    return run_bound_tokens_per_s(placement, min(len(out), placement.kv.requests), positions)
-
-
-def _pictures(args, placement, stats) -> None:
-    """--trace (written by the decode) and --heatmap: say where they are."""
-    if args.trace:
-        say(f"trace: {args.trace} (open it in ui.perfetto.dev: a track per tile and the host, and the modelled "
-            "wafer's schedule)")
-    if args.heatmap:
-        from waferrt.cli.heatmap import Measured, heatmap_png
-
-        t = stats.trace
-        heatmap_png(placement, args.heatmap, Measured(stats.runs, t.busy_s(), t.sent_bytes(), t.wall_s()))
-        say(f"heatmap: {args.heatmap}")
-
-
-def _first_token(stats, out, pick) -> dict:
-    """The --json fields of the time to first token: wall and modelled seconds, and the prefill's modelled
-    tokens/s (the prompt's tokens over its modelled time to first token), per request."""
-    n = range(len(out))
-    rate = stats.prefill_tokens_per_s({i: len(c.prompt_ids) for i, c in enumerate(out)})
-    return {"ttft_wall_s": pick([stats.ttft_wall_s.get(i) for i in n]),
-            "ttft_modelled_s": pick([stats.ttft_modelled_s.get(i) for i in n]),
-            "prefill_tokens_per_s": pick([rate.get(i) for i in n])}
-
-
-def _report(args, tok, out, stats, mesh, bound) -> None:
-    gen = [tok.decode(c.tokens, skip_special=True) for c in out]
-    if args.json:
-        one = len(out) == 1
-        pick = (lambda xs: xs[0]) if one else (lambda xs: xs)
-        print(json.dumps({
-            "prompt_tokens": pick([list(c.prompt_ids) for c in out]), "tokens": pick([c.tokens for c in out]),
-            "text": pick(gen), "finish": pick([c.finish for c in out]),
-            "wall_tokens_per_s": round(stats.wall_tokens_per_s, 3),
-            "wafer_tokens_per_s": round(stats.wafer_tokens_per_s, 1),
-            "wafer_bound_tokens_per_s": None if bound is None else round(bound, 1),
-            "steps": stats.steps, "generated": stats.tokens, "wall_s": round(stats.wall_s, 3),
-            "mesh": mesh, "expert_swaps": stats.expert_swaps, **_first_token(stats, out, pick),
-            **attention_json(args, args.agreement)}))
-        return
-    wafer = "" if mesh == "reference" else f"; modelled wafer: ran {stats.wafer_tokens_per_s:,.0f} tok/s" + (
-        "" if bound is None else f", bound {bound:,.0f} tok/s")
-    swaps = "" if stats.expert_swaps is None else f"; NI-Balancer swapped experts {stats.expert_swaps} times"
-    say(f"{stats.tokens} tokens in {stats.wall_s:.2f}s: wall {stats.wall_tokens_per_s:.1f} tok/s{wafer}{swaps}")
