@@ -2,7 +2,7 @@
 
 The run's rate is its flow schedule (waferrt.decode.schedule over the tiles' stage runs, every token timed at
 the positions its request held); the bound (scheduler.speed.run_bound_tokens_per_s, via the CLI's
-``_run_bound``) is derived from the same per-token cycles, at those positions and with as many requests in
+``generate_report.run_bound``) is derived from the same per-token cycles, at those positions and with as many requests in
 flight as ran. Short requests on a large K/V reserve beat a bound taken at the full reserve (the bug: "ran
 2,772 tok/s, bound 2,355"); here the tiles run without Ray (serving.LocalDecoder over a LoopFabric).
 """
@@ -13,7 +13,7 @@ import dataclasses
 
 import pytest
 
-from waferrt.cli.generate import _run_bound
+from waferrt.cli.generate_report import run_bound
 from waferrt.core.mesh import MeshSpec
 from waferrt.core.spec import TINY, WSE2
 from waferrt.decode.cost import token_cost
@@ -39,7 +39,7 @@ def test_the_printed_bound_is_never_beaten_by_the_run(mesh, kv_tokens, requests,
     placement = plan(MODELS[model], TINY, mesh, kv=KVReserve(kv_tokens, 2))
     out, stats = LocalDecoder(MODELS[model], WEIGHTS[model], placement).use_prefill(prefill).generate(
         list(requests), Sampler())
-    bound = _run_bound(placement, out)
+    bound = run_bound(placement, out)
     assert stats.wafer_tokens_per_s <= bound * (1 + 1e-9)
     if len(requests) == 1:  # one request alone: its tokens go round the chain one after another
         assert stats.wafer_tokens_per_s >= 0.9 * bound
@@ -49,7 +49,7 @@ def test_the_positions_are_those_whose_logits_gave_the_tokens():
     out = [Completion((1, 2, 3), [7, 8]), Completion((4,), [5, 6, 7, 8]), Completion((1,) * 9, [])]
     assert logit_positions(out) == range(0, 4)  # request 0: positions 2, 3; request 1: 0 to 3; request 2: none
     assert not logit_positions([Completion((1, 2), [])])
-    assert _run_bound(plan(MODELS["dense"], TINY, MeshSpec(16, 16, 8, 8), kv=KVReserve(32, 2)),
+    assert run_bound(plan(MODELS["dense"], TINY, MeshSpec(16, 16, 8, 8), kv=KVReserve(32, 2)),
                       [Completion((1, 2), [])]) is None
 
 
