@@ -15,10 +15,11 @@ import pytest
 from waferrt.core.cost import Cost, total
 from waferrt.core.spec import spec_by_name
 from waferrt.core.template import WaferTemplate
-from waferrt.core.train_cost import TrainShape, block_forward_parts
+from waferrt.core.gemm_cost import GemmShape
+from waferrt.core.train_cost import TrainShape, block_forward_parts, head_chunks, head_core_bytes
 from waferrt.decode.cost import ELEMENTWISE_FLOPS
 from waferrt.estimator.train import TrainJob, tensor_stream
-from waferrt.estimator.train_layer import Run, Work, layer_parts, pass_cost
+from waferrt.estimator.train_layer import Run, Work, head_parts, layer_parts, pass_cost
 from waferrt.model import synthetic_llama, tiny_config
 from waferrt.model.config import LlamaConfig
 from waferrt.runtime import Wafer
@@ -97,6 +98,25 @@ def test_a_grid_runs_the_fastest_square_whose_cores_hold_a_layer():
     assert best.cycles == min(c.cycles for c in tried.values())
     assert tried[4].squares == 8 and tried[4].grad_sync.cycles > 0  # 16 sequences, 2 a square, summed over 8
     assert pass_cost(spec_by_name("tiny"), work, (16, 8)).side == 8  # 4x4 cores cannot hold a tiny layer
+
+
+@pytest.mark.parametrize("spec,side", [("tiny", 8), ("wse2", 4)])
+def test_a_head_in_chunks_is_the_estimators_head(spec, side):
+    """A core too small for the head's whole table: the emulated head runs in chunks of the vocabulary, and the
+    estimate prices those chunks (core.train_cost.head_chunks of the estimator's spec and square)."""
+    config, rng = CONFIGS["tiny"], np.random.default_rng(side)
+    model, tokens = synthetic_llama(config, seed=0), 2 * T  # two sequences
+    shape = GemmShape(tokens, config.vocab_size, config.dim, side, side)
+    small = spec_by_name(spec).replace(sram_bytes=head_core_bytes(shape, 2))  # the embedding's fits too
+    assert head_chunks(small, shape) > 1
+    x = rng.standard_normal((2, T, config.dim)).astype(np.float32)
+    with Wafer(spec=spec, mesh=(side, side), tile=(4, 4), backend="local") as wafer:
+        wafer.spec = small  # the smaller SRAM (the Wafer's own spec, read by the head's jobs)
+        head_backward(wafer, config, model, x, rng.integers(0, config.vocab_size, (2, T)))
+        embedding_backward(wafer, config, rng.integers(0, config.vocab_size, (2, T)), x)
+        booked = wafer.cost().by_op
+    assert "head_stats" in booked  # it ran in chunks
+    _same(total(booked.values()), total(head_parts(small, config, Run(2, T, side)).values()))
 
 
 @pytest.mark.parametrize("shape", [(T,), (2, T // 2)], ids=["one-sequence", "two-sequences"])

@@ -36,6 +36,7 @@ from waferrt.core.train_cost import (
     block_forward_parts,
     grad_costs,
     head_backward_parts,
+    head_chunks,
 )
 from waferrt.decode.cost import ELEMENTWISE_FLOPS
 from waferrt.model.config import LlamaConfig
@@ -72,9 +73,11 @@ def layer_parts(spec: HardwareSpec, config: LlamaConfig, run: Run) -> dict[str, 
 
 
 def head_parts(spec: HardwareSpec, config: LlamaConfig, run: Run) -> dict[str, Cost]:
-    """The tied head's backward (with its logits' forward) and the embedding's scatter-add over the run."""
+    """The tied head's backward (with its logits' forward) in the chunks of the vocabulary whose jobs fit a
+    core of `spec` (``head_chunks``, as waferrt.training.head runs it), and the embedding's scatter-add."""
     shape = GemmShape(run.tokens, config.vocab_size, config.dim, run.side, run.side)
-    return head_backward_parts(spec, shape, run.dtype) | {"embedding_backward": grad_costs(spec, shape, run.dtype)[1]}
+    return (head_backward_parts(spec, shape, run.dtype, head_chunks(spec, shape))
+            | {"embedding_backward": grad_costs(spec, shape, run.dtype)[1]})
 
 
 @dataclass(frozen=True)
