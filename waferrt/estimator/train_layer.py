@@ -11,9 +11,9 @@ formula -- the owners are the emulator's:
 - the backward: ``core.train_cost.block_backward_parts`` (what waferrt.training.block books), the head's
   ``head_backward_parts`` and the embedding's ``grad_costs`` (what waferrt.training.head books).
 
-Attention runs per sequence: B sequences' attention is B times one sequence's (the kernels of one sequence,
-tests/unit/test_train_ties.py); today's kernels given B > 1 sequences at once compute the masked B*S x B*S
-scores instead, which a real step would not.
+Attention runs per sequence, as the kernels run it: the B sequences lie on the square slice by slice
+(``core.train_cost.square_tokens``) and their attention is batched with the heads -- no B*S x B*S score block
+(tests/unit/test_train_ties.py, with two sequences on two squares).
 
 :func:`pass_cost` puts a pass on a w x h grid: squares of a side that tiles it (min(w, h) / 1, 2, 4, ... --
 the fastest whose cores hold a layer's weights and gradients; the left-over cores idle), the sequences split
@@ -28,10 +28,10 @@ from dataclasses import dataclass
 from waferrt.core.arith import cdiv
 from waferrt.core.cost import Cost, allreduce_cost, flop_cycles, total
 from waferrt.core.dtypes import check_dtype, itemsize
-from waferrt.core.gemm_cost import AttentionShape, GemmShape, attention_cost
+from waferrt.core.gemm_cost import GemmShape
 from waferrt.core.spec import HardwareSpec
 from waferrt.core.train_cost import (
-    attention_backward_cost,
+    TrainShape,
     block_backward_parts,
     block_forward_parts,
     grad_costs,
@@ -62,13 +62,9 @@ class Run:
 
 def layer_parts(spec: HardwareSpec, config: LlamaConfig, run: Run) -> dict[str, Cost]:
     """{op: Cost} of a layer's forward ("forward.<op>") and backward (block_backward_parts' ops) (module doc)."""
-    forward = block_forward_parts(spec, config, run.tokens, run.side, ELEMENTWISE_FLOPS, run.dtype)
-    backward = block_backward_parts(spec, config, run.tokens, run.side, ELEMENTWISE_FLOPS["softmax"], run.dtype)
-    if run.sequences > 1:  # attention per sequence
-        one = AttentionShape(run.seq, config.head_dim, config.n_heads, run.side)
-        forward["attention"] = attention_cost(spec, one, ELEMENTWISE_FLOPS["softmax"], run.dtype).scaled(run.sequences)
-        backward["attention_backward"] = attention_backward_cost(
-            spec, one, ELEMENTWISE_FLOPS["softmax"], config.n_kv_heads, run.dtype).scaled(run.sequences)
+    shape = TrainShape(run.sequences, run.seq)
+    forward = block_forward_parts(spec, config, shape, run.side, ELEMENTWISE_FLOPS, run.dtype)
+    backward = block_backward_parts(spec, config, shape, run.side, ELEMENTWISE_FLOPS["softmax"], run.dtype)
     return {f"forward.{n}": c for n, c in forward.items()} | backward
 
 

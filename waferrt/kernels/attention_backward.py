@@ -28,19 +28,25 @@ from waferrt.core.train_cost import BACKWARD_FLOPS
 from .attention import PromptAttention, probabilities, skew
 from .gemm import Grid, meshgemm
 from .gemm_backward import accumulate
+from .sequences import fold, unfold
 
 
-def _grouped(buf: np.ndarray, kv_heads: int) -> np.ndarray:
-    """(rows, cols, H, ...) -> the sum over each K/V head's query heads, padded back to H heads with zeros."""
+def _grouped(buf: np.ndarray, kv_heads: int, sequences: int) -> np.ndarray:
+    """(rows, cols, B*H, sb, ...) folded -> the sum over each K/V head's query heads, unfolded and padded back
+    to H heads with zeros: (rows, cols, H, B*sb, ...)."""
     rows, cols, heads = buf.shape[:3]
-    out = np.zeros_like(buf)
-    out[:, :, :kv_heads] = buf.reshape(rows, cols, kv_heads, heads // kv_heads, *buf.shape[3:]).sum(axis=3)
+    sums = unfold(buf.reshape(rows, cols, kv_heads, heads // kv_heads, *buf.shape[3:]).sum(axis=3), sequences)
+    out = np.zeros((rows, cols, heads // sequences) + sums.shape[3:], buf.dtype)
+    out[:, :, :sums.shape[2]] = sums
     return out
 
 
 def attention_backward(ctx, q: np.ndarray, k: np.ndarray, v: np.ndarray, do: np.ndarray,
                        prompt: PromptAttention) -> np.ndarray:
-    """dQ, dK, dV of the heads' causal attention (module doc): (rows, cols, 3, H, T/s, head_dim/s)."""
+    """dQ, dK, dV of the heads' causal attention (module doc): (rows, cols, 3, H, T/s, head_dim/s); with
+    prompt.sequences side by side in each block, each on its own, as that many times the heads (sequences.fold)."""
+    B = prompt.sequences
+    q, k, v, do = (fold(a, B) for a in (q, k, v, do))
     heads, kv_heads, mb, db = q.shape[2], k.shape[2], q.shape[3], q.shape[4]
     if heads % kv_heads:
         raise ValueError(f"{heads} query heads do not share {kv_heads} K/V heads evenly: give n_heads a "
@@ -58,4 +64,4 @@ def attention_backward(ctx, q: np.ndarray, k: np.ndarray, v: np.ndarray, do: np.
         dk = accumulate(ctx, grid, q, ds, "tn")  # dS^T Q, B layout
         dv = accumulate(ctx, grid, do, p, "tn")  # P^T dO, B layout
         ctx.ledger.compute(2 * (rep - 1) * kv_heads * mb * db)  # the query heads' sums, K's and V's
-        return np.stack([dq, _grouped(dk, kv_heads), _grouped(dv, kv_heads)], axis=2)
+        return np.stack([unfold(dq, B), _grouped(dk, kv_heads, B), _grouped(dv, kv_heads, B)], axis=2)

@@ -27,11 +27,13 @@ from functools import partial
 
 import numpy as np
 
+from waferrt.core.train_cost import TrainShape, square_tokens
 from waferrt.decode.cost import ELEMENTWISE_FLOPS as EW
 from waferrt.kernels.attention import PromptAttention
 from waferrt.kernels.attention_backward import attention_backward
 from waferrt.kernels.gemm import Grid
 from waferrt.kernels.gemm_backward import gather, grad_input, grad_weight, scatter
+from waferrt.kernels.sequences import deinterleave, interleave
 from waferrt.kernels.train_ops import Norm, relayout, rmsnorm_backward, rope_backward, swiglu_backward
 from waferrt.model.reference import apply_rope, causal_attention, linear, rmsnorm, rope_cos_sin, silu
 
@@ -67,6 +69,11 @@ class Saved:
         if len(set(tokens.values())) != 1 or self.seq < 1 or self.x.shape[0] % self.seq:
             raise ValueError(f"the saved activations' tokens {tokens} are not one forward's sequences of "
                              f"{self.seq}: save one block_forward's")
+
+    @property
+    def batch(self) -> TrainShape:
+        """The B sequences of `seq` tokens the activations are of."""
+        return TrainShape(self.x.shape[0] // self.seq, self.seq)
 
 
 def block_forward(config, weights, x: np.ndarray) -> tuple[np.ndarray, Saved]:
@@ -162,12 +169,14 @@ def _put_heads(grid: Grid, layout: str, mats) -> np.ndarray:
     return np.stack([_put(grid, layout, m) for m in mats], axis=2)
 
 
-def layer_blocks(config, weights, grid: Grid, tokens: int, seq: int) -> dict[str, np.ndarray]:
+def layer_blocks(config, weights, grid: Grid, batch: TrainShape) -> dict[str, np.ndarray]:
     """A block's weights over the square as its forward's MeshGEMMs take them (the norms' in the C layout,
     the projections in the B layout, Q, K, V and the output projection per head) and RoPE's cos and sin of
-    `tokens` (sequences of `seq` from position 0) in the C layout: {name: (s, s, ...)}."""
+    the batch's tokens (every sequence from position 0, in kernels.sequences' order) in the C layout:
+    {name: (s, s, ...)}."""
     s, dim, hd, H = len(grid.rows), config.dim, config.head_dim, config.n_heads
-    cos, sin = rope_cos_sin(np.arange(tokens) % seq, hd, config.rope_theta)
+    cos, sin = (interleave(a, batch, s) for a in rope_cos_sin(np.arange(batch.tokens) % batch.seq, hd,
+                                                                config.rope_theta))
     put, heads = partial(_put, grid), partial(_put_heads, grid)
     return {
         "attn_norm": put("C", np.broadcast_to(weights.attn_norm, (s, dim))),
@@ -181,18 +190,20 @@ def layer_blocks(config, weights, grid: Grid, tokens: int, seq: int) -> dict[str
 
 def _blocks(config, weights, saved: Saved, dy: np.ndarray, grid: Grid) -> dict[str, np.ndarray]:
     """Every input of the kernel in its layout over the square (module doc): {name: (s, s, ...)}."""
-    T, H, hd = dy.shape[0], config.n_heads, config.head_dim
-    put, heads = partial(_put, grid), partial(_put_heads, grid)
+    T, H, hd, batch = dy.shape[0], config.n_heads, config.head_dim, saved.batch
+    order = partial(interleave, shape=batch, side=len(grid.rows))  # the tokens in kernels.sequences' order
+    put = lambda layout, mat: _put(grid, layout, order(mat))  # noqa: E731
+    heads = lambda layout, mat: _put_heads(grid, layout, order(mat).transpose(1, 0, 2))  # noqa: E731
     return {
-        **layer_blocks(config, weights, grid, T, saved.seq),
+        **layer_blocks(config, weights, grid, batch),
         "x": put("C", saved.x), "x2": put("C", saved.x2), "dy": put("C", dy), "gate": put("C", saved.gate),
-        "up": put("C", saved.up), **{n: heads("C", getattr(saved, n).transpose(1, 0, 2)) for n in ("q", "k", "v")},
-        "h1": put("A", saved.h1), "att": heads("A", saved.att.reshape(T, H, hd).transpose(1, 0, 2)),
+        "up": put("C", saved.up), **{n: heads("C", getattr(saved, n)) for n in ("q", "k", "v")},
+        "h1": put("A", saved.h1), "att": heads("A", saved.att.reshape(T, H, hd)),
         "h2": put("A", saved.h2), "m": put("A", saved.m),
     }
 
 
-def _matrices(config, got: dict[str, np.ndarray], grid: Grid, tokens: int) -> dict[str, np.ndarray]:
+def _matrices(config, got: dict[str, np.ndarray], grid: Grid, batch: TrainShape) -> dict[str, np.ndarray]:
     """The kernel's outputs read back as dx (T, dim) and the gradients shaped as the weights (out, in)."""
     dim, hd, hidden = config.dim, config.head_dim, config.hidden_dim
     heads = lambda a, shape: [gather("B", grid, a[:, :, h], shape) for h in range(a.shape[2])]  # noqa: E731
@@ -201,7 +212,8 @@ def _matrices(config, got: dict[str, np.ndarray], grid: Grid, tokens: int) -> di
     out["wo"] = np.concatenate(heads(got["wo"], (hd, dim))).T
     out |= {n: gather("B", grid, got[n], (dim, hidden)).T for n in ("w_gate", "w_up")}
     out["w_down"] = gather("B", grid, got["w_down"], (hidden, dim)).T
-    out["dx"] = gather("C", grid, got["dx"], (tokens, dim))
+    s = len(grid.rows)
+    out["dx"] = deinterleave(gather("C", grid, got["dx"], (square_tokens(batch, s), dim)), batch, s)
     return out
 
 
@@ -215,9 +227,8 @@ def block_backward(wafer, config, weights, saved: Saved, dy: np.ndarray) -> tupl
     region, grid = living_square(wafer, "a block's backward")
     blocks = _blocks(config, weights, saved, flat, grid)
     outputs = {f"d.{n}": blocks["x" if n == "dx" else n].shape for n in WEIGHTS + ("dx",)}  # where it is
-    T = flat.shape[0]
     shape = BlockShape(Norm(config.dim, config.norm_eps),
-                       PromptAttention(T, 1 / np.sqrt(config.head_dim), EW["softmax"], saved.seq))
+                       PromptAttention(saved.seq, 1 / np.sqrt(config.head_dim), EW["softmax"], saved.batch.batch))
     got = run_job(wafer, Job("bb.", region, blocks, outputs, block_kernel, dict(shape=shape)), "a block's backward")
-    out = _matrices(config, {n[2:]: a for n, a in got.items()}, grid, T)
+    out = _matrices(config, {n[2:]: a for n, a in got.items()}, grid, saved.batch)
     return out.pop("dx").reshape(dy.shape), out

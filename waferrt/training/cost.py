@@ -7,8 +7,8 @@ Contract (the owners of the training facts; each calls the owners below it):
   (float32: training streams float32 weights and gradients). ``step.train_step`` counts the same bytes as
   they cross (tied in tests/unit/test_training.py).
 - ``layer_forward_cycles``, ``layer_backward_cycles`` and ``head_backward_cycles`` are what the mesh kernels
-  book for a layer's forward and backward over the batch's B*S tokens and for the head (its logits,
-  cross-entropy and their backward) on the region's largest square (``training.mesh``):
+  book for a layer's forward and backward over the batch's B sequences (attention per sequence) and for the
+  head (its logits, cross-entropy and their backward) on the region's largest square (``training.mesh``):
   ``core.train_cost.block_forward_parts``, ``block_backward_parts`` and ``head_backward_parts``, summed
   (tests/unit/test_train_mesh.py ties them to a step's ledger).
 - ``step_cycles(spec, config, region, shape, streaming)`` -> :class:`StepCycles`. Streaming: every stage lasts
@@ -62,18 +62,18 @@ def step_stream_bytes(config: LlamaConfig, shape: TrainShape) -> tuple[int, int]
     return rows + 2 * config.n_layers * layer + head, config.n_layers * layer + head + rows
 
 
-def layer_forward_cycles(spec: HardwareSpec, config: LlamaConfig, region: Region, tokens: int) -> float:
-    """A layer's forward over `tokens` tokens on the region's largest square, as
-    ``forward.block_forward_mesh`` books it."""
+def layer_forward_cycles(spec: HardwareSpec, config: LlamaConfig, region: Region, shape: TrainShape) -> float:
+    """A layer's forward over the batch on the region's largest square, as ``forward.block_forward_mesh``
+    books it."""
     side = min(region.w, region.h)
-    return total(block_forward_parts(spec, config, tokens, side, ELEMENTWISE_FLOPS).values()).cycles
+    return total(block_forward_parts(spec, config, shape, side, ELEMENTWISE_FLOPS).values()).cycles
 
 
-def layer_backward_cycles(spec: HardwareSpec, config: LlamaConfig, region: Region, tokens: int) -> float:
-    """A layer's backward over `tokens` tokens on the region's largest square, as ``block.block_backward``
-    books it (the forward's softmax recomputed)."""
+def layer_backward_cycles(spec: HardwareSpec, config: LlamaConfig, region: Region, shape: TrainShape) -> float:
+    """A layer's backward over the batch on the region's largest square, as ``block.block_backward`` books it
+    (the forward's softmax recomputed)."""
     side = min(region.w, region.h)
-    parts = block_backward_parts(spec, config, tokens, side, ELEMENTWISE_FLOPS["softmax"])
+    parts = block_backward_parts(spec, config, shape, side, ELEMENTWISE_FLOPS["softmax"])
     return total(parts.values()).cycles
 
 
@@ -88,8 +88,8 @@ def head_backward_cycles(spec: HardwareSpec, config: LlamaConfig, region: Region
 def step_cycles(spec: HardwareSpec, config: LlamaConfig, region: Region, shape: TrainShape,
                 streaming: bool) -> StepCycles:
     """A training step's modelled cycles on `region` (see the module docstring)."""
-    fwd = layer_forward_cycles(spec, config, region, shape.tokens)
-    bwd = layer_backward_cycles(spec, config, region, shape.tokens)
+    fwd = layer_forward_cycles(spec, config, region, shape)
+    bwd = layer_backward_cycles(spec, config, region, shape)
     head = head_backward_cycles(spec, config, region, shape.tokens)
     if not streaming:
         opt = flop_cycles(spec, cdiv(ADAMW_FLOPS * config.params(), region.w * region.h))
