@@ -14,7 +14,7 @@ in the C layout; the attention's Q, K, V and output per head); one kernel (:func
 every op's backward (waferrt.kernels.gemm_backward, attention_backward, train_ops), its intermediates
 never leaving the cores, each layout change a skew on the mesh; the host reads dx and the gradients back.
 The activations are kept, not recomputed -- but for the attention's P, which its backward recomputes
-(T x T per head: see attention_backward) -- and must fit: ``onwafer.check_fits`` raises BlockTooLarge
+(S x S per sequence and head: see attention_backward) -- and must fit: ``onwafer.check_fits`` raises BlockTooLarge
 naming a core and the bytes when they, the weights and the gradients do not. What the kernel books is each op's
 closed form (waferrt.core.train_cost, tests/unit/test_block_backward.py).
 """
