@@ -11,8 +11,9 @@ The steps, every block moving hop by hop on MeshGEMM's rings (waferrt.kernels.ge
 K and V repeated to the query heads (a copy in each core) and skewed as the forward does; P recomputed
 (``probabilities``: Q.K^T by the transposed MeshGEMM, the row max and sum) -- recomputed rather than kept,
 because P is T x T per head (T a sequence's tokens), T/head_dim times what Q, K and V hold, and its
-recomputation costs one transposed pass, the forward's; dP = dO V^T (transposed, "nt", in P's A layout); the softmax's backward
-dS = scale P (dP - rowsum(P dP)) (one allreduce along the rows); dQ = dS K by MeshGEMM (as P.V);
+recomputation costs one transposed pass, the forward's; dP = dO V^T (transposed, "nt", in P's A layout);
+the softmax's backward dS = scale P (dP - rowsum(P dP)) (one allreduce along the rows); dQ = dS K by
+MeshGEMM (as P.V);
 dK = dS^T Q and dV = P^T dO by the transposed variant "tn" (the queries summed as the accumulators pass
 down the columns); each K/V head's gradient summed over its query heads in the core. Booked under
 "attention_backward"; ``waferrt.core.train_cost.attention_backward_cost`` is what that comes to
