@@ -185,15 +185,19 @@ def head_core_bytes(shape: GemmShape, chunks: int) -> int:
     return 4 * (3 * mb * nb + 2 * vb * nb + mb * vb + 3 * mb)
 
 
+class HeadTooLarge(ValueError):
+    """The head's backward does not fit a core's SRAM even in chunks of one word a core."""
+
+
 def head_chunks(spec: HardwareSpec, shape: GemmShape) -> int:
-    """The fewest vocabulary chunks whose head jobs fit a core's SRAM (:func:`head_core_bytes`); ValueError
-    naming the bytes when not even one word a core fits."""
+    """The fewest vocabulary chunks whose head jobs fit a core's SRAM (:func:`head_core_bytes`);
+    :class:`HeadTooLarge` naming the bytes when not even one word a core fits."""
     for chunks in range(1, shape.k + 1):
         if head_core_bytes(shape, chunks) <= spec.sram_bytes:
             return chunks
         if cdiv(shape.k, chunks) <= _side(shape):  # one word a core: fewer bytes cannot be had
             break
-    raise ValueError(f"the head's backward over {shape.m} tokens and dim {shape.n} on {shape.rows}x{shape.cols} "
+    raise HeadTooLarge(f"the head's backward over {shape.m} tokens and dim {shape.n} on {shape.rows}x{shape.cols} "
                      f"cores needs {head_core_bytes(shape, chunks):,} bytes a core even one word a core, more than "
                      f"{spec.sram_bytes:,} on {spec.name}: give fewer tokens or a larger square")
 

@@ -34,6 +34,7 @@ from waferrt.core.train_cost import (
     TrainShape,
     block_backward_parts,
     block_forward_parts,
+    HeadTooLarge,
     grad_costs,
     head_backward_parts,
     head_chunks,
@@ -131,9 +132,18 @@ def _sides(spec: HardwareSpec, work: Work, grid: tuple[int, int]) -> list[int]:
 
 
 def pass_cost(spec: HardwareSpec, work: Work, grid: tuple[int, int], side: int | None = None) -> PassCost:
-    """A pass of `work` on the grid's squares of `side` (default: the fastest of :func:`_sides`) (module doc)."""
+    """A pass of `work` on the grid's squares of `side` (default: the fastest of :func:`_sides` whose cores hold
+    the head's jobs) (module doc); ``core.train_cost.HeadTooLarge`` when no square's do, even in chunks."""
     if side is None:
-        return min((pass_cost(spec, work, grid, s) for s in _sides(spec, work, grid)), key=lambda c: c.cycles)
+        costs, refused = [], None
+        for s in _sides(spec, work, grid):
+            try:
+                costs.append(pass_cost(spec, work, grid, s))
+            except HeadTooLarge as e:
+                refused = e
+        if not costs:
+            raise refused
+        return min(costs, key=lambda c: c.cycles)
     config, count = work.config, (grid[0] // side) * (grid[1] // side)
     run = Run(cdiv(work.sequences, count), work.seq, side, work.dtype)
     layer = total(layer_parts(spec, config, run).values())
