@@ -14,9 +14,9 @@ import numpy as np
 import pytest
 
 from waferrt.core.cost import Cost, total
+from waferrt.core.gemm_cost import GemmShape
 from waferrt.core.spec import spec_by_name
 from waferrt.core.template import WaferTemplate
-from waferrt.core.gemm_cost import GemmShape
 from waferrt.core.train_cost import TrainShape, block_forward_parts, head_chunks, head_core_bytes
 from waferrt.decode.cost import ELEMENTWISE_FLOPS
 from waferrt.estimator.train import TrainJob, tensor_stream

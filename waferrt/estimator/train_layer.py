@@ -31,16 +31,17 @@ from waferrt.core.dtypes import check_dtype, itemsize
 from waferrt.core.gemm_cost import GemmShape
 from waferrt.core.spec import HardwareSpec
 from waferrt.core.train_cost import (
+    HeadTooLarge,
     TrainShape,
     block_backward_parts,
     block_forward_parts,
-    HeadTooLarge,
     grad_costs,
     head_backward_parts,
     head_chunks,
 )
 from waferrt.decode.cost import ELEMENTWISE_FLOPS
 from waferrt.model.config import LlamaConfig
+
 
 @dataclass(frozen=True)
 class Run:
