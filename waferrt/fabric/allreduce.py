@@ -34,6 +34,9 @@ class Slices:
             raise ValueError(f"Slices.axis is the array axis of the line's cores, an int >= 0; got {self.axis!r}")
 
 
+AXIS_0 = Slices()  # the default: each core's own slice, on the first array axis
+
+
 def per_position(buf: np.ndarray, axis: int) -> int:
     """Values each line position holds in `buf` (all axes but the line axis)."""
     return int(np.prod(buf.shape)) // max(buf.shape[axis], 1)

@@ -47,7 +47,7 @@ from waferrt.core.cost import ALLREDUCE_ALGOS, allreduce_cost, on_lines, tree_pl
 from waferrt.core.ledger import Ledger
 from waferrt.core.mesh import Dir, Region
 
-from .allreduce import Slices, ktree, per_position, pipeline, ring
+from .allreduce import AXIS_0, Slices, ktree, per_position, pipeline, ring
 from .line_links import allreduce_links, line_links, multicast_links
 from .links import Links
 
@@ -249,7 +249,7 @@ class LineComm:
         return out
 
     def allreduce(self, buf: np.ndarray, coll: Collectives = KTREE_FAST, op: str = "sum",
-                  slices: Slices = Slices(), collapse: bool = False, overwrite: bool = False) -> np.ndarray:
+                  slices: Slices = AXIS_0, collapse: bool = False, overwrite: bool = False) -> np.ndarray:
         """Every core of the line ends with the reduction (sum or max) of all the line's slices (`slices`: where
         they lie in `buf`), by the `coll.algo` allreduce with `coll.k` levels (fast or hop by hop: this
         comm's `fast`, set when it was made). With collapse=True the result is returned once, without the
