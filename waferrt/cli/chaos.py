@@ -276,7 +276,8 @@ def _again(args, plan) -> str:
                                                          f"--kinds {','.join(args.kinds)}"]
     parts += [f"--max-new-tokens {args.max_new_tokens}", f"--requests {args.requests}"]
     parts += [f"--{k} {v}" for k, v in (("policy", args.policy), ("spec", args.spec), ("strategy", args.strategy),
-                                         ("objective", args.objective)) if v]
+                                         ("objective", args.objective), ("experts", args.experts),
+                                         ("balance", args.balance)) if v]
     parts += [f"--nodes {args.nodes}"] if args.nodes > 1 else []
     parts += ["--streaming"] if args.streaming else []
     parts += ["--prefill"] if args.prefill else []
