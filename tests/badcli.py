@@ -114,10 +114,16 @@ def run_cases(cases: list, filled: dict, cache: Path) -> dict[str, dict]:
     procs = {cmd: subprocess.Popen([sys.executable, "-c", RUNNER], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                                    stderr=subprocess.PIPE, text=True, env=env) for cmd in by_command}
     out = {}
-    for cmd, proc in procs.items():
-        stdout, stderr = proc.communicate(json.dumps([argv for _, argv in by_command[cmd]]), timeout=300)
-        assert proc.returncode == 0, stderr[-3000:]
-        out.update(zip([case_id for case_id, _ in by_command[cmd]], json.loads(stdout), strict=True))
+    try:
+        for cmd, proc in procs.items():
+            stdout, stderr = proc.communicate(json.dumps([argv for _, argv in by_command[cmd]]), timeout=300)
+            assert proc.returncode == 0, stderr[-3000:]
+            out.update(zip([case_id for case_id, _ in by_command[cmd]], json.loads(stdout), strict=True))
+    finally:  # a command whose cases hang (one that decodes instead of refusing) is not left running
+        for proc in procs.values():
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
     return out
 
 
