@@ -74,6 +74,7 @@ def test_a_tap_records_a_wrap_message_on_the_links_of_its_booked_route(n):
         want.bytes[E if q == (p + 1) % n else W, :, p] += 12  # 3 float32 a line
     np.testing.assert_array_equal(links.loads["attention"].bytes, want.bytes)
     assert ledger.total().hops == 1 and links.loads["attention"].total() == ledger.total().link_bytes
+    assert links.loads["attention"].hottest() == 12  # the wrap link is a link of the region's
 
 
 @pytest.mark.parametrize("algo", ALLREDUCE_ALGOS)
