@@ -37,11 +37,13 @@ ALLOWED = {
     "inject": PURE | {"actors"},  # faults into the tiles (the Wafer's fault session)
     "dsm": PURE | {"actors", "inject"},  # the Wafer's named tensors in the tiles
     "localtiles": PURE | {"actors", "inject", "dsm"},  # the runtime's Ray-free tiles
-    "runtime": PURE | {"actors", "inject", "dsm", "localtiles"},
-    "recovery": PURE | {"actors", "inject", "dsm", "localtiles", "runtime"},  # the host's recovery of a decode
-    "llm": PURE | {"actors", "inject", "dsm", "localtiles", "runtime", "recovery"},  # WaferLLM on the Wafer
-    "cli": PURE | {"actors", "inject", "dsm", "localtiles", "runtime", "recovery", "llm"},
-    "testing": PURE | {"actors", "inject", "dsm", "localtiles", "runtime", "recovery", "llm", "cli"},  # plugin
+    "wafer_faults": PURE | {"actors", "inject", "dsm", "localtiles"},  # the Wafer's fault methods (a mixin)
+    "runtime": PURE | {"actors", "inject", "dsm", "localtiles", "wafer_faults"},
+    "recovery": PURE | {"actors", "inject", "dsm", "localtiles", "wafer_faults", "runtime"},  # a decode's recovery
+    "llm": PURE | {"actors", "inject", "dsm", "localtiles", "wafer_faults", "runtime", "recovery"},  # WaferLLM
+    "cli": PURE | {"actors", "inject", "dsm", "localtiles", "wafer_faults", "runtime", "recovery", "llm"},
+    "testing": PURE | {"actors", "inject", "dsm", "localtiles", "wafer_faults", "runtime", "recovery", "llm",
+                       "cli"},  # the pytest plugin
 }
 FLOORS = {f"waferrt.{floor}": {f"waferrt.{m}" for m in may} for floor, may in ALLOWED.items()}
 HEAVY = {  # third-party package -> the only modules that may import it

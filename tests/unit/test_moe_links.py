@@ -14,15 +14,18 @@ from waferrt.core.cost import ALLREDUCE_ALGOS, allreduce_cost
 from waferrt.core.ledger import Ledger
 from waferrt.core.mesh import Region
 from waferrt.core.spec import TINY
+from waferrt.core.topology import MESH, Topology
 from waferrt.decode.cost import Decoding
-from waferrt.decode.linkload import LinkLoad, PhaseLinks
+from waferrt.decode.linkload import E, LinkLoad, PhaseLinks, W
 from waferrt.decode.moe import MoELayerShard, pack_moe_layer
 from waferrt.decode.moe_layout import MAPPINGS
 from waferrt.decode.pack import Chunks
 from waferrt.decode.phases import attention_load
 from waferrt.fabric.comm import Collectives, LineComm, Span
-from waferrt.fabric.line_links import allreduce_links
+from waferrt.fabric.line_links import allreduce_links, line_links, multicast_links, routes_links
 from waferrt.model import synthetic_llama, tiny_moe_config
+
+TORUS = Topology("torus")
 
 
 def _recorded(region: Region, axis: str, coll: Collectives, buf: np.ndarray) -> tuple[LinkLoad, int]:
@@ -48,6 +51,59 @@ def test_a_fast_allreduce_records_the_links_the_hop_by_hop_one_uses(algo, w, h, 
     whole, seg = allreduce_links(algo, n, 2)
     assert (whole.sum() * 28 + seg.sum() * 4 * -(-7 // n)) == allreduce_cost(TINY, algo, n, 28, 2).link_bytes
     assert whole[0, 0] == seg[0, 0] == 0 and whole[1, -1] == seg[1, -1] == 0  # no link leaves the line's ends
+
+
+def _torus_comm(n: int, topology: Topology, fast: bool = False) -> tuple[LineComm, PhaseLinks, Ledger]:
+    """A comm along a row of n cores that is a whole line of a wafer of `topology` (a torus's line wraps)."""
+    region = Region(0, 0, n, 2)
+    links, ledger = PhaseLinks(region), Ledger(TINY.replace(topology=topology))
+    comm = LineComm("x", Span(region, region, wafer=region), ledger, fast=fast)
+    comm.listen(links)
+    return comm, links, ledger
+
+
+@pytest.mark.parametrize("n", [3, 4, 7])
+def test_a_tap_records_a_wrap_message_on_the_links_of_its_booked_route(n):
+    """A message from the last core of a torus's whole line to the first takes the wrap link, one hop
+    (``Topology.route``, booked as ``step_hops``): the tap sees it there and on no inner link."""
+    comm, links, ledger = _torus_comm(n, TORUS)
+    with ledger.op("send"):
+        comm.transfer(np.ones((n, 2, 3), np.float32), [n - 1], -(n - 1))
+    want = LinkLoad(Region(0, 0, n, 2))
+    for p, q in TORUS.route(n, n - 1, 0):  # [(n-1, 0)]: east over the wrap
+        want.bytes[E if q == (p + 1) % n else W, :, p] += 12  # 3 float32 a line
+    np.testing.assert_array_equal(links.loads["attention"].bytes, want.bytes)
+    assert ledger.total().hops == 1 and links.loads["attention"].total() == ledger.total().link_bytes
+    assert links.loads["attention"].hottest() == 12  # the wrap link is a link of the region's
+
+
+@pytest.mark.parametrize("algo", ALLREDUCE_ALGOS)
+@pytest.mark.parametrize("n", [3, 6, 9])
+@pytest.mark.parametrize("topology", [TORUS, Topology("mesh-switch", group=3)], ids=str)
+def test_a_whole_lines_allreduce_records_its_topologys_routes_fast_or_hop_by_hop(algo, n, topology):
+    """Over a torus's wrap or a mesh-switch's ports the fast path's taps are the hop-by-hop algorithm's; on the
+    torus they add up to the booked link bytes (a switch's own links are not the line's)."""
+    buf = np.random.default_rng(n).standard_normal((n, 2, 5)).astype(np.float32)
+    got = []
+    for fast in (True, False):
+        comm, links, ledger = _torus_comm(n, topology, fast)
+        comm.allreduce(buf.copy(), Collectives(algo, 2, fast))
+        got.append(links.loads["attention"])
+        if topology == TORUS:
+            assert got[-1].total() == pytest.approx(ledger.total().link_bytes)
+    np.testing.assert_allclose(got[0].bytes, got[1].bytes)
+
+
+@pytest.mark.parametrize("n", [1, 2, 5, 8])
+def test_the_mesh_patterns_in_closed_form_are_its_routes_counted(n):
+    """line_links / multicast_links lay a mesh line's messages in closed form; ``Topology.route`` owns them."""
+    for src, dist in ([list(range(n - 1)), 1], [list(range(1, n)), -1], [[0], n - 1], [[n - 1], 1 - n]):
+        if n > 1:
+            pairs = [(s, s + dist) for s in src]
+            np.testing.assert_array_equal(line_links(n, src, dist), routes_links(n, pairs, MESH))
+    for root in range(n):
+        pairs = [(root, b) for b in range(n) if b != root]
+        np.testing.assert_array_equal(multicast_links(n, root), routes_links(n, pairs, MESH, once=True))
 
 
 def test_a_tap_needs_the_whole_region_in_its_tile():

@@ -1,6 +1,6 @@
 """`waferrt train` without Ray (the resident mode): the loss falls over the steps, the gradients applied are the
 reference's (--check), --save writes a GGUF whose weights are the trained ones and that `generate --reference`
-decodes (on the wafer: tests/runtime/test_train_ray.py; bad command lines: test_bad_input_cli.py)."""
+decodes (on the wafer: tests/runtime/test_train_ray.py; bad command lines: test_bad_input_train.py)."""
 
 from __future__ import annotations
 

@@ -26,7 +26,7 @@ from .common import (
     MAX_SEED,
     UsageError,
     checked_mesh,
-    model_path,
+    model_arg,
     not_a_file,
     output_path,
     parse_wxh,
@@ -34,6 +34,7 @@ from .common import (
     say,
     whole_number,
 )
+from .experts import add_experts_arg, check_experts_flags
 from .strategy import add_strategy_args
 
 TINY_MODELS = ("tiny", "tinymoe")  # synthetic models on the tiny spec
@@ -105,15 +106,13 @@ def add_parser(sub) -> argparse.ArgumentParser:
     p.add_argument("--save-plan", type=output_path("plan.yaml"), metavar="FILE",
                    help="write the plan that runs to FILE (.json/.yaml)")
     p.add_argument("--policy", choices=("tolerant", "fail-fast"), help="override the plan's policy")
-    p.add_argument("--model", type=lambda t: t if t in TINY_MODELS else model_path(t), default="smollm2",
+    p.add_argument("--model", type=model_arg(*TINY_MODELS), default="smollm2",
                    help="'smollm2' (default), 'tiny' (a small synthetic Llama: fast), 'tinymoe' (the same with "
                         "each FFN a mixture of 4 experts, 2 per token) or a Llama GGUF path")
     p.add_argument("--mesh", type=parse_wxh, metavar="WxH", help="mesh size in cores (default: fitted)")
     p.add_argument("--tile", type=parse_wxh, metavar="TWxTH", help="tile size in cores (with --mesh)")
     p.add_argument("--spec", default=None, choices=sorted(PRESETS), help="hardware spec (wse2; tiny for --model tiny)")
     add_strategy_args(p)
-    from .generate import add_experts_arg
-
     add_experts_arg(p)
     p.add_argument("--streaming", action="store_true",
                    help="weight streaming, as waferrt generate --streaming (a dead core or link moves the region when "
@@ -133,13 +132,14 @@ def run(args) -> int:
 
     _check(args)
     config, weights, requests, place, decode = _model(args)
+    check_experts_flags(args, config)
     sampler = Sampler()
     if args.nodes > 1:
         say(f"starting {args.nodes} Ray nodes on this machine (ray.cluster_utils): the tiles spread over them")
     with LocalCluster(args.nodes) if args.nodes > 1 else contextlib.nullcontext() as cluster:
         placement = place(cluster.node_infos() if cluster else None)
         _check_plan_on(args, placement.mesh)
-        llm = _wafer_llm(config, placement, cluster.address if cluster else None).use_prefill(args.prefill)
+        llm = _wafer_llm(config, placement, cluster.address if cluster else None, args.prefill)
         with llm.open(progress=say):
             llm.load(weights(), progress=say)
             plan = _plan(args, llm)
@@ -191,15 +191,16 @@ def _check(args) -> None:
     args.kinds = args.kinds or (KINDS if args.nodes > 1 else tuple(k for k in KINDS if k != "node"))
 
 
-def _wafer_llm(config, placement, address):
-    """The planned WaferLLM, or UsageError when the decode cannot run on these tiles (a region over two)."""
+def _wafer_llm(config, placement, address, prefill: bool):
+    """The planned WaferLLM (prompts prefilled by MeshGEMM with `prefill`), or UsageError when the decode cannot
+    run on these tiles (a region over two) or so."""
     from dataclasses import replace
 
     from waferrt.decode.setup import PlacementError
     from waferrt.llm import LLM_LAUNCH, WaferLLM
 
     try:
-        return WaferLLM(config, None, placement, launch=replace(LLM_LAUNCH, address=address))
+        return WaferLLM(config, None, placement, launch=replace(LLM_LAUNCH, address=address)).use_prefill(prefill)
     except PlacementError as e:
         raise UsageError(str(e)) from None
 
@@ -275,7 +276,8 @@ def _again(args, plan) -> str:
                                                          f"--kinds {','.join(args.kinds)}"]
     parts += [f"--max-new-tokens {args.max_new_tokens}", f"--requests {args.requests}"]
     parts += [f"--{k} {v}" for k, v in (("policy", args.policy), ("spec", args.spec), ("strategy", args.strategy),
-                                         ("objective", args.objective)) if v]
+                                         ("objective", args.objective), ("experts", args.experts),
+                                         ("balance", args.balance)) if v]
     parts += [f"--nodes {args.nodes}"] if args.nodes > 1 else []
     parts += ["--streaming"] if args.streaming else []
     parts += ["--prefill"] if args.prefill else []

@@ -4,8 +4,9 @@ Contract: every argparse ``type`` here either returns the value or raises ``Argu
 line that names the value and what to write instead (argparse then exits with status 2 before anything
 is loaded): :func:`parse_wxh` ("WIDTHxHEIGHT"), :func:`whole_number` (integers with a least value),
 :func:`temperature`, :func:`top_p`, :func:`prompt`, :func:`prompt_file` (a UTF-8 text file: its
-non-blank lines), :func:`model_path`, :func:`output_path` / :func:`png_path` (a file to write: its
-directory must exist and be writable; a picture's name ends in .png, .svg, ...), :func:`number_list`
+non-blank lines), :func:`model_path` (:func:`model_arg` with a command's own named models),
+:func:`output_path` / :func:`png_path` (a file to write: its directory must exist and be writable; a picture's
+name ends in .png, .svg, ...), :func:`number_list`
 (positive finite numbers up to a bound) and :func:`ray_address` (a Ray cluster answers there: a socket with a deadline,
 before Ray is asked).
 :class:`UsageError` is a mistake found after parsing (``main`` prints it as ``waferrt <command>:
@@ -163,12 +164,22 @@ def prompt_file(path: str) -> tuple[str, ...]:
     return tuple(line for line in text.splitlines() if line.strip())
 
 
-def model_path(text: str) -> str:
-    """'smollm2' or the path of an existing file (whether it is a usable GGUF is checked when it is read)."""
-    if text != "smollm2" and not_a_file(text):
-        raise argparse.ArgumentTypeError(f"{text!r} {not_a_file(text)}: give 'smollm2' (the built-in SmolLM2-135M) "
-                                         "or the path of a llama GGUF file")
-    return text
+def model_arg(*names: str) -> Callable[[str], str]:
+    """An argparse type for --model: 'smollm2', one of the command's own `names` (e.g. 'tiny'), or the path of
+    an existing file (whether it is a usable GGUF is checked when it is read); the one line names them all."""
+    named = ("smollm2", *names)
+
+    def check(text: str) -> str:
+        if text not in named and not_a_file(text):
+            others = "".join(f", {n!r}" for n in names)
+            raise argparse.ArgumentTypeError(f"{text!r} {not_a_file(text)}: give 'smollm2' (the built-in "
+                                             f"SmolLM2-135M){others} or the path of a llama GGUF file")
+        return text
+
+    return check
+
+
+model_path = model_arg()  # 'smollm2' or a GGUF path
 
 
 IMAGE_SUFFIXES = (".png", ".svg", ".pdf", ".jpg", ".jpeg")  # what matplotlib writes without a backend of its own

@@ -135,12 +135,14 @@ def _cut(args):
 
 def convert_moe(model: str, moe: tuple[int, int], seed: int | None):
     """(config, weights, tokenizer metadata) of the dense `model` cut into experts (UsageError: why not)."""
-    from waferrt.model import load_model
-    from waferrt.model.moe import ExpertCut, cut_into_experts
+    from waferrt.model import load_meta, load_model
+    from waferrt.model.moe import ExpertCut, cut_into_experts, expert_config
 
+    path, cut = None if model == "smollm2" else model, ExpertCut(*moe, seed=seed)
     try:
-        config, weights, tok = load_model(None if model == "smollm2" else model)
-        config, weights = cut_into_experts(config, weights, ExpertCut(*moe, seed=seed))
+        expert_config(load_meta(path)[0], cut)  # the shape checked before the weights are dequantised
+        config, weights, tok = load_model(path)
+        config, weights = cut_into_experts(config, weights, cut)
     except (OSError, ValueError) as e:
         raise UsageError(f"cannot convert --model {model}: {e}") from None
     return config, weights, tok
@@ -173,6 +175,8 @@ def _write_cut(args, part: str) -> str:
 
 def run(args) -> int:
     write = _write_moe if _kind(args) == "moe" else _write_cut
+    if args.model and os.path.exists(args.out) and os.path.samefile(args.model, args.out):
+        raise UsageError(f"OUT.gguf {args.out} is --model itself, which the MoE is cut from: give another file name")
     t0, part = time.perf_counter(), f"{args.out}.part"
     try:
         holds = write(args, part)

@@ -87,7 +87,7 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
 def add_workload_args(p) -> None:
     """What `estimate` and `sweep` both ask: model, base preset, strategy, objective, K/V reserve, dtype."""
     p.add_argument("--model", default="llama3-8b", help="a named model (see below) or a llama GGUF path")
-    p.add_argument("--preset", default="wse2", choices=sorted(PRESETS), help="hardware preset (default wse2)")
+    p.add_argument("--preset", choices=sorted(PRESETS), help="hardware preset (default wse2)")
     p.add_argument("--strategy", type=strategy_text, metavar="S", help=STRATEGY_HELP + "; default: the planner "
                    "tries every strategy and picks by --objective")
     p.add_argument("--objective", default="latency", choices=OBJECTIVES + ("memory",),
@@ -95,7 +95,7 @@ def add_workload_args(p) -> None:
                         "with --train: the shortest step (latency, throughput) or the least SRAM per core (memory)")
     p.add_argument("--kv-tokens", type=whole_number(1, "--kv-tokens 4096"),
                    help="K/V positions per request (default 4096, at most the model's context)")
-    p.add_argument("--requests", type=whole_number(1, "--requests 8", MAX_REQUESTS), default=8,
+    p.add_argument("--requests", type=whole_number(1, "--requests 8", MAX_REQUESTS),
                    help="requests in flight (default 8)")
     p.add_argument("--dtype", default="float16", choices=STORAGE_DTYPES, help="storage dtype (default float16)")
 
@@ -104,12 +104,12 @@ def workload(args):
     """(config, label, spec, the strategies to try or None for all, KVReserve) from add_workload_args'
     arguments; ValueError saying what to write for a --strategy the model cannot take (grouped:N, N too big)."""
     config, label = model_by_name(args.model)
-    spec = spec_by_name(args.preset)
+    spec = spec_by_name(args.preset or "wse2")
     tried = parse_strategy(args.strategy, config.n_layers) if args.strategy else None
     if args.kv_tokens is not None and args.kv_tokens > config.max_seq_len:
         raise ValueError(f"--kv-tokens {args.kv_tokens:,} is more than {label}'s context of {config.max_seq_len:,} "
                          f"positions; give at most --kv-tokens {config.max_seq_len}")
-    kv = KVReserve(args.kv_tokens or min(4096, config.max_seq_len), args.requests)
+    kv = KVReserve(args.kv_tokens or min(4096, config.max_seq_len), args.requests or 8)
     return config, label, spec, tried, kv
 
 

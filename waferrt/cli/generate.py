@@ -50,6 +50,7 @@ from .common import (
     top_p,
     whole_number,
 )
+from .experts import add_experts_arg, check_experts_flags
 from .generate_report import pictures, report, run_bound
 from .progress import DecodeBar
 from .strategy import add_strategy_args
@@ -149,16 +150,6 @@ def add_parser(sub) -> argparse.ArgumentParser:
     return p
 
 
-def add_experts_arg(p) -> None:
-    """--experts and --balance, for the commands that place a model (generate, chaos)."""
-    p.add_argument("--experts", choices=("er", "naive"), default="er",
-                   help="where a mixture of experts' experts sit in each layer region: er (ER-Mapping, bands of "
-                        "rows that hold full tokens; default) or naive (blocks)")
-    p.add_argument("--balance", type=whole_number(0, "--balance 8"), default=0, metavar="N",
-                   help="NI-Balancer: every N micro-batches each MoE layer swaps two experts if that evens its "
-                        "blocks' loads, moving them in parts while decoding goes on (0: off, the default)")
-
-
 def _prompts(args) -> list[str]:
     prompts = list(args.prompts) + list(args.file or ())
     if not prompts:
@@ -172,7 +163,7 @@ def _check_flags(args) -> None:
     if args.reference and (args.trace or args.heatmap):
         raise UsageError("--trace and --heatmap show the wafer; leave out --reference")
     refuse_together(args, "--reference", ("--mesh", "--tile", "--streaming", "--address", "--strategy", "--objective",
-                                          "--prefill"),
+                                          "--prefill", "--experts", "--balance"),
                     "the numpy reference decodes in this process, on no wafer; leave out one or the other")
     refuse_together(args, "--prefill", ("--streaming",), "weight streaming has no MeshGEMM prefill (no layer's "
                     "weights stay on the wafer to multiply with); leave out --prefill")
@@ -235,7 +226,7 @@ def _placement(args, config, mesh, requests, nodes=None):
         for row in choice.table().splitlines():
             say(f"  {row}")
     if config.moe:
-        p = dataclasses.replace(p, experts=args.experts, balance=args.balance)
+        p = dataclasses.replace(p, experts=args.experts or "er", balance=args.balance)
     _admitted(p, requests)
     experts = f", {config.n_experts} experts per layer region ({p.experts} mapping)" if config.moe else ""
     say(f"placed on {p.mesh} ({spec.name}, {args.dtype} storage): {p.strategy.describe()}, layer regions "
@@ -368,6 +359,7 @@ def run(args) -> int:
     mesh = checked_mesh(args, lambda w, h: (w, h))  # one tile unless --tile says otherwise
     sampler = Sampler(temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, seed=args.seed)
     model, tok = _open_model(args)
+    check_experts_flags(args, model.config)
     requests = _requests(args, tok, texts)
     check_kv_room(args, requests)
     placement = None if args.reference else _placement(args, model.config, mesh, requests)

@@ -32,7 +32,7 @@ import numpy as np
 
 from waferrt.core.spec import PRESETS
 
-from .common import UsageError, model_path, output_path, parse_wxh, say, stamp, whole_number
+from .common import UsageError, model_arg, output_path, parse_wxh, say, stamp, whole_number
 from .progress import counter, line
 
 TINY_VOCAB = 264  # --model tiny: the 256 byte tokens, the merge "Ġt", unused padding
@@ -81,14 +81,10 @@ def _fault(text: str):
         raise argparse.ArgumentTypeError(str(e)) from None
 
 
-def _model(text: str) -> str:
-    return text if text == "tiny" else model_path(text)
-
-
 def add_parser(sub) -> argparse.ArgumentParser:
     p = sub.add_parser("train", help=HELP, description=__doc__.split("\n\n")[0], epilog=EPILOG,
                        formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--model", type=_model, default="tiny",
+    p.add_argument("--model", type=model_arg("tiny"), default="tiny",
                    help="'tiny' (default: a small synthetic Llama), 'smollm2' or a Llama GGUF path")
     p.add_argument("--steps", type=whole_number(1, "--steps 20", 100_000), default=20, metavar="N",
                    help="optimizer steps (20)")
@@ -158,7 +154,7 @@ def _region(args, config):
     """The --mesh region on the --spec wafer (checked), and the spec."""
     from waferrt.core.mesh import Region
     from waferrt.core.spec import spec_by_name
-    from waferrt.training.cost import resident_core_bytes
+    from waferrt.training.cost import head_backward_cycles, resident_core_bytes
     from waferrt.training.mesh import even_rope_blocks, mesh_side
 
     spec = spec_by_name(args.spec or "wse2")
@@ -172,6 +168,11 @@ def _region(args, config):
         raise UsageError(f"resident training keeps the weights, gradients and AdamW moments in SRAM: {need:,} "
                          f"bytes per core on {w}x{h}, more than the {spec.sram_bytes:,} of a {spec.name} core; "
                          "add --streaming (weights off the wafer) or give a larger --mesh")
+    try:  # the head's backward fits a core of the square in chunks of the vocabulary (or not at all)
+        head_backward_cycles(spec, config, region, args.batch * args.seq)
+    except ValueError as e:
+        raise UsageError(f"--batch {args.batch} --seq {args.seq} on --mesh {w}x{h}: {e} (--batch, --seq, "
+                         "--mesh)") from None
     if args.on == "mesh" and not even_rope_blocks(config, region):
         side = mesh_side(config, region)
         raise UsageError(f"--on mesh runs on the largest square of --mesh {w}x{h}, whose cores' head_dim blocks "

@@ -20,7 +20,8 @@ from waferrt.model.zoo import model_by_name
 
 from .common import UsageError, refuse_together, whole_number
 
-INFERENCE_ONLY = ("--strategy", "--kv-tokens", "--mesh", "--streaming", "--prompt-tokens", "--pair")
+INFERENCE_ONLY = ("--strategy", "--kv-tokens", "--requests", "--preset", "--mesh", "--streaming", "--prompt-tokens",
+                  "--pair", "--attention")
 
 
 def topology_list(text: str) -> tuple[Topology, ...]:
@@ -63,8 +64,11 @@ def train_job(args, command: str, options: tuple[str, ...] = ()) -> tuple[TrainJ
     for other in INFERENCE_ONLY + options:
         if hasattr(args, other[2:].replace("-", "_")):
             refuse_together(args, "--train", (other,), "it is an option of decode; a training step takes "
-                            "--global-batch, --seq, --template and --topology")
+                            "--global-batch, --seq, --template and --topology (the wafer: --template)")
     config, label = model_by_name(args.model)
+    if config.moe:
+        raise UsageError(f"--train: a training step of a mixture of experts is not modelled yet ({label}: "
+                         f"{config.n_experts} experts, top {config.top_k}); give a dense model, e.g. --model llama3-8b")
     seq = args.seq or min(2048, config.max_seq_len)
     job = TrainJob(config, TrainShape(args.global_batch or 256, seq), args.dtype, label)
     one = Topology(args.topology) if isinstance(args.topology, str) else Topology()

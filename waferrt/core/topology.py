@@ -16,6 +16,7 @@ column; every collective of waferrt runs along lines), positions 0..n-1:
 in which every core at `src` sends `dist` positions along the line (the longest of their routes); ``farthest``
 of a multicast's reach; ``ring_order`` the ring an allreduce goes round (the folded ring on a mesh: logical
 neighbours at most 2 hops apart; the line itself on a torus: every neighbour 1 hop, over the wrap at the end);
+``route`` the links a message crosses (what a LineComm's link tap records, waferrt.fabric.line_links);
 ``link_exists`` answers whether a link joins two positions. The closed forms of core.cost read these; the
 fabric (waferrt.fabric.comm) books the same. Pure: no numpy arrays, no Ray.
 """
@@ -90,6 +91,19 @@ class Topology:
             return tuple(range(n))
         return tuple(range(0, n, 2)) + tuple(range(n - 1 if n % 2 == 0 else n - 2, 0, -2))
 
+    def route(self, n: int, a: int, b: int) -> list[tuple]:
+        """The directed links a message takes from position a to b of a line of n cores, in order: (from, to)
+        positions -- a torus's wrap is (n-1, 0) or (0, n-1) -- and ("up", port) / ("down", port) for a switch
+        link. The one owner of which links a message crosses (its length is ``line_hops``)."""
+        d = b - a
+        if self.kind == "torus" and n > 2 and (abs(d) > n - abs(d) or (2 * abs(d) == n and d < 0)):
+            step = -1 if d > 0 else 1  # the shorter way round (a tie goes forward)
+            return [(p % n, (p + step) % n) for p in range(a, a + step * (n - abs(d)), step)]
+        if self.kind == "mesh-switch" and self.line_hops(n, a, b) < abs(d):
+            pa, pb = min(self.port(a), n - 1), min(self.port(b), n - 1)
+            return _mesh_route(a, pa) + [("up", pa), ("down", pb)] + _mesh_route(pb, b)
+        return _mesh_route(a, b)
+
     def ring_hops(self, n: int) -> tuple[int, int]:
         """(longest, total) hops of one step of the ring (every position sends to its successor at once)."""
         return _ring_hops(self, n)
@@ -151,24 +165,11 @@ def routed_load(topology: Topology, n: int) -> LineLoad:
     for a in range(n):
         for b in range(n):
             if a != b:
-                route = _route(topology, n, a, b)
+                route = topology.route(n, a, b)
                 for link in route:
                     load[link] = load.get(link, 0) + 1
                 total, diameter = total + len(route), max(diameter, len(route))
     return LineLoad(max(load.values()), total, diameter)
-
-
-def _route(topology: Topology, n: int, a: int, b: int) -> list[tuple]:
-    """The directed links a message takes from a to b: (from, to) positions, ("up", port) / ("down", port)
-    for a switch link."""
-    d = b - a
-    if topology.kind == "torus" and abs(d) > n - abs(d) or (topology.kind == "torus" and 2 * abs(d) == n and d < 0):
-        step = -1 if d > 0 else 1
-        return [(p % n, (p + step) % n) for p in range(a, a + step * (n - abs(d)), step)]
-    if topology.kind == "mesh-switch" and topology.line_hops(n, a, b) < abs(d):
-        pa, pb = min(topology.port(a), n - 1), min(topology.port(b), n - 1)
-        return _mesh_route(a, pa) + [("up", pa), ("down", pb)] + _mesh_route(pb, b)
-    return _mesh_route(a, b)
 
 
 def _mesh_route(a: int, b: int) -> list[tuple]:

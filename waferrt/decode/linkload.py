@@ -71,9 +71,13 @@ class LinkLoad:
             self.hops = max(self.hops, other.hops)
 
     def links(self) -> np.ndarray:
-        """The bytes of every link that exists (a region's edge cores have no link out of it)."""
+        """The bytes of every link that exists: a mesh region's edge cores have no link out of it, but a torus's
+        wrap link leaves from one (fabric.line_links), counted when it carried bytes."""
         b = self.bytes
-        return np.concatenate([b[E, :, :-1].ravel(), b[W, :, 1:].ravel(), b[S, :-1].ravel(), b[N, 1:].ravel()])
+        wraps = ([b[E, :, -1], b[W, :, 0]] if self.region.w > 2 else []) + (
+            [b[S, -1], b[N, 0]] if self.region.h > 2 else [])  # a torus line of 2 has no wrap
+        return np.concatenate([b[E, :, :-1].ravel(), b[W, :, 1:].ravel(), b[S, :-1].ravel(), b[N, 1:].ravel()]
+                              + [w[w > 0] for w in wraps])
 
     def hottest(self) -> float:
         return float(self.links().max(initial=0.0))

@@ -13,7 +13,8 @@ hop), ``broadcast`` (multicast from a root), ``shift`` (with or without wrap), `
 sums streamed word by word, then a multicast from the last root), "chain" (one streamed chain to core 0, the
 Cerebras SDK's GEMV), "ring" (reduce-scatter +
 allgather on the folded ring, logical neighbours at most 2 hops apart) and "pipeline" (segments streamed
-down a chain, then a multicast) algorithms. Costs go to the :class:`~waferrt.core.ledger.Ledger`.
+down a chain, then a multicast) algorithms, run hop by hop by waferrt.fabric.allreduce. Costs go to the
+:class:`~waferrt.core.ledger.Ledger`.
 
 Routes follow the spec's topology (core.topology): a message's hops are ``Topology.step_hops`` (a torus's
 wrap on a line that spans the whole wafer, a mesh-switch's switch), a multicast's ``Topology.farthest``, the
@@ -28,7 +29,8 @@ checked mode.
 
 Link taps: ``LineComm.listen(tap)`` (a region wholly in this tile) makes every message the comm books also
 reach ``tap(comm, lower, higher)``: the bytes it put on each link of every one of the comm's lines, toward
-lower and higher positions ((n,) each, indexed by the core the link leaves; fabric.line_links), e.g. a
+lower and higher positions ((n,) each, indexed by the core the link leaves; fabric.line_links: each message's
+route over the line's topology, ``Topology.route``, as its booking's hops are ``Topology.step_hops``), e.g. a
 fast allreduce's messages as its algorithm sends them (``line_links.allreduce_links``), so a caller can
 keep every link's traffic per phase as the run goes (waferrt.decode.linkload.PhaseLinks).
 """
@@ -41,10 +43,11 @@ from dataclasses import dataclass
 import numpy as np
 
 from waferrt.core.arith import cdiv
-from waferrt.core.cost import ALLREDUCE_ALGOS, Cost, allreduce_cost, on_lines, serialise_cycles, tree_plan
+from waferrt.core.cost import ALLREDUCE_ALGOS, allreduce_cost, on_lines, tree_plan
 from waferrt.core.ledger import Ledger
 from waferrt.core.mesh import Dir, Region
 
+from .allreduce import AXIS_0, Slices, ktree, per_position, pipeline, ring
 from .line_links import allreduce_links, line_links, multicast_links
 from .links import Links
 
@@ -69,19 +72,6 @@ class Collectives:
 
 
 KTREE_FAST = Collectives()  # the default: K-tree with K=2, fast path
-
-
-@dataclass(frozen=True)
-class Slices:
-    """Where a buffer holds the slices of a line's cores: along array `axis` (this tile's cores, in region
-    order); `replicated`: every line holds the same values (a message carries them once, not a share)."""
-
-    axis: int = 0
-    replicated: bool = False
-
-    def __post_init__(self) -> None:
-        if not isinstance(self.axis, int) or self.axis < 0:
-            raise ValueError(f"Slices.axis is the array axis of the line's cores, an int >= 0; got {self.axis!r}")
 
 
 @dataclass(frozen=True, eq=False)
@@ -143,9 +133,10 @@ class LineComm:
         self.tap = tap
 
     def record(self, src, dist: int, nbytes: float) -> None:
-        """The tap's share of a booked stage: the cores at `src` of every line each sent `nbytes` `dist` hops."""
+        """The tap's share of a booked stage: the cores at `src` of every line each sent `nbytes` `dist` positions,
+        each by its route over this line's topology (the booking's: a torus's wrap, a mesh-switch's ports)."""
         if self.tap is not None:
-            lower, higher = line_links(self.n, src, dist)
+            lower, higher = line_links(self.n, src, dist, self.topo)
             self.tap(self, lower * nbytes, higher * nbytes)
 
     # -- plumbing -------------------------------------------------------------------------------------
@@ -157,7 +148,9 @@ class LineComm:
         """Does the region continue into the neighbour tile in direction d (along this line)?"""
         return self.lo > 0 if d == self.fwd.opposite else self.lo + self.m < self.n
 
-    def _msg_bytes(self, values_per_pos: int, itemsize: int, replicated: bool) -> float:
+    def message_bytes(self, values_per_pos: int, itemsize: int, replicated: bool) -> float:
+        """Bytes of one core's message of a buffer holding `values_per_pos` values per line position (all the
+        lines' slices, unless `replicated`)."""
         per_line = values_per_pos if replicated else values_per_pos / max(self.lines, 1)
         return per_line * itemsize
 
@@ -191,8 +184,8 @@ class LineComm:
             self.links.send(d, tag, [out_pos, np.ascontiguousarray(out_val)])
         elif len(out_pos):
             raise RuntimeError(f"transfer lost {len(out_pos)} message(s) at the edge of the region")
-        vals_per_pos = _per_position(buf, array_axis)
-        nbytes = self._msg_bytes(vals_per_pos, buf.itemsize, replicated)
+        vals_per_pos = per_position(buf, array_axis)
+        nbytes = self.message_bytes(vals_per_pos, buf.itemsize, replicated)
         hops = self.topo.step_hops(self.n, src, dist)  # the route per topology: a torus's wrap, a switch
         self.ledger.message(hops, nbytes, int(mine.sum()) * self.lines if senders is None else senders)
         self.record(src[mine], dist, nbytes)
@@ -205,10 +198,12 @@ class LineComm:
         if not 0 <= root < self.n:
             raise ValueError(f"broadcast root {root} is outside the line of {self.n} cores")
         with self.ledger.op("broadcast"):
-            return self._multicast(buf, root, array_axis, replicated)
+            return self.multicast(buf, root, array_axis, replicated)
 
-    def _multicast(self, buf: np.ndarray, root: int, array_axis: int, replicated: bool,
-                   spread: bool = True) -> np.ndarray:
+    def multicast(self, buf: np.ndarray, root: int, array_axis: int, replicated: bool,
+                  spread: bool = True) -> np.ndarray:
+        """The root core's slice to every core of the line, booked as one stage in the op under way (broadcast's,
+        or an allreduce's last step); spread=False returns it with a line axis of length 1."""
         tag = self._tag()
         if self.lo <= root < self.lo + self.m:
             val = np.take(buf, [root - self.lo], axis=array_axis)
@@ -220,13 +215,13 @@ class LineComm:
             (val,) = self.links.recv(toward_root, tag)
             if self._has_tile(toward_root.opposite):
                 self.links.send(toward_root.opposite, tag, [val])
-        vals_per_pos = _per_position(buf, array_axis)
+        vals_per_pos = per_position(buf, array_axis)
         if self.n > 1:
-            nbytes = self._msg_bytes(vals_per_pos, buf.itemsize, replicated)
+            nbytes = self.message_bytes(vals_per_pos, buf.itemsize, replicated)
             msgs = (self.n - 1) * self.lines if self.lo == 0 else 0
             self.ledger.message(self.topo.farthest(self.n, root), nbytes, msgs, link_bytes=msgs * nbytes)
             if self.tap is not None:
-                lower, higher = multicast_links(self.n, root)
+                lower, higher = multicast_links(self.n, root, self.topo)
                 self.tap(self, lower * nbytes, higher * nbytes)
         return _spread(val, self.m, array_axis) if spread else val
 
@@ -254,7 +249,7 @@ class LineComm:
         return out
 
     def allreduce(self, buf: np.ndarray, coll: Collectives = KTREE_FAST, op: str = "sum",
-                  slices: Slices = Slices(), collapse: bool = False, overwrite: bool = False) -> np.ndarray:
+                  slices: Slices = AXIS_0, collapse: bool = False, overwrite: bool = False) -> np.ndarray:
         """Every core of the line ends with the reduction (sum or max) of all the line's slices (`slices`: where
         they lie in `buf`), by the `coll.algo` allreduce with `coll.k` levels (fast or hop by hop: this
         comm's `fast`, set when it was made). With collapse=True the result is returned once, without the
@@ -270,14 +265,13 @@ class LineComm:
         with self.ledger.op(f"allreduce.{algo}"):
             if self.fast and buf.dtype == np.float32:  # the result at once, the algorithm's messages booked
                 out = ufunc.reduce(buf, axis=array_axis, keepdims=True)
-                self.book_allreduce(algo, k, _per_position(buf, array_axis), replicated)
+                self.book_allreduce(algo, k, per_position(buf, array_axis), replicated)
             elif algo in ("ktree", "chain"):
-                out = self._ktree(buf, tree_plan(algo, self.n, k), ufunc, array_axis, replicated, overwrite)
+                out = ktree(self, buf, tree_plan(algo, self.n, k), ufunc, slices, overwrite)
             else:
                 acc = np.moveaxis(buf, array_axis, 0)
                 flat = acc.reshape(self.m, -1)
-                red = self._ring(flat, ufunc, replicated) if algo == "ring" else self._pipeline(
-                    flat, ufunc, replicated)
+                red = (ring if algo == "ring" else pipeline)(self, flat, ufunc, replicated)
                 out = np.moveaxis(red.reshape((1,) + acc.shape[1:]), 0, array_axis)
         return np.take(out, 0, axis=array_axis) if collapse else _spread(out, self.m, array_axis)
 
@@ -287,121 +281,14 @@ class LineComm:
         without moving anything: for fast paths that compute the result another way (inside an op)."""
         key = (algo, k, values_per_position, replicated)
         if key not in self._booked:  # the same closed form every step: worked out once per line and size
-            nbytes = self._msg_bytes(values_per_position, 4, replicated)
+            nbytes = self.message_bytes(values_per_position, 4, replicated)
             self._booked[key] = nbytes, on_lines(allreduce_cost(self.spec, algo, self.n, nbytes, k), self.lines)
         nbytes, cost = self._booked[key]
         self.ledger.add(cost)
         if self.tap is not None:
-            whole, seg = allreduce_links(algo, self.n, k)
+            whole, seg = allreduce_links(algo, self.n, k, self.topo)
             out = whole * nbytes + seg * (4 * cdiv(nbytes, 4 * self.n))  # a segment: core.cost.allreduce_cost's
             self.tap(self, out[0], out[1])
-
-    # -- algorithms -----------------------------------------------------------------------------------
-    def _ktree(self, buf, plan, ufunc, array_axis, replicated, overwrite=False):
-        """WaferLLM's K-tree along the line (``plan``: core.cost.ktree_plan). Every step moves each sender's
-        partial sum to the next member of its chain, hop by hop (across tiles by ``transfer``), and the
-        receiver adds it in; the steps are streamed (each pays hops and beta), the message serialised once
-        per stream a level's roots read. Returns the sum with a line axis of length 1."""
-        acc = buf if overwrite else buf.copy()
-        whole = self.m == self.n  # the whole line is in this tile: in-memory steps
-        a = acc.swapaxes(0, array_axis) if whole else None
-        nbytes = self._msg_bytes(_per_position(buf, array_axis), buf.itemsize, replicated)
-        for level in plan.levels:
-            for step in level.steps:
-                with self.ledger.streamed(), self.ledger.concurrent():
-                    moved = [self._ktree_step(acc, a, dist, src, (array_axis, replicated, nbytes))
-                             for dist, src in step]
-                for pos, val in moved:
-                    if whole:
-                        a[pos] = ufunc(a[pos], val)
-                    else:
-                        _combine(acc, pos, val, array_axis, ufunc)
-            self.ledger.add(Cost(cycles=level.halves * serialise_cycles(self.ledger.spec, nbytes)))
-        return self._multicast(acc, plan.root, array_axis, replicated, spread=False)
-
-    def _ktree_step(self, acc, a, dist, src, how):
-        """One chain step of the K-tree: the cores at `src` hand their partial sums `dist` hops along the line.
-        Returns (receiving positions, values) -- region positions into `a` when the line is in this tile."""
-        array_axis, replicated, nbytes = how
-        if a is not None:
-            src = np.asarray(src)
-            self.ledger.message(self.topo.step_hops(self.n, src, dist), nbytes, len(src) * self.lines)
-            self.record(src, dist, nbytes)
-            return src + dist, a[src]
-        return self.transfer(acc, src, dist, array_axis, replicated)
-
-    def _chunk_steps(self, chunks, steps, ufunc, replicated):
-        """chunks: (m, n_chunks, lines, c). Each step is a list of (src positions, chunk index per src, dist);
-        every src sends that chunk `dist` hops, all at once; the receiver combines (or, ufunc None,
-        overwrites) its same chunk."""
-        for step in steps:
-            received = []
-            with self.ledger.concurrent():
-                for src, idx, dist in step:
-                    send = np.zeros((self.m,) + chunks.shape[2:], chunks.dtype)
-                    local = (src >= self.lo) & (src < self.lo + self.m)
-                    send[src[local] - self.lo] = chunks[src[local] - self.lo, idx[local]]
-                    pos, val = self.transfer(send, src, dist, 0, replicated)
-                    received.append((pos, (idx[np.searchsorted(src, pos + self.lo - dist)]), val))
-            for pos, idx, val in received:
-                cur = chunks[pos, idx]
-                chunks[pos, idx] = val if ufunc is None else ufunc(cur, val)
-
-    def _split_chunks(self, flat: np.ndarray, replicated: bool) -> np.ndarray:
-        """(m, V) -> (m, n, lines, c): each line's block cut in n equal zero-padded segments (a copy); a
-        replicated buffer is one line's block."""
-        lines = 1 if replicated else max(self.lines, 1)
-        m, v = flat.shape
-        blk = v // lines
-        c = cdiv(blk, self.n) if blk else 0
-        out = np.zeros((m, lines, self.n * c), flat.dtype)
-        out[:, :, :blk] = flat.reshape(m, lines, blk)
-        return np.ascontiguousarray(out.reshape(m, lines, self.n, c).transpose(0, 2, 1, 3))
-
-    def _ring(self, flat, ufunc, replicated):
-        n = self.n
-        # the folded ring of a mesh (ring neighbours at most 2 hops apart), a torus's line (1 hop, the wrap)
-        order = list(self.topo.ring_order(n))
-        ring_index = np.empty(n, np.int64)
-        ring_index[order] = np.arange(n)
-        succ = np.array(order[1:] + order[:1])[ring_index]  # successor position of each position
-        chunks = self._split_chunks(flat, replicated)
-        pos_all = np.arange(n)
-
-        def step(shift):
-            by_dist: dict[int, list[int]] = {}
-            for p in pos_all:
-                by_dist.setdefault(int(succ[p] - p), []).append(int(p))
-            return [(np.array(ps), (ring_index[ps] - shift) % n, dist) for dist, ps in sorted(by_dist.items())]
-
-        self._chunk_steps(chunks, [step(s) for s in range(n - 1)], ufunc, replicated)
-        self._chunk_steps(chunks, [step(s - 1) for s in range(n - 1)], None, replicated)
-        return _join_chunks(chunks, flat.shape[1])[:1]
-
-    def _pipeline(self, flat, ufunc, replicated):
-        n = self.n
-        chunks = self._split_chunks(flat, replicated)
-        steps = []
-        for tau in range(2 * (n - 1)):
-            p = np.arange(1, n)
-            seg = tau - (n - 1 - p)
-            ok = (seg >= 0) & (seg < n)
-            if ok.any():
-                steps.append([(p[ok], seg[ok], -1)])
-        self._chunk_steps(chunks, steps, ufunc, replicated)
-        acc = _join_chunks(chunks, flat.shape[1])
-        return self._multicast(acc, 0, 0, replicated, spread=False)
-
-
-def _per_position(buf: np.ndarray, axis: int) -> int:
-    """Values each line position holds in `buf` (all axes but the line axis)."""
-    return int(np.prod(buf.shape)) // max(buf.shape[axis], 1)
-
-
-def _join_chunks(chunks: np.ndarray, v: int) -> np.ndarray:
-    """(m, n, lines, c) -> (m, V): the inverse of LineComm._split_chunks."""
-    m, _, lines, _ = chunks.shape
-    return chunks.transpose(0, 2, 1, 3).reshape(m, lines, -1)[:, :, : v // lines].reshape(m, v)
 
 
 def _spread(val: np.ndarray, m: int, axis: int) -> np.ndarray:
@@ -415,9 +302,3 @@ def _put(out: np.ndarray, pos: np.ndarray, val: np.ndarray, axis: int) -> None:
     idx = [slice(None)] * out.ndim
     idx[axis] = pos
     out[tuple(idx)] = val
-
-
-def _combine(acc: np.ndarray, pos: np.ndarray, val: np.ndarray, axis: int, ufunc) -> None:
-    idx = [slice(None)] * acc.ndim
-    idx[axis] = pos
-    acc[tuple(idx)] = ufunc(acc[tuple(idx)], val)

@@ -1,8 +1,8 @@
 """waferrt.model: the Llama model as math and data, with no mesh, no Ray and no sockets.
 
 config (LlamaConfig), weights (LlamaWeights, synthetic weights), reference (the single-process numpy
-decoder), sparse (STAR's sparse attention: AttentionMode, dense or sparse:K) and sampling are the math,
-imported here. Behind them sit the model's file readers: gguf_loader
+decoder; its K/V cache in kvcache), sparse (STAR's sparse attention: AttentionMode, dense or sparse:K) and
+sampling are the math, imported here. Behind them sit the model's file readers: gguf_loader
 (real weights from a GGUF, through the ``gguf`` package: ``GGUFModel`` reads a header once, ``GGUFError``
 says what is wrong with a file), npcache (the dequantised weights kept as .npy files and memory-mapped on
 later runs: ``load_model``, ``load_meta``) and tokenizer (the GGUF's BPE vocabulary, through
@@ -13,8 +13,8 @@ the scheduler or the cost model never imports ``gguf`` or ``tokenizers``.
 import importlib
 
 from waferrt.model.config import SMOLLM2_135M, LlamaConfig
+from waferrt.model.kvcache import KVCache
 from waferrt.model.reference import (
-    KVCache,
     Layer,
     ReferenceModel,
     Rope,

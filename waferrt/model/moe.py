@@ -36,15 +36,21 @@ class ExpertCut:
                              "top_k of the experts, e.g. --moe 8,2")
 
 
-def cut_into_experts(config: LlamaConfig, weights: LlamaWeights, cut: ExpertCut) -> tuple[LlamaConfig, LlamaWeights]:
-    """The MoE `cut` makes of a dense model (see the module's contract)."""
+def expert_config(config: LlamaConfig, cut: ExpertCut) -> LlamaConfig:
+    """The config of the dense `config` cut into experts (its weights not needed: checked before they load);
+    ValueError when the model already is an MoE or its FFN does not cut into equal experts."""
     if config.moe:
         raise ValueError(f"the model already is a mixture of {config.n_experts} experts; cut a dense model")
     if config.hidden_dim % cut.n_experts:
         raise ValueError(f"the FFN's {config.hidden_dim} hidden units do not cut into {cut.n_experts} equal "
                          f"experts; choose n_experts dividing {config.hidden_dim}")
-    moe_config = dataclasses.replace(config, hidden_dim=config.hidden_dim // cut.n_experts,
-                                     n_experts=cut.n_experts, top_k=cut.top_k)
+    return dataclasses.replace(config, hidden_dim=config.hidden_dim // cut.n_experts, n_experts=cut.n_experts,
+                               top_k=cut.top_k)
+
+
+def cut_into_experts(config: LlamaConfig, weights: LlamaWeights, cut: ExpertCut) -> tuple[LlamaConfig, LlamaWeights]:
+    """The MoE `cut` makes of a dense model (see the module's contract)."""
+    moe_config = expert_config(config, cut)
     rng = np.random.default_rng(cut.seed)
     layers = tuple(_cut_layer(lw, cut, rng) for lw in weights.layers)
     out = dataclasses.replace(weights, layers=layers)

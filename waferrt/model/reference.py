@@ -24,6 +24,7 @@ import numpy as np
 
 from waferrt.model import sparse
 from waferrt.model.config import LlamaConfig
+from waferrt.model.kvcache import KVCache
 from waferrt.model.sampling import Sampler
 from waferrt.model.sparse import DENSE, AttentionMode, softmax
 from waferrt.model.weights import LayerWeights, LlamaWeights
@@ -273,49 +274,6 @@ def layer_batch(x: np.ndarray, layer: Layer, caches: list, index: int, rope: Rop
         a[b] = attention(q[b], cache.k[index][:, : pos + 1], cache.v[index][:, : pos + 1], n_rep, layer.mode)
     x = x + linear(a.reshape(len(x), -1), lw.wo)  # (B, dim)
     return x + ffn(rmsnorm(x, lw.ffn_norm, config.norm_eps), lw, config)
-
-
-class KVCache:
-    """Per-layer K and V of one request: k[layer], v[layer] are (n_kv_heads, capacity, head_dim) float32.
-
-    Positions 0..length-1 are valid. Capacity grows by doubling, up to config.max_seq_len.
-    """
-
-    def __init__(self, config: LlamaConfig, capacity: int = 256) -> None:
-        self.config = config
-        self.length = 0
-        capacity = min(capacity, config.max_seq_len)
-        shape = (config.n_kv_heads, capacity, config.head_dim)
-        self.k = [np.zeros(shape, dtype=np.float32) for _ in range(config.n_layers)]
-        self.v = [np.zeros(shape, dtype=np.float32) for _ in range(config.n_layers)]
-
-    @property
-    def capacity(self) -> int:
-        return self.k[0].shape[1]
-
-    def reserve(self, n: int) -> None:
-        """Make room for positions 0..n-1."""
-        if n > self.config.max_seq_len:
-            raise ValueError(
-                f"position {n - 1} is beyond the model's context of {self.config.max_seq_len} tokens; "
-                "start a new request or shorten the prompt"
-            )
-        if n <= self.capacity:
-            return
-        new_cap = min(max(n, 2 * self.capacity), self.config.max_seq_len)
-        for caches in (self.k, self.v):
-            for i, old in enumerate(caches):
-                grown = np.zeros((old.shape[0], new_cap, old.shape[2]), dtype=np.float32)
-                grown[:, : self.length] = old[:, : self.length]
-                caches[i] = grown
-
-    def check_start(self, pos: int) -> None:
-        """New tokens may extend the cache or rewrite it from `pos` on, but never leave a gap."""
-        if not 0 <= pos <= self.length:
-            raise ValueError(
-                f"position {pos} would leave a gap: the cache holds positions 0..{self.length - 1}; "
-                f"decode the next token at pos={self.length} (or a smaller pos to rewind)"
-            )
 
 
 class ReferenceModel:

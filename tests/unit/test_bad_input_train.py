@@ -1,0 +1,75 @@
+"""Every bad command line of ``waferrt train`` and ``waferrt convert`` (the models the project trains and writes)
+is one clear line, exit status 2, no traceback, before the weights load or Ray starts (tests/badcli.py runs them).
+"""
+
+from __future__ import annotations
+
+from badcli import suite
+
+# (id, argv with {placeholders} for files, words the one line must contain)
+CASES = [
+    ("train zero steps", ["train", "--steps", "0"], "--steps: 0 is less than 1"),
+    ("train zero batch", ["train", "--batch", "0"], "--batch: 0 is less than 1"),
+    ("train seq beyond the context", ["train", "--seq", "4000"],
+     "--seq 4000 is longer than the model's context of 128 tokens"),
+    ("train learning rate 2", ["train", "--lr", "2"], "--lr: 2 is outside (0, 1)"),
+    ("train missing model", ["train", "--model", "/nonexistent/m.gguf"], "'/nonexistent/m.gguf' does not exist"),
+    ("train truncated GGUF", ["train", "--model", "{cut}"], "the file is truncated"),
+    ("train a mixture of experts", ["train", "--model", "{moe}"], "no backward for a mixture of experts"),
+    ("train save in a missing folder", ["train", "--save", "/nonexistent/t.gguf"],
+     "--save: the directory '/nonexistent' does not exist"),
+    ("train resident beyond the SRAM", ["train", "--spec", "tiny", "--mesh", "2x2"],
+     "511,744 bytes per core on 2x2, more than the 16,384 of a tiny core; add --streaming"),
+    ("train mesh beyond the wafer", ["train", "--spec", "tiny", "--mesh", "100x100"],
+     "larger than the tiny wafer's 64x64 cores"),
+    ("train mesh backward splits RoPE", ["train", "--mesh", "16x16"],
+     "ceil(16 / 16)) split a RoPE pair; give --mesh 15x15 or --on reference"),
+    ("train mesh backward beyond the SRAM", ["train", "--steps", "1", "--batch", "8", "--seq", "128"],
+     "core (x=0, y=0) (and every other) would hold"),
+    ("train tile fault without streaming", ["train", "--fault", "tile:2"],
+     "--fault tile:2:0: this run recovers from corrupt faults (tile: --streaming"),
+    ("train core fault without spare squares", ["train", "--fault", "core:2"],
+     "core: resident, --on mesh, a --mesh wider than tall, e.g. 16x8"),
+    ("train core fault outside the square", ["train", "--mesh", "16x8", "--fault", "core:2:8,0"],
+     "--fault core:2:8,0 strikes outside the run: give a step of 1..20, a layer of 0..2 and a core of 0..7,0..7"),
+    ("train chaos beyond its steps", ["train", "--steps", "1", "--chaos", "4"],
+     "--chaos 4: 4 faults over 1 steps: a step is redone at most 3 times; draw at most 3"),
+    ("train fault of another kind", ["train", "--fault", "meteor:2"], "'meteor:2' is not a training fault"),
+    ("train fault after the run", ["train", "--steps", "3", "--streaming", "--fault", "corrupt:5"],
+     "--fault corrupt:5:0 strikes outside the run: give a step of 1..3"),
+    ("moe not E,K", ["convert", "--moe", "8", "{dir}/moe.gguf"], "'8' is not E,K"),
+    ("moe K above E", ["convert", "--moe", "2,3", "{dir}/moe.gguf"], "K must be 1..E"),
+    ("moe into a missing folder", ["convert", "--moe", "8,2", "/nonexistent/moe.gguf"], "does not exist"),
+    ("moe cut unequal", ["convert", "--moe", "5,2", "--model", "{tiny}", "{dir}/moe.gguf"], "do not cut into 5"),
+    ("moe and shape at once", ["convert", "--moe", "8,2", "--shape", "llama3-8b", "{dir}/m.gguf"], "give one of them"),
+    ("a cut's flag with moe", ["convert", "--moe", "8,2", "--layers", "2", "{dir}/m.gguf"],
+     "--layers belongs to --shape"),
+    ("moe's flag with a cut", ["convert", "--shape", "llama3-8b", "--layers", "2", "--router", "zero", "{dir}/m.gguf"],
+     "--router belongs to --moe"),
+    ("train model named in capitals", ["train", "--model", "TINY"],
+     "'TINY' does not exist: give 'smollm2' (the built-in SmolLM2-135M), 'tiny' or the path of a llama GGUF file"),
+    ("train head beyond every core", ["train", "--mesh", "64x1"],
+     "--batch 4 --seq 64 on --mesh 64x1: the head's backward over 256 tokens and dim 64 on 1x1 cores needs"),
+    ("train streaming head beyond a core", ["train", "--mesh", "1x1", "--streaming"],
+     "on --mesh 1x1: the head's backward over 256 tokens"),
+    ("train huge batch on the reference", ["train", "--batch", "4096", "--seq", "128", "--on", "reference"],
+     "--batch 4096 --seq 128 on --mesh 8x8: the head's backward"),
+    ("train save unwritable", ["train", "--save", "/proc/t.gguf"], "--save: cannot write '/proc/t.gguf'"),
+    ("train save is a folder", ["train", "--save", "{dir}"], "is a directory; give a file name"),
+    ("train save under a file", ["train", "--save", "{text}/t.gguf"], "is a file, not a directory"),
+    ("train fault malformed core", ["train", "--fault", "core:1:a,b"], "'core:1:a,b' is not a training fault"),
+    ("train fault empty", ["train", "--fault", ""], "'' is not a training fault"),
+    ("train chaos zero", ["train", "--chaos", "0"], "--chaos: 0 is less than 1"),
+    ("train chaos huge", ["train", "--chaos", "5000"], "--chaos: 5,000 is more than 1,000"),
+    ("train learning rate nan", ["train", "--lr", "nan"], "--lr: nan is outside (0, 1)"),
+    ("train on a gpu", ["train", "--on", "gpu"], "invalid choice: 'gpu'"),
+    ("train negative seed", ["train", "--seed", "-1"], "--seed: -1 is less than 0"),
+    ("train zero mesh", ["train", "--mesh", "0x8"], "'0x8': width and height must be at least 1"),
+    ("train unknown spec", ["train", "--spec", "wse9"], "invalid choice: 'wse9'"),
+    ("train huge seq", ["train", "--seq", "99999999999999"], "is more than 65,536"),
+    ("convert moe into the model itself", ["convert", "--moe", "4,2", "--model", "{tiny}", "{tiny}"],
+     "is --model itself, which the MoE is cut from: give another file name"),
+]
+
+
+results, test_a_bad_command_line_is_one_clear_line = suite(CASES)
