@@ -1,0 +1,125 @@
+"""What a training step keeps in the cores' SRAM between a layer's forward and its backward, and which layers
+it recomputes instead: closed forms per core of the side x side square the training kernels run on (float32).
+
+Contract (the owners of these facts; ``training.kept`` runs them, ``training.cost`` and the estimator cost them):
+- ``kept_core_bytes(config, tokens, side) -> KeptBytes``: a layer's activations kept for its backward (its
+  input x, h1, x2, h2 (T, dim); q and att per query head, k and v per K/V head (T, head_dim); gate, up, m
+  (T, hidden): the blocks ``training.forward.forward_kernel`` leaves, in the layouts ``training.block``'s
+  backward reads) and a recomputed layer's (its input x alone, the checkpoint its forward re-runs from).
+- ``layer_job_core_bytes(config, tokens, side)``: a layer's largest job besides what the step keeps -- its
+  backward: the weights, RoPE's cos and sin and dy in; the gradients and dx out.
+- ``keep_plan(spec, config, tokens, side) -> KeepPlan``: every layer's forward runs before any backward, so
+  the SRAM holds the kept activations of all layers at once, with the largest job on top (a layer's, or the
+  head's in ``head_chunks`` chunks of the vocabulary). The plan keeps everything for as many layers as fit
+  and keeps only x for the others, re-running their forward just before their backward (its cycles a
+  forward's, ``KeepPlan.recomputed``). The recomputed are the first layers (0..recomputed-1): their backwards
+  come last, when the later layers' activations are freed, so a recomputation never adds to the peak but
+  when every layer is recomputed. The head takes the fewest chunks that fit in what the kept activations
+  leave. ``KeepPlan.fits`` is False when not even all-recomputed fits (the kernels then raise BlockTooLarge
+  naming the core and the bytes).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from .arith import cdiv
+from .gemm_cost import GemmShape
+from .spec import HardwareSpec
+from .train_cost import head_chunks, head_core_bytes
+
+FLOAT32 = 4
+
+
+@dataclass(frozen=True)
+class KeptBytes:
+    """Bytes per core one layer keeps from its forward to its backward: all its activations, or (recomputed)
+    its input x alone."""
+
+    layer: int
+    checkpoint: int
+
+    def __post_init__(self) -> None:
+        if not 0 < self.checkpoint <= self.layer:
+            raise ValueError(f"a layer keeps its input x ({self.checkpoint} bytes) within all it keeps "
+                             f"({self.layer} bytes)")
+
+    def held(self, kept: int, recomputed: int) -> int:
+        """Bytes per core of `kept` layers' activations and `recomputed` layers' inputs."""
+        return kept * self.layer + recomputed * self.checkpoint
+
+
+def _blocks(config, tokens: int, side: int) -> tuple[int, int, int, int]:
+    """(mb, nb, hb, db): a core's block of the tokens, of dim, of hidden and of head_dim."""
+    return tuple(cdiv(v, side) for v in (tokens, config.dim, config.hidden_dim, config.head_dim))
+
+
+def kept_core_bytes(config, tokens: int, side: int) -> KeptBytes:
+    """A layer's kept bytes per core, all or x alone (module doc)."""
+    mb, nb, hb, db = _blocks(config, tokens, side)
+    heads = 2 * (config.n_heads + config.n_kv_heads)  # q and att, k and v
+    return KeptBytes(FLOAT32 * (4 * mb * nb + heads * mb * db + 3 * mb * hb), FLOAT32 * mb * nb)
+
+
+def layer_job_core_bytes(config, tokens: int, side: int) -> int:
+    """Bytes per core of a layer's backward job besides the kept activations (module doc)."""
+    mb, nb, hb, db = _blocks(config, tokens, side)
+    weights = 2 * nb + 2 * (config.n_heads + config.n_kv_heads) * nb * db + 3 * nb * hb
+    return FLOAT32 * (2 * weights + 2 * mb * db + 2 * mb * nb)  # weights and their gradients; cos, sin; dy, dx
+
+
+@dataclass(frozen=True)
+class KeepPlan:
+    """A step's SRAM plan: layers 0..recomputed-1 keep x alone and run their forward again before their
+    backward, the other `kept` keep all their activations; the head in `head_chunks` chunks; `peak` bytes a
+    core holds at most (of `sram`)."""
+
+    kept: int
+    recomputed: int
+    head_chunks: int
+    peak: int
+    sram: int
+
+    @property
+    def fits(self) -> bool:
+        return self.peak <= self.sram
+
+    def recomputes(self, layer: int) -> bool:
+        return layer < self.recomputed
+
+    def __str__(self) -> str:
+        layers = self.kept + self.recomputed
+        if not self.recomputed:
+            return f"all {layers} layers' activations kept on the tiles ({self.peak:,} of {self.sram:,} bytes a core)"
+        return (f"{self.kept} of {layers} layers' activations kept on the tiles; layers 0..{self.recomputed - 1} keep "
+                f"their input and are recomputed before their backward ({self.peak:,} of {self.sram:,} bytes a core)")
+
+
+def _plan(spec: HardwareSpec, config, tokens: int, side: int, kept: int) -> KeepPlan | None:
+    """The plan keeping `kept` layers' activations, or None when its head has no chunking that fits."""
+    per, recomputed = kept_core_bytes(config, tokens, side), config.n_layers - kept
+    held = per.held(kept, recomputed)
+    shape = GemmShape(tokens, config.vocab_size, config.dim, side, side)
+    try:
+        chunks = head_chunks(spec.replace(sram_bytes=max(spec.sram_bytes - held, 1)), shape)
+    except ValueError:
+        return None
+    job = layer_job_core_bytes(config, tokens, side)
+    return KeepPlan(kept, recomputed, chunks, _peak(per, recomputed, held + max(job, head_core_bytes(shape, chunks)),
+                                                   job), spec.sram_bytes)
+
+
+def _peak(per: KeptBytes, recomputed: int, at_head: int, job: int) -> int:
+    """The most a core holds: as the head runs (every layer's kept), or as the last recomputed layer (layer
+    recomputed-1) has its activations back for its backward (the layers before it holding x, the later freed)."""
+    return max(at_head, per.held(0, recomputed - 1) + per.layer + job) if recomputed else at_head
+
+
+def keep_plan(spec: HardwareSpec, config, tokens: int, side: int) -> KeepPlan:
+    """The most layers kept that fit, the rest recomputed (module doc); all recomputed when none fits."""
+    for kept in range(config.n_layers, -1, -1):
+        plan = _plan(spec, config, tokens, side, kept)
+        if plan is not None and plan.fits:
+            return plan
+    per, job, layers = kept_core_bytes(config, tokens, side), layer_job_core_bytes(config, tokens, side), config.n_layers
+    return KeepPlan(0, layers, 1, _peak(per, layers, per.held(0, layers) + job, job), spec.sram_bytes)
