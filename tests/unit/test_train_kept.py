@@ -15,6 +15,8 @@ from waferrt.core.mesh import Region
 from waferrt.core.spec import WSE2
 from waferrt.core.train_cost import TrainShape, head_core_bytes
 from waferrt.core.train_memory import keep_plan, kept_core_bytes
+from waferrt.estimator.train import activation_bytes
+from waferrt.estimator.train_layer import Run, Work, recompute_cost
 from waferrt.fabric.misuse import BlockTooLarge
 from waferrt.model import synthetic_llama, tiny_config
 from waferrt.runtime import Wafer
@@ -132,3 +134,20 @@ def test_a_square_too_small_names_the_core_and_the_kept_bytes():
     with pytest.raises(BlockTooLarge, match=r"layer 2's backward on 8x8 cores: core \(x=0, y=0\).* 960 bytes of the "
                                             "layers' kept activations"):
         _step(spec)
+
+
+@pytest.mark.parametrize("plan", PLANS)
+def test_the_estimators_pass_adds_the_steps_recomputation(plan):
+    spec, region, shape = PLANS[plan], Region(0, 0, *MESH), TrainShape(1, 16)  # one sequence: the kernels' attention
+    work = Work(CONFIG, CONFIG.n_layers, 1, 16, "float32")
+    want = recompute_cycles(spec, CONFIG, region, shape.tokens)
+    assert recompute_cost(spec, work, Run(1, 16, min(MESH))).cycles == want == step_cycles(
+        spec, CONFIG, region, shape, streaming=False).recompute
+    assert (want > 0) == (plan == "recomputed")
+
+
+def test_a_layers_kept_bytes_are_the_estimators_activation_bytes_spread_over_the_square():
+    tokens, side = 64, 8  # blocks without padding
+    per = kept_core_bytes(CONFIG, tokens, side)
+    assert per.layer * side * side == tokens * activation_bytes(CONFIG, "float32")
+    assert per.checkpoint * side * side == tokens * CONFIG.dim * 4

@@ -54,18 +54,19 @@ def _blocks(config, tokens: int, side: int) -> tuple[int, int, int, int]:
     return tuple(cdiv(v, side) for v in (tokens, config.dim, config.hidden_dim, config.head_dim))
 
 
-def kept_core_bytes(config, tokens: int, side: int) -> KeptBytes:
-    """A layer's kept bytes per core, all or x alone (module doc)."""
+def kept_core_bytes(config, tokens: int, side: int, size: int = FLOAT32) -> KeptBytes:
+    """A layer's kept bytes per core, all or x alone, values of `size` bytes (module doc)."""
     mb, nb, hb, db = _blocks(config, tokens, side)
     heads = 2 * (config.n_heads + config.n_kv_heads)  # q and att, k and v
-    return KeptBytes(FLOAT32 * (4 * mb * nb + heads * mb * db + 3 * mb * hb), FLOAT32 * mb * nb)
+    return KeptBytes(size * (4 * mb * nb + heads * mb * db + 3 * mb * hb), size * mb * nb)
 
 
-def layer_job_core_bytes(config, tokens: int, side: int) -> int:
-    """Bytes per core of a layer's backward job besides the kept activations (module doc)."""
+def layer_job_core_bytes(config, tokens: int, side: int, size: int = FLOAT32) -> int:
+    """Bytes per core of a layer's backward job besides the kept activations, values of `size` bytes (module
+    doc)."""
     mb, nb, hb, db = _blocks(config, tokens, side)
     weights = 2 * nb + 2 * (config.n_heads + config.n_kv_heads) * nb * db + 3 * nb * hb
-    return FLOAT32 * (2 * weights + 2 * mb * db + 2 * mb * nb)  # weights and their gradients; cos, sin; dy, dx
+    return size * (2 * weights + 2 * mb * db + 2 * mb * nb)  # weights and their gradients; cos, sin; dy, dx
 
 
 @dataclass(frozen=True)
@@ -95,16 +96,30 @@ class KeepPlan:
                 f"their input and are recomputed before their backward ({self.peak:,} of {self.sram:,} bytes a core)")
 
 
-def _plan(spec: HardwareSpec, config, tokens: int, side: int, kept: int) -> KeepPlan | None:
+@dataclass(frozen=True)
+class Square:
+    """A step's batch of `tokens` on a `side` x `side` square, values of `size` bytes (the kernels': float32)."""
+
+    tokens: int
+    side: int
+    size: int = FLOAT32
+
+    def __post_init__(self) -> None:
+        if min(self.tokens, self.side, self.size) < 1:
+            raise ValueError(f"a square runs >= 1 token on >= 1 core a side at >= 1 byte a value, got {self}")
+
+
+def _plan(spec: HardwareSpec, config, square: Square, kept: int) -> KeepPlan | None:
     """The plan keeping `kept` layers' activations, or None when its head has no chunking that fits."""
-    per, recomputed = kept_core_bytes(config, tokens, side), config.n_layers - kept
+    tokens, side = square.tokens, square.side
+    per, recomputed = kept_core_bytes(config, tokens, side, square.size), config.n_layers - kept
     held = per.held(kept, recomputed)
     shape = GemmShape(tokens, config.vocab_size, config.dim, side, side)
     try:
         chunks = head_chunks(spec.replace(sram_bytes=max(spec.sram_bytes - held, 1)), shape)
     except ValueError:
         return None
-    job = layer_job_core_bytes(config, tokens, side)
+    job = layer_job_core_bytes(config, tokens, side, square.size)
     return KeepPlan(kept, recomputed, chunks, _peak(per, recomputed, held + max(job, head_core_bytes(shape, chunks)),
                                                    job), spec.sram_bytes)
 
@@ -115,11 +130,17 @@ def _peak(per: KeptBytes, recomputed: int, at_head: int, job: int) -> int:
     return max(at_head, per.held(0, recomputed - 1) + per.layer + job) if recomputed else at_head
 
 
-def keep_plan(spec: HardwareSpec, config, tokens: int, side: int) -> KeepPlan:
-    """The most layers kept that fit, the rest recomputed (module doc); all recomputed when none fits."""
+def keep_plan(spec: HardwareSpec, config, tokens: int, side: int, size: int = FLOAT32) -> KeepPlan:
+    """The most layers kept that fit, the rest recomputed (module doc); all recomputed when none fits. `size`
+    the bytes of a kept value (the kernels: float32; the estimator: its dtype's)."""
+    square = Square(tokens, side, size)
     for kept in range(config.n_layers, -1, -1):
-        plan = _plan(spec, config, tokens, side, kept)
+        plan = _plan(spec, config, square, kept)
         if plan is not None and plan.fits:
             return plan
-    per, job, layers = kept_core_bytes(config, tokens, side), layer_job_core_bytes(config, tokens, side), config.n_layers
+    plan = _plan(spec, config, square, 0)
+    if plan is not None:  # the head fits, the recomputed layer does not
+        return plan
+    per, job = kept_core_bytes(config, tokens, side, size), layer_job_core_bytes(config, tokens, side, size)
+    layers = config.n_layers
     return KeepPlan(0, layers, 1, _peak(per, layers, per.held(0, layers) + job, job), spec.sram_bytes)

@@ -34,7 +34,13 @@ from waferrt.core.cost import flop_cycles, total
 from waferrt.core.gemm_cost import GemmShape
 from waferrt.core.mesh import Region
 from waferrt.core.spec import HardwareSpec
-from waferrt.core.train_cost import ADAMW_FLOPS, TrainShape, block_backward_parts, block_forward_parts, head_backward_parts
+from waferrt.core.train_cost import (
+    ADAMW_FLOPS,
+    TrainShape,
+    block_backward_parts,
+    block_forward_parts,
+    head_backward_parts,
+)
 from waferrt.core.train_memory import KeepPlan, keep_plan
 from waferrt.decode.cost import ELEMENTWISE_FLOPS
 from waferrt.decode.streaming import stage_cycles, stream_cycles, streamed_bytes

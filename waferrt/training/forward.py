@@ -13,8 +13,9 @@ go with each of its query heads), SwiGLU and the residual adds in the cores, the
 summed in the core. What it books is ``core.train_cost.block_forward_parts`` at
 ``decode.cost.ELEMENTWISE_FLOPS`` (tests/unit/test_train_ties.py).
 The kernel reads x and writes y and the kept activations under the DSM names a :class:`ForwardNames` gives
-(its inputs ``block.layer_blocks``; ``forward_args`` / ``kept_shapes`` the rest of its job): ``block_forward_mesh`` puts x and
-reads everything back (the host's Saved); ``training.kept`` leaves them on the square for the backward.
+(its inputs ``block.layer_blocks``; ``forward_args`` / ``kept_shapes`` the rest of its job):
+``block_forward_mesh`` puts x and reads everything back (the host's Saved); ``training.kept`` leaves them on
+the square for the backward.
 """
 
 from __future__ import annotations
