@@ -16,7 +16,7 @@ from waferrt.core.spec import WSE2
 from waferrt.core.train_cost import TrainShape, head_core_bytes
 from waferrt.core.train_memory import keep_plan, kept_core_bytes
 from waferrt.estimator.train import activation_bytes
-from waferrt.estimator.train_layer import Run, Work, recompute_cost
+from waferrt.estimator.train_layer import Run, Work, layer_parts, recompute_cost
 from waferrt.fabric.misuse import BlockTooLarge
 from waferrt.model import synthetic_llama, tiny_config
 from waferrt.runtime import Wafer
@@ -141,7 +141,8 @@ def test_the_estimators_pass_adds_the_steps_recomputation(plan):
     spec, region, shape = PLANS[plan], Region(0, 0, *MESH), TrainShape(1, 16)  # one sequence: the kernels' attention
     work = Work(CONFIG, CONFIG.n_layers, 1, 16, "float32")
     want = recompute_cycles(spec, CONFIG, region, shape.tokens)
-    assert recompute_cost(spec, work, Run(1, 16, min(MESH))).cycles == want == step_cycles(
+    run = Run(1, 16, min(MESH))
+    assert recompute_cost(spec, work, run, layer_parts(spec, CONFIG, run)).cycles == want == step_cycles(
         spec, CONFIG, region, shape, streaming=False).recompute
     assert (want > 0) == (plan == "recomputed")
 

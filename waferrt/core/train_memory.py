@@ -22,6 +22,7 @@ Contract (the owners of these facts; ``training.kept`` runs them, ``training.cos
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import lru_cache
 
 from .arith import cdiv
 from .gemm_cost import GemmShape
@@ -92,8 +93,10 @@ class KeepPlan:
         layers = self.kept + self.recomputed
         if not self.recomputed:
             return f"all {layers} layers' activations kept on the tiles ({self.peak:,} of {self.sram:,} bytes a core)"
-        return (f"{self.kept} of {layers} layers' activations kept on the tiles; layers 0..{self.recomputed - 1} keep "
-                f"their input and are recomputed before their backward ({self.peak:,} of {self.sram:,} bytes a core)")
+        which = "layer 0 keeps its input and is" if self.recomputed == 1 else \
+            f"layers 0..{self.recomputed - 1} keep their input and are"
+        return (f"{self.kept} of {layers} layers' activations kept on the tiles; {which} recomputed before the "
+                f"backward ({self.peak:,} of {self.sram:,} bytes a core)")
 
 
 @dataclass(frozen=True)
@@ -109,19 +112,21 @@ class Square:
             raise ValueError(f"a square runs >= 1 token on >= 1 core a side at >= 1 byte a value, got {self}")
 
 
-def _plan(spec: HardwareSpec, config, square: Square, kept: int) -> KeepPlan | None:
-    """The plan keeping `kept` layers' activations, or None when its head has no chunking that fits."""
-    tokens, side = square.tokens, square.side
-    per, recomputed = kept_core_bytes(config, tokens, side, square.size), config.n_layers - kept
-    held = per.held(kept, recomputed)
-    shape = GemmShape(tokens, config.vocab_size, config.dim, side, side)
+def _head(spec: HardwareSpec, config, square: Square, kept: int) -> tuple[int, int] | None:
+    """(the head's chunks, the bytes a core holds as it runs) with `kept` layers' activations kept, or None when
+    the head has no chunking that fits beside them."""
+    per, shape = kept_core_bytes(config, square.tokens, square.side, square.size), _head_shape(config, square)
+    held = per.held(kept, config.n_layers - kept)
     try:
         chunks = head_chunks(spec.replace(sram_bytes=max(spec.sram_bytes - held, 1)), shape)
     except ValueError:
         return None
-    job = layer_job_core_bytes(config, tokens, side, square.size)
-    return KeepPlan(kept, recomputed, chunks, _peak(per, recomputed, held + max(job, head_core_bytes(shape, chunks)),
-                                                   job), spec.sram_bytes)
+    job = layer_job_core_bytes(config, square.tokens, square.side, square.size)
+    return chunks, held + max(job, head_core_bytes(shape, chunks))
+
+
+def _head_shape(config, square: Square) -> GemmShape:
+    return GemmShape(square.tokens, config.vocab_size, config.dim, square.side, square.side)  # (tokens, vocab, dim)
 
 
 def _peak(per: KeptBytes, recomputed: int, at_head: int, job: int) -> int:
@@ -130,17 +135,26 @@ def _peak(per: KeptBytes, recomputed: int, at_head: int, job: int) -> int:
     return max(at_head, per.held(0, recomputed - 1) + per.layer + job) if recomputed else at_head
 
 
+@lru_cache(maxsize=4096)  # the estimator's sweeps ask again for the same squares
 def keep_plan(spec: HardwareSpec, config, tokens: int, side: int, size: int = FLOAT32) -> KeepPlan:
     """The most layers kept that fit, the rest recomputed (module doc); all recomputed when none fits. `size`
-    the bytes of a kept value (the kernels: float32; the estimator: its dtype's)."""
-    square = Square(tokens, side, size)
-    for kept in range(config.n_layers, -1, -1):
-        plan = _plan(spec, config, square, kept)
-        if plan is not None and plan.fits:
-            return plan
-    plan = _plan(spec, config, square, 0)
-    if plan is not None:  # the head fits, the recomputed layer does not
-        return plan
+    the bytes of a kept value (the kernels: float32; the estimator: its dtype's).
+    The bytes as the head runs grow with the layers kept, those of the last recomputed layer's backward shrink:
+    the most kept whose head fits (a bisection) is the plan, and if its recomputation does not fit, none does."""
+    square, layers = Square(tokens, side, size), config.n_layers
     per, job = kept_core_bytes(config, tokens, side, size), layer_job_core_bytes(config, tokens, side, size)
-    layers = config.n_layers
-    return KeepPlan(0, layers, 1, _peak(per, layers, per.held(0, layers) + job, job), spec.sram_bytes)
+
+    def head_fits(kept: int) -> bool:
+        head = _head(spec, config, square, kept)
+        return head is not None and head[1] <= spec.sram_bytes
+
+    if not head_fits(0):
+        head = _head(spec, config, square, 0)
+        chunks, at_head = head if head is not None else (1, per.held(0, layers) + job)
+        return KeepPlan(0, layers, chunks, _peak(per, layers, at_head, job), spec.sram_bytes)
+    lo, hi = 0, layers
+    while lo < hi:
+        mid = (lo + hi + 1) // 2
+        lo, hi = (mid, hi) if head_fits(mid) else (lo, mid - 1)
+    chunks, at_head = _head(spec, config, square, lo)
+    return KeepPlan(lo, layers - lo, chunks, _peak(per, layers - lo, at_head, job), spec.sram_bytes)

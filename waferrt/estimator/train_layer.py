@@ -145,19 +145,20 @@ def pass_cost(spec: HardwareSpec, work: Work, grid: tuple[int, int], side: int |
         return min((pass_cost(spec, work, grid, s) for s in _sides(spec, work, grid)), key=lambda c: c.cycles)
     config, count = work.config, (grid[0] // side) * (grid[1] // side)
     run = Run(cdiv(work.sequences, count), work.seq, side, work.dtype)
-    layer = total(layer_parts(spec, config, run).values())
-    cost = layer.scaled(work.layers) + (total(head_parts(spec, config, run).values()) if work.head else Cost())
-    cost += recompute_cost(spec, work, run)
+    parts = layer_parts(spec, config, run)
+    cost = total(parts.values()).scaled(work.layers) + (total(head_parts(spec, config, run).values()) if work.head
+                                                         else Cost())
+    cost += recompute_cost(spec, work, run, parts)
     params = work.layers * config.layer_params() + (config.vocab_size * config.dim if work.head else 0)
     grads = cdiv(params, side * side) * itemsize(work.dtype)  # bytes a core holds of the pass's gradients
     sync = allreduce_cost(spec, "ring", count, grads) if count > 1 else Cost()
     return PassCost(cost, sync, grads, side, count)
 
 
-def recompute_cost(spec: HardwareSpec, work: Work, run: Run) -> Cost:
+def recompute_cost(spec: HardwareSpec, work: Work, run: Run, parts: dict[str, Cost]) -> Cost:
     """The forwards a square runs again before their backward: the plan's recomputed layers of the pass's
-    (module doc), each a layer's forward over the run."""
+    (module doc), each a layer's forward over the run (the "forward." ops of its `parts`, ``layer_parts``)."""
     config = dataclasses.replace(work.config, n_layers=work.layers)
     plan = keep_plan(spec, config, run.tokens, run.side, itemsize(run.dtype))
-    forward = [c for op, c in layer_parts(spec, work.config, run).items() if op.startswith("forward.")]
+    forward = [c for op, c in parts.items() if op.startswith("forward.")]
     return total(forward).scaled(plan.recomputed if plan.fits else 0)
