@@ -24,6 +24,7 @@ from waferrt.training.block import block_backward
 from waferrt.training.cost import layer_forward_cycles, recompute_cycles, step_cycles
 from waferrt.training.forward import KEPT, block_forward_mesh
 from waferrt.training.mesh import mesh_phases
+from waferrt.training.onwafer import Job, check_fits
 from waferrt.training.step import train_step
 from waferrt.training.store import ParamStore
 
@@ -128,12 +129,23 @@ def test_recomputing_layers_changes_no_bit_and_books_a_forward_each():
     assert cycles.recompute == closed and booked_redone == pytest.approx(cycles.forward + cycles.backward, rel=1e-12)
 
 
-def test_a_square_too_small_names_the_core_and_the_kept_bytes():
+def test_a_square_too_small_even_recomputing_fails_as_the_step_starts_naming_the_core_and_the_bytes():
     spec = WSE2.replace(sram_bytes=5500)  # the backward job alone fits (4,896 bytes), not with the kept
     assert not _plan(spec).fits and _plan(spec).recomputed == 3
-    with pytest.raises(BlockTooLarge, match=r"layer 2's backward on 8x8 cores: core \(x=0, y=0\).* 960 bytes of the "
-                                            "layers' kept activations"):
+    with pytest.raises(BlockTooLarge, match=r"the training step on 8x8 cores: core \(x=0, y=0\) \(and every other\) "
+                                            r"would hold 5,856 bytes at its fullest even with every layer recomputed"):
         _step(spec)
+
+
+def test_a_job_counts_the_bytes_the_step_keeps():
+    grid_shape = (8, 8, 2, 8)  # x's blocks: 64 bytes a core
+    job = Job("bb.", Region(0, 0, 8, 8), {"dy": np.zeros(grid_shape, np.float32)}, {"d.dx": grid_shape}, print,
+              held=5_000)
+    check_fits(WSE2.replace(sram_bytes=5_128), job, "a job")
+    with pytest.raises(BlockTooLarge, match=r"a job on 8x8 cores: core \(x=0, y=0\).* 64 bytes of weights and "
+                                            "activations and 64 bytes of results on top of 5,000 bytes of the layers' "
+                                            r"kept activations, more than its SRAM \(5,127 bytes"):
+        check_fits(WSE2.replace(sram_bytes=5_127), job, "a job")
 
 
 @pytest.mark.parametrize("plan", PLANS)

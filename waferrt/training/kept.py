@@ -13,8 +13,9 @@ embedding's scatter-add runs off the wafer), besides the weights in and the grad
 The SRAM plan is ``core.train_memory.keep_plan`` (``plan``), made as layer 0's forward starts a step, which
 first frees what a failed attempt left: a layer it does not keep keeps x alone and runs its forward again
 from x just before its backward (``recomputed`` counts them; each books a forward's cycles). A layer's
-tensors are freed after its backward. ``held()`` is the bytes a core holds for the step now, each job's
-``Job.held`` (BlockTooLarge names the core and the bytes).
+tensors are freed after its backward. A plan that does not fit even recomputing every layer is
+BlockTooLarge as the step starts (naming the core and the bytes); ``held()`` is the bytes a core holds for the
+step now, each job's ``Job.held`` (``onwafer.check_fits`` counts it).
 """
 
 from __future__ import annotations
@@ -23,7 +24,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from waferrt.core.mesh import Coord
 from waferrt.core.train_memory import KeepPlan, keep_plan
+from waferrt.fabric.misuse import BlockTooLarge
 from waferrt.kernels.gemm_backward import gather, scatter
 
 from .block import WEIGHTS, BlockShape, block_kernel, layer_blocks, matrices
@@ -91,6 +94,13 @@ class KeptSteps:
         flat = np.ascontiguousarray(x.reshape(-1, x.shape[-1]), np.float32)
         s = len(self.grid.rows)
         self.plan = keep_plan(self.wafer.spec, config, flat.shape[0], s)
+        if not self.plan.fits:
+            r, spec = self.region, self.wafer.spec
+            raise BlockTooLarge(
+                f"the training step on {s}x{s} cores: core {Coord(r.x0, r.y0)} (and every other) would hold "
+                f"{self.plan.peak:,} bytes at its fullest even with every layer recomputed (its input x kept, "
+                f"{self.plan.recomputed} layers), more than its SRAM ({spec.sram_bytes:,} bytes on {spec.name}); "
+                "give the wafer a larger square of cores or fewer tokens")
         blocks = scatter("C", self.grid, (s, s), flat)
         alloc(self.wafer, "kept.0.x", blocks.shape, self.region)
         self.names["kept.0.x"] = block_bytes(blocks.shape)
