@@ -12,7 +12,7 @@ last layer's y (the head's input: the head's kernel takes it from the host) and 
 embedding's scatter-add runs off the wafer), besides the weights in and the gradients out.
 The SRAM plan is ``core.train_memory.keep_plan`` (``plan``), made as layer 0's forward starts a step, which
 first frees what a failed attempt left: a layer it does not keep keeps x alone and runs its forward again
-from x just before its backward (``recomputed`` counts them; each books a forward's cycles). A layer's
+from x just before its backward (each books a forward's cycles). A layer's
 tensors are freed after its backward. A plan that does not fit even recomputing every layer is
 BlockTooLarge as the step starts (naming the core and the bytes); ``held()`` is the bytes a core holds for the
 step now, each job's ``Job.held`` (``onwafer.check_fits`` counts it).
@@ -77,7 +77,6 @@ class KeptSteps:
         self.names: dict[str, int] = {}  # the DSM tensors the step keeps -> bytes a core
         self.plan: KeepPlan | None = None
         self.region = self.grid = None
-        self.recomputed = 0
 
     def held(self) -> int:
         return sum(self.names.values())
@@ -137,7 +136,6 @@ class KeptSteps:
         """A recomputed layer's forward again from its kept x, leaving its activations for its backward."""
         self._forward(layer, kept, ForwardNames(kept.prefix + "x", SCRATCH_Y, kept.prefix))
         self._free(SCRATCH_Y)
-        self.recomputed += 1
 
     def backward(self, dy, kept: KeptLayer, layer) -> tuple:
         """(dx, {field: grad}): dx an OnSquare but after layer 0 (the host's array); the layer's tensors freed."""
