@@ -127,6 +127,9 @@ def test_recomputing_layers_changes_no_bit_and_books_a_forward_each():
     assert booked_redone - booked_kept == pytest.approx(closed, rel=1e-12)
     cycles = step_cycles(TIGHT, CONFIG, region, SHAPE, streaming=False)
     assert cycles.recompute == closed and booked_redone == pytest.approx(cycles.forward + cycles.backward, rel=1e-12)
+    streamed = [step_cycles(spec, CONFIG, region, SHAPE, streaming=True) for spec in (ROOMY, TIGHT)]
+    assert 0 <= streamed[1].recompute <= closed  # a recomputed forward may hide under its stage's stream
+    assert streamed[1].backward - streamed[0].backward == pytest.approx(streamed[1].recompute, rel=1e-12)
 
 
 def test_a_square_too_small_even_recomputing_fails_as_the_step_starts_naming_the_core_and_the_bytes():
