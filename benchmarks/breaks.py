@@ -115,6 +115,19 @@ BREAKS = {
     "block_backward_parts: the layout moves for free": (
         "waferrt.core.train_cost", "block_backward_parts",
         "lambda *a: {**orig(*a), 'relayout': __import__('waferrt.core.cost', fromlist=['x']).Cost()}", FILES["train"]),
+    "square_tokens: the sequences not padded each": (
+        "waferrt.core.train_cost", "square_tokens", "lambda shape, side: side * -(-shape.tokens // side)",
+        ["tests/unit/test_sequences.py", "tests/unit/test_train_ties.py"]),
+    "block_forward_parts: attention over the B*S x B*S block": (
+        "waferrt.core.train_cost", "block_forward_parts",
+        "lambda spec, config, shape, side, flops, dtype='float32': {**orig(spec, config, shape, side, flops, dtype), "
+        "'attention': __import__('waferrt.core.gemm_cost', fromlist=['x']).attention_cost(spec, "
+        "__import__('waferrt.core.gemm_cost', fromlist=['x']).AttentionShape(shape.tokens, config.head_dim, "
+        "config.n_heads, side), flops['softmax'], dtype)}", FILES["train"]),
+    "head_backward_parts: the chunks priced as one": (
+        "waferrt.core.train_cost", "head_backward_parts",
+        "lambda spec, shape, dtype='float32', chunks=1: orig(spec, shape, dtype)",
+        FILES["train"] + ["tests/unit/test_head_chunks.py"]),
     "first_true: one past the answer": (
         "waferrt.core.arith", "first_true",
         "lambda lo, hi, pred: (lambda v: v if v is None or v >= hi else v + 1)(orig(lo, hi, pred))",

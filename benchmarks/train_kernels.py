@@ -30,7 +30,7 @@ from waferrt.core.cost import Cost, flop_cycles
 from waferrt.core.gemm_cost import GemmShape
 from waferrt.core.mesh import MeshSpec
 from waferrt.core.spec import WSE2
-from waferrt.core.train_cost import TRAIN_GEMMS, block_backward_parts, train_efficiency, train_gemm_costs
+from waferrt.core.train_cost import TRAIN_GEMMS, TrainShape, block_backward_parts, train_efficiency, train_gemm_costs
 from waferrt.decode.cost import ELEMENTWISE_FLOPS
 from waferrt.fabric.loop import simulate
 from waferrt.kernels.gemm import Grid, collect, meshgemm, place
@@ -107,7 +107,7 @@ def smollm2() -> bool:
         got, fd = float((g * u).sum()), finite_difference(config, layer, x, dy, name, u)
         ok &= abs(got - fd) <= 1e-4 * abs(fd)
         print(f"   {name:<10}{got:>16.6f}{fd:>16.6f}  {abs(got - fd) / abs(fd):.1e}")
-    want = block_backward_parts(WSE2, config, tokens, side, ELEMENTWISE_FLOPS["softmax"])
+    want = block_backward_parts(WSE2, config, TrainShape(1, tokens), side, ELEMENTWISE_FLOPS["softmax"])
     same = set(booked) == set(want) and all(
         dataclasses.replace(c, cycles=0) == dataclasses.replace(want[op], cycles=0)
         and abs(c.cycles - want[op].cycles) <= 1e-9 * c.cycles for op, c in booked.items())

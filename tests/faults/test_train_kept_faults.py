@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 
 from waferrt.core.spec import WSE2
+from waferrt.core.train_cost import TrainShape
 from waferrt.core.train_memory import keep_plan
 from waferrt.model import synthetic_llama, tiny_config
 from waferrt.model.backward import named_arrays
@@ -55,7 +56,7 @@ def _same(run, clean, causes) -> None:
 
 
 def test_the_runs_recompute_layers():
-    assert keep_plan(TIGHT, CONFIG, 16, 8).recomputed == 2
+    assert keep_plan(TIGHT, CONFIG, TrainShape(2, 8), 8).recomputed == 2
 
 
 def test_a_dead_core_and_a_corrupt_payload_while_recomputing_end_with_the_fault_free_weights():

@@ -13,7 +13,7 @@ import pytest
 
 from waferrt.core.gemm_cost import GemmShape
 from waferrt.core.spec import TINY
-from waferrt.core.train_cost import block_backward_parts, grad_costs, head_backward_parts
+from waferrt.core.train_cost import TrainShape, block_backward_parts, grad_costs, head_backward_parts
 from waferrt.decode.cost import ELEMENTWISE_FLOPS
 from waferrt.fabric.misuse import BlockTooLarge
 from waferrt.model import synthetic_llama, tiny_config
@@ -49,8 +49,9 @@ def test_each_gradient_equals_finite_differences(gradients, name):
 
 
 def test_the_kernel_books_each_ops_closed_form(gradients):
-    *_, report = gradients
-    want = block_backward_parts(TINY, CONFIG, T, 8, ELEMENTWISE_FLOPS["softmax"])
+    x, *_, report = gradients
+    batch = TrainShape(x.size // (x.shape[-2] * CONFIG.dim), x.shape[-2])  # attention per sequence
+    want = block_backward_parts(TINY, CONFIG, batch, 8, ELEMENTWISE_FLOPS["softmax"])
     _same(report.by_op, want)
 
 

@@ -8,7 +8,7 @@ import pytest
 from waferrt.core.spec import WSE2, WSE3
 from waferrt.core.template import TEMPLATES, DieLinks, WaferTemplate, template_by_name
 from waferrt.core.topology import Topology
-from waferrt.core.train_cost import TrainShape
+from waferrt.core.train_cost import HeadTooLarge, TrainShape
 from waferrt.estimator.train import (
     STATE_BYTES,
     TrainJob,
@@ -137,3 +137,15 @@ def test_a_pass_over_die_edges_loads_them_and_one_die_does_not():
     fast_d2d, slow_d2d = (weight_streaming(job, t).breakdown.d2d for t in (temp, slow))
     assert 0 < fast_d2d < slow_d2d and weight_streaming(job, slow).breakdown.compute == \
         weight_streaming(job, temp).breakdown.compute  # the edges' rate changes the edges' time only
+
+
+def test_squares_too_small_for_the_heads_jobs_are_not_taken():
+    """SmolLM2, 4 sequences of 8,192 on WSE-2: the pipeline's 31x31 sub-squares cannot hold the head's jobs even
+    in chunks (core.train_cost.HeadTooLarge); the grid takes a larger square, and every strategy answers."""
+    config, _ = model_by_name("smollm2-135m")
+    est = estimate_train(TrainJob(config, TrainShape(4, 8192)), TEMPLATES["wse2"])
+    assert all(s.fits for s in est.strategies)
+    work = Work(config, config.n_layers // 6, 1, 8192, "bfloat16")  # the last of 6 stages, with the head
+    with pytest.raises(HeadTooLarge, match="even one word a core"):
+        pass_cost(WSE2, work, (125, 994), 31)
+    assert pass_cost(WSE2, work, (125, 994)).side > 31

@@ -80,7 +80,7 @@ def _host_round_trip(wafer):
 
 
 def _plan(spec):
-    return keep_plan(spec, CONFIG, SHAPE.tokens, min(MESH))
+    return keep_plan(spec, CONFIG, SHAPE, min(MESH))
 
 
 def test_the_plans_keep_all_or_recompute_the_first_layers():
@@ -98,7 +98,7 @@ def test_the_kept_bytes_a_core_holds_are_what_the_dsm_holds(plan):
     _, _, watch = _step(spec)
     kept, at_head = watch.at_head
     p, head = _plan(spec), GemmShape(SHAPE.tokens, CONFIG.vocab_size, CONFIG.dim, *MESH)
-    held = kept_core_bytes(CONFIG, SHAPE.tokens, min(MESH)).held(p.kept, p.recomputed)
+    held = kept_core_bytes(CONFIG, SHAPE, min(MESH)).held(p.kept, p.recomputed)
     assert at_head == held + head_core_bytes(head, p.head_chunks)
     assert len(kept) == 11 * p.kept + p.recomputed  # x and forward.KEPT, or x alone
     assert watch.peak == p.peak <= spec.sram_bytes
@@ -122,8 +122,8 @@ def test_recomputing_layers_changes_no_bit_and_books_a_forward_each():
         assert np.array_equal(kept[name], g) and np.array_equal(redone[name], g), name
     assert booked_kept == booked_host
     region = Region(0, 0, *MESH)
-    closed = recompute_cycles(TIGHT, CONFIG, region, SHAPE.tokens)
-    assert closed == 2 * layer_forward_cycles(TIGHT, CONFIG, region, SHAPE.tokens) > 0
+    closed = recompute_cycles(TIGHT, CONFIG, region, SHAPE)
+    assert closed == 2 * layer_forward_cycles(TIGHT, CONFIG, region, SHAPE) > 0
     assert booked_redone - booked_kept == pytest.approx(closed, rel=1e-12)
     cycles = step_cycles(TIGHT, CONFIG, region, SHAPE, streaming=False)
     assert cycles.recompute == closed and booked_redone == pytest.approx(cycles.forward + cycles.backward, rel=1e-12)
@@ -155,7 +155,7 @@ def test_a_job_counts_the_bytes_the_step_keeps():
 def test_the_estimators_pass_adds_the_steps_recomputation(plan):
     spec, region, shape = PLANS[plan], Region(0, 0, *MESH), TrainShape(1, 16)  # one sequence: the kernels' attention
     work = Work(CONFIG, CONFIG.n_layers, 1, 16, "float32")
-    want = recompute_cycles(spec, CONFIG, region, shape.tokens)
+    want = recompute_cycles(spec, CONFIG, region, shape)
     run = Run(1, 16, min(MESH))
     assert recompute_cost(spec, work, run, layer_parts(spec, CONFIG, run)).cycles == want == step_cycles(
         spec, CONFIG, region, shape, streaming=False).recompute
@@ -163,7 +163,7 @@ def test_the_estimators_pass_adds_the_steps_recomputation(plan):
 
 
 def test_a_layers_kept_bytes_are_the_estimators_activation_bytes_spread_over_the_square():
-    tokens, side = 64, 8  # blocks without padding
-    per = kept_core_bytes(CONFIG, tokens, side)
+    shape, side = TrainShape(1, 64), 8  # blocks without padding
+    per, tokens = kept_core_bytes(CONFIG, shape, side), shape.tokens
     assert per.layer * side * side == tokens * activation_bytes(CONFIG, "float32")
     assert per.checkpoint * side * side == tokens * CONFIG.dim * 4

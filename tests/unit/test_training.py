@@ -147,10 +147,10 @@ def test_the_training_facts_by_hand():
     assert step_stream_bytes(config, shape) == (1_019_136, 575_232)
     assert resident_core_bytes(config, Region(0, 0, 16, 16)) == -(-127_424 * 16 // 256) == 7_964
     spec, region = spec_by_name("tiny"), Region(0, 0, 16, 16)
-    fwd, bwd = layer_forward_cycles(spec, config, region, 256), layer_backward_cycles(spec, config, region, 256)
+    fwd, bwd = layer_forward_cycles(spec, config, region, shape), layer_backward_cycles(spec, config, region, shape)
     resident = step_cycles(spec, config, region, shape, streaming=False)
     assert resident.forward == 3 * fwd  # booked: test_train_mesh
-    assert resident.backward == 3 * bwd + head_backward_cycles(spec, config, region, 256)  # booked: test_train_mesh
+    assert resident.backward == 3 * bwd + head_backward_cycles(spec, config, region, shape)  # booked: test_train_mesh
     assert resident.optimizer == flop_cycles(spec, -(-ADAMW_FLOPS * 127_424 // 256))
 
 

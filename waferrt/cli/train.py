@@ -287,7 +287,7 @@ def run(args) -> int:
     say(f"corpus: the project's docs, {n_tokens:,} tokens; {args.steps} steps of {args.batch} x {args.seq} tokens, "
         f"{'weight streaming' if args.streaming else 'resident'} on {region.w}x{region.h} cores of {spec.name}")
     side = min(region.w, region.h)
-    say(f"the {side}x{side} square's SRAM: {step_plan(spec, config, region, shape.tokens)}")
+    say(f"the {side}x{side} square's SRAM: {step_plan(spec, config, region, shape)}")
     if args.check:
         side = min(region.w, region.h)
         how = f"the mesh kernels on {side}x{side} cores" if args.on == "mesh" else "the numpy reference's phases"

@@ -20,7 +20,8 @@ share of their modelled time spent on useful flops (the unpadded 2mkn each, spre
 :func:`head_core_bytes`) are what waferrt.kernels.attention_backward, train_ops and waferrt.training book;
 :func:`block_forward_parts` what the block's forward on the mesh (waferrt.training.forward) books.
 ``ADAMW_FLOPS`` is AdamW's flops per weight (waferrt.training.adamw, counted there by
-tests/unit/test_training.py); :class:`TrainShape` is a training step's batch (B sequences of S tokens).
+tests/unit/test_training.py); :class:`TrainShape` is a training step's batch (B sequences of S tokens),
+:func:`square_tokens` its rows on a square (each sequence in slices: the block's attention runs per sequence).
 Pure: built from waferrt.core.cost's and gemm_cost's owners (a model config is read by its attributes).
 """
 
@@ -75,6 +76,13 @@ class TrainShape:
     @property
     def tokens(self) -> int:
         return self.batch * self.seq
+
+
+def square_tokens(shape: TrainShape, side: int) -> int:
+    """The token rows a side x side square holds of the batch: each sequence cut in `side` slices of
+    cdiv(seq, side) tokens (the last zero-padded), core row i holding every sequence's slice i one after
+    another (waferrt.kernels.sequences) -- so attention runs per sequence, the sequences batched with the heads."""
+    return shape.batch * side * cdiv(shape.seq, side)
 
 
 def _side(shape: GemmShape) -> int:
@@ -177,27 +185,33 @@ def head_core_bytes(shape: GemmShape, chunks: int) -> int:
     return 4 * (3 * mb * nb + 2 * vb * nb + mb * vb + 3 * mb)
 
 
+class HeadTooLarge(ValueError):
+    """The head's backward does not fit a core's SRAM even in chunks of one word a core."""
+
+
 def head_chunks(spec: HardwareSpec, shape: GemmShape) -> int:
-    """The fewest vocabulary chunks whose head jobs fit a core's SRAM (:func:`head_core_bytes`); ValueError
-    naming the bytes when not even one word a core fits."""
+    """The fewest vocabulary chunks whose head jobs fit a core's SRAM (:func:`head_core_bytes`);
+    :class:`HeadTooLarge` naming the bytes when not even one word a core fits."""
     for chunks in range(1, shape.k + 1):
         if head_core_bytes(shape, chunks) <= spec.sram_bytes:
             return chunks
         if cdiv(shape.k, chunks) <= _side(shape):  # one word a core: fewer bytes cannot be had
             break
-    raise ValueError(f"the head's backward over {shape.m} tokens and dim {shape.n} on {shape.rows}x{shape.cols} "
+    raise HeadTooLarge(f"the head's backward over {shape.m} tokens and dim {shape.n} on {shape.rows}x{shape.cols} "
                      f"cores needs {head_core_bytes(shape, chunks):,} bytes a core even one word a core, more than "
                      f"{spec.sram_bytes:,} on {spec.name}: give fewer tokens or a larger square")
 
 
-def block_backward_parts(spec: HardwareSpec, config, tokens: int, side: int, softmax_flops: int,
+def block_backward_parts(spec: HardwareSpec, config, shape: TrainShape, side: int, softmax_flops: int,
                          dtype: str = "float32") -> dict[str, Cost]:
-    """What a dense Llama block's backward (waferrt.training.block) books over `tokens` on side x side cores
-    (the forward's softmax at `softmax_flops` a score, recomputed), by op: the GEMMs' dX and dW (the
+    """What a dense Llama block's backward (waferrt.training.block) books over the batch `shape` on side x side
+    cores (its :func:`square_tokens` rows; the attention per sequence, the forward's softmax at `softmax_flops`
+    a score, recomputed), by op: the GEMMs' dX and dW (the
     projections per head; Q, K, V's dW with the normed input shared by the heads), the layout moves, the
     element-wise ops, the attention, the sums in the cores ("compute"). Values move as `dtype` and the cores
     compute at its rate (the kernel: float32, the default); the RMSNorms stay float32."""
     H, G, hd, dim, hidden = config.n_heads, config.n_kv_heads, config.head_dim, config.dim, config.hidden_dim
+    tokens, B = square_tokens(shape, side), shape.batch
     mb, nb, hb, db = (cdiv(v, side) for v in (tokens, dim, hidden, hd))
     size = itemsize(check_dtype(dtype))
     gemms = [(GemmShape(tokens, hidden, dim, side, side), 1)] + [(GemmShape(tokens, dim, hidden, side, side), 1)] * 2
@@ -216,20 +230,22 @@ def block_backward_parts(spec: HardwareSpec, config, tokens: int, side: int, sof
         "rmsnorm_backward": norm.scaled(2),
         "rope_backward": sum((compute_cost(spec, BACKWARD_FLOPS["rope"] * n * mb * db, dtype) for n in (H, G)),
                              Cost()),
-        "attention_backward": attention_backward_cost(spec, AttentionShape(tokens, hd, H, side), softmax_flops, G,
-                                                      dtype),
+        "attention_backward": attention_backward_cost(spec, AttentionShape(shape.seq, hd, B * H, side), softmax_flops,
+                                                      B * G, dtype),
         "compute": compute_cost(spec, mb * nb, dtype) + compute_cost(spec, (H + 2 * G) * mb * nb, dtype),
     }
 
 
-def block_forward_parts(spec: HardwareSpec, config, tokens: int, side: int, flops: dict, dtype: str = "float32"
-                        ) -> dict[str, Cost]:
-    """What a dense Llama block's forward on the mesh (waferrt.training.forward) books over `tokens` on side x
-    side cores, by op, `flops` the element-wise flops per element (decode.cost.ELEMENTWISE_FLOPS: "rmsnorm",
-    "rope", "softmax", "silu_mul", "residual"): the two RMSNorms (a sum of squares along the rows), the
+def block_forward_parts(spec: HardwareSpec, config, shape: TrainShape, side: int, flops: dict,
+                        dtype: str = "float32") -> dict[str, Cost]:
+    """What a dense Llama block's forward on the mesh (waferrt.training.forward) books over the batch `shape` on
+    side x side cores (its :func:`square_tokens` rows; the attention per sequence), by op, `flops` the
+    element-wise flops per element (decode.cost.ELEMENTWISE_FLOPS: "rmsnorm", "rope", "softmax", "silu_mul",
+    "residual"): the two RMSNorms (a sum of squares along the rows), the
     projections by MeshGEMM (Q, K, V and the output per head, gate, up, down), the activations into the A
     layout (skews), RoPE, the causal attention, SwiGLU, the residual adds, the heads' sum ("compute")."""
     H, G, hd, dim, hidden = config.n_heads, config.n_kv_heads, config.head_dim, config.dim, config.hidden_dim
+    tokens = square_tokens(shape, side)
     mb, nb, hb, db = (cdiv(v, side) for v in (tokens, dim, hidden, hd))
     size, f32 = itemsize(check_dtype(dtype)), "float32"
     shapes = [(GemmShape(tokens, dim, hd, side, side), n) for n in (H, G, G)]  # Q, K, V per head
@@ -241,7 +257,8 @@ def block_forward_parts(spec: HardwareSpec, config, tokens: int, side: int, flop
         "relayout": sum((skew_cost(spec, side, n * size) for n in (mb * nb, H * mb * db, mb * nb, mb * hb)), Cost()),
         "meshgemm": sum((gemm_cost(spec, "meshgemm", shape, dtype, n) for shape, n in shapes), Cost()),
         "rope": compute_cost(spec, flops["rope"] * (H + G) * mb * db, dtype),
-        "attention": attention_cost(spec, AttentionShape(tokens, hd, H, side), flops["softmax"], dtype),
+        "attention": attention_cost(spec, AttentionShape(shape.seq, hd, shape.batch * H, side), flops["softmax"],
+                                    dtype),
         "swiglu": compute_cost(spec, flops["silu_mul"] * mb * hb, dtype),
         "residual": compute_cost(spec, flops["residual"] * mb * nb, dtype).scaled(2),
         "compute": compute_cost(spec, H * mb * nb, dtype),

@@ -2,13 +2,13 @@
 it recomputes instead: closed forms per core of the side x side square the training kernels run on (float32).
 
 Contract (the owners of these facts; ``training.kept`` runs them, ``training.cost`` and the estimator cost them):
-- ``kept_core_bytes(config, tokens, side) -> KeptBytes``: a layer's activations kept for its backward (its
+- ``kept_core_bytes(config, shape, side) -> KeptBytes``: a layer's activations kept for its backward (its
   input x, h1, x2, h2 (T, dim); q and att per query head, k and v per K/V head (T, head_dim); gate, up, m
   (T, hidden): the blocks ``training.forward.forward_kernel`` leaves, in the layouts ``training.block``'s
   backward reads) and a recomputed layer's (its input x alone, the checkpoint its forward re-runs from).
-- ``layer_job_core_bytes(config, tokens, side)``: a layer's largest job besides what the step keeps -- its
+- ``layer_job_core_bytes(config, shape, side)``: a layer's largest job besides what the step keeps -- its
   backward: the weights, RoPE's cos and sin and dy in; the gradients and dx out.
-- ``keep_plan(spec, config, tokens, side) -> KeepPlan``: every layer's forward runs before any backward, so
+- ``keep_plan(spec, config, shape, side) -> KeepPlan``: every layer's forward runs before any backward, so
   the SRAM holds the kept activations of all layers at once, with the largest job on top (a layer's, or the
   head's in ``head_chunks`` chunks of the vocabulary). The plan keeps everything for as many layers as fit
   and keeps only x for the others, re-running their forward just before their backward (its cycles a
@@ -17,6 +17,9 @@ Contract (the owners of these facts; ``training.kept`` runs them, ``training.cos
   when every layer is recomputed. The head takes the fewest chunks that fit in what the kept activations
   leave. ``KeepPlan.fits`` is False when not even all-recomputed fits (the kernels then raise BlockTooLarge
   naming the core and the bytes).
+`shape` is the step's batch (``core.train_cost.TrainShape``): a core's block of its tokens is
+``square_tokens(shape, side) / side`` (each sequence padded to slices, as the kernels lay it); the head runs
+over the batch's tokens unpadded.
 """
 
 from __future__ import annotations
@@ -27,7 +30,7 @@ from functools import lru_cache
 from .arith import cdiv
 from .gemm_cost import GemmShape
 from .spec import HardwareSpec
-from .train_cost import head_chunks, head_core_bytes
+from .train_cost import TrainShape, head_chunks, head_core_bytes, square_tokens
 
 FLOAT32 = 4
 
@@ -50,22 +53,22 @@ class KeptBytes:
         return kept * self.layer + recomputed * self.checkpoint
 
 
-def _blocks(config, tokens: int, side: int) -> tuple[int, int, int, int]:
-    """(mb, nb, hb, db): a core's block of the tokens, of dim, of hidden and of head_dim."""
-    return tuple(cdiv(v, side) for v in (tokens, config.dim, config.hidden_dim, config.head_dim))
+def _blocks(config, shape: TrainShape, side: int) -> tuple[int, int, int, int]:
+    """(mb, nb, hb, db): a core's block of the square's tokens, of dim, of hidden and of head_dim."""
+    return tuple(cdiv(v, side) for v in (square_tokens(shape, side), config.dim, config.hidden_dim, config.head_dim))
 
 
-def kept_core_bytes(config, tokens: int, side: int, size: int = FLOAT32) -> KeptBytes:
+def kept_core_bytes(config, shape: TrainShape, side: int, size: int = FLOAT32) -> KeptBytes:
     """A layer's kept bytes per core, all or x alone, values of `size` bytes (module doc)."""
-    mb, nb, hb, db = _blocks(config, tokens, side)
+    mb, nb, hb, db = _blocks(config, shape, side)
     heads = 2 * (config.n_heads + config.n_kv_heads)  # q and att, k and v
     return KeptBytes(size * (4 * mb * nb + heads * mb * db + 3 * mb * hb), size * mb * nb)
 
 
-def layer_job_core_bytes(config, tokens: int, side: int, size: int = FLOAT32) -> int:
+def layer_job_core_bytes(config, shape: TrainShape, side: int, size: int = FLOAT32) -> int:
     """Bytes per core of a layer's backward job besides the kept activations, values of `size` bytes (module
     doc)."""
-    mb, nb, hb, db = _blocks(config, tokens, side)
+    mb, nb, hb, db = _blocks(config, shape, side)
     weights = 2 * nb + 2 * (config.n_heads + config.n_kv_heads) * nb * db + 3 * nb * hb
     return size * (2 * weights + 2 * mb * db + 2 * mb * nb)  # weights and their gradients; cos, sin; dy, dx
 
@@ -101,32 +104,32 @@ class KeepPlan:
 
 @dataclass(frozen=True)
 class Square:
-    """A step's batch of `tokens` on a `side` x `side` square, values of `size` bytes (the kernels': float32)."""
+    """A step's batch `shape` on a `side` x `side` square, values of `size` bytes (the kernels': float32)."""
 
-    tokens: int
+    shape: TrainShape
     side: int
     size: int = FLOAT32
 
     def __post_init__(self) -> None:
-        if min(self.tokens, self.side, self.size) < 1:
-            raise ValueError(f"a square runs >= 1 token on >= 1 core a side at >= 1 byte a value, got {self}")
+        if min(self.side, self.size) < 1:
+            raise ValueError(f"a square runs on >= 1 core a side at >= 1 byte a value, got {self}")
 
 
 def _head(spec: HardwareSpec, config, square: Square, kept: int) -> tuple[int, int] | None:
     """(the head's chunks, the bytes a core holds as it runs) with `kept` layers' activations kept, or None when
     the head has no chunking that fits beside them."""
-    per, shape = kept_core_bytes(config, square.tokens, square.side, square.size), _head_shape(config, square)
+    per, shape = kept_core_bytes(config, square.shape, square.side, square.size), _head_shape(config, square)
     held = per.held(kept, config.n_layers - kept)
     try:
         chunks = head_chunks(spec.replace(sram_bytes=max(spec.sram_bytes - held, 1)), shape)
     except ValueError:
         return None
-    job = layer_job_core_bytes(config, square.tokens, square.side, square.size)
+    job = layer_job_core_bytes(config, square.shape, square.side, square.size)
     return chunks, held + max(job, head_core_bytes(shape, chunks))
 
 
 def _head_shape(config, square: Square) -> GemmShape:
-    return GemmShape(square.tokens, config.vocab_size, config.dim, square.side, square.side)  # (tokens, vocab, dim)
+    return GemmShape(square.shape.tokens, config.vocab_size, config.dim, square.side, square.side)  # (tokens, vocab, dim)
 
 
 def _peak(per: KeptBytes, recomputed: int, at_head: int, job: int) -> int:
@@ -136,13 +139,13 @@ def _peak(per: KeptBytes, recomputed: int, at_head: int, job: int) -> int:
 
 
 @lru_cache(maxsize=4096)  # the estimator's sweeps ask again for the same squares
-def keep_plan(spec: HardwareSpec, config, tokens: int, side: int, size: int = FLOAT32) -> KeepPlan:
+def keep_plan(spec: HardwareSpec, config, shape: TrainShape, side: int, size: int = FLOAT32) -> KeepPlan:
     """The most layers kept that fit, the rest recomputed (module doc); all recomputed when none fits. `size`
     the bytes of a kept value (the kernels: float32; the estimator: its dtype's).
     The bytes as the head runs grow with the layers kept, those of the last recomputed layer's backward shrink:
     the most kept whose head fits (a bisection) is the plan, and if its recomputation does not fit, none does."""
-    square, layers = Square(tokens, side, size), config.n_layers
-    per, job = kept_core_bytes(config, tokens, side, size), layer_job_core_bytes(config, tokens, side, size)
+    square, layers = Square(shape, side, size), config.n_layers
+    per, job = kept_core_bytes(config, shape, side, size), layer_job_core_bytes(config, shape, side, size)
 
     def head_fits(kept: int) -> bool:
         head = _head(spec, config, square, kept)

@@ -26,12 +26,13 @@ storage dtype: ``core.dtypes.itemsize``. A ring's latency is paid once per GEMM 
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
 from waferrt.core.cost import flop_cycles, message_cycles
 from waferrt.core.dtypes import check_dtype, itemsize
 from waferrt.core.template import WaferTemplate
-from waferrt.core.train_cost import ADAMW_FLOPS, TrainShape
+from waferrt.core.train_cost import ADAMW_FLOPS, HeadTooLarge, TrainShape
 from waferrt.model.config import LlamaConfig
 
 from .train_layer import Work, pass_cost
@@ -166,6 +167,21 @@ def _micro_batch(job: TrainJob, free: float, per_sequence: float) -> int:
     return 0 if per_sequence <= 0 or free < per_sequence else int(min(job.shape.batch, free // per_sequence))
 
 
+def _head_refused(strategy: str):
+    """A strategy's timing that says it does not fit, naming the bytes, when the head's backward does not fit
+    its squares' cores even in chunks of the vocabulary (``core.train_cost.HeadTooLarge``)."""
+    def wrap(timing):
+        @functools.wraps(timing)
+        def timed(job: TrainJob, template: WaferTemplate, *more) -> StrategyTime:
+            try:
+                return timing(job, template, *more)
+            except HeadTooLarge as e:
+                return StrategyTime(strategy, False, float("inf"), Breakdown(0, 0, 0, 0), 0, str(e))
+        return timed
+    return wrap
+
+
+@_head_refused("weight-streaming")
 def weight_streaming(job: TrainJob, template: WaferTemplate) -> StrategyTime:
     config, cores = job.config, template.cores
     params = config.params()
@@ -206,6 +222,7 @@ def pipeline(job: TrainJob, template: WaferTemplate) -> StrategyTime:
     return min(fit, key=lambda t: t.step_s) if fit else min(tried, key=lambda t: t.sram_per_core)
 
 
+@_head_refused("pipeline")
 def _pipeline_at(job: TrainJob, template: WaferTemplate, r: int, resident: tuple) -> StrategyTime:
     config, (w, h) = job.config, template.mesh
     per_param, io, where = resident
@@ -241,6 +258,7 @@ def _handover_d2d(template: WaferTemplate, r: int, nbytes: float) -> float:
     return nbytes / template.d2d.bytes_per_s + template.d2d.latency_s
 
 
+@_head_refused("tensor-stream")
 def tensor_stream(job: TrainJob, template: WaferTemplate) -> StrategyTime:
     config, cores, dies = job.config, template.cores, template.n_dies
     per_param, io, where = _resident(job, template)

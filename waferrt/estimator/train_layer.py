@@ -11,9 +11,9 @@ formula -- the owners are the emulator's:
 - the backward: ``core.train_cost.block_backward_parts`` (what waferrt.training.block books), the head's
   ``head_backward_parts`` and the embedding's ``grad_costs`` (what waferrt.training.head books).
 
-Attention runs per sequence: B sequences' attention is B times one sequence's (the kernels of one sequence,
-tests/unit/test_train_ties.py); today's kernels given B > 1 sequences at once compute the masked B*S x B*S
-scores instead, which a real step would not.
+Attention runs per sequence, as the kernels run it: the B sequences lie on the square slice by slice
+(``core.train_cost.square_tokens``) and their attention is batched with the heads -- no B*S x B*S score block
+(tests/unit/test_train_ties.py, with two sequences on two squares).
 
 :func:`pass_cost` puts a pass on a w x h grid: squares of a side that tiles it (min(w, h) / 1, 2, 4, ... --
 the fastest whose cores hold a layer's weights and gradients; the left-over cores idle), the sequences split
@@ -34,14 +34,16 @@ from dataclasses import dataclass
 from waferrt.core.arith import cdiv
 from waferrt.core.cost import Cost, allreduce_cost, flop_cycles, total
 from waferrt.core.dtypes import check_dtype, itemsize
-from waferrt.core.gemm_cost import AttentionShape, GemmShape, attention_cost
+from waferrt.core.gemm_cost import GemmShape
 from waferrt.core.spec import HardwareSpec
 from waferrt.core.train_cost import (
-    attention_backward_cost,
+    HeadTooLarge,
+    TrainShape,
     block_backward_parts,
     block_forward_parts,
     grad_costs,
     head_backward_parts,
+    head_chunks,
 )
 from waferrt.core.train_memory import keep_plan
 from waferrt.decode.cost import ELEMENTWISE_FLOPS
@@ -66,23 +68,24 @@ class Run:
     def tokens(self) -> int:
         return self.sequences * self.seq
 
+    @property
+    def shape(self) -> TrainShape:
+        return TrainShape(self.sequences, self.seq)
+
 
 def layer_parts(spec: HardwareSpec, config: LlamaConfig, run: Run) -> dict[str, Cost]:
     """{op: Cost} of a layer's forward ("forward.<op>") and backward (block_backward_parts' ops) (module doc)."""
-    forward = block_forward_parts(spec, config, run.tokens, run.side, ELEMENTWISE_FLOPS, run.dtype)
-    backward = block_backward_parts(spec, config, run.tokens, run.side, ELEMENTWISE_FLOPS["softmax"], run.dtype)
-    if run.sequences > 1:  # attention per sequence
-        one = AttentionShape(run.seq, config.head_dim, config.n_heads, run.side)
-        forward["attention"] = attention_cost(spec, one, ELEMENTWISE_FLOPS["softmax"], run.dtype).scaled(run.sequences)
-        backward["attention_backward"] = attention_backward_cost(
-            spec, one, ELEMENTWISE_FLOPS["softmax"], config.n_kv_heads, run.dtype).scaled(run.sequences)
+    forward = block_forward_parts(spec, config, run.shape, run.side, ELEMENTWISE_FLOPS, run.dtype)
+    backward = block_backward_parts(spec, config, run.shape, run.side, ELEMENTWISE_FLOPS["softmax"], run.dtype)
     return {f"forward.{n}": c for n, c in forward.items()} | backward
 
 
 def head_parts(spec: HardwareSpec, config: LlamaConfig, run: Run) -> dict[str, Cost]:
-    """The tied head's backward (with its logits' forward) and the embedding's scatter-add over the run."""
+    """The tied head's backward (with its logits' forward) in the chunks of the vocabulary whose jobs fit a
+    core of `spec` (``head_chunks``, as waferrt.training.head runs it), and the embedding's scatter-add."""
     shape = GemmShape(run.tokens, config.vocab_size, config.dim, run.side, run.side)
-    return head_backward_parts(spec, shape, run.dtype) | {"embedding_backward": grad_costs(spec, shape, run.dtype)[1]}
+    return (head_backward_parts(spec, shape, run.dtype, head_chunks(spec, shape))
+            | {"embedding_backward": grad_costs(spec, shape, run.dtype)[1]})
 
 
 @dataclass(frozen=True)
@@ -140,9 +143,18 @@ def _sides(spec: HardwareSpec, work: Work, grid: tuple[int, int]) -> list[int]:
 
 
 def pass_cost(spec: HardwareSpec, work: Work, grid: tuple[int, int], side: int | None = None) -> PassCost:
-    """A pass of `work` on the grid's squares of `side` (default: the fastest of :func:`_sides`) (module doc)."""
+    """A pass of `work` on the grid's squares of `side` (default: the fastest of :func:`_sides` whose cores hold
+    the head's jobs) (module doc); ``core.train_cost.HeadTooLarge`` when no square's do, even in chunks."""
     if side is None:
-        return min((pass_cost(spec, work, grid, s) for s in _sides(spec, work, grid)), key=lambda c: c.cycles)
+        costs, refused = [], None
+        for s in _sides(spec, work, grid):
+            try:
+                costs.append(pass_cost(spec, work, grid, s))
+            except HeadTooLarge as e:
+                refused = e
+        if not costs:
+            raise refused
+        return min(costs, key=lambda c: c.cycles)
     config, count = work.config, (grid[0] // side) * (grid[1] // side)
     run = Run(cdiv(work.sequences, count), work.seq, side, work.dtype)
     parts = layer_parts(spec, config, run)
@@ -159,6 +171,6 @@ def recompute_cost(spec: HardwareSpec, work: Work, run: Run, parts: dict[str, Co
     """The forwards a square runs again before their backward: the plan's recomputed layers of the pass's
     (module doc), each a layer's forward over the run (the "forward." ops of its `parts`, ``layer_parts``)."""
     config = dataclasses.replace(work.config, n_layers=work.layers)
-    plan = keep_plan(spec, config, run.tokens, run.side, itemsize(run.dtype))
+    plan = keep_plan(spec, config, run.shape, run.side, itemsize(run.dtype))
     forward = [c for op, c in parts.items() if op.startswith("forward.")]
     return total(forward).scaled(plan.recomputed if plan.fits else 0)

@@ -26,6 +26,7 @@ import numpy as np
 
 from .gemm import Grid, meshgemm, places, ring_move, used_lines
 from .gemm_backward import accumulate
+from .sequences import fold, unfold
 
 
 def _square(ctx) -> tuple[list[int], list[int]]:
@@ -74,29 +75,29 @@ def scores_nt(ctx, q: np.ndarray, k: np.ndarray) -> np.ndarray:
 @dataclass(frozen=True)
 class PromptAttention:
     """What the causal attention over a prompt needs besides its blocks: the prompt's `tokens` (the rest of
-    the blocks is padding), the score `scale` (1/sqrt(head_dim)), the flops of one softmax element, and the
-    `segment`: with several sequences one after the other, each `segment` tokens long, a token attends only
-    to its own sequence's (0: one sequence); and the positions before the queries' (`start`: a chunk of a
-    longer prompt, whose keys and values are the start + tokens positions of its context)."""
+    the blocks is padding), the score `scale` (1/sqrt(head_dim)), the flops of one softmax element, the
+    `sequences` side by side in each core's blocks (waferrt.kernels.sequences' layout, `tokens` each: each runs
+    on its own, batched with the heads); and the positions before the queries' (`start`: a chunk of a longer
+    prompt, whose keys and values are the start + tokens positions of its context)."""
 
     tokens: int
     scale: float
     softmax_flops: int
-    segment: int = 0
+    sequences: int = 1
     start: int = 0
 
     def __post_init__(self) -> None:
-        if self.tokens < 1 or self.scale <= 0 or self.softmax_flops < 0 or self.segment < 0 or self.start < 0:
-            raise ValueError(f"causal attention over {self.tokens} tokens from position {self.start} with scale "
-                             f"{self.scale}, {self.softmax_flops} softmax flops and segments of {self.segment}: "
-                             "give at least one token, a start >= 0, a positive scale, non-negative flops and "
-                             "segment (0: one sequence)")
+        if self.tokens < 1 or self.scale <= 0 or self.softmax_flops < 0 or self.sequences < 1 or self.start < 0:
+            raise ValueError(f"causal attention over {self.sequences} sequence(s) of {self.tokens} tokens from "
+                             f"position {self.start} with scale {self.scale} and {self.softmax_flops} softmax flops: "
+                             "give at least one sequence of one token, a start >= 0, a positive scale and "
+                             "non-negative flops")
 
 
 def causal_mask(ctx, mb: int, prompt: PromptAttention, key_block: int | None = None) -> np.ndarray:
     """(rows, cols, mb, key_block) bool: which score entries of each core's A-layout block (i, (i + c) % s) a
     query may attend to: the key at or before the query (queries are positions prompt.start.., mb a block;
-    keys 0.., key_block a block, default mb), a real token (before start + tokens), of the query's segment."""
+    keys 0.., key_block a block, default mb), a real token (before start + tokens)."""
     xs, ys = _square(ctx)
     s, kb = len(xs), key_block or mb
     i = _ring_index(ys, ctx.local.y0 - ctx.region.y0, ctx.local.h)[:, None]
@@ -104,9 +105,7 @@ def causal_mask(ctx, mb: int, prompt: PromptAttention, key_block: int | None = N
     j = (i + c) % s
     query = prompt.start + (i * mb)[..., None, None] + np.arange(mb)[:, None]
     key = (j * kb)[..., None, None] + np.arange(kb)[None, :]
-    end = prompt.start + prompt.tokens
-    seg = prompt.segment or end
-    return (key <= query) & (key < end) & (key // seg == query // seg)
+    return (key <= query) & (key < prompt.start + prompt.tokens)
 
 
 def probabilities(ctx, q: np.ndarray, k: np.ndarray, prompt: PromptAttention) -> np.ndarray:
@@ -126,7 +125,9 @@ def probabilities(ctx, q: np.ndarray, k: np.ndarray, prompt: PromptAttention) ->
 
 def causal_attention(ctx, q: np.ndarray, k: np.ndarray, v: np.ndarray, prompt: PromptAttention) -> np.ndarray:
     """The heads' causal attention over the prompt (module doc): q (rows, cols, H, mb, db) blocks in, and out;
-    k and v (rows, cols, H, kb, db): the blocks of the prompt.start + prompt.tokens positions of its context."""
+    k and v (rows, cols, H, kb, db): the blocks of the prompt.start + prompt.tokens positions of its context;
+    prompt.sequences of them side by side in each block, run as that many times the heads (sequences.fold)."""
+    q, k, v = (fold(a, prompt.sequences) for a in (q, k, v))
     with ctx.ledger.op("attention"):
         p = probabilities(ctx, q, skew(ctx, k, "y"), prompt)
-        return meshgemm(ctx, p[:, :, None], skew(ctx, v, "y")[:, :, None])
+        return unfold(meshgemm(ctx, p[:, :, None], skew(ctx, v, "y")[:, :, None]), prompt.sequences)

@@ -10,9 +10,10 @@ stacked as (rows, cols, 3, H, ...) with dK, dV in the first G heads (the rest ze
 The steps, every block moving hop by hop on MeshGEMM's rings (waferrt.kernels.gemm, gemm_backward):
 K and V repeated to the query heads (a copy in each core) and skewed as the forward does; P recomputed
 (``probabilities``: Q.K^T by the transposed MeshGEMM, the row max and sum) -- recomputed rather than kept,
-because P is T x T per head, T/head_dim times what Q, K and V hold, and its recomputation costs one
-transposed pass, the forward's; dP = dO V^T (transposed, "nt", in P's A layout); the softmax's backward
-dS = scale P (dP - rowsum(P dP)) (one allreduce along the rows); dQ = dS K by MeshGEMM (as P.V);
+because P is T x T per head (T a sequence's tokens), T/head_dim times what Q, K and V hold, and its
+recomputation costs one transposed pass, the forward's; dP = dO V^T (transposed, "nt", in P's A layout);
+the softmax's backward dS = scale P (dP - rowsum(P dP)) (one allreduce along the rows); dQ = dS K by
+MeshGEMM (as P.V);
 dK = dS^T Q and dV = P^T dO by the transposed variant "tn" (the queries summed as the accumulators pass
 down the columns); each K/V head's gradient summed over its query heads in the core. Booked under
 "attention_backward"; ``waferrt.core.train_cost.attention_backward_cost`` is what that comes to
@@ -28,19 +29,25 @@ from waferrt.core.train_cost import BACKWARD_FLOPS
 from .attention import PromptAttention, probabilities, skew
 from .gemm import Grid, meshgemm
 from .gemm_backward import accumulate
+from .sequences import fold, unfold
 
 
-def _grouped(buf: np.ndarray, kv_heads: int) -> np.ndarray:
-    """(rows, cols, H, ...) -> the sum over each K/V head's query heads, padded back to H heads with zeros."""
+def _grouped(buf: np.ndarray, kv_heads: int, sequences: int) -> np.ndarray:
+    """(rows, cols, B*H, sb, ...) folded -> the sum over each K/V head's query heads, unfolded and padded back
+    to H heads with zeros: (rows, cols, H, B*sb, ...)."""
     rows, cols, heads = buf.shape[:3]
-    out = np.zeros_like(buf)
-    out[:, :, :kv_heads] = buf.reshape(rows, cols, kv_heads, heads // kv_heads, *buf.shape[3:]).sum(axis=3)
+    sums = unfold(buf.reshape(rows, cols, kv_heads, heads // kv_heads, *buf.shape[3:]).sum(axis=3), sequences)
+    out = np.zeros((rows, cols, heads // sequences) + sums.shape[3:], buf.dtype)
+    out[:, :, :sums.shape[2]] = sums
     return out
 
 
 def attention_backward(ctx, q: np.ndarray, k: np.ndarray, v: np.ndarray, do: np.ndarray,
                        prompt: PromptAttention) -> np.ndarray:
-    """dQ, dK, dV of the heads' causal attention (module doc): (rows, cols, 3, H, T/s, head_dim/s)."""
+    """dQ, dK, dV of the heads' causal attention (module doc): (rows, cols, 3, H, T/s, head_dim/s); with
+    prompt.sequences side by side in each block, each on its own, as that many times the heads (sequences.fold)."""
+    B = prompt.sequences
+    q, k, v, do = (fold(a, B) for a in (q, k, v, do))
     heads, kv_heads, mb, db = q.shape[2], k.shape[2], q.shape[3], q.shape[4]
     if heads % kv_heads:
         raise ValueError(f"{heads} query heads do not share {kv_heads} K/V heads evenly: give n_heads a "
@@ -58,4 +65,4 @@ def attention_backward(ctx, q: np.ndarray, k: np.ndarray, v: np.ndarray, do: np.
         dk = accumulate(ctx, grid, q, ds, "tn")  # dS^T Q, B layout
         dv = accumulate(ctx, grid, do, p, "tn")  # P^T dO, B layout
         ctx.ledger.compute(2 * (rep - 1) * kv_heads * mb * db)  # the query heads' sums, K's and V's
-        return np.stack([dq, _grouped(dk, kv_heads), _grouped(dv, kv_heads)], axis=2)
+        return np.stack([unfold(dq, B), _grouped(dk, kv_heads, B), _grouped(dv, kv_heads, B)], axis=2)

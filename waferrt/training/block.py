@@ -14,7 +14,7 @@ in the C layout; the attention's Q, K, V and output per head); one kernel (:func
 every op's backward (waferrt.kernels.gemm_backward, attention_backward, train_ops), its intermediates
 never leaving the cores, each layout change a skew on the mesh; the host reads dx and the gradients back.
 The activations are kept, not recomputed -- but for the attention's P, which its backward recomputes
-(T x T per head: see attention_backward) -- and must fit: ``onwafer.check_fits`` raises BlockTooLarge
+(S x S per sequence and head: see attention_backward) -- and must fit: ``onwafer.check_fits`` raises BlockTooLarge
 naming a core and the bytes when they, the weights and the gradients do not. What the kernel books is each op's
 closed form (waferrt.core.train_cost, tests/unit/test_block_backward.py).
 """
@@ -27,11 +27,13 @@ from functools import partial
 
 import numpy as np
 
+from waferrt.core.train_cost import TrainShape, square_tokens
 from waferrt.decode.cost import ELEMENTWISE_FLOPS as EW
 from waferrt.kernels.attention import PromptAttention
 from waferrt.kernels.attention_backward import attention_backward
 from waferrt.kernels.gemm import Grid
 from waferrt.kernels.gemm_backward import gather, grad_input, grad_weight, scatter
+from waferrt.kernels.sequences import deinterleave, interleave
 from waferrt.kernels.train_ops import Norm, relayout, rmsnorm_backward, rope_backward, swiglu_backward
 from waferrt.model.reference import apply_rope, causal_attention, linear, rmsnorm, rope_cos_sin, silu
 
@@ -68,6 +70,11 @@ class Saved:
             raise ValueError(f"the saved activations' tokens {tokens} are not one forward's sequences of "
                              f"{self.seq}: save one block_forward's")
 
+    @property
+    def batch(self) -> TrainShape:
+        """The B sequences of `seq` tokens the activations are of."""
+        return TrainShape(self.x.shape[0] // self.seq, self.seq)
+
 
 def block_forward(config, weights, x: np.ndarray) -> tuple[np.ndarray, Saved]:
     """The block's forward (waferrt.model.reference's pieces), every sequence from position 0: x (B, S, dim)
@@ -98,10 +105,10 @@ class BlockShape:
     prompt: PromptAttention
 
     @classmethod
-    def of(cls, config, tokens: int, seq: int) -> BlockShape:
-        """The block's over `tokens` tokens in sequences of `seq`."""
+    def of(cls, config, batch: TrainShape) -> BlockShape:
+        """The block's over the batch's B sequences (attention per sequence: kernels.sequences)."""
         return cls(Norm(config.dim, config.norm_eps),
-                   PromptAttention(tokens, 1 / np.sqrt(config.head_dim), EW["softmax"], seq))
+                   PromptAttention(batch.seq, 1 / np.sqrt(config.head_dim), EW["softmax"], batch.batch))
 
 
 def _heads(a: np.ndarray) -> np.ndarray:
@@ -170,12 +177,14 @@ def _put_heads(grid: Grid, layout: str, mats) -> np.ndarray:
     return np.stack([_put(grid, layout, m) for m in mats], axis=2)
 
 
-def layer_blocks(config, weights, grid: Grid, tokens: int, seq: int) -> dict[str, np.ndarray]:
+def layer_blocks(config, weights, grid: Grid, batch: TrainShape) -> dict[str, np.ndarray]:
     """A block's weights over the square as its forward's MeshGEMMs take them (the norms' in the C layout,
     the projections in the B layout, Q, K, V and the output projection per head) and RoPE's cos and sin of
-    `tokens` (sequences of `seq` from position 0) in the C layout: {name: (s, s, ...)}."""
+    the batch's tokens (every sequence from position 0, in kernels.sequences' order) in the C layout:
+    {name: (s, s, ...)}."""
     s, dim, hd, H = len(grid.rows), config.dim, config.head_dim, config.n_heads
-    cos, sin = rope_cos_sin(np.arange(tokens) % seq, hd, config.rope_theta)
+    cos, sin = (interleave(a, batch, s) for a in rope_cos_sin(np.arange(batch.tokens) % batch.seq, hd,
+                                                                config.rope_theta))
     put, heads = partial(_put, grid), partial(_put_heads, grid)
     return {
         "attn_norm": put("C", np.broadcast_to(weights.attn_norm, (s, dim))),
@@ -189,20 +198,22 @@ def layer_blocks(config, weights, grid: Grid, tokens: int, seq: int) -> dict[str
 
 def _blocks(config, weights, saved: Saved, dy: np.ndarray, grid: Grid) -> dict[str, np.ndarray]:
     """Every input of the kernel in its layout over the square (module doc): {name: (s, s, ...)}."""
-    T, H, hd = dy.shape[0], config.n_heads, config.head_dim
-    put, heads = partial(_put, grid), partial(_put_heads, grid)
+    T, H, hd, batch = dy.shape[0], config.n_heads, config.head_dim, saved.batch
+    order = partial(interleave, shape=batch, side=len(grid.rows))  # the tokens in kernels.sequences' order
+    put = lambda layout, mat: _put(grid, layout, order(mat))  # noqa: E731
+    heads = lambda layout, mat: _put_heads(grid, layout, order(mat).transpose(1, 0, 2))  # noqa: E731
     return {
-        **layer_blocks(config, weights, grid, T, saved.seq),
+        **layer_blocks(config, weights, grid, batch),
         "x": put("C", saved.x), "x2": put("C", saved.x2), "dy": put("C", dy), "gate": put("C", saved.gate),
-        "up": put("C", saved.up), **{n: heads("C", getattr(saved, n).transpose(1, 0, 2)) for n in ("q", "k", "v")},
-        "h1": put("A", saved.h1), "att": heads("A", saved.att.reshape(T, H, hd).transpose(1, 0, 2)),
+        "up": put("C", saved.up), **{n: heads("C", getattr(saved, n)) for n in ("q", "k", "v")},
+        "h1": put("A", saved.h1), "att": heads("A", saved.att.reshape(T, H, hd)),
         "h2": put("A", saved.h2), "m": put("A", saved.m),
     }
 
 
-def matrices(config, got: dict[str, np.ndarray], grid: Grid, tokens: int) -> dict[str, np.ndarray]:
+def matrices(config, got: dict[str, np.ndarray], grid: Grid, batch: TrainShape) -> dict[str, np.ndarray]:
     """The kernel's outputs read back as the gradients shaped as the weights (out, in) and dx (T, dim) when
-    it was read back."""
+    it was read back (from the square's order, kernels.sequences)."""
     dim, hd, hidden = config.dim, config.head_dim, config.hidden_dim
     heads = lambda a, shape: [gather("B", grid, a[:, :, h], shape) for h in range(a.shape[2])]  # noqa: E731
     out = {n: gather("C", grid, got[n], (1, dim))[0] for n in ("attn_norm", "ffn_norm")}
@@ -210,7 +221,10 @@ def matrices(config, got: dict[str, np.ndarray], grid: Grid, tokens: int) -> dic
     out["wo"] = np.concatenate(heads(got["wo"], (hd, dim))).T
     out |= {n: gather("B", grid, got[n], (dim, hidden)).T for n in ("w_gate", "w_up")}
     out["w_down"] = gather("B", grid, got["w_down"], (hidden, dim)).T
-    return out | ({"dx": gather("C", grid, got["dx"], (tokens, dim))} if "dx" in got else {})
+    if "dx" not in got:
+        return out
+    s = len(grid.rows)
+    return out | {"dx": deinterleave(gather("C", grid, got["dx"], (square_tokens(batch, s), dim)), batch, s)}
 
 
 def block_backward(wafer, config, weights, saved: Saved, dy: np.ndarray) -> tuple[np.ndarray, dict[str, np.ndarray]]:
@@ -223,8 +237,7 @@ def block_backward(wafer, config, weights, saved: Saved, dy: np.ndarray) -> tupl
     region, grid = living_square(wafer, "a block's backward")
     blocks = _blocks(config, weights, saved, flat, grid)
     outputs = {f"d.{n}": blocks["x" if n == "dx" else n].shape for n in WEIGHTS + ("dx",)}  # where it is
-    T = flat.shape[0]
-    job = Job("bb.", region, blocks, outputs, block_kernel, dict(shape=BlockShape.of(config, T, saved.seq)))
+    job = Job("bb.", region, blocks, outputs, block_kernel, dict(shape=BlockShape.of(config, saved.batch)))
     got = run_job(wafer, job, "a block's backward")
-    out = matrices(config, {n[2:]: a for n, a in got.items()}, grid, T)
+    out = matrices(config, {n[2:]: a for n, a in got.items()}, grid, saved.batch)
     return out.pop("dx").reshape(dy.shape), out

@@ -7,8 +7,8 @@ Contract (the owners of the training facts; each calls the owners below it):
   (float32: training streams float32 weights and gradients). ``step.train_step`` counts the same bytes as
   they cross (tied in tests/unit/test_training.py).
 - ``layer_forward_cycles``, ``layer_backward_cycles`` and ``head_backward_cycles`` are what the mesh kernels
-  book for a layer's forward and backward over the batch's B*S tokens and for the head (its logits,
-  cross-entropy and their backward) on the region's largest square (``training.mesh``):
+  book for a layer's forward and backward over the batch's B sequences (attention per sequence) and for the
+  head (its logits, cross-entropy and their backward) on the region's largest square (``training.mesh``):
   ``core.train_cost.block_forward_parts``, ``block_backward_parts`` and ``head_backward_parts``, summed
   (tests/unit/test_train_mesh.py ties them to a step's ledger).
 - The activations each layer's forward keeps for its backward stay in the square's SRAM, all layers' at once;
@@ -69,51 +69,51 @@ def step_stream_bytes(config: LlamaConfig, shape: TrainShape) -> tuple[int, int]
     return rows + 2 * config.n_layers * layer + head, config.n_layers * layer + head + rows
 
 
-def layer_forward_cycles(spec: HardwareSpec, config: LlamaConfig, region: Region, tokens: int) -> float:
-    """A layer's forward over `tokens` tokens on the region's largest square, as
-    ``forward.block_forward_mesh`` books it."""
+def layer_forward_cycles(spec: HardwareSpec, config: LlamaConfig, region: Region, shape: TrainShape) -> float:
+    """A layer's forward over the batch on the region's largest square, as ``forward.block_forward_mesh``
+    books it."""
     side = min(region.w, region.h)
-    return total(block_forward_parts(spec, config, tokens, side, ELEMENTWISE_FLOPS).values()).cycles
+    return total(block_forward_parts(spec, config, shape, side, ELEMENTWISE_FLOPS).values()).cycles
 
 
-def layer_backward_cycles(spec: HardwareSpec, config: LlamaConfig, region: Region, tokens: int) -> float:
-    """A layer's backward over `tokens` tokens on the region's largest square, as ``block.block_backward``
-    books it (the forward's softmax recomputed)."""
+def layer_backward_cycles(spec: HardwareSpec, config: LlamaConfig, region: Region, shape: TrainShape) -> float:
+    """A layer's backward over the batch on the region's largest square, as ``block.block_backward`` books it
+    (the forward's softmax recomputed)."""
     side = min(region.w, region.h)
-    parts = block_backward_parts(spec, config, tokens, side, ELEMENTWISE_FLOPS["softmax"])
+    parts = block_backward_parts(spec, config, shape, side, ELEMENTWISE_FLOPS["softmax"])
     return total(parts.values()).cycles
 
 
-def head_backward_cycles(spec: HardwareSpec, config: LlamaConfig, region: Region, tokens: int) -> float:
-    """The head over `tokens` tokens -- logits, cross-entropy, their backward, the final norm's -- on the
+def head_backward_cycles(spec: HardwareSpec, config: LlamaConfig, region: Region, shape: TrainShape) -> float:
+    """The head over the batch's tokens -- logits, cross-entropy, their backward, the final norm's -- on the
     region's largest square, as ``head.head_backward`` books it (in the ``keep_plan``'s chunks of the
     vocabulary: the fewest that fit beside the layers' kept activations)."""
     side = min(region.w, region.h)
-    shape = GemmShape(tokens, config.vocab_size, config.dim, side, side)  # (tokens, vocab, dim)
-    chunks = step_plan(spec, config, region, tokens).head_chunks
-    return total(head_backward_parts(spec, shape, chunks=chunks).values()).cycles
+    head = GemmShape(shape.tokens, config.vocab_size, config.dim, side, side)  # (tokens, vocab, dim)
+    chunks = step_plan(spec, config, region, shape).head_chunks
+    return total(head_backward_parts(spec, head, chunks=chunks).values()).cycles
 
 
-def step_plan(spec: HardwareSpec, config: LlamaConfig, region: Region, tokens: int) -> KeepPlan:
+def step_plan(spec: HardwareSpec, config: LlamaConfig, region: Region, shape: TrainShape) -> KeepPlan:
     """The step's SRAM plan on the region's largest square (``core.train_memory.keep_plan``)."""
-    return keep_plan(spec, config, tokens, min(region.w, region.h))
+    return keep_plan(spec, config, shape, min(region.w, region.h))
 
 
-def recompute_cycles(spec: HardwareSpec, config: LlamaConfig, region: Region, tokens: int) -> float:
+def recompute_cycles(spec: HardwareSpec, config: LlamaConfig, region: Region, shape: TrainShape) -> float:
     """What the recomputed layers' forwards add to a resident step: one forward's cycles each."""
-    return step_plan(spec, config, region, tokens).recomputed * layer_forward_cycles(spec, config, region, tokens)
+    return step_plan(spec, config, region, shape).recomputed * layer_forward_cycles(spec, config, region, shape)
 
 
 def step_cycles(spec: HardwareSpec, config: LlamaConfig, region: Region, shape: TrainShape,
                 streaming: bool) -> StepCycles:
     """A training step's modelled cycles on `region` (see the module docstring)."""
-    fwd = layer_forward_cycles(spec, config, region, shape.tokens)
-    bwd = layer_backward_cycles(spec, config, region, shape.tokens)
-    head = head_backward_cycles(spec, config, region, shape.tokens)
-    redone, layers = step_plan(spec, config, region, shape.tokens).recomputed, config.n_layers
+    fwd = layer_forward_cycles(spec, config, region, shape)
+    bwd = layer_backward_cycles(spec, config, region, shape)
+    head = head_backward_cycles(spec, config, region, shape)
+    redone, layers = step_plan(spec, config, region, shape).recomputed, config.n_layers
     if not streaming:
         opt = flop_cycles(spec, cdiv(ADAMW_FLOPS * config.params(), region.w * region.h))
-        redo = recompute_cycles(spec, config, region, shape.tokens)
+        redo = recompute_cycles(spec, config, region, shape)
         return StepCycles(layers * fwd, layers * bwd + head + redo, opt, layers * (fwd + bwd) + head + redo + opt,
                           redo)
     layer = streamed_bytes(config, "layer", "float32", 0)

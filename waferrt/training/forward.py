@@ -8,8 +8,9 @@ returns y of x's shape and the :class:`~waferrt.training.block.Saved` activation
 takes them. One kernel (:func:`forward_kernel`) runs every op on the mesh: the RMSNorms (a sum of squares
 along the rows), each projection a MeshGEMM (waferrt.kernels.gemm: Q, K, V and the output projection per
 head, gate, up, down; their input skewed into the A layout first, ``train_ops.relayout``), RoPE in the
-cores, the causal attention (waferrt.kernels.attention, each sequence its own segment; a K/V head's blocks
-go with each of its query heads), SwiGLU and the residual adds in the cores, the output projection's heads
+cores, the causal attention (waferrt.kernels.attention, per sequence: the tokens lie on the square in
+waferrt.kernels.sequences' order, every core row a slice of each sequence; a K/V head's blocks go with each of
+its query heads), SwiGLU and the residual adds in the cores, the output projection's heads
 summed in the core. What it books is ``core.train_cost.block_forward_parts`` at
 ``decode.cost.ELEMENTWISE_FLOPS`` (tests/unit/test_train_ties.py).
 The kernel reads x and writes y and the kept activations under the DSM names a :class:`ForwardNames` gives
@@ -24,10 +25,12 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from waferrt.core.train_cost import TrainShape, square_tokens
 from waferrt.decode.cost import ELEMENTWISE_FLOPS as EW
 from waferrt.kernels.attention import PromptAttention, causal_attention
 from waferrt.kernels.gemm import meshgemm
 from waferrt.kernels.gemm_backward import gather, scatter
+from waferrt.kernels.sequences import deinterleave, interleave
 from waferrt.kernels.train_ops import Norm, relayout, rotate_pairs
 from waferrt.model.reference import silu
 
@@ -102,9 +105,9 @@ def forward_kernel(ctx, norm: Norm, prompt: PromptAttention, names: ForwardNames
         ctx.store(names.kept + name, value[:, :, None, None])
 
 
-def forward_args(config, tokens: int, seq: int, names: ForwardNames) -> dict:
-    """The kernel's arguments besides ctx for `tokens` tokens in sequences of `seq`."""
-    prompt = PromptAttention(tokens, 1 / np.sqrt(config.head_dim), EW["softmax"], seq)
+def forward_args(config, batch: TrainShape, names: ForwardNames) -> dict:
+    """The kernel's arguments besides ctx for the batch's B sequences (attention per sequence)."""
+    prompt = PromptAttention(batch.seq, 1 / np.sqrt(config.head_dim), EW["softmax"], batch.batch)
     return dict(norm=Norm(config.dim, config.norm_eps), prompt=prompt, names=names)
 
 
@@ -124,15 +127,16 @@ def block_forward_mesh(wafer, config, weights, x: np.ndarray) -> tuple[np.ndarra
     S, flat = x.shape[-2], x.reshape(-1, x.shape[-1]).astype(np.float32)
     T, hd, H = flat.shape[0], config.head_dim, config.n_heads
     region, grid = living_square(wafer, "a block's forward")
-    s = len(grid.rows)
-    inputs = layer_blocks(config, weights, grid, T, S)
+    s, batch = len(grid.rows), TrainShape(T // S, S)
+    inputs = layer_blocks(config, weights, grid, batch)
     shapes = kept_shapes(config, inputs)
     outputs = {f"o.{n}": shapes[n] for n in KEPT} | {"o.y": shapes["x"]}
-    inputs["o.x"] = scatter("C", grid, (s, s), np.ascontiguousarray(flat))
-    args = forward_args(config, T, S, ForwardNames("bf.o.x", "bf.o.y", "bf.o."))
+    inputs["o.x"] = scatter("C", grid, (s, s), interleave(flat, batch, s))
+    args = forward_args(config, batch, ForwardNames("bf.o.x", "bf.o.y", "bf.o."))
     got = {n[2:]: a for n, a in run_job(wafer, Job("bf.", region, inputs, outputs, forward_kernel, args),
                                         "a block's forward").items()}
-    mat = lambda layout, a, n: gather(layout, grid, a, (T, n))  # noqa: E731
+    rows = square_tokens(batch, s)
+    mat = lambda layout, a, n: deinterleave(gather(layout, grid, a, (rows, n)), batch, s)  # noqa: E731
     per = lambda layout, a: np.stack([mat(layout, a[:, :, h], hd) for h in range(a.shape[2])], axis=1)  # noqa: E731
     dim, hidden = config.dim, config.hidden_dim
     saved = Saved(x=flat, h1=mat("A", got["h1"], dim), q=per("C", got["q"]), k=per("C", got["k"]),

@@ -9,7 +9,9 @@ travels between two layers' kernels stays there too: layer n's forward writes y 
 back as an :class:`OnSquare`, which layer n+1's forward reads in place), layer n's backward writes dx as
 "kept.<n-1>.dy". The host puts layer 0's x (the embedding rows streamed in) and the head's dy, and reads the
 last layer's y (the head's input: the head's kernel takes it from the host) and layer 0's dx (the
-embedding's scatter-add runs off the wafer), besides the weights in and the gradients out.
+embedding's scatter-add runs off the wafer), besides the weights in and the gradients out; those token-indexed
+arrays cross in the square's order (``kernels.sequences.interleave`` / ``deinterleave``: each sequence in
+slices, so the attention runs per sequence), the order every tensor kept on the square is already in.
 The SRAM plan is ``core.train_memory.keep_plan`` (``plan``), made as layer 0's forward starts a step, which
 first frees what a failed attempt left: a layer it does not keep keeps x alone and runs its forward again
 from x just before its backward (each books a forward's cycles). A layer's
@@ -25,9 +27,11 @@ from dataclasses import dataclass
 import numpy as np
 
 from waferrt.core.mesh import Coord
+from waferrt.core.train_cost import TrainShape, square_tokens
 from waferrt.core.train_memory import KeepPlan, keep_plan
 from waferrt.fabric.misuse import BlockTooLarge
 from waferrt.kernels.gemm_backward import gather, scatter
+from waferrt.kernels.sequences import deinterleave, interleave
 
 from .block import WEIGHTS, BlockShape, block_kernel, layer_blocks, matrices
 from .forward import KEPT, ForwardNames, forward_args, forward_kernel, kept_shapes
@@ -64,9 +68,13 @@ class KeptLayer:
         return f"kept.{self.layer}."
 
     @property
-    def tokens(self) -> tuple[int, int]:
-        """(T, S): the batch's tokens and a sequence's."""
-        return int(np.prod(self.shape[:-1])), self.shape[-2]
+    def batch(self) -> TrainShape:
+        return _batch(self.shape)
+
+
+def _batch(shape: tuple) -> TrainShape:
+    """The B sequences of S tokens of a host's array (B, S, dim) or (S, dim)."""
+    return TrainShape(int(np.prod(shape[:-2])), shape[-2])
 
 
 class KeptSteps:
@@ -90,9 +98,8 @@ class KeptSteps:
         for name in list(self.names):
             self._free(name)
         self.region, self.grid = living_square(self.wafer, "the training step")
-        flat = np.ascontiguousarray(x.reshape(-1, x.shape[-1]), np.float32)
-        s = len(self.grid.rows)
-        self.plan = keep_plan(self.wafer.spec, config, flat.shape[0], s)
+        s, batch = len(self.grid.rows), _batch(x.shape)
+        self.plan = keep_plan(self.wafer.spec, config, batch, s)
         if not self.plan.fits:
             r, spec = self.region, self.wafer.spec
             raise BlockTooLarge(
@@ -100,23 +107,29 @@ class KeptSteps:
                 f"{self.plan.peak:,} bytes at its fullest even with every layer recomputed (its input x kept, "
                 f"{self.plan.recomputed} layers), more than its SRAM ({spec.sram_bytes:,} bytes on {spec.name}); "
                 "give the wafer a larger square of cores or fewer tokens")
-        blocks = scatter("C", self.grid, (s, s), flat)
+        blocks = self._onto(x, batch)
         alloc(self.wafer, "kept.0.x", blocks.shape, self.region)
         self.names["kept.0.x"] = block_bytes(blocks.shape)
         self.wafer.dsm.put("kept.0.x", blocks)
         return 0
 
+    def _onto(self, a: np.ndarray, batch: TrainShape) -> np.ndarray:
+        """A host's token-indexed array (B, S, dim) as the square's blocks, in kernels.sequences' order."""
+        s = len(self.grid.rows)
+        flat = np.ascontiguousarray(a.reshape(batch.tokens, -1), np.float32)
+        return scatter("C", self.grid, (s, s), interleave(flat, batch, s))
+
     def _forward(self, layer, kept: KeptLayer, names: ForwardNames) -> dict:
         """Run layer `kept.layer`'s forward: y read back when it goes to READ_Y (the head's input), else left
         where `names` says with the kept activations."""
-        (T, S), config = kept.tokens, layer.config
-        inputs = layer_blocks(config, layer.weights, self.grid, T, S)
+        config = layer.config
+        inputs = layer_blocks(config, layer.weights, self.grid, kept.batch)
         shapes = kept_shapes(config, inputs)
         leave = {names.kept + n: shapes[n] for n in KEPT} if names.kept else {}
         read = names.y == READ_Y
         leave |= {} if read else {names.y: shapes["x"]}
         job = Job("bf.", self.region, inputs, {"o.y": shapes["x"]} if read else {}, forward_kernel,
-                  forward_args(config, T, S, names), leave, self.held())
+                  forward_args(config, kept.batch, names), leave, self.held())
         got = run_job(self.wafer, job, f"layer {kept.layer}'s forward")
         self.names |= {n: block_bytes(shape) for n, shape in leave.items()}
         return got
@@ -130,7 +143,9 @@ class KeptSteps:
         got = self._forward(layer, kept, ForwardNames(kept.prefix + "x", y, "" if kept.recompute else kept.prefix))
         if not last:
             return OnSquare(n + 1, y, kept.shape), kept
-        return gather("C", self.grid, got["o.y"], (kept.tokens[0], layer.config.dim)).reshape(kept.shape), kept
+        s = len(self.grid.rows)
+        y = gather("C", self.grid, got["o.y"], (square_tokens(kept.batch, s), layer.config.dim))
+        return deinterleave(y, kept.batch, s).reshape(kept.shape), kept
 
     def _recompute(self, layer, kept: KeptLayer) -> None:
         """A recomputed layer's forward again from its kept x, leaving its activations for its backward."""
@@ -139,25 +154,24 @@ class KeptSteps:
 
     def backward(self, dy, kept: KeptLayer, layer) -> tuple:
         """(dx, {field: grad}): dx an OnSquare but after layer 0 (the host's array); the layer's tensors freed."""
-        (T, S), config, n = kept.tokens, layer.config, kept.layer
+        batch, config, n = kept.batch, layer.config, kept.layer
         if kept.recompute:
             self._recompute(layer, kept)
-        inputs = layer_blocks(config, layer.weights, self.grid, T, S)
+        inputs = layer_blocks(config, layer.weights, self.grid, batch)
         x = kept_shapes(config, inputs)["x"]
         if not isinstance(dy, OnSquare):  # the head's, from the host
-            s = len(self.grid.rows)
-            inputs["dy"] = scatter("C", self.grid, (s, s), np.ascontiguousarray(dy.reshape(T, -1), np.float32))
+            inputs["dy"] = self._onto(dy, batch)
         outputs = {f"d.{w}": inputs[w].shape for w in WEIGHTS} | ({"d.dx": x} if n == 0 else {})
         dx = "bb.d.dx" if n == 0 else f"kept.{n - 1}.dy"
         leave = {} if n == 0 else {dx: x}
-        args = dict(shape=BlockShape.of(config, T, S), kept=kept.prefix,
+        args = dict(shape=BlockShape.of(config, batch), kept=kept.prefix,
                     dy_in=dy.name if isinstance(dy, OnSquare) else "bb.dy", dx_out=dx)
         got = run_job(self.wafer, Job("bb.", self.region, inputs, outputs, block_kernel, args, leave, self.held()),
                       f"layer {n}'s backward")
         self.names |= {name: block_bytes(shape) for name, shape in leave.items()}
         for name in [name for name in self.names if name.startswith(kept.prefix)]:
             self._free(name)
-        grads = matrices(config, {name[2:]: a for name, a in got.items()}, self.grid, T)
+        grads = matrices(config, {name[2:]: a for name, a in got.items()}, self.grid, batch)
         if n == 0:
             return grads.pop("dx").reshape(kept.shape), grads
         return OnSquare(n - 1, dx, kept.shape), grads
