@@ -60,10 +60,10 @@ class Watch:
         wafer.dsm.put, wafer.dsm.get, wafer.run = on_put, on_get, on_run
 
 
-def _step(spec, phases=mesh_phases):
+def _step(spec, phases=mesh_phases, shape=SHAPE):
     """(the step's gradients, the cycles booked, the Watch) of one step of the tiny model on 8x8 cores."""
     store = ParamStore(CONFIG, synthetic_llama(CONFIG, seed=0))
-    tokens = np.random.default_rng(0).integers(0, CONFIG.vocab_size, (SHAPE.batch, SHAPE.seq + 1))
+    tokens = np.random.default_rng(0).integers(0, CONFIG.vocab_size, (shape.batch, shape.seq + 1))
     with Wafer(spec, mesh=MESH, tile=MESH, backend="local") as wafer:
         watch = Watch(wafer)
         train_step(store, tokens, 1, phases(wafer))
@@ -130,6 +130,18 @@ def test_recomputing_layers_changes_no_bit_and_books_a_forward_each():
     streamed = [step_cycles(spec, CONFIG, region, SHAPE, streaming=True) for spec in (ROOMY, TIGHT)]
     assert 0 <= streamed[1].recompute <= closed  # a recomputed forward may hide under its stage's stream
     assert streamed[1].backward - streamed[0].backward == pytest.approx(streamed[1].recompute, rel=1e-12)
+
+
+def test_sequences_padded_on_the_square_keep_what_the_plan_counts_and_give_the_host_round_trips_gradients():
+    """Three sequences of 5 on 8x8 cores lie as 24 rows (each padded to 8: kernels.sequences): the host's
+    crossings go through interleave/deinterleave, the kept step's gradients are the host round trip's bit for
+    bit, and the DSM's fullest is the plan's peak (kept bytes of square_tokens rows, not 15 tokens')."""
+    shape = TrainShape(3, 5)
+    want, _, _ = _step(ROOMY, _host_round_trip, shape)
+    got, _, watch = _step(ROOMY, shape=shape)
+    for name, g in want.items():
+        assert np.array_equal(got[name], g), name
+    assert watch.peak == keep_plan(ROOMY, CONFIG, shape, min(MESH)).peak
 
 
 def test_a_square_too_small_even_recomputing_fails_as_the_step_starts_naming_the_core_and_the_bytes():
