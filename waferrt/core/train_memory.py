@@ -129,7 +129,8 @@ def _head(spec: HardwareSpec, config, square: Square, kept: int) -> tuple[int, i
 
 
 def _head_shape(config, square: Square) -> GemmShape:
-    return GemmShape(square.shape.tokens, config.vocab_size, config.dim, square.side, square.side)  # (tokens, vocab, dim)
+    tokens = square.shape.tokens  # the head's rows: the batch's tokens, unpadded
+    return GemmShape(tokens, config.vocab_size, config.dim, square.side, square.side)  # (tokens, vocab, dim)
 
 
 def _peak(per: KeptBytes, recomputed: int, at_head: int, job: int) -> int:
