@@ -117,7 +117,7 @@ BREAKS = {
         "lambda *a: {**orig(*a), 'relayout': __import__('waferrt.core.cost', fromlist=['x']).Cost()}", FILES["train"]),
     "square_tokens: the sequences not padded each": (
         "waferrt.core.train_cost", "square_tokens", "lambda shape, side: side * -(-shape.tokens // side)",
-        ["tests/unit/test_sequences.py", "tests/unit/test_train_ties.py"]),
+        ["tests/unit/test_sequences.py", "tests/unit/test_train_ties.py", "tests/unit/test_train_kept.py"]),
     "block_forward_parts: attention over the B*S x B*S block": (
         "waferrt.core.train_cost", "block_forward_parts",
         "lambda spec, config, shape, side, flops, dtype='float32': {**orig(spec, config, shape, side, flops, dtype), "

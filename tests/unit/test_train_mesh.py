@@ -73,7 +73,7 @@ def test_a_corrupted_mesh_payload_is_caught():
     config = tiny_config()
     store, _, _ = _mesh_step(config, (8, 8), TrainShape(1, 8))
     grads = {f: store.last_grads[f"layers[0].{f}"] for f in ("wq", "w_down")}
-    grads = {f: np.asfortranarray(g) for f, g in grads.items()}  # as block._matrices gathers them
+    grads = {f: np.asfortranarray(g) for f, g in grads.items()}  # as block.matrices gathers them
     bad = corrupt(grads, 1, seed=0)
     assert any(not np.array_equal(bad[f], g) for f, g in grads.items())
     with pytest.raises(CorruptGradient, match="arrived corrupted"):

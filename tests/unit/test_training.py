@@ -150,7 +150,7 @@ def test_the_training_facts_by_hand():
     fwd, bwd = layer_forward_cycles(spec, config, region, shape), layer_backward_cycles(spec, config, region, shape)
     resident = step_cycles(spec, config, region, shape, streaming=False)
     assert resident.forward == 3 * fwd  # booked: test_train_mesh
-    assert resident.backward == 3 * bwd + head_backward_cycles(spec, config, region, 256)  # booked: test_train_mesh
+    assert resident.backward == 3 * bwd + head_backward_cycles(spec, config, region, shape)  # booked: test_train_mesh
     assert resident.optimizer == flop_cycles(spec, -(-ADAMW_FLOPS * 127_424 // 256))
 
 

@@ -57,8 +57,11 @@ layer's forward and backward and the head's as the mesh kernels book them, plus 
 default resident) runs those kernels on the region's largest square (a local Wafer; under --streaming the tile's
 own); --on reference (the default --streaming) runs the numpy functions; --check compares each step's
 gradients with the numpy reference's (model.backward.loss_and_grads) at the same weights.
---json prints one object: model, streaming, mesh, spec, steps (each:
-step, loss, wall_s, modelled_s, bytes_in, bytes_out, wall_tokens_per_s, modelled_tokens_per_s; grad_error
+Activations: every layer's, kept for its backward, stay in the square's SRAM at once; when they do not all fit,
+the first layers keep only their input and re-run their forward just before their backward (the plan printed
+first; the recomputed forwards' time is in the modelled time and printed per step).
+--json prints one object: model, streaming, mesh, spec, steps (each: step, loss, wall_s, modelled_s,
+modelled_recompute_s, bytes_in, bytes_out, wall_tokens_per_s, modelled_tokens_per_s; grad_error
 with --check; recoveries and, last, identical_to_fault_free with --fault), saved."""
 
 
@@ -271,7 +274,7 @@ def run(args) -> int:
     from waferrt.core.train_cost import TrainShape
     from waferrt.fabric.misuse import BlockTooLarge
     from waferrt.training.adamw import AdamW
-    from waferrt.training.cost import step_cycles
+    from waferrt.training.cost import step_cycles, step_plan
     from waferrt.training.faults import TrainingFailed
 
     config, weights, meta, tokenizer = _load(args)
@@ -280,9 +283,12 @@ def run(args) -> int:
     spec, region = _region(args, config)
     batcher, n_tokens = _corpus(args, tokenizer)
     shape = TrainShape(args.batch, args.seq)
-    modelled = step_cycles(spec, config, region, shape, args.streaming).seconds(spec)
+    cycles = step_cycles(spec, config, region, shape, args.streaming)
+    modelled = cycles.seconds(spec), cycles.recompute / spec.clock_hz
     say(f"corpus: the project's docs, {n_tokens:,} tokens; {args.steps} steps of {args.batch} x {args.seq} tokens, "
         f"{'weight streaming' if args.streaming else 'resident'} on {region.w}x{region.h} cores of {spec.name}")
+    side = min(region.w, region.h)
+    say(f"the {side}x{side} square's SRAM: {step_plan(spec, config, region, shape)}")
     if args.check:
         side = min(region.w, region.h)
         how = f"the mesh kernels on {side}x{side} cores" if args.on == "mesh" else "the numpy reference's phases"
@@ -367,16 +373,18 @@ def _grad_error(config, before, tokens, got: dict) -> float:
     return max(float(np.max(np.abs(got[n] - g)) / max(float(np.max(np.abs(g))), 1e-30)) for n, g in want.items())
 
 
-def _row(i: int, report, wall: float, modelled: float, shape) -> dict:
-    return {"step": i, "loss": report.loss, "wall_s": wall, "modelled_s": modelled, "bytes_in": report.bytes_in,
-            "bytes_out": report.bytes_out,
-            "wall_tokens_per_s": shape.tokens / wall, "modelled_tokens_per_s": shape.tokens / modelled}
+def _row(i: int, report, wall: float, modelled: tuple[float, float], shape) -> dict:
+    """A step's row; `modelled` (the step's seconds, of which the recomputed forwards')."""
+    return {"step": i, "loss": report.loss, "wall_s": wall, "modelled_s": modelled[0],
+            "modelled_recompute_s": modelled[1], "bytes_in": report.bytes_in, "bytes_out": report.bytes_out,
+            "wall_tokens_per_s": shape.tokens / wall, "modelled_tokens_per_s": shape.tokens / modelled[0]}
 
 
 def _text(row: dict, steps: int) -> str:
     return (f"step {row['step']:>{len(str(steps))}}/{steps}  loss {row['loss']:.4f}  wall {row['wall_s']:.3f} s "
             f"({row['wall_tokens_per_s']:,.0f} tok/s)  modelled {row['modelled_s'] * 1e3:.3f} ms "
-            f"({row['modelled_tokens_per_s']:,.0f} tok/s)"
+            f"({row['modelled_tokens_per_s']:,.0f} tok/s"
+            + (f"; recompute {row['modelled_recompute_s'] * 1e3:.3f} ms" if row["modelled_recompute_s"] else "") + ")"
             + (f"  gradients vs the numpy reference: {row['grad_error']:.1e} relative" if "grad_error" in row else ""))
 
 

@@ -19,10 +19,16 @@ Attention runs per sequence, as the kernels run it: the B sequences lie on the s
 the fastest whose cores hold a layer's weights and gradients; the left-over cores idle), the sequences split
 over them (data parallel), every weight gradient summed over the squares (``core.cost.allreduce_cost``, a ring
 of the squares' corresponding cores, ASSUMED as fast as a ring of neighbours) -- a :class:`PassCost`.
+:func:`recompute_cost` is what a square adds for the layers whose activations its SRAM does not keep until
+their backward: ``core.train_memory.keep_plan``'s recomputed layers over the pass's layers, a forward each
+(the activations counted at the run's dtype; the head's bytes at float32, as ``head_core_bytes`` counts
+them). Where not even the plan fits a square (a layer's weights and gradients alone overflow its cores) it
+charges nothing: the strategies size those by their own ASSUMED halves of the SRAM and micro-batches.
 """
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 
 from waferrt.core.arith import cdiv
@@ -39,6 +45,7 @@ from waferrt.core.train_cost import (
     head_backward_parts,
     head_chunks,
 )
+from waferrt.core.train_memory import keep_plan
 from waferrt.decode.cost import ELEMENTWISE_FLOPS
 from waferrt.model.config import LlamaConfig
 
@@ -61,12 +68,15 @@ class Run:
     def tokens(self) -> int:
         return self.sequences * self.seq
 
+    @property
+    def shape(self) -> TrainShape:
+        return TrainShape(self.sequences, self.seq)
+
 
 def layer_parts(spec: HardwareSpec, config: LlamaConfig, run: Run) -> dict[str, Cost]:
     """{op: Cost} of a layer's forward ("forward.<op>") and backward (block_backward_parts' ops) (module doc)."""
-    shape = TrainShape(run.sequences, run.seq)
-    forward = block_forward_parts(spec, config, shape, run.side, ELEMENTWISE_FLOPS, run.dtype)
-    backward = block_backward_parts(spec, config, shape, run.side, ELEMENTWISE_FLOPS["softmax"], run.dtype)
+    forward = block_forward_parts(spec, config, run.shape, run.side, ELEMENTWISE_FLOPS, run.dtype)
+    backward = block_backward_parts(spec, config, run.shape, run.side, ELEMENTWISE_FLOPS["softmax"], run.dtype)
     return {f"forward.{n}": c for n, c in forward.items()} | backward
 
 
@@ -147,9 +157,20 @@ def pass_cost(spec: HardwareSpec, work: Work, grid: tuple[int, int], side: int |
         return min(costs, key=lambda c: c.cycles)
     config, count = work.config, (grid[0] // side) * (grid[1] // side)
     run = Run(cdiv(work.sequences, count), work.seq, side, work.dtype)
-    layer = total(layer_parts(spec, config, run).values())
-    cost = layer.scaled(work.layers) + (total(head_parts(spec, config, run).values()) if work.head else Cost())
+    parts = layer_parts(spec, config, run)
+    cost = total(parts.values()).scaled(work.layers) + (total(head_parts(spec, config, run).values()) if work.head
+                                                         else Cost())
+    cost += recompute_cost(spec, work, run, parts)
     params = work.layers * config.layer_params() + (config.vocab_size * config.dim if work.head else 0)
     grads = cdiv(params, side * side) * itemsize(work.dtype)  # bytes a core holds of the pass's gradients
     sync = allreduce_cost(spec, "ring", count, grads) if count > 1 else Cost()
     return PassCost(cost, sync, grads, side, count)
+
+
+def recompute_cost(spec: HardwareSpec, work: Work, run: Run, parts: dict[str, Cost]) -> Cost:
+    """The forwards a square runs again before their backward: the plan's recomputed layers of the pass's
+    (module doc), each a layer's forward over the run (the "forward." ops of its `parts`, ``layer_parts``)."""
+    config = dataclasses.replace(work.config, n_layers=work.layers)
+    plan = keep_plan(spec, config, run.shape, run.side, itemsize(run.dtype))
+    forward = [c for op, c in parts.items() if op.startswith("forward.")]
+    return total(forward).scaled(plan.recomputed if plan.fits else 0)

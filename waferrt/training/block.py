@@ -40,8 +40,8 @@ from waferrt.model.reference import apply_rope, causal_attention, linear, rmsnor
 from .onwafer import Job, living_square, run_job
 
 WEIGHTS = ("attn_norm", "wq", "wk", "wv", "wo", "ffn_norm", "w_gate", "w_up", "w_down")
-ACTIVATIONS = ("x", "x2", "dy", "gate", "up", "q", "k", "v", "cos", "sin", "h1", "att", "h2", "m")
-INPUTS = WEIGHTS + ACTIVATIONS  # the DSM tensors the kernel reads, "bb.<name>"
+ACTIVATIONS = ("x", "x2", "gate", "up", "q", "k", "v", "h1", "att", "h2", "m")  # "<kept><name>"
+INPUTS = WEIGHTS + ("cos", "sin")  # the DSM tensors the kernel reads as "bb.<name>", with the kept and dy
 FD_STEP = 1e-6  # finite_difference's step, in float64
 
 
@@ -104,16 +104,23 @@ class BlockShape:
     norm: Norm
     prompt: PromptAttention
 
+    @classmethod
+    def of(cls, config, batch: TrainShape) -> BlockShape:
+        """The block's over the batch's B sequences (attention per sequence: kernels.sequences)."""
+        return cls(Norm(config.dim, config.norm_eps),
+                   PromptAttention(batch.seq, 1 / np.sqrt(config.head_dim), EW["softmax"], batch.batch))
+
 
 def _heads(a: np.ndarray) -> np.ndarray:
     """(rows, cols, H, ...) summed over the heads, booked in the core: (rows, cols, ...)."""
     return a.sum(axis=2)
 
 
-def block_kernel(ctx, shape: BlockShape) -> None:
-    """The block's backward over the square (module doc): reads the DSM tensors "bb.<input>", stores dx and
-    the gradients as "bb.d.<weight>"."""
+def block_kernel(ctx, shape: BlockShape, kept: str = "bb.", dy_in: str = "bb.dy", dx_out: str = "bb.d.dx") -> None:
+    """The block's backward over the square (module doc): reads the DSM tensors "bb.<input>", the forward's
+    activations "<kept><name>" and dy from `dy_in`, stores the gradients as "bb.d.<weight>" and dx in `dx_out`."""
     t = {name: ctx.load(f"bb.{name}")[:, :, 0, 0] for name in INPUTS}
+    t |= {name: ctx.load(kept + name)[:, :, 0, 0] for name in ACTIVATIONS} | {"dy": ctx.load(dy_in)[:, :, 0, 0]}
     norm = shape.norm
     # the FFN: down, SwiGLU, gate and up, the second RMSNorm (with the residual's gradient dy)
     dm = relayout(ctx, grad_input(ctx, t["dy"], t["w_down"]), "A", "C")
@@ -131,7 +138,8 @@ def block_kernel(ctx, shape: BlockShape) -> None:
     ctx.compute(sum(p[0, 0].size for p in parts))  # the heads' and the three projections' sums
     dh1 = relayout(ctx, sum(_heads(p) for p in parts), "A", "C")
     dx, d_attn_norm = rmsnorm_backward(ctx, t["x"], t["attn_norm"], dh1, dx2, norm)
-    grads = {"dx": dx, "attn_norm": d_attn_norm, "ffn_norm": d_ffn_norm,
+    ctx.store(dx_out, dx[:, :, None, None])
+    grads = {"attn_norm": d_attn_norm, "ffn_norm": d_ffn_norm,
              "w_down": grad_weight(ctx, t["m"], t["dy"]), "w_gate": grad_weight(ctx, t["h2"], dg),
              "w_up": grad_weight(ctx, t["h2"], du), "wo": grad_weight(ctx, t["att"], dx2[:, :, None]),
              **{w: grad_weight(ctx, t["h1"][:, :, None], d) for w, d in (("wq", dq), ("wk", dk), ("wv", dv))}}
@@ -203,8 +211,9 @@ def _blocks(config, weights, saved: Saved, dy: np.ndarray, grid: Grid) -> dict[s
     }
 
 
-def _matrices(config, got: dict[str, np.ndarray], grid: Grid, batch: TrainShape) -> dict[str, np.ndarray]:
-    """The kernel's outputs read back as dx (T, dim) and the gradients shaped as the weights (out, in)."""
+def matrices(config, got: dict[str, np.ndarray], grid: Grid, batch: TrainShape) -> dict[str, np.ndarray]:
+    """The kernel's outputs read back as the gradients shaped as the weights (out, in) and dx (T, dim) when
+    it was read back (from the square's order, kernels.sequences)."""
     dim, hd, hidden = config.dim, config.head_dim, config.hidden_dim
     heads = lambda a, shape: [gather("B", grid, a[:, :, h], shape) for h in range(a.shape[2])]  # noqa: E731
     out = {n: gather("C", grid, got[n], (1, dim))[0] for n in ("attn_norm", "ffn_norm")}
@@ -212,9 +221,10 @@ def _matrices(config, got: dict[str, np.ndarray], grid: Grid, batch: TrainShape)
     out["wo"] = np.concatenate(heads(got["wo"], (hd, dim))).T
     out |= {n: gather("B", grid, got[n], (dim, hidden)).T for n in ("w_gate", "w_up")}
     out["w_down"] = gather("B", grid, got["w_down"], (hidden, dim)).T
+    if "dx" not in got:
+        return out
     s = len(grid.rows)
-    out["dx"] = deinterleave(gather("C", grid, got["dx"], (square_tokens(batch, s), dim)), batch, s)
-    return out
+    return out | {"dx": deinterleave(gather("C", grid, got["dx"], (square_tokens(batch, s), dim)), batch, s)}
 
 
 def block_backward(wafer, config, weights, saved: Saved, dy: np.ndarray) -> tuple[np.ndarray, dict[str, np.ndarray]]:
@@ -227,8 +237,7 @@ def block_backward(wafer, config, weights, saved: Saved, dy: np.ndarray) -> tupl
     region, grid = living_square(wafer, "a block's backward")
     blocks = _blocks(config, weights, saved, flat, grid)
     outputs = {f"d.{n}": blocks["x" if n == "dx" else n].shape for n in WEIGHTS + ("dx",)}  # where it is
-    shape = BlockShape(Norm(config.dim, config.norm_eps),
-                       PromptAttention(saved.seq, 1 / np.sqrt(config.head_dim), EW["softmax"], saved.batch.batch))
-    got = run_job(wafer, Job("bb.", region, blocks, outputs, block_kernel, dict(shape=shape)), "a block's backward")
-    out = _matrices(config, {n[2:]: a for n, a in got.items()}, grid, saved.batch)
+    job = Job("bb.", region, blocks, outputs, block_kernel, dict(shape=BlockShape.of(config, saved.batch)))
+    got = run_job(wafer, job, "a block's backward")
+    out = matrices(config, {n[2:]: a for n, a in got.items()}, grid, saved.batch)
     return out.pop("dx").reshape(dy.shape), out

@@ -11,6 +11,11 @@ Contract (the owners of the training facts; each calls the owners below it):
   head (its logits, cross-entropy and their backward) on the region's largest square (``training.mesh``):
   ``core.train_cost.block_forward_parts``, ``block_backward_parts`` and ``head_backward_parts``, summed
   (tests/unit/test_train_mesh.py ties them to a step's ledger).
+- The activations each layer's forward keeps for its backward stay in the square's SRAM, all layers' at once;
+  the layers that do not fit keep their input alone and run their forward again before their backward
+  (``core.train_memory.keep_plan``): ``recompute_cycles`` is what those forwards add to a step (each a
+  forward's cycles, in its backward stage; under streaming it may hide under the stage's stream), and the
+  head runs in the plan's chunks of the vocabulary.
 - ``step_cycles(spec, config, region, shape, streaming)`` -> :class:`StepCycles`. Streaming: every stage lasts
   the longer of its compute and its stream (``decode.streaming.stage_cycles``; a backward stage streams its
   weights in and its gradients out over the one host I/O figure, ``spec.ingress_bytes_per_s``); AdamW runs off
@@ -35,8 +40,8 @@ from waferrt.core.train_cost import (
     block_backward_parts,
     block_forward_parts,
     head_backward_parts,
-    head_chunks,
 )
+from waferrt.core.train_memory import KeepPlan, keep_plan
 from waferrt.decode.cost import ELEMENTWISE_FLOPS
 from waferrt.decode.streaming import stage_cycles, stream_cycles, streamed_bytes
 from waferrt.model.config import LlamaConfig
@@ -44,12 +49,14 @@ from waferrt.model.config import LlamaConfig
 
 @dataclass(frozen=True)
 class StepCycles:
-    """A step's modelled cycles: forward, backward (the head's included), optimizer, and in all."""
+    """A step's modelled cycles: forward, backward (the head's and the recomputed forwards' included),
+    optimizer, and in all; `recompute` what the recomputed forwards add to the backward."""
 
     forward: float
     backward: float
     optimizer: float
     total: float
+    recompute: float = 0.0
 
     def seconds(self, spec: HardwareSpec) -> float:
         return self.total / spec.clock_hz
@@ -77,12 +84,24 @@ def layer_backward_cycles(spec: HardwareSpec, config: LlamaConfig, region: Regio
     return total(parts.values()).cycles
 
 
-def head_backward_cycles(spec: HardwareSpec, config: LlamaConfig, region: Region, tokens: int) -> float:
-    """The head over `tokens` tokens -- logits, cross-entropy, their backward, the final norm's -- on the
-    region's largest square, as ``head.head_backward`` books it (in ``head_chunks`` chunks of the vocabulary)."""
+def head_backward_cycles(spec: HardwareSpec, config: LlamaConfig, region: Region, shape: TrainShape) -> float:
+    """The head over the batch's tokens -- logits, cross-entropy, their backward, the final norm's -- on the
+    region's largest square, as ``head.head_backward`` books it (in the ``keep_plan``'s chunks of the
+    vocabulary: the fewest that fit beside the layers' kept activations)."""
     side = min(region.w, region.h)
-    shape = GemmShape(tokens, config.vocab_size, config.dim, side, side)  # (tokens, vocab, dim)
-    return total(head_backward_parts(spec, shape, chunks=head_chunks(spec, shape)).values()).cycles
+    head = GemmShape(shape.tokens, config.vocab_size, config.dim, side, side)  # (tokens, vocab, dim)
+    chunks = step_plan(spec, config, region, shape).head_chunks
+    return total(head_backward_parts(spec, head, chunks=chunks).values()).cycles
+
+
+def step_plan(spec: HardwareSpec, config: LlamaConfig, region: Region, shape: TrainShape) -> KeepPlan:
+    """The step's SRAM plan on the region's largest square (``core.train_memory.keep_plan``)."""
+    return keep_plan(spec, config, shape, min(region.w, region.h))
+
+
+def recompute_cycles(spec: HardwareSpec, config: LlamaConfig, region: Region, shape: TrainShape) -> float:
+    """What the recomputed layers' forwards add to a resident step: one forward's cycles each."""
+    return step_plan(spec, config, region, shape).recomputed * layer_forward_cycles(spec, config, region, shape)
 
 
 def step_cycles(spec: HardwareSpec, config: LlamaConfig, region: Region, shape: TrainShape,
@@ -90,17 +109,20 @@ def step_cycles(spec: HardwareSpec, config: LlamaConfig, region: Region, shape: 
     """A training step's modelled cycles on `region` (see the module docstring)."""
     fwd = layer_forward_cycles(spec, config, region, shape)
     bwd = layer_backward_cycles(spec, config, region, shape)
-    head = head_backward_cycles(spec, config, region, shape.tokens)
+    head = head_backward_cycles(spec, config, region, shape)
+    redone, layers = step_plan(spec, config, region, shape).recomputed, config.n_layers
     if not streaming:
         opt = flop_cycles(spec, cdiv(ADAMW_FLOPS * config.params(), region.w * region.h))
-        layers = config.n_layers
-        return StepCycles(layers * fwd, layers * bwd + head, opt, layers * (fwd + bwd) + head + opt)
+        redo = recompute_cycles(spec, config, region, shape)
+        return StepCycles(layers * fwd, layers * bwd + head + redo, opt, layers * (fwd + bwd) + head + redo + opt,
+                          redo)
     layer = streamed_bytes(config, "layer", "float32", 0)
     rows = streamed_bytes(config, "embed", "float32", shape.tokens)
-    forward = stream_cycles(spec, rows) + config.n_layers * stage_cycles(spec, fwd, layer)
+    forward = stream_cycles(spec, rows) + layers * stage_cycles(spec, fwd, layer)
+    kept, redo = stage_cycles(spec, bwd, 2 * layer), stage_cycles(spec, fwd + bwd, 2 * layer)  # its weights stream once
     backward = (stage_cycles(spec, head, 2 * streamed_bytes(config, "head", "float32", 0))
-                + config.n_layers * stage_cycles(spec, bwd, 2 * layer) + stream_cycles(spec, rows))
-    return StepCycles(forward, backward, 0.0, forward + backward)
+                + (layers - redone) * kept + redone * redo + stream_cycles(spec, rows))
+    return StepCycles(forward, backward, 0.0, forward + backward, redone * (redo - kept))
 
 
 RESIDENT_COPIES = 4  # the weights, their gradients and AdamW's two moments, float32 each

@@ -13,9 +13,15 @@ waferrt.kernels.sequences' order, every core row a slice of each sequence; a K/V
 its query heads), SwiGLU and the residual adds in the cores, the output projection's heads
 summed in the core. What it books is ``core.train_cost.block_forward_parts`` at
 ``decode.cost.ELEMENTWISE_FLOPS`` (tests/unit/test_train_ties.py).
+The kernel reads x and writes y and the kept activations under the DSM names a :class:`ForwardNames` gives
+(its inputs ``block.layer_blocks``; ``forward_args`` / ``kept_shapes`` the rest of its job):
+``block_forward_mesh`` puts x and reads everything back (the host's Saved); ``training.kept`` leaves them on
+the square for the backward.
 """
 
 from __future__ import annotations
+
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -31,8 +37,22 @@ from waferrt.model.reference import silu
 from .block import Saved, layer_blocks
 from .onwafer import Job, living_square, run_job
 
-FORWARD_INPUTS = ("x", "attn_norm", "ffn_norm", "wq", "wk", "wv", "wo", "w_gate", "w_up", "w_down", "cos", "sin")
-KEPT = ("y", "h1", "q", "k", "v", "att", "x2", "h2", "gate", "up", "m")  # what the kernel stores, "bf.o.<name>"
+FORWARD_INPUTS = ("attn_norm", "ffn_norm", "wq", "wk", "wv", "wo", "w_gate", "w_up", "w_down", "cos", "sin")
+KEPT = ("h1", "q", "k", "v", "att", "x2", "h2", "gate", "up", "m")  # with x, what the backward reads: "<kept><name>"
+
+
+@dataclass(frozen=True)
+class ForwardNames:
+    """The DSM tensors of one forward besides its weights ("bf.<input>"): where x is, where y goes, and the
+    prefix its kept activations are stored under ("<kept><name>"; "": none kept)."""
+
+    x: str
+    y: str
+    kept: str = ""
+
+    def __post_init__(self) -> None:
+        if not self.x or not self.y or self.x == self.y:
+            raise ValueError(f"a forward reads x and writes y in two DSM tensors; got {self}")
 
 
 def _rmsnorm(ctx, x: np.ndarray, w: np.ndarray, norm: Norm) -> np.ndarray:
@@ -56,10 +76,11 @@ def _heads(ctx, a: np.ndarray, w: np.ndarray) -> np.ndarray:
     return meshgemm(ctx, np.broadcast_to(a[:, :, None], w.shape[:3] + a.shape[2:])[:, :, None], w[:, :, None])
 
 
-def forward_kernel(ctx, norm: Norm, prompt: PromptAttention) -> None:
-    """The block's forward over the square (module doc): reads "bf.<input>", stores "bf.o.<kept>"."""
+def forward_kernel(ctx, norm: Norm, prompt: PromptAttention, names: ForwardNames) -> None:
+    """The block's forward over the square (module doc): reads "bf.<input>" and x, stores y and the kept
+    activations where `names` says."""
     t = {name: ctx.load(f"bf.{name}")[:, :, 0, 0] for name in FORWARD_INPUTS}
-    x = t["x"]
+    x = ctx.load(names.x)[:, :, 0, 0]
     h1 = _rmsnorm(ctx, x, t["attn_norm"], norm)
     h1a = relayout(ctx, h1, "C", "A")
     q, k, v = (_heads(ctx, h1a, t[w]) for w in ("wq", "wk", "wv"))  # (rows, cols, heads, mb, db)
@@ -78,21 +99,27 @@ def forward_kernel(ctx, norm: Norm, prompt: PromptAttention) -> None:
     m = _elementwise(ctx, "swiglu", EW["silu_mul"], silu(gate) * up)
     ma = relayout(ctx, m, "C", "A")
     y = _elementwise(ctx, "residual", EW["residual"], x2 + meshgemm(ctx, ma[:, :, None], t["w_down"][:, :, None]))
-    kept = {"y": y, "h1": h1a, "q": q, "k": k, "v": v, "att": atta, "x2": x2, "h2": h2a, "gate": gate, "up": up,
-            "m": ma}
-    for name, value in kept.items():
-        ctx.store(f"bf.o.{name}", value[:, :, None, None])
+    ctx.store(names.y, y[:, :, None, None])
+    kept = {"h1": h1a, "q": q, "k": k, "v": v, "att": atta, "x2": x2, "h2": h2a, "gate": gate, "up": up, "m": ma}
+    for name, value in kept.items() if names.kept else ():
+        ctx.store(names.kept + name, value[:, :, None, None])
 
 
-def _kept_shapes(config, inputs: dict, grid) -> dict[str, tuple]:
-    """The shapes of the kernel's outputs' blocks over the square."""
-    x, s = inputs["x"].shape, len(grid.rows)
-    hd = inputs["wq"].shape[-1]
-    per = lambda n: (s, s, n, x[2], hd)  # noqa: E731
-    hidden = inputs["w_gate"].shape[-1]
-    return {"o.y": x, "o.h1": x, "o.x2": x, "o.h2": x, "o.q": per(config.n_heads), "o.k": per(config.n_kv_heads),
-            "o.v": per(config.n_kv_heads), "o.att": per(config.n_heads), "o.gate": x[:3] + (hidden,),
-            "o.up": x[:3] + (hidden,), "o.m": x[:3] + (hidden,)}
+def forward_args(config, batch: TrainShape, names: ForwardNames) -> dict:
+    """The kernel's arguments besides ctx for the batch's B sequences (attention per sequence)."""
+    prompt = PromptAttention(batch.seq, 1 / np.sqrt(config.head_dim), EW["softmax"], batch.batch)
+    return dict(norm=Norm(config.dim, config.norm_eps), prompt=prompt, names=names)
+
+
+def kept_shapes(config, inputs: dict) -> dict[str, tuple]:
+    """The shapes over the square of x (and y) and of the kept activations (one block a core), from the
+    forward's inputs' blocks."""
+    s, _, mb, db = inputs["cos"].shape
+    x = (s, s, mb, inputs["attn_norm"].shape[-1])
+    per = lambda n: (s, s, n, mb, db)  # noqa: E731
+    hidden = x[:3] + (inputs["w_gate"].shape[-1],)
+    return {"x": x, "h1": x, "x2": x, "h2": x, "q": per(config.n_heads), "k": per(config.n_kv_heads),
+            "v": per(config.n_kv_heads), "att": per(config.n_heads), "gate": hidden, "up": hidden, "m": hidden}
 
 
 def block_forward_mesh(wafer, config, weights, x: np.ndarray) -> tuple[np.ndarray, Saved]:
@@ -101,12 +128,13 @@ def block_forward_mesh(wafer, config, weights, x: np.ndarray) -> tuple[np.ndarra
     T, hd, H = flat.shape[0], config.head_dim, config.n_heads
     region, grid = living_square(wafer, "a block's forward")
     s, batch = len(grid.rows), TrainShape(T // S, S)
-    inputs = layer_blocks(config, weights, grid, batch) | {
-        "x": scatter("C", grid, (s, s), interleave(flat, batch, s))}
-    prompt = PromptAttention(S, 1 / np.sqrt(hd), EW["softmax"], batch.batch)
-    job = Job("bf.", region, inputs, _kept_shapes(config, inputs, grid), forward_kernel,
-              dict(norm=Norm(config.dim, config.norm_eps), prompt=prompt))
-    got = {n[2:]: a for n, a in run_job(wafer, job, "a block's forward").items()}
+    inputs = layer_blocks(config, weights, grid, batch)
+    shapes = kept_shapes(config, inputs)
+    outputs = {f"o.{n}": shapes[n] for n in KEPT} | {"o.y": shapes["x"]}
+    inputs["o.x"] = scatter("C", grid, (s, s), interleave(flat, batch, s))
+    args = forward_args(config, batch, ForwardNames("bf.o.x", "bf.o.y", "bf.o."))
+    got = {n[2:]: a for n, a in run_job(wafer, Job("bf.", region, inputs, outputs, forward_kernel, args),
+                                        "a block's forward").items()}
     rows = square_tokens(batch, s)
     mat = lambda layout, a, n: deinterleave(gather(layout, grid, a, (rows, n)), batch, s)  # noqa: E731
     per = lambda layout, a: np.stack([mat(layout, a[:, :, h], hd) for h in range(a.shape[2])], axis=1)  # noqa: E731

@@ -1,9 +1,10 @@
 """The training step's phases on a Wafer: each layer's forward and backward and the head's as the mesh kernels
 run them.
 
-Contract: ``mesh_phases(wafer) -> Phases`` is ``step.Phases`` whose ``forward`` is
-``forward.block_forward_mesh`` (its Saved activations are what the backward reads), whose ``backward`` is
-``block.block_backward`` and whose ``head`` is ``head.head_backward``, each one ``wafer.run`` on the wafer's
+Contract: ``mesh_phases(wafer) -> Phases`` is ``step.Phases`` whose ``forward`` and ``backward`` are
+``kept.KeptSteps``' (``forward.forward_kernel`` and ``block.block_kernel``, the activations the forward keeps
+staying on the tiles for the backward, or recomputed there: ``core.train_memory.keep_plan``) and whose
+``head`` is ``head.head_backward`` (in the plan's chunks of the vocabulary), each one ``wafer.run`` on the wafer's
 largest square of cores (``onwafer.living_square``), booked on the wafer's ledger (``wafer.cost()``); what
 they book is ``core.train_cost``'s closed forms (``training.cost.step_cycles`` sums them). The embedding's
 gather and scatter-add run off the wafer, where the store keeps the table (as with ``step.REFERENCE``). A
@@ -15,9 +16,8 @@ from __future__ import annotations
 
 from waferrt.core.arith import cdiv
 
-from .block import block_backward
-from .forward import block_forward_mesh
 from .head import head_backward
+from .kept import KeptSteps
 from .step import REFERENCE, Phases
 
 PHASES = ("mesh", "reference")
@@ -33,14 +33,18 @@ class _Top:
 def mesh_phases(wafer) -> Phases:
     """The phases whose forward, backward and head run as mesh kernels on `wafer` (module doc)."""
 
-    def forward(x, layer, rope):  # x (B, S, dim) -> y (B, S, dim), block.Saved
-        return block_forward_mesh(wafer, layer.config, layer.weights, x)
+    steps = KeptSteps(wafer)
 
-    def backward(dy, saved, layer, rope):  # dy (B, S, dim) -> dx (B, S, dim), {field: grad}
-        return block_backward(wafer, layer.config, layer.weights, saved, dy)
+    def forward(x, layer, rope):  # x (B, S, dim) or kept.OnSquare -> y (the same), kept.KeptLayer
+        return steps.forward(x, layer)
+
+    def backward(dy, kept, layer, rope):  # dy (B, S, dim) or kept.OnSquare -> dx (the same), {field: grad}
+        return steps.backward(dy, kept, layer)
 
     def head(x, final_norm, table, targets, config):  # -> loss, dx (B, S, dim), d final_norm, d table
-        loss, dx, grads = head_backward(wafer, config, _Top(final_norm, table), x, targets)
+        # the fewest chunks that fit beside the layers' kept activations (no plan: a forward of another's)
+        chunks = None if steps.plan is None else steps.plan.head_chunks
+        loss, dx, grads = head_backward(wafer, config, _Top(final_norm, table), x, targets, chunks)
         return loss, dx, grads["final_norm"], grads["embed"]
 
     return Phases(forward=forward, backward=backward, head=head)
