@@ -157,7 +157,8 @@ def _region(args, config):
     """The --mesh region on the --spec wafer (checked), and the spec."""
     from waferrt.core.mesh import Region
     from waferrt.core.spec import spec_by_name
-    from waferrt.training.cost import head_backward_cycles, resident_core_bytes
+    from waferrt.core.train_cost import TrainShape
+    from waferrt.training.cost import resident_core_bytes, step_plan
     from waferrt.training.mesh import even_rope_blocks, mesh_side
 
     spec = spec_by_name(args.spec or "wse2")
@@ -171,11 +172,17 @@ def _region(args, config):
         raise UsageError(f"resident training keeps the weights, gradients and AdamW moments in SRAM: {need:,} "
                          f"bytes per core on {w}x{h}, more than the {spec.sram_bytes:,} of a {spec.name} core; "
                          "add --streaming (weights off the wafer) or give a larger --mesh")
-    try:  # the head's backward fits a core of the square in chunks of the vocabulary (or not at all)
-        head_backward_cycles(spec, config, region, args.batch * args.seq)
+    asked = f"--batch {args.batch} --seq {args.seq} on --mesh {w}x{h}"
+    try:  # the step's SRAM plan (kept or recomputed layers, the head in chunks) fits a core of the square
+        plan = step_plan(spec, config, region, TrainShape(args.batch, args.seq))
     except ValueError as e:
-        raise UsageError(f"--batch {args.batch} --seq {args.seq} on --mesh {w}x{h}: {e} (--batch, --seq, "
-                         "--mesh)") from None
+        raise UsageError(f"{asked}: {e} (--batch, --seq, --mesh)") from None
+    if not plan.fits:
+        side = min(w, h)
+        raise UsageError(f"{asked}: core (x=0, y=0) (and every other) of the {side}x{side} square would hold "
+                         f"{plan.peak:,} bytes at its fullest even with every layer recomputed, more than its SRAM "
+                         f"({spec.sram_bytes:,} bytes on {spec.name}); give fewer tokens or a larger square "
+                         "(--batch, --seq, --mesh)")
     if args.on == "mesh" and not even_rope_blocks(config, region):
         side = mesh_side(config, region)
         raise UsageError(f"--on mesh runs on the largest square of --mesh {w}x{h}, whose cores' head_dim blocks "
