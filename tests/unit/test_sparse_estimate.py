@@ -59,14 +59,14 @@ def test_pays_from_is_the_start_of_the_last_run_of_cheaper_contexts() -> None:
         return tuple(ContextRow(256 << i, 10.0, 5.0 if c else 20.0, 1.0, 1.0) for i, c in enumerate(cheaper))
 
     def pays(*cheaper: bool) -> int | None:
-        return SparseEstimate("m", AttentionMode(keep=8), rows(*cheaper), 4096, 1.0, 1.0).pays_from
+        return SparseEstimate("m", AttentionMode(keep=8), rows(*cheaper), 4096, 4096, 1.0, 1.0).pays_from
 
     assert pays(False, False, True, True) == 1024
     assert pays(True, False, True) == 1024
     assert pays(True, True) == 256
     assert pays(True, False) is None
     with pytest.raises(ValueError, match="sparse attention mode"):
-        SparseEstimate("m", AttentionMode(), rows(True), 4096, 1.0, 1.0)
+        SparseEstimate("m", AttentionMode(), rows(True), 4096, 4096, 1.0, 1.0)
 
 
 def test_the_cli_prints_and_jsons_the_sparse_figures() -> None:
@@ -75,7 +75,7 @@ def test_the_cli_prints_and_jsons_the_sparse_figures() -> None:
     text = subprocess.run(argv, capture_output=True, text=True, timeout=300)
     assert text.returncode == 0, text.stderr
     assert "attention       sparse:64: one layer's attention per token" in text.stdout
-    assert "the longest context that fits: 8,192 positions a request either way" in text.stdout
+    assert "the longest context that fits: 8,192 positions a request dense, 8,192 sparse" in text.stdout
     got = json.loads(subprocess.run(argv + ["--json"], capture_output=True, text=True, timeout=300).stdout)["sparse"]
-    assert got["mode"] == "sparse:64" and got["longest_context"] == 8192
+    assert got["mode"] == "sparse:64" and got["longest_context"] == got["dense_longest_context"] == 8192
     assert got["contexts"][0]["context"] == 256 and got["sparse_token_s"] > 0

@@ -120,15 +120,16 @@ def layer_booking(config: LlamaConfig, region: Region, kv_tokens: int, requests:
             "scratch": (scratch_layout(region, activation_bytes(config, region, kv_tokens)),)}
 
 
-def topk_booking(config: LlamaConfig, region: Region, kv_tokens: int, attention: AttentionMode
-                 ) -> dict[str, tuple[Layout, ...]]:
+def topk_booking(config: LlamaConfig, region: Region, kv_tokens: int, attention: AttentionMode,
+                 head_groups: int = 1) -> dict[str, tuple[Layout, ...]]:
     """What sparse attention adds to a layer region's SRAM (once a region, as the scratch): "topk", the row
-    top-K's lists a core holds for one request's query heads (decode.topk.buffer_bytes: its own K best and a
-    neighbour's) at the K/V reserve; nothing when every key is kept (no top-K runs)."""
+    top-K's lists a core holds for one request's query heads of its head group (decode.topk.buffer_bytes: its
+    own K best and a neighbour's) at the K/V reserve; nothing when every key is kept (no top-K runs)."""
     keep, held = attention.keys_kept(kv_tokens), cdiv(kv_tokens, region.w)
     if keep >= kv_tokens:
         return {}
-    return {"topk": (scratch_layout(region, buffer_bytes(TopKRow(region.w, held, config.n_heads, keep))),)}
+    heads = layer_dims(config, region.w, region.h, head_groups)["hq"]
+    return {"topk": (scratch_layout(region, buffer_bytes(TopKRow(region.w, held, heads, keep))),)}
 
 
 def embed_booking(config: LlamaConfig, region: Region, dtype: str = "float32") -> dict[str, tuple[Layout, ...]]:

@@ -86,7 +86,7 @@ def shape_kv_capacity(work: Workload, shape: Shape, sram: int, attention: Attent
     lists (decode.layout.topk_booking, as the tiles book them)."""
 
     def fits(t: int) -> bool:
-        topk = most_bytes(topk_booking(work.config, shape.region(), t, attention))
+        topk = most_bytes(topk_booking(work.config, shape.region(), t, attention, shape.head_groups))
         return legal(work.config, shape, max(t, shape.cols)) and layer_core_bytes(work.holding(t), shape) + topk <= sram
 
     return last_true(1, work.config.max_seq_len, fits) or 0
