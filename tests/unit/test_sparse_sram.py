@@ -5,6 +5,8 @@ and the estimator's longest context counts it (estimator.wafer.shape_kv_capacity
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import numpy as np
 import pytest
 
@@ -19,6 +21,7 @@ from waferrt.estimator.sparse_estimate import sparse_estimate
 from waferrt.fabric.loop import simulate
 from waferrt.model import AttentionMode, tiny_config
 from waferrt.model.zoo import model_by_name
+from waferrt.scheduler import PlanOptions, plan
 from waferrt.scheduler.types import KVReserve
 
 CFG = tiny_config()
@@ -67,3 +70,25 @@ def test_the_longest_context_that_fits_counts_the_lists() -> None:
     small, large = (sparse_estimate(est, AttentionMode(keep=k)) for k in (8, 4096))
     assert small.dense_longest == large.dense_longest == est.kv_tokens_per_request
     assert large.longest_context == 4096 < small.longest_context <= est.kv_tokens_per_request
+
+
+def book_every_stage(setup: DecodeSetup, sram: int) -> None:
+    """What the tiles book at start (actors/tile.py): every stage's stage_sram on its tile's SramBook."""
+    books = {}
+    for s, tile in enumerate(setup.stage_tiles()):
+        book = books.setdefault(tile, SramBook(setup.mesh.tile_region(tile), sram))
+        for name, (region, nbytes) in stage_sram(setup, s).items():
+            book.reserve(name, region, nbytes)
+
+
+def test_the_planner_leaves_room_for_the_lists_the_tiles_book() -> None:
+    """The planner fills a region's cores with K/V (its kv_tokens grow to what fits): planned dense, the lists
+    do not fit; planned for sparse:5 (PlanOptions.attention: scheduler.budget.layer_bytes counts them), the tiles
+    book everything."""
+    mode = AttentionMode(keep=5)
+    dense = plan(CFG, TINY, MeshSpec(16, 16, 8, 8), kv=KVReserve(32, 2))
+    with pytest.raises(SramOverflow, match="topk"):
+        book_every_stage(replace(DecodeSetup.from_placement(dense), attention=mode), TINY.sram_bytes)
+    sparse = plan(CFG, TINY, MeshSpec(16, 16, 8, 8), kv=KVReserve(32, 2), options=PlanOptions(attention=mode))
+    book_every_stage(replace(DecodeSetup.from_placement(sparse), attention=mode), TINY.sram_bytes)
+    assert (sparse.layers[0], sparse.kv_tokens) != (dense.layers[0], dense.kv_tokens)  # planned otherwise
