@@ -46,6 +46,7 @@ import numpy as np
 from waferrt.core.mesh import Region
 from waferrt.core.spec import WSE2
 from waferrt.decode.cost import Decoding, attention_parts
+from waferrt.decode.prefill import prefill_layer_parts
 from waferrt.model import AttentionMode, KVCache, ReferenceModel, Tokenizer, load_model
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
@@ -71,9 +72,26 @@ def decode(model: ReferenceModel, cache: KVCache, tokens: list[int]) -> np.ndarr
     return np.stack([model.step(t, cache.length, cache) for t in tokens])
 
 
-def accuracy(config, weights, prefilled: tuple[KVCache, np.ndarray], modes: list[AttentionMode], steps: int):
-    """Dense's greedy tokens, then each mode's logit error and argmax agreement on the same history."""
-    cache, first = prefilled
+def prefilled(model: ReferenceModel, ids: list[int], steps: int) -> tuple[KVCache, np.ndarray]:
+    """The cache after prefilling `ids` CHUNK tokens at a time (room for `steps` more), and the last logits."""
+    cache = model.new_cache(capacity=len(ids) + steps + 1)
+    for lo in range(0, len(ids), CHUNK):
+        first = model.prefill(ids[lo:lo + CHUNK], cache)
+    return cache, first
+
+
+def errors(got: np.ndarray, dense: np.ndarray, tokens: list[int]) -> tuple[float, float, float]:
+    """(mean, worst) logit error relative to dense's largest |logit|, and the share of argmaxes equal to tokens."""
+    err = np.max(np.abs(got - dense), axis=-1) / np.max(np.abs(dense), axis=-1)  # (steps,)
+    return float(np.mean(err)), float(np.max(err)), float(np.mean(np.argmax(got, axis=-1) == np.asarray(tokens)))
+
+
+def accuracy(config, weights, prefill: tuple[KVCache, np.ndarray, list[int]], modes: list[AttentionMode],
+             steps: int):
+    """Dense's greedy tokens, then each mode's logit error and argmax agreement on the same history: decoding
+    sparsely after dense's prefill ("decode"), and (with prompt ids) prefilling sparsely too ("prefill+decode":
+    the first logits after the prompt are compared as well)."""
+    cache, first, ids = prefill
     dense_model, tokens, logits = ReferenceModel(config, weights), [int(np.argmax(first))], []
     dense_cache = copy_cache(cache)
     for _ in range(steps):
@@ -82,11 +100,31 @@ def accuracy(config, weights, prefilled: tuple[KVCache, np.ndarray], modes: list
     dense = np.stack(logits)  # (steps, vocab)
     rows = []
     for mode in modes:
-        got = decode(ReferenceModel(config, weights, mode), copy_cache(cache), tokens[:-1])
-        err = np.max(np.abs(got - dense), axis=-1) / np.max(np.abs(dense), axis=-1)  # (steps,)
-        agree = np.mean(np.argmax(got, axis=-1) == np.asarray(tokens[1:]))
-        rows.append((mode, float(np.mean(err)), float(np.max(err)), float(agree)))
+        model = ReferenceModel(config, weights, mode)
+        got = decode(model, copy_cache(cache), tokens[:-1])
+        rows.append((mode, "decode", *errors(got, dense, tokens[1:])))
+        if ids:
+            own, own_first = prefilled(model, ids, steps)
+            got = np.concatenate([own_first[None], decode(model, own, tokens[:-1])])
+            rows.append((mode, "prefill+decode", *errors(got, np.concatenate([first[None], dense]), tokens)))
     return rows
+
+
+def prefill_table(dec: Decoding, contexts: list[int], modes: list[AttentionMode]) -> None:
+    """The modelled prefill of one layer: a CHUNK-token chunk at the end of each context (the cache holding the
+    rest) on REGION's square, its attention dense vs each mode (decode.prefill.prefill_layer_parts)."""
+    print(f"\nprefill: one layer's {CHUNK}-token chunk at the end of the context on a {REGION.w}x{REGION.h} square, "
+          "WSE-2 cycles (the GEMMs, element-wise work and layout moves are the same either way)")
+    print(f"{'context':>7} {'mode':>12} | {'predict':>9} {'sort':>9} {'attend':>9} {'layer':>10} {'dense':>10} "
+          f"{'ratio':>6}")
+    for n in contexts:
+        dense = sum(c.cycles for _, _, c in prefill_layer_parts(WSE2, dec, REGION, min(CHUNK, n), n))
+        for mode in modes:
+            parts = prefill_layer_parts(WSE2, replace(dec, attention=mode), REGION, min(CHUNK, n), n)
+            cyc = modelled({name: c for name, cat, c in parts if cat == "attention"})
+            total = sum(c.cycles for _, _, c in parts)
+            print(f"{n:>7} {str(mode):>12} | {cyc['predict']:>9.0f} {cyc['sort']:>9.0f} {cyc['attend']:>9.0f} "
+                  f"{total:>10.0f} {dense:>10.0f} {total / dense:>6.2f}")
 
 
 def main() -> None:
@@ -95,26 +133,29 @@ def main() -> None:
                     "(2048,4096,8192)")
     ap.add_argument("--keeps", default="32,64,256,0.1", help="K per query head, or fractions (32,64,256,0.1)")
     ap.add_argument("--steps", type=int, default=8, help="decode steps compared per mode (8)")
+    ap.add_argument("--sparse-prefill", action="store_true", help="also prefill each prompt sparsely and compare "
+                    "prefill+decode with dense (the reference's sparse prefill attends row by row: slow)")
     args = ap.parse_args()
     config, weights, meta = load_model()
     tok, dec = Tokenizer(meta), Decoding(config)
     modes = [AttentionMode.parse(f"sparse:{k}") for k in args.keeps.split(",")]
     print(f"SmolLM2-135M, {args.steps} teacher-forced decode steps per mode; modelled: one token's attention in "
           f"one {REGION.w}x{REGION.h} layer region on WSE-2, cycles")
-    print(f"{'context':>7} {'mode':>12} {'err mean':>9} {'err max':>9} {'= dense':>8} | {'predict':>8} "
-          f"{'sort':>8} {'attend':>8} {'total':>8} {'dense':>8} {'ratio':>6}")
-    for n in (min(int(c), config.max_seq_len - args.steps - 1) for c in args.contexts.split(",")):  # 8K: 8,183
-        model, ids = ReferenceModel(config, weights), prompt_ids(tok, n)
-        cache = model.new_cache(capacity=n + args.steps + 1)
-        for lo in range(0, n, CHUNK):
-            first = model.prefill(ids[lo:lo + CHUNK], cache)
+    print(f"{'context':>7} {'mode':>12} {'sparse in':>15} {'err mean':>9} {'err max':>9} {'= dense':>8} | "
+          f"{'predict':>8} {'sort':>8} {'attend':>8} {'total':>8} {'dense':>8} {'ratio':>6}")
+    contexts = [min(int(c), config.max_seq_len - args.steps - 1) for c in args.contexts.split(",")]  # 8K: 8,183
+    for n in contexts:
+        ids = prompt_ids(tok, n)
+        cache, first = prefilled(ReferenceModel(config, weights), ids, args.steps)
         dense_cycles = sum(c.cycles for c in attention_parts(WSE2, dec, REGION, n).values())
-        for mode, err_mean, err_max, agree in accuracy(config, weights, (cache, first), modes, args.steps):
+        prefill = (cache, first, ids if args.sparse_prefill else [])
+        for mode, where, err_mean, err_max, agree in accuracy(config, weights, prefill, modes, args.steps):
             cyc = modelled(attention_parts(WSE2, replace(dec, attention=mode), REGION, n))
             total = sum(cyc.values())
-            print(f"{n:>7} {str(mode):>12} {err_mean:>9.4f} {err_max:>9.4f} {agree:>8.0%} | "
+            print(f"{n:>7} {str(mode):>12} {where:>15} {err_mean:>9.4f} {err_max:>9.4f} {agree:>8.0%} | "
                   f"{cyc['predict']:>8.0f} {cyc['sort']:>8.0f} {cyc['attend']:>8.0f} "
                   f"{total:>8.0f} {dense_cycles:>8.0f} {total / dense_cycles:>6.2f}")
+    prefill_table(dec, contexts, modes)
 
 
 def modelled(parts: dict) -> dict[str, float]:

@@ -14,7 +14,7 @@ from waferrt.decode.cost import Decoding, layer_decode_cost
 from waferrt.decode.pack import Chunks, pack_layer
 from waferrt.decode.shards import LayerShard
 from waferrt.decode.sparse import chosen, predicted
-from waferrt.fabric.comm import Collectives
+from waferrt.fabric.comm import KTREE_FAST, Collectives
 from waferrt.model import AttentionMode, synthetic_llama, tiny_config
 from waferrt.model.sparse import predict_scores, select_top
 
@@ -23,7 +23,7 @@ W = synthetic_llama(CFG, seed=0)
 
 
 def decode(mode: AttentionMode, region: Region, batch: int, steps: int, check=None,
-           coll: Collectives = Collectives()) -> list[np.ndarray]:
+           coll: Collectives = KTREE_FAST) -> list[np.ndarray]:
     """`steps` tokens of `batch` requests through layer 0 on `region`; the outputs of every step."""
     ledger, dec = Ledger(TINY), Decoding(CFG, coll=coll, attention=mode)
     shard = LayerShard(dec, region, pack_layer(CFG, W.layers[0], region, "float32"), (batch, 24), ledger)

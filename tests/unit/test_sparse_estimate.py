@@ -13,11 +13,11 @@ import pytest
 from waferrt.core.mesh import Region
 from waferrt.core.spec import WSE2
 from waferrt.decode.cost import Decoding, attention_parts
+from waferrt.estimator.estimate import Objective, estimate
+from waferrt.estimator.sparse_estimate import ContextRow, SparseEstimate, sparse_estimate
 from waferrt.model import AttentionMode
 from waferrt.model.zoo import model_by_name
 from waferrt.scheduler import KVReserve
-from waferrt.estimator.estimate import Objective, estimate
-from waferrt.estimator.sparse_estimate import ContextRow, SparseEstimate, sparse_estimate
 
 
 @pytest.fixture(scope="module")

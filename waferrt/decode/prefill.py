@@ -5,7 +5,8 @@ PREFILL_MAX_TOKENS; a whole prompt is the chunk at 0) through one :class:`~wafer
 on the largest square of cores at its region's corner (:func:`gemm_region`): every matrix product is a
 MeshGEMM kernel (waferrt.kernels.gemm: the QKV projection, the output projection, gate and up as one, down)
 and the heads' causal attention the transposed MeshGEMM for Q.K^T and MeshGEMM for P.V over the chunk and
-the positions before it that the cache holds, every head's blocks moving together
+the positions before it that the cache holds (sparse under a sparse ``LayerShard.attention``:
+waferrt.decode.sparse_prefill), every head's blocks moving together
 (waferrt.kernels.attention; a K/V head's blocks go with each of its query heads), each moving its blocks
 hop by hop on the region's lines and booking them. Between the kernels the glue runs on the tile's full
 matrices (RMSNorm, RoPE, SiLU, the residual adds: booked at ``ELEMENTWISE_FLOPS`` per element, spread over
@@ -266,8 +267,8 @@ def prefill_work_parts(spec, dec: Decoding, region: Region, tokens: int, context
     ctx = context or T
     att = prefill_attention_parts(spec, AttentionShape(T, hd, config.n_heads, s, ctx), dec.attention, (moved, rate))
     glue = [dec.flops(spec, cdiv(f, s * s)) for f in glue_flops(config, T)]
-    return (mm("qkv", T, dim, dim + 2 * config.kv_dim), *att, mm("o", T, config.n_heads * hd, dim), mm("gate_up", T, dim, 2 * config.hidden_dim),
-            mm("down", T, config.hidden_dim, dim),
+    return (mm("qkv", T, dim, dim + 2 * config.kv_dim), *att, mm("o", T, config.n_heads * hd, dim),
+            mm("gate_up", T, dim, 2 * config.hidden_dim), mm("down", T, config.hidden_dim, dim),
             ("elementwise", "elementwise", glue[0] + glue[1] + glue[2]))
 
 

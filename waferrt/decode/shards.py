@@ -51,7 +51,7 @@ PANEL_ROWS = 64  # the most output rows per BLAS call: a few tokens times a narr
 # 1.5-2x faster than times the whole matrix at once (OpenBLAS packs less; benchmarks/profile_decode.py)
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _panel(rows: int) -> int:
     """The widest panel of at most PANEL_ROWS rows that cuts `rows` evenly."""
     return max(n for n in range(1, min(rows, PANEL_ROWS) + 1) if rows % n == 0)
@@ -153,7 +153,7 @@ class LayerShard:
                                   collapse=True)  # (B, nkv, rep)
         p = (e / total[..., None, None]).transpose(0, 4, 1, 2, 3)  # (B, C, nkv, rep, m)
         self.ledger.compute(EW["softmax"] * B * nkv * rep * m)
-        out = np.matmul(p, vc) if vc.ndim == 5 else np.matmul(p[..., None, :], vc)[..., 0, :]  # (B, C, nkv, rep, R*hd_r)
+        out = np.matmul(p, vc) if vc.ndim == 5 else np.matmul(p[..., None, :], vc)[..., 0, :]  # (B, C, nkv, rep, R*hd)
         self.ledger.compute(2 * B * nkv * rep * self.hd_r * m)
         out = out.reshape(B, self.cols, nkv, rep, self.rows, self.hd_r)
         a = self.cx.allreduce(out, coll, slices=Slices(1), collapse=True,

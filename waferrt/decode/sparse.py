@@ -1,6 +1,6 @@
 """STAR's sparse attention in a layer region's decode: which cached keys each query head attends to.
 
-Contract: these are what a LayerShard's fast-path attention (waferrt.decode.shards) runs
+Contract: these are what a LayerShard's attention (waferrt.decode.shards) runs
 under a sparse ``Decoding.attention`` (waferrt.model.sparse.AttentionMode). For a micro-batch whose fullest
 request holds L positions it keeps K = ``attention.keys_kept(L)`` keys per query head; when K < L it
 
@@ -11,10 +11,14 @@ request holds L positions it keeps K = ``attention.keys_kept(L)`` keys per query
    (``model.sparse.select_top``'s rule: `chosen`), booked as the row's top-K on every row of the region
    (`book_top_k`: ``decode.topk.topk_cost``, selection, streamed merge, multicast; tied to the row_topk kernel);
 
-then attends over the chosen keys (within the visible ones), booked as ``cdiv(K, cols)`` keys a core (taken
-as spread evenly over the columns). With
+then attends over the chosen keys (within the visible ones), booked as min(K, m) keys a core: a core holding
+m positions may hold that many of the kept ones, and the mesh waits for its busiest core. With
 K >= L every visible key is kept and nothing more is booked: the mask is the dense one, so the tokens are
 dense's exactly. What is booked is ``decode.cost.sparse_parts`` (tested equal).
+
+On the hop-by-hop collectives (``Collectives(fast=False)``) `hop_selection` runs the same steps message by
+message -- the partial predictions' allreduce, the row_topk kernel itself, each core's kept entries gathered
+into a block of min(K, m) -- booking what the fast path books (tested equal, with the same outputs).
 """
 
 from __future__ import annotations

@@ -23,8 +23,8 @@ from waferrt.decode.streaming import WeightStore
 from waferrt.decode.tracing import trace_program, untrace_program
 from waferrt.fabric.comm import KTREE_FAST, Collectives
 from waferrt.fabric.loop import LoopFabric
-from waferrt.model.sparse import AttentionMode
 from waferrt.model.sampling import Sampler
+from waferrt.model.sparse import AttentionMode
 
 from .engine import HeadEngine, Submission, TokenEvent
 from .host import serve
