@@ -12,27 +12,41 @@ reduce, the top-K -- selection, streamed merge, multicast: ``decode.topk`` -- an
 kept keys) against dense, and their ratio.
 
     python benchmarks/sparse_attention.py [--contexts 2048,4096,8192] [--keeps 32,64,256,0.1] [--steps 8]
+                                          [--sparse-prefill]
 
 A run (2-core VM under other agents' load; --contexts 2048,4096 then --contexts 8192, 8 steps, ~65 min):
 
     context         mode  err mean   err max  = dense |  predict     sort   attend    total    dense  ratio
-       2048    sparse:32    0.1555    0.2157      62% |     3420     4286     1296     9002     8100   1.11
-       2048    sparse:64    0.1110    0.1629      62% |     3420     6590     1404    11414     8100   1.41
-       2048   sparse:256    0.0451    0.0738      75% |     3420    18686     2052    24158     8100   2.98
-       2048   sparse:0.1    0.0518    0.0824      75% |     3420    15473     1944    20837     8100   2.57
-       4096    sparse:32    0.1995    0.3764      50% |     6588     6014     1296    13898    15012   0.93
-       4096    sparse:64    0.1467    0.2925      62% |     6588     8606     1404    16598    15012   1.11
-       4096   sparse:256    0.0604    0.0798     100% |     6588    21278     2052    29918    15012   1.99
-       4096   sparse:0.1    0.0457    0.0593     100% |     6588    30980     2592    40160    15012   2.68
-       8183    sparse:32    0.0948    0.1359      75% |    12924     9470     1296    23690    28836   0.82
-       8183    sparse:64    0.0682    0.0959     100% |    12924    12638     1404    26966    28836   0.94
-       8183   sparse:256    0.0400    0.0699     100% |    12924    27038     2052    42014    28836   1.46
-       8183   sparse:0.1    0.0206    0.0374     100% |    12924    62507     3996    79427    28836   2.75
+       2048    sparse:32    0.1555    0.2157      62% |     3420     4286     4644    12350     8100   1.52
+       2048    sparse:64    0.1110    0.1629      62% |     3420     6590     8100    18110     8100   2.24
+       2048   sparse:256    0.0451    0.0738      75% |     3420    18686     8100    30206     8100   3.73
+       2048   sparse:0.1    0.0518    0.0824      75% |     3420    15473     8100    26993     8100   3.33
+       4096    sparse:32    0.1995    0.3764      50% |     6588     6014     4644    17246    15012   1.15
+       4096    sparse:64    0.1467    0.2925      62% |     6588     8606     8100    23294    15012   1.55
+       4096   sparse:256    0.0604    0.0798     100% |     6588    21278    15012    42878    15012   2.86
+       4096   sparse:0.1    0.0457    0.0593     100% |     6588    30980    15012    52580    15012   3.50
+       8183    sparse:32    0.0948    0.1359      75% |    12924     9470     4644    27038    28836   0.94
+       8183    sparse:64    0.0682    0.0959     100% |    12924    12638     8100    33662    28836   1.17
+       8183   sparse:256    0.0400    0.0699     100% |    12924    27038    28836    68798    28836   2.39
+       8183   sparse:0.1    0.0206    0.0374     100% |    12924    62507    28836   104267    28836   3.62
 The logit error falls with K (8K: 9.5% mean at sparse:32, 2.1% at sparse:0.1) and sparse:64 and up keep
-62-100% of dense's tokens (100% at 8K); modelled on a 32x32 region, the streamed top-K (selection, 16 rounds
-of a hop and a stage, the K entries serialised once per chain) makes sparse:32 cheaper than dense from 4K
-positions (0.93x; 0.82x at 8K) and sparse:64 at 8K (0.94x); the top-K's selection and serialisation grow
-with K, so large K does not pay at these contexts.
+62-100% of dense's tokens (100% at 8K); modelled on a 32x32 region (the columns re-derived since: a core
+attends over up to min(K, its positions) kept keys, the busiest core's bound), sparse:32 is cheaper than dense
+at 8K (0.94x) and dearer below; the top-K's selection and serialisation grow with K, so large K does not pay at
+these contexts. The run's accuracy columns are unchanged by that (the reference's numbers).
+
+Then the prefill (closed forms only, instant): one layer's 512-token chunk at the end of each context on the
+32x32 square, its attention dense vs sparse (prediction: a transposed MeshGEMM over log-domain keys at the
+16-bit rate; the row top-K; the softmax and P.V over the kept keys), e.g.
+
+    context         mode |   predict      sort    attend      layer      dense  ratio
+       2048    sparse:32 |    443392     60446   1262200    3857220    3957030   0.97
+       4096    sparse:64 |    885760    129566   2517880    5655110    5847080   0.97
+       8183    sparse:32 |   1770496    143390   3218296    7301607    9613257   0.76
+       8183   sparse:256 |   1770496    424478   7443832   11808231    9613257   1.23
+
+With --sparse-prefill each mode also prefills the prompt sparsely (the reference's per-row sparse prefill) and
+its "prefill+decode" row compares the first logits after the prompt and the steps after it with dense's.
 """
 
 from __future__ import annotations
