@@ -123,13 +123,13 @@ def local_select(ctx, scores: np.ndarray, keep: int, positions: np.ndarray | Non
     if positions is None:
         cols = ctx.positions()[0][:, :, None, None]  # (rows, cols, 1, 1): this core's place in the row
         positions = cols * m + np.arange(m)
-    positions = np.broadcast_to(positions, scores.shape)  # (rows, cols, H, m)
-    pad = max(0, keep - m)
-    scores = np.concatenate([scores, np.full(scores.shape[:-1] + (pad,), -np.inf, np.float32)], axis=-1)
-    positions = np.concatenate([positions, np.full(positions.shape[:-1] + (pad,), PAD_POSITION)], axis=-1)
     with ctx.ledger.op("topk.select"):
         ctx.ledger.compute(scores.shape[-2] * select_comparisons(m, keep))
-    return best(scores, positions, keep)
+    top = best(scores, np.broadcast_to(positions, scores.shape), min(m, keep))  # (rows, cols, H, k, 2)
+    if m >= keep:
+        return top
+    pad = scores.shape[:-1] + (keep - m,)  # padded to K: after every real entry
+    return np.concatenate([top, pack(np.full(pad, -np.inf, np.float32), np.full(pad, PAD_POSITION))], axis=-2)
 
 
 def merge_round(ctx, mine: np.ndarray, r: int, row: TopKRow) -> np.ndarray:
@@ -144,8 +144,11 @@ def merge_round(ctx, mine: np.ndarray, r: int, row: TopKRow) -> np.ndarray:
             if west:
                 got.append((ctx.send(mine, -1, 0, where=col == row.cores - r), col == row.cores - 1 - r))
         for received, here in got:
-            s, p = unpack(np.concatenate([mine, received], axis=-2))  # (rows, cols, H, 2K)
-            mine = np.where(here[:, :, None, None, None], best(s, p, row.keep), mine)
+            at = np.flatnonzero(here.any(axis=0))  # the receiving column, if this tile holds it
+            if len(at):
+                s, p = unpack(np.concatenate([mine[:, at], received[:, at]], axis=-2))  # (rows, 1, H, 2K)
+                mine = mine.copy()
+                mine[:, at] = best(s, p, row.keep)
     return mine
 
 
