@@ -66,3 +66,22 @@ def test_a_decode_with_prefill_and_k_at_the_context_gives_denses_tokens() -> Non
     got, _ = at_k.generate(requests, sampler)
     assert [c.tokens for c in got] == [c.tokens for c in dense]
     assert at_k.setup.attention == AttentionMode(keep=25) and at_k.setup.prefill
+
+
+@pytest.mark.parametrize(("w", "h"), [(4, 4), (3, 5)])
+def test_a_later_chunk_selects_over_the_cached_positions_too(w, h) -> None:
+    """A prompt in two chunks (8 then 7 tokens, sparse:4): the second chunk's queries choose among the 8 cached
+    positions and their own, as the reference's layer_prefill from start 8 does, booking its closed form."""
+    mode, region = AttentionMode(keep=4), Region(0, 0, w, h)
+    ledger, dec = Ledger(TINY), Decoding(CFG, attention=mode)
+    shard = LayerShard(dec, region, pack_layer(CFG, W.layers[0], region), (2, 32), ledger)
+    x = np.random.default_rng(3).standard_normal((15, CFG.dim)).astype(np.float32)
+    kc = np.zeros((CFG.n_kv_heads, 32, CFG.head_dim), np.float32)
+    vc, layer, chunks, got = np.zeros_like(kc), Layer(W.layers[0], CFG, mode), Chunks(CFG.dim, region.w), []
+    for lo, hi in ((0, 8), (8, 15)):
+        ledger.clear()
+        got.append(chunks.join(prefill_layer(shard, chunks.split(x[lo:hi]), slot=0, start=lo)))
+        cos, sin = rope_cos_sin(np.arange(lo, hi), CFG.head_dim, CFG.rope_theta)
+        want = layer_prefill(x[lo:hi], layer, kc, vc, Rope(np.arange(lo, hi), cos, sin))
+        np.testing.assert_allclose(got[-1], want, rtol=1e-4, atol=1e-4)
+        assert ledger.by_op["prefill"] == prefill_layer_cost(TINY, dec, region, hi - lo, lo)
