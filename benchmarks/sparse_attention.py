@@ -12,27 +12,50 @@ reduce, the top-K -- selection, streamed merge, multicast: ``decode.topk`` -- an
 kept keys) against dense, and their ratio.
 
     python benchmarks/sparse_attention.py [--contexts 2048,4096,8192] [--keeps 32,64,256,0.1] [--steps 8]
+                                          [--sparse-prefill]
 
-A run (2-core VM under other agents' load; --contexts 2048,4096 then --contexts 8192, 8 steps, ~65 min):
+A run (2-core VM under other agents' load; --contexts 2048,4096 then --contexts 8192, 8 steps, ~65 min; at 2K
+and 4K sparse:256 and sparse:0.1 kept 75-100% of dense's tokens at 2.9-3.7x its modelled cycles):
 
     context         mode  err mean   err max  = dense |  predict     sort   attend    total    dense  ratio
-       2048    sparse:32    0.1555    0.2157      62% |     3420     4286     1296     9002     8100   1.11
-       2048    sparse:64    0.1110    0.1629      62% |     3420     6590     1404    11414     8100   1.41
-       2048   sparse:256    0.0451    0.0738      75% |     3420    18686     2052    24158     8100   2.98
-       2048   sparse:0.1    0.0518    0.0824      75% |     3420    15473     1944    20837     8100   2.57
-       4096    sparse:32    0.1995    0.3764      50% |     6588     6014     1296    13898    15012   0.93
-       4096    sparse:64    0.1467    0.2925      62% |     6588     8606     1404    16598    15012   1.11
-       4096   sparse:256    0.0604    0.0798     100% |     6588    21278     2052    29918    15012   1.99
-       4096   sparse:0.1    0.0457    0.0593     100% |     6588    30980     2592    40160    15012   2.68
-       8183    sparse:32    0.0948    0.1359      75% |    12924     9470     1296    23690    28836   0.82
-       8183    sparse:64    0.0682    0.0959     100% |    12924    12638     1404    26966    28836   0.94
-       8183   sparse:256    0.0400    0.0699     100% |    12924    27038     2052    42014    28836   1.46
-       8183   sparse:0.1    0.0206    0.0374     100% |    12924    62507     3996    79427    28836   2.75
+       2048    sparse:32    0.1555    0.2157      62% |     3420     4286     4644    12350     8100   1.52
+       2048    sparse:64    0.1110    0.1629      62% |     3420     6590     8100    18110     8100   2.24
+
+       4096    sparse:32    0.1995    0.3764      50% |     6588     6014     4644    17246    15012   1.15
+       4096    sparse:64    0.1467    0.2925      62% |     6588     8606     8100    23294    15012   1.55
+
+       8183    sparse:32    0.0948    0.1359      75% |    12924     9470     4644    27038    28836   0.94
+       8183    sparse:64    0.0682    0.0959     100% |    12924    12638     8100    33662    28836   1.17
+       8183   sparse:256    0.0400    0.0699     100% |    12924    27038    28836    68798    28836   2.39
+       8183   sparse:0.1    0.0206    0.0374     100% |    12924    62507    28836   104267    28836   3.62
 The logit error falls with K (8K: 9.5% mean at sparse:32, 2.1% at sparse:0.1) and sparse:64 and up keep
-62-100% of dense's tokens (100% at 8K); modelled on a 32x32 region, the streamed top-K (selection, 16 rounds
-of a hop and a stage, the K entries serialised once per chain) makes sparse:32 cheaper than dense from 4K
-positions (0.93x; 0.82x at 8K) and sparse:64 at 8K (0.94x); the top-K's selection and serialisation grow
-with K, so large K does not pay at these contexts.
+62-100% of dense's tokens (100% at 8K); modelled on a 32x32 region (the columns re-derived since: a core
+attends over up to min(K, its positions) kept keys, the busiest core's bound), sparse:32 is cheaper than dense
+at 8K (0.94x) and dearer below; the top-K's selection and serialisation grow with K, so large K does not pay at
+these contexts. The run's accuracy columns are unchanged by that (the reference's numbers).
+
+Then the prefill (closed forms only, instant): one layer's 512-token chunk at the end of each context on the
+32x32 square, its attention dense vs sparse (prediction: a transposed MeshGEMM over log-domain keys at the
+16-bit rate; the row top-K; the softmax and P.V over the kept keys), e.g.
+
+    context         mode |   predict      sort    attend      layer      dense  ratio
+       2048    sparse:32 |    443392     60446   1262200    3857220    3957030   0.97
+       4096    sparse:64 |    885760    129566   2517880    5655110    5847080   0.97
+
+       8183    sparse:32 |   1770496    143390   3218296    7301607    9613257   0.76
+       8183   sparse:256 |   1770496    424478   7443832   11808231    9613257   1.23
+
+With --sparse-prefill each mode also prefills the prompt sparsely (the reference's per-row sparse prefill) and
+its "prefill+decode" row compares the first logits after the prompt and the steps after it with dense's. A run
+(--contexts 1024,2048 --keeps 32,64 --steps 4 --sparse-prefill, 35 min on the loaded VM): the sparse prefill
+adds to the logit error (2K sparse:32: 19% mean decoding sparsely after a dense prefill, 29% with the prefill
+sparse too) while every argmax stayed dense's (4 of 4, and the first token after the prompt):
+
+    context         mode       sparse in  err mean   err max  = dense
+       1024    sparse:64  prefill+decode    0.0700    0.0852     100%
+       2048    sparse:32          decode    0.1888    0.3158     100%
+       2048    sparse:32  prefill+decode    0.2902    0.4722     100%
+       2048    sparse:64  prefill+decode    0.2194    0.3977     100%
 """
 
 from __future__ import annotations
@@ -46,6 +69,7 @@ import numpy as np
 from waferrt.core.mesh import Region
 from waferrt.core.spec import WSE2
 from waferrt.decode.cost import Decoding, attention_parts
+from waferrt.decode.prefill import prefill_layer_parts
 from waferrt.model import AttentionMode, KVCache, ReferenceModel, Tokenizer, load_model
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
@@ -71,9 +95,26 @@ def decode(model: ReferenceModel, cache: KVCache, tokens: list[int]) -> np.ndarr
     return np.stack([model.step(t, cache.length, cache) for t in tokens])
 
 
-def accuracy(config, weights, prefilled: tuple[KVCache, np.ndarray], modes: list[AttentionMode], steps: int):
-    """Dense's greedy tokens, then each mode's logit error and argmax agreement on the same history."""
-    cache, first = prefilled
+def prefilled(model: ReferenceModel, ids: list[int], steps: int) -> tuple[KVCache, np.ndarray]:
+    """The cache after prefilling `ids` CHUNK tokens at a time (room for `steps` more), and the last logits."""
+    cache = model.new_cache(capacity=len(ids) + steps + 1)
+    for lo in range(0, len(ids), CHUNK):
+        first = model.prefill(ids[lo:lo + CHUNK], cache)
+    return cache, first
+
+
+def errors(got: np.ndarray, dense: np.ndarray, tokens: list[int]) -> tuple[float, float, float]:
+    """(mean, worst) logit error relative to dense's largest |logit|, and the share of argmaxes equal to tokens."""
+    err = np.max(np.abs(got - dense), axis=-1) / np.max(np.abs(dense), axis=-1)  # (steps,)
+    return float(np.mean(err)), float(np.max(err)), float(np.mean(np.argmax(got, axis=-1) == np.asarray(tokens)))
+
+
+def accuracy(config, weights, prefill: tuple[KVCache, np.ndarray, list[int]], modes: list[AttentionMode],
+             steps: int):
+    """Dense's greedy tokens, then each mode's logit error and argmax agreement on the same history: decoding
+    sparsely after dense's prefill ("decode"), and (with prompt ids) prefilling sparsely too ("prefill+decode":
+    the first logits after the prompt are compared as well)."""
+    cache, first, ids = prefill
     dense_model, tokens, logits = ReferenceModel(config, weights), [int(np.argmax(first))], []
     dense_cache = copy_cache(cache)
     for _ in range(steps):
@@ -82,11 +123,31 @@ def accuracy(config, weights, prefilled: tuple[KVCache, np.ndarray], modes: list
     dense = np.stack(logits)  # (steps, vocab)
     rows = []
     for mode in modes:
-        got = decode(ReferenceModel(config, weights, mode), copy_cache(cache), tokens[:-1])
-        err = np.max(np.abs(got - dense), axis=-1) / np.max(np.abs(dense), axis=-1)  # (steps,)
-        agree = np.mean(np.argmax(got, axis=-1) == np.asarray(tokens[1:]))
-        rows.append((mode, float(np.mean(err)), float(np.max(err)), float(agree)))
+        model = ReferenceModel(config, weights, mode)
+        got = decode(model, copy_cache(cache), tokens[:-1])
+        rows.append((mode, "decode", *errors(got, dense, tokens[1:])))
+        if ids:
+            own, own_first = prefilled(model, ids, steps)
+            got = np.concatenate([own_first[None], decode(model, own, tokens[:-1])])
+            rows.append((mode, "prefill+decode", *errors(got, np.concatenate([first[None], dense]), tokens)))
     return rows
+
+
+def prefill_table(dec: Decoding, contexts: list[int], modes: list[AttentionMode]) -> None:
+    """The modelled prefill of one layer: a CHUNK-token chunk at the end of each context (the cache holding the
+    rest) on REGION's square, its attention dense vs each mode (decode.prefill.prefill_layer_parts)."""
+    print(f"\nprefill: one layer's {CHUNK}-token chunk at the end of the context on a {REGION.w}x{REGION.h} square, "
+          "WSE-2 cycles (the GEMMs, element-wise work and layout moves are the same either way)")
+    print(f"{'context':>7} {'mode':>12} | {'predict':>9} {'sort':>9} {'attend':>9} {'layer':>10} {'dense':>10} "
+          f"{'ratio':>6}")
+    for n in contexts:
+        dense = sum(c.cycles for _, _, c in prefill_layer_parts(WSE2, dec, REGION, min(CHUNK, n), n))
+        for mode in modes:
+            parts = prefill_layer_parts(WSE2, replace(dec, attention=mode), REGION, min(CHUNK, n), n)
+            cyc = modelled({name: c for name, cat, c in parts if cat == "attention"})
+            total = sum(c.cycles for _, _, c in parts)
+            print(f"{n:>7} {str(mode):>12} | {cyc['predict']:>9.0f} {cyc['sort']:>9.0f} {cyc['attend']:>9.0f} "
+                  f"{total:>10.0f} {dense:>10.0f} {total / dense:>6.2f}")
 
 
 def main() -> None:
@@ -95,26 +156,29 @@ def main() -> None:
                     "(2048,4096,8192)")
     ap.add_argument("--keeps", default="32,64,256,0.1", help="K per query head, or fractions (32,64,256,0.1)")
     ap.add_argument("--steps", type=int, default=8, help="decode steps compared per mode (8)")
+    ap.add_argument("--sparse-prefill", action="store_true", help="also prefill each prompt sparsely and compare "
+                    "prefill+decode with dense (the reference's sparse prefill attends row by row: slow)")
     args = ap.parse_args()
     config, weights, meta = load_model()
     tok, dec = Tokenizer(meta), Decoding(config)
     modes = [AttentionMode.parse(f"sparse:{k}") for k in args.keeps.split(",")]
     print(f"SmolLM2-135M, {args.steps} teacher-forced decode steps per mode; modelled: one token's attention in "
           f"one {REGION.w}x{REGION.h} layer region on WSE-2, cycles")
-    print(f"{'context':>7} {'mode':>12} {'err mean':>9} {'err max':>9} {'= dense':>8} | {'predict':>8} "
-          f"{'sort':>8} {'attend':>8} {'total':>8} {'dense':>8} {'ratio':>6}")
-    for n in (min(int(c), config.max_seq_len - args.steps - 1) for c in args.contexts.split(",")):  # 8K: 8,183
-        model, ids = ReferenceModel(config, weights), prompt_ids(tok, n)
-        cache = model.new_cache(capacity=n + args.steps + 1)
-        for lo in range(0, n, CHUNK):
-            first = model.prefill(ids[lo:lo + CHUNK], cache)
+    print(f"{'context':>7} {'mode':>12} {'sparse in':>15} {'err mean':>9} {'err max':>9} {'= dense':>8} | "
+          f"{'predict':>8} {'sort':>8} {'attend':>8} {'total':>8} {'dense':>8} {'ratio':>6}")
+    contexts = [min(int(c), config.max_seq_len - args.steps - 1) for c in args.contexts.split(",")]  # 8K: 8,183
+    for n in contexts:
+        ids = prompt_ids(tok, n)
+        cache, first = prefilled(ReferenceModel(config, weights), ids, args.steps)
         dense_cycles = sum(c.cycles for c in attention_parts(WSE2, dec, REGION, n).values())
-        for mode, err_mean, err_max, agree in accuracy(config, weights, (cache, first), modes, args.steps):
+        prefill = (cache, first, ids if args.sparse_prefill else [])
+        for mode, where, err_mean, err_max, agree in accuracy(config, weights, prefill, modes, args.steps):
             cyc = modelled(attention_parts(WSE2, replace(dec, attention=mode), REGION, n))
             total = sum(cyc.values())
-            print(f"{n:>7} {str(mode):>12} {err_mean:>9.4f} {err_max:>9.4f} {agree:>8.0%} | "
+            print(f"{n:>7} {str(mode):>12} {where:>15} {err_mean:>9.4f} {err_max:>9.4f} {agree:>8.0%} | "
                   f"{cyc['predict']:>8.0f} {cyc['sort']:>8.0f} {cyc['attend']:>8.0f} "
                   f"{total:>8.0f} {dense_cycles:>8.0f} {total / dense_cycles:>6.2f}")
+    prefill_table(dec, contexts, modes)
 
 
 def modelled(parts: dict) -> dict[str, float]:

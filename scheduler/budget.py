@@ -38,10 +38,12 @@ def kv_reserved(tokens: int, w: int) -> int:
 
 def layer_bytes(work: Workload, w: int, h: int) -> int | None:
     """Bytes of the most loaded core of a w x h region running `work.layers` layers with `work.kv` (its
-    tokens as they are: see kv_reserved), or None when the shape cannot be split."""
+    tokens as they are: see kv_reserved) and, under sparse attention, the top-K's lists (once a region, as the
+    tiles book them: decode.setup.stage_sram), or None when the shape cannot be split."""
+    region = Region(0, 0, w, h)
     try:
-        return dl.layer_core_bytes(work.config, Region(0, 0, w, h), work.kv.tokens, work.kv.requests, work.dtype,
-                                   work.layers)
+        return (dl.layer_core_bytes(work.config, region, work.kv.tokens, work.kv.requests, work.dtype, work.layers)
+                + dl.most_bytes(dl.topk_booking(work.config, region, work.kv.tokens, work.attention)))
     except ValueError:
         return None
 

@@ -281,7 +281,7 @@ def plan(config: LlamaConfig, spec: HardwareSpec, mesh: MeshSpec, *, kv: KVReser
     work = _checked(config, spec, mesh, kv, dtype)
     _check_inputs(work, spec, mesh, nodes, dead_links)
     g = _group(config, options.strategy)
-    work = replace(work, layers=g)
+    work = replace(work, layers=g, attention=options.attention)
     found = search.best_layout(work, spec, mesh, dead_links, balance)
     if found.layers is None:
         raise PlanError(_no_fit_message(work, spec, mesh, found.reason))
@@ -346,7 +346,7 @@ def default_mesh(config: LlamaConfig, spec: HardwareSpec, kv: KVReserve, tiles: 
     dtype, g = options.dtype, _group(config, options.strategy)
     spare = spare_layers // g
     for grid in dict.fromkeys([tiles] + ([(1, 2), (2, 1), (1, 1)] if tiles == (2, 2) else [])):
-        for tile in search.tile_candidates(Workload(config, kv, dtype, g), spec, grid, spare):
+        for tile in search.tile_candidates(Workload(config, kv, dtype, g, options.attention), spec, grid, spare):
             mesh = MeshSpec(grid[0] * tile[0], grid[1] * tile[1], *tile)
             try:
                 p = plan(config, spec, mesh, kv=kv, options=options)

@@ -23,6 +23,7 @@ from waferrt.core.spec import HardwareSpec
 from waferrt.decode.cost import Decoding
 from waferrt.decode.layout import kv_layout, layer_layouts
 from waferrt.model.config import LlamaConfig
+from waferrt.model.sparse import DENSE, AttentionMode
 
 
 class PlanError(ValueError):
@@ -62,12 +63,14 @@ class KVReserve:
 class Workload:
     """What the planner budgets together: the model, the K/V reserved in every layer region (`kv.tokens`
     positions for each of `kv.requests` requests), the storage dtype, and how many layers a region runs
-    (their weight blocks and K/V stacked on the same cores)."""
+    (their weight blocks and K/V stacked on the same cores), and the attention (sparse: its cores also hold
+    the top-K's lists, decode.layout.topk_booking)."""
 
     config: LlamaConfig
     kv: KVReserve
     dtype: str = "float32"
     layers: int = 1
+    attention: AttentionMode = DENSE
 
     def __post_init__(self) -> None:
         if not isinstance(self.config, LlamaConfig) or not isinstance(self.kv, KVReserve):
@@ -125,13 +128,15 @@ class PlanOptions:
     """How ``plan`` (and ``plan_streaming``, ``default_mesh``, ``strategies.choose``) places a model besides
     the model, the spec, the mesh and the K/V: the storage `dtype`, the `strategy` (None: one layer per
     region), the Ray `nodes` to spread the tiles over, the `dead_links` to route around, and whether to
-    `balance` the weight bytes over the tiles (False: fill every tile in chain order)."""
+    `balance` the weight bytes over the tiles (False: fill every tile in chain order); the decode's `attention`
+    (sparse: room for the top-K's lists on every layer region's cores)."""
 
     dtype: str = "float32"
     strategy: Strategy | None = None
     nodes: tuple[NodeInfo, ...] = DEFAULT_NODES
     dead_links: frozenset[tuple[Coord, Coord]] = frozenset()
     balance: bool = True
+    attention: AttentionMode = DENSE
 
     def __post_init__(self) -> None:  # any collections in, hashable ones kept (plan checks what they hold)
         object.__setattr__(self, "nodes", tuple(self.nodes))

@@ -66,7 +66,8 @@ class WaferLLM:
 
     def use_attention(self, mode: AttentionMode) -> WaferLLM:
         """Attend densely (the default) or by STAR's sparse attention (``AttentionMode.parse("sparse:64")``) in
-        every decode step; before open()."""
+        every decode step and MeshGEMM prefill; before open(). Its top-K lists need SRAM the placement must leave
+        (``plan(..., options=PlanOptions(attention=mode))``), else the tiles' booking overflows naming them."""
         if self.wafer.tiles:
             raise RuntimeError("use_attention() comes before open(): the tiles take the decode's setup when they start")
         self.setup = replace(self.setup, attention=mode)

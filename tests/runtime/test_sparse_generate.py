@@ -8,7 +8,7 @@ from waferrt.core.mesh import MeshSpec
 from waferrt.core.spec import TINY
 from waferrt.llm import WaferLLM
 from waferrt.model import AttentionMode, ReferenceModel, Sampler, synthetic_llama, tiny_config
-from waferrt.scheduler import KVReserve, plan
+from waferrt.scheduler import KVReserve, PlanOptions, plan
 from waferrt.serving import GenRequest
 
 CFG = tiny_config()
@@ -17,7 +17,8 @@ REQUESTS = [GenRequest((5, 6, 7, 8, 9, 10, 11), 14), GenRequest((100, 3), 9)]  #
 
 
 def on_tiles(mesh: MeshSpec, mode: AttentionMode):
-    placement = plan(CFG, TINY, mesh, kv=KVReserve(24, 2))
+    """Planned with room for sparse:24's top-K lists (the most these tests keep), whatever `mode` runs."""
+    placement = plan(CFG, TINY, mesh, kv=KVReserve(24, 2), options=PlanOptions(attention=AttentionMode(keep=24)))
     with WaferLLM(CFG, W, placement).use_attention(mode) as llm:
         got, _ = llm.generate(REQUESTS, Sampler(), keep_logits=True)
     return got

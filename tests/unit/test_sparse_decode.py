@@ -12,10 +12,9 @@ from waferrt.core.mesh import Region
 from waferrt.core.spec import TINY
 from waferrt.decode.cost import Decoding, layer_decode_cost
 from waferrt.decode.pack import Chunks, pack_layer
-from waferrt.decode.setup import DecodeSetup, PlacementError
 from waferrt.decode.shards import LayerShard
 from waferrt.decode.sparse import chosen, predicted
-from waferrt.fabric.comm import Collectives
+from waferrt.fabric.comm import KTREE_FAST, Collectives
 from waferrt.model import AttentionMode, synthetic_llama, tiny_config
 from waferrt.model.sparse import predict_scores, select_top
 
@@ -23,9 +22,10 @@ CFG = tiny_config()
 W = synthetic_llama(CFG, seed=0)
 
 
-def decode(mode: AttentionMode, region: Region, batch: int, steps: int, check=None) -> list[np.ndarray]:
+def decode(mode: AttentionMode, region: Region, batch: int, steps: int, check=None,
+           coll: Collectives = KTREE_FAST) -> list[np.ndarray]:
     """`steps` tokens of `batch` requests through layer 0 on `region`; the outputs of every step."""
-    ledger, dec = Ledger(TINY), Decoding(CFG, attention=mode)
+    ledger, dec = Ledger(TINY), Decoding(CFG, coll=coll, attention=mode)
     shard = LayerShard(dec, region, pack_layer(CFG, W.layers[0], region, "float32"), (batch, 24), ledger)
     chunks, out = Chunks(CFG.dim, region.w), []
     for pos in range(steps):
@@ -98,9 +98,18 @@ def test_ties_keep_the_earlier_positions_as_a_stable_sort_does() -> None:
     assert sorted(want.tolist()) == [1, 2, 3]
 
 
-def test_sparse_attention_on_the_hop_by_hop_collectives_is_refused() -> None:
-    from waferrt.core.mesh import MeshSpec
+@pytest.mark.parametrize(("w", "h", "batch", "keep"), [(4, 3, 2, 3), (5, 2, 1, 4), (1, 1, 2, 2)])
+def test_the_hop_by_hop_path_decodes_sparse_as_the_fast_path_and_books_the_same(w, h, batch, keep) -> None:
+    """Collectives(fast=False) sends every message (the prediction's reduce, the top-K kernel, the attention
+    over each core's kept keys): the same outputs as the fast path, the same bookings, step by step."""
+    region, mode = Region(0, 0, w, h), AttentionMode(keep=keep)
+    books: dict[int, list] = {}
 
-    with pytest.raises(PlacementError, match="fast path"):
-        DecodeSetup(CFG, MeshSpec(8, 8, 8, 8), (Region(0, 0, 4, 4),) * CFG.n_layers, Region(4, 4, 4, 4), 32, 1,
-                    Collectives(fast=False), attention=AttentionMode(keep=8))
+    def record(ledger, dec, pos):
+        books.setdefault(pos, []).append(ledger.by_op["layer"])
+
+    fast = decode(mode, region, batch, 9, record)
+    hops = decode(mode, region, batch, 9, record, Collectives(fast=False))
+    for pos, (a, b) in enumerate(zip(fast, hops, strict=True)):
+        np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-5, err_msg=f"position {pos}")
+        assert books[pos][0] == books[pos][1], pos

@@ -13,11 +13,11 @@ import pytest
 from waferrt.core.mesh import Region
 from waferrt.core.spec import WSE2
 from waferrt.decode.cost import Decoding, attention_parts
+from waferrt.estimator.estimate import Objective, estimate
+from waferrt.estimator.sparse_estimate import ContextRow, SparseEstimate, sparse_estimate
 from waferrt.model import AttentionMode
 from waferrt.model.zoo import model_by_name
 from waferrt.scheduler import KVReserve
-from waferrt.estimator.estimate import Objective, estimate
-from waferrt.estimator.sparse_estimate import ContextRow, SparseEstimate, sparse_estimate
 
 
 @pytest.fixture(scope="module")
@@ -44,13 +44,14 @@ def test_the_rows_are_attention_parts_on_the_estimates_region(smollm2_8k) -> Non
 
 
 def test_sparse_pays_on_a_narrow_region_at_long_contexts() -> None:
-    """On 32 columns of 32 rows (no head groups) 4,096 positions are 128 a core: sparse:32 is cheaper there."""
+    """On 32 columns of 32 rows (no head groups) 8,192 positions are 256 a core: sparse:32 (up to 32 kept keys on
+    the busiest core) is cheaper there, not at 4,096 (128 a core)."""
     config, _ = model_by_name("smollm2-135m")
     dec, region = Decoding(config), Region(0, 0, 32, 32)
     total = {n: (sum(c.cycles for c in attention_parts(WSE2, dec, region, n).values()),
                  sum(c.cycles for c in attention_parts(WSE2, replace(dec, attention=AttentionMode(keep=32)), region,
-                                                       n).values())) for n in (1024, 4096)}
-    assert total[1024][1] > total[1024][0] and total[4096][1] < total[4096][0]
+                                                       n).values())) for n in (4096, 8192)}
+    assert total[4096][1] > total[4096][0] and total[8192][1] < total[8192][0]
 
 
 def test_pays_from_is_the_start_of_the_last_run_of_cheaper_contexts() -> None:
@@ -58,14 +59,14 @@ def test_pays_from_is_the_start_of_the_last_run_of_cheaper_contexts() -> None:
         return tuple(ContextRow(256 << i, 10.0, 5.0 if c else 20.0, 1.0, 1.0) for i, c in enumerate(cheaper))
 
     def pays(*cheaper: bool) -> int | None:
-        return SparseEstimate("m", AttentionMode(keep=8), rows(*cheaper), 4096, 1.0, 1.0).pays_from
+        return SparseEstimate("m", AttentionMode(keep=8), rows(*cheaper), 4096, 4096, 1.0, 1.0).pays_from
 
     assert pays(False, False, True, True) == 1024
     assert pays(True, False, True) == 1024
     assert pays(True, True) == 256
     assert pays(True, False) is None
     with pytest.raises(ValueError, match="sparse attention mode"):
-        SparseEstimate("m", AttentionMode(), rows(True), 4096, 1.0, 1.0)
+        SparseEstimate("m", AttentionMode(), rows(True), 4096, 4096, 1.0, 1.0)
 
 
 def test_the_cli_prints_and_jsons_the_sparse_figures() -> None:
@@ -74,7 +75,7 @@ def test_the_cli_prints_and_jsons_the_sparse_figures() -> None:
     text = subprocess.run(argv, capture_output=True, text=True, timeout=300)
     assert text.returncode == 0, text.stderr
     assert "attention       sparse:64: one layer's attention per token" in text.stdout
-    assert "the longest context that fits: 8,192 positions a request either way" in text.stdout
+    assert "the longest context that fits: 8,192 positions a request dense, 8,192 sparse" in text.stdout
     got = json.loads(subprocess.run(argv + ["--json"], capture_output=True, text=True, timeout=300).stdout)["sparse"]
-    assert got["mode"] == "sparse:64" and got["longest_context"] == 8192
+    assert got["mode"] == "sparse:64" and got["longest_context"] == got["dense_longest_context"] == 8192
     assert got["contexts"][0]["context"] == 256 and got["sparse_token_s"] > 0

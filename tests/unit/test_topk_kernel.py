@@ -83,7 +83,8 @@ def test_a_layers_sparse_attention_is_prediction_top_k_and_dense_over_the_kept_k
     dense = attention_parts(TINY, dec, region, 512)
     assert attention_parts(TINY, replace(dec, attention=AttentionMode(keep=512)), region, 512) == dense
     sparse = attention_parts(TINY, replace(dec, attention=AttentionMode(keep=32)), region, 512)
-    assert sparse["scores"] == attention_parts(TINY, dec, region, 32)["scores"]
+    # up to 32 kept keys on the busiest core: its scores are those of 8 columns x 32 positions, densely
+    assert sparse["scores"] == attention_parts(TINY, dec, region, 256)["scores"]
     assert sparse["softmax"].cycles < dense["softmax"].cycles
     # 9 heads x 64 head dims / 4 rows x 64 positions a column: 2 x 9 x 16 x 64 = 18,432 flops at the 16-bit rate
     assert sparse["predict"].flops == 18_432 and PREDICT_DTYPE == "float16"

@@ -32,9 +32,9 @@ def attention_mode(text: str) -> AttentionMode:
 
 def add_attention_args(p) -> None:
     p.add_argument("--attention", type=attention_mode, default=AttentionMode(), metavar="MODE",
-                   help="dense (default), or STAR's sparse attention in every decode step: sparse:K keeps the K "
-                        "keys of highest predicted score per query head (e.g. sparse:64), sparse:F a fraction of "
-                        "the context (e.g. sparse:0.25); the MeshGEMM prefill (--prefill) stays dense")
+                   help="dense (default), or STAR's sparse attention in every decode step and in the MeshGEMM "
+                        "prefill (--prefill): sparse:K keeps the K keys of highest predicted score per query head "
+                        "(e.g. sparse:64), sparse:F a fraction of the context (e.g. sparse:0.25)")
     p.add_argument("--compare-dense", action="store_true",
                    help="also decode the prompts densely on the numpy reference and print how many of the "
                         "wafer's tokens equal dense's (json: dense_agreement)")

@@ -218,7 +218,8 @@ def _placement(args, config, mesh, requests, nodes=None):
         return _admitted(_streaming_placement(args, config, spec, kv, mesh, nodes), requests)
     try:
         p, choice = placed(args, config, spec, kv, nodes,
-                           lambda s: mesh or _local_cut(args, default_mesh_cached(config, spec, kv, args.dtype, s)))
+                           lambda s: mesh or _local_cut(args, default_mesh_cached(config, spec, kv, args.dtype, s,
+                                                                                            args.attention)))
     except (PlanError, ValueError) as e:  # does not fit (the message says what would), or a bad --strategy N
         raise UsageError(str(e)) from None
     if choice is not None:

@@ -49,9 +49,9 @@ class ModelLoad:
         return self._weights
 
 
-def default_mesh_cached(config, spec, kv, dtype: str, strategy=None):
+def default_mesh_cached(config, spec, kv, dtype: str, strategy=None, attention=None):
     """scheduler.default_mesh, remembered in the cache directory (the search takes seconds; its answer for
-    the same model shape, spec, K/V reserve, dtype and strategy never changes)."""
+    the same model shape, spec, K/V reserve, dtype, strategy and sparse attention never changes)."""
     import dataclasses
     import hashlib
     import json
@@ -63,13 +63,18 @@ def default_mesh_cached(config, spec, kv, dtype: str, strategy=None):
     parts = [dataclasses.asdict(config), spec.as_dict(), dataclasses.asdict(kv), dtype]
     if strategy is not None and strategy.group > 1:  # (one layer per region keeps its key of before)
         parts.append(strategy.group)
+    if attention is not None and not attention.dense:  # (dense keeps its key of before)
+        parts.append(str(attention))
     key = json.dumps(parts, sort_keys=True)
     path = cache_root() / "meshes" / f"{hashlib.sha256(key.encode()).hexdigest()[:24]}.json"
     try:
         return MeshSpec(*json.loads(path.read_text()))
     except (OSError, ValueError, TypeError):
         pass
-    mesh = default_mesh(config, spec, kv, options=PlanOptions(dtype=dtype, strategy=strategy))
+    options = PlanOptions(dtype=dtype, strategy=strategy)
+    if attention is not None:
+        options = dataclasses.replace(options, attention=attention)
+    mesh = default_mesh(config, spec, kv, options=options)
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(json.dumps([mesh.width, mesh.height, mesh.tile_w, mesh.tile_h]))

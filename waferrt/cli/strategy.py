@@ -15,6 +15,7 @@ from __future__ import annotations
 import argparse
 import re
 
+from waferrt.model.sparse import DENSE
 from waferrt.scheduler.strategies import STRATEGY_HELP, choose, parse_strategy
 from waferrt.scheduler.types import OBJECTIVES, Objective
 
@@ -39,14 +40,15 @@ def placed(args, config, spec, kv, nodes, mesh_for):
     """(Placement, Choice or None) as the module docstring says."""
     from waferrt.scheduler import PlanOptions, plan
 
-    dtype = args.dtype
+    dtype, attention = args.dtype, getattr(args, "attention", DENSE)  # generate's --attention: its lists' room
     tried = parse_strategy(args.strategy or "layer", config.n_layers)
     if args.objective is None and len(tried) == 1:
         s = tried[0]
-        return plan(config, spec, mesh_for(s), kv=kv, options=PlanOptions(dtype=dtype, strategy=s, nodes=nodes)), None
+        return plan(config, spec, mesh_for(s), kv=kv, options=PlanOptions(dtype=dtype, strategy=s, nodes=nodes,
+                                                                          attention=attention)), None
     if args.strategy is None:
         tried = None  # every strategy
     choice = choose(config, spec, kv, Objective(args.objective or "latency", tried), mesh_for,
-                    PlanOptions(dtype=dtype, nodes=nodes))
+                    PlanOptions(dtype=dtype, nodes=nodes, attention=attention))
     return choice.placement, choice
 

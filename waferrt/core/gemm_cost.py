@@ -166,17 +166,31 @@ def transposed_cost(spec: HardwareSpec, rings: tuple[int, int], values: tuple[in
 class AttentionShape:
     """Causal attention of `heads` heads over a prompt of `tokens` tokens, head_dim wide, on side x side cores;
     `context` (default `tokens`): the positions its keys and values span (a chunk of a longer prompt attends
-    to the context - tokens positions before it too)."""
+    to the context - tokens positions before it too); `kept` (sparse attention's K; 0: every key): the keys a
+    query attends to -- a core computes at most min(kept, its block's keys) of a query's products a step."""
 
     tokens: int
     head_dim: int
     heads: int
     side: int
     context: int = 0
+    kept: int = 0
+
+    @property
+    def key_block(self) -> int:
+        """The keys' positions a block."""
+        return cdiv(self.context or self.tokens, self.side)
+
+    @property
+    def kept_block(self) -> int:
+        """The keys a block whose products a core computes for each query: all, or at most the kept ones."""
+        return min(self.key_block, self.kept) if self.kept else self.key_block
 
     def __post_init__(self) -> None:
         for name in ("tokens", "head_dim", "heads", "side"):
             whole(f"AttentionShape.{name}", getattr(self, name))
+        if self.kept < 0:
+            raise ValueError(f"AttentionShape.kept is {self.kept}: give the keys a query keeps, or 0 for all")
         if self.context and self.context < self.tokens:
             raise ValueError(f"AttentionShape.context {self.context} is shorter than its {self.tokens} tokens: "
                              "give the positions the keys span, the tokens' own included")
@@ -196,10 +210,11 @@ def probabilities_cost(spec: HardwareSpec, shape: AttentionShape, softmax_flops:
     the row max and sum (K-tree allreduces along every row), the softmax."""
     side, heads, rate = shape.side, shape.heads, check_dtype(rate or check_dtype(dtype))
     mb, db = cdiv(shape.tokens, side), cdiv(shape.head_dim, side)
-    kb = cdiv(shape.context or shape.tokens, side)  # the keys' positions a block
-    nt = transposed_cost(spec, (side, side), (heads * mb * kb, heads * kb * db), 2 * heads * mb * db * kb, dtype, rate)
+    kb, kept = shape.key_block, shape.kept_block
+    nt = transposed_cost(spec, (side, side), (heads * mb * kb, heads * kb * db), 2 * heads * mb * db * kept, dtype,
+                         rate)
     return (nt + row_reduce_cost(spec, side, heads * mb, dtype, rate).scaled(2)
-            + compute_cost(spec, softmax_flops * heads * mb * kb, rate))
+            + compute_cost(spec, softmax_flops * heads * mb * kept, rate))
 
 
 def attention_cost(spec: HardwareSpec, shape: AttentionShape, softmax_flops: int, dtype: str = "float32",
@@ -207,9 +222,10 @@ def attention_cost(spec: HardwareSpec, shape: AttentionShape, softmax_flops: int
     """Causal attention over a prompt, every head's blocks moving together (waferrt.kernels.attention): K
     skewed, the probabilities (``probabilities_cost``), V skewed, P.V. Values move as `dtype`; the cores
     compute at `rate`'s (default `dtype`), as ``gemm_cost``."""
-    side, context = shape.side, shape.context or shape.tokens
-    kb, db = cdiv(context, side), cdiv(shape.head_dim, side)
-    pv = GemmShape(shape.tokens, context, shape.head_dim, side, side)
-    return (skew_cost(spec, side, shape.heads * kb * db * itemsize(check_dtype(dtype))).scaled(2)
+    side, context, heads = shape.side, shape.context or shape.tokens, shape.heads
+    mb, kb, db = cdiv(shape.tokens, side), shape.key_block, cdiv(shape.head_dim, side)
+    pv = GemmShape(shape.tokens, context, shape.head_dim, side, side)  # MeshGEMM's moves; its products: kept keys'
+    products = compute_cost(spec, 2 * heads * mb * shape.kept_block * db, rate or dtype).scaled(side)
+    return (skew_cost(spec, side, heads * kb * db * itemsize(check_dtype(dtype))).scaled(2)
             + probabilities_cost(spec, shape, softmax_flops, dtype, rate)
-            + gemm_cost(spec, "meshgemm", pv, dtype, shape.heads, rate))
+            + shift_step_cost(spec, "meshgemm", pv, dtype, heads).scaled(side - 1) + products)

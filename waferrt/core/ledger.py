@@ -63,6 +63,16 @@ class Ledger:
             self._streamed = outer
 
     @contextmanager
+    def at_rate(self, dtype: str):
+        """Flops booked inside take `dtype`'s rate (work on values of another width than the ledger's, e.g.
+        sparse attention's 16-bit prediction, float32 comparisons)."""
+        outer, self.dtype = self.dtype, check_dtype(dtype)
+        try:
+            yield
+        finally:
+            self.dtype = outer
+
+    @contextmanager
     def concurrent(self):
         """Messages booked inside travel at the same time: one stage, the longest one's latency."""
         outer, self._group = self._group, []

@@ -142,7 +142,7 @@ def layer_decode_parts(spec: HardwareSpec, dec: Decoding, region: Region, kv_tok
     keep = dec.attention.keys_kept(kv_tokens)
     if keep < kv_tokens:  # sparse: predict every position, keep the row's top K, attend over those
         parts += sparse_parts(spec, dec, region, (cap, keep), b)
-        cap = cdiv(keep, cols)  # the chosen keys, taken as spread evenly over the columns
+        cap = min(keep, cap)  # the kept keys a core may hold: the busiest core's bound, as both paths book
     parts += [
         ("scores", "attention", flops(2 * b * hq * hd_r * cap)),
         ("scores.reduce", "attention", y_reduce(4 * b * hq * cap, r)),

@@ -35,9 +35,11 @@ from waferrt.core.dtypes import itemsize
 from waferrt.core.layout import Layout, core_bytes
 from waferrt.core.mesh import Region
 from waferrt.model.config import LlamaConfig
+from waferrt.model.sparse import AttentionMode
 
 from .cost import layer_dims
 from .moe_layout import expert_core_bytes, moe_scratch_words, router_layout
+from .topk import TopKRow, buffer_bytes
 
 LAYER_WEIGHTS = ("attn_norm", "wq", "wk", "wv", "wo", "ffn_norm", "w_gate", "w_up", "w_down")
 
@@ -116,6 +118,18 @@ def layer_booking(config: LlamaConfig, region: Region, kv_tokens: int, requests:
     return {"weights": tuple(layer_layouts(config, region, dtype).values()) * layers,
             "kv": (kv_booking(config, region, kv_tokens, requests, dtype),) * layers,
             "scratch": (scratch_layout(region, activation_bytes(config, region, kv_tokens)),)}
+
+
+def topk_booking(config: LlamaConfig, region: Region, kv_tokens: int, attention: AttentionMode,
+                 head_groups: int = 1) -> dict[str, tuple[Layout, ...]]:
+    """What sparse attention adds to a layer region's SRAM (once a region, as the scratch): "topk", the row
+    top-K's lists a core holds for one request's query heads of its head group (decode.topk.buffer_bytes: its
+    own K best and a neighbour's) at the K/V reserve; nothing when every key is kept (no top-K runs)."""
+    keep, held = attention.keys_kept(kv_tokens), cdiv(kv_tokens, region.w)
+    if keep >= kv_tokens:
+        return {}
+    heads = layer_dims(config, region.w, region.h, head_groups)["hq"]
+    return {"topk": (scratch_layout(region, buffer_bytes(TopKRow(region.w, held, heads, keep))),)}
 
 
 def embed_booking(config: LlamaConfig, region: Region, dtype: str = "float32") -> dict[str, tuple[Layout, ...]]:

@@ -5,7 +5,8 @@ PREFILL_MAX_TOKENS; a whole prompt is the chunk at 0) through one :class:`~wafer
 on the largest square of cores at its region's corner (:func:`gemm_region`): every matrix product is a
 MeshGEMM kernel (waferrt.kernels.gemm: the QKV projection, the output projection, gate and up as one, down)
 and the heads' causal attention the transposed MeshGEMM for Q.K^T and MeshGEMM for P.V over the chunk and
-the positions before it that the cache holds, every head's blocks moving together
+the positions before it that the cache holds (sparse under a sparse ``LayerShard.attention``:
+waferrt.decode.sparse_prefill), every head's blocks moving together
 (waferrt.kernels.attention; a K/V head's blocks go with each of its query heads), each moving its blocks
 hop by hop on the region's lines and booking them. Between the kernels the glue runs on the tile's full
 matrices (RMSNorm, RoPE, SiLU, the residual adds: booked at ``ELEMENTWISE_FLOPS`` per element, spread over
@@ -30,7 +31,7 @@ import numpy as np
 from waferrt.core.arith import cdiv
 from waferrt.core.cost import Cost, total
 from waferrt.core.dtypes import itemsize, to_f32
-from waferrt.core.gemm_cost import AttentionShape, GemmShape, attention_cost, gemm_cost, skew_cost
+from waferrt.core.gemm_cost import AttentionShape, GemmShape, gemm_cost, skew_cost
 from waferrt.core.layout import from_blocks
 from waferrt.core.ledger import Ledger
 from waferrt.core.mesh import Region
@@ -40,12 +41,14 @@ from waferrt.kernels.attention import PromptAttention, causal_attention
 from waferrt.kernels.gemm import Grid, collect, meshgemm, place, spread
 from waferrt.model.config import LlamaConfig
 from waferrt.model.reference import apply_rope, rmsnorm, rope_cos_sin, silu
+from waferrt.model.sparse import AttentionMode
 
 from .cost import ELEMENTWISE_FLOPS as EW
 from .cost import Decoding, stage_handover
 from .layout import layer_layouts
 from .pack import Chunks, blocks_of
 from .relayout import kv_load, kv_read_load, move_cost, weights_load
+from .sparse_prefill import prefill_attention_parts, selector
 
 PREFILL_MAX_TOKENS = 512  # a prompt this long or shorter enters whole; a longer one in chunks of this many
 EMULATED_VALUES = "float32"  # what the emulated prefill's kernels move: the weights unpacked to float32
@@ -118,14 +121,14 @@ class _Mesh:
         self.ledger.add(skew_cost(self.ledger.spec, self.side, mb * kb * pa.itemsize))
         return collect("meshgemm", self.grid, meshgemm(self.ctx, pa, pb), a.shape[0], b.shape[1])
 
-    def attention(self, q: np.ndarray, k: np.ndarray, v: np.ndarray) -> np.ndarray:
-        """Every head's causal attention at once, q (T, H, hd) at the last T of the positions of k, v (start +
-        T, H, hd) -> (T, H, hd)."""
+    def attention(self, q: np.ndarray, k: np.ndarray, v: np.ndarray, mode: AttentionMode) -> np.ndarray:
+        """Every head's causal attention at once, dense or sparse (`mode`, decode.sparse_prefill), q (T, H, hd)
+        at the last T of the positions of k, v (start + T, H, hd) -> (T, H, hd)."""
         T, H, hd = q.shape
         blocks = {n: np.stack([spread(self.grid, self.region.shape, m[:, h]) for h in range(H)], axis=2)
                   for n, m in (("q", q), ("k", k), ("v", v))}
         prompt = PromptAttention(T, 1.0 / np.sqrt(hd), EW["softmax"], start=k.shape[0] - T)
-        run = partial(causal_attention, prompt=prompt)
+        run = partial(causal_attention, prompt=prompt, select=selector(mode, prompt))
         out = run(self.ctx, **blocks)
         return np.stack([collect("meshgemm", self.grid, out[:, :, h], T, hd) for h in range(H)], axis=1)
 
@@ -155,7 +158,7 @@ def _attention_block(mesh: _Mesh, shard, h: np.ndarray, at: tuple[int, int]) -> 
     held_k, held_v = _cached(shard, slot, start)
     rep = nh // nkv
     k_all, v_all = (np.repeat(np.concatenate([a, b]), rep, axis=1) for a, b in ((held_k, k), (held_v, v)))
-    out = mesh.attention(q, k_all, v_all)  # (T, nh, hd)
+    out = mesh.attention(q, k_all, v_all, shard.attention)  # (T, nh, hd)
     return out.reshape(T, nh * hd), k, v
 
 
@@ -167,7 +170,7 @@ def prefill_layer(shard, x: np.ndarray, slot: int, start: int = 0) -> np.ndarray
     T, chunks = x.shape[0], Chunks(config.dim, region.w)
     w = _weights(shard)
     mesh = _Mesh(region, ledger)
-    dec = Decoding(config, shard.dtype)
+    dec = Decoding(config, shard.dtype, attention=shard.attention)
     moves = {name: c for name, _, c in prefill_moves(ledger.spec, dec, region, (start, T), EMULATED_VALUES)}
     weights = weights_move(ledger.spec, dec, region, EMULATED_VALUES)
     with ledger.op("prefill"):
@@ -262,11 +265,10 @@ def prefill_work_parts(spec, dec: Decoding, region: Region, tokens: int, context
                               + gemm_cost(spec, "meshgemm", GemmShape(m, k, n, s, s), moved, 1, rate))
 
     ctx = context or T
-    att = attention_cost(spec, AttentionShape(T, hd, config.n_heads, s, ctx), EW["softmax"], moved, rate)
+    att = prefill_attention_parts(spec, AttentionShape(T, hd, config.n_heads, s, ctx), dec.attention, (moved, rate))
     glue = [dec.flops(spec, cdiv(f, s * s)) for f in glue_flops(config, T)]
-    return (mm("qkv", T, dim, dim + 2 * config.kv_dim), ("attention", "attention", att),
-            mm("o", T, config.n_heads * hd, dim), mm("gate_up", T, dim, 2 * config.hidden_dim),
-            mm("down", T, config.hidden_dim, dim),
+    return (mm("qkv", T, dim, dim + 2 * config.kv_dim), *att, mm("o", T, config.n_heads * hd, dim),
+            mm("gate_up", T, dim, 2 * config.hidden_dim), mm("down", T, config.hidden_dim, dim),
             ("elementwise", "elementwise", glue[0] + glue[1] + glue[2]))
 
 

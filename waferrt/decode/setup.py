@@ -6,8 +6,9 @@ reserve, how the collectives run, storage dtype), made from a scheduler Placemen
 head shares the embedding's region and table); consecutive layers on one region (a strategy's group of
 layers, scheduler.types.Strategy) are stacked there: their weight blocks and K/V on the same cores, run
 one after another. With ``streaming`` the weights stay off-wafer (waferrt.decode.streaming) and one region
-runs every stage. ``attention`` is dense or sparse:K (STAR, waferrt.decode.sparse) in every decode step;
-the MeshGEMM prefill stays dense. ``stage_tiles`` says which tile runs each stage and
+runs every stage. ``attention`` is dense or sparse:K (STAR, waferrt.decode.sparse) in every decode step and
+the MeshGEMM prefill (waferrt.decode.sparse_prefill); sparse books its top-K lists (layout.topk_booking).
+``stage_tiles`` says which tile runs each stage and
 raises :class:`PlacementError` when a region spans several tiles. :func:`stage_sram` is what a stage
 books in its cores' SRAM (from waferrt.decode.layout, the same sizes the planner budgets: every layer
 books its weights and K/V, the first layer of a region also its scratch; a streaming region books every
@@ -32,7 +33,7 @@ from waferrt.model.config import LlamaConfig
 from waferrt.model.sparse import DENSE, AttentionMode
 
 from .cost import Decoding
-from .layout import booked_bytes, embed_booking, kv_booking, layer_booking, stream_booking
+from .layout import booked_bytes, embed_booking, kv_booking, layer_booking, stream_booking, topk_booking
 from .moe import pack_moe_layer
 from .moe_layout import MAPPINGS
 from .pack import pack_embed, pack_layer
@@ -59,9 +60,6 @@ class DecodeSetup:
     attention: AttentionMode = DENSE  # the decode's attention: dense, or STAR's sparse:K (waferrt.decode.sparse)
 
     def __post_init__(self) -> None:
-        if not self.attention.dense and not self.collectives.fast:
-            raise PlacementError(f"{self.attention} attention runs on the fast path of the collectives; leave "
-                                 "Collectives(fast=True) (the default) or decode with dense attention")
         if self.experts not in MAPPINGS:
             raise ValueError(f"expert mapping {self.experts!r} is not one of {', '.join(MAPPINGS)}")
         if self.config.moe and self.streaming:
@@ -117,9 +115,11 @@ def stage_sram(setup: DecodeSetup, s: int) -> dict[str, tuple[Region, np.ndarray
     if setup.streaming:
         return _stream_sram(setup, kind, layer, region)
     if kind == "layer":
-        booked = booked_bytes(layer_booking(setup.config, region, setup.kv_tokens, setup.slots, setup.dtype))
-        if stages[s - 1][2] == region:  # stacked on the layer before it: the region's scratch is booked
+        booked = booked_bytes(layer_booking(setup.config, region, setup.kv_tokens, setup.slots, setup.dtype)
+                              | topk_booking(setup.config, region, setup.kv_tokens, setup.attention))
+        if stages[s - 1][2] == region:  # stacked on the layer before it: the region's scratch (and top-K) is booked
             del booked["scratch"]
+            booked.pop("topk", None)
         return {f"layer{layer}.{name}": (region, nbytes) for name, nbytes in booked.items()}
     if kind == "embed":
         booked = booked_bytes(embed_booking(setup.config, region, setup.dtype))
@@ -130,12 +130,13 @@ def stage_sram(setup: DecodeSetup, s: int) -> dict[str, tuple[Region, np.ndarray
 def _stream_sram(st: DecodeSetup, kind: str, layer: int, region: Region) -> dict[str, tuple[Region, np.ndarray]]:
     """A streaming region's booking (stream_booking) shared out: each layer its K/V, the embedding stage the
     double buffer and the scratch."""
-    booked = booked_bytes(stream_booking(st.config, region, st.kv_tokens, st.slots, st.dtype))
+    booked = booked_bytes(stream_booking(st.config, region, st.kv_tokens, st.slots, st.dtype)
+                          | topk_booking(st.config, region, st.kv_tokens, st.attention))
     if kind == "layer":
         kv = kv_booking(st.config, region, st.kv_tokens, st.slots, st.dtype)
         return {f"layer{layer}.kv": (region, booked_bytes({"kv": (kv,)})["kv"])}
     if kind == "embed":
-        return {f"stream.{name}": (region, booked[name]) for name in ("buffer", "scratch")}
+        return {f"stream.{name}": (region, booked[name]) for name in ("buffer", "scratch", "topk") if name in booked}
     return {}
 
 

@@ -18,7 +18,6 @@ import functools
 
 import numpy as np
 
-from waferrt.core.arith import cdiv
 from waferrt.core.dtypes import to_f32
 from waferrt.core.ledger import Ledger
 from waferrt.core.mesh import Region
@@ -52,7 +51,7 @@ PANEL_ROWS = 64  # the most output rows per BLAS call: a few tokens times a narr
 # 1.5-2x faster than times the whole matrix at once (OpenBLAS packs less; benchmarks/profile_decode.py)
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _panel(rows: int) -> int:
     """The widest panel of at most PANEL_ROWS rows that cuts `rows` evenly."""
     return max(n for n in range(1, min(rows, PANEL_ROWS) + 1) if rows % n == 0)
@@ -114,7 +113,7 @@ class LayerShard:
         cache = FlowKVCache if coll.fast else MeshKVCache  # the same entries, counts and bookings
         self.kv = cache(config, self.cx, kv[0], kv[1], self.hd_r, dtype)
         self.scale = np.float32(1.0 / np.sqrt(config.head_dim))
-        self.attention = dec.attention  # dense, or sparse:K on the fast path (waferrt.decode.sparse)
+        self.attention = dec.attention  # dense, or sparse:K (waferrt.decode.sparse)
 
     def _rope(self, poss: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """cos, sin (B, R, 1, hd_r/2) float32 of the items' positions: rows of the table every layer of this
@@ -134,14 +133,18 @@ class LayerShard:
         if self.coll.fast:
             return self._attention_flow(slots, poss, q)
         B, nkv, m = len(slots), self.config.n_kv_heads, self.kv.held_most(slots)
-        rep, coll = self.config.n_heads // nkv, self.coll
+        rep, coll, qg = self.config.n_heads // nkv, self.coll, q.reshape(B, self.rows, nkv, -1, self.hd_r)
         kc, vc = self.kv.read(slots, m)  # (B, R, nkv, hd_r, m*C), (B, C, nkv, m, R*hd_r)
-        part = np.matmul(q.reshape(B, self.rows, nkv, rep, self.hd_r), kc)  # (B, R, nkv, rep, m*C)
+        valid, L = self.kv.visible(slots, poss, m), int(poss.max()) + 1  # (B, m, C); the fullest context
+        if self.attention.keys_kept(L) < L:  # sparse: predict, keep the top K, a block of kept keys per head
+            kc, vc, valid, m = sparse.hop_selection(self, qg, (slots, poss), (kc, vc, valid))
+            part = np.matmul(qg[..., None, :], kc)[..., 0, :]  # (B, R, nkv, rep, m*C)
+        else:
+            part, valid = np.matmul(qg, kc), valid[:, None, None]  # (B, R, nkv, rep, m*C); (B, 1, 1, m, C)
         self.ledger.compute(2 * B * nkv * rep * self.hd_r * m)
         part = part.reshape(B, self.rows, nkv, rep, m, self.cols)
         scores = self.cy.allreduce(part, coll, slices=Slices(1), collapse=True,
                                    overwrite=True)  # (B, nkv, rep, m, C)
-        valid = self.kv.visible(slots, poss, m)[:, None, None]  # (B, 1, 1, m, C)
         scores = np.where(valid, scores * self.scale, np.float32(-np.inf))
         top = self.cx.allreduce(scores.max(axis=3), coll, "max", Slices(3, replicated=True),
                                 collapse=True)  # (B, nkv, rep)
@@ -150,7 +153,7 @@ class LayerShard:
                                   collapse=True)  # (B, nkv, rep)
         p = (e / total[..., None, None]).transpose(0, 4, 1, 2, 3)  # (B, C, nkv, rep, m)
         self.ledger.compute(EW["softmax"] * B * nkv * rep * m)
-        out = np.matmul(p, vc)  # (B, C, nkv, rep, R*hd_r)
+        out = np.matmul(p, vc) if vc.ndim == 5 else np.matmul(p[..., None, :], vc)[..., 0, :]  # (B, C, nkv, rep, R*hd)
         self.ledger.compute(2 * B * nkv * rep * self.hd_r * m)
         out = out.reshape(B, self.cols, nkv, rep, self.rows, self.hd_r)
         a = self.cx.allreduce(out, coll, slices=Slices(1), collapse=True,
@@ -192,7 +195,7 @@ class LayerShard:
         sparse.book_prediction(self.ledger, row, self.hd_r)
         book_allreduce(self.cy, self.coll, row.heads * held * self.cols)  # the partial predictions, over the rows
         sparse.book_top_k(self.ledger, row, self.rows)
-        return visible & sparse.chosen(pred, poss, self.attention), cdiv(keep, self.cols)
+        return visible & sparse.chosen(pred, poss, self.attention), min(keep, held)
 
     # -- a batch of tokens ------------------------------------------------------------------------------
     def forward(self, x: np.ndarray, slots: np.ndarray, poss: np.ndarray) -> np.ndarray:

@@ -1,6 +1,6 @@
 """STAR's sparse attention in a layer region's decode: which cached keys each query head attends to.
 
-Contract: these are what a LayerShard's fast-path attention (waferrt.decode.shards) runs
+Contract: these are what a LayerShard's attention (waferrt.decode.shards) runs
 under a sparse ``Decoding.attention`` (waferrt.model.sparse.AttentionMode). For a micro-batch whose fullest
 request holds L positions it keeps K = ``attention.keys_kept(L)`` keys per query head; when K < L it
 
@@ -11,10 +11,14 @@ request holds L positions it keeps K = ``attention.keys_kept(L)`` keys per query
    (``model.sparse.select_top``'s rule: `chosen`), booked as the row's top-K on every row of the region
    (`book_top_k`: ``decode.topk.topk_cost``, selection, streamed merge, multicast; tied to the row_topk kernel);
 
-then attends over the chosen keys (within the visible ones), booked as ``cdiv(K, cols)`` keys a core (taken
-as spread evenly over the columns). With
+then attends over the chosen keys (within the visible ones), booked as min(K, m) keys a core: a core holding
+m positions may hold that many of the kept ones, and the mesh waits for its busiest core. With
 K >= L every visible key is kept and nothing more is booked: the mask is the dense one, so the tokens are
 dense's exactly. What is booked is ``decode.cost.sparse_parts`` (tested equal).
+
+On the hop-by-hop collectives (``Collectives(fast=False)``) `hop_selection` runs the same steps message by
+message -- the partial predictions' allreduce, the row_topk kernel itself, each core's kept entries gathered
+into a block of min(K, m) -- booking what the fast path books (tested equal, with the same outputs).
 """
 
 from __future__ import annotations
@@ -22,10 +26,12 @@ from __future__ import annotations
 import numpy as np
 
 from waferrt.core.cost import compute_cost, on_lines
+from waferrt.fabric.comm import Slices, Span
+from waferrt.fabric.kernel import Context
 from waferrt.model.sparse import AttentionMode, log_keys
 
 from .cost import PREDICT_DTYPE
-from .topk import TopKRow, topk_cost
+from .topk import TopKRow, row_topk, topk_cost, unpack
 
 
 def predicted(qg: np.ndarray, keys: tuple[np.ndarray, np.ndarray], visible: np.ndarray) -> np.ndarray:
@@ -66,3 +72,36 @@ def book_top_k(ledger, row: TopKRow, lines: int) -> None:
     """The row's top-K (decode.topk's closed form, tied to its kernel) on `lines` rows at once."""
     for c in topk_cost(ledger.spec, row).values():
         ledger.add(on_lines(c, lines))
+
+
+# -- the hop-by-hop path (Collectives(fast=False)): every message sent --------------------------------------
+def hop_selection(shard, qg: np.ndarray, at: tuple[np.ndarray, np.ndarray], held: tuple) -> tuple:
+    """The prediction, the row's top-K and the kept keys of a LayerShard's hop-by-hop attention, every message
+    sent: each core's partial predictions reduced over the rows (a LineComm allreduce, as the scores), the
+    decode.topk.row_topk kernel on every row of the region (candidates named by their token positions, so ties
+    go to the earlier one as on the fast path), then each core's kept entries gathered to the front of a block of
+    w = min(K, m) (the most any core holds). qg (B, R, nkv, rep, hd_r); at = (slots, poss); held = (kc (B, R, nkv,
+    hd_r, m*C), vc (B, C, nkv, m, R*hd_r), visible (B, m, C)) as MeshKVCache.read/visible give them -> (kc (B, R,
+    nkv, rep, hd_r, w*C), vc (B, C, nkv, rep, w, R*hd_r), visible (B, nkv, rep, w, C), w): one block per head."""
+    (slots, poss), (kc, vc, visible) = at, held
+    B, R, nkv, rep, hd_r = qg.shape
+    m, C, keep = visible.shape[1], shard.cols, shard.attention.keys_kept(int(poss.max()) + 1)
+    row = TopKRow(C, m, B * nkv * rep, keep)
+    book_prediction(shard.ledger, row, hd_r)
+    part = np.matmul(qg, log_keys(kc)).reshape(B, R, nkv, rep, m, C)  # every core's partial predictions
+    pred = shard.cy.allreduce(part, shard.coll, slices=Slices(1), collapse=True, overwrite=True)  # (B, nkv, rep, m, C)
+    pred = np.where(visible[:, None, None], pred, np.float32(-np.inf))
+    cand = np.broadcast_to(pred.transpose(4, 0, 1, 2, 3).reshape(C, row.heads, m), (R, C, row.heads, m))
+    positions = np.broadcast_to(shard.kv.pos[slots, :m].transpose(2, 0, 1)[:, :, None, None], (C, B, nkv, rep, m))
+    tops = row_topk(Context(Span.of(shard.region), shard.ledger, {}), cand, keep,
+                    positions.reshape(C, row.heads, m)[None])
+    best = unpack(tops)[1][0, 0].reshape(B, nkv, rep, keep)  # every core of every row holds the same lists
+    share = np.array([shard.attention.keys_kept(int(p) + 1) for p in poss])[:, None, None, None]  # (B, 1, 1, 1)
+    best = np.where(np.arange(keep) < share, best, -1)  # each item keeps its own context's share
+    entry = shard.kv.pos[slots, :m][:, None, None]  # (B, 1, 1, m, C): the token position of each entry
+    kept = visible[:, None, None] & (entry[..., None] == best[:, :, :, None, None]).any(axis=-1)  # (B, nkv, rep, m, C)
+    w = min(keep, m)
+    idx = np.argsort(~kept, axis=3, kind="stable")[:, :, :, :w]  # (B, nkv, rep, w, C): the kept entries first
+    k = np.take_along_axis(kc.reshape(B, R, nkv, 1, hd_r, m, C), idx[:, None, :, :, None], axis=5)
+    v = np.take_along_axis(vc[:, :, :, None], idx.transpose(0, 4, 1, 2, 3)[..., None], axis=4)
+    return k.reshape(B, R, nkv, rep, hd_r, w * C), v, np.take_along_axis(kept, idx, axis=3), w

@@ -110,17 +110,26 @@ def best(scores: np.ndarray, positions: np.ndarray, keep: int) -> np.ndarray:
     return pack(np.take_along_axis(scores, order, -1), np.take_along_axis(positions, order, -1))
 
 
-def local_select(ctx, scores: np.ndarray, keep: int) -> np.ndarray:
-    """Every core's own K best. scores (rows, cols, H, m) -> packed (rows, cols, H, K, 2)."""
+def buffer_bytes(row: TopKRow) -> int:
+    """Bytes a core of the row holds for the top-K besides its scores: its own K best of every head and the K
+    a neighbour streams in, 8 bytes an entry (``local_select``'s list and ``merge_round``'s received one)."""
+    return 2 * ENTRY_BYTES * row.heads * row.keep
+
+
+def local_select(ctx, scores: np.ndarray, keep: int, positions: np.ndarray | None = None) -> np.ndarray:
+    """Every core's own K best. scores (rows, cols, H, m) -> packed (rows, cols, H, K, 2); `positions`
+    (broadcast to scores' shape) the position of each candidate, default core j's j*m .. j*m+m-1."""
     m = scores.shape[-1]
-    cols = ctx.positions()[0][:, :, None, None]  # (rows, cols, 1, 1): this core's place in the row
-    positions = np.broadcast_to(cols * m + np.arange(m), scores.shape)  # (rows, cols, H, m)
-    pad = max(0, keep - m)
-    scores = np.concatenate([scores, np.full(scores.shape[:-1] + (pad,), -np.inf, np.float32)], axis=-1)
-    positions = np.concatenate([positions, np.full(positions.shape[:-1] + (pad,), PAD_POSITION)], axis=-1)
+    if positions is None:
+        cols = ctx.positions()[0][:, :, None, None]  # (rows, cols, 1, 1): this core's place in the row
+        positions = cols * m + np.arange(m)
     with ctx.ledger.op("topk.select"):
         ctx.ledger.compute(scores.shape[-2] * select_comparisons(m, keep))
-    return best(scores, positions, keep)
+    top = best(scores, np.broadcast_to(positions, scores.shape), min(m, keep))  # (rows, cols, H, k, 2)
+    if m >= keep:
+        return top
+    pad = scores.shape[:-1] + (keep - m,)  # padded to K: after every real entry
+    return np.concatenate([top, pack(np.full(pad, -np.inf, np.float32), np.full(pad, PAD_POSITION))], axis=-2)
 
 
 def merge_round(ctx, mine: np.ndarray, r: int, row: TopKRow) -> np.ndarray:
@@ -135,19 +144,25 @@ def merge_round(ctx, mine: np.ndarray, r: int, row: TopKRow) -> np.ndarray:
             if west:
                 got.append((ctx.send(mine, -1, 0, where=col == row.cores - r), col == row.cores - 1 - r))
         for received, here in got:
-            s, p = unpack(np.concatenate([mine, received], axis=-2))  # (rows, cols, H, 2K)
-            mine = np.where(here[:, :, None, None, None], best(s, p, row.keep), mine)
+            at = np.flatnonzero(here.any(axis=0))  # the receiving column, if this tile holds it
+            if len(at):
+                s, p = unpack(np.concatenate([mine[:, at], received[:, at]], axis=-2))  # (rows, 1, H, 2K)
+                mine = mine.copy()
+                mine[:, at] = best(s, p, row.keep)
     return mine
 
 
-def row_topk(ctx, scores: np.ndarray, keep: int) -> np.ndarray:
-    """The kernel: scores (rows, cols, H, m) -> every core's (rows, cols, H, K, 2) packed row-wide top-K."""
+def row_topk(ctx, scores: np.ndarray, keep: int, positions: np.ndarray | None = None) -> np.ndarray:
+    """The kernel: scores (rows, cols, H, m) -> every core's (rows, cols, H, K, 2) packed row-wide top-K.
+    `positions`: each candidate's (as `local_select`'s). The comparisons are of float32 scores: booked at
+    float32's rate whatever the ledger's dtype (as `topk_cost`)."""
     row = TopKRow(ctx.region.w, scores.shape[-1], scores.shape[-2], keep)
-    mine = local_select(ctx, scores, keep)
-    for r in range(1, row.rounds + 1):
-        mine = merge_round(ctx, mine, r, row)
-    if row.streams:
-        with ctx.ledger.op("topk.merge"):  # each stream's entries, serialised and merged once at the middle
-            ctx.ledger.add(Cost(cycles=row.streams * serialise_cycles(ctx.ledger.spec, row.message_bytes)))
-            ctx.ledger.compute(row.heads * row.keep * row.streams)
+    with ctx.ledger.at_rate("float32"):
+        mine = local_select(ctx, scores, keep, positions)
+        for r in range(1, row.rounds + 1):
+            mine = merge_round(ctx, mine, r, row)
+        if row.streams:
+            with ctx.ledger.op("topk.merge"):  # each stream's entries, serialised and merged once at the middle
+                ctx.ledger.add(Cost(cycles=row.streams * serialise_cycles(ctx.ledger.spec, row.message_bytes)))
+                ctx.ledger.compute(row.heads * row.keep * row.streams)
     return ctx.broadcast(mine, "x", root=row.middle)

@@ -9,8 +9,9 @@ SRAM held more, until sparse is cheaper or ``LONGEST_SWEPT`` -- the context from
 (`pays_from`, None when it never is in that range), and one token's time at the estimate's own
 K/V reserve, dense (the estimate's) and sparse (the estimate's with every layer's attention swapped: a
 token passes the layers one after another). Sparse attention keeps every key in SRAM (it reads K of
-them), so the longest context that fits is the same either way: ``est.kv_tokens_per_request`` per request
-with ``est.kv.requests`` in flight (the top-K's buffer of heads x K x 8 bytes a core is not booked).
+them) and its cores hold the top-K's lists besides (decode.layout.topk_booking: 2 x heads x K x 8 bytes), so
+the longest context that fits (`longest_context`, ``wafer.shape_kv_capacity`` under the mode) is at most the
+dense estimate's ``est.kv_tokens_per_request``, with ``est.kv.requests`` in flight.
 ``lines()`` is what ``waferrt estimate --attention sparse:K`` prints after the estimate, ``to_json()`` its
 ``"sparse"`` entry.
 """
@@ -21,8 +22,10 @@ from dataclasses import dataclass, replace
 
 from waferrt.decode.cost import Decoding, attention_parts
 from waferrt.model.sparse import AttentionMode
+from waferrt.scheduler.types import Workload
 
 from .estimate_report import Estimate
+from .wafer import shape_kv_capacity
 
 FIRST_CONTEXT = 256  # the sweep's first context (then doubling)
 LONGEST_SWEPT = 1 << 22  # past the longest context that fits, the sweep goes on until sparse pays, up to this
@@ -42,7 +45,8 @@ class SparseEstimate:
     label: str
     mode: AttentionMode
     rows: tuple[ContextRow, ...]
-    longest_context: int  # K/V positions a request holds, dense or sparse
+    longest_context: int  # K/V positions a request holds under sparse (its top-K's lists held too)
+    dense_longest: int  # ... and dense
     dense_token_s: float  # one request's token at the estimate's K/V reserve
     sparse_token_s: float
 
@@ -69,7 +73,8 @@ class SparseEstimate:
         out += [self._line(r) for r in self.rows]
         out.append(f"  a token at the reserve: {self.dense_token_s * 1e6:,.1f} us dense, "
                    f"{self.sparse_token_s * 1e6:,.1f} us {self.mode}; the longest context that fits: "
-                   f"{self.longest_context:,} positions a request either way (sparse keeps every key in SRAM)")
+                   f"{self.dense_longest:,} positions a request dense, {self.longest_context:,} sparse (every key "
+                   "stays in SRAM, and the top-K's lists)")
         return out
 
     def _line(self, r: ContextRow) -> str:
@@ -81,6 +86,7 @@ class SparseEstimate:
 
     def to_json(self) -> dict:
         return {"mode": str(self.mode), "pays_from": self.pays_from, "longest_context": self.longest_context,
+                "dense_longest_context": self.dense_longest,
                 "dense_token_s": self.dense_token_s, "sparse_token_s": self.sparse_token_s,
                 "contexts": [vars(r) for r in self.rows]}
 
@@ -91,14 +97,16 @@ def sparse_estimate(est: Estimate, mode: AttentionMode) -> SparseEstimate:
         raise ValueError(f"{est.label} does not fit, so its attention has no region to be timed on")
     dense = Decoding(est.config, est.dtype, head_groups=est.shape.head_groups)
     sparse = replace(dense, attention=mode)
-    longest = est.kv_tokens_per_request
+    work = Workload(est.config, est.kv, est.dtype, est.strategy.group)
+    longest = shape_kv_capacity(work, est.shape, est.spec.sram_bytes, mode)  # the top-K's lists held too
     contexts = [FIRST_CONTEXT * 2 ** i for i in range(64) if FIRST_CONTEXT * 2 ** i < longest] + [longest]
     rows = [_row(est, (dense, sparse), n) for n in contexts]
     while rows[-1].sparse_cycles >= rows[-1].dense_cycles and rows[-1].context < LONGEST_SWEPT:
         rows.append(_row(est, (dense, sparse), 2 * rows[-1].context))  # beyond what fits: where it would pay
     at = _row(est, (dense, sparse), est.kv.tokens)
     swap = est.config.n_layers * (at.sparse_cycles - at.dense_cycles) / est.spec.clock_hz
-    return SparseEstimate(est.label, mode, tuple(rows), longest, est.time_per_token_s, est.time_per_token_s + swap)
+    return SparseEstimate(est.label, mode, tuple(rows), longest, est.kv_tokens_per_request, est.time_per_token_s,
+                          est.time_per_token_s + swap)
 
 
 def _row(est: Estimate, decs: tuple[Decoding, Decoding], context: int) -> ContextRow:

@@ -20,9 +20,10 @@ from waferrt.core.dtypes import itemsize
 from waferrt.core.mesh import Region
 from waferrt.core.spec import HardwareSpec
 from waferrt.decode.cost import layer_dims
-from waferrt.decode.layout import layer_block_bytes
+from waferrt.decode.layout import layer_block_bytes, most_bytes, topk_booking
 from waferrt.decode.moe_layout import moe_scratch_words
 from waferrt.model.config import LlamaConfig
+from waferrt.model.sparse import DENSE, AttentionMode
 from waferrt.scheduler import budget
 from waferrt.scheduler.types import KVReserve, Strategy, Workload
 
@@ -79,12 +80,14 @@ def min_cols(work: Workload, rows: int, groups: int, sram: int) -> int | None:
     return first_true(1, min(config.dim, tokens), fits)
 
 
-def shape_kv_capacity(work: Workload, shape: Shape, sram: int) -> int:
+def shape_kv_capacity(work: Workload, shape: Shape, sram: int, attention: AttentionMode = DENSE) -> int:
     """The most K/V positions per request (up to the model's max_seq_len) the region holds with
-    `work.kv.requests` requests (0: not even one)."""
+    `work.kv.requests` requests (0: not even one); under sparse `attention` its cores also hold the top-K's
+    lists (decode.layout.topk_booking, as the tiles book them)."""
 
     def fits(t: int) -> bool:
-        return legal(work.config, shape, max(t, shape.cols)) and layer_core_bytes(work.holding(t), shape) <= sram
+        topk = most_bytes(topk_booking(work.config, shape.region(), t, attention, shape.head_groups))
+        return legal(work.config, shape, max(t, shape.cols)) and layer_core_bytes(work.holding(t), shape) + topk <= sram
 
     return last_true(1, work.config.max_seq_len, fits) or 0
 

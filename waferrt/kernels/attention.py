@@ -65,11 +65,26 @@ def skew(ctx, buf: np.ndarray, axis: str, back: bool = False) -> np.ndarray:
     return buf
 
 
-def scores_nt(ctx, q: np.ndarray, k: np.ndarray) -> np.ndarray:
+def scores_nt(ctx, q: np.ndarray, k: np.ndarray, kept: int | None = None) -> np.ndarray:
     """S = Q K^T by the transposed MeshGEMM (module doc): q (rows, cols, H, mb, db), k (.., kb, db) in the C
-    layout, K already skewed along y; returns S's (H, mb, kb) blocks in the A layout."""
+    layout, K already skewed along y; returns S's (H, mb, kb) blocks in the A layout. `kept`: the keys a block
+    each query's products are computed for (sparse attention; default all kb)."""
     _square(ctx)
-    return accumulate(ctx, Grid.of_ctx(ctx), q, k, "nt")
+    return accumulate(ctx, Grid.of_ctx(ctx), q, k, "nt", kept)
+
+
+@dataclass(frozen=True)
+class Selection:
+    """The keys each query attends to (sparse attention): `mask` (rows, cols, H, mb, kb) over every core's
+    A-layout score block, and `kept`, the keys a block the cores compute for (what they book)."""
+
+    mask: np.ndarray
+    kept: int
+
+    def __post_init__(self) -> None:
+        if self.mask.dtype != bool or self.mask.ndim != 5 or not 1 <= self.kept <= self.mask.shape[-1]:
+            raise ValueError(f"a Selection is a (rows, cols, H, mb, kb) bool mask and 1 <= kept <= kb; got "
+                             f"{self.mask.dtype} {self.mask.shape} and kept {self.kept}")
 
 
 @dataclass(frozen=True)
@@ -94,40 +109,57 @@ class PromptAttention:
                              "non-negative flops")
 
 
+def held_blocks(ctx) -> tuple[np.ndarray, np.ndarray]:
+    """(i (rows, 1), j (rows, cols)): the query block and the key block of each core's A-layout score block
+    (i, (i + c) % s), i and c its ring places."""
+    xs, ys = _square(ctx)
+    i = _ring_index(ys, ctx.local.y0 - ctx.region.y0, ctx.local.h)[:, None]
+    c = _ring_index(xs, ctx.local.x0 - ctx.region.x0, ctx.local.w)[None, :]
+    return i, (i + c) % len(xs)
+
+
 def causal_mask(ctx, mb: int, prompt: PromptAttention, key_block: int | None = None) -> np.ndarray:
     """(rows, cols, mb, key_block) bool: which score entries of each core's A-layout block (i, (i + c) % s) a
     query may attend to: the key at or before the query (queries are positions prompt.start.., mb a block;
     keys 0.., key_block a block, default mb), a real token (before start + tokens)."""
-    xs, ys = _square(ctx)
-    s, kb = len(xs), key_block or mb
-    i = _ring_index(ys, ctx.local.y0 - ctx.region.y0, ctx.local.h)[:, None]
-    c = _ring_index(xs, ctx.local.x0 - ctx.region.x0, ctx.local.w)[None, :]
-    j = (i + c) % s
+    kb = key_block or mb
+    i, j = held_blocks(ctx)
     query = prompt.start + (i * mb)[..., None, None] + np.arange(mb)[:, None]
     key = (j * kb)[..., None, None] + np.arange(kb)[None, :]
     return (key <= query) & (key < prompt.start + prompt.tokens)
 
 
-def probabilities(ctx, q: np.ndarray, k: np.ndarray, prompt: PromptAttention) -> np.ndarray:
+def probabilities(ctx, q: np.ndarray, k: np.ndarray, prompt: PromptAttention, chosen: Selection | None = None
+                  ) -> np.ndarray:
     """The heads' causal softmax(scale Q K^T) in the A layout, (rows, cols, H, mb, kb): q in the C layout, k
-    (its kb positions a block) already skewed along y (module doc); masked entries and padding queries get 0."""
+    (its kb positions a block) already skewed along y (module doc); masked entries and padding queries get 0.
+    `chosen`: only its keys (sparse attention), the products and the softmax booked for its kept keys."""
     heads, mb, kb = q.shape[2], q.shape[3], k.shape[3]
-    scores = scores_nt(ctx, q, k) * np.float32(prompt.scale)  # (rows, cols, H, mb, kb)
+    kept = chosen.kept if chosen is not None else kb
+    scores = scores_nt(ctx, q, k, kept) * np.float32(prompt.scale)  # (rows, cols, H, mb, kb)
     valid = causal_mask(ctx, mb, prompt, kb)[:, :, None]
+    if chosen is not None:
+        valid = valid & chosen.mask
     scores = np.where(valid, scores, np.float32(-np.inf))
     top = ctx.allreduce(scores.max(axis=4), "x", op="max")  # (rows, cols, H, mb): each query's row max
     top = np.where(np.isfinite(top), top, np.float32(0))  # a padding query sees no key
     e = np.where(valid, np.exp(scores - top[..., None]), np.float32(0))
     total = ctx.allreduce(e.sum(axis=4), "x")
-    ctx.ledger.compute(prompt.softmax_flops * heads * mb * kb)
+    ctx.ledger.compute(prompt.softmax_flops * heads * mb * kept)
     return e / np.where(total > 0, total, np.float32(1))[..., None]
 
 
-def causal_attention(ctx, q: np.ndarray, k: np.ndarray, v: np.ndarray, prompt: PromptAttention) -> np.ndarray:
+def causal_attention(ctx, q: np.ndarray, k: np.ndarray, v: np.ndarray, prompt: PromptAttention,
+                     select=None) -> np.ndarray:
     """The heads' causal attention over the prompt (module doc): q (rows, cols, H, mb, db) blocks in, and out;
     k and v (rows, cols, H, kb, db): the blocks of the prompt.start + prompt.tokens positions of its context;
-    prompt.sequences of them side by side in each block, run as that many times the heads (sequences.fold)."""
+    prompt.sequences of them side by side in each block, run as that many times the heads (sequences.fold).
+    `select` (sparse attention, e.g. waferrt.decode.sparse_prefill): select(ctx, q, k skewed) -> the
+    Selection of keys each query attends to, over which the softmax and P.V then run."""
     q, k, v = (fold(a, prompt.sequences) for a in (q, k, v))
     with ctx.ledger.op("attention"):
-        p = probabilities(ctx, q, skew(ctx, k, "y"), prompt)
-        return unfold(meshgemm(ctx, p[:, :, None], skew(ctx, v, "y")[:, :, None]), prompt.sequences)
+        ks = skew(ctx, k, "y")
+        chosen = select(ctx, q, ks) if select is not None else None
+        p = probabilities(ctx, q, ks, prompt, chosen)
+        out = meshgemm(ctx, p[:, :, None], skew(ctx, v, "y")[:, :, None], chosen.kept if chosen else None)
+        return unfold(out, prompt.sequences)

@@ -160,10 +160,11 @@ def ring_move(ctx, buf: np.ndarray, axis: str, places: list[int], lines: int) ->
     return out
 
 
-def _shift_gemm(ctx, a: np.ndarray, b: np.ndarray, algo: str) -> np.ndarray:
+def _shift_gemm(ctx, a: np.ndarray, b: np.ndarray, algo: str, kept: int | None = None) -> np.ndarray:
     """Cannon's algorithm on the rings `algo` names: gcd(rows, cols) block products, a ring shift between.
     a (rows, cols, 1, *batch, mb, kb), b (rows, cols, 1, *batch, kb, nb): every core multiplies a batch of
-    blocks (e.g. one per attention head) at once, and moves them together."""
+    blocks (e.g. one per attention head) at once, and moves them together. `kept`: how many of a row of a's
+    kb entries a step multiplies (the nonzeros of sparse attention's P; default all): the flops booked."""
     grid = Grid.of_ctx(ctx)
     xs, ys = places(algo, grid)
     steps = math.gcd(len(xs), len(ys))
@@ -177,13 +178,13 @@ def _shift_gemm(ctx, a: np.ndarray, b: np.ndarray, algo: str) -> np.ndarray:
                     a = ring_move(ctx, a, "x", xs, lines_x)
                     b = ring_move(ctx, b, "y", ys, lines_y)
             c += a @ b
-            ctx.ledger.compute(2 * math.prod(a.shape[2:]) * b.shape[-1])
+            ctx.ledger.compute(2 * math.prod(a.shape[2:-1]) * (kept or a.shape[-1]) * b.shape[-1])
     return c
 
 
-def meshgemm(ctx, a: np.ndarray, b: np.ndarray) -> np.ndarray:
-    """MeshGEMM: Cannon's steps on the interleaved rings, every move at most two hops."""
-    return _shift_gemm(ctx, a, b, "meshgemm")
+def meshgemm(ctx, a: np.ndarray, b: np.ndarray, kept: int | None = None) -> np.ndarray:
+    """MeshGEMM: Cannon's steps on the interleaved rings, every move at most two hops (`kept`: _shift_gemm's)."""
+    return _shift_gemm(ctx, a, b, "meshgemm", kept)
 
 
 def cannon(ctx, a: np.ndarray, b: np.ndarray) -> np.ndarray:

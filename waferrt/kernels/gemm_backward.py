@@ -36,13 +36,15 @@ from .gemm import Grid, _blocks, places, ring_move, used_lines
 LAYOUTS = ("A", "B", "C")
 
 
-def accumulate(ctx, grid: Grid, fixed: np.ndarray, moving: np.ndarray, variant: str) -> np.ndarray:
+def accumulate(ctx, grid: Grid, fixed: np.ndarray, moving: np.ndarray, variant: str, kept: int | None = None
+               ) -> np.ndarray:
     """The transposed MeshGEMM on `grid`'s rows x cols cores (module doc). variant "nt": acc += fixed @
     moving^T, the accumulators along the rows' rings ("x"), `moving` along the columns'; "tn": acc += moving^T
     @ fixed, the accumulators along the columns', `moving` along the rows'. s = gcd(rows, cols) steps; the
     accumulators move after each, `moving` after all but the last. On a ring longer than s, the ring's
     places s apart then hold partial sums of the same block: they are summed around the ring
-    (:func:`ring_sum`)."""
+    (:func:`ring_sum`). `kept`: how many entries of the accumulators' last axis a step computes (sparse
+    attention's kept keys a block; default all): the flops booked, the blocks moving whole."""
     xs, ys = places("meshgemm", grid)
     s = math.gcd(len(xs), len(ys))
     if variant == "nt":
@@ -56,7 +58,7 @@ def accumulate(ctx, grid: Grid, fixed: np.ndarray, moving: np.ndarray, variant: 
     acc = np.float32(0)
     for t in range(s):
         acc = acc + product(fixed, moving)
-        ctx.ledger.compute(2 * math.prod(acc.shape[2:]) * fixed.shape[contract])
+        ctx.ledger.compute(2 * math.prod(acc.shape[2:-1]) * (kept or acc.shape[-1]) * fixed.shape[contract])
         with ctx.ledger.concurrent():
             acc = ring_move(ctx, acc, *along)
             if t < s - 1:

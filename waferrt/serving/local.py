@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import queue
 import threading
+from dataclasses import replace
 
 from waferrt.core.ledger import Ledger
 from waferrt.core.trace import Recorder
@@ -23,6 +24,7 @@ from waferrt.decode.tracing import trace_program, untrace_program
 from waferrt.fabric.comm import KTREE_FAST, Collectives
 from waferrt.fabric.loop import LoopFabric
 from waferrt.model.sampling import Sampler
+from waferrt.model.sparse import AttentionMode
 
 from .engine import HeadEngine, Submission, TokenEvent
 from .host import serve
@@ -45,9 +47,22 @@ class LocalDecoder:
 
     def use_prefill(self, on: bool = True) -> LocalDecoder:
         """Prefill whole prompts by MeshGEMM (waferrt.decode.prefill) instead of the decode's chunks."""
-        self.setup = DecodeSetup.from_placement(self.placement, self.setup.collectives, on)
+        return self._use(replace(self.setup, prefill=on))
+
+    def use_attention(self, mode: AttentionMode) -> LocalDecoder:
+        """Attend densely (the default) or by STAR's sparse attention (``AttentionMode.parse("sparse:64")``) in
+        the decode and the MeshGEMM prefill, as WaferLLM.use_attention; the layers loaded already attend by it
+        from their next step on."""
+        self._use(replace(self.setup, attention=mode))
         for program in self.programs.values():
-            program.setup = self.setup
+            for shard in program.layers.values():
+                shard.attention = mode
+        return self
+
+    def _use(self, setup: DecodeSetup) -> LocalDecoder:
+        self.setup = setup
+        for program in self.programs.values():
+            program.setup = setup
         return self
 
     def generate(self, requests: list[GenRequest], sampler: Sampler, on_token: OnToken | None = None,

@@ -1,0 +1,87 @@
+"""STAR's sparse attention in the MeshGEMM prefill (waferrt.decode.sparse_prefill): a prompt's layer equals the
+reference's sparse layer_prefill, books its closed form (prediction, the decode's row top-K, attention over the
+kept keys), and K >= the prompt is dense exactly; a whole decode with --prefill and sparse:K >= the prompt gives
+dense's tokens (LocalDecoder.use_attention)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from waferrt.core.ledger import Ledger
+from waferrt.core.mesh import MeshSpec, Region
+from waferrt.core.spec import TINY
+from waferrt.decode.cost import Decoding
+from waferrt.decode.pack import Chunks, pack_layer
+from waferrt.decode.prefill import prefill_layer, prefill_layer_cost
+from waferrt.decode.shards import LayerShard
+from waferrt.model import AttentionMode, Sampler, synthetic_llama, tiny_config
+from waferrt.model.reference import Layer, Rope, layer_prefill, rope_cos_sin
+from waferrt.scheduler import KVReserve, plan
+from waferrt.serving import GenRequest, LocalDecoder
+
+CFG = tiny_config()
+W = synthetic_llama(CFG, seed=0)
+
+
+def prefill(mode: AttentionMode, region: Region, tokens: int, dtype: str = "float32"):
+    """A prompt of `tokens` through layer 0 on `region` -> (output (tokens, dim), the ledger, the Decoding)."""
+    ledger, dec = Ledger(TINY, dtype), Decoding(CFG, dtype, attention=mode)
+    shard = LayerShard(dec, region, pack_layer(CFG, W.layers[0], region, dtype), (2, 32), ledger)
+    x = np.random.default_rng(tokens).standard_normal((tokens, CFG.dim)).astype(np.float32)
+    chunks = Chunks(CFG.dim, region.w)
+    return chunks.join(prefill_layer(shard, chunks.split(x), slot=1)), ledger, dec, x
+
+
+@pytest.mark.parametrize(("w", "h", "tokens", "mode"), [(4, 4, 16, "sparse:3"), (3, 5, 13, "sparse:5"),
+                                                        (4, 4, 11, "sparse:0.3"), (1, 1, 6, "sparse:2")])
+def test_a_sparse_prefill_is_the_references_and_books_its_closed_form(w, h, tokens, mode) -> None:
+    mode, region = AttentionMode.parse(mode), Region(0, 0, w, h)
+    got, ledger, dec, x = prefill(mode, region, tokens)
+    kc = np.zeros((CFG.n_kv_heads, 32, CFG.head_dim), np.float32)
+    cos, sin = rope_cos_sin(np.arange(tokens), CFG.head_dim, CFG.rope_theta)
+    want = layer_prefill(x, Layer(W.layers[0], CFG, mode), kc, np.zeros_like(kc), Rope(np.arange(tokens), cos, sin))
+    np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4)
+    assert ledger.by_op["prefill"] == prefill_layer_cost(TINY, dec, region, tokens)
+    dense = prefill_layer_cost(TINY, Decoding(CFG), region, tokens)
+    assert ledger.by_op["prefill"] != dense  # the prediction and the top-K were booked
+
+
+@pytest.mark.parametrize("mode", ["sparse:9", "sparse:64"])
+def test_k_at_or_above_the_prompt_is_dense_exactly(mode) -> None:
+    region = Region(0, 0, 4, 3)
+    got, ledger, _, _ = prefill(AttentionMode.parse(mode), region, 9)
+    want, dense_ledger, _, _ = prefill(AttentionMode(), region, 9)
+    np.testing.assert_array_equal(got, want)
+    assert ledger.by_op == dense_ledger.by_op
+
+
+def test_a_decode_with_prefill_and_k_at_the_context_gives_denses_tokens() -> None:
+    """sparse:25 keeps every key of a 20-token prompt and its 5 new tokens: the prefill and the decode are dense's."""
+    placement = plan(CFG, TINY, MeshSpec(8, 8, 8, 8), kv=KVReserve(64, 2))
+    requests = [GenRequest(tuple(range(3, 23)), 5), GenRequest((5, 6, 7, 8, 9, 10, 11, 12), 4)]
+    sampler = Sampler(temperature=0.9, top_k=30, seed=1)
+    dense, _ = LocalDecoder(CFG, W, placement).use_prefill().generate(requests, sampler)
+    at_k = LocalDecoder(CFG, W, placement).use_attention(AttentionMode(keep=25)).use_prefill()
+    got, _ = at_k.generate(requests, sampler)
+    assert [c.tokens for c in got] == [c.tokens for c in dense]
+    assert at_k.setup.attention == AttentionMode(keep=25) and at_k.setup.prefill
+
+
+@pytest.mark.parametrize(("w", "h"), [(4, 4), (3, 5)])
+def test_a_later_chunk_selects_over_the_cached_positions_too(w, h) -> None:
+    """A prompt in two chunks (8 then 7 tokens, sparse:4): the second chunk's queries choose among the 8 cached
+    positions and their own, as the reference's layer_prefill from start 8 does, booking its closed form."""
+    mode, region = AttentionMode(keep=4), Region(0, 0, w, h)
+    ledger, dec = Ledger(TINY), Decoding(CFG, attention=mode)
+    shard = LayerShard(dec, region, pack_layer(CFG, W.layers[0], region), (2, 32), ledger)
+    x = np.random.default_rng(3).standard_normal((15, CFG.dim)).astype(np.float32)
+    kc = np.zeros((CFG.n_kv_heads, 32, CFG.head_dim), np.float32)
+    vc, layer, chunks, got = np.zeros_like(kc), Layer(W.layers[0], CFG, mode), Chunks(CFG.dim, region.w), []
+    for lo, hi in ((0, 8), (8, 15)):
+        ledger.clear()
+        got.append(chunks.join(prefill_layer(shard, chunks.split(x[lo:hi]), slot=0, start=lo)))
+        cos, sin = rope_cos_sin(np.arange(lo, hi), CFG.head_dim, CFG.rope_theta)
+        want = layer_prefill(x[lo:hi], layer, kc, vc, Rope(np.arange(lo, hi), cos, sin))
+        np.testing.assert_allclose(got[-1], want, rtol=1e-4, atol=1e-4)
+        assert ledger.by_op["prefill"] == prefill_layer_cost(TINY, dec, region, hi - lo, lo)
