@@ -13,15 +13,16 @@ import pytest
 from waferrt.core.gemm_cost import GemmShape
 from waferrt.core.mesh import Region
 from waferrt.core.spec import WSE2
-from waferrt.core.train_cost import TrainShape, head_core_bytes
+from waferrt.core.cost import total
+from waferrt.core.train_cost import TrainShape, head_chunks, head_core_bytes
 from waferrt.core.train_memory import keep_plan, kept_core_bytes
 from waferrt.estimator.train import activation_bytes
-from waferrt.estimator.train_layer import Run, Work, layer_parts, recompute_cost
+from waferrt.estimator.train_layer import Run, Work, head_parts, layer_parts, pass_cost, recompute_cost
 from waferrt.fabric.misuse import BlockTooLarge
 from waferrt.model import synthetic_llama, tiny_config
 from waferrt.runtime import Wafer
 from waferrt.training.block import block_backward
-from waferrt.training.cost import layer_forward_cycles, recompute_cycles, step_cycles
+from waferrt.training.cost import head_backward_cycles, layer_forward_cycles, recompute_cycles, step_cycles
 from waferrt.training.forward import KEPT, block_forward_mesh
 from waferrt.training.mesh import mesh_phases
 from waferrt.training.onwafer import Job, check_fits
@@ -172,6 +173,22 @@ def test_the_estimators_pass_adds_the_steps_recomputation(plan):
     assert recompute_cost(spec, work, run, layer_parts(spec, CONFIG, run)).cycles == want == step_cycles(
         spec, CONFIG, region, shape, streaming=False).recompute
     assert (want > 0) == (plan == "recomputed")
+
+
+@pytest.mark.parametrize("batch", [1, 4])  # 4 x 64 (train's default): the kept layers leave the head less room
+def test_the_estimators_head_is_in_the_steps_chunks(batch):
+    spec, region, shape = WSE2, Region(0, 0, *MESH), TrainShape(batch, 64)
+    work, run = Work(CONFIG, CONFIG.n_layers, batch, 64, "float32"), Run(batch, 64, min(MESH))
+    plan = keep_plan(spec, CONFIG, shape, min(MESH))
+    alone = head_chunks(spec, GemmShape(shape.tokens, CONFIG.vocab_size, CONFIG.dim, 8, 8))
+    assert (plan.head_chunks > alone) == (batch == 4)  # the case where the pass must follow the plan
+    head = head_parts(spec, CONFIG, run, plan.head_chunks)
+    assert total(c for op, c in head.items() if op != "embedding_backward").cycles == head_backward_cycles(
+        spec, CONFIG, region, shape)  # the step's head; the embedding's scatter-add runs off the wafer there
+    head = total(head.values())
+    layers = total(layer_parts(spec, CONFIG, run).values()).scaled(CONFIG.n_layers)
+    recompute = recompute_cost(spec, work, run, layer_parts(spec, CONFIG, run))
+    assert pass_cost(spec, work, (8, 8), 8).work.cycles == pytest.approx((layers + head + recompute).cycles)
 
 
 def test_a_layers_kept_bytes_are_the_estimators_activation_bytes_spread_over_the_square():

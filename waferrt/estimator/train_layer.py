@@ -45,7 +45,7 @@ from waferrt.core.train_cost import (
     head_backward_parts,
     head_chunks,
 )
-from waferrt.core.train_memory import keep_plan
+from waferrt.core.train_memory import KeepPlan, keep_plan
 from waferrt.decode.cost import ELEMENTWISE_FLOPS
 from waferrt.model.config import LlamaConfig
 
@@ -80,11 +80,12 @@ def layer_parts(spec: HardwareSpec, config: LlamaConfig, run: Run) -> dict[str, 
     return {f"forward.{n}": c for n, c in forward.items()} | backward
 
 
-def head_parts(spec: HardwareSpec, config: LlamaConfig, run: Run) -> dict[str, Cost]:
-    """The tied head's backward (with its logits' forward) in the chunks of the vocabulary whose jobs fit a
-    core of `spec` (``head_chunks``, as waferrt.training.head runs it), and the embedding's scatter-add."""
+def head_parts(spec: HardwareSpec, config: LlamaConfig, run: Run, chunks: int | None = None) -> dict[str, Cost]:
+    """The tied head's backward (with its logits' forward) in `chunks` of the vocabulary (default: the fewest
+    whose jobs fit a core of `spec` alone, ``head_chunks``, as waferrt.training.head runs it; a pass gives its
+    plan's, beside the kept activations), and the embedding's scatter-add."""
     shape = GemmShape(run.tokens, config.vocab_size, config.dim, run.side, run.side)
-    return (head_backward_parts(spec, shape, run.dtype, head_chunks(spec, shape))
+    return (head_backward_parts(spec, shape, run.dtype, chunks or head_chunks(spec, shape))
             | {"embedding_backward": grad_costs(spec, shape, run.dtype)[1]})
 
 
@@ -157,10 +158,9 @@ def pass_cost(spec: HardwareSpec, work: Work, grid: tuple[int, int], side: int |
         return min(costs, key=lambda c: c.cycles)
     config, count = work.config, (grid[0] // side) * (grid[1] // side)
     run = Run(cdiv(work.sequences, count), work.seq, side, work.dtype)
-    parts = layer_parts(spec, config, run)
-    cost = total(parts.values()).scaled(work.layers) + (total(head_parts(spec, config, run).values()) if work.head
-                                                         else Cost())
-    cost += recompute_cost(spec, work, run, parts)
+    parts, plan = layer_parts(spec, config, run), pass_plan(spec, work, run)
+    head = head_parts(spec, config, run, plan.head_chunks if plan.fits else None) if work.head else {}
+    cost = total(parts.values()).scaled(work.layers) + total(head.values()) + recompute_cost(spec, work, run, parts)
     params = work.layers * config.layer_params() + (config.vocab_size * config.dim if work.head else 0)
     grads = cdiv(params, side * side) * itemsize(work.dtype)  # bytes a core holds of the pass's gradients
     sync = allreduce_cost(spec, "ring", count, grads) if count > 1 else Cost()
@@ -170,7 +170,13 @@ def pass_cost(spec: HardwareSpec, work: Work, grid: tuple[int, int], side: int |
 def recompute_cost(spec: HardwareSpec, work: Work, run: Run, parts: dict[str, Cost]) -> Cost:
     """The forwards a square runs again before their backward: the plan's recomputed layers of the pass's
     (module doc), each a layer's forward over the run (the "forward." ops of its `parts`, ``layer_parts``)."""
-    config = dataclasses.replace(work.config, n_layers=work.layers)
-    plan = keep_plan(spec, config, run.shape, run.side, itemsize(run.dtype))
+    plan = pass_plan(spec, work, run)
     forward = [c for op, c in parts.items() if op.startswith("forward.")]
     return total(forward).scaled(plan.recomputed if plan.fits else 0)
+
+
+def pass_plan(spec: HardwareSpec, work: Work, run: Run) -> KeepPlan:
+    """A square's SRAM plan for the pass's layers (``core.train_memory.keep_plan`` at the run's dtype): which
+    layers it recomputes, and the head's chunks beside the kept activations."""
+    config = dataclasses.replace(work.config, n_layers=work.layers)
+    return keep_plan(spec, config, run.shape, run.side, itemsize(run.dtype))
