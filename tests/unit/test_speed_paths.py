@@ -115,10 +115,10 @@ def test_an_allreduce_booked_again_books_its_closed_form_again(calls):
 @fast
 @given(st.lists(st.integers(0, 11), min_size=1, max_size=8))
 def test_slots_read_as_a_slice_are_the_same_rows(slots):
-    from waferrt.decode.kvcache import _as_slice
+    from waferrt.decode.kvcache import as_slice
 
     cache = np.arange(12 * 5).reshape(12, 5)
     rows = np.array(slots)
-    assert np.array_equal(cache[_as_slice(rows)], cache[rows])
+    assert np.array_equal(cache[as_slice(rows)], cache[rows])
     if len(slots) > 1 and len(set(np.diff(slots))) == 1 and slots[1] > slots[0]:
-        assert isinstance(_as_slice(rows), slice)  # evenly spaced: a view
+        assert isinstance(as_slice(rows), slice)  # evenly spaced: a view

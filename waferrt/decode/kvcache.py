@@ -205,7 +205,7 @@ class FlowKVCache:
     def read(self, slots: np.ndarray, length: int) -> tuple[np.ndarray, np.ndarray]:
         """float32 K (B, nkv, R*hd_r, length) and V (B, nkv, length, R*hd_r): positions 0..length-1 of the
         items' requests (what a request does not hold yet is masked by the caller)."""
-        rows = _as_slice(slots)  # a lane's slots are evenly spaced: a view, not a copy
+        rows = slots if isinstance(slots, slice) else as_slice(slots)  # a lane's slots are evenly spaced: a view
         return (to_f32(self.k[rows, :, :, :length], self.dtype),
                 to_f32(self.v[rows, :, :length], self.dtype))
 
@@ -225,7 +225,7 @@ class FlowKVCache:
         return list(range(int(self.count[slot].sum())))
 
 
-def _as_slice(slots: np.ndarray) -> slice | np.ndarray:
+def as_slice(slots: np.ndarray) -> slice | np.ndarray:
     """`slots` as a slice when they are evenly spaced and increasing (what indexes the same rows as a view),
     else themselves."""
     s = slots.tolist()
