@@ -213,7 +213,7 @@ class LayerShard:
         position order; booked as the cores run it (over the m entries the fullest core holds). The softmax
         runs in the scores' buffer (the same operations in the same order)."""
         slots, poss, L = items.slots, items.poss, items.length
-        B, nkv, m, R = len(slots), self.config.n_kv_heads, self.kv.held_most(slots), self.rows
+        B, nkv, m, R = len(slots), self.config.n_kv_heads, self.kv.held_most(items.rows), self.rows
         rep, coll = self.config.n_heads // nkv, self.coll
         work = B * nkv * rep
         kc, vc = self.kv.read(items.rows, L)  # (B, nkv, R*hd_r, L), (B, nkv, L, R*hd_r)
@@ -267,7 +267,7 @@ class LayerShard:
                 q, k = qk[:, :, :nh], qk[:, :, nh:]
                 self.ledger.compute(EW["rope"] * B * (nh + nkv) * self.hd_r)
             self.kv.insert(items.slots, k, qkv[:, :, nh + nkv:], items.poss)
-            with self._bookings(B, self.kv.held_most(items.slots)):  # ... and entries the fullest core holds
+            with self._bookings(B, self.kv.held_most(items.rows)):  # ... and entries the fullest core holds
                 x = x + mesh_gemv(self.cy, self.coll, self._w("wo"), self._attention(items, q))
                 self.ledger.compute(EW["residual"] * x.shape[0] * x.shape[2])
                 x = x + self._ffn(mesh_rmsnorm(self.cx, x, self._w("ffn_norm"), config, self.coll))
