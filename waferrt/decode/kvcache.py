@@ -237,7 +237,7 @@ def as_slice(slots: np.ndarray) -> slice | np.ndarray:
     else themselves."""
     s = slots.tolist()
     step = s[1] - s[0] if len(s) > 1 else 1
-    if step > 0 and all(b - a == step for a, b in zip(s, s[1:])):
+    if s and step > 0 and all(b - a == step for a, b in zip(s, s[1:])):
         return slice(s[0], s[-1] + 1, step)
     return slots
 

@@ -126,7 +126,7 @@ class Items:
 
     @classmethod
     def of(cls, slots: np.ndarray, poss: np.ndarray) -> Items:
-        length = int(poss.max()) + 1
+        length = int(poss.max()) + 1 if len(poss) else 0
         return cls(slots, poss, length, as_slice(slots), (np.arange(length)[None] > poss[:, None])[:, None, None])
 
     def rope(self, shard: LayerShard) -> tuple[np.ndarray, np.ndarray]:
