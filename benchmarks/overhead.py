@@ -70,7 +70,8 @@ def main() -> None:
     mesh = default_mesh(config, WSE2, kv).in_tiles(local_tiles())
     clock = BlasClock()
     shards.matmul_rows = anchor_module.matmul_rows = clock  # the anchor's BLAS calls are the same function
-    anchor, wafer = anchor_module.Anchor(config, weights), LocalDecoder(config, weights, plan(config, WSE2, mesh, kv=kv))
+    anchor = anchor_module.Anchor(config, weights)
+    wafer = LocalDecoder(config, weights, plan(config, WSE2, mesh, kv=kv))
     wafer.generate(reqs[:1], Sampler())  # warm-up
     n, rows = len(reqs) * args.tokens, {"anchor": [], "wafer": []}
     for _ in range(args.repeat):
