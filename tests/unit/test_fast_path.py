@@ -75,3 +75,21 @@ def test_a_layer_and_the_head_fast_equal_hop_by_hop(rows, cols, algo):
     np.testing.assert_allclose(f[1], c[1], rtol=1e-4, atol=1e-4)
     assert np.array_equal(f[2], c[2]) and f[3] == c[3]
     _same_counts(ledgers[True], ledgers[False])
+
+
+@pytest.mark.parametrize("rows,cols", [(1, 1), (2, 3), (8, 16)])
+def test_a_layers_replayed_bookings_are_what_it_booked_the_long_way(rows, cols):
+    """Decode steps on the fast path book a layer's parts once per (items, entries held) and replay them
+    (Ledger.replay): over many steps, every count is still the hop-by-hop path's, which books every message."""
+    region = Region(0, 0, cols, rows)
+    ledgers, layers = {}, {}
+    for fast in (True, False):
+        ledgers[fast] = led = Ledger(TINY)
+        coll = Collectives("ktree", 2, fast)
+        layers[fast] = LayerShard(Decoding(CFG, coll=coll), region, pack_layer(CFG, W.layers[0], region), (4, 24), led)
+        embed = EmbedShard(CFG, region, pack_embed(CFG, W.embed, W.final_norm, region), led, coll)
+        slots = np.array([0, 2])
+        for pos in range(12):  # two requests a step, one position further each
+            layers[fast].forward(embed.lookup(np.array([pos, 3 * pos])), slots, np.full(2, pos))
+    assert 0 < len(layers[True]._booked) < 2 * 12  # parts were replayed, not booked anew
+    _same_counts(ledgers[True], ledgers[False])

@@ -5,7 +5,9 @@
 - ``Chunks`` split/join as a pad and a reshape when the chunks lie in order, equal to the gather/scatter;
 - the RoPE angles a layer takes from its table, equal to the angles computed for the positions at hand;
 - ``LineComm.book_allreduce`` worked out once per size: a ledger books what the closed form says, every time;
-- a lane's K/V rows read as a view (evenly spaced slots), the same rows as the gather.
+- a lane's K/V rows read as a view (evenly spaced slots), the same rows as the gather;
+- RoPE in three operations (``shards.rotate``), bit for bit the reference's ``apply_rope``;
+- ``Ledger.replay``: bookings replayed from their first sum are what booking them again books.
 """
 
 from __future__ import annotations
@@ -21,9 +23,10 @@ from waferrt.core.mesh import MeshSpec, Region
 from waferrt.core.spec import WSE2
 from waferrt.decode.cost import Decoding
 from waferrt.decode.pack import pack_layer, rope_tables
-from waferrt.decode.shards import LayerShard
+from waferrt.decode.shards import Items, LayerShard, rotate
 from waferrt.fabric.comm import LineComm, Span
 from waferrt.model import synthetic_llama, tiny_config
+from waferrt.model.reference import apply_rope
 
 fast = settings(max_examples=60, deadline=None, database=None)
 
@@ -115,10 +118,67 @@ def test_an_allreduce_booked_again_books_its_closed_form_again(calls):
 @fast
 @given(st.lists(st.integers(0, 11), min_size=1, max_size=8))
 def test_slots_read_as_a_slice_are_the_same_rows(slots):
-    from waferrt.decode.kvcache import _as_slice
+    from waferrt.decode.kvcache import as_slice
 
     cache = np.arange(12 * 5).reshape(12, 5)
     rows = np.array(slots)
-    assert np.array_equal(cache[_as_slice(rows)], cache[rows])
+    assert np.array_equal(cache[as_slice(rows)], cache[rows])
     if len(slots) > 1 and len(set(np.diff(slots))) == 1 and slots[1] > slots[0]:
-        assert isinstance(_as_slice(rows), slice)  # evenly spaced: a view
+        assert isinstance(as_slice(rows), slice)  # evenly spaced: a view
+
+
+@fast
+@given(st.integers(1, 5), st.integers(1, 4), st.integers(1, 6), st.integers(0, 2**31))
+def test_rotate_is_apply_rope_bit_for_bit(batch, rows, pairs, seed):
+    rng = np.random.default_rng(seed)
+    x = rng.standard_normal((batch, rows, 7, 2 * pairs)).astype(np.float32)[:, :, :5]  # a slice, as q|k of qkv
+    cos, sin = (rng.standard_normal((batch, rows, 1, pairs)).astype(np.float32) for _ in "cs")
+    cos2, sin2 = np.repeat(cos, 2, axis=-1), np.stack([-sin, sin], axis=-1).reshape(batch, rows, 1, -1)
+    assert np.array_equal(rotate(x, cos2, sin2), apply_rope(x, cos, sin))
+
+
+def test_the_items_rope_tables_are_the_layers_angles_pair_by_pair():
+    shard = _shard(Region(0, 0, 4, 4), Ledger(WSE2))
+    poss = np.array([3, 0, 40])
+    cos, sin = shard._rope(poss)
+    cos2, sin2 = Items.of(np.array([0, 1, 2]), poss).rope(shard)
+    assert np.array_equal(cos2[..., 0::2], cos) and np.array_equal(cos2[..., 1::2], cos)
+    assert np.array_equal(sin2[..., 0::2], -sin) and np.array_equal(sin2[..., 1::2], sin)
+
+
+@fast
+@given(st.lists(st.integers(0, 2), min_size=1, max_size=10))
+def test_replayed_bookings_are_the_bookings_made_again(keys):
+    region = Region(0, 0, 6, 5)
+    direct, replayed = Ledger(WSE2), Ledger(WSE2)
+    memo: dict = {}
+    comms = {led: LineComm("x", Span.of(region), led, fast=True) for led in (direct, replayed)}
+
+    def book(led: Ledger, key: int, flops: int) -> None:  # what a part books depends on its key alone
+        led.compute(flops)
+        with led.op("inner"):
+            comms[led].book_allreduce("ktree", 2, key + 1)
+        led.message(key + 1, 64, 3)
+
+    for key in keys:
+        with direct.op("part"):
+            book(direct, key, 1000 * (key + 1))
+        with replayed.op("part"), replayed.replay(memo, key):
+            book(replayed, key, 1000 * (key + 1))
+        assert not replayed.quiet
+    a, b = direct.by_op["part"], replayed.by_op["part"]
+    assert (a.hops, a.stages, a.messages, a.link_bytes, a.flops) == (b.hops, b.stages, b.messages, b.link_bytes,
+                                                                     b.flops)
+    assert abs(a.cycles - b.cycles) <= 1e-12 * a.cycles and direct.calls == replayed.calls
+    assert len(memo) == len(set(keys))
+
+
+def test_a_part_that_fails_half_way_is_not_replayed():
+    ledger, memo = Ledger(WSE2), {}
+    try:
+        with ledger.op("part"), ledger.replay(memo, "k"):
+            ledger.compute(10)
+            raise KeyError("half way")
+    except KeyError:
+        pass
+    assert memo == {} and not ledger.quiet

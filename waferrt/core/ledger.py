@@ -33,14 +33,24 @@ class Ledger:
         self._stack: list[list] = []
         self._group: list[list] | None = None
         self._streamed = False
+        self.quiet = False  # inside a replay of bookings already known: book nothing (Ledger.replay)
 
     def op(self, name: str) -> _Op:
         """``with ledger.op(name):`` -- what is booked inside counts under `name` (or its outermost op's)."""
-        return _Op(self, name)
+        return _QUIET if self.quiet else _Op(self, name)
+
+    def replay(self, memo: dict, key) -> _Replay:
+        """``with ledger.replay(memo, key):`` -- the bookings inside (all inside an op) are the same every
+        time for the same `key`: the first time they are booked and their sum kept in memo[key]; after that
+        the sum is booked at once and the ledger is quiet inside (compute / add / message / op book nothing).
+        For a hot path that books the same closed forms every step (waferrt.decode.shards.LayerShard.run)."""
+        return _Replay(self, memo, key)
 
     def message(self, hops: int, nbytes: float, messages: int, link_bytes: float | None = None) -> None:
         """One routing stage: `messages` messages of `nbytes` each travel `hops` hops (a multicast passes
         each link once: give its `link_bytes`)."""
+        if self.quiet:
+            return
         if link_bytes is None:
             link_bytes = messages * nbytes * hops
         # a streamed step's message is serialised once per stream, booked by its caller
@@ -91,10 +101,14 @@ class Ledger:
 
     def add(self, cost: Cost) -> None:
         """Book a piece of work whose cost a closed form gives (e.g. a hand-over between regions)."""
+        if self.quiet:
+            return
         _add(self._stack[-1], [cost.hops, cost.stages, cost.link_bytes, cost.messages, cost.flops, cost.cycles])
 
     def compute(self, flops: int) -> None:
         """`flops` on the busiest core of the primitive, at the ledger's dtype."""
+        if self.quiet:
+            return
         _add(self._stack[-1], [0, 0, 0.0, 0, flops, flop_cycles(self.spec, flops, self.dtype)])
 
     @property
@@ -135,6 +149,50 @@ class _Op:
         else:
             _add(ledger._by_op.setdefault(self.name, [0, 0, 0.0, 0, 0, 0.0]), acc)
             ledger.calls[self.name] = ledger.calls.get(self.name, 0) + 1
+
+
+class _Quiet:
+    """The op of a quiet ledger: books nothing."""
+
+    def __enter__(self) -> None:
+        return None
+
+    def __exit__(self, *exc) -> None:
+        return None
+
+
+_QUIET = _Quiet()
+
+
+class _Replay:
+    """The context of Ledger.replay."""
+
+    __slots__ = ("ledger", "memo", "key", "acc")
+
+    def __init__(self, ledger: Ledger, memo: dict, key):
+        self.ledger, self.memo, self.key = ledger, memo, key
+
+    def __enter__(self) -> None:
+        ledger = self.ledger
+        if not ledger._stack or ledger.quiet or ledger._group is not None:
+            raise RuntimeError("Ledger.replay runs inside an op, outside concurrent() and other replays")
+        known = self.memo.get(self.key)
+        if known is not None:
+            _add(ledger._stack[-1], known)
+            ledger.quiet, self.acc = True, None
+        else:
+            self.acc = [0, 0, 0.0, 0, 0, 0.0]
+            ledger._stack.append(self.acc)
+
+    def __exit__(self, kind, *exc) -> None:
+        ledger = self.ledger
+        if self.acc is None:
+            ledger.quiet = False
+            return
+        ledger._stack.pop()
+        _add(ledger._stack[-1], self.acc)
+        if kind is None:  # a section that failed half-way is not kept
+            self.memo[self.key] = self.acc
 
 
 def _add(acc: list, rec: list) -> None:

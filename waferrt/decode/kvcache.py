@@ -167,6 +167,8 @@ class FlowKVCache:
         self.k = np.zeros((slots, self.nkv, width, self.cap * self.cols), store)
         self.v = np.zeros((slots, self.nkv, self.cap * self.cols, width), store)
         self.count = np.zeros((slots, self.cols), np.int64)
+        # by (slot, position) first: an item's entry is written with its two indices side by side (faster)
+        self._k_at, self._v_at = self.k.transpose(0, 3, 1, 2), self.v.transpose(0, 2, 1, 3)
 
     @property
     def nbytes(self) -> int:
@@ -175,20 +177,25 @@ class FlowKVCache:
     def insert(self, slots: np.ndarray, k_new: np.ndarray, v_new: np.ndarray, poss: np.ndarray) -> None:
         """As MeshKVCache.insert: k_new, v_new (B, R, nkv, hd_r) at positions poss of the items' slots."""
         starts = slots[poss == 0]
-        self.count[starts] = 0
-        rounds = _rounds(slots)
-        for r in range(int(rounds.max()) + 1):
-            self._shift(slots[rounds == r])
+        if len(starts):
+            self.count[starts] = 0
+        listed = slots.tolist()
+        if len(set(listed)) == len(listed):  # one item per request (a decode step): one shift
+            self._shift(slots)
+        else:
+            rounds = _rounds(slots)
+            for r in range(int(rounds.max()) + 1):
+                self._shift(slots[rounds == r])
         B = len(slots)
-        self.k[slots, :, :, poss] = to_storage(k_new.transpose(0, 2, 1, 3).reshape(B, self.nkv, -1), self.dtype)
-        self.v[slots, :, poss] = to_storage(v_new.transpose(0, 2, 1, 3).reshape(B, self.nkv, -1), self.dtype)
+        self._k_at[slots, poss] = to_storage(k_new.transpose(0, 2, 1, 3).reshape(B, self.nkv, -1), self.dtype)
+        self._v_at[slots, poss] = to_storage(v_new.transpose(0, 2, 1, 3).reshape(B, self.nkv, -1), self.dtype)
 
     def _shift(self, S: np.ndarray) -> None:
         """One new entry for each of the (distinct) slots S: count it, and book the shift it makes."""
         n = self.count[S].sum(axis=1)
         end = n % self.cols  # the first column shorter than column 0 (0: none is)
-        full = n >= self.cap * self.cols
-        if full.any():
+        if int(n.max()) >= self.cap * self.cols:
+            full = n >= self.cap * self.cols
             raise KVCapacityError(f"the K/V cache of this layer is full ({self.cap * self.cols} positions) "
                                   f"for the request in slot {int(S[full][0])}; admission should have refused it")
         span = int(end.max())
@@ -199,13 +206,13 @@ class FlowKVCache:
                 self.comm.record(np.arange(span), 1, nbytes)
         self.count[S, end] += 1
 
-    def held_most(self, slots: np.ndarray) -> int:
+    def held_most(self, slots: np.ndarray | slice) -> int:
         return int(self.count[slots].max())
 
     def read(self, slots: np.ndarray, length: int) -> tuple[np.ndarray, np.ndarray]:
         """float32 K (B, nkv, R*hd_r, length) and V (B, nkv, length, R*hd_r): positions 0..length-1 of the
         items' requests (what a request does not hold yet is masked by the caller)."""
-        rows = _as_slice(slots)  # a lane's slots are evenly spaced: a view, not a copy
+        rows = slots if isinstance(slots, slice) else as_slice(slots)  # a lane's slots are evenly spaced: a view
         return (to_f32(self.k[rows, :, :, :length], self.dtype),
                 to_f32(self.v[rows, :, :length], self.dtype))
 
@@ -225,12 +232,12 @@ class FlowKVCache:
         return list(range(int(self.count[slot].sum())))
 
 
-def _as_slice(slots: np.ndarray) -> slice | np.ndarray:
+def as_slice(slots: np.ndarray) -> slice | np.ndarray:
     """`slots` as a slice when they are evenly spaced and increasing (what indexes the same rows as a view),
     else themselves."""
     s = slots.tolist()
     step = s[1] - s[0] if len(s) > 1 else 1
-    if step > 0 and all(b - a == step for a, b in zip(s, s[1:])):
+    if s and step > 0 and all(b - a == step for a, b in zip(s, s[1:])):
         return slice(s[0], s[-1] + 1, step)
     return slots
 

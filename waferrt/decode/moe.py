@@ -44,7 +44,7 @@ from .cost import ELEMENTWISE_FLOPS as EW
 from .linkload import AllToAll, LinkLoad, PhaseLinks, alltoall_cost
 from .moe_layout import expert_blocks, expert_layouts, router_layout
 from .pack import Chunks, pack_ffn, pack_layer, pack_matrix
-from .shards import LayerShard, mesh_gemv
+from .shards import Items, LayerShard, mesh_gemv
 
 
 def pack_moe_layer(config: LlamaConfig, lw, region: Region, mapping: str, dtype: str = "float32") -> dict:
@@ -80,9 +80,9 @@ class MoELayerShard(LayerShard):
         self.migration: list | None = None  # [swap, its LinkLoad, steps, steps done]
         self.balance, self.runs, self.swaps = 0, 0, []  # NI-Balancer: look every `balance` runs; the swaps done
 
-    def forward(self, x: np.ndarray, slots: np.ndarray, poss: np.ndarray) -> np.ndarray:
+    def run(self, x: np.ndarray, items: Items) -> np.ndarray:
         self.mark = self.links.mark()
-        return super().forward(x, slots, poss)
+        return super().run(x, items)
 
     def _ffn(self, h: np.ndarray) -> np.ndarray:
         """The MoE FFN of h (B, C, dim_c) -> (B, C, dim_c), plus the shared expert's output if any (the MoE

@@ -50,7 +50,7 @@ from .pack import Chunks
 from .prefill import layer_step, prefill_item_cycles, prefill_runs
 from .schedule import Item, StageRun
 from .setup import DecodeSetup, pack_stage
-from .shards import EmbedShard, LayerShard
+from .shards import EmbedShard, Items, LayerShard
 from .streaming import stage_cycles, streamed_bytes, streamed_logits
 from .tracing import microbatch_span, stage_span
 
@@ -198,7 +198,7 @@ class TileProgram:
     def _run(self, mb: int, s: int, meta: np.ndarray, x: np.ndarray | None) -> dict[int, np.ndarray] | None:
         """Stages s.. of this tile's segment on the micro-batch; then send it to the next segment's tile."""
         segment = self.segment_of[s]
-        logits = None
+        logits, items = None, Items.of(meta[:, 0], meta[:, 2])  # the same for every layer of the segment
         t_mb = time.time_ns() if self.trace is not None else 0
         for st in segment:
             before, t0 = self.ledger.cycles(), time.time_ns() if self.trace is not None else 0
@@ -209,7 +209,7 @@ class TileProgram:
             if self.faults is not None and not self.faults.quiet:
                 self._alive(st)
             wall = time.perf_counter()
-            x, logits = self._stage(st, meta, x)
+            x, logits = self._stage(st, meta, x, items)
             self._timed(st, time.perf_counter() - wall)
             cycles = self.ledger.cycles() - before
             self.records.append(StageRun(mb, st, self.stages[st][2], len(self.records), cycles,
@@ -272,8 +272,9 @@ class TileProgram:
         prev = self.stages[s - 1][2] if s else None
         return prefill_item_cycles(self.ledger.spec, self.setup.decoding, (prev, self.stages[s][2]), chunk)
 
-    def _stage(self, s: int, meta: np.ndarray, x):
-        """Stage s on a micro-batch -> (its activations out, the logits by item if it is the head)."""
+    def _stage(self, s: int, meta: np.ndarray, x, items: Items):
+        """Stage s on a micro-batch (`items`: its rows as the layers see them) -> (its activations out, the
+        logits by item if it is the head)."""
         kind = self.stages[s][0]
         if self.faults is not None and (delay := self.faults.delay_in(self.stages[s][2])):  # slow, not dead
             time.sleep(delay)
@@ -284,7 +285,7 @@ class TileProgram:
         if kind == "layer" and self.setup.prefill:
             return layer_step(self.layers[s], x, meta), None
         if kind == "layer":
-            return self.layers[s].forward(x, meta[:, 0], meta[:, 2]), None
+            return self.layers[s].run(x, items), None
         want = np.flatnonzero(meta[:, 3])
         if not len(want):
             return x, {}

@@ -14,7 +14,9 @@ norm, computes the logits.
 
 from __future__ import annotations
 
+import contextlib
 import functools
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -23,12 +25,12 @@ from waferrt.core.ledger import Ledger
 from waferrt.core.mesh import Region
 from waferrt.fabric.comm import KTREE_FAST, Collectives, LineComm, Slices, Span
 from waferrt.model.config import LlamaConfig
-from waferrt.model.reference import apply_rope, silu
+from waferrt.model.reference import silu
 
 from . import sparse
 from .cost import ELEMENTWISE_FLOPS as EW
 from .cost import Decoding
-from .kvcache import FlowKVCache, MeshKVCache
+from .kvcache import FlowKVCache, MeshKVCache, as_slice
 from .pack import Chunks, rope_tables
 from .topk import TopKRow
 
@@ -44,7 +46,9 @@ def mesh_rmsnorm(comm: LineComm, x: np.ndarray, w: np.ndarray, config: LlamaConf
                             collapse=True)  # (B,)
     comm.ledger.compute(EW["rmsnorm"] * x.shape[0] * x.shape[2])
     scale = np.float32(1.0) / np.sqrt(ss / np.float32(config.dim) + np.float32(config.norm_eps))
-    return x * scale[:, None, None] * w
+    out = x * scale[:, None, None]
+    out *= w
+    return out
 
 
 PANEL_ROWS = 64  # the most output rows per BLAS call: a few tokens times a narrow panel of a matrix runs
@@ -78,6 +82,8 @@ def matmul_rows(w: np.ndarray, x: np.ndarray) -> np.ndarray:
 def book_allreduce(comm: LineComm, coll: Collectives, values: int, replicated: bool = False) -> None:
     """Book an allreduce of `values` float32 values per core along `comm`'s lines, computed another way
     (the fast path)."""
+    if comm.ledger.quiet:  # replaying a layer's bookings (LayerShard.run)
+        return
     with comm.ledger.op(f"allreduce.{coll.algo}"):
         comm.book_allreduce(coll.algo, coll.k, values, replicated)
 
@@ -99,6 +105,49 @@ def mesh_gemv(comm: LineComm, coll: Collectives, w: np.ndarray, x: np.ndarray) -
     return comm.allreduce(part, coll, collapse=True, overwrite=True)
 
 
+@dataclass(frozen=True, eq=False)
+class Items:
+    """A micro-batch's items as every layer of a segment sees them, worked out once (not once per layer):
+    item b is the token at position poss[b] of the request in slots[b]; attention reads `length` positions,
+    `rows` are the slots as a slice when evenly spaced (a lane's: the caches are read as a view), `hidden`
+    (B, 1, 1, length) the positions after each item's own; the RoPE angles kept per row count."""
+
+    slots: np.ndarray  # (B,) int
+    poss: np.ndarray  # (B,) int
+    length: int
+    rows: slice | np.ndarray
+    hidden: np.ndarray
+    angles: dict = field(default_factory=dict, repr=False)  # rows of a region -> (cos, sin) of its table
+
+    def __post_init__(self) -> None:
+        if self.slots.shape != self.poss.shape or self.slots.ndim != 1:
+            raise ValueError(f"Items: slots {self.slots.shape} and positions {self.poss.shape} are one per item")
+
+    @classmethod
+    def of(cls, slots: np.ndarray, poss: np.ndarray) -> Items:
+        length = int(poss.max()) + 1 if len(poss) else 0
+        return cls(slots, poss, length, as_slice(slots), (np.arange(length)[None] > poss[:, None])[:, None, None])
+
+    def rope(self, shard: LayerShard) -> tuple[np.ndarray, np.ndarray]:
+        """(cos, cos) and (-sin, sin) pair by pair (B, R, 1, hd_r) of the items' positions for `shard`'s rows
+        (LayerShard._rope; what `rotate` takes), worked out once per row count."""
+        if shard.rows not in self.angles:
+            cos, sin = shard._rope(self.poss)  # (B, R, 1, hd_r/2)
+            self.angles[shard.rows] = (np.repeat(cos, 2, axis=-1),
+                                       np.stack([-sin, sin], axis=-1).reshape(*sin.shape[:-1], -1))
+        return self.angles[shard.rows]
+
+
+def rotate(x: np.ndarray, cos2: np.ndarray, sin2: np.ndarray) -> np.ndarray:
+    """reference.apply_rope in three operations, bit for bit: x (..., hd) with (cos, cos) and (-sin, sin)
+    pair by pair (Items.rope). Pair (a, b) -> (a cos + b (-sin), b cos + a sin) = (a cos - b sin, a sin + b cos)
+    (negation is exact, a sum is the same either way round)."""
+    swapped = x.reshape(*x.shape[:-1], -1, 2)[..., ::-1].reshape(x.shape)  # (b, a) of every pair
+    out = x * cos2
+    out += swapped * sin2
+    return out
+
+
 class LayerShard:
     def __init__(self, dec: Decoding, region: Region, arrays: dict, kv: tuple[int, int], ledger: Ledger):
         """`dec`: the model, the storage dtype, the collectives; `arrays` from pack_layer; `kv` = (requests,
@@ -114,6 +163,7 @@ class LayerShard:
         self.kv = cache(config, self.cx, kv[0], kv[1], self.hd_r, dtype)
         self.scale = np.float32(1.0 / np.sqrt(config.head_dim))
         self.attention = dec.attention  # dense, or sparse:K (waferrt.decode.sparse)
+        self._booked: dict[tuple, list] = {}  # (items[, entries held]) -> what that part of run books
 
     def _rope(self, poss: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """cos, sin (B, R, 1, hd_r/2) float32 of the items' positions: rows of the table every layer of this
@@ -126,12 +176,13 @@ class LayerShard:
     def _w(self, name: str) -> np.ndarray:
         return to_f32(self.arrays[name], self.dtype)
 
-    def _attention(self, slots: np.ndarray, poss: np.ndarray, q: np.ndarray) -> np.ndarray:
+    def _attention(self, items: Items, q: np.ndarray) -> np.ndarray:
         """q (B, R, nh, hd_r) -> (B, R, nh * hd_r). Item b attends to the positions <= poss[b] of its
         request's cache; every core runs over the m entries the fullest of them holds (masked where its
         own are fewer); scores, the softmax max and sum, and the weighted V sum reduce over the cores."""
         if self.coll.fast:
-            return self._attention_flow(slots, poss, q)
+            return self._attention_flow(items, q)
+        slots, poss = items.slots, items.poss
         B, nkv, m = len(slots), self.config.n_kv_heads, self.kv.held_most(slots)
         rep, coll, qg = self.config.n_heads // nkv, self.coll, q.reshape(B, self.rows, nkv, -1, self.hd_r)
         kc, vc = self.kv.read(slots, m)  # (B, R, nkv, hd_r, m*C), (B, C, nkv, m, R*hd_r)
@@ -160,27 +211,32 @@ class LayerShard:
                               overwrite=True)  # (B, nkv, rep, R, hd_r)
         return a.transpose(0, 3, 1, 2, 4).reshape(B, self.rows, -1)
 
-    def _attention_flow(self, slots: np.ndarray, poss: np.ndarray, q: np.ndarray) -> np.ndarray:
+    def _attention_flow(self, items: Items, q: np.ndarray) -> np.ndarray:
         """_attention on the fast path (FlowKVCache): every item against its request's positions at once, in
-        position order; booked as the cores run it (over the m entries the fullest core holds)."""
-        B, nkv, m, R = len(slots), self.config.n_kv_heads, self.kv.held_most(slots), self.rows
-        rep, coll, L = self.config.n_heads // nkv, self.coll, int(poss.max()) + 1
+        position order; booked as the cores run it (over the m entries the fullest core holds). The softmax
+        runs in the scores' buffer (the same operations in the same order)."""
+        slots, poss, L = items.slots, items.poss, items.length
+        B, nkv, m, R = len(slots), self.config.n_kv_heads, self.kv.held_most(items.rows), self.rows
+        rep, coll = self.config.n_heads // nkv, self.coll
         work = B * nkv * rep
-        kc, vc = self.kv.read(slots, L)  # (B, nkv, R*hd_r, L), (B, nkv, L, R*hd_r)
+        kc, vc = self.kv.read(items.rows, L)  # (B, nkv, R*hd_r, L), (B, nkv, L, R*hd_r)
         qg = q.reshape(B, R, nkv, rep, self.hd_r).transpose(0, 2, 3, 1, 4).reshape(B, nkv, rep, -1)
-        visible = (np.arange(L)[None] <= poss[:, None])[:, None, None]  # (B, 1, 1, L)
+        hidden = items.hidden  # (B, 1, 1, L)
         if self.attention.keys_kept(L) < L:  # sparse: predict, keep the top K, attend over those
-            visible, m = self._sparse(qg, slots, poss, visible, m)
-        scores = np.matmul(qg, kc) * self.scale  # (B, nkv, rep, L)
+            visible, m = self._sparse(qg, slots, poss, ~hidden, m)
+            hidden = ~visible
+        scores = np.matmul(qg, kc)  # (B, nkv, rep, L)
+        scores *= self.scale
         self.ledger.compute(2 * work * self.hd_r * m)
         book_allreduce(self.cy, coll, work * m * self.cols)  # every core's partial scores, over the rows
-        scores = np.where(visible, scores, np.float32(-np.inf))
-        e = np.exp(scores - scores.max(axis=3, keepdims=True))
+        np.copyto(scores, np.float32(-np.inf), where=hidden)
+        scores -= scores.max(axis=3, keepdims=True)
+        e = np.exp(scores, out=scores)
         book_allreduce(self.cx, coll, work, replicated=True)  # the max over the columns
-        total = e.sum(axis=3, keepdims=True)
+        e /= e.sum(axis=3, keepdims=True)
         book_allreduce(self.cx, coll, work, replicated=True)  # the sum
         self.ledger.compute(EW["softmax"] * work * m)
-        out = np.matmul(e / total, vc)  # (B, nkv, rep, R*hd_r)
+        out = np.matmul(e, vc)  # (B, nkv, rep, R*hd_r)
         self.ledger.compute(2 * work * self.hd_r * m)
         book_allreduce(self.cx, coll, work * R * self.hd_r)  # the weighted V sums, over the columns
         return out.reshape(B, nkv, rep, R, self.hd_r).transpose(0, 3, 1, 2, 4).reshape(B, R, -1)
@@ -201,20 +257,32 @@ class LayerShard:
     def forward(self, x: np.ndarray, slots: np.ndarray, poss: np.ndarray) -> np.ndarray:
         """x (B, C, dim_c) -> (B, C, dim_c): item b is the token at position poss[b] of the request in
         slots[b] (items of one request in position order: a prompt goes through all at once)."""
-        config, nh, nkv, B = self.config, self.config.n_heads, self.config.n_kv_heads, len(slots)
+        return self.run(x, Items.of(slots, poss))
+
+    def run(self, x: np.ndarray, items: Items) -> np.ndarray:
+        """forward with the items worked out once for every layer of a segment (Items)."""
+        config, nh, nkv, B = self.config, self.config.n_heads, self.config.n_kv_heads, len(items.slots)
         with self.ledger.op("layer"):
-            h = mesh_rmsnorm(self.cx, x, self._w("attn_norm"), config, self.coll)
-            qkv = mesh_gemv(self.cx, self.coll, self._w("wqkv"), h).reshape(B, self.rows, -1, self.hd_r)
-            cos, sin = self._rope(poss)
-            qk = apply_rope(qkv[:, :, :nh + nkv], cos, sin)  # (B, R, nh + nkv, hd_r): q and k at once
-            q, k = qk[:, :, :nh], qk[:, :, nh:]
-            self.ledger.compute(EW["rope"] * len(slots) * (nh + nkv) * self.hd_r)
-            self.kv.insert(slots, k, qkv[:, :, nh + nkv:], poss)
-            x = x + mesh_gemv(self.cy, self.coll, self._w("wo"), self._attention(slots, poss, q))
-            self.ledger.compute(EW["residual"] * x.shape[0] * x.shape[2])
-            x = x + self._ffn(mesh_rmsnorm(self.cx, x, self._w("ffn_norm"), config, self.coll))
-            self.ledger.compute(EW["residual"] * x.shape[0] * x.shape[2])
+            with self._bookings(B):  # the same bookings for the same number of items
+                h = mesh_rmsnorm(self.cx, x, self._w("attn_norm"), config, self.coll)
+                qkv = mesh_gemv(self.cx, self.coll, self._w("wqkv"), h).reshape(B, self.rows, -1, self.hd_r)
+                qk = rotate(qkv[:, :, :nh + nkv], *items.rope(self))  # (B, R, nh + nkv, hd_r): q and k at once
+                q, k = qk[:, :, :nh], qk[:, :, nh:]
+                self.ledger.compute(EW["rope"] * B * (nh + nkv) * self.hd_r)
+            self.kv.insert(items.slots, k, qkv[:, :, nh + nkv:], items.poss)
+            with self._bookings(B, self.kv.held_most(items.rows)):  # ... and entries the fullest core holds
+                x = x + mesh_gemv(self.cy, self.coll, self._w("wo"), self._attention(items, q))
+                self.ledger.compute(EW["residual"] * x.shape[0] * x.shape[2])
+                x = x + self._ffn(mesh_rmsnorm(self.cx, x, self._w("ffn_norm"), config, self.coll))
+                self.ledger.compute(EW["residual"] * x.shape[0] * x.shape[2])
             return x
+
+    def _bookings(self, *key: int):
+        """Where the bookings of a part of `run` depend on `key` alone -- the fast path, dense attention, no
+        link tap listening -- book them once per key and then their sum at once (Ledger.replay)."""
+        if self.coll.fast and self.attention.dense and self.cx.tap is None and self.cy.tap is None:
+            return self.ledger.replay(self._booked, key)
+        return contextlib.nullcontext()
 
     def _ffn(self, h: np.ndarray) -> np.ndarray:
         """The dense SwiGLU FFN of h (B, C, dim_c) -> (B, C, dim_c) (waferrt.decode.moe: an MoE layer's)."""
