@@ -287,3 +287,38 @@ def kv_read_load(config: LlamaConfig, region: Region, chunk: tuple[int, int], gr
     load.hops = _far((col, places[i]), (places[blk], r))
     load.bytes *= itemsize
     return load
+
+
+@lru_cache(maxsize=256)
+def heads_load(config: LlamaConfig, region: Region, chunk: tuple[int, int], itemsize: int) -> LinkLoad:
+    """A chunk = (start, tokens)'s Q, K and V from the QKV product's C blocks (token block t // mb, column
+    block of the (tokens, (nh + 2 nkv) hd) product) into the attention's per-head C blocks (Q: each query
+    head's (tokens, hd), token block t // mb; K and V: each K/V head's (start + tokens, hd) context, token
+    block (start + t) // cdiv(start + tokens, s); head_dim block d // cdiv(hd, s)): two parts, Q and K/V, each
+    pair of cores' values one message along the source's row, then the destination's column."""
+    c, h, w, s = config, region.h, region.w, min(region.h, region.w)
+    start, tokens = chunk
+    places, t, hd = np.array(ring("meshgemm", s)), np.arange(tokens), c.head_dim
+    width, qd = (c.n_heads + 2 * c.n_kv_heads) * hd, c.n_heads * hd
+    row = places[t // cdiv(tokens, s)]
+    cols = np.arange(width)
+    col_from, col_to = places[cols // cdiv(width, s)], places[(cols % hd) // cdiv(hd, s)]
+    q, kv = cols < qd, cols >= qd
+    parts = [((row, row), (col_from[q], col_to[q])),
+             ((row, places[(start + t) // cdiv(start + tokens, s)]), (col_from[kv], col_to[kv]))]
+    load = LinkLoad(region)
+    for (rs, rd), (a, z) in parts:
+        (rs, rd), tc = _groups(rs, rd)
+        (a, z), cc = _groups(a, z)
+        higher, lower = _within(w, (a, z), cc)  # along the source's row
+        by_row = _hist((h,), (rs,), tc)
+        load.bytes[E] += np.outer(by_row, higher)
+        load.bytes[W] += np.outer(by_row, lower)
+        south, north = _within(h, (rs, rd), tc)  # down the destination's column
+        by_col = _hist((w,), (z,), cc)
+        load.bytes[S] += np.outer(south, by_col)
+        load.bytes[N] += np.outer(north, by_col)
+        load.messages += len(tc) * len(cc) - int(np.count_nonzero(rs == rd)) * int(np.count_nonzero(a == z))
+        load.hops = max(load.hops, int(np.abs(a - z).max(initial=0) + np.abs(rs - rd).max(initial=0)))
+    load.bytes *= itemsize
+    return load
