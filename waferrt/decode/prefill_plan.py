@@ -162,12 +162,13 @@ def _square(region: Region) -> tuple[int, Grid]:
     return s, Grid.of(Region(0, 0, s, s))
 
 
-def _context_blocks(config: LlamaConfig, region: Region, ctx: int, rows: np.ndarray) -> np.ndarray:
-    """rows (n, 2, nkv, hd) of numbers at context positions ctx - n.. -> the context's K/V blocks (s, s, 2,
-    nkv, kb, db), zeros at the other positions."""
+def _context_blocks(config: LlamaConfig, region: Region, span: tuple[int, int], rows: np.ndarray) -> np.ndarray:
+    """rows (n, 2, nkv, hd) of numbers at context positions first..first+n-1 (span = (first, the context's
+    positions)) -> the context's K/V blocks (s, s, 2, nkv, kb, db), zeros at the other positions."""
     s, grid = _square(region)
+    first, ctx = span
     full = np.zeros((ctx,) + rows.shape[1:], rows.dtype)
-    full[ctx - len(rows):] = rows
+    full[first:first + len(rows)] = rows
     return np.stack([np.stack([spread(grid, (s, s), full[:, i, g]) for g in range(config.n_kv_heads)], axis=2)
                      for i in range(2)], axis=2)
 
@@ -188,7 +189,7 @@ def head_moves(config: LlamaConfig, region: Region, chunk: tuple[int, int]) -> H
     q = np.stack([spread(grid, (s, s), by_flat[:, h * hd:(h + 1) * hd]) for h in range(nh)], axis=2)
     kv = by_flat[:, nh * hd:].reshape(T, 2, nkv, hd)
     return HeadMoves(numbered(region, source, q),
-                     numbered(region, source, _context_blocks(config, region, start + T, kv)),
+                     numbered(region, source, _context_blocks(config, region, (start, start + T), kv)),
                      numbered(region, source, _entries(config, region,
                                                        kv_columns(start + T, region.w)[start:], kv)))
 
@@ -206,5 +207,5 @@ def read_move(config: LlamaConfig, region: Region, chunk: tuple[int, int]) -> Mo
     entries = np.empty((start, 2, config.n_kv_heads, config.head_dim), np.int64)
     for d in range(config.head_dim):  # dim d of every entry, at its row's place
         entries[:, :, :, d] = nums[row[d], columns, rank, :, :, at[d]]
-    return numbered(region, source, _context_blocks(config, region, start + T, entries))
+    return numbered(region, source, _context_blocks(config, region, (0, start + T), entries))
 
