@@ -80,7 +80,7 @@ def weight_moves(config: LlamaConfig, region: Region, shapes: tuple[tuple[int, i
         blocks = blocks_of(nums, out_over, region)  # (R, C, out, in) of packed numbers: the decode's blocks
         at = np.empty(blocks.size, np.int64)
         at[blocks.reshape(-1) - 1] = np.arange(blocks.size)  # packed index -> its place in the blocks
-        back = Move(region, into.target, Holder(blocks.shape, blocks.shape[:2]), into.dst, at[into.src])
+        back = Move(region, into.target, Holder(blocks.shape, blocks.shape[:2]), into.dst, at[into.src], yx=True)
         out.append(WeightMove(key, out_over, into, back))
     return tuple(out)
 

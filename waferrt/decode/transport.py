@@ -70,6 +70,7 @@ class Move:
     target: Holder
     src: np.ndarray  # (n,) int64
     dst: np.ndarray  # (n,) int64
+    yx: bool = False  # along the source's column first, then the destination's row (a move's way back)
 
     def __post_init__(self) -> None:
         if self.target.packed is not None:
@@ -85,12 +86,24 @@ class Move:
     def load(self, itemsize: int) -> LinkLoad:
         """The move's messages over the links (relayout.route), values of `itemsize` bytes."""
         src, dst = self.ends()
-        return route(self.region, src, dst, np.full(len(self.src), float(itemsize)))
+        nbytes = np.full(len(self.src), float(itemsize))
+        return mirrored(route(self.region, dst, src, nbytes)) if self.yx else route(self.region, src, dst, nbytes)
 
     def reversed(self) -> Move:
-        """The same values back: from this move's destination buffer to a per-core buffer of the source's
-        shape (which must be per-core)."""
-        return Move(self.region, self.target, self.source, self.dst, self.src)
+        """The same values back the way they came (every message over the same links the other way): from
+        this move's destination buffer to a per-core buffer of the source's shape (which must be per-core)."""
+        return Move(self.region, self.target, self.source, self.dst, self.src, not self.yx)
+
+
+def mirrored(load: LinkLoad) -> LinkLoad:
+    """The same messages over the same links, the other way: each link's bytes, leaving the core at its other
+    end by the opposite side (the busiest link, the longest route and the messages are the same: so is the
+    cost)."""
+    out = LinkLoad(load.region)
+    out.bytes[W][:, 1:], out.bytes[E][:, :-1] = load.bytes[E][:, :-1], load.bytes[W][:, 1:]
+    out.bytes[N][1:], out.bytes[S][:-1] = load.bytes[S][:-1], load.bytes[N][1:]
+    out.messages, out.hops = load.messages, load.hops
+    return out
 
 
 def numbered(region: Region, source: Holder, placed: np.ndarray) -> Move:
@@ -121,7 +134,8 @@ def carry(move: Move, buf: np.ndarray, hop_by_hop: bool = False, out: np.ndarray
 
 
 def walk(move: Move, itemsize: int = 4) -> tuple[np.ndarray, LinkLoad]:
-    """Every value's message one link at a time, along its source's row, then its destination's column:
+    """Every value's message one link at a time, along its source's row, then its destination's column (with
+    ``move.yx``: its source's column, then its destination's row):
     (the flat index of the destination buffer where each one arrives -- its place in the block of the core
     its last hop reached --, the bytes the hops put on every link)."""
     (y, x), (ty, tx) = (a.copy() for a in move.source.cores(move.src)), move.target.cores(move.dst)
@@ -132,8 +146,12 @@ def walk(move: Move, itemsize: int = 4) -> tuple[np.ndarray, LinkLoad]:
     pairs = np.unique((src[moving, 0] * w + src[moving, 1]) * (h * w) + dst[moving, 0] * w + dst[moving, 1])
     load.messages, load.hops = len(pairs), 0
     while True:
-        along = x != tx  # still on the source's row
-        down = ~along & (y != ty)
+        if move.yx:  # along the source's column first
+            down = y != ty
+            along = ~down & (x != tx)
+        else:  # along the source's row first
+            along = x != tx
+            down = ~along & (y != ty)
         if not (along.any() or down.any()):
             break
         load.hops += 1
