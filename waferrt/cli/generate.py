@@ -81,10 +81,9 @@ wafer_tokens_per_s (the modelled wafer rate of what ran, every request at its ow
 wafer_bound_tokens_per_s (its bound: as many requests in flight, at the positions their tokens held), steps
 (micro-batches), mesh, ttft_wall_s and ttft_modelled_s (time to first token, wall and on the modelled wafer),
 prefill_tokens_per_s (prompt tokens over the modelled time to first token) and expert_swaps (with --balance:
-the swaps of experts NI-Balancer finished; else null). --prefill prefills every prompt by MeshGEMM (whole
-up to 512 tokens, in chunks of 512 beyond); it is opt-in: without it prompts pass through the decode's GEMVs,
-the path the decode's timings are checked on. An MoE model or --streaming has no prefill: they refuse
---prefill.
+the swaps of experts NI-Balancer finished; else null). Every prompt is prefilled by MeshGEMM (whole up to
+512 tokens, in chunks of 512 beyond); --no-prefill passes prompts through the decode's GEMVs instead, as
+an MoE model and --streaming always do (they refuse --prefill).
 
 The tiles decode on their own: the head's tile samples each token and feeds it back into the pipeline;
 the host only hands the requests over and prints what streams back. If a tile dies or freezes, generate
@@ -112,10 +111,12 @@ def add_parser(sub) -> argparse.ArgumentParser:
     add_experts_arg(p)
     add_attention_args(p)
     p.add_argument("--json", action="store_true", help="print one JSON object instead of streaming text")
-    p.add_argument("--prefill", action="store_true",
-                   help="prefill each prompt by MeshGEMM on the layers' regions (whole up to 512 tokens, in chunks "
-                        "of 512 beyond, each attending to the K/V of those before) instead of passing it through the "
-                        "decode's GEMVs; not for an MoE model or --streaming")
+    p.add_argument("--prefill", action="store_const", const="on",
+                   help="prefill prompts by MeshGEMM on the layers' regions (whole up to 512 tokens, in chunks of 512 "
+                        "beyond): the default for a dense model on the wafer; an MoE model, --streaming and "
+                        "--reference pass prompts through the decode")
+    p.add_argument("--no-prefill", dest="prefill", action="store_const", const="off",
+                   help="pass prompts through the decode's GEMVs instead (the path the decode's timings are tied on)")
     p.add_argument("--mesh", type=parse_wxh, metavar="WxH", help="mesh size in cores (default: fitted)")
     p.add_argument("--tile", type=parse_wxh, metavar="TWxTH", help="tile size in cores (with --mesh)")
     add_max_tiles(p)
@@ -171,11 +172,13 @@ def _check_flags(args) -> None:
     check_attention_flags(args)
     if args.reference and (args.trace or args.heatmap):
         raise UsageError("--trace and --heatmap show the wafer; leave out --reference")
-    refuse_together(args, "--reference", ("--mesh", "--tile", "--streaming", "--address", "--strategy", "--objective",
-                                          "--prefill"),
+    on = args.prefill == "on"
+    refuse_together(args, "--reference", ("--mesh", "--tile", "--streaming", "--address", "--strategy", "--objective")
+                    + (("--prefill",) if on else ()),
                     "the numpy reference decodes in this process, on no wafer; leave out one or the other")
-    refuse_together(args, "--prefill", ("--streaming",), "weight streaming has no MeshGEMM prefill (no layer's "
-                    "weights stay on the wafer to multiply with); leave out --prefill")
+    if on:
+        refuse_together(args, "--prefill", ("--streaming",), "weight streaming has no MeshGEMM prefill (no layer's "
+                        "weights stay on the wafer to multiply with); leave out --prefill")
     if args.system is not None and not args.chat:
         raise UsageError("--system is the system prompt of --chat: add --chat, or leave out --system")
     if args.temperature == 0 and (args.top_k or args.top_p < 1):
@@ -305,6 +308,15 @@ def _weights(model):
     return weights
 
 
+def _prefill(args, config) -> bool:
+    """Whether prompts are prefilled by MeshGEMM (--prefill; by default where there is a prefill), said in one line."""
+    why = ("an MoE model" if config.moe else "weight streaming" if args.streaming else None)
+    on = args.prefill == "on" or (args.prefill is None and why is None)
+    say("prompts prefilled by MeshGEMM" if on else "prompts through the decode's GEMVs ("
+        + (f"{why} has no MeshGEMM prefill" if why else "--no-prefill") + ")")
+    return on
+
+
 def _wafer(args, placement):
     """The planned WaferLLM (not started yet), or a one-line reason why this model cannot run here."""
     from dataclasses import replace
@@ -316,7 +328,7 @@ def _wafer(args, placement):
     try:
         llm = WaferLLM(placement.config, None, placement, collectives=Collectives(args.algo),
                        launch=replace(LLM_LAUNCH, address=args.address, max_tiles=args.max_tiles))
-        return llm.use_prefill(args.prefill).use_attention(args.attention)
+        return llm.use_prefill(_prefill(args, placement.config)).use_attention(args.attention)
     except PlacementError as e:
         raise UsageError(str(e)) from None
 

@@ -11,14 +11,16 @@ hop by hop on the region's lines and booking them. Between the kernels the glue 
 matrices (RMSNorm, RoPE, SiLU, the residual adds: booked at ``ELEMENTWISE_FLOPS`` per element, spread over
 the square's cores; every GEMM's activation operand aligned into MeshGEMM's A layout: booked as
 ``skew_cost``, the closed form the kernels' skew is tested to book). The layer's weights move from the
-decode's blocks into the GEMMs' and back, the cached K/V (a later chunk) into the attention's blocks, the
-chunk's K/V into the decode's shift-based cache (filled as the decode would have filled it, its older
-entries moving east): each a move of decode.relayout, every value's message routed hop by hop and booked
-per link. The residual stream enters and leaves in the decode's layout, so the decode (or the next chunk)
-continues from the K/V the prefill left. :func:`prefill_layer_cost` is what a layer's prefill books, in
-closed form (tested equal): the kernels move float32 values (``EMULATED_VALUES``) and the cores compute at
-the storage dtype's rate (the shard's ``Ledger(spec, dtype)``, ``Decoding.dtype``), as the decode's tiles do;
-:func:`prefill_runs` finds the prompts' chunks in a micro-batch.
+decode's blocks into the GEMMs' and back, the QKV product's Q, K, V into the heads' blocks, the cached K/V (a later
+chunk) into the attention's blocks, the chunk's K/V into the decode's shift-based cache (filled as the decode would have
+filled it, its older entries moving east): each a move of decode.relayout, every value's message routed hop by hop
+and booked per link, the values carried by decode.transport (hop by hop when the shard's collectives are the checked
+mode, at once on the fast path) into the blocks the kernels and the cache then use. The residual stream enters
+and leaves in the decode's layout, so the decode (or the next chunk) continues from the K/V the prefill left.
+:func:`prefill_layer_cost` is what a layer's prefill books, in closed form (tested equal): the kernels move
+float32 values (``EMULATED_VALUES``) and the cores compute at the storage dtype's rate (the shard's
+``Ledger(spec, dtype)``, ``Decoding.dtype``), as the decode's tiles do; :func:`prefill_runs` finds the prompts'
+chunks in a micro-batch.
 """
 
 from __future__ import annotations

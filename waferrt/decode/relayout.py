@@ -11,7 +11,8 @@ pair of a group of row indices and a group of column indices, so every link's by
 two sides' sums (``_cross``), the messages the pairs of groups that move, the longest route the farthest
 pair of extremes.
 
-The prefill makes three moves (waferrt.decode.prefill), each a closed form here:
+The prefill makes four moves (waferrt.decode.prefill; their values carried by waferrt.decode.transport), each a
+closed form here:
 ``weights_load``: a layer's weights from the decode's blocks (decode.layout: dim over the columns, head_dim
 in whole RoPE pairs over a head group's rows, hidden over the rows) into the B blocks of its four MeshGEMMs
 on the square at the region's corner (k in panels, n in column blocks, core (i, j) holding panel (i + j) %
@@ -20,7 +21,8 @@ s, on MeshGEMM's interleaved rings: waferrt.kernels.gemm.place), and back the sa
 (i, j)) into the decode's cache (head_dim's rows, the column ``kvcache.kv_columns`` gives each position),
 and the positions already cached moving east along their rows to where the longer prompt leaves them;
 ``kv_read_load``: for a chunk after the first, the cached positions' K and V into the attention's blocks
-(token block p // mb, head_dim block d // db). Norms and the replicated residual stream do not move.
+(token block p // mb, head_dim block d // db); ``heads_load``: the QKV product's Q, K and V columns into the
+attention's per-head blocks. Norms and the replicated residual stream do not move.
 tests/unit/test_relayout.py routes every value from the homes the emulator gives it (kernels.gemm.place and
 spread, the cache's own columns) and holds the LinkLoads equal to these, link for link.
 """
