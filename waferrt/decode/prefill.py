@@ -120,21 +120,22 @@ def _attention_block(mesh: _Mesh, shard, h: np.ndarray, at: tuple[int, int], wqk
     carried into the heads' blocks (K and V with those carried out of the cache: the context), every query
     head's attention at once (each with its K/V head's blocks), the chunk's K/V carried into the cache."""
     config, (slot, start), hop = shard.config, at, not shard.coll.fast
+    home = Region(0, 0, shard.region.w, shard.region.h)  # the moves' plans: one per region shape
     T, hd, nh, nkv = h.shape[0], config.head_dim, config.n_heads, config.n_kv_heads
     cos, sin = rope_cos_sin(start + np.arange(T), hd, config.rope_theta)  # (T, hd/2)
     qkv = mesh.gemm(h, wqkv, (nh + 2 * nkv) * hd).reshape(T, nh + 2 * nkv, hd)
     qkv[:, :nh + nkv] = apply_rope(qkv[:, :nh + nkv], cos[:, None], sin[:, None])
     mesh.elementwise(glue_flops(config, T)[0])
     product = spread(mesh.grid, mesh.region.shape, qkv.reshape(T, -1))  # RoPE'd where the product lies
-    moves = head_moves(config, shard.region, (start, T))
+    moves = head_moves(config, home, (start, T))
     kv = carry(moves.kv, product, hop)  # (s, s, 2, nkv, kb, db)
     if start:
-        cached = cache_buffer(config, shard.region, *shard.kv.ordered(slot, start))
-        carry(read_move(config, shard.region, (start, T)), cached, hop, out=kv)
+        cached = cache_buffer(config, home, *shard.kv.ordered(slot, start))
+        carry(read_move(config, home, (start, T)), cached, hop, out=kv)
     rep = nh // nkv
     blocks = (carry(moves.q, product, hop), np.repeat(kv[:, :, 0], rep, axis=2), np.repeat(kv[:, :, 1], rep, axis=2))
     out = mesh.attention(blocks, PromptAttention(T, 1.0 / np.sqrt(hd), EW["softmax"], start=start), hd)
-    k, v = arrivals(config, shard.region, (start, T), carry(moves.cache, product, hop))
+    k, v = arrivals(config, home, (start, T), carry(moves.cache, product, hop))
     _fill_cache(shard, slot, start, k, v)
     return out
 
@@ -149,7 +150,7 @@ def prefill_layer(shard, x: np.ndarray, slot: int, start: int = 0) -> np.ndarray
     mesh = _Mesh(region, ledger)
     dec = Decoding(config, shard.dtype)
     moves = {name: c for name, _, c in prefill_moves(ledger.spec, dec, region, (start, T), EMULATED_VALUES)}
-    plan = weight_moves(config, region, tuple(shard.arrays[key].shape for _, key, _ in GEMMS))
+    plan = weight_moves(config, Region(0, 0, region.w, region.h), tuple(shard.arrays[key].shape for _, key, _ in GEMMS))
     with ledger.op("prefill"):
         held = {wm.key: carry(wm.into, shard.arrays[wm.key], hop) for wm in plan}  # the weights in
         ledger.add(weights_move(ledger.spec, dec, region, EMULATED_VALUES))
