@@ -15,6 +15,7 @@ from waferrt.decode.prefill_plan import GEMMS, cache_shape, head_moves, read_mov
 from waferrt.decode.relayout import heads_load, kv_load, kv_read_load, weights_load
 from waferrt.decode.transport import Holder, Move, carry, mirrored, walk
 from waferrt.model import synthetic_llama, tiny_config
+from waferrt.model.config import LlamaConfig
 
 CFG = tiny_config()
 W = synthetic_llama(CFG, seed=0)
@@ -69,16 +70,11 @@ def test_the_qkv_product_carried_into_the_heads_and_the_cache_books_the_closed_f
 
 
 def test_the_heads_move_by_hand():
-    """On 2x2 cores, 2 tokens, 1 head of 2 dims per Q, K, V: the product's two columns blocks hold Q (col 0)
-    and K, V (col 1... the ring's place 1); each head's dims split over the two columns: Q's dim 1 and K's and
-    V's dim 0 move one hop along their row, each row's values one message per pair."""
-    from waferrt.model.config import LlamaConfig
-
+    """On 2x2 cores, 2 tokens, one head of 2 dims each for Q, K, V: the product's 6 columns lie 3 per core column
+    (q0 q1 k0 | k1 v0 v1); each head's 2 dims lie one per core column. Per row, q1 goes one hop east, v0 one hop
+    west, the others stay: 4 bytes each way, one message each way; the token rows stay put."""
     config = LlamaConfig(dim=2, hidden_dim=2, n_layers=1, n_heads=1, n_kv_heads=1, vocab_size=4)
     load = heads_load(config, Region(0, 0, 2, 2), (0, 2), 4)
-    # width 6 over 2 columns: cols 0-2 (q0 q1 k0) at x=0, cols 3-5 (k1 v0 v1) at x=1; hd 2 over 2 columns
-    # q1 goes east (x0 -> x1), k0 stays at x0, v0 goes west (x1 -> x0); k1, v1 stay at x1: per row, 4 bytes
-    # each way, one message each way; the token rows stay put
     assert load.bytes[0].tolist() == [[4, 0], [4, 0]] and load.bytes[1].tolist() == [[0, 4], [0, 4]]
     assert load.bytes[2:].sum() == 0 and (load.messages, load.hops) == (4, 1)
 
