@@ -30,7 +30,10 @@ def _json(capsys, argv):
 def test_json_on_the_wafer_equals_the_reference(ray_session, tiny_gguf, capsys):
     argv = ["generate", "hello world", "to be or", "abc", "--model", tiny_gguf, "--max-new-tokens", "12",
             "--temperature", "0.7", "--seed", "3", "--json"]
-    wafer = _json(capsys, argv + WAFER)
+    assert main(argv + WAFER) == 0  # the prompts through the decode's GEMVs (the default)
+    got = capsys.readouterr()
+    wafer = json.loads(got.out)
+    assert "prompts through the decode's GEMVs (--prefill: by MeshGEMM)" in got.err
     ref = _json(capsys, argv + ["--reference"])
     assert wafer["tokens"] == ref["tokens"] and wafer["text"] == ref["text"]
     assert len(wafer["tokens"]) == 3 and all(0 < len(t) <= 12 for t in wafer["tokens"])
@@ -41,7 +44,10 @@ def test_json_on_the_wafer_equals_the_reference(ray_session, tiny_gguf, capsys):
 def test_prefill_json_reports_the_first_tokens_and_equals_the_reference(ray_session, tiny_gguf, capsys):
     argv = ["generate", "hello world, once upon a time", "abc", "--model", tiny_gguf, "--max-new-tokens", "5",
             "--json"]
-    wafer = _json(capsys, argv + WAFER + ["--prefill"])
+    assert main(argv + WAFER + ["--prefill"]) == 0  # prefilled by MeshGEMM
+    got = capsys.readouterr()
+    wafer = json.loads(got.out)
+    assert "prompts prefilled by MeshGEMM" in got.err
     assert wafer["tokens"] == _json(capsys, argv + ["--reference"])["tokens"]
     for key in ("ttft_wall_s", "ttft_modelled_s", "prefill_tokens_per_s"):
         assert len(wafer[key]) == 2 and all(v > 0 for v in wafer[key]), key

@@ -14,8 +14,11 @@ from waferrt.core.mesh import MeshSpec, Region
 from waferrt.core.spec import TINY
 from waferrt.decode.cost import Decoding
 from waferrt.decode.pack import Chunks, pack_layer
-from waferrt.decode.prefill import full_weights, layer_step, prefill_layer, prefill_layer_cost, prefill_runs
+from waferrt.decode.prefill import layer_step, prefill_layer, prefill_layer_cost, prefill_runs
+from waferrt.decode.prefill_plan import GEMMS, repack, weight_moves
 from waferrt.decode.shards import LayerShard
+from waferrt.decode.transport import carry
+from waferrt.kernels.gemm import Grid, place
 from waferrt.model import Sampler, synthetic_llama, tiny_config
 from waferrt.model.reference import Layer, Rope, layer_forward, layer_prefill, rope_cos_sin
 from waferrt.scheduler import KVReserve, plan
@@ -26,12 +29,20 @@ W = synthetic_llama(CFG, seed=0)
 REGIONS = [Region(0, 0, 4, 4), Region(2, 1, 5, 3), Region(0, 0, 3, 6), Region(0, 0, 1, 1)]
 
 
+@pytest.mark.parametrize("hop_by_hop", [False, True], ids=["at_once", "hop_by_hop"])
 @pytest.mark.parametrize("region", REGIONS, ids=lambda r: f"{r.w}x{r.h}")
-def test_full_weights_are_the_reference_layers(region):
-    lw = W.layers[1]
-    got = full_weights(CFG, region, pack_layer(CFG, lw, region), "float32")
-    for name, want in got.items():
-        np.testing.assert_array_equal(want, getattr(lw, name), err_msg=name)
+def test_the_weights_carried_into_the_gemms_are_the_reference_layers_and_come_back(region, hop_by_hop):
+    """Each GEMM's B blocks, carried out of the decode's packed blocks, are kernels.gemm.place's of the
+    reference's matrices; carried back, they repack into the decode's arrays."""
+    lw, s = W.layers[1], min(region.w, region.h)
+    arrays = pack_layer(CFG, lw, region)
+    mats = {"wqkv": (lw.wq, lw.wk, lw.wv), "wo": (lw.wo,), "w13": (lw.w_gate, lw.w_up), "w2": (lw.w_down,)}
+    for wm in weight_moves(CFG, region, tuple(arrays[key].shape for _, key, _ in GEMMS)):
+        b = np.concatenate(mats[wm.key]).T
+        _, want = place("meshgemm", Grid.of(Region(0, 0, s, s)), (s, s), np.zeros((1, b.shape[0]), np.float32), b)
+        got = carry(wm.into, arrays[wm.key], hop_by_hop)
+        np.testing.assert_array_equal(got, want, err_msg=wm.key)
+        np.testing.assert_array_equal(repack(carry(wm.back, got, hop_by_hop), wm.out_over), arrays[wm.key])
 
 
 @pytest.mark.parametrize("tokens", [2, 9, 16])

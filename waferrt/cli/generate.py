@@ -82,10 +82,10 @@ wafer_tokens_per_s (the modelled wafer rate of what ran, every request at its ow
 wafer_bound_tokens_per_s (its bound: as many requests in flight, at the positions their tokens held), steps
 (micro-batches), mesh, ttft_wall_s and ttft_modelled_s (time to first token, wall and on the modelled wafer),
 prefill_tokens_per_s (prompt tokens over the modelled time to first token) and expert_swaps (with --balance:
-the swaps of experts NI-Balancer finished; else null). --prefill prefills every prompt by MeshGEMM (whole
-up to 512 tokens, in chunks of 512 beyond); it is opt-in: without it prompts pass through the decode's GEMVs,
-the path the decode's timings are checked on. An MoE model or --streaming has no prefill: they refuse
---prefill.
+the swaps of experts NI-Balancer finished; else null). --prefill prefills every prompt by MeshGEMM (whole up
+to 512 tokens, in chunks of 512 beyond); without it prompts pass through the decode's GEMVs, which on the
+default placement is faster both on the wall clock and on the modelled wafer (each layer's region gives
+MeshGEMM only its largest square: README, Prefill). An MoE model and --streaming have no prefill.
 
 The tiles decode on their own: the head's tile samples each token and feeds it back into the pipeline;
 the host only hands the requests over and prints what streams back. If a tile dies or freezes, generate
@@ -113,9 +113,9 @@ def add_parser(sub) -> argparse.ArgumentParser:
     add_experts_arg(p)
     add_attention_args(p)
     p.add_argument("--json", action="store_true", help="print one JSON object instead of streaming text")
-    p.add_argument("--prefill", action="store_true",
-                   help="prefill each prompt by MeshGEMM on the layers' regions (whole up to 512 tokens, in chunks "
-                        "of 512 beyond, each attending to the K/V of those before) instead of passing it through the "
+    p.add_argument("--prefill", action="store_const", const="on",
+                   help="prefill prompts by MeshGEMM on the layers' regions (whole up to 512 tokens, in chunks of 512 "
+                        "beyond, each attending to the K/V of those before) instead of passing them through the "
                         "decode's GEMVs; not for an MoE model or --streaming")
     p.add_argument("--mesh", type=parse_wxh, metavar="WxH", help="mesh size in cores (default: fitted)")
     p.add_argument("--tile", type=parse_wxh, metavar="TWxTH", help="tile size in cores (with --mesh)")
@@ -297,6 +297,15 @@ def _weights(model):
     return weights
 
 
+def _prefill(args, config) -> bool:
+    """Whether prompts are prefilled by MeshGEMM (--prefill, where there is a prefill), said in one line."""
+    why = ("an MoE model" if config.moe else "weight streaming" if args.streaming else None)
+    on = args.prefill == "on" and why is None
+    say("prompts prefilled by MeshGEMM" if on else "prompts through the decode's GEMVs ("
+        + (f"{why} has no MeshGEMM prefill" if why else "--prefill: by MeshGEMM") + ")")
+    return on
+
+
 def _wafer(args, placement):
     """The planned WaferLLM (not started yet), or a one-line reason why this model cannot run here."""
     from dataclasses import replace
@@ -308,7 +317,7 @@ def _wafer(args, placement):
     try:
         llm = WaferLLM(placement.config, None, placement, collectives=Collectives(args.algo),
                        launch=replace(LLM_LAUNCH, address=args.address, max_tiles=args.max_tiles))
-        return llm.use_prefill(args.prefill).use_attention(args.attention)
+        return llm.use_prefill(_prefill(args, placement.config)).use_attention(args.attention)
     except PlacementError as e:
         raise UsageError(str(e)) from None
 

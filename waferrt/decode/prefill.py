@@ -12,19 +12,21 @@ hop by hop on the region's lines and booking them. Between the kernels the glue 
 matrices (RMSNorm, RoPE, SiLU, the residual adds: booked at ``ELEMENTWISE_FLOPS`` per element, spread over
 the square's cores; every GEMM's activation operand aligned into MeshGEMM's A layout: booked as
 ``skew_cost``, the closed form the kernels' skew is tested to book). The layer's weights move from the
-decode's blocks into the GEMMs' and back, the cached K/V (a later chunk) into the attention's blocks, the
-chunk's K/V into the decode's shift-based cache (filled as the decode would have filled it, its older
-entries moving east): each a move of decode.relayout, every value's message routed hop by hop and booked
-per link. The residual stream enters and leaves in the decode's layout, so the decode (or the next chunk)
-continues from the K/V the prefill left. :func:`prefill_layer_cost` is what a layer's prefill books, in
-closed form (tested equal): the kernels move float32 values (``EMULATED_VALUES``) and the cores compute at
-the storage dtype's rate (the shard's ``Ledger(spec, dtype)``, ``Decoding.dtype``), as the decode's tiles do;
-:func:`prefill_runs` finds the prompts' chunks in a micro-batch.
+decode's blocks into the GEMMs' and back, the QKV product's Q, K, V into the heads' blocks, the cached K/V (a later
+chunk) into the attention's blocks, the chunk's K/V into the decode's shift-based cache (filled as the decode would have
+filled it, its older entries moving east): each a move of decode.relayout, every value's message routed hop by hop
+and booked per link, the values carried by decode.transport (hop by hop when the shard's collectives are the checked
+mode, at once on the fast path) into the blocks the kernels and the cache then use. The residual stream enters
+and leaves in the decode's layout, so the decode (or the next chunk) continues from the K/V the prefill left.
+:func:`prefill_layer_cost` is what a layer's prefill books, in closed form (tested equal): the kernels move
+float32 values (``EMULATED_VALUES``) and the cores compute at the storage dtype's rate (the shard's
+``Ledger(spec, dtype)``, ``Decoding.dtype``), as the decode's tiles do; :func:`prefill_runs` finds the prompts'
+chunks in a micro-batch.
 """
 
 from __future__ import annotations
 
-from functools import lru_cache, partial
+from functools import lru_cache
 
 import numpy as np
 
@@ -32,7 +34,6 @@ from waferrt.core.arith import cdiv
 from waferrt.core.cost import Cost, total
 from waferrt.core.dtypes import itemsize, to_f32
 from waferrt.core.gemm_cost import AttentionShape, GemmShape, gemm_cost, skew_cost
-from waferrt.core.layout import from_blocks
 from waferrt.core.ledger import Ledger
 from waferrt.core.mesh import Region
 from waferrt.fabric.comm import LineComm, Span
@@ -45,10 +46,11 @@ from waferrt.model.sparse import AttentionMode
 
 from .cost import ELEMENTWISE_FLOPS as EW
 from .cost import Decoding, stage_handover
-from .layout import layer_layouts
-from .pack import Chunks, blocks_of
-from .relayout import kv_load, kv_read_load, move_cost, weights_load
+from .pack import Chunks
+from .prefill_plan import GEMMS, arrivals, cache_buffer, head_moves, read_move, repack, weight_moves
+from .relayout import heads_load, kv_load, kv_read_load, move_cost, weights_load
 from .sparse_prefill import prefill_attention_parts, selector
+from .transport import carry
 
 PREFILL_MAX_TOKENS = 512  # a prompt this long or shorter enters whole; a longer one in chunks of this many
 EMULATED_VALUES = "float32"  # what the emulated prefill's kernels move: the weights unpacked to float32
@@ -74,63 +76,36 @@ def prefill_runs(meta: np.ndarray) -> list[np.ndarray]:
     return runs
 
 
-# -- the layer's weights back in full, from the decode's blocks -------------------------------------------
-def full_weights(config: LlamaConfig, region: Region, arrays: dict, dtype: str) -> dict[str, np.ndarray]:
-    """A LayerShard's packed arrays as the float32 matrices (y = W @ x) of the reference's LayerWeights."""
-    lay, R, C = layer_layouts(config, region), region.h, region.w
-    nh, nkv, hd = config.n_heads, config.n_kv_heads, config.head_dim
-    hd_r = arrays["wqkv"].shape[0] // (R * (nh + 2 * nkv))
-    qkv = blocks_of(to_f32(arrays["wqkv"], dtype), "y", region).reshape(R, C, nh + 2 * nkv, hd_r, -1)
-    w13 = blocks_of(to_f32(arrays["w13"], dtype), "y", region).reshape(R, C, 2, -1, arrays["w13"].shape[1] // C)
-    wo = blocks_of(to_f32(arrays["wo"], dtype), "x", region).reshape(R, C, -1, nh, hd_r)
-    w2 = blocks_of(to_f32(arrays["w2"], dtype), "x", region)
-    return {
-        "wq": from_blocks(qkv[:, :, :nh], lay["wq"]).reshape(nh * hd, config.dim),
-        "wk": from_blocks(qkv[:, :, nh:nh + nkv], lay["wk"]).reshape(nkv * hd, config.dim),
-        "wv": from_blocks(qkv[:, :, nh + nkv:], lay["wv"]).reshape(nkv * hd, config.dim),
-        "wo": from_blocks(wo, lay["wo"]).reshape(config.dim, nh * hd),
-        "w_gate": from_blocks(w13[:, :, 0], lay["w_gate"]), "w_up": from_blocks(w13[:, :, 1], lay["w_up"]),
-        "w_down": from_blocks(w2, lay["w_down"]),
-        "attn_norm": from_blocks(to_f32(arrays["attn_norm"], dtype)[None], lay["attn_norm"]),
-        "ffn_norm": from_blocks(to_f32(arrays["ffn_norm"], dtype)[None], lay["ffn_norm"]),
-    }
-
-
-def _weights(shard) -> dict[str, np.ndarray]:
-    """The shard's full weights, unpacked once for the arrays it holds (kept with the shard)."""
-    kept = getattr(shard, "prefill_weights", None)
-    if kept is None or kept[0] is not shard.arrays:
-        kept = shard.prefill_weights = (shard.arrays, full_weights(shard.config, shard.region, shard.arrays,
-                                                                    shard.dtype))
-    return kept[1]
-
-
 # -- the layer ------------------------------------------------------------------------------------------
 class _Mesh:
-    """The prefill's kernels on a layer's square of cores: products in, full matrices out."""
+    """The prefill's kernels on a layer's square of cores: an A operand from the host, B blocks and the other
+    operands' blocks carried into place (decode.transport), C blocks out."""
 
     def __init__(self, region: Region, ledger: Ledger):
         self.region = gemm_region(region)
         self.ctx = Context(Span.of(self.region), ledger, {})
         self.grid, self.ledger, self.side = Grid.of(self.region), ledger, self.region.w
 
-    def gemm(self, a: np.ndarray, b: np.ndarray) -> np.ndarray:
-        """a (m, k) @ b (k, n) by MeshGEMM, a aligned into the A layout first (booked as its skew)."""
-        pa, pb = place("meshgemm", self.grid, self.region.shape, a, b)
+    def gemm(self, a: np.ndarray, pb: np.ndarray, n: int) -> np.ndarray:
+        """a (m, k) @ B (k, n) by MeshGEMM -> (m, n); pb: B's blocks where they were carried (rows, cols, 1,
+        kb, nb); a aligned into the A layout first (booked as its skew)."""
+        return collect("meshgemm", self.grid, self.gemm_blocks(a, pb, n), a.shape[0], n)
+
+    def gemm_blocks(self, a: np.ndarray, pb: np.ndarray, n: int) -> np.ndarray:
+        """As gemm, the product's C blocks (rows, cols, mb, nb) where the kernel leaves them."""
+        pa, _ = place("meshgemm", self.grid, self.region.shape, a, np.broadcast_to(np.float32(0), (a.shape[1], n)))
         mb, kb = pa.shape[3:]
         self.ledger.add(skew_cost(self.ledger.spec, self.side, mb * kb * pa.itemsize))
-        return collect("meshgemm", self.grid, meshgemm(self.ctx, pa, pb), a.shape[0], b.shape[1])
+        return meshgemm(self.ctx, pa, pb)
 
-    def attention(self, q: np.ndarray, k: np.ndarray, v: np.ndarray, mode: AttentionMode) -> np.ndarray:
-        """Every head's causal attention at once, dense or sparse (`mode`, decode.sparse_prefill), q (T, H, hd)
-        at the last T of the positions of k, v (start + T, H, hd) -> (T, H, hd)."""
-        T, H, hd = q.shape
-        blocks = {n: np.stack([spread(self.grid, self.region.shape, m[:, h]) for h in range(H)], axis=2)
-                  for n, m in (("q", q), ("k", k), ("v", v))}
-        prompt = PromptAttention(T, 1.0 / np.sqrt(hd), EW["softmax"], start=k.shape[0] - T)
-        run = partial(causal_attention, prompt=prompt, select=selector(mode, prompt))
-        out = run(self.ctx, **blocks)
-        return np.stack([collect("meshgemm", self.grid, out[:, :, h], T, hd) for h in range(H)], axis=1)
+    def attention(self, blocks: tuple[np.ndarray, ...], prompt: PromptAttention, hd: int,
+                  mode: AttentionMode) -> np.ndarray:
+        """Every head's causal attention at once, dense or sparse (`mode`, decode.sparse_prefill), over the C
+        blocks = (q (rows, cols, H, mb, db) of the prompt's tokens, k, v (rows, cols, H, kb, db) of its start +
+        tokens context positions) -> (tokens, H * hd)."""
+        out = causal_attention(self.ctx, *blocks, prompt=prompt, select=selector(mode, prompt))
+        return np.concatenate([collect("meshgemm", self.grid, out[:, :, h], prompt.tokens, hd)
+                               for h in range(out.shape[2])], axis=1)
 
     def elementwise(self, flops: int) -> None:
         self.ledger.compute(cdiv(flops, self.side * self.side))
@@ -144,86 +119,75 @@ def glue_flops(config: LlamaConfig, tokens: int) -> tuple[int, int, int]:
             (EW["rmsnorm"] + 2 * EW["residual"]) * T * config.dim + EW["silu_mul"] * T * config.hidden_dim)
 
 
-def _attention_block(mesh: _Mesh, shard, h: np.ndarray, at: tuple[int, int]) -> tuple[np.ndarray, ...]:
-    """h (T, dim) of a chunk at positions start..start+T-1 (at = (slot, start)) -> (the heads' outputs (T,
-    nh*hd), its k (T, nkv, hd), v (T, nkv, hd)): one QKV projection, then every query head's attention at once
-    (each with its K/V head's blocks) over the chunk and the start positions the cache holds."""
-    config, w, (slot, start) = shard.config, _weights(shard), at
+def _attention_block(mesh: _Mesh, shard, h: np.ndarray, at: tuple[int, int], wqkv: np.ndarray) -> np.ndarray:
+    """h (T, dim) of a chunk at positions start..start+T-1 (at = (slot, start)), wqkv the QKV product's B
+    blocks -> the heads' outputs (T, nh*hd): one QKV projection, RoPE on its product, the product's Q, K, V
+    carried into the heads' blocks (K and V with those carried out of the cache: the context), every query
+    head's attention at once (each with its K/V head's blocks), the chunk's K/V carried into the cache."""
+    config, (slot, start), hop = shard.config, at, not shard.coll.fast
+    home = Region(0, 0, shard.region.w, shard.region.h)  # the moves' plans: one per region shape
     T, hd, nh, nkv = h.shape[0], config.head_dim, config.n_heads, config.n_kv_heads
     cos, sin = rope_cos_sin(start + np.arange(T), hd, config.rope_theta)  # (T, hd/2)
-    qkv = mesh.gemm(h, np.concatenate([w["wq"], w["wk"], w["wv"]]).T).reshape(T, nh + 2 * nkv, hd)
-    q, k = (apply_rope(a, cos[:, None], sin[:, None]) for a in (qkv[:, :nh], qkv[:, nh:nh + nkv]))
-    v = qkv[:, nh + nkv:]
+    qkv = mesh.gemm(h, wqkv, (nh + 2 * nkv) * hd).reshape(T, nh + 2 * nkv, hd)
+    qkv[:, :nh + nkv] = apply_rope(qkv[:, :nh + nkv], cos[:, None], sin[:, None])
     mesh.elementwise(glue_flops(config, T)[0])
-    held_k, held_v = _cached(shard, slot, start)
+    product = spread(mesh.grid, mesh.region.shape, qkv.reshape(T, -1))  # RoPE'd where the product lies
+    moves = head_moves(config, home, (start, T))
+    kv = carry(moves.kv, product, hop)  # (s, s, 2, nkv, kb, db)
+    if start:
+        cached = cache_buffer(config, home, *shard.kv.ordered(slot, start))
+        carry(read_move(config, home, (start, T)), cached, hop, out=kv)
     rep = nh // nkv
-    k_all, v_all = (np.repeat(np.concatenate([a, b]), rep, axis=1) for a, b in ((held_k, k), (held_v, v)))
-    out = mesh.attention(q, k_all, v_all, shard.attention)  # (T, nh, hd)
-    return out.reshape(T, nh * hd), k, v
+    blocks = (carry(moves.q, product, hop), np.repeat(kv[:, :, 0], rep, axis=2), np.repeat(kv[:, :, 1], rep, axis=2))
+    prompt = PromptAttention(T, 1.0 / np.sqrt(hd), EW["softmax"], start=start)
+    out = mesh.attention(blocks, prompt, hd, shard.attention)
+    k, v = arrivals(config, home, (start, T), carry(moves.cache, product, hop))
+    _fill_cache(shard, slot, start, k, v)
+    return out
 
 
 def prefill_layer(shard, x: np.ndarray, slot: int, start: int = 0) -> np.ndarray:
     """A prompt's chunk x (T, C, dim_c) at positions start..start+T-1, the decode's residual layout, through
     `shard` (module doc) -> the same layout; its K/V go into the shard's cache for `slot` as the decode would
-    have put them (the cache holds the `start` positions before it)."""
-    config, region, ledger = shard.config, shard.region, shard.ledger
-    T, chunks = x.shape[0], Chunks(config.dim, region.w)
-    w = _weights(shard)
+    have put them (the cache holds the `start` positions before it), the layer's weights back into the decode's
+    blocks."""
+    config, region, ledger, hop = shard.config, shard.region, shard.ledger, not shard.coll.fast
+    T, chunks, dim = x.shape[0], Chunks(config.dim, region.w), config.dim
     mesh = _Mesh(region, ledger)
     dec = Decoding(config, shard.dtype, attention=shard.attention)
     moves = {name: c for name, _, c in prefill_moves(ledger.spec, dec, region, (start, T), EMULATED_VALUES)}
-    weights = weights_move(ledger.spec, dec, region, EMULATED_VALUES)
+    plan = weight_moves(config, Region(0, 0, region.w, region.h), tuple(shard.arrays[key].shape for _, key, _ in GEMMS))
     with ledger.op("prefill"):
-        ledger.add(weights)  # in
+        held = {wm.key: carry(wm.into, shard.arrays[wm.key], hop) for wm in plan}  # the weights in
+        ledger.add(weights_move(ledger.spec, dec, region, EMULATED_VALUES))
+        b = {key: to_f32(a, shard.dtype) for key, a in held.items()}
+        norm = {n: chunks.join(to_f32(shard.arrays[n], shard.dtype)[None])[0] for n in ("attn_norm", "ffn_norm")}
         xf = chunks.join(x)  # (T, dim)
-        h = rmsnorm(xf, w["attn_norm"], config.norm_eps)
+        h = rmsnorm(xf, norm["attn_norm"], config.norm_eps)
         mesh.elementwise(glue_flops(config, T)[1])
-        if start:
-            ledger.add(moves["kv_from_cache"])
-        att, k, v = _attention_block(mesh, shard, h, (slot, start))
-        xf = xf + mesh.gemm(att, w["wo"].T)
-        h = rmsnorm(xf, w["ffn_norm"], config.norm_eps)
-        gate, up = np.split(mesh.gemm(h, np.concatenate([w["w_gate"], w["w_up"]]).T), 2, axis=1)
-        xf = xf + mesh.gemm(silu(gate) * up, w["w_down"].T)
+        for name in ("kv_from_cache", "qkv_to_heads", "kv_to_decode"):
+            ledger.add(moves.get(name, Cost()))
+        att = _attention_block(mesh, shard, h, (slot, start), b["wqkv"])
+        xf = xf + mesh.gemm(att, b["wo"], dim)
+        h = rmsnorm(xf, norm["ffn_norm"], config.norm_eps)
+        gate, up = np.split(mesh.gemm(h, b["w13"], 2 * config.hidden_dim), 2, axis=1)
+        xf = xf + mesh.gemm(silu(gate) * up, b["w2"], dim)
         mesh.elementwise(glue_flops(config, T)[2])
-        _fill_cache(shard, slot, start, k, v)
-        ledger.add(moves["kv_to_decode"])
-        ledger.add(weights)  # back
+        for wm in plan:  # and back into the decode's blocks
+            shard.arrays[wm.key] = repack(carry(wm.back, held[wm.key], hop), wm.out_over)
+        ledger.add(weights_move(ledger.spec, dec, region, EMULATED_VALUES))
     return chunks.split(xf)
 
 
-def _hd_slices(shard) -> list[slice]:
-    """The head_dim slice each row of the shard's region holds (in whole pairs, as the cache holds it)."""
-    lay = layer_layouts(shard.config, shard.region)["wk"]
-    return [lay.block_slices(r, 0)[1] for r in range(shard.region.h)]
-
-
-def _cached(shard, slot: int, n: int) -> tuple[np.ndarray, np.ndarray]:
-    """The K, V (n, nkv, hd) the shard's cache holds for `slot` at positions 0..n-1."""
-    k, v = shard.kv.ordered(slot, n)  # (n, R, nkv, hd_r)
-    out = [np.zeros((n, shard.config.n_kv_heads, shard.config.head_dim), np.float32) for _ in "kv"]
-    for r, sl in enumerate(_hd_slices(shard)):
-        for o, a in zip(out, (k, v), strict=True):
-            o[:, :, sl] = a[:, r, :, :sl.stop - sl.start]
-    return out[0], out[1]
-
-
 def _fill_cache(shard, slot: int, start: int, k: np.ndarray, v: np.ndarray) -> None:
-    """The chunk's K, V (T, nkv, hd) into the shard's cache at positions start.. as the decode would have left
-    them (booked by the caller as the move decode.relayout.kv_load routes; the cache's own shifts, which a
-    decode books one position at a time, go to a scratch ledger)."""
-    T, rows, hd_r = k.shape[0], shard.region.h, shard.hd_r
-
-    def per_row(a: np.ndarray) -> np.ndarray:  # (T, nkv, hd) -> (T, R, nkv, hd_r)
-        out = np.zeros((T, rows, shard.config.n_kv_heads, hd_r), np.float32)
-        for r, sl in enumerate(_hd_slices(shard)):
-            out[:, r, :, :sl.stop - sl.start] = a[:, :, sl]
-        return out
-
+    """The chunk's K, V (T, R, nkv, hd_r) as the cache's cores took them into the shard's cache at positions
+    start.. as the decode would have left them (booked by the caller as the move decode.relayout.kv_load
+    routes; the cache's own shifts, which a decode books one position at a time, go to a scratch ledger)."""
+    T = k.shape[0]
     own = shard.kv.comm
     shard.kv.comm = LineComm("x", Span.of(shard.region), Ledger(shard.ledger.spec))
     try:
-        shard.kv.insert(np.full(T, slot), per_row(k), per_row(v), start + np.arange(T))
+        shard.kv.insert(np.full(T, slot), k, v, start + np.arange(T))
     finally:
         shard.kv.comm = own
 
@@ -245,6 +209,7 @@ def prefill_moves(spec, dec: Decoding, region: Region, chunk: tuple[int, int], m
     out = [("weights_in_out", weights_move(spec, dec, region, moved).scaled(2))]
     if chunk[0]:
         out.append(("kv_from_cache", move_cost(spec, kv_read_load(config, at, chunk, g, size))))
+    out.append(("qkv_to_heads", move_cost(spec, heads_load(config, at, chunk, size))))
     out.append(("kv_to_decode", move_cost(spec, kv_load(config, at, chunk, g, size))))
     return tuple((name, "layout", c) for name, c in out)
 

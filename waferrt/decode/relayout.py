@@ -11,7 +11,8 @@ pair of a group of row indices and a group of column indices, so every link's by
 two sides' sums (``_cross``), the messages the pairs of groups that move, the longest route the farthest
 pair of extremes.
 
-The prefill makes three moves (waferrt.decode.prefill), each a closed form here:
+The prefill makes four moves (waferrt.decode.prefill; their values carried by waferrt.decode.transport), each a
+closed form here:
 ``weights_load``: a layer's weights from the decode's blocks (decode.layout: dim over the columns, head_dim
 in whole RoPE pairs over a head group's rows, hidden over the rows) into the B blocks of its four MeshGEMMs
 on the square at the region's corner (k in panels, n in column blocks, core (i, j) holding panel (i + j) %
@@ -20,7 +21,8 @@ s, on MeshGEMM's interleaved rings: waferrt.kernels.gemm.place), and back the sa
 (i, j)) into the decode's cache (head_dim's rows, the column ``kvcache.kv_columns`` gives each position),
 and the positions already cached moving east along their rows to where the longer prompt leaves them;
 ``kv_read_load``: for a chunk after the first, the cached positions' K and V into the attention's blocks
-(token block p // mb, head_dim block d // db). Norms and the replicated residual stream do not move.
+(token block p // mb, head_dim block d // db); ``heads_load``: the QKV product's Q, K and V columns into the
+attention's per-head blocks. Norms and the replicated residual stream do not move.
 tests/unit/test_relayout.py routes every value from the homes the emulator gives it (kernels.gemm.place and
 spread, the cache's own columns) and holds the LinkLoads equal to these, link for link.
 """
@@ -285,5 +287,40 @@ def kv_read_load(config: LlamaConfig, region: Region, chunk: tuple[int, int], gr
                      (_hist((w, h), (places[blk], r), dc), _hist((h,), (places[i],), pc)))
     load.messages = len(pc) * len(dc) - _meet((places[i], col), (r, places[blk]), (h, w))
     load.hops = _far((col, places[i]), (places[blk], r))
+    load.bytes *= itemsize
+    return load
+
+
+@lru_cache(maxsize=256)
+def heads_load(config: LlamaConfig, region: Region, chunk: tuple[int, int], itemsize: int) -> LinkLoad:
+    """A chunk = (start, tokens)'s Q, K and V from the QKV product's C blocks (token block t // mb, column
+    block of the (tokens, (nh + 2 nkv) hd) product) into the attention's per-head C blocks (Q: each query
+    head's (tokens, hd), token block t // mb; K and V: each K/V head's (start + tokens, hd) context, token
+    block (start + t) // cdiv(start + tokens, s); head_dim block d // cdiv(hd, s)): two parts, Q and K/V, each
+    pair of cores' values one message along the source's row, then the destination's column."""
+    c, h, w, s = config, region.h, region.w, min(region.h, region.w)
+    start, tokens = chunk
+    places, t, hd = np.array(ring("meshgemm", s)), np.arange(tokens), c.head_dim
+    width, qd = (c.n_heads + 2 * c.n_kv_heads) * hd, c.n_heads * hd
+    row = places[t // cdiv(tokens, s)]
+    cols = np.arange(width)
+    col_from, col_to = places[cols // cdiv(width, s)], places[(cols % hd) // cdiv(hd, s)]
+    q, kv = cols < qd, cols >= qd
+    parts = [((row, row), (col_from[q], col_to[q])),
+             ((row, places[(start + t) // cdiv(start + tokens, s)]), (col_from[kv], col_to[kv]))]
+    load = LinkLoad(region)
+    for (rs, rd), (a, z) in parts:
+        (rs, rd), tc = _groups(rs, rd)
+        (a, z), cc = _groups(a, z)
+        higher, lower = _within(w, (a, z), cc)  # along the source's row
+        by_row = _hist((h,), (rs,), tc)
+        load.bytes[E] += np.outer(by_row, higher)
+        load.bytes[W] += np.outer(by_row, lower)
+        south, north = _within(h, (rs, rd), tc)  # down the destination's column
+        by_col = _hist((w,), (z,), cc)
+        load.bytes[S] += np.outer(south, by_col)
+        load.bytes[N] += np.outer(north, by_col)
+        load.messages += len(tc) * len(cc) - int(np.count_nonzero(rs == rd)) * int(np.count_nonzero(a == z))
+        load.hops = max(load.hops, int(np.abs(a - z).max(initial=0) + np.abs(rs - rd).max(initial=0)))
     load.bytes *= itemsize
     return load

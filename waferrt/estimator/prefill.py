@@ -33,7 +33,7 @@ from .estimate_report import Estimate
 
 CATEGORIES = ("gemm", "attention", "elementwise", "layout", "handover", "host")
 LABELS = {"gemm": "projections and MLP (MeshGEMM)", "attention": "attention Q.K^T and V (MeshGEMM)",
-          "elementwise": "element-wise", "layout": "layouts (weights in and out, K/V to the decode)",
+          "elementwise": "element-wise", "layout": "layouts (weights in and out, Q/K/V to the heads, K/V to the decode)",
           "handover": "hand-over between regions", "host": "host I/O"}
 
 
