@@ -18,8 +18,10 @@ token's way round)."""
 
 from __future__ import annotations
 
+import gc
 import heapq
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import NamedTuple
 
@@ -49,7 +51,25 @@ def flow_seconds(runs: Sequence[StageRun], last_stage: int, clock_hz: float, par
     """When the last token of the decode that ran leaves, in seconds (see the module docstring). `partial`:
     the runs of an attempt that a fault ended (a dead tile's runs are lost): the stage runs whose chain is
     not all there are left out instead of raising."""
-    return max((end for _, _, end in flow_schedule(runs, last_stage, clock_hz, partial).values()), default=0.0)
+    return schedule_seconds(flow_schedule(runs, last_stage, clock_hz, partial))
+
+
+def schedule_seconds(schedule: dict[tuple[int, int, int], tuple[Region, float, float]]) -> float:
+    """When the last token of a :func:`flow_schedule` leaves, in seconds (0 for none)."""
+    return max((end for _, _, end in schedule.values()), default=0.0)
+
+
+@contextmanager
+def _no_gc() -> Iterator[None]:
+    """The cyclic garbage collector paused: a schedule makes ~10^5 small acyclic tuples, and the collections
+    they trigger walk every object of the process (60% of a schedule's time in a decode's process)."""
+    was = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if was:
+            gc.enable()
 
 
 def flow_schedule(runs: Sequence[StageRun], last_stage: int, clock_hz: float, partial: bool = False
@@ -58,27 +78,36 @@ def flow_schedule(runs: Sequence[StageRun], last_stage: int, clock_hz: float, pa
     schedule in which every region serves the tokens waiting for it in the order they became ready (ties:
     the order its tile ran them), one at a time. A token's consecutive stages on one region (a group of
     layers) run back to back, as the tile runs its segment: one task, its stages one after another."""
+    with _no_gc():
+        return _schedule(runs, last_stage, clock_hz, partial)
+
+
+def _schedule(runs: Sequence[StageRun], last_stage: int, clock_hz: float, partial: bool
+              ) -> dict[tuple[int, int, int], tuple[Region, float, float]]:
     lead = _leads(runs)
     last_stage = lead[last_stage] if last_stage in lead else last_stage
+    regions: dict[Region, int] = {}  # every region as a small int (a Region hashes slowly)
     parts: dict[tuple[int, int, int], list[tuple[int, float]]] = {}
-    tasks: dict[tuple[int, int, int], tuple[Region, float, int]] = {}
+    tasks: dict[tuple[int, int, int], tuple[int, float, int]] = {}  # -> (region, cycles, seq)
     wants: dict[tuple[int, int], bool] = {}
     for r in runs:
+        g, s = regions.setdefault(r.region, len(regions)), lead[r.stage]
         for it in r.items:
-            key = (it.request, it.pos, lead[r.stage])
-            region, alone, seq = tasks.get(key, (r.region, 0.0, r.seq))
-            tasks[key] = (region, alone + it.alone, min(seq, r.seq))
+            key = (it.request, it.pos, s)
+            _, alone, seq = tasks.get(key, (g, 0.0, r.seq))
+            tasks[key] = (g, alone + it.alone, min(seq, r.seq))
             parts.setdefault(key, []).append((r.stage, it.alone))
             if r.stage == 0:
                 wants[(it.request, it.pos)] = it.want
-    waiting = {t: len(_deps(t, wants, last_stage, lead)) for t in tasks}
+    deps = {t: _deps(t, wants, last_stage, lead) for t in tasks}
+    waiting = {t: len(d) for t, d in deps.items()}
     after: dict[tuple, list] = {}
-    for t in tasks:
-        for d in _deps(t, wants, last_stage, lead):
+    for t, ds in deps.items():
+        for d in ds:
             after.setdefault(d, []).append(t)
-    ready: dict[Region, list] = {}  # region -> heap of its ready tokens (ready at, seq, task)
-    order: dict[Region, int] = {}  # regions in the order they first had a token (ties go to the first)
-    free: dict[Region, float] = {}
+    ready: dict[int, list] = {}  # region -> heap of its ready tokens (ready at, seq, task)
+    order: dict[int, int] = {}  # regions in the order they first had a token (ties go to the first)
+    free: dict[int, float] = {}
     starts: list = []  # heap of (when a region can start its next token, its order, region); stale ones skipped
 
     def offer(t: tuple, when: float) -> None:
@@ -104,13 +133,13 @@ def flow_schedule(runs: Sequence[StageRun], last_stage: int, clock_hz: float, pa
         for nxt in after.get(t, ()):
             waiting[nxt] -= 1
             if waiting[nxt] == 0:
-                offer(nxt, max(done[d][1] for d in _deps(nxt, wants, last_stage, lead)))
+                offer(nxt, max(done[d][1] for d in deps[nxt]))
     if len(done) != len(tasks) and not partial:
         raise ValueError("the stage runs do not form a pipeline: a token waits for one that never ran")
-    out = {}
+    out, named = {}, list(regions)
     for t, (a, _) in done.items():
         for stage, alone in sorted(parts[t]):
-            out[(t[0], t[1], stage)] = (tasks[t][0], a / clock_hz, (a + alone) / clock_hz)
+            out[(t[0], t[1], stage)] = (named[tasks[t][0]], a / clock_hz, (a + alone) / clock_hz)
             a += alone
     return out
 

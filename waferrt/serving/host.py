@@ -27,7 +27,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
 
-from waferrt.decode.schedule import flow_schedule, flow_seconds
+from waferrt.decode.schedule import flow_schedule, flow_seconds, schedule_seconds
 from waferrt.decode.setup import DecodeSetup
 from waferrt.faults.errors import FaultError, FaultStop, Unrecoverable
 
@@ -81,8 +81,9 @@ def serve(decode: Decode, setup: DecodeSetup, clock_hz: float, batch: Batch, on_
         raise
     with _span(host, "stop"):
         runs = decode.stop()
-    _account(stats, runs, setup, clock_hz)
-    _first_tokens(stats, runs, setup, clock_hz, out)
+    sched = flow_schedule(runs, len(setup.stages()) - 1, clock_hz)  # once: the modelled time, the first tokens
+    _account(stats, runs, schedule_seconds(sched))
+    _first_tokens(stats, sched, out)
     stats.wall_s = time.perf_counter() - t0
     stats.tokens = sum(len(c.tokens) for c in out)
     _faults(decode, stats, log)
@@ -119,7 +120,7 @@ def _attempts(decode: Decode, setup: DecodeSetup, clock_hz: float, batch: Batch,
                 raise
             with _span(host, "recover", error=type(e).__name__):
                 runs = _recover(decode, e)
-            _account(sink.stats, runs, setup, clock_hz, partial=True)
+            _account(sink.stats, runs, flow_seconds(runs, len(setup.stages()) - 1, clock_hz, partial=True))
             setup = decode.setup
             subs = resume(requests, sink.out, sampler, keep_logits)
 
@@ -136,17 +137,17 @@ def _recover(decode: Decode, error: Exception) -> list:
             error = e
 
 
-def _account(stats: GenStats, runs: list, setup: DecodeSetup, clock_hz: float, partial: bool = False) -> None:
-    """Add one attempt's stage runs (the decode, or its part before a fault: `partial`) to the stats."""
+def _account(stats: GenStats, runs: list, modelled_s: float) -> None:
+    """Add one attempt's stage runs (the decode, or its part before a fault) and their modelled seconds
+    (waferrt.decode.schedule) to the stats."""
     stats.runs += runs
     stats.steps += len({r.mb for r in runs})
-    stats.modelled_s += flow_seconds(runs, len(setup.stages()) - 1, clock_hz, partial)
+    stats.modelled_s += modelled_s
 
 
-def _first_tokens(stats: GenStats, runs: list, setup: DecodeSetup, clock_hz: float, out: list[Completion]) -> None:
+def _first_tokens(stats: GenStats, sched: dict, out: list[Completion]) -> None:
     """Each request's modelled time to first token: when its prompt's last position leaves the head in the
-    schedule of the (last attempt's) stage runs."""
-    sched = flow_schedule(runs, len(setup.stages()) - 1, clock_hz, partial=True)
+    flow schedule of the last attempt's stage runs."""
     last = {i: len(c.prompt_ids) - 1 for i, c in enumerate(out)}
     for (req, pos, _), (_, _, end) in sched.items():
         if last.get(req) == pos:
