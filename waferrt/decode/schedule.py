@@ -60,9 +60,10 @@ def schedule_seconds(schedule: dict[tuple[int, int, int], tuple[Region, float, f
 
 
 @contextmanager
-def _no_gc() -> Iterator[None]:
-    """The cyclic garbage collector paused: a schedule makes ~10^5 small acyclic tuples, and the collections
-    they trigger walk every object of the process (60% of a schedule's time in a decode's process)."""
+def no_gc() -> Iterator[None]:
+    """The cyclic garbage collector paused: a schedule makes ~10^5 small acyclic tuples (and the stage runs
+    coming back from the tiles as many), and the collections they trigger walk every object of the process
+    (60% of a schedule's time in a decode's process)."""
     was = gc.isenabled()
     gc.disable()
     try:
@@ -78,7 +79,7 @@ def flow_schedule(runs: Sequence[StageRun], last_stage: int, clock_hz: float, pa
     schedule in which every region serves the tokens waiting for it in the order they became ready (ties:
     the order its tile ran them), one at a time. A token's consecutive stages on one region (a group of
     layers) run back to back, as the tile runs its segment: one task, its stages one after another."""
-    with _no_gc():
+    with no_gc():
         return _schedule(runs, last_stage, clock_hz, partial)
 
 

@@ -27,7 +27,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
 
-from waferrt.decode.schedule import flow_schedule, flow_seconds, schedule_seconds
+from waferrt.decode.schedule import flow_schedule, flow_seconds, no_gc, schedule_seconds
 from waferrt.decode.setup import DecodeSetup
 from waferrt.faults.errors import FaultError, FaultStop, Unrecoverable
 
@@ -79,7 +79,7 @@ def serve(decode: Decode, setup: DecodeSetup, clock_hz: float, batch: Batch, on_
             log.instant("error", None, type=type(e).__name__, msg=str(e))
             _end_trace(decode, log, trace, [])
         raise
-    with _span(host, "stop"):
+    with _span(host, "stop"), no_gc():  # thousands of stage runs unpickled
         runs = decode.stop()
     sched = flow_schedule(runs, len(setup.stages()) - 1, clock_hz)  # once: the modelled time, the first tokens
     _account(stats, runs, schedule_seconds(sched))
