@@ -156,7 +156,7 @@ class FlowKVCache:
     Each insert books the shift the mesh would make -- one routing stage of one hop, a message per moving
     core, carrying K, V and the position of one entry per request (what ``MeshKVCache._shift_oldest``
     sends hop by hop) -- so the ledger is the same; tests/unit/test_fast_path.py holds the two to it.
-    K is (slots, n_kv, rows * hd_r, positions), V (slots, n_kv, positions, rows * hd_r)."""
+    K and V are (slots, n_kv, positions, rows * hd_r): a new entry is one contiguous row of each."""
 
     def __init__(self, config: LlamaConfig, comm: LineComm, slots: int, kv_tokens: int, hd_r: int, dtype: str):
         region = comm.region  # comm: the region's x-line (columns), where the shifts are booked
@@ -164,11 +164,11 @@ class FlowKVCache:
         self.dtype, self.comm = dtype, comm
         self.cap = cdiv(kv_tokens, region.w)
         width, store = self.rows * hd_r, storage_dtype(dtype)
-        self.k = np.zeros((slots, self.nkv, width, self.cap * self.cols), store)
+        self.k = np.zeros((slots, self.nkv, self.cap * self.cols, width), store)
         self.v = np.zeros((slots, self.nkv, self.cap * self.cols, width), store)
         self.count = np.zeros((slots, self.cols), np.int64)
         # by (slot, position) first: an item's entry is written with its two indices side by side (faster)
-        self._k_at, self._v_at = self.k.transpose(0, 3, 1, 2), self.v.transpose(0, 2, 1, 3)
+        self._k_at, self._v_at = self.k.transpose(0, 2, 1, 3), self.v.transpose(0, 2, 1, 3)
 
     @property
     def nbytes(self) -> int:
@@ -213,7 +213,7 @@ class FlowKVCache:
         """float32 K (B, nkv, R*hd_r, length) and V (B, nkv, length, R*hd_r): positions 0..length-1 of the
         items' requests (what a request does not hold yet is masked by the caller)."""
         rows = slots if isinstance(slots, slice) else as_slice(slots)  # a lane's slots are evenly spaced: a view
-        return (to_f32(self.k[rows, :, :, :length], self.dtype),
+        return (to_f32(self.k[rows, :, :length], self.dtype).swapaxes(-1, -2),
                 to_f32(self.v[rows, :, :length], self.dtype))
 
     def reset(self, slot: int) -> None:
@@ -221,9 +221,9 @@ class FlowKVCache:
 
     def ordered(self, slot: int, n: int) -> tuple[np.ndarray, np.ndarray]:
         """As MeshKVCache.ordered: float32 K, V (n, R, nkv, hd_r) at positions 0..n-1."""
-        k = to_f32(self.k[slot, :, :, :n], self.dtype).reshape(self.nkv, self.rows, self.hd_r, n)
+        k = to_f32(self.k[slot, :, :n], self.dtype).reshape(self.nkv, n, self.rows, self.hd_r)
         v = to_f32(self.v[slot, :, :n], self.dtype).reshape(self.nkv, n, self.rows, self.hd_r)
-        return k.transpose(3, 1, 0, 2), v.transpose(1, 2, 0, 3)
+        return k.transpose(1, 2, 0, 3), v.transpose(1, 2, 0, 3)
 
     def held(self, slot: int) -> np.ndarray:
         return self.count[slot].copy()
