@@ -166,19 +166,19 @@ class FlowKVCache:
         width, store = self.rows * hd_r, storage_dtype(dtype)
         self.k = np.zeros((slots, self.nkv, self.cap * self.cols, width), store)
         self.v = np.zeros((slots, self.nkv, self.cap * self.cols, width), store)
-        self.count = np.zeros((slots, self.cols), np.int64)
+        self.n = np.zeros(slots, np.int64)  # positions each request holds (each column's share: kv_columns)
         # by (slot, position) first: an item's entry is written with its two indices side by side (faster)
         self._k_at, self._v_at = self.k.transpose(0, 2, 1, 3), self.v.transpose(0, 2, 1, 3)
 
     @property
     def nbytes(self) -> int:
-        return self.k.nbytes + self.v.nbytes + self.count.nbytes
+        return self.k.nbytes + self.v.nbytes + self.n.nbytes
 
     def insert(self, slots: np.ndarray, k_new: np.ndarray, v_new: np.ndarray, poss: np.ndarray) -> None:
         """As MeshKVCache.insert: k_new, v_new (B, R, nkv, hd_r) at positions poss of the items' slots."""
         starts = slots[poss == 0]
         if len(starts):
-            self.count[starts] = 0
+            self.n[starts] = 0
         listed = slots.tolist()
         if len(set(listed)) == len(listed):  # one item per request (a decode step): one shift
             self._shift(slots)
@@ -192,7 +192,7 @@ class FlowKVCache:
 
     def _shift(self, S: np.ndarray) -> None:
         """One new entry for each of the (distinct) slots S: count it, and book the shift it makes."""
-        n = self.count[S].sum(axis=1)
+        n = self.n[S]
         end = n % self.cols  # the first column shorter than column 0 (0: none is)
         if int(n.max()) >= self.cap * self.cols:
             full = n >= self.cap * self.cols
@@ -204,10 +204,10 @@ class FlowKVCache:
                 nbytes = len(S) * 2 * self.nkv * (self.hd_r + 1) * 4  # per line: K, V, position, as float32
                 self.comm.ledger.message(1, nbytes, span * self.comm.lines)
                 self.comm.record(np.arange(span), 1, nbytes)
-        self.count[S, end] += 1
+        self.n[S] += 1
 
     def held_most(self, slots: np.ndarray | slice) -> int:
-        return int(self.count[slots].max())
+        return -(-int(self.n[slots].max()) // self.cols)  # column 0 holds the most: ceil(n / C)
 
     def read(self, slots: np.ndarray, length: int) -> tuple[np.ndarray, np.ndarray]:
         """float32 K (B, nkv, R*hd_r, length) and V (B, nkv, length, R*hd_r): positions 0..length-1 of the
@@ -217,7 +217,7 @@ class FlowKVCache:
                 to_f32(self.v[rows, :, :length], self.dtype))
 
     def reset(self, slot: int) -> None:
-        self.count[slot] = 0
+        self.n[slot] = 0
 
     def ordered(self, slot: int, n: int) -> tuple[np.ndarray, np.ndarray]:
         """As MeshKVCache.ordered: float32 K, V (n, R, nkv, hd_r) at positions 0..n-1."""
@@ -226,10 +226,11 @@ class FlowKVCache:
         return k.transpose(1, 2, 0, 3), v.transpose(1, 2, 0, 3)
 
     def held(self, slot: int) -> np.ndarray:
-        return self.count[slot].copy()
+        n = int(self.n[slot])
+        return n // self.cols + (np.arange(self.cols) < n % self.cols)
 
     def positions(self, slot: int) -> list[int]:
-        return list(range(int(self.count[slot].sum())))
+        return list(range(int(self.n[slot])))
 
 
 def as_slice(slots: np.ndarray) -> slice | np.ndarray:
