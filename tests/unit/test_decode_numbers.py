@@ -52,6 +52,17 @@ def test_flow_seconds_is_the_hand_computed_schedule():
     assert flow_seconds(split, 2, clock_hz=1.0) == 97.0  # how the emulator grouped them does not matter
 
 
+def test_stage_runs_cross_a_process_as_they_are():
+    """The tiles hand their stage runs to the host pickled (items as plain tuples on the wire): they come back
+    equal, their items Items again, and the schedule of what came back is the same."""
+    import pickle
+
+    runs = _runs([(0, 0, [(0, 0, True, 10), (1, 0, False, 20.5)]), (1, 1, [(0, 0, True, 50), (1, 0, True, 5)])])
+    back = pickle.loads(pickle.dumps(runs))
+    assert back == runs and all(type(it) is Item for r in back for it in r.items)
+    assert flow_seconds(back, 1, clock_hz=1.0) == flow_seconds(runs, 1, clock_hz=1.0)
+
+
 def test_flow_seconds_feeds_a_token_back_and_shares_the_head_region():
     """A request's second token enters only when its first left the head; the embedding (stage 0) and the
     head (stage 2) are one region (key 0) and serve one token at a time."""

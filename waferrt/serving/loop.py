@@ -29,7 +29,7 @@ from waferrt.fabric.links import FabricTimeout
 
 from .engine import HeadEngine, TokenEvent
 
-POLL_S = 0.02  # how often an idle tile looks at its control queue and its stop flag
+POLL_S = 0.005  # how often an idle tile looks at its control queue and its stop flag (a submit waits for it)
 FLOOR_S = 10.0  # the shortest wait for a micro-batch in flight before the head calls its pipeline stuck
 SLACK = 50.0  # ... else this many times the usual gap between arrivals
 
