@@ -35,7 +35,7 @@ import time  # noqa: E402
 from anchor import Anchor  # noqa: E402
 
 from waferrt.actors.tile import Tile  # noqa: E402
-from waferrt.cli.generate import local_tiles  # noqa: E402
+from waferrt.cli.placing import local_tiles  # noqa: E402
 from waferrt.core.mesh import MeshSpec  # noqa: E402
 from waferrt.core.spec import WSE2  # noqa: E402
 from waferrt.llm import WaferLLM  # noqa: E402

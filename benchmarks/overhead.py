@@ -27,7 +27,7 @@ import anchor as anchor_module  # noqa: E402
 from decode import PROMPTS, spread  # noqa: E402
 
 import waferrt.decode.shards as shards  # noqa: E402
-from waferrt.cli.generate import local_tiles  # noqa: E402
+from waferrt.cli.placing import local_tiles  # noqa: E402
 from waferrt.core.spec import WSE2  # noqa: E402
 from waferrt.model import Sampler, Tokenizer, load_model  # noqa: E402
 from waferrt.scheduler import KVReserve, default_mesh, plan  # noqa: E402

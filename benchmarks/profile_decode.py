@@ -29,7 +29,7 @@ import tempfile  # noqa: E402
 from decode import PROMPTS, wxh  # noqa: E402
 
 from waferrt.actors.tile import Tile  # noqa: E402
-from waferrt.cli.generate import local_tiles  # noqa: E402
+from waferrt.cli.placing import local_tiles  # noqa: E402
 from waferrt.core.mesh import MeshSpec  # noqa: E402
 from waferrt.core.spec import WSE2  # noqa: E402
 from waferrt.llm import WaferLLM  # noqa: E402

@@ -148,8 +148,10 @@ def test_sequences_padded_on_the_square_keep_what_the_plan_counts_and_give_the_h
 def test_a_square_too_small_even_recomputing_fails_as_the_step_starts_naming_the_core_and_the_bytes():
     spec = WSE2.replace(sram_bytes=5500)  # the backward job alone fits (4,896 bytes), not with the kept
     assert not _plan(spec).fits and _plan(spec).recomputed == 3
-    with pytest.raises(BlockTooLarge, match=r"the training step on 8x8 cores: core \(x=0, y=0\) \(and every other\) "
-                                            r"would hold 5,856 bytes at its fullest even with every layer recomputed"):
+    with pytest.raises(BlockTooLarge, match=r"the training step: core \(x=0, y=0\) \(and every other\) of the 8x8 "
+                                            r"square would hold 5,856 bytes at its fullest even with every layer "
+                                            r"recomputed \(3 layers keep only their input x\), more than its SRAM "
+                                            r"\(5,500 bytes on wse2\)"):
         _step(spec)
 
 

@@ -220,7 +220,7 @@ def _model(args):
     from waferrt.core.mesh import MeshSpec
     from waferrt.serving import GenRequest
 
-    from . import generate
+    from . import generate, placing
 
     if args.model in TINY_MODELS:
         from waferrt.model import synthetic_llama, tiny_config, tiny_moe_config
@@ -230,13 +230,13 @@ def _model(args):
         requests = [GenRequest(tuple(range(3 + i, 8 + 2 * i)), args.max_new_tokens) for i in range(args.requests)]
         mesh = checked_mesh(args, lambda w, h: (8, 8)) or (None if args.streaming else MeshSpec(16, 16, 8, 8))
         return (config, lambda: synthetic_llama(config, seed=0), requests,
-                lambda nodes: generate._placement(args, config, mesh, requests, nodes), str)
+                lambda nodes: placing.placement(args, config, mesh, requests, nodes), str)
     args.spec, args.kv_tokens, args.max_tiles = args.spec or "wse2", 64 + args.max_new_tokens, 64
     mesh = checked_mesh(args, lambda w, h: (w, h))
     model, tok = generate._open_model(args)
     requests = generate._requests(args, tok, list(PROMPTS[:args.requests]))
     return (model.config, lambda: generate._weights(model), requests,
-            lambda nodes: generate._placement(args, model.config, mesh, requests, nodes),
+            lambda nodes: placing.placement(args, model.config, mesh, requests, nodes),
             lambda ids: tok.decode(ids, skip_special=True))
 
 

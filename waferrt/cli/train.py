@@ -178,11 +178,8 @@ def _region(args, config):
     except ValueError as e:
         raise UsageError(f"{asked}: {e} (--batch, --seq, --mesh)") from None
     if not plan.fits:
-        side = min(w, h)
-        raise UsageError(f"{asked}: core (x=0, y=0) (and every other) of the {side}x{side} square would hold "
-                         f"{plan.peak:,} bytes at its fullest even with every layer recomputed, more than its SRAM "
-                         f"({spec.sram_bytes:,} bytes on {spec.name}); give fewer tokens or a larger square "
-                         "(--batch, --seq, --mesh)")
+        raise UsageError(f"{asked}: {plan.overflow(min(w, h), '(x=0, y=0)', spec.name)}; give fewer tokens or a "
+                         "larger square (--batch, --seq, --mesh)")
     if args.on == "mesh" and not even_rope_blocks(config, region):
         side = mesh_side(config, region)
         raise UsageError(f"--on mesh runs on the largest square of --mesh {w}x{h}, whose cores' head_dim blocks "

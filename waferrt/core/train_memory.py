@@ -92,6 +92,13 @@ class KeepPlan:
     def recomputes(self, layer: int) -> bool:
         return layer < self.recomputed
 
+    def overflow(self, side: int, core: str, spec_name: str) -> str:
+        """Why a plan that does not fit is refused, said once for the command line and the step: the square,
+        the core, its bytes at the fullest (every layer recomputed) against its SRAM."""
+        return (f"core {core} (and every other) of the {side}x{side} square would hold {self.peak:,} bytes at "
+                f"its fullest even with every layer recomputed ({self.recomputed} layers keep only their input "
+                f"x), more than its SRAM ({self.sram:,} bytes on {spec_name})")
+
     def __str__(self) -> str:
         layers = self.kept + self.recomputed
         if not self.recomputed:

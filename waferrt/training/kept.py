@@ -101,12 +101,8 @@ class KeptSteps:
         s, batch = len(self.grid.rows), _batch(x.shape)
         self.plan = keep_plan(self.wafer.spec, config, batch, s)
         if not self.plan.fits:
-            r, spec = self.region, self.wafer.spec
-            raise BlockTooLarge(
-                f"the training step on {s}x{s} cores: core {Coord(r.x0, r.y0)} (and every other) would hold "
-                f"{self.plan.peak:,} bytes at its fullest even with every layer recomputed (its input x kept, "
-                f"{self.plan.recomputed} layers), more than its SRAM ({spec.sram_bytes:,} bytes on {spec.name}); "
-                "give the wafer a larger square of cores or fewer tokens")
+            why = self.plan.overflow(s, str(Coord(self.region.x0, self.region.y0)), self.wafer.spec.name)
+            raise BlockTooLarge(f"the training step: {why}; give the wafer a larger square of cores or fewer tokens")
         blocks = self._onto(x, batch)
         alloc(self.wafer, "kept.0.x", blocks.shape, self.region)
         self.names["kept.0.x"] = block_bytes(blocks.shape)
