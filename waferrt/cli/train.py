@@ -23,7 +23,6 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import functools
-import json
 import sys
 import time
 from pathlib import Path
@@ -33,6 +32,7 @@ import numpy as np
 from waferrt.core.spec import PRESETS
 
 from .common import UsageError, model_arg, output_path, parse_wxh, say, stamp, whole_number
+from . import train_report
 from .progress import counter, line
 
 TINY_VOCAB = 264  # --model tiny: the 256 byte tokens, the merge "Ġt", unused padding
@@ -301,7 +301,8 @@ def run(args) -> int:
     hp = AdamW(lr=args.lr or (TINY_LR if args.model == "tiny" else FINE_TUNE_LR))
     trainer, stop = _trainer(args, config, weights(), hp, (spec, region))
     try:
-        rows = _steps(args, config, trainer, batcher, lambda i, report, wall: _row(i, report, wall, modelled, shape))
+        row = functools.partial(train_report.row, modelled=modelled, shape=shape)  # (step, report, wall) -> row
+        rows = _steps(args, config, trainer, batcher, row)
         saved = _save(args, config, trainer.weights(), meta) if args.save else None
         if args.fault:
             model, where = (config, weights(), hp), (spec, region)
@@ -314,7 +315,7 @@ def run(args) -> int:
     finally:
         trainer.close()
         stop()
-    _summary(args, rows, saved, (spec, region))
+    train_report.summary(args, rows, saved, (spec, region))
     return 0
 
 
@@ -322,12 +323,12 @@ def _steps(args, config, trainer, batcher, row) -> list[dict]:
     """Run the steps: a line per step (its --check, its recoveries), the bar; the rows of the JSON."""
     rows, seen = [], 0
     for i in range(1, args.steps + 1):
-        tokens, before = batcher.rows(i - 1), _copy(config, trainer.weights()) if args.check else None
+        tokens, before = batcher.rows(i - 1), train_report.copy(config, trainer.weights()) if args.check else None
         t0 = time.perf_counter()
         report = trainer.step(tokens, i)
         rows.append(row(i, report, time.perf_counter() - t0))
         if before is not None:
-            rows[-1]["grad_error"] = _grad_error(config, before, tokens, trainer.last_grads())
+            rows[-1]["grad_error"] = train_report.grad_error(config, before, tokens, trainer.last_grads())
         recoveries = trainer.recoveries[seen:]
         seen += len(recoveries)
         for text in recoveries:
@@ -335,7 +336,7 @@ def _steps(args, config, trainer, batcher, row) -> list[dict]:
         if args.fault:
             rows[-1]["recoveries"] = recoveries
         if not args.json:
-            line(_text(rows[-1], args.steps), sys.stdout)
+            line(train_report.text(rows[-1], args.steps), sys.stdout)
         counter("training", i, args.steps, "steps", stamp())
     return rows
 
@@ -360,54 +361,9 @@ def _fault_free(args, model, batcher, trainer, where) -> bool:
     return same
 
 
-def _copy(config, weights):
-    """A copy of the weights as they are now (the reference's gradients are taken at them)."""
-    from waferrt.model.backward import named_arrays
-    from waferrt.model.weights import assemble
-
-    return assemble(config, ((n, np.array(a)) for n, a in named_arrays(weights).items()))
-
-
-def _grad_error(config, before, tokens, got: dict) -> float:
-    """The largest difference of a weight's gradient from the reference's, relative to the largest entry of
-    the reference's gradient of that weight."""
-    from waferrt.model.backward import loss_and_grads
-
-    want = loss_and_grads(config, before, tokens)[1]
-    return max(float(np.max(np.abs(got[n] - g)) / max(float(np.max(np.abs(g))), 1e-30)) for n, g in want.items())
-
-
-def _row(i: int, report, wall: float, modelled: tuple[float, float], shape) -> dict:
-    """A step's row; `modelled` (the step's seconds, of which the recomputed forwards')."""
-    return {"step": i, "loss": report.loss, "wall_s": wall, "modelled_s": modelled[0],
-            "modelled_recompute_s": modelled[1], "bytes_in": report.bytes_in, "bytes_out": report.bytes_out,
-            "wall_tokens_per_s": shape.tokens / wall, "modelled_tokens_per_s": shape.tokens / modelled[0]}
-
-
-def _text(row: dict, steps: int) -> str:
-    return (f"step {row['step']:>{len(str(steps))}}/{steps}  loss {row['loss']:.4f}  wall {row['wall_s']:.3f} s "
-            f"({row['wall_tokens_per_s']:,.0f} tok/s)  modelled {row['modelled_s'] * 1e3:.3f} ms "
-            f"({row['modelled_tokens_per_s']:,.0f} tok/s"
-            + (f"; recompute {row['modelled_recompute_s'] * 1e3:.3f} ms" if row["modelled_recompute_s"] else "") + ")"
-            + (f"  gradients vs the numpy reference: {row['grad_error']:.1e} relative" if "grad_error" in row else ""))
-
-
 def _save(args, config, weights, meta) -> str:
     from waferrt.model.gguf_writer import write_model
 
     write_model(Path(args.save), config, weights, meta)
     say(f"saved the trained weights to {args.save} (waferrt generate --model {args.save})")
     return args.save
-
-
-def _summary(args, rows: list[dict], saved, where) -> None:
-    spec, region = where
-    if args.json:
-        print(json.dumps({"model": args.model, "streaming": args.streaming, "mesh": f"{region.w}x{region.h}",
-                          "spec": spec.name, "steps": rows, "saved": saved}))
-        return
-    wall = sum(r["wall_s"] for r in rows)
-    print(f"trained {len(rows)} steps: loss {rows[0]['loss']:.4f} -> {rows[-1]['loss']:.4f}; wall {wall:.2f} s; "
-          f"modelled {rows[0]['modelled_s'] * 1e3:.3f} ms per step; streamed per step: "
-          f"{rows[-1]['bytes_in'] / 1e6:.2f} MB in, {rows[-1]['bytes_out'] / 1e6:.2f} MB out"
-          + ("" if args.streaming else " (resident: counted as if streamed, nothing crosses)"))

@@ -1,0 +1,58 @@
+"""What ``waferrt train`` reports: a step's row (the JSON's), its line, the run's summary, the gradient check.
+
+Contract: :func:`row` is a step's figures (loss, wall and modelled seconds, the recomputed forwards', the
+bytes streamed, tokens/s of both); :func:`text` its line on stdout; :func:`summary` the run's last line (or
+the one JSON object of --json); :func:`copy` keeps the weights as a step starts and :func:`grad_error` is the
+largest relative difference of the step's gradients from the numpy reference's at them (--check).
+"""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+
+
+def copy(config, weights):
+    """A copy of the weights as they are now (the reference's gradients are taken at them)."""
+    from waferrt.model.backward import named_arrays
+    from waferrt.model.weights import assemble
+
+    return assemble(config, ((n, np.array(a)) for n, a in named_arrays(weights).items()))
+
+
+def grad_error(config, before, tokens, got: dict) -> float:
+    """The largest difference of a weight's gradient from the reference's, relative to the largest entry of
+    the reference's gradient of that weight."""
+    from waferrt.model.backward import loss_and_grads
+
+    want = loss_and_grads(config, before, tokens)[1]
+    return max(float(np.max(np.abs(got[n] - g)) / max(float(np.max(np.abs(g))), 1e-30)) for n, g in want.items())
+
+
+def row(i: int, report, wall: float, modelled: tuple[float, float], shape) -> dict:
+    """A step's row; `modelled` (the step's seconds, of which the recomputed forwards')."""
+    return {"step": i, "loss": report.loss, "wall_s": wall, "modelled_s": modelled[0],
+            "modelled_recompute_s": modelled[1], "bytes_in": report.bytes_in, "bytes_out": report.bytes_out,
+            "wall_tokens_per_s": shape.tokens / wall, "modelled_tokens_per_s": shape.tokens / modelled[0]}
+
+
+def text(row: dict, steps: int) -> str:
+    return (f"step {row['step']:>{len(str(steps))}}/{steps}  loss {row['loss']:.4f}  wall {row['wall_s']:.3f} s "
+            f"({row['wall_tokens_per_s']:,.0f} tok/s)  modelled {row['modelled_s'] * 1e3:.3f} ms "
+            f"({row['modelled_tokens_per_s']:,.0f} tok/s"
+            + (f"; recompute {row['modelled_recompute_s'] * 1e3:.3f} ms" if row["modelled_recompute_s"] else "") + ")"
+            + (f"  gradients vs the numpy reference: {row['grad_error']:.1e} relative" if "grad_error" in row else ""))
+
+
+def summary(args, rows: list[dict], saved, where) -> None:
+    spec, region = where
+    if args.json:
+        print(json.dumps({"model": args.model, "streaming": args.streaming, "mesh": f"{region.w}x{region.h}",
+                          "spec": spec.name, "steps": rows, "saved": saved}))
+        return
+    wall = sum(r["wall_s"] for r in rows)
+    print(f"trained {len(rows)} steps: loss {rows[0]['loss']:.4f} -> {rows[-1]['loss']:.4f}; wall {wall:.2f} s; "
+          f"modelled {rows[0]['modelled_s'] * 1e3:.3f} ms per step; streamed per step: "
+          f"{rows[-1]['bytes_in'] / 1e6:.2f} MB in, {rows[-1]['bytes_out'] / 1e6:.2f} MB out"
+          + ("" if args.streaming else " (resident: counted as if streamed, nothing crosses)"))
