@@ -67,6 +67,22 @@ def test_weight_streaming_streams_the_weights_in_twice_and_the_gradients_out_eac
     assert st.step_s == max(st.breakdown.compute + st.breakdown.fabric, st.breakdown.io)
 
 
+def test_the_squares_side_is_chosen_with_the_die_to_die_traffic_it_makes():
+    """On dies joined by slow links (1 GB/s an edge), the side whose kernels are fastest on the fabric (32)
+    makes more squares whose gradients' ring crosses the edges: the pass takes the side for which kernels
+    and die-to-die together take least (64), not the fabric's own choice."""
+    from waferrt.estimator.train import _d2d, _kernels
+    from waferrt.estimator.train_layer import pass_costs
+
+    config, _ = model_by_name("smollm2-135m")
+    t = WaferTemplate("slow-d2d", WSE2.replace(name="die", full_mesh=(64, 64)), (4, 4), DieLinks(1e9, 1e-7))
+    work, grid = Work(config, config.n_layers, 64, 256, "bfloat16"), t.spec.full_mesh
+    total = {c.side: sum(c.seconds(t.spec, "bfloat16")) + _d2d(t, grid, c, c.seconds(t.spec, "bfloat16")[1])
+             for c in pass_costs(t.spec, work, grid)}
+    assert pass_cost(t.spec, work, grid).side == 32 and min(total, key=total.get) == 64
+    assert sum(_kernels(TrainJob(config, TrainShape(64, 256)), t, work, grid)) == pytest.approx(total[64])
+
+
 def test_the_die_edges_bound_a_ring_that_crosses_them():
     t = TEMPLATES["temp"]  # dies of 64x64 cores, 4 TB/s per edge, 200 ns
     assert line_d2d_seconds(t, 64, 1e6) == 0.0  # inside one die

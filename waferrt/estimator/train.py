@@ -35,7 +35,7 @@ from waferrt.core.template import WaferTemplate
 from waferrt.core.train_cost import ADAMW_FLOPS, HeadTooLarge, TrainShape
 from waferrt.model.config import LlamaConfig
 
-from .train_layer import Work, pass_cost
+from .train_layer import PassCost, Work, pass_costs
 
 STRATEGIES = ("weight-streaming", "pipeline", "tensor-stream")
 TRAIN_OBJECTIVES = ("throughput", "memory")
@@ -132,19 +132,27 @@ def line_d2d_seconds(template: WaferTemplate, n: int, line_bytes: float) -> floa
 
 def _kernels(job: TrainJob, template: WaferTemplate, work: Work, grid: tuple[int, int]) -> tuple[float, float, float]:
     """(compute, fabric, die-to-die) seconds of a pass of `work` on a w x h grid: the emulator's closed forms
-    composed (estimator.train_layer.pass_cost). When the grid spans die edges, the gradients' ring over the
-    squares crosses them (:func:`line_d2d_seconds`), and when its squares do too, an edge carries what its
-    die's mesh links across it carry during the fabric time, at the edge's rate (ASSUMED: the kernels' moves
-    spread evenly over the grid's lines)."""
+    composed (estimator.train_layer.pass_costs), on the squares' side for which the three take least together
+    (a larger square can cross die edges that a smaller one stays inside; :func:`_d2d`)."""
+    spec = template.spec
+    options = [(cost, *cost.seconds(spec, job.dtype)) for cost in pass_costs(spec, work, grid)]
+    cost, compute, fabric = min(options, key=lambda o: o[1] + o[2] + _d2d(template, grid, o[0], o[2]))
+    return compute, fabric, _d2d(template, grid, cost, fabric)
+
+
+def _d2d(template: WaferTemplate, grid: tuple[int, int], cost: PassCost, fabric: float) -> float:
+    """Die-to-die seconds of a pass on the grid's squares of `cost.side`, its kernels' fabric taking `fabric`
+    seconds: when the grid spans die edges, the gradients' ring over the squares crosses them
+    (:func:`line_d2d_seconds`), and when its squares do too, an edge carries what its die's mesh links across
+    it carry during the fabric time, at the edge's rate (ASSUMED: the kernels' moves spread evenly over the
+    grid's lines). Zero on one die."""
     spec, (die_w, die_h) = template.spec, template.die.full_mesh
-    cost = pass_cost(spec, work, grid)
-    compute, fabric = cost.seconds(spec, job.dtype)
     if template.d2d is None or (grid[0] <= die_w and grid[1] <= die_h):
-        return compute, fabric, 0.0
+        return 0.0
     inside = die_w % cost.side == 0 and die_h % cost.side == 0  # every square within a die
     edge = 0.0 if inside else die_h * spec.link_bytes_per_cycle * spec.clock_hz / template.d2d.bytes_per_s
     ring = line_d2d_seconds(template, max(grid), cost.grad_bytes) if cost.squares > 1 else 0.0
-    return compute, fabric, fabric * edge + ring
+    return fabric * edge + ring
 
 
 def _adam_s(job: TrainJob, template: WaferTemplate, cores: int, params: float) -> float:

@@ -143,19 +143,25 @@ def _sides(spec: HardwareSpec, work: Work, grid: tuple[int, int]) -> list[int]:
     return sides
 
 
+def pass_costs(spec: HardwareSpec, work: Work, grid: tuple[int, int]) -> list[PassCost]:
+    """A pass of `work` on each side of :func:`_sides` whose cores hold the head's jobs, largest side first;
+    ``core.train_cost.HeadTooLarge`` when no square's do, even in chunks."""
+    costs, refused = [], None
+    for s in _sides(spec, work, grid):
+        try:
+            costs.append(pass_cost(spec, work, grid, s))
+        except HeadTooLarge as e:
+            refused = e
+    if not costs:
+        raise refused
+    return costs
+
+
 def pass_cost(spec: HardwareSpec, work: Work, grid: tuple[int, int], side: int | None = None) -> PassCost:
-    """A pass of `work` on the grid's squares of `side` (default: the fastest of :func:`_sides` whose cores hold
-    the head's jobs) (module doc); ``core.train_cost.HeadTooLarge`` when no square's do, even in chunks."""
+    """A pass of `work` on the grid's squares of `side` (default: the fastest of :func:`pass_costs` on the
+    grid's own fabric) (module doc)."""
     if side is None:
-        costs, refused = [], None
-        for s in _sides(spec, work, grid):
-            try:
-                costs.append(pass_cost(spec, work, grid, s))
-            except HeadTooLarge as e:
-                refused = e
-        if not costs:
-            raise refused
-        return min(costs, key=lambda c: c.cycles)
+        return min(pass_costs(spec, work, grid), key=lambda c: c.cycles)
     config, count = work.config, (grid[0] // side) * (grid[1] // side)
     run = Run(cdiv(work.sequences, count), work.seq, side, work.dtype)
     parts, plan = layer_parts(spec, config, run), pass_plan(spec, work, run)
