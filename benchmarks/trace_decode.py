@@ -102,8 +102,8 @@ def main() -> None:
         before = {t: sum(p.cpu_times()[:2]) for t, p in procs.items()}
         _, traced = llm.generate(reqs, Sampler(), trace=out)
         cpu = {str(t): sum(p.cpu_times()[:2]) - before[t] for t, p in procs.items()}
-    print(f"{len(reqs)} requests x {args.tokens} new tokens on {mesh}: {plain.tokens / plain.wall_s:.1f} tok/s untraced, "
-          f"{traced.tokens / traced.wall_s:.1f} traced\n")
+    print(f"{len(reqs)} requests x {args.tokens} new tokens on {mesh}: {plain.tokens / plain.wall_s:.1f} tok/s "
+          f"untraced, {traced.tokens / traced.wall_s:.1f} traced\n")
     by = tracks(out)
     print(host_line(by["host"]) + "\n")
     print("| tile | span (ms) | stage runs (ms; count x mean) | waits | sends | the rest | busy | CPU s |\n"
