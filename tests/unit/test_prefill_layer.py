@@ -13,9 +13,9 @@ from waferrt.core.ledger import Ledger
 from waferrt.core.mesh import MeshSpec, Region
 from waferrt.core.spec import TINY
 from waferrt.decode.cost import Decoding
-from waferrt.decode.pack import Chunks, pack_layer
+from waferrt.decode.pack import Chunks, out_in, pack_layer
 from waferrt.decode.prefill import layer_step, prefill_layer, prefill_layer_cost, prefill_runs
-from waferrt.decode.prefill_plan import GEMMS, repack, weight_moves
+from waferrt.decode.prefill_plan import GEMMS, weight_moves
 from waferrt.decode.shards import LayerShard
 from waferrt.decode.transport import carry
 from waferrt.kernels.gemm import Grid, place
@@ -42,7 +42,7 @@ def test_the_weights_carried_into_the_gemms_are_the_reference_layers_and_come_ba
         _, want = place("meshgemm", Grid.of(Region(0, 0, s, s)), (s, s), np.zeros((1, b.shape[0]), np.float32), b)
         got = carry(wm.into, arrays[wm.key], hop_by_hop)
         np.testing.assert_array_equal(got, want, err_msg=wm.key)
-        np.testing.assert_array_equal(repack(carry(wm.back, got, hop_by_hop), wm.out_over), arrays[wm.key])
+        np.testing.assert_array_equal(out_in(carry(wm.back, got, hop_by_hop), wm.out_over), arrays[wm.key])
 
 
 @pytest.mark.parametrize("tokens", [2, 9, 16])

@@ -175,7 +175,8 @@ def _write_cut(args, part: str) -> str:
 
 def run(args) -> int:
     write = _write_moe if _kind(args) == "moe" else _write_cut
-    if args.model and os.path.exists(args.out) and os.path.samefile(args.model, args.out):
+    named = args.model and os.path.isfile(args.model)  # not a built-in name such as smollm2
+    if named and os.path.exists(args.out) and os.path.samefile(args.model, args.out):
         raise UsageError(f"OUT.gguf {args.out} is --model itself, which the MoE is cut from: give another file name")
     t0, part = time.perf_counter(), f"{args.out}.part"
     try:

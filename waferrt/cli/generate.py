@@ -114,7 +114,7 @@ def add_parser(sub) -> argparse.ArgumentParser:
     add_experts_arg(p)
     add_attention_args(p)
     p.add_argument("--json", action="store_true", help="print one JSON object instead of streaming text")
-    p.add_argument("--prefill", action="store_const", const="on",
+    p.add_argument("--prefill", action="store_true",
                    help="prefill prompts by MeshGEMM on the layers' regions (whole up to 512 tokens, in chunks of 512 "
                         "beyond, each attending to the K/V of those before) instead of passing them through the "
                         "decode's GEMVs; not for an MoE model or --streaming")
@@ -220,7 +220,7 @@ def _weights(model):
 def _prefill(args, config) -> bool:
     """Whether prompts are prefilled by MeshGEMM (--prefill, where there is a prefill), said in one line."""
     why = ("an MoE model" if config.moe else "weight streaming" if args.streaming else None)
-    on = args.prefill == "on" and why is None
+    on = args.prefill  # with an MoE or --streaming, --prefill was refused before this (the flags' checks)
     say("prompts prefilled by MeshGEMM" if on else "prompts through the decode's GEMVs ("
         + (f"{why} has no MeshGEMM prefill" if why else "--prefill: by MeshGEMM") + ")")
     return on

@@ -294,7 +294,6 @@ def run(args) -> int:
     side = min(region.w, region.h)
     say(f"the {side}x{side} square's SRAM: {step_plan(spec, config, region, shape)}")
     if args.check:
-        side = min(region.w, region.h)
         how = f"the mesh kernels on {side}x{side} cores" if args.on == "mesh" else "the numpy reference's phases"
         say(f"--check: each step's weight gradients, from {how}, against model.backward.loss_and_grads (numpy) at the "
             "same weights: the largest difference relative to the largest entry of that weight's reference gradient")

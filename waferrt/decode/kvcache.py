@@ -22,12 +22,17 @@ from waferrt.fabric.comm import LineComm
 from waferrt.model.config import LlamaConfig
 
 
+def column_counts(tokens: int, cols: int) -> np.ndarray:
+    """(cols,) how many of a request's `tokens` positions each column holds once the cache took them in order:
+    tokens // cols + (c < tokens % cols) at column c (every column's share differs by at most one)."""
+    return tokens // cols + (np.arange(cols) < tokens % cols)
+
+
 def kv_columns(tokens: int, cols: int) -> np.ndarray:
     """(tokens,) the column holding each of a request's positions 0..tokens-1 once the cache took them in
-    order: positions flow east oldest first, column c holding tokens // cols + (c < tokens % cols) of them,
-    the newest at column 0 (both caches; tests/unit/test_relayout.py reads MeshKVCache's own)."""
-    counts = tokens // cols + (np.arange(cols) < tokens % cols)
-    return np.repeat(np.arange(cols), counts)[::-1].copy()  # newest first, read back oldest first
+    order: positions flow east oldest first, column c holding column_counts of them, the newest at column 0
+    (both caches; tests/unit/test_relayout.py reads MeshKVCache's own)."""
+    return np.repeat(np.arange(cols), column_counts(tokens, cols))[::-1].copy()  # newest first, read back oldest first
 
 
 class KVCapacityError(MemoryError):
@@ -166,7 +171,7 @@ class FlowKVCache:
         width, store = self.rows * hd_r, storage_dtype(dtype)
         self.k = np.zeros((slots, self.nkv, self.cap * self.cols, width), store)
         self.v = np.zeros((slots, self.nkv, self.cap * self.cols, width), store)
-        self.n = np.zeros(slots, np.int64)  # positions each request holds (each column's share: kv_columns)
+        self.n = np.zeros(slots, np.int64)  # positions each request holds (each column's share: column_counts)
         # by (slot, position) first: an item's entry is written with its two indices side by side (faster)
         self._k_at, self._v_at = self.k.transpose(0, 2, 1, 3), self.v.transpose(0, 2, 1, 3)
 
@@ -207,7 +212,7 @@ class FlowKVCache:
         self.n[S] += 1
 
     def held_most(self, slots: np.ndarray | slice) -> int:
-        return -(-int(self.n[slots].max()) // self.cols)  # column 0 holds the most: ceil(n / C)
+        return cdiv(int(self.n[slots].max()), self.cols)  # column 0 holds the most (column_counts)
 
     def read(self, slots: np.ndarray, length: int) -> tuple[np.ndarray, np.ndarray]:
         """float32 K (B, nkv, R*hd_r, length) and V (B, nkv, length, R*hd_r): positions 0..length-1 of the
@@ -226,8 +231,7 @@ class FlowKVCache:
         return k.transpose(1, 2, 0, 3), v.transpose(1, 2, 0, 3)
 
     def held(self, slot: int) -> np.ndarray:
-        n = int(self.n[slot])
-        return n // self.cols + (np.arange(self.cols) < n % self.cols)
+        return column_counts(int(self.n[slot]), self.cols)
 
     def positions(self, slot: int) -> list[int]:
         return list(range(int(self.n[slot])))

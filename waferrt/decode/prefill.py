@@ -46,8 +46,8 @@ from waferrt.model.sparse import AttentionMode
 
 from .cost import ELEMENTWISE_FLOPS as EW
 from .cost import Decoding, stage_handover
-from .pack import Chunks
-from .prefill_plan import GEMMS, arrivals, cache_buffer, head_moves, read_move, repack, weight_moves
+from .pack import Chunks, out_in
+from .prefill_plan import GEMMS, arrivals, cache_buffer, head_moves, read_move, weight_moves
 from .relayout import heads_load, kv_load, kv_read_load, move_cost, weights_load
 from .sparse_prefill import prefill_attention_parts, selector
 from .transport import carry
@@ -157,9 +157,10 @@ def prefill_layer(shard, x: np.ndarray, slot: int, start: int = 0) -> np.ndarray
     dec = Decoding(config, shard.dtype, attention=shard.attention)
     moves = {name: c for name, _, c in prefill_moves(ledger.spec, dec, region, (start, T), EMULATED_VALUES)}
     plan = weight_moves(config, Region(0, 0, region.w, region.h), tuple(shard.arrays[key].shape for _, key, _ in GEMMS))
+    weights = weights_move(ledger.spec, dec, region, EMULATED_VALUES)  # in, and the same way back
     with ledger.op("prefill"):
         held = {wm.key: carry(wm.into, shard.arrays[wm.key], hop) for wm in plan}  # the weights in
-        ledger.add(weights_move(ledger.spec, dec, region, EMULATED_VALUES))
+        ledger.add(weights)
         b = {key: to_f32(a, shard.dtype) for key, a in held.items()}
         norm = {n: chunks.join(to_f32(shard.arrays[n], shard.dtype)[None])[0] for n in ("attn_norm", "ffn_norm")}
         xf = chunks.join(x)  # (T, dim)
@@ -174,8 +175,8 @@ def prefill_layer(shard, x: np.ndarray, slot: int, start: int = 0) -> np.ndarray
         xf = xf + mesh.gemm(silu(gate) * up, b["w2"], dim)
         mesh.elementwise(glue_flops(config, T)[2])
         for wm in plan:  # and back into the decode's blocks
-            shard.arrays[wm.key] = repack(carry(wm.back, held[wm.key], hop), wm.out_over)
-        ledger.add(weights_move(ledger.spec, dec, region, EMULATED_VALUES))
+            shard.arrays[wm.key] = out_in(carry(wm.back, held[wm.key], hop), wm.out_over)
+        ledger.add(weights)
     return chunks.split(xf)
 
 

@@ -4,9 +4,9 @@ Contract: each function returns the :class:`~waferrt.decode.transport.Move` s of
 waferrt.decode.relayout (whose closed forms book them; tests/unit/test_transport.py ties the two link for
 link), made by numbering the source buffer and laying the numbers out with the emulator's own layout
 functions (decode.pack's blocks, kernels.gemm.place / spread, kvcache.kv_columns), cached per shape:
-:func:`weight_moves` a layer's packed matrices into the B blocks of its four MeshGEMMs (and
-``Move.reversed`` back into the decode's blocks, repacked by :func:`repack`); :func:`head_moves` the QKV
-product's C blocks into the attention's per-head blocks (Q; K and V into the context's) and into the cache's
+:func:`weight_moves` a layer's packed matrices into the B blocks of its four MeshGEMMs (and back, each
+value by the route it came, into the decode's blocks, repacked by ``decode.pack.out_in``); :func:`head_moves`
+the QKV product's C blocks into the attention's per-head blocks (Q; K and V into the context's) and into the cache's
 cores (:func:`arrivals`: each core of row r and column c takes the chunk's positions the cache keeps at
 column c, head_dim's slice of row r); :func:`read_move` a later chunk's cached K/V from the cache's cores
 (:func:`cache_buffer`) into the context's blocks.
@@ -26,7 +26,7 @@ from waferrt.model.config import LlamaConfig
 
 from .kvcache import kv_columns
 from .layout import layer_layouts
-from .pack import blocks_of, out_in
+from .pack import blocks_of
 from .transport import Holder, Move, numbered, source_numbers
 
 GEMMS = (("qkv", "wqkv", "y"), ("o", "wo", "x"), ("gate_up", "w13", "y"), ("down", "w2", "x"))  # (GEMM, array, out)
@@ -69,8 +69,7 @@ class WeightMove:
 @lru_cache(maxsize=8)
 def weight_moves(config: LlamaConfig, region: Region, shapes: tuple[tuple[int, int], ...]) -> tuple[WeightMove, ...]:
     """The four GEMMs' weight moves of a layer on `region`, whose packed arrays (GEMMS' order) have `shapes`."""
-    s = min(region.w, region.h)
-    grid, out = Grid.of(Region(0, 0, s, s)), []
+    (s, grid), out = _square(region), []
     for (_, key, out_over), shape in zip(GEMMS, shapes, strict=True):
         packed = Holder(shape, (region.h, region.w), out_over)
         nums = source_numbers(packed)
@@ -83,11 +82,6 @@ def weight_moves(config: LlamaConfig, region: Region, shapes: tuple[tuple[int, i
         back = Move(region, into.target, Holder(blocks.shape, blocks.shape[:2]), into.dst, at[into.src], yx=True)
         out.append(WeightMove(key, out_over, into, back))
     return tuple(out)
-
-
-def repack(blocks: np.ndarray, out_over: str) -> np.ndarray:
-    """The decode's per-core blocks (rows, cols, out, in) back into its packed matrix (decode.pack)."""
-    return out_in(blocks, out_over)
 
 
 def hd_rows(config: LlamaConfig, region: Region) -> tuple[np.ndarray, np.ndarray]:

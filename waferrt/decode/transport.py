@@ -89,11 +89,6 @@ class Move:
         nbytes = np.full(len(self.src), float(itemsize))
         return mirrored(route(self.region, dst, src, nbytes)) if self.yx else route(self.region, src, dst, nbytes)
 
-    def reversed(self) -> Move:
-        """The same values back the way they came (every message over the same links the other way): from
-        this move's destination buffer to a per-core buffer of the source's shape (which must be per-core)."""
-        return Move(self.region, self.target, self.source, self.dst, self.src, not self.yx)
-
 
 def mirrored(load: LinkLoad) -> LinkLoad:
     """The same messages over the same links, the other way: each link's bytes, leaving the core at its other

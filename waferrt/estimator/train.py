@@ -135,9 +135,11 @@ def _kernels(job: TrainJob, template: WaferTemplate, work: Work, grid: tuple[int
     composed (estimator.train_layer.pass_costs), on the squares' side for which the three take least together
     (a larger square can cross die edges that a smaller one stays inside; :func:`_d2d`)."""
     spec = template.spec
-    options = [(cost, *cost.seconds(spec, job.dtype)) for cost in pass_costs(spec, work, grid)]
-    cost, compute, fabric = min(options, key=lambda o: o[1] + o[2] + _d2d(template, grid, o[0], o[2]))
-    return compute, fabric, _d2d(template, grid, cost, fabric)
+    options = []
+    for cost in pass_costs(spec, work, grid):
+        compute, fabric = cost.seconds(spec, job.dtype)
+        options.append((compute, fabric, _d2d(template, grid, cost, fabric)))
+    return min(options, key=sum)
 
 
 def _d2d(template: WaferTemplate, grid: tuple[int, int], cost: PassCost, fabric: float) -> float:

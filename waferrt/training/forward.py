@@ -34,7 +34,7 @@ from waferrt.kernels.sequences import deinterleave, interleave
 from waferrt.kernels.train_ops import Norm, relayout, rotate_pairs
 from waferrt.model.reference import silu
 
-from .block import Saved, layer_blocks
+from .block import BlockShape, Saved, layer_blocks
 from .onwafer import Job, living_square, run_job
 
 FORWARD_INPUTS = ("attn_norm", "ffn_norm", "wq", "wk", "wv", "wo", "w_gate", "w_up", "w_down", "cos", "sin")
@@ -107,8 +107,8 @@ def forward_kernel(ctx, norm: Norm, prompt: PromptAttention, names: ForwardNames
 
 def forward_args(config, batch: TrainShape, names: ForwardNames) -> dict:
     """The kernel's arguments besides ctx for the batch's B sequences (attention per sequence)."""
-    prompt = PromptAttention(batch.seq, 1 / np.sqrt(config.head_dim), EW["softmax"], batch.batch)
-    return dict(norm=Norm(config.dim, config.norm_eps), prompt=prompt, names=names)
+    shape = BlockShape.of(config, batch)  # the same norms and attention as the backward's block
+    return dict(norm=shape.norm, prompt=shape.prompt, names=names)
 
 
 def kept_shapes(config, inputs: dict) -> dict[str, tuple]:
