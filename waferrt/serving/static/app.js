@@ -1,0 +1,143 @@
+// waferrt serve's live page. Reads GET /v1/wafer/state (JSON) and follows GET /v1/wafer/events (SSE): an event
+// that carries the state ("mesh" or "requests") is drawn at once, any other event makes the page read the state
+// again. While the event stream is down the page polls the state every second. Plain JavaScript, no build step.
+"use strict";
+
+const VIRIDIS = [[68, 1, 84], [59, 82, 139], [33, 145, 140], [94, 201, 98], [253, 231, 37]];
+
+function colour(v) {  // 0..1 -> a viridis-like rgb()
+  v = Math.min(1, Math.max(0, Number.isFinite(v) ? v : 0)) * (VIRIDIS.length - 1);
+  const i = Math.min(VIRIDIS.length - 2, Math.floor(v)), f = v - i, a = VIRIDIS[i], b = VIRIDIS[i + 1];
+  return `rgb(${a.map((c, k) => Math.round(c + f * (b[k] - c))).join(",")})`;
+}
+
+function grid2d(rows) { return Array.isArray(rows) && rows.length && Array.isArray(rows[0]) ? rows : null; }
+
+// a heatmap of `rows` (rows[y][x]) scaled by `top`, each cell `cell` px; marks: [[x, y, "dead"|"spare"]]
+function heatmap(canvas, rows, top, marks, tiles) {
+  const h = rows ? rows.length : 1, w = rows ? rows[0].length : 1;
+  const cell = Math.max(2, Math.floor(360 / Math.max(w, h)));
+  canvas.width = w * cell; canvas.height = h * cell;
+  const g = canvas.getContext("2d");
+  g.fillStyle = "#000"; g.fillRect(0, 0, canvas.width, canvas.height);
+  if (!rows) return;
+  for (let y = 0; y < h; y++) for (let x = 0; x < w; x++) {
+    g.fillStyle = colour(top > 0 ? rows[y][x] / top : 0);
+    g.fillRect(x * cell, y * cell, cell, cell);
+  }
+  if (tiles && tiles.w > 0 && tiles.h > 0) {  // tile borders
+    g.strokeStyle = "rgba(255,255,255,0.35)"; g.lineWidth = 1;
+    for (let x = tiles.w; x < w; x += tiles.w) { g.beginPath(); g.moveTo(x * cell, 0); g.lineTo(x * cell, h * cell); g.stroke(); }
+    for (let y = tiles.h; y < h; y += tiles.h) { g.beginPath(); g.moveTo(0, y * cell); g.lineTo(w * cell, y * cell); g.stroke(); }
+  }
+  for (const [x, y, kind] of marks || []) {
+    g.lineWidth = Math.max(1, cell / 6);
+    if (kind === "dead") {
+      g.strokeStyle = "#ff3030"; g.beginPath();
+      g.moveTo(x * cell, y * cell); g.lineTo((x + 1) * cell, (y + 1) * cell);
+      g.moveTo((x + 1) * cell, y * cell); g.lineTo(x * cell, (y + 1) * cell); g.stroke();
+    } else {
+      g.strokeStyle = "#40d040"; g.strokeRect(x * cell + 1, y * cell + 1, cell - 2, cell - 2);
+    }
+  }
+}
+
+function perCore(tileRows, mesh) {  // a per-tile grid drawn over the cores it covers (the panels line up)
+  if (!tileRows || !(mesh.tile_w > 0 && mesh.tile_h > 0)) return tileRows;
+  return Array.from({ length: mesh.height }, (_, y) => Array.from({ length: mesh.width },
+    (_, x) => (tileRows[Math.floor(y / mesh.tile_h)] || [])[Math.floor(x / mesh.tile_w)] ?? 0));
+}
+
+function maxOf(rows) { return rows ? Math.max(0, ...rows.map(r => Math.max(...r.map(Number)))) : 0; }
+
+function where(f) { return Array.isArray(f.where) ? `core (${f.where.join(", ")})` : String(f.where ?? ""); }
+
+function fmt(v, d = 1) { return Number.isFinite(v) ? v.toFixed(d) : "-"; }
+
+function cell(text, cls) { const td = document.createElement("td"); td.textContent = text; if (cls) td.className = cls; return td; }
+
+function drawMesh(mesh) {
+  if (!mesh) return;
+  const marks = [...(mesh.dead || []).map(([x, y]) => [x, y, "dead"]), ...(mesh.spare || []).map(([x, y]) => [x, y, "spare"])];
+  const tiles = { w: mesh.tile_w, h: mesh.tile_h };
+  const links = grid2d(mesh.links), linkTop = maxOf(links);
+  heatmap(document.getElementById("sram"), grid2d(mesh.sram), 1, marks, tiles);
+  heatmap(document.getElementById("links"), links, linkTop, marks, tiles);
+  heatmap(document.getElementById("busy"), perCore(grid2d(mesh.busy), mesh), 1, marks, tiles);
+  document.getElementById("linkmax").textContent = linkTop ? `${linkTop.toLocaleString()} B` : "max";
+  document.getElementById("meshinfo").textContent =
+    `${mesh.width}x${mesh.height} cores in tiles of ${mesh.tile_w}x${mesh.tile_h}`;
+}
+
+function drawRequests(requests) {
+  const body = document.querySelector("#requests tbody");
+  body.replaceChildren(...(requests || []).map(r => {
+    const tr = document.createElement("tr");
+    tr.dataset.testid = "request"; tr.dataset.state = r.state || "";
+    const bar = document.createElement("div"); bar.className = "bar";
+    bar.style.width = `${Math.min(100, 100 * (r.tokens || 0) / Math.max(1, r.max_tokens || r.tokens || 1))}%`;
+    const td = document.createElement("td"); td.append(bar);
+    tr.append(cell(String(r.id)), cell(r.state || ""), cell(String(r.prompt_tokens ?? ""), "num"),
+              cell(`${r.tokens ?? 0}${r.max_tokens ? " / " + r.max_tokens : ""}`, "num"), td);
+    return tr;
+  }));
+}
+
+function drawFaults(faults) {
+  const body = document.querySelector("#faults tbody");
+  body.replaceChildren(...(faults || []).map(f => {
+    const tr = document.createElement("tr");
+    tr.dataset.testid = "fault"; tr.dataset.state = f.state || "";
+    tr.append(cell(String(f.id ?? "")), cell(f.kind || ""), cell(where(f)), cell(f.state || "", f.state),
+              cell(Number.isFinite(f.recovery_s) ? `${f.recovery_s.toFixed(2)} s` : "", "num"));
+    return tr;
+  }));
+}
+
+function draw(state) {
+  const health = document.getElementById("health");
+  health.textContent = state.health || "ok"; health.className = state.health || "ok";
+  drawMesh(state.mesh);
+  drawRequests(state.requests);
+  drawFaults(state.faults);
+  const lat = state.latency || {};
+  for (const [clock, id] of [["wall", "wall"], ["modelled", "mod"]]) {
+    document.getElementById(`${id}-ttft`).textContent = fmt((lat[clock] || {}).ttft_ms, 3);
+    document.getElementById(`${id}-itl`).textContent = fmt((lat[clock] || {}).itl_ms, 3);
+  }
+  document.getElementById("counters").textContent =
+    Object.entries(state.counters || {}).map(([k, v]) => `${k}: ${v}`).join("   ");
+}
+
+let fetching = false, again = false;
+async function refresh() {  // read the state; one read at a time, one more if asked meanwhile
+  if (fetching) { again = true; return; }
+  fetching = true;
+  try {
+    const r = await fetch("/v1/wafer/state", { cache: "no-store" });
+    if (r.ok) draw(await r.json());
+    else document.getElementById("health").textContent = `HTTP ${r.status}`;
+  } catch (e) {
+    const h = document.getElementById("health"); h.textContent = "offline"; h.className = "offline";
+  } finally {
+    fetching = false;
+    if (again) { again = false; setTimeout(refresh, 100); }
+  }
+}
+
+function follow() {
+  const feed = document.getElementById("feed");
+  const es = new EventSource("/v1/wafer/events");
+  es.onopen = () => { feed.textContent = "live"; };
+  es.onmessage = ev => {
+    let data = null;
+    try { data = JSON.parse(ev.data); } catch (e) { return; }
+    if (data && (data.mesh || data.requests)) draw(data); else refresh();
+  };
+  es.onerror = () => { feed.textContent = "polling"; };
+}
+
+refresh();
+follow();
+setInterval(() => { if (document.getElementById("feed").textContent !== "live") refresh(); }, 1000);
+setInterval(refresh, 5000);  // a state read now and then, even with the stream up (counters, health)
