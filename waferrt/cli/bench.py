@@ -7,7 +7,8 @@ own tokenizer, ``--input-len``/``--output-len``/``--range-ratio``, or read from 
 arrivals (``--request-rate``, inf by default, ``--burstiness``), at most ``--max-concurrency`` at once, to
 ``--base-url`` (this machine unless written there), and prints :func:`table` of the
 :class:`waferrt.serving.stats.Summary`; ``--save-result PATH`` writes it as JSON (a temporary file then a
-rename). Ctrl-C prints and saves what completed, then exits 130. Exit 1 when a request failed.
+rename), with each request's text, finish reason and token counts. Ctrl-C prints and saves what completed,
+then exits 130. Exit 1 when a request failed.
 """
 
 from __future__ import annotations
@@ -139,12 +140,15 @@ def target(args):
 
 def measure(args):
     """Send the run; returns (the loadgen Run, its Summary)."""
-    from .loadgen import Plan, run_load
+    from .loadgen import NoServer, Plan, run_load
 
     ps = prompts(args)
     offsets = Arrivals(args.request_rate, args.burstiness).offsets(len(ps), args.seed)
     plan = Plan(ps, tuple(float(t) for t in offsets), args.max_concurrency, args.deadline)
-    run = run_load(target(args), plan)
+    try:
+        run = run_load(target(args), plan)
+    except NoServer as e:
+        raise UsageError(str(e)) from None
     sent = [run.sent[i] for i in sorted(run.sent)]
     return run, summarize([s.outcome for s in sent], max(run.duration_s, 1e-9), args.slo)
 
@@ -187,7 +191,10 @@ def result_json(args, run, s: Summary) -> dict:
     config = {k: getattr(args, k) for k in ("num_prompts", "input_len", "output_len", "range_ratio",
                                             "request_rate", "burstiness", "max_concurrency", "seed")}
     config["request_rate"] = str(config["request_rate"])
-    return {"model": run.model, "config": config, "interrupted": run.interrupted, **s.to_json()}
+    sent = [{"index": i, "text": v.text, "finish": v.finish, "max_tokens": v.max_tokens,
+             "prompt_tokens": v.outcome.prompt_tokens,
+             "output_tokens": v.outcome.output_tokens, "error": v.outcome.error} for i, v in sorted(run.sent.items())]
+    return {"model": run.model, "config": config, "interrupted": run.interrupted, **s.to_json(), "requests": sent}
 
 
 def run(args) -> int:

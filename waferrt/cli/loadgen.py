@@ -90,6 +90,7 @@ class Sent:
     outcome: Outcome
     text: str = ""
     finish: str = ""
+    max_tokens: int = 0  # what it asked for
 
 
 @dataclass
@@ -165,12 +166,20 @@ async def send(client: httpx.AsyncClient, target: Target, body: dict) -> Sent:
     return refused or stream.sent(time.perf_counter())
 
 
+class NoServer(Exception):
+    """Nothing usable answers at the base URL (raised before any request is sent)."""
+
+
 async def served_model(client: httpx.AsyncClient, target: Target) -> str:
-    if target.model:
-        return target.model
-    r = await client.get("/v1/models", headers=target.headers)
-    r.raise_for_status()
-    return r.json()["data"][0]["id"]
+    """The model to ask for: the target's, or the first that GET /v1/models lists (which also checks that a
+    server answers, within 30 s)."""
+    try:
+        r = await asyncio.wait_for(client.get("/v1/models", headers=target.headers), 30)
+        r.raise_for_status()
+        return target.model or r.json()["data"][0]["id"]
+    except (httpx.HTTPError, asyncio.TimeoutError, ValueError, KeyError, IndexError) as e:
+        raise NoServer(f"no OpenAI-compatible server answers GET {target.base_url}/v1/models ({type(e).__name__}: "
+                       f"{e}); start one with 'waferrt serve', or give its address with --base-url") from None
 
 
 async def _run(target: Target, plan: Plan, run: Run) -> None:
@@ -178,7 +187,7 @@ async def _run(target: Target, plan: Plan, run: Run) -> None:
     gate = asyncio.Semaphore(plan.max_concurrency or max(1, len(plan.prompts)))
     async with httpx.AsyncClient(base_url=target.base_url, limits=limits,
                                  timeout=httpx.Timeout(target.timeout_s, connect=10.0)) as client:
-        run.model = await asyncio.wait_for(served_model(client, target), 30)
+        run.model = await served_model(client, target)
         start = time.perf_counter()
 
         async def one(i: int, p: Prompt) -> None:
@@ -187,7 +196,8 @@ async def _run(target: Target, plan: Plan, run: Run) -> None:
                 body = {"model": run.model, "prompt": list(p.prompt) if isinstance(p.prompt, tuple) else p.prompt,
                         "max_tokens": p.max_tokens, "stream": True, "ignore_eos": True,
                         "stream_options": {"include_usage": True}, **dict(plan.sampling)}
-                run.sent[i] = await send(client, target, body)
+                sent = await send(client, target, body)
+                sent.max_tokens, run.sent[i] = p.max_tokens, sent
             run.duration_s = time.perf_counter() - start
 
         tasks = [asyncio.create_task(one(i, p)) for i, p in enumerate(plan.prompts)]

@@ -1,6 +1,9 @@
-// waferrt serve's live page. Reads GET /v1/wafer/state (JSON) and follows GET /v1/wafer/events (SSE): an event
-// that carries the state ("mesh" or "requests") is drawn at once, any other event makes the page read the state
-// again. While the event stream is down the page polls the state every second. Plain JavaScript, no build step.
+// waferrt serve's live page. Reads GET /v1/wafer/state (JSON, waferrt.server.state) and follows
+// GET /v1/wafer/events (SSE: the same state every half second): an event that carries the state is drawn at once,
+// any other makes the page read the state again. While the event stream is down the page polls the state every
+// second. What it draws: the mesh (SRAM per core, modelled link bytes per core, busy per tile, dead and spare
+// cores), the requests in flight, the recent requests' mean wall and modelled TTFT and ITL (TPOT: a request's
+// mean gap), the faults as they are injected, fire, are detected and recovered. Plain JavaScript, no build step.
 "use strict";
 
 const VIRIDIS = [[68, 1, 84], [59, 82, 139], [33, 145, 140], [94, 201, 98], [253, 231, 37]];
@@ -42,10 +45,10 @@ function heatmap(canvas, rows, top, marks, tiles) {
   }
 }
 
-function perCore(tileRows, mesh) {  // a per-tile grid drawn over the cores it covers (the panels line up)
-  if (!tileRows || !(mesh.tile_w > 0 && mesh.tile_h > 0)) return tileRows;
+function perCore(tileRows, mesh, tiles) {  // a per-tile grid drawn over the cores it covers (the panels line up)
+  if (!tileRows || !(tiles.w > 0 && tiles.h > 0)) return tileRows;
   return Array.from({ length: mesh.height }, (_, y) => Array.from({ length: mesh.width },
-    (_, x) => (tileRows[Math.floor(y / mesh.tile_h)] || [])[Math.floor(x / mesh.tile_w)] ?? 0));
+    (_, x) => (tileRows[Math.floor(y / tiles.h)] || [])[Math.floor(x / tiles.w)] ?? 0));
 }
 
 function maxOf(rows) { return rows ? Math.max(0, ...rows.map(r => Math.max(...r.map(Number)))) : 0; }
@@ -56,17 +59,30 @@ function fmt(v, d = 1) { return Number.isFinite(v) ? v.toFixed(d) : "-"; }
 
 function cell(text, cls) { const td = document.createElement("td"); td.textContent = text; if (cls) td.className = cls; return td; }
 
+function tileGrid(busy, mesh, tiles) {  // {"tx,ty": share} (or rows already) -> rows[ty][tx]
+  if (!busy || Array.isArray(busy)) return grid2d(busy);
+  const rows = Array.from({ length: Math.ceil(mesh.height / tiles.h) },
+    () => new Array(Math.ceil(mesh.width / tiles.w)).fill(0));
+  for (const [key, v] of Object.entries(busy)) {
+    const [tx, ty] = key.split(",").map(Number);
+    if (rows[ty] && tx < rows[ty].length) rows[ty][tx] = v;
+  }
+  return rows;
+}
+
+let lastLinks = null;  // the state's links are of the tokens since the last look: kept while none ran
 function drawMesh(mesh) {
   if (!mesh) return;
   const marks = [...(mesh.dead || []).map(([x, y]) => [x, y, "dead"]), ...(mesh.spare || []).map(([x, y]) => [x, y, "spare"])];
-  const tiles = { w: mesh.tile_w, h: mesh.tile_h };
-  const links = grid2d(mesh.links), linkTop = maxOf(links);
+  const tiles = Array.isArray(mesh.tile) ? { w: mesh.tile[0], h: mesh.tile[1] } : { w: mesh.tile_w, h: mesh.tile_h };
+  lastLinks = grid2d(mesh.links) || lastLinks;
+  const links = lastLinks, linkTop = maxOf(links);
   heatmap(document.getElementById("sram"), grid2d(mesh.sram), 1, marks, tiles);
   heatmap(document.getElementById("links"), links, linkTop, marks, tiles);
-  heatmap(document.getElementById("busy"), perCore(grid2d(mesh.busy), mesh), 1, marks, tiles);
+  heatmap(document.getElementById("busy"), perCore(tileGrid(mesh.busy, mesh, tiles), mesh, tiles), 1, marks, tiles);
   document.getElementById("linkmax").textContent = linkTop ? `${linkTop.toLocaleString()} B` : "max";
   document.getElementById("meshinfo").textContent =
-    `${mesh.width}x${mesh.height} cores in tiles of ${mesh.tile_w}x${mesh.tile_h}`;
+    `${mesh.width}x${mesh.height} cores in tiles of ${tiles.w}x${tiles.h}`;
 }
 
 function drawRequests(requests) {
@@ -83,15 +99,32 @@ function drawRequests(requests) {
   }));
 }
 
+function faultState(f) {  // the fault log's outcome (waferrt.faults.events) as one word
+  if (f.state) return f.state;
+  const o = f.outcome || "";
+  return o === "recovered" ? "recovered" : o.startsWith("detected") ? "detected"
+    : o.startsWith("fired") ? "injected" : o === "did not fire" ? "armed" : o;
+}
+
 function drawFaults(faults) {
   const body = document.querySelector("#faults tbody");
   body.replaceChildren(...(faults || []).map(f => {
-    const tr = document.createElement("tr");
-    tr.dataset.testid = "fault"; tr.dataset.state = f.state || "";
-    tr.append(cell(String(f.id ?? "")), cell(f.kind || ""), cell(where(f)), cell(f.state || "", f.state),
-              cell(Number.isFinite(f.recovery_s) ? `${f.recovery_s.toFixed(2)} s` : "", "num"));
+    const tr = document.createElement("tr"), state = faultState(f);
+    const took = f.recovery_s ?? f.recovered_after_s;
+    tr.dataset.testid = "fault"; tr.dataset.state = state;
+    tr.append(cell(String(f.id ?? f.index ?? "")), cell(f.kind || ""), cell(where(f)), cell(state, state),
+              cell(Number.isFinite(took) ? `${took.toFixed(2)} s` : "", "num"));
     return tr;
   }));
+}
+
+function mean(xs) { xs = xs.filter(Number.isFinite); return xs.length ? xs.reduce((a, b) => a + b, 0) / xs.length : NaN; }
+
+function recentMeans(recent) {  // the recent requests' mean TTFT and TPOT (a request's mean ITL), in ms
+  recent = recent || [];
+  const of = (pick) => mean(recent.map(pick).map(v => (v == null ? NaN : 1000 * v)));
+  return { wall: { ttft_ms: of(r => r.ttft_s), itl_ms: of(r => r.tpot_s) },
+           modelled: { ttft_ms: of(r => (r.modelled || {}).ttft_s), itl_ms: of(r => (r.modelled || {}).tpot_s) } };
 }
 
 function draw(state) {
@@ -100,13 +133,13 @@ function draw(state) {
   drawMesh(state.mesh);
   drawRequests(state.requests);
   drawFaults(state.faults);
-  const lat = state.latency || {};
+  const lat = state.latency || recentMeans(state.recent);
   for (const [clock, id] of [["wall", "wall"], ["modelled", "mod"]]) {
     document.getElementById(`${id}-ttft`).textContent = fmt((lat[clock] || {}).ttft_ms, 3);
     document.getElementById(`${id}-itl`).textContent = fmt((lat[clock] || {}).itl_ms, 3);
   }
   document.getElementById("counters").textContent =
-    Object.entries(state.counters || {}).map(([k, v]) => `${k}: ${v}`).join("   ");
+    Object.entries(state.counters || state.counts || {}).map(([k, v]) => `${k}: ${v}`).join("   ");
 }
 
 let fetching = false, again = false;
@@ -140,4 +173,3 @@ function follow() {
 refresh();
 follow();
 setInterval(() => { if (document.getElementById("feed").textContent !== "live") refresh(); }, 1000);
-setInterval(refresh, 5000);  // a state read now and then, even with the stream up (counters, health)
