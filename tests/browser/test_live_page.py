@@ -52,6 +52,10 @@ def _stream(url: str, body: dict, out: list) -> None:
                 pass
 
 
+def _model(url: str) -> str:
+    return httpx.get(f"{url}/v1/models", headers={"Authorization": f"Bearer {KEY}"}, timeout=30).json()["data"][0]["id"]
+
+
 def _used_core(url: str) -> list[int]:
     """A core that a stage region books (SRAM > 0 in the state's map): a fault there must be recovered."""
     state = httpx.get(f"{url}/v1/wafer/state", headers={"Authorization": f"Bearer {KEY}"}, timeout=30).json()
@@ -60,16 +64,20 @@ def _used_core(url: str) -> list[int]:
 
 
 def test_the_page_shows_the_mesh_a_running_request_and_a_fault_recovered(server, page, tmp_path):
-    page.goto(f"{server.url}/", wait_until="load", timeout=30_000)
+    page.goto(f"{server.url}/#key={KEY}", wait_until="load", timeout=30_000)
     page.wait_for_function("document.getElementById('meshinfo').textContent.includes('16x16')", timeout=30_000)
     assert page.eval_on_selector("#sram", "c => c.width") >= 16  # the SRAM heatmap is drawn
     assert page.locator("#health").text_content() == "ok"
 
+    short = {"model": _model(server.url), "prompt": "first", "max_tokens": 4}  # the latency panel has one to show
+    assert httpx.post(f"{server.url}/v1/completions", json=short, headers={"Authorization": f"Bearer {KEY}"},
+                      timeout=60).status_code == 200
     got: list = []
-    body = {"model": "tiny", "prompt": "the wafer page", "max_tokens": 40, "stream": True, "ignore_eos": True}
+    body = {"model": _model(server.url), "prompt": "the wafer page", "max_tokens": 40, "stream": True, "ignore_eos": True}
     runner = threading.Thread(target=_stream, args=(server.url, body, got), daemon=True)
     runner.start()
     page.wait_for_selector("tr[data-testid=request]", timeout=60_000)  # the request appears, with its tokens
+    page.wait_for_function("document.getElementById('wall-ttft').textContent !== '-'", timeout=30_000)
 
     fault = {"kind": "core", "core": _used_core(server.url), "when": {"step": 3}}
     r = httpx.post(f"{server.url}/v1/wafer/faults", json=fault, headers={"Authorization": f"Bearer {KEY}"},

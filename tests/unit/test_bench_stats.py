@@ -40,6 +40,7 @@ def test_the_modelled_clock_is_summarized_over_the_requests_that_carried_it():
     assert m.ttft.mean_ms == pytest.approx(1.5) and m.e2el.median_ms == pytest.approx(4.5)
     assert m.tpot.mean_ms == pytest.approx(1.0) and m.itl.p99_ms == pytest.approx(1.0)
     assert summarize([C], 1.0).modelled is None
+    assert summarize([C], 1.0).wall.itl is None  # no request had a gap
 
 
 def test_goodput_counts_the_requests_meeting_every_slo():

@@ -159,6 +159,9 @@ def _rows(name: str, lat: Latencies | None) -> list[str]:
     out = []
     for metric in ("ttft", "tpot", "itl", "e2el"):
         s = getattr(lat, metric)
+        if s is None:
+            out.append(f"  {metric.upper():5s} {name:8s} none reported")
+            continue
         out.append(f"  {metric.upper():5s} {name:8s} mean {s.mean_ms:10.2f}  median {s.median_ms:10.2f}  "
                    f"p90 {s.p90_ms:10.2f}  p99 {s.p99_ms:10.2f}  ms")
     return out

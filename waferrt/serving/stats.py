@@ -14,7 +14,8 @@ from the response's ``usage``, its two timings). :func:`summarize` turns the out
 - goodput = completed requests that meet every SLO given (TTFT, TPOT, e2e; a figure equal to its SLO
   meets it) over the duration;
 - a :class:`Spread` (mean, median, p90, p99 in ms) is numpy's mean, median and linearly interpolated
-  percentile; of no value it is all zeros (``np.mean(x or 0)``, as vLLM writes it).
+  percentile; of no value it is all zeros (``np.mean(x or 0)``, as vLLM writes it), except ITL, which is
+  None when no request reported a gap (modelled times come without them).
 
 No sockets, no clock: the HTTP client (waferrt.cli.loadgen) measures, this module only counts.
 """
@@ -115,15 +116,16 @@ class Latencies:
 
     ttft: Spread
     tpot: Spread
-    itl: Spread
+    itl: Spread | None  # None when no request reported a gap (the server's modelled times have none)
     e2el: Spread
 
     @staticmethod
     def of(pairs: list[tuple[Timing, int]]) -> Latencies:
         """From (timing, output tokens) of every completed request; TPOT only where there are 2+ tokens."""
+        gaps = [g for t, _ in pairs for g in t.itl_s]
         return Latencies(ttft=Spread.of([t.ttft_s for t, _ in pairs]),
                          tpot=Spread.of([t.tpot_s(n) for t, n in pairs if n > 1]),
-                         itl=Spread.of([g for t, _ in pairs for g in t.itl_s]),
+                         itl=Spread.of(gaps) if gaps else None,
                          e2el=Spread.of([t.latency_s for t, _ in pairs]))
 
 

@@ -1,5 +1,5 @@
 // waferrt serve's live page. Reads GET /v1/wafer/state (JSON, waferrt.server.state) and follows
-// GET /v1/wafer/events (SSE: the same state every half second): an event that carries the state is drawn at once,
+// GET /v1/wafer/events (SSE: the same state every half second, read with fetch so that the key can go along): an event that carries the state is drawn at once,
 // any other makes the page read the state again. While the event stream is down the page polls the state every
 // second. What it draws: the mesh (SRAM per core, modelled link bytes per core, busy per tile, dead and spare
 // cores), the requests in flight, the recent requests' mean wall and modelled TTFT and ITL (TPOT: a request's
@@ -128,8 +128,8 @@ function recentMeans(recent) {  // the recent requests' mean TTFT and TPOT (a re
 }
 
 function draw(state) {
-  const health = document.getElementById("health");
-  health.textContent = state.health || "ok"; health.className = state.health || "ok";
+  const health = state.health || "ok";
+  say(health, health.split(/[: ]/)[0]);
   drawMesh(state.mesh);
   drawRequests(state.requests);
   drawFaults(state.faults);
@@ -142,32 +142,63 @@ function draw(state) {
     Object.entries(state.counters || state.counts || {}).map(([k, v]) => `${k}: ${v}`).join("   ");
 }
 
+// the server's API key, when it has one: given once as /#key=KEY (a fragment never reaches a server's log), kept
+// for the tab's life; sent as "Authorization: Bearer KEY" with every read
+const KEY = (() => {
+  const m = location.hash.match(/key=([^&]+)/);
+  if (m) { sessionStorage.setItem("waferrt-key", decodeURIComponent(m[1])); history.replaceState(null, "", location.pathname); }
+  return sessionStorage.getItem("waferrt-key");
+})();
+const HEADERS = KEY ? { Authorization: `Bearer ${KEY}` } : {};
+
+function say(text, cls) { const h = document.getElementById("health"); h.textContent = text; h.className = cls; }
+
 let fetching = false, again = false;
 async function refresh() {  // read the state; one read at a time, one more if asked meanwhile
   if (fetching) { again = true; return; }
   fetching = true;
   try {
-    const r = await fetch("/v1/wafer/state", { cache: "no-store" });
+    const r = await fetch("/v1/wafer/state", { cache: "no-store", headers: HEADERS });
     if (r.ok) draw(await r.json());
-    else document.getElementById("health").textContent = `HTTP ${r.status}`;
+    else say(r.status === 401 ? "401: open this page as /#key=KEY" : `HTTP ${r.status}`, "down");
   } catch (e) {
-    const h = document.getElementById("health"); h.textContent = "offline"; h.className = "offline";
+    say("offline", "offline");
   } finally {
     fetching = false;
     if (again) { again = false; setTimeout(refresh, 100); }
   }
 }
 
-function follow() {
+function handle(payload) {
+  let data = null;
+  try { data = JSON.parse(payload); } catch (e) { return; }
+  if (data && (data.mesh || data.requests)) draw(data); else refresh();
+}
+
+async function follow() {  // the event stream, read with fetch (an EventSource cannot send the key); again on loss
   const feed = document.getElementById("feed");
-  const es = new EventSource("/v1/wafer/events");
-  es.onopen = () => { feed.textContent = "live"; };
-  es.onmessage = ev => {
-    let data = null;
-    try { data = JSON.parse(ev.data); } catch (e) { return; }
-    if (data && (data.mesh || data.requests)) draw(data); else refresh();
-  };
-  es.onerror = () => { feed.textContent = "polling"; };
+  for (;;) {
+    try {
+      const r = await fetch("/v1/wafer/events", { headers: HEADERS, cache: "no-store" });
+      if (!r.ok || !r.body) throw new Error(`HTTP ${r.status}`);
+      feed.textContent = "live";
+      const reader = r.body.getReader(), decoder = new TextDecoder();
+      let buffer = "";
+      for (;;) {
+        const { value, done } = await reader.read();
+        if (done) break;
+        buffer += decoder.decode(value, { stream: true });
+        let cut;
+        while ((cut = buffer.indexOf("\n\n")) >= 0) {
+          const event = buffer.slice(0, cut); buffer = buffer.slice(cut + 2);
+          const data = event.split("\n").filter(l => l.startsWith("data:")).map(l => l.slice(5).trim()).join("\n");
+          if (data) handle(data);
+        }
+      }
+    } catch (e) { /* polled meanwhile */ }
+    feed.textContent = "polling";
+    await new Promise(ok => setTimeout(ok, 2000));
+  }
 }
 
 refresh();
