@@ -19,8 +19,8 @@ KEY = "test-key"
 FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
          "--disable-background-networking", "--disable-component-update", "--disable-sync"]
 
-pytestmark = [pytest.mark.slow,
-              pytest.mark.skipif(not os.path.exists(CHROMIUM), reason="no Chromium installed (apt-get install chromium)")]
+NO_CHROMIUM = "no Chromium installed (apt-get install chromium)"
+pytestmark = [pytest.mark.slow, pytest.mark.skipif(not os.path.exists(CHROMIUM), reason=NO_CHROMIUM)]
 
 
 @pytest.fixture(scope="module")
@@ -73,7 +73,8 @@ def test_the_page_shows_the_mesh_a_running_request_and_a_fault_recovered(server,
     assert httpx.post(f"{server.url}/v1/completions", json=short, headers={"Authorization": f"Bearer {KEY}"},
                       timeout=60).status_code == 200
     got: list = []
-    body = {"model": _model(server.url), "prompt": "the wafer page", "max_tokens": 40, "stream": True, "ignore_eos": True}
+    body = {"model": _model(server.url), "prompt": "the wafer page", "max_tokens": 40, "stream": True,
+            "ignore_eos": True}
     runner = threading.Thread(target=_stream, args=(server.url, body, got), daemon=True)
     runner.start()
     page.wait_for_selector("tr[data-testid=request]", timeout=60_000)  # the request appears, with its tokens
