@@ -39,13 +39,23 @@ def test_a_poisson_load_run_loses_nothing_and_every_output_is_the_request_alone(
     model = tiny_model(tmp_path)
     (tmp_path / "prompts.txt").write_text("\n".join(PROMPTS) + "\n")
     out = tmp_path / "result.json"
-    with serving(["--model", model, *TINY]) as srv:
-        rc = main(["bench", "--base-url", srv.url, "--model", model, "--prompts", str(tmp_path / "prompts.txt"),
-                   "--num-prompts", str(N), "--request-rate", "8", "--output-len", "8", "--range-ratio", "0.5",
-                   "--seed", "5", "--timeout", "120", "--deadline", "300", "--save-result", str(out)])
+    drawn = tmp_path / "drawn.json"
+    with serving(["--model", model, *TINY, "--api-key", "k"]) as srv:
+        rc = main(["bench", "--base-url", srv.url, "--api-key", "k", "--model", model,
+                   "--prompts", str(tmp_path / "prompts.txt"), "--num-prompts", str(N), "--request-rate", "8",
+                   "--burstiness", "1", "--max-concurrency", "6", "--output-len", "8", "--range-ratio", "0.5",
+                   "--seed", "5", "--slo", "ttft:60000,tpot:60000", "--timeout", "120", "--deadline", "300",
+                   "--save-result", str(out)])
         metrics = httpx.get(f"{srv.url}/metrics", timeout=30).text
+        # prompts drawn with the model's tokenizer, the served model named
+        model_id = httpx.get(f"{srv.url}/v1/models", headers={"Authorization": "Bearer k"}).json()["data"][0]["id"]
+        assert main(["bench", "--base-url", srv.url, "--api-key", "k", "--model", model, "--num-prompts", "3",
+                     "--input-len", "6", "--output-len", "3", "--served-model-name", model_id,
+                     "--save-result", str(drawn)]) == 0
     res = json.loads(out.read_text())
     assert rc == 0 and (res["completed"], res["failed"]) == (N, 0), res["errors"]
+    assert res["request_goodput"] == pytest.approx(res["request_throughput"])  # every request within the SLOs
+    assert json.loads(drawn.read_text())["completed"] == 3
     sent = res["requests"]
     assert [r["index"] for r in sent] == list(range(N))
     assert _metric(metrics, "vllm:prompt_tokens_total") == sum(r["prompt_tokens"] for r in sent)
