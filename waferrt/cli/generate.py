@@ -24,6 +24,7 @@ from waferrt.core.cost import ALLREDUCE_ALGOS
 from waferrt.core.dtypes import STORAGE_DTYPES
 from waferrt.core.spec import PRESETS
 
+from . import placing
 from .attention import (
     add_attention_args,
     check_attention_flags,
@@ -52,7 +53,6 @@ from .common import (
 )
 from .experts import add_experts_arg, check_experts_flags
 from .generate_report import pictures, report, run_bound
-from . import placing
 from .progress import DecodeBar
 from .strategy import add_strategy_args
 

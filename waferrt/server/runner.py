@@ -207,7 +207,8 @@ class Runner:
         """Deliver the last token of each request that ended, with its modelled times (the session's runs read
         so far, from the oldest request still in: what the schedule needs)."""
         self._read_runs()
-        sched = flow_schedule(self.runs, len(self.llm.setup.stages()) - 1, self.llm.placement.spec.clock_hz)
+        sched = flow_schedule(self.runs, len(self.llm.setup.stages()) - 1, self.llm.placement.spec.clock_hz,
+                              partial=True)  # tokens still in flight, and the runs trimmed before the oldest
         for rid, token, finish in ended:
             with self.lock:
                 lv = self.live.pop(rid)

@@ -4,7 +4,8 @@ Contract: :func:`wafer_state(served) -> dict` (``GET /v1/wafer/state``, and ever
 ``GET /v1/wafer/events``): ``health``; ``mesh`` -- ``width``, ``height`` (cores), ``tile`` ([w, h] cores),
 ``sram`` (per core, rows of the share of its SRAM booked: waferrt.cli.heatmap.sram_share), ``links`` (per
 core, modelled link bytes of the tokens that ran since the last look: heatmap.link_bytes), ``busy`` (per tile
-``"x,y"``: its share of the busiest tile's modelled cycles in those runs), ``dead`` cores as [x, y]; ``requests`` (in flight: id, prompt_tokens, tokens so far, age_s, waiting or running);
+``"x,y"``: its share of the busiest tile's modelled cycles in those runs), ``dead`` cores as [x, y];
+``requests`` (in flight: id, prompt_tokens, tokens so far, age_s, waiting or running);
 ``recent`` (the last finished: finish, usage, wall and modelled ttft/tpot/e2e); ``counts`` (running,
 waiting); ``faults`` (the fault log: kind, where, outcome, and when it was injected, fired, detected and
 recovered, Unix seconds). The SRAM map is worked out once per placement (a recovery may move regions).
