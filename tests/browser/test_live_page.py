@@ -12,12 +12,12 @@ import threading
 
 import httpx
 import pytest
-from served import TINY, serving, tiny_model
+from serving import FLAGS, live_server, tiny_gguf
 
 CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
 KEY = "test-key"
-FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-         "--disable-background-networking", "--disable-component-update", "--disable-sync"]
+BROWSER = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+         "--disable-background-networking", "--disable-component-update", "--disable-sync"]  # never touches the network
 
 NO_CHROMIUM = "no Chromium installed (apt-get install chromium)"
 pytestmark = [pytest.mark.slow, pytest.mark.skipif(not os.path.exists(CHROMIUM), reason=NO_CHROMIUM)]
@@ -25,9 +25,9 @@ pytestmark = [pytest.mark.slow, pytest.mark.skipif(not os.path.exists(CHROMIUM),
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory):
-    model = tiny_model(tmp_path_factory.mktemp("model"))
-    with serving(["--model", model, *TINY, "--api-key", KEY, "--http-faults"]) as srv:
-        yield srv
+    folder = tmp_path_factory.mktemp("serve")
+    with live_server(["--model", tiny_gguf(folder), *FLAGS, "--api-key", KEY, "--http-faults"], folder) as url:
+        yield url
 
 
 @pytest.fixture
@@ -35,7 +35,7 @@ def page(tmp_path):
     sync_api = pytest.importorskip("playwright.sync_api", reason="the playwright package is not installed")
     with sync_api.sync_playwright() as p:
         context = p.chromium.launch_persistent_context(str(tmp_path / "profile"), executable_path=CHROMIUM,
-                                                       headless=True, args=FLAGS,
+                                                       headless=True, args=BROWSER,
                                                        viewport={"width": 1280, "height": 860})
         try:
             yield context.new_page()
@@ -53,7 +53,8 @@ def _stream(url: str, body: dict, out: list) -> None:
 
 
 def _model(url: str) -> str:
-    return httpx.get(f"{url}/v1/models", headers={"Authorization": f"Bearer {KEY}"}, timeout=30).json()["data"][0]["id"]
+    models = httpx.get(f"{url}/v1/models", headers={"Authorization": f"Bearer {KEY}"}, timeout=30).json()
+    return models["data"][0]["id"]
 
 
 def _used_core(url: str) -> list[int]:
@@ -64,30 +65,31 @@ def _used_core(url: str) -> list[int]:
 
 
 def test_the_page_shows_the_mesh_a_running_request_and_a_fault_recovered(server, page, tmp_path):
-    page.goto(f"{server.url}/#key={KEY}", wait_until="load", timeout=30_000)
+    page.goto(f"{server}/#key={KEY}", wait_until="load", timeout=30_000)
     page.wait_for_function("document.getElementById('meshinfo').textContent.includes('16x16')", timeout=30_000)
     assert page.eval_on_selector("#sram", "c => c.width") >= 16  # the SRAM heatmap is drawn
     assert page.locator("#health").text_content() == "ok"
 
-    short = {"model": _model(server.url), "prompt": "first", "max_tokens": 4}  # the latency panel has one to show
-    assert httpx.post(f"{server.url}/v1/completions", json=short, headers={"Authorization": f"Bearer {KEY}"},
+    short = {"model": _model(server), "prompt": "first", "max_tokens": 4}  # the latency panel has one to show
+    assert httpx.post(f"{server}/v1/completions", json=short, headers={"Authorization": f"Bearer {KEY}"},
                       timeout=60).status_code == 200
     got: list = []
-    body = {"model": _model(server.url), "prompt": "the wafer page", "max_tokens": 40, "stream": True,
+    body = {"model": _model(server), "prompt": "the wafer page", "max_tokens": 140, "stream": True,
             "ignore_eos": True}
-    runner = threading.Thread(target=_stream, args=(server.url, body, got), daemon=True)
+    runner = threading.Thread(target=_stream, args=(server, body, got), daemon=True)
     runner.start()
     page.wait_for_selector("tr[data-testid=request]", timeout=60_000)  # the request appears, with its tokens
-    page.wait_for_function("document.getElementById('wall-ttft').textContent !== '-'", timeout=30_000)
 
-    fault = {"kind": "core", "core": _used_core(server.url), "when": {"step": 3}}
-    r = httpx.post(f"{server.url}/v1/wafer/faults", json=fault, headers={"Authorization": f"Bearer {KEY}"},
+    fault = {"kind": "core", "core": _used_core(server), "when": {"step": 3}}  # armed while it decodes
+    r = httpx.post(f"{server}/v1/wafer/faults", json=fault, headers={"Authorization": f"Bearer {KEY}"},
                    timeout=60)
     assert r.status_code == 200, r.text
     page.wait_for_selector("tr[data-testid=fault]", timeout=60_000)  # the fault appears ...
     page.wait_for_selector("tr[data-testid=fault][data-state=recovered]", timeout=90_000)  # ... and is recovered
-    runner.join(120)
-    assert got == [200] and not runner.is_alive()
+    page.wait_for_function("document.getElementById('wall-ttft').textContent !== '-'", timeout=30_000)
+    page.wait_for_function("document.getElementById('linkmax').textContent.endsWith(' B')", timeout=30_000)
     shot = os.environ.get("WAFERRT_SCREENSHOT") or str(tmp_path / "serve-live.png")
     page.screenshot(path=shot, full_page=True)
     assert os.path.getsize(shot) > 10_000
+    runner.join(120)
+    assert got == [200] and not runner.is_alive()

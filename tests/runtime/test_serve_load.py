@@ -9,7 +9,7 @@ import re
 
 import httpx
 import pytest
-from served import TINY, serving, tiny_model
+from serving import FLAGS, live_server, tiny_gguf
 
 from waferrt.cli import main
 
@@ -26,30 +26,30 @@ def _metric(text: str, name: str) -> float:
 
 def _alone(model: str, prompt: str, max_tokens: int) -> str:
     """The text of `prompt` decoded alone, greedy, on the numpy reference."""
-    from waferrt.model import Sampler, Tokenizer, load_meta, load_model
+    from waferrt.model import Sampler, Tokenizer, load_model
     from waferrt.serving import GenRequest, generate_reference
 
-    tok = Tokenizer(load_meta(model, False)[1])
-    config, weights = load_model(model, False)
+    config, weights, meta = load_model(model, False)
+    tok = Tokenizer(meta)
     out, _ = generate_reference(config, weights, [GenRequest(tuple(tok.encode(prompt)), max_tokens)], Sampler())
     return tok.decode(out[0].tokens, skip_special=True)
 
 
 def test_a_poisson_load_run_loses_nothing_and_every_output_is_the_request_alone(tmp_path):
-    model = tiny_model(tmp_path)
+    model = tiny_gguf(tmp_path)
     (tmp_path / "prompts.txt").write_text("\n".join(PROMPTS) + "\n")
     out = tmp_path / "result.json"
     drawn = tmp_path / "drawn.json"
-    with serving(["--model", model, *TINY, "--api-key", "k"]) as srv:
-        rc = main(["bench", "--base-url", srv.url, "--api-key", "k", "--model", model,
+    with live_server(["--model", model, *FLAGS, "--api-key", "k"], tmp_path) as url:
+        rc = main(["bench", "--base-url", url, "--api-key", "k", "--model", model,
                    "--prompts", str(tmp_path / "prompts.txt"), "--num-prompts", str(N), "--request-rate", "8",
                    "--burstiness", "1", "--max-concurrency", "6", "--output-len", "8", "--range-ratio", "0.5",
                    "--seed", "5", "--slo", "ttft:60000,tpot:60000", "--timeout", "120", "--deadline", "300",
                    "--save-result", str(out)])
-        metrics = httpx.get(f"{srv.url}/metrics", timeout=30).text
+        metrics = httpx.get(f"{url}/metrics", timeout=30).text
         # prompts drawn with the model's tokenizer, the served model named
-        model_id = httpx.get(f"{srv.url}/v1/models", headers={"Authorization": "Bearer k"}).json()["data"][0]["id"]
-        assert main(["bench", "--base-url", srv.url, "--api-key", "k", "--model", model, "--num-prompts", "3",
+        model_id = httpx.get(f"{url}/v1/models", headers={"Authorization": "Bearer k"}).json()["data"][0]["id"]
+        assert main(["bench", "--base-url", url, "--api-key", "k", "--model", model, "--num-prompts", "3",
                      "--input-len", "6", "--output-len", "3", "--served-model-name", model_id,
                      "--save-result", str(drawn)]) == 0
     res = json.loads(out.read_text())

@@ -80,7 +80,7 @@ function drawMesh(mesh) {
   heatmap(document.getElementById("sram"), grid2d(mesh.sram), 1, marks, tiles);
   heatmap(document.getElementById("links"), links, linkTop, marks, tiles);
   heatmap(document.getElementById("busy"), perCore(tileGrid(mesh.busy, mesh, tiles), mesh, tiles), 1, marks, tiles);
-  document.getElementById("linkmax").textContent = linkTop ? `${linkTop.toLocaleString()} B` : "max";
+  document.getElementById("linkmax").textContent = linkTop ? `${Math.round(linkTop).toLocaleString()} B` : "max";
   document.getElementById("meshinfo").textContent =
     `${mesh.width}x${mesh.height} cores in tiles of ${tiles.w}x${tiles.h}`;
 }
