@@ -255,8 +255,9 @@ def why(naive: dict, er: dict, ni: dict, look: int) -> None:
           f"{1 - er['comm.alltoall'] / naive['comm.alltoall']:.0%} of it; {inside:.0%} of ER's is the router's row "
           f"reduction and the experts' reductions inside their blocks, which MoEntwine's dies do not have (there an "
           f"expert computes on one die: the phase's communication is its all-to-all)")
-    print(f"  why NI: the busiest band fell from {er['busiest']:.2f} to {ni['busiest']:.2f} expert-tokens per token "
-          f"over the run (none goes below {ni['floor']:.2f}: the hottest expert alone, or an even share); "
+    print(f"  why NI: for this run's routing the busiest band carries {er['busiest']:.2f} expert-tokens per token on "
+          f"ER's placement, {ni['busiest']:.2f} on the one NI-Balancer ended with (none goes below {ni['floor']:.2f}: "
+          f"the hottest expert alone, or an even share); "
           f"{ni['swaps']} swaps, each after {look} steps of histogram and {BALANCE_STEPS} of migration, priced "
           f"{ni['comm.migration']:.4f} us/token on the links the attention or the MoE phase leaves cold")
 
