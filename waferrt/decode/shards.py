@@ -97,13 +97,30 @@ def rotate(x: np.ndarray, cos2: np.ndarray, sin2: np.ndarray) -> np.ndarray:
     return out
 
 
+class ComputeCopies:
+    """The float32 copies the host computes with, of storage-dtype weight blocks: each converted once and kept
+    while its storage array is the one held under its name (a block replaced -- the prefill carrying it back,
+    a streamed layer's next blocks -- is converted again). The modelled core holds the storage dtype (what
+    SRAM books); the host holds both (float32 weights: the same array, no copy)."""
+
+    def __init__(self, dtype: str):
+        self.dtype, self.held = dtype, {}  # name -> (the storage array, its float32 copy)
+
+    def of(self, name: str, stored: np.ndarray) -> np.ndarray:
+        held = self.held.get(name)
+        if held is None or held[0] is not stored:
+            held = self.held[name] = (stored, to_f32(stored, self.dtype))
+        return held[1]
+
+
 class LayerShard:
     def __init__(self, dec: Decoding, region: Region, arrays: dict, kv: tuple[int, int], ledger: Ledger):
         """`dec`: the model, the storage dtype, the collectives; `arrays` from pack_layer; `kv` = (requests,
         positions per request) of the K/V caches."""
         config, coll, dtype = dec.config, dec.coll, dec.dtype
         self.config, self.region, self.ledger, self.coll = config, region, ledger, coll
-        self.arrays, self.dtype = arrays, dtype  # weights and K/V are stored in `dtype`, computed in float32
+        self.dtype = dtype  # weights and K/V are stored in `dtype` (what SRAM books), computed in float32
+        self.arrays = arrays  # the storage blocks; their float32 copies made once (`_w`)
         self.rows, self.cols = region.h, region.w
         self.cx = LineComm("x", Span.of(region), ledger, fast=coll.fast)
         self.cy = LineComm("y", Span.of(region), ledger, fast=coll.fast)
@@ -123,8 +140,18 @@ class LayerShard:
             table = _rope_table(self.config, self.rows, int(poss.max()) + 1)
         return table[0][poss], table[1][poss]
 
+    @property
+    def arrays(self) -> dict:
+        """The weight blocks at the storage dtype (what the cores hold; waferrt.decode.pack)."""
+        return self._arrays
+
+    @arrays.setter
+    def arrays(self, arrays: dict) -> None:
+        self._arrays, self._compute = arrays, ComputeCopies(self.dtype)
+
     def _w(self, name: str) -> np.ndarray:
-        return to_f32(self.arrays[name], self.dtype)
+        """Weight `name` in float32, converted once per storage array (ComputeCopies)."""
+        return self._compute.of(name, self._arrays[name])
 
     def _attention(self, items: Items, q: np.ndarray) -> np.ndarray:
         """q (B, R, nh, hd_r) -> (B, R, nh * hd_r). Item b attends to the positions <= poss[b] of its
@@ -210,7 +237,7 @@ class EmbedShard:
     def __init__(self, config: LlamaConfig, region: Region, arrays: dict, ledger: Ledger,
                  coll: Collectives = KTREE_FAST, dtype: str = "float32"):
         self.config, self.region, self.ledger, self.coll, self.dtype = config, region, ledger, coll, dtype
-        self.arrays = arrays
+        self.arrays, self._compute = arrays, ComputeCopies(dtype)
         self.table, self.norm = arrays["table"], arrays["final_norm"]  # (R*voc_r, C*dim_c), (C, dim_c)
         self.rows, self.cols = region.h, region.w
         self.vocab = Chunks(config.vocab_size, region.h)
@@ -224,6 +251,6 @@ class EmbedShard:
     def logits(self, x: np.ndarray) -> np.ndarray:
         """Final RMSNorm and the tied head as a MeshGEMV: x (B, C, dim_c) -> logits (B, vocab)."""
         with self.ledger.op("head"):
-            h = mesh_rmsnorm(self.net, self.cx, x, to_f32(self.norm, self.dtype), self.config)
-            out = self.net.gemv(self.cx, to_f32(self.table, self.dtype), h)  # (B, R, voc_r)
+            h = mesh_rmsnorm(self.net, self.cx, x, self._compute.of("final_norm", self.norm), self.config)
+            out = self.net.gemv(self.cx, self._compute.of("table", self.table), h)  # (B, R, voc_r)
         return self.vocab.join(out)  # (B, vocab)
