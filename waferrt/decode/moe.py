@@ -40,15 +40,14 @@ from waferrt.core.mesh import Region
 from waferrt.core.spec import HardwareSpec
 from waferrt.fabric.comm import LineComm, Span
 from waferrt.model.config import LlamaConfig
-from waferrt.model.reference import silu, top_k_gates
+from waferrt.model.reference import top_k_gates
 from waferrt.model.sparse import softmax
 
 from .balancer import Swap, at_once_cost, plan_swap, step_cost, swap_load
-from .cost import ELEMENTWISE_FLOPS as EW
 from .linkload import AllToAll, LinkLoad, PhaseLinks, alltoall_cost
 from .moe_layout import expert_blocks, expert_layouts, router_layout
 from .pack import Chunks, pack_ffn, pack_layer, pack_matrix
-from .shards import Items, LayerShard, mesh_gemv
+from .shards import Items, LayerShard, mlp
 
 
 def pack_moe_layer(config: LlamaConfig, lw, region: Region, mapping: str, dtype: str = "float32") -> dict:
@@ -147,7 +146,7 @@ class MoELayerShard(LayerShard):
         config = self.config
         router = Ledger(self.ledger.spec, self.ledger.dtype)  # booked apart: MoEStep keeps it
         with router.op("router"):
-            logits = mesh_gemv(self._comm("x", self.region, router), self.coll, self._w("router"), h)  # (B, R, E)
+            logits = self.net.gemv(self._comm("x", self.region, router), self._w("router"), h)  # (B, R, E)
         self.ledger.add(router.total())
         experts, gates = self.route(logits[:, 0])  # (B, k) each
         full = self.dims.join(h)  # (B, dim)
@@ -195,12 +194,10 @@ class MoELayerShard(LayerShard):
 
     def _expert(self, e: int, x: np.ndarray, led: Ledger) -> np.ndarray:
         """Expert e's SwiGLU of x (n, dim) -> (n, dim), as MeshGEMVs in its block (booked in `led`)."""
-        block, coll = self.blocks[e], self.coll
+        block = self.blocks[e]
         dims = self.block_dims[block]
         cx, cy = self._comm("x", block, led), self._comm("y", block, led)
-        gu = mesh_gemv(cx, coll, self._w(f"w13.{e}"), dims.split(x)).reshape(len(x), block.h, 2, -1)
-        led.compute(EW["silu_mul"] * len(x) * gu.shape[3])
-        return dims.join(mesh_gemv(cy, coll, self._w(f"w2.{e}"), silu(gu[:, :, 0]) * gu[:, :, 1]))
+        return dims.join(mlp(self.net, cx, cy, self._w(f"w13.{e}"), self._w(f"w2.{e}"), dims.split(x)))
 
     def _alltoall(self, experts: np.ndarray) -> tuple[Cost, Cost]:
         """Book the dispatch and the combine of the micro-batch's tokens to their experts' blocks."""
