@@ -57,7 +57,7 @@ def balance(shard: MoELayerShard, tokens: int) -> str:
     after = block_loads(shard.routed, tuple(moved))
     load = shard.swap_traffic(swap)
     phases = [per_token(phase, tokens) for phase in shard.links.loads.values()]  # measured as the layer ran
-    step = min((step_cost(WSE2, load, STEPS, busy) for busy in phases), key=lambda c: c.cycles)
+    step = step_cost(WSE2, load, STEPS, phases)
     once = at_once_cost(WSE2, load)
     return (f"  NI-Balancer: busiest block {max(loads.values())} -> {max(after.values())} tokens by swapping experts "
             f"{swap.a} and {swap.b} ({load.total() / 1e6:.2f} MB over the links): at once a "
