@@ -233,6 +233,15 @@ def _moe_parts(spec: HardwareSpec, dec: Decoding, cols: int, rows: int, batch: i
             ("combine", "alltoall", alltoall_cost(spec, combine)))
 
 
+ROUTED = ("experts", "dispatch", "combine")  # the parts of moe_parts that follow the tokens' routing
+
+
+def routed_alone_cycles(spec: HardwareSpec, dec: Decoding, region: Region) -> float:
+    """The cycles of the routed parts (ROUTED) of moe_parts for one typical token: what a token's alone
+    cycles at an MoE layer hold for them, replaced by its share of what ran (waferrt.decode.moe.MoEStep)."""
+    return sum(c.cycles for name, _, c in _moe_parts(spec, dec, region.w, region.h, 1) if name in ROUTED)
+
+
 def _kv_shift(spec: HardwareSpec, nbytes: int, messages: int) -> Cost:
     """The moving columns pass their oldest K/V entry (and its position) one hop east: one routing stage."""
     if messages == 0:

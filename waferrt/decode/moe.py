@@ -29,6 +29,8 @@ every ``balance`` runs and starts the swap ``plan_swap`` finds (``swaps``: those
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import numpy as np
 
 from waferrt.core.cost import Cost
@@ -37,14 +39,13 @@ from waferrt.core.ledger import Ledger, merge_parallel
 from waferrt.core.mesh import Region
 from waferrt.fabric.comm import LineComm, Span
 from waferrt.model.config import LlamaConfig
-from waferrt.model.reference import silu, top_k_gates
+from waferrt.model.reference import top_k_gates
 
 from .balancer import Swap, at_once_cost, plan_swap, step_cost, swap_load
-from .cost import ELEMENTWISE_FLOPS as EW
 from .linkload import AllToAll, LinkLoad, PhaseLinks, alltoall_cost
 from .moe_layout import expert_blocks, expert_layouts, router_layout
 from .pack import Chunks, pack_ffn, pack_layer, pack_matrix
-from .shards import Items, LayerShard, mesh_gemv
+from .shards import Items, LayerShard, mlp
 
 
 def pack_moe_layer(config: LlamaConfig, lw, region: Region, mapping: str, dtype: str = "float32") -> dict:
@@ -63,6 +64,29 @@ def pack_moe_layer(config: LlamaConfig, lw, region: Region, mapping: str, dtype:
 BALANCE_STEPS = 4  # the parts NI-Balancer cuts a swap into, one per micro-batch
 
 
+@dataclass(frozen=True)
+class MoEStep:
+    """The routed part of an MoE layer's run on one micro-batch of `tokens` tokens, as the ledger booked it:
+    the experts (blocks side by side: the busiest block's), the dispatch, the combine (their links as routed)
+    and NI-Balancer's migration (the part of a swap booked in this run, plus the stall of a swap moved at
+    once since the last run). What the modelled schedule takes for the layer's routed work
+    (waferrt.decode.program: each token its share, in place of the closed forms' typical token)."""
+
+    tokens: int
+    experts: Cost
+    dispatch: Cost
+    combine: Cost
+    migration: Cost
+
+    @property
+    def cost(self) -> Cost:
+        return self.experts + self.dispatch + self.combine + self.migration
+
+    def share_cycles(self) -> float:
+        """Each token's share of the step's cycles."""
+        return self.cost.cycles / self.tokens
+
+
 class MoELayerShard(LayerShard):
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
@@ -79,6 +103,9 @@ class MoELayerShard(LayerShard):
             comm.listen(self.links)
         self.migration: list | None = None  # [swap, its LinkLoad, steps, steps done]
         self.balance, self.runs, self.swaps = 0, 0, []  # NI-Balancer: look every `balance` runs; the swaps done
+        self.seen = np.zeros(config.n_experts, np.int64)  # the histogram since NI-Balancer's last look
+        self.step: MoEStep | None = None  # the last run's routed work, as booked
+        self.stall = Cost()  # a swap moved at once since the last run
 
     def run(self, x: np.ndarray, items: Items) -> np.ndarray:
         self.mark = self.links.mark()
@@ -95,8 +122,8 @@ class MoELayerShard(LayerShard):
             self.links.phase = "attention"
 
     def _experts(self, h: np.ndarray) -> np.ndarray:
-        config, coll = self.config, self.coll
-        logits = mesh_gemv(self.cx, coll, self._w("router"), h)  # (B, R, E): every row the same
+        config = self.config
+        logits = self.net.gemv(self.cx, self._w("router"), h)  # (B, R, E): every row the same
         experts, gates = top_k_gates(logits[:, 0], config.top_k)  # (B, k) each
         full = self.dims.join(h)  # (B, dim)
         out, ledgers = np.zeros_like(full), {}
@@ -107,9 +134,13 @@ class MoELayerShard(LayerShard):
                 with led.op("expert"):
                     y = self._expert(e, full[rows], led)  # (n, dim)
                 out[rows] += gates[rows, slot, None] * y
-        self.ledger.add(merge_parallel([led.total() for led in ledgers.values()]))  # blocks side by side
-        self._alltoall(experts)
-        self.routed += np.bincount(experts.ravel(), minlength=config.n_experts)
+        busiest = merge_parallel([led.total() for led in ledgers.values()])  # blocks side by side
+        self.ledger.add(busiest)
+        hist = np.bincount(experts.ravel(), minlength=config.n_experts)
+        self.routed += hist
+        self.seen += hist
+        dispatch, combine = self._alltoall(experts)
+        self.step = MoEStep(len(full), busiest, dispatch, combine, self._balance())
         return self.dims.split(out)
 
     def _expert(self, e: int, x: np.ndarray, led: Ledger) -> np.ndarray:
@@ -120,26 +151,33 @@ class MoELayerShard(LayerShard):
         cy = LineComm("y", Span.of(block), led, fast=coll.fast)
         cx.listen(self.links)
         cy.listen(self.links)
-        gu = mesh_gemv(cx, coll, self._w(f"w13.{e}"), dims.split(x)).reshape(len(x), block.h, 2, -1)
-        led.compute(EW["silu_mul"] * len(x) * gu.shape[3])
-        return dims.join(mesh_gemv(cy, coll, self._w(f"w2.{e}"), silu(gu[:, :, 0]) * gu[:, :, 1]))
+        return dims.join(mlp(self.net, cx, cy, self._w(f"w13.{e}"), self._w(f"w2.{e}"), dims.split(x)))
 
-    def _alltoall(self, experts: np.ndarray) -> None:
-        """Book the dispatch and the combine of the micro-batch's tokens to their experts' blocks (and a step
-        of the migration under way, during the phase it shares fewer links with)."""
+    def _alltoall(self, experts: np.ndarray) -> tuple[Cost, Cost]:
+        """Book the dispatch and the combine of the micro-batch's tokens to their experts' blocks."""
+        costs = []
         for name, load in zip(("dispatch", "combine"), self.routes.loads(experts), strict=True):
-            cost = alltoall_cost(self.ledger.spec, load)
+            costs.append(cost := alltoall_cost(self.ledger.spec, load))
             self.ledger.add(cost)
             self.traffic[name].add(load)
             self.booked[name] += cost
             self.links.loads["moe"].add(load)
+        return costs[0], costs[1]
+
+    def _balance(self) -> Cost:
+        """NI-Balancer's part in this run: a step of the migration under way (booked), the stall of a swap
+        moved at once since the last run; every `balance` runs, a look at the histogram of those runs
+        (MoEntwine's temporal locality: the next runs route as the last ones did) for a swap to start."""
+        cost, self.stall = self.stall, Cost()
         if self.migration is not None:
-            self._migration_step()
+            cost = cost + self._migration_step()
         self.runs += 1
         if self.balance and self.migration is None and self.runs % self.balance == 0:
-            swap = plan_swap(self.routed, self.blocks)
+            swap = plan_swap(self.seen, self.blocks)
+            self.seen[:] = 0
             if swap is not None:
                 self.migrate(swap, BALANCE_STEPS)
+        return cost
 
     # -- NI-Balancer (waferrt.decode.balancer) -----------------------------------------------------------
     def swap_traffic(self, swap: Swap) -> LinkLoad:
@@ -157,10 +195,11 @@ class MoELayerShard(LayerShard):
         cost = at_once_cost(self.ledger.spec, self.swap_traffic(swap))
         with self.ledger.op("migration"):
             self.ledger.add(cost)
+        self.stall = self.stall + cost
         self._swap(swap)
         return cost
 
-    def _migration_step(self) -> None:
+    def _migration_step(self) -> Cost:
         """A part of the migration, during whichever phase of this micro-batch (its links as recorded so far:
         the attention's all, the MoE's up to its combine) leaves more of the part's links cold."""
         swap, load, steps, done = self.migration
@@ -172,6 +211,7 @@ class MoELayerShard(LayerShard):
             self.migration = None
             self._swap(swap)
             self.swaps.append(swap)
+        return cost
 
     def _swap(self, swap: Swap) -> None:
         blocks = list(self.blocks)
