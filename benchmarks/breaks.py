@@ -134,6 +134,21 @@ BREAKS = {
         "cycles=orig(spec, phase).cycles - phase.hops * spec.alpha_cycles)",
         ["tests/unit/test_pins.py", "tests/unit/test_topology.py", "tests/unit/test_moe_mesh.py",
          "tests/unit/test_moe_estimate.py"]),
+    "activation_bytes: the per-position scores left out": (
+        "waferrt.decode.layout", "activation_bytes",
+        "lambda config, region, tokens, head_groups=1: orig(config, region, tokens, head_groups) - 8 * "
+        "(config.n_heads // head_groups) * -(-tokens // region.w)",
+        FILES["stream"] + ["tests/unit/test_estimate.py"]),
+    "kv_core_bytes: one request's K/V only": (
+        "waferrt.decode.layout", "kv_core_bytes",
+        "lambda config, region, tokens, requests, dtype='float32', head_groups=1: "
+        "orig(config, region, tokens, 1, dtype, head_groups)",
+        FILES["stream"] + ["tests/unit/test_estimate.py"]),
+    "stream_core_bytes: a single weight buffer": (
+        "waferrt.decode.layout", "stream_core_bytes",
+        "lambda config, region, tokens, requests, dtype='float32', head_groups=1: "
+        "orig(config, region, tokens, requests, dtype, head_groups) - __import__('waferrt.decode.layout', "
+        "fromlist=['x']).stream_block_bytes(config, region, dtype, head_groups)", FILES["stream"]),
     "first_true: one past the answer": (
         "waferrt.core.arith", "first_true",
         "lambda lo, hi, pred: (lambda v: v if v is None or v >= hi else v + 1)(orig(lo, hi, pred))",
