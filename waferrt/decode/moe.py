@@ -39,14 +39,13 @@ from waferrt.core.ledger import Ledger, merge_parallel
 from waferrt.core.mesh import Region
 from waferrt.fabric.comm import LineComm, Span
 from waferrt.model.config import LlamaConfig
-from waferrt.model.reference import silu, top_k_gates
+from waferrt.model.reference import top_k_gates
 
 from .balancer import Swap, at_once_cost, plan_swap, step_cost, swap_load
-from .cost import ELEMENTWISE_FLOPS as EW
 from .linkload import AllToAll, LinkLoad, PhaseLinks
 from .moe_layout import expert_blocks, expert_layouts, router_layout
 from .pack import Chunks, pack_ffn, pack_layer, pack_matrix
-from .shards import Items, LayerShard, mesh_gemv
+from .shards import Items, LayerShard, mlp
 
 
 def pack_moe_layer(config: LlamaConfig, lw, region: Region, mapping: str, dtype: str = "float32") -> dict:
@@ -123,8 +122,8 @@ class MoELayerShard(LayerShard):
             self.links.phase = "attention"
 
     def _experts(self, h: np.ndarray) -> np.ndarray:
-        config, coll = self.config, self.coll
-        logits = mesh_gemv(self.cx, coll, self._w("router"), h)  # (B, R, E): every row the same
+        config = self.config
+        logits = self.net.gemv(self.cx, self._w("router"), h)  # (B, R, E): every row the same
         experts, gates = top_k_gates(logits[:, 0], config.top_k)  # (B, k) each
         full = self.dims.join(h)  # (B, dim)
         out, ledgers = np.zeros_like(full), {}
@@ -152,9 +151,7 @@ class MoELayerShard(LayerShard):
         cy = LineComm("y", Span.of(block), led, fast=coll.fast)
         cx.listen(self.links)
         cy.listen(self.links)
-        gu = mesh_gemv(cx, coll, self._w(f"w13.{e}"), dims.split(x)).reshape(len(x), block.h, 2, -1)
-        led.compute(EW["silu_mul"] * len(x) * gu.shape[3])
-        return dims.join(mesh_gemv(cy, coll, self._w(f"w2.{e}"), silu(gu[:, :, 0]) * gu[:, :, 1]))
+        return dims.join(mlp(self.net, cx, cy, self._w(f"w13.{e}"), self._w(f"w2.{e}"), dims.split(x)))
 
     def _alltoall(self, experts: np.ndarray) -> tuple[Cost, Cost]:
         """Book the dispatch and the combine of the micro-batch's tokens to their experts' blocks."""
