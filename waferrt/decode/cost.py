@@ -234,7 +234,7 @@ def _moe_parts(spec: HardwareSpec, dec: Decoding, cols: int, rows: int, batch: i
         blk = blocks[ex]  # one expert's SwiGLU for b tokens as MeshGEMVs in its block (MoELayerShard._expert)
         ffn = total([c for _, _, c in _ffn_parts(spec, dec, blk.w, blk.h, config.hidden_dim, b)])
         per_block[blk] = per_block.get(blk, Cost()) + ffn
-    dispatch, combine = AllToAll(config.dim, region, blocks).loads(chosen)
+    dispatch, combine = AllToAll.of(config.dim, region, blocks).loads(chosen)
     return (("router", "gemv", dec.flops(spec, 2 * b * dim_c * e)),
             ("router.reduce", "allreduce", dec.line_reduce(spec, region.w, 4 * b * e, region.h)),
             ("experts", "gemv", merge_parallel(list(per_block.values()))),

@@ -14,6 +14,7 @@ strategy and ``strategies`` the strategies worth trying (both used by the estima
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import lru_cache
 
 from waferrt.core.arith import cdiv, first_true, last_true
 from waferrt.core.mesh import Region
@@ -49,6 +50,7 @@ def legal(config: LlamaConfig, shape: Shape, kv_tokens: int) -> bool:
             and 1 <= shape.cols <= min(config.dim, kv_tokens) and shape.rows <= config.hidden_dim)
 
 
+@lru_cache(maxsize=1 << 16)  # the floor plans' searches ask for the same shapes again (about 5 times each)
 def layer_core_bytes(work: Workload, shape: Shape, kv: bool = True, weights: bool = True) -> int:
     """Bytes of the most loaded core of a region running `work.layers` layers: their weight blocks (unless
     `weights` is False: streamed in, see streaming.py) and K/V (`work.kv`: requests x tokens positions each)
