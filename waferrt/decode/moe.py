@@ -37,7 +37,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from waferrt.core.cost import Cost, flop_cycles
+from waferrt.core.cost import Cost, alltoall_cost, flop_cycles
 from waferrt.core.dtypes import to_storage
 from waferrt.core.ledger import Ledger, merge_parallel
 from waferrt.core.mesh import Region
@@ -48,7 +48,7 @@ from waferrt.model.reference import top_k_gates
 from waferrt.model.sparse import softmax
 
 from .balancer import Swap, at_once_cost, plan_swap, step_cost, swap_load
-from .linkload import AllToAll, LinkLoad, PhaseLinks, alltoall_cost
+from .linkload import AllToAll, LinkLoad, PhaseLinks
 from .moe_layout import expert_blocks, expert_layouts, router_layout
 from .pack import Chunks, pack_ffn, pack_layer, pack_matrix
 from .shards import Items, LayerShard, mlp
