@@ -16,7 +16,6 @@ from __future__ import annotations
 import argparse
 import json
 import math
-import os
 import sys
 
 from waferrt.serving.stats import Latencies, Slo, Summary, summarize
@@ -179,15 +178,14 @@ def table(s: Summary) -> str:
 
 
 def save_json(path: str, data: dict) -> None:
-    """Write `data` to `path` through a temporary file and a rename (never half a file)."""
-    part = f"{path}.part"
+    """Write `data` to `path` whole (waferrt.core.files: a temporary file, fsynced, renamed)."""
+    from waferrt.core.files import WriteError, atomic_open
+
     try:
-        with open(part, "w") as f:
+        with atomic_open(path) as f:
             json.dump(data, f, indent=1)
-        os.replace(part, path)
-    finally:
-        if os.path.exists(part):
-            os.remove(part)
+    except WriteError as e:
+        raise UsageError(str(e)) from None
 
 
 def result_json(args, run, s: Summary) -> dict:
