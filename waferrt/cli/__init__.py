@@ -1,4 +1,4 @@
-"""The ``waferrt`` command: one module per subcommand (generate, plan, estimate, sweep, chaos, demo,
+"""The ``waferrt`` command: one module per subcommand (generate, plan, estimate, sweep, chaos, demo, bench,
 convert, train).
 
 Contract: :func:`main(argv) -> int` parses the command line and runs one subcommand. Each subcommand is
