@@ -20,11 +20,11 @@ from itertools import combinations
 
 import numpy as np
 
-from waferrt.core.cost import Cost, serialise_cycles
+from waferrt.core.cost import Cost, alltoall_cost, serialise_cycles
 from waferrt.core.mesh import Region
 from waferrt.core.spec import HardwareSpec
 
-from .linkload import LinkLoad, alltoall_cost
+from .linkload import LinkLoad
 
 
 @dataclass(frozen=True)
