@@ -133,11 +133,12 @@ class Runner:
     def _run(self) -> None:
         try:
             while not self.stopping.is_set():
-                self._take(block=not self.live)
-                if self.live:
-                    self._step()
-                elif self.session:
-                    self._end_session()
+                try:
+                    self._turn()
+                except (Unrecoverable, FaultStop):
+                    raise
+                except Exception as e:  # noqa: BLE001 - a fault (a call to a tile, the events): repair, resume
+                    self._recover(e)
         except BaseException as e:  # noqa: BLE001 - the wafer cannot serve any more: every open request ends
             self._down(f"down: {type(e).__name__}: {e}")
         finally:
@@ -146,6 +147,13 @@ class Runner:
                     self._end_session()
                 except Exception:  # noqa: BLE001 - a failed wafer cannot end its loops; closing it ends them
                     pass
+
+    def _turn(self) -> None:
+        self._take(block=not self.live)
+        if self.live:
+            self._step()
+        elif self.session:
+            self._end_session()
 
     def _take(self, block: bool) -> None:
         try:
@@ -174,20 +182,14 @@ class Runner:
             with self.lock:
                 self.live[arg] = _Live(extra, sub)
             if not self.session:
-                self.decode.start()
                 self.session, self.since, self.runs = True, {}, []
+                self.decode.start()
             self.decode.submit([sub])
 
     def _step(self) -> None:
         if time.monotonic() - self.read_at > READ_S:  # the live heatmap's runs, now and then
             self._read_runs()
-        try:
-            events = self.decode.events(WAIT_S)
-        except (Unrecoverable, FaultStop):
-            raise
-        except Exception as e:  # noqa: BLE001 - a fault: repair the wafer, resume every open request
-            self._recover(e)
-            return
+        events = self.decode.events(WAIT_S)
         ended = []
         for ev in events:
             lv = self.live.get(ev.index)
@@ -206,7 +208,12 @@ class Runner:
     def _finish(self, ended: list) -> None:
         """Deliver the last token of each request that ended, with its modelled times (the session's runs read
         so far, from the oldest request still in: what the schedule needs)."""
-        self._read_runs()
+        try:
+            self._read_runs()
+        except Exception as e:  # noqa: BLE001 - a fault: the requests that ended are delivered first
+            failed = e
+        else:
+            failed = None
         sched = flow_schedule(self.runs, len(self.llm.setup.stages()) - 1, self.llm.placement.spec.clock_hz,
                               partial=True)  # tokens still in flight, and the runs trimmed before the oldest
         for rid, token, finish in ended:
@@ -217,6 +224,8 @@ class Runner:
             times = request_times(sched, rid, len(lv.job.request.prompt_ids), made) if made else ModelledTimes()
             lv.job.deliver(Update(token, finish, times, lv.handed - lv.job.arrived))
         self._trim_runs()
+        if failed is not None:
+            raise failed
 
     def _read_runs(self) -> None:
         self.read_at = time.monotonic()
@@ -239,6 +248,8 @@ class Runner:
         self.decode.stop()
 
     def _recover(self, error: Exception) -> None:
+        if not self.session:
+            raise error  # no decode was running: not a fault of one
         self.health = "recovering"
         try:
             repair(self.decode, error)
