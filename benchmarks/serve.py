@@ -132,7 +132,9 @@ def main() -> int:
         print("\n".join(f"{a:70s} {b}" for a, b in rows))
     if args.save_result:
         bench.save_json(args.save_result, {"serving": dataclasses.asdict(s), "offline": offline, "chaos": chaos,
-                                           "texts_equal_offline": same})
+                                           "texts_equal_offline": same, "prompts": [p.prompt for p in prompts],
+                                           "serving_texts": _texts(run),
+                                           "chaos_texts": None if chaos is None else _texts(crun)})
     return 0
 
 

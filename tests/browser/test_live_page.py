@@ -78,14 +78,14 @@ def test_the_page_shows_the_mesh_a_running_request_and_a_fault_recovered(server,
             "ignore_eos": True}
     runner = threading.Thread(target=_stream, args=(server, body, got), daemon=True)
     runner.start()
-    page.wait_for_selector("tr[data-testid=request]", timeout=60_000)  # the request appears, with its tokens
+    page.wait_for_selector("tr[data-testid=request]", timeout=120_000)  # the request appears, with its tokens
 
     fault = {"kind": "core", "core": _used_core(server), "when": {"step": 3}}  # armed while it decodes
     r = httpx.post(f"{server}/v1/wafer/faults", json=fault, headers={"Authorization": f"Bearer {KEY}"},
                    timeout=60)
     assert r.status_code == 200, r.text
-    page.wait_for_selector("tr[data-testid=fault]", timeout=60_000)  # the fault appears ...
-    page.wait_for_selector("tr[data-testid=fault][data-state=recovered]", timeout=90_000)  # ... and is recovered
+    page.wait_for_selector("tr[data-testid=fault]", timeout=120_000)  # the fault appears ...
+    page.wait_for_selector("tr[data-testid=fault][data-state=recovered]", timeout=180_000)  # ... and is recovered
     page.wait_for_function("document.getElementById('wall-ttft').textContent !== '-'", timeout=30_000)
     page.wait_for_function("document.getElementById('linkmax').textContent.endsWith(' B')", timeout=30_000)
     shot = os.environ.get("WAFERRT_SCREENSHOT") or str(tmp_path / "serve-live.png")
