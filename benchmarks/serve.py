@@ -13,8 +13,10 @@ concurrency, SLOs) and ``--wafer "FLAGS"``, the model and placement flags given 
 the texts are compared. Steps, one at a time (this machine has 2 cores): (1) a server, the load, the server
 stopped; (2) ``generate --json`` on the same prompts: offline output tokens per second of its decode; (3) a
 server with ``--chaos SEED:N``, the same load: requests lost (failed), texts that differ from (1), faults
-recovered (its /metrics). Prints the bench table of each load, then the summary (``--markdown``: the README's
-table) with serving/offline output throughput (the goal: >= 0.8). ``--save-result PATH``: all of it as JSON.
+recovered (its /metrics). ``--rounds N`` repeats (1) and (2) N times and reports the median round (the load of
+a shared machine moves between the two). Prints the bench table of each load, then the summary
+(``--markdown``: the README's table) with serving/offline output throughput (the goal: >= 0.8).
+``--save-result PATH``: all of it as JSON.
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ import json
 import os
 import re
 import shlex
+import statistics
 import subprocess
 import sys
 
@@ -46,6 +49,8 @@ def _args() -> argparse.Namespace:
     ap.add_argument("--wafer", default="", metavar='"FLAGS"', help="model and placement flags of serve and generate")
     ap.add_argument("--chaos", default="7:3", metavar="SEED[:N]", help="the faulted run's --chaos (default 7:3)")
     ap.add_argument("--no-chaos", action="store_true", help="leave the faulted run out")
+    ap.add_argument("--rounds", type=int, default=1, help="serving then offline, this many times (the ratio's "
+                                                           "median and spread: the machine's load moves)")
     ap.add_argument("--markdown", action="store_true", help="the summary as the README's table")
     args = ap.parse_args()
     wafer = shlex.split(args.wafer)
@@ -85,12 +90,17 @@ def _texts(run) -> list:
     return [run.sent[i].text if run.sent[i].outcome.success else None for i in sorted(run.sent)]
 
 
-def _summary_rows(s, offline: dict, chaos: dict | None) -> list[tuple[str, str]]:
-    off = offline["generated"] / offline["wall_s"]
+def _offline_rate(offline: dict) -> float:
+    return offline["generated"] / offline["wall_s"]
+
+
+def _summary_rows(s, offline: dict, ratios: list, chaos: dict | None) -> list[tuple[str, str]]:
+    off = _offline_rate(offline)
+    spread = f" (median of {len(ratios)} rounds, {min(ratios):.2f}-{max(ratios):.2f})" if len(ratios) > 1 else ""
     rows = [("requests completed / failed", f"{s.completed} / {s.failed}"),
             ("serving output throughput", f"{s.output_throughput:.2f} tok/s ({s.request_throughput:.3f} req/s)"),
             ("offline (generate) output throughput", f"{off:.2f} tok/s"),
-            ("serving / offline", f"{s.output_throughput / off:.2f}")]
+            ("serving / offline", f"{statistics.median(ratios):.2f}{spread}")]
     for clock in ("wall", "modelled"):
         lat = getattr(s, clock)
         for metric in ("ttft", "tpot", "itl", "e2el"):
@@ -104,37 +114,49 @@ def _summary_rows(s, offline: dict, chaos: dict | None) -> list[tuple[str, str]]
     return rows
 
 
-def main() -> int:
-    args = _args()
-    wafer = shlex.split(args.wafer)
-    prompts = tuple(Prompt(p.prompt, args.output_len) for p in bench.prompts(args))
-    print(f"{len(prompts)} requests, {args.output_len} tokens each, request rate {args.request_rate}", flush=True)
+def _round(args, wafer: list, prompts: tuple) -> tuple:
+    """Serving then offline on the same prompts: (the load's Run, its Summary, generate's JSON, texts equal)."""
     with serving(wafer, deadline_s=600) as srv:
         run, s, _ = _load(args, srv.url, prompts)
     print(bench.table(s), flush=True)
     offline = _offline(args, wafer, prompts)
     same = sum(a == b for a, b in zip(_texts(run), offline["text"] if len(prompts) > 1 else [offline["text"]]))
     print(f"offline: {offline['generated']} tokens in {offline['wall_s']:.2f} s; texts equal to serving's: "
-          f"{same} of {len(prompts)}", flush=True)
-    chaos = None
-    if not args.no_chaos:
-        with serving([*wafer, "--chaos", args.chaos], deadline_s=600) as srv:
-            crun, cs, cmetrics = _load(args, srv.url, prompts)
-        print(bench.table(cs), flush=True)
-        chaos = {"chaos": args.chaos, "failed": cs.failed,
-                 "differ": sum(a != b for a, b in zip(_texts(crun), _texts(run))),
-                 "injected": _metric(cmetrics, "waferrt:faults_injected_total"),
-                 "recovered": _metric(cmetrics, "waferrt:faults_recovered_total")}
-    rows = _summary_rows(s, offline, chaos)
+          f"{same} of {len(prompts)}; serving / offline {s.output_throughput / _offline_rate(offline):.2f}",
+          flush=True)
+    return run, s, offline, same
+
+
+def _chaos(args, wafer: list, prompts: tuple, texts: list) -> tuple:
+    """The load under --chaos: (its Run, the summary row's figures)."""
+    with serving([*wafer, "--chaos", args.chaos], deadline_s=600) as srv:
+        crun, cs, cmetrics = _load(args, srv.url, prompts)
+    print(bench.table(cs), flush=True)
+    return crun, {"chaos": args.chaos, "failed": cs.failed, "differ": sum(a != b for a, b in zip(_texts(crun), texts)),
+                  "injected": _metric(cmetrics, "waferrt:faults_injected_total"),
+                  "recovered": _metric(cmetrics, "waferrt:faults_recovered_total")}
+
+
+def main() -> int:
+    args = _args()
+    wafer = shlex.split(args.wafer)
+    prompts = tuple(Prompt(p.prompt, args.output_len) for p in bench.prompts(args))
+    print(f"{len(prompts)} requests, {args.output_len} tokens each, request rate {args.request_rate}", flush=True)
+    rounds = [_round(args, wafer, prompts) for _ in range(max(1, args.rounds))]
+    ratios = [s.output_throughput / _offline_rate(off) for _, s, off, _ in rounds]
+    run, s, offline, same = sorted(rounds, key=lambda r: r[1].output_throughput / _offline_rate(r[2]))[len(rounds) // 2]
+    crun, chaos = _chaos(args, wafer, prompts, _texts(run)) if not args.no_chaos else (None, None)
+    rows = _summary_rows(s, offline, ratios, chaos)
     if args.markdown:
         print("\n| measure | value |\n| --- | --- |\n" + "\n".join(f"| {a} | {b} |" for a, b in rows))
     else:
         print("\n".join(f"{a:70s} {b}" for a, b in rows))
     if args.save_result:
-        bench.save_json(args.save_result, {"serving": dataclasses.asdict(s), "offline": offline, "chaos": chaos,
-                                           "texts_equal_offline": same, "prompts": [p.prompt for p in prompts],
-                                           "serving_texts": _texts(run),
-                                           "chaos_texts": None if chaos is None else _texts(crun)})
+        bench.save_json(args.save_result, {
+            "serving": dataclasses.asdict(s), "offline": offline, "ratios": ratios, "chaos": chaos,
+            "texts_equal_offline": same, "prompts": [p.prompt for p in prompts], "serving_texts": _texts(run),
+            "serving_tokens": [run.sent[i].outcome.output_tokens for i in sorted(run.sent)],
+            "chaos_texts": None if crun is None else _texts(crun)})
     return 0
 
 
