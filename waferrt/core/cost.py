@@ -79,6 +79,12 @@ def on_lines(c: Cost, lines: int) -> Cost:
                 flops=c.flops, cycles=c.cycles)
 
 
+def segment_bytes(nbytes: int, n: int) -> int:
+    """The bytes of one of the n equal float32 segments a ring or pipeline allreduce cuts nbytes into (the
+    last padded to the others' size): the one owner of the padding."""
+    return 4 * cdiv(nbytes, 4 * n)
+
+
 def flop_cycles(spec: HardwareSpec, flops: float, dtype: str = "float32") -> float:
     """Cycles one core takes for `flops` on `dtype` data: the one owner of flops-to-cycles."""
     return flops / spec.flops_per_cycle_at(dtype)
@@ -211,7 +217,7 @@ def allreduce_cost(spec: HardwareSpec, algo: str, n: int, nbytes: int, k: int = 
         return Cost()
     if algo in ("ktree", "chain"):
         return ktree_cost(spec, tree_plan(algo, n, k), n, nbytes)
-    seg = 4 * cdiv(nbytes, 4 * n)  # the vector is cut in n equal (padded) float32 segments
+    seg = segment_bytes(nbytes, n)
     steps = 2 * (n - 1)
     if algo == "ring":
         hop_len, ring_len = spec.topology.ring_hops(n)
