@@ -52,7 +52,12 @@ class Cost:
         return {f.name: getattr(self, f.name) for f in fields(self)}
 
     def seconds(self, spec: HardwareSpec) -> float:
-        return self.cycles / spec.clock_hz
+        return cycles_seconds(spec, self.cycles)
+
+
+def cycles_seconds(spec: HardwareSpec, cycles: float) -> float:
+    """Modelled cycles in seconds at the spec's clock: the one owner of the conversion (``Cost.seconds``)."""
+    return cycles / spec.clock_hz
 
 
 def total(costs) -> Cost:
