@@ -52,7 +52,7 @@ def _def_site(kernel) -> Site | None:
 
 def _sides(ctx: Context) -> list[Dir]:
     """The neighbour tiles that hold cores of the region, by side."""
-    return [d for comm in (ctx.x, ctx.y) for d in (comm.fwd, comm.fwd.opposite) if comm.links and comm._has_tile(d)]
+    return [d for comm in (ctx.x, ctx.y) for d in (comm.fwd, comm.fwd.opposite) if comm.links and comm.has_tile(d)]
 
 
 def _end(ctx: Context, tile) -> None:
