@@ -38,7 +38,16 @@ from functools import lru_cache
 import numpy as np
 
 from waferrt.core.arith import cdiv
-from waferrt.core.cost import Cost, allreduce_cost, broadcast_cost, compute_cost, message_cycles, on_lines, total
+from waferrt.core.cost import (
+    Cost,
+    allreduce_cost,
+    alltoall_cost,
+    broadcast_cost,
+    compute_cost,
+    message_cycles,
+    on_lines,
+    total,
+)
 from waferrt.core.dtypes import check_dtype
 from waferrt.core.ledger import merge_parallel
 from waferrt.core.mesh import Region
@@ -47,7 +56,7 @@ from waferrt.fabric.comm import KTREE_FAST, Collectives
 from waferrt.model.config import LlamaConfig
 from waferrt.model.sparse import DENSE, AttentionMode
 
-from .linkload import AllToAll, alltoall_cost
+from .linkload import AllToAll
 from .moe_layout import MAPPINGS, expert_blocks
 from .topk import TopKRow, topk_cost
 

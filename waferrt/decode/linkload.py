@@ -1,15 +1,15 @@
 """The traffic of every link of a region in one phase of a layer, and what that phase costs.
 
 Contract: a :class:`LinkLoad` holds the bytes that left every core of a region by each of its four sides
-(messages routed one hop at a time add to every link on their way); :func:`alltoall_cost` is what a phase
-whose messages travel at once costs (the longest route's hops, then the busiest link's bytes one after the
-other). :class:`AllToAll` is an MoE layer's dispatch and combine between the region's column split of a
-token and its experts' blocks (``block_patterns``: along the rows; ``column_combine``: up and down the
-columns), what the tiles book as they run (waferrt.decode.moe) and the closed forms count
-(waferrt.decode.cost). :class:`PhaseLinks` keeps a layer's link traffic per phase ("attention": the norms,
-QKV, attention, K/V shift and wo; "moe": the router, dispatch, experts, combine, a shared expert) as it runs:
-a tap of its LineComms (waferrt.fabric.comm.LineComm.listen) that adds every booked message's bytes to the
-phase under way.
+(messages routed one hop at a time add to every link on their way) in a phase whose messages travel at once:
+its longest route's ``hops``, ``messages``, ``link_bytes`` and ``busiest`` link, a ``core.cost.Phase`` that
+``core.cost.alltoall_cost`` prices. :class:`AllToAll` is an MoE layer's dispatch and combine between the
+region's column split of a token and its experts' blocks (``block_patterns``: along the rows;
+``column_combine``: up and down the columns), what the tiles book as they run (waferrt.decode.moe) and the
+closed forms count (waferrt.decode.cost). :class:`PhaseLinks` keeps a layer's link traffic per phase
+("attention": the norms, QKV, attention, K/V shift and wo; "moe": the router, dispatch, experts, combine, a
+shared expert) as it runs: a tap of its LineComms (waferrt.fabric.comm.LineComm.listen) that adds every booked
+message's bytes to the phase under way.
 """
 
 from __future__ import annotations
@@ -19,10 +19,8 @@ from functools import lru_cache
 
 import numpy as np
 
-from waferrt.core.cost import Cost, message_cycles
 from waferrt.core.layout import Chunks
 from waferrt.core.mesh import Region
-from waferrt.core.spec import HardwareSpec
 
 E, W, S, N = range(4)  # the side a link leaves its core by (LinkLoad.bytes' first axis)
 SIDES = "EWSN"
@@ -93,14 +91,13 @@ class LinkLoad:
     def total(self) -> float:
         return float(self.bytes.sum())
 
+    @property
+    def link_bytes(self) -> int:  # a core.cost.Phase: what alltoall_cost prices
+        return int(round(self.total()))
 
-def alltoall_cost(spec: HardwareSpec, load: LinkLoad) -> Cost:
-    """A phase whose messages all travel at once: the longest route's hops, then the busiest link's bytes
-    one after the other (one routing stage)."""
-    if not load.messages:
-        return Cost()
-    return Cost(hops=load.hops, stages=1, link_bytes=int(round(load.total())), messages=load.messages,
-                cycles=message_cycles(spec, load.hops, 1, load.hottest()))
+    @property
+    def busiest(self) -> float:
+        return self.hottest()
 
 
 def _pieces(dim: int, region: Region, block: Region) -> list[tuple[int, int, int]]:
