@@ -32,7 +32,7 @@ import time
 import uuid
 from collections.abc import Callable
 from contextlib import contextmanager, nullcontext
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from pathlib import Path
 
 from waferrt.actors.session import ClusterUnreachable, cluster_nodes, new_ipc_dir, ray_init
@@ -72,6 +72,16 @@ class Launch:
             raise TypeError(f"address is a str ('auto' or HOST:PORT) or None, got {self.address!r}")
 
 
+def _unknown_keywords(unknown: dict) -> str:
+    """What Wafer(...) says of keywords it does not take: Launch's go inside launch=Launch(...)."""
+    names = ", ".join(sorted(unknown))
+    launch = sorted(set(unknown) & {f.name for f in fields(Launch)})
+    hint = (f"waferrt.Launch takes {', '.join(launch)} (how the tiles are started): write "
+            f"Wafer(..., launch=waferrt.Launch({', '.join(f'{k}={unknown[k]!r}' for k in launch)}))" if launch else
+            "Wafer takes spec, mesh, tile, backend and launch (waferrt.Launch(address, timeout, max_tiles))")
+    return f"Wafer() got unknown keyword(s) {names}: {hint}"
+
+
 class WaferClosed(RuntimeError):
     """The Wafer was used while it is not open (closed, or not opened yet)."""
 
@@ -92,7 +102,9 @@ class Wafer(WaferFaults):
     """
 
     def __init__(self, spec: str | HardwareSpec = "tiny", mesh: tuple[int, int] | MeshSpec = (16, 16),
-                 tile: tuple[int, int] = (8, 8), backend: str = "ray", launch: Launch = Launch()):
+                 tile: tuple[int, int] = (8, 8), backend: str = "ray", launch: Launch = Launch(), **unknown):
+        if unknown:
+            raise TypeError(_unknown_keywords(unknown))
         self.backend = check_backend(backend)
         self.spec = spec_by_name(spec)
         self.mesh = mesh if isinstance(mesh, MeshSpec) else MeshSpec(*_pair("mesh", mesh), *_pair("tile", tile))
