@@ -3,7 +3,8 @@
 Contract: :func:`user_site` is the innermost frame of the user's own code (not waferrt, not an installed
 package, not the standard library) of a traceback or of the current stack, as a :class:`Site` (file, line,
 function, the line's text). :func:`locate` adds to an exception raised in a kernel where it happened -- the
-attributes ``kernel_site`` (a Site), ``tile`` (a TileId) and, when known, ``core`` (a Coord) -- and a note
+attributes ``kernel_site`` (a Site), ``tile`` (a TileId: the error's ``blame`` where it names another tile at
+fault) and, when known, ``core`` (a Coord) -- and a note
 (``add_note``: shown under its traceback) saying so; :class:`KernelFailed` carries a kernel's exception, its
 site, its tile and what it printed from a tile to the host (any exception pickles inside it, its own
 attributes with it). :class:`TileOutput` captures what ``print`` writes in the threads that ask for it (each
@@ -70,11 +71,14 @@ def user_site(tb=None) -> Site | None:
 
 def locate(error: BaseException, site: Site | None, tile, kernel: str) -> BaseException:
     """`error` with where it happened added (attributes and a note); returns it."""
-    error.kernel_site, error.tile = site, tile
+    blame = getattr(error, "blame", None)  # the tile at fault, when not the one that raised
+    error.kernel_site, error.tile = site, blame or tile
     core = getattr(error, "core", None)
     error.core = core
     at = f" at {site}" if site else ""
-    on = f"{tile}" + (f", core {core}" if core is not None else "")
+    on = f"{error.tile}" + (f", core {core}" if core is not None else "")
+    if blame is not None and blame != tile:
+        on += f"; seen on {tile}, which waited for it"
     note = f"raised in kernel {kernel!r}{at} (on {on})"
     if note not in getattr(error, "__notes__", ()):
         error.add_note(note)

@@ -36,13 +36,20 @@ from waferrt.faults.faultmap import FaultMap
 
 from .comm import Collectives, LineComm, Slices, Span
 from .debug import user_site
-from .links import FabricProtocolError
+from .links import FabricError
 from .misuse import from_neighbour
 from .view import RegionView
 
 
 class NotNeighbourError(ValueError):
-    """A core asked to send to a core that is not one hop away."""
+    """A core asked to send to a core that is not one hop away (``core``: the sender)."""
+
+    def __init__(self, message: str, core: Coord):
+        super().__init__(message)
+        self.core = core
+
+    def __reduce__(self):
+        return type(self), (str(self), self.core)
 
 
 class Context(RegionView):
@@ -84,8 +91,11 @@ class Context(RegionView):
         self.calls.append((what, f"{site.file}:{site.line}" if site else "?"))
         try:
             yield
-        except FabricProtocolError as e:
-            raise from_neighbour(e, what, site) from e
+        except FabricError as e:
+            better = from_neighbour(e, what, site, self.calls)
+            if better is e:
+                raise
+            raise better from e
 
     # -- primitives -----------------------------------------------------------------------------------
     def send(self, buf: np.ndarray, dx: int, dy: int, where=None, wrap: bool = False) -> np.ndarray:
@@ -115,7 +125,7 @@ class Context(RegionView):
             raise NotNeighbourError(
                 f"core {a} cannot send to core {b}: they are {a.hops_to(b)} hops apart and a core has links "
                 "only to its N/E/S/W neighbours. Move data one hop at a time (ctx.send with |dx|+|dy| = 1), "
-                "or use ctx.shift / ctx.broadcast / ctx.allreduce, which forward hop by hop.")
+                "or use ctx.shift / ctx.broadcast / ctx.allreduce, which forward hop by hop.", a)
         d = Dir.of_step(dx, dy)
         with self._primitive(f"ctx.send {d.name}", buf):
             axis, dist = ("x", dx) if dx else ("y", dy)
