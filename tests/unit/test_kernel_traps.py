@@ -3,11 +3,17 @@ keyword of Launch given to Wafer, ... -- each raises an error that says what to 
 
 from __future__ import annotations
 
+import threading
+import time
+
 import numpy as np
 import pytest
 
 import waferrt
+from waferrt import Coord, TileId
 from waferrt.dsm import CopiesDiffer
+from waferrt.fabric.kernel import NotNeighbourError
+from waferrt.fabric.misuse import NeighbourTimeout, NotSpmd, TileHung
 
 
 def _rows_store_their_y(ctx):
@@ -47,3 +53,77 @@ def test_a_keyword_wafer_does_not_take_is_named_with_where_it_goes(keyword, hint
     with pytest.raises(TypeError) as e:
         waferrt.Wafer(backend="local", **{keyword: 5})
     assert f"unknown keyword(s) {keyword}" in str(e.value) and hint in str(e.value)
+
+
+# -- blame: the tile at fault is the one named --------------------------------------------------------------
+def _west(ctx) -> bool:
+    return ctx.local.x0 == 0
+
+
+def _ones(ctx):
+    return np.ones(ctx.shape + (1,), np.float32)
+
+
+def _run(kernel, timeout: float = 3.0, mesh=(4, 2)):
+    with waferrt.Wafer(spec="tiny", mesh=mesh, tile=(2, 2), backend="local",
+                       launch=waferrt.Launch(timeout=timeout)) as wafer:
+        return wafer.run(kernel)
+
+
+def test_a_tile_slower_than_the_timeout_is_blamed_not_the_one_that_waited():
+    def slow_west(ctx):
+        if _west(ctx):
+            time.sleep(1.6)  # past the timeout (1 s), within the second one the host gives it after
+        ctx.allreduce(_ones(ctx), "x")
+
+    # on a loaded machine the slow tile may also miss the second second: then it is TileHung, blamed the same
+    with pytest.raises((NeighbourTimeout, TileHung)) as e:
+        _run(slow_west, timeout=1.0)
+    assert e.value.tile == TileId(0, 0)
+    text = "\n".join([str(e.value), *e.value.__notes__])
+    assert "tile(0,0) was too slow: tile(1,0) waited" in text and "Launch(timeout=" in text
+
+
+def test_a_tile_that_never_reaches_the_collective_ends_the_run_within_the_timeout():
+    stop = threading.Event()
+
+    def stuck_west(ctx):
+        while _west(ctx) and not stop.is_set():  # never comes (until the test lets the thread go)
+            time.sleep(0.01)
+        ctx.allreduce(_ones(ctx), "x")
+
+    start = time.monotonic()
+    try:
+        with pytest.raises(TileHung) as e:
+            _run(stuck_west, timeout=0.5)
+    finally:
+        stop.set()
+    assert time.monotonic() - start < 30  # not forever: two timeouts and the wafer's close
+    assert e.value.tile == TileId(0, 0) and "tile(0,0) did not finish its command" in str(e.value)
+    assert any("tile(1,0) waited for it at ctx.allreduce along x" in n for n in e.value.__notes__)
+
+
+def test_tiles_that_disagree_on_the_axis_are_told_what_each_ran():
+    def axis_by_tile(ctx):
+        ctx.allreduce(_ones(ctx), "x" if _west(ctx) else "y")
+
+    with pytest.raises(NotSpmd) as e:
+        _run(axis_by_tile, mesh=(4, 4))
+    assert "ran ctx.allreduce along x" in str(e.value) and "ran ctx.allreduce along y" in str(e.value)
+    assert "ended the kernel without it" not in str(e.value)
+
+
+def test_a_send_under_an_if_points_at_the_send():
+    def send_west_only(ctx):
+        if _west(ctx):
+            ctx.send(_ones(ctx), 1, 0)  # the line the error must point at
+
+    with pytest.raises(NotSpmd) as e:
+        _run(send_west_only)
+    assert e.value.kernel_site.code == "ctx.send(_ones(ctx), 1, 0)  # the line the error must point at"
+
+
+def test_a_send_to_a_far_core_names_the_core():
+    with pytest.raises(NotNeighbourError) as e:
+        _run(lambda ctx: ctx.send(_ones(ctx), 2, 0))
+    assert e.value.core in (Coord(0, 0), Coord(2, 0)) and f"core {e.value.core} cannot send" in str(e.value)
