@@ -32,7 +32,7 @@ import time
 import uuid
 from collections.abc import Callable
 from contextlib import contextmanager, nullcontext
-from dataclasses import dataclass, fields
+from dataclasses import dataclass
 from pathlib import Path
 
 from waferrt.actors.session import ClusterUnreachable, cluster_nodes, new_ipc_dir, ray_init
@@ -43,6 +43,7 @@ from .core.ledger import merge_snapshots
 from .core.mesh import DEFAULT_MAX_TILES, MeshSpec, Region, TileId, check_on_wafer, check_tile_count
 from .core.spec import HardwareSpec, spec_by_name
 from .dsm import DSM, UnknownTensor
+from .fabric.host_args import check_host_args, unknown_keywords
 from .fabric.misuse import TileHung
 from .fabric.spmd import root_cause, show_output
 from .faults.errors import FaultError
@@ -73,16 +74,6 @@ class Launch:
             raise TypeError(f"address is a str ('auto' or HOST:PORT) or None, got {self.address!r}")
 
 
-def _unknown_keywords(unknown: dict) -> str:
-    """What Wafer(...) says of keywords it does not take: Launch's go inside launch=Launch(...)."""
-    names = ", ".join(sorted(unknown))
-    launch = sorted(set(unknown) & {f.name for f in fields(Launch)})
-    hint = (f"waferrt.Launch takes {', '.join(launch)} (how the tiles are started): write "
-            f"Wafer(..., launch=waferrt.Launch({', '.join(f'{k}={unknown[k]!r}' for k in launch)}))" if launch else
-            "Wafer takes spec, mesh, tile, backend and launch (waferrt.Launch(address, timeout, max_tiles))")
-    return f"Wafer() got unknown keyword(s) {names}: {hint}"
-
-
 class WaferClosed(RuntimeError):
     """The Wafer was used while it is not open (closed, or not opened yet)."""
 
@@ -105,7 +96,7 @@ class Wafer(WaferFaults):
     def __init__(self, spec: str | HardwareSpec = "tiny", mesh: tuple[int, int] | MeshSpec = (16, 16),
                  tile: tuple[int, int] = (8, 8), backend: str = "ray", launch: Launch = Launch(), **unknown):
         if unknown:
-            raise TypeError(_unknown_keywords(unknown))
+            raise TypeError(unknown_keywords(unknown, Launch))
         self.backend = check_backend(backend)
         self.spec = spec_by_name(spec)
         self.mesh = mesh if isinstance(mesh, MeshSpec) else MeshSpec(*_pair("mesh", mesh), *_pair("tile", tile))
@@ -201,6 +192,7 @@ class Wafer(WaferFaults):
         if not callable(kernel):
             raise TypeError(f"kernel must be a function kernel(ctx, **args), got {kernel!r}")
         region = self.region_of(region)
+        check_host_args(args)
         self.live()
         if self.backend == "ray":
             _ship_code(kernel)

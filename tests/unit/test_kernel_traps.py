@@ -3,6 +3,7 @@ keyword of Launch given to Wafer, ... -- each raises an error that says what to 
 
 from __future__ import annotations
 
+import sys
 import threading
 import time
 
@@ -127,3 +128,22 @@ def test_a_send_to_a_far_core_names_the_core():
     with pytest.raises(NotNeighbourError) as e:
         _run(lambda ctx: ctx.send(_ones(ctx), 2, 0))
     assert e.value.core in (Coord(0, 0), Coord(2, 0)) and f"core {e.value.core} cannot send" in str(e.value)
+
+
+# -- what reaches the host, what is refused -----------------------------------------------------------------
+def test_what_a_kernel_prints_to_stderr_reaches_the_host_labelled(capsys):
+    def chatty(ctx):
+        print("on stdout")
+        print("on stderr", file=sys.stderr)
+
+    _run(chatty)
+    out = capsys.readouterr().out
+    assert "[tile(0,0)] on stdout" in out and "[tile(1,0)] on stderr" in out
+
+
+def test_a_large_host_array_as_a_kernel_argument_is_refused_with_a_hint_at_the_dsm():
+    with waferrt.Wafer(spec="tiny", mesh=(4, 2), tile=(2, 2), backend="local") as wafer:
+        wafer.run(lambda ctx, w: None, w=np.zeros(256, np.float32))  # 1,024 bytes: a small value is fine
+        with pytest.raises(ValueError) as e:
+            wafer.run(lambda ctx, w: None, w=np.zeros(1 << 20, np.float32))
+    assert "argument w= holds 4,194,304 bytes" in str(e.value) and "wafer.dsm.put('w', array)" in str(e.value)

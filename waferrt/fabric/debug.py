@@ -7,7 +7,7 @@ attributes ``kernel_site`` (a Site), ``tile`` (a TileId: the error's ``blame`` w
 fault) and, when known, ``core`` (a Coord) -- and a note
 (``add_note``: shown under its traceback) saying so; :class:`KernelFailed` carries a kernel's exception, its
 site, its tile and what it printed from a tile to the host (any exception pickles inside it, its own
-attributes with it). :class:`TileOutput` captures what ``print`` writes in the threads that ask for it (each
+attributes with it). :class:`TileOutput` captures what ``print`` writes (to stdout or stderr) in the threads that ask for it (each
 tile's kernel its own buffer, even when tiles are threads of one process); other threads print as before.
 Pure: the standard library only.
 """
@@ -111,7 +111,8 @@ def _rebuild(error, attrs, site, tile, kernel, output) -> KernelFailed:
 
 
 class TileOutput(io.TextIOBase):
-    """``sys.stdout`` while kernels run: what a thread that :meth:`capture` s writes goes to its buffer."""
+    """``sys.stdout`` (and ``sys.stderr``) while kernels run: what a thread that :meth:`capture` s writes goes to its
+    buffer."""
 
     _lock = threading.Lock()
     _installed: TileOutput | None = None
@@ -139,13 +140,19 @@ class TileOutput(io.TextIOBase):
     @classmethod
     @contextmanager
     def capture(cls):
-        """Inside: what this thread prints is kept; yields a function that returns it so far."""
+        """Inside: what this thread prints, to ``sys.stdout`` or ``sys.stderr``, is kept (in the order written);
+        yields a function that returns it so far."""
         with cls._lock:
             if not isinstance(sys.stdout, TileOutput):
                 sys.stdout = TileOutput(sys.stdout)
-            out = sys.stdout
-        buf = out.buffers[threading.get_ident()] = io.StringIO()
+            if not isinstance(sys.stderr, TileOutput):
+                sys.stderr = TileOutput(sys.stderr)
+            streams = (sys.stdout, sys.stderr)
+        buf = io.StringIO()
+        for out in streams:
+            out.buffers[threading.get_ident()] = buf
         try:
             yield buf.getvalue
         finally:
-            out.buffers.pop(threading.get_ident(), None)
+            for out in streams:
+                out.buffers.pop(threading.get_ident(), None)
