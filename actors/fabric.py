@@ -154,7 +154,7 @@ class ZmqLinks:
         self.sent[d] += 1
         header = msgpack.packb({"from": d.opposite.name, "seq": self.sent[d], "tag": tag, "epoch": self.epoch,
                                 "sum": checksum(arrays), "arrays": [(a.dtype.str, a.shape) for a in arrays]})
-        if self.corrupt is not None and (flips := self.corrupt(d)):
+        if self.corrupt is not None and any(a.nbytes for a in arrays) and (flips := self.corrupt(d)):
             arrays = flip(arrays, *flips)
         nbytes = sum(a.nbytes for a in arrays)
         sock.send_multipart([header, *arrays], copy=nbytes < ZERO_COPY_BYTES)  # copying small ones is cheaper

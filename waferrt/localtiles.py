@@ -54,6 +54,7 @@ class LocalTiles:
         fabric = LoopFabric(self.mesh, self.timeout)
         for t, tile in self.tiles.items():
             tile.links = fabric.links(t)
+            tile.links.corrupt = tile.faults.on_send  # a Corrupt fault flips bits on the way, as on Ray
         results, errors = [None] * len(calls), {}
 
         def body(i: int) -> None:

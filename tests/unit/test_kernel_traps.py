@@ -15,6 +15,7 @@ from waferrt import Coord, TileId
 from waferrt.dsm import CopiesDiffer
 from waferrt.fabric.kernel import NotNeighbourError
 from waferrt.fabric.misuse import NeighbourTimeout, NotSpmd, TileHung
+from waferrt.faults import Corrupt, PayloadCorrupt
 
 
 def _rows_store_their_y(ctx):
@@ -147,3 +148,22 @@ def test_a_large_host_array_as_a_kernel_argument_is_refused_with_a_hint_at_the_d
         with pytest.raises(ValueError) as e:
             wafer.run(lambda ctx, w: None, w=np.zeros(1 << 20, np.float32))
     assert "argument w= holds 4,194,304 bytes" in str(e.value) and "wafer.dsm.put('w', array)" in str(e.value)
+
+
+# -- faults that fire, and say what they did ----------------------------------------------------------------
+def test_a_corrupt_link_fires_on_the_local_wafer_and_names_the_kernel_line_and_cores():
+    def row_sum(ctx):
+        ctx.store("x", ctx.allreduce(ctx.load("x"), "x"))  # the line the error names
+
+    with waferrt.Wafer(spec="tiny", mesh=(4, 2), tile=(2, 2), backend="local") as wafer:
+        wafer.dsm.alloc("x", (2, 4))
+        wafer.dsm.put("x", np.ones((2, 4), np.float32))
+        wafer.inject(Corrupt((1, 0), (2, 0)))
+        with pytest.raises(PayloadCorrupt) as e:
+            wafer.run(row_sum)
+        (event,) = wafer.session.log.events
+    text = str(e.value)
+    assert "the payload of ctx.allreduce along x at " in text and "# the line the error names" in text
+    assert "from cores (x=1, y=0)..(x=1, y=1) to cores (x=2, y=0)..(x=2, y=1)" in text
+    assert e.value.tile == TileId(1, 0) and e.value.core == Coord(2, 0)
+    assert event.step == 1 and event.detected_by == "kernel: PayloadCorrupt"  # it fired, and was caught

@@ -32,6 +32,7 @@ import numpy as np
 from waferrt.core.cost import reduce_flops
 from waferrt.core.ledger import Ledger
 from waferrt.core.mesh import Coord, Dir
+from waferrt.faults.errors import PayloadCorrupt
 from waferrt.faults.faultmap import FaultMap
 
 from .comm import Collectives, LineComm, Slices, Span
@@ -96,6 +97,24 @@ class Context(RegionView):
             if better is e:
                 raise
             raise better from e
+        except PayloadCorrupt as e:
+            raise self._corrupt(e, what, site) from None
+
+    def _corrupt(self, e: PayloadCorrupt, what: str, site) -> PayloadCorrupt:
+        """`e` (a payload that failed its checksum on its way into this tile) said as the kernel's primitive,
+        its line and the cores on both sides of the tile border it crossed."""
+        d = Dir[e.side]
+        xs, ys = self.coords()
+        edge = {Dir.E: (xs[:, -1], ys[:, -1]), Dir.W: (xs[:, 0], ys[:, 0]),
+                Dir.N: (xs[0], ys[0]), Dir.S: (xs[-1], ys[-1])}[d]
+        here = [Coord(int(x), int(y)) for x, y in zip(*edge)]
+        there = [Coord(c.x + d.value[0], c.y + d.value[1]) for c in here]
+        span = (lambda cs: f"{cs[0]}" if len(cs) == 1 else f"{cs[0]}..{cs[-1]}")
+        at = f" at {site}" if site else ""
+        out = PayloadCorrupt(e.receiver, e.sender, e.side,
+                             f"the payload of {what}{at} from cores {span(there)} to cores {span(here)}")
+        out.core = here[0]
+        return out
 
     # -- primitives -----------------------------------------------------------------------------------
     def send(self, buf: np.ndarray, dx: int, dy: int, where=None, wrap: bool = False) -> np.ndarray:

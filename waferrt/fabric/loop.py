@@ -49,7 +49,7 @@ class LoopLinks:
             raise FabricProtocolError(f"{self.tile} has no neighbour tile to the {d.name}")
         arrays = [np.array(a, copy=True) for a in arrays]
         crc = checksum(arrays)
-        if self.corrupt is not None and (flips := self.corrupt(d)):
+        if self.corrupt is not None and any(a.nbytes for a in arrays) and (flips := self.corrupt(d)):
             arrays = flip(arrays, *flips)
         self.sent[d] += 1
         self.fabric.inboxes[peer].put((d.opposite, tag, arrays, crc, self.sent[d]))
