@@ -104,7 +104,7 @@ def test_a_block_larger_than_a_cores_sram_is_refused_where_it_is_sent():
         return ctx.allreduce(np.zeros(ctx.shape + (big,), np.float32), "x")[..., :1]
 
     with pytest.raises(BlockTooLarge, match=rf"ctx.allreduce along x at {__file__}:\d+.*{4 * big:,} bytes.*"
-                                            rf"{TINY.sram_bytes:,} bytes on tiny"):
+                                            rf"{TINY.sram_bytes:,} bytes a core has free on tiny"):
         simulate(mesh, TINY, mesh.region, kernel, x=_x(mesh), timeout=5)
 
 

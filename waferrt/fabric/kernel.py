@@ -271,7 +271,8 @@ class Context(RegionView):
         >>> out[..., 0], cost["gemv"].flops                  # 4 flops of block GEMV + 1 add, per core
         (array([[10., 10.]], dtype=float32), 5)
         """
-        with self._primitive(f"ctx.gemv along {axis}", w, x):
+        self._check(w, f"ctx.gemv along {axis}", resident=True)  # the weights stay: only x and y move
+        with self._primitive(f"ctx.gemv along {axis}", x):
             comm, ax = self._comm(axis)
             self._need(f"ctx.gemv along {axis}", axis=axis)
             with self.ledger.op("gemv"):
