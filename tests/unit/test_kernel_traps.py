@@ -169,11 +169,15 @@ def test_a_corrupt_link_fires_on_the_local_wafer_and_names_the_kernel_line_and_c
     assert event.step == 1 and event.detected_by == "kernel: PayloadCorrupt"  # it fired, and was caught
 
 
+def _shift_floats(ctx, n):
+    ctx.shift(np.zeros(ctx.shape + (n,), np.float32), "x")
+
+
 def test_a_message_must_fit_beside_what_a_core_already_holds():
     with waferrt.Wafer(spec="tiny", mesh=(4, 2), tile=(2, 2), backend="local") as wafer:
         wafer.dsm.alloc("resident", (2, 4, 3072), split=("y", "x", None))      # 12 KB of a 16 KB core
-        wafer.run(lambda ctx: ctx.shift(np.zeros(ctx.shape + (1024,), np.float32), "x"))  # 4 KB: fits beside
+        wafer.run(_shift_floats, n=1024)                                       # 4 KB: fits beside it
         with pytest.raises(BlockTooLarge) as e:
-            wafer.run(lambda ctx: ctx.shift(np.zeros(ctx.shape + (2048,), np.float32), "x"))  # 8 KB does not
+            wafer.run(_shift_floats, n=2048)                                   # 8 KB does not
     assert "8,192 bytes" in str(e.value) and "4,096 bytes a core has free" in str(e.value)
     assert "already hold 12,288 of its 16,384 bytes" in str(e.value)
