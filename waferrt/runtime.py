@@ -200,9 +200,16 @@ class Wafer(WaferFaults):
         epoch = self.next_epoch()
         name = getattr(kernel, "__name__", type(kernel).__name__)
         with nullcontext() if self._trace is None else self._trace.span(f"run {name}", "host", epoch=epoch):
-            faults = None if self.session is None else self.session.kernel_faults(tiles, epoch)
-            runs, errors = self.gather([(t, Tile.run, (kernel, region, args, epoch, faults)) for t in tiles],
-                                       settle=self.timeout)
+            try:
+                faults = None if self.session is None else self.session.kernel_faults(tiles, epoch)
+                runs, errors = self.gather([(t, Tile.run, (kernel, region, args, epoch, faults)) for t in tiles],
+                                           settle=self.timeout)
+            except RuntimeError as e:
+                from waferrt.actors.watch import TileDied
+
+                if isinstance(e, TileDied) and self.session is not None:  # a TileCrash armed on it fired
+                    self.session.tile_died(e, epoch)
+                raise
         show_output([(t, r["output"] if r else getattr(errors.get(i), "output", ""))
                      for i, (t, r) in enumerate(zip(tiles, runs))])
         if errors:

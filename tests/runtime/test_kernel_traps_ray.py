@@ -61,3 +61,16 @@ def test_a_tile_that_never_reaches_a_collective_ends_the_run_on_ray(wafer):  # l
     assert e.value.tile == TileId(0, 0)
     with pytest.raises(TileHung):  # nothing more runs on it until it is opened again
         wafer.run(_row_sum)
+
+
+def test_a_tile_crash_that_ends_the_kernel_is_logged_as_fired_and_found(ray_session):
+    from waferrt.actors.watch import TileDied
+    from waferrt.faults import TileCrash, Trigger
+
+    with waferrt.Wafer(spec="tiny", mesh=(4, 2), tile=(2, 2)) as wafer:
+        wafer.dsm.alloc("x", (2, 4))
+        wafer.inject(TileCrash((1, 0), Trigger(step=1)))
+        with pytest.raises(TileDied):
+            wafer.run(_row_sum)
+        (event,) = wafer.session.log.events
+    assert event.step == 1 and event.outcome == "detected, not recovered" and event.detected_by == "host: TileDied"
