@@ -1,4 +1,4 @@
-"""The code blocks of the documentation (README.md and every page under docs/), for the tests that run them.
+"""The code blocks of the documentation (every page under docs/), for the tests that run them.
 
 Every ```python block runs: a page's blocks in order, in one namespace (a page is a story: later blocks use
 what earlier ones defined). A block whose first line is ``# test_<name>.py`` is a pytest file, run by
@@ -11,7 +11,7 @@ import pathlib
 import re
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
-PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+PAGES = sorted((ROOT / "docs").glob("*.md"))
 _BLOCK = re.compile(r"^```python\n(.*?)^```", re.S | re.M)
 
 

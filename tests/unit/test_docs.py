@@ -1,4 +1,4 @@
-"""The documentation teaches by examples that run: every python block of README.md and docs/*.md runs here
+"""The documentation teaches by examples that run: every python block of docs/*.md runs here
 (pages that open a Ray wafer run in tests/runtime/test_docs_ray.py); the pytest files they show pass with the
 plugin; every public member of the kernel context is in the kernel reference."""
 
@@ -40,3 +40,10 @@ def test_every_public_member_of_the_context_is_in_the_reference():
     public = [n for n in dir(waferrt.Context) if not n.startswith("_") and n not in ("x", "y")]
     missing = [n for n in public if f"ctx.{n}" not in text]
     assert missing == [], f"docs/PROGRAMMING.md does not describe ctx.{missing}"
+
+
+def test_the_api_reference_covers_the_public_api():
+    text = (ROOT / "docs" / "reference.md").read_text()
+    missing = [n for n in waferrt.__all__ if not any(line.startswith(":::") and line.rstrip().endswith(f".{n}")
+                                                     for line in text.splitlines())]
+    assert missing == [], f"docs/reference.md has no ::: entry for waferrt.{missing}"

@@ -193,13 +193,14 @@ class Context(RegionView):
         edge for dist=+1) receive zeros; with it, the last core's block travels back along the line to the
         first (n-1 hops). Booked as ``shift``: one routing stage (two with wrap), a message per core.
 
-        >>> from waferrt.core.mesh import MeshSpec
-        >>> from waferrt.core.spec import TINY
-        >>> from waferrt.fabric.loop import simulate
-        >>> mesh = MeshSpec(4, 1, 2, 1)
-        >>> x = np.arange(1, 5, dtype=np.float32).reshape(1, 4, 1)
-        >>> simulate(mesh, TINY, mesh.region, lambda ctx, x: ctx.shift(x, "x", -1, wrap=True), x=x)[0][..., 0]
-        array([[2., 3., 4., 1.]], dtype=float32)
+        Examples:
+            >>> from waferrt.core.mesh import MeshSpec
+            >>> from waferrt.core.spec import TINY
+            >>> from waferrt.fabric.loop import simulate
+            >>> mesh = MeshSpec(4, 1, 2, 1)
+            >>> x = np.arange(1, 5, dtype=np.float32).reshape(1, 4, 1)
+            >>> simulate(mesh, TINY, mesh.region, lambda ctx, x: ctx.shift(x, "x", -1, wrap=True), x=x)[0][..., 0]
+            array([[2., 3., 4., 1.]], dtype=float32)
         """
         with self._primitive(f"ctx.shift along {axis}", buf):
             comm, ax = self._comm(axis)
@@ -215,13 +216,14 @@ class Context(RegionView):
         region's West edge for "x", North edge for "y"), by router multicast. Booked as ``broadcast``: one
         routing stage of max(root, n-1-root) hops, n-1 messages per line.
 
-        >>> from waferrt.core.mesh import MeshSpec
-        >>> from waferrt.core.spec import TINY
-        >>> from waferrt.fabric.loop import simulate
-        >>> mesh = MeshSpec(1, 4, 1, 2)
-        >>> x = np.arange(1, 5, dtype=np.float32).reshape(4, 1, 1)
-        >>> simulate(mesh, TINY, mesh.region, lambda ctx, x: ctx.broadcast(x, "y", root=2), x=x)[0][:, 0, 0]
-        array([3., 3., 3., 3.], dtype=float32)
+        Examples:
+            >>> from waferrt.core.mesh import MeshSpec
+            >>> from waferrt.core.spec import TINY
+            >>> from waferrt.fabric.loop import simulate
+            >>> mesh = MeshSpec(1, 4, 1, 2)
+            >>> x = np.arange(1, 5, dtype=np.float32).reshape(4, 1, 1)
+            >>> simulate(mesh, TINY, mesh.region, lambda ctx, x: ctx.broadcast(x, "y", root=2), x=x)[0][:, 0, 0]
+            array([3., 3., 3., 3.], dtype=float32)
         """
         with self._primitive(f"ctx.broadcast along {axis}", buf):
             comm, ax = self._comm(axis)
@@ -287,15 +289,16 @@ class Context(RegionView):
         so the cycles are those of one core's flops). Not recorded by any primitive: a stencil's update,
         an element-wise op. Booked as ``compute``.
 
-        >>> from waferrt.core.mesh import MeshSpec
-        >>> from waferrt.core.spec import TINY
-        >>> from waferrt.fabric.loop import simulate
-        >>> def scale(ctx, x):
-        ...     ctx.compute(x[0, 0].size)                    # one multiply per value of a core's block
-        ...     return 2 * x
-        >>> mesh = MeshSpec(4, 4, 2, 2)
-        >>> simulate(mesh, TINY, mesh.region, scale, x=np.ones((4, 4, 8), np.float32))[1]["compute"].flops
-        8
+        Examples:
+            >>> from waferrt.core.mesh import MeshSpec
+            >>> from waferrt.core.spec import TINY
+            >>> from waferrt.fabric.loop import simulate
+            >>> def scale(ctx, x):
+            ...     ctx.compute(x[0, 0].size)                    # one multiply per value of a core's block
+            ...     return 2 * x
+            >>> mesh = MeshSpec(4, 4, 2, 2)
+            >>> simulate(mesh, TINY, mesh.region, scale, x=np.ones((4, 4, 8), np.float32))[1]["compute"].flops
+            8
         """
         with self.ledger.op("compute"):
             self.ledger.compute(flops)
