@@ -65,3 +65,15 @@ def test_a_streaming_decode_is_planned_as_generate_plans_it_and_its_region_moves
     assert "--streaming" in report["again"]
     moved = [f for f in report["faults"] if f["outcome"] == "recovered" and "re-planned" in f["action"]]
     assert moved and all("embed+layers 0-2+head" in f["action"] for f in moved), report["faults"]
+
+
+def test_the_default_model_on_its_default_mesh_runs(ray_session, capsys, smollm2_cut):
+    """`waferrt chaos` with no --model (SmolLM2 on the mesh generate's planning fits it to): the path a new user
+    takes first. It once ended in an AttributeError (generate's planning read an option chaos did not have)
+    while every --model tiny test passed. A fast variant: one request of 2 tokens, one dead core."""
+    smollm2_cut(1)  # skips when SmolLM2 is not installed
+    assert main(["chaos", "--faults", "1", "--kinds", "core", "--seed", "5", "--max-new-tokens", "2",
+                 "--requests", "1", "--json"]) == 0
+    report = _json(capsys)
+    assert report["identical"] and report["error"] is None and report["injected"] == 1, report
+    assert "--model smollm2" in report["again"], report

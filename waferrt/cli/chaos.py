@@ -21,6 +21,7 @@ import os
 from dataclasses import dataclass
 
 from waferrt.core.spec import PRESETS
+from waferrt.model.sparse import AttentionMode
 
 from .common import (
     MAX_SEED,
@@ -120,7 +121,9 @@ def add_parser(sub) -> argparse.ArgumentParser:
     p.add_argument("--prefill", action="store_true",
                    help="prefill whole prompts by MeshGEMM, as waferrt generate --prefill (faults fire in both phases)")
     p.add_argument("--json", action="store_true", help="print one JSON object")
-    p.set_defaults(_run=run, dtype="float32", address=None, no_cache=False, chat=False, system=None)
+    # what generate's planning and prompt reading take that chaos does not offer: dense attention, float32, this machine
+    p.set_defaults(_run=run, dtype="float32", address=None, no_cache=False, chat=False, system=None,
+                   attention=AttentionMode())
     return p
 
 

@@ -56,6 +56,7 @@ def default_mesh_cached(config, spec, kv, dtype: str, strategy=None, attention=N
     import hashlib
     import json
 
+    from waferrt.core.files import atomic_open
     from waferrt.core.mesh import MeshSpec
     from waferrt.model.npcache import cache_root
     from waferrt.scheduler import PlanOptions, default_mesh
@@ -77,7 +78,8 @@ def default_mesh_cached(config, spec, kv, dtype: str, strategy=None, attention=N
     mesh = default_mesh(config, spec, kv, options=options)
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(json.dumps([mesh.width, mesh.height, mesh.tile_w, mesh.tile_h]))
+        with atomic_open(path) as f:  # another run reading it meanwhile sees the old one or none
+            f.write(json.dumps([mesh.width, mesh.height, mesh.tile_w, mesh.tile_h]))
     except OSError:  # a read-only home only costs the next run the search
         pass
     return mesh

@@ -363,6 +363,9 @@ def _fault_free(args, model, batcher, trainer, where) -> bool:
 def _save(args, config, weights, meta) -> str:
     from waferrt.model.gguf_writer import write_model
 
-    write_model(Path(args.save), config, weights, meta)
+    from waferrt.core.files import atomic_path
+
+    with atomic_path(args.save) as tmp:  # a full disk or a Ctrl-C keeps the file that was there
+        write_model(tmp, config, weights, meta)
     say(f"saved the trained weights to {args.save} (waferrt generate --model {args.save})")
     return args.save

@@ -38,7 +38,16 @@ from functools import lru_cache
 import numpy as np
 
 from waferrt.core.arith import cdiv
-from waferrt.core.cost import Cost, allreduce_cost, broadcast_cost, compute_cost, message_cycles, on_lines, total
+from waferrt.core.cost import (
+    Cost,
+    allreduce_cost,
+    alltoall_cost,
+    broadcast_cost,
+    compute_cost,
+    message_cycles,
+    on_lines,
+    total,
+)
 from waferrt.core.dtypes import check_dtype
 from waferrt.core.ledger import merge_parallel
 from waferrt.core.mesh import Region
@@ -47,7 +56,7 @@ from waferrt.fabric.comm import KTREE_FAST, Collectives
 from waferrt.model.config import LlamaConfig
 from waferrt.model.sparse import DENSE, AttentionMode
 
-from .linkload import AllToAll, alltoall_cost
+from .linkload import AllToAll
 from .moe_layout import MAPPINGS, expert_blocks
 from .topk import TopKRow, topk_cost
 
@@ -225,12 +234,21 @@ def _moe_parts(spec: HardwareSpec, dec: Decoding, cols: int, rows: int, batch: i
         blk = blocks[ex]  # one expert's SwiGLU for b tokens as MeshGEMVs in its block (MoELayerShard._expert)
         ffn = total([c for _, _, c in _ffn_parts(spec, dec, blk.w, blk.h, config.hidden_dim, b)])
         per_block[blk] = per_block.get(blk, Cost()) + ffn
-    dispatch, combine = AllToAll(config.dim, region, blocks).loads(chosen)
+    dispatch, combine = AllToAll.of(config.dim, region, blocks).loads(chosen)
     return (("router", "gemv", dec.flops(spec, 2 * b * dim_c * e)),
             ("router.reduce", "allreduce", dec.line_reduce(spec, region.w, 4 * b * e, region.h)),
             ("experts", "gemv", merge_parallel(list(per_block.values()))),
             ("dispatch", "alltoall", alltoall_cost(spec, dispatch)),
             ("combine", "alltoall", alltoall_cost(spec, combine)))
+
+
+ROUTED = ("experts", "dispatch", "combine")  # the parts of moe_parts that follow the tokens' routing
+
+
+def routed_alone_cycles(spec: HardwareSpec, dec: Decoding, region: Region) -> float:
+    """The cycles of the routed parts (ROUTED) of moe_parts for one typical token: what a token's alone
+    cycles at an MoE layer hold for them, replaced by its share of what ran (waferrt.decode.moe.MoEStep)."""
+    return sum(c.cycles for name, _, c in _moe_parts(spec, dec, region.w, region.h, 1) if name in ROUTED)
 
 
 def _kv_shift(spec: HardwareSpec, nbytes: int, messages: int) -> Cost:

@@ -44,7 +44,7 @@ from waferrt.faults.errors import CoreFailed, LinkFailed
 from waferrt.faults.model import CoreFailure
 from waferrt.faults.state import FaultState
 
-from .cost import alone_cycles, handover_bytes, handover_cost
+from .cost import alone_cycles, handover_bytes, handover_cost, routed_alone_cycles
 from .moe import MoELayerShard
 from .pack import Chunks
 from .prefill import layer_step, prefill_item_cycles, prefill_runs
@@ -117,6 +117,7 @@ class TileProgram:
         self.paces: dict[int, float] = {}  # stage -> its wall seconds per run lately (an EMA)
         self.trace = None  # a waferrt.core.trace.Recorder while tracing (waferrt.decode.tracing), else None
         self._alone_memo: dict[tuple[int, int, bool], float] = {}  # (stage, position, wants logits) -> cycles
+        self._typical: dict[int, float] = {}  # MoE layer stage -> routed_alone_cycles of its region
         self._handovers: dict[tuple[int, int], Cost] = {}  # (stage, items) -> handover_cost
 
     def hosts(self, s: int) -> bool:
@@ -255,8 +256,20 @@ class TileProgram:
             return tuple(Item(req, pos, bool(want), cycles / len(meta)) for _, _, pos, want, req in rows)
         whole = ({i: (int(meta[run[0], 2]), len(run)) for run in prefill_runs(meta) for i in run}
                  if self.setup.prefill and self.stages[s][0] == "layer" else {})
+        routed = self._routed(s) if not whole else 0.0
         return tuple(Item(req, pos, bool(want), self._prefill_item(s, whole[i]) if i in whole else
-                          self._alone(s, pos, bool(want))) for i, (_, _, pos, want, req) in enumerate(rows))
+                          self._alone(s, pos, bool(want)) + routed) for i, (_, _, pos, want, req) in enumerate(rows))
+
+    def _routed(self, s: int) -> float:
+        """An MoE layer's routed work as it ran, instead of the closed forms' typical token: each token's
+        share of the micro-batch's (decode.moe.MoEStep: the busiest block, the links as routed, NI-Balancer's
+        migration) less what alone_cycles holds for them (0 for any other stage)."""
+        shard = self.layers.get(s)
+        if not isinstance(shard, MoELayerShard) or shard.step is None:
+            return 0.0
+        if s not in self._typical:
+            self._typical[s] = routed_alone_cycles(self.ledger.spec, self.setup.decoding, self.stages[s][2])
+        return shard.step.share_cycles() - self._typical[s]
 
     def _alone(self, s: int, pos: int, want: bool) -> float:
         """decode.cost.alone_cycles of a token at stage s (kept: a stage sees the same positions again)."""

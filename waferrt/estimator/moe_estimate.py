@@ -20,8 +20,9 @@ from dataclasses import dataclass, field, replace
 
 import numpy as np
 
+from waferrt.core.cost import alltoall_cost
 from waferrt.core.mesh import Region
-from waferrt.decode.linkload import AllToAll, LinkLoad, alltoall_cost
+from waferrt.decode.linkload import AllToAll, LinkLoad
 from waferrt.decode.moe_layout import MAPPINGS, expert_blocks, expert_grid
 from waferrt.scheduler.budget import tensor_bytes
 

@@ -201,13 +201,17 @@ class FaultPlan:
             raise ValueError(f"not a fault plan: {why}; {form}") from None
 
     def save(self, path: str | Path) -> None:
+        from waferrt.core.files import atomic_open
+
         path = Path(path)
         if path.suffix in (".yaml", ".yml"):
             import yaml
 
-            path.write_text(yaml.safe_dump(self.to_dict(), sort_keys=False))
+            text = yaml.safe_dump(self.to_dict(), sort_keys=False)
         else:
-            path.write_text(json.dumps(self.to_dict(), indent=1))
+            text = json.dumps(self.to_dict(), indent=1)
+        with atomic_open(path) as f:  # whole or not at all
+            f.write(text)
 
     @classmethod
     def load(cls, path: str | Path) -> FaultPlan:
