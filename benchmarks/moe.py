@@ -13,10 +13,19 @@ square-ish 32x16 -- under both expert mappings. For each it prints, per token:
   phase on paper (decode.phases.attention_load: the closed forms laid on the links), the same figures;
 - how many tokens each expert received (the routing histogram, the same under every mapping), and what
   NI-Balancer would do with it: the swap of two experts that evens the blocks' loads, its cost moved at once
-  (the decode stalls) vs in STEPS parts, each during the phase whose measured links it shares least (here
-  over the whole run; the decode's MoELayerShard reads each micro-batch's own, which leave more links cold).
+  (the decode stalls) vs in STEPS parts, each link's bytes during the phase that leaves it cold (here the
+  phases over the whole run; the decode's MoELayerShard reads each micro-batch's own, which leave more cold).
 
-    python benchmarks/moe.py [--moe 8,2] [--tokens 32] [--layer 0] [--png moe.png]
+Then the whole MoE phase under a skewed routing, on MoEntwine's kind of configuration (many fine-grained
+experts, several on each band): SmolLM2-MoE --phase-moe E,K on a 32x16 region, --steps decode steps of --batch
+tokens, every token routed by a seeded Zipf (--zipf, --seed; MoELayerShard.route_zipf) with the hot experts
+scattered and then side by side; for naive, ER-Mapping and ER + NI-Balancer (looking every --look steps):
+the phase's compute and communication per token by piece (router, the experts' reductions in their blocks,
+the all-to-all, the migration), as every step booked it (decode.moe.MoEStep), its hottest link, the ratios
+beside MoEntwine's figures, and why the modelled wafer gives what it gives. --phase-only prints only that.
+
+    python benchmarks/moe.py [--moe 8,2] [--tokens 32] [--layer 0] [--png moe.png] [--phase-only]
+        [--phase-moe 64,8] [--zipf 1.2] [--batch 32] [--steps 32] [--look 4] [--seed 0]
 """
 
 from __future__ import annotations
@@ -57,7 +66,7 @@ def balance(shard: MoELayerShard, tokens: int) -> str:
     after = block_loads(shard.routed, tuple(moved))
     load = shard.swap_traffic(swap)
     phases = [per_token(phase, tokens) for phase in shard.links.loads.values()]  # measured as the layer ran
-    step = min((step_cost(WSE2, load, STEPS, busy) for busy in phases), key=lambda c: c.cycles)
+    step = step_cost(WSE2, load, STEPS, phases)
     once = at_once_cost(WSE2, load)
     return (f"  NI-Balancer: busiest block {max(loads.values())} -> {max(after.values())} tokens by swapping experts "
             f"{swap.a} and {swap.b} ({load.total() / 1e6:.2f} MB over the links): at once a "
@@ -242,7 +251,8 @@ def phase_table(config, lw, region: Region, args) -> dict[str, dict]:
     print(f"  ER vs naive: communication {total(er, 'comm') / total(naive, 'comm') - 1:+.0%} "
           f"(all-to-all {er['comm.alltoall'] / naive['comm.alltoall'] - 1:+.0%}; MoEntwine: up to -62%)")
     print(f"  NI-Balancer on ER: compute {total(er, 'compute') / total(ni, 'compute') - 1:+.0%}, communication "
-          f"{total(er, 'comm') / total(ni, 'comm') - 1:+.0%} (speed-ups; MoEntwine: +54%, +22%)")
+          f"{total(er, 'comm') / total(ni, 'comm') - 1:+.0%} (speed-ups; MoEntwine: +54%, +22%); the phase's modelled "
+          f"time {total(er, 'compute') + total(er, 'comm'):.3f} -> {total(ni, 'compute') + total(ni, 'comm'):.3f} us/token")
     why(naive, er, ni, args.look)
     return runs
 
@@ -258,8 +268,8 @@ def why(naive: dict, er: dict, ni: dict, look: int) -> None:
     print(f"  why NI: for this run's routing the busiest band carries {er['busiest']:.2f} expert-tokens per token on "
           f"ER's placement, {ni['busiest']:.2f} on the one NI-Balancer ended with (none goes below {ni['floor']:.2f}: "
           f"the hottest expert alone, or an even share); "
-          f"{ni['swaps']} swaps, each after {look} steps of histogram and {BALANCE_STEPS} of migration, priced "
-          f"{ni['comm.migration']:.4f} us/token on the links the attention or the MoE phase leaves cold")
+          f"{ni['swaps']} swaps, each after {look} steps of histogram and {BALANCE_STEPS} of migration, migration "
+          f"{ni['comm.migration']:.4f} us/token (nothing on a link the attention or the MoE phase leaves cold)")
 
 def _hidden(config, weights, ids, layer: int) -> np.ndarray:
     """The residual stream entering `layer` for every prompt token (the reference's prefill)."""

@@ -79,6 +79,7 @@ CASES = [
     ("generate trace in a missing folder", ["generate", "x", "--trace", "/nonexistent/t.json"],
      "--trace: the directory '/nonexistent' does not exist"),
     ("generate trace unwritable", ["generate", "x", "--trace", "/proc/t.json"], "cannot write '/proc/t.json'"),
+    ("generate trace onto a FIFO", ["generate", "x", "--trace", "{fifo}"], "--trace: cannot write '{fifo}': it is not a"),
     ("generate heatmap is a folder", ["generate", "x", "--heatmap", "{dir}"], "is a directory; give a file name"),
     ("generate system without chat", ["generate", "x", "--system", "be brief"],
      "--system is the system prompt of --chat"),

@@ -129,3 +129,21 @@ def test_ni_balancer_speeds_up_the_phase_when_the_hot_experts_share_a_band():
     balanced, comm_balanced, shard = phase("er", 1, True, 10)
     assert len(shard.swaps) == 2  # in 10 steps: 1 of histogram, 4 of migration, twice
     assert balanced < 0.93 * compute and comm_balanced < comm  # measured 1.12x and 1.06x faster
+
+
+def test_the_benchmark_prints_the_phase_table_beside_moentwines_figures():
+    """benchmarks/moe.py --phase-only with every option of its second part, small: the three setups, the
+    paper's figures and the why lines are printed."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    script = Path(__file__).resolve().parents[2] / "benchmarks" / "moe.py"
+    proc = subprocess.run([sys.executable, str(script), "--phase-only", "--phase-moe", "16,2", "--zipf", "1.0",
+                           "--batch", "2", "--steps", "2", "--look", "1", "--seed", "1"],
+                          capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr
+    out = proc.stdout
+    assert "MoEntwine (arXiv 2510.25258)" in out and out.count("ER vs naive: communication") == 2
+    for line in ("naive ", "ER-Mapping ", "ER + NI-Balancer ", "why ER:", "why NI:"):
+        assert out.count(line) >= 2, line

@@ -6,7 +6,7 @@ a module of this package (:data:`COMMANDS`) with ``add_parser(subparsers)`` (reg
 ``set_defaults(_run=run)``) and ``run(args) -> int``. Only the module that parsing needs is imported
 (all of them for ``--help``), and importing them imports neither Ray nor pyzmq (``waferrt --help`` is
 instant). Every argument is checked when it is parsed or right after, before a model is read or Ray
-starts: a mistake is one line ``waferrt <command>: <what was wrong and what to write>`` on stderr and exit
+starts: a mistake (or a file that could not be written: a full disk) is one line ``waferrt <command>: <what was wrong and what to write>`` on stderr and exit
 status 2, with no traceback. Ctrl-C exits 130 and SIGTERM 143, both after shutting the wafer down. Only the
 program itself (``main()`` with no argv: the ``waferrt`` script, ``python -m waferrt.cli``) takes SIGTERM, and
 gives the previous handler back when the command returns; ``main(argv)`` called in-process (a test, a
@@ -94,6 +94,7 @@ def _terminate(signum, frame) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     from waferrt.actors.session import ClusterUnreachable
+    from waferrt.core.files import WriteError
 
     from .common import UsageError
 
@@ -109,7 +110,7 @@ def main(argv: list[str] | None = None) -> int:
     previous = signal.signal(signal.SIGTERM, _terminate) if handles else None
     try:
         return int(args._run(args) or 0)
-    except (UsageError, ClusterUnreachable) as e:  # the user's to fix: one line, no traceback
+    except (UsageError, ClusterUnreachable, WriteError) as e:  # the user's to fix: one line, no traceback
         print(f"waferrt {args.command}: {e}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:

@@ -21,9 +21,13 @@ the dispatch's and the combine's LinkLoads summed over the micro-batches, ``book
 summed, ``links`` (a PhaseLinks) every link's bytes of the attention phase and of the MoE phase as every
 collective of the layer books them (the LineComms' taps), ``routed`` how many tokens each expert received
 (the routing histogram). ``migrate`` moves two experts' blocks (NI-Balancer, waferrt.decode.balancer): at
-once, or a part per micro-batch while decoding goes on, each part during the phase of that micro-batch whose
-recorded links it shares least; with ``balance`` (DecodeSetup.balance) the shard looks at its histogram
-every ``balance`` runs and starts the swap ``plan_swap`` finds (``swaps``: those done).
+once (a stall), or a part per micro-batch while decoding goes on, each link's bytes of a part during the
+phase of that micro-batch whose recorded links leave it cold; with ``balance`` (DecodeSetup.balance) the
+shard looks every ``balance`` runs at the histogram of those runs (``seen``) and starts the swap
+``plan_swap`` finds (``swaps``: those done). ``step`` (an :class:`MoEStep`) is the last run's router, routed
+work and migration as booked: the decode's modelled schedule takes each token's share of it
+(waferrt.decode.program). ``route_zipf`` routes by a seeded Zipf instead of the router (a skewed workload
+for measuring costs: benchmarks/moe.py); :func:`run_steps` runs decode steps through a shard.
 :func:`pack_moe_layer` cuts an MoE layer's weights for its region and mapping.
 """
 
@@ -246,11 +250,11 @@ class MoELayerShard(LayerShard):
         return cost
 
     def _migration_step(self) -> Cost:
-        """A part of the migration, during whichever phase of this micro-batch (its links as recorded so far:
-        the attention's all, the MoE's up to its combine) leaves more of the part's links cold."""
+        """A part of the migration, each link's bytes during the phase of this micro-batch (its links as
+        recorded so far: the attention's all, the MoE's up to its combine) that leaves the link cold."""
         swap, load, steps, done = self.migration
         phases = self.links.since(self.mark).values()
-        cost = min((step_cost(self.ledger.spec, load, steps, busy) for busy in phases), key=lambda c: c.cycles)
+        cost = step_cost(self.ledger.spec, load, steps, list(phases))
         self.ledger.add(cost)
         self.migration[3] = done = done + 1
         if done == steps:  # the last part arrived: the experts compute in their new blocks from now on

@@ -18,7 +18,8 @@ import os
 import socket
 
 from waferrt.cli.common import UsageError, checked_mesh, say, whole_number
-from waferrt.cli.generate import add_wafer_args, model_weights, open_model, wafer_llm
+from waferrt.cli.generate import add_wafer_args, wafer_llm
+from waferrt.cli.model import open_model, ready_weights
 
 HELP = "serve the model on the wafer over an OpenAI-compatible HTTP API"
 DESCRIPTION = """\
@@ -110,7 +111,7 @@ def run(args) -> int:
     sock = _bind(args.host, args.port)
     llm = wafer_llm(args, placement)
     with llm.open(progress=say):
-        llm.load(model_weights(model), progress=say)
+        llm.load(ready_weights(model), progress=say)
         _serve(args, llm, tok, sock)
     return 0
 
