@@ -54,7 +54,6 @@ from .common import (
 from .experts import add_experts_arg, check_experts_flags
 from .generate_report import pictures, report, run_bound
 from .model import open_model, prompt_requests, ready_weights
-from . import placing
 from .progress import DecodeBar
 from .strategy import add_strategy_args
 

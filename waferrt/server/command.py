@@ -132,7 +132,8 @@ def _serve(args, llm, tok, sock) -> None:
     plan = None
     if args.chaos:
         plan = draw_plan(llm, args.chaos[0], args.chaos[1], CHAOS_KINDS, 1, CHAOS_STEPS)
-        say(f"--chaos: {len(plan.faults)} faults armed (seed {plan.seed}): " + ", ".join(f"{f.kind} {f.where()}" for f in plan.faults))
+        say(f"--chaos: {len(plan.faults)} faults armed (seed {plan.seed}): "
+            + ", ".join(f"{f.kind} {f.where()}" for f in plan.faults))
     with llm.faults(plan) if plan else contextlib.nullcontext():
         runner = Runner(llm, args.max_queued).start()
         try:
