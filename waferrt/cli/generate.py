@@ -304,7 +304,7 @@ def run(args) -> int:
         if args.reference:
             weights = _weights(model)
             say("decoding on the single-process numpy reference")
-            out, stats = generate_reference(model.config, weights, requests, sampler, on_token)
+            out, stats = generate_reference(model.config, weights, requests, sampler, on_token, args.attention)
             mesh, bound = "reference", None
         else:
             batch = Batch(tuple(requests), sampler)
