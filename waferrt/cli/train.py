@@ -29,6 +29,7 @@ from pathlib import Path
 
 import numpy as np
 
+from waferrt.core.cost import cycles_seconds
 from waferrt.core.spec import PRESETS
 
 from .common import UsageError, model_arg, output_path, parse_wxh, say, stamp, whole_number
@@ -288,7 +289,7 @@ def run(args) -> int:
     batcher, n_tokens = _corpus(args, tokenizer)
     shape = TrainShape(args.batch, args.seq)
     cycles = step_cycles(spec, config, region, shape, args.streaming)
-    modelled = cycles.seconds(spec), cycles.recompute / spec.clock_hz
+    modelled = cycles.seconds(spec), cycles_seconds(spec, cycles.recompute)
     say(f"corpus: the project's docs, {n_tokens:,} tokens; {args.steps} steps of {args.batch} x {args.seq} tokens, "
         f"{'weight streaming' if args.streaming else 'resident'} on {region.w}x{region.h} cores of {spec.name}")
     side = min(region.w, region.h)
