@@ -251,7 +251,8 @@ def phase_table(config, lw, region: Region, args) -> dict[str, dict]:
     print(f"  ER vs naive: communication {total(er, 'comm') / total(naive, 'comm') - 1:+.0%} "
           f"(all-to-all {er['comm.alltoall'] / naive['comm.alltoall'] - 1:+.0%}; MoEntwine: up to -62%)")
     print(f"  NI-Balancer on ER: compute {total(er, 'compute') / total(ni, 'compute') - 1:+.0%}, communication "
-          f"{total(er, 'comm') / total(ni, 'comm') - 1:+.0%} (speed-ups; MoEntwine: +54%, +22%)")
+          f"{total(er, 'comm') / total(ni, 'comm') - 1:+.0%} (speed-ups; MoEntwine: +54%, +22%); the phase's modelled "
+          f"time {total(er, 'compute') + total(er, 'comm'):.3f} -> {total(ni, 'compute') + total(ni, 'comm'):.3f} us/token")
     why(naive, er, ni, args.look)
     return runs
 
