@@ -223,7 +223,8 @@ def _model(args):
     from waferrt.core.mesh import MeshSpec
     from waferrt.serving import GenRequest
 
-    from . import generate, placing
+    from . import placing
+    from .model import open_model, prompt_requests, ready_weights
 
     if args.model in TINY_MODELS:
         from waferrt.model import synthetic_llama, tiny_config, tiny_moe_config
@@ -236,9 +237,9 @@ def _model(args):
                 lambda nodes: placing.placement(args, config, mesh, requests, nodes), str)
     args.spec, args.kv_tokens, args.max_tiles = args.spec or "wse2", 64 + args.max_new_tokens, 64
     mesh = checked_mesh(args, lambda w, h: (w, h))
-    model, tok = generate._open_model(args)
-    requests = generate._requests(args, tok, list(PROMPTS[:args.requests]))
-    return (model.config, lambda: generate._weights(model), requests,
+    model, tok = open_model(args)
+    requests = prompt_requests(args, tok, list(PROMPTS[:args.requests]))
+    return (model.config, lambda: ready_weights(model), requests,
             lambda nodes: placing.placement(args, model.config, mesh, requests, nodes),
             lambda ids: tok.decode(ids, skip_special=True))
 

@@ -5,8 +5,8 @@ line that names the value and what to write instead (argparse then exits with st
 is loaded): :func:`parse_wxh` ("WIDTHxHEIGHT"), :func:`whole_number` (integers with a least value),
 :func:`temperature`, :func:`top_p`, :func:`prompt`, :func:`prompt_file` (a UTF-8 text file: its
 non-blank lines), :func:`model_path` (:func:`model_arg` with a command's own named models),
-:func:`output_path` / :func:`png_path` (a file to write: its directory must exist and be writable; a picture's
-name ends in .png, .svg, ...), :func:`number_list`
+:func:`output_path` / :func:`png_path` (a file to write: its directory must exist and be writable, the path is
+no directory, device or FIFO (waferrt.core.files, which writes it whole); a picture's name ends in .png, .svg, ...), :func:`number_list`
 (positive finite numbers up to a bound) and :func:`ray_address` (a Ray cluster answers there: a socket with a deadline,
 before Ray is asked).
 :class:`UsageError` is a mistake found after parsing (``main`` prints it as ``waferrt <command>:
@@ -25,6 +25,7 @@ import tempfile
 import time
 from collections.abc import Callable
 
+from waferrt.core.files import not_regular
 from waferrt.core.mesh import DEFAULT_MAX_TILES, MeshSpec, check_on_wafer, check_tile_count
 from waferrt.core.spec import spec_by_name
 
@@ -199,6 +200,9 @@ def output_path(example: str) -> Callable[[str], str]:
         if not os.path.isdir(folder):
             raise argparse.ArgumentTypeError(f"the directory {folder!r} does not exist: create it first, or give "
                                              f"a path in an existing directory (e.g. {example})")
+        if not_regular(text):  # a device or a FIFO: replaced by a file, or a write that blocks forever
+            raise argparse.ArgumentTypeError(f"cannot write {text!r}: it {not_regular(text)}; give the name of a "
+                                             f"regular file, e.g. {example}")
         why = _unwritable(folder) or (os.path.exists(text) and not os.access(text, os.W_OK) and "read-only file")
         if why:
             raise argparse.ArgumentTypeError(f"cannot write {text!r} ({why}): give a path in a directory you can "

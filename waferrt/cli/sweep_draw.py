@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from waferrt.core.files import atomic_path
 from waferrt.estimator.sweep import AREA_BUDGET_MM2, Point
 
 MARKERS = {"compute": "o", "fabric": "^", "ingress": "s", "SRAM capacity": "X"}
@@ -74,5 +75,6 @@ def draw_sweep(points: list[Point], best: Point | None, path, title: str) -> Pat
     fig.suptitle(title, fontsize=11)
     fig.subplots_adjust(left=0.08 / len(panels) + 0.02, right=right, bottom=0.11, top=0.86, wspace=0.25)
     path = Path(path)
-    fig.savefig(path, dpi=110)
+    with atomic_path(path) as tmp:  # whole or not at all
+        fig.savefig(tmp, dpi=110)
     return path

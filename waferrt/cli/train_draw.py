@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from waferrt.core.files import atomic_path
 from waferrt.core.topology import TOPOLOGIES
 from waferrt.estimator.train import STRATEGIES
 from waferrt.estimator.train_sweep import TrainPoint
@@ -58,5 +59,6 @@ def draw_train_sweep(points: list[TrainPoint], best: dict, path, title: str) -> 
     fig.suptitle(title + " (marker size: flops per core; dotted: does not fit)", fontsize=11)
     fig.subplots_adjust(left=0.05, right=0.88, bottom=0.11, top=0.86, wspace=0.25)
     path = Path(path)
-    fig.savefig(path, dpi=110)
+    with atomic_path(path) as tmp:  # whole or not at all
+        fig.savefig(tmp, dpi=110)
     return path

@@ -14,6 +14,8 @@ they start).
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import numpy as np
 
 from waferrt.core.arith import cdiv
@@ -33,6 +35,21 @@ def kv_columns(tokens: int, cols: int) -> np.ndarray:
     order: positions flow east oldest first, column c holding column_counts of them, the newest at column 0
     (both caches; tests/unit/test_relayout.py reads MeshKVCache's own)."""
     return np.repeat(np.arange(cols), column_counts(tokens, cols))[::-1].copy()  # newest first, read back oldest first
+
+
+@dataclass(frozen=True, eq=False)
+class KVView:
+    """What attention reads of a layer's K/V cache for a micro-batch, in its cache's layout (the run's Net holds
+    a split axis as that layout does: waferrt.decode.net): K (B, nkv, [R, hd_r], [positions]) and V (B, nkv,
+    [positions], R*hd_r), `hidden` True where an item may not look (broadcasts against the scores), `held` the
+    entries the fullest core holds (every core runs over that many). `per_head`: K and V hold a block per
+    query head (B, nkv, rep, ...), as the hop-by-hop sparse selection gathers them."""
+
+    k: np.ndarray
+    v: np.ndarray
+    hidden: np.ndarray
+    held: int
+    per_head: bool = False
 
 
 class KVCapacityError(MemoryError):
@@ -122,6 +139,16 @@ class MeshKVCache:
         B = len(slots)
         k = to_f32(self.k[slots, :, :, :, :m], self.dtype).reshape(B, self.rows, self.nkv, self.hd_r, -1)
         return k, to_f32(self.v[slots, :, :, :m], self.dtype).reshape(B, self.cols, self.nkv, m, -1)
+
+    def view(self, items) -> KVView:
+        """The items' (waferrt.decode.shards.Items) K/V as every core holds it: K (B, nkv, R, hd_r, C, m), V (B,
+        nkv, C, m, R*hd_r), hidden (B, 1, 1, C, m), over the m entries the fullest core holds."""
+        m = self.held_most(items.slots)
+        kc, vc = self.read(items.slots, m)
+        B = len(items.slots)
+        k = kc.reshape(B, self.rows, self.nkv, self.hd_r, m, self.cols).transpose(0, 2, 1, 3, 5, 4)
+        hidden = ~self.visible(items.slots, items.poss, m).transpose(0, 2, 1)[:, None, None]
+        return KVView(k, vc.transpose(0, 2, 1, 3, 4), hidden, m)
 
     def visible(self, slots: np.ndarray, poss: np.ndarray, m: int) -> np.ndarray:
         """(B, m, C): the entries item b may attend to -- held by its request, at positions <= poss[b]."""
@@ -220,6 +247,12 @@ class FlowKVCache:
         rows = slots if isinstance(slots, slice) else as_slice(slots)  # a lane's slots are evenly spaced: a view
         return (to_f32(self.k[rows, :, :length], self.dtype).swapaxes(-1, -2),
                 to_f32(self.v[rows, :, :length], self.dtype))
+
+    def view(self, items) -> KVView:
+        """The items' (waferrt.decode.shards.Items) K/V in position order: K (B, nkv, R*hd_r, L), V (B, nkv, L,
+        R*hd_r), hidden (B, 1, 1, L) -- L the longest context -- and the entries the fullest core holds."""
+        kc, vc = self.read(items.rows, items.length)
+        return KVView(kc, vc, items.hidden, self.held_most(items.rows))
 
     def reset(self, slot: int) -> None:
         self.n[slot] = 0

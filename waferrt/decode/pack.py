@@ -6,7 +6,7 @@ waferrt.decode.layout (each core (r, c) owns W[out chunk, in chunk]); each matri
 C-contiguous (lines * out_block, cores per line * in_block) matrix -- out by in, the output lines' blocks
 one after another, a line's cores' blocks side by side along the input -- so that a tile runs every
 core's local GEMV of a micro-batch as a few BLAS calls over contiguous panels of output rows
-(waferrt.decode.shards.mesh_gemv), and core (r, c)'s block is still one rectangle of it:
+(waferrt.decode.net: Net.gemv), and core (r, c)'s block is still one rectangle of it:
 
 - input split over columns, output over rows (wqkv, w13; the table): (rows * out_block, cols * in_block).
 - input split over rows, output over columns (wo, w_down): (cols * out_block, rows * in_block).

@@ -23,6 +23,8 @@ into a block of min(K, m) -- booking what the fast path books (tested equal, wit
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import numpy as np
 
 from waferrt.core.cost import compute_cost, on_lines
@@ -31,6 +33,7 @@ from waferrt.fabric.kernel import Context
 from waferrt.model.sparse import AttentionMode, log_keys
 
 from .cost import PREDICT_DTYPE
+from .kvcache import KVView
 from .topk import TopKRow, row_topk, topk_cost, unpack
 
 
@@ -61,6 +64,34 @@ def chosen(pred: np.ndarray, poss: np.ndarray, attention: AttentionMode) -> np.n
         room = k - np.count_nonzero(above, axis=-1)[..., None]  # how many of the equal ones still fit
         out[sel] = above | (tie & (np.cumsum(tie, axis=-1) <= room))
     return out
+
+
+def fast_view(shard, qg: np.ndarray, items, view: KVView) -> KVView:
+    """The prediction and the row's top-K on the fast path: qg (B, nkv, rep, R, hd_r); `view` (FlowKVCache.view)
+    -> the view whose mask hides what each query head does not keep, a core running over min(K, held) keys."""
+    L, held, slots = items.length, view.held, items.slots
+    qf = shard.net.split(qg)  # (B, nkv, rep, R*hd_r)
+    keep, (uniq, which) = shard.attention.keys_kept(L), np.unique(slots, return_inverse=True)
+    row = TopKRow(shard.cols, held, qf.shape[0] * qf.shape[1] * qf.shape[2], keep)
+    visible = ~view.hidden
+    pred = predicted(qf, (shard.kv.read(uniq, L)[0], which), visible)  # (B, nkv, rep, L)
+    book_prediction(shard.ledger, row, shard.hd_r)
+    shard.net.allreduced(shard.cy, row.heads * held * shard.cols)  # the partial predictions, over the rows
+    book_top_k(shard.ledger, row, shard.rows)
+    return replace(view, hidden=~(visible & chosen(pred, items.poss, shard.attention)), held=min(keep, held))
+
+
+def hop_view(shard, qg: np.ndarray, items, view: KVView) -> KVView:
+    """The same hop by hop (`hop_selection`): qg (B, nkv, rep, R, hd_r) -> a view of a block of min(K, held)
+    kept keys per query head: K (B, nkv, rep, R, hd_r, C, w), V (B, nkv, rep, C, w, R*hd_r)."""
+    slots, poss, m = items.slots, items.poss, view.held
+    held = (*shard.kv.read(slots, m), shard.kv.visible(slots, poss, m))
+    qh = qg.transpose(0, 3, 1, 2, 4)  # (B, R, nkv, rep, hd_r)
+    k, v, kept, w = hop_selection(shard, qh, (slots, poss), held)
+    B, R, nkv, rep, hd_r = qh.shape
+    k = k.reshape(B, R, nkv, rep, hd_r, w, shard.cols).transpose(0, 2, 3, 1, 4, 6, 5)
+    hidden = ~kept.transpose(0, 1, 2, 4, 3)[:, :, :, None]  # (B, nkv, rep, 1, C, w)
+    return KVView(k, v.transpose(0, 2, 3, 1, 4, 5), hidden, w, per_head=True)
 
 
 def book_prediction(ledger, row: TopKRow, hd_r: int) -> None:

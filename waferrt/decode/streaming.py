@@ -29,8 +29,9 @@ from waferrt.model.config import LlamaConfig
 
 from .cost import Decoding, head_gemv_parts, head_norm_parts, layer_decode_cost
 from .layout import head_chunk_entries, layer_layouts
+from .net import net_of
 from .pack import Chunks, pack_embed, pack_layer
-from .shards import mesh_gemv, mesh_rmsnorm, table_rows
+from .shards import mesh_rmsnorm, table_rows
 
 
 def head_chunks(config: LlamaConfig, region: Region, dtype: str, head_groups: int = 1) -> list[tuple[int, int]]:
@@ -86,11 +87,11 @@ def stream_step_cycles(spec: HardwareSpec, dec: Decoding, region: Region, kv_tok
 def streamed_logits(comm, coll, config: LlamaConfig, chunks, x: np.ndarray, dtype: str) -> np.ndarray:
     """Final RMSNorm and the tied head over `chunks` (an iterable of (table chunk (R*m, C*dim_c), final norm)
     in head_chunks order): x (B, C, dim_c) -> every core row's logits block (B, R, voc_r)."""
-    out, h = [], None
+    out, h, net = [], None, net_of(coll)
     for table, norm in chunks:
         if h is None:
-            h = mesh_rmsnorm(comm, x, to_f32(norm, dtype), config, coll)
-        out.append(mesh_gemv(comm, coll, to_f32(table, dtype), h))  # (B, R, m)
+            h = mesh_rmsnorm(net, comm, x, to_f32(norm, dtype), config)
+        out.append(net.gemv(comm, to_f32(table, dtype), h))  # (B, R, m)
     return np.concatenate(out, axis=2)
 
 

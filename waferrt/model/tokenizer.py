@@ -77,7 +77,7 @@ class Tokenizer:
         for i in self.special_ids:
             if self._hf.token_to_id(meta.tokens[i]) != i:
                 raise ValueError(f"special token {meta.tokens[i]!r} did not keep its GGUF id {i}")
-        present = bytes(b for b, ch in _byte_chars().items() if ch in vocab)
+        present = bytes(b for b, ch in byte_chars().items() if ch in vocab)
         self.missing_bytes = frozenset(range(256)) - frozenset(present)
         self._present = present
 
@@ -139,7 +139,7 @@ class Tokenizer:
         )
 
 
-def _byte_chars() -> dict[int, str]:
+def byte_chars() -> dict[int, str]:
     """GPT-2's byte -> one-character spelling used by ByteLevel (printable Latin-1 bytes stand for
     themselves, the other 68 bytes map to U+0100 onwards). Checked against the `tokenizers` alphabet."""
     kept = [*range(ord("!"), ord("~") + 1), *range(ord("¡"), ord("¬") + 1), *range(ord("®"), ord("ÿ") + 1)]

@@ -1,0 +1,172 @@
+"""What a layer's math does across cores: one small interface, two implementations, chosen per run.
+
+Contract: a block of the decode (waferrt.decode.shards: the attention with its K/V cache, the MLP, the head;
+an MoE expert's MLP) is written once as numpy math with shape comments; everything it does over the cores
+of its region goes through a :class:`Net` -- a MeshGEMV (``gemv``), a product whose contraction is split
+over a line of cores and reduced along it (``dot``), a reduction over a split axis (``reduce``, ``norm2``),
+and the element-wise work (``elementwise``). :func:`net_of` picks the implementation from the run's
+``Collectives``:
+
+- :class:`FastNet` (``coll.fast``): a split axis is held joined, in the order its values have (the K/V
+  cache's positions in position order); the result is computed at once and the collective it stands for
+  is recorded without moving anything (``LineComm.book_allreduce``: its messages worked out once per line
+  and size).
+- :class:`HopNet` (the checked mode): a split axis is held as (cores, per core); every core computes its
+  share and the partial results travel the line message by message (``LineComm.allreduce``).
+
+Both record what they do into the comm's ledger as they run: the busiest core's flops (at the ledger's dtype
+rate; element-wise work at decode.cost.ELEMENTWISE_FLOPS per element) and the collective's messages. No
+layer code books a flop by hand: a block that does one more GEMV records one more GEMV. On the fast path
+a split axis of K/V positions is longer than a core's share (a core holds ``positions`` of them, the
+fullest core's count), so calls on such an axis say how many a core holds. The closed forms of
+waferrt.decode.cost price the same work for the estimator; tests/unit/test_fast_path.py holds the two
+implementations to the same records, tests/unit/test_ties.py the closed forms to them.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import numpy as np
+
+from waferrt.fabric.comm import Collectives, LineComm, Slices
+
+from .cost import ELEMENTWISE_FLOPS as EW
+
+PANEL_ROWS = 64  # the most output rows per BLAS call: a few tokens times a narrow panel of a matrix runs
+# 1.5-2x faster than times the whole matrix at once (OpenBLAS packs less; benchmarks/profile_decode.py)
+
+
+@functools.cache
+def _panel(rows: int) -> int:
+    """The widest panel of at most PANEL_ROWS rows that cuts `rows` evenly."""
+    return max(n for n in range(1, min(rows, PANEL_ROWS) + 1) if rows % n == 0)
+
+
+def matmul_rows(w: np.ndarray, x: np.ndarray) -> np.ndarray:
+    """x (B, in) times w (out, in) transposed -> (B, out), as one batched BLAS call over panels of w's rows
+    (one GEMV for a single token). The sums are each output's dot product, whatever the panels."""
+    if len(x) == 1:
+        return (w @ x[0])[None]
+    n = _panel(w.shape[0])
+    return np.matmul(w.reshape(-1, n, w.shape[1]), x.T).reshape(w.shape[0], len(x)).T  # (out/n, n, B) -> (B, out)
+
+
+def _rows(a: np.ndarray, last: int) -> int:
+    """How many rows `a` has before its last `last` axes."""
+    return int(np.prod(a.shape[:a.ndim - last]))
+
+
+class FastNet:
+    """The fast implementation: results at once, the collectives recorded (see the module docstring)."""
+
+    fast = True
+
+    def __init__(self, coll: Collectives):
+        self.coll = coll
+
+    def split(self, a: np.ndarray) -> np.ndarray:
+        """a (..., S, k): an axis split over S cores as this implementation holds it -- joined (..., S*k)."""
+        return a.reshape(*a.shape[:-2], -1)
+
+    def gemv(self, comm: LineComm, w: np.ndarray, x: np.ndarray) -> np.ndarray:
+        """MeshGEMV: x (B, P, i) split over the P cores of each of `comm`'s lines; w (Q*o, P*i) every core's
+        block (waferrt.decode.pack: line q's outputs, its P cores' inputs side by side). Every core multiplies
+        its block, the partial sums are allreduced along the line -> (B, Q, o). Here: one matmul over the
+        joined input (the same blocks, each read once)."""
+        B, P, i = x.shape
+        self._record(comm, B, i, w.shape[0] // comm.lines)
+        return matmul_rows(w, x.reshape(B, P * i)).reshape(B, comm.lines, -1)
+
+    def dot(self, comm: LineComm, a: np.ndarray, b: np.ndarray, positions: int = 0) -> np.ndarray:
+        """a (..., M, K) times b (..., K, N) -> (..., M, N), K split over `comm`'s line and reduced along it
+        (b's N split over the other axis's lines). `positions`: K (on an x-line) or N (on a y-line) is a K/V
+        axis of which the fullest core holds that many."""
+        ledger = comm.ledger
+        if not ledger.quiet:
+            k = positions if positions and comm.axis == "x" else a.shape[-1] // comm.n
+            n = positions if positions and comm.axis == "y" else b.shape[-1] // comm.lines
+            self._record(comm, _rows(a, 1), k, n)
+        return np.matmul(a, b)
+
+    def _record(self, comm: LineComm, rows: int, k: int, n: int) -> None:
+        """A product of `rows` rows by a (k, n) block on every core, then its partial sums' allreduce."""
+        ledger = comm.ledger
+        if ledger.quiet:  # replaying a layer's records (Ledger.replay)
+            return
+        ledger.compute(2 * rows * k * n)
+        self.allreduced(comm, rows * n * comm.lines)
+
+    def reduce(self, comm: LineComm, a: np.ndarray, op: str) -> np.ndarray:
+        """The max or sum of a's last axis, split over `comm`'s line, kept as an axis of one (broadcasts back)."""
+        out = a.max(axis=-1, keepdims=True) if op == "max" else a.sum(axis=-1, keepdims=True)
+        self._replicated(comm, _rows(a, 1))
+        return out
+
+    def norm2(self, comm: LineComm, x: np.ndarray) -> np.ndarray:
+        """x (B, S, k) -> (B,): the sum of squares of every item's values, split over `comm`'s line."""
+        self._replicated(comm, x.shape[0])
+        return np.einsum("bcd,bcd->b", x, x)
+
+    def _replicated(self, comm: LineComm, values: int) -> None:
+        self.allreduced(comm, values, True)
+
+    def allreduced(self, comm: LineComm, values: int, replicated: bool = False) -> None:
+        """Record the allreduce of `values` float32 values per core along `comm`'s lines that a result computed
+        another way stands for (sparse attention's partial predictions: waferrt.decode.sparse)."""
+        if not comm.ledger.quiet:
+            with comm.ledger.op(f"allreduce.{self.coll.algo}"):
+                comm.book_allreduce(self.coll.algo, self.coll.k, values, replicated)
+
+    def elementwise(self, comm: LineComm, kind: str, a: np.ndarray, positions: int = 0) -> None:
+        """Record element-wise work of `kind` on a, split over `comm`'s line (its last axis a K/V axis of which
+        the fullest core holds `positions`)."""
+        if not comm.ledger.quiet:
+            per_core = a.size // a.shape[-1] * positions if positions else a.size // comm.n
+            comm.ledger.compute(EW[kind] * per_core)
+
+
+class HopNet(FastNet):
+    """The hop-by-hop implementation: every core's share computed, the partial results sent message by message."""
+
+    fast = False
+
+    def split(self, a: np.ndarray) -> np.ndarray:
+        """a (..., S, k): kept as (..., S, k)."""
+        return a
+
+    def gemv(self, comm: LineComm, w: np.ndarray, x: np.ndarray) -> np.ndarray:
+        B, P, i = x.shape
+        comm.ledger.compute(2 * B * i * (w.shape[0] // comm.lines))  # every core's (i, o) block, every item
+        per_core = w.reshape(-1, P, i).transpose(1, 2, 0)  # (P, i, Q*o): each core's blocks, every line's
+        part = np.matmul(x.transpose(1, 0, 2), per_core).reshape(P, B, comm.lines, -1)  # every core's GEMV
+        return comm.allreduce(part, self.coll, collapse=True, overwrite=True)
+
+    def dot(self, comm: LineComm, a: np.ndarray, b: np.ndarray, positions: int = 0) -> np.ndarray:
+        """a (..., M, S, k) times b (..., S, k, *N) -> (..., M, *N): every core s multiplies its (M, k) by its
+        (k, N) share, the partial products are allreduced along the line."""
+        k, N = a.shape[-1], b.shape[a.ndim - 1:]
+        part = np.matmul(np.moveaxis(a, -2, -3), b.reshape(*b.shape[:a.ndim - 1], -1))  # (..., S, M, N)
+        comm.ledger.compute(2 * _rows(a, 2) * k * (part.shape[-1] // comm.lines))
+        out = comm.allreduce(part, self.coll, slices=Slices(part.ndim - 3), collapse=True, overwrite=True)
+        return out.reshape(*out.shape[:-1], *N)
+
+    def reduce(self, comm: LineComm, a: np.ndarray, op: str) -> np.ndarray:
+        """a (..., S, n): every core's max or sum of its n, then along the line -> (..., 1, 1)."""
+        local = a.max(axis=-1) if op == "max" else a.sum(axis=-1)  # (..., S)
+        out = comm.allreduce(local, self.coll, op, Slices(local.ndim - 1, replicated=True), collapse=True)
+        return out[..., None, None]
+
+    def norm2(self, comm: LineComm, x: np.ndarray) -> np.ndarray:
+        return comm.allreduce((x * x).sum(axis=2), self.coll, slices=Slices(1, replicated=True), collapse=True)
+
+    def elementwise(self, comm: LineComm, kind: str, a: np.ndarray, positions: int = 0) -> None:
+        comm.ledger.compute(EW[kind] * (a.size // comm.n))
+
+
+Net = FastNet | HopNet
+
+
+def net_of(coll: Collectives) -> Net:
+    """The implementation a run's collectives choose: FastNet when ``coll.fast``, else HopNet."""
+    return FastNet(coll) if coll.fast else HopNet(coll)
