@@ -36,6 +36,8 @@ from .common import (
     MAX_SEED,
     UsageError,
     add_max_tiles,
+    check_context,
+    check_kv_tokens,
     checked_mesh,
     model_path,
     output_path,
@@ -237,6 +239,9 @@ def run(args) -> int:
     model, tok = open_model(args)
     check_experts_flags(args, model.config)
     requests = prompt_requests(args, tok, texts)
+    check_context(requests, model.config)
+    if args.prefill:  # the MeshGEMM prefill's attention spans --kv-tokens positions
+        check_kv_tokens(args.kv_tokens, model.config)
     check_kv_room(args, requests)
     placement = None if args.reference else placing.placement(args, model.config, mesh, requests)
     texts = ["" if args.chat else t for t in texts]  # what is echoed before each generated text
