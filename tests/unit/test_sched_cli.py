@@ -73,3 +73,20 @@ def test_gguf_metadata_gives_the_same_config():
     except FileNotFoundError:
         pytest.skip("SmolLM2 GGUF not installed")
     assert read_config(path) == SMOLLM2_135M
+
+
+def test_the_default_mesh_here_is_cut_into_at_most_max_tiles():
+    """generate's default mesh on this machine alone runs in one tile actor per core it may use, and in fewer
+    when --max-tiles says so (it once planned two and refused its own plan with a TooManyTiles traceback);
+    on a cluster (--address) it is the plan's."""
+    import argparse
+
+    from waferrt.cli.placing import local_cut, local_tiles
+    from waferrt.core.mesh import MeshSpec
+
+    mesh = MeshSpec(174, 128, 87, 64)  # SmolLM2's default: 2x2 tiles
+    cut = local_cut(argparse.Namespace(address=None, max_tiles=1), mesh)
+    assert (cut.tiles_x, cut.tiles_y) == (1, 1) and (cut.width, cut.height) == (174, 128)
+    many = local_cut(argparse.Namespace(address=None, max_tiles=64), mesh)
+    assert many.tiles_x * many.tiles_y == min(4, local_tiles())
+    assert local_cut(argparse.Namespace(address="10.0.0.1:6379", max_tiles=1), mesh) == mesh

@@ -5,7 +5,9 @@ SmolLM2-135M, or a GGUF path; from the dequantised cache when it holds the model
 and starts loading the float32 weights in a thread, so that Ray and the tile actors can start meanwhile.
 ``config`` and ``tokenizer`` are ready at once; ``weights()`` waits for the weights (and raises what the
 loading raised); ``thread`` is the loading thread (to show progress while it runs). A missing or
-unreadable model raises FileNotFoundError / ValueError from the constructor.
+unreadable model raises FileNotFoundError / ValueError from the constructor. What `generate` and `chaos` share:
+:func:`open_model` (a ModelLoad from the command's arguments, its errors as UsageError), :func:`prompt_requests`
+(prompts as GenRequests), :func:`ready_weights` (waits for the weights, saying where they came from).
 :func:`default_mesh_cached` remembers the default mesh of a model shape in the same cache directory.
 """
 
@@ -15,6 +17,8 @@ import threading
 import time
 
 import numpy as np
+
+from .common import UsageError, say, stamp
 
 
 class ModelLoad:
@@ -83,3 +87,45 @@ def default_mesh_cached(config, spec, kv, dtype: str, strategy=None, attention=N
     except OSError:  # a read-only home only costs the next run the search
         pass
     return mesh
+
+
+def open_model(args):
+    """The model's config and tokenizer (from the dequantised cache, or the GGUF's header); its weights load
+    in the background meanwhile (waferrt.cli.model.ModelLoad)."""
+    say("reading the model (config, tokenizer)...")
+    try:
+        model = ModelLoad(args.model, cache=not args.no_cache)
+        return model, model.tokenizer
+    except (FileNotFoundError, ValueError) as e:  # no file, not a (whole) GGUF, not a llama, unsupported
+        raise UsageError(f"cannot load --model: {e}") from None
+
+
+def prompt_requests(args, tok, texts: list[str]) -> list:
+    """The prompts as requests: each text (in the chat template under --chat) encoded, with --max-new-tokens
+    and the tokenizer's stop ids."""
+    from waferrt.serving import GenRequest
+
+    out = []
+    for i, text in enumerate(texts):
+        try:
+            ids = tok.encode(tok.chat_prompt(text, args.system) if args.chat else text)
+        except ValueError as e:  # characters the vocabulary cannot spell
+            raise UsageError(f"prompt {i} ({text[:40]!r}): {e}") from None
+        out.append(GenRequest(tuple(ids), args.max_new_tokens, tuple(tok.stop_ids)))
+    return out
+
+
+def ready_weights(model):
+    """The float32 weights (waits for the background load; a cached model maps them in a second)."""
+    from .progress import waiting
+
+    what = "mapping from the cache" if model.cached else "dequantising the GGUF, cached for later runs"
+    waiting(f"model weights ({what})", model.thread, stamp())
+    try:
+        weights = model.weights()
+    except (FileNotFoundError, ValueError) as e:
+        raise UsageError(f"cannot load --model: {e}") from None
+    c = model.config
+    say(f"weights ready ({model.seconds:.1f}s{', from the cache' if model.cached else ''}): {c.n_layers} "
+        f"layers, dim {c.dim}, {c.params() / 1e6:.0f}M parameters")
+    return weights

@@ -40,6 +40,7 @@ from .common import (
     MAX_SEED,
     UsageError,
     add_max_tiles,
+    check_max_tiles,
     checked_mesh,
     model_path,
     output_path,
@@ -175,6 +176,7 @@ def _setup(args) -> tuple[Placement, str, frozenset[Coord], object]:
     nodes = tuple(NodeInfo(name, args.cpus) for name in names)
     p, choice = placed(args, config, spec, kv, nodes, lambda s: mesh or default_mesh(
         config, spec, kv, options=PlanOptions(dtype=args.dtype, strategy=s)))
+    check_max_tiles(args, p.mesh)
     return p, model, _kill(p, args.dead, args.seed) if args.dead else frozenset(), choice
 
 def run(args) -> int:

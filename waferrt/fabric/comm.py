@@ -42,8 +42,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from waferrt.core.arith import cdiv
-from waferrt.core.cost import ALLREDUCE_ALGOS, allreduce_cost, on_lines, tree_plan
+from waferrt.core.cost import ALLREDUCE_ALGOS, allreduce_cost, on_lines, segment_bytes, tree_plan
 from waferrt.core.ledger import Ledger
 from waferrt.core.mesh import Dir, Region
 
@@ -287,7 +286,7 @@ class LineComm:
         self.ledger.add(cost)
         if self.tap is not None:
             whole, seg = allreduce_links(algo, self.n, k, self.topo)
-            out = whole * nbytes + seg * (4 * cdiv(nbytes, 4 * self.n))  # a segment: core.cost.allreduce_cost's
+            out = whole * nbytes + seg * segment_bytes(nbytes, self.n)
             self.tap(self, out[0], out[1])
 
 
