@@ -251,29 +251,35 @@ def _plan(args, llm):
     """The plan to run: --plan's, or drawn from --seed over what the decode uses."""
     import dataclasses
 
-    from waferrt.decode.program import crossings
-    from waferrt.faults import FaultPlan, Targets
-    from waferrt.faults.model import border_links
-
     if args.plan:
         plan = args.plan_given  # loaded and checked before Ray started
     else:
-        p = llm.placement
-        cores = {c for _, r in p.regions() for c in r.cores()} - p.mesh.dead
-        cross = crossings(llm.setup)  # the tile borders the decode's micro-batches cross: where Corrupt can strike
-        links = border_links(p.mesh, cross) if cross else []
-        if "corrupt" in args.kinds and not links and len(args.kinds) > 1:
-            say("no corrupt faults drawn: every stage runs on one tile, so no payload crosses a tile border")
-        try:
-            plan = FaultPlan.random(args.seed, args.faults, Targets(p.mesh, cores, links, args.nodes), args.kinds,
-                                    args.max_new_tokens)
-        except ValueError as e:  # nothing left to draw: corrupt alone where no payload crosses a tile border
-            raise UsageError(f"--kinds {','.join(args.kinds)}: {e}") from None
+        plan = draw_plan(llm, args.seed, args.faults, args.kinds, args.nodes, args.max_new_tokens)
     if args.policy:
         plan = dataclasses.replace(plan, policy=args.policy)
     if args.save_plan:
         plan.save(args.save_plan)
     return plan
+
+
+def draw_plan(llm, seed: int, n: int, kinds: tuple[str, ...], nodes: int, steps: int):
+    """A FaultPlan of `n` faults of `kinds` drawn from `seed` over what the decode of `llm` uses (its cores,
+    the tile borders its micro-batches cross, `nodes` Ray nodes), each at a step up to `steps`; UsageError
+    when nothing is left to draw (also for ``waferrt serve --chaos``)."""
+    from waferrt.decode.program import crossings
+    from waferrt.faults import FaultPlan, Targets
+    from waferrt.faults.model import border_links
+
+    p = llm.placement
+    cores = {c for _, r in p.regions() for c in r.cores()} - p.mesh.dead
+    cross = crossings(llm.setup)  # the tile borders the decode's micro-batches cross: where Corrupt can strike
+    links = border_links(p.mesh, cross) if cross else []
+    if "corrupt" in kinds and not links and len(kinds) > 1:
+        say("no corrupt faults drawn: every stage runs on one tile, so no payload crosses a tile border")
+    try:
+        return FaultPlan.random(seed, n, Targets(p.mesh, cores, links, nodes), kinds, steps)
+    except ValueError as e:  # nothing left to draw: corrupt alone where no payload crosses a tile border
+        raise UsageError(f"--kinds {','.join(kinds)}: {e}") from None
 
 
 def _again(args, plan) -> str:

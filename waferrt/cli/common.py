@@ -157,7 +157,7 @@ def prompt_file(path: str) -> tuple[str, ...]:
         raise argparse.ArgumentTypeError(f"{path!r} holds more than {MAX_PROMPT_FILE >> 20} MB: give a file of "
                                          "prompts, one per line, not a corpus")
     try:
-        text = data.decode("utf-8")
+        text = data.decode("utf-8-sig")  # a byte-order mark (Windows editors) is no part of the prompt
         if "\0" in text:
             raise ValueError
     except ValueError:  # UnicodeDecodeError included
