@@ -200,12 +200,14 @@ def phase_part(args, dense_config, dense) -> None:
           f"{PHASE_REGION.h} cores; {args.steps} decode steps of {args.batch} tokens, Zipf s={args.zipf}, seed "
           f"{args.seed}; NI-Balancer looks every {args.look} steps\n{MOENTWINE}")
     for clustered in (False, True):
-        print(f"\nhot experts {'side by side (ranks in expert order)' if clustered else 'scattered (a seeded shuffle)'}")
+        where = "side by side (ranks in expert order)" if clustered else "scattered (a seeded shuffle)"
+        print(f"\nhot experts {where}")
         args.clustered = clustered
         phase_table(config, weights.layers[0], PHASE_REGION, args)
 
 # -- the whole MoE phase under a skewed routing: naive, ER-Mapping, ER + NI-Balancer --------------------------
-MOENTWINE = "MoEntwine (arXiv 2510.25258): ER-Mapping up to 62% less communication; NI-Balancer +54% MoE compute, +22% communication"
+MOENTWINE = ("MoEntwine (arXiv 2510.25258): ER-Mapping up to 62% less communication; NI-Balancer +54% MoE compute, "
+             "+22% communication")
 SETUPS = (("naive", "naive", 0), ("ER-Mapping", "er", 0), ("ER + NI-Balancer", "er", 1))  # name, mapping, balance?
 
 
@@ -224,7 +226,8 @@ def phase_run(config, lw, region: Region, setup: tuple[str, str, int], args, pla
     xs = np.random.default_rng(args.seed).standard_normal((args.steps, args.batch, config.dim)).astype(np.float32)
     out = {}
     for step in run_steps(shard, xs):
-        for kind, part in (("compute", step.compute_cycles(WSE2, "float32")), ("comm", step.comm_cycles(WSE2, "float32"))):
+        parts = (("compute", step.compute_cycles(WSE2, "float32")), ("comm", step.comm_cycles(WSE2, "float32")))
+        for kind, part in parts:
             for name, cycles in part.items():
                 out[f"{kind}.{name}"] = out.get(f"{kind}.{name}", 0.0) + cycles
     tokens = args.batch * args.steps
@@ -256,7 +259,8 @@ def phase_table(config, lw, region: Region, args) -> dict[str, dict]:
     print(f"  NI-Balancer on ER: compute {total(er, 'compute') / total(ni, 'compute') - 1:+.0%} (the experts' "
           f"{er['compute.experts'] / ni['compute.experts'] - 1:+.0%}), communication "
           f"{total(er, 'comm') / total(ni, 'comm') - 1:+.0%} (speed-ups; MoEntwine: +54%, +22%); the phase's modelled "
-          f"time {total(er, 'compute') + total(er, 'comm'):.3f} -> {total(ni, 'compute') + total(ni, 'comm'):.3f} us/token")
+          f"time {total(er, 'compute') + total(er, 'comm'):.3f} -> "
+          f"{total(ni, 'compute') + total(ni, 'comm'):.3f} us/token")
     placed = phase_run(config, lw, region, SETUPS[1], args, ni["swaps"])  # its final placement from the start
     why(naive, er, ni, args.look)
     print(f"  why NI, measured: the experts' compute is {er['compute.experts'] / ni['compute.experts'] - 1:+.0%} as it "
