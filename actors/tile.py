@@ -203,6 +203,7 @@ class Tile:
         self._new_epoch(epoch)
         ctx = Context(Span(region, self.region, links, self.mesh.region), ledger, self.store, tag=f"k{epoch}",
                       faults=faults)
+        ctx.sram_free = self.sram.free_bytes()[self.region.window(ctx.local)]
         if delay := self.faults.delay_in(region):  # a straggling tile, or a slow core in the region
             time.sleep(delay)
         with span:

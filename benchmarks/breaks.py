@@ -19,7 +19,8 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 FILES = {  # the fast unit test files that tie the cost model, by what they cover
-    "cost": ["tests/unit/test_pins.py", "tests/unit/test_owners.py", "tests/unit/test_collectives.py", "tests/unit/test_fast_path.py"],
+    "cost": ["tests/unit/test_pins.py", "tests/unit/test_owners.py", "tests/unit/test_collectives.py",
+             "tests/unit/test_fast_path.py"],
     "decode": ["tests/unit/test_owners.py", "tests/unit/test_estimate_emulator.py",
                "tests/unit/test_decode_numbers.py", "tests/unit/test_pins.py"],
     "stream": ["tests/unit/test_pins.py", "tests/unit/test_owners.py", "tests/unit/test_streaming.py",
@@ -134,6 +135,12 @@ BREAKS = {
         "cycles=orig(spec, phase).cycles - phase.hops * spec.alpha_cycles)",
         ["tests/unit/test_pins.py", "tests/unit/test_topology.py", "tests/unit/test_moe_mesh.py",
          "tests/unit/test_moe_estimate.py"]),
+    "cycles_seconds: a 1 GHz clock whatever the spec": (
+        "waferrt.core.cost", "cycles_seconds", "lambda spec, cycles: cycles / 1e9",
+        ["tests/unit/test_pins.py", "tests/unit/test_owners.py", "tests/unit/test_estimate.py"]),
+    "segment_bytes: the last segment not padded": (
+        "waferrt.core.cost", "segment_bytes", "lambda nbytes, n: nbytes // n",
+        FILES["cost"] + ["tests/unit/test_moe_links.py"]),
     "activation_bytes: the per-position scores left out": (
         "waferrt.decode.layout", "activation_bytes",
         "lambda config, region, tokens, head_groups=1: orig(config, region, tokens, head_groups) - 8 * "

@@ -3,6 +3,8 @@ its comment, so that breaking the owner fails here even where both sides of ever
 
 - ``core.cost.alltoall_cost``: a phase counted link by link (``decode.linkload.LinkLoad``) and a line's
   all-to-all (``line_alltoall_cost``), on TINY (alpha 1, beta 8, 4 bytes per link per cycle);
+- ``core.cost.cycles_seconds`` (and ``Cost.seconds``): cycles at the spec's clock;
+- ``core.cost.segment_bytes``: the padded segment of a ring / pipeline allreduce;
 - ``decode.layout``'s ``activation_bytes`` (a layer core's scratch), ``kv_core_bytes`` (its K/V) and
   ``stream_core_bytes`` (a streaming region's fullest core), for one and two head groups, on the tiny model
   (dim 64, 4 heads, 2 K/V heads, head_dim 16, hidden 128, 3 layers, vocab 256) over a 4x2 region.
@@ -12,9 +14,17 @@ from __future__ import annotations
 
 import pytest
 
-from waferrt.core.cost import Phase, alltoall_cost, line_alltoall_cost
+from waferrt.core.cost import (
+    Cost,
+    Phase,
+    allreduce_cost,
+    alltoall_cost,
+    cycles_seconds,
+    line_alltoall_cost,
+    segment_bytes,
+)
 from waferrt.core.mesh import Region
-from waferrt.core.spec import TINY
+from waferrt.core.spec import TINY, WSE2
 from waferrt.decode import layout as dl
 from waferrt.decode.linkload import LinkLoad
 from waferrt.model import tiny_config
@@ -68,3 +78,18 @@ def test_a_streaming_cores_sum_by_hand():
     region = Region(0, 0, 4, 2)
     assert dl.stream_core_bytes(CFG, region, 20, 3) == 45088
     assert dl.most_bytes(dl.stream_booking(CFG, region, 20, 3)) == 45088
+
+
+def test_a_ring_allreduces_padded_segments_by_hand():
+    """100 bytes (25 floats) over a mesh line of 4: segments of ceil(25/4) = 7 floats, 28 bytes (the last one
+    padded). The folded ring's step: longest 2 hops, 6 hops in all; 2*(4-1) = 6 steps of 28 bytes: link bytes
+    6*6*28 = 1008, cycles 6*(2*1 + 8 + 28/4) = 102."""
+    assert segment_bytes(100, 4) == 28 and segment_bytes(96, 4) == 24 and segment_bytes(4, 3) == 4
+    c = allreduce_cost(TINY, "ring", 4, 100)
+    assert (c.hops, c.stages, c.link_bytes, c.messages, c.cycles) == (12, 6, 1008, 24, 102.0)
+
+
+def test_cycles_in_seconds_by_hand():
+    """Both presets' clocks are 1.1 GHz: 1.1e9 cycles are a second, 2.2e6 cycles 2 ms."""
+    assert cycles_seconds(TINY, 1.1e9) == 1.0 and Cost(cycles=2.2e6).seconds(WSE2) == 2.2e6 / 1.1e9
+    assert abs(Cost(cycles=2.2e6).seconds(WSE2) - 2e-3) < 1e-15

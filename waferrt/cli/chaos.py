@@ -26,6 +26,7 @@ from waferrt.model.sparse import AttentionMode
 from .common import (
     MAX_SEED,
     UsageError,
+    check_context,
     checked_mesh,
     model_arg,
     not_a_file,
@@ -223,7 +224,8 @@ def _model(args):
     from waferrt.core.mesh import MeshSpec
     from waferrt.serving import GenRequest
 
-    from . import generate, placing
+    from . import placing
+    from .model import open_model, prompt_requests, ready_weights
 
     if args.model in TINY_MODELS:
         from waferrt.model import synthetic_llama, tiny_config, tiny_moe_config
@@ -231,14 +233,16 @@ def _model(args):
         config = tiny_config() if args.model == "tiny" else tiny_moe_config(n_experts=4, top_k=2)
         args.spec, args.kv_tokens, args.max_tiles = args.spec or "tiny", 32 + args.max_new_tokens, 64
         requests = [GenRequest(tuple(range(3 + i, 8 + 2 * i)), args.max_new_tokens) for i in range(args.requests)]
+        check_context(requests, config)
         mesh = checked_mesh(args, lambda w, h: (8, 8)) or (None if args.streaming else MeshSpec(16, 16, 8, 8))
         return (config, lambda: synthetic_llama(config, seed=0), requests,
                 lambda nodes: placing.placement(args, config, mesh, requests, nodes), str)
     args.spec, args.kv_tokens, args.max_tiles = args.spec or "wse2", 64 + args.max_new_tokens, 64
     mesh = checked_mesh(args, lambda w, h: (w, h))
-    model, tok = generate.open_model(args)
-    requests = generate._requests(args, tok, list(PROMPTS[:args.requests]))
-    return (model.config, lambda: generate.model_weights(model), requests,
+    model, tok = open_model(args)
+    requests = prompt_requests(args, tok, list(PROMPTS[:args.requests]))
+    check_context(requests, model.config)
+    return (model.config, lambda: ready_weights(model), requests,
             lambda nodes: placing.placement(args, model.config, mesh, requests, nodes),
             lambda ids: tok.decode(ids, skip_special=True))
 

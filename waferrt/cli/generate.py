@@ -37,6 +37,8 @@ from .common import (
     MAX_SEED,
     UsageError,
     add_max_tiles,
+    check_context,
+    check_kv_tokens,
     checked_mesh,
     model_path,
     output_path,
@@ -53,6 +55,7 @@ from .common import (
 )
 from .experts import add_experts_arg, check_experts_flags
 from .generate_report import pictures, report, run_bound
+from .model import open_model, prompt_requests, ready_weights
 from .progress import DecodeBar
 from .strategy import add_strategy_args
 
@@ -181,48 +184,6 @@ def _check_flags(args) -> None:
                          "--temperature > 0 (e.g. --temperature 0.8), or leave them out")
 
 
-def open_model(args):
-    """The model's config and tokenizer (from the dequantised cache, or the GGUF's header); its weights load
-    in the background meanwhile (waferrt.cli.model.ModelLoad)."""
-    from waferrt.cli.model import ModelLoad
-
-    say("reading the model (config, tokenizer)...")
-    try:
-        model = ModelLoad(args.model, cache=not args.no_cache)
-        return model, model.tokenizer
-    except (FileNotFoundError, ValueError) as e:  # no file, not a (whole) GGUF, not a llama, unsupported
-        raise UsageError(f"cannot load --model: {e}") from None
-
-
-def _requests(args, tok, texts: list[str]) -> list:
-    from waferrt.serving import GenRequest
-
-    out = []
-    for i, text in enumerate(texts):
-        try:
-            ids = tok.encode(tok.chat_prompt(text, args.system) if args.chat else text)
-        except ValueError as e:  # characters the vocabulary cannot spell
-            raise UsageError(f"prompt {i} ({text[:40]!r}): {e}") from None
-        out.append(GenRequest(tuple(ids), args.max_new_tokens, tuple(tok.stop_ids)))
-    return out
-
-
-def model_weights(model):
-    """The float32 weights (waits for the background load; a cached model maps them in a second)."""
-    from .progress import waiting
-
-    what = "mapping from the cache" if model.cached else "dequantising the GGUF, cached for later runs"
-    waiting(f"model weights ({what})", model.thread, stamp())
-    try:
-        weights = model.weights()
-    except (FileNotFoundError, ValueError) as e:
-        raise UsageError(f"cannot load --model: {e}") from None
-    c = model.config
-    say(f"weights ready ({model.seconds:.1f}s{', from the cache' if model.cached else ''}): {c.n_layers} "
-        f"layers, dim {c.dim}, {c.params() / 1e6:.0f}M parameters")
-    return weights
-
-
 def _prefill(args, config) -> bool:
     """Whether prompts are prefilled by MeshGEMM (--prefill, where there is a prefill), said in one line."""
     why = ("an MoE model" if config.moe else "weight streaming" if args.streaming else None)
@@ -255,7 +216,7 @@ def _on_the_wafer(args, llm, model, batch, on_token, live):
 
     try:
         with llm.open(progress=say):
-            llm.load(model_weights(model), progress=say)
+            llm.load(ready_weights(model), progress=say)
             say("decoding on the wafer")
             out, stats = llm.generate(list(batch.requests), batch.sampler, on_token,
                                       trace=args.trace or bool(args.heatmap))
@@ -283,7 +244,10 @@ def run(args) -> int:
     sampler = Sampler(temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, seed=args.seed)
     model, tok = open_model(args)
     check_experts_flags(args, model.config)
-    requests = _requests(args, tok, texts)
+    requests = prompt_requests(args, tok, texts)
+    check_context(requests, model.config)
+    if args.prefill:  # the MeshGEMM prefill's attention spans --kv-tokens positions
+        check_kv_tokens(args.kv_tokens, model.config)
     check_kv_room(args, requests)
     placement = None if args.reference else placing.placement(args, model.config, mesh, requests)
     texts = ["" if args.chat else t for t in texts]  # what is echoed before each generated text
@@ -308,9 +272,9 @@ def run(args) -> int:
 
     try:
         if args.reference:
-            weights = model_weights(model)
+            weights = ready_weights(model)
             say("decoding on the single-process numpy reference")
-            out, stats = generate_reference(model.config, weights, requests, sampler, on_token)
+            out, stats = generate_reference(model.config, weights, requests, sampler, on_token, args.attention)
             mesh, bound = "reference", None
         else:
             batch = Batch(tuple(requests), sampler)

@@ -52,7 +52,12 @@ class Cost:
         return {f.name: getattr(self, f.name) for f in fields(self)}
 
     def seconds(self, spec: HardwareSpec) -> float:
-        return self.cycles / spec.clock_hz
+        return cycles_seconds(spec, self.cycles)
+
+
+def cycles_seconds(spec: HardwareSpec, cycles: float) -> float:
+    """Modelled cycles in seconds at the spec's clock: the one owner of the conversion (``Cost.seconds``)."""
+    return cycles / spec.clock_hz
 
 
 def total(costs) -> Cost:
@@ -77,6 +82,12 @@ def on_lines(c: Cost, lines: int) -> Cost:
     traffic (messages, link bytes) is every line's -- what the tiles book."""
     return Cost(hops=c.hops, stages=c.stages, link_bytes=c.link_bytes * lines, messages=c.messages * lines,
                 flops=c.flops, cycles=c.cycles)
+
+
+def segment_bytes(nbytes: int, n: int) -> int:
+    """The bytes of one of the n equal float32 segments a ring or pipeline allreduce cuts nbytes into (the
+    last padded to the others' size): the one owner of the padding."""
+    return 4 * cdiv(nbytes, 4 * n)
 
 
 def flop_cycles(spec: HardwareSpec, flops: float, dtype: str = "float32") -> float:
@@ -211,7 +222,7 @@ def allreduce_cost(spec: HardwareSpec, algo: str, n: int, nbytes: int, k: int = 
         return Cost()
     if algo in ("ktree", "chain"):
         return ktree_cost(spec, tree_plan(algo, n, k), n, nbytes)
-    seg = 4 * cdiv(nbytes, 4 * n)  # the vector is cut in n equal (padded) float32 segments
+    seg = segment_bytes(nbytes, n)
     steps = 2 * (n - 1)
     if algo == "ring":
         hop_len, ring_len = spec.topology.ring_hops(n)

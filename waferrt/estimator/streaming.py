@@ -17,6 +17,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from waferrt.core.arith import last_true
+from waferrt.core.cost import cycles_seconds
 from waferrt.core.spec import HardwareSpec
 from waferrt.decode.cost import Decoding, lane_batches, layer_decode_cost
 from waferrt.decode.layout import stream_core_bytes
@@ -104,7 +105,7 @@ def _step_seconds(spec: HardwareSpec, dec: Decoding, shape: wafer.Shape, kv_toke
     """A step with `requests` in flight: their micro-batches (decode.cost.lane_batches) take turns on the region,
     each through every stage (decode.streaming.stream_step_cycles, what the tiles book), host I/O added."""
     cycles = sum(stream_step_cycles(spec, dec, shape.region(), kv_tokens, b) for b in lane_batches(requests))
-    return cycles / spec.clock_hz + host_seconds(dec.config, spec, requests)
+    return cycles_seconds(spec, cycles) + host_seconds(dec.config, spec, requests)
 
 
 def _pass_bytes(config: LlamaConfig, dtype: str, batch: int) -> int:
