@@ -58,10 +58,11 @@ class MeshKVCache:
         if len(starts):
             self.n[starts] = 0
             self.layout.reset(starts)
-        rounds = _rounds(slots)
-        if not rounds.any():  # one item per request (a decode step): one shift
+        listed = slots.tolist()
+        if len(set(listed)) == len(listed):  # one item per request (a decode step): one shift
             self._take(slots, k_new, v_new, poss)
             return
+        rounds = _rounds(slots)
         for r in range(int(rounds.max()) + 1):
             sel = np.flatnonzero(rounds == r)
             self._take(slots[sel], k_new[sel], v_new[sel], poss[sel])
@@ -106,6 +107,4 @@ class MeshKVCache:
 def _rounds(slots: np.ndarray) -> np.ndarray:
     """The how-many-th item of its request each item is (a prompt's items go in one after another)."""
     listed = slots.tolist()
-    if len(set(listed)) == len(listed):  # one item per request (a decode step): one round
-        return np.zeros(len(listed), np.int64)
     return np.array([listed[:i].count(s) for i, s in enumerate(listed)], np.int64)
