@@ -43,7 +43,7 @@ import numpy as np
 import zmq
 
 from waferrt.core.mesh import Dir, TileId
-from waferrt.fabric.links import FabricProtocolError, FabricTimeout
+from waferrt.fabric.links import FabricProtocolError, FabricTimeout, TagMismatch
 from waferrt.faults.errors import PayloadCorrupt
 from waferrt.faults.wire import checksum, flip
 
@@ -154,7 +154,7 @@ class ZmqLinks:
         self.sent[d] += 1
         header = msgpack.packb({"from": d.opposite.name, "seq": self.sent[d], "tag": tag, "epoch": self.epoch,
                                 "sum": checksum(arrays), "arrays": [(a.dtype.str, a.shape) for a in arrays]})
-        if self.corrupt is not None and (flips := self.corrupt(d)):
+        if self.corrupt is not None and any(a.nbytes for a in arrays) and (flips := self.corrupt(d)):
             arrays = flip(arrays, *flips)
         nbytes = sum(a.nbytes for a in arrays)
         sock.send_multipart([header, *arrays], copy=nbytes < ZERO_COPY_BYTES)  # copying small ones is cheaper
@@ -165,13 +165,13 @@ class ZmqLinks:
             if not self._pull_until(deadline):
                 raise FabricTimeout(
                     f"{self.tile} waited {self.timeout:.0f}s for message {tag!r} on its {d.name} link and got "
-                    f"nothing: the neighbour tile is dead, stuck, or ran a different program{self._drops()}")
+                    f"nothing: the neighbour tile is dead, stuck, or ran a different program{self._drops()}",
+                    self.tile, d)
         _, got_tag, payload, _, self.taken[d] = self._pop(d)
         if isinstance(payload, Exception):
             raise payload
         if got_tag != tag:
-            raise FabricProtocolError(f"{self.tile} expected message {tag!r} on its {d.name} link, got "
-                                      f"{got_tag!r}: the tiles ran different programs")
+            raise TagMismatch(self.tile, d, tag, got_tag, payload)
         return payload
 
     def recv_any(self, timeout: float) -> tuple[Dir, str, list[np.ndarray]] | None:

@@ -25,6 +25,7 @@ import socket
 import tempfile
 import threading
 
+from . import rayinternals
 from .reaper import start_reaper, stop_reaper
 
 # one BLAS thread per worker process: the tiles share the machine's cores (workers_inherit says whether
@@ -67,10 +68,8 @@ def check_address(address: str, timeout: float = CONNECT_TIMEOUT_S) -> str:
     ClusterUnreachable naming the address tried and how to start a cluster (ValueError: not an address)."""
     target = address
     if address == "auto":
-        import ray._private.services as services
-
         try:
-            target = services.canonicalize_bootstrap_address_or_die("auto")
+            target = rayinternals.bootstrap_address()
         except ConnectionError:
             raise ClusterUnreachable(f"Ray address 'auto': no running Ray cluster was found on this machine; "
                                      f"{START_A_CLUSTER}") from None
@@ -155,10 +154,7 @@ def ray_shutdown() -> None:
 
 def auth_mode() -> str:
     """This process's Ray authentication mode: 'token' or 'disabled' (Ray 2.60's RAY_AUTH_MODE)."""
-    from ray._private.authentication.authentication_utils import get_authentication_mode_name
-    from ray._raylet import get_authentication_mode
-
-    return get_authentication_mode_name(get_authentication_mode())
+    return rayinternals.auth_mode_name()
 
 
 def _refuse_auth_off() -> None:
@@ -175,13 +171,10 @@ def token_auth_for_what_starts_here() -> None:
     without it otherwise), and the token made when there is none (~/.ray/auth_token, as ray.init makes it).
     InsecureRay when RAY_AUTH_MODE says otherwise."""
     _refuse_auth_off()
-    from ray._private.authentication.authentication_token_setup import ensure_token_if_auth_enabled
-    from ray._raylet import Config
-
     if os.environ.get("RAY_AUTH_MODE") is None:
         os.environ["RAY_AUTH_MODE"] = "token"
-        Config.initialize("")  # this process's Ray config reads the mode again
-    ensure_token_if_auth_enabled(None, create_token_if_missing=True)
+        rayinternals.reread_config()  # this process's Ray config reads the mode again
+    rayinternals.ensure_token()
     _owner_only(os.environ.get("RAY_AUTH_TOKEN_PATH") or os.path.expanduser("~/.ray/auth_token"))
 
 
@@ -227,28 +220,20 @@ def loopback(on: bool = True):
     if not on:
         yield
         return
-    from ray._private import ray_constants
-
-    before = ray_constants.ENABLE_RAY_CLUSTER
-    ray_constants.ENABLE_RAY_CLUSTER = False
-    try:
+    with rayinternals.single_machine_nodes():
         yield
-    finally:
-        ray_constants.ENABLE_RAY_CLUSTER = before
 
 
 def _quiet_ray_messages() -> None:
     """Ray's driver prints the cluster's error messages ("(raylet) A worker died ...") to stdout from a
     thread, whatever log_to_driver says; send them to the ``waferrt.ray`` logger instead."""
-    import ray._private.worker as ray_worker
-
     log = logging.getLogger("waferrt.ray")
 
     def to_log(data: dict, ignore_prefix: bool) -> None:
         for line in data.get("lines", ()):
             log.info("(%s) %s", data.get("pid"), line)
 
-    ray_worker.print_to_stdstream = to_log
+    rayinternals.on_driver_messages(to_log)
 
 
 def cluster_nodes(address: str) -> list[tuple[str, int]]:

@@ -203,6 +203,7 @@ class Tile:
         self._new_epoch(epoch)
         ctx = Context(Span(region, self.region, links, self.mesh.region), ledger, self.store, tag=f"k{epoch}",
                       faults=faults)
+        ctx.sram_free = self.sram.free_bytes()[self.region.window(ctx.local)]
         if delay := self.faults.delay_in(region):  # a straggling tile, or a slow core in the region
             time.sleep(delay)
         with span:
@@ -269,6 +270,11 @@ class Tile:
 
     def decode_cancel(self, index: int) -> None:
         self.loop.cancel(index)
+
+    def decode_runs(self, since: int) -> list[StageRun]:
+        """The stage runs the running decode loop booked from the `since`-th on (it goes on running: a server's
+        modelled times while it serves)."""
+        return list(self.loop.program.records[since:]) if self.loop is not None else []
 
     def decode_stop(self) -> list[StageRun]:
         """End the decode loop: the stage runs it booked."""

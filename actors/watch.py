@@ -18,6 +18,7 @@ when the host removed the tile's node)."""
 
 from __future__ import annotations
 
+import math
 import os
 import socket
 import time
@@ -26,6 +27,7 @@ import psutil
 import ray
 
 from waferrt.core.mesh import TileId
+from waferrt.fabric.misuse import TileHung
 
 WAIT_S = 0.25  # one slice of waiting on Ray calls, between liveness checks
 PING_S = 2.0  # how long a silent tile has to answer a ping
@@ -200,10 +202,12 @@ class Watch:
                                 "wafer and open it again")
 
     def gather(self, refs: list, tiles: list[TileId], progress=None, within: float | None = None,
-               names: list[str] | None = None) -> tuple[list, dict[int, BaseException]]:
+               names: list[str] | None = None, settle: float | None = None) -> tuple[list, dict[int, BaseException]]:
         """Wait for every call, checking liveness between slices: (results, {index: the call's error});
         ``progress(done, total)`` after every call that ends. A call still running after `within` seconds
-        (its tile beats, but its actor is stuck, e.g. in an earlier call) raises TileStalled naming it."""
+        (its tile beats, but its actor is stuck, e.g. in an earlier call) raises TileStalled naming it. Once a
+        call failed, the others have `settle` seconds to end: one still running then is stuck in a kernel's own
+        code, its error a :class:`~waferrt.fabric.misuse.TileHung` (its actor cannot run anything more)."""
         results, errors, done = [None] * len(refs), {}, 0
         end = time.monotonic() + within if within else None
         index = {ref: i for i, ref in enumerate(refs)}
@@ -218,6 +222,9 @@ class Watch:
                     raise died(tiles[i], e) from None
                 except Exception as e:  # noqa: BLE001 - the tile's own error, returned to the caller
                     errors[i] = _cause(e)
+                    if settle is not None:
+                        end = min(end or math.inf, time.monotonic() + settle)
+                        within = None  # what ends the wait now is the settling
                 done += 1
                 if progress:
                     progress(done, len(refs))
@@ -225,11 +232,21 @@ class Watch:
                 self.backlog += self.listen(0)
                 self.check()
             if pending and end is not None and time.monotonic() > end:
+                if within is None:
+                    return results, {**errors, **{index[r]: _hung(tiles[index[r]], settle) for r in pending}}
                 i = index[pending[0]]
                 what = names[i] if names else "its call"
                 raise TileStalled(tiles[i], f"is alive (it beats) but did not finish {what} within {within:g} s: its "
                                             "actor is stuck (in an earlier call, or this one)")
         return results, errors
+
+
+def _hung(tile: TileId, settle: float) -> TileHung:
+    e = TileHung(f"{tile} did not finish its command within {settle:g} s after another tile's failed: it is stuck "
+                 "in the kernel's own code (a loop or a wait that never ends) or never reaches the primitive its "
+                 "neighbours waited at; its actor is busy for good: close the wafer and open a new one")
+    e.tile = e.blame = tile
+    return e
 
 
 def machine_id() -> str:

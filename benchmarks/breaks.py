@@ -19,10 +19,11 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 FILES = {  # the fast unit test files that tie the cost model, by what they cover
-    "cost": ["tests/unit/test_owners.py", "tests/unit/test_collectives.py", "tests/unit/test_fast_path.py"],
+    "cost": ["tests/unit/test_pins.py", "tests/unit/test_owners.py", "tests/unit/test_collectives.py",
+             "tests/unit/test_fast_path.py"],
     "decode": ["tests/unit/test_owners.py", "tests/unit/test_estimate_emulator.py",
-               "tests/unit/test_decode_numbers.py"],
-    "stream": ["tests/unit/test_owners.py", "tests/unit/test_streaming.py",
+               "tests/unit/test_decode_numbers.py", "tests/unit/test_pins.py"],
+    "stream": ["tests/unit/test_pins.py", "tests/unit/test_owners.py", "tests/unit/test_streaming.py",
                "tests/unit/test_ties.py::test_the_paper_streaming_estimate_is_what_the_streaming_tiles_book"],
     "train": ["tests/unit/test_gemm_backward.py", "tests/unit/test_train_kernels.py",
               "tests/unit/test_block_backward.py", "tests/unit/test_train_ties.py"],
@@ -128,6 +129,33 @@ BREAKS = {
         "waferrt.core.train_cost", "head_backward_parts",
         "lambda spec, shape, dtype='float32', chunks=1: orig(spec, shape, dtype)",
         FILES["train"] + ["tests/unit/test_head_chunks.py"]),
+    "alltoall_cost: the longest route's hops left out": (
+        "waferrt.core.cost", "alltoall_cost",
+        "lambda spec, phase: __import__('dataclasses').replace(orig(spec, phase), "
+        "cycles=orig(spec, phase).cycles - phase.hops * spec.alpha_cycles)",
+        ["tests/unit/test_pins.py", "tests/unit/test_topology.py", "tests/unit/test_moe_mesh.py",
+         "tests/unit/test_moe_estimate.py"]),
+    "cycles_seconds: a 1 GHz clock whatever the spec": (
+        "waferrt.core.cost", "cycles_seconds", "lambda spec, cycles: cycles / 1e9",
+        ["tests/unit/test_pins.py", "tests/unit/test_owners.py", "tests/unit/test_estimate.py"]),
+    "segment_bytes: the last segment not padded": (
+        "waferrt.core.cost", "segment_bytes", "lambda nbytes, n: nbytes // n",
+        FILES["cost"] + ["tests/unit/test_moe_links.py"]),
+    "activation_bytes: the per-position scores left out": (
+        "waferrt.decode.layout", "activation_bytes",
+        "lambda config, region, tokens, head_groups=1: orig(config, region, tokens, head_groups) - 8 * "
+        "(config.n_heads // head_groups) * -(-tokens // region.w)",
+        FILES["stream"] + ["tests/unit/test_estimate.py"]),
+    "kv_core_bytes: one request's K/V only": (
+        "waferrt.decode.layout", "kv_core_bytes",
+        "lambda config, region, tokens, requests, dtype='float32', head_groups=1: "
+        "orig(config, region, tokens, 1, dtype, head_groups)",
+        FILES["stream"] + ["tests/unit/test_estimate.py"]),
+    "stream_core_bytes: a single weight buffer": (
+        "waferrt.decode.layout", "stream_core_bytes",
+        "lambda config, region, tokens, requests, dtype='float32', head_groups=1: "
+        "orig(config, region, tokens, requests, dtype, head_groups) - __import__('waferrt.decode.layout', "
+        "fromlist=['x']).stream_block_bytes(config, region, dtype, head_groups)", FILES["stream"]),
     "first_true: one past the answer": (
         "waferrt.core.arith", "first_true",
         "lambda lo, hi, pred: (lambda v: v if v is None or v >= hi else v + 1)(orig(lo, hi, pred))",

@@ -30,7 +30,7 @@ from pathlib import Path
 import numpy as np
 
 from waferrt.core.arith import cdiv
-from waferrt.core.cost import ALLREDUCE_ALGOS, allreduce_cost, alltoall_cost, compute_cost, gemv_cost, reduce_flops
+from waferrt.core.cost import ALLREDUCE_ALGOS, allreduce_cost, compute_cost, gemv_cost, line_alltoall_cost, reduce_flops
 from waferrt.core.mesh import MeshSpec
 from waferrt.core.spec import TINY, WSE2, WSE3
 from waferrt.core.template import TEMPLATES
@@ -184,7 +184,7 @@ def topologies() -> list[str]:
         specs = [WSE2.replace(topology=t) for t in TOPOLOGIES]
         cells = [allreduce_cost(s, "ktree", n, 4 * cdiv(DIM, n)).cycles for s in specs]
         cells += [allreduce_cost(s, "ring", n, 4 * cdiv(DIM, n)).cycles for s in specs]
-        cells += [alltoall_cost(s, n, 4 * DIM).cycles for s in specs]
+        cells += [line_alltoall_cost(s, n, 4 * DIM).cycles for s in specs]
         out.append(f"| {n} | " + " | ".join(f"{c:,.0f}" for c in cells) + " |")
     out += ["", "A torus halves a multicast's reach and makes the ring's neighbours one hop apart; its all-to-all's "
             "busiest link carries half the mesh's. A mesh-switch takes long routes through its ports: the all-to-all's "

@@ -23,7 +23,7 @@ from waferrt.core.mesh import Region
 from waferrt.decode.layout import booked_bytes, embed_booking, layer_booking
 
 from .budget import work_bytes
-from .speed import alone_cycles, placement_seconds, placement_stages
+from .speed import placement_seconds, placement_stages, stages_alone_cycles
 from .geometry import node_borders, shares, tile_box, tile_bytes, tiles_spanned
 from .types import Placement
 
@@ -152,7 +152,7 @@ def _speed(p: Placement) -> tuple[float, float, float]:
         return one, round_s, one * p.spec.clock_hz
     stages = placement_stages(p)
     region: dict[Region, float] = {}
-    for (_, r), c in zip(stages, alone_cycles(p.spec, p.decoding, stages, p.kv_tokens),
+    for (_, r), c in zip(stages, stages_alone_cycles(p.spec, p.decoding, stages, p.kv_tokens),
                          strict=True):
         region[r] = region.get(r, 0.0) + c
     return one, round_s, max(region.values())

@@ -2,7 +2,7 @@
 
 Contract (pure): ``placement_seconds(p, requests, context)`` -> (seconds of one request's token, seconds of a
 step with `requests` in flight) for a planned Placement, from ``stage_seconds`` over its stages
-(``placement_stages``), or ``streaming_seconds`` for a streaming placement; ``alone_cycles`` is one token
+(``placement_stages``), or ``streaming_seconds`` for a streaming placement; ``stages_alone_cycles`` is one token
 alone at each stage, what the flow schedule (waferrt.decode.schedule) and any bound printed beside it are
 derived from; ``run_bound_tokens_per_s(p, in_flight, positions)`` the bound of a decode that ran, at the
 positions its tokens held (a run of short requests beats a bound taken at the full K/V reserve). The
@@ -11,6 +11,7 @@ on-paper estimator (waferrt.estimator) times its floor plans with the same funct
 
 from __future__ import annotations
 
+from waferrt.core.cost import cycles_seconds
 from waferrt.core.mesh import Region
 from waferrt.core.spec import HardwareSpec
 from waferrt.decode.cost import Decoding, lane_batches, step_cycles, token_cost
@@ -26,14 +27,14 @@ def stage_seconds(spec: HardwareSpec, dec: Decoding, stages, kv_tokens: int, req
     region) on the wafer: the closed forms the tiles book; with several requests, a steady round of them
     decoding at their own pace, as the decode that ran is scheduled (waferrt.decode.schedule: a token's
     layers on one region run back to back, and the tokens take turns on it)."""
-    alone = alone_cycles(spec, dec, stages, kv_tokens)
-    one = sum(alone) / spec.clock_hz
+    alone = stages_alone_cycles(spec, dec, stages, kv_tokens)
+    one = cycles_seconds(spec, sum(alone))
     if requests == 1:
         return one, one
     return one, requests_round_seconds(alone, [region for _, region in stages], requests, spec.clock_hz)
 
 
-def alone_cycles(spec: HardwareSpec, dec: Decoding, stages, kv_tokens: int) -> list[float]:
+def stages_alone_cycles(spec: HardwareSpec, dec: Decoding, stages, kv_tokens: int) -> list[float]:
     """The cycles of one token alone at each stage, in stage order: what a placement's speed (the flow
     schedule of decode.schedule) and its bound are derived from."""
     cycles = step_cycles(spec, dec, stages, kv_tokens, [1])
@@ -89,4 +90,4 @@ def streaming_seconds(p: Placement, requests: int, context: int) -> tuple[float,
     def batch(b: int) -> float:
         return stream_step_cycles(spec, dec, p.embed, context, b)
 
-    return batch(1) / spec.clock_hz, sum(batch(b) for b in lane_batches(requests)) / spec.clock_hz
+    return cycles_seconds(spec, batch(1)), cycles_seconds(spec, sum(batch(b) for b in lane_batches(requests)))

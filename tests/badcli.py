@@ -73,6 +73,8 @@ def make_files(d: Path) -> dict[str, str]:
     write_gguf(out["moe"], moe, synthetic_llama(moe, seed=4), vocab=Vocab(("Ġ t",), ("Ġt",)))
     out["plandir"] = d / "plans.json"  # a directory where a file is expected
     out["plandir"].mkdir()
+    out["fifo"] = d / "out.fifo"  # an output path that is no regular file: written, it would block forever
+    os.mkfifo(out["fifo"])
     return {k: str(v) for k, v in out.items()} | {"tiny_size": str(len(data)), "cut_size": str(len(data) * 2 // 3)}
 
 

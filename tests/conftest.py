@@ -6,17 +6,30 @@ end. A ``Wafer`` opened while it runs joins that Ray and leaves it running when 
 their own Ray (tests/cluster) run it in a subprocess so they never meet this one. ``smollm2_cut`` (session
 scope) is a function n -> (config, weights) of SmolLM2-135M cut to its first n layers, the asking test
 skipped when SmolLM2 is not installed.
+
+SIGTERM stops the session (a CI timeout, a user's kill): ray.init puts in a handler of Ray's that turns the
+signal into a SystemExit inside whichever test runs -- one failed test, and the session goes on -- so the
+handling the session started with (the default: the process ends) is given back after ray_session's
+ray.init and before every test (a test may have started a Ray of its own, e.g. an in-process CLI command).
 """
 
 from __future__ import annotations
 
 import logging
 import os
+import signal
 
 import pytest
 
 # Ray must not find (and join) some other cluster through the environment.
 os.environ.pop("RAY_ADDRESS", None)
+
+
+_SIGTERM = signal.getsignal(signal.SIGTERM)  # the session's own SIGTERM handling (what ray.init replaces)
+
+
+def pytest_runtest_setup(item):
+    signal.signal(signal.SIGTERM, _SIGTERM)
 
 
 def pytest_configure(config):
@@ -35,6 +48,7 @@ def ray_session():
     # driver log forwarding are off to keep start-up (~4 s) and the test output quiet.
     ray.init(address="local", num_cpus=2, log_to_driver=False, logging_level=logging.ERROR,
              include_dashboard=False, configure_logging=True)
+    signal.signal(signal.SIGTERM, _SIGTERM)  # Ray's would turn a SIGTERM into one test's SystemExit
     from waferrt.actors.session import auth_mode
 
     assert auth_mode() == "token", "the tests' Ray runs without token authentication (RAY_AUTH_MODE)"

@@ -15,7 +15,7 @@ import numpy as np
 from waferrt.actors.tile import Tile
 
 from .core.dtypes import check_numpy_dtype
-from .core.layout import Layout, check_shape, from_blocks, to_blocks
+from .core.layout import Layout, check_shape, copies_disagree, from_blocks, to_blocks
 from .core.mesh import Coord, Region, TileId
 
 
@@ -24,6 +24,11 @@ class UnknownTensor(KeyError):
 
     def __str__(self) -> str:  # the message itself, not KeyError's quoted repr
         return str(self.args[0])
+
+
+class CopiesDiffer(ValueError):
+    """The copies of a replicated DSM tensor's block differ between cores (``dsm.get(name, copy=(x, y))`` reads
+    one line's copy)."""
 
 
 class DSM:
@@ -82,16 +87,51 @@ class DSM:
         tiles = self._w.mesh.tiles_of(layout.region)
         self._w.call([(t, Tile.put, (name, blocks[self._window(t, layout)])) for t in tiles])
 
-    def get(self, name: str, fill=None) -> np.ndarray:
+    def get(self, name: str, fill=None, copy: Coord | tuple[int, int] | None = None) -> np.ndarray:
         """Cores -> host: the whole tensor. A dead core's block is lost: reading it raises CoreFailed naming the
-        core and the block, unless `fill` (e.g. np.nan) is given to stand for the lost elements."""
+        core and the block, unless `fill` (e.g. np.nan) is given to stand for the lost elements. A tensor
+        replicated along a mesh axis (``split`` without "x" or "y") has a copy on every line of cores: they
+        must agree (:class:`CopiesDiffer` names two cores whose copies differ), unless `copy` = (x, y), a
+        core of the region, says whose line's copy to read."""
         layout = self._layout(name)
         tiles = self._w.mesh.tiles_of(layout.region)
         parts = self._w.call([(t, Tile.get, (name, fill)) for t in tiles])
         blocks = np.zeros(layout.region.shape + layout.max_block_shape(), layout.dtype)
         for t, part in zip(tiles, parts, strict=True):
             blocks[self._window(t, layout)] = part
+        if copy is not None:
+            return from_blocks(blocks, layout, self._copy_at(name, layout, copy))
+        if (differ := copies_disagree(blocks, layout, self._dead_mask(layout))) is not None:
+            raise CopiesDiffer(self._differ_message(name, layout, blocks, differ))
         return from_blocks(blocks, layout)
+
+    def _copy_at(self, name: str, layout: Layout, copy) -> tuple[int, int]:
+        """`copy` = (x, y), a core of the tensor's region, as (row, col) in the region."""
+        core = Coord(*copy)
+        if not layout.region.contains(core):
+            raise ValueError(f"copy={tuple(copy)} is not a core of DSM tensor {name!r}'s region {layout.region}; "
+                             "give copy=(x, y) of one of its cores")
+        return layout.region.local(core)
+
+    def _dead_mask(self, layout: Layout) -> np.ndarray:
+        """(rows, cols) of the region: True where the core is dead (its copy is lost, not compared)."""
+        mask = np.zeros(layout.region.shape, bool)
+        if self._w.session is not None:
+            for c in self._w.fault_map().cores:
+                if layout.region.contains(c):
+                    mask[layout.region.local(c)] = True
+        return mask
+
+    @staticmethod
+    def _differ_message(name: str, layout: Layout, blocks: np.ndarray, differ) -> str:
+        r, c, r0, c0 = differ
+        reg = layout.region
+        a, b = Coord(reg.x0 + c, reg.y0 + r), Coord(reg.x0 + c0, reg.y0 + r0)
+        gap = float(np.max(np.abs(blocks[r, c].astype(np.float64) - blocks[r0, c0].astype(np.float64))))
+        return (f"DSM tensor {name!r} is replicated (split {layout.split}) but core {a}'s copy of its block differs "
+                f"from core {b}'s (by up to {gap:g}): a kernel stored different values on different lines of cores. "
+                f"Read one line's copy with wafer.dsm.get({name!r}, copy=({a.x}, {a.y})), or make the kernel store "
+                "the same value on every copy (an allreduce or broadcast along the replicated axis)")
 
     def _window(self, t: TileId, layout: Layout) -> tuple[slice, slice]:
         """Tile t's cores as a window into the (rows, cols) of the tensor's region."""

@@ -28,7 +28,7 @@ from waferrt.core.mesh import TileId
 from waferrt.faults.errors import CoreFailed, LinkFailed, PayloadCorrupt, Unrecoverable
 from waferrt.faults.events import FaultLog
 from waferrt.faults.faultmap import FaultMap
-from waferrt.faults.model import FaultPlan, NodeLoss, Straggler, check_on_mesh, fault_dict, fault_tiles
+from waferrt.faults.model import FaultPlan, NodeLoss, Straggler, TileCrash, check_on_mesh, fault_dict, fault_tiles
 
 
 class FaultSession:
@@ -167,6 +167,16 @@ class FaultSession:
         kind = {CoreFailed: "core", LinkFailed: "link", PayloadCorrupt: "corrupt"}.get(type(error))
         found = [e for e in self.log.pending() if e.kind == kind and _names(error, e.fault)]
         self.log.mark_detected(found, f"kernel: {type(error).__name__}", time.time())
+
+    def tile_died(self, error: Exception, epoch: int) -> None:
+        """A tile's process ended during kernel command `epoch` (`error`, a TileDied, names it): a TileCrash
+        armed on it fired then (its own report may have died with it) and the host found it."""
+        now = time.time()
+        crashes = [e for e in self.log.events if isinstance(e.fault, TileCrash) and e.fault.tile == error.tile]
+        for e in crashes:
+            if e.fired_at is None:
+                self.log.mark_fired(e.index, epoch, now)
+        self.log.mark_detected([e for e in crashes if e.detected_at is None], f"host: {type(error).__name__}", now)
 
     def refresh(self) -> list[dict]:
         """Ask every tile that answers what died and fired on it; the log is brought up to date."""

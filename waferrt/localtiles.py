@@ -13,10 +13,12 @@ processes: faults that end a process (``TileCrash``, ``NodeLoss``) need ``backen
 from __future__ import annotations
 
 import threading
+import time
 
 from waferrt.actors.tile import Tile
 from waferrt.core.mesh import MeshSpec
 from waferrt.fabric.loop import LoopFabric
+from waferrt.fabric.misuse import TileHung
 from waferrt.faults.model import NodeLoss, TileCrash
 
 BACKENDS = ("ray", "local")
@@ -42,12 +44,17 @@ class LocalTiles:
     def __init__(self, mesh: MeshSpec, spec, timeout: float):
         self.mesh, self.timeout = mesh, timeout
         self.tiles = {t: Tile(mesh, spec, t, timeout) for t in mesh.tiles()}
+        self.hung: TileHung | None = None  # a tile's thread still runs a command that never ended
 
-    def gather(self, calls: list) -> tuple[list, dict[int, BaseException]]:
-        """(tile, Tile method, args) each in a thread of its own: (results, {index: error})."""
+    def gather(self, calls: list, settle: float | None = None) -> tuple[list, dict[int, BaseException]]:
+        """(tile, Tile method, args) each in a thread of its own: (results, {index: error}). Once a call failed,
+        the others have `settle` seconds (None: no limit) to end; one still running then (stuck in a kernel's
+        own code: a thread cannot be stopped) is left running, its error a :class:`TileHung`, and the tiles
+        are unusable (``hung``)."""
         fabric = LoopFabric(self.mesh, self.timeout)
         for t, tile in self.tiles.items():
             tile.links = fabric.links(t)
+            tile.links.corrupt = tile.faults.on_send  # a Corrupt fault flips bits on the way, as on Ray
         results, errors = [None] * len(calls), {}
 
         def body(i: int) -> None:
@@ -57,9 +64,29 @@ class LocalTiles:
             except BaseException as e:  # noqa: BLE001 - returned to the caller, as a tile actor's error is
                 errors[i] = e
 
-        threads = [threading.Thread(target=body, args=(i,), name=str(calls[i][0])) for i in range(len(calls))]
+        threads = [threading.Thread(target=body, args=(i,), name=str(calls[i][0]), daemon=True)
+                   for i in range(len(calls))]
         for th in threads:
             th.start()
-        for th in threads:
-            th.join()
+        _join(threads, errors, settle)
+        for i, th in enumerate(threads):
+            if th.is_alive():
+                errors[i] = self.hung = TileHung(
+                    f"{calls[i][0]} did not finish its command within {settle:g} s after another tile's failed: it "
+                    "is stuck in the kernel's own code (a loop or a wait that never ends) or never reaches the "
+                    "primitive its neighbours waited at; this local wafer's tiles are unusable now (a thread "
+                    "cannot be stopped): close it and open a new one")
+                errors[i].tile = errors[i].blame = calls[i][0]
         return results, errors
+
+
+def _join(threads: list[threading.Thread], errors: dict, settle: float | None) -> None:
+    """Wait for every thread; once `errors` has one, at most `settle` seconds more."""
+    end = None
+    for th in threads:
+        while th.is_alive():
+            if end is None and errors and settle is not None:
+                end = time.monotonic() + settle
+            th.join(0.05 if end is None else max(0.0, min(0.05, end - time.monotonic())))
+            if end is not None and time.monotonic() >= end:
+                return

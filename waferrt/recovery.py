@@ -209,7 +209,7 @@ def _restart(wafer, session, dead: list[TileId], llm) -> None:
         if node not in alive:
             near = [wafer.nodes[n] for d in Dir if (n := wafer.mesh.tile_neighbour(t, d)) is not None
                     and n not in dead and wafer.nodes.get(n) in alive]
-            node = near[0] if near else wafer._here
+            node = near[0] if near else wafer.driver_node()
         nodes[t] = node
     try:
         wafer.restart(dead, nodes)

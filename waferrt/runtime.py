@@ -43,6 +43,8 @@ from .core.ledger import merge_snapshots
 from .core.mesh import DEFAULT_MAX_TILES, MeshSpec, Region, TileId, check_on_wafer, check_tile_count
 from .core.spec import HardwareSpec, spec_by_name
 from .dsm import DSM, UnknownTensor
+from .fabric.host_args import check_host_args, unknown_keywords
+from .fabric.misuse import TileHung
 from .fabric.spmd import root_cause, show_output
 from .faults.errors import FaultError
 from .localtiles import check_backend
@@ -92,7 +94,9 @@ class Wafer(WaferFaults):
     """
 
     def __init__(self, spec: str | HardwareSpec = "tiny", mesh: tuple[int, int] | MeshSpec = (16, 16),
-                 tile: tuple[int, int] = (8, 8), backend: str = "ray", launch: Launch = Launch()):
+                 tile: tuple[int, int] = (8, 8), backend: str = "ray", launch: Launch = Launch(), **unknown):
+        if unknown:
+            raise TypeError(unknown_keywords(unknown, Launch))
         self.backend = check_backend(backend)
         self.spec = spec_by_name(spec)
         self.mesh = mesh if isinstance(mesh, MeshSpec) else MeshSpec(*_pair("mesh", mesh), *_pair("tile", tile))
@@ -188,6 +192,7 @@ class Wafer(WaferFaults):
         if not callable(kernel):
             raise TypeError(f"kernel must be a function kernel(ctx, **args), got {kernel!r}")
         region = self.region_of(region)
+        check_host_args(args)
         self.live()
         if self.backend == "ray":
             _ship_code(kernel)
@@ -195,8 +200,16 @@ class Wafer(WaferFaults):
         epoch = self.next_epoch()
         name = getattr(kernel, "__name__", type(kernel).__name__)
         with nullcontext() if self._trace is None else self._trace.span(f"run {name}", "host", epoch=epoch):
-            faults = None if self.session is None else self.session.kernel_faults(tiles, epoch)
-            runs, errors = self.gather([(t, Tile.run, (kernel, region, args, epoch, faults)) for t in tiles])
+            try:
+                faults = None if self.session is None else self.session.kernel_faults(tiles, epoch)
+                runs, errors = self.gather([(t, Tile.run, (kernel, region, args, epoch, faults)) for t in tiles],
+                                           settle=self.timeout)
+            except RuntimeError as e:
+                from waferrt.actors.watch import TileDied
+
+                if isinstance(e, TileDied) and self.session is not None:  # a TileCrash armed on it fired
+                    self.session.tile_died(e, epoch)
+                raise
         show_output([(t, r["output"] if r else getattr(errors.get(i), "output", ""))
                      for i, (t, r) in enumerate(zip(tiles, runs))])
         if errors:
@@ -251,22 +264,27 @@ class Wafer(WaferFaults):
             raise root_cause(errors)
         return results
 
-    def gather(self, calls: list[tuple[TileId, Callable, tuple]], progress=None, within: float | None = None
-               ) -> tuple[list, dict[int, BaseException]]:
-        """Like :meth:`call`, but returns (results, {index: error}) instead of raising a tile's error."""
+    def gather(self, calls: list[tuple[TileId, Callable, tuple]], progress=None, within: float | None = None,
+               settle: float | None = None) -> tuple[list, dict[int, BaseException]]:
+        """Like :meth:`call`, but returns (results, {index: error}) instead of raising a tile's error. Once a
+        call failed, the others have `settle` seconds to end; a tile still running then is stuck for good
+        (TileHung, its error; nothing more runs on this wafer until it is opened again)."""
         if self.failed is not None:
             raise self.failed
         if self.backend == "local":
-            return self._local_tiles.gather(calls)
-        from waferrt.actors.watch import TileFailed
+            results, errors = self._local_tiles.gather(calls, settle)
+        else:
+            from waferrt.actors.watch import TileFailed
 
-        refs = [getattr(self.tiles[t], method.__name__).remote(*args) for t, method, args in calls]
-        try:
-            return self.watch.gather(refs, [t for t, _, _ in calls], progress, within,
-                                     [m.__name__ for _, m, _ in calls])
-        except TileFailed as e:
-            self.failed = e
-            raise
+            refs = [getattr(self.tiles[t], method.__name__).remote(*args) for t, method, args in calls]
+            try:
+                results, errors = self.watch.gather(refs, [t for t, _, _ in calls], progress, within,
+                                                    [m.__name__ for _, m, _ in calls], settle)
+            except TileFailed as e:
+                self.failed = e
+                raise
+        self.failed = next((e for e in errors.values() if isinstance(e, TileHung)), None)
+        return results, errors
 
     def local_tiles(self) -> frozenset[TileId]:
         """The tiles on this driver's machine, run by its user (on any Ray node): they map its files."""

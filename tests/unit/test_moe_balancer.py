@@ -6,11 +6,11 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from waferrt.decode.cost import Decoding
 from waferrt.core.ledger import Ledger
 from waferrt.core.mesh import Region
 from waferrt.core.spec import TINY
 from waferrt.decode.balancer import Swap, block_loads, plan_swap, swap_load
+from waferrt.decode.cost import Decoding
 from waferrt.decode.moe import MoELayerShard, pack_moe_layer
 from waferrt.decode.moe_layout import expert_blocks
 from waferrt.decode.pack import Chunks, pack_embed
@@ -74,10 +74,27 @@ def test_ni_balancer_moves_the_same_bytes_and_waits_less_than_at_once():
     load = swap_load(region, Region(0, 0, 8, 1), Region(0, 2, 8, 1), 512.0)
     busy = LinkLoad(region)
     busy.bytes[0] = 1.0  # a phase that only uses the eastward links: the swap's (vertical) links are cold
-    cold = step_cost(TINY, load, 8, busy)
+    cold = step_cost(TINY, load, 8, [busy])
     assert cold.cycles == 0 and 8 * cold.link_bytes == pytest.approx(load.total())
     busy.bytes[2] = 1.0  # now it shares the southward links
-    assert 0 < step_cost(TINY, load, 8, busy).cycles < at_once_cost(TINY, load).cycles
+    assert 0 < step_cost(TINY, load, 8, [busy]).cycles < at_once_cost(TINY, load).cycles
+
+
+def test_a_migration_step_takes_each_link_in_the_phase_that_leaves_it_cold():
+    """MoEntwine's NI-Balancer alternates between the attention's and the MoE's cold links: a part whose
+    southward links are hot in one phase and northward ones in the other costs nothing; with both directions
+    hot in one phase it waits behind them: its busiest link's 512/8 = 64 bytes at TINY's 4 B/cycle, 16 cycles."""
+    from waferrt.decode.balancer import step_cost
+    from waferrt.decode.linkload import LinkLoad
+
+    region = Region(0, 0, 8, 4)
+    load = swap_load(region, Region(0, 0, 8, 1), Region(0, 2, 8, 1), 512.0)
+    south, north = LinkLoad(region), LinkLoad(region)
+    south.bytes[2], north.bytes[3] = 1.0, 1.0
+    assert step_cost(TINY, load, 8, [south]).cycles == step_cost(TINY, load, 8, [north]).cycles == 16
+    assert step_cost(TINY, load, 8, [south, north]).cycles == 0
+    north.bytes[2] = 1.0
+    assert step_cost(TINY, load, 8, [south, north]).cycles == 16
 
 
 def test_the_decode_balances_while_it_runs_and_keeps_the_reference_tokens():

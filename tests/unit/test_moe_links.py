@@ -146,9 +146,9 @@ def test_the_moe_phase_leaves_links_cold_that_the_attention_uses():
 
 
 def test_a_migration_step_costs_what_the_runs_recorded_phases_leave_it():
-    """NI-Balancer's part of a swap, booked inside a micro-batch, waits only behind the links the run's
-    phases (as recorded) use: the layer's cycles with a migration under way minus without are the cheaper
-    phase's step_cost."""
+    """NI-Balancer's part of a swap, booked inside a micro-batch, waits only behind the links both of the
+    run's phases (as recorded) use: the layer's cycles with a migration under way minus without are its
+    step_cost."""
     from waferrt.decode.balancer import Swap, step_cost
 
     config = tiny_moe_config(n_experts=4, top_k=1)
@@ -165,5 +165,22 @@ def test_a_migration_step_costs_what_the_runs_recorded_phases_leave_it():
             shard.forward(x, np.array([0]), np.array([pos]))
             cycles.append(shard.ledger.by_op["layer"].cycles)
         phases = shards[0].links.since(mark).values()
-        want = min(step_cost(TINY, load, 4, busy).cycles for busy in phases)
+        want = step_cost(TINY, load, 4, list(phases)).cycles
         assert cycles[0] - cycles[1] == pytest.approx(want, abs=1e-6) and want > 0  # its links are busy in both
+
+
+def test_the_alltoalls_tokens_add_up_one_by_one():
+    """A batch's dispatch and combine are its tokens' one by one (AllToAll.loads routes each distinct set
+    of blocks once and counts its tokens): two tokens to one set are twice one, and a mixed batch is its parts."""
+    from waferrt.decode.linkload import AllToAll
+    from waferrt.decode.moe_layout import expert_blocks
+
+    region = Region(0, 0, 6, 4)
+    routes = AllToAll(12, region, expert_blocks(4, region, "naive"))
+    a, b = np.array([[0, 1]]), np.array([[3, 2]])
+    one, two = routes.loads(a), routes.loads(np.concatenate([a, a]))
+    mixed, alone = routes.loads(np.concatenate([a, b, a])), routes.loads(b)
+    for i in range(2):
+        assert one[i].messages > 0 and np.array_equal(two[i].bytes, 2 * one[i].bytes)
+        assert np.array_equal(mixed[i].bytes, 2 * one[i].bytes + alone[i].bytes)
+        assert mixed[i].messages == 2 * one[i].messages + alone[i].messages

@@ -8,12 +8,13 @@ import dataclasses
 import numpy as np
 import pytest
 
+from waferrt.core.cost import alltoall_cost
 from waferrt.core.ledger import Ledger
 from waferrt.core.mesh import MeshSpec, Region
 from waferrt.core.spec import TINY
 from waferrt.decode.cost import Decoding
 from waferrt.decode.layout import layer_booking, most_bytes
-from waferrt.decode.linkload import LinkLoad, alltoall_cost, block_patterns
+from waferrt.decode.linkload import LinkLoad, block_patterns
 from waferrt.decode.moe import MoELayerShard, pack_moe_layer
 from waferrt.decode.moe_layout import MAPPINGS, expert_blocks, expert_core_bytes, expert_grid, expert_layouts
 from waferrt.decode.pack import Chunks, pack_embed

@@ -85,3 +85,65 @@ def test_ni_balancer_makes_a_skewed_decode_faster_in_the_modelled_time():
     on, swaps, tokens_on = decode_seconds(2)
     assert none == 0 < swaps and tokens_on == tokens_off
     assert on < 0.95 * off  # measured 18% faster (0.211 -> 0.173 ms)
+
+
+def benchmark_layer():
+    """One layer of the benchmark's shape (benchmarks/moe.py's phase part): SmolLM2-135M's dims cut into 64
+    experts, top-8, on 32x16 cores of the WSE-2 model (synthetic weights: the costs do not read them)."""
+    from waferrt.model.config import SMOLLM2_135M
+    from waferrt.model.moe import ExpertCut, expert_config
+
+    config = expert_config(dataclasses.replace(SMOLLM2_135M, n_layers=1, vocab_size=64), ExpertCut(64, 8))
+    return config, synthetic_llama(config, seed=0).layers[0], Region(0, 0, 32, 16)
+
+
+def phase(mapping: str, look: int, clustered: bool, steps: int) -> tuple[float, float, object]:
+    """(compute, communication) cycles of the MoE phase summed over `steps` steps of 8 Zipf-routed tokens."""
+    from waferrt.core.spec import WSE2
+    from waferrt.decode.moe import run_steps
+
+    config, lw, region = benchmark_layer()
+    shard = MoELayerShard(Decoding(config, experts=mapping), region, pack_moe_layer(config, lw, region, mapping),
+                          (8, steps), Ledger(WSE2))
+    shard.balance = look
+    shard.route_zipf(1.2, 0, clustered)
+    xs = np.random.default_rng(0).standard_normal((steps, 8, config.dim)).astype(np.float32)
+    runs = run_steps(shard, xs)
+    return (sum(sum(s.compute_cycles(WSE2, "float32").values()) for s in runs),
+            sum(sum(s.comm_cycles(WSE2, "float32").values()) for s in runs), shard)
+
+
+def test_er_mapping_cuts_the_whole_moe_phases_communication_on_the_benchmarks_shape():
+    """ER-Mapping's all-to-all saving shows in the whole phase's communication (router, experts' reductions,
+    all-to-all), as benchmarks/moe.py prints it: measured -52% (MoEntwine: up to -62%)."""
+    _, naive, n = phase("naive", 0, False, 1)
+    _, er, e = phase("er", 0, False, 1)
+    assert er < 0.6 * naive
+    assert e.links.loads["moe"].hottest() < n.links.loads["moe"].hottest()
+
+
+def test_ni_balancer_speeds_up_the_phase_when_the_hot_experts_share_a_band():
+    """The hottest experts side by side on ER's first bands: NI-Balancer's swaps lower the busiest band's
+    compute and the phase's communication (MoEntwine's direction: +54%, +22%)."""
+    compute, comm, _ = phase("er", 0, True, 10)
+    balanced, comm_balanced, shard = phase("er", 1, True, 10)
+    assert len(shard.swaps) == 2  # in 10 steps: 1 of histogram, 4 of migration, twice
+    assert balanced < 0.93 * compute and comm_balanced < comm  # measured 1.12x and 1.06x faster
+
+
+def test_the_benchmark_prints_the_phase_table_beside_moentwines_figures():
+    """benchmarks/moe.py --phase-only with every option of its second part, small: the three setups, the
+    paper's figures and the why lines are printed."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    script = Path(__file__).resolve().parents[2] / "benchmarks" / "moe.py"
+    proc = subprocess.run([sys.executable, str(script), "--phase-only", "--phase-moe", "16,2", "--zipf", "1.0",
+                           "--batch", "2", "--steps", "2", "--look", "1", "--seed", "1"],
+                          capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr
+    out = proc.stdout
+    assert "MoEntwine (arXiv 2510.25258)" in out and out.count("ER vs naive: communication") == 2
+    for line in ("naive ", "ER-Mapping ", "ER + NI-Balancer ", "why ER:", "why NI:", "why NI, measured:"):
+        assert out.count(line) >= 2, line

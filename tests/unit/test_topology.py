@@ -5,7 +5,7 @@ topology does not have."""
 import numpy as np
 import pytest
 
-from waferrt.core.cost import allreduce_cost, alltoall_cost, broadcast_cost, compute_cost, reduce_flops, shift_cost
+from waferrt.core.cost import allreduce_cost, broadcast_cost, compute_cost, line_alltoall_cost, reduce_flops, shift_cost
 from waferrt.core.mesh import MeshSpec, Region
 from waferrt.core.spec import TINY
 from waferrt.core.topology import MESH, NoSuchLink, Topology, alltoall_load, routed_load
@@ -36,7 +36,7 @@ def test_the_alltoall_by_hand():
     """A line of 4: the mesh's middle link carries 2x2 chunks; a torus's forward links 1+2 (the tie forward)."""
     assert alltoall_load(MESH, 4).busiest == 4 and alltoall_load(TORUS, 4).busiest == 3
     spec = TINY.replace(topology=TORUS)
-    c = alltoall_cost(spec, 4, 64)  # chunks of 16 bytes: the busiest link serialises 3 x 16 bytes
+    c = line_alltoall_cost(spec, 4, 64)  # chunks of 16 bytes: the busiest link serialises 3 x 16 bytes
     assert (c.hops, c.messages) == (2, 12) and c.cycles == 2 * 1.0 + 8.0 + 3 * 16 / 4.0
 
 
@@ -76,7 +76,7 @@ def test_the_torus_is_faster_where_it_should_be():
     assert shift_cost(torus, 64, 32, True).hops == 1 and broadcast_cost(torus, 64, 32).hops == 32
     assert allreduce_cost(torus, "ring", 64, 4096).cycles < allreduce_cost(TINY, "ring", 64, 4096).cycles
     switch = TINY.replace(topology=Topology("mesh-switch", 8))
-    assert alltoall_cost(switch, 256, 4096).hops < alltoall_cost(TINY, 256, 4096).hops
+    assert line_alltoall_cost(switch, 256, 4096).hops < line_alltoall_cost(TINY, 256, 4096).hops
 
 
 def test_a_wrap_send_goes_over_the_torus_wrap_link_in_one_hop():

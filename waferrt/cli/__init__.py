@@ -6,8 +6,11 @@ a module of this package (:data:`COMMANDS`) with ``add_parser(subparsers)`` (reg
 ``set_defaults(_run=run)``) and ``run(args) -> int``. Only the module that parsing needs is imported
 (all of them for ``--help``), and importing them imports neither Ray nor pyzmq (``waferrt --help`` is
 instant). Every argument is checked when it is parsed or right after, before a model is read or Ray
-starts: a mistake is one line ``waferrt <command>: <what was wrong and what to write>`` on stderr and exit
-status 2, with no traceback. Ctrl-C exits 130 and SIGTERM 143, both after shutting the wafer down.
+starts: a mistake (or a file that could not be written: a full disk) is one line ``waferrt <command>: <what was wrong and what to write>`` on stderr and exit
+status 2, with no traceback. Ctrl-C exits 130 and SIGTERM 143, both after shutting the wafer down. Only the
+program itself (``main()`` with no argv: the ``waferrt`` script, ``python -m waferrt.cli``) takes SIGTERM, and
+gives the previous handler back when the command returns; ``main(argv)`` called in-process (a test, a
+notebook) leaves the caller's signal handling alone, so that a SIGTERM still stops the caller (e.g. pytest).
 """
 
 from __future__ import annotations
@@ -21,7 +24,7 @@ import threading
 # command name -> its module (add_parser(subparsers), run(args) -> int), in the order --help lists them
 COMMANDS = {"generate": "waferrt.cli.generate", "plan": "waferrt.cli.plan", "estimate": "waferrt.cli.estimate",
             "sweep": "waferrt.cli.sweep", "chaos": "waferrt.cli.chaos", "demo": "waferrt.cli.demo",
-            "convert": "waferrt.cli.convert", "train": "waferrt.cli.train"}
+            "convert": "waferrt.cli.convert", "train": "waferrt.cli.train", "serve": "waferrt.server.command"}
 
 DESCRIPTION = """\
 waferrt runs an emulated wafer-scale processor: a 2D mesh of small cores, each with its own few tens of
@@ -39,6 +42,7 @@ examples:
   waferrt demo                                  allreduce on an 8x8 mesh in 2x2 tiles of 4x4 cores
   waferrt convert --moe 8,2 moe.gguf            SmolLM2 cut into a mixture of 8 experts, 2 per token
   waferrt train --model tiny --steps 20         train a small Llama: forward, backward, AdamW (--streaming: on Ray)
+  waferrt serve                                 an OpenAI-compatible server on http://127.0.0.1:8000
   waferrt demo --algo ring --spec wse2          same with the ring algorithm and WSE-2 timings
   waferrt demo --mesh 16x4 --tile 8x2           a non-square mesh (W x H cores, tiles of TW x TH)
   waferrt convert --shape llama3-8b --layers 2 --vocab 32768 l8b.gguf   Llama3-8B's real layers, 2 of them
@@ -90,21 +94,23 @@ def _terminate(signum, frame) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     from waferrt.actors.session import ClusterUnreachable
+    from waferrt.core.files import WriteError
 
     from .common import UsageError
 
-    argv = sys.argv[1:] if argv is None else list(argv)
+    program = argv is None  # the waferrt command itself: SIGTERM is its to handle
+    argv = sys.argv[1:] if program else list(argv)
     parser = build_parser(argv)
     args = parser.parse_args(argv)
     if getattr(args, "_run", None) is None:
         parser.print_help()
         return 2
-    main_thread = threading.current_thread() is threading.main_thread()
+    handles = program and threading.current_thread() is threading.main_thread()
     _TERMINATED.clear()
-    previous = signal.signal(signal.SIGTERM, _terminate) if main_thread else None
+    previous = signal.signal(signal.SIGTERM, _terminate) if handles else None
     try:
         return int(args._run(args) or 0)
-    except (UsageError, ClusterUnreachable) as e:  # the user's to fix: one line, no traceback
+    except (UsageError, ClusterUnreachable, WriteError) as e:  # the user's to fix: one line, no traceback
         print(f"waferrt {args.command}: {e}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
@@ -116,7 +122,7 @@ def main(argv: list[str] | None = None) -> int:
         print("waferrt: terminated (SIGTERM); the wafer was shut down", file=sys.stderr)
         return 143
     finally:
-        if main_thread:
+        if handles:
             signal.signal(signal.SIGTERM, previous)
 
 

@@ -5,13 +5,14 @@ line that names the value and what to write instead (argparse then exits with st
 is loaded): :func:`parse_wxh` ("WIDTHxHEIGHT"), :func:`whole_number` (integers with a least value),
 :func:`temperature`, :func:`top_p`, :func:`prompt`, :func:`prompt_file` (a UTF-8 text file: its
 non-blank lines), :func:`model_path` (:func:`model_arg` with a command's own named models),
-:func:`output_path` / :func:`png_path` (a file to write: its directory must exist and be writable; a picture's
-name ends in .png, .svg, ...), :func:`number_list`
+:func:`output_path` / :func:`png_path` (a file to write: its directory must exist and be writable, the path is
+no directory, device or FIFO (waferrt.core.files, which writes it whole); a picture's name ends in .png, .svg, ...), :func:`number_list`
 (positive finite numbers up to a bound) and :func:`ray_address` (a Ray cluster answers there: a socket with a deadline,
 before Ray is asked).
-:class:`UsageError` is a mistake found after parsing (``main`` prints it as ``waferrt <command>:
+:func:`check_context` and :func:`check_kv_tokens` hold prompts, new tokens and --kv-tokens to the model's
+context (one place for every command). :class:`UsageError` is a mistake found after parsing (``main`` prints it as ``waferrt <command>:
 <message>`` and exits 2, no traceback); :func:`checked_mesh` turns --mesh/--tile into a MeshSpec that fits
-the --spec wafer and stays within --max-tiles. :func:`say` prints a progress line to stderr, stamped with
+the --spec wafer and stays within --max-tiles (:func:`check_max_tiles`: the mesh planned without --mesh too). :func:`say` prints a progress line to stderr, stamped with
 the seconds since the command started ("i/n" counters are progress bars on a terminal).
 """
 
@@ -25,6 +26,7 @@ import tempfile
 import time
 from collections.abc import Callable
 
+from waferrt.core.files import not_regular
 from waferrt.core.mesh import DEFAULT_MAX_TILES, MeshSpec, check_on_wafer, check_tile_count
 from waferrt.core.spec import spec_by_name
 
@@ -155,7 +157,7 @@ def prompt_file(path: str) -> tuple[str, ...]:
         raise argparse.ArgumentTypeError(f"{path!r} holds more than {MAX_PROMPT_FILE >> 20} MB: give a file of "
                                          "prompts, one per line, not a corpus")
     try:
-        text = data.decode("utf-8")
+        text = data.decode("utf-8-sig")  # a byte-order mark (Windows editors) is no part of the prompt
         if "\0" in text:
             raise ValueError
     except ValueError:  # UnicodeDecodeError included
@@ -199,6 +201,9 @@ def output_path(example: str) -> Callable[[str], str]:
         if not os.path.isdir(folder):
             raise argparse.ArgumentTypeError(f"the directory {folder!r} does not exist: create it first, or give "
                                              f"a path in an existing directory (e.g. {example})")
+        if not_regular(text):  # a device or a FIFO: replaced by a file, or a write that blocks forever
+            raise argparse.ArgumentTypeError(f"cannot write {text!r}: it {not_regular(text)}; give the name of a "
+                                             f"regular file, e.g. {example}")
         why = _unwritable(folder) or (os.path.exists(text) and not os.access(text, os.W_OK) and "read-only file")
         if why:
             raise argparse.ArgumentTypeError(f"cannot write {text!r} ({why}): give a path in a directory you can "
@@ -250,6 +255,37 @@ def refuse_together(args, flag: str, others: tuple[str, ...], why: str) -> None:
         for other in others:
             if given(other):
                 raise UsageError(f"{flag} and {other} do not go together: {why}")
+
+
+def check_kv_tokens(kv_tokens: int, config, label: str = "the model") -> None:
+    """UsageError when --kv-tokens reserves more K/V positions than the model's context (`label` names it)."""
+    if kv_tokens > config.max_seq_len:
+        raise UsageError(f"--kv-tokens {kv_tokens:,} is more than {label}'s context of {config.max_seq_len:,} "
+                         f"positions; give at most --kv-tokens {config.max_seq_len}")
+
+
+def check_context(requests, config) -> None:
+    """UsageError when a request's prompt and new tokens (GenRequest's prompt_ids, max_new_tokens) need more
+    positions than the model's context: the one check of generate (wafer and --reference) and chaos."""
+    most = config.max_seq_len
+    for i, r in enumerate(requests):
+        n = len(r.prompt_ids)
+        if n + r.max_new_tokens > most:
+            fix = (f"give --max-new-tokens {most - n} or less" if n < most else
+                   f"shorten it to fewer than {most} tokens")
+            raise UsageError(f"prompt {i} is {n:,} tokens and --max-new-tokens {r.max_new_tokens:,} asks for "
+                             f"{n + r.max_new_tokens:,} positions, more than the model's context of {most:,}: {fix}")
+
+
+def check_max_tiles(args, mesh: MeshSpec) -> None:
+    """UsageError when the mesh a command planned on -- the default one too, which no --mesh checked -- has more
+    than --max-tiles tiles, naming the --mesh/--tile (or --max-tiles) that would do."""
+    try:
+        check_tile_count(mesh, args.max_tiles)
+    except ValueError as e:
+        fix = "" if args.mesh else (f"; the default mesh here is {mesh.width}x{mesh.height} cores: give e.g. --mesh "
+                                    f"{mesh.width}x{mesh.height} --tile {mesh.width}x{mesh.height} for one tile")
+        raise UsageError(f"{e}{fix}") from None
 
 
 def checked_mesh(args, default_tile: Callable[[int, int], tuple[int, int]]) -> MeshSpec | None:

@@ -178,12 +178,10 @@ def run(args) -> int:
     named = args.model and os.path.isfile(args.model)  # not a built-in name such as smollm2
     if named and os.path.exists(args.out) and os.path.samefile(args.model, args.out):
         raise UsageError(f"OUT.gguf {args.out} is --model itself, which the MoE is cut from: give another file name")
-    t0, part = time.perf_counter(), f"{args.out}.part"
-    try:
-        holds = write(args, part)
-        os.replace(part, args.out)
-    finally:
-        if os.path.exists(part):
-            os.remove(part)
+    from waferrt.core.files import atomic_path
+
+    t0 = time.perf_counter()
+    with atomic_path(args.out) as part:
+        holds = write(args, str(part))
     print(f"wrote {args.out}: {os.path.getsize(args.out) / 1e9:.2f} GB in {time.perf_counter() - t0:.1f} s; {holds}")
     return 0

@@ -12,8 +12,8 @@ from pathlib import Path
 
 import numpy as np
 
+from waferrt.core.files import atomic_path
 from waferrt.core.mesh import Region, TileId
-
 from waferrt.scheduler.repair import Move
 from waferrt.scheduler.report import plan_report
 from waferrt.scheduler.types import Placement
@@ -115,5 +115,6 @@ def draw_png(p: Placement, path: str | Path, moves: Sequence[Move] = (), title: 
     ax.set_xlabel("x (core column)")
     ax.set_ylabel("y (core row)")
     fig.tight_layout()
-    fig.savefig(path, dpi=110)
+    with atomic_path(path) as tmp:  # whole or not at all
+        fig.savefig(tmp, dpi=110)
     return Path(path)

@@ -22,7 +22,7 @@ from waferrt.core.dtypes import STORAGE_DTYPES
 from waferrt.core.spec import PRESETS, spec_by_name
 from waferrt.estimator.estimate import estimate
 from waferrt.estimator.moe_estimate import moe_estimate
-from waferrt.estimator.prefill import prefill
+from waferrt.estimator.prefill import prefill, published_lines
 from waferrt.estimator.streaming import streaming
 from waferrt.model.zoo import MODELS, model_by_name
 from waferrt.estimator.sparse_estimate import sparse_estimate
@@ -30,7 +30,7 @@ from waferrt.scheduler.strategies import STRATEGY_HELP, parse_strategy
 from waferrt.scheduler.types import OBJECTIVES, KVReserve, Objective
 
 from .attention import attention_mode
-from .common import MAX_REQUESTS, parse_wxh, two_numbers, whole_number
+from .common import MAX_REQUESTS, check_kv_tokens, parse_wxh, two_numbers, whole_number
 from .strategy import strategy_text
 from .train_estimate import add_train_args, run_estimate, train_job, train_objective
 
@@ -77,6 +77,9 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     p.add_argument("--prompt-tokens", type=whole_number(1, "4096"), metavar="N",
                    help="the prefill of an N-token prompt: tokens/s, breakdown, time to first token (default 4096, "
                         "at most --kv-tokens)")
+    p.add_argument("--prefill-grid", type=whole_number(1, "720"), metavar="N",
+                   help="the prefill's MeshGEMM grid: N x N cores inside the mesh (default: the mesh's largest square, "
+                        "as WaferLLM gives its prefill the wafer)")
     p.add_argument("--pair", type=pair, default=None, metavar="IN:OUT",
                    help="an input/output pair timed end to end: prefill, then decode (default 2048:128, or "
                         "in the same proportion within a smaller --kv-tokens)")
@@ -106,9 +109,8 @@ def workload(args):
     config, label = model_by_name(args.model)
     spec = spec_by_name(args.preset or "wse2")
     tried = parse_strategy(args.strategy, config.n_layers) if args.strategy else None
-    if args.kv_tokens is not None and args.kv_tokens > config.max_seq_len:
-        raise ValueError(f"--kv-tokens {args.kv_tokens:,} is more than {label}'s context of {config.max_seq_len:,} "
-                         f"positions; give at most --kv-tokens {config.max_seq_len}")
+    if args.kv_tokens is not None:
+        check_kv_tokens(args.kv_tokens, config, label)
     kv = KVReserve(args.kv_tokens or min(4096, config.max_seq_len), args.requests or 8)
     return config, label, spec, tried, kv
 
@@ -156,10 +158,14 @@ def run(args) -> int:
         est = _with(est, streaming(config, spec, mesh, kv, args.dtype, resident))
     out, text = est.to_json(), [est.text()]
     if est.fits and not config.moe:  # the prefill's closed forms know no experts yet
-        pre = prefill(est, tokens)
-        out["prefill"], text = pre.to_json(), text + pre.lines()
+        try:
+            pre = prefill(est, tokens, args.prefill_grid)
+        except ValueError as e:
+            print(f"waferrt estimate: {e}", file=sys.stderr)
+            return 2
+        out["prefill"], text = pre.to_json(), text + pre.lines() + published_lines(config, pre)
         if io is not None:
-            (n_in, n_out), e2e = io, prefill(est, io[0]).end_to_end(io[1])
+            (n_in, n_out), e2e = io, prefill(est, io[0], args.prefill_grid).end_to_end(io[1])
             out["prefill"]["end_to_end"] = {"in": n_in, "out": n_out, "seconds": e2e,
                                             "tokens_per_s": (n_in + n_out) / e2e, "new_tokens_per_s": n_out / e2e}
             text.append(f"end to end      {n_in} in, {n_out} out: {e2e * 1e3:.1f} ms = "

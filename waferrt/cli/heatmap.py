@@ -29,11 +29,11 @@ from pathlib import Path
 
 import numpy as np
 
+from waferrt.core.files import atomic_path
 from waferrt.core.mesh import Dir, MeshSpec, TileId
 from waferrt.decode.cost import alone_cycles, token_cost
 from waferrt.decode.schedule import StageRun
 from waferrt.decode.setup import DecodeSetup, stage_sram
-
 from waferrt.scheduler.types import Placement
 
 SPARE = (0.2, 0.75, 0.2, 0.6)  # RGBA of a spare core
@@ -176,7 +176,8 @@ def heatmap_png(p: Placement, path: str | Path, measured: Measured | None = None
     fig.text(0.5, 0.015, "dashed: tile borders (one Ray actor each)    white: stage regions    red x: dead core"
              "    green: spare core (kept for repair)", ha="center", fontsize=8, color="0.3")
     fig.tight_layout(rect=(0, 0.04, 1, 1))
-    fig.savefig(path, dpi=100)
+    with atomic_path(path) as tmp:  # whole or not at all
+        fig.savefig(tmp, dpi=100)
     return Path(path)
 
 

@@ -52,7 +52,12 @@ class Cost:
         return {f.name: getattr(self, f.name) for f in fields(self)}
 
     def seconds(self, spec: HardwareSpec) -> float:
-        return self.cycles / spec.clock_hz
+        return cycles_seconds(spec, self.cycles)
+
+
+def cycles_seconds(spec: HardwareSpec, cycles: float) -> float:
+    """Modelled cycles in seconds at the spec's clock: the one owner of the conversion (``Cost.seconds``)."""
+    return cycles / spec.clock_hz
 
 
 def total(costs) -> Cost:
@@ -77,6 +82,12 @@ def on_lines(c: Cost, lines: int) -> Cost:
     traffic (messages, link bytes) is every line's -- what the tiles book."""
     return Cost(hops=c.hops, stages=c.stages, link_bytes=c.link_bytes * lines, messages=c.messages * lines,
                 flops=c.flops, cycles=c.cycles)
+
+
+def segment_bytes(nbytes: int, n: int) -> int:
+    """The bytes of one of the n equal float32 segments a ring or pipeline allreduce cuts nbytes into (the
+    last padded to the others' size): the one owner of the padding."""
+    return 4 * cdiv(nbytes, 4 * n)
 
 
 def flop_cycles(spec: HardwareSpec, flops: float, dtype: str = "float32") -> float:
@@ -211,7 +222,7 @@ def allreduce_cost(spec: HardwareSpec, algo: str, n: int, nbytes: int, k: int = 
         return Cost()
     if algo in ("ktree", "chain"):
         return ktree_cost(spec, tree_plan(algo, n, k), n, nbytes)
-    seg = 4 * cdiv(nbytes, 4 * n)  # the vector is cut in n equal (padded) float32 segments
+    seg = segment_bytes(nbytes, n)
     steps = 2 * (n - 1)
     if algo == "ring":
         hop_len, ring_len = spec.topology.ring_hops(n)
@@ -235,16 +246,34 @@ def broadcast_cost(spec: HardwareSpec, n: int, nbytes: int, root: int = 0) -> Co
                 cycles=message_cycles(spec, hops, 1, nbytes))
 
 
-def alltoall_cost(spec: HardwareSpec, n: int, nbytes: int) -> Cost:
+@dataclass(frozen=True)
+class Phase:
+    """Messages that travel at once: the longest route's `hops`, the `messages` sent, the bytes over all links
+    (`link_bytes`) and the `busiest` link's bytes. ``decode.linkload.LinkLoad`` is one, counted link by link."""
+
+    hops: int
+    messages: int
+    link_bytes: int
+    busiest: float
+
+
+def alltoall_cost(spec: HardwareSpec, phase: Phase) -> Cost:
+    """A phase whose messages all travel at once (one routing stage): the longest route's hops, then the
+    busiest link's bytes one after the other. The one owner of an all-to-all's cost: the MoE's dispatch and
+    combine, a relayout, the balancer's moves (a ``LinkLoad``) and a line's all-to-all (``line_alltoall_cost``)."""
+    if not phase.messages:
+        return Cost()
+    return Cost(hops=phase.hops, stages=1, link_bytes=phase.link_bytes, messages=phase.messages,
+                cycles=message_cycles(spec, phase.hops, 1, phase.busiest))
+
+
+def line_alltoall_cost(spec: HardwareSpec, n: int, nbytes: int) -> Cost:
     """All-to-all along a line of n cores: every core holds nbytes, cut in n chunks, and sends chunk j to core
     j, all at once over ``spec.topology``'s routes (one stage): the longest route's hops, then the busiest
     link's bytes serialised (``core.topology.alltoall_load``); link bytes are every chunk times its hops."""
-    if n == 1:
-        return Cost()
     chunk = cdiv(nbytes, n)
     load = alltoall_load(spec.topology, n)
-    return Cost(hops=load.diameter, stages=1, link_bytes=load.total * chunk, messages=n * (n - 1),
-                cycles=message_cycles(spec, load.diameter, 1, load.busiest * chunk))
+    return alltoall_cost(spec, Phase(load.diameter, n * (n - 1), load.total * chunk, load.busiest * chunk))
 
 
 def shift_cost(spec: HardwareSpec, n: int, nbytes: int, wrap: bool) -> Cost:

@@ -193,21 +193,38 @@ def to_blocks(array: np.ndarray, layout: Layout) -> np.ndarray:
     return np.ascontiguousarray(np.broadcast_to(out, (h, w) + out.shape[2:]))
 
 
-def from_blocks(blocks: np.ndarray, layout: Layout) -> np.ndarray:
+def from_blocks(blocks: np.ndarray, layout: Layout, copy: tuple[int, int] = (0, 0)) -> np.ndarray:
     """Inverse of to_blocks: reassemble the tensor from (rows, cols, *max_block) blocks; replicated
-    copies are read from the first row/column that holds them."""
+    copies are read from the row/column that holds them at `copy` = (row, col) of the region (default the
+    first; :func:`copies_disagree` says whether the copies are the same)."""
     out = np.empty(layout.shape, dtype=blocks.dtype)
-    for r in _distinct(layout, "y"):
-        for c in _distinct(layout, "x"):
+    for r in _distinct(layout, "y", copy[0]):
+        for c in _distinct(layout, "x", copy[1]):
             sl = layout.block_slices(r, c)
             out[sl] = blocks[(r, c) + tuple(slice(0, s.stop - s.start) for s in sl)]
     return out
 
 
-def _distinct(layout: Layout, mesh_axis: str) -> range:
-    """The rows (or columns) that hold distinct data: all of them if some axis is split there, else 0."""
+def copies_disagree(blocks: np.ndarray, layout: Layout, skip: np.ndarray) -> tuple[int, int, int, int] | None:
+    """For a tensor replicated along a mesh axis: the first core (row, col) whose copy of its block differs
+    from the copy of the first row/column, as (row, col, row0, col0) with (row0, col0) the core it was compared
+    with; None when every copy agrees. Cores where `skip` ((rows, cols) bool: dead ones) holds are left out."""
+    rows, cols = layout.region.h, layout.region.w
+    for r in range(rows):
+        for c in range(cols):
+            r0, c0 = (r if "y" in layout.split else 0), (c if "x" in layout.split else 0)
+            if (r, c) == (r0, c0) or skip[r, c] or skip[r0, c0]:
+                continue
+            if not np.array_equal(blocks[r, c], blocks[r0, c0], equal_nan=True):
+                return r, c, r0, c0
+    return None
+
+
+def _distinct(layout: Layout, mesh_axis: str, at: int = 0) -> range:
+    """The rows (or columns) that hold distinct data: all of them if some axis is split there, else the one
+    copy at `at`."""
     n = layout.region.w if mesh_axis == "x" else layout.region.h
-    return range(n) if mesh_axis in layout.split else range(1)
+    return range(n) if mesh_axis in layout.split else range(at, at + 1)
 
 
 def core_bytes(layout: Layout) -> np.ndarray:

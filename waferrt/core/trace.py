@@ -219,6 +219,9 @@ def _event(e: Span | Instant, pid: int, tid: int, proc: Process) -> dict:
 
 def write_trace(path: str | Path, processes: list[Process], meta: dict | None = None) -> Path:
     """Write the trace-event JSON of `processes` to `path` (open it in ui.perfetto.dev)."""
+    from .files import atomic_open
+
     path = Path(path)
-    path.write_text(json.dumps(chrome_trace(processes, meta), separators=(",", ":")))
+    with atomic_open(path) as f:
+        f.write(json.dumps(chrome_trace(processes, meta), separators=(",", ":")))
     return path

@@ -7,24 +7,26 @@ weights fit either block as they are) that lowers the busiest block's load most 
 :func:`swap_load` is the swap's traffic: every core of either block sends its share of its expert (the
 most a core holds, ``per_core`` bytes) to the same core of the other block, x then y, one hop at a time.
 Moved at once, the decode stalls for it (:func:`at_once_cost`, the all-to-all cost of that load). Moved by
-NI-Balancer, it goes in ``steps`` equal parts, one per decode step, each during the phase whose links it
-shares least (:func:`step_cost`): over links that phase leaves cold it costs no time; where the phase uses
-a link too, the step's bytes wait behind it (its busiest shared link's bytes over the link bandwidth).
+NI-Balancer (MoEntwine), it goes in ``steps`` equal parts, one per decode step, each link's bytes during
+the phase of that step (the attention's or the MoE's) that leaves the link cold -- ER-Mapping makes the two
+phases' hot links complementary -- (:func:`step_cost`): over cold links it costs no time; on a link every
+phase uses, the part's bytes wait behind it (its busiest such link's bytes over the link bandwidth).
 Tokens stay identical: the experts compute where they are until the last part has arrived.
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from itertools import combinations
 
 import numpy as np
 
-from waferrt.core.cost import Cost, serialise_cycles
+from waferrt.core.cost import Cost, alltoall_cost, serialise_cycles
 from waferrt.core.mesh import Region
 from waferrt.core.spec import HardwareSpec
 
-from .linkload import LinkLoad, alltoall_cost
+from .linkload import LinkLoad
 
 
 @dataclass(frozen=True)
@@ -80,11 +82,12 @@ def at_once_cost(spec: HardwareSpec, load: LinkLoad) -> Cost:
     return alltoall_cost(spec, load)
 
 
-def step_cost(spec: HardwareSpec, load: LinkLoad, steps: int, busy: LinkLoad) -> Cost:
-    """One of `steps` equal parts of the swap during a phase whose traffic is `busy` (see the module
-    docstring): the time it adds is its bytes on its busiest link that the phase uses too."""
+def step_cost(spec: HardwareSpec, load: LinkLoad, steps: int, phases: Sequence[LinkLoad]) -> Cost:
+    """One of `steps` equal parts of the swap during a micro-batch whose phases' traffic is `phases` (see the
+    module docstring): each link's bytes of the part travel during a phase that leaves that link cold; the
+    time it adds is its bytes on its busiest link that every phase uses."""
     part = load.bytes / steps
-    shared = float((part * (busy.bytes > 0)).max(initial=0.0))
+    hot = np.logical_and.reduce([busy.bytes > 0 for busy in phases])
+    shared = float((part * hot).max(initial=0.0))
     return Cost(link_bytes=int(round(part.sum())), messages=int(np.ceil(load.messages / steps)),
                 cycles=serialise_cycles(spec, shared))
-

@@ -38,7 +38,16 @@ from functools import lru_cache
 import numpy as np
 
 from waferrt.core.arith import cdiv
-from waferrt.core.cost import Cost, allreduce_cost, broadcast_cost, compute_cost, message_cycles, on_lines, total
+from waferrt.core.cost import (
+    Cost,
+    allreduce_cost,
+    alltoall_cost,
+    broadcast_cost,
+    compute_cost,
+    message_cycles,
+    on_lines,
+    total,
+)
 from waferrt.core.dtypes import check_dtype
 from waferrt.core.ledger import merge_parallel
 from waferrt.core.mesh import Region
@@ -47,7 +56,7 @@ from waferrt.fabric.comm import KTREE_FAST, Collectives
 from waferrt.model.config import LlamaConfig
 from waferrt.model.sparse import DENSE, AttentionMode
 
-from .linkload import AllToAll, alltoall_cost
+from .linkload import AllToAll
 from .moe_layout import MAPPINGS, expert_blocks
 from .topk import TopKRow, topk_cost
 
@@ -225,7 +234,7 @@ def _moe_parts(spec: HardwareSpec, dec: Decoding, cols: int, rows: int, batch: i
         blk = blocks[ex]  # one expert's SwiGLU for b tokens as MeshGEMVs in its block (MoELayerShard._expert)
         ffn = total([c for _, _, c in _ffn_parts(spec, dec, blk.w, blk.h, config.hidden_dim, b)])
         per_block[blk] = per_block.get(blk, Cost()) + ffn
-    dispatch, combine = AllToAll(config.dim, region, blocks).loads(chosen)
+    dispatch, combine = AllToAll.of(config.dim, region, blocks).loads(chosen)
     return (("router", "gemv", dec.flops(spec, 2 * b * dim_c * e)),
             ("router.reduce", "allreduce", dec.line_reduce(spec, region.w, 4 * b * e, region.h)),
             ("experts", "gemv", merge_parallel(list(per_block.values()))),

@@ -80,17 +80,26 @@ def final_norm_layout(config: LlamaConfig, region: Region, dtype: str = "float32
     return Layout((config.dim,), region, ("x",), dtype=dtype)
 
 
-def activation_bytes(config: LlamaConfig, region: Region, tokens: int) -> int:
-    """Upper bound of one core's float32 scratch for one decode step of one request in a layer region:
-    x, norm(x), q/k/v, attention output, the MLP hidden pair, per-position scores, and a same-size receive
-    buffer for each in-flight allreduce (the fabric buffers)."""
-    dim_c, hd_r = cdiv(config.dim, region.w), 2 * cdiv(config.head_dim // 2, region.h)
-    hid_r, pos_c = cdiv(config.dense_hidden, region.h), cdiv(tokens, region.w)
-    words = 2 * dim_c + (config.n_heads + 2 * config.n_kv_heads) * hd_r + config.n_heads * hd_r + 2 * hid_r
-    words += config.n_heads * pos_c
+def activation_bytes(config: LlamaConfig, region: Region, tokens: int, head_groups: int = 1) -> int:
+    """Upper bound of one core's float32 scratch for one decode step of one request in a layer region (its
+    heads in `head_groups` groups over the rows: ``decode.cost.layer_dims``): x, norm(x), q/k/v, attention
+    output, the MLP hidden pair, per-position scores, and a same-size receive buffer for each in-flight
+    allreduce (the fabric buffers). The one owner of a layer core's scratch (the estimator's too)."""
+    d = layer_dims(config, region.w, region.h, head_groups)
+    hq, hd_r = d["hq"], d["hd_r"]
+    words = 2 * d["dim_c"] + (2 * hq + 2 * d["hk"]) * hd_r + 2 * d["hid_r"] + hq * cdiv(tokens, region.w)
     if config.moe:
         words += moe_scratch_words(config, region)
     return 2 * words * 4  # x2: receive buffers of the reductions
+
+
+def kv_core_bytes(config: LlamaConfig, region: Region, kv_tokens: int, requests: int, dtype: str = "float32",
+                  head_groups: int = 1) -> int:
+    """K and V of one layer on a layer region's most loaded core, for `requests` requests of `kv_tokens`
+    positions (over the columns), their heads' head_dim over a head group's rows (``decode.cost.layer_dims``):
+    the one owner of a core's K/V bytes (``kv_booking`` is its layout, tested equal)."""
+    d = layer_dims(config, region.w, region.h, head_groups)
+    return 2 * requests * d["hk"] * d["hd_r"] * cdiv(kv_tokens, region.w) * itemsize(dtype)
 
 
 def embed_scratch_bytes(config: LlamaConfig, region: Region) -> int:
@@ -178,6 +187,16 @@ def stream_booking(config: LlamaConfig, region: Region, kv_tokens: int, requests
     return {"kv": (kv_booking(config, region, kv_tokens, requests, dtype),) * config.n_layers,
             "buffer": (scratch_layout(region, 2 * stream_block_bytes(config, region, dtype)),),
             "scratch": (scratch_layout(region, scratch),)}
+
+
+def stream_core_bytes(config: LlamaConfig, region: Region, kv_tokens: int, requests: int, dtype: str = "float32",
+                      head_groups: int = 1) -> int:
+    """The fullest core of a streaming region: every layer's K/V, the double buffer, and the larger of a
+    layer's and the head's scratch -- the one owner of the sum (``stream_booking`` is its layouts, tested
+    equal; the estimator's streaming region is this, per head group)."""
+    scratch = max(activation_bytes(config, region, kv_tokens, head_groups), embed_scratch_bytes(config, region))
+    return (config.n_layers * kv_core_bytes(config, region, kv_tokens, requests, dtype, head_groups) + scratch
+            + 2 * stream_block_bytes(config, region, dtype, head_groups))
 
 
 def booked_bytes(booking: dict[str, tuple[Layout, ...]]) -> dict[str, np.ndarray]:

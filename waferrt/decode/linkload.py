@@ -1,25 +1,26 @@
 """The traffic of every link of a region in one phase of a layer, and what that phase costs.
 
 Contract: a :class:`LinkLoad` holds the bytes that left every core of a region by each of its four sides
-(messages routed one hop at a time add to every link on their way); :func:`alltoall_cost` is what a phase
-whose messages travel at once costs (the longest route's hops, then the busiest link's bytes one after the
-other). :class:`AllToAll` is an MoE layer's dispatch and combine between the region's column split of a
-token and its experts' blocks (``block_patterns``: along the rows; ``column_combine``: up and down the
-columns), what the tiles book as they run (waferrt.decode.moe) and the closed forms count
-(waferrt.decode.cost). :class:`PhaseLinks` keeps a layer's link traffic per phase ("attention": the norms,
-QKV, attention, K/V shift and wo; "moe": the router, dispatch, experts, combine, a shared expert) as it runs:
-a tap of its LineComms (waferrt.fabric.comm.LineComm.listen) that adds every booked message's bytes to the
-phase under way.
+(messages routed one hop at a time add to every link on their way) in a phase whose messages travel at once:
+its longest route's ``hops``, ``messages``, ``link_bytes`` and ``busiest`` link, a ``core.cost.Phase`` that
+``core.cost.alltoall_cost`` prices. :class:`AllToAll` is an MoE layer's dispatch and combine between the
+region's column split of a token and its experts' blocks (``block_patterns``: along the rows;
+``column_combine``: up and down the columns), what the tiles book as they run (waferrt.decode.moe) and the
+closed forms count (waferrt.decode.cost). :class:`PhaseLinks` keeps a layer's link traffic per phase
+("attention": the norms, QKV, attention, K/V shift and wo; "moe": the router, dispatch, experts, combine, a
+shared expert) as it runs: a tap of its LineComms (waferrt.fabric.comm.LineComm.listen) that adds every booked
+message's bytes to the phase under way.
 """
 
 from __future__ import annotations
 
+from collections import Counter
+from functools import lru_cache
+
 import numpy as np
 
-from waferrt.core.cost import Cost, message_cycles
 from waferrt.core.layout import Chunks
 from waferrt.core.mesh import Region
-from waferrt.core.spec import HardwareSpec
 
 E, W, S, N = range(4)  # the side a link leaves its core by (LinkLoad.bytes' first axis)
 SIDES = "EWSN"
@@ -66,7 +67,7 @@ class LinkLoad:
 
     def add(self, other: LinkLoad, times: int = 1) -> None:
         if times:
-            self.bytes += times * other.bytes
+            self.bytes += other.bytes if times == 1 else times * other.bytes
             self.messages += times * other.messages
             self.hops = max(self.hops, other.hops)
 
@@ -90,14 +91,13 @@ class LinkLoad:
     def total(self) -> float:
         return float(self.bytes.sum())
 
+    @property
+    def link_bytes(self) -> int:  # a core.cost.Phase: what alltoall_cost prices
+        return int(round(self.total()))
 
-def alltoall_cost(spec: HardwareSpec, load: LinkLoad) -> Cost:
-    """A phase whose messages all travel at once: the longest route's hops, then the busiest link's bytes
-    one after the other (one routing stage)."""
-    if not load.messages:
-        return Cost()
-    return Cost(hops=load.hops, stages=1, link_bytes=int(round(load.total())), messages=load.messages,
-                cycles=message_cycles(spec, load.hops, 1, load.hottest()))
+    @property
+    def busiest(self) -> float:
+        return self.hottest()
 
 
 def _pieces(dim: int, region: Region, block: Region) -> list[tuple[int, int, int]]:
@@ -117,12 +117,13 @@ def _pieces(dim: int, region: Region, block: Region) -> list[tuple[int, int, int
 def block_patterns(dim: int, region: Region, block: Region) -> tuple[LinkLoad, LinkLoad]:
     """(dispatch, combine along the rows) of one token to and from `block`: every block row moves the
     pieces between the region's column split and the block's."""
-    dispatch, back = LinkLoad(region), LinkLoad(region)
-    pieces = _pieces(dim, region, block)
-    for y in range(block.y0 - region.y0, block.y0 - region.y0 + block.h):
-        for c, x, n in pieces:
-            dispatch.along_row(y, c, x, 4 * n)
-            back.along_row(y, x, c, 4 * n)
+    dispatch, back, top = LinkLoad(region), LinkLoad(region), block.y0 - region.y0
+    for c, x, n in _pieces(dim, region, block):  # the block's first row, then the same on every other
+        dispatch.along_row(top, c, x, 4 * n)
+        back.along_row(top, x, c, 4 * n)
+    for load in (dispatch, back):
+        load.bytes[:, top:top + block.h] = load.bytes[:, top:top + 1]
+        load.messages *= block.h
     return dispatch, back
 
 
@@ -142,28 +143,47 @@ def column_combine(region: Region, rows: np.ndarray, col_bytes: np.ndarray) -> L
 
 class AllToAll:
     """The all-to-all of a region's expert blocks: one token's dispatch and row-combine LinkLoads per block,
-    and the column combine of the rows its experts' blocks cover."""
+    and the column combine of the rows its experts' blocks cover (``of``: one per region and blocks, so its
+    routes are worked out once)."""
 
     def __init__(self, dim: int, region: Region, blocks: tuple[Region, ...]):
         self.region, self.blocks, self.dim = region, blocks, dim
-        self.patterns: dict[Region, tuple[LinkLoad, LinkLoad]] = {}  # made when a token first goes there
+        self.index = {b: i for i, b in enumerate(dict.fromkeys(blocks))}  # each block once, in expert order
+        self.sets: dict[tuple[int, ...], tuple[LinkLoad, LinkLoad]] = {}  # made when a token first goes there
         self.col_bytes = 4.0 * Chunks(dim, region.w).valid.sum(axis=1)  # (C,) the token's piece in each column
+
+    @staticmethod
+    @lru_cache(maxsize=4)  # a few regions' routes (a LinkLoad of a large region is megabytes)
+    def of(dim: int, region: Region, blocks: tuple[Region, ...]) -> AllToAll:
+        return AllToAll(dim, region, blocks)
 
     def loads(self, experts: np.ndarray) -> tuple[LinkLoad, LinkLoad]:
         """(dispatch, combine) of tokens that chose `experts` (T, k): each token goes once to each block
-        holding one of its experts."""
+        holding one of its experts. Tokens whose experts lie in the same blocks send the same messages, so
+        each set of blocks is routed once and added as many times as tokens chose it (a batch of 32,768
+        tokens costs what its few distinct sets cost)."""
         dispatch, combine = LinkLoad(self.region), LinkLoad(self.region)
-        for chosen in np.asarray(experts).tolist():
-            rows = np.zeros(self.region.h, bool)
-            for block in {self.blocks[e] for e in chosen}:
-                if block not in self.patterns:
-                    self.patterns[block] = block_patterns(self.dim, self.region, block)
-                there, back = self.patterns[block]
+        sets = Counter(tuple(sorted({self.index[self.blocks[e]] for e in chosen}))
+                       for chosen in np.asarray(experts).tolist())
+        for chosen, tokens in sets.items():
+            there, back = self._one_token(chosen)
+            dispatch.add(there, tokens)
+            combine.add(back, tokens)
+        return dispatch, combine
+
+    def _one_token(self, chosen: tuple[int, ...]) -> tuple[LinkLoad, LinkLoad]:
+        """(dispatch, combine) of one token to the blocks numbered `chosen` (self.index's numbers)."""
+        if chosen not in self.sets:
+            dispatch, combine, rows = LinkLoad(self.region), LinkLoad(self.region), np.zeros(self.region.h, bool)
+            order = list(self.index)
+            for block in (order[i] for i in chosen):
+                there, back = block_patterns(self.dim, self.region, block)
                 dispatch.add(there)
                 combine.add(back)
                 rows[block.y0 - self.region.y0: block.y0 - self.region.y0 + block.h] = True
             combine.add(column_combine(self.region, rows, self.col_bytes))
-        return dispatch, combine
+            self.sets[chosen] = dispatch, combine
+        return self.sets[chosen]
 
 
 PHASES = ("attention", "moe")

@@ -21,9 +21,13 @@ the dispatch's and the combine's LinkLoads summed over the micro-batches, ``book
 summed, ``links`` (a PhaseLinks) every link's bytes of the attention phase and of the MoE phase as every
 collective of the layer books them (the LineComms' taps), ``routed`` how many tokens each expert received
 (the routing histogram). ``migrate`` moves two experts' blocks (NI-Balancer, waferrt.decode.balancer): at
-once, or a part per micro-batch while decoding goes on, each part during the phase of that micro-batch whose
-recorded links it shares least; with ``balance`` (DecodeSetup.balance) the shard looks at its histogram
-every ``balance`` runs and starts the swap ``plan_swap`` finds (``swaps``: those done).
+once (a stall), or a part per micro-batch while decoding goes on, each link's bytes of a part during the
+phase of that micro-batch whose recorded links leave it cold; with ``balance`` (DecodeSetup.balance) the
+shard looks every ``balance`` runs at the histogram of those runs (``seen``) and starts the swap
+``plan_swap`` finds (``swaps``: those done). ``step`` (an :class:`MoEStep`) is the last run's router, routed
+work and migration as booked: the decode's modelled schedule takes each token's share of it
+(waferrt.decode.program). ``route_zipf`` routes by a seeded Zipf instead of the router (a skewed workload
+for measuring costs: benchmarks/moe.py); :func:`run_steps` runs decode steps through a shard.
 :func:`pack_moe_layer` cuts an MoE layer's weights for its region and mapping.
 """
 
@@ -33,16 +37,18 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from waferrt.core.cost import Cost
+from waferrt.core.cost import Cost, alltoall_cost, flop_cycles
 from waferrt.core.dtypes import to_storage
 from waferrt.core.ledger import Ledger, merge_parallel
 from waferrt.core.mesh import Region
+from waferrt.core.spec import HardwareSpec
 from waferrt.fabric.comm import LineComm, Span
 from waferrt.model.config import LlamaConfig
 from waferrt.model.reference import top_k_gates
+from waferrt.model.sparse import softmax
 
 from .balancer import Swap, at_once_cost, plan_swap, step_cost, swap_load
-from .linkload import AllToAll, LinkLoad, PhaseLinks, alltoall_cost
+from .linkload import AllToAll, LinkLoad, PhaseLinks
 from .moe_layout import expert_blocks, expert_layouts, router_layout
 from .pack import Chunks, pack_ffn, pack_layer, pack_matrix
 from .shards import Items, LayerShard, mlp
@@ -66,25 +72,43 @@ BALANCE_STEPS = 4  # the parts NI-Balancer cuts a swap into, one per micro-batch
 
 @dataclass(frozen=True)
 class MoEStep:
-    """The routed part of an MoE layer's run on one micro-batch of `tokens` tokens, as the ledger booked it:
-    the experts (blocks side by side: the busiest block's), the dispatch, the combine (their links as routed)
-    and NI-Balancer's migration (the part of a swap booked in this run, plus the stall of a swap moved at
-    once since the last run). What the modelled schedule takes for the layer's routed work
-    (waferrt.decode.program: each token its share, in place of the closed forms' typical token)."""
+    """An MoE layer's run on one micro-batch of `tokens` tokens, as the ledger booked it: the router; the
+    routed work -- the experts (blocks side by side: the busiest block's), the dispatch and the combine
+    (their links as routed: ``alltoall``) and NI-Balancer's migration (the part of a swap booked in this run,
+    plus the stall of a swap moved at once since the last run). The modelled schedule takes each token's
+    share of the routed work (waferrt.decode.program) in place of the closed forms' typical token."""
 
     tokens: int
+    router: Cost
     experts: Cost
-    dispatch: Cost
-    combine: Cost
+    alltoall: tuple[Cost, Cost]  # (dispatch, combine)
     migration: Cost
 
     @property
-    def cost(self) -> Cost:
-        return self.experts + self.dispatch + self.combine + self.migration
+    def routed(self) -> Cost:
+        return self.experts + self.alltoall[0] + self.alltoall[1] + self.migration
+
+    @property
+    def phase(self) -> Cost:
+        """The MoE phase (a shared expert aside)."""
+        return self.router + self.routed
 
     def share_cycles(self) -> float:
-        """Each token's share of the step's cycles."""
-        return self.cost.cycles / self.tokens
+        """Each token's share of the routed work's cycles."""
+        return self.routed.cycles / self.tokens
+
+    def compute_cycles(self, spec: HardwareSpec, dtype: str) -> dict[str, float]:
+        """The MoE phase's compute: the router's and the busiest block's flops at the cores' rate (the rest of
+        each piece's critical path is its communication: reductions, routing, migration)."""
+        return {"router": flop_cycles(spec, self.router.flops, dtype),
+                "experts": flop_cycles(spec, self.experts.flops, dtype)}
+
+    def comm_cycles(self, spec: HardwareSpec, dtype: str) -> dict[str, float]:
+        """The MoE phase's communication by piece: the router's row reduction, the experts' reductions in
+        their blocks (the busiest block's critical path less its compute), the all-to-all, the migration."""
+        compute = self.compute_cycles(spec, dtype)
+        return {"router": self.router.cycles - compute["router"], "experts": self.experts.cycles - compute["experts"],
+                "alltoall": self.alltoall[0].cycles + self.alltoall[1].cycles, "migration": self.migration.cycles}
 
 
 class MoELayerShard(LayerShard):
@@ -106,6 +130,7 @@ class MoELayerShard(LayerShard):
         self.seen = np.zeros(config.n_experts, np.int64)  # the histogram since NI-Balancer's last look
         self.step: MoEStep | None = None  # the last run's routed work, as booked
         self.stall = Cost()  # a swap moved at once since the last run
+        self.zipf: tuple[np.ndarray, np.random.Generator] | None = None  # a Zipf workload's routing (route_zipf)
 
     def run(self, x: np.ndarray, items: Items) -> np.ndarray:
         self.mark = self.links.mark()
@@ -123,14 +148,17 @@ class MoELayerShard(LayerShard):
 
     def _experts(self, h: np.ndarray) -> np.ndarray:
         config = self.config
-        logits = self.net.gemv(self.cx, self._w("router"), h)  # (B, R, E): every row the same
-        experts, gates = top_k_gates(logits[:, 0], config.top_k)  # (B, k) each
+        router = Ledger(self.ledger.spec, self.ledger.dtype)  # booked apart: MoEStep keeps it
+        with router.op("router"):
+            logits = self.net.gemv(self._comm("x", self.region, router), self._w("router"), h)  # (B, R, E)
+        self.ledger.add(router.total())
+        experts, gates = self.route(logits[:, 0])  # (B, k) each
         full = self.dims.join(h)  # (B, dim)
         out, ledgers = np.zeros_like(full), {}
         for e in range(config.n_experts):
             rows, slot = np.nonzero(experts == e)  # the tokens that chose expert e, and in which slot
             if rows.size:
-                led = ledgers.setdefault(self.blocks[e], Ledger(self.ledger.spec))
+                led = ledgers.setdefault(self.blocks[e], Ledger(self.ledger.spec, self.ledger.dtype))
                 with led.op("expert"):
                     y = self._expert(e, full[rows], led)  # (n, dim)
                 out[rows] += gates[rows, slot, None] * y
@@ -140,17 +168,39 @@ class MoELayerShard(LayerShard):
         self.routed += hist
         self.seen += hist
         dispatch, combine = self._alltoall(experts)
-        self.step = MoEStep(len(full), busiest, dispatch, combine, self._balance())
+        self.step = MoEStep(len(full), router.total(), busiest, (dispatch, combine), self._balance())
         return self.dims.split(out)
+
+    def route(self, logits: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Each token's experts and gates from its router logits (B, E): the reference's top_k_gates, or with
+        a Zipf workload (``zipf``) k distinct experts drawn by it, gated by a softmax of their logits."""
+        if self.zipf is None:
+            return top_k_gates(logits, self.config.top_k)
+        p, rng = self.zipf
+        experts = np.stack([rng.choice(len(p), self.config.top_k, replace=False, p=p) for _ in logits])
+        return experts, softmax(np.take_along_axis(logits, experts, axis=-1))
+
+    def route_zipf(self, s: float, seed: int, clustered: bool = False) -> None:
+        """Route every token from now on by a seeded Zipf over the experts (rank r drawn with weight r**-s; the
+        ranks a seeded shuffle of the experts, or with `clustered` in expert order, the hottest side by side):
+        the skewed routing of a trained router's hot experts, as a workload for measuring costs -- the tokens
+        are no longer the reference's."""
+        rng = np.random.default_rng(seed)
+        weight = np.arange(1, self.config.n_experts + 1, dtype=float) ** -s
+        p = weight if clustered else weight[rng.permutation(self.config.n_experts)]
+        self.zipf = (p / p.sum(), rng)
+
+    def _comm(self, axis: str, block: Region, led: Ledger) -> LineComm:
+        """A line communicator over `block` booking in `led`, its links recorded in ``links``."""
+        comm = LineComm(axis, Span.of(block), led, fast=self.coll.fast)
+        comm.listen(self.links)
+        return comm
 
     def _expert(self, e: int, x: np.ndarray, led: Ledger) -> np.ndarray:
         """Expert e's SwiGLU of x (n, dim) -> (n, dim), as MeshGEMVs in its block (booked in `led`)."""
-        block, coll = self.blocks[e], self.coll
+        block = self.blocks[e]
         dims = self.block_dims[block]
-        cx = LineComm("x", Span.of(block), led, fast=coll.fast)
-        cy = LineComm("y", Span.of(block), led, fast=coll.fast)
-        cx.listen(self.links)
-        cy.listen(self.links)
+        cx, cy = self._comm("x", block, led), self._comm("y", block, led)
         return dims.join(mlp(self.net, cx, cy, self._w(f"w13.{e}"), self._w(f"w2.{e}"), dims.split(x)))
 
     def _alltoall(self, experts: np.ndarray) -> tuple[Cost, Cost]:
@@ -200,11 +250,11 @@ class MoELayerShard(LayerShard):
         return cost
 
     def _migration_step(self) -> Cost:
-        """A part of the migration, during whichever phase of this micro-batch (its links as recorded so far:
-        the attention's all, the MoE's up to its combine) leaves more of the part's links cold."""
+        """A part of the migration, each link's bytes during the phase of this micro-batch (its links as
+        recorded so far: the attention's all, the MoE's up to its combine) that leaves the link cold."""
         swap, load, steps, done = self.migration
         phases = self.links.since(self.mark).values()
-        cost = min((step_cost(self.ledger.spec, load, steps, busy) for busy in phases), key=lambda c: c.cycles)
+        cost = step_cost(self.ledger.spec, load, steps, list(phases))
         self.ledger.add(cost)
         self.migration[3] = done = done + 1
         if done == steps:  # the last part arrived: the experts compute in their new blocks from now on
@@ -218,3 +268,14 @@ class MoELayerShard(LayerShard):
         blocks[swap.a], blocks[swap.b] = blocks[swap.b], blocks[swap.a]
         self.blocks = tuple(blocks)
         self.routes = AllToAll(self.config.dim, self.region, self.blocks)
+
+
+def run_steps(shard: MoELayerShard, xs: np.ndarray) -> list[MoEStep]:
+    """Decode steps through `shard`: xs (steps, B, dim) float32, token b of step t the request in slot b at
+    position t; each step's MoEStep as it ran."""
+    chunks, out = Chunks(shard.config.dim, shard.region.w), []
+    for pos, x in enumerate(xs):
+        shard.forward(chunks.split(x), np.arange(len(x)), np.full(len(x), pos))
+        out.append(shard.step)
+    return out
+

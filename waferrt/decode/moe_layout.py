@@ -102,10 +102,16 @@ def moe_scratch_words(config: LlamaConfig, region: Region) -> int:
 @lru_cache(maxsize=65536)
 def _most(config: LlamaConfig, w: int, h: int, dtype: str) -> tuple[int, int]:
     region, most, words = Region(0, 0, w, h), 0, 0
-    for mapping in MAPPINGS:
-        per_block = expert_grid(config.n_experts, region, mapping).per_block
-        for block in set(expert_blocks(config.n_experts, region, mapping)):
-            one = sum(lay.max_block_bytes() for lay in expert_layouts(config, block, dtype).values())
-            most = max(most, per_block * one)
-            words = max(words, cdiv(config.dim, block.w) + 2 * cdiv(config.hidden_dim, block.h))
+    for mapping in MAPPINGS:  # every block holds experts (gx * gy divides them): each shape of block
+        g = expert_grid(config.n_experts, region, mapping)
+        for bw in {b - a for a, b in _cuts(w, g.gx)}:
+            for bh in {b - a for a, b in _cuts(h, g.gy)}:
+                most = max(most, g.per_block * _expert_bytes(config, bw, bh, dtype))
+                words = max(words, cdiv(config.dim, bw) + 2 * cdiv(config.hidden_dim, bh))
     return most, config.n_experts + words
+
+
+@lru_cache(maxsize=65536)
+def _expert_bytes(config: LlamaConfig, w: int, h: int, dtype: str) -> int:
+    """The busiest core's bytes of one expert's matrices on a w x h block (the same wherever the block lies)."""
+    return sum(lay.max_block_bytes() for lay in expert_layouts(config, Region(0, 0, w, h), dtype).values())

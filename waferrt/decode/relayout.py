@@ -34,14 +34,14 @@ from functools import lru_cache
 import numpy as np
 
 from waferrt.core.arith import cdiv
-from waferrt.core.cost import Cost
+from waferrt.core.cost import Cost, alltoall_cost
 from waferrt.core.layout import chunk_bounds
 from waferrt.core.mesh import Region
 from waferrt.kernels.gemm import ring
 from waferrt.model.config import LlamaConfig
 
 from .kvcache import kv_columns
-from .linkload import E, LinkLoad, N, S, W, alltoall_cost
+from .linkload import E, LinkLoad, N, S, W
 
 
 def route(region: Region, src: np.ndarray, dst: np.ndarray, nbytes: np.ndarray) -> LinkLoad:

@@ -1,20 +1,22 @@
 """The modelled time of a decode: the stage runs the tiles booked, scheduled as the wafer would run them.
 
 Contract: a :class:`StageRun` is one stage run on one micro-batch as a tile booked it: ``cycles``, the
-micro-batch's cost as it ran (the emulator computes a lane's tokens together: one pass over the weights),
-and per item an :class:`Item` with the cycles that token takes *alone* (waferrt.decode.cost.alone_cycles:
-the closed forms, equal to what the tiles book for a micro-batch of one). The wafer runs every request at
-its own pace, so :func:`flow_seconds` schedules tokens, not micro-batches: every region is its own hardware
-and serves the tokens in the order they reach it; token (request, pos) is ready for stage s when it left
-stage s-1, and for the embedding after its request's previous token entered and -- when that token's logits
-gave this one -- after that token left the head. How the emulator grouped the tokens into micro-batches does
-not change the modelled time; a token's consecutive stages on one region (a strategy's group of layers) are
-one task there, run back to back as the tile runs its segment (:func:`flow_schedule`: when every token ran
-at every stage; a trace shows it next to the wall clock). :func:`round_seconds` is the length of a decode's
-last round (every request's last token); :func:`requests_round_seconds` the steady round of R requests
-decoding at their own pace, from closed forms alone (the estimate of a placement), and
-:func:`round_bound_seconds` the bound it never goes below (what the busiest region must serve, or one
-token's way round)."""
+micro-batch's cost as it ran (the emulator computes a lane's tokens together: one pass over the weights), and
+per item an :class:`Item` with the cycles that token takes *alone* (waferrt.decode.cost.alone_cycles: the
+closed forms, equal to what the tiles book for a micro-batch of one; at an MoE layer the routed work is the
+token's share of its micro-batch's as it ran instead -- the busiest expert block, the all-to-all as routed,
+NI-Balancer's migration: waferrt.decode.moe.MoEStep -- since the experts run once per micro-batch). The wafer
+runs every request at its own pace, so :func:`flow_seconds` schedules tokens, not micro-batches: every region
+is its own hardware and serves the tokens in the order they reach it; token (request, pos) is ready for stage
+s when it left stage s-1, and for the embedding after its request's previous token entered and -- when that
+token's logits gave this one -- after that token left the head. How the emulator grouped the tokens into
+micro-batches does not change the modelled time (but at an MoE layer: the step's tokens share their experts'
+run); a token's consecutive stages on one region (a strategy's group of layers) are one task there, run back
+to back as the tile runs its segment (:func:`flow_schedule`: when every token ran at every stage; a trace
+shows it next to the wall clock). :func:`round_seconds` is the length of a decode's last round (every
+request's last token); :func:`requests_round_seconds` the steady round of R requests decoding at their own
+pace, from closed forms alone (the estimate of a placement), and :func:`round_bound_seconds` the bound it
+never goes below (what the busiest region must serve, or one token's way round)."""
 
 from __future__ import annotations
 
@@ -32,7 +34,7 @@ class Item(NamedTuple):
     request: int  # the request's number
     pos: int  # the token's position in its request
     want: bool  # its logits give the request's next token
-    alone: float  # cycles this stage takes on this token alone
+    alone: float  # cycles this stage takes on this token alone (an MoE layer: with its share of the routed work)
 
 
 @dataclass(frozen=True)

@@ -97,20 +97,15 @@ def rotate(x: np.ndarray, cos2: np.ndarray, sin2: np.ndarray) -> np.ndarray:
     return out
 
 
-class ComputeCopies:
-    """The float32 copies the host computes with, of storage-dtype weight blocks: each converted once and kept
-    while its storage array is the one held under its name (a block replaced -- the prefill carrying it back,
-    a streamed layer's next blocks -- is converted again). The modelled core holds the storage dtype (what
-    SRAM books); the host holds both (float32 weights: the same array, no copy)."""
-
-    def __init__(self, dtype: str):
-        self.dtype, self.held = dtype, {}  # name -> (the storage array, its float32 copy)
-
-    def of(self, name: str, stored: np.ndarray) -> np.ndarray:
-        held = self.held.get(name)
-        if held is None or held[0] is not stored:
-            held = self.held[name] = (stored, to_f32(stored, self.dtype))
-        return held[1]
+def in_float32(arrays: dict, name: str, dtype: str) -> np.ndarray:
+    """Block `name` of `arrays` in float32, the form the host computes with. On its first use a storage-dtype
+    block is widened (exactly) and put in its place in `arrays`: the host holds each block once, in float32,
+    from then on, and a decode step reads it as it is (it was converted for every micro-batch). A block put
+    back at the storage dtype (a streamed layer's next blocks) is widened again on its use."""
+    a = arrays[name]
+    if a.dtype != np.float32:
+        a = arrays[name] = to_f32(a, dtype)
+    return a
 
 
 class LayerShard:
@@ -119,8 +114,8 @@ class LayerShard:
         positions per request) of the K/V caches."""
         config, coll, dtype = dec.config, dec.coll, dec.dtype
         self.config, self.region, self.ledger, self.coll = config, region, ledger, coll
-        self.dtype = dtype  # weights and K/V are stored in `dtype` (what SRAM books), computed in float32
-        self.arrays = arrays  # the storage blocks; their float32 copies made once (`_w`)
+        self.arrays, self.dtype = arrays, dtype  # weights and K/V are stored in `dtype`, computed in float32
+        # (the cores hold the blocks in `dtype`, what SRAM books; the host widens them once: in_float32)
         self.rows, self.cols = region.h, region.w
         self.cx = LineComm("x", Span.of(region), ledger, fast=coll.fast)
         self.cy = LineComm("y", Span.of(region), ledger, fast=coll.fast)
@@ -139,18 +134,8 @@ class LayerShard:
             table = _rope_table(self.config, self.rows, int(poss.max()) + 1)
         return table[0][poss], table[1][poss]
 
-    @property
-    def arrays(self) -> dict:
-        """The weight blocks at the storage dtype (what the cores hold; waferrt.decode.pack)."""
-        return self._arrays
-
-    @arrays.setter
-    def arrays(self, arrays: dict) -> None:
-        self._arrays, self._compute = arrays, ComputeCopies(self.dtype)
-
     def _w(self, name: str) -> np.ndarray:
-        """Weight `name` in float32, converted once per storage array (ComputeCopies)."""
-        return self._compute.of(name, self._arrays[name])
+        return in_float32(self.arrays, name, self.dtype)
 
     def _attention(self, items: Items, q: np.ndarray) -> np.ndarray:
         """q (B, R, nh, hd_r) -> (B, R, nh * hd_r). Item b attends to the positions <= poss[b] of its
@@ -236,8 +221,7 @@ class EmbedShard:
     def __init__(self, config: LlamaConfig, region: Region, arrays: dict, ledger: Ledger,
                  coll: Collectives = KTREE_FAST, dtype: str = "float32"):
         self.config, self.region, self.ledger, self.coll, self.dtype = config, region, ledger, coll, dtype
-        self.arrays, self._compute = arrays, ComputeCopies(dtype)
-        self.table, self.norm = arrays["table"], arrays["final_norm"]  # (R*voc_r, C*dim_c), (C, dim_c)
+        self.arrays = arrays  # "table" (R*voc_r, C*dim_c), "final_norm" (C, dim_c)
         self.rows, self.cols = region.h, region.w
         self.vocab = Chunks(config.vocab_size, region.h)
         self.cx = LineComm("x", Span.of(region), ledger, fast=coll.fast)
@@ -245,11 +229,11 @@ class EmbedShard:
 
     def lookup(self, tokens: np.ndarray) -> np.ndarray:
         """The embedding rows of `tokens` (B,), each as (C, dim_c) in the core row that holds it."""
-        return table_rows(self.table, self.vocab, self.dtype, tokens).reshape(len(tokens), self.cols, -1)
+        return table_rows(self.arrays["table"], self.vocab, self.dtype, tokens).reshape(len(tokens), self.cols, -1)
 
     def logits(self, x: np.ndarray) -> np.ndarray:
         """Final RMSNorm and the tied head as a MeshGEMV: x (B, C, dim_c) -> logits (B, vocab)."""
         with self.ledger.op("head"):
-            h = mesh_rmsnorm(self.net, self.cx, x, self._compute.of("final_norm", self.norm), self.config)
-            out = self.net.gemv(self.cx, self._compute.of("table", self.table), h)  # (B, R, voc_r)
+            h = mesh_rmsnorm(self.net, self.cx, x, in_float32(self.arrays, "final_norm", self.dtype), self.config)
+            out = self.net.gemv(self.cx, in_float32(self.arrays, "table", self.dtype), h)  # (B, R, voc_r)
         return self.vocab.join(out)  # (B, vocab)

@@ -20,6 +20,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from functools import lru_cache
 
+from waferrt.core.cost import cycles_seconds
 from waferrt.core.dtypes import STORAGE_DTYPES
 from waferrt.core.spec import HardwareSpec
 from waferrt.decode.cost import (
@@ -30,7 +31,7 @@ from waferrt.decode.cost import (
 )
 from waferrt.decode.schedule import requests_round_seconds, round_bound_seconds
 from waferrt.model.config import LlamaConfig
-from waferrt.scheduler.speed import alone_cycles
+from waferrt.scheduler.speed import stages_alone_cycles
 from waferrt.scheduler.strategies import explain, worth_trying
 from waferrt.scheduler.types import KVReserve, Objective, Strategy, Workload
 
@@ -76,9 +77,9 @@ def best(work: Workload, spec: HardwareSpec, mesh: tuple[int, int], objective: s
     if not floors:
         return None
     stages = [floor.stages(config.n_layers, strategy.group) for floor in floors]
-    alone = [alone_cycles(spec, Decoding(config, dtype, head_groups=f.shape.head_groups), st, kv.tokens)
+    alone = [stages_alone_cycles(spec, Decoding(config, dtype, head_groups=f.shape.head_groups), st, kv.tokens)
              for f, st in zip(floors, stages)]
-    ones = [sum(a) / spec.clock_hz for a in alone]
+    ones = [cycles_seconds(spec, sum(a)) for a in alone]
     segs = [(a, [region for _, region in st]) for st, a in zip(stages, alone)]
 
     def step(i: int) -> float:
@@ -149,8 +150,8 @@ def _report(config: LlamaConfig, spec: HardwareSpec, c: Candidate, base: dict, w
 def _bounds(parts, spec: HardwareSpec, host: float) -> dict[str, float]:
     """One request's token split by what the time is spent on: the cores computing (flops), the fabric
     moving (every message and hand-over), the wafer's ingress (host I/O)."""
-    compute = sum(c.cycles for _, _, c in parts if c.flops) / spec.clock_hz
-    fabric = sum(c.cycles for _, _, c in parts if not c.flops) / spec.clock_hz
+    compute = cycles_seconds(spec, sum(c.cycles for _, _, c in parts if c.flops))
+    fabric = cycles_seconds(spec, sum(c.cycles for _, _, c in parts if not c.flops))
     return {"compute": compute, "fabric": fabric, "ingress": host}
 
 

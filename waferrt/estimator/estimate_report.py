@@ -26,7 +26,7 @@ def breakdown_seconds(parts, spec: HardwareSpec) -> dict[str, float]:
     """Seconds per category of (name, category, Cost) parts, in CATEGORIES order."""
     out = dict.fromkeys(CATEGORIES, 0.0)
     for _, cat, c in parts:
-        out[cat] += c.cycles / spec.clock_hz
+        out[cat] += c.seconds(spec)
     return out
 
 

@@ -137,7 +137,7 @@ def gemv_parts(spec: HardwareSpec, run: GemvRun) -> dict[str, float]:
 
 def _gemv_figure(spec: HardwareSpec, n: int, published_s: float) -> Figure:
     run = GemvRun(n, GEMV_CORES)
-    modelled = meshgemv(spec, run).cycles / spec.clock_hz
+    modelled = meshgemv(spec, run).seconds(spec)
     parts = gemv_parts(spec, run)
     want = published_s * spec.clock_hz
     floor = parts["compute"] + parts["hops"] + parts["serialise"]
@@ -167,7 +167,7 @@ def sdk_figure(spec: HardwareSpec) -> Figure:
     mean = _geomean(ups)
     at = {b: spec.replace(beta_cycles=float(b)) for b in range(int(spec.beta_cycles) + 1)}
     fit = min(at, key=lambda b: abs(math.log(_geomean(_speedups(at[b])) / 4.6)))
-    then = ", ".join(f"{meshgemv(at[fit], GemvRun(n, GEMV_CORES)).cycles / spec.clock_hz / t:.2f}"
+    then = ", ".join(f"{meshgemv(at[fit], GemvRun(n, GEMV_CORES)).seconds(spec) / t:.2f}"
                      for n, t in ((16384, 0.0012e-3), (32768, 0.00203e-3)))
     reason = (f"modelled speedup {min(ups):.1f}-{max(ups):.1f}x over the grid (the paper: 4-8x, about 4.6 on "
               f"average). The SDK's chain has P-1 routing stages, MeshGEMV's K-tree about sqrt(P), so the speedup "

@@ -20,8 +20,9 @@ from dataclasses import dataclass, field, replace
 
 import numpy as np
 
+from waferrt.core.cost import alltoall_cost, cycles_seconds
 from waferrt.core.mesh import Region
-from waferrt.decode.linkload import AllToAll, LinkLoad, alltoall_cost
+from waferrt.decode.linkload import AllToAll, LinkLoad
 from waferrt.decode.moe_layout import MAPPINGS, expert_blocks, expert_grid
 from waferrt.scheduler.budget import tensor_bytes
 
@@ -116,7 +117,7 @@ def _mapping(est: Estimate, region: Region, mapping: str, chosen: np.ndarray, ba
         for load in routes.loads(token[None]):
             cycles += alltoall_cost(spec, load).cycles
             whole.add(load)
-    seconds = config.n_layers * cycles / len(chosen) / spec.clock_hz
+    seconds = cycles_seconds(spec, config.n_layers * cycles / len(chosen))
     big = max(blocks, key=lambda b: b.size)
     return MappingFigures((g.gx, g.gy, g.per_block), (big.w, big.h), seconds, seconds / (base + seconds),
                           whole.hottest() / len(chosen), whole.cold_share())

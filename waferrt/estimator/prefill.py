@@ -1,20 +1,22 @@
-"""The prefill on paper: a prompt's tokens through every layer as MeshGEMMs, time to first token, end to end.
+"""The prefill on paper: a prompt's tokens through every layer as MeshGEMMs on WaferLLM's grid, time to first token.
 
-Contract (pure): ``prefill(est, tokens)`` times the prompt of `tokens` tokens on the floor plan that the
-decode's estimate ``est`` (scheduler.estimate) chose -- the prefill runs on the decode's own layer regions,
-so its core count is the decode's, and the K/V it leaves is where the decode reads it. Each layer costs
-what the emulated prefill books (waferrt.decode.prefill.prefill_layer_parts, at the estimate's dtype, a Decoding): on
-the largest square of the region, the QKV projection, the heads' causal attention (the transposed MeshGEMM
-for Q.K^T, MeshGEMM for P.V), the output projection, gate/up and down as MeshGEMMs, the element-wise work,
-the weights moved into the GEMM layout and back, and the K/V moved into the decode's
-layout (each a move of waferrt.decode.relayout, booked per link). Between regions a chunk's activations
-are handed over as the tiles hand a micro-batch over (decode.cost.stage_handover, to the region beside).
-The prompt goes in equal chunks, each attending to the tokens before it: at least as many as make a chunk's
-activations fit in what the decode leaves free of a core's SRAM, more when that is faster (the regions then
-work on successive chunks at once); every chunk's K/V moves are priced as the last's (the most).
-The first token then comes out of the head (one decode-head GEMV) and the host exchange (token ids in, one
-row of logits out over ``spec.ingress_bytes_per_s``). :class:`Prefill` is the result; ``end_to_end`` the
-time of an (input, output) pair: the prefill's first token, then the decode's time per token.
+Contract (pure): ``prefill(est, tokens, side)`` times the prompt of `tokens` tokens as WaferLLM runs its
+prefill: on a `side` x `side` grid of cores (default the largest square of the estimate's mesh, the whole
+wafer's or ``--mesh``'s, at most dim cores a side), every layer in turn on the whole grid, while the
+decode's floor plan (scheduler estimate ``est``) keeps its weights and K/V where they are. Each layer
+costs what the emulated prefill books for that grid (waferrt.decode.prefill.prefill_work_parts, at the
+estimate's dtype, a Decoding): the QKV
+projection, the heads' causal attention (the transposed MeshGEMM for Q.K^T, MeshGEMM for P.V), the output
+projection, gate/up and down as MeshGEMMs, the element-wise work. Between the decode's layout and the
+grid (:func:`region_exchange`): every layer's weights from its decode region onto the grid and back, and
+the prompt's K/V of every layer from the grid into its decode region (the decode's layout), each through
+the region's boundary links. The prompt goes in equal chunks, each attending to the tokens before it: as
+few as make a chunk's activations and the largest GEMM's weight blocks (double-buffered) fit in what the
+decode leaves free of a core's SRAM. The first token then comes out of the head (one decode-head GEMV) and
+the host exchange (token ids in, one row of logits out over ``spec.ingress_bytes_per_s``). :class:`Prefill`
+is the result; ``end_to_end`` the time of an (input, output) pair: the prefill's first token, then the
+decode's time per token. ``PUBLISHED`` is WaferLLM's measured Llama3-8B prefill (4096 tokens, 480^2-720^2
+cores), which docs/ESTIMATES.md sets beside the model's.
 """
 
 from __future__ import annotations
@@ -22,19 +24,23 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from waferrt.core.arith import cdiv, whole
-from waferrt.core.cost import Cost, total
+from waferrt.core.cost import Cost, message_cycles, total
 from waferrt.core.dtypes import itemsize
 from waferrt.core.mesh import Region
-from waferrt.decode.cost import Decoding, head_decode_parts, stage_handover
-from waferrt.decode.prefill import gemm_region, prefill_moves, prefill_work_parts, weights_move
+from waferrt.decode.cost import Decoding, head_decode_parts
+from waferrt.decode.prefill import prefill_work_parts
+from waferrt.model.zoo import model_by_name
 
 from .estimate import host_seconds
 from .estimate_report import Estimate
+from .wafer import Floor
 
-CATEGORIES = ("gemm", "attention", "elementwise", "layout", "handover", "host")
+CATEGORIES = ("gemm", "attention", "elementwise", "layout", "host")
 LABELS = {"gemm": "projections and MLP (MeshGEMM)", "attention": "attention Q.K^T and V (MeshGEMM)",
-          "elementwise": "element-wise", "layout": "layouts (weights in and out, Q/K/V to the heads, K/V to the decode)",
-          "handover": "hand-over between regions", "host": "host I/O"}
+          "elementwise": "element-wise", "layout": "layouts (weights onto the grid and back, K/V to the decode)",
+          "host": "host I/O"}
+LLAMA3_8B = model_by_name("llama3-8b")[0]
+PUBLISHED = (20_321, 27_687)  # WaferLLM (arXiv:2502.04563): Llama3-8B prefill tokens/s, 4096 tokens, 480^2-720^2 cores
 
 
 def decoding(est: Estimate) -> Decoding:
@@ -43,38 +49,47 @@ def decoding(est: Estimate) -> Decoding:
     return Decoding(est.config, est.dtype, head_groups=est.shape.head_groups)
 
 
-def chunk_parts(est: Estimate, region: Region, chunk: int, context: int, moves_at: int | None = None
-                ) -> list[tuple[str, str, Cost]]:
-    """(name, category, Cost) of one layer on `region` for `chunk` prompt tokens attending to `context`
-    tokens (themselves and those before them): the emulated prefill's own closed form
-    (waferrt.decode.prefill.prefill_layer_parts, in the estimate's dtype), but the weights' moves, which a
-    chunked prompt makes once (``prefill``); its K/V moves those of the chunk attending to `moves_at`
-    (default `context`: ``prefill`` prices every chunk's as the last's, the most, rather than route each)."""
-    dec, at = decoding(est), moves_at or context
-    moves = prefill_moves(est.spec, dec, region, (at - chunk, chunk), est.dtype)
-    kv = [p for p in moves if p[0] != "weights_in_out"]
-    return list(prefill_work_parts(est.spec, dec, region, chunk, context)) + kv
-
-
-def activation_bytes(est: Estimate, region: Region, chunk: int, context: int) -> int:
-    """The busiest core's prefill activations for a chunk: the residual stream, Q/K/V, gate and up, one head's
-    scores, each a block of the GEMM grid."""
-    config, sq = est.config, gemm_region(region)
+def activation_bytes(config, side: int, chunk: int, context: int, dtype: str) -> int:
+    """The busiest core's prefill activations for a chunk on a side x side grid: the residual stream,
+    Q/K/V, gate and up, one head's scores, each a block of the GEMM grid."""
     values = chunk * (2 * config.dim + 2 * config.kv_dim + 2 * config.hidden_dim + context)
-    return cdiv(values, sq.size) * itemsize(est.dtype)
+    return cdiv(values, side * side) * itemsize(dtype)
+
+
+def weight_block_bytes(config, side: int, dtype: str) -> int:
+    """A core's share of the largest GEMM's weights (gate and up together) on the grid, twice: the GEMM's
+    blocks and the next one's arriving."""
+    largest = max(config.dim * (config.dim + 2 * config.kv_dim), config.n_heads * config.head_dim * config.dim,
+                  2 * config.dim * config.hidden_dim, config.hidden_dim * config.dim)
+    return 2 * cdiv(largest, side * side) * itemsize(dtype)
+
+
+def region_exchange(spec, region: Region, mesh: tuple[int, int], grid: Region, nbytes: int) -> Cost:
+    """`nbytes` spread evenly over `grid` moved out of `region` (or in: the same links the other way), in
+    closed form: the share of the grid outside the region crosses the region's boundary links (its sides
+    not on the mesh's edge), each carrying an equal part, over the grid's longest route (its side twice)."""
+    both = region.intersect(grid)
+    crossing = nbytes * (grid.size - (both.size if both else 0)) // grid.size
+    links = (region.w * ((region.y0 > 0) + (region.y1 < mesh[1]))
+             + region.h * ((region.x0 > 0) + (region.x1 < mesh[0])))
+    if crossing == 0 or links == 0:
+        return Cost()
+    per_link, hops = cdiv(crossing, links), grid.w + grid.h
+    return Cost(hops=hops, stages=1, link_bytes=crossing, messages=links,
+                cycles=message_cycles(spec, hops, 1, per_link))
 
 
 @dataclass(frozen=True)
 class Prefill:
     tokens: int
     chunks: int
-    grid: tuple[int, int]  # (cols, rows) of the GEMM grid in each layer region
+    side: int  # the prefill's grid: side x side cores
     region: tuple[int, int]  # (cols, rows) of a layer region (the decode's)
     regions: int
-    seconds: float  # the prompt through every layer on the wafer
+    seconds: float  # the prompt through every layer on the wafer, the layout moves included
     ttft_s: float  # + the first token from the head + the host exchange
     breakdown_s: dict = field(default_factory=dict)  # seconds per CATEGORIES
-    core_bytes: int = 0  # the busiest core's activations for one chunk
+    core_bytes: int = 0  # the busiest core's activations for one chunk and the weight blocks under way
     time_per_token_s: float = 0.0  # the decode's, one request
 
     def __post_init__(self) -> None:
@@ -86,14 +101,14 @@ class Prefill:
 
     @property
     def cores(self) -> int:
-        return self.grid[0] * self.grid[1] * self.regions
+        return self.side * self.side
 
     def end_to_end(self, out_tokens: int) -> float:
         """Seconds for this prompt and `out_tokens` new tokens: the first from the prefill, then decode steps."""
         return self.ttft_s + (whole("output tokens", out_tokens) - 1) * self.time_per_token_s
 
     def to_json(self) -> dict:
-        return {"prompt_tokens": self.tokens, "chunks": self.chunks, "gemm_grid": list(self.grid),
+        return {"prompt_tokens": self.tokens, "chunks": self.chunks, "gemm_grid": [self.side, self.side],
                 "layer_region": list(self.region), "regions": self.regions, "cores": self.cores,
                 "prefill_s": self.seconds, "tokens_per_s": self.tokens_per_s, "ttft_s": self.ttft_s,
                 "breakdown_s": dict(self.breakdown_s), "activation_core_bytes": self.core_bytes}
@@ -102,57 +117,85 @@ class Prefill:
         t = sum(v for k, v in self.breakdown_s.items() if k != "host")
         parts = ", ".join(f"{LABELS[k]} {v * 1e3:.3f} ms ({100 * v / t:.0f}%)"
                           for k, v in self.breakdown_s.items() if v > 0 and k != "host")
-        (gc, gr), (rc, rr) = self.grid, self.region
         chunks = f" in {self.chunks} chunks" if self.chunks > 1 else ""
+        (rc, rr), s = self.region, self.side
         return [f"prefill         {self.tokens:,} prompt tokens{chunks}: {self.seconds * 1e3:.3f} ms = "
                 f"{self.tokens_per_s:,.0f} tokens/s; time to first token {self.ttft_s * 1e3:.3f} ms",
-                f"prefill cores   the decode's {self.regions} layer region(s) of {rc}x{rr}, MeshGEMM on "
-                f"{gc}x{gr} of each = {self.cores:,} cores; {self.core_bytes / 1024:.1f} KB of activations "
-                "per core",
+                f"prefill cores   WaferLLM's: every layer in turn as MeshGEMMs on a {s}x{s} grid = {self.cores:,} "
+                f"cores (the mesh's largest square); weights from the decode's {self.regions} layer region(s) of "
+                f"{rc}x{rr} and back, the K/V into them; {self.core_bytes / 1024:.1f} KB per core beside the decode's",
                 f"breakdown       (the prefill) {parts}"]
 
 
-def _pipeline_parts(est: Estimate, region: Region, tokens: int, chunks: int) -> list[tuple[str, str, Cost]]:
-    """What one prompt cut in `chunks` chunks costs on the critical path through the regions, which work on
-    successive chunks at once: every chunk through one region's layers, then the last (the longest: it
-    attends to the most) through each other region; a hand-over after every region."""
-    config, group, regions = est.config, est.strategy.group, est.strategy.regions
-    chunk, beside = cdiv(tokens, chunks), Region(region.x1, region.y0, region.w, region.h)
+def chunk_count(est: Estimate, side: int, tokens: int) -> int:
+    """The fewest chunks (a power of two) whose activations and the weight blocks under way fit in what the
+    decode leaves free of a core; ValueError when even one token's do not."""
+    config, free = est.config, est.spec.sram_bytes - est.layer_core_bytes
+    weights = weight_block_bytes(config, side, est.dtype)
+    chunks = 1
+    while weights + activation_bytes(config, side, cdiv(tokens, chunks), tokens, est.dtype) > free:
+        if chunks >= tokens:
+            raise ValueError(f"the prefill's weight blocks ({weights:,} bytes a core on a {side}x{side} grid) do "
+                             f"not fit beside the decode's {est.layer_core_bytes:,}: give a larger grid or "
+                             "--mesh, or fewer --kv-tokens")
+        chunks *= 2
+    return chunks
 
-    def stage(c: int) -> list:
-        return (chunk_parts(est, region, chunk, min(tokens, (c + 1) * chunk), tokens) * group
-                + [("handover", "handover", stage_handover(est.spec, config, region, beside, chunk))])
 
-    parts = [p for c in range(chunks) for p in stage(c)]
-    return parts + stage(chunks - 1) * (regions - 1)
+def _moves(est: Estimate, grid: Region, tokens: int) -> Cost:
+    """Every layer's weights from its decode region onto the grid and back, and its K/V for the prompt from
+    the grid into the region (region_exchange)."""
+    config, size, mesh = est.config, itemsize(est.dtype), est.mesh
+    floor = Floor(mesh[0], mesh[1], *est.band, est.shape)
+    layer_bytes = size * (config.dim * (config.dim + 2 * config.kv_dim) + config.n_heads * config.head_dim
+                          * config.dim + 3 * config.dim * config.hidden_dim + 2 * config.dim)
+    kv_bytes = 2 * tokens * config.kv_dim * size
+    out = Cost()
+    for _, region in floor.stages(config.n_layers, est.strategy.group)[1:-1]:
+        out = out + region_exchange(est.spec, region, mesh, grid, layer_bytes).scaled(2) \
+            + region_exchange(est.spec, region, mesh, grid, kv_bytes)
+    return out
 
 
-def prefill(est: Estimate, tokens: int) -> Prefill:
-    """The prompt of `tokens` tokens on `est`'s floor plan (module doc); `est` must fit. The prompt goes in
-    as few chunks as its activations fit in, or more (powers of two, up to 256) when that is faster: more
-    chunks keep more regions busy at once, smaller ones make shorter GEMMs."""
+def prefill(est: Estimate, tokens: int, side: int | None = None) -> Prefill:
+    """The prompt of `tokens` tokens on a `side` x `side` grid (default the mesh's largest square; module
+    doc); `est` must fit."""
     if not est.fits:
-        raise ValueError("the prefill runs on the decode's floor plan, and this model does not fit")
+        raise ValueError("the prefill's weights are the decode's, and this model does not fit")
     whole("prompt tokens", tokens)
-    config, spec, sh = est.config, est.spec, est.shape
-    region = sh.region()
-    free = spec.sram_bytes - est.layer_core_bytes
-    least = 1
-    while least < tokens and activation_bytes(est, region, cdiv(tokens, least), tokens) > free:
-        least *= 2
-    tries = [least * 2 ** i for i in range(9) if least * 2 ** i <= min(tokens, max(least, 256))]
-    timed = [(total(c for _, _, c in _pipeline_parts(est, region, tokens, n)).cycles, n) for n in tries]
-    chunks = min(timed)[1]
-    weights = weights_move(spec, decoding(est), region, est.dtype)
-    parts = _pipeline_parts(est, region, tokens, chunks) + [
-        ("weights_in_out", "layout", weights.scaled(2 * est.strategy.group))]
+    config, spec = est.config, est.spec
+    side = side or min(*est.mesh, config.dim)
+    if not 1 <= side <= min(est.mesh):
+        raise ValueError(f"a prefill grid of {side}x{side} is not inside the {est.mesh[0]}x{est.mesh[1]} mesh; "
+                         f"give a side from 1 to {min(est.mesh)}")
+    grid, chunks = Region(0, 0, side, side), chunk_count(est, side, tokens)
+    chunk = cdiv(tokens, chunks)
+    parts = [p for c in range(chunks)
+             for p in prefill_work_parts(spec, decoding(est), grid, chunk, min(tokens, (c + 1) * chunk))]
     on_wafer = dict.fromkeys(CATEGORIES, 0.0)
     for _, cat, c in parts:
-        on_wafer[cat] += c.seconds(spec)
-    seconds = total(c for _, _, c in parts).seconds(spec)
+        on_wafer[cat] += config.n_layers * c.seconds(spec)
+    moves = _moves(est, grid, tokens)
+    on_wafer["layout"] += moves.seconds(spec)
+    seconds = sum(on_wafer.values())
     head = total(c for _, _, c in head_decode_parts(spec, decoding(est), Region(0, 0, *est.band[:2]))).seconds(spec)
     on_wafer["host"] = host_seconds(config, spec, 1) + 4 * (tokens - 1) / spec.ingress_bytes_per_s  # the other ids in
-    sq = gemm_region(region)
-    return Prefill(tokens, chunks, (sq.w, sq.h), (sh.cols, sh.rows), est.strategy.regions, seconds,
+    return Prefill(tokens, chunks, side, (est.shape.cols, est.shape.rows), est.strategy.regions, seconds,
                    seconds + head + on_wafer["host"], on_wafer,
-                   activation_bytes(est, region, cdiv(tokens, chunks), tokens), est.time_per_token_s)
+                   weight_block_bytes(config, side, est.dtype)
+                   + activation_bytes(config, side, chunk, tokens, est.dtype), est.time_per_token_s)
+
+
+def published_lines(config, pre: Prefill) -> list[str]:
+    """WaferLLM's measured Llama3-8B prefill beside the model's (a 4096-token prompt of that model), with the
+    term that dominates the model's time; nothing for another model or prompt."""
+    if config != LLAMA3_8B or pre.tokens != 4096:
+        return []
+    lo, hi = PUBLISHED
+    where = "within" if lo <= pre.tokens_per_s <= hi else "above" if pre.tokens_per_s > hi else "below"
+    t = sum(v for k, v in pre.breakdown_s.items() if k != "host")
+    top = max((k for k in pre.breakdown_s if k != "host"), key=pre.breakdown_s.get)
+    return [f"vs WaferLLM     measured {lo:,}-{hi:,} tokens/s on 480^2-720^2 cores: the model's "
+            f"{pre.tokens_per_s:,.0f} is {where} it ({pre.tokens_per_s / hi:.2f}x the top); {LABELS[top]} "
+            f"{100 * pre.breakdown_s[top] / t:.0f}% of it, in {pre.chunks} chunk(s) (fewer when the decode leaves a "
+            "core more SRAM)"]

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
+from waferrt.core.cost import cycles_seconds
 from waferrt.decode.cost import Decoding, attention_parts
 from waferrt.model.sparse import AttentionMode
 from waferrt.scheduler.types import Workload
@@ -104,7 +105,7 @@ def sparse_estimate(est: Estimate, mode: AttentionMode) -> SparseEstimate:
     while rows[-1].sparse_cycles >= rows[-1].dense_cycles and rows[-1].context < LONGEST_SWEPT:
         rows.append(_row(est, (dense, sparse), 2 * rows[-1].context))  # beyond what fits: where it would pay
     at = _row(est, (dense, sparse), est.kv.tokens)
-    swap = est.config.n_layers * (at.sparse_cycles - at.dense_cycles) / est.spec.clock_hz
+    swap = cycles_seconds(est.spec, est.config.n_layers * (at.sparse_cycles - at.dense_cycles))
     return SparseEstimate(est.label, mode, tuple(rows), longest, est.kv_tokens_per_request, est.time_per_token_s,
                           est.time_per_token_s + swap)
 

@@ -17,12 +17,13 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from waferrt.core.arith import last_true
+from waferrt.core.cost import cycles_seconds
 from waferrt.core.spec import HardwareSpec
 from waferrt.decode.cost import Decoding, lane_batches, layer_decode_cost
-from waferrt.decode.layout import embed_scratch_bytes, stream_block_bytes
+from waferrt.decode.layout import stream_core_bytes
 from waferrt.decode.streaming import stream_cycles, stream_step_cycles, streamed_bytes
 from waferrt.model.config import LlamaConfig
-from waferrt.scheduler.types import KVReserve, Workload
+from waferrt.scheduler.types import KVReserve
 
 from . import wafer
 from .estimate import host_seconds
@@ -85,14 +86,8 @@ class Streaming:
 
 
 def _core_bytes(config: LlamaConfig, shape: wafer.Shape, tokens: int, requests: int, dtype: str) -> int:
-    """The fullest core of a streaming region: decode.layout.stream_booking's (tested equal): every layer's
-    K/V, the double buffer, and the larger of a layer's and the head's scratch."""
-    every = Workload(config, KVReserve(tokens, requests), dtype, config.n_layers)  # every layer's K/V, no weights
-    scratch = wafer.layer_core_bytes(every, shape, kv=False, weights=False)
-    kv = wafer.layer_core_bytes(every, shape, weights=False) - scratch
-    region = shape.region()
-    return kv + max(scratch, embed_scratch_bytes(config, region)) + 2 * stream_block_bytes(config, region, dtype,
-                                                                                          shape.head_groups)
+    """The fullest core of a streaming region (decode.layout.stream_core_bytes, per head group)."""
+    return stream_core_bytes(config, shape.region(), tokens, requests, dtype, shape.head_groups)
 
 
 def _shape(config: LlamaConfig, spec: HardwareSpec, mesh: tuple[int, int], kv: KVReserve, dtype: str):
@@ -110,7 +105,7 @@ def _step_seconds(spec: HardwareSpec, dec: Decoding, shape: wafer.Shape, kv_toke
     """A step with `requests` in flight: their micro-batches (decode.cost.lane_batches) take turns on the region,
     each through every stage (decode.streaming.stream_step_cycles, what the tiles book), host I/O added."""
     cycles = sum(stream_step_cycles(spec, dec, shape.region(), kv_tokens, b) for b in lane_batches(requests))
-    return cycles / spec.clock_hz + host_seconds(dec.config, spec, requests)
+    return cycles_seconds(spec, cycles) + host_seconds(dec.config, spec, requests)
 
 
 def _pass_bytes(config: LlamaConfig, dtype: str, batch: int) -> int:

@@ -29,7 +29,7 @@ from __future__ import annotations
 import functools
 from dataclasses import dataclass
 
-from waferrt.core.cost import flop_cycles, message_cycles
+from waferrt.core.cost import cycles_seconds, flop_cycles, message_cycles
 from waferrt.core.dtypes import check_dtype, itemsize
 from waferrt.core.template import WaferTemplate
 from waferrt.core.train_cost import ADAMW_FLOPS, HeadTooLarge, TrainShape
@@ -159,7 +159,7 @@ def _d2d(template: WaferTemplate, grid: tuple[int, int], cost: PassCost, fabric:
 
 def _adam_s(job: TrainJob, template: WaferTemplate, cores: int, params: float) -> float:
     """The optimizer's update of `params` spread over `cores`."""
-    return flop_cycles(template.die, ADAMW_FLOPS * params / cores, job.dtype) / template.die.clock_hz
+    return cycles_seconds(template.die, flop_cycles(template.die, ADAMW_FLOPS * params / cores, job.dtype))
 
 
 def _timed(st: StrategyTime, job: TrainJob, template: WaferTemplate) -> StrategyTime:
@@ -173,8 +173,12 @@ def _timed(st: StrategyTime, job: TrainJob, template: WaferTemplate) -> Strategy
 
 
 def _micro_batch(job: TrainJob, free: float, per_sequence: float) -> int:
-    """The most sequences per micro-batch whose activations fit in `free` bytes (0: not even one)."""
-    return 0 if per_sequence <= 0 or free < per_sequence else int(min(job.shape.batch, free // per_sequence))
+    """Sequences per micro-batch: as few passes as the most whose activations fit in `free` bytes allow, the
+    batch spread evenly over them (0: not even one fits); never more sequences' work than the batch."""
+    if per_sequence <= 0 or free < per_sequence:
+        return 0
+    batch = job.shape.batch
+    return -(-batch // -(-batch // int(min(batch, free // per_sequence))))
 
 
 def _head_refused(strategy: str):
@@ -252,7 +256,7 @@ def _pipeline_at(job: TrainJob, template: WaferTemplate, r: int, resident: tuple
     compute, fabric, d2d = _kernels(job, template, work, (w // r, h))
     compute += _adam_s(job, template, stage_cores, config.params() / r / m)
     hand = 2 * mb * job.shape.seq * config.dim * itemsize(job.dtype)  # activations forward, gradients back
-    fabric += message_cycles(template.spec, 1, 1, hand / h) / template.spec.clock_hz
+    fabric += cycles_seconds(template.spec, message_cycles(template.spec, 1, 1, hand / h))
     d2d += _handover_d2d(template, r, hand)
     slot = max(compute + fabric, d2d)
     bd = Breakdown(compute * slots, fabric * slots, d2d * slots, io)

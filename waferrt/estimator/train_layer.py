@@ -32,7 +32,7 @@ import dataclasses
 from dataclasses import dataclass
 
 from waferrt.core.arith import cdiv
-from waferrt.core.cost import Cost, allreduce_cost, flop_cycles, total
+from waferrt.core.cost import Cost, allreduce_cost, cycles_seconds, flop_cycles, total
 from waferrt.core.dtypes import check_dtype, itemsize
 from waferrt.core.gemm_cost import GemmShape
 from waferrt.core.spec import HardwareSpec
@@ -110,7 +110,7 @@ class PassCost:
         gradients' sum)."""
         compute = flop_cycles(spec, self.work.flops, dtype)
         fabric = max(0.0, self.work.cycles - compute) + self.grad_sync.cycles
-        return compute / spec.clock_hz, fabric / spec.clock_hz
+        return cycles_seconds(spec, compute), cycles_seconds(spec, fabric)
 
 
 @dataclass(frozen=True)

@@ -14,14 +14,12 @@ strategy and ``strategies`` the strategies worth trying (both used by the estima
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import lru_cache
 
 from waferrt.core.arith import cdiv, first_true, last_true
-from waferrt.core.dtypes import itemsize
 from waferrt.core.mesh import Region
 from waferrt.core.spec import HardwareSpec
-from waferrt.decode.cost import layer_dims
-from waferrt.decode.layout import layer_block_bytes, most_bytes, topk_booking
-from waferrt.decode.moe_layout import moe_scratch_words
+from waferrt.decode.layout import activation_bytes, kv_core_bytes, layer_block_bytes, most_bytes, topk_booking
 from waferrt.model.config import LlamaConfig
 from waferrt.model.sparse import DENSE, AttentionMode
 from waferrt.scheduler import budget
@@ -52,19 +50,15 @@ def legal(config: LlamaConfig, shape: Shape, kv_tokens: int) -> bool:
             and 1 <= shape.cols <= min(config.dim, kv_tokens) and shape.rows <= config.hidden_dim)
 
 
+@lru_cache(maxsize=1 << 16)  # the floor plans' searches ask for the same shapes again (about 5 times each)
 def layer_core_bytes(work: Workload, shape: Shape, kv: bool = True, weights: bool = True) -> int:
     """Bytes of the most loaded core of a region running `work.layers` layers: their weight blocks (unless
     `weights` is False: streamed in, see streaming.py) and K/V (`work.kv`: requests x tokens positions each)
     stacked, plus one float32 scratch area (activation_bytes of decode.layout, per head group)."""
-    config, dtype = work.config, work.dtype
-    d = layer_dims(config, shape.cols, shape.rows, shape.head_groups)
-    dim_c, hid_r, hd_r, hq, hk = d["dim_c"], d["hid_r"], d["hd_r"], d["hq"], d["hk"]
-    cap = cdiv(work.kv.tokens, shape.cols)
-    w = layer_block_bytes(config, shape.region(), dtype, shape.head_groups)
-    k_v = 2 * work.kv.requests * hk * hd_r * cap * itemsize(dtype)
-    scratch = 2 * 4 * (2 * dim_c + (2 * hq + 2 * hk) * hd_r + 2 * hid_r + hq * cap)
-    if config.moe:  # the MoE's own scratch (decode.layout.activation_bytes); its weights are in layer_block_bytes
-        scratch += 2 * 4 * moe_scratch_words(config, shape.region())
+    config, dtype, region, groups = work.config, work.dtype, shape.region(), shape.head_groups
+    w = layer_block_bytes(config, region, dtype, groups)
+    k_v = kv_core_bytes(config, region, work.kv.tokens, work.kv.requests, dtype, groups)
+    scratch = activation_bytes(config, region, work.kv.tokens, groups)
     return work.layers * ((w if weights else 0) + (k_v if kv else 0)) + scratch
 
 

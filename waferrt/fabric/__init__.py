@@ -11,7 +11,8 @@ from .comm import LineComm
 from .kernel import Context, NotNeighbourError
 from .links import FabricError, FabricProtocolError, FabricTimeout, Links
 from .loop import LoopFabric, simulate
-from .misuse import BlockTooLarge, KernelMisuse, NeighbourFailed, NotSpmd
+from .misuse import BlockTooLarge, KernelMisuse, NeighbourFailed, NeighbourTimeout, NotSpmd, TileHung
 
 __all__ = ["BlockTooLarge", "Context", "FabricError", "FabricProtocolError", "FabricTimeout", "KernelMisuse",
-           "LineComm", "Links", "LoopFabric", "NeighbourFailed", "NotNeighbourError", "NotSpmd", "simulate"]
+           "LineComm", "Links", "LoopFabric", "NeighbourFailed", "NeighbourTimeout", "NotNeighbourError", "NotSpmd",
+           "TileHung", "simulate"]

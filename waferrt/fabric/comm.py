@@ -42,8 +42,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from waferrt.core.arith import cdiv
-from waferrt.core.cost import ALLREDUCE_ALGOS, allreduce_cost, on_lines, tree_plan
+from waferrt.core.cost import ALLREDUCE_ALGOS, allreduce_cost, on_lines, segment_bytes, tree_plan
 from waferrt.core.ledger import Ledger
 from waferrt.core.mesh import Dir, Region
 
@@ -144,7 +143,7 @@ class LineComm:
         self._seq += 1
         return f"{self._tag_prefix}{self.axis}{self._seq}"
 
-    def _has_tile(self, d: Dir) -> bool:
+    def has_tile(self, d: Dir) -> bool:
         """Does the region continue into the neighbour tile in direction d (along this line)?"""
         return self.lo > 0 if d == self.fwd.opposite else self.lo + self.m < self.n
 
@@ -173,14 +172,14 @@ class LineComm:
         out_pos, out_val = dst[leaves], np.take(buf, src[leaves] - self.lo, axis=array_axis)
         d = self.fwd if dist > 0 else self.fwd.opposite
         tag = self._tag()
-        if self._has_tile(d.opposite):
+        if self.has_tile(d.opposite):
             pos, val = self.links.recv(d.opposite, tag)
             here = (pos >= self.lo) & (pos < self.lo + self.m)
             got_pos.append(pos[here] - self.lo)
             got_val.append(np.compress(here, val, axis=array_axis))
             out_pos = np.concatenate([pos[~here], out_pos])
             out_val = np.concatenate([np.compress(~here, val, axis=array_axis), out_val], axis=array_axis)
-        if self._has_tile(d):
+        if self.has_tile(d):
             self.links.send(d, tag, [out_pos, np.ascontiguousarray(out_val)])
         elif len(out_pos):
             raise RuntimeError(f"transfer lost {len(out_pos)} message(s) at the edge of the region")
@@ -208,12 +207,12 @@ class LineComm:
         if self.lo <= root < self.lo + self.m:
             val = np.take(buf, [root - self.lo], axis=array_axis)
             for d in (self.fwd, self.fwd.opposite):
-                if self._has_tile(d):
+                if self.has_tile(d):
                     self.links.send(d, tag, [np.ascontiguousarray(val)])
         else:
             toward_root = self.fwd.opposite if root < self.lo else self.fwd
             (val,) = self.links.recv(toward_root, tag)
-            if self._has_tile(toward_root.opposite):
+            if self.has_tile(toward_root.opposite):
                 self.links.send(toward_root.opposite, tag, [val])
         vals_per_pos = per_position(buf, array_axis)
         if self.n > 1:
@@ -287,7 +286,7 @@ class LineComm:
         self.ledger.add(cost)
         if self.tap is not None:
             whole, seg = allreduce_links(algo, self.n, k, self.topo)
-            out = whole * nbytes + seg * (4 * cdiv(nbytes, 4 * self.n))  # a segment: core.cost.allreduce_cost's
+            out = whole * nbytes + seg * segment_bytes(nbytes, self.n)
             self.tap(self, out[0], out[1])
 
 

@@ -3,10 +3,11 @@
 Contract: :func:`user_site` is the innermost frame of the user's own code (not waferrt, not an installed
 package, not the standard library) of a traceback or of the current stack, as a :class:`Site` (file, line,
 function, the line's text). :func:`locate` adds to an exception raised in a kernel where it happened -- the
-attributes ``kernel_site`` (a Site), ``tile`` (a TileId) and, when known, ``core`` (a Coord) -- and a note
+attributes ``kernel_site`` (a Site), ``tile`` (a TileId: the error's ``blame`` where it names another tile at
+fault) and, when known, ``core`` (a Coord) -- and a note
 (``add_note``: shown under its traceback) saying so; :class:`KernelFailed` carries a kernel's exception, its
 site, its tile and what it printed from a tile to the host (any exception pickles inside it, its own
-attributes with it). :class:`TileOutput` captures what ``print`` writes in the threads that ask for it (each
+attributes with it). :class:`TileOutput` captures what ``print`` writes (to stdout or stderr) in the threads that ask for it (each
 tile's kernel its own buffer, even when tiles are threads of one process); other threads print as before.
 Pure: the standard library only.
 """
@@ -70,11 +71,14 @@ def user_site(tb=None) -> Site | None:
 
 def locate(error: BaseException, site: Site | None, tile, kernel: str) -> BaseException:
     """`error` with where it happened added (attributes and a note); returns it."""
-    error.kernel_site, error.tile = site, tile
+    blame = getattr(error, "blame", None)  # the tile at fault, when not the one that raised
+    error.kernel_site, error.tile = site, blame or tile
     core = getattr(error, "core", None)
     error.core = core
     at = f" at {site}" if site else ""
-    on = f"{tile}" + (f", core {core}" if core is not None else "")
+    on = f"{error.tile}" + (f", core {core}" if core is not None else "")
+    if blame is not None and blame != tile:
+        on += f"; seen on {tile}, which waited for it"
     note = f"raised in kernel {kernel!r}{at} (on {on})"
     if note not in getattr(error, "__notes__", ()):
         error.add_note(note)
@@ -107,7 +111,8 @@ def _rebuild(error, attrs, site, tile, kernel, output) -> KernelFailed:
 
 
 class TileOutput(io.TextIOBase):
-    """``sys.stdout`` while kernels run: what a thread that :meth:`capture` s writes goes to its buffer."""
+    """``sys.stdout`` (and ``sys.stderr``) while kernels run: what a thread that :meth:`capture` s writes goes to its
+    buffer."""
 
     _lock = threading.Lock()
     _installed: TileOutput | None = None
@@ -135,13 +140,19 @@ class TileOutput(io.TextIOBase):
     @classmethod
     @contextmanager
     def capture(cls):
-        """Inside: what this thread prints is kept; yields a function that returns it so far."""
+        """Inside: what this thread prints, to ``sys.stdout`` or ``sys.stderr``, is kept (in the order written);
+        yields a function that returns it so far."""
         with cls._lock:
             if not isinstance(sys.stdout, TileOutput):
                 sys.stdout = TileOutput(sys.stdout)
-            out = sys.stdout
-        buf = out.buffers[threading.get_ident()] = io.StringIO()
+            if not isinstance(sys.stderr, TileOutput):
+                sys.stderr = TileOutput(sys.stderr)
+            streams = (sys.stdout, sys.stderr)
+        buf = io.StringIO()
+        for out in streams:
+            out.buffers[threading.get_ident()] = buf
         try:
             yield buf.getvalue
         finally:
-            out.buffers.pop(threading.get_ident(), None)
+            for out in streams:
+                out.buffers.pop(threading.get_ident(), None)

@@ -32,17 +32,25 @@ import numpy as np
 from waferrt.core.cost import reduce_flops
 from waferrt.core.ledger import Ledger
 from waferrt.core.mesh import Coord, Dir
+from waferrt.faults.errors import PayloadCorrupt
 from waferrt.faults.faultmap import FaultMap
 
 from .comm import Collectives, LineComm, Slices, Span
 from .debug import user_site
-from .links import FabricProtocolError
+from .links import FabricError
 from .misuse import from_neighbour
 from .view import RegionView
 
 
 class NotNeighbourError(ValueError):
-    """A core asked to send to a core that is not one hop away."""
+    """A core asked to send to a core that is not one hop away (``core``: the sender)."""
+
+    def __init__(self, message: str, core: Coord):
+        super().__init__(message)
+        self.core = core
+
+    def __reduce__(self):
+        return type(self), (str(self), self.core)
 
 
 class Context(RegionView):
@@ -84,8 +92,29 @@ class Context(RegionView):
         self.calls.append((what, f"{site.file}:{site.line}" if site else "?"))
         try:
             yield
-        except FabricProtocolError as e:
-            raise from_neighbour(e, what, site) from e
+        except FabricError as e:
+            better = from_neighbour(e, what, site, self.calls)
+            if better is e:
+                raise
+            raise better from e
+        except PayloadCorrupt as e:
+            raise self._corrupt(e, what, site) from None
+
+    def _corrupt(self, e: PayloadCorrupt, what: str, site) -> PayloadCorrupt:
+        """`e` (a payload that failed its checksum on its way into this tile) said as the kernel's primitive,
+        its line and the cores on both sides of the tile border it crossed."""
+        d = Dir[e.side]
+        xs, ys = self.coords()
+        edge = {Dir.E: (xs[:, -1], ys[:, -1]), Dir.W: (xs[:, 0], ys[:, 0]),
+                Dir.N: (xs[0], ys[0]), Dir.S: (xs[-1], ys[-1])}[d]
+        here = [Coord(int(x), int(y)) for x, y in zip(*edge)]
+        there = [Coord(c.x + d.value[0], c.y + d.value[1]) for c in here]
+        span = (lambda cs: f"{cs[0]}" if len(cs) == 1 else f"{cs[0]}..{cs[-1]}")
+        at = f" at {site}" if site else ""
+        out = PayloadCorrupt(e.receiver, e.sender, e.side,
+                             f"the payload of {what}{at} from cores {span(there)} to cores {span(here)}")
+        out.core = here[0]
+        return out
 
     # -- primitives -----------------------------------------------------------------------------------
     def send(self, buf: np.ndarray, dx: int, dy: int, where=None, wrap: bool = False) -> np.ndarray:
@@ -115,7 +144,7 @@ class Context(RegionView):
             raise NotNeighbourError(
                 f"core {a} cannot send to core {b}: they are {a.hops_to(b)} hops apart and a core has links "
                 "only to its N/E/S/W neighbours. Move data one hop at a time (ctx.send with |dx|+|dy| = 1), "
-                "or use ctx.shift / ctx.broadcast / ctx.allreduce, which forward hop by hop.")
+                "or use ctx.shift / ctx.broadcast / ctx.allreduce, which forward hop by hop.", a)
         d = Dir.of_step(dx, dy)
         with self._primitive(f"ctx.send {d.name}", buf):
             axis, dist = ("x", dx) if dx else ("y", dy)
@@ -164,13 +193,14 @@ class Context(RegionView):
         edge for dist=+1) receive zeros; with it, the last core's block travels back along the line to the
         first (n-1 hops). Booked as ``shift``: one routing stage (two with wrap), a message per core.
 
-        >>> from waferrt.core.mesh import MeshSpec
-        >>> from waferrt.core.spec import TINY
-        >>> from waferrt.fabric.loop import simulate
-        >>> mesh = MeshSpec(4, 1, 2, 1)
-        >>> x = np.arange(1, 5, dtype=np.float32).reshape(1, 4, 1)
-        >>> simulate(mesh, TINY, mesh.region, lambda ctx, x: ctx.shift(x, "x", -1, wrap=True), x=x)[0][..., 0]
-        array([[2., 3., 4., 1.]], dtype=float32)
+        Examples:
+            >>> from waferrt.core.mesh import MeshSpec
+            >>> from waferrt.core.spec import TINY
+            >>> from waferrt.fabric.loop import simulate
+            >>> mesh = MeshSpec(4, 1, 2, 1)
+            >>> x = np.arange(1, 5, dtype=np.float32).reshape(1, 4, 1)
+            >>> simulate(mesh, TINY, mesh.region, lambda ctx, x: ctx.shift(x, "x", -1, wrap=True), x=x)[0][..., 0]
+            array([[2., 3., 4., 1.]], dtype=float32)
         """
         with self._primitive(f"ctx.shift along {axis}", buf):
             comm, ax = self._comm(axis)
@@ -186,13 +216,14 @@ class Context(RegionView):
         region's West edge for "x", North edge for "y"), by router multicast. Booked as ``broadcast``: one
         routing stage of max(root, n-1-root) hops, n-1 messages per line.
 
-        >>> from waferrt.core.mesh import MeshSpec
-        >>> from waferrt.core.spec import TINY
-        >>> from waferrt.fabric.loop import simulate
-        >>> mesh = MeshSpec(1, 4, 1, 2)
-        >>> x = np.arange(1, 5, dtype=np.float32).reshape(4, 1, 1)
-        >>> simulate(mesh, TINY, mesh.region, lambda ctx, x: ctx.broadcast(x, "y", root=2), x=x)[0][:, 0, 0]
-        array([3., 3., 3., 3.], dtype=float32)
+        Examples:
+            >>> from waferrt.core.mesh import MeshSpec
+            >>> from waferrt.core.spec import TINY
+            >>> from waferrt.fabric.loop import simulate
+            >>> mesh = MeshSpec(1, 4, 1, 2)
+            >>> x = np.arange(1, 5, dtype=np.float32).reshape(4, 1, 1)
+            >>> simulate(mesh, TINY, mesh.region, lambda ctx, x: ctx.broadcast(x, "y", root=2), x=x)[0][:, 0, 0]
+            array([3., 3., 3., 3.], dtype=float32)
         """
         with self._primitive(f"ctx.broadcast along {axis}", buf):
             comm, ax = self._comm(axis)
@@ -242,7 +273,8 @@ class Context(RegionView):
         >>> out[..., 0], cost["gemv"].flops                  # 4 flops of block GEMV + 1 add, per core
         (array([[10., 10.]], dtype=float32), 5)
         """
-        with self._primitive(f"ctx.gemv along {axis}", w, x):
+        self._check(w, f"ctx.gemv along {axis}", resident=True)  # the weights stay: only x and y move
+        with self._primitive(f"ctx.gemv along {axis}", x):
             comm, ax = self._comm(axis)
             self._need(f"ctx.gemv along {axis}", axis=axis)
             with self.ledger.op("gemv"):
@@ -257,15 +289,16 @@ class Context(RegionView):
         so the cycles are those of one core's flops). Not recorded by any primitive: a stencil's update,
         an element-wise op. Booked as ``compute``.
 
-        >>> from waferrt.core.mesh import MeshSpec
-        >>> from waferrt.core.spec import TINY
-        >>> from waferrt.fabric.loop import simulate
-        >>> def scale(ctx, x):
-        ...     ctx.compute(x[0, 0].size)                    # one multiply per value of a core's block
-        ...     return 2 * x
-        >>> mesh = MeshSpec(4, 4, 2, 2)
-        >>> simulate(mesh, TINY, mesh.region, scale, x=np.ones((4, 4, 8), np.float32))[1]["compute"].flops
-        8
+        Examples:
+            >>> from waferrt.core.mesh import MeshSpec
+            >>> from waferrt.core.spec import TINY
+            >>> from waferrt.fabric.loop import simulate
+            >>> def scale(ctx, x):
+            ...     ctx.compute(x[0, 0].size)                    # one multiply per value of a core's block
+            ...     return 2 * x
+            >>> mesh = MeshSpec(4, 4, 2, 2)
+            >>> simulate(mesh, TINY, mesh.region, scale, x=np.ones((4, 4, 8), np.float32))[1]["compute"].flops
+            8
         """
         with self.ledger.op("compute"):
             self.ledger.compute(flops)

@@ -34,11 +34,32 @@ class FabricError(RuntimeError):
 
 
 class FabricTimeout(FabricError, TimeoutError):
-    """Nothing arrived on a link within the deadline."""
+    """Nothing arrived on a link within the deadline. ``tile`` waited for its neighbour on ``side`` (a Dir;
+    both None where not known)."""
+
+    def __init__(self, message: str, tile=None, side: Dir | None = None):
+        super().__init__(message)
+        self.tile, self.side = tile, side
+
+    def __reduce__(self):
+        return type(self), (str(self), self.tile, self.side)
 
 
 class FabricProtocolError(FabricError):
     """Tiles disagree: a mismatched tag, a lost or duplicated message, or a link that does not exist."""
+
+
+class TagMismatch(FabricProtocolError):
+    """The message that came on a link is not the one the tile waited for: ``expected`` and ``got`` are their
+    tags, ``arrays`` what came (a neighbour's end of kernel carries the primitives it ran)."""
+
+    def __init__(self, tile, side: Dir, expected: str, got: str, arrays: list | None = None):
+        super().__init__(f"{tile} expected message {expected!r} on its {side.name} link, got {got!r}: the tiles "
+                         "did not run the same primitives")
+        self.tile, self.side, self.expected, self.got, self.arrays = tile, side, expected, got, arrays or []
+
+    def __reduce__(self):
+        return type(self), (self.tile, self.side, self.expected, self.got, self.arrays)
 
 
 class Links(Protocol):

@@ -27,7 +27,7 @@ from waferrt.faults.wire import checksum, flip
 
 from .comm import Span
 from .kernel import Context
-from .links import FabricProtocolError, FabricTimeout
+from .links import FabricProtocolError, FabricTimeout, TagMismatch
 from .spmd import root_cause, run_kernel, show_output
 
 
@@ -49,7 +49,7 @@ class LoopLinks:
             raise FabricProtocolError(f"{self.tile} has no neighbour tile to the {d.name}")
         arrays = [np.array(a, copy=True) for a in arrays]
         crc = checksum(arrays)
-        if self.corrupt is not None and (flips := self.corrupt(d)):
+        if self.corrupt is not None and any(a.nbytes for a in arrays) and (flips := self.corrupt(d)):
             arrays = flip(arrays, *flips)
         self.sent[d] += 1
         self.fabric.inboxes[peer].put((d.opposite, tag, arrays, crc, self.sent[d]))
@@ -60,13 +60,12 @@ class LoopLinks:
             if not self._take(deadline):
                 peer = self.fabric.mesh.tile_neighbour(self.tile, d)
                 raise FabricTimeout(f"{self.tile} waited {self.fabric.timeout}s for message {tag!r} from {peer} "
-                                    f"({d.name} link) and got nothing")
+                                    f"({d.name} link) and got nothing", self.tile, d)
         got_tag, arrays, _, self.taken[d] = self.pending[d].popleft()
         if isinstance(arrays, Exception):
             raise arrays
         if got_tag != tag:
-            raise FabricProtocolError(f"{self.tile} expected message {tag!r} on its {d.name} link, got "
-                                      f"{got_tag!r}: the tiles ran different programs")
+            raise TagMismatch(self.tile, d, tag, got_tag, arrays)
         return arrays
 
     def recv_any(self, timeout: float) -> tuple[Dir, str, list[np.ndarray]] | None:

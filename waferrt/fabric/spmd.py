@@ -23,8 +23,8 @@ from waferrt.core.mesh import Dir, TileId
 
 from .debug import KernelFailed, Site, TileOutput, user_site
 from .kernel import Context
-from .links import FabricError, FabricProtocolError, FabricTimeout
-from .misuse import RULE, KernelMisuse, NeighbourFailed, NotSpmd, got_tag
+from .links import FabricError, FabricTimeout, TagMismatch
+from .misuse import RULE, KernelMisuse, NeighbourFailed, NotSpmd, TileHung, decode_calls, peer_of
 
 
 def run_kernel(ctx: Context, kernel, args: dict, tile, returns: bool = False):
@@ -39,7 +39,7 @@ def run_kernel(ctx: Context, kernel, args: dict, tile, returns: bool = False):
                     "on the wafer -- ctx.store(name, value) into a DSM tensor, then wafer.dsm.get(name) on the host")
             _end(ctx, tile)
         except BaseException as e:  # noqa: BLE001 - carried to the host with where it happened
-            site = user_site(e.__traceback__) or _def_site(kernel)
+            site = getattr(e, "site", None) or user_site(e.__traceback__) or _def_site(kernel)
             _abort(ctx)
             raise KernelFailed(e, site, tile, name, printed()) from None
         return value, printed()
@@ -52,7 +52,7 @@ def _def_site(kernel) -> Site | None:
 
 def _sides(ctx: Context) -> list[Dir]:
     """The neighbour tiles that hold cores of the region, by side."""
-    return [d for comm in (ctx.x, ctx.y) for d in (comm.fwd, comm.fwd.opposite) if comm.links and comm._has_tile(d)]
+    return [d for comm in (ctx.x, ctx.y) for d in (comm.fwd, comm.fwd.opposite) if comm.links and comm.has_tile(d)]
 
 
 def _end(ctx: Context, tile) -> None:
@@ -63,38 +63,42 @@ def _end(ctx: Context, tile) -> None:
     for d in sides:
         links.send(d, f"{ctx.tag}:end", [np.frombuffer(mine.encode(), np.uint8)])
     for d in sides:
-        theirs = [tuple(c.split("\t")) for c in _recv_end(links, d, ctx.tag, tile).split("\n") if c]
+        theirs = decode_calls(_recv_end(links, d, ctx.tag, tile))
         if [w for w, _ in theirs] != [w for w, _ in ctx.calls]:  # the same primitives; their lines may differ
-            raise NotSpmd(_diverged(ctx.calls, theirs, tile, d))
+            raise _diverged(ctx.calls, theirs, tile, d)
 
 
-def _recv_end(links, d: Dir, tag: str, tile) -> str:
+def _recv_end(links, d: Dir, tag: str, tile) -> list:
     try:
-        (got,) = links.recv(d, f"{tag}:end")
-    except FabricProtocolError as e:
-        other = got_tag(e)
-        if other is None:
-            raise
-        if other.endswith(":abort"):
-            raise NeighbourFailed(f"{tile}: its {d.name} neighbour {_peer(tile, d)} failed (see its error)") from None
-        raise NotSpmd(f"{tile} ended the kernel with a message from its {d.name} neighbour {_peer(tile, d)} that no "
-                      f"primitive here received ({other!r}, a primitive along {other.rpartition(':')[2][:1]}): that "
-                      f"tile ran a primitive this one did not; {RULE}") from None
-    return bytes(got).decode()
+        return links.recv(d, f"{tag}:end")
+    except TagMismatch as e:
+        if e.got.endswith(":abort"):
+            raise NeighbourFailed(f"{tile}: its {d.name} neighbour {peer_of(tile, d)} failed (see its error)") from None
+        raise NotSpmd(f"{tile} ended the kernel with a message from its {d.name} neighbour {peer_of(tile, d)} that "
+                      f"no primitive here received ({e.got!r}, a primitive along {e.got.rpartition(':')[2][:1]}): "
+                      f"that tile ran a primitive this one did not; {RULE}") from None
 
 
-def _diverged(mine: list[tuple[str, str]], theirs: list[tuple[str, str]], tile, d: Dir) -> str:
+def _diverged(mine: list[tuple[str, str]], theirs: list[tuple[str, str]], tile, d: Dir) -> NotSpmd:
+    """The tiles parted at the first primitive where their lists differ; the error's site is that primitive's
+    line of the kernel (this tile's, or the neighbour's where this tile ran nothing more)."""
     i = next((i for i, (a, b) in enumerate(zip(mine, theirs)) if a[0] != b[0]), min(len(mine), len(theirs)))
     here = " at ".join(mine[i]) if i < len(mine) else "nothing more (the kernel ended)"
     there = " at ".join(theirs[i]) if i < len(theirs) else "nothing more (the kernel ended)"
-    return (f"{tile} and its {d.name} neighbour {_peer(tile, d)} parted at primitive {i + 1}: here {here}, there "
-            f"{there}; {RULE}")
+    e = NotSpmd(f"{tile} and its {d.name} neighbour {peer_of(tile, d)} parted at primitive {i + 1}: here {here}, "
+                f"there {there}; {RULE}")
+    e.site = _line_site((mine if i < len(mine) else theirs)[i][1])
+    return e
 
 
-def _peer(tile, d: Dir) -> str:
-    """The neighbour tile of `tile` (a TileId) on side `d`, for messages."""
-    tx, ty = getattr(tile, "tx", None), getattr(tile, "ty", None)
-    return "tile" if tx is None else str(TileId(tx + d.value[0], ty + d.value[1]))
+def _line_site(where: str) -> Site | None:
+    """A primitive's recorded line ("file:line") as a Site with the line's text."""
+    file, _, line = where.rpartition(":")
+    if not line.isdigit():
+        return None
+    import linecache
+
+    return Site(file, int(line), "kernel", linecache.getline(file, int(line)).strip())
 
 
 def _abort(ctx: Context) -> None:
@@ -114,9 +118,16 @@ def root_cause(errors: dict[int, BaseException]) -> BaseException:
 
     def rank(i: int) -> tuple[int, int]:
         e = errors[i]
+        if isinstance(e, NeighbourFailed):  # always a consequence: the neighbour's own error is the cause
+            return 3, i
         return (2 if isinstance(e, FabricTimeout) else 1 if isinstance(e, FabricError) else 0), i
 
-    return errors[min(errors, key=rank)]
+    root = errors[min(errors, key=rank)]
+    if isinstance(root, TileHung):  # say what its neighbours waited for
+        waited = next((e for e in errors.values() if isinstance(e, FabricTimeout)), None)
+        if waited is not None and str(waited) not in getattr(root, "__notes__", ()):
+            root.add_note(str(waited))
+    return root
 
 
 def show_output(outputs: list[tuple[object, str]], out=None) -> None:

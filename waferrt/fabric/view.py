@@ -29,6 +29,9 @@ class RegionView:
             raise ValueError(f"the kernel's region {region} has no core in the tile {tile}")
         self.region, self.local, self.tile, self._store, self.spec = region, local, tile, store, spec
         self.faults = faults or FaultMap()
+        # (rows, cols) bytes free on this tile's cores of the region, besides the DSM tensors they hold (set by
+        # the tile that runs the kernel; None: the whole SRAM): what a message or a stored block may take
+        self.sram_free: np.ndarray | None = None
 
     # -- where am I ---------------------------------------------------------------------------------
     @property
@@ -164,8 +167,9 @@ class RegionView:
         rows, cols = np.nonzero(where)
         return [Coord(self.local.x0 + int(c), self.local.y0 + int(r)) for r, c in zip(rows, cols)]
 
-    def _check(self, buf: np.ndarray, what: str) -> None:
-        """`buf` starts with this tile's core axes, and one core's block of it fits in a core's SRAM."""
+    def _check(self, buf: np.ndarray, what: str, resident: bool = False) -> None:
+        """`buf` starts with this tile's core axes, and one core's block of it fits in what a core has free
+        beside its DSM tensors (`resident`: a block read from them, in the whole SRAM)."""
         if not isinstance(buf, np.ndarray):
             raise TypeError(f"{what} takes a numpy array (rows, cols, *block) over this tile's cores, got "
                             f"{type(buf).__name__}")
@@ -173,13 +177,16 @@ class RegionView:
             raise ValueError(f"{what}: kernel arrays start with this tile's core axes (rows, cols) = {self.shape}, "
                              f"got shape {buf.shape}")
         block = buf.itemsize * int(np.prod(buf.shape[2:], dtype=np.int64))
-        if block > self.spec.sram_bytes:
+        free = self.spec.sram_bytes if self.sram_free is None or resident else int(self.sram_free.min())
+        if block > free:
             site = user_site()
+            held = "" if free == self.spec.sram_bytes else (
+                f"; its DSM tensors already hold {self.spec.sram_bytes - free:,} of its {self.spec.sram_bytes:,} bytes")
             raise BlockTooLarge(
                 f"{what}{f' at {site}' if site else ''}: each core's block of this array is {block:,} bytes "
-                f"({buf.shape[2:]} {buf.dtype}), more than a core's whole SRAM ({self.spec.sram_bytes:,} bytes "
-                f"on {self.spec.name}); rule: a core holds, sends and receives only what fits in its SRAM. "
-                "Cut the block into pieces that fit and move them one after the other")
+                f"({buf.shape[2:]} {buf.dtype}), more than the {free:,} bytes a core has free on {self.spec.name}"
+                f"{held}; rule: a core holds, sends and receives only what fits in its SRAM beside what it holds. "
+                "Cut the block into pieces that fit and move them one after the other, or free a DSM tensor")
 
     def _spread(self, where, like: np.ndarray) -> np.ndarray:
         """`where` ((rows, cols) bool) shaped to broadcast over the blocks of `like`."""

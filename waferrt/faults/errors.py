@@ -34,6 +34,7 @@ class LinkFailed(FaultError):
 
     def __init__(self, a: Coord, b: Coord, where: str = ""):
         self.a, self.b, self.where = a, b, where
+        self.core = a  # the end the message starts from
         super().__init__(f"the link {a}-{b} is dead{f' ({where})' if where else ''}: nothing crosses it")
 
     def __reduce__(self):

@@ -99,9 +99,10 @@ class Corrupt:
 
 @dataclass(frozen=True)
 class Straggler:
-    """Slow, not dead: a whole tile (``Straggler((1, 0), 0.01)``) runs every stage and kernel command `delay`
-    seconds slower, or one core (``Straggler(core=(3, 4), delay=0.01)``) holds up the stages and commands whose
-    region holds it (its region's collectives wait for it)."""
+    """Slow, not dead: a whole tile (``Straggler((1, 0), 0.01)``) runs every step -- a decode stage, or a kernel
+    command once (a kernel's primitives are not steps) -- `delay` seconds slower, or one core
+    (``Straggler(core=(3, 4), delay=0.01)``) holds up the stages and commands whose region holds it (its
+    region's collectives wait for it). Wall time only: the modelled cost is what the primitives booked."""
 
     tile: TileId | None = None
     delay: float = 0.0  # seconds added to every stage the tile (or the core's region) runs
@@ -118,7 +119,7 @@ class Straggler:
             raise ValueError(f"a straggler is slower by a positive delay in seconds, got {self.delay}")
 
     def where(self) -> str:
-        return f"{self.tile if self.core is None else f'core {self.core}'} (+{self.delay:g} s per stage)"
+        return f"{self.tile if self.core is None else f'core {self.core}'} (+{self.delay:g} s per step)"
 
 
 @dataclass(frozen=True)
@@ -200,13 +201,17 @@ class FaultPlan:
             raise ValueError(f"not a fault plan: {why}; {form}") from None
 
     def save(self, path: str | Path) -> None:
+        from waferrt.core.files import atomic_open
+
         path = Path(path)
         if path.suffix in (".yaml", ".yml"):
             import yaml
 
-            path.write_text(yaml.safe_dump(self.to_dict(), sort_keys=False))
+            text = yaml.safe_dump(self.to_dict(), sort_keys=False)
         else:
-            path.write_text(json.dumps(self.to_dict(), indent=1))
+            text = json.dumps(self.to_dict(), indent=1)
+        with atomic_open(path) as f:  # whole or not at all
+            f.write(text)
 
     @classmethod
     def load(cls, path: str | Path) -> FaultPlan:

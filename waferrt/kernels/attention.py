@@ -29,7 +29,7 @@ from .gemm_backward import accumulate
 from .sequences import fold, unfold
 
 
-def _square(ctx) -> tuple[list[int], list[int]]:
+def square_places(ctx) -> tuple[list[int], list[int]]:
     grid = Grid.of_ctx(ctx)
     if len(grid.cols) != ctx.region.w or len(grid.rows) != ctx.region.h or ctx.region.w != ctx.region.h:
         raise ValueError(f"causal_attention runs on a square region of living cores; {ctx.region} is "
@@ -38,7 +38,7 @@ def _square(ctx) -> tuple[list[int], list[int]]:
     return places("meshgemm", grid)
 
 
-def _ring_index(places_: list[int], lo: int, m: int) -> np.ndarray:
+def ring_index(places_: list[int], lo: int, m: int) -> np.ndarray:
     """The ring index of each of this tile's m positions from `lo` along a line."""
     at = {p: r for r, p in enumerate(places_)}
     return np.array([at[lo + j] for j in range(m)])
@@ -48,13 +48,13 @@ def skew(ctx, buf: np.ndarray, axis: str, back: bool = False) -> np.ndarray:
     """Rotate every line along `axis` by its own ring index (along "y": column c moves c places along its
     ring, so core (i, c) then holds what core (i + c, c) held): s - 1 rounds of ring moves, the lines still
     to move moving. `back`: by s minus its ring index, which undoes the skew (the same moves' count)."""
-    xs, ys = _square(ctx)
+    xs, ys = square_places(ctx)
     along, across = (xs, ys) if axis == "x" else (ys, xs)
     s = len(along)
     lo, m = (ctx.local.y0 - ctx.region.y0, ctx.local.h) if axis == "x" else (ctx.local.x0 - ctx.region.x0,
                                                                              ctx.local.w)
     places_of = (lambda i: (s - i) % s) if back else (lambda i: i)  # noqa: E731
-    mine = places_of(_ring_index(across, lo, m))  # how far each of this tile's lines moves
+    mine = places_of(ring_index(across, lo, m))  # how far each of this tile's lines moves
     shape = (m, 1) if axis == "x" else (1, m)
     for r in range(1, s):
         moving = [p for i, p in enumerate(across) if places_of(i) >= r]
@@ -69,7 +69,7 @@ def scores_nt(ctx, q: np.ndarray, k: np.ndarray, kept: int | None = None) -> np.
     """S = Q K^T by the transposed MeshGEMM (module doc): q (rows, cols, H, mb, db), k (.., kb, db) in the C
     layout, K already skewed along y; returns S's (H, mb, kb) blocks in the A layout. `kept`: the keys a block
     each query's products are computed for (sparse attention; default all kb)."""
-    _square(ctx)
+    square_places(ctx)
     return accumulate(ctx, Grid.of_ctx(ctx), q, k, "nt", kept)
 
 
@@ -112,9 +112,9 @@ class PromptAttention:
 def held_blocks(ctx) -> tuple[np.ndarray, np.ndarray]:
     """(i (rows, 1), j (rows, cols)): the query block and the key block of each core's A-layout score block
     (i, (i + c) % s), i and c its ring places."""
-    xs, ys = _square(ctx)
-    i = _ring_index(ys, ctx.local.y0 - ctx.region.y0, ctx.local.h)[:, None]
-    c = _ring_index(xs, ctx.local.x0 - ctx.region.x0, ctx.local.w)[None, :]
+    xs, ys = square_places(ctx)
+    i = ring_index(ys, ctx.local.y0 - ctx.region.y0, ctx.local.h)[:, None]
+    c = ring_index(xs, ctx.local.x0 - ctx.region.x0, ctx.local.w)[None, :]
     return i, (i + c) % len(xs)
 
 

@@ -64,7 +64,7 @@ def ring(algo: str, n: int) -> list[int]:
 
 
 # -- the host's side: whole matrices to blocks and back ------------------------------------------------
-def _blocks(mat: np.ndarray, block: tuple[int, int], count: tuple[int, int]) -> np.ndarray:
+def cut_blocks(mat: np.ndarray, block: tuple[int, int], count: tuple[int, int]) -> np.ndarray:
     """`mat` zero-padded to `count` (block rows, block cols) blocks of shape `block`: (*count, *block)."""
     padded = np.zeros((count[0] * block[0], count[1] * block[1]), mat.dtype)
     padded[:mat.shape[0], :mat.shape[1]] = mat
@@ -85,7 +85,7 @@ def place(algo: str, grid: Grid, region_shape: tuple[int, int], A: np.ndarray, B
     shape = grid.shape(A.shape[0], A.shape[1], B.shape[1])
     mb, kb, nb = shape.blocks(check_algo(algo))
     s, p, q = shape.panels(algo), shape.rows, shape.cols
-    ab, bb = _blocks(A, (mb, kb), (p, s)), _blocks(B, (kb, nb), (s, q))
+    ab, bb = cut_blocks(A, (mb, kb), (p, s)), cut_blocks(B, (kb, nb), (s, q))
     h, w = region_shape
     span = (s // q, s // p) if algo == "summa" else (1, 1)
     a = np.zeros((h, w, span[0], mb, kb), A.dtype)
@@ -105,7 +105,7 @@ def spread(grid: Grid, region_shape: tuple[int, int], M: np.ndarray) -> np.ndarr
     """M (m, n) in the C layout a MeshGEMM leaves: block (i, c) on MeshGEMM's ring place (i, c), for the whole
     region (h, w, m / rows, n / cols); unused cores get zeros. :func:`collect` ("meshgemm") reads it back."""
     p, q = len(grid.rows), len(grid.cols)
-    blocks = _blocks(M, (math.ceil(M.shape[0] / p), math.ceil(M.shape[1] / q)), (p, q))
+    blocks = cut_blocks(M, (math.ceil(M.shape[0] / p), math.ceil(M.shape[1] / q)), (p, q))
     out = np.zeros(region_shape + blocks.shape[2:], M.dtype)
     xs, ys = places("meshgemm", grid)
     for i, y in enumerate(ys):

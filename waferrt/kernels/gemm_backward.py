@@ -31,7 +31,7 @@ import math
 
 import numpy as np
 
-from .gemm import Grid, _blocks, places, ring_move, used_lines
+from .gemm import Grid, cut_blocks, places, ring_move, used_lines
 
 LAYOUTS = ("A", "B", "C")
 
@@ -110,7 +110,7 @@ def scatter(layout: str, grid: Grid, region_shape: tuple[int, int], mat: np.ndar
     """mat (r, c) cut in `layout`'s blocks (zero-padded), each on the cores `layout` puts it: the whole
     region's (h, w, block rows, block cols); the cores off the grid get zeros."""
     count = _counts(layout, grid)
-    blocks = _blocks(mat, (math.ceil(mat.shape[0] / count[0]), math.ceil(mat.shape[1] / count[1])), count)
+    blocks = cut_blocks(mat, (math.ceil(mat.shape[0] / count[0]), math.ceil(mat.shape[1] / count[1])), count)
     out = np.zeros(region_shape + blocks.shape[2:], mat.dtype)
     xs, ys = places("meshgemm", grid)
     s = math.gcd(len(xs), len(ys))

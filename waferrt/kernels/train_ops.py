@@ -39,7 +39,7 @@ import numpy as np
 
 from waferrt.core.train_cost import BACKWARD_FLOPS
 
-from .attention import _ring_index, _square, skew
+from .attention import ring_index, skew, square_places
 from .gemm import Grid, meshgemm
 from .gemm_backward import accumulate
 
@@ -134,10 +134,10 @@ def relayout(ctx, buf, src: str, dst: str):
 def _columns(ctx, block: tuple[int, int], vocab: HeadShape) -> tuple[np.ndarray, np.ndarray]:
     """(rows, cols, mb, vb) bools of each core's A-layout block (i, (i + c) % s) of (mb, vb): a real word's
     column, a real token's row."""
-    xs, ys = _square(ctx)
+    xs, ys = square_places(ctx)
     s, (mb, vb) = len(xs), block
-    i = _ring_index(ys, ctx.local.y0 - ctx.region.y0, ctx.local.h)[:, None]
-    j = (i + _ring_index(xs, ctx.local.x0 - ctx.region.x0, ctx.local.w)[None, :]) % s
+    i = ring_index(ys, ctx.local.y0 - ctx.region.y0, ctx.local.h)[:, None]
+    j = (i + ring_index(xs, ctx.local.x0 - ctx.region.x0, ctx.local.w)[None, :]) % s
     word = (j * vb)[..., None, None] + np.arange(vb) < vocab.size  # (rows, cols, 1, vb)
     token = ((i * mb)[..., None] + np.arange(mb) < vocab.tokens)[..., None]  # (rows, 1, mb, 1)
     return np.broadcast_to(word, j.shape + (mb, vb)), np.broadcast_to(token, j.shape + (mb, vb))

@@ -21,7 +21,7 @@ import numpy as np
 
 from waferrt.model import LayerWeights, LlamaConfig, LlamaWeights
 from waferrt.model.gguf_loader import layer_tensor_names
-from waferrt.model.tokenizer import TokenizerMetadata, _byte_chars
+from waferrt.model.tokenizer import TokenizerMetadata, byte_chars
 
 
 @dataclass(frozen=True)
@@ -61,7 +61,7 @@ def write_model(path: Path, config: LlamaConfig, weights: LlamaWeights, tokenize
 def byte_vocabulary(config: LlamaConfig, vocab: Vocab) -> TokenizerMetadata:
     """A byte-level BPE vocabulary: the 256 byte tokens, then `vocab.extra_tokens`, padded with unused tokens
     to vocab_size."""
-    tokens = list(_byte_chars().values()) + list(vocab.extra_tokens)
+    tokens = list(byte_chars().values()) + list(vocab.extra_tokens)
     tokens += [f"<unused{i}>" for i in range(config.vocab_size - len(tokens))]
     return TokenizerMetadata(model="gpt2", pre="smollm", tokens=tuple(tokens), merges=tuple(vocab.merges),
                              token_types=(1,) * config.vocab_size, bos_id=1, eos_id=2)

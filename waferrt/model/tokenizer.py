@@ -77,7 +77,7 @@ class Tokenizer:
         for i in self.special_ids:
             if self._hf.token_to_id(meta.tokens[i]) != i:
                 raise ValueError(f"special token {meta.tokens[i]!r} did not keep its GGUF id {i}")
-        present = bytes(b for b, ch in _byte_chars().items() if ch in vocab)
+        present = bytes(b for b, ch in byte_chars().items() if ch in vocab)
         self.missing_bytes = frozenset(range(256)) - frozenset(present)
         self._present = present
 
@@ -131,15 +131,16 @@ class Tokenizer:
 
         system=None uses the model's default system prompt, as its chat template does.
         """
+        return self.chat_turns([("user", user_text)], system)
+
+    def chat_turns(self, turns: Sequence[tuple[str, str]], system: str | None = None) -> str:
+        """The ChatML prompt of a conversation, (role, text) turns after the system prompt (None: the model's
+        default), ending where the assistant's next reply starts."""
         system = DEFAULT_SYSTEM_PROMPT if system is None else system
-        return (
-            f"<|im_start|>system\n{system}<|im_end|>\n"
-            f"<|im_start|>user\n{user_text}<|im_end|>\n"
-            "<|im_start|>assistant\n"
-        )
+        body = "".join(f"<|im_start|>{role}\n{text}<|im_end|>\n" for role, text in turns)
+        return f"<|im_start|>system\n{system}<|im_end|>\n{body}<|im_start|>assistant\n"
 
-
-def _byte_chars() -> dict[int, str]:
+def byte_chars() -> dict[int, str]:
     """GPT-2's byte -> one-character spelling used by ByteLevel (printable Latin-1 bytes stand for
     themselves, the other 68 bytes map to U+0100 onwards). Checked against the `tokenizers` alphabet."""
     kept = [*range(ord("!"), ord("~") + 1), *range(ord("¡"), ord("¬") + 1), *range(ord("®"), ord("ÿ") + 1)]

@@ -30,7 +30,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from waferrt.core.arith import cdiv
-from waferrt.core.cost import flop_cycles, total
+from waferrt.core.cost import cycles_seconds, flop_cycles, total
 from waferrt.core.gemm_cost import GemmShape
 from waferrt.core.mesh import Region
 from waferrt.core.spec import HardwareSpec
@@ -59,7 +59,7 @@ class StepCycles:
     recompute: float = 0.0
 
     def seconds(self, spec: HardwareSpec) -> float:
-        return self.total / spec.clock_hz
+        return cycles_seconds(spec, self.total)
 
 
 def step_stream_bytes(config: LlamaConfig, shape: TrainShape) -> tuple[int, int]:

@@ -1,0 +1,95 @@
+"""Hand-computed pins for the owners of cost facts (issue 31): each number below is worked out by hand in
+its comment, so that breaking the owner fails here even where both sides of every tie call it.
+
+- ``core.cost.alltoall_cost``: a phase counted link by link (``decode.linkload.LinkLoad``) and a line's
+  all-to-all (``line_alltoall_cost``), on TINY (alpha 1, beta 8, 4 bytes per link per cycle);
+- ``core.cost.cycles_seconds`` (and ``Cost.seconds``): cycles at the spec's clock;
+- ``core.cost.segment_bytes``: the padded segment of a ring / pipeline allreduce;
+- ``decode.layout``'s ``activation_bytes`` (a layer core's scratch), ``kv_core_bytes`` (its K/V) and
+  ``stream_core_bytes`` (a streaming region's fullest core), for one and two head groups, on the tiny model
+  (dim 64, 4 heads, 2 K/V heads, head_dim 16, hidden 128, 3 layers, vocab 256) over a 4x2 region.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from waferrt.core.cost import (
+    Cost,
+    Phase,
+    allreduce_cost,
+    alltoall_cost,
+    cycles_seconds,
+    line_alltoall_cost,
+    segment_bytes,
+)
+from waferrt.core.mesh import Region
+from waferrt.core.spec import TINY, WSE2
+from waferrt.decode import layout as dl
+from waferrt.decode.linkload import LinkLoad
+from waferrt.model import tiny_config
+
+CFG = tiny_config()
+
+
+def test_a_phase_counted_link_by_link_by_hand():
+    """Two messages at once on a 5x2 region: 40 bytes 3 hops east along row 0, 8 bytes 1 hop south down
+    column 4. Longest route 3 hops, busiest link 40 bytes: 3*1 + 8 + 40/4 = 21 cycles; 3*40 + 8 link bytes."""
+    load = LinkLoad(Region(0, 0, 5, 2))
+    load.along_row(0, 1, 4, 40)
+    load.along_column(4, 0, 1, 8)
+    c = alltoall_cost(TINY, load)
+    assert (c.hops, c.stages, c.messages, c.link_bytes) == (3, 1, 2, 128)
+    assert c.cycles == 21.0
+    assert alltoall_cost(TINY, LinkLoad(Region(0, 0, 5, 2))).cycles == 0  # nothing sent: free
+
+
+def test_a_line_alltoall_by_hand():
+    """A mesh line of 3, 30 bytes per core: chunks of 10; the middle links carry 2 chunks (1x2 cross each),
+    the longest route 2 hops: 2*1 + 8 + 20/4 = 15 cycles; 6 messages; hops summed 8 (1+2+1 each way) x 10."""
+    c = line_alltoall_cost(TINY, 3, 30)
+    assert (c.hops, c.messages, c.link_bytes, c.cycles) == (2, 6, 80, 15.0)
+    assert alltoall_cost(TINY, Phase(hops=2, messages=6, link_bytes=80, busiest=20)) == c
+
+
+def test_a_layer_cores_scratch_and_kv_by_hand():
+    """4x2 region, 20 positions, 3 requests, float32. One head group: dim_c 16, hid_r 64, hd_r 2*ceil(8/2) = 8,
+    4 q / 2 K/V heads, 5 positions per column: scratch 2*4*(2*16 + (8+4)*8 + 2*64 + 4*5) = 2208 bytes; K/V
+    2*3*2*8*5*4 = 1920. Two groups (one row each): hd_r 16, 2 q / 1 K/V heads: scratch 2*4*(32 + 6*16 + 128 +
+    2*5) = 2128, K/V 2*3*1*16*5*4 = 1920."""
+    region = Region(0, 0, 4, 2)
+    assert dl.activation_bytes(CFG, region, 20) == 2208 and dl.kv_core_bytes(CFG, region, 20, 3) == 1920
+    assert dl.activation_bytes(CFG, region, 20, 2) == 2128
+    assert dl.kv_core_bytes(CFG, region, 20, 3, "float32", 2) == 1920
+    assert dl.kv_core_bytes(CFG, region, 20, 3, "float16") == 960
+
+
+@pytest.mark.parametrize("w,h,tokens", [(4, 2, 20), (3, 4, 7), (8, 1, 64)])
+def test_the_kv_owner_is_what_the_kv_layout_books(w, h, tokens):
+    region = Region(0, 0, w, h)
+    assert dl.most_bytes({"kv": (dl.kv_booking(CFG, region, tokens, 2, "float16"),)}) == dl.kv_core_bytes(
+        CFG, region, tokens, 2, "float16")
+
+
+def test_a_streaming_cores_sum_by_hand():
+    """The same 4x2 region streaming: 3 layers' K/V (3 x 1920), the larger scratch (a layer's 2208 against the
+    head's 2*128*4 + 2*16*4 = 1152) and two weight blocks of a layer, (2*16 + 12*8*16 + 3*64*16) * 4 = 18560
+    bytes each (the head's chunk, (128 + 1)*16*4 = 8256, is smaller): 5760 + 2208 + 37120 = 45088."""
+    region = Region(0, 0, 4, 2)
+    assert dl.stream_core_bytes(CFG, region, 20, 3) == 45088
+    assert dl.most_bytes(dl.stream_booking(CFG, region, 20, 3)) == 45088
+
+
+def test_a_ring_allreduces_padded_segments_by_hand():
+    """100 bytes (25 floats) over a mesh line of 4: segments of ceil(25/4) = 7 floats, 28 bytes (the last one
+    padded). The folded ring's step: longest 2 hops, 6 hops in all; 2*(4-1) = 6 steps of 28 bytes: link bytes
+    6*6*28 = 1008, cycles 6*(2*1 + 8 + 28/4) = 102."""
+    assert segment_bytes(100, 4) == 28 and segment_bytes(96, 4) == 24 and segment_bytes(4, 3) == 4
+    c = allreduce_cost(TINY, "ring", 4, 100)
+    assert (c.hops, c.stages, c.link_bytes, c.messages, c.cycles) == (12, 6, 1008, 24, 102.0)
+
+
+def test_cycles_in_seconds_by_hand():
+    """Both presets' clocks are 1.1 GHz: 1.1e9 cycles are a second, 2.2e6 cycles 2 ms."""
+    assert cycles_seconds(TINY, 1.1e9) == 1.0 and Cost(cycles=2.2e6).seconds(WSE2) == 2.2e6 / 1.1e9
+    assert abs(Cost(cycles=2.2e6).seconds(WSE2) - 2e-3) < 1e-15
