@@ -116,8 +116,8 @@ def merged(shard, part: Partial, s: np.ndarray, w: int) -> np.ndarray:
 
 def fast_attend(shard, qg: np.ndarray, items, view: KVView) -> np.ndarray:
     """The prediction, the row's top-K and the attention over the kept keys on the fast path: qg (B, nkv, rep, R,
-    hd_r); `view` (the PositionEntries layout's) -> (B, nkv, rep, R*hd_r). Each head's K kept keys and values are gathered in
-    predicted order and scored alone (no dense Q.K^T), a core running over min(K, held) of them."""
+    hd_r); `view` (the PositionEntries layout's) -> (B, nkv, rep, R*hd_r). Each head's K kept keys and values are
+    gathered in predicted order and scored alone (no dense Q.K^T), a core running over min(K, held) of them."""
     L, held, slots = items.length, view.held, items.slots
     qf = shard.net.split(qg)  # (B, nkv, rep, R*hd_r)
     keep, (uniq, which) = shard.attention.keys_kept(L), np.unique(slots, return_inverse=True)
