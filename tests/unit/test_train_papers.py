@@ -12,7 +12,7 @@ from waferrt.cli import main
 from waferrt.core.template import template_by_name
 from waferrt.core.train_cost import TrainShape
 from waferrt.estimator.train import Breakdown, StrategyTime, TrainJob, estimate_train, tensor_stream
-from waferrt.estimator.train_papers import D2D_TBPS, binding_tbps, paper_rows, sensitivity
+from waferrt.estimator.train_papers import D2D_TBPS, binding_tbps, paper_rows, resources, sensitivity
 from waferrt.model.zoo import model_by_name
 
 
@@ -62,3 +62,18 @@ def test_estimate_train_prints_the_papers_and_the_sensitivity(capsys):
     assert main(["estimate", "--train", "--model", "smollm2-135m", "--json"]) == 0
     doc = json.loads(capsys.readouterr().out)
     assert [p["reported"] for p in doc["papers"]] == [1.7, 1.53, 2.74]
+
+
+def test_the_dies_assumed_figures_scaled_move_the_step():
+    """The watos die's figures are assumed: with its 16-bit rate halved or doubled a compute-bound
+    tensor-stream step (SmolLM2, 256 x 2048) lengthens or shortens; its SRAM changes the passes, each pass
+    an even share of the batch (estimator.train._micro_batch)."""
+    job, template = _job(), template_by_name("watos")
+    scaled = resources(job, template)
+    assert tensor_stream(job, template).breakdown.bound == "compute"
+    assert scaled["flops", 0.5].step_s > scaled["flops", 1.0].step_s > scaled["flops", 2.0].step_s
+    assert scaled["flops", 1.0] == scaled["sram", 1.0] == tensor_stream(job, template)
+    assert "15 pass(es)" in scaled["sram", 0.5].detail and "7 pass(es)" in scaled["sram", 1.0].detail
+    # twice the SRAM holds 81 sequences: 4 passes, the 256 spread evenly (64 each, not 4 x 81 = 324 sequences' work)
+    assert "4 pass(es) of 64 sequence(s)" in scaled["sram", 2.0].detail
+    assert scaled["sram", 2.0].step_s < scaled["sram", 1.0].step_s

@@ -9,7 +9,8 @@ the model's cannot be had), the term that bounds the model's steps and the assum
 ``sensitivity(job, template)`` is the tensor-stream step on `template` under each topology and die-to-die
 bandwidth of ``D2D_TBPS``, and ``binding_tbps`` the bandwidth per die edge below which the die-to-die
 traffic, not the kernels, would bound that step (the traffic overlaps the kernels: above it, 1 or 4 TB/s
-changes nothing). ``lines(job, template)`` prints both under ``waferrt estimate --train``.
+changes nothing). ``resources(job, template)`` the same step with the die's (assumed) 16-bit flops per cycle
+and SRAM per core scaled by ``SCALES``. ``lines(job, template)`` prints them under ``waferrt estimate --train``.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from waferrt.core.topology import TOPOLOGIES, Topology
 from .train import StrategyTime, TrainJob, estimate_train, tensor_stream
 
 D2D_TBPS = (0.25, 0.5, 1.0, 2.0, 4.0)  # die-to-die bandwidths tried per edge and direction, TB/s
+SCALES = (0.5, 1.0, 2.0)  # the die's assumed per-core figures, scaled
 REPRODUCED = (0.75, 1.33)  # a model / paper ratio in this band counts as reproduced (as benchmarks/fidelity.py)
 
 
@@ -79,6 +81,18 @@ def sensitivity(job: TrainJob, template: WaferTemplate) -> dict[tuple[str, float
             for t in TOPOLOGIES for tbps in D2D_TBPS}
 
 
+def resources(job: TrainJob, template: WaferTemplate) -> dict[tuple[str, float], StrategyTime]:
+    """The tensor-stream step with the die's 16-bit ("flops") or SRAM ("sram") figure per core scaled."""
+    die = template.die
+    out = {}
+    for scale in SCALES:
+        out["flops", scale] = tensor_stream(job, template.replace(die=die.replace(
+            half_flops_per_cycle=die.half_flops_per_cycle * scale)))
+        out["sram", scale] = tensor_stream(job, template.replace(die=die.replace(
+            sram_bytes=int(die.sram_bytes * scale))))
+    return out
+
+
 def binding_tbps(st: StrategyTime, template: WaferTemplate) -> float:
     """The die-to-die bandwidth per edge (TB/s) below which `st`'s die-to-die traffic outlasts its kernels."""
     b = st.breakdown
@@ -104,4 +118,11 @@ def lines(job: TrainJob, template: WaferTemplate) -> list[str]:
                f"{binding_tbps(base, template):.2f} TB/s per edge; the topology changes only the on-die rings' hops "
                f"(alpha, a cycle each: a torus halves a 96-core ring's 380 of its 54,720 cycles) while their routing "
                f"stages and bytes, the same on every topology, take the fabric's {b.fabric:.3f} s")
+    scaled = resources(job, template)
+    out += ["", f"tensor-stream on {template.name} with the die's per-core figures scaled (step seconds; no fit: -)",
+            f"{'':<24}" + "".join(f"{f'x{k:g}':>9}" for k in SCALES)]
+    for kind, label in (("flops", f"16-bit flops/cycle ({template.die.half_flops_per_cycle:g})"),
+                        ("sram", f"SRAM per core ({template.die.sram_bytes // 1024} KB)")):
+        out.append(f"{label:<24}" + "".join(f"{scaled[kind, k].step_s:>9.3f}" if scaled[kind, k].fits else f"{'-':>9}"
+                                            for k in SCALES))
     return out
