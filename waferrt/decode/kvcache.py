@@ -42,14 +42,12 @@ class KVView:
     """What attention reads of a layer's K/V cache for a micro-batch, in its cache's layout (the run's Net holds
     a split axis as that layout does: waferrt.decode.net): K (B, nkv, [R, hd_r], [positions]) and V (B, nkv,
     [positions], R*hd_r), `hidden` True where an item may not look (broadcasts against the scores), `held` the
-    entries the fullest core holds (every core runs over that many). `per_head`: K and V hold a block per
-    query head (B, nkv, rep, ...), as the hop-by-hop sparse selection gathers them."""
+    entries the fullest core holds (every core runs over that many)."""
 
     k: np.ndarray
     v: np.ndarray
     hidden: np.ndarray
     held: int
-    per_head: bool = False
 
 
 class KVCapacityError(MemoryError):

@@ -141,14 +141,21 @@ class LayerShard:
     def _attention(self, items: Items, q: np.ndarray) -> np.ndarray:
         """q (B, R, nh, hd_r) -> (B, R, nh * hd_r). Item b attends to the positions <= poss[b] of its
         request's cache; every core runs over the entries the fullest of them holds (masked where its own
-        are fewer); scores, the softmax max and sum, and the weighted V sum reduce over the cores."""
-        net, B, nkv, R = self.net, len(items.slots), self.config.n_kv_heads, self.rows
+        are fewer); scores, the softmax max and sum, and the weighted V sums reduce over the cores. Under a
+        sparse mode with K below the context, STAR's (waferrt.decode.sparse): predict, keep the top K, attend
+        over the kept keys alone in predicted order."""
+        B, nkv, R = len(items.slots), self.config.n_kv_heads, self.rows
         qg = q.reshape(B, R, nkv, -1, self.hd_r).transpose(0, 2, 3, 1, 4)  # (B, nkv, rep, R, hd_r)
         view = self.kv.view(items)  # K (B, nkv, [R, hd_r], [positions]), V (B, nkv, [positions], R*hd_r)
-        if self.attention.keys_kept(items.length) < items.length:  # sparse: predict, keep the top K
-            view = self._sparse(qg, items, view)
-        if view.per_head:  # a block of kept keys per query head
-            qg = qg[:, :, :, None]  # (B, nkv, rep, 1, R, hd_r)
+        if self.attention.keys_kept(items.length) < items.length:
+            out = (sparse.fast_attend if self.net.fast else sparse.hop_attend)(self, qg, items, view)
+        else:
+            out = self._dense(qg, view)
+        return out.reshape(B, nkv, -1, R, self.hd_r).transpose(0, 3, 1, 2, 4).reshape(B, R, -1)
+
+    def _dense(self, qg: np.ndarray, view: KVView) -> np.ndarray:
+        """Every held key: qg (B, nkv, rep, R, hd_r) -> (B, nkv, rep, R*hd_r)."""
+        net = self.net
         scores = net.dot(self.cy, net.split(qg), view.k, view.held)  # (B, nkv, rep, [positions]): over the rows
         scores *= self.scale
         np.copyto(scores, np.float32(-np.inf), where=view.hidden)
@@ -156,14 +163,7 @@ class LayerShard:
         e = np.exp(scores, out=scores)
         e /= net.reduce(self.cx, e, "sum")
         net.elementwise(self.cx, "softmax", e, view.held)
-        out = net.dot(self.cx, e, view.v, view.held)  # (B, nkv, rep, R*hd_r): the weighted V sums, over the columns
-        if view.per_head:
-            out = out[:, :, :, 0]
-        return out.reshape(B, nkv, -1, R, self.hd_r).transpose(0, 3, 1, 2, 4).reshape(B, R, -1)
-
-    def _sparse(self, qg: np.ndarray, items: Items, view: KVView) -> KVView:
-        """STAR's prediction and top-K (waferrt.decode.sparse) in this run's layout: the view of the kept keys."""
-        return (sparse.fast_view if self.net.fast else sparse.hop_view)(self, qg, items, view)
+        return net.dot(self.cx, e, view.v, view.held)  # the weighted V sums, over the columns
 
     # -- a batch of tokens ------------------------------------------------------------------------------
     def forward(self, x: np.ndarray, slots: np.ndarray, poss: np.ndarray) -> np.ndarray:
