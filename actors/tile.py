@@ -271,6 +271,11 @@ class Tile:
     def decode_cancel(self, index: int) -> None:
         self.loop.cancel(index)
 
+    def decode_runs(self, since: int) -> list[StageRun]:
+        """The stage runs the running decode loop booked from the `since`-th on (it goes on running: a server's
+        modelled times while it serves)."""
+        return list(self.loop.program.records[since:]) if self.loop is not None else []
+
     def decode_stop(self) -> list[StageRun]:
         """End the decode loop: the stage runs it booked."""
         loop, self.loop = self.loop, None

@@ -3,7 +3,7 @@
 Contract: :class:`Anchor` keeps every layer's matrices float32 and C-contiguous -- q|k|v fused into one
 (q_dim + 2 kv_dim, dim) and gate|up into one (2 hidden, dim) -- and the tied head as (vocab, dim), so every
 linear layer of a step is ONE batched BLAS call for all B requests together: over panels of 64 output rows
-(waferrt.decode.shards.matmul_rows, the same call the tiles make; 1.5-2x faster than one call over the
+(waferrt.decode.net.matmul_rows, the same call the tiles make; 1.5-2x faster than one call over the
 whole matrix at a few tokens). ``Anchor(..., panels=False)`` is the anchor issue 18 describes instead:
 (in, out) matrices, ``x @ W`` over the whole matrix (the benchmark shows it is not faster). K/V are
 preallocated per layer as (requests, n_kv, capacity, head_dim) and written in place; attention is one
@@ -20,7 +20,7 @@ import time
 
 import numpy as np
 
-from waferrt.decode.shards import matmul_rows
+from waferrt.decode.net import matmul_rows
 from waferrt.model.config import LlamaConfig
 from waferrt.model.reference import apply_rope, rmsnorm, rope_cos_sin, silu
 from waferrt.model.weights import LlamaWeights

@@ -200,34 +200,40 @@ def phase_part(args, dense_config, dense) -> None:
           f"{PHASE_REGION.h} cores; {args.steps} decode steps of {args.batch} tokens, Zipf s={args.zipf}, seed "
           f"{args.seed}; NI-Balancer looks every {args.look} steps\n{MOENTWINE}")
     for clustered in (False, True):
-        print(f"\nhot experts {'side by side (ranks in expert order)' if clustered else 'scattered (a seeded shuffle)'}")
+        where = "side by side (ranks in expert order)" if clustered else "scattered (a seeded shuffle)"
+        print(f"\nhot experts {where}")
         args.clustered = clustered
         phase_table(config, weights.layers[0], PHASE_REGION, args)
 
 # -- the whole MoE phase under a skewed routing: naive, ER-Mapping, ER + NI-Balancer --------------------------
-MOENTWINE = "MoEntwine (arXiv 2510.25258): ER-Mapping up to 62% less communication; NI-Balancer +54% MoE compute, +22% communication"
+MOENTWINE = ("MoEntwine (arXiv 2510.25258): ER-Mapping up to 62% less communication; NI-Balancer +54% MoE compute, "
+             "+22% communication")
 SETUPS = (("naive", "naive", 0), ("ER-Mapping", "er", 0), ("ER + NI-Balancer", "er", 1))  # name, mapping, balance?
 
 
-def phase_run(config, lw, region: Region, setup: tuple[str, str, int], args) -> dict[str, float]:
+def phase_run(config, lw, region: Region, setup: tuple[str, str, int], args, placed: tuple = ()) -> dict:
     """The MoE layer on `region` over args.steps decode steps of args.batch tokens, every token routed by a
     seeded Zipf (MoELayerShard.route_zipf): the MoE phase's compute and communication per token by piece (what
-    each step booked, decode.moe.MoEStep), and its hottest link per token (PhaseLinks, as recorded)."""
+    each step booked, decode.moe.MoEStep), and its hottest link per token (PhaseLinks, as recorded). `placed`:
+    swaps made at once before the first step (their stall in its migration)."""
     _, mapping, balance = setup
     shard = MoELayerShard(Decoding(config, experts=mapping), region, pack_moe_layer(config, lw, region, mapping),
                           (args.batch, args.steps), Ledger(WSE2))
+    for swap in placed:
+        shard.migrate(swap)
     shard.balance = args.look if balance else 0
     shard.route_zipf(args.zipf, args.seed, args.clustered)
     xs = np.random.default_rng(args.seed).standard_normal((args.steps, args.batch, config.dim)).astype(np.float32)
     out = {}
     for step in run_steps(shard, xs):
-        for kind, part in (("compute", step.compute_cycles(WSE2, "float32")), ("comm", step.comm_cycles(WSE2, "float32"))):
+        parts = (("compute", step.compute_cycles(WSE2, "float32")), ("comm", step.comm_cycles(WSE2, "float32")))
+        for kind, part in parts:
             for name, cycles in part.items():
                 out[f"{kind}.{name}"] = out.get(f"{kind}.{name}", 0.0) + cycles
     tokens = args.batch * args.steps
     out = {k: v / tokens / WSE2.clock_hz * 1e6 for k, v in out.items()}  # us per token
     out["hottest"] = shard.links.loads["moe"].hottest() / tokens
-    out["swaps"] = len(shard.swaps)
+    out["swaps"] = tuple(shard.swaps)
     out["busiest"] = max(block_loads(shard.routed, shard.blocks).values()) / tokens
     bands = len(set(shard.blocks))  # no placement's busiest block carries less than the hottest expert or a fair share
     out["floor"] = max(shard.routed.max(), shard.routed.sum() / bands) / tokens
@@ -246,14 +252,21 @@ def phase_table(config, lw, region: Region, args) -> dict[str, dict]:
     for name, r in runs.items():
         print(f"{name:<18}{total(r, 'compute'):>9.4f}{total(r, 'comm'):>9.4f}{r['comm.router']:>10.4f}"
               f"{r['comm.experts']:>9.4f}{r['comm.alltoall']:>11.4f}{r['comm.migration']:>10.4f}"
-              f"{r['hottest']:>14,.0f}  swaps {r['swaps']}")
+              f"{r['hottest']:>14,.0f}  swaps {len(r['swaps'])}")
     naive, er, ni = (runs[s[0]] for s in SETUPS)
     print(f"  ER vs naive: communication {total(er, 'comm') / total(naive, 'comm') - 1:+.0%} "
           f"(all-to-all {er['comm.alltoall'] / naive['comm.alltoall'] - 1:+.0%}; MoEntwine: up to -62%)")
-    print(f"  NI-Balancer on ER: compute {total(er, 'compute') / total(ni, 'compute') - 1:+.0%}, communication "
+    print(f"  NI-Balancer on ER: compute {total(er, 'compute') / total(ni, 'compute') - 1:+.0%} (the experts' "
+          f"{er['compute.experts'] / ni['compute.experts'] - 1:+.0%}), communication "
           f"{total(er, 'comm') / total(ni, 'comm') - 1:+.0%} (speed-ups; MoEntwine: +54%, +22%); the phase's modelled "
-          f"time {total(er, 'compute') + total(er, 'comm'):.3f} -> {total(ni, 'compute') + total(ni, 'comm'):.3f} us/token")
+          f"time {total(er, 'compute') + total(er, 'comm'):.3f} -> "
+          f"{total(ni, 'compute') + total(ni, 'comm'):.3f} us/token")
+    placed = phase_run(config, lw, region, SETUPS[1], args, ni["swaps"])  # its final placement from the start
     why(naive, er, ni, args.look)
+    print(f"  why NI, measured: the experts' compute is {er['compute.experts'] / ni['compute.experts'] - 1:+.0%} as it "
+          f"ran and {er['compute.experts'] / placed['compute.experts'] - 1:+.0%} on NI-Balancer's final placement from "
+          f"the first step (its swaps land one by one); the router's compute, the same in every setup, is "
+          f"{er['compute.router'] / total(er, 'compute'):.0%} of ER's")
     return runs
 
 
@@ -268,7 +281,7 @@ def why(naive: dict, er: dict, ni: dict, look: int) -> None:
     print(f"  why NI: for this run's routing the busiest band carries {er['busiest']:.2f} expert-tokens per token on "
           f"ER's placement, {ni['busiest']:.2f} on the one NI-Balancer ended with (none goes below {ni['floor']:.2f}: "
           f"the hottest expert alone, or an even share); "
-          f"{ni['swaps']} swaps, each after {look} steps of histogram and {BALANCE_STEPS} of migration, migration "
+          f"{len(ni['swaps'])} swaps, each after {look} steps of histogram and {BALANCE_STEPS} of migration, migration "
           f"{ni['comm.migration']:.4f} us/token (nothing on a link the attention or the MoE phase leaves cold)")
 
 def _hidden(config, weights, ids, layer: int) -> np.ndarray:

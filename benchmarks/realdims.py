@@ -12,13 +12,17 @@ What it does, in one run, and prints:
    nodes started on this machine (``LocalCluster``), one tile per node.
 3. The numpy ReferenceModel's tokens (greedy) and the wafer's, for every prompt: they must be equal.
 4. Wall time of every phase, RSS per tile (psutil on the actors' pids; peak from /proc), what each tile holds.
-5. Modelled cycles per layer: every decode step's layer run as the tiles booked it (its micro-batch of one
+5. The decode step: the wafer's (a request's time from one token to its next) over the anchor's in the same run
+   (benchmarks/anchor.py: one numpy process, one BLAS thread by threadpoolctl, float32 weights, the same layers,
+   vocabulary and requests; goal <= 3.0 with 2 requests on a 2-core machine), and the load average then.
+6. Modelled cycles per layer: every decode step's layer run as the tiles booked it (its micro-batch of one
    token; the hand-over into the region taken off with the one formula the tiles book it with) next to the
    estimator's for the same region and context (``scheduler.speed.stage_seconds``), and their ratio.
 
-    python benchmarks/realdims.py [--gguf PATH] [--prompts 2] [--tokens 4] [--kv-tokens 64]
+    python benchmarks/realdims.py [--gguf PATH] [--prompts 2] [--tokens 8] [--kv-tokens 64] [--lanes 2]
 
-Needs about 8 GB of memory and a few minutes on 2 cores. Not a test (the unit tests tie the same numbers at
+Needs about 9 GB of memory at peak (the driver 4.5 GB while the anchor holds its float32 copies; a layer tile
+~1 GB) and a few minutes on 2 quiet cores, 15 on a loaded machine. Not a test (the unit tests tie the same numbers at
 these dimensions without Ray: tests/unit/test_realdims.py).
 """
 
@@ -32,9 +36,12 @@ import argparse  # noqa: E402
 import tempfile  # noqa: E402
 import time  # noqa: E402
 from contextlib import contextmanager  # noqa: E402
+from dataclasses import dataclass  # noqa: E402
 from pathlib import Path  # noqa: E402
 
 import psutil  # noqa: E402
+from anchor import Anchor  # noqa: E402
+from threadpoolctl import threadpool_limits  # noqa: E402
 
 from waferrt.core.mesh import MeshSpec  # noqa: E402
 from waferrt.core.spec import WSE2  # noqa: E402
@@ -48,6 +55,15 @@ from waferrt.scheduler.types import Workload  # noqa: E402
 PROMPTS = ["The capital of France is", "Once upon a time,"]
 CUT = Cut("llama3-8b", layers=2, vocab=32768, seed=0, dtype="float16")
 NODES = 3
+
+
+@dataclass(frozen=True)
+class Run:
+    """How the wafer decodes: the sampler, the Ray cluster's address, the micro-batches in flight."""
+
+    sampler: object
+    address: str
+    lanes: int
 
 
 @contextmanager
@@ -89,8 +105,12 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--gguf", type=Path, help="a model written by `waferrt convert` (default: write one to a temp dir)")
     ap.add_argument("--prompts", type=int, default=2, choices=(1, 2), help="prompts decoded (2)")
-    ap.add_argument("--tokens", type=int, default=4, help="new tokens per prompt (4)")
+    ap.add_argument("--tokens", type=int, default=8, help="new tokens per prompt (8)")
     ap.add_argument("--kv-tokens", type=int, default=64, help="K/V positions reserved per request (64)")
+    ap.add_argument("--lanes", type=int, default=2, choices=(1, 2),
+                    help="micro-batches in flight (2, as `waferrt generate`: the layer tiles compute side by side, "
+                         "each request its own micro-batch; 1: the requests in one micro-batch, each layer's "
+                         "weights read once a step, as the anchor's)")
     args = ap.parse_args()
     with tempfile.TemporaryDirectory(prefix="waferrt-realdims-") as tmp:
         os.environ["WAFERRT_CACHE"] = str(Path(tmp) / "cache")  # the dequantised weights: removed with tmp
@@ -108,6 +128,8 @@ def run(args, tmp: Path) -> None:
     reqs = [GenRequest(tuple(tok.encode(p)), args.tokens) for p in PROMPTS[:args.prompts]]
     with timed("reference decode (numpy, one process)", times):
         ref, _ = generate_reference(config, weights, reqs, greedy)
+    with timed("anchor decode (numpy, one process, one BLAS thread, float32)", times), threadpool_limits(1):
+        anchor_tokens, _, anchor_steps = Anchor(config, weights).generate(reqs)  # its float32 copies freed here
     kv = KVReserve(args.kv_tokens, len(reqs))
     mesh = mesh_for(config, kv, CUT.dtype)
     with timed(f"{NODES} Ray nodes up (LocalCluster)", times):
@@ -116,10 +138,11 @@ def run(args, tmp: Path) -> None:
         with timed("plan", times):
             placement = plan(config, WSE2, mesh, kv=kv,
                              options=PlanOptions(dtype=CUT.dtype, nodes=cluster.node_infos()))
-        got = wafer(placement, weights, reqs, (greedy, cluster.address), times)
+        got = wafer(placement, weights, reqs, Run(greedy, cluster.address, args.lanes), times)
     finally:
         with timed("cluster down", times):
             cluster.__exit__(None, None, None)
+    got["anchor"] = (anchor_tokens, anchor_steps)
     report(placement, [c.tokens for c in ref], got, times)
 
 
@@ -144,23 +167,22 @@ def model(gguf: Path | None, tmp: Path, times: dict):
     return config, weights, meta
 
 
-def wafer(placement, weights, reqs, how, times: dict) -> dict:
-    """Decode `reqs` on the tiles (`how`: the sampler and the cluster's address): tokens, stats, setup, and per
-    tile (pid, RSS now, peak RSS, bytes held)."""
-    greedy, address = how
+def wafer(placement, weights, reqs, how: Run, times: dict) -> dict:
+    """Decode `reqs` on the tiles as `how` says: tokens, stats, setup, and per tile (pid, RSS now, peak RSS,
+    bytes held)."""
     from dataclasses import replace
 
     from waferrt.actors.tile import Tile
     from waferrt.llm import LLM_LAUNCH, WaferLLM
 
-    llm = WaferLLM(placement.config, None, placement, launch=replace(LLM_LAUNCH, address=address))
+    llm = WaferLLM(placement.config, None, placement, lanes=how.lanes, launch=replace(LLM_LAUNCH, address=how.address))
     try:
         with timed("wafer: tile actors up, SRAM booked", times):
             llm.open()
         with timed("wafer: weights cut into the cores' blocks", times):
             llm.load(weights)
         with timed("wafer decode", times):
-            out, stats = llm.generate(reqs, greedy)
+            out, stats = llm.generate(reqs, how.sampler)
         tiles = llm.wafer.tiles
         pids = llm.wafer.on_every_tile(Tile.pid)
         held = llm.wafer.on_every_tile(Tile.decode_bytes)
@@ -197,9 +219,25 @@ def report(placement, ref_tokens, got: dict, times: dict) -> None:
     for layer, pos, ran, est in sorted(rows):
         print(f"| {layer} | {pos} | {ran:,.1f} ({ran / WSE2.clock_hz * 1e6:.2f} us) | {est:,.1f} | {ran / est:.6f} |")
     if not rows:
-        print("(no decode step ran: give --tokens 2 or more)")
+        print("(no decode step of one token per micro-batch ran: give --tokens 2 or more, --lanes 2)")
+    steps(got, len(ref_tokens))
     if not same:
         raise SystemExit("the wafer's tokens differ from the reference's")
+
+
+def steps(got: dict, requests: int) -> None:
+    """The wafer's decode step (a request's time from one token to its next, the mean) over the anchor's (one
+    step of all the requests together), measured in this run, and the machine's load then."""
+    anchor_tokens, anchor_steps = got["anchor"]
+    wafer_steps = got["stats"].token_latency_s
+    if not anchor_steps or not wafer_steps:
+        print("(no decode step ran: give --tokens 2 or more)")
+        return
+    a, w = sum(anchor_steps) / len(anchor_steps), sum(wafer_steps) / len(wafer_steps)
+    load = ", ".join(f"{x:.1f}" for x in os.getloadavg())
+    print(f"decode step, {requests} requests: wafer {w:.3f} s / anchor {a:.3f} s = {w / a:.2f} (goal <= 3.0); "
+          f"the anchor's tokens {'=' if anchor_tokens == got['tokens'] else '!='} the wafer's; "
+          f"load average {load} on {os.cpu_count()} cores")
 
 
 if __name__ == "__main__":

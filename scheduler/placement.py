@@ -26,7 +26,8 @@ Contract (pure: no Ray, returns immutable data):
 - ``default_mesh(config, spec, kv, options=PlanOptions(strategy=...))``: the smallest mesh of 2x2 tiles
   holding the model with
   every region inside one tile and spare slots for repair (1x2, 2x1 or 1x1 tiles when regions of many
-  layers make 2x2 tiles larger than the wafer).
+  layers make 2x2 tiles larger than the wafer); ``mesh_tries`` yields each mesh it tries (a MeshTry), for a
+  caller that bounds the search in time.
 
 - ``plan_streaming(config, spec, mesh, kv=..., options=PlanOptions(dead_links=...))``: weight streaming
   (``waferrt.decode.streaming``):
@@ -44,7 +45,8 @@ Re-planning around failures is :func:`waferrt.scheduler.repair.replan`.
 from __future__ import annotations
 
 import functools
-from dataclasses import replace
+from collections.abc import Iterator
+from dataclasses import dataclass, replace
 
 import numpy as np
 
@@ -335,14 +337,20 @@ def _no_fit_message(work: Workload, spec: HardwareSpec, mesh: MeshSpec, reason: 
             f"--mesh {best.width}x{best.height} --tile {mesh.tile_w}x{mesh.tile_h}.")
 
 
-def default_mesh(config: LlamaConfig, spec: HardwareSpec, kv: KVReserve, tiles: tuple[int, int] = (2, 2),
-                 spare_layers: int = 8, options: PlanOptions = PlanOptions()) -> MeshSpec:
-    """The smallest mesh of tiles[0] x tiles[1] equal tiles where every region lies inside one tile (planned
-    with ``options``: its dtype and strategy) and
-    free region-shaped slots for `spare_layers` layers (spare_layers // group slots) remain for repair.
-    Eight spare slots let SmolLM2 at wse2 re-plan around 10 random dead cores (which hit ~7 layers and often
-    the embedding). When no such mesh of 2x2 tiles is on the wafer (regions of many layers are wide), 1x2,
-    2x1 and 1x1 tiles are tried."""
+@dataclass(frozen=True)
+class MeshTry:
+    """One mesh ``default_mesh`` tried: ``plan`` placed the model on it (`planned`), the way it wants (`wanted`)."""
+
+    mesh: MeshSpec
+    planned: bool
+    wanted: bool
+
+
+def mesh_tries(config: LlamaConfig, spec: HardwareSpec, kv: KVReserve, tiles: tuple[int, int] = (2, 2),
+               spare_layers: int = 8, options: PlanOptions = PlanOptions()) -> Iterator[MeshTry]:
+    """Every mesh ``default_mesh`` tries, in its order (its arguments), each as a MeshTry: whether ``plan``
+    placed the model there, and whether that placement is the one wanted (every region inside one tile,
+    spare slots for `spare_layers`). A caller with a deadline (the CLI) stops when it has waited enough."""
     dtype, g = options.dtype, _group(config, options.strategy)
     spare = spare_layers // g
     for grid in dict.fromkeys([tiles] + ([(1, 2), (2, 1), (1, 1)] if tiles == (2, 2) else [])):
@@ -351,10 +359,28 @@ def default_mesh(config: LlamaConfig, spec: HardwareSpec, kv: KVReserve, tiles: 
             try:
                 p = plan(config, spec, mesh, kv=kv, options=options)
             except PlanError:
+                yield MeshTry(mesh, planned=False, wanted=False)
                 continue
-            r = plan_report(p)
-            if r.straddling == 0 and len(p.spare) >= spare * p.layers[0].size:
-                return mesh
-    raise PlanError(f"no mesh of {tiles[0]}x{tiles[1]} tiles holds the model with every region inside one "
-                    f"tile at spec {spec.name} and KV {kv.tokens}x{kv.requests}; ask for more tiles, "
-                    "a smaller KV reserve or fewer spare layers")
+            yield MeshTry(mesh, True, plan_report(p).straddling == 0 and len(p.spare) >= spare * p.layers[0].size)
+
+
+def no_default_mesh(spec: HardwareSpec, kv: KVReserve, tiles: tuple[int, int] = (2, 2)) -> PlanError:
+    """The error of a search that found no mesh."""
+    return PlanError(f"no mesh of {tiles[0]}x{tiles[1]} tiles holds the model with every region inside one "
+                     f"tile at spec {spec.name} and KV {kv.tokens}x{kv.requests}; ask for more tiles, "
+                     "a smaller KV reserve or fewer spare layers")
+
+
+def default_mesh(config: LlamaConfig, spec: HardwareSpec, kv: KVReserve, tiles: tuple[int, int] = (2, 2),
+                 spare_layers: int = 8, options: PlanOptions = PlanOptions()) -> MeshSpec:
+    """The smallest mesh of tiles[0] x tiles[1] equal tiles where every region lies inside one tile (planned
+    with ``options``: its dtype and strategy) and
+    free region-shaped slots for `spare_layers` layers (spare_layers // group slots) remain for repair.
+    Eight spare slots let SmolLM2 at wse2 re-plan around 10 random dead cores (which hit ~7 layers and often
+    the embedding). When no such mesh of 2x2 tiles is on the wafer (regions of many layers are wide), 1x2,
+    2x1 and 1x1 tiles are tried (``mesh_tries``, unbounded: a model far smaller than the spec's cores may
+    try thousands; the CLI bounds it in time)."""
+    for t in mesh_tries(config, spec, kv, tiles, spare_layers, options):
+        if t.wanted:
+            return t.mesh
+    raise no_default_mesh(spec, kv, tiles)

@@ -174,6 +174,11 @@ class WaferLLM:
         batch = Batch(tuple(requests), sampler, keep_logits)
         return serve(_OnTiles(self), self.setup, self.placement.spec.clock_hz, batch, on_token, trace)
 
+    def decoder(self):
+        """A decode on the tiles to drive by hand (the Decode protocol of waferrt.serving.host, recovering from
+        faults, plus ``cancel(index)`` and ``runs_so_far()``): what a server keeps running (waferrt.server)."""
+        return _OnTiles(self)
+
 
 class _OnTiles:
     """One decode on the tile actors (the Decode protocol of waferrt.serving.host, recovering from faults)."""
@@ -208,6 +213,17 @@ class _OnTiles:
 
     def submit(self, subs: list[Submission]) -> None:
         self._call([(self.llm.head, Tile.decode_submit, (subs,))])
+
+    def cancel(self, index: int) -> None:
+        """Stop request `index` (its slot is freed once its tokens in flight come back: a finish "cancelled")."""
+        self._call([(self.llm.head, Tile.decode_cancel, (index,))])
+
+    def runs_so_far(self, since: dict) -> list:
+        """The stage runs every tile's running loop booked since ``since[tile]`` (a count, advanced here)."""
+        got = self._call([(t, Tile.decode_runs, (since.get(t, 0),)) for t in self.wafer.tiles])
+        for t, runs in zip(self.wafer.tiles, got):
+            since[t] = since.get(t, 0) + len(runs)
+        return [r for runs in got for r in runs]
 
     def events(self, timeout: float) -> list[TokenEvent]:
         from waferrt.actors.watch import TileFailed

@@ -80,3 +80,13 @@ def test_trace_heatmap_and_verbose(ray_session, tiny_gguf, capsys, tmp_path):
                                                               "tile(1,1)"}
     assert check_handovers(json.loads(trace.read_text()))  # the arrows: every hand-over between tiles
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and png.stat().st_size > 20_000
+
+
+def test_sparse_on_the_wafer_equals_the_references_sparse_mode(ray_session, tiny_gguf, capsys):
+    argv = ["generate", "hello world, once upon a time", "--model", tiny_gguf, "--max-new-tokens", "10",
+            "--attention", "sparse:4", "--json"]  # 4 keys of a ~30-position context: the sparse path runs
+    wafer = _json(capsys, argv + WAFER)
+    ref = _json(capsys, argv + ["--reference"])
+    dense = _json(capsys, argv[:-3] + ["--json", "--reference"])
+    assert wafer["tokens"] == ref["tokens"] and len(ref["tokens"]) == 10
+    assert ref["tokens"] != dense["tokens"]  # 4 keys change what the reference says, so the match means something

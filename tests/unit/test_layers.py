@@ -42,6 +42,8 @@ ALLOWED = {
     "recovery": PURE | {"actors", "inject", "dsm", "localtiles", "wafer_faults", "runtime"},  # a decode's recovery
     "llm": PURE | {"actors", "inject", "dsm", "localtiles", "wafer_faults", "runtime", "recovery"},  # WaferLLM
     "cli": PURE | {"actors", "inject", "dsm", "localtiles", "wafer_faults", "runtime", "recovery", "llm"},
+    "server": PURE | {"actors", "inject", "dsm", "localtiles", "wafer_faults", "runtime", "recovery", "llm",
+               "cli"},  # the HTTP server (waferrt serve): the web stack and sockets
     "testing": PURE | {"actors", "inject", "dsm", "localtiles", "wafer_faults", "runtime", "recovery", "llm",
                        "cli"},  # the pytest plugin
 }
@@ -51,6 +53,7 @@ HEAVY = {  # third-party package -> the only modules that may import it
     "zmq": ("waferrt.actors",),
     "gguf": ("waferrt.model.gguf_loader", "waferrt.model.gguf_writer"),
     "tokenizers": ("waferrt.model.tokenizer",),
+    **dict.fromkeys(WEB := ("starlette", "uvicorn", "prometheus_client"), ("waferrt.server",)),  # the web stack
     "matplotlib": ("waferrt.cli.draw", "waferrt.cli.heatmap", "waferrt.cli.sweep_draw", "waferrt.cli.train_draw"),
 }
 PURE_PACKAGES = ["waferrt", "waferrt.core", "waferrt.faults", "waferrt.fabric", "waferrt.model", "waferrt.decode",
@@ -206,4 +209,5 @@ def test_the_probe_sees_heavy_imports():
     """The check above can fail: the actor layer loads Ray and pyzmq, the model's readers gguf/tokenizers
     (matplotlib loads only when a drawing function of the CLI runs, never at import)."""
     assert _loaded("waferrt.actors.remote", "waferrt.actors.fabric", "waferrt.model.gguf_loader") == \
-        sorted(set(HEAVY) - {"matplotlib"})
+        sorted(set(HEAVY) - {"matplotlib", *WEB})
+    assert set(_loaded("waferrt.server.app", "waferrt.server.metrics")) >= {"starlette", "prometheus_client"}

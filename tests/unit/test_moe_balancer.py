@@ -6,11 +6,11 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from waferrt.decode.cost import Decoding
 from waferrt.core.ledger import Ledger
 from waferrt.core.mesh import Region
 from waferrt.core.spec import TINY
 from waferrt.decode.balancer import Swap, block_loads, plan_swap, swap_load
+from waferrt.decode.cost import Decoding
 from waferrt.decode.moe import MoELayerShard, pack_moe_layer
 from waferrt.decode.moe_layout import expert_blocks
 from waferrt.decode.pack import Chunks, pack_embed

@@ -73,3 +73,43 @@ def test_gguf_metadata_gives_the_same_config():
     except FileNotFoundError:
         pytest.skip("SmolLM2 GGUF not installed")
     assert read_config(path) == SMOLLM2_135M
+
+
+def test_the_default_mesh_here_is_cut_into_at_most_max_tiles():
+    """generate's default mesh on this machine alone runs in one tile actor per core it may use, and in fewer
+    when --max-tiles says so (it once planned two and refused its own plan with a TooManyTiles traceback);
+    on a cluster (--address) it is the plan's."""
+    import argparse
+
+    from waferrt.cli.placing import local_cut, local_tiles
+    from waferrt.core.mesh import MeshSpec
+
+    mesh = MeshSpec(174, 128, 87, 64)  # SmolLM2's default: 2x2 tiles
+    cut = local_cut(argparse.Namespace(address=None, max_tiles=1), mesh)
+    assert (cut.tiles_x, cut.tiles_y) == (1, 1) and (cut.width, cut.height) == (174, 128)
+    many = local_cut(argparse.Namespace(address=None, max_tiles=64), mesh)
+    assert many.tiles_x * many.tiles_y == min(4, local_tiles())
+    assert local_cut(argparse.Namespace(address="10.0.0.1:6379", max_tiles=1), mesh) == mesh
+
+
+def test_the_default_mesh_search_gives_up_in_time_and_says_what_to_give():
+    """A model far smaller than the spec's wafer (the tiny Llama on wse2, as a small GGUF given with --model and
+    no --mesh) has thousands of meshes to try: the search stops at its deadline (here none: after the first
+    try) with one line naming a --mesh/--tile the model was placed on and --spec; it once ran 15+ minutes."""
+    import re
+
+    import pytest
+
+    from waferrt.cli.common import UsageError
+    from waferrt.cli.model import searched_mesh
+    from waferrt.core.mesh import MeshSpec
+    from waferrt.core.spec import spec_by_name
+    from waferrt.model import tiny_config
+    from waferrt.scheduler import KVReserve, PlanOptions, plan
+
+    config, spec = tiny_config(), spec_by_name("wse2")
+    with pytest.raises(UsageError, match=r"no default mesh found for this model on wse2 in 0 s \(1 meshes tried.*"
+                                         r"give --mesh (\d+)x(\d+) --tile (\d+)x(\d+) .*or a smaller --spec") as e:
+        searched_mesh(config, spec, KVReserve(512, 8), PlanOptions(), deadline_s=0)
+    w, h, tw, th = map(int, re.search(r"--mesh (\d+)x(\d+) --tile (\d+)x(\d+)", str(e.value)).groups())
+    assert plan(config, spec, MeshSpec(w, h, tw, th), kv=KVReserve(512, 8)).mesh.width == w  # the advice runs

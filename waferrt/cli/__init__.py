@@ -24,7 +24,7 @@ import threading
 # command name -> its module (add_parser(subparsers), run(args) -> int), in the order --help lists them
 COMMANDS = {"generate": "waferrt.cli.generate", "plan": "waferrt.cli.plan", "estimate": "waferrt.cli.estimate",
             "sweep": "waferrt.cli.sweep", "chaos": "waferrt.cli.chaos", "demo": "waferrt.cli.demo",
-            "convert": "waferrt.cli.convert", "train": "waferrt.cli.train"}
+            "convert": "waferrt.cli.convert", "train": "waferrt.cli.train", "serve": "waferrt.server.command"}
 
 DESCRIPTION = """\
 waferrt runs an emulated wafer-scale processor: a 2D mesh of small cores, each with its own few tens of
@@ -42,6 +42,7 @@ examples:
   waferrt demo                                  allreduce on an 8x8 mesh in 2x2 tiles of 4x4 cores
   waferrt convert --moe 8,2 moe.gguf            SmolLM2 cut into a mixture of 8 experts, 2 per token
   waferrt train --model tiny --steps 20         train a small Llama: forward, backward, AdamW (--streaming: on Ray)
+  waferrt serve                                 an OpenAI-compatible server on http://127.0.0.1:8000
   waferrt demo --algo ring --spec wse2          same with the ring algorithm and WSE-2 timings
   waferrt demo --mesh 16x4 --tile 8x2           a non-square mesh (W x H cores, tiles of TW x TH)
   waferrt convert --shape llama3-8b --layers 2 --vocab 32768 l8b.gguf   Llama3-8B's real layers, 2 of them

@@ -41,16 +41,18 @@ def add_attention_args(p) -> None:
 
 
 def check_attention_flags(args) -> None:
-    """--attention and --compare-dense against the other flags: UsageError."""
-    if args.reference and (args.compare_dense or not args.attention.dense):
-        raise UsageError("--attention and --compare-dense are the wafer's: the numpy reference (--reference) "
-                         "decodes densely; leave out one or the other")
+    """--compare-dense against the other flags: UsageError (--reference takes --attention: the reference
+    attends sparsely too, and the wafer's sparse tokens are its tokens)."""
+    if args.reference and args.compare_dense:
+        raise UsageError("--compare-dense compares the wafer's tokens with the dense reference's; with --reference "
+                         "run the two commands (--attention sparse:K and dense) and compare them, or leave out "
+                         "--reference")
 
 
 def check_kv_room(args, requests) -> None:
     """For sparse attention (long contexts): UsageError naming --kv-tokens (and --requests) to write when a
     request needs more K/V positions than --kv-tokens."""
-    if args.attention.dense:
+    if args.attention.dense or args.reference:  # the reference holds any context
         return
     need = max(len(r.prompt_ids) + r.max_new_tokens for r in requests)
     if need > args.kv_tokens:

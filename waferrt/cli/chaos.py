@@ -26,6 +26,7 @@ from waferrt.model.sparse import AttentionMode
 from .common import (
     MAX_SEED,
     UsageError,
+    check_context,
     checked_mesh,
     model_arg,
     not_a_file,
@@ -232,6 +233,7 @@ def _model(args):
         config = tiny_config() if args.model == "tiny" else tiny_moe_config(n_experts=4, top_k=2)
         args.spec, args.kv_tokens, args.max_tiles = args.spec or "tiny", 32 + args.max_new_tokens, 64
         requests = [GenRequest(tuple(range(3 + i, 8 + 2 * i)), args.max_new_tokens) for i in range(args.requests)]
+        check_context(requests, config)
         mesh = checked_mesh(args, lambda w, h: (8, 8)) or (None if args.streaming else MeshSpec(16, 16, 8, 8))
         return (config, lambda: synthetic_llama(config, seed=0), requests,
                 lambda nodes: placing.placement(args, config, mesh, requests, nodes), str)
@@ -239,6 +241,7 @@ def _model(args):
     mesh = checked_mesh(args, lambda w, h: (w, h))
     model, tok = open_model(args)
     requests = prompt_requests(args, tok, list(PROMPTS[:args.requests]))
+    check_context(requests, model.config)
     return (model.config, lambda: ready_weights(model), requests,
             lambda nodes: placing.placement(args, model.config, mesh, requests, nodes),
             lambda ids: tok.decode(ids, skip_special=True))
@@ -248,29 +251,35 @@ def _plan(args, llm):
     """The plan to run: --plan's, or drawn from --seed over what the decode uses."""
     import dataclasses
 
-    from waferrt.decode.program import crossings
-    from waferrt.faults import FaultPlan, Targets
-    from waferrt.faults.model import border_links
-
     if args.plan:
         plan = args.plan_given  # loaded and checked before Ray started
     else:
-        p = llm.placement
-        cores = {c for _, r in p.regions() for c in r.cores()} - p.mesh.dead
-        cross = crossings(llm.setup)  # the tile borders the decode's micro-batches cross: where Corrupt can strike
-        links = border_links(p.mesh, cross) if cross else []
-        if "corrupt" in args.kinds and not links and len(args.kinds) > 1:
-            say("no corrupt faults drawn: every stage runs on one tile, so no payload crosses a tile border")
-        try:
-            plan = FaultPlan.random(args.seed, args.faults, Targets(p.mesh, cores, links, args.nodes), args.kinds,
-                                    args.max_new_tokens)
-        except ValueError as e:  # nothing left to draw: corrupt alone where no payload crosses a tile border
-            raise UsageError(f"--kinds {','.join(args.kinds)}: {e}") from None
+        plan = draw_plan(llm, args.seed, args.faults, args.kinds, args.nodes, args.max_new_tokens)
     if args.policy:
         plan = dataclasses.replace(plan, policy=args.policy)
     if args.save_plan:
         plan.save(args.save_plan)
     return plan
+
+
+def draw_plan(llm, seed: int, n: int, kinds: tuple[str, ...], nodes: int, steps: int):
+    """A FaultPlan of `n` faults of `kinds` drawn from `seed` over what the decode of `llm` uses (its cores,
+    the tile borders its micro-batches cross, `nodes` Ray nodes), each at a step up to `steps`; UsageError
+    when nothing is left to draw (also for ``waferrt serve --chaos``)."""
+    from waferrt.decode.program import crossings
+    from waferrt.faults import FaultPlan, Targets
+    from waferrt.faults.model import border_links
+
+    p = llm.placement
+    cores = {c for _, r in p.regions() for c in r.cores()} - p.mesh.dead
+    cross = crossings(llm.setup)  # the tile borders the decode's micro-batches cross: where Corrupt can strike
+    links = border_links(p.mesh, cross) if cross else []
+    if "corrupt" in kinds and not links and len(kinds) > 1:
+        say("no corrupt faults drawn: every stage runs on one tile, so no payload crosses a tile border")
+    try:
+        return FaultPlan.random(seed, n, Targets(p.mesh, cores, links, nodes), kinds, steps)
+    except ValueError as e:  # nothing left to draw: corrupt alone where no payload crosses a tile border
+        raise UsageError(f"--kinds {','.join(kinds)}: {e}") from None
 
 
 def _again(args, plan) -> str:

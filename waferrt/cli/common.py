@@ -9,9 +9,10 @@ non-blank lines), :func:`model_path` (:func:`model_arg` with a command's own nam
 no directory, device or FIFO (waferrt.core.files, which writes it whole); a picture's name ends in .png, .svg, ...), :func:`number_list`
 (positive finite numbers up to a bound) and :func:`ray_address` (a Ray cluster answers there: a socket with a deadline,
 before Ray is asked).
-:class:`UsageError` is a mistake found after parsing (``main`` prints it as ``waferrt <command>:
+:func:`check_context` and :func:`check_kv_tokens` hold prompts, new tokens and --kv-tokens to the model's
+context (one place for every command). :class:`UsageError` is a mistake found after parsing (``main`` prints it as ``waferrt <command>:
 <message>`` and exits 2, no traceback); :func:`checked_mesh` turns --mesh/--tile into a MeshSpec that fits
-the --spec wafer and stays within --max-tiles. :func:`say` prints a progress line to stderr, stamped with
+the --spec wafer and stays within --max-tiles (:func:`check_max_tiles`: the mesh planned without --mesh too). :func:`say` prints a progress line to stderr, stamped with
 the seconds since the command started ("i/n" counters are progress bars on a terminal).
 """
 
@@ -156,7 +157,7 @@ def prompt_file(path: str) -> tuple[str, ...]:
         raise argparse.ArgumentTypeError(f"{path!r} holds more than {MAX_PROMPT_FILE >> 20} MB: give a file of "
                                          "prompts, one per line, not a corpus")
     try:
-        text = data.decode("utf-8")
+        text = data.decode("utf-8-sig")  # a byte-order mark (Windows editors) is no part of the prompt
         if "\0" in text:
             raise ValueError
     except ValueError:  # UnicodeDecodeError included
@@ -254,6 +255,37 @@ def refuse_together(args, flag: str, others: tuple[str, ...], why: str) -> None:
         for other in others:
             if given(other):
                 raise UsageError(f"{flag} and {other} do not go together: {why}")
+
+
+def check_kv_tokens(kv_tokens: int, config, label: str = "the model") -> None:
+    """UsageError when --kv-tokens reserves more K/V positions than the model's context (`label` names it)."""
+    if kv_tokens > config.max_seq_len:
+        raise UsageError(f"--kv-tokens {kv_tokens:,} is more than {label}'s context of {config.max_seq_len:,} "
+                         f"positions; give at most --kv-tokens {config.max_seq_len}")
+
+
+def check_context(requests, config) -> None:
+    """UsageError when a request's prompt and new tokens (GenRequest's prompt_ids, max_new_tokens) need more
+    positions than the model's context: the one check of generate (wafer and --reference) and chaos."""
+    most = config.max_seq_len
+    for i, r in enumerate(requests):
+        n = len(r.prompt_ids)
+        if n + r.max_new_tokens > most:
+            fix = (f"give --max-new-tokens {most - n} or less" if n < most else
+                   f"shorten it to fewer than {most} tokens")
+            raise UsageError(f"prompt {i} is {n:,} tokens and --max-new-tokens {r.max_new_tokens:,} asks for "
+                             f"{n + r.max_new_tokens:,} positions, more than the model's context of {most:,}: {fix}")
+
+
+def check_max_tiles(args, mesh: MeshSpec) -> None:
+    """UsageError when the mesh a command planned on -- the default one too, which no --mesh checked -- has more
+    than --max-tiles tiles, naming the --mesh/--tile (or --max-tiles) that would do."""
+    try:
+        check_tile_count(mesh, args.max_tiles)
+    except ValueError as e:
+        fix = "" if args.mesh else (f"; the default mesh here is {mesh.width}x{mesh.height} cores: give e.g. --mesh "
+                                    f"{mesh.width}x{mesh.height} --tile {mesh.width}x{mesh.height} for one tile")
+        raise UsageError(f"{e}{fix}") from None
 
 
 def checked_mesh(args, default_tile: Callable[[int, int], tuple[int, int]]) -> MeshSpec | None:

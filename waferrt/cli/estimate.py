@@ -30,7 +30,7 @@ from waferrt.scheduler.strategies import STRATEGY_HELP, parse_strategy
 from waferrt.scheduler.types import OBJECTIVES, KVReserve, Objective
 
 from .attention import attention_mode
-from .common import MAX_REQUESTS, parse_wxh, two_numbers, whole_number
+from .common import MAX_REQUESTS, check_kv_tokens, parse_wxh, two_numbers, whole_number
 from .strategy import strategy_text
 from .train_estimate import add_train_args, run_estimate, train_job, train_objective
 
@@ -109,9 +109,8 @@ def workload(args):
     config, label = model_by_name(args.model)
     spec = spec_by_name(args.preset or "wse2")
     tried = parse_strategy(args.strategy, config.n_layers) if args.strategy else None
-    if args.kv_tokens is not None and args.kv_tokens > config.max_seq_len:
-        raise ValueError(f"--kv-tokens {args.kv_tokens:,} is more than {label}'s context of {config.max_seq_len:,} "
-                         f"positions; give at most --kv-tokens {config.max_seq_len}")
+    if args.kv_tokens is not None:
+        check_kv_tokens(args.kv_tokens, config, label)
     kv = KVReserve(args.kv_tokens or min(4096, config.max_seq_len), args.requests or 8)
     return config, label, spec, tried, kv
 

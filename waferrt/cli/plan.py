@@ -29,7 +29,6 @@ from waferrt.scheduler import (
     PlanError,
     PlanOptions,
     Replan,
-    default_mesh,
     placement_to_json,
     plan_report,
     replan,
@@ -40,6 +39,7 @@ from .common import (
     MAX_SEED,
     UsageError,
     add_max_tiles,
+    check_max_tiles,
     checked_mesh,
     model_path,
     output_path,
@@ -48,6 +48,7 @@ from .common import (
     whole_number,
 )
 from .draw import draw_png
+from .model import searched_mesh
 from .strategy import add_strategy_args, placed
 
 MAX_NODES = 1024  # Ray nodes to plan over (more leaves nodes without a tile, and the search slow)
@@ -173,8 +174,9 @@ def _setup(args) -> tuple[Placement, str, frozenset[Coord], object]:
     kv = KVReserve(args.kv_tokens, args.requests)
     names = [f"node{i}" for i in range(args.nodes)] if args.nodes > 1 else ["local"]
     nodes = tuple(NodeInfo(name, args.cpus) for name in names)
-    p, choice = placed(args, config, spec, kv, nodes, lambda s: mesh or default_mesh(
-        config, spec, kv, options=PlanOptions(dtype=args.dtype, strategy=s)))
+    p, choice = placed(args, config, spec, kv, nodes, lambda s: mesh or searched_mesh(
+        config, spec, kv, PlanOptions(dtype=args.dtype, strategy=s)))
+    check_max_tiles(args, p.mesh)
     return p, model, _kill(p, args.dead, args.seed) if args.dead else frozenset(), choice
 
 def run(args) -> int:

@@ -12,12 +12,12 @@ from __future__ import annotations
 from pathlib import Path
 
 from waferrt.core.files import atomic_path
-from waferrt.estimator.sweep import AREA_BUDGET_MM2, Point
+from waferrt.estimator.sweep import AREA_BUDGET_MM2, Point, sram_kb
 
 MARKERS = {"compute": "o", "fabric": "^", "ingress": "s", "SRAM capacity": "X"}
 
 
-def sram_axes(ax, kbs: list[int], ymax: float, floor: float) -> None:
+def sram_axes(ax, kbs: list[float], ymax: float, floor: float) -> None:
     """x: SRAM per core in KB (log 2, a tick at each of `kbs`), y: tokens/s up to `ymax`, a dotted line at
     `floor` (where the designs that do not fit are drawn)."""
     ax.set_xscale("log", base=2)
@@ -61,7 +61,7 @@ def draw_sweep(points: list[Point], best: Point | None, path, title: str) -> Pat
                             (best.design.sram_bytes / 1024, best.tokens_per_s), xytext=(0.03, 0.97),
                             textcoords="axes fraction", va="top", fontsize=8.5, color="crimson",
                             arrowprops={"arrowstyle": "->", "color": "crimson", "lw": 0.8})
-        sram_axes(ax, sorted({p.design.sram_bytes // 1024 for p in points}), top * 1.3, floor)
+        sram_axes(ax, sorted({sram_kb(p.design.sram_bytes) for p in points}), top * 1.3, floor)
         ax.set_title(f"links {link:g} B/cycle, clock {clock / 1e9:g} GHz", fontsize=10)
         ax.grid(alpha=0.3)
     handles = [Line2D([], [], color=colors[m], lw=2, label=f"mesh {m[0]}x{m[1]}") for m in meshes]

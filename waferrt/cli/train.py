@@ -294,14 +294,23 @@ def run(args) -> int:
         f"{'weight streaming' if args.streaming else 'resident'} on {region.w}x{region.h} cores of {spec.name}")
     side = min(region.w, region.h)
     say(f"the {side}x{side} square's SRAM: {step_plan(spec, config, region, shape)}")
-    if args.check:
-        how = f"the mesh kernels on {side}x{side} cores" if args.on == "mesh" else "the numpy reference's phases"
-        say(f"--check: each step's weight gradients, from {how}, against model.backward.loss_and_grads (numpy) at the "
-            "same weights: the largest difference relative to the largest entry of that weight's reference gradient")
+    if args.check and args.on == "mesh":
+        say(f"--check: each step's weight gradients, from the mesh kernels on {side}x{side} cores, against "
+            "model.backward.loss_and_grads (numpy) at the same weights: the largest difference relative to the "
+            "largest entry of that weight's reference gradient")
+    elif args.check:
+        say("--check: each step's gradients from the numpy reference's phases against central differences of the "
+            f"reference's loss (+-{train_report.FD_EPS:g}) at the largest entry of 4 weights (an independent check)")
+    ledger = args.on == "mesh" and not args.streaming
+    say("modelled: " + ("each step's cycles as the mesh's ledger booked them, + AdamW's" if ledger else
+                        "the closed form of a step (training.cost.step_cycles)"))
     hp = AdamW(lr=args.lr or (TINY_LR if args.model == "tiny" else FINE_TUNE_LR))
     trainer, stop = _trainer(args, config, weights(), hp, (spec, region))
     try:
-        row = functools.partial(train_report.row, modelled=modelled, shape=shape)  # (step, report, wall) -> row
+        def row(i, report, wall, booked):  # booked: the cycles the mesh's ledger took for the step, or None
+            seconds = modelled if booked is None else ((booked + cycles.optimizer) / spec.clock_hz, modelled[1])
+            return train_report.row(i, report, wall, seconds, shape)
+
         rows = _steps(args, config, trainer, batcher, row)
         saved = _save(args, config, trainer.weights(), meta) if args.save else None
         if args.fault:
@@ -324,11 +333,14 @@ def _steps(args, config, trainer, batcher, row) -> list[dict]:
     rows, seen = [], 0
     for i in range(1, args.steps + 1):
         tokens, before = batcher.rows(i - 1), train_report.copy(config, trainer.weights()) if args.check else None
-        t0 = time.perf_counter()
+        t0, booked = time.perf_counter(), _booked(args, trainer)
         report = trainer.step(tokens, i)
-        rows.append(row(i, report, time.perf_counter() - t0))
+        wall, after = time.perf_counter() - t0, _booked(args, trainer)
+        rows.append(row(i, report, wall, None if after is None else after - booked))
         if before is not None:
-            rows[-1]["grad_error"] = train_report.grad_error(config, before, tokens, trainer.last_grads())
+            check = train_report.grad_error if args.on == "mesh" else train_report.fd_error
+            rows[-1]["grad_check"] = "the numpy reference" if args.on == "mesh" else "finite differences"
+            rows[-1]["grad_error"] = check(config, before, tokens, trainer.last_grads())
         recoveries = trainer.recoveries[seen:]
         seen += len(recoveries)
         for text in recoveries:
@@ -339,6 +351,14 @@ def _steps(args, config, trainer, batcher, row) -> list[dict]:
             line(train_report.text(rows[-1], args.steps), sys.stdout)
         counter("training", i, args.steps, "steps", stamp())
     return rows
+
+
+def _booked(args, trainer) -> float | None:
+    """The cycles the mesh's ledger holds so far (a resident --on mesh run's Wafer, ResidentTraining.wafer), or
+    None (no ledger in this process: the reference's phases, or the streaming tile's Wafer in its actor)."""
+    if args.on != "mesh" or args.streaming:
+        return None
+    return trainer.wafer.cost().total.cycles
 
 
 def _fault_free(args, model, batcher, trainer, where) -> bool:

@@ -12,6 +12,7 @@ from pathlib import Path
 
 from waferrt.core.files import atomic_path
 from waferrt.core.topology import TOPOLOGIES
+from waferrt.estimator.sweep import sram_kb
 from waferrt.estimator.train import STRATEGIES
 from waferrt.estimator.train_sweep import TrainPoint
 
@@ -49,7 +50,7 @@ def draw_train_sweep(points: list[TrainPoint], best: dict, path, title: str) -> 
             ax.annotate(f"best: {b.design.label()}\n{by:,.0f} tokens/s", (bx, by), xytext=(0.03, 0.97),
                         textcoords="axes fraction", va="top", fontsize=8, color="crimson",
                         arrowprops={"arrowstyle": "->", "color": "crimson", "lw": 0.8})
-        sram_axes(ax, sorted({p.design.sram_bytes // 1024 for p in points}), top * 1.35, floor)
+        sram_axes(ax, sorted({sram_kb(p.design.sram_bytes) for p in points}), top * 1.35, floor)
         ax.set_title(strategy, fontsize=10)
         ax.grid(alpha=0.3)
     handles = [Line2D([], [], ls="", marker="o", color=c, label=t) for t, c in COLOURS.items()]

@@ -10,12 +10,15 @@ refusing (UsageError, one line) the training flags without --train and the infer
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 
 from waferrt.core.template import TEMPLATES, WaferTemplate, template_by_name
 from waferrt.core.topology import TOPOLOGIES, Topology
 from waferrt.core.train_cost import TrainShape
+from waferrt.estimator import train_papers as papers
 from waferrt.estimator.train import TrainJob, estimate_train
+from waferrt.estimator.train_papers import paper_rows
 from waferrt.model.zoo import model_by_name
 
 from .common import UsageError, refuse_together, whole_number
@@ -90,5 +93,10 @@ def run_estimate(args) -> int:
         est = estimate_train(job, template, train_objective(args))
     except ValueError as e:
         raise UsageError(str(e)) from None
-    print(json.dumps(est.to_json(), indent=1) if args.json else est.text())
+    if args.json:
+        doc = est.to_json()
+        doc["papers"] = [dataclasses.asdict(r) for r in paper_rows(job)]
+        print(json.dumps(doc, indent=1))
+    else:
+        print("\n".join([est.text(), *papers.lines(job, template)]))
     return 0 if est.chosen else 1

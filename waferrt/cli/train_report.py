@@ -3,7 +3,9 @@
 Contract: :func:`row` is a step's figures (loss, wall and modelled seconds, the recomputed forwards', the
 bytes streamed, tokens/s of both); :func:`text` its line on stdout; :func:`summary` the run's last line (or
 the one JSON object of --json); :func:`copy` keeps the weights as a step starts and :func:`grad_error` is the
-largest relative difference of the step's gradients from the numpy reference's at them (--check).
+largest relative difference of the step's gradients from the numpy reference's at them (--check of the mesh's),
+:func:`fd_error` from central differences of the reference's loss at a few coordinates (--check of the
+reference's own backward, which the reference cannot check).
 """
 
 from __future__ import annotations
@@ -30,6 +32,32 @@ def grad_error(config, before, tokens, got: dict) -> float:
     return max(float(np.max(np.abs(got[n] - g)) / max(float(np.max(np.abs(g))), 1e-30)) for n, g in want.items())
 
 
+FD_EPS = 1e-2  # central differences in float32: ~1e-4 relative on tiny's largest entries (a step of 1e-3: ~1e-3)
+
+
+def fd_error(config, before, tokens, got: dict) -> float:
+    """An independent check of a step's gradients (the reference's own backward checked against itself
+    proves nothing): for the first layer's wq, the last layer's w_down, the final norm and the embedding,
+    the central difference of the reference's loss at `got`'s largest entry, FD_EPS either side; the largest
+    difference relative to the difference's size."""
+    from waferrt.model.backward import loss_and_grads, named_arrays
+    from waferrt.model.weights import assemble
+
+    arrays = named_arrays(before)
+
+    def loss_at(name: str, at: tuple, step: float) -> float:
+        moved = {n: (np.array(a) if n == name else a) for n, a in arrays.items()}
+        moved[name][at] += np.float32(step)
+        return loss_and_grads(config, assemble(config, moved.items()), tokens)[0]
+
+    worst = 0.0
+    for name in ("layers[0].wq", f"layers[{config.n_layers - 1}].w_down", "final_norm", "embed"):
+        at = np.unravel_index(int(np.argmax(np.abs(got[name]))), got[name].shape)
+        fd = (loss_at(name, at, FD_EPS) - loss_at(name, at, -FD_EPS)) / (2 * FD_EPS)
+        worst = max(worst, abs(float(got[name][at]) - fd) / max(abs(fd), 1e-30))
+    return worst
+
+
 def row(i: int, report, wall: float, modelled: tuple[float, float], shape) -> dict:
     """A step's row; `modelled` (the step's seconds, of which the recomputed forwards')."""
     return {"step": i, "loss": report.loss, "wall_s": wall, "modelled_s": modelled[0],
@@ -42,7 +70,7 @@ def text(row: dict, steps: int) -> str:
             f"({row['wall_tokens_per_s']:,.0f} tok/s)  modelled {row['modelled_s'] * 1e3:.3f} ms "
             f"({row['modelled_tokens_per_s']:,.0f} tok/s"
             + (f"; recompute {row['modelled_recompute_s'] * 1e3:.3f} ms" if row["modelled_recompute_s"] else "") + ")"
-            + (f"  gradients vs the numpy reference: {row['grad_error']:.1e} relative" if "grad_error" in row else ""))
+            + (f"  gradients vs {row['grad_check']}: {row['grad_error']:.1e} relative" if "grad_error" in row else ""))
 
 
 def summary(args, rows: list[dict], saved, where) -> None:

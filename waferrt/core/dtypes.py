@@ -44,6 +44,11 @@ def itemsize(dtype: str) -> int:
     return 2 if dtype == "bfloat16" else np.dtype(dtype).itemsize
 
 
+def stored_nbytes(a: np.ndarray, dtype: str) -> int:
+    """Bytes of a weight block at the storage dtype, whether the host holds it so or widened to float32."""
+    return a.size * itemsize(dtype) if a.dtype == np.float32 else a.nbytes
+
+
 def storage_dtype(dtype: str) -> np.dtype:
     """The numpy dtype that holds a storage dtype (bfloat16: uint16 bits)."""
     return np.dtype(np.uint16 if check_dtype(dtype) == "bfloat16" else dtype)
@@ -61,8 +66,9 @@ def to_storage(a: np.ndarray, dtype: str) -> np.ndarray:
 
 
 def to_f32(a: np.ndarray, dtype: str) -> np.ndarray:
-    """storage -> float32 for computing (a no-op for float32)."""
-    if dtype == "float32":
+    """storage -> float32 for computing (a no-op for float32, and for a block the host already widened to
+    float32: waferrt.decode.shards.in_float32)."""
+    if dtype == "float32" or a.dtype == np.float32:
         return a
     if dtype == "float16":
         return a.astype(np.float32)

@@ -16,8 +16,8 @@ Tokens stay identical: the experts compute where they are until the last part ha
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from collections.abc import Sequence
+from dataclasses import dataclass
 from itertools import combinations
 
 import numpy as np

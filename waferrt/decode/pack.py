@@ -22,6 +22,7 @@ import numpy as np
 from waferrt.core.dtypes import storage_dtype, to_storage
 from waferrt.core.layout import Chunks, Layout, to_blocks
 from waferrt.core.mesh import Region
+from waferrt.core.pages import drop_pages
 from waferrt.model.config import LlamaConfig
 
 from .layout import final_norm_layout, layer_layouts
@@ -70,7 +71,10 @@ def pack_layer(config: LlamaConfig, lw, region: Region, dtype: str = "float32") 
     hd, nh, nkv = config.head_dim, config.n_heads, config.n_kv_heads
 
     def stored(a: np.ndarray, *shape: int) -> np.ndarray:  # weights in `dtype`'s numpy form, reshaped
-        return to_storage(a, dtype).reshape(shape or a.shape)
+        out = to_storage(a, dtype)
+        if not np.shares_memory(out, a):  # converted: the mapped float32 source's pages go back (core.pages)
+            drop_pages(a)
+        return out.reshape(shape or a.shape)
 
     def cut(a: np.ndarray, key: str, *shape: int):  # made when _joined takes it
         return (lambda: stored(a, *shape)), lay[key]
@@ -119,7 +123,10 @@ def pack_embed(config: LlamaConfig, embed, final_norm: np.ndarray, region: Regio
     read = getattr(embed, "read_rows", None) or (lambda r0, r1: np.asarray(embed[r0:r1]))
     for r0 in range(0, config.vocab_size, ROWS_PER_BLOCK):
         r1 = min(r0 + ROWS_PER_BLOCK, config.vocab_size)
-        block = dims.split(to_storage(read(r0, r1), dtype))  # (n, C, dim_c), stored before it is cut
+        source = read(r0, r1)
+        block = dims.split(to_storage(source, dtype))  # (n, C, dim_c), stored before it is cut
+        if not np.shares_memory(block, source):
+            drop_pages(source)  # a mapped float32 block's pages go back (core.pages)
         out[place[r0:r1]] = block.reshape(r1 - r0, -1)
     return {"table": out, "final_norm": to_storage(to_blocks(final_norm, final_norm_layout(config, region))[0], dtype)}
 

@@ -37,6 +37,7 @@ import time
 import numpy as np
 
 from waferrt.core.cost import Cost
+from waferrt.core.dtypes import stored_nbytes
 from waferrt.core.ledger import Ledger
 from waferrt.core.mesh import Dir, MeshSpec, TileId
 from waferrt.fabric.comm import LineComm, Span
@@ -169,9 +170,10 @@ class TileProgram:
         return sum(len(sh.swaps) for sh in self.layers.values() if isinstance(sh, MoELayerShard))
 
     def held_bytes(self) -> int:
-        """Bytes of the weight blocks and K/V caches of the stages this tile hosts."""
+        """Bytes of the weight blocks (at the storage dtype: what the cores hold) and K/V caches of the stages
+        this tile hosts."""
         shards = [*self.layers.values(), *([self.embed] if self.embed else [])]
-        weights = sum(a.nbytes for sh in shards for a in sh.arrays.values())
+        weights = sum(stored_nbytes(a, self.setup.dtype) for sh in shards for a in sh.arrays.values())
         return weights + sum(sh.kv.nbytes for sh in self.layers.values())
 
     # -- what happens to a micro-batch ---------------------------------------------------------------------

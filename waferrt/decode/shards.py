@@ -29,7 +29,7 @@ from waferrt.model.reference import silu
 
 from . import sparse
 from .cost import Decoding
-from .kvcache import FlowKVCache, KVView, MeshKVCache, as_slice
+from .kvcache import KVView, MeshKVCache, as_slice
 from .net import Net, net_of
 from .pack import Chunks, rope_tables
 
@@ -97,20 +97,15 @@ def rotate(x: np.ndarray, cos2: np.ndarray, sin2: np.ndarray) -> np.ndarray:
     return out
 
 
-class ComputeCopies:
-    """The float32 copies the host computes with, of storage-dtype weight blocks: each converted once and kept
-    while its storage array is the one held under its name (a block replaced -- the prefill carrying it back,
-    a streamed layer's next blocks -- is converted again). The modelled core holds the storage dtype (what
-    SRAM books); the host holds both (float32 weights: the same array, no copy)."""
-
-    def __init__(self, dtype: str):
-        self.dtype, self.held = dtype, {}  # name -> (the storage array, its float32 copy)
-
-    def of(self, name: str, stored: np.ndarray) -> np.ndarray:
-        held = self.held.get(name)
-        if held is None or held[0] is not stored:
-            held = self.held[name] = (stored, to_f32(stored, self.dtype))
-        return held[1]
+def in_float32(arrays: dict, name: str, dtype: str) -> np.ndarray:
+    """Block `name` of `arrays` in float32, the form the host computes with. On its first use a storage-dtype
+    block is widened (exactly) and put in its place in `arrays`: the host holds each block once, in float32,
+    from then on, and a decode step reads it as it is (it was converted for every micro-batch). A block put
+    back at the storage dtype (a streamed layer's next blocks) is widened again on its use."""
+    a = arrays[name]
+    if a.dtype != np.float32:
+        a = arrays[name] = to_f32(a, dtype)
+    return a
 
 
 class LayerShard:
@@ -119,15 +114,14 @@ class LayerShard:
         positions per request) of the K/V caches."""
         config, coll, dtype = dec.config, dec.coll, dec.dtype
         self.config, self.region, self.ledger, self.coll = config, region, ledger, coll
-        self.dtype = dtype  # weights and K/V are stored in `dtype` (what SRAM books), computed in float32
-        self.arrays = arrays  # the storage blocks; their float32 copies made once (`_w`)
+        self.arrays, self.dtype = arrays, dtype  # weights and K/V are stored in `dtype`, computed in float32
+        # (the cores hold the blocks in `dtype`, what SRAM books; the host widens them once: in_float32)
         self.rows, self.cols = region.h, region.w
         self.cx = LineComm("x", Span.of(region), ledger, fast=coll.fast)
         self.cy = LineComm("y", Span.of(region), ledger, fast=coll.fast)
         self.net = net_of(coll)  # how this run's collectives run: fast, or hop by hop (waferrt.decode.net)
         self.hd_r = arrays["wqkv"].shape[0] // (self.rows * (config.n_heads + 2 * config.n_kv_heads))
-        cache = FlowKVCache if coll.fast else MeshKVCache  # the same entries, counts and bookings
-        self.kv = cache(config, self.cx, kv[0], kv[1], self.hd_r, dtype)
+        self.kv = MeshKVCache(config, self.cx, kv[0], kv[1], self.hd_r, dtype)
         self.scale = np.float32(1.0 / np.sqrt(config.head_dim))
         self.attention = dec.attention  # dense, or sparse:K (waferrt.decode.sparse)
         self._booked: dict[tuple, list] = {}  # (items[, entries held]) -> what that part of run books
@@ -140,30 +134,27 @@ class LayerShard:
             table = _rope_table(self.config, self.rows, int(poss.max()) + 1)
         return table[0][poss], table[1][poss]
 
-    @property
-    def arrays(self) -> dict:
-        """The weight blocks at the storage dtype (what the cores hold; waferrt.decode.pack)."""
-        return self._arrays
-
-    @arrays.setter
-    def arrays(self, arrays: dict) -> None:
-        self._arrays, self._compute = arrays, ComputeCopies(self.dtype)
-
     def _w(self, name: str) -> np.ndarray:
-        """Weight `name` in float32, converted once per storage array (ComputeCopies)."""
-        return self._compute.of(name, self._arrays[name])
+        return in_float32(self.arrays, name, self.dtype)
 
     def _attention(self, items: Items, q: np.ndarray) -> np.ndarray:
         """q (B, R, nh, hd_r) -> (B, R, nh * hd_r). Item b attends to the positions <= poss[b] of its
         request's cache; every core runs over the entries the fullest of them holds (masked where its own
-        are fewer); scores, the softmax max and sum, and the weighted V sum reduce over the cores."""
-        net, B, nkv, R = self.net, len(items.slots), self.config.n_kv_heads, self.rows
+        are fewer); scores, the softmax max and sum, and the weighted V sums reduce over the cores. Under a
+        sparse mode with K below the context, STAR's (waferrt.decode.sparse): predict, keep the top K, attend
+        over the kept keys alone in predicted order."""
+        B, nkv, R = len(items.slots), self.config.n_kv_heads, self.rows
         qg = q.reshape(B, R, nkv, -1, self.hd_r).transpose(0, 2, 3, 1, 4)  # (B, nkv, rep, R, hd_r)
         view = self.kv.view(items)  # K (B, nkv, [R, hd_r], [positions]), V (B, nkv, [positions], R*hd_r)
-        if self.attention.keys_kept(items.length) < items.length:  # sparse: predict, keep the top K
-            view = self._sparse(qg, items, view)
-        if view.per_head:  # a block of kept keys per query head
-            qg = qg[:, :, :, None]  # (B, nkv, rep, 1, R, hd_r)
+        if self.attention.keys_kept(items.length) < items.length:
+            out = (sparse.fast_attend if self.net.fast else sparse.hop_attend)(self, qg, items, view)
+        else:
+            out = self._dense(qg, view)
+        return out.reshape(B, nkv, -1, R, self.hd_r).transpose(0, 3, 1, 2, 4).reshape(B, R, -1)
+
+    def _dense(self, qg: np.ndarray, view: KVView) -> np.ndarray:
+        """Every held key: qg (B, nkv, rep, R, hd_r) -> (B, nkv, rep, R*hd_r)."""
+        net = self.net
         scores = net.dot(self.cy, net.split(qg), view.k, view.held)  # (B, nkv, rep, [positions]): over the rows
         scores *= self.scale
         np.copyto(scores, np.float32(-np.inf), where=view.hidden)
@@ -171,14 +162,7 @@ class LayerShard:
         e = np.exp(scores, out=scores)
         e /= net.reduce(self.cx, e, "sum")
         net.elementwise(self.cx, "softmax", e, view.held)
-        out = net.dot(self.cx, e, view.v, view.held)  # (B, nkv, rep, R*hd_r): the weighted V sums, over the columns
-        if view.per_head:
-            out = out[:, :, :, 0]
-        return out.reshape(B, nkv, -1, R, self.hd_r).transpose(0, 3, 1, 2, 4).reshape(B, R, -1)
-
-    def _sparse(self, qg: np.ndarray, items: Items, view: KVView) -> KVView:
-        """STAR's prediction and top-K (waferrt.decode.sparse) in this run's layout: the view of the kept keys."""
-        return (sparse.fast_view if self.net.fast else sparse.hop_view)(self, qg, items, view)
+        return net.dot(self.cx, e, view.v, view.held)  # the weighted V sums, over the columns
 
     # -- a batch of tokens ------------------------------------------------------------------------------
     def forward(self, x: np.ndarray, slots: np.ndarray, poss: np.ndarray) -> np.ndarray:
@@ -237,8 +221,7 @@ class EmbedShard:
     def __init__(self, config: LlamaConfig, region: Region, arrays: dict, ledger: Ledger,
                  coll: Collectives = KTREE_FAST, dtype: str = "float32"):
         self.config, self.region, self.ledger, self.coll, self.dtype = config, region, ledger, coll, dtype
-        self.arrays, self._compute = arrays, ComputeCopies(dtype)
-        self.table, self.norm = arrays["table"], arrays["final_norm"]  # (R*voc_r, C*dim_c), (C, dim_c)
+        self.arrays = arrays  # "table" (R*voc_r, C*dim_c), "final_norm" (C, dim_c)
         self.rows, self.cols = region.h, region.w
         self.vocab = Chunks(config.vocab_size, region.h)
         self.cx = LineComm("x", Span.of(region), ledger, fast=coll.fast)
@@ -246,11 +229,11 @@ class EmbedShard:
 
     def lookup(self, tokens: np.ndarray) -> np.ndarray:
         """The embedding rows of `tokens` (B,), each as (C, dim_c) in the core row that holds it."""
-        return table_rows(self.table, self.vocab, self.dtype, tokens).reshape(len(tokens), self.cols, -1)
+        return table_rows(self.arrays["table"], self.vocab, self.dtype, tokens).reshape(len(tokens), self.cols, -1)
 
     def logits(self, x: np.ndarray) -> np.ndarray:
         """Final RMSNorm and the tied head as a MeshGEMV: x (B, C, dim_c) -> logits (B, vocab)."""
         with self.ledger.op("head"):
-            h = mesh_rmsnorm(self.net, self.cx, x, self._compute.of("final_norm", self.norm), self.config)
-            out = self.net.gemv(self.cx, self._compute.of("table", self.table), h)  # (B, R, voc_r)
+            h = mesh_rmsnorm(self.net, self.cx, x, in_float32(self.arrays, "final_norm", self.dtype), self.config)
+            out = self.net.gemv(self.cx, in_float32(self.arrays, "table", self.dtype), h)  # (B, R, voc_r)
         return self.vocab.join(out)  # (B, vocab)

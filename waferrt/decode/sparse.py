@@ -8,22 +8,27 @@ request holds L positions it keeps K = ``attention.keys_kept(L)`` keys per query
    powers of two, ``model.sparse.log_keys``: `predicted`), booked as flops at decode.cost.PREDICT_DTYPE's
    rate (`book_prediction`) and its partial scores' reduce over the rows (as the dense scores' reduce);
 2. keeps each item's ``keys_kept(its own context)`` highest-predicted positions, ties to the earlier one
-   (``model.sparse.select_top``'s rule: `chosen`), booked as the row's top-K on every row of the region
+   (``model.sparse.select_top``'s rule: `ranked`), booked as the row's top-K on every row of the region
    (`book_top_k`: ``decode.topk.topk_cost``, selection, streamed merge, multicast; tied to the row_topk kernel);
+3. gathers each query head's kept keys and values in predicted order (`ranked`) and scores them alone -- the
+   dense Q.K^T is never computed -- then combines them with STAR's sorted-updating FlashAttention (`flash`:
+   ``model.sparse.sorted_attention``'s online softmax, BLOCK keys at a time, each core over its own kept keys),
+   the cores' running maxes, sums and P.V merged over the row (`merged`);
 
-then attends over the chosen keys (within the visible ones), booked as min(K, m) keys a core: a core holding
-m positions may hold that many of the kept ones, and the mesh waits for its busiest core. With
-K >= L every visible key is kept and nothing more is booked: the mask is the dense one, so the tokens are
+booked as min(K, m) keys a core: a core holding m positions may hold that many of the kept ones, and the mesh
+waits for its busiest core. With K >= L the layer runs dense attention (decode.shards), so the tokens are
 dense's exactly. What is booked is ``decode.cost.sparse_parts`` (tested equal).
 
-On the hop-by-hop collectives (``Collectives(fast=False)``) `hop_selection` runs the same steps message by
-message -- the partial predictions' allreduce, the row_topk kernel itself, each core's kept entries gathered
-into a block of min(K, m) -- booking what the fast path books (tested equal, with the same outputs).
+`fast_attend` holds the kept keys joined (one online softmax over a head's K keys, as the reference's). On the
+hop-by-hop collectives (``Collectives(fast=False)``) `hop_attend` runs the same steps message by message
+(`hop_selection`): the partial predictions' allreduce, the row_topk kernel itself, each core's kept entries
+gathered into a block of min(K, m) in predicted order, each core's `flash` over its block and the merge's
+allreduces -- booking what the fast path books (tested equal, with the same outputs to float32 rounding).
 """
 
 from __future__ import annotations
 
-from dataclasses import replace
+from typing import NamedTuple
 
 import numpy as np
 
@@ -35,6 +40,8 @@ from waferrt.model.sparse import AttentionMode, log_keys
 from .cost import PREDICT_DTYPE
 from .kvcache import KVView
 from .topk import TopKRow, row_topk, topk_cost, unpack
+
+BLOCK = 16  # keys per step of the sorted-updating softmax (model.sparse.sparse_attention's default)
 
 
 def predicted(qg: np.ndarray, keys: tuple[np.ndarray, np.ndarray], visible: np.ndarray) -> np.ndarray:
@@ -50,48 +57,97 @@ def predicted(qg: np.ndarray, keys: tuple[np.ndarray, np.ndarray], visible: np.n
     return np.where(visible, pred, np.float32(-np.inf))
 
 
-def chosen(pred: np.ndarray, poss: np.ndarray, attention: AttentionMode) -> np.ndarray:
-    """The mask of each item's keys_kept(its context) highest-predicted positions, ties to the earlier one
-    (what a stable sort keeps), by selection: every score above the k-th highest, then the earliest of those
-    equal to it. pred (B, nkv, rep, L); poss (B,) -> (B, nkv, rep, L) bool."""
-    kept = np.array([attention.keys_kept(int(p) + 1) for p in poss])  # (B,)
-    out = np.zeros(pred.shape, bool)
-    for k in np.unique(kept).tolist():
-        sel = np.flatnonzero(kept == k)
-        p = pred[sel]  # (n, nkv, rep, L)
-        kth = -np.partition(-p, k - 1, axis=-1)[..., k - 1:k]  # (n, nkv, rep, 1): the k-th highest
-        above, tie = p > kth, p == kth
-        room = k - np.count_nonzero(above, axis=-1)[..., None]  # how many of the equal ones still fit
-        out[sel] = above | (tie & (np.cumsum(tie, axis=-1) <= room))
-    return out
+def ranked(pred: np.ndarray, poss: np.ndarray, attention: AttentionMode) -> tuple[np.ndarray, np.ndarray]:
+    """Each query head's keys_kept(L) highest-predicted positions, highest first, ties to the earlier one (a
+    stable sort: ``model.sparse.select_top``'s rule), and which of them the item keeps (its own context's share).
+    pred (B, nkv, rep, L); poss (B,) -> order (B, nkv, rep, K) int, kept (B, 1, 1, K) bool."""
+    share = np.array([attention.keys_kept(int(p) + 1) for p in poss])  # (B,)
+    keep = attention.keys_kept(pred.shape[-1])
+    order = np.argsort(-pred, axis=-1, kind="stable")[..., :keep]
+    return order, np.arange(keep) < share[:, None, None, None]
 
 
-def fast_view(shard, qg: np.ndarray, items, view: KVView) -> KVView:
-    """The prediction and the row's top-K on the fast path: qg (B, nkv, rep, R, hd_r); `view` (FlowKVCache.view)
-    -> the view whose mask hides what each query head does not keep, a core running over min(K, held) keys."""
+class Partial(NamedTuple):
+    """One core's (or the joined row's) online softmax over its kept keys: the running max, sum and P.V."""
+
+    top: np.ndarray  # (..., 1)
+    total: np.ndarray  # (..., 1)
+    acc: np.ndarray  # (..., D)
+
+
+def flash(s: np.ndarray, vs: np.ndarray, kept: np.ndarray, block: int = BLOCK) -> Partial:
+    """STAR's sorted-updating FlashAttention (``model.sparse.sorted_attention``) over keys in predicted order,
+    `block` at a time: s (..., n) scores, vs (..., n, D) values, kept (..., n) which count -> the Partial. In
+    that order the running max is (nearly always) the first block's, so the rescale a new max forces is rare."""
+    top = np.full(s.shape[:-1] + (1,), -np.inf, np.float32)
+    total = np.zeros(s.shape[:-1] + (1,), np.float32)
+    acc = np.zeros(s.shape[:-1] + vs.shape[-1:], np.float32)
+    for lo in range(0, s.shape[-1], block):
+        sb = np.where(kept[..., lo:lo + block], s[..., lo:lo + block], np.float32(-np.inf))
+        new = np.maximum(top, sb.max(axis=-1, keepdims=True))
+        base = np.where(np.isfinite(new), new, np.float32(0))  # a core with no kept key yet stays at zero
+        alpha, p = np.exp(top - base), np.exp(sb - base)
+        total = total * alpha + p.sum(axis=-1, keepdims=True)
+        acc = acc * alpha + np.matmul(p[..., None, :], vs[..., lo:lo + block, :])[..., 0, :]
+        top = new
+    return Partial(top, total, acc)
+
+
+def merged(shard, part: Partial, s: np.ndarray, w: int) -> np.ndarray:
+    """The cores' Partials combined over the x-line: the max, then the sums and the P.V rescaled to it -> (B, nkv,
+    rep, D). Booked as dense attention books its softmax and P.V over w = min(K, m) keys a core: the max's and
+    sum's reduces, the softmax's element-wise work on s, each core's P.V over its w keys (made in `flash`) and the
+    allreduce of the partial P.V sums. Fast: part (B, nkv, rep, ...) joined; hop by hop: (B, nkv, rep, C, ...)."""
+    net, cx, ledger = shard.net, shard.cx, shard.ledger
+    top = net.reduce(cx, part.top, "max")
+    f = np.exp(part.top - top)  # each core's rescale to the row's max (0 for a core with no kept key)
+    total = net.reduce(cx, part.total * f, "sum")
+    net.elementwise(cx, "softmax", s, w)
+    rows, acc = int(np.prod(s.shape[:3])), part.acc * f
+    if not ledger.quiet:
+        ledger.compute(2 * rows * w * shard.hd_r)  # every core's P.V over its w kept keys
+    if net.fast:
+        net.allreduced(cx, acc.size)
+    else:  # (B, nkv, rep, C, 1, D): each core's partial sums, allreduced message by message as net.dot does
+        acc = cx.allreduce(acc[:, :, :, :, None], shard.coll, slices=Slices(3), collapse=True, overwrite=True)
+        acc, total = acc[:, :, :, 0], total[..., 0]
+    return acc / total
+
+
+def fast_attend(shard, qg: np.ndarray, items, view: KVView) -> np.ndarray:
+    """The prediction, the row's top-K and the attention over the kept keys on the fast path: qg (B, nkv, rep, R,
+    hd_r); `view` (the PositionEntries layout's) -> (B, nkv, rep, R*hd_r). Each head's K kept keys and values are
+    gathered in predicted order and scored alone (no dense Q.K^T), a core running over min(K, held) of them."""
     L, held, slots = items.length, view.held, items.slots
     qf = shard.net.split(qg)  # (B, nkv, rep, R*hd_r)
     keep, (uniq, which) = shard.attention.keys_kept(L), np.unique(slots, return_inverse=True)
     row = TopKRow(shard.cols, held, qf.shape[0] * qf.shape[1] * qf.shape[2], keep)
-    visible = ~view.hidden
-    pred = predicted(qf, (shard.kv.read(uniq, L)[0], which), visible)  # (B, nkv, rep, L)
+    pred = predicted(qf, (shard.kv.layout.read(uniq, L)[0], which), ~view.hidden)  # (B, nkv, rep, L)
     book_prediction(shard.ledger, row, shard.hd_r)
     shard.net.allreduced(shard.cy, row.heads * held * shard.cols)  # the partial predictions, over the rows
     book_top_k(shard.ledger, row, shard.rows)
-    return replace(view, hidden=~(visible & chosen(pred, items.poss, shard.attention)), held=min(keep, held))
+    order, kept = ranked(pred, items.poss, shard.attention)  # (B, nkv, rep, K)
+    ks = np.take_along_axis(view.k[:, :, None], order[:, :, :, None], axis=-1)  # (B, nkv, rep, R*hd_r, K)
+    vs = np.take_along_axis(view.v[:, :, None], order[..., None], axis=-2)  # (B, nkv, rep, K, R*hd_r)
+    w = min(keep, held)
+    s = shard.net.dot(shard.cy, qf[:, :, :, None], ks, w)[:, :, :, 0] * shard.scale  # (B, nkv, rep, K)
+    return merged(shard, flash(s, vs, kept), s, w)
 
 
-def hop_view(shard, qg: np.ndarray, items, view: KVView) -> KVView:
-    """The same hop by hop (`hop_selection`): qg (B, nkv, rep, R, hd_r) -> a view of a block of min(K, held)
-    kept keys per query head: K (B, nkv, rep, R, hd_r, C, w), V (B, nkv, rep, C, w, R*hd_r)."""
+def hop_attend(shard, qg: np.ndarray, items, view: KVView) -> np.ndarray:
+    """The same hop by hop (`hop_selection`): qg (B, nkv, rep, R, hd_r) -> (B, nkv, rep, R*hd_r). Each core scores
+    its block of w = min(K, held) kept keys per query head, runs `flash` over them in predicted order, and the
+    cores' Partials are combined over the x-line (`merged`)."""
     slots, poss, m = items.slots, items.poss, view.held
-    held = (*shard.kv.read(slots, m), shard.kv.visible(slots, poss, m))
+    cores = shard.kv.layout  # kv_layouts.CoreEntries: every core's own entries
+    held = (*cores.read(slots, m), cores.visible(slots, poss, m))
     qh = qg.transpose(0, 3, 1, 2, 4)  # (B, R, nkv, rep, hd_r)
     k, v, kept, w = hop_selection(shard, qh, (slots, poss), held)
     B, R, nkv, rep, hd_r = qh.shape
-    k = k.reshape(B, R, nkv, rep, hd_r, w, shard.cols).transpose(0, 2, 3, 1, 4, 6, 5)
-    hidden = ~kept.transpose(0, 1, 2, 4, 3)[:, :, :, None]  # (B, nkv, rep, 1, C, w)
-    return KVView(k, v.transpose(0, 2, 3, 1, 4, 5), hidden, w, per_head=True)
+    k = k.reshape(B, R, nkv, rep, hd_r, w, shard.cols).transpose(0, 2, 3, 1, 4, 6, 5)  # (B, nkv, rep, R, hd_r, C, w)
+    s = shard.net.dot(shard.cy, qg[:, :, :, None], k, w)[:, :, :, 0] * shard.scale  # (B, nkv, rep, C, w)
+    part = flash(s, v.transpose(0, 2, 3, 1, 4, 5), kept.transpose(0, 1, 2, 4, 3))  # per core: (B, nkv, rep, C, .)
+    return merged(shard, part, s, w)
 
 
 def book_prediction(ledger, row: TopKRow, hd_r: int) -> None:
@@ -112,7 +168,7 @@ def hop_selection(shard, qg: np.ndarray, at: tuple[np.ndarray, np.ndarray], held
     decode.topk.row_topk kernel on every row of the region (candidates named by their token positions, so ties
     go to the earlier one as on the fast path), then each core's kept entries gathered to the front of a block of
     w = min(K, m) (the most any core holds). qg (B, R, nkv, rep, hd_r); at = (slots, poss); held = (kc (B, R, nkv,
-    hd_r, m*C), vc (B, C, nkv, m, R*hd_r), visible (B, m, C)) as MeshKVCache.read/visible give them -> (kc (B, R,
+    hd_r, m*C), vc (B, C, nkv, m, R*hd_r), visible (B, m, C)) as CoreEntries.read/visible give them -> (kc (B, R,
     nkv, rep, hd_r, w*C), vc (B, C, nkv, rep, w, R*hd_r), visible (B, nkv, rep, w, C), w): one block per head."""
     (slots, poss), (kc, vc, visible) = at, held
     B, R, nkv, rep, hd_r = qg.shape
@@ -123,16 +179,18 @@ def hop_selection(shard, qg: np.ndarray, at: tuple[np.ndarray, np.ndarray], held
     pred = shard.cy.allreduce(part, shard.coll, slices=Slices(1), collapse=True, overwrite=True)  # (B, nkv, rep, m, C)
     pred = np.where(visible[:, None, None], pred, np.float32(-np.inf))
     cand = np.broadcast_to(pred.transpose(4, 0, 1, 2, 3).reshape(C, row.heads, m), (R, C, row.heads, m))
-    positions = np.broadcast_to(shard.kv.pos[slots, :m].transpose(2, 0, 1)[:, :, None, None], (C, B, nkv, rep, m))
+    pos = shard.kv.layout.pos[slots, :m]  # (B, m, C): the token position of each entry
+    positions = np.broadcast_to(pos.transpose(2, 0, 1)[:, :, None, None], (C, B, nkv, rep, m))
     tops = row_topk(Context(Span.of(shard.region), shard.ledger, {}), cand, keep,
                     positions.reshape(C, row.heads, m)[None])
     best = unpack(tops)[1][0, 0].reshape(B, nkv, rep, keep)  # every core of every row holds the same lists
     share = np.array([shard.attention.keys_kept(int(p) + 1) for p in poss])[:, None, None, None]  # (B, 1, 1, 1)
     best = np.where(np.arange(keep) < share, best, -1)  # each item keeps its own context's share
-    entry = shard.kv.pos[slots, :m][:, None, None]  # (B, 1, 1, m, C): the token position of each entry
+    entry = pos[:, None, None]  # (B, 1, 1, m, C)
     kept = visible[:, None, None] & (entry[..., None] == best[:, :, :, None, None]).any(axis=-1)  # (B, nkv, rep, m, C)
     w = min(keep, m)
-    idx = np.argsort(~kept, axis=3, kind="stable")[:, :, :, :w]  # (B, nkv, rep, w, C): the kept entries first
+    rank = np.where(kept, -pred, np.float32(np.inf))  # kept entries first, highest predicted first, ties oldest
+    idx = np.argsort(rank, axis=3, kind="stable")[:, :, :, :w]  # (B, nkv, rep, w, C)
     k = np.take_along_axis(kc.reshape(B, R, nkv, 1, hd_r, m, C), idx[:, None, :, :, None], axis=5)
     v = np.take_along_axis(vc[:, :, :, None], idx.transpose(0, 4, 1, 2, 3)[..., None], axis=4)
     return k.reshape(B, R, nkv, rep, hd_r, w * C), v, np.take_along_axis(kept, idx, axis=3), w

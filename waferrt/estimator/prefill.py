@@ -2,9 +2,10 @@
 
 Contract (pure): ``prefill(est, tokens, side)`` times the prompt of `tokens` tokens as WaferLLM runs its
 prefill: on a `side` x `side` grid of cores (default the largest square of the estimate's mesh, the whole
-wafer's or ``--mesh``'s, at most dim cores a side), every layer in turn on the whole grid, while the decode's floor plan (scheduler
-estimate ``est``) keeps its weights and K/V where they are. Each layer costs what the emulated prefill books
-for that grid (waferrt.decode.prefill.prefill_work_parts, at the estimate's dtype, a Decoding): the QKV
+wafer's or ``--mesh``'s, at most dim cores a side), every layer in turn on the whole grid, while the
+decode's floor plan (scheduler estimate ``est``) keeps its weights and K/V where they are. Each layer
+costs what the emulated prefill books for that grid (waferrt.decode.prefill.prefill_work_parts, at the
+estimate's dtype, a Decoding): the QKV
 projection, the heads' causal attention (the transposed MeshGEMM for Q.K^T, MeshGEMM for P.V), the output
 projection, gate/up and down as MeshGEMMs, the element-wise work. Between the decode's layout and the
 grid (:func:`region_exchange`): every layer's weights from its decode region onto the grid and back, and
@@ -31,8 +32,8 @@ from waferrt.decode.prefill import prefill_work_parts
 from waferrt.model.zoo import model_by_name
 
 from .estimate import host_seconds
-from .wafer import Floor
 from .estimate_report import Estimate
+from .wafer import Floor
 
 CATEGORIES = ("gemm", "attention", "elementwise", "layout", "host")
 LABELS = {"gemm": "projections and MLP (MeshGEMM)", "attention": "attention Q.K^T and V (MeshGEMM)",
@@ -181,8 +182,8 @@ def prefill(est: Estimate, tokens: int, side: int | None = None) -> Prefill:
     on_wafer["host"] = host_seconds(config, spec, 1) + 4 * (tokens - 1) / spec.ingress_bytes_per_s  # the other ids in
     return Prefill(tokens, chunks, side, (est.shape.cols, est.shape.rows), est.strategy.regions, seconds,
                    seconds + head + on_wafer["host"], on_wafer,
-                   weight_block_bytes(config, side, est.dtype) + activation_bytes(config, side, chunk, tokens, est.dtype),
-                   est.time_per_token_s)
+                   weight_block_bytes(config, side, est.dtype)
+                   + activation_bytes(config, side, chunk, tokens, est.dtype), est.time_per_token_s)
 
 
 def published_lines(config, pre: Prefill) -> list[str]:
@@ -194,6 +195,7 @@ def published_lines(config, pre: Prefill) -> list[str]:
     where = "within" if lo <= pre.tokens_per_s <= hi else "above" if pre.tokens_per_s > hi else "below"
     t = sum(v for k, v in pre.breakdown_s.items() if k != "host")
     top = max((k for k in pre.breakdown_s if k != "host"), key=pre.breakdown_s.get)
-    return [f"vs WaferLLM     measured {lo:,}-{hi:,} tokens/s on 480^2-720^2 cores: the model's {pre.tokens_per_s:,.0f} "
-            f"is {where} it ({pre.tokens_per_s / hi:.2f}x the top); {LABELS[top]} {100 * pre.breakdown_s[top] / t:.0f}% "
-            f"of it, in {pre.chunks} chunk(s) (fewer when the decode leaves a core more SRAM)"]
+    return [f"vs WaferLLM     measured {lo:,}-{hi:,} tokens/s on 480^2-720^2 cores: the model's "
+            f"{pre.tokens_per_s:,.0f} is {where} it ({pre.tokens_per_s / hi:.2f}x the top); {LABELS[top]} "
+            f"{100 * pre.breakdown_s[top] / t:.0f}% of it, in {pre.chunks} chunk(s) (fewer when the decode leaves a "
+            "core more SRAM)"]

@@ -36,6 +36,13 @@ LOGIC_UM2 = CORE_UM2 - 48 * 1024 * 8 * SRAM_UM2_PER_BIT  # a WSE-2 core without 
 AREA_BUDGET_MM2 = WSE2_DIE_MM2
 
 
+def sram_kb(sram_bytes: int) -> int | float:
+    """SRAM per core in KB as a design's label shows it: whole KB as such, else to two decimals (--sram 48.9 is
+    50,073 bytes: 48.9 KB, not 48)."""
+    kb = sram_bytes / 1024
+    return int(kb) if kb.is_integer() else round(kb, 2)
+
+
 def core_area_um2(sram_bytes: int) -> float:
     return LOGIC_UM2 + sram_bytes * 8 * SRAM_UM2_PER_BIT
 
@@ -57,7 +64,7 @@ class Design:
                             link_bytes_per_cycle=self.link_bytes_per_cycle, clock_hz=self.clock_hz)
 
     def label(self) -> str:
-        return (f"{self.sram_bytes // 1024} KB, {self.mesh[0]}x{self.mesh[1]}, {self.link_bytes_per_cycle:g} B/cycle, "
+        return (f"{sram_kb(self.sram_bytes)} KB, {self.mesh[0]}x{self.mesh[1]}, {self.link_bytes_per_cycle:g} B/cycle, "
                 f"{self.clock_hz / 1e9:g} GHz")
 
 
@@ -95,7 +102,7 @@ class Point:
 
     def row(self) -> dict:
         e = self.estimate
-        return {"sram_kb": self.design.sram_bytes // 1024, "mesh": f"{self.design.mesh[0]}x{self.design.mesh[1]}",
+        return {"sram_kb": sram_kb(self.design.sram_bytes), "mesh": f"{self.design.mesh[0]}x{self.design.mesh[1]}",
                 "link_bytes_per_cycle": self.design.link_bytes_per_cycle, "clock_ghz": self.design.clock_hz / 1e9,
                 "area_mm2": round(self.design.area_mm2), "within_budget": self.within_budget,
                 "tokens_per_s": self.tokens_per_s, "bound": e.bound,

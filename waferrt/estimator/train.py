@@ -173,8 +173,12 @@ def _timed(st: StrategyTime, job: TrainJob, template: WaferTemplate) -> Strategy
 
 
 def _micro_batch(job: TrainJob, free: float, per_sequence: float) -> int:
-    """The most sequences per micro-batch whose activations fit in `free` bytes (0: not even one)."""
-    return 0 if per_sequence <= 0 or free < per_sequence else int(min(job.shape.batch, free // per_sequence))
+    """Sequences per micro-batch: as few passes as the most whose activations fit in `free` bytes allow, the
+    batch spread evenly over them (0: not even one fits); never more sequences' work than the batch."""
+    if per_sequence <= 0 or free < per_sequence:
+        return 0
+    batch = job.shape.batch
+    return -(-batch // -(-batch // int(min(batch, free // per_sequence))))
 
 
 def _head_refused(strategy: str):

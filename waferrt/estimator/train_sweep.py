@@ -21,7 +21,7 @@ from dataclasses import dataclass
 
 from waferrt.core.template import DieLinks, WaferTemplate
 from waferrt.core.topology import Topology
-from waferrt.estimator.sweep import AREA_BUDGET_MM2, LOGIC_UM2, core_area_um2
+from waferrt.estimator.sweep import AREA_BUDGET_MM2, LOGIC_UM2, core_area_um2, sram_kb
 
 from .train import STRATEGIES, StrategyTime, TrainJob, estimate_train
 
@@ -64,7 +64,7 @@ class TrainDesign:
 
     def label(self) -> str:
         d2d = f", d2d {self.d2d_bytes_per_s / 1e12:g} TB/s" if self.dies != (1, 1) else ""
-        return (f"{self.dies[0]}x{self.dies[1]} dies, {self.sram_bytes // 1024} KB, "
+        return (f"{self.dies[0]}x{self.dies[1]} dies, {sram_kb(self.sram_bytes)} KB, "
                 f"{self.half_flops_per_cycle:g} flops/cycle{d2d}, {self.topology}")
 
 
@@ -94,7 +94,7 @@ class TrainPoint:
 
     def row(self) -> dict:
         d = self.design
-        return {"dies": f"{d.dies[0]}x{d.dies[1]}", "sram_kb": d.sram_bytes // 1024,
+        return {"dies": f"{d.dies[0]}x{d.dies[1]}", "sram_kb": sram_kb(d.sram_bytes),
                 "half_flops_per_cycle": d.half_flops_per_cycle, "d2d_tb_per_s": d.d2d_bytes_per_s / 1e12,
                 "topology": str(d.topology), "cores": self.cores,
                 **{s.strategy: {"tokens_per_s": s.tokens_per_s, "bound": s.breakdown.bound if s.fits else "SRAM"}

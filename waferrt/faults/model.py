@@ -99,8 +99,8 @@ class Corrupt:
 
 @dataclass(frozen=True)
 class Straggler:
-    """Slow, not dead: a whole tile (``Straggler((1, 0), 0.01)``) runs every decode stage, and every kernel
-    command once (a kernel's primitives are not stages), `delay` seconds slower, or one core
+    """Slow, not dead: a whole tile (``Straggler((1, 0), 0.01)``) runs every step -- a decode stage, or a kernel
+    command once (a kernel's primitives are not steps) -- `delay` seconds slower, or one core
     (``Straggler(core=(3, 4), delay=0.01)``) holds up the stages and commands whose region holds it (its
     region's collectives wait for it). Wall time only: the modelled cost is what the primitives booked."""
 
@@ -119,7 +119,7 @@ class Straggler:
             raise ValueError(f"a straggler is slower by a positive delay in seconds, got {self.delay}")
 
     def where(self) -> str:
-        return f"{self.tile if self.core is None else f'core {self.core}'} (+{self.delay:g} s a stage or command)"
+        return f"{self.tile if self.core is None else f'core {self.core}'} (+{self.delay:g} s per step)"
 
 
 @dataclass(frozen=True)

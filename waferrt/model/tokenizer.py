@@ -131,13 +131,14 @@ class Tokenizer:
 
         system=None uses the model's default system prompt, as its chat template does.
         """
-        system = DEFAULT_SYSTEM_PROMPT if system is None else system
-        return (
-            f"<|im_start|>system\n{system}<|im_end|>\n"
-            f"<|im_start|>user\n{user_text}<|im_end|>\n"
-            "<|im_start|>assistant\n"
-        )
+        return self.chat_turns([("user", user_text)], system)
 
+    def chat_turns(self, turns: Sequence[tuple[str, str]], system: str | None = None) -> str:
+        """The ChatML prompt of a conversation, (role, text) turns after the system prompt (None: the model's
+        default), ending where the assistant's next reply starts."""
+        system = DEFAULT_SYSTEM_PROMPT if system is None else system
+        body = "".join(f"<|im_start|>{role}\n{text}<|im_end|>\n" for role, text in turns)
+        return f"<|im_start|>system\n{system}<|im_end|>\n{body}<|im_start|>assistant\n"
 
 def byte_chars() -> dict[int, str]:
     """GPT-2's byte -> one-character spelling used by ByteLevel (printable Latin-1 bytes stand for

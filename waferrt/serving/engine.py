@@ -35,6 +35,8 @@ class Submission:
     sampler: Sampler
     keep_logits: bool = False  # send every token's logits to the host too (for checking; 200 KB a token)
     made: int = 0  # tokens it had generated before (a request resumed after a fault): its RNG skips their draws
+    rng_index: int | None = None  # its RNG is default_rng([sampler.seed, rng_index]) instead (a server's request
+    # samples as the same request decoded alone: rng_index 0)
 
 
 @dataclass(frozen=True, eq=False)
@@ -119,7 +121,7 @@ class HeadEngine:
         """The micro-batches that enter now, as (number, meta rows: decode.rows.Col)."""
         for req in self.admission.admit():
             sub = self._subs.pop(req.rid)
-            rng = request_rng(sub.sampler, sub.index)
+            rng = request_rng(sub.sampler, sub.index if sub.rng_index is None else sub.rng_index)
             sub.sampler.skip(rng, sub.made)
             self.live[req.rid] = _Live(sub, self.free.pop(0), rng)
         out = []

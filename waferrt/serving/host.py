@@ -11,7 +11,8 @@ completions and the stats -- wall time, inter-token latency, and the modelled wa
 also when a tile or the host fails or is interrupted: then the error is raised with the completions so
 far attached (``error.completions``: nothing already produced is lost). A decode that can recover
 (``recover``: waferrt.recovery for the tile actors) is repaired instead, and every unfinished request
-resumes where it was (waferrt.serving.recovery.resume: replayed, with its RNG where it was), so the
+resumes where it was (waferrt.serving.recovery.resume: replayed, with its RNG where it was;
+:func:`repair` is that repair, for whoever drives a decode by hand: waferrt.server), so the
 tokens are those of a run without the fault; ``stats.faults`` lists what happened
 (waferrt.faults.events). With ``trace`` (a path, or True to keep it in memory only) the tiles record what
 they do (the Decode's ``trace_start`` / ``trace_stop``) and the host its own track
@@ -119,13 +120,13 @@ def _attempts(decode: Decode, setup: DecodeSetup, clock_hz: float, batch: Batch,
             if not hasattr(decode, "recover") or isinstance(e, (Unrecoverable, FaultStop)):
                 raise
             with _span(host, "recover", error=type(e).__name__):
-                runs = _recover(decode, e)
+                runs = repair(decode, e)
             _account(sink.stats, runs, flow_seconds(runs, len(setup.stages()) - 1, clock_hz, partial=True))
             setup = decode.setup
             subs = resume(requests, sink.out, sampler, keep_logits)
 
 
-def _recover(decode: Decode, error: Exception) -> list:
+def repair(decode: Decode, error: Exception) -> list:
     """Repair the wafer after `error` (the decode's own recover; a fault while recovering is recovered from
     in turn); what cannot be recovered (Unrecoverable, FaultStop: the decode's own verdict) is raised."""
     while True:

@@ -1,7 +1,7 @@
 """The same requests on the single-process numpy reference: the ground truth the wafer's tokens must equal.
 
 Contract: :func:`generate_reference` runs each request in turn on :class:`~waferrt.model.ReferenceModel`
-(its prompt token by token, then sampled tokens), sampling request i with ``request_rng(sampler, i)``, and
+(its prompt token by token, then sampled tokens; dense or STAR's sparse attention), sampling request i with ``request_rng(sampler, i)``, and
 returns the completions and the run's stats (wall time, per-token latency). :func:`generate_batched` runs
 the same requests together, as one plain process serves them best: every prompt prefilled in one batch,
 then one batched step per token for all the requests still going (the weights read once per step) -- the
@@ -15,14 +15,17 @@ import time
 from waferrt.model.config import LlamaConfig
 from waferrt.model.reference import ReferenceModel
 from waferrt.model.sampling import Sampler
+from waferrt.model.sparse import DENSE, AttentionMode
 
 from .requests import Completion, GenRequest, GenStats, OnToken, finish_reason, request_rng
 
 
 def generate_reference(config: LlamaConfig, weights, requests: list[GenRequest], sampler: Sampler,
-                       on_token: OnToken | None = None) -> tuple[list[Completion], GenStats]:
-    """The single-process numpy reference: each request prefilled with the decode step, then decoded."""
-    model, stats = ReferenceModel(config, weights), GenStats()
+                       on_token: OnToken | None = None, attention: AttentionMode = DENSE
+                       ) -> tuple[list[Completion], GenStats]:
+    """The single-process numpy reference: each request prefilled with the decode step, then decoded, attending
+    as `attention` says (dense, or STAR's sparse:K: the wafer's sparse tokens are its tokens)."""
+    model, stats = ReferenceModel(config, weights, attention), GenStats()
     out = []
     t0 = time.perf_counter()
     for i, req in enumerate(requests):
