@@ -52,7 +52,8 @@ def chaos(text: str) -> tuple[int, int]:
     except ValueError:
         raise argparse.ArgumentTypeError(f"--chaos {text!r}: write SEED or SEED:N, e.g. --chaos 7:3") from None
     if out[0] < 0 or not 1 <= out[1] <= 100:
-        raise argparse.ArgumentTypeError(f"--chaos {text!r}: write SEED:N with SEED >= 0 and N in 1..100, e.g. --chaos 7:3")
+        raise argparse.ArgumentTypeError(f"--chaos {text!r}: write SEED:N with SEED >= 0 and N in 1..100, "
+                                         "e.g. --chaos 7:3")
     return out
 
 
