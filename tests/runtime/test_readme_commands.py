@@ -43,6 +43,7 @@ SUITE = Skip("the test suite itself")
 SERVER = Skip("a server in the background and its client: the serving tests run `waferrt serve`")
 EXAMPLES = Skip("pytest on the example fault suite: tests/runtime/test_examples_both_ways.py runs it")
 BENCH = Skip("a benchmark of minutes: run by hand (its numbers are in the README)")
+LOAD = Skip("a load client of a running server: tests/runtime/test_serve_load.py runs `waferrt bench` against one")
 
 # command as written (spaces collapsed) -> what runs instead: its fast variant, or Skip(why)
 FAST: dict[str, str | Skip] = {
@@ -53,6 +54,11 @@ FAST: dict[str, str | Skip] = {
     'waferrt generate "The capital of France is" --max-new-tokens 32':
         'waferrt generate "The capital of France is" --max-new-tokens 2 --requests 1',  # SmolLM2, its default mesh
     'waferrt serve --port 8000 &': SERVER,
+    'waferrt bench --num-prompts 20 --request-rate 2': LOAD,
+    'waferrt bench --request-rate inf --max-concurrency 4': LOAD,
+    'waferrt bench --input-len 64 --output-len 32 --range-ratio 0.5 --seed 3': LOAD,
+    'waferrt bench --burstiness 0.5 --request-rate 4 --slo ttft:2000,tpot:500 --save-result run.json': LOAD,
+    'waferrt bench --prompts prompts.txt --base-url http://127.0.0.1:8001 --api-key KEY': LOAD,
     # (the tiny vocabulary spells the chat template past its context: SmolLM2 here)
     'waferrt generate "What is a wafer-scale chip?" --chat':
         'waferrt generate "What is a wafer-scale chip?" --chat --max-new-tokens 2 --requests 1',
