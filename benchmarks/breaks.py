@@ -42,7 +42,7 @@ BREAKS = {
     "model_flops_per_token: attention left out": (
         "waferrt.estimator.train", "model_flops_per_token",
         "lambda config, seq: orig(config, seq) - 6 * config.n_layers * seq * config.dim",
-        ["tests/unit/test_train_estimate.py"]),
+        ["tests/unit/test_train_estimate.py", "tests/unit/test_pins.py"]),
     "layer_parts: a training forward without its attention": (
         "waferrt.estimator.train_layer", "layer_parts",
         "lambda spec, config, run: {k: c for k, c in orig(spec, config, run).items() if k != 'forward.attention'}",
@@ -159,7 +159,7 @@ BREAKS = {
     "first_true: one past the answer": (
         "waferrt.core.arith", "first_true",
         "lambda lo, hi, pred: (lambda v: v if v is None or v >= hi else v + 1)(orig(lo, hi, pred))",
-        ["tests/unit/test_owners.py",
+        ["tests/unit/test_owners.py", "tests/unit/test_pins.py",
          "tests/unit/test_sched_placement.py::test_too_small_mesh_says_bytes_needed_and_what_fits"]),
 }
 

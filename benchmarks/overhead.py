@@ -5,7 +5,7 @@ less. This runs, in ONE process with one BLAS thread, `--repeat` rounds of: the 
 decoding R requests together, then the wafer's tiles as threads (waferrt.serving.local.LocalDecoder: the
 default placement of `waferrt generate`, every tile's decode loop, no Ray, no sockets) decoding the same
 requests -- and counts each one's CPU seconds (time.process_time) and the CPU seconds inside
-``decode.shards.matmul_rows`` (every weight's BLAS call, the anchor's too; time.thread_time around each).
+``decode.net.matmul_rows`` (every weight's BLAS call, the anchor's too; time.thread_time around each).
 Prints per generated token: CPU ms, of it in BLAS and outside, medians (min-max) over the rounds; and the
 tokens compared. Two idle cores running the wafer's two tiles side by side would make
 2 x anchor CPU / wafer CPU of the anchor's speed, waits and memory contention aside.
@@ -26,7 +26,7 @@ import time  # noqa: E402
 import anchor as anchor_module  # noqa: E402
 from decode import PROMPTS, spread  # noqa: E402
 
-import waferrt.decode.shards as shards  # noqa: E402
+import waferrt.decode.net as net  # noqa: E402
 from waferrt.cli.placing import local_tiles  # noqa: E402
 from waferrt.core.spec import WSE2  # noqa: E402
 from waferrt.model import Sampler, Tokenizer, load_model  # noqa: E402
@@ -39,7 +39,7 @@ class BlasClock:
     """CPU seconds spent inside matmul_rows, summed over the threads that call it."""
 
     def __init__(self):
-        self.seconds, self.lock, self.inner = 0.0, threading.Lock(), shards.matmul_rows
+        self.seconds, self.lock, self.inner = 0.0, threading.Lock(), net.matmul_rows
 
     def __call__(self, w, x):
         t0 = time.thread_time()
@@ -69,7 +69,7 @@ def main() -> None:
     kv = KVReserve(512, args.requests)
     mesh = default_mesh(config, WSE2, kv).in_tiles(local_tiles())
     clock = BlasClock()
-    shards.matmul_rows = anchor_module.matmul_rows = clock  # the anchor's BLAS calls are the same function
+    net.matmul_rows = anchor_module.matmul_rows = clock  # the anchor's BLAS calls are the same function
     anchor = anchor_module.Anchor(config, weights)
     wafer = LocalDecoder(config, weights, plan(config, WSE2, mesh, kv=kv))
     wafer.generate(reqs[:1], Sampler())  # warm-up

@@ -43,6 +43,7 @@ WAITS = ("poll (libc", "epoll_wait", "select (libc", "nanosleep", "pthread_cond_
 OURS = [
     ("fabric: send/recv (zmq, msgpack, crc)", "actors/fabric.py", ()),
     ("K/V insert and shift", "decode/kvcache.py", ()),
+    ("K/V insert and shift", "decode/kv_layouts.py", ("take", "reset")),
     ("cost booking (ledger, closed forms)", "core/ledger.py", ()),
     ("cost booking (ledger, closed forms)", "core/cost.py", ()),
     ("cost booking (ledger, closed forms)", "decode/cost.py", ()),

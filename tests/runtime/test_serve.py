@@ -9,6 +9,7 @@ from __future__ import annotations
 import concurrent.futures as cf
 import json
 import re
+import threading
 import time
 
 import httpx
@@ -19,6 +20,7 @@ openai = pytest.importorskip("openai")
 
 PROMPTS = ["hello world", "to be or", "abc", "the sky is"]
 MAX_TOKENS = 8
+LONG_TOKENS = 40  # requests that are still running while the others arrive
 QUEUED = 4  # --max-queued; 4 running (--requests 4)
 T = httpx.Timeout(120.0)
 USED = {"prompt": 0, "completion": 0, "requests": 0}  # what the successful responses reported, for /metrics
@@ -36,6 +38,12 @@ def served(tmp_path_factory):
 def alone(served):
     """Each prompt's greedy text as `waferrt generate` gives it."""
     return dict(zip(PROMPTS, reference(served[1], PROMPTS, MAX_TOKENS)))
+
+
+@pytest.fixture(scope="module")
+def alone_long(served):
+    """The same, LONG_TOKENS tokens each."""
+    return dict(zip(PROMPTS, reference(served[1], PROMPTS, LONG_TOKENS)))
 
 
 def _count(usage) -> None:
@@ -164,18 +172,24 @@ def test_a_bad_request_gets_an_openai_shaped_error(served, method, path, body, s
     assert err["type"] == kind and err["param"] == param and "Traceback" not in err["message"]
 
 
-def test_a_burst_beyond_the_queue_is_refused_with_retry_after_and_nothing_hangs(served, alone):
+def test_a_burst_beyond_the_queue_is_refused_with_retry_after_and_nothing_hangs(served, alone_long):
     url, _ = served
     sent = 4 * (4 + QUEUED)
-    body = {"model": "tiny", "prompt": PROMPTS[2], "max_tokens": MAX_TOKENS, "temperature": 0}
+    body = {"model": "tiny", "prompt": PROMPTS[2], "max_tokens": LONG_TOKENS, "temperature": 0, "ignore_eos": True}
+    together = threading.Barrier(sent)
+
+    def post(_):
+        together.wait(60)  # all at once: the first eight are still running when the others arrive
+        return httpx.post(f"{url}/v1/completions", json=body, timeout=T)
+
     with cf.ThreadPoolExecutor(sent) as pool:
-        got = list(pool.map(lambda _: httpx.post(f"{url}/v1/completions", json=body, timeout=T), range(sent)))
+        got = list(pool.map(post, range(sent)))
     ok = [r for r in got if r.status_code == 200]
     refused = [r for r in got if r.status_code == 429]
-    assert len(ok) + len(refused) == sent and ok and refused, [r.text[:300] for r in got if r.status_code not in
-                                                                 (200, 429)][:3]
+    assert len(ok) + len(refused) == sent and len(ok) >= 4 + QUEUED and refused, \
+        [r.text[:300] for r in got if r.status_code not in (200, 429)][:3]
     assert all(r.headers["retry-after"] == "1" and r.json()["error"]["type"] == "rate_limit_error" for r in refused)
-    assert all(r.json()["choices"][0]["text"] == alone[PROMPTS[2]] for r in ok)
+    assert all(r.json()["choices"][0]["text"] == alone_long[PROMPTS[2]] for r in ok)
     for r in ok:
         _count(r.json()["usage"])
 
@@ -197,9 +211,9 @@ def test_metrics_count_what_the_responses_reported_and_nothing_is_left_running(s
     assert httpx.get(f"{url}/health", timeout=T).text == "ok"
 
 
-def test_clients_that_go_away_free_their_slots_and_the_rest_finish_right(served, alone):
+def test_clients_that_go_away_free_their_slots_and_the_rest_finish_right(served, alone_long):
     url, _ = served
-    body = {"model": "tiny", "max_tokens": 40, "temperature": 0, "stream": True, "ignore_eos": True,
+    body = {"model": "tiny", "max_tokens": LONG_TOKENS, "temperature": 0, "stream": True, "ignore_eos": True,
             "stream_options": {"include_usage": True}}
 
     def one(i: int):
@@ -217,8 +231,8 @@ def test_clients_that_go_away_free_their_slots_and_the_rest_finish_right(served,
 
     with cf.ThreadPoolExecutor(8) as pool:
         done = [d for d in pool.map(one, range(8)) if d is not None]
-    wanted = dict(zip(PROMPTS, reference(served[1], PROMPTS, 40)))
-    assert len(done) == 4 and all(text == wanted[p] and usage["completion_tokens"] == 40 for p, text, usage in done)
+    assert len(done) == 4 and all(text == alone_long[p] and usage["completion_tokens"] == LONG_TOKENS
+                                  for p, text, usage in done)
     end = time.monotonic() + 30
     while (state := httpx.get(f"{url}/v1/wafer/state", timeout=T).json())["requests"] and time.monotonic() < end:
         time.sleep(0.2)  # the four that went away: cancelled within a few decode steps

@@ -5,6 +5,9 @@ its comment, so that breaking the owner fails here even where both sides of ever
   all-to-all (``line_alltoall_cost``), on TINY (alpha 1, beta 8, 4 bytes per link per cycle);
 - ``core.cost.cycles_seconds`` (and ``Cost.seconds``): cycles at the spec's clock;
 - ``core.cost.segment_bytes``: the padded segment of a ring / pipeline allreduce;
+- breaks that only one test caught before (issue 31): ``flop_cycles`` (a GEMV), ``handover_cost``,
+  ``stream_step_cycles`` / ``streamed_bytes`` (a stream-bound step), ``layer_booking``,
+  ``model_flops_per_token``, ``first_true``;
 - ``decode.layout``'s ``activation_bytes`` (a layer core's scratch), ``kv_core_bytes`` (its K/V) and
   ``stream_core_bytes`` (a streaming region's fullest core), for one and two head groups, on the tiny model
   (dim 64, 4 heads, 2 K/V heads, head_dim 16, hidden 128, 3 layers, vocab 256) over a 4x2 region.
@@ -14,19 +17,24 @@ from __future__ import annotations
 
 import pytest
 
+from waferrt.core.arith import first_true
 from waferrt.core.cost import (
     Cost,
     Phase,
     allreduce_cost,
     alltoall_cost,
     cycles_seconds,
+    gemv_cost,
     line_alltoall_cost,
     segment_bytes,
 )
 from waferrt.core.mesh import Region
 from waferrt.core.spec import TINY, WSE2
 from waferrt.decode import layout as dl
+from waferrt.decode.cost import Decoding, handover_cost
 from waferrt.decode.linkload import LinkLoad
+from waferrt.decode.streaming import stream_step_cycles
+from waferrt.estimator.train import model_flops_per_token
 from waferrt.model import tiny_config
 
 CFG = tiny_config()
@@ -93,3 +101,40 @@ def test_cycles_in_seconds_by_hand():
     """Both presets' clocks are 1.1 GHz: 1.1e9 cycles are a second, 2.2e6 cycles 2 ms."""
     assert cycles_seconds(TINY, 1.1e9) == 1.0 and Cost(cycles=2.2e6).seconds(WSE2) == 2.2e6 / 1.1e9
     assert abs(Cost(cycles=2.2e6).seconds(WSE2) - 2e-3) < 1e-15
+
+
+def test_a_gemv_alone_by_hand():
+    """An 8x16 block on one core, nothing to reduce: 2*8*16 = 256 flops at 2 a cycle, 128 cycles."""
+    assert gemv_cost(TINY, (8, 16), 1) == Cost(flops=256, cycles=128.0)
+
+
+def test_a_handover_by_hand():
+    """64 bytes from a 4x2 region at x 0..3 to a 4x3 one at x 6..9: 3 hops across the gap (3*1 + 8 + 64/4 =
+    27 cycles, 192 link bytes), then each of the 4 columns multicasts its 16 bytes 2 hops down (2*1 + 8 +
+    16/4 = 14 cycles; 2 messages a column, 2*64 link bytes)."""
+    c = handover_cost(TINY, Region(0, 0, 4, 2), Region(6, 0, 4, 3), 64)
+    assert c == Cost(hops=5, stages=2, link_bytes=320, messages=9, cycles=41.0)
+
+
+def test_a_stream_bound_step_by_hand():
+    """With the ingress at one byte a cycle every stage of a streaming 4x2 region waits for its block: 2 tokens'
+    embedding rows (2*64*4 = 512 bytes), 3 layers of (2*64 + 8*16*64 + 64*64 + 3*128*64)*4 = 147968 bytes,
+    the tied table and final norm (257*64*4 = 65792): 512 + 3*147968 + 65792 = 510208 cycles."""
+    spec = TINY.replace(ingress_bytes_per_s=TINY.clock_hz)
+    assert stream_step_cycles(spec, Decoding(CFG), Region(0, 0, 4, 2), 20, 2) == 510208.0
+
+
+def test_a_layer_regions_booking_by_hand():
+    """One layer on the 4x2 region: its weight blocks (2*16 + 12*8*16 + 3*64*16)*4 = 18560 bytes, K/V 1920
+    and scratch 2208 (test_a_layer_cores_scratch_and_kv_by_hand): 22688 on the fullest core."""
+    assert dl.most_bytes(dl.layer_booking(CFG, Region(0, 0, 4, 2), 20, 3)) == 22688
+
+
+def test_the_training_flops_of_a_token_by_hand():
+    """The tiny model's 36992 weights a layer (norms 2*64, q/k/v/o 4*16*64 + 2*2*16*64 + ..., MLP 3*128*64),
+    3 layers and the 256x64 table: 127360 weights; 10 positions: 3*(2*127360 + 3*2*10*64) = 775680."""
+    assert model_flops_per_token(CFG, 10) == 775680
+
+
+def test_the_first_true_by_hand():
+    assert first_true(0, 10, lambda v: v * v >= 10) == 4 and first_true(0, 3, lambda v: v > 5) is None

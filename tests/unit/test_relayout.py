@@ -75,8 +75,8 @@ def test_the_weights_move_is_every_value_from_its_decode_block_to_its_gemm_block
 
 
 def _cache_columns(shard, slot: int) -> dict[int, int]:
-    kv = shard.kv
-    return {int(kv.pos[slot, m, c]): c for c in range(kv.cols) for m in range(kv.count[slot, c])}
+    cores = shard.kv.layout  # kv_layouts.CoreEntries: every core's own entries
+    return {int(cores.pos[slot, m, c]): c for c in range(shard.kv.cols) for m in range(cores.count[slot, c])}
 
 
 @pytest.mark.parametrize("chunks", [(7,), (5, 9), (12, 3)], ids=str)

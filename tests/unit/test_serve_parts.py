@@ -70,6 +70,7 @@ def test_the_kv_bound_and_the_chat_default_follow_the_slot():
     (["--chaos", "x"], "SEED:N"),
     (["--chaos", "1:0"], "SEED:N"),
     (["--port", "70000"], "--port"),
+    (["--policy", "fail-fast"], "--chaos"),
 ])
 def test_serve_refuses_bad_flags_in_one_line_before_anything_loads(argv, says, capsys):
     try:

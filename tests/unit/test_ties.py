@@ -42,6 +42,7 @@ from waferrt.estimator import streaming as paper_streaming
 from waferrt.estimator import wafer
 from waferrt.model import Sampler, synthetic_llama, tiny_config
 from waferrt.model.config import SMOLLM2_135M
+from waferrt.model.sparse import DENSE, AttentionMode
 from waferrt.model.zoo import MODELS as ZOO
 from waferrt.scheduler import KVReserve, Placement, PlanOptions, Strategy, budget, plan, speed
 from waferrt.scheduler.placement import plan_streaming, streaming_mesh
@@ -159,11 +160,11 @@ TOPOLOGIES = {"mesh": TINY, "torus": TINY.replace(topology=Topology("torus")),
               "mesh-switch": TINY.replace(topology=Topology("mesh-switch", 4))}  # a port every 4 cores of a line
 
 
-def _recorded_token(p: Placement, tokens: int) -> float:
+def _recorded_token(p: Placement, tokens: int, attention: AttentionMode = DENSE) -> float:
     """Seconds the tiles' ledgers recorded (StageRun.cycles: what the layer's math did through
     waferrt.decode.net, not the closed forms the schedule reads) for the last token of one request decoding
     `tokens` tokens: every stage's run of it, one after the other."""
-    dec = LocalDecoder(p.config, synthetic_llama(p.config, seed=0), p)
+    dec = LocalDecoder(p.config, synthetic_llama(p.config, seed=0), p).use_attention(attention)
     _, stats = dec.generate([GenRequest((3,), tokens)], Sampler())
     runs = [r for r in stats.runs if any(it.pos == tokens - 1 for it in r.items)]
     assert {len(r.items) for r in runs} == {1} and len(runs) == len(dec.setup.stages())
@@ -182,6 +183,21 @@ def test_the_estimators_token_is_what_the_tiles_recorded(topology, dtype, strate
     p = dataclasses.replace(_tiny_placement(dtype, strategy, TINY_MESHES[2]), spec=TOPOLOGIES[topology])
     ctx = _context(p)
     assert speed.placement_seconds(p, 1, ctx)[0] == pytest.approx(_recorded_token(p, ctx), rel=1e-9)
+
+
+@pytest.mark.parametrize("topology", ["mesh", "mesh-switch"])
+@pytest.mark.parametrize("strategy", ["layer", "grouped", "tensor"])
+def test_the_estimators_sparse_token_is_what_the_tiles_recorded(topology, strategy):
+    """The same under STAR's sparse attention keeping 4 keys of the 6-8 the last token sees (prediction, the
+    row's top-K, the kept keys' attention): the closed forms (decode.cost.sparse_parts, in the stages' times)
+    against the ledgers."""
+    p = dataclasses.replace(_tiny_placement("float32", strategy, TINY_MESHES[2]), spec=TOPOLOGIES[topology])
+    ctx, sparse = _context(p), AttentionMode.parse("sparse:4")
+    dec = dataclasses.replace(DecodeSetup.from_placement(p), attention=sparse).decoding
+    stages = [(kind, r) for kind, _, r in DecodeSetup.from_placement(p).stages()]
+    assert sparse.keys_kept(ctx) < ctx
+    one, _ = speed.stage_seconds(p.spec, dec, stages, ctx, 1)
+    assert one == pytest.approx(_recorded_token(p, ctx, sparse), rel=1e-9)
 
 
 def _tiles_streaming_token(p: Placement, ctx: int) -> float:

@@ -329,7 +329,7 @@ def step_cycles(spec: HardwareSpec, dec: Decoding, stages: Sequence[tuple[str, R
         for m, b in enumerate(batches):
             c = stage_handover(spec, dec.config, prev, region, b).cycles
             if kind != "embed":
-                c += _work(spec, dec, kind, (region.w, region.h), (kv_tokens, b, moving)).cycles
+                c += _work(spec, dec, kind, Region(0, 0, region.w, region.h), Load(kv_tokens, b, moving)).cycles
             out[(s, m)] = c
     return out
 
@@ -344,7 +344,7 @@ def token_cost(spec: HardwareSpec, dec: Decoding, stage: tuple[str, Region | Non
     kind, prev, region = stage
     c = stage_handover(spec, dec.config, prev, region, 1)
     if kind == "layer" or (kind == "head" and want):
-        c = c + _work(spec, dec, kind, (region.w, region.h), (pos + 1, 1, pos % region.w))
+        c = c + _work(spec, dec, kind, Region(0, 0, region.w, region.h), Load(pos + 1, 1, pos % region.w))
     return c
 
 
@@ -354,14 +354,22 @@ def alone_cycles(spec: HardwareSpec, dec: Decoding, stage: tuple[str, Region | N
     return token_cost(spec, dec, stage, pos, want).cycles
 
 
+@dataclass(frozen=True)
+class Load:
+    """What a stage run works on: its requests' K/V positions (`kv_tokens`), the micro-batch's tokens
+    (`batch`), and the columns its K/V shift moves (`moving`; None: all but one)."""
+
+    kv_tokens: int
+    batch: int
+    moving: int | None = None
+
+
 @lru_cache(maxsize=4096)
-def _work(spec: HardwareSpec, dec: Decoding, kind: str, shape: tuple[int, int], load: tuple) -> Cost:
-    """One layer (or the head) on a cols x rows region: the same for every region of that shape. `load` is
-    (kv_tokens, batch, moving)."""
-    region, (kv_tokens, b, moving) = Region(0, 0, *shape), load
+def _work(spec: HardwareSpec, dec: Decoding, kind: str, shape: Region, load: Load) -> Cost:
+    """One layer (or the head) on a region of `shape` at (0, 0): the same for every region of that shape."""
     if kind == "layer":
-        return layer_decode_cost(spec, dec, region, kv_tokens, b, moving)
-    return head_decode_cost(spec, dec, region, b)
+        return layer_decode_cost(spec, dec, shape, load.kv_tokens, load.batch, load.moving)
+    return head_decode_cost(spec, dec, shape, load.batch)
 
 
 def lane_batches(requests: int, lanes: int = 2) -> list[int]:

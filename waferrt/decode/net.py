@@ -26,6 +26,7 @@ implementations to the same records, tests/unit/test_ties.py the closed forms to
 from __future__ import annotations
 
 import functools
+import math
 
 import numpy as np
 
@@ -54,7 +55,7 @@ def matmul_rows(w: np.ndarray, x: np.ndarray) -> np.ndarray:
 
 def _rows(a: np.ndarray, last: int) -> int:
     """How many rows `a` has before its last `last` axes."""
-    return int(np.prod(a.shape[:a.ndim - last]))
+    return math.prod(a.shape[:a.ndim - last])
 
 
 class FastNet:
@@ -100,16 +101,14 @@ class FastNet:
     def reduce(self, comm: LineComm, a: np.ndarray, op: str) -> np.ndarray:
         """The max or sum of a's last axis, split over `comm`'s line, kept as an axis of one (broadcasts back)."""
         out = a.max(axis=-1, keepdims=True) if op == "max" else a.sum(axis=-1, keepdims=True)
-        self._replicated(comm, _rows(a, 1))
+        if not comm.ledger.quiet:
+            self.allreduced(comm, _rows(a, 1), True)
         return out
 
     def norm2(self, comm: LineComm, x: np.ndarray) -> np.ndarray:
         """x (B, S, k) -> (B,): the sum of squares of every item's values, split over `comm`'s line."""
-        self._replicated(comm, x.shape[0])
+        self.allreduced(comm, x.shape[0], True)
         return np.einsum("bcd,bcd->b", x, x)
-
-    def _replicated(self, comm: LineComm, values: int) -> None:
-        self.allreduced(comm, values, True)
 
     def allreduced(self, comm: LineComm, values: int, replicated: bool = False) -> None:
         """Record the allreduce of `values` float32 values per core along `comm`'s lines that a result computed

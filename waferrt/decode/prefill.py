@@ -49,6 +49,7 @@ from .cost import Decoding, stage_handover
 from .pack import Chunks, out_in
 from .prefill_plan import GEMMS, arrivals, cache_buffer, head_moves, read_move, weight_moves
 from .relayout import heads_load, kv_load, kv_read_load, move_cost, weights_load
+from .rows import Col
 from .sparse_prefill import prefill_attention_parts, selector
 from .transport import carry
 
@@ -63,14 +64,14 @@ def gemm_region(region: Region) -> Region:
 
 
 def prefill_runs(meta: np.ndarray) -> list[np.ndarray]:
-    """The items of a micro-batch (meta rows (slot, token, pos, want, request)) that are a prompt's chunk:
+    """The items of a micro-batch (meta rows, decode.rows.Col) that are a prompt's chunk:
     every run of items of one slot whose positions are p, p + 1, ..., p + T - 1 (T from 2 to
     PREFILL_MAX_TOKENS; p = 0 for a whole prompt or its first chunk, the positions before it already
     cached for a later chunk)."""
     runs = []
-    for slot in np.unique(meta[:, 0]):
-        idx = np.flatnonzero(meta[:, 0] == slot)
-        pos = meta[idx, 2]
+    for slot in np.unique(meta[:, Col.SLOT]):
+        idx = np.flatnonzero(meta[:, Col.SLOT] == slot)
+        pos = meta[idx, Col.POS]
         if 2 <= len(idx) <= PREFILL_MAX_TOKENS and np.array_equal(pos, pos[0] + np.arange(len(idx))):
             runs.append(idx)
     return runs
@@ -270,11 +271,11 @@ def layer_step(shard, x: np.ndarray, meta: np.ndarray) -> np.ndarray:
     decoded (LayerShard.forward); x (B, C, dim_c) -> the same."""
     runs = prefill_runs(meta)
     if not runs:
-        return shard.forward(x, meta[:, 0], meta[:, 2])
+        return shard.forward(x, meta[:, Col.SLOT], meta[:, Col.POS])
     out = np.empty_like(x)
     for idx in runs:
-        out[idx] = prefill_layer(shard, x[idx], int(meta[idx[0], 0]), int(meta[idx[0], 2]))
+        out[idx] = prefill_layer(shard, x[idx], int(meta[idx[0], Col.SLOT]), int(meta[idx[0], Col.POS]))
     rest = np.setdiff1d(np.arange(len(meta)), np.concatenate(runs))
     if len(rest):
-        out[rest] = shard.forward(x[rest], meta[rest, 0], meta[rest, 2])
+        out[rest] = shard.forward(x[rest], meta[rest, Col.SLOT], meta[rest, Col.POS])
     return out

@@ -2,8 +2,8 @@
 
 Contract: the stages are embed -> layer 0 -> ... -> layer L-1 -> head (waferrt.decode.setup); each runs
 in its region's tile, and a *segment* is a run of consecutive stages on one tile. A micro-batch is
-``meta`` (B, 5) int64 rows ``(slot, token, pos, want_logits, request)`` and, between stages, its
-activations.
+``meta`` (B, 5) int64 rows (columns named by ``decode.rows.Col``: slot, token, pos, want, request) and,
+between stages, its activations.
 It enters at the embedding (:meth:`TileProgram.enter`, on the head's tile, which also hosts the
 embedding: the table is tied), runs the segment there, and goes over the fabric to the tile of the next
 segment (a dimension-order route over neighbour tiles; tiles in between pass it on), tagged
@@ -49,6 +49,7 @@ from .cost import alone_cycles, handover_bytes, handover_cost, routed_alone_cycl
 from .moe import MoELayerShard
 from .pack import Chunks
 from .prefill import layer_step, prefill_item_cycles, prefill_runs
+from .rows import Col
 from .schedule import Item, StageRun
 from .setup import DecodeSetup, pack_stage
 from .shards import EmbedShard, Items, LayerShard
@@ -201,7 +202,7 @@ class TileProgram:
     def _run(self, mb: int, s: int, meta: np.ndarray, x: np.ndarray | None) -> dict[int, np.ndarray] | None:
         """Stages s.. of this tile's segment on the micro-batch; then send it to the next segment's tile."""
         segment = self.segment_of[s]
-        logits, items = None, Items.of(meta[:, 0], meta[:, 2])  # the same for every layer of the segment
+        logits, items = None, Items.of(meta[:, Col.SLOT], meta[:, Col.POS])  # the same for every layer of the segment
         t_mb = time.time_ns() if self.trace is not None else 0
         for st in segment:
             before, t0 = self.ledger.cycles(), time.time_ns() if self.trace is not None else 0
@@ -256,7 +257,7 @@ class TileProgram:
         rows = meta.tolist()
         if self.setup.streaming:
             return tuple(Item(req, pos, bool(want), cycles / len(meta)) for _, _, pos, want, req in rows)
-        whole = ({i: (int(meta[run[0], 2]), len(run)) for run in prefill_runs(meta) for i in run}
+        whole = ({i: (int(meta[run[0], Col.POS]), len(run)) for run in prefill_runs(meta) for i in run}
                  if self.setup.prefill and self.stages[s][0] == "layer" else {})
         routed = self._routed(s) if not whole else 0.0
         return tuple(Item(req, pos, bool(want), self._prefill_item(s, whole[i]) if i in whole else
@@ -296,12 +297,12 @@ class TileProgram:
         if self.setup.streaming:
             return self._streamed(s, meta, x)
         if kind == "embed":
-            return self.embed.lookup(meta[:, 1]), None
+            return self.embed.lookup(meta[:, Col.TOKEN]), None
         if kind == "layer" and self.setup.prefill:
             return layer_step(self.layers[s], x, meta), None
         if kind == "layer":
             return self.layers[s].run(x, items), None
-        want = np.flatnonzero(meta[:, 3])
+        want = np.flatnonzero(meta[:, Col.WANT])
         if not len(want):
             return x, {}
         return x, dict(zip(want.tolist(), self.embed.logits(x[want]), strict=True))
@@ -309,19 +310,19 @@ class TileProgram:
     def _streamed(self, s: int, meta: np.ndarray, x):
         """Stage s of a streaming decode: its block comes in from the store, runs, and leaves the buffer."""
         st, (kind, layer, region) = self.setup, self.stages[s]
-        want = np.flatnonzero(meta[:, 3])
+        want = np.flatnonzero(meta[:, Col.WANT])
         if kind == "head" and not len(want):  # no token wants logits: the head's blocks need not come in
             return x, {}
         before, logits = self.ledger.cycles(), None
         if kind == "embed":
-            x = self.store.rows(meta[:, 1])
+            x = self.store.rows(meta[:, Col.TOKEN])
         elif kind == "layer":
             arrays = self.store.layer(layer)
             if s not in self.layers:  # its K/V stays on the wafer from the first run on
                 self.layers[s] = LayerShard(st.decoding, region, arrays, (st.slots, st.kv_tokens), self.ledger)
             shard = self.layers[s]
             shard.arrays = arrays
-            x = shard.forward(x, meta[:, 0], meta[:, 2])
+            x = shard.forward(x, meta[:, Col.SLOT], meta[:, Col.POS])
             shard.arrays = {}
         else:
             comm = LineComm("x", Span.of(region), self.ledger, fast=st.collectives.fast)

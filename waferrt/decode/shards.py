@@ -29,7 +29,7 @@ from waferrt.model.reference import silu
 
 from . import sparse
 from .cost import Decoding
-from .kvcache import FlowKVCache, KVView, MeshKVCache, as_slice
+from .kvcache import KVView, MeshKVCache, as_slice
 from .net import Net, net_of
 from .pack import Chunks, rope_tables
 
@@ -121,8 +121,7 @@ class LayerShard:
         self.cy = LineComm("y", Span.of(region), ledger, fast=coll.fast)
         self.net = net_of(coll)  # how this run's collectives run: fast, or hop by hop (waferrt.decode.net)
         self.hd_r = arrays["wqkv"].shape[0] // (self.rows * (config.n_heads + 2 * config.n_kv_heads))
-        cache = FlowKVCache if coll.fast else MeshKVCache  # the same entries, counts and bookings
-        self.kv = cache(config, self.cx, kv[0], kv[1], self.hd_r, dtype)
+        self.kv = MeshKVCache(config, self.cx, kv[0], kv[1], self.hd_r, dtype)
         self.scale = np.float32(1.0 / np.sqrt(config.head_dim))
         self.attention = dec.attention  # dense, or sparse:K (waferrt.decode.sparse)
         self._booked: dict[tuple, list] = {}  # (items[, entries held]) -> what that part of run books

@@ -120,13 +120,13 @@ def merged(shard, part: Partial, s: np.ndarray, w: int) -> np.ndarray:
 
 def fast_attend(shard, qg: np.ndarray, items, view: KVView) -> np.ndarray:
     """The prediction, the row's top-K and the attention over the kept keys on the fast path: qg (B, nkv, rep, R,
-    hd_r); `view` (FlowKVCache.view) -> (B, nkv, rep, R*hd_r). Each head's K kept keys and values are gathered in
-    predicted order and scored alone (no dense Q.K^T), a core running over min(K, held) of them."""
+    hd_r); `view` (the PositionEntries layout's) -> (B, nkv, rep, R*hd_r). Each head's K kept keys and values are
+    gathered in predicted order and scored alone (no dense Q.K^T), a core running over min(K, held) of them."""
     L, held, slots = items.length, view.held, items.slots
     qf = shard.net.split(qg)  # (B, nkv, rep, R*hd_r)
     keep, (uniq, which) = shard.attention.keys_kept(L), np.unique(slots, return_inverse=True)
     row = TopKRow(shard.cols, held, qf.shape[0] * qf.shape[1] * qf.shape[2], keep)
-    pred = predicted(qf, (shard.kv.read(uniq, L)[0], which), ~view.hidden)  # (B, nkv, rep, L)
+    pred = predicted(qf, (shard.kv.layout.read(uniq, L)[0], which), ~view.hidden)  # (B, nkv, rep, L)
     book_prediction(shard.ledger, row, shard.hd_r)
     shard.net.allreduced(shard.cy, row.heads * held * shard.cols)  # the partial predictions, over the rows
     book_top_k(shard.ledger, row, shard.rows)
@@ -144,7 +144,8 @@ def hop_attend(shard, qg: np.ndarray, items, view: KVView) -> np.ndarray:
     its block of w = min(K, held) kept keys per query head, runs `flash` over them in predicted order, and the
     cores' Partials are combined over the x-line (`merged`)."""
     slots, poss, m = items.slots, items.poss, view.held
-    held = (*shard.kv.read(slots, m), shard.kv.visible(slots, poss, m))
+    cores = shard.kv.layout  # kv_layouts.CoreEntries: every core's own entries
+    held = (*cores.read(slots, m), cores.visible(slots, poss, m))
     qh = qg.transpose(0, 3, 1, 2, 4)  # (B, R, nkv, rep, hd_r)
     k, v, kept, w = hop_selection(shard, qh, (slots, poss), held)
     B, R, nkv, rep, hd_r = qh.shape
@@ -172,7 +173,7 @@ def hop_selection(shard, qg: np.ndarray, at: tuple[np.ndarray, np.ndarray], held
     decode.topk.row_topk kernel on every row of the region (candidates named by their token positions, so ties
     go to the earlier one as on the fast path), then each core's kept entries gathered to the front of a block of
     w = min(K, m) (the most any core holds). qg (B, R, nkv, rep, hd_r); at = (slots, poss); held = (kc (B, R, nkv,
-    hd_r, m*C), vc (B, C, nkv, m, R*hd_r), visible (B, m, C)) as MeshKVCache.read/visible give them -> (kc (B, R,
+    hd_r, m*C), vc (B, C, nkv, m, R*hd_r), visible (B, m, C)) as CoreEntries.read/visible give them -> (kc (B, R,
     nkv, rep, hd_r, w*C), vc (B, C, nkv, rep, w, R*hd_r), visible (B, nkv, rep, w, C), w): one block per head."""
     (slots, poss), (kc, vc, visible) = at, held
     B, R, nkv, rep, hd_r = qg.shape
@@ -183,13 +184,14 @@ def hop_selection(shard, qg: np.ndarray, at: tuple[np.ndarray, np.ndarray], held
     pred = shard.cy.allreduce(part, shard.coll, slices=Slices(1), collapse=True, overwrite=True)  # (B, nkv, rep, m, C)
     pred = np.where(visible[:, None, None], pred, np.float32(-np.inf))
     cand = np.broadcast_to(pred.transpose(4, 0, 1, 2, 3).reshape(C, row.heads, m), (R, C, row.heads, m))
-    positions = np.broadcast_to(shard.kv.pos[slots, :m].transpose(2, 0, 1)[:, :, None, None], (C, B, nkv, rep, m))
+    pos = shard.kv.layout.pos[slots, :m]  # (B, m, C): the token position of each entry
+    positions = np.broadcast_to(pos.transpose(2, 0, 1)[:, :, None, None], (C, B, nkv, rep, m))
     tops = row_topk(Context(Span.of(shard.region), shard.ledger, {}), cand, keep,
                     positions.reshape(C, row.heads, m)[None])
     best = unpack(tops)[1][0, 0].reshape(B, nkv, rep, keep)  # every core of every row holds the same lists
     share = np.array([shard.attention.keys_kept(int(p) + 1) for p in poss])[:, None, None, None]  # (B, 1, 1, 1)
     best = np.where(np.arange(keep) < share, best, -1)  # each item keeps its own context's share
-    entry = shard.kv.pos[slots, :m][:, None, None]  # (B, 1, 1, m, C): the token position of each entry
+    entry = pos[:, None, None]  # (B, 1, 1, m, C)
     kept = visible[:, None, None] & (entry[..., None] == best[:, :, :, None, None]).any(axis=-1)  # (B, nkv, rep, m, C)
     w = min(keep, m)
     rank = np.where(kept, -pred, np.float32(np.inf))  # kept entries first, highest predicted first, ties oldest

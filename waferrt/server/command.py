@@ -2,10 +2,11 @@
 
 Contract: ``add_parser(subparsers)`` registers the subcommand (generate's placement flags, the same list:
 waferrt.cli.generate.add_wafer_args; and --host, --port, --api-key, --max-queued, --chaos SEED[:N],
---http-faults); ``run(args) -> int`` checks them before anything loads (an address other than loopback
+--policy, --http-faults); ``run(args) -> int`` checks them before anything loads (an address other than loopback
 needs --api-key; --http-faults needs --api-key), loads and plans the model as generate does, starts the
 tiles, loads the weights, arms the --chaos campaign (waferrt.cli.chaos.draw_plan: N faults, 4 by default,
-of the kinds a single machine has, at steps up to CHAOS_STEPS), starts the Runner and serves with uvicorn
+of the kinds a single machine has, at steps up to CHAOS_STEPS; under --policy fail-fast the first
+ends the serving: open streams end in an error chunk, then 503), starts the Runner and serves with uvicorn
 on a socket bound here (the line ``waferrt serve: listening on http://HOST:PORT`` on stderr once it is:
 ``--port 0`` picks a free port). When uvicorn stops (Ctrl-C, SIGTERM) the runner ends and the tiles close.
 """
@@ -51,7 +52,8 @@ def chaos(text: str) -> tuple[int, int]:
     except ValueError:
         raise argparse.ArgumentTypeError(f"--chaos {text!r}: write SEED or SEED:N, e.g. --chaos 7:3") from None
     if out[0] < 0 or not 1 <= out[1] <= 100:
-        raise argparse.ArgumentTypeError(f"--chaos {text!r}: write SEED:N with SEED >= 0 and N in 1..100, e.g. --chaos 7:3")
+        raise argparse.ArgumentTypeError(f"--chaos {text!r}: write SEED:N with SEED >= 0 and N in 1..100, "
+                                         "e.g. --chaos 7:3")
     return out
 
 
@@ -67,6 +69,9 @@ def add_parser(sub) -> argparse.ArgumentParser:
                    help="requests waiting beyond the running ones at most (16); more are refused with 429")
     p.add_argument("--chaos", type=chaos, metavar="SEED[:N]",
                    help="inject N (4) seeded faults (core, link, corrupt, straggler, tile) while requests run")
+    p.add_argument("--policy", choices=("tolerant", "fail-fast"), default="tolerant",
+                   help="with --chaos: recover from each fault (tolerant, the default) or stop serving at the first "
+                        "(fail-fast: open streams end with an error chunk, new requests get 503)")
     p.add_argument("--http-faults", action="store_true",
                    help="allow POST /v1/wafer/faults to arm a fault (needs --api-key)")
     p.set_defaults(_run=run)
@@ -81,6 +86,8 @@ def _check(args) -> None:
     if not args.api_key and not _loopback(args.host):
         raise UsageError(f"--host {args.host} lets other machines connect: give --api-key KEY too (or listen on "
                          "127.0.0.1)")
+    if args.policy != "tolerant" and not args.chaos:
+        raise UsageError("--policy is what --chaos's faults do to the server: give --chaos SEED[:N] too")
     if args.http_faults and not args.api_key:
         raise UsageError("--http-faults lets a client arm faults: give --api-key KEY too")
 
@@ -118,6 +125,7 @@ def run(args) -> int:
 
 def _serve(args, llm, tok, sock) -> None:
     import contextlib
+    import dataclasses
 
     import uvicorn
 
@@ -131,7 +139,8 @@ def _serve(args, llm, tok, sock) -> None:
 
     plan = None
     if args.chaos:
-        plan = draw_plan(llm, args.chaos[0], args.chaos[1], CHAOS_KINDS, 1, CHAOS_STEPS)
+        plan = dataclasses.replace(draw_plan(llm, args.chaos[0], args.chaos[1], CHAOS_KINDS, 1, CHAOS_STEPS),
+                                   policy=args.policy)
         say(f"--chaos: {len(plan.faults)} faults armed (seed {plan.seed}): "
             + ", ".join(f"{f.kind} {f.where()}" for f in plan.faults))
     with llm.faults(plan) if plan else contextlib.nullcontext():

@@ -5,7 +5,8 @@ Contract: :func:`wafer_state(served) -> dict` (``GET /v1/wafer/state``, and ever
 ``sram`` (per core, rows of the share of its SRAM booked: waferrt.cli.heatmap.sram_share), ``links`` (per
 core, modelled link bytes of the tokens that ran since the last look: heatmap.link_bytes), ``busy`` (per tile
 ``"x,y"``: its share of the busiest tile's modelled cycles in those runs), ``dead`` cores as [x, y];
-``requests`` (in flight: id, prompt_tokens, tokens so far, age_s, waiting or running);
+``requests`` (in flight: id, prompt_tokens, tokens so far and the text of the last TAIL, age_s, waiting or
+running);
 ``recent`` (the last finished: finish, usage, wall and modelled ttft/tpot/e2e); ``counts`` (running,
 waiting); ``faults`` (the fault log: kind, where, outcome, and when it was injected, fired, detected and
 recovered, Unix seconds). The SRAM map is worked out once per placement (a recovery may move regions).
@@ -16,6 +17,8 @@ from __future__ import annotations
 import time
 
 import numpy as np
+
+TAIL = 48  # the last tokens of a request in flight shown as text
 
 
 def _rows(img: np.ndarray) -> list:
@@ -40,7 +43,7 @@ class StateView:
                          "sram": self._sram[1], "links": _rows(link_bytes(p, runs)) if runs else None,
                          "busy": _busy(runner.llm.setup, runs),
                          "dead": sorted([c.x, c.y] for c in p.mesh.dead)},
-                "requests": _requests(runner), "recent": list(self.served.metrics.recent),
+                "requests": _requests(runner, self.served.tok), "recent": list(self.served.metrics.recent),
                 "counts": {"running": running, "waiting": waiting}, "faults": _faults(runner.fault_log())}
 
 
@@ -54,13 +57,13 @@ def _busy(setup, runs: list) -> dict:
     return {f"{t.tx},{t.ty}": c / top for t, c in cycles.items()}
 
 
-def _requests(runner) -> list:
+def _requests(runner, tok) -> list:
     now = time.time()
     with runner.lock:
-        live = list(runner.live.items())
-    return [{"id": rid, "prompt_tokens": len(lv.job.request.prompt_ids), "tokens": len(lv.tokens),
-             "max_tokens": lv.job.request.max_new_tokens, "age_s": now - lv.arrived,
-             "state": "running" if lv.tokens else "waiting"} for rid, lv in live]
+        live = [(rid, lv, list(lv.tokens)) for rid, lv in runner.live.items()]
+    return [{"id": rid, "prompt_tokens": len(lv.job.request.prompt_ids), "tokens": len(toks),
+             "text": tok.decode(toks[-TAIL:], skip_special=True), "max_tokens": lv.job.request.max_new_tokens,
+             "age_s": now - lv.arrived, "state": "running" if toks else "waiting"} for rid, lv, toks in live]
 
 
 def _faults(events: list) -> list:

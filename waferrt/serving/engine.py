@@ -21,6 +21,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from waferrt.decode.prefill import PREFILL_MAX_TOKENS
+from waferrt.decode.rows import item_row
 from waferrt.model.sampling import Sampler
 from waferrt.serving.admission import Admission, Request
 
@@ -117,7 +118,7 @@ class HeadEngine:
 
     # -- entering ----------------------------------------------------------------------------------------
     def form(self) -> list[tuple[int, np.ndarray]]:
-        """The micro-batches that enter now, as (number, meta rows (slot, token, pos, want, request))."""
+        """The micro-batches that enter now, as (number, meta rows: decode.rows.Col)."""
         for req in self.admission.admit():
             sub = self._subs.pop(req.rid)
             rng = request_rng(sub.sampler, sub.index if sub.rng_index is None else sub.rng_index)
@@ -141,7 +142,7 @@ class HeadEngine:
                 continue
             prompt = lv.sub.request.prompt_ids
             if lv.next is not None:  # its next token
-                rows.append((lv.slot, lv.next, lv.pos, 1, index))
+                rows.append(item_row(lv.slot, lv.next, lv.pos, True, index))
                 owners.append(index)
                 lv.next = None
             elif lv.sent < len(prompt) and (self.whole_prompts or len(rows) < self.max_items):
@@ -150,7 +151,7 @@ class HeadEngine:
                 take = min(len(prompt) - lv.sent, self.whole_prompts or self.max_items - len(rows))
                 for j in range(lv.sent, lv.sent + take):
                     last = j == len(prompt) - 1
-                    rows.append((lv.slot, prompt[j], j, int(last), index))
+                    rows.append(item_row(lv.slot, prompt[j], j, last, index))
                     owners.append(index if last else None)
                 lv.sent += take
         return rows, owners
