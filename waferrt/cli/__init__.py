@@ -1,4 +1,4 @@
-"""The ``waferrt`` command: one module per subcommand (generate, plan, estimate, sweep, chaos, demo,
+"""The ``waferrt`` command: one module per subcommand (generate, plan, estimate, sweep, chaos, demo, bench,
 convert, train).
 
 Contract: :func:`main(argv) -> int` parses the command line and runs one subcommand. Each subcommand is
@@ -24,7 +24,8 @@ import threading
 # command name -> its module (add_parser(subparsers), run(args) -> int), in the order --help lists them
 COMMANDS = {"generate": "waferrt.cli.generate", "plan": "waferrt.cli.plan", "estimate": "waferrt.cli.estimate",
             "sweep": "waferrt.cli.sweep", "chaos": "waferrt.cli.chaos", "demo": "waferrt.cli.demo",
-            "convert": "waferrt.cli.convert", "train": "waferrt.cli.train", "serve": "waferrt.server.command"}
+            "convert": "waferrt.cli.convert", "train": "waferrt.cli.train", "serve": "waferrt.server.command",
+            "bench": "waferrt.cli.bench"}
 
 DESCRIPTION = """\
 waferrt runs an emulated wafer-scale processor: a 2D mesh of small cores, each with its own few tens of
@@ -46,6 +47,7 @@ examples:
   waferrt demo --algo ring --spec wse2          same with the ring algorithm and WSE-2 timings
   waferrt demo --mesh 16x4 --tile 8x2           a non-square mesh (W x H cores, tiles of TW x TH)
   waferrt convert --shape llama3-8b --layers 2 --vocab 32768 l8b.gguf   Llama3-8B's real layers, 2 of them
+  waferrt bench --request-rate 2                a load run against waferrt serve: TTFT, TPOT, ITL, goodput
   waferrt <command> --help                      options of one command
 
 The mesh is W x H cores (x to the East, y to the South); each tile of TW x TH cores is one Ray actor.
