@@ -17,6 +17,7 @@ from waferrt.model.sparse import (
     AttentionMode,
     dense_attention,
     leading_one,
+    log_keys,
     predict_scores,
     select_top,
     sorted_attention,
@@ -48,6 +49,15 @@ def test_leading_one_is_the_power_of_two_below() -> None:
     assert e[1:].tolist() == [0, 0, 1, 2, -2, -10]
     nz = x != 0
     assert np.all((2.0 ** e[nz] <= np.abs(x[nz])) & (np.abs(x[nz]) < 2.0 ** (e[nz] + 1)))
+
+
+def test_log_keys_clear_the_mantissa_and_keep_a_subnormals_leading_one() -> None:
+    """3.9 -> 2, -0.3 -> -0.25, 0 -> 0; 1e-40 (subnormal: its leading one is in the mantissa) -> 2^-133."""
+    x = np.array([3.9, -0.3, 0.0, 1e-40, -1e-40], dtype=F32)
+    assert log_keys(x).tolist() == [2.0, -0.25, 0.0, 2.0 ** -133, -(2.0 ** -133)]
+    y = np.random.default_rng(0).standard_normal(4096).astype(F32) * F32(1e-38)  # about half below 2^-126: subnormal
+    sign, e = leading_one(y)
+    np.testing.assert_array_equal(log_keys(y), np.ldexp(sign, e))
 
 
 def test_the_prediction_is_the_sum_of_shifted_queries_by_hand() -> None:

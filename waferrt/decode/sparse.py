@@ -63,8 +63,12 @@ def ranked(pred: np.ndarray, poss: np.ndarray, attention: AttentionMode) -> tupl
     pred (B, nkv, rep, L); poss (B,) -> order (B, nkv, rep, K) int, kept (B, 1, 1, K) bool."""
     share = np.array([attention.keys_kept(int(p) + 1) for p in poss])  # (B,)
     keep = attention.keys_kept(pred.shape[-1])
-    order = np.argsort(-pred, axis=-1, kind="stable")[..., :keep]
-    return order, np.arange(keep) < share[:, None, None, None]
+    kth = -np.partition(-pred, keep - 1, axis=-1)[..., keep - 1:keep]  # (B, nkv, rep, 1): the K-th highest
+    above, tie = pred > kth, pred == kth
+    room = keep - np.count_nonzero(above, axis=-1)[..., None]  # how many of the equal ones still fit
+    top = np.nonzero(above | (tie & (np.cumsum(tie, axis=-1) <= room)))[-1].reshape(pred.shape[:-1] + (keep,))
+    ranks = np.argsort(-np.take_along_axis(pred, top, axis=-1), axis=-1, kind="stable")  # ties: the earlier first
+    return np.take_along_axis(top, ranks, axis=-1), np.arange(keep) < share[:, None, None, None]
 
 
 class Partial(NamedTuple):
@@ -127,8 +131,9 @@ def fast_attend(shard, qg: np.ndarray, items, view: KVView) -> np.ndarray:
     shard.net.allreduced(shard.cy, row.heads * held * shard.cols)  # the partial predictions, over the rows
     book_top_k(shard.ledger, row, shard.rows)
     order, kept = ranked(pred, items.poss, shard.attention)  # (B, nkv, rep, K)
-    ks = np.take_along_axis(view.k[:, :, None], order[:, :, :, None], axis=-1)  # (B, nkv, rep, R*hd_r, K)
-    vs = np.take_along_axis(view.v[:, :, None], order[..., None], axis=-2)  # (B, nkv, rep, K, R*hd_r)
+    at = (np.arange(len(order))[:, None, None, None], np.arange(order.shape[1])[None, :, None, None], order)
+    ks = view.k.swapaxes(-1, -2)[at].swapaxes(-1, -2)  # (B, nkv, rep, R*hd_r, K): whole rows of the cache
+    vs = view.v[at]  # (B, nkv, rep, K, R*hd_r)
     w = min(keep, held)
     s = shard.net.dot(shard.cy, qf[:, :, :, None], ks, w)[:, :, :, 0] * shard.scale  # (B, nkv, rep, K)
     return merged(shard, flash(s, vs, kept), s, w)

@@ -92,12 +92,21 @@ def leading_one(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     return np.sign(x).astype(np.float32), (e - 1).astype(np.int32)
 
 
+SIGN_EXPONENT = np.int32(-(1 << 23))  # a float32's sign and exponent bits (0xFF800000): its mantissa cleared
+
+
 def log_keys(k: np.ndarray) -> np.ndarray:
     """Each key element as the signed power of two below it, sign(k) * 2^e (float32, exact): what the add-only
     prediction multiplies the query by -- a product q * sign(k) * 2^e is q with e added to its exponent and its
-    sign flipped, no multiplier. k (...) -> (...) float32."""
-    sign, e = leading_one(k)
-    return np.ldexp(sign, e).astype(np.float32)
+    sign flipped, no multiplier. k (...) -> (...) float32. Read off the float's sign and exponent fields (its
+    mantissa cleared); a subnormal, whose leading one lies in the mantissa, goes through `leading_one`."""
+    k = np.asarray(k, np.float32)
+    out = (k.view(np.int32) & SIGN_EXPONENT).view(np.float32)
+    tiny = (out == 0) & (k != 0)  # subnormal
+    if tiny.any():
+        sign, e = leading_one(k[tiny])
+        out[tiny] = np.ldexp(sign, e)
+    return out
 
 
 def predict_scores(q: np.ndarray, k: np.ndarray) -> np.ndarray:
