@@ -41,7 +41,7 @@ from waferrt.core.spec import WSE2  # noqa: E402
 from waferrt.llm import WaferLLM  # noqa: E402
 from waferrt.model import Sampler, Tokenizer, load_model  # noqa: E402
 from waferrt.scheduler import KVReserve, default_mesh, plan, run_bound_tokens_per_s  # noqa: E402
-from waferrt.serving import GenRequest, logit_positions  # noqa: E402
+from waferrt.serving import GenRequest, logit_positions, most_items  # noqa: E402
 
 PROMPTS = ["The capital of France is", "Once upon a time, in a small village,", "The three laws of robotics",
            "Photosynthesis is the process", "A wafer-scale processor is", "The best way to learn Python",
@@ -102,7 +102,7 @@ def main() -> None:
         held = dict(zip(tiles, llm.wafer.on_every_tile(Tile.decode_bytes), strict=True))
         rss = {t: peak_rss(pid) for t, pid in pids.items()}
     _print_ratios(args, rounds)
-    bound = run_bound_tokens_per_s(placement, min(len(reqs), kv.requests), logit_positions(done))
+    bound = run_bound_tokens_per_s(placement, min(len(reqs), kv.requests), logit_positions(done), most_items(done))
     _print_rest(args, (many, bound), calls, (calls_longer, longer.tokens - many.tokens))
     extra = {t: rss[t] - held[t] for t in tiles}
     print("peak RSS per tile (its weights + the rest): " + ", ".join(

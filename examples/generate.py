@@ -35,7 +35,7 @@ import sys
 from waferrt import MeshSpec, WaferLLM, spec_by_name
 from waferrt.model import Sampler, synthetic_llama, tiny_config
 from waferrt.scheduler import KVReserve, plan, run_bound_tokens_per_s
-from waferrt.serving import GenRequest, generate_reference, logit_positions
+from waferrt.serving import GenRequest, generate_reference, logit_positions, most_items
 
 KV = KVReserve(tokens=64, requests=4)  # K/V positions per request x requests in flight
 
@@ -65,7 +65,7 @@ def main() -> int:
     ok = all(c.tokens == r.tokens == streamed[i] for i, (c, r) in enumerate(zip(completions, reference)))
     for i, c in enumerate(completions):
         print(f"request {i}: {c.tokens} ({c.finish})")
-    bound = run_bound_tokens_per_s(placement, len(requests), logit_positions(completions))
+    bound = run_bound_tokens_per_s(placement, len(requests), logit_positions(completions), most_items(completions))
     print(f"{'the same tokens as the numpy reference' if ok else 'DIFFERENT tokens from the numpy reference'}; "
           f"{stats.tokens} tokens in {stats.wall_s:.2f} s: wall {stats.wall_tokens_per_s:.0f} tok/s; modelled "
           f"wafer {stats.wafer_tokens_per_s:,.0f} tok/s (what ran), bound {bound:,.0f} tok/s with "

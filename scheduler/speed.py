@@ -4,8 +4,9 @@ Contract (pure): ``placement_seconds(p, requests, context)`` -> (seconds of one 
 step with `requests` in flight) for a planned Placement, from ``stage_seconds`` over its stages
 (``placement_stages``), or ``streaming_seconds`` for a streaming placement; ``stages_alone_cycles`` is one token
 alone at each stage, what the flow schedule (waferrt.decode.schedule) and any bound printed beside it are
-derived from; ``run_bound_tokens_per_s(p, in_flight, positions)`` the bound of a decode that ran, at the
-positions its tokens held (a run of short requests beats a bound taken at the full K/V reserve). The
+derived from; ``run_bound_tokens_per_s(p, in_flight, positions, batch)`` the bound of a decode that ran, at the
+positions its tokens held (a run of short requests beats a bound taken at the full K/V reserve), an MoE
+layer's routed work at the cheapest share any routing gives a token (``moe_share_floor``). The
 on-paper estimator (waferrt.estimator) times its floor plans with the same functions.
 """
 
@@ -14,7 +15,14 @@ from __future__ import annotations
 from waferrt.core.cost import cycles_seconds
 from waferrt.core.mesh import Region
 from waferrt.core.spec import HardwareSpec
-from waferrt.decode.cost import Decoding, lane_batches, step_cycles, token_cost
+from waferrt.decode.cost import (
+    Decoding,
+    cheapest_routed_cycles,
+    lane_batches,
+    routed_alone_cycles,
+    step_cycles,
+    token_cost,
+)
 from waferrt.decode.schedule import requests_round_seconds, round_bound_seconds
 from waferrt.decode.streaming import stream_step_cycles
 
@@ -53,18 +61,33 @@ def placement_seconds(p: Placement, requests: int | None = None, context: int | 
                          requests or p.kv.requests)
 
 
-def run_bound_tokens_per_s(p: Placement, in_flight: int, positions: range) -> float:
+def run_bound_tokens_per_s(p: Placement, in_flight: int, positions: range, batch: int) -> float:
     """A bound of the modelled rate (tokens/s) of a decode on the non-streaming placement `p` with
-    `in_flight` requests whose generated tokens came from the logits of `positions`: the steady round's bound
-    (decode.schedule.round_bound_seconds: a token's way through the chain, the busiest region's share) of
-    tokens that take at every stage the fewest cycles any of `positions` takes there -- the cycles the flow
-    schedule times the run with (decode.cost.token_cost, want=True)."""
+    `in_flight` requests whose generated tokens came from the logits of `positions`, in micro-batches of at
+    most `batch` tokens: the steady round's bound (decode.schedule.round_bound_seconds: a token's way through
+    the chain, the busiest region's share) of tokens that take at every stage the fewest cycles any of
+    `positions` takes there -- the cycles the flow schedule times the run with (decode.cost.token_cost,
+    want=True), an MoE layer's routed work at the cheapest share of it any routing of a micro-batch gives
+    (moe_share_floor)."""
     if not positions:
         raise ValueError("a run's bound needs the positions of its generated tokens; it generated none")
     stages = placement_stages(p)
     alone = [min(token_cost(p.spec, p.decoding, (kind, stages[s - 1][1] if s else None, region), pos, True).cycles
-                 for pos in _cheapest(positions, region.w)) for s, (kind, region) in enumerate(stages)]
+                 for pos in _cheapest(positions, region.w)) + moe_share_floor(p, (kind, region), batch)
+             for s, (kind, region) in enumerate(stages)]
     return in_flight / round_bound_seconds(alone, [r for _, r in stages], in_flight, p.spec.clock_hz)
+
+
+def moe_share_floor(p: Placement, stage: tuple[str, Region], batch: int) -> float:
+    """What a token's cycles at an MoE layer stage can be below token_cost's (which prices the typical token:
+    decode.cost.routed_alone_cycles): the run gives each token its share of its micro-batch's routed work
+    (decode.program), at least decode.cost.cheapest_routed_cycles over the micro-batch's tokens, for any
+    micro-batch of 1 to `batch` tokens; 0 at any other stage."""
+    (kind, region), dec = stage, p.decoding
+    if kind != "layer" or not dec.config.moe:
+        return 0.0
+    share = min(cheapest_routed_cycles(p.spec, dec, region, b) / b for b in range(1, batch + 1))
+    return share - routed_alone_cycles(p.spec, dec, region)
 
 
 def _cheapest(positions: range, cols: int) -> tuple[int, ...]:

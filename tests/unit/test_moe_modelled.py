@@ -14,7 +14,7 @@ from waferrt.core.ledger import Ledger
 from waferrt.core.mesh import MeshSpec, Region
 from waferrt.core.spec import TINY
 from waferrt.decode.balancer import Swap
-from waferrt.decode.cost import Decoding, routed_alone_cycles
+from waferrt.decode.cost import Decoding, cheapest_routed_cycles, routed_alone_cycles
 from waferrt.decode.moe import MoELayerShard, pack_moe_layer
 from waferrt.decode.pack import Chunks
 from waferrt.model import Sampler, synthetic_llama, tiny_moe_config
@@ -53,6 +53,26 @@ def test_the_busiest_block_sets_a_steps_expert_compute_worked_out_by_hand():
     assert after.experts.flops == 37_344 and after.experts.cycles == 18_672
     assert after.migration.cycles > 0 and before.migration.cycles == 0
     assert step(shard, 2).migration.cycles == 0  # the stall is paid once
+
+
+def test_the_cheapest_routed_step_worked_out_by_hand():
+    """The bound's MoE step (decode.cost.cheapest_routed_cycles) on the 1x2 region above, three tokens: 3 x 2
+    picks over two bands put at least 3 on the busiest, at best as one run: 3 x 12,448 flops = 18,672 cycles;
+    ER's dispatch needs no hop, the cheapest combine is one token's from one band: one hop of its 64 float32
+    (256 bytes) = 1 (alpha) + 8 (beta) + 256 / 4 (link bytes per cycle) = 73 cycles; 18,745 in all. The
+    zero router's tokens (experts 0 and 1, both on band 0) take more; after NI-Balancer's swap (experts 0
+    and 2 on the two bands) the experts reach the bound, and the combine of the three tokens is 128 cycles
+    above one token's (its link carries 3 x 256 bytes: 1 + 8 + 768 / 4 = 201; the floor counts one token's
+    routes, as tokens routed apart may share no link)."""
+    floor = cheapest_routed_cycles(TINY, Decoding(CFG), Region(0, 0, 1, 2), 3)
+    assert floor == 18_672 + 73
+    shard = shard_on(Region(0, 0, 1, 2))
+    skewed = step(shard, 0)
+    assert skewed.routed.cycles > floor
+    shard.migrate(Swap(1, 2))
+    step(shard, 1)  # carries the stall
+    even = step(shard, 2)
+    assert even.experts.cycles == 18_672 and even.routed.cycles == floor + 201 - 73
 
 
 @pytest.mark.parametrize("mapping", ["er", "naive"])

@@ -21,7 +21,7 @@ from waferrt.decode.schedule import round_bound_seconds
 from waferrt.model import Sampler, synthetic_llama, tiny_config, tiny_moe_config
 from waferrt.model.config import SMOLLM2_135M
 from waferrt.scheduler import KVReserve, plan, run_bound_tokens_per_s
-from waferrt.scheduler.speed import placement_stages
+from waferrt.scheduler.speed import moe_share_floor, placement_stages
 from waferrt.serving import Completion, GenRequest, LocalDecoder, logit_positions
 
 ONE = (GenRequest((5,), 3),)
@@ -63,11 +63,13 @@ SLOW_ROUTER = dataclasses.replace(TINY, beta_cycles=200.0)  # a K/V shift dearer
     ids=["tiny", "tinymoe", "slow router", "smollm2"])
 def test_the_bound_takes_every_stage_at_its_cheapest_position(config, spec, mesh, positions):
     """run_bound_tokens_per_s looks at two positions per stage (the first, the first without a K/V shift):
-    the same as scanning every position (with a slow router the second is the cheaper)."""
+    the same as scanning every position (with a slow router the second is the cheaper); an MoE layer's routed
+    work at its cheapest routing (moe_share_floor, micro-batches of one token)."""
     p = plan(config, spec, mesh, kv=KVReserve(256, 8))
     stages = placement_stages(p)
     alone = [min(token_cost(spec, p.decoding, (kind, stages[s - 1][1] if s else None, region), pos, True).cycles
-                 for pos in positions) for s, (kind, region) in enumerate(stages)]
+                 for pos in positions) + moe_share_floor(p, (kind, region), 1)
+             for s, (kind, region) in enumerate(stages)]
     for in_flight in (1, 3, 8):
         scan = in_flight / round_bound_seconds(alone, [r for _, r in stages], in_flight, spec.clock_hz)
-        assert run_bound_tokens_per_s(p, in_flight, positions) == pytest.approx(scan, rel=1e-12)
+        assert run_bound_tokens_per_s(p, in_flight, positions, 1) == pytest.approx(scan, rel=1e-12)

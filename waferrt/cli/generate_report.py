@@ -17,14 +17,16 @@ from .common import say
 
 def run_bound(placement, out) -> float | None:
     """The bound of the modelled rate of what ran (scheduler.speed.run_bound_tokens_per_s): as many requests in
-    flight as ran, at the positions their tokens held; None for --streaming or when nothing was generated."""
+    flight as ran, at the positions their tokens held, in micro-batches of at most serving.most_items (an MoE
+    layer's tokens share their micro-batch's routed work); None for --streaming or when nothing was
+    generated."""
     from waferrt.scheduler.speed import run_bound_tokens_per_s
-    from waferrt.serving import logit_positions
+    from waferrt.serving import logit_positions, most_items
 
     positions = logit_positions(out)
     if placement.streaming or not positions:
         return None
-    return run_bound_tokens_per_s(placement, min(len(out), placement.kv.requests), positions)
+    return run_bound_tokens_per_s(placement, min(len(out), placement.kv.requests), positions, most_items(out))
 
 
 def pictures(args, placement, stats) -> None:

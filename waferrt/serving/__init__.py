@@ -11,8 +11,8 @@ from .host import serve
 from .local import LocalDecoder
 from .reference import generate_batched, generate_reference
 from .requests import (Batch, Completion, GenRequest, GenStats, OnToken, finish_reason, logit_positions,
-                       request_rng)
+                       most_items, request_rng)
 
 __all__ = ["Batch", "Completion", "GenRequest", "GenStats", "HeadEngine", "LocalDecoder", "OnToken", "Submission",
            "TokenEvent", "finish_reason", "generate_batched", "generate_reference", "logit_positions",
-           "request_rng", "serve"]
+           "most_items", "request_rng", "serve"]

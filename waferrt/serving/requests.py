@@ -91,6 +91,13 @@ def logit_positions(out: list[Completion]) -> range:
     return range(min((a for a, _ in spans), default=0), max((b for _, b in spans), default=0))
 
 
+def most_items(out: list[Completion]) -> int:
+    """The most tokens one micro-batch of `out`'s decode can carry: every request's prompt together (the last
+    prompt token's logits give its first token) or its next token -- the tokens that may share an MoE layer's
+    routed work (scheduler.speed.run_bound_tokens_per_s)."""
+    return sum(max(len(c.prompt_ids), 1) for c in out)
+
+
 def finish_reason(req: GenRequest, done: Completion, token: int) -> str:
     """Why the request is done after `token` ("stop", "length"), or "" while it goes on."""
     if token in req.stop_ids:
