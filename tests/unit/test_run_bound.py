@@ -22,7 +22,7 @@ from waferrt.model import Sampler, synthetic_llama, tiny_config, tiny_moe_config
 from waferrt.model.config import SMOLLM2_135M
 from waferrt.scheduler import KVReserve, plan, run_bound_tokens_per_s
 from waferrt.scheduler.speed import moe_share_floor, placement_stages
-from waferrt.serving import Completion, GenRequest, LocalDecoder, logit_positions
+from waferrt.serving import Completion, GenRequest, LocalDecoder, logit_positions, most_items
 
 ONE = (GenRequest((5,), 3),)
 TWO = (GenRequest((5, 6, 7), 4), GenRequest((9,), 4))
@@ -51,6 +51,18 @@ def test_the_positions_are_those_whose_logits_gave_the_tokens():
     assert not logit_positions([Completion((1, 2), [])])
     assert run_bound(plan(MODELS["dense"], TINY, MeshSpec(16, 16, 8, 8), kv=KVReserve(32, 2)),
                       [Completion((1, 2), [])]) is None
+
+
+def test_an_moe_bound_shares_the_experts_over_the_tokens_a_micro_batch_can_carry():
+    """A micro-batch carries at most every request's prompt (its last token gives a token) or next token: here
+    3 + 1 + 9 = 13. Tokens that share a micro-batch share its MoE layers' routed work, so the bound over
+    micro-batches of up to 13 tokens is above the one-token bound; a dense model's bound does not move."""
+    out = [Completion((1, 2, 3), [7, 8]), Completion((4,), [5, 6, 7, 8]), Completion((1,) * 9, [])]
+    assert most_items(out) == 13
+    for model, more in (("moe", True), ("dense", False)):
+        p = plan(MODELS[model], TINY, MeshSpec(16, 16, 8, 8), kv=KVReserve(128, 2))
+        one, many = (run_bound_tokens_per_s(p, 2, range(0, 4), b) for b in (1, 13))
+        assert (many > one) if more else (many == one)
 
 
 SLOW_ROUTER = dataclasses.replace(TINY, beta_cycles=200.0)  # a K/V shift dearer than a position more per core
