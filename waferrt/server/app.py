@@ -27,7 +27,7 @@ from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
 from starlette.requests import Request
 from starlette.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
-from starlette.routing import Mount, Route
+from starlette.routing import Route
 from starlette.staticfiles import StaticFiles
 
 from waferrt import __version__
@@ -125,8 +125,9 @@ def make_app(served: Served, options: Options) -> Starlette:
               Route("/detokenize", detokenize, methods=["POST"]), Route("/health", health),
               Route("/metrics", metrics), Route("/version", version), Route("/v1/wafer/state", wafer_state),
               Route("/v1/wafer/events", wafer_events), Route("/v1/wafer/faults", wafer_faults, methods=["POST"])]
-    if STATIC.is_dir():
-        routes.append(Mount("/", StaticFiles(directory=STATIC, html=True)))
+    if STATIC.is_dir():  # the page's files by name: a Mount at / would answer GET /v1/completions 404, not 405
+        page = StaticFiles(directory=STATIC, html=True)
+        routes += [Route(p, page) for p in ["/", *(f"/{f.name}" for f in sorted(STATIC.iterdir()) if f.is_file())]]
     app = Starlette(routes=routes, exception_handlers={ApiError: _api_error, HTTPException: _http_error,
                                                        Exception: _crash})
     app.add_middleware(_Guard, key=options.api_key)
