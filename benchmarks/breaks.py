@@ -156,6 +156,10 @@ BREAKS = {
         "lambda config, region, tokens, requests, dtype='float32', head_groups=1: "
         "orig(config, region, tokens, requests, dtype, head_groups) - __import__('waferrt.decode.layout', "
         "fromlist=['x']).stream_block_bytes(config, region, dtype, head_groups)", FILES["stream"]),
+    "cheapest_routed_cycles: a quarter dearer than the cheapest routing": (
+        "waferrt.decode.cost", "cheapest_routed_cycles",
+        "lambda spec, dec, region, batch: 1.25 * orig(spec, dec, region, batch)",
+        ["tests/unit/test_moe_modelled.py", "tests/unit/test_run_bound.py"]),
     "first_true: one past the answer": (
         "waferrt.core.arith", "first_true",
         "lambda lo, hi, pred: (lambda v: v if v is None or v >= hi else v + 1)(orig(lo, hi, pred))",
