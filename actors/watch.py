@@ -1,20 +1,19 @@
 """Waiting on tile actors with a deadline on every wait, and telling a dead tile from a frozen one.
 
 Contract: a :class:`Watch` holds the tile actors and the host inbox they beat to (waferrt.actors.stream).
-``gather(refs, tiles)`` waits for Ray calls in short slices; between slices it takes the inbox's messages
-and checks that every tile has beaten within ``stall_s`` seconds; when a tile says a neighbour's link dropped,
-it looks at once at the processes of the tiles on this machine and pings those on other nodes (a dead
-actor's ping comes back as Ray's actor-death error). A call whose actor died raises
-:class:`TileDied` at once, naming that tile; a tile that falls silent is asked for its pid: no answer and
-Ray says its process is gone -> :class:`TileDied`; no answer from a tile on this machine whose process is
-running and using the CPU -> busy in a long call (its heartbeat thread starved on a loaded machine: a
-real-size layer's weights cut), not stalled; no answer otherwise (SIGSTOP, a hung process) ->
-:class:`TileStalled`. ``local(tiles)`` learns which tiles run on this machine as this user (any Ray node). ``listen(timeout)`` returns the inbox's messages other than beats (events, errors),
-``check()`` runs the liveness check alone, ``sweep()`` pings every tile and returns those that do not answer
-(after a fault); ``track`` / ``reset`` follow restarted tiles; ``slow()`` names the tiles whose pace
-(carried by their beats) is far behind the others' or their own fastest. The errors are
-:class:`TileFailed` s; they name the tile and say what to do (:class:`NodeLost`, a TileDied, is the Wafer's
-when the host removed the tile's node)."""
+``gather(refs, tiles)`` waits for Ray calls in short slices; between slices it takes the inbox's messages and checks
+that every tile has beaten within ``stall_s`` seconds; when a tile says a neighbour's link dropped, it looks at once
+at the processes of the tiles on this machine and pings those on other nodes (a dead actor's ping comes back as
+Ray's actor-death error). A call whose actor died raises :class:`TileDied` at once, naming that tile; a tile that
+falls silent is asked for its pid: no answer and Ray says its process is gone -> :class:`TileDied`; no answer from a
+tile on this machine whose process is running and using the CPU -> busy in a long call (its heartbeat thread starved
+on a loaded machine: a real-size layer's weights cut), not stalled; no answer otherwise (SIGSTOP, a hung process) ->
+:class:`TileStalled`. ``local(tiles)`` learns which tiles run on this machine as this user (any Ray node).
+``listen(timeout)`` returns the inbox's messages other than beats (events, errors), ``check()`` runs the liveness
+check alone, ``sweep()`` pings every tile and returns those that do not answer (after a fault); ``track`` /
+``reset`` follow restarted tiles; ``slow()`` names the tiles whose pace (carried by their beats) is far behind the
+others' or their own fastest. The errors are :class:`TileFailed` s; they name the tile and say what to do
+(:class:`NodeLost`, a TileDied, is the Wafer's when the host removed the tile's node)."""
 
 from __future__ import annotations
 

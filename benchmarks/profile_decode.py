@@ -53,7 +53,8 @@ OURS = [
     ("collectives' sums (fast path)", "fabric/comm.py", ()),
     ("re-cutting activations (Chunks)", "core/layout.py", ("split", "join")),
 ]
-NAMES = ["wait for a micro-batch", "matmul (BLAS)", *dict.fromkeys(n for n, _, _ in OURS), "other numpy (element-wise, copies)",
+NAMES = ["wait for a micro-batch", "matmul (BLAS)", *dict.fromkeys(n for n, _, _ in OURS),
+         "other numpy (element-wise, copies)",
          "Python (interpreter, the loop)"]
 
 

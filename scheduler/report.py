@@ -23,8 +23,8 @@ from waferrt.core.mesh import Region
 from waferrt.decode.layout import booked_bytes, embed_booking, layer_booking
 
 from .budget import work_bytes
-from .speed import placement_seconds, placement_stages, stages_alone_cycles
 from .geometry import node_borders, shares, tile_box, tile_bytes, tiles_spanned
+from .speed import placement_seconds, placement_stages, stages_alone_cycles
 from .types import Placement
 
 

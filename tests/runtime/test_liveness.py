@@ -85,7 +85,8 @@ def _decode_hit_by(llm: WaferLLM, sig: int, requests: list[GenRequest]):
 
 def _tiny_llm() -> WaferLLM:
     config = tiny_config()
-    return WaferLLM(config, synthetic_llama(config, seed=1), plan(config, TINY, MeshSpec(24, 8, 8, 8), kv=KVReserve(64, 2)))
+    placement = plan(config, TINY, MeshSpec(24, 8, 8, 8), kv=KVReserve(64, 2))
+    return WaferLLM(config, synthetic_llama(config, seed=1), placement)
 
 
 REQUESTS = [GenRequest((5, 6, 7), 40), GenRequest((9,), 40)]

@@ -23,8 +23,8 @@ from waferrt.decode import layout as dl
 from waferrt.decode.cost import Decoding
 from waferrt.decode.schedule import requests_round_seconds, round_bound_seconds, round_seconds
 from waferrt.estimator import estimate as est
-from waferrt.estimator import wafer
 from waferrt.estimator import sweep as sw
+from waferrt.estimator import wafer
 from waferrt.estimator.streaming import streaming
 from waferrt.model import Sampler, synthetic_llama, tiny_config
 from waferrt.model.config import SMOLLM2_135M

@@ -78,7 +78,8 @@ def test_a_collective_that_only_the_other_tiles_run_is_not_spmd(mesh):
 
     # which tile sees it first depends on where the collective's data flows: the one left with a message no
     # primitive took, or the one that waited for a neighbour that had ended -- both name the SPMD rule
-    with pytest.raises(NotSpmd, match=r"no primitive here received \('sim:[xy]1'|ended the kernel after 0 primitive\(s\), without it"):
+    with pytest.raises(NotSpmd, match=r"no primitive here received \('sim:[xy]1'|"
+                                      r"ended the kernel after 0 primitive\(s\), without it"):
         simulate(mesh, TINY, mesh.region, kernel, x=_x(mesh), timeout=5)
 
 

@@ -12,11 +12,11 @@ import pytest
 
 from waferrt.cli import main
 from waferrt.core.spec import TINY
-from waferrt.model import tiny_moe_config
-from waferrt.model.zoo import MODELS
 from waferrt.estimator.advice import fits, model_bytes
 from waferrt.estimator.estimate import estimate
 from waferrt.estimator.moe_estimate import moe_estimate
+from waferrt.model import tiny_moe_config
+from waferrt.model.zoo import MODELS
 from waferrt.scheduler.types import KVReserve
 
 

@@ -14,17 +14,24 @@ from waferrt.core.cost import total
 from waferrt.core.mesh import Region
 from waferrt.core.spec import WSE2, WSE3
 from waferrt.decode.prefill import prefill_layer_cost, prefill_layer_parts, prefill_moves, prefill_work_parts
-from waferrt.model.zoo import MODELS, model_by_name
 from waferrt.estimator.estimate import estimate
-from waferrt.estimator.prefill import (PUBLISHED, activation_bytes, decoding, prefill, published_lines,
-                                       region_exchange, weight_block_bytes)
+from waferrt.estimator.prefill import (
+    PUBLISHED,
+    activation_bytes,
+    decoding,
+    prefill,
+    published_lines,
+    region_exchange,
+    weight_block_bytes,
+)
+from waferrt.model.zoo import MODELS, model_by_name
 from waferrt.scheduler.types import KVReserve
 
 
 def _est(model: str, spec, requests: int = 8):
     config, label = model_by_name(model)
-    return replace(estimate(config, spec, spec.full_mesh, KVReserve(min(4096, config.max_seq_len), requests), "float16"),
-                   label=label)
+    kv = KVReserve(min(4096, config.max_seq_len), requests)
+    return replace(estimate(config, spec, spec.full_mesh, kv, "float16"), label=label)
 
 
 @pytest.mark.parametrize("dtype", ["float32", "float16"])

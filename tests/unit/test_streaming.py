@@ -24,8 +24,8 @@ from waferrt.model import Sampler, synthetic_llama, tiny_config
 from waferrt.model.config import SMOLLM2_135M
 from waferrt.scheduler import KVReserve, PlanError, violations
 from waferrt.scheduler.budget import work_bytes
-from waferrt.scheduler.speed import placement_seconds
 from waferrt.scheduler.placement import plan_streaming, streaming_mesh
+from waferrt.scheduler.speed import placement_seconds
 from waferrt.serving import GenRequest, LocalDecoder, generate_reference
 
 CFG = tiny_config()

@@ -10,10 +10,10 @@ import dataclasses
 import numpy as np
 import pytest
 
+from waferrt.core.cost import total
 from waferrt.core.gemm_cost import GemmShape
 from waferrt.core.mesh import Region
 from waferrt.core.spec import WSE2
-from waferrt.core.cost import total
 from waferrt.core.train_cost import TrainShape, head_chunks, head_core_bytes
 from waferrt.core.train_memory import keep_plan, kept_core_bytes
 from waferrt.estimator.train import activation_bytes

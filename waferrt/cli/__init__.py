@@ -1,16 +1,16 @@
 """The ``waferrt`` command: one module per subcommand (generate, plan, estimate, sweep, chaos, demo, bench,
 convert, train).
 
-Contract: :func:`main(argv) -> int` parses the command line and runs one subcommand. Each subcommand is
-a module of this package (:data:`COMMANDS`) with ``add_parser(subparsers)`` (registers its subparser and
-``set_defaults(_run=run)``) and ``run(args) -> int``. Only the module that parsing needs is imported
-(all of them for ``--help``), and importing them imports neither Ray nor pyzmq (``waferrt --help`` is
-instant). Every argument is checked when it is parsed or right after, before a model is read or Ray
-starts: a mistake (or a file that could not be written: a full disk) is one line ``waferrt <command>: <what was wrong and what to write>`` on stderr and exit
-status 2, with no traceback. Ctrl-C exits 130 and SIGTERM 143, both after shutting the wafer down. Only the
-program itself (``main()`` with no argv: the ``waferrt`` script, ``python -m waferrt.cli``) takes SIGTERM, and
-gives the previous handler back when the command returns; ``main(argv)`` called in-process (a test, a
-notebook) leaves the caller's signal handling alone, so that a SIGTERM still stops the caller (e.g. pytest).
+Contract: :func:`main(argv) -> int` parses the command line and runs one subcommand. Each subcommand is a module of
+this package (:data:`COMMANDS`) with ``add_parser(subparsers)`` (registers its subparser and
+``set_defaults(_run=run)``) and ``run(args) -> int``. Only the module that parsing needs is imported (all of them
+for ``--help``), and importing them imports neither Ray nor pyzmq (``waferrt --help`` is instant). Every argument is
+checked when it is parsed or right after, before a model is read or Ray starts: a mistake (or a file that could not
+be written: a full disk) is one line ``waferrt <command>: <what was wrong and what to write>`` on stderr and exit
+status 2, with no traceback. Ctrl-C exits 130 and SIGTERM 143, both after shutting the wafer down. Only the program
+itself (``main()`` with no argv: the ``waferrt`` script, ``python -m waferrt.cli``) takes SIGTERM, and gives the
+previous handler back when the command returns; ``main(argv)`` called in-process (a test, a notebook) leaves the
+caller's signal handling alone, so that a SIGTERM still stops the caller (e.g. pytest).
 """
 
 from __future__ import annotations

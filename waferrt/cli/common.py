@@ -1,19 +1,19 @@
 """What the subcommands share: argument types that check what they are given, the mesh check, progress lines.
 
-Contract: every argparse ``type`` here either returns the value or raises ``ArgumentTypeError`` with one
-line that names the value and what to write instead (argparse then exits with status 2 before anything
-is loaded): :func:`parse_wxh` ("WIDTHxHEIGHT"), :func:`whole_number` (integers with a least value),
-:func:`temperature`, :func:`top_p`, :func:`prompt`, :func:`prompt_file` (a UTF-8 text file: its
-non-blank lines), :func:`model_path` (:func:`model_arg` with a command's own named models),
-:func:`output_path` / :func:`png_path` (a file to write: its directory must exist and be writable, the path is
-no directory, device or FIFO (waferrt.core.files, which writes it whole); a picture's name ends in .png, .svg, ...), :func:`number_list`
-(positive finite numbers up to a bound) and :func:`ray_address` (a Ray cluster answers there: a socket with a deadline,
-before Ray is asked).
-:func:`check_context` and :func:`check_kv_tokens` hold prompts, new tokens and --kv-tokens to the model's
-context (one place for every command). :class:`UsageError` is a mistake found after parsing (``main`` prints it as ``waferrt <command>:
-<message>`` and exits 2, no traceback); :func:`checked_mesh` turns --mesh/--tile into a MeshSpec that fits
-the --spec wafer and stays within --max-tiles (:func:`check_max_tiles`: the mesh planned without --mesh too). :func:`say` prints a progress line to stderr, stamped with
-the seconds since the command started ("i/n" counters are progress bars on a terminal).
+Contract: every argparse ``type`` here either returns the value or raises ``ArgumentTypeError`` with one line that
+names the value and what to write instead (argparse then exits with status 2 before anything is loaded):
+:func:`parse_wxh` ("WIDTHxHEIGHT"), :func:`whole_number` (integers with a least value), :func:`temperature`,
+:func:`top_p`, :func:`prompt`, :func:`prompt_file` (a UTF-8 text file: its non-blank lines), :func:`model_path`
+(:func:`model_arg` with a command's own named models), :func:`output_path` / :func:`png_path` (a file to write: its
+directory must exist and be writable, the path is no directory, device or FIFO (waferrt.core.files, which writes it
+whole); a picture's name ends in .png, .svg, ...), :func:`number_list` (positive finite numbers up to a bound) and
+:func:`ray_address` (a Ray cluster answers there: a socket with a deadline, before Ray is asked).
+:func:`check_context` and :func:`check_kv_tokens` hold prompts, new tokens and --kv-tokens to the model's context
+(one place for every command). :class:`UsageError` is a mistake found after parsing (``main`` prints it as ``waferrt
+<command>: <message>`` and exits 2, no traceback); :func:`checked_mesh` turns --mesh/--tile into a MeshSpec that
+fits the --spec wafer and stays within --max-tiles (:func:`check_max_tiles`: the mesh planned without --mesh too).
+:func:`say` prints a progress line to stderr, stamped with the seconds since the command started ("i/n" counters are
+progress bars on a terminal).
 """
 
 from __future__ import annotations

@@ -23,9 +23,9 @@ from waferrt.core.spec import PRESETS, spec_by_name
 from waferrt.estimator.estimate import estimate
 from waferrt.estimator.moe_estimate import moe_estimate
 from waferrt.estimator.prefill import prefill, published_lines
+from waferrt.estimator.sparse_estimate import sparse_estimate
 from waferrt.estimator.streaming import streaming
 from waferrt.model.zoo import MODELS, model_by_name
-from waferrt.estimator.sparse_estimate import sparse_estimate
 from waferrt.scheduler.strategies import STRATEGY_HELP, parse_strategy
 from waferrt.scheduler.types import OBJECTIVES, KVReserve, Objective
 

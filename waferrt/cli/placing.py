@@ -1,10 +1,10 @@
 """Where ``waferrt generate`` (and ``chaos``) put a model: the plan on this machine or a joined cluster.
 
-Contract: :func:`placement` plans the model (the strategy flags, --streaming, --experts/--balance of an MoE)
-over :func:`ray_nodes` -- this machine, or every live node of the cluster at --address -- on the mesh given
-or the default one cut into :func:`local_tiles` tiles here; it says what it placed (stderr) and returns
-the placement once it admits every request and has at most --max-tiles tiles. Anything that does not fit, or a request no K/V slot holds, is a
-:class:`~waferrt.cli.common.UsageError` naming what would.
+Contract: :func:`placement` plans the model (the strategy flags, --streaming, --experts/--balance of an MoE) over
+:func:`ray_nodes` -- this machine, or every live node of the cluster at --address -- on the mesh given or the
+default one cut into :func:`local_tiles` tiles here; it says what it placed (stderr) and returns the placement once
+it admits every request and has at most --max-tiles tiles. Anything that does not fit, or a request no K/V slot
+holds, is a :class:`~waferrt.cli.common.UsageError` naming what would.
 """
 
 from __future__ import annotations

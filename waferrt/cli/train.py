@@ -32,8 +32,8 @@ import numpy as np
 from waferrt.core.cost import cycles_seconds
 from waferrt.core.spec import PRESETS
 
-from .common import UsageError, model_arg, output_path, parse_wxh, say, stamp, whole_number
 from . import train_report
+from .common import UsageError, model_arg, output_path, parse_wxh, say, stamp, whole_number
 from .progress import counter, line
 
 TINY_VOCAB = 264  # --model tiny: the 256 byte tokens, the merge "Ġt", unused padding
@@ -382,9 +382,8 @@ def _fault_free(args, model, batcher, trainer, where) -> bool:
 
 
 def _save(args, config, weights, meta) -> str:
-    from waferrt.model.gguf_writer import write_model
-
     from waferrt.core.files import atomic_path
+    from waferrt.model.gguf_writer import write_model
 
     with atomic_path(args.save) as tmp:  # a full disk or a Ctrl-C keeps the file that was there
         write_model(tmp, config, weights, meta)

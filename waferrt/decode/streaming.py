@@ -138,4 +138,5 @@ class WeightStore:
     def rows(self, tokens: np.ndarray) -> np.ndarray:
         """The embedding rows of `tokens` (B,) as float32 (B, C, dim_c), split over the region's columns."""
         tokens = np.asarray(tokens)
-        return table_rows(self._packed()["table"], self.vocab, self.dtype, tokens).reshape(len(tokens), self.region.w, -1)
+        rows = table_rows(self._packed()["table"], self.vocab, self.dtype, tokens)
+        return rows.reshape(len(tokens), self.region.w, -1)

@@ -1,15 +1,14 @@
 """What makes a kernel debuggable: where in the user's code something happened, and what the kernel printed.
 
-Contract: :func:`user_site` is the innermost frame of the user's own code (not waferrt, not an installed
-package, not the standard library) of a traceback or of the current stack, as a :class:`Site` (file, line,
-function, the line's text). :func:`locate` adds to an exception raised in a kernel where it happened -- the
-attributes ``kernel_site`` (a Site), ``tile`` (a TileId: the error's ``blame`` where it names another tile at
-fault) and, when known, ``core`` (a Coord) -- and a note
-(``add_note``: shown under its traceback) saying so; :class:`KernelFailed` carries a kernel's exception, its
-site, its tile and what it printed from a tile to the host (any exception pickles inside it, its own
-attributes with it). :class:`TileOutput` captures what ``print`` writes (to stdout or stderr) in the threads that ask for it (each
-tile's kernel its own buffer, even when tiles are threads of one process); other threads print as before.
-Pure: the standard library only.
+Contract: :func:`user_site` is the innermost frame of the user's own code (not waferrt, not an installed package,
+not the standard library) of a traceback or of the current stack, as a :class:`Site` (file, line, function, the
+line's text). :func:`locate` adds to an exception raised in a kernel where it happened -- the attributes
+``kernel_site`` (a Site), ``tile`` (a TileId: the error's ``blame`` where it names another tile at fault) and, when
+known, ``core`` (a Coord) -- and a note (``add_note``: shown under its traceback) saying so; :class:`KernelFailed`
+carries a kernel's exception, its site, its tile and what it printed from a tile to the host (any exception pickles
+inside it, its own attributes with it). :class:`TileOutput` captures what ``print`` writes (to stdout or stderr) in
+the threads that ask for it (each tile's kernel its own buffer, even when tiles are threads of one process); other
+threads print as before. Pure: the standard library only.
 """
 
 from __future__ import annotations

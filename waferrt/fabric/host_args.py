@@ -19,8 +19,8 @@ def check_host_args(args: dict) -> None:
     """A kernel's arguments reach every core free of cost and of SRAM: small values only (a scalar, a shape,
     a few hundred bytes). Data goes into DSM tensors, booked and paid for."""
     for name, value in args.items():
-        nbytes = value.nbytes if isinstance(value, np.ndarray) else len(value) if isinstance(value, (bytes, bytearray)) \
-            else 0
+        nbytes = (value.nbytes if isinstance(value, np.ndarray)
+                  else len(value) if isinstance(value, (bytes, bytearray)) else 0)
         if nbytes > HOST_ARG_BYTES:
             raise ValueError(
                 f"wafer.run's argument {name}= holds {nbytes:,} bytes; a kernel's arguments reach every core free of "

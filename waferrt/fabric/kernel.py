@@ -53,6 +53,11 @@ class NotNeighbourError(ValueError):
         return type(self), (str(self), self.core)
 
 
+def _span(cores: list[Coord]) -> str:
+    """A line of cores for a message: the first..the last (or the one)."""
+    return f"{cores[0]}" if len(cores) == 1 else f"{cores[0]}..{cores[-1]}"
+
+
 class Context(RegionView):
     """This tile's cores of a kernel's region: the ``ctx`` every kernel gets (docs/PROGRAMMING.md).
 
@@ -109,10 +114,9 @@ class Context(RegionView):
                 Dir.N: (xs[0], ys[0]), Dir.S: (xs[-1], ys[-1])}[d]
         here = [Coord(int(x), int(y)) for x, y in zip(*edge)]
         there = [Coord(c.x + d.value[0], c.y + d.value[1]) for c in here]
-        span = (lambda cs: f"{cs[0]}" if len(cs) == 1 else f"{cs[0]}..{cs[-1]}")
         at = f" at {site}" if site else ""
         out = PayloadCorrupt(e.receiver, e.sender, e.side,
-                             f"the payload of {what}{at} from cores {span(there)} to cores {span(here)}")
+                             f"the payload of {what}{at} from cores {_span(there)} to cores {_span(here)}")
         out.core = here[0]
         return out
 

@@ -19,7 +19,7 @@ import sys
 
 import numpy as np
 
-from waferrt.core.mesh import Dir, TileId
+from waferrt.core.mesh import Dir
 
 from .debug import KernelFailed, Site, TileOutput, user_site
 from .kernel import Context

@@ -10,8 +10,17 @@ from .engine import HeadEngine, Submission, TokenEvent
 from .host import serve
 from .local import LocalDecoder
 from .reference import generate_batched, generate_reference
-from .requests import (Batch, Completion, GenRequest, GenStats, OnToken, finish_reason, logit_positions,
-                       most_items, request_rng)
+from .requests import (
+                       Batch,
+                       Completion,
+                       GenRequest,
+                       GenStats,
+                       OnToken,
+                       finish_reason,
+                       logit_positions,
+                       most_items,
+                       request_rng,
+)
 
 __all__ = ["Batch", "Completion", "GenRequest", "GenStats", "HeadEngine", "LocalDecoder", "OnToken", "Submission",
            "TokenEvent", "finish_reason", "generate_batched", "generate_reference", "logit_positions",

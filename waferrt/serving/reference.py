@@ -1,11 +1,11 @@
 """The same requests on the single-process numpy reference: the ground truth the wafer's tokens must equal.
 
-Contract: :func:`generate_reference` runs each request in turn on :class:`~waferrt.model.ReferenceModel`
-(its prompt token by token, then sampled tokens; dense or STAR's sparse attention), sampling request i with ``request_rng(sampler, i)``, and
-returns the completions and the run's stats (wall time, per-token latency). :func:`generate_batched` runs
-the same requests together, as one plain process serves them best: every prompt prefilled in one batch,
-then one batched step per token for all the requests still going (the weights read once per step) -- the
-honest anchor for the wafer's throughput with several requests in flight.
+Contract: :func:`generate_reference` runs each request in turn on :class:`~waferrt.model.ReferenceModel` (its prompt
+token by token, then sampled tokens; dense or STAR's sparse attention), sampling request i with
+``request_rng(sampler, i)``, and returns the completions and the run's stats (wall time, per-token latency).
+:func:`generate_batched` runs the same requests together, as one plain process serves them best: every prompt
+prefilled in one batch, then one batched step per token for all the requests still going (the weights read once per
+step) -- the honest anchor for the wafer's throughput with several requests in flight.
 """
 
 from __future__ import annotations
