@@ -1,8 +1,8 @@
-"""The code blocks of the documentation (every page under docs/), for the tests that run them.
+"""The code blocks of the documentation (README.md and every page under docs/), for the tests that run them.
 
 Every ```python block runs: a page's blocks in order, in one namespace (a page is a story: later blocks use
 what earlier ones defined). A block whose first line is ``# test_<name>.py`` is a pytest file, run by
-pytester instead. A page any of whose blocks opens a Ray wafer (``backend="ray"``) runs in the runtime
+pytester instead. A page any of whose blocks opens a Ray wafer (``backend="ray"``, ``WaferLLM(``) runs in the runtime
 tier (tests/runtime/test_docs_ray.py), the rest in the unit tier (tests/unit/test_docs.py)."""
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ import pathlib
 import re
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
-PAGES = sorted((ROOT / "docs").glob("*.md"))
+PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
 _BLOCK = re.compile(r"^```python\n(.*?)^```", re.S | re.M)
 
 
@@ -28,8 +28,11 @@ def pytest_files(page: pathlib.Path) -> list[str]:
     return [b for b in blocks(page) if b.startswith("# test_")]
 
 
+RAY_WORDS = ('backend="ray"', "WaferLLM(")  # a Ray wafer, or the LLM on tile actors
+
+
 def needs_ray(page: pathlib.Path) -> bool:
-    return any('backend="ray"' in b for b in scripts(page))
+    return any(word in b for b in scripts(page) for word in RAY_WORDS)
 
 
 def run_page(page: pathlib.Path) -> dict:

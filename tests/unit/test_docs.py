@@ -1,4 +1,4 @@
-"""The documentation teaches by examples that run: every python block of docs/*.md runs here
+"""The documentation teaches by examples that run: every python block of README.md and docs/*.md runs here
 (pages that open a Ray wafer run in tests/runtime/test_docs_ray.py); the pytest files they show pass with the
 plugin; every public member of the kernel context is in the kernel reference."""
 
