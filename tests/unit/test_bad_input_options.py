@@ -24,6 +24,8 @@ EXEMPT = {  # (command, option) -> why any text passes parsing
     ("chaos", "--plan"): "a fault plan file: read and checked after parsing (test_bad_input_plan.py)",
     ("serve", "--host"): "any host name: bound when the server starts",
     ("serve", "--api-key"): "any text is a key",
+    ("bench", "--api-key"): "any text is a key",
+    ("bench", "--served-model-name"): "any name: the server answers 404 for one it does not serve",
 }
 
 

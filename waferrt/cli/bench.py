@@ -68,8 +68,18 @@ def _slo(text: str) -> Slo:
         raise argparse.ArgumentTypeError(str(e)) from None
 
 
+def _base_url(text: str) -> str:
+    """--base-url as written: http(s)://HOST[:PORT] (any host: the user wrote it)."""
+    from .loadgen import check_base_url
+
+    try:
+        return check_base_url(text, explicit=True)
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
+
+
 def add_options(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--base-url", default=None, metavar="URL",
+    p.add_argument("--base-url", type=_base_url, default=None, metavar="URL",
                    help="the server (default http://127.0.0.1:8000; a host off this machine only when written here)")
     p.add_argument("--api-key", default=None, help="sent as 'Authorization: Bearer KEY'")
     p.add_argument("--model", type=model_path, default="smollm2",
