@@ -86,13 +86,3 @@ def test_every_example_runs_and_checks_itself(ray_session, capsys, path):
     if path.stem == "custom_kernel":  # its trace: every message of the stencil an arrow
         trace = re.search(r"trace of the stencil: (\S+)", out).group(1)
         assert check_messages(json.loads(pathlib.Path(trace).read_text()))
-
-
-def test_readme_programming_model_example_runs(ray_session, capsys):
-    readme = (ROOT / "README.md").read_text()
-    assert "## Programming model" in readme
-    section = readme.split("## Programming model", 1)[1]
-    blocks = re.findall(r"```python\n(.*?)```", section, re.S)
-    assert blocks, "README.md lost its programming-model example"
-    exec(compile(blocks[0], "README.md", "exec"), {"__name__": "readme"})
-    assert "allreduce.ktree" in capsys.readouterr().out
