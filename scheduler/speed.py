@@ -100,7 +100,7 @@ def _cheapest(positions: range, cols: int) -> tuple[int, ...]:
 
 def placement_stages(p: Placement) -> list[tuple[str, Region]]:
     """A non-streaming placement's stages as (kind, Region): the embedding, every layer, the head."""
-    return [("embed", p.embed), *(("layer", r) for r in p.layers), ("head", p.embed)]
+    return [("embed", p.embed), *(("layer", r) for r in p.layers), ("head", p.head_region)]
 
 
 def streaming_seconds(p: Placement, requests: int, context: int) -> tuple[float, float]:

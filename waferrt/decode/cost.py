@@ -103,9 +103,10 @@ class Decoding:
         """`n` flops on the busiest core, at the storage dtype's rate."""
         return compute_cost(spec, n, self.dtype)
 
-    def line_reduce(self, spec: HardwareSpec, n: int, nbytes: int, lines: int) -> Cost:
-        """An allreduce of nbytes per core along `lines` parallel lines of n cores at once."""
-        return on_lines(allreduce_cost(spec, self.coll.algo, n, nbytes, self.coll.k), lines)
+    def line_reduce(self, spec: HardwareSpec, axis: str, n: int, nbytes: int, lines: int) -> Cost:
+        """An allreduce of nbytes per core along `lines` parallel lines of n cores along `axis` at once (a
+        torus's wrap only on a line as long as the wafer's: HardwareSpec.on_line, as the tiles' lines route)."""
+        return on_lines(allreduce_cost(spec.on_line(axis, n), self.coll.algo, n, nbytes, self.coll.k), lines)
 
 
 def handover_bytes(config: LlamaConfig, items: int) -> int:
@@ -140,10 +141,10 @@ def layer_decode_parts(spec: HardwareSpec, dec: Decoding, region: Region, kv_tok
         return dec.flops(spec, n)
 
     def x_reduce(nbytes: int) -> Cost:  # along every row of cores (over the columns)
-        return dec.line_reduce(spec, cols, nbytes, rows)
+        return dec.line_reduce(spec, "x", cols, nbytes, rows)
 
     def y_reduce(nbytes: int, n: int = rows) -> Cost:  # along every column of cores (or a head group's rows)
-        return dec.line_reduce(spec, n, nbytes, cols * (rows // n))
+        return dec.line_reduce(spec, "y", n, nbytes, cols * (rows // n))
 
     norm = [("norm.reduce", "allreduce", x_reduce(4 * b)), ("norm", "elementwise", flops(ew["rmsnorm"] * b * dim_c))]
     qkv_out = (hq + 2 * hk) * hd_r
@@ -184,7 +185,7 @@ def sparse_parts(spec: HardwareSpec, dec: Decoding, region: Region, held_kept: t
     r, work = d["group_rows"], batch * d["hq"]
     row = topk_cost(spec, TopKRow(region.w, held, work, kept))
     return [("predict", "attention", compute_cost(spec, 2 * work * d["hd_r"] * held, PREDICT_DTYPE)),
-            ("predict.reduce", "attention", dec.line_reduce(spec, r, 4 * work * held, region.w * (region.h // r)))
+            ("predict.reduce", "attention", dec.line_reduce(spec, "y", r, 4 * work * held, region.w * (region.h // r)))
             ] + [(name, "attention", on_lines(c, region.h)) for name, c in row.items()]
 
 
@@ -211,10 +212,10 @@ def _ffn_parts(spec: HardwareSpec, dec: Decoding, cols: int, rows: int, hidden: 
     dim_c, hid_r = cdiv(dec.config.dim, cols), cdiv(hidden, rows)
     return [
         ("ffn_in", "gemv", dec.flops(spec, 2 * b * dim_c * 2 * hid_r)),
-        ("ffn_in.reduce", "allreduce", dec.line_reduce(spec, cols, 4 * b * 2 * hid_r, rows)),
+        ("ffn_in.reduce", "allreduce", dec.line_reduce(spec, "x", cols, 4 * b * 2 * hid_r, rows)),
         ("silu_mul", "elementwise", dec.flops(spec, ELEMENTWISE_FLOPS["silu_mul"] * b * hid_r)),
         ("down", "gemv", dec.flops(spec, 2 * b * hid_r * dim_c)),
-        ("down.reduce", "allreduce", dec.line_reduce(spec, rows, 4 * b * dim_c, cols)),
+        ("down.reduce", "allreduce", dec.line_reduce(spec, "y", rows, 4 * b * dim_c, cols)),
     ]
 
 
@@ -240,7 +241,7 @@ def _moe_parts(spec: HardwareSpec, dec: Decoding, cols: int, rows: int, batch: i
         per_block[blk] = per_block.get(blk, Cost()) + ffn
     dispatch, combine = AllToAll.of(config.dim, region, blocks).loads(chosen)
     return (("router", "gemv", dec.flops(spec, 2 * b * dim_c * e)),
-            ("router.reduce", "allreduce", dec.line_reduce(spec, region.w, 4 * b * e, region.h)),
+            ("router.reduce", "allreduce", dec.line_reduce(spec, "x", region.w, 4 * b * e, region.h)),
             ("experts", "gemv", merge_parallel(list(per_block.values()))),
             ("dispatch", "alltoall", alltoall_cost(spec, dispatch)),
             ("combine", "alltoall", alltoall_cost(spec, combine)))
@@ -307,7 +308,7 @@ def layer_decode_cost(spec: HardwareSpec, dec: Decoding, region: Region, kv_toke
 def head_norm_parts(spec: HardwareSpec, dec: Decoding, region: Region, batch: int) -> list[tuple[str, str, Cost]]:
     """The final RMSNorm of a head region (its sum of squares reduced over the columns)."""
     dim_c = cdiv(dec.config.dim, region.w)
-    return [("norm.reduce", "allreduce", dec.line_reduce(spec, region.w, 4 * batch, region.h)),
+    return [("norm.reduce", "allreduce", dec.line_reduce(spec, "x", region.w, 4 * batch, region.h)),
             ("norm", "elementwise", dec.flops(spec, ELEMENTWISE_FLOPS["rmsnorm"] * batch * dim_c))]
 
 
@@ -317,7 +318,7 @@ def head_gemv_parts(spec: HardwareSpec, dec: Decoding, region: Region, batch: in
     one streamed chunk of it), its partial logits reduced over the columns."""
     dim_c = cdiv(dec.config.dim, region.w)
     return [("head", "gemv", dec.flops(spec, 2 * batch * entries * dim_c)),
-            ("head.reduce", "allreduce", dec.line_reduce(spec, region.w, 4 * batch * entries, region.h))]
+            ("head.reduce", "allreduce", dec.line_reduce(spec, "x", region.w, 4 * batch * entries, region.h))]
 
 
 def head_decode_parts(spec: HardwareSpec, dec: Decoding, region: Region, batch: int = 1
