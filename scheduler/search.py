@@ -96,11 +96,12 @@ def _embed_options(work: Workload, sram: int, mesh: MeshSpec, obstacles: Obstacl
 
 def _quality(mesh: MeshSpec, tables: tuple[Region, ...], layers: list[Region], work: tuple[int, int] | None
              ) -> tuple[int, int, int, int]:
-    """(regions straddling tiles, most weight bytes on one tile (0 when not balancing), hand-overs
-    across tiles, hops): lower is better, in that order. `tables`: the embedding's region (and an untied
-    head's, where the chain ends)."""
+    """(regions straddling tiles (an untied head off the embedding's tile counts as one), most weight bytes on
+    one tile (0 when not balancing), hand-overs across tiles, hops): lower is better, in that order. `tables`:
+    the embedding's region (and an untied head's, where the chain ends)."""
     chain_ = (tables[0], *layers, tables[-1])
     straddle = sum(tiles_spanned(mesh, r) > 1 for r in (*tables, *layers))
+    straddle += tile_box(mesh, tables[-1]) != tile_box(mesh, tables[0])  # the decode samples where tokens enter
     crossings = sum(tile_box(mesh, a) != tile_box(mesh, b) for a, b in pairwise(chain_))
     busiest = max(tile_bytes(mesh, tables, layers, *work)) if work else 0
     return straddle, busiest, crossings, path_hops(chain_)
