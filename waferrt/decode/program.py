@@ -45,10 +45,11 @@ from waferrt.faults.errors import CoreFailed, LinkFailed
 from waferrt.faults.model import CoreFailure
 from waferrt.faults.state import FaultState
 
-from .cost import alone_cycles, handover_bytes, handover_cost, routed_alone_cycles
+from .cost import alone_cycles, handover_bytes, handover_cost
 from .moe import MoELayerShard
 from .pack import Chunks
 from .prefill import layer_step, prefill_item_cycles, prefill_runs
+from .routed_cost import routed_alone_cycles
 from .rows import Col
 from .schedule import Item, StageRun
 from .setup import DecodeSetup, pack_stage
