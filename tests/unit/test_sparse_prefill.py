@@ -8,6 +8,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+import waferrt.kernels.attention as attention_kernel
+import waferrt.kernels.gemm as gemm_kernel
+import waferrt.kernels.sparse_attention as sparse_kernel
 from waferrt.core.ledger import Ledger
 from waferrt.core.mesh import MeshSpec, Region
 from waferrt.core.spec import TINY
@@ -85,3 +88,40 @@ def test_a_later_chunk_selects_over_the_cached_positions_too(w, h) -> None:
         want = layer_prefill(x[lo:hi], layer, kc, vc, Rope(np.arange(lo, hi), cos, sin))
         np.testing.assert_allclose(got[-1], want, rtol=1e-4, atol=1e-4)
         assert ledger.by_op["prefill"] == prefill_layer_cost(TINY, dec, region, hi - lo, lo)
+
+
+def powers_of_two(a: np.ndarray) -> bool:
+    """Every element a signed power of two or 0: the keys in the log domain (model.sparse.log_keys)."""
+    m = np.frexp(a)[0]
+    return bool(np.all((m == 0) | (np.abs(m) == 0.5)))
+
+
+def test_the_sparse_prefill_never_computes_the_dense_scores(monkeypatch) -> None:
+    """16 tokens on a 2x2 square (8-key blocks), sparse:3: the only Q.K^T over every key is the prediction's,
+    over keys that are signed powers of two; the scores from the keys themselves are 3 a query per block step
+    (kernels.sparse_attention.kept_dot), never the 8 of the dense product, and P.V multiplies 3 keys a row.
+    The seams: the transposed MeshGEMM the attention kernel calls, the kept products, counted as they run."""
+    dense_products, kept, pv = [], [], []
+
+    def counted_accumulate(ctx, grid, fixed, moving, variant, chosen=None):
+        if chosen is None:
+            dense_products.append(powers_of_two(moving))
+        return real_accumulate(ctx, grid, fixed, moving, variant, chosen)
+
+    def counted_dot(q, ks):
+        out = real_dot(q, ks)
+        kept.append(out.shape[-1])
+        return out
+
+    def counted_product(a, b, keep):
+        pv.append(keep)
+        return real_product(a, b, keep)
+
+    real_accumulate, real_dot = attention_kernel.accumulate, sparse_kernel.kept_dot
+    real_product = gemm_kernel.kept_product
+    monkeypatch.setattr(attention_kernel, "accumulate", counted_accumulate)
+    monkeypatch.setattr(sparse_kernel, "kept_dot", counted_dot)
+    monkeypatch.setattr(gemm_kernel, "kept_product", counted_product)
+    prefill(AttentionMode(keep=3), Region(0, 0, 2, 2), 16)
+    assert dense_products == [True]  # the prediction alone, in the log domain
+    assert kept == [3, 3] and pv == [3, 3]  # two steps of the 2-ring, 3 keys a query each
