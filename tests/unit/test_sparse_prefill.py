@@ -18,7 +18,7 @@ from waferrt.decode.cost import Decoding
 from waferrt.decode.pack import Chunks, pack_layer
 from waferrt.decode.prefill import prefill_layer, prefill_layer_cost
 from waferrt.decode.shards import LayerShard
-from waferrt.model import AttentionMode, Sampler, synthetic_llama, tiny_config
+from waferrt.model import AttentionMode, ReferenceModel, Sampler, synthetic_llama, tiny_config
 from waferrt.model.reference import Layer, Rope, layer_prefill, rope_cos_sin
 from waferrt.scheduler import KVReserve, plan
 from waferrt.serving import GenRequest, LocalDecoder
@@ -125,3 +125,22 @@ def test_the_sparse_prefill_never_computes_the_dense_scores(monkeypatch) -> None
     prefill(AttentionMode(keep=3), Region(0, 0, 2, 2), 16)
     assert dense_products == [True]  # the prediction alone, in the log domain
     assert kept == [3, 3] and pv == [3, 3]  # two steps of the 2-ring, 3 keys a query each
+
+
+def test_a_decode_with_a_sparse_prefill_gives_the_references_sparse_tokens() -> None:
+    """sparse:3 over a 20-token prompt: the mesh's prefill (prediction, the row's top-K, the kept keys' scores
+    alone) and decode give the numpy reference's sparse tokens (its per-row sparse prefill), not dense's."""
+    placement = plan(CFG, TINY, MeshSpec(8, 8, 8, 8), kv=KVReserve(64, 2))
+    req, mode = GenRequest(tuple(range(3, 23)), 6), AttentionMode(keep=3)
+
+    def reference(m: AttentionMode) -> list[int]:
+        model = ReferenceModel(CFG, W, m)
+        cache = model.new_cache(32)
+        logits, out = model.prefill(list(req.prompt_ids), cache), []
+        while len(out) < req.max_new_tokens:
+            out.append(int(np.argmax(logits)))
+            logits = model.step(out[-1], cache.length, cache)
+        return out
+
+    got, _ = LocalDecoder(CFG, W, placement).use_attention(mode).use_prefill().generate([req], Sampler())
+    assert got[0].tokens == reference(mode) != reference(AttentionMode())
