@@ -30,9 +30,16 @@ largest term from 32K on), and the selection's comparisons cost more than the so
 `--synthetic` measures the accuracy at 2K-32K (SmolLM2's context is 8K) on a model the project makes itself:
 tiny_config's Llama with seeded random weights, its context widened, fed the docs' bytes -- on the numpy
 reference (dense prefill, then teacher-forced decode steps per mode). Random weights attend almost uniformly,
-the worst case for a top-K. A run (--keeps 32,256,0.1 --steps 4, loaded VM):
+the worst case for a top-K. A run (--keeps 32,64,256,0.1 --steps 8, a minute), a few rows:
 
-SYNTHETIC_RUN
+    context         mode  err mean   err max  top-1 = dense
+       2048   sparse:256    0.4812    0.5311            25%
+       4096   sparse:256    0.6405    0.6824           100%
+       8192   sparse:256    0.7041    0.7709            88%
+      16384    sparse:64    0.7420    0.7929             0%
+      16384   sparse:0.1    0.4024    0.4319           100%
+      32768    sparse:64    1.0158    1.1780             0%
+      32768   sparse:0.1    0.6846    0.7223           100%
 
 A run (2-core VM under other agents' load; --contexts 2048,4096 then --contexts 8192, 8 steps, ~65 min; at 2K
 and 4K sparse:256 and sparse:0.1 kept 75-100% of dense's tokens at 2.9-3.7x its modelled cycles):
