@@ -157,7 +157,7 @@ BREAKS = {
         "orig(config, region, tokens, requests, dtype, head_groups) - __import__('waferrt.decode.layout', "
         "fromlist=['x']).stream_block_bytes(config, region, dtype, head_groups)", FILES["stream"]),
     "cheapest_routed_cycles: a quarter dearer than the cheapest routing": (
-        "waferrt.decode.cost", "cheapest_routed_cycles",
+        "waferrt.decode.routed_cost", "cheapest_routed_cycles",
         "lambda spec, dec, region, batch: 1.25 * orig(spec, dec, region, batch)",
         ["tests/unit/test_moe_modelled.py", "tests/unit/test_run_bound.py"]),
     "first_true: one past the answer": (

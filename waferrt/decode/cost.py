@@ -8,8 +8,8 @@ the final norm and output head, ``handover_cost`` what the tiles book when activ
 stage's region to the next (the one formula for it), ``step_cycles`` the (stage, micro-batch) cycles a
 whole decode step books, ``alone_cycles`` what one token takes alone at a stage (waferrt.decode.schedule
 schedules the decode that ran with it: every request at its own pace). An MoE layer's closed forms price the
-typical token (``moe_parts``: experts 0..top_k-1; ``routed_alone_cycles`` its routed parts);
-``cheapest_routed_cycles`` is the least any routing of a micro-batch can take there (a bound's MoE step).
+typical token (``moe_parts``: experts 0..top_k-1; ``block_ffn_parts`` a SwiGLU on a block of cores, a dense
+FFN's and an expert's); the bounds of an MoE layer's routed work are waferrt.decode.routed_cost's.
 
 What the closed forms count, as the tiles do: the attention runs over ``cdiv(kv_tokens, cols)`` positions
 per core (``kv_tokens``: the context the fullest request of the micro-batch holds, the new token
@@ -36,8 +36,6 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 from functools import lru_cache
-from itertools import combinations
-from math import comb
 
 import numpy as np
 
@@ -203,10 +201,10 @@ def attention_parts(spec: HardwareSpec, dec: Decoding, region: Region, kv_tokens
 def ffn_parts(spec: HardwareSpec, dec: Decoding, region: Region, batch: int) -> list[tuple[str, str, Cost]]:
     """A SwiGLU FFN of dec.config.dense_hidden units (a dense layer's, an MoE's shared expert) as MeshGEMVs
     on `region` for `batch` tokens (LayerShard.forward)."""
-    return _ffn_parts(spec, dec, region.w, region.h, dec.config.dense_hidden, batch)
+    return block_ffn_parts(spec, dec, region.w, region.h, dec.config.dense_hidden, batch)
 
 
-def _ffn_parts(spec: HardwareSpec, dec: Decoding, cols: int, rows: int, hidden: int, b: int) -> list:
+def block_ffn_parts(spec: HardwareSpec, dec: Decoding, cols: int, rows: int, hidden: int, b: int) -> list:
     """A SwiGLU FFN of `hidden` units on a cols x rows block of cores for b tokens: the one formula of a
     dense FFN and of an expert in its block."""
     dim_c, hid_r = cdiv(dec.config.dim, cols), cdiv(hidden, rows)
@@ -237,7 +235,7 @@ def _moe_parts(spec: HardwareSpec, dec: Decoding, cols: int, rows: int, batch: i
     per_block: dict[Region, Cost] = {}
     for ex in range(config.top_k):
         blk = blocks[ex]  # one expert's SwiGLU for b tokens as MeshGEMVs in its block (MoELayerShard._expert)
-        ffn = total([c for _, _, c in _ffn_parts(spec, dec, blk.w, blk.h, config.hidden_dim, b)])
+        ffn = total([c for _, _, c in block_ffn_parts(spec, dec, blk.w, blk.h, config.hidden_dim, b)])
         per_block[blk] = per_block.get(blk, Cost()) + ffn
     dispatch, combine = AllToAll.of(config.dim, region, blocks).loads(chosen)
     return (("router", "gemv", dec.flops(spec, 2 * b * dim_c * e)),
@@ -245,50 +243,6 @@ def _moe_parts(spec: HardwareSpec, dec: Decoding, cols: int, rows: int, batch: i
             ("experts", "gemv", merge_parallel(list(per_block.values()))),
             ("dispatch", "alltoall", alltoall_cost(spec, dispatch)),
             ("combine", "alltoall", alltoall_cost(spec, combine)))
-
-
-ROUTED = ("experts", "dispatch", "combine")  # the parts of moe_parts that follow the tokens' routing
-
-
-def routed_alone_cycles(spec: HardwareSpec, dec: Decoding, region: Region) -> float:
-    """The cycles of the routed parts (ROUTED) of moe_parts for one typical token: what a token's alone
-    cycles at an MoE layer hold for them, replaced by its share of what ran (waferrt.decode.moe.MoEStep)."""
-    return sum(c.cycles for name, _, c in _moe_parts(spec, dec, region.w, region.h, 1) if name in ROUTED)
-
-
-def cheapest_routed_cycles(spec: HardwareSpec, dec: Decoding, region: Region, batch: int) -> float:
-    """The fewest cycles the routed parts (ROUTED) of an MoE layer's run on a micro-batch of `batch` tokens take
-    under any routing (what decode.moe.MoEStep.routed can be, NI-Balancer's migration aside: a bound's MoE step,
-    where routed_alone_cycles is the typical token's). The busiest block runs at least cdiv(batch * top_k,
-    blocks) of the tokens' expert picks, at best as one run on the cheapest shape of block (a run's cycles grow
-    with its tokens, and two runs cost at least one run of their tokens together); the dispatch and the combine
-    carry at least one token's routes (a phase's cost grows with its routes), at best to the fewest blocks its
-    top_k distinct experts fit in (cheapest_alltoall_cycles)."""
-    config = dec.config
-    blocks = expert_blocks(config.n_experts, region, dec.experts)
-    picks = cdiv(batch * config.top_k, len(set(blocks)))
-    experts = min(total([c for _, _, c in _ffn_parts(spec, dec, w, h, config.hidden_dim, picks)]).cycles
-                  for w, h in {(b.w, b.h) for b in blocks})
-    return experts + cheapest_alltoall_cycles(spec, dec, region.w, region.h)
-
-
-@lru_cache(maxsize=256)
-def cheapest_alltoall_cycles(spec: HardwareSpec, dec: Decoding, cols: int, rows: int) -> float:
-    """The fewest cycles of one token's dispatch and combine on a cols x rows MoE region: over every set of the
-    fewest blocks its top_k distinct experts can sit in (cdiv(top_k, experts per block); single blocks when
-    there are more than CHEAPEST_SETS such sets: a set's routes hold a single block's)."""
-    config, region = dec.config, Region(0, 0, cols, rows)
-    blocks = expert_blocks(config.n_experts, region, dec.experts)
-    first = {b: blocks.index(b) for b in blocks}  # each block by the first expert it holds
-    fewest = cdiv(config.top_k, blocks.count(blocks[0]))
-    if comb(len(first), fewest) > CHEAPEST_SETS:
-        fewest = 1
-    routes = AllToAll.of(config.dim, region, blocks)
-    return min(sum(alltoall_cost(spec, load).cycles for load in routes.loads(np.array([chosen])))
-               for chosen in combinations(sorted(first.values()), fewest))
-
-
-CHEAPEST_SETS = 4096  # the most sets of blocks cheapest_alltoall_cycles routes one by one
 
 
 def _kv_shift(spec: HardwareSpec, nbytes: int, messages: int) -> Cost:

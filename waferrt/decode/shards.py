@@ -195,8 +195,9 @@ class LayerShard:
         over the kept keys alone in predicted order."""
         B, nkv, R = len(items.slots), self.config.n_kv_heads, self.rows
         qg = q.reshape(B, R, nkv, -1, self.hd_r).transpose(0, 2, 3, 1, 4)  # (B, nkv, rep, R, hd_r)
-        view = self.kv.view(items)  # K (B, nkv, [R, hd_r], [positions]), V (B, nkv, [positions], R*hd_r)
-        if self.attention.keys_kept(items.length) < items.length:
+        dense = self.attention.keys_kept(items.length) >= items.length
+        view = self.kv.view(items, dense)  # K (B, nkv, [R, hd_r], [positions]), V (B, nkv, [positions], R*hd_r)
+        if not dense:
             out = (sparse.fast_attend if self.net.fast else sparse.hop_attend)(self, qg, items, view)
         else:
             out = self._dense(qg, view)
@@ -210,7 +211,7 @@ class LayerShard:
         np.copyto(scores, np.float32(-np.inf), where=view.hidden)
         scores -= net.reduce(self.cx, scores, "max")  # over the columns
         e = np.exp(scores, out=scores)
-        e /= net.reduce(self.cx, e, "sum")
+        e /= net.reduce(self.cx, e, "sum", positions=True)
         net.elementwise(self.cx, "softmax", e, view.held)
         return net.dot(self.cx, e, view.v, view.held)  # the weighted V sums, over the columns
 
