@@ -96,3 +96,12 @@ def test_why_sparse_never_pays_on_the_latency_plan() -> None:
     saved = sum(c.cycles for name, c in dense.items() if not name.startswith("scores"))
     assert sparse["topk.select"].cycles > saved
     assert sum(c.cycles for c in sparse.values()) > sum(c.cycles for c in dense.values())
+
+
+def test_a_sparse_estimate_that_never_pays_says_why() -> None:
+    """The last row's prediction against dense's attention: 80 of 100 cycles, 20 left to win, a top-K of 30."""
+    row = ContextRow(4096, 100.0, 150.0, 80.0, 30.0)
+    lines = SparseEstimate("m", AttentionMode(keep=8), (row,), 4096, 4096, 1.0, 1.0).lines()
+    assert "sparse pays at no context up to 4,096" in lines[0]
+    assert ("  why: sparse costs at least its prediction and top-K; at 4,096 the prediction and its reduce alone are "
+            "80% of dense's attention, leaving 20 cycles to win, and the top-K costs 30") in lines[-2]
