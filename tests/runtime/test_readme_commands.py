@@ -114,6 +114,10 @@ FAST: dict[str, str | Skip] = {
     'python benchmarks/breaks.py': BENCH,
     'python benchmarks/prefill.py --tokens 8 512 1024': BENCH,
     'python benchmarks/sparse_attention.py --contexts 2048 --keeps 64,256': BENCH,
+    'python benchmarks/sparse_attention.py --where-pays --keeps 64':  # seconds: run as written
+        'python benchmarks/sparse_attention.py --where-pays --keeps 64',
+    'python benchmarks/sparse_attention.py --synthetic --keeps 32,256,0.1 --steps 4':
+        'python benchmarks/sparse_attention.py --synthetic --contexts 256 --keeps 32 --steps 1',
     'waferrt convert --shape llama3-8b --layers 2 --vocab 32768 l8b.gguf':  # 1.1 GB: a minute; the next plans it
         'waferrt convert --shape llama3-8b --layers 1 --vocab 4096 l8b.gguf',
     'python benchmarks/realdims.py': BENCH,

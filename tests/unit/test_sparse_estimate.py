@@ -79,3 +79,20 @@ def test_the_cli_prints_and_jsons_the_sparse_figures() -> None:
     got = json.loads(subprocess.run(argv + ["--json"], capture_output=True, text=True, timeout=300).stdout)["sparse"]
     assert got["mode"] == "sparse:64" and got["longest_context"] == got["dense_longest_context"] == 8192
     assert got["contexts"][0]["context"] == 256 and got["sparse_token_s"] > 0
+
+
+def test_why_sparse_never_pays_on_the_latency_plan() -> None:
+    """Llama3-8B's latency-plan layer region (164x512 cores in 8 head groups, float16) at 1,048,576 positions,
+    sparse:64: the add-only prediction and its reduce cost exactly what dense's Q.K^T and its reduce do (the same
+    flops at the same 16-bit rate, the same 4-byte partial sums reduced over the rows), so sparse saves at most
+    dense's softmax and P.V; the top-K's selection alone costs more: cdiv(1,048,576, 164) = 6,394 positions a
+    core x 4 query heads x ceil(log2 65) = 7 comparisons = 179,032 at WSE-2's 2 float32 flops a cycle = 89,516."""
+    config, _ = model_by_name("llama3-8b")
+    dec, region, n = Decoding(config, "float16", head_groups=8), Region(0, 0, 164, 512), 1 << 20
+    dense = attention_parts(WSE2, dec, region, n)
+    sparse = attention_parts(WSE2, replace(dec, attention=AttentionMode(keep=64)), region, n)
+    assert sparse["predict"] == dense["scores"] and sparse["predict.reduce"] == dense["scores.reduce"]
+    assert sparse["topk.select"].cycles == 6394 * 4 * 7 / 2 == 89516
+    saved = sum(c.cycles for name, c in dense.items() if not name.startswith("scores"))
+    assert sparse["topk.select"].cycles > saved
+    assert sum(c.cycles for c in sparse.values()) > sum(c.cycles for c in dense.values())

@@ -5,12 +5,13 @@ Contract: ``block_forward_mesh(wafer, config, weights, x) -> (y, saved)`` runs o
 forward over x (B, S, dim) or (S, dim) (every sequence from position 0) on ``onwafer.living_square`` and
 returns y of x's shape and the :class:`~waferrt.training.block.Saved` activations -- equal to
 ``block.block_forward``'s (float32, to rounding), and laid out on the square as ``block.block_backward``
-takes them. One kernel (:func:`forward_kernel`) runs every op on the mesh: the RMSNorms (a sum of squares
-along the rows), each projection a MeshGEMM (waferrt.kernels.gemm: Q, K, V and the output projection per
-head, gate, up, down; their input skewed into the A layout first, ``train_ops.relayout``), RoPE in the
-cores, the causal attention (waferrt.kernels.attention, per sequence: the tokens lie on the square in
-waferrt.kernels.sequences' order, every core row a slice of each sequence; a K/V head's blocks go with each of
-its query heads), SwiGLU and the residual adds in the cores, the output projection's heads
+takes them. One kernel (:func:`forward_kernel`) runs every op on the mesh: the RMSNorms (the decode's block
+function decode.shards.mesh_rmsnorm on a decode.net.KernelNet: a sum of squares along the rows), each
+projection a MeshGEMM (waferrt.kernels.gemm: Q, K, V and the output projection per head, gate, up, down; their
+input skewed into the A layout first, ``train_ops.relayout``), RoPE in the cores, the causal attention
+(waferrt.kernels.attention, per sequence: the tokens lie on the square in waferrt.kernels.sequences' order,
+every core row a slice of each sequence; a K/V head's blocks go with each of its query heads), SwiGLU and the
+residual adds in the cores, the output projection's heads
 summed in the core. What it books is ``core.train_cost.block_forward_parts`` at
 ``decode.cost.ELEMENTWISE_FLOPS`` (tests/unit/test_train_ties.py).
 The kernel reads x and writes y and the kept activations under the DSM names a :class:`ForwardNames` gives
@@ -26,7 +27,9 @@ from dataclasses import dataclass
 import numpy as np
 
 from waferrt.core.train_cost import TrainShape, square_tokens
+from waferrt.decode import shards
 from waferrt.decode.cost import ELEMENTWISE_FLOPS as EW
+from waferrt.decode.net import KernelNet
 from waferrt.kernels.attention import PromptAttention, causal_attention
 from waferrt.kernels.gemm import meshgemm
 from waferrt.kernels.gemm_backward import gather, scatter
@@ -56,11 +59,10 @@ class ForwardNames:
 
 
 def _rmsnorm(ctx, x: np.ndarray, w: np.ndarray, norm: Norm) -> np.ndarray:
-    """x / rms(x) * w over (rows, cols, mb, nb) blocks in the C layout: the sum of squares along the rows."""
+    """x / rms(x) * w over (rows, cols, mb, nb) blocks in the C layout: the decode's RMSNorm block function
+    (decode.shards.mesh_rmsnorm) on the kernel's KernelNet, the sum of squares along the rows of cores."""
     with ctx.ledger.op("rmsnorm"):
-        ms = ctx.allreduce((x * x).sum(-1), "x") / np.float32(norm.dim)
-        ctx.compute(EW["rmsnorm"] * x.shape[-2] * x.shape[-1])
-        return (x / np.sqrt(ms + np.float32(norm.eps))[..., None] * w).astype(np.float32)
+        return shards.mesh_rmsnorm(KernelNet(ctx), None, x, w, norm).astype(np.float32, copy=False)
 
 
 def _elementwise(ctx, name: str, flops: int, out: np.ndarray) -> np.ndarray:
