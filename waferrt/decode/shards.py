@@ -143,11 +143,8 @@ def attention_out(on: On, x: np.ndarray, att: np.ndarray, ffn: Callable[[np.ndar
     outputs -> x + Wo att, then plus `ffn` (the dense MLP, :func:`dense_ffn`; an MoE layer's experts) of its
     RMSNorm, (B, C, dim_c)."""
     net, cx = on.net, on.cx
-    x = x + net.gemv(on.cy, on.w("wo"), att)
-    net.elementwise(cx, "residual", x)
-    x = x + ffn(mesh_rmsnorm(net, cx, x, on.w("ffn_norm"), norm_of(on.config)))
-    net.elementwise(cx, "residual", x)
-    return x
+    x = residual(net, cx, x, net.gemv(on.cy, on.w("wo"), att))
+    return residual(net, cx, x, ffn(mesh_rmsnorm(net, cx, x, on.w("ffn_norm"), norm_of(on.config))))
 
 
 def dense_ffn(on: On, h: np.ndarray) -> np.ndarray:
@@ -257,9 +254,22 @@ def mlp(net: Net, cx: LineComm, cy: LineComm, w13: np.ndarray, w2: np.ndarray, h
     gate and up projections side by side) and w2 as packed for it (a dense layer's, or an MoE expert's block)."""
     gu = net.gemv(cx, w13, h)
     gu = gu.reshape(*gu.shape[:2], 2, -1)  # (B, R, 2, hid_r)
-    act = silu(gu[:, :, 0]) * gu[:, :, 1]  # (B, R, hid_r)
-    net.elementwise(cy, "silu_mul", act)
+    act = swiglu(net, cy, gu[:, :, 0], gu[:, :, 1])  # (B, R, hid_r)
     return net.gemv(cy, w2, act)  # (B, C, dim_c)
+
+
+def swiglu(net: Net, comm: LineComm | None, gate: np.ndarray, up: np.ndarray) -> np.ndarray:
+    """SiLU(gate) * up, element by element (every core its share) -> gate's shape."""
+    act = silu(gate) * up
+    net.elementwise(comm, "silu_mul", act)
+    return act
+
+
+def residual(net: Net, comm: LineComm | None, x: np.ndarray, y: np.ndarray) -> np.ndarray:
+    """The residual add x + y, element by element (every core its share) -> x's shape."""
+    out = x + y
+    net.elementwise(comm, "residual", out)
+    return out
 
 
 def table_rows(table: np.ndarray, vocab: Chunks, dtype: str, tokens: np.ndarray) -> np.ndarray:

@@ -11,7 +11,8 @@ projection a MeshGEMM (waferrt.kernels.gemm: Q, K, V and the output projection p
 input skewed into the A layout first, ``train_ops.relayout``), RoPE in the cores, the causal attention
 (waferrt.kernels.attention, per sequence: the tokens lie on the square in waferrt.kernels.sequences' order,
 every core row a slice of each sequence; a K/V head's blocks go with each of its query heads), SwiGLU and the
-residual adds in the cores, the output projection's heads
+residual adds in the cores (decode.shards.swiglu, residual, on the KernelNet too), the output projection's
+heads
 summed in the core. What it books is ``core.train_cost.block_forward_parts`` at
 ``decode.cost.ELEMENTWISE_FLOPS`` (tests/unit/test_train_ties.py).
 The kernel reads x and writes y and the kept activations under the DSM names a :class:`ForwardNames` gives
@@ -35,7 +36,6 @@ from waferrt.kernels.gemm import meshgemm
 from waferrt.kernels.gemm_backward import gather, scatter
 from waferrt.kernels.sequences import deinterleave, interleave
 from waferrt.kernels.train_ops import Norm, relayout, rotate_pairs
-from waferrt.model.reference import silu
 
 from .block import BlockShape, Saved, layer_blocks
 from .onwafer import Job, living_square, run_job
@@ -94,13 +94,18 @@ def forward_kernel(ctx, norm: Norm, prompt: PromptAttention, names: ForwardNames
     atta = relayout(ctx, att, "C", "A")
     o = meshgemm(ctx, atta[:, :, None], t["wo"][:, :, None])  # (rows, cols, H, mb, nb)
     o = _elementwise(ctx, "compute", 1, o).sum(axis=2)  # the heads' sum, in the core
-    x2 = _elementwise(ctx, "residual", EW["residual"], x + o)
+    net = KernelNet(ctx)  # the block functions' element-wise work on every core's block
+    with ctx.ledger.op("residual"):
+        x2 = shards.residual(net, None, x, o)
     h2 = _rmsnorm(ctx, x2, t["ffn_norm"], norm)
     h2a = relayout(ctx, h2, "C", "A")
     gate, up = (meshgemm(ctx, h2a[:, :, None], t[w][:, :, None]) for w in ("w_gate", "w_up"))
-    m = _elementwise(ctx, "swiglu", EW["silu_mul"], silu(gate) * up)
+    with ctx.ledger.op("swiglu"):
+        m = shards.swiglu(net, None, gate, up)
     ma = relayout(ctx, m, "C", "A")
-    y = _elementwise(ctx, "residual", EW["residual"], x2 + meshgemm(ctx, ma[:, :, None], t["w_down"][:, :, None]))
+    down = meshgemm(ctx, ma[:, :, None], t["w_down"][:, :, None])
+    with ctx.ledger.op("residual"):
+        y = shards.residual(net, None, x2, down)
     ctx.store(names.y, y[:, :, None, None])
     kept = {"h1": h1a, "q": q, "k": k, "v": v, "att": atta, "x2": x2, "h2": h2a, "gate": gate, "up": up, "m": ma}
     for name, value in kept.items() if names.kept else ():
