@@ -15,11 +15,11 @@ kept keys) against dense, and their ratio.
                                           [--sparse-prefill] [--synthetic] [--where-pays]
 
 Every run but --synthetic's ends with the where-sparse-pays table (`--where-pays`: only it, seconds): on the
-estimator's latency plans of SmolLM2-135M and Llama3-8B (K/V reserve 8,192 x 1, float16) one layer's attention
-per token dense vs sparse from 2K to 4M positions by term (decode.cost.attention_parts: the scores or the
-prediction with their reduce over the rows, the top-K's selection, its merge and multicast, the rest), the
-ratio, one request's modelled time per token, and sparse's largest term. Sparse pays at none of them: the prediction costs the dense
-Q.K^T's flops at the same 16-bit rate and its partial sums are reduced over the rows as the scores' are (the
+estimator's latency plans of SmolLM2-135M and Llama3-8B (K/V reserve 8,192 x 1, float16) one layer's attention per
+token dense vs sparse from 2K to 4M positions by term (decode.cost.attention_parts: the scores or the prediction
+with their reduce over the rows, the top-K's selection, its merge and multicast, the rest), the ratio, one
+request's modelled time per token, and sparse's largest term. Sparse pays at none of them: the prediction costs the
+dense Q.K^T's flops at the same 16-bit rate and its partial sums are reduced over the rows as the scores' are (the
 largest term from 32K on), and the selection's comparisons cost more than the softmax and P.V it saves
 (docs/decode.md, "Where sparse pays", holds the table and the reasoning). E.g. Llama3-8B sparse:64:
 
