@@ -15,14 +15,8 @@ from __future__ import annotations
 from waferrt.core.cost import cycles_seconds
 from waferrt.core.mesh import Region
 from waferrt.core.spec import HardwareSpec
-from waferrt.decode.cost import (
-    Decoding,
-    cheapest_routed_cycles,
-    lane_batches,
-    routed_alone_cycles,
-    step_cycles,
-    token_cost,
-)
+from waferrt.decode.cost import Decoding, lane_batches, step_cycles, token_cost
+from waferrt.decode.routed_cost import cheapest_routed_cycles, routed_alone_cycles
 from waferrt.decode.schedule import requests_round_seconds, round_bound_seconds
 from waferrt.decode.streaming import stream_step_cycles
 
@@ -80,8 +74,8 @@ def run_bound_tokens_per_s(p: Placement, in_flight: int, positions: range, batch
 
 def moe_share_floor(p: Placement, stage: tuple[str, Region], batch: int) -> float:
     """What a token's cycles at an MoE layer stage can be below token_cost's (which prices the typical token:
-    decode.cost.routed_alone_cycles): the run gives each token its share of its micro-batch's routed work
-    (decode.program), at least decode.cost.cheapest_routed_cycles over the micro-batch's tokens, for any
+    decode.routed_cost.routed_alone_cycles): the run gives each token its share of its micro-batch's routed work
+    (decode.program), at least decode.routed_cost.cheapest_routed_cycles over the micro-batch's tokens, for any
     micro-batch of 1 to `batch` tokens; 0 at any other stage."""
     (kind, region), dec = stage, p.decoding
     if kind != "layer" or not dec.config.moe:
@@ -100,7 +94,7 @@ def _cheapest(positions: range, cols: int) -> tuple[int, ...]:
 
 def placement_stages(p: Placement) -> list[tuple[str, Region]]:
     """A non-streaming placement's stages as (kind, Region): the embedding, every layer, the head."""
-    return [("embed", p.embed), *(("layer", r) for r in p.layers), ("head", p.embed)]
+    return [("embed", p.embed), *(("layer", r) for r in p.layers), ("head", p.head_region)]
 
 
 def streaming_seconds(p: Placement, requests: int, context: int) -> tuple[float, float]:
