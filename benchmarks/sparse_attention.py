@@ -14,12 +14,12 @@ kept keys) against dense, and their ratio.
     python benchmarks/sparse_attention.py [--contexts 2048,4096,8192] [--keeps 32,64,256,0.1] [--steps 8]
                                           [--sparse-prefill] [--synthetic] [--where-pays]
 
-Every run ends with the where-sparse-pays table (`--where-pays`: only it, seconds): on the estimator's latency
-plans of SmolLM2-135M and Llama3-8B (K/V reserve 8,192 x 1, float16) one layer's attention per token dense vs
-sparse from 2K to 4M positions by term (decode.cost.attention_parts: the scores or the prediction with their
-reduce over the rows, the top-K's selection, its merge and multicast, the rest), the ratio, one request's
-modelled time per token, and sparse's largest term. Sparse pays at none of them: the prediction costs the dense
-Q.K^T's flops at the same 16-bit rate and its partial sums are reduced over the rows as the scores' are (the
+Every run but --synthetic's ends with the where-sparse-pays table (`--where-pays`: only it, seconds): on the
+estimator's latency plans of SmolLM2-135M and Llama3-8B (K/V reserve 8,192 x 1, float16) one layer's attention per
+token dense vs sparse from 2K to 4M positions by term (decode.cost.attention_parts: the scores or the prediction
+with their reduce over the rows, the top-K's selection, its merge and multicast, the rest), the ratio, one
+request's modelled time per token, and sparse's largest term. Sparse pays at none of them: the prediction costs the
+dense Q.K^T's flops at the same 16-bit rate and its partial sums are reduced over the rows as the scores' are (the
 largest term from 32K on), and the selection's comparisons cost more than the softmax and P.V it saves
 (docs/decode.md, "Where sparse pays", holds the table and the reasoning). E.g. Llama3-8B sparse:64:
 
@@ -300,14 +300,15 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=8, help="decode steps compared per mode (8)")
     ap.add_argument("--sparse-prefill", action="store_true", help="also prefill each prompt sparsely and compare "
                     "prefill+decode with dense (the reference's sparse prefill attends row by row: slow)")
-    ap.add_argument("--synthetic", action="store_true", help="accuracy on the project's synthetic tiny Llama "
-                    "(contexts up to 32K) instead of SmolLM2")
+    ap.add_argument("--synthetic", action="store_true", help="only the accuracy on the project's synthetic "
+                    "one-layer Llama (contexts up to 32K) instead of SmolLM2's")
     ap.add_argument("--where-pays", action="store_true", help="only the where-sparse-pays table (seconds)")
     args = ap.parse_args()
     modes = [AttentionMode.parse(f"sparse:{k}") for k in args.keeps.split(",")]
     if args.synthetic:
         synthetic_accuracy([int(c) for c in (args.contexts or LONG_CONTEXTS).split(",")], modes, args.steps)
-    elif not args.where_pays:
+        return
+    if not args.where_pays:
         args.contexts = args.contexts or "2048,4096,8192"
         smollm2_accuracy(args, modes)
     where_pays(modes)

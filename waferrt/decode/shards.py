@@ -133,9 +133,15 @@ def attention_in(on: On, x: np.ndarray, angles: tuple[np.ndarray, np.ndarray]) -
     h = mesh_rmsnorm(net, on.cx, x, on.w("attn_norm"), norm_of(config))
     qkv = net.gemv(on.cx, on.w("wqkv"), h)  # (B, R, (nh + 2 nkv) * hd_r)
     qkv = qkv.reshape(*qkv.shape[:2], config.n_heads + 2 * config.n_kv_heads, -1)
-    qk = rotate(qkv[:, :, :config.n_heads + config.n_kv_heads], *angles)  # q and k at once
-    net.elementwise(on.cy, "rope", qk)
-    return qkv, qk
+    return qkv, rope(net, on.cy, qkv[:, :, :config.n_heads + config.n_kv_heads], angles)  # q and k at once
+
+
+def rope(net: Net, comm: LineComm | None, x: np.ndarray, angles: tuple[np.ndarray, np.ndarray]) -> np.ndarray:
+    """RoPE on x (..., hd) at `angles` (pairwise's (cos, cos), (-sin, sin), broadcasting to x), element by
+    element (every core its share) -> x's shape."""
+    out = rotate(x, *angles)
+    net.elementwise(comm, "rope", out)
+    return out
 
 
 def attention_out(on: On, x: np.ndarray, att: np.ndarray, ffn: Callable[[np.ndarray], np.ndarray]) -> np.ndarray:

@@ -72,6 +72,12 @@ class SparseEstimate:
         out = [f"attention       {self.mode}: one layer's attention per token, cycles (dense -> sparse: predict + "
                f"top-K + attend); sparse pays {where}"]
         out += [self._line(r) for r in self.rows]
+        if pays is None:
+            r = self.rows[-1]
+            out.append(f"  why: sparse costs at least its prediction and top-K; at {r.context:,} the prediction and "
+                       f"its reduce alone are {r.predict_cycles / r.dense_cycles:.0%} of dense's attention, leaving "
+                       f"{r.dense_cycles - r.predict_cycles:,.0f} cycles to win, and the top-K costs "
+                       f"{r.sort_cycles:,.0f} (benchmarks/sparse_attention.py --where-pays: by term)")
         out.append(f"  a token at the reserve: {self.dense_token_s * 1e6:,.1f} us dense, "
                    f"{self.sparse_token_s * 1e6:,.1f} us {self.mode}; the longest context that fits: "
                    f"{self.dense_longest:,} positions a request dense, {self.longest_context:,} sparse (every key "
