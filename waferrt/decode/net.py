@@ -1,11 +1,11 @@
-"""What a layer's math does across cores: one small interface, two implementations, chosen per run.
+"""What a layer's math does across cores: one small interface, its implementations.
 
-Contract: a block of the decode (waferrt.decode.shards: the attention with its K/V cache, the MLP, the head;
-an MoE expert's MLP) is written once as numpy math with shape comments; everything it does over the cores
-of its region goes through a :class:`Net` -- a MeshGEMV (``gemv``), a product whose contraction is split
-over a line of cores and reduced along it (``dot``), a reduction over a split axis (``reduce``, ``norm2``),
-and the element-wise work (``elementwise``). :func:`net_of` picks the implementation from the run's
-``Collectives``:
+Contract: a block of the decode and the prefill (waferrt.decode.shards: the RMSNorms, the QKV projection and
+RoPE, the attention with its K/V cache, the output projection, the MLP, the head; an MoE expert's MLP) is
+written once as numpy math with shape comments; everything it does over its cores goes through a
+:class:`Net` -- a projection (``gemv``), a product whose contraction is split over a line of cores and
+reduced along it (``dot``), a reduction over a split axis (``reduce``, ``norm2``), and the element-wise work
+(``elementwise``). :func:`net_of` picks the decode's implementation from the run's ``Collectives``:
 
 - :class:`FastNet` (``coll.fast``): a split axis is held joined, in the order its values have (the K/V
   cache's positions in position order); the result is computed at once and the collective it stands for
@@ -14,13 +14,31 @@ and the element-wise work (``elementwise``). :func:`net_of` picks the implementa
 - :class:`HopNet` (the checked mode): a split axis is held as (cores, per core); every core computes its
   share and the partial results travel the line message by message (``LineComm.allreduce``).
 
-Both record what they do into the comm's ledger as they run: the busiest core's flops (at the ledger's dtype
+and the prefill (waferrt.decode.prefill) runs on the third:
+
+- :class:`SquareNet`: a prompt's chunk of T tokens as one slab (T, 1, width) on the largest square of cores at
+  its region's corner (:func:`gemm_region`); a projection (``gemv`` of a weight's :class:`Blocks`) is a
+  MeshGEMM kernel over the square (waferrt.kernels.gemm: its messages booked as the kernel sends them; the
+  slab first aligned into MeshGEMM's A layout, booked as ``core.gemm_cost.skew_cost``, the closed form the
+  kernels' skew is tested to book). Between the kernels the host holds the slab whole: the element-wise work
+  is recorded spread over the square's cores, RMSNorm's sum of squares inside its element-wise flops (no
+  reduction's messages are modelled). The attention is the MeshGEMM attention kernel
+  (waferrt.kernels.attention), which training's forward runs too.
+
+and training's forward (waferrt.training.forward) calls the RMSNorm block function inside its kernel with
+
+- :class:`KernelNet`: every core's block of a slab split over the square's rows (tokens) and columns
+  (features); ``norm2`` the kernel Context's allreduce along the rows of cores, ``elementwise`` every core's
+  block (``ctx.compute``).
+
+Each records what it does into the ledger as it runs: the busiest core's flops (at the ledger's dtype
 rate; element-wise work at decode.cost.ELEMENTWISE_FLOPS per element) and the collective's messages. No
 layer code books a flop by hand: a block that does one more GEMV records one more GEMV. On the fast path
 a split axis of K/V positions is longer than a core's share (a core holds ``positions`` of them, the
 fullest core's count), so calls on such an axis say how many a core holds. The closed forms of
-waferrt.decode.cost price the same work for the estimator; tests/unit/test_fast_path.py holds the two
-implementations to the same records, tests/unit/test_ties.py the closed forms to them.
+waferrt.decode.cost and decode.prefill price the same work for the estimator; tests/unit/test_fast_path.py
+holds FastNet and HopNet to the same records, tests/unit/test_ties.py and test_prefill_layer.py the closed
+forms to what they record.
 
 A row's arithmetic on the fast path does not depend on the rows beside it (tests/unit/test_row_independence.py):
 BLAS picks its kernel -- and so the order of a sum -- from the shapes of a call (OpenBLAS: one GEMV, small-matrix
@@ -37,10 +55,17 @@ from __future__ import annotations
 
 import functools
 import math
+from dataclasses import dataclass
 
 import numpy as np
 
-from waferrt.fabric.comm import Collectives, LineComm, Slices
+from waferrt.core.arith import cdiv
+from waferrt.core.gemm_cost import skew_cost
+from waferrt.core.ledger import Ledger
+from waferrt.core.mesh import Region
+from waferrt.fabric.comm import Collectives, LineComm, Slices, Span
+from waferrt.fabric.kernel import Context
+from waferrt.kernels.gemm import Grid, collect, meshgemm, place
 
 from .cost import ELEMENTWISE_FLOPS as EW
 
@@ -221,7 +246,85 @@ class HopNet(FastNet):
         comm.ledger.compute(EW[kind] * (a.size // comm.n))
 
 
-Net = FastNet | HopNet
+def gemm_region(region: Region) -> Region:
+    """The largest square of cores at the region's corner: where the prefill's GEMMs run."""
+    side = min(region.w, region.h)
+    return Region(region.x0, region.y0, side, side)
+
+
+@dataclass(frozen=True, eq=False)
+class Blocks:
+    """A weight as :class:`SquareNet`'s projection takes it: its B blocks where they were carried (rows, cols,
+    1, kb, nb: waferrt.kernels.gemm.place's B layout) and its `n` output columns."""
+
+    blocks: np.ndarray
+    n: int
+
+
+class SquareNet:
+    """The prefill's implementation: a slab of tokens on a square of cores, projections by MeshGEMM (module doc).
+    Its line arguments are the square's (``lines``), kept for the block functions' calls."""
+
+    fast = True
+
+    def __init__(self, region: Region, ledger: Ledger):
+        self.region = gemm_region(region)
+        self.ctx = Context(Span.of(self.region), ledger, {})
+        self.grid, self.ledger, self.side = Grid.of(self.region), ledger, self.region.w
+
+    @property
+    def lines(self) -> tuple[LineComm, LineComm]:
+        """The square's x- and y-lines."""
+        return self.ctx.x, self.ctx.y
+
+    def gemv(self, comm: LineComm, w: Blocks, x: np.ndarray) -> np.ndarray:
+        """The slab's projection x (T, 1, k) @ W (k, n) by MeshGEMM -> (T, 1, n)."""
+        return self.gemm(x[:, 0], w)[:, None]
+
+    def gemm(self, a: np.ndarray, w: Blocks) -> np.ndarray:
+        """a (m, k) @ W (k, n) by MeshGEMM -> (m, n)."""
+        return collect("meshgemm", self.grid, self.gemm_blocks(a, w), a.shape[0], w.n)
+
+    def gemm_blocks(self, a: np.ndarray, w: Blocks) -> np.ndarray:
+        """As gemm, the product's C blocks (rows, cols, mb, nb) where the kernel leaves them; a aligned into the
+        A layout first (its skew booked)."""
+        zero = np.broadcast_to(np.float32(0), (a.shape[1], w.n))
+        pa, _ = place("meshgemm", self.grid, self.region.shape, a, zero)
+        mb, kb = pa.shape[3:]
+        self.ledger.add(skew_cost(self.ledger.spec, self.side, mb * kb * pa.itemsize))
+        return meshgemm(self.ctx, pa, w.blocks)
+
+    def norm2(self, comm: LineComm, x: np.ndarray) -> np.ndarray:
+        """x (T, 1, dim) -> (T,): every token's sum of squares (in RMSNorm's element-wise flops)."""
+        return np.einsum("bcd,bcd->b", x, x)
+
+    def elementwise(self, comm: LineComm, kind: str, a: np.ndarray, positions: int = 0) -> None:
+        """Record element-wise work of `kind` on the slab a, spread over the square's cores (the busiest's share)."""
+        self.ledger.compute(cdiv(EW[kind] * a.size, self.side * self.side))
+
+
+class KernelNet:
+    """Training's forward's implementation (waferrt.training.forward): inside a kernel over a square of cores,
+    every core's block (rows, cols, tokens, width) of a slab -- tokens over the rows of cores, features over
+    the columns; a token's reduction over its features is the kernel Context's allreduce along the rows of
+    cores (its messages booked as they go), element-wise work every core's block. Its line arguments are
+    unused: the kernel's ``ctx.x`` holds them."""
+
+    fast = False
+
+    def __init__(self, ctx: Context):
+        self.ctx = ctx
+
+    def norm2(self, comm: LineComm | None, x: np.ndarray) -> np.ndarray:
+        """x (rows, cols, tokens, width) -> (rows, cols, tokens): every token's sum of squares, on every core."""
+        return self.ctx.allreduce((x * x).sum(-1), "x")
+
+    def elementwise(self, comm: LineComm | None, kind: str, a: np.ndarray, positions: int = 0) -> None:
+        """Record element-wise work of `kind` on every core's block of a (rows, cols, ...)."""
+        self.ctx.compute(EW[kind] * a[0, 0].size)
+
+
+Net = FastNet | HopNet | SquareNet | KernelNet
 
 
 def net_of(coll: Collectives) -> Net:
