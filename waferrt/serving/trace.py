@@ -26,7 +26,7 @@ from waferrt.core.mesh import Region
 from waferrt.core.trace import Instant, Process, Recorder, Span, wall_process, write_trace
 from waferrt.decode.schedule import StageRun, flow_schedule
 from waferrt.decode.setup import DecodeSetup
-from waferrt.decode.tracing import stage_name
+from waferrt.decode.stage import StageKind
 from waferrt.faults.model import fault_tiles
 
 HOST = "host"
@@ -75,12 +75,11 @@ class DecodeTrace:
     def _modelled(self) -> Process:
         stages = self.setup.stages()
         names: dict[Region, str] = {}
-        for kind, layer, region in stages:
-            names.setdefault(region, f"{'embed + head' if kind != 'layer' else stage_name(kind, layer)} {region}")
+        for st in stages:
+            names.setdefault(st.region, f"{st.name if st.kind is StageKind.LAYER else 'embed + head'} {st.region}")
         tracks: dict[str, list] = {name: [] for name in names.values()}
         for (req, pos, s), (region, a, b) in flow_schedule(self.runs, len(stages) - 1, self.clock_hz).items():
-            kind, layer, _ = stages[s]
-            tracks[names[region]].append(Span(stage_name(kind, layer), "modelled", round(a * 1e9), round(b * 1e9),
+            tracks[names[region]].append(Span(stages[s].name, "modelled", round(a * 1e9), round(b * 1e9),
                                               (("request", req), ("pos", pos))))
         return Process(f"modelled wafer (at {self.clock_hz / 1e9:.2f} GHz; every request at its own pace)",
                        tuple((n, tuple(sorted(evs, key=lambda e: e.start_ns))) for n, evs in tracks.items()),
