@@ -81,9 +81,9 @@ BREAKS = {
         "lambda *a, **kw: [p for p in orig(*a, **kw) if p[0] != 'softmax']", FILES["decode"]),
     "Decoding.line_reduce: K-tree with one level more": (
         "waferrt.decode.cost", "Decoding.line_reduce",
-        "lambda self, spec, n, nbytes, lines: __import__('waferrt.core.cost', fromlist=['x']).on_lines("
-        "__import__('waferrt.core.cost', fromlist=['x']).allreduce_cost(spec, self.coll.algo, n, nbytes, "
-        "self.coll.k + 1), lines)", FILES["decode"]),
+        "lambda self, spec, axis, n, nbytes, lines: __import__('waferrt.core.cost', fromlist=['x']).on_lines("
+        "__import__('waferrt.core.cost', fromlist=['x']).allreduce_cost(spec.on_line(axis, n), self.coll.algo, n, "
+        "nbytes, self.coll.k + 1), lines)", FILES["decode"]),
     "token_cost: one cycle more per token": (
         "waferrt.decode.cost", "token_cost",
         "lambda spec, dec, stage, pos, want: orig(spec, dec, stage, pos, want) + "
@@ -158,7 +158,7 @@ BREAKS = {
         "orig(config, region, tokens, requests, dtype, head_groups) - __import__('waferrt.decode.layout', "
         "fromlist=['x']).stream_block_bytes(config, region, dtype, head_groups)", FILES["stream"]),
     "cheapest_routed_cycles: a quarter dearer than the cheapest routing": (
-        "waferrt.decode.cost", "cheapest_routed_cycles",
+        "waferrt.decode.routed_cost", "cheapest_routed_cycles",
         "lambda spec, dec, region, batch: 1.25 * orig(spec, dec, region, batch)",
         ["tests/unit/test_moe_modelled.py", "tests/unit/test_run_bound.py"]),
     "first_true: one past the answer": (

@@ -1,15 +1,17 @@
-"""Real dimensions: a Llama3-8B-shaped model cut to 2 layers, decoded on a WSE-2 region at real per-core sizes.
+"""Real dimensions: Llama3-8B cut to N layers, its real vocabulary and untied head, decoded on WSE-2 at real sizes.
 
 What it does, in one run, and prints:
 
 1. ``waferrt convert``'s model (``waferrt.model.convert``): Llama3-8B's layers at their real size (dim 4096,
-   32/8 heads, head_dim 128, hidden 14336, rope theta 500000), 2 of them, a 32768-token vocabulary (a quarter
-   of 128256: the table is rows of the same kind; the cut keeps the file at 1.1 GB and the embedding region at
-   one tile), the head tied to the embedding (the decode places one table), seeded weights, float16 values.
-   Written to a temp dir (or ``--gguf PATH``), then read through the dequantised-weights cache (a temp one).
+   32/8 heads, head_dim 128, hidden 14336, rope theta 500000), ``--layers N`` of them (2), the real
+   128256-token vocabulary and the real untied output head (``--vocab`` cuts the vocabulary), seeded weights,
+   float16 values. Written to a temp dir (or ``--gguf PATH``), then read through the dequantised-weights cache.
 2. The plan: the planner's narrowest layer region that holds a layer in a WSE-2 core's 48 KB (float16
-   weights and K/V, ``--kv-tokens`` x the prompts), one such tile per stage, 3 tiles in a row over 3 Ray
-   nodes started on this machine (``LocalCluster``), one tile per node.
+   weights and K/V, ``--kv-tokens`` x the prompts); a tile is one such region wide and as tall as the
+   embedding's and the head's bands together (both in the first tile: tokens are sampled where they enter);
+   ``--nodes K`` tiles (2) in a row, one per Ray node started on this machine (``LocalCluster``), or on the
+   cluster at ``--address`` (its nodes as they are). What each node's tiles hold is printed: the memory a node
+   needs for this placement.
 3. The numpy ReferenceModel's tokens (greedy) and the wafer's, for every prompt: they must be equal.
 4. Wall time of every phase, RSS per tile (psutil on the actors' pids; peak from /proc), what each tile holds.
 5. The decode step: the wafer's (a request's time from one token to its next) over the anchor's in the same run
@@ -19,11 +21,14 @@ What it does, in one run, and prints:
    token; the hand-over into the region taken off with the one formula the tiles book it with) next to the
    estimator's for the same region and context (``scheduler.speed.stage_seconds``), and their ratio.
 
-    python benchmarks/realdims.py [--gguf PATH] [--prompts 2] [--tokens 8] [--kv-tokens 64] [--lanes 2]
+    python benchmarks/realdims.py [--layers 2] [--nodes 2] [--vocab V] [--address HOST:PORT] [--gguf PATH]
+                                  [--prompts 2] [--tokens 8] [--kv-tokens 64] [--lanes 2]
 
-Needs about 9 GB of memory at peak (the driver 4.5 GB while the anchor holds its float32 copies; a layer tile
-~1 GB) and a few minutes on 2 quiet cores, 15 on a loaded machine. Not a test (the unit tests tie the same numbers at
-these dimensions without Ray: tests/unit/test_realdims.py).
+Memory (--layers 2, the real vocabulary): the driver holds the anchor's float32 copies for a while (the two
+tables 2.1 GB each, a layer 0.87 GB); the tile of the tables ~4 GB (the embedding at float16, the head widened
+to float32 once); a layer ~1.1 GB on its tile. A few minutes on 2 quiet cores, 15 on a loaded machine. Not a
+test (the unit tests tie the same numbers at these dimensions without Ray: tests/unit/test_realdims.py; an
+untied head on the tiny model: tests/unit/test_untied.py).
 """
 
 from __future__ import annotations
@@ -48,14 +53,13 @@ from waferrt.core.spec import WSE2  # noqa: E402
 from waferrt.decode.cost import handover_cost  # noqa: E402
 from waferrt.decode.stage import StageKind  # noqa: E402
 from waferrt.model.convert import Cut  # noqa: E402
-from waferrt.scheduler import KVReserve, PlanOptions, plan  # noqa: E402
-from waferrt.scheduler.budget import layer_shapes  # noqa: E402
+from waferrt.scheduler import KVReserve, PlanOptions, plan, plan_report  # noqa: E402
+from waferrt.scheduler.budget import embed_rows_needed, head_tables, layer_shapes  # noqa: E402
 from waferrt.scheduler.speed import stage_seconds  # noqa: E402
 from waferrt.scheduler.types import Workload  # noqa: E402
 
 PROMPTS = ["The capital of France is", "Once upon a time,"]
-CUT = Cut("llama3-8b", layers=2, vocab=32768, seed=0, dtype="float16")
-NODES = 3
+SHAPE = "llama3-8b"
 
 
 @dataclass(frozen=True)
@@ -79,11 +83,19 @@ def peak_rss(pid: int) -> int:
         return next(int(line.split()[1]) * 1024 for line in f if line.startswith("VmHWM:"))
 
 
-def mesh_for(config, kv: KVReserve, dtype: str) -> MeshSpec:
-    """One tile per stage (embedding/head, layer 0, layer 1) in a row, each the planner's narrowest layer region
-    that fits a WSE-2 core's SRAM (the fewest cores: budget.layer_shapes' first)."""
+def mesh_for(config, kv: KVReserve, dtype: str, nodes: int) -> MeshSpec:
+    """`nodes` tiles in a row (wrapped into rows as wide as the wafer), each the planner's narrowest layer region
+    (budget.layer_shapes' first) wide and as tall as the embedding's band and the head's (an untied model's)
+    together, in whole layer slots: the first tile holds the tables, the others the layers."""
     w, h = layer_shapes(Workload(config, kv, dtype), WSE2.sram_bytes, *WSE2.full_mesh)[0]
-    return MeshSpec(NODES * w, h, w, h)
+    band = -(-embed_rows_needed(config, WSE2.sram_bytes, w, dtype) // h) * h
+    th = band * head_tables(config)
+    slots = (nodes - 1) * (th // h)
+    if slots < config.n_layers:
+        raise SystemExit(f"--layers {config.n_layers} needs more tiles: {nodes - 1} tiles of {th // h} layer slots "
+                         f"beside the tables' tile hold {slots}; give --nodes {2 + (config.n_layers - 1) // (th // h)}")
+    across = min(nodes, WSE2.full_mesh[0] // w)  # a row of tiles, wrapped into more rows on the wafer
+    return MeshSpec(across * w, -(-nodes // across) * th, w, th)
 
 
 def layer_cycles(setup, stats) -> list[tuple[int, int, float, float]]:
@@ -105,6 +117,10 @@ def layer_cycles(setup, stats) -> list[tuple[int, int, float, float]]:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--gguf", type=Path, help="a model written by `waferrt convert` (default: write one to a temp dir)")
+    ap.add_argument("--layers", type=int, default=2, help="Llama3-8B's layers to decode, 1..32 (2)")
+    ap.add_argument("--nodes", type=int, default=2, help="tiles, one per Ray node, at least 2 (2)")
+    ap.add_argument("--vocab", type=int, default=0, help="cut the vocabulary to V tokens (0: the real 128256)")
+    ap.add_argument("--address", help="a running Ray cluster's address (default: start --nodes loopback nodes)")
     ap.add_argument("--prompts", type=int, default=2, choices=(1, 2), help="prompts decoded (2)")
     ap.add_argument("--tokens", type=int, default=8, help="new tokens per prompt (8)")
     ap.add_argument("--kv-tokens", type=int, default=64, help="K/V positions reserved per request (64)")
@@ -113,6 +129,12 @@ def main() -> None:
                          "each request its own micro-batch; 1: the requests in one micro-batch, each layer's "
                          "weights read once a step, as the anchor's)")
     args = ap.parse_args()
+    if args.nodes < 2:
+        ap.error(f"--nodes {args.nodes}: give at least 2 (the tables' tile and one of layers)")
+    try:
+        args.cut = Cut(SHAPE, layers=args.layers, vocab=args.vocab, seed=0, dtype="float16")
+    except ValueError as e:
+        ap.error(str(e))
     with tempfile.TemporaryDirectory(prefix="waferrt-realdims-") as tmp:
         os.environ["WAFERRT_CACHE"] = str(Path(tmp) / "cache")  # the dequantised weights: removed with tmp
         run(args, Path(tmp))
@@ -124,7 +146,7 @@ def run(args, tmp: Path) -> None:
     from waferrt.serving import GenRequest, generate_reference
 
     times: dict[str, float] = {}
-    config, weights, meta = model(args.gguf, tmp, times)
+    config, weights, meta = model(args.gguf, args.cut, tmp, times)
     tok, greedy = Tokenizer(meta), Sampler()
     reqs = [GenRequest(tuple(tok.encode(p)), args.tokens) for p in PROMPTS[:args.prompts]]
     with timed("reference decode (numpy, one process)", times):
@@ -132,13 +154,13 @@ def run(args, tmp: Path) -> None:
     with timed("anchor decode (numpy, one process, one BLAS thread, float32)", times), threadpool_limits(1):
         anchor_tokens, _, anchor_steps = Anchor(config, weights).generate(reqs)  # its float32 copies freed here
     kv = KVReserve(args.kv_tokens, len(reqs))
-    mesh = mesh_for(config, kv, CUT.dtype)
-    with timed(f"{NODES} Ray nodes up (LocalCluster)", times):
-        cluster = LocalCluster(NODES).__enter__()
+    mesh = mesh_for(config, kv, args.cut.dtype, args.nodes)
+    with timed(f"{args.nodes} Ray nodes up (LocalCluster)" if not args.address else "joined the cluster", times):
+        cluster = (LocalCluster(args.nodes) if not args.address else Joined(args.address)).__enter__()
     try:
         with timed("plan", times):
             placement = plan(config, WSE2, mesh, kv=kv,
-                             options=PlanOptions(dtype=CUT.dtype, nodes=cluster.node_infos()))
+                             options=PlanOptions(dtype=args.cut.dtype, nodes=cluster.node_infos()))
         got = wafer(placement, weights, reqs, Run(greedy, cluster.address, args.lanes), times)
     finally:
         with timed("cluster down", times):
@@ -147,21 +169,39 @@ def run(args, tmp: Path) -> None:
     report(placement, [c.tokens for c in ref], got, times)
 
 
-def model(gguf: Path | None, tmp: Path, times: dict):
-    """(config, weights, tokenizer metadata) of `gguf`, or of CUT written into `tmp`, through the cache."""
+class Joined:
+    """A running Ray cluster at `address` (``--address``), as a LocalCluster is used: its address, its nodes."""
+
+    def __init__(self, address: str):
+        self.address = address
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc) -> None:
+        pass
+
+    def node_infos(self) -> tuple:
+        from waferrt.cli.placing import ray_nodes
+
+        return ray_nodes(self.address)
+
+
+def model(gguf: Path | None, cut: Cut, tmp: Path, times: dict):
+    """(config, weights, tokenizer metadata) of `gguf`, or of `cut` written into `tmp`, through the cache."""
     from waferrt.model import load_model
     from waferrt.model.convert import write_cut
 
     path = gguf
     if path is None:
-        path = tmp / "llama3-8b-2l.gguf"
+        path = tmp / f"llama3-8b-{cut.layers}l.gguf"
         with timed("convert: write the GGUF", times):
-            write_cut(path, CUT)
+            write_cut(path, cut)
     with timed("load: dequantise into the cache", times):
         load_model(path)
     with timed("load: map from the cache", times):
         config, weights, meta = load_model(path)
-    what = CUT.describe() if gguf is None else (
+    what = cut.describe() if gguf is None else (
         f"dim {config.dim}, heads {config.n_heads}/{config.n_kv_heads}, hidden {config.hidden_dim}, "
         f"{config.n_layers} layers, vocab {config.vocab_size}")
     print(f"model: {what}\n  {path}: {path.stat().st_size / 1e9:.2f} GB")
@@ -199,7 +239,8 @@ def wafer(placement, weights, reqs, how: Run, times: dict) -> dict:
 def report(placement, ref_tokens, got: dict, times: dict) -> None:
     stats, setup = got["stats"], got["setup"]
     print(f"plan: {placement.mesh} on {WSE2.name} ({WSE2.sram_bytes // 1024} KB per core), {placement.dtype}; "
-          f"embedding/head on {placement.embed}, layers on {', '.join(str(r) for r in placement.layers)}; "
+          f"embedding on {placement.embed}, head on {placement.head_region}, "
+          f"layers on {', '.join(str(r) for r in placement.layers)}; "
           f"K/V {placement.kv_tokens} positions x {placement.kv.requests} requests; tiles on nodes "
           + ", ".join(f"{t} {n[:8]}" for t, n in placement.tile_nodes))
     same = ref_tokens == got["tokens"]
@@ -211,6 +252,7 @@ def report(placement, ref_tokens, got: dict, times: dict) -> None:
     print("RSS per tile (now / peak; its weight blocks and K/V): " + "; ".join(
         f"{t} pid {pid}: {now / 2**20:,.0f} / {peak / 2**20:,.0f} MB ({held / 2**20:,.0f} MB)"
         for t, (pid, now, peak, held) in got["rss"].items()))
+    nodes(placement, got["rss"])
     print(f"modelled: {stats.modelled_s * 1e3:.3f} ms for {stats.tokens} tokens "
           f"({stats.wafer_tokens_per_s:,.0f} tok/s on the modelled wafer)")
     rows = layer_cycles(setup, stats)
@@ -224,6 +266,19 @@ def report(placement, ref_tokens, got: dict, times: dict) -> None:
     steps(got, len(ref_tokens))
     if not same:
         raise SystemExit("the wafer's tokens differ from the reference's")
+
+
+def nodes(placement, rss: dict) -> None:
+    """What each Ray node's tiles hold (their weight bytes at the storage dtype, the planner's tile_work; their K/V)
+    and their peak RSS summed: the memory that node needs for this placement, measured."""
+    work = {t.tile: t for t in plan_report(placement).tile_work}
+    per: dict[str, list[int]] = {}
+    for tile, name in placement.tile_nodes:
+        got = per.setdefault(name, [0, 0])
+        got[0] += work[(tile.tx, tile.ty)].weight_bytes
+        got[1] += rss[tile][2] if tile in rss else 0
+    print("per Ray node (weights its tiles hold at the storage dtype / their peak RSS summed): " + "; ".join(
+        f"{name[:8]} {w / 2**30:.2f} / {peak / 2**30:.2f} GiB" for name, (w, peak) in per.items()))
 
 
 def steps(got: dict, requests: int) -> None:

@@ -12,7 +12,8 @@ book, so what is planned is what the decode places); a region shape whose layout
   wider than the K/V reserve reserves one position per column (``kv_reserved``).
 - ``region_kv_capacity``: the most KV positions per request a layer region holds (at least the reserve).
 - ``embed_rows_needed`` / ``embed_cols_needed``: the smallest embedding region side for the other one.
-- ``work_bytes``: weight bytes of the embedding/head region and of one layer region (decode work).
+- ``work_bytes``: weight bytes of the embedding/head region (an untied head's region holds as many) and of
+  one layer region (decode work); ``model_bytes`` the whole model's.
 """
 
 from __future__ import annotations
@@ -140,10 +141,14 @@ def kv_bytes(config: LlamaConfig, tokens: int, requests: int, dtype: str) -> int
     return 2 * requests * config.kv_dim * tokens * itemsize(dtype)
 
 
-def tied_model_bytes(config: LlamaConfig, tokens: int, requests: int, dtype: str) -> tuple[int, int]:
-    """(weight bytes, KV reserve bytes) of the whole model as the emulator places it (the tied table once):
-    the least SRAM a placement needs."""
-    tb = tensor_bytes(config, dtype)
-    layer = sum(v for k, v in tb.items() if k not in ("embed", "final_norm"))
-    weights = config.n_layers * layer + tb["embed"] + tb["final_norm"]
+def head_tables(config: LlamaConfig) -> int:
+    """How many embedding-shaped tables (each with its final norm) the model places: 1 tied, 2 untied."""
+    return 1 if config.tie_embeddings else 2
+
+
+def model_bytes(config: LlamaConfig, tokens: int, requests: int, dtype: str) -> tuple[int, int]:
+    """(weight bytes, KV reserve bytes) of the whole model as the emulator places it (a tied table once, an
+    untied head as a second table with its final norm): the least SRAM a placement needs."""
+    embed, layer = work_bytes(config, dtype)
+    weights = config.n_layers * layer + head_tables(config) * embed
     return weights, config.n_layers * kv_bytes(config, tokens, requests, dtype)

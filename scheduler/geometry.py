@@ -360,12 +360,13 @@ def shares(mesh: MeshSpec, r: Region) -> list[tuple[int, int, int]]:
     return out
 
 
-def tile_bytes(mesh: MeshSpec, embed: Region, layers: Sequence[Region], embed_bytes: int,
+def tile_bytes(mesh: MeshSpec, tables: Sequence[Region], layers: Sequence[Region], embed_bytes: int,
                layer_bytes: int) -> list[int]:
     """Weight bytes on every tile (row-major, as ``mesh.tiles()``): each region's bytes split over the
-    tiles it touches in proportion to its cores there."""
+    tiles it touches in proportion to its cores there; `tables` are the embedding's region and an untied
+    head's (embed_bytes each)."""
     out = [0] * (mesh.tiles_x * mesh.tiles_y)
-    for r, nbytes in ((embed, embed_bytes), *((r, layer_bytes) for r in layers)):
+    for r, nbytes in (*((t, embed_bytes) for t in tables), *((r, layer_bytes) for r in layers)):
         for tx, ty, cores in shares(mesh, r):
             out[ty * mesh.tiles_x + tx] += nbytes * cores // r.size
     return out

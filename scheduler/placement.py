@@ -11,7 +11,8 @@ Contract (pure: no Ray, returns immutable data):
   for the regions. Every region is a rectangle of live cores, all the same shape
   (rows <= head_dim/2, columns <= dim), the fewest cores that hold its weights + KV reserve + scratch in
   SRAM (sizes from ``waferrt.decode.layout``); the tied embedding + final norm + head get one more
-  region. Regions are packed inside tiles when they fit in one, consecutive layers touch (a serpentine
+  region, and an untied output head (its table + the final norm) one more again (``Placement.head``), placed
+  as the embedding is. Regions are packed inside tiles when they fit in one, consecutive layers touch (a serpentine
   of shelves inside a tile, continued into the neighbouring tile), and tiles go to Ray nodes in
   contiguous runs. The layers are spread over the tiles so that the decode work of the busiest tile
   (the weight bytes of its regions, ``budget.work_bytes``; one process per tile) is as small as it can
@@ -75,8 +76,11 @@ def violations(p: Placement) -> tuple[str, ...]:
     g = p.group
     out += [f"layer {i} is on {r}, not on the region of its group ({p.layers[i - i % g]})"
             for i, r in enumerate(p.layers) if r != p.layers[i - i % g]]
-    if len(p.regions()) - 1 != cdiv(config.n_layers, g):
-        out.append(f"{len(p.regions()) - 1} distinct layer regions for {config.n_layers} layers in groups of {g}")
+    if len(p.layer_regions()) != cdiv(config.n_layers, g):
+        out.append(f"{len(p.layer_regions())} distinct layer regions for {config.n_layers} layers in groups of {g}")
+    if (p.head is None) != config.tie_embeddings:
+        out.append(f"the head {'has' if p.head else 'has no'} region of its own, but the model's head is "
+                   f"{'tied' if config.tie_embeddings else 'untied'}")
     if len({r.shape for r in p.layers}) > 1:
         out.append(f"layer regions differ in shape: {sorted({r.shape for r in p.layers})}")
     if p.layers[0].h > dl.max_layer_rows(config) or p.layers[0].w > config.dim:
@@ -219,14 +223,15 @@ def _sram_faults(p: Placement) -> list[str]:
     config, sram, out = p.config, p.spec.sram_bytes, []
     if p.kv_tokens < p.kv.tokens:
         out.append(f"kv_tokens {p.kv_tokens} is less than the reserve of {p.kv.tokens}")
-    for name, r in p.regions()[1:]:
+    for name, r in p.layer_regions():
         layers = sum(1 for q in p.layers if q == r)
         need = budget.layer_bytes(Workload(config, KVReserve(p.kv_tokens, p.kv.requests), p.dtype, layers), r.w, r.h)
         if need is None or need > sram:
             out.append(f"{name} {r} needs {need} bytes on a core (None: unsplittable) > {sram}")
-    need = budget.embed_bytes(config, p.embed.w, p.embed.h, p.dtype)
-    if need is None or need > sram:
-        out.append(f"embedding {p.embed} needs {need} bytes on a core (None: unsplittable) > {sram}")
+    for name, r in (("embedding", p.embed), ("head", p.head)):
+        need = None if r is None else budget.embed_bytes(config, r.w, r.h, p.dtype)
+        if r is not None and (need is None or need > sram):
+            out.append(f"{name} {r} needs {need} bytes on a core (None: unsplittable) > {sram}")
     return out
 
 
@@ -251,9 +256,6 @@ def _checked(config: LlamaConfig, spec: HardwareSpec, mesh: MeshSpec, kv: KVRese
 
 def _check_inputs(work: Workload, spec: HardwareSpec, mesh: MeshSpec, nodes, dead_links) -> None:
     check_on_wafer(mesh, spec)  # MeshTooLarge: its arrays would not fit the host's memory either
-    if not work.config.tie_embeddings:
-        raise PlanError("this model has an untied output head; the decode layout (waferrt/decode/layout.py) "
-                        "places one tied embedding/head table, so only tied-embedding models can be planned")
     if not nodes or len({n.name for n in nodes}) != len(nodes):
         raise PlanError(f"give at least one Ray node, each with a distinct name; got {list(nodes)}")
     try:
@@ -292,7 +294,7 @@ def plan(config: LlamaConfig, spec: HardwareSpec, mesh: MeshSpec, *, kv: KVReser
     layers = tuple(found.layers[i // g] for i in range(config.n_layers))
     p = Placement(config, spec, mesh, dtype, kv, layers, found.embed,
                   frozenset(c for r in found.spare for c in r.cores()),
-                  assign_nodes(mesh, names, cpus), kv_tokens, nodes, dead_links, g)
+                  assign_nodes(mesh, names, cpus), kv_tokens, nodes, dead_links, g, head=found.head)
     broken = violations(p)
     if broken:
         raise PlanError("the planner built a placement that breaks its own rules (a bug in waferrt.scheduler,"
@@ -316,7 +318,7 @@ def _mb(n: float) -> str:
 
 def _no_fit_message(work: Workload, spec: HardwareSpec, mesh: MeshSpec, reason: str) -> str:
     config, kv, dtype, group = work.config, work.kv, work.dtype, work.layers
-    weights, kv_bytes = budget.tied_model_bytes(config, kv.tokens, kv.requests, dtype)
+    weights, kv_bytes = budget.model_bytes(config, kv.tokens, kv.requests, dtype)
     live = mesh.width * mesh.height - len(mesh.dead)
     how = "" if group == 1 else f" as {Strategy(group, config.n_layers).describe()}"
     head = (f"the model ({config.n_layers} layers, dim {config.dim}, vocab {config.vocab_size}) does not fit{how} "

@@ -5,10 +5,12 @@ not touch stay where they are. A broken layer moves to a free rectangle of its (
 free spare slots first, preferring one inside a tile and next to its neighbours in the chain. When every
 region lay inside one tile (as the decode on the tile actors needs), every region still does. A broken
 embedding moves to a free rectangle of any shape that fits, or, when there is none, to the one that
-displaces the fewest layers (which then move to free space too). Only when that fails is the model
+displaces the fewest layers (which then move to free space too); an untied head's region moves as the
+embedding does, around it. Only when that fails is the model
 planned afresh on the damaged mesh (``Replan.mode == "fresh"``), and only when that fails too does
 ``replan`` raise :class:`PlanError`, saying why. ``Replan.moves`` lists exactly what moves: every weight
-tensor of a moved layer and its KV shards (tensor "kv"), or the "embed" table and "final_norm".
+tensor of a moved layer and its KV shards (tensor "kv"), or the "embed" table and "final_norm", or an untied
+head's table and its final norm (``HEAD_TENSORS``).
 
 A weight-streaming placement (``Placement.streaming``: one region runs every stage) hit by the failure is
 planned afresh on the damaged mesh (``placement.plan_streaming``: a region inside one tile around every dead
@@ -30,10 +32,12 @@ from .geometry import Obstacles, check_links, cores_in, link_inside, tiles_spann
 from .placement import plan, plan_streaming, violations
 from .types import Placement, PlanError, PlanOptions
 
+HEAD_TENSORS = ("head", "head_norm")  # what an untied head's region holds: its table and the final norm
+
 
 @dataclass(frozen=True)
 class Move:
-    tensor: str  # a waferrt.decode.layout.layer_layouts name, "kv", "embed" or "final_norm"
+    tensor: str  # a waferrt.decode.layout.layer_layouts name, "kv", "embed" or "final_norm", or HEAD_TENSORS
     layer: int | None  # None for the embedding/head tensors
     src: Region
     dst: Region
@@ -49,10 +53,11 @@ class Replan:
 
     @property
     def moved(self) -> tuple[str, ...]:
-        """The regions that move, as "embed" / "layer i"."""
+        """The regions that move, as "embed" / "layer i" / "head"."""
         if self.placement.streaming:  # one region runs every stage: they move together
             return tuple(name for name, _ in self.placement.regions()) if self.moves else ()
-        names = ["embed" if m.layer is None else f"layer {m.layer}" for m in self.moves]
+        names = [f"layer {m.layer}" if m.layer is not None else "head" if m.tensor in HEAD_TENSORS else "embed"
+                 for m in self.moves]
         return tuple(dict.fromkeys(names))
 
 
@@ -60,10 +65,11 @@ def _hit(r: Region, dead: frozenset[Coord], links) -> bool:
     return any(r.contains(c) for c in dead) or any(link_inside(r, link) for link in links)
 
 
-def _embed_shapes(p: Placement, mesh: MeshSpec) -> list[tuple[int, int]]:
-    """Embedding shapes worth trying: the old one and, for a spread of widths, the fewest rows that fit."""
+def _embed_shapes(p: Placement, mesh: MeshSpec, old: Region) -> list[tuple[int, int]]:
+    """Embedding (or head) shapes worth trying: the `old` one and, for a spread of widths, the fewest rows
+    that fit."""
     config, top = p.config, min(p.config.dim, mesh.width)
-    widths = {p.embed.w, *np.unique(np.geomspace(1, top, 48).round().astype(int)).tolist()}
+    widths = {old.w, *np.unique(np.geomspace(1, top, 48).round().astype(int)).tolist()}
     widths |= set(range(p.layers[0].w, top + 1, p.layers[0].w))
     out = []
     for we in sorted(widths):
@@ -124,27 +130,29 @@ def _pick(mesh: MeshSpec, free: np.ndarray, want: _Wanted, first: np.ndarray | N
     return key, Region(int(xs[i]), int(ys[i]), w, h)
 
 
-def _neighbours(i: int, layers: dict[int, Region], embed: Region | None, n: int) -> list[Region]:
-    out = [layers.get(i - 1) if i > 0 else embed, layers.get(i + 1) if i < n - 1 else embed]
+def _neighbours(i: int, layers: dict[int, Region], tables: tuple[Region, ...], n: int) -> list[Region]:
+    out = [layers.get(i - 1) if i > 0 else tables[0], layers.get(i + 1) if i < n - 1 else tables[-1]]
     return [r for r in out if r is not None]
 
 
-def _embed_positions(p: Placement, mesh: MeshSpec, base: Obstacles, layers: dict[int, Region],
+def _table_positions(p: Placement, mesh: MeshSpec, base: Obstacles, layers: dict[int, Region], old: Region,
                      whole: bool) -> list[Region]:
-    """Free embedding positions, best first: the best of each shape, ranked by layers displaced, then
-    inside one tile, hops to the ends of the chain, and cores."""
+    """Free positions for the table region at `old` (the embedding's, or an untied head's), best first: the best
+    of each shape, ranked by layers displaced, then inside one tile, hops to the chain's ends it hands over to,
+    and cores."""
     found = []
-    for we, he in _embed_shapes(p, mesh):
+    ends = (p.layers[0], p.layers[-1]) if p.head is None else (p.layers[0],) if old == p.embed else (p.layers[-1],)
+    for we, he in _embed_shapes(p, mesh, old):
         free = base.free_map(we, he)
-        got = _pick(mesh, free, _Wanted(we, he, (p.layers[0], p.layers[-1]), p.embed),
+        got = _pick(mesh, free, _Wanted(we, he, ends, old),
                     _displaced(we, he, free.shape, layers), whole) if free.size else None
         if got:
             found.append((got[0][:3], we * he, got[0][3], got[1]))
     return [r for *_, r in sorted(found, key=lambda t: t[:3])]
 
 
-def _place_layers(p: Placement, mesh: MeshSpec, base: Obstacles, embed: Region, layers: dict[int, Region],
-                  whole: bool) -> dict[int, Region] | None:
+def _place_layers(p: Placement, mesh: MeshSpec, base: Obstacles, tables: tuple[Region, ...],
+                  layers: dict[int, Region], whole: bool) -> dict[int, Region] | None:
     """Free w x h rectangles for the layers not in `layers` (spare slots first), or None when one has none."""
     n, (w, h), layers = len(p.layers), (p.layers[0].w, p.layers[0].h), dict(layers)
     todo = [i for i in range(n) if i not in layers]
@@ -152,11 +160,11 @@ def _place_layers(p: Placement, mesh: MeshSpec, base: Obstacles, embed: Region, 
     for c in p.spare - mesh.dead:
         spare[c.y, c.x] = 1
     for i in sorted(todo):
-        free = base.with_regions([embed, *layers.values()]).free_map(w, h)
+        free = base.with_regions([*tables, *layers.values()]).free_map(w, h)
         if not free.size:
             return None
         outside = 1 - np.lib.stride_tricks.sliding_window_view(spare, (h, w)).min(axis=(2, 3))
-        got = _pick(mesh, free, _Wanted(w, h, tuple(_neighbours(i, layers, embed, n)), p.layers[i]), outside, whole)
+        got = _pick(mesh, free, _Wanted(w, h, tuple(_neighbours(i, layers, tables, n)), p.layers[i]), outside, whole)
         if got is None:
             return None
         layers[i] = got[1]
@@ -164,18 +172,25 @@ def _place_layers(p: Placement, mesh: MeshSpec, base: Obstacles, embed: Region, 
 
 
 def _repair(p: Placement, mesh: MeshSpec, links: frozenset, broken: list[str],
-            whole: bool) -> tuple[Region, dict[int, Region]] | None:
-    """New embed region and layer regions, moving only broken (and displaced) regions; None: no room.
-    A broken embedding tries its new positions, best first, until the layers it displaces find room.
-    `whole`: every region lies inside one tile (the decode's rule)."""
+            whole: bool) -> tuple[tuple[Region, ...], dict[int, Region]] | None:
+    """New table regions (the embedding's, an untied head's) and layer regions, moving only broken (and
+    displaced) regions; None: no room. A broken table tries its new positions, best first (the head's around
+    the embedding's), until the layers it displaces find room. `whole`: every region lies inside one tile (the
+    decode's rule)."""
     healthy = {i: r for i, r in enumerate(p.layers) if f"layer {i}" not in broken}
     base = Obstacles(mesh.width, mesh.height, mesh.dead, links)
-    embeds = _embed_positions(p, mesh, base, healthy, whole) if "embed" in broken else [p.embed]
+    kept_head = [] if p.head is None or "head" in broken else [p.head]
+    embeds = (_table_positions(p, mesh, base.with_regions(kept_head), healthy, p.embed, whole)
+              if "embed" in broken else [p.embed])
     for embed in embeds:
-        kept = {i: r for i, r in healthy.items() if r.intersect(embed) is None}
-        layers = _place_layers(p, mesh, base, embed, kept, whole)  # the broken layers and those the embed displaces
-        if layers is not None:
-            return embed, layers
+        heads = [None] if p.head is None else [p.head] if kept_head else _table_positions(
+            p, mesh, base.with_regions([embed]), healthy, p.head, whole)[:4]
+        for head in heads:
+            tables = (embed,) if head is None else (embed, head)
+            kept = {i: r for i, r in healthy.items() if all(r.intersect(t) is None for t in tables)}
+            layers = _place_layers(p, mesh, base, tables, kept, whole)  # the broken layers and those displaced
+            if layers is not None:
+                return tables, layers
     return None
 
 
@@ -187,6 +202,9 @@ def _moves(old: Placement, new: Placement) -> tuple[Move, ...]:
     out = []
     if new.embed != old.embed and not old.streaming:
         out += [Move(t, None, old.embed, new.embed, sizes[t]) for t in ("embed", "final_norm")]
+    if new.head != old.head and old.head is not None and new.head is not None and not old.streaming:
+        out += [Move(t, None, old.head, new.head, sizes[s]) for t, s in zip(HEAD_TENSORS, ("embed", "final_norm"),
+                                                                              strict=True)]
     for i, (a, b) in enumerate(zip(old.layers, new.layers, strict=True)):
         if a != b:
             out += [Move(t, i, a, b, sizes[t]) for t in held] + [Move("kv", i, a, b, kv)]
@@ -223,11 +241,12 @@ def replan(placement: Placement, dead_cores: frozenset[Coord] = frozenset(),
     whole = all(tiles_spanned(p.mesh, r) == 1 for _, r in p.regions())  # kept so: the decode needs it
     fixed = _repair(p, mesh, links, broken, whole) if p.group == 1 else None  # a group's region moves afresh
     if fixed is not None:
-        embed, layers = fixed
-        regions = (embed, *layers.values())
+        tables, layers = fixed
+        regions = (*tables, *layers.values())
         spare = spare - cores_in(spare, list(regions))
-        new = dataclasses.replace(p, mesh=mesh, dead_links=links, embed=embed, spare=spare,
-                                  layers=tuple(layers[i] for i in range(len(p.layers))))
+        new = dataclasses.replace(p, mesh=mesh, dead_links=links, embed=tables[0], spare=spare,
+                                  layers=tuple(layers[i] for i in range(len(p.layers))),
+                                  head=tables[1] if len(tables) > 1 else None)
         bad = violations(new)
         if bad:
             raise PlanError("the local repair broke a rule (a bug in waferrt.scheduler): " + "; ".join(bad))

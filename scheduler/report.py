@@ -120,28 +120,29 @@ class PlanReport:
 
 def _tile_work(p: Placement) -> tuple[TileWork, ...]:
     mesh = p.mesh
-    nbytes = tile_bytes(mesh, p.embed, p.layers, *work_bytes(p.config, p.dtype))
+    nbytes = tile_bytes(mesh, p.tables(), p.layers, *work_bytes(p.config, p.dtype))
     layers = [0] * len(nbytes)
     for r in p.layers:
         for tx, ty, _ in shares(mesh, r):
             layers[ty * mesh.tiles_x + tx] += 1
-    embed = {ty * mesh.tiles_x + tx for tx, ty, _ in shares(mesh, p.embed)}
+    embed = {ty * mesh.tiles_x + tx for t in p.tables() for tx, ty, _ in shares(mesh, t)}
     return tuple(TileWork((t.tx, t.ty), layers[i], i in embed, nbytes[i]) for i, t in enumerate(mesh.tiles()))
 
 
 def _layer_regions(p: Placement) -> list[Region]:
     """Every layer region once, in chain order."""
-    return [r for _, r in p.regions()[1:]]
+    return [r for _, r in p.layer_regions()]
 
 
 def _sram(p: Placement) -> tuple[int, float, int, tuple[int, ...], int]:
     config, dtype = p.config, p.dtype
     per_core = [sum(booked_bytes(layer_booking(config, r, p.kv_tokens, p.kv.requests, dtype, p.layers.count(r))
                                  ).values()) for r in _layer_regions(p)]
-    per_core.append(sum(booked_bytes(embed_booking(config, p.embed, dtype)).values()))
-    mean = sum(float(a.sum()) for a in per_core) / sum(a.size for a in per_core)
-    lo, hi = min(int(a.min()) for a in per_core), max(int(a.max()) for a in per_core)
-    return lo, mean, hi, tuple(int(a.max()) for a in per_core[:-1]), int(per_core[-1].max())
+    tables = [sum(booked_bytes(embed_booking(config, t, dtype)).values()) for t in p.tables()]
+    every = per_core + tables
+    mean = sum(float(a.sum()) for a in every) / sum(a.size for a in every)
+    lo, hi = min(int(a.min()) for a in every), max(int(a.max()) for a in every)
+    return lo, mean, hi, tuple(int(a.max()) for a in per_core), max(int(a.max()) for a in tables)
 
 
 def _speed(p: Placement) -> tuple[float, float, float]:
@@ -161,8 +162,9 @@ def plan_report(p: Placement) -> PlanReport:
     """What placement `p` achieves: SRAM per core, hops, tile and node crossings, modelled speed."""
     mesh = p.mesh
     regions = _layer_regions(p)
-    chain = (p.embed, *regions, p.embed)
-    used = sum(r.size for r in chain[:-1])
+    chain = (p.embed, *regions, p.head_region)
+    placed = (p.embed, *regions, *p.tables()[1:])
+    used = sum(r.size for r in placed)
     lo, mean, hi, per_layer, embed_bytes = _sram(p)
     one, round_s, stage = _speed(p)
     clock = p.spec.clock_hz
@@ -174,9 +176,9 @@ def plan_report(p: Placement) -> PlanReport:
         sram_bytes=p.spec.sram_bytes, sram_min=lo, sram_mean=mean, sram_max=hi,
         layer_core_bytes=per_layer, embed_core_bytes=embed_bytes,
         hops=tuple(a.hops_to(b) for a, b in pairwise(regions)),
-        embed_hops=(p.embed.hops_to(p.layers[0]), p.layers[-1].hops_to(p.embed)),
+        embed_hops=(p.embed.hops_to(p.layers[0]), p.layers[-1].hops_to(p.head_region)),
         tile_handovers=sum(tile_box(mesh, a) != tile_box(mesh, b) for a, b in pairwise(chain)),
-        straddling=sum(tiles_spanned(mesh, r) > 1 for r in chain[:-1]),
+        straddling=sum(tiles_spanned(mesh, r) > 1 for r in placed),
         node_borders=node_borders(mesh, p.tile_nodes),
         kv_tokens=p.kv_tokens, kv_requests=p.kv.requests,
         step_cycles=one * clock, bound_stage_cycles=stage, clock_hz=clock,

@@ -43,6 +43,7 @@ class Found:
     embed: Region | None
     spare: tuple[Region, ...]
     reason: str = ""
+    head: Region | None = None  # an untied head's region (None: tied, or no fit)
 
 
 def _round_up(v: int, step: int, cap: int) -> int:
@@ -93,23 +94,41 @@ def _embed_options(work: Workload, sram: int, mesh: MeshSpec, obstacles: Obstacl
     return []
 
 
-def _quality(mesh: MeshSpec, embed: Region, layers: list[Region], work: tuple[int, int] | None
+def _quality(mesh: MeshSpec, tables: tuple[Region, ...], layers: list[Region], work: tuple[int, int] | None
              ) -> tuple[int, int, int, int]:
-    """(regions straddling tiles, most weight bytes on one tile (0 when not balancing), hand-overs
-    across tiles, hops): lower is better, in that order."""
-    chain_ = (embed, *layers, embed)
-    straddle = sum(tiles_spanned(mesh, r) > 1 for r in chain_[:-1])
+    """(regions straddling tiles (an untied head off the embedding's tile counts as one), most weight bytes on
+    one tile (0 when not balancing), hand-overs across tiles, hops): lower is better, in that order. `tables`:
+    the embedding's region (and an untied head's, where the chain ends)."""
+    chain_ = (tables[0], *layers, tables[-1])
+    straddle = sum(tiles_spanned(mesh, r) > 1 for r in (*tables, *layers))
+    straddle += tile_box(mesh, tables[-1]) != tile_box(mesh, tables[0])  # the decode samples where tokens enter
     crossings = sum(tile_box(mesh, a) != tile_box(mesh, b) for a, b in pairwise(chain_))
-    busiest = max(tile_bytes(mesh, embed, layers, *work)) if work else 0
+    busiest = max(tile_bytes(mesh, tables, layers, *work)) if work else 0
     return straddle, busiest, crossings, path_hops(chain_)
 
 
-def _block_work(embed: Region, blks: Sequence[Region], nbytes: int) -> list[int]:
-    """The embedding's bytes carried by each block, in proportion to its cores there."""
+def _block_work(tables: tuple[Region, ...], blks: Sequence[Region], nbytes: int) -> list[int]:
+    """The bytes of the tables (embedding, untied head: `nbytes` each) carried by each block, in proportion to
+    their cores there."""
     out = []
     for b in blks:
-        r = b.intersect(embed)
-        out.append(0 if r is None else nbytes * r.size // embed.size)
+        parts = [(b.intersect(t), t) for t in tables]
+        out.append(sum(nbytes * r.size // t.size for r, t in parts if r is not None))
+    return out
+
+
+def _table_options(work: Workload, sram: int, mesh: MeshSpec, obstacles: Obstacles, block: Region,
+                   slot: tuple[int, int]) -> list[tuple[Region, ...]]:
+    """Where the tables may go: every embedding position (``_embed_options``), each with, for an untied head,
+    the head's first position beside it (the same bands, around the embedding)."""
+    out = []
+    for embed in _embed_options(work, sram, mesh, obstacles, block, slot):
+        if work.config.tie_embeddings:
+            out.append((embed,))
+            continue
+        heads = _embed_options(work, sram, mesh, obstacles.with_regions([embed]), block, slot)
+        if heads:
+            out.append((embed, heads[0]))
     return out
 
 
@@ -154,21 +173,22 @@ def _try_shape(work: Workload, sram: int, mesh: MeshSpec, obstacles: Obstacles, 
     for by_rows in (True, False):
         orders.setdefault(tuple(blocks(mesh, w, h, by_rows)), None)
     for blks in orders:
-        for embed in _embed_options(work, sram, mesh, obstacles, blks[0], slot):
-            free = obstacles.with_regions([embed]).free_map(w, h)
+        for tables in _table_options(work, sram, mesh, obstacles, blks[0], slot):
+            embed = tables[0]
+            free = obstacles.with_regions(list(tables)).free_map(w, h)
             caps = _block_caps(free, blks, w, h)
             room = sum(caps)
             if room < n:
                 most = max(most, room)
                 continue
-            balance = None if not weights else Balance(tuple(_block_work(embed, blks, weights[0])), weights[1],
+            balance = None if not weights else Balance(tuple(_block_work(tables, blks, weights[0])), weights[1],
                                                        tuple(caps))
             layers, slots = chain(blks, lambda b, free=free: [pack(free, b, w, h, pat) for pat in PATTERNS],
                                   embed, n, balance)
             most = max(most, len(layers))
-            score = (_quality(mesh, embed, layers, weights), -len(slots))
+            score = (_quality(mesh, tables, layers, weights), -len(slots))
             if len(layers) == n and (best is None or score < best[0]):
-                best = (score, Found(tuple(layers), embed, tuple(slots)))
+                best = (score, Found(tuple(layers), embed, tuple(slots), head=tables[1] if len(tables) > 1 else None))
     return (best[1] if best else None), most
 
 
@@ -217,7 +237,7 @@ def best_layout(work: Workload, spec: HardwareSpec, mesh: MeshSpec, links: froze
     shapes = budget.layer_shapes(work, sram, mesh.width, mesh.height)
     shapes = sorted(shapes, key=lambda s: s[0] > mesh.tile_w or s[1] > mesh.tile_h)
     live = mesh.width * mesh.height - len(mesh.dead)
-    emin = budget.embed_min_cores(config, sram, dtype)
+    emin = budget.embed_min_cores(config, sram, dtype) * budget.head_tables(config)
     obstacles = Obstacles(mesh.width, mesh.height, mesh.dead, links)
     most, tried = 0, None
     for w, h in shapes:
@@ -257,7 +277,7 @@ def smallest_mesh(work: Workload, spec: HardwareSpec, tile: tuple[int, int]) -> 
     tw, th = tile
     n, sram = cdiv(work.config.n_layers, work.layers), spec.sram_bytes
     shapes = budget.layer_shapes(work, sram, UNBOUNDED, UNBOUNDED)
-    emin = budget.embed_min_cores(work.config, sram, work.dtype)
+    emin = budget.embed_min_cores(work.config, sram, work.dtype) * budget.head_tables(work.config)
     need = n * min(w * h for w, h in shapes) + emin
     nxs, nys = wafer_grid(spec, tile)
     grids = sorted((nx * ny, abs(nx - ny), nx, ny) for nx in range(1, nxs + 1) for ny in range(1, nys + 1)
@@ -273,7 +293,8 @@ def smallest_mesh(work: Workload, spec: HardwareSpec, tile: tuple[int, int]) -> 
 
 def _embed_slots(config: LlamaConfig, sram: int, dtype: str, tile: Region, w: int, h: int) -> int | None:
     """Layer slots of a tile (a grid of w x h slots) that the embedding band takes; None: it cannot fit."""
-    lost = [cdiv(we, w) * cdiv(he, h) for we, he in embed_bands(config, sram, dtype, tile, w, h)]
+    lost = [cdiv(we, w) * cdiv(he, h) * budget.head_tables(config)
+            for we, he in embed_bands(config, sram, dtype, tile, w, h)]
     return min(lost, default=None)
 
 

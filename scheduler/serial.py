@@ -44,6 +44,7 @@ def placement_to_json(p: Placement) -> dict:
         "streaming": p.streaming,
         "experts": p.experts,
         "balance": p.balance,
+        "head": None if p.head is None else _region(p.head),
     }
 
 
@@ -69,6 +70,7 @@ def placement_from_json(d: dict) -> Placement:
             streaming=bool(d.get("streaming", False)),
             experts=str(d.get("experts", "er")),
             balance=int(d.get("balance", 0)),
+            head=None if d.get("head") is None else Region(*d["head"]),  # JSON from before untied heads: tied
         )
     except KeyError as e:
         raise ValueError(f"not a Placement JSON: the key {e} is missing (make one with "

@@ -16,14 +16,8 @@ from collections.abc import Sequence
 
 from waferrt.core.cost import cycles_seconds
 from waferrt.core.spec import HardwareSpec
-from waferrt.decode.cost import (
-    Decoding,
-    cheapest_routed_cycles,
-    lane_batches,
-    routed_alone_cycles,
-    step_cycles,
-    token_cost,
-)
+from waferrt.decode.cost import Decoding, lane_batches, step_cycles, token_cost
+from waferrt.decode.routed_cost import cheapest_routed_cycles, routed_alone_cycles
 from waferrt.decode.schedule import requests_round_seconds, round_bound_seconds
 from waferrt.decode.stage import Stage, StageKind, chain, entries
 from waferrt.decode.streaming import stream_step_cycles
@@ -83,8 +77,8 @@ def run_bound_tokens_per_s(p: Placement, in_flight: int, positions: range, batch
 
 def moe_share_floor(p: Placement, stage: Stage, batch: int) -> float:
     """What a token's cycles at an MoE layer stage can be below token_cost's (which prices the typical token:
-    decode.cost.routed_alone_cycles): the run gives each token its share of its micro-batch's routed work
-    (decode.program), at least decode.cost.cheapest_routed_cycles over the micro-batch's tokens, for any
+    decode.routed_cost.routed_alone_cycles): the run gives each token its share of its micro-batch's routed work
+    (decode.program), at least decode.routed_cost.cheapest_routed_cycles over the micro-batch's tokens, for any
     micro-batch of 1 to `batch` tokens; 0 at any other stage."""
     dec = p.decoding
     if stage.kind is not StageKind.LAYER or not dec.config.moe:
@@ -102,8 +96,8 @@ def _cheapest(positions: range, cols: int) -> tuple[int, ...]:
 
 
 def placement_stages(p: Placement) -> tuple[Stage, ...]:
-    """A non-streaming placement's stages: the embedding, every layer, the head (on the embedding's region)."""
-    return chain(p.embed, p.layers, p.embed)
+    """A non-streaming placement's stages: the embedding, every layer, the head (on its own region if untied)."""
+    return chain(p.embed, p.layers, p.head_region)
 
 
 def streaming_seconds(p: Placement, requests: int, context: int) -> tuple[float, float]:

@@ -151,7 +151,7 @@ class Placement:
     dtype: str
     kv: KVReserve
     layers: tuple[Region, ...]  # layer i -> its region
-    embed: Region  # tied embedding table + final norm + output head
+    embed: Region  # embedding table + final norm (+ the output head when tied: the same table)
     spare: frozenset[Coord]  # whole free layer-shaped slots kept for repair (up to one per layer)
     tile_nodes: tuple[tuple[TileId, str], ...]  # sorted by tile
     kv_tokens: int  # K/V positions per request per layer every layer region holds (>= kv.tokens)
@@ -162,6 +162,17 @@ class Placement:
     experts: str = "er"  # where an MoE layer's experts sit in its region (waferrt.decode.moe_layout.MAPPINGS)
     balance: int = 0  # NI-Balancer: an MoE layer looks at its routing histogram every `balance` micro-batches
     # (0: never)
+    head: Region | None = None  # an untied output head's own region (its table + final norm); None: tied, the
+    # head runs on `embed`
+
+    @property
+    def head_region(self) -> Region:
+        """Where the output head runs: its own region when untied, else the embedding's."""
+        return self.embed if self.head is None else self.head
+
+    def tables(self) -> tuple[Region, ...]:
+        """The regions holding an embedding-shaped table: the embedding's, and an untied head's."""
+        return (self.embed,) if self.head is None else (self.embed, self.head)
 
     @property
     def strategy(self) -> Strategy:
@@ -188,17 +199,22 @@ class Placement:
 
     def regions(self) -> tuple[tuple[str, Region], ...]:
         """('embed', region) then every layer region once, in chain order: ('layer i', region), or ('layers
-        i-j', region) for a group sharing one. A streaming placement has one region, named for all of them."""
+        i-j', region) for a group sharing one, then ('head', region) when the head is untied. A streaming
+        placement has one region, named for all of them."""
+        named = self.layer_regions()
+        if self.streaming:
+            return ((f"embed+{named[0][0]}+head", self.embed),)
+        return (("embed", self.embed),) + named + ((("head", self.head),) if self.head is not None else ())
+
+    def layer_regions(self) -> tuple[tuple[str, Region], ...]:
+        """Every layer region once, in chain order, named ('layer i', or 'layers i-j' for a group sharing one)."""
         out: list[tuple[str, Region, int, int]] = []
         for i, r in enumerate(self.layers):
             if out and out[-1][1] == r:
                 out[-1] = (out[-1][0], r, out[-1][2], i)
             else:
                 out.append(("", r, i, i))
-        named = tuple((f"layer {a}" if a == b else f"layers {a}-{b}", r) for _, r, a, b in out)
-        if self.streaming:
-            return ((f"embed+{named[0][0]}+head", self.embed),)
-        return (("embed", self.embed),) + named
+        return tuple((f"layer {a}" if a == b else f"layers {a}-{b}", r) for _, r, a, b in out)
 
 
 OBJECTIVES = ("latency", "throughput")

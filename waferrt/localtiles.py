@@ -1,7 +1,7 @@
 """The tiles of a Ray-free wafer: ``Wafer(..., backend="local")`` runs them in this process.
 
-Contract: :class:`LocalTiles` holds one plain :class:`~waferrt.actors.tile.Tile` per tile of the mesh -- the
-same class the Ray actors are, so a kernel, the DSM, SRAM bookings, faults and costs behave and count
+Contract: :class:`LocalTiles` holds one plain :class:`~waferrt.tiles.TileCores` per tile of the mesh -- the
+class the Ray actors' Tile extends, so a kernel, the DSM, SRAM bookings, faults and costs behave and count
 exactly as on Ray -- linked by an in-process :class:`~waferrt.fabric.loop.LoopFabric` (queues; a fresh one
 for every command, so nothing a failed command left behind reaches the next). ``gather(calls)`` runs
 each call in a thread of its own (the tiles of a kernel exchange with each other while they run) and
@@ -15,11 +15,11 @@ from __future__ import annotations
 import threading
 import time
 
-from waferrt.actors.tile import Tile
 from waferrt.core.mesh import MeshSpec
 from waferrt.fabric.loop import LoopFabric
 from waferrt.fabric.misuse import TileHung
 from waferrt.faults.model import NodeLoss, TileCrash
+from waferrt.tiles import TileCores
 
 BACKENDS = ("ray", "local")
 
@@ -39,15 +39,15 @@ def check_fault(fault) -> None:
 
 
 class LocalTiles:
-    """Every tile of `mesh` as a plain Tile in this process, linked by queues."""
+    """Every tile of `mesh` as a plain TileCores in this process, linked by queues."""
 
     def __init__(self, mesh: MeshSpec, spec, timeout: float):
         self.mesh, self.timeout = mesh, timeout
-        self.tiles = {t: Tile(mesh, spec, t, timeout) for t in mesh.tiles()}
+        self.tiles = {t: TileCores(mesh, spec, t, timeout) for t in mesh.tiles()}
         self.hung: TileHung | None = None  # a tile's thread still runs a command that never ended
 
     def gather(self, calls: list, settle: float | None = None) -> tuple[list, dict[int, BaseException]]:
-        """(tile, Tile method, args) each in a thread of its own: (results, {index: error}). Once a call failed,
+        """(tile, TileCores method, args) each in a thread of its own: (results, {index: error}). Once a call failed,
         the others have `settle` seconds (None: no limit) to end; one still running then (stuck in a kernel's
         own code: a thread cannot be stopped) is left running, its error a :class:`TileHung`, and the tiles
         are unusable (``hung``)."""

@@ -1,5 +1,5 @@
 """Faults seen by kernels, without Ray: the fault map, the kernel context's checks and ``where=``, a dead
-core's lost DSM blocks on a Tile, a Corrupt caught by the checksum, and the example's fault-tolerant
+core's lost DSM blocks on a tile (TileCores), a Corrupt caught by the checksum, and the example's fault-tolerant
 allreduce against numpy on several meshes."""
 
 from __future__ import annotations
@@ -10,7 +10,6 @@ import pathlib
 import numpy as np
 import pytest
 
-from waferrt.actors.tile import Tile
 from waferrt.core.layout import Layout
 from waferrt.core.mesh import Coord, MeshSpec, Region, TileId
 from waferrt.core.spec import TINY
@@ -21,6 +20,7 @@ from waferrt.fabric.loop import LoopFabric, simulate
 from waferrt.faults import CoreFailed, CoreFailure, Corrupt, LinkFailed, LinkFailure, PayloadCorrupt, Trigger
 from waferrt.faults.faultmap import FaultMap, lost_blocks
 from waferrt.faults.state import FaultState
+from waferrt.tiles import TileCores
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 MESH = MeshSpec(4, 4, 2, 2)
@@ -124,7 +124,7 @@ def _ledger():
 
 def test_a_tile_counts_kernel_commands_and_loses_a_dead_cores_blocks():
     mesh = MeshSpec(2, 2, 2, 2)
-    tile = Tile(mesh, TINY, TileId(0, 0))
+    tile = TileCores(mesh, TINY, TileId(0, 0))
     tile.links = LoopFabric(mesh).links(TileId(0, 0))  # one tile: its kernels send nothing
     tile.alloc("x", Layout((2, 2, 3), mesh.region, ("y", "x", None)))
     x = np.arange(12, dtype=np.float32).reshape(2, 2, 1, 1, 3)

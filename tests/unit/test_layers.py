@@ -21,7 +21,8 @@ TOPS = {"waferrt": "waferrt", "actors": "waferrt.actors", "scheduler": "waferrt.
 
 # floor -> the floors its modules may import (besides their own), stated for each floor: the allowed-imports
 # map (no order of entries matters). The pure floors, then the joins (each may use the joins before it).
-PURE = {"core", "model", "faults", "fabric", "kernels", "decode", "scheduler", "estimator", "serving", "training"}
+PURE = {"core", "model", "faults", "fabric", "kernels", "decode", "scheduler", "estimator", "serving", "training",
+        "tiles"}
 ALLOWED = {
     "core": set(),
     "model": set(),
@@ -33,6 +34,7 @@ ALLOWED = {
     "estimator": {"core", "model", "fabric", "decode", "scheduler"},  # the whole wafer on paper
     "training": {"core", "faults", "fabric", "kernels", "model", "decode"},  # AdamW, corpus, store, step; mesh backward
     "serving": {"core", "faults", "fabric", "kernels", "model", "decode", "scheduler"},
+    "tiles": {"core", "faults", "fabric", "model", "decode"},  # a tile's cores: SRAM, DSM, kernels, decode program
     "actors": PURE,  # the tiles run the serving loop
     "inject": PURE | {"actors"},  # faults into the tiles (the Wafer's fault session)
     "dsm": PURE | {"actors", "inject"},  # the Wafer's named tensors in the tiles
@@ -58,7 +60,7 @@ HEAVY = {  # third-party package -> the only modules that may import it
 }
 PURE_PACKAGES = ["waferrt", "waferrt.core", "waferrt.faults", "waferrt.fabric", "waferrt.model", "waferrt.decode",
                  "waferrt.scheduler", "waferrt.estimator", "waferrt.serving", "waferrt.cli",
-                 "waferrt.training"]
+                 "waferrt.training", "waferrt.tiles"]
 
 
 def _modules() -> dict[str, pathlib.Path]:

@@ -14,9 +14,10 @@ from waferrt.core.ledger import Ledger
 from waferrt.core.mesh import MeshSpec, Region
 from waferrt.core.spec import TINY
 from waferrt.decode.balancer import Swap
-from waferrt.decode.cost import Decoding, cheapest_routed_cycles, routed_alone_cycles
+from waferrt.decode.cost import Decoding
 from waferrt.decode.moe import MoELayerShard, pack_moe_layer
 from waferrt.decode.pack import Chunks
+from waferrt.decode.routed_cost import cheapest_routed_cycles, routed_alone_cycles
 from waferrt.model import Sampler, synthetic_llama, tiny_moe_config
 
 CFG = tiny_moe_config(n_experts=4, top_k=2)  # dim 64, experts of width 32
@@ -56,7 +57,7 @@ def test_the_busiest_block_sets_a_steps_expert_compute_worked_out_by_hand():
 
 
 def test_the_cheapest_routed_step_worked_out_by_hand():
-    """The bound's MoE step (decode.cost.cheapest_routed_cycles) on the 1x2 region above, three tokens: 3 x 2
+    """The bound's MoE step (decode.routed_cost.cheapest_routed_cycles) on the 1x2 region above, three tokens: 3 x 2
     picks over two bands put at least 3 on the busiest, at best as one run: 3 x 12,448 flops = 18,672 cycles;
     ER's dispatch needs no hop, the cheapest combine is one token's from one band: one hop of its 64 float32
     (256 bytes) = 1 (alpha) + 8 (beta) + 256 / 4 (link bytes per cycle) = 73 cycles; 18,745 in all. The

@@ -30,20 +30,20 @@ L8B = MODELS["llama3-8b"].config
 
 def test_convert_writes_the_llama3_8b_shape_cut(tmp_path):
     """One real layer (F16: 436 MB, never read back whole here) and a 512-token vocabulary: the config reads
-    back as Llama3-8B's with the cut's layers, vocabulary and tied head, and every tensor has its real shape."""
+    back as Llama3-8B's with the cut's layers, vocabulary and untied head, and every tensor has its real shape."""
     out = tmp_path / "l8b.gguf"
     assert main(["convert", "--shape", "Llama3-8B", "--layers", "1", "--vocab", "512", "--seed", "3", str(out)]) == 0
     config = read_config(out)
     assert (config.dim, config.n_heads, config.n_kv_heads, config.head_dim, config.hidden_dim, config.rope_theta,
             config.norm_eps) == \
         (4096, 32, 8, 128, 14336, 500000.0, 1e-5)
-    assert (config.n_layers, config.vocab_size, config.tie_embeddings) == (1, 512, True)
+    assert (config.n_layers, config.vocab_size, config.tie_embeddings) == (1, 512, False)
     assert config == Cut("llama3-8b", 1, 512).config()
     tensors = {t.name: (tuple(int(n) for n in reversed(t.shape)), t.tensor_type)
                for t in gguf.GGUFReader(out).tensors}  # ggml dims innermost first: numpy's (out, in) reversed
     want = {gguf_name(config, f"layers[0].{f}"): s for f, s in LayerWeights.shapes(config).items()}
-    want.update({"token_embd.weight": (512, 4096), "output_norm.weight": (4096,)})
-    assert {n: s for n, (s, _) in tensors.items()} == want  # no output.weight: the head is the embedding
+    want.update({"token_embd.weight": (512, 4096), "output_norm.weight": (4096,), "output.weight": (512, 4096)})
+    assert {n: s for n, (s, _) in tensors.items()} == want  # the real head, a table of its own
     assert {t for _, t in tensors.values()} == {gguf.GGMLQuantizationType.F16}
 
 

@@ -5,7 +5,7 @@ positions its request held); the bound (scheduler.speed.run_bound_tokens_per_s, 
 ``generate_report.run_bound``) is derived from the same per-token cycles, at those positions and with as many
 requests in flight as ran. Short requests on a large K/V reserve beat a bound taken at the full reserve (the bug:
 "ran 2,772 tok/s, bound 2,355"), and so did an MoE run whose tokens routed more cheaply than the typical token
-(experts 0..top_k-1: "ran 101,159 tok/s, bound 80,977"; the bound now takes decode.cost.cheapest_routed_cycles);
+(experts 0..top_k-1: "ran 101,159 tok/s, bound 80,977"; the bound now takes decode.routed_cost.cheapest_routed_cycles);
 here the tiles run without Ray (serving.LocalDecoder over a LoopFabric).
 """
 

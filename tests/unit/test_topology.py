@@ -6,9 +6,11 @@ import numpy as np
 import pytest
 
 from waferrt.core.cost import allreduce_cost, broadcast_cost, compute_cost, line_alltoall_cost, reduce_flops, shift_cost
+from waferrt.core.ledger import Ledger
 from waferrt.core.mesh import MeshSpec, Region
 from waferrt.core.spec import TINY
 from waferrt.core.topology import MESH, NoSuchLink, Topology, alltoall_load, routed_load
+from waferrt.fabric.comm import LineComm, Span
 from waferrt.fabric.loop import simulate
 
 TORUS, SWITCH = Topology("torus"), Topology("mesh-switch", group=4)
@@ -133,3 +135,16 @@ def test_a_spec_keeps_its_topology_through_json_and_a_mesh_spec_its_old_form(top
     spec = TINY.replace(topology=topology)
     assert HardwareSpec.from_dict(json.loads(json.dumps(spec.as_dict()))) == spec
     assert ("topology" in spec.as_dict()) == (topology != MESH)  # a placement's JSON of a mesh is unchanged
+
+
+def test_a_torus_line_wraps_only_when_it_is_a_whole_line_of_the_wafer():
+    """HardwareSpec.on_line, the one owner the tiles' lines and decode.cost's line reduces ask: on TINY's 64x64
+    torus a row of 64 cores wraps (0 -> 63 is one hop over the wrap link), a region's row of 8 does not (7 hops
+    along the mesh), nor does a column of 8 unless the wafer is 8 tall (a kernel Span's `wafer`)."""
+    spec = TINY.replace(topology=TORUS)
+    assert spec.on_line("x", 64).topology.line_hops(64, 0, 63) == 1
+    assert spec.on_line("x", 8).topology.line_hops(8, 0, 7) == 7
+    assert spec.on_line("y", 8).topology == MESH and spec.on_line("y", 8, wafer=8).topology == TORUS
+    assert TINY.on_line("x", 64) is TINY  # a mesh is a mesh on every line
+    wide, narrow = (LineComm("x", Span.of(Region(0, 0, w, 2)), Ledger(spec)) for w in (64, 8))
+    assert (wide.topo, narrow.topo) == (TORUS, MESH)

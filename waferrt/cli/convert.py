@@ -30,7 +30,7 @@ EPILOG = """\
 examples:
   waferrt convert --shape llama3-8b --layers 2 --vocab 32768 llama3-8b-2l.gguf
       Llama3-8B's real layers (dim 4096, 32/8 heads, hidden 14336), 2 of them, a 32768-token vocabulary,
-      float16 values: 0.9 GB. Then: waferrt plan --model llama3-8b-2l.gguf --spec wse2 ...
+      float16 values, the untied head: 1.1 GB. Then: waferrt plan --model llama3-8b-2l.gguf --spec wse2 ...
   waferrt convert --shape smollm2-135m --layers 4 --vocab 1024 --seed 7 small.gguf
       a small model for quick runs
   waferrt convert --moe 8,2 smollm2-moe.gguf
@@ -39,7 +39,8 @@ examples:
 
 A cut (--shape) has seeded random weights (N(0, 1/fan_in) matrices, 1 + N(0, 0.1) norms: activations stay
 O(1)), so its tokens mean nothing; the shapes, the bytes and the arithmetic are the real model's. Its output
-head is tied to the embedding (the wafer decode places one embedding/head table). With --dtype float16 every
+head is the shape's own: Llama3-8B's untied (a table of its own, placed in a region of its own), SmolLM2's
+tied. With --dtype float16 every
 tensor is F16: a wafer storing float16 (generate --dtype float16) holds exactly what the numpy reference
 computes with. An MoE (--moe) keeps the dense model's weights and tokenizer (F32); --shape and --moe are two
 kinds of model: give one of them."""

@@ -33,8 +33,8 @@ def _image(p: Placement, cmap) -> np.ndarray:
         img[c.y, c.x] = SPARE
     for i, r in enumerate(p.layers):
         img[r.y0:r.y1, r.x0:r.x1] = cmap(i / max(1, len(p.layers) - 1))[:3]
-    e = p.embed
-    img[e.y0:e.y1, e.x0:e.x1] = EMBED
+    for e in p.tables():
+        img[e.y0:e.y1, e.x0:e.x1] = EMBED
     for c in m.dead:
         img[c.y, c.x] = DEAD
     return img
@@ -60,15 +60,14 @@ def _regions(ax, p: Placement) -> None:
     from matplotlib.patches import Rectangle
 
     size = max(5.0, min(9.0, 600 / max(p.mesh.width, p.mesh.height) * min(p.layers[0].w, p.layers[0].h) / 4))
-    for name, r in p.regions()[1:]:
+    for name, r in p.layer_regions():
         ax.add_patch(Rectangle((r.x0, r.y0), r.w, r.h, fill=False, ec="white", lw=0.6))
         ax.text(*_center(r), name.split(" ")[1], ha="center", va="center", fontsize=size, color="white",
                 weight="bold")
-    e = p.embed
-    ax.add_patch(Rectangle((e.x0, e.y0), e.w, e.h, fill=False, ec="white", lw=1.2))
-    ax.text(*_center(e), "embed\n+ head", ha="center", va="center", fontsize=size + 1, color="white",
-            weight="bold")
-    path = [_center(r) for r in (p.embed, *p.layers, p.embed)]
+    for e, label in zip(p.tables(), ("embed\n+ head",) if p.head is None else ("embed", "head"), strict=True):
+        ax.add_patch(Rectangle((e.x0, e.y0), e.w, e.h, fill=False, ec="white", lw=1.2))
+        ax.text(*_center(e), label, ha="center", va="center", fontsize=size + 1, color="white", weight="bold")
+    path = [_center(r) for r in (p.embed, *p.layers, p.head_region)]
     ax.plot(*zip(*path, strict=True), color="black", lw=0.7, alpha=0.5)
     for a, b in p.dead_links:
         ax.plot([a.x + 0.5, b.x + 0.5], [a.y + 0.5, b.y + 0.5], color="red", lw=2)

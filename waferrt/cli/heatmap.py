@@ -106,7 +106,7 @@ def _outline(ax, p: Placement, spare: bool = False) -> None:
         ax.axvline(x, color="0.25", lw=0.8, ls="--")
     for y in range(m.tile_h, m.height, m.tile_h):
         ax.axhline(y, color="0.25", lw=0.8, ls="--")
-    for r in (p.embed, *p.layers):
+    for r in (*p.tables(), *p.layers):
         ax.add_patch(Rectangle((r.x0, r.y0), r.w, r.h, fill=False, ec="white", lw=0.5))
     if spare and p.spare:
         img = np.zeros((m.height, m.width, 4))

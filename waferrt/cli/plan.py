@@ -129,12 +129,15 @@ def _where(p: Placement, r: Region) -> tuple[str, str]:
 def _table(p: Placement) -> str:
     rep = plan_report(p)
     rows = [f"{'region':12} {'cores':19} {'tile':14} {'node':8} {'KB/core':>8} {'hops->next':>10}"]
-    names = p.regions()
-    for k, (name, r) in enumerate(names):
+    layers = p.layer_regions()
+    hops = (rep.embed_hops[0], *rep.hops, rep.embed_hops[1])  # embedding -> layer 0 ... last layer -> head
+    named = [("embed", p.embed, rep.embed_core_bytes, hops[0])]
+    named += [(name, r, rep.layer_core_bytes[k], hops[k + 1]) for k, (name, r) in enumerate(layers)]
+    if p.head is not None:  # an untied head's own region: the chain ends there
+        named.append(("head", p.head, rep.embed_core_bytes, "-"))
+    for name, r, nbytes, hop in named:
         tile, node = _where(p, r)
-        kb = (rep.embed_core_bytes if name == "embed" else rep.layer_core_bytes[k - 1]) / 1024
-        hop = rep.embed_hops[0] if k == 0 else (rep.hops[k - 1] if k < len(names) - 1 else rep.embed_hops[1])
-        rows.append(f"{name:12} {str(r):19} {tile:14} {node:8} {kb:8.1f} {hop:10}")
+        rows.append(f"{name:12} {str(r):19} {tile:14} {node:8} {nbytes / 1024:8.1f} {hop:>10}")
     return "\n".join(rows)
 
 def _describe(p: Placement, model: str) -> str:

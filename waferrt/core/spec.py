@@ -13,6 +13,7 @@ was assumed (docs/ESTIMATES.md lists those assumptions).
 from __future__ import annotations
 
 import dataclasses
+import functools
 from dataclasses import dataclass
 
 from .topology import MESH, Topology
@@ -81,9 +82,22 @@ class HardwareSpec:
         topology = Topology(**d["topology"]) if "topology" in d else MESH
         return cls(**{**d, "full_mesh": tuple(d["full_mesh"]), "topology": topology})
 
+    def on_line(self, axis: str, n: int, wafer: int | None = None) -> HardwareSpec:
+        """The spec a line of n cores along `axis` ("x": a row, "y": a column) routes over: a torus's wrap links
+        join the ends of the wafer's whole lines only, so a line shorter than the wafer's (`wafer` cores along
+        `axis`; default ``full_mesh``'s) routes as the mesh (``Topology.on_line``). The one owner of which
+        lines wrap: the fabric's lines (waferrt.fabric.comm.LineComm) and the closed forms (decode.cost) ask it."""
+        return _on_line(self, n == (wafer or self.full_mesh[0 if axis == "x" else 1]))
+
     def replace(self, **changes) -> HardwareSpec:
         """A copy with some fields changed, e.g. ``spec.replace(sram_bytes=64 * 1024)``."""
         return dataclasses.replace(self, **changes)
+
+
+@functools.lru_cache(maxsize=64)
+def _on_line(spec: HardwareSpec, whole: bool) -> HardwareSpec:
+    topo = spec.topology.on_line(whole)
+    return spec if topo == spec.topology else spec.replace(topology=topo)
 
 
 # Small and fast: what the unit tests and demos use. 16 KB per core keeps SRAM-overflow paths reachable

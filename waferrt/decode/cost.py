@@ -8,8 +8,8 @@ the final norm and output head, ``handover_cost`` what the tiles book when activ
 stage's region to the next (the one formula for it), ``step_cycles`` the (stage, micro-batch) cycles a
 whole decode step books, ``alone_cycles`` what one token takes alone at a stage (waferrt.decode.schedule
 schedules the decode that ran with it: every request at its own pace). An MoE layer's closed forms price the
-typical token (``moe_parts``: experts 0..top_k-1; ``routed_alone_cycles`` its routed parts);
-``cheapest_routed_cycles`` is the least any routing of a micro-batch can take there (a bound's MoE step).
+typical token (``moe_parts``: experts 0..top_k-1; ``block_ffn_parts`` a SwiGLU on a block of cores, a dense
+FFN's and an expert's); the bounds of an MoE layer's routed work are waferrt.decode.routed_cost's.
 
 What the closed forms count, as the tiles do: the attention runs over ``cdiv(kv_tokens, cols)`` positions
 per core (``kv_tokens``: the context the fullest request of the micro-batch holds, the new token
@@ -36,8 +36,6 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 from functools import lru_cache
-from itertools import combinations
-from math import comb
 
 import numpy as np
 
@@ -104,9 +102,10 @@ class Decoding:
         """`n` flops on the busiest core, at the storage dtype's rate."""
         return compute_cost(spec, n, self.dtype)
 
-    def line_reduce(self, spec: HardwareSpec, n: int, nbytes: int, lines: int) -> Cost:
-        """An allreduce of nbytes per core along `lines` parallel lines of n cores at once."""
-        return on_lines(allreduce_cost(spec, self.coll.algo, n, nbytes, self.coll.k), lines)
+    def line_reduce(self, spec: HardwareSpec, axis: str, n: int, nbytes: int, lines: int) -> Cost:
+        """An allreduce of nbytes per core along `lines` parallel lines of n cores along `axis` at once (a
+        torus's wrap only on a line as long as the wafer's: HardwareSpec.on_line, as the tiles' lines route)."""
+        return on_lines(allreduce_cost(spec.on_line(axis, n), self.coll.algo, n, nbytes, self.coll.k), lines)
 
 
 def handover_bytes(config: LlamaConfig, items: int) -> int:
@@ -141,10 +140,10 @@ def layer_decode_parts(spec: HardwareSpec, dec: Decoding, region: Region, kv_tok
         return dec.flops(spec, n)
 
     def x_reduce(nbytes: int) -> Cost:  # along every row of cores (over the columns)
-        return dec.line_reduce(spec, cols, nbytes, rows)
+        return dec.line_reduce(spec, "x", cols, nbytes, rows)
 
     def y_reduce(nbytes: int, n: int = rows) -> Cost:  # along every column of cores (or a head group's rows)
-        return dec.line_reduce(spec, n, nbytes, cols * (rows // n))
+        return dec.line_reduce(spec, "y", n, nbytes, cols * (rows // n))
 
     norm = [("norm.reduce", "allreduce", x_reduce(4 * b)), ("norm", "elementwise", flops(ew["rmsnorm"] * b * dim_c))]
     qkv_out = (hq + 2 * hk) * hd_r
@@ -185,7 +184,7 @@ def sparse_parts(spec: HardwareSpec, dec: Decoding, region: Region, held_kept: t
     r, work = d["group_rows"], batch * d["hq"]
     row = topk_cost(spec, TopKRow(region.w, held, work, kept))
     return [("predict", "attention", compute_cost(spec, 2 * work * d["hd_r"] * held, PREDICT_DTYPE)),
-            ("predict.reduce", "attention", dec.line_reduce(spec, r, 4 * work * held, region.w * (region.h // r)))
+            ("predict.reduce", "attention", dec.line_reduce(spec, "y", r, 4 * work * held, region.w * (region.h // r)))
             ] + [(name, "attention", on_lines(c, region.h)) for name, c in row.items()]
 
 
@@ -203,19 +202,19 @@ def attention_parts(spec: HardwareSpec, dec: Decoding, region: Region, kv_tokens
 def ffn_parts(spec: HardwareSpec, dec: Decoding, region: Region, batch: int) -> list[tuple[str, str, Cost]]:
     """A SwiGLU FFN of dec.config.dense_hidden units (a dense layer's, an MoE's shared expert) as MeshGEMVs
     on `region` for `batch` tokens (LayerShard.forward)."""
-    return _ffn_parts(spec, dec, region.w, region.h, dec.config.dense_hidden, batch)
+    return block_ffn_parts(spec, dec, region.w, region.h, dec.config.dense_hidden, batch)
 
 
-def _ffn_parts(spec: HardwareSpec, dec: Decoding, cols: int, rows: int, hidden: int, b: int) -> list:
+def block_ffn_parts(spec: HardwareSpec, dec: Decoding, cols: int, rows: int, hidden: int, b: int) -> list:
     """A SwiGLU FFN of `hidden` units on a cols x rows block of cores for b tokens: the one formula of a
     dense FFN and of an expert in its block."""
     dim_c, hid_r = cdiv(dec.config.dim, cols), cdiv(hidden, rows)
     return [
         ("ffn_in", "gemv", dec.flops(spec, 2 * b * dim_c * 2 * hid_r)),
-        ("ffn_in.reduce", "allreduce", dec.line_reduce(spec, cols, 4 * b * 2 * hid_r, rows)),
+        ("ffn_in.reduce", "allreduce", dec.line_reduce(spec, "x", cols, 4 * b * 2 * hid_r, rows)),
         ("silu_mul", "elementwise", dec.flops(spec, ELEMENTWISE_FLOPS["silu_mul"] * b * hid_r)),
         ("down", "gemv", dec.flops(spec, 2 * b * hid_r * dim_c)),
-        ("down.reduce", "allreduce", dec.line_reduce(spec, rows, 4 * b * dim_c, cols)),
+        ("down.reduce", "allreduce", dec.line_reduce(spec, "y", rows, 4 * b * dim_c, cols)),
     ]
 
 
@@ -237,58 +236,14 @@ def _moe_parts(spec: HardwareSpec, dec: Decoding, cols: int, rows: int, batch: i
     per_block: dict[Region, Cost] = {}
     for ex in range(config.top_k):
         blk = blocks[ex]  # one expert's SwiGLU for b tokens as MeshGEMVs in its block (MoELayerShard._expert)
-        ffn = total([c for _, _, c in _ffn_parts(spec, dec, blk.w, blk.h, config.hidden_dim, b)])
+        ffn = total([c for _, _, c in block_ffn_parts(spec, dec, blk.w, blk.h, config.hidden_dim, b)])
         per_block[blk] = per_block.get(blk, Cost()) + ffn
     dispatch, combine = AllToAll.of(config.dim, region, blocks).loads(chosen)
     return (("router", "gemv", dec.flops(spec, 2 * b * dim_c * e)),
-            ("router.reduce", "allreduce", dec.line_reduce(spec, region.w, 4 * b * e, region.h)),
+            ("router.reduce", "allreduce", dec.line_reduce(spec, "x", region.w, 4 * b * e, region.h)),
             ("experts", "gemv", merge_parallel(list(per_block.values()))),
             ("dispatch", "alltoall", alltoall_cost(spec, dispatch)),
             ("combine", "alltoall", alltoall_cost(spec, combine)))
-
-
-ROUTED = ("experts", "dispatch", "combine")  # the parts of moe_parts that follow the tokens' routing
-
-
-def routed_alone_cycles(spec: HardwareSpec, dec: Decoding, region: Region) -> float:
-    """The cycles of the routed parts (ROUTED) of moe_parts for one typical token: what a token's alone
-    cycles at an MoE layer hold for them, replaced by its share of what ran (waferrt.decode.moe.MoEStep)."""
-    return sum(c.cycles for name, _, c in _moe_parts(spec, dec, region.w, region.h, 1) if name in ROUTED)
-
-
-def cheapest_routed_cycles(spec: HardwareSpec, dec: Decoding, region: Region, batch: int) -> float:
-    """The fewest cycles the routed parts (ROUTED) of an MoE layer's run on a micro-batch of `batch` tokens take
-    under any routing (what decode.moe.MoEStep.routed can be, NI-Balancer's migration aside: a bound's MoE step,
-    where routed_alone_cycles is the typical token's). The busiest block runs at least cdiv(batch * top_k,
-    blocks) of the tokens' expert picks, at best as one run on the cheapest shape of block (a run's cycles grow
-    with its tokens, and two runs cost at least one run of their tokens together); the dispatch and the combine
-    carry at least one token's routes (a phase's cost grows with its routes), at best to the fewest blocks its
-    top_k distinct experts fit in (cheapest_alltoall_cycles)."""
-    config = dec.config
-    blocks = expert_blocks(config.n_experts, region, dec.experts)
-    picks = cdiv(batch * config.top_k, len(set(blocks)))
-    experts = min(total([c for _, _, c in _ffn_parts(spec, dec, w, h, config.hidden_dim, picks)]).cycles
-                  for w, h in {(b.w, b.h) for b in blocks})
-    return experts + cheapest_alltoall_cycles(spec, dec, region.w, region.h)
-
-
-@lru_cache(maxsize=256)
-def cheapest_alltoall_cycles(spec: HardwareSpec, dec: Decoding, cols: int, rows: int) -> float:
-    """The fewest cycles of one token's dispatch and combine on a cols x rows MoE region: over every set of the
-    fewest blocks its top_k distinct experts can sit in (cdiv(top_k, experts per block); single blocks when
-    there are more than CHEAPEST_SETS such sets: a set's routes hold a single block's)."""
-    config, region = dec.config, Region(0, 0, cols, rows)
-    blocks = expert_blocks(config.n_experts, region, dec.experts)
-    first = {b: blocks.index(b) for b in blocks}  # each block by the first expert it holds
-    fewest = cdiv(config.top_k, blocks.count(blocks[0]))
-    if comb(len(first), fewest) > CHEAPEST_SETS:
-        fewest = 1
-    routes = AllToAll.of(config.dim, region, blocks)
-    return min(sum(alltoall_cost(spec, load).cycles for load in routes.loads(np.array([chosen])))
-               for chosen in combinations(sorted(first.values()), fewest))
-
-
-CHEAPEST_SETS = 4096  # the most sets of blocks cheapest_alltoall_cycles routes one by one
 
 
 def _kv_shift(spec: HardwareSpec, nbytes: int, messages: int) -> Cost:
@@ -308,7 +263,7 @@ def layer_decode_cost(spec: HardwareSpec, dec: Decoding, region: Region, kv_toke
 def head_norm_parts(spec: HardwareSpec, dec: Decoding, region: Region, batch: int) -> list[tuple[str, str, Cost]]:
     """The final RMSNorm of a head region (its sum of squares reduced over the columns)."""
     dim_c = cdiv(dec.config.dim, region.w)
-    return [("norm.reduce", "allreduce", dec.line_reduce(spec, region.w, 4 * batch, region.h)),
+    return [("norm.reduce", "allreduce", dec.line_reduce(spec, "x", region.w, 4 * batch, region.h)),
             ("norm", "elementwise", dec.flops(spec, ELEMENTWISE_FLOPS["rmsnorm"] * batch * dim_c))]
 
 
@@ -318,7 +273,7 @@ def head_gemv_parts(spec: HardwareSpec, dec: Decoding, region: Region, batch: in
     one streamed chunk of it), its partial logits reduced over the columns."""
     dim_c = cdiv(dec.config.dim, region.w)
     return [("head", "gemv", dec.flops(spec, 2 * batch * entries * dim_c)),
-            ("head.reduce", "allreduce", dec.line_reduce(spec, region.w, 4 * batch * entries, region.h))]
+            ("head.reduce", "allreduce", dec.line_reduce(spec, "x", region.w, 4 * batch * entries, region.h))]
 
 
 def head_decode_parts(spec: HardwareSpec, dec: Decoding, region: Region, batch: int = 1

@@ -46,10 +46,11 @@ from waferrt.faults.errors import CoreFailed, LinkFailed
 from waferrt.faults.model import CoreFailure
 from waferrt.faults.state import FaultState
 
-from .cost import alone_cycles, handover_bytes, handover_cost, routed_alone_cycles
+from .cost import alone_cycles, handover_bytes, handover_cost
 from .moe import MoELayerShard
 from .pack import Chunks
 from .prefill import layer_step, prefill_item_cycles, prefill_runs
+from .routed_cost import routed_alone_cycles
 from .rows import Col
 from .schedule import Item, StageRun
 from .setup import DecodeSetup, pack_stage
@@ -117,6 +118,7 @@ class TileProgram:
         self.segment_of = {seg[0]: seg for seg in segments(self.tiles)}  # first stage -> its segment
         self.layers: dict[int, LayerShard] = {}
         self.embed: EmbedShard | None = None
+        self.head: EmbedShard | None = None  # an untied head's table (a tied head runs on self.embed)
         self.store = None  # the off-wafer weights of a streaming decode (attach)
         self.records: list[StageRun] = []
         self.paces: dict[int, float] = {}  # stage -> its wall seconds per run lately (an EMA)
@@ -139,6 +141,8 @@ class TileProgram:
                 self.layers[s] = old.layers[was]
             elif stage.kind is StageKind.EMBED and was is not None and old.embed is not None:
                 self.embed = old.embed
+            elif stage.kind is StageKind.HEAD and was is not None and old.head is not None:
+                self.head = old.head
         return [s for s in range(len(self.stages)) if self.hosts(s) and not self.loaded(s)]
 
     def attach(self, store) -> None:
@@ -149,6 +153,8 @@ class TileProgram:
         if self.setup.streaming:
             return self.store is not None
         kind = self.stages[s].kind
+        if kind is StageKind.HEAD and self.setup.head is not None:  # an untied head holds its own table
+            return self.head is not None
         return s in self.layers if kind is StageKind.LAYER else kind is StageKind.HEAD or self.embed is not None
 
     def tick(self, step: int | None) -> None:
@@ -158,12 +164,14 @@ class TileProgram:
 
     def load(self, s: int, raw) -> None:
         """Stage s's float32 weights (waferrt.decode.setup.stage_weights) into its cores' blocks."""
-        region, st = self.stages[s].region, self.setup
+        kind, region, st = self.stages[s].kind, self.stages[s].region, self.setup
         arrays = pack_stage(st, s, raw)
-        if self.stages[s].kind is StageKind.LAYER:
+        if kind is StageKind.LAYER:
             shard = MoELayerShard if st.config.moe else LayerShard
             self.layers[s] = shard(st.decoding, region, arrays, (st.slots, st.kv_tokens), self.ledger)
             self.layers[s].balance = st.balance
+        elif kind is StageKind.HEAD:
+            self.head = EmbedShard(st.config, region, arrays, self.ledger, st.collectives, st.dtype)
         else:
             self.embed = EmbedShard(st.config, region, arrays, self.ledger, st.collectives, st.dtype)
 
@@ -174,7 +182,7 @@ class TileProgram:
     def held_bytes(self) -> int:
         """Bytes of the weight blocks (at the storage dtype: what the cores hold) and K/V caches of the stages
         this tile hosts."""
-        shards = [*self.layers.values(), *([self.embed] if self.embed else [])]
+        shards = [*self.layers.values(), *(sh for sh in (self.embed, self.head) if sh is not None)]
         weights = sum(stored_nbytes(a, self.setup.dtype) for sh in shards for a in sh.arrays.values())
         return weights + sum(sh.kv.nbytes for sh in self.layers.values())
 
@@ -306,7 +314,8 @@ class TileProgram:
         want = np.flatnonzero(meta[:, Col.WANT])
         if not len(want):
             return x, {}
-        return x, dict(zip(want.tolist(), self.embed.logits(x[want]), strict=True))
+        head = self.embed if self.head is None else self.head
+        return x, dict(zip(want.tolist(), head.logits(x[want]), strict=True))
 
     def _streamed(self, s: int, meta: np.ndarray, x):
         """Stage s of a streaming decode: its block comes in from the store, runs, and leaves the buffer."""

@@ -2,14 +2,16 @@
 
 Contract: :class:`DecodeSetup` is a frozen value (model shape, mesh, the regions of the stages, K/V
 reserve, how the collectives run, storage dtype), made from a scheduler Placement by
-:meth:`DecodeSetup.from_placement`. Its stages are embed -> layer 0 -> ... -> layer L-1 -> head (the
-head shares the embedding's region and table); consecutive layers on one region (a strategy's group of
+:meth:`DecodeSetup.from_placement`. Its stages are embed -> layer 0 -> ... -> layer L-1 -> head (a tied
+head shares the embedding's region and table; an untied one, ``head``, has its own region holding its table
+and the final norm, booked and packed as the embedding's); consecutive layers on one region (a strategy's group of
 layers, scheduler.types.Strategy) are stacked there: their weight blocks and K/V on the same cores, run
 one after another. With ``streaming`` the weights stay off-wafer (waferrt.decode.streaming) and one region
 runs every stage. ``attention`` is dense or sparse:K (STAR, waferrt.decode.sparse) in every decode step and
 the MeshGEMM prefill (waferrt.decode.sparse_prefill); sparse books its top-K lists (layout.topk_booking).
 ``stage_tiles`` says which tile runs each stage and
-raises :class:`PlacementError` when a region spans several tiles. :func:`stage_sram` is what a stage
+raises :class:`PlacementError` when a region spans several tiles, or an untied head's is not on the
+embedding's tile (tokens are sampled where they enter). :func:`stage_sram` is what a stage
 books in its cores' SRAM (from waferrt.decode.layout, the same sizes the planner budgets: every layer
 books its weights and K/V, the first layer of a region also its scratch; a streaming region books every
 layer's K/V, the double buffer and the scratch, and ``stage_weights`` yields nothing: the blocks stream in);
@@ -59,6 +61,7 @@ class DecodeSetup:
     experts: str = "er"  # where an MoE layer's experts sit in its region (waferrt.decode.moe_layout.MAPPINGS)
     balance: int = 0  # NI-Balancer: micro-batches between an MoE layer's looks at its routing histogram (0: off)
     attention: AttentionMode = DENSE  # the decode's attention: dense, or STAR's sparse:K (waferrt.decode.sparse)
+    head: Region | None = None  # an untied output head's region (None: tied, the head runs on `embed`)
 
     def __post_init__(self) -> None:
         if self.experts not in MAPPINGS:
@@ -80,7 +83,7 @@ class DecodeSetup:
         MeshGEMM; refused, as for an MoE, for a streaming placement, which has no weights on the wafer)."""
         p = placement
         return cls(p.config, p.mesh, p.layers, p.embed, p.kv_tokens, p.kv.requests, collectives, p.dtype,
-                   p.streaming, prefill, p.experts, p.balance)
+                   p.streaming, prefill, p.experts, p.balance, head=p.head)
 
     @cached_property
     def decoding(self) -> Decoding:
@@ -89,8 +92,8 @@ class DecodeSetup:
         return Decoding(self.config, self.dtype, self.collectives, experts=self.experts, attention=self.attention)
 
     def stages(self) -> tuple[Stage, ...]:
-        """The stages in the order an item passes them (the head on the embedding's region)."""
-        return chain(self.embed, self.layers, self.embed)
+        """The stages in the order an item passes them (a tied head on the embedding's region)."""
+        return chain(self.embed, self.layers, self.embed if self.head is None else self.head)
 
     def stage_tiles(self) -> tuple[TileId, ...]:
         """The tile that runs each stage."""
@@ -98,11 +101,18 @@ class DecodeSetup:
         for stage in self.stages():
             tiles = self.mesh.tiles_of(stage.region)
             if len(tiles) != 1:
+                what = stage.name if stage.kind is StageKind.LAYER else f"the {stage.name}"
                 raise PlacementError(
-                    f"{stage.what} has region {stage.region}, which spans {len(tiles)} tiles of {self.mesh.tile_w}x"
+                    f"{what} has region {stage.region}, which spans {len(tiles)} tiles of {self.mesh.tile_w}x"
                     f"{self.mesh.tile_h} cores; the decode runs every region inside one tile. Choose a "
                     "tile size the scheduler can fill with whole regions (e.g. a multiple of the layer region)")
             out.append(tiles[0])
+        if out[-1] != out[0]:
+            raise PlacementError(
+                f"the head's region {self.stages()[-1].region} is on tile {out[-1]}, the embedding's on {out[0]}: the "
+                "decode samples each token where it enters (the embedding's tile), so an untied head's region must "
+                "lie in the embedding's tile. Choose a tile that holds both tables (the planner puts the head "
+                "beside the embedding when the tile has room)")
         return tuple(out)
 
 
@@ -121,10 +131,10 @@ def stage_sram(setup: DecodeSetup, s: int) -> dict[str, tuple[Region, np.ndarray
             del booked["scratch"]
             booked.pop("topk", None)
         return {f"layer{layer}.{name}": (region, nbytes) for name, nbytes in booked.items()}
-    if stage.kind is StageKind.EMBED:
+    if stage.kind is StageKind.EMBED or setup.head is not None:  # the embedding's table, or an untied head's own
         booked = booked_bytes(embed_booking(setup.config, region, setup.dtype))
-        return {f"embed.{name}": (region, nbytes) for name, nbytes in booked.items()}
-    return {}  # the head uses the embedding's table and scratch
+        return {f"{stage.kind.value}.{name}": (region, nbytes) for name, nbytes in booked.items()}
+    return {}  # a tied head uses the embedding's table and scratch
 
 
 def _stream_sram(st: DecodeSetup, stage: Stage) -> dict[str, tuple[Region, np.ndarray]]:
@@ -143,8 +153,8 @@ def _stream_sram(st: DecodeSetup, stage: Stage) -> dict[str, tuple[Region, np.nd
 
 def stage_weights(setup: DecodeSetup, weights):
     """(stage index, the model's float32 weights of that stage) for every stage that holds weights: a
-    LayerWeights for a layer, (embedding table, final norm) for the embedding (the head shares them); none
-    when the weights stream in."""
+    LayerWeights for a layer, (embedding table, final norm) for the embedding (a tied head shares them),
+    (head table, final norm) for an untied head; none when the weights stream in."""
     if setup.streaming:
         return
     for s, stage in enumerate(setup.stages()):
@@ -152,6 +162,8 @@ def stage_weights(setup: DecodeSetup, weights):
             yield s, weights.layers[stage.layer]
         elif stage.kind is StageKind.EMBED:
             yield s, (weights.embed, weights.final_norm)
+        elif setup.head is not None:
+            yield s, (weights.head, weights.final_norm)
 
 
 def weight_bytes(raw) -> int:

@@ -127,6 +127,7 @@ class WeightStore:
         self.chunks = head_chunks(config, region, dtype)
         self._layers: dict[int, dict] = {}
         self._table: dict | None = None
+        self._head_table: dict | None = None  # an untied head's (a tied head's is _table)
         self._heads: dict[int, tuple[np.ndarray, np.ndarray]] = {}
 
     @property
@@ -144,15 +145,23 @@ class WeightStore:
             self._table = pack_embed(self.config, self.weights.embed, self.weights.final_norm, self.region, self.dtype)
         return self._table
 
+    def _packed_head(self) -> dict[str, np.ndarray]:
+        if self.weights.tied:
+            return self._packed()
+        if self._head_table is None:
+            self._head_table = pack_embed(self.config, self.weights.head, self.weights.final_norm, self.region,
+                                          self.dtype)
+        return self._head_table
+
     def head(self, k: int) -> tuple[np.ndarray, np.ndarray]:
-        """Chunk k of the tied table, (R*m, C*dim_c) as every core row's entries j0..j1, and the final norm
-        (cut once, kept)."""
+        """Chunk k of the head's table (the tied table, or an untied head's), (R*m, C*dim_c) as every core row's
+        entries j0..j1, and the final norm (cut once, kept)."""
         if k not in self._heads:
             self._heads[k] = self._head(k)
         return self._heads[k]
 
     def _head(self, k: int) -> tuple[np.ndarray, np.ndarray]:
-        t = self._packed()
+        t = self._packed_head()
         voc_r = t["table"].shape[0] // self.region.h
         j0, j1 = self.chunks[k]
         rows = (np.arange(self.region.h)[:, None] * voc_r + np.arange(j0, j1)[None]).reshape(-1)

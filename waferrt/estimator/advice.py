@@ -51,9 +51,7 @@ def most_tokens(config: LlamaConfig, spec: HardwareSpec, mesh: tuple[int, int], 
 
 def model_bytes(config: LlamaConfig, kv: KVReserve, dtype: str) -> tuple[int, int]:
     """(weights, K/V) bytes of the whole model, the untied output head included."""
-    weights, kv_bytes = budget.tied_model_bytes(config, kv.tokens, kv.requests, dtype)
-    head = 0 if config.tie_embeddings else config.vocab_size * config.dim * itemsize(dtype)
-    return weights + head, kv_bytes
+    return budget.model_bytes(config, kv.tokens, kv.requests, dtype)
 
 
 def advice(config: LlamaConfig, spec: HardwareSpec, mesh: tuple[int, int], kv: KVReserve, dtype: str,

@@ -83,7 +83,7 @@ class Span:
     region: Region
     tile: Region
     links: Links | None = None
-    wafer: Region | None = None  # the whole mesh (a torus wraps at its edges); None: no line of it is whole
+    wafer: Region | None = None  # the whole mesh (a torus wraps at its edges); None: the spec's full_mesh
 
     def __post_init__(self) -> None:
         if self.region.intersect(self.tile) is None:
@@ -116,10 +116,9 @@ class LineComm:
         else:
             self.n, self.lo, self.m, self.lines = region.h, local.y0 - region.y0, local.h, local.w
             self.fwd = Dir.S
-        wafer = span.wafer
-        whole = wafer is not None and (region.w == wafer.w if axis == "x" else region.h == wafer.h)
-        self.topo = ledger.spec.topology.on_line(whole)  # the routes of this line (core.topology)
-        self.spec = ledger.spec if self.topo == ledger.spec.topology else ledger.spec.replace(topology=self.topo)
+        wafer = span.wafer and (span.wafer.w if axis == "x" else span.wafer.h)
+        self.spec = ledger.spec.on_line(axis, self.n, wafer)  # a torus's wrap only on a whole line of the wafer
+        self.topo = self.spec.topology  # the routes of this line (core.topology)
         self._tag_prefix = tag_prefix
         self._seq = 0
         self.tap: LinkTap | None = None

@@ -4,13 +4,12 @@ Contract: :class:`Cut` says what to write (a named shape of ``zoo.MODELS``, how 
 the seed, the storage dtype); ``Cut.config()`` is the model's LlamaConfig and :func:`write_cut(path, cut)`
 writes it as a llama GGUF (``gguf_writer``), one tensor generated at a time
 (``weights.synthetic_tensors``), and returns the config. Every dimension but the layers and the vocabulary is
-the named model's. Two things are cut on purpose, and said in the file's name by the caller:
+the named model's. One thing is cut on purpose, and said in the file's name by the caller:
 
 - the vocabulary (``vocab``, default the shape's own): a real vocabulary's table is rows of the same kind
   as a smaller one's; a cut keeps the file and the embedding region small;
-- the output head is tied to the embedding: the wafer decode places one tied embedding/head table
-  (``decode.layout``; ``scheduler.plan`` refuses an untied head), so an untied shape (Llama3-8B's) is
-  written tied -- its layers, what the emulator runs at real size, are unchanged.
+- nothing else: the output head is the shape's own (Llama3-8B's untied: an ``output.weight`` of its own, which
+  the planner places in a region of its own, ``scheduler.types.Placement.head``; SmolLM2's tied).
 
 ``dtype`` is what the tensors are written as (:data:`VALUE_DTYPES`): float16 (the default: F16 tensors, half
 the file) or float32. A wafer that stores its weights in float16 (``--dtype float16``) then holds exactly the
@@ -61,14 +60,14 @@ class Cut:
             raise ValueError(f"seed {self.seed} is negative; use a whole number >= 0")
 
     def config(self) -> LlamaConfig:
-        """The named shape with this cut's layers and vocabulary, its head tied to the embedding."""
+        """The named shape with this cut's layers and vocabulary (its head tied or untied as the shape's own)."""
         full = MODELS[self.shape.lower()].config
-        return replace(full, n_layers=self.layers, vocab_size=self.vocab or full.vocab_size, tie_embeddings=True)
+        return replace(full, n_layers=self.layers, vocab_size=self.vocab or full.vocab_size)
 
     def describe(self) -> str:
         full = MODELS[self.shape.lower()]
         c = self.config()
-        tied = "" if full.config.tie_embeddings else ", head tied to the embedding (the decode places one table)"
+        tied = ", head tied to the embedding" if full.config.tie_embeddings else ", untied output head"
         return (f"{full.label} cut to {c.n_layers} of {full.config.n_layers} layers, vocab {c.vocab_size} of "
                 f"{full.config.vocab_size}{tied}: dim {c.dim}, heads {c.n_heads}/{c.n_kv_heads}, head_dim "
                 f"{c.head_dim}, hidden {c.hidden_dim}, rope theta {c.rope_theta:g}; {c.params() / 1e9:.2f} B "
