@@ -52,7 +52,7 @@ class DecodeTrace:
         its firing on the track of the tile that carries it, its detection and recovery on the host's."""
         for e in events:
             tiles = fault_tiles(e.fault, self.setup.mesh)
-            what = (("fault", e.kind), ("where", e.where), ("step", e.step))
+            what = (("fault", e.kind.value), ("where", e.where), ("step", e.step))
             for name, at, track, more in ((f"{e.kind} fault fired", e.fired_at, str(tiles[0]) if tiles else None, ()),
                                           ("fault detected", e.detected_at, None, (("by", e.detected_by),)),
                                           ("recovered", e.recovered_at, None, (("action", e.action),))):
