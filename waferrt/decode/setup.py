@@ -4,7 +4,9 @@ Contract: :class:`DecodeSetup` is a frozen value (model shape, mesh, the regions
 reserve, how the collectives run, storage dtype), made from a scheduler Placement by
 :meth:`DecodeSetup.from_placement`. Its stages are embed -> layer 0 -> ... -> layer L-1 -> head (a tied
 head shares the embedding's region and table; an untied one, ``head``, has its own region holding its table
-and the final norm, booked and packed as the embedding's); consecutive layers on one region (a strategy's group of
+and the final norm, booked and packed as the embedding's; a table the head reads is held on the host in
+float32, rounded to the storage dtype as it is cut, while an untied model's embedding table stays at the storage
+dtype: it only gives rows); consecutive layers on one region (a strategy's group of
 layers, scheduler.types.Strategy) are stacked there: their weight blocks and K/V on the same cores, run
 one after another. With ``streaming`` the weights stay off-wafer (waferrt.decode.streaming) and one region
 runs every stage. ``attention`` is dense or sparse:K (STAR, waferrt.decode.sparse) in every decode step and
@@ -180,4 +182,5 @@ def pack_stage(setup: DecodeSetup, s: int, raw) -> dict:
         return pack_moe_layer(setup.config, raw, region, setup.experts, setup.dtype)
     if stage.kind is StageKind.LAYER:
         return pack_layer(setup.config, raw, region, setup.dtype)
-    return pack_embed(setup.config, raw[0], raw[1], region, setup.dtype)
+    head = kind == "head" or setup.head is None  # a table the head's GEMV reads: held widened (pack_embed)
+    return pack_embed(setup.config, raw[0], raw[1], region, setup.dtype, widened=head)

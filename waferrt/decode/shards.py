@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -81,10 +82,13 @@ class Items:
         """(cos, cos) and (-sin, sin) pair by pair (B, R, 1, hd_r) of the items' positions for `shard`'s rows
         (LayerShard._rope; what `rotate` takes), worked out once per row count."""
         if shard.rows not in self.angles:
-            cos, sin = shard._rope(self.poss)  # (B, R, 1, hd_r/2)
-            self.angles[shard.rows] = (np.repeat(cos, 2, axis=-1),
-                                       np.stack([-sin, sin], axis=-1).reshape(*sin.shape[:-1], -1))
+            self.angles[shard.rows] = pairwise(*shard._rope(self.poss))  # from (B, R, 1, hd_r/2)
         return self.angles[shard.rows]
+
+
+def pairwise(cos: np.ndarray, sin: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """RoPE's cos, sin (..., hd/2) as `rotate` takes them: (cos, cos) and (-sin, sin) pair by pair (..., hd)."""
+    return np.repeat(cos, 2, axis=-1), np.stack([-sin, sin], axis=-1).reshape(*sin.shape[:-1], -1)
 
 
 def rotate(x: np.ndarray, cos2: np.ndarray, sin2: np.ndarray) -> np.ndarray:
@@ -95,6 +99,51 @@ def rotate(x: np.ndarray, cos2: np.ndarray, sin2: np.ndarray) -> np.ndarray:
     out = x * cos2
     out += swapped * sin2
     return out
+
+
+@dataclass(frozen=True)
+class On:
+    """Where a layer's block functions run and what they read: the :class:`~waferrt.decode.net.Net` and the x-
+    and y-lines of its cores (the decode's region; the prefill's square), the model, and its weights by name
+    (`w(name)`: what the Net's projections take -- the decode's packed blocks in float32, the prefill's
+    carried MeshGEMM blocks)."""
+
+    net: Net
+    cx: LineComm
+    cy: LineComm
+    config: LlamaConfig
+    w: Callable[[str], object]
+
+
+def attention_in(on: On, x: np.ndarray, angles: tuple[np.ndarray, np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
+    """The block up to its attention: x (B, C, dim_c) the residual stream -> the QKV projection of its RMSNorm
+    (B, R, nh + 2 nkv, hd_r) and its query and key heads RoPE'd at `angles` (pairwise's, broadcasting to
+    (B, R, 1, hd_r)) -> (B, R, nh + nkv, hd_r). The decode's B items over a region's R rows and C columns; the
+    prefill's T tokens as one slab (R = C = 1) on its square."""
+    config, net = on.config, on.net
+    h = mesh_rmsnorm(net, on.cx, x, on.w("attn_norm"), config)
+    qkv = net.gemv(on.cx, on.w("wqkv"), h)  # (B, R, (nh + 2 nkv) * hd_r)
+    qkv = qkv.reshape(*qkv.shape[:2], config.n_heads + 2 * config.n_kv_heads, -1)
+    qk = rotate(qkv[:, :, :config.n_heads + config.n_kv_heads], *angles)  # q and k at once
+    net.elementwise(on.cy, "rope", qk)
+    return qkv, qk
+
+
+def attention_out(on: On, x: np.ndarray, att: np.ndarray, ffn: Callable[[np.ndarray], np.ndarray]) -> np.ndarray:
+    """The block after its attention: x (B, C, dim_c) the residual stream, att (B, R, nh * hd_r) the heads'
+    outputs -> x + Wo att, then plus `ffn` (the dense MLP, :func:`dense_ffn`; an MoE layer's experts) of its
+    RMSNorm, (B, C, dim_c)."""
+    net, cx = on.net, on.cx
+    x = x + net.gemv(on.cy, on.w("wo"), att)
+    net.elementwise(cx, "residual", x)
+    x = x + ffn(mesh_rmsnorm(net, cx, x, on.w("ffn_norm"), on.config))
+    net.elementwise(cx, "residual", x)
+    return x
+
+
+def dense_ffn(on: On, h: np.ndarray) -> np.ndarray:
+    """The dense layer's SwiGLU MLP (:func:`mlp`) of h (B, C, dim_c) with `on`'s weights."""
+    return mlp(on.net, on.cx, on.cy, on.w("w13"), on.w("w2"), h)
 
 
 def in_float32(arrays: dict, name: str, dtype: str) -> np.ndarray:
@@ -120,6 +169,7 @@ class LayerShard:
         self.cx = LineComm("x", Span.of(region), ledger, fast=coll.fast)
         self.cy = LineComm("y", Span.of(region), ledger, fast=coll.fast)
         self.net = net_of(coll)  # how this run's collectives run: fast, or hop by hop (waferrt.decode.net)
+        self.on = On(self.net, self.cx, self.cy, config, self._w)  # what the block functions run on
         self.hd_r = arrays["wqkv"].shape[0] // (self.rows * (config.n_heads + 2 * config.n_kv_heads))
         self.kv = MeshKVCache(config, self.cx, kv[0], kv[1], self.hd_r, dtype)
         self.scale = np.float32(1.0 / np.sqrt(config.head_dim))
@@ -145,8 +195,9 @@ class LayerShard:
         over the kept keys alone in predicted order."""
         B, nkv, R = len(items.slots), self.config.n_kv_heads, self.rows
         qg = q.reshape(B, R, nkv, -1, self.hd_r).transpose(0, 2, 3, 1, 4)  # (B, nkv, rep, R, hd_r)
-        view = self.kv.view(items)  # K (B, nkv, [R, hd_r], [positions]), V (B, nkv, [positions], R*hd_r)
-        if self.attention.keys_kept(items.length) < items.length:
+        dense = self.attention.keys_kept(items.length) >= items.length
+        view = self.kv.view(items, dense)  # K (B, nkv, [R, hd_r], [positions]), V (B, nkv, [positions], R*hd_r)
+        if not dense:
             out = (sparse.fast_attend if self.net.fast else sparse.hop_attend)(self, qg, items, view)
         else:
             out = self._dense(qg, view)
@@ -160,7 +211,7 @@ class LayerShard:
         np.copyto(scores, np.float32(-np.inf), where=view.hidden)
         scores -= net.reduce(self.cx, scores, "max")  # over the columns
         e = np.exp(scores, out=scores)
-        e /= net.reduce(self.cx, e, "sum")
+        e /= net.reduce(self.cx, e, "sum", positions=True)
         net.elementwise(self.cx, "softmax", e, view.held)
         return net.dot(self.cx, e, view.v, view.held)  # the weighted V sums, over the columns
 
@@ -172,21 +223,13 @@ class LayerShard:
 
     def run(self, x: np.ndarray, items: Items) -> np.ndarray:
         """forward with the items worked out once for every layer of a segment (Items)."""
-        config, nh, nkv, B, net = self.config, self.config.n_heads, self.config.n_kv_heads, len(items.slots), self.net
+        nh, nkv, B = self.config.n_heads, self.config.n_kv_heads, len(items.slots)
         with self.ledger.op("layer"):
             with self._bookings(B):  # the same bookings for the same number of items
-                h = mesh_rmsnorm(net, self.cx, x, self._w("attn_norm"), config)
-                qkv = net.gemv(self.cx, self._w("wqkv"), h).reshape(B, self.rows, -1, self.hd_r)
-                qk = rotate(qkv[:, :, :nh + nkv], *items.rope(self))  # (B, R, nh + nkv, hd_r): q and k at once
-                q, k = qk[:, :, :nh], qk[:, :, nh:]
-                net.elementwise(self.cy, "rope", qk)
-            self.kv.insert(items.slots, k, qkv[:, :, nh + nkv:], items.poss)
+                qkv, qk = attention_in(self.on, x, items.rope(self))  # (B, R, nh + 2 nkv, hd_r), its q and k
+            self.kv.insert(items.slots, qk[:, :, nh:], qkv[:, :, nh + nkv:], items.poss)
             with self._bookings(B, self.kv.held_most(items.rows)):  # ... and entries the fullest core holds
-                x = x + net.gemv(self.cy, self._w("wo"), self._attention(items, q))
-                net.elementwise(self.cx, "residual", x)
-                x = x + self._ffn(mesh_rmsnorm(net, self.cx, x, self._w("ffn_norm"), config))
-                net.elementwise(self.cx, "residual", x)
-            return x
+                return attention_out(self.on, x, self._attention(items, qk[:, :, :nh]), self._ffn)
 
     def _bookings(self, *key: int):
         """Where the bookings of a part of `run` depend on `key` alone -- the fast path, dense attention, no
@@ -197,13 +240,14 @@ class LayerShard:
 
     def _ffn(self, h: np.ndarray) -> np.ndarray:
         """The dense SwiGLU FFN of h (B, C, dim_c) -> (B, C, dim_c) (waferrt.decode.moe: an MoE layer's)."""
-        return mlp(self.net, self.cx, self.cy, self._w("w13"), self._w("w2"), h)
+        return dense_ffn(self.on, h)
 
 
 def mlp(net: Net, cx: LineComm, cy: LineComm, w13: np.ndarray, w2: np.ndarray, h: np.ndarray) -> np.ndarray:
     """The SwiGLU MLP of h (B, C, dim_c) -> (B, C, dim_c) on a region whose x- and y-lines are cx, cy: w13 (the
     gate and up projections side by side) and w2 as packed for it (a dense layer's, or an MoE expert's block)."""
-    gu = net.gemv(cx, w13, h).reshape(len(h), cy.n, 2, -1)  # (B, R, 2, hid_r)
+    gu = net.gemv(cx, w13, h)
+    gu = gu.reshape(*gu.shape[:2], 2, -1)  # (B, R, 2, hid_r)
     act = silu(gu[:, :, 0]) * gu[:, :, 1]  # (B, R, hid_r)
     net.elementwise(cy, "silu_mul", act)
     return net.gemv(cy, w2, act)  # (B, C, dim_c)

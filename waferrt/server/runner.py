@@ -13,7 +13,8 @@ where it was (waferrt.serving.recovery.resumed), so its tokens are those of a ru
 cannot be recovered ends every open request with ``finish="error: ..."`` and the runner stays down.
 A server request samples with ``default_rng([seed, 0])`` (Submission.rng_index 0): as the same request
 decoded alone by ``waferrt generate``. ``health`` is "ok", "recovering" or "down: <why>"; ``state()`` is a
-snapshot of the requests and the faults (waferrt.server.state draws the mesh).
+snapshot of the requests and the faults (waferrt.server.state draws the mesh); ``take_recent_runs()`` the stage
+runs read since it last looked (the live heatmap's: kept, and read every READ_S, only while someone looks).
 """
 
 from __future__ import annotations
@@ -36,6 +37,8 @@ from waferrt.serving.requests import GenRequest
 STOP_S = 60.0  # how long stop() waits for the thread to end the session and return
 IDLE_S = 0.01  # how long the idle thread waits for a new request before looking at its flags again
 READ_S = 0.5  # how often a running session's stage runs are read for the live heatmap (a Ray call per tile)
+WATCHED_S = 5.0  # ... while the live state was asked for this recently (else only when requests finish: no
+# Ray calls into the busy tiles and no runs kept for a page that nobody watches)
 
 
 class Busy(Exception):
@@ -85,6 +88,7 @@ class Runner:
         self.session, self.since, self.runs = False, {}, []  # the tiles' loops running; stage runs read so far
         self.recent_runs: list = []  # the runs read since state() last looked (the live heatmap's)
         self.read_at = 0.0  # when the runs were last read (time.monotonic())
+        self.watched_at = -WATCHED_S  # when the live state last took the recent runs (time.monotonic())
         self.stopping = threading.Event()
         self.thread = threading.Thread(target=self._run, daemon=True, name="waferrt-runner")
 
@@ -187,7 +191,8 @@ class Runner:
             self.decode.submit([sub])
 
     def _step(self) -> None:
-        if time.monotonic() - self.read_at > READ_S:  # the live heatmap's runs, now and then
+        now = time.monotonic()
+        if now - self.read_at > READ_S and now - self.watched_at < WATCHED_S:  # the live heatmap's, now and then
             self._read_runs()
         events = self.decode.events(WAIT_S)
         ended = []
@@ -231,7 +236,17 @@ class Runner:
         self.read_at = time.monotonic()
         got = self.decode.runs_so_far(self.since)
         self.runs += got
-        self.recent_runs += got
+        if time.monotonic() - self.watched_at < WATCHED_S:
+            with self.lock:
+                self.recent_runs += got
+
+    def take_recent_runs(self) -> list:
+        """The stage runs read since the last call (the live heatmap's), from then on read every READ_S for
+        WATCHED_S."""
+        with self.lock:
+            self.watched_at = time.monotonic()
+            runs, self.recent_runs = self.recent_runs, []
+        return runs
 
     def _trim_runs(self) -> None:
         """Forget the runs before the first one of the oldest request still in (none of theirs: done)."""
