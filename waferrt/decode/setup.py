@@ -182,5 +182,6 @@ def pack_stage(setup: DecodeSetup, s: int, raw) -> dict:
         return pack_moe_layer(setup.config, raw, region, setup.experts, setup.dtype)
     if stage.kind is StageKind.LAYER:
         return pack_layer(setup.config, raw, region, setup.dtype)
-    head = kind == "head" or setup.head is None  # a table the head's GEMV reads: held widened (pack_embed)
+    # a table the head's GEMV reads: held widened (pack_embed)
+    head = stage.kind is StageKind.HEAD or setup.head is None
     return pack_embed(setup.config, raw[0], raw[1], region, setup.dtype, widened=head)
