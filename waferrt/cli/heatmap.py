@@ -24,14 +24,14 @@ matplotlib through its object API, imported inside the function (as cli.draw doe
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import numpy as np
 
 from waferrt.core.files import atomic_path
 from waferrt.core.mesh import Dir, MeshSpec, TileId
-from waferrt.decode.cost import alone_cycles, token_cost
+from waferrt.decode.cost import Decoding, Routing, alone_cycles, token_cost
 from waferrt.decode.schedule import StageRun
 from waferrt.decode.setup import DecodeSetup, stage_sram
 from waferrt.decode.stage import entries
@@ -65,10 +65,15 @@ def link_bytes(p: Placement, runs: Sequence[StageRun] | None = None) -> np.ndarr
     img = np.zeros((p.mesh.height, p.mesh.width))
     into = entries(stages)
     for s, items in tokens.items():
-        nbytes = sum(token_cost(p.spec, setup.decoding, into[s], pos, want).link_bytes for pos, want in items)
+        nbytes = sum(token_cost(p.spec, _priced(setup), into[s], pos, want).link_bytes for pos, want in items)
         region = into[s].region
         img[region.y0:region.y1, region.x0:region.x1] += nbytes / region.size
     return img
+
+
+def _priced(setup: DecodeSetup) -> Decoding:
+    """The run's closed forms with an MoE's experts at their expected routing (as the estimator prices them)."""
+    return replace(setup.decoding, routing=Routing.EXPECTED)
 
 
 def modelled_busy(p: Placement) -> dict[TileId, float]:
@@ -77,7 +82,7 @@ def modelled_busy(p: Placement) -> dict[TileId, float]:
     stages, tiles = setup.stages(), setup.stage_tiles()
     cycles = dict.fromkeys(p.mesh.tiles(), 0.0)
     for s, entry in enumerate(entries(stages)):
-        cycles[tiles[s]] += alone_cycles(p.spec, setup.decoding, entry, setup.kv_tokens - 1, True)
+        cycles[tiles[s]] += alone_cycles(p.spec, _priced(setup), entry, setup.kv_tokens - 1, True)
     top = max(cycles.values()) or 1.0
     return {t: c / top for t, c in cycles.items()}
 

@@ -1,4 +1,4 @@
-"""What a layer's math does across cores: one small interface, three implementations.
+"""What a layer's math does across cores: one small interface, its implementations.
 
 Contract: a block of the decode and the prefill (waferrt.decode.shards: the RMSNorms, the QKV projection and
 RoPE, the attention with its K/V cache, the output projection, the MLP, the head; an MoE expert's MLP) is
@@ -25,7 +25,13 @@ and the prefill (waferrt.decode.prefill) runs on the third:
   reduction's messages are modelled). The attention is the MeshGEMM attention kernel
   (waferrt.kernels.attention), which training's forward runs too.
 
-All three record what they do into the ledger as they run: the busiest core's flops (at the ledger's dtype
+and training's forward (waferrt.training.forward) calls the RMSNorm block function inside its kernel with
+
+- :class:`KernelNet`: every core's block of a slab split over the square's rows (tokens) and columns
+  (features); ``norm2`` the kernel Context's allreduce along the rows of cores, ``elementwise`` every core's
+  block (``ctx.compute``).
+
+Each records what it does into the ledger as it runs: the busiest core's flops (at the ledger's dtype
 rate; element-wise work at decode.cost.ELEMENTWISE_FLOPS per element) and the collective's messages. No
 layer code books a flop by hand: a block that does one more GEMV records one more GEMV. On the fast path
 a split axis of K/V positions is longer than a core's share (a core holds ``positions`` of them, the
@@ -297,7 +303,28 @@ class SquareNet:
         self.ledger.compute(cdiv(EW[kind] * a.size, self.side * self.side))
 
 
-Net = FastNet | HopNet | SquareNet
+class KernelNet:
+    """Training's forward's implementation (waferrt.training.forward): inside a kernel over a square of cores,
+    every core's block (rows, cols, tokens, width) of a slab -- tokens over the rows of cores, features over
+    the columns; a token's reduction over its features is the kernel Context's allreduce along the rows of
+    cores (its messages booked as they go), element-wise work every core's block. Its line arguments are
+    unused: the kernel's ``ctx.x`` holds them."""
+
+    fast = False
+
+    def __init__(self, ctx: Context):
+        self.ctx = ctx
+
+    def norm2(self, comm: LineComm | None, x: np.ndarray) -> np.ndarray:
+        """x (rows, cols, tokens, width) -> (rows, cols, tokens): every token's sum of squares, on every core."""
+        return self.ctx.allreduce((x * x).sum(-1), "x")
+
+    def elementwise(self, comm: LineComm | None, kind: str, a: np.ndarray, positions: int = 0) -> None:
+        """Record element-wise work of `kind` on every core's block of a (rows, cols, ...)."""
+        self.ctx.compute(EW[kind] * a[0, 0].size)
+
+
+Net = FastNet | HopNet | SquareNet | KernelNet
 
 
 def net_of(coll: Collectives) -> Net:

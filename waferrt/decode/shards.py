@@ -25,6 +25,7 @@ from waferrt.core.dtypes import to_f32
 from waferrt.core.ledger import Ledger
 from waferrt.core.mesh import Region
 from waferrt.fabric.comm import KTREE_FAST, Collectives, LineComm, Span
+from waferrt.kernels.train_ops import Norm
 from waferrt.model.config import LlamaConfig
 from waferrt.model.reference import silu
 
@@ -35,15 +36,23 @@ from .net import Net, net_of
 from .pack import Chunks, rope_tables
 
 
-def mesh_rmsnorm(net: Net, comm: LineComm, x: np.ndarray, w: np.ndarray, config: LlamaConfig) -> np.ndarray:
-    """RMSNorm of x (B, C, dim_c), split over the columns of `comm`'s line: the sum of squares is a row
-    allreduce (every row does the same one: one copy is kept)."""
-    ss = net.norm2(comm, x)  # (B,)
+def mesh_rmsnorm(net: Net, comm: LineComm, x: np.ndarray, w: np.ndarray, norm: Norm) -> np.ndarray:
+    """RMSNorm of x over its features, split over the cores of `comm`'s line (the decode's x (B, C, dim_c): every
+    row of its region does the same one, one copy kept; training's blocks (rows, cols, tokens, width): the
+    features over the columns): the sum of squares is a reduction along the line (``net.norm2``, one value per
+    token) -> x's shape."""
+    ss = net.norm2(comm, x)  # per token: (B,) / (rows, cols, tokens)
     net.elementwise(comm, "rmsnorm", x)
-    scale = np.float32(1.0) / np.sqrt(ss / np.float32(config.dim) + np.float32(config.norm_eps))
-    out = x * scale[:, None, None]
+    scale = np.float32(1.0) / np.sqrt(ss / np.float32(norm.dim) + np.float32(norm.eps))
+    out = x * scale.reshape(scale.shape + (1,) * (x.ndim - scale.ndim))
     out *= w
     return out
+
+
+@functools.cache
+def norm_of(config: LlamaConfig) -> Norm:
+    """The model's RMSNorm (its width and epsilon) as mesh_rmsnorm takes it."""
+    return Norm(config.dim, config.norm_eps)
 
 
 @functools.lru_cache(maxsize=8)
@@ -121,12 +130,18 @@ def attention_in(on: On, x: np.ndarray, angles: tuple[np.ndarray, np.ndarray]) -
     (B, R, 1, hd_r)) -> (B, R, nh + nkv, hd_r). The decode's B items over a region's R rows and C columns; the
     prefill's T tokens as one slab (R = C = 1) on its square."""
     config, net = on.config, on.net
-    h = mesh_rmsnorm(net, on.cx, x, on.w("attn_norm"), config)
+    h = mesh_rmsnorm(net, on.cx, x, on.w("attn_norm"), norm_of(config))
     qkv = net.gemv(on.cx, on.w("wqkv"), h)  # (B, R, (nh + 2 nkv) * hd_r)
     qkv = qkv.reshape(*qkv.shape[:2], config.n_heads + 2 * config.n_kv_heads, -1)
-    qk = rotate(qkv[:, :, :config.n_heads + config.n_kv_heads], *angles)  # q and k at once
-    net.elementwise(on.cy, "rope", qk)
-    return qkv, qk
+    return qkv, rope(net, on.cy, qkv[:, :, :config.n_heads + config.n_kv_heads], angles)  # q and k at once
+
+
+def rope(net: Net, comm: LineComm | None, x: np.ndarray, angles: tuple[np.ndarray, np.ndarray]) -> np.ndarray:
+    """RoPE on x (..., hd) at `angles` (pairwise's (cos, cos), (-sin, sin), broadcasting to x), element by
+    element (every core its share) -> x's shape."""
+    out = rotate(x, *angles)
+    net.elementwise(comm, "rope", out)
+    return out
 
 
 def attention_out(on: On, x: np.ndarray, att: np.ndarray, ffn: Callable[[np.ndarray], np.ndarray]) -> np.ndarray:
@@ -134,11 +149,8 @@ def attention_out(on: On, x: np.ndarray, att: np.ndarray, ffn: Callable[[np.ndar
     outputs -> x + Wo att, then plus `ffn` (the dense MLP, :func:`dense_ffn`; an MoE layer's experts) of its
     RMSNorm, (B, C, dim_c)."""
     net, cx = on.net, on.cx
-    x = x + net.gemv(on.cy, on.w("wo"), att)
-    net.elementwise(cx, "residual", x)
-    x = x + ffn(mesh_rmsnorm(net, cx, x, on.w("ffn_norm"), on.config))
-    net.elementwise(cx, "residual", x)
-    return x
+    x = residual(net, cx, x, net.gemv(on.cy, on.w("wo"), att))
+    return residual(net, cx, x, ffn(mesh_rmsnorm(net, cx, x, on.w("ffn_norm"), norm_of(on.config))))
 
 
 def dense_ffn(on: On, h: np.ndarray) -> np.ndarray:
@@ -248,9 +260,22 @@ def mlp(net: Net, cx: LineComm, cy: LineComm, w13: np.ndarray, w2: np.ndarray, h
     gate and up projections side by side) and w2 as packed for it (a dense layer's, or an MoE expert's block)."""
     gu = net.gemv(cx, w13, h)
     gu = gu.reshape(*gu.shape[:2], 2, -1)  # (B, R, 2, hid_r)
-    act = silu(gu[:, :, 0]) * gu[:, :, 1]  # (B, R, hid_r)
-    net.elementwise(cy, "silu_mul", act)
+    act = swiglu(net, cy, gu[:, :, 0], gu[:, :, 1])  # (B, R, hid_r)
     return net.gemv(cy, w2, act)  # (B, C, dim_c)
+
+
+def swiglu(net: Net, comm: LineComm | None, gate: np.ndarray, up: np.ndarray) -> np.ndarray:
+    """SiLU(gate) * up, element by element (every core its share) -> gate's shape."""
+    act = silu(gate) * up
+    net.elementwise(comm, "silu_mul", act)
+    return act
+
+
+def residual(net: Net, comm: LineComm | None, x: np.ndarray, y: np.ndarray) -> np.ndarray:
+    """The residual add x + y, element by element (every core its share) -> x's shape."""
+    out = x + y
+    net.elementwise(comm, "residual", out)
+    return out
 
 
 def table_rows(table: np.ndarray, vocab: Chunks, dtype: str, tokens: np.ndarray) -> np.ndarray:
@@ -278,6 +303,7 @@ class EmbedShard:
     def logits(self, x: np.ndarray) -> np.ndarray:
         """Final RMSNorm and the tied head as a MeshGEMV: x (B, C, dim_c) -> logits (B, vocab)."""
         with self.ledger.op("head"):
-            h = mesh_rmsnorm(self.net, self.cx, x, in_float32(self.arrays, "final_norm", self.dtype), self.config)
+            h = mesh_rmsnorm(self.net, self.cx, x, in_float32(self.arrays, "final_norm", self.dtype),
+                             norm_of(self.config))
             out = self.net.gemv(self.cx, in_float32(self.arrays, "table", self.dtype), h)  # (B, R, voc_r)
         return self.vocab.join(out)  # (B, vocab)

@@ -34,7 +34,7 @@ from .cost import Decoding, head_gemv_parts, head_norm_parts, layer_decode_cost
 from .layout import head_chunk_entries, layer_layouts
 from .net import net_of
 from .pack import Chunks, pack_embed, pack_layer
-from .shards import mesh_rmsnorm, table_rows
+from .shards import mesh_rmsnorm, norm_of, table_rows
 from .stage import StageKind
 
 
@@ -94,7 +94,7 @@ def streamed_logits(comm, coll, config: LlamaConfig, chunks, x: np.ndarray, dtyp
     out, h, net = [], None, net_of(coll)
     for table, norm in chunks:
         if h is None:
-            h = mesh_rmsnorm(net, comm, x, to_f32(norm, dtype), config)
+            h = mesh_rmsnorm(net, comm, x, to_f32(norm, dtype), norm_of(config))
         out.append(net.gemv(comm, to_f32(table, dtype), h))  # (B, R, m)
     return np.concatenate(out, axis=2)
 

@@ -31,7 +31,7 @@ from waferrt.decode.cost import Decoding, head_decode_parts
 from waferrt.decode.prefill import prefill_work_parts
 from waferrt.model.zoo import model_by_name
 
-from .estimate import host_seconds
+from .estimate import host_seconds, paper_decoding
 from .estimate_report import Estimate
 from .wafer import Floor
 
@@ -46,7 +46,7 @@ PUBLISHED = (20_321, 27_687)  # WaferLLM (arXiv:2502.04563): Llama3-8B prefill t
 def decoding(est: Estimate) -> Decoding:
     """What the decode's and the prefill's closed forms need of `est`: the model, its storage dtype (the
     cores compute at its rate and values move as it), the head groups of its layer regions."""
-    return Decoding(est.config, est.dtype, head_groups=est.shape.head_groups)
+    return paper_decoding(est.config, est.dtype, est.shape.head_groups)
 
 
 def activation_bytes(config, side: int, chunk: int, context: int, dtype: str) -> int:

@@ -27,7 +27,7 @@ from waferrt.model.config import LlamaConfig
 from waferrt.scheduler.types import KVReserve
 
 from . import wafer
-from .estimate import host_seconds
+from .estimate import host_seconds, paper_decoding
 from .estimate_report import gb
 
 
@@ -122,7 +122,7 @@ def streaming(config: LlamaConfig, spec: HardwareSpec, mesh: tuple[int, int], kv
         return Streaming(kv.requests, False, reason=(
             f"every layer's K/V for {kv.requests} requests x {kv.tokens} tokens and a double buffer of weight "
             f"blocks do not fit in any region of the {mesh[0]}x{mesh[1]} mesh: lower --kv-tokens or --requests"))
-    dec = Decoding(config, dtype, head_groups=shape.head_groups)
+    dec = paper_decoding(config, dtype, shape.head_groups)
 
     def fits(tokens: int, requests: int) -> bool:
         return _core_bytes(config, shape, tokens, requests, dtype) <= spec.sram_bytes
