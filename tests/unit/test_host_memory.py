@@ -1,5 +1,6 @@
 """What a tile's process holds of its weights. The float32 form of its storage-dtype blocks
-(decode.shards.in_float32): widened once, on first use, in place of the storage block (held once, not twice),
+(decode.shards.in_float32): widened once -- a tile program's dense layers as they load, the largest block first
+(decode.shards.widen), any other block on its first use -- in place of the storage block (held once, not twice),
 not once per micro-batch; a block put back at the storage dtype is widened again; float32 storage is used as
 it is; the bytes the cores hold stay at the storage dtype (core.dtypes.stored_nbytes). The mapped float32
 source of a packed matrix gives its pages back (core.pages.drop_pages)."""
@@ -17,7 +18,7 @@ from waferrt.core.pages import drop_pages
 from waferrt.core.spec import WSE2
 from waferrt.decode.cost import Decoding
 from waferrt.decode.pack import Chunks, pack_layer
-from waferrt.decode.shards import LayerShard, in_float32
+from waferrt.decode.shards import LayerShard, in_float32, widen
 from waferrt.model import synthetic_llama, tiny_config
 
 CFG = tiny_config()
@@ -35,6 +36,40 @@ def test_a_block_is_widened_once_in_its_place_and_again_when_put_back():
     assert to_f32(arrays["w"], "bfloat16") is arrays["w"]  # widened already: not read as bfloat16 bits
     f32 = {"w": np.ones(4, np.float32)}
     assert in_float32(f32, "w", "float32") is f32["w"] and stored_nbytes(f32["w"], "float32") == 16
+
+
+class _Order(dict):
+    """A dict that records the names put in it, in order."""
+
+    def __init__(self, *a):
+        super().__init__(*a)
+        self.put: list[str] = []
+
+    def __setitem__(self, name, value):
+        self.put.append(name)
+        super().__setitem__(name, value)
+
+
+def test_a_layer_is_widened_at_load_largest_block_first():
+    """widen: every block in float32, the largest first (the block held at both widths at the end is the
+    smallest); a tile program widens a dense layer's blocks as it loads them, counted at the storage dtype."""
+    from waferrt.core.mesh import MeshSpec
+    from waferrt.core.spec import TINY
+    from waferrt.scheduler import KVReserve, PlanOptions, plan
+    from waferrt.serving import LocalDecoder
+
+    arrays = _Order(pack_layer(CFG, W.layers[0], Region(0, 0, 3, 2), "float16"))
+    sizes = {name: a.nbytes for name, a in arrays.items()}
+    widen(arrays, "float16")
+    assert sorted(arrays.put) == sorted(sizes) and arrays.put[0] == "w13"  # gate and up: 2 x 128 x 64 values
+    assert [sizes[n] for n in arrays.put] == sorted(sizes.values(), reverse=True)
+    assert {a.dtype for a in arrays.values()} == {np.dtype(np.float32)}
+    p = plan(CFG, TINY, MeshSpec(16, 16, 8, 8), kv=KVReserve(32, 2), options=PlanOptions(dtype="float16"))
+    dec = LocalDecoder(CFG, W, p)
+    shards = [sh for prog in dec.programs.values() for sh in prog.layers.values()]
+    assert len(shards) == CFG.n_layers and all(a.dtype == np.float32 for sh in shards for a in sh.arrays.values())
+    stored = sum(a.nbytes for a in pack_layer(CFG, W.layers[0], p.layers[0], "float16").values())
+    assert sum(stored_nbytes(a, "float16") for a in shards[0].arrays.values()) == stored
 
 
 def _step(shard: LayerShard, x: np.ndarray, pos: int) -> tuple[np.ndarray, int]:

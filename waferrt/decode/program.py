@@ -54,7 +54,7 @@ from .routed_cost import routed_alone_cycles
 from .rows import Col
 from .schedule import Item, StageRun
 from .setup import DecodeSetup, pack_stage
-from .shards import EmbedShard, Items, LayerShard
+from .shards import EmbedShard, Items, LayerShard, widen
 from .stage import StageKind, entries
 from .streaming import stage_cycles, streamed_bytes, streamed_logits
 from .tracing import microbatch_span, stage_span
@@ -170,6 +170,8 @@ class TileProgram:
             shard = MoELayerShard if st.config.moe else LayerShard
             self.layers[s] = shard(st.decoding, region, arrays, (st.slots, st.kv_tokens), self.ledger)
             self.layers[s].balance = st.balance
+            if not st.config.moe:  # widened once here, largest first, not on first use (shards.widen)
+                widen(arrays, st.dtype)
         elif kind is StageKind.HEAD:
             self.head = EmbedShard(st.config, region, arrays, self.ledger, st.collectives, st.dtype)
         else:
