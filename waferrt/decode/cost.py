@@ -67,6 +67,7 @@ from waferrt.model.sparse import DENSE, AttentionMode
 
 from .linkload import AllToAll
 from .moe_layout import MAPPINGS, expert_blocks
+from .stage import Entry, Stage, StageKind
 from .topk import TopKRow, topk_cost
 
 PREDICT_DTYPE = "float16"  # sparse attention's prediction: 8-bit exponents added to a 16-bit query
@@ -364,42 +365,39 @@ def stage_handover(spec: HardwareSpec, config: LlamaConfig, src: Region | None, 
     return Cost() if src is None else handover_cost(spec, src, dst, handover_bytes(config, items))
 
 
-def step_cycles(spec: HardwareSpec, dec: Decoding, stages: Sequence[tuple[str, Region]], kv_tokens: int,
+def step_cycles(spec: HardwareSpec, dec: Decoding, stages: Sequence[Stage], kv_tokens: int,
                 batches: Sequence[int], moving: int | None = None) -> dict[tuple[int, int], float]:
-    """The cycles every (stage, micro-batch) of a decode step books, as the tiles book them: `stages` are
-    (kind, region) with kind "embed" (the row look-up: nothing booked), "layer" (one layer; layers stacked in
-    one region are consecutive stages on the same region) or "head"; every stage but the first also books
-    the hand-over of the micro-batch's activations from the previous stage's region (nothing between two
-    stages on one region)."""
+    """The cycles every (stage, micro-batch) of a decode step books, as the tiles book them: the embedding
+    (the row look-up) books nothing, a layer (layers stacked in one region are consecutive stages on the same
+    region) or the head its work; every stage but the first also books the hand-over of the micro-batch's
+    activations from the previous stage's region (nothing between two stages on one region)."""
     out: dict[tuple[int, int], float] = {}
-    for s, (kind, region) in enumerate(stages):
-        prev = stages[s - 1][1] if s else None
+    for s, stage in enumerate(stages):
+        prev, region = stages[s - 1].region if s else None, stage.region
         for m, b in enumerate(batches):
             c = stage_handover(spec, dec.config, prev, region, b).cycles
-            if kind != "embed":
-                c += _work(spec, dec, kind, Region(0, 0, region.w, region.h), Load(kv_tokens, b, moving)).cycles
+            if stage.kind is not StageKind.EMBED:
+                c += _work(spec, dec, stage.kind, Region(0, 0, region.w, region.h), Load(kv_tokens, b, moving)).cycles
             out[(s, m)] = c
     return out
 
 
 @lru_cache(maxsize=8192)
-def token_cost(spec: HardwareSpec, dec: Decoding, stage: tuple[str, Region | None, Region], pos: int,
-               want: bool) -> Cost:
-    """What one token at position `pos` books alone at a stage (kind, the previous stage's region or None at
-    the embedding, its region), the hand-over into it included: what the tiles book for a micro-batch of
-    one. Its attention runs over the pos + 1 positions its request then holds (pos % cols columns shift);
-    the head computes logits only for a token that wants them."""
-    kind, prev, region = stage
-    c = stage_handover(spec, dec.config, prev, region, 1)
-    if kind == "layer" or (kind == "head" and want):
-        c = c + _work(spec, dec, kind, Region(0, 0, region.w, region.h), Load(pos + 1, 1, pos % region.w))
+def token_cost(spec: HardwareSpec, dec: Decoding, entry: Entry, pos: int, want: bool) -> Cost:
+    """What one token at position `pos` books alone entering a stage (decode.stage.Entry: its kind, the
+    previous stage's region or None at the embedding, its region), the hand-over into it included: what the
+    tiles book for a micro-batch of one. Its attention runs over the pos + 1 positions its request then holds
+    (pos % cols columns shift); the head computes logits only for a token that wants them."""
+    region = entry.region
+    c = stage_handover(spec, dec.config, entry.src, region, 1)
+    if entry.kind is StageKind.LAYER or (entry.kind is StageKind.HEAD and want):
+        c = c + _work(spec, dec, entry.kind, Region(0, 0, region.w, region.h), Load(pos + 1, 1, pos % region.w))
     return c
 
 
-def alone_cycles(spec: HardwareSpec, dec: Decoding, stage: tuple[str, Region | None, Region], pos: int,
-                 want: bool) -> float:
+def alone_cycles(spec: HardwareSpec, dec: Decoding, entry: Entry, pos: int, want: bool) -> float:
     """The cycles of token_cost: what waferrt.decode.schedule schedules."""
-    return token_cost(spec, dec, stage, pos, want).cycles
+    return token_cost(spec, dec, entry, pos, want).cycles
 
 
 @dataclass(frozen=True)
@@ -413,9 +411,9 @@ class Load:
 
 
 @lru_cache(maxsize=4096)
-def _work(spec: HardwareSpec, dec: Decoding, kind: str, shape: Region, load: Load) -> Cost:
+def _work(spec: HardwareSpec, dec: Decoding, kind: StageKind, shape: Region, load: Load) -> Cost:
     """One layer (or the head) on a region of `shape` at (0, 0): the same for every region of that shape."""
-    if kind == "layer":
+    if kind is StageKind.LAYER:
         return layer_decode_cost(spec, dec, shape, load.kv_tokens, load.batch, load.moving)
     return head_decode_cost(spec, dec, shape, load.batch)
 

@@ -18,6 +18,7 @@ their expected routing (decode.cost.Routing.EXPECTED), not a zero router's typic
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from functools import lru_cache
 
@@ -32,6 +33,7 @@ from waferrt.decode.cost import (
     stage_handover,
 )
 from waferrt.decode.schedule import requests_round_seconds, round_bound_seconds
+from waferrt.decode.stage import Stage, StageKind
 from waferrt.model.config import LlamaConfig
 from waferrt.scheduler.speed import stages_alone_cycles
 from waferrt.scheduler.strategies import explain, worth_trying
@@ -88,7 +90,7 @@ def best(work: Workload, spec: HardwareSpec, mesh: tuple[int, int], objective: s
     alone = [stages_alone_cycles(spec, paper_decoding(config, dtype, f.shape.head_groups), st, kv.tokens)
              for f, st in zip(floors, stages)]
     ones = [cycles_seconds(spec, sum(a)) for a in alone]
-    segs = [(a, [region for _, region in st]) for st, a in zip(stages, alone)]
+    segs = [(a, [stage.region for stage in st]) for st, a in zip(stages, alone)]
 
     def step(i: int) -> float:
         return ones[i] if kv.requests == 1 else requests_round_seconds(*segs[i], kv.requests, spec.clock_hz)
@@ -163,14 +165,15 @@ def _bounds(parts, spec: HardwareSpec, host: float) -> dict[str, float]:
     return {"compute": compute, "fabric": fabric, "ingress": host}
 
 
-def _one_token_parts(spec: HardwareSpec, dec: Decoding, stages, kv_tokens: int) -> list:
+def _one_token_parts(spec: HardwareSpec, dec: Decoding, stages: Sequence[Stage], kv_tokens: int) -> list:
     """(name, category, Cost) of one request's token through every stage: what the breakdown sums."""
     out = []
-    for s, (kind, region) in enumerate(stages):
+    for s, stage in enumerate(stages):
         if s:
-            out.append(("handover", "handover", stage_handover(spec, dec.config, stages[s - 1][1], region, 1)))
-        if kind == "layer":
-            out += layer_decode_parts(spec, dec, region, kv_tokens, 1)
-        elif kind == "head":
-            out += head_decode_parts(spec, dec, region, 1)
+            out.append(("handover", "handover", stage_handover(spec, dec.config, stages[s - 1].region, stage.region,
+                                                               1)))
+        if stage.kind is StageKind.LAYER:
+            out += layer_decode_parts(spec, dec, stage.region, kv_tokens, 1)
+        elif stage.kind is StageKind.HEAD:
+            out += head_decode_parts(spec, dec, stage.region, 1)
     return out

@@ -154,9 +154,9 @@ def _moves(est: Estimate, grid: Region, tokens: int) -> Cost:
                           * config.dim + 3 * config.dim * config.hidden_dim + 2 * config.dim)
     kv_bytes = 2 * tokens * config.kv_dim * size
     out = Cost()
-    for _, region in floor.stages(config.n_layers, est.strategy.group)[1:-1]:
-        out = out + region_exchange(est.spec, region, mesh, grid, layer_bytes).scaled(2) \
-            + region_exchange(est.spec, region, mesh, grid, kv_bytes)
+    for stage in floor.stages(config.n_layers, est.strategy.group)[1:-1]:
+        out = out + region_exchange(est.spec, stage.region, mesh, grid, layer_bytes).scaled(2) \
+            + region_exchange(est.spec, stage.region, mesh, grid, kv_bytes)
     return out
 
 
