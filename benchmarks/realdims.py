@@ -51,6 +51,7 @@ from threadpoolctl import threadpool_limits  # noqa: E402
 from waferrt.core.mesh import MeshSpec  # noqa: E402
 from waferrt.core.spec import WSE2  # noqa: E402
 from waferrt.decode.cost import handover_cost  # noqa: E402
+from waferrt.decode.stage import StageKind  # noqa: E402
 from waferrt.model.convert import Cut  # noqa: E402
 from waferrt.scheduler import KVReserve, PlanOptions, plan, plan_report  # noqa: E402
 from waferrt.scheduler.budget import embed_rows_needed, head_tables, layer_shapes  # noqa: E402
@@ -63,11 +64,39 @@ SHAPE = "llama3-8b"
 
 @dataclass(frozen=True)
 class Run:
-    """How the wafer decodes: the sampler, the Ray cluster's address, the micro-batches in flight."""
+    """How the wafer decodes: the sampler, the Ray cluster's address, the micro-batches in flight, the fault to
+    recover from ("core", "tile" or "": none)."""
 
     sampler: object
     address: str
     lanes: int
+    fault: str = ""
+
+
+FAULT_STEP = 6  # the fault fires at the 6th micro-batch its tile runs once armed: mid-prompt, K/V already held
+
+
+def fault_of(placement, kind: str):
+    """The fault `--fault kind` injects: a dead core (the first of layer 0's region: the layer, 436 MB at float16,
+    and its K/V move to a free slot) or a killed tile (layer 0's: restarted, its layers loaded again)."""
+    from waferrt.faults.model import CoreFailure, TileCrash, Trigger
+
+    region = placement.layers[0]
+    if kind == "core":
+        return CoreFailure(min(region.cores()), Trigger(step=FAULT_STEP))
+    return TileCrash(placement.mesh.tiles_of(region)[0], Trigger(step=FAULT_STEP))
+
+
+@contextmanager
+def faults(llm, kind: str):
+    """``llm.faults`` of a plan holding `kind`'s fault (tolerant: generate recovers from it), or no session."""
+    if not kind:
+        yield None
+        return
+    from waferrt.faults.model import FaultPlan
+
+    with llm.faults(FaultPlan((fault_of(llm.placement, kind),))) as session:
+        yield session
 
 
 @contextmanager
@@ -103,13 +132,13 @@ def layer_cycles(setup, stats) -> list[tuple[int, int, float, float]]:
     same context (the token's position + 1)."""
     stages, out = setup.stages(), []
     for run in stats.runs:
-        kind, layer, region = stages[run.stage]
-        if kind != "layer" or len(run.items) != 1:
+        stage = stages[run.stage]
+        if stage.kind is not StageKind.LAYER or len(run.items) != 1:
             continue
         pos = run.items[0].pos
-        hand = handover_cost(WSE2, stages[run.stage - 1][2], region, 4 * setup.config.dim).cycles
-        est = stage_seconds(WSE2, setup.decoding, [("layer", region)], pos + 1, 1)[0] * WSE2.clock_hz
-        out.append((layer, pos, run.cycles - hand, est))
+        hand = handover_cost(WSE2, stages[run.stage - 1].region, stage.region, 4 * setup.config.dim).cycles
+        est = stage_seconds(WSE2, setup.decoding, [stage], pos + 1, 1)[0] * WSE2.clock_hz
+        out.append((stage.layer, pos, run.cycles - hand, est))
     return out
 
 
@@ -120,6 +149,9 @@ def main() -> None:
     ap.add_argument("--nodes", type=int, default=2, help="tiles, one per Ray node, at least 2 (2)")
     ap.add_argument("--vocab", type=int, default=0, help="cut the vocabulary to V tokens (0: the real 128256)")
     ap.add_argument("--address", help="a running Ray cluster's address (default: start --nodes loopback nodes)")
+    ap.add_argument("--fault", choices=("core", "tile"), default="",
+                    help="during the decode, kill a core of layer 0's region (core) or layer 0's tile (tile); the "
+                         "decode recovers (re-plan, weights moved, tokens replayed) and the recovery is timed")
     ap.add_argument("--prompts", type=int, default=2, choices=(1, 2), help="prompts decoded (2)")
     ap.add_argument("--tokens", type=int, default=8, help="new tokens per prompt (8)")
     ap.add_argument("--kv-tokens", type=int, default=64, help="K/V positions reserved per request (64)")
@@ -160,7 +192,7 @@ def run(args, tmp: Path) -> None:
         with timed("plan", times):
             placement = plan(config, WSE2, mesh, kv=kv,
                              options=PlanOptions(dtype=args.cut.dtype, nodes=cluster.node_infos()))
-        got = wafer(placement, weights, reqs, Run(greedy, cluster.address, args.lanes), times)
+        got = wafer(placement, weights, reqs, Run(greedy, cluster.address, args.lanes, args.fault), times)
     finally:
         with timed("cluster down", times):
             cluster.__exit__(None, None, None)
@@ -221,7 +253,7 @@ def wafer(placement, weights, reqs, how: Run, times: dict) -> dict:
             llm.open()
         with timed("wafer: weights cut into the cores' blocks", times):
             llm.load(weights)
-        with timed("wafer decode", times):
+        with timed("wafer decode", times), faults(llm, how.fault) as session:
             out, stats = llm.generate(reqs, how.sampler)
         tiles = llm.wafer.tiles
         pids = llm.wafer.on_every_tile(Tile.pid)
@@ -229,7 +261,8 @@ def wafer(placement, weights, reqs, how: Run, times: dict) -> dict:
         rss = {t: (pid, psutil.Process(pid).memory_info().rss, peak_rss(pid), h)
                for t, pid, h in zip(tiles, pids, held, strict=True)}
         return {"tokens": [c.tokens for c in out], "stats": stats, "setup": llm.setup, "rss": rss,
-                "mapped": len(llm.wafer.local_tiles())}
+                "mapped": len(llm.wafer.local_tiles()), "faults": session.log.events if session else [],
+                "placement": llm.placement}
     finally:
         with timed("wafer: close", times):
             llm.close()
@@ -263,6 +296,7 @@ def report(placement, ref_tokens, got: dict, times: dict) -> None:
     if not rows:
         print("(no decode step of one token per micro-batch ran: give --tokens 2 or more, --lanes 2)")
     steps(got, len(ref_tokens))
+    recoveries(got["faults"])
     if not same:
         raise SystemExit("the wafer's tokens differ from the reference's")
 
@@ -278,6 +312,19 @@ def nodes(placement, rss: dict) -> None:
         got[1] += rss[tile][2] if tile in rss else 0
     print("per Ray node (weights its tiles hold at the storage dtype / their peak RSS summed): " + "; ".join(
         f"{name[:8]} {w / 2**30:.2f} / {peak / 2**30:.2f} GiB" for name, (w, peak) in per.items()))
+
+
+def recoveries(events) -> None:
+    """Every injected fault: when it fired, how long finding it and recovering from it took (wall), what recovery
+    did, and its cost on the modelled wafer."""
+    for e in events:
+        if e.fired_at is None:
+            print(f"fault {e.kind} at {e.where}: did not fire (the decode ended first: give more --tokens)")
+            continue
+        found = e.detected_at - e.fired_at if e.detected_at else float("nan")
+        took = e.recovered_at - e.detected_at if e.recovered_at and e.detected_at else float("nan")
+        print(f"fault {e.kind} at {e.where}, step {e.step}: found after {found:.1f} s ({e.detected_by}); recovered "
+              f"in {took:.1f} s: {e.action}; modelled {e.modelled_s * 1e3:.3f} ms")
 
 
 def steps(got: dict, requests: int) -> None:

@@ -1,5 +1,7 @@
 """`waferrt serve --chaos SEED:K` under load: seeded faults strike while requests are in flight (prompts and
-decode), every request completes with 200 and the text it has decoded alone, and /metrics counts the faults
+decode), every request completes with 200 and the text it has decoded alone -- greedy, and sampled with a seed
+(temperature, top_p: the request's RNG is its seed's, one draw per token, so a request resumed after a fault
+draws on where it was) -- /health answers 503 "recovering" while a recovery runs, and /metrics counts the faults
 found and recovered from. The server wants an API key (--api-key) and arms faults over HTTP (--http-faults):
 without the key a request is refused with 401, with it a fault armed by POST /v1/wafer/faults shows in the
 fault log. One server (its own process and Ray) on the small GGUF (tests/serving.py)."""
@@ -8,6 +10,7 @@ from __future__ import annotations
 
 import concurrent.futures as cf
 import re
+import threading
 
 import httpx
 import pytest
@@ -18,6 +21,7 @@ TOKENS = 24
 FAULTS = 3
 T = httpx.Timeout(300.0)
 KEY = {"Authorization": "Bearer k3y"}
+SAMPLED = {"temperature": 0.8, "top_p": 0.9}  # with "seed": the prompt's place in PROMPTS
 
 
 @pytest.fixture(scope="module")
@@ -29,17 +33,44 @@ def served(tmp_path_factory):
         yield url, model
 
 
+def _sampled_alone(model: str, prompt: str, seed: int) -> str:
+    """`prompt` decoded alone on the numpy reference, sampled as SAMPLED with `seed` (request 0's RNG)."""
+    from waferrt.model import Sampler, Tokenizer, load_model
+    from waferrt.serving import GenRequest, generate_reference
+
+    config, weights, meta = load_model(model, False)
+    tok, sampler = Tokenizer(meta), Sampler(temperature=0.8, top_p=0.9, seed=seed)
+    out, _ = generate_reference(config, weights, [GenRequest(tuple(tok.encode(prompt)), TOKENS)], sampler)
+    return tok.decode(out[0].tokens, skip_special=True)
+
+
+def _watch_health(url: str, done: threading.Event, seen: set) -> None:
+    """Ask /health every 20 ms until `done`, keeping every (status, text) answered."""
+    with httpx.Client(timeout=T) as client:
+        while not done.wait(0.02):
+            r = client.get(f"{url}/health")
+            seen.add((r.status_code, r.text))
+
+
 def test_seeded_faults_under_load_lose_nothing_and_change_no_token(served):
     url, model = served
-    body = {"model": "tiny", "max_tokens": TOKENS, "temperature": 0, "ignore_eos": True}
-    work = PROMPTS * 2
+    body = {"model": "tiny", "max_tokens": TOKENS, "ignore_eos": True}
+    work = [(p, {"temperature": 0}) for p in PROMPTS * 2] + [(p, SAMPLED | {"seed": i}) for i, p in enumerate(PROMPTS)]
+    done, seen = threading.Event(), set()
+    watcher = threading.Thread(target=_watch_health, args=(url, done, seen), daemon=True)
+    watcher.start()
     with cf.ThreadPoolExecutor(6) as pool:
-        got = list(pool.map(lambda p: httpx.post(f"{url}/v1/completions", json=body | {"prompt": p}, headers=KEY,
-                                                 timeout=T),
+        got = list(pool.map(lambda w: httpx.post(f"{url}/v1/completions", json=body | w[1] | {"prompt": w[0]},
+                                                 headers=KEY, timeout=T),
                             work))
+    done.set()
+    watcher.join(60)
     assert [r.status_code for r in got] == [200] * len(work), [r.text[:300] for r in got if r.status_code != 200]
     alone = dict(zip(PROMPTS, reference(model, PROMPTS, TOKENS)))
-    assert [r.json()["choices"][0]["text"] for r in got] == [alone[p] for p in work]
+    sampled = [_sampled_alone(model, p, i) for i, p in enumerate(PROMPTS)]
+    assert [r.json()["choices"][0]["text"] for r in got] == [alone[p] for p in PROMPTS * 2] + sampled
+    assert sampled != list(alone.values())  # sampling made other texts than greedy
+    assert (503, "recovering") in seen and (200, "ok") in seen, seen
     assert all(r.json()["usage"]["completion_tokens"] == TOKENS for r in got)
     text = httpx.get(f"{url}/metrics", timeout=T).text
 

@@ -43,6 +43,8 @@ SUITE = Skip("the test suite itself")
 SERVER = Skip("a server in the background and its client: the serving tests run `waferrt serve`")
 EXAMPLES = Skip("pytest on the example fault suite: tests/runtime/test_examples_both_ways.py runs it")
 BENCH = Skip("a benchmark of minutes: run by hand (its numbers are in the README)")
+SPARSE_BENCH = Skip("a benchmark: both options run small in test_sparse_estimate::"
+                    "test_the_benchmark_prints_where_sparse_pays_and_the_synthetic_accuracy")
 LOAD = Skip("a load client of a running server: tests/runtime/test_serve_load.py runs `waferrt bench` against one")
 
 # command as written (spaces collapsed) -> what runs instead: its fast variant, or Skip(why)
@@ -114,10 +116,13 @@ FAST: dict[str, str | Skip] = {
     'python benchmarks/breaks.py': BENCH,
     'python benchmarks/prefill.py --tokens 8 512 1024': BENCH,
     'python benchmarks/sparse_attention.py --contexts 2048 --keeps 64,256': BENCH,
-    'waferrt convert --shape llama3-8b --layers 2 --vocab 32768 l8b.gguf':  # 1.1 GB: a minute; the next plans it
+    'python benchmarks/sparse_attention.py --where-pays --keeps 64': SPARSE_BENCH,
+    'python benchmarks/sparse_attention.py --synthetic --keeps 32,256,0.1 --steps 4': SPARSE_BENCH,
+    'waferrt convert --shape llama3-8b --layers 2 --vocab 32768 l8b.gguf':  # 1.4 GB: a minute; the next plans it
         'waferrt convert --shape llama3-8b --layers 1 --vocab 4096 l8b.gguf',
     'python benchmarks/realdims.py': BENCH,
     'python benchmarks/realdims.py --gguf l8b.gguf --lanes 1': BENCH,
+    'python benchmarks/realdims.py --layers 32 --nodes 8 --address auto': CLUSTER,
     'ray get-auth-token --generate >/dev/null': CLUSTER,
     'RAY_AUTH_MODE=token ray start --head': CLUSTER,
     'waferrt generate "Hello" --address auto --max-new-tokens 16': CLUSTER,

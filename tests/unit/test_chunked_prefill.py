@@ -20,6 +20,7 @@ from waferrt.decode.cost import Decoding
 from waferrt.decode.pack import Chunks, pack_layer
 from waferrt.decode.prefill import PREFILL_MAX_TOKENS, prefill_layer, prefill_layer_cost, prefill_runs
 from waferrt.decode.shards import LayerShard
+from waferrt.decode.stage import StageKind
 from waferrt.fabric.comm import Collectives
 from waferrt.model import Sampler, synthetic_llama, tiny_config
 from waferrt.model.reference import Layer, Rope, layer_prefill, rope_cos_sin
@@ -78,7 +79,7 @@ def test_a_1100_token_prompt_gives_the_reference_tokens_and_the_schedule_is_what
     chunks = 0
     for program in dec.programs.values():
         for run in program.records:
-            if program.stages[run.stage][0] == "layer" and len({i.request for i in run.items}) == 1 \
+            if program.stages[run.stage].kind is StageKind.LAYER and len({i.request for i in run.items}) == 1 \
                     and len(run.items) > 1:
                 chunks += 1
                 assert sum(i.alone for i in run.items) == pytest.approx(run.cycles, rel=1e-9)

@@ -14,7 +14,14 @@ from waferrt.core.mesh import MeshSpec, Region
 from waferrt.core.spec import TINY
 from waferrt.decode.cost import Decoding
 from waferrt.decode.pack import Chunks, out_in, pack_layer
-from waferrt.decode.prefill import layer_step, prefill_layer, prefill_layer_cost, prefill_runs
+from waferrt.decode.prefill import (
+    glue_flops,
+    layer_step,
+    prefill_layer,
+    prefill_layer_cost,
+    prefill_runs,
+    prefill_work_parts,
+)
 from waferrt.decode.prefill_plan import GEMMS, weight_moves
 from waferrt.decode.shards import LayerShard
 from waferrt.decode.transport import carry
@@ -64,6 +71,16 @@ def test_a_prefilled_layer_equals_the_reference_and_the_decode_continues(region,
     nxt = layer_forward(x[tokens], Layer(lw, CFG), kc, vc, Rope.at(tokens, CFG))
     got = shard.forward(chunks.split(x[tokens:]), np.array([1]), np.array([tokens]))
     np.testing.assert_allclose(chunks.join(got)[0], nxt, rtol=1e-4, atol=1e-4)
+
+
+def test_the_prefills_element_wise_work_by_hand():
+    """Every op the block functions run on the slab records its busiest core's share (decode.net.SquareNet):
+    2 tokens of the tiny model (dim 64, hidden 128, 4 + 2 heads of 16) on the 3x3 square of a 3x6 region."""
+    # RMSNorm 4 * 2 * 64, RoPE 3 * 2 * (4 + 2) * 16, a residual 2 * 64, RMSNorm, SiLU * up 5 * 2 * 128, a residual
+    assert glue_flops(CFG, 2) == (512, 576, 128, 512, 1280, 128)
+    parts = {name: c for name, _, c in prefill_work_parts(TINY, Decoding(CFG), Region(0, 0, 3, 6), 2)}
+    # each over 9 cores, rounded up: 57 + 64 + 15 + 57 + 143 + 15 (the tie above: what prefill_layer records)
+    assert parts["elementwise"].flops == 351
 
 
 HALF_FAST = TINY.replace(half_flops_per_cycle=4 * TINY.flops_per_cycle)  # 16-bit work 4x the float32 rate

@@ -7,6 +7,7 @@ import json
 import subprocess
 import sys
 from dataclasses import replace
+from pathlib import Path
 
 import pytest
 
@@ -79,3 +80,46 @@ def test_the_cli_prints_and_jsons_the_sparse_figures() -> None:
     got = json.loads(subprocess.run(argv + ["--json"], capture_output=True, text=True, timeout=300).stdout)["sparse"]
     assert got["mode"] == "sparse:64" and got["longest_context"] == got["dense_longest_context"] == 8192
     assert got["contexts"][0]["context"] == 256 and got["sparse_token_s"] > 0
+
+
+def test_why_sparse_never_pays_on_the_latency_plan() -> None:
+    """Llama3-8B's latency-plan layer region (164x512 cores in 8 head groups, float16) at 1,048,576 positions,
+    sparse:64: the add-only prediction and its reduce cost exactly what dense's Q.K^T and its reduce do (the same
+    flops at the same 16-bit rate, the same 4-byte partial sums reduced over the rows), so sparse saves at most
+    dense's softmax and P.V; the top-K's selection alone costs more: cdiv(1,048,576, 164) = 6,394 positions a
+    core x 4 query heads x ceil(log2 65) = 7 comparisons = 179,032 at WSE-2's 2 float32 flops a cycle = 89,516."""
+    config, _ = model_by_name("llama3-8b")
+    dec, region, n = Decoding(config, "float16", head_groups=8), Region(0, 0, 164, 512), 1 << 20
+    dense = attention_parts(WSE2, dec, region, n)
+    sparse = attention_parts(WSE2, replace(dec, attention=AttentionMode(keep=64)), region, n)
+    assert sparse["predict"] == dense["scores"] and sparse["predict.reduce"] == dense["scores.reduce"]
+    assert sparse["topk.select"].cycles == 6394 * 4 * 7 / 2 == 89516
+    saved = sum(c.cycles for name, c in dense.items() if not name.startswith("scores"))
+    assert sparse["topk.select"].cycles > saved
+    assert sum(c.cycles for c in sparse.values()) > sum(c.cycles for c in dense.values())
+
+
+def test_a_sparse_estimate_that_never_pays_says_why() -> None:
+    """The last row's prediction against dense's attention: 80 of 100 cycles, 20 left to win, a top-K of 30."""
+    row = ContextRow(4096, 100.0, 150.0, 80.0, 30.0)
+    lines = SparseEstimate("m", AttentionMode(keep=8), (row,), 4096, 4096, 1.0, 1.0).lines()
+    assert "sparse pays at no context up to 4,096" in lines[0]
+    assert ("  why: sparse costs at least its prediction and top-K; at 4,096 the prediction and its reduce alone are "
+            "80% of dense's attention, leaving 20 cycles to win, and the top-K costs 30") in lines[-2]
+
+
+def test_the_benchmark_prints_where_sparse_pays_and_the_synthetic_accuracy() -> None:
+    """benchmarks/sparse_attention.py --where-pays: the table on both latency plans, Llama3-8B sparse:64 at 1M
+    positions as docs/decode.md shows it (0.73x, the prediction's reduce the largest term); --synthetic, small:
+    its one-layer model's accuracy row (its cache fill checked against the reference's prefill as it runs)."""
+    script = Path(__file__).resolve().parents[2] / "benchmarks" / "sparse_attention.py"
+    pays = subprocess.run([sys.executable, str(script), "--where-pays", "--keeps", "64"], capture_output=True,
+                          text=True, timeout=600)
+    assert pays.returncode == 0, pays.stderr
+    assert "smollm2-135m: 30 layers" in pays.stdout and "llama3-8b: 32 layers" in pays.stdout
+    assert ("1,048,576  sparse:64 |   141,010   33,724   174,734 |   141,010   89,516  4,446   3,824   238,796 |  "
+            "0.73 |") in pays.stdout and "predict.reduce 54%" in pays.stdout
+    synth = subprocess.run([sys.executable, str(script), "--synthetic", "--contexts", "256", "--keeps", "32",
+                            "--steps", "1"], capture_output=True, text=True, timeout=600)
+    assert synth.returncode == 0, synth.stderr
+    assert "synthetic one-layer Llama" in synth.stdout and "    256    sparse:32" in synth.stdout

@@ -8,6 +8,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+import waferrt.kernels.attention as attention_kernel
+import waferrt.kernels.gemm as gemm_kernel
+import waferrt.kernels.sparse_attention as sparse_kernel
 from waferrt.core.ledger import Ledger
 from waferrt.core.mesh import MeshSpec, Region
 from waferrt.core.spec import TINY
@@ -15,7 +18,7 @@ from waferrt.decode.cost import Decoding
 from waferrt.decode.pack import Chunks, pack_layer
 from waferrt.decode.prefill import prefill_layer, prefill_layer_cost
 from waferrt.decode.shards import LayerShard
-from waferrt.model import AttentionMode, Sampler, synthetic_llama, tiny_config
+from waferrt.model import AttentionMode, ReferenceModel, Sampler, synthetic_llama, tiny_config
 from waferrt.model.reference import Layer, Rope, layer_prefill, rope_cos_sin
 from waferrt.scheduler import KVReserve, plan
 from waferrt.serving import GenRequest, LocalDecoder
@@ -85,3 +88,59 @@ def test_a_later_chunk_selects_over_the_cached_positions_too(w, h) -> None:
         want = layer_prefill(x[lo:hi], layer, kc, vc, Rope(np.arange(lo, hi), cos, sin))
         np.testing.assert_allclose(got[-1], want, rtol=1e-4, atol=1e-4)
         assert ledger.by_op["prefill"] == prefill_layer_cost(TINY, dec, region, hi - lo, lo)
+
+
+def powers_of_two(a: np.ndarray) -> bool:
+    """Every element a signed power of two or 0: the keys in the log domain (model.sparse.log_keys)."""
+    m = np.frexp(a)[0]
+    return bool(np.all((m == 0) | (np.abs(m) == 0.5)))
+
+
+def test_the_sparse_prefill_never_computes_the_dense_scores(monkeypatch) -> None:
+    """16 tokens on a 2x2 square (8-key blocks), sparse:3: the only Q.K^T over every key is the prediction's,
+    over keys that are signed powers of two; the scores from the keys themselves are 3 a query per block step
+    (kernels.sparse_attention.kept_dot), never the 8 of the dense product, and P.V multiplies 3 keys a row.
+    The seams: the transposed MeshGEMM the attention kernel calls, the kept products, counted as they run."""
+    dense_products, kept, pv = [], [], []
+
+    def counted_accumulate(ctx, grid, fixed, moving, variant, chosen=None):
+        if chosen is None:
+            dense_products.append(powers_of_two(moving))
+        return real_accumulate(ctx, grid, fixed, moving, variant, chosen)
+
+    def counted_dot(q, ks):
+        out = real_dot(q, ks)
+        kept.append(out.shape[-1])
+        return out
+
+    def counted_product(a, b, keep):
+        pv.append(keep)
+        return real_product(a, b, keep)
+
+    real_accumulate, real_dot = attention_kernel.accumulate, sparse_kernel.kept_dot
+    real_product = gemm_kernel.kept_product
+    monkeypatch.setattr(attention_kernel, "accumulate", counted_accumulate)
+    monkeypatch.setattr(sparse_kernel, "kept_dot", counted_dot)
+    monkeypatch.setattr(gemm_kernel, "kept_product", counted_product)
+    prefill(AttentionMode(keep=3), Region(0, 0, 2, 2), 16)
+    assert dense_products == [True]  # the prediction alone, in the log domain
+    assert kept == [3, 3] and pv == [3, 3]  # two steps of the 2-ring, 3 keys a query each
+
+
+def test_a_decode_with_a_sparse_prefill_gives_the_references_sparse_tokens() -> None:
+    """sparse:3 over a 20-token prompt: the mesh's prefill (prediction, the row's top-K, the kept keys' scores
+    alone) and decode give the numpy reference's sparse tokens (its per-row sparse prefill), not dense's."""
+    placement = plan(CFG, TINY, MeshSpec(8, 8, 8, 8), kv=KVReserve(64, 2))
+    req, mode = GenRequest(tuple(range(3, 23)), 6), AttentionMode(keep=3)
+
+    def reference(m: AttentionMode) -> list[int]:
+        model = ReferenceModel(CFG, W, m)
+        cache = model.new_cache(32)
+        logits, out = model.prefill(list(req.prompt_ids), cache), []
+        while len(out) < req.max_new_tokens:
+            out.append(int(np.argmax(logits)))
+            logits = model.step(out[-1], cache.length, cache)
+        return out
+
+    got, _ = LocalDecoder(CFG, W, placement).use_attention(mode).use_prefill().generate([req], Sampler())
+    assert got[0].tokens == reference(mode) != reference(AttentionMode())

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import dataclasses
 
+import numpy as np
 import pytest
 
 from waferrt.cli import main
@@ -14,9 +15,10 @@ from waferrt.core.mesh import MeshSpec
 from waferrt.core.spec import TINY
 from waferrt.decode.cost import step_cycles
 from waferrt.decode.setup import stage_sram
+from waferrt.decode.stage import Stage, StageKind
 from waferrt.model import Sampler, read_config, synthetic_llama, tiny_config
 from waferrt.model.gguf_writer import write_gguf
-from waferrt.scheduler import KVReserve, plan, plan_report
+from waferrt.scheduler import KVReserve, PlanOptions, plan, plan_report
 from waferrt.scheduler.budget import model_bytes, work_bytes
 from waferrt.scheduler.placement import violations
 from waferrt.scheduler.repair import replan
@@ -53,8 +55,8 @@ def test_the_untied_decode_gives_the_references_tokens_and_books_the_closed_form
     dec = LocalDecoder(CFG, W, p)
     out, stats = dec.generate(REQS, Sampler())
     assert [c.tokens for c in out] == [c.tokens for c in ref]
-    stages = [(kind, r) for kind, _, r in dec.setup.stages()]
-    assert stages[-1] == ("head", p.head)
+    stages = dec.setup.stages()
+    assert stages[-1] == Stage(StageKind.HEAD, p.head)
     head = stage_sram(dec.setup, len(stages) - 1)
     assert set(head) == {"head.table", "head.scratch"} and {r for r, _ in head.values()} == {p.head}
     heads = [r for r in stats.runs if r.stage == len(stages) - 1]
@@ -100,3 +102,19 @@ def test_a_streaming_decode_streams_the_untied_heads_table():
     ref, _ = generate_reference(CFG, W, REQS, Sampler())
     out, _ = LocalDecoder(CFG, W, p).generate(REQS, Sampler())
     assert [c.tokens for c in out] == [c.tokens for c in ref]
+
+
+def test_the_heads_table_is_held_widened_once_and_the_embeddings_at_the_storage_dtype():
+    """float16: the head's table is cut straight into float32 (its values rounded to float16: what the cores
+    hold), never held at both widths; the untied embedding's table only gives rows and stays float16."""
+    from waferrt.decode.setup import DecodeSetup, pack_stage, stage_weights
+
+    p = plan(CFG, TINY, MESH, kv=KV, options=PlanOptions(dtype="float16"))
+    setup = DecodeSetup.from_placement(p)
+    packed = {setup.stages()[s].kind.value: pack_stage(setup, s, raw) for s, raw in stage_weights(setup, W)
+              if setup.stages()[s].kind is not StageKind.LAYER}
+    embed, head = packed["embed"]["table"], packed["head"]["table"]
+    assert embed.dtype == np.float16 and head.dtype == np.float32
+    assert np.array_equal(np.sort(head[head != 0]), np.sort(W.head.astype(np.float16).astype(np.float32).ravel()))
+    assert np.array_equal(np.sort(embed[embed != 0].astype(np.float32)),
+                          np.sort(W.embed.astype(np.float16).astype(np.float32).ravel()))

@@ -4,7 +4,9 @@ the layer's collectives (waferrt.decode.net).
 Contract: a layout stores the entries of the cache it belongs to (``cache``: its dims, its dtype, its x-line
 ``comm``, and ``n``, the positions each request holds) and answers for them: ``take(S, k, v, poss, n)`` one new
 entry for each of the distinct slots S (holding n positions before), shifting what the shift-based cache shifts;
-``view(items)`` what attention reads (a KVView, its split axes as the run's Net holds them); ``reset``,
+``view(items, blocks)`` what attention reads (a KVView, its split axes as the run's Net holds them; with
+``blocks``, PositionEntries reads whole decode.net.POSITION_BLOCKs, the positions past the cache's end as zeros,
+masked: what makes an item's attention the same whatever context the items beside it hold); ``reset``,
 ``held``, ``positions``, ``ordered``, ``read`` and ``nbytes``.
 
 - :class:`CoreEntries` (the hop-by-hop run): every core's own entries, K as (slots, rows, n_kv, hd_r, cap,
@@ -25,6 +27,8 @@ from dataclasses import dataclass
 import numpy as np
 
 from waferrt.core.dtypes import storage_dtype, to_f32, to_storage
+
+from .net import whole_blocks
 
 
 def column_counts(tokens: int, cols: int) -> np.ndarray:
@@ -127,9 +131,9 @@ class CoreEntries:
         held = np.arange(m)[:, None] < self.count[slots][:, None, :]
         return held & (self.pos[slots, :m] <= poss[:, None, None])
 
-    def view(self, items) -> KVView:
+    def view(self, items, blocks: bool = False) -> KVView:
         """The items' K/V as every core holds it: K (B, nkv, R, hd_r, C, m), V (B, nkv, C, m, R*hd_r), hidden
-        (B, 1, 1, C, m), over the m entries the fullest core holds."""
+        (B, 1, 1, C, m), over the m entries the fullest core holds (`blocks`: the fast run's alone)."""
         c, m = self.cache, self.cache.held_most(items.slots)
         kc, vc = self.read(items.slots, m)
         k = kc.reshape(len(items.slots), c.rows, c.nkv, c.hd_r, m, c.cols).transpose(0, 2, 1, 3, 5, 4)
@@ -189,11 +193,19 @@ class PositionEntries:
         dtype, slots = self.cache.dtype, slots if isinstance(slots, slice) else as_slice(slots)  # a lane's: a view
         return to_f32(self.k[slots, :, :length], dtype).swapaxes(-1, -2), to_f32(self.v[slots, :, :length], dtype)
 
-    def view(self, items) -> KVView:
+    def view(self, items, blocks: bool = False) -> KVView:
         """The items' K/V in position order: K (B, nkv, R*hd_r, L), V (B, nkv, L, R*hd_r), hidden (B, 1, 1, L)
-        -- L the longest context -- and the entries the fullest core holds."""
-        kc, vc = self.read(items.rows, items.length)
-        return KVView(kc, vc, items.hidden, self.cache.held_most(items.rows))
+        -- L the longest context, with `blocks` rounded up to whole POSITION_BLOCKs (zeros past the cache's
+        end) -- and the entries the fullest core holds."""
+        length = whole_blocks(items.length) if blocks else items.length
+        kc, vc = self.read(items.rows, length)
+        if (short := length - kc.shape[-1]) > 0:
+            kc = np.concatenate([kc, np.zeros((*kc.shape[:-1], short), kc.dtype)], axis=-1)
+            vc = np.concatenate([vc, np.zeros((*vc.shape[:-2], short, vc.shape[-1]), vc.dtype)], axis=-2)
+        hidden = items.hidden
+        if length != items.length:
+            hidden = (np.arange(length)[None] > items.poss[:, None])[:, None, None]
+        return KVView(kc, vc, hidden, self.cache.held_most(items.rows))
 
     def held(self, slot: int) -> np.ndarray:
         return column_counts(int(self.cache.n[slot]), self.cache.cols)

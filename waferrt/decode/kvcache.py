@@ -82,9 +82,10 @@ class MeshKVCache:
         over."""
         return cdiv(int(self.n[slots].max()), self.cols)
 
-    def view(self, items) -> KVView:
-        """What attention reads for the items (waferrt.decode.shards.Items), in this cache's layout."""
-        return self.layout.view(items)
+    def view(self, items, blocks: bool = False) -> KVView:
+        """What attention reads for the items (waferrt.decode.shards.Items), in this cache's layout (`blocks`:
+        whole position blocks, for the dense attention: kv_layouts)."""
+        return self.layout.view(items, blocks)
 
     def reset(self, slot: int) -> None:
         """Forget the request in `slot` (its positions become free)."""

@@ -1,11 +1,11 @@
-"""What a layer's math does across cores: one small interface, two implementations, chosen per run.
+"""What a layer's math does across cores: one small interface, its implementations.
 
-Contract: a block of the decode (waferrt.decode.shards: the attention with its K/V cache, the MLP, the head;
-an MoE expert's MLP) is written once as numpy math with shape comments; everything it does over the cores
-of its region goes through a :class:`Net` -- a MeshGEMV (``gemv``), a product whose contraction is split
-over a line of cores and reduced along it (``dot``), a reduction over a split axis (``reduce``, ``norm2``),
-and the element-wise work (``elementwise``). :func:`net_of` picks the implementation from the run's
-``Collectives``:
+Contract: a block of the decode and the prefill (waferrt.decode.shards: the RMSNorms, the QKV projection and
+RoPE, the attention with its K/V cache, the output projection, the MLP, the head; an MoE expert's MLP) is
+written once as numpy math with shape comments; everything it does over its cores goes through a
+:class:`Net` -- a projection (``gemv``), a product whose contraction is split over a line of cores and
+reduced along it (``dot``), a reduction over a split axis (``reduce``, ``norm2``), and the element-wise work
+(``elementwise``). :func:`net_of` picks the decode's implementation from the run's ``Collectives``:
 
 - :class:`FastNet` (``coll.fast``): a split axis is held joined, in the order its values have (the K/V
   cache's positions in position order); the result is computed at once and the collective it stands for
@@ -14,28 +14,65 @@ and the element-wise work (``elementwise``). :func:`net_of` picks the implementa
 - :class:`HopNet` (the checked mode): a split axis is held as (cores, per core); every core computes its
   share and the partial results travel the line message by message (``LineComm.allreduce``).
 
-Both record what they do into the comm's ledger as they run: the busiest core's flops (at the ledger's dtype
+and the prefill (waferrt.decode.prefill) runs on the third:
+
+- :class:`SquareNet`: a prompt's chunk of T tokens as one slab (T, 1, width) on the largest square of cores at
+  its region's corner (:func:`gemm_region`); a projection (``gemv`` of a weight's :class:`Blocks`) is a
+  MeshGEMM kernel over the square (waferrt.kernels.gemm: its messages booked as the kernel sends them; the
+  slab first aligned into MeshGEMM's A layout, booked as ``core.gemm_cost.skew_cost``, the closed form the
+  kernels' skew is tested to book). Between the kernels the host holds the slab whole: the element-wise work
+  is recorded spread over the square's cores, RMSNorm's sum of squares inside its element-wise flops (no
+  reduction's messages are modelled). The attention is the MeshGEMM attention kernel
+  (waferrt.kernels.attention), which training's forward runs too.
+
+and training's forward (waferrt.training.forward) calls the RMSNorm block function inside its kernel with
+
+- :class:`KernelNet`: every core's block of a slab split over the square's rows (tokens) and columns
+  (features); ``norm2`` the kernel Context's allreduce along the rows of cores, ``elementwise`` every core's
+  block (``ctx.compute``).
+
+Each records what it does into the ledger as it runs: the busiest core's flops (at the ledger's dtype
 rate; element-wise work at decode.cost.ELEMENTWISE_FLOPS per element) and the collective's messages. No
 layer code books a flop by hand: a block that does one more GEMV records one more GEMV. On the fast path
 a split axis of K/V positions is longer than a core's share (a core holds ``positions`` of them, the
 fullest core's count), so calls on such an axis say how many a core holds. The closed forms of
-waferrt.decode.cost price the same work for the estimator; tests/unit/test_fast_path.py holds the two
-implementations to the same records, tests/unit/test_ties.py the closed forms to them.
+waferrt.decode.cost and decode.prefill price the same work for the estimator; tests/unit/test_fast_path.py
+holds FastNet and HopNet to the same records, tests/unit/test_ties.py and test_prefill_layer.py the closed
+forms to what they record.
+
+A row's arithmetic on the fast path does not depend on the rows beside it (tests/unit/test_row_independence.py):
+BLAS picks its kernel -- and so the order of a sum -- from the shapes of a call (OpenBLAS: one GEMV, small-matrix
+kernels, packed GEMM), so a request's logits would depend on how many requests share its micro-batch and how long
+their contexts are, and a greedy choice between near ties would flip. So every call here has a shape that the
+batch does not set: ``matmul_rows`` multiplies ROW_GROUP rows at a time (the last group padded with zeros), and a
+K/V positions axis that is a whole number of POSITION_BLOCKs (the dense attention's view reads whole blocks,
+waferrt.decode.kv_layouts) is worked block by block -- every product and sum the same shape, the blocks' results
+added in order -- so the masked positions past an item's own context change nothing: a served request's tokens
+are those of the same request decoded alone.
 """
 
 from __future__ import annotations
 
 import functools
 import math
+from dataclasses import dataclass
 
 import numpy as np
 
-from waferrt.fabric.comm import Collectives, LineComm, Slices
+from waferrt.core.arith import cdiv
+from waferrt.core.gemm_cost import skew_cost
+from waferrt.core.ledger import Ledger
+from waferrt.core.mesh import Region
+from waferrt.fabric.comm import Collectives, LineComm, Slices, Span
+from waferrt.fabric.kernel import Context
+from waferrt.kernels.gemm import Grid, collect, meshgemm, place
 
 from .cost import ELEMENTWISE_FLOPS as EW
 
 PANEL_ROWS = 64  # the most output rows per BLAS call: a few tokens times a narrow panel of a matrix runs
 # 1.5-2x faster than times the whole matrix at once (OpenBLAS packs less; benchmarks/profile_decode.py)
+ROW_GROUP = 4  # the rows of x every BLAS call of matmul_rows takes (a lane's usual micro-batch: 8 slots, 2 lanes)
+POSITION_BLOCK = 32  # the K/V positions every attention product and sum takes at once (see the module docstring)
 
 
 @functools.cache
@@ -45,12 +82,49 @@ def _panel(rows: int) -> int:
 
 
 def matmul_rows(w: np.ndarray, x: np.ndarray) -> np.ndarray:
-    """x (B, in) times w (out, in) transposed -> (B, out), as one batched BLAS call over panels of w's rows
-    (one GEMV for a single token). The sums are each output's dot product, whatever the panels."""
-    if len(x) == 1:
-        return (w @ x[0])[None]
+    """x (B, in) times w (out, in) transposed -> (B, out), as one batched BLAS call over panels of w's rows, each
+    panel times every group of ROW_GROUP rows of x while it is in cache (the last group padded with zeros): every
+    call the same shape, so a row's sums do not depend on the other rows (see the module docstring)."""
+    B, k = x.shape
+    groups = -(-B // ROW_GROUP)
+    xg = np.zeros((groups, ROW_GROUP, k), x.dtype)
+    xg.reshape(-1, k)[:B] = x
     n = _panel(w.shape[0])
-    return np.matmul(w.reshape(-1, n, w.shape[1]), x.T).reshape(w.shape[0], len(x)).T  # (out/n, n, B) -> (B, out)
+    out = np.matmul(w.reshape(-1, 1, n, k), xg.transpose(0, 2, 1))  # (out/n, groups, n, ROW_GROUP)
+    return out.transpose(1, 3, 0, 2).reshape(groups * ROW_GROUP, -1)[:B]
+
+
+def whole_blocks(length: int) -> int:
+    """`length` positions rounded up to whole POSITION_BLOCKs."""
+    return -(-length // POSITION_BLOCK) * POSITION_BLOCK
+
+
+def _in_order(parts: np.ndarray, axis: int) -> np.ndarray:
+    """The sum of `parts` along `axis`, one after another from the first (a block of masked positions adds an
+    exact zero, wherever the padding ends)."""
+    parts = np.moveaxis(parts, axis, 0)
+    out = parts[0].copy()
+    for part in parts[1:]:
+        out += part
+    return out
+
+
+def _blocked_dot(a: np.ndarray, b: np.ndarray, axis: str) -> np.ndarray:
+    """a (..., M, K) @ b (..., K, N) with the positions axis -- N on a y-line, K on an x-line -- cut into
+    POSITION_BLOCKs: one product per block, the same shape for every block (x-line: the blocks' partial sums
+    added in order)."""
+    nb = (b.shape[-1] if axis == "y" else a.shape[-1]) // POSITION_BLOCK
+    if axis == "y":
+        bb = np.moveaxis(b.reshape(*b.shape[:-1], nb, POSITION_BLOCK), -2, -3)  # (..., nb, K, L0)
+        out = np.matmul(a[..., None, :, :], bb)  # (..., nb, M, L0)
+        return np.moveaxis(out, -3, -2).reshape(*out.shape[:-3], out.shape[-2], -1)
+    ab = np.moveaxis(a.reshape(*a.shape[:-1], nb, POSITION_BLOCK), -2, -3)  # (..., nb, M, L0)
+    bb = b.reshape(*b.shape[:-2], nb, POSITION_BLOCK, b.shape[-1])  # (..., nb, L0, N)
+    return _in_order(np.matmul(ab, bb), -3)
+
+
+def _blocked(length: int, positions: int) -> bool:
+    return bool(positions) and length % POSITION_BLOCK == 0
 
 
 def _rows(a: np.ndarray, last: int) -> int:
@@ -88,6 +162,8 @@ class FastNet:
             k = positions if positions and comm.axis == "x" else a.shape[-1] // comm.n
             n = positions if positions and comm.axis == "y" else b.shape[-1] // comm.lines
             self._record(comm, _rows(a, 1), k, n)
+        if _blocked(b.shape[-1] if comm.axis == "y" else a.shape[-1], positions):
+            return _blocked_dot(a, b, comm.axis)
         return np.matmul(a, b)
 
     def _record(self, comm: LineComm, rows: int, k: int, n: int) -> None:
@@ -98,9 +174,16 @@ class FastNet:
         ledger.compute(2 * rows * k * n)
         self.allreduced(comm, rows * n * comm.lines)
 
-    def reduce(self, comm: LineComm, a: np.ndarray, op: str) -> np.ndarray:
-        """The max or sum of a's last axis, split over `comm`'s line, kept as an axis of one (broadcasts back)."""
-        out = a.max(axis=-1, keepdims=True) if op == "max" else a.sum(axis=-1, keepdims=True)
+    def reduce(self, comm: LineComm, a: np.ndarray, op: str, positions: bool = False) -> np.ndarray:
+        """The max or sum of a's last axis, split over `comm`'s line, kept as an axis of one (broadcasts back).
+        `positions`: that axis is a K/V positions axis (a sum over whole blocks goes block by block)."""
+        if op == "max":
+            out = a.max(axis=-1, keepdims=True)
+        elif _blocked(a.shape[-1], positions):
+            blocks = a.reshape(*a.shape[:-1], -1, POSITION_BLOCK).sum(axis=-1)  # (..., nb)
+            out = _in_order(blocks, -1)[..., None]
+        else:
+            out = a.sum(axis=-1, keepdims=True)
         if not comm.ledger.quiet:
             self.allreduced(comm, _rows(a, 1), True)
         return out
@@ -150,7 +233,7 @@ class HopNet(FastNet):
         out = comm.allreduce(part, self.coll, slices=Slices(part.ndim - 3), collapse=True, overwrite=True)
         return out.reshape(*out.shape[:-1], *N)
 
-    def reduce(self, comm: LineComm, a: np.ndarray, op: str) -> np.ndarray:
+    def reduce(self, comm: LineComm, a: np.ndarray, op: str, positions: bool = False) -> np.ndarray:
         """a (..., S, n): every core's max or sum of its n, then along the line -> (..., 1, 1)."""
         local = a.max(axis=-1) if op == "max" else a.sum(axis=-1)  # (..., S)
         out = comm.allreduce(local, self.coll, op, Slices(local.ndim - 1, replicated=True), collapse=True)
@@ -163,7 +246,85 @@ class HopNet(FastNet):
         comm.ledger.compute(EW[kind] * (a.size // comm.n))
 
 
-Net = FastNet | HopNet
+def gemm_region(region: Region) -> Region:
+    """The largest square of cores at the region's corner: where the prefill's GEMMs run."""
+    side = min(region.w, region.h)
+    return Region(region.x0, region.y0, side, side)
+
+
+@dataclass(frozen=True, eq=False)
+class Blocks:
+    """A weight as :class:`SquareNet`'s projection takes it: its B blocks where they were carried (rows, cols,
+    1, kb, nb: waferrt.kernels.gemm.place's B layout) and its `n` output columns."""
+
+    blocks: np.ndarray
+    n: int
+
+
+class SquareNet:
+    """The prefill's implementation: a slab of tokens on a square of cores, projections by MeshGEMM (module doc).
+    Its line arguments are the square's (``lines``), kept for the block functions' calls."""
+
+    fast = True
+
+    def __init__(self, region: Region, ledger: Ledger):
+        self.region = gemm_region(region)
+        self.ctx = Context(Span.of(self.region), ledger, {})
+        self.grid, self.ledger, self.side = Grid.of(self.region), ledger, self.region.w
+
+    @property
+    def lines(self) -> tuple[LineComm, LineComm]:
+        """The square's x- and y-lines."""
+        return self.ctx.x, self.ctx.y
+
+    def gemv(self, comm: LineComm, w: Blocks, x: np.ndarray) -> np.ndarray:
+        """The slab's projection x (T, 1, k) @ W (k, n) by MeshGEMM -> (T, 1, n)."""
+        return self.gemm(x[:, 0], w)[:, None]
+
+    def gemm(self, a: np.ndarray, w: Blocks) -> np.ndarray:
+        """a (m, k) @ W (k, n) by MeshGEMM -> (m, n)."""
+        return collect("meshgemm", self.grid, self.gemm_blocks(a, w), a.shape[0], w.n)
+
+    def gemm_blocks(self, a: np.ndarray, w: Blocks) -> np.ndarray:
+        """As gemm, the product's C blocks (rows, cols, mb, nb) where the kernel leaves them; a aligned into the
+        A layout first (its skew booked)."""
+        zero = np.broadcast_to(np.float32(0), (a.shape[1], w.n))
+        pa, _ = place("meshgemm", self.grid, self.region.shape, a, zero)
+        mb, kb = pa.shape[3:]
+        self.ledger.add(skew_cost(self.ledger.spec, self.side, mb * kb * pa.itemsize))
+        return meshgemm(self.ctx, pa, w.blocks)
+
+    def norm2(self, comm: LineComm, x: np.ndarray) -> np.ndarray:
+        """x (T, 1, dim) -> (T,): every token's sum of squares (in RMSNorm's element-wise flops)."""
+        return np.einsum("bcd,bcd->b", x, x)
+
+    def elementwise(self, comm: LineComm, kind: str, a: np.ndarray, positions: int = 0) -> None:
+        """Record element-wise work of `kind` on the slab a, spread over the square's cores (the busiest's share)."""
+        self.ledger.compute(cdiv(EW[kind] * a.size, self.side * self.side))
+
+
+class KernelNet:
+    """Training's forward's implementation (waferrt.training.forward): inside a kernel over a square of cores,
+    every core's block (rows, cols, tokens, width) of a slab -- tokens over the rows of cores, features over
+    the columns; a token's reduction over its features is the kernel Context's allreduce along the rows of
+    cores (its messages booked as they go), element-wise work every core's block. Its line arguments are
+    unused: the kernel's ``ctx.x`` holds them."""
+
+    fast = False
+
+    def __init__(self, ctx: Context):
+        self.ctx = ctx
+
+    def norm2(self, comm: LineComm | None, x: np.ndarray) -> np.ndarray:
+        """x (rows, cols, tokens, width) -> (rows, cols, tokens): every token's sum of squares, on every core."""
+        return self.ctx.allreduce((x * x).sum(-1), "x")
+
+    def elementwise(self, comm: LineComm | None, kind: str, a: np.ndarray, positions: int = 0) -> None:
+        """Record element-wise work of `kind` on every core's block of a (rows, cols, ...)."""
+        self.ctx.compute(EW[kind] * a[0, 0].size)
+
+
+Net = FastNet | HopNet | SquareNet | KernelNet
 
 
 def net_of(coll: Collectives) -> Net:

@@ -19,7 +19,7 @@ from dataclasses import replace
 
 import numpy as np
 
-from waferrt.core.dtypes import storage_dtype, to_storage
+from waferrt.core.dtypes import storage_dtype, to_f32, to_storage
 from waferrt.core.layout import Chunks, Layout, to_blocks
 from waferrt.core.mesh import Region
 from waferrt.core.pages import drop_pages
@@ -110,16 +110,19 @@ ROWS_PER_BLOCK = 4096  # vocabulary rows cut at a time (the table is never copie
 
 
 def pack_embed(config: LlamaConfig, embed, final_norm: np.ndarray, region: Region,
-               dtype: str = "float32") -> dict[str, np.ndarray]:
-    """The tied embedding/head table as (rows * vocab_block, cols * dim_c) -- core (r, c) holds its vocabulary
-    chunk r's rows of dim chunk c -- and the final norm (cols, dim_c). The table is cut block of rows by
-    block of rows into the one output array; `embed` is an array, or anything with ``shape`` and
-    ``read_rows(r0, r1)`` (a table read from its file a block at a time)."""
+               dtype: str = "float32", widened: bool = False) -> dict[str, np.ndarray]:
+    """The embedding's (or a head's) table as (rows * vocab_block, cols * dim_c) -- core (r, c) holds its
+    vocabulary chunk r's rows of dim chunk c -- and the final norm (cols, dim_c). The table is cut block of rows
+    by block of rows into the one output array; `embed` is an array, or anything with ``shape`` and
+    ``read_rows(r0, r1)`` (a table read from its file a block at a time). `widened`: the table is held in
+    float32, each block rounded to `dtype` first (the values the cores hold, in the form the host computes the
+    head's GEMV with: converted once as it is cut, never held at both widths -- a Llama3-8B head is 1 GB in
+    float16, 2 GB widened)."""
     vocab, dims = Chunks(config.vocab_size, region.h), Chunks(config.dim, region.w)
     voc_r = vocab.index.shape[1]
     place = np.empty(config.vocab_size, np.int64)  # vocabulary row -> its place on its core row's block axis
     place[vocab.index[vocab.valid]] = np.flatnonzero(vocab.valid.reshape(-1))
-    out = np.zeros((region.h * voc_r, region.w * dims.index.shape[1]), storage_dtype(dtype))
+    out = np.zeros((region.h * voc_r, region.w * dims.index.shape[1]), np.float32 if widened else storage_dtype(dtype))
     read = getattr(embed, "read_rows", None) or (lambda r0, r1: np.asarray(embed[r0:r1]))
     for r0 in range(0, config.vocab_size, ROWS_PER_BLOCK):
         r1 = min(r0 + ROWS_PER_BLOCK, config.vocab_size)
@@ -127,7 +130,7 @@ def pack_embed(config: LlamaConfig, embed, final_norm: np.ndarray, region: Regio
         block = dims.split(to_storage(source, dtype))  # (n, C, dim_c), stored before it is cut
         if not np.shares_memory(block, source):
             drop_pages(source)  # a mapped float32 block's pages go back (core.pages)
-        out[place[r0:r1]] = block.reshape(r1 - r0, -1)
+        out[place[r0:r1]] = to_f32(block, dtype).reshape(r1 - r0, -1) if widened else block.reshape(r1 - r0, -1)
     return {"table": out, "final_norm": to_storage(to_blocks(final_norm, final_norm_layout(config, region))[0], dtype)}
 
 

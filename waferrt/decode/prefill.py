@@ -2,16 +2,17 @@
 
 Contract: :func:`prefill_layer` runs a chunk of a request's prompt (positions start..start+T-1, T <=
 PREFILL_MAX_TOKENS; a whole prompt is the chunk at 0) through one :class:`~waferrt.decode.shards.LayerShard`
-on the largest square of cores at its region's corner (:func:`gemm_region`): every matrix product is a
-MeshGEMM kernel (waferrt.kernels.gemm: the QKV projection, the output projection, gate and up as one, down)
-and the heads' causal attention the transposed MeshGEMM for Q.K^T and MeshGEMM for P.V over the chunk and
-the positions before it that the cache holds (sparse under a sparse ``LayerShard.attention``:
-waferrt.decode.sparse_prefill), every head's blocks moving together
-(waferrt.kernels.attention; a K/V head's blocks go with each of its query heads), each moving its blocks
-hop by hop on the region's lines and booking them. Between the kernels the glue runs on the tile's full
-matrices (RMSNorm, RoPE, SiLU, the residual adds: booked at ``ELEMENTWISE_FLOPS`` per element, spread over
-the square's cores; every GEMM's activation operand aligned into MeshGEMM's A layout: booked as
-``skew_cost``, the closed form the kernels' skew is tested to book). The layer's weights move from the
+with the decode's own block functions (decode.shards.attention_in, attention_out: the RMSNorms, the
+projections, RoPE, the residual adds, the MLP) on a :class:`~waferrt.decode.net.SquareNet` -- the chunk as one
+slab (T, 1, dim) on the largest square of cores at its region's corner, every projection a MeshGEMM kernel
+(waferrt.kernels.gemm: the QKV projection, the output projection, gate and up as one, down), the element-wise
+work recorded spread over the square's cores, every GEMM's activation operand aligned into MeshGEMM's A layout
+(its skew recorded). The heads' causal attention is the MeshGEMM attention kernel (the transposed MeshGEMM for
+Q.K^T and MeshGEMM for P.V over the chunk and the positions before it that the cache holds; sparse under a
+sparse ``LayerShard.attention``: waferrt.decode.sparse_prefill), every head's blocks moving together
+(waferrt.kernels.attention; a K/V head's blocks go with each of its query heads), moving its blocks hop by
+hop on the square's lines and booking them. No flop is booked by hand here: what the block functions do is
+what the Net records. The layer's weights move from the
 decode's blocks into the GEMMs' and back, the QKV product's Q, K, V into the heads' blocks, the cached K/V (a later
 chunk) into the attention's blocks, the chunk's K/V into the decode's shift-based cache (filled as the decode would have
 filled it, its older entries moving east): each a move of decode.relayout, every value's message routed hop by hop
@@ -26,7 +27,7 @@ chunks in a micro-batch.
 
 from __future__ import annotations
 
-from functools import lru_cache
+from functools import lru_cache, partial
 
 import numpy as np
 
@@ -37,30 +38,25 @@ from waferrt.core.gemm_cost import AttentionShape, GemmShape, gemm_cost, skew_co
 from waferrt.core.ledger import Ledger
 from waferrt.core.mesh import Region
 from waferrt.fabric.comm import LineComm, Span
-from waferrt.fabric.kernel import Context
 from waferrt.kernels.attention import PromptAttention, causal_attention
-from waferrt.kernels.gemm import Grid, collect, meshgemm, place, spread
+from waferrt.kernels.gemm import collect, spread
 from waferrt.model.config import LlamaConfig
-from waferrt.model.reference import apply_rope, rmsnorm, rope_cos_sin, silu
+from waferrt.model.reference import rope_cos_sin
 from waferrt.model.sparse import AttentionMode
 
 from .cost import ELEMENTWISE_FLOPS as EW
 from .cost import Decoding, stage_handover
+from .net import Blocks, SquareNet
 from .pack import Chunks, out_in
 from .prefill_plan import GEMMS, arrivals, cache_buffer, head_moves, read_move, weight_moves
 from .relayout import heads_load, kv_load, kv_read_load, move_cost, weights_load
 from .rows import Col
+from .shards import On, attention_in, attention_out, dense_ffn, pairwise
 from .sparse_prefill import prefill_attention_parts, selector
 from .transport import carry
 
 PREFILL_MAX_TOKENS = 512  # a prompt this long or shorter enters whole; a longer one in chunks of this many
 EMULATED_VALUES = "float32"  # what the emulated prefill's kernels move: the weights unpacked to float32
-
-
-def gemm_region(region: Region) -> Region:
-    """The largest square of cores at the region's corner: where the prefill's GEMMs run."""
-    s = min(region.w, region.h)
-    return Region(region.x0, region.y0, s, s)
 
 
 def prefill_runs(meta: np.ndarray) -> list[np.ndarray]:
@@ -78,61 +74,35 @@ def prefill_runs(meta: np.ndarray) -> list[np.ndarray]:
 
 
 # -- the layer ------------------------------------------------------------------------------------------
-class _Mesh:
-    """The prefill's kernels on a layer's square of cores: an A operand from the host, B blocks and the other
-    operands' blocks carried into place (decode.transport), C blocks out."""
-
-    def __init__(self, region: Region, ledger: Ledger):
-        self.region = gemm_region(region)
-        self.ctx = Context(Span.of(self.region), ledger, {})
-        self.grid, self.ledger, self.side = Grid.of(self.region), ledger, self.region.w
-
-    def gemm(self, a: np.ndarray, pb: np.ndarray, n: int) -> np.ndarray:
-        """a (m, k) @ B (k, n) by MeshGEMM -> (m, n); pb: B's blocks where they were carried (rows, cols, 1,
-        kb, nb); a aligned into the A layout first (booked as its skew)."""
-        return collect("meshgemm", self.grid, self.gemm_blocks(a, pb, n), a.shape[0], n)
-
-    def gemm_blocks(self, a: np.ndarray, pb: np.ndarray, n: int) -> np.ndarray:
-        """As gemm, the product's C blocks (rows, cols, mb, nb) where the kernel leaves them."""
-        pa, _ = place("meshgemm", self.grid, self.region.shape, a, np.broadcast_to(np.float32(0), (a.shape[1], n)))
-        mb, kb = pa.shape[3:]
-        self.ledger.add(skew_cost(self.ledger.spec, self.side, mb * kb * pa.itemsize))
-        return meshgemm(self.ctx, pa, pb)
-
-    def attention(self, blocks: tuple[np.ndarray, ...], prompt: PromptAttention, hd: int,
-                  mode: AttentionMode) -> np.ndarray:
-        """Every head's causal attention at once, dense or sparse (`mode`, decode.sparse_prefill), over the C
-        blocks = (q (rows, cols, H, mb, db) of the prompt's tokens, k, v (rows, cols, H, kb, db) of its start +
-        tokens context positions) -> (tokens, H * hd)."""
-        out = causal_attention(self.ctx, *blocks, prompt=prompt, select=selector(mode, prompt))
-        return np.concatenate([collect("meshgemm", self.grid, out[:, :, h], prompt.tokens, hd)
-                               for h in range(out.shape[2])], axis=1)
-
-    def elementwise(self, flops: int) -> None:
-        self.ledger.compute(cdiv(flops, self.side * self.side))
+def _attention(net: SquareNet, blocks: tuple[np.ndarray, ...], prompt: PromptAttention, mode: AttentionMode,
+               hd: int) -> np.ndarray:
+    """Every head's causal attention at once, dense or sparse (`mode`, decode.sparse_prefill), over the C
+    blocks = (q (rows, cols, H, mb, db) of the prompt's tokens, k, v (rows, cols, H, kb, db) of its start +
+    tokens context positions) -> (tokens, H * hd)."""
+    out = causal_attention(net.ctx, *blocks, prompt=prompt, select=selector(mode, prompt))
+    return np.concatenate([collect("meshgemm", net.grid, out[:, :, h], prompt.tokens, hd)
+                           for h in range(out.shape[2])], axis=1)
 
 
-def glue_flops(config: LlamaConfig, tokens: int) -> tuple[int, int, int]:
-    """The element-wise flops of a layer's prefill, in the order they are booked: RoPE on Q and K, the first
-    RMSNorm, then the second RMSNorm, the two residual adds and SiLU(gate) * up."""
-    T = tokens
-    return (EW["rope"] * T * (config.n_heads + config.n_kv_heads) * config.head_dim, EW["rmsnorm"] * T * config.dim,
-            (EW["rmsnorm"] + 2 * EW["residual"]) * T * config.dim + EW["silu_mul"] * T * config.hidden_dim)
+def glue_flops(config: LlamaConfig, tokens: int) -> tuple[int, ...]:
+    """The element-wise flops of a layer's prefill over its slab of `tokens`, op by op as the block functions
+    record them (decode.shards): the first RMSNorm, RoPE on Q and K, the residual add, the second RMSNorm,
+    SiLU(gate) * up, the residual add."""
+    T, dim = tokens, config.dim
+    return (EW["rmsnorm"] * T * dim, EW["rope"] * T * (config.n_heads + config.n_kv_heads) * config.head_dim,
+            EW["residual"] * T * dim, EW["rmsnorm"] * T * dim, EW["silu_mul"] * T * config.hidden_dim,
+            EW["residual"] * T * dim)
 
 
-def _attention_block(mesh: _Mesh, shard, h: np.ndarray, at: tuple[int, int], wqkv: np.ndarray) -> np.ndarray:
-    """h (T, dim) of a chunk at positions start..start+T-1 (at = (slot, start)), wqkv the QKV product's B
-    blocks -> the heads' outputs (T, nh*hd): one QKV projection, RoPE on its product, the product's Q, K, V
-    carried into the heads' blocks (K and V with those carried out of the cache: the context), every query
-    head's attention at once (each with its K/V head's blocks), the chunk's K/V carried into the cache."""
+def _attention_block(net: SquareNet, shard, qkv: np.ndarray, at: tuple[int, int]) -> np.ndarray:
+    """qkv (T, nh + 2 nkv, hd) of a chunk at positions start..start+T-1 (at = (slot, start)), its Q and K
+    RoPE'd -> the heads' outputs (T, nh*hd): the product's Q, K, V carried into the heads' blocks (K and V with
+    those carried out of the cache: the context), every query head's attention at once (each with its K/V
+    head's blocks), the chunk's K/V carried into the cache."""
     config, (slot, start), hop = shard.config, at, not shard.coll.fast
     home = Region(0, 0, shard.region.w, shard.region.h)  # the moves' plans: one per region shape
-    T, hd, nh, nkv = h.shape[0], config.head_dim, config.n_heads, config.n_kv_heads
-    cos, sin = rope_cos_sin(start + np.arange(T), hd, config.rope_theta)  # (T, hd/2)
-    qkv = mesh.gemm(h, wqkv, (nh + 2 * nkv) * hd).reshape(T, nh + 2 * nkv, hd)
-    qkv[:, :nh + nkv] = apply_rope(qkv[:, :nh + nkv], cos[:, None], sin[:, None])
-    mesh.elementwise(glue_flops(config, T)[0])
-    product = spread(mesh.grid, mesh.region.shape, qkv.reshape(T, -1))  # RoPE'd where the product lies
+    T, hd, nh, nkv = qkv.shape[0], config.head_dim, config.n_heads, config.n_kv_heads
+    product = spread(net.grid, net.region.shape, qkv.reshape(T, -1))  # RoPE'd where the product lies
     moves = head_moves(config, home, (start, T))
     kv = carry(moves.kv, product, hop)  # (s, s, 2, nkv, kb, db)
     if start:
@@ -141,7 +111,7 @@ def _attention_block(mesh: _Mesh, shard, h: np.ndarray, at: tuple[int, int], wqk
     rep = nh // nkv
     blocks = (carry(moves.q, product, hop), np.repeat(kv[:, :, 0], rep, axis=2), np.repeat(kv[:, :, 1], rep, axis=2))
     prompt = PromptAttention(T, 1.0 / np.sqrt(hd), EW["softmax"], start=start)
-    out = mesh.attention(blocks, prompt, hd, shard.attention)
+    out = _attention(net, blocks, prompt, shard.attention, hd)
     k, v = arrivals(config, home, (start, T), carry(moves.cache, product, hop))
     _fill_cache(shard, slot, start, k, v)
     return out
@@ -151,10 +121,11 @@ def prefill_layer(shard, x: np.ndarray, slot: int, start: int = 0) -> np.ndarray
     """A prompt's chunk x (T, C, dim_c) at positions start..start+T-1, the decode's residual layout, through
     `shard` (module doc) -> the same layout; its K/V go into the shard's cache for `slot` as the decode would
     have put them (the cache holds the `start` positions before it), the layer's weights back into the decode's
-    blocks."""
+    blocks. The layer's math is the decode's block functions (decode.shards.attention_in, attention_out) on a
+    SquareNet over the chunk's slab (T, 1, dim)."""
     config, region, ledger, hop = shard.config, shard.region, shard.ledger, not shard.coll.fast
-    T, chunks, dim = x.shape[0], Chunks(config.dim, region.w), config.dim
-    mesh = _Mesh(region, ledger)
+    T, chunks = x.shape[0], Chunks(config.dim, region.w)
+    net = SquareNet(region, ledger)
     dec = Decoding(config, shard.dtype, attention=shard.attention)
     moves = {name: c for name, _, c in prefill_moves(ledger.spec, dec, region, (start, T), EMULATED_VALUES)}
     plan = weight_moves(config, Region(0, 0, region.w, region.h), tuple(shard.arrays[key].shape for _, key, _ in GEMMS))
@@ -162,23 +133,28 @@ def prefill_layer(shard, x: np.ndarray, slot: int, start: int = 0) -> np.ndarray
     with ledger.op("prefill"):
         held = {wm.key: carry(wm.into, shard.arrays[wm.key], hop) for wm in plan}  # the weights in
         ledger.add(weights)
-        b = {key: to_f32(a, shard.dtype) for key, a in held.items()}
-        norm = {n: chunks.join(to_f32(shard.arrays[n], shard.dtype)[None])[0] for n in ("attn_norm", "ffn_norm")}
-        xf = chunks.join(x)  # (T, dim)
-        h = rmsnorm(xf, norm["attn_norm"], config.norm_eps)
-        mesh.elementwise(glue_flops(config, T)[1])
+        w = {key: Blocks(to_f32(a, shard.dtype), _width(config, key)) for key, a in held.items()}
+        w |= {n: chunks.join(to_f32(shard.arrays[n], shard.dtype)[None]) for n in ("attn_norm", "ffn_norm")}  # (1, dim)
+        on = On(net, *net.lines, config, w.__getitem__)
         for name in ("kv_from_cache", "qkv_to_heads", "kv_to_decode"):
             ledger.add(moves.get(name, Cost()))
-        att = _attention_block(mesh, shard, h, (slot, start), b["wqkv"])
-        xf = xf + mesh.gemm(att, b["wo"], dim)
-        h = rmsnorm(xf, norm["ffn_norm"], config.norm_eps)
-        gate, up = np.split(mesh.gemm(h, b["w13"], 2 * config.hidden_dim), 2, axis=1)
-        xf = xf + mesh.gemm(silu(gate) * up, b["w2"], dim)
-        mesh.elementwise(glue_flops(config, T)[2])
+        xs = chunks.join(x)[:, None]  # (T, 1, dim): the chunk's slab
+        cos, sin = rope_cos_sin(start + np.arange(T), config.head_dim, config.rope_theta)  # (T, hd/2)
+        qkv, qk = attention_in(on, xs, pairwise(cos[:, None, None], sin[:, None, None]))  # (T, 1, heads, hd)
+        qkv[:, :, :qk.shape[2]] = qk
+        att = _attention_block(net, shard, qkv[:, 0], (slot, start))  # (T, nh * hd)
+        xs = attention_out(on, xs, att[:, None], partial(dense_ffn, on))
         for wm in plan:  # and back into the decode's blocks
             shard.arrays[wm.key] = out_in(carry(wm.back, held[wm.key], hop), wm.out_over)
         ledger.add(weights)
-    return chunks.split(xf)
+    return chunks.split(xs[:, 0])
+
+
+def _width(config: LlamaConfig, key: str) -> int:
+    """The output columns of a GEMM's weight (prefill_plan.GEMMS's arrays): QKV's, the output projection's,
+    gate's and up's side by side, down's."""
+    return {"wqkv": (config.n_heads + 2 * config.n_kv_heads) * config.head_dim, "wo": config.dim,
+            "w13": 2 * config.hidden_dim, "w2": config.dim}[key]
 
 
 def _fill_cache(shard, slot: int, start: int, k: np.ndarray, v: np.ndarray) -> None:
@@ -233,10 +209,10 @@ def prefill_work_parts(spec, dec: Decoding, region: Region, tokens: int, context
 
     ctx = context or T
     att = prefill_attention_parts(spec, AttentionShape(T, hd, config.n_heads, s, ctx), dec.attention, (moved, rate))
-    glue = [dec.flops(spec, cdiv(f, s * s)) for f in glue_flops(config, T)]
+    glue = total(dec.flops(spec, cdiv(f, s * s)) for f in glue_flops(config, T))
     return (mm("qkv", T, dim, dim + 2 * config.kv_dim), *att, mm("o", T, config.n_heads * hd, dim),
             mm("gate_up", T, dim, 2 * config.hidden_dim), mm("down", T, config.hidden_dim, dim),
-            ("elementwise", "elementwise", glue[0] + glue[1] + glue[2]))
+            ("elementwise", "elementwise", glue))
 
 
 def prefill_layer_parts(spec, dec: Decoding, region: Region, tokens: int, context: int | None = None,

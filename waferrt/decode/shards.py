@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -24,6 +25,7 @@ from waferrt.core.dtypes import to_f32
 from waferrt.core.ledger import Ledger
 from waferrt.core.mesh import Region
 from waferrt.fabric.comm import KTREE_FAST, Collectives, LineComm, Span
+from waferrt.kernels.train_ops import Norm
 from waferrt.model.config import LlamaConfig
 from waferrt.model.reference import silu
 
@@ -34,15 +36,23 @@ from .net import Net, net_of
 from .pack import Chunks, rope_tables
 
 
-def mesh_rmsnorm(net: Net, comm: LineComm, x: np.ndarray, w: np.ndarray, config: LlamaConfig) -> np.ndarray:
-    """RMSNorm of x (B, C, dim_c), split over the columns of `comm`'s line: the sum of squares is a row
-    allreduce (every row does the same one: one copy is kept)."""
-    ss = net.norm2(comm, x)  # (B,)
+def mesh_rmsnorm(net: Net, comm: LineComm, x: np.ndarray, w: np.ndarray, norm: Norm) -> np.ndarray:
+    """RMSNorm of x over its features, split over the cores of `comm`'s line (the decode's x (B, C, dim_c): every
+    row of its region does the same one, one copy kept; training's blocks (rows, cols, tokens, width): the
+    features over the columns): the sum of squares is a reduction along the line (``net.norm2``, one value per
+    token) -> x's shape."""
+    ss = net.norm2(comm, x)  # per token: (B,) / (rows, cols, tokens)
     net.elementwise(comm, "rmsnorm", x)
-    scale = np.float32(1.0) / np.sqrt(ss / np.float32(config.dim) + np.float32(config.norm_eps))
-    out = x * scale[:, None, None]
+    scale = np.float32(1.0) / np.sqrt(ss / np.float32(norm.dim) + np.float32(norm.eps))
+    out = x * scale.reshape(scale.shape + (1,) * (x.ndim - scale.ndim))
     out *= w
     return out
+
+
+@functools.cache
+def norm_of(config: LlamaConfig) -> Norm:
+    """The model's RMSNorm (its width and epsilon) as mesh_rmsnorm takes it."""
+    return Norm(config.dim, config.norm_eps)
 
 
 @functools.lru_cache(maxsize=8)
@@ -81,10 +91,13 @@ class Items:
         """(cos, cos) and (-sin, sin) pair by pair (B, R, 1, hd_r) of the items' positions for `shard`'s rows
         (LayerShard._rope; what `rotate` takes), worked out once per row count."""
         if shard.rows not in self.angles:
-            cos, sin = shard._rope(self.poss)  # (B, R, 1, hd_r/2)
-            self.angles[shard.rows] = (np.repeat(cos, 2, axis=-1),
-                                       np.stack([-sin, sin], axis=-1).reshape(*sin.shape[:-1], -1))
+            self.angles[shard.rows] = pairwise(*shard._rope(self.poss))  # from (B, R, 1, hd_r/2)
         return self.angles[shard.rows]
+
+
+def pairwise(cos: np.ndarray, sin: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """RoPE's cos, sin (..., hd/2) as `rotate` takes them: (cos, cos) and (-sin, sin) pair by pair (..., hd)."""
+    return np.repeat(cos, 2, axis=-1), np.stack([-sin, sin], axis=-1).reshape(*sin.shape[:-1], -1)
 
 
 def rotate(x: np.ndarray, cos2: np.ndarray, sin2: np.ndarray) -> np.ndarray:
@@ -95,6 +108,54 @@ def rotate(x: np.ndarray, cos2: np.ndarray, sin2: np.ndarray) -> np.ndarray:
     out = x * cos2
     out += swapped * sin2
     return out
+
+
+@dataclass(frozen=True)
+class On:
+    """Where a layer's block functions run and what they read: the :class:`~waferrt.decode.net.Net` and the x-
+    and y-lines of its cores (the decode's region; the prefill's square), the model, and its weights by name
+    (`w(name)`: what the Net's projections take -- the decode's packed blocks in float32, the prefill's
+    carried MeshGEMM blocks)."""
+
+    net: Net
+    cx: LineComm
+    cy: LineComm
+    config: LlamaConfig
+    w: Callable[[str], object]
+
+
+def attention_in(on: On, x: np.ndarray, angles: tuple[np.ndarray, np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
+    """The block up to its attention: x (B, C, dim_c) the residual stream -> the QKV projection of its RMSNorm
+    (B, R, nh + 2 nkv, hd_r) and its query and key heads RoPE'd at `angles` (pairwise's, broadcasting to
+    (B, R, 1, hd_r)) -> (B, R, nh + nkv, hd_r). The decode's B items over a region's R rows and C columns; the
+    prefill's T tokens as one slab (R = C = 1) on its square."""
+    config, net = on.config, on.net
+    h = mesh_rmsnorm(net, on.cx, x, on.w("attn_norm"), norm_of(config))
+    qkv = net.gemv(on.cx, on.w("wqkv"), h)  # (B, R, (nh + 2 nkv) * hd_r)
+    qkv = qkv.reshape(*qkv.shape[:2], config.n_heads + 2 * config.n_kv_heads, -1)
+    return qkv, rope(net, on.cy, qkv[:, :, :config.n_heads + config.n_kv_heads], angles)  # q and k at once
+
+
+def rope(net: Net, comm: LineComm | None, x: np.ndarray, angles: tuple[np.ndarray, np.ndarray]) -> np.ndarray:
+    """RoPE on x (..., hd) at `angles` (pairwise's (cos, cos), (-sin, sin), broadcasting to x), element by
+    element (every core its share) -> x's shape."""
+    out = rotate(x, *angles)
+    net.elementwise(comm, "rope", out)
+    return out
+
+
+def attention_out(on: On, x: np.ndarray, att: np.ndarray, ffn: Callable[[np.ndarray], np.ndarray]) -> np.ndarray:
+    """The block after its attention: x (B, C, dim_c) the residual stream, att (B, R, nh * hd_r) the heads'
+    outputs -> x + Wo att, then plus `ffn` (the dense MLP, :func:`dense_ffn`; an MoE layer's experts) of its
+    RMSNorm, (B, C, dim_c)."""
+    net, cx = on.net, on.cx
+    x = residual(net, cx, x, net.gemv(on.cy, on.w("wo"), att))
+    return residual(net, cx, x, ffn(mesh_rmsnorm(net, cx, x, on.w("ffn_norm"), norm_of(on.config))))
+
+
+def dense_ffn(on: On, h: np.ndarray) -> np.ndarray:
+    """The dense layer's SwiGLU MLP (:func:`mlp`) of h (B, C, dim_c) with `on`'s weights."""
+    return mlp(on.net, on.cx, on.cy, on.w("w13"), on.w("w2"), h)
 
 
 def in_float32(arrays: dict, name: str, dtype: str) -> np.ndarray:
@@ -120,6 +181,7 @@ class LayerShard:
         self.cx = LineComm("x", Span.of(region), ledger, fast=coll.fast)
         self.cy = LineComm("y", Span.of(region), ledger, fast=coll.fast)
         self.net = net_of(coll)  # how this run's collectives run: fast, or hop by hop (waferrt.decode.net)
+        self.on = On(self.net, self.cx, self.cy, config, self._w)  # what the block functions run on
         self.hd_r = arrays["wqkv"].shape[0] // (self.rows * (config.n_heads + 2 * config.n_kv_heads))
         self.kv = MeshKVCache(config, self.cx, kv[0], kv[1], self.hd_r, dtype)
         self.scale = np.float32(1.0 / np.sqrt(config.head_dim))
@@ -145,8 +207,9 @@ class LayerShard:
         over the kept keys alone in predicted order."""
         B, nkv, R = len(items.slots), self.config.n_kv_heads, self.rows
         qg = q.reshape(B, R, nkv, -1, self.hd_r).transpose(0, 2, 3, 1, 4)  # (B, nkv, rep, R, hd_r)
-        view = self.kv.view(items)  # K (B, nkv, [R, hd_r], [positions]), V (B, nkv, [positions], R*hd_r)
-        if self.attention.keys_kept(items.length) < items.length:
+        dense = self.attention.keys_kept(items.length) >= items.length
+        view = self.kv.view(items, dense)  # K (B, nkv, [R, hd_r], [positions]), V (B, nkv, [positions], R*hd_r)
+        if not dense:
             out = (sparse.fast_attend if self.net.fast else sparse.hop_attend)(self, qg, items, view)
         else:
             out = self._dense(qg, view)
@@ -160,7 +223,7 @@ class LayerShard:
         np.copyto(scores, np.float32(-np.inf), where=view.hidden)
         scores -= net.reduce(self.cx, scores, "max")  # over the columns
         e = np.exp(scores, out=scores)
-        e /= net.reduce(self.cx, e, "sum")
+        e /= net.reduce(self.cx, e, "sum", positions=True)
         net.elementwise(self.cx, "softmax", e, view.held)
         return net.dot(self.cx, e, view.v, view.held)  # the weighted V sums, over the columns
 
@@ -172,21 +235,13 @@ class LayerShard:
 
     def run(self, x: np.ndarray, items: Items) -> np.ndarray:
         """forward with the items worked out once for every layer of a segment (Items)."""
-        config, nh, nkv, B, net = self.config, self.config.n_heads, self.config.n_kv_heads, len(items.slots), self.net
+        nh, nkv, B = self.config.n_heads, self.config.n_kv_heads, len(items.slots)
         with self.ledger.op("layer"):
             with self._bookings(B):  # the same bookings for the same number of items
-                h = mesh_rmsnorm(net, self.cx, x, self._w("attn_norm"), config)
-                qkv = net.gemv(self.cx, self._w("wqkv"), h).reshape(B, self.rows, -1, self.hd_r)
-                qk = rotate(qkv[:, :, :nh + nkv], *items.rope(self))  # (B, R, nh + nkv, hd_r): q and k at once
-                q, k = qk[:, :, :nh], qk[:, :, nh:]
-                net.elementwise(self.cy, "rope", qk)
-            self.kv.insert(items.slots, k, qkv[:, :, nh + nkv:], items.poss)
+                qkv, qk = attention_in(self.on, x, items.rope(self))  # (B, R, nh + 2 nkv, hd_r), its q and k
+            self.kv.insert(items.slots, qk[:, :, nh:], qkv[:, :, nh + nkv:], items.poss)
             with self._bookings(B, self.kv.held_most(items.rows)):  # ... and entries the fullest core holds
-                x = x + net.gemv(self.cy, self._w("wo"), self._attention(items, q))
-                net.elementwise(self.cx, "residual", x)
-                x = x + self._ffn(mesh_rmsnorm(net, self.cx, x, self._w("ffn_norm"), config))
-                net.elementwise(self.cx, "residual", x)
-            return x
+                return attention_out(self.on, x, self._attention(items, qk[:, :, :nh]), self._ffn)
 
     def _bookings(self, *key: int):
         """Where the bookings of a part of `run` depend on `key` alone -- the fast path, dense attention, no
@@ -197,16 +252,30 @@ class LayerShard:
 
     def _ffn(self, h: np.ndarray) -> np.ndarray:
         """The dense SwiGLU FFN of h (B, C, dim_c) -> (B, C, dim_c) (waferrt.decode.moe: an MoE layer's)."""
-        return mlp(self.net, self.cx, self.cy, self._w("w13"), self._w("w2"), h)
+        return dense_ffn(self.on, h)
 
 
 def mlp(net: Net, cx: LineComm, cy: LineComm, w13: np.ndarray, w2: np.ndarray, h: np.ndarray) -> np.ndarray:
     """The SwiGLU MLP of h (B, C, dim_c) -> (B, C, dim_c) on a region whose x- and y-lines are cx, cy: w13 (the
     gate and up projections side by side) and w2 as packed for it (a dense layer's, or an MoE expert's block)."""
-    gu = net.gemv(cx, w13, h).reshape(len(h), cy.n, 2, -1)  # (B, R, 2, hid_r)
-    act = silu(gu[:, :, 0]) * gu[:, :, 1]  # (B, R, hid_r)
-    net.elementwise(cy, "silu_mul", act)
+    gu = net.gemv(cx, w13, h)
+    gu = gu.reshape(*gu.shape[:2], 2, -1)  # (B, R, 2, hid_r)
+    act = swiglu(net, cy, gu[:, :, 0], gu[:, :, 1])  # (B, R, hid_r)
     return net.gemv(cy, w2, act)  # (B, C, dim_c)
+
+
+def swiglu(net: Net, comm: LineComm | None, gate: np.ndarray, up: np.ndarray) -> np.ndarray:
+    """SiLU(gate) * up, element by element (every core its share) -> gate's shape."""
+    act = silu(gate) * up
+    net.elementwise(comm, "silu_mul", act)
+    return act
+
+
+def residual(net: Net, comm: LineComm | None, x: np.ndarray, y: np.ndarray) -> np.ndarray:
+    """The residual add x + y, element by element (every core its share) -> x's shape."""
+    out = x + y
+    net.elementwise(comm, "residual", out)
+    return out
 
 
 def table_rows(table: np.ndarray, vocab: Chunks, dtype: str, tokens: np.ndarray) -> np.ndarray:
@@ -234,6 +303,7 @@ class EmbedShard:
     def logits(self, x: np.ndarray) -> np.ndarray:
         """Final RMSNorm and the tied head as a MeshGEMV: x (B, C, dim_c) -> logits (B, vocab)."""
         with self.ledger.op("head"):
-            h = mesh_rmsnorm(self.net, self.cx, x, in_float32(self.arrays, "final_norm", self.dtype), self.config)
+            h = mesh_rmsnorm(self.net, self.cx, x, in_float32(self.arrays, "final_norm", self.dtype),
+                             norm_of(self.config))
             out = self.net.gemv(self.cx, in_float32(self.arrays, "table", self.dtype), h)  # (B, R, voc_r)
         return self.vocab.join(out)  # (B, vocab)

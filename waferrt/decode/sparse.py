@@ -12,7 +12,7 @@ request holds L positions it keeps K = ``attention.keys_kept(L)`` keys per query
    (`book_top_k`: ``decode.topk.topk_cost``, selection, streamed merge, multicast; tied to the row_topk kernel);
 3. gathers each query head's kept keys and values in predicted order (`ranked`) and scores them alone -- the
    dense Q.K^T is never computed -- then combines them with STAR's sorted-updating FlashAttention (`flash`:
-   ``model.sparse.sorted_attention``'s online softmax, BLOCK keys at a time, each core over its own kept keys),
+   ``kernels.sparse_attention.flash``: the online softmax, 16 keys a step, each core over its own kept keys),
    the cores' running maxes, sums and P.V merged over the row (`merged`);
 
 booked as min(K, m) keys a core: a core holding m positions may hold that many of the kept ones, and the mesh
@@ -28,20 +28,17 @@ allreduces -- booking what the fast path books (tested equal, with the same outp
 
 from __future__ import annotations
 
-from typing import NamedTuple
-
 import numpy as np
 
 from waferrt.core.cost import compute_cost, on_lines
 from waferrt.fabric.comm import Slices, Span
 from waferrt.fabric.kernel import Context
+from waferrt.kernels.sparse_attention import Partial, flash
 from waferrt.model.sparse import AttentionMode, log_keys
 
 from .cost import PREDICT_DTYPE
 from .kvcache import KVView
 from .topk import TopKRow, row_topk, topk_cost, unpack
-
-BLOCK = 16  # keys per step of the sorted-updating softmax (model.sparse.sparse_attention's default)
 
 
 def predicted(qg: np.ndarray, keys: tuple[np.ndarray, np.ndarray], visible: np.ndarray) -> np.ndarray:
@@ -69,32 +66,6 @@ def ranked(pred: np.ndarray, poss: np.ndarray, attention: AttentionMode) -> tupl
     top = np.nonzero(above | (tie & (np.cumsum(tie, axis=-1) <= room)))[-1].reshape(pred.shape[:-1] + (keep,))
     ranks = np.argsort(-np.take_along_axis(pred, top, axis=-1), axis=-1, kind="stable")  # ties: the earlier first
     return np.take_along_axis(top, ranks, axis=-1), np.arange(keep) < share[:, None, None, None]
-
-
-class Partial(NamedTuple):
-    """One core's (or the joined row's) online softmax over its kept keys: the running max, sum and P.V."""
-
-    top: np.ndarray  # (..., 1)
-    total: np.ndarray  # (..., 1)
-    acc: np.ndarray  # (..., D)
-
-
-def flash(s: np.ndarray, vs: np.ndarray, kept: np.ndarray, block: int = BLOCK) -> Partial:
-    """STAR's sorted-updating FlashAttention (``model.sparse.sorted_attention``) over keys in predicted order,
-    `block` at a time: s (..., n) scores, vs (..., n, D) values, kept (..., n) which count -> the Partial. In
-    that order the running max is (nearly always) the first block's, so the rescale a new max forces is rare."""
-    top = np.full(s.shape[:-1] + (1,), -np.inf, np.float32)
-    total = np.zeros(s.shape[:-1] + (1,), np.float32)
-    acc = np.zeros(s.shape[:-1] + vs.shape[-1:], np.float32)
-    for lo in range(0, s.shape[-1], block):
-        sb = np.where(kept[..., lo:lo + block], s[..., lo:lo + block], np.float32(-np.inf))
-        new = np.maximum(top, sb.max(axis=-1, keepdims=True))
-        base = np.where(np.isfinite(new), new, np.float32(0))  # a core with no kept key yet stays at zero
-        alpha, p = np.exp(top - base), np.exp(sb - base)
-        total = total * alpha + p.sum(axis=-1, keepdims=True)
-        acc = acc * alpha + np.matmul(p[..., None, :], vs[..., lo:lo + block, :])[..., 0, :]
-        top = new
-    return Partial(top, total, acc)
 
 
 def merged(shard, part: Partial, s: np.ndarray, w: int) -> np.ndarray:
@@ -136,7 +107,7 @@ def fast_attend(shard, qg: np.ndarray, items, view: KVView) -> np.ndarray:
     vs = view.v[at]  # (B, nkv, rep, K, R*hd_r)
     w = min(keep, held)
     s = shard.net.dot(shard.cy, qf[:, :, :, None], ks, w)[:, :, :, 0] * shard.scale  # (B, nkv, rep, K)
-    return merged(shard, flash(s, vs, kept), s, w)
+    return merged(shard, flash(s, kept, vs), s, w)
 
 
 def hop_attend(shard, qg: np.ndarray, items, view: KVView) -> np.ndarray:
@@ -151,7 +122,7 @@ def hop_attend(shard, qg: np.ndarray, items, view: KVView) -> np.ndarray:
     B, R, nkv, rep, hd_r = qh.shape
     k = k.reshape(B, R, nkv, rep, hd_r, w, shard.cols).transpose(0, 2, 3, 1, 4, 6, 5)  # (B, nkv, rep, R, hd_r, C, w)
     s = shard.net.dot(shard.cy, qg[:, :, :, None], k, w)[:, :, :, 0] * shard.scale  # (B, nkv, rep, C, w)
-    part = flash(s, v.transpose(0, 2, 3, 1, 4, 5), kept.transpose(0, 1, 2, 4, 3))  # per core: (B, nkv, rep, C, .)
+    part = flash(s, kept.transpose(0, 1, 2, 4, 3), v.transpose(0, 2, 3, 1, 4, 5))  # per core: (B, nkv, rep, C, .)
     return merged(shard, part, s, w)
 
 

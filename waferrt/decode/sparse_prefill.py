@@ -30,7 +30,8 @@ from waferrt.core.arith import cdiv
 from waferrt.core.cost import Cost, on_lines
 from waferrt.core.gemm_cost import AttentionShape, attention_cost, transposed_cost
 from waferrt.core.spec import HardwareSpec
-from waferrt.kernels.attention import PromptAttention, Selection, causal_mask, held_blocks, scores_nt
+from waferrt.kernels.attention import PromptAttention, causal_mask, held_blocks, scores_nt
+from waferrt.kernels.sparse_attention import Selection
 from waferrt.model.sparse import AttentionMode, log_keys
 
 from .cost import ELEMENTWISE_FLOPS, PREDICT_DTYPE
@@ -60,11 +61,7 @@ def select(ctx, qk: tuple[np.ndarray, np.ndarray], prompt: PromptAttention, atte
     pos = unpack(tops)[1].reshape(rows, cols, heads, mb, keep)  # every (head, query)'s K, best first
     query = prompt.start + (i * mb)[:, :, None, None, None] + np.arange(mb)[:, None]  # (rows, 1, 1, mb, 1)
     share = np.vectorize(lambda p: attention.keys_kept(int(p) + 1))(query)  # each query's own keys_kept
-    local = pos - first[..., None]  # (rows, cols, H, mb, K): the place in this core's block, or outside it
-    inside = (local >= 0) & (local < kb) & (np.arange(keep) < share)
-    mask = np.zeros((rows, cols, heads, mb, kb + 1), bool)  # the last place takes what lies elsewhere
-    np.put_along_axis(mask, np.where(inside, local, kb), True, axis=-1)
-    return Selection(mask[..., :kb], min(kb, keep))
+    return Selection(np.where(np.arange(keep) < share, pos, -1), min(kb, keep), kb)
 
 
 def prefill_attention_parts(spec: HardwareSpec, shape: AttentionShape, attention: AttentionMode,

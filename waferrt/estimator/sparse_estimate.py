@@ -25,6 +25,7 @@ from waferrt.decode.cost import Decoding, attention_parts
 from waferrt.model.sparse import AttentionMode
 from waferrt.scheduler.types import Workload
 
+from .estimate import paper_decoding
 from .estimate_report import Estimate
 from .wafer import shape_kv_capacity
 
@@ -72,6 +73,12 @@ class SparseEstimate:
         out = [f"attention       {self.mode}: one layer's attention per token, cycles (dense -> sparse: predict + "
                f"top-K + attend); sparse pays {where}"]
         out += [self._line(r) for r in self.rows]
+        if pays is None:
+            r = self.rows[-1]
+            out.append(f"  why: sparse costs at least its prediction and top-K; at {r.context:,} the prediction and "
+                       f"its reduce alone are {r.predict_cycles / r.dense_cycles:.0%} of dense's attention, leaving "
+                       f"{r.dense_cycles - r.predict_cycles:,.0f} cycles to win, and the top-K costs "
+                       f"{r.sort_cycles:,.0f} (benchmarks/sparse_attention.py --where-pays: by term)")
         out.append(f"  a token at the reserve: {self.dense_token_s * 1e6:,.1f} us dense, "
                    f"{self.sparse_token_s * 1e6:,.1f} us {self.mode}; the longest context that fits: "
                    f"{self.dense_longest:,} positions a request dense, {self.longest_context:,} sparse (every key "
@@ -96,7 +103,7 @@ def sparse_estimate(est: Estimate, mode: AttentionMode) -> SparseEstimate:
     """The sparse figures of an estimate that fits (see the module docstring)."""
     if not est.fits:
         raise ValueError(f"{est.label} does not fit, so its attention has no region to be timed on")
-    dense = Decoding(est.config, est.dtype, head_groups=est.shape.head_groups)
+    dense = paper_decoding(est.config, est.dtype, est.shape.head_groups)
     sparse = replace(dense, attention=mode)
     work = Workload(est.config, est.kv, est.dtype, est.strategy.group)
     longest = shape_kv_capacity(work, est.shape, est.spec.sram_bytes, mode)  # the top-K's lists held too

@@ -27,6 +27,7 @@ import numpy as np
 from .gemm import Grid, meshgemm, places, ring_move, used_lines
 from .gemm_backward import accumulate
 from .sequences import fold, unfold
+from .sparse_attention import KeptScores, Selection, flash
 
 
 def square_places(ctx) -> tuple[list[int], list[int]]:
@@ -65,26 +66,14 @@ def skew(ctx, buf: np.ndarray, axis: str, back: bool = False) -> np.ndarray:
     return buf
 
 
-def scores_nt(ctx, q: np.ndarray, k: np.ndarray, kept: int | None = None) -> np.ndarray:
+def scores_nt(ctx, q: np.ndarray, k: np.ndarray, chosen: Selection | None = None) -> np.ndarray:
     """S = Q K^T by the transposed MeshGEMM (module doc): q (rows, cols, H, mb, db), k (.., kb, db) in the C
-    layout, K already skewed along y; returns S's (H, mb, kb) blocks in the A layout. `kept`: the keys a block
-    each query's products are computed for (sparse attention; default all kb)."""
-    square_places(ctx)
+    layout, K already skewed along y; returns S's (H, mb, kb) blocks in the A layout. `chosen` (sparse
+    attention): only each query's kept keys are multiplied (kernels.sparse_attention.KeptScores), the other
+    entries stay 0."""
+    xs, _ = square_places(ctx)
+    kept = None if chosen is None else KeptScores(chosen, held_blocks(ctx)[1], len(xs))
     return accumulate(ctx, Grid.of_ctx(ctx), q, k, "nt", kept)
-
-
-@dataclass(frozen=True)
-class Selection:
-    """The keys each query attends to (sparse attention): `mask` (rows, cols, H, mb, kb) over every core's
-    A-layout score block, and `kept`, the keys a block the cores compute for (what they book)."""
-
-    mask: np.ndarray
-    kept: int
-
-    def __post_init__(self) -> None:
-        if self.mask.dtype != bool or self.mask.ndim != 5 or not 1 <= self.kept <= self.mask.shape[-1]:
-            raise ValueError(f"a Selection is a (rows, cols, H, mb, kb) bool mask and 1 <= kept <= kb; got "
-                             f"{self.mask.dtype} {self.mask.shape} and kept {self.kept}")
 
 
 @dataclass(frozen=True)
@@ -133,20 +122,34 @@ def probabilities(ctx, q: np.ndarray, k: np.ndarray, prompt: PromptAttention, ch
                   ) -> np.ndarray:
     """The heads' causal softmax(scale Q K^T) in the A layout, (rows, cols, H, mb, kb): q in the C layout, k
     (its kb positions a block) already skewed along y (module doc); masked entries and padding queries get 0.
-    `chosen`: only its keys (sparse attention), the products and the softmax booked for its kept keys."""
+    `chosen`: only its keys (sparse attention: their scores alone, `sorted_statistics`), the products and the
+    softmax booked for its kept keys."""
     heads, mb, kb = q.shape[2], q.shape[3], k.shape[3]
-    kept = chosen.kept if chosen is not None else kb
-    scores = scores_nt(ctx, q, k, kept) * np.float32(prompt.scale)  # (rows, cols, H, mb, kb)
+    scores = scores_nt(ctx, q, k, chosen) * np.float32(prompt.scale)  # (rows, cols, H, mb, kb)
     valid = causal_mask(ctx, mb, prompt, kb)[:, :, None]
     if chosen is not None:
-        valid = valid & chosen.mask
-    scores = np.where(valid, scores, np.float32(-np.inf))
-    top = ctx.allreduce(scores.max(axis=4), "x", op="max")  # (rows, cols, H, mb): each query's row max
-    top = np.where(np.isfinite(top), top, np.float32(0))  # a padding query sees no key
-    e = np.where(valid, np.exp(scores - top[..., None]), np.float32(0))
-    total = ctx.allreduce(e.sum(axis=4), "x")
-    ctx.ledger.compute(prompt.softmax_flops * heads * mb * kept)
+        valid = valid & chosen.mask(held_blocks(ctx)[1])
+        top, total = sorted_statistics(ctx, scores, valid, chosen)
+        e = np.where(valid, np.exp(scores - top[..., None]), np.float32(0))
+    else:
+        scores = np.where(valid, scores, np.float32(-np.inf))
+        top = ctx.allreduce(scores.max(axis=4), "x", op="max")  # (rows, cols, H, mb): each query's row max
+        top = np.where(np.isfinite(top), top, np.float32(0))  # a padding query sees no key
+        e = np.where(valid, np.exp(scores - top[..., None]), np.float32(0))
+        total = ctx.allreduce(e.sum(axis=4), "x")
+    ctx.ledger.compute(prompt.softmax_flops * heads * mb * (chosen.kept if chosen is not None else kb))
     return e / np.where(total > 0, total, np.float32(1))[..., None]
+
+
+def sorted_statistics(ctx, scores: np.ndarray, valid: np.ndarray, chosen: Selection) -> tuple[np.ndarray, ...]:
+    """Sparse attention's row max and sum: each core's online softmax over its kept keys in predicted order
+    (kernels.sparse_attention.flash, STAR's sorted-updating FlashAttention), then the row's max and the sums
+    rescaled to it, reduced over x. scores, valid (rows, cols, H, mb, kb) -> top, total (rows, cols, H, mb)."""
+    places, inside = chosen.in_block(held_blocks(ctx)[1])  # (rows, cols, H, mb, kept), best predicted first
+    part = flash(np.take_along_axis(scores, places, -1), inside & np.take_along_axis(valid, places, -1))
+    top = ctx.allreduce(part.top[..., 0], "x", op="max")
+    top = np.where(np.isfinite(top), top, np.float32(0))  # a padding query sees no key
+    return top, ctx.allreduce((part.total * np.exp(part.top - top[..., None]))[..., 0], "x")
 
 
 def causal_attention(ctx, q: np.ndarray, k: np.ndarray, v: np.ndarray, prompt: PromptAttention,

@@ -164,7 +164,8 @@ def _shift_gemm(ctx, a: np.ndarray, b: np.ndarray, algo: str, kept: int | None =
     """Cannon's algorithm on the rings `algo` names: gcd(rows, cols) block products, a ring shift between.
     a (rows, cols, 1, *batch, mb, kb), b (rows, cols, 1, *batch, kb, nb): every core multiplies a batch of
     blocks (e.g. one per attention head) at once, and moves them together. `kept`: how many of a row of a's
-    kb entries a step multiplies (the nonzeros of sparse attention's P; default all): the flops booked."""
+    kb entries a step multiplies (the nonzeros of sparse attention's P; default all): only those are multiplied
+    (:func:`kept_product`) and booked."""
     grid = Grid.of_ctx(ctx)
     xs, ys = places(algo, grid)
     steps = math.gcd(len(xs), len(ys))
@@ -177,9 +178,21 @@ def _shift_gemm(ctx, a: np.ndarray, b: np.ndarray, algo: str, kept: int | None =
                 with ctx.ledger.concurrent():
                     a = ring_move(ctx, a, "x", xs, lines_x)
                     b = ring_move(ctx, b, "y", ys, lines_y)
-            c += a @ b
+            c += kept_product(a, b, kept) if kept else a @ b
             ctx.ledger.compute(2 * math.prod(a.shape[2:-1]) * (kept or a.shape[-1]) * b.shape[-1])
     return c
+
+
+def kept_product(a: np.ndarray, b: np.ndarray, kept: int) -> np.ndarray:
+    """a @ b over each row of a's nonzeros alone (a zero adds nothing): a (..., mb, kb) with at most `kept`
+    nonzeros a row (sparse attention's P over a key block), b (..., kb, nb) -> (..., mb, nb)."""
+    nonzero = a != 0
+    if a.size and int(nonzero.sum(axis=-1).max()) > kept:
+        raise ValueError(f"a row of the block has {int(nonzero.sum(axis=-1).max())} nonzeros, more than the "
+                         f"{kept} kept: give kept >= the most nonzeros a row holds (or None: dense)")
+    at = np.argsort(~nonzero, axis=-1, kind="stable")[..., :kept]  # (..., mb, kept): the nonzeros first
+    rows = np.take_along_axis(b[..., None, :, :], at[..., None], axis=-2)  # (..., mb, kept, nb)
+    return np.matmul(np.take_along_axis(a, at, -1)[..., None, :], rows)[..., 0, :]
 
 
 def meshgemm(ctx, a: np.ndarray, b: np.ndarray, kept: int | None = None) -> np.ndarray:

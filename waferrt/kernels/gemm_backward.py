@@ -32,19 +32,21 @@ import math
 import numpy as np
 
 from .gemm import Grid, cut_blocks, places, ring_move, used_lines
+from .sparse_attention import KeptScores
 
 LAYOUTS = ("A", "B", "C")
 
 
-def accumulate(ctx, grid: Grid, fixed: np.ndarray, moving: np.ndarray, variant: str, kept: int | None = None
+def accumulate(ctx, grid: Grid, fixed: np.ndarray, moving: np.ndarray, variant: str, kept: KeptScores | None = None
                ) -> np.ndarray:
     """The transposed MeshGEMM on `grid`'s rows x cols cores (module doc). variant "nt": acc += fixed @
     moving^T, the accumulators along the rows' rings ("x"), `moving` along the columns'; "tn": acc += moving^T
     @ fixed, the accumulators along the columns', `moving` along the rows'. s = gcd(rows, cols) steps; the
     accumulators move after each, `moving` after all but the last. On a ring longer than s, the ring's
     places s apart then hold partial sums of the same block: they are summed around the ring
-    (:func:`ring_sum`). `kept`: how many entries of the accumulators' last axis a step computes (sparse
-    attention's kept keys a block; default all): the flops booked, the blocks moving whole."""
+    (:func:`ring_sum`). `kept` (variant "nt" on a square only; sparse attention's
+    waferrt.kernels.sparse_attention.KeptScores): a step computes only its `product(t, fixed, moving)`, the
+    kept keys' entries of the accumulators' last axis, booked as `per_block` of them; the blocks move whole."""
     xs, ys = places("meshgemm", grid)
     s = math.gcd(len(xs), len(ys))
     if variant == "nt":
@@ -55,10 +57,14 @@ def accumulate(ctx, grid: Grid, fixed: np.ndarray, moving: np.ndarray, variant: 
         product = lambda f, m: m.swapaxes(-1, -2) @ f  # noqa: E731
     else:
         raise ValueError(f"the transposed MeshGEMM is 'nt' (A B^T) or 'tn' (A^T B), got {variant!r}")
+    if kept is not None and (variant != "nt" or len(xs) != len(ys)):
+        raise ValueError("only the square's 'nt' transposed MeshGEMM (Q.K^T) computes kept entries alone; run "
+                         f"variant {variant!r} on {len(ys)}x{len(xs)} places without `kept`")
     acc = np.float32(0)
     for t in range(s):
-        acc = acc + product(fixed, moving)
-        ctx.ledger.compute(2 * math.prod(acc.shape[2:-1]) * (kept or acc.shape[-1]) * fixed.shape[contract])
+        acc = acc + (kept.product(t, fixed, moving) if kept is not None else product(fixed, moving))
+        per = kept.per_block if kept is not None else acc.shape[-1]
+        ctx.ledger.compute(2 * math.prod(acc.shape[2:-1]) * per * fixed.shape[contract])
         with ctx.ledger.concurrent():
             acc = ring_move(ctx, acc, *along)
             if t < s - 1:

@@ -7,18 +7,21 @@ stops one (a client that went away: the head frees its K/V slot when its tokens 
 ``inject(fault)`` arms a fault from any thread. The thread starts the tiles' loops when a request comes and
 stops them when none is left (a *session*: the stage runs it booked give the modelled times, read while it
 runs: ``runs_so_far``, no Ray call per token); it hands each request's tokens to ``job.deliver`` as they
-come (an :class:`Update`; the last one carries its finish and its modelled times, waferrt.serving.modelled).
+come (an :class:`Update`; the last one carries its finish and its modelled times, waferrt.serving.modelled,
+worked out and delivered by a second thread so that the runner's keeps delivering the other requests' tokens).
 A fault that ends an attempt is repaired (waferrt.serving.host.repair) and every unfinished request resumed
 where it was (waferrt.serving.recovery.resumed), so its tokens are those of a run without the fault; what
 cannot be recovered ends every open request with ``finish="error: ..."`` and the runner stays down.
 A server request samples with ``default_rng([seed, 0])`` (Submission.rng_index 0): as the same request
 decoded alone by ``waferrt generate``. ``health`` is "ok", "recovering" or "down: <why>"; ``state()`` is a
-snapshot of the requests and the faults (waferrt.server.state draws the mesh).
+snapshot of the requests and the faults (waferrt.server.state draws the mesh); ``take_recent_runs()`` the stage
+runs read since it last looked (the live heatmap's: kept, and read every READ_S, only while someone looks).
 """
 
 from __future__ import annotations
 
 import queue
+import sys
 import threading
 import time
 from collections.abc import Callable
@@ -36,6 +39,8 @@ from waferrt.serving.requests import GenRequest
 STOP_S = 60.0  # how long stop() waits for the thread to end the session and return
 IDLE_S = 0.01  # how long the idle thread waits for a new request before looking at its flags again
 READ_S = 0.5  # how often a running session's stage runs are read for the live heatmap (a Ray call per tile)
+WATCHED_S = 5.0  # ... while the live state was asked for this recently (else only when requests finish: no
+# Ray calls into the busy tiles and no runs kept for a page that nobody watches)
 
 
 class Busy(Exception):
@@ -85,16 +90,22 @@ class Runner:
         self.session, self.since, self.runs = False, {}, []  # the tiles' loops running; stage runs read so far
         self.recent_runs: list = []  # the runs read since state() last looked (the live heatmap's)
         self.read_at = 0.0  # when the runs were last read (time.monotonic())
+        self.watched_at = -WATCHED_S  # when the live state last took the recent runs (time.monotonic())
         self.stopping = threading.Event()
         self.thread = threading.Thread(target=self._run, daemon=True, name="waferrt-runner")
+        self.finals: queue.Queue = queue.Queue()  # (stage runs, [(_Live, last token, finish)]) / None: stop
+        self.timer = threading.Thread(target=self._time_finals, daemon=True, name="waferrt-modelled")
 
     def start(self) -> Runner:
         self.thread.start()
+        self.timer.start()
         return self
 
     def stop(self) -> None:
         self.stopping.set()
         self.thread.join(STOP_S)
+        self.finals.put(None)
+        self.timer.join(STOP_S)
 
     # -- from the server's threads -------------------------------------------------------------------------
     def submit(self, job: Job) -> int:
@@ -187,7 +198,8 @@ class Runner:
             self.decode.submit([sub])
 
     def _step(self) -> None:
-        if time.monotonic() - self.read_at > READ_S:  # the live heatmap's runs, now and then
+        now = time.monotonic()
+        if now - self.read_at > READ_S and now - self.watched_at < WATCHED_S:  # the live heatmap's, now and then
             self._read_runs()
         events = self.decode.events(WAIT_S)
         ended = []
@@ -206,32 +218,59 @@ class Runner:
             self._finish(ended)
 
     def _finish(self, ended: list) -> None:
-        """Deliver the last token of each request that ended, with its modelled times (the session's runs read
-        so far, from the oldest request still in: what the schedule needs)."""
+        """The requests that ended leave (their slots count as free at once); their last tokens go to the
+        modelled-times thread with the session's runs read so far, from the oldest request still in (what the
+        schedule needs), so that this thread goes on delivering the others' tokens meanwhile."""
         try:
             self._read_runs()
         except Exception as e:  # noqa: BLE001 - a fault: the requests that ended are delivered first
             failed = e
         else:
             failed = None
-        sched = flow_schedule(self.runs, len(self.llm.setup.stages()) - 1, self.llm.placement.spec.clock_hz,
-                              partial=True)  # tokens still in flight, and the runs trimmed before the oldest
+        done = []
         for rid, token, finish in ended:
             with self.lock:
-                lv = self.live.pop(rid)
+                done.append((self.live.pop(rid), token, finish))
                 self.taken -= 1
-            made = len(lv.tokens)
-            times = request_times(sched, rid, len(lv.job.request.prompt_ids), made) if made else ModelledTimes()
-            lv.job.deliver(Update(token, finish, times, lv.handed - lv.job.arrived))
+        self.finals.put((list(self.runs), done))
         self._trim_runs()
         if failed is not None:
             raise failed
+
+    def _time_finals(self) -> None:
+        """Deliver each ended request's last token with its modelled times: the flow schedule of the runs it came
+        with (tokens still in flight left out: partial), worked out here, off the runner's thread (a schedule of
+        a session's runs takes a large part of a second on a loaded machine: the runner would hold back every
+        other request's tokens meanwhile)."""
+        last, hz = len(self.llm.setup.stages()) - 1, self.llm.placement.spec.clock_hz
+        while (got := self.finals.get()) is not None:
+            runs, done = got
+            try:
+                sched = flow_schedule(runs, last, hz, partial=True)
+            except Exception as e:  # noqa: BLE001 - the answers go without modelled times, and it is said
+                print(f"waferrt serve: no modelled times for requests {[d[0].sub.index for d in done]}: "
+                      f"{type(e).__name__}: {e}", file=sys.stderr, flush=True)
+                sched = None
+            for lv, token, finish in done:
+                made, prompt = len(lv.tokens), len(lv.job.request.prompt_ids)
+                times = request_times(sched, lv.sub.index, prompt, made) if made and sched else ModelledTimes()
+                lv.job.deliver(Update(token, finish, times, lv.handed - lv.job.arrived))
 
     def _read_runs(self) -> None:
         self.read_at = time.monotonic()
         got = self.decode.runs_so_far(self.since)
         self.runs += got
-        self.recent_runs += got
+        if time.monotonic() - self.watched_at < WATCHED_S:
+            with self.lock:
+                self.recent_runs += got
+
+    def take_recent_runs(self) -> list:
+        """The stage runs read since the last call (the live heatmap's), from then on read every READ_S for
+        WATCHED_S."""
+        with self.lock:
+            self.watched_at = time.monotonic()
+            runs, self.recent_runs = self.recent_runs, []
+        return runs
 
     def _trim_runs(self) -> None:
         """Forget the runs before the first one of the oldest request still in (none of theirs: done)."""

@@ -36,7 +36,7 @@ class StateView:
         p = runner.llm.placement
         if self._sram[0] is not p:
             self._sram = (p, _rows(sram_share(p)))
-        runs, runner.recent_runs = runner.recent_runs, []
+        runs = runner.take_recent_runs()
         running, waiting = runner.counts
         return {"health": runner.health, "at": time.time(), "model": self.served.limits.model,
                 "mesh": {"width": p.mesh.width, "height": p.mesh.height, "tile": [p.mesh.tile_w, p.mesh.tile_h],

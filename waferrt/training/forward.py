@@ -5,13 +5,15 @@ Contract: ``block_forward_mesh(wafer, config, weights, x) -> (y, saved)`` runs o
 forward over x (B, S, dim) or (S, dim) (every sequence from position 0) on ``onwafer.living_square`` and
 returns y of x's shape and the :class:`~waferrt.training.block.Saved` activations -- equal to
 ``block.block_forward``'s (float32, to rounding), and laid out on the square as ``block.block_backward``
-takes them. One kernel (:func:`forward_kernel`) runs every op on the mesh: the RMSNorms (a sum of squares
-along the rows), each projection a MeshGEMM (waferrt.kernels.gemm: Q, K, V and the output projection per
-head, gate, up, down; their input skewed into the A layout first, ``train_ops.relayout``), RoPE in the
-cores, the causal attention (waferrt.kernels.attention, per sequence: the tokens lie on the square in
-waferrt.kernels.sequences' order, every core row a slice of each sequence; a K/V head's blocks go with each of
-its query heads), SwiGLU and the residual adds in the cores, the output projection's heads
-summed in the core. What it books is ``core.train_cost.block_forward_parts`` at
+takes them. One kernel (:func:`forward_kernel`) runs every op on the mesh: the RMSNorms (the decode's block
+function decode.shards.mesh_rmsnorm on a decode.net.KernelNet: a sum of squares along the rows), each
+projection a MeshGEMM (waferrt.kernels.gemm: Q, K, V and the output projection per head, gate, up, down; their
+input skewed into the A layout first, ``train_ops.relayout``), RoPE in the cores (its cos and sin blocks, each
+pair's angle on both its features), the causal attention (waferrt.kernels.attention, per sequence: the tokens
+lie on the square in waferrt.kernels.sequences' order, every core row a slice of each sequence; a K/V head's
+blocks go with each of its query heads), SwiGLU and the residual adds in the cores (decode.shards.rope,
+swiglu, residual, on the KernelNet too), the output projection's heads summed in the core. What it books is
+``core.train_cost.block_forward_parts`` at
 ``decode.cost.ELEMENTWISE_FLOPS`` (tests/unit/test_train_ties.py).
 The kernel reads x and writes y and the kept activations under the DSM names a :class:`ForwardNames` gives
 (its inputs ``block.layer_blocks``; ``forward_args`` / ``kept_shapes`` the rest of its job):
@@ -26,13 +28,13 @@ from dataclasses import dataclass
 import numpy as np
 
 from waferrt.core.train_cost import TrainShape, square_tokens
-from waferrt.decode.cost import ELEMENTWISE_FLOPS as EW
+from waferrt.decode import shards
+from waferrt.decode.net import KernelNet
 from waferrt.kernels.attention import PromptAttention, causal_attention
 from waferrt.kernels.gemm import meshgemm
 from waferrt.kernels.gemm_backward import gather, scatter
 from waferrt.kernels.sequences import deinterleave, interleave
-from waferrt.kernels.train_ops import Norm, relayout, rotate_pairs
-from waferrt.model.reference import silu
+from waferrt.kernels.train_ops import Norm, relayout
 
 from .block import BlockShape, Saved, layer_blocks
 from .onwafer import Job, living_square, run_job
@@ -56,11 +58,10 @@ class ForwardNames:
 
 
 def _rmsnorm(ctx, x: np.ndarray, w: np.ndarray, norm: Norm) -> np.ndarray:
-    """x / rms(x) * w over (rows, cols, mb, nb) blocks in the C layout: the sum of squares along the rows."""
+    """x / rms(x) * w over (rows, cols, mb, nb) blocks in the C layout: the decode's RMSNorm block function
+    (decode.shards.mesh_rmsnorm) on the kernel's KernelNet, the sum of squares along the rows of cores."""
     with ctx.ledger.op("rmsnorm"):
-        ms = ctx.allreduce((x * x).sum(-1), "x") / np.float32(norm.dim)
-        ctx.compute(EW["rmsnorm"] * x.shape[-2] * x.shape[-1])
-        return (x / np.sqrt(ms + np.float32(norm.eps))[..., None] * w).astype(np.float32)
+        return shards.mesh_rmsnorm(KernelNet(ctx), None, x, w, norm).astype(np.float32, copy=False)
 
 
 def _elementwise(ctx, name: str, flops: int, out: np.ndarray) -> np.ndarray:
@@ -84,21 +85,27 @@ def forward_kernel(ctx, norm: Norm, prompt: PromptAttention, names: ForwardNames
     h1 = _rmsnorm(ctx, x, t["attn_norm"], norm)
     h1a = relayout(ctx, h1, "C", "A")
     q, k, v = (_heads(ctx, h1a, t[w]) for w in ("wq", "wk", "wv"))  # (rows, cols, heads, mb, db)
+    net = KernelNet(ctx)  # the block functions' element-wise work on every core's block
+    sign = np.tile(np.float32([-1, 1]), t["sin"].shape[-1] // 2)  # (-sin, sin) pair by pair: shards.pairwise's
+    angles = (t["cos"][:, :, None], (t["sin"] * sign)[:, :, None])  # (rows, cols, 1, mb, db): every head's
     with ctx.ledger.op("rope"):
-        q, k = (rotate_pairs(a, t["cos"], t["sin"]) for a in (q, k))
-        ctx.compute(EW["rope"] * (q[0, 0].size + k[0, 0].size))
+        q, k = (shards.rope(net, None, a, angles) for a in (q, k))
     rep = q.shape[2] // k.shape[2]
     att = causal_attention(ctx, q, np.repeat(k, rep, axis=2), np.repeat(v, rep, axis=2), prompt)
     atta = relayout(ctx, att, "C", "A")
     o = meshgemm(ctx, atta[:, :, None], t["wo"][:, :, None])  # (rows, cols, H, mb, nb)
     o = _elementwise(ctx, "compute", 1, o).sum(axis=2)  # the heads' sum, in the core
-    x2 = _elementwise(ctx, "residual", EW["residual"], x + o)
+    with ctx.ledger.op("residual"):
+        x2 = shards.residual(net, None, x, o)
     h2 = _rmsnorm(ctx, x2, t["ffn_norm"], norm)
     h2a = relayout(ctx, h2, "C", "A")
     gate, up = (meshgemm(ctx, h2a[:, :, None], t[w][:, :, None]) for w in ("w_gate", "w_up"))
-    m = _elementwise(ctx, "swiglu", EW["silu_mul"], silu(gate) * up)
+    with ctx.ledger.op("swiglu"):
+        m = shards.swiglu(net, None, gate, up)
     ma = relayout(ctx, m, "C", "A")
-    y = _elementwise(ctx, "residual", EW["residual"], x2 + meshgemm(ctx, ma[:, :, None], t["w_down"][:, :, None]))
+    down = meshgemm(ctx, ma[:, :, None], t["w_down"][:, :, None])
+    with ctx.ledger.op("residual"):
+        y = shards.residual(net, None, x2, down)
     ctx.store(names.y, y[:, :, None, None])
     kept = {"h1": h1a, "q": q, "k": k, "v": v, "att": atta, "x2": x2, "h2": h2a, "gate": gate, "up": up, "m": ma}
     for name, value in kept.items() if names.kept else ():
