@@ -234,8 +234,8 @@ def kernel_lines(config, spec, side: int, tokens: int, dtype: str) -> list[str]:
     t, hi = sum(parts.values()), PUBLISHED[1]
     top = max(parts, key=parts.get)
     out = [f"vs its kernel   WaferLLM's timed setup ({KERNEL_SOURCE}): one layer's weights resident on {side}x{side} "
-           f"cores, the 4096 tokens in one piece: {tokens / t:,.0f} tokens/s = {tokens / t / hi:.2f}x the measured top; "
-           f"{LABELS[top]} {100 * parts[top] / t:.0f}%"]
+           f"cores, the 4096 tokens in one piece: {tokens / t:,.0f} tokens/s = {tokens / t / hi:.2f}x the measured "
+           f"top; {LABELS[top]} {100 * parts[top] / t:.0f}%"]
     if tokens / t > hi:
         out.append("why above       the model's kernels, not the decode's layout, are faster than measured: a MeshGEMM "
                    "step is its block product at four FMACs a cycle and a two-hop block move; a real core adds what no "
