@@ -16,7 +16,8 @@ import ray
 from ray.exceptions import GetTimeoutError
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
-from waferrt.decode.streaming import WeightStore
+from waferrt.decode.stage import StageKind
+from waferrt.decode.streaming import StreamBlock, WeightStore, stream_order
 from waferrt.model.npcache import resolve
 
 FETCH_S = 60.0  # the longest a block may take to come
@@ -35,9 +36,8 @@ class MemoryX:
     def head_count(self) -> int:
         return self.store.head_count
 
-    def block(self, key: tuple):
-        kind, i = key
-        return self.store.layer(i) if kind == "layer" else self.store.head(i)
+    def block(self, key: StreamBlock):
+        return self.store.block(key)
 
     def rows(self, tokens):
         return self.store.rows(tokens)
@@ -67,25 +67,25 @@ class StreamClient:
 
     def __init__(self, handle, n_layers: int, head_count: int):
         self.handle, self.head_count = handle, head_count
-        self.order = [("layer", i) for i in range(n_layers)] + [("head", k) for k in range(head_count)]
-        self.ahead: dict[tuple, object] = {}  # blocks asked for before their turn
+        self.order = stream_order(n_layers, head_count)
+        self.ahead: dict[StreamBlock, object] = {}  # blocks asked for before their turn
 
     def layer(self, i: int):
-        return self._block(("layer", i))
+        return self._block(StreamBlock(StageKind.LAYER, i))
 
     def head(self, k: int):
-        return self._block(("head", k))
+        return self._block(StreamBlock(StageKind.HEAD, k))
 
     def rows(self, tokens):
         return self._get(self.handle.rows.remote(tokens), "the embedding rows")
 
-    def _block(self, key: tuple):
+    def _block(self, key: StreamBlock):
         ref = self.ahead.pop(key, None) or self.handle.block.remote(key)
         nxt = self.order[(self.order.index(key) + 1) % len(self.order)]
         if nxt not in self.ahead:
             self.ahead = {k: r for k, r in self.ahead.items() if k != key}
             self.ahead[nxt] = self.handle.block.remote(nxt)  # streams in while this block computes
-        return self._get(ref, f"{key[0]} block {key[1]}")
+        return self._get(ref, f"{key.kind.value} block {key.index}")
 
     def _get(self, ref, what: str):
         try:

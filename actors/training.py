@@ -33,6 +33,7 @@ from ray.exceptions import ActorDiedError, GetTimeoutError
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
 from waferrt.faults import CoreFailed
+from waferrt.faults.model import FaultKind
 from waferrt.model.npcache import resolve
 from waferrt.training.faults import MAX_REDOS, CorruptGradient, TrainingFailed, corrupt
 from waferrt.training.mesh import phases_of
@@ -103,9 +104,9 @@ class StoreClient:
 
     def push_layer(self, i: int, grads, push) -> None:
         fault = self.fault
-        if fault is not None and fault.kind != "core" and fault.strikes(push.step, i):
+        if fault is not None and fault.kind is not FaultKind.CORE and fault.strikes(push.step, i):
             self.fault = None  # a fault strikes once
-            if fault.kind == "tile":
+            if fault.kind is FaultKind.TILE:
                 os._exit(1)  # the tile's process dies mid-step: some layers' updates made, the others not
             grads = corrupt(grads, fault.bits, seed=push.step)  # flipped on the wire, after the CRC was taken
         self.pushes.append(self.handle.push_layer.remote(i, grads, push))
@@ -127,7 +128,7 @@ class TrainTile:
 
     def step(self, tokens, step: int, epoch: int):
         fault, phases = self.client.fault, self.phases
-        if fault is not None and fault.kind == "core" and fault.step == step:  # a core of the square dies
+        if fault is not None and fault.kind is FaultKind.CORE and fault.step == step:  # a core of the square dies
             self.client.fault, phases = None, dying(phases, self.wafer, fault)
         try:
             return train_step(self.client, tokens, step, phases, epoch)

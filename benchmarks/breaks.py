@@ -99,7 +99,8 @@ BREAKS = {
     "streamed_bytes: the head without its final norm": (
         "waferrt.decode.streaming", "streamed_bytes",
         "lambda config, kind, dtype, items: "
-        "orig(config, kind, dtype, items) - (config.dim * 4 if kind == 'head' else 0)",
+        "orig(config, kind, dtype, items) - (config.dim * 4 if kind is __import__('waferrt.decode.stage', "
+        "fromlist=['x']).StageKind.HEAD else 0)",
         FILES["stream"]),
     "stream_step_cycles: the embedding rows for free": (
         "waferrt.decode.streaming", "stream_step_cycles",

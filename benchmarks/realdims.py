@@ -51,6 +51,7 @@ from threadpoolctl import threadpool_limits  # noqa: E402
 from waferrt.core.mesh import MeshSpec  # noqa: E402
 from waferrt.core.spec import WSE2  # noqa: E402
 from waferrt.decode.cost import handover_cost  # noqa: E402
+from waferrt.decode.stage import StageKind  # noqa: E402
 from waferrt.model.convert import Cut  # noqa: E402
 from waferrt.scheduler import KVReserve, PlanOptions, plan, plan_report  # noqa: E402
 from waferrt.scheduler.budget import embed_rows_needed, head_tables, layer_shapes  # noqa: E402
@@ -131,13 +132,13 @@ def layer_cycles(setup, stats) -> list[tuple[int, int, float, float]]:
     same context (the token's position + 1)."""
     stages, out = setup.stages(), []
     for run in stats.runs:
-        kind, layer, region = stages[run.stage]
-        if kind != "layer" or len(run.items) != 1:
+        stage = stages[run.stage]
+        if stage.kind is not StageKind.LAYER or len(run.items) != 1:
             continue
         pos = run.items[0].pos
-        hand = handover_cost(WSE2, stages[run.stage - 1][2], region, 4 * setup.config.dim).cycles
-        est = stage_seconds(WSE2, setup.decoding, [("layer", region)], pos + 1, 1)[0] * WSE2.clock_hz
-        out.append((layer, pos, run.cycles - hand, est))
+        hand = handover_cost(WSE2, stages[run.stage - 1].region, stage.region, 4 * setup.config.dim).cycles
+        est = stage_seconds(WSE2, setup.decoding, [stage], pos + 1, 1)[0] * WSE2.clock_hz
+        out.append((stage.layer, pos, run.cycles - hand, est))
     return out
 
 

@@ -153,9 +153,8 @@ def _speed(p: Placement) -> tuple[float, float, float]:
         return one, round_s, one * p.spec.clock_hz
     stages = placement_stages(p)
     region: dict[Region, float] = {}
-    for (_, r), c in zip(stages, stages_alone_cycles(p.spec, p.decoding, stages, p.kv_tokens),
-                         strict=True):
-        region[r] = region.get(r, 0.0) + c
+    for st, c in zip(stages, stages_alone_cycles(p.spec, p.decoding, stages, p.kv_tokens), strict=True):
+        region[st.region] = region.get(st.region, 0.0) + c
     return one, round_s, max(region.values())
 
 

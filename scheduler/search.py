@@ -11,7 +11,7 @@ slots). ``group`` (layers per region, ``types.Strategy``) makes every region hol
 (their weights and K/V stacked, budgeted by ``budget`` with ``layers=group``): ``cdiv(n_layers, group)``
 regions are placed, in chain order. ``smallest_mesh`` finds the
 fewest whole tiles on the spec's wafer that hold a model; ``tile_candidates`` proposes tile sizes for
-``default_mesh``.
+``default_mesh``. A :class:`Slot` is a size in cores (w x h): a layer region's slot, an embedding band.
 """
 
 from __future__ import annotations
@@ -46,31 +46,39 @@ class Found:
     head: Region | None = None  # an untied head's region (None: tied, or no fit)
 
 
+@dataclass(frozen=True)
+class Slot:
+    """A rectangle's size in cores, `w` columns by `h` rows: a layer region's slot, an embedding band."""
+
+    w: int
+    h: int
+
+
 def _round_up(v: int, step: int, cap: int) -> int:
     r = cdiv(v, step) * step
     return r if r <= cap else v
 
 
 def embed_bands(config: LlamaConfig, sram: int, dtype: str, area: Region, w: int,
-                h: int) -> list[tuple[int, int]]:
-    """(cols, rows) of embedding regions that fill `area`'s width (top band) or height (left band)."""
+                h: int) -> list[Slot]:
+    """The sizes of embedding regions that fill `area`'s width (top band) or height (left band), rounded up
+    to whole w x h layer slots."""
     out = []
     we = min(area.w, config.dim)
     rows = budget.embed_rows_needed(config, sram, we, dtype)
     if rows is not None and rows <= area.h:
-        out.append((we, _round_up(rows, h, area.h)))
+        out.append(Slot(we, _round_up(rows, h, area.h)))
     he = min(area.h, config.vocab_size)
     cols = budget.embed_cols_needed(config, sram, he, dtype)
     if cols is not None and cols <= min(area.w, config.dim):
-        out.append((_round_up(cols, w, min(area.w, config.dim)), he))
+        out.append(Slot(_round_up(cols, w, min(area.w, config.dim)), he))
     return list(dict.fromkeys(out))
 
 
-def _embed_at(mesh: MeshSpec, obstacles: Obstacles, block: Region, band: tuple[int, int],
-              slot: tuple[int, int]) -> Region | None:
+def _embed_at(mesh: MeshSpec, obstacles: Obstacles, block: Region, band: Slot, slot: Slot) -> Region | None:
     """The free we x he (`band`) position nearest `block`'s north-west corner: inside one tile, inside the
     block and aligned with the w x h layer slots (`slot`) when possible."""
-    (we, he), (w, h) = band, slot
+    we, he, w, h = band.w, band.h, slot.w, slot.h
     ys, xs = np.nonzero(obstacles.free_map(we, he))
     if not len(xs):
         return None
@@ -84,10 +92,10 @@ def _embed_at(mesh: MeshSpec, obstacles: Obstacles, block: Region, band: tuple[i
 
 
 def _embed_options(work: Workload, sram: int, mesh: MeshSpec, obstacles: Obstacles, block: Region,
-                   slot: tuple[int, int]) -> list[Region]:
+                   slot: Slot) -> list[Region]:
     for area in (block, mesh.region):
         found = [_embed_at(mesh, obstacles, block, band, slot)
-                 for band in embed_bands(work.config, sram, work.dtype, area, *slot)]
+                 for band in embed_bands(work.config, sram, work.dtype, area, slot.w, slot.h)]
         found = [r for r in found if r is not None]
         if found:
             return list(dict.fromkeys(found))
@@ -118,7 +126,7 @@ def _block_work(tables: tuple[Region, ...], blks: Sequence[Region], nbytes: int)
 
 
 def _table_options(work: Workload, sram: int, mesh: MeshSpec, obstacles: Obstacles, block: Region,
-                   slot: tuple[int, int]) -> list[tuple[Region, ...]]:
+                   slot: Slot) -> list[tuple[Region, ...]]:
     """Where the tables may go: every embedding position (``_embed_options``), each with, for an untied head,
     the head's first position beside it (the same bands, around the embedding)."""
     out = []
@@ -160,14 +168,14 @@ def _capacity(free: np.ndarray, blks: Sequence[Region], w: int, h: int) -> int:
     return sum(_block_caps(free, blks, w, h))
 
 
-def _try_shape(work: Workload, sram: int, mesh: MeshSpec, obstacles: Obstacles, slot: tuple[int, int],
+def _try_shape(work: Workload, sram: int, mesh: MeshSpec, obstacles: Obstacles, slot: Slot,
                balance: bool = True) -> tuple[Found | None, int]:
     """The best layout of all w x h (`slot`) regions of `work.layers` layers (None when there is none), and the most
     any attempt chained. An attempt (block order and embedding position) whose blocks cannot hold every
     layer is only counted (``_capacity``), not chained: that is what makes a failing shape cheap. With
     `balance`, every block takes a share of the layers that balances the weight bytes per block
     (``geometry.quotas``) and the busiest tile's bytes rank right after straddling regions."""
-    (w, h), n, best, most, orders = slot, cdiv(work.config.n_layers, work.layers), None, 0, {}
+    w, h, n, best, most, orders = slot.w, slot.h, cdiv(work.config.n_layers, work.layers), None, 0, {}
     embed_bytes, layer_bytes = budget.work_bytes(work.config, work.dtype)
     weights = (embed_bytes, work.layers * layer_bytes) if balance else None
     for by_rows in (True, False):
@@ -243,7 +251,7 @@ def best_layout(work: Workload, spec: HardwareSpec, mesh: MeshSpec, links: froze
     for w, h in shapes:
         if not _room_for(mesh, w, h, n, emin):
             continue
-        found, chained = _try_shape(work, sram, mesh, obstacles, (w, h), balance)
+        found, chained = _try_shape(work, sram, mesh, obstacles, Slot(w, h), balance)
         if found is not None:
             return found
         if tried is None or chained > most:
@@ -293,8 +301,8 @@ def smallest_mesh(work: Workload, spec: HardwareSpec, tile: tuple[int, int]) -> 
 
 def _embed_slots(config: LlamaConfig, sram: int, dtype: str, tile: Region, w: int, h: int) -> int | None:
     """Layer slots of a tile (a grid of w x h slots) that the embedding band takes; None: it cannot fit."""
-    lost = [cdiv(we, w) * cdiv(he, h) * budget.head_tables(config)
-            for we, he in embed_bands(config, sram, dtype, tile, w, h)]
+    lost = [cdiv(band.w, w) * cdiv(band.h, h) * budget.head_tables(config)
+            for band in embed_bands(config, sram, dtype, tile, w, h)]
     return min(lost, default=None)
 
 

@@ -12,20 +12,23 @@ on-paper estimator (waferrt.estimator) times its floor plans with the same funct
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 from waferrt.core.cost import cycles_seconds
-from waferrt.core.mesh import Region
 from waferrt.core.spec import HardwareSpec
 from waferrt.decode.cost import Decoding, lane_batches, step_cycles, token_cost
 from waferrt.decode.routed_cost import cheapest_routed_cycles, routed_alone_cycles
 from waferrt.decode.schedule import requests_round_seconds, round_bound_seconds
+from waferrt.decode.stage import Stage, StageKind, chain, entries
 from waferrt.decode.streaming import stream_step_cycles
 
 from .types import Placement
 
 
-def stage_seconds(spec: HardwareSpec, dec: Decoding, stages, kv_tokens: int, requests: int) -> tuple[float, float]:
+def stage_seconds(spec: HardwareSpec, dec: Decoding, stages: Sequence[Stage], kv_tokens: int,
+                  requests: int) -> tuple[float, float]:
     """(seconds of one request's token, seconds of one step with `requests` in flight) through `stages`
-    ((kind, Region), as decode.cost.step_cycles takes them: one per layer, the layers of a group on one
+    (decode.stage.Stage, as decode.cost.step_cycles takes them: one per layer, the layers of a group on one
     region) on the wafer: the closed forms the tiles book; with several requests, a steady round of them
     decoding at their own pace, as the decode that ran is scheduled (waferrt.decode.schedule: a token's
     layers on one region run back to back, and the tokens take turns on it)."""
@@ -33,10 +36,10 @@ def stage_seconds(spec: HardwareSpec, dec: Decoding, stages, kv_tokens: int, req
     one = cycles_seconds(spec, sum(alone))
     if requests == 1:
         return one, one
-    return one, requests_round_seconds(alone, [region for _, region in stages], requests, spec.clock_hz)
+    return one, requests_round_seconds(alone, [st.region for st in stages], requests, spec.clock_hz)
 
 
-def stages_alone_cycles(spec: HardwareSpec, dec: Decoding, stages, kv_tokens: int) -> list[float]:
+def stages_alone_cycles(spec: HardwareSpec, dec: Decoding, stages: Sequence[Stage], kv_tokens: int) -> list[float]:
     """The cycles of one token alone at each stage, in stage order: what a placement's speed (the flow
     schedule of decode.schedule) and its bound are derived from."""
     cycles = step_cycles(spec, dec, stages, kv_tokens, [1])
@@ -66,22 +69,22 @@ def run_bound_tokens_per_s(p: Placement, in_flight: int, positions: range, batch
     if not positions:
         raise ValueError("a run's bound needs the positions of its generated tokens; it generated none")
     stages = placement_stages(p)
-    alone = [min(token_cost(p.spec, p.decoding, (kind, stages[s - 1][1] if s else None, region), pos, True).cycles
-                 for pos in _cheapest(positions, region.w)) + moe_share_floor(p, (kind, region), batch)
-             for s, (kind, region) in enumerate(stages)]
-    return in_flight / round_bound_seconds(alone, [r for _, r in stages], in_flight, p.spec.clock_hz)
+    alone = [min(token_cost(p.spec, p.decoding, entry, pos, True).cycles
+                 for pos in _cheapest(positions, entry.region.w)) + moe_share_floor(p, stage, batch)
+             for stage, entry in zip(stages, entries(stages), strict=True)]
+    return in_flight / round_bound_seconds(alone, [st.region for st in stages], in_flight, p.spec.clock_hz)
 
 
-def moe_share_floor(p: Placement, stage: tuple[str, Region], batch: int) -> float:
+def moe_share_floor(p: Placement, stage: Stage, batch: int) -> float:
     """What a token's cycles at an MoE layer stage can be below token_cost's (which prices the typical token:
     decode.routed_cost.routed_alone_cycles): the run gives each token its share of its micro-batch's routed work
     (decode.program), at least decode.routed_cost.cheapest_routed_cycles over the micro-batch's tokens, for any
     micro-batch of 1 to `batch` tokens; 0 at any other stage."""
-    (kind, region), dec = stage, p.decoding
-    if kind != "layer" or not dec.config.moe:
+    dec = p.decoding
+    if stage.kind is not StageKind.LAYER or not dec.config.moe:
         return 0.0
-    share = min(cheapest_routed_cycles(p.spec, dec, region, b) / b for b in range(1, batch + 1))
-    return share - routed_alone_cycles(p.spec, dec, region)
+    share = min(cheapest_routed_cycles(p.spec, dec, stage.region, b) / b for b in range(1, batch + 1))
+    return share - routed_alone_cycles(p.spec, dec, stage.region)
 
 
 def _cheapest(positions: range, cols: int) -> tuple[int, ...]:
@@ -92,9 +95,9 @@ def _cheapest(positions: range, cols: int) -> tuple[int, ...]:
     return (positions.start,) + ((still,) if still in positions else ())
 
 
-def placement_stages(p: Placement) -> list[tuple[str, Region]]:
-    """A non-streaming placement's stages as (kind, Region): the embedding, every layer, the head."""
-    return [("embed", p.embed), *(("layer", r) for r in p.layers), ("head", p.head_region)]
+def placement_stages(p: Placement) -> tuple[Stage, ...]:
+    """A non-streaming placement's stages: the embedding, every layer, the head (on its own region if untied)."""
+    return chain(p.embed, p.layers, p.head_region)
 
 
 def streaming_seconds(p: Placement, requests: int, context: int) -> tuple[float, float]:

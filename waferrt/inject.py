@@ -28,7 +28,16 @@ from waferrt.core.mesh import TileId
 from waferrt.faults.errors import CoreFailed, LinkFailed, PayloadCorrupt, Unrecoverable
 from waferrt.faults.events import FaultLog
 from waferrt.faults.faultmap import FaultMap
-from waferrt.faults.model import FaultPlan, NodeLoss, Straggler, TileCrash, check_on_mesh, fault_dict, fault_tiles
+from waferrt.faults.model import (
+    FaultKind,
+    FaultPlan,
+    NodeLoss,
+    Straggler,
+    TileCrash,
+    check_on_mesh,
+    fault_dict,
+    fault_tiles,
+)
 
 
 class FaultSession:
@@ -164,8 +173,9 @@ class FaultSession:
         """A kernel run ended with `error` (a FaultError): bring the log up to date and mark the faults it
         found as detected by it (a kernel is not recovered by the runtime: its author handles the error)."""
         self.refresh()
-        kind = {CoreFailed: "core", LinkFailed: "link", PayloadCorrupt: "corrupt"}.get(type(error))
-        found = [e for e in self.log.pending() if e.kind == kind and _names(error, e.fault)]
+        kind = {CoreFailed: FaultKind.CORE, LinkFailed: FaultKind.LINK,
+                PayloadCorrupt: FaultKind.CORRUPT}.get(type(error))
+        found = [e for e in self.log.pending() if e.kind is kind and _names(error, e.fault)]
         self.log.mark_detected(found, f"kernel: {type(error).__name__}", time.time())
 
     def tile_died(self, error: Exception, epoch: int) -> None:

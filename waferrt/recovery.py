@@ -32,13 +32,13 @@ from waferrt.actors.watch import NodeLost, TileDied, TileFailed, TileStalled
 from waferrt.core.mesh import Coord, Dir, TileId
 from waferrt.fabric.links import FabricError, FabricTimeout
 from waferrt.faults.errors import FaultError, FaultStop, NoRoom, PayloadCorrupt, Unrecoverable
-from waferrt.faults.model import CoreFailure, LinkFailure, NodeLoss, Straggler, TileCrash
+from waferrt.faults.model import CoreFailure, FaultKind, LinkFailure, NodeLoss, Straggler, TileCrash
 from waferrt.scheduler.geometry import link_inside
 from waferrt.scheduler.repair import replan
 from waferrt.scheduler.types import PlanError
 
-FOUND_BY = {"core": "core failed in its region", "link": "link failed in its region", "corrupt": "payload checksum",
-            "tile": "tile did not answer"}
+FOUND_BY = {FaultKind.CORE: "core failed in its region", FaultKind.LINK: "link failed in its region",
+            FaultKind.CORRUPT: "payload checksum", FaultKind.TILE: "tile did not answer"}
 CALL_S = 30.0  # a tile that beats but has not ended, reported or set up its part by then is stuck: restarted
 MAX_FRUITLESS = 3  # recoveries in a row after which no new token came: the run is not getting anywhere
 
@@ -83,7 +83,7 @@ def _recover(dec, error: Exception) -> list:
         dec.handled |= {e.index for e in hit}
     by, kind = _detector(error)
     for e in hit:  # a fault of another kind than the error's was found by the recovery's own scan
-        session.log.mark_detected([e], by if e.kind == kind or len(hit) == 1 else
+        session.log.mark_detected([e], by if e.kind is kind or len(hit) == 1 else
                              f"{FOUND_BY.get(e.kind, by)} (scan after a fault)", found)
     moved = _replan(llm, cores, links, dead)
     _restart(wafer, session, dead, llm)
@@ -155,18 +155,18 @@ def assess(session, event, placement) -> None:
         session.log.mark_recovered([event], f"none needed: {why}", now)
 
 
-def _detector(error: Exception) -> tuple[str, str | None]:
+def _detector(error: Exception) -> tuple[str, FaultKind | None]:
     """What found the fault (from the error that ended the attempt), and the kind of fault it points to."""
     text = str(error)
     if isinstance(error, NodeLost):
-        return "the host (it removed the node)", "node"
+        return "the host (it removed the node)", FaultKind.NODE
     if isinstance(error, TileDied):
-        return "Ray: actor died", "tile"
+        return "Ray: actor died", FaultKind.TILE
     if isinstance(error, TileStalled):
-        return "heartbeat silent", "tile"
+        return "heartbeat silent", FaultKind.TILE
     if isinstance(error, PayloadCorrupt) or "PayloadCorrupt" in text:
-        return FOUND_BY["corrupt"], "corrupt"
-    for kind, name in (("core", "CoreFailed"), ("link", "LinkFailed")):
+        return FOUND_BY[FaultKind.CORRUPT], FaultKind.CORRUPT
+    for kind, name in ((FaultKind.CORE, "CoreFailed"), (FaultKind.LINK, "LinkFailed")):
         if name in text:
             return FOUND_BY[kind], kind
     if isinstance(error, FabricTimeout) or "FabricTimeout" in text:

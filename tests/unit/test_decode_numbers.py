@@ -23,6 +23,7 @@ from waferrt.core.spec import TINY, WSE2
 from waferrt.decode.cost import handover_bytes, handover_cost
 from waferrt.decode.schedule import Item, StageRun, flow_seconds
 from waferrt.decode.setup import DecodeSetup, stage_sram
+from waferrt.decode.stage import StageKind
 from waferrt.model import Sampler, synthetic_llama, tiny_config
 from waferrt.model.config import SMOLLM2_135M
 from waferrt.scheduler import KVReserve, PlanOptions, budget, plan, plan_report
@@ -105,7 +106,7 @@ def _generate(lanes: int, n: int = 4):
 def test_tiles_book_one_handover_per_stage_and_micro_batch():
     dec, runs, _ = _generate(lanes=2)
     booked = sum(p.ledger.by_op["handover"].cycles for p in dec.programs.values() if "handover" in p.ledger.by_op)
-    regions = [r for _, _, r in dec.setup.stages()]
+    regions = [st.region for st in dec.setup.stages()]
     want = sum(handover_cost(TINY, regions[r.stage - 1], regions[r.stage], handover_bytes(CFG, len(r.items))).cycles
                for r in runs if r.stage)
     assert booked == pytest.approx(want) and want > 0
@@ -131,14 +132,14 @@ def test_what_a_stage_books_is_the_planners_budget(config, spec, mesh, kv, dtype
     p = plan(config, spec, mesh, kv=kv, options=PlanOptions(dtype=dtype))
     setup = DecodeSetup.from_placement(p)
     rep = plan_report(p)
-    for s, (kind, _, region) in enumerate(setup.stages()):
-        booked = stage_sram(setup, s)
-        if kind == "head":
+    for s, stage in enumerate(setup.stages()):
+        booked, region = stage_sram(setup, s), stage.region
+        if stage.kind is StageKind.HEAD:
             assert booked == {}  # the head reads the embedding's table
             continue
         assert {r for r, _ in booked.values()} == {region}
         most = int(sum(nbytes for _, nbytes in booked.values()).max())
-        if kind == "layer":
+        if stage.kind is StageKind.LAYER:
             work = Workload(config, KVReserve(p.kv_tokens, kv.requests), dtype)
             assert most == budget.layer_bytes(work, region.w, region.h)
             assert most in rep.layer_core_bytes

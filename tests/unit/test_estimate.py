@@ -89,7 +89,7 @@ def test_the_planner_skips_only_floor_plans_that_cannot_win():
         for f in floors:
             stages = f.stages(SMOLLM2_135M.n_layers, s.group)
             dec = Decoding(SMOLLM2_135M, "float16", head_groups=f.shape.head_groups)
-            seg = speed.stages_alone_cycles(WSE2, dec, stages, kv.tokens), [r for _, r in stages]
+            seg = speed.stages_alone_cycles(WSE2, dec, stages, kv.tokens), [st.region for st in stages]
             rounds.append(requests_round_seconds(*seg, kv.requests, WSE2.clock_hz))
             assert round_bound_seconds(*seg, kv.requests, WSE2.clock_hz) <= rounds[-1] * (1 + 1e-12)
         got = est.best(Workload(SMOLLM2_135M, kv, "float16", s.group), WSE2, (128, 96), "throughput")

@@ -20,6 +20,7 @@ from waferrt.core.spec import TINY, WSE2
 from waferrt.decode.cost import Decoding, head_decode_cost, layer_decode_cost, layer_decode_parts, step_cycles
 from waferrt.decode.pack import Chunks, pack_embed, pack_layer
 from waferrt.decode.shards import EmbedShard, LayerShard
+from waferrt.decode.stage import chain
 from waferrt.model import Sampler, synthetic_llama, tiny_config
 from waferrt.model.config import SMOLLM2_135M
 from waferrt.scheduler import KVReserve, PlanOptions, Strategy, default_mesh, plan, plan_report
@@ -63,7 +64,7 @@ def _check_decode(dec: LocalDecoder, requests: int, tokens: int = 3) -> list:
     hold k entries, so k % cols columns move); every stage run books step_cycles' figure for its size, and
     every token's cycles alone are step_cycles' for a micro-batch of one."""
     p, config = dec.placement, dec.placement.config
-    stages = [(kind, r) for kind, _, r in dec.setup.stages()]
+    stages = dec.setup.stages()
     _, stats = dec.generate([GenRequest((5 + i,), tokens) for i in range(requests)], Sampler())
     for r in stats.runs:
         (pos,) = {it.pos for it in r.items}
@@ -91,6 +92,6 @@ def test_smollm2_on_its_default_mesh_books_the_closed_forms_the_planner_uses():
     p = plan(SMOLLM2_135M, WSE2, default_mesh(SMOLLM2_135M, WSE2, kv), kv=kv)
     runs = _check_decode(LocalDecoder(SMOLLM2_135M, synthetic_llama(SMOLLM2_135M, seed=0), p), 1, tokens=3)
     assert {r.items[0].pos for r in runs} == {0, 1, 2}
-    stages = [("embed", p.embed), *(("layer", r) for r in p.layers), ("head", p.embed)]
+    stages = chain(p.embed, p.layers, p.embed)
     full = sum(step_cycles(p.spec, Decoding(SMOLLM2_135M), stages, p.kv_tokens, [1]).values())
     assert full == pytest.approx(plan_report(p).step_cycles, rel=1e-12)  # the planner times the same forms

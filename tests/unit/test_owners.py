@@ -25,6 +25,7 @@ from waferrt.decode import layout as dl
 from waferrt.decode.cost import Decoding, handover_bytes, handover_cost, layer_decode_cost, token_cost
 from waferrt.decode.pack import Chunks, pack_layer
 from waferrt.decode.shards import LayerShard
+from waferrt.decode.stage import Entry, StageKind
 from waferrt.decode.streaming import streamed_bytes
 from waferrt.estimator import streaming as sst
 from waferrt.estimator import wafer
@@ -71,7 +72,7 @@ def test_the_heatmap_draws_the_handover_the_tiles_book():
     img = hm.link_bytes(p)
     dec = Decoding(CFG, p.dtype)
     r0, emb = p.layers[0], p.embed
-    work = token_cost(TINY, dec, ("layer", None, r0), p.kv_tokens - 1, True).link_bytes
+    work = token_cost(TINY, dec, Entry(StageKind.LAYER, None, r0), p.kv_tokens - 1, True).link_bytes
     hand = handover_cost(TINY, emb, r0, 4 * CFG.dim).link_bytes
     assert hand > 0
     assert p.layers.count(r0) == 1  # one layer on the region: its bytes are that layer's and its hand-over's
@@ -136,9 +137,9 @@ def test_what_a_streamed_stage_takes_in_by_hand():
     c = CFG
     layer = 2 * c.dim + (c.n_heads + 2 * c.n_kv_heads) * c.head_dim * c.dim + c.dim * c.n_heads * c.head_dim \
         + 3 * c.hidden_dim * c.dim
-    assert streamed_bytes(c, "layer", "float16", 5) == 2 * layer
-    assert streamed_bytes(c, "head", "float32", 5) == 4 * (c.vocab_size + 1) * c.dim
-    assert streamed_bytes(c, "embed", "bfloat16", 5) == 2 * 5 * c.dim
+    assert streamed_bytes(c, StageKind.LAYER, "float16", 5) == 2 * layer
+    assert streamed_bytes(c, StageKind.HEAD, "float32", 5) == 4 * (c.vocab_size + 1) * c.dim
+    assert streamed_bytes(c, StageKind.EMBED, "bfloat16", 5) == 2 * 5 * c.dim
 
 
 def test_the_heatmap_takes_what_a_decode_measured(tmp_path):

@@ -15,6 +15,7 @@ from waferrt.core.spec import WSE2
 from waferrt.decode.cost import Decoding, layer_decode_cost
 from waferrt.decode.pack import Chunks, pack_layer
 from waferrt.decode.shards import LayerShard
+from waferrt.decode.stage import Stage, StageKind
 from waferrt.model import LayerWeights, Tokenizer, load_gguf, read_config, synthetic_llama
 from waferrt.model.convert import Cut
 from waferrt.model.gguf_writer import gguf_name
@@ -117,7 +118,7 @@ def test_a_llama3_8b_layer_on_its_wse2_region_books_the_estimators_cycles():
         shard.forward(x, np.array([0]), np.array([pos]))
         booked = ledger.by_op["layer"]
         assert booked == layer_decode_cost(WSE2, dec, region, pos + 1, 1, moving=pos % region.w)
-        estimated = stage_seconds(WSE2, dec, [("layer", region)], pos + 1, 1)[0] * WSE2.clock_hz
+        estimated = stage_seconds(WSE2, dec, [Stage(StageKind.LAYER, region, 0)], pos + 1, 1)[0] * WSE2.clock_hz
         if pos % region.w:
             assert booked.cycles == pytest.approx(estimated, rel=1e-12)
         else:  # nothing shifts east yet: one routing stage fewer than the estimate's, which shifts every column

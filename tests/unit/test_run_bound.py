@@ -20,6 +20,7 @@ from waferrt.core.mesh import MeshSpec
 from waferrt.core.spec import TINY, WSE2
 from waferrt.decode.cost import token_cost
 from waferrt.decode.schedule import round_bound_seconds
+from waferrt.decode.stage import entries
 from waferrt.model import Sampler, synthetic_llama, tiny_config, tiny_moe_config
 from waferrt.model.config import SMOLLM2_135M
 from waferrt.scheduler import KVReserve, plan, run_bound_tokens_per_s
@@ -81,9 +82,8 @@ def test_the_bound_takes_every_stage_at_its_cheapest_position(config, spec, mesh
     work at its cheapest routing (moe_share_floor, micro-batches of one token)."""
     p = plan(config, spec, mesh, kv=KVReserve(256, 8))
     stages = placement_stages(p)
-    alone = [min(token_cost(spec, p.decoding, (kind, stages[s - 1][1] if s else None, region), pos, True).cycles
-                 for pos in positions) + moe_share_floor(p, (kind, region), 1)
-             for s, (kind, region) in enumerate(stages)]
+    alone = [min(token_cost(spec, p.decoding, entry, pos, True).cycles for pos in positions)
+             + moe_share_floor(p, stage, 1) for stage, entry in zip(stages, entries(stages), strict=True)]
     for in_flight in (1, 3, 8):
-        scan = in_flight / round_bound_seconds(alone, [r for _, r in stages], in_flight, spec.clock_hz)
+        scan = in_flight / round_bound_seconds(alone, [st.region for st in stages], in_flight, spec.clock_hz)
         assert run_bound_tokens_per_s(p, in_flight, positions, 1) == pytest.approx(scan, rel=1e-12)

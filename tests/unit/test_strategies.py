@@ -17,6 +17,7 @@ from waferrt.core.mesh import MeshSpec
 from waferrt.core.spec import TINY
 from waferrt.decode import layout as dl
 from waferrt.decode.setup import stage_sram
+from waferrt.decode.stage import StageKind
 from waferrt.model import Sampler, synthetic_llama, tiny_config
 from waferrt.scheduler import KVReserve, PlanOptions, Strategy, plan, violations
 from waferrt.scheduler.strategies import choose, parse_strategy
@@ -47,8 +48,8 @@ def test_a_groups_region_books_what_the_planner_budgets():
 
     setup = DecodeSetup.from_placement(p)
     booked = {}
-    for s, (kind, _, _) in enumerate(setup.stages()):
-        if kind == "layer":
+    for s, stage in enumerate(setup.stages()):
+        if stage.kind is StageKind.LAYER:
             booked.update(stage_sram(setup, s))
     assert sorted(booked) == ["layer0.kv", "layer0.scratch", "layer0.weights", "layer1.kv", "layer1.weights",
                               "layer2.kv", "layer2.weights"]

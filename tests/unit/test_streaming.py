@@ -19,6 +19,7 @@ from waferrt.decode import layout as dl
 from waferrt.decode.cost import Decoding, layer_decode_cost
 from waferrt.decode.schedule import round_seconds
 from waferrt.decode.setup import DecodeSetup, stage_sram
+from waferrt.decode.stage import StageKind
 from waferrt.decode.streaming import head_chunks, head_parts, stage_cycles, streamed_bytes
 from waferrt.model import Sampler, synthetic_llama, tiny_config
 from waferrt.model.config import SMOLLM2_135M
@@ -64,7 +65,7 @@ def test_streaming_decodes_the_reference_tokens_and_books_the_closed_forms():
             continue
         else:
             compute = total(c for _, _, c in head_parts(TINY, Decoding(CFG), region, want)).cycles
-        kind = "embed" if r.stage == 0 else "layer" if r.stage < last else "head"
+        kind = StageKind.EMBED if r.stage == 0 else StageKind.LAYER if r.stage < last else StageKind.HEAD
         want_cycles = stage_cycles(TINY, compute, streamed_bytes(CFG, kind, "float32", b))
         assert r.cycles == pytest.approx(want_cycles, rel=1e-9), (r.stage, r.mb)
         assert sum(it.alone for it in r.items) == pytest.approx(r.cycles, rel=1e-12)  # shares of the run

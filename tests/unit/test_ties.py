@@ -36,6 +36,7 @@ from waferrt.decode.pack import Chunks, pack_layer
 from waferrt.decode.schedule import round_seconds
 from waferrt.decode.setup import DecodeSetup, stage_sram
 from waferrt.decode.shards import LayerShard
+from waferrt.decode.stage import StageKind, entries
 from waferrt.decode.streaming import head_parts, stage_cycles, streamed_bytes
 from waferrt.estimator import estimate as est
 from waferrt.estimator import streaming as paper_streaming
@@ -123,9 +124,8 @@ def test_the_estimators_token_is_what_the_tile_programs_book(model, dtype, strat
     p = _placement(model, dtype, strategy, shape)
     setup, ctx = DecodeSetup.from_placement(p), _context(p)
     stages = setup.stages()
-    tiles = sum(alone_cycles(p.spec, setup.decoding, (kind, stages[s - 1][2] if s else None, region), ctx - 1, True)
-                for s, (kind, _, region) in enumerate(stages))
-    one, _ = speed.stage_seconds(p.spec, setup.decoding, [(kind, r) for kind, _, r in stages], ctx, 1)
+    tiles = sum(alone_cycles(p.spec, setup.decoding, entry, ctx - 1, True) for entry in entries(stages))
+    one, _ = speed.stage_seconds(p.spec, setup.decoding, stages, ctx, 1)
     assert one * p.spec.clock_hz == pytest.approx(tiles, rel=1e-12)
 
 
@@ -192,7 +192,7 @@ def test_the_estimators_sparse_token_is_what_the_tiles_recorded(topology, strate
     p = dataclasses.replace(_tiny_placement("float32", strategy, TINY_MESHES[2]), spec=TOPOLOGIES[topology])
     ctx, sparse = _context(p), AttentionMode.parse("sparse:4")
     dec = dataclasses.replace(DecodeSetup.from_placement(p), attention=sparse).decoding
-    stages = [(kind, r) for kind, _, r in DecodeSetup.from_placement(p).stages()]
+    stages = DecodeSetup.from_placement(p).stages()
     assert sparse.keys_kept(ctx) < ctx
     one, _ = speed.stage_seconds(p.spec, dec, stages, ctx, 1)
     assert one == pytest.approx(_recorded_token(p, ctx, sparse), rel=1e-9)
@@ -205,9 +205,9 @@ def _tiles_streaming_token(p: Placement, ctx: int) -> float:
     dec = DecodeSetup.from_placement(p).decoding
     layer = layer_decode_cost(spec, dec, r, ctx, 1).cycles
     head = total(c for _, _, c in head_parts(spec, dec, r, 1)).cycles
-    return (stage_cycles(spec, 0.0, streamed_bytes(config, "embed", dtype, 1))
-            + config.n_layers * stage_cycles(spec, layer, streamed_bytes(config, "layer", dtype, 1))
-            + stage_cycles(spec, head, streamed_bytes(config, "head", dtype, 1))) / spec.clock_hz
+    return (stage_cycles(spec, 0.0, streamed_bytes(config, StageKind.EMBED, dtype, 1))
+            + config.n_layers * stage_cycles(spec, layer, streamed_bytes(config, StageKind.LAYER, dtype, 1))
+            + stage_cycles(spec, head, streamed_bytes(config, StageKind.HEAD, dtype, 1))) / spec.clock_hz
 
 
 @pytest.mark.parametrize("model,dtype,shape", itertools.product(MODELS, DTYPES, SHAPES))

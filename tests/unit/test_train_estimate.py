@@ -20,7 +20,7 @@ from waferrt.estimator.train import (
     tensor_stream,
     weight_streaming,
 )
-from waferrt.estimator.train_layer import Work, pass_cost
+from waferrt.estimator.train_layer import Grid, Work, pass_cost
 from waferrt.model.config import LlamaConfig
 from waferrt.model.zoo import model_by_name
 
@@ -60,7 +60,7 @@ def test_weight_streaming_streams_the_weights_in_twice_and_the_gradients_out_eac
     passes = int(st.detail.split()[0])
     assert st.breakdown.io == pytest.approx(passes * 3 * config.params() * 2 / WSE2.ingress_bytes_per_s)
     mb = 64 // passes  # every pass runs the emulator's closed forms on the wafer (estimator.train_layer)
-    kernels = pass_cost(WSE2, Work(config, config.n_layers, mb, 1024, "bfloat16"), WSE2.full_mesh)
+    kernels = pass_cost(WSE2, Work(config, config.n_layers, mb, 1024, "bfloat16"), Grid(*WSE2.full_mesh))
     compute, fabric = kernels.seconds(WSE2, "bfloat16")
     assert (st.breakdown.compute, st.breakdown.fabric) == (passes * compute, passes * fabric)
     assert kernels.side < 750 and kernels.grad_sync.cycles > 0  # smaller squares, their gradients summed
@@ -76,7 +76,7 @@ def test_the_squares_side_is_chosen_with_the_die_to_die_traffic_it_makes():
 
     config, _ = model_by_name("smollm2-135m")
     t = WaferTemplate("slow-d2d", WSE2.replace(name="die", full_mesh=(64, 64)), (4, 4), DieLinks(1e9, 1e-7))
-    work, grid = Work(config, config.n_layers, 64, 256, "bfloat16"), t.spec.full_mesh
+    work, grid = Work(config, config.n_layers, 64, 256, "bfloat16"), Grid(*t.spec.full_mesh)
     total = {c.side: sum(c.seconds(t.spec, "bfloat16")) + _d2d(t, grid, c, c.seconds(t.spec, "bfloat16")[1])
              for c in pass_costs(t.spec, work, grid)}
     assert pass_cost(t.spec, work, grid).side == 32 and min(total, key=total.get) == 64
@@ -163,5 +163,5 @@ def test_squares_too_small_for_the_heads_jobs_are_not_taken():
     assert all(s.fits for s in est.strategies)
     work = Work(config, config.n_layers // 6, 1, 8192, "bfloat16")  # the last of 6 stages, with the head
     with pytest.raises(HeadTooLarge, match="even one word a core"):
-        pass_cost(WSE2, work, (125, 994), 31)
-    assert pass_cost(WSE2, work, (125, 994)).side > 31
+        pass_cost(WSE2, work, Grid(125, 994), 31)
+    assert pass_cost(WSE2, work, Grid(125, 994)).side > 31

@@ -17,7 +17,7 @@ from waferrt.core.spec import WSE2
 from waferrt.core.train_cost import TrainShape, head_chunks, head_core_bytes
 from waferrt.core.train_memory import keep_plan, kept_core_bytes
 from waferrt.estimator.train import activation_bytes
-from waferrt.estimator.train_layer import Run, Work, head_parts, layer_parts, pass_cost, recompute_cost
+from waferrt.estimator.train_layer import Grid, Run, Work, head_parts, layer_parts, pass_cost, recompute_cost
 from waferrt.fabric.misuse import BlockTooLarge
 from waferrt.model import synthetic_llama, tiny_config
 from waferrt.runtime import Wafer
@@ -190,7 +190,7 @@ def test_the_estimators_head_is_in_the_steps_chunks(batch):
     head = total(head.values())
     layers = total(layer_parts(spec, CONFIG, run).values()).scaled(CONFIG.n_layers)
     recompute = recompute_cost(spec, work, run, layer_parts(spec, CONFIG, run))
-    assert pass_cost(spec, work, (8, 8), 8).work.cycles == pytest.approx((layers + head + recompute).cycles)
+    assert pass_cost(spec, work, Grid(8, 8), 8).work.cycles == pytest.approx((layers + head + recompute).cycles)
 
 
 def test_a_layers_kept_bytes_are_the_estimators_activation_bytes_spread_over_the_square():

@@ -20,7 +20,7 @@ from waferrt.core.template import WaferTemplate
 from waferrt.core.train_cost import TrainShape, block_forward_parts, head_chunks, head_core_bytes
 from waferrt.decode.cost import ELEMENTWISE_FLOPS
 from waferrt.estimator.train import TrainJob, tensor_stream
-from waferrt.estimator.train_layer import Run, Work, head_parts, layer_parts, pass_cost
+from waferrt.estimator.train_layer import Grid, Run, Work, head_parts, layer_parts, pass_cost
 from waferrt.model import synthetic_llama, tiny_config
 from waferrt.model.config import LlamaConfig
 from waferrt.runtime import Wafer
@@ -81,13 +81,13 @@ def test_a_layers_forward_and_backward_are_the_estimators_layer(emulated):
 def test_a_whole_step_is_the_resident_strategys_on_one_region(emulated):
     spec, config, side, (layers, head) = emulated
     work = Work(config, config.n_layers, B, T, "float32")
-    kernels = pass_cost(spec, work, (side, side))  # a smaller square's cores could not hold a layer
+    kernels = pass_cost(spec, work, Grid(side, side))  # a smaller square's cores could not hold a layer
     _same(total(layers) + head, kernels.work)
     assert (kernels.side, kernels.squares, kernels.grad_sync) == (side, 1, Cost())
     roomy = spec.replace(full_mesh=(side, side), sram_bytes=1 << 24)  # the estimator's memory model holds the
     job = TrainJob(config, TrainShape(B, T), "float32")
     st = tensor_stream(job, WaferTemplate("one square", roomy))  # optimizer's state
-    compute, fabric = pass_cost(roomy, work, (side, side)).seconds(roomy, "float32")  # then the optimizer's update
+    compute, fabric = pass_cost(roomy, work, Grid(side, side)).seconds(roomy, "float32")  # then the optimizer's update
     assert st.fits and st.breakdown.fabric == pytest.approx(fabric, rel=1e-12) and st.breakdown.compute > compute
     assert st.step_s == pytest.approx(st.breakdown.compute + fabric, rel=1e-12)
 
@@ -95,11 +95,11 @@ def test_a_whole_step_is_the_resident_strategys_on_one_region(emulated):
 def test_a_grid_runs_the_fastest_square_whose_cores_hold_a_layer():
     config = CONFIGS["tiny"]
     work, roomy = Work(config, config.n_layers, 16, T, "float32"), spec_by_name("tiny").replace(sram_bytes=1 << 24)
-    tried = {s: pass_cost(roomy, work, (16, 8), s) for s in (8, 4, 2, 1)}
-    best = pass_cost(roomy, work, (16, 8))
+    tried = {s: pass_cost(roomy, work, Grid(16, 8), s) for s in (8, 4, 2, 1)}
+    best = pass_cost(roomy, work, Grid(16, 8))
     assert best.cycles == min(c.cycles for c in tried.values())
     assert tried[4].squares == 8 and tried[4].grad_sync.cycles > 0  # 16 sequences, 2 a square, summed over 8
-    assert pass_cost(spec_by_name("tiny"), work, (16, 8)).side == 8  # 4x4 cores cannot hold a tiny layer
+    assert pass_cost(spec_by_name("tiny"), work, Grid(16, 8)).side == 8  # 4x4 cores cannot hold a tiny layer
 
 
 @pytest.mark.parametrize("spec,side", [("tiny", 8), ("wse2", 4)])

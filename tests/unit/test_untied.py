@@ -15,6 +15,7 @@ from waferrt.core.mesh import MeshSpec
 from waferrt.core.spec import TINY
 from waferrt.decode.cost import step_cycles
 from waferrt.decode.setup import stage_sram
+from waferrt.decode.stage import Stage, StageKind
 from waferrt.model import Sampler, read_config, synthetic_llama, tiny_config
 from waferrt.model.gguf_writer import write_gguf
 from waferrt.scheduler import KVReserve, PlanOptions, plan, plan_report
@@ -54,8 +55,8 @@ def test_the_untied_decode_gives_the_references_tokens_and_books_the_closed_form
     dec = LocalDecoder(CFG, W, p)
     out, stats = dec.generate(REQS, Sampler())
     assert [c.tokens for c in out] == [c.tokens for c in ref]
-    stages = [(kind, r) for kind, _, r in dec.setup.stages()]
-    assert stages[-1] == ("head", p.head)
+    stages = dec.setup.stages()
+    assert stages[-1] == Stage(StageKind.HEAD, p.head)
     head = stage_sram(dec.setup, len(stages) - 1)
     assert set(head) == {"head.table", "head.scratch"} and {r for r, _ in head.values()} == {p.head}
     heads = [r for r in stats.runs if r.stage == len(stages) - 1]
@@ -110,8 +111,8 @@ def test_the_heads_table_is_held_widened_once_and_the_embeddings_at_the_storage_
 
     p = plan(CFG, TINY, MESH, kv=KV, options=PlanOptions(dtype="float16"))
     setup = DecodeSetup.from_placement(p)
-    packed = {setup.stages()[s][0]: pack_stage(setup, s, raw) for s, raw in stage_weights(setup, W)
-              if setup.stages()[s][0] != "layer"}
+    packed = {setup.stages()[s].kind.value: pack_stage(setup, s, raw) for s, raw in stage_weights(setup, W)
+              if setup.stages()[s].kind is not StageKind.LAYER}
     embed, head = packed["embed"]["table"], packed["head"]["table"]
     assert embed.dtype == np.float16 and head.dtype == np.float32
     assert np.array_equal(np.sort(head[head != 0]), np.sort(W.head.astype(np.float16).astype(np.float32).ravel()))

@@ -42,6 +42,7 @@ def test_a_tile_reports_the_pace_of_its_slowest_stage():
     that stage's, not an average that the tile's other stages would dilute (LocalDecoder: no Ray)."""
     from waferrt.core.mesh import MeshSpec
     from waferrt.core.spec import TINY
+    from waferrt.decode.stage import StageKind
     from waferrt.faults import Straggler
     from waferrt.faults.state import FaultState
     from waferrt.model import Sampler, synthetic_llama, tiny_config
@@ -56,5 +57,5 @@ def test_a_tile_reports_the_pace_of_its_slowest_stage():
     prog.faults = FaultState(tile, p.mesh.tile_region(tile))
     prog.faults.arm(Straggler(core=next(p.layers[1].cores()), delay=0.05), 0)
     dec.generate([GenRequest((3, 4), 4)], Sampler())
-    layer_paces = [prog.paces[s] for s, (kind, _, _) in enumerate(prog.stages) if kind == "layer"]
+    layer_paces = [prog.paces[s] for s, st in enumerate(prog.stages) if st.kind is StageKind.LAYER]
     assert prog.pace == max(layer_paces) >= 0.05 > sorted(layer_paces)[0] * 5, layer_paces

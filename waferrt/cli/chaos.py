@@ -21,6 +21,7 @@ import os
 from dataclasses import dataclass
 
 from waferrt.core.spec import PRESETS
+from waferrt.faults.model import KINDS, FaultKind
 from waferrt.model.sparse import AttentionMode
 
 from .common import (
@@ -64,7 +65,6 @@ needs --nodes 2 or more; never node 0, which runs this driver). By default every
 drawn. Steps count the micro-batches a tile runs after the plan is armed. The --nodes are ray.cluster_utils
 nodes in a temp dir of their own: a Ray already running on the machine is neither joined nor stopped."""
 
-KINDS = ("core", "link", "corrupt", "straggler", "tile", "node")
 MAX_FAULTS = 1000  # a campaign's faults (each is armed on its tiles and logged)
 MAX_NODES = 8  # each a raylet (and the head a GCS) on this machine
 PROMPTS = ("The capital of France is", "Once upon a time, there was a", "def fibonacci(n):",
@@ -72,12 +72,12 @@ PROMPTS = ("The capital of France is", "Once upon a time, there was a", "def fib
            "The opposite of hot is")
 
 
-def kinds(text: str) -> tuple[str, ...]:
+def kinds(text: str) -> tuple[FaultKind, ...]:
     got = tuple(k.strip() for k in text.split(",") if k.strip())
     bad = [k for k in got if k not in KINDS]
     if bad or not got:
         raise argparse.ArgumentTypeError(f"{text!r}: fault kinds are a comma-separated list of {','.join(KINDS)}")
-    return got
+    return tuple(FaultKind(k) for k in got)
 
 
 def node_count(text: str) -> int:
@@ -182,7 +182,7 @@ def _check(args) -> None:
         except ValueError as e:
             raise UsageError(f"--plan {args.plan}: {e}") from None
     lost = max((f.node for f in args.plan_given.faults if isinstance(f, NodeLoss)), default=0) if args.plan else 0
-    drawn = args.kinds is not None and "node" in args.kinds
+    drawn = args.kinds is not None and FaultKind.NODE in args.kinds
     least = max(lost + 1, 2 if drawn else 1)  # node 0 runs this driver and is never lost
     if args.nodes is None:
         args.nodes = max(least, 3) if least > 1 else 1
@@ -192,7 +192,7 @@ def _check(args) -> None:
     elif args.nodes < least:
         raise UsageError("--kinds node: a node loss needs several Ray nodes (node 0 runs this driver and is never "
                          "lost); give --nodes 3, or leave node out of --kinds")
-    args.kinds = args.kinds or (KINDS if args.nodes > 1 else tuple(k for k in KINDS if k != "node"))
+    args.kinds = args.kinds or (KINDS if args.nodes > 1 else tuple(k for k in KINDS if k is not FaultKind.NODE))
 
 
 def _wafer_llm(config, placement, address, prefill: bool):
@@ -262,7 +262,7 @@ def _plan(args, llm):
     return plan
 
 
-def draw_plan(llm, seed: int, n: int, kinds: tuple[str, ...], nodes: int, steps: int):
+def draw_plan(llm, seed: int, n: int, kinds: tuple[FaultKind, ...], nodes: int, steps: int):
     """A FaultPlan of `n` faults of `kinds` drawn from `seed` over what the decode of `llm` uses (its cores,
     the tile borders its micro-batches cross, `nodes` Ray nodes), each at a step up to `steps`; UsageError
     when nothing is left to draw (also for ``waferrt serve --chaos``)."""
@@ -274,7 +274,7 @@ def draw_plan(llm, seed: int, n: int, kinds: tuple[str, ...], nodes: int, steps:
     cores = {c for _, r in p.regions() for c in r.cores()} - p.mesh.dead
     cross = crossings(llm.setup)  # the tile borders the decode's micro-batches cross: where Corrupt can strike
     links = border_links(p.mesh, cross) if cross else []
-    if "corrupt" in kinds and not links and len(kinds) > 1:
+    if FaultKind.CORRUPT in kinds and not links and len(kinds) > 1:
         say("no corrupt faults drawn: every stage runs on one tile, so no payload crosses a tile border")
     try:
         return FaultPlan.random(seed, n, Targets(p.mesh, cores, links, nodes), kinds, steps)

@@ -24,16 +24,17 @@ matplotlib through its object API, imported inside the function (as cli.draw doe
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import numpy as np
 
 from waferrt.core.files import atomic_path
 from waferrt.core.mesh import Dir, MeshSpec, TileId
-from waferrt.decode.cost import alone_cycles, token_cost
+from waferrt.decode.cost import Decoding, Routing, alone_cycles, token_cost
 from waferrt.decode.schedule import StageRun
 from waferrt.decode.setup import DecodeSetup, stage_sram
+from waferrt.decode.stage import entries
 from waferrt.scheduler.types import Placement
 
 SPARE = (0.2, 0.75, 0.2, 0.6)  # RGBA of a spare core
@@ -62,12 +63,17 @@ def link_bytes(p: Placement, runs: Sequence[StageRun] | None = None) -> np.ndarr
         for r in runs:
             tokens.setdefault(r.stage, []).extend((it.pos, it.want) for it in r.items)
     img = np.zeros((p.mesh.height, p.mesh.width))
+    into = entries(stages)
     for s, items in tokens.items():
-        stage = (stages[s][0], stages[s - 1][2] if s else None, stages[s][2])
-        nbytes = sum(token_cost(p.spec, setup.decoding, stage, pos, want).link_bytes for pos, want in items)
-        region = stage[2]
+        nbytes = sum(token_cost(p.spec, _priced(setup), into[s], pos, want).link_bytes for pos, want in items)
+        region = into[s].region
         img[region.y0:region.y1, region.x0:region.x1] += nbytes / region.size
     return img
+
+
+def _priced(setup: DecodeSetup) -> Decoding:
+    """The run's closed forms with an MoE's experts at their expected routing (as the estimator prices them)."""
+    return replace(setup.decoding, routing=Routing.EXPECTED)
 
 
 def modelled_busy(p: Placement) -> dict[TileId, float]:
@@ -75,9 +81,8 @@ def modelled_busy(p: Placement) -> dict[TileId, float]:
     setup = DecodeSetup.from_placement(p)
     stages, tiles = setup.stages(), setup.stage_tiles()
     cycles = dict.fromkeys(p.mesh.tiles(), 0.0)
-    for s, (kind, _, region) in enumerate(stages):
-        stage = (kind, stages[s - 1][2] if s else None, region)
-        cycles[tiles[s]] += alone_cycles(p.spec, setup.decoding, stage, setup.kv_tokens - 1, True)
+    for s, entry in enumerate(entries(stages)):
+        cycles[tiles[s]] += alone_cycles(p.spec, _priced(setup), entry, setup.kv_tokens - 1, True)
     top = max(cycles.values()) or 1.0
     return {t: c / top for t, c in cycles.items()}
 

@@ -31,6 +31,7 @@ import numpy as np
 
 from waferrt.core.cost import cycles_seconds
 from waferrt.core.spec import PRESETS
+from waferrt.faults.model import FaultKind
 
 from . import train_report
 from .common import UsageError, model_arg, output_path, parse_wxh, say, stamp, whole_number
@@ -202,11 +203,11 @@ def _check(args, config) -> None:
                          f"give --seq {min(64, config.max_seq_len)}")
 
 
-def _kinds(args) -> tuple[str, ...]:
+def _kinds(args) -> tuple[FaultKind, ...]:
     """The fault kinds this run recovers from."""
     w, h = _mesh(args)
-    core = ("core",) if args.on == "mesh" and w != h else ()
-    return ("tile", "corrupt", *core) if args.streaming else ("corrupt", *core)
+    core = (FaultKind.CORE,) if args.on == "mesh" and w != h else ()
+    return (FaultKind.TILE, FaultKind.CORRUPT, *core) if args.streaming else (FaultKind.CORRUPT, *core)
 
 
 def _check_faults(args, config) -> None:

@@ -55,6 +55,14 @@ class Cost:
         return cycles_seconds(spec, self.cycles)
 
 
+def mean(costs) -> Cost:
+    """The mean of several costs, field by field (an expectation over samples: fields may be fractional)."""
+    costs = list(costs)
+    if len(costs) == 1:
+        return costs[0]
+    return Cost(*(sum(getattr(c, f.name) for c in costs) / len(costs) for f in fields(Cost)))
+
+
 def cycles_seconds(spec: HardwareSpec, cycles: float) -> float:
     """Modelled cycles in seconds at the spec's clock: the one owner of the conversion (``Cost.seconds``)."""
     return cycles / spec.clock_hz

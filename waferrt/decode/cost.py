@@ -8,8 +8,13 @@ the final norm and output head, ``handover_cost`` what the tiles book when activ
 stage's region to the next (the one formula for it), ``step_cycles`` the (stage, micro-batch) cycles a
 whole decode step books, ``alone_cycles`` what one token takes alone at a stage (waferrt.decode.schedule
 schedules the decode that ran with it: every request at its own pace). An MoE layer's closed forms price the
-typical token (``moe_parts``: experts 0..top_k-1; ``block_ffn_parts`` a SwiGLU on a block of cores, a dense
-FFN's and an expert's); the bounds of an MoE layer's routed work are waferrt.decode.routed_cost's.
+routing ``Decoding.routing`` names (:class:`Routing`): FIRST, the typical token of a zero router (experts
+0..top_k-1, what the emulator's ties run), or EXPECTED, tokens routed uniformly at random
+(``uniform_routing``, seeded): the experts (the busiest block) and the all-to-all averaged over sampled
+micro-batches of the batch's size (``_moe_parts``) -- what the estimator and the heatmap price.
+``routed_parts`` prices a given routing as the MoE layer books what it ran; ``block_ffn_parts`` is a SwiGLU
+on a block of cores, a dense FFN's and an expert's; the bounds of an MoE layer's routed work are
+waferrt.decode.routed_cost's.
 
 What the closed forms count, as the tiles do: the attention runs over ``cdiv(kv_tokens, cols)`` positions
 per core (``kv_tokens``: the context the fullest request of the micro-batch holds, the new token
@@ -35,6 +40,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from enum import Enum
 from functools import lru_cache
 
 import numpy as np
@@ -46,6 +52,7 @@ from waferrt.core.cost import (
     alltoall_cost,
     broadcast_cost,
     compute_cost,
+    mean,
     message_cycles,
     on_lines,
     total,
@@ -60,6 +67,7 @@ from waferrt.model.sparse import DENSE, AttentionMode
 
 from .linkload import AllToAll
 from .moe_layout import MAPPINGS, expert_blocks
+from .stage import Entry, Stage, StageKind
 from .topk import TopKRow, topk_cost
 
 PREDICT_DTYPE = "float16"  # sparse attention's prediction: 8-bit exponents added to a 16-bit query
@@ -73,6 +81,17 @@ ELEMENTWISE_FLOPS = {"rmsnorm": 4, "rope": 3, "softmax": 6, "silu_mul": 5, "resi
 CATEGORIES = ("gemv", "allreduce", "attention", "elementwise", "handover", "alltoall")
 
 
+class Routing(Enum):
+    """Which experts the closed forms' MoE tokens pick (module doc)."""
+
+    FIRST = "first"  # experts 0..top_k-1: a zero router's, as the emulator's ties run
+    EXPECTED = "expected"  # the mean over uniformly routed micro-batches (seeded, ROUTING_SAMPLE tokens)
+
+
+ROUTING_SAMPLE = 16  # the fewest tokens Routing.EXPECTED's micro-batches hold in all
+ROUTING_SEED = 0
+
+
 @dataclass(frozen=True)
 class Decoding:
     """What a decode's closed forms need besides the region and the tokens: the model, the storage dtype
@@ -84,9 +103,12 @@ class Decoding:
     head_groups: int = 1
     experts: str = "er"  # where an MoE layer's experts sit in its region (moe_layout.MAPPINGS)
     attention: AttentionMode = DENSE  # dense, or STAR's sparse:K (waferrt.model.sparse)
+    routing: Routing = Routing.FIRST  # the MoE tokens' experts the closed forms price
 
     def __post_init__(self) -> None:
         check_dtype(self.dtype)
+        if not isinstance(self.routing, Routing):
+            raise TypeError(f"Decoding.routing is a decode.cost.Routing (FIRST or EXPECTED), got {self.routing!r}")
         if not isinstance(self.attention, AttentionMode):
             raise TypeError(f"Decoding.attention is a model.sparse.AttentionMode, got {self.attention!r}")
         if self.experts not in MAPPINGS:
@@ -218,31 +240,64 @@ def block_ffn_parts(spec: HardwareSpec, dec: Decoding, cols: int, rows: int, hid
 
 
 def moe_parts(spec: HardwareSpec, dec: Decoding, region: Region, batch: int) -> list[tuple[str, str, Cost]]:
-    """An MoE FFN's pieces for `batch` tokens that each chose experts 0..top_k-1 (what a zero router picks:
-    the closed forms' typical token) on the expert mapping dec.experts (waferrt.decode.moe_layout): the
-    router, the experts in their blocks side by side, the dispatch and the combine (the routes the tiles
-    book, waferrt.decode.linkload.AllToAll)."""
+    """An MoE FFN's pieces for `batch` tokens routed as dec.routing says (module doc) on the expert mapping
+    dec.experts (waferrt.decode.moe_layout): the router, the experts in their blocks side by side, the
+    dispatch and the combine (the routes the tiles book, waferrt.decode.linkload.AllToAll)."""
     return list(_moe_parts(spec, dec, region.w, region.h, batch))
+
+
+def uniform_routing(config: LlamaConfig, tokens: int, seed: int = ROUTING_SEED) -> np.ndarray:
+    """(tokens, top_k) experts, each token's top_k distinct ones drawn uniformly at random (seeded): the one
+    owner of a uniform router's picks (Routing.EXPECTED, estimator.moe_estimate's all-to-all sample)."""
+    draws = np.random.default_rng(seed).random((tokens, config.n_experts))
+    return np.argsort(draws, axis=1)[:, : config.top_k]
+
+
+def routed_parts(spec: HardwareSpec, dec: Decoding, region: Region, chosen: np.ndarray) -> tuple[Cost, Cost, Cost]:
+    """(experts, dispatch, combine) of a micro-batch whose tokens chose `chosen` (B, top_k), priced as
+    decode.moe.MoELayerShard books what it ran (:func:`expert_cost`, the routes of the all-to-all)."""
+    dispatch, combine = _routes(dec, region).phases(chosen)
+    return expert_cost(spec, dec, region, chosen), alltoall_cost(spec, dispatch), alltoall_cost(spec, combine)
+
+
+def expert_cost(spec: HardwareSpec, dec: Decoding, region: Region, chosen: np.ndarray) -> Cost:
+    """The experts of a micro-batch whose tokens chose `chosen` (B, top_k), as MoELayerShard books them: every
+    expert's SwiGLU for the tokens that chose it, one after another in its block, the blocks side by side."""
+    blocks = expert_blocks(dec.config.n_experts, region, dec.experts)
+    picks = np.bincount(np.asarray(chosen).ravel(), minlength=dec.config.n_experts)
+    per_block: dict[Region, Cost] = {}
+    for ex in np.nonzero(picks)[0]:
+        blk = blocks[ex]
+        per_block[blk] = per_block.get(blk, Cost()) + _expert_run(spec, dec, blk.w, blk.h, int(picks[ex]))
+    return merge_parallel(list(per_block.values()))
+
+
+def _routes(dec: Decoding, region: Region) -> AllToAll:
+    return AllToAll.of(dec.config.dim, region, expert_blocks(dec.config.n_experts, region, dec.experts))
+
+
+@lru_cache(maxsize=4096)
+def _expert_run(spec: HardwareSpec, dec: Decoding, cols: int, rows: int, tokens: int) -> Cost:
+    """One expert's SwiGLU for `tokens` tokens as MeshGEMVs in a cols x rows block (MoELayerShard._expert)."""
+    return total([c for _, _, c in block_ffn_parts(spec, dec, cols, rows, dec.config.hidden_dim, tokens)])
 
 
 @lru_cache(maxsize=4096)
 def _moe_parts(spec: HardwareSpec, dec: Decoding, cols: int, rows: int, batch: int) -> tuple:
-    """moe_parts on a cols x rows region (the same for every region of that shape)."""
+    """moe_parts on a cols x rows region (the same for every region of that shape). EXPECTED: routed_parts
+    averaged over micro-batches of `batch` uniformly routed tokens, ROUTING_SAMPLE tokens or more in all."""
     config, region = dec.config, Region(0, 0, cols, rows)
     e, b, dim_c = config.n_experts, batch, cdiv(config.dim, region.w)
-    blocks = expert_blocks(e, region, dec.experts)
-    chosen = np.tile(np.arange(config.top_k), (b, 1))  # (b, top_k)
-    per_block: dict[Region, Cost] = {}
-    for ex in range(config.top_k):
-        blk = blocks[ex]  # one expert's SwiGLU for b tokens as MeshGEMVs in its block (MoELayerShard._expert)
-        ffn = total([c for _, _, c in block_ffn_parts(spec, dec, blk.w, blk.h, config.hidden_dim, b)])
-        per_block[blk] = per_block.get(blk, Cost()) + ffn
-    dispatch, combine = AllToAll.of(config.dim, region, blocks).loads(chosen)
+    if dec.routing is Routing.FIRST:
+        routings = np.tile(np.arange(config.top_k), (1, b, 1))
+    else:
+        samples = cdiv(ROUTING_SAMPLE, b)
+        routings = uniform_routing(config, samples * b).reshape(samples, b, config.top_k)
+    priced = [routed_parts(spec, dec, region, chosen) for chosen in routings]
+    experts, dispatch, combine = (mean(p[i] for p in priced) for i in range(3))
     return (("router", "gemv", dec.flops(spec, 2 * b * dim_c * e)),
             ("router.reduce", "allreduce", dec.line_reduce(spec, "x", region.w, 4 * b * e, region.h)),
-            ("experts", "gemv", merge_parallel(list(per_block.values()))),
-            ("dispatch", "alltoall", alltoall_cost(spec, dispatch)),
-            ("combine", "alltoall", alltoall_cost(spec, combine)))
+            ("experts", "gemv", experts), ("dispatch", "alltoall", dispatch), ("combine", "alltoall", combine))
 
 
 def _kv_shift(spec: HardwareSpec, nbytes: int, messages: int) -> Cost:
@@ -310,42 +365,39 @@ def stage_handover(spec: HardwareSpec, config: LlamaConfig, src: Region | None, 
     return Cost() if src is None else handover_cost(spec, src, dst, handover_bytes(config, items))
 
 
-def step_cycles(spec: HardwareSpec, dec: Decoding, stages: Sequence[tuple[str, Region]], kv_tokens: int,
+def step_cycles(spec: HardwareSpec, dec: Decoding, stages: Sequence[Stage], kv_tokens: int,
                 batches: Sequence[int], moving: int | None = None) -> dict[tuple[int, int], float]:
-    """The cycles every (stage, micro-batch) of a decode step books, as the tiles book them: `stages` are
-    (kind, region) with kind "embed" (the row look-up: nothing booked), "layer" (one layer; layers stacked in
-    one region are consecutive stages on the same region) or "head"; every stage but the first also books
-    the hand-over of the micro-batch's activations from the previous stage's region (nothing between two
-    stages on one region)."""
+    """The cycles every (stage, micro-batch) of a decode step books, as the tiles book them: the embedding
+    (the row look-up) books nothing, a layer (layers stacked in one region are consecutive stages on the same
+    region) or the head its work; every stage but the first also books the hand-over of the micro-batch's
+    activations from the previous stage's region (nothing between two stages on one region)."""
     out: dict[tuple[int, int], float] = {}
-    for s, (kind, region) in enumerate(stages):
-        prev = stages[s - 1][1] if s else None
+    for s, stage in enumerate(stages):
+        prev, region = stages[s - 1].region if s else None, stage.region
         for m, b in enumerate(batches):
             c = stage_handover(spec, dec.config, prev, region, b).cycles
-            if kind != "embed":
-                c += _work(spec, dec, kind, Region(0, 0, region.w, region.h), Load(kv_tokens, b, moving)).cycles
+            if stage.kind is not StageKind.EMBED:
+                c += _work(spec, dec, stage.kind, Region(0, 0, region.w, region.h), Load(kv_tokens, b, moving)).cycles
             out[(s, m)] = c
     return out
 
 
 @lru_cache(maxsize=8192)
-def token_cost(spec: HardwareSpec, dec: Decoding, stage: tuple[str, Region | None, Region], pos: int,
-               want: bool) -> Cost:
-    """What one token at position `pos` books alone at a stage (kind, the previous stage's region or None at
-    the embedding, its region), the hand-over into it included: what the tiles book for a micro-batch of
-    one. Its attention runs over the pos + 1 positions its request then holds (pos % cols columns shift);
-    the head computes logits only for a token that wants them."""
-    kind, prev, region = stage
-    c = stage_handover(spec, dec.config, prev, region, 1)
-    if kind == "layer" or (kind == "head" and want):
-        c = c + _work(spec, dec, kind, Region(0, 0, region.w, region.h), Load(pos + 1, 1, pos % region.w))
+def token_cost(spec: HardwareSpec, dec: Decoding, entry: Entry, pos: int, want: bool) -> Cost:
+    """What one token at position `pos` books alone entering a stage (decode.stage.Entry: its kind, the
+    previous stage's region or None at the embedding, its region), the hand-over into it included: what the
+    tiles book for a micro-batch of one. Its attention runs over the pos + 1 positions its request then holds
+    (pos % cols columns shift); the head computes logits only for a token that wants them."""
+    region = entry.region
+    c = stage_handover(spec, dec.config, entry.src, region, 1)
+    if entry.kind is StageKind.LAYER or (entry.kind is StageKind.HEAD and want):
+        c = c + _work(spec, dec, entry.kind, Region(0, 0, region.w, region.h), Load(pos + 1, 1, pos % region.w))
     return c
 
 
-def alone_cycles(spec: HardwareSpec, dec: Decoding, stage: tuple[str, Region | None, Region], pos: int,
-                 want: bool) -> float:
+def alone_cycles(spec: HardwareSpec, dec: Decoding, entry: Entry, pos: int, want: bool) -> float:
     """The cycles of token_cost: what waferrt.decode.schedule schedules."""
-    return token_cost(spec, dec, stage, pos, want).cycles
+    return token_cost(spec, dec, entry, pos, want).cycles
 
 
 @dataclass(frozen=True)
@@ -359,9 +411,9 @@ class Load:
 
 
 @lru_cache(maxsize=4096)
-def _work(spec: HardwareSpec, dec: Decoding, kind: str, shape: Region, load: Load) -> Cost:
+def _work(spec: HardwareSpec, dec: Decoding, kind: StageKind, shape: Region, load: Load) -> Cost:
     """One layer (or the head) on a region of `shape` at (0, 0): the same for every region of that shape."""
-    if kind == "layer":
+    if kind is StageKind.LAYER:
         return layer_decode_cost(spec, dec, shape, load.kv_tokens, load.batch, load.moving)
     return head_decode_cost(spec, dec, shape, load.batch)
 

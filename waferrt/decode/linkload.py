@@ -19,6 +19,7 @@ from functools import lru_cache
 
 import numpy as np
 
+from waferrt.core.cost import Phase
 from waferrt.core.layout import Chunks
 from waferrt.core.mesh import Region
 
@@ -103,15 +104,21 @@ class LinkLoad:
 def _pieces(dim: int, region: Region, block: Region) -> list[tuple[int, int, int]]:
     """(region column, block column, values) of every piece of a token that moves from the region's column
     split of dim to the block's (both relative to the region)."""
+    dx = block.x0 - region.x0
+    return [(c, j + dx, n) for c, j, n in _splits(dim, region.w, block.w)]
+
+
+@lru_cache(maxsize=256)
+def _splits(dim: int, cols: int, block_cols: int) -> tuple[tuple[int, int, int], ...]:
+    """(column of a cols-way split of dim, column of a block_cols-way split, values they share), every pair."""
     owner = {}
-    for parts, key in ((region.w, "r"), (block.w, "b")):
+    for parts, key in ((cols, "r"), (block_cols, "b")):
         ch = Chunks(dim, parts)
         o = np.empty(dim, np.int64)
         o[ch.index[ch.valid]] = np.nonzero(ch.valid)[0]
         owner[key] = o
     pairs, counts = np.unique(np.stack([owner["r"], owner["b"]]), axis=1, return_counts=True)
-    dx = block.x0 - region.x0
-    return [(int(c), int(j) + dx, int(n)) for (c, j), n in zip(pairs.T, counts)]
+    return tuple((int(c), int(j), int(n)) for (c, j), n in zip(pairs.T, counts))
 
 
 def block_patterns(dim: int, region: Region, block: Region) -> tuple[LinkLoad, LinkLoad]:
@@ -130,14 +137,24 @@ def block_patterns(dim: int, region: Region, block: Region) -> tuple[LinkLoad, L
 def column_combine(region: Region, rows: np.ndarray, col_bytes: np.ndarray) -> LinkLoad:
     """The sum of contributions held in `rows` (bool (R,)) of every column reaching every row: a link
     carries the column's partial sum (`col_bytes` (C,)) when a contribution lies behind it."""
-    load = LinkLoad(region)
     have = np.flatnonzero(rows)
-    top, bottom = int(have[0]), int(have[-1])
-    ys = np.arange(region.h)
-    load.bytes[S] = (ys >= top)[:, None] * (ys < region.h - 1)[:, None] * col_bytes[None]
-    load.bytes[N] = (ys <= bottom)[:, None] * (ys > 0)[:, None] * col_bytes[None]
-    load.messages = int(np.count_nonzero(load.bytes))
-    load.hops = max(region.h - 1 - top, bottom)
+    return column_combines(region, Counter({(int(have[0]), int(have[-1])): 1}), col_bytes)
+
+
+def column_combines(region: Region, spans: Counter, col_bytes: np.ndarray) -> LinkLoad:
+    """column_combine of many tokens at once: `spans` counts the tokens whose contributions lie from row top to
+    row bottom ((top, bottom) -> tokens; only the ends matter). A link south of row y carries the partial sums
+    of the tokens with top <= y (y < R - 1), north of row y of those with bottom >= y (y > 0)."""
+    load, h = LinkLoad(region), region.h
+    south, north = np.zeros(h), np.zeros(h)
+    cols = int(np.count_nonzero(col_bytes))
+    for (top, bottom), tokens in spans.items():
+        south[top:h - 1] += tokens
+        north[1:bottom + 1] += tokens
+        load.messages += tokens * cols * (max(h - 1 - top, 0) + bottom)
+        load.hops = max(load.hops, h - 1 - top, bottom)
+    load.bytes[S] = south[:, None] * col_bytes[None]
+    load.bytes[N] = north[:, None] * col_bytes[None]
     return load
 
 
@@ -150,6 +167,7 @@ class AllToAll:
         self.region, self.blocks, self.dim = region, blocks, dim
         self.index = {b: i for i, b in enumerate(dict.fromkeys(blocks))}  # each block once, in expert order
         self.sets: dict[tuple[int, ...], tuple[LinkLoad, LinkLoad]] = {}  # made when a token first goes there
+        self.strips: dict[Region, tuple[LinkLoad, LinkLoad]] = {}  # phases' routes of each block, on its rows
         self.col_bytes = 4.0 * Chunks(dim, region.w).valid.sum(axis=1)  # (C,) the token's piece in each column
 
     @staticmethod
@@ -171,17 +189,66 @@ class AllToAll:
             combine.add(back, tokens)
         return dispatch, combine
 
+    def phases(self, experts: np.ndarray) -> tuple[Phase, Phase]:
+        """(dispatch, combine) of the tokens that chose `experts` (T, k) as what alltoall_cost prices of
+        ``loads(experts)`` (the longest route, the messages, the bytes over all links, the busiest link's), worked
+        out without the region's arrays: a block's routes are the same on each of its rows (``_strip``), so the
+        links along a band of rows carry the sum of the blocks covering it, each times the tokens that go there;
+        the column combines' links carry a column's partial sum times the tokens behind them
+        (``column_combines``). For samples of many distinct sets on large regions (decode.cost's expected
+        routing)."""
+        order, sets = list(self.index), [sorted({self.index[self.blocks[e]] for e in chosen})
+                                         for chosen in np.asarray(experts).tolist()]
+        used = sorted(Counter(i for chosen in sets for i in chosen).items())
+        cuts = sorted({y for i, _ in used for y in (order[i].y0, order[i].y1)})
+        out = []
+        for which in (0, 1):  # dispatch, then combine's rows
+            strips = [(order[i], self._strip(order[i])[which], n) for i, n in used]
+            bands = [sum(n * load.bytes[:, 0] for b, load, n in strips if b.y0 <= y0 < b.y1)
+                     for y0 in cuts[:-1]]
+            out.append([max((b.max() for b in bands if np.ndim(b)), default=0.0),
+                        sum(n * load.total() for _, load, n in strips), sum(n * load.messages for _, load, n in strips),
+                        max((load.hops for _, load, _ in strips), default=0)])
+        spans = Counter(self._span(chosen) for chosen in sets)
+        south, north = np.zeros(self.region.h), np.zeros(self.region.h)
+        for (top, bottom), tokens in spans.items():
+            south[top:self.region.h - 1] += tokens
+            north[1:bottom + 1] += tokens
+        cols = column_combines(self.region, spans, np.ones(1))  # its messages and hops per column
+        busiest = max(south.max(), north.max()) * float(self.col_bytes.max())
+        combine = [max(out[1][0], busiest), out[1][1] + (south.sum() + north.sum()) * float(self.col_bytes.sum()),
+                   out[1][2] + cols.messages * int(np.count_nonzero(self.col_bytes)), max(out[1][3], cols.hops)]
+        return tuple(Phase(hops, messages, int(round(total)), busy)
+                     for busy, total, messages, hops in (out[0], combine))
+
+    def _strip(self, block: Region) -> tuple[LinkLoad, LinkLoad]:
+        """block_patterns of `block` on the strip of the region its rows make (all its routes hold), kept."""
+        if block not in self.strips:
+            strip = Region(self.region.x0, block.y0, self.region.w, block.h)
+            self.strips[block] = block_patterns(self.dim, strip, block)
+        return self.strips[block]
+
+    def _span(self, chosen) -> tuple[int, int]:
+        """(top, bottom): the first and last of the region's rows the blocks numbered `chosen` cover."""
+        have = np.flatnonzero(self._rows(chosen))
+        return int(have[0]), int(have[-1])
+
+    def _rows(self, chosen) -> np.ndarray:
+        """(R,) bool: the region's rows the blocks numbered `chosen` cover."""
+        rows, order = np.zeros(self.region.h, bool), list(self.index)
+        for block in (order[i] for i in chosen):
+            rows[block.y0 - self.region.y0: block.y0 - self.region.y0 + block.h] = True
+        return rows
+
     def _one_token(self, chosen: tuple[int, ...]) -> tuple[LinkLoad, LinkLoad]:
         """(dispatch, combine) of one token to the blocks numbered `chosen` (self.index's numbers)."""
         if chosen not in self.sets:
-            dispatch, combine, rows = LinkLoad(self.region), LinkLoad(self.region), np.zeros(self.region.h, bool)
-            order = list(self.index)
+            dispatch, combine, order = LinkLoad(self.region), LinkLoad(self.region), list(self.index)
             for block in (order[i] for i in chosen):
                 there, back = block_patterns(self.dim, self.region, block)
                 dispatch.add(there)
                 combine.add(back)
-                rows[block.y0 - self.region.y0: block.y0 - self.region.y0 + block.h] = True
-            combine.add(column_combine(self.region, rows, self.col_bytes))
+            combine.add(column_combine(self.region, self._rows(chosen), self.col_bytes))
             self.sets[chosen] = dispatch, combine
         return self.sets[chosen]
 

@@ -1,6 +1,7 @@
 """A tile's part of the decode, driven by what arrives: micro-batches flow tile to tile on their own.
 
-Contract: the stages are embed -> layer 0 -> ... -> layer L-1 -> head (waferrt.decode.setup); each runs
+Contract: the stages are embed -> layer 0 -> ... -> layer L-1 -> head (waferrt.decode.setup, named values of
+waferrt.decode.stage); each runs
 in its region's tile, and a *segment* is a run of consecutive stages on one tile. A micro-batch is
 ``meta`` (B, 5) int64 rows (columns named by ``decode.rows.Col``: slot, token, pos, want, request) and,
 between stages, its activations.
@@ -54,6 +55,7 @@ from .rows import Col
 from .schedule import Item, StageRun
 from .setup import DecodeSetup, pack_stage
 from .shards import EmbedShard, Items, LayerShard
+from .stage import StageKind, entries
 from .streaming import stage_cycles, streamed_bytes, streamed_logits
 from .tracing import microbatch_span, stage_span
 
@@ -111,7 +113,8 @@ class TileProgram:
         self.tiles = setup.stage_tiles()
         self.routes = [route(setup.mesh, self.tiles[s - 1], self.tiles[s]) if s else [self.tiles[0]]
                        for s in range(len(self.stages))]
-        self.chunks = [Chunks(setup.config.dim, r.w) for _, _, r in self.stages]
+        self.entries = entries(self.stages)  # each stage as a token enters it (decode.cost.token_cost)
+        self.chunks = [Chunks(setup.config.dim, st.region.w) for st in self.stages]
         self.segment_of = {seg[0]: seg for seg in segments(self.tiles)}  # first stage -> its segment
         self.layers: dict[int, LayerShard] = {}
         self.embed: EmbedShard | None = None
@@ -130,15 +133,15 @@ class TileProgram:
     def adopt(self, old: TileProgram) -> list[int]:
         """Keep the loaded stages of `old` (this tile's program before a re-plan) that this program hosts in
         the same region; returns the hosted stages that still need their weights."""
-        for s, (kind, layer, region) in enumerate(self.stages):
+        for s, stage in enumerate(self.stages):
             if not self.hosts(s):
                 continue
-            was = next((t for t, st in enumerate(old.stages) if st == (kind, layer, region) and old.hosts(t)), None)
-            if kind == "layer" and was in old.layers:
+            was = next((t for t, st in enumerate(old.stages) if st == stage and old.hosts(t)), None)
+            if stage.kind is StageKind.LAYER and was in old.layers:
                 self.layers[s] = old.layers[was]
-            elif kind == "embed" and was is not None and old.embed is not None:
+            elif stage.kind is StageKind.EMBED and was is not None and old.embed is not None:
                 self.embed = old.embed
-            elif kind == "head" and was is not None and old.head is not None:
+            elif stage.kind is StageKind.HEAD and was is not None and old.head is not None:
                 self.head = old.head
         return [s for s in range(len(self.stages)) if self.hosts(s) and not self.loaded(s)]
 
@@ -149,10 +152,10 @@ class TileProgram:
     def loaded(self, s: int) -> bool:
         if self.setup.streaming:
             return self.store is not None
-        kind = self.stages[s][0]
-        if kind == "head" and self.setup.head is not None:  # an untied head holds its own table
+        kind = self.stages[s].kind
+        if kind is StageKind.HEAD and self.setup.head is not None:  # an untied head holds its own table
             return self.head is not None
-        return s in self.layers if kind == "layer" else kind == "head" or self.embed is not None
+        return s in self.layers if kind is StageKind.LAYER else kind is StageKind.HEAD or self.embed is not None
 
     def tick(self, step: int | None) -> None:
         """Let the faults armed on this tile fire at `step` (None: only their timers)."""
@@ -161,14 +164,13 @@ class TileProgram:
 
     def load(self, s: int, raw) -> None:
         """Stage s's float32 weights (waferrt.decode.setup.stage_weights) into its cores' blocks."""
-        kind, _, region = self.stages[s]
-        st = self.setup
+        kind, region, st = self.stages[s].kind, self.stages[s].region, self.setup
         arrays = pack_stage(st, s, raw)
-        if kind == "layer":
+        if kind is StageKind.LAYER:
             shard = MoELayerShard if st.config.moe else LayerShard
             self.layers[s] = shard(st.decoding, region, arrays, (st.slots, st.kv_tokens), self.ledger)
             self.layers[s].balance = st.balance
-        elif kind == "head":
+        elif kind is StageKind.HEAD:
             self.head = EmbedShard(st.config, region, arrays, self.ledger, st.collectives, st.dtype)
         else:
             self.embed = EmbedShard(st.config, region, arrays, self.ledger, st.collectives, st.dtype)
@@ -216,7 +218,7 @@ class TileProgram:
             before, t0 = self.ledger.cycles(), time.time_ns() if self.trace is not None else 0
             if st:
                 self._handover(st, len(meta))
-                if st != s and self.stages[st - 1][2].w != self.stages[st][2].w:  # re-cut for this region
+                if st != s and self.stages[st - 1].region.w != self.stages[st].region.w:  # re-cut for this region
                     x = self.chunks[st].split(self.chunks[st - 1].join(x))
             if self.faults is not None and not self.faults.quiet:
                 self._alive(st)
@@ -224,7 +226,7 @@ class TileProgram:
             x, logits = self._stage(st, meta, x, items)
             self._timed(st, time.perf_counter() - wall)
             cycles = self.ledger.cycles() - before
-            self.records.append(StageRun(mb, st, self.stages[st][2], len(self.records), cycles,
+            self.records.append(StageRun(mb, st, self.stages[st].region, len(self.records), cycles,
                                          self._items(st, meta, cycles)))
             if self.trace is not None:
                 stage_span(self.trace, self.stages[st], self.records[-1], t0)
@@ -244,17 +246,18 @@ class TileProgram:
         """This tile's wall seconds per stage run lately, of its slowest stage: of its layer stages (alike on
         every tile), or of its others when it hosts no layer. The host compares them across tiles to spot a
         straggler -- a slow tile slows all its stages, a slow core the one whose region holds it."""
-        layers = [p for s, p in self.paces.items() if self.stages[s][0] == "layer"]
+        layers = [p for s, p in self.paces.items() if self.stages[s].kind is StageKind.LAYER]
         return max(layers or self.paces.values(), default=None)
 
     def _alive(self, s: int) -> None:
         """Stage s's cores and links all work (else CoreFailed / LinkFailed naming what is lost); a straggling
         tile is slower by its delay."""
-        kind, layer, region = self.stages[s]
+        stage = self.stages[s]
+        region, what = stage.region, stage.what
         dead = self.faults.hit(region)
-        what = f"layer {layer}" if kind == "layer" else "the embedding/head"
         if isinstance(dead, CoreFailure):
-            held = (f"{what}'s weight blocks", f"{what}'s K/V caches") if kind == "layer" else (f"{what}'s table",)
+            held = ((f"{what}'s weight blocks", f"{what}'s K/V caches") if stage.kind is StageKind.LAYER
+                    else (f"{what}'s table",))
             raise CoreFailed(dead.core, held, f"{self.tile}, in the region {region} of {what}")
         if dead is not None:
             raise LinkFailed(dead.a, dead.b, f"{self.tile}, inside the region {region} of {what}")
@@ -266,7 +269,7 @@ class TileProgram:
         if self.setup.streaming:
             return tuple(Item(req, pos, bool(want), cycles / len(meta)) for _, _, pos, want, req in rows)
         whole = ({i: (int(meta[run[0], Col.POS]), len(run)) for run in prefill_runs(meta) for i in run}
-                 if self.setup.prefill and self.stages[s][0] == "layer" else {})
+                 if self.setup.prefill and self.stages[s].kind is StageKind.LAYER else {})
         routed = self._routed(s) if not whole else 0.0
         return tuple(Item(req, pos, bool(want), self._prefill_item(s, whole[i]) if i in whole else
                           self._alone(s, pos, bool(want)) + routed) for i, (_, _, pos, want, req) in enumerate(rows))
@@ -279,36 +282,34 @@ class TileProgram:
         if not isinstance(shard, MoELayerShard) or shard.step is None:
             return 0.0
         if s not in self._typical:
-            self._typical[s] = routed_alone_cycles(self.ledger.spec, self.setup.decoding, self.stages[s][2])
+            self._typical[s] = routed_alone_cycles(self.ledger.spec, self.setup.decoding, self.stages[s].region)
         return shard.step.share_cycles() - self._typical[s]
 
     def _alone(self, s: int, pos: int, want: bool) -> float:
         """decode.cost.alone_cycles of a token at stage s (kept: a stage sees the same positions again)."""
         key = (s, pos, want)
         if key not in self._alone_memo:
-            kind, _, region = self.stages[s]
-            stage = (kind, self.stages[s - 1][2] if s else None, region)
-            self._alone_memo[key] = alone_cycles(self.ledger.spec, self.setup.decoding, stage, pos, want)
+            self._alone_memo[key] = alone_cycles(self.ledger.spec, self.setup.decoding, self.entries[s], pos, want)
         return self._alone_memo[key]
 
     def _prefill_item(self, s: int, chunk: tuple[int, int]) -> float:
         """A prompt token's share of stage s's prefill of a chunk = (start, tokens) (decode.prefill)."""
-        prev = self.stages[s - 1][2] if s else None
-        return prefill_item_cycles(self.ledger.spec, self.setup.decoding, (prev, self.stages[s][2]), chunk)
+        entry = self.entries[s]
+        return prefill_item_cycles(self.ledger.spec, self.setup.decoding, (entry.src, entry.region), chunk)
 
     def _stage(self, s: int, meta: np.ndarray, x, items: Items):
         """Stage s on a micro-batch (`items`: its rows as the layers see them) -> (its activations out, the
         logits by item if it is the head)."""
-        kind = self.stages[s][0]
-        if self.faults is not None and (delay := self.faults.delay_in(self.stages[s][2])):  # slow, not dead
+        kind = self.stages[s].kind
+        if self.faults is not None and (delay := self.faults.delay_in(self.stages[s].region)):  # slow, not dead
             time.sleep(delay)
         if self.setup.streaming:
             return self._streamed(s, meta, x)
-        if kind == "embed":
+        if kind is StageKind.EMBED:
             return self.embed.lookup(meta[:, Col.TOKEN]), None
-        if kind == "layer" and self.setup.prefill:
+        if kind is StageKind.LAYER and self.setup.prefill:
             return layer_step(self.layers[s], x, meta), None
-        if kind == "layer":
+        if kind is StageKind.LAYER:
             return self.layers[s].run(x, items), None
         want = np.flatnonzero(meta[:, Col.WANT])
         if not len(want):
@@ -318,15 +319,16 @@ class TileProgram:
 
     def _streamed(self, s: int, meta: np.ndarray, x):
         """Stage s of a streaming decode: its block comes in from the store, runs, and leaves the buffer."""
-        st, (kind, layer, region) = self.setup, self.stages[s]
+        st, stage = self.setup, self.stages[s]
+        kind, region = stage.kind, stage.region
         want = np.flatnonzero(meta[:, Col.WANT])
-        if kind == "head" and not len(want):  # no token wants logits: the head's blocks need not come in
+        if kind is StageKind.HEAD and not len(want):  # no token wants logits: the head's blocks need not come in
             return x, {}
         before, logits = self.ledger.cycles(), None
-        if kind == "embed":
+        if kind is StageKind.EMBED:
             x = self.store.rows(meta[:, Col.TOKEN])
-        elif kind == "layer":
-            arrays = self.store.layer(layer)
+        elif kind is StageKind.LAYER:
+            arrays = self.store.layer(stage.layer)
             if s not in self.layers:  # its K/V stays on the wafer from the first run on
                 self.layers[s] = LayerShard(st.decoding, region, arrays, (st.slots, st.kv_tokens), self.ledger)
             shard = self.layers[s]
@@ -350,7 +352,7 @@ class TileProgram:
         """The activations of stage s-1 enter stage s's region: they cross the gap between the regions and
         are multicast down its rows (decode.cost.handover_cost, the one formula)."""
         if (s, items) not in self._handovers:
-            src, dst = self.stages[s - 1][2], self.stages[s][2]
+            src, dst = self.stages[s - 1].region, self.stages[s].region
             self._handovers[s, items] = handover_cost(self.ledger.spec, src, dst,
                                                          handover_bytes(self.setup.config, items))
         with self.ledger.op("handover"):

@@ -41,6 +41,7 @@ from .layout import booked_bytes, embed_booking, kv_booking, layer_booking, stre
 from .moe import pack_moe_layer
 from .moe_layout import MAPPINGS
 from .pack import pack_embed, pack_layer
+from .stage import Stage, StageKind, chain
 
 
 class PlacementError(ValueError):
@@ -92,26 +93,25 @@ class DecodeSetup:
         expert mapping."""
         return Decoding(self.config, self.dtype, self.collectives, experts=self.experts, attention=self.attention)
 
-    def stages(self) -> tuple[tuple[str, int, Region], ...]:
-        """(kind, layer index or -1, region) in the order an item passes them."""
-        mid = tuple(("layer", i, r) for i, r in enumerate(self.layers))
-        return (("embed", -1, self.embed),) + mid + (("head", -1, self.embed if self.head is None else self.head),)
+    def stages(self) -> tuple[Stage, ...]:
+        """The stages in the order an item passes them (a tied head on the embedding's region)."""
+        return chain(self.embed, self.layers, self.embed if self.head is None else self.head)
 
     def stage_tiles(self) -> tuple[TileId, ...]:
         """The tile that runs each stage."""
         out = []
-        for kind, i, region in self.stages():
-            tiles = self.mesh.tiles_of(region)
+        for stage in self.stages():
+            tiles = self.mesh.tiles_of(stage.region)
             if len(tiles) != 1:
-                what = f"layer {i}" if kind == "layer" else f"the {kind}"
+                what = stage.name if stage.kind is StageKind.LAYER else f"the {stage.name}"
                 raise PlacementError(
-                    f"{what} has region {region}, which spans {len(tiles)} tiles of {self.mesh.tile_w}x"
+                    f"{what} has region {stage.region}, which spans {len(tiles)} tiles of {self.mesh.tile_w}x"
                     f"{self.mesh.tile_h} cores; the decode runs every region inside one tile. Choose a "
                     "tile size the scheduler can fill with whole regions (e.g. a multiple of the layer region)")
             out.append(tiles[0])
         if out[-1] != out[0]:
             raise PlacementError(
-                f"the head's region {self.stages()[-1][2]} is on tile {out[-1]}, the embedding's on {out[0]}: the "
+                f"the head's region {self.stages()[-1].region} is on tile {out[-1]}, the embedding's on {out[0]}: the "
                 "decode samples each token where it enters (the embedding's tile), so an untied head's region must "
                 "lie in the embedding's tile. Choose a tile that holds both tables (the planner puts the head "
                 "beside the embedding when the tile has room)")
@@ -122,31 +122,33 @@ def stage_sram(setup: DecodeSetup, s: int) -> dict[str, tuple[Region, np.ndarray
     """What stage s keeps in its cores' SRAM: tensor name -> (region, bytes per core (rows, cols)). The
     stages of one region add up to what the planner budgets for it (layer_booking of its layers)."""
     stages = setup.stages()
-    kind, layer, region = stages[s]
+    stage = stages[s]
+    region, layer = stage.region, stage.layer
     if setup.streaming:
-        return _stream_sram(setup, kind, layer, region)
-    if kind == "layer":
+        return _stream_sram(setup, stage)
+    if stage.kind is StageKind.LAYER:
         booked = booked_bytes(layer_booking(setup.config, region, setup.kv_tokens, setup.slots, setup.dtype)
                               | topk_booking(setup.config, region, setup.kv_tokens, setup.attention))
-        if stages[s - 1][2] == region:  # stacked on the layer before it: the region's scratch (and top-K) is booked
+        if stages[s - 1].region == region:  # stacked on the layer before it: the region's scratch (and top-K) is booked
             del booked["scratch"]
             booked.pop("topk", None)
         return {f"layer{layer}.{name}": (region, nbytes) for name, nbytes in booked.items()}
-    if kind == "embed" or setup.head is not None:  # the embedding's table, or an untied head's own
+    if stage.kind is StageKind.EMBED or setup.head is not None:  # the embedding's table, or an untied head's own
         booked = booked_bytes(embed_booking(setup.config, region, setup.dtype))
-        return {f"{kind}.{name}": (region, nbytes) for name, nbytes in booked.items()}
+        return {f"{stage.kind.value}.{name}": (region, nbytes) for name, nbytes in booked.items()}
     return {}  # a tied head uses the embedding's table and scratch
 
 
-def _stream_sram(st: DecodeSetup, kind: str, layer: int, region: Region) -> dict[str, tuple[Region, np.ndarray]]:
+def _stream_sram(st: DecodeSetup, stage: Stage) -> dict[str, tuple[Region, np.ndarray]]:
     """A streaming region's booking (stream_booking) shared out: each layer its K/V, the embedding stage the
     double buffer and the scratch."""
+    region = stage.region
     booked = booked_bytes(stream_booking(st.config, region, st.kv_tokens, st.slots, st.dtype)
                           | topk_booking(st.config, region, st.kv_tokens, st.attention))
-    if kind == "layer":
+    if stage.kind is StageKind.LAYER:
         kv = kv_booking(st.config, region, st.kv_tokens, st.slots, st.dtype)
-        return {f"layer{layer}.kv": (region, booked_bytes({"kv": (kv,)})["kv"])}
-    if kind == "embed":
+        return {f"layer{stage.layer}.kv": (region, booked_bytes({"kv": (kv,)})["kv"])}
+    if stage.kind is StageKind.EMBED:
         return {f"stream.{name}": (region, booked[name]) for name in ("buffer", "scratch", "topk") if name in booked}
     return {}
 
@@ -157,10 +159,10 @@ def stage_weights(setup: DecodeSetup, weights):
     (head table, final norm) for an untied head; none when the weights stream in."""
     if setup.streaming:
         return
-    for s, (kind, layer, _) in enumerate(setup.stages()):
-        if kind == "layer":
-            yield s, weights.layers[layer]
-        elif kind == "embed":
+    for s, stage in enumerate(setup.stages()):
+        if stage.kind is StageKind.LAYER:
+            yield s, weights.layers[stage.layer]
+        elif stage.kind is StageKind.EMBED:
             yield s, (weights.embed, weights.final_norm)
         elif setup.head is not None:
             yield s, (weights.head, weights.final_norm)
@@ -174,10 +176,12 @@ def weight_bytes(raw) -> int:
 
 def pack_stage(setup: DecodeSetup, s: int, raw) -> dict:
     """Stage s's weight blocks in the storage dtype, from what stage_weights gave for it."""
-    kind, _, region = setup.stages()[s]
-    if kind == "layer" and setup.config.moe:
+    stage = setup.stages()[s]
+    region = stage.region
+    if stage.kind is StageKind.LAYER and setup.config.moe:
         return pack_moe_layer(setup.config, raw, region, setup.experts, setup.dtype)
-    if kind == "layer":
+    if stage.kind is StageKind.LAYER:
         return pack_layer(setup.config, raw, region, setup.dtype)
-    head = kind == "head" or setup.head is None  # a table the head's GEMV reads: held widened (pack_embed)
+    # a table the head's GEMV reads: held widened (pack_embed)
+    head = stage.kind is StageKind.HEAD or setup.head is None
     return pack_embed(setup.config, raw[0], raw[1], region, setup.dtype, widened=head)

@@ -6,7 +6,8 @@ Contract (pure): a streaming decode runs every stage -- the embedding, every lay
 :class:`WeightStore` is the off-wafer memory: it cuts each block into the region's cores' blocks once
 (``decode.pack``), keeps them, and serves ``layer(i)``, ``head(k)`` (chunk k of the tied table with the final norm: the
 head streams in ``head_chunks`` pieces, none larger on a core than a layer's block, so the double buffer is
-sized by the largest layer) and ``rows(tokens)`` (only the embedding rows of the tokens cross).
+sized by the largest layer) and ``rows(tokens)`` (only the embedding rows of the tokens cross); ``block`` serves a
+:class:`StreamBlock` (layer i or head chunk k), in the order ``stream_order`` gives.
 ``streamed_logits`` runs the head chunk by chunk (a MeshGEMV per chunk). ``streamed_bytes`` is what a stage
 run takes in over the wafer's ingress (the block's bytes in the storage dtype; the embedding rows of its
 items), ``stream_cycles`` how long that takes at ``spec.ingress_bytes_per_s``. A block streams in while the
@@ -17,6 +18,8 @@ what the tiles book and what the planner and the estimator time.
 """
 
 from __future__ import annotations
+
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -32,6 +35,7 @@ from .layout import head_chunk_entries, layer_layouts
 from .net import net_of
 from .pack import Chunks, pack_embed, pack_layer
 from .shards import mesh_rmsnorm, norm_of, table_rows
+from .stage import StageKind
 
 
 def head_chunks(config: LlamaConfig, region: Region, dtype: str, head_groups: int = 1) -> list[tuple[int, int]]:
@@ -41,14 +45,14 @@ def head_chunks(config: LlamaConfig, region: Region, dtype: str, head_groups: in
     return [(j, min(j + m, voc_r)) for j in range(0, voc_r, m)]
 
 
-def streamed_bytes(config: LlamaConfig, kind: str, dtype: str, items: int) -> int:
-    """Bytes a stage run takes in from off-wafer memory: a layer's weights, the tied table and the final
-    norm (the head), or the embedding rows of its `items` tokens."""
+def streamed_bytes(config: LlamaConfig, kind: StageKind, dtype: str, items: int) -> int:
+    """Bytes a stage run of `kind` takes in from off-wafer memory: a layer's weights, the tied table and the
+    final norm (the head), or the embedding rows of its `items` tokens."""
     isz = itemsize(dtype)
-    if kind == "layer":
+    if kind is StageKind.LAYER:
         unit = layer_layouts(config, Region(0, 0, 1, 1), dtype)
         return sum(int(np.prod(lay.shape)) for lay in unit.values()) * isz
-    if kind == "head":
+    if kind is StageKind.HEAD:
         return (config.vocab_size + 1) * config.dim * isz
     return items * config.dim * isz
 
@@ -79,9 +83,9 @@ def stream_step_cycles(spec: HardwareSpec, dec: Decoding, region: Region, kv_tok
     config = dec.config
     layer = layer_decode_cost(spec, dec, region, kv_tokens, batch).cycles
     head = total(c for _, _, c in head_parts(spec, dec, region, batch)).cycles
-    return (stage_cycles(spec, 0.0, streamed_bytes(config, "embed", dec.dtype, batch))
-            + config.n_layers * stage_cycles(spec, layer, streamed_bytes(config, "layer", dec.dtype, batch))
-            + stage_cycles(spec, head, streamed_bytes(config, "head", dec.dtype, batch)))
+    return (stage_cycles(spec, 0.0, streamed_bytes(config, StageKind.EMBED, dec.dtype, batch))
+            + config.n_layers * stage_cycles(spec, layer, streamed_bytes(config, StageKind.LAYER, dec.dtype, batch))
+            + stage_cycles(spec, head, streamed_bytes(config, StageKind.HEAD, dec.dtype, batch)))
 
 
 def streamed_logits(comm, coll, config: LlamaConfig, chunks, x: np.ndarray, dtype: str) -> np.ndarray:
@@ -93,6 +97,25 @@ def streamed_logits(comm, coll, config: LlamaConfig, chunks, x: np.ndarray, dtyp
             h = mesh_rmsnorm(net, comm, x, to_f32(norm, dtype), norm_of(config))
         out.append(net.gemv(comm, to_f32(table, dtype), h))  # (B, R, m)
     return np.concatenate(out, axis=2)
+
+
+@dataclass(frozen=True)
+class StreamBlock:
+    """A block WeightStore serves: layer `index`'s weights (kind LAYER) or the head's chunk `index` (HEAD)."""
+
+    kind: StageKind
+    index: int
+
+    def __post_init__(self) -> None:
+        if self.kind is StageKind.EMBED:
+            raise ValueError("the embedding streams by rows (WeightStore.rows), not as a block: a StreamBlock is "
+                             "StageKind.LAYER or StageKind.HEAD")
+
+
+def stream_order(n_layers: int, head_count: int) -> list[StreamBlock]:
+    """The blocks in the order a decode step streams them: layer 0 .. L-1, then the head's chunks."""
+    return ([StreamBlock(StageKind.LAYER, i) for i in range(n_layers)]
+            + [StreamBlock(StageKind.HEAD, k) for k in range(head_count)])
 
 
 class WeightStore:
@@ -143,6 +166,10 @@ class WeightStore:
         j0, j1 = self.chunks[k]
         rows = (np.arange(self.region.h)[:, None] * voc_r + np.arange(j0, j1)[None]).reshape(-1)
         return t["table"][rows], t["final_norm"]
+
+    def block(self, key: StreamBlock):
+        """layer(i) or head(k), as `key` names it."""
+        return self.layer(key.index) if key.kind is StageKind.LAYER else self.head(key.index)
 
     def rows(self, tokens: np.ndarray) -> np.ndarray:
         """The embedding rows of `tokens` (B,) as float32 (B, C, dim_c), split over the region's columns."""

@@ -26,6 +26,7 @@ from waferrt.core.trace import Recorder
 from waferrt.fabric.traced import TracedLinks
 
 from .schedule import StageRun
+from .stage import Stage
 
 
 def trace_program(program, rec: Recorder) -> None:
@@ -45,14 +46,9 @@ def untrace_program(program) -> Recorder | None:
     return rec
 
 
-def stage_name(kind: str, layer: int) -> str:
-    return f"layer {layer}" if kind == "layer" else kind
-
-
-def stage_span(rec: Recorder, stage: tuple, run: StageRun, t0: int) -> None:
-    """A stage run that began at t0 (time.time_ns()) and has just ended."""
-    kind, layer, _ = stage
-    rec.add(stage_name(kind, layer), "compute", t0, time.time_ns(), mb=run.mb, stage=run.stage,
+def stage_span(rec: Recorder, stage: Stage, run: StageRun, t0: int) -> None:
+    """A run of `stage` that began at t0 (time.time_ns()) and has just ended (named ``stage.name``)."""
+    rec.add(stage.name, "compute", t0, time.time_ns(), mb=run.mb, stage=run.stage,
             tokens=len(run.items), requests=len({it.request for it in run.items}), cycles=round(run.cycles))
 
 

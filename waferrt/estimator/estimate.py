@@ -12,11 +12,13 @@ regions) and keeps the best for the objective: "latency" (time per token of one 
 strategies (``scheduler.strategies.worth_trying``); with more than one it says why the winner won (and which kinds it
 was limited to), with exactly one that it was asked for. When nothing fits it says so and what would
 (``advice``). The host exchange (token ids in, logits out over ``spec.ingress_bytes_per_s``) is added per
-step; the emulator books none.
+step; the emulator books none. The closed forms are given :func:`paper_decoding`: an MoE layer's experts at
+their expected routing (decode.cost.Routing.EXPECTED), not a zero router's typical token.
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from functools import lru_cache
 
@@ -25,11 +27,13 @@ from waferrt.core.dtypes import STORAGE_DTYPES
 from waferrt.core.spec import HardwareSpec
 from waferrt.decode.cost import (
     Decoding,
+    Routing,
     head_decode_parts,
     layer_decode_parts,
     stage_handover,
 )
 from waferrt.decode.schedule import requests_round_seconds, round_bound_seconds
+from waferrt.decode.stage import Stage, StageKind
 from waferrt.model.config import LlamaConfig
 from waferrt.scheduler.speed import stages_alone_cycles
 from waferrt.scheduler.strategies import explain, worth_trying
@@ -38,6 +42,12 @@ from waferrt.scheduler.types import KVReserve, Objective, Strategy, Workload
 from . import wafer
 from .advice import advice
 from .estimate_report import Estimate, breakdown_seconds
+
+
+def paper_decoding(config: LlamaConfig, dtype: str, head_groups: int) -> Decoding:
+    """What the estimator gives the decode's closed forms: the model, its dtype, the layer regions' head
+    groups, and an MoE's expected routing (the one owner of that choice: estimate, streaming, sparse, prefill)."""
+    return Decoding(config, dtype, head_groups=head_groups, routing=Routing.EXPECTED)
 
 
 @dataclass(frozen=True)
@@ -77,10 +87,10 @@ def best(work: Workload, spec: HardwareSpec, mesh: tuple[int, int], objective: s
     if not floors:
         return None
     stages = [floor.stages(config.n_layers, strategy.group) for floor in floors]
-    alone = [stages_alone_cycles(spec, Decoding(config, dtype, head_groups=f.shape.head_groups), st, kv.tokens)
+    alone = [stages_alone_cycles(spec, paper_decoding(config, dtype, f.shape.head_groups), st, kv.tokens)
              for f, st in zip(floors, stages)]
     ones = [cycles_seconds(spec, sum(a)) for a in alone]
-    segs = [(a, [region for _, region in st]) for st, a in zip(stages, alone)]
+    segs = [(a, [stage.region for stage in st]) for st, a in zip(stages, alone)]
 
     def step(i: int) -> float:
         return ones[i] if kv.requests == 1 else requests_round_seconds(*segs[i], kv.requests, spec.clock_hz)
@@ -137,7 +147,7 @@ def _report(config: LlamaConfig, spec: HardwareSpec, c: Candidate, base: dict, w
     sram = c.strategy.regions * floor.shape.cores * layer_bytes + floor.bands * floor.band_cols * floor.band_rows * \
         band_bytes
     cap = wafer.shape_kv_capacity(work, floor.shape, spec.sram_bytes)
-    parts = _one_token_parts(spec, Decoding(config, dtype, head_groups=floor.shape.head_groups), stages, kv.tokens)
+    parts = _one_token_parts(spec, paper_decoding(config, dtype, floor.shape.head_groups), stages, kv.tokens)
     host1, host_r = host_seconds(config, spec, 1), host_seconds(config, spec, kv.requests)
     return Estimate(**base, strategy=c.strategy, fits=True, why=why, shape=floor.shape,
                     band=(floor.band_cols, floor.band_rows, floor.bands), cores_used=used, sram_used_bytes=sram,
@@ -155,14 +165,15 @@ def _bounds(parts, spec: HardwareSpec, host: float) -> dict[str, float]:
     return {"compute": compute, "fabric": fabric, "ingress": host}
 
 
-def _one_token_parts(spec: HardwareSpec, dec: Decoding, stages, kv_tokens: int) -> list:
+def _one_token_parts(spec: HardwareSpec, dec: Decoding, stages: Sequence[Stage], kv_tokens: int) -> list:
     """(name, category, Cost) of one request's token through every stage: what the breakdown sums."""
     out = []
-    for s, (kind, region) in enumerate(stages):
+    for s, stage in enumerate(stages):
         if s:
-            out.append(("handover", "handover", stage_handover(spec, dec.config, stages[s - 1][1], region, 1)))
-        if kind == "layer":
-            out += layer_decode_parts(spec, dec, region, kv_tokens, 1)
-        elif kind == "head":
-            out += head_decode_parts(spec, dec, region, 1)
+            out.append(("handover", "handover", stage_handover(spec, dec.config, stages[s - 1].region, stage.region,
+                                                               1)))
+        if stage.kind is StageKind.LAYER:
+            out += layer_decode_parts(spec, dec, stage.region, kv_tokens, 1)
+        elif stage.kind is StageKind.HEAD:
+            out += head_decode_parts(spec, dec, stage.region, 1)
     return out

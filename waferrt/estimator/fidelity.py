@@ -44,6 +44,7 @@ from waferrt.core.cost import Cost, flop_cycles, gemv_cost
 from waferrt.core.mesh import Region
 from waferrt.core.spec import WSE2, HardwareSpec
 from waferrt.decode.cost import Decoding, layer_decode_parts
+from waferrt.decode.stage import Stage, StageKind
 from waferrt.model.config import LlamaConfig
 from waferrt.model.zoo import model_by_name
 from waferrt.scheduler.speed import stage_seconds
@@ -250,7 +251,7 @@ def _decode_region(config: LlamaConfig, p: int) -> tuple[Region, Decoding]:
 def decode_token_seconds(spec: HardwareSpec, config: LlamaConfig, p: int, context: int = 4096) -> float:
     """One request's token through every layer on one p-wide region (WaferLLM's decode benchmark)."""
     region, dec = _decode_region(config, p)
-    return stage_seconds(spec, dec, [("layer", region)] * config.n_layers, context, 1)[0]
+    return stage_seconds(spec, dec, [Stage(StageKind.LAYER, region, i) for i in range(config.n_layers)], context, 1)[0]
 
 
 def decode_categories(spec: HardwareSpec, config: LlamaConfig, p: int, context: int = 4096) -> dict[str, float]:

@@ -22,6 +22,7 @@ import numpy as np
 
 from waferrt.core.cost import alltoall_cost, cycles_seconds
 from waferrt.core.mesh import Region
+from waferrt.decode.cost import uniform_routing
 from waferrt.decode.linkload import AllToAll, LinkLoad
 from waferrt.decode.moe_layout import MAPPINGS, expert_blocks, expert_grid
 from waferrt.scheduler.budget import tensor_bytes
@@ -92,7 +93,7 @@ def moe_estimate(est: Estimate) -> MoEEstimate:
         return MoEEstimate(**{**vars(out), "wafers": _wafers(est)})
     region = est.shape.region()
     base = est.time_per_token_s - est.breakdown_s.get("alltoall", 0.0)  # the token's time without its all-to-all
-    chosen = np.argsort(np.random.default_rng(0).random((SAMPLE, config.n_experts)), axis=1)[:, : config.top_k]
+    chosen = uniform_routing(config, SAMPLE)
     return MoEEstimate(**{**vars(out), "mappings": {m: _mapping(est, region, m, chosen, base) for m in MAPPINGS}})
 
 

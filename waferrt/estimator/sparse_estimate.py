@@ -25,6 +25,7 @@ from waferrt.decode.cost import Decoding, attention_parts
 from waferrt.model.sparse import AttentionMode
 from waferrt.scheduler.types import Workload
 
+from .estimate import paper_decoding
 from .estimate_report import Estimate
 from .wafer import shape_kv_capacity
 
@@ -102,7 +103,7 @@ def sparse_estimate(est: Estimate, mode: AttentionMode) -> SparseEstimate:
     """The sparse figures of an estimate that fits (see the module docstring)."""
     if not est.fits:
         raise ValueError(f"{est.label} does not fit, so its attention has no region to be timed on")
-    dense = Decoding(est.config, est.dtype, head_groups=est.shape.head_groups)
+    dense = paper_decoding(est.config, est.dtype, est.shape.head_groups)
     sparse = replace(dense, attention=mode)
     work = Workload(est.config, est.kv, est.dtype, est.strategy.group)
     longest = shape_kv_capacity(work, est.shape, est.spec.sram_bytes, mode)  # the top-K's lists held too

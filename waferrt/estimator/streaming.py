@@ -21,12 +21,13 @@ from waferrt.core.cost import cycles_seconds
 from waferrt.core.spec import HardwareSpec
 from waferrt.decode.cost import Decoding, lane_batches, layer_decode_cost
 from waferrt.decode.layout import stream_core_bytes
+from waferrt.decode.stage import StageKind
 from waferrt.decode.streaming import stream_cycles, stream_step_cycles, streamed_bytes
 from waferrt.model.config import LlamaConfig
 from waferrt.scheduler.types import KVReserve
 
 from . import wafer
-from .estimate import host_seconds
+from .estimate import host_seconds, paper_decoding
 from .estimate_report import gb
 
 
@@ -110,7 +111,8 @@ def _step_seconds(spec: HardwareSpec, dec: Decoding, shape: wafer.Shape, kv_toke
 
 def _pass_bytes(config: LlamaConfig, dtype: str, batch: int) -> int:
     """Bytes a micro-batch's pass through the region streams in: every layer, the head, its embedding rows."""
-    return sum(streamed_bytes(config, kind, dtype, batch) for kind in ("layer",) * config.n_layers + ("head", "embed"))
+    kinds = (StageKind.LAYER,) * config.n_layers + (StageKind.HEAD, StageKind.EMBED)
+    return sum(streamed_bytes(config, kind, dtype, batch) for kind in kinds)
 
 
 def streaming(config: LlamaConfig, spec: HardwareSpec, mesh: tuple[int, int], kv: KVReserve, dtype: str,
@@ -120,7 +122,7 @@ def streaming(config: LlamaConfig, spec: HardwareSpec, mesh: tuple[int, int], kv
         return Streaming(kv.requests, False, reason=(
             f"every layer's K/V for {kv.requests} requests x {kv.tokens} tokens and a double buffer of weight "
             f"blocks do not fit in any region of the {mesh[0]}x{mesh[1]} mesh: lower --kv-tokens or --requests"))
-    dec = Decoding(config, dtype, head_groups=shape.head_groups)
+    dec = paper_decoding(config, dtype, shape.head_groups)
 
     def fits(tokens: int, requests: int) -> bool:
         return _core_bytes(config, shape, tokens, requests, dtype) <= spec.sram_bytes
@@ -142,7 +144,7 @@ def streaming(config: LlamaConfig, spec: HardwareSpec, mesh: tuple[int, int], kv
 def _knee(spec: HardwareSpec, dec: Decoding, shape: wafer.Shape, kv_tokens: int) -> int:
     """The fewest requests in flight (doubling, up to 2**16) whose micro-batch's layer compute outlasts the
     layer's stream."""
-    stream = stream_cycles(spec, streamed_bytes(dec.config, "layer", dec.dtype, 1))
+    stream = stream_cycles(spec, streamed_bytes(dec.config, StageKind.LAYER, dec.dtype, 1))
     r = 1
     while r < 1 << 16 and layer_decode_cost(spec, dec, shape.region(), kv_tokens, max(lane_batches(r))).cycles < stream:
         r *= 2

@@ -35,7 +35,7 @@ from waferrt.core.template import WaferTemplate
 from waferrt.core.train_cost import ADAMW_FLOPS, HeadTooLarge, TrainShape
 from waferrt.model.config import LlamaConfig
 
-from .train_layer import PassCost, Work, pass_costs
+from .train_layer import Grid, PassCost, Work, pass_costs
 
 STRATEGIES = ("weight-streaming", "pipeline", "tensor-stream")
 TRAIN_OBJECTIVES = ("throughput", "memory")
@@ -130,7 +130,7 @@ def line_d2d_seconds(template: WaferTemplate, n: int, line_bytes: float) -> floa
     return 2 * (n - 1) / n * line_bytes * die_h / template.d2d.bytes_per_s + 2 * (n - 1) * template.d2d.latency_s
 
 
-def _kernels(job: TrainJob, template: WaferTemplate, work: Work, grid: tuple[int, int]) -> tuple[float, float, float]:
+def _kernels(job: TrainJob, template: WaferTemplate, work: Work, grid: Grid) -> tuple[float, float, float]:
     """(compute, fabric, die-to-die) seconds of a pass of `work` on a w x h grid: the emulator's closed forms
     composed (estimator.train_layer.pass_costs), on the squares' side for which the three take least together
     (a larger square can cross die edges that a smaller one stays inside; :func:`_d2d`)."""
@@ -142,18 +142,18 @@ def _kernels(job: TrainJob, template: WaferTemplate, work: Work, grid: tuple[int
     return min(options, key=sum)
 
 
-def _d2d(template: WaferTemplate, grid: tuple[int, int], cost: PassCost, fabric: float) -> float:
+def _d2d(template: WaferTemplate, grid: Grid, cost: PassCost, fabric: float) -> float:
     """Die-to-die seconds of a pass on the grid's squares of `cost.side`, its kernels' fabric taking `fabric`
     seconds: when the grid spans die edges, the gradients' ring over the squares crosses them
     (:func:`line_d2d_seconds`), and when its squares do too, an edge carries what its die's mesh links across
     it carry during the fabric time, at the edge's rate (ASSUMED: the kernels' moves spread evenly over the
     grid's lines). Zero on one die."""
     spec, (die_w, die_h) = template.spec, template.die.full_mesh
-    if template.d2d is None or (grid[0] <= die_w and grid[1] <= die_h):
+    if template.d2d is None or (grid.w <= die_w and grid.h <= die_h):
         return 0.0
     inside = die_w % cost.side == 0 and die_h % cost.side == 0  # every square within a die
     edge = 0.0 if inside else die_h * spec.link_bytes_per_cycle * spec.clock_hz / template.d2d.bytes_per_s
-    ring = line_d2d_seconds(template, max(grid), cost.grad_bytes) if cost.squares > 1 else 0.0
+    ring = line_d2d_seconds(template, max(grid.w, grid.h), cost.grad_bytes) if cost.squares > 1 else 0.0
     return fabric * edge + ring
 
 
@@ -209,7 +209,7 @@ def weight_streaming(job: TrainJob, template: WaferTemplate) -> StrategyTime:
                             f"do not fit in the wafer's {template.sram_bytes() / 1e9:.1f} GB of SRAM")
     passes = -(-job.shape.batch // mb)
     compute, fabric, d2d = (passes * t for t in _kernels(job, template, Work(config, config.n_layers, mb, job.shape.seq,
-                                                                             job.dtype), template.mesh))
+                                                                             job.dtype), Grid(*template.mesh)))
     bd = Breakdown(compute, fabric, d2d, io * passes)  # the weights stream in once per micro-batch
     step = max(bd.compute + bd.fabric, bd.d2d, bd.io)  # the kernels serialise; the streaming overlaps them
     return StrategyTime("weight-streaming", True, step, bd, round(buffer + mb * per_seq / cores),
@@ -253,7 +253,7 @@ def _pipeline_at(job: TrainJob, template: WaferTemplate, r: int, resident: tuple
     m = -(-job.shape.batch // mb)
     slots = m + r - 1
     work = Work(config, config.n_layers // r, mb, job.shape.seq, job.dtype)  # the last stage's, with the head
-    compute, fabric, d2d = _kernels(job, template, work, (w // r, h))
+    compute, fabric, d2d = _kernels(job, template, work, Grid(w // r, h))
     compute += _adam_s(job, template, stage_cores, config.params() / r / m)
     hand = 2 * mb * job.shape.seq * config.dim * itemsize(job.dtype)  # activations forward, gradients back
     fabric += cycles_seconds(template.spec, message_cycles(template.spec, 1, 1, hand / h))
@@ -286,7 +286,7 @@ def tensor_stream(job: TrainJob, template: WaferTemplate) -> StrategyTime:
                             f"in the wafer's {template.sram_bytes() / 1e9:.1f} GB")
     passes = -(-job.shape.batch // mb)
     work = Work(config, config.n_layers, mb, job.shape.seq, job.dtype)
-    compute, fabric, _ = _kernels(job, template, work, template.die.full_mesh)  # a die's square(s)
+    compute, fabric, _ = _kernels(job, template, work, Grid(*template.die.full_mesh))  # a die's square(s)
     compute = passes * compute / dies + _adam_s(job, template, cores, config.params())  # a die: its 1/dies share
     fabric = passes * fabric / dies
     d2d = 0.0

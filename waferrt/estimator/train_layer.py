@@ -15,9 +15,9 @@ Attention runs per sequence, as the kernels run it: the B sequences lie on the s
 (``core.train_cost.square_tokens``) and their attention is batched with the heads -- no B*S x B*S score block
 (tests/unit/test_train_ties.py, with two sequences on two squares).
 
-:func:`pass_cost` puts a pass on a w x h grid: squares of a side that tiles it (min(w, h) / 1, 2, 4, ... --
-the fastest whose cores hold a layer's weights and gradients; the left-over cores idle), the sequences split
-over them (data parallel), every weight gradient summed over the squares (``core.cost.allreduce_cost``, a ring
+:func:`pass_cost` puts a pass on a w x h :class:`Grid` of cores: squares of a side that tiles it (min(w, h) / 1,
+2, 4, ... -- the fastest whose cores hold a layer's weights and gradients; the left-over cores idle), the sequences
+split over them (data parallel), every weight gradient summed over the squares (``core.cost.allreduce_cost``, a ring
 of the squares' corresponding cores, ASSUMED as fast as a ring of neighbours) -- a :class:`PassCost`.
 :func:`recompute_cost` is what a square adds for the layers whose activations its SRAM does not keep until
 their backward: ``core.train_memory.keep_plan``'s recomputed layers over the pass's layers, a forward each
@@ -131,19 +131,27 @@ class Work:
                              f"layers, {self.sequences} sequences of {self.seq}")
 
 
-def _sides(spec: HardwareSpec, work: Work, grid: tuple[int, int]) -> list[int]:
+@dataclass(frozen=True)
+class Grid:
+    """The cores a pass runs on: `w` columns by `h` rows."""
+
+    w: int
+    h: int
+
+
+def _sides(spec: HardwareSpec, work: Work, grid: Grid) -> list[int]:
     """The squares' sides a pass may take on the grid: min(w, h) / k for k = 1, 2, 4, ..., a smaller square
     only while its cores hold a copy of a layer's weights and gradients in half their SRAM (ASSUMED: the
     other half for the activations and the streaming buffers)."""
     per_layer = 2 * work.config.layer_params() * itemsize(work.dtype)
-    sides, side = [min(grid)], min(grid) // 2
+    sides, side = [min(grid.w, grid.h)], min(grid.w, grid.h) // 2
     while side >= 1 and per_layer <= spec.sram_bytes / 2 * side * side:
         sides.append(side)
         side //= 2
     return sides
 
 
-def pass_costs(spec: HardwareSpec, work: Work, grid: tuple[int, int]) -> list[PassCost]:
+def pass_costs(spec: HardwareSpec, work: Work, grid: Grid) -> list[PassCost]:
     """A pass of `work` on each side of :func:`_sides` whose cores hold the head's jobs, largest side first;
     ``core.train_cost.HeadTooLarge`` when no square's do, even in chunks."""
     costs, refused = [], None
@@ -157,12 +165,12 @@ def pass_costs(spec: HardwareSpec, work: Work, grid: tuple[int, int]) -> list[Pa
     return costs
 
 
-def pass_cost(spec: HardwareSpec, work: Work, grid: tuple[int, int], side: int | None = None) -> PassCost:
+def pass_cost(spec: HardwareSpec, work: Work, grid: Grid, side: int | None = None) -> PassCost:
     """A pass of `work` on the grid's squares of `side` (default: the fastest of :func:`pass_costs` on the
     grid's own fabric) (module doc)."""
     if side is None:
         return min(pass_costs(spec, work, grid), key=lambda c: c.cycles)
-    config, count = work.config, (grid[0] // side) * (grid[1] // side)
+    config, count = work.config, (grid.w // side) * (grid.h // side)
     run = Run(cdiv(work.sequences, count), work.seq, side, work.dtype)
     parts, plan = layer_parts(spec, config, run), pass_plan(spec, work, run)
     head = head_parts(spec, config, run, plan.head_chunks if plan.fits else None) if work.head else {}

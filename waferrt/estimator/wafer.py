@@ -7,7 +7,7 @@ area), equal to ``waferrt.decode.layout.layer_core_bytes`` for one layer and one
 layouts the tiles book); ``min_cols`` the narrowest region of a given height that fits in SRAM; ``Floor`` is
 the wafer's floor plan: the embedding (and, for an untied model, the output head) as full-width bands on
 top, layer regions in a grid of slots below them, taken in a serpentine so that consecutive regions touch;
-``stages`` gives the decode's stages as (kind, Region) for ``waferrt.decode.cost.step_cycles`` (one per
+``stages`` gives the decode's stages (``decode.stage.chain``) for ``waferrt.decode.cost.step_cycles`` (one per
 layer; the layers of a group share their region). ``floors`` lists every floor plan worth timing for a
 strategy and ``strategies`` the strategies worth trying (both used by the estimator and by its advice)."""
 
@@ -20,6 +20,7 @@ from waferrt.core.arith import cdiv, first_true, last_true
 from waferrt.core.mesh import Region
 from waferrt.core.spec import HardwareSpec
 from waferrt.decode.layout import activation_bytes, kv_core_bytes, layer_block_bytes, most_bytes, topk_booking
+from waferrt.decode.stage import Stage, chain
 from waferrt.model.config import LlamaConfig
 from waferrt.model.sparse import DENSE, AttentionMode
 from waferrt.scheduler import budget
@@ -113,12 +114,11 @@ class Floor:
     def band(self, i: int) -> Region:
         return Region(0, i * self.band_rows, self.band_cols, self.band_rows)
 
-    def stages(self, n_layers: int, group: int) -> list[tuple[str, Region]]:
+    def stages(self, n_layers: int, group: int) -> tuple[Stage, ...]:
         """The decode's stages: the embedding band, every layer on its region (layer i on slot i // group:
         `group` layers per region, the last the rest), the head (the embedding band for a tied model, else the
         second band)."""
-        mid = [("layer", self.slot(i // group)) for i in range(n_layers)]
-        return [("embed", self.band(0)), *mid, ("head", self.band(self.bands - 1))]
+        return chain(self.band(0), [self.slot(i // group) for i in range(n_layers)], self.band(self.bands - 1))
 
 
 def band(config: LlamaConfig, sram: int, width: int, dtype: str) -> tuple[int, int] | None:

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from .model import fault_dict
+from .model import FaultKind, fault_dict
 
 
 @dataclass
@@ -41,7 +41,7 @@ class FaultEvent:
     modelled_s: float = 0.0  # the recovery's cost on the modelled wafer (weights in, tokens replayed)
 
     @property
-    def kind(self) -> str:
+    def kind(self) -> FaultKind:
         return self.fault.kind
 
     @property
@@ -78,7 +78,7 @@ class FaultEvent:
         return "detected, not recovered" if self.detected_at is not None else "fired, not detected"
 
     def as_dict(self) -> dict:
-        return {"index": self.index, "kind": self.kind, "where": self.where, "fault": fault_dict(self.fault),
+        return {"index": self.index, "kind": self.kind.value, "where": self.where, "fault": fault_dict(self.fault),
                 "step": self.step, "outcome": self.outcome, "detected_by": self.detected_by,
                 "detected_after_s": self.detected_after_s, "recovered_after_s": self.recovered_after_s,
                 "recovered_in_s": self.recovered_in_s,
@@ -109,9 +109,10 @@ class FaultLog:
     def unfired(self) -> list[FaultEvent]:
         return [e for e in self.events if e.fired_at is None]
 
-    def of_kind(self, kind: str) -> list[FaultEvent]:
-        """The events of one kind of fault ("core", "link", "corrupt", "straggler", "tile", "node")."""
-        return [e for e in self.events if e.kind == kind]
+    def of_kind(self, kind: FaultKind | str) -> list[FaultEvent]:
+        """The events of one kind of fault (a FaultKind, or its word: "core", "link", "corrupt", ...)."""
+        kind = FaultKind(kind)
+        return [e for e in self.events if e.kind is kind]
 
     def counts(self) -> dict[str, int]:
         """How many faults were injected, fired, detected and recovered."""

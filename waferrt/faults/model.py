@@ -23,11 +23,24 @@ import dataclasses
 import json
 import random
 from dataclasses import dataclass, field
+from enum import StrEnum
 from pathlib import Path
 
 from waferrt.core.mesh import Coord, Dir, MeshSpec, TileId
 
-KINDS = ("core", "link", "corrupt", "straggler", "tile", "node")
+
+class FaultKind(StrEnum):
+    """What fails: its value is the word plans, logs, traces and ``--kinds`` write ("core", "link", ...)."""
+
+    CORE = "core"
+    LINK = "link"
+    CORRUPT = "corrupt"
+    STRAGGLER = "straggler"
+    TILE = "tile"
+    NODE = "node"
+
+
+KINDS = tuple(FaultKind)
 
 
 @dataclass(frozen=True)
@@ -55,7 +68,7 @@ NOW = Trigger()
 class CoreFailure:
     core: Coord
     when: Trigger = NOW
-    kind = "core"
+    kind = FaultKind.CORE
 
     def __post_init__(self) -> None:
         _coerce(self)
@@ -69,7 +82,7 @@ class LinkFailure:
     a: Coord
     b: Coord
     when: Trigger = NOW
-    kind = "link"
+    kind = FaultKind.LINK
 
     def __post_init__(self) -> None:
         _coerce(self)
@@ -85,7 +98,7 @@ class Corrupt:
     b: Coord
     bits: int = 1
     when: Trigger = NOW
-    kind = "corrupt"
+    kind = FaultKind.CORRUPT
 
     def __post_init__(self) -> None:
         _coerce(self)
@@ -108,7 +121,7 @@ class Straggler:
     delay: float = 0.0  # seconds added to every stage the tile (or the core's region) runs
     when: Trigger = NOW
     core: Coord | None = None
-    kind = "straggler"
+    kind = FaultKind.STRAGGLER
 
     def __post_init__(self) -> None:
         _coerce(self)
@@ -126,7 +139,7 @@ class Straggler:
 class TileCrash:
     tile: TileId
     when: Trigger = NOW
-    kind = "tile"
+    kind = FaultKind.TILE
 
     def __post_init__(self) -> None:
         _coerce(self)
@@ -139,7 +152,7 @@ class TileCrash:
 class NodeLoss:
     node: int  # the index of the Ray node in the cluster's list of nodes that host tiles
     when: Trigger = NOW
-    kind = "node"
+    kind = FaultKind.NODE
 
     def where(self) -> str:
         return f"Ray node {self.node}"
@@ -254,8 +267,9 @@ class FaultPlan:
         t = where if isinstance(where, Targets) else Targets(where)
         mesh, nodes = t.mesh, t.nodes
         cores = sorted(t.cores if t.cores is not None else set(mesh.region.cores()) - mesh.dead)
-        links = sorted(t.links if t.links is not None else border_links(mesh)) if "corrupt" in kinds else []
-        kinds = [k for k in kinds if (k != "node" or nodes > 1) and (k != "corrupt" or links)]
+        kinds = [FaultKind(k) for k in kinds]
+        links = sorted(t.links if t.links is not None else border_links(mesh)) if FaultKind.CORRUPT in kinds else []
+        kinds = [k for k in kinds if (k is not FaultKind.NODE or nodes > 1) and (k is not FaultKind.CORRUPT or links)]
         if not kinds:
             raise ValueError("no fault kind left to draw (node losses need more than one Ray node, Corrupt a "
                              "link between two tiles)")
@@ -283,23 +297,23 @@ class Targets:
             raise ValueError(f"faults are drawn over at least 1 Ray node (node 0, the driver's), got {self.nodes}")
 
 
-def _draw(rng: random.Random, kind: str, where: Targets, when: Trigger):
+def _draw(rng: random.Random, kind: FaultKind, where: Targets, when: Trigger):
     mesh, cores, links, nodes = where.mesh, where.cores, where.links, where.nodes
-    if kind == "core":
+    if kind is FaultKind.CORE:
         return CoreFailure(rng.choice(cores), when)
-    if kind == "link":
+    if kind is FaultKind.LINK:
         a = rng.choice(cores)
         b = rng.choice([c for d in Dir if mesh.region.contains(c := a.step(d))] or [a.step(Dir.E)])
         return LinkFailure(a, b, when)
-    if kind == "corrupt":
+    if kind is FaultKind.CORRUPT:
         a, b = rng.choice(links)
         return Corrupt(a, b, rng.randint(1, 3), when)
-    if kind == "straggler":
+    if kind is FaultKind.STRAGGLER:
         delay = round(rng.uniform(0.005, 0.05), 4)
         if rng.random() < 0.5:  # one slow core holds up its region
             return Straggler(None, delay, when, core=rng.choice(cores))
         return Straggler(rng.choice(mesh.tiles()), delay, when)
-    if kind == "tile":
+    if kind is FaultKind.TILE:
         return TileCrash(rng.choice(mesh.tiles()), when)
     return NodeLoss(rng.randrange(1, nodes), when)  # never node 0: the driver's
 
@@ -355,7 +369,7 @@ def border_links(mesh: MeshSpec, crossings=None) -> list[tuple[Coord, Coord]]:
 
 def fault_dict(f) -> dict:
     """A fault as plain data (JSON, msgpack)."""
-    d = {"kind": f.kind}
+    d = {"kind": f.kind.value}
     for fld in dataclasses.fields(f):
         v = getattr(f, fld.name)
         if isinstance(v, Coord):

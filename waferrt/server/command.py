@@ -21,6 +21,7 @@ import socket
 from waferrt.cli.common import UsageError, checked_mesh, say, whole_number
 from waferrt.cli.generate import add_wafer_args, wafer_llm
 from waferrt.cli.model import open_model, ready_weights
+from waferrt.faults.model import KINDS, FaultKind
 
 HELP = "serve the model on the wafer over an OpenAI-compatible HTTP API"
 DESCRIPTION = """\
@@ -40,7 +41,7 @@ then, with the openai package:
   from openai import OpenAI
   client = OpenAI(base_url="http://127.0.0.1:8000/v1", api_key="none")
   client.completions.create(model="smollm2", prompt="The capital of France is", max_tokens=16)"""
-CHAOS_KINDS = ("core", "link", "corrupt", "straggler", "tile")  # a single machine's: no node to lose
+CHAOS_KINDS = tuple(k for k in KINDS if k is not FaultKind.NODE)  # a single machine's: no node to lose
 CHAOS_STEPS = 64  # a --chaos fault fires at a tile's step up to this
 
 

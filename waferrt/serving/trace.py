@@ -26,7 +26,7 @@ from waferrt.core.mesh import Region
 from waferrt.core.trace import Instant, Process, Recorder, Span, wall_process, write_trace
 from waferrt.decode.schedule import StageRun, flow_schedule
 from waferrt.decode.setup import DecodeSetup
-from waferrt.decode.tracing import stage_name
+from waferrt.decode.stage import StageKind
 from waferrt.faults.model import fault_tiles
 
 HOST = "host"
@@ -52,7 +52,7 @@ class DecodeTrace:
         its firing on the track of the tile that carries it, its detection and recovery on the host's."""
         for e in events:
             tiles = fault_tiles(e.fault, self.setup.mesh)
-            what = (("fault", e.kind), ("where", e.where), ("step", e.step))
+            what = (("fault", e.kind.value), ("where", e.where), ("step", e.step))
             for name, at, track, more in ((f"{e.kind} fault fired", e.fired_at, str(tiles[0]) if tiles else None, ()),
                                           ("fault detected", e.detected_at, None, (("by", e.detected_by),)),
                                           ("recovered", e.recovered_at, None, (("action", e.action),))):
@@ -75,12 +75,11 @@ class DecodeTrace:
     def _modelled(self) -> Process:
         stages = self.setup.stages()
         names: dict[Region, str] = {}
-        for kind, layer, region in stages:
-            names.setdefault(region, f"{'embed + head' if kind != 'layer' else stage_name(kind, layer)} {region}")
+        for st in stages:
+            names.setdefault(st.region, f"{st.name if st.kind is StageKind.LAYER else 'embed + head'} {st.region}")
         tracks: dict[str, list] = {name: [] for name in names.values()}
         for (req, pos, s), (region, a, b) in flow_schedule(self.runs, len(stages) - 1, self.clock_hz).items():
-            kind, layer, _ = stages[s]
-            tracks[names[region]].append(Span(stage_name(kind, layer), "modelled", round(a * 1e9), round(b * 1e9),
+            tracks[names[region]].append(Span(stages[s].name, "modelled", round(a * 1e9), round(b * 1e9),
                                               (("request", req), ("pos", pos))))
         return Process(f"modelled wafer (at {self.clock_hz / 1e9:.2f} GHz; every request at its own pace)",
                        tuple((n, tuple(sorted(evs, key=lambda e: e.start_ns))) for n, evs in tracks.items()),

@@ -43,6 +43,7 @@ from waferrt.core.train_cost import (
 )
 from waferrt.core.train_memory import KeepPlan, keep_plan
 from waferrt.decode.cost import ELEMENTWISE_FLOPS
+from waferrt.decode.stage import StageKind
 from waferrt.decode.streaming import stage_cycles, stream_cycles, streamed_bytes
 from waferrt.model.config import LlamaConfig
 
@@ -64,8 +65,9 @@ class StepCycles:
 
 def step_stream_bytes(config: LlamaConfig, shape: TrainShape) -> tuple[int, int]:
     """(bytes in, bytes out) of a weight-streaming training step (see the module docstring)."""
-    layer, head = streamed_bytes(config, "layer", "float32", 0), streamed_bytes(config, "head", "float32", 0)
-    rows = streamed_bytes(config, "embed", "float32", shape.tokens)
+    layer = streamed_bytes(config, StageKind.LAYER, "float32", 0)
+    head = streamed_bytes(config, StageKind.HEAD, "float32", 0)
+    rows = streamed_bytes(config, StageKind.EMBED, "float32", shape.tokens)
     return rows + 2 * config.n_layers * layer + head, config.n_layers * layer + head + rows
 
 
@@ -116,11 +118,11 @@ def step_cycles(spec: HardwareSpec, config: LlamaConfig, region: Region, shape: 
         redo = recompute_cycles(spec, config, region, shape)
         return StepCycles(layers * fwd, layers * bwd + head + redo, opt, layers * (fwd + bwd) + head + redo + opt,
                           redo)
-    layer = streamed_bytes(config, "layer", "float32", 0)
-    rows = streamed_bytes(config, "embed", "float32", shape.tokens)
+    layer = streamed_bytes(config, StageKind.LAYER, "float32", 0)
+    rows = streamed_bytes(config, StageKind.EMBED, "float32", shape.tokens)
     forward = stream_cycles(spec, rows) + layers * stage_cycles(spec, fwd, layer)
     kept, redo = stage_cycles(spec, bwd, 2 * layer), stage_cycles(spec, fwd + bwd, 2 * layer)  # its weights stream once
-    backward = (stage_cycles(spec, head, 2 * streamed_bytes(config, "head", "float32", 0))
+    backward = (stage_cycles(spec, head, 2 * streamed_bytes(config, StageKind.HEAD, "float32", 0))
                 + (layers - redone) * kept + redone * redo + stream_cycles(spec, rows))
     return StepCycles(forward, backward, 0.0, forward + backward, redone * (redo - kept))
 

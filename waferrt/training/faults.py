@@ -20,9 +20,10 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from waferrt.faults.model import FaultKind
 from waferrt.faults.wire import checksum, flip
 
-TRAINING_KINDS = ("tile", "corrupt", "core")
+TRAINING_KINDS = (FaultKind.TILE, FaultKind.CORRUPT, FaultKind.CORE)
 MAX_REDOS = 3  # a step redone more often than this is a failure, not a fault
 
 
@@ -36,7 +37,7 @@ class CorruptGradient(ValueError):
 
 @dataclass(frozen=True)
 class TrainingFault:
-    kind: str
+    kind: FaultKind  # (its word, "tile", "corrupt" or "core", is taken too)
     step: int  # the optimizer step (1, 2, ...) it strikes
     layer: int = 0  # whose gradients' push it strikes
     bits: int = 1  # bits a "corrupt" flips
@@ -45,6 +46,7 @@ class TrainingFault:
     def __post_init__(self) -> None:
         if self.kind not in TRAINING_KINDS:
             raise ValueError(f"a training fault is one of {', '.join(TRAINING_KINDS)}, got {self.kind!r}")
+        object.__setattr__(self, "kind", FaultKind(self.kind))
         if self.step < 1 or self.layer < 0 or self.bits < 1:
             raise ValueError(f"a training fault strikes step >= 1 at layer >= 0 with bits >= 1, got step "
                              f"{self.step}, layer {self.layer}, bits {self.bits}")
@@ -59,7 +61,7 @@ class TrainingFault:
         try:
             if not 1 <= len(nums) <= 2:
                 raise ValueError(text)
-            if kind == "core":
+            if kind == FaultKind.CORE:  # the word the text gives
                 x, y = (int(n) for n in nums[1].split(",")) if len(nums) == 2 else (0, 0)
                 return cls(kind, int(nums[0]), core=(x, y))
             return cls(kind, *(int(n) for n in nums))
@@ -68,7 +70,7 @@ class TrainingFault:
                              "corrupt (e.g. tile:2 or corrupt:3:1), or core:STEP[:X,Y] (e.g. core:2:1,3)") from None
 
     def __str__(self) -> str:
-        return f"core:{self.step}:{self.core[0]},{self.core[1]}" if self.kind == "core" else \
+        return f"core:{self.step}:{self.core[0]},{self.core[1]}" if self.kind is FaultKind.CORE else \
             f"{self.kind}:{self.step}:{self.layer}"
 
     def strikes(self, step: int, layer: int) -> bool:
@@ -101,7 +103,7 @@ class Run:
 
     steps: int
     layers: int
-    kinds: tuple[str, ...]
+    kinds: tuple[FaultKind, ...]  # (their words are taken too)
     side: int = 1
     spares: int = 0
 
@@ -110,23 +112,25 @@ class Run:
                 or not self.kinds:
             raise ValueError(f"a chaos run has steps, layers and a square side >= 1 and kinds among "
                              f"{TRAINING_KINDS}, got {self}")
+        object.__setattr__(self, "kinds", tuple(FaultKind(k) for k in self.kinds))
 
 
 def draw(n: int, seed: int, run: Run) -> list[TrainingFault]:
     """n faults drawn (seeded) over the run: a kind, a step (at most MAX_REDOS faults a step), a layer (tile,
     corrupt) or a core (core); ValueError when n is more than the run's steps can take."""
-    kinds = [k for k in run.kinds if k != "core"]
+    kinds = [k for k in run.kinds if k is not FaultKind.CORE]
     most = MAX_REDOS * run.steps if kinds else min(MAX_REDOS * run.steps, run.spares)
     if n > most:
-        spares = f" and a dead core spends one of {run.spares} spare squares" if "core" in run.kinds else ""
+        spares = f" and a dead core spends one of {run.spares} spare squares" if FaultKind.CORE in run.kinds else ""
         raise ValueError(f"{n} faults over {run.steps} steps: a step is redone at most {MAX_REDOS} times{spares}; "
                          f"draw at most {most}")
     rng, out = random.Random(seed), []
     for _ in range(n):
-        cores = sum(f.kind == "core" for f in out)
-        kind = rng.choice([k for k in run.kinds if k != "core" or cores < run.spares])
+        cores = sum(f.kind is FaultKind.CORE for f in out)
+        kind = rng.choice([k for k in run.kinds if k is not FaultKind.CORE or cores < run.spares])
         step = rng.choice([s for s in range(1, run.steps + 1) if sum(f.step == s for f in out) < MAX_REDOS])
         core = (rng.randrange(run.side), rng.randrange(run.side))
-        out.append(TrainingFault(kind, step, 0 if kind == "core" else rng.randrange(run.layers),
-                                 bits=rng.randint(1, 4), core=core if kind == "core" else (0, 0)))
+        dies = kind is FaultKind.CORE
+        out.append(TrainingFault(kind, step, 0 if dies else rng.randrange(run.layers), bits=rng.randint(1, 4),
+                                 core=core if dies else (0, 0)))
     return out

@@ -20,6 +20,7 @@ import dataclasses
 
 from waferrt.core.mesh import Coord
 from waferrt.faults import CoreFailed, CoreFailure, Trigger
+from waferrt.faults.model import FaultKind
 
 from .faults import MAX_REDOS, CorruptGradient, TrainingFailed, corrupt
 from .onwafer import living_square
@@ -72,7 +73,8 @@ class ResidentTraining:
     """The resident mode's trainer (module doc)."""
 
     def __init__(self, config, weights, hp, phases: Phases, wafer=None, faults=()):
-        refused = next((f for f in faults if f.kind == "tile" or (f.kind == "core" and wafer is None)), None)
+        refused = next((f for f in faults if f.kind is FaultKind.TILE or (f.kind is FaultKind.CORE and wafer is None)),
+                       None)
         if refused is not None:
             raise ValueError(f"fault {refused}: the resident mode recovers from core (with the mesh kernels: --on "
                              "mesh) and corrupt faults; a dead tile needs --streaming")
@@ -90,15 +92,16 @@ class ResidentTraining:
             if fault is not None:
                 self.faults.remove(fault)
             try:
-                return train_step(_Wire(self.store, fault if fault and fault.kind == "corrupt" else None), tokens,
-                                  step, self._phases(fault), self.epoch)
+                wire = _Wire(self.store, fault if fault and fault.kind is FaultKind.CORRUPT else None)
+                return train_step(wire, tokens, step, self._phases(fault), self.epoch)
             except (CoreFailed, CorruptGradient) as e:
                 self.store.rollback()
                 self.recoveries.append(f"step {step}: {self._what(e, step)}; redone from the last good weights")
         raise TrainingFailed(f"training step {step} failed {MAX_REDOS + 1} times: {self.recoveries[-1]}")
 
     def _phases(self, fault) -> Phases:
-        return dying(self.phases, self.wafer, fault) if fault is not None and fault.kind == "core" else self.phases
+        dies = fault is not None and fault.kind is FaultKind.CORE
+        return dying(self.phases, self.wafer, fault) if dies else self.phases
 
     def _what(self, e, step: int) -> str:
         if isinstance(e, CorruptGradient):
