@@ -118,10 +118,11 @@ FAST: dict[str, str | Skip] = {
     'python benchmarks/sparse_attention.py --contexts 2048 --keeps 64,256': BENCH,
     'python benchmarks/sparse_attention.py --where-pays --keeps 64': SPARSE_BENCH,
     'python benchmarks/sparse_attention.py --synthetic --keeps 32,256,0.1 --steps 4': SPARSE_BENCH,
-    'waferrt convert --shape llama3-8b --layers 2 --vocab 32768 l8b.gguf':  # 1.1 GB: a minute; the next plans it
+    'waferrt convert --shape llama3-8b --layers 2 --vocab 32768 l8b.gguf':  # 1.4 GB: a minute; the next plans it
         'waferrt convert --shape llama3-8b --layers 1 --vocab 4096 l8b.gguf',
     'python benchmarks/realdims.py': BENCH,
     'python benchmarks/realdims.py --gguf l8b.gguf --lanes 1': BENCH,
+    'python benchmarks/realdims.py --layers 32 --nodes 8 --address auto': CLUSTER,
     'ray get-auth-token --generate >/dev/null': CLUSTER,
     'RAY_AUTH_MODE=token ray start --head': CLUSTER,
     'waferrt generate "Hello" --address auto --max-new-tokens 16': CLUSTER,
