@@ -240,3 +240,19 @@ def test_clients_that_go_away_free_their_slots_and_the_rest_finish_right(served,
     text = httpx.get(f"{url}/metrics", timeout=T).text
     assert 'vllm:request_success_total{finished_reason="abort"} 4.0' in text
     assert state["mesh"]["width"] == 16 and len(state["mesh"]["sram"]) == 16
+
+
+def test_the_stage_runs_are_kept_for_the_live_heatmap_only_while_it_is_watched(served):
+    """Nobody watching the live state (Runner.WATCHED_S), a request's stage runs are not kept for it (nor read
+    from the busy tiles every 0.5 s): the next look has no link heatmap; a request that runs while it is
+    watched shows in the next."""
+    from waferrt.server.runner import WATCHED_S
+
+    url, _ = served
+    body = {"model": "tiny", "prompt": PROMPTS[0], "max_tokens": 4, "temperature": 0}
+    time.sleep(WATCHED_S + 0.5)  # the earlier tests' looks have lapsed
+    assert httpx.post(f"{url}/v1/completions", json=body, timeout=T).status_code == 200
+    unwatched = httpx.get(f"{url}/v1/wafer/state", timeout=T).json()["mesh"]["links"]
+    assert httpx.post(f"{url}/v1/completions", json=body, timeout=T).status_code == 200
+    watched = httpx.get(f"{url}/v1/wafer/state", timeout=T).json()["mesh"]["links"]
+    assert unwatched is None and watched is not None

@@ -23,7 +23,7 @@ from waferrt.core.mesh import MeshSpec, Region
 from waferrt.core.spec import WSE2
 from waferrt.decode.cost import Decoding
 from waferrt.decode.pack import pack_layer, rope_tables
-from waferrt.decode.shards import Items, LayerShard, rotate
+from waferrt.decode.shards import Angles, Items, LayerShard, rotate
 from waferrt.fabric.comm import LineComm, Span
 from waferrt.model import synthetic_llama, tiny_config
 from waferrt.model.reference import apply_rope
@@ -134,14 +134,15 @@ def test_rotate_is_apply_rope_bit_for_bit(batch, rows, pairs, seed):
     x = rng.standard_normal((batch, rows, 7, 2 * pairs)).astype(np.float32)[:, :, :5]  # a slice, as q|k of qkv
     cos, sin = (rng.standard_normal((batch, rows, 1, pairs)).astype(np.float32) for _ in "cs")
     cos2, sin2 = np.repeat(cos, 2, axis=-1), np.stack([-sin, sin], axis=-1).reshape(batch, rows, 1, -1)
-    assert np.array_equal(rotate(x, cos2, sin2), apply_rope(x, cos, sin))
+    assert np.array_equal(rotate(x, Angles(cos2, sin2)), apply_rope(x, cos, sin))
 
 
 def test_the_items_rope_tables_are_the_layers_angles_pair_by_pair():
     shard = _shard(Region(0, 0, 4, 4), Ledger(WSE2))
     poss = np.array([3, 0, 40])
     cos, sin = shard._rope(poss)
-    cos2, sin2 = Items.of(np.array([0, 1, 2]), poss).rope(shard)
+    angles = Items.of(np.array([0, 1, 2]), poss).rope(shard)
+    cos2, sin2 = angles.cos2, angles.sin2
     assert np.array_equal(cos2[..., 0::2], cos) and np.array_equal(cos2[..., 1::2], cos)
     assert np.array_equal(sin2[..., 0::2], -sin) and np.array_equal(sin2[..., 1::2], sin)
 

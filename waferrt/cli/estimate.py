@@ -22,7 +22,7 @@ from waferrt.core.dtypes import STORAGE_DTYPES
 from waferrt.core.spec import PRESETS, spec_by_name
 from waferrt.estimator.estimate import estimate
 from waferrt.estimator.moe_estimate import moe_estimate
-from waferrt.estimator.prefill import prefill, published_lines
+from waferrt.estimator.prefill import kernel_lines, prefill, published_lines
 from waferrt.estimator.sparse_estimate import sparse_estimate
 from waferrt.estimator.streaming import streaming
 from waferrt.model.zoo import MODELS, model_by_name
@@ -170,6 +170,8 @@ def run(args) -> int:
                                             "tokens_per_s": (n_in + n_out) / e2e, "new_tokens_per_s": n_out / e2e}
             text.append(f"end to end      {n_in} in, {n_out} out: {e2e * 1e3:.1f} ms = "
                         f"{(n_in + n_out) / e2e:,.0f} tokens/s ({n_out / e2e:,.0f} new tokens/s)")
+    if not config.moe:
+        text += kernel_lines(config, spec, args.prefill_grid or min(*mesh, config.dim), tokens, args.dtype)
     if est.fits and args.attention and not args.attention.dense:
         sp = sparse_estimate(est, args.attention)
         out["sparse"], text = sp.to_json(), text + sp.lines()

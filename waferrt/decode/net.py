@@ -4,8 +4,9 @@ Contract: a block of the decode and the prefill (waferrt.decode.shards: the RMSN
 RoPE, the attention with its K/V cache, the output projection, the MLP, the head; an MoE expert's MLP) is
 written once as numpy math with shape comments; everything it does over its cores goes through a
 :class:`Net` -- a projection (``gemv``), a product whose contraction is split over a line of cores and
-reduced along it (``dot``), a reduction over a split axis (``reduce``, ``norm2``), and the element-wise work
-(``elementwise``). :func:`net_of` picks the decode's implementation from the run's ``Collectives``:
+reduced along it (``dot``), a reduction over a split axis (``reduce``, ``norm2``), STAR's sorted-updating
+FlashAttention over kept keys with its P.V (``flash``), and the element-wise work (``elementwise``).
+:func:`net_of` picks the decode's implementation from the run's ``Collectives``:
 
 - :class:`FastNet` (``coll.fast``): a split axis is held joined, in the order its values have (the K/V
   cache's positions in position order); the result is computed at once and the collective it stands for
@@ -66,6 +67,7 @@ from waferrt.core.mesh import Region
 from waferrt.fabric.comm import Collectives, LineComm, Slices, Span
 from waferrt.fabric.kernel import Context
 from waferrt.kernels.gemm import Grid, collect, meshgemm, place
+from waferrt.kernels.sparse_attention import Partial, flash
 
 from .cost import ELEMENTWISE_FLOPS as EW
 
@@ -207,6 +209,19 @@ class FastNet:
             per_core = a.size // a.shape[-1] * positions if positions else a.size // comm.n
             comm.ledger.compute(EW[kind] * per_core)
 
+    def flash(self, comm: LineComm, s: np.ndarray, kept: np.ndarray, vs: np.ndarray, positions: int = 0) -> Partial:
+        """STAR's sorted-updating FlashAttention (kernels.sparse_attention.flash) over each row's kept keys: s
+        (..., n) scores, kept (..., n), vs (..., n, D) with D split over `comm`'s lines (as ``dot``'s N) -> the
+        Partial. Records every core's P.V over the `positions` kept keys the fullest core holds."""
+        part = flash(s, kept, vs)
+        self._pv(comm, _rows(s, 1) * (positions or s.shape[-1] // comm.n), vs)
+        return part
+
+    def _pv(self, comm: LineComm, products: int, vs: np.ndarray) -> None:
+        """`products` rows of P times a value of vs's per-core width, on every core."""
+        if not comm.ledger.quiet:
+            comm.ledger.compute(2 * products * (vs.shape[-1] // comm.lines))
+
 
 class HopNet(FastNet):
     """The hop-by-hop implementation: every core's share computed, the partial results sent message by message."""
@@ -244,6 +259,12 @@ class HopNet(FastNet):
 
     def elementwise(self, comm: LineComm, kind: str, a: np.ndarray, positions: int = 0) -> None:
         comm.ledger.compute(EW[kind] * (a.size // comm.n))
+
+    def flash(self, comm: LineComm, s: np.ndarray, kept: np.ndarray, vs: np.ndarray, positions: int = 0) -> Partial:
+        """s (..., S, n), kept (..., S, n), vs (..., S, n, D): every core s's own kept keys -> its Partial."""
+        part = flash(s, kept, vs)
+        self._pv(comm, s.size // s.shape[-2], vs)
+        return part
 
 
 def gemm_region(region: Region) -> Region:
@@ -302,6 +323,12 @@ class SquareNet:
         """Record element-wise work of `kind` on the slab a, spread over the square's cores (the busiest's share)."""
         self.ledger.compute(cdiv(EW[kind] * a.size, self.side * self.side))
 
+    def flash(self, comm: LineComm, s: np.ndarray, kept: np.ndarray, vs: np.ndarray, positions: int = 0) -> Partial:
+        """STAR's FlashAttention over the slab's kept keys s (..., n), vs (..., n, D), its P.V spread over the
+        square's cores (the busiest's share)."""
+        self.ledger.compute(cdiv(2 * s.size * vs.shape[-1], self.side * self.side))
+        return flash(s, kept, vs)
+
 
 class KernelNet:
     """Training's forward's implementation (waferrt.training.forward): inside a kernel over a square of cores,
@@ -322,6 +349,12 @@ class KernelNet:
     def elementwise(self, comm: LineComm | None, kind: str, a: np.ndarray, positions: int = 0) -> None:
         """Record element-wise work of `kind` on every core's block of a (rows, cols, ...)."""
         self.ctx.compute(EW[kind] * a[0, 0].size)
+
+    def flash(self, comm: LineComm | None, s: np.ndarray, kept: np.ndarray, vs: np.ndarray,
+              positions: int = 0) -> Partial:
+        """STAR's FlashAttention on every core's block: s (rows, cols, ..., n), vs (rows, cols, ..., n, D)."""
+        self.ctx.compute(2 * s[0, 0].size * vs.shape[-1])
+        return flash(s, kept, vs)
 
 
 Net = FastNet | HopNet | SquareNet | KernelNet

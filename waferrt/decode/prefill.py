@@ -53,6 +53,7 @@ from .relayout import heads_load, kv_load, kv_read_load, move_cost, weights_load
 from .rows import Col
 from .shards import On, attention_in, attention_out, dense_ffn, pairwise
 from .sparse_prefill import prefill_attention_parts, selector
+from .stage import Entry
 from .transport import carry
 
 PREFILL_MAX_TOKENS = 512  # a prompt this long or shorter enters whole; a longer one in chunks of this many
@@ -231,14 +232,13 @@ def prefill_layer_cost(spec, dec: Decoding, region: Region, tokens: int, start: 
     return total(c for _, _, c in parts)
 
 
-def prefill_item_cycles(spec, dec: Decoding, stage: tuple[Region | None, Region], chunk: tuple[int, int]
-                        ) -> float:
+def prefill_item_cycles(spec, dec: Decoding, entry: Entry, chunk: tuple[int, int]) -> float:
     """A prompt token's share of its layer stage's prefill of a chunk = (start, tokens) (the schedule's
     "alone" cycles of each of the chunk's items): the chunk's hand-over into the stage's region from the
-    previous one (stage = (previous region or None, region); decode.cost.stage_handover, what the tiles book
-    for the micro-batch) and its prefill, over its tokens."""
-    (prev, region), (start, tokens) = stage, chunk
-    return (stage_handover(spec, dec.config, prev, region, tokens).cycles
+    previous one (`entry`: decode.stage.Entry; decode.cost.stage_handover, what the tiles book for the
+    micro-batch) and its prefill, over its tokens."""
+    region, (start, tokens) = entry.region, chunk
+    return (stage_handover(spec, dec.config, entry.src, region, tokens).cycles
             + prefill_layer_cost(spec, dec, region, tokens, start).cycles) / tokens
 
 

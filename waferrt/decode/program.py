@@ -296,8 +296,7 @@ class TileProgram:
 
     def _prefill_item(self, s: int, chunk: tuple[int, int]) -> float:
         """A prompt token's share of stage s's prefill of a chunk = (start, tokens) (decode.prefill)."""
-        entry = self.entries[s]
-        return prefill_item_cycles(self.ledger.spec, self.setup.decoding, (entry.src, entry.region), chunk)
+        return prefill_item_cycles(self.ledger.spec, self.setup.decoding, self.entries[s], chunk)
 
     def _stage(self, s: int, meta: np.ndarray, x, items: Items):
         """Stage s on a micro-batch (`items`: its rows as the layers see them) -> (its activations out, the

@@ -76,7 +76,7 @@ class Items:
     length: int
     rows: slice | np.ndarray
     hidden: np.ndarray
-    angles: dict = field(default_factory=dict, repr=False)  # rows of a region -> (cos, sin) of its table
+    angles: dict = field(default_factory=dict, repr=False)  # rows of a region -> its Angles
 
     def __post_init__(self) -> None:
         if self.slots.shape != self.poss.shape or self.slots.ndim != 1:
@@ -87,26 +87,35 @@ class Items:
         length = int(poss.max()) + 1 if len(poss) else 0
         return cls(slots, poss, length, as_slice(slots), (np.arange(length)[None] > poss[:, None])[:, None, None])
 
-    def rope(self, shard: LayerShard) -> tuple[np.ndarray, np.ndarray]:
-        """(cos, cos) and (-sin, sin) pair by pair (B, R, 1, hd_r) of the items' positions for `shard`'s rows
+    def rope(self, shard: LayerShard) -> Angles:
+        """The RoPE angles pair by pair (B, R, 1, hd_r) of the items' positions for `shard`'s rows
         (LayerShard._rope; what `rotate` takes), worked out once per row count."""
         if shard.rows not in self.angles:
             self.angles[shard.rows] = pairwise(*shard._rope(self.poss))  # from (B, R, 1, hd_r/2)
         return self.angles[shard.rows]
 
 
-def pairwise(cos: np.ndarray, sin: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """RoPE's cos, sin (..., hd/2) as `rotate` takes them: (cos, cos) and (-sin, sin) pair by pair (..., hd)."""
-    return np.repeat(cos, 2, axis=-1), np.stack([-sin, sin], axis=-1).reshape(*sin.shape[:-1], -1)
+@dataclass(frozen=True, eq=False)
+class Angles:
+    """RoPE's angles as `rotate` takes them, pair by pair over the last axis (..., hd): `cos2` is (cos, cos) and
+    `sin2` is (-sin, sin) of each pair's angle."""
+
+    cos2: np.ndarray
+    sin2: np.ndarray
 
 
-def rotate(x: np.ndarray, cos2: np.ndarray, sin2: np.ndarray) -> np.ndarray:
-    """reference.apply_rope in three operations, bit for bit: x (..., hd) with (cos, cos) and (-sin, sin)
-    pair by pair (Items.rope). Pair (a, b) -> (a cos + b (-sin), b cos + a sin) = (a cos - b sin, a sin + b cos)
-    (negation is exact, a sum is the same either way round)."""
+def pairwise(cos: np.ndarray, sin: np.ndarray) -> Angles:
+    """RoPE's cos, sin (..., hd/2) as `rotate` takes them (..., hd)."""
+    return Angles(np.repeat(cos, 2, axis=-1), np.stack([-sin, sin], axis=-1).reshape(*sin.shape[:-1], -1))
+
+
+def rotate(x: np.ndarray, angles: Angles) -> np.ndarray:
+    """reference.apply_rope in three operations, bit for bit: x (..., hd) at `angles` (Items.rope).
+    Pair (a, b) -> (a cos + b (-sin), b cos + a sin) = (a cos - b sin, a sin + b cos) (negation is exact, a sum is
+    the same either way round)."""
     swapped = x.reshape(*x.shape[:-1], -1, 2)[..., ::-1].reshape(x.shape)  # (b, a) of every pair
-    out = x * cos2
-    out += swapped * sin2
+    out = x * angles.cos2
+    out += swapped * angles.sin2
     return out
 
 
@@ -124,9 +133,9 @@ class On:
     w: Callable[[str], object]
 
 
-def attention_in(on: On, x: np.ndarray, angles: tuple[np.ndarray, np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
+def attention_in(on: On, x: np.ndarray, angles: Angles) -> tuple[np.ndarray, np.ndarray]:
     """The block up to its attention: x (B, C, dim_c) the residual stream -> the QKV projection of its RMSNorm
-    (B, R, nh + 2 nkv, hd_r) and its query and key heads RoPE'd at `angles` (pairwise's, broadcasting to
+    (B, R, nh + 2 nkv, hd_r) and its query and key heads RoPE'd at `angles` (broadcasting to
     (B, R, 1, hd_r)) -> (B, R, nh + nkv, hd_r). The decode's B items over a region's R rows and C columns; the
     prefill's T tokens as one slab (R = C = 1) on its square."""
     config, net = on.config, on.net
@@ -136,10 +145,10 @@ def attention_in(on: On, x: np.ndarray, angles: tuple[np.ndarray, np.ndarray]) -
     return qkv, rope(net, on.cy, qkv[:, :, :config.n_heads + config.n_kv_heads], angles)  # q and k at once
 
 
-def rope(net: Net, comm: LineComm | None, x: np.ndarray, angles: tuple[np.ndarray, np.ndarray]) -> np.ndarray:
-    """RoPE on x (..., hd) at `angles` (pairwise's (cos, cos), (-sin, sin), broadcasting to x), element by
-    element (every core its share) -> x's shape."""
-    out = rotate(x, *angles)
+def rope(net: Net, comm: LineComm | None, x: np.ndarray, angles: Angles) -> np.ndarray:
+    """RoPE on x (..., hd) at `angles` (broadcasting to x), element by element (every core its share) -> x's
+    shape."""
+    out = rotate(x, angles)
     net.elementwise(comm, "rope", out)
     return out
 

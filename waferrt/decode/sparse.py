@@ -33,7 +33,7 @@ import numpy as np
 from waferrt.core.cost import compute_cost, on_lines
 from waferrt.fabric.comm import Slices, Span
 from waferrt.fabric.kernel import Context
-from waferrt.kernels.sparse_attention import Partial, flash
+from waferrt.kernels.sparse_attention import Partial
 from waferrt.model.sparse import AttentionMode, log_keys
 
 from .cost import PREDICT_DTYPE
@@ -70,17 +70,16 @@ def ranked(pred: np.ndarray, poss: np.ndarray, attention: AttentionMode) -> tupl
 
 def merged(shard, part: Partial, s: np.ndarray, w: int) -> np.ndarray:
     """The cores' Partials combined over the x-line: the max, then the sums and the P.V rescaled to it -> (B, nkv,
-    rep, D). Booked as dense attention books its softmax and P.V over w = min(K, m) keys a core: the max's and
-    sum's reduces, the softmax's element-wise work on s, each core's P.V over its w keys (made in `flash`) and the
-    allreduce of the partial P.V sums. Fast: part (B, nkv, rep, ...) joined; hop by hop: (B, nkv, rep, C, ...)."""
-    net, cx, ledger = shard.net, shard.cx, shard.ledger
+    rep, D). Recorded as dense attention records its softmax and P.V over w = min(K, m) keys a core: the max's
+    and sum's reduces, the softmax's element-wise work on s, each core's P.V over its w keys (recorded by
+    ``net.flash`` as it runs) and the allreduce of the partial P.V sums. Fast: part (B, nkv, rep, ...) joined;
+    hop by hop: (B, nkv, rep, C, ...)."""
+    net, cx = shard.net, shard.cx
     top = net.reduce(cx, part.top, "max")
     f = np.exp(part.top - top)  # each core's rescale to the row's max (0 for a core with no kept key)
     total = net.reduce(cx, part.total * f, "sum")
     net.elementwise(cx, "softmax", s, w)
-    rows, acc = int(np.prod(s.shape[:3])), part.acc * f
-    if not ledger.quiet:
-        ledger.compute(2 * rows * w * shard.hd_r)  # every core's P.V over its w kept keys
+    acc = part.acc * f
     if net.fast:
         net.allreduced(cx, acc.size)
     else:  # (B, nkv, rep, C, 1, D): each core's partial sums, allreduced message by message as net.dot does
@@ -107,7 +106,7 @@ def fast_attend(shard, qg: np.ndarray, items, view: KVView) -> np.ndarray:
     vs = view.v[at]  # (B, nkv, rep, K, R*hd_r)
     w = min(keep, held)
     s = shard.net.dot(shard.cy, qf[:, :, :, None], ks, w)[:, :, :, 0] * shard.scale  # (B, nkv, rep, K)
-    return merged(shard, flash(s, kept, vs), s, w)
+    return merged(shard, shard.net.flash(shard.cx, s, kept, vs, w), s, w)
 
 
 def hop_attend(shard, qg: np.ndarray, items, view: KVView) -> np.ndarray:
@@ -122,7 +121,8 @@ def hop_attend(shard, qg: np.ndarray, items, view: KVView) -> np.ndarray:
     B, R, nkv, rep, hd_r = qh.shape
     k = k.reshape(B, R, nkv, rep, hd_r, w, shard.cols).transpose(0, 2, 3, 1, 4, 6, 5)  # (B, nkv, rep, R, hd_r, C, w)
     s = shard.net.dot(shard.cy, qg[:, :, :, None], k, w)[:, :, :, 0] * shard.scale  # (B, nkv, rep, C, w)
-    part = flash(s, kept.transpose(0, 1, 2, 4, 3), v.transpose(0, 2, 3, 1, 4, 5))  # per core: (B, nkv, rep, C, .)
+    vc = v.transpose(0, 2, 3, 1, 4, 5)  # (B, nkv, rep, C, w, R*hd_r)
+    part = shard.net.flash(shard.cx, s, kept.transpose(0, 1, 2, 4, 3), vc)  # per core: (B, nkv, rep, C, .)
     return merged(shard, part, s, w)
 
 

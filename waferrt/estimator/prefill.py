@@ -16,7 +16,10 @@ decode leaves free of a core's SRAM. The first token then comes out of the head 
 the host exchange (token ids in, one row of logits out over ``spec.ingress_bytes_per_s``). :class:`Prefill`
 is the result; ``end_to_end`` the time of an (input, output) pair: the prefill's first token, then the
 decode's time per token. ``PUBLISHED`` is WaferLLM's measured Llama3-8B prefill (4096 tokens, 480^2-720^2
-cores), which docs/ESTIMATES.md sets beside the model's.
+cores), which docs/ESTIMATES.md sets beside the model's. :func:`kernel_prefill` is the same closed forms on
+the setup WaferLLM's published prefill kernel is timed on (one layer's weights resident on the grid, the prompt
+in one piece, every layer alike; no decode beside it, no layout moves): what separates the model from the
+measurement once the decode's layout is out of the way (``kernel_lines``).
 """
 
 from __future__ import annotations
@@ -199,3 +202,43 @@ def published_lines(config, pre: Prefill) -> list[str]:
             f"{pre.tokens_per_s:,.0f} is {where} it ({pre.tokens_per_s / hi:.2f}x the top); {LABELS[top]} "
             f"{100 * pre.breakdown_s[top] / t:.0f}% of it, in {pre.chunks} chunk(s) (fewer when the decode leaves a "
             "core more SRAM)"]
+
+
+KERNEL_SOURCE = "MeshInfra/WaferLLM Prefill/WSE-2/launch_sim.py"  # loads one layer's weights onto P x P cores, times it
+
+
+def kernel_prefill(config, spec, side: int, tokens: int, dtype: str) -> dict[str, float] | None:
+    """Seconds per CATEGORIES of a `tokens` prompt through every layer as WaferLLM's published prefill kernel is
+    timed (KERNEL_SOURCE): one layer's weights resident on a side x side grid, the prompt in one piece, every
+    layer alike -- prefill_work_parts, no layout moves, no decode beside it; None when a core cannot hold its
+    share of the layer's weights and the prompt's activations."""
+    size, cores = itemsize(dtype), side * side
+    layer = config.dim * (config.dim + 2 * config.kv_dim) + config.n_heads * config.head_dim * config.dim \
+        + 3 * config.dim * config.hidden_dim
+    if cdiv(layer, cores) * size + activation_bytes(config, side, tokens, tokens, dtype) > spec.sram_bytes:
+        return None
+    out = dict.fromkeys(CATEGORIES, 0.0)
+    for _, cat, c in prefill_work_parts(spec, paper_decoding(config, dtype, 1), Region(0, 0, side, side), tokens):
+        out[cat] += config.n_layers * c.seconds(spec)
+    return out
+
+
+def kernel_lines(config, spec, side: int, tokens: int, dtype: str) -> list[str]:
+    """WaferLLM's measured Llama3-8B prefill beside kernel_prefill on a side x side grid (nothing for another
+    model or prompt): the gap that remains without the decode's layout, and what the model leaves out."""
+    if config != LLAMA3_8B or tokens != 4096:
+        return []
+    parts = kernel_prefill(config, spec, side, tokens, dtype)
+    if parts is None:
+        return [f"vs its kernel   a {side}x{side} grid cannot hold one layer's weights and the prompt's activations"]
+    t, hi = sum(parts.values()), PUBLISHED[1]
+    top = max(parts, key=parts.get)
+    out = [f"vs its kernel   WaferLLM's timed setup ({KERNEL_SOURCE}): one layer's weights resident on {side}x{side} "
+           f"cores, the 4096 tokens in one piece: {tokens / t:,.0f} tokens/s = {tokens / t / hi:.2f}x the measured "
+           f"top; {LABELS[top]} {100 * parts[top] / t:.0f}%"]
+    if tokens / t > hi:
+        out.append("why above       the model's kernels, not the decode's layout, are faster than measured: a MeshGEMM "
+                   "step is its block product at four FMACs a cycle and a two-hop block move; a real core adds what no "
+                   "closed form here counts (instruction issue, task switches; WaferLLM's Q.K^T also reduces each "
+                   "step's scores along the row: prefill.csl matmul_T_reduce_add); no constant is fitted to the gap")
+    return out

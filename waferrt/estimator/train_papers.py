@@ -41,7 +41,7 @@ class PaperRow:
 
 
 def _by_name(est) -> dict[str, StrategyTime]:
-    return {s.strategy: s for s in est.strategies if s.fits}
+    return {s.strategy: s for s in est.strategies}
 
 
 def _row(paper: str, claim: tuple[str, float], slow: StrategyTime | None, fast: StrategyTime | None,
@@ -50,8 +50,11 @@ def _row(paper: str, claim: tuple[str, float], slow: StrategyTime | None, fast: 
     text, reported = claim
     assumed = (f"the {template.name} template's figures ({template.label()}) are assumed or secondhand "
                "(core/template.py)")
-    if slow is None or fast is None:
-        return PaperRow(paper, text, reported, None, f"a side does not fit the template's SRAM; {assumed}")
+    unfit = [s for s in (slow, fast) if s is not None and not s.fits]
+    if slow is None or fast is None or unfit:
+        sides = "; ".join(f"{s.strategy} does not fit: {s.detail}" for s in unfit) or "a side does not fit"
+        return PaperRow(paper, text, reported, None, f"{sides} (the paper's wafer may hold what this model keeps in "
+                        f"SRAM in per-die DRAM, a tier this model lacks); {assumed}")
     ratio = slow.step_s / fast.step_s
     if REPRODUCED[0] <= ratio / reported <= REPRODUCED[1]:
         return PaperRow(paper, text, reported, ratio)
@@ -63,9 +66,10 @@ def _row(paper: str, claim: tuple[str, float], slow: StrategyTime | None, fast: 
 def paper_rows(job: TrainJob) -> list[PaperRow]:
     temp, watos = template_by_name("temp"), template_by_name("watos")
     on_temp, on_watos = _by_name(estimate_train(job, temp)), _by_name(estimate_train(job, watos))
-    others = [s for name, s in on_temp.items() if name != "tensor-stream"]
+    others = [s for name, s in on_temp.items() if name != "tensor-stream" and s.fits]
     sota = min(others, key=lambda s: s.step_s) if others else None
-    best = min(on_watos.values(), key=lambda s: s.step_s) if on_watos else None
+    fitting = [s for s in on_watos.values() if s.fits]
+    best = min(fitting, key=lambda s: s.step_s) if fitting else None
     return [_row("TEMP", ("tensor-stream over the state of the art", 1.7), sota, on_temp.get("tensor-stream"), temp),
             _row("WATOS", ("best over Cerebras weight streaming", 1.53), on_watos.get("weight-streaming"), best,
                  watos),
@@ -117,7 +121,10 @@ def lines(job: TrainJob, template: WaferTemplate) -> list[str]:
                f"the kernels ({b.compute + b.fabric:.3f} s): it bounds the step only below "
                f"{binding_tbps(base, template):.2f} TB/s per edge; the topology changes only the on-die rings' hops "
                f"(alpha, a cycle each: a torus halves a 96-core ring's 380 of its 54,720 cycles) while their routing "
-               f"stages and bytes, the same on every topology, take the fabric's {b.fabric:.3f} s")
+               f"stages and bytes, the same on every topology, take the fabric's {b.fabric:.3f} s; the partition is "
+               f"one ring of all {template.n_dies} dies, each hop one die edge at its full rate, so no edge carries "
+               "two streams (the contention TEMP's traffic-conscious mapping avoids comes from the concurrent "
+               "streams of a 2D partition, which this model does not run)")
     scaled = resources(job, template)
     out += ["", f"tensor-stream on {template.name} with the die's per-core figures scaled (step seconds; no fit: -)",
             f"{'':<24}" + "".join(f"{f'x{k:g}':>9}" for k in SCALES)]

@@ -87,7 +87,7 @@ def forward_kernel(ctx, norm: Norm, prompt: PromptAttention, names: ForwardNames
     q, k, v = (_heads(ctx, h1a, t[w]) for w in ("wq", "wk", "wv"))  # (rows, cols, heads, mb, db)
     net = KernelNet(ctx)  # the block functions' element-wise work on every core's block
     sign = np.tile(np.float32([-1, 1]), t["sin"].shape[-1] // 2)  # (-sin, sin) pair by pair: shards.pairwise's
-    angles = (t["cos"][:, :, None], (t["sin"] * sign)[:, :, None])  # (rows, cols, 1, mb, db): every head's
+    angles = shards.Angles(t["cos"][:, :, None], (t["sin"] * sign)[:, :, None])  # (rows, cols, 1, mb, db)
     with ctx.ledger.op("rope"):
         q, k = (shards.rope(net, None, a, angles) for a in (q, k))
     rep = q.shape[2] // k.shape[2]

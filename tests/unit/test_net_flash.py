@@ -1,0 +1,49 @@
+"""Every Net's ``flash`` (STAR's sorted-updating FlashAttention over kept keys) returns kernels.sparse_attention's
+Partial and records its P.V as it runs: pinned by hand on each implementation (issue 31)."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from waferrt.core.ledger import Ledger
+from waferrt.core.mesh import Region
+from waferrt.core.spec import TINY
+from waferrt.decode.net import FastNet, HopNet, KernelNet, SquareNet
+from waferrt.fabric.comm import Collectives, LineComm, Span
+from waferrt.fabric.kernel import Context
+from waferrt.kernels.sparse_attention import flash
+
+RNG = np.random.default_rng(3)
+REGION = Region(0, 0, 3, 2)  # 3 columns, 2 rows: an x-line of 3 cores, 2 such lines
+
+
+def _flops(run) -> tuple[int, object]:
+    ledger = Ledger(TINY)
+    with ledger.op("attend"):
+        part = run(ledger)
+    return ledger.by_op["attend"].flops, part
+
+
+def test_fast_and_hop_by_hop_record_every_cores_pv_over_the_keys_it_holds():
+    """2 rows, 6 kept keys joined, the fullest core holding 2 of them, D = 4 values split over the x-line's 2
+    lines (2 a core): 2 flops x 2 rows x 2 keys x 2 values = 16. Hop by hop the same 6 keys as 3 cores x 2."""
+    s, kept, vs = RNG.normal(size=(2, 6)).astype(np.float32), np.ones((2, 6), bool), RNG.normal(size=(2, 6, 4))
+    fast, part = _flops(lambda ledger: FastNet(Collectives()).flash(
+        LineComm("x", Span.of(REGION), ledger, fast=True), s, kept, vs, 2))
+    assert fast == 16 and np.array_equal(part.acc, flash(s, kept, vs).acc)
+    hop, _ = _flops(lambda ledger: HopNet(Collectives(fast=False)).flash(
+        LineComm("x", Span.of(REGION), ledger, fast=False), s.reshape(2, 3, 2), kept.reshape(2, 3, 2),
+        vs.reshape(2, 3, 2, 4)))
+    assert hop == 16
+
+
+def test_the_prefills_and_trainings_nets_record_the_pv_of_their_cores():
+    """SquareNet on the 2x2 square at the region's corner: a slab of 2 queries x 5 keys x 4 values is 2 x 40 =
+    80 flops, 20 on each of the 4 cores. KernelNet: every core's block of 3 queries x 5 keys x 4 values: 120."""
+    s, vs = RNG.normal(size=(2, 5)).astype(np.float32), RNG.normal(size=(2, 5, 4))
+    square, part = _flops(lambda ledger: SquareNet(REGION, ledger).flash(None, s, s > -9, vs))
+    assert square == 20 and np.array_equal(part.total, flash(s, s > -9, vs).total)
+    s4, vs4 = RNG.normal(size=(2, 2, 3, 5)).astype(np.float32), RNG.normal(size=(2, 2, 3, 5, 4))
+    kernel, _ = _flops(lambda ledger: KernelNet(Context(Span.of(Region(0, 0, 2, 2)), ledger, {})).flash(
+        None, s4, s4 > -9, vs4))
+    assert kernel == 120
