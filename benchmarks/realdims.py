@@ -25,8 +25,8 @@ What it does, in one run, and prints:
                                   [--prompts 2] [--tokens 8] [--kv-tokens 64] [--lanes 2]
 
 Memory (--layers 2, the real vocabulary): the driver holds the anchor's float32 copies for a while (the two
-tables 2.1 GB each, a layer 0.87 GB); the tile of the tables ~4 GB (the embedding at float16, the head widened
-to float32 once); a layer ~1.1 GB on its tile. A few minutes on 2 quiet cores, 15 on a loaded machine. Not a
+tables 2.1 GB each, a layer 0.87 GB); the tile of the tables 3.3 GB (the embedding at float16, the head cut
+into float32); a layer ~0.9 GB on its tile. A few minutes on 2 quiet cores, 15 on a loaded machine. Not a
 test (the unit tests tie the same numbers at these dimensions without Ray: tests/unit/test_realdims.py; an
 untied head on the tiny model: tests/unit/test_untied.py).
 """
