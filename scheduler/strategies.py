@@ -23,7 +23,7 @@ from waferrt.model.config import LlamaConfig
 
 from .placement import plan
 from .speed import placement_seconds
-from .types import KVReserve, Objective, Placement, PlanError, PlanOptions, Strategy
+from .types import KVReserve, Objective, Placement, PlanError, PlanOptions, Strategy, StrategyKind
 
 STRATEGY_HELP = ("layer (every layer its own region: a pipeline), tensor (one region runs every layer: WaferLLM's "
                  "wafer-scale tensor parallelism), grouped:N (N layers per region; grouped alone: the planner "
@@ -33,14 +33,15 @@ STRATEGY_HELP = ("layer (every layer its own region: a pipeline), tensor (one re
 def parse_strategy(text: str, n_layers: int) -> list[Strategy]:
     """The strategies `text` (``layer``, ``tensor``, ``grouped`` or ``grouped:N``) stands for, for a model of
     `n_layers` layers; ValueError naming the value otherwise."""
-    kind, _, n = text.partition(":")
-    if kind == "layer" and not n:
+    word, _, n = text.partition(":")
+    kind = {k.value: k for k in StrategyKind}.get(word)
+    if kind is StrategyKind.LAYER and not n:
         return [Strategy(1, n_layers)]
-    if kind == "tensor" and not n:
+    if kind is StrategyKind.TENSOR and not n:
         return [Strategy(n_layers, n_layers)]
-    if kind == "grouped" and not n:
-        return [s for s in worth_trying(n_layers) if s.kind == "grouped"] or [Strategy(1, n_layers)]
-    if kind == "grouped" and n.isdigit() and 1 <= int(n) <= n_layers:
+    if kind is StrategyKind.GROUPED and not n:
+        return [s for s in worth_trying(n_layers) if s.kind is StrategyKind.GROUPED] or [Strategy(1, n_layers)]
+    if kind is StrategyKind.GROUPED and n.isdigit() and 1 <= int(n) <= n_layers:
         return [Strategy(int(n), n_layers)]
     raise ValueError(f"--strategy {text!r}: use layer, tensor, grouped or grouped:N with N from 1 to {n_layers} "
                      "(layers per region)")

@@ -14,6 +14,7 @@ wafer (layers per region)."""
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
+from enum import StrEnum
 
 from waferrt.core.arith import whole
 from waferrt.core.dtypes import check_dtype
@@ -86,6 +87,15 @@ class Workload:
         return replace(self, kv=KVReserve(tokens, self.kv.requests if requests is None else requests))
 
 
+class StrategyKind(StrEnum):
+    """How the layers share the wafer (Strategy.kind); its value is the word ``--strategy`` takes and the
+    reports and ``--json`` outputs write."""
+
+    LAYER = "layer"
+    TENSOR = "tensor"
+    GROUPED = "grouped"
+
+
 @dataclass(frozen=True)
 class Strategy:
     """How a model's layers share the wafer: every layer region runs `group` consecutive layers, its cores
@@ -104,8 +114,10 @@ class Strategy:
             raise ValueError(f"a strategy groups 1..{self.n_layers} layers per region, got {self.group}")
 
     @property
-    def kind(self) -> str:
-        return "layer" if self.group == 1 else "tensor" if self.group == self.n_layers else "grouped"
+    def kind(self) -> StrategyKind:
+        if self.group == 1:
+            return StrategyKind.LAYER
+        return StrategyKind.TENSOR if self.group == self.n_layers else StrategyKind.GROUPED
 
     @property
     def regions(self) -> int:
@@ -113,9 +125,9 @@ class Strategy:
         return -(-self.n_layers // self.group)
 
     def describe(self) -> str:
-        if self.kind == "layer":
+        if self.kind is StrategyKind.LAYER:
             return f"layer ({self.n_layers} layer regions, one layer each)"
-        if self.kind == "tensor":
+        if self.kind is StrategyKind.TENSOR:
             return f"tensor (one region runs all {self.n_layers} layers)"
         return f"grouped ({self.regions} regions of {self.group} layers)"
 

@@ -198,8 +198,9 @@ def run(args) -> int:
         doc = {"placement": placement_to_json(p), "report": plan_report(p).to_json()}
         if choice is not None:
             doc["strategy"] = {"why": choice.why, "candidates": [
-                {"strategy": t.strategy.kind, "layers_per_region": t.strategy.group, "mesh": str(t.placement.mesh),
-                 "latency_s": t.latency_s, "tokens_per_s": t.tokens_per_s} for t in choice.timed],
+                {"strategy": t.strategy.kind.value, "layers_per_region": t.strategy.group,
+                 "mesh": str(t.placement.mesh), "latency_s": t.latency_s, "tokens_per_s": t.tokens_per_s}
+                for t in choice.timed],
                 "does_not_fit": [{"layers_per_region": s.group, "why": w} for s, w in choice.refused]}
         if dead:
             doc["replan"] = _replan_json(dead, rp, why)

@@ -80,7 +80,7 @@ class Estimate:
     def to_json(self) -> dict:
         out = {"model": self.label, "spec": self.spec.name, "mesh": list(self.mesh), "dtype": self.dtype,
                "kv_tokens": self.kv.tokens, "requests": self.kv.requests, "objective": self.objective,
-               "fits": self.fits, "strategy": self.strategy.kind if self.strategy else None,
+               "fits": self.fits, "strategy": self.strategy.kind.value if self.strategy else None,
                "layers_per_region": self.strategy.group if self.strategy else None,
                "tokens_per_s": self.tokens_per_s, "request_tokens_per_s": self.request_tokens_per_s,
                "time_per_token_s": self.time_per_token_s if self.fits else None,

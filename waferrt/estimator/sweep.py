@@ -106,7 +106,7 @@ class Point:
                 "link_bytes_per_cycle": self.design.link_bytes_per_cycle, "clock_ghz": self.design.clock_hz / 1e9,
                 "area_mm2": round(self.design.area_mm2), "within_budget": self.within_budget,
                 "tokens_per_s": self.tokens_per_s, "bound": e.bound,
-                "strategy": e.strategy.kind if e.fits else None, "group": e.strategy.group if e.fits else None}
+                "strategy": e.strategy.kind.value if e.fits else None, "group": e.strategy.group if e.fits else None}
 
 
 def sweep(config: LlamaConfig, base: HardwareSpec, grid: Grid, kv: KVReserve, dtype: str,
