@@ -8,8 +8,9 @@ request holds L positions it keeps K = ``attention.keys_kept(L)`` keys per query
    powers of two, ``model.sparse.log_keys``: `predicted`), booked as flops at decode.cost.PREDICT_DTYPE's
    rate (`book_prediction`) and its partial scores' reduce over the rows (as the dense scores' reduce);
 2. keeps each item's ``keys_kept(its own context)`` highest-predicted positions, ties to the earlier one
-   (``model.sparse.select_top``'s rule: `ranked`), booked as the row's top-K on every row of the region
-   (`book_top_k`: ``decode.topk.topk_cost``, selection, streamed merge, multicast; tied to the row_topk kernel);
+   (``model.sparse.select_top``'s rule: `ranked`), recorded as the row's top-K on every row of the region
+   (``decode.topk.record_topk``: the row_topk kernel's schedule -- selection, streamed merge, multicast -- step
+   by step; ``decode.topk.topk_cost`` is its closed form, tied to it);
 3. gathers each query head's kept keys and values in predicted order (`ranked`) and scores them alone -- the
    dense Q.K^T is never computed -- then combines them with STAR's sorted-updating FlashAttention (`flash`:
    ``kernels.sparse_attention.flash``: the online softmax, 16 keys a step, each core over its own kept keys),
@@ -30,7 +31,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from waferrt.core.cost import compute_cost, on_lines
+from waferrt.core.cost import compute_cost
 from waferrt.fabric.comm import Slices, Span
 from waferrt.fabric.kernel import Context
 from waferrt.kernels.sparse_attention import Partial
@@ -38,7 +39,7 @@ from waferrt.model.sparse import AttentionMode, log_keys
 
 from .cost import PREDICT_DTYPE
 from .kvcache import KVView
-from .topk import TopKRow, row_topk, topk_cost, unpack
+from .topk import TopKRow, record_topk, row_topk, unpack
 
 
 def predicted(qg: np.ndarray, keys: tuple[np.ndarray, np.ndarray], visible: np.ndarray) -> np.ndarray:
@@ -99,7 +100,7 @@ def fast_attend(shard, qg: np.ndarray, items, view: KVView) -> np.ndarray:
     pred = predicted(qf, (shard.kv.layout.read(uniq, L)[0], which), ~view.hidden)  # (B, nkv, rep, L)
     book_prediction(shard.ledger, row, shard.hd_r)
     shard.net.allreduced(shard.cy, row.heads * held * shard.cols)  # the partial predictions, over the rows
-    book_top_k(shard.ledger, row, shard.rows)
+    record_topk(shard.cx, row)  # the row_topk kernel's schedule, recorded step by step
     order, kept = ranked(pred, items.poss, shard.attention)  # (B, nkv, rep, K)
     at = (np.arange(len(order))[:, None, None, None], np.arange(order.shape[1])[None, :, None, None], order)
     ks = view.k.swapaxes(-1, -2)[at].swapaxes(-1, -2)  # (B, nkv, rep, R*hd_r, K): whole rows of the cache
@@ -129,12 +130,6 @@ def hop_attend(shard, qg: np.ndarray, items, view: KVView) -> np.ndarray:
 def book_prediction(ledger, row: TopKRow, hd_r: int) -> None:
     """The prediction's flops on the busiest core (at PREDICT_DTYPE's rate): every head's held positions."""
     ledger.add(compute_cost(ledger.spec, 2 * row.heads * hd_r * row.per_core, PREDICT_DTYPE))
-
-
-def book_top_k(ledger, row: TopKRow, lines: int) -> None:
-    """The row's top-K (decode.topk's closed form, tied to its kernel) on `lines` rows at once."""
-    for c in topk_cost(ledger.spec, row).values():
-        ledger.add(on_lines(c, lines))
 
 
 # -- the hop-by-hop path (Collectives(fast=False)): every message sent --------------------------------------
