@@ -208,6 +208,8 @@ def record_topk(comm: LineComm, row: TopKRow) -> None:
     the chains at once), the middle's reading of the streams, its multicast -- without moving the lists (the
     caller picks them with numpy: waferrt.decode.sparse.ranked). `topk_cost` is its closed form (tested)."""
     ledger, lines = comm.ledger, comm.lines
+    if ledger.quiet:  # replaying a layer's records (Ledger.replay)
+        return
     with ledger.at_rate("float32"):
         with ledger.op("topk.select"):
             ledger.compute(row.heads * select_comparisons(row.per_core, row.keep))
