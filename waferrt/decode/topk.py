@@ -155,8 +155,7 @@ def local_select(ctx, scores: np.ndarray, keep: int, positions: np.ndarray | Non
     if positions is None:
         cols = ctx.positions()[0][:, :, None, None]  # (rows, cols, 1, 1): this core's place in the row
         positions = cols * m + np.arange(m)
-    with ctx.ledger.op("topk.select"):
-        ctx.ledger.compute(scores.shape[-2] * select_comparisons(m, keep))
+    record_select(ctx.ledger, scores.shape[-2], m, keep)
     top = best(scores, np.broadcast_to(positions, scores.shape), min(m, keep))  # (rows, cols, H, k, 2)
     if m >= keep:
         return top
@@ -194,6 +193,12 @@ def row_topk(ctx, scores: np.ndarray, keep: int, positions: np.ndarray | None = 
     return ctx.broadcast(mine, "x", root=row.middle)
 
 
+def record_select(ledger, heads: int, m: int, keep: int) -> None:
+    """Every core's selection of its best of m candidates for each of `heads` heads (as `select_comparisons`)."""
+    with ledger.op("topk.select"):
+        ledger.compute(heads * select_comparisons(m, keep))
+
+
 def read_streams(ledger, row: TopKRow) -> None:
     """The middle core's reading of the chains: each stream's entries serialised and merged once there."""
     if row.streams:
@@ -211,8 +216,7 @@ def record_topk(comm: LineComm, row: TopKRow) -> None:
     if ledger.quiet:  # replaying a layer's records (Ledger.replay)
         return
     with ledger.at_rate("float32"):
-        with ledger.op("topk.select"):
-            ledger.compute(row.heads * select_comparisons(row.per_core, row.keep))
+        record_select(ledger, row.heads, row.per_core, row.keep)
         for step in merge_rounds(row):
             with ledger.op("topk.merge"), ledger.streamed(), ledger.concurrent():
                 for s in step.sends(row):
