@@ -7,7 +7,7 @@ import numpy as np
 
 from waferrt.core.ledger import Ledger
 from waferrt.core.mesh import Region
-from waferrt.core.spec import TINY
+from waferrt.core.spec import TINY, WSE2
 from waferrt.decode.net import FastNet, HopNet, KernelNet, SquareNet
 from waferrt.fabric.comm import Collectives, LineComm, Span
 from waferrt.fabric.kernel import Context
@@ -47,3 +47,19 @@ def test_the_prefills_and_trainings_nets_record_the_pv_of_their_cores():
     kernel, _ = _flops(lambda ledger: KernelNet(Context(Span.of(Region(0, 0, 2, 2)), ledger, {})).flash(
         None, s4, s4 > -9, vs4))
     assert kernel == 120
+
+
+def test_the_prediction_records_every_cores_partial_products_at_the_prediction_rate():
+    """On the y-lines of the 3x2 region (2 cores a line, 3 lines): 2 query rows of D = 4 (2 a core) against 5
+    positions a core: 2 flops x 2 rows x 2 x 5 = 40, at PREDICT_DTYPE's rate: on WSE2 float16's 8 flops a
+    cycle, 5 cycles (float32's 2 a cycle would give 20). Hop by hop the same as (items, 2
+    cores, 1 row, 2) against (items, 2 cores, 2, 3 lines x 5 positions)."""
+    a, b = RNG.normal(size=(2, 1, 4)), RNG.normal(size=(2, 4, 15))
+    for net, x, y in [(FastNet(Collectives()), a, b[..., :5]),
+                      (HopNet(Collectives(fast=False)), a.reshape(2, 1, 2, 2).transpose(0, 2, 1, 3),
+                       b.reshape(2, 2, 2, 15))]:
+        ledger = Ledger(WSE2)
+        with ledger.op("predict"):
+            out = net.predict(LineComm("y", Span.of(REGION), ledger, fast=net.fast), x, y, 5 if net.fast else 0)
+        assert (ledger.by_op["predict"].flops, ledger.by_op["predict"].cycles) == (40, 5.0)
+        assert np.array_equal(out, np.matmul(x, y))

@@ -4,8 +4,9 @@ Contract: a block of the decode and the prefill (waferrt.decode.shards: the RMSN
 RoPE, the attention with its K/V cache, the output projection, the MLP, the head; an MoE expert's MLP) is
 written once as numpy math with shape comments; everything it does over its cores goes through a
 :class:`Net` -- a projection (``gemv``), a product whose contraction is split over a line of cores and
-reduced along it (``dot``), a reduction over a split axis (``reduce``, ``norm2``), STAR's sorted-updating
-FlashAttention over kept keys with its P.V (``flash``), and the element-wise work (``elementwise``).
+reduced along it (``dot``), a reduction over a split axis (``reduce``, ``norm2``), STAR's add-only prediction
+(``predict``) and sorted-updating FlashAttention over kept keys with its P.V (``flash``), and the element-wise
+work (``elementwise``).
 :func:`net_of` picks the decode's implementation from the run's ``Collectives``:
 
 - :class:`FastNet` (``coll.fast``): a split axis is held joined, in the order its values have (the K/V
@@ -70,6 +71,7 @@ from waferrt.kernels.gemm import Grid, collect, meshgemm, place
 from waferrt.kernels.sparse_attention import Partial, flash
 
 from .cost import ELEMENTWISE_FLOPS as EW
+from .cost import PREDICT_DTYPE
 
 PANEL_ROWS = 64  # the most output rows per BLAS call: a few tokens times a narrow panel of a matrix runs
 # 1.5-2x faster than times the whole matrix at once (OpenBLAS packs less; benchmarks/profile_decode.py)
@@ -217,6 +219,16 @@ class FastNet:
         self._pv(comm, _rows(s, 1) * (positions or s.shape[-1] // comm.n), vs)
         return part
 
+    def predict(self, comm: LineComm, a: np.ndarray, b: np.ndarray, positions: int = 0) -> np.ndarray:
+        """STAR's add-only prediction: a (..., M, K) times log-domain keys b (..., K, N) -> (..., M, N), K split
+        over `comm`'s line, N over its lines (`positions`: of which the fullest core holds that many); every
+        core's partial products recorded at decode.cost.PREDICT_DTYPE's rate, their reduce left to the caller."""
+        if not comm.ledger.quiet:
+            n = positions or b.shape[-1] // comm.lines
+            with comm.ledger.at_rate(PREDICT_DTYPE):
+                comm.ledger.compute(2 * _rows(a, 1) * (a.shape[-1] // comm.n) * n)
+        return np.matmul(a, b)
+
     def _pv(self, comm: LineComm, products: int, vs: np.ndarray) -> None:
         """`products` rows of P times a value of vs's per-core width, on every core."""
         if not comm.ledger.quiet:
@@ -259,6 +271,13 @@ class HopNet(FastNet):
 
     def elementwise(self, comm: LineComm, kind: str, a: np.ndarray, positions: int = 0) -> None:
         comm.ledger.compute(EW[kind] * (a.size // comm.n))
+
+    def predict(self, comm: LineComm, a: np.ndarray, b: np.ndarray, positions: int = 0) -> np.ndarray:
+        """a (..., S, ..., k) times b (..., S, ..., k, N) with N every line's positions side by side: every core's
+        partial products (its k, its line's share of N), recorded at PREDICT_DTYPE's rate."""
+        with comm.ledger.at_rate(PREDICT_DTYPE):
+            comm.ledger.compute(2 * (a.size // a.shape[-1] // comm.n) * a.shape[-1] * (b.shape[-1] // comm.lines))
+        return np.matmul(a, b)
 
     def flash(self, comm: LineComm, s: np.ndarray, kept: np.ndarray, vs: np.ndarray, positions: int = 0) -> Partial:
         """s (..., S, n), kept (..., S, n), vs (..., S, n, D): every core s's own kept keys -> its Partial."""

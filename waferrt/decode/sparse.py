@@ -5,11 +5,12 @@ under a sparse ``Decoding.attention`` (waferrt.model.sparse.AttentionMode). For 
 request holds L positions it keeps K = ``attention.keys_kept(L)`` keys per query head; when K < L it
 
 1. predicts every visible position's score with the add-only log-domain estimate (q times the keys as signed
-   powers of two, ``model.sparse.log_keys``: `predicted`), booked as flops at decode.cost.PREDICT_DTYPE's
-   rate (`book_prediction`) and its partial scores' reduce over the rows (as the dense scores' reduce);
+   powers of two, ``model.sparse.log_keys``: `predicted`), recorded by ``net.predict`` as it runs, at
+   decode.cost.PREDICT_DTYPE's rate, and its partial scores' reduce over the rows (as the dense scores' reduce);
 2. keeps each item's ``keys_kept(its own context)`` highest-predicted positions, ties to the earlier one
-   (``model.sparse.select_top``'s rule: `ranked`), booked as the row's top-K on every row of the region
-   (`book_top_k`: ``decode.topk.topk_cost``, selection, streamed merge, multicast; tied to the row_topk kernel);
+   (``model.sparse.select_top``'s rule: `ranked`), recorded as the row's top-K on every row of the region
+   (``decode.topk.record_topk``: the row_topk kernel's schedule -- selection, streamed merge, multicast -- step
+   by step; ``decode.topk.topk_cost`` is its closed form, tied to it);
 3. gathers each query head's kept keys and values in predicted order (`ranked`) and scores them alone -- the
    dense Q.K^T is never computed -- then combines them with STAR's sorted-updating FlashAttention (`flash`:
    ``kernels.sparse_attention.flash``: the online softmax, 16 keys a step, each core over its own kept keys),
@@ -28,29 +29,31 @@ allreduces -- booking what the fast path books (tested equal, with the same outp
 
 from __future__ import annotations
 
+import functools
+
 import numpy as np
 
-from waferrt.core.cost import compute_cost, on_lines
 from waferrt.fabric.comm import Slices, Span
 from waferrt.fabric.kernel import Context
 from waferrt.kernels.sparse_attention import Partial
 from waferrt.model.sparse import AttentionMode, log_keys
 
-from .cost import PREDICT_DTYPE
 from .kvcache import KVView
-from .topk import TopKRow, row_topk, topk_cost, unpack
+from .topk import TopKRow, record_topk, row_topk, unpack
 
 
-def predicted(qg: np.ndarray, keys: tuple[np.ndarray, np.ndarray], visible: np.ndarray) -> np.ndarray:
+def predicted(qg: np.ndarray, keys: tuple[np.ndarray, np.ndarray], visible: np.ndarray, product=np.matmul
+              ) -> np.ndarray:
     """The add-only predicted scores of the items' query heads against their requests' keys, -inf where not
     visible. qg (B, nkv, rep, D); keys: kc (U, nkv, D, L) of the U distinct requests and which of them each
     item's is (B,); visible (B, 1, 1, L) -> (B, nkv, rep, L) float32. A request's keys go to the log domain
-    once, however many of its items (a prompt's) attend."""
+    once, however many of its items (a prompt's) attend. `product`: the layer's ``net.predict`` (which records
+    it), np.matmul outside a layer."""
     kc, which = keys
     pred = np.empty(qg.shape[:3] + kc.shape[-1:], np.float32)
     for u, logk in enumerate(log_keys(kc)):  # (nkv, D, L)
         items = which == u
-        pred[items] = np.matmul(qg[items], logk)  # (n, nkv, rep, D) @ (nkv, D, L)
+        pred[items] = product(qg[items], logk)  # (n, nkv, rep, D) @ (nkv, D, L)
     return np.where(visible, pred, np.float32(-np.inf))
 
 
@@ -96,10 +99,10 @@ def fast_attend(shard, qg: np.ndarray, items, view: KVView) -> np.ndarray:
     qf = shard.net.split(qg)  # (B, nkv, rep, R*hd_r)
     keep, (uniq, which) = shard.attention.keys_kept(L), np.unique(slots, return_inverse=True)
     row = TopKRow(shard.cols, held, qf.shape[0] * qf.shape[1] * qf.shape[2], keep)
-    pred = predicted(qf, (shard.kv.layout.read(uniq, L)[0], which), ~view.hidden)  # (B, nkv, rep, L)
-    book_prediction(shard.ledger, row, shard.hd_r)
+    product = functools.partial(shard.net.predict, shard.cy, positions=held)  # over the rows, as the scores
+    pred = predicted(qf, (shard.kv.layout.read(uniq, L)[0], which), ~view.hidden, product)  # (B, nkv, rep, L)
     shard.net.allreduced(shard.cy, row.heads * held * shard.cols)  # the partial predictions, over the rows
-    book_top_k(shard.ledger, row, shard.rows)
+    record_topk(shard.cx, row)  # the row_topk kernel's schedule, recorded step by step
     order, kept = ranked(pred, items.poss, shard.attention)  # (B, nkv, rep, K)
     at = (np.arange(len(order))[:, None, None, None], np.arange(order.shape[1])[None, :, None, None], order)
     ks = view.k.swapaxes(-1, -2)[at].swapaxes(-1, -2)  # (B, nkv, rep, R*hd_r, K): whole rows of the cache
@@ -126,17 +129,6 @@ def hop_attend(shard, qg: np.ndarray, items, view: KVView) -> np.ndarray:
     return merged(shard, part, s, w)
 
 
-def book_prediction(ledger, row: TopKRow, hd_r: int) -> None:
-    """The prediction's flops on the busiest core (at PREDICT_DTYPE's rate): every head's held positions."""
-    ledger.add(compute_cost(ledger.spec, 2 * row.heads * hd_r * row.per_core, PREDICT_DTYPE))
-
-
-def book_top_k(ledger, row: TopKRow, lines: int) -> None:
-    """The row's top-K (decode.topk's closed form, tied to its kernel) on `lines` rows at once."""
-    for c in topk_cost(ledger.spec, row).values():
-        ledger.add(on_lines(c, lines))
-
-
 # -- the hop-by-hop path (Collectives(fast=False)): every message sent --------------------------------------
 def hop_selection(shard, qg: np.ndarray, at: tuple[np.ndarray, np.ndarray], held: tuple) -> tuple:
     """The prediction, the row's top-K and the kept keys of a LayerShard's hop-by-hop attention, every message
@@ -150,8 +142,7 @@ def hop_selection(shard, qg: np.ndarray, at: tuple[np.ndarray, np.ndarray], held
     B, R, nkv, rep, hd_r = qg.shape
     m, C, keep = visible.shape[1], shard.cols, shard.attention.keys_kept(int(poss.max()) + 1)
     row = TopKRow(C, m, B * nkv * rep, keep)
-    book_prediction(shard.ledger, row, hd_r)
-    part = np.matmul(qg, log_keys(kc)).reshape(B, R, nkv, rep, m, C)  # every core's partial predictions
+    part = shard.net.predict(shard.cy, qg, log_keys(kc)).reshape(B, R, nkv, rep, m, C)  # every core's partials
     pred = shard.cy.allreduce(part, shard.coll, slices=Slices(1), collapse=True, overwrite=True)  # (B, nkv, rep, m, C)
     pred = np.where(visible[:, None, None], pred, np.float32(-np.inf))
     cand = np.broadcast_to(pred.transpose(4, 0, 1, 2, 3).reshape(C, row.heads, m), (R, C, row.heads, m))

@@ -16,7 +16,7 @@ layer on equal regions, so it leaves out the layer's index); :func:`entries` giv
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from enum import Enum
 
 from waferrt.core.mesh import Region
@@ -69,6 +69,16 @@ class Entry:
     kind: StageKind
     src: Region | None
     region: Region
+    _hash: int = field(init=False, repr=False, compare=False)  # kept: an Entry keys token_cost's cache
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "_hash", hash((self.kind, self.src, self.region)))
+
+    def __hash__(self) -> int:
+        return self._hash
+
+    def __reduce__(self):  # made again where it lands: a str's (and so an enum's) hash differs per process
+        return Entry, (self.kind, self.src, self.region)
 
 
 def chain(embed: Region, layers: Sequence[Region], head: Region) -> tuple[Stage, ...]:

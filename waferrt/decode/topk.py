@@ -20,10 +20,13 @@ whole row per head, highest first, ties to the earlier position: exactly
    messages travel at once (one routing stage). ceil((n-1)/2) rounds, booked as ``topk.merge``;
 3. the middle core multicasts the K winners along the row (router multicast), ``broadcast``.
 
+The fast path (``Collectives(fast=True)``) picks the lists with numpy and records the same schedule step by
+step (`record_topk`, the merge's rounds from `merge_rounds`, which the kernel runs too).
+
 `topk_cost(spec, row)` is the closed form of the three, from ``core.cost``'s owners only (``compute_cost``,
-``message_cycles``, ``serialise_cycles`` and ``broadcast_cost``); `topk_cost` equals what the kernel books
-(tested). A layer's sparse attention (prediction, this top-K, attention over the chosen keys) is costed by
-``decode.cost.layer_decode_parts`` under a sparse ``Decoding.attention``.
+``message_cycles``, ``serialise_cycles`` and ``broadcast_cost``), for the estimator; it equals what the kernel
+and `record_topk` record (tested). A layer's sparse attention (prediction, this top-K, attention over the
+chosen keys) is costed by ``decode.cost.layer_decode_parts`` under a sparse ``Decoding.attention``.
 """
 
 from __future__ import annotations
@@ -35,6 +38,7 @@ import numpy as np
 
 from waferrt.core.cost import Cost, broadcast_cost, compute_cost, message_cycles, serialise_cycles
 from waferrt.core.spec import HardwareSpec
+from waferrt.fabric.comm import LineComm
 
 ENTRY_BYTES = 8  # a float32 score and an int32 position
 PAD_POSITION = np.iinfo(np.int32).max  # a padding entry: after every real position on ties
@@ -74,6 +78,34 @@ class TopKRow:
     def streams(self) -> int:
         """Chains the middle core reads (each serialises the K entries once): 2 when both reach it."""
         return min(2, self.cores - 1)
+
+
+@dataclass(frozen=True)
+class Round:
+    """Round `number` (1-based) of the streamed merge: which chains still move -- the east one, from core 0
+    towards the middle, and the west one, from the last core."""
+
+    number: int
+    east: bool
+    west: bool
+
+    def sends(self, row: TopKRow) -> list[Send]:
+        """Every moving chain's front this round, sending one hop towards the middle."""
+        return [*([Send(self.number - 1, 1)] if self.east else []),
+                *([Send(row.cores - self.number, -1)] if self.west else [])]
+
+
+@dataclass(frozen=True)
+class Send:
+    """A chain's front `sender` (its place in the row) sending its list one hop: dx = +1 East, -1 West."""
+
+    sender: int
+    dx: int
+
+
+def merge_rounds(row: TopKRow) -> list[Round]:
+    """The merge's schedule, which both the kernel (`row_topk`) and the fast path (`record_topk`) run."""
+    return [Round(r, r <= row.middle, r <= row.rounds) for r in range(1, row.rounds + 1)]
 
 
 def select_comparisons(m: int, keep: int) -> int:
@@ -123,8 +155,7 @@ def local_select(ctx, scores: np.ndarray, keep: int, positions: np.ndarray | Non
     if positions is None:
         cols = ctx.positions()[0][:, :, None, None]  # (rows, cols, 1, 1): this core's place in the row
         positions = cols * m + np.arange(m)
-    with ctx.ledger.op("topk.select"):
-        ctx.ledger.compute(scores.shape[-2] * select_comparisons(m, keep))
+    record_select(ctx.ledger, scores.shape[-2], m, keep)
     top = best(scores, np.broadcast_to(positions, scores.shape), min(m, keep))  # (rows, cols, H, k, 2)
     if m >= keep:
         return top
@@ -132,17 +163,14 @@ def local_select(ctx, scores: np.ndarray, keep: int, positions: np.ndarray | Non
     return np.concatenate([top, pack(np.full(pad, -np.inf, np.float32), np.full(pad, PAD_POSITION))], axis=-2)
 
 
-def merge_round(ctx, mine: np.ndarray, r: int, row: TopKRow) -> np.ndarray:
-    """Round r (1-based) of the two chains: the fronts send one hop towards the middle, the receivers merge."""
+def merge_round(ctx, mine: np.ndarray, step: Round, row: TopKRow) -> np.ndarray:
+    """A round of the two chains: the fronts send one hop towards the middle, the receivers merge."""
     col = ctx.positions()[0]  # (rows, cols): place in the row
-    east, west = r <= row.middle, r <= row.rounds  # which chains still move this round
     got = []
     with ctx.ledger.op("topk.merge"):
         with ctx.ledger.streamed(), ctx.ledger.concurrent():  # entry by entry: serialised once, at the end
-            if east:
-                got.append((ctx.send(mine, 1, 0, where=col == r - 1), col == r))
-            if west:
-                got.append((ctx.send(mine, -1, 0, where=col == row.cores - r), col == row.cores - 1 - r))
+            for s in step.sends(row):
+                got.append((ctx.send(mine, s.dx, 0, where=col == s.sender), col == s.sender + s.dx))
         for received, here in got:
             at = np.flatnonzero(here.any(axis=0))  # the receiving column, if this tile holds it
             if len(at):
@@ -159,10 +187,43 @@ def row_topk(ctx, scores: np.ndarray, keep: int, positions: np.ndarray | None = 
     row = TopKRow(ctx.region.w, scores.shape[-1], scores.shape[-2], keep)
     with ctx.ledger.at_rate("float32"):
         mine = local_select(ctx, scores, keep, positions)
-        for r in range(1, row.rounds + 1):
-            mine = merge_round(ctx, mine, r, row)
-        if row.streams:
-            with ctx.ledger.op("topk.merge"):  # each stream's entries, serialised and merged once at the middle
-                ctx.ledger.add(Cost(cycles=row.streams * serialise_cycles(ctx.ledger.spec, row.message_bytes)))
-                ctx.ledger.compute(row.heads * row.keep * row.streams)
+        for step in merge_rounds(row):
+            mine = merge_round(ctx, mine, step, row)
+        read_streams(ctx.ledger, row)
     return ctx.broadcast(mine, "x", root=row.middle)
+
+
+def record_select(ledger, heads: int, m: int, keep: int) -> None:
+    """Every core's selection of its best of m candidates for each of `heads` heads (as `select_comparisons`)."""
+    with ledger.op("topk.select"):
+        ledger.compute(heads * select_comparisons(m, keep))
+
+
+def read_streams(ledger, row: TopKRow) -> None:
+    """The middle core's reading of the chains: each stream's entries serialised and merged once there."""
+    if row.streams:
+        with ledger.op("topk.merge"):
+            ledger.add(Cost(cycles=row.streams * serialise_cycles(ledger.spec, row.message_bytes)))
+            ledger.compute(row.heads * row.keep * row.streams)
+
+
+def record_topk(comm: LineComm, row: TopKRow) -> None:
+    """The fast path's top-K on every line of `comm` (rows of row.cores cores): the kernel's schedule run step by
+    step and recorded as it goes -- every core's selection, each `merge_rounds` round's one-hop sends (streamed,
+    the chains at once), the middle's reading of the streams, its multicast -- without moving the lists (the
+    caller picks them with numpy: waferrt.decode.sparse.ranked). `topk_cost` is its closed form (tested)."""
+    ledger, lines = comm.ledger, comm.lines
+    if ledger.quiet:  # replaying a layer's records (Ledger.replay)
+        return
+    with ledger.at_rate("float32"):
+        record_select(ledger, row.heads, row.per_core, row.keep)
+        for step in merge_rounds(row):
+            with ledger.op("topk.merge"), ledger.streamed(), ledger.concurrent():
+                for s in step.sends(row):
+                    ledger.message(comm.topo.step_hops(row.cores, [s.sender], s.dx), row.message_bytes, lines)
+        read_streams(ledger, row)
+    if row.cores > 1:
+        with ledger.op("broadcast"):
+            msgs = (row.cores - 1) * lines
+            ledger.message(comm.topo.farthest(row.cores, row.middle), row.message_bytes, msgs,
+                           link_bytes=msgs * row.message_bytes)
