@@ -4,6 +4,10 @@ three Ray nodes, with the reference's tokens)."""
 
 from __future__ import annotations
 
+import importlib.util
+import sys
+from pathlib import Path
+
 import gguf
 import numpy as np
 import pytest
@@ -143,3 +147,39 @@ def test_packing_a_layer_holds_little_more_than_its_result(dtype, most):
     finally:
         tracemalloc.stop()
     assert peak <= most * sum(a.nbytes for a in packed.values())
+
+
+def _realdims():
+    """benchmarks/realdims.py as a module (it imports its neighbour anchor.py)."""
+    root = Path(__file__).resolve().parents[2] / "benchmarks"
+    sys.path.insert(0, str(root))
+    try:
+        spec = importlib.util.spec_from_file_location("realdims", root / "realdims.py")
+        mod = sys.modules[spec.name] = importlib.util.module_from_spec(spec)  # its dataclasses look it up there
+        spec.loader.exec_module(mod)
+        return mod
+    finally:
+        sys.path.remove(str(root))
+
+
+def test_the_documented_32_layer_cluster_command_places_the_whole_model():
+    """docs/clusters.md's ``realdims.py --layers 32 --nodes 8`` (run only on a cluster): its mesh places all 32
+    layers, the real 128,256-token vocabulary and the untied head, the head on the embedding's tile (where the
+    decode samples), and each tile holds what the page says. By hand, at float16: a layer is
+    4096 x (4096 + 1024 + 1024 + 4096) + 3 x 4096 x 14336 + 2 x 4096 = 218,112,000 values = 436,224,000 bytes
+    (5 of them: 2,181,120,000 B = 2.03 GiB); the two tables, each booked with a final norm (scheduler.budget's
+    head_tables), 2 x (128,256 x 4096 + 4096) = 1,050,681,344 values = 2,101,362,688 bytes (1.96 GiB)."""
+    from waferrt.decode.setup import DecodeSetup
+    from waferrt.scheduler import PlanOptions, plan, plan_report
+
+    kv = KVReserve(64, 2)
+    mesh = _realdims().mesh_for(L8B, kv, "float16", 8)
+    assert (mesh.width, mesh.height, mesh.tile_w, mesh.tile_h) == (632, 768, 158, 384)
+    placement = plan(L8B, WSE2, mesh, kv=kv, options=PlanOptions(dtype="float16"))
+    assert len(placement.layers) == 32 and placement.head is not None
+    setup = DecodeSetup.from_placement(placement)
+    assert setup.stage_tiles()[0] == setup.stage_tiles()[-1]  # embedding and head on one tile
+    work = {w.tile: w for w in plan_report(placement).tile_work}
+    tables = [w for w in work.values() if w.embed]
+    assert [(w.layers, w.weight_bytes) for w in tables] == [(0, 2_101_362_688)]
+    assert sorted(w.weight_bytes for w in work.values() if w.layers == 5) == [5 * 436_224_000] * 6
