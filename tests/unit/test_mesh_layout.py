@@ -14,7 +14,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from waferrt.core.layout import Layout, chunk_bounds, core_bytes, from_blocks, to_blocks
-from waferrt.core.mesh import Coord, Dir, MeshSpec, Region, TileId
+from waferrt.core.mesh import Coord, Dir, Extent, MeshSpec, Region, TileId
 from waferrt.core.sram import SramBook, SramOverflow
 
 # per test, not a global profile (other modules' hypothesis tests keep theirs); no example database files
@@ -219,3 +219,11 @@ def test_a_coord_is_the_tuple_x_y():
     assert sorted([Coord(1, 0), Coord(0, 5)]) == [(0, 5), (1, 0)]
     with pytest.raises(TypeError, match="Coord.x must be a whole number"):
         Coord(1.5, 2)
+
+
+def test_an_extent_is_named_counts_its_cores_and_refuses_a_fraction():
+    e = Extent(4, 2)
+    assert (e.width, e.height, e.cores, str(e)) == (4, 2, 8, "4x2")
+    assert e == (4, 2) and hash(e) == hash((4, 2))  # a tuple read from a flag or a saved plan compares equal
+    with pytest.raises(TypeError, match=r"Extent.width must be a whole number .* got 1.5"):
+        Extent(1.5, 2)

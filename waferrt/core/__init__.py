@@ -6,7 +6,7 @@ Contract: no Ray, no sockets, no model code (nothing here knows what a Llama is)
 """
 
 from .cost import Cost
-from .mesh import Coord, Dir, MeshSpec, Region, TileId
+from .mesh import Coord, Dir, Extent, MeshSpec, Region, TileId
 from .spec import PRESETS, HardwareSpec, spec_by_name
 
-__all__ = ["PRESETS", "Coord", "Cost", "Dir", "HardwareSpec", "MeshSpec", "Region", "TileId", "spec_by_name"]
+__all__ = ["PRESETS", "Coord", "Cost", "Dir", "Extent", "HardwareSpec", "MeshSpec", "Region", "TileId", "spec_by_name"]

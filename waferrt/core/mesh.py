@@ -1,6 +1,6 @@
 """Mesh geometry: cores, directions, rectangles of cores, and the cutting of a mesh into tiles.
 
-Contract: :class:`Coord`, :class:`Region`, :class:`TileId` and :class:`MeshSpec` are frozen, hashable
+Contract: :class:`Coord`, :class:`Extent`, :class:`Region`, :class:`TileId` and :class:`MeshSpec` are frozen, hashable
 values (usable as dict keys, comparable, picklable). x grows to the East, y to the South; core (0, 0) is
 the North-West corner.
 
@@ -75,6 +75,31 @@ class Coord(_XY):
 
     def __str__(self) -> str:
         return f"(x={self.x}, y={self.y})"
+
+
+class _WH(NamedTuple):
+    width: int
+    height: int
+
+
+class Extent(_WH):
+    """A size in cores, x first: ``Extent(width, height)`` = (cols, rows) -- a mesh's, a tile's, a grid's.
+    A tuple, as :class:`Coord` is (``Extent(4, 2) == (4, 2)``, hashable, written ``4x2``), so that a value
+    read from a flag or a saved plan converts once, ``Extent(*mesh)``, and is reached by name after."""
+
+    __slots__ = ()
+
+    def __new__(cls, width: int, height: int) -> Extent:
+        if type(width) is not int or type(height) is not int:
+            width, height = whole("Extent.width", width, least=None), whole("Extent.height", height, least=None)
+        return super().__new__(cls, width, height)
+
+    @property
+    def cores(self) -> int:
+        return self.width * self.height
+
+    def __str__(self) -> str:
+        return f"{self.width}x{self.height}"
 
 
 @dataclass(frozen=True, order=True)
