@@ -297,8 +297,7 @@ def tensor_stream(job: TrainJob, template: WaferTemplate) -> StrategyTime:
                             f"weights ({weights / 1e9:.1f} GB, {where}) and one sequence's activations do not fit "
                             f"in the wafer's {template.sram_bytes() / 1e9:.1f} GB")
     passes = -(-job.shape.batch // mb)
-    work = Work(config, config.n_layers, mb, job.shape.seq, job.dtype)
-    compute, fabric, _ = _kernels(job, template, work, Grid(*template.die.full_mesh))  # a die's square(s)
+    compute, fabric = _die_kernels(job, template, mb)
     compute = passes * compute / dies + _adam_s(job, template, cores, config.params())  # a die: its 1/dies share
     fabric = passes * fabric / dies
     layouts = tuple(sorted(stream_d2d(template, stream_traffic(job, passes)), key=lambda t: t.seconds))
@@ -306,6 +305,22 @@ def tensor_stream(job: TrainJob, template: WaferTemplate) -> StrategyTime:
     laid = f" as {layouts[0].label()}" if layouts else ""
     return StrategyTime("tensor-stream", True, max(bd.compute + bd.fabric, bd.d2d) + io, bd, need,
                         f"{dies} die(s){laid}, {passes} pass(es) of {mb} sequence(s), {where}", layouts=layouts)
+
+
+def _die_kernels(job: TrainJob, template: WaferTemplate, mb: int) -> tuple[float, float]:
+    """(compute, fabric) seconds of a pass of `mb` sequences on a die's square(s); when the head's jobs over
+    them overflow a die's cores, the kernels of half as many, and so on, scaled up (ASSUMED linear in the
+    sequences, as a die's 1/dies share is): more dies' SRAM holds a larger micro-batch, never a refusal."""
+    kb = mb
+    while True:
+        try:
+            work = Work(job.config, job.config.n_layers, kb, job.shape.seq, job.dtype)
+            compute, fabric, _ = _kernels(job, template, work, Grid(*template.die.full_mesh))
+            return compute * mb / kb, fabric * mb / kb
+        except HeadTooLarge:
+            if kb == 1:
+                raise
+            kb //= 2
 
 
 def stream_traffic(job: TrainJob, passes: int) -> StreamTraffic:

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from waferrt.core.template import DieLinks, WaferTemplate, template_by_name
+from waferrt.core.template import SOURCES, DieLinks, Figure, WaferTemplate, template_by_name
 from waferrt.core.topology import TOPOLOGIES, Topology
 
 from .die_grid import Layout
@@ -101,15 +101,32 @@ def sensitivity(job: TrainJob, template: WaferTemplate) -> dict[tuple[str, float
             for t in TOPOLOGIES for tbps in D2D_TBPS}
 
 
-def resources(job: TrainJob, template: WaferTemplate) -> dict[tuple[str, float], StrategyTime]:
-    """The tensor-stream step with the die's 16-bit ("flops") or SRAM ("sram") figure per core scaled."""
-    die = template.die
-    out = {}
-    for scale in SCALES:
-        out["flops", scale] = tensor_stream(job, template.replace(die=die.replace(
-            half_flops_per_cycle=die.half_flops_per_cycle * scale)))
-        out["sram", scale] = tensor_stream(job, template.replace(die=die.replace(
-            sram_bytes=int(die.sram_bytes * scale))))
+def _speedup(job: TrainJob, template: WaferTemplate) -> tuple[StrategyTime, float | None]:
+    """The tensor-stream step on `template` and its speed-up over the best other strategy (TEMP's claim; None
+    when a side does not fit)."""
+    on = _by_name(estimate_train(job, template))
+    ts, others = on.pop("tensor-stream"), [s for s in on.values() if s.fits]
+    return ts, (min(s.step_s for s in others) / ts.step_s if ts.fits and others else None)
+
+
+def figures(job: TrainJob, template: WaferTemplate) -> dict[tuple[Figure, float], tuple[StrategyTime, float | None]]:
+    """For each figure of the template and each scale of SCALES: the tensor-stream step and its speed-up over
+    the best other strategy with that figure scaled (core.template.Figure.scaled)."""
+    base = _speedup(job, template)
+    return {(f, k): base if k == 1.0 else _speedup(job, f.scaled(template, k)) for f in Figure for k in SCALES}
+
+
+def figure_lines(job: TrainJob, template: WaferTemplate) -> list[str]:
+    """The figures' table: each one's value and source (core.template.SOURCES), and what it moves."""
+    table, sources = figures(job, template), SOURCES.get(template.name, {})
+    out = [f"{template.name}'s figures: the source of each, and the tensor-stream step (s) with its speed-up over "
+           "the best other strategy (TEMP reports 1.70x) with the figure halved, as is, doubled (no fit: -)",
+           f"{'figure':<30}{'value':>10}  {'source':<11}" + "".join(f"{f'x{k:g}':>15}" for k in SCALES)]
+    for f in Figure:
+        cells = "".join(f"{st.step_s:>8.3f} {ratio:>5.2f}x" if ratio else f"{'-':>15}"
+                        for st, ratio in (table[f, k] for k in SCALES))
+        source = sources[f].value if f in sources else "the preset's"
+        out.append(f"{f.value:<30}{f.shown(template):>10}  {source:<11}{cells}")
     return out
 
 
@@ -172,11 +189,4 @@ def lines(job: TrainJob, template: WaferTemplate) -> list[str]:
                "(half the bytes on each edge, one edge a hop): there a torus's step is the shorter; above it the "
                "topology and the bandwidth change only the die-to-die seconds the kernels hide")
     out += [""] + layout_lines(job, template)
-    scaled = resources(job, template)
-    out += ["", f"tensor-stream on {template.name} with the die's per-core figures scaled (step seconds; no fit: -)",
-            f"{'':<24}" + "".join(f"{f'x{k:g}':>9}" for k in SCALES)]
-    for kind, label in (("flops", f"16-bit flops/cycle ({template.die.half_flops_per_cycle:g})"),
-                        ("sram", f"SRAM per core ({template.die.sram_bytes // 1024} KB)")):
-        out.append(f"{label:<24}" + "".join(f"{scaled[kind, k].step_s:>9.3f}" if scaled[kind, k].fits else f"{'-':>9}"
-                                            for k in SCALES))
-    return out
+    return out + [""] + figure_lines(job, template)
