@@ -34,6 +34,8 @@ def test_the_sensitivity_names_the_partitions_layout_and_its_contention():
 
 def test_a_ratio_not_reproduced_names_the_dominant_term():
     """TEMP's 1.7x against the model's 6.8x: both steps are bound by the kernels' on-die moves, weight
-    streaming's 8.8x tensor-stream's."""
+    streaming's (on the wafer's squares of 96 cores a side) 8.8x tensor-stream's (a die's squares of 32)."""
     temp = paper_rows(_job("smollm2-135m"))[0]
     assert temp.why.startswith("fabric dominates") and "(8.8x)" in temp.why
+    assert "on squares of 96 cores a side" in temp.why and "on squares of 32 (bound by fabric)" in temp.why
+    assert "fabric per second of compute 5.2 against 1.9" in temp.why

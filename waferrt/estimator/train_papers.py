@@ -74,9 +74,14 @@ def _dominant(slow: StrategyTime, fast: StrategyTime) -> str:
     why = {"fabric": "the kernels' on-die moves (MeshGEMM's shifts and the reductions along a square's rows)",
            "compute": "the flops at the template's 16-bit rate", "die-to-die": "the die edges' streams",
            "off-wafer I/O": "the weights streamed in and the gradients out"}[term]
-    return (f"{term} dominates, {why}: {slow.strategy} {a:.3f} s of its {slow.step_s:.3f} s (bound by "
-            f"{slow.breakdown.bound}), {fast.strategy} {other} of its {fast.step_s:.3f} s (bound by "
-            f"{fast.breakdown.bound})")
+    return (f"{term} dominates, {why}: {slow.strategy} {a:.3f} s of its {slow.step_s:.3f} s on squares of "
+            f"{slow.square} cores a side (bound by {slow.breakdown.bound}), {fast.strategy} {other} of its "
+            f"{fast.step_s:.3f} s on squares of {fast.square} (bound by {fast.breakdown.bound}); fabric per second "
+            f"of compute {_per(slow)} against {_per(fast)}")
+
+
+def _per(st: StrategyTime) -> str:
+    return f"{st.breakdown.fabric / st.breakdown.compute:.1f}" if st.breakdown.compute > 0 else "-"
 
 
 def paper_rows(job: TrainJob) -> list[PaperRow]:
