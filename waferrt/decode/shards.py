@@ -6,7 +6,7 @@ micro-batch of tokens through the layer with :meth:`LayerShard.forward`. Every d
 cores is a collective of waferrt.fabric.comm (booked in the ledger); the math per core is local and uses
 the reference's ops (waferrt.model.reference: RoPE on adjacent pairs, SiLU), booked as flops: the block
 GEMVs and attention products by their multiply-adds, the element-wise work (RMSNorm, RoPE, softmax, SiLU,
-residual adds) at waferrt.decode.cost.ELEMENTWISE_FLOPS per element. The residual stream enters
+residual adds) at waferrt.decode.decoding.ELEMENTWISE_FLOPS per element. The residual stream enters
 and leaves as x (B, cols, dim_c): split over the region's columns, replicated down its rows (one copy
 kept). :class:`EmbedShard` holds the tied embedding table: it looks a token's row up and, with the final
 norm, computes the logits.
@@ -30,7 +30,7 @@ from waferrt.model.config import LlamaConfig
 from waferrt.model.reference import silu
 
 from . import sparse
-from .cost import Decoding
+from .decoding import Decoding
 from .kvcache import KVCapacity, KVView, MeshKVCache, as_slice
 from .net import Net, net_of
 from .pack import Chunks, rope_tables
