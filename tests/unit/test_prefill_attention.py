@@ -11,7 +11,7 @@ import pytest
 from waferrt.core.gemm_cost import AttentionShape, attention_cost
 from waferrt.core.mesh import MeshSpec
 from waferrt.core.spec import TINY
-from waferrt.decode.cost import ELEMENTWISE_FLOPS
+from waferrt.decode.decoding import ELEMENTWISE_FLOPS
 from waferrt.decode.kernel_net import KernelNet
 from waferrt.fabric.loop import simulate
 from waferrt.kernels.attention import PromptAttention, causal_attention, skew

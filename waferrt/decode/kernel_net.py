@@ -19,7 +19,7 @@ from waferrt.kernels.gemm import meshgemm
 from waferrt.kernels.sparse_attention import Partial, flash
 from waferrt.kernels.train_ops import relayout
 
-from .cost import ELEMENTWISE_FLOPS as EW
+from .decoding import ELEMENTWISE_FLOPS as EW
 
 OPS = {"silu_mul": "swiglu"}  # the op KernelNet records element-wise work under, where it is not the work's kind
 

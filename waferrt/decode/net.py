@@ -47,7 +47,7 @@ every head's blocks around the square's rings, which a slab the host holds whole
 prefill runs it as a kernel on the KernelNet of its square's Context.
 
 Each records what it does into the ledger as it runs: the busiest core's flops (at the ledger's dtype
-rate; element-wise work at decode.cost.ELEMENTWISE_FLOPS per element) and the collective's messages. No
+rate; element-wise work at decode.decoding.ELEMENTWISE_FLOPS per element) and the collective's messages. No
 layer code books a flop by hand: a block that does one more GEMV records one more GEMV. On the fast path
 a split axis of K/V positions is longer than a core's share (a core holds ``positions`` of them, the
 fullest core's count), so calls on such an axis say how many a core holds. The closed forms of
@@ -83,8 +83,8 @@ from waferrt.fabric.kernel import Context
 from waferrt.kernels.gemm import Grid, collect, meshgemm, place
 from waferrt.kernels.sparse_attention import Partial, flash
 
-from .cost import ELEMENTWISE_FLOPS as EW
 from .cost import PREDICT_DTYPE
+from .decoding import ELEMENTWISE_FLOPS as EW
 from .kernel_net import KernelNet
 
 PANEL_ROWS = 64  # the most output rows per BLAS call: a few tokens times a narrow panel of a matrix runs

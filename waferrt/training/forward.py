@@ -16,7 +16,7 @@ sequence: the tokens lie on the square in waferrt.kernels.sequences' order, ever
 sequence; a K/V head's blocks go with each of its query heads). What the backward reads besides the block
 functions' outputs, each projection's A-layout input and gate's and up's outputs, the KernelNet kept
 (``KernelNet.kept``). What it books is ``core.train_cost.block_forward_parts`` at
-``decode.cost.ELEMENTWISE_FLOPS`` (tests/unit/test_train_ties.py).
+``decode.decoding.ELEMENTWISE_FLOPS`` (tests/unit/test_train_ties.py).
 The kernel reads x and writes y and the kept activations under the DSM names a :class:`ForwardNames` gives
 (its inputs ``block.layer_blocks``; ``forward_args`` / ``kept_shapes`` the rest of its job):
 ``block_forward_mesh`` puts x and reads everything back (the host's Saved); ``training.kept`` leaves them on
