@@ -34,7 +34,7 @@ and training's forward (waferrt.training.forward) calls the RMSNorm block functi
   block (``ctx.compute``).
 
 Each records what it does into the ledger as it runs: the busiest core's flops (at the ledger's dtype
-rate; element-wise work at decode.cost.ELEMENTWISE_FLOPS per element) and the collective's messages. No
+rate; element-wise work at decode.decoding.ELEMENTWISE_FLOPS per element) and the collective's messages. No
 layer code books a flop by hand: a block that does one more GEMV records one more GEMV. On the fast path
 a split axis of K/V positions is longer than a core's share (a core holds ``positions`` of them, the
 fullest core's count), so calls on such an axis say how many a core holds. The closed forms of
@@ -70,8 +70,8 @@ from waferrt.fabric.kernel import Context
 from waferrt.kernels.gemm import Grid, collect, meshgemm, place
 from waferrt.kernels.sparse_attention import Partial, flash
 
-from .cost import ELEMENTWISE_FLOPS as EW
 from .cost import PREDICT_DTYPE
+from .decoding import ELEMENTWISE_FLOPS as EW
 
 PANEL_ROWS = 64  # the most output rows per BLAS call: a few tokens times a narrow panel of a matrix runs
 # 1.5-2x faster than times the whole matrix at once (OpenBLAS packs less; benchmarks/profile_decode.py)

@@ -44,8 +44,9 @@ from waferrt.model.config import LlamaConfig
 from waferrt.model.reference import rope_cos_sin
 from waferrt.model.sparse import AttentionMode
 
-from .cost import ELEMENTWISE_FLOPS as EW
-from .cost import Decoding, stage_handover
+from .cost import stage_handover
+from .decoding import ELEMENTWISE_FLOPS as EW
+from .decoding import Decoding
 from .net import Blocks, SquareNet
 from .pack import Chunks, out_in
 from .prefill_plan import GEMMS, arrivals, cache_buffer, head_moves, read_move, weight_moves

@@ -28,7 +28,7 @@ from functools import partial
 import numpy as np
 
 from waferrt.core.train_cost import TrainShape, square_tokens
-from waferrt.decode.cost import ELEMENTWISE_FLOPS as EW
+from waferrt.decode.decoding import ELEMENTWISE_FLOPS as EW
 from waferrt.kernels.attention import PromptAttention
 from waferrt.kernels.attention_backward import attention_backward
 from waferrt.kernels.gemm import Grid

@@ -14,7 +14,7 @@ lie on the square in waferrt.kernels.sequences' order, every core row a slice of
 blocks go with each of its query heads), SwiGLU and the residual adds in the cores (decode.shards.rope,
 swiglu, residual, on the KernelNet too), the output projection's heads summed in the core. What it books is
 ``core.train_cost.block_forward_parts`` at
-``decode.cost.ELEMENTWISE_FLOPS`` (tests/unit/test_train_ties.py).
+``decode.decoding.ELEMENTWISE_FLOPS`` (tests/unit/test_train_ties.py).
 The kernel reads x and writes y and the kept activations under the DSM names a :class:`ForwardNames` gives
 (its inputs ``block.layer_blocks``; ``forward_args`` / ``kept_shapes`` the rest of its job):
 ``block_forward_mesh`` puts x and reads everything back (the host's Saved); ``training.kept`` leaves them on
