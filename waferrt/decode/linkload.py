@@ -145,17 +145,24 @@ def column_combines(region: Region, spans: Counter, col_bytes: np.ndarray) -> Li
     """column_combine of many tokens at once: `spans` counts the tokens whose contributions lie from row top to
     row bottom ((top, bottom) -> tokens; only the ends matter). A link south of row y carries the partial sums
     of the tokens with top <= y (y < R - 1), north of row y of those with bottom >= y (y > 0)."""
-    load, h = LinkLoad(region), region.h
-    south, north = np.zeros(h), np.zeros(h)
-    cols = int(np.count_nonzero(col_bytes))
-    for (top, bottom), tokens in spans.items():
-        south[top:h - 1] += tokens
-        north[1:bottom + 1] += tokens
-        load.messages += tokens * cols * (max(h - 1 - top, 0) + bottom)
-        load.hops = max(load.hops, h - 1 - top, bottom)
+    load = LinkLoad(region)
+    south, north, messages, load.hops = _span_sums(region.h, spans)
+    load.messages = int(np.count_nonzero(col_bytes)) * messages
     load.bytes[S] = south[:, None] * col_bytes[None]
     load.bytes[N] = north[:, None] * col_bytes[None]
     return load
+
+
+def _span_sums(h: int, spans: Counter) -> tuple[np.ndarray, np.ndarray, int, int]:
+    """(south, north, messages, hops) of column_combines on one column of h rows: the tokens whose partial
+    sums each link south (north) of a row carries, the messages and the longest route."""
+    south, north, messages, hops = np.zeros(h), np.zeros(h), 0, 0
+    for (top, bottom), tokens in spans.items():
+        south[top:h - 1] += tokens
+        north[1:bottom + 1] += tokens
+        messages += tokens * (max(h - 1 - top, 0) + bottom)
+        hops = max(hops, h - 1 - top, bottom)
+    return south, north, messages, hops
 
 
 class AllToAll:
@@ -214,14 +221,10 @@ class AllToAll:
         spans = Counter()
         for chosen, tokens in sets.items():
             spans[self._span(chosen)] += tokens
-        south, north = np.zeros(self.region.h), np.zeros(self.region.h)
-        for (top, bottom), tokens in spans.items():
-            south[top:self.region.h - 1] += tokens
-            north[1:bottom + 1] += tokens
-        cols = column_combines(self.region, spans, np.ones(1))  # its messages and hops per column
+        south, north, messages, hops = _span_sums(self.region.h, spans)  # one column's
         busiest = max(south.max(), north.max()) * float(self.col_bytes.max())
         combine = [max(out[1][0], busiest), out[1][1] + (south.sum() + north.sum()) * float(self.col_bytes.sum()),
-                   out[1][2] + cols.messages * int(np.count_nonzero(self.col_bytes)), max(out[1][3], cols.hops)]
+                   out[1][2] + messages * int(np.count_nonzero(self.col_bytes)), max(out[1][3], hops)]
         return tuple(Phase(hops, messages, int(round(total)), busy)
                      for busy, total, messages, hops in (out[0], combine))
 
