@@ -86,7 +86,7 @@ BREAKS = {
         "waferrt.decode.cost", "layer_decode_parts",
         "lambda *a, **kw: [p for p in orig(*a, **kw) if p[0] != 'softmax']", FILES["decode"]),
     "Decoding.line_reduce: K-tree with one level more": (
-        "waferrt.decode.cost", "Decoding.line_reduce",
+        "waferrt.decode.decoding", "Decoding.line_reduce",
         "lambda self, spec, axis, n, nbytes, lines: __import__('waferrt.core.cost', fromlist=['x']).on_lines("
         "__import__('waferrt.core.cost', fromlist=['x']).allreduce_cost(spec.on_line(axis, n), self.coll.algo, n, "
         "nbytes, self.coll.k + 1), lines)", FILES["decode"]),

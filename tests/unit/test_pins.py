@@ -31,7 +31,8 @@ from waferrt.core.cost import (
 from waferrt.core.mesh import Region
 from waferrt.core.spec import TINY, WSE2
 from waferrt.decode import layout as dl
-from waferrt.decode.cost import Decoding, handover_cost
+from waferrt.decode.cost import handover_cost
+from waferrt.decode.decoding import Decoding
 from waferrt.decode.linkload import LinkLoad
 from waferrt.decode.streaming import stream_step_cycles
 from waferrt.estimator.train import model_flops_per_token
