@@ -40,6 +40,7 @@ from waferrt.core.mesh import Region
 from waferrt.core.spec import WSE2
 from waferrt.decode.balancer import at_once_cost, block_loads, plan_swap, step_cost
 from waferrt.decode.cost import Decoding, layer_decode_parts
+from waferrt.decode.kvcache import KVCapacity
 from waferrt.decode.linkload import LinkLoad
 from waferrt.decode.moe import BALANCE_STEPS, MoELayerShard, pack_moe_layer, run_steps
 from waferrt.decode.moe_layout import MAPPINGS, expert_grid
@@ -77,7 +78,7 @@ def balance(shard: MoELayerShard, tokens: int) -> str:
 def run_layer(config, lw, region: Region, mapping: str, xs: np.ndarray) -> MoELayerShard:
     """The layer's shard on `region` under `mapping`, after the tokens xs (T, dim) went through it one by one."""
     packed = pack_moe_layer(config, lw, region, mapping)
-    shard = MoELayerShard(Decoding(config), region, packed, (1, len(xs)), Ledger(WSE2))
+    shard = MoELayerShard(Decoding(config), region, packed, KVCapacity(1, len(xs)), Ledger(WSE2))
     chunks = Chunks(config.dim, region.w)
     for pos, x in enumerate(xs):
         shard.forward(chunks.split(x[None]), np.array([0]), np.array([pos]))
@@ -218,7 +219,7 @@ def phase_run(config, lw, region: Region, setup: tuple[str, str, int], args, pla
     swaps made at once before the first step (their stall in its migration)."""
     _, mapping, balance = setup
     shard = MoELayerShard(Decoding(config, experts=mapping), region, pack_moe_layer(config, lw, region, mapping),
-                          (args.batch, args.steps), Ledger(WSE2))
+                          KVCapacity(args.batch, args.steps), Ledger(WSE2))
     for swap in placed:
         shard.migrate(swap)
     shard.balance = args.look if balance else 0

@@ -26,6 +26,7 @@ from waferrt.core.ledger import Ledger
 from waferrt.core.mesh import Region
 from waferrt.core.spec import WSE2
 from waferrt.decode.cost import Decoding
+from waferrt.decode.kvcache import KVCapacity
 from waferrt.decode.pack import Chunks, pack_embed, pack_layer
 from waferrt.decode.shards import EmbedShard, LayerShard
 
@@ -47,7 +48,7 @@ class Stack:
     def of(cls, config, weights, n: int) -> Stack:
         dec = Decoding(config)
         layers = [LayerShard(dec, LAYER_REGION, pack_layer(config, weights.layers[i], LAYER_REGION),
-                             (SLOTS, KV_TOKENS), Ledger(WSE2)) for i in range(n)]
+                             KVCapacity(SLOTS, KV_TOKENS), Ledger(WSE2)) for i in range(n)]
         head = EmbedShard(config, HEAD_REGION, pack_embed(config, weights.embed, weights.final_norm, HEAD_REGION),
                           Ledger(WSE2))
         return cls(layers, head, Chunks(config.dim, LAYER_REGION.w), Chunks(config.dim, HEAD_REGION.w))

@@ -17,6 +17,7 @@ from waferrt.core.ledger import Ledger
 from waferrt.core.mesh import MeshSpec, Region
 from waferrt.core.spec import TINY
 from waferrt.decode.cost import Decoding
+from waferrt.decode.kvcache import KVCapacity
 from waferrt.decode.pack import Chunks, pack_layer
 from waferrt.decode.prefill import PREFILL_MAX_TOKENS, prefill_layer, prefill_layer_cost, prefill_runs
 from waferrt.decode.shards import LayerShard
@@ -39,7 +40,7 @@ W = synthetic_llama(CFG, seed=0)
 def test_a_layer_prefilled_chunk_by_chunk_equals_the_whole_prompts_reference(region, chunks, fast):
     lw, ledger, n = W.layers[0], Ledger(TINY), sum(chunks)
     dec = Decoding(CFG, coll=Collectives(fast=fast))
-    shard = LayerShard(dec, region, pack_layer(CFG, lw, region), (2, 32), ledger)
+    shard = LayerShard(dec, region, pack_layer(CFG, lw, region), KVCapacity(2, 32), ledger)
     x = np.random.default_rng(n).standard_normal((n, CFG.dim)).astype(np.float32)
     kc = np.zeros((CFG.n_kv_heads, 32, CFG.head_dim), np.float32)
     cos, sin = rope_cos_sin(np.arange(n), CFG.head_dim, CFG.rope_theta)

@@ -18,6 +18,7 @@ from waferrt.core.ledger import Ledger
 from waferrt.core.mesh import MeshSpec, Region
 from waferrt.core.spec import TINY, WSE2
 from waferrt.decode.cost import Decoding, head_decode_cost, layer_decode_cost, layer_decode_parts, step_cycles
+from waferrt.decode.kvcache import KVCapacity
 from waferrt.decode.pack import Chunks, pack_embed, pack_layer
 from waferrt.decode.shards import EmbedShard, LayerShard
 from waferrt.decode.stage import chain
@@ -35,7 +36,7 @@ W = synthetic_llama(CFG, seed=0)
 def test_a_layer_books_its_closed_form(w, h, kv_tokens, batch):
     region, ledger = Region(0, 0, w, h), Ledger(TINY)
     arrays = pack_layer(CFG, W.layers[0], region, "float32")
-    shard = LayerShard(Decoding(CFG), region, arrays, (batch, kv_tokens), ledger)
+    shard = LayerShard(Decoding(CFG), region, arrays, KVCapacity(batch, kv_tokens), ledger)
     chunks = Chunks(CFG.dim, w)
     for pos in range(4):  # the K/V shift moves pos % w columns: none at pos 0, then 1, 2, ...
         ledger.clear()

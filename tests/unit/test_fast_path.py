@@ -12,6 +12,7 @@ from waferrt.core.ledger import Ledger
 from waferrt.core.mesh import Region
 from waferrt.core.spec import TINY, WSE2
 from waferrt.decode.cost import Decoding
+from waferrt.decode.kvcache import KVCapacity
 from waferrt.decode.pack import pack_embed, pack_layer
 from waferrt.decode.shards import EmbedShard, LayerShard
 from waferrt.fabric.comm import Collectives, LineComm, Slices, Span
@@ -63,7 +64,8 @@ def test_a_layer_and_the_head_fast_equal_hop_by_hop(rows, cols, algo):
     for fast in (True, False):
         ledgers[fast] = led = Ledger(TINY)
         coll = Collectives(algo, 2, fast)
-        layer = LayerShard(Decoding(CFG, coll=coll), region, pack_layer(CFG, W.layers[0], region), (3, 20), led)
+        layer = LayerShard(Decoding(CFG, coll=coll), region, pack_layer(CFG, W.layers[0], region),
+                           KVCapacity(3, 20), led)
         embed = EmbedShard(CFG, region, pack_embed(CFG, W.embed, W.final_norm, region), led, coll)
         slots, poss = np.array([0, 0, 0, 2, 1]), np.array([0, 1, 2, 0, 0])  # a prompt, two one-token ones
         x = embed.lookup(np.array([5, 9, 200, 31, 7]))
@@ -86,7 +88,8 @@ def test_a_layers_replayed_bookings_are_what_it_booked_the_long_way(rows, cols):
     for fast in (True, False):
         ledgers[fast] = led = Ledger(TINY)
         coll = Collectives("ktree", 2, fast)
-        layers[fast] = LayerShard(Decoding(CFG, coll=coll), region, pack_layer(CFG, W.layers[0], region), (4, 24), led)
+        layers[fast] = LayerShard(Decoding(CFG, coll=coll), region, pack_layer(CFG, W.layers[0], region),
+                                  KVCapacity(4, 24), led)
         embed = EmbedShard(CFG, region, pack_embed(CFG, W.embed, W.final_norm, region), led, coll)
         slots = np.array([0, 2])
         for pos in range(12):  # two requests a step, one position further each

@@ -17,6 +17,7 @@ from waferrt.core.mesh import Region
 from waferrt.core.pages import drop_pages
 from waferrt.core.spec import WSE2
 from waferrt.decode.cost import Decoding
+from waferrt.decode.kvcache import KVCapacity
 from waferrt.decode.pack import Chunks, pack_layer
 from waferrt.decode.shards import LayerShard, in_float32, widen
 from waferrt.model import synthetic_llama, tiny_config
@@ -89,8 +90,8 @@ def test_a_float16_layer_widens_its_weights_on_the_first_step_only():
     region = Region(0, 0, 3, 2)
     arrays = pack_layer(CFG, W.layers[0], region, "float16")
     stored = sum(a.nbytes for a in arrays.values())
-    fresh = LayerShard(Decoding(CFG, "float16"), region, dict(arrays), (2, 16), Ledger(WSE2, "float16"))
-    shard = LayerShard(Decoding(CFG, "float16"), region, arrays, (2, 16), Ledger(WSE2, "float16"))
+    fresh = LayerShard(Decoding(CFG, "float16"), region, dict(arrays), KVCapacity(2, 16), Ledger(WSE2, "float16"))
+    shard = LayerShard(Decoding(CFG, "float16"), region, arrays, KVCapacity(2, 16), Ledger(WSE2, "float16"))
     x = Chunks(CFG.dim, region.w).split(np.random.default_rng(0).standard_normal((2, CFG.dim)).astype(np.float32))
     _, first = _step(shard, x, 0)
     out, later = _step(shard, x, 1)

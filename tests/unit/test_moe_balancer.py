@@ -11,6 +11,7 @@ from waferrt.core.mesh import Region
 from waferrt.core.spec import TINY
 from waferrt.decode.balancer import Swap, block_loads, plan_swap, swap_load
 from waferrt.decode.cost import Decoding
+from waferrt.decode.kvcache import KVCapacity
 from waferrt.decode.moe import MoELayerShard, pack_moe_layer
 from waferrt.decode.moe_layout import expert_blocks
 from waferrt.decode.pack import Chunks, pack_embed
@@ -45,7 +46,7 @@ def test_a_swap_crosses_the_links_between_the_blocks():
 @pytest.mark.parametrize("steps", [0, 3])
 def test_tokens_stay_the_references_during_and_after_a_migration(steps):
     ledger = Ledger(TINY)
-    shards = [MoELayerShard(Decoding(CFG), REGION, pack_moe_layer(CFG, lw, REGION, "er"), (1, 24), ledger)
+    shards = [MoELayerShard(Decoding(CFG), REGION, pack_moe_layer(CFG, lw, REGION, "er"), KVCapacity(1, 24), ledger)
               for lw in W.layers]
     embed = EmbedShard(CFG, REGION, pack_embed(CFG, W.embed, W.final_norm, REGION), ledger)
     ref, chunks = ReferenceModel(CFG, W), Chunks(CFG.dim, REGION.w)

@@ -14,6 +14,7 @@ from waferrt.core.ledger import Ledger
 from waferrt.core.mesh import Region
 from waferrt.core.spec import TINY
 from waferrt.decode.cost import ROUTING_SAMPLE, Decoding, Routing, moe_parts, routed_parts, uniform_routing
+from waferrt.decode.kvcache import KVCapacity
 from waferrt.decode.moe import MoELayerShard, pack_moe_layer
 from waferrt.decode.pack import Chunks
 from waferrt.estimator.estimate import paper_decoding
@@ -66,8 +67,8 @@ def test_routed_parts_is_what_the_layer_booked(mapping):
     its experts, dispatch and combine is routed_parts of the experts it chose (read off the histogram)."""
     region = Region(0, 0, 4, 4)
     lw = synthetic_llama(CFG, seed=5).layers[0]
-    shard = MoELayerShard(Decoding(CFG, experts=mapping), region, pack_moe_layer(CFG, lw, region, mapping), (1, 8),
-                          Ledger(TINY))
+    shard = MoELayerShard(Decoding(CFG, experts=mapping), region, pack_moe_layer(CFG, lw, region, mapping),
+                          KVCapacity(1, 8), Ledger(TINY))
     x = np.random.default_rng(1).standard_normal((1, CFG.dim)).astype(np.float32)
     shard.forward(Chunks(CFG.dim, region.w).split(x), np.arange(1), np.full(1, 0))
     chosen = np.nonzero(shard.routed)[0][None]

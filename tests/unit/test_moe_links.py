@@ -16,6 +16,7 @@ from waferrt.core.mesh import Region
 from waferrt.core.spec import TINY
 from waferrt.core.topology import MESH, Topology
 from waferrt.decode.cost import Decoding
+from waferrt.decode.kvcache import KVCapacity
 from waferrt.decode.linkload import E, LinkLoad, PhaseLinks, W
 from waferrt.decode.moe import MoELayerShard, pack_moe_layer
 from waferrt.decode.moe_layout import MAPPINGS
@@ -119,7 +120,8 @@ def test_an_moe_layer_records_its_phases_links_as_its_ledger_books_them(w, h, ba
     config = tiny_moe_config(n_experts=4, top_k=2, shared_hidden_dim=shared)
     lw = synthetic_llama(config, seed=2).layers[0]
     region, ledger = Region(0, 0, w, h), Ledger(TINY)
-    shard = MoELayerShard(Decoding(config), region, pack_moe_layer(config, lw, region, mapping), (batch, 24), ledger)
+    shard = MoELayerShard(Decoding(config), region, pack_moe_layer(config, lw, region, mapping),
+                          KVCapacity(batch, 24), ledger)
     chunks = Chunks(config.dim, w)
     for pos in range(w + 3):
         ledger.clear()
@@ -140,7 +142,8 @@ def test_the_moe_phase_leaves_links_cold_that_the_attention_uses():
     config = tiny_moe_config(n_experts=4, top_k=1)
     region = Region(0, 0, 8, 4)
     lw = dataclasses.replace(synthetic_llama(config, seed=2).layers[0], router=np.zeros((4, config.dim), np.float32))
-    shard = MoELayerShard(Decoding(config), region, pack_moe_layer(config, lw, region, "er"), (1, 24), Ledger(TINY))
+    shard = MoELayerShard(Decoding(config), region, pack_moe_layer(config, lw, region, "er"),
+                          KVCapacity(1, 24), Ledger(TINY))
     shard.forward(Chunks(config.dim, 8).split(np.ones((1, config.dim), np.float32)), np.array([0]), np.array([3]))
     assert shard.links.loads["attention"].cold_share() == 0 < shard.links.loads["moe"].cold_share()
 
@@ -153,7 +156,8 @@ def test_a_migration_step_costs_what_the_runs_recorded_phases_leave_it():
 
     config = tiny_moe_config(n_experts=4, top_k=1)
     region, lw = Region(0, 0, 8, 4), synthetic_llama(config, seed=2).layers[0]
-    shards = [MoELayerShard(Decoding(config), region, pack_moe_layer(config, lw, region, "er"), (1, 24), Ledger(TINY))
+    shards = [MoELayerShard(Decoding(config), region, pack_moe_layer(config, lw, region, "er"),
+                            KVCapacity(1, 24), Ledger(TINY))
               for _ in range(2)]
     shards[0].migrate(Swap(0, 3), 4)
     load, chunks = shards[0].swap_traffic(Swap(0, 3)), Chunks(config.dim, 8)

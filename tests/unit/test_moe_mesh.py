@@ -13,6 +13,7 @@ from waferrt.core.ledger import Ledger
 from waferrt.core.mesh import MeshSpec, Region
 from waferrt.core.spec import TINY
 from waferrt.decode.cost import Decoding
+from waferrt.decode.kvcache import KVCapacity
 from waferrt.decode.layout import layer_booking, most_bytes
 from waferrt.decode.linkload import LinkLoad, block_patterns
 from waferrt.decode.moe import MoELayerShard, pack_moe_layer
@@ -57,8 +58,8 @@ def test_an_moe_layer_on_cores_equals_the_reference(mapping, shared, fast):
     config = tiny_moe_config(n_experts=4, top_k=2, shared_hidden_dim=shared)
     w = synthetic_llama(config, seed=1)
     region, coll, ledger = Region(0, 0, 8, 4), Collectives("ktree", 2, fast), Ledger(TINY)
-    shards = [MoELayerShard(Decoding(config, coll=coll), region, pack_moe_layer(config, lw, region, mapping), (2, 24),
-                            ledger)
+    shards = [MoELayerShard(Decoding(config, coll=coll), region, pack_moe_layer(config, lw, region, mapping),
+                            KVCapacity(2, 24), ledger)
               for lw in w.layers]
     embed = EmbedShard(config, region, pack_embed(config, w.embed, w.final_norm, region), ledger, coll)
     ref = ReferenceModel(config, w)
@@ -75,7 +76,8 @@ def test_an_moe_layer_on_cores_equals_the_reference(mapping, shared, fast):
 def test_the_ledger_books_what_the_links_carried():
     region = Region(0, 0, 8, 4)
     ledger = Ledger(TINY)
-    shard = MoELayerShard(Decoding(CFG), region, pack_moe_layer(CFG, W.layers[0], region, "naive"), (4, 24), ledger)
+    shard = MoELayerShard(Decoding(CFG), region, pack_moe_layer(CFG, W.layers[0], region, "naive"),
+                          KVCapacity(4, 24), ledger)
     x = Chunks(CFG.dim, 8).split(np.random.default_rng(0).standard_normal((3, CFG.dim), dtype=np.float32))
     with ledger.op("layer"):
         shard._ffn(x)
@@ -142,7 +144,8 @@ def test_an_moe_layer_books_its_closed_form(w, h, batch, shared, mapping):
     config = tiny_moe_config(n_experts=4, top_k=2, shared_hidden_dim=shared)
     lw = dataclasses.replace(synthetic_llama(config, seed=2).layers[0], router=np.zeros((4, config.dim), np.float32))
     region, ledger = Region(0, 0, w, h), Ledger(TINY)
-    shard = MoELayerShard(Decoding(config), region, pack_moe_layer(config, lw, region, mapping), (batch, 20), ledger)
+    shard = MoELayerShard(Decoding(config), region, pack_moe_layer(config, lw, region, mapping),
+                          KVCapacity(batch, 20), ledger)
     chunks = Chunks(config.dim, w)
     for pos in range(3):
         ledger.clear()

@@ -15,6 +15,7 @@ from waferrt.core.mesh import MeshSpec, Region
 from waferrt.core.spec import TINY
 from waferrt.decode.balancer import Swap
 from waferrt.decode.cost import Decoding
+from waferrt.decode.kvcache import KVCapacity
 from waferrt.decode.moe import MoELayerShard, pack_moe_layer
 from waferrt.decode.pack import Chunks
 from waferrt.decode.routed_cost import cheapest_routed_cycles, routed_alone_cycles
@@ -31,7 +32,8 @@ def zero_router(weights):
 
 def shard_on(region: Region, mapping: str = "er") -> MoELayerShard:
     lw = zero_router(synthetic_llama(CFG, seed=2)).layers[0]
-    return MoELayerShard(Decoding(CFG), region, pack_moe_layer(CFG, lw, region, mapping), (3, 20), Ledger(TINY))
+    return MoELayerShard(Decoding(CFG), region, pack_moe_layer(CFG, lw, region, mapping),
+                         KVCapacity(3, 20), Ledger(TINY))
 
 
 def step(shard: MoELayerShard, pos: int, batch: int = 3):
@@ -125,7 +127,7 @@ def phase(mapping: str, look: int, clustered: bool, steps: int) -> tuple[float, 
 
     config, lw, region = benchmark_layer()
     shard = MoELayerShard(Decoding(config, experts=mapping), region, pack_moe_layer(config, lw, region, mapping),
-                          (8, steps), Ledger(WSE2))
+                          KVCapacity(8, steps), Ledger(WSE2))
     shard.balance = look
     shard.route_zipf(1.2, 0, clustered)
     xs = np.random.default_rng(0).standard_normal((steps, 8, config.dim)).astype(np.float32)

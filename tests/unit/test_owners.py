@@ -23,6 +23,7 @@ from waferrt.core.mesh import MeshSpec, Region
 from waferrt.core.spec import TINY, WSE2
 from waferrt.decode import layout as dl
 from waferrt.decode.cost import Decoding, handover_bytes, handover_cost, layer_decode_cost, token_cost
+from waferrt.decode.kvcache import KVCapacity
 from waferrt.decode.pack import Chunks, pack_layer
 from waferrt.decode.shards import LayerShard
 from waferrt.decode.stage import Entry, StageKind
@@ -43,7 +44,8 @@ HALF = TINY.replace(half_flops_per_cycle=4 * TINY.flops_per_cycle)
 @pytest.mark.parametrize("dtype", ["float32", "float16", "bfloat16"])
 def test_a_ledger_computes_at_its_dtype_as_the_closed_forms_do(spec, dtype):
     region, ledger = Region(0, 0, 4, 3), Ledger(spec, dtype)
-    shard = LayerShard(Decoding(CFG, dtype), region, pack_layer(CFG, W.layers[0], region, dtype), (2, 20), ledger)
+    shard = LayerShard(Decoding(CFG, dtype), region, pack_layer(CFG, W.layers[0], region, dtype),
+                       KVCapacity(2, 20), ledger)
     for pos in range(4):  # the K/V shift moves pos % 4 columns
         ledger.clear()
         x = Chunks(CFG.dim, 4).split(np.random.default_rng(pos).standard_normal((2, CFG.dim)).astype(np.float32))

@@ -13,6 +13,7 @@ from waferrt.core.ledger import Ledger
 from waferrt.core.mesh import MeshSpec, Region
 from waferrt.core.spec import TINY
 from waferrt.decode.cost import Decoding
+from waferrt.decode.kvcache import KVCapacity
 from waferrt.decode.pack import Chunks, out_in, pack_layer
 from waferrt.decode.prefill import (
     glue_flops,
@@ -56,7 +57,7 @@ def test_the_weights_carried_into_the_gemms_are_the_reference_layers_and_come_ba
 @pytest.mark.parametrize("region", REGIONS, ids=lambda r: f"{r.w}x{r.h}")
 def test_a_prefilled_layer_equals_the_reference_and_the_decode_continues(region, tokens):
     lw, ledger = W.layers[0], Ledger(TINY)
-    shard = LayerShard(Decoding(CFG), region, pack_layer(CFG, lw, region), (2, 32), ledger)
+    shard = LayerShard(Decoding(CFG), region, pack_layer(CFG, lw, region), KVCapacity(2, 32), ledger)
     rng = np.random.default_rng(tokens)
     x = rng.standard_normal((tokens + 1, CFG.dim)).astype(np.float32)
     kc = np.zeros((CFG.n_kv_heads, 32, CFG.head_dim), np.float32)
@@ -91,7 +92,8 @@ HALF_FAST = TINY.replace(half_flops_per_cycle=4 * TINY.flops_per_cycle)  # 16-bi
 def test_a_prefill_books_its_closed_form_at_the_storage_dtypes_rate(region, dtype):
     """The shard's ledger computes at its storage dtype's rate; so does prefill_layer_cost (Decoding.dtype)."""
     ledger = Ledger(HALF_FAST, dtype)
-    shard = LayerShard(Decoding(CFG, dtype), region, pack_layer(CFG, W.layers[0], region, dtype), (2, 32), ledger)
+    shard = LayerShard(Decoding(CFG, dtype), region, pack_layer(CFG, W.layers[0], region, dtype),
+                       KVCapacity(2, 32), ledger)
     x = np.random.default_rng(1).standard_normal((9, CFG.dim)).astype(np.float32)
     prefill_layer(shard, Chunks(CFG.dim, region.w).split(x), slot=0)
     assert ledger.by_op["prefill"] == prefill_layer_cost(HALF_FAST, Decoding(CFG, dtype), region, 9)
@@ -105,7 +107,8 @@ def test_a_micro_batch_prefills_its_whole_prompts_and_decodes_the_rest():
     assert [r.tolist() for r in prefill_runs(chunk)] == [[0, 1, 2]]
     meta = meta[:5]
     region = Region(0, 0, 4, 4)
-    mixed, alone = (LayerShard(Decoding(CFG), region, pack_layer(CFG, W.layers[0], region), (3, 32), Ledger(TINY))
+    mixed, alone = (LayerShard(Decoding(CFG), region, pack_layer(CFG, W.layers[0], region),
+                               KVCapacity(3, 32), Ledger(TINY))
                     for _ in "ab")
     x = np.random.default_rng(0).standard_normal((5, 4, 16)).astype(np.float32)
     for shard in (mixed, alone):  # slots 0 and 2 hold earlier positions

@@ -17,6 +17,7 @@ from waferrt.core.ledger import Ledger
 from waferrt.core.mesh import Region
 from waferrt.core.spec import WSE2
 from waferrt.decode.cost import Decoding, layer_decode_cost
+from waferrt.decode.kvcache import KVCapacity
 from waferrt.decode.pack import Chunks, pack_layer
 from waferrt.decode.shards import LayerShard
 from waferrt.decode.stage import Stage, StageKind
@@ -115,7 +116,7 @@ def test_a_llama3_8b_layer_on_its_wse2_region_books_the_estimators_cycles():
     assert layer_bytes(work, region.w, region.h) <= WSE2.sram_bytes
     zeros = LayerWeights(**{n: np.zeros(s, np.float32) for n, s in LayerWeights.shapes(L8B).items()})
     ledger, dec = Ledger(WSE2, dtype), Decoding(L8B, dtype)
-    shard = LayerShard(dec, region, pack_layer(L8B, zeros, region, dtype), (1, kv.tokens), ledger)
+    shard = LayerShard(dec, region, pack_layer(L8B, zeros, region, dtype), KVCapacity(1, kv.tokens), ledger)
     x = Chunks(L8B.dim, region.w).split(np.random.default_rng(0).standard_normal((1, L8B.dim)).astype(np.float32))
     for pos in range(2):  # a request's positions in order; the K/V shift moves pos % cols columns (none at 0)
         ledger.clear()

@@ -21,6 +21,7 @@ from waferrt.core.mesh import Region
 from waferrt.core.spec import TINY, WSE2
 from waferrt.decode import shards
 from waferrt.decode.cost import Decoding
+from waferrt.decode.kvcache import KVCapacity
 from waferrt.decode.pack import Chunks, pack_layer
 from waferrt.decode.prefill import prefill_layer, prefill_layer_cost
 from waferrt.fabric.comm import Collectives
@@ -48,7 +49,7 @@ def _layer_ledger(fast: bool) -> Ledger:
     ledger = Ledger(WSE2)
     w = synthetic_llama(CFG, seed=0).layers[0]
     shard = shards.LayerShard(Decoding(CFG, coll=Collectives(fast=fast)), REGION, pack_layer(CFG, w, REGION),
-                              (1, 8), ledger)
+                              KVCapacity(1, 8), ledger)
     x = Chunks(CFG.dim, 4).split(np.random.default_rng(0).standard_normal((1, CFG.dim)).astype(np.float32))
     shard.forward(x, np.arange(1), np.zeros(1, int))
     return ledger
@@ -80,7 +81,7 @@ def _prefill_ledger() -> Ledger:
     """A prompt of 9 tokens through one layer of the tiny model by the prefill on a 4x4 region (its square)."""
     ledger, region = Ledger(TINY), Region(0, 0, 4, 4)
     shard = shards.LayerShard(Decoding(CFG), region, pack_layer(CFG, synthetic_llama(CFG, seed=0).layers[0], region),
-                              (1, 16), ledger)
+                              KVCapacity(1, 16), ledger)
     x = np.random.default_rng(0).standard_normal((9, CFG.dim)).astype(np.float32)
     prefill_layer(shard, Chunks(CFG.dim, 4).split(x), slot=0)
     return ledger

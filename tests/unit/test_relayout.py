@@ -15,7 +15,7 @@ from waferrt.core.ledger import Ledger
 from waferrt.core.mesh import Region
 from waferrt.core.spec import TINY
 from waferrt.decode.cost import Decoding
-from waferrt.decode.kvcache import kv_columns
+from waferrt.decode.kvcache import KVCapacity, kv_columns
 from waferrt.decode.layout import layer_layouts
 from waferrt.decode.linkload import LinkLoad
 from waferrt.decode.pack import Chunks, blocks_of, pack_layer
@@ -85,7 +85,7 @@ def test_the_kv_moves_are_every_value_from_its_block_to_its_cache_place_and_back
     """A prompt prefilled in chunks on the checked cache: each chunk's K/V from the QKV product's C blocks
     to the cache's columns, the cached ones east to their new columns, and read into the attention's."""
     dec = Decoding(CFG, coll=Collectives(fast=False))
-    shard = LayerShard(dec, region, pack_layer(CFG, W.layers[0], region), (2, 32), Ledger(TINY))
+    shard = LayerShard(dec, region, pack_layer(CFG, W.layers[0], region), KVCapacity(2, 32), Ledger(TINY))
     x = np.random.default_rng(0).standard_normal((sum(chunks), CFG.dim)).astype(np.float32)
     split = Chunks(CFG.dim, region.w).split
     s, kvd, hd = min(region.w, region.h), CFG.kv_dim, CFG.head_dim

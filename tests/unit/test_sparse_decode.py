@@ -11,6 +11,7 @@ from waferrt.core.ledger import Ledger
 from waferrt.core.mesh import Region
 from waferrt.core.spec import TINY
 from waferrt.decode.cost import Decoding, layer_decode_cost
+from waferrt.decode.kvcache import KVCapacity
 from waferrt.decode.pack import Chunks, pack_layer
 from waferrt.decode.shards import LayerShard
 from waferrt.decode.sparse import predicted, ranked
@@ -26,7 +27,7 @@ def decode(mode: AttentionMode, region: Region, batch: int, steps: int, check=No
            coll: Collectives = KTREE_FAST) -> list[np.ndarray]:
     """`steps` tokens of `batch` requests through layer 0 on `region`; the outputs of every step."""
     ledger, dec = Ledger(TINY), Decoding(CFG, coll=coll, attention=mode)
-    shard = LayerShard(dec, region, pack_layer(CFG, W.layers[0], region, "float32"), (batch, 24), ledger)
+    shard = LayerShard(dec, region, pack_layer(CFG, W.layers[0], region, "float32"), KVCapacity(batch, 24), ledger)
     chunks, out = Chunks(CFG.dim, region.w), []
     for pos in range(steps):
         ledger.clear()
@@ -122,7 +123,7 @@ def test_the_sparse_path_never_computes_the_dense_scores(coll: Collectives) -> N
     The seam: the layer's own Net, its products over the rows (the scores' Q.K^T) counted as they run."""
     region, mode = Region(0, 0, 4, 3), AttentionMode(keep=3)
     ledger, dec = Ledger(TINY), Decoding(CFG, coll=coll, attention=mode)
-    shard = LayerShard(dec, region, pack_layer(CFG, W.layers[0], region, "float32"), (1, 24), ledger)
+    shard = LayerShard(dec, region, pack_layer(CFG, W.layers[0], region, "float32"), KVCapacity(1, 24), ledger)
     scored: list[int] = []
 
     class Counted(type(shard.net)):

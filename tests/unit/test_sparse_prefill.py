@@ -15,6 +15,7 @@ from waferrt.core.ledger import Ledger
 from waferrt.core.mesh import MeshSpec, Region
 from waferrt.core.spec import TINY
 from waferrt.decode.cost import Decoding
+from waferrt.decode.kvcache import KVCapacity
 from waferrt.decode.pack import Chunks, pack_layer
 from waferrt.decode.prefill import prefill_layer, prefill_layer_cost
 from waferrt.decode.shards import LayerShard
@@ -30,7 +31,7 @@ W = synthetic_llama(CFG, seed=0)
 def prefill(mode: AttentionMode, region: Region, tokens: int, dtype: str = "float32"):
     """A prompt of `tokens` through layer 0 on `region` -> (output (tokens, dim), the ledger, the Decoding)."""
     ledger, dec = Ledger(TINY, dtype), Decoding(CFG, dtype, attention=mode)
-    shard = LayerShard(dec, region, pack_layer(CFG, W.layers[0], region, dtype), (2, 32), ledger)
+    shard = LayerShard(dec, region, pack_layer(CFG, W.layers[0], region, dtype), KVCapacity(2, 32), ledger)
     x = np.random.default_rng(tokens).standard_normal((tokens, CFG.dim)).astype(np.float32)
     chunks = Chunks(CFG.dim, region.w)
     return chunks.join(prefill_layer(shard, chunks.split(x), slot=1)), ledger, dec, x
@@ -77,7 +78,7 @@ def test_a_later_chunk_selects_over_the_cached_positions_too(w, h) -> None:
     positions and their own, as the reference's layer_prefill from start 8 does, booking its closed form."""
     mode, region = AttentionMode(keep=4), Region(0, 0, w, h)
     ledger, dec = Ledger(TINY), Decoding(CFG, attention=mode)
-    shard = LayerShard(dec, region, pack_layer(CFG, W.layers[0], region), (2, 32), ledger)
+    shard = LayerShard(dec, region, pack_layer(CFG, W.layers[0], region), KVCapacity(2, 32), ledger)
     x = np.random.default_rng(3).standard_normal((15, CFG.dim)).astype(np.float32)
     kc = np.zeros((CFG.n_kv_heads, 32, CFG.head_dim), np.float32)
     vc, layer, chunks, got = np.zeros_like(kc), Layer(W.layers[0], CFG, mode), Chunks(CFG.dim, region.w), []

@@ -22,6 +22,7 @@ from waferrt.core.ledger import Ledger
 from waferrt.core.mesh import MeshSpec, Region
 from waferrt.core.spec import WSE2
 from waferrt.decode.cost import Decoding
+from waferrt.decode.kvcache import KVCapacity
 from waferrt.decode.pack import pack_layer, rope_tables
 from waferrt.decode.shards import Angles, Items, LayerShard, rotate
 from waferrt.fabric.comm import LineComm, Span
@@ -80,7 +81,7 @@ def _shard(region: Region, ledger: Ledger) -> LayerShard:
     config = tiny_config()
     weights = synthetic_llama(config, seed=1)
     arrays = pack_layer(config, weights.layers[0], region, "float32")
-    return LayerShard(Decoding(config), region, arrays, (2, 16), ledger)
+    return LayerShard(Decoding(config), region, arrays, KVCapacity(2, 16), ledger)
 
 
 def test_rope_from_the_table_is_the_angles_of_the_positions():

@@ -32,6 +32,7 @@ from waferrt.core.spec import TINY, WSE2
 from waferrt.core.topology import Topology
 from waferrt.decode import layout as dl
 from waferrt.decode.cost import Decoding, alone_cycles, layer_decode_cost
+from waferrt.decode.kvcache import KVCapacity
 from waferrt.decode.pack import Chunks, pack_layer
 from waferrt.decode.schedule import round_seconds
 from waferrt.decode.setup import DecodeSetup, stage_sram
@@ -224,7 +225,8 @@ def _layer_booked(dtype: str) -> float:
     """Cycles the tiles book for one token through one layer of the tiny model on a WSE-2 4x2 region."""
     region, ledger = Region(0, 0, 4, 2), Ledger(WSE2, dtype)  # the tiles' ledger computes at the storage dtype
     w = synthetic_llama(TINY_CFG, seed=0).layers[0]
-    shard = LayerShard(Decoding(TINY_CFG, dtype), region, pack_layer(TINY_CFG, w, region, dtype), (1, 8), ledger)
+    shard = LayerShard(Decoding(TINY_CFG, dtype), region, pack_layer(TINY_CFG, w, region, dtype),
+                       KVCapacity(1, 8), ledger)
     x = Chunks(TINY_CFG.dim, 4).split(np.random.default_rng(0).standard_normal((1, TINY_CFG.dim)).astype(np.float32))
     shard.forward(x, np.arange(1), np.zeros(1, int))
     return ledger.by_op["layer"].cycles

@@ -10,7 +10,7 @@ from waferrt.core.ledger import Ledger
 from waferrt.core.mesh import Coord, MeshSpec, Region
 from waferrt.core.spec import TINY
 from waferrt.decode.cost import Decoding
-from waferrt.decode.kvcache import KVCapacityError
+from waferrt.decode.kvcache import KVCapacity, KVCapacityError
 from waferrt.decode.pack import Chunks, pack_embed, pack_layer
 from waferrt.decode.setup import DecodeSetup, PlacementError
 from waferrt.decode.shards import EmbedShard, LayerShard
@@ -30,7 +30,7 @@ def test_layers_on_cores_equal_the_reference(rows, cols, algo, fast):
     region, coll = Region(0, 0, cols, rows), Collectives(algo, 2, fast)
     ledger = Ledger(TINY)
     dec = Decoding(CFG, coll=coll)
-    shards = [LayerShard(dec, region, pack_layer(CFG, lw, region), (2, 24), ledger) for lw in W.layers]
+    shards = [LayerShard(dec, region, pack_layer(CFG, lw, region), KVCapacity(2, 24), ledger) for lw in W.layers]
     embed = EmbedShard(CFG, region, pack_embed(CFG, W.embed, W.final_norm, region), ledger, coll)
     ref, chunks = ReferenceModel(CFG, W), Chunks(CFG.dim, cols)
     cache = ref.new_cache()
@@ -49,7 +49,7 @@ def test_layers_on_cores_equal_the_reference(rows, cols, algo, fast):
 
 def test_kv_cache_stays_balanced_by_shifting():
     region = Region(0, 0, 5, 2)
-    shard = LayerShard(Decoding(CFG), region, pack_layer(CFG, W.layers[0], region), (1, 23), Ledger(TINY))
+    shard = LayerShard(Decoding(CFG), region, pack_layer(CFG, W.layers[0], region), KVCapacity(1, 23), Ledger(TINY))
     x = np.zeros((1, 5, shard.arrays["attn_norm"].shape[1]), np.float32)
     for pos in range(23):
         shard.forward(x, np.array([0]), np.array([pos]))
@@ -97,7 +97,7 @@ def test_a_batch_of_prompt_tokens_equals_one_token_at_a_time():
     """Prefill: several positions of one request (and other requests) in one batch, causal attention."""
     region = Region(0, 0, 3, 2)
     arrays = pack_layer(CFG, W.layers[0], region)
-    shards = [LayerShard(Decoding(CFG), region, arrays, (3, 16), Ledger(TINY)) for _ in "ab"]
+    shards = [LayerShard(Decoding(CFG), region, arrays, KVCapacity(3, 16), Ledger(TINY)) for _ in "ab"]
     rng = np.random.default_rng(0)
     x = rng.standard_normal((5, 3, shards[0].arrays["attn_norm"].shape[1])).astype(np.float32)
     slots, poss = np.array([0, 0, 0, 2, 2]), np.array([0, 1, 2, 0, 1])

@@ -194,14 +194,19 @@ class HeadTooLarge(ValueError):
 
 def head_chunks(spec: HardwareSpec, shape: GemmShape) -> int:
     """The fewest vocabulary chunks whose head jobs fit a core's SRAM (:func:`head_core_bytes`);
-    :class:`HeadTooLarge` naming the bytes when not even one word a core fits."""
-    for chunks in range(1, shape.k + 1):
-        if head_core_bytes(shape, chunks) <= spec.sram_bytes:
-            return chunks
-        if cdiv(shape.k, chunks) <= _side(shape):  # one word a core: fewer bytes cannot be had
-            break
+    :class:`HeadTooLarge` naming the bytes when not even one word a core fits. Past one chunk a core's bytes
+    never grow with the chunks, so the fewest is found by bisection up to one word a core."""
+    last = max(1, cdiv(shape.k, _side(shape)))  # the fewest chunks of one word a core: fewer bytes cannot be had
+    if head_core_bytes(shape, 1) <= spec.sram_bytes:
+        return 1
+    if last > 1 and head_core_bytes(shape, last) <= spec.sram_bytes:
+        lo, hi = 2, last
+        while lo < hi:
+            mid = (lo + hi) // 2
+            lo, hi = (lo, mid) if head_core_bytes(shape, mid) <= spec.sram_bytes else (mid + 1, hi)
+        return lo
     raise HeadTooLarge(f"the head's backward over {shape.m} tokens and dim {shape.n} on {shape.rows}x{shape.cols} "
-                     f"cores needs {head_core_bytes(shape, chunks):,} bytes a core even one word a core, more than "
+                     f"cores needs {head_core_bytes(shape, last):,} bytes a core even one word a core, more than "
                      f"{spec.sram_bytes:,} on {spec.name}: give fewer tokens or a larger square")
 
 

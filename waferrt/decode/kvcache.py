@@ -10,10 +10,13 @@ column's share differs by at most one: a request holding n positions has column_
 columns, the newest at column 0. Attention reads them through ``view`` (a KVView in the layout's shapes) and
 runs over the entries the fullest core holds (``held_most``). The cache counts every request's positions
 (``n``) and refuses one beyond ``cap * cols`` with :class:`KVCapacityError` (admission refuses such requests
-before they start).
+before they start). :class:`KVCapacity` is what a cache is sized for; a :class:`PromptChunk` the positions of a
+prompt the cache takes at once (the prefill's chunk: decode.prefill), ``kv_columns`` where each position sits.
 """
 
 from __future__ import annotations
+
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -23,7 +26,8 @@ from waferrt.model.config import LlamaConfig
 
 from .kv_layouts import CoreEntries, KVView, PositionEntries, as_slice, column_counts
 
-__all__ = ["KVCapacityError", "KVView", "MeshKVCache", "as_slice", "column_counts", "kv_columns"]
+__all__ = ["KVCapacity", "KVCapacityError", "KVView", "MeshKVCache", "PromptChunk", "as_slice", "column_counts",
+           "kv_columns"]
 
 
 def kv_columns(tokens: int, cols: int) -> np.ndarray:
@@ -33,18 +37,45 @@ def kv_columns(tokens: int, cols: int) -> np.ndarray:
     return np.repeat(np.arange(cols), column_counts(tokens, cols))[::-1].copy()  # newest first, read back oldest first
 
 
+@dataclass(frozen=True)
+class KVCapacity:
+    """What a layer region's K/V caches are sized for: `slots` requests of `tokens` positions each."""
+
+    slots: int
+    tokens: int
+
+
+@dataclass(frozen=True)
+class PromptChunk:
+    """A prompt's positions start..start+tokens-1, taken at once (the prefill's chunk; a whole prompt is the
+    chunk at 0), the cache holding the `start` positions before them."""
+
+    start: int
+    tokens: int
+
+    def __post_init__(self) -> None:
+        if self.start < 0 or self.tokens < 1:
+            raise ValueError(f"a prompt chunk of {self.tokens} tokens from position {self.start}: give at least "
+                             "one token and a start >= 0")
+
+    @property
+    def context(self) -> int:
+        """The positions the chunk's queries see: those before it and its own."""
+        return self.start + self.tokens
+
+
 class KVCapacityError(MemoryError):
     """A request has more positions than its K/V cache holds."""
 
 
 class MeshKVCache:
-    def __init__(self, config: LlamaConfig, comm: LineComm, slots: int, kv_tokens: int, hd_r: int, dtype: str):
+    def __init__(self, config: LlamaConfig, comm: LineComm, size: KVCapacity, hd_r: int, dtype: str):
         region = comm.region  # comm: the region's x-line (columns), for the shifts
         self.rows, self.cols, self.nkv, self.hd_r = region.h, region.w, config.n_kv_heads, hd_r
         self.dtype, self.comm = dtype, comm
-        self.cap = cdiv(kv_tokens, region.w)
-        self.n = np.zeros(slots, np.int64)  # positions each request holds
-        self.layout = (PositionEntries if comm.fast else CoreEntries)(self, slots)
+        self.cap = cdiv(size.tokens, region.w)
+        self.n = np.zeros(size.slots, np.int64)  # positions each request holds
+        self.layout = (PositionEntries if comm.fast else CoreEntries)(self, size.slots)
 
     @property
     def nbytes(self) -> int:

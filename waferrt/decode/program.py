@@ -168,7 +168,7 @@ class TileProgram:
         arrays = pack_stage(st, s, raw)
         if kind is StageKind.LAYER:
             shard = MoELayerShard if st.config.moe else LayerShard
-            self.layers[s] = shard(st.decoding, region, arrays, (st.slots, st.kv_tokens), self.ledger)
+            self.layers[s] = shard(st.decoding, region, arrays, st.kv, self.ledger)
             self.layers[s].balance = st.balance
             if not st.config.moe:  # widened once here, largest first, not on first use (shards.widen)
                 widen(arrays, st.dtype)
@@ -331,7 +331,7 @@ class TileProgram:
         elif kind is StageKind.LAYER:
             arrays = self.store.layer(stage.layer)
             if s not in self.layers:  # its K/V stays on the wafer from the first run on
-                self.layers[s] = LayerShard(st.decoding, region, arrays, (st.slots, st.kv_tokens), self.ledger)
+                self.layers[s] = LayerShard(st.decoding, region, arrays, st.kv, self.ledger)
             shard = self.layers[s]
             shard.arrays = arrays
             x = shard.forward(x, meta[:, Col.SLOT], meta[:, Col.POS])

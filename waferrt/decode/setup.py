@@ -37,6 +37,7 @@ from waferrt.model.config import LlamaConfig
 from waferrt.model.sparse import DENSE, AttentionMode
 
 from .cost import Decoding
+from .kvcache import KVCapacity
 from .layout import booked_bytes, embed_booking, kv_booking, layer_booking, stream_booking, topk_booking
 from .moe import pack_moe_layer
 from .moe_layout import MAPPINGS
@@ -92,6 +93,11 @@ class DecodeSetup:
         """What the decode's closed forms (decode.cost) need of this setup: model, dtype, collectives, the
         expert mapping."""
         return Decoding(self.config, self.dtype, self.collectives, experts=self.experts, attention=self.attention)
+
+    @property
+    def kv(self) -> KVCapacity:
+        """What every layer region's K/V caches hold: `slots` requests of `kv_tokens` positions."""
+        return KVCapacity(self.slots, self.kv_tokens)
 
     def stages(self) -> tuple[Stage, ...]:
         """The stages in the order an item passes them (a tied head on the embedding's region)."""

@@ -31,7 +31,7 @@ from waferrt.model.reference import silu
 
 from . import sparse
 from .cost import Decoding
-from .kvcache import KVView, MeshKVCache, as_slice
+from .kvcache import KVCapacity, KVView, MeshKVCache, as_slice
 from .net import Net, net_of
 from .pack import Chunks, rope_tables
 
@@ -187,9 +187,9 @@ def widen(arrays: dict, dtype: str) -> None:
 
 
 class LayerShard:
-    def __init__(self, dec: Decoding, region: Region, arrays: dict, kv: tuple[int, int], ledger: Ledger):
-        """`dec`: the model, the storage dtype, the collectives; `arrays` from pack_layer; `kv` = (requests,
-        positions per request) of the K/V caches."""
+    def __init__(self, dec: Decoding, region: Region, arrays: dict, kv: KVCapacity, ledger: Ledger):
+        """`dec`: the model, the storage dtype, the collectives; `arrays` from pack_layer; `kv`: the requests
+        and positions per request the K/V caches hold."""
         config, coll, dtype = dec.config, dec.coll, dec.dtype
         self.config, self.region, self.ledger, self.coll = config, region, ledger, coll
         self.arrays, self.dtype = arrays, dtype  # weights and K/V are stored in `dtype`, computed in float32
@@ -200,7 +200,7 @@ class LayerShard:
         self.net = net_of(coll)  # how this run's collectives run: fast, or hop by hop (waferrt.decode.net)
         self.on = On(self.net, self.cx, self.cy, config, self._w)  # what the block functions run on
         self.hd_r = arrays["wqkv"].shape[0] // (self.rows * (config.n_heads + 2 * config.n_kv_heads))
-        self.kv = MeshKVCache(config, self.cx, kv[0], kv[1], self.hd_r, dtype)
+        self.kv = MeshKVCache(config, self.cx, kv, self.hd_r, dtype)
         self.scale = np.float32(1.0 / np.sqrt(config.head_dim))
         self.attention = dec.attention  # dense, or sparse:K (waferrt.decode.sparse)
         self._booked: dict[tuple, list] = {}  # (items[, entries held]) -> what that part of run books

@@ -14,9 +14,11 @@ The strategies (docs/ESTIMATES.md "Training"):
 - resident pipeline: the layers in R stages (bands of columns), weights and gradients resident (the optimizer
   state too when it fits, else streamed), micro-batches in 1F1B order: (M + R - 1) stage slots, a stage holding
   up to R micro-batches' activations; R is searched.
-- tensor-stream partition (TEMP): weights resident, each die holding 1/dies of every layer; the activations
-  stream round the dies (an all-gather over the die-to-die links) instead of being replicated; within a die the
-  partial sums are reduced along its rows.
+- tensor-stream partition (TEMP): weights resident, each die holding 1/dies of every layer (a block of every
+  weight); X streams round rings of dies and the partial Y is reduce-scattered round others, both laid out on
+  the die grid by ``estimator.die_grid`` (one ring of all the dies, or TEMP's 2D partition on the rows and
+  columns of dies, topology-aware or not), the layout whose busiest die edge and ring hops take least; within
+  a die the partial sums are reduced along its rows.
 
 Tensor parallel GEMMs on a w x h grid reduce every output along the rows: ``core.cost.allreduce_cost`` (ring,
 over the spec's topology) of a line's share; a ring that crosses die edges is bounded by the edges
@@ -26,6 +28,7 @@ storage dtype: ``core.dtypes.itemsize``. A ring's latency is paid once per GEMM 
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 from dataclasses import dataclass
 
@@ -35,6 +38,7 @@ from waferrt.core.template import WaferTemplate
 from waferrt.core.train_cost import ADAMW_FLOPS, HeadTooLarge, TrainShape
 from waferrt.model.config import LlamaConfig
 
+from .die_grid import LinkTime, StreamTraffic, stream_d2d
 from .train_layer import Grid, PassCost, Work, pass_costs
 
 STRATEGIES = ("weight-streaming", "pipeline", "tensor-stream")
@@ -93,11 +97,21 @@ class StrategyTime:
     detail: str  # how it runs (stages, micro-batches, bubble) or why it does not fit
     mfu: float = 0.0
     tokens_per_s: float = 0.0
+    square: int = 0  # the side of the squares its kernels run on (0: it does not fit)
+    # tensor-stream: its partition's layouts on the die grid, fastest first
+    layouts: tuple[LinkTime, ...] = dataclasses.field(default=(), repr=False)
+
+    @property
+    def layout(self) -> LinkTime | None:
+        """The layout a tensor-stream step runs (the traffic-conscious mapping's pick), None on one die."""
+        return self.layouts[0] if self.layouts else None
 
     def row(self) -> dict:
         return {"strategy": self.strategy, "fits": self.fits, "step_s": self.step_s if self.fits else None,
                 "tokens_per_s": self.tokens_per_s, "mfu": self.mfu, "sram_per_core": self.sram_per_core,
-                "detail": self.detail, **self.breakdown.row()}
+                "detail": self.detail, **self.breakdown.row(),
+                **({"layout": self.layout.label(), "busiest_edge_bytes": self.layout.busiest_bytes}
+                   if self.layout else {})}
 
 
 def model_flops_per_token(config: LlamaConfig, seq: int) -> float:
@@ -130,16 +144,35 @@ def line_d2d_seconds(template: WaferTemplate, n: int, line_bytes: float) -> floa
     return 2 * (n - 1) / n * line_bytes * die_h / template.d2d.bytes_per_s + 2 * (n - 1) * template.d2d.latency_s
 
 
-def _kernels(job: TrainJob, template: WaferTemplate, work: Work, grid: Grid) -> tuple[float, float, float]:
-    """(compute, fabric, die-to-die) seconds of a pass of `work` on a w x h grid: the emulator's closed forms
-    composed (estimator.train_layer.pass_costs), on the squares' side for which the three take least together
-    (a larger square can cross die edges that a smaller one stays inside; :func:`_d2d`)."""
+@dataclass(frozen=True)
+class KernelTime:
+    """A pass's kernels on a grid: compute, fabric and die-to-die seconds, on `squares` squares of `side` x
+    `side` cores."""
+
+    compute: float
+    fabric: float
+    d2d: float
+    side: int
+    squares: int
+
+    @property
+    def seconds(self) -> float:
+        return self.compute + self.fabric + self.d2d
+
+    def scaled(self, k: float) -> KernelTime:
+        return dataclasses.replace(self, compute=self.compute * k, fabric=self.fabric * k, d2d=self.d2d * k)
+
+
+def _kernels(job: TrainJob, template: WaferTemplate, work: Work, grid: Grid) -> KernelTime:
+    """A pass of `work` on a w x h grid: the emulator's closed forms composed (estimator.train_layer.pass_costs),
+    on the squares' side for which compute, fabric and die-to-die take least together (a larger square can
+    cross die edges that a smaller one stays inside; :func:`_d2d`)."""
     spec = template.spec
     options = []
     for cost in pass_costs(spec, work, grid):
         compute, fabric = cost.seconds(spec, job.dtype)
-        options.append((compute, fabric, _d2d(template, grid, cost, fabric)))
-    return min(options, key=sum)
+        options.append(KernelTime(compute, fabric, _d2d(template, grid, cost, fabric), cost.side, cost.squares))
+    return min(options, key=lambda k: k.seconds)
 
 
 def _d2d(template: WaferTemplate, grid: Grid, cost: PassCost, fabric: float) -> float:
@@ -168,8 +201,7 @@ def _timed(st: StrategyTime, job: TrainJob, template: WaferTemplate) -> Strategy
         return st
     flops = model_flops_per_token(job.config, job.shape.seq) * job.shape.tokens
     mfu = flops / (st.step_s * template.peak_flops_per_s(job.dtype))
-    return StrategyTime(st.strategy, True, st.step_s, st.breakdown, st.sram_per_core, st.detail, mfu,
-                        job.shape.tokens / st.step_s)
+    return dataclasses.replace(st, mfu=mfu, tokens_per_s=job.shape.tokens / st.step_s)
 
 
 def _micro_batch(job: TrainJob, free: float, per_sequence: float) -> int:
@@ -208,12 +240,13 @@ def weight_streaming(job: TrainJob, template: WaferTemplate) -> StrategyTime:
                             round(buffer + per_seq / cores), f"one sequence's activations ({per_seq / 1e9:.1f} GB) "
                             f"do not fit in the wafer's {template.sram_bytes() / 1e9:.1f} GB of SRAM")
     passes = -(-job.shape.batch // mb)
-    compute, fabric, d2d = (passes * t for t in _kernels(job, template, Work(config, config.n_layers, mb, job.shape.seq,
-                                                                             job.dtype), Grid(*template.mesh)))
+    k = _kernels(job, template, Work(config, config.n_layers, mb, job.shape.seq, job.dtype),
+                 Grid(*template.mesh)).scaled(passes)
+    compute, fabric, d2d = k.compute, k.fabric, k.d2d
     bd = Breakdown(compute, fabric, d2d, io * passes)  # the weights stream in once per micro-batch
     step = max(bd.compute + bd.fabric, bd.d2d, bd.io)  # the kernels serialise; the streaming overlaps them
     return StrategyTime("weight-streaming", True, step, bd, round(buffer + mb * per_seq / cores),
-                        f"{passes} pass(es) of {mb} sequence(s); weights streamed in each pass")
+                        f"{passes} pass(es) of {mb} sequence(s); weights streamed in each pass{_on(k)}", square=k.side)
 
 
 def _resident(job: TrainJob, template: WaferTemplate) -> tuple[float, float, str]:
@@ -253,7 +286,8 @@ def _pipeline_at(job: TrainJob, template: WaferTemplate, r: int, resident: tuple
     m = -(-job.shape.batch // mb)
     slots = m + r - 1
     work = Work(config, config.n_layers // r, mb, job.shape.seq, job.dtype)  # the last stage's, with the head
-    compute, fabric, d2d = _kernels(job, template, work, Grid(w // r, h))
+    k = _kernels(job, template, work, Grid(w // r, h))
+    compute, fabric, d2d = k.compute, k.fabric, k.d2d
     compute += _adam_s(job, template, stage_cores, config.params() / r / m)
     hand = 2 * mb * job.shape.seq * config.dim * itemsize(job.dtype)  # activations forward, gradients back
     fabric += cycles_seconds(template.spec, message_cycles(template.spec, 1, 1, hand / h))
@@ -261,7 +295,8 @@ def _pipeline_at(job: TrainJob, template: WaferTemplate, r: int, resident: tuple
     slot = max(compute + fabric, d2d)
     bd = Breakdown(compute * slots, fabric * slots, d2d * slots, io)
     return StrategyTime("pipeline", True, slot * slots + io, bd, need,
-                        f"{r} stage(s), {m} micro-batch(es) of {mb}, bubble {(r - 1) / slots:.0%}, {where}")
+                        f"{r} stage(s), {m} micro-batch(es) of {mb}, bubble {(r - 1) / slots:.0%}, {where}{_on(k)}",
+                        square=k.side)
 
 
 def _handover_d2d(template: WaferTemplate, r: int, nbytes: float) -> float:
@@ -285,18 +320,46 @@ def tensor_stream(job: TrainJob, template: WaferTemplate) -> StrategyTime:
                             f"weights ({weights / 1e9:.1f} GB, {where}) and one sequence's activations do not fit "
                             f"in the wafer's {template.sram_bytes() / 1e9:.1f} GB")
     passes = -(-job.shape.batch // mb)
-    work = Work(config, config.n_layers, mb, job.shape.seq, job.dtype)
-    compute, fabric, _ = _kernels(job, template, work, Grid(*template.die.full_mesh))  # a die's square(s)
+    k = _die_kernels(job, template, mb)
+    compute, fabric = k.compute, k.fabric
     compute = passes * compute / dies + _adam_s(job, template, cores, config.params())  # a die: its 1/dies share
     fabric = passes * fabric / dies
-    d2d = 0.0
-    if dies > 1:  # every GEMM input all-gathered round the ring of dies, forward and backward
-        gathered = 2 * config.n_layers * job.shape.tokens * _gemm_inputs(config) * itemsize(job.dtype)
-        d2d = gathered * (dies - 1) / dies / template.d2d.bytes_per_s + 2 * config.n_layers * (
-            dies - 1) * template.d2d.latency_s
-    bd = Breakdown(compute, fabric, d2d, io)
+    layouts = tuple(sorted(stream_d2d(template, stream_traffic(job, passes)), key=lambda t: t.seconds))
+    bd = Breakdown(compute, fabric, layouts[0].seconds if layouts else 0.0, io)
+    laid = f" as {layouts[0].label()}" if layouts else ""
     return StrategyTime("tensor-stream", True, max(bd.compute + bd.fabric, bd.d2d) + io, bd, need,
-                        f"{dies} die(s), {passes} pass(es) of {mb} sequence(s), {where}")
+                        f"{dies} die(s){laid}, {passes} pass(es) of {mb} sequence(s), {where}{_on(k)} a die",
+                        square=k.side, layouts=layouts)
+
+
+def _die_kernels(job: TrainJob, template: WaferTemplate, mb: int) -> KernelTime:
+    """The kernels of a pass of `mb` sequences on a die's square(s); when the head's jobs over
+    them overflow a die's cores, the kernels of half as many, and so on, scaled up (ASSUMED linear in the
+    sequences, as a die's 1/dies share is): more dies' SRAM holds a larger micro-batch, never a refusal."""
+    kb = mb
+    while True:
+        try:
+            work = Work(job.config, job.config.n_layers, kb, job.shape.seq, job.dtype)
+            return _kernels(job, template, work, Grid(*template.die.full_mesh)).scaled(mb / kb)
+        except HeadTooLarge:
+            if kb == 1:
+                raise
+            kb //= 2
+
+
+def _on(k: KernelTime) -> str:
+    return f", on {k.squares} square(s) of {k.side}x{k.side} cores"
+
+
+def stream_traffic(job: TrainJob, passes: int) -> StreamTraffic:
+    """A tensor-stream step's bytes over the dies as if they were one ring (estimator.die_grid): every layer's
+    GEMM inputs (q/k/v's, o's, gate/up's shared, down's) 3 times, their outputs twice, at the job's dtype;
+    4 GEMMs a layer, each pass."""
+    config, e, tokens = job.config, itemsize(job.dtype), job.shape.tokens
+    outputs = 3 * config.dim + 2 * config.kv_dim + 2 * config.dense_hidden  # q/k/v, o, gate and up, down
+    gemms = 4 * config.n_layers * passes
+    return StreamTraffic(3 * config.n_layers * tokens * _gemm_inputs(config) * e,
+                         2 * config.n_layers * tokens * outputs * e, 3 * gemms, 2 * gemms)
 
 
 @dataclass(frozen=True)
