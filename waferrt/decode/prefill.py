@@ -103,7 +103,7 @@ def _attention_block(net: SquareNet, shard, qkv: np.ndarray, at: tuple[int, int]
     config, (slot, start), hop = shard.config, at, not shard.coll.fast
     home = Region(0, 0, shard.region.w, shard.region.h)  # the moves' plans: one per region shape
     T, hd, nh, nkv = qkv.shape[0], config.head_dim, config.n_heads, config.n_kv_heads
-    product = spread(net.grid, net.region.shape, qkv.reshape(T, -1))  # RoPE'd where the product lies
+    product = spread(net.grid, net.region, qkv.reshape(T, -1))  # RoPE'd where the product lies
     moves = head_moves(config, home, (start, T))
     kv = carry(moves.kv, product, hop)  # (s, s, 2, nkv, kb, db)
     if start:
