@@ -27,7 +27,7 @@ FILES = {  # the fast unit test files that tie the cost model, by what they cove
                "tests/unit/test_ties.py::test_the_paper_streaming_estimate_is_what_the_streaming_tiles_book"],
     "prefill": ["tests/unit/test_prefill_layer.py", "tests/unit/test_prefill_estimate.py"],
     "train": ["tests/unit/test_gemm_backward.py", "tests/unit/test_train_kernels.py",
-              "tests/unit/test_block_backward.py", "tests/unit/test_train_ties.py"],
+              "tests/unit/test_block_backward.py", "tests/unit/test_train_ties.py", "tests/unit/test_pins.py"],
 }
 
 # name -> (module, attribute (Class.method for a method), the broken version as source over `orig`, files)
@@ -52,7 +52,7 @@ BREAKS = {
     "layer_parts: a training forward without its attention": (
         "waferrt.estimator.train_layer", "layer_parts",
         "lambda spec, config, run: {k: c for k, c in orig(spec, config, run).items() if k != 'forward.attention'}",
-        ["tests/unit/test_train_ties.py"]),
+        ["tests/unit/test_train_ties.py", "tests/unit/test_pins.py"]),
     "block_forward_parts: one residual add for free": (
         "waferrt.core.train_cost", "block_forward_parts",
         "lambda *a: (lambda p: {**p, 'residual': __import__('waferrt.core.cost', fromlist=['x']).Cost("
@@ -86,7 +86,7 @@ BREAKS = {
         "waferrt.decode.cost", "layer_decode_parts",
         "lambda *a, **kw: [p for p in orig(*a, **kw) if p[0] != 'softmax']", FILES["decode"]),
     "Decoding.line_reduce: K-tree with one level more": (
-        "waferrt.decode.cost", "Decoding.line_reduce",
+        "waferrt.decode.decoding", "Decoding.line_reduce",
         "lambda self, spec, axis, n, nbytes, lines: __import__('waferrt.core.cost', fromlist=['x']).on_lines("
         "__import__('waferrt.core.cost', fromlist=['x']).allreduce_cost(spec.on_line(axis, n), self.coll.algo, n, "
         "nbytes, self.coll.k + 1), lines)", FILES["decode"]),
@@ -167,6 +167,11 @@ BREAKS = {
         "waferrt.decode.routed_cost", "cheapest_routed_cycles",
         "lambda spec, dec, region, batch: 1.25 * orig(spec, dec, region, batch)",
         ["tests/unit/test_moe_modelled.py", "tests/unit/test_run_bound.py"]),
+    "moe_parts: the combine for free": (
+        "waferrt.decode.routed_cost", "moe_parts",
+        "lambda spec, dec, region, batch: [p for p in orig(spec, dec, region, batch) if p[0] != 'combine']",
+        ["tests/unit/test_pins.py", "tests/unit/test_moe_mesh.py", "tests/unit/test_moe_expected.py",
+         "tests/unit/test_moe_modelled.py"]),
     "first_true: one past the answer": (
         "waferrt.core.arith", "first_true",
         "lambda lo, hi, pred: (lambda v: v if v is None or v >= hi else v + 1)(orig(lo, hi, pred))",

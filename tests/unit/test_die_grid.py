@@ -8,8 +8,8 @@ import pytest
 from waferrt.core.template import DieLinks, template_by_name
 from waferrt.core.topology import Topology
 from waferrt.core.train_cost import TrainShape
-from waferrt.estimator.die_grid import DieGrid, Layout, link_loads, partition
-from waferrt.estimator.train import TrainJob, stream_traffic, tensor_stream
+from waferrt.estimator.die_grid import DieGrid, Layout, link_loads, partition, stream_traffic
+from waferrt.estimator.train import TrainJob, tensor_stream
 from waferrt.model.zoo import model_by_name
 
 MESH, TORUS = Topology("mesh"), Topology("torus")
@@ -65,7 +65,7 @@ def test_the_tensor_stream_step_on_temp_by_hand():
     (13,320 x 5 + 8,880 x 7) ring steps of 2 edges at 200 ns = 51.504 ms. The torus halves both: 23.78 GB, 1
     edge a step: 5.945 + 25.752 ms."""
     job, temp = _job(), template_by_name("temp")
-    traffic = stream_traffic(job, 37)
+    traffic = stream_traffic(job.config, job.shape.tokens, job.dtype, 37)
     assert (traffic.x_bytes, traffic.y_bytes) == (308_029_685_760, 326_149_079_040)
     assert (traffic.x_collectives, traffic.y_collectives) == (13_320, 8_880)
     st = tensor_stream(job, temp)

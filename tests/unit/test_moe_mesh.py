@@ -12,7 +12,7 @@ from waferrt.core.cost import alltoall_cost
 from waferrt.core.ledger import Ledger
 from waferrt.core.mesh import MeshSpec, Region
 from waferrt.core.spec import TINY
-from waferrt.decode.cost import Decoding
+from waferrt.decode.decoding import Decoding
 from waferrt.decode.kvcache import KVCapacity
 from waferrt.decode.layout import layer_booking, most_bytes
 from waferrt.decode.linkload import LinkLoad, block_patterns
@@ -139,7 +139,8 @@ def test_the_column_combine_carries_each_partial_sum_once_per_link():
 def test_an_moe_layer_books_its_closed_form(w, h, batch, shared, mapping):
     """A zero router picks experts 0..top_k-1 for every token: the closed forms' typical token, on the expert
     mapping the Decoding names."""
-    from waferrt.decode.cost import Decoding, layer_decode_cost
+    from waferrt.decode.cost import layer_decode_cost
+    from waferrt.decode.decoding import Decoding
 
     config = tiny_moe_config(n_experts=4, top_k=2, shared_hidden_dim=shared)
     lw = dataclasses.replace(synthetic_llama(config, seed=2).layers[0], router=np.zeros((4, config.dim), np.float32))
@@ -168,3 +169,19 @@ def test_the_estimators_sram_closed_form_is_what_an_moe_region_books(shared, dty
         shape = wafer.Shape(w, h)
         work = Workload(config, KVReserve(64, 2), dtype)
         assert wafer.layer_core_bytes(work, shape) == layer_core_bytes(config, shape.region(), 64, 2, dtype)
+
+
+def test_an_moe_regions_expert_bytes_by_hand():
+    """The most expert bytes any mapping puts on a core of a 7x5 Mixtral region (decode.moe_layout's closed
+    form), float16. naive: 4x2 blocks of 2, 2, 2, 1 columns and 3, 2 rows, one expert each; the 1x2 block
+    holds 3 matrices of cdiv(14336, 2) x 4096 = 7168 x 4096 -> 176,160,768 bytes, the most (the 2x3 ones
+    4779 x 2048 -> 58,724,352). er: 4 bands of whole rows (2, 1, 1, 1), two experts each; a 1-row band
+    2 x 3 x 14336 x cdiv(4096, 7) = 586 -> 100,810,752 bytes. What the layouts' largest blocks hold."""
+    from waferrt.model.zoo import MODELS
+
+    mixtral, region = MODELS["mixtral-8x7b"].config, Region(0, 0, 7, 5)
+    assert expert_core_bytes(mixtral, region, "float16") == 176_160_768
+    needs = {m: [expert_grid(8, region, m).per_block * sum(lay.max_block_bytes() for lay in
+                                                           expert_layouts(mixtral, b, "float16").values())
+                 for b in expert_blocks(8, region, m)] for m in MAPPINGS}
+    assert (min(needs["naive"]), max(needs["naive"]), max(needs["er"])) == (58_724_352, 176_160_768, 100_810_752)

@@ -70,7 +70,8 @@ def test_estimate_train_prints_the_papers_and_the_sensitivity(capsys):
     for words in ("the papers' ratios beside the model's", "TEMP  tensor-stream over the state of the art",
                   "1.70x", "1.53x", "2.74x", "step seconds by topology", "torus", "the links bind only below",
                   "fabric dominates", "2D, gather on die rows (8x6)", "ignores the grid", "temp's figures",
-                  "die-to-die latency                200 ns  secondhand"):
+                  "die-to-die latency                200 ns  secondhand",
+                  "the die-to-die 0.063 s (2D, gather on die rows (8x6): 0.012 s of its busiest edge's bytes"):
         assert words in out, words
     assert main(["estimate", "--train", "--model", "smollm2-135m", "--json"]) == 0
     doc = json.loads(capsys.readouterr().out)

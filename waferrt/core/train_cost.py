@@ -248,7 +248,7 @@ def block_forward_parts(spec: HardwareSpec, config, shape: TrainShape, side: int
                         dtype: str = "float32") -> dict[str, Cost]:
     """What a dense Llama block's forward on the mesh (waferrt.training.forward) books over the batch `shape` on
     side x side cores (its :func:`square_tokens` rows; the attention per sequence), by op, `flops` the
-    element-wise flops per element (decode.cost.ELEMENTWISE_FLOPS: "rmsnorm", "rope", "softmax", "silu_mul",
+    element-wise flops per element (decode.decoding.ELEMENTWISE_FLOPS: "rmsnorm", "rope", "softmax", "silu_mul",
     "residual"): the two RMSNorms (a sum of squares along the rows), the
     projections by MeshGEMM (Q, K, V and the output per head, gate, up, down), the activations into the A
     layout (skews), RoPE, the causal attention, SwiGLU, the residual adds, the heads' sum ("compute")."""

@@ -5,8 +5,9 @@ layout)`` is the :class:`Partition` -- its gather rings and reduce rings as tupl
 order each ring visits them -- or None where the layout does not exist on the grid; ``link_loads(grid, rings)``
 routes every ring hop over the die grid (``core.topology.Topology.route``: the row first, then the column; a
 torus template wraps its rows and columns of dies too) and returns the bytes each directed die edge carries
-per byte of a ring's data; ``stream_d2d(template, traffic)`` prices a step's :class:`StreamTraffic` under every
-layout (:class:`LinkTime`: the busiest edge's bytes over its rate plus every ring step's crossings).
+per byte of a ring's data; ``stream_traffic(config, tokens, dtype, passes)`` is a step's
+:class:`StreamTraffic` and ``stream_d2d(template, traffic)`` prices it under every layout (:class:`LinkTime`:
+the busiest edge's bytes over its rate plus every ring step's crossings).
 
 The partition (TEMP, Wang et al., HPCA 2026, arXiv:2512.14256; its mechanism as its abstract names it --
 topology-aware tensor-stream partition, traffic-conscious mapping -- the details below are this model's):
@@ -30,8 +31,10 @@ from dataclasses import dataclass
 from enum import Enum
 from functools import lru_cache
 
+from waferrt.core.dtypes import itemsize
 from waferrt.core.template import WaferTemplate
 from waferrt.core.topology import MESH, Topology
+from waferrt.model.config import LlamaConfig
 
 Die = tuple[int, int]
 Ring = tuple[Die, ...]
@@ -89,6 +92,17 @@ class StreamTraffic:
     y_bytes: float
     x_collectives: int
     y_collectives: int
+
+
+def stream_traffic(config: LlamaConfig, tokens: int, dtype: str, passes: int) -> StreamTraffic:
+    """A tensor-stream step's bytes over the dies as if they were one ring: `tokens` through every layer's GEMM
+    inputs (q/k/v's, o's, gate/up's shared, down's) 3 times and their outputs twice, at `dtype`; 4 GEMMs a
+    layer, each of the `passes`."""
+    e, layers = itemsize(dtype), config.n_layers
+    inputs = 3 * config.dim + config.dense_hidden  # q/k/v, o, gate and up, down
+    outputs = 3 * config.dim + 2 * config.kv_dim + 2 * config.dense_hidden
+    gemms = 4 * layers * passes
+    return StreamTraffic(3 * layers * tokens * inputs * e, 2 * layers * tokens * outputs * e, 3 * gemms, 2 * gemms)
 
 
 @dataclass(frozen=True)

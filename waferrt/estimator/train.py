@@ -38,7 +38,7 @@ from waferrt.core.template import WaferTemplate
 from waferrt.core.train_cost import ADAMW_FLOPS, HeadTooLarge, TrainShape
 from waferrt.model.config import LlamaConfig
 
-from .die_grid import LinkTime, StreamTraffic, stream_d2d
+from .die_grid import LinkTime, stream_d2d, stream_traffic
 from .train_layer import Grid, PassCost, Work, pass_costs
 
 STRATEGIES = ("weight-streaming", "pipeline", "tensor-stream")
@@ -127,11 +127,6 @@ def activation_bytes(config: LlamaConfig, dtype: str) -> int:
     twice, q/k/v, the attention's output, gate, up and their product), at `dtype`; attention scores are not
     kept (recomputed, FlashAttention-style)."""
     return itemsize(dtype) * (6 * config.dim + 2 * config.kv_dim + 3 * config.dense_hidden)
-
-
-def _gemm_inputs(config: LlamaConfig) -> int:
-    """Input widths of a layer's distinct GEMM inputs (q/k/v share one, gate/up one), summed."""
-    return 3 * config.dim + config.dense_hidden
 
 
 def line_d2d_seconds(template: WaferTemplate, n: int, line_bytes: float) -> float:
@@ -324,7 +319,8 @@ def tensor_stream(job: TrainJob, template: WaferTemplate) -> StrategyTime:
     compute, fabric = k.compute, k.fabric
     compute = passes * compute / dies + _adam_s(job, template, cores, config.params())  # a die: its 1/dies share
     fabric = passes * fabric / dies
-    layouts = tuple(sorted(stream_d2d(template, stream_traffic(job, passes)), key=lambda t: t.seconds))
+    traffic = stream_traffic(job.config, job.shape.tokens, job.dtype, passes)
+    layouts = tuple(sorted(stream_d2d(template, traffic), key=lambda t: t.seconds))
     bd = Breakdown(compute, fabric, layouts[0].seconds if layouts else 0.0, io)
     laid = f" as {layouts[0].label()}" if layouts else ""
     return StrategyTime("tensor-stream", True, max(bd.compute + bd.fabric, bd.d2d) + io, bd, need,
@@ -349,17 +345,6 @@ def _die_kernels(job: TrainJob, template: WaferTemplate, mb: int) -> KernelTime:
 
 def _on(k: KernelTime) -> str:
     return f", on {k.squares} square(s) of {k.side}x{k.side} cores"
-
-
-def stream_traffic(job: TrainJob, passes: int) -> StreamTraffic:
-    """A tensor-stream step's bytes over the dies as if they were one ring (estimator.die_grid): every layer's
-    GEMM inputs (q/k/v's, o's, gate/up's shared, down's) 3 times, their outputs twice, at the job's dtype;
-    4 GEMMs a layer, each pass."""
-    config, e, tokens = job.config, itemsize(job.dtype), job.shape.tokens
-    outputs = 3 * config.dim + 2 * config.kv_dim + 2 * config.dense_hidden  # q/k/v, o, gate and up, down
-    gemms = 4 * config.n_layers * passes
-    return StreamTraffic(3 * config.n_layers * tokens * _gemm_inputs(config) * e,
-                         2 * config.n_layers * tokens * outputs * e, 3 * gemms, 2 * gemms)
 
 
 @dataclass(frozen=True)

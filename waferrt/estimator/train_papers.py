@@ -159,13 +159,19 @@ def layout_lines(job: TrainJob, template: WaferTemplate) -> list[str]:
         aware = "topology-aware" if m.partition.layout.aware else "ignores the grid"
         out.append(f"{label:<40}{m.busiest_bytes / 1e9:>9.2f}{m.longest_hop:>5}{m.seconds:>8.3f}"
                    f"{t.busiest_bytes / 1e9:>10.2f}{t.longest_hop:>5}{t.seconds:>8.3f}  {aware}")
-    best, cycle = on["mesh"].layout, rows["mesh"].get(Layout.RING_CYCLE.value + f" (1x{template.n_dies})")
-    crowded = rows["mesh"].get(Layout.RING_ROW_MAJOR.value + f" (1x{template.n_dies})")
-    out.append(f"picked on the mesh: {best.label()}; one ring's busiest edge carries "
-               f"{cycle.busiest_bytes / best.busiest_bytes if cycle else float('nan'):.1f}x its bytes, and laid out "
-               f"row by row {crowded.busiest_bytes / cycle.busiest_bytes if cycle else float('nan'):.1f}x the "
-               "cycle's (two streams share each row edge: the contention TEMP's traffic-conscious mapping avoids)"
-               if crowded else f"picked on the mesh: {best.label()}")
+    best = on["mesh"].layout
+    ring = {lt.partition.layout: lt for lt in rows["mesh"].values() if len(lt.partition.reduce[0]) == 1}
+    cycle, crowded = ring.get(Layout.RING_CYCLE), ring.get(Layout.RING_ROW_MAJOR)
+    said = [f"picked on the mesh: {best.label()}"]
+    if cycle:
+        said.append(f"one ring of neighbours puts {cycle.busiest_bytes / best.busiest_bytes:.1f}x its bytes on its "
+                    "busiest edge")
+    if crowded:
+        said.append(f"one ring laid out row by row {crowded.busiest_bytes / best.busiest_bytes:.1f}x (its row "
+                    "changes run back along the rows: two streams share each row edge, the contention TEMP's "
+                    "traffic-conscious mapping avoids)" + ("" if cycle else f"; {template.dies[0]}x{template.dies[1]}"
+                                                         " dies have no cycle of neighbours"))
+    out.append("; ".join(said))
     return out
 
 

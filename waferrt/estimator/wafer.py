@@ -63,6 +63,7 @@ def layer_core_bytes(work: Workload, shape: Shape, kv: bool = True, weights: boo
     return work.layers * ((w if weights else 0) + (k_v if kv else 0)) + scratch
 
 
+@lru_cache(maxsize=1 << 14)  # floors asks again for every band height, advice for every strategy it tests
 def min_cols(work: Workload, rows: int, groups: int, sram: int) -> int | None:
     """The fewest columns of a `rows`-row region (rows in `groups` head groups) that holds its layers, or
     None (more columns only lower the bytes per core: bisection)."""
@@ -118,7 +119,8 @@ class Floor:
         """The decode's stages: the embedding band, every layer on its region (layer i on slot i // group:
         `group` layers per region, the last the rest), the head (the embedding band for a tied model, else the
         second band)."""
-        return chain(self.band(0), [self.slot(i // group) for i in range(n_layers)], self.band(self.bands - 1))
+        slots = [self.slot(j) for j in range(cdiv(n_layers, group))]
+        return chain(self.band(0), [slots[i // group] for i in range(n_layers)], self.band(self.bands - 1))
 
 
 def band(config: LlamaConfig, sram: int, width: int, dtype: str) -> tuple[int, int] | None:
