@@ -332,7 +332,7 @@ def _no_fit_message(work: Workload, spec: HardwareSpec, mesh: MeshSpec, reason: 
         return head
     best = search.smallest_mesh(work, spec, mesh.tile)
     if best is None:
-        return (head + f" Even the whole {spec.name} wafer ({spec.full_mesh[0]}x{spec.full_mesh[1]}) cut "
+        return (head + f" Even the whole {spec.name} wafer ({spec.full_mesh}) cut "
                 f"in {mesh.tile_w}x{mesh.tile_h} tiles does not hold it: lower the KV reserve, use a "
                 "smaller dtype, or a spec with more SRAM.")
     dead = " (a healthy one; yours has dead cores)" if mesh.dead else ""

@@ -321,8 +321,7 @@ def tile_candidates(work: Workload, spec: HardwareSpec, tiles: Extent, spare: in
     layers (large ones), one slot wide when a slot itself is wider than 2:1 -- and the mesh is on the spec's
     wafer."""
     config, dtype, group = work.config, work.dtype, work.layers
-    n, sram, regions = tiles.cores, spec.sram_bytes, cdiv(config.n_layers, group)
-    wafer = Extent(*spec.full_mesh)
+    n, sram, regions, wafer = tiles.cores, spec.sram_bytes, cdiv(config.n_layers, group), spec.full_mesh
     found = set()
     for w, h in budget.layer_shapes(work, sram, UNBOUNDED, UNBOUNDED):
         for a in range(1, 33):

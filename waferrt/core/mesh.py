@@ -298,8 +298,7 @@ class TooManyTiles(ValueError):
 def wafer_grid(spec, tile: Extent) -> Extent:
     """The most tiles across and down of a mesh on the wafer of `spec` (a HardwareSpec): whole tiles that
     cover it (the last column or row of tiles may overhang the wafer's edge by less than one tile)."""
-    wafer = Extent(*spec.full_mesh)
-    return Extent(cdiv(wafer.width, tile.width), cdiv(wafer.height, tile.height))
+    return Extent(cdiv(spec.full_mesh.width, tile.width), cdiv(spec.full_mesh.height, tile.height))
 
 
 def check_on_wafer(mesh: MeshSpec, spec) -> None:
