@@ -39,7 +39,8 @@ from waferrt.core.ledger import Ledger
 from waferrt.core.mesh import Region
 from waferrt.core.spec import WSE2
 from waferrt.decode.balancer import at_once_cost, block_loads, plan_swap, step_cost
-from waferrt.decode.cost import Decoding, layer_decode_parts
+from waferrt.decode.cost import layer_decode_parts
+from waferrt.decode.decoding import Decoding
 from waferrt.decode.kvcache import KVCapacity
 from waferrt.decode.linkload import LinkLoad
 from waferrt.decode.moe import BALANCE_STEPS, MoELayerShard, pack_moe_layer, run_steps

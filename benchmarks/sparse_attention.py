@@ -96,7 +96,8 @@ import numpy as np
 from waferrt.core.cost import cycles_seconds
 from waferrt.core.mesh import Region
 from waferrt.core.spec import WSE2
-from waferrt.decode.cost import Decoding, attention_parts
+from waferrt.decode.cost import attention_parts
+from waferrt.decode.decoding import Decoding
 from waferrt.decode.prefill import prefill_layer_parts
 from waferrt.estimator.estimate import Objective, estimate
 from waferrt.model import AttentionMode, KVCache, ReferenceModel, Tokenizer, load_model, synthetic_llama, tiny_config

@@ -31,7 +31,7 @@ from waferrt.core.gemm_cost import GemmShape
 from waferrt.core.mesh import MeshSpec
 from waferrt.core.spec import WSE2
 from waferrt.core.train_cost import TRAIN_GEMMS, TrainShape, block_backward_parts, train_efficiency, train_gemm_costs
-from waferrt.decode.cost import ELEMENTWISE_FLOPS
+from waferrt.decode.decoding import ELEMENTWISE_FLOPS
 from waferrt.fabric.loop import simulate
 from waferrt.kernels.gemm import Grid, collect, meshgemm, place
 from waferrt.kernels.gemm_backward import gather, grad_input, grad_weight, scatter

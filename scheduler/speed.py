@@ -16,7 +16,8 @@ from collections.abc import Sequence
 
 from waferrt.core.cost import cycles_seconds
 from waferrt.core.spec import HardwareSpec
-from waferrt.decode.cost import Decoding, lane_batches, step_cycles, token_cost
+from waferrt.decode.cost import lane_batches, step_cycles, token_cost
+from waferrt.decode.decoding import Decoding
 from waferrt.decode.routed_cost import cheapest_routed_cycles, routed_alone_cycles
 from waferrt.decode.schedule import requests_round_seconds, round_bound_seconds
 from waferrt.decode.stage import Stage, StageKind, chain, entries

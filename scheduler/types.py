@@ -21,7 +21,7 @@ from waferrt.core.dtypes import check_dtype
 from waferrt.core.layout import Layout
 from waferrt.core.mesh import Coord, MeshSpec, Region, TileId
 from waferrt.core.spec import HardwareSpec
-from waferrt.decode.cost import Decoding
+from waferrt.decode.decoding import Decoding
 from waferrt.decode.layout import kv_layout, layer_layouts
 from waferrt.model.config import LlamaConfig
 from waferrt.model.sparse import DENSE, AttentionMode

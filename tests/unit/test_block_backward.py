@@ -14,7 +14,7 @@ import pytest
 from waferrt.core.gemm_cost import GemmShape
 from waferrt.core.spec import TINY
 from waferrt.core.train_cost import TrainShape, block_backward_parts, grad_costs, head_backward_parts
-from waferrt.decode.cost import ELEMENTWISE_FLOPS
+from waferrt.decode.decoding import ELEMENTWISE_FLOPS
 from waferrt.fabric.misuse import BlockTooLarge
 from waferrt.model import synthetic_llama, tiny_config
 from waferrt.model.reference import rmsnorm

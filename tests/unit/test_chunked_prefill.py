@@ -16,7 +16,7 @@ import pytest
 from waferrt.core.ledger import Ledger
 from waferrt.core.mesh import MeshSpec, Region
 from waferrt.core.spec import TINY
-from waferrt.decode.cost import Decoding
+from waferrt.decode.decoding import Decoding
 from waferrt.decode.kvcache import KVCapacity
 from waferrt.decode.pack import Chunks, pack_layer
 from waferrt.decode.prefill import PREFILL_MAX_TOKENS, prefill_layer, prefill_layer_cost, prefill_runs

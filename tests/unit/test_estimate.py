@@ -20,7 +20,7 @@ import pytest
 from waferrt.core.mesh import MeshSpec, Region
 from waferrt.core.spec import TINY, WSE2
 from waferrt.decode import layout as dl
-from waferrt.decode.cost import Decoding
+from waferrt.decode.decoding import Decoding
 from waferrt.decode.schedule import requests_round_seconds, round_bound_seconds, round_seconds
 from waferrt.estimator import estimate as est
 from waferrt.estimator import sweep as sw

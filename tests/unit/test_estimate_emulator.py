@@ -17,7 +17,8 @@ from waferrt.core.cost import total
 from waferrt.core.ledger import Ledger
 from waferrt.core.mesh import MeshSpec, Region
 from waferrt.core.spec import TINY, WSE2
-from waferrt.decode.cost import Decoding, head_decode_cost, layer_decode_cost, layer_decode_parts, step_cycles
+from waferrt.decode.cost import head_decode_cost, layer_decode_cost, layer_decode_parts, step_cycles
+from waferrt.decode.decoding import Decoding
 from waferrt.decode.kvcache import KVCapacity
 from waferrt.decode.pack import Chunks, pack_embed, pack_layer
 from waferrt.decode.shards import EmbedShard, LayerShard

@@ -11,7 +11,7 @@ import pytest
 from waferrt.core.ledger import Ledger
 from waferrt.core.mesh import Region
 from waferrt.core.spec import TINY, WSE2
-from waferrt.decode.cost import Decoding
+from waferrt.decode.decoding import Decoding
 from waferrt.decode.kvcache import KVCapacity
 from waferrt.decode.pack import pack_embed, pack_layer
 from waferrt.decode.shards import EmbedShard, LayerShard

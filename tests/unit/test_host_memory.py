@@ -16,7 +16,7 @@ from waferrt.core.ledger import Ledger
 from waferrt.core.mesh import Region
 from waferrt.core.pages import drop_pages
 from waferrt.core.spec import WSE2
-from waferrt.decode.cost import Decoding
+from waferrt.decode.decoding import Decoding
 from waferrt.decode.kvcache import KVCapacity
 from waferrt.decode.pack import Chunks, pack_layer
 from waferrt.decode.shards import LayerShard, in_float32, widen

@@ -10,7 +10,7 @@ from waferrt.core.ledger import Ledger
 from waferrt.core.mesh import Region
 from waferrt.core.spec import TINY
 from waferrt.decode.balancer import Swap, block_loads, plan_swap, swap_load
-from waferrt.decode.cost import Decoding
+from waferrt.decode.decoding import Decoding
 from waferrt.decode.kvcache import KVCapacity
 from waferrt.decode.moe import MoELayerShard, pack_moe_layer
 from waferrt.decode.moe_layout import expert_blocks

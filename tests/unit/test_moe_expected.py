@@ -1,4 +1,4 @@
-"""The estimator's MoE token is the expected routing, not a zero router's (decode.cost.Routing.EXPECTED): its
+"""The estimator's MoE token is the expected routing, not a zero router's (decode.decoding.Routing.EXPECTED): its
 experts the busiest block averaged over uniformly routed micro-batches, its all-to-all a token's expected
 traffic per link times the micro-batch (no Ray); ``routed_parts`` prices a routing as the MoE layer books it."""
 
@@ -13,10 +13,11 @@ from waferrt.core.cost import Cost, mean
 from waferrt.core.ledger import Ledger
 from waferrt.core.mesh import Region
 from waferrt.core.spec import TINY
-from waferrt.decode.cost import ROUTING_SAMPLE, Decoding, Routing, moe_parts, routed_parts, uniform_routing
+from waferrt.decode.decoding import Decoding, Routing
 from waferrt.decode.kvcache import KVCapacity
 from waferrt.decode.moe import MoELayerShard, pack_moe_layer
 from waferrt.decode.pack import Chunks
+from waferrt.decode.routed_cost import ROUTING_SAMPLE, moe_parts, routed_parts, uniform_routing
 from waferrt.estimator.estimate import paper_decoding
 from waferrt.model import synthetic_llama, tiny_moe_config
 

@@ -15,7 +15,7 @@ from waferrt.core.ledger import Ledger
 from waferrt.core.mesh import Region
 from waferrt.core.spec import TINY
 from waferrt.core.topology import MESH, Topology
-from waferrt.decode.cost import Decoding
+from waferrt.decode.decoding import Decoding
 from waferrt.decode.kvcache import KVCapacity
 from waferrt.decode.linkload import E, LinkLoad, PhaseLinks, W
 from waferrt.decode.moe import MoELayerShard, pack_moe_layer

@@ -12,7 +12,7 @@ from waferrt.core.cost import alltoall_cost
 from waferrt.core.ledger import Ledger
 from waferrt.core.mesh import MeshSpec, Region
 from waferrt.core.spec import TINY
-from waferrt.decode.cost import Decoding
+from waferrt.decode.decoding import Decoding
 from waferrt.decode.kvcache import KVCapacity
 from waferrt.decode.layout import layer_booking, most_bytes
 from waferrt.decode.linkload import LinkLoad, block_patterns
@@ -139,7 +139,8 @@ def test_the_column_combine_carries_each_partial_sum_once_per_link():
 def test_an_moe_layer_books_its_closed_form(w, h, batch, shared, mapping):
     """A zero router picks experts 0..top_k-1 for every token: the closed forms' typical token, on the expert
     mapping the Decoding names."""
-    from waferrt.decode.cost import Decoding, layer_decode_cost
+    from waferrt.decode.cost import layer_decode_cost
+    from waferrt.decode.decoding import Decoding
 
     config = tiny_moe_config(n_experts=4, top_k=2, shared_hidden_dim=shared)
     lw = dataclasses.replace(synthetic_llama(config, seed=2).layers[0], router=np.zeros((4, config.dim), np.float32))

@@ -14,7 +14,7 @@ from waferrt.core.ledger import Ledger
 from waferrt.core.mesh import MeshSpec, Region
 from waferrt.core.spec import TINY
 from waferrt.decode.balancer import Swap
-from waferrt.decode.cost import Decoding
+from waferrt.decode.decoding import Decoding
 from waferrt.decode.kvcache import KVCapacity
 from waferrt.decode.moe import MoELayerShard, pack_moe_layer
 from waferrt.decode.pack import Chunks

@@ -1,17 +1,19 @@
 """Every Net's ``flash`` (STAR's sorted-updating FlashAttention over kept keys) returns kernels.sparse_attention's
-Partial and records its P.V as it runs: pinned by hand on each implementation (issue 31)."""
+Partial; the decode's Nets record its P.V as it runs, the kernel's (the prefill's sparse attention: P.V is
+MeshGEMM's) its statistics alone, merged over a row by ``row_statistics``: pinned by hand (issue 31)."""
 
 from __future__ import annotations
 
 import numpy as np
 
+from waferrt.core.cost import Cost
 from waferrt.core.ledger import Ledger
 from waferrt.core.mesh import Region
 from waferrt.core.spec import TINY, WSE2
-from waferrt.decode.net import FastNet, HopNet, KernelNet, SquareNet
+from waferrt.decode.net import FastNet, HopNet, KernelNet
 from waferrt.fabric.comm import Collectives, LineComm, Span
 from waferrt.fabric.kernel import Context
-from waferrt.kernels.sparse_attention import flash
+from waferrt.kernels.sparse_attention import flash, row_statistics
 
 RNG = np.random.default_rng(3)
 REGION = Region(0, 0, 3, 2)  # 3 columns, 2 rows: an x-line of 3 cores, 2 such lines
@@ -37,16 +39,26 @@ def test_fast_and_hop_by_hop_record_every_cores_pv_over_the_keys_it_holds():
     assert hop == 16
 
 
-def test_the_prefills_and_trainings_nets_record_the_pv_of_their_cores():
-    """SquareNet on the 2x2 square at the region's corner: a slab of 2 queries x 5 keys x 4 values is 2 x 40 =
-    80 flops, 20 on each of the 4 cores. KernelNet: every core's block of 3 queries x 5 keys x 4 values: 120."""
-    s, vs = RNG.normal(size=(2, 5)).astype(np.float32), RNG.normal(size=(2, 5, 4))
-    square, part = _flops(lambda ledger: SquareNet(REGION, ledger).flash(None, s, s > -9, vs))
-    assert square == 20 and np.array_equal(part.total, flash(s, s > -9, vs).total)
-    s4, vs4 = RNG.normal(size=(2, 2, 3, 5)).astype(np.float32), RNG.normal(size=(2, 2, 3, 5, 4))
-    kernel, _ = _flops(lambda ledger: KernelNet(Context(Span.of(Region(0, 0, 2, 2)), ledger, {})).flash(
-        None, s4, s4 > -9, vs4))
-    assert kernel == 120
+def test_the_kernels_net_merges_its_cores_statistics_and_records_the_softmax_of_the_kept_keys():
+    """KernelNet on a 2x2 square, every core a block of 3 queries x 5 kept scores: flash gives each core's
+    statistics (the P.V is MeshGEMM's: nothing recorded), row_statistics merges the 2 cores of each row into
+    the row's max and sum (the allreduce's messages, no flops of its own here), and the softmax's element-wise
+    work over 2 kept keys a core records 6 flops x 3 queries x 2 = 36."""
+    s = RNG.normal(size=(2, 2, 3, 5)).astype(np.float32)
+    ledger = Ledger(TINY)
+    net = KernelNet(Context(Span.of(Region(0, 0, 2, 2)), ledger, {}))
+    with ledger.op("attend"):
+        part = net.flash(None, s, s > -9)
+    assert ledger.by_op["attend"] == Cost() and np.array_equal(part.total, flash(s, s > -9).total)
+    with ledger.op("merge"):
+        top, total, _ = row_statistics(net, None, part)
+    np.testing.assert_array_equal(top[:, 0], top[:, 1])  # every core of a row holds the row's max
+    np.testing.assert_array_equal(top[:, 0], s.max(axis=(1, 3), keepdims=True)[:, 0])
+    np.testing.assert_allclose(total[:, 0, :, 0], np.exp(s - top).sum(axis=(1, 3))[:, :], rtol=1e-6)
+    assert ledger.by_op["merge"].messages > 0
+    with ledger.op("softmax"):
+        net.elementwise(None, "softmax", s, 2)
+    assert ledger.by_op["softmax"].flops == 36
 
 
 def test_the_prediction_records_every_cores_partial_products_at_the_prediction_rate():

@@ -22,7 +22,8 @@ from waferrt.core.ledger import Ledger
 from waferrt.core.mesh import MeshSpec, Region
 from waferrt.core.spec import TINY, WSE2
 from waferrt.decode import layout as dl
-from waferrt.decode.cost import Decoding, handover_bytes, handover_cost, layer_decode_cost, token_cost
+from waferrt.decode.cost import handover_bytes, handover_cost, layer_decode_cost, token_cost
+from waferrt.decode.decoding import Decoding
 from waferrt.decode.kvcache import KVCapacity
 from waferrt.decode.pack import Chunks, pack_layer
 from waferrt.decode.shards import LayerShard

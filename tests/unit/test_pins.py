@@ -10,7 +10,12 @@ its comment, so that breaking the owner fails here even where both sides of ever
   ``model_flops_per_token``, ``first_true``;
 - ``decode.layout``'s ``activation_bytes`` (a layer core's scratch), ``kv_core_bytes`` (its K/V) and
   ``stream_core_bytes`` (a streaming region's fullest core), for one and two head groups, on the tiny model
-  (dim 64, 4 heads, 2 K/V heads, head_dim 16, hidden 128, 3 layers, vocab 256) over a 4x2 region.
+  (dim 64, 4 heads, 2 K/V heads, head_dim 16, hidden 128, 3 layers, vocab 256) over a 4x2 region;
+- ``core.layout.core_bytes``: the bytes a layout puts on every core;
+- the decode's closed forms that only ties caught (a tie cannot fail where both sides call the owner):
+  ``Decoding.line_reduce`` (and the K-tree of ``allreduce_cost``), ``layer_decode_parts``' flops,
+  ``token_cost`` at the head, ``stage_handover``, and an MoE FFN's ``moe_parts`` (tiny MoE: 4 experts of
+  width 32, top-2).
 """
 
 from __future__ import annotations
@@ -28,14 +33,18 @@ from waferrt.core.cost import (
     line_alltoall_cost,
     segment_bytes,
 )
+from waferrt.core.layout import Layout, core_bytes
 from waferrt.core.mesh import Region
 from waferrt.core.spec import TINY, WSE2
 from waferrt.decode import layout as dl
-from waferrt.decode.cost import Decoding, handover_cost
+from waferrt.decode.cost import handover_cost, layer_decode_parts, stage_handover, token_cost
+from waferrt.decode.decoding import Decoding
 from waferrt.decode.linkload import LinkLoad
+from waferrt.decode.routed_cost import moe_parts
+from waferrt.decode.stage import Entry, StageKind
 from waferrt.decode.streaming import stream_step_cycles
 from waferrt.estimator.train import model_flops_per_token
-from waferrt.model import tiny_config
+from waferrt.model import tiny_config, tiny_moe_config
 
 CFG = tiny_config()
 
@@ -138,3 +147,72 @@ def test_the_training_flops_of_a_token_by_hand():
 
 def test_the_first_true_by_hand():
     assert first_true(0, 10, lambda v: v * v >= 10) == 4 and first_true(0, 3, lambda v: v > 5) is None
+
+
+def test_a_line_reduce_by_hand():
+    """8 bytes reduced on 2 lines of 5 cores (K-tree, K=2, TINY's mesh): groups of 3 (2*2 < 5 <= 3*3); [0 1 2]
+    reduces both halves into 1 at once, [3 4] into 4 (one step of 1 hop, 3 streams in all with the next
+    level's), then 1 hands its sum 3 hops to 4, which multicasts it back 4 hops: 1 + 3 + 4 = 8 hops, 3 stages;
+    cycles (1 + 3)*1 + 2*8 + 3 streams * 8/4 + (4*1 + 8 + 8/4) = 40. A line: 3 + 1 + 4 = 8 messages,
+    (1 + 1 + 1 + 3)*8 + 4*8 = 80 link bytes; on 2 lines 16 and 160."""
+    c = Decoding(CFG).line_reduce(TINY, "y", 5, 8, 2)
+    assert c == Cost(hops=8, stages=3, link_bytes=160, messages=16, cycles=40.0)
+
+
+def test_a_layers_flops_by_hand():
+    """One token through a tiny layer on the 4x2 region, 20 positions (5 a core), float32: dim_c 16, hd_r 8,
+    4 q / 2 K/V heads, hid_r 64. Norms 2 * 4*16 = 128, qkv 2*16*(4 + 2*2)*8 = 2048, RoPE 3*(4 + 2)*8 = 144,
+    scores and P.V 2 * 2*4*8*5 = 640, softmax 6*4*5 = 120, wo 2*4*8*16 = 1024, residuals 2*16 = 32, the FFN
+    2*16*2*64 + 5*64 + 2*64*16 = 6464: 10600 flops; the softmax's 120 at 2 a cycle, 60 cycles."""
+    parts = layer_decode_parts(TINY, Decoding(CFG), Region(0, 0, 4, 2), 20)
+    assert sum(c.flops for _, _, c in parts) == 10600
+    assert [c for name, _, c in parts if name == "softmax"] == [Cost(flops=120, cycles=60.0)]
+
+
+def test_a_token_at_the_head_by_hand():
+    """A token wanting logits at the head on the 4x2 region its last layer holds (nothing moves in): the final
+    norm's 4-byte sum of squares reduced over the 4 columns (K-tree of 4: 0->1 and 2->3 at once, 1->3 two hops,
+    3 multicasts 3 hops: 3*1 + 2*8 + 2 streams * 4/4 + 3 + 8 + 4/4 = 33 cycles), its 4*16 flops (32 cycles),
+    the head's 128 vocabulary rows a core row x 16 columns: 2*128*16 = 4096 flops (2048 cycles), its 512 bytes
+    of partial logits reduced the same way (3 + 16 + 2*128 + 3 + 8 + 128 = 414): 2527 cycles. One that wants
+    none books nothing."""
+    region = Region(0, 0, 4, 2)
+    head = Entry(StageKind.HEAD, region, region)
+    c = token_cost(TINY, Decoding(CFG), head, 7, True)
+    assert (c.flops, c.hops, c.stages, c.cycles) == (4160, 12, 6, 2527.0)
+    assert token_cost(TINY, Decoding(CFG), head, 7, False) == Cost()
+
+
+def test_a_stage_handover_by_hand():
+    """One token's float32 residual stream (64 * 4 = 256 bytes) from a 4x2 region at x 0..3 into a 4x3 one at
+    x 6..9: 3 hops across the gap (3*1 + 8 + 256/4 = 75 cycles, 768 link bytes), then each of the 4 columns
+    multicasts its 64 bytes 2 hops down (2*1 + 8 + 64/4 = 26 cycles; 2 messages a column, 2*256 link bytes).
+    The first stage takes nothing in."""
+    c = stage_handover(TINY, CFG, Region(0, 0, 4, 2), Region(6, 0, 4, 3), 1)
+    assert c == Cost(hops=5, stages=2, link_bytes=1280, messages=9, cycles=101.0)
+    assert stage_handover(TINY, CFG, None, Region(6, 0, 4, 3), 1) == Cost()
+
+
+def test_an_moe_ffn_by_hand():
+    """The tiny MoE (dim 64, 4 experts of width 32, top-2) on a 1x2 region, ER: two bands of one core, experts
+    0 and 1 on band 0 (the row 0). A zero router's token picks experts 0 and 1: the router 2*64*4 = 512 flops
+    (256 cycles; nothing to reduce on one column); both experts run on band 0 one after the other, each
+    2*64*2*32 + 5*32 + 2*32*64 = 12448 flops: 24896 flops, 12448 cycles; the dispatch moves nothing (every
+    band holds the whole token); the combine sends band 0's 64 float32 (256 bytes) one hop down to row 1:
+    1 + 8 + 256/4 = 73 cycles. Three tokens: the router and experts three times, the combine's link carries
+    768 bytes: 1 + 8 + 768/4 = 201 cycles."""
+    dec, region = Decoding(tiny_moe_config(n_experts=4, top_k=2)), Region(0, 0, 1, 2)
+    one = {name: c for name, _, c in moe_parts(TINY, dec, region, 1)}
+    assert one["router"] == Cost(flops=512, cycles=256.0) and one["router.reduce"] == Cost()
+    assert one["experts"] == Cost(flops=24896, cycles=12448.0) and one["dispatch"] == Cost()
+    assert one["combine"] == Cost(hops=1, stages=1, link_bytes=256, messages=1, cycles=73.0)
+    three = {name: c for name, _, c in moe_parts(TINY, dec, region, 3)}
+    assert three["experts"].cycles == 3 * 12448 and three["combine"].cycles == 201.0
+
+
+def test_what_a_layout_puts_on_each_core_by_hand():
+    """A (10, 7, 2) float16 tensor on a 3x2 region, its rows split down the region's rows (5 and 5), its
+    columns over the region's columns (largest chunk first: 3, 2, 2), its last axis whole on every core:
+    5*3*2*2 = 60 bytes on the first column's cores, 5*2*2*2 = 40 on the others'."""
+    lay = Layout((10, 7, 2), Region(0, 0, 3, 2), ("y", "x", None), dtype="float16")
+    assert core_bytes(lay).tolist() == [[60, 40, 40], [60, 40, 40]] and lay.max_block_bytes() == 60

@@ -5,19 +5,24 @@ waferrt.core.gemm_cost.attention_cost."""
 
 from __future__ import annotations
 
-from functools import partial
-
 import numpy as np
 import pytest
 
 from waferrt.core.gemm_cost import AttentionShape, attention_cost
 from waferrt.core.mesh import MeshSpec
 from waferrt.core.spec import TINY
+from waferrt.decode.decoding import ELEMENTWISE_FLOPS
+from waferrt.decode.kernel_net import KernelNet
 from waferrt.fabric.loop import simulate
 from waferrt.kernels.attention import PromptAttention, causal_attention, skew
 from waferrt.kernels.gemm import Grid, collect, spread
 
-SOFTMAX = 6
+SOFTMAX = ELEMENTWISE_FLOPS["softmax"]  # what the KernelNet records per softmax element
+
+
+def _kernel(prompt: PromptAttention):
+    """The causal attention as a kernel of ctx, on the kernel's KernelNet."""
+    return lambda ctx, **blocks: causal_attention(KernelNet(ctx), **blocks, prompt=prompt)
 
 
 def _numpy_attention(q, k, v, scale):
@@ -37,7 +42,7 @@ def test_causal_attention_equals_numpy_and_its_closed_form(mesh, tokens, hd, hea
     grid, region, scale = Grid.of(mesh.region), mesh.region, 1 / np.sqrt(hd)
     blocks = {n: np.stack([spread(grid, region.shape, m[h]) for h in range(heads)], axis=2)
               for n, m in (("q", q), ("k", k), ("v", v))}
-    kernel = partial(causal_attention, prompt=PromptAttention(tokens, scale, SOFTMAX))
+    kernel = _kernel(PromptAttention(tokens, scale))
     out, cost = simulate(mesh, TINY, region, kernel, **blocks)
     for h in range(heads):
         np.testing.assert_allclose(collect("meshgemm", grid, out[:, :, h], tokens, hd),
@@ -64,6 +69,6 @@ def _in_op(ctx, fn, *args):
 def test_a_non_square_region_is_refused_with_what_to_give():
     mesh = MeshSpec(4, 2, 2, 2)
     z = np.zeros((2, 4, 1, 1, 1), np.float32)
-    kernel = partial(causal_attention, prompt=PromptAttention(2, 1.0, SOFTMAX))
+    kernel = _kernel(PromptAttention(2, 1.0))
     with pytest.raises(ValueError, match="square region"):
         simulate(mesh, TINY, mesh.region, kernel, q=z, k=z, v=z)

@@ -3,8 +3,9 @@ does one more MeshGEMV records one more MeshGEMV -- its flops and its allreduce'
 implementations of the interface, with no edit to any cost code; the estimator's closed form (decode.cost) then
 no longer agrees with what the tiles recorded, and the tie test that compares them fails. The prefill runs the
 same block functions on its SquareNet: the same change records one more MeshGEMM there, and the prefill's tie
-(decode.prefill.prefill_layer_cost) fails. Training's forward runs the same RMSNorm (on its KernelNet): one more
-pass over its values there is recorded, and training's forward tie (core.train_cost) fails."""
+(decode.prefill.prefill_layer_cost) fails. Training's forward runs the same block functions (on its KernelNet): one
+more pass over RMSNorm's values there is recorded, and training's forward tie (core.train_cost) fails; the extra
+projection in the MLP is recorded there too."""
 
 from __future__ import annotations
 
@@ -19,8 +20,9 @@ from waferrt.core.gemm_cost import GemmShape, gemm_cost, skew_cost
 from waferrt.core.ledger import Ledger
 from waferrt.core.mesh import Region
 from waferrt.core.spec import TINY, WSE2
+from waferrt.core.train_cost import TrainShape, block_forward_parts
 from waferrt.decode import shards
-from waferrt.decode.cost import Decoding
+from waferrt.decode.decoding import ELEMENTWISE_FLOPS, Decoding
 from waferrt.decode.kvcache import KVCapacity
 from waferrt.decode.pack import Chunks, pack_layer
 from waferrt.decode.prefill import prefill_layer, prefill_layer_cost
@@ -105,14 +107,31 @@ def test_one_more_gemv_in_the_prefill_is_recorded_and_its_tie_fails(monkeypatch)
         prefill_tie(Region(0, 0, 4, 4), 9)
 
 
+def _train_forward_ops() -> dict:
+    """What training's forward of one sequence of 8 tokens of the tiny model on an 8x8 square records, by op."""
+    x = np.random.default_rng(3).standard_normal((8, CFG.dim)).astype(np.float32)
+    with Wafer(spec="tiny", mesh=(8, 8), tile=(4, 4), backend="local") as wafer:
+        block_forward_mesh(wafer, CFG, synthetic_llama(CFG, seed=0).layers[0], x)
+        return wafer.cost().by_op
+
+
+def test_one_more_gemv_in_trainings_forward_is_recorded(monkeypatch):
+    """The MLP's extra gate/up projection, patched into the block function, runs in training's forward too (its
+    KernelNet's projection): every core's A block is 1 token x 8 features (8 tokens, 64 features over 8), gate's
+    and up's B blocks 8 x 16 (128 outputs over 8); MeshGEMM's 8 steps each multiply them, for both parts:
+    2 x 8 x 2 * 1 * 8 * 16 = 4096 flops more than the closed form's, and one more skew of the 1 x 8 block."""
+    parts = block_forward_parts(TINY, CFG, TrainShape(1, 8), 8, ELEMENTWISE_FLOPS)
+    _one_more_gemv(monkeypatch)
+    got = _train_forward_ops()
+    assert got["meshgemm"].flops - parts["meshgemm"].flops == 4096
+    assert got["relayout"].messages - parts["relayout"].messages == skew_cost(TINY, 8, 8 * 4).messages > 0
+
+
 def test_one_more_rmsnorm_pass_in_trainings_forward_is_recorded_and_its_tie_fails(monkeypatch):
     """RMSNorm's element-wise work done twice, patched into the block function: training's forward (one sequence
     of 8 tokens of the tiny model on an 8x8 square) records it in its two RMSNorms, no cost code edited."""
     def rmsnorm_ops() -> int:
-        x = np.random.default_rng(3).standard_normal((8, CFG.dim)).astype(np.float32)
-        with Wafer(spec="tiny", mesh=(8, 8), tile=(4, 4), backend="local") as wafer:
-            block_forward_mesh(wafer, CFG, synthetic_llama(CFG, seed=0).layers[0], x)
-            return wafer.cost().by_op["rmsnorm"].flops
+        return _train_forward_ops()["rmsnorm"].flops
 
     before = rmsnorm_ops()
     train_tie((8,))  # holds

@@ -14,7 +14,7 @@ import pytest
 from waferrt.core.ledger import Ledger
 from waferrt.core.mesh import Region
 from waferrt.core.spec import TINY
-from waferrt.decode.cost import Decoding
+from waferrt.decode.decoding import Decoding
 from waferrt.decode.kvcache import KVCapacity, PromptChunk, kv_columns
 from waferrt.decode.layout import layer_layouts
 from waferrt.decode.linkload import LinkLoad

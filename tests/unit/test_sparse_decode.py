@@ -10,7 +10,8 @@ import pytest
 from waferrt.core.ledger import Ledger
 from waferrt.core.mesh import Region
 from waferrt.core.spec import TINY
-from waferrt.decode.cost import Decoding, layer_decode_cost
+from waferrt.decode.cost import layer_decode_cost
+from waferrt.decode.decoding import Decoding
 from waferrt.decode.kvcache import KVCapacity
 from waferrt.decode.pack import Chunks, pack_layer
 from waferrt.decode.shards import LayerShard

@@ -13,7 +13,8 @@ import pytest
 
 from waferrt.core.mesh import Region
 from waferrt.core.spec import WSE2
-from waferrt.decode.cost import Decoding, attention_parts
+from waferrt.decode.cost import attention_parts
+from waferrt.decode.decoding import Decoding
 from waferrt.estimator.estimate import Objective, estimate
 from waferrt.estimator.sparse_estimate import ContextRow, SparseEstimate, sparse_estimate
 from waferrt.model import AttentionMode

@@ -14,7 +14,7 @@ import waferrt.kernels.sparse_attention as sparse_kernel
 from waferrt.core.ledger import Ledger
 from waferrt.core.mesh import MeshSpec, Region
 from waferrt.core.spec import TINY
-from waferrt.decode.cost import Decoding
+from waferrt.decode.decoding import Decoding
 from waferrt.decode.kvcache import KVCapacity
 from waferrt.decode.pack import Chunks, pack_layer
 from waferrt.decode.prefill import prefill_layer, prefill_layer_cost

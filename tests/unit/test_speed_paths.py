@@ -21,7 +21,7 @@ from waferrt.core.layout import Chunks
 from waferrt.core.ledger import Ledger
 from waferrt.core.mesh import MeshSpec, Region
 from waferrt.core.spec import WSE2
-from waferrt.decode.cost import Decoding
+from waferrt.decode.decoding import Decoding
 from waferrt.decode.kvcache import KVCapacity
 from waferrt.decode.pack import pack_layer, rope_tables
 from waferrt.decode.shards import Angles, Items, LayerShard, rotate

@@ -16,7 +16,8 @@ from waferrt.core.cost import total
 from waferrt.core.mesh import Region
 from waferrt.core.spec import TINY, WSE2
 from waferrt.decode import layout as dl
-from waferrt.decode.cost import Decoding, layer_decode_cost
+from waferrt.decode.cost import layer_decode_cost
+from waferrt.decode.decoding import Decoding
 from waferrt.decode.schedule import round_seconds
 from waferrt.decode.setup import DecodeSetup, stage_sram
 from waferrt.decode.stage import StageKind

@@ -31,7 +31,8 @@ from waferrt.core.mesh import MeshSpec, Region
 from waferrt.core.spec import TINY, WSE2
 from waferrt.core.topology import Topology
 from waferrt.decode import layout as dl
-from waferrt.decode.cost import Decoding, alone_cycles, layer_decode_cost
+from waferrt.decode.cost import alone_cycles, layer_decode_cost
+from waferrt.decode.decoding import Decoding
 from waferrt.decode.kvcache import KVCapacity
 from waferrt.decode.pack import Chunks, pack_layer
 from waferrt.decode.schedule import round_seconds

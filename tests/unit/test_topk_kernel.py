@@ -76,7 +76,8 @@ def test_a_layers_sparse_attention_is_prediction_top_k_and_dense_over_the_kept_k
     from dataclasses import replace
 
     from waferrt.core.mesh import Region
-    from waferrt.decode.cost import PREDICT_DTYPE, Decoding, attention_parts
+    from waferrt.decode.cost import PREDICT_DTYPE, attention_parts
+    from waferrt.decode.decoding import Decoding
     from waferrt.model import SMOLLM2_135M, AttentionMode
 
     dec, region = Decoding(SMOLLM2_135M), Region(0, 0, 8, 4)

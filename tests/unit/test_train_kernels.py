@@ -11,6 +11,7 @@ from waferrt.core.gemm_cost import AttentionShape
 from waferrt.core.mesh import MeshSpec
 from waferrt.core.spec import TINY
 from waferrt.core.train_cost import attention_backward_cost
+from waferrt.decode.kernel_net import KernelNet
 from waferrt.fabric.loop import simulate
 from waferrt.kernels.attention import PromptAttention
 from waferrt.kernels.attention_backward import attention_backward
@@ -134,8 +135,8 @@ def _attention_numpy(q, k, v, do):
 def test_attention_backward_is_the_formula_and_books_its_closed_form(mesh):
     m, H, G, hd = Mesh(mesh), 4, 2, 8
     q, k, v, do = _f32(H, T, hd), _f32(G, T, hd), _f32(G, T, hd), _f32(H, T, hd)
-    prompt = PromptAttention(T, 1 / np.sqrt(hd), 6)
-    (got,), cost = m.run(lambda ctx, **a: (attention_backward(ctx, **a, prompt=prompt),), q=m.heads("C", q),
+    prompt = PromptAttention(T, 1 / np.sqrt(hd))
+    (got,), cost = m.run(lambda ctx, **a: (attention_backward(KernelNet(ctx), **a, prompt=prompt),), q=m.heads("C", q),
                          k=m.heads("C", k), v=m.heads("C", v), do=m.heads("C", do))
     want = _attention_numpy(q, k, v, do)
     for h in range(H):

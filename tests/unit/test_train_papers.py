@@ -9,12 +9,12 @@ import json
 import pytest
 
 from waferrt.cli import main
-from waferrt.core.template import template_by_name
+from waferrt.core.template import SOURCES, DieLinks, Figure, Source, template_by_name
 from waferrt.core.topology import Topology
 from waferrt.core.train_cost import TrainShape
 from waferrt.estimator.die_grid import DieGrid, Layout, LinkTime, partition
 from waferrt.estimator.train import Breakdown, StrategyTime, TrainJob, estimate_train, tensor_stream
-from waferrt.estimator.train_papers import D2D_TBPS, binding_tbps, paper_rows, resources, sensitivity
+from waferrt.estimator.train_papers import D2D_TBPS, SCALES, binding_tbps, paper_rows, sensitivity
 from waferrt.model.zoo import model_by_name
 
 
@@ -69,7 +69,9 @@ def test_estimate_train_prints_the_papers_and_the_sensitivity(capsys):
     out = capsys.readouterr().out
     for words in ("the papers' ratios beside the model's", "TEMP  tensor-stream over the state of the art",
                   "1.70x", "1.53x", "2.74x", "step seconds by topology", "torus", "the links bind only below",
-                  "fabric dominates", "2D, gather on die rows (8x6)", "ignores the grid"):
+                  "fabric dominates", "2D, gather on die rows (8x6)", "ignores the grid", "temp's figures",
+                  "die-to-die latency                200 ns  secondhand",
+                  "the die-to-die 0.063 s (2D, gather on die rows (8x6): 0.012 s of its busiest edge's bytes"):
         assert words in out, words
     assert main(["estimate", "--train", "--model", "smollm2-135m", "--json"]) == 0
     doc = json.loads(capsys.readouterr().out)
@@ -81,11 +83,35 @@ def test_the_dies_assumed_figures_scaled_move_the_step():
     tensor-stream step (SmolLM2, 256 x 2048) lengthens or shortens; its SRAM changes the passes, each pass
     an even share of the batch (estimator.train._micro_batch)."""
     job, template = _job(), template_by_name("watos")
-    scaled = resources(job, template)
+    scaled = {(f, k): tensor_stream(job, f.scaled(template, k)) for f in (Figure.FLOPS, Figure.SRAM) for k in SCALES}
     assert tensor_stream(job, template).breakdown.bound == "compute"
-    assert scaled["flops", 0.5].step_s > scaled["flops", 1.0].step_s > scaled["flops", 2.0].step_s
-    assert scaled["flops", 1.0] == scaled["sram", 1.0] == tensor_stream(job, template)
-    assert "15 pass(es)" in scaled["sram", 0.5].detail and "7 pass(es)" in scaled["sram", 1.0].detail
+    assert scaled[Figure.FLOPS, 0.5].step_s > scaled[Figure.FLOPS, 1.0].step_s > scaled[Figure.FLOPS, 2.0].step_s
+    assert scaled[Figure.FLOPS, 1.0] == scaled[Figure.SRAM, 1.0] == tensor_stream(job, template)
+    assert "15 pass(es)" in scaled[Figure.SRAM, 0.5].detail and "7 pass(es)" in scaled[Figure.SRAM, 1.0].detail
     # twice the SRAM holds 81 sequences: 4 passes, the 256 spread evenly (64 each, not 4 x 81 = 324 sequences' work)
-    assert "4 pass(es) of 64 sequence(s)" in scaled["sram", 2.0].detail
-    assert scaled["sram", 2.0].step_s < scaled["sram", 1.0].step_s
+    assert "4 pass(es) of 64 sequence(s)" in scaled[Figure.SRAM, 2.0].detail
+    assert scaled[Figure.SRAM, 2.0].step_s < scaled[Figure.SRAM, 1.0].step_s
+
+
+def test_each_figure_scales_its_own_field_and_names_its_source():
+    temp = template_by_name("temp")
+    assert Figure.DIES.scaled(temp, 0.5).dies == (6, 4) and Figure.DIES.scaled(temp, 2.0).dies == (6, 16)
+    assert Figure.DIE_CORES.scaled(temp, 2.0).die.full_mesh == (91, 91)  # 64 x sqrt(2) a side
+    assert Figure.D2D_LATENCY.scaled(temp, 2.0).d2d == DieLinks(4e12, 400e-9)
+    assert Figure.LINK.scaled(temp, 0.5).die.link_bytes_per_cycle == 2.0
+    assert Figure.FLOPS.scaled(temp, 2.0).die.half_flops_per_cycle == 64.0
+    assert [f.shown(temp) for f in (Figure.DIES, Figure.D2D_LATENCY, Figure.SRAM)] == ["6x8", "200 ns", "48 KB"]
+    assert SOURCES["temp"][Figure.D2D_BANDWIDTH] is Source.SECONDHAND and SOURCES["temp"][Figure.SRAM] is Source.ASSUMED
+    assert set(SOURCES["watos"].values()) == {Source.ASSUMED}
+
+
+def test_more_dies_hold_a_larger_micro_batch_and_still_fit():
+    """Twice temp's rows of dies (6x16) hold 16 sequences a pass, whose head's jobs overflow a die's cores: the
+    kernels of half as many, scaled up (estimator.train._die_kernels), not a refusal; the step about halves."""
+    job, temp = _job(), template_by_name("temp")
+    more = tensor_stream(job, Figure.DIES.scaled(temp, 2.0))
+    assert more.fits and "96 die(s)" in more.detail and "16 pass(es) of 16 sequence(s)" in more.detail
+    base = tensor_stream(job, temp)
+    assert more.step_s < 0.5 * base.step_s
+    # a die's sequences: 16 x 16 / 96 against 37 x 7 / 48, 0.49 of them (its kernels' compute 0.43: not quite linear)
+    assert 0.4 < more.breakdown.compute / base.breakdown.compute < 0.55

@@ -18,7 +18,7 @@ from waferrt.core.gemm_cost import GemmShape
 from waferrt.core.spec import spec_by_name
 from waferrt.core.template import WaferTemplate
 from waferrt.core.train_cost import TrainShape, block_forward_parts, head_chunks, head_core_bytes
-from waferrt.decode.cost import ELEMENTWISE_FLOPS
+from waferrt.decode.decoding import ELEMENTWISE_FLOPS
 from waferrt.estimator.train import TrainJob, tensor_stream
 from waferrt.estimator.train_layer import Grid, Run, Work, head_parts, layer_parts, pass_cost
 from waferrt.model import synthetic_llama, tiny_config

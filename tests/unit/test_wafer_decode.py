@@ -9,7 +9,7 @@ from waferrt.core.dtypes import to_f32, to_storage
 from waferrt.core.ledger import Ledger
 from waferrt.core.mesh import Coord, MeshSpec, Region
 from waferrt.core.spec import TINY
-from waferrt.decode.cost import Decoding
+from waferrt.decode.decoding import Decoding
 from waferrt.decode.kvcache import KVCapacity, KVCapacityError
 from waferrt.decode.pack import Chunks, pack_embed, pack_layer
 from waferrt.decode.setup import DecodeSetup, PlacementError

@@ -31,7 +31,8 @@ import numpy as np
 
 from waferrt.core.files import atomic_path
 from waferrt.core.mesh import Dir, MeshSpec, TileId
-from waferrt.decode.cost import Decoding, Routing, alone_cycles, token_cost
+from waferrt.decode.cost import alone_cycles, token_cost
+from waferrt.decode.decoding import Decoding, Routing
 from waferrt.decode.schedule import StageRun
 from waferrt.decode.setup import DecodeSetup, stage_sram
 from waferrt.decode.stage import entries

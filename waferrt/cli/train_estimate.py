@@ -53,7 +53,8 @@ def add_train_args(p, many: bool = False) -> None:
         p.add_argument("--topology", type=topology_list, metavar="LIST",
                        help=f"networks on each die, comma-separated (with --train; default {','.join(TOPOLOGIES)})")
     else:
-        p.add_argument("--topology", choices=TOPOLOGIES, help="the network on each die (with --train; default mesh)")
+        p.add_argument("--topology", choices=TOPOLOGIES, help="the network on each die (with --train; default mesh; a "
+                       "torus wraps the rows and columns of dies too)")
 
 
 def train_job(args, command: str, options: tuple[str, ...] = ()) -> tuple[TrainJob, WaferTemplate]:

@@ -6,12 +6,16 @@ grid of dies) and `d2d` (:class:`DieLinks`: bytes/s per die edge and direction, 
 for one die). ``template.spec`` is the whole wafer as one HardwareSpec (its full mesh the dies' meshes side
 by side); a one-die template's spec is its die unchanged, so the WSE presets (``TEMPLATES["wse2"]``: the
 reticles of a WSE are stitched with on-die wiring, one die in this model) give every figure they gave
-before. Every figure of a preset names its source or says ASSUMED. Pure: no numpy arrays, no Ray.
+before. Every figure of a preset names its source or says ASSUMED; ``SOURCES`` records each multi-die preset's
+:class:`Figure` as a :class:`Source`, and ``Figure.scaled`` is a template with one figure scaled (the
+sensitivity tables of estimator.train_papers). Pure: no numpy arrays, no Ray.
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
+from enum import Enum
 
 from .dtypes import check_dtype
 from .spec import WSE2, WSE3, HardwareSpec
@@ -151,6 +155,65 @@ TEMPLATES: dict[str, WaferTemplate] = {t.name: t for t in (
     WaferTemplate("watos", WATOS_DIE, (6, 8), DieLinks(2e12, 50e-9)),
     WaferTemplate("temp", TEMP_DIE, (6, 8), DieLinks(4e12, 200e-9)),
 )}
+
+
+class Source(Enum):
+    """Where a preset's figure comes from (the comments above cite each)."""
+
+    PUBLISHED = "published"
+    SECONDHAND = "secondhand"  # third-party summaries of the paper, its table not read first-hand
+    ASSUMED = "assumed"
+
+
+class Figure(Enum):
+    """A figure of a multi-die template that a sensitivity table scales (its value: how the table names it)."""
+
+    DIES = "dies (rows of dies)"
+    D2D_BANDWIDTH = "die-to-die TB/s per edge"
+    D2D_LATENCY = "die-to-die latency"
+    DIE_CORES = "cores per die"
+    SRAM = "SRAM per core"
+    FLOPS = "16-bit flops per cycle"
+    LINK = "on-die link bytes per cycle"
+    CLOCK = "clock"
+
+    def shown(self, t: WaferTemplate) -> str:
+        """This figure's value on `t`, as the tables print it."""
+        die = t.die
+        return {Figure.DIES: f"{t.dies[0]}x{t.dies[1]}", Figure.D2D_BANDWIDTH: f"{t.d2d.bytes_per_s / 1e12:g}",
+                Figure.D2D_LATENCY: f"{t.d2d.latency_s * 1e9:g} ns",
+                Figure.DIE_CORES: f"{die.full_mesh[0]}x{die.full_mesh[1]}", Figure.SRAM: f"{die.sram_bytes // 1024} KB",
+                Figure.FLOPS: f"{die.half_flops_per_cycle:g}", Figure.LINK: f"{die.link_bytes_per_cycle:g}",
+                Figure.CLOCK: f"{die.clock_hz / 1e9:g} GHz"}[self]
+
+    def scaled(self, t: WaferTemplate, k: float) -> WaferTemplate:
+        """`t` with this figure times k (the dies: k times the rows of dies; the cores per die: k times the cores,
+        the die kept square-ish)."""
+        die, d2d = t.die, t.d2d
+        if self is Figure.DIES:
+            return t.replace(dies=(t.dies[0], max(1, round(t.dies[1] * k))))
+        if self is Figure.D2D_BANDWIDTH:
+            return t.replace(d2d=DieLinks(d2d.bytes_per_s * k, d2d.latency_s))
+        if self is Figure.D2D_LATENCY:
+            return t.replace(d2d=DieLinks(d2d.bytes_per_s, d2d.latency_s * k))
+        side = math.sqrt(k)
+        return t.replace(die=die.replace(**{
+            Figure.DIE_CORES: {"full_mesh": (round(die.full_mesh[0] * side), round(die.full_mesh[1] * side))},
+            Figure.SRAM: {"sram_bytes": int(die.sram_bytes * k)},
+            Figure.FLOPS: {"half_flops_per_cycle": die.half_flops_per_cycle * k,
+                           "flops_per_cycle": die.flops_per_cycle * k},
+            Figure.LINK: {"link_bytes_per_cycle": die.link_bytes_per_cycle * k},
+            Figure.CLOCK: {"clock_hz": die.clock_hz * k}}[self]))
+
+
+_P, _S, _A = Source.PUBLISHED, Source.SECONDHAND, Source.ASSUMED
+# Where each figure of the multi-die presets comes from (the comments at each preset cite the sources).
+SOURCES: dict[str, dict[Figure, Source]] = {
+    "dojo": {Figure.DIES: _P, Figure.D2D_BANDWIDTH: _P, Figure.D2D_LATENCY: _A, Figure.DIE_CORES: _A,
+             Figure.SRAM: _P, Figure.FLOPS: _P, Figure.LINK: _P, Figure.CLOCK: _P},
+    "watos": dict.fromkeys(Figure, _A),
+    "temp": {**dict.fromkeys(Figure, _A), Figure.DIES: _S, Figure.D2D_BANDWIDTH: _S, Figure.D2D_LATENCY: _S},
+}
 
 
 def template_by_name(name: str | WaferTemplate, topology: Topology = MESH) -> WaferTemplate:

@@ -191,14 +191,19 @@ class HeadTooLarge(ValueError):
 
 def head_chunks(spec: HardwareSpec, shape: GemmShape) -> int:
     """The fewest vocabulary chunks whose head jobs fit a core's SRAM (:func:`head_core_bytes`);
-    :class:`HeadTooLarge` naming the bytes when not even one word a core fits."""
-    for chunks in range(1, shape.k + 1):
-        if head_core_bytes(shape, chunks) <= spec.sram_bytes:
-            return chunks
-        if cdiv(shape.k, chunks) <= _side(shape):  # one word a core: fewer bytes cannot be had
-            break
+    :class:`HeadTooLarge` naming the bytes when not even one word a core fits. Past one chunk a core's bytes
+    never grow with the chunks, so the fewest is found by bisection up to one word a core."""
+    last = max(1, cdiv(shape.k, _side(shape)))  # the fewest chunks of one word a core: fewer bytes cannot be had
+    if head_core_bytes(shape, 1) <= spec.sram_bytes:
+        return 1
+    if last > 1 and head_core_bytes(shape, last) <= spec.sram_bytes:
+        lo, hi = 2, last
+        while lo < hi:
+            mid = (lo + hi) // 2
+            lo, hi = (lo, mid) if head_core_bytes(shape, mid) <= spec.sram_bytes else (mid + 1, hi)
+        return lo
     raise HeadTooLarge(f"the head's backward over {shape.m} tokens and dim {shape.n} on {shape.rows}x{shape.cols} "
-                     f"cores needs {head_core_bytes(shape, chunks):,} bytes a core even one word a core, more than "
+                     f"cores needs {head_core_bytes(shape, last):,} bytes a core even one word a core, more than "
                      f"{spec.sram_bytes:,} on {spec.name}: give fewer tokens or a larger square")
 
 
@@ -240,7 +245,7 @@ def block_forward_parts(spec: HardwareSpec, config, shape: TrainShape, side: int
                         dtype: str = "float32") -> dict[str, Cost]:
     """What a dense Llama block's forward on the mesh (waferrt.training.forward) books over the batch `shape` on
     side x side cores (its :func:`square_tokens` rows; the attention per sequence), by op, `flops` the
-    element-wise flops per element (decode.cost.ELEMENTWISE_FLOPS: "rmsnorm", "rope", "softmax", "silu_mul",
+    element-wise flops per element (decode.decoding.ELEMENTWISE_FLOPS: "rmsnorm", "rope", "softmax", "silu_mul",
     "residual"): the two RMSNorms (a sum of squares along the rows), the
     projections by MeshGEMM (Q, K, V and the output per head, gate, up, down), the activations into the A
     layout (skews), RoPE, the causal attention, SwiGLU, the residual adds, the heads' sum ("compute")."""

@@ -7,26 +7,21 @@ requests through one layer region (every booked piece, named, with its category)
 the final norm and output head, ``handover_cost`` what the tiles book when activations move from one
 stage's region to the next (the one formula for it), ``step_cycles`` the (stage, micro-batch) cycles a
 whole decode step books, ``alone_cycles`` what one token takes alone at a stage (waferrt.decode.schedule
-schedules the decode that ran with it: every request at its own pace). An MoE layer's closed forms price the
-routing ``Decoding.routing`` names (:class:`Routing`): FIRST, the typical token of a zero router (experts
-0..top_k-1, what the emulator's ties run), or EXPECTED, tokens routed uniformly at random
-(``uniform_routing``, seeded): the experts (the busiest block) and the all-to-all averaged over sampled
-micro-batches of the batch's size (``_moe_parts``) -- what the estimator and the heatmap price.
-``routed_parts`` prices a given routing as the MoE layer books what it ran; ``block_ffn_parts`` is a SwiGLU
-on a block of cores, a dense FFN's and an expert's; the bounds of an MoE layer's routed work are
-waferrt.decode.routed_cost's.
+schedules the decode that ran with it: every request at its own pace). An MoE layer's FFN is
+waferrt.decode.routed_cost's ``moe_parts`` (the router, the experts, the dispatch and the combine under the
+routing ``Decoding.routing`` names); a dense FFN's is ``ffn_parts`` (decode.decoding.block_ffn_parts, the
+SwiGLU an expert runs too); what sparse attention adds is ``sparse_parts``.
 
 What the closed forms count, as the tiles do: the attention runs over ``cdiv(kv_tokens, cols)`` positions
 per core (``kv_tokens``: the context the fullest request of the micro-batch holds, the new token
 included; the planner times a full K/V reserve); the new K/V enter at column 0 and ``moving`` columns
 pass their oldest entry one hop east (``pos % cols`` for a request at position ``pos``; the default, the
 most, ``cols - 1``); messages and link bytes count every parallel line of the region; element-wise work
-(RMSNorm, RoPE, softmax, SiLU, residual adds) is booked at ``ELEMENTWISE_FLOPS`` per element.
+(RMSNorm, RoPE, softmax, SiLU, residual adds) is booked at decode.decoding's ``ELEMENTWISE_FLOPS`` per element.
 
-What the closed forms are given travels as one frozen :class:`Decoding`: the model, the dtype its
-weights and K/V are stored in -- the cores compute at that dtype's rate (``core.cost.flop_cycles``), as the
-tiles' ledger does (``Ledger(spec, dtype)``) -- the collectives (``fabric.comm.Collectives``: algorithm and
-K) and the head groups. ``handover_bytes`` is the one owner of what a hand-over carries; ``token_cost``
+What the closed forms are given travels as one frozen decode.decoding.Decoding (the model, the storage
+dtype the cores compute at, the collectives, the head groups, the expert mapping, the attention mode, the
+MoE routing). ``handover_bytes`` is the one owner of what a hand-over carries; ``token_cost``
 what one token books alone at a stage (its cycles schedule the decode, its link bytes draw the heatmap).
 
 ``head_groups`` (G, default 1) models a layout the emulator does not run yet: the region's rows are cut
@@ -40,93 +35,23 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from enum import Enum
 from functools import lru_cache
 
-import numpy as np
-
 from waferrt.core.arith import cdiv
-from waferrt.core.cost import (
-    Cost,
-    allreduce_cost,
-    alltoall_cost,
-    broadcast_cost,
-    compute_cost,
-    mean,
-    message_cycles,
-    on_lines,
-    total,
-)
-from waferrt.core.dtypes import check_dtype
-from waferrt.core.ledger import merge_parallel
+from waferrt.core.cost import Cost, broadcast_cost, compute_cost, message_cycles, on_lines, total
 from waferrt.core.mesh import Region
 from waferrt.core.spec import HardwareSpec
-from waferrt.fabric.comm import KTREE_FAST, Collectives
 from waferrt.model.config import LlamaConfig
-from waferrt.model.sparse import DENSE, AttentionMode
 
-from .linkload import AllToAll
-from .moe_layout import MAPPINGS, expert_blocks
+from .decoding import ELEMENTWISE_FLOPS, Decoding, block_ffn_parts
+from .routed_cost import moe_parts
 from .stage import Entry, Stage, StageKind
 from .topk import TopKRow, topk_cost
 
 PREDICT_DTYPE = "float16"  # sparse attention's prediction: 8-bit exponents added to a 16-bit query
 
-# flops per element of the element-wise work, as the tiles book it (exp counted as one flop):
-# RMSNorm x*x, sum, *scale, *w; RoPE 4 mul + 2 add per pair; softmax *scale, max, -max, exp, sum, /sum;
-# SiLU(g)*u as -g, exp, +1, /, *u; a residual add.
-ELEMENTWISE_FLOPS = {"rmsnorm": 4, "rope": 3, "softmax": 6, "silu_mul": 5, "residual": 1}
-
 # what each part of a layer is, for the breakdown
 CATEGORIES = ("gemv", "allreduce", "attention", "elementwise", "handover", "alltoall")
-
-
-class Routing(Enum):
-    """Which experts the closed forms' MoE tokens pick (module doc)."""
-
-    FIRST = "first"  # experts 0..top_k-1: a zero router's, as the emulator's ties run
-    EXPECTED = "expected"  # the mean over uniformly routed micro-batches (seeded, ROUTING_SAMPLE tokens)
-
-
-ROUTING_SAMPLE = 16  # the fewest tokens Routing.EXPECTED's micro-batches hold in all
-ROUTING_SEED = 0
-
-
-@dataclass(frozen=True)
-class Decoding:
-    """What a decode's closed forms need besides the region and the tokens: the model, the storage dtype
-    (the cores compute at its rate), how the collectives run, the head groups (see the module doc)."""
-
-    config: LlamaConfig
-    dtype: str = "float32"
-    coll: Collectives = KTREE_FAST
-    head_groups: int = 1
-    experts: str = "er"  # where an MoE layer's experts sit in its region (moe_layout.MAPPINGS)
-    attention: AttentionMode = DENSE  # dense, or STAR's sparse:K (waferrt.model.sparse)
-    routing: Routing = Routing.FIRST  # the MoE tokens' experts the closed forms price
-
-    def __post_init__(self) -> None:
-        check_dtype(self.dtype)
-        if not isinstance(self.routing, Routing):
-            raise TypeError(f"Decoding.routing is a decode.cost.Routing (FIRST or EXPECTED), got {self.routing!r}")
-        if not isinstance(self.attention, AttentionMode):
-            raise TypeError(f"Decoding.attention is a model.sparse.AttentionMode, got {self.attention!r}")
-        if self.experts not in MAPPINGS:
-            raise ValueError(f"Decoding.experts (the expert mapping) is one of {', '.join(MAPPINGS)}, "
-                             f"got {self.experts!r}")
-        if not isinstance(self.coll, Collectives):
-            raise TypeError(f"Decoding.coll is a fabric.comm.Collectives, got {self.coll!r}")
-        if self.head_groups < 1:
-            raise ValueError(f"Decoding.head_groups must be >= 1, got {self.head_groups}")
-
-    def flops(self, spec: HardwareSpec, n: int) -> Cost:
-        """`n` flops on the busiest core, at the storage dtype's rate."""
-        return compute_cost(spec, n, self.dtype)
-
-    def line_reduce(self, spec: HardwareSpec, axis: str, n: int, nbytes: int, lines: int) -> Cost:
-        """An allreduce of nbytes per core along `lines` parallel lines of n cores along `axis` at once (a
-        torus's wrap only on a line as long as the wafer's: HardwareSpec.on_line, as the tiles' lines route)."""
-        return on_lines(allreduce_cost(spec.on_line(axis, n), self.coll.algo, n, nbytes, self.coll.k), lines)
 
 
 def handover_bytes(config: LlamaConfig, items: int) -> int:
@@ -175,7 +100,7 @@ def layer_decode_parts(spec: HardwareSpec, dec: Decoding, region: Region, kv_tok
     ]
     keep = dec.attention.keys_kept(kv_tokens)
     if keep < kv_tokens:  # sparse: predict every position, keep the row's top K, attend over those
-        parts += sparse_parts(spec, dec, region, (cap, keep), b)
+        parts += sparse_parts(spec, dec, region, TopKRow(cols, cap, b * hq, keep))
         cap = min(keep, cap)  # the kept keys a core may hold: the busiest core's bound, as both paths book
     parts += [
         ("scores", "attention", flops(2 * b * hq * hd_r * cap)),
@@ -194,19 +119,20 @@ def layer_decode_parts(spec: HardwareSpec, dec: Decoding, region: Region, kv_tok
     return parts + [("residual", "elementwise", flops(ew["residual"] * b * dim_c))]
 
 
-def sparse_parts(spec: HardwareSpec, dec: Decoding, region: Region, held_kept: tuple[int, int],
-                 batch: int) -> list[tuple[str, str, Cost]]:
-    """What sparse attention adds before attending over the kept keys, for `batch` tokens whose requests hold
-    `held` positions a core and keep `kept` per query head: the add-only prediction over every held position
+def sparse_parts(spec: HardwareSpec, dec: Decoding, region: Region, row: TopKRow) -> list[tuple[str, str, Cost]]:
+    """What sparse attention adds before attending over the kept keys, given the top-K every row of the region
+    runs (decode.topk.TopKRow: the region's columns, the `per_core` positions a core holds, the `heads` of every
+    token of the micro-batch, the `keep` keys each keeps): the add-only prediction over every held position
     (an exponent add and an add per element, at PREDICT_DTYPE's rate), its partial scores reduced over a head
     group's rows as the scores are, and the row's top-K (decode.topk: every row of the region at once, a row's
     message carrying every token's heads)."""
-    (held, kept), d = held_kept, layer_dims(dec.config, region.w, region.h, dec.head_groups)
-    r, work = d["group_rows"], batch * d["hq"]
-    row = topk_cost(spec, TopKRow(region.w, held, work, kept))
+    if row.cores != region.w:
+        raise ValueError(f"the top-K row spans the region's {region.w} columns, got TopKRow.cores {row.cores}")
+    d, held, work = layer_dims(dec.config, region.w, region.h, dec.head_groups), row.per_core, row.heads
+    r = d["group_rows"]
     return [("predict", "attention", compute_cost(spec, 2 * work * d["hd_r"] * held, PREDICT_DTYPE)),
             ("predict.reduce", "attention", dec.line_reduce(spec, "y", r, 4 * work * held, region.w * (region.h // r)))
-            ] + [(name, "attention", on_lines(c, region.h)) for name, c in row.items()]
+            ] + [(name, "attention", on_lines(c, region.h)) for name, c in topk_cost(spec, row).items()]
 
 
 def attention_parts(spec: HardwareSpec, dec: Decoding, region: Region, kv_tokens: int) -> dict[str, Cost]:
@@ -224,80 +150,6 @@ def ffn_parts(spec: HardwareSpec, dec: Decoding, region: Region, batch: int) -> 
     """A SwiGLU FFN of dec.config.dense_hidden units (a dense layer's, an MoE's shared expert) as MeshGEMVs
     on `region` for `batch` tokens (LayerShard.forward)."""
     return block_ffn_parts(spec, dec, region.w, region.h, dec.config.dense_hidden, batch)
-
-
-def block_ffn_parts(spec: HardwareSpec, dec: Decoding, cols: int, rows: int, hidden: int, b: int) -> list:
-    """A SwiGLU FFN of `hidden` units on a cols x rows block of cores for b tokens: the one formula of a
-    dense FFN and of an expert in its block."""
-    dim_c, hid_r = cdiv(dec.config.dim, cols), cdiv(hidden, rows)
-    return [
-        ("ffn_in", "gemv", dec.flops(spec, 2 * b * dim_c * 2 * hid_r)),
-        ("ffn_in.reduce", "allreduce", dec.line_reduce(spec, "x", cols, 4 * b * 2 * hid_r, rows)),
-        ("silu_mul", "elementwise", dec.flops(spec, ELEMENTWISE_FLOPS["silu_mul"] * b * hid_r)),
-        ("down", "gemv", dec.flops(spec, 2 * b * hid_r * dim_c)),
-        ("down.reduce", "allreduce", dec.line_reduce(spec, "y", rows, 4 * b * dim_c, cols)),
-    ]
-
-
-def moe_parts(spec: HardwareSpec, dec: Decoding, region: Region, batch: int) -> list[tuple[str, str, Cost]]:
-    """An MoE FFN's pieces for `batch` tokens routed as dec.routing says (module doc) on the expert mapping
-    dec.experts (waferrt.decode.moe_layout): the router, the experts in their blocks side by side, the
-    dispatch and the combine (the routes the tiles book, waferrt.decode.linkload.AllToAll)."""
-    return list(_moe_parts(spec, dec, region.w, region.h, batch))
-
-
-def uniform_routing(config: LlamaConfig, tokens: int, seed: int = ROUTING_SEED) -> np.ndarray:
-    """(tokens, top_k) experts, each token's top_k distinct ones drawn uniformly at random (seeded): the one
-    owner of a uniform router's picks (Routing.EXPECTED, estimator.moe_estimate's all-to-all sample)."""
-    draws = np.random.default_rng(seed).random((tokens, config.n_experts))
-    return np.argsort(draws, axis=1)[:, : config.top_k]
-
-
-def routed_parts(spec: HardwareSpec, dec: Decoding, region: Region, chosen: np.ndarray) -> tuple[Cost, Cost, Cost]:
-    """(experts, dispatch, combine) of a micro-batch whose tokens chose `chosen` (B, top_k), priced as
-    decode.moe.MoELayerShard books what it ran (:func:`expert_cost`, the routes of the all-to-all)."""
-    dispatch, combine = _routes(dec, region).phases(chosen)
-    return expert_cost(spec, dec, region, chosen), alltoall_cost(spec, dispatch), alltoall_cost(spec, combine)
-
-
-def expert_cost(spec: HardwareSpec, dec: Decoding, region: Region, chosen: np.ndarray) -> Cost:
-    """The experts of a micro-batch whose tokens chose `chosen` (B, top_k), as MoELayerShard books them: every
-    expert's SwiGLU for the tokens that chose it, one after another in its block, the blocks side by side."""
-    blocks = expert_blocks(dec.config.n_experts, region, dec.experts)
-    picks = np.bincount(np.asarray(chosen).ravel(), minlength=dec.config.n_experts)
-    per_block: dict[Region, Cost] = {}
-    for ex in np.nonzero(picks)[0]:
-        blk = blocks[ex]
-        per_block[blk] = per_block.get(blk, Cost()) + _expert_run(spec, dec, blk.w, blk.h, int(picks[ex]))
-    return merge_parallel(list(per_block.values()))
-
-
-def _routes(dec: Decoding, region: Region) -> AllToAll:
-    return AllToAll.of(dec.config.dim, region, expert_blocks(dec.config.n_experts, region, dec.experts))
-
-
-@lru_cache(maxsize=4096)
-def _expert_run(spec: HardwareSpec, dec: Decoding, cols: int, rows: int, tokens: int) -> Cost:
-    """One expert's SwiGLU for `tokens` tokens as MeshGEMVs in a cols x rows block (MoELayerShard._expert)."""
-    return total([c for _, _, c in block_ffn_parts(spec, dec, cols, rows, dec.config.hidden_dim, tokens)])
-
-
-@lru_cache(maxsize=4096)
-def _moe_parts(spec: HardwareSpec, dec: Decoding, cols: int, rows: int, batch: int) -> tuple:
-    """moe_parts on a cols x rows region (the same for every region of that shape). EXPECTED: routed_parts
-    averaged over micro-batches of `batch` uniformly routed tokens, ROUTING_SAMPLE tokens or more in all."""
-    config, region = dec.config, Region(0, 0, cols, rows)
-    e, b, dim_c = config.n_experts, batch, cdiv(config.dim, region.w)
-    if dec.routing is Routing.FIRST:
-        routings = np.tile(np.arange(config.top_k), (1, b, 1))
-    else:
-        samples = cdiv(ROUTING_SAMPLE, b)
-        routings = uniform_routing(config, samples * b).reshape(samples, b, config.top_k)
-    priced = [routed_parts(spec, dec, region, chosen) for chosen in routings]
-    experts, dispatch, combine = (mean(p[i] for p in priced) for i in range(3))
-    return (("router", "gemv", dec.flops(spec, 2 * b * dim_c * e)),
-            ("router.reduce", "allreduce", dec.line_reduce(spec, "x", region.w, 4 * b * e, region.h)),
-            ("experts", "gemv", experts), ("dispatch", "alltoall", dispatch), ("combine", "alltoall", combine))
 
 
 def _kv_shift(spec: HardwareSpec, nbytes: int, messages: int) -> Cost:

@@ -6,7 +6,7 @@ its longest route's ``hops``, ``messages``, ``link_bytes`` and ``busiest`` link,
 ``core.cost.alltoall_cost`` prices. :class:`AllToAll` is an MoE layer's dispatch and combine between the
 region's column split of a token and its experts' blocks (``block_patterns``: along the rows;
 ``column_combine``: up and down the columns), what the tiles book as they run (waferrt.decode.moe) and the
-closed forms count (waferrt.decode.cost). :class:`PhaseLinks` keeps a layer's link traffic per phase
+closed forms count (waferrt.decode.routed_cost). :class:`PhaseLinks` keeps a layer's link traffic per phase
 ("attention": the norms, QKV, attention, K/V shift and wo; "moe": the router, dispatch, experts, combine, a
 shared expert) as it runs: a tap of its LineComms (waferrt.fabric.comm.LineComm.listen) that adds every booked
 message's bytes to the phase under way.
@@ -195,8 +195,8 @@ class AllToAll:
         out without the region's arrays: a block's routes are the same on each of its rows (``_strip``), so the
         links along a band of rows carry the sum of the blocks covering it, each times the tokens that go there;
         the column combines' links carry a column's partial sum times the tokens behind them
-        (``column_combines``). For samples of many distinct sets on large regions (decode.cost's expected
-        routing)."""
+        (``column_combines``). For samples of many distinct sets on large regions (decode.routed_cost's
+        expected routing)."""
         order, sets = list(self.index), [sorted({self.index[self.blocks[e]] for e in chosen})
                                          for chosen in np.asarray(experts).tolist()]
         used = sorted(Counter(i for chosen in sets for i in chosen).items())

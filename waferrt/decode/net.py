@@ -1,8 +1,8 @@
 """What a layer's math does across cores: one small interface, its implementations.
 
-Contract: a block of the decode and the prefill (waferrt.decode.shards: the RMSNorms, the QKV projection and
-RoPE, the attention with its K/V cache, the output projection, the MLP, the head; an MoE expert's MLP) is
-written once as numpy math with shape comments; everything it does over its cores goes through a
+Contract: a block of the decode, the prefill and training's forward (waferrt.decode.shards: the RMSNorms, the
+QKV projection and RoPE, the attention with its K/V cache, the output projection, the MLP, the head; an MoE
+expert's MLP) is written once as numpy math with shape comments; everything it does over its cores goes through a
 :class:`Net` -- a projection (``gemv``), a product whose contraction is split over a line of cores and
 reduced along it (``dot``), a reduction over a split axis (``reduce``, ``norm2``), STAR's add-only prediction
 (``predict``) and sorted-updating FlashAttention over kept keys with its P.V (``flash``), and the element-wise
@@ -24,17 +24,30 @@ and the prefill (waferrt.decode.prefill) runs on the third:
   slab first aligned into MeshGEMM's A layout, booked as ``core.gemm_cost.skew_cost``, the closed form the
   kernels' skew is tested to book). Between the kernels the host holds the slab whole: the element-wise work
   is recorded spread over the square's cores, RMSNorm's sum of squares inside its element-wise flops (no
-  reduction's messages are modelled). The attention is the MeshGEMM attention kernel
-  (waferrt.kernels.attention), which training's forward runs too.
+  reduction's messages are modelled).
 
-and training's forward (waferrt.training.forward) calls the RMSNorm block function inside its kernel with
+and inside a kernel over a square of cores (training's forward, waferrt.training.forward; the prompt
+attention, waferrt.kernels.attention, which the prefill runs on its square's Context and training inside its
+forward and, recomputing P, its backward):
 
-- :class:`KernelNet`: every core's block of a slab split over the square's rows (tokens) and columns
-  (features); ``norm2`` the kernel Context's allreduce along the rows of cores, ``elementwise`` every core's
-  block (``ctx.compute``).
+- :class:`KernelNet` (waferrt.decode.kernel_net): every core's block of a slab split over the square's rows
+  (tokens) and columns (features); ``norm2`` and ``reduce`` the kernel Context's allreduce along the rows of
+  cores, ``elementwise`` every core's block (``ctx.compute``), ``gemv`` a MeshGEMM per part of a :class:`Parts`
+  weight on its input
+  skewed into the A layout (kernels.train_ops.relayout), which it keeps with the output (``kept``: what
+  training's backward reads), ``flash`` the online softmax's statistics alone (P.V is the attention kernel's
+  MeshGEMM).
+
+The attention's softmax is written once, kernels.attention.softmax, on a Net's ``reduce`` and ``elementwise``:
+the decode's dense attention (decode.shards.LayerShard._dense, FastNet / HopNet) and the prompt attention
+kernel's (KernelNet) call it; STAR's sparse attention merges every core's ``flash`` with
+kernels.sparse_attention.row_statistics on the same two methods (decode.sparse on FastNet / HopNet, the
+prefill's sparse attention on KernelNet). SquareNet has no attention of its own: the prompt attention moves
+every head's blocks around the square's rings, which a slab the host holds whole cannot stand for, so the
+prefill runs it as a kernel on the KernelNet of its square's Context.
 
 Each records what it does into the ledger as it runs: the busiest core's flops (at the ledger's dtype
-rate; element-wise work at decode.cost.ELEMENTWISE_FLOPS per element) and the collective's messages. No
+rate; element-wise work at decode.decoding.ELEMENTWISE_FLOPS per element) and the collective's messages. No
 layer code books a flop by hand: a block that does one more GEMV records one more GEMV. On the fast path
 a split axis of K/V positions is longer than a core's share (a core holds ``positions`` of them, the
 fullest core's count), so calls on such an axis say how many a core holds. The closed forms of
@@ -70,8 +83,9 @@ from waferrt.fabric.kernel import Context
 from waferrt.kernels.gemm import Grid, collect, meshgemm, place
 from waferrt.kernels.sparse_attention import Partial, flash
 
-from .cost import ELEMENTWISE_FLOPS as EW
 from .cost import PREDICT_DTYPE
+from .decoding import ELEMENTWISE_FLOPS as EW
+from .kernel_net import KernelNet
 
 PANEL_ROWS = 64  # the most output rows per BLAS call: a few tokens times a narrow panel of a matrix runs
 # 1.5-2x faster than times the whole matrix at once (OpenBLAS packs less; benchmarks/profile_decode.py)
@@ -341,39 +355,6 @@ class SquareNet:
     def elementwise(self, comm: LineComm, kind: str, a: np.ndarray, positions: int = 0) -> None:
         """Record element-wise work of `kind` on the slab a, spread over the square's cores (the busiest's share)."""
         self.ledger.compute(cdiv(EW[kind] * a.size, self.side * self.side))
-
-    def flash(self, comm: LineComm, s: np.ndarray, kept: np.ndarray, vs: np.ndarray, positions: int = 0) -> Partial:
-        """STAR's FlashAttention over the slab's kept keys s (..., n), vs (..., n, D), its P.V spread over the
-        square's cores (the busiest's share)."""
-        self.ledger.compute(cdiv(2 * s.size * vs.shape[-1], self.side * self.side))
-        return flash(s, kept, vs)
-
-
-class KernelNet:
-    """Training's forward's implementation (waferrt.training.forward): inside a kernel over a square of cores,
-    every core's block (rows, cols, tokens, width) of a slab -- tokens over the rows of cores, features over
-    the columns; a token's reduction over its features is the kernel Context's allreduce along the rows of
-    cores (its messages booked as they go), element-wise work every core's block. Its line arguments are
-    unused: the kernel's ``ctx.x`` holds them."""
-
-    fast = False
-
-    def __init__(self, ctx: Context):
-        self.ctx = ctx
-
-    def norm2(self, comm: LineComm | None, x: np.ndarray) -> np.ndarray:
-        """x (rows, cols, tokens, width) -> (rows, cols, tokens): every token's sum of squares, on every core."""
-        return self.ctx.allreduce((x * x).sum(-1), "x")
-
-    def elementwise(self, comm: LineComm | None, kind: str, a: np.ndarray, positions: int = 0) -> None:
-        """Record element-wise work of `kind` on every core's block of a (rows, cols, ...)."""
-        self.ctx.compute(EW[kind] * a[0, 0].size)
-
-    def flash(self, comm: LineComm | None, s: np.ndarray, kept: np.ndarray, vs: np.ndarray,
-              positions: int = 0) -> Partial:
-        """STAR's FlashAttention on every core's block: s (rows, cols, ..., n), vs (rows, cols, ..., n, D)."""
-        self.ctx.compute(2 * s[0, 0].size * vs.shape[-1])
-        return flash(s, kept, vs)
 
 
 Net = FastNet | HopNet | SquareNet | KernelNet

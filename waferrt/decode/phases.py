@@ -16,7 +16,8 @@ from waferrt.fabric.comm import Collectives
 from waferrt.fabric.line_links import allreduce_links
 from waferrt.model.config import LlamaConfig
 
-from .cost import Decoding, layer_decode_parts
+from .cost import layer_decode_parts
+from .decoding import Decoding
 from .linkload import E, LinkLoad, N, S, W
 
 ATTENTION_AXES = {"norm.reduce": "x", "qkv.reduce": "x", "scores.reduce": "y", "softmax.max": "x",

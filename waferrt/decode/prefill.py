@@ -44,8 +44,10 @@ from waferrt.model.config import LlamaConfig
 from waferrt.model.reference import rope_cos_sin
 from waferrt.model.sparse import AttentionMode
 
-from .cost import ELEMENTWISE_FLOPS as EW
-from .cost import Decoding, stage_handover
+from .cost import stage_handover
+from .decoding import ELEMENTWISE_FLOPS as EW
+from .decoding import Decoding
+from .kernel_net import KernelNet
 from .kvcache import PromptChunk
 from .net import Blocks, SquareNet
 from .pack import Chunks, out_in
@@ -81,7 +83,7 @@ def _attention(net: SquareNet, blocks: tuple[np.ndarray, ...], prompt: PromptAtt
     """Every head's causal attention at once, dense or sparse (`mode`, decode.sparse_prefill), over the C
     blocks = (q (rows, cols, H, mb, db) of the prompt's tokens, k, v (rows, cols, H, kb, db) of its start +
     tokens context positions) -> (tokens, H * hd)."""
-    out = causal_attention(net.ctx, *blocks, prompt=prompt, select=selector(mode, prompt))
+    out = causal_attention(KernelNet(net.ctx), *blocks, prompt=prompt, select=selector(mode, prompt))
     return np.concatenate([collect("meshgemm", net.grid, out[:, :, h], prompt.tokens, hd)
                            for h in range(out.shape[2])], axis=1)
 
@@ -112,7 +114,7 @@ def _attention_block(net: SquareNet, shard, qkv: np.ndarray, chunk: PromptChunk,
         carry(read_move(config, home, chunk), cached, hop, out=kv)
     rep = nh // nkv
     blocks = (carry(moves.q, product, hop), np.repeat(kv[:, :, 0], rep, axis=2), np.repeat(kv[:, :, 1], rep, axis=2))
-    prompt = PromptAttention(T, 1.0 / np.sqrt(hd), EW["softmax"], start=start)
+    prompt = PromptAttention(T, 1.0 / np.sqrt(hd), start=start)
     out = _attention(net, blocks, prompt, shard.attention, hd)
     k, v = arrivals(config, home, chunk, carry(moves.cache, product, hop))
     _fill_cache(shard, slot, start, k, v)

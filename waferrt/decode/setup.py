@@ -36,7 +36,7 @@ from waferrt.fabric.comm import KTREE_FAST, Collectives
 from waferrt.model.config import LlamaConfig
 from waferrt.model.sparse import DENSE, AttentionMode
 
-from .cost import Decoding
+from .decoding import Decoding
 from .kvcache import KVCapacity
 from .layout import booked_bytes, embed_booking, kv_booking, layer_booking, stream_booking, topk_booking
 from .moe import pack_moe_layer

@@ -6,7 +6,7 @@ micro-batch of tokens through the layer with :meth:`LayerShard.forward`. Every d
 cores is a collective of waferrt.fabric.comm (booked in the ledger); the math per core is local and uses
 the reference's ops (waferrt.model.reference: RoPE on adjacent pairs, SiLU), booked as flops: the block
 GEMVs and attention products by their multiply-adds, the element-wise work (RMSNorm, RoPE, softmax, SiLU,
-residual adds) at waferrt.decode.cost.ELEMENTWISE_FLOPS per element. The residual stream enters
+residual adds) at waferrt.decode.decoding.ELEMENTWISE_FLOPS per element. The residual stream enters
 and leaves as x (B, cols, dim_c): split over the region's columns, replicated down its rows (one copy
 kept). :class:`EmbedShard` holds the tied embedding table: it looks a token's row up and, with the final
 norm, computes the logits.
@@ -25,12 +25,13 @@ from waferrt.core.dtypes import to_f32
 from waferrt.core.ledger import Ledger
 from waferrt.core.mesh import Region
 from waferrt.fabric.comm import KTREE_FAST, Collectives, LineComm, Span
+from waferrt.kernels.attention import softmax
 from waferrt.kernels.train_ops import Norm
 from waferrt.model.config import LlamaConfig
 from waferrt.model.reference import silu
 
 from . import sparse
-from .cost import Decoding
+from .decoding import Decoding
 from .kvcache import KVCapacity, KVView, MeshKVCache, as_slice
 from .net import Net, net_of
 from .pack import Chunks, rope_tables
@@ -122,13 +123,14 @@ def rotate(x: np.ndarray, angles: Angles) -> np.ndarray:
 @dataclass(frozen=True)
 class On:
     """Where a layer's block functions run and what they read: the :class:`~waferrt.decode.net.Net` and the x-
-    and y-lines of its cores (the decode's region; the prefill's square), the model, and its weights by name
-    (`w(name)`: what the Net's projections take -- the decode's packed blocks in float32, the prefill's
-    carried MeshGEMM blocks)."""
+    and y-lines of its cores (the decode's region; the prefill's square; None inside training's kernel, whose
+    KernelNet holds its lines), the model, and its weights by name (`w(name)`: what the Net's projections take
+    -- the decode's packed blocks in float32, the prefill's carried MeshGEMM blocks, training's
+    decode.net.Parts)."""
 
     net: Net
-    cx: LineComm
-    cy: LineComm
+    cx: LineComm | None
+    cy: LineComm | None
     config: LlamaConfig
     w: Callable[[str], object]
 
@@ -137,7 +139,8 @@ def attention_in(on: On, x: np.ndarray, angles: Angles) -> tuple[np.ndarray, np.
     """The block up to its attention: x (B, C, dim_c) the residual stream -> the QKV projection of its RMSNorm
     (B, R, nh + 2 nkv, hd_r) and its query and key heads RoPE'd at `angles` (broadcasting to
     (B, R, 1, hd_r)) -> (B, R, nh + nkv, hd_r). The decode's B items over a region's R rows and C columns; the
-    prefill's T tokens as one slab (R = C = 1) on its square."""
+    prefill's T tokens as one slab (R = C = 1) on its square; training's every core's block (rows, cols, mb,
+    dim_c) -> (rows, cols, heads, mb * db), each head's (mb, db) block flattened."""
     config, net = on.config, on.net
     h = mesh_rmsnorm(net, on.cx, x, on.w("attn_norm"), norm_of(config))
     qkv = net.gemv(on.cx, on.w("wqkv"), h)  # (B, R, (nh + 2 nkv) * hd_r)
@@ -155,10 +158,19 @@ def rope(net: Net, comm: LineComm | None, x: np.ndarray, angles: Angles) -> np.n
 
 def attention_out(on: On, x: np.ndarray, att: np.ndarray, ffn: Callable[[np.ndarray], np.ndarray]) -> np.ndarray:
     """The block after its attention: x (B, C, dim_c) the residual stream, att (B, R, nh * hd_r) the heads'
-    outputs -> x + Wo att, then plus `ffn` (the dense MLP, :func:`dense_ffn`; an MoE layer's experts) of its
-    RMSNorm, (B, C, dim_c)."""
+    outputs -> :func:`ffn_residual` of :func:`attention_residual`, (B, C, dim_c)."""
+    return ffn_residual(on, attention_residual(on, x, att), ffn)
+
+
+def attention_residual(on: On, x: np.ndarray, att: np.ndarray) -> np.ndarray:
+    """x + Wo att: x (B, C, dim_c) the residual stream, att (B, R, nh * hd_r) the heads' outputs -> x's shape."""
+    return residual(on.net, on.cx, x, on.net.gemv(on.cy, on.w("wo"), att))
+
+
+def ffn_residual(on: On, x: np.ndarray, ffn: Callable[[np.ndarray], np.ndarray]) -> np.ndarray:
+    """x + `ffn` (the dense MLP, :func:`dense_ffn`; an MoE layer's experts) of x's RMSNorm: x (B, C, dim_c) ->
+    x's shape."""
     net, cx = on.net, on.cx
-    x = residual(net, cx, x, net.gemv(on.cy, on.w("wo"), att))
     return residual(net, cx, x, ffn(mesh_rmsnorm(net, cx, x, on.w("ffn_norm"), norm_of(on.config))))
 
 
@@ -237,11 +249,7 @@ class LayerShard:
         net = self.net
         scores = net.dot(self.cy, net.split(qg), view.k, view.held)  # (B, nkv, rep, [positions]): over the rows
         scores *= self.scale
-        np.copyto(scores, np.float32(-np.inf), where=view.hidden)
-        scores -= net.reduce(self.cx, scores, "max")  # over the columns
-        e = np.exp(scores, out=scores)
-        e /= net.reduce(self.cx, e, "sum", positions=True)
-        net.elementwise(self.cx, "softmax", e, view.held)
+        e = softmax(net, self.cx, scores, view.hidden, view.held)  # its max and sum over the columns
         return net.dot(self.cx, e, view.v, view.held)  # the weighted V sums, over the columns
 
     # -- a batch of tokens ------------------------------------------------------------------------------

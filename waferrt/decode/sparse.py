@@ -35,7 +35,7 @@ import numpy as np
 
 from waferrt.fabric.comm import Slices, Span
 from waferrt.fabric.kernel import Context
-from waferrt.kernels.sparse_attention import Partial
+from waferrt.kernels.sparse_attention import Partial, row_statistics
 from waferrt.model.sparse import AttentionMode, log_keys
 
 from .kv_layouts import HeldEntries
@@ -78,9 +78,7 @@ def merged(shard, part: Partial, s: np.ndarray, w: int) -> np.ndarray:
     ``net.flash`` as it runs) and the allreduce of the partial P.V sums. Fast: part (B, nkv, rep, ...) joined;
     hop by hop: (B, nkv, rep, C, ...)."""
     net, cx = shard.net, shard.cx
-    top = net.reduce(cx, part.top, "max")
-    f = np.exp(part.top - top)  # each core's rescale to the row's max (0 for a core with no kept key)
-    total = net.reduce(cx, part.total * f, "sum")
+    _, total, f = row_statistics(net, cx, part)  # the row's sum; each core's rescale to the row's max
     net.elementwise(cx, "softmax", s, w)
     acc = part.acc * f
     if net.fast:

@@ -34,7 +34,8 @@ from waferrt.kernels.attention import PromptAttention, causal_mask, held_blocks,
 from waferrt.kernels.sparse_attention import Selection
 from waferrt.model.sparse import AttentionMode, log_keys
 
-from .cost import ELEMENTWISE_FLOPS, PREDICT_DTYPE
+from .cost import PREDICT_DTYPE
+from .decoding import ELEMENTWISE_FLOPS
 from .topk import TopKRow, row_topk, topk_cost, unpack
 
 

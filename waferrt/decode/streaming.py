@@ -30,7 +30,8 @@ from waferrt.core.mesh import Region
 from waferrt.core.spec import HardwareSpec
 from waferrt.model.config import LlamaConfig
 
-from .cost import Decoding, head_gemv_parts, head_norm_parts, layer_decode_cost
+from .cost import head_gemv_parts, head_norm_parts, layer_decode_cost
+from .decoding import Decoding
 from .layout import head_chunk_entries, layer_layouts
 from .net import net_of
 from .pack import Chunks, pack_embed, pack_layer

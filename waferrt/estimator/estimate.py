@@ -13,7 +13,7 @@ strategies (``scheduler.strategies.worth_trying``); with more than one it says w
 was limited to), with exactly one that it was asked for. When nothing fits it says so and what would
 (``advice``). The host exchange (token ids in, logits out over ``spec.ingress_bytes_per_s``) is added per
 step; the emulator books none. The closed forms are given :func:`paper_decoding`: an MoE layer's experts at
-their expected routing (decode.cost.Routing.EXPECTED), not a zero router's typical token.
+their expected routing (decode.decoding.Routing.EXPECTED), not a zero router's typical token.
 """
 
 from __future__ import annotations
@@ -25,13 +25,8 @@ from functools import lru_cache
 from waferrt.core.cost import cycles_seconds
 from waferrt.core.dtypes import STORAGE_DTYPES
 from waferrt.core.spec import HardwareSpec
-from waferrt.decode.cost import (
-    Decoding,
-    Routing,
-    head_decode_parts,
-    layer_decode_parts,
-    stage_handover,
-)
+from waferrt.decode.cost import head_decode_parts, layer_decode_parts, stage_handover
+from waferrt.decode.decoding import Decoding, Routing
 from waferrt.decode.schedule import requests_round_seconds, round_bound_seconds
 from waferrt.decode.stage import Stage, StageKind
 from waferrt.model.config import LlamaConfig

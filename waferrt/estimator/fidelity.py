@@ -43,7 +43,8 @@ from waferrt.core.arith import cdiv
 from waferrt.core.cost import Cost, flop_cycles, gemv_cost
 from waferrt.core.mesh import Region
 from waferrt.core.spec import WSE2, HardwareSpec
-from waferrt.decode.cost import Decoding, layer_decode_parts
+from waferrt.decode.cost import layer_decode_parts
+from waferrt.decode.decoding import Decoding
 from waferrt.decode.stage import Stage, StageKind
 from waferrt.model.config import LlamaConfig
 from waferrt.model.zoo import model_by_name

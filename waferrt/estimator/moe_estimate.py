@@ -22,9 +22,9 @@ import numpy as np
 
 from waferrt.core.cost import alltoall_cost, cycles_seconds
 from waferrt.core.mesh import Region
-from waferrt.decode.cost import uniform_routing
 from waferrt.decode.linkload import AllToAll, LinkLoad
 from waferrt.decode.moe_layout import MAPPINGS, expert_blocks, expert_grid
+from waferrt.decode.routed_cost import uniform_routing
 from waferrt.scheduler.budget import tensor_bytes
 
 from .advice import fits, model_bytes

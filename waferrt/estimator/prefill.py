@@ -30,7 +30,8 @@ from waferrt.core.arith import cdiv, whole
 from waferrt.core.cost import Cost, message_cycles, total
 from waferrt.core.dtypes import itemsize
 from waferrt.core.mesh import Region
-from waferrt.decode.cost import Decoding, head_decode_parts
+from waferrt.decode.cost import head_decode_parts
+from waferrt.decode.decoding import Decoding
 from waferrt.decode.prefill import prefill_work_parts
 from waferrt.model.zoo import model_by_name
 

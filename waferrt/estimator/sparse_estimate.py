@@ -21,7 +21,8 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 
 from waferrt.core.cost import cycles_seconds
-from waferrt.decode.cost import Decoding, attention_parts
+from waferrt.decode.cost import attention_parts
+from waferrt.decode.decoding import Decoding
 from waferrt.model.sparse import AttentionMode
 from waferrt.scheduler.types import Workload
 

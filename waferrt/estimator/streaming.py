@@ -19,7 +19,8 @@ from dataclasses import dataclass
 from waferrt.core.arith import last_true
 from waferrt.core.cost import cycles_seconds
 from waferrt.core.spec import HardwareSpec
-from waferrt.decode.cost import Decoding, lane_batches, layer_decode_cost
+from waferrt.decode.cost import lane_batches, layer_decode_cost
+from waferrt.decode.decoding import Decoding
 from waferrt.decode.layout import stream_core_bytes
 from waferrt.decode.stage import StageKind
 from waferrt.decode.streaming import stream_cycles, stream_step_cycles, streamed_bytes

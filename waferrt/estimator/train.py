@@ -97,6 +97,7 @@ class StrategyTime:
     detail: str  # how it runs (stages, micro-batches, bubble) or why it does not fit
     mfu: float = 0.0
     tokens_per_s: float = 0.0
+    square: int = 0  # the side of the squares its kernels run on (0: it does not fit)
     # tensor-stream: its partition's layouts on the die grid, fastest first
     layouts: tuple[LinkTime, ...] = dataclasses.field(default=(), repr=False)
 
@@ -143,16 +144,35 @@ def line_d2d_seconds(template: WaferTemplate, n: int, line_bytes: float) -> floa
     return 2 * (n - 1) / n * line_bytes * die_h / template.d2d.bytes_per_s + 2 * (n - 1) * template.d2d.latency_s
 
 
-def _kernels(job: TrainJob, template: WaferTemplate, work: Work, grid: Grid) -> tuple[float, float, float]:
-    """(compute, fabric, die-to-die) seconds of a pass of `work` on a w x h grid: the emulator's closed forms
-    composed (estimator.train_layer.pass_costs), on the squares' side for which the three take least together
-    (a larger square can cross die edges that a smaller one stays inside; :func:`_d2d`)."""
+@dataclass(frozen=True)
+class KernelTime:
+    """A pass's kernels on a grid: compute, fabric and die-to-die seconds, on `squares` squares of `side` x
+    `side` cores."""
+
+    compute: float
+    fabric: float
+    d2d: float
+    side: int
+    squares: int
+
+    @property
+    def seconds(self) -> float:
+        return self.compute + self.fabric + self.d2d
+
+    def scaled(self, k: float) -> KernelTime:
+        return dataclasses.replace(self, compute=self.compute * k, fabric=self.fabric * k, d2d=self.d2d * k)
+
+
+def _kernels(job: TrainJob, template: WaferTemplate, work: Work, grid: Grid) -> KernelTime:
+    """A pass of `work` on a w x h grid: the emulator's closed forms composed (estimator.train_layer.pass_costs),
+    on the squares' side for which compute, fabric and die-to-die take least together (a larger square can
+    cross die edges that a smaller one stays inside; :func:`_d2d`)."""
     spec = template.spec
     options = []
     for cost in pass_costs(spec, work, grid):
         compute, fabric = cost.seconds(spec, job.dtype)
-        options.append((compute, fabric, _d2d(template, grid, cost, fabric)))
-    return min(options, key=sum)
+        options.append(KernelTime(compute, fabric, _d2d(template, grid, cost, fabric), cost.side, cost.squares))
+    return min(options, key=lambda k: k.seconds)
 
 
 def _d2d(template: WaferTemplate, grid: Grid, cost: PassCost, fabric: float) -> float:
@@ -220,12 +240,13 @@ def weight_streaming(job: TrainJob, template: WaferTemplate) -> StrategyTime:
                             round(buffer + per_seq / cores), f"one sequence's activations ({per_seq / 1e9:.1f} GB) "
                             f"do not fit in the wafer's {template.sram_bytes() / 1e9:.1f} GB of SRAM")
     passes = -(-job.shape.batch // mb)
-    compute, fabric, d2d = (passes * t for t in _kernels(job, template, Work(config, config.n_layers, mb, job.shape.seq,
-                                                                             job.dtype), Grid(*template.mesh)))
+    k = _kernels(job, template, Work(config, config.n_layers, mb, job.shape.seq, job.dtype),
+                 Grid(*template.mesh)).scaled(passes)
+    compute, fabric, d2d = k.compute, k.fabric, k.d2d
     bd = Breakdown(compute, fabric, d2d, io * passes)  # the weights stream in once per micro-batch
     step = max(bd.compute + bd.fabric, bd.d2d, bd.io)  # the kernels serialise; the streaming overlaps them
     return StrategyTime("weight-streaming", True, step, bd, round(buffer + mb * per_seq / cores),
-                        f"{passes} pass(es) of {mb} sequence(s); weights streamed in each pass")
+                        f"{passes} pass(es) of {mb} sequence(s); weights streamed in each pass{_on(k)}", square=k.side)
 
 
 def _resident(job: TrainJob, template: WaferTemplate) -> tuple[float, float, str]:
@@ -265,7 +286,8 @@ def _pipeline_at(job: TrainJob, template: WaferTemplate, r: int, resident: tuple
     m = -(-job.shape.batch // mb)
     slots = m + r - 1
     work = Work(config, config.n_layers // r, mb, job.shape.seq, job.dtype)  # the last stage's, with the head
-    compute, fabric, d2d = _kernels(job, template, work, Grid(w // r, h))
+    k = _kernels(job, template, work, Grid(w // r, h))
+    compute, fabric, d2d = k.compute, k.fabric, k.d2d
     compute += _adam_s(job, template, stage_cores, config.params() / r / m)
     hand = 2 * mb * job.shape.seq * config.dim * itemsize(job.dtype)  # activations forward, gradients back
     fabric += cycles_seconds(template.spec, message_cycles(template.spec, 1, 1, hand / h))
@@ -273,7 +295,8 @@ def _pipeline_at(job: TrainJob, template: WaferTemplate, r: int, resident: tuple
     slot = max(compute + fabric, d2d)
     bd = Breakdown(compute * slots, fabric * slots, d2d * slots, io)
     return StrategyTime("pipeline", True, slot * slots + io, bd, need,
-                        f"{r} stage(s), {m} micro-batch(es) of {mb}, bubble {(r - 1) / slots:.0%}, {where}")
+                        f"{r} stage(s), {m} micro-batch(es) of {mb}, bubble {(r - 1) / slots:.0%}, {where}{_on(k)}",
+                        square=k.side)
 
 
 def _handover_d2d(template: WaferTemplate, r: int, nbytes: float) -> float:
@@ -297,15 +320,35 @@ def tensor_stream(job: TrainJob, template: WaferTemplate) -> StrategyTime:
                             f"weights ({weights / 1e9:.1f} GB, {where}) and one sequence's activations do not fit "
                             f"in the wafer's {template.sram_bytes() / 1e9:.1f} GB")
     passes = -(-job.shape.batch // mb)
-    work = Work(config, config.n_layers, mb, job.shape.seq, job.dtype)
-    compute, fabric, _ = _kernels(job, template, work, Grid(*template.die.full_mesh))  # a die's square(s)
+    k = _die_kernels(job, template, mb)
+    compute, fabric = k.compute, k.fabric
     compute = passes * compute / dies + _adam_s(job, template, cores, config.params())  # a die: its 1/dies share
     fabric = passes * fabric / dies
     layouts = tuple(sorted(stream_d2d(template, stream_traffic(job, passes)), key=lambda t: t.seconds))
     bd = Breakdown(compute, fabric, layouts[0].seconds if layouts else 0.0, io)
     laid = f" as {layouts[0].label()}" if layouts else ""
     return StrategyTime("tensor-stream", True, max(bd.compute + bd.fabric, bd.d2d) + io, bd, need,
-                        f"{dies} die(s){laid}, {passes} pass(es) of {mb} sequence(s), {where}", layouts=layouts)
+                        f"{dies} die(s){laid}, {passes} pass(es) of {mb} sequence(s), {where}{_on(k)} a die",
+                        square=k.side, layouts=layouts)
+
+
+def _die_kernels(job: TrainJob, template: WaferTemplate, mb: int) -> KernelTime:
+    """The kernels of a pass of `mb` sequences on a die's square(s); when the head's jobs over
+    them overflow a die's cores, the kernels of half as many, and so on, scaled up (ASSUMED linear in the
+    sequences, as a die's 1/dies share is): more dies' SRAM holds a larger micro-batch, never a refusal."""
+    kb = mb
+    while True:
+        try:
+            work = Work(job.config, job.config.n_layers, kb, job.shape.seq, job.dtype)
+            return _kernels(job, template, work, Grid(*template.die.full_mesh)).scaled(mb / kb)
+        except HeadTooLarge:
+            if kb == 1:
+                raise
+            kb //= 2
+
+
+def _on(k: KernelTime) -> str:
+    return f", on {k.squares} square(s) of {k.side}x{k.side} cores"
 
 
 def stream_traffic(job: TrainJob, passes: int) -> StreamTraffic:

@@ -46,7 +46,7 @@ from waferrt.core.train_cost import (
     head_chunks,
 )
 from waferrt.core.train_memory import KeepPlan, keep_plan
-from waferrt.decode.cost import ELEMENTWISE_FLOPS
+from waferrt.decode.decoding import ELEMENTWISE_FLOPS
 from waferrt.model.config import LlamaConfig
 
 

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from waferrt.core.template import DieLinks, WaferTemplate, template_by_name
+from waferrt.core.template import SOURCES, DieLinks, Figure, WaferTemplate, template_by_name
 from waferrt.core.topology import TOPOLOGIES, Topology
 
 from .die_grid import Layout
@@ -74,9 +74,14 @@ def _dominant(slow: StrategyTime, fast: StrategyTime) -> str:
     why = {"fabric": "the kernels' on-die moves (MeshGEMM's shifts and the reductions along a square's rows)",
            "compute": "the flops at the template's 16-bit rate", "die-to-die": "the die edges' streams",
            "off-wafer I/O": "the weights streamed in and the gradients out"}[term]
-    return (f"{term} dominates, {why}: {slow.strategy} {a:.3f} s of its {slow.step_s:.3f} s (bound by "
-            f"{slow.breakdown.bound}), {fast.strategy} {other} of its {fast.step_s:.3f} s (bound by "
-            f"{fast.breakdown.bound})")
+    return (f"{term} dominates, {why}: {slow.strategy} {a:.3f} s of its {slow.step_s:.3f} s on squares of "
+            f"{slow.square} cores a side (bound by {slow.breakdown.bound}), {fast.strategy} {other} of its "
+            f"{fast.step_s:.3f} s on squares of {fast.square} (bound by {fast.breakdown.bound}); fabric per second "
+            f"of compute {_per(slow)} against {_per(fast)}")
+
+
+def _per(st: StrategyTime) -> str:
+    return f"{st.breakdown.fabric / st.breakdown.compute:.1f}" if st.breakdown.compute > 0 else "-"
 
 
 def paper_rows(job: TrainJob) -> list[PaperRow]:
@@ -101,15 +106,32 @@ def sensitivity(job: TrainJob, template: WaferTemplate) -> dict[tuple[str, float
             for t in TOPOLOGIES for tbps in D2D_TBPS}
 
 
-def resources(job: TrainJob, template: WaferTemplate) -> dict[tuple[str, float], StrategyTime]:
-    """The tensor-stream step with the die's 16-bit ("flops") or SRAM ("sram") figure per core scaled."""
-    die = template.die
-    out = {}
-    for scale in SCALES:
-        out["flops", scale] = tensor_stream(job, template.replace(die=die.replace(
-            half_flops_per_cycle=die.half_flops_per_cycle * scale)))
-        out["sram", scale] = tensor_stream(job, template.replace(die=die.replace(
-            sram_bytes=int(die.sram_bytes * scale))))
+def _speedup(job: TrainJob, template: WaferTemplate) -> tuple[StrategyTime, float | None]:
+    """The tensor-stream step on `template` and its speed-up over the best other strategy (TEMP's claim; None
+    when a side does not fit)."""
+    on = _by_name(estimate_train(job, template))
+    ts, others = on.pop("tensor-stream"), [s for s in on.values() if s.fits]
+    return ts, (min(s.step_s for s in others) / ts.step_s if ts.fits and others else None)
+
+
+def figures(job: TrainJob, template: WaferTemplate) -> dict[tuple[Figure, float], tuple[StrategyTime, float | None]]:
+    """For each figure of the template and each scale of SCALES: the tensor-stream step and its speed-up over
+    the best other strategy with that figure scaled (core.template.Figure.scaled)."""
+    base = _speedup(job, template)
+    return {(f, k): base if k == 1.0 else _speedup(job, f.scaled(template, k)) for f in Figure for k in SCALES}
+
+
+def figure_lines(job: TrainJob, template: WaferTemplate) -> list[str]:
+    """The figures' table: each one's value and source (core.template.SOURCES), and what it moves."""
+    table, sources = figures(job, template), SOURCES.get(template.name, {})
+    out = [f"{template.name}'s figures: the source of each, and the tensor-stream step (s) with its speed-up over "
+           "the best other strategy (TEMP reports 1.70x) with the figure halved, as is, doubled (no fit: -)",
+           f"{'figure':<30}{'value':>10}  {'source':<11}" + "".join(f"{f'x{k:g}':>15}" for k in SCALES)]
+    for f in Figure:
+        cells = "".join(f"{st.step_s:>8.3f} {ratio:>5.2f}x" if ratio else f"{'-':>15}"
+                        for st, ratio in (table[f, k] for k in SCALES))
+        source = sources[f].value if f in sources else "the preset's"
+        out.append(f"{f.value:<30}{f.shown(template):>10}  {source:<11}{cells}")
     return out
 
 
@@ -137,13 +159,19 @@ def layout_lines(job: TrainJob, template: WaferTemplate) -> list[str]:
         aware = "topology-aware" if m.partition.layout.aware else "ignores the grid"
         out.append(f"{label:<40}{m.busiest_bytes / 1e9:>9.2f}{m.longest_hop:>5}{m.seconds:>8.3f}"
                    f"{t.busiest_bytes / 1e9:>10.2f}{t.longest_hop:>5}{t.seconds:>8.3f}  {aware}")
-    best, cycle = on["mesh"].layout, rows["mesh"].get(Layout.RING_CYCLE.value + f" (1x{template.n_dies})")
-    crowded = rows["mesh"].get(Layout.RING_ROW_MAJOR.value + f" (1x{template.n_dies})")
-    out.append(f"picked on the mesh: {best.label()}; one ring's busiest edge carries "
-               f"{cycle.busiest_bytes / best.busiest_bytes if cycle else float('nan'):.1f}x its bytes, and laid out "
-               f"row by row {crowded.busiest_bytes / cycle.busiest_bytes if cycle else float('nan'):.1f}x the "
-               "cycle's (two streams share each row edge: the contention TEMP's traffic-conscious mapping avoids)"
-               if crowded else f"picked on the mesh: {best.label()}")
+    best = on["mesh"].layout
+    ring = {lt.partition.layout: lt for lt in rows["mesh"].values() if len(lt.partition.reduce[0]) == 1}
+    cycle, crowded = ring.get(Layout.RING_CYCLE), ring.get(Layout.RING_ROW_MAJOR)
+    said = [f"picked on the mesh: {best.label()}"]
+    if cycle:
+        said.append(f"one ring of neighbours puts {cycle.busiest_bytes / best.busiest_bytes:.1f}x its bytes on its "
+                    "busiest edge")
+    if crowded:
+        said.append(f"one ring laid out row by row {crowded.busiest_bytes / best.busiest_bytes:.1f}x (its row "
+                    "changes run back along the rows: two streams share each row edge, the contention TEMP's "
+                    "traffic-conscious mapping avoids)" + ("" if cycle else f"; {template.dies[0]}x{template.dies[1]}"
+                                                         " dies have no cycle of neighbours"))
+    out.append("; ".join(said))
     return out
 
 
@@ -172,11 +200,4 @@ def lines(job: TrainJob, template: WaferTemplate) -> list[str]:
                "(half the bytes on each edge, one edge a hop): there a torus's step is the shorter; above it the "
                "topology and the bandwidth change only the die-to-die seconds the kernels hide")
     out += [""] + layout_lines(job, template)
-    scaled = resources(job, template)
-    out += ["", f"tensor-stream on {template.name} with the die's per-core figures scaled (step seconds; no fit: -)",
-            f"{'':<24}" + "".join(f"{f'x{k:g}':>9}" for k in SCALES)]
-    for kind, label in (("flops", f"16-bit flops/cycle ({template.die.half_flops_per_cycle:g})"),
-                        ("sram", f"SRAM per core ({template.die.sram_bytes // 1024} KB)")):
-        out.append(f"{label:<24}" + "".join(f"{scaled[kind, k].step_s:>9.3f}" if scaled[kind, k].fits else f"{'-':>9}"
-                                            for k in SCALES))
-    return out
+    return out + [""] + figure_lines(job, template)

@@ -1,9 +1,11 @@
 """Causal attention over a prompt as mesh GEMMs: the transposed MeshGEMM for Q.K^T, then MeshGEMM for P.V.
 
-Contract: ``causal_attention(ctx, q, k, v, prompt=PromptAttention(T, scale, softmax_flops))`` is a kernel over a
-square grid of s x s cores (the whole region): q, k, v are H heads' (T, head_dim) matrices in the
-*C layout* of waferrt.kernels.gemm (block (i, c) of T/s tokens by head_dim/s on the core at ring place
-(i, c): how a MeshGEMM leaves its product, e.g. the QKV projection), as (rows, cols, H, T/s, head_dim/s)
+Contract: ``causal_attention(net, q, k, v, prompt=PromptAttention(T, scale))`` is a kernel over a square grid of
+s x s cores (the whole region), run through the kernel's Net (``net``: decode.kernel_net.KernelNet over the
+kernel's Context ``net.ctx``; kernels cannot import the decode, so it is taken, not made, here): q, k, v are
+H heads' (T, head_dim) matrices in the *C layout* of waferrt.kernels.gemm (block (i, c) of T/s tokens by
+head_dim/s on the core at ring place (i, c): how a MeshGEMM leaves its product, e.g. the QKV projection), as (rows,
+cols, H, T/s, head_dim/s)
 blocks -- every head's blocks move together; it returns the heads' outputs in the same layout. Row i of
 the scores is token block i attending to every token block j <= i (masked causally, and beyond the T
 tokens).
@@ -16,6 +18,13 @@ columns'. The score block of (i, j) thereby visits every column of row i, and af
 holds S(i, (i + c) % s): the A layout that MeshGEMM takes, so the softmax (a row max and a row sum, each an
 allreduce along x) and P.V (V skewed like K, then ``meshgemm``) follow with no other move. Booked under
 "attention"; ``waferrt.core.gemm_cost.attention_cost`` is what that comes to.
+
+:func:`softmax` is the attention's softmax, written once for every path: the decode's (decode.shards,
+``LayerShard._dense`` on FastNet / HopNet), the prefill's and training's (here, on the KernelNet), and the
+backward's recomputed P (kernels.attention_backward). It reaches across cores only through its Net's
+``reduce`` (the row's max and sum over a split axis) and records its flops through ``elementwise``, so each
+Net's collectives and records are its own and the math is one. (STAR's sparse attention instead merges the
+cores' sorted-updating online softmax, kernels.sparse_attention.flash / ``row_statistics``.)
 """
 
 from __future__ import annotations
@@ -27,7 +36,7 @@ import numpy as np
 from .gemm import Grid, meshgemm, places, ring_move, used_lines
 from .gemm_backward import accumulate
 from .sequences import fold, unfold
-from .sparse_attention import KeptScores, Selection, flash
+from .sparse_attention import KeptScores, Selection, row_statistics
 
 
 def square_places(ctx) -> tuple[list[int], list[int]]:
@@ -79,23 +88,21 @@ def scores_nt(ctx, q: np.ndarray, k: np.ndarray, chosen: Selection | None = None
 @dataclass(frozen=True)
 class PromptAttention:
     """What the causal attention over a prompt needs besides its blocks: the prompt's `tokens` (the rest of
-    the blocks is padding), the score `scale` (1/sqrt(head_dim)), the flops of one softmax element, the
+    the blocks is padding), the score `scale` (1/sqrt(head_dim)), the
     `sequences` side by side in each core's blocks (waferrt.kernels.sequences' layout, `tokens` each: each runs
     on its own, batched with the heads); and the positions before the queries' (`start`: a chunk of a longer
     prompt, whose keys and values are the start + tokens positions of its context)."""
 
     tokens: int
     scale: float
-    softmax_flops: int
     sequences: int = 1
     start: int = 0
 
     def __post_init__(self) -> None:
-        if self.tokens < 1 or self.scale <= 0 or self.softmax_flops < 0 or self.sequences < 1 or self.start < 0:
+        if self.tokens < 1 or self.scale <= 0 or self.sequences < 1 or self.start < 0:
             raise ValueError(f"causal attention over {self.sequences} sequence(s) of {self.tokens} tokens from "
-                             f"position {self.start} with scale {self.scale} and {self.softmax_flops} softmax flops: "
-                             "give at least one sequence of one token, a start >= 0, a positive scale and "
-                             "non-negative flops")
+                             f"position {self.start} with scale {self.scale}: give at least one sequence of one "
+                             "token, a start >= 0 and a positive scale")
 
 
 def held_blocks(ctx) -> tuple[np.ndarray, np.ndarray]:
@@ -118,51 +125,61 @@ def causal_mask(ctx, mb: int, prompt: PromptAttention, key_block: int | None = N
     return (key <= query) & (key < prompt.start + prompt.tokens)
 
 
-def probabilities(ctx, q: np.ndarray, k: np.ndarray, prompt: PromptAttention, chosen: Selection | None = None
+def softmax(net, comm, scores: np.ndarray, hidden: np.ndarray, positions: int = 0) -> np.ndarray:
+    """Each row's softmax over the last axis of `scores` (..., n), that axis split over `comm`'s line of `net`'s
+    cores: the entries where `hidden` (broadcasting to scores) is set get probability 0, a row that sees no
+    entry (a padding query) all 0. The row's max and sum are the Net's ``reduce`` along the line, the
+    element-wise work its ``elementwise`` ("softmax"; `positions`: the last axis is a K/V positions axis of
+    which the fullest core holds that many). `scores` is overwritten; the probabilities are returned."""
+    np.copyto(scores, np.float32(-np.inf), where=hidden)
+    top = net.reduce(comm, scores, "max")
+    scores -= np.where(np.isfinite(top), top, np.float32(0))  # a row with no entry stays at -inf: exp gives 0
+    e = np.exp(scores, out=scores)
+    total = net.reduce(comm, e, "sum", positions=bool(positions))
+    net.elementwise(comm, "softmax", e, positions)
+    e /= np.where(total > 0, total, np.float32(1))
+    return e
+
+
+def probabilities(net, q: np.ndarray, k: np.ndarray, prompt: PromptAttention, chosen: Selection | None = None
                   ) -> np.ndarray:
     """The heads' causal softmax(scale Q K^T) in the A layout, (rows, cols, H, mb, kb): q in the C layout, k
     (its kb positions a block) already skewed along y (module doc); masked entries and padding queries get 0.
-    `chosen`: only its keys (sparse attention: their scores alone, `sorted_statistics`), the products and the
-    softmax booked for its kept keys."""
-    heads, mb, kb = q.shape[2], q.shape[3], k.shape[3]
+    `chosen`: only its keys (sparse attention: their scores alone, `sorted_probabilities`), the products and
+    the softmax recorded for its kept keys."""
+    ctx, mb, kb = net.ctx, q.shape[3], k.shape[3]
     scores = scores_nt(ctx, q, k, chosen) * np.float32(prompt.scale)  # (rows, cols, H, mb, kb)
     valid = causal_mask(ctx, mb, prompt, kb)[:, :, None]
     if chosen is not None:
-        valid = valid & chosen.mask(held_blocks(ctx)[1])
-        top, total = sorted_statistics(ctx, scores, valid, chosen)
-        e = np.where(valid, np.exp(scores - top[..., None]), np.float32(0))
-    else:
-        scores = np.where(valid, scores, np.float32(-np.inf))
-        top = ctx.allreduce(scores.max(axis=4), "x", op="max")  # (rows, cols, H, mb): each query's row max
-        top = np.where(np.isfinite(top), top, np.float32(0))  # a padding query sees no key
-        e = np.where(valid, np.exp(scores - top[..., None]), np.float32(0))
-        total = ctx.allreduce(e.sum(axis=4), "x")
-    ctx.ledger.compute(prompt.softmax_flops * heads * mb * (chosen.kept if chosen is not None else kb))
-    return e / np.where(total > 0, total, np.float32(1))[..., None]
+        return sorted_probabilities(net, scores, valid & chosen.mask(held_blocks(ctx)[1]), chosen)
+    return softmax(net, None, scores, ~valid)
 
 
-def sorted_statistics(ctx, scores: np.ndarray, valid: np.ndarray, chosen: Selection) -> tuple[np.ndarray, ...]:
-    """Sparse attention's row max and sum: each core's online softmax over its kept keys in predicted order
-    (kernels.sparse_attention.flash, STAR's sorted-updating FlashAttention), then the row's max and the sums
-    rescaled to it, reduced over x. scores, valid (rows, cols, H, mb, kb) -> top, total (rows, cols, H, mb)."""
-    places, inside = chosen.in_block(held_blocks(ctx)[1])  # (rows, cols, H, mb, kept), best predicted first
-    part = flash(np.take_along_axis(scores, places, -1), inside & np.take_along_axis(valid, places, -1))
-    top = ctx.allreduce(part.top[..., 0], "x", op="max")
-    top = np.where(np.isfinite(top), top, np.float32(0))  # a padding query sees no key
-    return top, ctx.allreduce((part.total * np.exp(part.top - top[..., None]))[..., 0], "x")
+def sorted_probabilities(net, scores: np.ndarray, valid: np.ndarray, chosen: Selection) -> np.ndarray:
+    """Sparse attention's P: each core's online softmax over its kept keys in predicted order (``net.flash``:
+    kernels.sparse_attention.flash, STAR's sorted-updating FlashAttention), the cores' Partials merged over
+    the row (kernels.sparse_attention.row_statistics), then each kept key's probability. scores, valid (rows,
+    cols, H, mb, kb) -> P (rows, cols, H, mb, kb), 0 but at the kept keys."""
+    places, inside = chosen.in_block(held_blocks(net.ctx)[1])  # (rows, cols, H, mb, kept), best predicted first
+    part = net.flash(None, np.take_along_axis(scores, places, -1), inside & np.take_along_axis(valid, places, -1))
+    top, total, _ = row_statistics(net, None, part)
+    e = np.where(valid, np.exp(scores - top), np.float32(0))
+    net.elementwise(None, "softmax", e, chosen.kept)
+    return e / np.where(total > 0, total, np.float32(1))
 
 
-def causal_attention(ctx, q: np.ndarray, k: np.ndarray, v: np.ndarray, prompt: PromptAttention,
+def causal_attention(net, q: np.ndarray, k: np.ndarray, v: np.ndarray, prompt: PromptAttention,
                      select=None) -> np.ndarray:
-    """The heads' causal attention over the prompt (module doc): q (rows, cols, H, mb, db) blocks in, and out;
+    """The heads' causal attention over the prompt (module doc) on `net` (the kernel's KernelNet): q (rows, cols,
+    H, mb, db) blocks in, and out;
     k and v (rows, cols, H, kb, db): the blocks of the prompt.start + prompt.tokens positions of its context;
     prompt.sequences of them side by side in each block, run as that many times the heads (sequences.fold).
     `select` (sparse attention, e.g. waferrt.decode.sparse_prefill): select(ctx, q, k skewed) -> the
     Selection of keys each query attends to, over which the softmax and P.V then run."""
-    q, k, v = (fold(a, prompt.sequences) for a in (q, k, v))
+    ctx, (q, k, v) = net.ctx, (fold(a, prompt.sequences) for a in (q, k, v))
     with ctx.ledger.op("attention"):
         ks = skew(ctx, k, "y")
         chosen = select(ctx, q, ks) if select is not None else None
-        p = probabilities(ctx, q, ks, prompt, chosen)
+        p = probabilities(net, q, ks, prompt, chosen)
         out = meshgemm(ctx, p[:, :, None], skew(ctx, v, "y")[:, :, None], chosen.kept if chosen else None)
         return unfold(out, prompt.sequences)

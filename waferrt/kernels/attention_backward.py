@@ -1,15 +1,16 @@
 """The backward of causal attention over a prompt (with GQA) as mesh kernels, laid out as the forward's.
 
-Contract: ``attention_backward(ctx, q, k, v, do, prompt)`` is a kernel over a square grid of s x s living
-cores (the whole region, as ``causal_attention``): q and do are the H query heads' (T, head_dim) matrices,
-k and v the G K/V heads', all in the C layout as (rows, cols, heads, T/s, head_dim/s) blocks (query head h
-reads K/V head h // (H / G)). It returns (dQ in the C layout, dK and dV in the *B layout*: core at ring place
+Contract: ``attention_backward(net, q, k, v, do, prompt)`` is a kernel over a square grid of s x s living
+cores (the whole region, as ``causal_attention``, on the kernel's Net: decode.kernel_net.KernelNet over
+``net.ctx``): q and do are the H query heads' (T, head_dim) matrices, k and v the G K/V heads', all in the C
+layout as (rows, cols, heads, T/s, head_dim/s) blocks (query head h reads K/V head h // (H / G)). It returns (dQ in
+the C layout, dK and dV in the *B layout*: core at ring place
 (i, j) holds the block of key block (i + j) % s, head_dim block j -- where the forward's skew put K and V),
 stacked as (rows, cols, 3, H, ...) with dK, dV in the first G heads (the rest zero).
 
 The steps, every block moving hop by hop on MeshGEMM's rings (waferrt.kernels.gemm, gemm_backward):
 K and V repeated to the query heads (a copy in each core) and skewed as the forward does; P recomputed
-(``probabilities``: Q.K^T by the transposed MeshGEMM, the row max and sum) -- recomputed rather than kept,
+(``probabilities``: Q.K^T by the transposed MeshGEMM, the forward's softmax on the Net) -- recomputed rather than kept,
 because P is T x T per head (T a sequence's tokens), T/head_dim times what Q, K and V hold, and its
 recomputation costs one transposed pass, the forward's; dP = dO V^T (transposed, "nt", in P's A layout);
 the softmax's backward dS = scale P (dP - rowsum(P dP)) (one allreduce along the rows); dQ = dS K by
@@ -42,11 +43,11 @@ def _grouped(buf: np.ndarray, kv_heads: int, sequences: int) -> np.ndarray:
     return out
 
 
-def attention_backward(ctx, q: np.ndarray, k: np.ndarray, v: np.ndarray, do: np.ndarray,
+def attention_backward(net, q: np.ndarray, k: np.ndarray, v: np.ndarray, do: np.ndarray,
                        prompt: PromptAttention) -> np.ndarray:
     """dQ, dK, dV of the heads' causal attention (module doc): (rows, cols, 3, H, T/s, head_dim/s); with
     prompt.sequences side by side in each block, each on its own, as that many times the heads (sequences.fold)."""
-    B = prompt.sequences
+    ctx, B = net.ctx, prompt.sequences
     q, k, v, do = (fold(a, B) for a in (q, k, v, do))
     heads, kv_heads, mb, db = q.shape[2], k.shape[2], q.shape[3], q.shape[4]
     if heads % kv_heads:
@@ -56,7 +57,7 @@ def attention_backward(ctx, q: np.ndarray, k: np.ndarray, v: np.ndarray, do: np.
     grid = Grid.of_ctx(ctx)
     with ctx.ledger.op("attention_backward"):
         ks, vs = (skew(ctx, np.repeat(a, rep, axis=2), "y") for a in (k, v))
-        p = probabilities(ctx, q, ks, prompt)  # (rows, cols, H, mb, mb), A layout
+        p = probabilities(net, q, ks, prompt)  # (rows, cols, H, mb, mb), A layout
         dp = accumulate(ctx, grid, do, vs, "nt")  # dO V^T, A layout
         row = ctx.allreduce((p * dp).sum(axis=4), "x")  # (rows, cols, H, mb)
         ds = p * (dp - row[..., None]) * np.float32(prompt.scale)

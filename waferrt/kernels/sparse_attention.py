@@ -15,6 +15,9 @@ Contract:
 - `flash(s, kept, vs=None, block)`: STAR's sorted-updating FlashAttention: the online softmax over scores
   in predicted order, `block` at a time -> `Partial` (running max, sum, and with `vs` the P.V; `rescales`
   counts the (row, block) pairs after the first whose new max forced the rescale: rare in that order).
+- `row_statistics(net, comm, part)`: the cores' Partials of a row merged along a line through the Net's
+  ``reduce`` (the row's max, each core's rescale to it, the row's sum): how the decode (decode.sparse) and the
+  prefill (kernels.attention) both finish the online softmax.
 """
 
 from __future__ import annotations
@@ -115,3 +118,13 @@ def flash(s: np.ndarray, kept: np.ndarray, vs: np.ndarray | None = None, block: 
             acc = acc * alpha + np.matmul(p[..., None, :], vs[..., lo:lo + block, :])[..., 0, :]
         top = new
     return Partial(top, total, acc, rescales)
+
+
+def row_statistics(net, comm, part: Partial) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The cores' Partials (top, total (..., 1) each) merged along `comm`'s line of `net`'s cores: (the row's max
+    (0 for a row that kept no key: a padding query), the row's sum, each core's rescale exp(its max - the row's),
+    0 for a core that kept none) -- the row's max and sum by the Net's ``reduce``."""
+    top = net.reduce(comm, part.top, "max")
+    top = np.where(np.isfinite(top), top, np.float32(0))
+    rescale = np.exp(part.top - top)
+    return top, net.reduce(comm, part.total * rescale, "sum"), rescale

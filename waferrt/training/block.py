@@ -28,7 +28,7 @@ from functools import partial
 import numpy as np
 
 from waferrt.core.train_cost import TrainShape, square_tokens
-from waferrt.decode.cost import ELEMENTWISE_FLOPS as EW
+from waferrt.decode.kernel_net import KernelNet
 from waferrt.kernels.attention import PromptAttention
 from waferrt.kernels.attention_backward import attention_backward
 from waferrt.kernels.gemm import Grid
@@ -108,7 +108,7 @@ class BlockShape:
     def of(cls, config, batch: TrainShape) -> BlockShape:
         """The block's over the batch's B sequences (attention per sequence: kernels.sequences)."""
         return cls(Norm(config.dim, config.norm_eps),
-                   PromptAttention(batch.seq, 1 / np.sqrt(config.head_dim), EW["softmax"], batch.batch))
+                   PromptAttention(batch.seq, 1 / np.sqrt(config.head_dim), batch.batch))
 
 
 def _heads(a: np.ndarray) -> np.ndarray:
@@ -130,7 +130,7 @@ def block_kernel(ctx, shape: BlockShape, kept: str = "bb.", dy_in: str = "bb.dy"
     dx2, d_ffn_norm = rmsnorm_backward(ctx, t["x2"], t["ffn_norm"], relayout(ctx, dh2, "A", "C"), t["dy"], norm)
     # the attention: the output projection per head, the attention, RoPE, Q/K/V, the first RMSNorm
     datt = relayout(ctx, grad_input(ctx, dx2[:, :, None], t["wo"]), "A", "C")  # (rows, cols, H, mb, db)
-    g = attention_backward(ctx, t["q"], t["k"], t["v"], datt, shape.prompt)
+    g = attention_backward(KernelNet(ctx), t["q"], t["k"], t["v"], datt, shape.prompt)
     kv = t["k"].shape[2]
     dk, dv = (relayout(ctx, g[:, :, i, :kv], "B", "C") for i in (1, 2))
     dq, dk = (rope_backward(ctx, d, t["cos"], t["sin"]) for d in (g[:, :, 0], dk))

@@ -42,7 +42,7 @@ from waferrt.core.train_cost import (
     head_backward_parts,
 )
 from waferrt.core.train_memory import KeepPlan, keep_plan
-from waferrt.decode.cost import ELEMENTWISE_FLOPS
+from waferrt.decode.decoding import ELEMENTWISE_FLOPS
 from waferrt.decode.stage import StageKind
 from waferrt.decode.streaming import stage_cycles, stream_cycles, streamed_bytes
 from waferrt.model.config import LlamaConfig

@@ -5,16 +5,18 @@ Contract: ``block_forward_mesh(wafer, config, weights, x) -> (y, saved)`` runs o
 forward over x (B, S, dim) or (S, dim) (every sequence from position 0) on ``onwafer.living_square`` and
 returns y of x's shape and the :class:`~waferrt.training.block.Saved` activations -- equal to
 ``block.block_forward``'s (float32, to rounding), and laid out on the square as ``block.block_backward``
-takes them. One kernel (:func:`forward_kernel`) runs every op on the mesh: the RMSNorms (the decode's block
-function decode.shards.mesh_rmsnorm on a decode.net.KernelNet: a sum of squares along the rows), each
-projection a MeshGEMM (waferrt.kernels.gemm: Q, K, V and the output projection per head, gate, up, down; their
-input skewed into the A layout first, ``train_ops.relayout``), RoPE in the cores (its cos and sin blocks, each
-pair's angle on both its features), the causal attention (waferrt.kernels.attention, per sequence: the tokens
-lie on the square in waferrt.kernels.sequences' order, every core row a slice of each sequence; a K/V head's
-blocks go with each of its query heads), SwiGLU and the residual adds in the cores (decode.shards.rope,
-swiglu, residual, on the KernelNet too), the output projection's heads summed in the core. What it books is
-``core.train_cost.block_forward_parts`` at
-``decode.cost.ELEMENTWISE_FLOPS`` (tests/unit/test_train_ties.py).
+takes them. One kernel (:func:`forward_kernel`) runs the decode's block functions (decode.shards.attention_in:
+the RMSNorm, the Q, K and V projections, RoPE; attention_residual: the output projection and the residual add;
+ffn_residual: the RMSNorm, gate and up, SwiGLU, down, the residual add) on a decode.net.KernelNet -- every
+core's block, a sum of squares along the rows, each projection its input skewed into the A layout
+(``train_ops.relayout``) and a MeshGEMM per part (Q, K, V and the output projection per head, the output
+projection's heads summed in the core; gate, up; down), RoPE's cos and sin blocks each pair's angle on both its
+features -- and between them the causal attention (waferrt.kernels.attention on the same KernelNet, per
+sequence: the tokens lie on the square in waferrt.kernels.sequences' order, every core row a slice of each
+sequence; a K/V head's blocks go with each of its query heads). What the backward reads besides the block
+functions' outputs, each projection's A-layout input and gate's and up's outputs, the KernelNet kept
+(``KernelNet.kept``). What it books is ``core.train_cost.block_forward_parts`` at
+``decode.decoding.ELEMENTWISE_FLOPS`` (tests/unit/test_train_ties.py).
 The kernel reads x and writes y and the kept activations under the DSM names a :class:`ForwardNames` gives
 (its inputs ``block.layer_blocks``; ``forward_args`` / ``kept_shapes`` the rest of its job):
 ``block_forward_mesh`` puts x and reads everything back (the host's Saved); ``training.kept`` leaves them on
@@ -24,17 +26,16 @@ the square for the backward.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import partial
 
 import numpy as np
 
 from waferrt.core.train_cost import TrainShape, square_tokens
 from waferrt.decode import shards
-from waferrt.decode.net import KernelNet
+from waferrt.decode.kernel_net import KernelNet, Parts
 from waferrt.kernels.attention import PromptAttention, causal_attention
-from waferrt.kernels.gemm import meshgemm
 from waferrt.kernels.gemm_backward import gather, scatter
 from waferrt.kernels.sequences import deinterleave, interleave
-from waferrt.kernels.train_ops import Norm, relayout
 
 from .block import BlockShape, Saved, layer_blocks
 from .onwafer import Job, living_square, run_job
@@ -57,65 +58,44 @@ class ForwardNames:
             raise ValueError(f"a forward reads x and writes y in two DSM tensors; got {self}")
 
 
-def _rmsnorm(ctx, x: np.ndarray, w: np.ndarray, norm: Norm) -> np.ndarray:
-    """x / rms(x) * w over (rows, cols, mb, nb) blocks in the C layout: the decode's RMSNorm block function
-    (decode.shards.mesh_rmsnorm) on the kernel's KernelNet, the sum of squares along the rows of cores."""
-    with ctx.ledger.op("rmsnorm"):
-        return shards.mesh_rmsnorm(KernelNet(ctx), None, x, w, norm).astype(np.float32, copy=False)
+def _weights(t: dict[str, np.ndarray]) -> dict[str, object]:
+    """The block's weights as the block functions ask for them (decode.shards.On.w), from the kernel's inputs:
+    the norms' blocks and each projection's decode.kernel_net.Parts (Q, K and V per head side by side, the
+    output projection per head summed, gate and up side by side, down)."""
+    one = lambda name: t[name][:, :, None]  # noqa: E731 -- (rows, cols, 1, kb, nb): a part of one head
+    return {"attn_norm": t["attn_norm"], "ffn_norm": t["ffn_norm"],
+            "wqkv": Parts("wqkv", (t["wq"], t["wk"], t["wv"])), "wo": Parts("wo", (t["wo"],), summed=True),
+            "w13": Parts("w13", (one("w_gate"), one("w_up"))), "w2": Parts("w2", (one("w_down"),))}
 
 
-def _elementwise(ctx, name: str, flops: int, out: np.ndarray) -> np.ndarray:
-    """`out`, booking `flops` per element of one core's block under `name`."""
-    with ctx.ledger.op(name):
-        ctx.compute(flops * out[0, 0].size)
-    return out
-
-
-def _heads(ctx, a: np.ndarray, w: np.ndarray) -> np.ndarray:
-    """a (A layout, (rows, cols, mb, kb)) times each head's w (B layout, (rows, cols, heads, kb, db)) by
-    MeshGEMM, a's block moving with each head's: (rows, cols, heads, mb, db) in the C layout."""
-    return meshgemm(ctx, np.broadcast_to(a[:, :, None], w.shape[:3] + a.shape[2:])[:, :, None], w[:, :, None])
-
-
-def forward_kernel(ctx, norm: Norm, prompt: PromptAttention, names: ForwardNames) -> None:
+def forward_kernel(ctx, config, prompt: PromptAttention, names: ForwardNames) -> None:
     """The block's forward over the square (module doc): reads "bf.<input>" and x, stores y and the kept
     activations where `names` says."""
     t = {name: ctx.load(f"bf.{name}")[:, :, 0, 0] for name in FORWARD_INPUTS}
     x = ctx.load(names.x)[:, :, 0, 0]
-    h1 = _rmsnorm(ctx, x, t["attn_norm"], norm)
-    h1a = relayout(ctx, h1, "C", "A")
-    q, k, v = (_heads(ctx, h1a, t[w]) for w in ("wq", "wk", "wv"))  # (rows, cols, heads, mb, db)
-    net = KernelNet(ctx)  # the block functions' element-wise work on every core's block
+    net = KernelNet(ctx)
+    on = shards.On(net, None, None, config, _weights(t).__getitem__)
+    flat = lambda a: a.reshape(*a.shape[:2], 1, -1)  # noqa: E731 -- every core's (mb, db) block as one axis
     sign = np.tile(np.float32([-1, 1]), t["sin"].shape[-1] // 2)  # (-sin, sin) pair by pair: shards.pairwise's
-    angles = shards.Angles(t["cos"][:, :, None], (t["sin"] * sign)[:, :, None])  # (rows, cols, 1, mb, db)
-    with ctx.ledger.op("rope"):
-        q, k = (shards.rope(net, None, a, angles) for a in (q, k))
-    rep = q.shape[2] // k.shape[2]
-    att = causal_attention(ctx, q, np.repeat(k, rep, axis=2), np.repeat(v, rep, axis=2), prompt)
-    atta = relayout(ctx, att, "C", "A")
-    o = meshgemm(ctx, atta[:, :, None], t["wo"][:, :, None])  # (rows, cols, H, mb, nb)
-    o = _elementwise(ctx, "compute", 1, o).sum(axis=2)  # the heads' sum, in the core
-    with ctx.ledger.op("residual"):
-        x2 = shards.residual(net, None, x, o)
-    h2 = _rmsnorm(ctx, x2, t["ffn_norm"], norm)
-    h2a = relayout(ctx, h2, "C", "A")
-    gate, up = (meshgemm(ctx, h2a[:, :, None], t[w][:, :, None]) for w in ("w_gate", "w_up"))
-    with ctx.ledger.op("swiglu"):
-        m = shards.swiglu(net, None, gate, up)
-    ma = relayout(ctx, m, "C", "A")
-    down = meshgemm(ctx, ma[:, :, None], t["w_down"][:, :, None])
-    with ctx.ledger.op("residual"):
-        y = shards.residual(net, None, x2, down)
+    qkv, qk = shards.attention_in(on, x, shards.Angles(flat(t["cos"]), flat(t["sin"] * sign)))
+    heads = lambda a: a.reshape(*a.shape[:3], x.shape[2], -1)  # noqa: E731 -- (rows, cols, heads, mb, db)
+    H, G = config.n_heads, config.n_kv_heads
+    q, k, v = heads(qk[:, :, :H]), heads(qk[:, :, H:]), heads(qkv[:, :, H + G:])
+    att = causal_attention(net, q, np.repeat(k, H // G, axis=2), np.repeat(v, H // G, axis=2), prompt)
+    x2 = shards.attention_residual(on, x, att)
+    y = shards.ffn_residual(on, x2, partial(shards.dense_ffn, on))
     ctx.store(names.y, y[:, :, None, None])
-    kept = {"h1": h1a, "q": q, "k": k, "v": v, "att": atta, "x2": x2, "h2": h2a, "gate": gate, "up": up, "m": ma}
-    for name, value in kept.items() if names.kept else ():
+    kept = net.kept
+    gate, up = (kept["w13"].out[:, :, i] for i in (0, 1))
+    acts = {"h1": kept["wqkv"].a, "q": q, "k": k, "v": v, "att": kept["wo"].a, "x2": x2, "h2": kept["w13"].a,
+            "gate": gate, "up": up, "m": kept["w2"].a}
+    for name, value in acts.items() if names.kept else ():
         ctx.store(names.kept + name, value[:, :, None, None])
 
 
 def forward_args(config, batch: TrainShape, names: ForwardNames) -> dict:
     """The kernel's arguments besides ctx for the batch's B sequences (attention per sequence)."""
-    shape = BlockShape.of(config, batch)  # the same norms and attention as the backward's block
-    return dict(norm=shape.norm, prompt=shape.prompt, names=names)
+    return dict(config=config, prompt=BlockShape.of(config, batch).prompt, names=names)  # the backward's prompt
 
 
 def kept_shapes(config, inputs: dict) -> dict[str, tuple]:
