@@ -27,7 +27,7 @@ FILES = {  # the fast unit test files that tie the cost model, by what they cove
                "tests/unit/test_ties.py::test_the_paper_streaming_estimate_is_what_the_streaming_tiles_book"],
     "prefill": ["tests/unit/test_prefill_layer.py", "tests/unit/test_prefill_estimate.py"],
     "train": ["tests/unit/test_gemm_backward.py", "tests/unit/test_train_kernels.py",
-              "tests/unit/test_block_backward.py", "tests/unit/test_train_ties.py"],
+              "tests/unit/test_block_backward.py", "tests/unit/test_train_ties.py", "tests/unit/test_pins.py"],
 }
 
 # name -> (module, attribute (Class.method for a method), the broken version as source over `orig`, files)
@@ -52,7 +52,7 @@ BREAKS = {
     "layer_parts: a training forward without its attention": (
         "waferrt.estimator.train_layer", "layer_parts",
         "lambda spec, config, run: {k: c for k, c in orig(spec, config, run).items() if k != 'forward.attention'}",
-        ["tests/unit/test_train_ties.py"]),
+        ["tests/unit/test_train_ties.py", "tests/unit/test_pins.py"]),
     "block_forward_parts: one residual add for free": (
         "waferrt.core.train_cost", "block_forward_parts",
         "lambda *a: (lambda p: {**p, 'residual': __import__('waferrt.core.cost', fromlist=['x']).Cost("

@@ -12,6 +12,9 @@ its comment, so that breaking the owner fails here even where both sides of ever
   ``stream_core_bytes`` (a streaming region's fullest core), for one and two head groups, on the tiny model
   (dim 64, 4 heads, 2 K/V heads, head_dim 16, hidden 128, 3 layers, vocab 256) over a 4x2 region;
 - ``core.layout.core_bytes``: the bytes a layout puts on every core;
+- training's closed forms that only ties caught: ``core.train_cost.block_forward_parts`` (the GEMMs, the
+  attention per sequence, the residual adds on one core), ``estimator.train_layer.layer_parts``,
+  ``block_backward_parts``' layout moves on a 2x2 square, ``head_backward_parts`` in chunks;
 - the decode's closed forms that only ties caught (a tie cannot fail where both sides call the owner):
   ``Decoding.line_reduce`` (and the K-tree of ``allreduce_cost``), ``layer_decode_parts``' flops,
   ``token_cost`` at the head, ``stage_handover``, and an MoE FFN's ``moe_parts`` (tiny MoE: 4 experts of
@@ -33,17 +36,20 @@ from waferrt.core.cost import (
     line_alltoall_cost,
     segment_bytes,
 )
+from waferrt.core.gemm_cost import GemmShape
 from waferrt.core.layout import Layout, core_bytes
 from waferrt.core.mesh import Region
 from waferrt.core.spec import TINY, WSE2
+from waferrt.core.train_cost import TrainShape, block_backward_parts, block_forward_parts, head_backward_parts
 from waferrt.decode import layout as dl
 from waferrt.decode.cost import handover_cost, layer_decode_parts, stage_handover, token_cost
-from waferrt.decode.decoding import Decoding
+from waferrt.decode.decoding import ELEMENTWISE_FLOPS, Decoding
 from waferrt.decode.linkload import LinkLoad
 from waferrt.decode.routed_cost import moe_parts
 from waferrt.decode.stage import Entry, StageKind
 from waferrt.decode.streaming import stream_step_cycles
 from waferrt.estimator.train import model_flops_per_token
+from waferrt.estimator.train_layer import Run, layer_parts
 from waferrt.model import tiny_config, tiny_moe_config
 
 CFG = tiny_config()
@@ -216,3 +222,37 @@ def test_what_a_layout_puts_on_each_core_by_hand():
     5*3*2*2 = 60 bytes on the first column's cores, 5*2*2*2 = 40 on the others'."""
     lay = Layout((10, 7, 2), Region(0, 0, 3, 2), ("y", "x", None), dtype="float16")
     assert core_bytes(lay).tolist() == [[60, 40, 40], [60, 40, 40]] and lay.max_block_bytes() == 60
+
+
+def test_a_blocks_forward_on_one_core_by_hand():
+    """The tiny block's forward over 2 sequences of 4 tokens on one core (8 token rows, nothing moves): the
+    GEMMs 8 tokens x (Q 2*64*16*4 + K, V 2 * 2*64*16*2 + O 2*16*64*4 + gate, up 2 * 2*64*128 + down
+    2*128*64 = 73728) = 589824 flops; the attention per sequence, its 2*4 = 8 heads over 4 positions: Q.K^T
+    and P.V 2 * 2*8*4*4*16 = 8192, the softmax 6*8*4*4 = 768: 8960 flops (4480 cycles) -- over the 8 x 8
+    block of both sequences it would be twice that; the two residual adds 2*8*64 = 1024 flops."""
+    parts = block_forward_parts(TINY, CFG, TrainShape(2, 4), 1, ELEMENTWISE_FLOPS)
+    assert parts["meshgemm"].flops == 589824 and parts["residual"] == Cost(flops=1024, cycles=512.0)
+    assert parts["attention"].flops == 8960 and parts["attention"].cycles == 4480.0
+    assert layer_parts(TINY, CFG, Run(2, 4, 1))["forward.attention"].flops == 8960
+
+
+def test_a_blocks_backward_layout_moves_by_hand():
+    """The backward's layout moves on a 2x2 square (8 token rows: 4 a core row; dim 32, hidden 64, head_dim 8
+    a core): six operands skewed, 4*64, 4*32, 4*4*8, 2 * 4*2*8 and 4*32 float32 (1024, 512, 512, 256, 256,
+    512 bytes); on a side of 2 a skew is one round in which one line's two cores pass their block one hop:
+    9 + bytes/4 cycles, 2 messages, 2 * bytes over the links. In all 6 hops, 6 stages, 12 messages,
+    2*3072 = 6144 link bytes, 6*9 + 3072/4 = 822 cycles."""
+    c = block_backward_parts(TINY, CFG, TrainShape(2, 4), 2, ELEMENTWISE_FLOPS["softmax"])["relayout"]
+    assert c == Cost(hops=6, stages=6, link_bytes=6144, messages=12, cycles=822.0)
+
+
+def test_the_head_in_chunks_by_hand():
+    """The tied head's backward for 8 tokens over the 256-word vocabulary, dim 64, on one core. Whole: three
+    GEMMs (logits, dh, dE) of 2*8*256*64 = 262144 flops and cross-entropy's 8 a logit, 8*8*256 = 16384:
+    802816. In 2 chunks of 128 words each chunk runs twice: its stats (the logits, 131072, and its 8192
+    cross-entropy flops: 2 x 139264 = 278528) and its grads (three GEMMs and the cross-entropy again: 2 x
+    401408 = 802816) -- the logits computed twice."""
+    shape = GemmShape(8, 256, 64, 1, 1)
+    assert head_backward_parts(TINY, shape)["head_backward"].flops == 802816
+    chunked = head_backward_parts(TINY, shape, "float32", 2)
+    assert (chunked["head_stats"].flops, chunked["head_grads"].flops) == (278528, 802816)

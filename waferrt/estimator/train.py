@@ -38,7 +38,7 @@ from waferrt.core.template import WaferTemplate
 from waferrt.core.train_cost import ADAMW_FLOPS, HeadTooLarge, TrainShape
 from waferrt.model.config import LlamaConfig
 
-from .die_grid import LinkTime, StreamTraffic, stream_d2d
+from .die_grid import LinkTime, stream_d2d, stream_traffic
 from .train_layer import Grid, PassCost, Work, pass_costs
 
 STRATEGIES = ("weight-streaming", "pipeline", "tensor-stream")
@@ -127,11 +127,6 @@ def activation_bytes(config: LlamaConfig, dtype: str) -> int:
     twice, q/k/v, the attention's output, gate, up and their product), at `dtype`; attention scores are not
     kept (recomputed, FlashAttention-style)."""
     return itemsize(dtype) * (6 * config.dim + 2 * config.kv_dim + 3 * config.dense_hidden)
-
-
-def _gemm_inputs(config: LlamaConfig) -> int:
-    """Input widths of a layer's distinct GEMM inputs (q/k/v share one, gate/up one), summed."""
-    return 3 * config.dim + config.dense_hidden
 
 
 def line_d2d_seconds(template: WaferTemplate, n: int, line_bytes: float) -> float:
@@ -249,30 +244,39 @@ def weight_streaming(job: TrainJob, template: WaferTemplate) -> StrategyTime:
                         f"{passes} pass(es) of {mb} sequence(s); weights streamed in each pass{_on(k)}", square=k.side)
 
 
-def _resident(job: TrainJob, template: WaferTemplate) -> tuple[float, float, str]:
-    """(bytes per parameter kept on the wafer, off-wafer I/O seconds per step, what is where): the optimizer
-    state stays on the wafer when weights, gradients and state fit in half its SRAM, else it stays off the
-    wafer and the gradients stream out and the updated weights back in every step."""
+@dataclass(frozen=True)
+class Resident:
+    """What a resident strategy keeps on the wafer: bytes per parameter, the off-wafer I/O a step pays for what
+    it does not keep, and where the optimizer state is (said in the strategy's reason)."""
+
+    per_param: float
+    io_s: float
+    where: str
+
+
+def _resident(job: TrainJob, template: WaferTemplate) -> Resident:
+    """The optimizer state stays on the wafer when weights, gradients and state fit in half its SRAM, else it
+    stays off the wafer and the gradients stream out and the updated weights back in every step."""
     params, b = job.config.params(), itemsize(job.dtype)
     if params * STATE_BYTES <= template.sram_bytes() / 2:
-        return STATE_BYTES, 0.0, "optimizer state on the wafer"
-    return 2 * b, 2 * params * b / template.die.ingress_bytes_per_s, "optimizer state off the wafer"
+        return Resident(STATE_BYTES, 0.0, "optimizer state on the wafer")
+    return Resident(2 * b, 2 * params * b / template.die.ingress_bytes_per_s, "optimizer state off the wafer")
 
 
 def pipeline(job: TrainJob, template: WaferTemplate) -> StrategyTime:
     """The best resident 1F1B pipeline over R >= 2 stages (R dividing the layers, at most the wafer's width)."""
     config, w = job.config, template.mesh[0]
-    per_param, io, where = _resident(job, template)
-    tried = [_pipeline_at(job, template, r, (per_param, io, where))
+    resident = _resident(job, template)
+    tried = [_pipeline_at(job, template, r, resident)
              for r in range(min(2, config.n_layers), config.n_layers + 1) if config.n_layers % r == 0 and r <= w]
     fit = [t for t in tried if t.fits]
     return min(fit, key=lambda t: t.step_s) if fit else min(tried, key=lambda t: t.sram_per_core)
 
 
 @_head_refused("pipeline")
-def _pipeline_at(job: TrainJob, template: WaferTemplate, r: int, resident: tuple) -> StrategyTime:
+def _pipeline_at(job: TrainJob, template: WaferTemplate, r: int, resident: Resident) -> StrategyTime:
     config, (w, h) = job.config, template.mesh
-    per_param, io, where = resident
+    per_param, io, where = resident.per_param, resident.io_s, resident.where
     stage_cores = (w // r) * h
     weights = config.params() * per_param / r  # one stage's share (the embedding and head spread with them)
     act = job.shape.seq * (config.n_layers // r) * activation_bytes(config, job.dtype)  # a sequence, a stage's layers
@@ -310,7 +314,8 @@ def _handover_d2d(template: WaferTemplate, r: int, nbytes: float) -> float:
 @_head_refused("tensor-stream")
 def tensor_stream(job: TrainJob, template: WaferTemplate) -> StrategyTime:
     config, cores, dies = job.config, template.cores, template.n_dies
-    per_param, io, where = _resident(job, template)
+    resident = _resident(job, template)
+    per_param, io, where = resident.per_param, resident.io_s, resident.where
     weights = config.params() * per_param
     per_seq = job.shape.seq * config.n_layers * activation_bytes(config, job.dtype)
     mb = _micro_batch(job, template.sram_bytes() - weights, per_seq)
@@ -324,7 +329,8 @@ def tensor_stream(job: TrainJob, template: WaferTemplate) -> StrategyTime:
     compute, fabric = k.compute, k.fabric
     compute = passes * compute / dies + _adam_s(job, template, cores, config.params())  # a die: its 1/dies share
     fabric = passes * fabric / dies
-    layouts = tuple(sorted(stream_d2d(template, stream_traffic(job, passes)), key=lambda t: t.seconds))
+    traffic = stream_traffic(job.config, job.shape.tokens, job.dtype, passes)
+    layouts = tuple(sorted(stream_d2d(template, traffic), key=lambda t: t.seconds))
     bd = Breakdown(compute, fabric, layouts[0].seconds if layouts else 0.0, io)
     laid = f" as {layouts[0].label()}" if layouts else ""
     return StrategyTime("tensor-stream", True, max(bd.compute + bd.fabric, bd.d2d) + io, bd, need,
@@ -349,17 +355,6 @@ def _die_kernels(job: TrainJob, template: WaferTemplate, mb: int) -> KernelTime:
 
 def _on(k: KernelTime) -> str:
     return f", on {k.squares} square(s) of {k.side}x{k.side} cores"
-
-
-def stream_traffic(job: TrainJob, passes: int) -> StreamTraffic:
-    """A tensor-stream step's bytes over the dies as if they were one ring (estimator.die_grid): every layer's
-    GEMM inputs (q/k/v's, o's, gate/up's shared, down's) 3 times, their outputs twice, at the job's dtype;
-    4 GEMMs a layer, each pass."""
-    config, e, tokens = job.config, itemsize(job.dtype), job.shape.tokens
-    outputs = 3 * config.dim + 2 * config.kv_dim + 2 * config.dense_hidden  # q/k/v, o, gate and up, down
-    gemms = 4 * config.n_layers * passes
-    return StreamTraffic(3 * config.n_layers * tokens * _gemm_inputs(config) * e,
-                         2 * config.n_layers * tokens * outputs * e, 3 * gemms, 2 * gemms)
 
 
 @dataclass(frozen=True)
