@@ -188,3 +188,21 @@ def test_the_alltoalls_tokens_add_up_one_by_one():
         assert one[i].messages > 0 and np.array_equal(two[i].bytes, 2 * one[i].bytes)
         assert np.array_equal(mixed[i].bytes, 2 * one[i].bytes + alone[i].bytes)
         assert mixed[i].messages == 2 * one[i].messages + alone[i].messages
+
+
+@pytest.mark.parametrize("mapping", MAPPINGS)
+def test_the_alltoalls_phases_are_its_loads_without_the_arrays(mapping):
+    """AllToAll.phases (what the expected routing prices on large regions) is, field by field, the Phase of
+    AllToAll.loads' link-by-link arrays: the longest route, the messages, the bytes over all links, the busiest
+    link -- for blocks of uneven rows and a batch whose tokens go to several sets of blocks more than once."""
+    from waferrt.decode.linkload import AllToAll
+    from waferrt.decode.moe_layout import expert_blocks
+
+    region = Region(2, 3, 7, 10)
+    routes = AllToAll(20, region, expert_blocks(6, region, mapping))
+    chosen = np.argsort(np.random.default_rng(3).random((40, 6)), axis=1)[:, :2]
+    phases, loads = routes.phases(chosen), routes.loads(chosen)
+    assert loads[1].messages > 0  # the combine (er's dispatch needs no hop: the token is in the band's rows)
+    for phase, load in zip(phases, loads):
+        assert (phase.hops, phase.messages, phase.link_bytes) == (load.hops, load.messages, load.link_bytes)
+        assert phase.busiest == pytest.approx(load.busiest, rel=1e-12)

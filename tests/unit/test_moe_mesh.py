@@ -169,3 +169,19 @@ def test_the_estimators_sram_closed_form_is_what_an_moe_region_books(shared, dty
         shape = wafer.Shape(w, h)
         work = Workload(config, KVReserve(64, 2), dtype)
         assert wafer.layer_core_bytes(work, shape) == layer_core_bytes(config, shape.region(), 64, 2, dtype)
+
+
+def test_an_moe_regions_expert_bytes_by_hand():
+    """The most expert bytes any mapping puts on a core of a 7x5 Mixtral region (decode.moe_layout's closed
+    form), float16. naive: 4x2 blocks of 2, 2, 2, 1 columns and 3, 2 rows, one expert each; the 1x2 block
+    holds 3 matrices of cdiv(14336, 2) x 4096 = 7168 x 4096 -> 176,160,768 bytes, the most (the 2x3 ones
+    4779 x 2048 -> 58,724,352). er: 4 bands of whole rows (2, 1, 1, 1), two experts each; a 1-row band
+    2 x 3 x 14336 x cdiv(4096, 7) = 586 -> 100,810,752 bytes. What the layouts' largest blocks hold."""
+    from waferrt.model.zoo import MODELS
+
+    mixtral, region = MODELS["mixtral-8x7b"].config, Region(0, 0, 7, 5)
+    assert expert_core_bytes(mixtral, region, "float16") == 176_160_768
+    needs = {m: [expert_grid(8, region, m).per_block * sum(lay.max_block_bytes() for lay in
+                                                           expert_layouts(mixtral, b, "float16").values())
+                 for b in expert_blocks(8, region, m)] for m in MAPPINGS}
+    assert (min(needs["naive"]), max(needs["naive"]), max(needs["er"])) == (58_724_352, 176_160_768, 100_810_752)

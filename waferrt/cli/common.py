@@ -27,7 +27,7 @@ import time
 from collections.abc import Callable
 
 from waferrt.core.files import not_regular
-from waferrt.core.mesh import DEFAULT_MAX_TILES, MeshSpec, check_on_wafer, check_tile_count
+from waferrt.core.mesh import DEFAULT_MAX_TILES, Extent, MeshSpec, check_on_wafer, check_tile_count
 from waferrt.core.spec import spec_by_name
 
 
@@ -48,12 +48,12 @@ def two_numbers(text: str, sep: str, form: str, example: str) -> tuple[int, int]
     return a, b
 
 
-def parse_wxh(text: str) -> tuple[int, int]:
-    """'16x8' -> (16, 8): width x height, both positive integers (argparse type)."""
+def parse_wxh(text: str) -> Extent:
+    """'16x8' -> Extent(16, 8): width x height, both positive integers (argparse type)."""
     w, h = two_numbers(text.lower().replace("×", "x"), "x", "WIDTHxHEIGHT", "8x8 or 16x4")
     if w < 1 or h < 1:
         raise argparse.ArgumentTypeError(f"{text!r}: width and height must be at least 1, e.g. 8x8")
-    return w, h
+    return Extent(w, h)
 
 
 MOST = 1 << 24  # the largest count a flag takes unless it says otherwise (K/V tokens, cores, tiles, ...)
@@ -288,16 +288,17 @@ def check_max_tiles(args, mesh: MeshSpec) -> None:
         raise UsageError(f"{e}{fix}") from None
 
 
-def checked_mesh(args, default_tile: Callable[[int, int], tuple[int, int]]) -> MeshSpec | None:
-    """The MeshSpec of --mesh and --tile (--tile defaults to `default_tile(w, h)`; None without --mesh),
+def checked_mesh(args, default_tile: Callable[[Extent], Extent]) -> MeshSpec | None:
+    """The MeshSpec of --mesh and --tile (--tile defaults to `default_tile(--mesh)`; None without --mesh),
     checked to fit on the --spec wafer and to have at most --max-tiles tiles; UsageError otherwise."""
     if args.mesh is None:
         if args.tile is not None:
             raise UsageError("--tile needs --mesh (without --mesh the default mesh picks its own tiles)")
         return None
-    w, h = args.mesh
+    size = args.mesh
+    tile = args.tile or default_tile(size)
     try:
-        mesh = MeshSpec(w, h, *(args.tile or default_tile(w, h)))
+        mesh = MeshSpec(size.width, size.height, tile.width, tile.height)
         check_on_wafer(mesh, spec_by_name(args.spec))
         check_tile_count(mesh, args.max_tiles)
     except ValueError as e:  # MeshTooLarge, TooManyTiles, a tile larger than the mesh

@@ -113,7 +113,8 @@ class Region:
 
     def __post_init__(self) -> None:
         for name in ("x0", "y0", "w", "h"):
-            whole(f"Region.{name}", getattr(self, name), least=None)
+            if type(getattr(self, name)) is not int:  # the planner makes millions of regions of plain ints
+                whole(f"Region.{name}", getattr(self, name), least=None)
         if self.w < 1 or self.h < 1:
             raise ValueError(f"a region needs at least 1x1 cores, got {self.w}x{self.h}")
         if self.x0 < 0 or self.y0 < 0:

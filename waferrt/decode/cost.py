@@ -201,14 +201,19 @@ def handover_cost(spec: HardwareSpec, src: Region, dst: Region, nbytes: int) -> 
     stream is already split over its columns and replicated down its rows."""
     if src == dst:
         return Cost()
-    hops = max(src.hops_to(dst), 1)
+    return _handover(spec, max(src.hops_to(dst), 1), dst.w, dst.h, nbytes)
+
+
+@lru_cache(maxsize=4096)
+def _handover(spec: HardwareSpec, hops: int, cols: int, rows: int, nbytes: int) -> Cost:
+    """handover_cost over `hops` into a cols x rows region: the same for every pair of regions that far apart."""
     move = Cost(hops=hops, stages=1, link_bytes=hops * nbytes, messages=1,
                 cycles=message_cycles(spec, hops, 1, nbytes))
-    if dst.h == 1:
+    if rows == 1:
         return move
-    line = broadcast_cost(spec, dst.h, nbytes / dst.w)
-    return move + Cost(hops=line.hops, stages=1, link_bytes=round((dst.h - 1) * nbytes),
-                       messages=line.messages * dst.w, cycles=line.cycles)
+    line = broadcast_cost(spec, rows, nbytes / cols)
+    return move + Cost(hops=line.hops, stages=1, link_bytes=round((rows - 1) * nbytes),
+                       messages=line.messages * cols, cycles=line.cycles)
 
 
 def stage_handover(spec: HardwareSpec, config: LlamaConfig, src: Region | None, dst: Region, items: int) -> Cost:
@@ -224,12 +229,17 @@ def step_cycles(spec: HardwareSpec, dec: Decoding, stages: Sequence[Stage], kv_t
     region) or the head its work; every stage but the first also books the hand-over of the micro-batch's
     activations from the previous stage's region (nothing between two stages on one region)."""
     out: dict[tuple[int, int], float] = {}
+    works: dict[tuple[StageKind, int, int, int], float] = {}  # a stage's work by its kind, shape and batch
     for s, stage in enumerate(stages):
         prev, region = stages[s - 1].region if s else None, stage.region
         for m, b in enumerate(batches):
             c = stage_handover(spec, dec.config, prev, region, b).cycles
             if stage.kind is not StageKind.EMBED:
-                c += _work(spec, dec, stage.kind, Region(0, 0, region.w, region.h), Load(kv_tokens, b, moving)).cycles
+                key = (stage.kind, region.w, region.h, b)
+                if key not in works:
+                    works[key] = _work(spec, dec, stage.kind, Region(0, 0, region.w, region.h),
+                                       Load(kv_tokens, b, moving)).cycles
+                c += works[key]
             out[(s, m)] = c
     return out
 

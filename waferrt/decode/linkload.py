@@ -145,17 +145,24 @@ def column_combines(region: Region, spans: Counter, col_bytes: np.ndarray) -> Li
     """column_combine of many tokens at once: `spans` counts the tokens whose contributions lie from row top to
     row bottom ((top, bottom) -> tokens; only the ends matter). A link south of row y carries the partial sums
     of the tokens with top <= y (y < R - 1), north of row y of those with bottom >= y (y > 0)."""
-    load, h = LinkLoad(region), region.h
-    south, north = np.zeros(h), np.zeros(h)
-    cols = int(np.count_nonzero(col_bytes))
-    for (top, bottom), tokens in spans.items():
-        south[top:h - 1] += tokens
-        north[1:bottom + 1] += tokens
-        load.messages += tokens * cols * (max(h - 1 - top, 0) + bottom)
-        load.hops = max(load.hops, h - 1 - top, bottom)
+    load = LinkLoad(region)
+    south, north, messages, load.hops = _span_sums(region.h, spans)
+    load.messages = int(np.count_nonzero(col_bytes)) * messages
     load.bytes[S] = south[:, None] * col_bytes[None]
     load.bytes[N] = north[:, None] * col_bytes[None]
     return load
+
+
+def _span_sums(h: int, spans: Counter) -> tuple[np.ndarray, np.ndarray, int, int]:
+    """(south, north, messages, hops) of column_combines on one column of h rows: the tokens whose partial
+    sums each link south (north) of a row carries, the messages and the longest route."""
+    south, north, messages, hops = np.zeros(h), np.zeros(h), 0, 0
+    for (top, bottom), tokens in spans.items():
+        south[top:h - 1] += tokens
+        north[1:bottom + 1] += tokens
+        messages += tokens * (max(h - 1 - top, 0) + bottom)
+        hops = max(hops, h - 1 - top, bottom)
+    return south, north, messages, hops
 
 
 class AllToAll:
@@ -166,6 +173,9 @@ class AllToAll:
     def __init__(self, dim: int, region: Region, blocks: tuple[Region, ...]):
         self.region, self.blocks, self.dim = region, blocks, dim
         self.index = {b: i for i, b in enumerate(dict.fromkeys(blocks))}  # each block once, in expert order
+        self.numbers = [self.index[b] for b in blocks]  # each expert's block's number
+        self.tops = [b.y0 - region.y0 for b in self.index]  # each numbered block's first and last row
+        self.bottoms = [b.y0 - region.y0 + b.h - 1 for b in self.index]
         self.sets: dict[tuple[int, ...], tuple[LinkLoad, LinkLoad]] = {}  # made when a token first goes there
         self.strips: dict[Region, tuple[LinkLoad, LinkLoad]] = {}  # phases' routes of each block, on its rows
         self.col_bytes = 4.0 * Chunks(dim, region.w).valid.sum(axis=1)  # (C,) the token's piece in each column
@@ -181,9 +191,7 @@ class AllToAll:
         each set of blocks is routed once and added as many times as tokens chose it (a batch of 32,768
         tokens costs what its few distinct sets cost)."""
         dispatch, combine = LinkLoad(self.region), LinkLoad(self.region)
-        sets = Counter(tuple(sorted({self.index[self.blocks[e]] for e in chosen}))
-                       for chosen in np.asarray(experts).tolist())
-        for chosen, tokens in sets.items():
+        for chosen, tokens in self._sets(experts).items():
             there, back = self._one_token(chosen)
             dispatch.add(there, tokens)
             combine.add(back, tokens)
@@ -197,9 +205,10 @@ class AllToAll:
         the column combines' links carry a column's partial sum times the tokens behind them
         (``column_combines``). For samples of many distinct sets on large regions (decode.routed_cost's
         expected routing)."""
-        order, sets = list(self.index), [sorted({self.index[self.blocks[e]] for e in chosen})
-                                         for chosen in np.asarray(experts).tolist()]
-        used = sorted(Counter(i for chosen in sets for i in chosen).items())
+        order, sets, used = list(self.index), self._sets(experts), Counter()
+        for chosen, tokens in sets.items():
+            used.update(dict.fromkeys(chosen, tokens))
+        used = sorted(used.items())
         cuts = sorted({y for i, _ in used for y in (order[i].y0, order[i].y1)})
         out = []
         for which in (0, 1):  # dispatch, then combine's rows
@@ -209,17 +218,21 @@ class AllToAll:
             out.append([max((b.max() for b in bands if np.ndim(b)), default=0.0),
                         sum(n * load.total() for _, load, n in strips), sum(n * load.messages for _, load, n in strips),
                         max((load.hops for _, load, _ in strips), default=0)])
-        spans = Counter(self._span(chosen) for chosen in sets)
-        south, north = np.zeros(self.region.h), np.zeros(self.region.h)
-        for (top, bottom), tokens in spans.items():
-            south[top:self.region.h - 1] += tokens
-            north[1:bottom + 1] += tokens
-        cols = column_combines(self.region, spans, np.ones(1))  # its messages and hops per column
+        spans = Counter()
+        for chosen, tokens in sets.items():
+            spans[self._span(chosen)] += tokens
+        south, north, messages, hops = _span_sums(self.region.h, spans)  # one column's
         busiest = max(south.max(), north.max()) * float(self.col_bytes.max())
         combine = [max(out[1][0], busiest), out[1][1] + (south.sum() + north.sum()) * float(self.col_bytes.sum()),
-                   out[1][2] + cols.messages * int(np.count_nonzero(self.col_bytes)), max(out[1][3], cols.hops)]
+                   out[1][2] + messages * int(np.count_nonzero(self.col_bytes)), max(out[1][3], hops)]
         return tuple(Phase(hops, messages, int(round(total)), busy)
                      for busy, total, messages, hops in (out[0], combine))
+
+    def _sets(self, experts: np.ndarray) -> Counter:
+        """How many of the tokens that chose `experts` (T, k) go to each set of blocks (their numbers, sorted;
+        in the order the tokens first name them)."""
+        numbers = self.numbers
+        return Counter(tuple(sorted({numbers[e] for e in chosen})) for chosen in np.asarray(experts).tolist())
 
     def _strip(self, block: Region) -> tuple[LinkLoad, LinkLoad]:
         """block_patterns of `block` on the strip of the region its rows make (all its routes hold), kept."""
@@ -230,8 +243,7 @@ class AllToAll:
 
     def _span(self, chosen) -> tuple[int, int]:
         """(top, bottom): the first and last of the region's rows the blocks numbered `chosen` cover."""
-        have = np.flatnonzero(self._rows(chosen))
-        return int(have[0]), int(have[-1])
+        return min(self.tops[i] for i in chosen), max(self.bottoms[i] for i in chosen)
 
     def _rows(self, chosen) -> np.ndarray:
         """(R,) bool: the region's rows the blocks numbered `chosen` cover."""

@@ -23,6 +23,7 @@ from dataclasses import dataclass
 from functools import lru_cache
 
 from waferrt.core.arith import cdiv
+from waferrt.core.dtypes import itemsize
 from waferrt.core.layout import Layout
 from waferrt.core.mesh import Region
 from waferrt.model.config import LlamaConfig
@@ -47,14 +48,24 @@ def expert_grid(n_experts: int, region: Region, mapping: str) -> ExpertGrid:
     """The grid of blocks `mapping` cuts `region` into for `n_experts` experts (see the module docstring)."""
     if mapping not in MAPPINGS:
         raise ValueError(f"expert mapping {mapping!r} is not one of {', '.join(MAPPINGS)}")
-    blocks = [n for n in range(1, n_experts + 1) if n_experts % n == 0]
     if mapping == "er":
-        gy = max(n for n in blocks if n <= region.h)
+        gy = max(n for n in _divisors(n_experts) if n <= region.h)
         return ExpertGrid(1, gy, n_experts // gy)
-    shapes = [(gx, n // gx) for n in blocks for gx in range(1, n + 1)
-              if n % gx == 0 and gx <= region.w and n // gx <= region.h]
+    shapes = [(gx, gy) for gx, gy in _grids(n_experts) if gx <= region.w and gy <= region.h]
     gx, gy = max(shapes, key=lambda s: (s[0] * s[1], -abs(region.w / s[0] - region.h / s[1])))
     return ExpertGrid(gx, gy, n_experts // (gx * gy))
+
+
+@lru_cache(maxsize=64)
+def _divisors(n: int) -> tuple[int, ...]:
+    return tuple(d for d in range(1, n + 1) if n % d == 0)
+
+
+@lru_cache(maxsize=64)
+def _grids(n_experts: int) -> tuple[tuple[int, int], ...]:
+    """Every (gx, gy) whose gx * gy blocks share the experts out evenly, by blocks then columns (the order
+    expert_grid takes the first of equals in)."""
+    return tuple((gx, n // gx) for n in _divisors(n_experts) for gx in _divisors(n))
 
 
 def _cuts(n: int, parts: int) -> list[tuple[int, int]]:
@@ -64,6 +75,12 @@ def _cuts(n: int, parts: int) -> list[tuple[int, int]]:
     for i in range(parts):
         ends.append(ends[-1] + base + (i < extra))
     return list(zip(ends, ends[1:]))
+
+
+def _sizes(n: int, parts: int) -> tuple[int, ...]:
+    """The sizes of _cuts(n, parts)'s pieces, each once (the larger first)."""
+    base, extra = divmod(n, parts)
+    return (base + 1, base) if extra else (base,)
 
 
 def expert_blocks(n_experts: int, region: Region, mapping: str) -> tuple[Region, ...]:
@@ -104,8 +121,8 @@ def _most(config: LlamaConfig, w: int, h: int, dtype: str) -> tuple[int, int]:
     region, most, words = Region(0, 0, w, h), 0, 0
     for mapping in MAPPINGS:  # every block holds experts (gx * gy divides them): each shape of block
         g = expert_grid(config.n_experts, region, mapping)
-        for bw in {b - a for a, b in _cuts(w, g.gx)}:
-            for bh in {b - a for a, b in _cuts(h, g.gy)}:
+        for bw in _sizes(w, g.gx):
+            for bh in _sizes(h, g.gy):
                 most = max(most, g.per_block * _expert_bytes(config, bw, bh, dtype))
                 words = max(words, cdiv(config.dim, bw) + 2 * cdiv(config.hidden_dim, bh))
     return most, config.n_experts + words
@@ -113,5 +130,10 @@ def _most(config: LlamaConfig, w: int, h: int, dtype: str) -> tuple[int, int]:
 
 @lru_cache(maxsize=65536)
 def _expert_bytes(config: LlamaConfig, w: int, h: int, dtype: str) -> int:
-    """The busiest core's bytes of one expert's matrices on a w x h block (the same wherever the block lies)."""
-    return sum(lay.max_block_bytes() for lay in expert_layouts(config, Region(0, 0, w, h), dtype).values())
+    """The busiest core's bytes of one expert's matrices on a w x h block (the same wherever the block lies):
+    expert_layouts' largest blocks in closed form (tested equal), w_gate's and w_up's cdiv(hidden_dim, h) x
+    cdiv(dim, w) and w_down's, their transpose."""
+    if w > config.dim or h > config.hidden_dim:
+        raise ValueError(f"an expert's block of {w}x{h} cores cuts dim {config.dim} over its columns and hidden_dim "
+                         f"{config.hidden_dim} over its rows: use at most that many of each")
+    return 3 * cdiv(config.hidden_dim, h) * cdiv(config.dim, w) * itemsize(dtype)
