@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import itertools
 import threading
+from dataclasses import dataclass
 
 import zmq
 from zmq.utils import z85
@@ -38,6 +39,22 @@ EVENTS = {zmq.EVENT_ACCEPTED: "accepted", zmq.EVENT_HANDSHAKE_SUCCEEDED: "authen
           zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL: "handshake_failed_no_detail",
           zmq.EVENT_DISCONNECTED: "disconnected"}
 _stop_ids = itertools.count()
+
+
+@dataclass(frozen=True)
+class ZapRequest:
+    """The frames of a ZAP request (RFC 27) that the answer reads: its id, the security mechanism, and the
+    client's credentials (for CURVE, its public key)."""
+
+    request_id: bytes
+    mechanism: bytes
+    credentials: tuple[bytes, ...]
+
+    @classmethod
+    def of(cls, frames: list[bytes]) -> ZapRequest:
+        """From the frames as libzmq sends them: version, request id, domain, address, identity, mechanism,
+        then the mechanism's credentials."""
+        return cls(frames[1], frames[5], tuple(frames[6:]))
 
 
 def keypair() -> tuple[bytes, bytes]:
@@ -79,7 +96,7 @@ class Gatekeeper:
         try:
             while stop not in (ready := dict(poller.poll())):
                 if zap in ready:
-                    zap.send_multipart(self._answer(zap.recv_multipart()))
+                    zap.send_multipart(self._answer(ZapRequest.of(zap.recv_multipart())))
                 if monitor in ready:
                     event = parse_monitor_message(monitor.recv_multipart())["event"]
                     if event in EVENTS:  # (not MONITOR_STOPPED)
@@ -90,17 +107,16 @@ class Gatekeeper:
             for s in (zap, monitor, stop):
                 s.close(0)
 
-    def _answer(self, request: list[bytes]) -> list[bytes]:
+    def _answer(self, request: ZapRequest) -> list[bytes]:
         """The ZAP reply (RFC 27) to libzmq's request: 200 with the neighbour's side and key as user id, or
         400."""
-        _version, request_id, _domain, _address, _identity, mechanism, *credentials = request
         side = None
-        if mechanism == b"CURVE" and len(credentials) == 1:
-            side = self.sides.get(z85.encode(credentials[0]))
+        if request.mechanism == b"CURVE" and len(request.credentials) == 1:
+            side = self.sides.get(z85.encode(request.credentials[0]))
         if side is None:
             self.counts["zap_denied"] += 1
-            return [b"1.0", request_id, b"400", b"not a key of this wafer session", b"", b""]
-        return [b"1.0", request_id, b"200", b"OK", side, b""]
+            return [b"1.0", request.request_id, b"400", b"not a key of this wafer session", b"", b""]
+        return [b"1.0", request.request_id, b"200", b"OK", side, b""]
 
     def stats(self) -> dict[str, int]:
         out = dict(self.counts)

@@ -15,7 +15,7 @@ import numpy as np
 from waferrt.actors.tile import Tile
 
 from .core.dtypes import check_numpy_dtype
-from .core.layout import Layout, check_shape, copies_disagree, from_blocks, to_blocks
+from .core.layout import Disagreement, Layout, check_shape, copies_disagree, from_blocks, to_blocks
 from .core.mesh import Coord, Region, TileId
 
 
@@ -123,11 +123,10 @@ class DSM:
         return mask
 
     @staticmethod
-    def _differ_message(name: str, layout: Layout, blocks: np.ndarray, differ) -> str:
-        r, c, r0, c0 = differ
-        reg = layout.region
-        a, b = Coord(reg.x0 + c, reg.y0 + r), Coord(reg.x0 + c0, reg.y0 + r0)
-        gap = float(np.max(np.abs(blocks[r, c].astype(np.float64) - blocks[r0, c0].astype(np.float64))))
+    def _differ_message(name: str, layout: Layout, blocks: np.ndarray, differ: Disagreement) -> str:
+        a, b = differ.core, differ.first
+        mine, theirs = blocks[layout.region.local(a)], blocks[layout.region.local(b)]
+        gap = float(np.max(np.abs(mine.astype(np.float64) - theirs.astype(np.float64))))
         return (f"DSM tensor {name!r} is replicated (split {layout.split}) but core {a}'s copy of its block differs "
                 f"from core {b}'s (by up to {gap:g}): a kernel stored different values on different lines of cores. "
                 f"Read one line's copy with wafer.dsm.get({name!r}, copy=({a.x}, {a.y})), or make the kernel store "

@@ -40,7 +40,7 @@ from waferrt.actors.tile import Tile
 
 from .core.cost import Cost, CostReport
 from .core.ledger import merge_snapshots
-from .core.mesh import DEFAULT_MAX_TILES, MeshSpec, Region, TileId, check_on_wafer, check_tile_count
+from .core.mesh import DEFAULT_MAX_TILES, Extent, MeshSpec, Region, TileId, check_on_wafer, check_tile_count
 from .core.spec import HardwareSpec, spec_by_name
 from .dsm import DSM, UnknownTensor
 from .fabric.host_args import check_host_args, unknown_keywords
@@ -51,6 +51,7 @@ from .localtiles import check_backend
 from .wafer_faults import WaferFaults
 
 STALL_S = 4.0  # a tile that sends no heartbeat for this long is dead or frozen (it beats every 0.25 s)
+DEFAULT_MESH, DEFAULT_TILE = Extent(16, 16), Extent(8, 8)  # a Wafer's cores and its tiles' unless told
 
 __all__ = ["ClusterUnreachable", "CostReport", "DSM", "Launch", "UnknownTensor", "Wafer", "WaferClosed",
            "cluster_nodes", "ray_init"]
@@ -93,13 +94,15 @@ class Wafer(WaferFaults):
            [22., 22., 22., 22.]], dtype=float32)
     """
 
-    def __init__(self, spec: str | HardwareSpec = "tiny", mesh: tuple[int, int] | MeshSpec = (16, 16),
-                 tile: tuple[int, int] = (8, 8), backend: str = "ray", launch: Launch = Launch(), **unknown):
+    def __init__(self, spec: str | HardwareSpec = "tiny", mesh: Extent | MeshSpec = DEFAULT_MESH,
+                 tile: Extent = DEFAULT_TILE, backend: str = "ray", launch: Launch = Launch(), **unknown):
+        """`mesh` and `tile` are sizes in cores; a plain (width, height) tuple, as the docs write them, converts
+        here, once (or `mesh` is a whole MeshSpec, its tiles included)."""
         if unknown:
             raise TypeError(unknown_keywords(unknown, Launch))
         self.backend = check_backend(backend)
         self.spec = spec_by_name(spec)
-        self.mesh = mesh if isinstance(mesh, MeshSpec) else MeshSpec(*_pair("mesh", mesh), *_pair("tile", tile))
+        self.mesh = mesh if isinstance(mesh, MeshSpec) else _mesh_spec(_extent("mesh", mesh), _extent("tile", tile))
         check_on_wafer(self.mesh, self.spec)
         if not isinstance(launch, Launch):
             raise TypeError(f"launch is a waferrt.Launch(address, timeout, max_tiles), got {launch!r}")
@@ -364,10 +367,14 @@ def _ship_code(kernel) -> None:
     cloudpickle.register_pickle_by_value(module)
 
 
-def _pair(what: str, value) -> tuple[int, int]:
-    """A (width, height) pair, or a TypeError naming `what`."""
+def _extent(what: str, value) -> Extent:
+    """`value` -- an Extent, or a plain (width, height) tuple -- as an Extent; a TypeError naming `what` when it is
+    not a pair of whole numbers."""
     try:
-        w, h = value
-    except (TypeError, ValueError):
-        raise TypeError(f"{what} is a (width, height) pair of core counts, e.g. (8, 8); got {value!r}") from None
-    return w, h
+        return Extent(*value)
+    except TypeError as e:  # not a pair, or not whole numbers
+        raise TypeError(f"{what} is a (width, height) pair of core counts, e.g. (8, 8); got {value!r} ({e})") from None
+
+
+def _mesh_spec(mesh: Extent, tile: Extent) -> MeshSpec:
+    return MeshSpec(mesh.width, mesh.height, tile.width, tile.height)

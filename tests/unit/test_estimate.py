@@ -17,7 +17,7 @@ from dataclasses import replace
 
 import pytest
 
-from waferrt.core.mesh import MeshSpec, Region
+from waferrt.core.mesh import Extent, MeshSpec, Region
 from waferrt.core.spec import TINY, WSE2
 from waferrt.decode import layout as dl
 from waferrt.decode.decoding import Decoding
@@ -84,7 +84,7 @@ def test_the_planner_skips_only_floor_plans_that_cannot_win():
     the bound is never above the scheduled round."""
     kv = KVReserve(256, 6)
     for s in worth_trying(SMOLLM2_135M.n_layers)[:2]:
-        floors = list(wafer.floors(SMOLLM2_135M, WSE2, (128, 96), kv, "float16", s))[::4]
+        floors = list(wafer.floors(SMOLLM2_135M, WSE2, Extent(128, 96), kv, "float16", s))[::4]
         rounds = []
         for f in floors:
             stages = f.stages(SMOLLM2_135M.n_layers, s.group)
@@ -92,11 +92,11 @@ def test_the_planner_skips_only_floor_plans_that_cannot_win():
             seg = speed.stages_alone_cycles(WSE2, dec, stages, kv.tokens), [st.region for st in stages]
             rounds.append(requests_round_seconds(*seg, kv.requests, WSE2.clock_hz))
             assert round_bound_seconds(*seg, kv.requests, WSE2.clock_hz) <= rounds[-1] * (1 + 1e-12)
-        got = est.best(Workload(SMOLLM2_135M, kv, "float16", s.group), WSE2, (128, 96), "throughput")
+        got = est.best(Workload(SMOLLM2_135M, kv, "float16", s.group), WSE2, Extent(128, 96), "throughput")
         assert got.step_s == min(speed.stage_seconds(WSE2, Decoding(SMOLLM2_135M, "float16",
                                                                   head_groups=f.shape.head_groups),
                                                    f.stages(SMOLLM2_135M.n_layers, s.group), kv.tokens, kv.requests)[1]
-                                 for f in wafer.floors(SMOLLM2_135M, WSE2, (128, 96), kv, "float16", s))
+                                 for f in wafer.floors(SMOLLM2_135M, WSE2, Extent(128, 96), kv, "float16", s))
 
 
 def test_a_whole_wafer_is_answered_from_a_bounded_number_of_floor_plans():
@@ -120,7 +120,7 @@ def test_what_does_not_fit_says_so_and_what_would():
     e = est.estimate(QWEN72, WSE2, WSE2.full_mesh, KVReserve(4096, 8), "float16")
     assert not e.fits and e.tokens_per_s == 0 and "DOES NOT FIT" in e.text()
     assert any("wafers" in a for a in e.advice) and any("--streaming" in a for a in e.advice)
-    small, kv = (140, 140), KVReserve(4096, 4)
+    small, kv = Extent(140, 140), KVReserve(4096, 4)
     e = est.estimate(SMOLLM2_135M, WSE2, small, kv, "float32")
     assert not e.fits
     tokens = next(int(a.split("--kv-tokens ")[1].split()[0]) for a in e.advice if "--kv-tokens" in a)
@@ -163,7 +163,7 @@ def test_strategy_values_and_errors():
     with pytest.raises(ValueError, match="1..32"):
         Strategy(33, 32)
     with pytest.raises(ValueError, match="not inside"):
-        est.estimate(LLAMA3, WSE2, (800, 100), KVReserve(64, 1))
+        est.estimate(LLAMA3, WSE2, Extent(800, 100), KVReserve(64, 1))
     with pytest.raises(ValueError, match="neither a named model"):
         model_by_name("llama9-1t")
 
@@ -182,7 +182,7 @@ def test_streaming_is_bounded_by_the_ingress():
 def test_the_sweeps_area_model_and_its_best_design():
     assert sw.core_area_um2(48 * 1024) * sw.WSE2_CORES / 1e6 == pytest.approx(sw.WSE2_DIE_MM2)
     assert sw.core_area_um2(96 * 1024) > sw.core_area_um2(48 * 1024)
-    grid = sw.Grid((32 * 1024, 64 * 1024), ((650, 862), (820, 1087)), (4.0,), (1.1e9,))
+    grid = sw.Grid((32 * 1024, 64 * 1024), (Extent(650, 862), Extent(820, 1087)), (4.0,), (1.1e9,))
     asked = est.Objective("latency", (Strategy(1, 30),))
     points = sw.sweep(SMOLLM2_135M, WSE2, grid, KVReserve(1024, 4), "float16", asked)
     best = sw.best_point(points)

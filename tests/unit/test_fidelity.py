@@ -82,9 +82,9 @@ def test_the_decode_slows_down_as_its_region_grows_because_the_reductions_grow()
 def test_the_kv_capacity_counts_the_wafers_sram():
     config, _ = model_by_name("llama2-13b")
     most = fd.most_tokens(config, WSE2, WSE2.full_mesh, 1, "float16", 1 << 20)
-    plan = next((s, f) for s in worth_trying(config.n_layers)
-                for f in fd.wafer.floors(config, WSE2, WSE2.full_mesh, fd.KVReserve(most, 1), "float16", s))
-    use = fd.sram_use(config, WSE2, plan, most)
+    strategy, floor = next((s, f) for s in worth_trying(config.n_layers)
+                           for f in fd.wafer.floors(config, WSE2, WSE2.full_mesh, fd.KVReserve(most, 1), "float16", s))
+    use = fd.sram_use(config, WSE2, strategy, floor, most)
     assert sum(use.values()) == WSE2.cores * WSE2.sram_bytes and min(use.values()) >= 0
     assert use["K/V"] >= most * 2 * config.n_layers * config.kv_dim * 2  # every position's K and V, 16-bit
 

@@ -11,6 +11,7 @@ import time
 import pytest
 
 from waferrt.cli import main
+from waferrt.core.mesh import Extent
 from waferrt.core.spec import TINY
 from waferrt.estimator.advice import fits, model_bytes
 from waferrt.estimator.estimate import estimate
@@ -32,7 +33,7 @@ def test_the_named_moe_shapes_are_their_config_json():
 
 def test_a_fitting_moe_gets_its_experts_per_region_and_all_to_all():
     config = tiny_moe_config(n_experts=4, top_k=2)
-    est = dataclasses.replace(estimate(config, TINY, (64, 64), KVReserve(64, 2), "float32"), label="tiny-moe")
+    est = dataclasses.replace(estimate(config, TINY, Extent(64, 64), KVReserve(64, 2), "float32"), label="tiny-moe")
     assert est.fits and est.breakdown_s["alltoall"] > 0
     moe = moe_estimate(est)
     er, naive = moe.mappings["er"], moe.mappings["naive"]
@@ -54,7 +55,7 @@ def test_mixtral_does_not_fit_one_wafer_and_says_how_many_would_hold_it(capsys):
     assert time.perf_counter() - t0 < 120  # closed forms: seconds, even loaded
 
 
-@pytest.mark.parametrize("mesh", [(4, 4), (8, 8)])
+@pytest.mark.parametrize("mesh", [Extent(4, 4), Extent(8, 8)])
 def test_what_would_fit_is_the_estimators_own_floor_plan_test(mesh):
     """The wafers an MoE estimate names are those the estimator's floor plans accept (advice.fits), never a
     sum of bytes: each holds E/n experts of every layer, and no fewer wafers would do."""

@@ -11,7 +11,7 @@ import pytest
 
 from waferrt.cli import main
 from waferrt.core.cost import total
-from waferrt.core.mesh import Region
+from waferrt.core.mesh import Extent, Region
 from waferrt.core.spec import WSE2, WSE3
 from waferrt.decode.prefill import prefill_layer_cost, prefill_layer_parts, prefill_moves, prefill_work_parts
 from waferrt.estimator.estimate import estimate
@@ -54,9 +54,9 @@ def test_a_layer_on_the_grid_costs_what_the_emulated_prefill_books_for_it(dtype)
 def test_the_exchange_between_a_region_and_the_grid_by_hand():
     """6,400 bytes over an 8x8 grid, 16 of its cores inside a 4x4 region at the corner of a 10x10 mesh: 4,800
     bytes cross the region's 8 inner boundary links, 600 each, over 16 hops: 16 + 30 + 600 / 4 = 196 cycles."""
-    c = region_exchange(WSE2, Region(0, 0, 4, 4), (10, 10), Region(0, 0, 8, 8), 6400)
+    c = region_exchange(WSE2, Region(0, 0, 4, 4), Extent(10, 10), Region(0, 0, 8, 8), 6400)
     assert (c.link_bytes, c.messages, c.hops, c.cycles) == (4800, 8, 16, 196)
-    assert region_exchange(WSE2, Region(0, 0, 8, 8), (10, 10), Region(0, 0, 8, 8), 6400).cycles == 0
+    assert region_exchange(WSE2, Region(0, 0, 8, 8), Extent(10, 10), Region(0, 0, 8, 8), 6400).cycles == 0
 
 
 @pytest.mark.parametrize("model, spec", [("smollm2-135m", WSE2), ("llama3-8b", WSE2), ("llama3-8b", WSE3)])
@@ -87,7 +87,7 @@ def test_the_prefill_takes_the_grid_it_is_given_and_chunks_only_as_the_sram_need
             assert weight_block_bytes(est.config, pre.side, "float16") + \
                 activation_bytes(est.config, pre.side, 2 * chunk, 4096, "float16") > free
     assert smaller.chunks > whole.chunks and smaller.tokens_per_s < whole.tokens_per_s
-    mesh = replace(estimate(est.config, WSE2, (720, 720), KVReserve(4096, 1), "float16"), label="Llama3-8B")
+    mesh = replace(estimate(est.config, WSE2, Extent(720, 720), KVReserve(4096, 1), "float16"), label="Llama3-8B")
     assert prefill(mesh, 4096).side == 720
     with pytest.raises(ValueError, match="give a larger grid"):
         prefill(est, 4096, 480)  # the decode leaves 1.5 KB a core; a layer's gate/up blocks take 2 KB of 480^2

@@ -27,7 +27,7 @@ import time
 from collections.abc import Callable
 
 from waferrt.core.files import not_regular
-from waferrt.core.mesh import DEFAULT_MAX_TILES, MeshSpec, check_on_wafer, check_tile_count
+from waferrt.core.mesh import DEFAULT_MAX_TILES, Extent, MeshSpec, check_on_wafer, check_tile_count
 from waferrt.core.spec import spec_by_name
 
 
@@ -48,12 +48,12 @@ def two_numbers(text: str, sep: str, form: str, example: str) -> tuple[int, int]
     return a, b
 
 
-def parse_wxh(text: str) -> tuple[int, int]:
-    """'16x8' -> (16, 8): width x height, both positive integers (argparse type)."""
+def parse_wxh(text: str) -> Extent:
+    """'16x8' -> Extent(16, 8): width x height, both positive integers (argparse type)."""
     w, h = two_numbers(text.lower().replace("×", "x"), "x", "WIDTHxHEIGHT", "8x8 or 16x4")
     if w < 1 or h < 1:
         raise argparse.ArgumentTypeError(f"{text!r}: width and height must be at least 1, e.g. 8x8")
-    return w, h
+    return Extent(w, h)
 
 
 MOST = 1 << 24  # the largest count a flag takes unless it says otherwise (K/V tokens, cores, tiles, ...)

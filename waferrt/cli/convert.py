@@ -18,10 +18,12 @@ GGUF under OUT's name. Bad input: one line, exit 2, before any model is read.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import os
 import time
 
 from waferrt.model.convert import VALUE_DTYPES
+from waferrt.model.moe import ExpertCut
 from waferrt.model.zoo import MODELS
 
 from .common import UsageError, model_path, output_path, say, two_numbers, whole_number
@@ -74,13 +76,14 @@ def _shape_name(text: str) -> str:
     return text.lower()
 
 
-def moe_shape(text: str) -> tuple[int, int]:
-    """'8,2' -> (8, 2): experts per layer and experts used per token (argparse type)."""
+def moe_shape(text: str) -> ExpertCut:
+    """'8,2' -> ExpertCut(n_experts=8, top_k=2): experts per layer and experts used per token (argparse type;
+    the router's seed is set from --router and --seed)."""
     e, k = two_numbers(text, ",", "E,K (the experts per layer, the experts each token uses)", "8,2")
     if not 1 <= k <= e:
         raise argparse.ArgumentTypeError(f"{text!r}: K must be 1..E (each token uses K of the E experts), "
                                          "e.g. 8,2")
-    return e, k
+    return ExpertCut(e, k)
 
 
 def _add_cut_arguments(p: argparse.ArgumentParser) -> None:
@@ -134,12 +137,13 @@ def _cut(args):
         raise UsageError(f"{e}") from None
 
 
-def convert_moe(model: str, moe: tuple[int, int], seed: int | None):
-    """(config, weights, tokenizer metadata) of the dense `model` cut into experts (UsageError: why not)."""
+def convert_moe(model: str, cut: ExpertCut):
+    """(config, weights, tokenizer metadata) of the dense `model` cut into experts as `cut` says (UsageError:
+    why not)."""
     from waferrt.model import load_meta, load_model
-    from waferrt.model.moe import ExpertCut, cut_into_experts, expert_config
+    from waferrt.model.moe import cut_into_experts, expert_config
 
-    path, cut = None if model == "smollm2" else model, ExpertCut(*moe, seed=seed)
+    path = None if model == "smollm2" else model
     try:
         expert_config(load_meta(path)[0], cut)  # the shape checked before the weights are dequantised
         config, weights, tok = load_model(path)
@@ -155,8 +159,9 @@ def _write_moe(args, part: str) -> str:
     from waferrt.model.gguf_writer import write_model
 
     model, router = args.model or "smollm2", args.router or "seeded"
-    say(f"reading {model} and cutting each FFN into {args.moe[0]} experts ({args.moe[1]} per token)...")
-    config, weights, tok = convert_moe(model, args.moe, None if router == "zero" else args.seed)
+    cut = dataclasses.replace(args.moe, seed=None if router == "zero" else args.seed)
+    say(f"reading {model} and cutting each FFN into {cut.n_experts} experts ({cut.top_k} per token)...")
+    config, weights, tok = convert_moe(model, cut)
     write_model(part, config, weights, tok)
     back = read_config(part)
     return (f"{back.n_layers} layers, {back.n_experts} experts of width {back.hidden_dim}, top-{back.top_k}, "

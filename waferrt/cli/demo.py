@@ -13,6 +13,7 @@ import argparse
 import time
 
 from waferrt.core.cost import ALLREDUCE_ALGOS
+from waferrt.core.mesh import Extent
 from waferrt.core.spec import PRESETS
 
 from .common import add_max_tiles, checked_mesh, parse_wxh, ray_address
@@ -25,9 +26,9 @@ def add_parser(sub) -> argparse.ArgumentParser:
                     "distributed memory, allreduce it along the rows of cores with the chosen algorithm, "
                     "check the result against numpy and print the modelled cost per primitive.",
         epilog="example: waferrt demo --mesh 8x8 --tile 4x4 --algo ktree --spec tiny")
-    p.add_argument("--mesh", type=parse_wxh, default=(8, 8), metavar="WxH",
+    p.add_argument("--mesh", type=parse_wxh, default=Extent(8, 8), metavar="WxH",
                    help="cores of the mesh, width x height (default 8x8)")
-    p.add_argument("--tile", type=parse_wxh, default=(4, 4), metavar="TWxTH",
+    p.add_argument("--tile", type=parse_wxh, default=Extent(4, 4), metavar="TWxTH",
                    help="cores per tile actor (default 4x4: an 8x8 mesh is 2x2 tiles)")
     p.add_argument("--spec", choices=sorted(PRESETS), default="tiny",
                    help="hardware spec whose timings the cost model uses (default tiny)")

@@ -30,12 +30,14 @@ from pathlib import Path
 import numpy as np
 
 from waferrt.core.cost import cycles_seconds
+from waferrt.core.mesh import Extent
 from waferrt.core.spec import PRESETS
 from waferrt.faults.model import FaultKind
 
 from . import train_report
 from .common import UsageError, model_arg, output_path, parse_wxh, say, stamp, whole_number
 from .progress import counter, line
+from .train_report import Modelled, Start, Where
 
 TINY_VOCAB = 264  # --model tiny: the 256 byte tokens, the merge "Ġt", unused padding
 TINY_LR, FINE_TUNE_LR = 3e-3, 3e-5  # --lr's defaults: the tiny model learns from scratch; a real one is fine-tuned
@@ -149,14 +151,16 @@ def _load(args):
     return load.config, load.weights, load.tokenizer.meta, load.tokenizer
 
 
-def _mesh(args) -> tuple[int, int]:
+def _mesh(args) -> Extent:
     """--mesh, or its default: 8x8 for --model tiny, 32x32 for a model on the mesh (a block fits, RoPE's pairs
     stay whole), else 64x64."""
-    return args.mesh or ((8, 8) if args.model == "tiny" else (32, 32) if args.on == "mesh" else (64, 64))
+    if args.mesh:
+        return args.mesh
+    return Extent(8, 8) if args.model == "tiny" else Extent(32, 32) if args.on == "mesh" else Extent(64, 64)
 
 
-def _region(args, config):
-    """The --mesh region on the --spec wafer (checked), and the spec."""
+def _region(args, config) -> Where:
+    """The --spec wafer's spec and the --mesh region on it (checked)."""
     from waferrt.core.mesh import Region
     from waferrt.core.spec import spec_by_name
     from waferrt.core.train_cost import TrainShape
@@ -164,10 +168,11 @@ def _region(args, config):
     from waferrt.training.mesh import even_rope_blocks, mesh_side
 
     spec = spec_by_name(args.spec or "wse2")
-    w, h = _mesh(args)
-    if w > spec.full_mesh[0] or h > spec.full_mesh[1]:
-        raise UsageError(f"--mesh {w}x{h} is larger than the {spec.name} wafer's {spec.full_mesh[0]}x"
-                         f"{spec.full_mesh[1]} cores; give a smaller --mesh or another --spec")
+    mesh = _mesh(args)
+    w, h = mesh.width, mesh.height
+    if w > spec.full_mesh.width or h > spec.full_mesh.height:
+        raise UsageError(f"--mesh {mesh} is larger than the {spec.name} wafer's {spec.full_mesh} cores; give a "
+                         "smaller --mesh or another --spec")
     region = Region(0, 0, w, h)
     need = resident_core_bytes(config, region)
     if not args.streaming and need > spec.sram_bytes:
@@ -187,7 +192,7 @@ def _region(args, config):
         raise UsageError(f"--on mesh runs on the largest square of --mesh {w}x{h}, whose cores' head_dim blocks "
                          f"(ceil({config.head_dim} / {min(w, h)})) split a RoPE pair; give --mesh {side}x{side} or "
                          "--on reference")
-    return spec, region
+    return Where(spec, region)
 
 
 def _check(args, config) -> None:
@@ -205,8 +210,8 @@ def _check(args, config) -> None:
 
 def _kinds(args) -> tuple[FaultKind, ...]:
     """The fault kinds this run recovers from."""
-    w, h = _mesh(args)
-    core = (FaultKind.CORE,) if args.on == "mesh" and w != h else ()
+    mesh = _mesh(args)
+    core = (FaultKind.CORE,) if args.on == "mesh" and mesh.width != mesh.height else ()
     return (FaultKind.TILE, FaultKind.CORRUPT, *core) if args.streaming else (FaultKind.CORRUPT, *core)
 
 
@@ -243,16 +248,17 @@ def _corpus(args, tokenizer):
         raise UsageError(str(e)) from None
 
 
-def _trainer(args, config, weights, hp, where, faults=None):
+def _trainer(args, start: Start, where: Where, faults=None):
     """(the trainer, stop: what to call when done) -- in this process, or on an embedded Ray (--streaming); the
     phases on a Wafer of the --mesh region's cores (--on mesh) or the numpy reference's; `faults` (default
     --fault's) planned."""
     from waferrt.runtime import Wafer
 
-    spec, (w, h) = where[0], (where[1].w, where[1].h)
+    config, weights, hp = start.config, start.weights, start.hp
     mesh = None
     if args.on == "mesh":  # the Wafer the kernels run on: made here, or in the tile actor (--streaming)
-        mesh = functools.partial(Wafer, spec, mesh=(w, h), tile=(w, h), backend="local")
+        size = Extent(where.region.w, where.region.h)
+        mesh = functools.partial(Wafer, where.spec, mesh=size, tile=size, backend="local")
     faults = args.fault or () if faults is None else faults
     if not args.streaming:
         from waferrt.training.mesh import phases_of
@@ -286,11 +292,12 @@ def run(args) -> int:
     config, weights, meta, tokenizer = _load(args)
     args.on = args.on or ("reference" if args.streaming else "mesh")
     _check(args, config)
-    spec, region = _region(args, config)
+    where = _region(args, config)
+    spec, region = where.spec, where.region
     batcher, n_tokens = _corpus(args, tokenizer)
     shape = TrainShape(args.batch, args.seq)
     cycles = step_cycles(spec, config, region, shape, args.streaming)
-    modelled = cycles.seconds(spec), cycles_seconds(spec, cycles.recompute)
+    modelled = Modelled(cycles.seconds(spec), cycles_seconds(spec, cycles.recompute))
     say(f"corpus: the project's docs, {n_tokens:,} tokens; {args.steps} steps of {args.batch} x {args.seq} tokens, "
         f"{'weight streaming' if args.streaming else 'resident'} on {region.w}x{region.h} cores of {spec.name}")
     side = min(region.w, region.h)
@@ -306,17 +313,19 @@ def run(args) -> int:
     say("modelled: " + ("each step's cycles as the mesh's ledger booked them, + AdamW's" if ledger else
                         "the closed form of a step (training.cost.step_cycles)"))
     hp = AdamW(lr=args.lr or (TINY_LR if args.model == "tiny" else FINE_TUNE_LR))
-    trainer, stop = _trainer(args, config, weights(), hp, (spec, region))
+    start = Start(config, weights(), hp)
+    trainer, stop = _trainer(args, start, where)
     try:
         def row(i, report, wall, booked):  # booked: the cycles the mesh's ledger took for the step, or None
-            seconds = modelled if booked is None else ((booked + cycles.optimizer) / spec.clock_hz, modelled[1])
+            seconds = modelled if booked is None else Modelled((booked + cycles.optimizer) / spec.clock_hz,
+                                                               modelled.recompute_s)
             return train_report.row(i, report, wall, seconds, shape)
 
         rows = _steps(args, config, trainer, batcher, row)
         saved = _save(args, config, trainer.weights(), meta) if args.save else None
         if args.fault:
-            model, where = (config, weights(), hp), (spec, region)
-            rows[-1]["identical_to_fault_free"] = _fault_free(args, model, batcher, trainer, where)
+            rows[-1]["identical_to_fault_free"] = _fault_free(args, dataclasses.replace(start, weights=weights()),
+                                                              batcher, trainer, where)
     except TrainingFailed as e:
         raise UsageError(f"training failed: {e}") from None
     except BlockTooLarge as e:  # on Ray, the tile's error with its traceback: its last line is the cause
@@ -325,7 +334,7 @@ def run(args) -> int:
     finally:
         trainer.close()
         stop()
-    train_report.summary(args, rows, saved, (spec, region))
+    train_report.summary(args, rows, saved, where)
     return 0
 
 
@@ -362,13 +371,12 @@ def _booked(args, trainer) -> float | None:
     return trainer.wafer.cost().total.cycles
 
 
-def _fault_free(args, model, batcher, trainer, where) -> bool:
-    """Train the same steps again without faults: are the weights the faulted run's, bit for bit?"""
+def _fault_free(args, start: Start, batcher, trainer, where: Where) -> bool:
+    """Train the same steps again from `start` without faults: are the weights the faulted run's, bit for bit?"""
     from waferrt.model.backward import named_arrays
 
-    config, weights, hp = model
     say("the same steps without faults, to compare the weights")
-    clean, stop = _trainer(args, config, weights, hp, where, faults=())
+    clean, stop = _trainer(args, start, where, faults=())
     try:
         for i in range(1, args.steps + 1):
             clean.step(batcher.rows(i - 1), i)

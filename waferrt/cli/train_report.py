@@ -1,18 +1,54 @@
 """What ``waferrt train`` reports: a step's row (the JSON's), its line, the run's summary, the gradient check.
 
-Contract: :func:`row` is a step's figures (loss, wall and modelled seconds, the recomputed forwards', the
-bytes streamed, tokens/s of both); :func:`text` its line on stdout; :func:`summary` the run's last line (or
-the one JSON object of --json); :func:`copy` keeps the weights as a step starts and :func:`grad_error` is the
-largest relative difference of the step's gradients from the numpy reference's at them (--check of the mesh's),
-:func:`fd_error` from central differences of the reference's loss at a few coordinates (--check of the
-reference's own backward, which the reference cannot check).
+Contract: :class:`Start` is what a run trains from, :class:`Where` where it trains (the spec, the --mesh
+region), :class:`Modelled` a step's modelled seconds; :func:`row` is a step's figures (loss, wall and modelled
+seconds, the recomputed forwards', the bytes streamed, tokens/s of both); :func:`text` its line on stdout;
+:func:`summary` the run's last line (or the one JSON object of --json); :func:`copy` keeps the weights as a step
+starts and :func:`grad_error` is the largest relative difference of the step's gradients from the numpy
+reference's at them (--check of the mesh's), :func:`fd_error` from central differences of the reference's loss
+at a few coordinates (--check of the reference's own backward, which the reference cannot check).
 """
 
 from __future__ import annotations
 
 import json
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import numpy as np
+
+from waferrt.core.mesh import Region
+from waferrt.core.spec import HardwareSpec
+
+if TYPE_CHECKING:  # annotations only: `waferrt train` imports the model and training packages when it runs
+    from waferrt.model.config import LlamaConfig
+    from waferrt.model.weights import LlamaWeights
+    from waferrt.training.adamw import AdamW
+
+
+@dataclass(frozen=True)
+class Start:
+    """What a run trains from: the model's config, its weights before the first step, the optimizer."""
+
+    config: LlamaConfig
+    weights: LlamaWeights
+    hp: AdamW
+
+
+@dataclass(frozen=True)
+class Where:
+    """Where a run trains: the --spec wafer and the --mesh region of its cores."""
+
+    spec: HardwareSpec
+    region: Region
+
+
+@dataclass(frozen=True)
+class Modelled:
+    """A step's modelled seconds: the whole step's, and of them the recomputed forwards'."""
+
+    step_s: float
+    recompute_s: float
 
 
 def copy(config, weights):
@@ -58,11 +94,11 @@ def fd_error(config, before, tokens, got: dict) -> float:
     return worst
 
 
-def row(i: int, report, wall: float, modelled: tuple[float, float], shape) -> dict:
-    """A step's row; `modelled` (the step's seconds, of which the recomputed forwards')."""
-    return {"step": i, "loss": report.loss, "wall_s": wall, "modelled_s": modelled[0],
-            "modelled_recompute_s": modelled[1], "bytes_in": report.bytes_in, "bytes_out": report.bytes_out,
-            "wall_tokens_per_s": shape.tokens / wall, "modelled_tokens_per_s": shape.tokens / modelled[0]}
+def row(i: int, report, wall: float, modelled: Modelled, shape) -> dict:
+    """A step's row."""
+    return {"step": i, "loss": report.loss, "wall_s": wall, "modelled_s": modelled.step_s,
+            "modelled_recompute_s": modelled.recompute_s, "bytes_in": report.bytes_in, "bytes_out": report.bytes_out,
+            "wall_tokens_per_s": shape.tokens / wall, "modelled_tokens_per_s": shape.tokens / modelled.step_s}
 
 
 def text(row: dict, steps: int) -> str:
@@ -73,11 +109,11 @@ def text(row: dict, steps: int) -> str:
             + (f"  gradients vs {row['grad_check']}: {row['grad_error']:.1e} relative" if "grad_error" in row else ""))
 
 
-def summary(args, rows: list[dict], saved, where) -> None:
-    spec, region = where
+def summary(args, rows: list[dict], saved, where: Where) -> None:
     if args.json:
-        print(json.dumps({"model": args.model, "streaming": args.streaming, "mesh": f"{region.w}x{region.h}",
-                          "spec": spec.name, "steps": rows, "saved": saved}))
+        print(json.dumps({"model": args.model, "streaming": args.streaming,
+                          "mesh": f"{where.region.w}x{where.region.h}", "spec": where.spec.name, "steps": rows,
+                          "saved": saved}))
         return
     wall = sum(r["wall_s"] for r in rows)
     print(f"trained {len(rows)} steps: loss {rows[0]['loss']:.4f} -> {rows[-1]['loss']:.4f}; wall {wall:.2f} s; "

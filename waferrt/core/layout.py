@@ -205,18 +205,27 @@ def from_blocks(blocks: np.ndarray, layout: Layout, copy: tuple[int, int] = (0, 
     return out
 
 
-def copies_disagree(blocks: np.ndarray, layout: Layout, skip: np.ndarray) -> tuple[int, int, int, int] | None:
-    """For a tensor replicated along a mesh axis: the first core (row, col) whose copy of its block differs
-    from the copy of the first row/column, as (row, col, row0, col0) with (row0, col0) the core it was compared
-    with; None when every copy agrees. Cores where `skip` ((rows, cols) bool: dead ones) holds are left out."""
-    rows, cols = layout.region.h, layout.region.w
-    for r in range(rows):
-        for c in range(cols):
+@dataclass(frozen=True)
+class Disagreement:
+    """Two cores of a replicated tensor's region whose copies of a block differ: `core`, and `first`, the core
+    of the first row or column whose copy it was compared with."""
+
+    core: Coord
+    first: Coord
+
+
+def copies_disagree(blocks: np.ndarray, layout: Layout, skip: np.ndarray) -> Disagreement | None:
+    """For a tensor replicated along a mesh axis: the first core (in row-major order) whose copy of its block
+    differs from the copy of the first row/column; None when every copy agrees. Cores where `skip` ((rows,
+    cols) bool: dead ones) holds are left out."""
+    reg = layout.region
+    for r in range(reg.h):
+        for c in range(reg.w):
             r0, c0 = (r if "y" in layout.split else 0), (c if "x" in layout.split else 0)
             if (r, c) == (r0, c0) or skip[r, c] or skip[r0, c0]:
                 continue
             if not np.array_equal(blocks[r, c], blocks[r0, c0], equal_nan=True):
-                return r, c, r0, c0
+                return Disagreement(Coord(reg.x0 + c, reg.y0 + r), Coord(reg.x0 + c0, reg.y0 + r0))
     return None
 
 

@@ -16,6 +16,7 @@ import dataclasses
 import functools
 from dataclasses import dataclass
 
+from .mesh import Extent
 from .topology import MESH, Topology
 
 
@@ -31,7 +32,7 @@ class HardwareSpec:
     """
 
     name: str
-    full_mesh: tuple[int, int]  # (width, height) of the whole wafer, in cores
+    full_mesh: Extent  # (width, height) of the whole wafer, in cores; a plain (w, h) tuple is converted
     sram_bytes: int  # per core
     alpha_cycles: float  # latency of one hop between neighbouring cores
     beta_cycles: float  # fixed cost of one routing stage (software forward/reduce step)
@@ -43,9 +44,9 @@ class HardwareSpec:
     topology: Topology = MESH  # which links join the cores (core.topology): the 2D mesh unless told
 
     def __post_init__(self) -> None:
-        w, h = self.full_mesh
-        if w < 1 or h < 1:
-            raise ValueError(f"full_mesh must be at least 1x1 cores, got {w}x{h}")
+        object.__setattr__(self, "full_mesh", Extent(*self.full_mesh))  # the one conversion of a preset's tuple
+        if self.full_mesh.width < 1 or self.full_mesh.height < 1:
+            raise ValueError(f"full_mesh must be at least 1x1 cores, got {self.full_mesh}")
         for field in ("sram_bytes", "alpha_cycles", "link_bytes_per_cycle", "flops_per_cycle", "clock_hz",
                       "ingress_bytes_per_s"):
             if getattr(self, field) <= 0:
@@ -60,7 +61,7 @@ class HardwareSpec:
 
     @property
     def cores(self) -> int:
-        return self.full_mesh[0] * self.full_mesh[1]
+        return self.full_mesh.cores
 
     def flops_per_cycle_at(self, dtype: str = "float32") -> float:
         """A core's compute rate for work on `dtype` data (float16 and bfloat16 share the 16-bit rate)."""
@@ -80,7 +81,7 @@ class HardwareSpec:
     def from_dict(cls, d: dict) -> HardwareSpec:
         """The spec of its ``as_dict`` form."""
         topology = Topology(**d["topology"]) if "topology" in d else MESH
-        return cls(**{**d, "full_mesh": tuple(d["full_mesh"]), "topology": topology})
+        return cls(**{**d, "topology": topology})
 
     def on_line(self, axis: str, n: int, wafer: int | None = None) -> HardwareSpec:
         """The spec a line of n cores along `axis` ("x": a row, "y": a column) routes over: a torus's wrap links

@@ -32,11 +32,10 @@ forward and, recomputing P, its backward):
 
 - :class:`KernelNet` (waferrt.decode.kernel_net): every core's block of a slab split over the square's rows
   (tokens) and columns (features); ``norm2`` and ``reduce`` the kernel Context's allreduce along the rows of
-  cores, ``elementwise`` every core's block (``ctx.compute``), ``gemv`` a MeshGEMM per part of a :class:`Parts`
-  weight on its input
-  skewed into the A layout (kernels.train_ops.relayout), which it keeps with the output (``kept``: what
-  training's backward reads), ``flash`` the online softmax's statistics alone (P.V is the attention kernel's
-  MeshGEMM).
+  cores, ``elementwise`` every core's block (``ctx.compute``), ``gemv`` a MeshGEMM per part of a ``Parts``
+  weight on its input skewed into the A layout (kernels.train_ops.relayout), which it keeps with the output
+  (``kept``: what training's backward reads), ``flash`` the online softmax's statistics alone (P.V is the
+  attention kernel's MeshGEMM).
 
 The attention's softmax is written once, kernels.attention.softmax, on a Net's ``reduce`` and ``elementwise``:
 the decode's dense attention (decode.shards.LayerShard._dense, FastNet / HopNet) and the prompt attention

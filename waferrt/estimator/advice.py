@@ -13,6 +13,7 @@ from collections.abc import Sequence
 
 from waferrt.core.arith import cdiv, last_true
 from waferrt.core.dtypes import itemsize
+from waferrt.core.mesh import Extent
 from waferrt.core.spec import HardwareSpec
 from waferrt.model.config import LlamaConfig
 from waferrt.scheduler import budget
@@ -23,7 +24,8 @@ from .estimate_report import gb
 from .wafer import floors
 
 
-def fits(config, spec, mesh, kv: KVReserve, dtype: str, tried: Sequence[Strategy] | None) -> bool:
+def fits(config: LlamaConfig, spec: HardwareSpec, mesh: Extent, kv: KVReserve, dtype: str,
+         tried: Sequence[Strategy] | None) -> bool:
     """Does some floor plan of one of the strategies `tried` (None: every one worth trying) hold the model: the
     owner of "fits" for every answer that names what would (advice here, estimator.moe_estimate's wafers)."""
     return any(next(floors(config, spec, mesh, kv, dtype, s), None) is not None
@@ -42,7 +44,7 @@ def _most(hi: int, ok) -> int:
     return last_true(lo, min(hi, 2 * lo - 1), ok)
 
 
-def most_tokens(config: LlamaConfig, spec: HardwareSpec, mesh: tuple[int, int], requests: int, dtype: str,
+def most_tokens(config: LlamaConfig, spec: HardwareSpec, mesh: Extent, requests: int, dtype: str,
                 hi: int) -> int:
     """The most K/V positions per request (up to hi; 0: none) with which some floor plan of some strategy
     holds `requests` requests: the estimator's own feasibility test."""
@@ -54,12 +56,12 @@ def model_bytes(config: LlamaConfig, kv: KVReserve, dtype: str) -> tuple[int, in
     return budget.model_bytes(config, kv.tokens, kv.requests, dtype)
 
 
-def advice(config: LlamaConfig, spec: HardwareSpec, mesh: tuple[int, int], kv: KVReserve, dtype: str,
+def advice(config: LlamaConfig, spec: HardwareSpec, mesh: Extent, kv: KVReserve, dtype: str,
            tried: Sequence[Strategy] | None) -> tuple[str, ...]:
     weights, kv_bytes = model_bytes(config, kv, dtype)
-    have = mesh[0] * mesh[1] * spec.sram_bytes
+    have = mesh.cores * spec.sram_bytes
     out = [f"it needs at least {gb(weights + kv_bytes)} (weights {gb(weights)} + K/V {gb(kv_bytes)}, before "
-           f"scratch and the cores lost to region shapes); the {mesh[0]}x{mesh[1]} mesh holds {gb(have)}"]
+           f"scratch and the cores lost to region shapes); the {mesh} mesh holds {gb(have)}"]
     tokens = _most(kv.tokens - 1, lambda t: fits(config, spec, mesh, KVReserve(t, kv.requests), dtype, tried))
     if tokens:
         out.append(f"fewer K/V tokens: --kv-tokens {tokens} fits ({kv.requests} requests)")
@@ -68,9 +70,9 @@ def advice(config: LlamaConfig, spec: HardwareSpec, mesh: tuple[int, int], kv: K
         out.append(f"fewer requests in flight: --requests {reqs} fits ({kv.tokens} K/V tokens each)")
     if itemsize(dtype) > 2 and fits(config, spec, mesh, kv, "bfloat16", tried):
         out.append("a 16-bit dtype: --dtype float16 or bfloat16 fits")
-    full = spec.full_mesh[0] * spec.full_mesh[1] * spec.sram_bytes
+    full = spec.cores * spec.sram_bytes
     if mesh != spec.full_mesh and fits(config, spec, spec.full_mesh, kv, dtype, tried):
-        out.append(f"more cores: the whole {spec.name} wafer ({spec.full_mesh[0]}x{spec.full_mesh[1]}) fits")
+        out.append(f"more cores: the whole {spec.name} wafer ({spec.full_mesh}) fits")
     else:
         out.append(f"more wafers: its weights and K/V alone fill {cdiv(weights + kv_bytes, full)} {spec.name} "
                    "wafers' SRAM (this estimate covers one wafer; a split over wafers is not modelled)")

@@ -24,6 +24,7 @@ from functools import lru_cache
 
 from waferrt.core.cost import cycles_seconds
 from waferrt.core.dtypes import STORAGE_DTYPES
+from waferrt.core.mesh import Extent
 from waferrt.core.spec import HardwareSpec
 from waferrt.decode.cost import head_decode_parts, layer_decode_parts, stage_handover
 from waferrt.decode.decoding import Decoding, Routing
@@ -70,7 +71,7 @@ def host_seconds(config: LlamaConfig, spec: HardwareSpec, requests: int) -> floa
 
 
 @lru_cache(maxsize=512)
-def best(work: Workload, spec: HardwareSpec, mesh: tuple[int, int], objective: str) -> Candidate | None:
+def best(work: Workload, spec: HardwareSpec, mesh: Extent, objective: str) -> Candidate | None:
     """The best floor plan of the strategy of `work.layers` layers per region for `objective`, or None when
     no region shape fits (the first of equals). Only the floor plans that can win are scheduled request by
     request: for latency the winner alone; for throughput those whose steady-round bound
@@ -102,18 +103,18 @@ def best(work: Workload, spec: HardwareSpec, mesh: tuple[int, int], objective: s
     return Candidate(strategy, floors[won[1]], ones[won[1]], won[0], kv.requests)
 
 
-def estimate(config: LlamaConfig, spec: HardwareSpec, mesh: tuple[int, int], kv: KVReserve, dtype: str = "float16",
+def estimate(config: LlamaConfig, spec: HardwareSpec, mesh: Extent, kv: KVReserve, dtype: str = "float16",
              objective: Objective = Objective()) -> Estimate:
-    """Plan `config` on a mesh of `mesh` = (width, height) cores of `spec` and estimate its decode with the best
+    """Plan `config` on a mesh of `mesh` cores of `spec` and estimate its decode with the best
     of the strategies ``objective.tried`` for ``objective.goal`` (module doc); ``objective.advise`` False
     skips the search for what would fit when nothing does. Labelled "<n>-layer model" (name it with
     ``dataclasses.replace(e, label=...)``)."""
     goal = objective.goal
     if dtype not in STORAGE_DTYPES:
         raise ValueError(f"unknown storage dtype {dtype!r}; use one of {', '.join(STORAGE_DTYPES)}")
-    if not (1 <= mesh[0] <= spec.full_mesh[0] and 1 <= mesh[1] <= spec.full_mesh[1]):
-        raise ValueError(f"mesh {mesh[0]}x{mesh[1]} is not inside the {spec.name} wafer "
-                         f"({spec.full_mesh[0]}x{spec.full_mesh[1]} cores)")
+    whole = spec.full_mesh
+    if not (1 <= mesh.width <= whole.width and 1 <= mesh.height <= whole.height):
+        raise ValueError(f"mesh {mesh} is not inside the {spec.name} wafer ({whole} cores)")
     asked = objective.tried
     found = [c for c in (best(Workload(config, kv, dtype, s.group), spec, mesh, goal)
                          for s in asked or worth_trying(config.n_layers)) if c is not None]

@@ -11,6 +11,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
+from waferrt.core.mesh import Extent
 from waferrt.core.spec import HardwareSpec
 from waferrt.decode.cost import CATEGORIES
 from waferrt.model.config import LlamaConfig
@@ -39,7 +40,7 @@ class Estimate:
     label: str
     config: LlamaConfig
     spec: HardwareSpec
-    mesh: tuple[int, int]
+    mesh: Extent
     kv: KVReserve
     dtype: str
     objective: str
@@ -103,7 +104,7 @@ class Estimate:
         tied = "tied" if c.tie_embeddings else "untied"
         return (f"{self.label}: {c.n_layers} layers, dim {c.dim}, heads {c.n_heads}/{c.n_kv_heads}, hidden "
                 f"{c.hidden_dim}, vocab {c.vocab_size} ({tied} head), {c.params() / 1e9:.2f} B parameters\n"
-                f"on {s.name}: {self.mesh[0]}x{self.mesh[1]} cores of {s.sram_bytes // 1024} KB at "
+                f"on {s.name}: {self.mesh} cores of {s.sram_bytes // 1024} KB at "
                 f"{s.clock_hz / 1e9:.2f} GHz; {self.dtype}; K/V {self.kv.tokens} tokens x {self.kv.requests} requests")
 
     def text(self) -> str:
@@ -124,7 +125,7 @@ class Estimate:
         total = sum(self.breakdown_s.values())
         parts = ", ".join(f"{LABELS[k]} {v * 1e3:.4f} ms ({100 * v / total:.0f}%)"
                           for k, v in self.breakdown_s.items() if v > 0)
-        all_cores = self.mesh[0] * self.mesh[1]
+        all_cores = self.mesh.cores
         return [
             f"strategy        {self.strategy.describe()}: layer regions of {sh.cols}x{sh.rows} cores{groups}; "
             f"{bands} {bc}x{br}",

@@ -50,7 +50,7 @@ from waferrt.model.config import LlamaConfig
 from waferrt.model.zoo import model_by_name
 from waferrt.scheduler.speed import stage_seconds
 from waferrt.scheduler.strategies import worth_trying
-from waferrt.scheduler.types import KVReserve, Workload
+from waferrt.scheduler.types import KVReserve, Strategy, Workload
 
 from . import wafer
 from .advice import model_bytes, most_tokens
@@ -182,11 +182,11 @@ def sdk_figure(spec: HardwareSpec) -> Figure:
                   f"N in {{2K, 8K, 16K}} x P in {SWEEP_CORES}", reason=_unless_close(mean / 4.6, reason))
 
 
-def sram_use(config: LlamaConfig, spec: HardwareSpec, plan: tuple, tokens: int) -> dict[str, float]:
-    """Where a floor plan (strategy, Floor) of one request holding `tokens` positions (float16) puts the
+def sram_use(config: LlamaConfig, spec: HardwareSpec, strategy: Strategy, floor: wafer.Floor,
+             tokens: int) -> dict[str, float]:
+    """Where `strategy`'s floor plan `floor` of one request holding `tokens` positions (float16) puts the
     wafer's SRAM, in bytes: K/V, weights, scratch and free bytes of its layer regions, its bands, and the
     cores outside both."""
-    strategy, floor = plan
     shape, group, isz = floor.shape, strategy.group, spec.sram_bytes
 
     work = Workload(config, KVReserve(tokens, 1), "float16", group)
@@ -208,23 +208,32 @@ def longest_decode(config: LlamaConfig, spec: HardwareSpec, scratch: int) -> int
     return max(0, spec.cores * (spec.sram_bytes - scratch) - weights) // per_token
 
 
-def kv_figures(spec: HardwareSpec, name: str, published: tuple[int, int]) -> list[Figure]:
-    """(append on one core, shift-based) longest decode of one request of `name` on the whole wafer, float16."""
+@dataclass(frozen=True)
+class LongestDecode:
+    """WaferLLM's longest decode of one request on the whole wafer (Table 5), in positions: with the K/V
+    appended on one core, and shift-based."""
+
+    append: int
+    shift: int
+
+
+def kv_figures(spec: HardwareSpec, name: str, published: LongestDecode) -> list[Figure]:
+    """The longest decode of one request of `name` on the whole wafer, float16, against the `published` one."""
     config, label = model_by_name(name)
-    concat, shift = published
+    concat, shift = published.append, published.shift
     most = most_tokens(config, spec, spec.full_mesh, 1, "float16", 1 << 20)
-    plan = next((s, f) for s in worth_trying(config.n_layers)
-                for f in wafer.floors(config, spec, spec.full_mesh, KVReserve(most, 1), "float16", s))
-    use = sram_use(config, spec, plan, most)
-    scratch = round(use["scratch"] / (plan[0].regions * plan[1].shape.cores))
+    strategy, floor = next((s, f) for s in worth_trying(config.n_layers)
+                           for f in wafer.floors(config, spec, spec.full_mesh, KVReserve(most, 1), "float16", s))
+    use = sram_use(config, spec, strategy, floor, most)
+    scratch = round(use["scratch"] / (strategy.regions * floor.shape.cores))
     longest = longest_decode(config, spec, scratch)
     per_core = longest // DECODE_GRID  # appended on one core of the shift axis: 1/P of what the P cores hold
     weights, per_token = model_bytes(config, KVReserve(1, 1), "float16")
     implied = (spec.cores * spec.sram_bytes - weights - shift * per_token) / spec.cores
-    how = (f"estimator.fidelity.longest_decode: one request on the whole {spec.name} ({spec.full_mesh[0]}x"
-           f"{spec.full_mesh[1]}), float16, every core holding its share of the weights (advice.model_bytes) and "
-           f"the scratch a core of the estimator's floor plan books ({scratch:,} B: {plan[0].describe()}, layer "
-           f"regions {plan[1].shape.cols}x{plan[1].shape.rows}), K/V in the rest. The estimator's own floor plan "
+    how = (f"estimator.fidelity.longest_decode: one request on the whole {spec.name} ({spec.full_mesh}), float16, "
+           "every core holding its share of the weights (advice.model_bytes) and "
+           f"the scratch a core of the estimator's floor plan books ({scratch:,} B: {strategy.describe()}, layer "
+           f"regions {floor.shape.cols}x{floor.shape.rows}), K/V in the rest. The estimator's own floor plan "
            f"(advice.most_tokens) holds {most:,}; its SRAM in GB: "
            + ", ".join(f"{k} {v / 1e9:.1f}" for k, v in use.items()))
     why = (f"the published {shift:,} positions leave {implied:,.0f} B a core holding neither weights nor K/V; the "
@@ -282,5 +291,6 @@ def decode_figure(spec: HardwareSpec) -> Figure:
 def figures(spec: HardwareSpec = WSE2) -> list[Figure]:
     """Every WaferLLM WSE-2 figure the model is checked against, in the order benchmarks/fidelity.py prints."""
     return [_gemv_figure(spec, 16384, 0.0012e-3), _gemv_figure(spec, 32768, 0.00203e-3), sdk_figure(spec),
-            *kv_figures(spec, "llama3-8b", (382, 137548)), *kv_figures(spec, "llama2-13b", (16, 6168)),
+            *kv_figures(spec, "llama3-8b", LongestDecode(append=382, shift=137548)),
+            *kv_figures(spec, "llama2-13b", LongestDecode(append=16, shift=6168)),
             decode_figure(spec)]

@@ -29,7 +29,8 @@ from dataclasses import dataclass, field
 from waferrt.core.arith import cdiv, whole
 from waferrt.core.cost import Cost, message_cycles, total
 from waferrt.core.dtypes import itemsize
-from waferrt.core.mesh import Region
+from waferrt.core.mesh import Extent, Region
+from waferrt.core.spec import HardwareSpec
 from waferrt.decode.cost import head_decode_parts
 from waferrt.decode.decoding import Decoding
 from waferrt.decode.prefill import prefill_work_parts
@@ -68,14 +69,14 @@ def weight_block_bytes(config, side: int, dtype: str) -> int:
     return 2 * cdiv(largest, side * side) * itemsize(dtype)
 
 
-def region_exchange(spec, region: Region, mesh: tuple[int, int], grid: Region, nbytes: int) -> Cost:
+def region_exchange(spec: HardwareSpec, region: Region, mesh: Extent, grid: Region, nbytes: int) -> Cost:
     """`nbytes` spread evenly over `grid` moved out of `region` (or in: the same links the other way), in
     closed form: the share of the grid outside the region crosses the region's boundary links (its sides
     not on the mesh's edge), each carrying an equal part, over the grid's longest route (its side twice)."""
     both = region.intersect(grid)
     crossing = nbytes * (grid.size - (both.size if both else 0)) // grid.size
-    links = (region.w * ((region.y0 > 0) + (region.y1 < mesh[1]))
-             + region.h * ((region.x0 > 0) + (region.x1 < mesh[0])))
+    links = (region.w * ((region.y0 > 0) + (region.y1 < mesh.height))
+             + region.h * ((region.x0 > 0) + (region.x1 < mesh.width)))
     if crossing == 0 or links == 0:
         return Cost()
     per_link, hops = cdiv(crossing, links), grid.w + grid.h
@@ -150,7 +151,7 @@ def _moves(est: Estimate, grid: Region, tokens: int) -> Cost:
     """Every layer's weights from its decode region onto the grid and back, and its K/V for the prompt from
     the grid into the region (region_exchange)."""
     config, size, mesh = est.config, itemsize(est.dtype), est.mesh
-    floor = Floor(mesh[0], mesh[1], *est.band, est.shape)
+    floor = Floor(mesh.width, mesh.height, *est.band, est.shape)
     layer_bytes = size * (config.dim * (config.dim + 2 * config.kv_dim) + config.n_heads * config.head_dim
                           * config.dim + 3 * config.dim * config.hidden_dim + 2 * config.dim)
     kv_bytes = 2 * tokens * config.kv_dim * size
@@ -170,7 +171,7 @@ def prefill(est: Estimate, tokens: int, side: int | None = None) -> Prefill:
     config, spec = est.config, est.spec
     side = side or min(*est.mesh, config.dim)
     if not 1 <= side <= min(est.mesh):
-        raise ValueError(f"a prefill grid of {side}x{side} is not inside the {est.mesh[0]}x{est.mesh[1]} mesh; "
+        raise ValueError(f"a prefill grid of {side}x{side} is not inside the {est.mesh} mesh; "
                          f"give a side from 1 to {min(est.mesh)}")
     grid, chunks = Region(0, 0, side, side), chunk_count(est, side, tokens)
     chunk = cdiv(tokens, chunks)

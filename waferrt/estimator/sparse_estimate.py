@@ -109,19 +109,21 @@ def sparse_estimate(est: Estimate, mode: AttentionMode) -> SparseEstimate:
     work = Workload(est.config, est.kv, est.dtype, est.strategy.group)
     longest = shape_kv_capacity(work, est.shape, est.spec.sram_bytes, mode)  # the top-K's lists held too
     contexts = [FIRST_CONTEXT * 2 ** i for i in range(64) if FIRST_CONTEXT * 2 ** i < longest] + [longest]
-    rows = [_row(est, (dense, sparse), n) for n in contexts]
+    rows = [_row(est, dense, sparse, n) for n in contexts]
     while rows[-1].sparse_cycles >= rows[-1].dense_cycles and rows[-1].context < LONGEST_SWEPT:
-        rows.append(_row(est, (dense, sparse), 2 * rows[-1].context))  # beyond what fits: where it would pay
-    at = _row(est, (dense, sparse), est.kv.tokens)
+        rows.append(_row(est, dense, sparse, 2 * rows[-1].context))  # beyond what fits: where it would pay
+    at = _row(est, dense, sparse, est.kv.tokens)
     swap = cycles_seconds(est.spec, est.config.n_layers * (at.sparse_cycles - at.dense_cycles))
     return SparseEstimate(est.label, mode, tuple(rows), longest, est.kv_tokens_per_request, est.time_per_token_s,
                           est.time_per_token_s + swap)
 
 
-def _row(est: Estimate, decs: tuple[Decoding, Decoding], context: int) -> ContextRow:
+def _row(est: Estimate, dense: Decoding, sparse: Decoding, context: int) -> ContextRow:
+    """One layer's attention for one token at `context` positions on the estimate's layer region, `dense` and
+    `sparse`."""
     region = est.shape.region()
-    dense = sum(c.cycles for c in attention_parts(est.spec, decs[0], region, context).values())
-    parts = attention_parts(est.spec, decs[1], region, context)
+    dense_cycles = sum(c.cycles for c in attention_parts(est.spec, dense, region, context).values())
+    parts = attention_parts(est.spec, sparse, region, context)
     predict = sum(c.cycles for n, c in parts.items() if n.startswith("predict"))
     sort = sum(c.cycles for n, c in parts.items() if n.startswith(("topk", "broadcast")))
-    return ContextRow(context, dense, sum(c.cycles for c in parts.values()), predict, sort)
+    return ContextRow(context, dense_cycles, sum(c.cycles for c in parts.values()), predict, sort)

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
+from waferrt.core.mesh import Extent
 from waferrt.core.spec import HardwareSpec
 from waferrt.model.config import LlamaConfig
 from waferrt.scheduler.types import KVReserve, Objective
@@ -50,13 +51,13 @@ def core_area_um2(sram_bytes: int) -> float:
 @dataclass(frozen=True)
 class Design:
     sram_bytes: int
-    mesh: tuple[int, int]
+    mesh: Extent
     link_bytes_per_cycle: float
     clock_hz: float
 
     @property
     def area_mm2(self) -> float:
-        return self.mesh[0] * self.mesh[1] * core_area_um2(self.sram_bytes) / 1e6
+        return self.mesh.cores * core_area_um2(self.sram_bytes) / 1e6
 
     def spec(self, base: HardwareSpec) -> HardwareSpec:
         """The base spec with this design's figures (its full mesh is the design's mesh)."""
@@ -64,14 +65,14 @@ class Design:
                             link_bytes_per_cycle=self.link_bytes_per_cycle, clock_hz=self.clock_hz)
 
     def label(self) -> str:
-        return (f"{sram_kb(self.sram_bytes)} KB, {self.mesh[0]}x{self.mesh[1]}, {self.link_bytes_per_cycle:g} B/cycle, "
+        return (f"{sram_kb(self.sram_bytes)} KB, {self.mesh}, {self.link_bytes_per_cycle:g} B/cycle, "
                 f"{self.clock_hz / 1e9:g} GHz")
 
 
 @dataclass(frozen=True)
 class Grid:
     sram_bytes: tuple[int, ...]
-    meshes: tuple[tuple[int, int], ...]
+    meshes: tuple[Extent, ...]
     link_bytes_per_cycle: tuple[float, ...]
     clock_hz: tuple[float, ...]
 
@@ -81,7 +82,7 @@ class Grid:
 
 
 DEFAULT_GRID = Grid(sram_bytes=tuple(k * 1024 for k in (24, 32, 48, 64, 96)),
-                    meshes=((530, 703), (650, 862), (750, 994), (820, 1087)),
+                    meshes=(Extent(530, 703), Extent(650, 862), Extent(750, 994), Extent(820, 1087)),
                     link_bytes_per_cycle=(4.0,), clock_hz=(1.1e9,))
 
 
@@ -102,7 +103,7 @@ class Point:
 
     def row(self) -> dict:
         e = self.estimate
-        return {"sram_kb": sram_kb(self.design.sram_bytes), "mesh": f"{self.design.mesh[0]}x{self.design.mesh[1]}",
+        return {"sram_kb": sram_kb(self.design.sram_bytes), "mesh": str(self.design.mesh),
                 "link_bytes_per_cycle": self.design.link_bytes_per_cycle, "clock_ghz": self.design.clock_hz / 1e9,
                 "area_mm2": round(self.design.area_mm2), "within_budget": self.within_budget,
                 "tokens_per_s": self.tokens_per_s, "bound": e.bound,

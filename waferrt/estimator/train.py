@@ -244,30 +244,39 @@ def weight_streaming(job: TrainJob, template: WaferTemplate) -> StrategyTime:
                         f"{passes} pass(es) of {mb} sequence(s); weights streamed in each pass{_on(k)}", square=k.side)
 
 
-def _resident(job: TrainJob, template: WaferTemplate) -> tuple[float, float, str]:
-    """(bytes per parameter kept on the wafer, off-wafer I/O seconds per step, what is where): the optimizer
-    state stays on the wafer when weights, gradients and state fit in half its SRAM, else it stays off the
-    wafer and the gradients stream out and the updated weights back in every step."""
+@dataclass(frozen=True)
+class Resident:
+    """What a resident strategy keeps on the wafer: bytes per parameter, the off-wafer I/O a step pays for what
+    it does not keep, and where the optimizer state is (said in the strategy's reason)."""
+
+    per_param: float
+    io_s: float
+    where: str
+
+
+def _resident(job: TrainJob, template: WaferTemplate) -> Resident:
+    """The optimizer state stays on the wafer when weights, gradients and state fit in half its SRAM, else it
+    stays off the wafer and the gradients stream out and the updated weights back in every step."""
     params, b = job.config.params(), itemsize(job.dtype)
     if params * STATE_BYTES <= template.sram_bytes() / 2:
-        return STATE_BYTES, 0.0, "optimizer state on the wafer"
-    return 2 * b, 2 * params * b / template.die.ingress_bytes_per_s, "optimizer state off the wafer"
+        return Resident(STATE_BYTES, 0.0, "optimizer state on the wafer")
+    return Resident(2 * b, 2 * params * b / template.die.ingress_bytes_per_s, "optimizer state off the wafer")
 
 
 def pipeline(job: TrainJob, template: WaferTemplate) -> StrategyTime:
     """The best resident 1F1B pipeline over R >= 2 stages (R dividing the layers, at most the wafer's width)."""
     config, w = job.config, template.mesh[0]
-    per_param, io, where = _resident(job, template)
-    tried = [_pipeline_at(job, template, r, (per_param, io, where))
+    resident = _resident(job, template)
+    tried = [_pipeline_at(job, template, r, resident)
              for r in range(min(2, config.n_layers), config.n_layers + 1) if config.n_layers % r == 0 and r <= w]
     fit = [t for t in tried if t.fits]
     return min(fit, key=lambda t: t.step_s) if fit else min(tried, key=lambda t: t.sram_per_core)
 
 
 @_head_refused("pipeline")
-def _pipeline_at(job: TrainJob, template: WaferTemplate, r: int, resident: tuple) -> StrategyTime:
+def _pipeline_at(job: TrainJob, template: WaferTemplate, r: int, resident: Resident) -> StrategyTime:
     config, (w, h) = job.config, template.mesh
-    per_param, io, where = resident
+    per_param, io, where = resident.per_param, resident.io_s, resident.where
     stage_cores = (w // r) * h
     weights = config.params() * per_param / r  # one stage's share (the embedding and head spread with them)
     act = job.shape.seq * (config.n_layers // r) * activation_bytes(config, job.dtype)  # a sequence, a stage's layers
@@ -305,7 +314,8 @@ def _handover_d2d(template: WaferTemplate, r: int, nbytes: float) -> float:
 @_head_refused("tensor-stream")
 def tensor_stream(job: TrainJob, template: WaferTemplate) -> StrategyTime:
     config, cores, dies = job.config, template.cores, template.n_dies
-    per_param, io, where = _resident(job, template)
+    resident = _resident(job, template)
+    per_param, io, where = resident.per_param, resident.io_s, resident.where
     weights = config.params() * per_param
     per_seq = job.shape.seq * config.n_layers * activation_bytes(config, job.dtype)
     mb = _micro_batch(job, template.sram_bytes() - weights, per_seq)

@@ -31,6 +31,15 @@ REPRODUCED = (0.75, 1.33)  # a model / paper ratio in this band counts as reprod
 
 
 @dataclass(frozen=True)
+class Claim:
+    """A ratio a paper reports: the paper, what the ratio is of, the ratio."""
+
+    paper: str
+    what: str
+    reported: float
+
+
+@dataclass(frozen=True)
 class PaperRow:
     paper: str
     claim: str  # what the ratio is of
@@ -47,10 +56,9 @@ def _by_name(est) -> dict[str, StrategyTime]:
     return {s.strategy: s for s in est.strategies}
 
 
-def _row(paper: str, claim: tuple[str, float], slow: StrategyTime | None, fast: StrategyTime | None,
-         template: WaferTemplate) -> PaperRow:
+def _row(claim: Claim, slow: StrategyTime | None, fast: StrategyTime | None, template: WaferTemplate) -> PaperRow:
     """The ratio slow / fast of the model against the paper's, and why when it is off."""
-    text, reported = claim
+    paper, text, reported = claim.paper, claim.what, claim.reported
     assumed = (f"the {template.name} template's figures ({template.label()}) are assumed or secondhand "
                "(core/template.py)")
     unfit = [s for s in (slow, fast) if s is not None and not s.fits]
@@ -91,11 +99,12 @@ def paper_rows(job: TrainJob) -> list[PaperRow]:
     sota = min(others, key=lambda s: s.step_s) if others else None
     fitting = [s for s in on_watos.values() if s.fits]
     best = min(fitting, key=lambda s: s.step_s) if fitting else None
-    return [_row("TEMP", ("tensor-stream over the state of the art", 1.7), sota, on_temp.get("tensor-stream"), temp),
-            _row("WATOS", ("best over Cerebras weight streaming", 1.53), on_watos.get("weight-streaming"), best,
+    return [_row(Claim("TEMP", "tensor-stream over the state of the art", 1.7), sota, on_temp.get("tensor-stream"),
+                 temp),
+            _row(Claim("WATOS", "best over Cerebras weight streaming", 1.53), on_watos.get("weight-streaming"), best,
                  watos),
-            _row("WATOS", ("best over Megatron (here: the 1F1B pipeline)", 2.74), on_watos.get("pipeline"), best,
-                 watos)]
+            _row(Claim("WATOS", "best over Megatron (here: the 1F1B pipeline)", 2.74), on_watos.get("pipeline"),
+                 best, watos)]
 
 
 def sensitivity(job: TrainJob, template: WaferTemplate) -> dict[tuple[str, float], StrategyTime]:

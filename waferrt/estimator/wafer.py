@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from functools import lru_cache
 
 from waferrt.core.arith import cdiv, first_true, last_true
-from waferrt.core.mesh import Region
+from waferrt.core.mesh import Extent, Region
 from waferrt.core.spec import HardwareSpec
 from waferrt.decode.layout import activation_bytes, kv_core_bytes, layer_block_bytes, most_bytes, topk_booking
 from waferrt.decode.stage import Stage, chain
@@ -152,13 +152,13 @@ def col_options(lo: int, hi: int) -> list[int]:
     return sorted({lo, hi, *(c for c in COLS if lo < c < hi)})
 
 
-def floors(config: LlamaConfig, spec: HardwareSpec, mesh: tuple[int, int], kv: KVReserve, dtype: str,
+def floors(config: LlamaConfig, spec: HardwareSpec, mesh: Extent, kv: KVReserve, dtype: str,
            strategy: Strategy):
     """Every floor plan worth timing for `strategy`: bands of the fewest rows that hold the table, and of
     16, 32, 64 and 128 rows when taller (a taller band gives the output head more cores; a fixed grid, so
     more SRAM per core never loses a floor plan that less SRAM could time); for each (rows, head groups),
     column counts from the narrowest region that fits in SRAM to the widest whose regions all fit."""
-    width, height = mesh
+    width, height = mesh.width, mesh.height
     work = Workload(config, kv, dtype, strategy.group)
     bands = 1 if config.tie_embeddings else 2
     b = band(config, spec.sram_bytes, width, dtype)

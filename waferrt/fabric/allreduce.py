@@ -37,6 +37,15 @@ class Slices:
 AXIS_0 = Slices()  # the default: each core's own slice, on the first array axis
 
 
+@dataclass(frozen=True)
+class Partials:
+    """A K-tree's partial sums: `acc`, the buffer reduced in, and `line`, the same memory with the line axis
+    first when the whole line is in this tile (its steps run in memory), else None (they cross tiles)."""
+
+    acc: np.ndarray
+    line: np.ndarray | None
+
+
 def per_position(buf: np.ndarray, axis: int) -> int:
     """Values each line position holds in `buf` (all axes but the line axis)."""
     return int(np.prod(buf.shape)) // max(buf.shape[axis], 1)
@@ -51,11 +60,12 @@ def ktree(comm, buf: np.ndarray, plan, ufunc, slices: Slices, overwrite: bool = 
     acc = buf if overwrite else buf.copy()
     whole = comm.m == comm.n  # the whole line is in this tile: in-memory steps
     a = acc.swapaxes(0, array_axis) if whole else None
+    partials = Partials(acc, a)
     nbytes = comm.message_bytes(per_position(buf, array_axis), buf.itemsize, slices.replicated)
     for level in plan.levels:
         for step in level.steps:
             with comm.ledger.streamed(), comm.ledger.concurrent():
-                moved = [_ktree_step(comm, (acc, a), dist, src, slices, nbytes) for dist, src in step]
+                moved = [_ktree_step(comm, partials, dist, src, slices, nbytes) for dist, src in step]
             for pos, val in moved:
                 if whole:
                     a[pos] = ufunc(a[pos], val)
@@ -65,16 +75,16 @@ def ktree(comm, buf: np.ndarray, plan, ufunc, slices: Slices, overwrite: bool = 
     return comm.multicast(acc, plan.root, array_axis, slices.replicated, spread=False)
 
 
-def _ktree_step(comm, bufs, dist: int, src, slices: Slices, nbytes: float):
+def _ktree_step(comm, partials: Partials, dist: int, src, slices: Slices, nbytes: float):
     """One chain step of the K-tree: the cores at `src` hand their partial sums `dist` hops along the line.
-    Returns (receiving positions, values) -- region positions into `a` when the line is in this tile."""
-    acc, a = bufs
-    if a is not None:
+    Returns (receiving positions, values) -- region positions into ``partials.line`` when the line is in this
+    tile."""
+    if partials.line is not None:
         src = np.asarray(src)
         comm.ledger.message(comm.topo.step_hops(comm.n, src, dist), nbytes, len(src) * comm.lines)
         comm.record(src, dist, nbytes)
-        return src + dist, a[src]
-    return comm.transfer(acc, src, dist, slices.axis, slices.replicated)
+        return src + dist, partials.line[src]
+    return comm.transfer(partials.acc, src, dist, slices.axis, slices.replicated)
 
 
 def ring(comm, flat: np.ndarray, ufunc, replicated: bool) -> np.ndarray:

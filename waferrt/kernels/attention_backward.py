@@ -3,10 +3,10 @@
 Contract: ``attention_backward(net, q, k, v, do, prompt)`` is a kernel over a square grid of s x s living
 cores (the whole region, as ``causal_attention``, on the kernel's Net: decode.kernel_net.KernelNet over
 ``net.ctx``): q and do are the H query heads' (T, head_dim) matrices, k and v the G K/V heads', all in the C
-layout as (rows, cols, heads, T/s, head_dim/s) blocks (query head h reads K/V head h // (H / G)). It returns (dQ in
-the C layout, dK and dV in the *B layout*: core at ring place
-(i, j) holds the block of key block (i + j) % s, head_dim block j -- where the forward's skew put K and V),
-stacked as (rows, cols, 3, H, ...) with dK, dV in the first G heads (the rest zero).
+layout as (rows, cols, heads, T/s, head_dim/s) blocks (query head h reads K/V head h // (H / G)). It returns
+(dQ in the C layout, dK and dV in the *B layout*: core at ring place (i, j) holds the block of key block
+(i + j) % s, head_dim block j -- where the forward's skew put K and V), stacked as (rows, cols, 3, H, ...) with
+dK, dV in the first G heads (the rest zero).
 
 The steps, every block moving hop by hop on MeshGEMM's rings (waferrt.kernels.gemm, gemm_backward):
 K and V repeated to the query heads (a copy in each core) and skewed as the forward does; P recomputed
