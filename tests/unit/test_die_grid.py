@@ -5,10 +5,11 @@ from __future__ import annotations
 
 import pytest
 
+from waferrt.core.mesh import Coord, Extent
 from waferrt.core.template import DieLinks, template_by_name
 from waferrt.core.topology import Topology
 from waferrt.core.train_cost import TrainShape
-from waferrt.estimator.die_grid import DieGrid, Layout, link_loads, partition, stream_traffic
+from waferrt.estimator.die_grid import Axis, DieGrid, Layout, link_loads, partition, stream_traffic
 from waferrt.estimator.train import TrainJob, tensor_stream
 from waferrt.model.zoo import model_by_name
 
@@ -19,9 +20,9 @@ def test_a_ring_on_a_line_of_dies_loads_every_edge_twice_as_much_without_the_wra
     """4 dies in a line, one ring both ways: each hop carries 3/4 x 1/2 of the data each way. On the mesh both
     closing hops run back over the line, so every directed edge carries 3/8 + 3/8 = 3/4; the torus's wrap
     closes them, 3/8."""
-    ring = tuple((x, 0) for x in range(4))
-    mesh, mesh_hop = link_loads(DieGrid((4, 1), MESH), (ring,))
-    torus, torus_hop = link_loads(DieGrid((4, 1), TORUS), (ring,))
+    ring = tuple(Coord(x, 0) for x in range(4))
+    mesh, mesh_hop = link_loads(DieGrid(Extent(4, 1), MESH), (ring,))
+    torus, torus_hop = link_loads(DieGrid(Extent(4, 1), TORUS), (ring,))
     assert len(mesh) == 6 and set(mesh.values()) == {0.75} and mesh_hop == 3  # 3 -> 0 crosses 3 edges
     assert len(torus) == 8 and set(torus.values()) == {0.375} and torus_hop == 1
 
@@ -29,27 +30,27 @@ def test_a_ring_on_a_line_of_dies_loads_every_edge_twice_as_much_without_the_wra
 def test_a_ring_laid_row_by_row_shares_the_row_edges_a_cycle_does_not():
     """2x2 dies. The cycle (0,0) (1,0) (1,1) (0,1): every hop one edge, 3/8 on each. Row by row, (1,0) -> (0,1)
     goes back along row 0 then up column 0, so every row edge carries two hops' 3/8 = 3/4: contention."""
-    grid = DieGrid((2, 2), MESH)
+    grid = DieGrid(Extent(2, 2), MESH)
     cycle = partition(grid, Layout.RING_CYCLE).gather[0]
     assert cycle == ((0, 0), (1, 0), (1, 1), (0, 1))
     loads, hop = link_loads(grid, (cycle,))
     assert set(loads.values()) == {0.375} and len(loads) == 8 and hop == 1
     crowded, hop = link_loads(grid, partition(grid, Layout.RING_ROW_MAJOR).gather)
     assert hop == 2 and max(crowded.values()) == 0.75
-    assert sorted(v for e, v in crowded.items() if e[0] == "row") == [0.75] * 4
-    assert sorted(v for e, v in crowded.items() if e[0] == "col") == [0.375] * 4
+    assert sorted(v for e, v in crowded.items() if e.axis is Axis.ROW) == [0.75] * 4
+    assert sorted(v for e, v in crowded.items() if e.axis is Axis.COLUMN) == [0.375] * 4
 
 
 def test_the_layouts_on_six_by_eight_dies():
-    grid = DieGrid((6, 8), MESH)
+    grid = DieGrid(Extent(6, 8), MESH)
     cycle = partition(grid, Layout.RING_CYCLE).gather[0]
     assert sorted(cycle) == [(x, y) for x in range(6) for y in range(8)]
     assert all(len(grid.route(a, b)) == 1 for a, b in zip(cycle, cycle[1:] + cycle[:1], strict=True))
     rows = partition(grid, Layout.GRID_ROWS)
     assert len(rows.gather) == 8 and len(rows.gather[0]) == 6 and len(rows.reduce) == 6 and len(rows.reduce[0]) == 8
     assert rows.gather[0] == ((0, 0), (2, 0), (4, 0), (5, 0), (3, 0), (1, 0))  # the folded ring: hops of 2 edges
-    assert partition(DieGrid((3, 3), MESH), Layout.RING_CYCLE) is None  # odd x odd dies: no cycle of neighbours
-    assert partition(DieGrid((1, 1), MESH), Layout.GRID_ROWS) is None
+    assert partition(DieGrid(Extent(3, 3), MESH), Layout.RING_CYCLE) is None  # odd x odd dies: no cycle of neighbours
+    assert partition(DieGrid(Extent(1, 1), MESH), Layout.GRID_ROWS) is None
 
 
 def _job() -> TrainJob:

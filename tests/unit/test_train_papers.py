@@ -9,6 +9,7 @@ import json
 import pytest
 
 from waferrt.cli import main
+from waferrt.core.mesh import Extent
 from waferrt.core.template import SOURCES, DieLinks, Figure, Source, template_by_name
 from waferrt.core.topology import Topology
 from waferrt.core.train_cost import TrainShape
@@ -27,7 +28,7 @@ def test_the_binding_bandwidth_by_hand():
     """Kernels of 1.0 + 0.5 s; two layouts at 2 TB/s: 0.2 TB on the busiest edge plus 0.5 s of crossings, and
     0.1 TB plus 1.4 s. The first hides under the kernels down to 0.2 TB / (1.5 - 0.5) s = 0.2 TB/s, the
     second to 0.1 / 0.1 = 1 TB/s: the links bind below 0.2 TB/s. With crossings alone over 1.5 s: at any rate."""
-    grid = DieGrid((2, 2), Topology("mesh"))
+    grid = DieGrid(Extent(2, 2), Topology("mesh"))
     part = partition(grid, Layout.RING_CYCLE)
     layouts = (LinkTime(part, 0.2e12, 1, 0.1 + 0.5), LinkTime(part, 0.1e12, 1, 0.05 + 1.4))
     st = StrategyTime("tensor-stream", True, 1.5, Breakdown(1.0, 0.5, 0.6, 0.0), 0, "", layouts=layouts)

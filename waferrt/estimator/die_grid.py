@@ -32,13 +32,28 @@ from enum import Enum
 from functools import lru_cache
 
 from waferrt.core.dtypes import itemsize
+from waferrt.core.mesh import Coord, Extent
 from waferrt.core.template import WaferTemplate
 from waferrt.core.topology import MESH, Topology
 from waferrt.model.config import LlamaConfig
 
-Die = tuple[int, int]
-Ring = tuple[Die, ...]
+Ring = tuple[Coord, ...]  # dies in the order the ring visits them: x a die's column, y its row
 TORUS = Topology("torus")
+
+
+class Axis(Enum):
+    ROW = "row"
+    COLUMN = "column"
+
+
+@dataclass(frozen=True)
+class DieEdge:
+    """One directed die-to-die link: on row (or column) `line` of the grid, `link` the topology's (from, to)
+    positions along it (``Topology.route``'s own naming of a link)."""
+
+    axis: Axis
+    line: int
+    link: tuple
 
 
 class Layout(Enum):
@@ -60,20 +75,20 @@ class Layout(Enum):
 class DieGrid:
     """`dies` (columns, rows) of dies, their edges routed over `topology` (a torus wraps every row and column)."""
 
-    dies: tuple[int, int]
+    dies: Extent
     topology: Topology = MESH
 
     @staticmethod
     def of(template: WaferTemplate) -> DieGrid:
         """The template's die grid: a torus template's dies wrap too (ASSUMED); any other routes as the mesh
         (the mesh-switch's switch is the die's own)."""
-        return DieGrid(template.dies, TORUS if template.die.topology == TORUS else MESH)
+        return DieGrid(Extent(*template.dies), TORUS if template.die.topology == TORUS else MESH)
 
-    def route(self, src: Die, dst: Die) -> list[tuple]:
+    def route(self, src: Coord, dst: Coord) -> list[DieEdge]:
         """The directed die edges a message from `src` to `dst` crosses: along src's row, then dst's column."""
-        (dx, dy), (x0, y0), (x1, y1) = self.dies, src, dst
-        row = [("row", y0, link) for link in self.topology.route(dx, x0, x1)] if x0 != x1 else []
-        return row + ([("col", x1, link) for link in self.topology.route(dy, y0, y1)] if y0 != y1 else [])
+        along = self.topology.route(self.dies.width, src.x, dst.x) if src.x != dst.x else []
+        down = self.topology.route(self.dies.height, src.y, dst.y) if src.y != dst.y else []
+        return [DieEdge(Axis.ROW, src.y, link) for link in along] + [DieEdge(Axis.COLUMN, dst.x, link) for link in down]
 
 
 @dataclass(frozen=True)
@@ -128,37 +143,37 @@ def _cycle(dx: int, dy: int) -> Ring | None:
     """A ring of every die, each hop to a neighbour (rows snaking over columns 1.., back up column 0): exists
     when the rows are even in number (or transposed); None when both sides are odd."""
     if dy % 2 == 0 and dx >= 2:
-        snake = [(x if y % 2 == 0 else dx - x, y) for y in range(dy) for x in range(1, dx)]
-        return ((0, 0),) + tuple(snake) + tuple((0, y) for y in range(dy - 1, 0, -1))
+        snake = [Coord(x if y % 2 == 0 else dx - x, y) for y in range(dy) for x in range(1, dx)]
+        return (Coord(0, 0),) + tuple(snake) + tuple(Coord(0, y) for y in range(dy - 1, 0, -1))
     if dx % 2 == 0 and dy >= 2:
-        return tuple((x, y) for y, x in _cycle(dy, dx))
+        return tuple(Coord(c.y, c.x) for c in _cycle(dy, dx))
     return None
 
 
 def partition(grid: DieGrid, layout: Layout) -> Partition | None:
     """The rings of `layout` on `grid`, or None where it does not exist (one die; a cycle on odd x odd dies; a
     2D grid on a line of dies)."""
-    (dx, dy), n = grid.dies, grid.dies[0] * grid.dies[1]
-    alone = tuple(((x, y),) for y in range(dy) for x in range(dx))
+    dx, dy, n = grid.dies.width, grid.dies.height, grid.dies.cores
+    alone = tuple((Coord(x, y),) for y in range(dy) for x in range(dx))
     if n < 2:
         return None
     if layout is Layout.RING_ROW_MAJOR:
-        return Partition(layout, (tuple((x, y) for y in range(dy) for x in range(dx)),), alone)
+        return Partition(layout, (tuple(Coord(x, y) for y in range(dy) for x in range(dx)),), alone)
     if layout is Layout.RING_CYCLE:
         if 1 in grid.dies:  # a line of dies: its folded ring (torus: the line itself)
-            line = [(x, 0) for x in _line(grid, dx)] if dy == 1 else [(0, y) for y in _line(grid, dy)]
+            line = [Coord(x, 0) for x in _line(grid, dx)] if dy == 1 else [Coord(0, y) for y in _line(grid, dy)]
             return Partition(layout, (tuple(line),), alone)
         cycle = _cycle(dx, dy)
         return Partition(layout, (cycle,), alone) if cycle else None
     if 1 in grid.dies:
         return None
-    rows = tuple(tuple((x, y) for x in _line(grid, dx)) for y in range(dy))
-    cols = tuple(tuple((x, y) for y in _line(grid, dy)) for x in range(dx))
+    rows = tuple(tuple(Coord(x, y) for x in _line(grid, dx)) for y in range(dy))
+    cols = tuple(tuple(Coord(x, y) for y in _line(grid, dy)) for x in range(dx))
     if layout is Layout.GRID_ROWS:
         return Partition(layout, rows, cols)
     if layout is Layout.GRID_COLUMNS:
         return Partition(layout, cols, rows)
-    place = [(i % dx, i // dx) for i in range(n)]  # GRID_ROW_MAJOR: groups of dy dies laid out row by row
+    place = [Coord(i % dx, i // dx) for i in range(n)]  # GRID_ROW_MAJOR: groups of dy dies laid out row by row
     gather = tuple(tuple(place[r * dy + j] for j in range(dy)) for r in range(dx))
     return Partition(layout, gather, tuple(tuple(place[c + r * dy] for r in range(dx)) for c in range(dy)))
 
