@@ -99,6 +99,7 @@ def test_a_streaming_cores_sum_by_hand():
     head's 2*128*4 + 2*16*4 = 1152) and two weight blocks of a layer, (2*16 + 12*8*16 + 3*64*16) * 4 = 18560
     bytes each (the head's chunk, (128 + 1)*16*4 = 8256, is smaller): 5760 + 2208 + 37120 = 45088."""
     region = Region(0, 0, 4, 2)
+    assert dl.stream_block_bytes(CFG, region, "float32") == 18560
     assert dl.stream_core_bytes(CFG, region, 20, 3) == 45088
     assert dl.most_bytes(dl.stream_booking(CFG, region, 20, 3)) == 45088
 

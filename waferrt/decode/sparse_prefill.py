@@ -44,13 +44,12 @@ def selector(attention: AttentionMode, prompt: PromptAttention):
     context = prompt.start + prompt.tokens
     if attention.keys_kept(context) >= context:
         return None
-    return lambda ctx, q, ks: select(ctx, (q, ks), prompt, attention)
+    return lambda ctx, q, ks: select(ctx, q, ks, prompt, attention)
 
 
-def select(ctx, qk: tuple[np.ndarray, np.ndarray], prompt: PromptAttention, attention: AttentionMode) -> Selection:
-    """Predict, keep each row's top K, each query its own share (module doc). qk: q (rows, cols, H, mb, db) in
-    the C layout, k (rows, cols, H, kb, db) skewed along y."""
-    q, ks = qk
+def select(ctx, q: np.ndarray, ks: np.ndarray, prompt: PromptAttention, attention: AttentionMode) -> Selection:
+    """Predict, keep each row's top K, each query its own share (module doc): q (rows, cols, H, mb, db) in the C
+    layout, ks (rows, cols, H, kb, db) skewed along y."""
     rows, cols, heads, mb, kb = q.shape[:4] + ks.shape[3:4]
     with ctx.ledger.at_rate(PREDICT_DTYPE):
         pred = scores_nt(ctx, q, log_keys(ks))  # (rows, cols, H, mb, kb): every query against every key
@@ -65,12 +64,11 @@ def select(ctx, qk: tuple[np.ndarray, np.ndarray], prompt: PromptAttention, atte
     return Selection(np.where(np.arange(keep) < share, pos, -1), min(kb, keep), kb)
 
 
-def prefill_attention_parts(spec: HardwareSpec, shape: AttentionShape, attention: AttentionMode,
-                            dtypes: tuple[str, str]) -> list[tuple[str, str, Cost]]:
-    """(name, "attention", Cost) of a chunk's causal attention on the square (values moving as dtypes[0], the
-    cores computing at dtypes[1]'s rate): dense, or the prediction, the row's top-K (on every row of the
-    square) and the attention over the kept keys."""
-    moved, rate = dtypes
+def prefill_attention_parts(spec: HardwareSpec, shape: AttentionShape, attention: AttentionMode, moved: str,
+                            rate: str) -> list[tuple[str, str, Cost]]:
+    """(name, "attention", Cost) of a chunk's causal attention on the square (values moving as `moved`, the
+    cores computing at `rate`'s): dense, or the prediction, the row's top-K (on every row of the square) and
+    the attention over the kept keys."""
     context, side, heads = shape.context or shape.tokens, shape.side, shape.heads
     keep = attention.keys_kept(context)
     if keep >= context:
