@@ -6,6 +6,7 @@ the closed forms' own."""
 from __future__ import annotations
 
 import dataclasses
+import itertools
 
 import numpy as np
 import pytest
@@ -18,7 +19,7 @@ from waferrt.decode.decoding import Decoding
 from waferrt.decode.kvcache import KVCapacity
 from waferrt.decode.moe import MoELayerShard, pack_moe_layer
 from waferrt.decode.pack import Chunks
-from waferrt.decode.routed_cost import cheapest_routed_cycles, routed_alone_cycles
+from waferrt.decode.routed_cost import cheapest_routed_cycles, routed_alone_cycles, routed_parts
 from waferrt.model import Sampler, synthetic_llama, tiny_moe_config
 
 CFG = tiny_moe_config(n_experts=4, top_k=2)  # dim 64, experts of width 32
@@ -76,6 +77,20 @@ def test_the_cheapest_routed_step_worked_out_by_hand():
     step(shard, 1)  # carries the stall
     even = step(shard, 2)
     assert even.experts.cycles == 18_672 and even.routed.cycles == floor + 201 - 73
+
+
+@pytest.mark.parametrize("mapping", ["er", "naive"])
+@pytest.mark.parametrize("w,h", [(1, 2), (2, 2), (2, 4)])
+def test_the_cheapest_routed_step_is_no_dearer_than_any_routing(w, h, mapping):
+    """cheapest_routed_cycles against every routing of a micro-batch (routed_parts, as MoELayerShard books what
+    it ran): never above the cheapest, and equal to it for one token, whose floor every region here reaches."""
+    dec, region = Decoding(CFG, experts=mapping), Region(0, 0, w, h)
+    pairs = list(itertools.combinations(range(CFG.n_experts), CFG.top_k))
+    for batch in (1, 2):
+        best = min(sum(c.cycles for c in routed_parts(TINY, dec, region, np.array(chosen)))
+                   for chosen in itertools.product(pairs, repeat=batch))
+        floor = cheapest_routed_cycles(TINY, dec, region, batch)
+        assert floor <= best and (batch > 1 or floor == best)
 
 
 @pytest.mark.parametrize("mapping", ["er", "naive"])

@@ -17,12 +17,13 @@ its comment, so that breaking the owner fails here even where both sides of ever
   ``block_backward_parts``' layout moves on a 2x2 square, ``head_backward_parts`` in chunks;
 - the decode's closed forms that only ties caught (a tie cannot fail where both sides call the owner):
   ``Decoding.line_reduce`` (and the K-tree of ``allreduce_cost``), ``layer_decode_parts``' flops,
-  ``token_cost`` at the head, ``stage_handover``, and an MoE FFN's ``moe_parts`` (tiny MoE: 4 experts of
-  width 32, top-2).
+  ``token_cost`` at the head, ``stage_handover``, what sparse attention adds (``sparse_parts``), and an MoE
+  FFN's ``moe_parts`` and ``routed_parts`` (tiny MoE: 4 experts of width 32, top-2).
 """
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 
 from waferrt.core.arith import first_true
@@ -42,12 +43,13 @@ from waferrt.core.mesh import Region
 from waferrt.core.spec import TINY, WSE2
 from waferrt.core.train_cost import TrainShape, block_backward_parts, block_forward_parts, head_backward_parts
 from waferrt.decode import layout as dl
-from waferrt.decode.cost import handover_cost, layer_decode_parts, stage_handover, token_cost
+from waferrt.decode.cost import handover_cost, layer_decode_parts, sparse_parts, stage_handover, token_cost
 from waferrt.decode.decoding import ELEMENTWISE_FLOPS, Decoding
 from waferrt.decode.linkload import LinkLoad
-from waferrt.decode.routed_cost import moe_parts
+from waferrt.decode.routed_cost import moe_parts, routed_parts
 from waferrt.decode.stage import Entry, StageKind
 from waferrt.decode.streaming import stream_step_cycles
+from waferrt.decode.topk import TopKRow
 from waferrt.estimator.train import model_flops_per_token
 from waferrt.estimator.train_layer import Run, layer_parts
 from waferrt.model import tiny_config, tiny_moe_config
@@ -99,6 +101,7 @@ def test_a_streaming_cores_sum_by_hand():
     head's 2*128*4 + 2*16*4 = 1152) and two weight blocks of a layer, (2*16 + 12*8*16 + 3*64*16) * 4 = 18560
     bytes each (the head's chunk, (128 + 1)*16*4 = 8256, is smaller): 5760 + 2208 + 37120 = 45088."""
     region = Region(0, 0, 4, 2)
+    assert dl.stream_block_bytes(CFG, region, "float32") == 18560
     assert dl.stream_core_bytes(CFG, region, 20, 3) == 45088
     assert dl.most_bytes(dl.stream_booking(CFG, region, 20, 3)) == 45088
 
@@ -206,7 +209,8 @@ def test_an_moe_ffn_by_hand():
     2*64*2*32 + 5*32 + 2*32*64 = 12448 flops: 24896 flops, 12448 cycles; the dispatch moves nothing (every
     band holds the whole token); the combine sends band 0's 64 float32 (256 bytes) one hop down to row 1:
     1 + 8 + 256/4 = 73 cycles. Three tokens: the router and experts three times, the combine's link carries
-    768 bytes: 1 + 8 + 768/4 = 201 cycles."""
+    768 bytes: 1 + 8 + 768/4 = 201 cycles. A token routed to experts 0 and 2 (routed_parts) runs one expert on
+    each band side by side (6224 cycles) and its combine crosses the link between them both ways at once (73)."""
     dec, region = Decoding(tiny_moe_config(n_experts=4, top_k=2)), Region(0, 0, 1, 2)
     one = {name: c for name, _, c in moe_parts(TINY, dec, region, 1)}
     assert one["router"] == Cost(flops=512, cycles=256.0) and one["router.reduce"] == Cost()
@@ -214,6 +218,19 @@ def test_an_moe_ffn_by_hand():
     assert one["combine"] == Cost(hops=1, stages=1, link_bytes=256, messages=1, cycles=73.0)
     three = {name: c for name, _, c in moe_parts(TINY, dec, region, 3)}
     assert three["experts"].cycles == 3 * 12448 and three["combine"].cycles == 201.0
+    experts, dispatch, combine = routed_parts(TINY, dec, region, np.array([[0, 2]]))
+    assert (experts.cycles, dispatch, combine.cycles) == (6224.0, Cost(), 73.0)
+
+
+def test_what_sparse_attention_adds_by_hand():
+    """One token's 4 query heads on the tiny layer's 4x2 region, 5 positions held a core, 8 kept: the prediction
+    2*4*8*5 = 320 flops (hd_r 8; TINY computes float16 at 2 a cycle: 160 cycles), its 4*4*5 = 80 bytes of
+    partial scores reduced down each of the 4 columns of 2 cores (K-tree of 2: 0 -> 1 one hop, 1 multicasts
+    back: (1 + 8) + 80/4 + (1 + 8 + 80/4) = 58 cycles, 2 hops, 2 stages; 2 messages and 160 link bytes a
+    column, 8 and 640 in all); then the row's top-K (decode.topk.topk_cost, pinned in test_topk_kernel)."""
+    parts = {name: c for name, _, c in sparse_parts(TINY, Decoding(CFG), Region(0, 0, 4, 2), TopKRow(4, 5, 4, 8))}
+    assert parts["predict"] == Cost(flops=320, cycles=160.0)
+    assert parts["predict.reduce"] == Cost(hops=2, stages=2, link_bytes=640, messages=8, cycles=58.0)
 
 
 def test_what_a_layout_puts_on_each_core_by_hand():

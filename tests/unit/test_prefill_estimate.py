@@ -13,6 +13,7 @@ from waferrt.cli import main
 from waferrt.core.cost import total
 from waferrt.core.mesh import Extent, Region
 from waferrt.core.spec import WSE2, WSE3
+from waferrt.decode.kvcache import PromptChunk
 from waferrt.decode.prefill import prefill_layer_cost, prefill_layer_parts, prefill_moves, prefill_work_parts
 from waferrt.estimator.estimate import estimate
 from waferrt.estimator.prefill import (
@@ -45,7 +46,7 @@ def test_a_layer_on_the_grid_costs_what_the_emulated_prefill_books_for_it(dtype)
     assert pre.chunks == 1 and pre.side == 32
     on_grid = sum(v for k, v in pre.breakdown_s.items() if k not in ("layout", "host"))
     assert on_grid == pytest.approx(config.n_layers * work.seconds(WSE2))
-    moves = total(c for _, _, c in prefill_moves(WSE2, decoding(est), grid, (0, 256), dtype))
+    moves = total(c for _, _, c in prefill_moves(WSE2, decoding(est), grid, PromptChunk(0, 256), dtype))
     assert work + moves == total(c for _, _, c in prefill_layer_parts(WSE2, decoding(est), grid, 256))
     if dtype == "float32":  # what prefill_layer books on the emulated wafer (tests/unit/test_prefill_layer.py)
         assert work + moves == prefill_layer_cost(WSE2, decoding(est), grid, 256)

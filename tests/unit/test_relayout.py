@@ -15,7 +15,7 @@ from waferrt.core.ledger import Ledger
 from waferrt.core.mesh import Region
 from waferrt.core.spec import TINY
 from waferrt.decode.decoding import Decoding
-from waferrt.decode.kvcache import KVCapacity, kv_columns
+from waferrt.decode.kvcache import KVCapacity, PromptChunk, kv_columns
 from waferrt.decode.layout import layer_layouts
 from waferrt.decode.linkload import LinkLoad
 from waferrt.decode.pack import Chunks, blocks_of, pack_layer
@@ -66,7 +66,7 @@ def test_the_weights_move_is_every_value_from_its_decode_block_to_its_gemm_block
     want, values = LinkLoad(region), 0
     for mats in (("wq", "wk", "wv"), ("wo",), ("w_gate", "w_up"), ("w_down",)):  # a message per matrix and pair
         b = np.concatenate([numbered[m] for m in mats]).T
-        _, pb = place("meshgemm", grid, (s, s), np.zeros((1, b.shape[0]), np.float32), b)
+        _, pb = place("meshgemm", grid, Region(0, 0, s, s), np.zeros((1, b.shape[0]), np.float32), b)
         moves = [(decode[v], yx) for v, yx in _homes(pb).items()]
         want.add(_routed(region, moves))
         values += len(moves)
@@ -99,13 +99,13 @@ def test_the_kv_moves_are_every_value_from_its_block_to_its_cache_place_and_back
         assert [after[p] for p in range(start + tokens)] == kv_columns(start + tokens, region.w).tolist()
         width = (CFG.n_heads + 2 * CFG.n_kv_heads) * hd
         numbered = np.arange(1, tokens * width + 1, dtype=np.float32).reshape(tokens, width)
-        qkv = _homes(spread(grid, (s, s), numbered))
+        qkv = _homes(spread(grid, Region(0, 0, s, s), numbered))
         moves, shifts, reads = [], [], []  # each a message per pair of cores
         for t in range(tokens):
             for j in range(2 * kvd):  # K then V, each (kv head, dim)
                 v = int(numbered[t, CFG.n_heads * hd + j])
                 moves.append((qkv[v], (row[j % hd], after[start + t])))
-        ctx = _homes(spread(grid, (s, s), np.arange(1, (start + tokens) * hd + 1).reshape(-1, hd)))
+        ctx = _homes(spread(grid, Region(0, 0, s, s), np.arange(1, (start + tokens) * hd + 1).reshape(-1, hd)))
         for p in range(start):
             for j in range(2 * kvd):
                 shifts.append(((row[j % hd], before[p]), (row[j % hd], after[p])))
@@ -113,9 +113,9 @@ def test_the_kv_moves_are_every_value_from_its_block_to_its_cache_place_and_back
         want = _routed(region, moves)
         if shifts:
             want.add(_routed(region, shifts))
-        _assert_same(kv_load(CFG, region, (start, tokens), 1, 4), want)
+        _assert_same(kv_load(CFG, region, PromptChunk(start, tokens), 1, 4), want)
         if start:
-            _assert_same(kv_read_load(CFG, region, (start, tokens), 1, 4), _routed(region, reads))
+            _assert_same(kv_read_load(CFG, region, PromptChunk(start, tokens), 1, 4), _routed(region, reads))
         start += tokens
 
 
@@ -127,3 +127,12 @@ def test_a_message_books_every_link_it_passes_once():
     assert load.total() == 8 * 6 + 2 * 1
     assert load.bytes[1, 3, 2:5].tolist() == [8, 8, 8] and load.bytes[3, 1:4, 1].tolist() == [8, 8, 8]
     assert load.bytes[2, 1, 1] == 2
+
+
+def test_a_prompt_chunk_sees_the_positions_before_it_and_its_own():
+    """A chunk of 9 tokens from position 5 sees 5 + 9 = 14 positions; a chunk of no token, or one starting before
+    position 0, is refused with what to give instead."""
+    assert PromptChunk(5, 9).context == 14 and PromptChunk(0, 1).context == 1
+    for start, tokens in ((0, 0), (-1, 3)):
+        with pytest.raises(ValueError, match="at least one token and a start >= 0"):
+            PromptChunk(start, tokens)

@@ -83,7 +83,7 @@ def test_the_keys_kept_are_the_references_top_k() -> None:
     poss = np.array([L - 1, 25])
     visible = (np.arange(L)[None] <= poss[:, None])[:, None, None]
     mode = AttentionMode(fraction=0.25)
-    order, kept = ranked(predicted(qg, (kc, np.arange(B)), visible), poss, mode)  # (B, nkv, rep, K), (B, 1, 1, K)
+    order, kept = ranked(predicted(qg, kc, np.arange(B), visible), poss, mode)  # (B, nkv, rep, K), (B, 1, 1, K)
     kept = np.broadcast_to(kept, order.shape)
     for b, p in enumerate(poss):
         pred = predict_scores(qg[b].reshape(nkv * rep, D), kc[b, :, :, : p + 1].transpose(0, 2, 1))

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from waferrt.core.mesh import Region
-from waferrt.decode.kvcache import kv_columns
+from waferrt.decode.kvcache import PromptChunk, kv_columns
 from waferrt.decode.pack import pack_layer
 from waferrt.decode.prefill_plan import GEMMS, cache_shape, head_moves, read_move, weight_moves
 from waferrt.decode.relayout import heads_load, kv_load, kv_read_load, weights_load
@@ -51,22 +51,23 @@ def test_the_weights_carried_hop_by_hop_book_the_closed_form(region):
     _same(_sum([wm.back for wm in plan]), mirrored(weights_load(CFG, region, 1, 4)))  # back: the cost of in
 
 
-@pytest.mark.parametrize("chunk", [(0, 7), (0, 16), (5, 9), (12, 3)], ids=str)
+@pytest.mark.parametrize("chunk", [PromptChunk(0, 7), PromptChunk(0, 16), PromptChunk(5, 9), PromptChunk(12, 3)],
+                         ids=lambda c: f"{c.start}+{c.tokens}")
 @pytest.mark.parametrize("region", REGIONS, ids=lambda r: f"{r.w}x{r.h}")
 def test_the_qkv_product_carried_into_the_heads_and_the_cache_books_the_closed_forms(region, chunk):
     moves = head_moves(CFG, region, chunk)
-    product = np.random.default_rng(chunk[1]).standard_normal(moves.q.source.shape).astype(np.float32)
+    product = np.random.default_rng(chunk.tokens).standard_normal(moves.q.source.shape).astype(np.float32)
     for move in (moves.q, moves.kv, moves.cache):
         _carried_both_ways(move, product)
     _same(_sum([moves.q, moves.kv]), heads_load(CFG, region, chunk, 4))
-    if chunk[0] == 0:  # later chunks' kv_load also moves the cached entries east: the cache's own shifts
+    if chunk.start == 0:  # later chunks' kv_load also moves the cached entries east: the cache's own shifts
         _same(moves.cache.load(4), kv_load(CFG, region, chunk, 1, 4))
     else:
         read = read_move(CFG, region, chunk)
         cached = np.random.default_rng(0).standard_normal(read.source.shape).astype(np.float32)
         _carried_both_ways(read, cached)
         _same(read.load(4), kv_read_load(CFG, region, chunk, 1, 4))
-        assert read.source.shape == cache_shape(CFG, region, kv_columns(chunk[0], region.w))
+        assert read.source.shape == cache_shape(CFG, region, kv_columns(chunk.start, region.w))
 
 
 def test_the_heads_move_by_hand():
@@ -74,7 +75,7 @@ def test_the_heads_move_by_hand():
     (q0 q1 k0 | k1 v0 v1); each head's 2 dims lie one per core column. Per row, q1 goes one hop east, v0 one hop
     west, the others stay: 4 bytes each way, one message each way; the token rows stay put."""
     config = LlamaConfig(dim=2, hidden_dim=2, n_layers=1, n_heads=1, n_kv_heads=1, vocab_size=4)
-    load = heads_load(config, Region(0, 0, 2, 2), (0, 2), 4)
+    load = heads_load(config, Region(0, 0, 2, 2), PromptChunk(0, 2), 4)
     assert load.bytes[0].tolist() == [[4, 0], [4, 0]] and load.bytes[1].tolist() == [[0, 4], [0, 4]]
     assert load.bytes[2:].sum() == 0 and (load.messages, load.hops) == (4, 1)
 

@@ -221,7 +221,7 @@ def _check_plan_on(args, mesh) -> None:
 def _model(args):
     """(config, weights() -> the float32 weights, requests, place(nodes) -> Placement, decode(tokens) -> text)
     for --model; what can be checked without Ray (the mesh, the model file, the prompts) is checked here."""
-    from waferrt.core.mesh import MeshSpec
+    from waferrt.core.mesh import Extent, MeshSpec
     from waferrt.serving import GenRequest
 
     from . import placing
@@ -234,11 +234,11 @@ def _model(args):
         args.spec, args.kv_tokens, args.max_tiles = args.spec or "tiny", 32 + args.max_new_tokens, 64
         requests = [GenRequest(tuple(range(3 + i, 8 + 2 * i)), args.max_new_tokens) for i in range(args.requests)]
         check_context(requests, config)
-        mesh = checked_mesh(args, lambda w, h: (8, 8)) or (None if args.streaming else MeshSpec(16, 16, 8, 8))
+        mesh = checked_mesh(args, lambda size: Extent(8, 8)) or (None if args.streaming else MeshSpec(16, 16, 8, 8))
         return (config, lambda: synthetic_llama(config, seed=0), requests,
                 lambda nodes: placing.placement(args, config, mesh, requests, nodes), str)
     args.spec, args.kv_tokens, args.max_tiles = args.spec or "wse2", 64 + args.max_new_tokens, 64
-    mesh = checked_mesh(args, lambda w, h: (w, h))
+    mesh = checked_mesh(args, lambda size: size)
     model, tok = open_model(args)
     requests = prompt_requests(args, tok, list(PROMPTS[:args.requests]))
     check_context(requests, model.config)
@@ -294,7 +294,7 @@ def _again(args, plan) -> str:
     parts += [f"--nodes {args.nodes}"] if args.nodes > 1 else []
     parts += ["--streaming"] if args.streaming else []
     parts += ["--prefill"] if args.prefill else []
-    parts += [f"--{k} {v[0]}x{v[1]}" for k, v in (("mesh", args.mesh), ("tile", args.tile)) if v]
+    parts += [f"--{k} {v.width}x{v.height}" for k, v in (("mesh", args.mesh), ("tile", args.tile)) if v]
     return " ".join(parts)
 
 

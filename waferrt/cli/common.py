@@ -288,16 +288,17 @@ def check_max_tiles(args, mesh: MeshSpec) -> None:
         raise UsageError(f"{e}{fix}") from None
 
 
-def checked_mesh(args, default_tile: Callable[[int, int], tuple[int, int]]) -> MeshSpec | None:
-    """The MeshSpec of --mesh and --tile (--tile defaults to `default_tile(w, h)`; None without --mesh),
+def checked_mesh(args, default_tile: Callable[[Extent], Extent]) -> MeshSpec | None:
+    """The MeshSpec of --mesh and --tile (--tile defaults to `default_tile(--mesh)`; None without --mesh),
     checked to fit on the --spec wafer and to have at most --max-tiles tiles; UsageError otherwise."""
     if args.mesh is None:
         if args.tile is not None:
             raise UsageError("--tile needs --mesh (without --mesh the default mesh picks its own tiles)")
         return None
-    w, h = args.mesh
+    size = args.mesh
+    tile = args.tile or default_tile(size)
     try:
-        mesh = MeshSpec(w, h, *(args.tile or default_tile(w, h)))
+        mesh = MeshSpec(size.width, size.height, tile.width, tile.height)
         check_on_wafer(mesh, spec_by_name(args.spec))
         check_tile_count(mesh, args.max_tiles)
     except ValueError as e:  # MeshTooLarge, TooManyTiles, a tile larger than the mesh

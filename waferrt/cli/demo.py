@@ -46,8 +46,8 @@ def run(args) -> int:
 
     from waferrt.runtime import Launch, Wafer
 
-    mesh = checked_mesh(args, lambda w, h: args.tile)
-    w, h = args.mesh
+    mesh = checked_mesh(args, lambda size: args.tile)
+    w, h = args.mesh.width, args.mesh.height
     shape = (h, 4 * w)  # a block of 1x4 float32 per core
     x = np.random.default_rng(0).standard_normal(shape).astype(np.float32)
     t0 = time.perf_counter()

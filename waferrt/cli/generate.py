@@ -240,7 +240,7 @@ def run(args) -> int:
     _check_flags(args)
     if args.streaming and args.heatmap:
         raise UsageError("--heatmap draws weights held in SRAM; leave it out with --streaming")
-    mesh = checked_mesh(args, lambda w, h: (w, h))  # one tile unless --tile says otherwise
+    mesh = checked_mesh(args, lambda size: size)  # one tile unless --tile says otherwise
     sampler = Sampler(temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, seed=args.seed)
     model, tok = open_model(args)
     check_experts_flags(args, model.config)

@@ -19,7 +19,7 @@ from pathlib import Path
 
 from waferrt.core.arith import cdiv
 from waferrt.core.dtypes import STORAGE_DTYPES
-from waferrt.core.mesh import Coord, Region
+from waferrt.core.mesh import Coord, Extent, Region
 from waferrt.core.spec import PRESETS, spec_by_name
 from waferrt.model.config import SMOLLM2_135M, LlamaConfig
 from waferrt.scheduler import (
@@ -171,7 +171,7 @@ def _replan_json(dead: frozenset[Coord], rp: Replan | None, why: str) -> dict:
             "placement": placement_to_json(rp.placement), "report": plan_report(rp.placement).to_json()}
 
 def _setup(args) -> tuple[Placement, str, frozenset[Coord], object]:
-    mesh = checked_mesh(args, lambda w, h: (cdiv(w, 2), cdiv(h, 2)))  # default: 2x2 tiles
+    mesh = checked_mesh(args, lambda size: Extent(cdiv(size.width, 2), cdiv(size.height, 2)))  # default: 2x2 tiles
     config, model = _model(args.model)
     spec = spec_by_name(args.spec)
     kv = KVReserve(args.kv_tokens, args.requests)

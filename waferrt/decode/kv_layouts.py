@@ -60,6 +60,17 @@ class KVView:
     held: int
 
 
+@dataclass(frozen=True, eq=False)
+class HeldEntries:
+    """What every core of a region holds of the items' requests (CoreEntries.held_entries): K (B, R, nkv, hd_r,
+    m*C) and V (B, C, nkv, m, R*hd_r) of each core's first m entries, place-major, and `visible` (B, m, C): the
+    entries each item may attend to."""
+
+    k: np.ndarray
+    v: np.ndarray
+    visible: np.ndarray
+
+
 class CoreEntries:
     def __init__(self, cache, slots: int):
         c, store = cache, storage_dtype(cache.dtype)
@@ -130,6 +141,11 @@ class CoreEntries:
         """(B, m, C): the entries item b may attend to -- held by its request, at positions <= poss[b]."""
         held = np.arange(m)[:, None] < self.count[slots][:, None, :]
         return held & (self.pos[slots, :m] <= poss[:, None, None])
+
+    def held_entries(self, items, m: int) -> HeldEntries:
+        """The items' (shards.Items) K/V as every core holds it, over each core's first m entries (read), and
+        which of them each item may attend to (visible)."""
+        return HeldEntries(*self.read(items.slots, m), self.visible(items.slots, items.poss, m))
 
     def view(self, items, blocks: bool = False) -> KVView:
         """The items' K/V as every core holds it: K (B, nkv, R, hd_r, C, m), V (B, nkv, C, m, R*hd_r), hidden

@@ -61,8 +61,9 @@ def pack_moe_layer(config: LlamaConfig, lw, region: Region, mapping: str, dtype:
     out["router"] = to_storage(pack_matrix(lw.router, router_layout(config, region)), dtype)
     blocks = expert_blocks(config.n_experts, region, mapping)
     for e, block in enumerate(blocks):
-        mats = tuple((lambda m=m: m) for m in (lw.w_gate_exps[e], lw.w_up_exps[e], lw.w_down_exps[e]))
-        out.update({f"{k}.{e}": to_storage(v, dtype) for k, v in pack_ffn(mats, expert_layouts(config, block)).items()})
+        gate, up, down = ((lambda m=m: m) for m in (lw.w_gate_exps[e], lw.w_up_exps[e], lw.w_down_exps[e]))
+        packed = pack_ffn(gate, up, down, expert_layouts(config, block))
+        out.update({f"{k}.{e}": to_storage(v, dtype) for k, v in packed.items()})
     out["blocks"] = np.array([(b.x0, b.y0, b.w, b.h) for b in blocks], np.int64)
     return out
 

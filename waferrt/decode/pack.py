@@ -15,6 +15,7 @@ Vectors split over columns (x, norm weights) are (cols, chunk), zero-padded wher
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import replace
 
 import numpy as np
@@ -88,15 +89,16 @@ def pack_layer(config: LlamaConfig, lw, region: Region, dtype: str = "float32") 
         "ffn_norm": to_blocks(stored(lw.ffn_norm), lay["ffn_norm"])[0],
     }
     if lw.w_gate is not None:  # the dense FFN (an MoE layer's shared expert)
-        packed.update(pack_ffn(tuple((lambda w=w: stored(w)) for w in (lw.w_gate, lw.w_up, lw.w_down)), lay))
+        gate, up, down = ((lambda w=w: stored(w)) for w in (lw.w_gate, lw.w_up, lw.w_down))
+        packed.update(pack_ffn(gate, up, down, lay))
     return packed
 
 
-def pack_ffn(gate_up_down: tuple, lay: dict) -> dict[str, np.ndarray]:
+def pack_ffn(gate: Callable[[], np.ndarray], up: Callable[[], np.ndarray], down: Callable[[], np.ndarray],
+             lay: dict) -> dict[str, np.ndarray]:
     """A SwiGLU FFN's matrices as "w13" (R*2*hid_r, C*dim_c) and "w2" (C*dim_c, R*hid_r), cut by the layouts
-    lay["w_gate"], lay["w_up"], lay["w_down"] over their region; `gate_up_down` are callables giving each
-    matrix in the layouts' dtype (made one at a time)."""
-    gate, up, down = gate_up_down
+    lay["w_gate"], lay["w_up"], lay["w_down"] over their region; `gate`, `up`, `down` are callables giving
+    each matrix in the layouts' dtype (made one at a time)."""
     return {"w13": _joined([(gate, lay["w_gate"]), (up, lay["w_up"])]),  # (R*2*hid_r, C*dim_c)
             "w2": out_in(to_blocks(down(), lay["w_down"]), "x")}  # (C*dim_c, R*hid_r)
 

@@ -48,6 +48,7 @@ from .cost import stage_handover
 from .decoding import ELEMENTWISE_FLOPS as EW
 from .decoding import Decoding
 from .kernel_net import KernelNet
+from .kvcache import PromptChunk
 from .net import Blocks, SquareNet
 from .pack import Chunks, out_in
 from .prefill_plan import GEMMS, arrivals, cache_buffer, head_moves, read_move, weight_moves
@@ -97,25 +98,25 @@ def glue_flops(config: LlamaConfig, tokens: int) -> tuple[int, ...]:
             EW["residual"] * T * dim)
 
 
-def _attention_block(net: SquareNet, shard, qkv: np.ndarray, at: tuple[int, int]) -> np.ndarray:
-    """qkv (T, nh + 2 nkv, hd) of a chunk at positions start..start+T-1 (at = (slot, start)), its Q and K
-    RoPE'd -> the heads' outputs (T, nh*hd): the product's Q, K, V carried into the heads' blocks (K and V with
-    those carried out of the cache: the context), every query head's attention at once (each with its K/V
-    head's blocks), the chunk's K/V carried into the cache."""
-    config, (slot, start), hop = shard.config, at, not shard.coll.fast
+def _attention_block(net: SquareNet, shard, qkv: np.ndarray, chunk: PromptChunk, slot: int) -> np.ndarray:
+    """qkv (T, nh + 2 nkv, hd) of the prompt `chunk` of the request in `slot`, its Q and K RoPE'd -> the heads'
+    outputs (T, nh*hd): the product's Q, K, V carried into the heads' blocks (K and V with those carried out of
+    the cache: the context), every query head's attention at once (each with its K/V head's blocks), the
+    chunk's K/V carried into the cache."""
+    config, start, hop = shard.config, chunk.start, not shard.coll.fast
     home = Region(0, 0, shard.region.w, shard.region.h)  # the moves' plans: one per region shape
-    T, hd, nh, nkv = qkv.shape[0], config.head_dim, config.n_heads, config.n_kv_heads
-    product = spread(net.grid, net.region.shape, qkv.reshape(T, -1))  # RoPE'd where the product lies
-    moves = head_moves(config, home, (start, T))
+    T, hd, nh, nkv = chunk.tokens, config.head_dim, config.n_heads, config.n_kv_heads
+    product = spread(net.grid, net.region, qkv.reshape(T, -1))  # RoPE'd where the product lies
+    moves = head_moves(config, home, chunk)
     kv = carry(moves.kv, product, hop)  # (s, s, 2, nkv, kb, db)
     if start:
         cached = cache_buffer(config, home, *shard.kv.ordered(slot, start))
-        carry(read_move(config, home, (start, T)), cached, hop, out=kv)
+        carry(read_move(config, home, chunk), cached, hop, out=kv)
     rep = nh // nkv
     blocks = (carry(moves.q, product, hop), np.repeat(kv[:, :, 0], rep, axis=2), np.repeat(kv[:, :, 1], rep, axis=2))
     prompt = PromptAttention(T, 1.0 / np.sqrt(hd), start=start)
     out = _attention(net, blocks, prompt, shard.attention, hd)
-    k, v = arrivals(config, home, (start, T), carry(moves.cache, product, hop))
+    k, v = arrivals(config, home, chunk, carry(moves.cache, product, hop))
     _fill_cache(shard, slot, start, k, v)
     return out
 
@@ -127,10 +128,10 @@ def prefill_layer(shard, x: np.ndarray, slot: int, start: int = 0) -> np.ndarray
     blocks. The layer's math is the decode's block functions (decode.shards.attention_in, attention_out) on a
     SquareNet over the chunk's slab (T, 1, dim)."""
     config, region, ledger, hop = shard.config, shard.region, shard.ledger, not shard.coll.fast
-    T, chunks = x.shape[0], Chunks(config.dim, region.w)
+    T, chunks, chunk = x.shape[0], Chunks(config.dim, region.w), PromptChunk(start, x.shape[0])
     net = SquareNet(region, ledger)
     dec = Decoding(config, shard.dtype, attention=shard.attention)
-    moves = {name: c for name, _, c in prefill_moves(ledger.spec, dec, region, (start, T), EMULATED_VALUES)}
+    moves = {name: c for name, _, c in prefill_moves(ledger.spec, dec, region, chunk, EMULATED_VALUES)}
     plan = weight_moves(config, Region(0, 0, region.w, region.h), tuple(shard.arrays[key].shape for _, key, _ in GEMMS))
     weights = weights_move(ledger.spec, dec, region, EMULATED_VALUES)  # in, and the same way back
     with ledger.op("prefill"):
@@ -145,7 +146,7 @@ def prefill_layer(shard, x: np.ndarray, slot: int, start: int = 0) -> np.ndarray
         cos, sin = rope_cos_sin(start + np.arange(T), config.head_dim, config.rope_theta)  # (T, hd/2)
         qkv, qk = attention_in(on, xs, pairwise(cos[:, None, None], sin[:, None, None]))  # (T, 1, heads, hd)
         qkv[:, :, :qk.shape[2]] = qk
-        att = _attention_block(net, shard, qkv[:, 0], (slot, start))  # (T, nh * hd)
+        att = _attention_block(net, shard, qkv[:, 0], chunk, slot)  # (T, nh * hd)
         xs = attention_out(on, xs, att[:, None], partial(dense_ffn, on))
         for wm in plan:  # and back into the decode's blocks
             shard.arrays[wm.key] = out_in(carry(wm.back, held[wm.key], hop), wm.out_over)
@@ -181,14 +182,14 @@ def weights_move(spec, dec: Decoding, region: Region, moved: str) -> Cost:
 
 
 @lru_cache(maxsize=1024)
-def prefill_moves(spec, dec: Decoding, region: Region, chunk: tuple[int, int], moved: str
+def prefill_moves(spec, dec: Decoding, region: Region, chunk: PromptChunk, moved: str
                   ) -> tuple[tuple[str, str, Cost], ...]:
-    """(name, "layout", Cost) of a chunk's = (start, tokens) layout moves (decode.relayout, values of
-    `moved`): the weights into the GEMMs' blocks and back, the cached K/V into the attention's blocks (a
-    chunk after the first), the chunk's K/V into the decode's cache."""
+    """(name, "layout", Cost) of a prompt `chunk`'s layout moves (decode.relayout, values of `moved`): the
+    weights into the GEMMs' blocks and back, the cached K/V into the attention's blocks (a chunk after the
+    first), the chunk's K/V into the decode's cache."""
     config, at, size, g = dec.config, Region(0, 0, region.w, region.h), itemsize(moved), dec.head_groups
     out = [("weights_in_out", weights_move(spec, dec, region, moved).scaled(2))]
-    if chunk[0]:
+    if chunk.start:
         out.append(("kv_from_cache", move_cost(spec, kv_read_load(config, at, chunk, g, size))))
     out.append(("qkv_to_heads", move_cost(spec, heads_load(config, at, chunk, size))))
     out.append(("kv_to_decode", move_cost(spec, kv_load(config, at, chunk, g, size))))
@@ -211,7 +212,7 @@ def prefill_work_parts(spec, dec: Decoding, region: Region, tokens: int, context
                               + gemm_cost(spec, "meshgemm", GemmShape(m, k, n, s, s), moved, 1, rate))
 
     ctx = context or T
-    att = prefill_attention_parts(spec, AttentionShape(T, hd, config.n_heads, s, ctx), dec.attention, (moved, rate))
+    att = prefill_attention_parts(spec, AttentionShape(T, hd, config.n_heads, s, ctx), dec.attention, moved, rate)
     glue = total(dec.flops(spec, cdiv(f, s * s)) for f in glue_flops(config, T))
     return (mm("qkv", T, dim, dim + 2 * config.kv_dim), *att, mm("o", T, config.n_heads * hd, dim),
             mm("gate_up", T, dim, 2 * config.hidden_dim), mm("down", T, config.hidden_dim, dim),
@@ -224,7 +225,7 @@ def prefill_layer_parts(spec, dec: Decoding, region: Region, tokens: int, contex
     :func:`prefill_moves`): what :func:`prefill_layer` books with ``moved=EMULATED_VALUES``."""
     ctx = context or tokens
     return (prefill_work_parts(spec, dec, region, tokens, ctx, moved)
-            + prefill_moves(spec, dec, region, (ctx - tokens, tokens), moved or dec.dtype))
+            + prefill_moves(spec, dec, region, PromptChunk(ctx - tokens, tokens), moved or dec.dtype))
 
 
 def prefill_layer_cost(spec, dec: Decoding, region: Region, tokens: int, start: int = 0) -> Cost:
@@ -234,14 +235,14 @@ def prefill_layer_cost(spec, dec: Decoding, region: Region, tokens: int, start: 
     return total(c for _, _, c in parts)
 
 
-def prefill_item_cycles(spec, dec: Decoding, entry: Entry, chunk: tuple[int, int]) -> float:
-    """A prompt token's share of its layer stage's prefill of a chunk = (start, tokens) (the schedule's
-    "alone" cycles of each of the chunk's items): the chunk's hand-over into the stage's region from the
-    previous one (`entry`: decode.stage.Entry; decode.cost.stage_handover, what the tiles book for the
-    micro-batch) and its prefill, over its tokens."""
-    region, (start, tokens) = entry.region, chunk
+def prefill_item_cycles(spec, dec: Decoding, entry: Entry, chunk: PromptChunk) -> float:
+    """A prompt token's share of its layer stage's prefill of a prompt `chunk` (the schedule's "alone" cycles
+    of each of the chunk's items): the chunk's hand-over into the stage's region from the previous one
+    (`entry`: decode.stage.Entry; decode.cost.stage_handover, what the tiles book for the micro-batch) and its
+    prefill, over its tokens."""
+    region, tokens = entry.region, chunk.tokens
     return (stage_handover(spec, dec.config, entry.src, region, tokens).cycles
-            + prefill_layer_cost(spec, dec, region, tokens, start).cycles) / tokens
+            + prefill_layer_cost(spec, dec, region, tokens, chunk.start).cycles) / tokens
 
 
 def layer_step(shard, x: np.ndarray, meta: np.ndarray) -> np.ndarray:

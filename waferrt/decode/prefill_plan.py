@@ -24,7 +24,7 @@ from waferrt.core.mesh import Region
 from waferrt.kernels.gemm import Grid, place, spread
 from waferrt.model.config import LlamaConfig
 
-from .kvcache import kv_columns
+from .kvcache import PromptChunk, kv_columns
 from .layout import layer_layouts
 from .pack import blocks_of
 from .transport import Holder, Move, numbered, source_numbers
@@ -74,7 +74,7 @@ def weight_moves(config: LlamaConfig, region: Region, shapes: tuple[tuple[int, i
         packed = Holder(shape, (region.h, region.w), out_over)
         nums = source_numbers(packed)
         b = _matrices(config, region, key, nums)
-        _, pb = place("meshgemm", grid, (s, s), np.zeros((1, b.shape[0]), np.int64), b)
+        _, pb = place("meshgemm", grid, Region(0, 0, s, s), np.zeros((1, b.shape[0]), np.int64), b)
         into = numbered(region, packed, pb)
         blocks = blocks_of(nums, out_over, region)  # (R, C, out, in) of packed numbers: the decode's blocks
         at = np.empty(blocks.size, np.int64)
@@ -130,12 +130,11 @@ def cache_buffer(config: LlamaConfig, region: Region, k: np.ndarray, v: np.ndarr
     return _entries(config, region, columns, full)
 
 
-def arrivals(config: LlamaConfig, region: Region, chunk: tuple[int, int], buf: np.ndarray) -> np.ndarray:
-    """What the cache's cores took of a chunk = (start, tokens) (buf: :func:`head_moves`' cache buffer) as the
-    cache's insert takes it: K, V (tokens, R, n_kv, hd_r), each position read at the column the cache keeps
-    it at, head_dim's slice of each row from that row."""
-    start, tokens = chunk
-    columns = kv_columns(start + tokens, region.w)[start:]
+def arrivals(config: LlamaConfig, region: Region, chunk: PromptChunk, buf: np.ndarray) -> np.ndarray:
+    """What the cache's cores took of a prompt `chunk` (buf: :func:`head_moves`' cache buffer) as the cache's
+    insert takes it: K, V (tokens, R, n_kv, hd_r), each position read at the column the cache keeps it at,
+    head_dim's slice of each row from that row."""
+    columns = kv_columns(chunk.context, region.w)[chunk.start:]
     rank = _column_places(columns)
     got = buf[:, columns, rank]  # (R, T, 2, nkv, hd_r)
     return got[:, :, 0].transpose(1, 0, 2, 3), got[:, :, 1].transpose(1, 0, 2, 3)
@@ -156,43 +155,44 @@ def _square(region: Region) -> tuple[int, Grid]:
     return s, Grid.of(Region(0, 0, s, s))
 
 
-def _context_blocks(config: LlamaConfig, region: Region, span: tuple[int, int], rows: np.ndarray) -> np.ndarray:
-    """rows (n, 2, nkv, hd) of numbers at context positions first..first+n-1 (span = (first, the context's
-    positions)) -> the context's K/V blocks (s, s, 2, nkv, kb, db), zeros at the other positions."""
+def _context_blocks(config: LlamaConfig, region: Region, chunk: PromptChunk, rows: np.ndarray, first: int
+                    ) -> np.ndarray:
+    """rows (n, 2, nkv, hd) of numbers at context positions first..first+n-1 of a prompt `chunk` -> its
+    context's K/V blocks (s, s, 2, nkv, kb, db), zeros at the other positions."""
     s, grid = _square(region)
-    first, ctx = span
-    full = np.zeros((ctx,) + rows.shape[1:], rows.dtype)
+    full = np.zeros((chunk.context,) + rows.shape[1:], rows.dtype)
     full[first:first + len(rows)] = rows
-    return np.stack([np.stack([spread(grid, (s, s), full[:, i, g]) for g in range(config.n_kv_heads)], axis=2)
+    square = Region(0, 0, s, s)
+    return np.stack([np.stack([spread(grid, square, full[:, i, g]) for g in range(config.n_kv_heads)], axis=2)
                      for i in range(2)], axis=2)
 
 
 @lru_cache(maxsize=64)
-def head_moves(config: LlamaConfig, region: Region, chunk: tuple[int, int]) -> HeadMoves:
-    """The moves of a chunk = (start, tokens) out of the QKV product's C blocks (HeadMoves)."""
-    start, T = chunk
+def head_moves(config: LlamaConfig, region: Region, chunk: PromptChunk) -> HeadMoves:
+    """The moves of a prompt `chunk` out of the QKV product's C blocks (HeadMoves)."""
+    start, T = chunk.start, chunk.tokens
     s, grid = _square(region)
     nh, nkv, hd = config.n_heads, config.n_kv_heads, config.head_dim
     width = (nh + 2 * nkv) * hd
     nums = np.arange(1, T * width + 1, dtype=np.int64).reshape(T, width)  # the product's values
-    c_nums = spread(grid, (s, s), nums)  # where the product leaves each value
+    c_nums = spread(grid, Region(0, 0, s, s), nums)  # where the product leaves each value
     source = Holder(c_nums.shape, (s, s))
     c_at = np.zeros(T * width + 1, np.int64)
     c_at[c_nums.reshape(-1)] = np.arange(1, c_nums.size + 1)  # value -> its source number (flat index + 1)
     by_flat = c_at[nums]  # (T, width): each value's source number
-    q = np.stack([spread(grid, (s, s), by_flat[:, h * hd:(h + 1) * hd]) for h in range(nh)], axis=2)
+    q = np.stack([spread(grid, Region(0, 0, s, s), by_flat[:, h * hd:(h + 1) * hd]) for h in range(nh)], axis=2)
     kv = by_flat[:, nh * hd:].reshape(T, 2, nkv, hd)
     return HeadMoves(numbered(region, source, q),
-                     numbered(region, source, _context_blocks(config, region, (start, start + T), kv)),
+                     numbered(region, source, _context_blocks(config, region, chunk, kv, start)),
                      numbered(region, source, _entries(config, region,
-                                                       kv_columns(start + T, region.w)[start:], kv)))
+                                                       kv_columns(chunk.context, region.w)[start:], kv)))
 
 
 @lru_cache(maxsize=64)
-def read_move(config: LlamaConfig, region: Region, chunk: tuple[int, int]) -> Move:
-    """A later chunk's (start, tokens) cached K/V from the cache's cores (:func:`cache_buffer` of the start
+def read_move(config: LlamaConfig, region: Region, chunk: PromptChunk) -> Move:
+    """A later prompt `chunk`'s cached K/V from the cache's cores (:func:`cache_buffer` of its start
     positions) into the context's K/V blocks (HeadMoves.kv's buffer)."""
-    start, T = chunk
+    start = chunk.start
     columns = kv_columns(start, region.w)
     source = Holder(cache_shape(config, region, columns), (region.h, region.w))
     nums = source_numbers(source)  # every entry of the cores' buffer, numbered
@@ -201,5 +201,5 @@ def read_move(config: LlamaConfig, region: Region, chunk: tuple[int, int]) -> Mo
     entries = np.empty((start, 2, config.n_kv_heads, config.head_dim), np.int64)
     for d in range(config.head_dim):  # dim d of every entry, at its row's place
         entries[:, :, :, d] = nums[row[d], columns, rank, :, :, at[d]]
-    return numbered(region, source, _context_blocks(config, region, (0, start + T), entries))
+    return numbered(region, source, _context_blocks(config, region, chunk, entries, 0))
 

@@ -47,6 +47,7 @@ from waferrt.faults.model import CoreFailure
 from waferrt.faults.state import FaultState
 
 from .cost import alone_cycles, handover_bytes, handover_cost
+from .kvcache import PromptChunk
 from .moe import MoELayerShard
 from .pack import Chunks
 from .prefill import layer_step, prefill_item_cycles, prefill_runs
@@ -270,11 +271,14 @@ class TileProgram:
         rows = meta.tolist()
         if self.setup.streaming:
             return tuple(Item(req, pos, bool(want), cycles / len(meta)) for _, _, pos, want, req in rows)
-        whole = ({i: (int(meta[run[0], Col.POS]), len(run)) for run in prefill_runs(meta) for i in run}
-                 if self.setup.prefill and self.stages[s].kind is StageKind.LAYER else {})
+        whole = {}  # a prompt chunk's item -> its share of the chunk's prefill
+        if self.setup.prefill and self.stages[s].kind is StageKind.LAYER:
+            for run in prefill_runs(meta):
+                share = self._prefill_item(s, PromptChunk(int(meta[run[0], Col.POS]), len(run)))
+                whole.update(dict.fromkeys(run.tolist(), share))
         routed = self._routed(s) if not whole else 0.0
-        return tuple(Item(req, pos, bool(want), self._prefill_item(s, whole[i]) if i in whole else
-                          self._alone(s, pos, bool(want)) + routed) for i, (_, _, pos, want, req) in enumerate(rows))
+        return tuple(Item(req, pos, bool(want), whole[i] if i in whole else self._alone(s, pos, bool(want)) + routed)
+                     for i, (_, _, pos, want, req) in enumerate(rows))
 
     def _routed(self, s: int) -> float:
         """An MoE layer's routed work as it ran, instead of the closed forms' typical token: each token's
@@ -294,8 +298,8 @@ class TileProgram:
             self._alone_memo[key] = alone_cycles(self.ledger.spec, self.setup.decoding, self.entries[s], pos, want)
         return self._alone_memo[key]
 
-    def _prefill_item(self, s: int, chunk: tuple[int, int]) -> float:
-        """A prompt token's share of stage s's prefill of a chunk = (start, tokens) (decode.prefill)."""
+    def _prefill_item(self, s: int, chunk: PromptChunk) -> float:
+        """A prompt token's share of stage s's prefill of a prompt `chunk` (decode.prefill)."""
         return prefill_item_cycles(self.ledger.spec, self.setup.decoding, self.entries[s], chunk)
 
     def _stage(self, s: int, meta: np.ndarray, x, items: Items):

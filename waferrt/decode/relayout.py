@@ -29,6 +29,7 @@ spread, the cache's own columns) and holds the LinkLoads equal to these, link fo
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from functools import lru_cache
 
 import numpy as np
@@ -40,7 +41,7 @@ from waferrt.core.mesh import Region
 from waferrt.kernels.gemm import ring
 from waferrt.model.config import LlamaConfig
 
-from .kvcache import kv_columns
+from .kvcache import PromptChunk, kv_columns
 from .linkload import E, LinkLoad, N, S, W
 
 
@@ -53,19 +54,31 @@ def route(region: Region, src: np.ndarray, dst: np.ndarray, nbytes: np.ndarray) 
     go = np.any(src != dst, axis=1) & (b > 0)
     (y0, x0), (y1, x1), b = src[go].T, dst[go].T, b[go]
     load = LinkLoad(region)
-    load.bytes[E], load.bytes[W] = _legs((h, w), (y0, x0, x1), b)  # along the rows: (y, x)
-    south, north = _legs((w, h), (x1, y0, y1), b)  # along the destination's column: (x, y)
+    load.bytes[E], load.bytes[W] = _legs(Legs(line=y0, start=x0, end=x1, nbytes=b), h, w)  # along the source's row
+    south, north = _legs(Legs(line=x1, start=y0, end=y1, nbytes=b), w, h)  # along the destination's column
     load.bytes[S], load.bytes[N] = south.T, north.T
     load.messages = len(np.unique((y0 * w + x0) * (h * w) + y1 * w + x1))  # a pair's values go together
     load.hops = int((np.abs(x1 - x0) + np.abs(y1 - y0)).max(initial=0))
     return load
 
 
-def _legs(shape: tuple[int, int], leg: tuple, b: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """Bytes over the links of `shape` = (lines, places) that the messages' legs (line, from, to) leave by:
-    (toward higher places: from..to-1, toward lower: to+1..from), summed as differences along each line."""
-    line, a, z = leg
-    n, m = shape[0], shape[1] + 1
+@dataclass(frozen=True, eq=False)
+class Legs:
+    """Messages' legs along the lines of a grid (its rows, or its columns): leg i runs on line `line[i]` from
+    place `start[i]` to place `end[i]` carrying `nbytes[i]` (arrays of one length)."""
+
+    line: np.ndarray
+    start: np.ndarray
+    end: np.ndarray
+    nbytes: np.ndarray
+
+
+def _legs(legs: Legs, lines: int, places: int) -> tuple[np.ndarray, np.ndarray]:
+    """Bytes (lines, places) over the links of a grid of `lines` lines of `places` places that `legs` leave
+    by: (toward higher places: start..end-1, toward lower: end+1..start), summed as differences along each
+    line."""
+    line, a, z, b = legs.line, legs.start, legs.end, legs.nbytes
+    n, m = lines, places + 1
 
     def along(lo: np.ndarray, hi: np.ndarray, sel: np.ndarray) -> np.ndarray:
         at = np.concatenate([line[sel] * m + lo[sel], line[sel] * m + hi[sel]])
@@ -113,10 +126,27 @@ def _cross(lines_to: np.ndarray, frm: np.ndarray) -> tuple[np.ndarray, np.ndarra
     return higher, lower
 
 
-def _within(n: int, leg: tuple, b: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """Link bytes (n,) of legs (from, to) of bytes b on one line of n places (route's _legs, one line)."""
-    higher, lower = _legs((1, n), (np.zeros_like(leg[0]), *leg), np.asarray(b, np.float64))
+def _within(places: int, start: np.ndarray, end: np.ndarray, nbytes: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Link bytes (places,) of legs from `start` to `end` carrying `nbytes` on one line (route's _legs, one
+    line)."""
+    higher, lower = _legs(Legs(np.zeros_like(start), start, end, np.asarray(nbytes, np.float64)), 1, places)
     return higher[0], lower[0]
+
+
+@dataclass(frozen=True, eq=False)
+class Groups:
+    """A MeshGEMM operand axis's indices grouped by where they are and where they go: each distinct pair of
+    `home` (the line -- row or column -- of the region holding them in the decode's layout) and `block` (the
+    MeshGEMM block they go to: a k panel, an n column block), and how many indices share it (`count`)."""
+
+    home: np.ndarray
+    block: np.ndarray
+    count: np.ndarray
+
+    @classmethod
+    def of(cls, home: np.ndarray, block: np.ndarray) -> Groups:
+        (h, b), count = _groups(home, block)
+        return cls(h, b, count)
 
 
 def _gemm_b(region: Region, k_home: np.ndarray, n_home: np.ndarray, k_over_x: bool) -> LinkLoad:
@@ -126,13 +156,14 @@ def _gemm_b(region: Region, k_home: np.ndarray, n_home: np.ndarray, k_over_x: bo
     pairs of k and n groups without listing them, the messages, the longest route."""
     h, w, s = region.h, region.w, min(region.h, region.w)
     nk, nn, places = len(k_home), len(n_home), np.array(ring("meshgemm", s))
-    (kh, panel), kc = _groups(k_home, np.arange(nk) // cdiv(nk, s))
-    (nh, j), nc = _groups(n_home, np.arange(nn) // cdiv(nn, s))
+    k = Groups.of(k_home, np.arange(nk) // cdiv(nk, s))  # by k's home and panel
+    n = Groups.of(n_home, np.arange(nn) // cdiv(nn, s))  # by n's home and column block
+    (kh, panel, kc), (nh, j, nc) = (k.home, k.block, k.count), (n.home, n.block, n.count)
     load = LinkLoad(region)
     if k_over_x:  # src (n's row, k's column): along n's row to n's ring column, down it to k's panel's row
         load.bytes[E], load.bytes[W] = _cross(_hist((h, w), (nh, places[j]), nc), _hist((w,), (kh,), kc))
     else:  # src (k's row, n's column)
-        higher, lower = _within(w, (nh, places[j]), nc)
+        higher, lower = _within(w, nh, places[j], nc)
         rows = _hist((h,), (kh,), kc)
         load.bytes[E], load.bytes[W] = np.outer(rows, higher), np.outer(rows, lower)
     for jj in np.unique(j):
@@ -141,21 +172,21 @@ def _gemm_b(region: Region, k_home: np.ndarray, n_home: np.ndarray, k_over_x: bo
             south, north = _cross(_hist((1, h), (0 * to, to), kc), _hist((h,), (nh[j == jj],), nc[j == jj]))
             south, north = south[0], north[0]
         else:
-            south, north = (nc[j == jj].sum() * a for a in _within(h, (kh, to), kc))
+            south, north = (nc[j == jj].sum() * a for a in _within(h, kh, to, kc))
         load.bytes[S, :, places[jj]] += south
         load.bytes[N, :, places[jj]] += north
-    load.messages = len(kc) * len(nc) - _stay(region, (kh, panel), (nh, j), k_over_x)
-    load.hops = _longest(region, (kh, panel), (nh, j), k_over_x)
+    load.messages = len(kc) * len(nc) - _stay(region, k, n, k_over_x)
+    load.hops = _longest(region, k, n, k_over_x)
     return load
 
 
-def _stay(region: Region, k_keys: tuple, n_keys: tuple, k_over_x: bool) -> int:
+def _stay(region: Region, k: Groups, n: Groups, k_over_x: bool) -> int:
     """How many (k group, n group) pairs of _gemm_b start at their destination core."""
     s = min(region.h, region.w)
     places = np.array(ring("meshgemm", s))
     at = np.full(max(region.h, region.w), -1)
     at[places] = np.arange(s)  # a row's (or column's) ring index, -1 beyond the square
-    (kh, panel), (nh, j) = k_keys, n_keys
+    (kh, panel), (nh, j) = (k.home, k.block), (n.home, n.block)
     if k_over_x:  # n's row is the destination row and k's column n's ring column
         has = np.zeros((region.w, s), bool)
         has[kh, panel] = True
@@ -166,11 +197,11 @@ def _stay(region: Region, k_keys: tuple, n_keys: tuple, k_over_x: bool) -> int:
     return int(per_shift[j[nh == places[j]]].sum())
 
 
-def _longest(region: Region, k_keys: tuple, n_keys: tuple, k_over_x: bool) -> int:
+def _longest(region: Region, k: Groups, n: Groups, k_over_x: bool) -> int:
     """The longest route of _gemm_b's pairs: for every (panel, ring column), the farthest k and n homes."""
     s = min(region.h, region.w)
     places = np.array(ring("meshgemm", s))
-    (kh, panel), (nh, j) = k_keys, n_keys
+    (kh, panel), (nh, j) = (k.home, k.block), (n.home, n.block)
 
     def extremes(home: np.ndarray, by: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         lo, hi = np.full(s, np.iinfo(np.int64).max), np.full(s, -1)
@@ -218,14 +249,25 @@ def _cross_from(lines_from: np.ndarray, to: np.ndarray) -> tuple[np.ndarray, np.
     return higher, lower
 
 
-def _meet(a: tuple, b: tuple, shape: tuple[int, int]) -> int:
-    """How many (a key, b key) pairs sit at the same point (a and b: (y, x) arrays of their keys' points)."""
-    return int(np.dot(_hist(shape, a, np.ones(len(a[0]))).ravel(), _hist(shape, b, np.ones(len(b[0]))).ravel()))
+@dataclass(frozen=True, eq=False)
+class Points:
+    """Cores of a region, one per key of a group: column `x` and row `y` (arrays of one length) from its
+    corner."""
+
+    x: np.ndarray
+    y: np.ndarray
 
 
-def _far(a: tuple, b: tuple) -> int:
-    """The longest |ax - bx| + |ay - by| over every pair of a's and b's points (a, b: (x, y) arrays)."""
-    return int(max(np.max(sx * a[0] + sy * a[1]) + np.max(-sx * b[0] - sy * b[1])
+def _meet(region: Region, a: Points, b: Points) -> int:
+    """How many (a key, b key) pairs sit at the same core of `region`."""
+    shape = (region.h, region.w)
+    return int(np.dot(_hist(shape, (a.y, a.x), np.ones(len(a.x))).ravel(),
+                      _hist(shape, (b.y, b.x), np.ones(len(b.x))).ravel()))
+
+
+def _far(a: Points, b: Points) -> int:
+    """The longest |ax - bx| + |ay - by| over every pair of a's and b's points."""
+    return int(max(np.max(sx * a.x + sy * a.y) + np.max(-sx * b.x - sy * b.y)
                    for sx in (1, -1) for sy in (1, -1)))
 
 
@@ -242,26 +284,27 @@ def _pairwise(region: Region, rows: tuple, cols: tuple) -> LinkLoad:
 
 
 @lru_cache(maxsize=256)
-def kv_load(config: LlamaConfig, region: Region, chunk: tuple[int, int], groups: int, itemsize: int) -> LinkLoad:
-    """A chunk of `chunk` = (start, tokens) prompt positions' K and V into the decode's cache, and the cached
-    positions' moves east (module doc): each part's values between two cores one message."""
+def kv_load(config: LlamaConfig, region: Region, chunk: PromptChunk, groups: int, itemsize: int) -> LinkLoad:
+    """A prompt `chunk`'s K and V into the decode's cache, and the cached positions' moves east (module doc):
+    each part's values between two cores one message."""
     c, h, w = config, region.h, region.w
-    start, tokens = chunk
+    start, tokens = chunk.start, chunk.tokens
     s, places = min(h, w), np.array(ring("meshgemm", min(h, w)))
     rows = np.concatenate([head_rows(c.n_kv_heads, c.head_dim, h, groups)] * 2)  # K then V
-    after = kv_columns(start + tokens, w)
+    after = kv_columns(chunk.context, w)
     width = (c.n_heads + 2 * c.n_kv_heads) * c.head_dim  # the QKV product's columns: K then V after Q
     t, cols = np.arange(tokens), c.n_heads * c.head_dim + np.arange(2 * c.kv_dim)
     (i, cm), tc = _groups(t // cdiv(tokens, s), after[start + t])  # token block, cache column
     (j, r), cc = _groups(cols // cdiv(width, s), rows)  # column block, cache row
     load = _pairwise(region, (_hist((h, w), (places[i], cm), tc), _hist((w,), (places[j],), cc)),
                      (_hist((w, h), (cm, places[i]), tc), _hist((h,), (r,), cc)))
-    load.messages = len(tc) * len(cc) - _meet((places[i], cm), (r, places[j]), (h, w))
-    load.hops = _far((cm, places[i]), (places[j], r))
+    tokens_at, cols_at = Points(x=cm, y=places[i]), Points(x=places[j], y=r)  # the two sides' keys as cores
+    load.messages = len(tc) * len(cc) - _meet(region, tokens_at, cols_at)
+    load.hops = _far(tokens_at, cols_at)
     if start:
         (was, now), pc = _groups(kv_columns(start, w), after[:start])
         per_row = np.bincount(rows, minlength=h)
-        higher, lower = _within(w, (was, now), pc)
+        higher, lower = _within(w, was, now, pc)
         load.bytes[E] += np.outer(per_row, higher)
         load.bytes[W] += np.outer(per_row, lower)
         load.messages += int(np.count_nonzero(was != now) * np.count_nonzero(per_row))
@@ -271,35 +314,35 @@ def kv_load(config: LlamaConfig, region: Region, chunk: tuple[int, int], groups:
 
 
 @lru_cache(maxsize=256)
-def kv_read_load(config: LlamaConfig, region: Region, chunk: tuple[int, int], groups: int, itemsize: int
+def kv_read_load(config: LlamaConfig, region: Region, chunk: PromptChunk, groups: int, itemsize: int
                  ) -> LinkLoad:
-    """The `start` cached positions' K and V, for a chunk = (start, tokens), from the decode's cache into the
-    attention's blocks over the start + tokens positions of its context (module doc)."""
+    """A later `chunk`'s cached positions' (its start) K and V from the decode's cache into the attention's
+    blocks over the positions of its context (module doc)."""
     c, h, w = config, region.h, region.w
-    start, tokens = chunk
-    s = min(h, w)
+    start, s = chunk.start, min(h, w)
     places = np.array(ring("meshgemm", s))
     rows = np.concatenate([head_rows(c.n_kv_heads, c.head_dim, h, groups)] * 2)  # K then V
     d = np.tile(np.arange(c.head_dim), 2 * c.n_kv_heads)
-    (col, i), pc = _groups(kv_columns(start, w), np.arange(start) // cdiv(start + tokens, s))
+    (col, i), pc = _groups(kv_columns(start, w), np.arange(start) // cdiv(chunk.context, s))
     (r, blk), dc = _groups(rows, d // cdiv(c.head_dim, s))  # cache row, head_dim block
     load = _pairwise(region, (_hist((h, w), (r, places[blk]), dc), _hist((w,), (col,), pc)),
                      (_hist((w, h), (places[blk], r), dc), _hist((h,), (places[i],), pc)))
-    load.messages = len(pc) * len(dc) - _meet((places[i], col), (r, places[blk]), (h, w))
-    load.hops = _far((col, places[i]), (places[blk], r))
+    cached_at, dims_at = Points(x=col, y=places[i]), Points(x=places[blk], y=r)  # the two sides' keys as cores
+    load.messages = len(pc) * len(dc) - _meet(region, cached_at, dims_at)
+    load.hops = _far(cached_at, dims_at)
     load.bytes *= itemsize
     return load
 
 
 @lru_cache(maxsize=256)
-def heads_load(config: LlamaConfig, region: Region, chunk: tuple[int, int], itemsize: int) -> LinkLoad:
-    """A chunk = (start, tokens)'s Q, K and V from the QKV product's C blocks (token block t // mb, column
+def heads_load(config: LlamaConfig, region: Region, chunk: PromptChunk, itemsize: int) -> LinkLoad:
+    """A prompt `chunk`'s Q, K and V from the QKV product's C blocks (token block t // mb, column
     block of the (tokens, (nh + 2 nkv) hd) product) into the attention's per-head C blocks (Q: each query
     head's (tokens, hd), token block t // mb; K and V: each K/V head's (start + tokens, hd) context, token
     block (start + t) // cdiv(start + tokens, s); head_dim block d // cdiv(hd, s)): two parts, Q and K/V, each
     pair of cores' values one message along the source's row, then the destination's column."""
     c, h, w, s = config, region.h, region.w, min(region.h, region.w)
-    start, tokens = chunk
+    start, tokens = chunk.start, chunk.tokens
     places, t, hd = np.array(ring("meshgemm", s)), np.arange(tokens), c.head_dim
     width, qd = (c.n_heads + 2 * c.n_kv_heads) * hd, c.n_heads * hd
     row = places[t // cdiv(tokens, s)]
@@ -307,16 +350,16 @@ def heads_load(config: LlamaConfig, region: Region, chunk: tuple[int, int], item
     col_from, col_to = places[cols // cdiv(width, s)], places[(cols % hd) // cdiv(hd, s)]
     q, kv = cols < qd, cols >= qd
     parts = [((row, row), (col_from[q], col_to[q])),
-             ((row, places[(start + t) // cdiv(start + tokens, s)]), (col_from[kv], col_to[kv]))]
+             ((row, places[(start + t) // cdiv(chunk.context, s)]), (col_from[kv], col_to[kv]))]
     load = LinkLoad(region)
     for (rs, rd), (a, z) in parts:
         (rs, rd), tc = _groups(rs, rd)
         (a, z), cc = _groups(a, z)
-        higher, lower = _within(w, (a, z), cc)  # along the source's row
+        higher, lower = _within(w, a, z, cc)  # along the source's row
         by_row = _hist((h,), (rs,), tc)
         load.bytes[E] += np.outer(by_row, higher)
         load.bytes[W] += np.outer(by_row, lower)
-        south, north = _within(h, (rs, rd), tc)  # down the destination's column
+        south, north = _within(h, rs, rd, tc)  # down the destination's column
         by_col = _hist((w,), (z,), cc)
         load.bytes[S] += np.outer(south, by_col)
         load.bytes[N] += np.outer(north, by_col)

@@ -111,7 +111,7 @@ def _schedule(runs: Sequence[StageRun], last_stage: int, clock_hz: float, partia
             parts.setdefault(key, []).append((r.stage, it.alone))
             if r.stage == 0:
                 wants[(it.request, it.pos)] = it.want
-    deps = {t: _deps(t, wants, last_stage, lead) for t in tasks}
+    deps = {t: _deps(*t, wants, last_stage, lead) for t in tasks}  # t: (request, pos, stage)
     waiting = {t: len(d) for t, d in deps.items()}
     after: dict[tuple, list] = {}
     for t, ds in deps.items():
@@ -165,11 +165,14 @@ def _leads(runs: Sequence[StageRun]) -> dict[int, int]:
     return lead
 
 
-def _deps(task: tuple[int, int, int], wants: dict, last_stage: int, lead: dict[int, int]
+def _deps(request: int, pos: int, stage: int, wants: dict, last_stage: int, lead: dict[int, int]
           ) -> list[tuple[int, int, int]]:
-    request, pos, s = task
-    if s:
-        return [(request, pos, lead.get(s - 1, s - 1))]
+    """The (request, pos, stage) tasks that the token (request, pos)'s task at `stage` waits for: its previous
+    stage run; at the embedding, its request's previous token entering it and -- when that token's logits gave
+    this one (`wants`) -- leaving the head. Plain tuples: a schedule makes ~10^5 of them (a named tuple made the
+    schedule 10-25% slower)."""
+    if stage:
+        return [(request, pos, lead.get(stage - 1, stage - 1))]
     prev = (request, pos - 1)
     if prev not in wants:
         return []

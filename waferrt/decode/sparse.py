@@ -38,18 +38,18 @@ from waferrt.fabric.kernel import Context
 from waferrt.kernels.sparse_attention import Partial, row_statistics
 from waferrt.model.sparse import AttentionMode, log_keys
 
+from .kv_layouts import HeldEntries
 from .kvcache import KVView
 from .topk import TopKRow, record_topk, row_topk, unpack
 
 
-def predicted(qg: np.ndarray, keys: tuple[np.ndarray, np.ndarray], visible: np.ndarray, product=np.matmul
+def predicted(qg: np.ndarray, kc: np.ndarray, which: np.ndarray, visible: np.ndarray, product=np.matmul
               ) -> np.ndarray:
     """The add-only predicted scores of the items' query heads against their requests' keys, -inf where not
-    visible. qg (B, nkv, rep, D); keys: kc (U, nkv, D, L) of the U distinct requests and which of them each
-    item's is (B,); visible (B, 1, 1, L) -> (B, nkv, rep, L) float32. A request's keys go to the log domain
-    once, however many of its items (a prompt's) attend. `product`: the layer's ``net.predict`` (which records
-    it), np.matmul outside a layer."""
-    kc, which = keys
+    visible. qg (B, nkv, rep, D); kc (U, nkv, D, L) the keys of the U distinct requests, `which` (B,) of them each
+    item's is; visible (B, 1, 1, L) -> (B, nkv, rep, L) float32. A request's keys go to the log domain once,
+    however many of its items (a prompt's) attend. `product`: the layer's ``net.predict`` (which records it),
+    np.matmul outside a layer."""
     pred = np.empty(qg.shape[:3] + kc.shape[-1:], np.float32)
     for u, logk in enumerate(log_keys(kc)):  # (nkv, D, L)
         items = which == u
@@ -98,7 +98,7 @@ def fast_attend(shard, qg: np.ndarray, items, view: KVView) -> np.ndarray:
     keep, (uniq, which) = shard.attention.keys_kept(L), np.unique(slots, return_inverse=True)
     row = TopKRow(shard.cols, held, qf.shape[0] * qf.shape[1] * qf.shape[2], keep)
     product = functools.partial(shard.net.predict, shard.cy, positions=held)  # over the rows, as the scores
-    pred = predicted(qf, (shard.kv.layout.read(uniq, L)[0], which), ~view.hidden, product)  # (B, nkv, rep, L)
+    pred = predicted(qf, shard.kv.layout.read(uniq, L)[0], which, ~view.hidden, product)  # (B, nkv, rep, L)
     shard.net.allreduced(shard.cy, row.heads * held * shard.cols)  # the partial predictions, over the rows
     record_topk(shard.cx, row)  # the row_topk kernel's schedule, recorded step by step
     order, kept = ranked(pred, items.poss, shard.attention)  # (B, nkv, rep, K)
@@ -114,11 +114,9 @@ def hop_attend(shard, qg: np.ndarray, items, view: KVView) -> np.ndarray:
     """The same hop by hop (`hop_selection`): qg (B, nkv, rep, R, hd_r) -> (B, nkv, rep, R*hd_r). Each core scores
     its block of w = min(K, held) kept keys per query head, runs `flash` over them in predicted order, and the
     cores' Partials are combined over the x-line (`merged`)."""
-    slots, poss, m = items.slots, items.poss, view.held
-    cores = shard.kv.layout  # kv_layouts.CoreEntries: every core's own entries
-    held = (*cores.read(slots, m), cores.visible(slots, poss, m))
+    held = shard.kv.layout.held_entries(items, view.held)  # kv_layouts.CoreEntries: every core's own entries
     qh = qg.transpose(0, 3, 1, 2, 4)  # (B, R, nkv, rep, hd_r)
-    k, v, kept, w = hop_selection(shard, qh, (slots, poss), held)
+    k, v, kept, w = hop_selection(shard, qh, items, held)
     B, R, nkv, rep, hd_r = qh.shape
     k = k.reshape(B, R, nkv, rep, hd_r, w, shard.cols).transpose(0, 2, 3, 1, 4, 6, 5)  # (B, nkv, rep, R, hd_r, C, w)
     s = shard.net.dot(shard.cy, qg[:, :, :, None], k, w)[:, :, :, 0] * shard.scale  # (B, nkv, rep, C, w)
@@ -128,15 +126,16 @@ def hop_attend(shard, qg: np.ndarray, items, view: KVView) -> np.ndarray:
 
 
 # -- the hop-by-hop path (Collectives(fast=False)): every message sent --------------------------------------
-def hop_selection(shard, qg: np.ndarray, at: tuple[np.ndarray, np.ndarray], held: tuple) -> tuple:
+def hop_selection(shard, qg: np.ndarray, items, held: HeldEntries) -> tuple:
     """The prediction, the row's top-K and the kept keys of a LayerShard's hop-by-hop attention, every message
     sent: each core's partial predictions reduced over the rows (a LineComm allreduce, as the scores), the
     decode.topk.row_topk kernel on every row of the region (candidates named by their token positions, so ties
     go to the earlier one as on the fast path), then each core's kept entries gathered to the front of a block of
-    w = min(K, m) (the most any core holds). qg (B, R, nkv, rep, hd_r); at = (slots, poss); held = (kc (B, R, nkv,
-    hd_r, m*C), vc (B, C, nkv, m, R*hd_r), visible (B, m, C)) as CoreEntries.read/visible give them -> (kc (B, R,
-    nkv, rep, hd_r, w*C), vc (B, C, nkv, rep, w, R*hd_r), visible (B, nkv, rep, w, C), w): one block per head."""
-    (slots, poss), (kc, vc, visible) = at, held
+    w = min(K, m) (the most any core holds). qg (B, R, nkv, rep, hd_r); `items` (shards.Items) their slots and
+    positions; `held` what the cores hold of them (CoreEntries.held_entries: K (B, R, nkv, hd_r, m*C), V (B, C,
+    nkv, m, R*hd_r), visible (B, m, C)) -> (kc (B, R, nkv, rep, hd_r, w*C), vc (B, C, nkv, rep, w, R*hd_r),
+    visible (B, nkv, rep, w, C), w): one block per head."""
+    slots, poss, kc, vc, visible = items.slots, items.poss, held.k, held.v, held.visible
     B, R, nkv, rep, hd_r = qg.shape
     m, C, keep = visible.shape[1], shard.cols, shard.attention.keys_kept(int(poss.max()) + 1)
     row = TopKRow(C, m, B * nkv * rep, keep)

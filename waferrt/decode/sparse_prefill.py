@@ -28,7 +28,7 @@ import numpy as np
 
 from waferrt.core.arith import cdiv
 from waferrt.core.cost import Cost, on_lines
-from waferrt.core.gemm_cost import AttentionShape, attention_cost, transposed_cost
+from waferrt.core.gemm_cost import AttentionShape, RingOperand, attention_cost, transposed_cost
 from waferrt.core.spec import HardwareSpec
 from waferrt.kernels.attention import PromptAttention, causal_mask, held_blocks, scores_nt
 from waferrt.kernels.sparse_attention import Selection
@@ -44,13 +44,12 @@ def selector(attention: AttentionMode, prompt: PromptAttention):
     context = prompt.start + prompt.tokens
     if attention.keys_kept(context) >= context:
         return None
-    return lambda ctx, q, ks: select(ctx, (q, ks), prompt, attention)
+    return lambda ctx, q, ks: select(ctx, q, ks, prompt, attention)
 
 
-def select(ctx, qk: tuple[np.ndarray, np.ndarray], prompt: PromptAttention, attention: AttentionMode) -> Selection:
-    """Predict, keep each row's top K, each query its own share (module doc). qk: q (rows, cols, H, mb, db) in
-    the C layout, k (rows, cols, H, kb, db) skewed along y."""
-    q, ks = qk
+def select(ctx, q: np.ndarray, ks: np.ndarray, prompt: PromptAttention, attention: AttentionMode) -> Selection:
+    """Predict, keep each row's top K, each query its own share (module doc): q (rows, cols, H, mb, db) in the C
+    layout, ks (rows, cols, H, kb, db) skewed along y."""
     rows, cols, heads, mb, kb = q.shape[:4] + ks.shape[3:4]
     with ctx.ledger.at_rate(PREDICT_DTYPE):
         pred = scores_nt(ctx, q, log_keys(ks))  # (rows, cols, H, mb, kb): every query against every key
@@ -65,19 +64,18 @@ def select(ctx, qk: tuple[np.ndarray, np.ndarray], prompt: PromptAttention, atte
     return Selection(np.where(np.arange(keep) < share, pos, -1), min(kb, keep), kb)
 
 
-def prefill_attention_parts(spec: HardwareSpec, shape: AttentionShape, attention: AttentionMode,
-                            dtypes: tuple[str, str]) -> list[tuple[str, str, Cost]]:
-    """(name, "attention", Cost) of a chunk's causal attention on the square (values moving as dtypes[0], the
-    cores computing at dtypes[1]'s rate): dense, or the prediction, the row's top-K (on every row of the
-    square) and the attention over the kept keys."""
-    moved, rate = dtypes
+def prefill_attention_parts(spec: HardwareSpec, shape: AttentionShape, attention: AttentionMode, moved: str,
+                            rate: str) -> list[tuple[str, str, Cost]]:
+    """(name, "attention", Cost) of a chunk's causal attention on the square (values moving as `moved`, the
+    cores computing at `rate`'s): dense, or the prediction, the row's top-K (on every row of the square) and
+    the attention over the kept keys."""
     context, side, heads = shape.context or shape.tokens, shape.side, shape.heads
     keep = attention.keys_kept(context)
     if keep >= context:
         return [("attention", "attention", attention_cost(spec, shape, ELEMENTWISE_FLOPS["softmax"], moved, rate))]
     mb, kb, db = cdiv(shape.tokens, side), shape.key_block, cdiv(shape.head_dim, side)
-    predict = transposed_cost(spec, (side, side), (heads * mb * kb, heads * kb * db), 2 * heads * mb * db * kb,
-                              moved, PREDICT_DTYPE)
+    predict = transposed_cost(spec, RingOperand(side, heads * mb * kb), RingOperand(side, heads * kb * db),
+                              2 * heads * mb * db * kb, moved, PREDICT_DTYPE)
     top = topk_cost(spec, TopKRow(side, kb, heads * mb, keep))
     sparse = attention_cost(spec, replace(shape, kept=keep), ELEMENTWISE_FLOPS["softmax"], moved, rate)
     return ([("predict", "attention", predict)] + [(name, "attention", on_lines(c, side)) for name, c in top.items()]

@@ -38,7 +38,6 @@ from waferrt.model.zoo import model_by_name
 
 from .estimate import host_seconds, paper_decoding
 from .estimate_report import Estimate
-from .wafer import Floor
 
 CATEGORIES = ("gemm", "attention", "elementwise", "layout", "host")
 LABELS = {"gemm": "projections and MLP (MeshGEMM)", "attention": "attention Q.K^T and V (MeshGEMM)",
@@ -151,7 +150,7 @@ def _moves(est: Estimate, grid: Region, tokens: int) -> Cost:
     """Every layer's weights from its decode region onto the grid and back, and its K/V for the prompt from
     the grid into the region (region_exchange)."""
     config, size, mesh = est.config, itemsize(est.dtype), est.mesh
-    floor = Floor(mesh.width, mesh.height, *est.band, est.shape)
+    floor = est.floor
     layer_bytes = size * (config.dim * (config.dim + 2 * config.kv_dim) + config.n_heads * config.head_dim
                           * config.dim + 3 * config.dim * config.hidden_dim + 2 * config.dim)
     kv_bytes = 2 * tokens * config.kv_dim * size
@@ -183,7 +182,7 @@ def prefill(est: Estimate, tokens: int, side: int | None = None) -> Prefill:
     moves = _moves(est, grid, tokens)
     on_wafer["layout"] += moves.seconds(spec)
     seconds = sum(on_wafer.values())
-    head = total(c for _, _, c in head_decode_parts(spec, decoding(est), Region(0, 0, *est.band[:2]))).seconds(spec)
+    head = total(c for _, _, c in head_decode_parts(spec, decoding(est), est.floor.band(0))).seconds(spec)
     on_wafer["host"] = host_seconds(config, spec, 1) + 4 * (tokens - 1) / spec.ingress_bytes_per_s  # the other ids in
     return Prefill(tokens, chunks, side, (est.shape.cols, est.shape.rows), est.strategy.regions, seconds,
                    seconds + head + on_wafer["host"], on_wafer,

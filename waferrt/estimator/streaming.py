@@ -1,15 +1,16 @@
 """Weight streaming on paper: the weights live off-wafer (Cerebras' MemoryX) and stream in layer by layer.
 
 Contract (pure): ``streaming(config, spec, mesh, kv, dtype)`` returns a :class:`Streaming` (or one whose
-``fits`` is False with the reason). One region runs every layer (as the tensor strategy) and keeps what
-stays on the wafer: every layer's K/V for ``kv.requests`` requests, the scratch, and a double buffer for
-the weight blocks of the block being computed and the next one (the largest of a layer and the output
-head; decode.layout.stream_block_bytes, what the tiles book). The host looks the embedding rows up and
-they stream in. A step is the tiles' own model of it (decode.streaming.stream_step_cycles): every
-micro-batch of the requests in flight passes every stage on the region, each stage lasting the longer of
-its compute and its block's stream over the wafer's ingress (``spec.ingress_bytes_per_s``). So tokens/s is
-bounded by R x ingress / bytes streamed per step (ingress-bound), until the compute of a layer outlasts its
-stream (the knee); ``resident`` compares the weights-in-SRAM estimate.
+``fits`` is False with the reason) on the cores of ``mesh`` (a core.mesh.Extent, width x height). One region
+runs every layer (as the tensor strategy) and keeps what stays on the wafer: every layer's K/V for
+``kv.requests`` requests, the scratch, and a double buffer for the weight blocks of the block being computed
+and the next one (the largest of a layer and the output head; decode.layout.stream_block_bytes, what the
+tiles book). The host looks the embedding rows up and they stream in. A step is the tiles' own model of it
+(decode.streaming.stream_step_cycles): every micro-batch of the requests in flight passes every stage on the
+region, each stage lasting the longer of its compute and its block's stream over the wafer's ingress
+(``spec.ingress_bytes_per_s``). So tokens/s is bounded by R x ingress / bytes streamed per step
+(ingress-bound), until the compute of a layer outlasts its stream (the knee); ``resident`` compares the
+weights-in-SRAM estimate.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from dataclasses import dataclass
 
 from waferrt.core.arith import last_true
 from waferrt.core.cost import cycles_seconds
+from waferrt.core.mesh import Extent
 from waferrt.core.spec import HardwareSpec
 from waferrt.decode.cost import lane_batches, layer_decode_cost
 from waferrt.decode.decoding import Decoding
@@ -92,11 +94,11 @@ def _core_bytes(config: LlamaConfig, shape: wafer.Shape, tokens: int, requests: 
     return stream_core_bytes(config, shape.region(), tokens, requests, dtype, shape.head_groups)
 
 
-def _shape(config: LlamaConfig, spec: HardwareSpec, mesh: tuple[int, int], kv: KVReserve, dtype: str):
+def _shape(config: LlamaConfig, spec: HardwareSpec, mesh: Extent, kv: KVReserve, dtype: str):
     """The widest, tallest region (most cores, so the shortest compute) that holds the streaming state."""
     best = None
-    for rows, groups in wafer.row_options(config, mesh[1]):
-        shape = wafer.Shape(min(mesh[0], config.dim, kv.tokens), rows, groups)
+    for rows, groups in wafer.row_options(config, mesh.height):
+        shape = wafer.Shape(min(mesh.width, config.dim, kv.tokens), rows, groups)
         if wafer.legal(config, shape, kv.tokens) and _core_bytes(config, shape, kv.tokens, kv.requests, dtype) <= \
                 spec.sram_bytes and (best is None or shape.cores > best.cores):
             best = shape
@@ -116,13 +118,13 @@ def _pass_bytes(config: LlamaConfig, dtype: str, batch: int) -> int:
     return sum(streamed_bytes(config, kind, dtype, batch) for kind in kinds)
 
 
-def streaming(config: LlamaConfig, spec: HardwareSpec, mesh: tuple[int, int], kv: KVReserve, dtype: str,
+def streaming(config: LlamaConfig, spec: HardwareSpec, mesh: Extent, kv: KVReserve, dtype: str,
               resident_tokens_per_s: float | None = None) -> Streaming:
     shape = _shape(config, spec, mesh, kv, dtype)
     if shape is None:
         return Streaming(kv.requests, False, reason=(
             f"every layer's K/V for {kv.requests} requests x {kv.tokens} tokens and a double buffer of weight "
-            f"blocks do not fit in any region of the {mesh[0]}x{mesh[1]} mesh: lower --kv-tokens or --requests"))
+            f"blocks do not fit in any region of the {mesh} mesh: lower --kv-tokens or --requests"))
     dec = paper_decoding(config, dtype, shape.head_groups)
 
     def fits(tokens: int, requests: int) -> bool:

@@ -67,13 +67,12 @@ def layer_core_bytes(work: Workload, shape: Shape, kv: bool = True, weights: boo
 def min_cols(work: Workload, rows: int, groups: int, sram: int) -> int | None:
     """The fewest columns of a `rows`-row region (rows in `groups` head groups) that holds its layers, or
     None (more columns only lower the bytes per core: bisection)."""
-    config, tokens = work.config, work.kv.tokens
+    return first_true(1, min(work.config.dim, work.kv.tokens), lambda c: _holds(work, Shape(c, rows, groups), sram))
 
-    def fits(c: int) -> bool:
-        shape = Shape(c, rows, groups)
-        return legal(config, shape, tokens) and layer_core_bytes(work, shape) <= sram
 
-    return first_true(1, min(config.dim, tokens), fits)
+def _holds(work: Workload, shape: Shape, sram: int) -> bool:
+    """Can a region of `shape` run its layers in `sram` bytes per core?"""
+    return legal(work.config, shape, work.kv.tokens) and layer_core_bytes(work, shape) <= sram
 
 
 def shape_kv_capacity(work: Workload, shape: Shape, sram: int, attention: AttentionMode = DENSE) -> int:
@@ -170,9 +169,8 @@ def floors(config: LlamaConfig, spec: HardwareSpec, mesh: Extent, kv: KVReserve,
         if free < 1 or (band_rows > b[1] and free < height // 2):  # a taller band only while layers have room
             continue
         for rows, groups in row_options(config, free):
-            lo = min_cols(work, rows, groups, spec.sram_bytes)
-            if lo is None:
-                continue
             hi = min(width // cdiv(strategy.regions, free // rows), config.dim, kv.tokens)
-            for cols in col_options(lo, hi) if hi >= lo else ():
+            if hi < 1 or not _holds(work, Shape(hi, rows, groups), spec.sram_bytes):
+                continue  # not even the widest region that fits on the floor holds a layer: none narrower does
+            for cols in col_options(min_cols(work, rows, groups, spec.sram_bytes), hi):
                 yield Floor(width, height, b[0], band_rows, bands, Shape(cols, rows, groups))

@@ -113,7 +113,7 @@ def run(args) -> int:
     from waferrt.cli import placing
 
     _check(args)
-    mesh = checked_mesh(args, lambda w, h: (w, h))
+    mesh = checked_mesh(args, lambda size: size)  # default: one tile
     model, tok = open_model(args)
     placement = placing.placement(args, model.config, mesh, [])
     sock = _bind(args.host, args.port)
