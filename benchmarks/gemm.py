@@ -41,7 +41,7 @@ def emulated() -> bool:
     print(f"   {'algorithm':<10}{'numpy':>8}{'booked cycles':>15}{'closed form':>13}{'hops per step':>15}")
     ok = True
     for algo in GEMM_ALGOS:
-        a, b = place(algo, grid, mesh.region.shape, A, B)
+        a, b = place(algo, grid, mesh.region, A, B)
         c, cost = simulate(mesh, WSE2, mesh.region, KERNELS[algo], a=a, b=b)
         good = np.allclose(collect(algo, grid, c, size, size), A @ B, rtol=1e-3, atol=1e-3)
         want = gemm_cost(WSE2, algo, grid.shape(size, size, size))

@@ -30,7 +30,15 @@ from pathlib import Path
 import numpy as np
 
 from waferrt.core.arith import cdiv
-from waferrt.core.cost import ALLREDUCE_ALGOS, allreduce_cost, compute_cost, gemv_cost, line_alltoall_cost, reduce_flops
+from waferrt.core.cost import (
+    ALLREDUCE_ALGOS,
+    GemvBlock,
+    allreduce_cost,
+    compute_cost,
+    gemv_cost,
+    line_alltoall_cost,
+    reduce_flops,
+)
 from waferrt.core.mesh import MeshSpec
 from waferrt.core.spec import TINY, WSE2, WSE3
 from waferrt.core.template import TEMPLATES
@@ -64,7 +72,7 @@ def primitives() -> list[str]:
     for n in SIDES:
         nbytes = 4 * cdiv(DIM, n)
         ar = {a: allreduce_cost(WSE2, a, n, nbytes).cycles for a in ALLREDUCE_ALGOS}
-        gv = {a: gemv_cost(WSE2, (cdiv(DIM, n), cdiv(DIM, n)), n, a).cycles for a in ALLREDUCE_ALGOS}
+        gv = {a: gemv_cost(WSE2, GemvBlock(cdiv(DIM, n), cdiv(DIM, n)), n, a).cycles for a in ALLREDUCE_ALGOS}
         best = min(gv, key=gv.get)
         cells = [f"{ar[a]:,.0f}" for a in ALLREDUCE_ALGOS] + [
             f"{gv[a]:,.0f} ({gv[a] / WSE2.clock_hz * 1e6:.1f} us)" for a in ALLREDUCE_ALGOS]

@@ -31,7 +31,7 @@ import ray  # noqa: E402
 from decode import peak_rss  # noqa: E402 - benchmarks/decode.py, next to this script
 
 from waferrt.actors.tile import Tile  # noqa: E402
-from waferrt.core.mesh import MeshSpec  # noqa: E402
+from waferrt.core.mesh import Extent, MeshSpec  # noqa: E402
 from waferrt.core.spec import WSE2  # noqa: E402
 from waferrt.decode.setup import DecodeSetup  # noqa: E402
 from waferrt.llm import WaferLLM  # noqa: E402
@@ -45,10 +45,10 @@ PROMPTS = ["The capital of France is", "Once upon a time, in a small village,", 
 MB = 2**20
 
 
-def recut(placement, cut: tuple[int, int]):
-    """The same placement (every region where it was) on the same mesh cut into cut[0] x cut[1] tiles."""
+def recut(placement, cut: Extent):
+    """The same placement (every region where it was) on the same mesh cut into `cut` (width x height) tiles."""
     m = placement.mesh
-    mesh = MeshSpec(m.width, m.height, -(-m.width // cut[0]), -(-m.height // cut[1]))
+    mesh = MeshSpec(m.width, m.height, -(-m.width // cut.width), -(-m.height // cut.height))
     p = dataclasses.replace(placement, mesh=mesh, tile_nodes=tuple((t, "local") for t in sorted(mesh.tiles())))
     if bad := violations(p):
         raise SystemExit(f"{mesh}: {bad}")
@@ -91,12 +91,12 @@ def main() -> None:
     ap.add_argument("--cuts", default="2x2,4x2,4x4", help="tile cuts of the mesh, columns x rows (2x2,4x2,4x4)")
     ap.add_argument("--rounds", type=int, default=3, help="rounds of decoding, every cut in turn (3)")
     args = ap.parse_args()
-    cuts = [tuple(int(v) for v in c.split("x")) for c in args.cuts.split(",")]
+    cuts = [Extent(*(int(v) for v in c.split("x"))) for c in args.cuts.split(",")]
     config, weights, meta = load_model()
     tok = Tokenizer(meta)
     reqs = [GenRequest(tuple(tok.encode(PROMPTS[i % len(PROMPTS)])), args.tokens) for i in range(args.requests)]
     kv = KVReserve(512, args.requests)
-    finest = max(cuts, key=lambda c: c[0] * c[1])
+    finest = max(cuts, key=lambda c: c.cores)
     base = plan(config, WSE2, default_mesh(config, WSE2, kv, tiles=finest), kv=kv)
     ray_init(None)  # one Ray for every cut: the tile actors are what changes
     try:
@@ -110,7 +110,7 @@ def _print(args, mesh, cuts, runs: list[dict]) -> None:
     first = runs[0]
     print(f"SmolLM2-135M on {mesh.width}x{mesh.height} {WSE2.name} cores, the same placement cut into more tiles; "
           f"greedy, {args.requests} requests x {args.tokens} new tokens\n")
-    head = "| measure | " + " | ".join(f"{c[0]}x{c[1]} = {r['tiles']} tiles" for c, r in zip(cuts, runs)) + " |"
+    head = "| measure | " + " | ".join(f"{c} = {r['tiles']} tiles" for c, r in zip(cuts, runs)) + " |"
     print(head + "\n|" + " --- |" * (len(runs) + 1))
     rows = [("start: tile actors + weights into SRAM (s)", lambda r: f"{r['start_s']:.1f}"),
             ("per-token latency, 1 in flight (ms)", lambda r: f"{r['latency_ms']:.0f}"),

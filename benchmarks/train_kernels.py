@@ -49,13 +49,13 @@ def emulated() -> bool:
     mesh, (m, k, n) = MeshSpec(8, 8, 4, 4), (64, 48, 40)
     rng = np.random.default_rng(0)
     X, W, dY = (rng.standard_normal(s).astype(np.float32) for s in ((m, k), (k, n), (m, n)))
-    grid, shape = Grid.of(mesh.region), mesh.region.shape
-    x, w = place("meshgemm", grid, shape, X, W)
-    dy = scatter("C", grid, shape, dY)
+    grid = Grid.of(mesh.region)
+    x, w = place("meshgemm", grid, mesh.region, X, W)
+    dy = scatter("C", grid, mesh.region, dY)
     runs = {"forward": (meshgemm, dict(a=x, b=w), lambda c: collect("meshgemm", grid, c, m, n), X @ W, "meshgemm"),
-            "grad_input": (grad_input, dict(dy=dy, w=w[:, :, 0]), lambda c: gather("A", grid, c, (m, k)), dY @ W.T,
+            "grad_input": (grad_input, dict(dy=dy, w=w[:, :, 0]), lambda c: gather("A", grid, c, m, k), dY @ W.T,
                            "grad_input"),
-            "grad_weight": (grad_weight, dict(x=x[:, :, 0], dy=dy), lambda c: gather("B", grid, c, (k, n)), X.T @ dY,
+            "grad_weight": (grad_weight, dict(x=x[:, :, 0], dy=dy), lambda c: gather("B", grid, c, k, n), X.T @ dY,
                             "grad_weight")}
     want = train_gemm_costs(WSE2, grid.shape(m, k, n))
     print(f"1. emulated on {mesh.width}x{mesh.height} cores ({len(mesh.tiles_of(mesh.region))} tiles), X {m}x{k}, "

@@ -28,11 +28,24 @@ from itertools import pairwise
 import numpy as np
 
 from waferrt.core.arith import cdiv, first_true
-from waferrt.core.mesh import Coord, MeshSpec, Region, TileId
+from waferrt.core.mesh import Coord, Extent, MeshSpec, Region, TileId
 
 Link = tuple[Coord, Coord]
 SLACK = 3  # regions the chain's dynamic program may give back where hand-overs are shortest
-PATTERNS = tuple((orient, from_start, forward) for orient in ("rows", "cols")
+
+
+@dataclass(frozen=True)
+class Shelves:
+    """How ``pack`` lays regions in a block: in shelves that are rows (`by_rows`) or columns, taken from the
+    block's start (its top or left, `from_start`) or its end, the first shelf walked forward (along x or y
+    growing) or back; each next shelf is walked the other way (a serpentine)."""
+
+    by_rows: bool
+    from_start: bool
+    forward: bool
+
+
+PATTERNS = tuple(Shelves(by_rows, from_start, forward) for by_rows in (True, False)
                  for from_start in (True, False) for forward in (True, False))
 
 
@@ -62,9 +75,10 @@ def cores_in(cores: frozenset[Coord], regions: list[Region]) -> frozenset[Coord]
     return frozenset(c for c, hit in zip(listed, inside.tolist(), strict=True) if hit)
 
 
-def _window_sums(a: np.ndarray, h: int, w: int, out_shape: tuple[int, int]) -> np.ndarray:
-    """Sum of every h x w window of `a` whose top-left corner is in range(out_shape)."""
-    n, m = out_shape
+def _window_sums(a: np.ndarray, h: int, w: int, corners: Extent) -> np.ndarray:
+    """[y, x]: the sum of the h x w window of `a` whose top-left corner is (x, y), for every (x, y) of the
+    `corners` grid."""
+    n, m = corners.height, corners.width
     p = np.zeros((a.shape[0] + 1, a.shape[1] + 1), np.int64)
     p[1:, 1:] = a.cumsum(0).cumsum(1)
     return p[h:h + n, w:w + m] - p[:n, w:w + m] - p[h:h + n, :m] + p[:n, :m]
@@ -99,11 +113,11 @@ class Obstacles:
 
     def free_map(self, w: int, h: int) -> np.ndarray:
         """bool[y, x]: the w x h rectangle with top-left core (x, y) holds no blocked core nor dead link."""
-        shape = (self.height - h + 1, self.width - w + 1)
-        if shape[0] < 1 or shape[1] < 1:
+        corners = Extent(self.width - w + 1, self.height - h + 1)
+        if corners.width < 1 or corners.height < 1:
             return np.zeros((0, 0), bool)
-        bad = _window_sums(self.blocked.astype(np.int64), h, w, shape)
-        bad = bad + _window_sums(self._h, h, w - 1, shape) + _window_sums(self._v, h - 1, w, shape)
+        bad = _window_sums(self.blocked.astype(np.int64), h, w, corners)
+        bad = bad + _window_sums(self._h, h, w - 1, corners) + _window_sums(self._v, h - 1, w, corners)
         return bad == 0
 
 
@@ -144,10 +158,10 @@ def _take(cands: np.ndarray, length: int, forward: bool) -> list[int]:
     return out if forward else out[::-1]
 
 
-def pack(free: np.ndarray, block: Region, w: int, h: int, pattern: tuple[str, bool, bool]) -> list[Region]:
+def pack(free: np.ndarray, block: Region, w: int, h: int, pattern: Shelves) -> list[Region]:
     """w x h regions at free positions inside `block`, in shelves walked as a serpentine (see PATTERNS)."""
-    orient, from_start, forward = pattern
-    if orient == "rows":
+    from_start, forward = pattern.from_start, pattern.forward
+    if pattern.by_rows:
         (l0, l1, step), (p0, p1, length), fmap = (block.y0, block.y1, h), (block.x0, block.x1, w), free
     else:
         (l0, l1, step), (p0, p1, length), fmap = (block.x0, block.x1, w), (block.y0, block.y1, h), free.T
@@ -159,7 +173,7 @@ def pack(free: np.ndarray, block: Region, w: int, h: int, pattern: tuple[str, bo
     for s in starts:
         placed = _take(np.flatnonzero(fmap[s, p0:p1 - length + 1]) + p0, length, forward)
         if placed:
-            out += [Region(p, s, w, h) if orient == "rows" else Region(s, p, w, h) for p in placed]
+            out += [Region(p, s, w, h) if pattern.by_rows else Region(s, p, w, h) for p in placed]
             forward = not forward
     return out
 

@@ -53,7 +53,7 @@ import numpy as np
 
 from waferrt.core.arith import cdiv, first_true
 from waferrt.core.dtypes import STORAGE_DTYPES
-from waferrt.core.mesh import MeshSpec, Region, check_on_wafer
+from waferrt.core.mesh import Extent, MeshSpec, Region, check_on_wafer
 from waferrt.core.spec import HardwareSpec
 from waferrt.decode import layout as dl
 from waferrt.model.config import LlamaConfig
@@ -62,6 +62,8 @@ from . import budget, search
 from .geometry import Obstacles, assign_nodes, check_links, cores_in, link_inside
 from .report import plan_report
 from .types import KVReserve, Placement, PlanError, PlanOptions, Strategy, Workload
+
+DEFAULT_TILES = Extent(2, 2)  # the default mesh's tiles, across and down
 
 
 def violations(p: Placement) -> tuple[str, ...]:
@@ -328,9 +330,9 @@ def _no_fit_message(work: Workload, spec: HardwareSpec, mesh: MeshSpec, reason: 
             f"{_mb(live * spec.sram_bytes)} ({live} live cores x {spec.sram_bytes} bytes). {reason}")
     if reason.startswith("no mesh"):
         return head
-    best = search.smallest_mesh(work, spec, (mesh.tile_w, mesh.tile_h))
+    best = search.smallest_mesh(work, spec, mesh.tile)
     if best is None:
-        return (head + f" Even the whole {spec.name} wafer ({spec.full_mesh[0]}x{spec.full_mesh[1]}) cut "
+        return (head + f" Even the whole {spec.name} wafer ({spec.full_mesh}) cut "
                 f"in {mesh.tile_w}x{mesh.tile_h} tiles does not hold it: lower the KV reserve, use a "
                 "smaller dtype, or a spec with more SRAM.")
     dead = " (a healthy one; yours has dead cores)" if mesh.dead else ""
@@ -348,16 +350,16 @@ class MeshTry:
     wanted: bool
 
 
-def mesh_tries(config: LlamaConfig, spec: HardwareSpec, kv: KVReserve, tiles: tuple[int, int] = (2, 2),
+def mesh_tries(config: LlamaConfig, spec: HardwareSpec, kv: KVReserve, tiles: Extent = DEFAULT_TILES,
                spare_layers: int = 8, options: PlanOptions = PlanOptions()) -> Iterator[MeshTry]:
     """Every mesh ``default_mesh`` tries, in its order (its arguments), each as a MeshTry: whether ``plan``
     placed the model there, and whether that placement is the one wanted (every region inside one tile,
     spare slots for `spare_layers`). A caller with a deadline (the CLI) stops when it has waited enough."""
     dtype, g = options.dtype, _group(config, options.strategy)
     spare = spare_layers // g
-    for grid in dict.fromkeys([tiles] + ([(1, 2), (2, 1), (1, 1)] if tiles == (2, 2) else [])):
+    for grid in dict.fromkeys([tiles] + ([Extent(1, 2), Extent(2, 1), Extent(1, 1)] if tiles == DEFAULT_TILES else [])):
         for tile in search.tile_candidates(Workload(config, kv, dtype, g, options.attention), spec, grid, spare):
-            mesh = MeshSpec(grid[0] * tile[0], grid[1] * tile[1], *tile)
+            mesh = MeshSpec(grid.width * tile.width, grid.height * tile.height, tile.width, tile.height)
             try:
                 p = plan(config, spec, mesh, kv=kv, options=options)
             except PlanError:
@@ -366,16 +368,16 @@ def mesh_tries(config: LlamaConfig, spec: HardwareSpec, kv: KVReserve, tiles: tu
             yield MeshTry(mesh, True, plan_report(p).straddling == 0 and len(p.spare) >= spare * p.layers[0].size)
 
 
-def no_default_mesh(spec: HardwareSpec, kv: KVReserve, tiles: tuple[int, int] = (2, 2)) -> PlanError:
+def no_default_mesh(spec: HardwareSpec, kv: KVReserve, tiles: Extent = DEFAULT_TILES) -> PlanError:
     """The error of a search that found no mesh."""
-    return PlanError(f"no mesh of {tiles[0]}x{tiles[1]} tiles holds the model with every region inside one "
+    return PlanError(f"no mesh of {tiles} tiles holds the model with every region inside one "
                      f"tile at spec {spec.name} and KV {kv.tokens}x{kv.requests}; ask for more tiles, "
                      "a smaller KV reserve or fewer spare layers")
 
 
-def default_mesh(config: LlamaConfig, spec: HardwareSpec, kv: KVReserve, tiles: tuple[int, int] = (2, 2),
+def default_mesh(config: LlamaConfig, spec: HardwareSpec, kv: KVReserve, tiles: Extent = DEFAULT_TILES,
                  spare_layers: int = 8, options: PlanOptions = PlanOptions()) -> MeshSpec:
-    """The smallest mesh of tiles[0] x tiles[1] equal tiles where every region lies inside one tile (planned
+    """The smallest mesh of `tiles` (width x height) equal tiles where every region lies inside one tile (planned
     with ``options``: its dtype and strategy) and
     free region-shaped slots for `spare_layers` layers (spare_layers // group slots) remain for repair.
     Eight spare slots let SmolLM2 at wse2 re-plan around 10 random dead cores (which hit ~7 layers and often

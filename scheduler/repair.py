@@ -25,7 +25,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from waferrt.core.mesh import Coord, MeshSpec, Region
+from waferrt.core.mesh import Coord, Extent, MeshSpec, Region
 
 from . import budget
 from .geometry import Obstacles, check_links, cores_in, link_inside, tiles_spanned
@@ -79,18 +79,19 @@ def _embed_shapes(p: Placement, mesh: MeshSpec, old: Region) -> list[tuple[int, 
     return out
 
 
-def _displaced(w: int, h: int, shape: tuple[int, int], layers: dict[int, Region]) -> np.ndarray:
-    """[y, x]: how many of `layers` a w x h rectangle at (x, y) overlaps (shape = positions grid)."""
-    diff = np.zeros((shape[0] + 1, shape[1] + 1), np.int64)
+def _displaced(w: int, h: int, corners: Extent, layers: dict[int, Region]) -> np.ndarray:
+    """[y, x]: how many of `layers` a w x h rectangle at (x, y) overlaps, for every top-left corner (x, y) of
+    the `corners` grid."""
+    diff = np.zeros((corners.height + 1, corners.width + 1), np.int64)
     for r in layers.values():
         x0, y0 = max(0, r.x0 - w + 1), max(0, r.y0 - h + 1)
-        x1, y1 = min(shape[1], r.x1), min(shape[0], r.y1)
+        x1, y1 = min(corners.width, r.x1), min(corners.height, r.y1)
         if x0 < x1 and y0 < y1:
             diff[y0, x0] += 1
             diff[y0, x1] -= 1
             diff[y1, x0] -= 1
             diff[y1, x1] += 1
-    return diff.cumsum(0).cumsum(1)[:shape[0], :shape[1]]
+    return diff.cumsum(0).cumsum(1)[:corners.height, :corners.width]
 
 
 @dataclass(frozen=True)
@@ -145,7 +146,7 @@ def _table_positions(p: Placement, mesh: MeshSpec, base: Obstacles, layers: dict
     for we, he in _embed_shapes(p, mesh, old):
         free = base.free_map(we, he)
         got = _pick(mesh, free, _Wanted(we, he, ends, old),
-                    _displaced(we, he, free.shape, layers), whole) if free.size else None
+                    _displaced(we, he, Extent(free.shape[1], free.shape[0]), layers), whole) if free.size else None
         if got:
             found.append((got[0][:3], we * he, got[0][3], got[1]))
     return [r for *_, r in sorted(found, key=lambda t: t[:3])]

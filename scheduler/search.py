@@ -24,7 +24,7 @@ from itertools import pairwise
 import numpy as np
 
 from waferrt.core.arith import cdiv
-from waferrt.core.mesh import Coord, MeshSpec, Region, wafer_grid
+from waferrt.core.mesh import Coord, Extent, MeshSpec, Region, wafer_grid
 from waferrt.core.spec import HardwareSpec
 from waferrt.model.config import LlamaConfig
 
@@ -44,6 +44,15 @@ class Found:
     spare: tuple[Region, ...]
     reason: str = ""
     head: Region | None = None  # an untied head's region (None: tied, or no fit)
+
+
+@dataclass(frozen=True)
+class WeightBytes:
+    """The weight bytes the balancing spreads over the tiles: of a table's region (the embedding, an untied
+    head: ``budget.work_bytes``) and of one region of layers."""
+
+    table: int
+    region: int
 
 
 @dataclass(frozen=True)
@@ -102,7 +111,7 @@ def _embed_options(work: Workload, sram: int, mesh: MeshSpec, obstacles: Obstacl
     return []
 
 
-def _quality(mesh: MeshSpec, tables: tuple[Region, ...], layers: list[Region], work: tuple[int, int] | None
+def _quality(mesh: MeshSpec, tables: tuple[Region, ...], layers: list[Region], weights: WeightBytes | None
              ) -> tuple[int, int, int, int]:
     """(regions straddling tiles (an untied head off the embedding's tile counts as one), most weight bytes on
     one tile (0 when not balancing), hand-overs across tiles, hops): lower is better, in that order. `tables`:
@@ -111,7 +120,7 @@ def _quality(mesh: MeshSpec, tables: tuple[Region, ...], layers: list[Region], w
     straddle = sum(tiles_spanned(mesh, r) > 1 for r in (*tables, *layers))
     straddle += tile_box(mesh, tables[-1]) != tile_box(mesh, tables[0])  # the decode samples where tokens enter
     crossings = sum(tile_box(mesh, a) != tile_box(mesh, b) for a, b in pairwise(chain_))
-    busiest = max(tile_bytes(mesh, tables, layers, *work)) if work else 0
+    busiest = max(tile_bytes(mesh, tables, layers, weights.table, weights.region)) if weights else 0
     return straddle, busiest, crossings, path_hops(chain_)
 
 
@@ -177,7 +186,7 @@ def _try_shape(work: Workload, sram: int, mesh: MeshSpec, obstacles: Obstacles, 
     (``geometry.quotas``) and the busiest tile's bytes rank right after straddling regions."""
     w, h, n, best, most, orders = slot.w, slot.h, cdiv(work.config.n_layers, work.layers), None, 0, {}
     embed_bytes, layer_bytes = budget.work_bytes(work.config, work.dtype)
-    weights = (embed_bytes, work.layers * layer_bytes) if balance else None
+    weights = WeightBytes(embed_bytes, work.layers * layer_bytes) if balance else None
     for by_rows in (True, False):
         orders.setdefault(tuple(blocks(mesh, w, h, by_rows)), None)
     for blks in orders:
@@ -189,7 +198,7 @@ def _try_shape(work: Workload, sram: int, mesh: MeshSpec, obstacles: Obstacles, 
             if room < n:
                 most = max(most, room)
                 continue
-            balance = None if not weights else Balance(tuple(_block_work(tables, blks, weights[0])), weights[1],
+            balance = None if not weights else Balance(tuple(_block_work(tables, blks, weights.table)), weights.region,
                                                        tuple(caps))
             layers, slots = chain(blks, lambda b, free=free: [pack(free, b, w, h, pat) for pat in PATTERNS],
                                   embed, n, balance)
@@ -269,7 +278,7 @@ def best_layout(work: Workload, spec: HardwareSpec, mesh: MeshSpec, links: froze
 
 
 @lru_cache(maxsize=256)
-def smallest_mesh(work: Workload, spec: HardwareSpec, tile: tuple[int, int]) -> MeshSpec | None:
+def smallest_mesh(work: Workload, spec: HardwareSpec, tile: Extent) -> MeshSpec | None:
     """The healthy mesh of the fewest whole tiles (then the squarest) that holds the model, up to the
     spec's full wafer (at most ``wafer_grid`` tiles across and down); None when even that does not.
 
@@ -282,16 +291,15 @@ def smallest_mesh(work: Workload, spec: HardwareSpec, tile: tuple[int, int]) -> 
     not fit asks for it, with the same arguments."""
     if _hopeless(work, spec):
         return None
-    tw, th = tile
     n, sram = cdiv(work.config.n_layers, work.layers), spec.sram_bytes
     shapes = budget.layer_shapes(work, sram, UNBOUNDED, UNBOUNDED)
     emin = budget.embed_min_cores(work.config, sram, work.dtype) * budget.head_tables(work.config)
     need = n * min(w * h for w, h in shapes) + emin
     nxs, nys = wafer_grid(spec, tile)
     grids = sorted((nx * ny, abs(nx - ny), nx, ny) for nx in range(1, nxs + 1) for ny in range(1, nys + 1)
-                   if nx * ny * tw * th >= need)
+                   if nx * ny * tile.cores >= need)
     for _, _, nx, ny in grids:
-        mesh = MeshSpec(nx * tw, ny * th, tw, th)
+        mesh = MeshSpec(nx * tile.width, ny * tile.height, tile.width, tile.height)
         if not any(_room_for(mesh, w, h, n, emin) for w, h in shapes):
             continue
         if best_layout(work, spec, mesh, balance=False).layers is not None:
@@ -306,15 +314,14 @@ def _embed_slots(config: LlamaConfig, sram: int, dtype: str, tile: Region, w: in
     return min(lost, default=None)
 
 
-def tile_candidates(work: Workload, spec: HardwareSpec, tiles: tuple[int, int], spare: int
-                    ) -> Iterator[tuple[int, int]]:
-    """Tile sizes (whole numbers of slots of `group` layers) whose tiles[0] x tiles[1] mesh holds every
+def tile_candidates(work: Workload, spec: HardwareSpec, tiles: Extent, spare: int) -> Iterator[Extent]:
+    """Tile sizes (whole numbers of slots of `group` layers) whose mesh of `tiles` tiles holds every
     region, the embedding inside one tile and `spare` free slots, fewest cores first (then squarest); tiles
     are between 1:2 and 2:1 (width:height) so that the mesh stays compact -- or, for regions of several
     layers (large ones), one slot wide when a slot itself is wider than 2:1 -- and the mesh is on the spec's
     wafer."""
     config, dtype, group = work.config, work.dtype, work.layers
-    n, sram, regions = tiles[0] * tiles[1], spec.sram_bytes, cdiv(config.n_layers, group)
+    n, sram, regions, wafer = tiles.cores, spec.sram_bytes, cdiv(config.n_layers, group), spec.full_mesh
     found = set()
     for w, h in budget.layer_shapes(work, sram, UNBOUNDED, UNBOUNDED):
         for a in range(1, 33):
@@ -322,11 +329,11 @@ def tile_candidates(work: Workload, spec: HardwareSpec, tiles: tuple[int, int], 
                 ratio = 2 * a * w / (b * h)
                 if not (1 <= ratio <= 4 or (group > 1 and a == 1 and ratio > 4)):  # wide rather than tall
                     continue
-                if tiles[0] * a * w > spec.full_mesh[0] or tiles[1] * b * h > spec.full_mesh[1]:
+                if tiles.width * a * w > wafer.width or tiles.height * b * h > wafer.height:
                     continue
                 lost = _embed_slots(config, sram, dtype, Region(0, 0, a * w, b * h), w, h)
                 if lost is not None and n * a * b - lost >= regions + spare:
                     found.add((n * a * w * b * h, abs(a * w - b * h), a * w, b * h))
                     break
     for _, _, tw, th in sorted(found):
-        yield tw, th
+        yield Extent(tw, th)

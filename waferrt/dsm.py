@@ -105,13 +105,13 @@ class DSM:
             raise CopiesDiffer(self._differ_message(name, layout, blocks, differ))
         return from_blocks(blocks, layout)
 
-    def _copy_at(self, name: str, layout: Layout, copy) -> tuple[int, int]:
-        """`copy` = (x, y), a core of the tensor's region, as (row, col) in the region."""
+    def _copy_at(self, name: str, layout: Layout, copy) -> Coord:
+        """`copy` = (x, y), a core of the tensor's region, as that Coord."""
         core = Coord(*copy)
         if not layout.region.contains(core):
             raise ValueError(f"copy={tuple(copy)} is not a core of DSM tensor {name!r}'s region {layout.region}; "
                              "give copy=(x, y) of one of its cores")
-        return layout.region.local(core)
+        return core
 
     def _dead_mask(self, layout: Layout) -> np.ndarray:
         """(rows, cols) of the region: True where the core is dead (its copy is lost, not compared)."""

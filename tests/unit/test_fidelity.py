@@ -33,7 +33,7 @@ def test_the_sdk_gemv_is_the_papers_pipeline_allreduce(p):
     run = fd.GemvRun(16384, p)
     sdk, mesh = fd.sdk_gemv(WSE2, run), fd.meshgemv(WSE2, run)
     assert (sdk.hops, sdk.stages) == (2 * (p - 1), p)
-    assert sdk.flops == mesh.flops == 2 * run.block[0] ** 2
+    assert sdk.flops == mesh.flops == 2 * run.block.rows ** 2
     assert mesh.stages <= p ** 0.5 + 2 and mesh.hops <= p + 2 * p ** 0.5
     # a K-tree's roots read two streams a level: on 16 cores a 1K-entry message (512 cycles a stream) makes the
     # chain's single stream the faster one; from 64 cores on the stages dominate

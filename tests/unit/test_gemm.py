@@ -28,7 +28,7 @@ def _run(mesh: MeshSpec, algo: str, mkn=(10, 12, 7), faults=None, seed=0):
     region = mesh.region
     fm = faults or FaultMap()
     grid = Grid.of(region, fm.cores, [tuple(link) for link in fm.links])
-    a, b = place(algo, grid, region.shape, A, B)
+    a, b = place(algo, grid, region, A, B)
     c, cost = simulate(mesh, TINY, region, KERNELS[algo], faults=faults, a=a, b=b)
     return A @ B, collect(algo, grid, c, m, n), cost, grid
 
@@ -53,6 +53,16 @@ def test_each_gemm_routes_around_dead_cores_and_links(algo, dead):
     np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4)
     assert len(grid.cols) < 6 and len(grid.rows) < 4
     assert cost[algo].flops == gemm_cost(TINY, algo, grid.shape(10, 12, 7)).flops
+
+
+def test_place_takes_the_region_or_its_plain_numpy_shape():
+    """A region's (h, w) tuple, as callers gave it before Region, is the region: rows first (6 wide, 4 tall)."""
+    region, rng = MeshSpec(6, 4, 4, 2).region, np.random.default_rng(0)
+    A, B = rng.standard_normal((10, 12)).astype(np.float32), rng.standard_normal((12, 7)).astype(np.float32)
+    by_region, by_shape = place("cannon", Grid.of(region), region, A, B), place("cannon", Grid.of(region), (4, 6), A, B)
+    assert by_region[0].shape[:2] == (4, 6)
+    for got, want in zip(by_shape, by_region, strict=True):
+        np.testing.assert_array_equal(got, want)
 
 
 def test_a_grid_with_no_living_row_says_so():

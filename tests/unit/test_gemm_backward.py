@@ -29,12 +29,11 @@ def _run(mesh: MeshSpec, mkn=(10, 12, 7), faults=None, seed=0):
     X, W, dY = (rng.standard_normal(s).astype(np.float32) for s in ((m, k), (k, n), (m, n)))
     fm = faults or FaultMap()
     grid = Grid.of(mesh.region, fm.cores, [tuple(link) for link in fm.links])
-    shape = mesh.region.shape
-    x, w = place("meshgemm", grid, shape, X, W)  # the forward's A and B layouts
-    dy = scatter("C", grid, shape, dY)  # where the forward left Y
+    x, w = place("meshgemm", grid, mesh.region, X, W)  # the forward's A and B layouts
+    dy = scatter("C", grid, mesh.region, dY)  # where the forward left Y
     dx, cx = simulate(mesh, TINY, mesh.region, grad_input, faults=faults, dy=dy, w=w[:, :, 0])
     dw, cw = simulate(mesh, TINY, mesh.region, grad_weight, faults=faults, x=x[:, :, 0], dy=dy)
-    return (X, W, dY), grid, (gather("A", grid, dx, (m, k)), cx), (gather("B", grid, dw, (k, n)), cw)
+    return (X, W, dY), grid, (gather("A", grid, dx, m, k), cx), (gather("B", grid, dw, k, n), cw)
 
 
 @pytest.mark.parametrize("mesh", MESHES, ids=IDS)

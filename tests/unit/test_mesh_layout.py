@@ -14,7 +14,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from waferrt.core.layout import Layout, chunk_bounds, core_bytes, from_blocks, to_blocks
-from waferrt.core.mesh import Coord, Dir, Extent, MeshSpec, Region, TileId
+from waferrt.core.mesh import Coord, Dir, Extent, MeshSpec, Region, TileId, wafer_grid
+from waferrt.core.spec import TINY, WSE2
 from waferrt.core.sram import SramBook, SramOverflow
 
 # per test, not a global profile (other modules' hypothesis tests keep theirs); no example database files
@@ -227,3 +228,9 @@ def test_an_extent_is_named_counts_its_cores_and_refuses_a_fraction():
     assert e == (4, 2) and hash(e) == hash((4, 2))  # a tuple read from a flag or a saved plan compares equal
     with pytest.raises(TypeError, match=r"Extent.width must be a whole number .* got 1.5"):
         Extent(1.5, 2)
+
+
+def test_a_meshs_tile_is_an_extent_and_the_wafer_holds_whole_tiles_of_it():
+    assert MeshSpec(10, 6, 4, 3).tile == Extent(4, 3)  # the last column of tiles is 2 wide: the tile is still 4x3
+    # tiles across and down, the last one overhanging: 64/5 -> 13, 64/7 -> 10; 750/100 -> 8, 994/497 -> 2
+    assert wafer_grid(TINY, Extent(5, 7)) == Extent(13, 10) and wafer_grid(WSE2, Extent(100, 497)) == Extent(8, 2)

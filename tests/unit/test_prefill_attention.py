@@ -40,7 +40,7 @@ def test_causal_attention_equals_numpy_and_its_closed_form(mesh, tokens, hd, hea
     rng = np.random.default_rng(tokens)
     q, k, v = (rng.standard_normal((heads, tokens, hd)).astype(np.float32) for _ in range(3))
     grid, region, scale = Grid.of(mesh.region), mesh.region, 1 / np.sqrt(hd)
-    blocks = {n: np.stack([spread(grid, region.shape, m[h]) for h in range(heads)], axis=2)
+    blocks = {n: np.stack([spread(grid, region, m[h]) for h in range(heads)], axis=2)
               for n, m in (("q", q), ("k", k), ("v", v))}
     kernel = _kernel(PromptAttention(tokens, scale))
     out, cost = simulate(mesh, TINY, region, kernel, **blocks)
@@ -54,7 +54,7 @@ def test_skew_rotates_each_column_by_its_ring_index():
     mesh = MeshSpec(5, 5, 2, 2)
     grid = Grid.of(mesh.region)
     m = np.arange(25, dtype=np.float32).reshape(5, 5)
-    blocks = spread(grid, mesh.region.shape, m)
+    blocks = spread(grid, mesh.region, m)
     out, _ = simulate(mesh, TINY, mesh.region, lambda ctx, b: _in_op(ctx, skew, b, "y"), b=blocks)
     got = collect("meshgemm", grid, out, 5, 5)
     want = np.stack([np.roll(m[:, c], -c) for c in range(5)], axis=1)  # core (i, c) holds (i + c, c)

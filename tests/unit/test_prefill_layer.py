@@ -47,7 +47,8 @@ def test_the_weights_carried_into_the_gemms_are_the_reference_layers_and_come_ba
     mats = {"wqkv": (lw.wq, lw.wk, lw.wv), "wo": (lw.wo,), "w13": (lw.w_gate, lw.w_up), "w2": (lw.w_down,)}
     for wm in weight_moves(CFG, region, tuple(arrays[key].shape for _, key, _ in GEMMS)):
         b = np.concatenate(mats[wm.key]).T
-        _, want = place("meshgemm", Grid.of(Region(0, 0, s, s)), (s, s), np.zeros((1, b.shape[0]), np.float32), b)
+        square = Region(0, 0, s, s)
+        _, want = place("meshgemm", Grid.of(square), square, np.zeros((1, b.shape[0]), np.float32), b)
         got = carry(wm.into, arrays[wm.key], hop_by_hop)
         np.testing.assert_array_equal(got, want, err_msg=wm.key)
         np.testing.assert_array_equal(out_in(carry(wm.back, got, hop_by_hop), wm.out_over), arrays[wm.key])

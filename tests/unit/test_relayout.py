@@ -66,7 +66,7 @@ def test_the_weights_move_is_every_value_from_its_decode_block_to_its_gemm_block
     want, values = LinkLoad(region), 0
     for mats in (("wq", "wk", "wv"), ("wo",), ("w_gate", "w_up"), ("w_down",)):  # a message per matrix and pair
         b = np.concatenate([numbered[m] for m in mats]).T
-        _, pb = place("meshgemm", grid, (s, s), np.zeros((1, b.shape[0]), np.float32), b)
+        _, pb = place("meshgemm", grid, Region(0, 0, s, s), np.zeros((1, b.shape[0]), np.float32), b)
         moves = [(decode[v], yx) for v, yx in _homes(pb).items()]
         want.add(_routed(region, moves))
         values += len(moves)
@@ -99,13 +99,13 @@ def test_the_kv_moves_are_every_value_from_its_block_to_its_cache_place_and_back
         assert [after[p] for p in range(start + tokens)] == kv_columns(start + tokens, region.w).tolist()
         width = (CFG.n_heads + 2 * CFG.n_kv_heads) * hd
         numbered = np.arange(1, tokens * width + 1, dtype=np.float32).reshape(tokens, width)
-        qkv = _homes(spread(grid, (s, s), numbered))
+        qkv = _homes(spread(grid, Region(0, 0, s, s), numbered))
         moves, shifts, reads = [], [], []  # each a message per pair of cores
         for t in range(tokens):
             for j in range(2 * kvd):  # K then V, each (kv head, dim)
                 v = int(numbered[t, CFG.n_heads * hd + j])
                 moves.append((qkv[v], (row[j % hd], after[start + t])))
-        ctx = _homes(spread(grid, (s, s), np.arange(1, (start + tokens) * hd + 1).reshape(-1, hd)))
+        ctx = _homes(spread(grid, Region(0, 0, s, s), np.arange(1, (start + tokens) * hd + 1).reshape(-1, hd)))
         for p in range(start):
             for j in range(2 * kvd):
                 shifts.append(((row[j % hd], before[p]), (row[j % hd], after[p])))

@@ -11,7 +11,7 @@ import pytest
 from hypothesis import HealthCheck, assume, example, given, settings
 from hypothesis import strategies as st
 
-from waferrt.core.mesh import Coord, MeshSpec, Region
+from waferrt.core.mesh import Coord, Extent, MeshSpec, Region
 from waferrt.core.spec import TINY, spec_by_name
 from waferrt.decode import layout as dl
 from waferrt.model.config import SMOLLM2_135M, LlamaConfig
@@ -122,10 +122,10 @@ def _assert_chain_hands_over_tile_by_tile(p, mesh) -> None:
     tw=2, th=7, kv=KVReserve(15, 2),
 )
 def test_smallest_mesh_fits_and_no_fewer_tiles_do(config, tw, th, kv):
-    best = search.smallest_mesh(Workload(config, kv), SPEC, (tw, th))
+    best = search.smallest_mesh(Workload(config, kv), SPEC, Extent(tw, th))
     assume(best is not None)
     plan(config, SPEC, best, kv=kv)  # fits
-    nxs, nys = search.wafer_grid(SPEC, (tw, th))  # smallest_mesh searches the meshes on the wafer only
+    nxs, nys = search.wafer_grid(SPEC, Extent(tw, th))  # smallest_mesh searches the meshes on the wafer only
     assert best.tiles_x <= nxs and best.tiles_y <= nys
     n = best.tiles_x * best.tiles_y
     for nx in range(1, min(n - 1, nxs) + 1):

@@ -9,7 +9,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 from test_sched_placement import FAST, SPEC, WSE2, _plan_or_none, kvs, meshes, models
 
-from waferrt.core.mesh import Coord, MeshSpec
+from waferrt.core.mesh import Coord, Extent, MeshSpec
 from waferrt.decode import layout as dl
 from waferrt.model.config import SMOLLM2_135M, LlamaConfig
 from waferrt.scheduler import KVReserve, PlanError, default_mesh, plan, plan_report, replan, violations
@@ -105,7 +105,7 @@ def test_no_room_left_says_why():
     small = LlamaConfig(vocab_size=64, dim=16, n_layers=4, n_heads=2, n_kv_heads=1, hidden_dim=32,
                         max_seq_len=64)
     kv = KVReserve(8, 1)
-    mesh = smallest_mesh(Workload(small, kv), SPEC, (8, 8))
+    mesh = smallest_mesh(Workload(small, kv), SPEC, Extent(8, 8))
     p = plan(small, SPEC, mesh, kv=kv)
     checkerboard = frozenset(c for c in mesh.region.cores() if (c.x + c.y) % 2 == 0)  # no 2 live neighbours
     with pytest.raises(PlanError, match="cannot re-plan: the failure breaks embed, layer 0.*does not fit"):

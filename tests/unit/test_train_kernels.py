@@ -46,13 +46,13 @@ class Mesh:
         self.mesh, self.grid = mesh, Grid.of(mesh.region)
 
     def put(self, layout: str, mat: np.ndarray) -> np.ndarray:
-        return scatter(layout, self.grid, self.mesh.region.shape, mat)
+        return scatter(layout, self.grid, self.mesh.region, mat)
 
     def heads(self, layout: str, mats: np.ndarray) -> np.ndarray:  # (H, r, c) -> (h, w, H, r/s, c/s)
         return np.stack([self.put(layout, m) for m in mats], axis=2)
 
     def get(self, layout: str, blocks: np.ndarray, shape) -> np.ndarray:
-        return gather(layout, self.grid, blocks, shape)
+        return gather(layout, self.grid, blocks, *shape)
 
     def run(self, kernel, **arrays):
         """The kernel's outputs (a tuple of block arrays) for the whole region, and its cost."""

@@ -297,14 +297,23 @@ def shift_cost(spec: HardwareSpec, n: int, nbytes: int, wrap: bool) -> Cost:
                 cycles=message_cycles(spec, hops, 1, nbytes))
 
 
-def gemv_cost(spec: HardwareSpec, block: tuple[int, int], n_reduce: int, algo: str = "ktree", k: int = 2,
+@dataclass(frozen=True)
+class GemvBlock:
+    """A core's block of a GEMV's matrix: `rows` outputs (the partial sums its line reduces) by `cols` inputs."""
+
+    rows: int
+    cols: int
+
+
+def gemv_cost(spec: HardwareSpec, block: GemvBlock | tuple[int, int], n_reduce: int, algo: str = "ktree", k: int = 2,
               dtype: str = "float32") -> Cost:
-    """MeshGEMV: a local (out_block x in_block) = `block` GEMV on every core, its flops at `dtype`'s rate,
-    then an allreduce of the out_block partial sums (`dtype` values) along the n_reduce cores that share
-    the output block. (k = 1 is the plain chain: reduce step by step to the line's end, multicast back.)"""
-    out_block, in_block = block
-    return (compute_cost(spec, 2 * out_block * in_block, dtype)
-            + allreduce_cost(spec, algo, n_reduce, itemsize(dtype) * out_block, k))
+    """MeshGEMV: a local (rows x cols) `block` GEMV on every core, its flops at `dtype`'s rate, then an
+    allreduce of the `rows` partial sums (`dtype` values) along the n_reduce cores that share the output
+    block. (k = 1 is the plain chain: reduce step by step to the line's end, multicast back.) A plain
+    ``(rows, cols)`` tuple, as docs/tutorial.md writes it, is taken as that GemvBlock."""
+    block = block if isinstance(block, GemvBlock) else GemvBlock(*block)
+    return (compute_cost(spec, 2 * block.rows * block.cols, dtype)
+            + allreduce_cost(spec, algo, n_reduce, itemsize(dtype) * block.rows, k))
 
 
 @dataclass(frozen=True)

@@ -144,22 +144,31 @@ def skew_cost(spec: HardwareSpec, side: int, nbytes: int) -> Cost:
     return Cost(one.hops, one.stages, lines * ring_sum * nbytes, lines * side, 0, one.cycles)
 
 
-def transposed_cost(spec: HardwareSpec, rings: tuple[int, int], values: tuple[int, int], flops: int,
-                    dtype: str = "float32", rate: str | None = None) -> Cost:
-    """MeshGEMM's transposed variant (Q.K^T, a GEMM's dX and dW) on MeshGEMM's rings, ``rings`` = (the
-    accumulators' ring length, the moving operand's): s = gcd of the two steps of `flops` per core at
-    `rate`'s rate (default `dtype`); after each, every accumulator (``values[0]`` `dtype` values) moves one
-    place along its ring, and with it, after all but the last step, every block of the moving operand
-    (``values[1]``) along the other rings. On an accumulators' ring longer than s, its places s apart then
-    sum their blocks around it (ring / s - 1 rounds of s one-place moves, an add a value each)."""
-    (la, lm), size, rate = rings, itemsize(check_dtype(dtype)), rate or dtype
+@dataclass(frozen=True)
+class RingOperand:
+    """An operand of MeshGEMM's transposed variant on its interleaved rings: the rings' `length` (places) and the
+    `values` (of the GEMM's dtype) of the block each place holds, which moves one place at a move."""
+
+    length: int
+    values: int
+
+
+def transposed_cost(spec: HardwareSpec, acc: RingOperand, moving: RingOperand, flops: int, dtype: str = "float32",
+                    rate: str | None = None) -> Cost:
+    """MeshGEMM's transposed variant (Q.K^T, a GEMM's dX and dW) on MeshGEMM's rings: `acc`, the accumulators,
+    and the `moving` operand, each on its rings. s = gcd of the two ring lengths steps of `flops` per core at
+    `rate`'s rate (default `dtype`); after each, every accumulator moves one place along its ring, and with
+    it, after all but the last step, every block of the moving operand along the other rings. On an
+    accumulators' ring longer than s, its places s apart then sum their blocks around it (acc.length / s - 1
+    rounds of s one-place moves, an add a value each)."""
+    la, lm, size, rate = acc.length, moving.length, itemsize(check_dtype(dtype)), rate or dtype
     s = math.gcd(la, lm)
     (ha, sum_a), (hm, sum_m) = ring_hops("meshgemm", la), ring_hops("meshgemm", lm)
-    acc = (ha, values[0] * size, la * lm if la > 1 else 0, lm * sum_a * values[0] * size)  # lm rings of la places
-    moving = (hm, values[1] * size, la * lm if lm > 1 else 0, la * sum_m * values[1] * size)
+    acc_moves = (ha, acc.values * size, la * lm if la > 1 else 0, lm * sum_a * acc.values * size)  # lm rings of la
+    moving_moves = (hm, moving.values * size, la * lm if lm > 1 else 0, la * sum_m * moving.values * size)
     rounds = la // s - 1
-    return (compute_cost(spec, flops, rate).scaled(s) + _stage(spec, [acc, moving]).scaled(s - 1)
-            + _stage(spec, [acc]).scaled(1 + rounds * s) + compute_cost(spec, values[0], rate).scaled(rounds))
+    return (compute_cost(spec, flops, rate).scaled(s) + _stage(spec, [acc_moves, moving_moves]).scaled(s - 1)
+            + _stage(spec, [acc_moves]).scaled(1 + rounds * s) + compute_cost(spec, acc.values, rate).scaled(rounds))
 
 
 @dataclass(frozen=True)
@@ -211,8 +220,8 @@ def probabilities_cost(spec: HardwareSpec, shape: AttentionShape, softmax_flops:
     side, heads, rate = shape.side, shape.heads, check_dtype(rate or check_dtype(dtype))
     mb, db = cdiv(shape.tokens, side), cdiv(shape.head_dim, side)
     kb, kept = shape.key_block, shape.kept_block
-    nt = transposed_cost(spec, (side, side), (heads * mb * kb, heads * kb * db), 2 * heads * mb * db * kept, dtype,
-                         rate)
+    nt = transposed_cost(spec, RingOperand(side, heads * mb * kb), RingOperand(side, heads * kb * db),
+                         2 * heads * mb * db * kept, dtype, rate)
     return (nt + row_reduce_cost(spec, side, heads * mb, dtype, rate).scaled(2)
             + compute_cost(spec, softmax_flops * heads * mb * kept, rate))
 

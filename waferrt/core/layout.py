@@ -193,13 +193,14 @@ def to_blocks(array: np.ndarray, layout: Layout) -> np.ndarray:
     return np.ascontiguousarray(np.broadcast_to(out, (h, w) + out.shape[2:]))
 
 
-def from_blocks(blocks: np.ndarray, layout: Layout, copy: tuple[int, int] = (0, 0)) -> np.ndarray:
+def from_blocks(blocks: np.ndarray, layout: Layout, copy: Coord | None = None) -> np.ndarray:
     """Inverse of to_blocks: reassemble the tensor from (rows, cols, *max_block) blocks; replicated
-    copies are read from the row/column that holds them at `copy` = (row, col) of the region (default the
-    first; :func:`copies_disagree` says whether the copies are the same)."""
+    copies are read from the row/column of the region's core `copy` (default its first core;
+    :func:`copies_disagree` says whether the copies are the same)."""
     out = np.empty(layout.shape, dtype=blocks.dtype)
-    for r in _distinct(layout, "y", copy[0]):
-        for c in _distinct(layout, "x", copy[1]):
+    row, col = layout.region.local(copy) if copy is not None else (0, 0)
+    for r in _distinct(layout, "y", row):
+        for c in _distinct(layout, "x", col):
             sl = layout.block_slices(r, c)
             out[sl] = blocks[(r, c) + tuple(slice(0, s.stop - s.start) for s in sl)]
     return out

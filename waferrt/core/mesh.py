@@ -230,6 +230,11 @@ class MeshSpec:
         return Region(0, 0, self.width, self.height)
 
     @property
+    def tile(self) -> Extent:
+        """A tile's size in cores (tile_w, tile_h); the last column/row of tiles may be narrower/shorter."""
+        return Extent(self.tile_w, self.tile_h)
+
+    @property
     def tiles_x(self) -> int:
         return cdiv(self.width, self.tile_w)
 
@@ -290,16 +295,16 @@ class TooManyTiles(ValueError):
     """A mesh cut into more tiles (one Ray actor process each) than the limit allows."""
 
 
-def wafer_grid(spec, tile: tuple[int, int]) -> tuple[int, int]:
+def wafer_grid(spec, tile: Extent) -> Extent:
     """The most tiles across and down of a mesh on the wafer of `spec` (a HardwareSpec): whole tiles that
     cover it (the last column or row of tiles may overhang the wafer's edge by less than one tile)."""
-    return cdiv(spec.full_mesh[0], tile[0]), cdiv(spec.full_mesh[1], tile[1])
+    return Extent(cdiv(spec.full_mesh.width, tile.width), cdiv(spec.full_mesh.height, tile.height))
 
 
 def check_on_wafer(mesh: MeshSpec, spec) -> None:
     """Raise :class:`MeshTooLarge` unless `mesh` lies on the full wafer of `spec` (a HardwareSpec): its tiles
     no larger than the wafer, at most ``wafer_grid`` of them across and down."""
-    (fw, fh), (nx, ny) = spec.full_mesh, wafer_grid(spec, (mesh.tile_w, mesh.tile_h))
+    (fw, fh), (nx, ny) = spec.full_mesh, wafer_grid(spec, mesh.tile)
     if mesh.tile_w > fw or mesh.tile_h > fh or mesh.tiles_x > nx or mesh.tiles_y > ny:
         raise MeshTooLarge(
             f"a {mesh.width}x{mesh.height} mesh does not fit on the {spec.name} wafer, which has {fw}x{fh} "

@@ -34,6 +34,14 @@ class NoSuchLink(ValueError):
 
 
 @dataclass(frozen=True)
+class LineCore:
+    """A core of a line: its `position` on the line (0..n-1) and its `name` in an error (e.g. its Coord)."""
+
+    position: int
+    name: object
+
+
+@dataclass(frozen=True)
 class Topology:
     """`kind`: "mesh", "torus" or "mesh-switch"; `group`: cores of a line per switch port (mesh-switch only;
     NoW groups cores per switch port, the size here is ASSUMED, 16 by default: ~1/16 of the cores are ports)."""
@@ -117,17 +125,16 @@ class Topology:
             return n > 2 and d == n - 1
         return False
 
-    def check_link(self, n: int, a, b) -> None:
-        """Raise :class:`NoSuchLink` naming both cores unless a link of this topology joins them (`a`, `b`:
-        (position, name) pairs)."""
-        (pa, na), (pb, nb) = a, b
-        if not self.link_exists(n, pa, pb):
+    def check_link(self, n: int, a: LineCore, b: LineCore) -> None:
+        """Raise :class:`NoSuchLink` naming both cores unless a link of this topology joins `a` and `b`, two
+        cores of a line of n."""
+        if not self.link_exists(n, a.position, b.position):
             hint = ("build the Wafer with spec.replace(topology=Topology('torus')) and give the kernel a region "
                     "that spans the whole line" if self.kind != "torus" else
                     "a torus's wrap links join only the ends of a whole line of the wafer: give the kernel a "
                     "region as wide (or as tall) as the Wafer's mesh")
-            raise NoSuchLink(f"core {na} has no link to core {nb} on a {self} line of {n} cores; {hint}; or move "
-                             "the block hop by hop (ctx.shift with wrap=True forwards it back along the line)")
+            raise NoSuchLink(f"core {a.name} has no link to core {b.name} on a {self} line of {n} cores; {hint}; or "
+                             "move the block hop by hop (ctx.shift with wrap=True forwards it back along the line)")
 
 
 @dataclass(frozen=True)

@@ -35,6 +35,7 @@ from .dtypes import check_dtype, itemsize
 from .gemm_cost import (
     AttentionShape,
     GemmShape,
+    RingOperand,
     attention_cost,
     gemm_cost,
     probabilities_cost,
@@ -99,8 +100,8 @@ def grad_costs(spec: HardwareSpec, shape: GemmShape, dtype: str = "float32", rat
     `dtype`)."""
     mb, kb, nb = shape.blocks("meshgemm")
     flops, p, q = 2 * batch * mb * kb * nb, shape.rows, shape.cols
-    dx = transposed_cost(spec, (q, p), (batch * mb * kb, batch * kb * nb), flops, dtype, rate)
-    dw = transposed_cost(spec, (p, q), (batch * kb * nb, batch * mb * kb), flops, dtype, rate)
+    dx = transposed_cost(spec, RingOperand(q, batch * mb * kb), RingOperand(p, batch * kb * nb), flops, dtype, rate)
+    dw = transposed_cost(spec, RingOperand(p, batch * kb * nb), RingOperand(q, batch * mb * kb), flops, dtype, rate)
     return dx, dw
 
 
@@ -128,10 +129,12 @@ def attention_backward_cost(spec: HardwareSpec, shape: AttentionShape, softmax_f
     size, side, heads = itemsize(check_dtype(dtype)), shape.side, shape.heads
     rate = check_dtype(rate or dtype)
     mb, db = cdiv(shape.tokens, side), cdiv(shape.head_dim, side)
-    dp = transposed_cost(spec, (side, side), (heads * mb * mb, heads * mb * db), 2 * heads * mb * db * mb, dtype, rate)
+    dp = transposed_cost(spec, RingOperand(side, heads * mb * mb), RingOperand(side, heads * mb * db),
+                         2 * heads * mb * db * mb, dtype, rate)
     dq = gemm_cost(spec, "meshgemm", GemmShape(shape.tokens, shape.tokens, shape.head_dim, side, side), dtype,
                    heads, rate)
-    dkv = transposed_cost(spec, (side, side), (heads * mb * db, heads * mb * mb), 2 * heads * mb * mb * db, dtype, rate)
+    dkv = transposed_cost(spec, RingOperand(side, heads * mb * db), RingOperand(side, heads * mb * mb),
+                          2 * heads * mb * mb * db, dtype, rate)
     return (skew_cost(spec, side, heads * mb * db * size).scaled(2)
             + probabilities_cost(spec, shape, softmax_flops, dtype, rate) + dp
             + row_reduce_cost(spec, side, heads * mb, dtype, rate)
@@ -223,8 +226,8 @@ def block_backward_parts(spec: HardwareSpec, config, shape: TrainShape, side: in
     gemms += [(GemmShape(tokens, hd, dim, side, side), H)]  # the output projection, per head
     heads = [(GemmShape(tokens, dim, hd, side, side), n) for n in (H, G, G)]  # Q, K, V per head
     grads = [grad_costs(spec, shape, dtype, None, n) for shape, n in gemms + heads]
-    qkv_dw = [transposed_cost(spec, (side, side), (n * nb * db, mb * nb), 2 * n * mb * nb * db, dtype)
-              for n in (H, G, G)]  # the normed input moves once for all the heads
+    qkv_dw = [transposed_cost(spec, RingOperand(side, n * nb * db), RingOperand(side, mb * nb), 2 * n * mb * nb * db,
+                              dtype) for n in (H, G, G)]  # the normed input moves once for all the heads
     moved = [mb * hb, mb * nb, H * mb * db, G * mb * db, G * mb * db, mb * nb]
     norm = rmsnorm_backward_cost(spec, tokens, dim, side)
     return {

@@ -342,7 +342,7 @@ class SquareNet:
         """As gemm, the product's C blocks (rows, cols, mb, nb) where the kernel leaves them; a aligned into the
         A layout first (its skew booked)."""
         zero = np.broadcast_to(np.float32(0), (a.shape[1], w.n))
-        pa, _ = place("meshgemm", self.grid, self.region.shape, a, zero)
+        pa, _ = place("meshgemm", self.grid, self.region, a, zero)
         mb, kb = pa.shape[3:]
         self.ledger.add(skew_cost(self.ledger.spec, self.side, mb * kb * pa.itemsize))
         return meshgemm(self.ctx, pa, w.blocks)

@@ -106,7 +106,7 @@ def _attention_block(net: SquareNet, shard, qkv: np.ndarray, chunk: PromptChunk,
     config, start, hop = shard.config, chunk.start, not shard.coll.fast
     home = Region(0, 0, shard.region.w, shard.region.h)  # the moves' plans: one per region shape
     T, hd, nh, nkv = chunk.tokens, config.head_dim, config.n_heads, config.n_kv_heads
-    product = spread(net.grid, net.region.shape, qkv.reshape(T, -1))  # RoPE'd where the product lies
+    product = spread(net.grid, net.region, qkv.reshape(T, -1))  # RoPE'd where the product lies
     moves = head_moves(config, home, chunk)
     kv = carry(moves.kv, product, hop)  # (s, s, 2, nkv, kb, db)
     if start:

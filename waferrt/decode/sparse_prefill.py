@@ -28,7 +28,7 @@ import numpy as np
 
 from waferrt.core.arith import cdiv
 from waferrt.core.cost import Cost, on_lines
-from waferrt.core.gemm_cost import AttentionShape, attention_cost, transposed_cost
+from waferrt.core.gemm_cost import AttentionShape, RingOperand, attention_cost, transposed_cost
 from waferrt.core.spec import HardwareSpec
 from waferrt.kernels.attention import PromptAttention, causal_mask, held_blocks, scores_nt
 from waferrt.kernels.sparse_attention import Selection
@@ -74,8 +74,8 @@ def prefill_attention_parts(spec: HardwareSpec, shape: AttentionShape, attention
     if keep >= context:
         return [("attention", "attention", attention_cost(spec, shape, ELEMENTWISE_FLOPS["softmax"], moved, rate))]
     mb, kb, db = cdiv(shape.tokens, side), shape.key_block, cdiv(shape.head_dim, side)
-    predict = transposed_cost(spec, (side, side), (heads * mb * kb, heads * kb * db), 2 * heads * mb * db * kb,
-                              moved, PREDICT_DTYPE)
+    predict = transposed_cost(spec, RingOperand(side, heads * mb * kb), RingOperand(side, heads * kb * db),
+                              2 * heads * mb * db * kb, moved, PREDICT_DTYPE)
     top = topk_cost(spec, TopKRow(side, kb, heads * mb, keep))
     sparse = attention_cost(spec, replace(shape, kept=keep), ELEMENTWISE_FLOPS["softmax"], moved, rate)
     return ([("predict", "attention", predict)] + [(name, "attention", on_lines(c, side)) for name, c in top.items()]

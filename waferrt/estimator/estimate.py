@@ -145,8 +145,7 @@ def _report(config: LlamaConfig, spec: HardwareSpec, c: Candidate, base: dict, w
     cap = wafer.shape_kv_capacity(work, floor.shape, spec.sram_bytes)
     parts = _one_token_parts(spec, paper_decoding(config, dtype, floor.shape.head_groups), stages, kv.tokens)
     host1, host_r = host_seconds(config, spec, 1), host_seconds(config, spec, kv.requests)
-    return Estimate(**base, strategy=c.strategy, fits=True, why=why, shape=floor.shape,
-                    band=(floor.band_cols, floor.band_rows, floor.bands), cores_used=used, sram_used_bytes=sram,
+    return Estimate(**base, strategy=c.strategy, fits=True, why=why, floor=floor, cores_used=used, sram_used_bytes=sram,
                     layer_core_bytes=layer_bytes, kv_tokens_per_request=cap,
                     time_per_token_s=c.latency_s + host1, step_s=c.step_s + host_r,
                     breakdown_s={**breakdown_seconds(parts, spec), "host": host1},

@@ -17,7 +17,7 @@ from waferrt.decode.cost import CATEGORIES
 from waferrt.model.config import LlamaConfig
 from waferrt.scheduler.types import KVReserve, Strategy
 
-from .wafer import Shape
+from .wafer import Floor, Shape
 
 LABELS = {"gemv": "GEMV", "allreduce": "allreduce", "attention": "attention and K/V", "elementwise": "element-wise",
           "handover": "hand-over between regions", "host": "host I/O", "alltoall": "all-to-all (MoE)"}
@@ -48,8 +48,7 @@ class Estimate:
     fits: bool
     advice: tuple[str, ...] = ()
     why: str = ""
-    shape: Shape | None = None  # every layer region
-    band: tuple[int, int, int] | None = None  # (cols, rows, how many): embedding (and untied head) bands
+    floor: Floor | None = None  # the floor plan: the embedding (and untied head) bands, the layer regions' shape
     cores_used: int = 0
     sram_used_bytes: int = 0  # booked over the used cores (their most loaded core's bytes, times the cores)
     layer_core_bytes: int = 0  # the most loaded core of a layer region
@@ -59,6 +58,11 @@ class Estimate:
     breakdown_s: dict = field(default_factory=dict)  # one request's token, seconds per category
     bounds_s: dict = field(default_factory=dict)  # the same token: compute, fabric, ingress seconds
     streaming: object | None = None  # a streaming.Streaming when asked for
+
+    @property
+    def shape(self) -> Shape | None:
+        """Every layer region's shape (None: nothing fits)."""
+        return None if self.floor is None else self.floor.shape
 
     @property
     def tokens_per_s(self) -> float:
@@ -94,7 +98,8 @@ class Estimate:
             out["layer_region"] = {"cols": self.shape.cols, "rows": self.shape.rows,
                                    "head_groups": self.shape.head_groups, "core_bytes": self.layer_core_bytes,
                                    "regions": self.strategy.regions}
-            out["bands"] = {"cols": self.band[0], "rows": self.band[1], "count": self.band[2]}
+            f = self.floor
+            out["bands"] = {"cols": f.band_cols, "rows": f.band_rows, "count": f.bands}
         if self.streaming is not None:
             out["streaming"] = self.streaming.to_json()
         return out
@@ -119,7 +124,8 @@ class Estimate:
         return "\n".join(lines)
 
     def _fit_lines(self) -> list[str]:
-        sh, (bc, br, bn), r = self.shape, self.band, self.kv.requests
+        sh, f, r = self.shape, self.floor, self.kv.requests
+        bc, br, bn = f.band_cols, f.band_rows, f.bands
         bands = "embedding/head band" if bn == 1 else "embedding and output-head bands"
         groups = f", rows in {sh.head_groups} head groups" if sh.head_groups > 1 else ""
         total = sum(self.breakdown_s.values())

@@ -40,7 +40,7 @@ from collections import defaultdict
 from dataclasses import dataclass
 
 from waferrt.core.arith import cdiv
-from waferrt.core.cost import Cost, flop_cycles, gemv_cost
+from waferrt.core.cost import Cost, GemvBlock, flop_cycles, gemv_cost
 from waferrt.core.mesh import Region
 from waferrt.core.spec import WSE2, HardwareSpec
 from waferrt.decode.cost import layer_decode_parts
@@ -112,9 +112,9 @@ class GemvRun:
                              f"got p={self.p}")
 
     @property
-    def block(self) -> tuple[int, int]:
+    def block(self) -> GemvBlock:
         t = cdiv(self.n, self.p)
-        return t, t
+        return GemvBlock(t, t)
 
 
 def meshgemv(spec: HardwareSpec, run: GemvRun) -> Cost:
@@ -151,7 +151,7 @@ def _gemv_figure(spec: HardwareSpec, n: int, published_s: float) -> Figure:
                  f"{floor:,.0f}" if beta < 0 else f"beta = {beta:,.1f} would match"))
     return Figure(f"MeshGEMV [1,{n // 1024}K]x[{n // 1024}K,{n // 1024}K] f16", f"{PAPER} Table 6", published_s * 1e3,
                   modelled * 1e3, "ms", f"core.cost.gemv_cost, 2-level K-tree, float16, {run.p}x{run.p} cores "
-                  f"(assumed: the paper names no grid), {run.block[0]}x{run.block[1]} block a core",
+                  f"(assumed: the paper names no grid), {run.block.rows}x{run.block.cols} block a core",
                   reason=_unless_close(modelled / published_s, reason))
 
 

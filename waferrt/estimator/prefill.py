@@ -38,7 +38,6 @@ from waferrt.model.zoo import model_by_name
 
 from .estimate import host_seconds, paper_decoding
 from .estimate_report import Estimate
-from .wafer import Floor
 
 CATEGORIES = ("gemm", "attention", "elementwise", "layout", "host")
 LABELS = {"gemm": "projections and MLP (MeshGEMM)", "attention": "attention Q.K^T and V (MeshGEMM)",
@@ -89,7 +88,7 @@ class Prefill:
     tokens: int
     chunks: int
     side: int  # the prefill's grid: side x side cores
-    region: tuple[int, int]  # (cols, rows) of a layer region (the decode's)
+    region: Extent  # a layer region's cols x rows (the decode's)
     regions: int
     seconds: float  # the prompt through every layer on the wafer, the layout moves included
     ttft_s: float  # + the first token from the head + the host exchange
@@ -123,12 +122,13 @@ class Prefill:
         parts = ", ".join(f"{LABELS[k]} {v * 1e3:.3f} ms ({100 * v / t:.0f}%)"
                           for k, v in self.breakdown_s.items() if v > 0 and k != "host")
         chunks = f" in {self.chunks} chunks" if self.chunks > 1 else ""
-        (rc, rr), s = self.region, self.side
+        s = self.side
         return [f"prefill         {self.tokens:,} prompt tokens{chunks}: {self.seconds * 1e3:.3f} ms = "
                 f"{self.tokens_per_s:,.0f} tokens/s; time to first token {self.ttft_s * 1e3:.3f} ms",
                 f"prefill cores   WaferLLM's: every layer in turn as MeshGEMMs on a {s}x{s} grid = {self.cores:,} "
                 f"cores (the mesh's largest square); weights from the decode's {self.regions} layer region(s) of "
-                f"{rc}x{rr} and back, the K/V into them; {self.core_bytes / 1024:.1f} KB per core beside the decode's",
+                f"{self.region} and back, the K/V into them; {self.core_bytes / 1024:.1f} KB per core beside the "
+                "decode's",
                 f"breakdown       (the prefill) {parts}"]
 
 
@@ -151,7 +151,7 @@ def _moves(est: Estimate, grid: Region, tokens: int) -> Cost:
     """Every layer's weights from its decode region onto the grid and back, and its K/V for the prompt from
     the grid into the region (region_exchange)."""
     config, size, mesh = est.config, itemsize(est.dtype), est.mesh
-    floor = Floor(mesh.width, mesh.height, *est.band, est.shape)
+    floor = est.floor
     layer_bytes = size * (config.dim * (config.dim + 2 * config.kv_dim) + config.n_heads * config.head_dim
                           * config.dim + 3 * config.dim * config.hidden_dim + 2 * config.dim)
     kv_bytes = 2 * tokens * config.kv_dim * size
@@ -183,9 +183,9 @@ def prefill(est: Estimate, tokens: int, side: int | None = None) -> Prefill:
     moves = _moves(est, grid, tokens)
     on_wafer["layout"] += moves.seconds(spec)
     seconds = sum(on_wafer.values())
-    head = total(c for _, _, c in head_decode_parts(spec, decoding(est), Region(0, 0, *est.band[:2]))).seconds(spec)
+    head = total(c for _, _, c in head_decode_parts(spec, decoding(est), est.floor.band(0))).seconds(spec)
     on_wafer["host"] = host_seconds(config, spec, 1) + 4 * (tokens - 1) / spec.ingress_bytes_per_s  # the other ids in
-    return Prefill(tokens, chunks, side, (est.shape.cols, est.shape.rows), est.strategy.regions, seconds,
+    return Prefill(tokens, chunks, side, Extent(est.shape.cols, est.shape.rows), est.strategy.regions, seconds,
                    seconds + head + on_wafer["host"], on_wafer,
                    weight_block_bytes(config, side, est.dtype)
                    + activation_bytes(config, side, chunk, tokens, est.dtype), est.time_per_token_s)

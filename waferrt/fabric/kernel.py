@@ -32,6 +32,7 @@ import numpy as np
 from waferrt.core.cost import reduce_flops
 from waferrt.core.ledger import Ledger
 from waferrt.core.mesh import Coord, Dir
+from waferrt.core.topology import LineCore
 from waferrt.faults.errors import PayloadCorrupt
 from waferrt.faults.faultmap import FaultMap
 
@@ -183,9 +184,10 @@ class Context(RegionView):
         axis, dist = ("x", dx) if dx else ("y", dy)
         comm, ax = self._comm(axis)
         r = self.region
-        ends = (Coord(r.x1 - 1, r.y0), Coord(r.x0, r.y0)) if axis == "x" else (Coord(r.x0, r.y1 - 1), Coord(r.x0, r.y0))
+        last = Coord(r.x1 - 1, r.y0) if axis == "x" else Coord(r.x0, r.y1 - 1)
+        ends = (LineCore(comm.n - 1, last), LineCore(0, Coord(r.x0, r.y0)))  # the line's last core, its first
         far, near = ends if dist > 0 else ends[::-1]
-        comm.topo.check_link(comm.n, (comm.n - 1 if dist > 0 else 0, far), (0 if dist > 0 else comm.n - 1, near))
+        comm.topo.check_link(comm.n, far, near)
         with self._primitive(f"ctx.send {Dir.of_step(dx, dy).name} wrap", buf):
             self._need(f"ctx.send {Dir.of_step(dx, dy).name} wrap", axis=axis)
             with self.ledger.op("send"):

@@ -64,11 +64,12 @@ def ring(algo: str, n: int) -> list[int]:
 
 
 # -- the host's side: whole matrices to blocks and back ------------------------------------------------
-def cut_blocks(mat: np.ndarray, block: tuple[int, int], count: tuple[int, int]) -> np.ndarray:
-    """`mat` zero-padded to `count` (block rows, block cols) blocks of shape `block`: (*count, *block)."""
-    padded = np.zeros((count[0] * block[0], count[1] * block[1]), mat.dtype)
+def cut_blocks(mat: np.ndarray, rows: int, cols: int) -> np.ndarray:
+    """`mat` (m, n) zero-padded and cut in rows x cols equal blocks: (rows, cols, ceil(m / rows), ceil(n / cols))."""
+    block_rows, block_cols = math.ceil(mat.shape[0] / rows), math.ceil(mat.shape[1] / cols)
+    padded = np.zeros((rows * block_rows, cols * block_cols), mat.dtype)
     padded[:mat.shape[0], :mat.shape[1]] = mat
-    return padded.reshape(count[0], block[0], count[1], block[1]).swapaxes(1, 2)
+    return padded.reshape(rows, block_rows, cols, block_cols).swapaxes(1, 2)
 
 
 def places(algo: str, grid: Grid) -> tuple[list[int], list[int]]:
@@ -78,18 +79,19 @@ def places(algo: str, grid: Grid) -> tuple[list[int], list[int]]:
     return ([grid.cols[j] for j in ring(algo, len(grid.cols))], [grid.rows[i] for i in ring(algo, len(grid.rows))])
 
 
-def place(algo: str, grid: Grid, region_shape: tuple[int, int], A: np.ndarray, B: np.ndarray):
-    """The kernels' inputs for the whole region (h, w, panels, block...): core (i, j) of the grid (the
+def place(algo: str, grid: Grid, region: Region | tuple[int, int], A: np.ndarray, B: np.ndarray):
+    """The kernels' inputs for the whole `region` (h, w, panels, block...): core (i, j) of the grid (the
     ring's places for the shift GEMMs) gets A(i, (i + j) % s) and B((i + j) % s, j) (Cannon's alignment),
-    or SUMMA's panels k = j, j + cols, ... of A and k = i, i + rows, ... of B. Unused cores get zeros."""
+    or SUMMA's panels k = j, j + cols, ... of A and k = i, i + rows, ... of B. Unused cores get zeros.
+    `region` may be given as its ``region.shape``, a plain (h, w) tuple, as earlier versions took it."""
+    region = region if isinstance(region, Region) else Region(0, 0, region[1], region[0])
     shape = grid.shape(A.shape[0], A.shape[1], B.shape[1])
     mb, kb, nb = shape.blocks(check_algo(algo))
     s, p, q = shape.panels(algo), shape.rows, shape.cols
-    ab, bb = cut_blocks(A, (mb, kb), (p, s)), cut_blocks(B, (kb, nb), (s, q))
-    h, w = region_shape
+    ab, bb = cut_blocks(A, p, s), cut_blocks(B, s, q)
     span = (s // q, s // p) if algo == "summa" else (1, 1)
-    a = np.zeros((h, w, span[0], mb, kb), A.dtype)
-    b = np.zeros((h, w, span[1], kb, nb), B.dtype)
+    a = np.zeros((*region.shape, span[0], mb, kb), A.dtype)
+    b = np.zeros((*region.shape, span[1], kb, nb), B.dtype)
     xs, ys = places(algo, grid)
     for i, y in enumerate(ys):
         for j, x in enumerate(xs):
@@ -101,12 +103,11 @@ def place(algo: str, grid: Grid, region_shape: tuple[int, int], A: np.ndarray, B
     return a, b
 
 
-def spread(grid: Grid, region_shape: tuple[int, int], M: np.ndarray) -> np.ndarray:
+def spread(grid: Grid, region: Region, M: np.ndarray) -> np.ndarray:
     """M (m, n) in the C layout a MeshGEMM leaves: block (i, c) on MeshGEMM's ring place (i, c), for the whole
-    region (h, w, m / rows, n / cols); unused cores get zeros. :func:`collect` ("meshgemm") reads it back."""
-    p, q = len(grid.rows), len(grid.cols)
-    blocks = cut_blocks(M, (math.ceil(M.shape[0] / p), math.ceil(M.shape[1] / q)), (p, q))
-    out = np.zeros(region_shape + blocks.shape[2:], M.dtype)
+    `region` (h, w, m / rows, n / cols); unused cores get zeros. :func:`collect` ("meshgemm") reads it back."""
+    blocks = cut_blocks(M, len(grid.rows), len(grid.cols))
+    out = np.zeros(region.shape + blocks.shape[2:], M.dtype)
     xs, ys = places("meshgemm", grid)
     for i, y in enumerate(ys):
         for c, x in enumerate(xs):

@@ -31,6 +31,8 @@ import math
 
 import numpy as np
 
+from waferrt.core.mesh import Region
+
 from .gemm import Grid, cut_blocks, places, ring_move, used_lines
 from .sparse_attention import KeptScores
 
@@ -112,12 +114,11 @@ def _where(layout: str, s: int, i: int, j: int) -> tuple[int, int]:
     return {"A": (i, (i + j) % s), "B": ((i + j) % s, j), "C": (i, j)}[layout]
 
 
-def scatter(layout: str, grid: Grid, region_shape: tuple[int, int], mat: np.ndarray) -> np.ndarray:
+def scatter(layout: str, grid: Grid, region: Region, mat: np.ndarray) -> np.ndarray:
     """mat (r, c) cut in `layout`'s blocks (zero-padded), each on the cores `layout` puts it: the whole
-    region's (h, w, block rows, block cols); the cores off the grid get zeros."""
-    count = _counts(layout, grid)
-    blocks = cut_blocks(mat, (math.ceil(mat.shape[0] / count[0]), math.ceil(mat.shape[1] / count[1])), count)
-    out = np.zeros(region_shape + blocks.shape[2:], mat.dtype)
+    `region`'s (h, w, block rows, block cols); the cores off the grid get zeros."""
+    blocks = cut_blocks(mat, *_counts(layout, grid))
+    out = np.zeros(region.shape + blocks.shape[2:], mat.dtype)
     xs, ys = places("meshgemm", grid)
     s = math.gcd(len(xs), len(ys))
     for i, y in enumerate(ys):
@@ -126,8 +127,8 @@ def scatter(layout: str, grid: Grid, region_shape: tuple[int, int], mat: np.ndar
     return out
 
 
-def gather(layout: str, grid: Grid, blocks: np.ndarray, shape: tuple[int, int]) -> np.ndarray:
-    """The matrix of `shape` whose blocks (h, w, rb, cb) lie in `layout` on `grid` (a block several cores
+def gather(layout: str, grid: Grid, blocks: np.ndarray, rows: int, cols: int) -> np.ndarray:
+    """The rows x cols matrix whose blocks (h, w, rb, cb) lie in `layout` on `grid` (a block several cores
     hold is read from one of them)."""
     count = _counts(layout, grid)
     xs, ys = places("meshgemm", grid)
@@ -136,4 +137,4 @@ def gather(layout: str, grid: Grid, blocks: np.ndarray, shape: tuple[int, int]) 
     for i, y in enumerate(ys):
         for j, x in enumerate(xs):
             out[_where(layout, s, i, j)] = blocks[y, x]
-    return out.swapaxes(1, 2).reshape(count[0] * blocks.shape[2], count[1] * blocks.shape[3])[:shape[0], :shape[1]]
+    return out.swapaxes(1, 2).reshape(count[0] * blocks.shape[2], count[1] * blocks.shape[3])[:rows, :cols]

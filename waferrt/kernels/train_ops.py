@@ -131,11 +131,11 @@ def relayout(ctx, buf, src: str, dst: str):
     return skew(ctx, buf, *MOVES[src, dst])
 
 
-def _columns(ctx, block: tuple[int, int], vocab: HeadShape) -> tuple[np.ndarray, np.ndarray]:
-    """(rows, cols, mb, vb) bools of each core's A-layout block (i, (i + c) % s) of (mb, vb): a real word's
-    column, a real token's row."""
+def _columns(ctx, mb: int, vb: int, vocab: HeadShape) -> tuple[np.ndarray, np.ndarray]:
+    """(rows, cols, mb, vb) bools of each core's A-layout block (i, (i + c) % s) of mb tokens by vb words: a
+    real word's column, a real token's row."""
     xs, ys = square_places(ctx)
-    s, (mb, vb) = len(xs), block
+    s = len(xs)
     i = ring_index(ys, ctx.local.y0 - ctx.region.y0, ctx.local.h)[:, None]
     j = (i + ring_index(xs, ctx.local.x0 - ctx.region.x0, ctx.local.w)[None, :]) % s
     word = (j * vb)[..., None, None] + np.arange(vb) < vocab.size  # (rows, cols, 1, vb)
@@ -149,7 +149,7 @@ def head_backward(ctx, h, e, onehot, vocab: HeadShape):
     mb, nb) C layout, e (rows, cols, vb, nb) B layout, onehot (rows, cols, mb, vb) A layout."""
     grid = Grid.of_ctx(ctx)
     logits = accumulate(ctx, grid, h, e, "nt")  # (rows, cols, mb, vb), A layout
-    word, token = _columns(ctx, logits.shape[-2:], vocab)
+    word, token = _columns(ctx, *logits.shape[-2:], vocab)
     logits = np.where(word, logits, np.float32(-np.inf))
     top = ctx.allreduce(logits.max(-1), "x", op="max")  # (rows, cols, mb)
     ex = np.where(word, np.exp(logits - top[..., None]), np.float32(0))
@@ -170,7 +170,7 @@ def head_stats(ctx, h, e, onehot, run, vocab: HeadShape):
     """`run` (rows, cols, 3, mb): (max, sum of exp, target's logit) per token, with this chunk's words folded
     in: h (rows, cols, mb, nb) C layout, e (rows, cols, vb, nb) B layout, onehot (rows, cols, mb, vb) A."""
     logits = accumulate(ctx, Grid.of_ctx(ctx), h, e, "nt")  # (rows, cols, mb, vb), A layout
-    word, _ = _columns(ctx, logits.shape[-2:], vocab)
+    word, _ = _columns(ctx, *logits.shape[-2:], vocab)
     logits = np.where(word, logits, np.float32(-np.inf))
     top = np.maximum(run[:, :, 0], ctx.allreduce(logits.max(-1), "x", op="max"))  # (rows, cols, mb)
     ex = np.where(word, np.exp(logits - top[..., None]), np.float32(0))
@@ -185,7 +185,7 @@ def head_grads(ctx, h, e, onehot, run, vocab: HeadShape):
     """(dh, de): this chunk's share of dh (C layout) and its rows of dE (B layout), from the folded `run`."""
     grid = Grid.of_ctx(ctx)
     logits = accumulate(ctx, grid, h, e, "nt")
-    word, token = _columns(ctx, logits.shape[-2:], vocab)
+    word, token = _columns(ctx, *logits.shape[-2:], vocab)
     lse = run[:, :, 0] + np.log(run[:, :, 1])  # (rows, cols, mb)
     p = np.where(word, np.exp(logits - lse[..., None]), np.float32(0))
     dlogits = (np.where(token, p - onehot, np.float32(0)) / np.float32(vocab.tokens)).astype(np.float32)
@@ -196,7 +196,7 @@ def head_grads(ctx, h, e, onehot, run, vocab: HeadShape):
 @booked
 def head_loss(ctx, run, vocab: HeadShape):
     """The mean loss (rows, cols, 1) from the folded `run` (rows, cols, 3, mb): summed down the columns."""
-    _, token = _columns(ctx, (run.shape[-1], 1), HeadShape(1, vocab.tokens))
+    _, token = _columns(ctx, run.shape[-1], 1, HeadShape(1, vocab.tokens))
     rows_loss = np.where(token[..., 0], run[:, :, 0] + np.log(run[:, :, 1]) - run[:, :, 2], np.float32(0))
     return (ctx.allreduce(rows_loss.sum(-1, keepdims=True), "y") / np.float32(vocab.tokens)).astype(np.float32)
 

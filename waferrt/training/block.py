@@ -27,6 +27,7 @@ from functools import partial
 
 import numpy as np
 
+from waferrt.core.mesh import Region
 from waferrt.core.train_cost import TrainShape, square_tokens
 from waferrt.decode.kernel_net import KernelNet
 from waferrt.kernels.attention import PromptAttention
@@ -169,7 +170,7 @@ def _per_head(mat: np.ndarray, heads: int) -> np.ndarray:
 def _put(grid: Grid, layout: str, mat: np.ndarray) -> np.ndarray:
     """A matrix's blocks in `layout` over the square (float32)."""
     s = len(grid.rows)
-    return scatter(layout, grid, (s, s), np.ascontiguousarray(mat, np.float32))
+    return scatter(layout, grid, Region(0, 0, s, s), np.ascontiguousarray(mat, np.float32))
 
 
 def _put_heads(grid: Grid, layout: str, mats) -> np.ndarray:
@@ -215,16 +216,16 @@ def matrices(config, got: dict[str, np.ndarray], grid: Grid, batch: TrainShape) 
     """The kernel's outputs read back as the gradients shaped as the weights (out, in) and dx (T, dim) when
     it was read back (from the square's order, kernels.sequences)."""
     dim, hd, hidden = config.dim, config.head_dim, config.hidden_dim
-    heads = lambda a, shape: [gather("B", grid, a[:, :, h], shape) for h in range(a.shape[2])]  # noqa: E731
-    out = {n: gather("C", grid, got[n], (1, dim))[0] for n in ("attn_norm", "ffn_norm")}
-    out |= {n: np.concatenate([g.T for g in heads(got[n], (dim, hd))]) for n in ("wq", "wk", "wv")}
-    out["wo"] = np.concatenate(heads(got["wo"], (hd, dim))).T
-    out |= {n: gather("B", grid, got[n], (dim, hidden)).T for n in ("w_gate", "w_up")}
-    out["w_down"] = gather("B", grid, got["w_down"], (hidden, dim)).T
+    heads = lambda a, rows, cols: [gather("B", grid, a[:, :, h], rows, cols) for h in range(a.shape[2])]  # noqa: E731
+    out = {n: gather("C", grid, got[n], 1, dim)[0] for n in ("attn_norm", "ffn_norm")}
+    out |= {n: np.concatenate([g.T for g in heads(got[n], dim, hd)]) for n in ("wq", "wk", "wv")}
+    out["wo"] = np.concatenate(heads(got["wo"], hd, dim)).T
+    out |= {n: gather("B", grid, got[n], dim, hidden).T for n in ("w_gate", "w_up")}
+    out["w_down"] = gather("B", grid, got["w_down"], hidden, dim).T
     if "dx" not in got:
         return out
     s = len(grid.rows)
-    return out | {"dx": deinterleave(gather("C", grid, got["dx"], (square_tokens(batch, s), dim)), batch, s)}
+    return out | {"dx": deinterleave(gather("C", grid, got["dx"], square_tokens(batch, s), dim), batch, s)}
 
 
 def block_backward(wafer, config, weights, saved: Saved, dy: np.ndarray) -> tuple[np.ndarray, dict[str, np.ndarray]]:

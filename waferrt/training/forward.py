@@ -118,12 +118,12 @@ def block_forward_mesh(wafer, config, weights, x: np.ndarray) -> tuple[np.ndarra
     inputs = layer_blocks(config, weights, grid, batch)
     shapes = kept_shapes(config, inputs)
     outputs = {f"o.{n}": shapes[n] for n in KEPT} | {"o.y": shapes["x"]}
-    inputs["o.x"] = scatter("C", grid, (s, s), interleave(flat, batch, s))
+    inputs["o.x"] = scatter("C", grid, region, interleave(flat, batch, s))
     args = forward_args(config, batch, ForwardNames("bf.o.x", "bf.o.y", "bf.o."))
     got = {n[2:]: a for n, a in run_job(wafer, Job("bf.", region, inputs, outputs, forward_kernel, args),
                                         "a block's forward").items()}
     rows = square_tokens(batch, s)
-    mat = lambda layout, a, n: deinterleave(gather(layout, grid, a, (rows, n)), batch, s)  # noqa: E731
+    mat = lambda layout, a, n: deinterleave(gather(layout, grid, a, rows, n), batch, s)  # noqa: E731
     per = lambda layout, a: np.stack([mat(layout, a[:, :, h], hd) for h in range(a.shape[2])], axis=1)  # noqa: E731
     dim, hidden = config.dim, config.hidden_dim
     saved = Saved(x=flat, h1=mat("A", got["h1"], dim), q=per("C", got["q"]), k=per("C", got["k"]),

@@ -71,16 +71,16 @@ def head_backward(wafer, config, weights, x: np.ndarray, targets, chunks: int | 
         loss, dx, grads = chunked_head_backward(wafer, config, {"final_norm": weights.final_norm,
                                                 "embed": weights.head}, {"x": x, "h": h, "onehot": onehot}, chunks)
         return loss, dx.reshape(shape), grads
-    put = lambda layout, mat: scatter(layout, grid, (s, s), np.ascontiguousarray(mat, np.float32))  # noqa: E731
+    put = lambda layout, mat: scatter(layout, grid, region, np.ascontiguousarray(mat, np.float32))  # noqa: E731
     inputs = {"x": put("C", x), "h": put("C", h), "final_norm": put("C", np.broadcast_to(weights.final_norm, (s, dim))),
               "embed": put("B", weights.head), "onehot": put("A", onehot)}
     outputs = {"loss": (s, s, 1), "dx": inputs["x"].shape, "d.final_norm": inputs["final_norm"].shape,
                "d.embed": inputs["embed"].shape}
     job = Job("hb.", region, inputs, outputs, head_kernel, dict(norm=Norm(dim, config.norm_eps), vocab=HeadShape(V, T)))
     got = run_job(wafer, job, "the head's backward")
-    grads = {"final_norm": gather("C", grid, got["d.final_norm"], (1, dim))[0],
-             "embed": gather("B", grid, got["d.embed"], (V, dim))}
-    return float(got["loss"][0, 0, 0]), gather("C", grid, got["dx"], (T, dim)).reshape(shape), grads
+    grads = {"final_norm": gather("C", grid, got["d.final_norm"], 1, dim)[0],
+             "embed": gather("B", grid, got["d.embed"], V, dim)}
+    return float(got["loss"][0, 0, 0]), gather("C", grid, got["dx"], T, dim).reshape(shape), grads
 
 
 def embedding_backward(wafer, config, ids, dx: np.ndarray) -> np.ndarray:
@@ -88,9 +88,9 @@ def embedding_backward(wafer, config, ids, dx: np.ndarray) -> np.ndarray:
     (module doc)."""
     region, grid = living_square(wafer, "the embedding's backward")
     ids, dx = np.ravel(ids), dx.reshape(-1, dx.shape[-1])
-    s, V = region.w, config.vocab_size
-    inputs = {"onehot": scatter("A", grid, (s, s), _onehot(ids, V)),
-              "dx": scatter("C", grid, (s, s), np.ascontiguousarray(dx, np.float32))}
-    shape = scatter("B", grid, (s, s), np.zeros((V, dx.shape[1]), np.float32)).shape
+    V = config.vocab_size
+    inputs = {"onehot": scatter("A", grid, region, _onehot(ids, V)),
+              "dx": scatter("C", grid, region, np.ascontiguousarray(dx, np.float32))}
+    shape = scatter("B", grid, region, np.zeros((V, dx.shape[1]), np.float32)).shape
     got = run_job(wafer, Job("eb.", region, inputs, {"d.embed": shape}, embedding_kernel), "the embedding's backward")
-    return gather("B", grid, got["d.embed"], (V, dx.shape[1]))
+    return gather("B", grid, got["d.embed"], V, dx.shape[1])

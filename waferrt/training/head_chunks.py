@@ -68,7 +68,7 @@ def chunked_head_backward(wafer, config, head, inputs: dict, chunks: int):
     region, grid = living_square(wafer, "the head's backward")
     s, (T, dim), V = region.w, inputs["x"].shape, config.vocab_size
     words = cdiv(V, chunks)
-    put = lambda layout, mat: scatter(layout, grid, (s, s), np.ascontiguousarray(mat, np.float32))  # noqa: E731
+    put = lambda layout, mat: scatter(layout, grid, region, np.ascontiguousarray(mat, np.float32))  # noqa: E731
     h, mb = put("C", inputs["h"]), cdiv(T, s)
     run = np.zeros((s, s, 3, mb), np.float32)
     run[:, :, 0] = -np.inf
@@ -83,11 +83,11 @@ def chunked_head_backward(wafer, config, head, inputs: dict, chunks: int):
         job = Job("hg.", region, {"h": h, "embed": embed, "onehot": onehot, "run": run, "dh": dh},
                   {"dh_out": dh.shape, "d.embed": embed.shape}, grads_kernel, dict(vocab=vocab))
         got = run_job(wafer, job, "the head's backward (a chunk's gradients)")
-        dh, de[c * words:(c + 1) * words] = got["dh_out"], gather("B", grid, got["d.embed"], (words, dim))
+        dh, de[c * words:(c + 1) * words] = got["dh_out"], gather("B", grid, got["d.embed"], words, dim)
     norm = put("C", np.broadcast_to(head["final_norm"], (s, dim)))
     job = Job("hl.", region, {"x": put("C", inputs["x"]), "final_norm": norm, "dh": dh, "run": run},
               {"loss": (s, s, 1), "dx": dh.shape, "d.final_norm": norm.shape}, loss_kernel,
               dict(norm=Norm(dim, config.norm_eps), vocab=HeadShape(V, T)))
     got = run_job(wafer, job, "the head's backward (the loss)")
-    grads = {"final_norm": gather("C", grid, got["d.final_norm"], (1, dim))[0], "embed": de[:V]}
-    return float(got["loss"][0, 0, 0]), gather("C", grid, got["dx"], (T, dim)), grads
+    grads = {"final_norm": gather("C", grid, got["d.final_norm"], 1, dim)[0], "embed": de[:V]}
+    return float(got["loss"][0, 0, 0]), gather("C", grid, got["dx"], T, dim), grads

@@ -113,7 +113,7 @@ class KeptSteps:
         """A host's token-indexed array (B, S, dim) as the square's blocks, in kernels.sequences' order."""
         s = len(self.grid.rows)
         flat = np.ascontiguousarray(a.reshape(batch.tokens, -1), np.float32)
-        return scatter("C", self.grid, (s, s), interleave(flat, batch, s))
+        return scatter("C", self.grid, self.region, interleave(flat, batch, s))
 
     def _forward(self, layer, kept: KeptLayer, names: ForwardNames) -> dict:
         """Run layer `kept.layer`'s forward: y read back when it goes to READ_Y (the head's input), else left
@@ -140,7 +140,7 @@ class KeptSteps:
         if not last:
             return OnSquare(n + 1, y, kept.shape), kept
         s = len(self.grid.rows)
-        y = gather("C", self.grid, got["o.y"], (square_tokens(kept.batch, s), layer.config.dim))
+        y = gather("C", self.grid, got["o.y"], square_tokens(kept.batch, s), layer.config.dim)
         return deinterleave(y, kept.batch, s).reshape(kept.shape), kept
 
     def _recompute(self, layer, kept: KeptLayer) -> None:
