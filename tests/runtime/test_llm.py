@@ -65,16 +65,17 @@ def test_smollm2_on_the_wafer_equals_the_reference(ray_session, smollm2):
 
 
 @pytest.mark.slow
-def test_smollm2_several_requests_in_flight_64_tokens(ray_session, smollm2):
-    """Greedy tokens from the wafer equal the reference for 64 new tokens on several prompts decoded
-    concurrently (continuous batching, micro-batched pipeline)."""
+def test_smollm2_several_requests_in_flight_40_tokens(ray_session, smollm2):
+    """Greedy tokens from the wafer equal the reference for 40 new tokens on several prompts decoded
+    concurrently (continuous batching, micro-batched pipeline): every context passes a 32-position block of
+    the dense attention (prompts of 5-8 tokens)."""
     config, weights, tok = smollm2
     prompts = ["The capital of France is", "Once upon a time, there was a", "def fibonacci(n):"]
-    requests = [GenRequest(tuple(tok.encode(p)), 64) for p in prompts]
+    requests = [GenRequest(tuple(tok.encode(p)), 40) for p in prompts]
     kv = KVReserve(128, 3)
     placement = plan(config, WSE2, default_mesh(config, WSE2, kv), kv=kv)
     want, _ = generate_reference(config, weights, requests, Sampler())
     with WaferLLM(config, weights, placement) as llm:
         got, stats = llm.generate(requests, Sampler())
     assert [c.tokens for c in got] == [c.tokens for c in want]
-    assert all(len(c.tokens) == 64 for c in got) and stats.steps >= 64
+    assert all(len(c.tokens) == 40 for c in got) and stats.steps >= 40

@@ -21,7 +21,7 @@ from dataclasses import dataclass, field, replace
 import numpy as np
 
 from waferrt.core.cost import alltoall_cost, cycles_seconds
-from waferrt.core.mesh import Region
+from waferrt.core.mesh import Extent, Region
 from waferrt.decode.linkload import AllToAll, LinkLoad
 from waferrt.decode.moe_layout import MAPPINGS, expert_blocks, expert_grid
 from waferrt.decode.routed_cost import uniform_routing
@@ -36,7 +36,7 @@ SAMPLE = 64  # tokens routed at random to average the all-to-all over
 @dataclass(frozen=True)
 class MappingFigures:
     grid: tuple[int, int, int]  # blocks across, down, experts per block
-    block: tuple[int, int]  # the largest block's cols x rows
+    block: Extent  # the largest block's cols x rows
     alltoall_s: float  # a token's dispatch + combine over every layer
     share: float  # of a token's time
     hottest_bytes: float  # a layer's hottest link, per token
@@ -62,7 +62,7 @@ class MoEEstimate:
                  f"{self.params / 1e9:.2f} B parameters"]
         for name, m in self.mappings.items():
             gx, gy, per = m.grid
-            lines.append(f"{'mapping ' + name:15} {gx}x{gy} blocks of {m.block[0]}x{m.block[1]} cores, {per} expert(s) "
+            lines.append(f"{'mapping ' + name:15} {gx}x{gy} blocks of {m.block} cores, {per} expert(s) "
                          f"each; all-to-all {m.alltoall_s * 1e6:,.2f} us per token ({m.share:.1%} of a token's time), "
                          f"hottest link {m.hottest_bytes:,.0f} B per token, {m.cold_share:.0%} of links cold")
         if self.wafers == 0 and not self.mappings:
@@ -120,5 +120,5 @@ def _mapping(est: Estimate, region: Region, mapping: str, chosen: np.ndarray, ba
             whole.add(load)
     seconds = cycles_seconds(spec, config.n_layers * cycles / len(chosen))
     big = max(blocks, key=lambda b: b.size)
-    return MappingFigures((g.gx, g.gy, g.per_block), (big.w, big.h), seconds, seconds / (base + seconds),
+    return MappingFigures((g.gx, g.gy, g.per_block), Extent(big.w, big.h), seconds, seconds / (base + seconds),
                           whole.hottest() / len(chosen), whole.cold_share())

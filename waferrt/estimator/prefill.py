@@ -88,7 +88,7 @@ class Prefill:
     tokens: int
     chunks: int
     side: int  # the prefill's grid: side x side cores
-    region: tuple[int, int]  # (cols, rows) of a layer region (the decode's)
+    region: Extent  # a layer region's cols x rows (the decode's)
     regions: int
     seconds: float  # the prompt through every layer on the wafer, the layout moves included
     ttft_s: float  # + the first token from the head + the host exchange
@@ -122,12 +122,13 @@ class Prefill:
         parts = ", ".join(f"{LABELS[k]} {v * 1e3:.3f} ms ({100 * v / t:.0f}%)"
                           for k, v in self.breakdown_s.items() if v > 0 and k != "host")
         chunks = f" in {self.chunks} chunks" if self.chunks > 1 else ""
-        (rc, rr), s = self.region, self.side
+        s = self.side
         return [f"prefill         {self.tokens:,} prompt tokens{chunks}: {self.seconds * 1e3:.3f} ms = "
                 f"{self.tokens_per_s:,.0f} tokens/s; time to first token {self.ttft_s * 1e3:.3f} ms",
                 f"prefill cores   WaferLLM's: every layer in turn as MeshGEMMs on a {s}x{s} grid = {self.cores:,} "
                 f"cores (the mesh's largest square); weights from the decode's {self.regions} layer region(s) of "
-                f"{rc}x{rr} and back, the K/V into them; {self.core_bytes / 1024:.1f} KB per core beside the decode's",
+                f"{self.region} and back, the K/V into them; {self.core_bytes / 1024:.1f} KB per core beside the "
+                "decode's",
                 f"breakdown       (the prefill) {parts}"]
 
 
@@ -184,7 +185,7 @@ def prefill(est: Estimate, tokens: int, side: int | None = None) -> Prefill:
     seconds = sum(on_wafer.values())
     head = total(c for _, _, c in head_decode_parts(spec, decoding(est), est.floor.band(0))).seconds(spec)
     on_wafer["host"] = host_seconds(config, spec, 1) + 4 * (tokens - 1) / spec.ingress_bytes_per_s  # the other ids in
-    return Prefill(tokens, chunks, side, (est.shape.cols, est.shape.rows), est.strategy.regions, seconds,
+    return Prefill(tokens, chunks, side, Extent(est.shape.cols, est.shape.rows), est.strategy.regions, seconds,
                    seconds + head + on_wafer["host"], on_wafer,
                    weight_block_bytes(config, side, est.dtype)
                    + activation_bytes(config, side, chunk, tokens, est.dtype), est.time_per_token_s)
