@@ -59,8 +59,9 @@ def check_links(mesh: MeshSpec, links: Iterable[Link]) -> None:
             )
 
 
-def link_inside(region: Region, link: Link) -> bool:
-    return region.contains(link[0]) and region.contains(link[1])
+def link_inside(region: Region, a: Coord, b: Coord) -> bool:
+    """Whether the link joining cores `a` and `b` lies inside `region` (both its ends do)."""
+    return region.contains(a) and region.contains(b)
 
 
 def cores_in(cores: frozenset[Coord], regions: list[Region]) -> frozenset[Coord]:

@@ -242,7 +242,7 @@ def _region_faults(mesh: MeshSpec, links, name: str, r: Region) -> list[str]:
         return [f"{name} {r} is not inside the {mesh.width}x{mesh.height} mesh"]
     out = [f"{name} {r} uses dead core {c}" for c in sorted(mesh.dead) if r.contains(c)]
     return out + [f"{name} {r} contains dead link {a}-{b}" for a, b in sorted(links)
-                  if link_inside(r, (a, b))]
+                  if link_inside(r, a, b)]
 
 
 def _checked(config: LlamaConfig, spec: HardwareSpec, mesh: MeshSpec, kv: KVReserve, dtype: str) -> Workload:

@@ -62,7 +62,7 @@ class Replan:
 
 
 def _hit(r: Region, dead: frozenset[Coord], links) -> bool:
-    return any(r.contains(c) for c in dead) or any(link_inside(r, link) for link in links)
+    return any(r.contains(c) for c in dead) or any(link_inside(r, *link) for link in links)
 
 
 def _embed_shapes(p: Placement, mesh: MeshSpec, old: Region) -> list[tuple[int, int]]:

@@ -122,7 +122,7 @@ def _unexplained(session, placement, cores: set, links: set, at: float) -> list:
     the recovery found it."""
     regions = [r for _, r in placement.regions()]
     cores = {c for c in cores if any(r.contains(c) for r in regions)}
-    links = {link for link in links if any(link_inside(r, link) for r in regions)}
+    links = {link for link in links if any(link_inside(r, *link) for r in regions)}
     known = {e.fault.core for e in session.log.events if isinstance(e.fault, CoreFailure)}
     known |= {frozenset((e.fault.a, e.fault.b)) for e in session.log.events if isinstance(e.fault, LinkFailure)}
     new = [CoreFailure(c) for c in sorted(cores) if c not in known]
@@ -141,7 +141,7 @@ def assess(session, event, placement) -> None:
     if isinstance(f, CoreFailure):
         idle, why = not any(r.contains(f.core) for r in regions), dead
     elif isinstance(f, LinkFailure):
-        idle, why = not any(link_inside(r, (f.a, f.b)) for r in regions), dead
+        idle, why = not any(link_inside(r, f.a, f.b) for r in regions), dead
     elif isinstance(f, Straggler) and f.core is not None:
         idle, why = not any(r.contains(f.core) for r in regions), "no region of the decode holds it (nothing to slow)"
     elif isinstance(f, Straggler):
