@@ -1,14 +1,16 @@
 """Nothing of a run outlives its driver: a small watchdog process that stops what the driver started when the
 driver dies without stopping it (SIGKILL, a crash).
 
-Contract: :func:`start_reaper` (called by ``waferrt.actors.session.ray_init``) starts ``python -m
-waferrt.actors.reaper`` in a session of its own, holding the read end of a pipe whose write end only the
-driver holds. While the driver lives the reaper lists, about once a second, the driver's descendants (the
-Ray processes an embedded ``ray.init`` or a LocalCluster started: GCS, raylets, their dashboard and
-runtime-env agents, workers; itself excluded). When the pipe closes -- the driver is gone, however it ended
--- it sends SIGTERM to every process of the last list that is still the same process (pid and start time),
-SIGKILL to those left after :data:`GRACE_S`, and exits. :func:`stop_reaper` (after a clean
-``ray.shutdown``) tells it to exit without touching anything. It only ever signals the driver's own
+Contract: :func:`start_reaper` (called by ``waferrt.actors.session.ray_init``) starts this file as a script
+(``python .../reaper.py``: the standard library and psutil, not the waferrt package, so that it is up in
+milliseconds even on a loaded machine) in a session of its own, holding the read end of a pipe whose write end
+only the driver holds, and waits (at most :data:`UP_S`) for its first list: a driver killed right after
+``ray.init`` still has its Ray stopped. While the driver lives the reaper lists, about once a second, the
+driver's descendants (the Ray processes an embedded ``ray.init`` or a LocalCluster started: GCS, raylets,
+their dashboard and runtime-env agents, workers; itself excluded). When the pipe closes -- the driver is
+gone, however it ended -- it sends SIGTERM to every process of its lists that is still the same process
+(pid and start time), SIGKILL to those left after :data:`GRACE_S`, and exits. :func:`stop_reaper` (after a
+clean ``ray.shutdown``) tells it to exit without touching anything. It only ever signals the driver's own
 descendants: a Ray this program did not start is never stopped. Why it is needed: Ray's raylet and GCS die
 with their driver (PR_SET_PDEATHSIG), but the raylet's dashboard and runtime-env agents were seen alive 45 s
 after their driver was killed.
@@ -24,15 +26,19 @@ import sys
 import time
 
 POLL_S = 1.0  # how often the driver's descendants are listed
+UP_S = 10.0  # how long start_reaper waits for the reaper's first list (it goes on without it after)
 GRACE_S = 2.0  # SIGTERM, then SIGKILL after this long
 BYE = b"bye\n"  # the driver's clean goodbye: exit, stop nothing
 
 
 def start_reaper() -> subprocess.Popen:
     """The watchdog of this driver (keep the returned Popen: its stdin is the pipe the reaper watches)."""
-    return subprocess.Popen([sys.executable, "-m", "waferrt.actors.reaper", str(os.getpid())],
-                            stdin=subprocess.PIPE, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                            start_new_session=True)  # Ctrl-C to the driver's group does not reach it
+    reaper = subprocess.Popen([sys.executable, os.path.abspath(__file__), str(os.getpid())],
+                              stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
+                              start_new_session=True)  # Ctrl-C to the driver's group does not reach it
+    select.select([reaper.stdout], [], [], UP_S)  # its first list is taken (or it is slow: go on)
+    reaper.stdout.close()
+    return reaper
 
 
 def stop_reaper(reaper: subprocess.Popen) -> None:
@@ -99,9 +105,15 @@ def _stop(procs: dict[int, float]) -> None:
 
 def watch(driver: int, pipe: int) -> None:
     """List `driver`'s descendants until `pipe` closes (stop them) or says BYE (stop nothing)."""
-    procs: dict[int, float] = {}
+    procs = _descendants(driver, os.getpid())
+    try:
+        os.write(sys.stdout.fileno(), b"up\n")  # start_reaper goes on
+    except OSError:  # it stopped waiting
+        pass
     while True:
-        procs = _descendants(driver, os.getpid()) or procs  # the last list before the driver went
+        # every descendant seen that still runs: a list taken while the driver dies misses what its dying
+        # raylet had started (reparented by then), so a new list adds to the last instead of replacing it
+        procs = {p.pid: p.create_time() for p in _still(procs)} | _descendants(driver, os.getpid())
         ready, _, _ = select.select([pipe], [], [], POLL_S)
         if ready:
             data = os.read(pipe, len(BYE))
