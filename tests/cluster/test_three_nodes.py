@@ -176,14 +176,14 @@ def test_a_lost_worker_node_is_recovered_from_with_the_same_tokens(run):
 @pytest.mark.cluster
 def test_a_tile_crash_on_another_node_is_seen_before_its_heartbeat_falls_silent(run):
     """Its neighbours' links drop; the host pings the tiles on other nodes and Ray answers with the actor's
-    death: found well before the heartbeat deadline (STALL_S) would have, and recovered with the same tokens."""
-    from waferrt.runtime import STALL_S
-
+    death: found by Ray's answer, not by the heartbeat falling silent (STALL_S) -- which on a loaded machine
+    comes seconds after the crash too, so the finder, not a wall-clock bound, tells them apart -- and recovered
+    with the same tokens."""
     report, _ = run
     crash = report["remote_crash"]
     (event,) = crash["events"]
     assert crash["tokens"] and event["outcome"] == "recovered", crash
-    assert event["detected_after_s"] < STALL_S, crash
+    assert event["detected_by"] == "Ray: actor died", crash
 
 
 @pytest.mark.cluster
