@@ -2,7 +2,8 @@
 
 Contract: ``ray_session`` (session scope) starts ONE local Ray for the whole test session the first time a
 test asks for it -- tests/unit never does, so the unit tier runs without Ray -- and shuts it down at the
-end. A ``Wafer`` opened while it runs joins that Ray and leaves it running when it closes. Tests that need
+end (a reaper, waferrt.actors.reaper, stops that Ray when the session is killed instead). A ``Wafer``
+opened while it runs joins that Ray and leaves it running when it closes. Tests that need
 their own Ray (tests/cluster) run it in a subprocess so they never meet this one. ``smollm2_cut`` (session
 scope) is a function n -> (config, weights) of SmolLM2-135M cut to its first n layers, the asking test
 skipped when SmolLM2 is not installed.
@@ -65,13 +66,16 @@ def ray_session():
     ray.init(address="local", num_cpus=2, log_to_driver=False, logging_level=logging.ERROR,
              include_dashboard=False, configure_logging=True)
     signal.signal(signal.SIGTERM, _SIGTERM)  # Ray's would turn a SIGTERM into one test's SystemExit
+    from waferrt.actors.reaper import start_reaper, stop_reaper
     from waferrt.actors.session import auth_mode
 
+    reaper = start_reaper()  # a killed session (a CI timeout) leaves none of its Ray running
     assert auth_mode() == "token", "the tests' Ray runs without token authentication (RAY_AUTH_MODE)"
     try:
         yield ray
     finally:
         ray.shutdown()
+        stop_reaper(reaper)
 
 
 @pytest.fixture(scope="session")

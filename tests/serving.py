@@ -2,8 +2,9 @@
 
 ``live_server(args, tmp)`` starts the server as its own process (its own embedded Ray, loopback, a free
 port) on a small GGUF written here, waits until it listens (bounded), yields its base URL, and stops it
-(SIGTERM, then kill) -- also when the test fails. ``TINY`` is the model's flags; ``reference(prompts, n)``
-the texts ``waferrt generate --reference`` prints for them (greedy), which the wafer's equal.
+(SIGTERM, then kill) -- also when the test fails, and when the test process dies (the server's SIGTERM).
+``TINY`` is the model's flags; ``reference(prompts, n)`` the texts ``waferrt generate --reference`` prints
+for them (greedy), which the wafer's equal.
 """
 
 from __future__ import annotations
@@ -38,7 +39,8 @@ def live_server(args: list[str], folder):
     env = dict(os.environ, WAFERRT_CACHE=os.path.join(folder, "cache"))
     env.pop("RAY_ADDRESS", None)
     proc = subprocess.Popen([sys.executable, "-m", "waferrt.cli", "serve", "--port", "0", *args],
-                            stdout=subprocess.DEVNULL, stderr=log, env=env, start_new_session=True)
+                            stdout=subprocess.DEVNULL, stderr=log, env=env, start_new_session=True,
+                            preexec_fn=_sigterm_when_the_test_process_dies)
     try:
         yield _url(proc, log)
     finally:
@@ -49,6 +51,15 @@ def live_server(args: list[str], folder):
             os.killpg(proc.pid, signal.SIGKILL)
             proc.wait(10)
         log.close()
+
+
+def _sigterm_when_the_test_process_dies() -> None:
+    """In the server's process before it runs: SIGTERM to it when the pytest process that started it dies,
+    however that ends (a CI timeout's SIGTERM to pytest's group does not reach the server's own session)."""
+    if sys.platform == "linux":
+        import ctypes
+
+        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM)  # 1: PR_SET_PDEATHSIG
 
 
 def _url(proc, log) -> str:
