@@ -359,7 +359,7 @@ def mesh_tries(config: LlamaConfig, spec: HardwareSpec, kv: KVReserve, tiles: Ex
     spare = spare_layers // g
     for grid in dict.fromkeys([tiles] + ([Extent(1, 2), Extent(2, 1), Extent(1, 1)] if tiles == DEFAULT_TILES else [])):
         for tile in search.tile_candidates(Workload(config, kv, dtype, g, options.attention), spec, grid, spare):
-            mesh = MeshSpec(grid.width * tile.width, grid.height * tile.height, tile.width, tile.height)
+            mesh = MeshSpec.tiled(grid, tile)
             try:
                 p = plan(config, spec, mesh, kv=kv, options=options)
             except PlanError:

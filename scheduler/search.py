@@ -299,7 +299,7 @@ def smallest_mesh(work: Workload, spec: HardwareSpec, tile: Extent) -> MeshSpec 
     grids = sorted((nx * ny, abs(nx - ny), nx, ny) for nx in range(1, nxs + 1) for ny in range(1, nys + 1)
                    if nx * ny * tile.cores >= need)
     for _, _, nx, ny in grids:
-        mesh = MeshSpec(nx * tile.width, ny * tile.height, tile.width, tile.height)
+        mesh = MeshSpec.tiled(Extent(nx, ny), tile)
         if not any(_room_for(mesh, w, h, n, emin) for w, h in shapes):
             continue
         if best_layout(work, spec, mesh, balance=False).layers is not None:

@@ -30,3 +30,9 @@ def test_the_command_lines_wxh_and_the_wafers_pairs_become_extents():
         waferrt.Wafer(spec="tiny", mesh=(4, 2), tile=(2, 2.5), backend="local")
     with pytest.raises(TypeError, match=r"mesh is a \(width, height\) pair of core counts, e.g. \(8, 8\); got 4"):
         waferrt.Wafer(spec="tiny", mesh=4, backend="local")
+
+
+def test_a_mesh_of_whole_tiles_is_grid_times_tile():
+    """3 tiles across and 2 down of 4x5 cores: 12x10 cores (worked by hand), healthy."""
+    assert MeshSpec.tiled(Extent(3, 2), Extent(4, 5)) == MeshSpec(12, 10, 4, 5)
+    assert MeshSpec.tiled(Extent(3, 2), Extent(4, 5)).tile == Extent(4, 5)

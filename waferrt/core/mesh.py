@@ -225,6 +225,11 @@ class MeshSpec:
             if not self.region.contains(c):
                 raise ValueError(f"dead core {c} is outside the {self.width}x{self.height} mesh")
 
+    @classmethod
+    def tiled(cls, grid: Extent, tile: Extent) -> MeshSpec:
+        """A healthy mesh of `grid` (across x down) whole tiles of `tile` cores."""
+        return cls(grid.width * tile.width, grid.height * tile.height, tile.width, tile.height)
+
     @property
     def region(self) -> Region:
         return Region(0, 0, self.width, self.height)

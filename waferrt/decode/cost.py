@@ -229,19 +229,20 @@ def step_cycles(spec: HardwareSpec, dec: Decoding, stages: Sequence[Stage], kv_t
     region) or the head its work; every stage but the first also books the hand-over of the micro-batch's
     activations from the previous stage's region (nothing between two stages on one region)."""
     out: dict[tuple[int, int], float] = {}
-    seen: dict[tuple, float] = {}  # a stage's cycles hang on its kind, the hand-over's hops, its shape, the batch
+    works: dict[tuple[StageKind, int, int, int], float] = {}  # a stage's work by its kind, shape and batch
+    sizes = set(batches)
     for s, stage in enumerate(stages):
         prev, region = stages[s - 1].region if s else None, stage.region
-        hops = None if prev is None or prev == region else max(prev.hops_to(region), 1)  # as handover_cost
+        into = {b: stage_handover(spec, dec.config, prev, region, b).cycles for b in sizes}  # once per batch size
         for m, b in enumerate(batches):
-            key = (stage.kind, hops, region.w, region.h, b)
-            if key not in seen:
-                c = stage_handover(spec, dec.config, prev, region, b).cycles
-                if stage.kind is not StageKind.EMBED:
-                    shape, load = Region(0, 0, region.w, region.h), Load(kv_tokens, b, moving)
-                    c += _work(spec, dec, stage.kind, shape, load).cycles
-                seen[key] = c
-            out[(s, m)] = seen[key]
+            c = into[b]
+            if stage.kind is not StageKind.EMBED:
+                key = (stage.kind, region.w, region.h, b)
+                if key not in works:
+                    works[key] = _work(spec, dec, stage.kind, Region(0, 0, region.w, region.h),
+                                       Load(kv_tokens, b, moving)).cycles
+                c += works[key]
+            out[(s, m)] = c
     return out
 
 

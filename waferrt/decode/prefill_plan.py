@@ -69,12 +69,12 @@ class WeightMove:
 @lru_cache(maxsize=8)
 def weight_moves(config: LlamaConfig, region: Region, shapes: tuple[tuple[int, int], ...]) -> tuple[WeightMove, ...]:
     """The four GEMMs' weight moves of a layer on `region`, whose packed arrays (GEMMS' order) have `shapes`."""
-    (s, grid), out = _square(region), []
+    square, out = _square(region), []
     for (_, key, out_over), shape in zip(GEMMS, shapes, strict=True):
         packed = Holder(shape, (region.h, region.w), out_over)
         nums = source_numbers(packed)
         b = _matrices(config, region, key, nums)
-        _, pb = place("meshgemm", grid, Region(0, 0, s, s), np.zeros((1, b.shape[0]), np.int64), b)
+        _, pb = place("meshgemm", Grid.of(square), square, np.zeros((1, b.shape[0]), np.int64), b)
         into = numbered(region, packed, pb)
         blocks = blocks_of(nums, out_over, region)  # (R, C, out, in) of packed numbers: the decode's blocks
         at = np.empty(blocks.size, np.int64)
@@ -150,19 +150,20 @@ class HeadMoves:
     cache: Move
 
 
-def _square(region: Region) -> tuple[int, Grid]:
+def _square(region: Region) -> Region:
+    """The square at the corner of a region's shape where the prefill's MeshGEMMs leave their blocks."""
     s = min(region.w, region.h)
-    return s, Grid.of(Region(0, 0, s, s))
+    return Region(0, 0, s, s)
 
 
 def _context_blocks(config: LlamaConfig, region: Region, chunk: PromptChunk, rows: np.ndarray, first: int
                     ) -> np.ndarray:
     """rows (n, 2, nkv, hd) of numbers at context positions first..first+n-1 of a prompt `chunk` -> its
     context's K/V blocks (s, s, 2, nkv, kb, db), zeros at the other positions."""
-    s, grid = _square(region)
+    square = _square(region)
+    grid = Grid.of(square)
     full = np.zeros((chunk.context,) + rows.shape[1:], rows.dtype)
     full[first:first + len(rows)] = rows
-    square = Region(0, 0, s, s)
     return np.stack([np.stack([spread(grid, square, full[:, i, g]) for g in range(config.n_kv_heads)], axis=2)
                      for i in range(2)], axis=2)
 
@@ -171,16 +172,17 @@ def _context_blocks(config: LlamaConfig, region: Region, chunk: PromptChunk, row
 def head_moves(config: LlamaConfig, region: Region, chunk: PromptChunk) -> HeadMoves:
     """The moves of a prompt `chunk` out of the QKV product's C blocks (HeadMoves)."""
     start, T = chunk.start, chunk.tokens
-    s, grid = _square(region)
+    square = _square(region)
+    s, grid = square.w, Grid.of(square)
     nh, nkv, hd = config.n_heads, config.n_kv_heads, config.head_dim
     width = (nh + 2 * nkv) * hd
     nums = np.arange(1, T * width + 1, dtype=np.int64).reshape(T, width)  # the product's values
-    c_nums = spread(grid, Region(0, 0, s, s), nums)  # where the product leaves each value
+    c_nums = spread(grid, square, nums)  # where the product leaves each value
     source = Holder(c_nums.shape, (s, s))
     c_at = np.zeros(T * width + 1, np.int64)
     c_at[c_nums.reshape(-1)] = np.arange(1, c_nums.size + 1)  # value -> its source number (flat index + 1)
     by_flat = c_at[nums]  # (T, width): each value's source number
-    q = np.stack([spread(grid, Region(0, 0, s, s), by_flat[:, h * hd:(h + 1) * hd]) for h in range(nh)], axis=2)
+    q = np.stack([spread(grid, square, by_flat[:, h * hd:(h + 1) * hd]) for h in range(nh)], axis=2)
     kv = by_flat[:, nh * hd:].reshape(T, 2, nkv, hd)
     return HeadMoves(numbered(region, source, q),
                      numbered(region, source, _context_blocks(config, region, chunk, kv, start)),
