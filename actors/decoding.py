@@ -15,11 +15,11 @@ import threading
 
 from waferrt.decode.program import TileProgram
 from waferrt.serving.engine import HeadEngine, Submission
-from waferrt.serving.loop import run_tile
+from waferrt.serving.loop import crowding, run_tile
 
 from .stream import Outbox
 
-STOP_S = 30.0  # how long stop() waits for the loop to finish what it is doing
+STOP_S = 30.0  # how long stop() waits for the loop to finish what it is doing (times the machine's crowding)
 
 
 class LoopThread:
@@ -61,8 +61,9 @@ class LoopThread:
     def abort(self) -> list:
         """End the loop whatever its state (its error, if any, was reported when it happened): its runs."""
         self.stop_flag.set()
-        self.thread.join(STOP_S)
+        wait = STOP_S * crowding()  # a stage run in progress is slower on a loaded host
+        self.thread.join(wait)
         self.out.close()
         if self.thread.is_alive():
-            raise TimeoutError(f"{self.program.tile}: the decode loop did not stop within {STOP_S:.0f}s")
+            raise TimeoutError(f"{self.program.tile}: the decode loop did not stop within {wait:.0f}s")
         return list(self.program.records)

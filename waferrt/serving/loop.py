@@ -12,13 +12,16 @@ previous one left the head.
 Micro-batches in flight with nothing arriving for too long end the loop with
 :class:`~waferrt.fabric.links.FabricTimeout` (a tile downstream is dead or stuck). How long is derived from
 the pace seen so far (:class:`Pace`: ``SLACK`` times the usual gap between arrivals, at least ``FLOOR_S``;
-``deadline`` until the first arrival), not a fixed number; times the engine's ``load`` (a whole prompt in
-flight -- a prefill -- is that many ordinary micro-batches' work). Any error ends the loop and propagates to the
-caller, which reports it with the tile's name. An idle tile still lets its faults' timers fire.
+``deadline`` times the machine's :func:`crowding` until the first arrival: a host loaded by other work slows
+every tile alike, and nothing measured tells the head so yet), not a fixed number; times the engine's ``load``
+(a whole prompt in flight -- a prefill -- is that many ordinary micro-batches' work). Any error ends the loop
+and propagates to the caller, which reports it with the tile's name. An idle tile still lets its faults'
+timers fire.
 """
 
 from __future__ import annotations
 
+import os
 import queue
 import threading
 import time
@@ -43,9 +46,20 @@ class Pace:
     def arrived(self, gap: float) -> None:
         self.gap = gap if self.gap is None else 0.9 * self.gap + 0.1 * gap
 
-    @property
-    def deadline(self) -> float:
-        return self.first if self.gap is None else max(FLOOR_S, SLACK * self.gap)
+    def limit(self, load: float, crowded: float) -> float:
+        """Seconds micro-batches carrying `load` ordinary micro-batches' work may be in flight with nothing
+        arriving, on a machine `crowded` times slower than alone (counts until the first arrival only: the
+        gaps seen are measured on the crowded machine already)."""
+        return load * (self.first * crowded if self.gap is None else max(FLOOR_S, SLACK * self.gap))
+
+
+def crowding() -> float:
+    """How many times slower than alone a busy process runs here lately: the processes that wanted a core over
+    the last minute per core (the load average), at least 1; 1 where the system does not say."""
+    try:
+        return max(1.0, os.getloadavg()[0] / (os.cpu_count() or 1))
+    except (AttributeError, OSError):  # no load average on this system
+        return 1.0
 
 
 def run_tile(program: TileProgram, engine: HeadEngine | None, control: queue.Queue,
@@ -61,7 +75,7 @@ def run_tile(program: TileProgram, engine: HeadEngine | None, control: queue.Que
         got = program.links.recv_any(POLL_S)
         if got is None:
             program.tick(None)
-            limit = pace.deadline * engine.load() if engine is not None and engine.busy else 0.0
+            limit = pace.limit(engine.load(), crowding()) if engine is not None and engine.busy else 0.0
             if limit and time.monotonic() - waited_since > limit:
                 raise FabricTimeout(
                     f"{program.tile}: micro-batch(es) {sorted(engine.busy.values())} have been in flight for "
