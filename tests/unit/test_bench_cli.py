@@ -37,3 +37,42 @@ def test_only_an_address_written_on_the_command_line_may_leave_this_machine():
     assert check_base_url("http://10.0.0.1:8000/", explicit=True) == "http://10.0.0.1:8000"
     with pytest.raises(ValueError, match="only with --base-url"):
         check_base_url("http://10.0.0.1:8000", explicit=False)
+
+
+CHUNK = b'data: {"choices": [{"text": "hi", "index": 0}]}\n\n'
+
+
+@pytest.mark.parametrize("answer, says", [
+    (b"", "no response headers: the server never answered"),
+    (b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ntransfer-encoding: chunked\r\n\r\n"
+     + b"%x\r\n%s\r\n" % (len(CHUNK), CHUNK), "HTTP 200, 1 chunk(s) (1 with text), no [DONE] after"),
+], ids=["silent", "one-chunk"])
+def test_a_request_that_runs_out_of_time_says_how_far_its_answer_came(answer, says):
+    """A server on loopback that stalls (before its headers, or after one chunk): the request fails within its
+    timeout, naming where the answer stopped, with the text it had."""
+    import asyncio
+
+    import httpx
+
+    from waferrt.cli.loadgen import Target, send
+
+    async def stall(reader, writer):
+        await reader.readuntil(b"\r\n\r\n")
+        writer.write(answer)
+        await writer.drain()
+        try:
+            await asyncio.sleep(5)
+        except asyncio.CancelledError:  # the run ended: the event loop closes
+            pass
+        writer.close()
+
+    async def go():
+        server = await asyncio.start_server(stall, "127.0.0.1", 0)
+        port = server.sockets[0].getsockname()[1]
+        target = Target(f"http://127.0.0.1:{port}", timeout_s=0.5)
+        async with server, httpx.AsyncClient(base_url=target.base_url) as client:
+            return await send(client, target, {"prompt": "x", "stream": True})
+
+    sent = asyncio.run(go())
+    assert not sent.outcome.success and sent.outcome.error.startswith("no answer within 0.5 s: " + says), sent
+    assert sent.text == ("hi" if answer else "")

@@ -115,8 +115,10 @@ class Stream:
     def __init__(self, sent_at: float):
         self.sent_at, self.stamps, self.text, self.finish = sent_at, [], [], ""
         self.usage, self.metrics, self.error, self.done = None, None, "", False
+        self.status, self.chunks = None, 0  # the response's HTTP status once its headers came; data: lines
 
     def feed(self, payload: str, now: float) -> None:
+        self.chunks += 1
         if payload == "[DONE]":
             self.done = True
             return
@@ -132,6 +134,15 @@ class Stream:
         self.usage = chunk.get("usage") or self.usage
         self.metrics = chunk.get("metrics") or self.metrics
 
+    def unanswered(self, timeout_s: float) -> Sent:
+        """What a request that ran out of time got: how far its answer came, and the text it had."""
+        if self.status is None:
+            how = "no response headers: the server never answered"
+        else:
+            how = (f"HTTP {self.status}, {self.chunks} chunk(s) ({len(self.stamps)} with text), no [DONE] "
+                   f"after {(self.stamps[-1] if self.stamps else self.sent_at) - self.sent_at:.1f} s")
+        return Sent(Outcome(False, error=f"no answer within {timeout_s} s: {how}"), "".join(self.text))
+
     def sent(self, end: float) -> Sent:
         if self.error or not self.done or not self.usage:
             why = self.error or ("no [DONE]" if not self.done else "no usage chunk")
@@ -145,6 +156,7 @@ class Stream:
 
 async def _stream(client: httpx.AsyncClient, target: Target, body: dict, stream: Stream) -> Sent | None:
     async with client.stream("POST", "/v1/completions", json=body, headers=target.headers) as r:
+        stream.status = r.status_code
         if r.status_code != 200:
             text = (await r.aread()).decode(errors="replace")[:200]
             return Sent(Outcome(False, error=f"HTTP {r.status_code}: {text}"))
@@ -160,7 +172,7 @@ async def send(client: httpx.AsyncClient, target: Target, body: dict) -> Sent:
     try:
         refused = await asyncio.wait_for(_stream(client, target, body, stream), target.timeout_s)
     except asyncio.TimeoutError:
-        return Sent(Outcome(False, error=f"no answer within {target.timeout_s} s"))
+        return stream.unanswered(target.timeout_s)
     except (httpx.HTTPError, ValueError) as e:
         return Sent(Outcome(False, error=f"{type(e).__name__}: {e}"))
     return refused or stream.sent(time.perf_counter())
