@@ -112,6 +112,11 @@ class Watch:
                 self._pace(msg["tile"], msg["pace"])
         return out
 
+    def keep_for_later(self) -> None:
+        """Take what arrived while the host waits on calls into the backlog, which the next ``listen`` returns
+        first (``listen`` hands the backlog back with what is new: each message once)."""
+        self.backlog = self.listen(0)
+
     def note_paces(self, paces: dict[TileId, float | None]) -> None:
         """Paces asked of the tiles directly (the last look at the end of a decode, before a beat carried them)."""
         for t, p in paces.items():
@@ -228,7 +233,7 @@ class Watch:
                 if progress:
                     progress(done, len(refs))
             if pending:
-                self.backlog += self.listen(0)
+                self.keep_for_later()
                 self.check()
             if pending and end is not None and time.monotonic() > end:
                 if within is None:

@@ -290,6 +290,7 @@ class Runner:
         if not self.session:
             raise error  # no decode was running: not a fault of one
         self.health = "recovering"
+        print(f"waferrt serve: recovering the wafer from {type(error).__name__}: {error}", file=sys.stderr, flush=True)
         try:
             repair(self.decode, error)
         except BaseException:
