@@ -26,6 +26,7 @@ import psutil
 import pytest
 
 from waferrt.runtime import Wafer
+from waferrt.serving.loop import crowding
 
 
 def alive(pids) -> list[int]:
@@ -108,6 +109,7 @@ EMBEDDED = r"""
 import glob, json, os, sys, tempfile, time
 import psutil, ray
 from waferrt.runtime import Wafer
+from waferrt.serving.loop import crowding
 me = psutil.Process()
 reports = []
 for _ in range(2):
@@ -139,7 +141,10 @@ def test_embedded_ray_opened_and_closed_twice_leaks_nothing(private_tmp):
 
 
 CTRL_C = r"""
+import faulthandler, signal
+faulthandler.register(signal.SIGUSR1)  # the test asks where it is stuck, if it does not end
 from waferrt.runtime import Wafer
+from waferrt.serving.loop import crowding
 with Wafer(mesh=(4, 2), tile=(2, 2)) as w:
     w.dsm.alloc("x", (2, 4, 64), split=("y", "x", None))
     print("ready", w._ipc_dir, flush=True)
@@ -160,7 +165,13 @@ def test_ctrl_c_during_a_run_shuts_everything_down(private_tmp):
         time.sleep(0.5)  # let it run a few kernels
         kids = [p.pid for p in psutil.Process(proc.pid).children(recursive=True)]
         proc.send_signal(signal.SIGINT)
-        _, err = proc.communicate(timeout=60)
+        try:
+            _, err = proc.communicate(timeout=60 * crowding())  # a loaded machine stops Ray slower
+        except subprocess.TimeoutExpired:
+            proc.send_signal(signal.SIGUSR1)  # its threads' stacks to stderr
+            time.sleep(2)
+            proc.kill()
+            pytest.fail(f"still running {60 * crowding():.0f} s after Ctrl-C; where:\n{proc.communicate()[1][-6000:]}")
     finally:
         if proc.poll() is None:
             proc.kill()
@@ -176,6 +187,7 @@ KILLED = r"""
 import os, signal, time
 import ray
 from waferrt.runtime import Wafer
+from waferrt.serving.loop import crowding
 from waferrt.actors.session import auth_mode
 w = Wafer(mesh=(4, 2), tile=(2, 2)).open()
 pid = ray.get(list(w.tiles.values())[1].pid.remote())
