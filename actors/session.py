@@ -4,7 +4,8 @@ ipc directory.
 Contract: :func:`check_address` checks that a Ray address ('auto', HOST:PORT, ray://HOST:PORT) answers as a
 gRPC server within a deadline (a plain socket: nothing of Ray is imported for HOST:PORT) and otherwise
 raises :class:`ClusterUnreachable` naming the address and how to start a cluster. :func:`ray_init` starts an
-embedded Ray (address None) or joins one (checked first; a few connection attempts, not Ray's twenty),
+embedded Ray (address None: :class:`RayDidNotStart`, naming the machine's load, when Ray's own startup wait
+runs out) or joins one (checked first; a few connection attempts, not Ray's twenty),
 keeping Ray's noise off the user's terminal (:func:`ray_shutdown` stops the one it started): a SIGTERM
 handler the program set before is kept (Ray's own would exit without closing the Wafer, after a C++ stack
 dump), and the cluster's error messages ("(raylet) A worker died ...") go to the ``waferrt.ray`` logger
@@ -47,6 +48,11 @@ class ClusterUnreachable(ConnectionError):
 
 class InsecureRay(ClusterUnreachable):
     """Ray would run, or runs, without its token authentication: refused (the message says what to set)."""
+
+
+class RayDidNotStart(ClusterUnreachable):
+    """An embedded Ray did not come up: its raylet did not register within Ray's own startup wait (a fixed
+    30 s in Ray 2.60), which a heavily loaded machine can outlast; the message names the load."""
 
 
 class NodesGone(ClusterUnreachable):
@@ -129,6 +135,10 @@ def ray_init(address: str | None) -> bool:
             raise
         raise ClusterUnreachable(f"Ray could not join the cluster at {address!r} ({target}): "
                                  f"{str(e).splitlines()[0]}; {START_A_CLUSTER}") from None
+    except Exception as e:  # noqa: BLE001 - Ray's startup timeout is a bare Exception
+        if target is None and (failed := did_not_start(e)) is not None:
+            raise failed from None
+        raise
     finally:
         for key in retries:
             os.environ.pop(key, None)
@@ -139,6 +149,17 @@ def ray_init(address: str | None) -> bool:
         signal.signal(signal.SIGTERM, term)
     _quiet_ray_messages()
     return True
+
+
+def did_not_start(error: Exception) -> RayDidNotStart | None:
+    """Ray's own startup timeout (its message is all that tells it from other errors) as a one-line error
+    naming the machine's load and what to do; None for any other error."""
+    if "timed out during startup" not in str(error):
+        return None
+    load = f"load average {os.getloadavg()[0]:.1f}" if hasattr(os, "getloadavg") else "its load"
+    return RayDidNotStart(f"Ray did not start on this machine: its raylet did not register within Ray's own 30 s "
+                          f"({load} on {os.cpu_count()} cores); run again when the machine is less busy, or join "
+                          f"a running Ray with --address")
 
 
 def ray_shutdown() -> None:

@@ -4,6 +4,7 @@ like gRPC, one that does not, none at all) and the sweep of ipc directories left
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 import tempfile
@@ -11,7 +12,7 @@ import tempfile
 import pytest
 from loopback import answering
 
-from waferrt.actors.session import ClusterUnreachable, check_address, new_ipc_dir, parse_address
+from waferrt.actors.session import ClusterUnreachable, check_address, did_not_start, new_ipc_dir, parse_address
 
 
 def test_a_grpc_server_passes_the_check_and_others_do_not():
@@ -50,3 +51,16 @@ def test_ipc_dirs_of_dead_drivers_are_removed_and_no_others(tmp_path, monkeypatc
     mine = new_ipc_dir()
     assert not gone.exists() and all(d.exists() for d in kept)
     assert os.path.basename(mine).startswith(f"waferrt-{os.getpid()}-") and os.path.dirname(mine) == str(tmp_path)
+
+
+def test_rays_startup_timeout_is_one_line_naming_the_load_and_no_other_error_is_taken_for_it():
+    """Ray 2.60 raises a bare Exception when its raylet does not register within 30 s (a loaded machine): the
+    CLI prints a ClusterUnreachable as one line, exit 2, instead of Ray's traceback."""
+    ray_says = ("The current node timed out during startup. This could happen because some of the raylet failed "
+                "to startup or the GCS has become overloaded.")
+    e = did_not_start(Exception(ray_says))
+    assert isinstance(e, ClusterUnreachable)
+    assert re.fullmatch(r"Ray did not start on this machine: its raylet did not register within Ray's own 30 s "
+                        r"\(load average \d+\.\d on \d+ cores\); run again when the machine is less busy, or join a "
+                        r"running Ray with --address", str(e)), str(e)
+    assert did_not_start(RuntimeError("Maybe you called ray.init twice by accident?")) is None
