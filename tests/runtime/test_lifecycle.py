@@ -109,7 +109,6 @@ EMBEDDED = r"""
 import glob, json, os, sys, tempfile, time
 import psutil, ray
 from waferrt.runtime import Wafer
-from waferrt.serving.loop import crowding
 me = psutil.Process()
 reports = []
 for _ in range(2):
@@ -144,7 +143,6 @@ CTRL_C = r"""
 import faulthandler, signal
 faulthandler.register(signal.SIGUSR1)  # the test asks where it is stuck, if it does not end
 from waferrt.runtime import Wafer
-from waferrt.serving.loop import crowding
 with Wafer(mesh=(4, 2), tile=(2, 2)) as w:
     w.dsm.alloc("x", (2, 4, 64), split=("y", "x", None))
     print("ready", w._ipc_dir, flush=True)
@@ -187,7 +185,6 @@ KILLED = r"""
 import os, signal, time
 import ray
 from waferrt.runtime import Wafer
-from waferrt.serving.loop import crowding
 from waferrt.actors.session import auth_mode
 w = Wafer(mesh=(4, 2), tile=(2, 2)).open()
 pid = ray.get(list(w.tiles.values())[1].pid.remote())
