@@ -28,8 +28,6 @@ import ray
 from waferrt.core.mesh import TileId
 from waferrt.fabric.misuse import TileHung
 
-from .interrupt import check_interrupt
-
 WAIT_S = 0.25  # one slice of waiting on Ray calls, between liveness checks
 PING_S = 2.0  # how long a silent tile has to answer a ping
 BUSY_CPU_S = 0.05  # CPU seconds a silent tile on this machine must use while pinged to count as busy, not frozen
@@ -220,7 +218,6 @@ class Watch:
         pending = list(refs)
         while pending:
             ready, pending = ray.wait(pending, num_returns=len(pending), timeout=WAIT_S)
-            check_interrupt()  # a Ctrl-C that code run during the wait swallowed (actors.interrupt)
             for ref in ready:
                 i = index[ref]
                 try:

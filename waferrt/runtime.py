@@ -277,14 +277,12 @@ class Wafer(WaferFaults):
         if self.backend == "local":
             results, errors = self._local_tiles.gather(calls, settle)
         else:
-            from waferrt.actors.interrupt import interruptible
             from waferrt.actors.watch import TileFailed
 
+            refs = [getattr(self.tiles[t], method.__name__).remote(*args) for t, method, args in calls]
             try:
-                with interruptible():  # a Ctrl-C that Ray's code swallows is raised at the wait's next slice
-                    refs = [getattr(self.tiles[t], method.__name__).remote(*args) for t, method, args in calls]
-                    results, errors = self.watch.gather(refs, [t for t, _, _ in calls], progress, within,
-                                                        [m.__name__ for _, m, _ in calls], settle)
+                results, errors = self.watch.gather(refs, [t for t, _, _ in calls], progress, within,
+                                                    [m.__name__ for _, m, _ in calls], settle)
             except TileFailed as e:
                 self.failed = e
                 raise
