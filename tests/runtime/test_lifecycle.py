@@ -151,6 +151,20 @@ with Wafer(mesh=(4, 2), tile=(2, 2)) as w:
 """
 
 
+def _signal_masks(pid: int) -> str:
+    """Each thread's SigPnd/SigBlk and the process's ShdPnd/SigIgn/SigCgt (hex masks: bit 1 is SIGINT)."""
+    rows = []
+    for status in [f"/proc/{pid}/status", *sorted(glob.glob(f"/proc/{pid}/task/*/status"))]:
+        try:
+            with open(status) as f:
+                fields = dict(line.split(":", 1) for line in f.read().splitlines() if ":" in line)
+        except OSError:
+            continue
+        rows.append(" ".join(f"{k}={fields[k].strip()}" for k in ("Name", "SigPnd", "ShdPnd", "SigBlk", "SigIgn",
+                                                                    "SigCgt") if k in fields))
+    return "\n".join(rows)
+
+
 def test_ctrl_c_during_a_run_shuts_everything_down(private_tmp):
     tmp, env = private_tmp
     proc = subprocess.Popen([sys.executable, "-c", CTRL_C], env=env, stdout=subprocess.PIPE,
@@ -166,10 +180,12 @@ def test_ctrl_c_during_a_run_shuts_everything_down(private_tmp):
         try:
             _, err = proc.communicate(timeout=60 * crowding())  # a loaded machine stops Ray slower
         except subprocess.TimeoutExpired:
+            masks = _signal_masks(proc.pid)  # SIGINT pending, blocked, ignored or caught, thread by thread
             proc.send_signal(signal.SIGUSR1)  # its threads' stacks to stderr
             time.sleep(2)
             proc.kill()
-            pytest.fail(f"still running {60 * crowding():.0f} s after Ctrl-C; where:\n{proc.communicate()[1][-6000:]}")
+            pytest.fail(f"still running {60 * crowding():.0f} s after Ctrl-C; its signal masks:\n{masks}\n"
+                        f"where:\n{proc.communicate()[1][-6000:]}")
     finally:
         if proc.poll() is None:
             proc.kill()
