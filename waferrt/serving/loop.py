@@ -65,6 +65,7 @@ def crowding() -> float:
 def run_tile(program: TileProgram, engine: HeadEngine | None, control: queue.Queue,
              emit: Callable[[list[TokenEvent]], None], stop: threading.Event, deadline: float = 60.0) -> None:
     waited_since, pace = time.monotonic(), Pace(deadline)
+    crowded = crowding()  # once a loop (the load average moves over a minute), not at every idle poll
     while not stop.is_set():
         if engine is not None:
             _take_commands(engine, control, emit)
@@ -75,7 +76,7 @@ def run_tile(program: TileProgram, engine: HeadEngine | None, control: queue.Que
         got = program.links.recv_any(POLL_S)
         if got is None:
             program.tick(None)
-            limit = pace.limit(engine.load(), crowding()) if engine is not None and engine.busy else 0.0
+            limit = pace.limit(engine.load(), crowded) if engine is not None and engine.busy else 0.0
             if limit and time.monotonic() - waited_since > limit:
                 raise FabricTimeout(
                     f"{program.tile}: micro-batch(es) {sorted(engine.busy.values())} have been in flight for "
