@@ -165,10 +165,17 @@ def _signal_masks(pid: int) -> str:
     return "\n".join(rows)
 
 
+def _sigint_as_at_a_terminal() -> None:
+    """In the driver's process before it runs: SIGINT's default action, as a terminal gives its foreground
+    program. A test run started in the background (``.ci/run &``, ``nohup``) ignores SIGINT, its children
+    inherit the ignore, and Python then installs no KeyboardInterrupt handler: the Ctrl-C never arrived."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def test_ctrl_c_during_a_run_shuts_everything_down(private_tmp):
     tmp, env = private_tmp
     proc = subprocess.Popen([sys.executable, "-c", CTRL_C], env=env, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True)
+                            stderr=subprocess.PIPE, text=True, preexec_fn=_sigint_as_at_a_terminal)
     try:
         ready, _, _ = select.select([proc.stdout], [], [], 90)
         line = proc.stdout.readline() if ready else ""

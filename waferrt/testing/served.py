@@ -4,7 +4,8 @@ Contract: ``serving(argv, deadline_s)`` is a context manager that starts ``pytho
 *argv`` (with its own embedded Ray: ``RAY_ADDRESS`` is left out of its environment), waits at most
 `deadline_s` for its line ``listening on http://HOST:PORT`` on stderr and yields a :class:`Served` (``url``;
 ``log()``: its stderr so far). A server that exits or stays silent past the deadline raises
-:class:`ServerDidNotStart` with the end of its stderr. On exit it sends SIGINT, waits 30 s, then kills it.
+:class:`ServerDidNotStart` with the end of its stderr. On exit it sends SIGTERM (which the
+command handles; a SIGINT is ignored when the caller runs in the background), waits 30 s, then kills it.
 """
 
 from __future__ import annotations
@@ -60,7 +61,7 @@ def serving(argv: list[str], deadline_s: float = 180.0):
         yield Served(_wait_for_url(proc, lines, deadline_s), lines)
     finally:
         if proc.poll() is None:
-            proc.send_signal(signal.SIGINT)
+            proc.send_signal(signal.SIGTERM)
             try:
                 proc.wait(30)
             except subprocess.TimeoutExpired:
