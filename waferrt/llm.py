@@ -200,6 +200,15 @@ class _OnTiles:
     def log(self):
         return self.session.log
 
+    def inject(self, fault) -> int:
+        """Arm `fault` on the tiles as a fault of this decode: its number in ``log``. With no faults armed
+        before, the wafer takes this decode's session, so the fault shows as armed at once and, when it fires,
+        is the event that is detected and recovered (``Wafer.inject`` alone would start a session of its own
+        that this decode never reads)."""
+        if self.wafer.session is None:
+            self.wafer.session = self.session
+        return self.wafer.inject(fault)
+
     def recover(self, error: Exception) -> list:
         return recover(self, error)
 

@@ -1,7 +1,8 @@
 """The live page (GET /) in a real browser: headless Chromium (Debian's, driven by Playwright through its
 executable path) against a live ``waferrt serve`` on loopback: the mesh is drawn, a running request appears
-with its tokens, a fault injected through the server's fault endpoint (--http-faults, the key) appears and is
-recovered; a screenshot goes to docs/serve-live.png when WAFERRT_SCREENSHOT names it, else to the test's
+with its tokens, a fault armed through the server's fault endpoint (--http-faults, the key) is listed at once and is
+recovered when it fires during the request (armed first, so that a slow machine cannot end the request before
+the fault is armed); a screenshot goes to docs/serve-live.png when WAFERRT_SCREENSHOT names it, else to the test's
 folder. Skipped, with one line, only where no Chromium is installed."""
 
 from __future__ import annotations
@@ -73,19 +74,18 @@ def test_the_page_shows_the_mesh_a_running_request_and_a_fault_recovered(server,
     short = {"model": _model(server), "prompt": "first", "max_tokens": 4}  # the latency panel has one to show
     assert httpx.post(f"{server}/v1/completions", json=short, headers={"Authorization": f"Bearer {KEY}"},
                       timeout=60).status_code == 200
+    fault = {"kind": "core", "core": _used_core(server), "when": {"step": 3}}  # fires at the next request's 3rd step
+    r = httpx.post(f"{server}/v1/wafer/faults", json=fault, headers={"Authorization": f"Bearer {KEY}"},
+                   timeout=60)
+    assert r.status_code == 200, r.text
+    page.wait_for_selector("tr[data-testid=fault][data-state=armed]", timeout=60_000)  # listed once armed
     got: list = []
     body = {"model": _model(server), "prompt": "the wafer page", "max_tokens": 140, "stream": True,
             "ignore_eos": True}
     runner = threading.Thread(target=_stream, args=(server, body, got), daemon=True)
     runner.start()
     page.wait_for_selector("tr[data-testid=request]", timeout=120_000)  # the request appears, with its tokens
-
-    fault = {"kind": "core", "core": _used_core(server), "when": {"step": 3}}  # armed while it decodes
-    r = httpx.post(f"{server}/v1/wafer/faults", json=fault, headers={"Authorization": f"Bearer {KEY}"},
-                   timeout=60)
-    assert r.status_code == 200, r.text
-    page.wait_for_selector("tr[data-testid=fault]", timeout=120_000)  # the fault appears ...
-    page.wait_for_selector("tr[data-testid=fault][data-state=recovered]", timeout=180_000)  # ... and is recovered
+    page.wait_for_selector("tr[data-testid=fault][data-state=recovered]", timeout=180_000)  # fired and recovered
     page.wait_for_function("document.getElementById('wall-ttft').textContent !== '-'", timeout=30_000)
     page.wait_for_function("document.getElementById('linkmax').textContent.endsWith(' B')", timeout=30_000)
     shot = os.environ.get("WAFERRT_SCREENSHOT") or str(tmp_path / "serve-live.png")

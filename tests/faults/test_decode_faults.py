@@ -22,7 +22,7 @@ from waferrt.faults.model import border_links
 from waferrt.llm import WaferLLM
 from waferrt.model import Sampler, synthetic_llama, tiny_config
 from waferrt.scheduler import KVReserve, plan
-from waferrt.serving import GenRequest
+from waferrt.serving import Batch, GenRequest, serve
 
 CFG = tiny_config()
 WEIGHTS = synthetic_llama(CFG, seed=0)
@@ -70,6 +70,24 @@ def test_each_kind_is_found_and_recovered_with_the_same_tokens(llm, want, kind):
     assert event.fault == fault and event.step >= 1 and event.outcome == "recovered", session.log.table()
     assert FOUND_BY[kind] in event.detected_by and event.action
     assert stats.faults == session.log.events
+
+
+def test_a_fault_armed_on_a_running_decode_with_no_plan_is_its_own_event(llm, want):
+    """As ``waferrt serve --http-faults`` arms one: no FaultPlan around the decode. The fault is in the decode's
+    log as soon as it is armed (the live page lists it), and when it fires it is that event that is detected and
+    recovered (before, it went to a session of the wafer's own that the decode never read)."""
+    decode = llm.decoder()
+    fault = CoreFailure(_live_core(llm, 1), Trigger(step=4))
+    try:
+        i = decode.inject(fault)
+        assert [(e.fault, e.outcome) for e in decode.log.events] == [(fault, "did not fire")]
+        got, _ = serve(decode, llm.setup, llm.placement.spec.clock_hz, Batch(tuple(REQUESTS), SAMPLER))
+    finally:
+        llm.wafer.session = None  # the next test's decode starts without faults
+    assert [c.tokens for c in got] == want
+    (event,) = decode.log.events
+    assert event.index == i and event.outcome == "recovered" and "core failed" in event.detected_by, \
+        decode.log.table()
 
 
 def test_a_straggler_in_the_last_step_is_found_all_the_same(llm, want):

@@ -181,7 +181,7 @@ class Runner:
     def _handle(self, verb: str, arg, extra) -> None:
         if verb == "inject":
             try:
-                extra.put(self.llm.inject(arg))
+                extra.put(self.decode.inject(arg))
             except Exception as e:  # noqa: BLE001 - handed back to the caller's thread
                 extra.put(e)
         elif verb == "cancel":
