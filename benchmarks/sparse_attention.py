@@ -63,14 +63,20 @@ these contexts. The run's accuracy columns are unchanged by that (the reference'
 
 Then the prefill (closed forms only, instant): one layer's 512-token chunk at the end of each context on the
 32x32 square, its attention dense vs sparse (prediction: a transposed MeshGEMM over log-domain keys at the
-16-bit rate; the row top-K; the softmax and P.V over the kept keys), e.g.
+16-bit rate; the row top-K; the softmax and P.V over the kept keys, whose score and P blocks move compact:
+min(K, the key block) values a query, not the block's), e.g. (contexts 2048-32768 on SmolLM2's shape)
 
     context         mode |   predict      sort    attend      layer      dense  ratio
-       2048    sparse:32 |    443392     60446   1262200    3857220    3957030   0.97
-       4096    sparse:64 |    885760    129566   2517880    5655110    5847080   0.97
+       2048    sparse:32 |    443392     60446    971896    3571094    3961208   0.90
+       4096    sparse:64 |    885760    129566   1937272    5079196    5851774   0.87
+       8183    sparse:32 |   1770496    143390   1186168    5274943    9618721   0.55
+       8183   sparse:256 |   1770496    424478   7443832   11813695    9618721   1.23
+      32768    sparse:64 |   7078912    581150   3508600   13652767   32239873   0.42
 
-       8183    sparse:32 |   1770496    143390   3218296    7301607    9613257   0.76
-       8183   sparse:256 |   1770496    424478   7443832   11808231    9613257   1.23
+Before the score and P blocks moved compact (they moved whole, kb values a query), the same rows were 0.97,
+0.97, 0.76, 1.23 and 0.68: at 8K-32K the whole blocks' moves were most of sparse's "attend". Where K is at
+least a key block (sparse:256 at 8K: 256 keys a 256-key block), nothing is saved, and the prediction and the
+top-K make sparse dearer than dense.
 
 With --sparse-prefill each mode also prefills the prompt sparsely (the reference's per-row sparse prefill) and
 its "prefill+decode" row compares the first logits after the prompt and the steps after it with dense's. A run

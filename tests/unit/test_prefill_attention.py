@@ -72,3 +72,14 @@ def test_a_non_square_region_is_refused_with_what_to_give():
     kernel = _kernel(PromptAttention(2, 1.0))
     with pytest.raises(ValueError, match="square region"):
         simulate(mesh, TINY, mesh.region, kernel, q=z, k=z, v=z)
+
+
+def test_sparse_attention_moves_a_query_kept_values_of_scores_and_probabilities() -> None:
+    """16 tokens, head_dim 8, 2 heads on a 2x2 square (8 queries and 8 keys a block), kept 3 against dense:
+    only the score accumulators and P move smaller, by (8 - 3) values x 2 heads x 8 queries x 4 bytes = 320
+    bytes a block. On the 2-place rings (2 rings a direction, 2 hops of links round each) a move of them is
+    2 x 2 x 320 = 1,280 link bytes; the accumulators move twice (after each of the 2 steps), P once: 3,840."""
+    dense = attention_cost(TINY, AttentionShape(16, 8, 2, 2), SOFTMAX)
+    sparse = attention_cost(TINY, AttentionShape(16, 8, 2, 2, kept=3), SOFTMAX)
+    assert dense.link_bytes - sparse.link_bytes == 3_840
+    assert dense.flops > sparse.flops

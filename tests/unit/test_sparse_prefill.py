@@ -8,8 +8,10 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+import waferrt.decode.prefill as prefill_module
 import waferrt.kernels.attention as attention_kernel
 import waferrt.kernels.gemm as gemm_kernel
+import waferrt.kernels.gemm_backward as backward_kernel
 import waferrt.kernels.sparse_attention as sparse_kernel
 from waferrt.core.ledger import Ledger
 from waferrt.core.mesh import MeshSpec, Region
@@ -114,18 +116,48 @@ def test_the_sparse_prefill_never_computes_the_dense_scores(monkeypatch) -> None
         kept.append(out.shape[-1])
         return out
 
-    def counted_product(a, b, keep):
-        pv.append(keep)
-        return real_product(a, b, keep)
+    def counted_weighted(self, t, p, v):
+        pv.append(p.shape[-1])
+        return real_weighted(self, t, p, v)
 
     real_accumulate, real_dot = attention_kernel.accumulate, sparse_kernel.kept_dot
-    real_product = gemm_kernel.kept_product
+    real_weighted = sparse_kernel.KeptKeys.weighted
     monkeypatch.setattr(attention_kernel, "accumulate", counted_accumulate)
     monkeypatch.setattr(sparse_kernel, "kept_dot", counted_dot)
-    monkeypatch.setattr(gemm_kernel, "kept_product", counted_product)
+    monkeypatch.setattr(sparse_kernel.KeptKeys, "weighted", counted_weighted)
     prefill(AttentionMode(keep=3), Region(0, 0, 2, 2), 16)
     assert dense_products == [True]  # the prediction alone, in the log domain
     assert kept == [3, 3] and pv == [3, 3]  # two steps of the 2-ring, 3 keys a query each
+
+
+def test_the_sparse_prefill_moves_compact_score_and_probability_blocks(monkeypatch) -> None:
+    """The same prefill: every block the attention's two MeshGEMMs move round the rows' rings (the score
+    accumulators, then P) holds 3 values a (head, query), never the key block's 8; K's and V's blocks move
+    whole (8 keys by head_dim / 2). Counted at the seam every ring move goes through."""
+    moved, attending = [], []
+
+    def counted_move(ctx, buf, axis, places, lines):
+        if attending:  # not the projections' MeshGEMMs
+            moved.append((axis, buf.shape[-2:]))
+        return real_move(ctx, buf, axis, places, lines)
+
+    def counted_attention(*args, **kwargs):
+        attending.append(True)
+        try:
+            return real_attention(*args, **kwargs)
+        finally:
+            attending.pop()
+
+    real_move, real_attention = gemm_kernel.ring_move, prefill_module.causal_attention
+    for module in (gemm_kernel, attention_kernel, backward_kernel):
+        monkeypatch.setattr(module, "ring_move", counted_move)
+    monkeypatch.setattr(prefill_module, "causal_attention", counted_attention)
+    prefill(AttentionMode(keep=3), Region(0, 0, 2, 2), 16)
+    hd = CFG.head_dim // 2
+    rows = [shape for axis, shape in moved if axis == "x"]
+    # the prediction's score accumulators (every key, 2 moves), the kept scores' (2), P (1): 8 queries a block
+    assert rows == [(8, 8), (8, 8), (8, 3), (8, 3), (8, 3)]
+    assert {shape for axis, shape in moved if axis == "y"} == {(8, hd)}  # K's and V's blocks, skews included
 
 
 def test_a_decode_with_a_sparse_prefill_gives_the_references_sparse_tokens() -> None:

@@ -153,6 +153,13 @@ class RingOperand:
     values: int
 
 
+def _ring_pass(op: RingOperand, rings: int, size: int) -> tuple[int, int, int, int]:
+    """Every place of `rings` interleaved rings passing its block of `op` one place on, as a move for ``_stage``:
+    (longest hops, bytes a message, messages, link bytes)."""
+    hops, ring_sum = ring_hops("meshgemm", op.length)
+    return hops, op.values * size, op.length * rings if op.length > 1 else 0, rings * ring_sum * op.values * size
+
+
 def transposed_cost(spec: HardwareSpec, acc: RingOperand, moving: RingOperand, flops: int, dtype: str = "float32",
                     rate: str | None = None) -> Cost:
     """MeshGEMM's transposed variant (Q.K^T, a GEMM's dX and dW) on MeshGEMM's rings: `acc`, the accumulators,
@@ -163,9 +170,7 @@ def transposed_cost(spec: HardwareSpec, acc: RingOperand, moving: RingOperand, f
     rounds of s one-place moves, an add a value each)."""
     la, lm, size, rate = acc.length, moving.length, itemsize(check_dtype(dtype)), rate or dtype
     s = math.gcd(la, lm)
-    (ha, sum_a), (hm, sum_m) = ring_hops("meshgemm", la), ring_hops("meshgemm", lm)
-    acc_moves = (ha, acc.values * size, la * lm if la > 1 else 0, lm * sum_a * acc.values * size)  # lm rings of la
-    moving_moves = (hm, moving.values * size, la * lm if lm > 1 else 0, la * sum_m * moving.values * size)
+    acc_moves, moving_moves = _ring_pass(acc, lm, size), _ring_pass(moving, la, size)  # lm rings of la, la of lm
     rounds = la // s - 1
     return (compute_cost(spec, flops, rate).scaled(s) + _stage(spec, [acc_moves, moving_moves]).scaled(s - 1)
             + _stage(spec, [acc_moves]).scaled(1 + rounds * s) + compute_cost(spec, acc.values, rate).scaled(rounds))
@@ -220,8 +225,8 @@ def probabilities_cost(spec: HardwareSpec, shape: AttentionShape, softmax_flops:
     side, heads, rate = shape.side, shape.heads, check_dtype(rate or check_dtype(dtype))
     mb, db = cdiv(shape.tokens, side), cdiv(shape.head_dim, side)
     kb, kept = shape.key_block, shape.kept_block
-    nt = transposed_cost(spec, RingOperand(side, heads * mb * kb), RingOperand(side, heads * kb * db),
-                         2 * heads * mb * db * kept, dtype, rate)
+    nt = transposed_cost(spec, RingOperand(side, heads * mb * kept), RingOperand(side, heads * kb * db),
+                         2 * heads * mb * db * kept, dtype, rate)  # sparse: compact score blocks, kept a query
     return (nt + row_reduce_cost(spec, side, heads * mb, dtype, rate).scaled(2)
             + compute_cost(spec, softmax_flops * heads * mb * kept, rate))
 
@@ -231,10 +236,10 @@ def attention_cost(spec: HardwareSpec, shape: AttentionShape, softmax_flops: int
     """Causal attention over a prompt, every head's blocks moving together (waferrt.kernels.attention): K
     skewed, the probabilities (``probabilities_cost``), V skewed, P.V. Values move as `dtype`; the cores
     compute at `rate`'s (default `dtype`), as ``gemm_cost``."""
-    side, context, heads = shape.side, shape.context or shape.tokens, shape.heads
-    mb, kb, db = cdiv(shape.tokens, side), shape.key_block, cdiv(shape.head_dim, side)
-    pv = GemmShape(shape.tokens, context, shape.head_dim, side, side)  # MeshGEMM's moves; its products: kept keys'
-    products = compute_cost(spec, 2 * heads * mb * shape.kept_block * db, rate or dtype).scaled(side)
-    return (skew_cost(spec, side, heads * kb * db * itemsize(check_dtype(dtype))).scaled(2)
-            + probabilities_cost(spec, shape, softmax_flops, dtype, rate)
-            + shift_step_cost(spec, "meshgemm", pv, dtype, heads).scaled(side - 1) + products)
+    side, heads, size = shape.side, shape.heads, itemsize(check_dtype(dtype))
+    mb, kb, kept, db = cdiv(shape.tokens, side), shape.key_block, shape.kept_block, cdiv(shape.head_dim, side)
+    pv_step = _stage(spec, [_ring_pass(RingOperand(side, heads * mb * kept), side, size),  # P (compact if sparse)
+                            _ring_pass(RingOperand(side, heads * kb * db), side, size)])  # V
+    products = compute_cost(spec, 2 * heads * mb * kept * db, rate or dtype).scaled(side)
+    return (skew_cost(spec, side, heads * kb * db * size).scaled(2)
+            + probabilities_cost(spec, shape, softmax_flops, dtype, rate) + pv_step.scaled(side - 1) + products)

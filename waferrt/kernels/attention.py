@@ -17,7 +17,9 @@ carries, then the score blocks move one place along the rows' rings and K's bloc
 columns'. The score block of (i, j) thereby visits every column of row i, and after s steps core (i, c)
 holds S(i, (i + c) % s): the A layout that MeshGEMM takes, so the softmax (a row max and a row sum, each an
 allreduce along x) and P.V (V skewed like K, then ``meshgemm``) follow with no other move. Booked under
-"attention"; ``waferrt.core.gemm_cost.attention_cost`` is what that comes to.
+"attention"; ``waferrt.core.gemm_cost.attention_cost`` is what that comes to. Under sparse attention (`select`)
+the score and P blocks are *compact*, a query's kept keys of the block alone (kernels.sparse_attention.KeptKeys):
+only those are computed, and only those move.
 
 :func:`softmax` is the attention's softmax, written once for every path: the decode's (decode.shards,
 ``LayerShard._dense`` on FastNet / HopNet), the prefill's and training's (here, on the KernelNet), and the
@@ -36,7 +38,7 @@ import numpy as np
 from .gemm import Grid, meshgemm, places, ring_move, used_lines
 from .gemm_backward import accumulate
 from .sequences import fold, unfold
-from .sparse_attention import KeptScores, Selection, row_statistics
+from .sparse_attention import KeptKeys, Selection, row_statistics
 
 
 def square_places(ctx) -> tuple[list[int], list[int]]:
@@ -75,14 +77,17 @@ def skew(ctx, buf: np.ndarray, axis: str, back: bool = False) -> np.ndarray:
     return buf
 
 
-def scores_nt(ctx, q: np.ndarray, k: np.ndarray, chosen: Selection | None = None) -> np.ndarray:
+def scores_nt(ctx, q: np.ndarray, k: np.ndarray, kept: KeptKeys | None = None) -> np.ndarray:
     """S = Q K^T by the transposed MeshGEMM (module doc): q (rows, cols, H, mb, db), k (.., kb, db) in the C
-    layout, K already skewed along y; returns S's (H, mb, kb) blocks in the A layout. `chosen` (sparse
-    attention): only each query's kept keys are multiplied (kernels.sparse_attention.KeptScores), the other
-    entries stay 0."""
-    xs, _ = square_places(ctx)
-    kept = None if chosen is None else KeptScores(chosen, held_blocks(ctx)[1], len(xs))
+    layout, K already skewed along y; returns S's (H, mb, kb) blocks in the A layout. `kept` (sparse
+    attention, kernels.sparse_attention.KeptKeys): only each query's kept keys are multiplied, and S comes
+    compact, (H, mb, kept) a block."""
     return accumulate(ctx, Grid.of_ctx(ctx), q, k, "nt", kept)
+
+
+def kept_keys(ctx, chosen: Selection) -> KeptKeys:
+    """The step products over `chosen`'s keys on this square: the key block each core's A-layout block is."""
+    return KeptKeys(chosen, held_blocks(ctx)[1], len(square_places(ctx)[0]))
 
 
 @dataclass(frozen=True)
@@ -141,30 +146,30 @@ def softmax(net, comm, scores: np.ndarray, hidden: np.ndarray, positions: int = 
     return e
 
 
-def probabilities(net, q: np.ndarray, k: np.ndarray, prompt: PromptAttention, chosen: Selection | None = None
+def probabilities(net, q: np.ndarray, k: np.ndarray, prompt: PromptAttention, kept: KeptKeys | None = None
                   ) -> np.ndarray:
     """The heads' causal softmax(scale Q K^T) in the A layout, (rows, cols, H, mb, kb): q in the C layout, k
     (its kb positions a block) already skewed along y (module doc); masked entries and padding queries get 0.
-    `chosen`: only its keys (sparse attention: their scores alone, `sorted_probabilities`), the products and
-    the softmax recorded for its kept keys."""
+    `kept` (sparse attention): over each query's kept keys alone, compact (rows, cols, H, mb, kept)
+    (``sorted_probabilities``)."""
     ctx, mb, kb = net.ctx, q.shape[3], k.shape[3]
-    scores = scores_nt(ctx, q, k, chosen) * np.float32(prompt.scale)  # (rows, cols, H, mb, kb)
-    valid = causal_mask(ctx, mb, prompt, kb)[:, :, None]
-    if chosen is not None:
-        return sorted_probabilities(net, scores, valid & chosen.mask(held_blocks(ctx)[1]), chosen)
+    scores = scores_nt(ctx, q, k, kept) * np.float32(prompt.scale)
+    valid = causal_mask(ctx, mb, prompt, kb)[:, :, None]  # (rows, cols, 1, mb, kb)
+    if kept is not None:
+        places, inside = kept.at(0)  # the A-layout block's kept keys, in predicted order
+        return sorted_probabilities(net, scores, inside & np.take_along_axis(valid, places, -1))
     return softmax(net, None, scores, ~valid)
 
 
-def sorted_probabilities(net, scores: np.ndarray, valid: np.ndarray, chosen: Selection) -> np.ndarray:
-    """Sparse attention's P: each core's online softmax over its kept keys in predicted order (``net.flash``:
+def sorted_probabilities(net, scores: np.ndarray, valid: np.ndarray) -> np.ndarray:
+    """Sparse attention's P over the kept keys, compact (rows, cols, H, mb, kept) scores in predicted order
+    (`valid`: a kept key the query may see): each core's online softmax over them (``net.flash``:
     kernels.sparse_attention.flash, STAR's sorted-updating FlashAttention), the cores' Partials merged over
-    the row (kernels.sparse_attention.row_statistics), then each kept key's probability. scores, valid (rows,
-    cols, H, mb, kb) -> P (rows, cols, H, mb, kb), 0 but at the kept keys."""
-    places, inside = chosen.in_block(held_blocks(net.ctx)[1])  # (rows, cols, H, mb, kept), best predicted first
-    part = net.flash(None, np.take_along_axis(scores, places, -1), inside & np.take_along_axis(valid, places, -1))
+    the row (kernels.sparse_attention.row_statistics), then each kept key's probability, 0 where not valid."""
+    part = net.flash(None, scores, valid)
     top, total, _ = row_statistics(net, None, part)
     e = np.where(valid, np.exp(scores - top), np.float32(0))
-    net.elementwise(None, "softmax", e, chosen.kept)
+    net.elementwise(None, "softmax", e)
     return e / np.where(total > 0, total, np.float32(1))
 
 
@@ -179,7 +184,7 @@ def causal_attention(net, q: np.ndarray, k: np.ndarray, v: np.ndarray, prompt: P
     ctx, (q, k, v) = net.ctx, (fold(a, prompt.sequences) for a in (q, k, v))
     with ctx.ledger.op("attention"):
         ks = skew(ctx, k, "y")
-        chosen = select(ctx, q, ks) if select is not None else None
-        p = probabilities(net, q, ks, prompt, chosen)
-        out = meshgemm(ctx, p[:, :, None], skew(ctx, v, "y")[:, :, None], chosen.kept if chosen else None)
+        kept = kept_keys(ctx, select(ctx, q, ks)) if select is not None else None
+        p = probabilities(net, q, ks, prompt, kept)
+        out = meshgemm(ctx, p[:, :, None], skew(ctx, v, "y")[:, :, None], kept)
         return unfold(out, prompt.sequences)

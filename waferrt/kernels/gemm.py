@@ -25,6 +25,8 @@ import numpy as np
 from waferrt.core.gemm_cost import GemmShape, check_algo
 from waferrt.core.mesh import Region
 
+from .sparse_attention import KeptKeys
+
 
 @dataclass(frozen=True)
 class Grid:
@@ -161,12 +163,13 @@ def ring_move(ctx, buf: np.ndarray, axis: str, places: list[int], lines: int) ->
     return out
 
 
-def _shift_gemm(ctx, a: np.ndarray, b: np.ndarray, algo: str, kept: int | None = None) -> np.ndarray:
+def _shift_gemm(ctx, a: np.ndarray, b: np.ndarray, algo: str, kept: KeptKeys | None = None) -> np.ndarray:
     """Cannon's algorithm on the rings `algo` names: gcd(rows, cols) block products, a ring shift between.
     a (rows, cols, 1, *batch, mb, kb), b (rows, cols, 1, *batch, kb, nb): every core multiplies a batch of
-    blocks (e.g. one per attention head) at once, and moves them together. `kept`: how many of a row of a's
-    kb entries a step multiplies (the nonzeros of sparse attention's P; default all): only those are multiplied
-    (:func:`kept_product`) and booked."""
+    blocks (e.g. one per attention head) at once, and moves them together. `kept` (sparse attention's P.V on
+    a square, waferrt.kernels.sparse_attention.KeptKeys): a's blocks are compact, (.., mb, kept) probabilities
+    of each query's kept keys; a step multiplies them by their keys' rows of b's block (``kept.weighted``), and
+    books and moves only those."""
     grid = Grid.of_ctx(ctx)
     xs, ys = places(algo, grid)
     steps = math.gcd(len(xs), len(ys))
@@ -179,24 +182,12 @@ def _shift_gemm(ctx, a: np.ndarray, b: np.ndarray, algo: str, kept: int | None =
                 with ctx.ledger.concurrent():
                     a = ring_move(ctx, a, "x", xs, lines_x)
                     b = ring_move(ctx, b, "y", ys, lines_y)
-            c += kept_product(a, b, kept) if kept else a @ b
-            ctx.ledger.compute(2 * math.prod(a.shape[2:-1]) * (kept or a.shape[-1]) * b.shape[-1])
+            c += kept.weighted(t, a, b) if kept is not None else a @ b
+            ctx.ledger.compute(2 * math.prod(a.shape[2:]) * b.shape[-1])
     return c
 
 
-def kept_product(a: np.ndarray, b: np.ndarray, kept: int) -> np.ndarray:
-    """a @ b over each row of a's nonzeros alone (a zero adds nothing): a (..., mb, kb) with at most `kept`
-    nonzeros a row (sparse attention's P over a key block), b (..., kb, nb) -> (..., mb, nb)."""
-    nonzero = a != 0
-    if a.size and int(nonzero.sum(axis=-1).max()) > kept:
-        raise ValueError(f"a row of the block has {int(nonzero.sum(axis=-1).max())} nonzeros, more than the "
-                         f"{kept} kept: give kept >= the most nonzeros a row holds (or None: dense)")
-    at = np.argsort(~nonzero, axis=-1, kind="stable")[..., :kept]  # (..., mb, kept): the nonzeros first
-    rows = np.take_along_axis(b[..., None, :, :], at[..., None], axis=-2)  # (..., mb, kept, nb)
-    return np.matmul(np.take_along_axis(a, at, -1)[..., None, :], rows)[..., 0, :]
-
-
-def meshgemm(ctx, a: np.ndarray, b: np.ndarray, kept: int | None = None) -> np.ndarray:
+def meshgemm(ctx, a: np.ndarray, b: np.ndarray, kept: KeptKeys | None = None) -> np.ndarray:
     """MeshGEMM: Cannon's steps on the interleaved rings, every move at most two hops (`kept`: _shift_gemm's)."""
     return _shift_gemm(ctx, a, b, "meshgemm", kept)
 

@@ -34,12 +34,12 @@ import numpy as np
 from waferrt.core.mesh import Region
 
 from .gemm import Grid, cut_blocks, places, ring_move, used_lines
-from .sparse_attention import KeptScores
+from .sparse_attention import KeptKeys
 
 LAYOUTS = ("A", "B", "C")
 
 
-def accumulate(ctx, grid: Grid, fixed: np.ndarray, moving: np.ndarray, variant: str, kept: KeptScores | None = None
+def accumulate(ctx, grid: Grid, fixed: np.ndarray, moving: np.ndarray, variant: str, kept: KeptKeys | None = None
                ) -> np.ndarray:
     """The transposed MeshGEMM on `grid`'s rows x cols cores (module doc). variant "nt": acc += fixed @
     moving^T, the accumulators along the rows' rings ("x"), `moving` along the columns'; "tn": acc += moving^T
@@ -47,8 +47,8 @@ def accumulate(ctx, grid: Grid, fixed: np.ndarray, moving: np.ndarray, variant: 
     accumulators move after each, `moving` after all but the last. On a ring longer than s, the ring's
     places s apart then hold partial sums of the same block: they are summed around the ring
     (:func:`ring_sum`). `kept` (variant "nt" on a square only; sparse attention's
-    waferrt.kernels.sparse_attention.KeptScores): a step computes only its `product(t, fixed, moving)`, the
-    kept keys' entries of the accumulators' last axis, booked as `per_block` of them; the blocks move whole."""
+    waferrt.kernels.sparse_attention.KeptKeys): the accumulators are compact, a query's kept keys of their key
+    block alone; a step computes and books `product(t, fixed, moving)`, and only those entries move."""
     xs, ys = places("meshgemm", grid)
     s = math.gcd(len(xs), len(ys))
     if variant == "nt":
@@ -65,8 +65,7 @@ def accumulate(ctx, grid: Grid, fixed: np.ndarray, moving: np.ndarray, variant: 
     acc = np.float32(0)
     for t in range(s):
         acc = acc + (kept.product(t, fixed, moving) if kept is not None else product(fixed, moving))
-        per = kept.per_block if kept is not None else acc.shape[-1]
-        ctx.ledger.compute(2 * math.prod(acc.shape[2:-1]) * per * fixed.shape[contract])
+        ctx.ledger.compute(2 * math.prod(acc.shape[2:]) * fixed.shape[contract])
         with ctx.ledger.concurrent():
             acc = ring_move(ctx, acc, *along)
             if t < s - 1:

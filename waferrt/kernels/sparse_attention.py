@@ -8,10 +8,15 @@ Contract:
   multicast left them there); `kept` = min(key_block, K), the most of a query's kept keys one key block
   holds (what a core computes and books a step). `in_block(j)` gives, for the key block j each core holds,
   each query's kept keys in it as places in the block, in predicted order.
-- `KeptScores`: the transposed MeshGEMM's step product for sparse attention
-  (waferrt.kernels.gemm_backward.accumulate's `kept`): at step t the score block a core carries is key
-  block (first + t) % side's (the accumulators and K's blocks both move one ring place a step), and only
-  each query's kept keys of it are gathered and multiplied -- the dense Q.K^T is never formed.
+- `KeptKeys`: the step products of sparse attention's two MeshGEMMs on the square, over each query's kept keys
+  alone, in the *compact* layout: a score or probability block is (rows, cols, H, mb, kept), entry k a query's
+  k-th kept key of its key block in predicted order (0 where it keeps fewer). At step t the block a core
+  holds -- the score accumulator of the transposed MeshGEMM (waferrt.kernels.gemm_backward.accumulate's
+  `kept`) and P's block in P.V (waferrt.kernels.gemm.meshgemm's `kept`) -- is key block (first + t) % side's
+  (both move one ring place a step, as K's and V's blocks do), and every core of a row knows that block's kept
+  keys (the same lists on every core of a row). ``product`` gathers them from the K block and multiplies:
+  the dense Q.K^T is never formed; ``weighted`` gathers their rows of the V block. Only the compact blocks
+  move: kept values a query, not the key block's.
 - `flash(s, kept, vs=None, block)`: STAR's sorted-updating FlashAttention: the online softmax over scores
   in predicted order, `block` at a time -> `Partial` (running max, sum, and with `vs` the P.V; `rescales`
   counts the (row, block) pairs after the first whose new max forced the rescale: rare in that order).
@@ -61,27 +66,31 @@ class Selection:
 
 
 @dataclass(frozen=True)
-class KeptScores:
-    """accumulate's step product under sparse attention: q (rows, cols, H, mb, db) against only each query's
-    kept keys of the K block (rows, cols, H, kb, db) the core holds at step t (module doc)."""
+class KeptKeys:
+    """Sparse attention's step products over the kept keys, in the compact layout (module doc)."""
 
     selection: Selection
-    first: np.ndarray  # (rows, cols): the key block of each core's score block at step 0 (its A-layout block)
+    first: np.ndarray  # (rows, cols): the key block of each core's A-layout block, the one it holds at step 0
     side: int
 
-    @property
-    def per_block(self) -> int:
-        return self.selection.kept
+    def at(self, t: int) -> tuple[np.ndarray, np.ndarray]:
+        """Step t's (places (rows, cols, H, mb, kept) in the key block held of each compact entry, which are kept
+        keys): Selection.in_block of key block (first + t) % side."""
+        return self.selection.in_block((self.first + t) % self.side)
 
     def product(self, t: int, q: np.ndarray, k: np.ndarray) -> np.ndarray:
-        """The step's partial scores (rows, cols, H, mb, kb): the kept entries computed, the others 0."""
-        places, inside = self.selection.in_block((self.first + t) % self.side)
+        """Step t's partial scores, compact: q (rows, cols, H, mb, db) against each query's kept keys of the K
+        block (rows, cols, H, kb, db) -> (rows, cols, H, mb, kept), 0 past a query's kept keys."""
+        places, inside = self.at(t)
         ks = np.take_along_axis(k[:, :, :, None], places[..., None], axis=-2)  # (rows, cols, H, mb, kept, db)
-        s = kept_dot(q, ks)  # (rows, cols, H, mb, kept)
-        kb = k.shape[-2]
-        out = np.zeros(s.shape[:-1] + (kb + 1,), np.float32)
-        np.put_along_axis(out, np.where(inside, places, kb), np.where(inside, s, np.float32(0)), axis=-1)
-        return out[..., :kb]
+        return np.where(inside, kept_dot(q, ks), np.float32(0))
+
+    def weighted(self, t: int, p: np.ndarray, v: np.ndarray) -> np.ndarray:
+        """Step t's P.V: the compact probabilities p (rows, cols, H, mb, kept) of the key block held, times their
+        keys' rows of the V block (rows, cols, H, kb, db) -> (rows, cols, H, mb, db)."""
+        places, _ = self.at(t)
+        vs = np.take_along_axis(v[:, :, :, None], places[..., None], axis=-2)  # (rows, cols, H, mb, kept, db)
+        return np.matmul(p[..., None, :], vs)[..., 0, :]
 
 
 def kept_dot(q: np.ndarray, ks: np.ndarray) -> np.ndarray:
