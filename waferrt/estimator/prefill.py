@@ -19,7 +19,9 @@ decode's time per token. ``PUBLISHED`` is WaferLLM's measured Llama3-8B prefill 
 cores), which docs/ESTIMATES.md sets beside the model's. :func:`kernel_prefill` is the same closed forms on
 the setup WaferLLM's published prefill kernel is timed on (one layer's weights resident on the grid, the prompt
 in one piece, every layer alike; no decode beside it, no layout moves): what separates the model from the
-measurement once the decode's layout is out of the way (``kernel_lines``).
+measurement once the decode's layout is out of the way (``kernel_lines``); :func:`kernel_instructions` counts the
+vector instructions that kernel's MeshGEMM loops issue a core a layer, and :func:`break_even_cycles` what each
+would have to cost for the model to land at a measured rate (the model counts none: no public figure).
 """
 
 from __future__ import annotations
@@ -225,6 +227,23 @@ def kernel_prefill(config, spec, side: int, tokens: int, dtype: str) -> dict[str
     return out
 
 
+def kernel_instructions(config, side: int, tokens: int) -> int:
+    """The vector instructions one core issues per layer in the MeshGEMMs of WaferLLM's published prefill kernel
+    (KERNEL_SOURCE's prefill.csl): each of a GEMM's `side` steps runs Kt x Nt fmach, each over an Mt-long column
+    (``matmul_compute`` / ``matmul_T_compute``: for k in Kt, @map over Nt). Its GEMMs a layer (``prefill_struct``),
+    as (K, N): xq, xk, xv and h1 (dim, dim: K and V at the model's full width, no grouped heads), score (dim,
+    tokens), output (tokens, dim), z1 and z2 (dim, hidden), h2 (hidden, dim)."""
+    d, f, t = config.dim, config.hidden_dim, tokens
+    pairs = [(d, d)] * 4 + [(d, t), (t, d), (d, f), (d, f), (f, d)]
+    return side * sum(cdiv(k, side) * cdiv(n, side) for k, n in pairs)
+
+
+def break_even_cycles(spec, seconds: float, rate: float, tokens: int, instructions: int) -> float:
+    """The cycles each of `instructions` vector instructions would have to add to a modelled prefill of `tokens`
+    tokens in `seconds` for it to run at `rate` tokens/s (negative: the model is slower already)."""
+    return (tokens / rate - seconds) * spec.clock_hz / instructions
+
+
 def kernel_lines(config, spec, side: int, tokens: int, dtype: str) -> list[str]:
     """WaferLLM's measured Llama3-8B prefill beside kernel_prefill on a side x side grid (nothing for another
     model or prompt): the gap that remains without the decode's layout, and what the model leaves out."""
@@ -243,4 +262,9 @@ def kernel_lines(config, spec, side: int, tokens: int, dtype: str) -> list[str]:
                    "step is its block product at four FMACs a cycle and a two-hop block move; a real core adds what no "
                    "closed form here counts (instruction issue, task switches; WaferLLM's Q.K^T also reduces each "
                    "step's scores along the row: prefill.csl matmul_T_reduce_add); no constant is fitted to the gap")
+        n = kernel_instructions(config, side, tokens)
+        lo_c, hi_c = (break_even_cycles(spec, t, r, tokens, config.n_layers * n) for r in (hi, PUBLISHED[0]))
+        out.append(f"to land in it   the kernel's MeshGEMM loops issue {n:,} vector instructions (fmach over a "
+                   f"{cdiv(tokens, side)}-token column) a core a layer; each would have to cost at least {lo_c:.1f}-"
+                   f"{hi_c:.1f} cycles beyond its SIMD work, which this model counts as 0 (no public figure)")
     return out
