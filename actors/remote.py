@@ -7,8 +7,9 @@ do not fight over the machine's cores), wires their fabric (ipc on one node; tcp
 address, only for tiles with a neighbour on another node; every link authenticated: each tile makes its
 own key pair and gets its neighbours' public keys through Ray before any tile connects), points their
 heartbeats at the host's inbox and returns the handles. :func:`restart_tiles` replaces dead tiles by new
-actors and rewires their neighbours to them. :func:`stop_tiles` closes their sockets and kills them;
-:func:`kill_tiles` kills them at once.
+actors and rewires their neighbours to them. :func:`stop_tiles` closes their sockets and kills them
+(or, while tiles are kept, hands those that retired cleanly to waferrt.actors.pool, whose kept tiles
+:func:`start_tiles` and :func:`restart_tiles` take first); :func:`kill_tiles` kills them at once.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
 from waferrt.core.mesh import Dir, MeshSpec, TileId
 
+from .pool import POOL, keep_limit
 from .session import BLAS_ENV, NodesGone, workers_inherit_blas_env
 from .tile import Tile
 
@@ -103,11 +105,19 @@ def restart_tiles(launch: TileLaunch, handles: dict, dead: list[TileId]) -> dict
 
 
 def _start(launch: TileLaunch, t: TileId):
-    """Tile t's actor, named ``tile(x,y)``, pinned to its node (a worker Ray starts for it gets one BLAS
-    thread). A name that a killed actor still holds is retried for a while."""
+    """Tile t's actor, pinned to its node (a worker Ray starts for it gets one BLAS thread): a kept one made
+    new (actors.pool) when the pool holds one there, else a new actor, named ``tile(x,y)`` unless tiles are
+    kept. A name that a killed actor still holds is retried for a while."""
     node = launch.node_ids[t]
-    opts = {"name": str(t), "namespace": launch.namespace,
-            "scheduling_strategy": NodeAffinitySchedulingStrategy(node, soft=False)}
+    if launch.tile_cls is TileActor:
+        while (kept := POOL.take(node)) is not None:
+            try:
+                ray.get(kept.reset.remote(launch.mesh, launch.spec, t, launch.timeout), timeout=CALL_S)
+                return kept
+            except Exception:  # noqa: BLE001 - a kept tile that died or hangs is dropped; the next one is tried
+                ray.kill(kept, no_restart=True)
+    named = {} if keep_limit() else {"name": str(t), "namespace": launch.namespace}
+    opts = {**named, "scheduling_strategy": NodeAffinitySchedulingStrategy(node, soft=False)}
     if not (workers_inherit_blas_env() and node == driver_node()):
         opts["runtime_env"] = {"env_vars": BLAS_ENV}
     deadline = time.monotonic() + CALL_S
@@ -162,14 +172,28 @@ def _crosses_nodes(mesh: MeshSpec, node_ids: dict[TileId, str], t: TileId) -> bo
                for n in (mesh.tile_neighbour(t, d) for d in Dir))
 
 
-def stop_tiles(handles: dict, patience: float = 10.0) -> None:
-    """Ask every tile to close its sockets (for up to `patience` seconds), then kill them all."""
-    refs = [h.close.remote() for h in handles.values()]
-    try:
-        ray.get(refs, timeout=patience)
-    except Exception:  # noqa: BLE001 - a dead tile cannot close; it is killed below anyway
-        pass
-    kill_tiles(handles.values())
+def stop_tiles(handles: dict, patience: float = 10.0, nodes: Mapping[TileId, str] | None = None) -> None:
+    """Ask every tile to close its sockets (for up to `patience` seconds), then kill them all -- or, given each
+    tile's Ray `nodes` while tiles are kept (actors.pool), keep those that retired cleanly and kill the rest."""
+    if nodes is None or not keep_limit():
+        refs = [h.close.remote() for h in handles.values()]
+        try:
+            ray.get(refs, timeout=patience)
+        except Exception:  # noqa: BLE001 - a dead tile cannot close; it is killed below anyway
+            pass
+        kill_tiles(handles.values())
+        return
+    refs = {h.retire.remote(): t for t, h in handles.items()}
+    ready, _ = ray.wait(list(refs), num_returns=len(refs), timeout=patience)
+    kept = set()
+    for ref in ready:
+        try:
+            clean = ray.get(ref, timeout=0)
+        except Exception:  # noqa: BLE001 - a tile that failed to retire is killed below
+            continue
+        if clean is True and POOL.give(nodes[refs[ref]], handles[refs[ref]]):
+            kept.add(refs[ref])
+    kill_tiles(h for t, h in handles.items() if t not in kept)
 
 
 def kill_tiles(handles) -> None:

@@ -6,7 +6,8 @@ the decode program, the faults, tracing -- plus what needs pyzmq or a process of
 ``rewire`` for a restarted neighbour: waferrt.actors.fabric.ZmqLinks), its heartbeat to the host's inbox
 (waferrt.actors.stream), so a frozen or dead tile is noticed within seconds, and its decode loop in a
 thread of its own (``decode_start`` / ``decode_submit`` / ``decode_stop``: no Ray call per token;
-``decode_attach`` for a streaming decode). A fault that fires is reported to the host at once, a TileCrash
+``decode_attach`` for a streaming decode). ``retire`` and ``reset`` let a closed tile's process serve another
+Wafer (waferrt.actors.pool). A fault that fires is reported to the host at once, a TileCrash
 ends the process with ``os._exit``; after a fault the host ends the loop with ``decode_abort``, re-plans
 and sets the decode up again. Its methods, its own and those it inherits, are what the runtime calls
 (``Wafer.call(tile, Tile.method, args)``) and return plain data.
@@ -25,6 +26,8 @@ from waferrt.faults.state import Fired
 from waferrt.tiles.cores import TileCores, fired_dict
 
 CRASH_GRACE_S = 0.2  # a crashing tile's last report gets this long to leave before the process dies
+RETIRE_S = 5.0  # how long a retiring tile waits for its decode loop's thread to end
+OWN_THREADS = ("heartbeat", "decode", "waferrt-gatekeeper")  # the threads a tile starts (stream, decoding, guard)
 
 
 class Tile(TileCores):
@@ -140,6 +143,22 @@ class Tile(TileCores):
         from .watch import machine_id
 
         return machine_id(), os.getuid(), os.getpid()
+
+    def retire(self) -> bool:
+        """Close this tile to be kept for another Wafer (actors.pool): its sockets closed, its heartbeat and
+        decode loop ended; True when no thread of its own is left running, so that ``reset`` may make it new."""
+        loop = self.loop
+        self.close()
+        if loop is not None:
+            loop.thread.join(RETIRE_S)
+        return not [t for t in threading.enumerate() if t.name in OWN_THREADS and t.is_alive()]
+
+    def reset(self, mesh: MeshSpec, spec: HardwareSpec, tile: TileId, timeout: float = 30.0) -> int:
+        """Become tile `tile` of `mesh`, as a new actor would start (nothing of what it held before is left: its
+        attributes are dropped and made again); its process id."""
+        self.__dict__.clear()
+        type(self).__init__(self, mesh, spec, tile, timeout)
+        return os.getpid()
 
     def close(self) -> None:
         out = getattr(self._outboxes, "out", None)

@@ -8,6 +8,9 @@ their own Ray (tests/cluster) run it in a subprocess so they never meet this one
 scope) is a function n -> (config, weights) of SmolLM2-135M cut to its first n layers, the asking test
 skipped when SmolLM2 is not installed.
 
+While the session runs, up to 12 tiles a closed Wafer leaves are kept for the next Wafer of the same Ray
+(``WAFERRT_KEEP_TILES``, waferrt.actors.pool; set it to 0 to run without).
+
 SIGTERM stops the session (a CI timeout, a user's kill): ray.init puts in a handler of Ray's that turns the
 signal into a SystemExit inside whichever test runs -- one failed test, and the session goes on -- so the
 handling the session started with (the default: the process ends) is given back after ray_session's
@@ -29,6 +32,10 @@ import pytest
 
 # Ray must not find (and join) some other cluster through the environment.
 os.environ.pop("RAY_ADDRESS", None)
+# A closed Wafer's healthy tiles serve the next one (waferrt.actors.pool): most tests open a Wafer of their own,
+# and a new tile actor costs a worker process (about a CPU-second). test_lifecycle turns it off to check what
+# a Wafer leaves by default; WAFERRT_KEEP_TILES=0 in the environment runs the whole suite without it.
+os.environ.setdefault("WAFERRT_KEEP_TILES", "12")
 
 
 _SIGTERM = signal.getsignal(signal.SIGTERM)  # the session's own SIGTERM handling (what ray.init replaces)

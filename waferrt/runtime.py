@@ -338,7 +338,8 @@ class Wafer(WaferFaults):
             if self.tiles and self.backend == "ray":
                 from waferrt.actors.remote import stop_tiles
 
-                stop_tiles(self.tiles, patience=2.0 if self.failed is not None else 10.0)
+                keep = None if self._started_ray else self.nodes  # a Ray it stops keeps nothing (actors.pool)
+                stop_tiles(self.tiles, patience=2.0 if self.failed is not None else 10.0, nodes=keep)
         finally:
             self.tiles = {}
             if self.watch is not None:

@@ -125,7 +125,7 @@ def _connected(tiles: list[tuple[int, int]]) -> bool:
 def run() -> tuple[dict, str]:
     """The script's report, and everything else it printed (stdout and stderr)."""
     tmp = tempfile.mkdtemp(prefix="wrt-", dir="/tmp")  # short: Ray's socket paths must stay < 108 bytes
-    env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
+    env = {k: v for k, v in os.environ.items() if k not in ("RAY_ADDRESS", "WAFERRT_KEEP_TILES")}  # named tiles
     env.update(TMPDIR=tmp, RAY_TMPDIR=tmp)
     try:
         proc = subprocess.run([sys.executable, "-c", SCRIPT], env=env, capture_output=True, text=True, timeout=300)

@@ -25,8 +25,15 @@ import time
 import psutil
 import pytest
 
+from waferrt.actors.pool import KEEP_ENV
 from waferrt.runtime import Wafer
 from waferrt.serving.loop import crowding
+
+
+@pytest.fixture(autouse=True)
+def tiles_not_kept(monkeypatch):
+    """What a Wafer leaves by default: no tile kept for the next one (tests/runtime/test_tile_pool keeps them)."""
+    monkeypatch.setenv(KEEP_ENV, "0")
 
 
 def alive(pids) -> list[int]:
