@@ -175,7 +175,11 @@ def _crosses_nodes(mesh: MeshSpec, node_ids: dict[TileId, str], t: TileId) -> bo
 def stop_tiles(handles: dict, patience: float = 10.0, nodes: Mapping[TileId, str] | None = None) -> None:
     """Ask every tile to close its sockets (for up to `patience` seconds), then kill them all -- or, given each
     tile's Ray `nodes` while tiles are kept (actors.pool), keep those that retired cleanly and kill the rest."""
-    if nodes is None or not keep_limit():
+    try:
+        keeping = nodes is not None and keep_limit() > 0
+    except ValueError:  # a bad WAFERRT_KEEP_TILES, refused when the Wafer opened: close as without it
+        keeping = False
+    if not keeping:
         refs = [h.close.remote() for h in handles.values()]
         try:
             ray.get(refs, timeout=patience)
