@@ -151,6 +151,8 @@ class Tile(TileCores):
         self.close()
         if loop is not None:
             loop.thread.join(RETIRE_S)
+            if not loop.thread.is_alive():  # its own socket to the host (close() only stops the loop)
+                loop.out.close()
         return not [t for t in threading.enumerate() if t.name in OWN_THREADS and t.is_alive()]
 
     def reset(self, mesh: MeshSpec, spec: HardwareSpec, tile: TileId, timeout: float = 30.0) -> int:
