@@ -19,6 +19,7 @@ from waferrt.serving.loop import crowding, run_tile
 
 from .stream import Outbox
 
+THREAD = "decode"  # the loop thread's name (a retiring tile checks it has ended: actors.tile)
 STOP_S = 30.0  # how long stop() waits for the loop to finish what it is doing (times the machine's crowding)
 
 
@@ -32,7 +33,7 @@ class LoopThread:
         self.error: BaseException | None = None
         self.out = Outbox(host, str(program.tile))
         program.records.clear()
-        self.thread = threading.Thread(target=self._run, args=(deadline,), daemon=True, name="decode")
+        self.thread = threading.Thread(target=self._run, args=(deadline,), daemon=True, name=THREAD)
         self.thread.start()
 
     def _run(self, deadline: float) -> None:

@@ -31,6 +31,7 @@ from zmq.utils.monitor import parse_monitor_message
 from waferrt.core.mesh import Dir
 
 ZAP_ENDPOINT = "inproc://zeromq.zap.01"  # where libzmq asks a context's ZAP handler (RFC 27)
+THREAD = "waferrt-gatekeeper"  # the gatekeeper thread's name (a retiring tile checks it has ended)
 HANDSHAKE_SECONDS = 10  # a connection that has not authenticated by then is closed
 
 EVENTS = {zmq.EVENT_ACCEPTED: "accepted", zmq.EVENT_HANDSHAKE_SUCCEEDED: "authenticated",
@@ -82,7 +83,7 @@ class Gatekeeper:
         self._stop.connect(stop)
         monitor = sock.get_monitor_socket(sum(EVENTS))
         self._thread = threading.Thread(target=self._serve, args=(zap, monitor, stop_rx), daemon=True,
-                                        name="waferrt-gatekeeper")
+                                        name=THREAD)
         self._thread.start()
 
     def admit(self, neighbours: dict[Dir, bytes]) -> None:

@@ -11,7 +11,8 @@ what a Wafer owns while open is as before; once closed, its kept processes live 
 a Wafer takes them, :func:`drain` kills them, or the driver ends. Kept tiles are unnamed (a tile's name,
 ``tile(x,y)``, belongs to one Wafer's namespace). The pool belongs to one Ray session: when Ray stopped and
 started again (another GCS address) it forgets what it held. A kept tile that died meanwhile is killed and
-skipped.
+skipped. A value that is not a whole number >= 0 raises :class:`BadKeepTiles` (``Wafer.open`` asks before Ray
+starts; the CLI prints it as one line, exit 2). Importing this module imports no Ray.
 """
 
 from __future__ import annotations
@@ -19,19 +20,21 @@ from __future__ import annotations
 import os
 from collections import defaultdict
 
-import ray
-
 KEEP_ENV = "WAFERRT_KEEP_TILES"
+
+
+class BadKeepTiles(ValueError):
+    """WAFERRT_KEEP_TILES is not a whole number >= 0 (the user's to fix: the CLI prints it as one line)."""
 
 
 def keep_limit() -> int:
     """How many idle tiles the pool keeps (``WAFERRT_KEEP_TILES``; 0: none). A value that is not a whole number
-    >= 0 raises, naming the variable and what to write."""
+    >= 0 raises BadKeepTiles, naming the variable and what to write (``Wafer.open`` asks before Ray starts)."""
     raw = os.environ.get(KEEP_ENV, "").strip()
     if not raw:
         return 0
     if not raw.isdigit():
-        raise ValueError(f"{KEEP_ENV}={raw!r}: give the most idle tile actors to keep for the next Wafer, a whole "
+        raise BadKeepTiles(f"{KEEP_ENV}={raw!r}: give the most idle tile actors to keep for the next Wafer, a whole "
                          f"number >= 0 (e.g. {KEEP_ENV}=8), or unset it")
     return int(raw)
 
@@ -45,6 +48,8 @@ class TilePool:
 
     def _current(self) -> None:
         """Forget what another Ray session left (its actors are gone with it)."""
+        import ray  # (here: the CLI asks keep_limit of every command, most of which never start Ray)
+
         gcs = ray.get_runtime_context().gcs_address if ray.is_initialized() else None
         if gcs != self.session:
             self.idle.clear()
@@ -70,6 +75,8 @@ class TilePool:
 
     def drain(self) -> None:
         """Kill every idle tile actor kept."""
+        import ray
+
         self._current()
         for handles in self.idle.values():
             for h in handles:

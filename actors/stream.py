@@ -21,6 +21,7 @@ import threading
 import msgpack
 import zmq
 
+HEARTBEAT_THREAD = "heartbeat"  # the beating thread's name (a retiring tile checks it has ended)
 BEAT_S = 0.25  # seconds between a tile's heartbeats
 
 
@@ -89,7 +90,7 @@ class Heartbeat:
 
     def __init__(self, address: str, tile: str, pace=lambda: None):
         self._stop, self.pace = threading.Event(), pace
-        self._thread = threading.Thread(target=self._beat, args=(address, tile), daemon=True, name="heartbeat")
+        self._thread = threading.Thread(target=self._beat, args=(address, tile), daemon=True, name=HEARTBEAT_THREAD)
         self._thread.start()
 
     def _beat(self, address: str, tile: str) -> None:

@@ -27,7 +27,6 @@ from waferrt.tiles.cores import TileCores, fired_dict
 
 CRASH_GRACE_S = 0.2  # a crashing tile's last report gets this long to leave before the process dies
 RETIRE_S = 5.0  # how long a retiring tile waits for its decode loop's thread to end
-OWN_THREADS = ("heartbeat", "decode", "waferrt-gatekeeper")  # the threads a tile starts (stream, decoding, guard)
 
 
 class Tile(TileCores):
@@ -147,13 +146,18 @@ class Tile(TileCores):
     def retire(self) -> bool:
         """Close this tile to be kept for another Wafer (actors.pool): its sockets closed, its heartbeat and
         decode loop ended; True when no thread of its own is left running, so that ``reset`` may make it new."""
+        from .decoding import THREAD as LOOP_THREAD  # (imported here, as where the threads start: no zmq at import)
+        from .guard import THREAD as GATE_THREAD
+        from .stream import HEARTBEAT_THREAD
+
         loop = self.loop
         self.close()
         if loop is not None:
             loop.thread.join(RETIRE_S)
             if not loop.thread.is_alive():  # its own socket to the host (close() only stops the loop)
                 loop.out.close()
-        return not [t for t in threading.enumerate() if t.name in OWN_THREADS and t.is_alive()]
+        own = (LOOP_THREAD, GATE_THREAD, HEARTBEAT_THREAD)
+        return not [t for t in threading.enumerate() if t.name in own and t.is_alive()]
 
     def reset(self, mesh: MeshSpec, spec: HardwareSpec, tile: TileId, timeout: float = 30.0) -> int:
         """Become tile `tile` of `mesh`, as a new actor would start (nothing of what it held before is left: its

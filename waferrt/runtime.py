@@ -136,10 +136,12 @@ class Wafer(WaferFaults):
             raise RuntimeError("this Wafer is already open; close it before opening it again")
         if self.backend == "local":
             return self._open_local()
+        from waferrt.actors.pool import keep_limit
         from waferrt.actors.remote import TileLaunch, driver_node, start_tiles
         from waferrt.actors.stream import HostInbox
         from waferrt.actors.watch import Watch
 
+        keep_limit()  # a bad WAFERRT_KEEP_TILES is refused before Ray starts
         self._started_ray = ray_init(self.address)
         self._open, self.failed, self.lost = True, None, set()
         atexit.register(self.close)

@@ -12,6 +12,7 @@ import time
 import numpy as np
 import pytest
 
+from waferrt.actors.decoding import THREAD as LOOP_THREAD
 from waferrt.actors.pool import KEEP_ENV, POOL, keep_limit
 from waferrt.actors.tile import Tile
 from waferrt.runtime import Wafer
@@ -69,7 +70,7 @@ def test_the_next_wafer_runs_on_the_kept_processes_and_holds_nothing_of_the_last
 def _stray_thread(ctx) -> None:
     """A kernel that leaves a thread named as a tile's own decode loop running on the tiles of column 0."""
     if ctx.local.x0 == 0:
-        threading.Thread(target=time.sleep, args=(30,), name="decode", daemon=True).start()
+        threading.Thread(target=time.sleep, args=(30,), name=LOOP_THREAD, daemon=True).start()
 
 
 def test_a_tile_with_a_thread_of_its_own_left_running_is_not_kept(keep):

@@ -138,6 +138,12 @@ def test_the_real_entry_point_says_the_same(argv, words):
     one_line(argv, words, os.environ)
 
 
+def test_a_bad_keep_tiles_setting_is_refused_before_ray_starts():
+    """WAFERRT_KEEP_TILES (waferrt.actors.pool) that is not a whole number >= 0: the one line says what to write."""
+    one_line(["demo"], "WAFERRT_KEEP_TILES='many': give the most idle tile actors to keep for the next Wafer, a whole "
+             "number >= 0 (e.g. WAFERRT_KEEP_TILES=8)", {**os.environ, "WAFERRT_KEEP_TILES": "many"})
+
+
 @pytest.mark.parametrize("mode", ["disabled"])
 def test_ray_without_token_authentication_is_refused_before_it_starts(mode):
     """RAY_AUTH_MODE other than token would leave Ray's ports open to anyone on the network: refused."""

@@ -95,6 +95,7 @@ def _terminate(signum, frame) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
+    from waferrt.actors.pool import BadKeepTiles
     from waferrt.actors.session import ClusterUnreachable
     from waferrt.core.files import WriteError
 
@@ -112,7 +113,7 @@ def main(argv: list[str] | None = None) -> int:
     previous = signal.signal(signal.SIGTERM, _terminate) if handles else None
     try:
         return int(args._run(args) or 0)
-    except (UsageError, ClusterUnreachable, WriteError) as e:  # the user's to fix: one line, no traceback
+    except (UsageError, ClusterUnreachable, WriteError, BadKeepTiles) as e:  # the user's to fix: one line, no traceback
         print(f"waferrt {args.command}: {e}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:

@@ -27,7 +27,7 @@ Contract:
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import NamedTuple
 
 import numpy as np
@@ -72,11 +72,15 @@ class KeptKeys:
     selection: Selection
     first: np.ndarray  # (rows, cols): the key block of each core's A-layout block, the one it holds at step 0
     side: int
+    steps: dict = field(default_factory=dict, compare=False, repr=False)  # at()'s answers: both GEMMs ask them
 
     def at(self, t: int) -> tuple[np.ndarray, np.ndarray]:
         """Step t's (places (rows, cols, H, mb, kept) in the key block held of each compact entry, which are kept
-        keys): Selection.in_block of key block (first + t) % side."""
-        return self.selection.in_block((self.first + t) % self.side)
+        keys): Selection.in_block of key block (first + t) % side, worked out once a step for both GEMMs."""
+        t %= self.side
+        if t not in self.steps:
+            self.steps[t] = self.selection.in_block((self.first + t) % self.side)
+        return self.steps[t]
 
     def product(self, t: int, q: np.ndarray, k: np.ndarray) -> np.ndarray:
         """Step t's partial scores, compact: q (rows, cols, H, mb, db) against each query's kept keys of the K
